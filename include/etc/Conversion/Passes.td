@@ -1,0 +1,60 @@
+//===- Passes.td - ETC conversion passes -------------------*- tablegen -*-===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_CONVERSION_PASSES_TD
+#define ETC_CONVERSION_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+//===----------------------------------------------------------------------===//
+// ETensorToGPU
+//===----------------------------------------------------------------------===//
+
+def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
+  let summary = "Lower scheduled etensor graphs to one persistent gpu.func";
+  let description = [{
+    Turns every scheduled `etensor.graph` into a `gpu.module` holding one
+    persistent kernel `gpu.func` with the graph's name, plus the device
+    functions it calls. The kernel ABI is, in order: the graph's arguments
+    (`index` symbols, then memref buffers in the graph's order), then
+    `%counters: memref<?xi32>` (all event tensors, concatenated in
+    declaration order, zeroed before each launch), `%queue: memref<?xi64>`
+    (the static per-CTA queues: `gridDim.x + 1` offsets then entries
+    `task << 48 | linear_instance`) and `%status: memref<?xi32>` (the
+    watchdog record, zeroed before each launch).
+
+    - `etensor.notify`: CTA barrier, then thread 0 does
+      `red.release.gpu.global.add.u32`.
+    - `etensor.wait`: thread 0 polls with `ld.acquire.gpu.global.u32` and
+      `nanosleep` backoff until the counter reaches the coordinate's wait
+      count, then a CTA barrier. The poll gives up after `watchdog-polls`
+      polls: it records `[1, event id, task id, counter, wait count,
+      coordinates...]` in `%status` and sets the abort flag that makes
+      every CTA leave its worker loop.
+
+    #### Input invariant
+    Graphs scheduled by `etensor-static-schedule`.
+
+    #### Output IR
+    A `gpu.module` per graph (with `gpu.container_module` on the module),
+    no etensor ops. Run `gpu-lower-to-nvvm-pipeline` or the registered
+    `etc-static-to-ptx` pipeline next.
+  }];
+  let options = [
+    Option<"watchdogPolls", "watchdog-polls", "int64_t", /*default=*/"20000000",
+           "Polls of one wait before the watchdog fires (about 2^24 polls "
+           "at up to 1 us of backoff each, i.e. tens of seconds).">,
+    Option<"blockSize", "block-size", "int64_t", /*default=*/"256",
+           "Threads per CTA when the graph has no `etensor.block_size`.">,
+  ];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
+    "::mlir::gpu::GPUDialect", "::mlir::LLVM::LLVMDialect",
+    "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
+  ];
+}
+
+#endif // ETC_CONVERSION_PASSES_TD

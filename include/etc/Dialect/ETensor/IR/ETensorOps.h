@@ -1,0 +1,26 @@
+//===- ETensorOps.h - Event tensor operations -------------------*- C++ -*-===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_DIALECT_ETENSOR_IR_ETENSOROPS_H
+#define ETC_DIALECT_ETENSOR_IR_ETENSOROPS_H
+
+#include "etc/Dialect/ETensor/IR/ETensorDialect.h"
+#include "etc/Dialect/ETensor/IR/ETensorTypes.h"
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/CallInterfaces.h"
+#include "mlir/Interfaces/ControlFlowInterfaces.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "etc/Dialect/ETensor/IR/ETensorEnums.h.inc"
+
+#define GET_OP_CLASSES
+#include "etc/Dialect/ETensor/IR/ETensorOps.h.inc"
+
+#endif // ETC_DIALECT_ETENSOR_IR_ETENSOROPS_H

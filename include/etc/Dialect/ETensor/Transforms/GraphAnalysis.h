@@ -1,0 +1,69 @@
+//===- GraphAnalysis.h - Task/event structure of a graph --------*- C++ -*-===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+// The task-level view of an etensor.graph that the verifier and the
+// scheduling passes share: which tasks produce and consume each event, the
+// task dependency DAG, and symbolic extents as affine expressions of the
+// graph's index arguments.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_DIALECT_ETENSOR_TRANSFORMS_GRAPHANALYSIS_H
+#define ETC_DIALECT_ETENSOR_TRANSFORMS_GRAPHANALYSIS_H
+
+#include "etc/Dialect/ETensor/IR/ETensorOps.h"
+#include "mlir/IR/AffineExpr.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallVector.h"
+
+namespace mlir::etensor {
+
+/// One edge end: task `task` touches the event through edge number `edge`
+/// (`edge == kTriggerEdge` for a data-dependent trigger).
+struct EdgeRef {
+  static constexpr unsigned kTriggerEdge = ~0u;
+  unsigned task;
+  unsigned edge;
+};
+
+class TaskGraph {
+public:
+  explicit TaskGraph(GraphOp graph);
+
+  GraphOp getGraph() { return graph; }
+  SmallVector<TaskOp> getTasks() const { return tasks; }
+  SmallVector<EventOp> getEvents() const { return events; }
+  ArrayRef<EdgeRef> getProducers(EventOp event) const;
+  ArrayRef<EdgeRef> getConsumers(EventOp event) const;
+  /// Tasks that must finish some instance before task `task` can start.
+  ArrayRef<unsigned> getPredecessors(unsigned task) const {
+    return predecessors[task];
+  }
+
+  /// A topological order of the tasks (Kahn's algorithm, ties broken by
+  /// graph order so the numbering is stable), or failure with `cycle` set to
+  /// the tasks of one dependency cycle, in order.
+  FailureOr<SmallVector<unsigned>>
+  topologicalOrder(SmallVectorImpl<unsigned> &cycle) const;
+
+  /// `value` as an affine expression of the graph's index arguments (symbol
+  /// k is argument k), through constants and arith add/sub/mul/div/rem;
+  /// std::nullopt when it is computed some other way.
+  std::optional<AffineExpr> getSymbolicExpr(Value value) const;
+  std::optional<AffineExpr> getSymbolicExpr(OpFoldResult value) const;
+
+private:
+  mutable GraphOp graph;
+  SmallVector<TaskOp> tasks;
+  SmallVector<EventOp> events;
+  DenseMap<Operation *, SmallVector<EdgeRef>> producers, consumers;
+  SmallVector<SmallVector<unsigned>> predecessors, successors;
+};
+
+/// Prints `expr` with the graph's argument names (`%n`) for diagnostics.
+std::string printSymbolicExpr(AffineExpr expr, GraphOp graph);
+
+} // namespace mlir::etensor
+
+#endif // ETC_DIALECT_ETENSOR_TRANSFORMS_GRAPHANALYSIS_H

@@ -1,0 +1,69 @@
+//===- Passes.td - Event tensor passes ---------------------*- tablegen -*-===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_DIALECT_ETENSOR_TRANSFORMS_PASSES_TD
+#define ETC_DIALECT_ETENSOR_TRANSFORMS_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def ETensorVerifyGraph : Pass<"etensor-verify-graph", "::mlir::ModuleOp"> {
+  let summary = "Check that every etensor.graph is a runnable dependency DAG";
+  let description = [{
+    Whole-graph checks that op verifiers cannot make locally. For every
+    `etensor.graph` in the module it rejects, with a diagnostic located at
+    the offending op:
+
+    - a dependency cycle between tasks (through their events);
+    - a constant or symbolic wait count that differs from the fan-in of the
+      event, i.e. the number of producer instances whose out-edge reaches a
+      coordinate. The fan-in is computed from the maps and the grids,
+      symbolically (as an affine expression of the graph's `index`
+      arguments) when extents are symbolic;
+    - an event that is awaited but never notified, or notified but never
+      awaited;
+    - a task that can never run (it waits on an event that cannot complete,
+      has an empty grid, or depends on such a task).
+
+    Wait counts read from a runtime buffer are data-dependent: they are
+    checked at run time, not here.
+
+    #### Input invariant
+    Op verifiers pass.
+
+    #### Output IR
+    Unchanged. Run before `etensor-static-schedule` or
+    `etensor-dynamic-schedule`.
+  }];
+}
+
+def ETensorStaticSchedule : Pass<"etensor-static-schedule", "::mlir::ModuleOp"> {
+  let summary = "Lower task edges to wait/notify inside a static worker loop";
+  let description = [{
+    Rewrites every `etensor.task` of each `etensor.graph` into an
+    `etensor.dispatch` region of one `etensor.worker static` loop. A
+    dispatch waits on each of the task's in-edge coordinates
+    (`etensor.wait`), calls the device function, then notifies each of its
+    out-edge coordinates (`etensor.notify`). The per-CTA order of instances
+    is not fixed here: the runtime fills a static queue per concrete shape
+    (round-robin over a topological order, which cannot deadlock when all
+    CTAs are co-resident).
+
+    Tasks are numbered in a topological order of the task graph; that
+    number is the dispatch's `task` attribute and the task index of the
+    queue entries.
+
+    #### Input invariant
+    `etensor-verify-graph` passes. Data-dependent triggers are not
+    supported by this pass yet and are rejected with an error.
+
+    #### Output IR
+    Graphs with one `etensor.worker static` and no `etensor.task`. Run
+    `convert-etensor-to-gpu` next.
+  }];
+  let dependentDialects = ["::mlir::func::FuncDialect"];
+}
+
+#endif // ETC_DIALECT_ETENSOR_TRANSFORMS_PASSES_TD

@@ -1,0 +1,55 @@
+//===- Passes.h - ETC pass pipelines ----------------------------*- C++ -*-===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ETC_PIPELINES_PASSES_H
+#define ETC_PIPELINES_PASSES_H
+
+#include "mlir/Pass/PassOptions.h"
+#include <string>
+
+namespace mlir {
+class OpPassManager;
+namespace etensor {
+
+/// Options of the `etc-static-to-ptx` pipeline.
+struct ETCToPTXPipelineOptions
+    : public PassPipelineOptions<ETCToPTXPipelineOptions> {
+  PassOptions::Option<std::string> chip{
+      *this, "chip", llvm::cl::desc("Target SM architecture (sm_90, sm_90a)."),
+      llvm::cl::init("sm_90")};
+  PassOptions::Option<std::string> features{
+      *this, "features",
+      llvm::cl::desc("PTX features; sm_90 needs PTX 7.8 or newer."),
+      llvm::cl::init("+ptx80")};
+  PassOptions::Option<int> optLevel{
+      *this, "opt-level", llvm::cl::desc("NVVM optimization level."),
+      llvm::cl::init(3)};
+  PassOptions::Option<std::string> format{
+      *this, "format",
+      llvm::cl::desc("gpu-module-to-binary format: isa (PTX), bin, fatbin."),
+      llvm::cl::init("isa")};
+  PassOptions::Option<int64_t> watchdogPolls{
+      *this, "watchdog-polls",
+      llvm::cl::desc("Polls of one wait before the watchdog fires."),
+      llvm::cl::init(20000000)};
+  PassOptions::Option<int64_t> blockSize{
+      *this, "block-size",
+      llvm::cl::desc("Threads per CTA when the graph does not set it."),
+      llvm::cl::init(256)};
+};
+
+/// verify-graph, static schedule, convert-etensor-to-gpu, then the NVVM
+/// lowering and serialization of the kernel module to `format`.
+void buildETCStaticToPTXPipeline(OpPassManager &pm,
+                                 const ETCToPTXPipelineOptions &options);
+
+/// Registers `etc-static-to-ptx`.
+void registerETCPipelines();
+
+} // namespace etensor
+} // namespace mlir
+
+#endif // ETC_PIPELINES_PASSES_H

@@ -1,0 +1,530 @@
+//===- ETensorToGPU.cpp - Scheduled etensor graphs to a gpu.func ----------===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+// One persistent kernel per graph. Synchronisation is written as inline PTX
+// so the exact memory-model instructions (ld.acquire.gpu, red.release.gpu,
+// bar.red.or) are what the hardware runs, independent of how LLVM would
+// lower atomics with orderings.
+//
+//===----------------------------------------------------------------------===//
+
+#include "etc/Conversion/ETensorToGPU/ETensorToGPU.h"
+#include "etc/Dialect/ETensor/IR/ETensorOps.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mlir::etensor {
+#define GEN_PASS_DEF_CONVERTETENSORTOGPU
+#include "etc/Conversion/Passes.h.inc"
+} // namespace mlir::etensor
+
+using namespace mlir;
+using namespace mlir::etensor;
+
+namespace {
+
+/// Status record layout (i32 words), read by the runtime after a launch.
+enum StatusWord : int64_t {
+  kState = 0,         // 0 ok, 1 watchdog expired, 2 bad task descriptor
+  kEventId = 1,       // declaration index of the stuck event
+  kTaskId = 2,        // task index of the waiting dispatch
+  kCounter = 3,       // counter value seen last
+  kWaitCount = 4,     // the count it waited for
+  kInstance = 5,      // linear instance index of the waiting task
+  kBlock = 6,         // CTA that gave up
+  kCoordinate = 7,    // linear coordinate in the stuck event
+  kNumStatusWords = 8
+};
+constexpr int64_t kInstanceBits = 48;
+
+/// What the kernel knows about one event tensor.
+struct EventInfo {
+  int64_t id;
+  Value base;                  // offset of coordinate 0 in %counters
+  SmallVector<Value> sizes;    // extents, in kernel values
+  EventOp op;
+  Value waitCount;             // index value, or null when read from a table
+  Value table;                 // the table, mapped into the kernel
+};
+
+class KernelBuilder {
+public:
+  KernelBuilder(GraphOp graph, gpu::GPUFuncOp kernel, int64_t numGraphArgs)
+      : graph(graph), kernel(kernel),
+        b(graph.getLoc(), &kernel.getBody().front(),
+          kernel.getBody().front().begin()) {
+    Block &entry = kernel.getBody().front();
+    for (int64_t i = 0; i < numGraphArgs; ++i)
+      mapping.map(graph.getBodyBlock().getArgument(i), entry.getArgument(i));
+    counters = entry.getArgument(numGraphArgs);
+    queue = entry.getArgument(numGraphArgs + 1);
+    status = entry.getArgument(numGraphArgs + 2);
+    maxPolls = entry.getArgument(numGraphArgs + 3);
+  }
+
+  LogicalResult build();
+
+private:
+  Value index(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
+  Value i32(int64_t v) { return arith::ConstantIntOp::create(b, v, 32); }
+  Value i64(int64_t v) { return arith::ConstantIntOp::create(b, v, 64); }
+  Value toI64(Value v) {
+    return arith::IndexCastOp::create(b, b.getI64Type(), v);
+  }
+  Value toI32(Value v) {
+    if (v.getType().isIndex())
+      return arith::IndexCastOp::create(b, b.getI32Type(), v);
+    return v;
+  }
+  /// Generic address of element `offset` of an i32 buffer.
+  Value addressOf(Value buffer, Value offset) {
+    Value base = toI64(memref::ExtractAlignedPointerAsIndexOp::create(b, buffer));
+    return arith::AddIOp::create(
+        b, base, arith::MulIOp::create(b, toI64(offset), i64(4)));
+  }
+  Value asm32(StringRef text, StringRef constraints, ValueRange operands) {
+    return LLVM::InlineAsmOp::create(b, b.getI32Type(), operands, text,
+                                     constraints, /*has_side_effects=*/true,
+                                     /*is_align_stack=*/false,
+                                     LLVM::tailcallkind::TailCallKind::None,
+                                     LLVM::AsmDialectAttr(), ArrayAttr())
+        .getResult(0);
+  }
+  void asmVoid(StringRef text, StringRef constraints, ValueRange operands) {
+    LLVM::InlineAsmOp::create(b, TypeRange(), operands, text, constraints,
+                              /*has_side_effects=*/true,
+                              /*is_align_stack=*/false,
+                              LLVM::tailcallkind::TailCallKind::None,
+                              LLVM::AsmDialectAttr(), ArrayAttr());
+  }
+  Value isThreadZero() {
+    Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+    return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, tid, index(0));
+  }
+
+  LogicalResult declareEvent(EventOp event);
+  Value linearize(ValueRange coords, ArrayRef<Value> sizes);
+  SmallVector<Value> delinearize(Value linear, ArrayRef<Value> extents);
+  Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
+  void lowerNotify(NotifyOp notify);
+  LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
+
+  GraphOp graph;
+  gpu::GPUFuncOp kernel;
+  ImplicitLocOpBuilder b;
+  IRMapping mapping;
+  Value counters, queue, status, maxPolls;
+  DenseMap<Value, EventInfo> events; // keyed by the graph's event value
+  Value nextEventBase;
+};
+
+} // namespace
+
+LogicalResult KernelBuilder::declareEvent(EventOp event) {
+  EventInfo info;
+  info.id = events.size();
+  info.op = event;
+  info.base = nextEventBase ? nextEventBase : index(0);
+  Value size = index(1);
+  for (unsigned d = 0; d < event.getEventType().getRank(); ++d) {
+    OpFoldResult extent = event.getMixedSize(d);
+    Value v = isa<Attribute>(extent)
+                  ? index(cast<IntegerAttr>(cast<Attribute>(extent)).getInt())
+                  : mapping.lookup(cast<Value>(extent));
+    info.sizes.push_back(v);
+    size = arith::MulIOp::create(b, size, v);
+  }
+  nextEventBase = arith::AddIOp::create(b, info.base, size);
+  if (std::optional<int64_t> count = event.getStaticWaitCount())
+    info.waitCount = index(*count);
+  else if (Value count = event.getWaitCount())
+    info.waitCount = mapping.lookup(count);
+  else
+    info.table = mapping.lookup(event.getWaitCountTable());
+  events[event.getEvent()] = info;
+  return success();
+}
+
+Value KernelBuilder::linearize(ValueRange coords, ArrayRef<Value> sizes) {
+  Value linear = index(0);
+  for (auto [coord, size] : llvm::zip(coords, sizes))
+    linear = arith::AddIOp::create(b, arith::MulIOp::create(b, linear, size),
+                                   coord);
+  return linear;
+}
+
+SmallVector<Value> KernelBuilder::delinearize(Value linear,
+                                              ArrayRef<Value> extents) {
+  SmallVector<Value> coords(extents.size());
+  for (int64_t d = extents.size() - 1; d >= 0; --d) {
+    coords[d] = arith::RemUIOp::create(b, linear, extents[d]);
+    linear = arith::DivUIOp::create(b, linear, extents[d]);
+  }
+  return coords;
+}
+
+/// Thread 0 polls the counter with acquire loads and nanosleep backoff until
+/// it reaches the wait count, the global abort flag is set, or the watchdog
+/// expires; `bar.red.or` then joins the CTA and broadcasts failure. Returns
+/// an i1 that is true when the wait succeeded (uniform across the CTA).
+Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
+  EventInfo &info = events[wait.getEvent()];
+  SmallVector<Value> coords = llvm::map_to_vector(
+      wait.getIndices(), [&](Value v) { return mapping.lookup(v); });
+  Value coordinate = linearize(coords, info.sizes);
+  Value target;
+  if (info.table) {
+    Value raw = memref::LoadOp::create(b, info.table, coords);
+    target = arith::IndexCastOp::create(b, b.getI32Type(),
+                                        arith::IndexCastOp::create(
+                                            b, b.getIndexType(), raw));
+  } else {
+    target = toI32(info.waitCount);
+  }
+  Value counterAddr = addressOf(counters, arith::AddIOp::create(
+                                              b, info.base, coordinate));
+  Value stateAddr = addressOf(status, index(kState));
+
+  auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(),
+                                  /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Type i32Ty = b.getI32Type(), i64Ty = b.getI64Type();
+    auto loop = scf::WhileOp::create(
+        b, TypeRange{i32Ty, i64Ty, i32Ty}, ValueRange{i32(0), i64(0), i32(32)});
+    {
+      // before: poll once, stop when done, aborted or out of polls.
+      Block *before = b.createBlock(&loop.getBefore(), {}, {i32Ty, i64Ty, i32Ty},
+                                    {b.getLoc(), b.getLoc(), b.getLoc()});
+      b.setInsertionPointToStart(before);
+      Value value = asm32("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l",
+                          counterAddr);
+      Value done = arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value,
+                                         target);
+      Value state = asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
+                          stateAddr);
+      Value aborted =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::ne, state, i32(0));
+      Value expired = arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
+                                            before->getArgument(1),
+                                            toI64(maxPolls));
+      Value stop = arith::OrIOp::create(
+          b, done, arith::OrIOp::create(b, aborted, expired));
+      Value keepGoing = arith::XOrIOp::create(
+          b, stop, arith::ConstantIntOp::create(b, 1, 1));
+      scf::ConditionOp::create(
+          b, keepGoing,
+          ValueRange{value, before->getArgument(1), before->getArgument(2)});
+      // after: back off (32 ns doubling to 1 us), count the poll.
+      Block *after = b.createBlock(&loop.getAfter(), {}, {i32Ty, i64Ty, i32Ty},
+                                   {b.getLoc(), b.getLoc(), b.getLoc()});
+      b.setInsertionPointToStart(after);
+      asmVoid("nanosleep.u32 $0;", "r", after->getArgument(2));
+      Value doubled = arith::ShLIOp::create(b, after->getArgument(2), i32(1));
+      Value sleep = arith::MinUIOp::create(b, doubled, i32(1024));
+      Value polls = arith::AddIOp::create(b, after->getArgument(1), i64(1));
+      scf::YieldOp::create(b, ValueRange{i32(0), polls, sleep});
+      // The yielded value slot is re-polled before use; only polls/sleep
+      // carry information.
+    }
+    b.setInsertionPointAfter(loop);
+    Value value = loop.getResult(0);
+    Value done =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, target);
+    Value expired = arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
+                                          loop.getResult(1), toI64(maxPolls));
+    // The first CTA whose watchdog fires records what it was waiting for.
+    Value report = arith::AndIOp::create(
+        b, expired,
+        arith::XOrIOp::create(b, done, arith::ConstantIntOp::create(b, 1, 1)));
+    auto ifReport = scf::IfOp::create(b, TypeRange(), report,
+                                      /*withElseRegion=*/false);
+    {
+      OpBuilder::InsertionGuard reportGuard(b);
+      b.setInsertionPointToStart(ifReport.thenBlock());
+      Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 1;",
+                        "=r,l", stateAddr);
+      Value first =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0));
+      auto ifFirst = scf::IfOp::create(b, TypeRange(), first, false);
+      b.setInsertionPointToStart(ifFirst.thenBlock());
+      auto store = [&](StatusWord word, Value v) {
+        memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
+      };
+      store(kEventId, i32(info.id));
+      store(kTaskId, i32(taskId));
+      store(kCounter, value);
+      store(kWaitCount, target);
+      store(kInstance, instance);
+      store(kBlock, gpu::BlockIdOp::create(b, gpu::Dimension::x));
+      store(kCoordinate, coordinate);
+    }
+    Value failed = arith::ExtUIOp::create(
+        b, i32Ty, arith::XOrIOp::create(b, done,
+                                      arith::ConstantIntOp::create(b, 1, 1)));
+    scf::YieldOp::create(b, failed);
+    b.setInsertionPointToStart(ifZero.elseBlock());
+    scf::YieldOp::create(b, ValueRange{i32(0)});
+  }
+  Value anyFailed = asm32(
+      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; bar.red.or.pred %p, 0, %p; "
+      "selp.u32 $0, 1, 0, %p; }",
+      "=r,r", ifZero.getResult(0));
+  return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyFailed, i32(0));
+}
+
+/// CTA barrier so the whole task's writes happen-before thread 0's release
+/// add on the counter.
+void KernelBuilder::lowerNotify(NotifyOp notify) {
+  EventInfo &info = events[notify.getEvent()];
+  SmallVector<Value> coords = llvm::map_to_vector(
+      notify.getIndices(), [&](Value v) { return mapping.lookup(v); });
+  Value coordinate = linearize(coords, info.sizes);
+  Value addr =
+      addressOf(counters, arith::AddIOp::create(b, info.base, coordinate));
+  gpu::BarrierOp::create(b);
+  auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifZero.thenBlock());
+  asmVoid("red.release.gpu.global.add.u32 [$0], 1;", "l", addr);
+}
+
+/// Emits one task instance into `into` (a switch case): the waits, then the
+/// rest of the body under `scf.if` of their success. Yields success.
+LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
+                                           Block *into) {
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(into);
+  SmallVector<Value> extents;
+  for (OpFoldResult extent : dispatch.getMixedGrid())
+    extents.push_back(
+        isa<Attribute>(extent)
+            ? index(cast<IntegerAttr>(cast<Attribute>(extent)).getInt())
+            : mapping.lookup(cast<Value>(extent)));
+  SmallVector<Value> coords = delinearize(linear, extents);
+  Block &body = dispatch.getBody().front();
+  for (auto [arg, coord] : llvm::zip(body.getArguments(), coords))
+    mapping.map(arg, coord);
+
+  Value ok = arith::ConstantIntOp::create(b, 1, 1);
+  auto it = body.begin();
+  // Waits lead the body (etensor-static-schedule puts them there).
+  for (; it != body.end(); ++it) {
+    auto wait = dyn_cast<WaitOp>(*it);
+    if (!wait)
+      break;
+    ok = arith::AndIOp::create(b, ok, lowerWait(wait, dispatch.getTask(),
+                                                linear));
+  }
+  auto ifOk = scf::IfOp::create(b, TypeRange(), ok, false);
+  {
+    OpBuilder::InsertionGuard bodyGuard(b);
+    b.setInsertionPointToStart(ifOk.thenBlock());
+    bool endsWithNotify = false;
+    for (; it != body.end(); ++it) {
+      Operation &op = *it;
+      if (isa<YieldOp>(op))
+        continue;
+      endsWithNotify = false;
+      if (auto notify = dyn_cast<NotifyOp>(op)) {
+        if (notify.getCompleted())
+          return notify.emitOpError(
+              "with a result needs the dynamic schedule lowering");
+        lowerNotify(notify);
+        endsWithNotify = true;
+        continue;
+      }
+      if (isa<WaitOp>(op))
+        return op.emitOpError("must come before every other op of its "
+                              "dispatch body");
+      if (op.getDialect() && isa<ETensorDialect>(op.getDialect()))
+        return op.emitOpError("is not supported by the static lowering");
+      bool nested = false;
+      op.walk([&](Operation *inner) {
+        if (inner != &op && isa<WaitOp, NotifyOp, PushOp, PopOp>(inner))
+          nested = true;
+      });
+      if (nested)
+        return op.emitOpError("holds nested etensor synchronisation, which "
+                              "the static lowering does not support");
+      b.clone(op, mapping);
+    }
+    // The next task may reuse shared memory: join the CTA first.
+    if (!endsWithNotify)
+      gpu::BarrierOp::create(b);
+  }
+  scf::YieldOp::create(b, ok);
+  return success();
+}
+
+LogicalResult KernelBuilder::build() {
+  WorkerOp worker;
+  for (Operation &op : graph.getBodyBlock()) {
+    if (auto event = dyn_cast<EventOp>(op)) {
+      if (failed(declareEvent(event)))
+        return failure();
+      continue;
+    }
+    if (auto w = dyn_cast<WorkerOp>(op)) {
+      if (worker)
+        return w.emitOpError("a graph holds one worker");
+      worker = w;
+      continue;
+    }
+    if (isa<TaskOp>(op))
+      return op.emitOpError("is not scheduled; run etensor-static-schedule "
+                            "first");
+    if (op.getDialect() && isa<ETensorDialect>(op.getDialect()))
+      return op.emitOpError("is not supported at graph level by "
+                            "convert-etensor-to-gpu");
+    b.clone(op, mapping);
+  }
+  if (!worker)
+    return graph.emitOpError("has no etensor.worker; run a scheduling pass "
+                             "first");
+  if (worker.getSchedule() != ScheduleKind::Static)
+    return worker.emitOpError("dynamic workers are not lowered yet");
+
+  // queue[0 .. gridDim] are this CTA's entry offsets; entries follow.
+  Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
+  auto loadIndex = [&](Value at) {
+    Value v = memref::LoadOp::create(b, queue, ValueRange{at});
+    return arith::IndexCastOp::create(b, b.getIndexType(), v).getResult();
+  };
+  Value begin = loadIndex(block);
+  Value end = loadIndex(arith::AddIOp::create(b, block, index(1)));
+  auto loop = scf::ForOp::create(b, begin, end, index(1),
+                                 ValueRange{arith::ConstantIntOp::create(b, 1, 1)});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value alive = loop.getRegionIterArg(0);
+    auto ifAlive = scf::IfOp::create(b, b.getI1Type(), alive, true);
+    b.setInsertionPointToStart(ifAlive.elseBlock());
+    scf::YieldOp::create(b, alive);
+    b.setInsertionPointToStart(ifAlive.thenBlock());
+    Value entry = memref::LoadOp::create(b, queue,
+                                         ValueRange{loop.getInductionVar()});
+    Value task = arith::IndexCastOp::create(
+        b, b.getIndexType(),
+        arith::ShRUIOp::create(b, entry, i64(kInstanceBits)));
+    Value linear = arith::IndexCastOp::create(
+        b, b.getIndexType(),
+        arith::AndIOp::create(b, entry, i64((1ll << kInstanceBits) - 1)));
+    SmallVector<DispatchOp> dispatches(worker.getBody().front().getOps<DispatchOp>());
+    SmallVector<int64_t> cases = llvm::map_to_vector(
+        dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
+    auto sw = scf::IndexSwitchOp::create(b, b.getI1Type(), task, cases,
+                                         cases.size());
+    for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), dispatches)) {
+      Block *caseBlock = b.createBlock(&region);
+      if (failed(lowerDispatch(dispatch, linear, caseBlock)))
+        return failure();
+    }
+    // An unknown task index means a corrupt queue: report, stop.
+    b.createBlock(&sw.getDefaultRegion());
+    memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
+    memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
+    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
+    b.setInsertionPointAfter(sw);
+    scf::YieldOp::create(b, sw.getResult(0));
+    b.setInsertionPointAfter(ifAlive);
+    scf::YieldOp::create(b, ifAlive.getResult(0));
+  }
+  gpu::ReturnOp::create(b);
+  return success();
+}
+
+namespace {
+struct ConvertETensorToGPUPass
+    : public etensor::impl::ConvertETensorToGPUBase<ConvertETensorToGPUPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SmallVector<GraphOp> graphs(module.getOps<GraphOp>());
+    if (graphs.empty())
+      return;
+    module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                    UnitAttr::get(&getContext()));
+    SymbolTable symbols(module);
+    llvm::SetVector<Operation *> deviceFunctions;
+    for (GraphOp graph : graphs) {
+      if (failed(convertGraph(graph, symbols, deviceFunctions)))
+        return signalPassFailure();
+    }
+    for (GraphOp graph : graphs)
+      graph.erase();
+    // Device functions now live in the kernel modules; the host keeps none.
+    for (Operation *fn : deviceFunctions)
+      if (SymbolTable::symbolKnownUseEmpty(fn, module))
+        fn->erase();
+  }
+
+  LogicalResult convertGraph(GraphOp graph, SymbolTable &symbols,
+                             llvm::SetVector<Operation *> &deviceFunctions) {
+    MLIRContext *ctx = &getContext();
+    OpBuilder builder(graph);
+    auto gpuModule = gpu::GPUModuleOp::create(
+        builder, graph.getLoc(), (graph.getSymName() + "_kernels").str());
+    builder.setInsertionPointToStart(gpuModule.getBody());
+
+    // Clone every function the graph calls, transitively.
+    SmallVector<Operation *> worklist{graph};
+    llvm::SetVector<Operation *> callees;
+    while (!worklist.empty()) {
+      Operation *op = worklist.pop_back_val();
+      op->walk([&](func::CallOp call) {
+        Operation *callee = symbols.lookup(call.getCallee());
+        if (!callee)
+          return;
+        if (callees.insert(callee))
+          worklist.push_back(callee);
+      });
+    }
+    for (Operation *callee : callees) {
+      Operation *copy = builder.clone(*callee);
+      if (auto fn = dyn_cast<func::FuncOp>(copy)) {
+        if (fn.isExternal())
+          return fn.emitOpError("device function has no body");
+        fn.setPrivate();
+      }
+      deviceFunctions.insert(callee);
+    }
+
+    SmallVector<Type> argTypes(graph.getArgumentTypes());
+    int64_t numGraphArgs = argTypes.size();
+    Type i32Buffer = MemRefType::get({ShapedType::kDynamic},
+                                     IntegerType::get(ctx, 32));
+    Type i64Buffer = MemRefType::get({ShapedType::kDynamic},
+                                     IntegerType::get(ctx, 64));
+    argTypes.append({i32Buffer, i64Buffer, i32Buffer,
+                     IndexType::get(ctx)});
+    auto kernel = gpu::GPUFuncOp::create(builder, graph.getLoc(),
+                                         graph.getSymName(),
+                                         builder.getFunctionType(argTypes, {}));
+    kernel->setAttr(gpu::GPUDialect::getKernelFuncAttrName(),
+                    builder.getUnitAttr());
+    int64_t threads = blockSize;
+    if (auto attr = graph->getAttrOfType<IntegerAttr>("etensor.block_size"))
+      threads = attr.getInt();
+    kernel.setKnownBlockSizeAttr(
+        builder.getDenseI32ArrayAttr({(int32_t)threads, 1, 1}));
+    kernel->setAttr("etensor.watchdog_polls",
+                    builder.getI64IntegerAttr(watchdogPolls));
+
+    KernelBuilder kernelBuilder(graph, kernel, numGraphArgs);
+    return kernelBuilder.build();
+  }
+};
+} // namespace

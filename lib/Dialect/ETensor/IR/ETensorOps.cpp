@@ -1,0 +1,421 @@
+//===- ETensorOps.cpp - Event tensor operations ---------------------------===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#include "etc/Dialect/ETensor/IR/ETensorOps.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/FunctionImplementation.h"
+#include "mlir/Interfaces/ViewLikeInterface.h"
+#include "llvm/ADT/DenseSet.h"
+
+using namespace mlir;
+using namespace mlir::etensor;
+
+#include "etc/Dialect/ETensor/IR/ETensorEnums.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Custom directives
+//===----------------------------------------------------------------------===//
+
+/// wait-count ::= integer | ssa-use | `from` ssa-use `:` memref-type
+static ParseResult
+parseWaitCount(OpAsmParser &parser, IntegerAttr &staticCount,
+               std::optional<OpAsmParser::UnresolvedOperand> &count,
+               std::optional<OpAsmParser::UnresolvedOperand> &table,
+               Type &tableType) {
+  if (succeeded(parser.parseOptionalKeyword("from"))) {
+    OpAsmParser::UnresolvedOperand operand;
+    if (parser.parseOperand(operand) || parser.parseColonType(tableType))
+      return failure();
+    table = operand;
+    return success();
+  }
+  OpAsmParser::UnresolvedOperand operand;
+  OptionalParseResult maybeOperand = parser.parseOptionalOperand(operand);
+  if (maybeOperand.has_value()) {
+    if (failed(*maybeOperand))
+      return failure();
+    count = operand;
+    return success();
+  }
+  int64_t value;
+  if (parser.parseInteger(value))
+    return failure();
+  staticCount = parser.getBuilder().getI64IntegerAttr(value);
+  return success();
+}
+
+static void printWaitCount(OpAsmPrinter &printer, Operation *,
+                           IntegerAttr staticCount, Value count, Value table,
+                           Type tableType) {
+  if (table) {
+    printer << "from " << table << " : " << tableType;
+    return;
+  }
+  if (count) {
+    printer << count;
+    return;
+  }
+  if (staticCount)
+    printer << staticCount.getInt();
+}
+
+/// edges ::= (keyword `(` ssa-use `[` affine-map `]` `:` type
+///            (`,` ssa-use `[` affine-map `]` `:` type)* `)`)?
+static ParseResult
+parseEdges(OpAsmParser &parser, StringRef keyword,
+           SmallVectorImpl<OpAsmParser::UnresolvedOperand> &events,
+           SmallVectorImpl<Type> &types, ArrayAttr &maps) {
+  SmallVector<Attribute> mapAttrs;
+  if (succeeded(parser.parseOptionalKeyword(keyword))) {
+    auto parseOne = [&]() -> ParseResult {
+      OpAsmParser::UnresolvedOperand event;
+      AffineMap map;
+      Type type;
+      if (parser.parseOperand(event) || parser.parseLSquare() ||
+          parser.parseAffineMap(map) || parser.parseRSquare() ||
+          parser.parseColonType(type))
+        return failure();
+      events.push_back(event);
+      types.push_back(type);
+      mapAttrs.push_back(AffineMapAttr::get(map));
+      return success();
+    };
+    if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Paren,
+                                       parseOne))
+      return failure();
+  }
+  maps = parser.getBuilder().getArrayAttr(mapAttrs);
+  return success();
+}
+
+static void printEdges(OpAsmPrinter &printer, StringRef keyword,
+                       OperandRange events, TypeRange types, ArrayAttr maps) {
+  if (events.empty())
+    return;
+  printer << keyword << "(";
+  for (auto [i, event] : llvm::enumerate(events)) {
+    if (i)
+      printer << ", ";
+    printer << event << "[";
+    cast<AffineMapAttr>(maps[i]).getValue().print(printer.getStream());
+    printer << "] : " << types[i];
+  }
+  printer << ")";
+}
+
+static ParseResult
+parseInEdges(OpAsmParser &parser,
+             SmallVectorImpl<OpAsmParser::UnresolvedOperand> &events,
+             SmallVectorImpl<Type> &types, ArrayAttr &maps) {
+  return parseEdges(parser, "ins", events, types, maps);
+}
+static void printInEdges(OpAsmPrinter &printer, Operation *,
+                         OperandRange events, TypeRange types, ArrayAttr maps) {
+  printEdges(printer, "ins", events, types, maps);
+}
+static ParseResult
+parseOutEdges(OpAsmParser &parser,
+              SmallVectorImpl<OpAsmParser::UnresolvedOperand> &events,
+              SmallVectorImpl<Type> &types, ArrayAttr &maps) {
+  return parseEdges(parser, "outs", events, types, maps);
+}
+static void printOutEdges(OpAsmPrinter &printer, Operation *,
+                          OperandRange events, TypeRange types,
+                          ArrayAttr maps) {
+  printEdges(printer, "outs", events, types, maps);
+}
+
+/// Checks that constant coordinates address inside the static dimensions of
+/// `type`; `?` dimensions are checked at run time.
+static LogicalResult verifyCoordinates(Operation *op, EventType type,
+                                       ValueRange indices) {
+  if (static_cast<int64_t>(indices.size()) != type.getRank())
+    return op->emitOpError("expects ")
+           << type.getRank() << " coordinates for " << type << ", got "
+           << indices.size();
+  for (auto [dim, index] : llvm::enumerate(indices)) {
+    std::optional<int64_t> value = getConstantIntValue(index);
+    int64_t extent = type.getShape()[dim];
+    if (value && (*value < 0 ||
+                  (!ShapedType::isDynamic(extent) && *value >= extent)))
+      return op->emitOpError("coordinate ")
+             << *value << " is out of bounds for dimension " << dim << " of "
+             << type;
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// GraphOp
+//===----------------------------------------------------------------------===//
+
+ParseResult GraphOp::parse(OpAsmParser &parser, OperationState &result) {
+  auto buildType = [](Builder &builder, ArrayRef<Type> argTypes,
+                      ArrayRef<Type> results,
+                      function_interface_impl::VariadicFlag, std::string &) {
+    return builder.getFunctionType(argTypes, results);
+  };
+  return function_interface_impl::parseFunctionOp(
+      parser, result, /*allowVariadic=*/false,
+      getFunctionTypeAttrName(result.name), buildType,
+      getArgAttrsAttrName(result.name), getResAttrsAttrName(result.name));
+}
+
+void GraphOp::print(OpAsmPrinter &printer) {
+  function_interface_impl::printFunctionOp(
+      printer, *this, /*isVariadic=*/false, getFunctionTypeAttrName(),
+      getArgAttrsAttrName(), getResAttrsAttrName());
+}
+
+LogicalResult GraphOp::verify() {
+  if (!getResultTypes().empty())
+    return emitOpError("a graph has no results; write outputs to its "
+                       "memref arguments");
+  for (auto [i, type] : llvm::enumerate(getArgumentTypes()))
+    if (!isa<IndexType, MemRefType>(type))
+      return emitOpError("argument #")
+             << i << " must be an index symbol or a memref buffer, got "
+             << type;
+  if (getBody().empty())
+    return emitOpError("expects a body");
+  if (auto blockSize = (*this)->getAttrOfType<IntegerAttr>("etensor.block_size"))
+    if (blockSize.getInt() <= 0 || blockSize.getInt() > 1024 ||
+        blockSize.getInt() % 32 != 0)
+      return emitOpError("etensor.block_size must be a multiple of 32 in "
+                         "[32, 1024], got ")
+             << blockSize.getInt();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// EventOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult EventOp::verify() {
+  EventType type = getEventType();
+  if (static_cast<int64_t>(getSizes().size()) != type.getNumDynamicDims())
+    return emitOpError("expects one size operand per '?' dimension of ")
+           << type << " (" << type.getNumDynamicDims() << "), got "
+           << getSizes().size();
+  int forms = (getStaticWaitCount() ? 1 : 0) + (getWaitCount() ? 1 : 0) +
+              (getWaitCountTable() ? 1 : 0);
+  if (forms != 1)
+    return emitOpError("expects exactly one wait count: a constant, an index "
+                       "value or a table");
+  if (getStaticWaitCount() && *getStaticWaitCount() < 0)
+    return emitOpError("wait count must be non-negative, got ")
+           << *getStaticWaitCount();
+  if (Value table = getWaitCountTable()) {
+    auto tableType = cast<MemRefType>(table.getType());
+    if (!tableType.getElementType().isSignlessInteger())
+      return emitOpError("wait count table must hold signless integers, got ")
+             << tableType;
+    if (tableType.getRank() != type.getRank())
+      return emitOpError("wait count table ")
+             << tableType << " must have the event's rank " << type.getRank();
+    for (auto [dim, extent] : llvm::enumerate(type.getShape()))
+      if (!ShapedType::isDynamic(extent) &&
+          !tableType.isDynamicDim(dim) && tableType.getDimSize(dim) != extent)
+        return emitOpError("wait count table ")
+               << tableType << " does not match " << type << " in dimension "
+               << dim;
+  }
+  return success();
+}
+
+OpFoldResult EventOp::getMixedSize(unsigned dim) {
+  EventType type = getEventType();
+  int64_t extent = type.getShape()[dim];
+  if (!ShapedType::isDynamic(extent))
+    return Builder(getContext()).getIndexAttr(extent);
+  unsigned dynamicIndex = llvm::count_if(type.getShape().take_front(dim),
+                                         ShapedType::isDynamic);
+  return getSizes()[dynamicIndex];
+}
+
+StringRef EventOp::getDisplayName() {
+  if (std::optional<StringRef> name = getName())
+    return *name;
+  return "<unnamed>";
+}
+
+//===----------------------------------------------------------------------===//
+// TaskOp
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyEdges(TaskOp task, StringRef kind,
+                                 OperandRange events, ArrayAttr maps) {
+  if (events.size() != maps.size())
+    return task.emitOpError("expects one map per ")
+           << kind << " event, got " << maps.size() << " maps for "
+           << events.size() << " events";
+  for (auto [i, event, mapAttr] : llvm::enumerate(events, maps)) {
+    AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
+    auto type = cast<EventType>(event.getType());
+    if (map.getNumSymbols() != 0)
+      return task.emitOpError()
+             << kind << " map #" << i << " " << AffineMapAttr::get(map)
+             << " must not use symbols";
+    if (static_cast<int64_t>(map.getNumDims()) != task.getGridRank())
+      return task.emitOpError()
+             << kind << " map #" << i << " " << AffineMapAttr::get(map) << " has "
+             << map.getNumDims() << " dimensions but the task grid has rank "
+             << task.getGridRank();
+    if (static_cast<int64_t>(map.getNumResults()) != type.getRank())
+      return task.emitOpError()
+             << kind << " map #" << i << " " << AffineMapAttr::get(map) << " has "
+             << map.getNumResults() << " results but event " << type
+             << " has rank " << type.getRank();
+    // Constant results must land inside static dimensions.
+    for (auto [dim, expr] : llvm::enumerate(map.getResults())) {
+      auto constant = dyn_cast<AffineConstantExpr>(expr);
+      int64_t extent = type.getShape()[dim];
+      if (constant &&
+          (constant.getValue() < 0 || (!ShapedType::isDynamic(extent) &&
+                                       constant.getValue() >= extent)))
+        return task.emitOpError()
+               << kind << " map #" << i << " " << AffineMapAttr::get(map)
+               << " addresses coordinate " << constant.getValue()
+               << " outside dimension " << dim << " of " << type;
+    }
+  }
+  return success();
+}
+
+LogicalResult TaskOp::verify() {
+  if (failed(verifyListOfOperandsOrIntegers(*this, "grid", getGridRank(),
+                                            getStaticGrid(), getDynamicGrid())))
+    return failure();
+  for (int64_t extent : getStaticGrid())
+    if (!ShapedType::isDynamic(extent) && extent < 0)
+      return emitOpError("grid extents must be non-negative, got ") << extent;
+  if (failed(verifyEdges(*this, "in", getInEvents(), getInMaps())) ||
+      failed(verifyEdges(*this, "out", getOutEvents(), getOutMaps())))
+    return failure();
+  if (Value trigger = getTriggerEvent()) {
+    if (getGridRank() != 1)
+      return emitOpError("a data-dependent trigger needs a 1-D task grid, "
+                         "got rank ")
+             << getGridRank();
+    if (cast<EventType>(trigger.getType()).getRank() != 1)
+      return emitOpError("a data-dependent trigger needs a 1-D event, got ")
+             << trigger.getType();
+  }
+  for (Value event : llvm::concat<Value>(getInEvents(), getOutEvents()))
+    if (event.getParentRegion() != (*this)->getParentRegion())
+      return emitOpError("events must be declared in the same graph");
+  return success();
+}
+
+LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  auto callee =
+      symbolTable.lookupNearestSymbolFrom<func::FuncOp>(*this, getCalleeAttr());
+  if (!callee)
+    return emitOpError("callee '")
+           << getCallee() << "' does not name a func.func device function";
+  FunctionType fnType = callee.getFunctionType();
+  if (fnType.getNumResults() != 0)
+    return emitOpError("device function '")
+           << getCallee() << "' must not return values";
+  int64_t expected = getGridRank() + getArgs().size();
+  if (static_cast<int64_t>(fnType.getNumInputs()) != expected)
+    return emitOpError("device function '")
+           << getCallee() << "' takes " << fnType.getNumInputs()
+           << " arguments, but a task with a rank-" << getGridRank()
+           << " grid and " << getArgs().size() << " buffers passes "
+           << expected;
+  for (int64_t i = 0; i < getGridRank(); ++i)
+    if (!fnType.getInput(i).isIndex())
+      return emitOpError("argument #")
+             << i << " of device function '" << getCallee()
+             << "' is a grid coordinate and must be index, got "
+             << fnType.getInput(i);
+  for (auto [i, arg] : llvm::enumerate(getArgs()))
+    if (fnType.getInput(getGridRank() + i) != arg.getType())
+      return emitOpError("buffer #")
+             << i << " has type " << arg.getType() << " but device function '"
+             << getCallee() << "' expects "
+             << fnType.getInput(getGridRank() + i);
+  return success();
+}
+
+OpFoldResult TaskOp::getMixedExtent(unsigned dim) {
+  return getMixedGrid()[dim];
+}
+
+SmallVector<OpFoldResult> TaskOp::getMixedGrid() {
+  return getMixedValues(getStaticGrid(), getDynamicGrid(), getContext());
+}
+
+StringRef TaskOp::getDisplayName() {
+  if (std::optional<StringRef> name = getName())
+    return *name;
+  return getCallee();
+}
+
+//===----------------------------------------------------------------------===//
+// Schedule-level ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult WaitOp::verify() {
+  return verifyCoordinates(*this, cast<EventType>(getEvent().getType()),
+                           getIndices());
+}
+
+LogicalResult NotifyOp::verify() {
+  return verifyCoordinates(*this, cast<EventType>(getEvent().getType()),
+                           getIndices());
+}
+
+LogicalResult PushOp::verify() {
+  if (getTask() < 0)
+    return emitOpError("task index must be non-negative, got ") << getTask();
+  return success();
+}
+
+LogicalResult WorkerOp::verify() {
+  bool dynamic = getSchedule() == ScheduleKind::Dynamic;
+  if (dynamic != static_cast<bool>(getQueue()))
+    return emitOpError(dynamic ? "a dynamic worker needs a queue"
+                               : "a static worker takes no queue");
+  llvm::SmallDenseSet<int64_t> seen;
+  for (Operation &op : getBody().front()) {
+    auto dispatch = dyn_cast<DispatchOp>(op);
+    if (!dispatch)
+      return op.emitOpError("is not allowed in a worker body; expected "
+                            "etensor.dispatch");
+    if (!seen.insert(dispatch.getTask()).second)
+      return dispatch.emitOpError("task ")
+             << dispatch.getTask() << " is dispatched twice";
+  }
+  return success();
+}
+
+LogicalResult DispatchOp::verify() {
+  int64_t rank = getStaticGrid().size();
+  if (failed(verifyListOfOperandsOrIntegers(*this, "grid", rank,
+                                            getStaticGrid(), getDynamicGrid())))
+    return failure();
+  Block &body = getBody().front();
+  if (static_cast<int64_t>(body.getNumArguments()) != rank)
+    return emitOpError("expects one block argument per grid dimension (")
+           << rank << "), got " << body.getNumArguments();
+  for (BlockArgument arg : body.getArguments())
+    if (!arg.getType().isIndex())
+      return emitOpError("grid coordinates must be index, got ")
+             << arg.getType();
+  return success();
+}
+
+SmallVector<OpFoldResult> DispatchOp::getMixedGrid() {
+  return getMixedValues(getStaticGrid(), getDynamicGrid(), getContext());
+}
+
+#define GET_OP_CLASSES
+#include "etc/Dialect/ETensor/IR/ETensorOps.cpp.inc"

@@ -1,0 +1,102 @@
+//===- StaticSchedule.cpp - Tasks to a static worker loop -----------------===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#include "etc/Dialect/ETensor/Transforms/GraphAnalysis.h"
+#include "etc/Dialect/ETensor/Transforms/Passes.h"
+#include "mlir/Dialect/Affine/IR/AffineOps.h"
+#include "mlir/Dialect/Affine/Utils.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace mlir::etensor {
+#define GEN_PASS_DEF_ETENSORSTATICSCHEDULE
+#include "etc/Dialect/ETensor/Transforms/Passes.h.inc"
+} // namespace mlir::etensor
+
+using namespace mlir;
+using namespace mlir::etensor;
+
+/// The event coordinates that `map` sends grid point `coords` to, as arith
+/// ops (identity results reuse the coordinate itself).
+static SmallVector<Value> applyEdgeMap(OpBuilder &builder, Location loc,
+                                       AffineMap map, ValueRange coords) {
+  SmallVector<Value> results;
+  for (AffineExpr expr : map.getResults()) {
+    if (auto dim = dyn_cast<AffineDimExpr>(expr)) {
+      results.push_back(coords[dim.getPosition()]);
+      continue;
+    }
+    results.push_back(affine::expandAffineExpr(builder, loc, expr, coords,
+                                               /*symbolValues=*/{}));
+  }
+  return results;
+}
+
+namespace {
+struct ETensorStaticSchedulePass
+    : public etensor::impl::ETensorStaticScheduleBase<ETensorStaticSchedulePass> {
+  void runOnOperation() override {
+    getOperation().walk([&](GraphOp graph) {
+      if (failed(schedule(graph)))
+        signalPassFailure();
+    });
+  }
+
+  LogicalResult schedule(GraphOp graphOp) {
+    TaskGraph graph(graphOp);
+    SmallVector<unsigned> cycle;
+    FailureOr<SmallVector<unsigned>> order = graph.topologicalOrder(cycle);
+    if (failed(order))
+      return graphOp.emitOpError("has a dependency cycle; run "
+                                 "etensor-verify-graph for details");
+    for (TaskOp task : graph.getTasks())
+      if (task.getTriggerEvent())
+        return task.emitOpError("data-dependent triggers are not supported "
+                                "by etensor-static-schedule yet");
+
+    OpBuilder builder(graphOp.getContext());
+    builder.setInsertionPointToEnd(&graphOp.getBodyBlock());
+    auto worker = WorkerOp::create(builder, graphOp.getLoc(),
+                                   ScheduleKind::Static, /*queue=*/Value());
+    Block *workerBody = builder.createBlock(&worker.getBody());
+
+    for (auto [number, taskIndex] : llvm::enumerate(*order)) {
+      TaskOp task = graph.getTasks()[taskIndex];
+      Location loc = task.getLoc();
+      builder.setInsertionPointToEnd(workerBody);
+      auto dispatch =
+          DispatchOp::create(builder, loc, builder.getI64IntegerAttr(number),
+                             task.getDynamicGrid(), task.getStaticGridAttr());
+      dispatch->setAttr("name", builder.getStringAttr(task.getDisplayName()));
+      Block *body = builder.createBlock(&dispatch.getBody());
+      SmallVector<Value> coords;
+      for (int64_t d = 0; d < task.getGridRank(); ++d)
+        coords.push_back(body->addArgument(builder.getIndexType(), loc));
+      builder.setInsertionPointToStart(body);
+
+      for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
+        WaitOp::create(builder, loc, event,
+                       applyEdgeMap(builder, loc,
+                                    cast<AffineMapAttr>(map).getValue(),
+                                    coords));
+      SmallVector<Value> callArgs(coords);
+      llvm::append_range(callArgs, task.getArgs());
+      func::CallOp::create(builder, loc, task.getCallee(), TypeRange(),
+                           callArgs);
+      for (auto [event, map] :
+           llvm::zip(task.getOutEvents(), task.getOutMaps()))
+        NotifyOp::create(builder, loc, /*completed=*/Type(), event,
+                         applyEdgeMap(builder, loc,
+                                      cast<AffineMapAttr>(map).getValue(),
+                                      coords));
+      YieldOp::create(builder, loc);
+    }
+    for (TaskOp task : graph.getTasks())
+      task.erase();
+    return success();
+  }
+};
+} // namespace

@@ -1,0 +1,46 @@
+//===- ETCToPTXPipeline.cpp - etensor graph to PTX ------------------------===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#include "etc/Conversion/Passes.h"
+#include "etc/Dialect/ETensor/Transforms/Passes.h"
+#include "etc/Pipelines/Passes.h"
+#include "mlir/Dialect/GPU/Pipelines/Passes.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+using namespace mlir::etensor;
+
+void mlir::etensor::buildETCStaticToPTXPipeline(
+    OpPassManager &pm, const ETCToPTXPipelineOptions &options) {
+  pm.addPass(createETensorVerifyGraph());
+  pm.addPass(createETensorStaticSchedule());
+  ConvertETensorToGPUOptions convertOptions;
+  convertOptions.watchdogPolls = options.watchdogPolls;
+  convertOptions.blockSize = options.blockSize;
+  pm.addPass(createConvertETensorToGPU(convertOptions));
+  // Device functions are called once per dispatch: inline them into the
+  // kernel so the task body is optimised together with its waits.
+  pm.addPass(createInlinerPass());
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+
+  gpu::GPUToNVVMPipelineOptions nvvm;
+  nvvm.cubinChip = options.chip;
+  nvvm.cubinFeatures = options.features;
+  nvvm.cubinFormat = options.format;
+  nvvm.optLevel = options.optLevel;
+  gpu::buildLowerToNVVMPassPipeline(pm, nvvm);
+}
+
+void mlir::etensor::registerETCPipelines() {
+  PassPipelineRegistration<ETCToPTXPipelineOptions>(
+      "etc-static-to-ptx",
+      "Verify, statically schedule and lower etensor graphs to a gpu.binary "
+      "holding PTX (format=isa) for the chosen chip.",
+      buildETCStaticToPTXPipeline);
+}
