@@ -1,0 +1,352 @@
+"""`Kernel`: one loaded megakernel artifact, launched cooperatively on real tensors."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from etc.errors import DeadlockError, LaunchError
+from etc.runtime import driver
+from etc.runtime.args import NUMPY, TORCH, BoundTensor, bind_symbols, bind_tensors, bound_shapes
+from etc.runtime.manifest import Manifest, load_manifest, numel
+from etc.runtime.params import ParamPack
+from etc.runtime.queue import INSTANCE_MASK, build_static_queue
+
+# Status record words (see ETensorToGPU.cpp).
+ST_STATE, ST_EVENT, ST_TASK, ST_COUNTER, ST_WAIT, ST_INSTANCE, ST_CTA, ST_COORD = range(8)
+STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK = 0, 1, 2
+# Status words are i32: larger event tensors could not be reported.
+MAX_COUNTERS = (1 << 31) - 1
+
+
+def delinearize(linear: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Row-major coordinates of `linear` in `shape`; None when out of range."""
+    if not 0 <= linear < numel(shape):
+        return None
+    coords = []
+    for extent in reversed(shape):
+        linear, r = divmod(linear, extent)
+        coords.append(r)
+    return tuple(reversed(coords))
+
+
+def total_instances(manifest: Manifest, symbols: Mapping[str, int]) -> list[int]:
+    """Instances per task, in task-index order."""
+    return [numel(manifest.bind(t.grid, symbols)) for t in manifest.tasks]
+
+
+def status_error(manifest: Manifest, symbols: Mapping[str, int], words: np.ndarray,
+                 max_polls: int) -> Exception | None:
+    """The exception a status record stands for (None when the launch succeeded)."""
+    state = int(words[ST_STATE])
+    if state == STATE_OK:
+        return None
+    task_id = int(words[ST_TASK])
+    task = manifest.tasks[task_id] if 0 <= task_id < len(manifest.tasks) else None
+    if state == STATE_BAD_TASK:
+        return LaunchError(f"{manifest.graph}: the kernel found a bad task descriptor (task index "
+                           f"{task_id}) in its queue; the queue or the artifact is corrupt")
+    if state != STATE_WATCHDOG:
+        return LaunchError(f"{manifest.graph}: the kernel reported unknown status state {state}")
+    event_id = int(words[ST_EVENT])
+    event = manifest.events[event_id] if 0 <= event_id < len(manifest.events) else None
+    coord = linear_coord = int(words[ST_COORD]) & 0xFFFFFFFF
+    coordinate = delinearize(coord, manifest.bind(event.shape, symbols)) if event else None
+    instance_linear = int(words[ST_INSTANCE]) & 0xFFFFFFFF
+    instance = delinearize(instance_linear, manifest.bind(task.grid, symbols)) if task else None
+    counter, wait_count = int(words[ST_COUNTER]), int(words[ST_WAIT])
+    err = DeadlockError(
+        event=event.name if event else f"#{event_id}",
+        coordinate=coordinate if coordinate is not None else (linear_coord,),
+        task=task.name if task else f"#{task_id}",
+        instance=instance if instance is not None else (instance_linear,),
+        counter=counter, wait_count=wait_count,
+    )
+    hint = ("; more notifies are needed than the producers make (check the wait count and the "
+            "out_edges maps)" if counter < wait_count else "")
+    bound = ", ".join(f"{k}={v}" for k, v in symbols.items())
+    err.args = (f"{manifest.graph}: {err.describe()}{hint} [watchdog expired after {max_polls} "
+                f"polls on CTA {int(words[ST_CTA])}{'; ' + bound if bound else ''}]",)
+    return err
+
+
+@dataclass
+class _Plan:
+    """Everything that depends only on the concrete symbols (and grid): built once, cached."""
+
+    symbols: dict[str, int]
+    shapes: dict[str, tuple[int, ...]]
+    grid: int
+    queue: np.ndarray
+    queue_buffer: driver.DeviceBuffer
+    counters: int  # words
+    pack: ParamPack
+    dynamic_slots: np.ndarray
+    last_dynamic: tuple | None = None
+
+
+class Kernel:
+    """A loaded artifact. Build with `load`; launch with `launch`."""
+
+    def __init__(self, manifest: Manifest, device: driver.Device, function: Any, image: str,
+                 max_polls: int | None = None):
+        self.manifest = manifest
+        self.device = device
+        self.function = function
+        #: ``"cubin"`` or ``"ptx"``: which image the driver accepted.
+        self.image = image
+        #: Watchdog bound (polls per wait) used when `launch` is not given one.
+        self.max_polls = manifest.watchdog_polls if max_polls is None else _check_polls(max_polls)
+        #: CTAs that can be co-resident: SMs x occupancy at the manifest's block size.
+        self.num_ctas = driver.max_active_ctas(device, function, manifest.block_size)
+        if self.num_ctas < 1:
+            raise LaunchError(f"{manifest.graph}: the kernel cannot run a single CTA of "
+                              f"{manifest.block_size} threads on {device.name} (registers/shared memory)")
+        self._param_tensors = [p.name for p in manifest.params if p.kind == "tensor"]
+        self._plans: dict[tuple, _Plan] = {}
+        self._scratch: dict[int, driver.DeviceBuffer] = {}  # per stream: status words, then counters
+        self._staging: dict[str, driver.DeviceBuffer] = {}  # device copies of numpy arrays
+        self._status = np.zeros(manifest.status_words, dtype=np.int32)
+        self._last: tuple[int, driver.DeviceBuffer, _Plan, int] | None = None
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"<etc.runtime.Kernel {m.graph!r} ({m.schedule}, {self.image}) on cuda:{self.device.ordinal} "
+                f"{self.device.name}, up to {self.num_ctas} CTAs x {m.block_size} threads>")
+
+    # -- planning -------------------------------------------------------------------------
+
+    def grid_size(self, symbols: Mapping[str, int]) -> int:
+        """CTAs a launch with these symbols uses: min(instances, `num_ctas`), at least 1."""
+        values = dict(zip(self.manifest.symbols, bind_symbols(self.manifest, symbols)))
+        return max(1, min(sum(total_instances(self.manifest, values)), self.num_ctas))
+
+    def _plan(self, symbols: Mapping[str, Any], grid: int | None) -> _Plan:
+        m = self.manifest
+        key = bind_symbols(m, symbols)
+        plan = self._plans.get((key, grid))
+        if plan is not None:
+            return plan
+        values = dict(zip(m.symbols, key))
+        shapes = bound_shapes(m, values)
+        counts = total_instances(m, values)
+        for t, n in zip(m.tasks, counts):
+            if n > INSTANCE_MASK:
+                raise LaunchError(f"{m.graph}: task {t.name!r} has {n} instances; the queue holds < 2**48")
+        counters = sum(numel(m.bind(e.shape, values)) for e in m.events)
+        if counters > MAX_COUNTERS:
+            raise LaunchError(f"{m.graph}: {counters} event counters exceed the 2**31 the status record can name")
+        actual = max(1, min(sum(counts), self.num_ctas))
+        if grid is not None:
+            if not 1 <= grid <= self.num_ctas:
+                raise LaunchError(f"{m.graph}: grid {grid} is outside 1..{self.num_ctas} (co-resident CTAs)")
+            actual = grid
+        queue = build_static_queue(counts, actual)
+        qbuf = driver.DeviceBuffer(queue.nbytes)
+        driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
+        pack = ParamPack(m.params)
+        for name, v in values.items():
+            pack.set_symbol(name, v)
+        for name, shape in shapes.items():
+            pack.set_memref("tensor", name, 0, shape)
+        pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
+        pack.set_memref("status", None, 0, (m.status_words,))
+        pack.set_memref("counters", None, 0, (counters,))
+        keys = [("tensor", n) for n in self._param_tensors] + [("status", None), ("counters", None)]
+        slots = np.append(pack.pointer_slots(keys), pack.slot("max_polls"))
+        plan = _Plan(values, shapes, actual, queue, qbuf, counters, pack, slots)
+        self._plans[(key, grid)] = plan
+        return plan
+
+    def _scratch_for(self, stream: int, words: int) -> driver.DeviceBuffer:
+        buf = self._scratch.get(stream)
+        if buf is None or buf.nbytes < 4 * words:
+            if buf is not None:
+                driver.synchronize(stream)  # an earlier launch may still read it
+                buf.release()
+            buf = self._scratch[stream] = driver.DeviceBuffer(4 * max(words, 1024))
+        return buf
+
+    def _stage(self, b: BoundTensor, stream: int) -> None:
+        """Copies a numpy array to a (reused) device buffer, ordered on `stream`."""
+        if not b.nbytes:
+            return
+        buf = self._staging.get(b.name)
+        if buf is None or buf.nbytes < b.nbytes:
+            if buf is not None:
+                driver.synchronize(stream)
+                buf.release()
+            buf = self._staging[b.name] = driver.DeviceBuffer(b.nbytes)
+        host = np.ascontiguousarray(b.value)
+        driver.htod(buf.ptr, host.ctypes.data, b.nbytes, stream)
+        b.ptr = buf.ptr
+
+    # -- launching ------------------------------------------------------------------------
+
+    def launch(self, tensors: Mapping[str, Any], symbols: Mapping[str, int] | None = None,
+               stream: Any = None, sync: bool = True, max_polls: int | None = None,
+               grid: int | None = None) -> None:
+        """Runs the graph once.
+
+        `tensors` maps every graph tensor name to a torch CUDA tensor (contiguous, on this
+        kernel's device), a numpy array, or a raw device pointer (int; its size is trusted to
+        match the declared shape). numpy arrays are copied to the device before the launch and
+        copied back into the same arrays afterwards, so outputs appear in them; that makes the
+        launch synchronous whatever `sync` says (read-only arrays are not written back).
+
+        `stream`: a CUstream, int handle, torch.cuda.Stream or ``__cuda_stream__`` object;
+        None means torch's current stream when torch tensors are given, else the legacy
+        default stream. With ``sync=False`` the call returns after enqueueing; call `check`
+        later to wait and raise any deadlock. `max_polls` overrides the watchdog bound;
+        `grid` forces a CTA count in 1..`num_ctas` (for testing schedules).
+        Raises `ShapeError`/`LaunchError` before launching, `DeadlockError` after a hang.
+        """
+        m = self.manifest
+        plan = None
+        if symbols is not None and len(symbols) == len(m.symbols):
+            try:
+                key = tuple(symbols[s] for s in m.symbols)
+                if all(type(v) is int for v in key):  # noqa: E721 - bool and floats take the slow path
+                    plan = self._plans.get((key, grid))
+            except KeyError:
+                pass
+        if plan is None:
+            plan = self._plan(symbols or {}, grid)
+        polls = self.max_polls if max_polls is None else _check_polls(max_polls)
+        bound = bind_tensors(m, plan.shapes, tensors, self.device.ordinal)
+        has_torch = has_numpy = False
+        for b in bound:
+            has_torch |= b.kind == TORCH
+            has_numpy |= b.kind == NUMPY
+        handle = _stream_handle(stream, has_torch, self.device.ordinal)
+        words = m.status_words + plan.counters
+        scratch = self._scratch_for(handle, words)
+        if has_numpy:
+            self._ensure_context()
+            for b in bound:
+                if b.kind == NUMPY:
+                    self._stage(b, handle)
+        by_name = {b.name: b.ptr for b in bound}
+        status_ptr = scratch.ptr
+        dynamic = (*[by_name[n] for n in self._param_tensors], status_ptr,
+                   status_ptr + 4 * m.status_words, polls)
+        if dynamic != plan.last_dynamic:
+            values = [v for n in self._param_tensors for v in (by_name[n], by_name[n])]
+            values += [status_ptr, status_ptr, status_ptr + 4 * m.status_words,
+                       status_ptr + 4 * m.status_words, polls]
+            plan.pack.values[plan.dynamic_slots] = np.array(values, dtype=np.uint64)
+            plan.last_dynamic = dynamic
+
+        cu = driver.cu
+        ok = cu.CUresult.CUDA_SUCCESS
+        # Counters and status are one buffer, so one memset re-arms both.
+        err = cu.cuMemsetD32Async(status_ptr, 0, words, handle)[0]
+        if err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # another thread, or nothing current yet
+            self._ensure_context()
+            err = cu.cuMemsetD32Async(status_ptr, 0, words, handle)[0]
+        if err != ok:
+            raise LaunchError(f"{m.graph}: cuMemsetD32Async failed: {driver.error_name(err)}")
+        err = cu.cuLaunchCooperativeKernel(self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0,
+                                           handle, plan.pack.address)[0]
+        if err != ok:
+            raise LaunchError(f"{m.graph}: cuLaunchCooperativeKernel (grid {plan.grid} x "
+                              f"{m.block_size}) failed: {driver.error_name(err)}")
+        self._last = (handle, scratch, plan, polls)
+        if has_numpy:
+            driver.synchronize(handle)
+            for b in bound:
+                if b.kind == NUMPY and b.nbytes and b.value.flags.writeable:
+                    _copy_back(b)
+        if sync or has_numpy:
+            self.check()
+
+    def check(self) -> None:
+        """Waits for the latest launch and raises what its status record reports.
+
+        After a `DeadlockError` the kernel has exited cleanly and the context stays usable.
+        """
+        if self._last is None:
+            return
+        handle, scratch, plan, polls = self._last
+        driver.synchronize(handle)
+        driver.dtoh(self._status.ctypes.data, scratch.ptr, self._status.nbytes)
+        err = status_error(self.manifest, plan.symbols, self._status, polls)
+        if err is not None:
+            raise err
+
+    def _ensure_context(self) -> None:
+        self.device.make_current()
+
+    def clear_cache(self) -> None:
+        """Waits for all launches, then frees cached queues and staging buffers."""
+        for handle in list(self._scratch):
+            driver.synchronize(handle)
+        for plan in self._plans.values():
+            plan.queue_buffer.release()
+        for buf in self._staging.values():
+            buf.release()
+        self._plans.clear()
+        self._staging.clear()
+
+
+def _check_polls(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 1 << 63:
+        raise LaunchError(f"max_polls must be an int in 0..2**63-1, got {v!r}")
+    return int(v)
+
+
+def _copy_back(b: BoundTensor) -> None:
+    arr = b.value
+    if arr.flags.c_contiguous:
+        driver.dtoh(arr.ctypes.data, b.ptr, b.nbytes)
+    else:
+        host = np.empty(arr.shape, dtype=arr.dtype)
+        driver.dtoh(host.ctypes.data, b.ptr, b.nbytes)
+        arr[...] = host
+
+
+def _stream_handle(stream: Any, has_torch: bool, device: int) -> int:
+    if stream is None:
+        if not has_torch:
+            return 0
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, no Stream object
+        return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        return int(stream.cuda_stream)
+    if hasattr(stream, "__cuda_stream__"):  # the CUDA stream protocol (cuda.core, cupy)
+        return int(stream.__cuda_stream__()[1])
+    return int(stream)  # CUstream
+
+
+def load(directory: str | Path, device: int | None = None, max_polls: int | None = None) -> Kernel:
+    """Loads an artifact directory (``manifest.json`` + ``kernel.ptx``/``kernel.cubin``).
+
+    Verifies the manifest and image hashes, retains the device's primary context (shared
+    with torch), and loads the module once per process and context, preferring the cubin
+    and falling back to the PTX (driver JIT). `device` defaults to torch's current device
+    when torch is imported, else 0.
+    """
+    manifest = load_manifest(directory)
+    if manifest.schedule != "static":
+        raise LaunchError(f"{manifest.graph}: schedule {manifest.schedule!r} is not supported by this "
+                          "runtime yet (only 'static')")
+    if device is None:
+        torch = sys.modules.get("torch")
+        device = int(torch.cuda.current_device()) if torch is not None and torch.cuda.is_available() else 0
+    dev = driver.get_device(device)
+    images = []
+    if manifest.cubin_bytes is not None:
+        images.append(("cubin", manifest.cubin_bytes))
+    images.append(("ptx", manifest.ptx_bytes))
+    digest = manifest.sha256[manifest.cubin or manifest.ptx]
+    key = f"{Path(directory).resolve()}:{digest}"
+    function, image = driver.load_function(dev, key, manifest.kernel, images)
+    return Kernel(manifest, dev, function, image, max_polls)

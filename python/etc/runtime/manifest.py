@@ -1,0 +1,343 @@
+"""Artifact manifests (``manifest.json``, format ``etc-artifact/1``): parse and validate.
+
+The manifest is plain JSON written by the compiler; it is never executed. Every structural
+problem, a missing or tampered kernel image, or a hash mismatch raises `LaunchError` naming
+the artifact and the offending field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Union
+
+from etc.errors import LaunchError
+
+FORMAT = "etc-artifact/1"
+MANIFEST = "manifest.json"
+
+#: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
+#: ``i1`` is stored as one byte, as LLVM stores memref<?xi1>).
+DTYPE_SIZES: dict[str, int] = {
+    "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1,
+    "u64": 8, "u32": 4, "u16": 2, "u8": 1, "i1": 1,
+}
+_DTYPE_ALIASES = {
+    "float64": "f64", "double": "f64", "float32": "f32", "float": "f32", "float16": "f16",
+    "half": "f16", "bfloat16": "bf16", "int64": "i64", "long": "i64", "int32": "i32",
+    "int": "i32", "int16": "i16", "short": "i16", "int8": "i8", "uint64": "u64",
+    "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "i1",
+}
+PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls")
+# The kernel reads these eight status words; a manifest may reserve more.
+MIN_STATUS_WORDS = 8
+
+Dim = Union[int, str]
+WaitCount = Union[int, str, dict]
+
+
+def canonical_dtype(name: str) -> str | None:
+    """Maps ``f32``/``float32``/``torch.float32``/numpy names to the manifest's short name."""
+    name = str(name).removeprefix("torch.")
+    if name in DTYPE_SIZES:
+        return name
+    return _DTYPE_ALIASES.get(name)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    name: str
+    shape: tuple[Dim, ...]
+    wait_count: WaitCount
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    index: int
+    name: str
+    grid: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    kind: str
+    name: str | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest plus the verified kernel image bytes."""
+
+    directory: Path
+    graph: str
+    kernel: str
+    module: str
+    schedule: str
+    target: str
+    block_size: int
+    watchdog_polls: int
+    ptx: str
+    cubin: str | None
+    sha256: Mapping[str, str]
+    symbols: tuple[str, ...]
+    tensors: tuple[TensorSpec, ...]
+    events: tuple[EventSpec, ...]
+    tasks: tuple[TaskSpec, ...]
+    params: tuple[ParamSpec, ...]
+    status_words: int
+    ptx_bytes: bytes = b""
+    cubin_bytes: bytes | None = None
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def bind(self, shape: Sequence[Dim], symbols: Mapping[str, int]) -> tuple[int, ...]:
+        """Substitutes symbol values into a shape or grid."""
+        return tuple(symbols[d] if isinstance(d, str) else d for d in shape)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _Checker:
+    """Collects the path of the field being read so errors say exactly what is wrong."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, what: str) -> LaunchError:
+        return LaunchError(f"{self.source}: manifest field {where}: {what}")
+
+    def get(self, obj: Mapping, key: str, types: type | tuple[type, ...], where: str) -> Any:
+        if key not in obj:
+            raise self.fail(f"{where}{key}", "is missing")
+        value = obj[key]
+        ok = _is_int(value) if types is int else isinstance(value, types)
+        if not ok or (isinstance(value, bool) and types is not bool):
+            tname = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
+            raise self.fail(f"{where}{key}", f"expected {tname}, got {type(value).__name__} {value!r}")
+        return value
+
+    def name(self, obj: Mapping, key: str, where: str) -> str:
+        value = self.get(obj, key, str, where)
+        if not value:
+            raise self.fail(f"{where}{key}", "must be a non-empty string")
+        return value
+
+    def dims(self, value: Any, where: str, symbols: Sequence[str]) -> tuple[Dim, ...]:
+        if not isinstance(value, list):
+            raise self.fail(where, f"expected a list of dims, got {type(value).__name__}")
+        out: list[Dim] = []
+        for i, d in enumerate(value):
+            if _is_int(d) and d >= 0:
+                out.append(d)
+            elif isinstance(d, str) and d in symbols:
+                out.append(d)
+            else:
+                raise self.fail(f"{where}[{i}]", f"expected an int >= 0 or a declared symbol, got {d!r}")
+        return tuple(out)
+
+    def unique(self, names: Sequence[str], where: str) -> None:
+        seen: set[str] = set()
+        for n in names:
+            if n in seen:
+                raise self.fail(where, f"duplicate name {n!r}")
+            seen.add(n)
+
+
+def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = None) -> Manifest:
+    """Validates the decoded JSON structure; does not touch the kernel image files."""
+    directory = Path(directory)
+    c = _Checker(source or str(directory / MANIFEST))
+    if not isinstance(data, dict):
+        raise c.fail("<root>", f"expected an object, got {type(data).__name__}")
+    fmt = c.get(data, "format", str, "")
+    if fmt != FORMAT:
+        raise c.fail("format", f"expected {FORMAT!r}, got {fmt!r}")
+
+    symbols = c.get(data, "symbols", list, "")
+    for i, s in enumerate(symbols):
+        if not isinstance(s, str) or not s:
+            raise c.fail(f"symbols[{i}]", f"expected a non-empty string, got {s!r}")
+    c.unique(symbols, "symbols")
+
+    tensors = []
+    for i, t in enumerate(c.get(data, "tensors", list, "")):
+        w = f"tensors[{i}]."
+        if not isinstance(t, dict):
+            raise c.fail(f"tensors[{i}]", "expected an object")
+        dtype = c.get(t, "dtype", str, w)
+        canon = canonical_dtype(dtype)
+        if canon is None:
+            raise c.fail(f"{w}dtype", f"unsupported dtype {dtype!r} (supported: {', '.join(DTYPE_SIZES)})")
+        tensors.append(TensorSpec(c.name(t, "name", w), c.dims(c.get(t, "shape", list, w), f"{w}shape", symbols), canon))
+    c.unique([t.name for t in tensors], "tensors")
+    by_name = {t.name: t for t in tensors}
+
+    events = []
+    for i, e in enumerate(c.get(data, "events", list, "")):
+        w = f"events[{i}]."
+        if not isinstance(e, dict):
+            raise c.fail(f"events[{i}]", "expected an object")
+        name = c.name(e, "name", w)
+        shape = c.dims(c.get(e, "shape", list, w), f"{w}shape", symbols)
+        wc = c.get(e, "wait_count", (int, str, dict), w)
+        if _is_int(wc):
+            if wc < 0:
+                raise c.fail(f"{w}wait_count", f"must be >= 0, got {wc}")
+        elif isinstance(wc, str):
+            if wc not in symbols:
+                raise c.fail(f"{w}wait_count", f"{wc!r} is not a declared symbol")
+        else:
+            table = wc.get("table")
+            if set(wc) != {"table"} or table not in by_name:
+                raise c.fail(f"{w}wait_count", f"expected {{'table': <tensor name>}}, got {wc!r}")
+            spec = by_name[table]
+            if spec.dtype not in ("i32", "i64") or len(spec.shape) != len(shape):
+                raise c.fail(f"{w}wait_count", f"table {table!r} must be an i32/i64 tensor of rank {len(shape)}")
+        events.append(EventSpec(name, shape, wc))
+    c.unique([e.name for e in events], "events")
+
+    tasks = []
+    for i, t in enumerate(c.get(data, "tasks", list, "")):
+        w = f"tasks[{i}]."
+        if not isinstance(t, dict):
+            raise c.fail(f"tasks[{i}]", "expected an object")
+        index = c.get(t, "index", int, w)
+        if index != i:
+            raise c.fail(f"{w}index", f"tasks must be listed in index order; expected {i}, got {index}")
+        tasks.append(TaskSpec(index, c.name(t, "name", w), c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols)))
+    if len(tasks) >= 1 << 15:
+        raise c.fail("tasks", f"{len(tasks)} tasks do not fit the 15-bit task field of a queue entry")
+
+    params = []
+    counts = dict.fromkeys(PARAM_KINDS, 0)
+    seen_names: set[tuple[str, str]] = set()
+    for i, p in enumerate(c.get(data, "params", list, "")):
+        w = f"params[{i}]."
+        if not isinstance(p, dict):
+            raise c.fail(f"params[{i}]", "expected an object")
+        kind = c.get(p, "kind", str, w)
+        if kind not in PARAM_KINDS:
+            raise c.fail(f"{w}kind", f"unknown kind {kind!r} (expected one of {', '.join(PARAM_KINDS)})")
+        counts[kind] += 1
+        if kind == "symbol":
+            name = c.name(p, "name", w)
+            if name not in symbols:
+                raise c.fail(f"{w}name", f"{name!r} is not a declared symbol")
+            params.append(ParamSpec(kind, name))
+        elif kind == "tensor":
+            name = c.name(p, "name", w)
+            if name not in by_name:
+                raise c.fail(f"{w}name", f"{name!r} is not a declared tensor")
+            rank = c.get(p, "rank", int, w)
+            if rank != len(by_name[name].shape):
+                raise c.fail(f"{w}rank", f"tensor {name!r} has rank {len(by_name[name].shape)}, param says {rank}")
+            params.append(ParamSpec(kind, name, rank))
+        else:
+            params.append(ParamSpec(kind))
+            continue
+        if (kind, name) in seen_names:
+            raise c.fail(f"{w}name", f"{kind} {name!r} is passed twice")
+        seen_names.add((kind, name))
+    for kind in ("counters", "queue", "status", "max_polls"):
+        if counts[kind] != 1:
+            raise c.fail("params", f"expected exactly one {kind!r} param, found {counts[kind]}")
+
+    block_size = c.get(data, "block_size", int, "")
+    if not 1 <= block_size <= 1024:
+        raise c.fail("block_size", f"must be in 1..1024, got {block_size}")
+    watchdog = c.get(data, "watchdog_polls", int, "")
+    if not 0 <= watchdog < 1 << 63:
+        raise c.fail("watchdog_polls", f"must be in 0..2**63-1, got {watchdog}")
+    status_words = c.get(data, "status_words", int, "")
+    if not MIN_STATUS_WORDS <= status_words <= 1 << 20:
+        raise c.fail("status_words", f"must be >= {MIN_STATUS_WORDS}, got {status_words}")
+
+    ptx = _file_name(c, c.name(data, "ptx", ""), "ptx")
+    cubin = c.get(data, "cubin", (str, type(None)), "")
+    if cubin is not None:
+        cubin = _file_name(c, cubin, "cubin")
+    sha = c.get(data, "sha256", dict, "")
+    for f in (ptx, cubin):
+        if f is None:
+            continue
+        digest = sha.get(f)
+        if not isinstance(digest, str) or len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest.lower()):
+            raise c.fail(f"sha256[{f!r}]", f"expected a 64-digit hex digest, got {digest!r}")
+
+    return Manifest(
+        directory=directory, graph=c.name(data, "graph", ""), kernel=c.name(data, "kernel", ""),
+        module=c.get(data, "module", str, ""), schedule=c.name(data, "schedule", ""),
+        target=c.get(data, "target", str, ""), block_size=block_size, watchdog_polls=watchdog,
+        ptx=ptx, cubin=cubin, sha256={k: v.lower() for k, v in sha.items() if isinstance(v, str)},
+        symbols=tuple(symbols), tensors=tuple(tensors), events=tuple(events), tasks=tuple(tasks),
+        params=tuple(params), status_words=status_words,
+    )
+
+
+def _file_name(c: _Checker, name: str, field: str) -> str:
+    # Image names are relative to the artifact directory and may not escape it.
+    p = Path(name)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise c.fail(field, f"must be a file name inside the artifact directory, got {name!r}")
+    return name
+
+
+def _read_verified(m: Manifest, name: str, c: _Checker) -> bytes:
+    path = m.directory / name
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise LaunchError(f"{c.source}: cannot read kernel image {name!r}: {e.strerror or e}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != m.sha256[name]:
+        raise LaunchError(
+            f"{c.source}: kernel image {name!r} does not match its sha256 "
+            f"(manifest {m.sha256[name][:12]}..., file {digest[:12]}..., {len(data)} bytes): "
+            "the artifact is truncated, tampered with or stale; recompile it"
+        )
+    return data
+
+
+def load_manifest(directory: Path | str) -> Manifest:
+    """Reads ``directory/manifest.json`` and the kernel images, verifying their sha256."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LaunchError(f"{path}: cannot read the artifact manifest: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LaunchError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    m = parse_manifest(data, directory, str(path))
+    c = _Checker(str(path))
+    ptx = _read_verified(m, m.ptx, c)
+    # A cheap sanity check beyond the hash: the entry point must be in the PTX.
+    if not re.search(rb"\.entry\s+" + re.escape(m.kernel.encode()) + rb"\s*\(", ptx):
+        raise LaunchError(f"{path}: {m.ptx!r} has no entry point {m.kernel!r}")
+    cubin = _read_verified(m, m.cubin, c) if m.cubin else None
+    return replace(m, ptx_bytes=ptx, cubin_bytes=cubin)
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)

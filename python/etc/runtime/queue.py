@@ -1,0 +1,73 @@
+"""Static schedule queues: per-CTA lists of task instances, built with numpy.
+
+Layout of the i64 array the kernel reads (``etensor-static-schedule`` ABI):
+``queue[0 : grid + 1]`` are absolute offsets into the same array, so CTA ``c`` runs
+``queue[queue[c] : queue[c + 1]]`` in order; each entry is ``task << 48 | linear_instance``.
+
+Order (shared with the CPU simulator): instances are enumerated task by task in task-index
+order (a topological order), each task's instances in row-major linear order; global
+position ``p`` goes to CTA ``p % grid``, keeping order within a CTA. Every CTA's list is
+therefore a linear extension of the task order, and with all CTAs resident this cannot
+deadlock: the unfinished instance at the lowest global position only waits on lower
+positions (all finished), and everything before it in its own CTA's list is lower too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+INSTANCE_BITS = 48
+INSTANCE_MASK = (1 << INSTANCE_BITS) - 1
+MAX_TASKS = 1 << 15  # keeps entries non-negative as i64
+
+
+def global_order(counts: Sequence[int]) -> np.ndarray:
+    """Entries ``task << 48 | instance`` for all instances, in global (dealing) order."""
+    counts_arr = np.asarray(counts, dtype=np.int64).reshape(-1)
+    if len(counts_arr) > MAX_TASKS:
+        raise ValueError(f"{len(counts_arr)} tasks exceed the queue's task field ({MAX_TASKS})")
+    if (counts_arr < 0).any() or (counts_arr > INSTANCE_MASK).any():
+        raise ValueError(f"instance counts {counts_arr.tolist()} must be in 0..2**48-1")
+    total = int(counts_arr.sum())
+    starts = np.cumsum(counts_arr) - counts_arr
+    tasks = np.arange(len(counts_arr), dtype=np.int64)
+    # entry(p) = (task << 48) + (p - start(task)), expanded per instance without a loop.
+    return np.arange(total, dtype=np.int64) + np.repeat((tasks << INSTANCE_BITS) - starts, counts_arr)
+
+
+def cta_counts(total: int, grid: int) -> np.ndarray:
+    """How many entries each CTA receives when ``total`` positions are dealt round-robin."""
+    base, extra = divmod(total, grid)
+    out = np.full(grid, base, dtype=np.int64)
+    out[:extra] += 1
+    return out
+
+
+def build_static_queue(counts: Sequence[int], grid: int) -> np.ndarray:
+    """The queue array (offset header + entries) for instance ``counts`` per task and ``grid`` CTAs."""
+    if grid < 1:
+        raise ValueError(f"grid must be >= 1, got {grid}")
+    entries = global_order(counts)
+    total = len(entries)
+    rows = -(-total // grid)
+    # Pad to a (rows, grid) matrix; column c holds CTA c's entries in order.
+    padded = np.full(rows * grid, -1, dtype=np.int64)
+    padded[:total] = entries
+    dealt = padded.reshape(rows, grid).T.ravel()
+    header = np.empty(grid + 1, dtype=np.int64)
+    header[0] = grid + 1
+    np.cumsum(cta_counts(total, grid), out=header[1:])
+    header[1:] += grid + 1
+    return np.concatenate([header, dealt[dealt >= 0]])
+
+
+def decode(queue: np.ndarray) -> list[list[tuple[int, int]]]:
+    """Per-CTA ``(task, instance)`` lists of a queue array (for tests and debugging)."""
+    grid = int(queue[0]) - 1
+    out = []
+    for c in range(grid):
+        part = queue[int(queue[c]) : int(queue[c + 1])]
+        out.append(list(zip((part >> INSTANCE_BITS).tolist(), (part & INSTANCE_MASK).tolist())))
+    return out
