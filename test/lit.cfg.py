@@ -26,11 +26,8 @@ tool_dirs = [config.etc_tools_dir, config.llvm_tools_dir]
 
 # With ETC_OPT_CHECK_IR_ROUNDTRIP set, every etc-opt run also checks that the
 # printed IR parses back to the same IR (as CIRCT_OPT_CHECK_IR_ROUNDTRIP does).
-etc_opt = "etc-opt"
-if os.environ.get("ETC_OPT_CHECK_IR_ROUNDTRIP"):
-    etc_opt = "etc-opt --verify-roundtrip"
-tools = [ToolSubst("etc-opt", command=etc_opt.split()[0],
-                   extra_args=etc_opt.split()[1:], unresolved="fatal")]
+extra_args = ["--verify-roundtrip"] if os.environ.get("ETC_OPT_CHECK_IR_ROUNDTRIP") else []
+tools = [ToolSubst("etc-opt", extra_args=extra_args, unresolved="fatal")]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 config.substitutions.append(("%python", config.python_executable))

@@ -77,7 +77,7 @@ class DeviceFunction:
         name: str,
         reference: Callable[..., Any] | None = None,
         block_size: int = 256,
-    ) -> "DeviceFunction":
+    ) -> DeviceFunction:
         """Take ``func.func @name`` from MLIR text ``source``.
 
         ``source`` may hold other functions (helpers the tile calls) and may
@@ -89,8 +89,10 @@ class DeviceFunction:
         source, clean = _unwrap_module(source, clean)
         found: dict[str, re.Match[str]] = {}
         for match in _FUNC.finditer(clean):
-            symbol = match.group("quoted") if match.group("quoted") is not None else (
-                match.group("bare")
+            symbol = (
+                match.group("quoted")
+                if match.group("quoted") is not None
+                else (match.group("bare"))
             )
             found.setdefault(symbol, match)
         if name not in found:
@@ -205,10 +207,9 @@ def _parse_params(clean: str, open_paren: int, name: str) -> tuple[tuple[str, ..
         arg = re.match(r"%[A-Za-z0-9_$.\-]+\s*:\s*", item)
         if not arg:
             raise GraphError(
-                f"device function '{name}': cannot read argument '{item}' "
-                "(expected '%name: type')"
+                f"device function '{name}': cannot read argument '{item}' (expected '%name: type')"
             )
-        rest = item[arg.end():]
+        rest = item[arg.end() :]
         # The type ends where an argument attribute dict or a location begins.
         type_end = len(rest)
         depth = 0
@@ -233,7 +234,7 @@ def _check_after_signature(clean: str, pos: int, name: str) -> None:
         )
     if rest.startswith("attributes"):
         brace = clean.index("{", pos)
-        rest = clean[_skip_balanced(clean, brace):].lstrip()
+        rest = clean[_skip_balanced(clean, brace) :].lstrip()
     if not rest.startswith("{"):
         raise GraphError(f"device function '{name}' has no body")
 

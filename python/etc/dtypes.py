@@ -59,18 +59,25 @@ _TABLE: dict[str, tuple[str, str]] = {
 }
 
 _ALIASES = {
-    "float64": "f64", "double": "f64",
-    "float32": "f32", "float": "f32",
-    "float16": "f16", "half": "f16",
+    "float64": "f64",
+    "double": "f64",
+    "float32": "f32",
+    "float": "f32",
+    "float16": "f16",
+    "half": "f16",
     "bfloat16": "bf16",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
-    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint64": "u64",
+    "uint32": "u32",
+    "uint16": "u16",
+    "uint8": "u8",
     "bool": "i1",
 }
 
-_DTYPES = {
-    name: DType(name, mlir, np.dtype(storage)) for name, (mlir, storage) in _TABLE.items()
-}
+_DTYPES = {name: DType(name, mlir, np.dtype(storage)) for name, (mlir, storage) in _TABLE.items()}
 
 
 def dtype(spec: Any) -> DType:
@@ -81,9 +88,7 @@ def dtype(spec: Any) -> DType:
         key = _ALIASES.get(spec, spec)
         if key in _DTYPES:
             return _DTYPES[key]
-        raise GraphError(
-            f"unknown element type '{spec}'; expected one of {', '.join(_DTYPES)}"
-        )
+        raise GraphError(f"unknown element type '{spec}'; expected one of {', '.join(_DTYPES)}")
     try:
         np_dtype = np.dtype(spec)
     except TypeError:

@@ -62,7 +62,10 @@ class EdgeMap:
 def _plain_name(name: str) -> bool:
     # Affine-expression keywords cannot name a dimension.
     return bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)) and name not in {
-        "floordiv", "ceildiv", "mod", "symbol",
+        "floordiv",
+        "ceildiv",
+        "mod",
+        "symbol",
     }
 
 
@@ -77,9 +80,7 @@ def parse_edge_map(spec: Any) -> EdgeMap:
             if getattr(spec, "n_symbols", 0):
                 raise GraphError(f"edge map '{spec}' must not use symbols")
             return _parse_affine(str(spec), str(spec))
-        raise GraphError(
-            f"edge map {spec!r} must be a string like 'ij->i' or an affine map"
-        )
+        raise GraphError(f"edge map {spec!r} must be a string like 'ij->i' or an affine map")
     if "(" in spec:
         return _parse_affine(spec, spec)
     return _parse_einsum(spec)
@@ -93,9 +94,7 @@ def _parse_einsum(text: str) -> EdgeMap:
     dims: list[str] = []
     for ch in lhs:
         if not ch.isalpha():
-            raise GraphError(
-                f"edge map '{text}': grid dimension '{ch}' must be a single letter"
-            )
+            raise GraphError(f"edge map '{text}': grid dimension '{ch}' must be a single letter")
         if ch in dims:
             raise GraphError(f"edge map '{text}': grid dimension '{ch}' is repeated")
         dims.append(ch)

@@ -11,7 +11,7 @@ what the graph checks use to compare a wait count with a fan-in symbolically
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from .errors import GraphError
 
@@ -26,7 +26,7 @@ _Monomial = tuple[tuple[_Key, int], ...]
 
 # Every atom ever built, by key. Keys name their graph, so symbols of two
 # graphs never collide; the table only grows by the atoms users create.
-_ATOMS: dict[_Key, "_Atom"] = {}
+_ATOMS: dict[_Key, _Atom] = {}
 
 
 class _Atom:
@@ -37,7 +37,7 @@ class _Atom:
     def evaluate(self, env: Mapping[str, int]) -> int:
         raise NotImplementedError
 
-    def symbols(self) -> set["Symbol"]:
+    def symbols(self) -> set[Symbol]:
         raise NotImplementedError
 
     def text(self) -> str:
@@ -45,7 +45,7 @@ class _Atom:
 
 
 class _SymbolAtom(_Atom):
-    def __init__(self, symbol: "Symbol", key: _Key) -> None:
+    def __init__(self, symbol: Symbol, key: _Key) -> None:
         self.symbol = symbol
         self.key = key
 
@@ -55,7 +55,7 @@ class _SymbolAtom(_Atom):
         except KeyError:
             raise GraphError(f"no value for symbol '{self.symbol.name}'") from None
 
-    def symbols(self) -> set["Symbol"]:
+    def symbols(self) -> set[Symbol]:
         return {self.symbol}
 
     def text(self) -> str:
@@ -65,7 +65,7 @@ class _SymbolAtom(_Atom):
 class _DivAtom(_Atom):
     """``floor(inner / divisor)`` (``op == "//"``) or ``inner mod divisor`` (``"%"``)."""
 
-    def __init__(self, op: str, inner: "SymExpr", divisor: int) -> None:
+    def __init__(self, op: str, inner: SymExpr, divisor: int) -> None:
         self.op = op
         self.inner = inner
         self.divisor = divisor
@@ -75,7 +75,7 @@ class _DivAtom(_Atom):
         value = self.inner.evaluate(env)
         return value // self.divisor if self.op == "//" else value % self.divisor
 
-    def symbols(self) -> set["Symbol"]:
+    def symbols(self) -> set[Symbol]:
         return self.inner.symbols()
 
     def text(self) -> str:
@@ -91,9 +91,6 @@ def _atom(atom: _Atom) -> _Key:
     return atom.key
 
 
-Size = Union[int, "SymExpr"]
-
-
 class SymExpr:
     """An integer expression over graph symbols (immutable, hashable).
 
@@ -104,17 +101,15 @@ class SymExpr:
     __slots__ = ("_terms",)
 
     def __init__(self, terms: Mapping[_Monomial, int] | None = None) -> None:
-        self._terms: dict[_Monomial, int] = {
-            m: c for m, c in (terms or {}).items() if c != 0
-        }
+        self._terms: dict[_Monomial, int] = {m: c for m, c in (terms or {}).items() if c != 0}
 
     # -- construction ----------------------------------------------------
     @staticmethod
-    def constant(value: int) -> "SymExpr":
+    def constant(value: int) -> SymExpr:
         return SymExpr({(): int(value)})
 
     @staticmethod
-    def _lift(value: Any) -> "SymExpr":
+    def _lift(value: Any) -> SymExpr:
         if isinstance(value, SymExpr):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -135,7 +130,7 @@ class SymExpr:
             return self._terms[()]
         return None
 
-    def symbols(self) -> set["Symbol"]:
+    def symbols(self) -> set[Symbol]:
         """Every graph symbol the expression mentions."""
         out: set[Symbol] = set()
         for monomial in self._terms:
@@ -154,7 +149,7 @@ class SymExpr:
         return total
 
     # -- arithmetic --------------------------------------------------------
-    def __add__(self, other: Any) -> "SymExpr":
+    def __add__(self, other: Any) -> SymExpr:
         rhs = SymExpr._lift(other)
         if rhs is NotImplemented:
             return NotImplemented
@@ -165,25 +160,25 @@ class SymExpr:
 
     __radd__ = __add__
 
-    def __neg__(self) -> "SymExpr":
+    def __neg__(self) -> SymExpr:
         return SymExpr({m: -c for m, c in self._terms.items()})
 
-    def __pos__(self) -> "SymExpr":
+    def __pos__(self) -> SymExpr:
         return self
 
-    def __sub__(self, other: Any) -> "SymExpr":
+    def __sub__(self, other: Any) -> SymExpr:
         rhs = SymExpr._lift(other)
         if rhs is NotImplemented:
             return NotImplemented
         return self + (-rhs)
 
-    def __rsub__(self, other: Any) -> "SymExpr":
+    def __rsub__(self, other: Any) -> SymExpr:
         lhs = SymExpr._lift(other)
         if lhs is NotImplemented:
             return NotImplemented
         return lhs - self
 
-    def __mul__(self, other: Any) -> "SymExpr":
+    def __mul__(self, other: Any) -> SymExpr:
         rhs = SymExpr._lift(other)
         if rhs is NotImplemented:
             return NotImplemented
@@ -196,23 +191,21 @@ class SymExpr:
 
     __rmul__ = __mul__
 
-    def __pow__(self, exponent: Any) -> "SymExpr":
+    def __pow__(self, exponent: Any) -> SymExpr:
         if not isinstance(exponent, int) or isinstance(exponent, bool) or exponent < 0:
-            raise GraphError(
-                f"'{self}' ** {exponent!r}: the exponent must be a non-negative int"
-            )
+            raise GraphError(f"'{self}' ** {exponent!r}: the exponent must be a non-negative int")
         result = SymExpr.constant(1)
         for _ in range(exponent):
             result = result * self
         return result
 
-    def __floordiv__(self, other: Any) -> "SymExpr":
+    def __floordiv__(self, other: Any) -> SymExpr:
         return self._divide("//", other)
 
-    def __mod__(self, other: Any) -> "SymExpr":
+    def __mod__(self, other: Any) -> SymExpr:
         return self._divide("%", other)
 
-    def _divide(self, op: str, other: Any) -> "SymExpr":
+    def _divide(self, op: str, other: Any) -> SymExpr:
         if isinstance(other, SymExpr):
             value = other.as_int()
             if value is None:
@@ -290,6 +283,10 @@ class SymExpr:
         return [([(_ATOMS[k], p) for k, p in m], self._terms[m]) for m in order]
 
 
+Size = int | SymExpr
+"""An extent: a non-negative int or a symbolic expression."""
+
+
 def _factor_text(key: _Key, power: int) -> str:
     text = _ATOMS[key].text()
     if power == 1:
@@ -314,7 +311,7 @@ class Symbol(SymExpr):
 
     __slots__ = ("name", "graph", "_atom_key")
 
-    def __init__(self, name: str, graph: "Graph") -> None:
+    def __init__(self, name: str, graph: Graph) -> None:
         _SERIAL[0] += 1
         key = _atom(_SymbolAtom(self, ("sym", _SERIAL[0], name)))
         super().__init__({((key, 1),): 1})

@@ -149,7 +149,7 @@ def _check_shape(where: str, got: tuple[int, ...], expected: tuple[int, ...], de
         if len(got) != len(expected):
             what = f"rank {len(got)} instead of {len(expected)}"
         else:
-            dims = [str(d) for d, (g, e) in enumerate(zip(got, expected)) if g != e]
+            dims = [str(d) for d, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
             what = f"dim {', '.join(dims)} differ"
         decl = f" = {_fmt_shape(declared)}" if any(isinstance(d, str) for d in declared) else ""
         raise ShapeError(f"{where} has shape {_fmt_shape(got)}, expected {_fmt_shape(expected)}{decl} ({what})")

@@ -55,24 +55,25 @@ def status_error(manifest: Manifest, symbols: Mapping[str, int], words: np.ndarr
         return LaunchError(f"{manifest.graph}: the kernel reported unknown status state {state}")
     event_id = int(words[ST_EVENT])
     event = manifest.events[event_id] if 0 <= event_id < len(manifest.events) else None
-    coord = linear_coord = int(words[ST_COORD]) & 0xFFFFFFFF
-    coordinate = delinearize(coord, manifest.bind(event.shape, symbols)) if event else None
+    # Status words are i32; the kernel truncates linear indices to 32 bits.
+    coord_linear = int(words[ST_COORD]) & 0xFFFFFFFF
+    coordinate = delinearize(coord_linear, manifest.bind(event.shape, symbols)) if event else None
     instance_linear = int(words[ST_INSTANCE]) & 0xFFFFFFFF
     instance = delinearize(instance_linear, manifest.bind(task.grid, symbols)) if task else None
     counter, wait_count = int(words[ST_COUNTER]), int(words[ST_WAIT])
-    err = DeadlockError(
+    attrs: dict[str, Any] = dict(
         event=event.name if event else f"#{event_id}",
-        coordinate=coordinate if coordinate is not None else (linear_coord,),
+        coordinate=coordinate if coordinate is not None else (coord_linear,),
         task=task.name if task else f"#{task_id}",
         instance=instance if instance is not None else (instance_linear,),
         counter=counter, wait_count=wait_count,
     )
-    hint = ("; more notifies are needed than the producers make (check the wait count and the "
-            "out_edges maps)" if counter < wait_count else "")
+    hint = ("; its producers notified fewer times than the wait count (check the wait count "
+            "and the out_edges maps)" if counter < wait_count else "")
     bound = ", ".join(f"{k}={v}" for k, v in symbols.items())
-    err.args = (f"{manifest.graph}: {err.describe()}{hint} [watchdog expired after {max_polls} "
-                f"polls on CTA {int(words[ST_CTA])}{'; ' + bound if bound else ''}]",)
-    return err
+    message = (f"{manifest.graph}: {DeadlockError(**attrs).describe()}{hint} [watchdog expired "
+               f"after {max_polls} polls on CTA {int(words[ST_CTA])}{'; ' + bound if bound else ''}]")
+    return DeadlockError(message, **attrs)
 
 
 @dataclass
@@ -123,7 +124,7 @@ class Kernel:
 
     def grid_size(self, symbols: Mapping[str, int]) -> int:
         """CTAs a launch with these symbols uses: min(instances, `num_ctas`), at least 1."""
-        values = dict(zip(self.manifest.symbols, bind_symbols(self.manifest, symbols)))
+        values = dict(zip(self.manifest.symbols, bind_symbols(self.manifest, symbols), strict=True))
         return max(1, min(sum(total_instances(self.manifest, values)), self.num_ctas))
 
     def _plan(self, symbols: Mapping[str, Any], grid: int | None) -> _Plan:
@@ -132,10 +133,11 @@ class Kernel:
         plan = self._plans.get((key, grid))
         if plan is not None:
             return plan
-        values = dict(zip(m.symbols, key))
+        self._ensure_context()  # a new thread may have no current context yet
+        values = dict(zip(m.symbols, key, strict=True))
         shapes = bound_shapes(m, values)
         counts = total_instances(m, values)
-        for t, n in zip(m.tasks, counts):
+        for t, n in zip(m.tasks, counts, strict=True):
             if n > INSTANCE_MASK:
                 raise LaunchError(f"{m.graph}: task {t.name!r} has {n} instances; the queue holds < 2**48")
         counters = sum(numel(m.bind(e.shape, values)) for e in m.events)
@@ -166,6 +168,7 @@ class Kernel:
     def _scratch_for(self, stream: int, words: int) -> driver.DeviceBuffer:
         buf = self._scratch.get(stream)
         if buf is None or buf.nbytes < 4 * words:
+            self._ensure_context()
             if buf is not None:
                 driver.synchronize(stream)  # an earlier launch may still read it
                 buf.release()
@@ -207,8 +210,9 @@ class Kernel:
         Raises `ShapeError`/`LaunchError` before launching, `DeadlockError` after a hang.
         """
         m = self.manifest
+        symbols = {} if symbols is None else symbols
         plan = None
-        if symbols is not None and len(symbols) == len(m.symbols):
+        if len(symbols) == len(m.symbols):
             try:
                 key = tuple(symbols[s] for s in m.symbols)
                 if all(type(v) is int for v in key):  # noqa: E721 - bool and floats take the slow path
@@ -216,7 +220,7 @@ class Kernel:
             except KeyError:
                 pass
         if plan is None:
-            plan = self._plan(symbols or {}, grid)
+            plan = self._plan(symbols, grid)
         polls = self.max_polls if max_polls is None else _check_polls(max_polls)
         bound = bind_tensors(m, plan.shapes, tensors, self.device.ordinal)
         has_torch = has_numpy = False

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from etc.errors import LaunchError
 
@@ -37,8 +37,8 @@ PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls")
 # The kernel reads these eight status words; a manifest may reserve more.
 MIN_STATUS_WORDS = 8
 
-Dim = Union[int, str]
-WaitCount = Union[int, str, dict]
+Dim = int | str
+WaitCount = int | str | dict
 
 
 def canonical_dtype(name: str) -> str | None:

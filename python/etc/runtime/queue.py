@@ -69,5 +69,5 @@ def decode(queue: np.ndarray) -> list[list[tuple[int, int]]]:
     out = []
     for c in range(grid):
         part = queue[int(queue[c]) : int(queue[c + 1])]
-        out.append(list(zip((part >> INSTANCE_BITS).tolist(), (part & INSTANCE_MASK).tolist())))
+        out.append(list(zip((part >> INSTANCE_BITS).tolist(), (part & INSTANCE_MASK).tolist(), strict=True)))
     return out

@@ -208,9 +208,10 @@ LogicalResult EventOp::verify() {
   if (forms != 1)
     return emitOpError("expects exactly one wait count: a constant, an index "
                        "value or a table");
-  if (getStaticWaitCount() && *getStaticWaitCount() < 0)
+  // I64Attr accessors return unsigned values: check the signed attribute.
+  if (IntegerAttr count = getStaticWaitCountAttr(); count && count.getInt() < 0)
     return emitOpError("wait count must be non-negative, got ")
-           << *getStaticWaitCount();
+           << count.getInt();
   if (Value table = getWaitCountTable()) {
     auto tableType = cast<MemRefType>(table.getType());
     if (!tableType.getElementType().isSignlessInteger())
@@ -374,8 +375,9 @@ LogicalResult NotifyOp::verify() {
 }
 
 LogicalResult PushOp::verify() {
-  if (getTask() < 0)
-    return emitOpError("task index must be non-negative, got ") << getTask();
+  if (getTaskAttr().getInt() < 0)
+    return emitOpError("task index must be non-negative, got ")
+           << getTaskAttr().getInt();
   return success();
 }
 

@@ -97,6 +97,8 @@ TaskGraph::topologicalOrder(SmallVectorImpl<unsigned> &cycle) const {
   }
   cycle.assign(path.begin() + position[current], path.end());
   std::reverse(cycle.begin(), cycle.end());
+  // Start the reported cycle at its first task in graph order.
+  std::rotate(cycle.begin(), llvm::min_element(cycle), cycle.end());
   return failure();
 }
 

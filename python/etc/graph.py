@@ -1,0 +1,824 @@
+"""Task graphs wired by event tensors: the Python API of the paper's Figure 3.
+
+::
+
+    g = etc.Graph("splitk")
+    n = g.symbol("n")
+    A = g.tensor("A", (n, 256), "f32")
+    B = g.tensor("B", (n, 4), "f32")
+    C = g.tensor("C", (n,), "f32")
+    E = g.event((n,), wait_count=4, name="E")
+    g.task(partial_sum, grid=(n, 4), args=(A, B), out_edges={E: "ij->i"})
+    g.task(final_sum, grid=(n,), args=(B, C), in_edges={E: "i->i"})
+    text = g.to_mlir()
+
+Local mistakes (a map over the wrong grid rank, a buffer of the wrong type,
+...) raise :class:`~etc.errors.GraphError` when the task or event is added;
+whole-graph rules (cycles, unused events, wait count vs fan-in) are checked
+by :meth:`Graph.validate`, which :meth:`Graph.to_mlir` and
+:func:`etc.simulate` call. Messages name the task, event and map at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .device import DeviceFunction, normalize_type
+from .dtypes import DType
+from .dtypes import dtype as to_dtype
+from .edgemap import EdgeMap, parse_edge_map
+from .errors import GraphError
+from .symbolic import Size, Symbol, SymExpr, as_size
+
+__all__ = ["Graph", "Tensor", "Event", "Task", "Edge", "Symbol", "SymExpr", "EdgeMap"]
+
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Largest number of grid points / event coordinates enumerated to check a
+# wait count whose fan-in is not uniform (mirrors etensor-verify-graph).
+_MAX_ENUMERATED = 1 << 20
+
+
+def _fmt_shape(shape: Iterable[Size]) -> str:
+    items = [str(s) for s in shape]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A buffer of the graph: a ``memref`` argument of the megakernel."""
+
+    name: str
+    shape: tuple[Size, ...]
+    dtype: DType
+    graph: Graph = field(repr=False)
+    index: int = field(repr=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def mlir_type(self) -> str:
+        """E.g. ``memref<?x256xf32>`` (symbolic dims are ``?``)."""
+        dims = ["?" if isinstance(d, SymExpr) else str(d) for d in self.shape]
+        return "memref<" + "".join(d + "x" for d in dims) + self.dtype.mlir + ">"
+
+
+WaitCount = int | SymExpr | Tensor
+
+
+@dataclass(eq=False)
+class Event:
+    """An event tensor: one counter per coordinate, and their wait counts."""
+
+    name: str
+    shape: tuple[Size, ...]
+    wait_count: WaitCount
+    graph: Graph = field(repr=False)
+    index: int = field(repr=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def mlir_type(self) -> str:
+        """E.g. ``!etensor.event<?x4>``."""
+        dims = ["?" if isinstance(d, SymExpr) else str(d) for d in self.shape]
+        return "!etensor.event<" + "x".join(dims) + ">"
+
+
+@dataclass(frozen=True, eq=False)
+class Edge:
+    """One in- or out-edge of a task: an event and the map onto it."""
+
+    event: Event
+    map: EdgeMap
+
+
+@dataclass(eq=False)
+class Task:
+    """A device function launched over a grid; ``index`` is insertion order."""
+
+    name: str
+    function: DeviceFunction
+    grid: tuple[Size, ...]
+    args: tuple[Tensor, ...]
+    in_edges: tuple[Edge, ...]
+    out_edges: tuple[Edge, ...]
+    graph: Graph = field(repr=False)
+    index: int = field(repr=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.grid)
+
+
+class Graph:
+    """A megakernel under construction: symbols, tensors, events and tasks."""
+
+    def __init__(self, name: str, *, block_size: int | None = None) -> None:
+        if not isinstance(name, str) or not _C_IDENT.match(name):
+            raise GraphError(
+                f"graph name {name!r} must be an identifier ([A-Za-z_][A-Za-z0-9_]*): "
+                "it names the GPU kernel"
+            )
+        if block_size is not None and (
+            not isinstance(block_size, int) or not 32 <= block_size <= 1024 or block_size % 32
+        ):
+            raise GraphError(
+                f"graph '{name}': block_size must be a multiple of 32 in [32, 1024], "
+                f"got {block_size!r}"
+            )
+        self.name = name
+        self._block_size = block_size
+        self.symbols: list[Symbol] = []
+        self.tensors: list[Tensor] = []
+        self.events: list[Event] = []
+        self.tasks: list[Task] = []
+        self._params: dict[str, Symbol | Tensor] = {}
+        self._event_names: dict[str, Event] = {}
+        self._task_names: dict[str, Task] = {}
+        self._functions: dict[str, DeviceFunction] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"Graph({self.name!r}, symbols={len(self.symbols)}, tensors="
+            f"{len(self.tensors)}, events={len(self.events)}, tasks={len(self.tasks)})"
+        )
+
+    # ------------------------------------------------------------------
+    # Construction
+    # ------------------------------------------------------------------
+    def symbol(self, name: str) -> Symbol:
+        """Declare a symbolic size (an ``index`` argument bound at launch)."""
+        self._check_param_name(name, "symbol")
+        sym = Symbol(name, self)
+        self.symbols.append(sym)
+        self._params[name] = sym
+        return sym
+
+    def tensor(self, name: str, shape: Iterable[Any], dtype: Any) -> Tensor:
+        """Declare a buffer of ``shape`` (ints or symbol expressions) and ``dtype``."""
+        self._check_param_name(name, "tensor")
+        dims = self._shape(shape, f"tensor '{name}'")
+        t = Tensor(name, dims, to_dtype(dtype), self, len(self.tensors))
+        self.tensors.append(t)
+        self._params[name] = t
+        return t
+
+    def event(self, shape: Iterable[Any], wait_count: Any, *, name: str | None = None) -> Event:
+        """Declare an event tensor.
+
+        ``wait_count`` is an int, a symbol expression, or an integer Tensor of
+        the event's shape holding one count per coordinate (data-dependent).
+        ``name`` defaults to ``e<k>``.
+        """
+        if name is None:
+            k = len(self.events)
+            while f"e{k}" in self._event_names:
+                k += 1
+            name = f"e{k}"
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"event name {name!r} must be a non-empty string")
+        if name in self._event_names:
+            raise GraphError(f"event '{name}' is already declared in graph '{self.name}'")
+        dims = self._shape(shape, f"event '{name}'")
+        count = self._wait_count(wait_count, name, dims)
+        e = Event(name, dims, count, self, len(self.events))
+        self.events.append(e)
+        self._event_names[name] = e
+        return e
+
+    def task(
+        self,
+        function: DeviceFunction,
+        grid: Any,
+        args: Iterable[Tensor] = (),
+        in_edges: Any = None,
+        out_edges: Any = None,
+        name: str | None = None,
+    ) -> Task:
+        """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
+
+        Edges are ``{event: map}`` dicts (or iterables of ``(event, map)``
+        pairs, to use one event twice). ``name`` defaults to the function's
+        name, made unique with a ``_<k>`` suffix when the function is reused.
+        """
+        if not isinstance(function, DeviceFunction):
+            raise GraphError(
+                f"task {name or function!r}: expected an etc.DeviceFunction, got "
+                f"{type(function).__name__}"
+            )
+        if name is None:
+            name, k = function.name, 1
+            while name in self._task_names:
+                name, k = f"{function.name}_{k}", k + 1
+        elif not isinstance(name, str) or not name:
+            raise GraphError(f"task name {name!r} must be a non-empty string")
+        elif name in self._task_names:
+            raise GraphError(f"task '{name}' is already declared in graph '{self.name}'")
+        where = f"task '{name}'"
+
+        self._check_function(function, where)
+        grid_t = self._grid(grid, where)
+        args_t = self._args(args, where)
+        self._check_signature(function, grid_t, args_t, where)
+        ins = self._edges(in_edges, "in", grid_t, where)
+        outs = self._edges(out_edges, "out", grid_t, where)
+
+        t = Task(name, function, grid_t, args_t, ins, outs, self, len(self.tasks))
+        self.tasks.append(t)
+        self._task_names[name] = t
+        self._functions.setdefault(function.name, function)
+        return t
+
+    # ------------------------------------------------------------------
+    # Local checks
+    # ------------------------------------------------------------------
+    def _check_param_name(self, name: Any, kind: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"{kind} name {name!r} must be a non-empty string")
+        if name in self._params:
+            other = "symbol" if isinstance(self._params[name], Symbol) else "tensor"
+            raise GraphError(
+                f"{kind} '{name}': graph '{self.name}' already has a {other} named '{name}'"
+            )
+
+    def _size(self, value: Any, where: str) -> Size:
+        try:
+            size = as_size(value)
+        except TypeError:
+            raise GraphError(
+                f"{where}: {value!r} is not a size (an int or an expression of "
+                "this graph's symbols)"
+            ) from None
+        if isinstance(size, SymExpr):
+            for sym in size.symbols():
+                if sym.graph is not self:
+                    raise GraphError(
+                        f"{where}: symbol '{sym.name}' belongs to graph "
+                        f"'{sym.graph.name}', not to '{self.name}'"
+                    )
+        return size
+
+    def _shape(self, shape: Any, where: str) -> tuple[Size, ...]:
+        if isinstance(shape, (int, SymExpr)) and not isinstance(shape, bool):
+            shape = (shape,)
+        try:
+            items = tuple(shape)
+        except TypeError:
+            raise GraphError(f"{where}: shape {shape!r} must be a tuple of sizes") from None
+        dims = tuple(self._size(d, where) for d in items)
+        for k, d in enumerate(dims):
+            if isinstance(d, int) and d < 0:
+                raise GraphError(f"{where}: dimension {k} is negative ({d})")
+        return dims
+
+    def _wait_count(self, count: Any, name: str, dims: tuple[Size, ...]) -> WaitCount:
+        where = f"event '{name}'"
+        if isinstance(count, Tensor):
+            if count.graph is not self:
+                raise GraphError(
+                    f"{where}: wait count tensor '{count.name}' belongs to graph "
+                    f"'{count.graph.name}', not to '{self.name}'"
+                )
+            if not count.dtype.is_integer:
+                raise GraphError(
+                    f"{where}: wait count tensor '{count.name}' must hold integers, "
+                    f"got {count.dtype}"
+                )
+            if count.rank != len(dims):
+                raise GraphError(
+                    f"{where}: wait count tensor '{count.name}' has rank {count.rank} "
+                    f"but the event has rank {len(dims)}"
+                )
+            for k, (td, ed) in enumerate(zip(count.shape, dims, strict=True)):
+                if isinstance(td, int) and isinstance(ed, int) and td != ed:
+                    raise GraphError(
+                        f"{where}: wait count tensor '{count.name}' of shape "
+                        f"{_fmt_shape(count.shape)} does not match the event shape "
+                        f"{_fmt_shape(dims)} in dimension {k}"
+                    )
+            return count
+        size = self._size(count, f"{where}: wait count")
+        if isinstance(size, int) and size < 0:
+            raise GraphError(f"{where}: wait count must be non-negative, got {size}")
+        return size
+
+    def _check_function(self, function: DeviceFunction, where: str) -> None:
+        # One module holds every function: a symbol must have one definition.
+        for other in self._functions.values():
+            if other is function or other.source == function.source:
+                continue
+            clash = set(other.defines) & set(function.defines)
+            if clash:
+                sym = sorted(clash)[0]
+                raise GraphError(
+                    f"{where}: device function '{function.name}' defines "
+                    f"'@{sym}', which device function '{other.name}' already "
+                    "defines with a different source"
+                )
+
+    def _grid(self, grid: Any, where: str) -> tuple[Size, ...]:
+        dims = self._shape(grid, where + ": grid")
+        for k, d in enumerate(dims):
+            if isinstance(d, int) and d == 0:
+                raise GraphError(f"{where}: grid dimension {k} is empty, so the task can never run")
+        return dims
+
+    def _args(self, args: Any, where: str) -> tuple[Tensor, ...]:
+        if isinstance(args, Tensor):
+            args = (args,)
+        out: list[Tensor] = []
+        for k, a in enumerate(args):
+            if not isinstance(a, Tensor):
+                raise GraphError(f"{where}: argument #{k} ({a!r}) is not a Tensor")
+            if a.graph is not self:
+                raise GraphError(
+                    f"{where}: tensor '{a.name}' belongs to graph '{a.graph.name}', "
+                    f"not to '{self.name}'"
+                )
+            out.append(a)
+        return tuple(out)
+
+    def _check_signature(
+        self,
+        fn: DeviceFunction,
+        grid: tuple[Size, ...],
+        args: tuple[Tensor, ...],
+        where: str,
+    ) -> None:
+        expected = len(grid) + len(args)
+        if len(fn.params) != expected:
+            raise GraphError(
+                f"{where}: device function '{fn.name}' takes {len(fn.params)} "
+                f"arguments, but a rank-{len(grid)} grid {_fmt_shape(grid)} and "
+                f"{len(args)} buffers pass {expected}"
+            )
+        for k in range(len(grid)):
+            if normalize_type(fn.params[k]) != "index":
+                raise GraphError(
+                    f"{where}: argument #{k} of device function '{fn.name}' is grid "
+                    f"coordinate {k} and must be index, got {fn.params[k]}"
+                )
+        for k, t in enumerate(args):
+            declared = fn.params[len(grid) + k]
+            if normalize_type(declared) != normalize_type(t.mlir_type):
+                raise GraphError(
+                    f"{where}: buffer #{k} is tensor '{t.name}' of type "
+                    f"{t.mlir_type}, but device function '{fn.name}' expects {declared}"
+                )
+
+    def _edges(self, edges: Any, kind: str, grid: tuple[Size, ...], where: str) -> tuple[Edge, ...]:
+        if edges is None:
+            return ()
+        pairs = edges.items() if isinstance(edges, Mapping) else edges
+        out: list[Edge] = []
+        for pair in pairs:
+            try:
+                event, spec = pair
+            except (TypeError, ValueError):
+                raise GraphError(
+                    f"{where}: {kind}-edges must map events to maps, got {pair!r}"
+                ) from None
+            if not isinstance(event, Event):
+                raise GraphError(f"{where}: {kind}-edge key {event!r} is not an Event")
+            if event.graph is not self:
+                raise GraphError(
+                    f"{where}: event '{event.name}' belongs to graph "
+                    f"'{event.graph.name}', not to '{self.name}'"
+                )
+            try:
+                emap = parse_edge_map(spec)
+            except GraphError as exc:
+                raise GraphError(f"{where}: {kind}-edge on event '{event.name}': {exc}") from None
+            self._check_map(emap, kind, event, grid, where)
+            out.append(Edge(event, emap))
+        return tuple(out)
+
+    def _check_map(
+        self, emap: EdgeMap, kind: str, event: Event, grid: tuple[Size, ...], where: str
+    ) -> None:
+        head = f"{where}: {kind}-edge map '{emap}' on event '{event.name}'"
+        if emap.n_dims != len(grid):
+            raise GraphError(
+                f"{head} has {emap.n_dims} dims but the grid {_fmt_shape(grid)} has "
+                f"rank {len(grid)}"
+            )
+        if emap.n_results != event.rank:
+            raise GraphError(
+                f"{head} has {emap.n_results} results but the event has rank "
+                f"{event.rank} (shape {_fmt_shape(event.shape)})"
+            )
+        for r, (kind_r, v) in enumerate(emap.results):
+            extent = event.shape[r]
+            if kind_r == "const":
+                if isinstance(extent, int) and v >= extent:
+                    raise GraphError(
+                        f"{head} addresses coordinate {v} outside event dimension {r} "
+                        f"(extent {extent})"
+                    )
+                continue
+            # A grid dimension longer than its event dimension would address
+            # coordinates past the end; report it when it is known statically.
+            diff = as_size(SymExpr._lift(grid[v]) - extent)
+            if isinstance(diff, int) and diff > 0:
+                raise GraphError(
+                    f"{head} sends grid dimension {v} (extent {grid[v]}) past event "
+                    f"dimension {r} (extent {extent})"
+                )
+
+    # ------------------------------------------------------------------
+    # Whole-graph rules
+    # ------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        """Threads per CTA: the graph's, else the largest of its functions' (256)."""
+        if self._block_size is not None:
+            return self._block_size
+        return max((t.function.block_size for t in self.tasks), default=256)
+
+    @property
+    def functions(self) -> list[DeviceFunction]:
+        """The distinct device functions, in first-use order."""
+        return list(self._functions.values())
+
+    def producers(self, event: Event) -> list[tuple[Task, Edge]]:
+        """Tasks notifying ``event``, with the edge they notify it through."""
+        return [(t, e) for t in self.tasks for e in t.out_edges if e.event is event]
+
+    def consumers(self, event: Event) -> list[tuple[Task, Edge]]:
+        """Tasks waiting on ``event``, with the edge they wait through."""
+        return [(t, e) for t in self.tasks for e in t.in_edges if e.event is event]
+
+    def _dependencies(self) -> tuple[list[list[int]], list[list[int]]]:
+        # Same construction as the compiler's TaskGraph: events in declaration
+        # order, producer x consumer pairs, duplicates dropped.
+        preds: list[list[int]] = [[] for _ in self.tasks]
+        succs: list[list[int]] = [[] for _ in self.tasks]
+        for event in self.events:
+            producers = [t.index for t, _ in self.producers(event)]
+            consumers = [t.index for t, _ in self.consumers(event)]
+            for p in producers:
+                for c in consumers:
+                    if c not in succs[p]:
+                        succs[p].append(c)
+                    if p not in preds[c]:
+                        preds[c].append(p)
+        return preds, succs
+
+    def _kahn(self) -> tuple[list[int], list[list[int]]]:
+        preds, succs = self._dependencies()
+        in_degree = [len(p) for p in preds]
+        done = [False] * len(self.tasks)
+        order: list[int] = []
+        while len(order) < len(self.tasks):
+            ready = [t for t in range(len(self.tasks)) if not done[t] and in_degree[t] == 0]
+            if not ready:
+                break
+            nxt = ready[0]  # lowest insertion index among the ready tasks
+            done[nxt] = True
+            order.append(nxt)
+            for s in succs[nxt]:
+                in_degree[s] -= 1
+        return order, preds
+
+    def topological_tasks(self) -> list[Task]:
+        """Tasks in the compiler's numbering order.
+
+        Kahn's algorithm over task dependencies (a task depends on every task
+        notifying an event it waits on), always taking the ready task with
+        the lowest insertion index. Position in this list = task number in
+        ``etensor.dispatch`` and in the static queues. Raises GraphError on a
+        cycle.
+        """
+        order, _ = self._kahn()
+        if len(order) != len(self.tasks):
+            self._raise_cycle()
+        return [self.tasks[i] for i in order]
+
+    def _raise_cycle(self) -> None:
+        order, preds = self._kahn()
+        done = set(order)
+        current = next(t for t in range(len(self.tasks)) if t not in done)
+        path: list[int] = []
+        position: dict[int, int] = {}
+        # Walk predecessors among the unfinished tasks until one repeats.
+        while current not in position:
+            position[current] = len(path)
+            path.append(current)
+            current = next(p for p in preds[current] if p not in done)
+        cycle = list(reversed(path[position[current] :]))
+        names = [self.tasks[t].name for t in cycle]
+        chain = " -> ".join(f"'{n}'" for n in [*names, names[0]])
+        members = {self.tasks[t].name for t in cycle}
+        events = sorted(
+            {
+                e.event.name
+                for t in cycle
+                for e in self.tasks[t].in_edges
+                if any(p.name in members for p, _ in self.producers(e.event))
+            }
+        )
+        raise GraphError(
+            f"graph '{self.name}': tasks {chain} form a dependency cycle "
+            f"(through event{'s' if len(events) != 1 else ''} "
+            f"{', '.join(repr(e) for e in events)})"
+        )
+
+    def validate(self) -> list[str]:
+        """Check whole-graph rules; raise GraphError on the first violation.
+
+        Returns notes about wait counts that cannot be checked before launch
+        (data-dependent counts are not noted). Nothing is printed.
+        """
+        self.topological_tasks()
+        notes: list[str] = []
+        for event in self.events:
+            producers = self.producers(event)
+            consumers = self.consumers(event)
+            if not producers and not consumers:
+                raise GraphError(f"event '{event.name}' is neither notified nor awaited")
+            if not producers:
+                raise GraphError(
+                    f"event '{event.name}' is awaited (by task '{consumers[0][0].name}') "
+                    "but never notified"
+                )
+            if not consumers:
+                raise GraphError(
+                    f"event '{event.name}' is notified (by task '{producers[0][0].name}') "
+                    "but never awaited"
+                )
+            note = self._check_wait_count(event, producers)
+            if note:
+                notes.append(note)
+        return notes
+
+    def _check_wait_count(self, event: Event, producers: list[tuple[Task, Edge]]) -> str | None:
+        if isinstance(event.wait_count, Tensor):
+            return None  # data-dependent: only known at launch
+        count = event.wait_count
+        fan_in, reason = _uniform_fan_in(event, producers)
+        detail = "; ".join(f"task '{t.name}' through '{e.map}'" for t, e in producers)
+        if fan_in is not None:
+            if SymExpr._lift(count) == fan_in:
+                return None
+            raise GraphError(
+                f"event '{event.name}': wait count {count} differs from its fan-in "
+                f"{as_size(fan_in)} (notified by {detail})"
+            )
+        if isinstance(count, int):
+            counts = _enumerate_fan_in(event, producers)
+            if counts is not None:
+                for coord, received in counts.items():
+                    if received != count:
+                        raise GraphError(
+                            f"event '{event.name}': coordinate {coord} receives "
+                            f"{received} notifications but its wait count is {count} "
+                            f"(notified by {detail})"
+                        )
+                return None
+        return (
+            f"event '{event.name}': the fan-in cannot be computed before launch "
+            f"({reason}); wait count {count} is not checked"
+        )
+
+    # ------------------------------------------------------------------
+    # MLIR
+    # ------------------------------------------------------------------
+    def to_mlir(self) -> str:
+        """The graph as MLIR text: its device functions and one ``etensor.graph``."""
+        self.validate()
+        return _Emitter(self).emit()
+
+
+# ----------------------------------------------------------------------
+# Fan-in analysis (mirrors etensor-verify-graph)
+# ----------------------------------------------------------------------
+def _uniform_fan_in(event: Event, producers: list[tuple[Task, Edge]]) -> tuple[SymExpr | None, str]:
+    """Notifications per coordinate when every coordinate receives the same
+    number: each producer map's results are distinct grid dims with the
+    event's extents (or constants into extent-1 dims), and each producer adds
+    the product of the extents of the grid dims its map drops."""
+    total = SymExpr.constant(0)
+    for task, edge in producers:
+        used: set[int] = set()
+        for r, (kind, v) in enumerate(edge.map.results):
+            extent = event.shape[r]
+            if kind == "dim":
+                if v in used:
+                    return None, (
+                        f"task '{task.name}': a grid dimension feeds two event dimensions"
+                    )
+                used.add(v)
+                if SymExpr._lift(task.grid[v]) != extent:
+                    return None, (
+                        f"task '{task.name}': grid dimension {v} ({task.grid[v]}) and "
+                        f"event dimension {r} ({extent}) have different extents"
+                    )
+            elif extent != 1:
+                return None, (
+                    f"task '{task.name}': map '{edge.map}' sends a constant into "
+                    f"dimension {r} of extent {extent}"
+                )
+        part = SymExpr.constant(1)
+        for d, extent in enumerate(task.grid):
+            if d not in used:
+                part = part * extent
+        total = total + part
+    return total, ""
+
+
+def _enumerate_fan_in(
+    event: Event, producers: list[tuple[Task, Edge]]
+) -> dict[tuple[int, ...], int] | None:
+    """Notifications per coordinate by enumeration, for static shapes only."""
+    import itertools
+    import math
+
+    if not all(isinstance(d, int) for d in event.shape):
+        return None
+    shape = [int(d) for d in event.shape]
+    if math.prod(shape) > _MAX_ENUMERATED:
+        return None
+    counts = {c: 0 for c in itertools.product(*(range(d) for d in shape))}
+    for task, edge in producers:
+        if not all(isinstance(d, int) for d in task.grid):
+            return None
+        if math.prod(int(d) for d in task.grid) > _MAX_ENUMERATED:
+            return None
+        for point in itertools.product(*(range(int(d)) for d in task.grid)):
+            coord = edge.map.apply(point)
+            if coord not in counts:
+                raise GraphError(
+                    f"task '{task.name}': out-edge map '{edge.map}' sends grid point "
+                    f"{point} to {coord}, outside event '{event.name}' of shape "
+                    f"{_fmt_shape(event.shape)}"
+                )
+            counts[coord] += 1
+    return counts
+
+
+# ----------------------------------------------------------------------
+# MLIR emission
+# ----------------------------------------------------------------------
+def _mlir_string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '"\\' or not ch.isprintable() or ord(ch) > 126:
+            out.extend(f"\\{b:02X}" for b in ch.encode("utf-8"))
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _symbol_ref(name: str) -> str:
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$.]*", name):
+        return "@" + name
+    return "@" + _mlir_string(name)
+
+
+class _Emitter:
+    """Builds the MLIR text; SSA names come from user names where possible."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.g = graph
+        self.used: set[str] = set()
+        self.body: list[str] = []
+        self.values: dict[Any, str] = {}  # SymExpr / atom key -> SSA name
+        self.constants: dict[int, str] = {}
+        self.counter = 0
+
+    def fresh(self, hint: str, fallback: str) -> str:
+        base = hint if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", hint) else fallback
+        name, k = base, 1
+        while name in self.used:
+            name, k = f"{base}_{k}", k + 1
+        self.used.add(name)
+        return "%" + name
+
+    def const(self, value: int) -> str:
+        if value not in self.constants:
+            ssa = self.fresh(f"c{value}" if value >= 0 else f"c_m{-value}", "c")
+            self.body.append(f"{ssa} = arith.constant {value} : index")
+            self.constants[value] = ssa
+        return self.constants[value]
+
+    def size(self, value: Size) -> str:
+        """An SSA value (or integer literal text) holding ``value``."""
+        if isinstance(value, int):
+            return self.const(value)
+        return self.expr(value)
+
+    def expr(self, expr: SymExpr) -> str:
+        constant = expr.as_int()
+        if constant is not None:
+            return self.const(constant)
+        key = ("expr", expr._key())
+        if key in self.values:
+            return self.values[key]
+        acc: str | None = None
+        for factors, coeff in expr.terms():
+            if not factors:
+                term = self.const(coeff)
+            else:
+                term = None
+                for atom, power in factors:
+                    for _ in range(power):
+                        v = self.atom(atom)
+                        term = v if term is None else self.op("muli", term, v)
+                assert term is not None
+                if coeff != 1:
+                    term = self.op("muli", term, self.const(coeff))
+            acc = term if acc is None else self.op("addi", acc, term)
+        assert acc is not None
+        self.values[key] = acc
+        return acc
+
+    def atom(self, atom: Any) -> str:
+        from .symbolic import _DivAtom, _SymbolAtom
+
+        if isinstance(atom, _SymbolAtom):
+            return self.values[("sym", id(atom.symbol))]
+        assert isinstance(atom, _DivAtom)
+        key = ("atom", atom.key)
+        if key not in self.values:
+            inner = self.expr(atom.inner)
+            c = self.const(atom.divisor)
+            q = self.op("floordivsi", inner, c)
+            if atom.op == "//":
+                self.values[key] = q
+            else:
+                # Python's % (non-negative for a positive divisor): x - (x // c) * c.
+                self.values[key] = self.op("subi", inner, self.op("muli", q, c))
+        return self.values[key]
+
+    def op(self, name: str, lhs: str, rhs: str) -> str:
+        ssa = self.fresh(f"v{self.counter}", "v")
+        self.counter += 1
+        self.body.append(f"{ssa} = arith.{name} {lhs}, {rhs} : index")
+        return ssa
+
+    def emit(self) -> str:
+        g = self.g
+        params: list[str] = []
+        for sym in g.symbols:
+            ssa = self.fresh(sym.name, f"arg{len(params)}")
+            self.values[("sym", id(sym))] = ssa
+            params.append(f"{ssa}: index")
+        tensor_ssa: dict[int, str] = {}
+        for t in g.tensors:
+            ssa = self.fresh(t.name, f"arg{len(params)}")
+            tensor_ssa[id(t)] = ssa
+            params.append(f"{ssa}: {t.mlir_type}")
+
+        event_ssa: dict[int, str] = {}
+        for e in g.events:
+            sizes = [self.size(d) for d in e.shape if isinstance(d, SymExpr)]
+            if isinstance(e.wait_count, Tensor):
+                t = e.wait_count
+                count = f"from {tensor_ssa[id(t)]} : {t.mlir_type}"
+            elif isinstance(e.wait_count, SymExpr):
+                count = self.expr(e.wait_count)
+            else:
+                count = str(e.wait_count)
+            ssa = self.fresh(e.name, f"e{e.index}")
+            event_ssa[id(e)] = ssa
+            self.body.append(
+                f"{ssa} = etensor.event({', '.join(sizes)}) count {count} "
+                f"{{name = {_mlir_string(e.name)}}} : {e.mlir_type}"
+            )
+
+        for t in g.tasks:
+            grid = ", ".join(str(d) if isinstance(d, int) else self.size(d) for d in t.grid)
+            line = f"etensor.task {_symbol_ref(t.function.name)} grid [{grid}]"
+            if t.args:
+                names = ", ".join(tensor_ssa[id(a)] for a in t.args)
+                types = ", ".join(a.mlir_type for a in t.args)
+                line += f" args({names} : {types})"
+            for keyword, edges in (("ins", t.in_edges), ("outs", t.out_edges)):
+                if edges:
+                    items = ", ".join(
+                        f"{event_ssa[id(e.event)]}[{e.map.to_mlir()}] : {e.event.mlir_type}"
+                        for e in edges
+                    )
+                    line += f" {keyword}({items})"
+            line += f" {{name = {_mlir_string(t.name)}}}"
+            self.body.append(line)
+
+        out: list[str] = []
+        seen_sources: set[str] = set()
+        for fn in g.functions:
+            if fn.source not in seen_sources:
+                seen_sources.add(fn.source)
+                out.append(fn.source.rstrip() + "\n")
+        header = (
+            f"etensor.graph {_symbol_ref(g.name)}({', '.join(params)}) "
+            f"attributes {{etensor.block_size = {g.block_size} : i64}} {{"
+        )
+        out.append("\n".join([header, *("  " + line for line in self.body), "}"]) + "\n")
+        return "\n".join(out)

@@ -1,0 +1,15 @@
+"""ETC runtime: load a compiled artifact and launch its megakernel from Python.
+
+Pure Python over ``cuda.bindings.driver`` and numpy (torch optional): importing it needs
+neither the compiled MLIR extension nor torch, so artifacts compiled on a CPU machine run
+on a GPU machine that has only cuda-python, numpy and torch::
+
+    kernel = etc.runtime.load("artifacts/splitk")
+    kernel.launch({"A": a, "B": b, "C": c}, {"n": 64})
+"""
+
+from etc.runtime.kernel import Kernel, load
+from etc.runtime.manifest import Manifest, load_manifest, parse_manifest
+from etc.runtime.queue import build_static_queue
+
+__all__ = ["Kernel", "Manifest", "build_static_queue", "load", "load_manifest", "parse_manifest"]

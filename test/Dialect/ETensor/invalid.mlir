@@ -1,0 +1,308 @@
+// RUN: etc-opt %s -split-input-file -verify-diagnostics --etensor-verify-graph
+
+// expected-error @+1 {{invalid dimension}}
+func.func private @malformed_event_type(%e: !etensor.event<4xf32>)
+
+// -----
+
+// expected-error @+1 {{argument #1 must be an index symbol or a memref buffer, got 'f32'}}
+etensor.graph @bad_argument(%n: index, %x: f32) {
+}
+
+// -----
+
+etensor.graph @size_operand_count(%n: index) {
+  // expected-error @+1 {{expects one size operand per '?' dimension of '!etensor.event<?x?>' (2), got 1}}
+  %e = etensor.event(%n) count 1 : !etensor.event<?x?>
+}
+
+// -----
+
+etensor.graph @negative_count() {
+  // expected-error @+1 {{wait count must be non-negative, got -1}}
+  %e = etensor.event() count -1 : !etensor.event<4>
+}
+
+// -----
+
+etensor.graph @table_element_type(%t: memref<4xf32>) {
+  // expected-error @+1 {{wait count table must hold signless integers, got 'memref<4xf32>'}}
+  %e = etensor.event() count from %t : memref<4xf32> : !etensor.event<4>
+}
+
+// -----
+
+etensor.graph @table_rank(%t: memref<4x2xi32>) {
+  // expected-error @+1 {{wait count table 'memref<4x2xi32>' must have the event's rank 1}}
+  %e = etensor.event() count from %t : memref<4x2xi32> : !etensor.event<4>
+}
+
+// -----
+
+etensor.graph @table_shape(%t: memref<5xi32>) {
+  // expected-error @+1 {{does not match '!etensor.event<4>' in dimension 0}}
+  %e = etensor.event() count from %t : memref<5xi32> : !etensor.event<4>
+}
+
+// -----
+
+func.func private @tile(%i: index, %j: index)
+etensor.graph @map_grid_rank(%n: index) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{out map #0 affine_map<(d0) -> (d0)> has 1 dimensions but the task grid has rank 2}}
+  etensor.task @tile grid [%n, 4] outs(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index, %j: index)
+etensor.graph @map_event_rank(%n: index) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{in map #0 affine_map<(d0, d1) -> (d0, d1)> has 2 results but event '!etensor.event<?>' has rank 1}}
+  etensor.task @tile grid [%n, 4] ins(%e[(i, j) -> (i, j)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @map_symbols(%n: index) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{must not use symbols}}
+  etensor.task @tile grid [%n] outs(%e[(i)[s] -> (i + s)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @map_constant_out_of_bounds() {
+  %e = etensor.event() count 1 : !etensor.event<4>
+  // expected-error @+1 {{out map #0 affine_map<(d0) -> (7)> addresses coordinate 7 outside dimension 0 of '!etensor.event<4>'}}
+  etensor.task @tile grid [4] outs(%e[(i) -> (7)] : !etensor.event<4>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @negative_extent() {
+  // expected-error @+1 {{grid extents must be non-negative, got -3}}
+  etensor.task @tile grid [-3]
+}
+
+// -----
+
+etensor.graph @missing_callee(%n: index) {
+  // expected-error @+1 {{callee 'nowhere' does not name a func.func device function}}
+  etensor.task @nowhere grid [%n]
+}
+
+// -----
+
+func.func private @tile(%i: index, %a: memref<?xf32>)
+etensor.graph @callee_arity(%n: index) {
+  // expected-error @+1 {{device function 'tile' takes 2 arguments, but a task with a rank-1 grid and 0 buffers passes 1}}
+  etensor.task @tile grid [%n]
+}
+
+// -----
+
+func.func private @tile(%i: f32)
+etensor.graph @coordinate_type(%n: index) {
+  // expected-error @+1 {{argument #0 of device function 'tile' is a grid coordinate and must be index, got 'f32'}}
+  etensor.task @tile grid [%n]
+}
+
+// -----
+
+func.func private @tile(%i: index, %a: memref<?xf32>)
+etensor.graph @buffer_type(%n: index, %a: memref<?xi32>) {
+  // expected-error @+1 {{buffer #0 has type 'memref<?xi32>' but device function 'tile' expects 'memref<?xf32>'}}
+  etensor.task @tile grid [%n] args(%a : memref<?xi32>)
+}
+
+// -----
+
+func.func private @tile(%i: index, %j: index)
+etensor.graph @trigger_grid_rank(%n: index, %p: memref<?xi32>) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{a data-dependent trigger needs a 1-D task grid, got rank 2}}
+  etensor.task @tile grid [%n, 2] triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>)
+}
+
+// -----
+
+etensor.graph @wait_rank(%n: index) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  etensor.worker static {
+    etensor.dispatch 0 grid [%n] {
+    ^bb0(%i: index):
+      // expected-error @+1 {{expects 1 coordinates for '!etensor.event<?>', got 2}}
+      etensor.wait %e[%i, %i] : !etensor.event<?>
+    }
+  }
+}
+
+// -----
+
+etensor.graph @notify_out_of_bounds() {
+  %e = etensor.event() count 1 : !etensor.event<4>
+  etensor.worker static {
+    etensor.dispatch 0 grid [1] {
+    ^bb0(%i: index):
+      %c9 = arith.constant 9 : index
+      // expected-error @+1 {{coordinate 9 is out of bounds for dimension 0 of '!etensor.event<4>'}}
+      etensor.notify %e[%c9] : !etensor.event<4>
+    }
+  }
+}
+
+// -----
+
+etensor.graph @push_task_index(%cap: index, %i: index) {
+  %q = etensor.queue capacity %cap : !etensor.queue
+  etensor.worker dynamic(%q : !etensor.queue) {
+    etensor.dispatch 0 grid [1] {
+    ^bb0(%k: index):
+      // expected-error @+1 {{task index must be non-negative, got -1}}
+      etensor.push %q[-1, %i] : !etensor.queue
+    }
+  }
+}
+
+// -----
+
+etensor.graph @dynamic_worker_without_queue() {
+  // expected-error @+1 {{a dynamic worker needs a queue}}
+  etensor.worker dynamic {
+  }
+}
+
+// -----
+
+etensor.graph @worker_body() {
+  // expected-error @+2 {{is not allowed in a worker body; expected etensor.dispatch}}
+  etensor.worker static {
+    %c = arith.constant 0 : index
+  }
+}
+
+// -----
+
+etensor.graph @duplicate_dispatch() {
+  etensor.worker static {
+    etensor.dispatch 0 grid [1] {
+    ^bb0(%i: index):
+    }
+    // expected-error @+1 {{task 0 is dispatched twice}}
+    etensor.dispatch 0 grid [1] {
+    ^bb0(%i: index):
+    }
+  }
+}
+
+// -----
+
+etensor.graph @dispatch_arguments() {
+  etensor.worker static {
+    // expected-error @+1 {{expects one block argument per grid dimension (2), got 1}}
+    etensor.dispatch 0 grid [1, 2] {
+    ^bb0(%i: index):
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Whole-graph rules (etensor-verify-graph)
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @cycle(%n: index) {
+  %a = etensor.event(%n) count 1 {name = "a"} : !etensor.event<?>
+  %b = etensor.event(%n) count 1 {name = "b"} : !etensor.event<?>
+  // expected-error @+1 {{task 'first' is part of a dependency cycle: 'first' -> 'second' -> 'first'}}
+  etensor.task @tile grid [%n] ins(%b[(i) -> (i)] : !etensor.event<?>) outs(%a[(i) -> (i)] : !etensor.event<?>) {name = "first"}
+  // expected-note @+1 {{task 'second' in the cycle}}
+  etensor.task @tile grid [%n] ins(%a[(i) -> (i)] : !etensor.event<?>) outs(%b[(i) -> (i)] : !etensor.event<?>) {name = "second"}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @self_loop(%n: index) {
+  %a = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{task 'tile' is part of a dependency cycle: 'tile' -> 'tile'}}
+  etensor.task @tile grid [%n] ins(%a[(i) -> (i)] : !etensor.event<?>) outs(%a[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile2(%i: index, %j: index)
+func.func private @tile(%i: index)
+etensor.graph @constant_count_mismatch(%n: index) {
+  // expected-error @+1 {{wait count 3 of event 'e' differs from its fan-in 4}}
+  %e = etensor.event(%n) count 3 {name = "e"} : !etensor.event<?>
+  // expected-note @+1 {{notified by task 'tile2' through affine_map<(d0, d1) -> (d0)>}}
+  etensor.task @tile2 grid [%n, 4] outs(%e[(i, j) -> (i)] : !etensor.event<?>)
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile2(%i: index, %j: index)
+func.func private @tile(%i: index)
+etensor.graph @symbolic_count_mismatch(%n: index, %k: index) {
+  // expected-error @+1 {{wait count 4 of event 'e' differs from its fan-in %arg1}}
+  %e = etensor.event(%n) count 4 {name = "e"} : !etensor.event<?>
+  // expected-note @+1 {{notified by task}}
+  etensor.task @tile2 grid [%n, %k] outs(%e[(i, j) -> (i)] : !etensor.event<?>)
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @awaited_never_notified(%n: index) {
+  // expected-error @+1 {{event 'orphan' is awaited but never notified}}
+  %e = etensor.event(%n) count 1 {name = "orphan"} : !etensor.event<?>
+  // expected-note @+1 {{awaited by task 'tile'}}
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @notified_never_awaited(%n: index) {
+  // expected-error @+1 {{event 'dangling' is notified but never awaited}}
+  %e = etensor.event(%n) count 1 {name = "dangling"} : !etensor.event<?>
+  etensor.task @tile grid [%n] outs(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @unused_event(%n: index) {
+  // expected-error @+1 {{event '<unnamed>' is neither notified nor awaited}}
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @never_runs() {
+  %e = etensor.event() count 0 {name = "e"} : !etensor.event<4>
+  // expected-error @+1 {{task 'empty' can never run: its grid dimension 0 is empty}}
+  etensor.task @tile grid [0] outs(%e[(i) -> (i)] : !etensor.event<4>) {name = "empty"}
+  // expected-error @+1 {{task 'downstream' can never run: it waits on event 'e' whose producers can never run}}
+  etensor.task @tile grid [4] ins(%e[(i) -> (i)] : !etensor.event<4>) {name = "downstream"}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @partial_coverage(%n: index, %m: index) {
+  // expected-error @+1 {{coordinate #3 of event 'e' receives 0 notifications but its wait count is 1}}
+  %e = etensor.event() count 1 {name = "e"} : !etensor.event<4>
+  etensor.task @tile grid [3] outs(%e[(i) -> (i)] : !etensor.event<4>)
+  etensor.task @tile grid [4] ins(%e[(i) -> (i)] : !etensor.event<4>)
+}
