@@ -109,26 +109,26 @@ static void printEdges(OpAsmPrinter &printer, StringRef keyword,
   printer << ")";
 }
 
+/// Both edge lists; each is omitted when empty.
 static ParseResult
-parseInEdges(OpAsmParser &parser,
-             SmallVectorImpl<OpAsmParser::UnresolvedOperand> &events,
-             SmallVectorImpl<Type> &types, ArrayAttr &maps) {
-  return parseEdges(parser, "ins", events, types, maps);
+parseEdges(OpAsmParser &parser,
+           SmallVectorImpl<OpAsmParser::UnresolvedOperand> &inEvents,
+           SmallVectorImpl<Type> &inTypes, ArrayAttr &inMaps,
+           SmallVectorImpl<OpAsmParser::UnresolvedOperand> &outEvents,
+           SmallVectorImpl<Type> &outTypes, ArrayAttr &outMaps) {
+  if (parseEdges(parser, "ins", inEvents, inTypes, inMaps))
+    return failure();
+  return parseEdges(parser, "outs", outEvents, outTypes, outMaps);
 }
-static void printInEdges(OpAsmPrinter &printer, Operation *,
-                         OperandRange events, TypeRange types, ArrayAttr maps) {
-  printEdges(printer, "ins", events, types, maps);
-}
-static ParseResult
-parseOutEdges(OpAsmParser &parser,
-              SmallVectorImpl<OpAsmParser::UnresolvedOperand> &events,
-              SmallVectorImpl<Type> &types, ArrayAttr &maps) {
-  return parseEdges(parser, "outs", events, types, maps);
-}
-static void printOutEdges(OpAsmPrinter &printer, Operation *,
-                          OperandRange events, TypeRange types,
-                          ArrayAttr maps) {
-  printEdges(printer, "outs", events, types, maps);
+
+static void printEdges(OpAsmPrinter &printer, Operation *,
+                       OperandRange inEvents, TypeRange inTypes,
+                       ArrayAttr inMaps, OperandRange outEvents,
+                       TypeRange outTypes, ArrayAttr outMaps) {
+  printEdges(printer, "ins", inEvents, inTypes, inMaps);
+  if (!inEvents.empty() && !outEvents.empty())
+    printer << " ";
+  printEdges(printer, "outs", outEvents, outTypes, outMaps);
 }
 
 /// Checks that constant coordinates address inside the static dimensions of

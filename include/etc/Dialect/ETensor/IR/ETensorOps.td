@@ -187,8 +187,8 @@ def ETensor_TaskOp : ETensor_Op<"task", [
   let assemblyFormat = [{
     $callee `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)
     (`args` `(` $args^ `:` type($args) `)`)?
-    custom<InEdges>($in_events, type($in_events), $in_maps)
-    custom<OutEdges>($out_events, type($out_events), $out_maps)
+    custom<Edges>($in_events, type($in_events), $in_maps,
+                  $out_events, type($out_events), $out_maps)
     (`triggered_by` `(` $trigger_event^ `,` $trigger_indptr `:`
         qualified(type($trigger_event)) `,` type($trigger_indptr) `)`)?
     attr-dict
