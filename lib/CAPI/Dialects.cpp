@@ -18,9 +18,7 @@ MLIR_DEFINE_CAPI_DIALECT_REGISTRATION(ETensor, etensor, ETensorDialect)
 
 void etcRegisterAllPasses(void) { etc::registerAllPasses(); }
 
-bool etcTypeIsAEventType(MlirType type) {
-  return isa<EventType>(unwrap(type));
-}
+bool etcTypeIsAEventType(MlirType type) { return isa<EventType>(unwrap(type)); }
 
 MlirType etcEventTypeGet(MlirContext ctx, intptr_t rank, const int64_t *shape) {
   return wrap(EventType::get(unwrap(ctx), ArrayRef<int64_t>(shape, rank)));
@@ -36,9 +34,7 @@ int64_t etcEventTypeGetDimSize(MlirType type, intptr_t dim) {
 
 MlirTypeID etcEventTypeGetTypeID(void) { return wrap(EventType::getTypeID()); }
 
-bool etcTypeIsAQueueType(MlirType type) {
-  return isa<QueueType>(unwrap(type));
-}
+bool etcTypeIsAQueueType(MlirType type) { return isa<QueueType>(unwrap(type)); }
 
 MlirType etcQueueTypeGet(MlirContext ctx) {
   return wrap(QueueType::get(unwrap(ctx)));

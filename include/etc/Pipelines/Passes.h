@@ -24,9 +24,9 @@ struct ETCToPTXPipelineOptions
       *this, "features",
       llvm::cl::desc("PTX features; sm_90 needs PTX 7.8 or newer."),
       llvm::cl::init("+ptx80")};
-  PassOptions::Option<int> optLevel{
-      *this, "opt-level", llvm::cl::desc("NVVM optimization level."),
-      llvm::cl::init(3)};
+  PassOptions::Option<int> optLevel{*this, "opt-level",
+                                    llvm::cl::desc("NVVM optimization level."),
+                                    llvm::cl::init(3)};
   PassOptions::Option<std::string> format{
       *this, "format",
       llvm::cl::desc("gpu-module-to-binary format: isa (PTX), bin, fatbin."),

@@ -34,14 +34,14 @@ namespace {
 
 /// Status record layout (i32 words), read by the runtime after a launch.
 enum StatusWord : int64_t {
-  kState = 0,         // 0 ok, 1 watchdog expired, 2 bad task descriptor
-  kEventId = 1,       // declaration index of the stuck event
-  kTaskId = 2,        // task index of the waiting dispatch
-  kCounter = 3,       // counter value seen last
-  kWaitCount = 4,     // the count it waited for
-  kInstance = 5,      // linear instance index of the waiting task
-  kBlock = 6,         // CTA that gave up
-  kCoordinate = 7,    // linear coordinate in the stuck event
+  kState = 0,      // 0 ok, 1 watchdog expired, 2 bad task descriptor
+  kEventId = 1,    // declaration index of the stuck event
+  kTaskId = 2,     // task index of the waiting dispatch
+  kCounter = 3,    // counter value seen last
+  kWaitCount = 4,  // the count it waited for
+  kInstance = 5,   // linear instance index of the waiting task
+  kBlock = 6,      // CTA that gave up
+  kCoordinate = 7, // linear coordinate in the stuck event
   kNumStatusWords = 8
 };
 constexpr int64_t kInstanceBits = 48;
@@ -49,11 +49,11 @@ constexpr int64_t kInstanceBits = 48;
 /// What the kernel knows about one event tensor.
 struct EventInfo {
   int64_t id;
-  Value base;                  // offset of coordinate 0 in %counters
-  SmallVector<Value> sizes;    // extents, in kernel values
+  Value base;               // offset of coordinate 0 in %counters
+  SmallVector<Value> sizes; // extents, in kernel values
   EventOp op;
-  Value waitCount;             // index value, or null when read from a table
-  Value table;                 // the table, mapped into the kernel
+  Value waitCount; // index value, or null when read from a table
+  Value table;     // the table, mapped into the kernel
 };
 
 class KernelBuilder {
@@ -87,7 +87,8 @@ private:
   }
   /// Generic address of element `offset` of an i32 buffer.
   Value addressOf(Value buffer, Value offset) {
-    Value base = toI64(memref::ExtractAlignedPointerAsIndexOp::create(b, buffer));
+    Value base =
+        toI64(memref::ExtractAlignedPointerAsIndexOp::create(b, buffer));
     return arith::AddIOp::create(
         b, base, arith::MulIOp::create(b, toI64(offset), i64(4)));
   }
@@ -157,8 +158,8 @@ LogicalResult KernelBuilder::declareEvent(EventOp event) {
 Value KernelBuilder::linearize(ValueRange coords, ArrayRef<Value> sizes) {
   Value linear = index(0);
   for (auto [coord, size] : llvm::zip(coords, sizes))
-    linear = arith::AddIOp::create(b, arith::MulIOp::create(b, linear, size),
-                                   coord);
+    linear =
+        arith::AddIOp::create(b, arith::MulIOp::create(b, linear, size), coord);
   return linear;
 }
 
@@ -184,14 +185,14 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
   Value target;
   if (info.table) {
     Value raw = memref::LoadOp::create(b, info.table, coords);
-    target = arith::IndexCastOp::create(b, b.getI32Type(),
-                                        arith::IndexCastOp::create(
-                                            b, b.getIndexType(), raw));
+    target = arith::IndexCastOp::create(
+        b, b.getI32Type(),
+        arith::IndexCastOp::create(b, b.getIndexType(), raw));
   } else {
     target = toI32(info.waitCount);
   }
-  Value counterAddr = addressOf(counters, arith::AddIOp::create(
-                                              b, info.base, coordinate));
+  Value counterAddr =
+      addressOf(counters, arith::AddIOp::create(b, info.base, coordinate));
   Value stateAddr = addressOf(status, index(kState));
 
   auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(),
@@ -200,28 +201,29 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.thenBlock());
     Type i32Ty = b.getI32Type(), i64Ty = b.getI64Type();
-    auto loop = scf::WhileOp::create(
-        b, TypeRange{i32Ty, i64Ty, i32Ty}, ValueRange{i32(0), i64(0), i32(32)});
+    auto loop = scf::WhileOp::create(b, TypeRange{i32Ty, i64Ty, i32Ty},
+                                     ValueRange{i32(0), i64(0), i32(32)});
     {
       // before: poll once, stop when done, aborted or out of polls.
-      Block *before = b.createBlock(&loop.getBefore(), {}, {i32Ty, i64Ty, i32Ty},
-                                    {b.getLoc(), b.getLoc(), b.getLoc()});
+      Block *before =
+          b.createBlock(&loop.getBefore(), {}, {i32Ty, i64Ty, i32Ty},
+                        {b.getLoc(), b.getLoc(), b.getLoc()});
       b.setInsertionPointToStart(before);
-      Value value = asm32("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l",
-                          counterAddr);
-      Value done = arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value,
-                                         target);
-      Value state = asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
-                          stateAddr);
+      Value value =
+          asm32("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", counterAddr);
+      Value done =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, target);
+      Value state =
+          asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", stateAddr);
       Value aborted =
           arith::CmpIOp::create(b, arith::CmpIPredicate::ne, state, i32(0));
-      Value expired = arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
-                                            before->getArgument(1),
-                                            toI64(maxPolls));
+      Value expired =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
+                                before->getArgument(1), toI64(maxPolls));
       Value stop = arith::OrIOp::create(
           b, done, arith::OrIOp::create(b, aborted, expired));
-      Value keepGoing = arith::XOrIOp::create(
-          b, stop, arith::ConstantIntOp::create(b, 1, 1));
+      Value keepGoing =
+          arith::XOrIOp::create(b, stop, arith::ConstantIntOp::create(b, 1, 1));
       scf::ConditionOp::create(
           b, keepGoing,
           ValueRange{value, before->getArgument(1), before->getArgument(2)});
@@ -270,8 +272,8 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
       store(kCoordinate, coordinate);
     }
     Value failed = arith::ExtUIOp::create(
-        b, i32Ty, arith::XOrIOp::create(b, done,
-                                      arith::ConstantIntOp::create(b, 1, 1)));
+        b, i32Ty,
+        arith::XOrIOp::create(b, done, arith::ConstantIntOp::create(b, 1, 1)));
     scf::YieldOp::create(b, failed);
     b.setInsertionPointToStart(ifZero.elseBlock());
     scf::YieldOp::create(b, ValueRange{i32(0)});
@@ -323,8 +325,8 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
     auto wait = dyn_cast<WaitOp>(*it);
     if (!wait)
       break;
-    ok = arith::AndIOp::create(b, ok, lowerWait(wait, dispatch.getTask(),
-                                                linear));
+    ok = arith::AndIOp::create(b, ok,
+                               lowerWait(wait, dispatch.getTask(), linear));
   }
   auto ifOk = scf::IfOp::create(b, TypeRange(), ok, false);
   {
@@ -403,8 +405,9 @@ LogicalResult KernelBuilder::build() {
   };
   Value begin = loadIndex(block);
   Value end = loadIndex(arith::AddIOp::create(b, block, index(1)));
-  auto loop = scf::ForOp::create(b, begin, end, index(1),
-                                 ValueRange{arith::ConstantIntOp::create(b, 1, 1)});
+  auto loop =
+      scf::ForOp::create(b, begin, end, index(1),
+                         ValueRange{arith::ConstantIntOp::create(b, 1, 1)});
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
@@ -413,19 +416,20 @@ LogicalResult KernelBuilder::build() {
     b.setInsertionPointToStart(ifAlive.elseBlock());
     scf::YieldOp::create(b, alive);
     b.setInsertionPointToStart(ifAlive.thenBlock());
-    Value entry = memref::LoadOp::create(b, queue,
-                                         ValueRange{loop.getInductionVar()});
+    Value entry =
+        memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     Value task = arith::IndexCastOp::create(
         b, b.getIndexType(),
         arith::ShRUIOp::create(b, entry, i64(kInstanceBits)));
     Value linear = arith::IndexCastOp::create(
         b, b.getIndexType(),
         arith::AndIOp::create(b, entry, i64((1ll << kInstanceBits) - 1)));
-    SmallVector<DispatchOp> dispatches(worker.getBody().front().getOps<DispatchOp>());
+    SmallVector<DispatchOp> dispatches(
+        worker.getBody().front().getOps<DispatchOp>());
     SmallVector<int64_t> cases = llvm::map_to_vector(
         dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
-    auto sw = scf::IndexSwitchOp::create(b, b.getI1Type(), task, cases,
-                                         cases.size());
+    auto sw =
+        scf::IndexSwitchOp::create(b, b.getI1Type(), task, cases, cases.size());
     for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), dispatches)) {
       Block *caseBlock = b.createBlock(&region);
       if (failed(lowerDispatch(dispatch, linear, caseBlock)))
@@ -504,15 +508,14 @@ struct ConvertETensorToGPUPass
 
     SmallVector<Type> argTypes(graph.getArgumentTypes());
     int64_t numGraphArgs = argTypes.size();
-    Type i32Buffer = MemRefType::get({ShapedType::kDynamic},
-                                     IntegerType::get(ctx, 32));
-    Type i64Buffer = MemRefType::get({ShapedType::kDynamic},
-                                     IntegerType::get(ctx, 64));
-    argTypes.append({i32Buffer, i64Buffer, i32Buffer,
-                     IndexType::get(ctx)});
-    auto kernel = gpu::GPUFuncOp::create(builder, graph.getLoc(),
-                                         graph.getSymName(),
-                                         builder.getFunctionType(argTypes, {}));
+    Type i32Buffer =
+        MemRefType::get({ShapedType::kDynamic}, IntegerType::get(ctx, 32));
+    Type i64Buffer =
+        MemRefType::get({ShapedType::kDynamic}, IntegerType::get(ctx, 64));
+    argTypes.append({i32Buffer, i64Buffer, i32Buffer, IndexType::get(ctx)});
+    auto kernel =
+        gpu::GPUFuncOp::create(builder, graph.getLoc(), graph.getSymName(),
+                               builder.getFunctionType(argTypes, {}));
     kernel->setAttr(gpu::GPUDialect::getKernelFuncAttrName(),
                     builder.getUnitAttr());
     int64_t threads = blockSize;

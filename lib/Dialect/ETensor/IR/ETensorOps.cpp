@@ -86,8 +86,7 @@ parseEdges(OpAsmParser &parser, StringRef keyword,
       mapAttrs.push_back(AffineMapAttr::get(map));
       return success();
     };
-    if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Paren,
-                                       parseOne))
+    if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Paren, parseOne))
       return failure();
   }
   maps = parser.getBuilder().getArrayAttr(mapAttrs);
@@ -136,14 +135,13 @@ static void printEdges(OpAsmPrinter &printer, Operation *,
 static LogicalResult verifyCoordinates(Operation *op, EventType type,
                                        ValueRange indices) {
   if (static_cast<int64_t>(indices.size()) != type.getRank())
-    return op->emitOpError("expects ")
-           << type.getRank() << " coordinates for " << type << ", got "
-           << indices.size();
+    return op->emitOpError("expects ") << type.getRank() << " coordinates for "
+                                       << type << ", got " << indices.size();
   for (auto [dim, index] : llvm::enumerate(indices)) {
     std::optional<int64_t> value = getConstantIntValue(index);
     int64_t extent = type.getShape()[dim];
-    if (value && (*value < 0 ||
-                  (!ShapedType::isDynamic(extent) && *value >= extent)))
+    if (value &&
+        (*value < 0 || (!ShapedType::isDynamic(extent) && *value >= extent)))
       return op->emitOpError("coordinate ")
              << *value << " is out of bounds for dimension " << dim << " of "
              << type;
@@ -184,7 +182,8 @@ LogicalResult GraphOp::verify() {
              << type;
   if (getBody().empty())
     return emitOpError("expects a body");
-  if (auto blockSize = (*this)->getAttrOfType<IntegerAttr>("etensor.block_size"))
+  if (auto blockSize =
+          (*this)->getAttrOfType<IntegerAttr>("etensor.block_size"))
     if (blockSize.getInt() <= 0 || blockSize.getInt() > 1024 ||
         blockSize.getInt() % 32 != 0)
       return emitOpError("etensor.block_size must be a multiple of 32 in "
@@ -221,8 +220,8 @@ LogicalResult EventOp::verify() {
       return emitOpError("wait count table ")
              << tableType << " must have the event's rank " << type.getRank();
     for (auto [dim, extent] : llvm::enumerate(type.getShape()))
-      if (!ShapedType::isDynamic(extent) &&
-          !tableType.isDynamicDim(dim) && tableType.getDimSize(dim) != extent)
+      if (!ShapedType::isDynamic(extent) && !tableType.isDynamicDim(dim) &&
+          tableType.getDimSize(dim) != extent)
         return emitOpError("wait count table ")
                << tableType << " does not match " << type << " in dimension "
                << dim;
@@ -235,8 +234,8 @@ OpFoldResult EventOp::getMixedSize(unsigned dim) {
   int64_t extent = type.getShape()[dim];
   if (!ShapedType::isDynamic(extent))
     return Builder(getContext()).getIndexAttr(extent);
-  unsigned dynamicIndex = llvm::count_if(type.getShape().take_front(dim),
-                                         ShapedType::isDynamic);
+  unsigned dynamicIndex =
+      llvm::count_if(type.getShape().take_front(dim), ShapedType::isDynamic);
   return getSizes()[dynamicIndex];
 }
 
@@ -265,21 +264,21 @@ static LogicalResult verifyEdges(TaskOp task, StringRef kind,
              << " must not use symbols";
     if (static_cast<int64_t>(map.getNumDims()) != task.getGridRank())
       return task.emitOpError()
-             << kind << " map #" << i << " " << AffineMapAttr::get(map) << " has "
-             << map.getNumDims() << " dimensions but the task grid has rank "
-             << task.getGridRank();
+             << kind << " map #" << i << " " << AffineMapAttr::get(map)
+             << " has " << map.getNumDims()
+             << " dimensions but the task grid has rank " << task.getGridRank();
     if (static_cast<int64_t>(map.getNumResults()) != type.getRank())
       return task.emitOpError()
-             << kind << " map #" << i << " " << AffineMapAttr::get(map) << " has "
-             << map.getNumResults() << " results but event " << type
+             << kind << " map #" << i << " " << AffineMapAttr::get(map)
+             << " has " << map.getNumResults() << " results but event " << type
              << " has rank " << type.getRank();
     // Constant results must land inside static dimensions.
     for (auto [dim, expr] : llvm::enumerate(map.getResults())) {
       auto constant = dyn_cast<AffineConstantExpr>(expr);
       int64_t extent = type.getShape()[dim];
       if (constant &&
-          (constant.getValue() < 0 || (!ShapedType::isDynamic(extent) &&
-                                       constant.getValue() >= extent)))
+          (constant.getValue() < 0 ||
+           (!ShapedType::isDynamic(extent) && constant.getValue() >= extent)))
         return task.emitOpError()
                << kind << " map #" << i << " " << AffineMapAttr::get(map)
                << " addresses coordinate " << constant.getValue()

@@ -137,8 +137,7 @@ std::optional<AffineExpr> TaskGraph::getSymbolicExpr(Value value) const {
   return std::nullopt;
 }
 
-std::optional<AffineExpr>
-TaskGraph::getSymbolicExpr(OpFoldResult value) const {
+std::optional<AffineExpr> TaskGraph::getSymbolicExpr(OpFoldResult value) const {
   if (auto attr = dyn_cast<Attribute>(value))
     return getAffineConstantExpr(cast<IntegerAttr>(attr).getInt(),
                                  graph.getContext());

@@ -37,7 +37,8 @@ static SmallVector<Value> applyEdgeMap(OpBuilder &builder, Location loc,
 
 namespace {
 struct ETensorStaticSchedulePass
-    : public etensor::impl::ETensorStaticScheduleBase<ETensorStaticSchedulePass> {
+    : public etensor::impl::ETensorStaticScheduleBase<
+          ETensorStaticSchedulePass> {
   void runOnOperation() override {
     getOperation().walk([&](GraphOp graph) {
       if (failed(schedule(graph)))

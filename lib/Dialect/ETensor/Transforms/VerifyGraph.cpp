@@ -34,8 +34,7 @@ struct FanIn {
 /// dimension: then every coordinate receives the product of the extents of
 /// the grid dimensions the map drops.
 static std::optional<AffineExpr> uniformContribution(const TaskGraph &graph,
-                                                     TaskOp task,
-                                                     AffineMap map,
+                                                     TaskOp task, AffineMap map,
                                                      EventOp event,
                                                      std::string &reason) {
   MLIRContext *ctx = task.getContext();
@@ -98,8 +97,8 @@ static FanIn computeFanIn(const TaskGraph &graph, EventOp event) {
     std::optional<AffineExpr> part =
         uniformContribution(graph, task, map, event, fanIn.unknownReason);
     if (!part) {
-      fanIn.unknownReason = "task '" + task.getDisplayName().str() + "': " +
-                            fanIn.unknownReason;
+      fanIn.unknownReason =
+          "task '" + task.getDisplayName().str() + "': " + fanIn.unknownReason;
       return fanIn;
     }
     total = total + *part;
@@ -199,9 +198,9 @@ struct ETensorVerifyGraphPass
       }
       if (!produced) {
         TaskOp consumer = graph.getTasks()[graph.getConsumers(event)[0].task];
-        InFlightDiagnostic diag =
-            event.emitOpError("event '")
-            << event.getDisplayName() << "' is awaited but never notified";
+        InFlightDiagnostic diag = event.emitOpError("event '")
+                                  << event.getDisplayName()
+                                  << "' is awaited but never notified";
         diag.attachNote(consumer.getLoc())
             << "awaited by task '" << consumer.getDisplayName() << "'";
         ok = false;
@@ -242,15 +241,15 @@ struct ETensorVerifyGraphPass
             << printSymbolicExpr(*fanIn.perCoordinate, graphOp);
         return success();
       }
-      AffineExpr diff = simplifyAffineExpr(*count - *fanIn.perCoordinate, 0, 64);
+      AffineExpr diff =
+          simplifyAffineExpr(*count - *fanIn.perCoordinate, 0, 64);
       if (diff == getAffineConstantExpr(0, event.getContext()))
         return success();
-      InFlightDiagnostic diag = event.emitOpError("wait count ")
-                                << printSymbolicExpr(*count, graphOp)
-                                << " of event '" << event.getDisplayName()
-                                << "' differs from its fan-in "
-                                << printSymbolicExpr(*fanIn.perCoordinate,
-                                                     graphOp);
+      InFlightDiagnostic diag =
+          event.emitOpError("wait count ")
+          << printSymbolicExpr(*count, graphOp) << " of event '"
+          << event.getDisplayName() << "' differs from its fan-in "
+          << printSymbolicExpr(*fanIn.perCoordinate, graphOp);
       for (EdgeRef producer : graph.getProducers(event)) {
         TaskOp task = graph.getTasks()[producer.task];
         diag.attachNote(task.getLoc())
@@ -269,15 +268,15 @@ struct ETensorVerifyGraphPass
           continue;
         event.emitOpError("coordinate #")
             << linear << " of event '" << event.getDisplayName()
-            << "' receives " << received << " notifications but its wait count is "
-            << *constantCount;
+            << "' receives " << received
+            << " notifications but its wait count is " << *constantCount;
         return failure();
       }
       return success();
     }
     event.emitWarning("the fan-in of event '")
-        << event.getDisplayName()
-        << "' cannot be computed at compile time (" << fanIn.unknownReason
+        << event.getDisplayName() << "' cannot be computed at compile time ("
+        << fanIn.unknownReason
         << "); its wait count is checked when the graph is launched";
     return success();
   }

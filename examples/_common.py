@@ -1,0 +1,79 @@
+"""Command-line plumbing shared by the examples: every example checks its
+result and takes --simulate, --schedule static|dynamic and --emit-ptx FILE."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--simulate", action="store_true", help="run on the CPU simulator")
+    p.add_argument("--schedule", choices=("static", "dynamic"), default="static")
+    p.add_argument("--emit-ptx", metavar="FILE", help="write the compiled PTX to FILE and exit")
+    p.add_argument("--print-ir", action="store_true", help="print the graph's MLIR first")
+    p.add_argument("--target", default="sm_90")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def shape_of(tensor: Any, symbols: Mapping[str, int]) -> tuple[int, ...]:
+    """The concrete shape of a graph tensor once the symbols are bound."""
+    return tuple(d if isinstance(d, int) else d.evaluate(symbols) for d in tensor.shape)
+
+
+def compile_graph(g: Any, args: argparse.Namespace) -> Any:
+    import etc
+
+    return etc.compile(g, schedule=args.schedule, target=args.target)
+
+
+def run(
+    g: Any,
+    args: argparse.Namespace,
+    cases: list[tuple[Mapping[str, int], Mapping[str, np.ndarray]]],
+    expect: Callable[[Mapping[str, int], Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+) -> int:
+    """Runs every (symbols, inputs) case on the simulator or the GPU and
+    compares the named outputs with ``expect``. Returns a process exit code."""
+    import etc
+
+    if args.print_ir:
+        print(g.to_mlir())
+    if args.emit_ptx:
+        artifact = compile_graph(g, args)
+        with open(args.emit_ptx, "w") as f:
+            f.write(artifact.ptx)
+        print(f"wrote {args.emit_ptx} ({len(artifact.ptx)} bytes of PTX)")
+        return 0
+
+    kernel = None
+    if not args.simulate:
+        if args.schedule != "static":
+            print("the GPU path supports --schedule static only for now", file=sys.stderr)
+            return 2
+        kernel = compile_graph(g, args).load()
+    failures = 0
+    for symbols, inputs in cases:
+        if args.simulate:
+            outputs = etc.simulate(g, inputs, symbols, schedule=args.schedule, seed=args.seed)
+        else:
+            outputs = {t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors}
+            outputs.update({k: v.copy() for k, v in inputs.items()})
+            kernel.launch(outputs, symbols)
+        for name, want in expect(symbols, inputs).items():
+            ok = np.allclose(outputs[name], want, rtol=rtol, atol=atol)
+            err = float(np.max(np.abs(outputs[name] - want))) if want.size else 0.0
+            print(f"{'ok  ' if ok else 'FAIL'} {dict(symbols)} {name}: max abs error {err:.3g}")
+            failures += not ok
+    where = "simulator" if args.simulate else "GPU"
+    print(f"{len(cases) - failures}/{len(cases)} cases match numpy on the {where}")
+    return 1 if failures else 0

@@ -1,0 +1,268 @@
+"""Compile a :class:`~etc.graph.Graph` to a persistent-kernel artifact.
+
+Stages, each a textual pipeline run on the MLIR bindings (so any failure can
+be replayed with ``etc-opt``):
+
+1. ``etensor-verify-graph, etensor-static-schedule`` on a copy, to read the
+   task numbering the compiler chose (a topological order);
+2. the registered ``etc-static-to-ptx`` pipeline, which ends in a
+   ``gpu.binary`` holding PTX;
+3. ``ptxas`` (when the CUDA toolkit is on the machine) for a cubin.
+
+The result is an :class:`Artifact`: PTX, optional cubin and a JSON manifest
+that :mod:`etc.runtime` reads without the compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CompileError
+from .graph import Graph, Tensor
+
+__all__ = ["Artifact", "compile", "MANIFEST_FORMAT", "STATUS_WORDS"]
+
+MANIFEST_FORMAT = "etc-artifact/1"
+# Words of the status record the kernel writes (see ConvertETensorToGPU).
+STATUS_WORDS = 8
+DEFAULT_WATCHDOG_POLLS = 20_000_000
+SCHEDULES = ("static",)
+TARGETS = ("sm_90", "sm_90a")
+
+
+@dataclass
+class Artifact:
+    """A compiled megakernel: PTX, optional cubin, and its manifest."""
+
+    manifest: dict[str, Any]
+    ptx: str
+    cubin: bytes | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def kernel_name(self) -> str:
+        return self.manifest["kernel"]
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``manifest.json``, ``kernel.ptx`` and ``kernel.cubin``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = dict(self.manifest)
+        ptx_bytes = self.ptx.encode()
+        (out / "kernel.ptx").write_bytes(ptx_bytes)
+        digests = {"kernel.ptx": hashlib.sha256(ptx_bytes).hexdigest()}
+        manifest["ptx"] = "kernel.ptx"
+        manifest["cubin"] = None
+        if self.cubin is not None:
+            (out / "kernel.cubin").write_bytes(self.cubin)
+            digests["kernel.cubin"] = hashlib.sha256(self.cubin).hexdigest()
+            manifest["cubin"] = "kernel.cubin"
+        manifest["sha256"] = digests
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        return out
+
+    def load(self, directory: str | os.PathLike[str] | None = None):
+        """Save (to a temporary directory unless given) and load for launching."""
+        from . import runtime
+
+        target = directory or tempfile.mkdtemp(prefix=f"etc-{self.kernel_name}-")
+        return runtime.load(self.save(target))
+
+
+def _size(value: Any) -> int | str:
+    """A manifest size: an int, or the text of a symbol expression."""
+    return value if isinstance(value, int) else str(value)
+
+
+def _wait_count(value: Any) -> int | str | dict[str, str]:
+    if isinstance(value, Tensor):
+        return {"table": value.name}
+    return _size(value)
+
+
+def _pipeline_options(chip: str, block_size: int, watchdog_polls: int, opt_level: int) -> str:
+    return (
+        f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
+        f"block-size={block_size} watchdog-polls={watchdog_polls}"
+    )
+
+
+def _reproducer(text: str, pipeline: str, diagnostics: str) -> CompileError:
+    """Writes the failing input and returns an error naming the etc-opt command."""
+    directory = os.environ.get("ETC_REPRODUCER_PATH") or tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(prefix="etc-repro-", suffix=".mlir", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return CompileError(
+        f"{diagnostics}\nreproduce with:\n  etc-opt --pass-pipeline='{pipeline}' "
+        f"-mlir-print-ir-after-failure {path}"
+    )
+
+
+def _run(ir: Any, text: str, module: Any, pipeline: str) -> None:
+    from .passmanager import PassManager
+
+    try:
+        PassManager.parse(pipeline, context=module.context).run(module.operation)
+    except ir.MLIRError as e:
+        raise _reproducer(text, pipeline, _format(e)) from None
+
+
+def _format(error: Any) -> str:
+    lines = [str(error.message) if hasattr(error, "message") else "MLIR error"]
+    for diag in getattr(error, "error_diagnostics", []):
+        lines.append(f"{diag.location}: {diag.message}")
+        lines.extend(f"  note: {note.location}: {note.message}" for note in diag.notes)
+    return "\n".join(lines)
+
+
+def _task_order(ir: Any, module: Any) -> list[str]:
+    """Task names by the number `etensor-static-schedule` gave them."""
+    order: dict[int, str] = {}
+
+    def visit(op: Any) -> Any:
+        if op.name == "etensor.dispatch":
+            order[ir.IntegerAttr(op.attributes["task"]).value] = ir.StringAttr(
+                op.attributes["name"]
+            ).value
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return [order[i] for i in sorted(order)]
+
+
+def _extract_ptx(ir: Any, module: Any) -> str:
+    from .dialects import gpu
+
+    for op in module.body.operations:
+        if op.operation.name == "gpu.binary":
+            objects = op.attributes["objects"]
+            return gpu.ObjectAttr(objects[0]).object.decode()
+    raise CompileError("the pipeline produced no gpu.binary")
+
+
+def _assemble(ptx: str, chip: str, name: str) -> bytes | None:
+    """ptxas the PTX into a cubin; None when the toolkit is not installed."""
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="etc-ptxas-") as tmp:
+        src, dst = Path(tmp, f"{name}.ptx"), Path(tmp, f"{name}.cubin")
+        src.write_text(ptx)
+        done = subprocess.run(
+            [ptxas, f"-arch={chip}", "-O3", str(src), "-o", str(dst)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise CompileError(f"ptxas -arch={chip} rejected the PTX of '{name}':\n{done.stderr}")
+        return dst.read_bytes()
+
+
+def _manifest(
+    g: Graph, order: list[str], schedule: str, chip: str, block_size: int, polls: int
+) -> dict[str, Any]:
+    tasks = {t.name: t for t in g.tasks}
+    params: list[dict[str, Any]] = [{"kind": "symbol", "name": s.name} for s in g.symbols]
+    params += [{"kind": "tensor", "name": t.name, "rank": t.rank} for t in g.tensors]
+    params += [{"kind": k} for k in ("counters", "queue", "status", "max_polls")]
+    return {
+        "format": MANIFEST_FORMAT,
+        "graph": g.name,
+        "kernel": g.name,
+        "module": f"{g.name}_kernels",
+        "schedule": schedule,
+        "target": chip,
+        "block_size": block_size,
+        "watchdog_polls": polls,
+        "symbols": [s.name for s in g.symbols],
+        "tensors": [
+            {"name": t.name, "shape": [_size(d) for d in t.shape], "dtype": t.dtype.name}
+            for t in g.tensors
+        ],
+        "events": [
+            {
+                "name": e.name,
+                "shape": [_size(d) for d in e.shape],
+                "wait_count": _wait_count(e.wait_count),
+            }
+            for e in g.events
+        ],
+        "tasks": [
+            {"index": i, "name": name, "grid": [_size(d) for d in tasks[name].grid]}
+            for i, name in enumerate(order)
+        ],
+        "params": params,
+        "status_words": STATUS_WORDS,
+    }
+
+
+def compile(  # noqa: A001 - the public name
+    g: Graph,
+    schedule: str = "static",
+    target: str = "sm_90",
+    *,
+    watchdog_polls: int = DEFAULT_WATCHDOG_POLLS,
+    opt_level: int = 3,
+    cubin: bool = True,
+) -> Artifact:
+    """Compile ``g`` into one persistent kernel for ``target``.
+
+    ``watchdog_polls`` is the default bound of every wait (the runtime may
+    override it per launch). Raises :class:`~etc.errors.CompileError` with the
+    MLIR diagnostics and an ``etc-opt`` command that reproduces a failure.
+    """
+    if schedule not in SCHEDULES:
+        raise CompileError(
+            f"schedule {schedule!r} is not supported; choose one of {', '.join(SCHEDULES)}"
+        )
+    if target not in TARGETS:
+        raise CompileError(f"target {target!r} is not supported; choose one of {', '.join(TARGETS)}")
+    if not isinstance(watchdog_polls, int) or watchdog_polls <= 0:
+        raise CompileError(f"watchdog_polls must be a positive int, got {watchdog_polls!r}")
+
+    from . import ir
+
+    text = g.to_mlir()
+    block_size = g.block_size
+    warnings: list[str] = []
+    with ir.Context() as ctx:
+        # Diagnostics go to the artifact, never to stderr.
+        def on_diagnostic(d: Any) -> bool:
+            if d.severity == ir.DiagnosticSeverity.WARNING:
+                warnings.append(f"{d.location}: {d.message}")
+                return True
+            return False
+
+        handler = ctx.attach_diagnostic_handler(on_diagnostic)
+        try:
+            try:
+                module = ir.Module.parse(text)
+            except ir.MLIRError as e:
+                raise _reproducer(text, "builtin.module()", _format(e)) from None
+            scheduled = ir.Module.parse(text)
+            _run(ir, text, scheduled, "builtin.module(etensor-verify-graph,etensor-static-schedule)")
+            order = _task_order(ir, scheduled)
+            options = _pipeline_options(target, block_size, watchdog_polls, opt_level)
+            _run(ir, text, module, f"builtin.module(etc-static-to-ptx{{{options}}})")
+            ptx = _extract_ptx(ir, module)
+        finally:
+            handler.detach()
+    binary = _assemble(ptx, target, g.name) if cubin else None
+    manifest = _manifest(g, order, schedule, target, block_size, watchdog_polls)
+    return Artifact(manifest=manifest, ptx=ptx, cubin=binary, warnings=warnings)
+
+
+def symbols_of(manifest: Mapping[str, Any]) -> list[str]:
+    """The symbol names an artifact expects at launch."""
+    return list(manifest["symbols"])
