@@ -102,17 +102,18 @@ def dtype(spec: Any) -> DType:
 
 def f32_to_bf16(values: Any) -> np.ndarray:
     """Round float values to bfloat16 (nearest even) and return the uint16 bits."""
-    f = np.ascontiguousarray(values, dtype=np.float32)
-    bits = f.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    out = rounded.astype(np.uint16)
+    f = np.asarray(values, dtype=np.float32)
+    flat = np.ascontiguousarray(f.reshape(-1))
+    bits = flat.view(np.uint32).astype(np.uint64)
+    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     # NaN must stay NaN (rounding could carry it into infinity): keep a quiet NaN.
-    nan = np.isnan(f)
+    nan = np.isnan(flat)
     out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
-    return out
+    return out.reshape(f.shape)
 
 
 def bf16_to_f32(bits: Any) -> np.ndarray:
     """Widen bfloat16 bits (uint16) to float32 values."""
-    b = np.ascontiguousarray(bits, dtype=np.uint16)
-    return (b.astype(np.uint32) << 16).view(np.float32)
+    b = np.asarray(bits, dtype=np.uint16)
+    wide = np.ascontiguousarray(b.reshape(-1)).astype(np.uint32) << 16
+    return wide.view(np.float32).reshape(b.shape)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .device import DeviceFunction, normalize_type
 from .dtypes import DType
@@ -154,8 +154,14 @@ class Graph:
     # Construction
     # ------------------------------------------------------------------
     def symbol(self, name: str) -> Symbol:
-        """Declare a symbolic size (an ``index`` argument bound at launch)."""
+        """Declare a symbolic size (an ``index`` argument bound at launch).
+
+        The name must be a Python identifier, so that ``str()`` of every
+        expression is valid Python over the symbol names (manifests use it).
+        """
         self._check_param_name(name, "symbol")
+        if not name.isidentifier():
+            raise GraphError(f"symbol name {name!r} must be an identifier")
         sym = Symbol(name, self)
         self.symbols.append(sym)
         self._params[name] = sym
@@ -501,7 +507,7 @@ class Graph:
             self._raise_cycle()
         return [self.tasks[i] for i in order]
 
-    def _raise_cycle(self) -> None:
+    def _raise_cycle(self) -> NoReturn:
         order, preds = self._kahn()
         done = set(order)
         current = next(t for t in range(len(self.tasks)) if t not in done)

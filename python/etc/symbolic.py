@@ -130,6 +130,11 @@ class SymExpr:
             return self._terms[()]
         return None
 
+    @property
+    def degree(self) -> int:
+        """Polynomial degree in the atoms (0 for constants, 1 for affine forms)."""
+        return max((sum(p for _, p in m) for m in self._terms), default=0)
+
     def symbols(self) -> set[Symbol]:
         """Every graph symbol the expression mentions."""
         out: set[Symbol] = set()

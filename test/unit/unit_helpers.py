@@ -1,0 +1,69 @@
+"""Helpers shared by the unit tests (imported by name: test/unit is on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import etc
+from etc.tiles import final_sum, partial_sum
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _executable(path: str | Path | None) -> str | None:
+    if path and os.path.isfile(path) and os.access(path, os.X_OK):
+        return str(path)
+    return None
+
+
+def find_etc_opt() -> str | None:
+    """etc-opt from $ETC_OPT, then PATH, then the repository's build dir."""
+    return (
+        _executable(os.environ.get("ETC_OPT"))
+        or _executable(shutil.which("etc-opt"))
+        or _executable(REPO / "build" / "bin" / "etc-opt")
+    )
+
+
+def ptx_from_module(text: str) -> str:
+    """The PTX held by the first ``assembly = "..."`` of a gpu.binary."""
+    match = re.search(r'assembly = "((?:[^"\\]|\\.)*)"', text)
+    assert match, "no assembly in the pipeline output"
+    # MLIR escapes non-printable bytes and quotes as \XX, a backslash as \\.
+    return re.sub(
+        r"\\(\\|[0-9A-Fa-f]{2})",
+        lambda m: "\\" if m.group(1) == "\\" else chr(int(m.group(1), 16)),
+        match.group(1),
+    )
+
+
+def make_fn(
+    name: str, *types: str, reference: Callable[..., Any] | None = None, **kwargs: Any
+) -> etc.DeviceFunction:
+    """A device function with an empty body and the given parameter types."""
+    sig = ", ".join(f"%a{k}: {t}" for k, t in enumerate(types))
+    return etc.DeviceFunction.from_mlir(
+        f"func.func @{name}({sig}) {{\n  return\n}}\n",
+        name,
+        reference if reference is not None else (lambda *a: None),
+        **kwargs,
+    )
+
+
+def splitk_graph(R: int = 8, S: int = 4, K: int = 256) -> etc.Graph:
+    """The paper's Figure 3 with the rowsum tiles: C[r] = sum(A[r, :])."""
+    g = etc.Graph("splitk")
+    n = g.symbol("n")
+    m = (n + R - 1) // R  # row blocks
+    A = g.tensor("A", (n, K), "f32")
+    B = g.tensor("B", (n, S), "f32")
+    C = g.tensor("C", (n,), "f32")
+    E = g.event((m,), wait_count=S, name="E")
+    g.task(partial_sum(R, S, K), grid=(m, S), args=(A, B), out_edges={E: "ij->i"})
+    g.task(final_sum(R, S), grid=(m,), args=(B, C), in_edges={E: "i->i"})
+    return g
