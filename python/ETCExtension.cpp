@@ -41,15 +41,14 @@ struct PyEventType : PyConcreteType<PyEventType> {
               throw nb::value_error("event dimensions must be >= 0 or None");
             dims.push_back(dim ? *dim : INT64_MIN);
           }
-          return PyEventType(context->getRef(),
-                             etcEventTypeGet(context.get()->get(), dims.size(),
-                                             dims.data()));
+          return PyEventType(
+              context->getRef(),
+              etcEventTypeGet(context.get()->get(), dims.size(), dims.data()));
         },
         nb::arg("shape"), nb::arg("context").none() = nb::none(),
         "An event tensor type; None marks a symbolic ('?') dimension.");
-    c.def_prop_ro("rank", [](PyEventType &self) {
-      return etcEventTypeGetRank(self);
-    });
+    c.def_prop_ro("rank",
+                  [](PyEventType &self) { return etcEventTypeGetRank(self); });
     c.def_prop_ro("shape", [](PyEventType &self) {
       std::vector<std::optional<int64_t>> shape;
       for (intptr_t d = 0, e = etcEventTypeGetRank(self); d < e; ++d) {
