@@ -127,12 +127,17 @@ def test_torch_side_stream(splitk: etc.runtime.Kernel) -> None:
 def test_torch_validation(splitk: etc.runtime.Kernel) -> None:
     torch = pytest.importorskip("torch")
     n = 8
-    good = {"A": torch.zeros(n, 256, device="cuda"), "B": torch.zeros(n, 4, device="cuda"),
-            "C": torch.zeros(n, device="cuda")}
+    good = {
+        "A": torch.zeros(n, 256, device="cuda"),
+        "B": torch.zeros(n, 4, device="cuda"),
+        "C": torch.zeros(n, device="cuda"),
+    }
     with pytest.raises(ShapeError, match="'A'.*shape"):
         splitk.launch({**good, "A": torch.zeros(n, 255, device="cuda")}, {"n": n})
     with pytest.raises(ShapeError, match="'B'.*dtype"):
-        splitk.launch({**good, "B": torch.zeros(n, 4, device="cuda", dtype=torch.float16)}, {"n": n})
+        splitk.launch(
+            {**good, "B": torch.zeros(n, 4, device="cuda", dtype=torch.float16)}, {"n": n}
+        )
     with pytest.raises(ShapeError, match="'B'.*contiguous"):
         splitk.launch({**good, "B": torch.zeros(4, n, device="cuda").t()}, {"n": n})
     with pytest.raises(LaunchError, match="'C'.*cpu"):
@@ -142,8 +147,11 @@ def test_torch_validation(splitk: etc.runtime.Kernel) -> None:
 def test_hot_launch_cost(splitk: etc.runtime.Kernel) -> None:
     torch = pytest.importorskip("torch")
     n = 64
-    t = {"A": torch.randn(n, 256, device="cuda"), "B": torch.empty(n, 4, device="cuda"),
-         "C": torch.empty(n, device="cuda")}
+    t = {
+        "A": torch.randn(n, 256, device="cuda"),
+        "B": torch.empty(n, 4, device="cuda"),
+        "C": torch.empty(n, device="cuda"),
+    }
     sym = {"n": n}
     for _ in range(20):
         splitk.launch(t, sym, sync=False)
@@ -157,3 +165,84 @@ def test_hot_launch_cost(splitk: etc.runtime.Kernel) -> None:
     print(f"hot launch host time: {host_us:.2f} us ({splitk.image})")
     torch.testing.assert_close(t["C"], t["A"].sum(1), rtol=1e-5, atol=1e-4)
     assert host_us < 100  # loose: catches a rebuilt parameter array or a hidden sync
+
+
+def test_launch_from_another_thread(splitk: etc.runtime.Kernel) -> None:
+    import threading
+
+    n = 7
+    t = inputs(n)
+    errors: list[BaseException] = []
+
+    def run() -> None:  # a new thread has no current CUDA context
+        try:
+            splitk.launch(t, {"n": n})
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    assert not errors, errors
+    np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
+
+
+def test_pointers_from_another_thread(splitk: etc.runtime.Kernel) -> None:
+    import threading
+
+    torch = pytest.importorskip("torch")
+    n = 64
+    a = torch.randn(n, 256, device="cuda")
+    b, c = torch.empty(n, 4, device="cuda"), torch.empty(n, device="cuda")
+    torch.cuda.synchronize()
+    ptrs = {"A": a.data_ptr(), "B": b.data_ptr(), "C": c.data_ptr()}
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            splitk.launch(ptrs, {"n": n}, stream=0)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    assert not errors, errors
+    torch.testing.assert_close(c, a.sum(1), rtol=1e-5, atol=1e-4)
+
+
+def _copy_artifact(src: Path, dst: Path, **replace: bytes) -> Path:
+    import hashlib
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "manifest.json").read_text())
+    for name, blob in replace.items():
+        (dst / name.replace("_", ".")).write_bytes(blob)
+        data["sha256"][name.replace("_", ".")] = hashlib.sha256(blob).hexdigest()
+    (dst / "manifest.json").write_text(json.dumps(data))
+    return dst
+
+
+def test_bad_cubin_falls_back_to_ptx(tmp_path: Path) -> None:
+    src = artifact("splitk")
+    if not (src / "kernel.cubin").exists():
+        pytest.skip("the artifact has no cubin")
+    # A cubin that hashes correctly but is not an image: the driver rejects it, PTX loads.
+    k = etc.runtime.load(_copy_artifact(src, tmp_path / "a", kernel_cubin=b"\x7fELF not a cubin"))
+    assert k.image == "ptx"
+    t = inputs(7)
+    k.launch(t, {"n": 7})
+    np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
+
+
+def test_broken_images_are_launch_errors(tmp_path: Path) -> None:
+    src = artifact("splitk")
+    ptx = (src / "kernel.ptx").read_bytes()
+    cut = ptx.index(b".entry") + 200  # keeps the entry line, drops the body
+    replace = {"kernel_ptx": ptx[:cut]}
+    if (src / "kernel.cubin").exists():
+        replace["kernel_cubin"] = b"garbage"
+    with pytest.raises(LaunchError, match="cannot load kernel"):
+        etc.runtime.load(_copy_artifact(src, tmp_path / "b", **replace))

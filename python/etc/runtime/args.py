@@ -46,7 +46,9 @@ def _names_diff(kind: str, given: Sequence[str], expected: Sequence[str]) -> str
     if missing:
         parts.append(f"missing {kind} {', '.join(map(repr, missing))}")
     if unknown:
-        parts.append(f"unknown {kind} {', '.join(map(repr, unknown))} (expected {', '.join(map(repr, expected))})")
+        parts.append(
+            f"unknown {kind} {', '.join(map(repr, unknown))} (expected {', '.join(map(repr, expected))})"
+        )
     return "; ".join(parts)
 
 
@@ -54,12 +56,16 @@ def bind_symbols(manifest: Manifest, symbols: Mapping[str, Any] | None) -> tuple
     """Symbol values in manifest order; every symbol given, each an int >= 0."""
     symbols = dict(symbols or {})
     if len(symbols) != len(manifest.symbols) or any(s not in symbols for s in manifest.symbols):
-        raise LaunchError(f"{manifest.graph}: {_names_diff('symbol', list(symbols), manifest.symbols)}")
+        raise LaunchError(
+            f"{manifest.graph}: {_names_diff('symbol', list(symbols), manifest.symbols)}"
+        )
     out = []
     for name in manifest.symbols:
         v = symbols[name]
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise ShapeError(f"{manifest.graph}: symbol {name!r} must be an int, got {type(v).__name__} {v!r}")
+            raise ShapeError(
+                f"{manifest.graph}: symbol {name!r} must be an int, got {type(v).__name__} {v!r}"
+            )
         if not 0 <= int(v) <= MAX_BYTES:
             raise ShapeError(f"{manifest.graph}: symbol {name!r} must be an int >= 0, got {int(v)}")
         out.append(int(v))
@@ -80,16 +86,23 @@ def bound_shapes(manifest: Manifest, symbols: Mapping[str, int]) -> dict[str, tu
     return shapes
 
 
+_TORCH_DTYPE_NAMES = (
+    "float64 float32 float16 bfloat16 int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool"
+).split()
 _torch_dtypes: dict[Any, str] = {}
 
 
-def _torch_dtype(torch: Any, dtype: Any) -> str | None:
+def _torch_dtype_table(torch: Any) -> dict[Any, str]:
+    """torch dtype object -> manifest dtype name (filled on first use; torch is optional)."""
     if not _torch_dtypes:
-        for name in ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-                     "uint64", "uint32", "uint16", "uint8", "bool"):
+        for name in _TORCH_DTYPE_NAMES:
             if hasattr(torch, name):  # older torch lacks uint16/32/64
                 _torch_dtypes[getattr(torch, name)] = canonical_dtype(name)  # type: ignore[assignment]
-    return _torch_dtypes.get(dtype) or canonical_dtype(str(dtype))
+    return _torch_dtypes
+
+
+def _torch_dtype(torch: Any, dtype: Any) -> str | None:
+    return _torch_dtype_table(torch).get(dtype) or canonical_dtype(str(dtype))
 
 
 def bind_tensors(
@@ -102,7 +115,9 @@ def bind_tensors(
 
     `device` is the CUDA ordinal torch tensors must live on (None skips that check).
     """
-    if len(tensors) != len(manifest.tensors) or any(t.name not in tensors for t in manifest.tensors):
+    if len(tensors) != len(manifest.tensors) or any(
+        t.name not in tensors for t in manifest.tensors
+    ):
         expected = [t.name for t in manifest.tensors]
         raise LaunchError(f"{manifest.graph}: {_names_diff('tensor', list(tensors), expected)}")
     torch = sys.modules.get("torch")  # never import torch ourselves
@@ -114,13 +129,19 @@ def bind_tensors(
         where = f"{manifest.graph}: tensor {spec.name!r}"
         if torch is not None and isinstance(x, torch.Tensor):
             if not x.is_cuda:
-                raise LaunchError(f"{where} is on {x.device}; pass a CUDA tensor (or a numpy array to copy)")
+                raise LaunchError(
+                    f"{where} is on {x.device}; pass a CUDA tensor (or a numpy array to copy)"
+                )
             if device is not None and x.get_device() != device:
-                raise LaunchError(f"{where} is on {x.device} but the kernel is loaded on cuda:{device}")
+                raise LaunchError(
+                    f"{where} is on {x.device} but the kernel is loaded on cuda:{device}"
+                )
             _check_shape(where, tuple(x.shape), shape, spec.shape)
             _check_dtype(where, _torch_dtype(torch, x.dtype), str(x.dtype), spec.dtype)
             if not x.is_contiguous():
-                raise ShapeError(f"{where} must be contiguous (row-major); strides are {tuple(x.stride())}")
+                raise ShapeError(
+                    f"{where} must be contiguous (row-major); strides are {tuple(x.stride())}"
+                )
             out.append(BoundTensor(spec.name, TORCH, int(x.data_ptr()), x, nbytes))
         elif isinstance(x, np.ndarray):
             _check_shape(where, x.shape, shape, spec.shape)
@@ -144,7 +165,56 @@ def bind_tensors(
     return out
 
 
-def _check_shape(where: str, got: tuple[int, ...], expected: tuple[int, ...], declared: Sequence[Any]) -> None:
+class FastBinder:
+    """The hot path of `bind_tensors` for one concrete shape: torch tensors and pointers only.
+
+    Returns the device pointers in manifest order (plus whether torch tensors were given),
+    or None whenever anything is unusual (numpy arrays, subclasses, any mismatch), in which
+    case the caller runs `bind_tensors`, which handles the rest or raises the precise error.
+    """
+
+    def __init__(self, manifest: Manifest, shapes: Mapping[str, tuple[int, ...]], device: int):
+        self.count = len(manifest.tensors)
+        self.device = device
+        torch = sys.modules.get("torch")
+        self.tensor_type = torch.Tensor if torch is not None else None
+        self.checks = []
+        for spec in manifest.tensors:
+            tdtype = None
+            if torch is not None:
+                table = _torch_dtype_table(torch)
+                tdtype = next((k for k, v in table.items() if v == spec.dtype), None)
+            nonempty = numel(shapes[spec.name]) > 0
+            self.checks.append((spec.name, shapes[spec.name], tdtype, nonempty))
+
+    def __call__(self, tensors: Mapping[str, Any]) -> tuple[list[int], bool] | None:
+        if len(tensors) != self.count:
+            return None
+        ptrs = []
+        has_torch = False
+        tensor_type, device = self.tensor_type, self.device
+        for name, shape, tdtype, nonempty in self.checks:
+            x = tensors.get(name)
+            if type(x) is tensor_type:
+                if (
+                    x.dtype is not tdtype
+                    or x.shape != shape
+                    or x.get_device() != device
+                    or not x.is_contiguous()
+                ):
+                    return None
+                ptrs.append(x.data_ptr())
+                has_torch = True
+            elif type(x) is int and (0 < x <= MAX_POINTER or (x == 0 and not nonempty)):
+                ptrs.append(x)
+            else:
+                return None
+        return ptrs, has_torch
+
+
+def _check_shape(
+    where: str, got: tuple[int, ...], expected: tuple[int, ...], declared: Sequence[Any]
+) -> None:
     if got != expected:
         if len(got) != len(expected):
             what = f"rank {len(got)} instead of {len(expected)}"
@@ -152,7 +222,9 @@ def _check_shape(where: str, got: tuple[int, ...], expected: tuple[int, ...], de
             dims = [str(d) for d, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
             what = f"dim {', '.join(dims)} differ"
         decl = f" = {_fmt_shape(declared)}" if any(isinstance(d, str) for d in declared) else ""
-        raise ShapeError(f"{where} has shape {_fmt_shape(got)}, expected {_fmt_shape(expected)}{decl} ({what})")
+        raise ShapeError(
+            f"{where} has shape {_fmt_shape(got)}, expected {_fmt_shape(expected)}{decl} ({what})"
+        )
 
 
 def _check_dtype(where: str, canon: str | None, shown: str, expected: str) -> None:

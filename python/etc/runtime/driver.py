@@ -7,10 +7,13 @@ primary context is used so the runtime shares torch's context on the same device
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from etc.errors import LaunchError
 
@@ -95,13 +98,22 @@ def get_device(ordinal: int = 0) -> Device:
             handle = check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
             ctx = check(cu.cuDevicePrimaryCtxRetain(handle), "cuDevicePrimaryCtxRetain")
             attr = cu.CUdevice_attribute
+
             def get(a: Any) -> int:
-                return int(check(cu.cuDeviceGetAttribute(a, handle), f"cuDeviceGetAttribute({a.name})"))
+                return int(
+                    check(cu.cuDeviceGetAttribute(a, handle), f"cuDeviceGetAttribute({a.name})")
+                )
+
             name = check(cu.cuDeviceGetName(256, handle), "cuDeviceGetName")
             dev = Device(
-                ordinal, handle, ctx, get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
-                (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                 get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+                ordinal,
+                handle,
+                ctx,
+                get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+                (
+                    get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                    get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+                ),
                 name.split(b"\0", 1)[0].decode(errors="replace"),
             )
             _devices[ordinal] = dev
@@ -109,7 +121,9 @@ def get_device(ordinal: int = 0) -> Device:
     return dev
 
 
-def load_function(dev: Device, key: str, kernel: str, images: Sequence[tuple[str, bytes]]) -> tuple[Any, str]:
+def load_function(
+    dev: Device, key: str, kernel: str, images: Sequence[tuple[str, bytes]]
+) -> tuple[Any, str]:
     """Loads the first image that the driver accepts (cached per context and `key`).
 
     `images` are ``(kind, bytes)`` with kind ``"cubin"`` or ``"ptx"``; PTX gets a trailing
@@ -135,14 +149,18 @@ def load_function(dev: Device, key: str, kernel: str, images: Sequence[tuple[str
                 continue
             _modules[ctx_key] = (module, fn[1], kind)
             return fn[1], kind
-    raise LaunchError(f"cannot load kernel {kernel!r} on {dev.name} (sm_{dev.compute_capability[0]}"
-                      f"{dev.compute_capability[1]}): " + "; ".join(errors))
+    raise LaunchError(
+        f"cannot load kernel {kernel!r} on {dev.name} (sm_{dev.compute_capability[0]}"
+        f"{dev.compute_capability[1]}): " + "; ".join(errors)
+    )
 
 
 def max_active_ctas(dev: Device, fn: Any, block_size: int) -> int:
     """CTAs that can be co-resident on the whole device (the cooperative launch limit)."""
-    per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, 0),
-                   "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    per_sm = check(
+        cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, 0),
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    )
     return int(per_sm) * dev.sm_count
 
 
@@ -172,8 +190,37 @@ def dtoh(host_addr: int, ptr: int, nbytes: int) -> None:
 
 
 def synchronize(stream: int) -> None:
-    check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize (a kernel on this stream failed; "
-          "the CUDA context may be unusable)")
+    check(
+        cu.cuStreamSynchronize(stream),
+        "cuStreamSynchronize (a kernel on this stream failed; the CUDA context may be unusable)",
+    )
+
+
+class HostBuffer:
+    """Page-locked host memory (pageable numpy memory if pinning fails)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self._pinned = 0
+        res = cu.cuMemAllocHost(max(self.nbytes, 1))
+        if res[0] == cu.CUresult.CUDA_SUCCESS:
+            self._pinned = int(res[1])
+            self._array = np.ctypeslib.as_array(
+                (ctypes.c_uint8 * self.nbytes).from_address(self._pinned)
+            )
+        else:
+            self._array = np.zeros(self.nbytes, dtype=np.uint8)
+        self.ptr = self._array.ctypes.data
+
+    def view(self, dtype: Any) -> np.ndarray:
+        return self._array.view(dtype)
+
+    def __del__(self) -> None:
+        if self._pinned and cu is not None:
+            try:
+                cu.cuMemFreeHost(self._pinned)
+            except Exception:
+                pass
 
 
 class DeviceBuffer:

@@ -12,7 +12,15 @@ import numpy as np
 
 from etc.errors import DeadlockError, LaunchError
 from etc.runtime import driver
-from etc.runtime.args import NUMPY, TORCH, BoundTensor, bind_symbols, bind_tensors, bound_shapes
+from etc.runtime.args import (
+    NUMPY,
+    TORCH,
+    BoundTensor,
+    FastBinder,
+    bind_symbols,
+    bind_tensors,
+    bound_shapes,
+)
 from etc.runtime.manifest import Manifest, load_manifest, numel
 from etc.runtime.params import ParamPack
 from etc.runtime.queue import INSTANCE_MASK, build_static_queue
@@ -20,6 +28,9 @@ from etc.runtime.queue import INSTANCE_MASK, build_static_queue
 # Status record words (see ETensorToGPU.cpp).
 ST_STATE, ST_EVENT, ST_TASK, ST_COUNTER, ST_WAIT, ST_INSTANCE, ST_CTA, ST_COORD = range(8)
 STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK = 0, 1, 2
+_cu = driver.cu
+_INT = {int}
+_SUCCESS = _cu.CUresult.CUDA_SUCCESS if _cu is not None else None
 # Status words are i32: larger event tensors could not be reported.
 MAX_COUNTERS = (1 << 31) - 1
 
@@ -40,8 +51,9 @@ def total_instances(manifest: Manifest, symbols: Mapping[str, int]) -> list[int]
     return [numel(manifest.bind(t.grid, symbols)) for t in manifest.tasks]
 
 
-def status_error(manifest: Manifest, symbols: Mapping[str, int], words: np.ndarray,
-                 max_polls: int) -> Exception | None:
+def status_error(
+    manifest: Manifest, symbols: Mapping[str, int], words: np.ndarray, max_polls: int
+) -> Exception | None:
     """The exception a status record stands for (None when the launch succeeded)."""
     state = int(words[ST_STATE])
     if state == STATE_OK:
@@ -49,10 +61,15 @@ def status_error(manifest: Manifest, symbols: Mapping[str, int], words: np.ndarr
     task_id = int(words[ST_TASK])
     task = manifest.tasks[task_id] if 0 <= task_id < len(manifest.tasks) else None
     if state == STATE_BAD_TASK:
-        return LaunchError(f"{manifest.graph}: the kernel found a bad task descriptor (task index "
-                           f"{task_id}) in its queue; the queue or the artifact is corrupt")
+        return LaunchError(
+            f"{manifest.graph}: the kernel found a bad task descriptor (task index "
+            f"{task_id}) in its queue; the queue or the artifact is corrupt"
+        )
     if state != STATE_WATCHDOG:
-        return LaunchError(f"{manifest.graph}: the kernel reported unknown status state {state}")
+        return LaunchError(
+            f"{manifest.graph}: the kernel reported unknown status state {state} "
+            f"(status words {[int(w) for w in words]})"
+        )
     event_id = int(words[ST_EVENT])
     event = manifest.events[event_id] if 0 <= event_id < len(manifest.events) else None
     # Status words are i32; the kernel truncates linear indices to 32 bits.
@@ -66,13 +83,20 @@ def status_error(manifest: Manifest, symbols: Mapping[str, int], words: np.ndarr
         coordinate=coordinate if coordinate is not None else (coord_linear,),
         task=task.name if task else f"#{task_id}",
         instance=instance if instance is not None else (instance_linear,),
-        counter=counter, wait_count=wait_count,
+        counter=counter,
+        wait_count=wait_count,
     )
-    hint = ("; its producers notified fewer times than the wait count (check the wait count "
-            "and the out_edges maps)" if counter < wait_count else "")
+    hint = (
+        "; its producers notified fewer times than the wait count (check the wait count "
+        "and the out_edges maps)"
+        if counter < wait_count
+        else ""
+    )
     bound = ", ".join(f"{k}={v}" for k, v in symbols.items())
-    message = (f"{manifest.graph}: {DeadlockError(**attrs).describe()}{hint} [watchdog expired "
-               f"after {max_polls} polls on CTA {int(words[ST_CTA])}{'; ' + bound if bound else ''}]")
+    message = (
+        f"{manifest.graph}: {DeadlockError(**attrs).describe()}{hint} [watchdog expired "
+        f"after {max_polls} polls on CTA {int(words[ST_CTA])}{'; ' + bound if bound else ''}]"
+    )
     return DeadlockError(message, **attrs)
 
 
@@ -89,13 +113,20 @@ class _Plan:
     pack: ParamPack
     dynamic_slots: np.ndarray
     last_dynamic: tuple | None = None
+    fast: FastBinder | None = None
 
 
 class Kernel:
     """A loaded artifact. Build with `load`; launch with `launch`."""
 
-    def __init__(self, manifest: Manifest, device: driver.Device, function: Any, image: str,
-                 max_polls: int | None = None):
+    def __init__(
+        self,
+        manifest: Manifest,
+        device: driver.Device,
+        function: Any,
+        image: str,
+        max_polls: int | None = None,
+    ):
         self.manifest = manifest
         self.device = device
         self.function = function
@@ -106,19 +137,28 @@ class Kernel:
         #: CTAs that can be co-resident: SMs x occupancy at the manifest's block size.
         self.num_ctas = driver.max_active_ctas(device, function, manifest.block_size)
         if self.num_ctas < 1:
-            raise LaunchError(f"{manifest.graph}: the kernel cannot run a single CTA of "
-                              f"{manifest.block_size} threads on {device.name} (registers/shared memory)")
+            raise LaunchError(
+                f"{manifest.graph}: the kernel cannot run a single CTA of "
+                f"{manifest.block_size} threads on {device.name} (registers/shared memory)"
+            )
         self._param_tensors = [p.name for p in manifest.params if p.kind == "tensor"]
+        self._symbol_names = manifest.symbols
         self._plans: dict[tuple, _Plan] = {}
-        self._scratch: dict[int, driver.DeviceBuffer] = {}  # per stream: status words, then counters
+        self._scratch: dict[
+            int, driver.DeviceBuffer
+        ] = {}  # per stream: status words, then counters
         self._staging: dict[str, driver.DeviceBuffer] = {}  # device copies of numpy arrays
-        self._status = np.zeros(manifest.status_words, dtype=np.int32)
+        # Pinned, so a sync launch can queue the status read-back before synchronising.
+        self._status_host = driver.HostBuffer(4 * manifest.status_words)
+        self._status = self._status_host.view(np.int32)
         self._last: tuple[int, driver.DeviceBuffer, _Plan, int] | None = None
 
     def __repr__(self) -> str:
         m = self.manifest
-        return (f"<etc.runtime.Kernel {m.graph!r} ({m.schedule}, {self.image}) on cuda:{self.device.ordinal} "
-                f"{self.device.name}, up to {self.num_ctas} CTAs x {m.block_size} threads>")
+        return (
+            f"<etc.runtime.Kernel {m.graph!r} ({m.schedule}, {self.image}) on cuda:{self.device.ordinal} "
+            f"{self.device.name}, up to {self.num_ctas} CTAs x {m.block_size} threads>"
+        )
 
     # -- planning -------------------------------------------------------------------------
 
@@ -139,14 +179,20 @@ class Kernel:
         counts = total_instances(m, values)
         for t, n in zip(m.tasks, counts, strict=True):
             if n > INSTANCE_MASK:
-                raise LaunchError(f"{m.graph}: task {t.name!r} has {n} instances; the queue holds < 2**48")
+                raise LaunchError(
+                    f"{m.graph}: task {t.name!r} has {n} instances; the queue holds < 2**48"
+                )
         counters = sum(numel(m.bind(e.shape, values)) for e in m.events)
         if counters > MAX_COUNTERS:
-            raise LaunchError(f"{m.graph}: {counters} event counters exceed the 2**31 the status record can name")
+            raise LaunchError(
+                f"{m.graph}: {counters} event counters exceed the 2**31 the status record can name"
+            )
         actual = max(1, min(sum(counts), self.num_ctas))
         if grid is not None:
             if not 1 <= grid <= self.num_ctas:
-                raise LaunchError(f"{m.graph}: grid {grid} is outside 1..{self.num_ctas} (co-resident CTAs)")
+                raise LaunchError(
+                    f"{m.graph}: grid {grid} is outside 1..{self.num_ctas} (co-resident CTAs)"
+                )
             actual = grid
         queue = build_static_queue(counts, actual)
         qbuf = driver.DeviceBuffer(queue.nbytes)
@@ -165,15 +211,23 @@ class Kernel:
         self._plans[(key, grid)] = plan
         return plan
 
-    def _scratch_for(self, stream: int, words: int) -> driver.DeviceBuffer:
+    def _grow_scratch(self, stream: int, words: int) -> driver.DeviceBuffer:
+        """The stream's status + counters buffer, (re)allocated to hold `words` words."""
+        self._ensure_context()
         buf = self._scratch.get(stream)
-        if buf is None or buf.nbytes < 4 * words:
-            self._ensure_context()
-            if buf is not None:
-                driver.synchronize(stream)  # an earlier launch may still read it
-                buf.release()
-            buf = self._scratch[stream] = driver.DeviceBuffer(4 * max(words, 1024))
+        if buf is not None:
+            driver.synchronize(stream)  # an earlier launch may still use it
+            buf.release()
+        buf = self._scratch[stream] = driver.DeviceBuffer(4 * max(words, 1024))
         return buf
+
+    def _write_dynamic(self, plan: _Plan, ptrs: list[int], status_ptr: int, polls: int) -> None:
+        """Writes tensor, status and counters pointers and max_polls into the parameter array."""
+        by_name = dict(zip((t.name for t in self.manifest.tensors), ptrs, strict=True))
+        counters_ptr = status_ptr + 4 * self.manifest.status_words
+        values = [v for n in self._param_tensors for v in (by_name[n], by_name[n])]
+        values += [status_ptr, status_ptr, counters_ptr, counters_ptr, polls]
+        plan.pack.values[plan.dynamic_slots] = np.array(values, dtype=np.uint64)
 
     def _stage(self, b: BoundTensor, stream: int) -> None:
         """Copies a numpy array to a (reused) device buffer, ordered on `stream`."""
@@ -191,9 +245,15 @@ class Kernel:
 
     # -- launching ------------------------------------------------------------------------
 
-    def launch(self, tensors: Mapping[str, Any], symbols: Mapping[str, int] | None = None,
-               stream: Any = None, sync: bool = True, max_polls: int | None = None,
-               grid: int | None = None) -> None:
+    def launch(
+        self,
+        tensors: Mapping[str, Any],
+        symbols: Mapping[str, int] | None = None,
+        stream: Any = None,
+        sync: bool = True,
+        max_polls: int | None = None,
+        grid: int | None = None,
+    ) -> None:
         """Runs the graph once.
 
         `tensors` maps every graph tensor name to a torch CUDA tensor (contiguous, on this
@@ -212,79 +272,110 @@ class Kernel:
         m = self.manifest
         symbols = {} if symbols is None else symbols
         plan = None
-        if len(symbols) == len(m.symbols):
+        if len(symbols) == len(self._symbol_names):
             try:
-                key = tuple(symbols[s] for s in m.symbols)
-                if all(type(v) is int for v in key):  # noqa: E721 - bool and floats take the slow path
-                    plan = self._plans.get((key, grid))
+                key = tuple(map(symbols.__getitem__, self._symbol_names))
             except KeyError:
-                pass
+                key = None
+            if key is not None and set(map(type, key)) <= _INT:  # bools/floats: slow path
+                plan = self._plans.get((key, grid))
         if plan is None:
             plan = self._plan(symbols, grid)
         polls = self.max_polls if max_polls is None else _check_polls(max_polls)
-        bound = bind_tensors(m, plan.shapes, tensors, self.device.ordinal)
-        has_torch = has_numpy = False
-        for b in bound:
-            has_torch |= b.kind == TORCH
-            has_numpy |= b.kind == NUMPY
+        fast = plan.fast
+        if fast is None or fast.tensor_type is None and "torch" in sys.modules:
+            fast = plan.fast = FastBinder(m, plan.shapes, self.device.ordinal)
+        hot = fast(tensors)
+        bound: list[BoundTensor] = []
+        has_numpy = False
+        if hot is not None:
+            ptrs, has_torch = hot
+        else:  # numpy arrays, or an error to report
+            bound = bind_tensors(m, plan.shapes, tensors, self.device.ordinal)
+            has_torch = any(b.kind == TORCH for b in bound)
+            has_numpy = any(b.kind == NUMPY for b in bound)
         handle = _stream_handle(stream, has_torch, self.device.ordinal)
         words = m.status_words + plan.counters
-        scratch = self._scratch_for(handle, words)
-        if has_numpy:
-            self._ensure_context()
-            for b in bound:
-                if b.kind == NUMPY:
-                    self._stage(b, handle)
-        by_name = {b.name: b.ptr for b in bound}
+        scratch = self._scratch.get(handle)
+        if scratch is None or scratch.nbytes < 4 * words:
+            scratch = self._grow_scratch(handle, words)
+        if hot is None:
+            if has_numpy:
+                self._ensure_context()
+                for b in bound:
+                    if b.kind == NUMPY:
+                        self._stage(b, handle)
+            ptrs = [b.ptr for b in bound]
         status_ptr = scratch.ptr
-        dynamic = (*[by_name[n] for n in self._param_tensors], status_ptr,
-                   status_ptr + 4 * m.status_words, polls)
+        dynamic = (*ptrs, status_ptr, polls)
         if dynamic != plan.last_dynamic:
-            values = [v for n in self._param_tensors for v in (by_name[n], by_name[n])]
-            values += [status_ptr, status_ptr, status_ptr + 4 * m.status_words,
-                       status_ptr + 4 * m.status_words, polls]
-            plan.pack.values[plan.dynamic_slots] = np.array(values, dtype=np.uint64)
+            self._write_dynamic(plan, ptrs, status_ptr, polls)
             plan.last_dynamic = dynamic
 
-        cu = driver.cu
-        ok = cu.CUresult.CUDA_SUCCESS
+        cu = _cu
         # Counters and status are one buffer, so one memset re-arms both.
         err = cu.cuMemsetD32Async(status_ptr, 0, words, handle)[0]
-        if err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # another thread, or nothing current yet
-            self._ensure_context()
-            err = cu.cuMemsetD32Async(status_ptr, 0, words, handle)[0]
-        if err != ok:
-            raise LaunchError(f"{m.graph}: cuMemsetD32Async failed: {driver.error_name(err)}")
-        err = cu.cuLaunchCooperativeKernel(self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0,
-                                           handle, plan.pack.address)[0]
-        if err != ok:
-            raise LaunchError(f"{m.graph}: cuLaunchCooperativeKernel (grid {plan.grid} x "
-                              f"{m.block_size}) failed: {driver.error_name(err)}")
+        if err != _SUCCESS:
+            if err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread with no current context
+                self._ensure_context()
+                err = cu.cuMemsetD32Async(status_ptr, 0, words, handle)[0]
+            if err != _SUCCESS:
+                raise LaunchError(f"{m.graph}: cuMemsetD32Async failed: {driver.error_name(err)}")
+        err = cu.cuLaunchCooperativeKernel(
+            self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
+        )[0]
+        if err != _SUCCESS:
+            raise LaunchError(
+                f"{m.graph}: cuLaunchCooperativeKernel (grid {plan.grid} x "
+                f"{m.block_size}) failed: {driver.error_name(err)}"
+            )
         self._last = (handle, scratch, plan, polls)
         if has_numpy:
             driver.synchronize(handle)
             for b in bound:
                 if b.kind == NUMPY and b.nbytes and b.value.flags.writeable:
                     _copy_back(b)
-        if sync or has_numpy:
             self.check()
+        elif sync:
+            # Queue the status copy behind the kernel so one synchronisation covers both.
+            err = cu.cuMemcpyDtoHAsync(
+                self._status_host.ptr, status_ptr, self._status.nbytes, handle
+            )[0]
+            if err != _SUCCESS:
+                raise LaunchError(f"{m.graph}: cuMemcpyDtoHAsync failed: {driver.error_name(err)}")
+            driver.synchronize(handle)
+            if self._status[ST_STATE]:
+                failure = status_error(m, plan.symbols, self._status, polls)
+                if failure is not None:
+                    raise failure
 
     def check(self) -> None:
         """Waits for the latest launch and raises what its status record reports.
 
+        Only the most recent launch is checked: each launch re-zeroes its stream's status
+        record, so a failure of an earlier ``sync=False`` launch on the same stream is
+        overwritten (check after each launch, or use ``sync=True``, when every one matters).
         After a `DeadlockError` the kernel has exited cleanly and the context stays usable.
         """
         if self._last is None:
             return
         handle, scratch, plan, polls = self._last
         driver.synchronize(handle)
-        driver.dtoh(self._status.ctypes.data, scratch.ptr, self._status.nbytes)
+        driver.dtoh(self._status_host.ptr, scratch.ptr, self._status.nbytes)
         err = status_error(self.manifest, plan.symbols, self._status, polls)
         if err is not None:
             raise err
 
     def _ensure_context(self) -> None:
         self.device.make_current()
+
+    def __del__(self) -> None:
+        # Device buffers are freed right after this; launches still queued may read them.
+        if getattr(self, "_last", None) is not None and _cu is not None:
+            try:
+                _cu.cuCtxSynchronize()
+            except Exception:
+                pass
 
     def clear_cache(self) -> None:
         """Waits for all launches, then frees cached queues and staging buffers."""
@@ -320,7 +411,11 @@ def _stream_handle(stream: Any, has_torch: bool, device: int) -> int:
             return 0
         torch = sys.modules["torch"]
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, no Stream object
-        return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
+        return (
+            int(raw(device))
+            if raw is not None
+            else int(torch.cuda.current_stream(device).cuda_stream)
+        )
     if isinstance(stream, int):
         return stream
     if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
@@ -340,11 +435,17 @@ def load(directory: str | Path, device: int | None = None, max_polls: int | None
     """
     manifest = load_manifest(directory)
     if manifest.schedule != "static":
-        raise LaunchError(f"{manifest.graph}: schedule {manifest.schedule!r} is not supported by this "
-                          "runtime yet (only 'static')")
+        raise LaunchError(
+            f"{manifest.graph}: schedule {manifest.schedule!r} is not supported by this "
+            "runtime yet (only 'static')"
+        )
     if device is None:
         torch = sys.modules.get("torch")
-        device = int(torch.cuda.current_device()) if torch is not None and torch.cuda.is_available() else 0
+        device = (
+            int(torch.cuda.current_device())
+            if torch is not None and torch.cuda.is_available()
+            else 0
+        )
     dev = driver.get_device(device)
     images = []
     if manifest.cubin_bytes is not None:

@@ -24,14 +24,40 @@ MANIFEST = "manifest.json"
 #: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
 #: ``i1`` is stored as one byte, as LLVM stores memref<?xi1>).
 DTYPE_SIZES: dict[str, int] = {
-    "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1,
-    "u64": 8, "u32": 4, "u16": 2, "u8": 1, "i1": 1,
+    "f64": 8,
+    "f32": 4,
+    "f16": 2,
+    "bf16": 2,
+    "i64": 8,
+    "i32": 4,
+    "i16": 2,
+    "i8": 1,
+    "u64": 8,
+    "u32": 4,
+    "u16": 2,
+    "u8": 1,
+    "i1": 1,
 }
 _DTYPE_ALIASES = {
-    "float64": "f64", "double": "f64", "float32": "f32", "float": "f32", "float16": "f16",
-    "half": "f16", "bfloat16": "bf16", "int64": "i64", "long": "i64", "int32": "i32",
-    "int": "i32", "int16": "i16", "short": "i16", "int8": "i8", "uint64": "u64",
-    "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "i1",
+    "float64": "f64",
+    "double": "f64",
+    "float32": "f32",
+    "float": "f32",
+    "float16": "f16",
+    "half": "f16",
+    "bfloat16": "bf16",
+    "int64": "i64",
+    "long": "i64",
+    "int32": "i32",
+    "int": "i32",
+    "int16": "i16",
+    "short": "i16",
+    "int8": "i8",
+    "uint64": "u64",
+    "uint32": "u32",
+    "uint16": "u16",
+    "uint8": "u8",
+    "bool": "i1",
 }
 PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls")
 # The kernel reads these eight status words; a manifest may reserve more.
@@ -131,8 +157,12 @@ class _Checker:
         value = obj[key]
         ok = _is_int(value) if types is int else isinstance(value, types)
         if not ok or (isinstance(value, bool) and types is not bool):
-            tname = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
-            raise self.fail(f"{where}{key}", f"expected {tname}, got {type(value).__name__} {value!r}")
+            tname = (
+                types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
+            )
+            raise self.fail(
+                f"{where}{key}", f"expected {tname}, got {type(value).__name__} {value!r}"
+            )
         return value
 
     def name(self, obj: Mapping, key: str, where: str) -> str:
@@ -151,7 +181,9 @@ class _Checker:
             elif isinstance(d, str) and d in symbols:
                 out.append(d)
             else:
-                raise self.fail(f"{where}[{i}]", f"expected an int >= 0 or a declared symbol, got {d!r}")
+                raise self.fail(
+                    f"{where}[{i}]", f"expected an int >= 0 or a declared symbol, got {d!r}"
+                )
         return tuple(out)
 
     def unique(self, names: Sequence[str], where: str) -> None:
@@ -186,8 +218,16 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         dtype = c.get(t, "dtype", str, w)
         canon = canonical_dtype(dtype)
         if canon is None:
-            raise c.fail(f"{w}dtype", f"unsupported dtype {dtype!r} (supported: {', '.join(DTYPE_SIZES)})")
-        tensors.append(TensorSpec(c.name(t, "name", w), c.dims(c.get(t, "shape", list, w), f"{w}shape", symbols), canon))
+            raise c.fail(
+                f"{w}dtype", f"unsupported dtype {dtype!r} (supported: {', '.join(DTYPE_SIZES)})"
+            )
+        tensors.append(
+            TensorSpec(
+                c.name(t, "name", w),
+                c.dims(c.get(t, "shape", list, w), f"{w}shape", symbols),
+                canon,
+            )
+        )
     c.unique([t.name for t in tensors], "tensors")
     by_name = {t.name: t for t in tensors}
 
@@ -211,7 +251,10 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                 raise c.fail(f"{w}wait_count", f"expected {{'table': <tensor name>}}, got {wc!r}")
             spec = by_name[table]
             if spec.dtype not in ("i32", "i64") or len(spec.shape) != len(shape):
-                raise c.fail(f"{w}wait_count", f"table {table!r} must be an i32/i64 tensor of rank {len(shape)}")
+                raise c.fail(
+                    f"{w}wait_count",
+                    f"table {table!r} must be an i32/i64 tensor of rank {len(shape)}",
+                )
         events.append(EventSpec(name, shape, wc))
     c.unique([e.name for e in events], "events")
 
@@ -222,10 +265,18 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             raise c.fail(f"tasks[{i}]", "expected an object")
         index = c.get(t, "index", int, w)
         if index != i:
-            raise c.fail(f"{w}index", f"tasks must be listed in index order; expected {i}, got {index}")
-        tasks.append(TaskSpec(index, c.name(t, "name", w), c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols)))
+            raise c.fail(
+                f"{w}index", f"tasks must be listed in index order; expected {i}, got {index}"
+            )
+        tasks.append(
+            TaskSpec(
+                index, c.name(t, "name", w), c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols)
+            )
+        )
     if len(tasks) >= 1 << 15:
-        raise c.fail("tasks", f"{len(tasks)} tasks do not fit the 15-bit task field of a queue entry")
+        raise c.fail(
+            "tasks", f"{len(tasks)} tasks do not fit the 15-bit task field of a queue entry"
+        )
 
     params = []
     counts = dict.fromkeys(PARAM_KINDS, 0)
@@ -236,7 +287,9 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             raise c.fail(f"params[{i}]", "expected an object")
         kind = c.get(p, "kind", str, w)
         if kind not in PARAM_KINDS:
-            raise c.fail(f"{w}kind", f"unknown kind {kind!r} (expected one of {', '.join(PARAM_KINDS)})")
+            raise c.fail(
+                f"{w}kind", f"unknown kind {kind!r} (expected one of {', '.join(PARAM_KINDS)})"
+            )
         counts[kind] += 1
         if kind == "symbol":
             name = c.name(p, "name", w)
@@ -249,7 +302,10 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                 raise c.fail(f"{w}name", f"{name!r} is not a declared tensor")
             rank = c.get(p, "rank", int, w)
             if rank != len(by_name[name].shape):
-                raise c.fail(f"{w}rank", f"tensor {name!r} has rank {len(by_name[name].shape)}, param says {rank}")
+                raise c.fail(
+                    f"{w}rank",
+                    f"tensor {name!r} has rank {len(by_name[name].shape)}, param says {rank}",
+                )
             params.append(ParamSpec(kind, name, rank))
         else:
             params.append(ParamSpec(kind))
@@ -280,16 +336,31 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         if f is None:
             continue
         digest = sha.get(f)
-        if not isinstance(digest, str) or len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest.lower()):
+        if (
+            not isinstance(digest, str)
+            or len(digest) != 64
+            or any(ch not in "0123456789abcdef" for ch in digest.lower())
+        ):
             raise c.fail(f"sha256[{f!r}]", f"expected a 64-digit hex digest, got {digest!r}")
 
     return Manifest(
-        directory=directory, graph=c.name(data, "graph", ""), kernel=c.name(data, "kernel", ""),
-        module=c.get(data, "module", str, ""), schedule=c.name(data, "schedule", ""),
-        target=c.get(data, "target", str, ""), block_size=block_size, watchdog_polls=watchdog,
-        ptx=ptx, cubin=cubin, sha256={k: v.lower() for k, v in sha.items() if isinstance(v, str)},
-        symbols=tuple(symbols), tensors=tuple(tensors), events=tuple(events), tasks=tuple(tasks),
-        params=tuple(params), status_words=status_words,
+        directory=directory,
+        graph=c.name(data, "graph", ""),
+        kernel=c.name(data, "kernel", ""),
+        module=c.get(data, "module", str, ""),
+        schedule=c.name(data, "schedule", ""),
+        target=c.get(data, "target", str, ""),
+        block_size=block_size,
+        watchdog_polls=watchdog,
+        ptx=ptx,
+        cubin=cubin,
+        sha256={k: v.lower() for k, v in sha.items() if isinstance(v, str)},
+        symbols=tuple(symbols),
+        tensors=tuple(tensors),
+        events=tuple(events),
+        tasks=tuple(tasks),
+        params=tuple(params),
+        status_words=status_words,
     )
 
 
@@ -306,7 +377,9 @@ def _read_verified(m: Manifest, name: str, c: _Checker) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise LaunchError(f"{c.source}: cannot read kernel image {name!r}: {e.strerror or e}") from None
+        raise LaunchError(
+            f"{c.source}: cannot read kernel image {name!r}: {e.strerror or e}"
+        ) from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != m.sha256[name]:
         raise LaunchError(
@@ -328,7 +401,9 @@ def load_manifest(directory: Path | str) -> Manifest:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise LaunchError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        raise LaunchError(
+            f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
     m = parse_manifest(data, directory, str(path))
     c = _Checker(str(path))
     ptx = _read_verified(m, m.ptx, c)

@@ -34,7 +34,9 @@ def global_order(counts: Sequence[int]) -> np.ndarray:
     starts = np.cumsum(counts_arr) - counts_arr
     tasks = np.arange(len(counts_arr), dtype=np.int64)
     # entry(p) = (task << 48) + (p - start(task)), expanded per instance without a loop.
-    return np.arange(total, dtype=np.int64) + np.repeat((tasks << INSTANCE_BITS) - starts, counts_arr)
+    return np.arange(total, dtype=np.int64) + np.repeat(
+        (tasks << INSTANCE_BITS) - starts, counts_arr
+    )
 
 
 def cta_counts(total: int, grid: int) -> np.ndarray:
@@ -51,16 +53,20 @@ def build_static_queue(counts: Sequence[int], grid: int) -> np.ndarray:
         raise ValueError(f"grid must be >= 1, got {grid}")
     entries = global_order(counts)
     total = len(entries)
-    rows = -(-total // grid)
-    # Pad to a (rows, grid) matrix; column c holds CTA c's entries in order.
-    padded = np.full(rows * grid, -1, dtype=np.int64)
-    padded[:total] = entries
-    dealt = padded.reshape(rows, grid).T.ravel()
-    header = np.empty(grid + 1, dtype=np.int64)
-    header[0] = grid + 1
-    np.cumsum(cta_counts(total, grid), out=header[1:])
-    header[1:] += grid + 1
-    return np.concatenate([header, dealt[dealt >= 0]])
+    base, extra = divmod(total, grid)
+    out = np.empty(grid + 1 + total, dtype=np.int64)
+    out[0] = grid + 1
+    np.cumsum(cta_counts(total, grid), out=out[1 : grid + 1])
+    out[1 : grid + 1] += grid + 1
+    # Position p = r * grid + c is row r, column c of `full` (plus a partial last row);
+    # CTA c's list is column c, so each group of equally long lists is one transpose.
+    full = entries[: base * grid].reshape(base, grid)
+    body = out[grid + 1 :]
+    longer = body[: extra * (base + 1)].reshape(extra, base + 1)  # CTAs < extra: one more entry
+    longer[:, :base] = full[:, :extra].T
+    longer[:, base] = entries[base * grid :]
+    body[extra * (base + 1) :].reshape(grid - extra, base)[...] = full[:, extra:].T
+    return out
 
 
 def decode(queue: np.ndarray) -> list[list[tuple[int, int]]]:
@@ -69,5 +75,9 @@ def decode(queue: np.ndarray) -> list[list[tuple[int, int]]]:
     out = []
     for c in range(grid):
         part = queue[int(queue[c]) : int(queue[c + 1])]
-        out.append(list(zip((part >> INSTANCE_BITS).tolist(), (part & INSTANCE_MASK).tolist(), strict=True)))
+        out.append(
+            list(
+                zip((part >> INSTANCE_BITS).tolist(), (part & INSTANCE_MASK).tolist(), strict=True)
+            )
+        )
     return out

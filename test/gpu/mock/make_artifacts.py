@@ -20,9 +20,17 @@ HERE = Path(__file__).resolve().parent
 
 def manifest(wait_count: int, cubin: bool) -> dict:
     return {
-        "format": "etc-artifact/1", "graph": "splitk", "kernel": "splitk", "module": "splitk_kernels",
-        "schedule": "static", "target": "sm_90", "block_size": 256, "watchdog_polls": 20_000_000,
-        "ptx": "kernel.ptx", "cubin": "kernel.cubin" if cubin else None, "sha256": {},
+        "format": "etc-artifact/1",
+        "graph": "splitk",
+        "kernel": "splitk",
+        "module": "splitk_kernels",
+        "schedule": "static",
+        "target": "sm_90",
+        "block_size": 256,
+        "watchdog_polls": 20_000_000,
+        "ptx": "kernel.ptx",
+        "cubin": "kernel.cubin" if cubin else None,
+        "sha256": {},
         "symbols": ["n"],
         "tensors": [
             {"name": "A", "shape": ["n", 256], "dtype": "f32"},
@@ -39,7 +47,10 @@ def manifest(wait_count: int, cubin: bool) -> dict:
             {"kind": "tensor", "name": "A", "rank": 2},
             {"kind": "tensor", "name": "B", "rank": 2},
             {"kind": "tensor", "name": "C", "rank": 1},
-            {"kind": "counters"}, {"kind": "queue"}, {"kind": "status"}, {"kind": "max_polls"},
+            {"kind": "counters"},
+            {"kind": "queue"},
+            {"kind": "status"},
+            {"kind": "max_polls"},
         ],
         "status_words": 8,
     }
@@ -55,7 +66,9 @@ def build(out: Path, cubin: bool = True) -> None:
         m = manifest(wait_count, cubin)
         files = ["kernel.ptx"]
         if cubin:
-            subprocess.run(["nvcc", *flags, "-cubin", "-o", str(d / "kernel.cubin"), str(src)], check=True)
+            subprocess.run(
+                ["nvcc", *flags, "-cubin", "-o", str(d / "kernel.cubin"), str(src)], check=True
+            )
             files.append("kernel.cubin")
         m["sha256"] = {f: hashlib.sha256((d / f).read_bytes()).hexdigest() for f in files}
         (d / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")

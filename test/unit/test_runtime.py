@@ -1,0 +1,618 @@
+"""etc.runtime without a GPU: manifests, static queues, parameter packing, argument checks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+try:
+    import etc.runtime  # noqa: F401
+except ImportError:  # a source checkout without an installed package
+    sys.path.insert(0, str(ROOT / "python"))
+
+import etc.runtime  # noqa: E402
+from etc.errors import DeadlockError, LaunchError, ShapeError  # noqa: E402
+from etc.runtime import args, kernel, manifest, params, queue  # noqa: E402
+
+PTX = b"//\n.version 8.0\n.target sm_90\n.address_size 64\n.visible .entry splitk(\n\t.param .u64 p0\n)\n{\n\tret;\n}\n"
+
+
+def splitk_manifest() -> dict:
+    return {
+        "format": "etc-artifact/1",
+        "graph": "splitk",
+        "kernel": "splitk",
+        "module": "splitk_kernels",
+        "schedule": "static",
+        "target": "sm_90",
+        "block_size": 256,
+        "watchdog_polls": 20_000_000,
+        "ptx": "kernel.ptx",
+        "cubin": None,
+        "sha256": {"kernel.ptx": hashlib.sha256(PTX).hexdigest()},
+        "symbols": ["n"],
+        "tensors": [
+            {"name": "A", "shape": ["n", 256], "dtype": "f32"},
+            {"name": "B", "shape": ["n", 4], "dtype": "f32"},
+            {"name": "C", "shape": ["n"], "dtype": "f32"},
+        ],
+        "events": [{"name": "E", "shape": ["n"], "wait_count": 4}],
+        "tasks": [
+            {"index": 0, "name": "partial_sum", "grid": ["n", 4]},
+            {"index": 1, "name": "final_sum", "grid": ["n"]},
+        ],
+        "params": [
+            {"kind": "symbol", "name": "n"},
+            {"kind": "tensor", "name": "A", "rank": 2},
+            {"kind": "tensor", "name": "B", "rank": 2},
+            {"kind": "tensor", "name": "C", "rank": 1},
+            {"kind": "counters"},
+            {"kind": "queue"},
+            {"kind": "status"},
+            {"kind": "max_polls"},
+        ],
+        "status_words": 8,
+    }
+
+
+def write_artifact(
+    d: Path, data: dict | None = None, ptx: bytes = PTX, cubin: bytes | None = None
+) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    data = splitk_manifest() if data is None else data
+    (d / "kernel.ptx").write_bytes(ptx)
+    if cubin is not None:
+        (d / "kernel.cubin").write_bytes(cubin)
+        data["cubin"] = "kernel.cubin"
+        data["sha256"]["kernel.cubin"] = hashlib.sha256(cubin).hexdigest()
+    (d / "manifest.json").write_text(json.dumps(data))
+    return d
+
+
+# -- manifest validation ------------------------------------------------------------------
+
+
+def test_manifest_loads(tmp_path: Path) -> None:
+    m = manifest.load_manifest(write_artifact(tmp_path, cubin=b"\x7fELF fake cubin"))
+    assert (m.graph, m.kernel, m.schedule, m.block_size) == ("splitk", "splitk", "static", 256)
+    assert m.symbols == ("n",)
+    assert m.tensor("A").shape == ("n", 256) and m.tensor("C").dtype == "f32"
+    assert [t.name for t in m.tasks] == ["partial_sum", "final_sum"]
+    assert m.events[0].wait_count == 4
+    assert m.ptx_bytes == PTX and m.cubin_bytes == b"\x7fELF fake cubin"
+    assert m.bind(m.tensor("A").shape, {"n": 7}) == (7, 256)
+
+
+REQUIRED = [
+    "format",
+    "graph",
+    "kernel",
+    "schedule",
+    "block_size",
+    "watchdog_polls",
+    "ptx",
+    "cubin",
+    "sha256",
+    "symbols",
+    "tensors",
+    "events",
+    "tasks",
+    "params",
+    "status_words",
+]
+
+
+@pytest.mark.parametrize("key", REQUIRED)
+def test_manifest_missing_key(tmp_path: Path, key: str) -> None:
+    data = splitk_manifest()
+    del data[key]
+    with pytest.raises(LaunchError, match=f"manifest field {key}: is missing"):
+        manifest.load_manifest(write_artifact(tmp_path, data))
+
+
+def _set(path: str, value: object) -> dict:
+    data = splitk_manifest()
+    obj: dict | list = data
+    parts = path.split(".")
+    for p in parts[:-1]:
+        obj = obj[int(p)] if isinstance(obj, list) else obj[p]
+    last = parts[-1]
+    if isinstance(obj, list):
+        obj[int(last)] = value
+    else:
+        obj[last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("format", "etc-artifact/2", "format"),
+        ("block_size", "256", "block_size: expected int"),
+        ("block_size", True, "block_size: expected int"),
+        ("block_size", 2048, "block_size: must be in 1..1024"),
+        ("watchdog_polls", -1, "watchdog_polls"),
+        ("status_words", 4, "status_words"),
+        ("symbols", "n", "symbols: expected list"),
+        ("symbols", ["n", "n"], "duplicate name 'n'"),
+        ("tensors.0.shape", ["m", 256], r"tensors\[0\].shape\[0\]"),
+        ("tensors.0.shape", [-1, 256], r"tensors\[0\].shape\[0\]"),
+        ("tensors.0.shape", "n", r"tensors\[0\].shape"),
+        ("tensors.1.dtype", "f8", "unsupported dtype 'f8'"),
+        ("tensors.1.name", "A", "duplicate name 'A'"),
+        ("events.0.wait_count", "k", "not a declared symbol"),
+        ("events.0.wait_count", {"table": "Z"}, "wait_count"),
+        ("events.0.wait_count", {"table": "A"}, "i32/i64 tensor"),
+        ("events.0.wait_count", 1.5, "wait_count: expected"),
+        ("tasks.1.index", 0, "index order"),
+        ("tasks.0.grid", ["n", "q"], r"tasks\[0\].grid\[1\]"),
+        ("params.1.rank", 3, "has rank 2, param says 3"),
+        ("params.1.name", "Z", "not a declared tensor"),
+        ("params.0.name", "z", "not a declared symbol"),
+        ("params.2", {"kind": "tensor", "name": "A", "rank": 2}, "passed twice"),
+        ("params.4", {"kind": "queue"}, "exactly one 'counters'"),
+        ("params.4", {"kind": "bogus"}, "unknown kind 'bogus'"),
+        ("params.4", "counters", r"params\[4\]"),
+        ("ptx", "../kernel.ptx", "inside the artifact directory"),
+        ("ptx", "/etc/passwd", "inside the artifact directory"),
+        ("sha256", {"kernel.ptx": "abc"}, "64-digit hex"),
+        ("sha256", {}, "64-digit hex"),
+    ],
+)
+def test_manifest_bad_field(tmp_path: Path, path: str, value: object, message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        manifest.load_manifest(write_artifact(tmp_path, _set(path, value)))
+
+
+def test_manifest_not_json(tmp_path: Path) -> None:
+    d = write_artifact(tmp_path)
+    text = (d / "manifest.json").read_text()
+    (d / "manifest.json").write_text(text[: len(text) // 2])  # truncated
+    with pytest.raises(LaunchError, match="not valid JSON"):
+        manifest.load_manifest(d)
+    (d / "manifest.json").write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(LaunchError, match="cannot read"):
+        manifest.load_manifest(d)
+    (d / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(LaunchError, match="expected an object"):
+        manifest.load_manifest(d)
+
+
+def test_manifest_directory_missing(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="cannot read the artifact manifest"):
+        manifest.load_manifest(tmp_path / "nowhere")
+
+
+def test_tampered_and_truncated_images(tmp_path: Path) -> None:
+    d = write_artifact(tmp_path, cubin=b"\x7fELF fake cubin")
+    (d / "kernel.ptx").write_bytes(PTX[:-10])  # truncated
+    with pytest.raises(LaunchError, match="does not match its sha256"):
+        manifest.load_manifest(d)
+    (d / "kernel.ptx").write_bytes(PTX.replace(b"ret", b"bra"))  # tampered, same length
+    with pytest.raises(LaunchError, match="'kernel.ptx' does not match its sha256"):
+        manifest.load_manifest(d)
+    (d / "kernel.ptx").write_bytes(PTX)
+    (d / "kernel.cubin").write_bytes(b"\x7fELF other cubin")
+    with pytest.raises(LaunchError, match="'kernel.cubin' does not match its sha256"):
+        manifest.load_manifest(d)
+    (d / "kernel.cubin").unlink()
+    with pytest.raises(LaunchError, match="cannot read kernel image 'kernel.cubin'"):
+        manifest.load_manifest(d)
+
+
+def test_ptx_without_entry(tmp_path: Path) -> None:
+    ptx = PTX.replace(b"splitk", b"other")
+    data = splitk_manifest()
+    data["sha256"]["kernel.ptx"] = hashlib.sha256(ptx).hexdigest()
+    with pytest.raises(LaunchError, match="no entry point 'splitk'"):
+        manifest.load_manifest(write_artifact(tmp_path, data, ptx=ptx))
+
+
+def test_wait_count_forms(tmp_path: Path) -> None:
+    data = splitk_manifest()
+    data["symbols"].append("k")
+    data["tensors"].append({"name": "W", "shape": ["n"], "dtype": "i32"})
+    data["events"] += [
+        {"name": "F", "shape": ["n"], "wait_count": "k"},
+        {"name": "G", "shape": ["n"], "wait_count": {"table": "W"}},
+    ]
+    m = manifest.load_manifest(write_artifact(tmp_path, data))
+    assert [e.wait_count for e in m.events] == [4, "k", {"table": "W"}]
+
+
+def test_dtype_names() -> None:
+    for name in ("f32", "float32", "torch.float32"):
+        assert manifest.canonical_dtype(name) == "f32"
+    assert manifest.canonical_dtype("torch.bfloat16") == "bf16"
+    assert manifest.canonical_dtype("uint8") == "u8"
+    assert manifest.canonical_dtype("complex64") is None
+
+
+# -- static queues ---------------------------------------------------------------------------
+
+
+def naive_queue(counts: list[int], grid: int) -> list[int]:
+    per_cta: list[list[int]] = [[] for _ in range(grid)]
+    p = 0
+    for task, count in enumerate(counts):
+        for i in range(count):
+            per_cta[p % grid].append(task << 48 | i)
+            p += 1
+    header = [grid + 1]
+    for entries in per_cta:
+        header.append(header[-1] + len(entries))
+    return header + [e for entries in per_cta for e in entries]
+
+
+@pytest.mark.parametrize(
+    ("counts", "grid"),
+    [
+        ([4, 1], 1),
+        ([4, 1], 5),
+        ([4, 1], 132),
+        ([0, 0], 1),
+        ([0, 3], 2),
+        ([28, 7], 3),
+        ([256, 64], 132),
+        ([7, 0, 5, 11], 4),
+        ([1], 1),
+        ([4000, 1000, 3], 264),
+        ([5, 5, 5], 15),
+        ([5, 5, 5], 16),
+    ],
+)
+def test_queue_matches_naive(counts: list[int], grid: int) -> None:
+    q = queue.build_static_queue(counts, grid)
+    assert q.dtype == np.int64
+    assert q.tolist() == naive_queue(counts, grid)
+
+
+@pytest.mark.parametrize("grid", [1, 2, 3, 7, 132])
+def test_queue_is_linear_extension(grid: int) -> None:
+    counts = [12, 3, 9, 1]
+    per_cta = queue.decode(queue.build_static_queue(counts, grid))
+    assert sum(map(len, per_cta)) == sum(counts)
+    for entries in per_cta:
+        tasks = [t for t, _ in entries]
+        assert tasks == sorted(tasks), "a CTA must run tasks in task-index order"
+        for t in set(tasks):
+            inst = [i for tt, i in entries if tt == t]
+            assert inst == sorted(inst)
+    everything = sorted((t, i) for entries in per_cta for t, i in entries)
+    assert everything == [(t, i) for t, c in enumerate(counts) for i in range(c)]
+
+
+def test_queue_is_fast_for_millions() -> None:
+    start = time.perf_counter()
+    q = queue.build_static_queue([4_000_000, 1_000_000], 1056)
+    elapsed = time.perf_counter() - start
+    assert len(q) == 1057 + 5_000_000
+    assert q[q[0]] == 0 and q[q[0] + 1] == 1056 and q[q[1]] == 1  # CTA 0: positions 0, 1056, ...
+    assert elapsed < 2.0, f"{elapsed:.2f} s"
+
+
+def test_queue_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        queue.build_static_queue([1], 0)
+    with pytest.raises(ValueError):
+        queue.build_static_queue([-1], 1)
+
+
+# -- parameter packing -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides"),
+    [((), ()), ((5,), (1,)), ((3, 4), (4, 1)), ((2, 3, 4), (12, 4, 1)), ((0, 3), (3, 1))],
+)
+def test_contiguous_strides(shape: tuple, strides: tuple) -> None:
+    assert params.contiguous_strides(shape) == strides
+
+
+def test_param_pack_layout() -> None:
+    specs = [
+        manifest.ParamSpec("symbol", "n"),
+        manifest.ParamSpec("tensor", "S", 0),
+        manifest.ParamSpec("tensor", "V", 1),
+        manifest.ParamSpec("tensor", "M", 2),
+        manifest.ParamSpec("tensor", "T", 3),
+        manifest.ParamSpec("counters"),
+        manifest.ParamSpec("queue"),
+        manifest.ParamSpec("status"),
+        manifest.ParamSpec("max_polls"),
+    ]
+    pack = params.ParamPack(specs)
+    assert pack.size == 1 + 3 + 5 + 7 + 9 + 5 + 5 + 5 + 1
+    pack.set_symbol("n", 7)
+    pack.set_memref("tensor", "S", 0x1000, ())
+    pack.set_memref("tensor", "V", 0x2000, (7,))
+    pack.set_memref("tensor", "M", 0x3000, (7, 256))
+    pack.set_memref("tensor", "T", 0x4000, (2, 3, 4))
+    pack.set_memref("counters", None, 0x5000, (7,))
+    pack.set_memref("queue", None, 0x6000, (44,))
+    pack.set_memref("status", None, 0x7000, (8,))
+    pack.set_max_polls(1 << 40)
+    assert pack.words() == [
+        7,
+        0x1000,
+        0x1000,
+        0,
+        0x2000,
+        0x2000,
+        0,
+        7,
+        1,
+        0x3000,
+        0x3000,
+        0,
+        7,
+        256,
+        256,
+        1,
+        0x4000,
+        0x4000,
+        0,
+        2,
+        3,
+        4,
+        12,
+        4,
+        1,
+        0x5000,
+        0x5000,
+        0,
+        7,
+        1,
+        0x6000,
+        0x6000,
+        0,
+        44,
+        1,
+        0x7000,
+        0x7000,
+        0,
+        8,
+        1,
+        1 << 40,
+    ]
+    # The void*[] points at each 8-byte value in order.
+    base = pack.values.ctypes.data
+    assert pack.argv[: pack.size].tolist() == [base + 8 * i for i in range(pack.size)]
+    assert pack.address == pack.argv.ctypes.data
+    slots = pack.pointer_slots([("tensor", "M"), ("status", None)])
+    assert slots.tolist() == [9, 10, 35, 36]
+
+
+def test_param_pack_takes_full_u64() -> None:
+    pack = params.ParamPack([manifest.ParamSpec("tensor", "X", 1), manifest.ParamSpec("max_polls")])
+    pack.set_memref("tensor", "X", (1 << 64) - 256, (3,))
+    pack.set_max_polls((1 << 63) - 1)
+    assert pack.words() == [(1 << 64) - 256, (1 << 64) - 256, 0, 3, 1, (1 << 63) - 1]
+
+
+# -- argument validation -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def m(tmp_path: Path) -> manifest.Manifest:
+    return manifest.load_manifest(write_artifact(tmp_path))
+
+
+def good(n: int) -> dict[str, np.ndarray]:
+    return {
+        "A": np.zeros((n, 256), np.float32),
+        "B": np.zeros((n, 4), np.float32),
+        "C": np.zeros(n, np.float32),
+    }
+
+
+def shapes(m: manifest.Manifest, n: int) -> dict[str, tuple[int, ...]]:
+    return args.bound_shapes(m, {"n": n})
+
+
+def test_symbols(m: manifest.Manifest) -> None:
+    assert args.bind_symbols(m, {"n": 7}) == (7,)
+    assert args.bind_symbols(m, {"n": np.int64(3)}) == (3,)
+    with pytest.raises(LaunchError, match="missing symbol 'n'"):
+        args.bind_symbols(m, {})
+    with pytest.raises(LaunchError, match="unknown symbol 'm'"):
+        args.bind_symbols(m, {"n": 1, "m": 2})
+    with pytest.raises(ShapeError, match="'n' must be an int >= 0, got -1"):
+        args.bind_symbols(m, {"n": -1})
+    for bad in (True, 2.0, "3", None):
+        with pytest.raises(ShapeError, match="'n' must be an int"):
+            args.bind_symbols(m, {"n": bad})
+
+
+def test_bind_numpy_and_pointers(m: manifest.Manifest) -> None:
+    t = good(7)
+    t["C"] = 0xABC000
+    bound = args.bind_tensors(m, shapes(m, 7), t)
+    assert [(b.name, b.kind, b.nbytes) for b in bound] == [
+        ("A", "numpy", 7 * 256 * 4),
+        ("B", "numpy", 28 * 4),
+        ("C", "pointer", 28),
+    ]
+    assert bound[2].ptr == 0xABC000
+    # Zero-size tensors may have a null pointer.
+    assert args.bind_tensors(m, shapes(m, 0), {"A": 0, "B": 0, "C": 0})[0].ptr == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error", "message"),
+    [
+        (
+            "A",
+            np.zeros((7, 255), np.float32),
+            ShapeError,
+            r"'A' has shape \(7, 255\), expected \(7, 256\) = \(n, 256\) \(dim 1 differ",
+        ),
+        ("A", np.zeros((7, 256, 1), np.float32), ShapeError, "'A' .*rank 3 instead of 2"),
+        ("C", np.zeros(8, np.float32), ShapeError, r"'C' has shape \(8,\), expected \(7,\)"),
+        (
+            "B",
+            np.zeros((7, 4), np.float64),
+            ShapeError,
+            "'B' has dtype numpy float64, expected f32",
+        ),
+        ("B", np.zeros((7, 4), np.int32), ShapeError, "'B' has dtype numpy int32"),
+        (
+            "C",
+            [0.0] * 7,
+            LaunchError,
+            "'C': expected a torch CUDA tensor, a numpy array or a device pointer",
+        ),
+        ("C", True, LaunchError, "'C': expected"),
+        ("C", 0, LaunchError, "'C': null device pointer"),
+        ("C", -5, LaunchError, "'C': device pointer"),
+        ("C", 1 << 64, LaunchError, "'C': device pointer"),
+    ],
+)
+def test_bind_errors_name_the_tensor(
+    m: manifest.Manifest, name: str, value: object, error: type, message: str
+) -> None:
+    t: dict[str, object] = dict(good(7))
+    t[name] = value
+    with pytest.raises(error, match=message):
+        args.bind_tensors(m, shapes(m, 7), t)
+
+
+def test_bind_missing_and_unknown(m: manifest.Manifest) -> None:
+    t: dict[str, object] = dict(good(7))
+    del t["B"]
+    with pytest.raises(LaunchError, match="missing tensor 'B'"):
+        args.bind_tensors(m, shapes(m, 7), t)
+    t["B"], t["Z"] = good(7)["B"], good(7)["B"]
+    with pytest.raises(LaunchError, match="unknown tensor 'Z'"):
+        args.bind_tensors(m, shapes(m, 7), t)
+
+
+def test_bind_dtypes(tmp_path: Path) -> None:
+    data = splitk_manifest()
+    data["tensors"][1]["dtype"] = "bf16"
+    data["tensors"][2]["dtype"] = "int64"  # numpy-style names are accepted in manifests too
+    m = manifest.load_manifest(write_artifact(tmp_path, data))
+    assert m.tensor("C").dtype == "i64"
+    t = {
+        "A": np.zeros((3, 256), np.float32),
+        "B": np.zeros((3, 4), np.uint16),
+        "C": np.zeros(3, np.int64),
+    }
+    bound = args.bind_tensors(m, shapes(m, 3), t)  # bf16 as raw uint16 bits, like etc.dtypes
+    assert [b.nbytes for b in bound] == [3 * 256 * 4, 3 * 4 * 2, 3 * 8]
+    t["B"] = np.zeros((3, 4), np.float16)
+    with pytest.raises(ShapeError, match="'B' has dtype numpy float16, expected bf16"):
+        args.bind_tensors(m, shapes(m, 3), t)
+
+
+def test_sizes_must_fit(m: manifest.Manifest) -> None:
+    with pytest.raises(ShapeError, match="'A'.*more bytes than a 64-bit index"):
+        args.bound_shapes(m, {"n": 1 << 60})
+
+
+def test_fast_binder_defers_to_slow_path(m: manifest.Manifest) -> None:
+    fast = args.FastBinder(m, shapes(m, 7), device=0)
+    assert fast({"A": 0x1000, "B": 0x2000, "C": 0x3000}) == ([0x1000, 0x2000, 0x3000], False)
+    assert fast(good(7)) is None  # numpy arrays take the slow path
+    assert fast({"A": 0x1000, "B": 0x2000}) is None
+    assert fast({"A": 0x1000, "B": 0x2000, "C": 0}) is None  # the slow path reports it
+
+
+# -- status records -----------------------------------------------------------------------------
+
+
+def status(*words: int) -> np.ndarray:
+    return np.array(list(words) + [0] * (8 - len(words)), np.int32)
+
+
+def test_status_ok(m: manifest.Manifest) -> None:
+    assert kernel.status_error(m, {"n": 7}, status(0), 100) is None
+
+
+def test_status_deadlock(m: manifest.Manifest) -> None:
+    # state, event, task, counter, wait count, instance, CTA, coordinate
+    err = kernel.status_error(m, {"n": 7}, status(1, 0, 1, 4, 5, 6, 3, 6), 100)
+    assert isinstance(err, DeadlockError)
+    assert (err.event, err.coordinate, err.task, err.instance) == ("E", (6,), "final_sum", (6,))
+    assert (err.counter, err.wait_count) == (4, 5)
+    text = str(err)
+    assert (
+        "splitk" in text
+        and "'E'" in text
+        and "final_sum" in text
+        and "CTA 3" in text
+        and "n=7" in text
+    )
+
+
+def test_status_deadlock_2d_instance(m: manifest.Manifest) -> None:
+    err = kernel.status_error(m, {"n": 7}, status(1, 0, 0, 0, 1, 9, 0, 2), 100)
+    assert isinstance(err, DeadlockError)
+    assert err.task == "partial_sum" and err.instance == (2, 1)  # 9 = 2 * 4 + 1
+
+
+def test_status_garbage_is_reported_not_crashing(m: manifest.Manifest) -> None:
+    err = kernel.status_error(m, {"n": 7}, status(1, 9, 9, 0, 1, 99, 0, 99), 100)
+    assert isinstance(err, DeadlockError) and err.event == "#9" and err.task == "#9"
+    err = kernel.status_error(m, {"n": 7}, status(2, 0, 17), 100)
+    assert isinstance(err, LaunchError) and "bad task descriptor" in str(err) and "17" in str(err)
+    err = kernel.status_error(m, {"n": 7}, status(3, 1), 100)
+    assert isinstance(err, LaunchError) and "unknown status state 3" in str(err)
+
+
+def test_delinearize() -> None:
+    assert kernel.delinearize(0, ()) == ()
+    assert kernel.delinearize(23, (2, 3, 4)) == (1, 2, 3)
+    assert kernel.delinearize(24, (2, 3, 4)) is None
+
+
+def test_total_instances(m: manifest.Manifest) -> None:
+    assert kernel.total_instances(m, {"n": 7}) == [28, 7]
+
+
+def test_dynamic_schedule_is_refused(tmp_path: Path) -> None:
+    data = splitk_manifest()
+    data["schedule"] = "dynamic"
+    with pytest.raises(LaunchError, match="schedule 'dynamic' is not supported"):
+        etc.runtime.load(write_artifact(tmp_path, data))
+
+
+def test_load_without_gpu_is_a_launch_error(tmp_path: Path) -> None:
+    from etc.runtime import driver
+
+    if driver.device_count() > 0:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(LaunchError):
+        etc.runtime.load(write_artifact(tmp_path))
+
+
+# -- importability ------------------------------------------------------------------------------
+
+
+def test_import_without_extension_or_torch() -> None:
+    code = textwrap.dedent(f"""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.startswith(("etc._mlir_libs", "torch", "mlir")):
+                    raise ImportError("blocked: " + name)
+                return None
+        sys.meta_path.insert(0, Block())
+        sys.path.insert(0, {str(ROOT / "python")!r})
+        import etc.runtime
+        from etc.runtime import load, Kernel
+        assert not any(m.startswith(("etc._mlir_libs", "torch")) for m in sys.modules)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
