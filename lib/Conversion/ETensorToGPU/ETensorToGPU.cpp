@@ -469,10 +469,18 @@ struct ConvertETensorToGPUPass
     }
     for (GraphOp graph : graphs)
       graph.erase();
-    // Device functions now live in the kernel modules; the host keeps none.
-    for (Operation *fn : deviceFunctions)
-      if (SymbolTable::symbolKnownUseEmpty(fn, module))
-        fn->erase();
+    // Device functions and their globals now live in the kernel modules; the
+    // host keeps none. Functions go first: they are the globals' users.
+    SmallVector<Operation *> globals;
+    for (Operation *op : deviceFunctions) {
+      if (isa<memref::GlobalOp>(op))
+        globals.push_back(op);
+      else if (SymbolTable::symbolKnownUseEmpty(op, module))
+        op->erase();
+    }
+    for (Operation *global : globals)
+      if (SymbolTable::symbolKnownUseEmpty(global, module))
+        global->erase();
   }
 
   LogicalResult convertGraph(GraphOp graph, SymbolTable &symbols,
@@ -483,19 +491,37 @@ struct ConvertETensorToGPUPass
         builder, graph.getLoc(), (graph.getSymName() + "_kernels").str());
     builder.setInsertionPointToStart(gpuModule.getBody());
 
-    // Clone every function the graph calls, transitively.
+    // Clone every function the graph calls, transitively, and every
+    // memref.global they read: a global in workgroup memory is how a tile
+    // gets shared memory (a workgroup alloca cannot lower on NVPTX).
     SmallVector<Operation *> worklist{graph};
     llvm::SetVector<Operation *> callees;
+    bool invalid = false;
     while (!worklist.empty()) {
       Operation *op = worklist.pop_back_val();
-      op->walk([&](func::CallOp call) {
-        Operation *callee = symbols.lookup(call.getCallee());
-        if (!callee)
+      op->walk([&](Operation *nested) {
+        if (auto alloca = dyn_cast<memref::AllocaOp>(nested)) {
+          if (isa_and_nonnull<gpu::AddressSpaceAttr>(
+                  alloca.getType().getMemorySpace())) {
+            alloca.emitOpError(
+                "in a GPU address space cannot lower on NVPTX; declare a "
+                "memref.global in that address space and read it with "
+                "memref.get_global");
+            invalid = true;
+          }
           return;
-        if (callees.insert(callee))
-          worklist.push_back(callee);
+        }
+        Operation *used = nullptr;
+        if (auto call = dyn_cast<func::CallOp>(nested))
+          used = symbols.lookup(call.getCallee());
+        else if (auto global = dyn_cast<memref::GetGlobalOp>(nested))
+          used = symbols.lookup(global.getNameAttr().getAttr());
+        if (used && callees.insert(used))
+          worklist.push_back(used);
       });
     }
+    if (invalid)
+      return failure();
     for (Operation *callee : callees) {
       Operation *copy = builder.clone(*callee);
       if (auto fn = dyn_cast<func::FuncOp>(copy)) {

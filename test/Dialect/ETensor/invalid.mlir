@@ -252,7 +252,7 @@ etensor.graph @constant_count_mismatch(%n: index) {
 func.func private @tile2(%i: index, %j: index)
 func.func private @tile(%i: index)
 etensor.graph @symbolic_count_mismatch(%n: index, %k: index) {
-  // expected-error @+1 {{wait count 4 of event 'e' differs from its fan-in %arg1}}
+  // expected-error @+1 {{wait count 4 of event 'e' differs from its fan-in %arg1 (e.g. with %arg1 = 1: 4 vs 1)}}
   %e = etensor.event(%n) count 4 {name = "e"} : !etensor.event<?>
   // expected-note @+1 {{notified by task}}
   etensor.task @tile2 grid [%n, %k] outs(%e[(i, j) -> (i)] : !etensor.event<?>)

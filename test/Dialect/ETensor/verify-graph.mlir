@@ -74,3 +74,20 @@ etensor.graph @unknown_fan_in(%n: index) {
   etensor.task @tile grid [%n] outs(%e[(i) -> (i floordiv 2)] : !etensor.event<?>)
   etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
 }
+
+// -----
+
+/// Products of symbols: `n*n + n` and the fan-in `n*(n+1)` are the same
+/// polynomial even though the affine simplifier spells them differently.
+func.func private @tile3(%i: index, %j: index, %k: index)
+func.func private @tile(%i: index)
+// CHECK-LABEL: etensor.graph @polynomial_count
+etensor.graph @polynomial_count(%n: index) {
+  %c1 = arith.constant 1 : index
+  %sq = arith.muli %n, %n : index
+  %count = arith.addi %sq, %n : index
+  %np1 = arith.addi %n, %c1 : index
+  %e = etensor.event(%n) count %count : !etensor.event<?>
+  etensor.task @tile3 grid [%n, %n, %np1] outs(%e[(i, j, k) -> (i)] : !etensor.event<?>)
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
+}
