@@ -18,6 +18,8 @@ from typing import Any
 
 from etc.errors import LaunchError
 
+from .sizes import SizeExpr, parse_size
+
 FORMAT = "etc-artifact/1"
 MANIFEST = "manifest.json"
 
@@ -63,8 +65,8 @@ PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls")
 # The kernel reads these eight status words; a manifest may reserve more.
 MIN_STATUS_WORDS = 8
 
-Dim = int | str
-WaitCount = int | str | dict
+Dim = int | str | SizeExpr
+WaitCount = int | str | SizeExpr | dict
 
 
 def canonical_dtype(name: str) -> str | None:
@@ -135,7 +137,16 @@ class Manifest:
 
     def bind(self, shape: Sequence[Dim], symbols: Mapping[str, int]) -> tuple[int, ...]:
         """Substitutes symbol values into a shape or grid."""
-        return tuple(symbols[d] if isinstance(d, str) else d for d in shape)
+        return tuple(bind_size(d, symbols) for d in shape)
+
+
+def bind_size(d: Dim, symbols: Mapping[str, int]) -> int:
+    """One size with the symbols bound."""
+    if isinstance(d, str):
+        return symbols[d]
+    if isinstance(d, SizeExpr):
+        return d.evaluate(symbols)
+    return d
 
 
 def _is_int(v: Any) -> bool:
@@ -180,11 +191,20 @@ class _Checker:
                 out.append(d)
             elif isinstance(d, str) and d in symbols:
                 out.append(d)
+            elif isinstance(d, str):
+                out.append(self.expr(d, f"{where}[{i}]", symbols))
             else:
                 raise self.fail(
-                    f"{where}[{i}]", f"expected an int >= 0 or a declared symbol, got {d!r}"
+                    f"{where}[{i}]",
+                    f"expected an int >= 0, a declared symbol or a size expression, got {d!r}",
                 )
         return tuple(out)
+
+    def expr(self, text: str, where: str, symbols: Sequence[str]) -> SizeExpr:
+        try:
+            return parse_size(text, symbols)
+        except ValueError as e:
+            raise self.fail(where, str(e)) from None
 
     def unique(self, names: Sequence[str], where: str) -> None:
         seen: set[str] = set()
@@ -244,7 +264,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                 raise c.fail(f"{w}wait_count", f"must be >= 0, got {wc}")
         elif isinstance(wc, str):
             if wc not in symbols:
-                raise c.fail(f"{w}wait_count", f"{wc!r} is not a declared symbol")
+                wc = c.expr(wc, f"{w}wait_count", symbols)
         else:
             table = wc.get("table")
             if set(wc) != {"table"} or table not in by_name:

@@ -1,0 +1,84 @@
+"""Symbolic sizes in manifests: ``"n"``, ``"(n + 7)//8"``, ``"4*n + 1"``.
+
+The compiler writes sizes as the text of the graph's symbol expressions. They
+are parsed here with :mod:`ast` into a whitelist of integer operations (``+ - *
+// %`` and ``**`` by a constant, parentheses, ints, declared symbols), never
+evaluated as Python, so a tampered manifest cannot run code.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: a**b,
+}
+_MAX_TEXT = 256
+
+
+@dataclass(frozen=True)
+class SizeExpr:
+    """A validated integer expression over symbol names."""
+
+    text: str
+    tree: ast.expr
+
+    def evaluate(self, symbols: Mapping[str, int]) -> int:
+        return _eval(self.tree, symbols)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_size(text: str, symbols: Sequence[str]) -> SizeExpr:
+    """Parses ``text``; raises ValueError naming what is not allowed."""
+    if len(text) > _MAX_TEXT:
+        raise ValueError(f"size expression longer than {_MAX_TEXT} characters")
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        raise ValueError(f"{text!r} is not a size expression") from None
+    _check(tree, set(symbols))
+    return SizeExpr(text, tree)
+
+
+def _check(node: ast.expr, symbols: set[str]) -> None:
+    if isinstance(node, ast.Name):
+        if node.id not in symbols:
+            raise ValueError(f"{node.id!r} is not a declared symbol")
+    elif isinstance(node, ast.Constant):
+        if not isinstance(node.value, int) or isinstance(node.value, bool):
+            raise ValueError(f"constant {node.value!r} is not an int")
+    elif isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        if isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.Pow)) and not (
+            isinstance(node.right, ast.Constant) and isinstance(node.right.value, int)
+        ):
+            raise ValueError("//, % and ** need a constant right-hand side")
+        if isinstance(node.op, ast.Pow) and not 0 <= node.right.value <= 8:
+            raise ValueError("exponents must be in 0..8")
+        _check(node.left, symbols)
+        _check(node.right, symbols)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        _check(node.operand, symbols)
+    else:
+        raise ValueError(f"{type(node).__name__} is not allowed in a size expression")
+
+
+def _eval(node: ast.expr, symbols: Mapping[str, int]) -> int:
+    if isinstance(node, ast.Name):
+        return int(symbols[node.id])
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp):
+        return -_eval(node.operand, symbols)
+    left, right = _eval(node.left, symbols), _eval(node.right, symbols)
+    if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right <= 0:
+        raise ZeroDivisionError("division by a non-positive constant in a size expression")
+    return _OPS[type(node.op)](left, right)
