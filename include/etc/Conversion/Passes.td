@@ -34,6 +34,11 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
       polls: it records `[1, event id, task id, counter, wait count,
       coordinates...]` in `%status` and sets the abort flag that makes
       every CTA leave its worker loop.
+    - Device functions are cloned into the kernel module (the pipeline
+      inlines them) with every `memref.global` they read: a global in
+      `#gpu.address_space<workgroup>` is how a tile gets shared memory. A
+      `memref.alloca` outside the default or private memory space is
+      rejected, since NVPTX cannot lower it.
 
     #### Input invariant
     Graphs scheduled by `etensor-static-schedule`.

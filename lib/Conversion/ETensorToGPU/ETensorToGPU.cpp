@@ -449,6 +449,18 @@ LogicalResult KernelBuilder::build() {
   return success();
 }
 
+/// Whether an alloca in `space` can lower: NVPTX stack slots live in the
+/// generic or the local (gpu private, 5) address space only.
+static bool isStackMemorySpace(Attribute space) {
+  if (!space)
+    return true;
+  if (auto gpuSpace = dyn_cast<gpu::AddressSpaceAttr>(space))
+    return gpuSpace.getValue() == gpu::AddressSpace::Private;
+  if (auto number = dyn_cast<IntegerAttr>(space))
+    return number.getInt() == 0 || number.getInt() == 5;
+  return false;
+}
+
 namespace {
 struct ConvertETensorToGPUPass
     : public etensor::impl::ConvertETensorToGPUBase<ConvertETensorToGPUPass> {
@@ -501,12 +513,11 @@ struct ConvertETensorToGPUPass
       Operation *op = worklist.pop_back_val();
       op->walk([&](Operation *nested) {
         if (auto alloca = dyn_cast<memref::AllocaOp>(nested)) {
-          if (isa_and_nonnull<gpu::AddressSpaceAttr>(
-                  alloca.getType().getMemorySpace())) {
+          if (!isStackMemorySpace(alloca.getType().getMemorySpace())) {
             alloca.emitOpError(
-                "in a GPU address space cannot lower on NVPTX; declare a "
-                "memref.global in that address space and read it with "
-                "memref.get_global");
+                "outside the default or private memory space cannot lower on "
+                "NVPTX; for workgroup (shared) memory declare a memref.global "
+                "in that space and read it with memref.get_global");
             invalid = true;
           }
           return;

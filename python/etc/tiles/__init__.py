@@ -5,6 +5,9 @@ only upstream dialects (arith, scf, memref, vector, gpu, math) and whose
 ``reference`` computes the same tile on numpy arrays for the simulator.
 """
 
+from . import rmsnorm, rowsum
+from .rmsnorm import scale as rms_scale
+from .rmsnorm import sum_squares
 from .rowsum import final_sum, partial_sum
 
-__all__ = ["partial_sum", "final_sum"]
+__all__ = ["rowsum", "rmsnorm", "partial_sum", "final_sum", "sum_squares", "rms_scale"]
