@@ -17,6 +17,14 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=("static", "dynamic"), default="static")
     p.add_argument("--emit-ptx", metavar="FILE", help="write the compiled PTX to FILE and exit")
     p.add_argument("--print-ir", action="store_true", help="print the graph's MLIR first")
+    p.add_argument(
+        "--save-artifact", metavar="DIR", help="compile, save the artifact to DIR and exit"
+    )
+    p.add_argument(
+        "--artifact",
+        metavar="DIR",
+        help="run a saved artifact (compiled elsewhere) instead of compiling here",
+    )
     p.add_argument("--target", default="sm_90")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -55,12 +63,22 @@ def run(
         print(f"wrote {args.emit_ptx} ({len(artifact.ptx)} bytes of PTX)")
         return 0
 
+    if args.save_artifact:
+        path = compile_graph(g, args).save(args.save_artifact)
+        print(f"saved {path}")
+        return 0
+
     kernel = None
     if not args.simulate:
         if args.schedule != "static":
             print("the GPU path supports --schedule static only for now", file=sys.stderr)
             return 2
-        kernel = compile_graph(g, args).load()
+        if args.artifact:
+            from etc import runtime
+
+            kernel = runtime.load(args.artifact)
+        else:
+            kernel = compile_graph(g, args).load()
     failures = 0
     for symbols, inputs in cases:
         if args.simulate:

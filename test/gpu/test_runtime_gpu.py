@@ -1,8 +1,8 @@
 """The runtime on a real GPU, with artifacts from ``$ETC_ARTIFACTS`` (``splitk/``, ``broken/``).
 
 Both artifacts implement the split-K row sum: A (n, 256) f32, B (n, 4) f32, C (n,) f32 with
-C = A.sum(1); ``broken`` waits for 5 notifies where only 4 arrive. Mock artifacts that follow
-the same ABI: ``python test/gpu/mock/make_artifacts.py DIR``.
+C = A.sum(1); ``broken`` reads its wait counts from a tensor T, which the test sets to 5 where
+only 4 notifications arrive. Build them with ``python test/gpu/make_artifacts.py DIR``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import os
 import time
 from pathlib import Path
 
-import etc.runtime
 import numpy as np
 import pytest
+
+import etc.runtime
 from etc.errors import DeadlockError, LaunchError, ShapeError
 
 pytestmark = [
@@ -79,6 +80,9 @@ def test_deadlock_then_recovery(splitk: etc.runtime.Kernel) -> None:
     n = 7
     for _ in range(2):  # repeatable: the context survives
         t = inputs(n)
+        if any(spec.name == "T" for spec in broken.manifest.tensors):
+            # Compiled artifact: the wait counts are data, one too high.
+            t["T"] = np.full((n,), 5, np.int32)
         start = time.perf_counter()
         with pytest.raises(DeadlockError) as info:
             broken.launch(t, {"n": n}, max_polls=100_000)
@@ -92,6 +96,37 @@ def test_deadlock_then_recovery(splitk: etc.runtime.Kernel) -> None:
     t = inputs(n)
     splitk.launch(t, {"n": n})
     np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
+
+
+def test_counters_reset_by_the_kernel(splitk: etc.runtime.Kernel) -> None:
+    """No host memset between launches: the last CTA of each launch zeroes the
+    counters, so back-to-back launches of changing sizes stay correct."""
+    for i, n in enumerate([64, 7, 1000, 1, 64, 333] * 5):
+        t = inputs(n, seed=i)
+        splitk.launch(t, {"n": n})
+        np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
+
+
+def test_failure_is_sticky_and_rearmed() -> None:
+    """A deadlock in an unchecked async launch is reported by the next check();
+    the same kernel then runs correctly (counters were reset by the aborted
+    launch, the status record re-armed by reading it)."""
+    torch = pytest.importorskip("torch")
+    broken = etc.runtime.load(artifact("broken"))
+    if not any(spec.name == "T" for spec in broken.manifest.tensors):
+        pytest.skip("needs the compiled broken artifact (wait counts from T)")
+    n = 33
+    a = torch.randn(n, 256, device="cuda")
+    t = {"A": a, "B": torch.empty(n, 4, device="cuda"), "C": torch.empty(n, device="cuda")}
+    t["T"] = torch.full((n,), 5, dtype=torch.int32, device="cuda")
+    broken.launch(t, {"n": n}, sync=False, max_polls=100_000)
+    broken.launch(t, {"n": n}, sync=False, max_polls=100_000)  # fails fast
+    with pytest.raises(DeadlockError):
+        broken.check()
+    broken.check()  # re-armed: nothing more to report
+    t["T"].fill_(4)
+    broken.launch(t, {"n": n})
+    torch.testing.assert_close(t["C"], a.sum(1), rtol=1e-5, atol=1e-4)
 
 
 def test_torch_tensors(splitk: etc.runtime.Kernel) -> None:

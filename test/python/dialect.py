@@ -124,7 +124,7 @@ def invalid_ir_raises():
         # Two size operands for a one-'?' event: the verifier must reject it.
         etensor.event(etensor.EventType.get([None]), list(graph.arguments) * 2,
                       static_wait_count=1)
-    # CHECK: verify: expects one size operand per '?' dimension
+    # CHECK: verify: 'etensor.event' op expects one size operand per '?' dimension
     try:
         module.operation.verify()
     except ir.MLIRError as e:

@@ -19,9 +19,9 @@ pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 from etc.runtime.manifest import load_manifest  # noqa: E402
 from etc.runtime.queue import build_static_queue  # noqa: E402
+from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import etc
 import pytest
+
+import etc
 from etc import GraphError
 
 SOURCE = """

@@ -6,10 +6,11 @@ import subprocess
 import sys
 import warnings
 
-import etc
 import pytest
-from etc import GraphError
 from unit_helpers import REPO, make_fn, splitk_graph
+
+import etc
+from etc import GraphError
 
 F32_2D = "memref<?x4xf32>"
 F32_1D = "memref<?xf32>"

@@ -13,12 +13,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import etc
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from unit_helpers import make_fn
+
+import etc
 
 # Extents are drawn from this pool by index; equal indices mean equal extents.
 POOL = ["n", 1, 2, 3, "n+1"]

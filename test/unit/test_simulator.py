@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import warnings
 
-import etc
 import numpy as np
 import pytest
-from etc import DeadlockError, EtcError, GraphError, ShapeError
 from unit_helpers import make_fn, splitk_graph
+
+import etc
+from etc import DeadlockError, EtcError, GraphError, ShapeError
 
 SCHEDULES = ["static", "dynamic"]
 

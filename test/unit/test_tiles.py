@@ -6,11 +6,12 @@ import re
 import shutil
 import subprocess
 
-import etc
 import numpy as np
 import pytest
-from etc.tiles import final_sum, partial_sum
 from unit_helpers import ptx_from_module, splitk_graph
+
+import etc
+from etc.tiles import final_sum, partial_sum
 
 # (rows per task, k split, K): vector loads in both tiles; a chunk that is not a
 # multiple of 128 columns; a k split that is not a multiple of 4 (scalar final).

@@ -21,10 +21,13 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
     functions it calls. The kernel ABI is, in order: the graph's arguments
     (`index` symbols, then memref buffers in the graph's order), then
     `%counters: memref<?xi32>` (all event tensors, concatenated in
-    declaration order, zeroed before each launch), `%queue: memref<?xi64>`
-    (the static per-CTA queues: `gridDim.x + 1` offsets then entries
-    `task << 48 | linear_instance`) and `%status: memref<?xi32>` (the
-    watchdog record, zeroed before each launch).
+    declaration order, then one "done" counter; all zero when a launch
+    starts: the last CTA to finish zeroes them for the next launch, so the
+    host resets nothing), `%queue: memref<?xi64>` (the static per-CTA
+    queues: `gridDim.x + 1` offsets then entries
+    `task << 48 | linear_instance`), `%status: memref<?xi32>` (the failure
+    record: written only on failure, cleared by the host after reading it)
+    and `%max_polls: index` (the watchdog bound).
 
     - `etensor.notify`: CTA barrier, then thread 0 does
       `red.release.gpu.global.add.u32`.

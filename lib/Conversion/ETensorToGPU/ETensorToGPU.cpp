@@ -32,7 +32,9 @@ using namespace mlir::etensor;
 
 namespace {
 
-/// Status record layout (i32 words), read by the runtime after a launch.
+/// Status record layout (i32 words), read by the runtime after a launch. The
+/// kernel only writes it on failure, so a failure stays recorded (and makes
+/// later launches fail fast) until the host reads and clears it.
 enum StatusWord : int64_t {
   kState = 0,      // 0 ok, 1 watchdog expired, 2 bad task descriptor
   kEventId = 1,    // declaration index of the stuck event
@@ -118,6 +120,7 @@ private:
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   void lowerNotify(NotifyOp notify);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
+  void resetCountersForNextLaunch();
 
   GraphOp graph;
   gpu::GPUFuncOp kernel;
@@ -445,8 +448,51 @@ LogicalResult KernelBuilder::build() {
     b.setInsertionPointAfter(ifAlive);
     scf::YieldOp::create(b, ifAlive.getResult(0));
   }
+  resetCountersForNextLaunch();
   gpu::ReturnOp::create(b);
   return success();
+}
+
+/// The last CTA to finish zeroes every counter (and the done counter at
+/// index `total` after them), so a launch needs no host-side reset. Every
+/// notification of this launch happened before its CTA's acq_rel increment
+/// of the done counter, so the zeroing cannot race with one.
+void KernelBuilder::resetCountersForNextLaunch() {
+  Value total = nextEventBase ? nextEventBase : index(0);
+  gpu::BarrierOp::create(b);
+  Value doneAddr = addressOf(counters, total);
+  Value gridSize = gpu::GridDimOp::create(b, gpu::Dimension::x);
+  auto ifZero =
+      scf::IfOp::create(b, b.getI32Type(), isThreadZero(), /*withElse=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Value old = asm32("atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l",
+                      doneAddr);
+    Value last = arith::CmpIOp::create(
+        b, arith::CmpIPredicate::eq, old,
+        toI32(arith::SubIOp::create(b, gridSize, index(1))));
+    scf::YieldOp::create(b, ValueRange{arith::ExtUIOp::create(
+                                b, b.getI32Type(), last)});
+    b.setInsertionPointToStart(ifZero.elseBlock());
+    scf::YieldOp::create(b, ValueRange{i32(0)});
+  }
+  Value anyLast = asm32(
+      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; bar.red.or.pred %p, 0, %p; "
+      "selp.u32 $0, 1, 0, %p; }",
+      "=r,r", ifZero.getResult(0));
+  Value isLast =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ne, anyLast, i32(0));
+  auto ifLast = scf::IfOp::create(b, TypeRange(), isLast, false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifLast.thenBlock());
+  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
+  Value end = arith::AddIOp::create(b, total, index(1));
+  auto zero = scf::ForOp::create(b, tid, end, threads);
+  b.setInsertionPointToStart(zero.getBody());
+  memref::StoreOp::create(b, i32(0), counters,
+                          ValueRange{zero.getInductionVar()});
 }
 
 /// Whether an alloca in `space` can lower: NVPTX stack slots live in the

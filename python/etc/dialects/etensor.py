@@ -5,10 +5,10 @@ from .._mlir_libs._etcDialects.etensor import EventType, QueueType  # noqa: F401
 from ..ir import FunctionType, IndexType, TypeAttr
 from ._etensor_enum_gen import *  # noqa: F401,F403
 from ._etensor_ops_gen import *  # noqa: F401,F403
-from ._etensor_ops_gen import _Dialect
 from ._etensor_ops_gen import DispatchOp as _DispatchOp
 from ._etensor_ops_gen import GraphOp as _GraphOp
 from ._etensor_ops_gen import WorkerOp as _WorkerOp
+from ._etensor_ops_gen import _Dialect
 from ._ods_common import _cext as _ods_cext
 
 

@@ -204,7 +204,8 @@ class Kernel:
             pack.set_memref("tensor", name, 0, shape)
         pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
         pack.set_memref("status", None, 0, (m.status_words,))
-        pack.set_memref("counters", None, 0, (counters,))
+        # One more word after the events: the kernel's "CTAs done" counter.
+        pack.set_memref("counters", None, 0, (counters + 1,))
         keys = [("tensor", n) for n in self._param_tensors] + [("status", None), ("counters", None)]
         slots = np.append(pack.pointer_slots(keys), pack.slot("max_polls"))
         plan = _Plan(values, shapes, actual, queue, qbuf, counters, pack, slots)
@@ -212,14 +213,27 @@ class Kernel:
         return plan
 
     def _grow_scratch(self, stream: int, words: int) -> driver.DeviceBuffer:
-        """The stream's status + counters buffer, (re)allocated to hold `words` words."""
+        """The stream's status + counters buffer, (re)allocated to hold `words` words.
+
+        Zeroed once here: afterwards the kernel leaves every counter at zero when it exits
+        (its last CTA resets them) and writes the status only on failure, so launches need
+        no host-side reset."""
         self._ensure_context()
         buf = self._scratch.get(stream)
         if buf is not None:
             driver.synchronize(stream)  # an earlier launch may still use it
             buf.release()
         buf = self._scratch[stream] = driver.DeviceBuffer(4 * max(words, 1024))
+        driver.check(_cu.cuMemsetD32(buf.ptr, 0, buf.nbytes // 4), "cuMemsetD32")
         return buf
+
+    def _clear_status(self, stream: int, status_ptr: int) -> None:
+        """Re-arms the status record after a failure was read from it."""
+        driver.check(
+            _cu.cuMemsetD32Async(status_ptr, 0, self.manifest.status_words, stream),
+            "cuMemsetD32Async",
+        )
+        driver.synchronize(stream)
 
     def _write_dynamic(self, plan: _Plan, ptrs: list[int], status_ptr: int, polls: int) -> None:
         """Writes tensor, status and counters pointers and max_polls into the parameter array."""
@@ -295,7 +309,7 @@ class Kernel:
             has_torch = any(b.kind == TORCH for b in bound)
             has_numpy = any(b.kind == NUMPY for b in bound)
         handle = _stream_handle(stream, has_torch, self.device.ordinal)
-        words = m.status_words + plan.counters
+        words = m.status_words + plan.counters + 1
         scratch = self._scratch.get(handle)
         if scratch is None or scratch.nbytes < 4 * words:
             scratch = self._grow_scratch(handle, words)
@@ -313,17 +327,14 @@ class Kernel:
             plan.last_dynamic = dynamic
 
         cu = _cu
-        # Counters and status are one buffer, so one memset re-arms both.
-        err = cu.cuMemsetD32Async(status_ptr, 0, words, handle)[0]
-        if err != _SUCCESS:
-            if err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread with no current context
-                self._ensure_context()
-                err = cu.cuMemsetD32Async(status_ptr, 0, words, handle)[0]
-            if err != _SUCCESS:
-                raise LaunchError(f"{m.graph}: cuMemsetD32Async failed: {driver.error_name(err)}")
         err = cu.cuLaunchCooperativeKernel(
             self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
         )[0]
+        if err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread with no current context
+            self._ensure_context()
+            err = cu.cuLaunchCooperativeKernel(
+                self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
+            )[0]
         if err != _SUCCESS:
             raise LaunchError(
                 f"{m.graph}: cuLaunchCooperativeKernel (grid {plan.grid} x "
@@ -346,23 +357,28 @@ class Kernel:
             driver.synchronize(handle)
             if self._status[ST_STATE]:
                 failure = status_error(m, plan.symbols, self._status, polls)
+                self._clear_status(handle, status_ptr)
                 if failure is not None:
                     raise failure
 
     def check(self) -> None:
         """Waits for the latest launch and raises what its status record reports.
 
-        Only the most recent launch is checked: each launch re-zeroes its stream's status
-        record, so a failure of an earlier ``sync=False`` launch on the same stream is
-        overwritten (check after each launch, or use ``sync=True``, when every one matters).
-        After a `DeadlockError` the kernel has exited cleanly and the context stays usable.
+        Failures are sticky: the kernel records the first one and nothing clears it until it
+        is read here (or by a ``sync=True`` launch), so a failure of any earlier ``sync=False``
+        launch on the stream is reported, and the launches after it fail fast (their waits
+        give up at once) instead of hanging. After a `DeadlockError` the kernel has exited
+        cleanly, the record is re-armed and the context stays usable.
         """
         if self._last is None:
             return
         handle, scratch, plan, polls = self._last
         driver.synchronize(handle)
         driver.dtoh(self._status_host.ptr, scratch.ptr, self._status.nbytes)
+        if not self._status[ST_STATE]:
+            return
         err = status_error(self.manifest, plan.symbols, self._status, polls)
+        self._clear_status(handle, scratch.ptr)
         if err is not None:
             raise err
 

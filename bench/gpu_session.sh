@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Everything this project runs on the H200 in one device call, from artifacts
+# compiled on a CPU machine (the GPU machine has no compiler):
+#   python test/gpu/make_artifacts.py .device/arts
+#   python bench/splitk.py --build .device/bench
+#   python examples/splitk_rowsum.py --save-artifact .device/ex/splitk_rowsum
+#   python examples/symbolic_batch.py --save-artifact .device/ex/symbolic_batch
+# then, on the GPU machine: bash bench/gpu_session.sh  (writes to $OUT)
+set -uo pipefail
+export PYTHONPATH="$PWD/python:$PWD"
+OUT=${OUT:-/tmp/etc-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python -c "import etc.runtime, sys; print('runtime imports without the compiler:', 'etc._mlir_libs' not in sys.modules)" | tee -a "$OUT/gpu.txt"
+
+echo "== GPU tests" | tee "$OUT/tests.txt"
+ETC_ARTIFACTS=.device/arts python -m pytest -q -rs test/gpu 2>&1 | tail -25 | tee -a "$OUT/tests.txt"
+
+echo "== examples on the GPU" | tee "$OUT/examples.txt"
+python examples/splitk_rowsum.py --artifact .device/ex/splitk_rowsum --sizes 1,3,7,8,33,1000,4099 2>&1 | tee -a "$OUT/examples.txt"
+if [ -d .device/ex/symbolic_batch ]; then
+  python examples/symbolic_batch.py --artifact .device/ex/symbolic_batch 2>&1 | tee -a "$OUT/examples.txt"
+fi
+
+echo "== split-K benchmark" | tee "$OUT/bench.txt"
+python bench/splitk.py --artifacts .device/bench --out "$OUT/splitk.json" 2>&1 | tee -a "$OUT/bench.txt"

@@ -1,0 +1,63 @@
+"""Compiles the artifacts the GPU tests and benchmarks run (on a CPU machine with
+the compiler; the GPU machine needs only the runtime):
+
+    python test/gpu/make_artifacts.py OUT_DIR
+    ETC_ARTIFACTS=OUT_DIR pytest test/gpu
+
+- ``splitk/``: the split-K row sum, A (n, 256) f32 -> B (n, 4) partials -> C (n,).
+- ``broken/``: the same graph whose wait counts are read from a tensor ``T``
+  (data-dependent, so no compile-time check can reject it); the tests set
+  ``T`` one too high and expect a DeadlockError naming the event.
+- ``symbolic_batch/``: the Figure 4 example's graph, when it exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import etc  # noqa: E402
+from etc.tiles import rowsum  # noqa: E402
+from examples.splitk_rowsum import build as build_splitk  # noqa: E402
+
+
+def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
+    g = etc.Graph("splitk")
+    n = g.symbol("n")
+    A = g.tensor("A", (n, K), "f32")
+    B = g.tensor("B", (n, k_split), "f32")
+    C = g.tensor("C", (n,), "f32")
+    T = g.tensor("T", (n,), "i32")
+    E = g.event((n,), wait_count=T, name="E")
+    g.task(rowsum.partial_sum(1, k_split, K), grid=(n, k_split), args=(A, B), out_edges={E: "ij->i"})
+    g.task(rowsum.final_sum(1, k_split), grid=(n,), args=(B, C), in_edges={E: "i->i"})
+    return g
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    args = p.parse_args(argv)
+    graphs = {
+        "splitk": build_splitk(K=256, k_split=4, rows_per_task=1),
+        "broken": build_broken(),
+    }
+    try:
+        from examples.symbolic_batch import build as build_batch
+
+        graphs["symbolic_batch"] = build_batch()
+    except ImportError:
+        pass
+    for name, g in graphs.items():
+        artifact = etc.compile(g)
+        artifact.save(args.out / name)
+        print(f"{name}: {args.out / name} ({'cubin' if artifact.cubin else 'ptx only'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
