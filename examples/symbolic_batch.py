@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import etc
 import numpy as np
+
+import etc
 from etc.tiles import rmsnorm
 
 try:

@@ -12,9 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import etc
 import numpy as np
 import pytest
+
+import etc
 from etc.tiles import rmsnorm
 
 REPO = Path(__file__).resolve().parents[2]
