@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -152,6 +153,10 @@ class Kernel:
         self._status_host = driver.HostBuffer(4 * manifest.status_words)
         self._status = self._status_host.view(np.int32)
         self._last: tuple[int, driver.DeviceBuffer, _Plan, int] | None = None
+        # ETC_RUNTIME_DIRECT_LAUNCH=0 forces the cuda-python call (for comparison).
+        direct_ok = os.environ.get("ETC_RUNTIME_DIRECT_LAUNCH", "1") != "0"
+        self._direct = driver.direct_cooperative_launch() if direct_ok else None
+        self._function_handle = int(function)
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -327,9 +332,24 @@ class Kernel:
             plan.last_dynamic = dynamic
 
         cu = _cu
-        err = cu.cuLaunchCooperativeKernel(
-            self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
-        )[0]
+        direct = self._direct
+        if direct is not None:
+            err = direct(
+                self._function_handle,
+                plan.grid,
+                1,
+                1,
+                m.block_size,
+                1,
+                1,
+                0,
+                handle,
+                plan.pack.address,
+            )
+        else:
+            err = cu.cuLaunchCooperativeKernel(
+                self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
+            )[0]
         if err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread with no current context
             self._ensure_context()
             err = cu.cuLaunchCooperativeKernel(
