@@ -7,6 +7,11 @@ finished as soon as its own S partials are, not after all of partial_sum.
 
     python examples/splitk_rowsum.py --simulate
     python examples/splitk_rowsum.py            # on the GPU
+    python examples/splitk_rowsum.py --tiles builder --simulate
+
+``--tiles`` picks the tiles: ``mlir`` (MLIR text, :mod:`etc.tiles.rowsum`)
+or ``builder`` (the same tiles written with the Python tile builder,
+:mod:`etc.tiles.rowsum_builder`; needs the MLIR bindings).
 """
 
 from __future__ import annotations
@@ -24,7 +29,13 @@ except ImportError:  # run as a script
     from _common import parser, run
 
 
-def build(K: int = 256, k_split: int = 4, rows_per_task: int = 8) -> etc.Graph:
+def build(K: int = 256, k_split: int = 4, rows_per_task: int = 8, tiles: str = "mlir") -> etc.Graph:
+    if tiles == "builder":
+        from etc.tiles import rowsum_builder as lib
+    elif tiles == "mlir":
+        lib = rowsum
+    else:
+        raise ValueError(f"tiles must be 'mlir' or 'builder', got {tiles!r}")
     g = etc.Graph("splitk")
     n = g.symbol("n")
     A = g.tensor("A", (n, K), "f32")
@@ -33,13 +44,13 @@ def build(K: int = 256, k_split: int = 4, rows_per_task: int = 8) -> etc.Graph:
     row_blocks = (n + rows_per_task - 1) // rows_per_task
     E = g.event((row_blocks,), wait_count=k_split, name="E")
     g.task(
-        rowsum.partial_sum(rows_per_task, k_split, K),
+        lib.partial_sum(rows_per_task, k_split, K),
         grid=(row_blocks, k_split),
         args=(A, B),
         out_edges={E: "ij->i"},
     )
     g.task(
-        rowsum.final_sum(rows_per_task, k_split),
+        lib.final_sum(rows_per_task, k_split),
         grid=(row_blocks,),
         args=(B, C),
         in_edges={E: "i->i"},
@@ -53,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-K", type=int, default=256)
     p.add_argument("--k-split", type=int, default=4)
     p.add_argument("--rows-per-task", type=int, default=8)
+    p.add_argument(
+        "--tiles",
+        choices=("mlir", "builder"),
+        default="mlir",
+        help="tiles written as MLIR text or with the Python tile builder",
+    )
     args = p.parse_args(argv)
-    g = build(args.K, args.k_split, args.rows_per_task)
+    g = build(args.K, args.k_split, args.rows_per_task, args.tiles)
     rng = np.random.default_rng(args.seed)
     cases = []
     for n in (int(s) for s in args.sizes.split(",")):

@@ -6,7 +6,11 @@ kernel (:func:`compile`) and launch them (:mod:`etc.runtime`).
 
 Importing ``etc`` needs only numpy: the compiled MLIR extension is loaded by
 :func:`compile` (and ``etc.ir`` & co.) on first use, so artifacts can be run
-on machines that only have the runtime.
+on machines that only have the runtime. The Python tile builder
+(:func:`tile`, :class:`TileBuilder`, :func:`memref_type`, the element types
+``f32`` & co.; see :mod:`etc.tilebuilder`) is built on the MLIR bindings and
+imported on first access; it is left out of ``__all__`` so that
+``from etc import *`` still needs only numpy.
 """
 
 from typing import Any
@@ -51,6 +55,35 @@ __all__ = [
     "bf16_to_f32",
     "__version__",
 ]
+
+
+# Names of etc.tilebuilder, which needs the MLIR bindings: imported on first use.
+_TILEBUILDER = frozenset(
+    {
+        "tile",
+        "TileBuilder",
+        "Val",
+        "MemRefSpec",
+        "memref_type",
+        "f64",
+        "f32",
+        "f16",
+        "bf16",
+        "i64",
+        "i32",
+        "i16",
+        "i8",
+        "i1",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TILEBUILDER:
+        from . import tilebuilder
+
+        return getattr(tilebuilder, name)
+    raise AttributeError(f"module 'etc' has no attribute {name!r}")
 
 
 def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - the public name

@@ -34,9 +34,10 @@ class DeviceFunction:
     ``block_size`` is the number of threads per CTA the body is written for.
 
     Extension point: :meth:`from_mlir` is one way to obtain a device
-    function. A Python tile builder (planned) will be another factory that
-    generates ``source`` and calls this constructor; graphs, the simulator
-    and the compiler depend only on the attributes set here.
+    function; the Python tile builder (:func:`etc.tile`, in
+    :mod:`etc.tilebuilder`) is another, which generates ``source`` with the
+    MLIR bindings. Graphs, the simulator and the compiler depend only on the
+    attributes set here. See ``docs/tiles.md``.
     """
 
     def __init__(

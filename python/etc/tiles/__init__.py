@@ -3,6 +3,9 @@
 Every factory returns an :class:`etc.DeviceFunction` whose MLIR body uses
 only upstream dialects (arith, scf, memref, vector, gpu, math) and whose
 ``reference`` computes the same tile on numpy arrays for the simulator.
+
+:mod:`etc.tiles.rowsum_builder` holds the ``rowsum`` tiles written with the
+Python tile builder; it needs the MLIR bindings, so it is not imported here.
 """
 
 from . import rmsnorm, rowsum
