@@ -4,7 +4,6 @@ result and takes --simulate, --schedule static|dynamic and --emit-ptx FILE."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,6 +14,12 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--simulate", action="store_true", help="run on the CPU simulator")
     p.add_argument("--schedule", choices=("static", "dynamic"), default="static")
+    p.add_argument(
+        "--no-early-push",
+        dest="early_push",
+        action="store_false",
+        help="dynamic schedule: push consumers on completion, not on dispatch",
+    )
     p.add_argument("--emit-ptx", metavar="FILE", help="write the compiled PTX to FILE and exit")
     p.add_argument("--print-ir", action="store_true", help="print the graph's MLIR first")
     p.add_argument(
@@ -38,7 +43,9 @@ def shape_of(tensor: Any, symbols: Mapping[str, int]) -> tuple[int, ...]:
 def compile_graph(g: Any, args: argparse.Namespace) -> Any:
     import etc
 
-    return etc.compile(g, schedule=args.schedule, target=args.target)
+    return etc.compile(
+        g, schedule=args.schedule, target=args.target, early_push=args.early_push
+    )
 
 
 def run(
@@ -70,9 +77,6 @@ def run(
 
     kernel = None
     if not args.simulate:
-        if args.schedule != "static":
-            print("the GPU path supports --schedule static only for now", file=sys.stderr)
-            return 2
         if args.artifact:
             from etc import runtime
 

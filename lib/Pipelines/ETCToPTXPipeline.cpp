@@ -15,10 +15,9 @@
 using namespace mlir;
 using namespace mlir::etensor;
 
-void mlir::etensor::buildETCStaticToPTXPipeline(
-    OpPassManager &pm, const ETCToPTXPipelineOptions &options) {
-  pm.addPass(createETensorVerifyGraph());
-  pm.addPass(createETensorStaticSchedule());
+/// Everything after scheduling: one persistent kernel, then PTX.
+static void buildKernelToPTX(OpPassManager &pm,
+                             const ETCToPTXPipelineOptions &options) {
   ConvertETensorToGPUOptions convertOptions;
   convertOptions.watchdogPolls = options.watchdogPolls;
   convertOptions.blockSize = options.blockSize;
@@ -37,10 +36,31 @@ void mlir::etensor::buildETCStaticToPTXPipeline(
   gpu::buildLowerToNVVMPassPipeline(pm, nvvm);
 }
 
+void mlir::etensor::buildETCStaticToPTXPipeline(
+    OpPassManager &pm, const ETCToPTXPipelineOptions &options) {
+  pm.addPass(createETensorVerifyGraph());
+  pm.addPass(createETensorStaticSchedule());
+  buildKernelToPTX(pm, options);
+}
+
+void mlir::etensor::buildETCDynamicToPTXPipeline(
+    OpPassManager &pm, const ETCToPTXPipelineOptions &options) {
+  pm.addPass(createETensorVerifyGraph());
+  ETensorDynamicScheduleOptions scheduleOptions;
+  scheduleOptions.earlyPush = options.earlyPush;
+  pm.addPass(createETensorDynamicSchedule(scheduleOptions));
+  buildKernelToPTX(pm, options);
+}
+
 void mlir::etensor::registerETCPipelines() {
   PassPipelineRegistration<ETCToPTXPipelineOptions>(
       "etc-static-to-ptx",
       "Verify, statically schedule and lower etensor graphs to a gpu.binary "
       "holding PTX (format=isa) for the chosen chip.",
       buildETCStaticToPTXPipeline);
+  PassPipelineRegistration<ETCToPTXPipelineOptions>(
+      "etc-dynamic-to-ptx",
+      "Verify, dynamically schedule (on-GPU ready queue, early push by "
+      "default) and lower etensor graphs to a gpu.binary holding PTX.",
+      buildETCDynamicToPTXPipeline);
 }

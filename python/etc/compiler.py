@@ -35,7 +35,7 @@ MANIFEST_FORMAT = "etc-artifact/1"
 # Words of the status record the kernel writes (see ConvertETensorToGPU).
 STATUS_WORDS = 8
 DEFAULT_WATCHDOG_POLLS = 20_000_000
-SCHEDULES = ("static",)
+SCHEDULES = ("static", "dynamic")
 TARGETS = ("sm_90", "sm_90a")
 
 
@@ -89,10 +89,13 @@ def _wait_count(value: Any) -> int | str | dict[str, str]:
     return _size(value)
 
 
-def _pipeline_options(chip: str, block_size: int, watchdog_polls: int, opt_level: int) -> str:
+def _pipeline_options(
+    chip: str, block_size: int, watchdog_polls: int, opt_level: int, early_push: bool
+) -> str:
     return (
         f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
-        f"block-size={block_size} watchdog-polls={watchdog_polls}"
+        f"block-size={block_size} watchdog-polls={watchdog_polls} "
+        f"early-push={'true' if early_push else 'false'}"
     )
 
 
@@ -125,19 +128,32 @@ def _format(error: Any) -> str:
     return "\n".join(lines)
 
 
-def _task_order(ir: Any, module: Any) -> list[str]:
-    """Task names by the number `etensor-static-schedule` gave them."""
+@dataclass
+class _Schedule:
+    """What the scheduling pass decided, read back from its output."""
+
+    tasks: list[str]  # task names by task number
+    ready_at_start: set[str]  # dynamic: tasks whose instances are ready at launch
+    events: list[str]  # every event, in declaration (counter layout) order
+
+
+def _read_schedule(ir: Any, module: Any) -> _Schedule:
     order: dict[int, str] = {}
+    ready: set[str] = set()
+    events: list[str] = []
 
     def visit(op: Any) -> Any:
         if op.name == "etensor.dispatch":
-            order[ir.IntegerAttr(op.attributes["task"]).value] = ir.StringAttr(
-                op.attributes["name"]
-            ).value
+            name = ir.StringAttr(op.attributes["name"]).value
+            order[ir.IntegerAttr(op.attributes["task"]).value] = name
+            if "etensor.ready_at_start" in op.attributes:
+                ready.add(name)
+        elif op.name == "etensor.event":
+            events.append(ir.StringAttr(op.attributes["name"]).value)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return [order[i] for i in sorted(order)]
+    return _Schedule([order[i] for i in sorted(order)], ready, events)
 
 
 def _extract_ptx(ir: Any, module: Any) -> str:
@@ -169,10 +185,35 @@ def _assemble(ptx: str, chip: str, name: str) -> bytes | None:
         return dst.read_bytes()
 
 
+def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
+    """The manifest entry of a counter tensor the dynamic schedule added:
+    ``ready.<task>`` (over the task's grid) or ``dispatched.<event>``."""
+    kind, _, of = name.partition(".")
+    if kind == "ready":
+        task = next(t for t in g.tasks if t.name == of)
+        shape, count = task.grid, len(task.in_edges)
+    else:
+        event = next(e for e in g.events if e.name == of)
+        shape, count = event.shape, event.wait_count
+    return {
+        "name": name,
+        "shape": [_size(d) for d in shape],
+        "wait_count": _wait_count(count),
+        "implicit": True,
+    }
+
+
 def _manifest(
-    g: Graph, order: list[str], schedule: str, chip: str, block_size: int, polls: int
+    g: Graph,
+    sched: _Schedule,
+    schedule: str,
+    chip: str,
+    block_size: int,
+    polls: int,
+    early_push: bool,
 ) -> dict[str, Any]:
     tasks = {t.name: t for t in g.tasks}
+    user_events = {e.name for e in g.events}
     params: list[dict[str, Any]] = [{"kind": "symbol", "name": s.name} for s in g.symbols]
     params += [{"kind": "tensor", "name": t.name, "rank": t.rank} for t in g.tensors]
     params += [{"kind": k} for k in ("counters", "queue", "status", "max_polls")]
@@ -190,6 +231,7 @@ def _manifest(
             {"name": t.name, "shape": [_size(d) for d in t.shape], "dtype": t.dtype.name}
             for t in g.tensors
         ],
+        "early_push": early_push if schedule == "dynamic" else None,
         "events": [
             {
                 "name": e.name,
@@ -197,10 +239,16 @@ def _manifest(
                 "wait_count": _wait_count(e.wait_count),
             }
             for e in g.events
-        ],
+        ]
+        + [_implicit_event(g, name) for name in sched.events if name not in user_events],
         "tasks": [
-            {"index": i, "name": name, "grid": [_size(d) for d in tasks[name].grid]}
-            for i, name in enumerate(order)
+            {
+                "index": i,
+                "name": name,
+                "grid": [_size(d) for d in tasks[name].grid],
+                "ready_at_start": name in sched.ready_at_start,
+            }
+            for i, name in enumerate(sched.tasks)
         ],
         "params": params,
         "status_words": STATUS_WORDS,
@@ -215,8 +263,13 @@ def compile(  # noqa: A001 - the public name
     watchdog_polls: int = DEFAULT_WATCHDOG_POLLS,
     opt_level: int = 3,
     cubin: bool = True,
+    early_push: bool = True,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
+
+    ``schedule="static"`` runs a per-CTA order precomputed at launch;
+    ``"dynamic"`` pops ready tasks from an on-GPU queue, pushed by whoever
+    completes (or, with ``early_push``, dispatches) their last dependency.
 
     ``watchdog_polls`` is the default bound of every wait (the runtime may
     override it per launch). Raises :class:`~etc.errors.CompileError` with the
@@ -227,7 +280,9 @@ def compile(  # noqa: A001 - the public name
             f"schedule {schedule!r} is not supported; choose one of {', '.join(SCHEDULES)}"
         )
     if target not in TARGETS:
-        raise CompileError(f"target {target!r} is not supported; choose one of {', '.join(TARGETS)}")
+        raise CompileError(
+            f"target {target!r} is not supported; choose one of {', '.join(TARGETS)}"
+        )
     if not isinstance(watchdog_polls, int) or watchdog_polls <= 0:
         raise CompileError(f"watchdog_polls must be a positive int, got {watchdog_polls!r}")
 
@@ -251,15 +306,20 @@ def compile(  # noqa: A001 - the public name
             except ir.MLIRError as e:
                 raise _reproducer(text, "builtin.module()", _format(e)) from None
             scheduled = ir.Module.parse(text)
-            _run(ir, text, scheduled, "builtin.module(etensor-verify-graph,etensor-static-schedule)")
-            order = _task_order(ir, scheduled)
-            options = _pipeline_options(target, block_size, watchdog_polls, opt_level)
-            _run(ir, text, module, f"builtin.module(etc-static-to-ptx{{{options}}})")
+            scheduler = (
+                "etensor-static-schedule"
+                if schedule == "static"
+                else f"etensor-dynamic-schedule{{early-push={'true' if early_push else 'false'}}}"
+            )
+            _run(ir, text, scheduled, f"builtin.module(etensor-verify-graph,{scheduler})")
+            sched = _read_schedule(ir, scheduled)
+            options = _pipeline_options(target, block_size, watchdog_polls, opt_level, early_push)
+            _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)
         finally:
             handler.detach()
     binary = _assemble(ptx, target, g.name) if cubin else None
-    manifest = _manifest(g, order, schedule, target, block_size, watchdog_polls)
+    manifest = _manifest(g, sched, schedule, target, block_size, watchdog_polls, early_push)
     return Artifact(manifest=manifest, ptx=ptx, cubin=binary, warnings=warnings)
 
 

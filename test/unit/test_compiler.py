@@ -87,8 +87,8 @@ def test_task_numbering_matches_graph_and_simulator(splitk):
 
 def test_unsupported_options_raise():
     g = build_splitk()
-    with pytest.raises(etc.CompileError, match="schedule 'dynamic' is not supported"):
-        etc.compile(g, schedule="dynamic")
+    with pytest.raises(etc.CompileError, match="schedule 'greedy' is not supported"):
+        etc.compile(g, schedule="greedy")
     with pytest.raises(etc.CompileError, match="target 'sm_80' is not supported"):
         etc.compile(g, target="sm_80")
     with pytest.raises(etc.CompileError, match="watchdog_polls"):
@@ -133,3 +133,22 @@ def test_simulated_splitk_matches_numpy():
         a = rng.standard_normal((n, 256)).astype(np.float32)
         out = etc.simulate(g, {"A": a}, {"n": n})
         np.testing.assert_allclose(out["C"], a.sum(1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("early_push", [True, False])
+def test_dynamic_artifact(early_push, tmp_path):
+    """The dynamic schedule: same tasks, the queue's ready-at-start tasks and
+    the implicit counters in the manifest, a kernel that pops and pushes."""
+    artifact = etc.compile(build_splitk(), schedule="dynamic", early_push=early_push)
+    m = artifact.manifest
+    assert m["schedule"] == "dynamic" and m["early_push"] is early_push
+    assert [(t["name"], t["ready_at_start"]) for t in m["tasks"]] == [
+        ("partial_sum", True),
+        ("final_sum", False),
+    ]
+    implicit = [e["name"] for e in m["events"] if e.get("implicit")]
+    assert implicit == (["dispatched.E"] if early_push else [])
+    for instr in ("atom.relaxed.gpu.global.add.u64", "st.release.gpu.global.u64"):
+        assert instr in artifact.ptx, instr
+    loaded = load_manifest(artifact.save(tmp_path))
+    assert loaded.schedule == "dynamic"

@@ -565,8 +565,12 @@ def test_status_garbage_is_reported_not_crashing(m: manifest.Manifest) -> None:
     assert isinstance(err, DeadlockError) and err.event == "#9" and err.task == "#9"
     err = kernel.status_error(m, {"n": 7}, status(2, 0, 17), 100)
     assert isinstance(err, LaunchError) and "bad task descriptor" in str(err) and "17" in str(err)
-    err = kernel.status_error(m, {"n": 7}, status(3, 1), 100)
-    assert isinstance(err, LaunchError) and "unknown status state 3" in str(err)
+    err = kernel.status_error(m, {"n": 7}, status(3, 0, 0, 5, 5, 2), 100)
+    assert isinstance(err, LaunchError) and "ready queue full (slot 5 of 5)" in str(err)
+    err = kernel.status_error(m, {"n": 7}, status(1, -1, -1, 9, 12, -1, 3, -1), 100)
+    assert isinstance(err, DeadlockError) and "ready-queue position 9 of 12" in str(err)
+    err = kernel.status_error(m, {"n": 7}, status(7, 1), 100)
+    assert isinstance(err, LaunchError) and "unknown status state 7" in str(err)
 
 
 def test_delinearize() -> None:
@@ -579,11 +583,22 @@ def test_total_instances(m: manifest.Manifest) -> None:
     assert kernel.total_instances(m, {"n": 7}) == [28, 7]
 
 
-def test_dynamic_schedule_is_refused(tmp_path: Path) -> None:
+def test_unknown_schedule_is_refused(tmp_path: Path) -> None:
+    data = splitk_manifest()
+    data["schedule"] = "round-robin"
+    with pytest.raises(LaunchError, match="schedule: expected one of static, dynamic"):
+        etc.runtime.load(write_artifact(tmp_path, data))
+
+
+def test_dynamic_manifest_fields(tmp_path: Path) -> None:
     data = splitk_manifest()
     data["schedule"] = "dynamic"
-    with pytest.raises(LaunchError, match="schedule 'dynamic' is not supported"):
-        etc.runtime.load(write_artifact(tmp_path, data))
+    data["tasks"][0]["ready_at_start"] = True
+    m = manifest.load_manifest(write_artifact(tmp_path, data))
+    assert m.schedule == "dynamic" and [t.ready_at_start for t in m.tasks] == [True, False]
+    data["tasks"][1]["ready_at_start"] = "yes"
+    with pytest.raises(LaunchError, match=r"tasks\[1\]\.ready_at_start: expected a bool"):
+        manifest.load_manifest(write_artifact(tmp_path, data))
 
 
 def test_load_without_gpu_is_a_launch_error(tmp_path: Path) -> None:

@@ -35,6 +35,11 @@ struct ETCToPTXPipelineOptions
       *this, "watchdog-polls",
       llvm::cl::desc("Polls of one wait before the watchdog fires."),
       llvm::cl::init(20000000)};
+  PassOptions::Option<bool> earlyPush{
+      *this, "early-push",
+      llvm::cl::desc("Dynamic schedule: push consumers when their last "
+                     "producer is dispatched, not when it completes."),
+      llvm::cl::init(true)};
   PassOptions::Option<int64_t> blockSize{
       *this, "block-size",
       llvm::cl::desc("Threads per CTA when the graph does not set it."),
@@ -46,7 +51,11 @@ struct ETCToPTXPipelineOptions
 void buildETCStaticToPTXPipeline(OpPassManager &pm,
                                  const ETCToPTXPipelineOptions &options);
 
-/// Registers `etc-static-to-ptx`.
+/// The same with the dynamic schedule (on-GPU ready queue).
+void buildETCDynamicToPTXPipeline(OpPassManager &pm,
+                                  const ETCToPTXPipelineOptions &options);
+
+/// Registers `etc-static-to-ptx` and `etc-dynamic-to-ptx`.
 void registerETCPipelines();
 
 } // namespace etensor

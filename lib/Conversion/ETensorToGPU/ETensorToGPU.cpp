@@ -46,6 +46,13 @@ enum StatusWord : int64_t {
   kCoordinate = 7, // linear coordinate in the stuck event
   kNumStatusWords = 8
 };
+// A push past the queue's capacity (kCounter: the slot, kWaitCount: the
+// capacity), beyond "ok" (0), "watchdog" (1) and "bad task" (2).
+constexpr int64_t kQueueOverflow = 3;
+// Queue layout (i64 words) of the dynamic schedule: pop index, push index,
+// then the ring of pushed descriptors `(task + 1) << 48 | instance` (zero
+// while a slot is empty).
+constexpr int64_t kHead = 0, kTail = 1, kRing = 2;
 constexpr int64_t kInstanceBits = 48;
 
 /// What the kernel knows about one event tensor.
@@ -71,6 +78,7 @@ public:
     queue = entry.getArgument(numGraphArgs + 1);
     status = entry.getArgument(numGraphArgs + 2);
     maxPolls = entry.getArgument(numGraphArgs + 3);
+    broadcast = kernel.getWorkgroupAttributions().front();
   }
 
   LogicalResult build();
@@ -120,6 +128,31 @@ private:
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   void lowerNotify(NotifyOp notify);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
+  LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
+  LogicalResult buildDynamicLoop(ArrayRef<DispatchOp> dispatches);
+  LogicalResult lowerDynamicDispatch(DispatchOp dispatch, Value linear,
+                                     Block *into);
+  LogicalResult emitThreadZero(ArrayRef<Operation *> ops);
+  void lowerThreadNotify(NotifyOp notify);
+  void lowerThreadPush(PushOp push);
+  Value pop(ArrayRef<DispatchOp> dispatches);
+  Value waitCount(EventInfo &info, ValueRange coords);
+  SmallVector<Value> gridExtents(DispatchOp dispatch);
+  Value asm64(StringRef text, StringRef constraints, ValueRange operands) {
+    return LLVM::InlineAsmOp::create(b, b.getI64Type(), operands, text,
+                                     constraints, /*has_side_effects=*/true,
+                                     /*is_align_stack=*/false,
+                                     LLVM::tailcallkind::TailCallKind::None,
+                                     LLVM::AsmDialectAttr(), ArrayAttr())
+        .getResult(0);
+  }
+  /// Generic address of i64 element `offset` of the queue buffer.
+  Value queueAddress(Value offset) {
+    Value base =
+        toI64(memref::ExtractAlignedPointerAsIndexOp::create(b, queue));
+    return arith::AddIOp::create(
+        b, base, arith::MulIOp::create(b, toI64(offset), i64(8)));
+  }
   void resetCountersForNextLaunch();
 
   GraphOp graph;
@@ -127,6 +160,10 @@ private:
   ImplicitLocOpBuilder b;
   IRMapping mapping;
   Value counters, queue, status, maxPolls;
+  Value broadcast;                   // workgroup i64 slot: the popped task
+  Value queueCapacity;               // dynamic schedule: every instance
+  SmallVector<Value> instanceCounts; // per dispatch, in worker order
+  Value readyAtStart;                // instances of tasks without inputs
   DenseMap<Value, EventInfo> events; // keyed by the graph's event value
   Value nextEventBase;
 };
@@ -185,15 +222,7 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
   SmallVector<Value> coords = llvm::map_to_vector(
       wait.getIndices(), [&](Value v) { return mapping.lookup(v); });
   Value coordinate = linearize(coords, info.sizes);
-  Value target;
-  if (info.table) {
-    Value raw = memref::LoadOp::create(b, info.table, coords);
-    target = arith::IndexCastOp::create(
-        b, b.getI32Type(),
-        arith::IndexCastOp::create(b, b.getIndexType(), raw));
-  } else {
-    target = toI32(info.waitCount);
-  }
+  Value target = waitCount(info, coords);
   Value counterAddr =
       addressOf(counters, arith::AddIOp::create(b, info.base, coordinate));
   Value stateAddr = addressOf(status, index(kState));
@@ -310,13 +339,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
                                            Block *into) {
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(into);
-  SmallVector<Value> extents;
-  for (OpFoldResult extent : dispatch.getMixedGrid())
-    extents.push_back(
-        isa<Attribute>(extent)
-            ? index(cast<IntegerAttr>(cast<Attribute>(extent)).getInt())
-            : mapping.lookup(cast<Value>(extent)));
-  SmallVector<Value> coords = delinearize(linear, extents);
+  SmallVector<Value> coords = delinearize(linear, gridExtents(dispatch));
   Block &body = dispatch.getBody().front();
   for (auto [arg, coord] : llvm::zip(body.getArguments(), coords))
     mapping.map(arg, coord);
@@ -386,9 +409,15 @@ LogicalResult KernelBuilder::build() {
       worker = w;
       continue;
     }
+    if (auto queueOp = dyn_cast<QueueOp>(op)) {
+      if (queueCapacity)
+        return queueOp.emitOpError("a graph holds one queue");
+      queueCapacity = mapping.lookup(queueOp.getCapacity());
+      continue;
+    }
     if (isa<TaskOp>(op))
       return op.emitOpError("is not scheduled; run etensor-static-schedule "
-                            "first");
+                            "or etensor-dynamic-schedule first");
     if (op.getDialect() && isa<ETensorDialect>(op.getDialect()))
       return op.emitOpError("is not supported at graph level by "
                             "convert-etensor-to-gpu");
@@ -397,10 +426,32 @@ LogicalResult KernelBuilder::build() {
   if (!worker)
     return graph.emitOpError("has no etensor.worker; run a scheduling pass "
                              "first");
-  if (worker.getSchedule() != ScheduleKind::Static)
-    return worker.emitOpError("dynamic workers are not lowered yet");
+  SmallVector<DispatchOp> dispatches(
+      worker.getBody().front().getOps<DispatchOp>());
+  for (DispatchOp dispatch : dispatches) {
+    Value size = index(1);
+    for (Value extent : gridExtents(dispatch))
+      size = arith::MulIOp::create(b, size, extent);
+    instanceCounts.push_back(size);
+  }
+  readyAtStart = index(0);
+  for (auto [dispatch, count] : llvm::zip(dispatches, instanceCounts))
+    if (dispatch->hasAttr("etensor.ready_at_start"))
+      readyAtStart = arith::AddIOp::create(b, readyAtStart, count);
+  if (worker.getSchedule() == ScheduleKind::Dynamic) {
+    if (failed(buildDynamicLoop(dispatches)))
+      return failure();
+  } else if (failed(buildStaticLoop(dispatches))) {
+    return failure();
+  }
+  resetCountersForNextLaunch();
+  gpu::ReturnOp::create(b);
+  return success();
+}
 
-  // queue[0 .. gridDim] are this CTA's entry offsets; entries follow.
+/// Every CTA runs the instances of its slice of the precomputed queue:
+/// queue[0 .. gridDim] are the slices' offsets; entries follow.
+LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
   auto loadIndex = [&](Value at) {
     Value v = memref::LoadOp::create(b, queue, ValueRange{at});
@@ -427,8 +478,6 @@ LogicalResult KernelBuilder::build() {
     Value linear = arith::IndexCastOp::create(
         b, b.getIndexType(),
         arith::AndIOp::create(b, entry, i64((1ll << kInstanceBits) - 1)));
-    SmallVector<DispatchOp> dispatches(
-        worker.getBody().front().getOps<DispatchOp>());
     SmallVector<int64_t> cases = llvm::map_to_vector(
         dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
     auto sw =
@@ -448,8 +497,6 @@ LogicalResult KernelBuilder::build() {
     b.setInsertionPointAfter(ifAlive);
     scf::YieldOp::create(b, ifAlive.getResult(0));
   }
-  resetCountersForNextLaunch();
-  gpu::ReturnOp::create(b);
   return success();
 }
 
@@ -467,13 +514,13 @@ void KernelBuilder::resetCountersForNextLaunch() {
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.thenBlock());
-    Value old = asm32("atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l",
-                      doneAddr);
+    Value old =
+        asm32("atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l", doneAddr);
     Value last = arith::CmpIOp::create(
         b, arith::CmpIPredicate::eq, old,
         toI32(arith::SubIOp::create(b, gridSize, index(1))));
-    scf::YieldOp::create(b, ValueRange{arith::ExtUIOp::create(
-                                b, b.getI32Type(), last)});
+    scf::YieldOp::create(
+        b, ValueRange{arith::ExtUIOp::create(b, b.getI32Type(), last)});
     b.setInsertionPointToStart(ifZero.elseBlock());
     scf::YieldOp::create(b, ValueRange{i32(0)});
   }
@@ -490,9 +537,21 @@ void KernelBuilder::resetCountersForNextLaunch() {
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
   Value end = arith::AddIOp::create(b, total, index(1));
   auto zero = scf::ForOp::create(b, tid, end, threads);
-  b.setInsertionPointToStart(zero.getBody());
-  memref::StoreOp::create(b, i32(0), counters,
-                          ValueRange{zero.getInductionVar()});
+  {
+    OpBuilder::InsertionGuard zeroGuard(b);
+    b.setInsertionPointToStart(zero.getBody());
+    memref::StoreOp::create(b, i32(0), counters,
+                            ValueRange{zero.getInductionVar()});
+  }
+  if (!queueCapacity)
+    return;
+  // Dynamic schedule: head, tail and every ring slot that can be filled.
+  Value queueEnd = arith::AddIOp::create(
+      b, arith::SubIOp::create(b, queueCapacity, readyAtStart), index(kRing));
+  auto zeroQueue = scf::ForOp::create(b, tid, queueEnd, threads);
+  b.setInsertionPointToStart(zeroQueue.getBody());
+  memref::StoreOp::create(b, i64(0), queue,
+                          ValueRange{zeroQueue.getInductionVar()});
 }
 
 /// Whether an alloca in `space` can lower: NVPTX stack slots live in the
@@ -505,6 +564,373 @@ static bool isStackMemorySpace(Attribute space) {
   if (auto number = dyn_cast<IntegerAttr>(space))
     return number.getInt() == 0 || number.getInt() == 5;
   return false;
+}
+
+/// The wait count of `coords` as an i32: constant, symbolic or loaded.
+Value KernelBuilder::waitCount(EventInfo &info, ValueRange coords) {
+  if (!info.table)
+    return toI32(info.waitCount);
+  Value raw = memref::LoadOp::create(b, info.table, coords);
+  return arith::IndexCastOp::create(
+      b, b.getI32Type(), arith::IndexCastOp::create(b, b.getIndexType(), raw));
+}
+
+SmallVector<Value> KernelBuilder::gridExtents(DispatchOp dispatch) {
+  SmallVector<Value> extents;
+  for (OpFoldResult extent : dispatch.getMixedGrid())
+    extents.push_back(
+        isa<Attribute>(extent)
+            ? index(cast<IntegerAttr>(cast<Attribute>(extent)).getInt())
+            : mapping.lookup(cast<Value>(extent)));
+  return extents;
+}
+
+/// Thread 0 claims the next queue position. Positions below the number of
+/// instances ready at start name those instances directly (task by task, in
+/// linear order: no push needed); later ones are ring slots that a pusher
+/// fills, polled with acquire loads under the watchdog. Returns the task
+/// descriptor `task << 48 | instance`, or -1 when the CTA must exit (all
+/// instances claimed, or a failure recorded anywhere). Uniform over the CTA.
+Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches) {
+  Value total = queueCapacity;
+  Value stateAddr = addressOf(status, index(kState));
+  Value exit = i64(-1);
+  auto ifZero = scf::IfOp::create(b, b.getI64Type(), isThreadZero(), true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.elseBlock());
+    scf::YieldOp::create(b, exit);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Value state =
+        asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", stateAddr);
+    Value failed =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, state, i32(0));
+    auto ifFailed = scf::IfOp::create(b, b.getI64Type(), failed, true);
+    scf::YieldOp::create(b, ifFailed.getResult(0));
+    b.setInsertionPointToStart(ifFailed.thenBlock());
+    scf::YieldOp::create(b, exit);
+    b.setInsertionPointToStart(ifFailed.elseBlock());
+    Value claimed = asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], 1;",
+                          "=l,l", queueAddress(index(kHead)));
+    Value position = arith::IndexCastOp::create(b, b.getIndexType(), claimed);
+    Value done =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::uge, position, total);
+    auto ifDone = scf::IfOp::create(b, b.getI64Type(), done, true);
+    scf::YieldOp::create(b, ifDone.getResult(0));
+    b.setInsertionPointToStart(ifDone.thenBlock());
+    scf::YieldOp::create(b, exit);
+    b.setInsertionPointToStart(ifDone.elseBlock());
+    Value initial = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                          position, readyAtStart);
+    auto ifInitial = scf::IfOp::create(b, b.getI64Type(), initial, true);
+    scf::YieldOp::create(b, ifInitial.getResult(0));
+    {
+      // A ready-at-start instance: find its task by the running counts.
+      OpBuilder::InsertionGuard initialGuard(b);
+      b.setInsertionPointToStart(ifInitial.thenBlock());
+      Value descriptor = exit, before = index(0);
+      for (auto [dispatch, count] : llvm::zip(dispatches, instanceCounts)) {
+        if (!dispatch->hasAttr("etensor.ready_at_start"))
+          continue;
+        Value after = arith::AddIOp::create(b, before, count);
+        Value inside = arith::AndIOp::create(
+            b,
+            arith::CmpIOp::create(b, arith::CmpIPredicate::uge, position,
+                                  before),
+            arith::CmpIOp::create(b, arith::CmpIPredicate::ult, position,
+                                  after));
+        Value candidate = arith::OrIOp::create(
+            b, i64(int64_t(DispatchOp(dispatch).getTask()) << kInstanceBits),
+            toI64(arith::SubIOp::create(b, position, before)));
+        descriptor = arith::SelectOp::create(b, inside, candidate, descriptor);
+        before = after;
+      }
+      scf::YieldOp::create(b, descriptor);
+    }
+    // A pushed instance: poll its ring slot.
+    b.setInsertionPointToStart(ifInitial.elseBlock());
+    Value slot = arith::SubIOp::create(b, position, readyAtStart);
+    Value slotAddr = queueAddress(arith::AddIOp::create(b, slot, index(kRing)));
+    Type i64Ty = b.getI64Type(), i32Ty = b.getI32Type();
+    auto loop = scf::WhileOp::create(b, TypeRange{i64Ty, i64Ty, i32Ty},
+                                     ValueRange{i64(0), i64(0), i32(32)});
+    {
+      OpBuilder::InsertionGuard loopGuard(b);
+      Block *before =
+          b.createBlock(&loop.getBefore(), {}, {i64Ty, i64Ty, i32Ty},
+                        {b.getLoc(), b.getLoc(), b.getLoc()});
+      b.setInsertionPointToStart(before);
+      Value value =
+          asm64("ld.acquire.gpu.global.u64 $0, [$1];", "=l,l", slotAddr);
+      Value filled =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::ne, value, i64(0));
+      Value polledState =
+          asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", stateAddr);
+      Value aborted = arith::CmpIOp::create(b, arith::CmpIPredicate::ne,
+                                            polledState, i32(0));
+      Value expired =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
+                                before->getArgument(1), toI64(maxPolls));
+      Value stop = arith::OrIOp::create(
+          b, filled, arith::OrIOp::create(b, aborted, expired));
+      scf::ConditionOp::create(
+          b,
+          arith::XOrIOp::create(b, stop, arith::ConstantIntOp::create(b, 1, 1)),
+          ValueRange{value, before->getArgument(1), before->getArgument(2)});
+      Block *after = b.createBlock(&loop.getAfter(), {}, {i64Ty, i64Ty, i32Ty},
+                                   {b.getLoc(), b.getLoc(), b.getLoc()});
+      b.setInsertionPointToStart(after);
+      asmVoid("nanosleep.u32 $0;", "r", after->getArgument(2));
+      Value sleep = arith::MinUIOp::create(
+          b, arith::ShLIOp::create(b, after->getArgument(2), i32(1)),
+          i32(1024));
+      scf::YieldOp::create(
+          b, ValueRange{i64(0),
+                        arith::AddIOp::create(b, after->getArgument(1), i64(1)),
+                        sleep});
+    }
+    Value value = loop.getResult(0);
+    Value filled =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, value, i64(0));
+    Value expired = arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
+                                          loop.getResult(1), toI64(maxPolls));
+    Value report = arith::AndIOp::create(
+        b, expired,
+        arith::XOrIOp::create(b, filled,
+                              arith::ConstantIntOp::create(b, 1, 1)));
+    auto ifReport = scf::IfOp::create(b, TypeRange(), report, false);
+    {
+      OpBuilder::InsertionGuard reportGuard(b);
+      b.setInsertionPointToStart(ifReport.thenBlock());
+      Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 1;",
+                        "=r,l", stateAddr);
+      auto ifFirst = scf::IfOp::create(
+          b, TypeRange(),
+          arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0)),
+          false);
+      b.setInsertionPointToStart(ifFirst.thenBlock());
+      auto store = [&](StatusWord word, Value v) {
+        memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
+      };
+      // No event: the CTA waited for a task that was never pushed.
+      store(kEventId, i32(-1));
+      store(kTaskId, i32(-1));
+      store(kCounter, position);
+      store(kWaitCount, total);
+      store(kInstance, i32(-1));
+      store(kBlock, gpu::BlockIdOp::create(b, gpu::Dimension::x));
+      store(kCoordinate, i32(-1));
+    }
+    // Pushed descriptors carry task + 1 so that zero means "empty".
+    Value descriptor =
+        arith::SubIOp::create(b, value, i64(int64_t(1) << kInstanceBits));
+    scf::YieldOp::create(
+        b, arith::SelectOp::create(b, filled, descriptor, exit).getResult());
+  }
+  // Broadcast to the CTA. Thread 0 rewrites the slot only at its next pop,
+  // after the task's closing barrier, when every thread has read it.
+  auto ifWriter = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifWriter.thenBlock());
+    memref::StoreOp::create(b, ifZero.getResult(0), broadcast,
+                            ValueRange{index(0)});
+  }
+  gpu::BarrierOp::create(b);
+  return memref::LoadOp::create(b, broadcast, ValueRange{index(0)});
+}
+
+/// The dynamic worker: pop, run, repeat until pop says exit.
+LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
+  if (!queueCapacity)
+    return graph.emitOpError("a dynamic worker needs an etensor.queue");
+  auto loop = scf::WhileOp::create(b, TypeRange{}, ValueRange{});
+  Block *before = b.createBlock(&loop.getBefore());
+  b.setInsertionPointToStart(before);
+  Value descriptor = pop(dispatches);
+  Value alive =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ne, descriptor, i64(-1));
+  auto ifAlive = scf::IfOp::create(b, TypeRange(), alive, false);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifAlive.thenBlock());
+    Value task = arith::IndexCastOp::create(
+        b, b.getIndexType(),
+        arith::ShRUIOp::create(b, descriptor, i64(kInstanceBits)));
+    Value linear = arith::IndexCastOp::create(
+        b, b.getIndexType(),
+        arith::AndIOp::create(b, descriptor, i64((1ll << kInstanceBits) - 1)));
+    SmallVector<int64_t> cases = llvm::map_to_vector(
+        dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
+    auto sw =
+        scf::IndexSwitchOp::create(b, TypeRange(), task, cases, cases.size());
+    for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), dispatches)) {
+      Block *caseBlock = b.createBlock(&region);
+      if (failed(lowerDynamicDispatch(dispatch, linear, caseBlock)))
+        return failure();
+    }
+    b.createBlock(&sw.getDefaultRegion());
+    memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
+    memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
+    scf::YieldOp::create(b);
+  }
+  scf::ConditionOp::create(b, alive, ValueRange{});
+  Block *after = b.createBlock(&loop.getAfter());
+  b.setInsertionPointToStart(after);
+  scf::YieldOp::create(b);
+  b.setInsertionPointAfter(loop);
+  return success();
+}
+
+/// One dynamic task instance: the early pushes (thread 0), the waits (the
+/// CTA), the body, then a barrier and the notifications and pushes (thread
+/// 0). Pushes publish the whole CTA's writes: barrier, then release.
+LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
+                                                  Value linear, Block *into) {
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(into);
+  SmallVector<Value> coords = delinearize(linear, gridExtents(dispatch));
+  Block &body = dispatch.getBody().front();
+  for (auto [arg, coord] : llvm::zip(body.getArguments(), coords))
+    mapping.map(arg, coord);
+
+  SmallVector<Operation *> before, waits, bodyOps, after;
+  bool seenBody = false;
+  for (Operation &op : body.without_terminator()) {
+    if (isa<WaitOp>(op)) {
+      if (seenBody)
+        return op.emitOpError("must come before the task body");
+      waits.push_back(&op);
+    } else if (isa<func::CallOp>(op)) {
+      seenBody = true;
+      bodyOps.push_back(&op);
+    } else if (seenBody) {
+      after.push_back(&op);
+    } else if (waits.empty()) {
+      before.push_back(&op);
+    } else {
+      return op.emitOpError("may not come between the waits and the task "
+                            "body");
+    }
+  }
+  if (failed(emitThreadZero(before)))
+    return failure();
+  Value ok = arith::ConstantIntOp::create(b, 1, 1);
+  for (Operation *op : waits)
+    ok = arith::AndIOp::create(
+        b, ok, lowerWait(cast<WaitOp>(op), dispatch.getTask(), linear));
+  auto ifOk = scf::IfOp::create(b, TypeRange(), ok, false);
+  b.setInsertionPointToStart(ifOk.thenBlock());
+  for (Operation *op : bodyOps)
+    b.clone(*op, mapping);
+  gpu::BarrierOp::create(b);
+  if (failed(emitThreadZero(after)))
+    return failure();
+  b.setInsertionPointAfter(ifOk);
+  scf::YieldOp::create(b);
+  return success();
+}
+
+/// Clones `ops` under `if (threadIdx.x == 0)` and lowers the etensor ops
+/// among them to thread-local atomics.
+LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
+  if (ops.empty())
+    return success();
+  auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifZero.thenBlock());
+  for (Operation *op : ops)
+    b.clone(*op, mapping);
+  SmallVector<Operation *> etensorOps;
+  WalkResult walk = ifZero.walk([&](Operation *op) {
+    if (isa<NotifyOp, PushOp>(op)) {
+      etensorOps.push_back(op);
+      return WalkResult::advance();
+    }
+    if (op->getDialect() && isa<ETensorDialect>(op->getDialect())) {
+      op->emitOpError("cannot run in the notify/push section of a dynamic "
+                      "task");
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+  for (Operation *op : etensorOps) {
+    b.setInsertionPoint(op);
+    if (auto notify = dyn_cast<NotifyOp>(op))
+      lowerThreadNotify(notify);
+    else
+      lowerThreadPush(cast<PushOp>(op));
+    op->erase();
+  }
+  return success();
+}
+
+/// By thread 0 alone. With a result: an acq_rel add, so the notifier that
+/// completes the coordinate also acquires every earlier producer's release
+/// and its pushes carry them on to the consumer.
+void KernelBuilder::lowerThreadNotify(NotifyOp notify) {
+  EventInfo &info = events[notify.getEvent()];
+  SmallVector<Value> coords(notify.getIndices());
+  Value addr =
+      addressOf(counters, arith::AddIOp::create(b, info.base,
+                                                linearize(coords, info.sizes)));
+  if (!notify.getCompleted()) {
+    asmVoid("red.release.gpu.global.add.u32 [$0], 1;", "l", addr);
+    return;
+  }
+  Value old =
+      asm32("atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l", addr);
+  Value now = arith::AddIOp::create(b, old, i32(1));
+  Value completed = arith::CmpIOp::create(b, arith::CmpIPredicate::eq, now,
+                                          waitCount(info, coords));
+  notify.getCompleted().replaceAllUsesWith(completed);
+}
+
+/// By thread 0 alone: claim `count` ring slots, then publish each
+/// descriptor with a release store. Slots past the capacity are reported,
+/// never written.
+void KernelBuilder::lowerThreadPush(PushOp push) {
+  Value count = push.getCount() ? push.getCount() : index(1);
+  Value first = arith::IndexCastOp::create(
+      b, b.getIndexType(),
+      asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
+            ValueRange{queueAddress(index(kTail)), toI64(count)}));
+  Value capacity = arith::SubIOp::create(b, queueCapacity, readyAtStart);
+  int64_t task = push.getTaskAttr().getInt();
+  auto loop = scf::ForOp::create(b, index(0), count, index(1));
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  Value k = loop.getInductionVar();
+  Value slot = arith::AddIOp::create(b, first, k);
+  Value instance = arith::AddIOp::create(b, push.getInstance(), k);
+  Value overflow =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::uge, slot, capacity);
+  auto ifOverflow = scf::IfOp::create(b, TypeRange(), overflow, true);
+  b.setInsertionPointToStart(ifOverflow.thenBlock());
+  Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 3;", "=r,l",
+                    addressOf(status, index(kState)));
+  auto ifFirst = scf::IfOp::create(
+      b, TypeRange(),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0)), false);
+  {
+    OpBuilder::InsertionGuard firstGuard(b);
+    b.setInsertionPointToStart(ifFirst.thenBlock());
+    auto store = [&](StatusWord word, Value v) {
+      memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
+    };
+    store(kTaskId, i32(task));
+    store(kInstance, instance);
+    store(kCounter, slot);
+    store(kWaitCount, capacity);
+  }
+  b.setInsertionPointToStart(ifOverflow.elseBlock());
+  Value descriptor = arith::OrIOp::create(b, i64((task + 1) << kInstanceBits),
+                                          toI64(instance));
+  asmVoid("st.release.gpu.global.u64 [$0], $1;", "l,l",
+          ValueRange{queueAddress(arith::AddIOp::create(b, slot, index(kRing))),
+                     descriptor});
 }
 
 namespace {
@@ -596,9 +1022,14 @@ struct ConvertETensorToGPUPass
     Type i64Buffer =
         MemRefType::get({ShapedType::kDynamic}, IntegerType::get(ctx, 64));
     argTypes.append({i32Buffer, i64Buffer, i32Buffer, IndexType::get(ctx)});
-    auto kernel =
-        gpu::GPUFuncOp::create(builder, graph.getLoc(), graph.getSymName(),
-                               builder.getFunctionType(argTypes, {}));
+    // One workgroup word: the dynamic worker broadcasts each popped task
+    // descriptor through it.
+    auto broadcastType = MemRefType::get(
+        {1}, IntegerType::get(ctx, 64), AffineMap(),
+        gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
+    auto kernel = gpu::GPUFuncOp::create(
+        builder, graph.getLoc(), graph.getSymName(),
+        builder.getFunctionType(argTypes, {}), TypeRange{broadcastType});
     kernel->setAttr(gpu::GPUDialect::getKernelFuncAttrName(),
                     builder.getUnitAttr());
     int64_t threads = blockSize;

@@ -28,7 +28,7 @@ from etc.runtime.queue import INSTANCE_MASK, build_static_queue
 
 # Status record words (see ETensorToGPU.cpp).
 ST_STATE, ST_EVENT, ST_TASK, ST_COUNTER, ST_WAIT, ST_INSTANCE, ST_CTA, ST_COORD = range(8)
-STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK = 0, 1, 2
+STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK, STATE_QUEUE_OVERFLOW = 0, 1, 2, 3
 _cu = driver.cu
 _INT = {int}
 _SUCCESS = _cu.CUresult.CUDA_SUCCESS if _cu is not None else None
@@ -66,6 +66,22 @@ def status_error(
             f"{manifest.graph}: the kernel found a bad task descriptor (task index "
             f"{task_id}) in its queue; the queue or the artifact is corrupt"
         )
+    if state == STATE_QUEUE_OVERFLOW:
+        return LaunchError(
+            f"{manifest.graph}: a push of task {task.name if task else task_id!r} instance "
+            f"{int(words[ST_INSTANCE])} found the ready queue full (slot {int(words[ST_COUNTER])} "
+            f"of {int(words[ST_WAIT])}): an instance was pushed twice, so some wait count is "
+            "lower than the notifications its event receives"
+        )
+    if state == STATE_WATCHDOG and int(words[ST_EVENT]) == -1:
+        # Dynamic schedule: a CTA claimed a queue position nobody ever filled.
+        message = (
+            f"{manifest.graph}: no task became ready for ready-queue position "
+            f"{int(words[ST_COUNTER])} of {int(words[ST_WAIT])} [watchdog expired after "
+            f"{max_polls} polls on CTA {int(words[ST_CTA])}]; some instance's dependencies "
+            "never completed (a wait count above its event's notifications?)"
+        )
+        return DeadlockError(message, counter=int(words[ST_COUNTER]))
     if state != STATE_WATCHDOG:
         return LaunchError(
             f"{manifest.graph}: the kernel reported unknown status state {state} "
@@ -108,9 +124,11 @@ class _Plan:
     symbols: dict[str, int]
     shapes: dict[str, tuple[int, ...]]
     grid: int
-    queue: np.ndarray
-    queue_buffer: driver.DeviceBuffer
-    counters: int  # words
+    queue: np.ndarray | None  # static schedule: the per-CTA queues
+    queue_buffer: driver.DeviceBuffer | None
+    counters: int  # words, the kernel's "done" counter not included
+    #: Dynamic schedule: i64 words of the ready queue (head, tail, ring).
+    queue_words: int
     pack: ParamPack
     dynamic_slots: np.ndarray
     last_dynamic: tuple | None = None
@@ -199,21 +217,32 @@ class Kernel:
                     f"{m.graph}: grid {grid} is outside 1..{self.num_ctas} (co-resident CTAs)"
                 )
             actual = grid
-        queue = build_static_queue(counts, actual)
-        qbuf = driver.DeviceBuffer(queue.nbytes)
-        driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
         pack = ParamPack(m.params)
+        keys = [("tensor", n) for n in self._param_tensors] + [("status", None), ("counters", None)]
+        if m.schedule == "static":
+            queue = build_static_queue(counts, actual)
+            qbuf = driver.DeviceBuffer(queue.nbytes)
+            driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
+            pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
+            queue_words = 0
+        else:
+            # Head, tail, then a ring slot per instance that is pushed (the
+            # ready-at-start ones are popped without one). It lives in the
+            # per-stream scratch buffer, like the counters.
+            queue, qbuf = None, None
+            at_start = sum(n for t, n in zip(m.tasks, counts, strict=True) if t.ready_at_start)
+            queue_words = 2 + sum(counts) - at_start
+            pack.set_memref("queue", None, 0, (queue_words,))
+            keys.append(("queue", None))
         for name, v in values.items():
             pack.set_symbol(name, v)
         for name, shape in shapes.items():
             pack.set_memref("tensor", name, 0, shape)
-        pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
         pack.set_memref("status", None, 0, (m.status_words,))
         # One more word after the events: the kernel's "CTAs done" counter.
         pack.set_memref("counters", None, 0, (counters + 1,))
-        keys = [("tensor", n) for n in self._param_tensors] + [("status", None), ("counters", None)]
         slots = np.append(pack.pointer_slots(keys), pack.slot("max_polls"))
-        plan = _Plan(values, shapes, actual, queue, qbuf, counters, pack, slots)
+        plan = _Plan(values, shapes, actual, queue, qbuf, counters, queue_words, pack, slots)
         self._plans[(key, grid)] = plan
         return plan
 
@@ -245,7 +274,11 @@ class Kernel:
         by_name = dict(zip((t.name for t in self.manifest.tensors), ptrs, strict=True))
         counters_ptr = status_ptr + 4 * self.manifest.status_words
         values = [v for n in self._param_tensors for v in (by_name[n], by_name[n])]
-        values += [status_ptr, status_ptr, counters_ptr, counters_ptr, polls]
+        values += [status_ptr, status_ptr, counters_ptr, counters_ptr]
+        if plan.queue_words:
+            queue_ptr = status_ptr + 4 * _queue_offset(self.manifest, plan)
+            values += [queue_ptr, queue_ptr]
+        values.append(polls)
         plan.pack.values[plan.dynamic_slots] = np.array(values, dtype=np.uint64)
 
     def _stage(self, b: BoundTensor, stream: int) -> None:
@@ -314,7 +347,7 @@ class Kernel:
             has_torch = any(b.kind == TORCH for b in bound)
             has_numpy = any(b.kind == NUMPY for b in bound)
         handle = _stream_handle(stream, has_torch, self.device.ordinal)
-        words = m.status_words + plan.counters + 1
+        words = _queue_offset(m, plan) + 2 * plan.queue_words
         scratch = self._scratch.get(handle)
         if scratch is None or scratch.nbytes < 4 * words:
             scratch = self._grow_scratch(handle, words)
@@ -425,6 +458,13 @@ class Kernel:
         self._staging.clear()
 
 
+def _queue_offset(m: Manifest, plan: _Plan) -> int:
+    """Scratch layout, in i32 words: status, counters + "done", then (dynamic
+    schedule) the 8-byte-aligned ready queue. This is its offset."""
+    words = m.status_words + plan.counters + 1
+    return words + (words & 1)
+
+
 def _check_polls(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 1 << 63:
         raise LaunchError(f"max_polls must be an int in 0..2**63-1, got {v!r}")
@@ -470,11 +510,6 @@ def load(directory: str | Path, device: int | None = None, max_polls: int | None
     when torch is imported, else 0.
     """
     manifest = load_manifest(directory)
-    if manifest.schedule != "static":
-        raise LaunchError(
-            f"{manifest.graph}: schedule {manifest.schedule!r} is not supported by this "
-            "runtime yet (only 'static')"
-        )
     if device is None:
         torch = sys.modules.get("torch")
         device = (

@@ -96,6 +96,8 @@ class TaskSpec:
     index: int
     name: str
     grid: tuple[Dim, ...]
+    #: Dynamic schedule: no in-edges, so every instance is ready at launch.
+    ready_at_start: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,16 @@ class _Checker:
             seen.add(n)
 
 
+SCHEDULES = ("static", "dynamic")
+
+
+def _schedule(c: _Checker, data: Mapping) -> str:
+    schedule = c.name(data, "schedule", "")
+    if schedule not in SCHEDULES:
+        raise c.fail("schedule", f"expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    return schedule
+
+
 def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = None) -> Manifest:
     """Validates the decoded JSON structure; does not touch the kernel image files."""
     directory = Path(directory)
@@ -288,9 +300,15 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             raise c.fail(
                 f"{w}index", f"tasks must be listed in index order; expected {i}, got {index}"
             )
+        ready = t.get("ready_at_start", False)
+        if not isinstance(ready, bool):
+            raise c.fail(f"{w}ready_at_start", f"expected a bool, got {ready!r}")
         tasks.append(
             TaskSpec(
-                index, c.name(t, "name", w), c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols)
+                index,
+                c.name(t, "name", w),
+                c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols),
+                ready,
             )
         )
     if len(tasks) >= 1 << 15:
@@ -368,7 +386,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         graph=c.name(data, "graph", ""),
         kernel=c.name(data, "kernel", ""),
         module=c.get(data, "module", str, ""),
-        schedule=c.name(data, "schedule", ""),
+        schedule=_schedule(c, data),
         target=c.get(data, "target", str, ""),
         block_size=block_size,
         watchdog_polls=watchdog,

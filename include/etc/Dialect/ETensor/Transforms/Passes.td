@@ -66,4 +66,54 @@ def ETensorStaticSchedule : Pass<"etensor-static-schedule", "::mlir::ModuleOp"> 
   let dependentDialects = ["::mlir::func::FuncDialect"];
 }
 
+def ETensorDynamicSchedule
+    : Pass<"etensor-dynamic-schedule", "::mlir::ModuleOp"> {
+  let summary = "Lower task edges to notify/push and an on-GPU ready queue";
+  let description = [{
+    Rewrites every `etensor.task` of each `etensor.graph` into an
+    `etensor.dispatch` region of one `etensor.worker dynamic(%q)` loop over
+    a ready queue `%q` (capacity: every task instance, since each is pushed
+    exactly once). Instances of tasks without in-edges are ready at start;
+    the others are pushed by whoever completes their last dependency:
+
+    - a notification that completes an event coordinate (the counter reaches
+      its wait count) pushes every consumer instance whose in-edge maps to
+      that coordinate;
+    - a consumer with several in-edges gets an implicit `ready.<task>`
+      event over its grid, counting its completed in-edges; the notification
+      that completes it pushes the instance.
+
+    With `early-push` (the default), consumers are pushed when their last
+    producer is *dispatched*, counted on implicit `dispatched.<event>`
+    events, and a consumer waits (`etensor.wait`) for the producers'
+    *completion* before its body: scheduling latency hides behind the
+    producers' work. Without it, pushes happen on completion and no wait is
+    needed.
+
+    Tasks are numbered in the same topological order as
+    `etensor-static-schedule`; implicit events are declared after the
+    graph's own, ready counters first (in task order), then dispatch
+    counters (in event order).
+
+    #### Input invariant
+    `etensor-verify-graph` passes. In-edge maps are projections (each result
+    a distinct grid dimension or a constant), so the consumers of a
+    coordinate can be enumerated. Data-dependent triggers are not supported
+    yet.
+
+    #### Output IR
+    Graphs with one `etensor.queue`, one `etensor.worker dynamic` and no
+    `etensor.task`. Run `convert-etensor-to-gpu` next.
+  }];
+  let options = [
+    Option<"earlyPush", "early-push", "bool", /*default=*/"true",
+           "Push consumers when their last producer is dispatched (and wait "
+           "for its completion in the consumer) instead of on completion.">,
+  ];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
+    "::mlir::scf::SCFDialect",
+  ];
+}
+
 #endif // ETC_DIALECT_ETENSOR_TRANSFORMS_PASSES_TD

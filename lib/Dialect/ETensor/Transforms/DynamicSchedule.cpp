@@ -1,0 +1,287 @@
+//===- DynamicSchedule.cpp - Tasks to an on-GPU ready queue ---------------===//
+//
+// Part of ETC, the Event Tensor Compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#include "etc/Dialect/ETensor/Transforms/GraphAnalysis.h"
+#include "etc/Dialect/ETensor/Transforms/Passes.h"
+#include "mlir/Dialect/Affine/Utils.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/Builders.h"
+
+namespace mlir::etensor {
+#define GEN_PASS_DEF_ETENSORDYNAMICSCHEDULE
+#include "etc/Dialect/ETensor/Transforms/Passes.h.inc"
+} // namespace mlir::etensor
+
+using namespace mlir;
+using namespace mlir::etensor;
+
+namespace {
+
+/// Builds the dynamic worker of one graph.
+class DynamicScheduler {
+public:
+  DynamicScheduler(GraphOp graphOp, bool earlyPush)
+      : graph(graphOp), earlyPush(earlyPush), b(graphOp.getContext()) {}
+
+  LogicalResult run();
+
+private:
+  Value index(Location loc, int64_t v) {
+    return arith::ConstantIndexOp::create(b, loc, v);
+  }
+  Value extent(Location loc, OpFoldResult ofr) {
+    if (auto attr = dyn_cast<Attribute>(ofr))
+      return index(loc, cast<IntegerAttr>(attr).getInt());
+    return cast<Value>(ofr);
+  }
+  SmallVector<Value> applyMap(Location loc, AffineMap map, ValueRange coords);
+  Value linearize(Location loc, ArrayRef<Value> coords, TaskOp task);
+  void pushConsumers(Location loc, EventOp event, ValueRange coordinate);
+  Value declareLike(Location loc, EventOp event, StringRef name);
+
+  TaskGraph graph;
+  bool earlyPush;
+  OpBuilder b;
+  DenseMap<unsigned, int64_t> number;      // graph task index -> task number
+  DenseMap<unsigned, Value> readyEvent;    // task index -> ready.<task>
+  DenseMap<Operation *, Value> dispatched; // event -> dispatched.<event>
+  Value queue;
+};
+
+} // namespace
+
+SmallVector<Value> DynamicScheduler::applyMap(Location loc, AffineMap map,
+                                              ValueRange coords) {
+  SmallVector<Value> results;
+  for (AffineExpr expr : map.getResults()) {
+    if (auto dim = dyn_cast<AffineDimExpr>(expr))
+      results.push_back(coords[dim.getPosition()]);
+    else
+      results.push_back(affine::expandAffineExpr(b, loc, expr, coords, {}));
+  }
+  return results;
+}
+
+Value DynamicScheduler::linearize(Location loc, ArrayRef<Value> coords,
+                                  TaskOp task) {
+  Value linear = index(loc, 0);
+  for (auto [d, coord] : llvm::enumerate(coords))
+    linear = arith::AddIOp::create(
+        b, loc,
+        arith::MulIOp::create(b, loc, linear,
+                              extent(loc, task.getMixedExtent(d))),
+        coord);
+  return linear;
+}
+
+/// Every consumer instance whose in-edge maps to `coordinate` has one more
+/// completed dependency: push it, or count it on its ready event when it
+/// has several.
+void DynamicScheduler::pushConsumers(Location loc, EventOp event,
+                                     ValueRange coordinate) {
+  for (EdgeRef edge : graph.getConsumers(event)) {
+    TaskOp consumer = graph.getTasks()[edge.task];
+    AffineMap map =
+        cast<AffineMapAttr>(consumer.getInMaps()[edge.edge]).getValue();
+    OpBuilder::InsertionGuard guard(b);
+    SmallVector<Value> instance(consumer.getGridRank());
+    Value matches;
+    for (auto [k, expr] : llvm::enumerate(map.getResults())) {
+      if (auto dim = dyn_cast<AffineDimExpr>(expr)) {
+        instance[dim.getPosition()] = coordinate[k];
+        continue;
+      }
+      // A constant result: only that coordinate has consumers.
+      int64_t value = cast<AffineConstantExpr>(expr).getValue();
+      Value eq = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq,
+                                       coordinate[k], index(loc, value));
+      matches = matches ? arith::AndIOp::create(b, loc, matches, eq) : eq;
+    }
+    if (matches) {
+      auto ifMatches = scf::IfOp::create(b, loc, matches, false);
+      b.setInsertionPointToStart(ifMatches.thenBlock());
+    }
+    // Dimensions the map drops: every value is a consumer.
+    for (int64_t d = 0; d < consumer.getGridRank(); ++d) {
+      if (instance[d])
+        continue;
+      auto loop = scf::ForOp::create(b, loc, index(loc, 0),
+                                     extent(loc, consumer.getMixedExtent(d)),
+                                     index(loc, 1));
+      b.setInsertionPointToStart(loop.getBody());
+      instance[d] = loop.getInductionVar();
+    }
+    Value linear = linearize(loc, instance, consumer);
+    IntegerAttr task = b.getI64IntegerAttr(number[edge.task]);
+    if (Value ready = readyEvent.lookup(edge.task)) {
+      Value done =
+          NotifyOp::create(b, loc, b.getI1Type(), ready, instance).getResult(
+              0);
+      auto ifDone = scf::IfOp::create(b, loc, done, false);
+      b.setInsertionPointToStart(ifDone.thenBlock());
+    }
+    PushOp::create(b, loc, queue, task, linear, /*count=*/Value());
+  }
+}
+
+/// A counter tensor with the shape and wait counts of `event`.
+Value DynamicScheduler::declareLike(Location loc, EventOp event,
+                                    StringRef name) {
+  auto copy = cast<EventOp>(b.clone(*event));
+  copy.setNameAttr(b.getStringAttr(name));
+  return copy.getEvent();
+}
+
+LogicalResult DynamicScheduler::run() {
+  GraphOp graphOp = graph.getGraph();
+  SmallVector<unsigned> cycle;
+  FailureOr<SmallVector<unsigned>> order = graph.topologicalOrder(cycle);
+  if (failed(order))
+    return graphOp.emitOpError("has a dependency cycle; run "
+                               "etensor-verify-graph for details");
+  SmallVector<TaskOp> tasks = graph.getTasks();
+  for (TaskOp task : tasks) {
+    if (task.getTriggerEvent())
+      return task.emitOpError("data-dependent triggers are not supported by "
+                              "etensor-dynamic-schedule yet");
+    for (auto [i, mapAttr] : llvm::enumerate(task.getInMaps())) {
+      AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
+      llvm::SmallDenseSet<unsigned> dims;
+      for (AffineExpr expr : map.getResults()) {
+        auto dim = dyn_cast<AffineDimExpr>(expr);
+        if (isa<AffineConstantExpr>(expr) ||
+            (dim && dims.insert(dim.getPosition()).second))
+          continue;
+        return task.emitOpError("in map #")
+               << i << " " << mapAttr
+               << " is not a projection (each result a distinct grid "
+                  "dimension or a constant): the dynamic schedule cannot "
+                  "enumerate the consumers of a coordinate";
+      }
+    }
+  }
+  for (auto [n, t] : llvm::enumerate(*order))
+    number[t] = n;
+
+  Location loc = graphOp.getLoc();
+  b.setInsertionPointToEnd(&graphOp.getBodyBlock());
+  // Implicit events, in the documented order.
+  for (unsigned t : *order) {
+    TaskOp task = tasks[t];
+    int64_t inEdges = task.getInEvents().size();
+    if (inEdges < 2)
+      continue;
+    SmallVector<int64_t> shape(task.getStaticGrid());
+    auto type = EventType::get(b.getContext(), shape);
+    auto ready = EventOp::create(
+        b, task.getLoc(), type, task.getDynamicGrid(),
+        b.getI64IntegerAttr(inEdges), /*wait_count=*/Value(),
+        /*wait_count_table=*/Value(),
+        b.getStringAttr(("ready." + task.getDisplayName()).str()));
+    readyEvent[t] = ready.getEvent();
+  }
+  if (earlyPush)
+    for (EventOp event : graph.getEvents())
+      if (!graph.getConsumers(event).empty())
+        dispatched[event] = declareLike(
+            event.getLoc(), event,
+            ("dispatched." + event.getDisplayName()).str());
+
+  // Capacity: every instance of every task, each pushed at most once.
+  Value capacity = index(loc, 0);
+  for (TaskOp task : tasks) {
+    Value size = index(loc, 1);
+    for (int64_t d = 0; d < task.getGridRank(); ++d)
+      size = arith::MulIOp::create(b, loc, size,
+                                   extent(loc, task.getMixedExtent(d)));
+    capacity = arith::AddIOp::create(b, loc, capacity, size);
+  }
+  queue = QueueOp::create(b, loc, QueueType::get(b.getContext()), capacity)
+              .getQueue();
+  auto worker = WorkerOp::create(b, loc, ScheduleKind::Dynamic, queue);
+  Block *workerBody = b.createBlock(&worker.getBody());
+
+  for (unsigned t : *order) {
+    TaskOp task = tasks[t];
+    Location taskLoc = task.getLoc();
+    b.setInsertionPointToEnd(workerBody);
+    auto dispatch = DispatchOp::create(
+        b, taskLoc, b.getI64IntegerAttr(number[t]), task.getDynamicGrid(),
+        task.getStaticGridAttr());
+    dispatch->setAttr("name", b.getStringAttr(task.getDisplayName()));
+    if (task.getInEvents().empty())
+      dispatch->setAttr("etensor.ready_at_start", b.getUnitAttr());
+    Block *body = b.createBlock(&dispatch.getBody());
+    SmallVector<Value> coords;
+    for (int64_t d = 0; d < task.getGridRank(); ++d)
+      coords.push_back(body->addArgument(b.getIndexType(), taskLoc));
+    b.setInsertionPointToStart(body);
+
+    auto outEdges = llvm::zip(task.getOutEvents(), task.getOutMaps());
+    // Early push: this instance is dispatched, so the consumers whose last
+    // producer it is may be popped now; they wait for completion below.
+    if (earlyPush)
+      for (auto [event, map] : outEdges) {
+        auto eventOp = cast<EventOp>(event.getDefiningOp());
+        Value shadow = dispatched.lookup(eventOp);
+        if (!shadow)
+          continue;
+        SmallVector<Value> c =
+            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords);
+        Value done =
+            NotifyOp::create(b, taskLoc, b.getI1Type(), shadow, c).getResult(0);
+        auto ifDone = scf::IfOp::create(b, taskLoc, done, false);
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(ifDone.thenBlock());
+        pushConsumers(taskLoc, eventOp, c);
+      }
+    if (earlyPush)
+      for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
+        WaitOp::create(
+            b, taskLoc, event,
+            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords));
+
+    SmallVector<Value> callArgs(coords);
+    llvm::append_range(callArgs, task.getArgs());
+    func::CallOp::create(b, taskLoc, task.getCallee(), TypeRange(), callArgs);
+
+    for (auto [event, map] : outEdges) {
+      SmallVector<Value> c =
+          applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords);
+      auto eventOp = cast<EventOp>(event.getDefiningOp());
+      if (earlyPush || graph.getConsumers(eventOp).empty()) {
+        NotifyOp::create(b, taskLoc, /*completed=*/Type(), event, c);
+        continue;
+      }
+      Value done =
+          NotifyOp::create(b, taskLoc, b.getI1Type(), event, c).getResult(0);
+      auto ifDone = scf::IfOp::create(b, taskLoc, done, false);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(ifDone.thenBlock());
+      pushConsumers(taskLoc, eventOp, c);
+    }
+    YieldOp::create(b, taskLoc);
+  }
+  for (TaskOp task : tasks)
+    task.erase();
+  return success();
+}
+
+namespace {
+struct ETensorDynamicSchedulePass
+    : public etensor::impl::ETensorDynamicScheduleBase<
+          ETensorDynamicSchedulePass> {
+  using Base::Base;
+  void runOnOperation() override {
+    getOperation().walk([&](GraphOp graph) {
+      if (failed(DynamicScheduler(graph, earlyPush).run()))
+        signalPassFailure();
+    });
+  }
+};
+} // namespace

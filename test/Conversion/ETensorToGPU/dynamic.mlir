@@ -1,0 +1,55 @@
+// RUN: etc-opt %s --convert-etensor-to-gpu | FileCheck %s
+
+func.func @produce(%i: index) {
+  return
+}
+func.func @consume(%i: index) {
+  return
+}
+
+/// The dynamic worker: thread 0 claims a queue position (the first ones are
+/// the ready-at-start instances, the rest ring slots it polls), broadcasts
+/// the descriptor through workgroup memory, the CTA runs the task, then
+/// thread 0 alone notifies and pushes.
+// CHECK-LABEL: gpu.func @pipeline
+// CHECK-SAME: workgroup(%[[SLOT:.*]] : memref<1xi64, #gpu.address_space<workgroup>>)
+// CHECK: scf.while
+// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], 1;"
+// CHECK: "ld.acquire.gpu.global.u64 $0, [$1];"
+// CHECK: memref.store %{{.*}}, %[[SLOT]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
+// CHECK: gpu.barrier
+// CHECK: memref.load %[[SLOT]]
+// CHECK: scf.index_switch
+// CHECK: case 0 {
+// CHECK: func.call @produce
+// CHECK: gpu.barrier
+/// Completing notification: acq_rel, compared with the wait count...
+// CHECK: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
+/// ...then the push claims a ring slot and publishes with a release store;
+/// a full queue is reported (state 3), never written.
+// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
+// CHECK: "atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 3;"
+// CHECK: "st.release.gpu.global.u64 [$0], $1;"
+// CHECK: case 1 {
+// CHECK: func.call @consume
+// CHECK: gpu.return
+etensor.graph @pipeline(%n: index) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  %c2 = arith.constant 2 : index
+  %instances = arith.muli %n, %c2 : index
+  %q = etensor.queue capacity %instances : !etensor.queue
+  etensor.worker dynamic(%q : !etensor.queue) {
+    etensor.dispatch 0 grid [%n] attributes {etensor.ready_at_start} {
+    ^bb0(%i: index):
+      func.call @produce(%i) : (index) -> ()
+      %done = etensor.notify %e[%i] : !etensor.event<?> -> i1
+      scf.if %done {
+        etensor.push %q[1, %i] : !etensor.queue
+      }
+    }
+    etensor.dispatch 1 grid [%n] {
+    ^bb0(%i: index):
+      func.call @consume(%i) : (index) -> ()
+    }
+  }
+}

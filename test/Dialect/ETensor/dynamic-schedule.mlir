@@ -1,0 +1,90 @@
+// RUN: etc-opt %s -split-input-file -verify-diagnostics --etensor-dynamic-schedule | FileCheck %s
+// RUN: etc-opt %s -split-input-file -verify-diagnostics --etensor-dynamic-schedule="early-push=false" | FileCheck %s --check-prefix=LATE
+
+func.func private @top(%i: index, %j: index)
+func.func private @side(%i: index)
+func.func private @bottom(%i: index, %j: index)
+
+/// A diamond whose sink waits on two events. Early push: every producer
+/// counts its dispatch on `dispatched.<event>` and pushes the consumers it
+/// completes; consumers wait for completion; `bottom`, with two in-edges,
+/// is pushed through its `ready.bottom` counter.
+// CHECK-LABEL: etensor.graph @diamond
+// CHECK-SAME: (%[[N:.*]]: index)
+// CHECK: %[[E:.*]] = etensor.event(%[[N]]) count 4 {name = "e"}
+// CHECK: %[[F:.*]] = etensor.event(%[[N]]) count 1 {name = "f"}
+// CHECK: %[[G:.*]] = etensor.event(%[[N]]) count 1 {name = "g"}
+// CHECK: %[[READY:.*]] = etensor.event(%[[N]]) count 2 {name = "ready.bottom"} : !etensor.event<?x2>
+// CHECK: %[[DE:.*]] = etensor.event(%[[N]]) count 4 {name = "dispatched.e"}
+// CHECK: %[[DF:.*]] = etensor.event(%[[N]]) count 1 {name = "dispatched.f"}
+// CHECK: %[[DG:.*]] = etensor.event(%[[N]]) count 1 {name = "dispatched.g"}
+// CHECK: %[[Q:.*]] = etensor.queue capacity %{{.*}} : !etensor.queue
+// CHECK: etensor.worker dynamic(%[[Q]] : !etensor.queue) {
+// CHECK: etensor.dispatch 0 grid [%[[N]], 4] attributes {etensor.ready_at_start, name = "top"}
+// CHECK-NEXT: ^bb0(%[[I:.*]]: index, %{{.*}}: index):
+// CHECK-NEXT: %[[D:.*]] = etensor.notify %[[DE]][%[[I]]] : !etensor.event<?> -> i1
+// CHECK-NEXT: scf.if %[[D]] {
+// CHECK: etensor.push %[[Q]][1, %{{.*}}] : !etensor.queue
+// CHECK: etensor.push %[[Q]][2, %{{.*}}] : !etensor.queue
+// CHECK: func.call @top
+// CHECK-NEXT: etensor.notify %[[E]][%[[I]]] : !etensor.event<?>
+// CHECK: etensor.dispatch 1 grid [%[[N]]] attributes {name = "left"}
+// CHECK: scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step
+// CHECK: %[[R:.*]] = etensor.notify %[[READY]][%{{.*}}, %[[J]]] : !etensor.event<?x2> -> i1
+// CHECK-NEXT: scf.if %[[R]] {
+// CHECK-NEXT: etensor.push %[[Q]][3, %{{.*}}] : !etensor.queue
+// CHECK: etensor.wait %[[E]][%{{.*}}] : !etensor.event<?>
+// CHECK-NEXT: func.call @side
+// CHECK: etensor.dispatch 3 grid [%[[N]], 2] attributes {name = "bottom"}
+// CHECK: etensor.wait %[[F]]
+// CHECK-NEXT: etensor.wait %[[G]]
+// CHECK-NEXT: func.call @bottom
+
+/// Without early push: no dispatch counters, no waits; the notification
+/// that completes an event pushes its consumers.
+// LATE-LABEL: etensor.graph @diamond
+// LATE-NOT: dispatched
+// LATE: etensor.dispatch 0
+// LATE: func.call @top
+// LATE-NEXT: %[[D:.*]] = etensor.notify %{{.*}}[%{{.*}}] : !etensor.event<?> -> i1
+// LATE-NEXT: scf.if %[[D]] {
+// LATE: etensor.push
+// LATE-NOT: etensor.wait
+// LATE: etensor.dispatch 3
+etensor.graph @diamond(%n: index) {
+  %e = etensor.event(%n) count 4 {name = "e"} : !etensor.event<?>
+  %f = etensor.event(%n) count 1 {name = "f"} : !etensor.event<?>
+  %g = etensor.event(%n) count 1 {name = "g"} : !etensor.event<?>
+  etensor.task @top grid [%n, 4] outs(%e[(i, j) -> (i)] : !etensor.event<?>) {name = "top"}
+  etensor.task @side grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>) outs(%f[(i) -> (i)] : !etensor.event<?>) {name = "left"}
+  etensor.task @side grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>) outs(%g[(i) -> (i)] : !etensor.event<?>) {name = "right"}
+  etensor.task @bottom grid [%n, 2] ins(%f[(i, j) -> (i)] : !etensor.event<?>, %g[(i, j) -> (i)] : !etensor.event<?>) {name = "bottom"}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+
+/// A constant in an in-map: only that coordinate has consumers.
+// CHECK-LABEL: etensor.graph @broadcast
+// CHECK: etensor.dispatch 0
+// CHECK: %[[EQ:.*]] = arith.cmpi eq, %{{.*}}, %{{.*}} : index
+// CHECK-NEXT: scf.if %[[EQ]] {
+// CHECK: scf.for
+// CHECK: etensor.push
+etensor.graph @broadcast(%n: index) {
+  %e = etensor.event() count 1 : !etensor.event<4>
+  etensor.task @tile grid [4] outs(%e[(i) -> (i)] : !etensor.event<4>)
+  etensor.task @tile grid [%n] ins(%e[(i) -> (2)] : !etensor.event<4>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+
+etensor.graph @not_a_projection(%n: index) {
+  %e = etensor.event(%n) count 2 : !etensor.event<?>
+  etensor.task @tile grid [%n] outs(%e[(i) -> (i floordiv 2)] : !etensor.event<?>)
+  // expected-error @+1 {{in map #0 affine_map<(d0) -> (d0 * 2)> is not a projection}}
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i * 2)] : !etensor.event<?>)
+}
