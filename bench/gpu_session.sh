@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python -c "import etc.runtime, sys; print('runtime imports without the compiler:', 'etc._mlir_libs' not in sys.modules)" | tee -a "$OUT/gpu.txt"
 
 echo "== GPU tests" | tee "$OUT/tests.txt"
-ETC_ARTIFACTS=.device/arts python -m pytest -q -rs test/gpu 2>&1 | tail -25 | tee -a "$OUT/tests.txt"
+ETC_ARTIFACTS=.device/arts timeout 400 python -m pytest -q -rs -x test/gpu 2>&1 | tail -30 | tee -a "$OUT/tests.txt"
 
 echo "== examples on the GPU" | tee "$OUT/examples.txt"
 python examples/splitk_rowsum.py --artifact .device/ex/splitk_rowsum --sizes 1,3,7,8,33,1000,4099 2>&1 | tee -a "$OUT/examples.txt"
@@ -24,3 +24,8 @@ fi
 
 echo "== split-K benchmark" | tee "$OUT/bench.txt"
 python bench/splitk.py --artifacts .device/bench --out "$OUT/splitk.json" 2>&1 | tee -a "$OUT/bench.txt"
+
+echo "== schedules benchmark" | tee "$OUT/schedules.txt"
+if [ -d .device/sched ]; then
+  python bench/schedules.py --artifacts .device/sched --out "$OUT/schedules.json" 2>&1 | tee -a "$OUT/schedules.txt"
+fi

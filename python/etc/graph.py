@@ -316,7 +316,24 @@ class Graph:
         return size
 
     def _check_function(self, function: DeviceFunction, where: str) -> None:
-        # One module holds every function: a symbol must have one definition.
+        # One module holds every function and the graph: a symbol must have
+        # one definition.
+        # The kernel runs every tile with one CTA size, and tiles are written
+        # for theirs (strides, shared buffers sized by warps, bar.sync counts).
+        expected = self._block_size
+        if expected is None and self._functions:
+            expected = next(iter(self._functions.values())).block_size
+        if expected is not None and function.block_size != expected:
+            raise GraphError(
+                f"{where}: device function '{function.name}' is written for "
+                f"{function.block_size} threads per CTA but graph '{self.name}' runs "
+                f"{expected}; every task of a graph shares one CTA size"
+            )
+        if self.name in function.defines:
+            raise GraphError(
+                f"{where}: device function '{function.name}' defines '@{self.name}', "
+                f"the name of graph '{self.name}' (the kernel); rename one of them"
+            )
         for other in self._functions.values():
             if other is function or other.source == function.source:
                 continue

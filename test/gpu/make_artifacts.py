@@ -8,7 +8,10 @@ the compiler; the GPU machine needs only the runtime):
 - ``broken/``: the same graph whose wait counts are read from a tensor ``T``
   (data-dependent, so no compile-time check can reject it); the tests set
   ``T`` one too high and expect a DeadlockError naming the event.
-- ``symbolic_batch/``: the Figure 4 example's graph, when it exists.
+- ``symbolic_batch/``: the Figure 4 example's graph.
+- ``<graph>_<schedule>/`` for every graph of ``graphs.py`` (diamond, wide
+  fan-in, skewed, empty tasks, chain) and schedule (static, dynamic with and
+  without early push), and the same for split-K and broken.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import etc  # noqa: E402
 from etc.tiles import rowsum  # noqa: E402
 from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 
+sys.path.insert(0, str(REPO / "test" / "gpu"))
+from graphs import GRAPHS, SCHEDULES  # noqa: E402
+
 
 def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
     g = etc.Graph("splitk")
@@ -33,7 +39,9 @@ def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
     C = g.tensor("C", (n,), "f32")
     T = g.tensor("T", (n,), "i32")
     E = g.event((n,), wait_count=T, name="E")
-    g.task(rowsum.partial_sum(1, k_split, K), grid=(n, k_split), args=(A, B), out_edges={E: "ij->i"})
+    g.task(
+        rowsum.partial_sum(1, k_split, K), grid=(n, k_split), args=(A, B), out_edges={E: "ij->i"}
+    )
     g.task(rowsum.final_sum(1, k_split), grid=(n,), args=(B, C), in_edges={E: "i->i"})
     return g
 
@@ -52,10 +60,22 @@ def main(argv: list[str] | None = None) -> int:
         graphs["symbolic_batch"] = build_batch()
     except ImportError:
         pass
-    for name, g in graphs.items():
-        artifact = etc.compile(g)
+    jobs = [(name, g, "static", True) for name, g in graphs.items()]
+    for suffix, (schedule, early) in SCHEDULES.items():
+        if schedule == "static":
+            continue
+        jobs += [
+            (f"{name}_{suffix}", graphs[name], schedule, early) for name in ("splitk", "broken")
+        ]
+    for name, build in GRAPHS.items():
+        g = build()
+        jobs += [(f"{name}_{s}", g, schedule, early) for s, (schedule, early) in SCHEDULES.items()]
+    for name, g, schedule, early in jobs:
+        artifact = etc.compile(g, schedule=schedule, early_push=early)
         artifact.save(args.out / name)
-        print(f"{name}: {args.out / name} ({'cubin' if artifact.cubin else 'ptx only'})")
+        print(
+            f"{name}: {args.out / name} ({schedule}, {'cubin' if artifact.cubin else 'ptx only'})"
+        )
     return 0
 
 

@@ -575,14 +575,15 @@ def test_every_form_emits_and_verifies(etc_opt):
 
 def test_block_size_attribute():
     fn128 = make_fn("f", "index", block_size=128)
-    fn512 = make_fn("h", "index", block_size=512)
+    fn128b = make_fn("h", "index", block_size=128)
     g = etc.Graph("g")
     E = g.event((2,), wait_count=1)
     g.task(fn128, grid=(2,), out_edges={E: "i->i"})
-    g.task(fn512, grid=(2,), in_edges={E: "i->i"})
-    assert "etensor.block_size = 512 : i64" in g.to_mlir()
+    g.task(fn128b, grid=(2,), in_edges={E: "i->i"})
+    assert g.block_size == 128
+    assert "etensor.block_size = 128 : i64" in g.to_mlir()
     g2 = etc.Graph("g2", block_size=64)
-    g2.task(fn128, grid=(2,))
+    g2.task(make_fn("k", "index", block_size=64), grid=(2,))
     assert g2.block_size == 64
     assert "etensor.block_size = 64 : i64" in g2.to_mlir()
 
@@ -633,3 +634,23 @@ def test_import_does_not_load_compiled_modules():
         text=True,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_function_named_like_the_graph_is_rejected():
+    from etc.tiles import synthetic
+
+    g = etc.Graph("empty")
+    with pytest.raises(etc.GraphError, match="defines '@empty', the name of graph 'empty'"):
+        g.task(synthetic.empty(1), grid=(4,))
+
+
+def test_tiles_of_one_graph_share_the_cta_size():
+    from etc.tiles import synthetic
+
+    g = etc.Graph("mixed")
+    g.task(synthetic.empty(1, name="wide"), grid=(4,))
+    with pytest.raises(etc.GraphError, match="written for 128 threads per CTA but graph 'mixed' runs 256"):
+        g.task(synthetic.empty(1, name="narrow", block_size=128), grid=(4,))
+    small = etc.Graph("small", block_size=64)
+    with pytest.raises(etc.GraphError, match="written for 256 threads per CTA but graph 'small' runs 64"):
+        small.task(synthetic.empty(1), grid=(4,))

@@ -8,9 +8,9 @@ only upstream dialects (arith, scf, memref, vector, gpu, math) and whose
 Python tile builder; it needs the MLIR bindings, so it is not imported here.
 """
 
-from . import rmsnorm, rowsum
+from . import rmsnorm, rowsum, synthetic
 from .rmsnorm import scale as rms_scale
 from .rmsnorm import sum_squares
 from .rowsum import final_sum, partial_sum
 
-__all__ = ["rowsum", "rmsnorm", "partial_sum", "final_sum", "sum_squares", "rms_scale"]
+__all__ = ["rowsum", "rmsnorm", "synthetic", "partial_sum", "final_sum", "sum_squares", "rms_scale"]

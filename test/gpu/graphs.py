@@ -1,0 +1,126 @@
+"""Graphs the GPU tests and the scheduling benchmark run. Pure Python: the
+CPU machine compiles them (make_artifacts.py), the GPU machine rebuilds them
+to compute the expected results with the simulator."""
+
+from __future__ import annotations
+
+import etc
+from etc.tiles import rowsum, synthetic
+
+#: (schedule, early push) of every artifact variant, by directory suffix.
+SCHEDULES = {
+    "static": ("static", True),
+    "dynamic": ("dynamic", True),
+    "dynamic_late": ("dynamic", False),
+}
+BLOCK = 256
+
+
+def diamond() -> etc.Graph:
+    """top -> (left, right) -> bottom; bottom waits on two events."""
+    g = etc.Graph("diamond")
+    n = g.symbol("n")
+    blocks = (n + BLOCK - 1) // BLOCK
+    X = g.tensor("X", (n,), "f32")
+    T = g.tensor("T", (n,), "f32")
+    L = g.tensor("L", (n,), "f32")
+    R = g.tensor("R", (n,), "f32")
+    Z = g.tensor("Z", (n,), "f32")
+    top = g.event((blocks,), wait_count=1, name="top_done")
+    left = g.event((blocks,), wait_count=1, name="left_done")
+    right = g.event((blocks,), wait_count=1, name="right_done")
+    g.task(
+        synthetic.lincomb([2.0], 1.0, name="top"),
+        grid=(blocks,),
+        args=(X, T),
+        out_edges={top: "i->i"},
+    )
+    g.task(
+        synthetic.lincomb([3.0], name="left"),
+        grid=(blocks,),
+        args=(T, L),
+        in_edges={top: "i->i"},
+        out_edges={left: "i->i"},
+    )
+    g.task(
+        synthetic.lincomb([-1.0], 5.0, name="right"),
+        grid=(blocks,),
+        args=(T, R),
+        in_edges={top: "i->i"},
+        out_edges={right: "i->i"},
+    )
+    g.task(
+        synthetic.lincomb([1.0, 1.0, 0.5], name="bottom"),
+        grid=(blocks,),
+        args=(L, R, X, Z),
+        in_edges=[(left, "i->i"), (right, "i->i")],
+    )
+    return g
+
+
+def wide_fan_in(k_split: int = 64) -> etc.Graph:
+    """Split-K with 64 producers per event coordinate."""
+    g = etc.Graph("fanin")
+    n = g.symbol("n")
+    K = 64 * k_split
+    A = g.tensor("A", (n, K), "f32")
+    B = g.tensor("B", (n, k_split), "f32")
+    C = g.tensor("C", (n,), "f32")
+    E = g.event((n,), wait_count=k_split, name="E")
+    g.task(
+        rowsum.partial_sum(1, k_split, K), grid=(n, k_split), args=(A, B), out_edges={E: "ij->i"}
+    )
+    g.task(rowsum.final_sum(1, k_split), grid=(n,), args=(B, C), in_edges={E: "i->i"})
+    return g
+
+
+def skewed(iterations: int = 2000, heavy_every: int = 16, heavy_factor: int = 10) -> etc.Graph:
+    """Stage one spins, every `heavy_every`-th tile `heavy_factor` times
+    longer; stage two (light) consumes each tile's result."""
+    g = etc.Graph("skewed")
+    t = g.symbol("t")
+    P = g.tensor("P", (t,), "f32")
+    Q = g.tensor("Q", (t,), "f32")
+    done = g.event((t,), wait_count=1, name="done")
+    g.task(
+        synthetic.spin(iterations, heavy_every, heavy_factor, name="heavy"),
+        grid=(t,),
+        args=(P,),
+        out_edges={done: "i->i"},
+    )
+    g.task(
+        synthetic.lincomb([1.0], 1.0, span=1, name="light"),
+        grid=(t,),
+        args=(P, Q),
+        in_edges={done: "i->i"},
+    )
+    return g
+
+
+def empty_tasks() -> etc.Graph:
+    """Independent empty tasks: the cost of handing out a task."""
+    g = etc.Graph("empty_tasks")
+    t = g.symbol("t")
+    g.task(synthetic.empty(1), grid=(t,))
+    return g
+
+
+def chain(length: int = 64) -> etc.Graph:
+    """`length` one-instance tasks, each waiting on the previous one: the
+    latency of a notify on one CTA releasing a wait on another."""
+    g = etc.Graph("chain")
+    events = [g.event((1,), wait_count=1, name=f"link{k}") for k in range(length - 1)]
+    for k in range(length):
+        ins = {events[k - 1]: "i->i"} if k else None
+        outs = {events[k]: "i->i"} if k < length - 1 else None
+        g.task(synthetic.empty(1, name=f"hop{k}"), grid=(1,), in_edges=ins, out_edges=outs)
+    return g
+
+
+GRAPHS = {
+    "diamond": diamond,
+    "fanin": wide_fan_in,
+    "skewed": skewed,
+    "empty": empty_tasks,
+    "chain": chain,
+}

@@ -1,0 +1,118 @@
+"""Both schedules on the GPU give the simulator's (and numpy's) answer: split-K,
+a diamond whose sink waits on two events, a 64-way fan-in and a skewed graph;
+a broken dynamic graph stops with a DeadlockError and the process goes on.
+Artifacts: ``python test/gpu/make_artifacts.py DIR``; ``ETC_ARTIFACTS=DIR``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import etc
+import etc.runtime
+from etc.errors import DeadlockError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graphs import GRAPHS, SCHEDULES  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not os.environ.get("ETC_ARTIFACTS"), reason="ETC_ARTIFACTS is not set"),
+]
+
+
+def load(name: str) -> etc.runtime.Kernel:
+    return etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / name)
+
+
+def run_against_simulator(graph: etc.Graph, kernel, inputs, symbols, outputs, **tol):
+    expected = etc.simulate(graph, inputs, symbols)
+    arrays = {}
+    for t in graph.tensors:
+        shape = tuple(d if isinstance(d, int) else d.evaluate(symbols) for d in t.shape)
+        arrays[t.name] = (
+            np.full(shape, np.nan, t.dtype.numpy)
+            if t.dtype.name == "f32"
+            else (np.zeros(shape, t.dtype.numpy))
+        )
+    arrays.update({k: v.copy() for k, v in inputs.items()})
+    kernel.launch(arrays, symbols)
+    for name in outputs:
+        np.testing.assert_allclose(arrays[name], expected[name], **tol)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("n", [1, 7, 300, 5000])
+def test_diamond(schedule: str, n: int) -> None:
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    run_against_simulator(
+        GRAPHS["diamond"](),
+        load(f"diamond_{schedule}"),
+        {"X": x},
+        {"n": n},
+        ["Z"],
+        rtol=1e-6,
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("n", [1, 33, 700])
+def test_wide_fan_in(schedule: str, n: int) -> None:
+    a = np.random.default_rng(n).standard_normal((n, 64 * 64)).astype(np.float32)
+    run_against_simulator(
+        GRAPHS["fanin"](),
+        load(f"fanin_{schedule}"),
+        {"A": a},
+        {"n": n},
+        ["C"],
+        rtol=1e-5,
+        atol=1e-3,
+    )
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_skewed(schedule: str) -> None:
+    run_against_simulator(
+        GRAPHS["skewed"](), load(f"skewed_{schedule}"), {}, {"t": 3000}, ["Q"], rtol=0, atol=0
+    )
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_chain_and_empty(schedule: str) -> None:
+    load(f"chain_{schedule}").launch({}, {})
+    kernel = load(f"empty_{schedule}")
+    for t in (1, 5, 100_000):
+        kernel.launch({}, {"t": t})
+
+
+@pytest.mark.parametrize("schedule", ["dynamic", "dynamic_late"])
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 1000])
+def test_splitk_dynamic(schedule: str, n: int) -> None:
+    a = np.random.default_rng(n).standard_normal((n, 256)).astype(np.float32)
+    t = {"A": a, "B": np.full((n, 4), np.nan, np.float32), "C": np.full(n, np.nan, np.float32)}
+    kernel = load(f"splitk_{schedule}")
+    for _ in range(3):  # the kernel resets its queue and counters itself
+        kernel.launch(t, {"n": n})
+        np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("schedule", ["dynamic", "dynamic_late"])
+def test_dynamic_deadlock_then_recovery(schedule: str) -> None:
+    broken, good = load(f"broken_{schedule}"), load(f"splitk_{schedule}")
+    n = 9
+    a = np.random.default_rng(0).standard_normal((n, 256)).astype(np.float32)
+    t = {"A": a, "B": np.zeros((n, 4), np.float32), "C": np.zeros(n, np.float32)}
+    with pytest.raises(DeadlockError) as info:
+        broken.launch({**t, "T": np.full(n, 5, np.int32)}, {"n": n}, max_polls=100_000)
+    assert "watchdog expired" in str(info.value)
+    # The same broken kernel with counts that do arrive, then another kernel.
+    broken.launch({**t, "T": np.full(n, 4, np.int32)}, {"n": n})
+    np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+    t["C"][:] = np.nan
+    good.launch(t, {"n": n})
+    np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
