@@ -21,9 +21,8 @@ func.func @final(%i: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
 // CHECK: gpu.binary @splitk_kernels
 // CHECK-SAME: atom.relaxed.gpu.global.add.u64
 // CHECK-SAME: ld.acquire.gpu.global.u64
-// CHECK-SAME: st.release.gpu.global.u64
 // CHECK-SAME: atom.acq_rel.gpu.global.add.u32
-// CHECK-SAME: red.release.gpu.global.add.u32
+// CHECK-SAME: st.release.gpu.global.u64
 // CHECK-SAME: ld.acquire.gpu.global.u32
 /// Push on completion: the completing notification pushes, nobody polls a
 /// counter.

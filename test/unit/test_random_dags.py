@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from unit_helpers import make_fn
 
@@ -199,6 +199,43 @@ def direct(spec: DagSpec) -> list[np.ndarray]:
     return X
 
 
+def zero_wait_consumer(spec: DagSpec) -> bool:
+    """Whether some instance waits on a coordinate whose wait count is 0.
+
+    Counts here are fan-ins, which are 0 when a dropped producer dimension
+    has extent 0. The static schedule runs such an instance at once; the
+    dynamic one never pushes it (no notification makes its counter equal 0),
+    on the GPU as in the simulator.
+    """
+    for t, edges in spec.edges.items():
+        if not all(extent(i, spec.n) for i in spec.grids[t]):
+            continue  # no instances
+        for e in edges:
+            dropped = [
+                extent(i, spec.n)
+                for d, i in enumerate(spec.grids[e.producer])
+                if d not in e.out_results
+            ]
+            if not all(dropped):
+                return True
+    return False
+
+
+def non_projection(spec: DagSpec) -> bool:
+    """Whether an in-map repeats a grid dimension, which the dynamic schedule
+    rejects (it enumerates a coordinate's consumers from the map)."""
+    for edges in spec.edges.values():
+        for e in edges:
+            dims = [v for kind, v in e.in_results if kind == "dim"]
+            if len(set(dims)) != len(dims):
+                return True
+    return False
+
+
+# The dynamic interleavings tried per graph: both push modes, two seeds each.
+DYNAMIC_RUNS = [(early_push, k) for early_push in (True, False) for k in range(2)]
+
+
 @settings(
     max_examples=200,
     deadline=None,
@@ -207,18 +244,44 @@ def direct(spec: DagSpec) -> list[np.ndarray]:
 )
 @given(dag_specs())
 def test_random_dags_match_numpy(spec: DagSpec):
+    """Static and dynamic schedules (both push modes, several seeds) give numpy's answer."""
     g, inputs = build(spec)
     expected = direct(spec)
     order = [t.name for t in g.topological_tasks()]
     for t, edges in spec.edges.items():
         for e in edges:
             assert order.index(f"t{e.producer}") < order.index(f"t{t}")
-    for schedule in ("static", "dynamic"):
+    symbols = {"n": spec.n}
+    if non_projection(spec):
+        event("dynamic: in-map not a projection")
+    elif zero_wait_consumer(spec):
+        event("dynamic: a wait count of 0")
+    else:
+        event("dynamic: compared with numpy")
+    runs = [("static", True, spec.seed)] + [
+        ("dynamic", early_push, spec.seed + k) for early_push, k in DYNAMIC_RUNS
+    ]
+    for schedule, early_push, seed in runs:
+        label = f"{schedule}, early_push={early_push}, seed={seed}"
+        if schedule == "dynamic" and non_projection(spec):
+            with pytest.raises(etc.GraphError, match="is not a projection"):
+                etc.simulate(g, inputs, symbols, schedule, spec.num_ctas, seed)
+            continue
+        if schedule == "dynamic" and zero_wait_consumer(spec):
+            with pytest.raises(etc.DeadlockError, match="no task became ready for queue position"):
+                etc.simulate(
+                    g, inputs, symbols, schedule, spec.num_ctas, seed, early_push=early_push
+                )
+            continue
+        stats: dict[str, int] = {}
         out = etc.simulate(
-            g, inputs, {"n": spec.n}, schedule=schedule, num_ctas=spec.num_ctas, seed=spec.seed
+            g, inputs, symbols, schedule, spec.num_ctas, seed, early_push=early_push, stats=stats
         )
         for t, value in enumerate(expected):
-            np.testing.assert_array_equal(out[f"X{t}"], value, err_msg=f"X{t} ({schedule})")
+            np.testing.assert_array_equal(out[f"X{t}"], value, err_msg=f"X{t} ({label})")
+        if schedule == "dynamic":
+            # Every instance with in-edges is pushed exactly once.
+            assert stats["pushes"] == stats["instances"] - stats["ready_at_start"], label
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,13 @@ private:
   LogicalResult emitThreadZero(ArrayRef<Operation *> ops);
   void lowerThreadNotify(NotifyOp notify);
   void lowerThreadPush(PushOp push);
-  Value pop(ArrayRef<DispatchOp> dispatches);
+  /// Thread 0's queue claim: positions [next, end) are claimed and unused;
+  /// `pending` is the first position of a chunk already requested.
+  struct Claim {
+    Value pending, next, end;
+  };
+  Value pop(ArrayRef<DispatchOp> dispatches, Claim &claim);
+  Value requestChunk();
   Value waitCount(EventInfo &info, ValueRange coords);
   SmallVector<Value> gridExtents(DispatchOp dispatch);
   Value asm64(StringRef text, StringRef constraints, ValueRange operands) {
@@ -164,6 +170,7 @@ private:
   Value queueCapacity;               // dynamic schedule: every instance
   SmallVector<Value> instanceCounts; // per dispatch, in worker order
   Value readyAtStart;                // instances of tasks without inputs
+  Value chunkSize;                   // queue positions per head request
   DenseMap<Value, EventInfo> events; // keyed by the graph's event value
   Value nextEventBase;
 };
@@ -591,32 +598,44 @@ SmallVector<Value> KernelBuilder::gridExtents(DispatchOp dispatch) {
 /// fills, polled with acquire loads under the watchdog. Returns the task
 /// descriptor `task << 48 | instance`, or -1 when the CTA must exit (all
 /// instances claimed, or a failure recorded anywhere). Uniform over the CTA.
-Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches) {
+Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
   Value total = queueCapacity;
   Value stateAddr = addressOf(status, index(kState));
   Value exit = i64(-1);
-  auto ifZero = scf::IfOp::create(b, b.getI64Type(), isThreadZero(), true);
+  Type i64Ty = b.getI64Type(), indexTy = b.getIndexType();
+  auto ifZero = scf::IfOp::create(b, TypeRange{i64Ty, i64Ty, indexTy, indexTy},
+                                  isThreadZero(), true);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.elseBlock());
-    scf::YieldOp::create(b, exit);
+    scf::YieldOp::create(
+        b, ValueRange{exit, claim.pending, claim.next, claim.end});
     b.setInsertionPointToStart(ifZero.thenBlock());
-    Value state =
-        asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", stateAddr);
-    Value failed =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, state, i32(0));
-    auto ifFailed = scf::IfOp::create(b, b.getI64Type(), failed, true);
-    scf::YieldOp::create(b, ifFailed.getResult(0));
-    b.setInsertionPointToStart(ifFailed.thenBlock());
-    scf::YieldOp::create(b, exit);
-    b.setInsertionPointToStart(ifFailed.elseBlock());
-    Value claimed = asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], 1;",
-                          "=l,l", queueAddress(index(kHead)));
-    Value position = arith::IndexCastOp::create(b, b.getIndexType(), claimed);
+    // Take the next position of the current chunk, or start the pending
+    // chunk and request the one after it: the request's latency overlaps
+    // the task this position runs, and chunks cut contention on the head.
+    Value haveLocal = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                            claim.next, claim.end);
+    Value pendingStart = arith::IndexCastOp::create(b, indexTy, claim.pending);
+    Value position =
+        arith::SelectOp::create(b, haveLocal, claim.next, pendingStart);
+    auto ifRequest = scf::IfOp::create(b, i64Ty, haveLocal, true);
+    {
+      OpBuilder::InsertionGuard requestGuard(b);
+      b.setInsertionPointToStart(ifRequest.thenBlock());
+      scf::YieldOp::create(b, claim.pending);
+      b.setInsertionPointToStart(ifRequest.elseBlock());
+      scf::YieldOp::create(b, requestChunk());
+    }
+    Value nextEnd = arith::SelectOp::create(
+        b, haveLocal, claim.end,
+        arith::AddIOp::create(b, pendingStart, chunkSize));
     Value done =
         arith::CmpIOp::create(b, arith::CmpIPredicate::uge, position, total);
     auto ifDone = scf::IfOp::create(b, b.getI64Type(), done, true);
-    scf::YieldOp::create(b, ifDone.getResult(0));
+    scf::YieldOp::create(
+        b, ValueRange{ifDone.getResult(0), ifRequest.getResult(0),
+                      arith::AddIOp::create(b, position, index(1)), nextEnd});
     b.setInsertionPointToStart(ifDone.thenBlock());
     scf::YieldOp::create(b, exit);
     b.setInsertionPointToStart(ifDone.elseBlock());
@@ -737,17 +756,49 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches) {
                             ValueRange{index(0)});
   }
   gpu::BarrierOp::create(b);
+  claim = {ifZero.getResult(1), ifZero.getResult(2), ifZero.getResult(3)};
   return memref::LoadOp::create(b, broadcast, ValueRange{index(0)});
+}
+
+/// Thread 0 requests `chunkSize` queue positions; returns the first.
+Value KernelBuilder::requestChunk() {
+  return asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
+               ValueRange{queueAddress(index(kHead)), toI64(chunkSize)});
 }
 
 /// The dynamic worker: pop, run, repeat until pop says exit.
 LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
   if (!queueCapacity)
     return graph.emitOpError("a dynamic worker needs an etensor.queue");
-  auto loop = scf::WhileOp::create(b, TypeRange{}, ValueRange{});
-  Block *before = b.createBlock(&loop.getBefore());
+  // Positions per head request: 1 unless many instances are ready at start
+  // (then up to 8, keeping at least 4 chunks per CTA for balance).
+  Value grid = gpu::GridDimOp::create(b, gpu::Dimension::x);
+  chunkSize = arith::MinUIOp::create(
+      b,
+      arith::MaxUIOp::create(
+          b,
+          arith::DivUIOp::create(b, readyAtStart,
+                                 arith::MulIOp::create(b, grid, index(4))),
+          index(1)),
+      index(8));
+  Type i64Ty = b.getI64Type(), indexTy = b.getIndexType();
+  auto first = scf::IfOp::create(b, i64Ty, isThreadZero(), true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(first.thenBlock());
+    scf::YieldOp::create(b, requestChunk());
+    b.setInsertionPointToStart(first.elseBlock());
+    scf::YieldOp::create(b, i64(0));
+  }
+  SmallVector<Type> claimTypes{i64Ty, indexTy, indexTy};
+  SmallVector<Location> claimLocs(3, b.getLoc());
+  auto loop = scf::WhileOp::create(
+      b, claimTypes, ValueRange{first.getResult(0), index(0), index(0)});
+  Block *before = b.createBlock(&loop.getBefore(), {}, claimTypes, claimLocs);
   b.setInsertionPointToStart(before);
-  Value descriptor = pop(dispatches);
+  Claim claim{before->getArgument(0), before->getArgument(1),
+              before->getArgument(2)};
+  Value descriptor = pop(dispatches, claim);
   Value alive =
       arith::CmpIOp::create(b, arith::CmpIPredicate::ne, descriptor, i64(-1));
   auto ifAlive = scf::IfOp::create(b, TypeRange(), alive, false);
@@ -774,10 +825,11 @@ LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
     memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
     scf::YieldOp::create(b);
   }
-  scf::ConditionOp::create(b, alive, ValueRange{});
-  Block *after = b.createBlock(&loop.getAfter());
+  scf::ConditionOp::create(b, alive,
+                           ValueRange{claim.pending, claim.next, claim.end});
+  Block *after = b.createBlock(&loop.getAfter(), {}, claimTypes, claimLocs);
   b.setInsertionPointToStart(after);
-  scf::YieldOp::create(b);
+  scf::YieldOp::create(b, after->getArguments());
   b.setInsertionPointAfter(loop);
   return success();
 }

@@ -7,14 +7,18 @@ func.func @consume(%i: index) {
   return
 }
 
-/// The dynamic worker: thread 0 claims a queue position (the first ones are
+/// The dynamic worker: thread 0 claims queue positions in chunks from the
+/// head, requesting the next chunk ahead of time (the first positions are
 /// the ready-at-start instances, the rest ring slots it polls), broadcasts
 /// the descriptor through workgroup memory, the CTA runs the task, then
 /// thread 0 alone notifies and pushes.
 // CHECK-LABEL: gpu.func @pipeline
 // CHECK-SAME: workgroup(%[[SLOT:.*]] : memref<1xi64, #gpu.address_space<workgroup>>)
-// CHECK: scf.while
-// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], 1;"
+// CHECK: %[[FIRST:.*]] = scf.if
+// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
+// CHECK: scf.while (%[[PENDING:.*]] = %[[FIRST]], %[[NEXT:.*]] = %{{.*}}, %[[END:.*]] = %{{.*}}) : (i64, index, index)
+// CHECK: arith.cmpi ult, %[[NEXT]], %[[END]] : index
+// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK: "ld.acquire.gpu.global.u64 $0, [$1];"
 // CHECK: memref.store %{{.*}}, %[[SLOT]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
 // CHECK: gpu.barrier

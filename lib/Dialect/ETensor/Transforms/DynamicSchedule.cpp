@@ -120,8 +120,7 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
     IntegerAttr task = b.getI64IntegerAttr(number[edge.task]);
     if (Value ready = readyEvent.lookup(edge.task)) {
       Value done =
-          NotifyOp::create(b, loc, b.getI1Type(), ready, instance).getResult(
-              0);
+          NotifyOp::create(b, loc, b.getI1Type(), ready, instance).getResult(0);
       auto ifDone = scf::IfOp::create(b, loc, done, false);
       b.setInsertionPointToStart(ifDone.thenBlock());
     }
@@ -188,9 +187,9 @@ LogicalResult DynamicScheduler::run() {
   if (earlyPush)
     for (EventOp event : graph.getEvents())
       if (!graph.getConsumers(event).empty())
-        dispatched[event] = declareLike(
-            event.getLoc(), event,
-            ("dispatched." + event.getDisplayName()).str());
+        dispatched[event] =
+            declareLike(event.getLoc(), event,
+                        ("dispatched." + event.getDisplayName()).str());
 
   // Capacity: every instance of every task, each pushed at most once.
   Value capacity = index(loc, 0);
@@ -210,9 +209,9 @@ LogicalResult DynamicScheduler::run() {
     TaskOp task = tasks[t];
     Location taskLoc = task.getLoc();
     b.setInsertionPointToEnd(workerBody);
-    auto dispatch = DispatchOp::create(
-        b, taskLoc, b.getI64IntegerAttr(number[t]), task.getDynamicGrid(),
-        task.getStaticGridAttr());
+    auto dispatch =
+        DispatchOp::create(b, taskLoc, b.getI64IntegerAttr(number[t]),
+                           task.getDynamicGrid(), task.getStaticGridAttr());
     dispatch->setAttr("name", b.getStringAttr(task.getDisplayName()));
     if (task.getInEvents().empty())
       dispatch->setAttr("etensor.ready_at_start", b.getUnitAttr());
