@@ -54,6 +54,9 @@ constexpr int64_t kQueueOverflow = 3;
 // while a slot is empty).
 constexpr int64_t kHead = 0, kTail = 1, kRing = 2;
 constexpr int64_t kInstanceBits = 48;
+// Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
+// memory traffic but adds up to the cap to every notify -> wait handoff.
+constexpr int64_t kFirstSleepNs = 16, kMaxSleepNs = 256;
 
 /// What the kernel knows about one event tensor.
 struct EventInfo {
@@ -240,8 +243,9 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.thenBlock());
     Type i32Ty = b.getI32Type(), i64Ty = b.getI64Type();
-    auto loop = scf::WhileOp::create(b, TypeRange{i32Ty, i64Ty, i32Ty},
-                                     ValueRange{i32(0), i64(0), i32(32)});
+    auto loop =
+        scf::WhileOp::create(b, TypeRange{i32Ty, i64Ty, i32Ty},
+                             ValueRange{i32(0), i64(0), i32(kFirstSleepNs)});
     {
       // before: poll once, stop when done, aborted or out of polls.
       Block *before =
@@ -266,13 +270,13 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
       scf::ConditionOp::create(
           b, keepGoing,
           ValueRange{value, before->getArgument(1), before->getArgument(2)});
-      // after: back off (32 ns doubling to 1 us), count the poll.
+      // after: back off (see kMaxSleepNs), count the poll.
       Block *after = b.createBlock(&loop.getAfter(), {}, {i32Ty, i64Ty, i32Ty},
                                    {b.getLoc(), b.getLoc(), b.getLoc()});
       b.setInsertionPointToStart(after);
       asmVoid("nanosleep.u32 $0;", "r", after->getArgument(2));
       Value doubled = arith::ShLIOp::create(b, after->getArgument(2), i32(1));
-      Value sleep = arith::MinUIOp::create(b, doubled, i32(1024));
+      Value sleep = arith::MinUIOp::create(b, doubled, i32(kMaxSleepNs));
       Value polls = arith::AddIOp::create(b, after->getArgument(1), i64(1));
       scf::YieldOp::create(b, ValueRange{i32(0), polls, sleep});
       // The yielded value slot is re-polled before use; only polls/sleep
@@ -671,8 +675,9 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
     Value slot = arith::SubIOp::create(b, position, readyAtStart);
     Value slotAddr = queueAddress(arith::AddIOp::create(b, slot, index(kRing)));
     Type i64Ty = b.getI64Type(), i32Ty = b.getI32Type();
-    auto loop = scf::WhileOp::create(b, TypeRange{i64Ty, i64Ty, i32Ty},
-                                     ValueRange{i64(0), i64(0), i32(32)});
+    auto loop =
+        scf::WhileOp::create(b, TypeRange{i64Ty, i64Ty, i32Ty},
+                             ValueRange{i64(0), i64(0), i32(kFirstSleepNs)});
     {
       OpBuilder::InsertionGuard loopGuard(b);
       Block *before =
@@ -702,7 +707,7 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
       asmVoid("nanosleep.u32 $0;", "r", after->getArgument(2));
       Value sleep = arith::MinUIOp::create(
           b, arith::ShLIOp::create(b, after->getArgument(2), i32(1)),
-          i32(1024));
+          i32(kMaxSleepNs));
       scf::YieldOp::create(
           b, ValueRange{i64(0),
                         arith::AddIOp::create(b, after->getArgument(1), i64(1)),
