@@ -12,7 +12,7 @@ producer is dispatched); dynamic pushing on completion. Workloads:
   read), from the slope of time over tasks per CTA;
 - chain: 64 one-instance tasks each waiting on the previous: the latency
   from a notify on one SM to the release of the wait on another.
-Method as bench/splitk.py: CUDA events around back-to-back launches, a sleep
+Method: as bench/splitk.py, CUDA events around back-to-back launches, a sleep
 kernel first so the host enqueues ahead (GPU time), medians of REPS, every
 variant checked against numpy/float64 first.
 """

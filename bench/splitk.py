@@ -66,6 +66,21 @@ def timed(torch, fn, calls: int, reps: int) -> float:
     return statistics.median(samples)
 
 
+def host_timed(torch, fn, calls: int, rounds: int = 20) -> float:
+    """Median host µs per call, enqueueing back to back (GPU work ignored)."""
+    import time
+
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        samples.append((time.perf_counter() - start) * 1e6 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def gpu_timed(torch, fn, calls: int, reps: int) -> float:
     """Median µs per call of the GPU work alone: a sleep kernel holds the
     stream while the host enqueues the calls, so host overhead is hidden."""
@@ -157,7 +172,18 @@ def bench_size(torch, artifacts: Path, M: int, configs, copy_bw: float, reps: in
             check(config_name(rows, split), C, i)
         record(f"ETC R={rows} S={split}, eager", timed(torch, launch, calls, reps))
         record(f"ETC R={rows} S={split}, GPU time", gpu_timed(torch, launch, calls, reps))
-    best = min(v for k, v in row["variants"].items() if k.startswith("ETC") and "GPU" not in k)
+        # Host cost of one launch, and the same through cuda-python's binding
+        # instead of the direct libcuda call (A/B in the same process).
+        record(f"ETC R={rows} S={split}, host per launch", host_timed(torch, launch, calls))
+        direct, kernel._direct = kernel._direct, None
+        record(
+            f"ETC R={rows} S={split}, eager via cuda-python",
+            timed(torch, launch, calls, reps),
+        )
+        kernel._direct = direct
+    best = min(
+        v for k, v in row["variants"].items() if k.startswith("ETC") and k.endswith(", eager")
+    )
     row["etc_best_gpu_us"] = min(
         v for k, v in row["variants"].items() if k.startswith("ETC") and "GPU" in k
     )
