@@ -236,32 +236,3 @@ class DeviceBuffer:
 
     def __del__(self) -> None:
         self.release()
-
-
-_direct_launch: Any = None
-
-
-def direct_cooperative_launch() -> Any:
-    """`cuLaunchCooperativeKernel` called through ctypes on libcuda itself.
-
-    The same driver entry point as ``cu.cuLaunchCooperativeKernel``, minus the
-    binding's per-call argument conversion (a few µs, which is most of a launch
-    when the kernel is small). Takes ints: function handle, grid, block, shared
-    bytes, stream handle, address of the ``void*[]`` parameter array; returns
-    the CUresult as an int. None when libcuda cannot be opened this way.
-    """
-    global _direct_launch
-    if _direct_launch is None:
-        import ctypes
-
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuLaunchCooperativeKernel
-        except (OSError, AttributeError):
-            _direct_launch = False
-            return None
-        u32, ptr = ctypes.c_uint, ctypes.c_void_p
-        fn.argtypes = [ptr, u32, u32, u32, u32, u32, u32, u32, ptr, ptr]
-        fn.restype = ctypes.c_int
-        _direct_launch = fn
-    return _direct_launch or None

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK, STATE_QUEUE_OVERFLOW = 0, 1, 2, 3
 _cu = driver.cu
 _INT = {int}
 _SUCCESS = _cu.CUresult.CUDA_SUCCESS if _cu is not None else None
+_INVALID_CONTEXT = _cu.CUresult.CUDA_ERROR_INVALID_CONTEXT if _cu is not None else None
 # Status words are i32: larger event tensors could not be reported.
 MAX_COUNTERS = (1 << 31) - 1
 
@@ -129,8 +129,12 @@ class _Plan:
     counters: int  # words, the kernel's "done" counter not included
     #: Dynamic schedule: i64 words of the ready queue (head, tail, ring).
     queue_words: int
+    #: i32 words of the per-stream scratch buffer (status, counters, queue).
+    scratch_words: int
     pack: ParamPack
     dynamic_slots: np.ndarray
+    #: The same slots as Python ints, for the per-launch writes.
+    dynamic_slot_list: list[int] = field(default_factory=list)
     last_dynamic: tuple | None = None
     fast: FastBinder | None = None
 
@@ -171,10 +175,6 @@ class Kernel:
         self._status_host = driver.HostBuffer(4 * manifest.status_words)
         self._status = self._status_host.view(np.int32)
         self._last: tuple[int, driver.DeviceBuffer, _Plan, int] | None = None
-        # ETC_RUNTIME_DIRECT_LAUNCH=0 forces the cuda-python call (for comparison).
-        direct_ok = os.environ.get("ETC_RUNTIME_DIRECT_LAUNCH", "1") != "0"
-        self._direct = driver.direct_cooperative_launch() if direct_ok else None
-        self._function_handle = int(function)
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -242,7 +242,20 @@ class Kernel:
         # One more word after the events: the kernel's "CTAs done" counter.
         pack.set_memref("counters", None, 0, (counters + 1,))
         slots = np.append(pack.pointer_slots(keys), pack.slot("max_polls"))
-        plan = _Plan(values, shapes, actual, queue, qbuf, counters, queue_words, pack, slots)
+        scratch_words = _queue_offset(m.status_words, counters) + 2 * queue_words
+        plan = _Plan(
+            values,
+            shapes,
+            actual,
+            queue,
+            qbuf,
+            counters,
+            queue_words,
+            scratch_words,
+            pack,
+            slots,
+            [int(slot) for slot in slots],
+        )
         self._plans[(key, grid)] = plan
         return plan
 
@@ -276,10 +289,13 @@ class Kernel:
         values = [v for n in self._param_tensors for v in (by_name[n], by_name[n])]
         values += [status_ptr, status_ptr, counters_ptr, counters_ptr]
         if plan.queue_words:
-            queue_ptr = status_ptr + 4 * _queue_offset(self.manifest, plan)
+            queue_ptr = status_ptr + 4 * _queue_offset(self.manifest.status_words, plan.counters)
             values += [queue_ptr, queue_ptr]
         values.append(polls)
-        plan.pack.values[plan.dynamic_slots] = np.array(values, dtype=np.uint64)
+        # Item by item: cheaper than building an array for ~10 words.
+        target = plan.pack.values
+        for slot, value in zip(plan.dynamic_slot_list, values, strict=True):
+            target[slot] = value
 
     def _stage(self, b: BoundTensor, stream: int) -> None:
         """Copies a numpy array to a (reused) device buffer, ordered on `stream`."""
@@ -347,7 +363,7 @@ class Kernel:
             has_torch = any(b.kind == TORCH for b in bound)
             has_numpy = any(b.kind == NUMPY for b in bound)
         handle = _stream_handle(stream, has_torch, self.device.ordinal)
-        words = _queue_offset(m, plan) + 2 * plan.queue_words
+        words = plan.scratch_words
         scratch = self._scratch.get(handle)
         if scratch is None or scratch.nbytes < 4 * words:
             scratch = self._grow_scratch(handle, words)
@@ -365,25 +381,10 @@ class Kernel:
             plan.last_dynamic = dynamic
 
         cu = _cu
-        direct = self._direct
-        if direct is not None:
-            err = direct(
-                self._function_handle,
-                plan.grid,
-                1,
-                1,
-                m.block_size,
-                1,
-                1,
-                0,
-                handle,
-                plan.pack.address,
-            )
-        else:
-            err = cu.cuLaunchCooperativeKernel(
-                self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
-            )[0]
-        if err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread with no current context
+        err = cu.cuLaunchCooperativeKernel(
+            self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
+        )[0]
+        if err == _INVALID_CONTEXT:  # a thread with no current context
             self._ensure_context()
             err = cu.cuLaunchCooperativeKernel(
                 self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
@@ -458,10 +459,10 @@ class Kernel:
         self._staging.clear()
 
 
-def _queue_offset(m: Manifest, plan: _Plan) -> int:
+def _queue_offset(status_words: int, counters: int) -> int:
     """Scratch layout, in i32 words: status, counters + "done", then (dynamic
     schedule) the 8-byte-aligned ready queue. This is its offset."""
-    words = m.status_words + plan.counters + 1
+    words = status_words + counters + 1
     return words + (words & 1)
 
 
