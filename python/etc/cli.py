@@ -1,0 +1,89 @@
+"""The `etc` and `etc-opt` commands.
+
+etc compile MODULE:FUNCTION -o DIR [--schedule static|dynamic] [--no-early-push]
+    build the graph returned by FUNCTION() in MODULE (a file or an
+    importable module), compile it and save the artifact in DIR
+etc info DIR        print an artifact's manifest summary
+etc-opt ARGS...     the bundled optimizer driver (same as build/bin/etc-opt)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _load_builder(spec: str) -> Any:
+    module_name, _, function = spec.rpartition(":")
+    if not module_name or not function:
+        raise SystemExit(f"etc: expected MODULE:FUNCTION, got {spec!r}")
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = Path(module_name)
+        loader = importlib.util.spec_from_file_location(path.stem, path)
+        if loader is None or not path.exists():
+            raise SystemExit(f"etc: no such file {path}")
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[path.stem] = module
+        # As when running the file as a script: its directory is importable.
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            loader.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+    else:
+        module = importlib.import_module(module_name)
+    if not hasattr(module, function):
+        raise SystemExit(f"etc: {module_name} has no {function!r}")
+    return getattr(module, function)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="etc", description="ETC, the Event Tensor Compiler")
+    commands = parser.add_subparsers(dest="command", required=True)
+    comp = commands.add_parser("compile", help="compile a graph to an artifact directory")
+    comp.add_argument("builder", help="MODULE:FUNCTION returning an etc.Graph")
+    comp.add_argument("-o", "--output", required=True, type=Path)
+    comp.add_argument("--schedule", choices=("static", "dynamic"), default="static")
+    comp.add_argument("--no-early-push", dest="early_push", action="store_false")
+    comp.add_argument("--target", default="sm_90")
+    info = commands.add_parser("info", help="summarise an artifact")
+    info.add_argument("artifact", type=Path)
+    args = parser.parse_args(argv)
+
+    import etc
+
+    try:
+        if args.command == "compile":
+            graph = _load_builder(args.builder)()
+            artifact = etc.compile(
+                graph, schedule=args.schedule, target=args.target, early_push=args.early_push
+            )
+            path = artifact.save(args.output)
+            print(f"{path}: kernel {artifact.kernel_name!r}, {args.schedule} schedule")
+            return 0
+        from etc.runtime.manifest import load_manifest
+
+        m = load_manifest(args.artifact)
+        print(f"{m.graph}: kernel {m.kernel!r} for {m.target}, {m.schedule} schedule")
+        print(f"  symbols: {', '.join(m.symbols) or '-'}")
+        for t in m.tensors:
+            print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
+        for task in m.tasks:
+            print(f"  task {task.index} {task.name}: grid {tuple(str(d) for d in task.grid)}")
+        return 0
+    except etc.EtcError as e:
+        print(f"etc: {e}", file=sys.stderr)
+        return 1
+
+
+def etc_opt() -> None:
+    """Runs the `etc-opt` binary installed next to the bindings."""
+    binary = Path(__file__).resolve().parent / "_mlir_libs" / "etc-opt"
+    if not binary.exists():
+        raise SystemExit(f"etc-opt: not installed at {binary} (build the package first)")
+    os.execv(binary, [str(binary), *sys.argv[1:]])

@@ -1,0 +1,40 @@
+"""The `etc` command: compile a graph builder to an artifact, summarise it."""
+
+from __future__ import annotations
+
+import pytest
+from unit_helpers import REPO
+
+from etc import cli
+
+
+def test_compile_and_info(tmp_path, capsys):
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    out = tmp_path / "art"
+    code = cli.main(
+        [
+            "compile",
+            str(REPO / "examples" / "splitk_rowsum.py") + ":build",
+            "-o",
+            str(out),
+            "--schedule",
+            "dynamic",
+        ]
+    )
+    assert code == 0 and (out / "manifest.json").exists()
+    assert cli.main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "dynamic schedule" in text and "task 1 final_sum" in text
+
+
+def test_bad_builder_is_a_clear_error():
+    with pytest.raises(SystemExit, match="expected MODULE:FUNCTION"):
+        cli.main(["compile", "nocolon", "-o", "x"])
+    with pytest.raises(SystemExit, match="has no 'nope'"):
+        cli.main(["compile", "etc.tiles:nope", "-o", "x"])
+
+
+def test_info_on_a_broken_artifact(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert cli.main(["info", str(tmp_path)]) == 1
+    assert "etc:" in capsys.readouterr().err
