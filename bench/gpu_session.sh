@@ -5,6 +5,8 @@
 #   python bench/splitk.py --build .device/bench
 #   python examples/splitk_rowsum.py --save-artifact .device/ex/splitk_rowsum
 #   python examples/symbolic_batch.py --save-artifact .device/ex/symbolic_batch
+#   (and the same with --schedule dynamic into .device/ex/<name>_dynamic)
+#   python bench/schedules.py --build .device/sched
 # then, on the GPU machine: bash bench/gpu_session.sh  (writes to $OUT)
 set -uo pipefail
 export PYTHONPATH="$PWD/python:$PWD"
@@ -21,6 +23,11 @@ python examples/splitk_rowsum.py --artifact .device/ex/splitk_rowsum --sizes 1,3
 if [ -d .device/ex/symbolic_batch ]; then
   python examples/symbolic_batch.py --artifact .device/ex/symbolic_batch 2>&1 | tee -a "$OUT/examples.txt"
 fi
+for ex in splitk_rowsum symbolic_batch; do
+  if [ -d ".device/ex/${ex}_dynamic" ]; then
+    python "examples/$ex.py" --schedule dynamic --artifact ".device/ex/${ex}_dynamic" 2>&1 | tee -a "$OUT/examples.txt"
+  fi
+done
 
 echo "== split-K benchmark" | tee "$OUT/bench.txt"
 python bench/splitk.py --artifacts .device/bench --out "$OUT/splitk.json" 2>&1 | tee -a "$OUT/bench.txt"
