@@ -43,9 +43,7 @@ def shape_of(tensor: Any, symbols: Mapping[str, int]) -> tuple[int, ...]:
 def compile_graph(g: Any, args: argparse.Namespace) -> Any:
     import etc
 
-    return etc.compile(
-        g, schedule=args.schedule, target=args.target, early_push=args.early_push
-    )
+    return etc.compile(g, schedule=args.schedule, target=args.target, early_push=args.early_push)
 
 
 def run(
@@ -86,7 +84,14 @@ def run(
     failures = 0
     for symbols, inputs in cases:
         if args.simulate:
-            outputs = etc.simulate(g, inputs, symbols, schedule=args.schedule, seed=args.seed)
+            outputs = etc.simulate(
+                g,
+                inputs,
+                symbols,
+                schedule=args.schedule,
+                seed=args.seed,
+                early_push=args.early_push,
+            )
         else:
             outputs = {t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors}
             outputs.update({k: v.copy() for k, v in inputs.items()})

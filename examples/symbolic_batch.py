@@ -128,7 +128,14 @@ def main(argv: list[str] | None = None) -> int:
             X = rng.standard_normal((b, args.hidden)).astype(np.float32)
             symbols, inputs = {"b": b}, {"X": X, "W": W}
             if kernel is None:
-                out = etc.simulate(g, inputs, symbols, schedule=args.schedule, seed=args.seed)
+                out = etc.simulate(
+                    g,
+                    inputs,
+                    symbols,
+                    schedule=args.schedule,
+                    seed=args.seed,
+                    early_push=args.early_push,
+                )
             else:
                 out = {t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors}
                 out.update({k: v.copy() for k, v in inputs.items()})

@@ -2,34 +2,48 @@
 event-counter semantics, in the order a chosen schedule would.
 
 * Counters start at 0. When a task instance finishes (its reference has
-  run), each of its out-edge coordinates gets +1. An instance may start only
-  when, for every in-edge, the counter at the coordinate it maps to is at
-  least the event's wait count there (an int, a symbol expression, or the
-  value of the wait-count tensor at that coordinate, read at wait time).
+  run), each of its out-edge coordinates gets +1. A wait is satisfied when
+  the counter at the coordinate is at least the event's wait count there (an
+  int, a symbol expression, or the value of the wait-count tensor at that
+  coordinate, read at the time of the check).
 * ``schedule="static"``: the per-CTA queues of :func:`static_queues`, each
   CTA running its queue in order and blocking at its head; CTAs are stepped
   round-robin, one instance per step.
-* ``schedule="dynamic"``: a ready pool; an instance becomes ready when all
-  its in-edge coordinates are complete, and each step runs a ready instance
-  chosen with a seeded RNG.
+* ``schedule="dynamic"``: the ready queue of ``etensor-dynamic-schedule``
+  (see docs/scheduling.md), run by ``num_ctas`` simulated CTAs. Positions
+  ``[0, R0)`` name the instances of tasks without in-edges; later ones are
+  ring slots filled by pushes. A CTA claims positions in chunks (requested
+  one pop ahead, as the kernel does), takes them in order, blocks on an
+  unfilled slot and exits at a position past the last instance. A notification that makes a
+  counter *equal* its wait count pushes the consumers of that coordinate
+  (through ``ready.<task>`` when a consumer has several in-edges); with
+  ``early_push`` it is counted on ``dispatched.<event>`` when the producer
+  starts and consumers then wait for the real counters. Each step, a seeded
+  RNG picks a runnable CTA and it performs one atomic action (claim,
+  notification, push, wait check, body): seeds are interleavings.
 
-If work remains and nothing can start, :class:`~etc.errors.DeadlockError`
-names the stuck event(s), coordinate(s), waiting task(s), counters and wait
-counts.
+A hang raises :class:`~etc.errors.DeadlockError` naming what is stuck; in
+the dynamic schedule, as on the GPU, "no task became ready for queue
+position p of N", plus the instances never pushed and why (a wait count of
+0 is never *equalled*, so it never releases consumers). A notification to a
+coordinate that already released its consumers raises GraphError (the GPU
+would race), pushing an instance twice raises LaunchError (the GPU's queue
+overflow).
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .dtypes import f32_to_bf16
-from .errors import DeadlockError, EtcError, GraphError, ShapeError
-from .graph import Event, Graph, Task, Tensor
+from .errors import DeadlockError, EtcError, GraphError, LaunchError, ShapeError
+from .graph import Edge, Event, Graph, Task, Tensor
 from .symbolic import Symbol, SymExpr, evaluate
 
 __all__ = ["simulate", "static_queues"]
@@ -199,8 +213,8 @@ class _Machine:
                 return (edge.event.name, coord, task.name, point, counter, needed)
         return None
 
-    def run(self, number: int, linear: int) -> list[tuple[int, tuple[int, ...]]]:
-        """Run one instance and notify; returns the notified (event, coordinate)s."""
+    def body(self, number: int, linear: int) -> None:
+        """Run one instance's numpy reference."""
         task, point = self.order[number], self.points[number][linear]
         buffers = [self.arrays[a.name] for a in task.args]
         reference = task.function.reference
@@ -214,12 +228,13 @@ class _Machine:
                 f"task '{task.name}' instance {point}: the reference of device function "
                 f"'{task.function.name}' raised {type(exc).__name__}: {exc}"
             ) from exc
-        notified = []
+
+    def run(self, number: int, linear: int) -> None:
+        """Run one instance, then notify each of its out-edge coordinates."""
+        self.body(number, linear)
+        task, point = self.order[number], self.points[number][linear]
         for edge in task.out_edges:
-            coord = self.coord(task, edge, point, "out")
-            self.counters[edge.event.index][coord] += 1
-            notified.append((edge.event.index, coord))
-        return notified
+            self.counters[edge.event.index][self.coord(task, edge, point, "out")] += 1
 
     def deadlock(self, stuck: list[tuple[Any, ...]], remaining: int, how: str) -> DeadlockError:
         lines = [
@@ -266,46 +281,290 @@ def _run_static(machine: _Machine, env: dict[str, int], num_ctas: int) -> None:
             raise machine.deadlock(stuck, remaining, f"static schedule, {num_ctas} CTAs")
 
 
-def _run_dynamic(machine: _Machine, seed: int) -> None:
-    rng = random.Random(seed)
-    instances = [(n, i) for n, pts in enumerate(machine.points) for i in range(len(pts))]
-    state = {inst: 0 for inst in instances}  # 0 pending, 1 ready, 2 done
-    waiters: dict[tuple[int, tuple[int, ...]], list[tuple[int, int]]] = {}
-    for number, linear in instances:
-        task, point = machine.order[number], machine.points[number][linear]
-        for edge in task.in_edges:
-            key = (edge.event.index, machine.coord(task, edge, point, "in"))
-            waiters.setdefault(key, []).append((number, linear))
-    ready: list[tuple[int, int]] = []
+@dataclass(frozen=True)
+class _SlotWait:
+    """A CTA waiting for ring slot ``slot`` (queue ``position``) to be filled."""
 
-    def scan(candidates: list[tuple[int, int]]) -> None:
-        for inst in candidates:
-            if state[inst] == 0 and machine.blocker(*inst) is None:
-                state[inst] = 1
-                ready.append(inst)
+    position: int
+    slot: int
 
-    scan(instances)
-    remaining = len(instances)
-    while remaining:
-        if not ready:
-            # Wait-count tables may have changed since the last check.
-            scan([inst for inst in instances if state[inst] == 0])
-            if not ready:
-                stuck = [
-                    b
-                    for inst in instances
-                    if state[inst] == 0
-                    for b in [machine.blocker(*inst)]
-                    if b is not None
-                ]
-                raise machine.deadlock(stuck, remaining, "dynamic schedule")
-        k = rng.randrange(len(ready))
-        ready[k], ready[-1] = ready[-1], ready[k]
-        inst = ready.pop()
-        state[inst] = 2
-        remaining -= 1
-        for key in machine.run(*inst):
-            scan(waiters.get(key, []))
+
+@dataclass(frozen=True)
+class _EventWait:
+    """A CTA whose instance waits for ``edge``'s counter at ``coord``."""
+
+    number: int
+    linear: int
+    edge: Edge
+    coord: tuple[int, ...]
+
+
+# What a simulated CTA needs before its next action (None: nothing).
+_Gate = _SlotWait | _EventWait | None
+_Instance = tuple[int, int]  # (task number, linear instance index)
+
+
+class _DynamicRun:
+    """The ready queue and CTAs of ``etensor-dynamic-schedule`` on the CPU.
+
+    Each CTA is a generator that yields, before every atomic action, the
+    condition that action needs; :meth:`run` resumes one runnable CTA per
+    step, chosen with a seeded RNG.
+    """
+
+    def __init__(self, machine: _Machine, num_ctas: int, seed: int, early_push: bool) -> None:
+        self.m = machine
+        self.num_ctas = num_ctas
+        self.early_push = early_push
+        self.rng = random.Random(seed)
+        order = machine.order
+        for task in order:
+            for k, edge in enumerate(task.in_edges):
+                dims = [v for kind, v in edge.map.results if kind == "dim"]
+                if len(set(dims)) != len(dims):
+                    raise GraphError(
+                        f"task '{task.name}': in-edge #{k} map '{edge.map}' is not a "
+                        "projection (each result a distinct grid dimension or a "
+                        "constant): the dynamic schedule cannot enumerate the "
+                        "consumers of a coordinate"
+                    )
+        self.initial: list[_Instance] = [
+            (n, i)
+            for n, t in enumerate(order)
+            if not t.in_edges
+            for i in range(len(machine.points[n]))
+        ]
+        self.total = sum(len(p) for p in machine.points)
+        self.ring: list[_Instance | None] = [None] * (self.total - len(self.initial))
+        self.head = 0  # next queue position to claim
+        # Positions per head request, as the kernel picks it: 1 unless many
+        # instances are ready at start (then up to 8, >= 4 chunks per CTA).
+        self.chunk = min(max(len(self.initial) // (4 * num_ctas), 1), 8)
+        self.tail = 0  # next ring slot to fill
+        self.pushed: set[_Instance] = set()
+        self.steps = 0
+        # Consumers of each coordinate, in the pass's order: tasks in graph
+        # order, their in-edges in order, instances in row-major order.
+        number = {t.index: n for n, t in enumerate(order)}
+        self.consumers: dict[int, dict[tuple[int, ...], list[_Instance]]] = {}
+        for event in machine.graph.events:
+            edges = machine.graph.consumers(event)
+            if not edges:
+                continue
+            by_coord: dict[tuple[int, ...], list[_Instance]] = {}
+            for task, edge in edges:
+                n = number[task.index]
+                for linear, point in enumerate(machine.points[n]):
+                    coord = machine.coord(task, edge, point, "in")
+                    by_coord.setdefault(coord, []).append((n, linear))
+            self.consumers[event.index] = by_coord
+        # ready.<task>: completed in-edges of instances with several in-edges.
+        self.ready: dict[_Instance, int] = {}
+        # The counters whose completion pushes: dispatched.<event> with early
+        # push, the real counters without.
+        self.gating: dict[int, np.ndarray] = {
+            e: (np.zeros_like(machine.counters[e]) if early_push else machine.counters[e])
+            for e in self.consumers
+        }
+        self.completed: set[tuple[int, tuple[int, ...]]] = set()
+
+    # -- the scheduler -----------------------------------------------------
+    def run(self) -> None:
+        ctas = [self._cta() for _ in range(self.num_ctas)]
+        gates: list[_Gate] = [next(cta) for cta in ctas]
+        live = list(range(self.num_ctas))
+        while live:
+            runnable = [k for k in live if self._open(gates[k])]
+            if not runnable:
+                raise self._deadlock({k: gates[k] for k in live})
+            k = self.rng.choice(runnable)
+            self.steps += 1
+            try:
+                gates[k] = next(ctas[k])
+            except StopIteration:
+                live.remove(k)
+
+    def _open(self, gate: _Gate) -> bool:
+        if gate is None:
+            return True
+        if isinstance(gate, _SlotWait):
+            return self.ring[gate.slot] is not None
+        e = gate.edge.event.index
+        return int(self.m.counters[e][gate.coord]) >= self.m.counts[e](gate.coord)
+
+    # -- one CTA -----------------------------------------------------------
+    def _request(self) -> int:
+        """Claim the next ``chunk`` queue positions (one atomic add on the head)."""
+        first = self.head
+        self.head += self.chunk
+        return first
+
+    def _cta(self) -> Iterator[_Gate]:
+        # As the kernel's thread 0: positions [next, end) are claimed and
+        # unused; `pending` starts a chunk requested one pop ahead.
+        yield None
+        pending, next_position, end = self._request(), 0, 0
+        while True:
+            yield None
+            if next_position < end:
+                position = next_position
+            else:
+                position, end = pending, pending + self.chunk
+                pending = self._request()
+            next_position = position + 1
+            if position >= self.total:
+                return
+            if position < len(self.initial):
+                instance = self.initial[position]
+            else:
+                slot = position - len(self.initial)
+                yield _SlotWait(position, slot)
+                instance = self.ring[slot]
+                assert instance is not None
+            yield from self._instance(*instance)
+
+    def _instance(self, number: int, linear: int) -> Iterator[_Gate]:
+        m = self.m
+        task, point = m.order[number], m.points[number][linear]
+        outs = [(edge, m.coord(task, edge, point, "out")) for edge in task.out_edges]
+        if self.early_push:
+            for edge, coord in outs:
+                if edge.event.index in self.consumers:
+                    yield None
+                    if self._notify(edge.event, coord, number, linear):
+                        yield from self._push_consumers(edge.event.index, coord)
+            for edge in task.in_edges:
+                yield _EventWait(number, linear, edge, m.coord(task, edge, point, "in"))
+        yield None
+        m.body(number, linear)
+        for edge, coord in outs:
+            yield None
+            if self.early_push or edge.event.index not in self.consumers:
+                m.counters[edge.event.index][coord] += 1
+            elif self._notify(edge.event, coord, number, linear):
+                yield from self._push_consumers(edge.event.index, coord)
+
+    def _notify(self, event: Event, coord: tuple[int, ...], number: int, linear: int) -> bool:
+        """+1 on the gating counter; True when it now equals the wait count."""
+        counter = self.gating[event.index]
+        counter[coord] += 1
+        now, needed = int(counter[coord]), self.m.counts[event.index](coord)
+        key = (event.index, coord)
+        if key in self.completed and now != needed:
+            # On the GPU nothing fails here, but the consumers already pushed
+            # may run before this producer finishes: a silent race.
+            what = "dispatch" if self.early_push else "notification"
+            raise GraphError(
+                f"{self._where()}: task '{self.m.order[number].name}' instance "
+                f"{self.m.points[number][linear]}: {what} {now} of event '{event.name}' at "
+                f"{coord} comes after the coordinate reached its wait count {needed} and "
+                "released its consumers, which may then run before this producer "
+                "finishes; the wait count is too low (the dynamic schedule needs it to "
+                "equal the number of notifications)"
+            )
+        if now == needed:
+            self.completed.add(key)
+            return True
+        return False
+
+    def _push_consumers(self, event: int, coord: tuple[int, ...]) -> Iterator[_Gate]:
+        for instance in self.consumers[event].get(coord, ()):
+            task = self.m.order[instance[0]]
+            if len(task.in_edges) >= 2:
+                yield None
+                count = self.ready[instance] = self.ready.get(instance, 0) + 1
+                if count != len(task.in_edges):
+                    continue
+            yield None
+            self._push(instance)
+
+    def _push(self, instance: _Instance) -> None:
+        if instance in self.pushed:
+            number, linear = instance
+            raise LaunchError(
+                f"{self._where()}: ready-queue overflow: task "
+                f"'{self.m.order[number].name}' instance {self.m.points[number][linear]} "
+                f"is pushed a second time (the ring holds {len(self.ring)} slots, one per "
+                "instance with in-edges); its dependencies completed twice, so a "
+                "wait-count table changed during the run"
+            )
+        self.pushed.add(instance)
+        self.ring[self.tail] = instance
+        self.tail += 1
+
+    # -- reports -------------------------------------------------------------
+    def _where(self) -> str:
+        mode = "early push" if self.early_push else "push on completion"
+        return (
+            f"graph '{self.m.graph.name}' (dynamic schedule, {mode}, {self.num_ctas} CTA"
+            f"{'s' if self.num_ctas != 1 else ''})"
+        )
+
+    def _unpushed(self) -> list[tuple[Any, ...]]:
+        """(event, coord, task, instance, counter, wait count) of each in-edge
+        that kept an instance from being pushed, in task and linear order."""
+        m, stuck = self.m, []
+        for number, task in enumerate(m.order):
+            if not task.in_edges:
+                continue
+            for linear, point in enumerate(m.points[number]):
+                if (number, linear) in self.pushed:
+                    continue
+                for edge in task.in_edges:
+                    coord = m.coord(task, edge, point, "in")
+                    e = edge.event.index
+                    if (e, coord) not in self.completed:
+                        counter = int(self.gating[e][coord])
+                        stuck.append(
+                            (edge.event.name, coord, task.name, point, counter, m.counts[e](coord))
+                        )
+        return stuck
+
+    def _deadlock(self, gates: dict[int, _Gate]) -> DeadlockError:
+        m = self.m
+        slots = sorted((g.position, k) for k, g in gates.items() if isinstance(g, _SlotWait))
+        # (CTA, (event, coord, task, instance, counter, wait count))
+        waits: list[tuple[int, tuple[Any, ...]]] = []
+        for k, g in gates.items():
+            if isinstance(g, _EventWait):
+                e = g.edge.event.index
+                task, point = m.order[g.number], m.points[g.number][g.linear]
+                counter, needed = int(m.counters[e][g.coord]), m.counts[e](g.coord)
+                waits.append((k, (g.edge.event.name, g.coord, task.name, point, counter, needed)))
+        lines = [f"CTA {k} waits for queue position {position}" for position, k in slots]
+        for k, (ev, c, t, p, n, w) in waits:
+            lines.append(
+                f"CTA {k}: task '{t}' instance {p} waits on event '{ev}' at {c}: "
+                f"counter {n} < wait count {w}"
+            )
+        unpushed = self._unpushed() if slots else []
+        what = "dispatches" if self.early_push else "notifications"
+        for ev, c, t, p, n, w in unpushed[:_MAX_REPORTED]:
+            hint = (
+                " (a wait count of 0 never releases consumers: only a notification that "
+                "makes the counter equal to it does)"
+                if w == 0
+                else ""
+            )
+            lines.append(
+                f"task '{t}' instance {p} was never pushed: event '{ev}' at {c} got {n} "
+                f"producer {what}, wait count {w}{hint}"
+            )
+        if len(unpushed) > _MAX_REPORTED:
+            lines.append(f"... and {len(unpushed) - _MAX_REPORTED} more never pushed")
+        if slots:
+            head = f"no task became ready for queue position {slots[0][0]} of {self.total}"
+            cause = unpushed[0] if unpushed else None
+        else:
+            cause = waits[0][1]
+            head = f"task '{cause[2]}' instance {cause[3]} waits forever on event '{cause[0]}'"
+        message = f"deadlock in {self._where()}: {head}:\n  " + "\n  ".join(lines)
+        if cause is None:  # as the GPU reports it: the counter is the position
+            return DeadlockError(message, counter=slots[0][0])
+        e, c, t, p, n, w = cause
+        return DeadlockError(
+            message, event=e, coordinate=c, task=t, instance=p, counter=n, wait_count=w
+        )
 
 
 def simulate(
@@ -315,25 +574,45 @@ def simulate(
     schedule: str = "static",
     num_ctas: int = 4,
     seed: int = 0,
+    early_push: bool = True,
+    stats: dict[str, int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run ``graph`` on the CPU and return every tensor by name.
 
     ``inputs`` maps tensor names (or Tensors) to arrays, which are copied;
     tensors not given start as zeros. ``symbols`` maps every symbol name (or
     Symbol) to an int >= 0. ``bf16`` tensors hold uint16 bits (floating-point
-    inputs are rounded to bf16). Raises ShapeError for bad bindings,
-    GraphError for graph mistakes and DeadlockError when the run hangs.
+    inputs are rounded to bf16). ``seed`` picks the dynamic schedule's
+    interleaving and ``early_push`` its push mode (as the compiler's option);
+    the static schedule ignores both. A ``stats`` dict receives
+    ``instances``, and for the dynamic schedule ``ready_at_start``,
+    ``pushes``, ``steps`` (atomic actions) and ``chunk`` (queue positions per
+    claim), also when the run fails.
+    Raises ShapeError for bad bindings, GraphError for graph mistakes,
+    DeadlockError when the run hangs and LaunchError where the GPU would
+    report a queue overflow.
     """
     if schedule not in ("static", "dynamic"):
         raise EtcError(f"unknown schedule {schedule!r}; expected 'static' or 'dynamic'")
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
+    if not isinstance(early_push, bool):
+        raise EtcError(f"early_push must be a bool, got {early_push!r}")
     graph.validate()
     env = bind_symbols(graph, symbols)
     arrays = _bind_inputs(graph, inputs, env)
     machine = _Machine(graph, arrays, env)
+    if stats is not None:
+        stats["instances"] = sum(len(p) for p in machine.points)
     if schedule == "static":
         _run_static(machine, env, num_ctas)
-    else:
-        _run_dynamic(machine, seed)
+        return arrays
+    run = _DynamicRun(machine, num_ctas, seed, early_push)
+    try:
+        run.run()
+    finally:
+        if stats is not None:
+            stats.update(
+                ready_at_start=len(run.initial), pushes=run.tail, steps=run.steps, chunk=run.chunk
+            )
     return arrays

@@ -232,8 +232,8 @@ def non_projection(spec: DagSpec) -> bool:
     return False
 
 
-# The dynamic interleavings tried per graph: both push modes, two seeds each.
-DYNAMIC_RUNS = [(early_push, k) for early_push in (True, False) for k in range(2)]
+# The dynamic interleavings tried per graph: both push modes, three seeds each.
+DYNAMIC_RUNS = [(early_push, k) for early_push in (True, False) for k in range(3)]
 
 
 @settings(
