@@ -40,7 +40,14 @@ def test_artifact_has_ptx_and_manifest(splitk, tmp_path):
     assert m["tasks"][0]["grid"] == ["(n + 7)//8", 4]
     assert m["events"] == [{"name": "E", "shape": ["(n + 7)//8"], "wait_count": 4}]
     assert [p["kind"] for p in m["params"]] == [
-        "symbol", "tensor", "tensor", "tensor", "counters", "queue", "status", "max_polls"
+        "symbol",
+        "tensor",
+        "tensor",
+        "tensor",
+        "counters",
+        "queue",
+        "status",
+        "max_polls",
     ]
     # The manifest is plain JSON and round-trips through the runtime's parser.
     loaded = load_manifest(splitk.save(tmp_path))
@@ -74,9 +81,7 @@ def test_examples_emit_ptx_that_ptxas_accepts(example, tmp_path):
 
 def test_task_numbering_matches_graph_and_simulator(splitk):
     g = build_splitk(K=256, k_split=4, rows_per_task=8)
-    assert [t["name"] for t in splitk.manifest["tasks"]] == [
-        t.name for t in g.topological_tasks()
-    ]
+    assert [t["name"] for t in splitk.manifest["tasks"]] == [t.name for t in g.topological_tasks()]
     # The runtime's queue and the simulator's queues are the same schedule.
     queue = build_static_queue([5 * 4, 5], grid=3)
     sim = etc.static_queues(g, {"n": 33}, num_ctas=3)

@@ -649,8 +649,12 @@ def test_tiles_of_one_graph_share_the_cta_size():
 
     g = etc.Graph("mixed")
     g.task(synthetic.empty(1, name="wide"), grid=(4,))
-    with pytest.raises(etc.GraphError, match="written for 128 threads per CTA but graph 'mixed' runs 256"):
+    with pytest.raises(
+        etc.GraphError, match="written for 128 threads per CTA but graph 'mixed' runs 256"
+    ):
         g.task(synthetic.empty(1, name="narrow", block_size=128), grid=(4,))
     small = etc.Graph("small", block_size=64)
-    with pytest.raises(etc.GraphError, match="written for 256 threads per CTA but graph 'small' runs 64"):
+    with pytest.raises(
+        etc.GraphError, match="written for 256 threads per CTA but graph 'small' runs 64"
+    ):
         small.task(synthetic.empty(1), grid=(4,))

@@ -70,8 +70,8 @@ def status_error(
         return LaunchError(
             f"{manifest.graph}: a push of task {task.name if task else task_id!r} instance "
             f"{int(words[ST_INSTANCE])} found the ready queue full (slot {int(words[ST_COUNTER])} "
-            f"of {int(words[ST_WAIT])}): an instance was pushed twice, so some wait count is "
-            "lower than the notifications its event receives"
+            f"of {int(words[ST_WAIT])}): an instance was pushed twice, which happens when a "
+            "wait-count table changes while the kernel runs"
         )
     if state == STATE_WATCHDOG and int(words[ST_EVENT]) == -1:
         # Dynamic schedule: a CTA claimed a queue position nobody ever filled.
