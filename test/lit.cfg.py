@@ -33,7 +33,6 @@ llvm_config.add_tool_substitutions(tools, tool_dirs)
 config.substitutions.append(("%python", config.python_executable))
 if config.enable_bindings_python:
     config.available_features.add("bindings_python")
-    llvm_config.with_environment("PYTHONPATH", [config.etc_python_packages_dir],
-                                 append_path=True)
+    llvm_config.with_environment("PYTHONPATH", [config.etc_python_packages_dir], append_path=True)
 if shutil.which("ptxas"):
     config.available_features.add("ptxas")
