@@ -27,8 +27,9 @@ def types():
     print(etensor.QueueType.get())
     # CHECK: isinstance True False
     parsed = ir.Type.parse("!etensor.event<?>")
-    print("isinstance", isinstance(parsed, etensor.EventType),
-          isinstance(parsed, etensor.QueueType))
+    print(
+        "isinstance", isinstance(parsed, etensor.EventType), isinstance(parsed, etensor.QueueType)
+    )
     # CHECK: ValueError: event dimensions must be >= 0 or None
     try:
         etensor.EventType.get([-2])
@@ -47,10 +48,12 @@ def graph_level():
     i32_table = ir.MemRefType.get([DYN], ir.IntegerType.get_signless(32))
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
-        func.FuncOp("partial", ([index, index, a_type, b_type], [])).sym_visibility = (
-            ir.StringAttr.get("private"))
-        func.FuncOp("final", ([index, b_type, c_type], [])).sym_visibility = (
-            ir.StringAttr.get("private"))
+        func.FuncOp(
+            "partial", ([index, index, a_type, b_type], [])
+        ).sym_visibility = ir.StringAttr.get("private")
+        func.FuncOp("final", ([index, b_type, c_type], [])).sym_visibility = ir.StringAttr.get(
+            "private"
+        )
         graph = etensor.GraphOp("splitk", [index, a_type, b_type, c_type, i32_table])
     n, a, b, c, table = graph.arguments
     event_type = etensor.EventType.get([None])
@@ -61,10 +64,8 @@ def graph_level():
         k = arith.muli(n, arith.constant(index, 4))
         etensor.event(event_type, [n], wait_count=k)
         etensor.event(event_type, [n], wait_count_table=table)
-        etensor.TaskOp("partial", [n], [DYN, 4], [a, b], [], [], [e],
-                       [rows], name="partial")
-        etensor.TaskOp("final", [n], [DYN], [b, c], [e],
-                       [same], [], [])
+        etensor.TaskOp("partial", [n], [DYN, 4], [a, b], [], [], [e], [rows], name="partial")
+        etensor.TaskOp("final", [n], [DYN], [b, c], [e], [same], [], [])
     # CHECK: etensor.graph @splitk(%[[N:.*]]: index, %{{.*}}: memref<?x256xf32>, %{{.*}}: memref<?x4xf32>, %{{.*}}: memref<?xf32>, %{{.*}}: memref<?xi32>)
     # CHECK: %[[E:.*]] = etensor.event(%[[N]]) count 4 {name = "E"} : !etensor.event<?>
     # CHECK: etensor.event(%[[N]]) count %{{.*}} : !etensor.event<?>
@@ -122,8 +123,7 @@ def invalid_ir_raises():
         graph = etensor.GraphOp("bad", [index])
     with ir.InsertionPoint(graph.entry_block):
         # Two size operands for a one-'?' event: the verifier must reject it.
-        etensor.event(etensor.EventType.get([None]), list(graph.arguments) * 2,
-                      static_wait_count=1)
+        etensor.event(etensor.EventType.get([None]), list(graph.arguments) * 2, static_wait_count=1)
     # CHECK: verify: 'etensor.event' op expects one size operand per '?' dimension
     try:
         module.operation.verify()
