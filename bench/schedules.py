@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,6 +30,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "test" / "gpu"))
 
 from graphs import GRAPHS, SCHEDULES  # noqa: E402
+
+from bench.timing import gpu_timed  # noqa: E402
 
 SPLITK = {64: (2, 4), 8192: (32, 4)}  # M -> (rows per task, K split), K = 8192
 K = 8192
@@ -49,22 +50,6 @@ def build(out: Path) -> None:
                 out / f"{name}_{suffix}"
             )
         print("built", suffix)
-
-
-def gpu_time(torch, fn, calls: int, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(calls):
-        fn(i)
-    samples = []
-    for _ in range(reps):
-        torch.cuda._sleep(20_000_000)
-        start.record()
-        for i in range(calls):
-            fn(i)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
 
 
 def bench_splitk(torch, artifacts: Path, M: int, reps: int, record) -> None:
@@ -86,7 +71,7 @@ def bench_splitk(torch, artifacts: Path, M: int, reps: int, record) -> None:
             launch(i)
             kernel.check()
             assert (C.double() - refs[i]).abs().max().item() < 1e-2, (M, suffix)
-        record(f"splitk M={M}", suffix, gpu_time(torch, launch, 8, reps))
+        record(f"splitk M={M}", suffix, gpu_timed(torch, launch, 8, reps))
 
 
 def run(artifacts: Path, out: Path | None, reps: int) -> dict:
@@ -122,7 +107,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
         launch(0)
         kernel.check()
         assert torch.equal(Q, expect), suffix
-        record("skewed", suffix, gpu_time(torch, launch, 4, reps), f"({tiles} heavy tiles)")
+        record("skewed", suffix, gpu_timed(torch, launch, 4, reps), f"({tiles} heavy tiles)")
 
     for suffix in SCHEDULES:
         kernel = etc.runtime.load(artifacts / f"empty_{suffix}")
@@ -130,7 +115,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
         times = {}
         for per_cta in (8, 64):
             t = per_cta * ctas
-            times[per_cta] = gpu_time(
+            times[per_cta] = gpu_timed(
                 torch, lambda i, k=kernel, t=t: k.launch({}, {"t": t}, sync=False), 4, reps
             )
         per_task = (times[64] - times[8]) / (64 - 8)
@@ -139,7 +124,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
     for suffix in SCHEDULES:
         kernel = etc.runtime.load(artifacts / f"chain_{suffix}")
         hops = len(kernel.manifest.tasks) - 1
-        us = gpu_time(torch, lambda i, k=kernel: k.launch({}, {}, sync=False), 4, reps)
+        us = gpu_timed(torch, lambda i, k=kernel: k.launch({}, {}, sync=False), 4, reps)
         record("notify->wait", suffix, us / hops, f"(chain of {hops + 1} tasks: {us:.1f} us)")
 
     if out:

@@ -23,12 +23,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.timing import gpu_timed, host_timed, timed  # noqa: E402
 
 K = 8192
 # (rows per task, K split) per M; the best is reported.
@@ -48,53 +49,6 @@ def build(out: Path) -> None:
             artifact = etc.compile(build_graph(K=K, k_split=split, rows_per_task=rows))
             artifact.save(out / config_name(rows, split))
             print("built", config_name(rows, split))
-
-
-def timed(torch, fn, calls: int, reps: int) -> float:
-    """Median µs per call of `fn(i)` for i in range(calls), back to back."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(calls):  # warm-up
-        fn(i)
-    samples = []
-    for _ in range(reps):
-        start.record()
-        for i in range(calls):
-            fn(i)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
-
-
-def host_timed(torch, fn, calls: int, rounds: int = 20) -> float:
-    """Median host µs per call, enqueueing back to back (GPU work ignored)."""
-    import time
-
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for i in range(calls):
-            fn(i)
-        samples.append((time.perf_counter() - start) * 1e6 / calls)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
-def gpu_timed(torch, fn, calls: int, reps: int) -> float:
-    """Median µs per call of the GPU work alone: a sleep kernel holds the
-    stream while the host enqueues the calls, so host overhead is hidden."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        torch.cuda._sleep(20_000_000)  # ~10 ms at H200 clocks: longer than enqueueing
-        start.record()
-        for i in range(calls):
-            fn(i)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
 
 
 def graphed(torch, fn, calls: int):

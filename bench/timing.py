@@ -1,0 +1,56 @@
+"""Timing helpers shared by the benchmarks: CUDA events around back-to-back
+calls, medians over repetitions; `torch` is passed in so that importing this
+module needs no GPU."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def _events(torch):
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _median_us(torch, fn, calls: int, reps: int, before=None) -> float:
+    start, end = _events(torch)
+    samples = []
+    for _ in range(reps):
+        if before is not None:
+            before()
+        start.record()
+        for i in range(calls):
+            fn(i)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def timed(torch, fn, calls: int, reps: int) -> float:
+    """Median µs per call of `fn(i)` for i in range(calls), back to back,
+    after one warm-up round: what an eager caller sees."""
+    for i in range(calls):
+        fn(i)
+    return _median_us(torch, fn, calls, reps)
+
+
+def gpu_timed(torch, fn, calls: int, reps: int) -> float:
+    """Median µs per call of the GPU work alone: a sleep kernel (~10 ms)
+    holds the stream while the host enqueues the calls, hiding host cost."""
+    for i in range(calls):
+        fn(i)
+    return _median_us(torch, fn, calls, reps, before=lambda: torch.cuda._sleep(20_000_000))
+
+
+def host_timed(torch, fn, calls: int, rounds: int = 20) -> float:
+    """Median host µs per call, enqueueing back to back (GPU work ignored)."""
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        samples.append((time.perf_counter() - start) * 1e6 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
