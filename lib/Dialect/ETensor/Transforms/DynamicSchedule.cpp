@@ -42,6 +42,8 @@ private:
   SmallVector<Value> applyMap(Location loc, AffineMap map, ValueRange coords);
   Value linearize(Location loc, ArrayRef<Value> coords, TaskOp task);
   void pushConsumers(Location loc, EventOp event, ValueRange coordinate);
+  void notifyThenPush(Location loc, Value counter, EventOp event,
+                      ValueRange coordinate);
   Value declareLike(Location loc, EventOp event, StringRef name);
 
   TaskGraph graph;
@@ -126,6 +128,18 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
     }
     PushOp::create(b, loc, queue, task, linear, /*count=*/Value());
   }
+}
+
+/// Notifies `counter` at `coordinate`; the notification that completes it
+/// pushes the consumers of that coordinate of `event`.
+void DynamicScheduler::notifyThenPush(Location loc, Value counter,
+                                      EventOp event, ValueRange coordinate) {
+  Value done =
+      NotifyOp::create(b, loc, b.getI1Type(), counter, coordinate).getResult(0);
+  auto ifDone = scf::IfOp::create(b, loc, done, false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifDone.thenBlock());
+  pushConsumers(loc, event, coordinate);
 }
 
 /// A counter tensor with the shape and wait counts of `event`.
@@ -230,14 +244,9 @@ LogicalResult DynamicScheduler::run() {
         Value shadow = dispatched.lookup(eventOp);
         if (!shadow)
           continue;
-        SmallVector<Value> c =
-            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords);
-        Value done =
-            NotifyOp::create(b, taskLoc, b.getI1Type(), shadow, c).getResult(0);
-        auto ifDone = scf::IfOp::create(b, taskLoc, done, false);
-        OpBuilder::InsertionGuard guard(b);
-        b.setInsertionPointToStart(ifDone.thenBlock());
-        pushConsumers(taskLoc, eventOp, c);
+        notifyThenPush(
+            taskLoc, shadow, eventOp,
+            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords));
       }
     if (earlyPush)
       for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
@@ -257,12 +266,7 @@ LogicalResult DynamicScheduler::run() {
         NotifyOp::create(b, taskLoc, /*completed=*/Type(), event, c);
         continue;
       }
-      Value done =
-          NotifyOp::create(b, taskLoc, b.getI1Type(), event, c).getResult(0);
-      auto ifDone = scf::IfOp::create(b, taskLoc, done, false);
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(ifDone.thenBlock());
-      pushConsumers(taskLoc, eventOp, c);
+      notifyThenPush(taskLoc, event, eventOp, c);
     }
     YieldOp::create(b, taskLoc);
   }
