@@ -106,10 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     if save_dir:
         print(f"saved {compile_graph(g, args).save(save_dir)}")
         return 0
-    if not args.simulate and args.schedule != "static":
-        print("the GPU path supports --schedule static only for now", file=sys.stderr)
-        return 2
-
     batches = [int(s) for s in args.batches.split(",")]
     rng = np.random.default_rng(args.seed)
     W = rng.standard_normal(args.hidden).astype(np.float32)

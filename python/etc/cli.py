@@ -4,6 +4,9 @@ etc compile MODULE:FUNCTION -o DIR [--schedule static|dynamic] [--no-early-push]
     build the graph returned by FUNCTION() in MODULE (a file or an
     importable module), compile it and save the artifact in DIR
 etc info DIR        print an artifact's manifest summary
+etc trace RAW.npz -o OUT.json [--png OUT.png]
+    convert a saved trace (`kernel.trace().save(...)`) to a Chrome /
+    Perfetto timeline (one track per SM) and optionally a PNG
 etc-opt ARGS...     the bundled optimizer driver (same as build/bin/etc-opt)
 """
 
@@ -53,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--target", default="sm_90")
     info = commands.add_parser("info", help="summarise an artifact")
     info.add_argument("artifact", type=Path)
+    trace = commands.add_parser("trace", help="timeline of a saved trace")
+    trace.add_argument("raw", type=Path)
+    trace.add_argument("-o", "--output", required=True, type=Path)
+    trace.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
 
     import etc
@@ -65,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
             )
             path = artifact.save(args.output)
             print(f"{path}: kernel {artifact.kernel_name!r}, {args.schedule} schedule")
+            return 0
+        if args.command == "trace":
+            from etc.runtime.trace import Trace
+
+            timeline = Trace.load(args.raw)
+            timeline.to_chrome(args.output)
+            if args.png:
+                timeline.to_png(args.png)
+            print(f"{args.output}: {len(timeline)} task instances ({timeline.dropped} dropped)")
             return 0
         from etc.runtime.manifest import load_manifest
 

@@ -89,13 +89,17 @@ def _wait_count(value: Any) -> int | str | dict[str, str]:
     return _size(value)
 
 
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
 def _pipeline_options(
-    chip: str, block_size: int, watchdog_polls: int, opt_level: int, early_push: bool
+    chip: str, block_size: int, watchdog_polls: int, opt_level: int, early_push: bool, trace: bool
 ) -> str:
     return (
         f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
         f"block-size={block_size} watchdog-polls={watchdog_polls} "
-        f"early-push={'true' if early_push else 'false'}"
+        f"early-push={_flag(early_push)} trace={_flag(trace)}"
     )
 
 
@@ -211,12 +215,15 @@ def _manifest(
     block_size: int,
     polls: int,
     early_push: bool,
+    trace: bool,
 ) -> dict[str, Any]:
     tasks = {t.name: t for t in g.tasks}
     user_events = {e.name for e in g.events}
     params: list[dict[str, Any]] = [{"kind": "symbol", "name": s.name} for s in g.symbols]
     params += [{"kind": "tensor", "name": t.name, "rank": t.rank} for t in g.tensors]
     params += [{"kind": k} for k in ("counters", "queue", "status", "max_polls")]
+    if trace:
+        params.append({"kind": "trace"})
     return {
         "format": MANIFEST_FORMAT,
         "graph": g.name,
@@ -264,6 +271,7 @@ def compile(  # noqa: A001 - the public name
     opt_level: int = 3,
     cubin: bool = True,
     early_push: bool = True,
+    trace: bool = False,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -274,6 +282,9 @@ def compile(  # noqa: A001 - the public name
     ``watchdog_polls`` is the default bound of every wait (the runtime may
     override it per launch). Raises :class:`~etc.errors.CompileError` with the
     MLIR diagnostics and an ``etc-opt`` command that reproduces a failure.
+    ``trace=True`` makes the kernel record every task instance's start, end
+    and SM (read back with ``kernel.trace()``); without it the kernel has no
+    tracing code at all.
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -313,13 +324,15 @@ def compile(  # noqa: A001 - the public name
             )
             _run(ir, text, scheduled, f"builtin.module(etensor-verify-graph,{scheduler})")
             sched = _read_schedule(ir, scheduled)
-            options = _pipeline_options(target, block_size, watchdog_polls, opt_level, early_push)
+            options = _pipeline_options(
+                target, block_size, watchdog_polls, opt_level, early_push, trace
+            )
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)
         finally:
             handler.detach()
     binary = _assemble(ptx, target, g.name) if cubin else None
-    manifest = _manifest(g, sched, schedule, target, block_size, watchdog_polls, early_push)
+    manifest = _manifest(g, sched, schedule, target, block_size, watchdog_polls, early_push, trace)
     return Artifact(manifest=manifest, ptx=ptx, cubin=binary, warnings=warnings)
 
 

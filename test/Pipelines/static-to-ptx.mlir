@@ -24,6 +24,7 @@ func.func @final(%i: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
 
 // CHECK-NOT: etensor.
 // CHECK-NOT: func.func
+// CHECK-NOT: globaltimer
 // CHECK: gpu.binary @splitk_kernels
 // CHECK-SAME: chip = "sm_90"
 // CHECK-SAME: .target sm_90

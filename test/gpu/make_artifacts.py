@@ -70,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, build in GRAPHS.items():
         g = build()
         jobs += [(f"{name}_{s}", g, schedule, early) for s, (schedule, early) in SCHEDULES.items()]
-    for name, g, schedule, early in jobs:
-        artifact = etc.compile(g, schedule=schedule, early_push=early)
+    jobs += [
+        (f"splitk_traced_{suffix}", graphs["splitk"], schedule, early, True)
+        for suffix, (schedule, early) in SCHEDULES.items()
+    ]
+    for name, g, schedule, early, *traced in jobs:
+        artifact = etc.compile(g, schedule=schedule, early_push=early, trace=bool(traced))
         artifact.save(args.out / name)
         print(
             f"{name}: {args.out / name} ({schedule}, {'cubin' if artifact.cubin else 'ptx only'})"

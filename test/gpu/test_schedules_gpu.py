@@ -116,3 +116,39 @@ def test_dynamic_deadlock_then_recovery(schedule: str) -> None:
     t["C"][:] = np.nan
     good.launch(t, {"n": n})
     np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_trace(schedule: str, tmp_path: Path) -> None:
+    """A traced launch records every instance once, on real SMs, in order."""
+    kernel = load(f"splitk_traced_{schedule}")
+    n = 1000
+    a = np.random.default_rng(0).standard_normal((n, 256)).astype(np.float32)
+    t = {"A": a, "B": np.zeros((n, 4), np.float32), "C": np.zeros(n, np.float32)}
+    kernel.launch(t, {"n": n})
+    np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+    trace = kernel.trace()
+    events = trace.events()
+    assert trace.dropped == 0 and len(events) == n * 4 + n
+    seen = {(e["task"], e["instance"]) for e in events}
+    assert len(seen) == len(events)
+    assert all(e["end_ns"] >= e["start_ns"] for e in events)
+    assert 1 < len({e["sm"] for e in events}) <= 256
+    # Every final_sum of row i starts after the 4 partial sums of row i ended.
+    ends = {}
+    for e in events:
+        if e["task"] == "partial_sum":
+            row = e["instance"][0]
+            ends[row] = max(ends.get(row, 0), e["end_ns"])
+    for e in events:
+        if e["task"] == "final_sum":
+            assert e["start_ns"] >= ends[e["instance"][0]]
+    doc = trace.to_chrome(tmp_path / "t.json")
+    assert len([x for x in doc["traceEvents"] if x["ph"] == "X"]) == len(events)
+    out = os.environ.get("OUT")
+    if out:
+        trace.to_chrome(Path(out) / f"trace_splitk_{schedule}.json")
+        try:
+            trace.to_png(Path(out) / f"trace_splitk_{schedule}.png")
+        except etc.EtcError:
+            pass  # no matplotlib on this machine

@@ -38,3 +38,15 @@ def test_info_on_a_broken_artifact(tmp_path, capsys):
     (tmp_path / "manifest.json").write_text("{not json")
     assert cli.main(["info", str(tmp_path)]) == 1
     assert "etc:" in capsys.readouterr().err
+
+
+def test_trace_conversion(tmp_path, capsys):
+    import numpy as np
+
+    from etc.runtime.trace import Trace
+
+    raw = np.array([1, 100, 250, 0, (4 << 32) | 1], dtype=np.uint64)
+    Trace.decode(raw, "g", ["t"], [(3,)]).save(tmp_path / "raw.npz")
+    assert cli.main(["trace", str(tmp_path / "raw.npz"), "-o", str(tmp_path / "t.json")]) == 0
+    assert "1 task instances" in capsys.readouterr().out
+    assert (tmp_path / "t.json").read_text().startswith("{")

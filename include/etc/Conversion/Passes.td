@@ -57,6 +57,11 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "at up to 1 us of backoff each, i.e. tens of seconds).">,
     Option<"blockSize", "block-size", "int64_t", /*default=*/"256",
            "Threads per CTA when the graph has no `etensor.block_size`.">,
+    Option<"trace", "trace", "bool", /*default=*/"false",
+           "Record every task instance's start and end (%globaltimer), SM and "
+           "CTA in a trace buffer passed as one more kernel parameter "
+           "(`memref<?xi64>`: word 0 counts records, 4 words per record). "
+           "Off, the kernel has no tracing code.">,
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",

@@ -40,6 +40,10 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Dynamic schedule: push consumers when their last "
                      "producer is dispatched, not when it completes."),
       llvm::cl::init(true)};
+  PassOptions::Option<bool> trace{
+      *this, "trace",
+      llvm::cl::desc("Record per-instance start/end times and SMs."),
+      llvm::cl::init(false)};
   PassOptions::Option<int64_t> blockSize{
       *this, "block-size",
       llvm::cl::desc("Threads per CTA when the graph does not set it."),

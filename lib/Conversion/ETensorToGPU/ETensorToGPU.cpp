@@ -54,6 +54,7 @@ constexpr int64_t kQueueOverflow = 3;
 // while a slot is empty).
 constexpr int64_t kHead = 0, kTail = 1, kRing = 2;
 constexpr int64_t kInstanceBits = 48;
+constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 // Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
 // memory traffic but adds up to the cap to every notify -> wait handoff.
 constexpr int64_t kFirstSleepNs = 16, kMaxSleepNs = 256;
@@ -70,7 +71,8 @@ struct EventInfo {
 
 class KernelBuilder {
 public:
-  KernelBuilder(GraphOp graph, gpu::GPUFuncOp kernel, int64_t numGraphArgs)
+  KernelBuilder(GraphOp graph, gpu::GPUFuncOp kernel, int64_t numGraphArgs,
+                bool trace)
       : graph(graph), kernel(kernel),
         b(graph.getLoc(), &kernel.getBody().front(),
           kernel.getBody().front().begin()) {
@@ -81,6 +83,8 @@ public:
     queue = entry.getArgument(numGraphArgs + 1);
     status = entry.getArgument(numGraphArgs + 2);
     maxPolls = entry.getArgument(numGraphArgs + 3);
+    if (trace)
+      traceBuffer = entry.getArgument(numGraphArgs + 4);
     broadcast = kernel.getWorkgroupAttributions().front();
   }
 
@@ -163,14 +167,20 @@ private:
         b, base, arith::MulIOp::create(b, toI64(offset), i64(8)));
   }
   void resetCountersForNextLaunch();
+  /// Thread 0's `%globaltimer` (ns), for trace records.
+  Value globalTimer() {
+    return asm64("mov.u64 $0, %globaltimer;", "=l", ValueRange());
+  }
+  void recordTrace(Value start, int64_t task, Value linear);
 
   GraphOp graph;
   gpu::GPUFuncOp kernel;
   ImplicitLocOpBuilder b;
   IRMapping mapping;
   Value counters, queue, status, maxPolls;
-  Value broadcast;                   // workgroup i64 slot: the popped task
-  Value queueCapacity;               // dynamic schedule: every instance
+  Value traceBuffer;   // trace=true: word 0 counts records, 4 words per record
+  Value broadcast;     // workgroup i64 slot: the popped task
+  Value queueCapacity; // dynamic schedule: every instance
   SmallVector<Value> instanceCounts; // per dispatch, in worker order
   Value readyAtStart;                // instances of tasks without inputs
   Value chunkSize;                   // queue positions per head request
@@ -369,6 +379,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   {
     OpBuilder::InsertionGuard bodyGuard(b);
     b.setInsertionPointToStart(ifOk.thenBlock());
+    Value start = traceBuffer ? globalTimer() : Value();
     bool endsWithNotify = false;
     for (; it != body.end(); ++it) {
       Operation &op = *it;
@@ -401,6 +412,8 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
     // The next task may reuse shared memory: join the CTA first.
     if (!endsWithNotify)
       gpu::BarrierOp::create(b);
+    if (traceBuffer)
+      recordTrace(start, dispatch.getTaskAttr().getInt(), linear);
   }
   scf::YieldOp::create(b, ok);
   return success();
@@ -439,6 +452,23 @@ LogicalResult KernelBuilder::build() {
                              "first");
   SmallVector<DispatchOp> dispatches(
       worker.getBody().front().getOps<DispatchOp>());
+  // Queue entries hold the task in the bits above the instance; a push
+  // stores task + 1 there.
+  WalkResult tooLarge = worker.walk([&](Operation *op) {
+    int64_t task = -1;
+    if (auto dispatch = dyn_cast<DispatchOp>(op))
+      task = dispatch.getTaskAttr().getInt();
+    else if (auto push = dyn_cast<PushOp>(op))
+      task = push.getTaskAttr().getInt();
+    if (task < kMaxTasks)
+      return WalkResult::advance();
+    op->emitOpError("task index ")
+        << task << " does not fit the queue descriptor (at most "
+        << kMaxTasks - 1 << ")";
+    return WalkResult::interrupt();
+  });
+  if (tooLarge.wasInterrupted())
+    return failure();
   for (DispatchOp dispatch : dispatches) {
     Value size = index(1);
     for (Value extent : gridExtents(dispatch))
@@ -575,6 +605,41 @@ static bool isStackMemorySpace(Attribute space) {
   if (auto number = dyn_cast<IntegerAttr>(space))
     return number.getInt() == 0 || number.getInt() == 5;
   return false;
+}
+
+/// Thread 0 appends `[start, now, task << 48 | instance, smid << 32 | cta]`
+/// to the trace buffer; records past its capacity are counted, not written.
+void KernelBuilder::recordTrace(Value start, int64_t task, Value linear) {
+  auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifZero.thenBlock());
+  Value end = globalTimer();
+  Value base =
+      toI64(memref::ExtractAlignedPointerAsIndexOp::create(b, traceBuffer));
+  Value slot = arith::IndexCastOp::create(
+      b, b.getIndexType(),
+      asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], 1;", "=l,l", base));
+  Value words = memref::DimOp::create(b, traceBuffer, index(0));
+  Value capacity = arith::DivUIOp::create(
+      b, arith::SubIOp::create(b, words, index(1)), index(4));
+  auto ifRoom = scf::IfOp::create(
+      b, TypeRange(),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, slot, capacity),
+      false);
+  b.setInsertionPointToStart(ifRoom.thenBlock());
+  Value first = arith::AddIOp::create(
+      b, arith::MulIOp::create(b, slot, index(4)), index(1));
+  Value sm = arith::ExtUIOp::create(
+      b, b.getI64Type(), asm32("mov.u32 $0, %smid;", "=r", ValueRange()));
+  Value cta = toI64(gpu::BlockIdOp::create(b, gpu::Dimension::x));
+  Value fields[] = {
+      start, end,
+      arith::OrIOp::create(b, i64(task << kInstanceBits), toI64(linear)),
+      arith::OrIOp::create(b, arith::ShLIOp::create(b, sm, i64(32)), cta)};
+  for (auto [k, value] : llvm::enumerate(fields))
+    memref::StoreOp::create(
+        b, value, traceBuffer,
+        ValueRange{arith::AddIOp::create(b, first, index(k))});
 }
 
 /// The wait count of `coords` as an i32: constant, symbolic or loaded.
@@ -878,9 +943,12 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
         b, ok, lowerWait(cast<WaitOp>(op), dispatch.getTask(), linear));
   auto ifOk = scf::IfOp::create(b, TypeRange(), ok, false);
   b.setInsertionPointToStart(ifOk.thenBlock());
+  Value start = traceBuffer ? globalTimer() : Value();
   for (Operation *op : bodyOps)
     b.clone(*op, mapping);
   gpu::BarrierOp::create(b);
+  if (traceBuffer)
+    recordTrace(start, dispatch.getTaskAttr().getInt(), linear);
   if (failed(emitThreadZero(after)))
     return failure();
   b.setInsertionPointAfter(ifOk);
@@ -1079,6 +1147,8 @@ struct ConvertETensorToGPUPass
     Type i64Buffer =
         MemRefType::get({ShapedType::kDynamic}, IntegerType::get(ctx, 64));
     argTypes.append({i32Buffer, i64Buffer, i32Buffer, IndexType::get(ctx)});
+    if (trace)
+      argTypes.push_back(i64Buffer);
     // One workgroup word: the dynamic worker broadcasts each popped task
     // descriptor through it.
     auto broadcastType = MemRefType::get(
@@ -1097,7 +1167,7 @@ struct ConvertETensorToGPUPass
     kernel->setAttr("etensor.watchdog_polls",
                     builder.getI64IntegerAttr(watchdogPolls));
 
-    KernelBuilder kernelBuilder(graph, kernel, numGraphArgs);
+    KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, trace);
     return kernelBuilder.build();
   }
 };

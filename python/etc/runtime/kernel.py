@@ -24,6 +24,8 @@ from etc.runtime.args import (
 from etc.runtime.manifest import Manifest, load_manifest, numel
 from etc.runtime.params import ParamPack
 from etc.runtime.queue import INSTANCE_MASK, build_static_queue
+from etc.runtime.trace import RECORD_WORDS as TRACE_RECORD_WORDS
+from etc.runtime.trace import Trace
 
 # Status record words (see ETensorToGPU.cpp).
 ST_STATE, ST_EVENT, ST_TASK, ST_COUNTER, ST_WAIT, ST_INSTANCE, ST_CTA, ST_COORD = range(8)
@@ -135,6 +137,8 @@ class _Plan:
     dynamic_slots: np.ndarray
     #: The same slots as Python ints, for the per-launch writes.
     dynamic_slot_list: list[int] = field(default_factory=list)
+    #: Traced artifacts: the record buffer (u64 words, see etc.runtime.trace).
+    trace_buffer: driver.DeviceBuffer | None = None
     last_dynamic: tuple | None = None
     fast: FastBinder | None = None
 
@@ -242,6 +246,11 @@ class Kernel:
         # One more word after the events: the kernel's "CTAs done" counter.
         pack.set_memref("counters", None, 0, (counters + 1,))
         slots = np.append(pack.pointer_slots(keys), pack.slot("max_polls"))
+        trace_buffer = None
+        if m.traced:
+            words64 = 1 + TRACE_RECORD_WORDS * sum(counts)
+            trace_buffer = driver.DeviceBuffer(8 * words64)
+            pack.set_memref("trace", None, trace_buffer.ptr, (words64,))
         scratch_words = _queue_offset(m.status_words, counters) + 2 * queue_words
         plan = _Plan(
             values,
@@ -255,6 +264,7 @@ class Kernel:
             pack,
             slots,
             [int(slot) for slot in slots],
+            trace_buffer,
         )
         self._plans[(key, grid)] = plan
         return plan
@@ -381,6 +391,11 @@ class Kernel:
             plan.last_dynamic = dynamic
 
         cu = _cu
+        if plan.trace_buffer is not None:
+            # A fresh record count per launch (tracing is not a hot path).
+            driver.check(
+                cu.cuMemsetD32Async(plan.trace_buffer.ptr, 0, 2, handle), "cuMemsetD32Async"
+            )
         err = cu.cuLaunchCooperativeKernel(
             self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
         )[0]
@@ -435,6 +450,21 @@ class Kernel:
         self._clear_status(handle, scratch.ptr)
         if err is not None:
             raise err
+
+    def trace(self) -> Trace:
+        """The per-instance timeline of the latest launch (artifacts compiled
+        with ``trace=True``); waits for the launch to finish."""
+        m = self.manifest
+        if not m.traced:
+            raise LaunchError(f"{m.graph}: compiled without trace=True; no timeline to read")
+        if self._last is None:
+            raise LaunchError(f"{m.graph}: no launch to trace yet")
+        handle, _, plan, _ = self._last
+        driver.synchronize(handle)
+        words = np.empty(plan.trace_buffer.nbytes // 8, dtype=np.uint64)
+        driver.dtoh(words.ctypes.data, plan.trace_buffer.ptr, words.nbytes)
+        grids = [m.bind(t.grid, plan.symbols) for t in m.tasks]
+        return Trace.decode(words, m.graph, [t.name for t in m.tasks], grids)
 
     def _ensure_context(self) -> None:
         self.device.make_current()

@@ -61,7 +61,7 @@ _DTYPE_ALIASES = {
     "uint8": "u8",
     "bool": "i1",
 }
-PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls")
+PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls", "trace")
 # The kernel reads these eight status words; a manifest may reserve more.
 MIN_STATUS_WORDS = 8
 
@@ -130,6 +130,11 @@ class Manifest:
     status_words: int
     ptx_bytes: bytes = b""
     cubin_bytes: bytes | None = None
+
+    @property
+    def traced(self) -> bool:
+        """Compiled with ``trace=True``: the kernel records every instance."""
+        return any(p.kind == "trace" for p in self.params)
 
     def tensor(self, name: str) -> TensorSpec:
         for t in self.tensors:
@@ -354,6 +359,8 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     for kind in ("counters", "queue", "status", "max_polls"):
         if counts[kind] != 1:
             raise c.fail("params", f"expected exactly one {kind!r} param, found {counts[kind]}")
+    if counts["trace"] > 1:
+        raise c.fail("params", f"expected at most one 'trace' param, found {counts['trace']}")
 
     block_size = c.get(data, "block_size", int, "")
     if not 1 <= block_size <= 1024:

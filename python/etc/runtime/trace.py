@@ -1,0 +1,177 @@
+"""Timelines of traced launches (artifacts compiled with ``trace=True``).
+
+The kernel appends one record per task instance to a trace buffer of u64
+words: word 0 counts records; record k is words ``1 + 4k ..``:
+``[start_ns, end_ns, task << 48 | instance, smid << 32 | cta]``, with times
+from ``%globaltimer`` (start after the instance's waits, end after its body's
+closing barrier). :meth:`Trace.to_chrome` writes the Chrome / Perfetto JSON
+format (one track per SM); :meth:`Trace.to_png` draws the same timeline with
+matplotlib when it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from etc.errors import EtcError
+
+RECORD_WORDS = 4
+_INSTANCE_MASK = (1 << 48) - 1
+
+
+@dataclass
+class Trace:
+    """Decoded records of one launch."""
+
+    graph: str
+    task_names: list[str]
+    task_grids: list[tuple[int, ...]]
+    records: np.ndarray  # (n, 4) uint64
+    dropped: int = 0
+
+    @classmethod
+    def decode(
+        cls,
+        words: np.ndarray,
+        graph: str,
+        task_names: list[str],
+        task_grids: list[tuple[int, ...]],
+    ) -> Trace:
+        words = np.asarray(words, dtype=np.uint64)
+        count = int(words[0])
+        capacity = (len(words) - 1) // RECORD_WORDS
+        kept = min(count, capacity)
+        records = words[1 : 1 + kept * RECORD_WORDS].reshape(kept, RECORD_WORDS)
+        return cls(graph, task_names, task_grids, records, dropped=count - kept)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def events(self) -> list[dict[str, Any]]:
+        """One dict per instance: task, instance coordinates, sm, cta, start/end ns."""
+        out = []
+        for start, end, descriptor, place in self.records.tolist():
+            task, linear = descriptor >> 48, descriptor & _INSTANCE_MASK
+            if task >= len(self.task_names):
+                raise EtcError(f"{self.graph}: trace record names unknown task {task}")
+            coords, grid = [], self.task_grids[task]
+            for extent in reversed(grid):
+                coords.append(linear % extent if extent else 0)
+                linear //= extent if extent else 1
+            out.append(
+                dict(
+                    task=self.task_names[task],
+                    instance=tuple(reversed(coords)),
+                    sm=place >> 32,
+                    cta=place & 0xFFFFFFFF,
+                    start_ns=start,
+                    end_ns=end,
+                )
+            )
+        return out
+
+    def to_chrome(self, path: str | Path | None = None) -> dict[str, Any]:
+        """The Chrome trace-event JSON (open in ui.perfetto.dev or chrome://tracing)."""
+        events = self.events()
+        t0 = min((e["start_ns"] for e in events), default=0)
+        trace_events: list[dict[str, Any]] = []
+        for sm in sorted({e["sm"] for e in events}):
+            trace_events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": 0,
+                    "tid": sm,
+                    "args": {"name": f"SM {sm}"},
+                }
+            )
+        for e in events:
+            trace_events.append(
+                {
+                    "name": e["task"],
+                    "cat": "task",
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": e["sm"],
+                    "ts": (e["start_ns"] - t0) / 1e3,
+                    "dur": max(e["end_ns"] - e["start_ns"], 0) / 1e3,
+                    "args": {"instance": list(e["instance"]), "cta": e["cta"]},
+                }
+            )
+        doc = {
+            "traceEvents": trace_events,
+            "displayTimeUnit": "ns",
+            "otherData": {"graph": self.graph, "dropped_records": self.dropped},
+        }
+        if path is not None:
+            Path(path).write_text(json.dumps(doc))
+        return doc
+
+    def to_png(self, path: str | Path) -> None:
+        """A timeline image: one row per SM, one colour per task."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise EtcError("Trace.to_png needs matplotlib (pip install matplotlib)") from e
+        events = self.events()
+        t0 = min((e["start_ns"] for e in events), default=0)
+        sms = sorted({e["sm"] for e in events})
+        row = {sm: i for i, sm in enumerate(sms)}
+        colours = plt.get_cmap("tab10")
+        fig, ax = plt.subplots(figsize=(12, max(2.0, len(sms) * 0.08)))
+        for e in events:
+            task = self.task_names.index(e["task"])
+            ax.broken_barh(
+                [((e["start_ns"] - t0) / 1e3, max(e["end_ns"] - e["start_ns"], 1) / 1e3)],
+                (row[e["sm"]], 0.9),
+                color=colours(task % 10),
+            )
+        ax.set_xlabel("µs since the first task started")
+        ax.set_ylabel("SM")
+        ax.set_title(f"{self.graph}: {len(events)} task instances")
+        handles = [
+            plt.Rectangle((0, 0), 1, 1, color=colours(i % 10)) for i in range(len(self.task_names))
+        ]
+        ax.legend(handles, self.task_names, loc="upper right", fontsize="small")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    def save(self, path: str | Path) -> None:
+        """The raw records (numpy .npz) with the names needed to decode them."""
+        np.savez(
+            path,
+            records=self.records,
+            dropped=self.dropped,
+            graph=self.graph,
+            task_names=np.array(self.task_names),
+            task_grids=np.array(json.dumps([list(g) for g in self.task_grids])),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        data = np.load(path, allow_pickle=False)
+        return cls(
+            str(data["graph"]),
+            [str(n) for n in data["task_names"]],
+            [tuple(g) for g in json.loads(str(data["task_grids"]))],
+            data["records"].astype(np.uint64),
+            int(data["dropped"]),
+        )
+
+
+def summary(trace: Trace) -> Mapping[str, float]:
+    """Per task: instances and total busy µs."""
+    out: dict[str, float] = {}
+    for e in trace.events():
+        out[e["task"]] = out.get(e["task"], 0.0) + (e["end_ns"] - e["start_ns"]) / 1e3
+    return out

@@ -1,0 +1,76 @@
+"""Trace records: decoding, Chrome JSON, the traced artifact's ABI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from etc.runtime.trace import Trace
+
+
+def words(records, count=None):
+    flat = [len(records) if count is None else count]
+    for r in records:
+        flat += list(r)
+    return np.array(flat, dtype=np.uint64)
+
+
+def test_decode_and_chrome(tmp_path):
+    recs = [
+        (1000, 3000, (0 << 48) | 5, (7 << 32) | 2),  # task 0 instance 5 on SM 7
+        (2000, 2500, (1 << 48) | 1, (3 << 32) | 9),
+    ]
+    trace = Trace.decode(words(recs), "g", ["a", "b"], [(2, 4), (3,)])
+    events = trace.events()
+    assert events[0] == dict(task="a", instance=(1, 1), sm=7, cta=2, start_ns=1000, end_ns=3000)
+    assert events[1]["instance"] == (1,) and events[1]["sm"] == 3
+    doc = trace.to_chrome(tmp_path / "t.json")
+    loaded = json.loads((tmp_path / "t.json").read_text())
+    assert loaded == doc
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["tid"], e["ts"], e["dur"]) for e in slices] == [
+        ("a", 7, 0.0, 2.0),
+        ("b", 3, 1.0, 0.5),
+    ]
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert names == {3: "SM 3", 7: "SM 7"}
+
+
+def test_overflowing_buffer_counts_dropped_records(tmp_path):
+    buf = words([(1, 2, 0, 0)], count=5)  # the kernel counted 5, wrote the 1 that fit
+    trace = Trace.decode(buf, "g", ["a"], [(8,)])
+    assert len(trace) == 1 and trace.dropped == 4
+    trace.save(tmp_path / "raw.npz")
+    again = Trace.load(tmp_path / "raw.npz")
+    assert again.dropped == 4 and again.events() == trace.events()
+
+
+def test_png_when_matplotlib_is_there(tmp_path):
+    pytest.importorskip("matplotlib")
+    trace = Trace.decode(
+        words([(0, 10, 0, 0), (5, 20, 1 << 48, 1 << 32)]), "g", ["a", "b"], [(1,), (1,)]
+    )
+    trace.to_png(tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_traced_artifact_abi(tmp_path):
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    import sys
+
+    from unit_helpers import REPO
+
+    import etc
+    from etc.runtime.manifest import load_manifest
+
+    sys.path.insert(0, str(REPO))
+    from examples.splitk_rowsum import build
+
+    plain = etc.compile(build())
+    traced = etc.compile(build(), trace=True)
+    assert "globaltimer" not in plain.ptx and "globaltimer" in traced.ptx
+    assert traced.manifest["params"][-1] == {"kind": "trace"}
+    assert load_manifest(traced.save(tmp_path)).traced
+    assert not load_manifest(plain.save(tmp_path / "plain")).traced
