@@ -189,6 +189,12 @@ def _assemble(ptx: str, chip: str, name: str) -> bytes | None:
         return dst.read_bytes()
 
 
+def _edge(edge: Any) -> dict[str, Any]:
+    """An edge as data: the event and, per event dimension, ["dim", d] or
+    ["const", c]."""
+    return {"event": edge.event.name, "map": [[kind, v] for kind, v in edge.map.results]}
+
+
 def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
     """The manifest entry of a counter tensor the dynamic schedule added:
     ``ready.<task>`` (over the task's grid) or ``dispatched.<event>``."""
@@ -254,6 +260,9 @@ def _manifest(
                 "name": name,
                 "grid": [_size(d) for d in tasks[name].grid],
                 "ready_at_start": name in sched.ready_at_start,
+                # For the launch-time checks once the symbols are bound.
+                "in_edges": [_edge(e) for e in tasks[name].in_edges],
+                "out_edges": [_edge(e) for e in tasks[name].out_edges],
             }
             for i, name in enumerate(sched.tasks)
         ],

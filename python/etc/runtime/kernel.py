@@ -21,6 +21,7 @@ from etc.runtime.args import (
     bind_tensors,
     bound_shapes,
 )
+from etc.runtime.checks import check_bound_graph
 from etc.runtime.manifest import Manifest, load_manifest, numel
 from etc.runtime.params import ParamPack
 from etc.runtime.queue import INSTANCE_MASK, build_static_queue
@@ -214,6 +215,7 @@ class Kernel:
             raise LaunchError(
                 f"{m.graph}: {counters} event counters exceed the 2**31 the status record can name"
             )
+        check_bound_graph(m, values)
         actual = max(1, min(sum(counts), self.num_ctas))
         if grid is not None:
             if not 1 <= grid <= self.num_ctas:

@@ -89,6 +89,8 @@ class EventSpec:
     name: str
     shape: tuple[Dim, ...]
     wait_count: WaitCount
+    #: Added by the dynamic schedule (ready.<task>, dispatched.<event>).
+    implicit: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ class TaskSpec:
     grid: tuple[Dim, ...]
     #: Dynamic schedule: no in-edges, so every instance is ready at launch.
     ready_at_start: bool = False
+    #: (event index, map) per edge; a map result is ("dim", d) or ("const", c).
+    in_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
+    out_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,40 @@ def _schedule(c: _Checker, data: Mapping) -> str:
     return schedule
 
 
+def _edges(
+    c: _Checker, value: Any, where: str, events: Sequence[EventSpec], rank: int
+) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+    """Validates a task's edge list (absent in older artifacts: no checks)."""
+    if not isinstance(value, list):
+        raise c.fail(where, f"expected a list, got {type(value).__name__}")
+    index = {e.name: k for k, e in enumerate(events)}
+    out = []
+    for i, edge in enumerate(value):
+        w = f"{where}[{i}]"
+        if not isinstance(edge, dict) or edge.get("event") not in index:
+            raise c.fail(w, f"expected {{'event': <event name>, 'map': [...]}}, got {edge!r}")
+        event = index[edge["event"]]
+        results = edge.get("map")
+        if not isinstance(results, list) or len(results) != len(events[event].shape):
+            raise c.fail(
+                f"{w}.map", f"expected {len(events[event].shape)} results, got {results!r}"
+            )
+        parsed = []
+        for r in results:
+            ok = (
+                isinstance(r, list)
+                and len(r) == 2
+                and r[0] in ("dim", "const")
+                and _is_int(r[1])
+                and (r[1] >= 0 if r[0] == "const" else 0 <= r[1] < rank)
+            )
+            if not ok:
+                raise c.fail(f"{w}.map", f"bad map result {r!r}")
+            parsed.append((r[0], r[1]))
+        out.append((event, tuple(parsed)))
+    return tuple(out)
+
+
 def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = None) -> Manifest:
     """Validates the decoded JSON structure; does not touch the kernel image files."""
     directory = Path(directory)
@@ -292,7 +331,10 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                     f"{w}wait_count",
                     f"table {table!r} must be an i32/i64 tensor of rank {len(shape)}",
                 )
-        events.append(EventSpec(name, shape, wc))
+        implicit = e.get("implicit", False)
+        if not isinstance(implicit, bool):
+            raise c.fail(f"{w}implicit", f"expected a bool, got {implicit!r}")
+        events.append(EventSpec(name, shape, wc, implicit))
     c.unique([e.name for e in events], "events")
 
     tasks = []
@@ -308,14 +350,12 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         ready = t.get("ready_at_start", False)
         if not isinstance(ready, bool):
             raise c.fail(f"{w}ready_at_start", f"expected a bool, got {ready!r}")
-        tasks.append(
-            TaskSpec(
-                index,
-                c.name(t, "name", w),
-                c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols),
-                ready,
-            )
-        )
+        grid = c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols)
+        edges = [
+            _edges(c, t.get(key, []), f"{w}{key}", events, len(grid))
+            for key in ("in_edges", "out_edges")
+        ]
+        tasks.append(TaskSpec(index, c.name(t, "name", w), grid, ready, *edges))
     if len(tasks) >= 1 << 15:
         raise c.fail(
             "tasks", f"{len(tasks)} tasks do not fit the 15-bit task field of a queue entry"

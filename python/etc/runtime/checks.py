@@ -1,0 +1,94 @@
+"""Graph checks that need the symbols' values, run once per shape at launch.
+
+The compiler proves what it can symbolically; what it cannot (maps whose
+fan-in is not uniform, extents that are expressions of several symbols) is
+checked here with the concrete shape, before anything reaches the GPU:
+
+* every edge map sends every task instance inside its event;
+* every event whose wait count is a constant or a symbol expression receives
+  exactly that many notifications at every coordinate (count conservation).
+  Counts read from a tensor are data: the watchdog covers them.
+
+Both are numpy computations over the event shapes (and, for maps that use a
+grid dimension twice, over the instances), cached with the launch plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from etc.errors import LaunchError
+
+from .manifest import Manifest, bind_size
+
+# Maps that repeat a grid dimension are checked instance by instance up to
+# this many instances per task; larger ones are left to the watchdog.
+_MAX_ENUMERATED = 1 << 24
+
+
+def _fmt_map(results) -> str:
+    return "(" + ", ".join(f"d{v}" if kind == "dim" else str(v) for kind, v in results) + ")"
+
+
+def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
+    """Raises LaunchError naming the task, event, map and coordinate at fault."""
+    events = manifest.events
+    shapes = [manifest.bind(e.shape, symbols) for e in events]
+    fan_in = [np.zeros(shape, dtype=np.int64) for shape in shapes]
+    bound = ", ".join(f"{k}={v}" for k, v in symbols.items())
+    for task in manifest.tasks:
+        grid = manifest.bind(task.grid, symbols)
+        if 0 in grid:
+            continue
+        for kind, edges in (("in", task.in_edges), ("out", task.out_edges)):
+            for event_index, results in edges:
+                event, shape = events[event_index], shapes[event_index]
+                where = (
+                    f"{manifest.graph}: task '{task.name}' {kind}-edge to event "
+                    f"'{event.name}' with map {_fmt_map(results)}"
+                )
+                for k, (rkind, v) in enumerate(results):
+                    reach = grid[v] if rkind == "dim" else v + 1
+                    if reach > shape[k]:
+                        coord = [grid[d] - 1 if r == "dim" else d for r, d in results]
+                        raise LaunchError(
+                            f"{where} reaches coordinate {tuple(coord)} outside the event's "
+                            f"shape {shape} (dimension {k}) with {bound}"
+                        )
+                if kind == "out":
+                    _add_fan_in(fan_in[event_index], grid, results, where)
+    if not any(t.out_edges or t.in_edges for t in manifest.tasks):
+        return  # an artifact without edge data: nothing more to check
+    for event, counts in zip(events, fan_in, strict=True):
+        if event.implicit or isinstance(event.wait_count, dict):
+            continue  # correct by construction, or data-dependent (the watchdog's)
+        expected = bind_size(event.wait_count, symbols)
+        bad = np.argwhere(counts != expected)
+        if len(bad):
+            coord = tuple(int(x) for x in bad[0])
+            raise LaunchError(
+                f"{manifest.graph}: event '{event.name}' coordinate {coord} receives "
+                f"{int(counts[coord])} notifications but its wait count is {expected} "
+                f"(with {bound}); {len(bad)} coordinate(s) disagree"
+            )
+
+
+def _add_fan_in(counts: np.ndarray, grid, results, where: str) -> None:
+    """counts[map(p)] += 1 for every grid point p."""
+    dims = [v for kind, v in results if kind == "dim"]
+    if len(set(dims)) == len(dims):
+        # Each event dimension is a distinct grid range or a constant: every
+        # coordinate of that box gets the product of the dropped extents.
+        index = tuple(slice(0, grid[v]) if kind == "dim" else v for kind, v in results)
+        dropped = [grid[d] for d in range(len(grid)) if d not in dims]
+        counts[index] += int(np.prod(dropped, dtype=np.int64))
+        return
+    if int(np.prod(grid, dtype=np.int64)) > _MAX_ENUMERATED:
+        return
+    points = np.indices(grid).reshape(len(grid), -1)
+    coords = tuple(
+        points[v] if kind == "dim" else np.full(points.shape[1], v) for kind, v in results
+    )
+    np.add.at(counts, coords, 1)
