@@ -1,0 +1,69 @@
+"""The GPU fuzz graphs (test/gpu/fuzz_graphs.py) on the CPU: well formed,
+deterministic, every schedule of the simulator gives numpy's answer, and they
+compile under both schedules (when the bindings are built)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import etc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from fuzz_graphs import direct, draw_specs, random_graph  # noqa: E402
+
+# Seeds with their launch sizes: n = 1, partial and full blocks (kept small for speed).
+CASES = [(0, 1), (1, 255), (2, 256), (3, 300), (4, 513)]
+
+
+@pytest.mark.parametrize(("seed", "n"), CASES)
+def test_fuzz_graph_matches_numpy(seed: int, n: int) -> None:
+    g, symbols, inputs = random_graph(seed, n=n)
+    assert symbols == {"n": n} and inputs["X"].shape == (n,)
+    assert g.name == f"fuzz{seed}" and 3 <= len(g.tasks) <= 10
+    names = [t.function.name for t in g.tasks]
+    assert len(set(names)) == len(names) and g.name not in names
+    assert all(e.map.text == "i->i" for t in g.tasks for e in (*t.in_edges, *t.out_edges))
+    if seed % 2 == 0:
+        assert max(len(t.in_edges) for t in g.tasks) >= 2
+    again, _, same = random_graph(seed, n=n)
+    assert again.to_mlir() == g.to_mlir()
+    np.testing.assert_array_equal(same["X"], inputs["X"])
+
+    expected = direct(seed, inputs)
+    runs = [("static", True, 0)] + [
+        ("dynamic", early, k) for early in (True, False) for k in (0, 1)
+    ]
+    for schedule, early_push, k in runs:
+        out = etc.simulate(g, inputs, symbols, schedule, seed=k, early_push=early_push)
+        for name, value in expected.items():
+            np.testing.assert_array_equal(
+                out[name], value, err_msg=f"{name}: {schedule}, early_push={early_push}, seed={k}"
+            )
+
+
+def test_fuzz_graphs_vary() -> None:
+    """Over 20 seeds: both grid kinds, shared and per-edge events, fan-in."""
+    specs = [s for seed in range(20) for s in draw_specs(seed)[1]]
+    assert {s.per_element for s in specs} == {True, False}
+    groups = [
+        [q for r, q in zip(s.reads, s.groups, strict=True) if r >= 0].count(q)
+        for s in specs
+        for q in set(s.groups)
+    ]
+    assert 1 in groups and max(groups) >= 2
+    assert max(len(s.reads) for s in specs) == 3
+
+
+def test_fuzz_graph_compiles() -> None:
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    g, _, _ = random_graph(0)
+    for schedule in ("static", "dynamic"):
+        artifact = etc.compile(g, schedule=schedule, cubin=False)
+        assert f".visible .entry {g.name}(" in artifact.ptx
+        assert sorted(t["name"] for t in artifact.manifest["tasks"]) == sorted(
+            t.name for t in g.tasks
+        )
