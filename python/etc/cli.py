@@ -4,6 +4,9 @@ etc compile MODULE:FUNCTION -o DIR [--schedule static|dynamic] [--no-early-push]
     build the graph returned by FUNCTION() in MODULE (a file or an
     importable module), compile it and save the artifact in DIR
 etc info DIR        print an artifact's manifest summary
+etc dot MODULE:FUNCTION [-o FILE]
+    write the graph returned by FUNCTION() as Graphviz DOT (stdout by
+    default; render with `dot -Tsvg FILE`)
 etc trace RAW.npz -o OUT.json [--png OUT.png]
     convert a saved trace (`kernel.trace().save(...)`) to a Chrome /
     Perfetto timeline (one track per SM) and optionally a PNG
@@ -56,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--target", default="sm_90")
     info = commands.add_parser("info", help="summarise an artifact")
     info.add_argument("artifact", type=Path)
+    dot = commands.add_parser("dot", help="draw a graph's tasks and events as Graphviz DOT")
+    dot.add_argument("builder", help="MODULE:FUNCTION returning an etc.Graph")
+    dot.add_argument("-o", "--output", type=Path, help="the DOT file (default: stdout)")
     trace = commands.add_parser("trace", help="timeline of a saved trace")
     trace.add_argument("raw", type=Path)
     trace.add_argument("-o", "--output", required=True, type=Path)
@@ -72,6 +78,19 @@ def main(argv: list[str] | None = None) -> int:
             )
             path = artifact.save(args.output)
             print(f"{path}: kernel {artifact.kernel_name!r}, {args.schedule} schedule")
+            return 0
+        if args.command == "dot":
+            graph = _load_builder(args.builder)()
+            if not isinstance(graph, etc.Graph):
+                raise SystemExit(
+                    f"etc: {args.builder} returned {type(graph).__name__}, not a Graph"
+                )
+            text = graph.to_dot()
+            if args.output is None:
+                sys.stdout.write(text)
+            else:
+                args.output.write_text(text)
+                print(f"{args.output}: {len(graph.tasks)} tasks, {len(graph.events)} events")
             return 0
         if args.command == "trace":
             from etc.runtime.trace import Trace

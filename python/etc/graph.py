@@ -618,6 +618,53 @@ class Graph:
         self.validate()
         return _Emitter(self).emit()
 
+    # ------------------------------------------------------------------
+    # Graphviz
+    # ------------------------------------------------------------------
+    def to_dot(self) -> str:
+        """The task graph in Graphviz DOT, for ``dot -Tsvg``.
+
+        Tasks are boxes (name and grid), events ellipses (name, shape and
+        wait count); an edge runs from each producer to its event and from the
+        event to each consumer, labelled with its map. Tasks of one
+        topological level share a rank. The graph is not validated, so a
+        graph with a cycle can be drawn too (its cyclic tasks go last,
+        unranked).
+        """
+        order, preds = self._kahn()
+        level: dict[int, int] = {}
+        for t in order:
+            level[t] = max((level[p] + 1 for p in preds[t]), default=0)
+        cyclic = [t for t in range(len(self.tasks)) if t not in level]
+        lines = [
+            f"digraph {_dot_string(self.name)} {{",
+            "  rankdir=TB;",
+            '  node [fontname="Helvetica"];',
+            '  edge [fontname="Helvetica", fontsize=10];',
+        ]
+        for t in [*order, *cyclic]:
+            task = self.tasks[t]
+            label = f"{task.name}\ngrid {_fmt_shape(task.grid)}"
+            lines.append(f"  t{t} [shape=box, label={_dot_string(label)}];")
+        for e in self.events:
+            count = e.wait_count
+            wait = f"from {count.name}" if isinstance(count, Tensor) else str(count)
+            label = f"{e.name}\nshape {_fmt_shape(e.shape)}\nwait {wait}"
+            lines.append(f"  e{e.index} [shape=ellipse, label={_dot_string(label)}];")
+        for t in [*order, *cyclic]:
+            task = self.tasks[t]
+            for edge in task.in_edges:
+                label = _dot_string(str(edge.map))
+                lines.append(f"  e{edge.event.index} -> t{t} [label={label}];")
+            for edge in task.out_edges:
+                label = _dot_string(str(edge.map))
+                lines.append(f"  t{t} -> e{edge.event.index} [label={label}];")
+        for rank in range(max(level.values(), default=-1) + 1):
+            same = " ".join(f"t{t};" for t in order if level[t] == rank)
+            lines.append(f"  {{ rank=same; {same} }}")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
 
 # ----------------------------------------------------------------------
 # Fan-in analysis (mirrors etensor-verify-graph)
@@ -697,6 +744,12 @@ def _mlir_string(text: str) -> str:
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
+
+
+def _dot_string(text: str) -> str:
+    """A quoted DOT string; a newline in ``text`` breaks the label's line."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + escaped + '"'
 
 
 def _symbol_ref(name: str) -> str:
