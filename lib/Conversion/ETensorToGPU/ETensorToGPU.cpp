@@ -21,6 +21,7 @@
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringExtras.h"
 
 namespace mlir::etensor {
 #define GEN_PASS_DEF_CONVERTETENSORTOGPU
@@ -58,6 +59,8 @@ constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 // Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
 // memory traffic but adds up to the cap to every notify -> wait handoff.
 constexpr int64_t kFirstSleepNs = 16, kMaxSleepNs = 256;
+// llvm::Value::MaximumAlignment.
+constexpr uint64_t kMaxLLVMAlignment = uint64_t(1) << 32;
 
 /// What the kernel knows about one event tensor.
 struct EventInfo {
@@ -130,6 +133,7 @@ private:
   }
 
   LogicalResult declareEvent(EventOp event);
+  LogicalResult checkKernelOperands(Operation *root, bool nested = true);
   Value linearize(ValueRange coords, ArrayRef<Value> sizes);
   SmallVector<Value> delinearize(Value linear, ArrayRef<Value> extents);
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
@@ -419,6 +423,33 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   return success();
 }
 
+/// The kernel has a counterpart for every graph-level value it maps (index
+/// and memref values, cloned ops' results) and for the declared events,
+/// which only waits and notifications may use; pushes name the one queue.
+/// Anything else (a cast event, a popped descriptor) cannot be lowered.
+LogicalResult KernelBuilder::checkKernelOperands(Operation *root, bool nested) {
+  auto check = [&](Operation *op) {
+    for (Value value : op->getOperands()) {
+      if (value.getParentRegion() != &graph.getBody() ||
+          mapping.contains(value))
+        continue;
+      if (isa<WaitOp, NotifyOp>(op) && value == op->getOperand(0) &&
+          events.count(value))
+        continue;
+      if (isa<PushOp, WorkerOp>(op) && isa<QueueType>(value.getType()))
+        continue;
+      op->emitOpError("uses a value of type ")
+          << value.getType() << " that convert-etensor-to-gpu cannot map "
+          << "into the kernel";
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  };
+  if (!nested)
+    return failure(check(root).wasInterrupted());
+  return failure(root->walk(check).wasInterrupted());
+}
+
 LogicalResult KernelBuilder::build() {
   WorkerOp worker;
   for (Operation &op : graph.getBodyBlock()) {
@@ -445,6 +476,8 @@ LogicalResult KernelBuilder::build() {
     if (op.getDialect() && isa<ETensorDialect>(op.getDialect()))
       return op.emitOpError("is not supported at graph level by "
                             "convert-etensor-to-gpu");
+    if (failed(checkKernelOperands(&op)))
+      return failure();
     b.clone(op, mapping);
   }
   if (!worker)
@@ -454,20 +487,23 @@ LogicalResult KernelBuilder::build() {
       worker.getBody().front().getOps<DispatchOp>());
   // Queue entries hold the task in the bits above the instance; a push
   // stores task + 1 there.
-  WalkResult tooLarge = worker.walk([&](Operation *op) {
+  WalkResult invalid = worker.walk([&](Operation *op) {
     int64_t task = -1;
     if (auto dispatch = dyn_cast<DispatchOp>(op))
       task = dispatch.getTaskAttr().getInt();
     else if (auto push = dyn_cast<PushOp>(op))
       task = push.getTaskAttr().getInt();
-    if (task < kMaxTasks)
-      return WalkResult::advance();
-    op->emitOpError("task index ")
-        << task << " does not fit the queue descriptor (at most "
-        << kMaxTasks - 1 << ")";
-    return WalkResult::interrupt();
+    if (task >= kMaxTasks) {
+      op->emitOpError("task index ")
+          << task << " does not fit the queue descriptor (at most "
+          << kMaxTasks - 1 << ")";
+      return WalkResult::interrupt();
+    }
+    return failed(checkKernelOperands(op, /*nested=*/false))
+               ? WalkResult::interrupt()
+               : WalkResult::advance();
   });
-  if (tooLarge.wasInterrupted())
+  if (invalid.wasInterrupted())
     return failure();
   for (DispatchOp dispatch : dispatches) {
     Value size = index(1);
@@ -593,6 +629,14 @@ void KernelBuilder::resetCountersForNextLaunch() {
   b.setInsertionPointToStart(zeroQueue.getBody());
   memref::StoreOp::create(b, i64(0), queue,
                           ValueRange{zeroQueue.getInductionVar()});
+}
+
+static bool isPTXIdentifier(StringRef name) {
+  auto isFollow = [](char c) {
+    return llvm::isAlnum(c) || c == '_' || c == '$';
+  };
+  return !name.empty() && !llvm::isDigit(name.front()) &&
+         llvm::all_of(name, isFollow);
 }
 
 /// Whether an alloca in `space` can lower: NVPTX stack slots live in the
@@ -1095,6 +1139,13 @@ struct ConvertETensorToGPUPass
   LogicalResult convertGraph(GraphOp graph, SymbolTable &symbols,
                              llvm::SetVector<Operation *> &deviceFunctions) {
     MLIRContext *ctx = &getContext();
+    // The kernel is a public PTX entry named after the graph; the NVPTX
+    // printer aborts on a name that it would have to quote.
+    if (!isPTXIdentifier(graph.getSymName()))
+      return graph.emitOpError("name '")
+             << graph.getSymName()
+             << "' is not a PTX identifier ([a-zA-Z_$][a-zA-Z0-9_$]*), so it "
+                "cannot name the kernel";
     OpBuilder builder(graph);
     auto gpuModule = gpu::GPUModuleOp::create(
         builder, graph.getLoc(), (graph.getSymName() + "_kernels").str());
@@ -1131,6 +1182,26 @@ struct ConvertETensorToGPUPass
     if (invalid)
       return failure();
     for (Operation *callee : callees) {
+      // Only the worker's etensor ops are lowered; inside a device function
+      // they would reach LLVM translation as unrealized casts.
+      WalkResult nested = callee->walk([&](Operation *op) {
+        if (op->getDialect() && isa<ETensorDialect>(op->getDialect())) {
+          op->emitOpError("cannot appear in a device function; events and "
+                          "queues belong to the graph");
+          return WalkResult::interrupt();
+        }
+        // LLVM asserts on a larger alignment when translating the module.
+        auto align = op->getAttrOfType<IntegerAttr>("alignment");
+        if (align && align.getValue().ugt(kMaxLLVMAlignment)) {
+          op->emitOpError("alignment ")
+              << llvm::toString(align.getValue(), 10, /*Signed=*/false)
+              << " exceeds LLVM's maximum of " << kMaxLLVMAlignment;
+          return WalkResult::interrupt();
+        }
+        return WalkResult::advance();
+      });
+      if (nested.wasInterrupted())
+        return failure();
       Operation *copy = builder.clone(*callee);
       if (auto fn = dyn_cast<func::FuncOp>(copy)) {
         if (fn.isExternal())

@@ -82,6 +82,25 @@ etensor.graph @map_constant_out_of_bounds() {
 
 // -----
 
+// Found by fuzzing: the schedules could not expand the map and crashed.
+func.func private @tile(%i: index)
+etensor.graph @map_negative_divisor(%n: index) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{out map #0 affine_map<(d0) -> (d0 floordiv -1)> must divide only by positive constants}}
+  etensor.task @tile grid [%n] outs(%e[(i) -> (i floordiv -1)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @map_zero_modulus(%n: index) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{in map #0 affine_map<(d0) -> (d0 mod 0)> must divide only by positive constants}}
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i mod 0)] : !etensor.event<?>)
+}
+
+// -----
+
 func.func private @tile(%i: index)
 etensor.graph @negative_extent() {
   // expected-error @+1 {{grid extents must be non-negative, got -3}}
@@ -201,6 +220,32 @@ etensor.graph @duplicate_dispatch() {
 
 // -----
 
+// Found by fuzzing: INT64_MAX is the empty key of a DenseSet<int64_t>.
+etensor.graph @dispatch_max_task() {
+  etensor.worker static {
+    etensor.dispatch 9223372036854775807 grid [1] {
+    ^bb0(%i: index):
+    }
+    // expected-error @+1 {{task 9223372036854775807 is dispatched twice}}
+    etensor.dispatch 9223372036854775807 grid [1] {
+    ^bb0(%i: index):
+    }
+  }
+}
+
+// -----
+
+etensor.graph @dispatch_negative_task() {
+  etensor.worker static {
+    // expected-error @+1 {{task index must be non-negative, got -9223372036854775808}}
+    etensor.dispatch -9223372036854775808 grid [1] {
+    ^bb0(%i: index):
+    }
+  }
+}
+
+// -----
+
 etensor.graph @dispatch_arguments() {
   etensor.worker static {
     // expected-error @+1 {{expects one block argument per grid dimension (2), got 1}}
@@ -208,6 +253,29 @@ etensor.graph @dispatch_arguments() {
     ^bb0(%i: index):
     }
   }
+}
+
+// -----
+
+// Found by fuzzing: the graph analysis cast every edge's event to
+// etensor.event.
+func.func private @tile(%i: index)
+etensor.graph @event_from_cast(%n: index) {
+  %e0 = etensor.event(%n) count 1 : !etensor.event<?>
+  %e = builtin.unrealized_conversion_cast %e0 : !etensor.event<?> to !etensor.event<?>
+  etensor.task @tile grid [%n] outs(%e0[(i) -> (i)] : !etensor.event<?>)
+  // expected-error @+1 {{events must be declared by etensor.event in the same graph}}
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @trigger_from_cast(%n: index, %indptr: memref<?xi32>) {
+  %e0 = etensor.event(%n) count 1 : !etensor.event<?>
+  %e = builtin.unrealized_conversion_cast %e0 : !etensor.event<?> to !etensor.event<?>
+  // expected-error @+1 {{events must be declared by etensor.event in the same graph}}
+  etensor.task @tile grid [%n] triggered_by(%e, %indptr : !etensor.event<?>, memref<?xi32>)
 }
 
 //===----------------------------------------------------------------------===//

@@ -91,3 +91,51 @@ etensor.graph @polynomial_count(%n: index) {
   etensor.task @tile3 grid [%n, %n, %np1] outs(%e[(i, j, k) -> (i)] : !etensor.event<?>)
   etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
 }
+
+// -----
+
+/// Graph symbols at positions past the grid rank (found by fuzzing: the
+/// extents were simplified with one symbol per grid dimension and the
+/// affine flattener asserted).
+func.func private @tile(%i: index)
+// CHECK-LABEL: etensor.graph @symbol_past_grid_rank
+etensor.graph @symbol_past_grid_rank(%pad: index, %n: index) {
+  %t = arith.addi %n, %pad : index
+  %m = arith.subi %t, %pad : index
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  etensor.task @tile grid [%m] outs(%e[(i) -> (i)] : !etensor.event<?>)
+  etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+/// A fan-in over symbol 64 (the fan-in was simplified with 64 symbols).
+func.func private @tile2(%i: index, %j: index)
+func.func private @tile(%i: index)
+// CHECK-LABEL: etensor.graph @sixty_five_symbols
+etensor.graph @sixty_five_symbols(
+    %a0: index, %a1: index, %a2: index, %a3: index, %a4: index, %a5: index, %a6: index, %a7: index,
+    %a8: index, %a9: index, %a10: index, %a11: index, %a12: index, %a13: index, %a14: index, %a15: index,
+    %a16: index, %a17: index, %a18: index, %a19: index, %a20: index, %a21: index, %a22: index, %a23: index,
+    %a24: index, %a25: index, %a26: index, %a27: index, %a28: index, %a29: index, %a30: index, %a31: index,
+    %a32: index, %a33: index, %a34: index, %a35: index, %a36: index, %a37: index, %a38: index, %a39: index,
+    %a40: index, %a41: index, %a42: index, %a43: index, %a44: index, %a45: index, %a46: index, %a47: index,
+    %a48: index, %a49: index, %a50: index, %a51: index, %a52: index, %a53: index, %a54: index, %a55: index,
+    %a56: index, %a57: index, %a58: index, %a59: index, %a60: index, %a61: index, %a62: index, %a63: index,
+    %a64: index) {
+  %e = etensor.event(%a0) count %a64 : !etensor.event<?>
+  etensor.task @tile2 grid [%a0, %a64] outs(%e[(i, j) -> (i)] : !etensor.event<?>)
+  etensor.task @tile grid [%a0] ins(%e[(i) -> (i)] : !etensor.event<?>)
+}
+
+// -----
+
+/// Static extents whose product overflows int64: the enumeration of the
+/// fan-in gives up instead of indexing past its counters.
+func.func private @tile(%i: index)
+etensor.graph @huge_static_event() {
+  // expected-warning @+1 {{the fan-in of event 'e' cannot be computed at compile time}}
+  %e = etensor.event() count 1 {name = "e"} : !etensor.event<4294967296x4294967296>
+  etensor.task @tile grid [4] outs(%e[(i) -> (i, i)] : !etensor.event<4294967296x4294967296>)
+  etensor.task @tile grid [4] ins(%e[(i) -> (i, i)] : !etensor.event<4294967296x4294967296>)
+}

@@ -11,7 +11,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/FunctionImplementation.h"
 #include "mlir/Interfaces/ViewLikeInterface.h"
-#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallSet.h"
 
 using namespace mlir;
 using namespace mlir::etensor;
@@ -249,6 +249,24 @@ StringRef EventOp::getDisplayName() {
 // TaskOp
 //===----------------------------------------------------------------------===//
 
+/// Whether every floordiv, ceildiv and mod in `expr` divides by a positive
+/// constant: the schedules expand maps into arith ops, which cannot lower any
+/// other division.
+static bool hasPositiveDivisors(AffineExpr expr) {
+  bool positive = true;
+  expr.walk([&](AffineExpr e) {
+    if (e.getKind() != AffineExprKind::FloorDiv &&
+        e.getKind() != AffineExprKind::CeilDiv &&
+        e.getKind() != AffineExprKind::Mod)
+      return;
+    auto divisor =
+        dyn_cast<AffineConstantExpr>(cast<AffineBinaryOpExpr>(e).getRHS());
+    if (!divisor || divisor.getValue() <= 0)
+      positive = false;
+  });
+  return positive;
+}
+
 static LogicalResult verifyEdges(TaskOp task, StringRef kind,
                                  OperandRange events, ArrayAttr maps) {
   if (events.size() != maps.size())
@@ -274,6 +292,10 @@ static LogicalResult verifyEdges(TaskOp task, StringRef kind,
              << " has rank " << type.getRank();
     // Constant results must land inside static dimensions.
     for (auto [dim, expr] : llvm::enumerate(map.getResults())) {
+      if (!hasPositiveDivisors(expr))
+        return task.emitOpError()
+               << kind << " map #" << i << " " << AffineMapAttr::get(map)
+               << " must divide only by positive constants";
       auto constant = dyn_cast<AffineConstantExpr>(expr);
       int64_t extent = type.getShape()[dim];
       if (constant &&
@@ -307,9 +329,16 @@ LogicalResult TaskOp::verify() {
       return emitOpError("a data-dependent trigger needs a 1-D event, got ")
              << trigger.getType();
   }
-  for (Value event : llvm::concat<Value>(getInEvents(), getOutEvents()))
-    if (event.getParentRegion() != (*this)->getParentRegion())
-      return emitOpError("events must be declared in the same graph");
+  SmallVector<Value> events(getInEvents());
+  llvm::append_range(events, getOutEvents());
+  if (Value trigger = getTriggerEvent())
+    events.push_back(trigger);
+  // The graph analysis follows edges to their etensor.event declarations.
+  for (Value event : events)
+    if (event.getParentRegion() != (*this)->getParentRegion() ||
+        !event.getDefiningOp<EventOp>())
+      return emitOpError("events must be declared by etensor.event in the "
+                         "same graph");
   return success();
 }
 
@@ -385,20 +414,25 @@ LogicalResult WorkerOp::verify() {
   if (dynamic != static_cast<bool>(getQueue()))
     return emitOpError(dynamic ? "a dynamic worker needs a queue"
                                : "a static worker takes no queue");
-  llvm::SmallDenseSet<int64_t> seen;
+  // A std::set beyond 8 entries: any int64_t is a valid key, unlike in a
+  // DenseSet, whose empty and tombstone keys are INT64_MAX and INT64_MIN.
+  llvm::SmallSet<int64_t, 8> seen;
   for (Operation &op : getBody().front()) {
     auto dispatch = dyn_cast<DispatchOp>(op);
     if (!dispatch)
       return op.emitOpError("is not allowed in a worker body; expected "
                             "etensor.dispatch");
-    if (!seen.insert(dispatch.getTask()).second)
-      return dispatch.emitOpError("task ")
-             << dispatch.getTask() << " is dispatched twice";
+    int64_t task = dispatch.getTaskAttr().getInt();
+    if (!seen.insert(task).second)
+      return dispatch.emitOpError("task ") << task << " is dispatched twice";
   }
   return success();
 }
 
 LogicalResult DispatchOp::verify() {
+  if (getTaskAttr().getInt() < 0)
+    return emitOpError("task index must be non-negative, got ")
+           << getTaskAttr().getInt();
   int64_t rank = getStaticGrid().size();
   if (failed(verifyListOfOperandsOrIntegers(*this, "grid", rank,
                                             getStaticGrid(), getDynamicGrid())))

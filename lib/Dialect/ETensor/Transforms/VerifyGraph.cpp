@@ -10,6 +10,7 @@
 #include "mlir/IR/AffineMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallBitVector.h"
+#include "llvm/Support/MathExtras.h"
 #include "llvm/Support/raw_ostream.h"
 
 namespace mlir::etensor {
@@ -55,8 +56,9 @@ static std::optional<AffineExpr> uniformContribution(const TaskGraph &graph,
         reason = "an extent is not an affine expression of the graph symbols";
         return std::nullopt;
       }
-      if (simplifyAffineExpr(*gridExtent - *eventExtent, 0,
-                             task.getGridRank()) !=
+      if (simplifyAffineExpr(
+              *gridExtent - *eventExtent, 0,
+              task->getParentOfType<GraphOp>().getNumArguments()) !=
           getAffineConstantExpr(0, ctx)) {
         reason = "grid dimension " + std::to_string(dim.getPosition()) +
                  " and event dimension " + std::to_string(k) +
@@ -105,7 +107,8 @@ static FanIn computeFanIn(const TaskGraph &graph, EventOp event) {
     }
     total = total + *part;
   }
-  fanIn.perCoordinate = simplifyAffineExpr(total, 0, 64);
+  fanIn.perCoordinate = simplifyAffineExpr(
+      total, 0, event->getParentOfType<GraphOp>().getNumArguments());
   return fanIn;
 }
 
@@ -119,11 +122,11 @@ static bool enumerateFanIn(const TaskGraph &graph, EventOp event,
   if (type.getNumDynamicDims())
     return false;
   shape.assign(type.getShape().begin(), type.getShape().end());
+  // Products overflow with huge extents: give up rather than wrap around.
   int64_t size = 1;
   for (int64_t extent : shape)
-    size *= extent;
-  if (size > kMaxPoints)
-    return false;
+    if (llvm::MulOverflow(size, extent, size) || size > kMaxPoints)
+      return false;
   counts.assign(size, 0);
   for (EdgeRef producer : graph.getProducers(event)) {
     TaskOp task = graph.getTasks()[producer.task];
@@ -131,9 +134,8 @@ static bool enumerateFanIn(const TaskGraph &graph, EventOp event,
       return false;
     int64_t points = 1;
     for (int64_t extent : task.getStaticGrid())
-      points *= extent;
-    if (points > kMaxPoints)
-      return false;
+      if (llvm::MulOverflow(points, extent, points) || points > kMaxPoints)
+        return false;
     AffineMap map =
         cast<AffineMapAttr>(task.getOutMaps()[producer.edge]).getValue();
     SmallVector<int64_t> point(task.getGridRank(), 0);
