@@ -140,6 +140,9 @@ private:
   void lowerNotify(NotifyOp notify);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
+  FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
+      Value descriptor, ArrayRef<DispatchOp> dispatches, Type resultType,
+      function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase);
   LogicalResult buildDynamicLoop(ArrayRef<DispatchOp> dispatches);
   LogicalResult lowerDynamicDispatch(DispatchOp dispatch, Value linear,
                                      Block *into);
@@ -549,32 +552,50 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     b.setInsertionPointToStart(ifAlive.thenBlock());
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
-    Value task = arith::IndexCastOp::create(
-        b, b.getIndexType(),
-        arith::ShRUIOp::create(b, entry, i64(kInstanceBits)));
-    Value linear = arith::IndexCastOp::create(
-        b, b.getIndexType(),
-        arith::AndIOp::create(b, entry, i64((1ll << kInstanceBits) - 1)));
-    SmallVector<int64_t> cases = llvm::map_to_vector(
-        dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
-    auto sw =
-        scf::IndexSwitchOp::create(b, b.getI1Type(), task, cases, cases.size());
-    for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), dispatches)) {
-      Block *caseBlock = b.createBlock(&region);
-      if (failed(lowerDispatch(dispatch, linear, caseBlock)))
-        return failure();
-    }
-    // An unknown task index means a corrupt queue: report, stop.
-    b.createBlock(&sw.getDefaultRegion());
-    memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
-    memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
-    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
-    b.setInsertionPointAfter(sw);
-    scf::YieldOp::create(b, sw.getResult(0));
+    FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
+        entry, dispatches, b.getI1Type(),
+        [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
+          return lowerDispatch(dispatch, linear, caseBlock);
+        });
+    if (failed(sw))
+      return failure();
+    b.setInsertionPointAfter(*sw);
+    scf::YieldOp::create(b, (*sw).getResult(0));
     b.setInsertionPointAfter(ifAlive);
     scf::YieldOp::create(b, ifAlive.getResult(0));
   }
   return success();
+}
+
+/// Decodes a task descriptor `task << 48 | instance` and switches on the
+/// task to the case `lowerCase` fills for each dispatch. The switch yields
+/// `resultType` (an i1 "keep going" for the static loop) or nothing. An
+/// unknown task index means a corrupt queue: the default case records it.
+FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
+    Value descriptor, ArrayRef<DispatchOp> dispatches, Type resultType,
+    function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase) {
+  Value task = arith::IndexCastOp::create(
+      b, b.getIndexType(),
+      arith::ShRUIOp::create(b, descriptor, i64(kInstanceBits)));
+  Value linear = arith::IndexCastOp::create(
+      b, b.getIndexType(),
+      arith::AndIOp::create(b, descriptor, i64((1ll << kInstanceBits) - 1)));
+  SmallVector<int64_t> cases = llvm::map_to_vector(
+      dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
+  TypeRange results = resultType ? TypeRange(resultType) : TypeRange();
+  auto sw = scf::IndexSwitchOp::create(b, results, task, cases, cases.size());
+  OpBuilder::InsertionGuard guard(b);
+  for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), dispatches))
+    if (failed(lowerCase(dispatch, linear, b.createBlock(&region))))
+      return failure();
+  b.createBlock(&sw.getDefaultRegion());
+  memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
+  memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
+  if (resultType)
+    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
+  else
+    scf::YieldOp::create(b);
+  return sw;
 }
 
 /// The last CTA to finish zeroes every counter (and the done counter at
@@ -919,25 +940,12 @@ LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifAlive.thenBlock());
-    Value task = arith::IndexCastOp::create(
-        b, b.getIndexType(),
-        arith::ShRUIOp::create(b, descriptor, i64(kInstanceBits)));
-    Value linear = arith::IndexCastOp::create(
-        b, b.getIndexType(),
-        arith::AndIOp::create(b, descriptor, i64((1ll << kInstanceBits) - 1)));
-    SmallVector<int64_t> cases = llvm::map_to_vector(
-        dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
-    auto sw =
-        scf::IndexSwitchOp::create(b, TypeRange(), task, cases, cases.size());
-    for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), dispatches)) {
-      Block *caseBlock = b.createBlock(&region);
-      if (failed(lowerDynamicDispatch(dispatch, linear, caseBlock)))
-        return failure();
-    }
-    b.createBlock(&sw.getDefaultRegion());
-    memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
-    memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
-    scf::YieldOp::create(b);
+    if (failed(emitDispatchSwitch(
+            descriptor, dispatches, /*resultType=*/Type(),
+            [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
+              return lowerDynamicDispatch(dispatch, linear, caseBlock);
+            })))
+      return failure();
   }
   scf::ConditionOp::create(b, alive,
                            ValueRange{claim.pending, claim.next, claim.end});
