@@ -46,6 +46,11 @@ def _fmt_shape(shape: Iterable[Size]) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
+def _mlir_dims(shape: Iterable[Size]) -> list[str]:
+    """MLIR dimension text: ints as themselves, symbolic sizes as ``?``."""
+    return ["?" if isinstance(d, SymExpr) else str(d) for d in shape]
+
+
 @dataclass(eq=False)
 class Tensor:
     """A buffer of the graph: a ``memref`` argument of the megakernel."""
@@ -63,8 +68,7 @@ class Tensor:
     @property
     def mlir_type(self) -> str:
         """E.g. ``memref<?x256xf32>`` (symbolic dims are ``?``)."""
-        dims = ["?" if isinstance(d, SymExpr) else str(d) for d in self.shape]
-        return "memref<" + "".join(d + "x" for d in dims) + self.dtype.mlir + ">"
+        return "memref<" + "".join(d + "x" for d in _mlir_dims(self.shape)) + self.dtype.mlir + ">"
 
 
 WaitCount = int | SymExpr | Tensor
@@ -87,8 +91,7 @@ class Event:
     @property
     def mlir_type(self) -> str:
         """E.g. ``!etensor.event<?x4>``."""
-        dims = ["?" if isinstance(d, SymExpr) else str(d) for d in self.shape]
-        return "!etensor.event<" + "x".join(dims) + ">"
+        return "!etensor.event<" + "x".join(_mlir_dims(self.shape)) + ">"
 
 
 @dataclass(frozen=True, eq=False)
