@@ -21,11 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import DeviceFunction
+from . import _text
 from ..errors import GraphError
 
 __all__ = ["sum_squares", "scale"]
-
-_SHUFFLE_OFFSETS = (16, 8, 4, 2, 1)
 
 
 def _check(name: str, hidden: int, splits: int, block_size: int) -> int:
@@ -66,14 +65,7 @@ def sum_squares(
     warps = block_size // 32
     x_type, p_type = f"memref<?x{hidden}xf32>", f"memref<?x{splits}xf32>"
     smem_type = f"memref<{warps}xf32, #gpu.address_space<workgroup>>"
-    shuffles = []
-    value = "%sum"
-    for k, offset in enumerate(_SHUFFLE_OFFSETS):
-        shuffles.append(
-            f"  %sh{k}, %ok{k} = gpu.shuffle xor {value}, %c{offset}_i32, %c32_i32 : f32\n"
-            f"  %red{k} = arith.addf {value}, %sh{k} : f32"
-        )
-        value = f"%red{k}"
+    shuffles, value = _text.warp_sum("%sum", "  ")
     source = f"""\
 // {name}: P[i, j] = sum(X[i, j*{chunk} : (j+1)*{chunk}] ** 2), one CTA of {block_size} threads.
 memref.global "private" @{name}__warp_sums : {smem_type} {{alignment = 16 : i64}}
@@ -83,7 +75,7 @@ func.func @{name}(%i: index, %j: index, %X: {x_type}, %P: {p_type}) {{
   %c32 = arith.constant 32 : index
   %cStride = arith.constant {4 * block_size} : index
   %cChunk = arith.constant {chunk} : index
-{chr(10).join(f"  %c{o}_i32 = arith.constant {o} : i32" for o in _SHUFFLE_OFFSETS)}
+{_text.shuffle_constants()}
   %c32_i32 = arith.constant 32 : i32
   %zero = arith.constant dense<0.0> : vector<4xf32>
   %tid = gpu.thread_id x
@@ -101,7 +93,7 @@ func.func @{name}(%i: index, %j: index, %X: {x_type}, %P: {p_type}) {{
     scf.yield %next : vector<4xf32>
   }}
   %sum = vector.reduction <add>, %acc : vector<4xf32> into f32
-{chr(10).join(shuffles)}
+{shuffles}
   %warp_sums = memref.get_global @{name}__warp_sums : {smem_type}
   // Thread 0 of this CTA's previous {name} call may still be reading.
   gpu.barrier
@@ -149,21 +141,7 @@ def scale(
         f"memref<{hidden}xf32>",
         f"memref<?x{S}xf32>",
     )
-    if S % 4 == 0:
-        row_sum = f"""\
-  %acc = scf.for %k = %c0 to %cS step %c4 iter_args(%part = %zero) -> (vector<4xf32>) {{
-    %v = vector.load %P[%i, %k] {{alignment = 16 : i64}} : {p_type}, vector<4xf32>
-    %next = arith.addf %part, %v : vector<4xf32>
-    scf.yield %next : vector<4xf32>
-  }}
-  %total = vector.reduction <add>, %acc : vector<4xf32> into f32"""
-    else:
-        row_sum = f"""\
-  %total = scf.for %k = %c0 to %cS step %c1 iter_args(%part = %fzero) -> (f32) {{
-    %v = memref.load %P[%i, %k] : {p_type}
-    %next = arith.addf %part, %v : f32
-    scf.yield %next : f32
-  }}"""
+    row_sum = _text.row_sum("%P", p_type, "%i", S, "%total", "  ")
     source = f"""\
 // {name}: Y[i, c] = X[i, c] * rsqrt(sum(P[i, :]) / {hidden} + {eps!r}) * W[c], c in chunk j of {chunk}.
 func.func @{name}(%i: index, %j: index, %X: {x_type}, %W: {w_type}, %P: {p_type}, %Y: {x_type}) {{

@@ -21,11 +21,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ..device import DeviceFunction
+from . import _text
 from ..errors import GraphError
 
 __all__ = ["partial_sum", "final_sum"]
-
-_SHUFFLE_OFFSETS = (16, 8, 4, 2, 1)
 
 
 def _check(name: str, **values: int) -> None:
@@ -62,14 +61,7 @@ def partial_sum(
         )
     warps = block_size // 32
     a_type, b_type = f"memref<?x{K}xf32>", f"memref<?x{S}xf32>"
-    shuffles = []
-    value = "%sum"
-    for k, offset in enumerate(_SHUFFLE_OFFSETS):
-        shuffles.append(
-            f"      %sh{k}, %ok{k} = gpu.shuffle xor {value}, %c{offset}_i32, %c32_i32 : f32\n"
-            f"      %red{k} = arith.addf {value}, %sh{k} : f32"
-        )
-        value = f"%red{k}"
+    shuffles, value = _text.warp_sum("%sum", "      ")
     source = f"""\
 // {name}: B[i*{R} + r, j] = sum(A[i*{R} + r, j*{chunk} : (j+1)*{chunk}]), r < {R}, rows < n.
 func.func @{name}(%i: index, %j: index, %A: {a_type}, %B: {b_type}) {{
@@ -80,7 +72,7 @@ func.func @{name}(%i: index, %j: index, %A: {a_type}, %B: {b_type}) {{
   %cR = arith.constant {R} : index
   %cWarps = arith.constant {warps} : index
   %cChunk = arith.constant {chunk} : index
-{chr(10).join(f"  %c{o}_i32 = arith.constant {o} : i32" for o in _SHUFFLE_OFFSETS if o != 32)}
+{_text.shuffle_constants()}
   %c32_i32 = arith.constant 32 : i32
   %zero = arith.constant dense<0.0> : vector<4xf32>
   %tid = gpu.thread_id x
@@ -104,7 +96,7 @@ func.func @{name}(%i: index, %j: index, %A: {a_type}, %B: {b_type}) {{
       scf.yield %next : vector<4xf32>
     }}
     %sum = vector.reduction <add>, %acc : vector<4xf32> into f32
-{chr(10).join(shuffles)}
+{shuffles}
     scf.if %is_lane0 {{
       memref.store {value}, %B[%row, %j] : {b_type}
     }}
@@ -136,21 +128,7 @@ def final_sum(
     R, S = rows_per_task, k_split
     _check(name, rows_per_task=R, k_split=S)
     b_type, c_type = f"memref<?x{S}xf32>", "memref<?xf32>"
-    if S % 4 == 0:
-        row_sum = f"""\
-    %acc = scf.for %k = %c0 to %cS step %c4 iter_args(%part = %zero) -> (vector<4xf32>) {{
-      %v = vector.load %B[%row, %k] {{alignment = 16 : i64}} : {b_type}, vector<4xf32>
-      %next = arith.addf %part, %v : vector<4xf32>
-      scf.yield %next : vector<4xf32>
-    }}
-    %sum = vector.reduction <add>, %acc : vector<4xf32> into f32"""
-    else:
-        row_sum = f"""\
-    %sum = scf.for %k = %c0 to %cS step %c1 iter_args(%part = %fzero) -> (f32) {{
-      %v = memref.load %B[%row, %k] : {b_type}
-      %next = arith.addf %part, %v : f32
-      scf.yield %next : f32
-    }}"""
+    row_sum = _text.row_sum("%B", b_type, "%row", S, "%sum", "    ")
     source = f"""\
 // {name}: C[i*{R} + r] = sum(B[i*{R} + r, :]), r < {R}, rows < n.
 func.func @{name}(%i: index, %B: {b_type}, %C: {c_type}) {{

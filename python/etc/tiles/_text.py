@@ -1,0 +1,44 @@
+"""MLIR text fragments shared by the hand-written tiles."""
+
+from __future__ import annotations
+
+#: `gpu.shuffle xor` offsets of a 32-lane butterfly reduction.
+SHUFFLE_OFFSETS = (16, 8, 4, 2, 1)
+
+
+def shuffle_constants(indent: str = "  ") -> str:
+    """`%c<o>_i32` for every shuffle offset (the tile defines `%c32_i32`, the width)."""
+    return "\n".join(f"{indent}%c{o}_i32 = arith.constant {o} : i32" for o in SHUFFLE_OFFSETS)
+
+
+def warp_sum(value: str, indent: str) -> tuple[str, str]:
+    """A butterfly sum of f32 `value` over the warp; every lane gets it.
+    Returns (the ops, the name of the result)."""
+    lines = []
+    for k, offset in enumerate(SHUFFLE_OFFSETS):
+        lines.append(
+            f"{indent}%sh{k}, %ok{k} = gpu.shuffle xor {value}, %c{offset}_i32, %c32_i32 : f32\n"
+            f"{indent}%red{k} = arith.addf {value}, %sh{k} : f32"
+        )
+        value = f"%red{k}"
+    return "\n".join(lines), value
+
+
+def row_sum(buffer: str, buffer_type: str, row: str, length: int, result: str, indent: str) -> str:
+    """`result = sum(buffer[row, 0:length])` (f32), with 16-byte vector loads
+    when `length` is a multiple of 4. Needs %c0, %c1, %c4, %cS (= length),
+    %zero (vector<4xf32> zeros) and %fzero (f32 zero) in scope."""
+    if length % 4 == 0:
+        return f"""\
+{indent}%acc = scf.for %k = %c0 to %cS step %c4 iter_args(%part = %zero) -> (vector<4xf32>) {{
+{indent}  %v = vector.load {buffer}[{row}, %k] {{alignment = 16 : i64}} : {buffer_type}, vector<4xf32>
+{indent}  %next = arith.addf %part, %v : vector<4xf32>
+{indent}  scf.yield %next : vector<4xf32>
+{indent}}}
+{indent}{result} = vector.reduction <add>, %acc : vector<4xf32> into f32"""
+    return f"""\
+{indent}{result} = scf.for %k = %c0 to %cS step %c1 iter_args(%part = %fzero) -> (f32) {{
+{indent}  %v = memref.load {buffer}[{row}, %k] : {buffer_type}
+{indent}  %next = arith.addf %part, %v : f32
+{indent}  scf.yield %next : f32
+{indent}}}"""
