@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import DeviceFunction
-from . import _text
 from ..errors import GraphError
+from . import _text
 
 __all__ = ["sum_squares", "scale"]
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..device import DeviceFunction
-from . import _text
 from ..errors import GraphError
+from . import _text
 
 __all__ = ["partial_sum", "final_sum"]
 
