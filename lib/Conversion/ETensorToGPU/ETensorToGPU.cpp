@@ -112,20 +112,23 @@ private:
     return arith::AddIOp::create(
         b, base, arith::MulIOp::create(b, toI64(offset), i64(4)));
   }
+  /// Volatile inline PTX with one `result` (or none when null).
+  LLVM::InlineAsmOp inlineAsm(Type result, StringRef text,
+                              StringRef constraints, ValueRange operands) {
+    return LLVM::InlineAsmOp::create(
+        b, result ? TypeRange(result) : TypeRange(), operands, text,
+        constraints, /*has_side_effects=*/true, /*is_align_stack=*/false,
+        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+        ArrayAttr());
+  }
   Value asm32(StringRef text, StringRef constraints, ValueRange operands) {
-    return LLVM::InlineAsmOp::create(b, b.getI32Type(), operands, text,
-                                     constraints, /*has_side_effects=*/true,
-                                     /*is_align_stack=*/false,
-                                     LLVM::tailcallkind::TailCallKind::None,
-                                     LLVM::AsmDialectAttr(), ArrayAttr())
-        .getResult(0);
+    return inlineAsm(b.getI32Type(), text, constraints, operands).getResult(0);
+  }
+  Value asm64(StringRef text, StringRef constraints, ValueRange operands) {
+    return inlineAsm(b.getI64Type(), text, constraints, operands).getResult(0);
   }
   void asmVoid(StringRef text, StringRef constraints, ValueRange operands) {
-    LLVM::InlineAsmOp::create(b, TypeRange(), operands, text, constraints,
-                              /*has_side_effects=*/true,
-                              /*is_align_stack=*/false,
-                              LLVM::tailcallkind::TailCallKind::None,
-                              LLVM::AsmDialectAttr(), ArrayAttr());
+    inlineAsm(Type(), text, constraints, operands);
   }
   Value isThreadZero() {
     Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
@@ -158,14 +161,6 @@ private:
   Value requestChunk();
   Value waitCount(EventInfo &info, ValueRange coords);
   SmallVector<Value> gridExtents(DispatchOp dispatch);
-  Value asm64(StringRef text, StringRef constraints, ValueRange operands) {
-    return LLVM::InlineAsmOp::create(b, b.getI64Type(), operands, text,
-                                     constraints, /*has_side_effects=*/true,
-                                     /*is_align_stack=*/false,
-                                     LLVM::tailcallkind::TailCallKind::None,
-                                     LLVM::AsmDialectAttr(), ArrayAttr())
-        .getResult(0);
-  }
   /// Generic address of i64 element `offset` of the queue buffer.
   Value queueAddress(Value offset) {
     Value base =
