@@ -19,7 +19,6 @@ variant checked against numpy/float64 first.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -31,7 +30,7 @@ sys.path.insert(0, str(REPO / "test" / "gpu"))
 
 from graphs import GRAPHS, SCHEDULES  # noqa: E402
 
-from bench.timing import gpu_timed  # noqa: E402
+from bench.timing import gpu_timed, two_step_main  # noqa: E402
 
 SPLITK = {64: (2, 4), 8192: (32, 4)}  # M -> (rows per task, K split), K = 8192
 K = 8192
@@ -133,19 +132,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--build", type=Path)
-    p.add_argument("--artifacts", type=Path)
-    p.add_argument("--out", type=Path)
-    p.add_argument("--reps", type=int, default=20)
-    args = p.parse_args(argv)
-    if args.build:
-        build(args.build)
-    if args.artifacts:
-        run(args.artifacts, args.out, args.reps)
-    if not (args.build or args.artifacts):
-        p.error("give --build DIR and/or --artifacts DIR")
-    return 0
+    return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=20)
 
 
 if __name__ == "__main__":

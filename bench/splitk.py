@@ -20,7 +20,6 @@ holds the stream while the host enqueues the calls.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.timing import gpu_timed, host_timed, timed  # noqa: E402
+from bench.timing import gpu_timed, host_timed, timed, two_step_main  # noqa: E402
 
 K = 8192
 # (rows per task, K split) per M; the best is reported.
@@ -175,19 +174,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--build", type=Path, help="compile the artifacts into this directory")
-    p.add_argument("--artifacts", type=Path, help="run with the artifacts in this directory")
-    p.add_argument("--out", type=Path, help="write the results as JSON")
-    p.add_argument("--reps", type=int, default=30)
-    args = p.parse_args(argv)
-    if args.build:
-        build(args.build)
-    if args.artifacts:
-        run(args.artifacts, args.out, args.reps)
-    if not (args.build or args.artifacts):
-        p.error("give --build DIR and/or --artifacts DIR")
-    return 0
+    return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=30)
 
 
 if __name__ == "__main__":

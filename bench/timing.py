@@ -4,8 +4,11 @@ module needs no GPU."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 
 def _events(torch):
@@ -54,3 +57,26 @@ def host_timed(torch, fn, calls: int, rounds: int = 20) -> float:
         samples.append((time.perf_counter() - start) * 1e6 / calls)
     torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+def two_step_main(
+    description: str,
+    build: Callable[[Path], None],
+    run: Callable[[Path, Path | None, int], object],
+    argv: list[str] | None,
+    reps: int,
+) -> int:
+    """`--build DIR` on the compiler machine, `--artifacts DIR` on the GPU."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--build", type=Path, help="compile the artifacts into this directory")
+    p.add_argument("--artifacts", type=Path, help="run with the artifacts in this directory")
+    p.add_argument("--out", type=Path, help="write the results as JSON")
+    p.add_argument("--reps", type=int, default=reps)
+    args = p.parse_args(argv)
+    if not (args.build or args.artifacts):
+        p.error("give --build DIR and/or --artifacts DIR")
+    if args.build:
+        build(args.build)
+    if args.artifacts:
+        run(args.artifacts, args.out, args.reps)
+    return 0

@@ -40,6 +40,27 @@ def shape_of(tensor: Any, symbols: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) else d.evaluate(symbols) for d in tensor.shape)
 
 
+def run_case(
+    g: Any,
+    kernel: Any,
+    args: argparse.Namespace,
+    inputs: Mapping[str, np.ndarray],
+    symbols: Mapping[str, int],
+) -> dict[str, np.ndarray]:
+    """Every tensor after one run: in the simulator when `kernel` is None,
+    else on the GPU (outputs start zeroed, inputs are copied)."""
+    import etc
+
+    if kernel is None:
+        return etc.simulate(
+            g, inputs, symbols, schedule=args.schedule, seed=args.seed, early_push=args.early_push
+        )
+    outputs = {t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors}
+    outputs.update({k: v.copy() for k, v in inputs.items()})
+    kernel.launch(outputs, symbols)
+    return outputs
+
+
 def compile_graph(g: Any, args: argparse.Namespace) -> Any:
     import etc
 
@@ -57,7 +78,6 @@ def run(
 ) -> int:
     """Runs every (symbols, inputs) case on the simulator or the GPU and
     compares the named outputs with ``expect``. Returns a process exit code."""
-    import etc
 
     if args.print_ir:
         print(g.to_mlir())
@@ -83,19 +103,7 @@ def run(
             kernel = compile_graph(g, args).load()
     failures = 0
     for symbols, inputs in cases:
-        if args.simulate:
-            outputs = etc.simulate(
-                g,
-                inputs,
-                symbols,
-                schedule=args.schedule,
-                seed=args.seed,
-                early_push=args.early_push,
-            )
-        else:
-            outputs = {t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors}
-            outputs.update({k: v.copy() for k, v in inputs.items()})
-            kernel.launch(outputs, symbols)
+        outputs = run_case(g, None if args.simulate else kernel, args, inputs, symbols)
         for name, want in expect(symbols, inputs).items():
             ok = np.allclose(outputs[name], want, rtol=rtol, atol=atol)
             err = float(np.max(np.abs(outputs[name] - want))) if want.size else 0.0

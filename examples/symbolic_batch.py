@@ -26,9 +26,9 @@ import etc
 from etc.tiles import rmsnorm
 
 try:
-    from examples._common import compile_graph, parser, shape_of
+    from examples._common import compile_graph, parser, run_case
 except ImportError:  # run as a script
-    from _common import compile_graph, parser, shape_of
+    from _common import compile_graph, parser, run_case
 
 
 def build(hidden: int = 2048, splits: int = 2, eps: float = 1e-6) -> etc.Graph:
@@ -123,19 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         for b in batches:
             X = rng.standard_normal((b, args.hidden)).astype(np.float32)
             symbols, inputs = {"b": b}, {"X": X, "W": W}
-            if kernel is None:
-                out = etc.simulate(
-                    g,
-                    inputs,
-                    symbols,
-                    schedule=args.schedule,
-                    seed=args.seed,
-                    early_push=args.early_push,
-                )
-            else:
-                out = {t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors}
-                out.update({k: v.copy() for k, v in inputs.items()})
-                kernel.launch(out, symbols)
+            out = run_case(g, kernel, args, inputs, symbols)
+            if kernel is not None:
                 served.add((id(kernel), int(kernel.function)))
             want = expected(X, W, args.eps)
             ok = np.allclose(out["Y"], want, rtol=1e-4, atol=1e-5)
