@@ -14,3 +14,7 @@ from .rmsnorm import sum_squares
 from .rowsum import final_sum, partial_sum
 
 __all__ = ["rowsum", "rmsnorm", "synthetic", "partial_sum", "final_sum", "sum_squares", "rms_scale"]
+
+from . import gemm  # noqa: E402  (bf16 tensor-core GEMM tiles: gemm.gemm, gemm.moe_gate_up, gemm.moe_down)
+
+__all__ += ["gemm"]

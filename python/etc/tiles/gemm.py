@@ -1,0 +1,719 @@
+"""bf16 tensor-core GEMM tiles (``mma.sync.m16n8k16``, fp32 accumulation).
+
+Three tile factories, all ``C = A @ B^T`` with ``A`` row-major ``(M, K)`` and
+the weight ``B`` row-major ``(N, K)`` (PyTorch's ``nn.Linear`` layout):
+
+* :func:`gemm` (dense): coords ``(i, j)``, args ``(A: memref<?xKxbf16>,
+  B: memref<?xKxbf16>, C: memref<?x?xbf16>)``; tile ``(i, j)`` writes
+  ``C[i*BM:(i+1)*BM, j*BN:(j+1)*BN]`` clipped to ``M = dim(A, 0)`` and
+  ``N = dim(B, 0)`` (``N`` must be even: outputs are stored in pairs).
+* :func:`moe_gate_up`: coords ``(i, e)``, args ``(Xp, Wgu, row_off,
+  gu_indptr, Hb)``: the fused gate/up projection of expert ``e`` with the
+  SwiGLU epilogue ``Hb = bf16(silu(Xp @ Wg^T) * (Xp @ Wu^T))``.
+* :func:`moe_down`: coords ``(i, e)``, args ``(Hb, Wd, row_off, dn_indptr,
+  Yp)``: ``Yp = bf16(Hb @ Wd[e]^T)``.
+
+The MoE tiles follow ``/tmp/notes/moe_spec.md`` (ETC issue 6): tile ``i`` of
+expert ``e`` is ``local = i - indptr[e]``, ``nmb = ceil(cnt / BM)`` row
+blocks, ``nb = local // nmb``, ``mb = local % nmb``; rows ``row_off[e] +
+mb*BM ..`` clipped to ``row_off[e+1]``, output columns ``nb*BN .. +BN``. An
+instance outside ``[indptr[e], indptr[e+1])`` does nothing.
+
+Algorithm (no shared memory, except the split-K reduction): the CTA's
+``block_size / 32`` warps form a ``WM x WN x WK`` grid; warp ``(wm, wn,
+wk)`` computes ``MF`` 16-row by ``NF`` 8-column mma fragments of the block
+over the ``wk``-th of ``WK`` slices of ``K``. Fragments are loaded straight
+from global memory with 16-byte loads: the reduction over ``k`` does not
+depend on its order, so within every 32-wide chunk of ``k`` the logical
+``k`` slots of the ``m16n8k16`` fragments are permuted identically in ``A``
+and ``B`` such that lane ``(g = lane/4, t = lane%4)`` reads the 8
+contiguous elements ``[32c + 8t, 32c + 8t + 8)`` of its rows: one
+``ld.global.v4`` gives the lane its share of two mma k-steps of one ``A``
+row (rows ``g`` and ``g+8`` of a fragment) or one ``B`` row (``n = g``).
+The k loop is unrolled ``unroll`` chunks deep with all loads of an
+iteration issued before its mmas, so each thread has ``unroll * (2*MF +
+NF)`` 16-byte loads in flight (weights are streamed, which is what decode
+with a few rows per expert needs); with ``MF > 1`` every weight fragment is
+reused for ``MF`` row fragments from registers. Rows past the block's end
+are clamped to its last row for loading and not stored. With ``WK > 1``
+the warps of slices ``1..WK-1`` leave their accumulators in a workgroup
+buffer ``@<name>__partials`` and the slice-0 warps add them before the
+epilogue (two CTA barriers, reached by all threads).
+
+bf16 buffers need 16-byte aligned base addresses and ``K % (32 * WK *
+unroll) == 0``. Rows are token slots; ``row_off``/``indptr`` are i32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from ..device import DeviceFunction
+from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..errors import GraphError
+
+__all__ = ["gemm", "moe_gate_up", "moe_down", "plan_warps"]
+
+_MMA_ATTRS = (
+    "{layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, "
+    "multiplicandAPtxType = #nvvm.mma_type<bf16>, multiplicandBPtxType = #nvvm.mma_type<bf16>, "
+    "shape = #nvvm.shape<m = 16, n = 8, k = 16>}"
+)
+_STRUCT = "!llvm.struct<(f32, f32, f32, f32)>"
+
+
+def _positive(name: str, key: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
+    return value
+
+
+def plan_warps(
+    name: str,
+    block_m: int,
+    block_n: int,
+    k: int,
+    block_size: int,
+    warps: tuple[int, int, int] | None = None,
+    unroll: int | None = None,
+    b_per_n: int = 1,
+) -> tuple[int, int, int, int]:
+    """``(WM, WN, WK, unroll)`` for a ``block_m x block_n`` block over ``k``.
+
+    By default warps go to columns first (``WN = gcd(warps, block_n/8)``),
+    then rows, the rest split ``k``; ``unroll`` keeps about 16 16-byte loads
+    per thread in flight. ``b_per_n`` is the number of weight fragments per
+    output fragment (2 for gate/up)."""
+    for key, value in (("block_m", block_m), ("block_n", block_n), ("k", k)):
+        _positive(name, key, value)
+    _positive(name, "block_size", block_size)
+    if block_size % 32:
+        raise GraphError(f"tile '{name}': block_size={block_size} is not a multiple of 32")
+    if block_m % 16:
+        raise GraphError(f"tile '{name}': block_m={block_m} must be a multiple of 16")
+    if block_n % 8:
+        raise GraphError(f"tile '{name}': block_n={block_n} must be a multiple of 8")
+    if k % 32:
+        raise GraphError(f"tile '{name}': k={k} must be a multiple of 32")
+    nw = block_size // 32
+    if warps is None:
+        wn = math.gcd(nw, block_n // 8)
+        wm = math.gcd(nw // wn, block_m // 16)
+        wk = nw // (wn * wm)
+    else:
+        if len(warps) != 3:
+            raise GraphError(f"tile '{name}': warps must be (WM, WN, WK), got {warps!r}")
+        wm, wn, wk = (_positive(name, "warps", w) for w in warps)
+        if wm * wn * wk != nw:
+            raise GraphError(
+                f"tile '{name}': warps {warps} do not multiply to block_size/32 = {nw}"
+            )
+    if block_m % (16 * wm) or block_n % (8 * wn):
+        raise GraphError(
+            f"tile '{name}': a {block_m}x{block_n} block does not split over "
+            f"{wm}x{wn} warps into 16x8 fragments"
+        )
+    if k % (32 * wk):
+        raise GraphError(f"tile '{name}': k={k} does not split into {wk} slices of 32")
+    chunks = k // (32 * wk)
+    if unroll is None:
+        loads = 2 * (block_m // (16 * wm)) + b_per_n * (block_n // (8 * wn))
+        unroll = max(1, min(4, 16 // loads))
+        while chunks % unroll:
+            unroll -= 1
+    else:
+        _positive(name, "unroll", unroll)
+        if chunks % unroll:
+            raise GraphError(
+                f"tile '{name}': k={k} over {wk} warp slices is {chunks} chunks of 32, "
+                f"not divisible by unroll={unroll}"
+            )
+    return wm, wn, wk, unroll
+
+
+class _Text:
+    """An MLIR text buffer with fresh SSA names."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+        self.indent = "  "
+
+    def fresh(self, base: str) -> str:
+        self.n += 1
+        return f"%{base}{self.n}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent + line)
+
+    def op(self, base: str, rhs: str) -> str:
+        name = self.fresh(base)
+        self.emit(f"{name} = {rhs}")
+        return name
+
+
+def _body(
+    t: _Text,
+    *,
+    name: str,
+    k: int,
+    block_size: int,
+    wm: int,
+    wn: int,
+    wk: int,
+    unroll: int,
+    mf: int,
+    nf: int,
+    a: tuple[str, str],
+    b_rows: Callable[[int, str], tuple[str, str, str]],
+    nb: int,
+    r0: str,
+    r1: str,
+    epilogue: Callable[[_Text, list[list[list[str]]], list[str], str], None],
+) -> list[str]:
+    """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``a = (memref, type)``; ``b_rows(f, grp)`` gives ``(memref, type,
+    index prefix)`` of weight fragment ``f`` (``nb`` of them per warp) for
+    lane group ``grp`` (the row without ``k``). ``r0``/``r1``: the block's
+    row range (``r1 > r0``). ``epilogue(t, acc[mf][f][4], rows, col_lane)``.
+    Returns the lines of the workgroup globals it needs."""
+    globals_: list[str] = []
+    t.emit(f"// {name}: {wm}x{wn}x{wk} warps (rows x cols x k slices), {mf}x{nf} fragments")
+    t.emit(f"// per warp, k unrolled {unroll} chunks of 32")
+    tid = t.op("tid", "gpu.thread_id x")
+    warp = t.op("warp", f"arith.divui {tid}, %c32 : index")
+    lane = t.op("lane", f"arith.remui {tid}, %c32 : index")
+    grp = t.op("grp", f"arith.divui {lane}, %c4 : index")
+    tig = t.op("tig", f"arith.remui {lane}, %c4 : index")
+    wm_i = t.op("wm", f"arith.remui {warp}, %c{wm}_ : index") if wm > 1 else "%c0"
+    wq = t.op("wq", f"arith.divui {warp}, %c{wm}_ : index") if wm > 1 else warp
+    wk_i = t.op("wk", f"arith.divui {wq}, %c{wn}_ : index") if wn > 1 else wq
+    # Rows: fragment row g and g+8 (unclamped for the stores, clamped for loads).
+    last = t.op("last", f"arith.subi {r1}, %c1 : index")
+    wrow = t.op("wrow", f"arith.muli {wm_i}, %c{16 * mf}_ : index")
+    rbase = t.op("rbase", f"arith.addi {r0}, {wrow} : index")
+    rbase = t.op("rbase", f"arith.addi {rbase}, {grp} : index")
+    rows: list[str] = []  # 2*mf store rows: (g, g+8) per fragment
+    lrows: list[str] = []
+    for m in range(mf):
+        for half in (0, 8):
+            off = 16 * m + half
+            r = t.op("row", f"arith.addi {rbase}, %c{off}_ : index") if off else rbase
+            rows.append(r)
+            lrows.append(t.op("lrow", f"arith.minui {r}, {last} : index"))
+    # Weight rows: lane group g reads row g of each 8-column fragment.
+    brefs = [b_rows(f, grp) for f in range(nb)]
+    kslice = k // wk
+    kl = t.op("kl", f"arith.muli {tig}, %c8 : index")
+    if wk > 1:
+        ks = t.op("ks", f"arith.muli {wk_i}, %c{kslice}_ : index")
+        kl = t.op("kl", f"arith.addi {kl}, {ks} : index")
+    nacc = mf * nb * 4
+    a_mem, a_type = a
+    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
+    types = ", ".join(["f32"] * nacc)
+    res = t.fresh("accs")
+    t.emit(
+        f"{res}:{nacc} = scf.for %kk = %c0 to %c{kslice}_ step %c{32 * unroll}_ "
+        f"iter_args({inits}) -> ({types}) {{"
+    )
+    outer = t.indent
+    t.indent += "  "
+    kbase = t.op("k", f"arith.addi %kk, {kl} : index")
+    words_a: list[list[list[str]]] = []  # [u][row][4 words]
+    words_b: list[list[list[str]]] = []  # [u][frag][4 words]
+    raw_a, raw_b = [], []
+    for u in range(unroll):
+        ku = t.op("k", f"arith.addi {kbase}, %c{32 * u}_ : index") if u else kbase
+        raw_a.append(
+            [
+                t.op(
+                    "va",
+                    f"vector.load {a_mem}[{r}, {ku}] {{alignment = 16 : i64}} : "
+                    f"{a_type}, vector<8xbf16>",
+                )
+                for r in lrows
+            ]
+        )
+        raw_b.append(
+            [
+                t.op(
+                    "vb",
+                    f"vector.load {mem}[{prefix}, {ku}] {{alignment = 16 : i64}} : "
+                    f"{mtype}, vector<8xbf16>",
+                )
+                for mem, mtype, prefix in brefs
+            ]
+        )
+    for u in range(unroll):
+        for raws, out in ((raw_a[u], words_a), (raw_b[u], words_b)):
+            per = []
+            for v in raws:
+                w = t.op("w", f"vector.bitcast {v} : vector<8xbf16> to vector<4xi32>")
+                per.append(
+                    [
+                        t.op("x", f"vector.extract {w}[{q}] : i32 from vector<4xi32>")
+                        for q in range(4)
+                    ]
+                )
+            out.append(per)
+    acc = [
+        [[f"%acc_{(m * nb + f) * 4 + q}" for q in range(4)] for f in range(nb)] for m in range(mf)
+    ]
+    for u in range(unroll):
+        for j in range(2):
+            for m in range(mf):
+                ra, rb = words_a[u][2 * m], words_a[u][2 * m + 1]
+                for f in range(nb):
+                    wb = words_b[u][f]
+                    c = acc[m][f]
+                    d = t.op(
+                        "d",
+                        f"nvvm.mma.sync A[{ra[2 * j]}, {rb[2 * j]}, {ra[2 * j + 1]}, "
+                        f"{rb[2 * j + 1]}] B[{wb[2 * j]}, {wb[2 * j + 1]}] "
+                        f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {_MMA_ATTRS} : "
+                        f"(i32, i32, f32) -> {_STRUCT}",
+                    )
+                    acc[m][f] = [
+                        t.op("c", f"llvm.extractvalue {d}[{q}] : {_STRUCT}") for q in range(4)
+                    ]
+    flat = [x for m in acc for f in m for x in f]
+    t.emit(f"scf.yield {', '.join(flat)} : {types}")
+    t.indent = outer
+    t.emit("}")
+    acc = [
+        [[f"{res}#{(m * nb + f) * 4 + q}" for q in range(4)] for f in range(nb)] for m in range(mf)
+    ]
+    col_lane = t.op("cl", f"arith.muli {tig}, %c2 : index")
+    if wk == 1:
+        epilogue(t, acc, rows, col_lane)
+        return globals_
+    # Split-K: slices 1..WK-1 leave their accumulators in workgroup memory.
+    slots = (wk - 1) * wm * wn
+    smem = f"memref<{slots * nacc * 32}xf32, #gpu.address_space<workgroup>>"
+    globals_.append(f'memref.global "private" @{name}__partials : {smem} {{alignment = 16 : i64}}')
+    part = t.op("part", f"memref.get_global @{name}__partials : {smem}")
+    wmn = t.op("wmn", f"arith.remui {warp}, %c{wm * wn}_ : index")
+    # The previous call's slice-0 warps may still be reading.
+    t.emit("gpu.barrier")
+    is0 = t.op("is0", f"arith.cmpi eq, {wk_i}, %c0 : index")
+    not0 = t.op("not0", f"arith.cmpi ne, {wk_i}, %c0 : index")
+    t.emit(f"scf.if {not0} {{")
+    t.indent += "  "
+    slot = t.op("slot", f"arith.subi {wk_i}, %c1 : index")
+    slot = t.op("slot", f"arith.muli {slot}, %c{wm * wn}_ : index")
+    slot = t.op("slot", f"arith.addi {slot}, {wmn} : index")
+    base = t.op("pb", f"arith.muli {slot}, %c{nacc * 32}_ : index")
+    base = t.op("pb", f"arith.addi {base}, {lane} : index")
+    for q, v in enumerate(x for m in acc for f in m for x in f):
+        at = t.op("pa", f"arith.addi {base}, %c{q * 32}_ : index") if q else base
+        t.emit(f"memref.store {v}, {part}[{at}] : {smem}")
+    t.indent = outer
+    t.emit("}")
+    t.emit("gpu.barrier")
+    t.emit(f"scf.if {is0} {{")
+    t.indent += "  "
+    total = [x for m in acc for f in m for x in f]
+    for s in range(1, wk):
+        base = t.op("pb", f"arith.addi {wmn}, %c{(s - 1) * wm * wn}_ : index")
+        base = t.op("pb", f"arith.muli {base}, %c{nacc * 32}_ : index")
+        base = t.op("pb", f"arith.addi {base}, {lane} : index")
+        for q in range(nacc):
+            at = t.op("pa", f"arith.addi {base}, %c{q * 32}_ : index") if q else base
+            v = t.op("pv", f"memref.load {part}[{at}] : {smem}")
+            total[q] = t.op("sum", f"arith.addf {total[q]}, {v} : f32")
+    acc = [[[total[(m * nb + f) * 4 + q] for q in range(4)] for f in range(nb)] for m in range(mf)]
+    epilogue(t, acc, rows, col_lane)
+    t.indent = outer
+    t.emit("}")
+    return globals_
+
+
+def _constants(t: _Text) -> str:
+    """Every ``%c<n>_`` the body uses, plus the fixed ones."""
+    used = sorted({int(w[2:-1]) for line in t.lines for w in _words(line) if _is_const(w)})
+    lines = [
+        "  %c0 = arith.constant 0 : index",
+        "  %c1 = arith.constant 1 : index",
+        "  %c2 = arith.constant 2 : index",
+        "  %c4 = arith.constant 4 : index",
+        "  %c8 = arith.constant 8 : index",
+        "  %c32 = arith.constant 32 : index",
+        "  %fzero = arith.constant 0.0 : f32",
+        "  %fone = arith.constant 1.0 : f32",
+    ]
+    lines += [f"  %c{v}_ = arith.constant {v} : index" for v in used]
+    return "\n".join(lines)
+
+
+def _words(line: str) -> list[str]:
+    return line.replace(",", " ").replace("[", " ").replace("]", " ").replace(")", " ").split()
+
+
+def _is_const(word: str) -> bool:
+    return word.startswith("%c") and word.endswith("_") and word[2:-1].isdigit()
+
+
+def _store_pairs(
+    t: _Text,
+    values: list[list[list[str]]],
+    rows: list[str],
+    cols: list[str],
+    out: tuple[str, str],
+    r1: str,
+    n_limit: str | None,
+) -> None:
+    """Store fragment pairs ``values[m][f]`` (4 f32) as bf16 pairs of ``out``
+    at rows ``rows[2m]`` (c0, c1) and ``rows[2m+1]`` (c2, c3), column
+    ``cols[f]``, guarded by ``row < r1`` (and ``col < n_limit``)."""
+    mem, mtype = out
+    for m, per in enumerate(values):
+        for f, c in enumerate(per):
+            for h in range(2):
+                row = rows[2 * m + h]
+                ok = t.op("ok", f"arith.cmpi ult, {row}, {r1} : index")
+                if n_limit is not None:
+                    okc = t.op("ok", f"arith.cmpi ult, {cols[f]}, {n_limit} : index")
+                    ok = t.op("ok", f"arith.andi {ok}, {okc} : i1")
+                v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
+                hv = t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+                t.emit(f"scf.if {ok} {{")
+                t.emit(
+                    f"  vector.store {hv}, {mem}[{row}, {cols[f]}] {{alignment = 4 : i64}} : "
+                    f"{mtype}, vector<2xbf16>"
+                )
+                t.emit("}")
+
+
+def _col(t: _Text, wcol: str, f: int, col_lane: str) -> str:
+    """Output column of this lane's pair in the warp's fragment ``f``."""
+    c = t.op("col", f"arith.addi {wcol}, %c{8 * f}_ : index") if f else wcol
+    return t.op("col", f"arith.addi {c}, {col_lane} : index")
+
+
+def _warp_cols(t: _Text, n0: str, wm: int, wn: int, nf: int) -> str:
+    """The first output column of this warp: ``n0 + wn * nf * 8``."""
+    if wn == 1:
+        return n0
+    tid = t.op("tid", "gpu.thread_id x")
+    warp = t.op("warp", f"arith.divui {tid}, %c32 : index")
+    wq = t.op("wq", f"arith.divui {warp}, %c{wm}_ : index") if wm > 1 else warp
+    wn_i = t.op("wn", f"arith.remui {wq}, %c{wn}_ : index")
+    off = t.op("wcol", f"arith.muli {wn_i}, %c{8 * nf}_ : index")
+    return t.op("wcol", f"arith.addi {n0}, {off} : index")
+
+
+def _source(name: str, signature: str, t: _Text, globals_: list[str], comment: str) -> str:
+    body = "\n".join(t.lines)
+    head = "\n".join(globals_)
+    return (
+        f"// {comment}\n"
+        + (head + "\n" if head else "")
+        + f"func.func @{name}({signature}) {{\n{_constants(t)}\n{body}\n  return\n}}\n"
+    )
+
+
+def _bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b.T`` of bf16 bit arrays, in float32."""
+    return bf16_to_f32(a) @ bf16_to_f32(b).T
+
+
+def gemm(
+    block_m: int,
+    block_n: int,
+    k: int,
+    *,
+    name: str = "gemm",
+    block_size: int = 256,
+    warps: tuple[int, int, int] | None = None,
+    unroll: int | None = None,
+) -> DeviceFunction:
+    """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
+
+    ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
+    ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
+    ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped. See the
+    module docstring for the warp-MMA algorithm; ``warps = (WM, WN, WK)``
+    and ``unroll`` override the defaults of :func:`plan_warps`."""
+    wm, wn, wk, unroll = plan_warps(name, block_m, block_n, k, block_size, warps, unroll)
+    mf, nf = block_m // (16 * wm), block_n // (8 * wn)
+    ab = f"memref<?x{k}xbf16>"
+    ct = "memref<?x?xbf16>"
+    t = _Text()
+    m_rows = t.op("M", f"memref.dim %A, %c0 : {ab}")
+    n_rows = t.op("N", f"memref.dim %B, %c0 : {ab}")
+    r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
+    rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
+    r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
+    n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
+    valid = t.op("valid", f"arith.cmpi ult, {r0}, {m_rows} : index")
+    nvalid = t.op("valid", f"arith.cmpi ult, {n0}, {n_rows} : index")
+    valid = t.op("valid", f"arith.andi {valid}, {nvalid} : i1")
+    nlast = t.op("nlast", f"arith.subi {n_rows}, %c1 : index")
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    wcol = _warp_cols(t, n0, wm, wn, nf)
+
+    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+        r = t.op("brow", f"arith.addi {wcol}, %c{8 * f}_ : index") if f else wcol
+        r = t.op("brow", f"arith.addi {r}, {grp} : index")
+        r = t.op("brow", f"arith.minui {r}, {nlast} : index")
+        return "%B", ab, r
+
+    def epilogue(t: _Text, acc, rows, col_lane) -> None:
+        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows)
+
+    globals_ = _body(
+        t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll,
+        mf=mf, nf=nf, a=("%A", ab), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
+    )  # fmt: skip
+    t.indent = "  "
+    t.emit("}")
+    signature = f"%i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
+    source = _source(
+        name, signature, t, globals_, f"{name}: C = A @ B^T, bf16, {block_m}x{block_n} blocks"
+    )
+
+    def reference(i: int, j: int, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:
+        rs, cs = slice(i * block_m, (i + 1) * block_m), slice(j * block_n, (j + 1) * block_n)
+        C[rs, cs] = f32_to_bf16(_bf16_matmul(A[rs], B[cs]))
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _experts(name: str, experts: int | None) -> tuple[str, str]:
+    """The expert dimension of the weights and the type of the i32 tables."""
+    if experts is None:
+        return "?", "memref<?xi32>"
+    _positive(name, "experts", experts)
+    return str(experts), f"memref<{experts + 1}xi32>"
+
+
+def _moe_prologue(
+    t: _Text, indptr: str, it: str, block_m: int, block_n: int
+) -> tuple[str, str, str]:
+    """Decode tile ``i`` of expert ``e``; opens ``scf.if valid`` and returns
+    ``(r0, r1, n0)``."""
+    e1 = t.op("e1", "arith.addi %e, %c1 : index")
+    vals = {}
+    for key, mem, at in (
+        ("ip0", indptr, "%e"),
+        ("ip1", indptr, e1),
+        ("ro0", "%row_off", "%e"),
+        ("ro1", "%row_off", e1),
+    ):
+        raw = t.op(key, f"memref.load {mem}[{at}] : {it}")
+        vals[key] = t.op(key, f"arith.index_cast {raw} : i32 to index")
+    lo = t.op("valid", f"arith.cmpi sge, %i, {vals['ip0']} : index")
+    hi = t.op("valid", f"arith.cmpi slt, %i, {vals['ip1']} : index")
+    nonempty = t.op("valid", f"arith.cmpi slt, {vals['ro0']}, {vals['ro1']} : index")
+    valid = t.op("valid", f"arith.andi {lo}, {hi} : i1")
+    valid = t.op("valid", f"arith.andi {valid}, {nonempty} : i1")
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    local = t.op("local", f"arith.subi %i, {vals['ip0']} : index")
+    cnt = t.op("cnt", f"arith.subi {vals['ro1']}, {vals['ro0']} : index")
+    nmb = t.op("nmb", f"arith.addi {cnt}, %c{block_m - 1}_ : index")
+    nmb = t.op("nmb", f"arith.divui {nmb}, %c{block_m}_ : index")
+    nb = t.op("nb", f"arith.divui {local}, {nmb} : index")
+    mb = t.op("mb", f"arith.remui {local}, {nmb} : index")
+    r0 = t.op("r0", f"arith.muli {mb}, %c{block_m}_ : index")
+    r0 = t.op("r0", f"arith.addi {r0}, {vals['ro0']} : index")
+    rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
+    r1 = t.op("r1", f"arith.minui {rend}, {vals['ro1']} : index")
+    n0 = t.op("n0", f"arith.muli {nb}, %c{block_n}_ : index")
+    return r0, r1, n0
+
+
+def _moe_block(
+    i: int, e: int, row_off: np.ndarray, indptr: np.ndarray, block_m: int, block_n: int
+) -> tuple[slice, slice] | None:
+    """The rows and output columns of MoE tile ``(i, e)``, or None (no work)."""
+    ip0, ip1 = int(indptr[e]), int(indptr[e + 1])
+    ro0, ro1 = int(row_off[e]), int(row_off[e + 1])
+    if not ip0 <= i < ip1 or ro1 <= ro0:
+        return None
+    local = i - ip0
+    nmb = -(-(ro1 - ro0) // block_m)
+    nb, mb = divmod(local, nmb)
+    r0 = ro0 + mb * block_m
+    return slice(r0, min(r0 + block_m, ro1)), slice(nb * block_n, (nb + 1) * block_n)
+
+
+def _check_moe(name: str, block_n: int, n_total: int, what: str) -> None:
+    if n_total % block_n:
+        raise GraphError(f"tile '{name}': {what}={n_total} is not divisible by block_n={block_n}")
+
+
+def moe_gate_up(
+    block_m: int,
+    block_n: int,
+    hidden: int,
+    inter: int,
+    *,
+    experts: int | None = 128,
+    name: str = "moe_gate_up",
+    block_size: int = 256,
+    warps: tuple[int, int, int] | None = None,
+    unroll: int | None = None,
+) -> DeviceFunction:
+    """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``.
+
+    ``g = Xp[r] @ Wgu[e, n]^T``, ``u = Xp[r] @ Wgu[e, inter + n]^T`` for the
+    rows ``r`` and columns ``n in [nb*BN, nb*BN + BN)`` of the tile (module
+    docstring); ``silu(g) = g / (1 + exp(-g))`` in fp32. Buffers: ``Xp:
+    memref<?xHxbf16>``, ``Wgu: memref<?x(2I)xHxbf16>``, ``row_off,
+    gu_indptr: memref<?xi32>``, ``Hb: memref<?xIxbf16>``. Each warp holds
+    the gate and the up fragment of the same columns, so the epilogue is
+    local to the thread (``2 * NF`` weight fragments per warp)."""
+    _positive(name, "inter", inter)
+    wm, wn, wk, unroll = plan_warps(
+        name, block_m, block_n, hidden, block_size, warps, unroll, b_per_n=2
+    )
+    _check_moe(name, block_n, inter, "inter")
+    ed, it = _experts(name, experts)
+    mf, nf = block_m // (16 * wm), block_n // (8 * wn)
+    xt, wt, ht = (
+        f"memref<?x{hidden}xbf16>",
+        f"memref<{ed}x{2 * inter}x{hidden}xbf16>",
+        f"memref<?x{inter}xbf16>",
+    )
+    t = _Text()
+    r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
+    wcol = _warp_cols(t, n0, wm, wn, nf)
+
+    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+        off = 8 * (f % nf) + (inter if f >= nf else 0)
+        r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
+        r = t.op("brow", f"arith.addi {r}, {grp} : index")
+        return "%Wgu", wt, f"%e, {r}"
+
+    def epilogue(t: _Text, acc, rows, col_lane) -> None:
+        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+        h = []
+        for m in range(len(acc)):
+            per = []
+            for f in range(nf):
+                vals = []
+                for q in range(4):
+                    g, u = acc[m][f][q], acc[m][nf + f][q]
+                    ng = t.op("ng", f"arith.negf {g} : f32")
+                    ex = t.op("ex", f"math.exp {ng} : f32")
+                    den = t.op("den", f"arith.addf {ex}, %fone : f32")
+                    s = t.op("silu", f"arith.divf {g}, {den} : f32")
+                    vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
+                per.append(vals)
+            h.append(per)
+        _store_pairs(t, h, rows, cols, ("%Hb", ht), r1, None)
+
+    globals_ = _body(
+        t, name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll,
+        mf=mf, nf=nf, a=("%Xp", xt), b_rows=b_rows, nb=2 * nf, r0=r0, r1=r1, epilogue=epilogue,
+    )  # fmt: skip
+    t.indent = "  "
+    t.emit("}")
+    signature = (
+        f"%i: index, %e: index, %Xp: {xt}, %Wgu: {wt}, %row_off: {it}, %gu_indptr: {it}, %Hb: {ht}"
+    )
+    source = _source(
+        name, signature, t, globals_,
+        f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks",
+    )  # fmt: skip
+
+    def reference(
+        i: int,
+        e: int,
+        Xp: np.ndarray,
+        Wgu: np.ndarray,
+        row_off: np.ndarray,
+        gu_indptr: np.ndarray,
+        Hb: np.ndarray,
+    ) -> None:
+        block = _moe_block(i, e, row_off, gu_indptr, block_m, block_n)
+        if block is None:
+            return
+        rs, cs = block
+        g = _bf16_matmul(Xp[rs], Wgu[e, cs])
+        u = _bf16_matmul(Xp[rs], Wgu[e, cs.start + inter : cs.stop + inter])
+        with np.errstate(over="ignore"):
+            h = g / (np.float32(1) + np.exp(-g)) * u
+        Hb[rs, cs] = f32_to_bf16(h.astype(np.float32))
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def moe_down(
+    block_m: int,
+    block_n: int,
+    hidden: int,
+    inter: int,
+    *,
+    experts: int | None = 128,
+    name: str = "moe_down",
+    block_size: int = 256,
+    warps: tuple[int, int, int] | None = None,
+    unroll: int | None = None,
+) -> DeviceFunction:
+    """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)``.
+
+    Columns ``n in [nb*BN, nb*BN + BN)`` of ``hidden``, reduction over
+    ``inter``. Buffers: ``Hb: memref<?xIxbf16>``, ``Wd: memref<?xHxIxbf16>``,
+    ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``."""
+    _positive(name, "hidden", hidden)
+    wm, wn, wk, unroll = plan_warps(name, block_m, block_n, inter, block_size, warps, unroll)
+    _check_moe(name, block_n, hidden, "hidden")
+    ed, it = _experts(name, experts)
+    mf, nf = block_m // (16 * wm), block_n // (8 * wn)
+    ht, wt, yt = (
+        f"memref<?x{inter}xbf16>",
+        f"memref<{ed}x{hidden}x{inter}xbf16>",
+        f"memref<?x{hidden}xbf16>",
+    )
+    t = _Text()
+    r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
+    wcol = _warp_cols(t, n0, wm, wn, nf)
+
+    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+        r = t.op("brow", f"arith.addi {wcol}, %c{8 * f}_ : index") if f else wcol
+        r = t.op("brow", f"arith.addi {r}, {grp} : index")
+        return "%Wd", wt, f"%e, {r}"
+
+    def epilogue(t: _Text, acc, rows, col_lane) -> None:
+        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+        _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
+
+    globals_ = _body(
+        t, name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll,
+        mf=mf, nf=nf, a=("%Hb", ht), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
+    )  # fmt: skip
+    t.indent = "  "
+    t.emit("}")
+    signature = (
+        f"%i: index, %e: index, %Hb: {ht}, %Wd: {wt}, %row_off: {it}, %dn_indptr: {it}, %Yp: {yt}"
+    )
+    source = _source(
+        name, signature, t, globals_,
+        f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks",
+    )  # fmt: skip
+
+    def reference(
+        i: int,
+        e: int,
+        Hb: np.ndarray,
+        Wd: np.ndarray,
+        row_off: np.ndarray,
+        dn_indptr: np.ndarray,
+        Yp: np.ndarray,
+    ) -> None:
+        block = _moe_block(i, e, row_off, dn_indptr, block_m, block_n)
+        if block is None:
+            return
+        rs, cs = block
+        Yp[rs, cs] = f32_to_bf16(_bf16_matmul(Hb[rs], Wd[e, cs]))
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
