@@ -1,0 +1,638 @@
+"""The Qwen3-30B-A3B mixture-of-experts layer as one ETC graph (issue 6).
+
+Six tasks, one persistent kernel (``docs/moe.md``)::
+
+    router --routed--> plan --planned--> permute(e) --gu_ready[e]--> gate_up(i, e)
+        --h_ready[e]--> down(i, e) --down_done--> combine
+
+``gate_up`` and ``down`` are *triggered* tasks: expert e's tiles are the
+global tile indices ``[gu_indptr[e], gu_indptr[e+1])`` (a table the plan
+writes), released when ``gu_ready[e]`` (resp. ``h_ready[e]``) completes.
+
+What is here: :class:`MoEConfig`, :func:`build_moe_graph`,
+:func:`build_unfused_graphs` (each task as its own graph, for the unfused
+baseline), :func:`reference_moe` (float32 numpy), :func:`random_weights`,
+:func:`random_tokens`, the launch inputs for the simulator
+(:func:`numpy_inputs`) and the GPU (:func:`torch_inputs`), and numpy
+references of the two expert GEMM tiles (:func:`gate_up_reference`,
+:func:`down_reference`) with :func:`run_tile_references`, which chains every
+tile's reference in graph order without the scheduler.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..device import DeviceFunction
+from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..errors import GraphError
+from ..graph import Graph
+from ..tiles import moe as moe_tiles
+
+__all__ = [
+    "MoEConfig",
+    "ROUTINGS",
+    "build_moe_graph",
+    "build_unfused_graphs",
+    "has_trigger_api",
+    "reference_moe",
+    "random_weights",
+    "random_tokens",
+    "random_weights_torch",
+    "random_tokens_torch",
+    "reference_moe_torch",
+    "numpy_inputs",
+    "torch_inputs",
+    "tensor_shapes",
+    "gate_up_reference",
+    "down_reference",
+    "run_tile_references",
+    "rel_err",
+]
+
+#: Routings the examples and benchmarks know (see :func:`random_weights`).
+ROUTINGS = ("uniform", "one-expert", "few-experts", "top1")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sizes of one MoE layer (defaults: Qwen3-30B-A3B) and its tile sizes.
+
+    ``block_m`` rows per expert GEMM tile, ``block_n_gu`` columns of I per
+    gate/up tile, ``block_n_dn`` columns of H per down tile; ``router_block``
+    tokens per router CTA, ``combine_block`` tokens per combine CTA. The token
+    count T is the graph symbol ``T``.
+    """
+
+    hidden: int = 2048
+    inter: int = 768
+    experts: int = 128
+    topk: int = 8
+    block_m: int = 64
+    block_n_gu: int = 64
+    block_n_dn: int = 128
+    router_block: int = 8
+    combine_block: int = 4
+    block_size: int = 256
+
+    def __post_init__(self) -> None:
+        for key in (
+            "hidden",
+            "inter",
+            "experts",
+            "topk",
+            "block_m",
+            "block_n_gu",
+            "block_n_dn",
+            "router_block",
+            "combine_block",
+            "block_size",
+        ):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise GraphError(f"MoEConfig: {key} must be a positive int, got {value!r}")
+        if self.topk > self.experts:
+            raise GraphError(f"MoEConfig: topk={self.topk} exceeds experts={self.experts}")
+        if self.inter % self.block_n_gu:
+            raise GraphError(f"MoEConfig: inter={self.inter} % block_n_gu={self.block_n_gu} != 0")
+        if self.hidden % self.block_n_dn:
+            raise GraphError(f"MoEConfig: hidden={self.hidden} % block_n_dn={self.block_n_dn} != 0")
+        if self.hidden % 8:
+            raise GraphError(f"MoEConfig: hidden={self.hidden} must be a multiple of 8")
+
+    @property
+    def n_gu(self) -> int:
+        """Gate/up tiles per row block (``I / block_n_gu``)."""
+        return self.inter // self.block_n_gu
+
+    @property
+    def n_dn(self) -> int:
+        """Down tiles per row block (``H / block_n_dn``)."""
+        return self.hidden // self.block_n_dn
+
+    def with_routing(self, routing: str) -> MoEConfig:
+        """``top1`` routes each token to one expert (topk = 1); the others keep topk."""
+        return replace(self, topk=1) if routing == "top1" else self
+
+    def gu_tiles(self, T: int) -> int:
+        """Upper bound of ``gu_indptr[E]`` for T tokens (the triggered grid)."""
+        return (-(-T * self.topk // self.block_m) + min(self.experts, T * self.topk)) * self.n_gu
+
+    def dn_tiles(self, T: int) -> int:
+        return (-(-T * self.topk // self.block_m) + min(self.experts, T * self.topk)) * self.n_dn
+
+    def active_weight_bytes(self, T: int) -> int:
+        """Bytes of expert + router weights a layer touches (bf16) for T tokens,
+        assuming uniform routing: min(E, T*K) experts (the floor's numerator)."""
+        active = min(self.experts, T * self.topk)
+        per_expert = 3 * self.hidden * self.inter * 2
+        return active * per_expert + self.experts * self.hidden * 2
+
+    def flops(self, T: int) -> int:
+        """Multiply-adds x 2 of the router and the T*K expert rows."""
+        rows = T * self.topk
+        return 2 * T * self.hidden * self.experts + 2 * rows * 3 * self.hidden * self.inter
+
+
+def has_trigger_api() -> bool:
+    """Whether ``etc.Graph.task`` takes ``triggered_by`` (data-dependent triggers)."""
+    return "triggered_by" in inspect.signature(Graph.task).parameters
+
+
+def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
+    H, II, E, K = cfg.hidden, cfg.inter, cfg.experts, cfg.topk
+    N = T * K
+    return {
+        "X": ((T, H), "bf16"),
+        "Wr": ((E, H), "bf16"),
+        "Wgu": ((E, 2 * II, H), "bf16"),
+        "Wd": ((E, H, II), "bf16"),
+        "topk_ids": ((T, K), "i32"),
+        "topk_w": ((T, K), "f32"),
+        "row_off": ((E + 1,), "i32"),
+        "gu_indptr": ((E + 1,), "i32"),
+        "dn_indptr": ((E + 1,), "i32"),
+        "h_wait": ((E,), "i32"),
+        "dn_total": ((1,), "i32"),
+        "perm": ((N,), "i32"),
+        "inv": ((N,), "i32"),
+        "Xp": ((N, H), "bf16"),
+        "Hb": ((N, II), "bf16"),
+        "Yp": ((N, H), "bf16"),
+        "Out": ((T, H), "bf16"),
+    }
+
+
+def tensor_shapes(cfg: MoEConfig, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype) of every graph tensor for T tokens (the spec's table)."""
+    return _spec(cfg, T)
+
+
+def _tensors(g: Graph, cfg: MoEConfig, T: Any, names: list[str] | None = None) -> dict[str, Any]:
+    spec = _spec(cfg, T)
+    return {n: g.tensor(n, s, d) for n, (s, d) in spec.items() if names is None or n in names}
+
+
+def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, DeviceFunction]:
+    """(gate_up, down): from ``gemm_tiles`` (a pair, or a module with
+    ``moe_gate_up`` / ``moe_down``), else from :mod:`etc.tiles.gemm`."""
+    if gemm_tiles is None:
+        from ..tiles import gemm as gemm_tiles  # the tensor-core tiles
+    if isinstance(gemm_tiles, (tuple, list)):
+        gate_up, down = gemm_tiles
+        return gate_up, down
+    kw = {"experts": cfg.experts, "block_size": cfg.block_size}
+    gate_up = gemm_tiles.moe_gate_up(cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw)
+    down = gemm_tiles.moe_down(cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter, **kw)
+    return gate_up, down
+
+
+def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
+    H, E, K, bs = cfg.hidden, cfg.experts, cfg.topk, cfg.block_size
+    return {
+        "router": moe_tiles.router(cfg.router_block, E, K, H, block_size=bs),
+        "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
+        "permute": moe_tiles.permute(E, K, H, block_size=bs),
+        "combine": moe_tiles.combine(cfg.combine_block, K, H, block_size=bs),
+    }
+
+
+def _require_trigger_api() -> None:
+    if not has_trigger_api():
+        raise GraphError(
+            "this etc.Graph.task has no 'triggered_by' parameter (data-dependent "
+            "triggers); the MoE graph needs it"
+        )
+
+
+def _bounds(cfg: MoEConfig, T: Any) -> tuple[Any, Any]:
+    # sum_e ceil(cnt[e]/BM) <= ceil(T*K/BM) + (experts with rows) <= ceil(T*K/BM) + E.
+    # (min(E, T*K) is tighter but not a symbol expression.)
+    blocks = (T * cfg.topk + cfg.block_m - 1) // cfg.block_m + cfg.experts
+    return blocks * cfg.n_gu, blocks * cfg.n_dn
+
+
+def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe") -> Graph:
+    """The whole layer as one graph (the spec's tasks, events and edges).
+
+    ``gemm_tiles``: None (use :mod:`etc.tiles.gemm`), a module with
+    ``moe_gate_up(BM, BN_GU, H, I)`` / ``moe_down(BM, BN_DN, H, I)``, or a
+    ``(gate_up, down)`` pair of DeviceFunctions (tests use numpy-only ones).
+    """
+    _require_trigger_api()
+    gate_up, down = _gemm_tiles(cfg, gemm_tiles)
+    tiles = _small_tiles(cfg)
+    E, RB, CB = cfg.experts, cfg.router_block, cfg.combine_block
+    g = Graph(name, block_size=cfg.block_size)
+    T = g.symbol("T")
+    t = _tensors(g, cfg, T)
+    routed = g.event((1,), wait_count=(T + RB - 1) // RB, name="routed")
+    planned = g.event((1,), wait_count=1, name="planned")
+    gu_ready = g.event((E,), wait_count=1, name="gu_ready")
+    h_ready = g.event((E,), wait_count=t["h_wait"], name="h_ready")
+    down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
+    gu_bound, dn_bound = _bounds(cfg, T)
+    g.task(
+        tiles["router"],
+        grid=((T + RB - 1) // RB,),
+        args=(t["X"], t["Wr"], t["topk_ids"], t["topk_w"]),
+        out_edges={routed: "i->0"},
+        name="router",
+    )
+    g.task(
+        tiles["plan"],
+        grid=(1,),
+        args=tuple(
+            t[n]
+            for n in (
+                "topk_ids",
+                "row_off",
+                "gu_indptr",
+                "dn_indptr",
+                "h_wait",
+                "dn_total",
+                "perm",
+                "inv",
+            )
+        ),
+        in_edges={routed: "i->0"},
+        out_edges={planned: "i->0"},
+        name="plan",
+    )
+    g.task(
+        tiles["permute"],
+        grid=(E,),
+        args=(t["X"], t["row_off"], t["perm"], t["Xp"]),
+        in_edges={planned: "e->0"},
+        out_edges=[(gu_ready, "e->e"), (h_ready, "e->e")],
+        name="permute",
+    )
+    g.task(
+        gate_up,
+        grid=(gu_bound,),
+        args=(t["Xp"], t["Wgu"], t["row_off"], t["gu_indptr"], t["Hb"]),
+        triggered_by=(gu_ready, t["gu_indptr"]),
+        in_edges={planned: "ie->0"},
+        out_edges={h_ready: "ie->e"},
+        name="gate_up",
+    )
+    g.task(
+        down,
+        grid=(dn_bound,),
+        args=(t["Hb"], t["Wd"], t["row_off"], t["dn_indptr"], t["Yp"]),
+        triggered_by=(h_ready, t["dn_indptr"]),
+        in_edges={planned: "ie->0"},
+        out_edges={down_done: "ie->0"},
+        name="down",
+    )
+    g.task(
+        tiles["combine"],
+        grid=((T + CB - 1) // CB,),
+        args=(t["topk_w"], t["inv"], t["Yp"], t["Out"]),
+        in_edges={down_done: "i->0"},
+        name="combine",
+    )
+    return g
+
+
+def build_unfused_graphs(
+    cfg: MoEConfig, gemm_tiles: Any = None, *, prefix: str = "moe"
+) -> list[tuple[str, Graph]]:
+    """Each task of :func:`build_moe_graph` as its own one-task graph, in
+    launch order (router, plan, permute, gate_up, down, combine): the
+    unfused baseline, launched back to back on one stream. A triggered task
+    keeps its trigger table, on an event of wait count 0 (ready at start
+    under the static schedule). Each graph takes only the tensors its task
+    uses, by the same names, so one dict of buffers serves all of them."""
+    _require_trigger_api()
+    gate_up, down = _gemm_tiles(cfg, gemm_tiles)
+    tiles = _small_tiles(cfg)
+    E, RB, CB = cfg.experts, cfg.router_block, cfg.combine_block
+    out: list[tuple[str, Graph]] = []
+
+    def graph(task: str, names: list[str]) -> tuple[Graph, Any, dict[str, Any]]:
+        g = Graph(f"{prefix}_{task}", block_size=cfg.block_size)
+        T = g.symbol("T")
+        return g, T, _tensors(g, cfg, T, names)
+
+    g, T, t = graph("router", ["X", "Wr", "topk_ids", "topk_w"])
+    g.task(
+        tiles["router"],
+        grid=((T + RB - 1) // RB,),
+        args=(t["X"], t["Wr"], t["topk_ids"], t["topk_w"]),
+        name="router",
+    )
+    out.append(("router", g))
+    plan_args = ["topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total"]
+    plan_args += ["perm", "inv"]
+    g, T, t = graph("plan", plan_args)
+    g.task(tiles["plan"], grid=(1,), args=tuple(t[n] for n in plan_args), name="plan")
+    out.append(("plan", g))
+    g, T, t = graph("permute", ["X", "row_off", "perm", "Xp"])
+    g.task(
+        tiles["permute"],
+        grid=(E,),
+        args=(t["X"], t["row_off"], t["perm"], t["Xp"]),
+        name="permute",
+    )
+    out.append(("permute", g))
+    for task, fn, names, indptr in (
+        ("gate_up", gate_up, ["Xp", "Wgu", "row_off", "gu_indptr", "Hb"], "gu_indptr"),
+        ("down", down, ["Hb", "Wd", "row_off", "dn_indptr", "Yp"], "dn_indptr"),
+    ):
+        g, T, t = graph(task, names)
+        trigger = g.event((E,), wait_count=0, name="trigger")
+        bound = _bounds(cfg, T)[0 if task == "gate_up" else 1]
+        g.task(
+            fn,
+            grid=(bound,),
+            args=tuple(t[n] for n in names),
+            triggered_by=(trigger, t[indptr]),
+            name=task,
+        )
+        out.append((task, g))
+    g, T, t = graph("combine", ["topk_w", "inv", "Yp", "Out"])
+    g.task(
+        tiles["combine"],
+        grid=((T + CB - 1) // CB,),
+        args=(t["topk_w"], t["inv"], t["Yp"], t["Out"]),
+        name="combine",
+    )
+    out.append(("combine", g))
+    return out
+
+
+# ----------------------------------------------------------------------------
+# numpy references
+# ----------------------------------------------------------------------------
+def _f32(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32, copy=False)
+
+
+def _silu(g: np.ndarray) -> np.ndarray:
+    return g / (np.float32(1) + np.exp(-g))
+
+
+def reference_moe(
+    x: np.ndarray,
+    wr: np.ndarray,
+    wgu: np.ndarray,
+    wd: np.ndarray,
+    topk: int,
+    *,
+    routing: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """The layer in float32 numpy: router logits ``x @ wr^T``, softmax over
+    all experts, top-``topk`` (ties: lower expert first), weights
+    renormalised to sum to 1, per expert ``silu(x @ Wg^T) * (x @ Wu^T) @ Wd^T``,
+    weighted sum. Arrays are float32 or bf16 bits (uint16). ``routing``
+    (ids, weights) overrides the router (to check the experts alone)."""
+    xf, wdf = _f32(x), wd
+    ids, weights = routing if routing is not None else moe_tiles.router_reference_rows(x, wr, topk)
+    T, H = xf.shape
+    E, I2, _ = wgu.shape
+    inter = I2 // 2
+    out = np.zeros((T, H), np.float32)
+    for e in np.unique(ids):
+        tok, slot = np.nonzero(ids == e)
+        xe = xf[tok]
+        gu = xe @ _f32(wgu[e]).T
+        h = _silu(gu[:, :inter]) * gu[:, inter:]
+        y = h @ _f32(wdf[e]).T
+        out[tok] += weights[tok, slot][:, None] * y
+    return out
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max|got - want| / max|want| (got may be bf16 bits)."""
+    got, want = _f32(got), _f32(want)
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    if scale == 0.0:
+        return float(np.max(np.abs(got))) if got.size else 0.0
+    return float(np.max(np.abs(got - want))) / scale
+
+
+def _tile_rows(
+    i: int, e: int, row_off: np.ndarray, indptr: np.ndarray, BM: int
+) -> tuple[int, int, int] | None:
+    """(r0, r1, nb) of triggered tile (i, e), or None when it has no rows."""
+    lo, hi = int(row_off[e]), int(row_off[e + 1])
+    if hi <= lo or not int(indptr[e]) <= i < int(indptr[e + 1]):
+        return None
+    nmb = -(-(hi - lo) // BM)
+    local = i - int(indptr[e])
+    nb, mb = divmod(local, nmb)
+    r0 = lo + mb * BM
+    return r0, min(r0 + BM, hi), nb
+
+
+def gate_up_reference(BM: int, BN: int, H: int, inter: int) -> Callable[..., None]:
+    """Numpy reference of the gate/up tile ``(i, e)`` (the spec's decomposition)."""
+
+    def reference(i, e, Xp, Wgu, row_off, gu_indptr, Hb) -> None:
+        rows = _tile_rows(i, e, row_off, gu_indptr, BM)
+        if rows is None:
+            return
+        r0, r1, nb = rows
+        n0 = nb * BN
+        x = bf16_to_f32(Xp[r0:r1])
+        g = x @ bf16_to_f32(Wgu[e, n0 : n0 + BN]).T
+        u = x @ bf16_to_f32(Wgu[e, inter + n0 : inter + n0 + BN]).T
+        Hb[r0:r1, n0 : n0 + BN] = f32_to_bf16(_silu(g) * u)
+
+    return reference
+
+
+def down_reference(BM: int, BN: int, H: int, inter: int) -> Callable[..., None]:
+    """Numpy reference of the down tile ``(i, e)``."""
+
+    def reference(i, e, Hb, Wd, row_off, dn_indptr, Yp) -> None:
+        rows = _tile_rows(i, e, row_off, dn_indptr, BM)
+        if rows is None:
+            return
+        r0, r1, nb = rows
+        n0 = nb * BN
+        y = bf16_to_f32(Hb[r0:r1]) @ bf16_to_f32(Wd[e, n0 : n0 + BN]).T
+        Yp[r0:r1, n0 : n0 + BN] = f32_to_bf16(y)
+
+    return reference
+
+
+def run_tile_references(
+    cfg: MoEConfig,
+    arrays: Mapping[str, np.ndarray],
+    gemm_tiles: tuple[DeviceFunction, DeviceFunction] | None = None,
+) -> dict[str, np.ndarray]:
+    """Every tile's numpy reference in graph order, without events (each
+    triggered task over its expert ranges). ``arrays`` as from
+    :func:`numpy_inputs`; returns updated copies."""
+    a = {k: np.array(v, copy=True) for k, v in arrays.items()}
+    tiles = _small_tiles(cfg)
+    if gemm_tiles is None:
+        gu_ref = gate_up_reference(cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter)
+        dn_ref = down_reference(cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter)
+    else:
+        gu_ref, dn_ref = (f.reference for f in gemm_tiles)
+    T, E = a["X"].shape[0], cfg.experts
+    for i in range(-(-T // cfg.router_block)):
+        tiles["router"].reference(i, a["X"], a["Wr"], a["topk_ids"], a["topk_w"])
+    tiles["plan"].reference(
+        0,
+        *(a[n] for n in ("topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait")),
+        *(a[n] for n in ("dn_total", "perm", "inv")),
+    )
+    for e in range(E):
+        tiles["permute"].reference(e, a["X"], a["row_off"], a["perm"], a["Xp"])
+    for e in range(E):
+        for i in range(int(a["gu_indptr"][e]), int(a["gu_indptr"][e + 1])):
+            gu_ref(i, e, a["Xp"], a["Wgu"], a["row_off"], a["gu_indptr"], a["Hb"])
+    for e in range(E):
+        for i in range(int(a["dn_indptr"][e]), int(a["dn_indptr"][e + 1])):
+            dn_ref(i, e, a["Hb"], a["Wd"], a["row_off"], a["dn_indptr"], a["Yp"])
+    for i in range(-(-T // cfg.combine_block)):
+        tiles["combine"].reference(i, a["topk_w"], a["inv"], a["Yp"], a["Out"])
+    return a
+
+
+# ----------------------------------------------------------------------------
+# inputs
+# ----------------------------------------------------------------------------
+_BIAS = 3.0  # router logit bias of the favoured experts (skewed routings)
+_LOGIT_STD = 0.3  # std of the random part of the logits
+
+
+def random_weights(
+    cfg: MoEConfig, seed: int = 0, routing: str = "uniform", *, router_only: bool = False
+) -> dict[str, np.ndarray]:
+    """bf16 (uint16 bits) weights ``Wr, Wgu, Wd``, scaled so activations stay O(1).
+
+    Skewed routings come from column 0 of Wr, a per-expert bias that meets
+    the constant 1 that :func:`random_tokens` puts in column 0 of X:
+    ``one-expert``: expert 0 gets +3 (every token picks it; the random part
+    of the logits has std 0.3, so the margin is ~7 sigma); ``few-experts``:
+    experts ``[0, min(E, 2K))`` get +3 (most experts stay empty); ``top1``
+    and ``uniform``: no bias (top1 is ``cfg.with_routing('top1')``, K = 1).
+    ``router_only`` skips Wgu and Wd (they are large at the real sizes;
+    :func:`random_weights_torch` makes them on the GPU).
+    """
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    rng = np.random.default_rng(seed)
+    H, II, E = cfg.hidden, cfg.inter, cfg.experts
+    wr = rng.standard_normal((E, H), np.float32) * np.float32(_LOGIT_STD / np.sqrt(H))
+    if routing == "uniform" or routing == "top1":
+        wr *= np.float32(1 / _LOGIT_STD)  # logits ~ N(0, 1)
+    else:
+        favoured = 1 if routing == "one-expert" else min(E, 2 * cfg.topk)
+        wr[:, 0] = 0
+        wr[:favoured, 0] = _BIAS
+    if router_only:
+        return {"Wr": f32_to_bf16(wr)}
+    wgu = rng.standard_normal((E, 2 * II, H), np.float32) * np.float32(1 / np.sqrt(H))
+    wd = rng.standard_normal((E, H, II), np.float32) * np.float32(1 / np.sqrt(II))
+    return {"Wr": f32_to_bf16(wr), "Wgu": f32_to_bf16(wgu), "Wd": f32_to_bf16(wd)}
+
+
+def random_tokens(cfg: MoEConfig, T: int, seed: int = 0, routing: str = "uniform") -> np.ndarray:
+    """bf16 bits of X (T, H) ~ N(0, 1); column 0 is 1 under the skewed routings."""
+    x = np.random.default_rng(seed + 1_000_003).standard_normal((T, cfg.hidden), np.float32)
+    if routing in ("one-expert", "few-experts"):
+        x[:, 0] = 1.0
+    return f32_to_bf16(x)
+
+
+def numpy_inputs(
+    cfg: MoEConfig, x: np.ndarray, weights: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Every graph tensor for ``x`` (bf16 bits, (T, H)): inputs copied,
+    intermediates and the output zeroed, with their dtypes (bf16 as uint16)."""
+    T = x.shape[0]
+    arrays = {}
+    for name, (shape, dt) in tensor_shapes(cfg, T).items():
+        storage = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32}[dt]
+        arrays[name] = np.zeros(shape, storage)
+    arrays["X"][...] = x
+    for k in ("Wr", "Wgu", "Wd"):
+        arrays[k][...] = weights[k]
+    return arrays
+
+
+def torch_inputs(
+    cfg: MoEConfig, T: int, weights: Mapping[str, Any] | None = None, device: str = "cuda"
+) -> dict[str, Any]:
+    """Every graph tensor on ``device`` (torch; bf16 as torch.bfloat16),
+    intermediates zeroed. ``weights``: numpy bf16 bits or torch tensors for
+    any of X, Wr, Wgu, Wd (else left zero)."""
+    import torch
+
+    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+    out = {}
+    for name, (shape, dt) in tensor_shapes(cfg, T).items():
+        out[name] = torch.zeros(shape, dtype=dtypes[dt], device=device)
+    for name, value in (weights or {}).items():
+        if isinstance(value, np.ndarray):
+            if value.dtype == np.uint16:
+                value = torch.from_numpy(value.astype(np.int16)).view(torch.bfloat16)
+            else:
+                value = torch.from_numpy(value)
+        out[name].copy_(value.to(out[name].dtype) if value.dtype != out[name].dtype else value)
+    return out
+
+
+def random_weights_torch(
+    cfg: MoEConfig, seed: int = 0, routing: str = "uniform", device: str = "cuda"
+) -> dict[str, Any]:
+    """Like :func:`random_weights` but torch bf16 on ``device`` (Wr from
+    :func:`random_weights`, the expert weights drawn by torch)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    H, II, E = cfg.hidden, cfg.inter, cfg.experts
+    wr = random_weights(cfg, seed, routing, router_only=True)["Wr"]
+    out = {"Wr": torch.from_numpy(wr.astype(np.int16)).view(torch.bfloat16).to(device)}
+    for name, shape, fan_in in (("Wgu", (E, 2 * II, H), H), ("Wd", (E, H, II), II)):
+        w = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        w.normal_(0.0, float(fan_in) ** -0.5, generator=gen)
+        out[name] = w
+    return out
+
+
+def random_tokens_torch(
+    cfg: MoEConfig, T: int, seed: int = 0, routing: str = "uniform", device: str = "cuda"
+) -> Any:
+    """X (T, H) bf16 on ``device`` ~ N(0, 1); column 0 is 1 under the skewed routings."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed + 1_000_003)
+    x = torch.empty((T, cfg.hidden), dtype=torch.float32, device=device).normal_(generator=gen)
+    if routing in ("one-expert", "few-experts"):
+        x[:, 0] = 1.0
+    return x.to(torch.bfloat16)
+
+
+def reference_moe_torch(x: Any, wr: Any, wgu: Any, wd: Any, topk: int) -> tuple[Any, Any, Any]:
+    """:func:`reference_moe` in float32 torch on the tensors' device; returns
+    ``(out, topk_ids, topk_w)``."""
+    import torch
+
+    xf = x.float()
+    logits = xf @ wr.float().t()
+    probs = torch.softmax(logits, dim=1)
+    # Stable sort of the negated logits: ties go to the lower expert index.
+    order = torch.sort(-logits, dim=1, stable=True).indices[:, :topk]
+    weights = torch.gather(probs, 1, order)
+    weights = weights / weights.sum(1, keepdim=True)
+    out = torch.zeros_like(xf)
+    inter = wgu.shape[1] // 2
+    for e in torch.unique(order).tolist():
+        tok, slot = torch.nonzero(order == e, as_tuple=True)
+        gu = xf[tok] @ wgu[e].float().t()
+        h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        out.index_add_(0, tok, weights[tok, slot][:, None] * (h @ wd[e].float().t()))
+    return out, order.int(), weights

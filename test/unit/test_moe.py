@@ -1,0 +1,303 @@
+"""The MoE layer (etc.models.moe, etc.tiles.moe): tile references, plan
+invariants, the tiles chained by hand against reference_moe, the whole
+graph in the simulator (needs Graph.task(triggered_by=...)), and PTX of the
+router/plan/permute/combine tiles (needs the bindings and ptxas)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import numpy as np
+import pytest
+
+import etc
+from etc.dtypes import bf16_to_f32, f32_to_bf16
+from etc.models import moe as M
+from etc.tiles import moe as T_
+
+SMALL = M.MoEConfig(
+    hidden=64, inter=32, experts=8, topk=2, block_m=16, block_n_gu=32, block_n_dn=64,
+    router_block=4, combine_block=3,
+)  # fmt: skip
+# Two column blocks in each GEMM (NT = ND = 2).
+WIDE = M.MoEConfig(
+    hidden=128, inter=64, experts=8, topk=2, block_m=16, block_n_gu=32, block_n_dn=64,
+    router_block=4, combine_block=3,
+)  # fmt: skip
+
+
+def have_bindings() -> bool:
+    try:
+        return importlib.util.find_spec("etc._mlir_libs._etcDialects") is not None
+    except ImportError:
+        return False
+
+
+needs_bindings = pytest.mark.skipif(not have_bindings(), reason="the MLIR bindings are not built")
+needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+needs_trigger = pytest.mark.skipif(
+    not M.has_trigger_api(), reason="etc.Graph.task has no triggered_by yet"
+)
+
+
+def placeholder_gemm(cfg: M.MoEConfig) -> tuple[etc.DeviceFunction, etc.DeviceFunction]:
+    """numpy-only gate_up/down tiles of the spec's signatures (no GPU body)."""
+    H, II, E = cfg.hidden, cfg.inter, cfg.experts
+    it = f"memref<{E + 1}xi32>"
+    sigs = {
+        "ph_gate_up": (
+            f"memref<?x{H}xbf16>, memref<{E}x{2 * II}x{H}xbf16>, {it}, {it}, memref<?x{II}xbf16>",
+            M.gate_up_reference(cfg.block_m, cfg.block_n_gu, H, II),
+        ),
+        "ph_down": (
+            f"memref<?x{II}xbf16>, memref<{E}x{H}x{II}xbf16>, {it}, {it}, memref<?x{H}xbf16>",
+            M.down_reference(cfg.block_m, cfg.block_n_dn, H, II),
+        ),
+    }
+    out = []
+    for name, (types, ref) in sigs.items():
+        params = ", ".join(f"%a{k}: {t}" for k, t in enumerate(types.split(", ")))
+        src = f"func.func @{name}(%i: index, %e: index, {params}) {{\n  return\n}}\n"
+        out.append(etc.DeviceFunction.from_mlir(src, name, ref, block_size=cfg.block_size))
+    return out[0], out[1]
+
+
+def gemm_tiles(cfg: M.MoEConfig):
+    try:
+        from etc.tiles import gemm
+    except ImportError:
+        return placeholder_gemm(cfg)
+    return M._gemm_tiles(cfg, gemm)
+
+
+def case(cfg: M.MoEConfig, T: int, routing: str = "uniform", seed: int = 0):
+    cfg = cfg.with_routing(routing)
+    w = M.random_weights(cfg, seed, routing)
+    x = M.random_tokens(cfg, T, seed, routing)
+    ref = M.reference_moe(x, w["Wr"], w["Wgu"], w["Wd"], cfg.topk)
+    return cfg, x, w, ref
+
+
+# ----------------------------------------------------------------------------
+# tile references
+# ----------------------------------------------------------------------------
+def test_router_reference_ties_and_weights():
+    H, E, K = 16, 8, 3
+    rng = np.random.default_rng(1)
+    wr = rng.standard_normal((E, H), np.float32)
+    wr[5] = wr[2]  # experts 2 and 5 always tie: 2 must come first
+    wr[7] = wr[2]
+    x = f32_to_bf16(rng.standard_normal((20, H), np.float32))
+    wr16 = f32_to_bf16(wr)
+    ids, w = T_.router_reference_rows(x, wr16, K)
+    logits = bf16_to_f32(x) @ bf16_to_f32(wr16).T
+    for t in range(20):
+        order = sorted(range(E), key=lambda e: (-logits[t, e], e))[:K]
+        assert list(ids[t]) == order
+        p = np.exp(logits[t] - logits[t].max())
+        p /= p.sum()
+        np.testing.assert_allclose(w[t], p[order] / p[order].sum(), rtol=1e-5)
+        for a, b in ((2, 5), (2, 7), (5, 7)):
+            if a in ids[t] and b in ids[t]:
+                assert list(ids[t]).index(a) < list(ids[t]).index(b)
+    np.testing.assert_allclose(w.sum(1), 1, rtol=1e-6)
+
+
+def test_router_tile_reference_partial_block():
+    cfg = SMALL
+    w = M.random_weights(cfg, 3)
+    x = M.random_tokens(cfg, 10, 3)
+    fn = T_.router(4, cfg.experts, cfg.topk, cfg.hidden)
+    ids = np.full((10, cfg.topk), -1, np.int32)
+    tw = np.zeros((10, cfg.topk), np.float32)
+    for i in range(3):  # blocks of 4, the last has 2 tokens
+        fn.reference(i, x, w["Wr"], ids, tw)
+    want_ids, want_w = T_.router_reference_rows(x, w["Wr"], cfg.topk)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(tw, want_w)
+
+
+@pytest.mark.parametrize("T", [1, 5, 40])
+@pytest.mark.parametrize("skew", ["uniform", "one", "few"])
+def test_plan_invariants(T, skew):
+    cfg = WIDE
+    E, K, BM = cfg.experts, cfg.topk, cfg.block_m
+    rng = np.random.default_rng(T)
+    if skew == "uniform":
+        ids = np.stack([rng.permutation(E)[:K] for _ in range(T)]).astype(np.int32)
+    elif skew == "one":
+        ids = np.stack([[0, *rng.permutation(np.arange(1, E))[: K - 1]] for _ in range(T)])
+    else:
+        ids = np.stack([rng.permutation(3)[:K] for _ in range(T)])
+    ids = ids.astype(np.int32)
+    fn = T_.plan(BM, cfg.n_gu, cfg.n_dn, E, K)
+    names = ("row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total", "perm", "inv")
+    shapes = M.tensor_shapes(cfg, T)
+    arrays = {n: np.full(shapes[n][0], -7, np.int32) for n in names}
+    fn.reference(0, ids, *(arrays[n] for n in names))
+    row_off, gu, dn = arrays["row_off"], arrays["gu_indptr"], arrays["dn_indptr"]
+    perm, inv = arrays["perm"], arrays["inv"]
+    counts = np.bincount(ids.ravel(), minlength=E)
+    np.testing.assert_array_equal(np.diff(row_off), counts)
+    assert row_off[0] == 0 and row_off[E] == T * K
+    blocks = -(-counts // BM)
+    np.testing.assert_array_equal(np.diff(gu), blocks * cfg.n_gu)
+    np.testing.assert_array_equal(np.diff(dn), blocks * cfg.n_dn)
+    np.testing.assert_array_equal(arrays["h_wait"], blocks * cfg.n_gu + 1)
+    assert arrays["dn_total"][0] == dn[E]
+    assert sorted(perm) == list(range(T * K))
+    np.testing.assert_array_equal(inv[perm], np.arange(T * K))
+    for e in range(E):  # rows grouped by expert, in expert order
+        assert (ids.ravel()[perm[row_off[e] : row_off[e + 1]]] == e).all()
+    assert gu[E] <= cfg.gu_tiles(T) and dn[E] <= cfg.dn_tiles(T)
+
+
+def test_permute_and_combine_references():
+    cfg = SMALL
+    T, K, H, E = 5, cfg.topk, cfg.hidden, cfg.experts
+    rng = np.random.default_rng(0)
+    x = f32_to_bf16(rng.standard_normal((T, H), np.float32))
+    ids = np.array([[0, 3], [3, 1], [0, 1], [7, 0], [3, 7]], np.int32)
+    tables = T_.plan_tables(ids, cfg.block_m, cfg.n_gu, cfg.n_dn, E)
+    xp = np.zeros((T * K, H), np.uint16)
+    fn = T_.permute(E, K, H)
+    for e in range(E):
+        fn.reference(e, x, tables["row_off"], tables["perm"], xp)
+    np.testing.assert_array_equal(xp, x[tables["perm"] // K])
+    # combine: Yp rows are the token's rows scaled by 1 + k.
+    yp = f32_to_bf16(bf16_to_f32(xp) * (1 + tables["perm"] % K)[:, None])
+    tw = rng.random((T, K), np.float32)
+    out = np.zeros((T, H), np.uint16)
+    comb = T_.combine(2, K, H)
+    for i in range(3):
+        comb.reference(i, tw, tables["inv"], yp, out)
+    want = sum(tw[:, k : k + 1] * bf16_to_f32(x) * (1 + k) for k in range(K))
+    np.testing.assert_allclose(bf16_to_f32(out), want, rtol=1e-2, atol=1e-2)
+
+
+def test_tile_configuration_errors():
+    with pytest.raises(etc.GraphError, match="multiple of 8"):
+        T_.permute(8, 2, 60)
+    with pytest.raises(etc.GraphError, match="topk"):
+        T_.router(4, 4, 5, 64)
+    with pytest.raises(etc.GraphError, match="block_n_gu"):
+        M.MoEConfig(inter=100, block_n_gu=64)
+
+
+# ----------------------------------------------------------------------------
+# the tiles chained by hand (no scheduler)
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", [SMALL, WIDE], ids=["small", "wide"])
+@pytest.mark.parametrize("T", [1, 7, 16, 33])
+@pytest.mark.parametrize("routing", M.ROUTINGS)
+def test_tile_references_match_reference_moe(cfg, T, routing):
+    cfg, x, w, ref = case(cfg, T, routing)
+    a = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w))
+    assert M.rel_err(a["Out"], ref) <= 1e-2
+    counts = np.diff(a["row_off"])
+    if routing == "one-expert":
+        assert counts[0] == T
+    if routing == "few-experts":
+        assert (counts[2 * cfg.topk :] == 0).all()
+
+
+def test_gemm_tiles_agree_with_placeholders():
+    cfg, x, w, _ = case(WIDE, 16)
+    real = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w), gemm_tiles(cfg))
+    ph = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w), placeholder_gemm(cfg))
+    np.testing.assert_array_equal(real["Out"], ph["Out"])
+
+
+def test_skewed_routings_route_as_named():
+    cfg = M.MoEConfig()
+    for routing, check in (
+        ("one-expert", lambda ids: (ids == 0).any(axis=1).all()),
+        ("few-experts", lambda ids: (ids < 2 * cfg.topk).all()),
+    ):
+        w = M.random_weights(cfg, 0, routing, router_only=True)
+        x = M.random_tokens(cfg, 64, 0, routing)
+        ids, _ = T_.router_reference_rows(x, w["Wr"], cfg.topk)
+        assert check(ids), routing
+    assert M.MoEConfig().with_routing("top1").topk == 1
+
+
+# ----------------------------------------------------------------------------
+# the graph in the simulator (data-dependent triggers)
+# ----------------------------------------------------------------------------
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize(
+    "T,routing",
+    [(1, "uniform"), (7, "uniform"), (16, "uniform"), (13, "one-expert"), (16, "few-experts")]
+    + [(9, "top1"), (33, "uniform")],
+)
+def test_graph_in_simulator(schedule, T, routing):
+    cfg, x, w, ref = case(SMALL, T, routing)
+    g = M.build_moe_graph(cfg, gemm_tiles(cfg))
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T}, schedule=schedule, seed=T)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    hand = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w), gemm_tiles(cfg))
+    np.testing.assert_array_equal(out["Out"], hand["Out"])
+
+
+@needs_trigger
+def test_graph_in_simulator_wide_placeholders():
+    cfg, x, w, ref = case(WIDE, 20, "few-experts")
+    g = M.build_moe_graph(cfg, placeholder_gemm(cfg))
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": 20})
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+
+
+@needs_trigger
+def test_unfused_graphs_in_simulator():
+    cfg, x, w, ref = case(SMALL, 7)
+    arrays = M.numpy_inputs(cfg, x, w)
+    for _, g in M.build_unfused_graphs(cfg, gemm_tiles(cfg)):
+        names = {t.name for t in g.tensors}
+        out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": 7})
+        arrays.update({k: out[k] for k in names})
+    assert M.rel_err(arrays["Out"], ref) <= 1e-2
+
+
+def test_graph_needs_trigger_api_or_builds():
+    if M.has_trigger_api():
+        g = M.build_moe_graph(SMALL, placeholder_gemm(SMALL))
+        assert [t.name for t in g.topological_tasks()] == [
+            "router", "plan", "permute", "gate_up", "down", "combine",
+        ]  # fmt: skip
+    else:
+        with pytest.raises(etc.GraphError, match="triggered_by"):
+            M.build_moe_graph(SMALL, placeholder_gemm(SMALL))
+
+
+# ----------------------------------------------------------------------------
+# PTX of the non-GEMM tiles
+# ----------------------------------------------------------------------------
+@needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize("cfg", [SMALL, M.MoEConfig()], ids=["small", "qwen3"])
+def test_small_tiles_compile(cfg):
+    H, E, K = cfg.hidden, cfg.experts, cfg.topk
+    tiles = M._small_tiles(cfg)
+    specs = {
+        "router": (lambda T: ((T + cfg.router_block - 1) // cfg.router_block,), ["X", "Wr"]),
+        "plan": (lambda T: (1,), []),
+        "permute": (lambda T: (E,), []),
+        "combine": (lambda T: ((T + cfg.combine_block - 1) // cfg.combine_block,), []),
+    }
+    args = {
+        "router": ["X", "Wr", "topk_ids", "topk_w"],
+        "plan": ["topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total"]
+        + ["perm", "inv"],
+        "permute": ["X", "row_off", "perm", "Xp"],
+        "combine": ["topk_w", "inv", "Yp", "Out"],
+    }
+    for name, (grid, _) in specs.items():
+        g = etc.Graph(f"moe_{name}_only")
+        T = g.symbol("T")
+        t = M._tensors(g, cfg, T, args[name])
+        g.task(tiles[name], grid=grid(T), args=tuple(t[n] for n in args[name]))
+        artifact = etc.compile(g, schedule="static")
+        assert artifact.cubin is not None, name
+    assert H % 8 == 0 and K <= E
