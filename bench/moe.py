@@ -1,0 +1,306 @@
+"""Qwen3-30B-A3B MoE layer (H=2048, I=768, E=128, top-8) on the GPU: ETC's
+one-launch megakernel against PyTorch.
+
+Two steps, because the GPU machine has no compiler:
+
+    python bench/moe.py --build DIR                    # CPU: compile every artifact
+    python bench/moe.py --artifacts DIR --out OUTDIR   # GPU: check, then time
+
+Method: bf16 weights (random, fan-in scaled) and T in {1, 16, 128, 1024,
+4096} tokens with uniform random routing; COPIES fresh random X per T, the
+calls rotating over them. Every variant is checked against a float32 torch
+reference (max|out - ref| / max|ref| <= 1e-2) before it is timed. Times are
+medians of REPS repetitions of CALLS back-to-back calls between two CUDA
+events, after a warm-up round. Baselines in the same process: the device
+copy bandwidth (2 GiB copy) and bf16 matmul rate (8192^3 torch.matmul) give
+the floor max(active weight bytes / copy BW, FLOPs / matmul rate), active
+weights being the experts the routing actually touches plus the router;
+PyTorch eager expert loop (router, then per expert index_select / matmul /
+index_add, the usual Hugging Face loop, which syncs the host for the
+counts); ``torch._grouped_mm`` (sort by expert, two grouped GEMMs, no host
+sync) eager and replayed from a CUDA graph. ETC: the fused graph under the
+static and the dynamic schedule (one cooperative launch each), and the
+unfused path (every task its own one-task graph, six launches back to back;
+the triggered GEMMs on a trigger event of wait count 0, static schedule).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.timing import gpu_timed, timed, two_step_main  # noqa: E402
+
+SIZES = (1, 16, 128, 1024, 4096)
+COPIES = 4
+TOLERANCE = 1e-2
+# Tile configurations built and timed; the best per T is reported.
+CONFIGS = {
+    "bm16": dict(block_m=16, block_n_gu=64, block_n_dn=128),
+    "bm64": dict(block_m=64, block_n_gu=64, block_n_dn=128),
+}
+
+
+def moe_config(key: str):
+    from etc.models.moe import MoEConfig
+
+    return MoEConfig(**CONFIGS[key])
+
+
+def build(out: Path) -> None:
+    import etc
+    from etc.models import moe as M
+
+    for key in CONFIGS:
+        cfg = moe_config(key)
+        for schedule in ("static", "dynamic"):
+            g = M.build_moe_graph(cfg, name=f"moe_{key}")
+            etc.compile(g, schedule=schedule).save(out / f"fused_{key}_{schedule}")
+            print("built", f"fused_{key}_{schedule}")
+        for task, g in M.build_unfused_graphs(cfg, prefix=f"moe_{key}"):
+            etc.compile(g, schedule="static").save(out / f"unfused_{key}_{task}")
+            print("built", f"unfused_{key}_{task}")
+
+
+def copy_bandwidth(torch, reps: int) -> float:
+    from bench.splitk import copy_bandwidth as splitk_copy_bandwidth
+
+    return splitk_copy_bandwidth(torch, reps)
+
+
+def matmul_rate(torch, reps: int) -> float:
+    """bf16 FLOP/s of a large square torch.matmul."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(10):
+        torch.matmul(a, b)
+    us = timed(torch, lambda i: torch.matmul(a, b), 8, reps)
+    return 2 * n**3 / (us * 1e-6)
+
+
+def graphed(torch, fn, calls: int):
+    from bench.splitk import graphed as splitk_graphed
+
+    return splitk_graphed(torch, fn, calls)
+
+
+def router_torch(torch, x, wr, K: int):
+    logits = x.float() @ wr.float().t()
+    probs = torch.softmax(logits, dim=1)
+    w, ids = torch.topk(probs, K, dim=1)
+    return ids, w / w.sum(1, keepdim=True)
+
+
+def torch_expert_loop(torch, cfg, W):
+    """The Hugging Face style loop: per active expert index_select / matmul / index_add."""
+    F = torch.nn.functional
+    II, E, K = cfg.inter, cfg.experts, cfg.topk
+
+    def fn(x):
+        ids, w = router_torch(torch, x, W["Wr"], K)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat)
+        counts = torch.bincount(flat, minlength=E).tolist()  # host sync
+        start = 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            rows = order[start : start + c]
+            start += c
+            tok = rows // K
+            xe = x.index_select(0, tok)
+            gu = xe @ W["Wgu"][e].t()
+            h = F.silu(gu[:, :II]) * gu[:, II:]
+            y = h @ W["Wd"][e].t()
+            out.index_add_(0, tok, y.float() * w.reshape(-1)[rows, None])
+        return out.to(torch.bfloat16)
+
+    return fn
+
+
+def torch_grouped(torch, cfg, W):
+    """Sort by expert, two ``torch._grouped_mm`` calls, combine; no host sync."""
+    F = torch.nn.functional
+    II, E, K = cfg.inter, cfg.experts, cfg.topk
+    gmm = getattr(torch, "_grouped_mm", None)
+    if gmm is None:
+        return None
+    wgu_t, wd_t = W["Wgu"].transpose(1, 2), W["Wd"].transpose(1, 2)
+
+    def fn(x):
+        ids, w = router_torch(torch, x, W["Wr"], K)
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat)
+        offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+        tok = order // K
+        xp = x.index_select(0, tok)
+        gu = gmm(xp, wgu_t, offs=offs)
+        h = F.silu(gu[:, :II]) * gu[:, II:]
+        y = gmm(h, wd_t, offs=offs)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        out.index_add_(0, tok, y.float() * w.reshape(-1)[order, None])
+        return out.to(torch.bfloat16)
+
+    return fn
+
+
+def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) -> dict:
+    import etc.runtime
+    from etc.models import moe as M
+
+    cfg0 = moe_config(next(iter(CONFIGS)))
+    calls = 16 if T <= 128 else 4
+    xs = [M.random_tokens_torch(cfg0, T, seed=100 * T + c) for c in range(COPIES)]
+    refs = [M.reference_moe_torch(x, W["Wr"], W["Wgu"], W["Wd"], cfg0.topk) for x in xs]
+    active = int(torch.unique(refs[0][1]).numel())
+    weight_bytes = active * 3 * cfg0.hidden * cfg0.inter * 2 + W["Wr"].numel() * 2
+    flops = cfg0.flops(T)
+    floor_us = max(weight_bytes / rates["copy_Bps"], flops / rates["matmul_flops"]) * 1e6
+    row: dict = {
+        "T": T,
+        "active_experts": active,
+        "active_weight_bytes": weight_bytes,
+        "flops": flops,
+        "floor_us": floor_us,
+        "variants": {},
+        "rel_err": {},
+    }
+
+    def record(name: str, us: float) -> None:
+        row["variants"][name] = us
+        print(f"T={T:5d} {name:40s} {us:10.2f} us  ({floor_us / us:6.1%} of floor)")
+
+    def check(name: str, out, c: int) -> bool:
+        ref = refs[c][0]
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        row["rel_err"][name] = err
+        if err > TOLERANCE:
+            print(f"T={T:5d} {name}: WRONG (rel err {err:.3g}); not timed")
+            return False
+        return True
+
+    loop = torch_expert_loop(torch, cfg0, W)
+    if check("torch expert loop", loop(xs[0]), 0):
+        record(
+            "torch expert loop, eager", timed(torch, lambda i: loop(xs[i % COPIES]), calls, reps)
+        )
+    grouped = torch_grouped(torch, cfg0, W)
+    if grouped is None:
+        print("torch._grouped_mm is missing in this torch: grouped-GEMM baseline skipped")
+        row["grouped_mm"] = "missing"
+    else:
+        try:
+            ok = check("torch._grouped_mm", grouped(xs[0]), 0)
+        except Exception as exc:  # noqa: BLE001 - report any torch failure and go on
+            print(f"torch._grouped_mm failed ({type(exc).__name__}: {exc}); skipped")
+            row["grouped_mm"] = f"failed: {exc}"
+            ok = False
+        if ok:
+            fn = lambda i: grouped(xs[i % COPIES])  # noqa: E731
+            record("torch._grouped_mm, eager", timed(torch, fn, calls, reps))
+            try:
+                graph = graphed(torch, fn, calls)
+                replay = timed(torch, lambda i: graph.replay(), 1, reps) / calls
+                record("torch._grouped_mm, CUDA graph", replay)
+            except Exception as exc:  # noqa: BLE001
+                print(f"torch._grouped_mm under a CUDA graph failed: {exc}")
+
+    for key in CONFIGS:
+        cfg = moe_config(key)
+        shapes = M.tensor_shapes(cfg, T)
+        dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+        scratch = {
+            n: torch.zeros(s, dtype=dtypes[d], device="cuda")
+            for n, (s, d) in shapes.items()
+            if n not in ("X", "Wr", "Wgu", "Wd")
+        }
+        bufs = [{**scratch, **W, "X": x} for x in xs]
+        for schedule in ("static", "dynamic"):
+            name = f"ETC fused {key} {schedule}"
+            kernel = etc.runtime.load(artifacts / f"fused_{key}_{schedule}")
+
+            def launch(i, kernel=kernel, bufs=bufs):
+                kernel.launch(bufs[i % COPIES], {"T": T}, sync=False)
+
+            good = True
+            for c in range(COPIES):
+                launch(c)
+                kernel.check()
+                good = good and check(name, bufs[c]["Out"], c)
+            if good:
+                record(f"{name}, eager", timed(torch, launch, calls, reps))
+                record(f"{name}, GPU time", gpu_timed(torch, launch, calls, reps))
+        tasks = ("router", "plan", "permute", "gate_up", "down", "combine")
+        kernels = [etc.runtime.load(artifacts / f"unfused_{key}_{t}") for t in tasks]
+        names = [{p.name for p in k.manifest.tensors} for k in kernels]
+
+        def unfused(i, bufs=bufs, kernels=kernels, names=names):
+            b = bufs[i % COPIES]
+            for k, ns in zip(kernels, names, strict=True):
+                k.launch({n: b[n] for n in ns}, {"T": T}, sync=False)
+
+        name = f"ETC unfused {key} static"
+        unfused(0)
+        torch.cuda.synchronize()
+        if check(name, bufs[0]["Out"], 0):
+            record(f"{name}, eager", timed(torch, unfused, calls, reps))
+            record(f"{name}, GPU time", gpu_timed(torch, unfused, calls, reps))
+
+    etc_best = [v for k, v in row["variants"].items() if k.startswith("ETC fused")]
+    if etc_best:
+        row["etc_fused_best_us"] = min(etc_best)
+        row["etc_fraction_of_floor"] = floor_us / min(etc_best)
+    return row
+
+
+def run(artifacts: Path, out: Path | None, reps: int) -> dict:
+    import torch
+
+    from etc.models import moe as M
+
+    torch.manual_seed(0)
+    results: dict = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "method": __doc__.split("Method: ")[1].strip(),
+        "configs": CONFIGS,
+        "rows": [],
+    }
+    rates = {"copy_Bps": copy_bandwidth(torch, reps), "matmul_flops": matmul_rate(torch, reps)}
+    results["copy_bandwidth_TBps"] = rates["copy_Bps"] / 1e12
+    results["matmul_TFLOPs"] = rates["matmul_flops"] / 1e12
+    print(
+        f"copy bandwidth {rates['copy_Bps'] / 1e12:.3f} TB/s, "
+        f"bf16 matmul {rates['matmul_flops'] / 1e12:.1f} TFLOP/s"
+    )
+    W = M.random_weights_torch(moe_config(next(iter(CONFIGS))), seed=0)
+    for T in SIZES:
+        results["rows"].append(bench_size(torch, artifacts, T, W, rates, reps))
+        if out:  # keep what is measured so far
+            _write(out, results)
+    results["copy_bandwidth_TBps_end"] = copy_bandwidth(torch, reps) / 1e12
+    if out:
+        _write(out, results)
+    return results
+
+
+def _write(out: Path, results: dict) -> None:
+    path = out if out.suffix == ".json" else out / "moe.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
