@@ -20,6 +20,7 @@
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
 
@@ -51,9 +52,10 @@ enum StatusWord : int64_t {
 // capacity), beyond "ok" (0), "watchdog" (1) and "bad task" (2).
 constexpr int64_t kQueueOverflow = 3;
 // Queue layout (i64 words) of the dynamic schedule: pop index, push index,
-// then the ring of pushed descriptors `(task + 1) << 48 | instance` (zero
-// while a slot is empty).
-constexpr int64_t kHead = 0, kTail = 1, kRing = 2;
+// instances retired (a data-dependent trigger's unused bound), then the ring
+// of pushed descriptors `(task + 1) << 48 | instance` (zero while a slot is
+// empty).
+constexpr int64_t kHead = 0, kTail = 1, kRetired = 2, kRing = 3;
 constexpr int64_t kInstanceBits = 48;
 constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 // Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
@@ -61,6 +63,13 @@ constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 constexpr int64_t kFirstSleepNs = 16, kMaxSleepNs = 256;
 // llvm::Value::MaximumAlignment.
 constexpr uint64_t kMaxLLVMAlignment = uint64_t(1) << 32;
+
+/// Side-effect-free index arithmetic that a dispatch body computes its edge
+/// coordinates with; every thread may evaluate it.
+static bool isHoistable(Operation &op) {
+  return op.getNumRegions() == 0 && isa<arith::ArithDialect>(op.getDialect()) &&
+         isPure(&op);
+}
 
 /// What the kernel knows about one event tensor.
 struct EventInfo {
@@ -139,7 +148,12 @@ private:
   LogicalResult checkKernelOperands(Operation *root, bool nested = true);
   Value linearize(ValueRange coords, ArrayRef<Value> sizes);
   SmallVector<Value> delinearize(Value linear, ArrayRef<Value> extents);
+  Value pollCounter(EventInfo &info, Value coordinate, Value target,
+                    int64_t taskId, Value instance);
+  Value noneFailed(Value failed);
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
+  Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
+  Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
   void lowerNotify(NotifyOp notify);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
@@ -152,6 +166,16 @@ private:
   LogicalResult emitThreadZero(ArrayRef<Operation *> ops);
   void lowerThreadNotify(NotifyOp notify);
   void lowerThreadPush(PushOp push);
+  void lowerThreadRetire(RetireOp retire);
+  /// The dynamic schedule's termination count: every instance, less those
+  /// retired so far (read fresh: retirements only ever lower it).
+  Value liveTotal() {
+    Value retired = asm64("ld.relaxed.gpu.global.u64 $0, [$1];", "=l,l",
+                          queueAddress(index(kRetired)));
+    return arith::SubIOp::create(
+        b, queueCapacity,
+        arith::IndexCastOp::create(b, b.getIndexType(), retired));
+  }
   /// Thread 0's queue claim: positions [next, end) are claimed and unused;
   /// `pending` is the first position of a chunk already requested.
   struct Claim {
@@ -235,109 +259,192 @@ SmallVector<Value> KernelBuilder::delinearize(Value linear,
   return coords;
 }
 
-/// Thread 0 polls the counter with acquire loads and nanosleep backoff until
-/// it reaches the wait count, the global abort flag is set, or the watchdog
-/// expires; `bar.red.or` then joins the CTA and broadcasts failure. Returns
-/// an i1 that is true when the wait succeeded (uniform across the CTA).
+/// The calling thread polls the counter at `coordinate` of `info` with
+/// acquire loads and nanosleep backoff until it reaches `target`, the global
+/// abort flag is set, or the watchdog expires (then the first CTA to give up
+/// records what it waited for). Returns an i32, 1 when the wait failed.
+Value KernelBuilder::pollCounter(EventInfo &info, Value coordinate,
+                                 Value target, int64_t taskId, Value instance) {
+  Value counterAddr =
+      addressOf(counters, arith::AddIOp::create(b, info.base, coordinate));
+  Value stateAddr = addressOf(status, index(kState));
+  Type i32Ty = b.getI32Type(), i64Ty = b.getI64Type();
+  auto loop =
+      scf::WhileOp::create(b, TypeRange{i32Ty, i64Ty, i32Ty},
+                           ValueRange{i32(0), i64(0), i32(kFirstSleepNs)});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    // before: poll once, stop when done, aborted or out of polls.
+    Block *before = b.createBlock(&loop.getBefore(), {}, {i32Ty, i64Ty, i32Ty},
+                                  {b.getLoc(), b.getLoc(), b.getLoc()});
+    b.setInsertionPointToStart(before);
+    Value value =
+        asm32("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", counterAddr);
+    Value done =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, target);
+    Value state =
+        asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", stateAddr);
+    Value aborted =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, state, i32(0));
+    Value expired = arith::CmpIOp::create(
+        b, arith::CmpIPredicate::sge, before->getArgument(1), toI64(maxPolls));
+    Value stop = arith::OrIOp::create(
+        b, done, arith::OrIOp::create(b, aborted, expired));
+    Value keepGoing =
+        arith::XOrIOp::create(b, stop, arith::ConstantIntOp::create(b, 1, 1));
+    scf::ConditionOp::create(
+        b, keepGoing,
+        ValueRange{value, before->getArgument(1), before->getArgument(2)});
+    // after: back off (see kMaxSleepNs), count the poll. The yielded value
+    // slot is re-polled before use; only polls/sleep carry information.
+    Block *after = b.createBlock(&loop.getAfter(), {}, {i32Ty, i64Ty, i32Ty},
+                                 {b.getLoc(), b.getLoc(), b.getLoc()});
+    b.setInsertionPointToStart(after);
+    asmVoid("nanosleep.u32 $0;", "r", after->getArgument(2));
+    Value doubled = arith::ShLIOp::create(b, after->getArgument(2), i32(1));
+    Value sleep = arith::MinUIOp::create(b, doubled, i32(kMaxSleepNs));
+    Value polls = arith::AddIOp::create(b, after->getArgument(1), i64(1));
+    scf::YieldOp::create(b, ValueRange{i32(0), polls, sleep});
+  }
+  Value value = loop.getResult(0);
+  Value done =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, target);
+  Value expired = arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
+                                        loop.getResult(1), toI64(maxPolls));
+  // The first CTA whose watchdog fires records what it was waiting for.
+  Value report = arith::AndIOp::create(
+      b, expired,
+      arith::XOrIOp::create(b, done, arith::ConstantIntOp::create(b, 1, 1)));
+  auto ifReport = scf::IfOp::create(b, TypeRange(), report,
+                                    /*withElseRegion=*/false);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifReport.thenBlock());
+    Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 1;", "=r,l",
+                      stateAddr);
+    Value first =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0));
+    auto ifFirst = scf::IfOp::create(b, TypeRange(), first, false);
+    b.setInsertionPointToStart(ifFirst.thenBlock());
+    auto store = [&](StatusWord word, Value v) {
+      memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
+    };
+    store(kEventId, i32(info.id));
+    store(kTaskId, i32(taskId));
+    store(kCounter, value);
+    store(kWaitCount, target);
+    store(kInstance, instance);
+    store(kBlock, gpu::BlockIdOp::create(b, gpu::Dimension::x));
+    store(kCoordinate, coordinate);
+  }
+  return arith::ExtUIOp::create(
+      b, i32Ty,
+      arith::XOrIOp::create(b, done, arith::ConstantIntOp::create(b, 1, 1)));
+}
+
+/// Joins the CTA: true (uniform) when no thread's `failed` is set.
+Value KernelBuilder::noneFailed(Value failed) {
+  Value anyFailed = asm32(
+      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; bar.red.or.pred %p, 0, %p; "
+      "selp.u32 $0, 1, 0, %p; }",
+      "=r,r", failed);
+  return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyFailed, i32(0));
+}
+
+/// Thread 0 polls the counter (see pollCounter); `bar.red.or` then joins
+/// the CTA and broadcasts failure. Returns an i1 that is true when the wait
+/// succeeded (uniform across the CTA).
 Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
   EventInfo &info = events[wait.getEvent()];
   SmallVector<Value> coords = llvm::map_to_vector(
       wait.getIndices(), [&](Value v) { return mapping.lookup(v); });
   Value coordinate = linearize(coords, info.sizes);
   Value target = waitCount(info, coords);
-  Value counterAddr =
-      addressOf(counters, arith::AddIOp::create(b, info.base, coordinate));
-  Value stateAddr = addressOf(status, index(kState));
-
   auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(),
                                   /*withElseRegion=*/true);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.thenBlock());
-    Type i32Ty = b.getI32Type(), i64Ty = b.getI64Type();
-    auto loop =
-        scf::WhileOp::create(b, TypeRange{i32Ty, i64Ty, i32Ty},
-                             ValueRange{i32(0), i64(0), i32(kFirstSleepNs)});
-    {
-      // before: poll once, stop when done, aborted or out of polls.
-      Block *before =
-          b.createBlock(&loop.getBefore(), {}, {i32Ty, i64Ty, i32Ty},
-                        {b.getLoc(), b.getLoc(), b.getLoc()});
-      b.setInsertionPointToStart(before);
-      Value value =
-          asm32("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", counterAddr);
-      Value done =
-          arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, target);
-      Value state =
-          asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", stateAddr);
-      Value aborted =
-          arith::CmpIOp::create(b, arith::CmpIPredicate::ne, state, i32(0));
-      Value expired =
-          arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
-                                before->getArgument(1), toI64(maxPolls));
-      Value stop = arith::OrIOp::create(
-          b, done, arith::OrIOp::create(b, aborted, expired));
-      Value keepGoing =
-          arith::XOrIOp::create(b, stop, arith::ConstantIntOp::create(b, 1, 1));
-      scf::ConditionOp::create(
-          b, keepGoing,
-          ValueRange{value, before->getArgument(1), before->getArgument(2)});
-      // after: back off (see kMaxSleepNs), count the poll.
-      Block *after = b.createBlock(&loop.getAfter(), {}, {i32Ty, i64Ty, i32Ty},
-                                   {b.getLoc(), b.getLoc(), b.getLoc()});
-      b.setInsertionPointToStart(after);
-      asmVoid("nanosleep.u32 $0;", "r", after->getArgument(2));
-      Value doubled = arith::ShLIOp::create(b, after->getArgument(2), i32(1));
-      Value sleep = arith::MinUIOp::create(b, doubled, i32(kMaxSleepNs));
-      Value polls = arith::AddIOp::create(b, after->getArgument(1), i64(1));
-      scf::YieldOp::create(b, ValueRange{i32(0), polls, sleep});
-      // The yielded value slot is re-polled before use; only polls/sleep
-      // carry information.
-    }
-    b.setInsertionPointAfter(loop);
-    Value value = loop.getResult(0);
-    Value done =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, target);
-    Value expired = arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
-                                          loop.getResult(1), toI64(maxPolls));
-    // The first CTA whose watchdog fires records what it was waiting for.
-    Value report = arith::AndIOp::create(
-        b, expired,
-        arith::XOrIOp::create(b, done, arith::ConstantIntOp::create(b, 1, 1)));
-    auto ifReport = scf::IfOp::create(b, TypeRange(), report,
-                                      /*withElseRegion=*/false);
-    {
-      OpBuilder::InsertionGuard reportGuard(b);
-      b.setInsertionPointToStart(ifReport.thenBlock());
-      Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 1;",
-                        "=r,l", stateAddr);
-      Value first =
-          arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0));
-      auto ifFirst = scf::IfOp::create(b, TypeRange(), first, false);
-      b.setInsertionPointToStart(ifFirst.thenBlock());
-      auto store = [&](StatusWord word, Value v) {
-        memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
-      };
-      store(kEventId, i32(info.id));
-      store(kTaskId, i32(taskId));
-      store(kCounter, value);
-      store(kWaitCount, target);
-      store(kInstance, instance);
-      store(kBlock, gpu::BlockIdOp::create(b, gpu::Dimension::x));
-      store(kCoordinate, coordinate);
-    }
-    Value failed = arith::ExtUIOp::create(
-        b, i32Ty,
-        arith::XOrIOp::create(b, done, arith::ConstantIntOp::create(b, 1, 1)));
-    scf::YieldOp::create(b, failed);
+    scf::YieldOp::create(
+        b, pollCounter(info, coordinate, target, taskId, instance));
     b.setInsertionPointToStart(ifZero.elseBlock());
     scf::YieldOp::create(b, ValueRange{i32(0)});
   }
-  Value anyFailed = asm32(
-      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; bar.red.or.pred %p, 0, %p; "
-      "selp.u32 $0, 1, 0, %p; }",
-      "=r,r", ifZero.getResult(0));
-  return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyFailed, i32(0));
+  return noneFailed(ifZero.getResult(0));
+}
+
+/// Static schedule, data-dependent trigger: the CTA's threads poll every
+/// coordinate of the 1-D trigger event in parallel (a thread per coordinate,
+/// strided by the CTA size), then join. True (uniform) on success.
+Value KernelBuilder::waitForWholeEvent(Value event, int64_t taskId,
+                                       Value instance) {
+  EventInfo &info = events[event];
+  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
+  auto loop =
+      scf::ForOp::create(b, tid, info.sizes[0], threads, ValueRange{i32(0)});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value c = loop.getInductionVar();
+    Value failed = pollCounter(info, c, waitCount(info, c), taskId, instance);
+    scf::YieldOp::create(b, ValueRange{arith::OrIOp::create(
+                                b, loop.getRegionIterArg(0), failed)});
+  }
+  return noneFailed(loop.getResult(0));
+}
+
+/// The trigger coordinate of instance `linear`: the number of entries of the
+/// nondecreasing `indptr` (C + 1 of them) that are <= `linear`, minus one.
+/// The CTA loads the table in parallel and counts with `bar.red.popc`.
+/// `valid` is set when `linear < indptr[C]` (the instance has work).
+Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
+                                           Value &valid) {
+  EventInfo &info = events[dispatch.getTriggerEvent()];
+  Value indptr = mapping.lookup(dispatch.getTriggerIndptr());
+  Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
+  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
+  auto entry = [&](Value at) -> Value {
+    Value raw = memref::LoadOp::create(b, indptr, ValueRange{at});
+    return arith::IndexCastOp::create(b, b.getIndexType(), raw);
+  };
+  // Uniform trip count: every thread joins every bar.red.popc.
+  auto loop =
+      scf::ForOp::create(b, index(0), entries, threads, ValueRange{i32(0)});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value at = arith::AddIOp::create(b, loop.getInductionVar(), tid);
+    Value inside =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, at, entries);
+    auto ifInside = scf::IfOp::create(b, b.getI32Type(), inside, true);
+    {
+      OpBuilder::InsertionGuard innerGuard(b);
+      b.setInsertionPointToStart(ifInside.thenBlock());
+      Value below = arith::CmpIOp::create(b, arith::CmpIPredicate::ule,
+                                          entry(at), linear);
+      scf::YieldOp::create(
+          b, ValueRange{arith::ExtUIOp::create(b, b.getI32Type(), below)});
+      b.setInsertionPointToStart(ifInside.elseBlock());
+      scf::YieldOp::create(b, ValueRange{i32(0)});
+    }
+    Value count = asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
+                        "bar.red.popc.u32 $0, 0, %p; }",
+                        "=r,r", ifInside.getResult(0));
+    scf::YieldOp::create(b, ValueRange{arith::AddIOp::create(
+                                b, loop.getRegionIterArg(0), count)});
+  }
+  Value below = arith::IndexCastOp::create(
+      b, b.getIndexType(),
+      arith::ExtUIOp::create(b, b.getI64Type(), loop.getResult(0)));
+  valid = arith::CmpIOp::create(b, arith::CmpIPredicate::ult, below, entries);
+  // indptr[0] = 0 <= linear, so `below` >= 1; clamp anyway so a corrupt
+  // table cannot produce a coordinate outside the event.
+  Value last = arith::SubIOp::create(b, info.sizes[0], index(1));
+  Value coordinate = arith::SubIOp::create(
+      b, arith::MaxUIOp::create(b, below, index(1)), index(1));
+  return arith::MinUIOp::create(b, coordinate, last);
 }
 
 /// CTA barrier so the whole task's writes happen-before thread 0's release
@@ -369,15 +476,33 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
 
   Value ok = arith::ConstantIntOp::create(b, 1, 1);
   auto it = body.begin();
-  // Waits lead the body (etensor-static-schedule puts them there).
+  // Waits lead the body (etensor-static-schedule puts them there). A
+  // triggered task's in-edges cannot use its trigger coordinate, so they
+  // come first: they may guard the tables the trigger reads.
   for (; it != body.end(); ++it) {
+    // Index arithmetic of the edge maps (constants, divisions) feeds them.
+    if (isHoistable(*it)) {
+      b.clone(*it, mapping);
+      continue;
+    }
     auto wait = dyn_cast<WaitOp>(*it);
     if (!wait)
       break;
     ok = arith::AndIOp::create(b, ok,
                                lowerWait(wait, dispatch.getTask(), linear));
   }
-  auto ifOk = scf::IfOp::create(b, TypeRange(), ok, false);
+  Value run = ok;
+  if (dispatch.getTriggerEvent()) {
+    ok = arith::AndIOp::create(b, ok,
+                               waitForWholeEvent(dispatch.getTriggerEvent(),
+                                                 dispatch.getTask(), linear));
+    Value valid;
+    mapping.map(body.getArgument(1),
+                findTriggerCoordinate(dispatch, linear, valid));
+    // Past indptr[C]: no work, but the static loop goes on.
+    run = arith::AndIOp::create(b, ok, valid);
+  }
+  auto ifOk = scf::IfOp::create(b, TypeRange(), run, false);
   {
     OpBuilder::InsertionGuard bodyGuard(b);
     b.setInsertionPointToStart(ifOk.thenBlock());
@@ -434,7 +559,11 @@ LogicalResult KernelBuilder::checkKernelOperands(Operation *root, bool nested) {
       if (isa<WaitOp, NotifyOp>(op) && value == op->getOperand(0) &&
           events.count(value))
         continue;
-      if (isa<PushOp, WorkerOp>(op) && isa<QueueType>(value.getType()))
+      if (auto dispatch = dyn_cast<DispatchOp>(op))
+        if (value == dispatch.getTriggerEvent() && events.count(value))
+          continue;
+      if (isa<PushOp, RetireOp, WorkerOp>(op) &&
+          isa<QueueType>(value.getType()))
         continue;
       op->emitOpError("uses a value of type ")
           << value.getType() << " that convert-etensor-to-gpu cannot map "
@@ -728,7 +857,6 @@ SmallVector<Value> KernelBuilder::gridExtents(DispatchOp dispatch) {
 /// descriptor `task << 48 | instance`, or -1 when the CTA must exit (all
 /// instances claimed, or a failure recorded anywhere). Uniform over the CTA.
 Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
-  Value total = queueCapacity;
   Value stateAddr = addressOf(status, index(kState));
   Value exit = i64(-1);
   Type i64Ty = b.getI64Type(), indexTy = b.getIndexType();
@@ -759,6 +887,7 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
     Value nextEnd = arith::SelectOp::create(
         b, haveLocal, claim.end,
         arith::AddIOp::create(b, pendingStart, chunkSize));
+    Value total = liveTotal();
     Value done =
         arith::CmpIOp::create(b, arith::CmpIPredicate::uge, position, total);
     auto ifDone = scf::IfOp::create(b, b.getI64Type(), done, true);
@@ -820,8 +949,12 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
       Value expired =
           arith::CmpIOp::create(b, arith::CmpIPredicate::sge,
                                 before->getArgument(1), toI64(maxPolls));
-      Value stop = arith::OrIOp::create(
-          b, filled, arith::OrIOp::create(b, aborted, expired));
+      // A retirement may put this position past the end: nobody fills it.
+      Value retired = arith::CmpIOp::create(b, arith::CmpIPredicate::uge,
+                                            position, liveTotal());
+      Value stop =
+          arith::OrIOp::create(b, arith::OrIOp::create(b, filled, retired),
+                               arith::OrIOp::create(b, aborted, expired));
       scf::ConditionOp::create(
           b,
           arith::XOrIOp::create(b, stop, arith::ConstantIntOp::create(b, 1, 1)),
@@ -962,10 +1095,21 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
   Block &body = dispatch.getBody().front();
   for (auto [arg, coord] : llvm::zip(body.getArguments(), coords))
     mapping.map(arg, coord);
+  // Only instances below indptr[C] are ever pushed.
+  if (dispatch.getTriggerEvent()) {
+    Value valid;
+    mapping.map(body.getArgument(1),
+                findTriggerCoordinate(dispatch, linear, valid));
+  }
 
   SmallVector<Operation *> before, waits, bodyOps, after;
   bool seenBody = false;
   for (Operation &op : body.without_terminator()) {
+    // Edge-map arithmetic runs on every thread: waits and thread 0 use it.
+    if (!seenBody && isHoistable(op)) {
+      b.clone(op, mapping);
+      continue;
+    }
     if (isa<WaitOp>(op)) {
       if (seenBody)
         return op.emitOpError("must come before the task body");
@@ -1015,7 +1159,7 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
     b.clone(*op, mapping);
   SmallVector<Operation *> etensorOps;
   WalkResult walk = ifZero.walk([&](Operation *op) {
-    if (isa<NotifyOp, PushOp>(op)) {
+    if (isa<NotifyOp, PushOp, RetireOp>(op)) {
       etensorOps.push_back(op);
       return WalkResult::advance();
     }
@@ -1032,6 +1176,8 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
     b.setInsertionPoint(op);
     if (auto notify = dyn_cast<NotifyOp>(op))
       lowerThreadNotify(notify);
+    else if (auto retire = dyn_cast<RetireOp>(op))
+      lowerThreadRetire(retire);
     else
       lowerThreadPush(cast<PushOp>(op));
     op->erase();
@@ -1103,6 +1249,13 @@ void KernelBuilder::lowerThreadPush(PushOp push) {
   asmVoid("st.release.gpu.global.u64 [$0], $1;", "l,l",
           ValueRange{queueAddress(arith::AddIOp::create(b, slot, index(kRing))),
                      descriptor});
+}
+
+/// By thread 0 alone: lower the termination count; workers polling a
+/// position past the new count see it and exit.
+void KernelBuilder::lowerThreadRetire(RetireOp retire) {
+  asmVoid("red.relaxed.gpu.global.add.u64 [$0], $1;", "l,l",
+          ValueRange{queueAddress(index(kRetired)), toI64(retire.getCount())});
 }
 
 namespace {

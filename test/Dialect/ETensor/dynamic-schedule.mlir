@@ -88,3 +88,60 @@ etensor.graph @not_a_projection(%n: index) {
   // expected-error @+1 {{in map #0 affine_map<(d0) -> (d0 * 2)> is not a projection}}
   etensor.task @tile grid [%n] ins(%e[(i) -> (i * 2)] : !etensor.event<?>)
 }
+
+// -----
+
+func.func private @plan(%i: index)
+func.func private @gather(%e: index)
+func.func private @expert(%i: index, %c: index)
+
+/// The notification that completes `ready[c]` pushes the instances
+/// `[indptr[c], indptr[c+1])`; the last coordinate to fire (counted on
+/// `fired.expert`) retires the bound's unused instances. With early push the
+/// trigger still fires on completion. The triggered task waits for its
+/// other in-edge after the pop.
+// CHECK-LABEL: etensor.graph @moe
+// CHECK: %[[FIRED:.*]] = etensor.event(){{.*}}count %{{.*}} {name = "fired.expert"} : !etensor.event<1>
+// CHECK: %[[Q:.*]] = etensor.queue
+// CHECK: etensor.dispatch 1 grid [%{{.*}}] attributes {name = "gather"}
+// CHECK: %[[DONE:.*]] = etensor.notify %{{.*}}[%{{.*}}] : !etensor.event<?> -> i1
+// CHECK-NEXT: scf.if %[[DONE]] {
+// CHECK: %[[LO:.*]] = arith.index_cast
+// CHECK: %[[HI:.*]] = arith.index_cast
+// CHECK: %[[N:.*]] = arith.subi %[[HI]], %[[LO]]
+// CHECK: etensor.push %[[Q]][2, %[[LO]]] count %[[N]] : !etensor.queue
+// CHECK: %[[LAST:.*]] = etensor.notify %[[FIRED]][%{{.*}}] : !etensor.event<1> -> i1
+// CHECK-NEXT: scf.if %[[LAST]] {
+// CHECK: etensor.retire %[[Q]] count %{{.*}} : !etensor.queue
+// CHECK: etensor.dispatch 2 grid [%{{.*}}] triggered_by(%{{.*}}, %{{.*}} : !etensor.event<?>, memref<?xi32>) attributes {name = "expert"}
+// CHECK-NEXT: ^bb0(%{{.*}}: index, %[[C:.*]]: index):
+// CHECK: etensor.wait %{{.*}}[%{{.*}}] : !etensor.event<1>
+// CHECK: func.call @expert
+// LATE-LABEL: etensor.graph @moe
+// LATE: etensor.push %{{.*}}[2, %{{.*}}] count
+// LATE: etensor.retire
+// LATE: etensor.dispatch 2
+// LATE: etensor.wait %{{.*}}[%{{.*}}] : !etensor.event<1>
+etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %counts: memref<?xi32>) {
+  %planned = etensor.event() count 1 {name = "planned"} : !etensor.event<1>
+  %ready = etensor.event(%experts) count 1 {name = "ready"} : !etensor.event<?>
+  %done = etensor.event(%experts) count from %counts : memref<?xi32> {name = "done"} : !etensor.event<?>
+  etensor.task @plan grid [1] outs(%planned[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @gather grid [%experts] ins(%planned[(e) -> (0)] : !etensor.event<1>) outs(%ready[(e) -> (e)] : !etensor.event<?>, %done[(e) -> (e)] : !etensor.event<?>)
+  etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+  etensor.task @gather grid [%experts] ins(%done[(e) -> (e)] : !etensor.event<?>)
+}
+
+// -----
+
+func.func private @plan(%i: index)
+func.func private @expert(%i: index, %c: index)
+
+etensor.graph @trigger_in_edge_after(%experts: index, %tiles: index, %indptr: memref<?xi32>) {
+  %ready = etensor.event(%experts) count 1 {name = "ready"} : !etensor.event<?>
+  %late = etensor.event() count 1 {name = "late"} : !etensor.event<1>
+  etensor.task @plan grid [%experts] outs(%ready[(e) -> (e)] : !etensor.event<?>)
+  etensor.task @plan grid [1] outs(%late[(i) -> (0)] : !etensor.event<1>) {name = "unordered"}
+  // expected-error @+1 {{waits on event 'late' besides its trigger 'ready', but its producer 'unordered' does not precede the trigger's producer 'plan': the dynamic schedule waits for such edges after the pop and could deadlock}}
+  etensor.task @expert grid [%tiles] ins(%late[(i, c) -> (0)] : !etensor.event<1>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+}

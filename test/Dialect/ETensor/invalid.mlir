@@ -49,7 +49,7 @@ etensor.graph @table_shape(%t: memref<5xi32>) {
 func.func private @tile(%i: index, %j: index)
 etensor.graph @map_grid_rank(%n: index) {
   %e = etensor.event(%n) count 1 : !etensor.event<?>
-  // expected-error @+1 {{out map #0 affine_map<(d0) -> (d0)> has 1 dimensions but the task grid has rank 2}}
+  // expected-error @+1 {{out map #0 affine_map<(d0) -> (d0)> has 1 dimensions but the task has 2 (its grid rank)}}
   etensor.task @tile grid [%n, 4] outs(%e[(i) -> (i)] : !etensor.event<?>)
 }
 
@@ -140,7 +140,7 @@ etensor.graph @buffer_type(%n: index, %a: memref<?xi32>) {
 
 // -----
 
-func.func private @tile(%i: index, %j: index)
+func.func private @tile(%i: index, %j: index, %k: index)
 etensor.graph @trigger_grid_rank(%n: index, %p: memref<?xi32>) {
   %e = etensor.event(%n) count 1 : !etensor.event<?>
   // expected-error @+1 {{a data-dependent trigger needs a 1-D task grid, got rank 2}}
@@ -270,7 +270,7 @@ etensor.graph @event_from_cast(%n: index) {
 
 // -----
 
-func.func private @tile(%i: index)
+func.func private @tile(%i: index, %c: index)
 etensor.graph @trigger_from_cast(%n: index, %indptr: memref<?xi32>) {
   %e0 = etensor.event(%n) count 1 : !etensor.event<?>
   %e = builtin.unrealized_conversion_cast %e0 : !etensor.event<?> to !etensor.event<?>
@@ -281,6 +281,50 @@ etensor.graph @trigger_from_cast(%n: index, %indptr: memref<?xi32>) {
 //===----------------------------------------------------------------------===//
 // Whole-graph rules (etensor-verify-graph)
 //===----------------------------------------------------------------------===//
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @trigger_callee_arity(%n: index, %p: memref<?xi32>) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{device function 'tile' takes 1 arguments, but a task with a data-dependent trigger (coordinates i, c) and 0 buffers passes 2}}
+  etensor.task @tile grid [%n] triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>)
+}
+
+// -----
+
+func.func private @tile(%i: index, %c: index)
+etensor.graph @trigger_out_map_dims(%n: index, %p: memref<?xi32>, %t: memref<?xi32>) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  %f = etensor.event(%n) count from %t : memref<?xi32> : !etensor.event<?>
+  // expected-error @+1 {{out map #0 affine_map<(d0) -> (d0)> has 1 dimensions but the task has 2 (the instance and its trigger coordinate)}}
+  etensor.task @tile grid [%n] outs(%f[(i) -> (i)] : !etensor.event<?>) triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>)
+}
+
+// -----
+
+func.func private @tile(%i: index, %c: index)
+etensor.graph @trigger_in_map_uses_coordinate(%n: index, %p: memref<?xi32>) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  %f = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{in map #0 affine_map<(d0, d1) -> (d1)> uses the trigger coordinate (dimension 1); only out-edges may}}
+  etensor.task @tile grid [%n] ins(%f[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @dispatch_trigger_arguments(%n: index, %cap: index, %p: memref<?xi32>) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  %q = etensor.queue capacity %cap : !etensor.queue
+  etensor.worker dynamic(%q : !etensor.queue) {
+    // expected-error @+1 {{with a data-dependent trigger expects two block arguments (the instance and its trigger coordinate), got 1}}
+    etensor.dispatch 0 grid [%n] triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>) {
+    ^bb0(%i: index):
+      func.call @tile(%i) : (index) -> ()
+    }
+  }
+}
 
 // -----
 

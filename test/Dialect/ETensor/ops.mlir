@@ -4,7 +4,7 @@
 
 func.func private @tile2d(%i: index, %j: index, %a: memref<?x256xf32>, %b: memref<?x4xf32>)
 func.func private @tile1d(%i: index, %b: memref<?x4xf32>, %c: memref<?xf32>)
-func.func private @expert(%t: index, %x: memref<?x64xbf16>)
+func.func private @expert(%t: index, %c: index, %x: memref<?x64xbf16>)
 
 // CHECK-LABEL: etensor.graph @event_types
 // CHECK-SAME: (%[[N:.*]]: index, %[[M:.*]]: index)
@@ -44,11 +44,14 @@ etensor.graph @splitk(%n: index, %A: memref<?x256xf32>, %B: memref<?x4xf32>, %C:
 }
 
 // CHECK-LABEL: etensor.graph @triggered
-etensor.graph @triggered(%experts: index, %tiles: index, %indptr: memref<?xi32>, %x: memref<?x64xbf16>) {
+etensor.graph @triggered(%experts: index, %tiles: index, %indptr: memref<?xi32>, %x: memref<?x64xbf16>, %counts: memref<?xi32>) {
   %ready = etensor.event(%experts) count 1 : !etensor.event<?>
+  %done = etensor.event(%experts) count from %counts : memref<?xi32> : !etensor.event<?>
   // CHECK: etensor.task @expert grid [%{{.*}}] args(%{{.*}} : memref<?x64xbf16>)
+  // CHECK-SAME: outs(%{{.*}}[(d0, d1) -> (d1)] : !etensor.event<?>)
   // CHECK-SAME: triggered_by(%{{.*}}, %{{.*}} : !etensor.event<?>, memref<?xi32>)
   etensor.task @expert grid [%tiles] args(%x : memref<?x64xbf16>)
+      outs(%done[(i, c) -> (c)] : !etensor.event<?>)
       triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
 }
 
@@ -91,7 +94,24 @@ etensor.graph @dynamic_schedule_level(%n: index, %cap: index) {
       %c2 = arith.constant 2 : index
       // CHECK: etensor.push %[[Q]][0, %{{.*}}] count %{{.*}} : !etensor.queue
       etensor.push %q[0, %i] count %c2 : !etensor.queue
+      // CHECK: etensor.retire %[[Q]] count %{{.*}} : !etensor.queue
+      etensor.retire %q count %c2 : !etensor.queue
       etensor.yield
+    }
+  }
+}
+
+// CHECK-LABEL: etensor.graph @triggered_dispatch
+etensor.graph @triggered_dispatch(%n: index, %tiles: index, %cap: index, %indptr: memref<?xi32>, %x: memref<?x64xbf16>) {
+  %ready = etensor.event(%n) count 1 : !etensor.event<?>
+  %q = etensor.queue capacity %cap : !etensor.queue
+  etensor.worker dynamic(%q : !etensor.queue) {
+    // CHECK: etensor.dispatch 0 grid [%{{.*}}] triggered_by(%{{.*}}, %{{.*}} : !etensor.event<?>, memref<?xi32>) {
+    // CHECK-NEXT: ^bb0(%[[I:.*]]: index, %[[C:.*]]: index):
+    // CHECK-NEXT: func.call @expert(%[[I]], %[[C]], %{{.*}})
+    etensor.dispatch 0 grid [%tiles] triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>) {
+    ^bb0(%i: index, %c: index):
+      func.call @expert(%i, %c, %x) : (index, index, memref<?x64xbf16>) -> ()
     }
   }
 }

@@ -53,13 +53,27 @@ etensor.graph @several_edges(%n: index, %h: index) {
 
 // -----
 
-func.func private @tile(%i: index)
+func.func private @plan(%i: index)
+func.func private @gather(%e: index)
+func.func private @expert(%i: index, %c: index)
 
-etensor.graph @triggers_rejected(%n: index, %p: memref<?xi32>) {
-  %e = etensor.event(%n) count 1 : !etensor.event<?>
-  etensor.task @tile grid [%n] outs(%e[(i) -> (i)] : !etensor.event<?>)
-  // expected-error @+1 {{data-dependent triggers are not supported by etensor-static-schedule yet}}
-  etensor.task @tile grid [%n] triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>)
+/// A data-dependent trigger: the dispatch keeps it (the lowering waits for
+/// the whole event and finds `c`); the in-edge wait comes first and the
+/// out-edge notifies the coordinate `c`.
+// CHECK-LABEL: etensor.graph @moe
+// CHECK: etensor.dispatch 2 grid [%{{.*}}] triggered_by(%[[R:.*]], %{{.*}} : !etensor.event<?>, memref<?xi32>) attributes {name = "expert"} {
+// CHECK-NEXT: ^bb0(%[[I:.*]]: index, %[[C:.*]]: index):
+// CHECK: etensor.wait %{{.*}}[%{{.*}}] : !etensor.event<1>
+// CHECK-NEXT: func.call @expert(%[[I]], %[[C]])
+// CHECK-NEXT: etensor.notify %{{.*}}[%[[C]]] : !etensor.event<?>
+etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %counts: memref<?xi32>) {
+  %planned = etensor.event() count 1 {name = "planned"} : !etensor.event<1>
+  %ready = etensor.event(%experts) count 1 {name = "ready"} : !etensor.event<?>
+  %done = etensor.event(%experts) count from %counts : memref<?xi32> {name = "done"} : !etensor.event<?>
+  etensor.task @plan grid [1] outs(%planned[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @gather grid [%experts] ins(%planned[(e) -> (0)] : !etensor.event<1>) outs(%ready[(e) -> (e)] : !etensor.event<?>, %done[(e) -> (e)] : !etensor.event<?>)
+  etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+  etensor.task @gather grid [%experts] ins(%done[(e) -> (e)] : !etensor.event<?>)
 }
 
 // -----

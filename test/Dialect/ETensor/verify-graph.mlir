@@ -139,3 +139,20 @@ etensor.graph @huge_static_event() {
   etensor.task @tile grid [4] outs(%e[(i) -> (i, i)] : !etensor.event<4294967296x4294967296>)
   etensor.task @tile grid [4] ins(%e[(i) -> (i, i)] : !etensor.event<4294967296x4294967296>)
 }
+
+// -----
+
+func.func private @gather(%e: index)
+func.func private @expert(%i: index, %c: index)
+
+/// A triggered task runs a data-dependent number of instances: the events it
+/// notifies need table wait counts.
+etensor.graph @triggered_fan_in(%experts: index, %tiles: index, %indptr: memref<?xi32>) {
+  %ready = etensor.event(%experts) count 1 : !etensor.event<?>
+  // expected-error @+1 {{event 'done' is notified by a task with a data-dependent trigger, which runs a data-dependent number of instances: its wait count must be a table}}
+  %done = etensor.event(%experts) count 4 {name = "done"} : !etensor.event<?>
+  etensor.task @gather grid [%experts] outs(%ready[(e) -> (e)] : !etensor.event<?>)
+  // expected-note @+1 {{notified by task 'expert'}}
+  etensor.task @expert grid [%tiles] outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+  etensor.task @gather grid [%experts] ins(%done[(e) -> (e)] : !etensor.event<?>)
+}

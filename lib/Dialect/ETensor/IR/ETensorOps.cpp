@@ -280,11 +280,14 @@ static LogicalResult verifyEdges(TaskOp task, StringRef kind,
       return task.emitOpError()
              << kind << " map #" << i << " " << AffineMapAttr::get(map)
              << " must not use symbols";
-    if (static_cast<int64_t>(map.getNumDims()) != task.getGridRank())
+    if (static_cast<int64_t>(map.getNumDims()) != task.getCoordinateCount())
       return task.emitOpError()
              << kind << " map #" << i << " " << AffineMapAttr::get(map)
-             << " has " << map.getNumDims()
-             << " dimensions but the task grid has rank " << task.getGridRank();
+             << " has " << map.getNumDims() << " dimensions but the task has "
+             << task.getCoordinateCount()
+             << (task.getTriggerEvent()
+                     ? " (the instance and its trigger coordinate)"
+                     : " (its grid rank)");
     if (static_cast<int64_t>(map.getNumResults()) != type.getRank())
       return task.emitOpError()
              << kind << " map #" << i << " " << AffineMapAttr::get(map)
@@ -328,6 +331,14 @@ LogicalResult TaskOp::verify() {
     if (cast<EventType>(trigger.getType()).getRank() != 1)
       return emitOpError("a data-dependent trigger needs a 1-D event, got ")
              << trigger.getType();
+    // The coordinate is only known once the trigger fired; the in-edges are
+    // awaited before that (they may guard the trigger's tables).
+    for (auto [i, mapAttr] : llvm::enumerate(getInMaps()))
+      if (cast<AffineMapAttr>(mapAttr).getValue().isFunctionOfDim(1))
+        return emitOpError("in map #")
+               << i << " " << mapAttr
+               << " uses the trigger coordinate (dimension 1); only out-edges "
+                  "may";
   }
   SmallVector<Value> events(getInEvents());
   llvm::append_range(events, getOutEvents());
@@ -352,25 +363,27 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   if (fnType.getNumResults() != 0)
     return emitOpError("device function '")
            << getCallee() << "' must not return values";
-  int64_t expected = getGridRank() + getArgs().size();
+  int64_t coords = getCoordinateCount();
+  int64_t expected = coords + getArgs().size();
   if (static_cast<int64_t>(fnType.getNumInputs()) != expected)
     return emitOpError("device function '")
            << getCallee() << "' takes " << fnType.getNumInputs()
-           << " arguments, but a task with a rank-" << getGridRank()
-           << " grid and " << getArgs().size() << " buffers passes "
-           << expected;
-  for (int64_t i = 0; i < getGridRank(); ++i)
+           << " arguments, but a task with "
+           << (getTriggerEvent()
+                   ? "a data-dependent trigger (coordinates i, c)"
+                   : "a rank-" + std::to_string(getGridRank()) + " grid")
+           << " and " << getArgs().size() << " buffers passes " << expected;
+  for (int64_t i = 0; i < coords; ++i)
     if (!fnType.getInput(i).isIndex())
       return emitOpError("argument #")
              << i << " of device function '" << getCallee()
              << "' is a grid coordinate and must be index, got "
              << fnType.getInput(i);
   for (auto [i, arg] : llvm::enumerate(getArgs()))
-    if (fnType.getInput(getGridRank() + i) != arg.getType())
+    if (fnType.getInput(coords + i) != arg.getType())
       return emitOpError("buffer #")
              << i << " has type " << arg.getType() << " but device function '"
-             << getCallee() << "' expects "
-             << fnType.getInput(getGridRank() + i);
+             << getCallee() << "' expects " << fnType.getInput(coords + i);
   return success();
 }
 
@@ -438,9 +451,23 @@ LogicalResult DispatchOp::verify() {
                                             getStaticGrid(), getDynamicGrid())))
     return failure();
   Block &body = getBody().front();
-  if (static_cast<int64_t>(body.getNumArguments()) != rank)
+  if (getTriggerEvent()) {
+    if (rank != 1)
+      return emitOpError("a data-dependent trigger needs a 1-D grid, got "
+                         "rank ")
+             << rank;
+    if (cast<EventType>(getTriggerEvent().getType()).getRank() != 1)
+      return emitOpError("a data-dependent trigger needs a 1-D event, got ")
+             << getTriggerEvent().getType();
+    if (body.getNumArguments() != 2)
+      return emitOpError("with a data-dependent trigger expects two block "
+                         "arguments (the instance and its trigger "
+                         "coordinate), got ")
+             << body.getNumArguments();
+  } else if (static_cast<int64_t>(body.getNumArguments()) != rank) {
     return emitOpError("expects one block argument per grid dimension (")
            << rank << "), got " << body.getNumArguments();
+  }
   for (BlockArgument arg : body.getArguments())
     if (!arg.getType().isIndex())
       return emitOpError("grid coordinates must be index, got ")

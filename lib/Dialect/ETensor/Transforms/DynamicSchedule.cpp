@@ -9,6 +9,7 @@
 #include "mlir/Dialect/Affine/Utils.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
 
@@ -31,6 +32,8 @@ public:
   LogicalResult run();
 
 private:
+  /// Which consumers of an event a completed coordinate pushes.
+  enum class Consumers { All, Regular, Triggered };
   Value index(Location loc, int64_t v) {
     return arith::ConstantIndexOp::create(b, loc, v);
   }
@@ -41,9 +44,17 @@ private:
   }
   SmallVector<Value> applyMap(Location loc, AffineMap map, ValueRange coords);
   Value linearize(Location loc, ArrayRef<Value> coords, TaskOp task);
-  void pushConsumers(Location loc, EventOp event, ValueRange coordinate);
+  void pushConsumers(Location loc, EventOp event, ValueRange coordinate,
+                     Consumers which);
+  void pushTriggered(Location loc, unsigned taskIndex, Value coordinate);
   void notifyThenPush(Location loc, Value counter, EventOp event,
-                      ValueRange coordinate);
+                      ValueRange coordinate, Consumers which);
+  LogicalResult checkTriggeredInEdges(unsigned taskIndex);
+  bool hasTriggeredConsumers(EventOp event) {
+    return llvm::any_of(graph.getConsumers(event), [](EdgeRef e) {
+      return e.edge == EdgeRef::kTriggerEdge;
+    });
+  }
   Value declareLike(Location loc, EventOp event, StringRef name);
 
   TaskGraph graph;
@@ -52,6 +63,7 @@ private:
   DenseMap<unsigned, int64_t> number;      // graph task index -> task number
   DenseMap<unsigned, Value> readyEvent;    // task index -> ready.<task>
   DenseMap<Operation *, Value> dispatched; // event -> dispatched.<event>
+  DenseMap<unsigned, Value> firedEvent;    // triggered task -> fired.<task>
   Value queue;
 };
 
@@ -85,9 +97,18 @@ Value DynamicScheduler::linearize(Location loc, ArrayRef<Value> coords,
 /// completed dependency: push it, or count it on its ready event when it
 /// has several.
 void DynamicScheduler::pushConsumers(Location loc, EventOp event,
-                                     ValueRange coordinate) {
+                                     ValueRange coordinate, Consumers which) {
   for (EdgeRef edge : graph.getConsumers(event)) {
     TaskOp consumer = graph.getTasks()[edge.task];
+    if (edge.edge == EdgeRef::kTriggerEdge) {
+      if (which != Consumers::Regular)
+        pushTriggered(loc, edge.task, coordinate[0]);
+      continue;
+    }
+    // A triggered task is pushed by its trigger only and waits for its
+    // other in-edges after the pop.
+    if (which == Consumers::Triggered || consumer.getTriggerEvent())
+      continue;
     AffineMap map =
         cast<AffineMapAttr>(consumer.getInMaps()[edge.edge]).getValue();
     OpBuilder::InsertionGuard guard(b);
@@ -130,16 +151,81 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
   }
 }
 
+/// Coordinate `c` of task `taskIndex`'s trigger completed: its instances
+/// `[indptr[c], indptr[c+1])` are ready. The last coordinate to fire also
+/// retires the bound's unused instances `[indptr[C], bound)`.
+void DynamicScheduler::pushTriggered(Location loc, unsigned taskIndex,
+                                     Value coordinate) {
+  TaskOp task = graph.getTasks()[taskIndex];
+  Value indptr = task.getTriggerIndptr();
+  auto entry = [&](Value at) -> Value {
+    Value raw = memref::LoadOp::create(b, loc, indptr, at);
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(), raw);
+  };
+  Value begin = entry(coordinate);
+  Value end = entry(arith::AddIOp::create(b, loc, coordinate, index(loc, 1)));
+  PushOp::create(b, loc, queue, b.getI64IntegerAttr(number[taskIndex]), begin,
+                 arith::SubIOp::create(b, loc, end, begin));
+  OpBuilder::InsertionGuard guard(b);
+  Value last = NotifyOp::create(b, loc, b.getI1Type(), firedEvent[taskIndex],
+                                ValueRange{index(loc, 0)})
+                   .getResult(0);
+  auto ifLast = scf::IfOp::create(b, loc, last, false);
+  b.setInsertionPointToStart(ifLast.thenBlock());
+  auto trigger = cast<EventOp>(task.getTriggerEvent().getDefiningOp());
+  Value used = entry(extent(loc, trigger.getMixedSize(0)));
+  Value bound = extent(loc, task.getMixedExtent(0));
+  RetireOp::create(b, loc, queue, arith::SubIOp::create(b, loc, bound, used));
+}
+
 /// Notifies `counter` at `coordinate`; the notification that completes it
 /// pushes the consumers of that coordinate of `event`.
 void DynamicScheduler::notifyThenPush(Location loc, Value counter,
-                                      EventOp event, ValueRange coordinate) {
+                                      EventOp event, ValueRange coordinate,
+                                      Consumers which) {
   Value done =
       NotifyOp::create(b, loc, b.getI1Type(), counter, coordinate).getResult(0);
   auto ifDone = scf::IfOp::create(b, loc, done, false);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(ifDone.thenBlock());
-  pushConsumers(loc, event, coordinate);
+  pushConsumers(loc, event, coordinate, which);
+}
+
+/// A triggered task waits for its other in-edges after its pop. That cannot
+/// deadlock when those events complete before the trigger fires: every
+/// producer of them must precede every producer of the trigger event.
+LogicalResult DynamicScheduler::checkTriggeredInEdges(unsigned taskIndex) {
+  TaskOp task = graph.getTasks()[taskIndex];
+  auto trigger = cast<EventOp>(task.getTriggerEvent().getDefiningOp());
+  for (EdgeRef producer : graph.getProducers(trigger)) {
+    // Ancestors of this producer of the trigger.
+    llvm::SmallDenseSet<unsigned> ancestors;
+    SmallVector<unsigned> work{producer.task};
+    while (!work.empty()) {
+      unsigned t = work.pop_back_val();
+      for (unsigned p : graph.getPredecessors(t))
+        if (ancestors.insert(p).second)
+          work.push_back(p);
+    }
+    for (Value in : task.getInEvents()) {
+      auto inEvent = cast<EventOp>(in.getDefiningOp());
+      for (EdgeRef source : graph.getProducers(inEvent)) {
+        if (ancestors.contains(source.task))
+          continue;
+        TaskOp sourceTask = graph.getTasks()[source.task];
+        TaskOp triggerTask = graph.getTasks()[producer.task];
+        return task.emitOpError("waits on event '")
+               << inEvent.getDisplayName() << "' besides its trigger '"
+               << trigger.getDisplayName() << "', but its producer '"
+               << sourceTask.getDisplayName()
+               << "' does not precede the trigger's producer '"
+               << triggerTask.getDisplayName()
+               << "': the dynamic schedule waits for such edges after the "
+                  "pop and could deadlock";
+      }
+    }
+  }
+  return success();
 }
 
 /// A counter tensor with the shape and wait counts of `event`.
@@ -158,10 +244,12 @@ LogicalResult DynamicScheduler::run() {
     return graphOp.emitOpError("has a dependency cycle; run "
                                "etensor-verify-graph for details");
   SmallVector<TaskOp> tasks = graph.getTasks();
-  for (TaskOp task : tasks) {
-    if (task.getTriggerEvent())
-      return task.emitOpError("data-dependent triggers are not supported by "
-                              "etensor-dynamic-schedule yet");
+  for (auto [t, task] : llvm::enumerate(tasks)) {
+    if (task.getTriggerEvent()) {
+      if (failed(checkTriggeredInEdges(t)))
+        return failure();
+      continue; // Its in-edges are waited on, never enumerated.
+    }
     for (auto [i, mapAttr] : llvm::enumerate(task.getInMaps())) {
       AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
       llvm::SmallDenseSet<unsigned> dims;
@@ -187,7 +275,7 @@ LogicalResult DynamicScheduler::run() {
   for (unsigned t : *order) {
     TaskOp task = tasks[t];
     int64_t inEdges = task.getInEvents().size();
-    if (inEdges < 2)
+    if (inEdges < 2 || task.getTriggerEvent())
       continue;
     SmallVector<int64_t> shape(task.getStaticGrid());
     auto type = EventType::get(b.getContext(), shape);
@@ -197,6 +285,28 @@ LogicalResult DynamicScheduler::run() {
         /*wait_count_table=*/Value(),
         b.getStringAttr(("ready." + task.getDisplayName()).str()));
     readyEvent[t] = ready.getEvent();
+  }
+  for (unsigned t : *order) {
+    TaskOp task = tasks[t];
+    if (!task.getTriggerEvent())
+      continue;
+    // Counts the trigger's coordinates that fired; the last one retires
+    // the bound's unused instances.
+    auto trigger = cast<EventOp>(task.getTriggerEvent().getDefiningOp());
+    OpFoldResult coords = trigger.getMixedSize(0);
+    auto type = EventType::get(b.getContext(), {1});
+    IntegerAttr staticCount;
+    Value dynamicCount;
+    if (auto attr = dyn_cast<Attribute>(coords))
+      staticCount = cast<IntegerAttr>(attr);
+    else
+      dynamicCount = cast<Value>(coords);
+    firedEvent[t] =
+        EventOp::create(
+            b, task.getLoc(), type, ValueRange(), staticCount, dynamicCount,
+            /*wait_count_table=*/Value(),
+            b.getStringAttr(("fired." + task.getDisplayName()).str()))
+            .getEvent();
   }
   if (earlyPush)
     for (EventOp event : graph.getEvents())
@@ -225,13 +335,14 @@ LogicalResult DynamicScheduler::run() {
     b.setInsertionPointToEnd(workerBody);
     auto dispatch =
         DispatchOp::create(b, taskLoc, b.getI64IntegerAttr(number[t]),
-                           task.getDynamicGrid(), task.getStaticGridAttr());
+                           task.getDynamicGrid(), task.getStaticGridAttr(),
+                           task.getTriggerEvent(), task.getTriggerIndptr());
     dispatch->setAttr("name", b.getStringAttr(task.getDisplayName()));
-    if (task.getInEvents().empty())
+    if (task.getInEvents().empty() && !task.getTriggerEvent())
       dispatch->setAttr("etensor.ready_at_start", b.getUnitAttr());
     Block *body = b.createBlock(&dispatch.getBody());
     SmallVector<Value> coords;
-    for (int64_t d = 0; d < task.getGridRank(); ++d)
+    for (int64_t d = 0; d < task.getCoordinateCount(); ++d)
       coords.push_back(body->addArgument(b.getIndexType(), taskLoc));
     b.setInsertionPointToStart(body);
 
@@ -246,9 +357,10 @@ LogicalResult DynamicScheduler::run() {
           continue;
         notifyThenPush(
             taskLoc, shadow, eventOp,
-            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords));
+            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords),
+            Consumers::Regular);
       }
-    if (earlyPush)
+    if (earlyPush || task.getTriggerEvent())
       for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
         WaitOp::create(
             b, taskLoc, event,
@@ -262,11 +374,15 @@ LogicalResult DynamicScheduler::run() {
       SmallVector<Value> c =
           applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords);
       auto eventOp = cast<EventOp>(event.getDefiningOp());
-      if (earlyPush || graph.getConsumers(eventOp).empty()) {
+      // A trigger fires on completion even with early push: its indptr is
+      // only final once the producers have run.
+      Consumers which = earlyPush ? Consumers::Triggered : Consumers::All;
+      if (graph.getConsumers(eventOp).empty() ||
+          (earlyPush && !hasTriggeredConsumers(eventOp))) {
         NotifyOp::create(b, taskLoc, /*completed=*/Type(), event, c);
         continue;
       }
-      notifyThenPush(taskLoc, event, eventOp, c);
+      notifyThenPush(taskLoc, event, eventOp, c, which);
     }
     YieldOp::create(b, taskLoc);
   }

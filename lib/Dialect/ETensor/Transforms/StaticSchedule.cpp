@@ -53,10 +53,6 @@ struct ETensorStaticSchedulePass
     if (failed(order))
       return graphOp.emitOpError("has a dependency cycle; run "
                                  "etensor-verify-graph for details");
-    for (TaskOp task : graph.getTasks())
-      if (task.getTriggerEvent())
-        return task.emitOpError("data-dependent triggers are not supported "
-                                "by etensor-static-schedule yet");
 
     OpBuilder builder(graphOp.getContext());
     builder.setInsertionPointToEnd(&graphOp.getBodyBlock());
@@ -68,13 +64,17 @@ struct ETensorStaticSchedulePass
       TaskOp task = graph.getTasks()[taskIndex];
       Location loc = task.getLoc();
       builder.setInsertionPointToEnd(workerBody);
+      // A triggered task keeps its trigger: the lowering waits for the
+      // whole trigger event, then finds the instance's coordinate (the
+      // block's second argument) in the indptr table.
       auto dispatch =
           DispatchOp::create(builder, loc, builder.getI64IntegerAttr(number),
-                             task.getDynamicGrid(), task.getStaticGridAttr());
+                             task.getDynamicGrid(), task.getStaticGridAttr(),
+                             task.getTriggerEvent(), task.getTriggerIndptr());
       dispatch->setAttr("name", builder.getStringAttr(task.getDisplayName()));
       Block *body = builder.createBlock(&dispatch.getBody());
       SmallVector<Value> coords;
-      for (int64_t d = 0; d < task.getGridRank(); ++d)
+      for (int64_t d = 0; d < task.getCoordinateCount(); ++d)
         coords.push_back(body->addArgument(builder.getIndexType(), loc));
       builder.setInsertionPointToStart(body);
 

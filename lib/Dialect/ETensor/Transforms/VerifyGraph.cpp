@@ -274,6 +274,22 @@ struct ETensorVerifyGraphPass
   LogicalResult verifyWaitCount(const TaskGraph &graph, EventOp event) {
     if (event.getWaitCountTable())
       return success(); // Data-dependent: checked at run time.
+    // A triggered task runs a data-dependent number of instances, so the
+    // notifications it sends can only be matched by a data-dependent count.
+    for (EdgeRef producer : graph.getProducers(event)) {
+      TaskOp task = graph.getTasks()[producer.task];
+      if (!task.getTriggerEvent())
+        continue;
+      InFlightDiagnostic diag =
+          event.emitOpError("event '")
+          << event.getDisplayName()
+          << "' is notified by a task with a data-dependent trigger, which "
+             "runs a data-dependent number of instances: its wait count "
+             "must be a table (`from %counts : memref<...>`)";
+      diag.attachNote(task.getLoc())
+          << "notified by task '" << task.getDisplayName() << "'";
+      return failure();
+    }
     std::optional<AffineExpr> count;
     if (std::optional<int64_t> value = event.getStaticWaitCount())
       count = getAffineConstantExpr(*value, event.getContext());

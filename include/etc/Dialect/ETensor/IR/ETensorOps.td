@@ -159,8 +159,14 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     `triggered_by(%e, %indptr)` is a *data-dependent trigger* (the paper's
     MoE `exp_indptr`): a 1-D task grid whose instances
     `[indptr[c], indptr[c+1])` wait on coordinate `c` of the 1-D event `%e`.
-    `indptr` is computed at run time, so the instance-to-event mapping is
-    not known when compiling.
+    `indptr` (`C + 1` entries for an event of `C` coordinates) is computed
+    at run time, so the instance-to-event mapping is not known when
+    compiling; it must be final before any coordinate of `%e` completes.
+    The grid extent is a bound known at launch: instances at or past
+    `indptr[C]` do not run. A triggered task's device function takes the
+    instance and its trigger coordinate `(i, c)`, and its edge maps have
+    those two dimensions, so an out-edge `(i, c) -> (c)` notifies a
+    coordinate chosen by the data (its event needs a table wait count).
 
     Example:
 
@@ -170,6 +176,7 @@ def ETensor_TaskOp : ETensor_Op<"task", [
         outs(%e[(i, j) -> (i)] : !etensor.event<?>) {name = "partial"}
     etensor.task @expert_gemm grid [%tiles]
         args(%X : memref<?x2048xbf16>)
+        outs(%done[(i, c) -> (c)] : !etensor.event<?>)
         triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
     ```
   }];
@@ -196,6 +203,11 @@ def ETensor_TaskOp : ETensor_Op<"task", [
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     int64_t getGridRank() { return getStaticGrid().size(); }
+    /// Coordinates the device function and the edge maps take: the grid
+    /// coordinates, plus the trigger coordinate of a data-dependent trigger.
+    int64_t getCoordinateCount() {
+      return getGridRank() + (getTriggerEvent() ? 1 : 0);
+    }
     /// The extent of grid dimension `dim`: a constant or an `index` value.
     ::mlir::OpFoldResult getMixedExtent(unsigned dim);
     ::llvm::SmallVector<::mlir::OpFoldResult> getMixedGrid();
@@ -307,6 +319,28 @@ def ETensor_PushOp : ETensor_Op<"push"> {
   let hasVerifier = 1;
 }
 
+def ETensor_RetireOp : ETensor_Op<"retire"> {
+  let summary = "Declare queued task instances that will never be pushed";
+  let description = [{
+    Lowers the queue's termination count by `count`: those instances of a
+    data-dependent trigger's bound grid (at or past `indptr[C]`) will never
+    be pushed, so workers must not wait for them. The dynamic schedule
+    retires them when the last coordinate of the trigger event fires. Lowered
+    to one atomic add on the queue's `retired` header word, which every
+    worker's pop reads.
+
+    Example:
+
+    ```mlir
+    etensor.retire %q count %unused : !etensor.queue
+    ```
+  }];
+  let arguments = (ins ETensor_QueueType:$queue, Index:$count);
+  let assemblyFormat = [{
+    $queue `count` $count attr-dict `:` qualified(type($queue))
+  }];
+}
+
 def ETensor_PopOp : ETensor_Op<"pop"> {
   let summary = "Take the next ready task instance from a queue";
   let description = [{
@@ -367,13 +401,22 @@ def ETensor_WorkerOp : ETensor_Op<"worker", [
 }
 
 def ETensor_DispatchOp : ETensor_Op<"dispatch", [
-    HasParent<"WorkerOp">, SingleBlockImplicitTerminator<"YieldOp">]> {
+    AttrSizedOperandSegments, HasParent<"WorkerOp">,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
   let summary = "Run one instance of one task inside a worker";
   let description = [{
     The body of task number `task` (its index in the graph), run for one
     instance. The entry block's `index` arguments are the instance's grid
     coordinates; the grid extents are the op's operands and constants, so
     the worker can turn a linear instance index into coordinates.
+
+    With `triggered_by(%e, %indptr)` (a data-dependent trigger, 1-D grid)
+    the block has a second argument, the trigger coordinate `c` with
+    `indptr[c] <= i < indptr[c+1]`, which the lowering finds by binary
+    search. Under the static schedule the lowering first waits until every
+    coordinate of `%e` is complete, and instances at or past `indptr[C]`
+    skip the body and its notifications; under the dynamic schedule only
+    the pushed instances `[indptr[c], indptr[c+1])` are ever dispatched.
 
     Example:
 
@@ -384,13 +427,23 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
       func.call @final_sum(%i, %B, %C)
           : (index, memref<?x4xf32>, memref<?xf32>) -> ()
     }
+    etensor.dispatch 2 grid [%tiles]
+        triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>) {
+    ^bb0(%i: index, %c: index):
+      func.call @expert_gemm(%i, %c, %X)
+          : (index, index, memref<?x2048xbf16>) -> ()
+    }
     ```
   }];
   let arguments = (ins I64Attr:$task, Variadic<Index>:$dynamic_grid,
-                       DenseI64ArrayAttr:$static_grid);
+                       DenseI64ArrayAttr:$static_grid,
+                       Optional<ETensor_AnyEvent>:$trigger_event,
+                       Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $task `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)
+    (`triggered_by` `(` $trigger_event^ `,` $trigger_indptr `:`
+        qualified(type($trigger_event)) `,` type($trigger_indptr) `)`)?
     attr-dict-with-keyword $body
   }];
   let hasVerifier = 1;

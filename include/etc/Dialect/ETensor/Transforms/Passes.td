@@ -55,9 +55,15 @@ def ETensorStaticSchedule : Pass<"etensor-static-schedule", "::mlir::ModuleOp"> 
     number is the dispatch's `task` attribute and the task index of the
     queue entries.
 
+    A task with a data-dependent trigger keeps it on its dispatch: the
+    lowering waits for its in-edges, then for *every* coordinate of the
+    trigger event (the threads poll them in parallel), then finds the
+    instance's coordinate `c` in `indptr`; instances at or past `indptr[C]`
+    skip the body. The bound grid's unused instances cost a slot in the
+    static queue each, and the trigger is a barrier over its event.
+
     #### Input invariant
-    `etensor-verify-graph` passes. Data-dependent triggers are not
-    supported by this pass yet and are rejected with an error.
+    `etensor-verify-graph` passes.
 
     #### Output IR
     Graphs with one `etensor.worker static` and no `etensor.task`. Run
@@ -92,14 +98,23 @@ def ETensorDynamicSchedule
 
     Tasks are numbered in the same topological order as
     `etensor-static-schedule`; implicit events are declared after the
-    graph's own, ready counters first (in task order), then dispatch
-    counters (in event order).
+    graph's own: ready counters first (in task order), then `fired.<task>`
+    counters of triggered tasks (in task order), then dispatch counters (in
+    event order).
+
+    A data-dependent trigger `triggered_by(%e, %indptr)` fires when
+    coordinate `c` of `%e` *completes* (also with early push: `indptr` is
+    only final once the producers ran): it pushes the range
+    `[indptr[c], indptr[c+1])`; the last coordinate to fire, counted on
+    `fired.<task>`, retires the unused instances of the bound grid
+    (`etensor.retire`). A triggered task waits for its other in-edges after
+    the pop, so their producers must precede the trigger's producers
+    (checked). Every coordinate of `%e` must be notified at least once.
 
     #### Input invariant
     `etensor-verify-graph` passes. In-edge maps are projections (each result
     a distinct grid dimension or a constant), so the consumers of a
-    coordinate can be enumerated. Data-dependent triggers are not supported
-    yet.
+    coordinate can be enumerated.
 
     #### Output IR
     Graphs with one `etensor.queue`, one `etensor.worker dynamic` and no
@@ -112,7 +127,7 @@ def ETensorDynamicSchedule
   ];
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
-    "::mlir::scf::SCFDialect",
+    "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
   ];
 }
 

@@ -1,0 +1,43 @@
+// RUN: etc-opt %s --etensor-static-schedule --convert-etensor-to-gpu | FileCheck %s --check-prefix=STATIC
+// RUN: etc-opt %s --etensor-dynamic-schedule --convert-etensor-to-gpu | FileCheck %s --check-prefix=DYNAMIC
+
+/// A data-dependent trigger. Static: the in-edge wait, then every thread
+/// polls its share of the trigger event's coordinates (a strided scf.for)
+/// and the CTA joins with bar.red.or; the coordinate comes from a parallel
+/// count of indptr entries <= i (bar.red.popc), and the body runs only below
+/// indptr[C].
+// STATIC-LABEL: gpu.func @moe
+// STATIC: scf.index_switch
+// STATIC: case 2 {
+// STATIC: ld.acquire.gpu.global.u32
+// STATIC: bar.red.or.pred
+// STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+// STATIC: ld.acquire.gpu.global.u32
+// STATIC: bar.red.or.pred
+// STATIC: bar.red.popc.u32
+// STATIC: arith.cmpi ult
+// STATIC: arith.andi
+// STATIC: scf.if
+// STATIC: func.call @expert
+
+/// Dynamic: every pop compares its position with the capacity less the
+/// retired word (queue word 2); the last trigger coordinate retires the
+/// unused bound with one atomic.
+// DYNAMIC-LABEL: gpu.func @moe
+// DYNAMIC: ld.relaxed.gpu.global.u64
+// DYNAMIC: red.relaxed.gpu.global.add.u64
+// DYNAMIC: bar.red.popc.u32
+// DYNAMIC: func.call @expert
+
+func.func @plan(%i: index) { return }
+func.func @gather(%e: index) { return }
+func.func @expert(%i: index, %c: index) { return }
+etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %counts: memref<?xi32>) {
+  %planned = etensor.event() count 1 {name = "planned"} : !etensor.event<1>
+  %ready = etensor.event(%experts) count 1 {name = "ready"} : !etensor.event<?>
+  %done = etensor.event(%experts) count from %counts : memref<?xi32> {name = "done"} : !etensor.event<?>
+  etensor.task @plan grid [1] outs(%planned[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @gather grid [%experts] ins(%planned[(e) -> (0)] : !etensor.event<1>) outs(%ready[(e) -> (e)] : !etensor.event<?>, %done[(e) -> (e)] : !etensor.event<?>)
+  etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+  etensor.task @gather grid [%experts] ins(%done[(e) -> (e)] : !etensor.event<?>)
+}
