@@ -31,7 +31,7 @@ from .graph import Graph, Tensor
 
 __all__ = ["Artifact", "compile", "MANIFEST_FORMAT", "STATUS_WORDS"]
 
-MANIFEST_FORMAT = "etc-artifact/1"
+MANIFEST_FORMAT = "etc-artifact/2"
 # Words of the status record the kernel writes (see ConvertETensorToGPU).
 STATUS_WORDS = 8
 DEFAULT_WATCHDOG_POLLS = 20_000_000
@@ -195,13 +195,25 @@ def _edge(edge: Any) -> dict[str, Any]:
     return {"event": edge.event.name, "map": [[kind, v] for kind, v in edge.map.results]}
 
 
+def _trigger(task: Any) -> dict[str, str] | None:
+    """A data-dependent trigger as data: its event and indptr tensor."""
+    if task.trigger is None:
+        return None
+    return {"event": task.trigger.event.name, "indptr": task.trigger.indptr.name}
+
+
 def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
     """The manifest entry of a counter tensor the dynamic schedule added:
-    ``ready.<task>`` (over the task's grid) or ``dispatched.<event>``."""
+    ``ready.<task>`` (over the task's grid), ``fired.<task>`` (a triggered
+    task's fired trigger coordinates) or ``dispatched.<event>``."""
     kind, _, of = name.partition(".")
     if kind == "ready":
         task = next(t for t in g.tasks if t.name == of)
         shape, count = task.grid, len(task.in_edges)
+    elif kind == "fired":
+        task = next(t for t in g.tasks if t.name == of)
+        assert task.trigger is not None
+        shape, count = (1,), task.trigger.event.shape[0]
     else:
         event = next(e for e in g.events if e.name == of)
         shape, count = event.shape, event.wait_count
@@ -263,6 +275,7 @@ def _manifest(
                 # For the launch-time checks once the symbols are bound.
                 "in_edges": [_edge(e) for e in tasks[name].in_edges],
                 "out_edges": [_edge(e) for e in tasks[name].out_edges],
+                "trigger": _trigger(tasks[name]),
             }
             for i, name in enumerate(sched.tasks)
         ],

@@ -33,7 +33,7 @@ from .edgemap import EdgeMap, parse_edge_map
 from .errors import GraphError
 from .symbolic import Size, Symbol, SymExpr, as_size
 
-__all__ = ["Graph", "Tensor", "Event", "Task", "Edge", "Symbol", "SymExpr", "EdgeMap"]
+__all__ = ["Graph", "Tensor", "Event", "Task", "Trigger", "Edge", "Symbol", "SymExpr", "EdgeMap"]
 
 _C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Largest number of grid points / event coordinates enumerated to check a
@@ -102,9 +102,23 @@ class Edge:
     map: EdgeMap
 
 
+@dataclass(frozen=True, eq=False)
+class Trigger:
+    """A data-dependent trigger: instances ``[indptr[c], indptr[c+1])`` of a
+    task run once coordinate ``c`` of the 1-D ``event`` completes."""
+
+    event: Event
+    indptr: Tensor
+
+
 @dataclass(eq=False)
 class Task:
-    """A device function launched over a grid; ``index`` is insertion order."""
+    """A device function launched over a grid; ``index`` is insertion order.
+
+    A triggered task (``trigger`` set) has a 1-D grid whose extent bounds
+    ``indptr[C]``; its function and edge maps take ``(i, c)``: the instance
+    and its trigger coordinate.
+    """
 
     name: str
     function: DeviceFunction
@@ -114,10 +128,18 @@ class Task:
     out_edges: tuple[Edge, ...]
     graph: Graph = field(repr=False)
     index: int = field(repr=False)
+    trigger: Trigger | None = None
 
     @property
     def rank(self) -> int:
         return len(self.grid)
+
+    @property
+    def coordinates(self) -> tuple[Size, ...]:
+        """Extents of the coordinates the function and edge maps take."""
+        if self.trigger is None:
+            return self.grid
+        return (*self.grid, self.trigger.event.shape[0])
 
 
 class Graph:
@@ -210,12 +232,20 @@ class Graph:
         in_edges: Any = None,
         out_edges: Any = None,
         name: str | None = None,
+        triggered_by: Any = None,
     ) -> Task:
         """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
 
         Edges are ``{event: map}`` dicts (or iterables of ``(event, map)``
         pairs, to use one event twice). ``name`` defaults to the function's
         name, made unique with a ``_<k>`` suffix when the function is reused.
+
+        ``triggered_by=(event, indptr)`` makes the task data-dependent: the
+        1-D ``grid`` is a bound on ``indptr[C]`` known at launch, instances
+        ``[indptr[c], indptr[c+1])`` run once coordinate ``c`` of the 1-D
+        ``event`` completes (``indptr``, ``C + 1`` integers, must be final by
+        then), and the function and the edge maps take ``(i, c)``. Out-edges
+        may use ``c`` (``"ic->c"``); their events need table wait counts.
         """
         if not isinstance(function, DeviceFunction):
             raise GraphError(
@@ -235,11 +265,20 @@ class Graph:
         self._check_function(function, where)
         grid_t = self._grid(grid, where)
         args_t = self._args(args, where)
-        self._check_signature(function, grid_t, args_t, where)
-        ins = self._edges(in_edges, "in", grid_t, where)
-        outs = self._edges(out_edges, "out", grid_t, where)
+        trigger = self._trigger(triggered_by, grid_t, where)
+        coords = grid_t if trigger is None else (*grid_t, trigger.event.shape[0])
+        self._check_signature(function, coords, args_t, where, trigger is not None)
+        ins = self._edges(in_edges, "in", coords, where)
+        outs = self._edges(out_edges, "out", coords, where)
+        if trigger is not None:
+            for edge in ins:
+                if any(kind == "dim" and v == 1 for kind, v in edge.map.results):
+                    raise GraphError(
+                        f"{where}: in-edge map '{edge.map}' on event '{edge.event.name}' "
+                        "uses the trigger coordinate (dimension 1); only out-edges may"
+                    )
 
-        t = Task(name, function, grid_t, args_t, ins, outs, self, len(self.tasks))
+        t = Task(name, function, grid_t, args_t, ins, outs, self, len(self.tasks), trigger)
         self.tasks.append(t)
         self._task_names[name] = t
         self._functions.setdefault(function.name, function)
@@ -356,6 +395,45 @@ class Graph:
                 raise GraphError(f"{where}: grid dimension {k} is empty, so the task can never run")
         return dims
 
+    def _trigger(self, spec: Any, grid: tuple[Size, ...], where: str) -> Trigger | None:
+        if spec is None:
+            return None
+        try:
+            event, indptr = spec
+        except (TypeError, ValueError):
+            raise GraphError(
+                f"{where}: triggered_by must be an (event, indptr tensor) pair, got {spec!r}"
+            ) from None
+        if not isinstance(event, Event) or event.graph is not self:
+            raise GraphError(f"{where}: triggered_by event {event!r} is not an event of this graph")
+        if not isinstance(indptr, Tensor) or indptr.graph is not self:
+            raise GraphError(
+                f"{where}: triggered_by indptr {indptr!r} is not a tensor of this graph"
+            )
+        if event.rank != 1:
+            raise GraphError(
+                f"{where}: trigger event '{event.name}' must be 1-D, got shape "
+                f"{_fmt_shape(event.shape)}"
+            )
+        if indptr.rank != 1 or not indptr.dtype.is_integer:
+            raise GraphError(
+                f"{where}: indptr '{indptr.name}' must be a 1-D integer tensor, got "
+                f"{indptr.mlir_type}"
+            )
+        if len(grid) != 1:
+            raise GraphError(
+                f"{where}: a triggered task needs a 1-D grid (a bound on indptr[C]), got "
+                f"{_fmt_shape(grid)}"
+            )
+        extent = SymExpr._lift(event.shape[0]) + 1
+        diff = as_size(SymExpr._lift(indptr.shape[0]) - extent)
+        if isinstance(diff, int) and diff < 0:
+            raise GraphError(
+                f"{where}: indptr '{indptr.name}' of shape {_fmt_shape(indptr.shape)} is "
+                f"shorter than the {as_size(extent)} entries event '{event.name}' needs"
+            )
+        return Trigger(event, indptr)
+
     def _args(self, args: Any, where: str) -> tuple[Tensor, ...]:
         if isinstance(args, Tensor):
             args = (args,)
@@ -377,13 +455,18 @@ class Graph:
         grid: tuple[Size, ...],
         args: tuple[Tensor, ...],
         where: str,
+        triggered: bool = False,
     ) -> None:
         expected = len(grid) + len(args)
         if len(fn.params) != expected:
+            what = (
+                f"a rank-{len(grid)} grid {_fmt_shape(grid)}"
+                if not triggered
+                else f"a triggered task's coordinates (i, c) {_fmt_shape(grid)}"
+            )
             raise GraphError(
                 f"{where}: device function '{fn.name}' takes {len(fn.params)} "
-                f"arguments, but a rank-{len(grid)} grid {_fmt_shape(grid)} and "
-                f"{len(args)} buffers pass {expected}"
+                f"arguments, but {what} and {len(args)} buffers pass {expected}"
             )
         for k in range(len(grid)):
             if normalize_type(fn.params[k]) != "index":
@@ -481,6 +564,10 @@ class Graph:
         """Tasks waiting on ``event``, with the edge they wait through."""
         return [(t, e) for t in self.tasks for e in t.in_edges if e.event is event]
 
+    def triggered(self, event: Event) -> list[Task]:
+        """Tasks that ``event`` triggers (``triggered_by``)."""
+        return [t for t in self.tasks if t.trigger is not None and t.trigger.event is event]
+
     def _dependencies(self) -> tuple[list[list[int]], list[list[int]]]:
         # Same construction as the compiler's TaskGraph: events in declaration
         # order, producer x consumer pairs, duplicates dropped.
@@ -489,6 +576,7 @@ class Graph:
         for event in self.events:
             producers = [t.index for t, _ in self.producers(event)]
             consumers = [t.index for t, _ in self.consumers(event)]
+            consumers += [t.index for t in self.triggered(event)]
             for p in producers:
                 for c in consumers:
                     if c not in succs[p]:
@@ -567,8 +655,11 @@ class Graph:
         for event in self.events:
             producers = self.producers(event)
             consumers = self.consumers(event)
+            consumers += [(t, None) for t in self.triggered(event)]
             if not producers and not consumers:
                 raise GraphError(f"event '{event.name}' is neither notified nor awaited")
+            if not producers and event.wait_count == 0:
+                continue  # complete from the start
             if not producers:
                 raise GraphError(
                     f"event '{event.name}' is awaited (by task '{consumers[0][0].name}') "
@@ -587,6 +678,13 @@ class Graph:
     def _check_wait_count(self, event: Event, producers: list[tuple[Task, Edge]]) -> str | None:
         if isinstance(event.wait_count, Tensor):
             return None  # data-dependent: only known at launch
+        for task, _ in producers:
+            if task.trigger is not None:
+                raise GraphError(
+                    f"event '{event.name}' is notified by task '{task.name}', which has a "
+                    "data-dependent trigger and so runs a data-dependent number of "
+                    "instances: its wait count must be a table (an integer Tensor)"
+                )
         count = event.wait_count
         fan_in, reason = _uniform_fan_in(event, producers)
         detail = "; ".join(f"task '{t.name}' through '{e.map}'" for t, e in producers)
@@ -662,6 +760,11 @@ class Graph:
             for edge in task.out_edges:
                 label = _dot_string(str(edge.map))
                 lines.append(f"  t{t} -> e{edge.event.index} [label={label}];")
+            if task.trigger is not None:
+                label = _dot_string(f"triggers [{task.trigger.indptr.name}[c], ...)")
+                lines.append(
+                    f"  e{task.trigger.event.index} -> t{t} [style=dashed, label={label}];"
+                )
         for rank in range(max(level.values(), default=-1) + 1):
             same = " ".join(f"t{t};" for t in order if level[t] == rank)
             lines.append(f"  {{ rank=same; {same} }}")
@@ -886,6 +989,12 @@ class _Emitter:
                         for e in edges
                     )
                     line += f" {keyword}({items})"
+            if t.trigger is not None:
+                trig = t.trigger
+                line += (
+                    f" triggered_by({event_ssa[id(trig.event)]}, {tensor_ssa[id(trig.indptr)]} : "
+                    f"{trig.event.mlir_type}, {trig.indptr.mlir_type})"
+                )
             line += f" {{name = {_mlir_string(t.name)}}}"
             self.body.append(line)
 

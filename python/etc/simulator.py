@@ -191,6 +191,41 @@ class _Machine:
         value = evaluate(count, env) if isinstance(count, SymExpr) else int(count)
         return lambda coord: value
 
+    def trigger_coordinate(self, number: int, linear: int) -> int | None:
+        """Coordinate ``c`` with ``indptr[c] <= linear < indptr[c+1]`` of a
+        triggered instance, read from the current ``indptr``; None when the
+        instance is at or past ``indptr[C]`` (no work)."""
+        task = self.order[number]
+        assert task.trigger is not None
+        extent = self.shapes[task.trigger.event.index][0]
+        indptr = self.arrays[task.trigger.indptr.name].reshape(-1)[: extent + 1]
+        if len(indptr) < extent + 1:
+            raise ShapeError(
+                f"task '{task.name}': indptr '{task.trigger.indptr.name}' has "
+                f"{len(indptr)} entries, the trigger event needs {extent + 1}"
+            )
+        if linear >= int(indptr[extent]):
+            return None
+        return int(np.searchsorted(indptr, linear, side="right")) - 1
+
+    def point(self, number: int, linear: int, c: int | None = None) -> tuple[int, ...]:
+        """The coordinates an instance's function and edge maps take: its grid
+        point, plus the trigger coordinate of a triggered task."""
+        grid_point = self.points[number][linear]
+        if self.order[number].trigger is None:
+            return grid_point
+        return (*grid_point, 0 if c is None else c)
+
+    def trigger_complete(self, task: Task) -> tuple[Any, ...] | None:
+        """Static schedule: the first incomplete coordinate of the trigger event."""
+        assert task.trigger is not None
+        e = task.trigger.event.index
+        for c in range(self.shapes[e][0]):
+            counter, needed = int(self.counters[e][(c,)]), self.counts[e]((c,))
+            if counter < needed:
+                return (task.trigger.event.name, (c,), task.name, counter, needed)
+        return None
+
     def coord(self, task: Task, edge: Any, point: tuple[int, ...], kind: str) -> tuple[int, ...]:
         coord = edge.map.apply(point)
         shape = self.shapes[edge.event.index]
@@ -203,19 +238,27 @@ class _Machine:
         return coord
 
     def blocker(self, number: int, linear: int) -> tuple[Any, ...] | None:
-        """The first unsatisfied wait of an instance, or None if it may start."""
-        task, point = self.order[number], self.points[number][linear]
+        """The first unsatisfied wait of an instance, or None if it may start.
+
+        A triggered instance (static schedule) waits for its in-edges, then
+        for every coordinate of its trigger event."""
+        task, point = self.order[number], self.point(number, linear)
         for edge in task.in_edges:
             coord = self.coord(task, edge, point, "in")
             counter = int(self.counters[edge.event.index][coord])
             needed = self.counts[edge.event.index](coord)
             if counter < needed:
                 return (edge.event.name, coord, task.name, point, counter, needed)
+        if task.trigger is not None:
+            stuck = self.trigger_complete(task)
+            if stuck is not None:
+                ev, c, name, counter, needed = stuck
+                return (ev, c, name, self.points[number][linear], counter, needed)
         return None
 
-    def body(self, number: int, linear: int) -> None:
+    def body(self, number: int, linear: int, c: int | None = None) -> None:
         """Run one instance's numpy reference."""
-        task, point = self.order[number], self.points[number][linear]
+        task, point = self.order[number], self.point(number, linear, c)
         buffers = [self.arrays[a.name] for a in task.args]
         reference = task.function.reference
         assert reference is not None
@@ -230,9 +273,15 @@ class _Machine:
             ) from exc
 
     def run(self, number: int, linear: int) -> None:
-        """Run one instance, then notify each of its out-edge coordinates."""
-        self.body(number, linear)
-        task, point = self.order[number], self.points[number][linear]
+        """Run one instance, then notify each of its out-edge coordinates (a
+        triggered instance past ``indptr[C]`` does neither)."""
+        task, c = self.order[number], None
+        if task.trigger is not None:
+            c = self.trigger_coordinate(number, linear)
+            if c is None:
+                return
+        self.body(number, linear, c)
+        point = self.point(number, linear, c)
         for edge in task.out_edges:
             self.counters[edge.event.index][self.coord(task, edge, point, "out")] += 1
 
@@ -331,10 +380,19 @@ class _DynamicRun:
         self.initial: list[_Instance] = [
             (n, i)
             for n, t in enumerate(order)
-            if not t.in_edges
+            if not t.in_edges and t.trigger is None
             for i in range(len(machine.points[n]))
         ]
         self.total = sum(len(p) for p in machine.points)
+        # Data-dependent triggers: the tasks each event triggers, how many of
+        # their trigger's coordinates fired, and the bound's unused instances
+        # retired by the last one (they lower the termination count).
+        self.triggers: dict[int, list[int]] = {}
+        for n, t in enumerate(order):
+            if t.trigger is not None:
+                self.triggers.setdefault(t.trigger.event.index, []).append(n)
+        self.fired: dict[int, int] = {}
+        self.retired = 0
         self.ring: list[_Instance | None] = [None] * (self.total - len(self.initial))
         self.head = 0  # next queue position to claim
         # Positions per head request, as the kernel picks it: 1 unless many
@@ -348,7 +406,9 @@ class _DynamicRun:
         number = {t.index: n for n, t in enumerate(order)}
         self.consumers: dict[int, dict[tuple[int, ...], list[_Instance]]] = {}
         for event in machine.graph.events:
-            edges = machine.graph.consumers(event)
+            # A triggered task is pushed by its trigger only; it waits for its
+            # other in-edges after the pop.
+            edges = [(t, e) for t, e in machine.graph.consumers(event) if t.trigger is None]
             if not edges:
                 continue
             by_coord: dict[tuple[int, ...], list[_Instance]] = {}
@@ -388,7 +448,7 @@ class _DynamicRun:
         if gate is None:
             return True
         if isinstance(gate, _SlotWait):
-            return self.ring[gate.slot] is not None
+            return self.ring[gate.slot] is not None or gate.position >= self.total - self.retired
         e = gate.edge.event.index
         return int(self.m.counters[e][gate.coord]) >= self.m.counts[e](gate.coord)
 
@@ -412,7 +472,7 @@ class _DynamicRun:
                 position, end = pending, pending + self.chunk
                 pending = self._request()
             next_position = position + 1
-            if position >= self.total:
+            if position >= self.total - self.retired:
                 return
             if position < len(self.initial):
                 instance = self.initial[position]
@@ -420,12 +480,22 @@ class _DynamicRun:
                 slot = position - len(self.initial)
                 yield _SlotWait(position, slot)
                 instance = self.ring[slot]
-                assert instance is not None
+                if instance is None:  # retired: nobody fills this position
+                    return
             yield from self._instance(*instance)
 
     def _instance(self, number: int, linear: int) -> Iterator[_Gate]:
         m = self.m
-        task, point = m.order[number], m.points[number][linear]
+        task, c = m.order[number], None
+        if task.trigger is not None:
+            c = m.trigger_coordinate(number, linear)
+            if c is None:
+                raise GraphError(
+                    f"{self._where()}: task '{task.name}' instance {linear} was pushed but "
+                    f"lies past {task.trigger.indptr.name}[C]: the indptr table changed "
+                    "after its trigger fired"
+                )
+        point = m.point(number, linear, c)
         outs = [(edge, m.coord(task, edge, point, "out")) for edge in task.out_edges]
         if self.early_push:
             for edge, coord in outs:
@@ -433,16 +503,41 @@ class _DynamicRun:
                     yield None
                     if self._notify(edge.event, coord, number, linear):
                         yield from self._push_consumers(edge.event.index, coord)
+        if self.early_push or task.trigger is not None:
             for edge in task.in_edges:
                 yield _EventWait(number, linear, edge, m.coord(task, edge, point, "in"))
         yield None
-        m.body(number, linear)
+        m.body(number, linear, c)
         for edge, coord in outs:
             yield None
-            if self.early_push or edge.event.index not in self.consumers:
-                m.counters[edge.event.index][coord] += 1
+            e = edge.event.index
+            if self.early_push or e not in self.consumers:
+                m.counters[e][coord] += 1
+                # A trigger fires when the real counter completes.
+                if e in self.triggers and int(m.counters[e][coord]) == m.counts[e](coord):
+                    yield from self._fire(e, coord)
             elif self._notify(edge.event, coord, number, linear):
-                yield from self._push_consumers(edge.event.index, coord)
+                yield from self._push_consumers(e, coord)
+                if e in self.triggers:
+                    yield from self._fire(e, coord)
+
+    def _fire(self, event: int, coord: tuple[int, ...]) -> Iterator[_Gate]:
+        """Coordinate ``c`` of a trigger event completed: push each triggered
+        task's range ``[indptr[c], indptr[c+1])``; the last coordinate to fire
+        retires the bound's unused instances."""
+        (c,) = coord
+        for number in self.triggers[event]:
+            task = self.m.order[number]
+            assert task.trigger is not None
+            extent = self.m.shapes[event][0]
+            indptr = self.m.arrays[task.trigger.indptr.name].reshape(-1)
+            for linear in range(int(indptr[c]), int(indptr[c + 1])):
+                yield None
+                self._push((number, linear))
+            yield None
+            self.fired[number] = self.fired.get(number, 0) + 1
+            if self.fired[number] == extent:
+                self.retired += len(self.m.points[number]) - int(indptr[extent])
 
     def _notify(self, event: Event, coord: tuple[int, ...], number: int, linear: int) -> bool:
         """+1 on the gating counter; True when it now equals the wait count."""
@@ -505,7 +600,7 @@ class _DynamicRun:
         that kept an instance from being pushed, in task and linear order."""
         m, stuck = self.m, []
         for number, task in enumerate(m.order):
-            if not task.in_edges:
+            if not task.in_edges or task.trigger is not None:
                 continue
             for linear, point in enumerate(m.points[number]):
                 if (number, linear) in self.pushed:

@@ -28,7 +28,7 @@ PTX = b"//\n.version 8.0\n.target sm_90\n.address_size 64\n.visible .entry split
 
 def splitk_manifest() -> dict:
     return {
-        "format": "etc-artifact/1",
+        "format": "etc-artifact/2",
         "graph": "splitk",
         "kernel": "splitk",
         "module": "splitk_kernels",
@@ -136,7 +136,7 @@ def _set(path: str, value: object) -> dict:
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
-        ("format", "etc-artifact/2", "format"),
+        ("format", "etc-artifact/9", "format"),
         ("block_size", "256", "block_size: expected int"),
         ("block_size", True, "block_size: expected int"),
         ("block_size", 2048, "block_size: must be in 1..1024"),

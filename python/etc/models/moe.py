@@ -316,7 +316,7 @@ def build_unfused_graphs(
     out: list[tuple[str, Graph]] = []
 
     def graph(task: str, names: list[str]) -> tuple[Graph, Any, dict[str, Any]]:
-        g = Graph(f"{prefix}_{task}", block_size=cfg.block_size)
+        g = Graph(f"{prefix}_unfused_{task}", block_size=cfg.block_size)
         T = g.symbol("T")
         return g, T, _tensors(g, cfg, T, names)
 

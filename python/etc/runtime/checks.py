@@ -42,6 +42,10 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
         grid = manifest.bind(task.grid, symbols)
         if 0 in grid:
             continue
+        if task.trigger is not None:
+            # Maps take (i, c): c ranges over the trigger event. The counts of
+            # the events it notifies are tables, so only the reach is checked.
+            grid = (*grid, shapes[task.trigger[0]][0])
         for kind, edges in (("in", task.in_edges), ("out", task.out_edges)):
             for event_index, results in edges:
                 event, shape = events[event_index], shapes[event_index]
@@ -57,7 +61,7 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
                             f"{where} reaches coordinate {tuple(coord)} outside the event's "
                             f"shape {shape} (dimension {k}) with {bound}"
                         )
-                if kind == "out":
+                if kind == "out" and task.trigger is None:
                     _add_fan_in(fan_in[event_index], grid, results, where)
     if not any(t.out_edges or t.in_edges for t in manifest.tasks):
         return  # an artifact without edge data: nothing more to check

@@ -24,7 +24,7 @@ from etc.runtime.args import (
 from etc.runtime.checks import check_bound_graph
 from etc.runtime.manifest import Manifest, load_manifest, numel
 from etc.runtime.params import ParamPack
-from etc.runtime.queue import INSTANCE_MASK, build_static_queue
+from etc.runtime.queue import INSTANCE_MASK, QUEUE_HEADER_WORDS, build_static_queue
 from etc.runtime.trace import RECORD_WORDS as TRACE_RECORD_WORDS
 from etc.runtime.trace import Trace
 
@@ -232,12 +232,13 @@ class Kernel:
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
             queue_words = 0
         else:
-            # Head, tail, then a ring slot per instance that is pushed (the
-            # ready-at-start ones are popped without one). It lives in the
-            # per-stream scratch buffer, like the counters.
+            # Head, tail, retired (a trigger's unused bound), then a ring slot
+            # per instance that is pushed (the ready-at-start ones are popped
+            # without one). It lives in the per-stream scratch buffer, like
+            # the counters.
             queue, qbuf = None, None
             at_start = sum(n for t, n in zip(m.tasks, counts, strict=True) if t.ready_at_start)
-            queue_words = 2 + sum(counts) - at_start
+            queue_words = QUEUE_HEADER_WORDS + sum(counts) - at_start
             pack.set_memref("queue", None, 0, (queue_words,))
             keys.append(("queue", None))
         for name, v in values.items():

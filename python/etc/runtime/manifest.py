@@ -20,7 +20,7 @@ from etc.errors import LaunchError
 
 from .sizes import SizeExpr, parse_size
 
-FORMAT = "etc-artifact/1"
+FORMAT = "etc-artifact/2"
 MANIFEST = "manifest.json"
 
 #: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
@@ -101,8 +101,11 @@ class TaskSpec:
     #: Dynamic schedule: no in-edges, so every instance is ready at launch.
     ready_at_start: bool = False
     #: (event index, map) per edge; a map result is ("dim", d) or ("const", c).
+    #: A triggered task's maps take (i, c): dimension 1 is the trigger coordinate.
     in_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
     out_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
+    #: Data-dependent trigger: (event index, indptr tensor name), or None.
+    trigger: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,24 @@ def _edges(
     return tuple(out)
 
 
+def _trigger(
+    c: _Checker, spec: Any, where: str, events: list[EventSpec], tensors: dict, rank: int
+) -> tuple[int, str] | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) != {"event", "indptr"}:
+        raise c.fail(where, f"expected {{'event': ..., 'indptr': ...}} or null, got {spec!r}")
+    names = [e.name for e in events]
+    if spec["event"] not in names or len(events[names.index(spec["event"])].shape) != 1:
+        raise c.fail(f"{where}.event", f"expected a 1-D event, got {spec['event']!r}")
+    indptr = tensors.get(spec["indptr"])
+    if indptr is None or indptr.dtype not in ("i32", "i64") or len(indptr.shape) != 1:
+        raise c.fail(f"{where}.indptr", f"expected a 1-D i32/i64 tensor, got {spec['indptr']!r}")
+    if rank != 1:
+        raise c.fail(where, f"a triggered task needs a 1-D grid, got rank {rank}")
+    return names.index(spec["event"]), spec["indptr"]
+
+
 def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = None) -> Manifest:
     """Validates the decoded JSON structure; does not touch the kernel image files."""
     directory = Path(directory)
@@ -351,11 +372,13 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         if not isinstance(ready, bool):
             raise c.fail(f"{w}ready_at_start", f"expected a bool, got {ready!r}")
         grid = c.dims(c.get(t, "grid", list, w), f"{w}grid", symbols)
+        trigger = _trigger(c, t.get("trigger"), f"{w}trigger", events, by_name, len(grid))
+        coords = len(grid) + (trigger is not None)
         edges = [
-            _edges(c, t.get(key, []), f"{w}{key}", events, len(grid))
+            _edges(c, t.get(key, []), f"{w}{key}", events, coords)
             for key in ("in_edges", "out_edges")
         ]
-        tasks.append(TaskSpec(index, c.name(t, "name", w), grid, ready, *edges))
+        tasks.append(TaskSpec(index, c.name(t, "name", w), grid, ready, *edges, trigger))
     if len(tasks) >= 1 << 15:
         raise c.fail(
             "tasks", f"{len(tasks)} tasks do not fit the 15-bit task field of a queue entry"

@@ -21,6 +21,8 @@ import numpy as np
 INSTANCE_BITS = 48
 INSTANCE_MASK = (1 << INSTANCE_BITS) - 1
 MAX_TASKS = 1 << 15  # keeps entries non-negative as i64
+# Dynamic schedule: i64 words before the ring (head, tail, retired instances).
+QUEUE_HEADER_WORDS = 3
 
 
 def global_order(counts: Sequence[int]) -> np.ndarray:

@@ -246,6 +246,12 @@ LogicalResult DynamicScheduler::run() {
   SmallVector<TaskOp> tasks = graph.getTasks();
   for (auto [t, task] : llvm::enumerate(tasks)) {
     if (task.getTriggerEvent()) {
+      auto trigger = cast<EventOp>(task.getTriggerEvent().getDefiningOp());
+      if (graph.getProducers(trigger).empty())
+        return task.emitOpError("is triggered by event '")
+               << trigger.getDisplayName()
+               << "', which nothing notifies: the dynamic schedule fires a "
+                  "trigger on a notification (use the static schedule)";
       if (failed(checkTriggeredInEdges(t)))
         return failure();
       continue; // Its in-edges are waited on, never enumerated.

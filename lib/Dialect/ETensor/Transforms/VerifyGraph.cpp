@@ -246,6 +246,10 @@ struct ETensorVerifyGraphPass
         ok = false;
         continue;
       }
+      // Wait count 0: complete from the start (an unfused launch of a
+      // triggered task whose indptr an earlier kernel computed).
+      if (!produced && event.getStaticWaitCount() == 0)
+        continue;
       if (!produced) {
         TaskOp consumer = graph.getTasks()[graph.getConsumers(event)[0].task];
         InFlightDiagnostic diag = event.emitOpError("event '")
