@@ -304,7 +304,7 @@ LogicalResult DynamicScheduler::run() {
     IntegerAttr staticCount;
     Value dynamicCount;
     if (auto attr = dyn_cast<Attribute>(coords))
-      staticCount = cast<IntegerAttr>(attr);
+      staticCount = b.getI64IntegerAttr(cast<IntegerAttr>(attr).getInt());
     else
       dynamicCount = cast<Value>(coords);
     firedEvent[t] =

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The MoE work (issue 6) on the H200 in one device call, from artifacts
+# compiled on a CPU machine:
+#   python test/gpu/make_artifacts.py .device/arts
+#   python test/gpu/make_fuzz_artifacts.py .device/fuzz --count 10
+#   python bench/gemm.py --build .device/gemm
+#   python bench/moe.py --build .device/moe
+#   python examples/moe.py [--schedule dynamic] --save-artifact .device/ex/moe[_dynamic]
+#   python examples/moe.py --topk 1 --routing top1 [--schedule dynamic] --save-artifact .device/ex/moe_top1[_dynamic]
+# then, on the GPU machine: bash bench/gpu_moe.sh [tests|examples|bench ...]  (writes to $OUT)
+set -uo pipefail
+export PYTHONPATH="$PWD/python:$PWD"
+OUT=${OUT:-/tmp/etc-out}
+mkdir -p "$OUT"
+STEPS=${*:-tests examples bench}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+for step in $STEPS; do
+  case $step in
+  tests)
+    echo "== GPU tests" | tee "$OUT/tests.txt"
+    ETC_ARTIFACTS=.device/arts ETC_FUZZ_ARTIFACTS=.device/fuzz timeout 300 \
+      python -m pytest -q -rs -x test/gpu 2>&1 | tail -15 | tee -a "$OUT/tests.txt"
+    ;;
+  examples)
+    echo "== MoE example on the GPU" | tee "$OUT/examples.txt"
+    for sfx in "" _dynamic; do
+      sched=static; [ -n "$sfx" ] && sched=dynamic
+      run() { timeout 240 python examples/moe.py --schedule $sched "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
+      run --artifact ".device/ex/moe$sfx" --tokens 1,7,16,128,1024,4096
+      run --artifact ".device/ex/moe$sfx" --routing one-expert --tokens 1,16,1000
+      run --artifact ".device/ex/moe$sfx" --routing few-experts --tokens 7,128,4095
+      run --artifact ".device/ex/moe_top1$sfx" --topk 1 --routing top1 --tokens 1,33,1000
+    done
+    ;;
+  gemm)
+    echo "== GEMM tiles vs cuBLAS" | tee "$OUT/gemm.txt"
+    timeout 300 python bench/gemm.py --artifacts .device/gemm --out "$OUT/gemm.json" 2>&1 | tee -a "$OUT/gemm.txt"
+    ;;
+  bench)
+    echo "== MoE benchmark" | tee "$OUT/moe.txt"
+    timeout 500 python bench/moe.py --artifacts .device/moe --out "$OUT/moe.json" 2>&1 | tee -a "$OUT/moe.txt"
+    ;;
+  esac
+done
