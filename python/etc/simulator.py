@@ -420,10 +420,18 @@ class _DynamicRun:
             self.consumers[event.index] = by_coord
         # ready.<task>: completed in-edges of instances with several in-edges.
         self.ready: dict[_Instance, int] = {}
-        # The counters whose completion pushes: dispatched.<event> with early
-        # push, the real counters without.
+        # Events whose consumers are pushed at their producers' dispatch
+        # (dispatched.<event>): with early push, unless the wait count is a
+        # table, which may not be computed yet when a producer is dispatched.
+        self.early = {
+            e.index
+            for e in machine.graph.events
+            if early_push and e.index in self.consumers and not isinstance(e.wait_count, Tensor)
+        }
+        # The counters whose completion pushes: dispatched.<event> for those,
+        # the real counters otherwise.
         self.gating: dict[int, np.ndarray] = {
-            e: (np.zeros_like(machine.counters[e]) if early_push else machine.counters[e])
+            e: (np.zeros_like(machine.counters[e]) if e in self.early else machine.counters[e])
             for e in self.consumers
         }
         self.completed: set[tuple[int, tuple[int, ...]]] = set()
@@ -497,12 +505,11 @@ class _DynamicRun:
                 )
         point = m.point(number, linear, c)
         outs = [(edge, m.coord(task, edge, point, "out")) for edge in task.out_edges]
-        if self.early_push:
-            for edge, coord in outs:
-                if edge.event.index in self.consumers:
-                    yield None
-                    if self._notify(edge.event, coord, number, linear):
-                        yield from self._push_consumers(edge.event.index, coord)
+        for edge, coord in outs:
+            if edge.event.index in self.early:
+                yield None
+                if self._notify(edge.event, coord, number, linear):
+                    yield from self._push_consumers(edge.event.index, coord)
         if self.early_push or task.trigger is not None:
             for edge in task.in_edges:
                 yield _EventWait(number, linear, edge, m.coord(task, edge, point, "in"))
@@ -511,7 +518,7 @@ class _DynamicRun:
         for edge, coord in outs:
             yield None
             e = edge.event.index
-            if self.early_push or e not in self.consumers:
+            if e in self.early or e not in self.consumers:
                 m.counters[e][coord] += 1
                 # A trigger fires when the real counter completes.
                 if e in self.triggers and int(m.counters[e][coord]) == m.counts[e](coord):
@@ -548,7 +555,7 @@ class _DynamicRun:
         if key in self.completed and now != needed:
             # On the GPU nothing fails here, but the consumers already pushed
             # may run before this producer finishes: a silent race.
-            what = "dispatch" if self.early_push else "notification"
+            what = "dispatch" if event.index in self.early else "notification"
             raise GraphError(
                 f"{self._where()}: task '{self.m.order[number].name}' instance "
                 f"{self.m.points[number][linear]}: {what} {now} of event '{event.name}' at "
@@ -633,8 +640,9 @@ class _DynamicRun:
                 f"counter {n} < wait count {w}"
             )
         unpushed = self._unpushed() if slots else []
-        what = "dispatches" if self.early_push else "notifications"
+        early = {self.m.graph.events[e].name for e in self.early}
         for ev, c, t, p, n, w in unpushed[:_MAX_REPORTED]:
+            what = "dispatches" if ev in early else "notifications"
             hint = (
                 " (a wait count of 0 never releases consumers: only a notification that "
                 "makes the counter equal to it does)"

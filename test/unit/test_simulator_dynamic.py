@@ -388,7 +388,7 @@ def test_table_wait_count_one_too_high_deadlocks_on_a_queue_position(early_push:
         err = info.value
         # 12 ready-at-start adds, then emit 0 and 2 pushed; nobody fills position 14.
         assert "no task became ready for queue position 14 of 15" in str(err)
-        what = "dispatches" if early_push else "notifications"
+        what = "notifications"  # a table count pushes on completion
         assert (
             f"task 'emit' instance (1,) was never pushed: event 'expert_ready' at (1,) got "
             f"4 producer {what}, wait count 5" in str(err)
@@ -408,7 +408,7 @@ def test_table_wait_count_one_too_low_is_a_graph_error(early_push: bool) -> None
     # read a partial sum; the simulator stops at the 4th notification.
     g = table_graph()
     counts = np.array([4, 3, 4], dtype=np.int32)
-    what = "dispatch" if early_push else "notification"
+    what = "notification"  # a table count pushes on completion, early push or not
     for seed in range(10):
         with pytest.raises(
             GraphError,
@@ -468,17 +468,19 @@ def rewriting_graph(writer: int) -> etc.Graph:
 
 @pytest.mark.parametrize("early_push", EARLY_PUSH)
 def test_pushing_an_instance_twice_is_a_queue_overflow(early_push: bool) -> None:
-    # The count completes at 1, then again at 2 once the table says 2.
-    g = rewriting_graph(writer=0 if early_push else 1)
+    # The count completes at 1, then again at 2 once the table says 2 (a
+    # table count pushes on completion in both modes).
+    g = rewriting_graph(writer=1)
     with pytest.raises(
         LaunchError, match=r"ready-queue overflow: task 'c' instance \(\) is pushed a second time"
     ):
         run_dynamic(g, {"T": np.array(1, np.int32)}, {}, early_push, seed=0, num_ctas=1)
 
 
-def test_deadlock_on_an_event_wait_names_the_wait() -> None:
-    # Early push: c is pushed at p's dispatch (count 1), then waits for the
-    # count p's body raised to 2, which no notification will reach.
+def test_table_count_is_read_at_completion_not_at_dispatch() -> None:
+    # p raises E's table count from 1 to 2 in its body: with early push the
+    # count would be read at p's dispatch (1); a table count is only trusted
+    # once the producer ran, so c is never pushed (1 notification < 2).
     g = etc.Graph("stuck")
     T = g.tensor("T", (), "i32")
     E = g.event((), wait_count=T, name="E")
@@ -490,7 +492,37 @@ def test_deadlock_on_an_event_wait_names_the_wait() -> None:
     g.task(make_fn("c", "memref<i32>"), grid=(), args=(T,), in_edges={E: "->"})
     with pytest.raises(DeadlockError) as info:
         run_dynamic(g, {"T": np.array(1, np.int32)}, {}, True, seed=0, num_ctas=2)
-    assert "task 'c' instance () waits forever on event 'E'" in str(info.value)
+    assert (
+        "task 'c' instance () was never pushed: event 'E' at () got 1 producer notifications, "
+        "wait count 2" in str(info.value)
+    )
+
+
+def test_deadlock_on_an_event_wait_names_the_wait() -> None:
+    # A triggered task waits for its other in-edges after its pop: F's table
+    # says 2 but only one notification comes, so the tile waits forever.
+    g = etc.Graph("stuck")
+    n = g.symbol("n")
+    W = g.tensor("W", (n,), "i32")
+    indptr = g.tensor("indptr", (n + 1,), "i32")
+    F = g.event((n,), wait_count=W, name="F")
+    R = g.event((n,), wait_count=1, name="R")
+
+    def p(i, W, indptr):
+        W[0], indptr[1] = 2, 1
+
+    g.task(
+        make_fn("p", "index", "memref<?xi32>", "memref<?xi32>", reference=p),
+        grid=(1,),
+        args=(W, indptr),
+        out_edges=[(F, "i->0"), (R, "i->0")],
+    )
+    g.task(
+        make_fn("t", "index", "index"), grid=(1,), in_edges={F: "ic->0"}, triggered_by=(R, indptr)
+    )
+    with pytest.raises(DeadlockError) as info:
+        run_dynamic(g, {}, {"n": 1}, True, seed=0, num_ctas=2)
+    assert "task 't' instance (0,) waits forever on event 'F'" in str(info.value)
     assert "counter 1 < wait count 2" in str(info.value)
     assert (info.value.counter, info.value.wait_count) == (1, 2)
 

@@ -314,9 +314,11 @@ LogicalResult DynamicScheduler::run() {
             b.getStringAttr(("fired." + task.getDisplayName()).str()))
             .getEvent();
   }
+  // A table wait count may not be computed yet when a producer is
+  // dispatched: those events push on completion even with early push.
   if (earlyPush)
     for (EventOp event : graph.getEvents())
-      if (!graph.getConsumers(event).empty())
+      if (!graph.getConsumers(event).empty() && !event.getWaitCountTable())
         dispatched[event] =
             declareLike(event.getLoc(), event,
                         ("dispatched." + event.getDisplayName()).str());
@@ -382,9 +384,10 @@ LogicalResult DynamicScheduler::run() {
       auto eventOp = cast<EventOp>(event.getDefiningOp());
       // A trigger fires on completion even with early push: its indptr is
       // only final once the producers have run.
-      Consumers which = earlyPush ? Consumers::Triggered : Consumers::All;
+      bool early = dispatched.count(eventOp);
+      Consumers which = early ? Consumers::Triggered : Consumers::All;
       if (graph.getConsumers(eventOp).empty() ||
-          (earlyPush && !hasTriggeredConsumers(eventOp))) {
+          (early && !hasTriggeredConsumers(eventOp))) {
         NotifyOp::create(b, taskLoc, /*completed=*/Type(), event, c);
         continue;
       }

@@ -94,7 +94,8 @@ def ETensorDynamicSchedule
     events, and a consumer waits (`etensor.wait`) for the producers'
     *completion* before its body: scheduling latency hides behind the
     producers' work. Without it, pushes happen on completion and no wait is
-    needed.
+    needed. Events whose wait count is a table always push on completion:
+    the table may not be computed yet when a producer is dispatched.
 
     Tasks are numbered in the same topological order as
     `etensor-static-schedule`; implicit events are declared after the

@@ -1,0 +1,250 @@
+"""Data-dependent triggers (``triggered_by``): graph rules, both simulated
+schedules, the manifest, and the compiled kernels' structure.
+
+The graph is the MoE pattern in miniature: ``plan`` turns per-expert tile
+counts into ``indptr`` and a wait-count table, ``gather`` (one per expert)
+fires the trigger, tile ``(i, c)`` of expert ``c`` notifies ``done[c]``
+(a table count: its tiles + the gather), and ``sink`` reads each expert's
+tiles once ``done`` completes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import numpy as np
+import pytest
+from unit_helpers import make_fn
+
+import etc
+from etc import GraphError, LaunchError
+
+I32 = "memref<?xi32>"
+
+
+def _plan_ref(i: int, counts: np.ndarray, indptr: np.ndarray, wait: np.ndarray) -> None:
+    indptr[0] = 0
+    indptr[1:] = np.cumsum(counts)
+    wait[:] = counts + 1
+
+
+def _tile_ref(i: int, c: int, indptr: np.ndarray, out: np.ndarray) -> None:
+    assert indptr[c] <= i < indptr[c + 1], (i, c)
+    out[i] = 1000 * (c + 1) + (i - indptr[c])
+
+
+def _sink_ref(e: int, indptr: np.ndarray, out: np.ndarray, total: np.ndarray) -> None:
+    total[e] = out[indptr[e] : indptr[e + 1]].sum()
+
+
+def trigger_graph(bound_slack: int = 3) -> etc.Graph:
+    g = etc.Graph("trig")
+    E, tiles = g.symbol("E"), g.symbol("tiles")
+    counts = g.tensor("counts", (E,), "i32")
+    indptr = g.tensor("indptr", (E + 1,), "i32")
+    wait = g.tensor("wait", (E,), "i32")
+    out = g.tensor("out", (tiles + bound_slack,), "i32")
+    total = g.tensor("total", (E,), "i32")
+    planned = g.event((1,), wait_count=1, name="planned")
+    ready = g.event((E,), wait_count=1, name="ready")
+    done = g.event((E,), wait_count=wait, name="done")
+    g.task(
+        make_fn("plan", "index", I32, I32, I32, reference=_plan_ref),
+        grid=(1,),
+        args=(counts, indptr, wait),
+        out_edges={planned: "i->0"},
+    )
+    g.task(
+        make_fn("gather", "index", reference=lambda e: None),
+        grid=(E,),
+        in_edges={planned: "e->0"},
+        out_edges=[(ready, "e->e"), (done, "e->e")],
+    )
+    g.task(
+        make_fn("tile", "index", "index", I32, I32, reference=_tile_ref),
+        grid=(tiles + bound_slack,),
+        args=(indptr, out),
+        in_edges={planned: "ic->0"},
+        out_edges={done: "ic->c"},
+        triggered_by=(ready, indptr),
+    )
+    g.task(
+        make_fn("sink", "index", I32, I32, I32, reference=_sink_ref),
+        grid=(E,),
+        args=(indptr, out, total),
+        in_edges={done: "e->e"},
+    )
+    return g
+
+
+def expected(counts: np.ndarray, slack: int) -> tuple[np.ndarray, np.ndarray]:
+    out = np.zeros(int(counts.sum()) + slack, np.int32)
+    start = 0
+    for c, n in enumerate(counts):
+        out[start : start + n] = 1000 * (c + 1) + np.arange(n)
+        start += n
+    total = np.array(
+        [out[s : s + n].sum() for s, n in zip(np.cumsum(counts) - counts, counts, strict=True)],
+        np.int32,
+    )
+    return out, total
+
+
+COUNTS = [
+    np.array([2, 0, 3, 1], np.int32),
+    np.array([0, 0, 0, 5], np.int32),  # most coordinates empty, last full
+    np.array([4, 0, 0, 0], np.int32),  # last coordinate empty
+    np.array([1], np.int32),
+    np.array([0, 7, 0, 2, 0, 0, 1, 3], np.int32),
+]
+
+
+@pytest.mark.parametrize("counts", COUNTS, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize(
+    "schedule, early_push", [("static", True), ("dynamic", True), ("dynamic", False)]
+)
+def test_simulated_schedules_run_exactly_the_triggered_ranges(
+    counts: np.ndarray, schedule: str, early_push: bool
+) -> None:
+    g = trigger_graph()
+    want_out, want_total = expected(counts, 3)
+    for seed in range(6):
+        stats: dict[str, int] = {}
+        got = etc.simulate(
+            g,
+            {"counts": counts},
+            {"E": len(counts), "tiles": int(counts.sum())},
+            schedule=schedule,
+            early_push=early_push,
+            seed=seed,
+            num_ctas=1 + seed % 4,
+            stats=stats,
+        )
+        np.testing.assert_array_equal(got["out"], want_out)  # the slack stays 0
+        np.testing.assert_array_equal(got["total"], want_total)
+        if schedule == "dynamic":
+            # Every instance that runs was pushed once; the slack never was.
+            assert stats["pushes"] == int(counts.sum()) + 2 * len(counts), stats
+
+
+def test_static_trigger_waits_for_the_whole_event() -> None:
+    # A tile of coordinate 0 cannot run before gather 1 completed: the static
+    # lowering waits for every coordinate of the trigger event.
+    g = trigger_graph(bound_slack=0)
+    order = [t.name for t in g.topological_tasks()]
+    assert order == ["plan", "gather", "tile", "sink"]
+    got = etc.simulate(g, {"counts": np.array([1, 1], np.int32)}, {"E": 2, "tiles": 2})
+    np.testing.assert_array_equal(got["out"], [1000, 2000])
+
+
+def test_indptr_changed_after_firing_is_reported() -> None:
+    # The tile rewrites indptr: instances pushed for the old ranges now lie
+    # past indptr[C] or map to other coordinates.
+    g = trigger_graph(bound_slack=0)
+    tile = next(t for t in g.tasks if t.name == "tile")
+
+    def clobber(i: int, c: int, indptr: np.ndarray, out: np.ndarray) -> None:
+        indptr[-1] = 0
+
+    tile.function.reference = clobber  # type: ignore[misc]
+    with pytest.raises(GraphError, match="indptr table changed after its trigger fired"):
+        etc.simulate(
+            g,
+            {"counts": np.array([1, 2], np.int32)},
+            {"E": 2, "tiles": 3},
+            schedule="dynamic",
+        )
+
+
+# -- graph rules -------------------------------------------------------------
+def _base() -> tuple[etc.Graph, Any, Any, Any]:
+    g = etc.Graph("bad")
+    n = g.symbol("n")
+    ready = g.event((n,), wait_count=1, name="ready")
+    indptr = g.tensor("indptr", (n + 1,), "i32")
+    g.task(make_fn("fire", "index"), grid=(n,), out_edges={ready: "e->e"})
+    return g, n, ready, indptr
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(triggered_by="ready"), "must be an \\(event, indptr tensor\\) pair"),
+        (dict(grid=("n", 2)), "needs a 1-D grid"),
+        (dict(fn=("index",)), "a triggered task's coordinates \\(i, c\\)"),
+        (dict(indptr_dtype="f32"), "must be a 1-D integer tensor"),
+        (dict(indptr_len=0), "shorter than the n \\+ 1 entries"),
+        (dict(in_edge="ic->c"), "uses the trigger coordinate"),
+    ],
+)
+def test_trigger_mistakes_name_the_task(kwargs: dict[str, Any], message: str) -> None:
+    g, n, ready, indptr = _base()
+    if "indptr_dtype" in kwargs:
+        indptr = g.tensor("indptr_f", (n + 1,), kwargs["indptr_dtype"])
+    if "indptr_len" in kwargs:
+        indptr = g.tensor("indptr_short", (n,), "i32")
+    grid = (n, 2) if "grid" in kwargs else (4 * n,)
+    fn = make_fn("t", *kwargs.get("fn", ("index", "index")))
+    trig = kwargs.get("triggered_by", (ready, indptr))
+    other = g.event((1,), wait_count=1, name="other")
+    g.task(make_fn("o", "index"), grid=(1,), out_edges={other: "i->0"})
+    in_edges = {other: kwargs["in_edge"]} if "in_edge" in kwargs else None
+    if "in_edge" in kwargs:
+        in_edges = {ready: kwargs["in_edge"]}
+    with pytest.raises(GraphError, match=f"task 't': .*{message}"):
+        g.task(fn, grid=grid, in_edges=in_edges, triggered_by=trig)
+
+
+def test_triggered_producer_needs_a_table_count() -> None:
+    g, n, ready, indptr = _base()
+    done = g.event((n,), wait_count=2, name="done")
+    g.task(
+        make_fn("t", "index", "index"),
+        grid=(4 * n,),
+        out_edges={done: "ic->c"},
+        triggered_by=(ready, indptr),
+    )
+    g.task(make_fn("s", "index"), grid=(n,), in_edges={done: "e->e"})
+    with pytest.raises(GraphError, match="event 'done' is notified by task 't'.*must be a table"):
+        g.validate()
+
+
+def test_trigger_counts_as_a_consumer_and_is_drawn() -> None:
+    g = trigger_graph()
+    g.validate()  # 'ready' is only a trigger: still "awaited"
+    dot = g.to_dot()
+    assert "style=dashed" in dot and "triggers [indptr[c], ...)" in dot
+    mlir = g.to_mlir()
+    assert "triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)" in mlir
+    assert "outs(%done[(i, c) -> (c)] : !etensor.event<?>)" in mlir
+
+
+# -- compiled ----------------------------------------------------------------
+_bindings = pytest.importorskip  # alias: the compile tests need the bindings
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_compiles_and_records_the_trigger(schedule: str, tmp_path: Any) -> None:
+    _bindings("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    art = etc.compile(trigger_graph(), schedule=schedule)
+    assert "bar.red.popc.u32" in art.ptx
+    assert ("red.relaxed.gpu.global.add.u64" in art.ptx) == (schedule == "dynamic")
+    art.save(tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    tile = next(t for t in manifest["tasks"] if t["name"] == "tile")
+    assert tile["trigger"] == {"event": "ready", "indptr": "indptr"}
+    names = [e["name"] for e in manifest["events"]]
+    assert ("fired.tile" in names) == (schedule == "dynamic")
+    from etc.runtime.manifest import load_manifest
+
+    loaded = load_manifest(tmp_path)
+    spec = next(t for t in loaded.tasks if t.name == "tile")
+    assert spec.trigger == (names.index("ready"), "indptr")
+    # A corrupted trigger is rejected before anything is launched.
+    tile["trigger"] = {"event": "ready", "indptr": "missing"}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(LaunchError, match="trigger.indptr"):
+        load_manifest(tmp_path)
