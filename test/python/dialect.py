@@ -83,8 +83,9 @@ def schedule_level():
     index = ir.IndexType.get()
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
-        graph = etensor.GraphOp("sched", [index, index])
-    n, capacity = graph.arguments
+        indptr_type = ir.MemRefType.get([DYN], ir.IntegerType.get_signless(32))
+        graph = etensor.GraphOp("sched", [index, index, indptr_type])
+    n, capacity, _ = graph.arguments
     event_type = etensor.EventType.get([None])
     with ir.InsertionPoint(graph.entry_block):
         e = etensor.event(event_type, [n], static_wait_count=1)
@@ -97,6 +98,13 @@ def schedule_level():
                 etensor.wait(e, [i])
                 done = etensor.notify(ir.IntegerType.get_signless(1), e, [i])
                 etensor.push(q, 0, i, count=n)
+                etensor.retire(q, n)
+                etensor.yield_()
+            triggered = etensor.DispatchOp(
+                1, [n], [DYN], trigger_event=e, trigger_indptr=graph.arguments[2]
+            )
+            with ir.InsertionPoint(triggered.entry_block):
+                assert len(triggered.coordinates) == 2  # (i, c)
                 etensor.yield_()
     with ir.InsertionPoint(module.body):
         f = func.FuncOp("popper", ([etensor.QueueType.get()], []))
@@ -109,6 +117,9 @@ def schedule_level():
     # CHECK: etensor.wait
     # CHECK: etensor.notify {{.*}} -> i1
     # CHECK: etensor.push %{{.*}}[0, %{{.*}}] count %{{.*}} : !etensor.queue
+    # CHECK: etensor.retire %{{.*}} count %{{.*}} : !etensor.queue
+    # CHECK: etensor.dispatch 1 grid [%{{.*}}] triggered_by(%{{.*}}, %{{.*}} : !etensor.event<?>, memref<?xi32>) {
+    # CHECK-NEXT: ^bb0(%{{.*}}: index, %{{.*}}: index):
     # CHECK: etensor.pop
     print(module)
     print("done" if done is not None else "")

@@ -46,11 +46,31 @@ class WorkerOp(_WorkerOp):
 @_ods_cext.register_operation(_Dialect, replace=True)
 class DispatchOp(_DispatchOp):
     """`etensor.dispatch`: created with one `index` block argument per grid
-    dimension (the instance's coordinates)."""
+    dimension (the instance's coordinates), plus the trigger coordinate when
+    `trigger_event`/`trigger_indptr` make it a data-dependent trigger."""
 
-    def __init__(self, task, dynamic_grid, static_grid, *, loc=None, ip=None):
-        super().__init__(task, dynamic_grid, static_grid, loc=loc, ip=ip)
-        self.regions[0].blocks.append(*([IndexType.get()] * len(static_grid)))
+    def __init__(
+        self,
+        task,
+        dynamic_grid,
+        static_grid,
+        *,
+        trigger_event=None,
+        trigger_indptr=None,
+        loc=None,
+        ip=None,
+    ):
+        super().__init__(
+            task,
+            dynamic_grid,
+            static_grid,
+            trigger_event=trigger_event,
+            trigger_indptr=trigger_indptr,
+            loc=loc,
+            ip=ip,
+        )
+        coordinates = len(static_grid) + (trigger_event is not None)
+        self.regions[0].blocks.append(*([IndexType.get()] * coordinates))
 
     @property
     def entry_block(self):
