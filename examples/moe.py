@@ -1,6 +1,6 @@
 """The Qwen3-30B-A3B mixture-of-experts layer as one ETC graph (issue 6).
 
-router -> plan -> permute(e) -> gate_up(i, e) -> down(i, e) -> combine in one
+logits -> topk -> plan -> permute(e) -> gate_up(i, e) -> down(i, e) -> combine in one
 persistent kernel; the expert GEMM tiles are data-dependent (triggered by
 the plan's tables), see docs/moe.md. The result is checked against a
 float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
@@ -41,6 +41,8 @@ def config(
     block_m: int = 64,
     block_n_gu: int = 64,
     block_n_dn: int = 128,
+    router_block: int = 32,
+    router_experts: int = 2,
 ) -> M.MoEConfig:
     return M.MoEConfig(
         hidden=hidden,
@@ -50,6 +52,9 @@ def config(
         block_m=block_m,
         block_n_gu=min(block_n_gu, inter),
         block_n_dn=min(block_n_dn, hidden),
+        router_block=router_block,
+        router_experts=router_experts if experts % router_experts == 0 else 1,
+        topk_block=8 if router_block % 8 == 0 else router_block,
     ).with_routing(routing)
 
 
@@ -68,12 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-m", type=int, default=64)
     p.add_argument("--block-n-gu", type=int, default=64)
     p.add_argument("--block-n-dn", type=int, default=128)
+    p.add_argument("--router-block", type=int, default=32, help="tokens per router block")
+    p.add_argument("--router-experts", type=int, default=2, help="experts per logits CTA (EC)")
     p.add_argument("--routing", choices=M.ROUTINGS, default="uniform")
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     args = p.parse_args(argv)
     cfg = config(
         args.hidden, args.inter, args.experts, args.topk, args.routing,
-        args.block_m, args.block_n_gu, args.block_n_dn,
+        args.block_m, args.block_n_gu, args.block_n_dn, args.router_block, args.router_experts,
     )  # fmt: skip
     g = M.build_moe_graph(cfg)
     if args.print_ir:

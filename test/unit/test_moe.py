@@ -16,14 +16,15 @@ from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.models import moe as M
 from etc.tiles import moe as T_
 
+# Logits in 4 expert chunks (EC=2: 4 warps per expert), top-k in halves of a router block.
 SMALL = M.MoEConfig(
     hidden=64, inter=32, experts=8, topk=2, block_m=16, block_n_gu=32, block_n_dn=64,
-    router_block=4, combine_block=3,
+    router_block=4, router_experts=2, topk_block=2, combine_block=3,
 )  # fmt: skip
-# Two column blocks in each GEMM (NT = ND = 2).
+# Two column blocks in each GEMM (NT = ND = 2); logits in 2 chunks, one top-k per block.
 WIDE = M.MoEConfig(
     hidden=128, inter=64, experts=8, topk=2, block_m=16, block_n_gu=32, block_n_dn=64,
-    router_block=4, combine_block=3,
+    router_block=4, router_experts=4, topk_block=4, combine_block=3,
 )  # fmt: skip
 
 
@@ -104,18 +105,47 @@ def test_router_reference_ties_and_weights():
     np.testing.assert_allclose(w.sum(1), 1, rtol=1e-6)
 
 
-def test_router_tile_reference_partial_block():
+def test_router_tile_references_partial_block():
     cfg = SMALL
+    E, K, H = cfg.experts, cfg.topk, cfg.hidden
     w = M.random_weights(cfg, 3)
     x = M.random_tokens(cfg, 10, 3)
-    fn = T_.router(4, cfg.experts, cfg.topk, cfg.hidden)
-    ids = np.full((10, cfg.topk), -1, np.int32)
-    tw = np.zeros((10, cfg.topk), np.float32)
+    logits_fn = T_.router_logits(4, 2, E, H)
+    topk_fn = T_.router_topk(4, 2, E, K)
+    logits = np.full((10, E), np.nan, np.float32)
+    ids = np.full((10, K), -1, np.int32)
+    tw = np.zeros((10, K), np.float32)
     for i in range(3):  # blocks of 4, the last has 2 tokens
-        fn.reference(i, x, w["Wr"], ids, tw)
-    want_ids, want_w = T_.router_reference_rows(x, w["Wr"], cfg.topk)
+        for j in range(E // 2):
+            logits_fn.reference(i, j, x, w["Wr"], logits)
+    np.testing.assert_allclose(logits, bf16_to_f32(x) @ bf16_to_f32(w["Wr"]).T, rtol=1e-5)
+    for i in range(3):
+        for j in range(2):  # top-k halves of 2 tokens; (2, 1) is past T
+            topk_fn.reference(i, j, logits, ids, tw)
+    want_ids, want_w = T_.router_reference_rows(x, w["Wr"], K)
     np.testing.assert_array_equal(ids, want_ids)
-    np.testing.assert_allclose(tw, want_w)
+    np.testing.assert_allclose(tw, want_w, rtol=1e-5)
+
+
+def test_triggered_grid_bound_is_tight_and_valid():
+    """The triggered grids are floor((T*K + (BM-1)*min(E, T*K)) / BM) row
+    blocks, written without min: exactly the worst routing's."""
+    for cfg in (M.MoEConfig(), M.MoEConfig(block_m=16), SMALL, M.MoEConfig(topk=1)):
+        g = etc.Graph("bounds")
+        T = g.symbol("T")
+        gu, dn = M._bounds(cfg, T)
+        E, K, BM = cfg.experts, cfg.topk, cfg.block_m
+        for t in [*range(0, 600), 1024, 4096, 10**6]:
+            assert gu.evaluate({"T": t}) == cfg.gu_tiles(t)
+            assert dn.evaluate({"T": t}) == cfg.dn_tiles(t)
+            # The worst routing: min(E, T*K) experts with a row each, the
+            # other rows in full blocks (sum_e ceil(c_e/BM) = A + sum_e
+            # floor((c_e - 1)/BM) <= A + (T*K - A)//BM, largest at the largest A).
+            n = t * K
+            a = min(E, n)
+            assert cfg.row_blocks(t) == a + (n - a) // BM, (t, cfg)
+    assert M.MoEConfig().row_blocks(1) == 8
+    assert M.MoEConfig(block_m=16).row_blocks(16) == 128
 
 
 @pytest.mark.parametrize("T", [1, 5, 40])
@@ -180,7 +210,13 @@ def test_tile_configuration_errors():
     with pytest.raises(etc.GraphError, match="multiple of 8"):
         T_.permute(8, 2, 60)
     with pytest.raises(etc.GraphError, match="topk"):
-        T_.router(4, 4, 5, 64)
+        T_.router_topk(4, 4, 4, 5)
+    with pytest.raises(etc.GraphError, match="multiple of EC"):
+        T_.router_logits(4, 3, 8, 64)
+    with pytest.raises(etc.GraphError, match="divide the 8 warps"):
+        T_.router_logits(4, 3, 12, 64)
+    with pytest.raises(etc.GraphError, match="topk_block"):
+        M.MoEConfig(router_block=12, topk_block=8)
     with pytest.raises(etc.GraphError, match="block_n_gu"):
         M.MoEConfig(inter=100, block_n_gu=64)
 
@@ -263,9 +299,7 @@ def test_unfused_graphs_in_simulator():
 def test_graph_needs_trigger_api_or_builds():
     if M.has_trigger_api():
         g = M.build_moe_graph(SMALL, placeholder_gemm(SMALL))
-        assert [t.name for t in g.topological_tasks()] == [
-            "router", "plan", "permute", "gate_up", "down", "combine",
-        ]  # fmt: skip
+        assert tuple(t.name for t in g.topological_tasks()) == M.UNFUSED_TASKS
     else:
         with pytest.raises(etc.GraphError, match="triggered_by"):
             M.build_moe_graph(SMALL, placeholder_gemm(SMALL))
@@ -280,20 +314,23 @@ def test_graph_needs_trigger_api_or_builds():
 def test_small_tiles_compile(cfg):
     H, E, K = cfg.hidden, cfg.experts, cfg.topk
     tiles = M._small_tiles(cfg)
+    RB = cfg.router_block
     specs = {
-        "router": (lambda T: ((T + cfg.router_block - 1) // cfg.router_block,), ["X", "Wr"]),
-        "plan": (lambda T: (1,), []),
-        "permute": (lambda T: (E,), []),
-        "combine": (lambda T: ((T + cfg.combine_block - 1) // cfg.combine_block,), []),
+        "logits": lambda T: ((T + RB - 1) // RB, E // cfg.router_experts),
+        "topk": lambda T: ((T + RB - 1) // RB, RB // cfg.topk_block),
+        "plan": lambda T: (1,),
+        "permute": lambda T: (E,),
+        "combine": lambda T: ((T + cfg.combine_block - 1) // cfg.combine_block,),
     }
     args = {
-        "router": ["X", "Wr", "topk_ids", "topk_w"],
+        "logits": ["X", "Wr", "logits"],
+        "topk": ["logits", "topk_ids", "topk_w"],
         "plan": ["topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total"]
         + ["perm", "inv"],
         "permute": ["X", "row_off", "perm", "Xp"],
         "combine": ["topk_w", "inv", "Yp", "Out"],
     }
-    for name, (grid, _) in specs.items():
+    for name, grid in specs.items():
         g = etc.Graph(f"moe_{name}_only")
         T = g.symbol("T")
         t = M._tensors(g, cfg, T, args[name])

@@ -1,9 +1,9 @@
 """The Qwen3-30B-A3B mixture-of-experts layer as one ETC graph (issue 6).
 
-Six tasks, one persistent kernel (``docs/moe.md``)::
+Seven tasks, one persistent kernel (``docs/moe.md``)::
 
-    router --routed--> plan --planned--> permute(e) --gu_ready[e]--> gate_up(i, e)
-        --h_ready[e]--> down(i, e) --down_done--> combine
+    logits(i, j) --scored[i]--> topk(i, j) --routed--> plan --planned--> permute(e)
+        --gu_ready[e]--> gate_up(i, e) --h_ready[e]--> down(i, e) --down_done--> combine
 
 ``gate_up`` and ``down`` are *triggered* tasks: expert e's tiles are the
 global tile indices ``[gu_indptr[e], gu_indptr[e+1])`` (a table the plan
@@ -37,6 +37,7 @@ from ..tiles import moe as moe_tiles
 __all__ = [
     "MoEConfig",
     "ROUTINGS",
+    "UNFUSED_TASKS",
     "build_moe_graph",
     "build_unfused_graphs",
     "has_trigger_api",
@@ -55,6 +56,9 @@ __all__ = [
     "rel_err",
 ]
 
+#: The graphs of :func:`build_unfused_graphs`, in launch order.
+UNFUSED_TASKS = ("logits", "topk", "plan", "permute", "gate_up", "down", "combine")
+
 #: Routings the examples and benchmarks know (see :func:`random_weights`).
 ROUTINGS = ("uniform", "one-expert", "few-experts", "top1")
 
@@ -65,8 +69,10 @@ class MoEConfig:
 
     ``block_m`` rows per expert GEMM tile, ``block_n_gu`` columns of I per
     gate/up tile, ``block_n_dn`` columns of H per down tile; ``router_block``
-    tokens per router CTA, ``combine_block`` tokens per combine CTA. The token
-    count T is the graph symbol ``T``.
+    tokens per router block (a logits CTA computes them for
+    ``router_experts`` experts; a top-k CTA takes ``topk_block`` of them),
+    ``combine_block`` tokens per combine CTA. The token count T is the graph
+    symbol ``T``.
     """
 
     hidden: int = 2048
@@ -76,7 +82,9 @@ class MoEConfig:
     block_m: int = 64
     block_n_gu: int = 64
     block_n_dn: int = 128
-    router_block: int = 8
+    router_block: int = 32
+    router_experts: int = 2
+    topk_block: int = 8
     combine_block: int = 4
     block_size: int = 256
 
@@ -90,6 +98,8 @@ class MoEConfig:
             "block_n_gu",
             "block_n_dn",
             "router_block",
+            "router_experts",
+            "topk_block",
             "combine_block",
             "block_size",
         ):
@@ -104,6 +114,14 @@ class MoEConfig:
             raise GraphError(f"MoEConfig: hidden={self.hidden} % block_n_dn={self.block_n_dn} != 0")
         if self.hidden % 8:
             raise GraphError(f"MoEConfig: hidden={self.hidden} must be a multiple of 8")
+        if self.experts % self.router_experts:
+            raise GraphError(
+                f"MoEConfig: experts={self.experts} % router_experts={self.router_experts} != 0"
+            )
+        if self.router_block % self.topk_block:
+            raise GraphError(
+                f"MoEConfig: router_block={self.router_block} % topk_block={self.topk_block} != 0"
+            )
 
     @property
     def n_gu(self) -> int:
@@ -119,12 +137,18 @@ class MoEConfig:
         """``top1`` routes each token to one expert (topk = 1); the others keep topk."""
         return replace(self, topk=1) if routing == "top1" else self
 
+    def row_blocks(self, T: int) -> int:
+        """Upper bound of the row blocks ``sum_e ceil(cnt[e]/BM)`` for T tokens:
+        ``floor((T*K + (BM-1) * min(E, T*K)) / BM)`` (the triggered grids)."""
+        n = T * self.topk
+        return (n + (self.block_m - 1) * min(self.experts, n)) // self.block_m
+
     def gu_tiles(self, T: int) -> int:
         """Upper bound of ``gu_indptr[E]`` for T tokens (the triggered grid)."""
-        return (-(-T * self.topk // self.block_m) + min(self.experts, T * self.topk)) * self.n_gu
+        return self.row_blocks(T) * self.n_gu
 
     def dn_tiles(self, T: int) -> int:
-        return (-(-T * self.topk // self.block_m) + min(self.experts, T * self.topk)) * self.n_dn
+        return self.row_blocks(T) * self.n_dn
 
     def active_weight_bytes(self, T: int) -> int:
         """Bytes of expert + router weights a layer touches (bf16) for T tokens,
@@ -152,6 +176,7 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "Wr": ((E, H), "bf16"),
         "Wgu": ((E, 2 * II, H), "bf16"),
         "Wd": ((E, H, II), "bf16"),
+        "logits": ((T, E), "f32"),
         "topk_ids": ((T, K), "i32"),
         "topk_w": ((T, K), "f32"),
         "row_off": ((E + 1,), "i32"),
@@ -194,8 +219,10 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
 
 def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
     H, E, K, bs = cfg.hidden, cfg.experts, cfg.topk, cfg.block_size
+    RB, EC, TB = cfg.router_block, cfg.router_experts, cfg.topk_block
     return {
-        "router": moe_tiles.router(cfg.router_block, E, K, H, block_size=bs),
+        "logits": moe_tiles.router_logits(RB, EC, E, H, block_size=bs),
+        "topk": moe_tiles.router_topk(RB, TB, E, K, block_size=bs),
         "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
         "permute": moe_tiles.permute(E, K, H, block_size=bs),
         "combine": moe_tiles.combine(cfg.combine_block, K, H, block_size=bs),
@@ -210,11 +237,48 @@ def _require_trigger_api() -> None:
         )
 
 
+#: The step of :func:`_min_const`: exact while T*K < 2**31 (the tables are i32).
+_STEP = 2**31
+
+
+def _min_const(a: Any, b: int) -> Any:
+    """``min(a, b)`` for an expression ``a`` in ``[0, b + 2**31)`` with only
+    the ops symbol expressions have (``+ - * //``, no min): ``a - (a - b) *
+    step`` where ``step = (a - b + 2**31) // 2**31`` is 0 below b and 1 from b
+    on. Plain ints give plain ints."""
+    step = (a - b + _STEP) // _STEP
+    return a - (a - b) * step
+
+
 def _bounds(cfg: MoEConfig, T: Any) -> tuple[Any, Any]:
-    # sum_e ceil(cnt[e]/BM) <= ceil(T*K/BM) + (experts with rows) <= ceil(T*K/BM) + E.
-    # (min(E, T*K) is tighter but not a symbol expression.)
-    blocks = (T * cfg.topk + cfg.block_m - 1) // cfg.block_m + cfg.experts
+    # sum_e ceil(cnt[e]/BM) <= sum over the A experts with rows of (cnt[e] + BM-1)/BM
+    # = (T*K + (BM-1)*A)/BM, with A <= min(E, T*K): at T=1, K=8 that is 8 row
+    # blocks (the old ceil(T*K/BM) + E gave 129). See MoEConfig.row_blocks.
+    n = T * cfg.topk
+    blocks = (n + (cfg.block_m - 1) * _min_const(n, cfg.experts)) // cfg.block_m
     return blocks * cfg.n_gu, blocks * cfg.n_dn
+
+
+def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, routed) -> None:
+    """logits(i, j) --scored[i] (E/EC)--> topk(i, j) --routed--> (the caller's event)."""
+    RB, EC, TB, E = cfg.router_block, cfg.router_experts, cfg.topk_block, cfg.experts
+    blocks = (T + RB - 1) // RB
+    scored = g.event((blocks,), wait_count=E // EC, name="scored")
+    g.task(
+        tiles["logits"],
+        grid=(blocks, E // EC),
+        args=(t["X"], t["Wr"], t["logits"]),
+        out_edges={scored: "ij->i"},
+        name="logits",
+    )
+    g.task(
+        tiles["topk"],
+        grid=(blocks, RB // TB),
+        args=(t["logits"], t["topk_ids"], t["topk_w"]),
+        in_edges={scored: "ij->i"},
+        out_edges={routed: "ij->0"} if routed is not None else None,
+        name="topk",
+    )
 
 
 def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe") -> Graph:
@@ -227,23 +291,17 @@ def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe"
     _require_trigger_api()
     gate_up, down = _gemm_tiles(cfg, gemm_tiles)
     tiles = _small_tiles(cfg)
-    E, RB, CB = cfg.experts, cfg.router_block, cfg.combine_block
+    E, RB, TB, CB = cfg.experts, cfg.router_block, cfg.topk_block, cfg.combine_block
     g = Graph(name, block_size=cfg.block_size)
     T = g.symbol("T")
     t = _tensors(g, cfg, T)
-    routed = g.event((1,), wait_count=(T + RB - 1) // RB, name="routed")
+    routed = g.event((1,), wait_count=(T + RB - 1) // RB * (RB // TB), name="routed")
     planned = g.event((1,), wait_count=1, name="planned")
     gu_ready = g.event((E,), wait_count=1, name="gu_ready")
     h_ready = g.event((E,), wait_count=t["h_wait"], name="h_ready")
     down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
     gu_bound, dn_bound = _bounds(cfg, T)
-    g.task(
-        tiles["router"],
-        grid=((T + RB - 1) // RB,),
-        args=(t["X"], t["Wr"], t["topk_ids"], t["topk_w"]),
-        out_edges={routed: "i->0"},
-        name="router",
-    )
+    _router_tasks(g, cfg, T, t, tiles, routed)
     g.task(
         tiles["plan"],
         grid=(1,),
@@ -304,7 +362,7 @@ def build_unfused_graphs(
     cfg: MoEConfig, gemm_tiles: Any = None, *, prefix: str = "moe"
 ) -> list[tuple[str, Graph]]:
     """Each task of :func:`build_moe_graph` as its own one-task graph, in
-    launch order (router, plan, permute, gate_up, down, combine): the
+    launch order (:data:`UNFUSED_TASKS`): the
     unfused baseline, launched back to back on one stream. A triggered task
     keeps its trigger table, on an event of wait count 0 (ready at start
     under the static schedule). Each graph takes only the tensors its task
@@ -313,6 +371,7 @@ def build_unfused_graphs(
     gate_up, down = _gemm_tiles(cfg, gemm_tiles)
     tiles = _small_tiles(cfg)
     E, RB, CB = cfg.experts, cfg.router_block, cfg.combine_block
+    EC, TB = cfg.router_experts, cfg.topk_block
     out: list[tuple[str, Graph]] = []
 
     def graph(task: str, names: list[str]) -> tuple[Graph, Any, dict[str, Any]]:
@@ -320,14 +379,22 @@ def build_unfused_graphs(
         T = g.symbol("T")
         return g, T, _tensors(g, cfg, T, names)
 
-    g, T, t = graph("router", ["X", "Wr", "topk_ids", "topk_w"])
+    g, T, t = graph("logits", ["X", "Wr", "logits"])
     g.task(
-        tiles["router"],
-        grid=((T + RB - 1) // RB,),
-        args=(t["X"], t["Wr"], t["topk_ids"], t["topk_w"]),
-        name="router",
+        tiles["logits"],
+        grid=((T + RB - 1) // RB, E // EC),
+        args=(t["X"], t["Wr"], t["logits"]),
+        name="logits",
     )
-    out.append(("router", g))
+    out.append(("logits", g))
+    g, T, t = graph("topk", ["logits", "topk_ids", "topk_w"])
+    g.task(
+        tiles["topk"],
+        grid=((T + RB - 1) // RB, RB // TB),
+        args=(t["logits"], t["topk_ids"], t["topk_w"]),
+        name="topk",
+    )
+    out.append(("topk", g))
     plan_args = ["topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total"]
     plan_args += ["perm", "inv"]
     g, T, t = graph("plan", plan_args)
@@ -480,8 +547,13 @@ def run_tile_references(
     else:
         gu_ref, dn_ref = (f.reference for f in gemm_tiles)
     T, E = a["X"].shape[0], cfg.experts
-    for i in range(-(-T // cfg.router_block)):
-        tiles["router"].reference(i, a["X"], a["Wr"], a["topk_ids"], a["topk_w"])
+    RB, EC, TB = cfg.router_block, cfg.router_experts, cfg.topk_block
+    for i in range(-(-T // RB)):
+        for j in range(E // EC):
+            tiles["logits"].reference(i, j, a["X"], a["Wr"], a["logits"])
+    for i in range(-(-T // RB)):
+        for j in range(RB // TB):
+            tiles["topk"].reference(i, j, a["logits"], a["topk_ids"], a["topk_w"])
     tiles["plan"].reference(
         0,
         *(a[n] for n in ("topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait")),

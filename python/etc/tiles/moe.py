@@ -5,10 +5,13 @@ The MoE layer of ``docs/moe.md`` as device functions (MLIR text, one CTA of
 tensors are ``uint16`` bit patterns in numpy (:mod:`etc.dtypes`); all
 arithmetic is fp32 (``arith.extf`` / ``arith.truncf``, round to nearest even).
 
-* ``router(RB, E, K, H)``, grid ``(ceil(T/RB),)``: tokens ``[i*RB, (i+1)*RB)``;
-  fp32 logits ``X @ Wr^T``, top-K (ties: lower expert first), weights
-  ``softmax`` renormalised over the K chosen (``exp(l_k - l_max) / sum``,
-  which equals the softmax over all E followed by renormalisation).
+* ``router_logits(RB, EC, E, H)``, grid ``(ceil(T/RB), E/EC)``: fp32 logits
+  ``L = X @ Wr^T`` of RB tokens x EC experts (the router's read of Wr is
+  spread over E/EC CTAs).
+* ``router_topk(RB, TB, E, K)``, grid ``(ceil(T/RB), RB/TB)``: top-K of TB
+  tokens' logits (ties: lower expert first), weights ``softmax``
+  renormalised over the K chosen (``exp(l_k - l_max) / sum``, which equals
+  the softmax over all E followed by renormalisation).
 * ``plan(BM, NT, ND, E, K)``, grid ``(1,)``: per-expert counts (workgroup
   atomics), prefix sums by warp 0 (shuffle-up scan), the tables ``row_off,
   gu_indptr, dn_indptr, h_wait, dn_total`` and the row permutation ``perm``
@@ -31,11 +34,13 @@ from ..errors import GraphError
 from . import _text
 
 __all__ = [
-    "router",
+    "router_logits",
+    "router_topk",
     "plan",
     "permute",
     "combine",
     "router_reference_rows",
+    "topk_from_logits",
     "plan_tables",
 ]
 
@@ -83,13 +88,12 @@ def _warp_argmax(val: str, idx: str, indent: str) -> tuple[str, str, str]:
 
 
 # ----------------------------------------------------------------------------
-# router
+# router: logits, then top-k
 # ----------------------------------------------------------------------------
-def router_reference_rows(x: np.ndarray, wr: np.ndarray, topk: int) -> tuple[np.ndarray, ...]:
-    """(topk_ids int32, topk_w float32) of rows `x` (float32 or bf16 bits)."""
-    xf = bf16_to_f32(x) if x.dtype == np.uint16 else np.asarray(x, np.float32)
-    wf = bf16_to_f32(wr) if wr.dtype == np.uint16 else np.asarray(wr, np.float32)
-    logits = xf @ wf.T
+def topk_from_logits(logits: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(topk_ids int32, topk_w float32) of fp32 router logits (T, E): top-K
+    (ties: lower expert first), softmax weights renormalised over the K."""
+    logits = np.asarray(logits, np.float32)
     ids = np.argsort(-logits, axis=1, kind="stable")[:, :topk].astype(np.int32)
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs = shifted / shifted.sum(axis=1, keepdims=True)
@@ -98,144 +102,270 @@ def router_reference_rows(x: np.ndarray, wr: np.ndarray, topk: int) -> tuple[np.
     return ids, weights
 
 
-def router(
-    RB: int, E: int, K: int, H: int, *, name: str = "moe_router", block_size: int = 256
-) -> DeviceFunction:
-    """Tile ``(i,)``: route tokens ``[i*RB, min((i+1)*RB, T))``.
+def router_reference_rows(x: np.ndarray, wr: np.ndarray, topk: int) -> tuple[np.ndarray, ...]:
+    """(topk_ids int32, topk_w float32) of rows `x` (float32 or bf16 bits)."""
+    xf = bf16_to_f32(x) if x.dtype == np.uint16 else np.asarray(x, np.float32)
+    wf = bf16_to_f32(wr) if wr.dtype == np.uint16 else np.asarray(wr, np.float32)
+    return topk_from_logits(xf @ wf.T, topk)
 
-    Phase 1: warp w computes the logits of experts ``w, w+W, ...`` for all
-    RB tokens at once (each 16-byte load of Wr feeds RB fused multiply-adds;
-    lanes stride H by 8 bf16), reduces them with a shuffle butterfly and
-    leaves them in workgroup memory. Phase 2: warp w takes tokens ``w,
-    w+W, ...``; K rounds of a warp arg-max over the logits (lane l owns
-    experts ``l, l+32, ...``, so it alone reads and clears them), weights
-    ``exp(l_k - l_0)`` normalised by their sum.
+
+def router_logits(
+    RB: int, EC: int, E: int, H: int, *, name: str = "moe_logits", block_size: int = 256
+) -> DeviceFunction:
+    """Tile ``(i, j)``, grid ``(ceil(T/RB), E/EC)``: fp32 logits
+    ``L[t, e] = X[t] . Wr[e]`` of tokens ``[i*RB, min((i+1)*RB, T))`` and
+    experts ``[j*EC, (j+1)*EC)``.
+
+    The W warps split as S = max(1, W/EC) slices of H per expert: warp w
+    takes experts ``w % EC, w % EC + W, ...`` and slice ``w // EC`` (lane l
+    reads columns ``(slice*32 + l)*8 + k*S*256``), so at EC=2 all 8 warps
+    stream the CTA's two rows of Wr. Tokens go in sub-blocks of RS =
+    min(8, RB): each 16-byte load of Wr feeds RS fused multiply-adds (rows
+    past T repeat row T-1 and are dropped). Warp sums go to workgroup memory;
+    after a barrier thread q adds the S slices of (token, expert) q in slice
+    order and stores the logit.
     """
     warps = _check_block(name, block_size)
-    _positive(name, RB=RB, E=E, K=K, H=H)
+    _positive(name, RB=RB, EC=EC, E=E, H=H)
     _check_hidden(name, H)
-    if K > E:
-        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
-    x_t, w_t = f"memref<?x{H}xbf16>", f"memref<{E}x{H}xbf16>"
-    ids_t, tw_t = f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
-    sm_t = f"memref<{RB * E}xf32, {_WG}>"
+    if E % EC:
+        raise GraphError(f"tile '{name}': experts={E} is not a multiple of EC={EC}")
+    if EC < warps and warps % EC:
+        raise GraphError(
+            f"tile '{name}': EC={EC} must divide the {warps} warps or be at least {warps}"
+        )
+    RS = min(8, RB)
+    if RB % RS:
+        raise GraphError(f"tile '{name}': RB={RB} must be at most 8 or a multiple of 8")
+    S = max(1, warps // EC)
+    x_t, w_t, l_t = f"memref<?x{H}xbf16>", f"memref<{E}x{H}xbf16>", f"memref<?x{E}xf32>"
+    sm_t = f"memref<{RB * EC * S}xf32, {_WG}>"
+    row_consts = "\n".join(f"  %c{r}_r = arith.constant {r} : index" for r in range(RS))
     rows = "\n".join(
-        f"  %tok{r} = arith.addi %t0, %c{r}_r : index\n  %row{r} = arith.minui %tok{r}, %Tm1 : index"
-        for r in range(RB)
+        f"    %tok{r} = arith.addi %r0, %c{r}_r : index\n"
+        f"    %row{r} = arith.minui %tok{r}, %Tm1 : index"
+        for r in range(RS)
     )
-    row_consts = "\n".join(f"  %c{r}_r = arith.constant {r} : index" for r in range(RB))
-    zeros = ", ".join(f"%a{r} = %zero8" for r in range(RB))
-    acc_types = ", ".join("vector<8xf32>" for _ in range(RB))
+    zeros = ", ".join(f"%a{r} = %zero8" for r in range(RS))
+    acc_types = ", ".join("vector<8xf32>" for _ in range(RS))
     fmas = "\n".join(
-        f"      %xv{r} = vector.load %X[%row{r}, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>\n"
-        f"      %xf{r} = arith.extf %xv{r} : vector<8xbf16> to vector<8xf32>\n"
-        f"      %n{r} = vector.fma %xf{r}, %wf, %a{r} : vector<8xf32>"
-        for r in range(RB)
+        f"        %xv{r} = vector.load %X[%row{r}, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>\n"
+        f"        %xf{r} = arith.extf %xv{r} : vector<8xbf16> to vector<8xf32>\n"
+        f"        %n{r} = vector.fma %xf{r}, %wf, %a{r} : vector<8xf32>"
+        for r in range(RS)
     )
-    yields = ", ".join(f"%n{r}" for r in range(RB))
+    yields = ", ".join(f"%n{r}" for r in range(RS))
     reductions = []
-    for r in range(RB):
-        shuffles, value = _text.warp_sum(f"%s{r}", "    ")
-        shuffles = shuffles.replace("%sh", f"%sh{r}_").replace("%ok", f"%ok{r}_")
-        shuffles = shuffles.replace("%red", f"%red{r}_")
+    for r in range(RS):
+        shuffles, value = _text.warp_sum(f"%s{r}", "      ")
+        for old in ("%sh", "%ok", "%red"):
+            shuffles = shuffles.replace(old, f"{old}{r}_")
         value = value.replace("%red", f"%red{r}_")
         reductions.append(
-            f"    %s{r} = vector.reduction <add>, %acc#{r} : vector<8xf32> into f32\n"
+            f"      %s{r} = vector.reduction <add>, %acc#{r} : vector<8xf32> into f32\n"
             f"{shuffles}\n"
-            f"    %slot{r} = arith.addi %e, %c{r * E}_o : index\n"
-            f"    scf.if %is_lane0 {{\n"
-            f"      memref.store {value}, %logits[%slot{r}] : {sm_t}\n"
-            f"    }}"
+            f"      %q{r} = arith.addi %rb, %c{r}_r : index\n"
+            f"      %qe{r} = arith.muli %q{r}, %cEC : index\n"
+            f"      %qx{r} = arith.addi %qe{r}, %el : index\n"
+            f"      %qs{r} = arith.muli %qx{r}, %cS : index\n"
+            f"      %slot{r} = arith.addi %qs{r}, %slice : index\n"
+            f"      scf.if %is_lane0 {{\n"
+            f"        memref.store {value}, %part[%slot{r}] : {sm_t}\n"
+            f"      }}"
         )
-    offs = sorted({r * E for r in range(RB)})
-    off_consts = "\n".join(f"  %c{o}_o = arith.constant {o} : index" for o in offs)
-    argmax, best_v, best_i = _warp_argmax("%lv", "%li", "        ")
+    sums = ["    %p0 = memref.load %part[%base] : " + sm_t]
+    for s in range(1, S):
+        sums.append(
+            f"    %pi{s} = arith.addi %base, %c{s}_s : index\n"
+            f"    %pv{s} = memref.load %part[%pi{s}] : {sm_t}\n"
+            f"    %p{s} = arith.addf %p{s - 1}, %pv{s} : f32"
+        )
+    slice_consts = "\n".join(f"  %c{s}_s = arith.constant {s} : index" for s in range(1, S))
     source = f"""\
-// {name}: top-{K} routing of {RB} tokens over {E} experts (hidden {H}), one CTA of {block_size}.
-memref.global "private" @{name}__logits : {sm_t} {{alignment = 16 : i64}}
-func.func @{name}(%i: index, %X: {x_t}, %Wr: {w_t}, %ids: {ids_t}, %tw: {tw_t}) {{
+// {name}: fp32 router logits of {RB} tokens x {EC} of {E} experts (hidden {H}), one CTA of {block_size}.
+memref.global "private" @{name}__part : {sm_t} {{alignment = 16 : i64}}
+func.func @{name}(%i: index, %j: index, %X: {x_t}, %Wr: {w_t}, %L: {l_t}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
   %c32 = arith.constant 32 : index
   %cW = arith.constant {warps} : index
-  %cE = arith.constant {E} : index
+  %cEC = arith.constant {EC} : index
+  %cS = arith.constant {S} : index
   %cH = arith.constant {H} : index
-  %cK = arith.constant {K} : index
   %cRB = arith.constant {RB} : index
-  %cKstride = arith.constant 256 : index
+  %cRS = arith.constant {RS} : index
+  %cBS = arith.constant {block_size} : index
+  %cKstep = arith.constant {S * 256} : index
 {row_consts}
-{off_consts}
+{slice_consts}
 {_text.shuffle_constants()}
   %c32_i32 = arith.constant 32 : i32
-  %cE_i32 = arith.constant {E} : i32
   %zero8 = arith.constant dense<0.0> : vector<8xf32>
-  %ninf = arith.constant 0xFF800000 : f32
-  %fzero = arith.constant 0.0 : f32
-  %fone = arith.constant 1.0 : f32
   %tid = gpu.thread_id x
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
-  %lane_i32 = arith.index_cast %lane : index to i32
   %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+  %slice = arith.divui %warp, %cEC : index
+  %el0 = arith.remui %warp, %cEC : index
   %T = memref.dim %X, %c0 : {x_t}
   %Tm1 = arith.subi %T, %c1 : index
   %t0 = arith.muli %i, %cRB : index
-{rows}
-  %logits = memref.get_global @{name}__logits : {sm_t}
-  // The previous call of this tile on this CTA may still be reading the logits.
+  %t1a = arith.addi %t0, %cRB : index
+  %t1 = arith.minui %t1a, %T : index
+  %e0 = arith.muli %j, %cEC : index
+  %ks = arith.muli %slice, %c32 : index
+  %kl = arith.addi %ks, %lane : index
+  %kfirst = arith.muli %kl, %c8 : index
+  %part = memref.get_global @{name}__part : {sm_t}
+  // The previous call of this tile on this CTA may still be reading the partial sums.
   gpu.barrier
-  %kfirst = arith.muli %lane, %c8 : index
-  scf.for %e = %warp to %cE step %cW {{
-    %acc:{RB} = scf.for %k = %kfirst to %cH step %cKstride iter_args({zeros}) -> ({acc_types}) {{
-      %wv = vector.load %Wr[%e, %k] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>
-      %wf = arith.extf %wv : vector<8xbf16> to vector<8xf32>
+  scf.for %r0 = %t0 to %t1 step %cRS {{
+    %rb = arith.subi %r0, %t0 : index
+{rows}
+    scf.for %el = %el0 to %cEC step %cW {{
+      %e = arith.addi %e0, %el : index
+      %acc:{RS} = scf.for %k = %kfirst to %cH step %cKstep iter_args({zeros}) -> ({acc_types}) {{
+        %wv = vector.load %Wr[%e, %k] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>
+        %wf = arith.extf %wv : vector<8xbf16> to vector<8xf32>
 {fmas}
-      scf.yield {yields} : {acc_types}
-    }}
+        scf.yield {yields} : {acc_types}
+      }}
 {chr(10).join(reductions)}
+    }}
   }}
   gpu.barrier
-  scf.for %r = %warp to %cRB step %cW {{
+  %n = arith.subi %t1, %t0 : index
+  %nq = arith.muli %n, %cEC : index
+  scf.for %q = %tid to %nq step %cBS {{
+    %r = arith.divui %q, %cEC : index
+    %el = arith.remui %q, %cEC : index
+    %base = arith.muli %q, %cS : index
+{chr(10).join(sums)}
     %t = arith.addi %t0, %r : index
-    %live = arith.cmpi ult, %t, %T : index
-    scf.if %live {{
-      %base = arith.muli %r, %cE : index
-      %sum:2 = scf.for %k = %c0 to %cK step %c1 iter_args(%ssum = %fzero, %mprev = %fzero) -> (f32, f32) {{
-        %lv, %li = scf.for %e = %lane to %cE step %c32 iter_args(%bv = %ninf, %bi = %cE_i32) -> (f32, i32) {{
-          %slot = arith.addi %base, %e : index
-          %v = memref.load %logits[%slot] : {sm_t}
-          %better = arith.cmpf ogt, %v, %bv : f32
-          %e_i32 = arith.index_cast %e : index to i32
-          %nv = arith.select %better, %v, %bv : f32
-          %ni = arith.select %better, %e_i32, %bi : i32
-          scf.yield %nv, %ni : f32, i32
-        }}
+    %e = arith.addi %e0, %el : index
+    memref.store %p{S - 1}, %L[%t, %e] : {l_t}
+  }}
+  return
+}}
+"""
+
+    def reference(i: int, j: int, X: np.ndarray, Wr: np.ndarray, L: np.ndarray) -> None:
+        t0, t1 = i * RB, min((i + 1) * RB, X.shape[0])
+        if t0 >= t1:
+            return
+        e0 = j * EC
+        L[t0:t1, e0 : e0 + EC] = bf16_to_f32(X[t0:t1]) @ bf16_to_f32(Wr[e0 : e0 + EC]).T
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def router_topk(
+    RB: int, TB: int, E: int, K: int, *, name: str = "moe_topk", block_size: int = 256
+) -> DeviceFunction:
+    """Tile ``(i, j)``, grid ``(ceil(T/RB), RB/TB)``: top-K of the fp32
+    logits of tokens ``[i*RB + j*TB, +TB)`` (those below T).
+
+    The CTA copies the TB x E logits to workgroup memory; warp w takes
+    tokens ``w, w+W, ...``: K rounds of a warp arg-max (lane l owns experts
+    ``l, l+32, ...``, so it alone reads and clears them; ties go to the lower
+    expert), weights ``exp(l_k - l_0)`` normalised by their sum (softmax over
+    all E, renormalised over the K).
+    """
+    warps = _check_block(name, block_size)
+    _positive(name, RB=RB, TB=TB, E=E, K=K)
+    if K > E:
+        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
+    if RB % TB:
+        raise GraphError(f"tile '{name}': RB={RB} is not a multiple of TB={TB}")
+    l_t = f"memref<?x{E}xf32>"
+    ids_t, tw_t = f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
+    sm_t = f"memref<{TB * E}xf32, {_WG}>"
+    argmax, best_v, best_i = _warp_argmax("%lv", "%li", "          ")
+    source = f"""\
+// {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
+memref.global "private" @{name}__logits : {sm_t} {{alignment = 16 : i64}}
+func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c32 = arith.constant 32 : index
+  %cW = arith.constant {warps} : index
+  %cE = arith.constant {E} : index
+  %cK = arith.constant {K} : index
+  %cRB = arith.constant {RB} : index
+  %cTB = arith.constant {TB} : index
+  %cBS = arith.constant {block_size} : index
+  %cTBE = arith.constant {TB * E} : index
+{_text.shuffle_constants()}
+  %c32_i32 = arith.constant 32 : i32
+  %cE_i32 = arith.constant {E} : i32
+  %ninf = arith.constant 0xFF800000 : f32
+  %fzero = arith.constant 0.0 : f32
+  %tid = gpu.thread_id x
+  %warp = arith.divui %tid, %c32 : index
+  %lane = arith.remui %tid, %c32 : index
+  %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+  %T = memref.dim %L, %c0 : {l_t}
+  %ti = arith.muli %i, %cRB : index
+  %tj = arith.muli %j, %cTB : index
+  %t0 = arith.addi %ti, %tj : index
+  %any = arith.cmpi ult, %t0, %T : index
+  // Uniform over the CTA: instances past T do nothing.
+  scf.if %any {{
+    %Tm1 = arith.subi %T, %c1 : index
+    %logits = memref.get_global @{name}__logits : {sm_t}
+    // The previous call of this tile on this CTA may still be reading the logits.
+    gpu.barrier
+    scf.for %q = %tid to %cTBE step %cBS {{
+      %qr = arith.divui %q, %cE : index
+      %qe = arith.remui %q, %cE : index
+      %qt = arith.addi %t0, %qr : index
+      %qtc = arith.minui %qt, %Tm1 : index
+      %qv = memref.load %L[%qtc, %qe] : {l_t}
+      memref.store %qv, %logits[%q] : {sm_t}
+    }}
+    gpu.barrier
+    scf.for %r = %warp to %cTB step %cW {{
+      %t = arith.addi %t0, %r : index
+      %live = arith.cmpi ult, %t, %T : index
+      scf.if %live {{
+        %base = arith.muli %r, %cE : index
+        %sum:2 = scf.for %k = %c0 to %cK step %c1 iter_args(%ssum = %fzero, %mprev = %fzero) -> (f32, f32) {{
+          %lv, %li = scf.for %e = %lane to %cE step %c32 iter_args(%bv = %ninf, %bi = %cE_i32) -> (f32, i32) {{
+            %slot = arith.addi %base, %e : index
+            %v = memref.load %logits[%slot] : {sm_t}
+            %better = arith.cmpf ogt, %v, %bv : f32
+            %e_i32 = arith.index_cast %e : index to i32
+            %nv = arith.select %better, %v, %bv : f32
+            %ni = arith.select %better, %e_i32, %bi : i32
+            scf.yield %nv, %ni : f32, i32
+          }}
 {argmax}
-        %best = arith.index_cast {best_i} : i32 to index
-        %owner = arith.remui %best, %c32 : index
-        %mine = arith.cmpi eq, %owner, %lane : index
-        scf.if %mine {{
-          %bslot = arith.addi %base, %best : index
-          memref.store %ninf, %logits[%bslot] : {sm_t}
+          %best = arith.index_cast {best_i} : i32 to index
+          %owner = arith.remui %best, %c32 : index
+          %mine = arith.cmpi eq, %owner, %lane : index
+          scf.if %mine {{
+            %bslot = arith.addi %base, %best : index
+            memref.store %ninf, %logits[%bslot] : {sm_t}
+          }}
+          // Round 0 finds the largest logit m: weight exp(l_k - m), normalised below.
+          %first = arith.cmpi eq, %k, %c0 : index
+          %m = arith.select %first, {best_v}, %mprev : f32
+          %d = arith.subf {best_v}, %m : f32
+          %p = math.exp %d : f32
+          scf.if %is_lane0 {{
+            memref.store {best_i}, %ids[%t, %k] : {ids_t}
+            memref.store %p, %tw[%t, %k] : {tw_t}
+          }}
+          %next = arith.addf %ssum, %p : f32
+          scf.yield %next, %m : f32, f32
         }}
-        // Round 0 finds the largest logit m: weight exp(l_k - m), normalised below.
-        %first = arith.cmpi eq, %k, %c0 : index
-        %m = arith.select %first, {best_v}, %mprev : f32
-        %d = arith.subf {best_v}, %m : f32
-        %p = math.exp %d : f32
         scf.if %is_lane0 {{
-          memref.store {best_i}, %ids[%t, %k] : {ids_t}
-          memref.store %p, %tw[%t, %k] : {tw_t}
-        }}
-        %next = arith.addf %ssum, %p : f32
-        scf.yield %next, %m : f32, f32
-      }}
-      scf.if %is_lane0 {{
-        scf.for %k = %c0 to %cK step %c1 {{
-          %pk = memref.load %tw[%t, %k] : {tw_t}
-          %wk = arith.divf %pk, %sum#0 : f32
-          memref.store %wk, %tw[%t, %k] : {tw_t}
+          scf.for %k = %c0 to %cK step %c1 {{
+            %pk = memref.load %tw[%t, %k] : {tw_t}
+            %wk = arith.divf %pk, %sum#0 : f32
+            memref.store %wk, %tw[%t, %k] : {tw_t}
+          }}
         }}
       }}
     }}
@@ -244,11 +374,12 @@ func.func @{name}(%i: index, %X: {x_t}, %Wr: {w_t}, %ids: {ids_t}, %tw: {tw_t}) 
 }}
 """
 
-    def reference(i: int, X: np.ndarray, Wr: np.ndarray, ids: np.ndarray, tw: np.ndarray) -> None:
-        t0, t1 = i * RB, min((i + 1) * RB, X.shape[0])
+    def reference(i: int, j: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray) -> None:
+        t0 = i * RB + j * TB
+        t1 = min(t0 + TB, L.shape[0])
         if t0 >= t1:
             return
-        ids[t0:t1], tw[t0:t1] = router_reference_rows(X[t0:t1], Wr, K)
+        ids[t0:t1], tw[t0:t1] = topk_from_logits(L[t0:t1], K)
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
