@@ -19,6 +19,17 @@ timed. Times are medians of REPS repetitions of CALLS back-to-back calls
 between two CUDA events, divided by CALLS, after a warm-up round; "GPU
 time" hides the host's launch cost behind a sleep kernel (bench/timing.py).
 Results go to OUT/gemm.json.
+
+Bandwidth sweep (`--sweep`, same two steps): decode-shaped MoE tiles over
+8 experts' weights (8 x 6.3 MB gate/up, 8 x 3.1 MB down) as one
+`moe_gate_up` (or `moe_down`) task covering every n-tile of all 8 experts
+with 1 row per expert (like the MoE layer at T=1) and with 16. The 8
+experts are laid out as one expert 8x as wide (gate/up: inter 8*768; down:
+hidden 8*2048), which reads the same tiles and bytes without the triggered
+grid. Variants (SWEEP) differ in BN, warp layout, unroll, register
+prefetch and cp.async ring depth; each reports weight bytes / GPU time
+against the device copy bandwidth measured in the same run. Results go to
+OUT/gemm_sweep.json.
 """
 
 from __future__ import annotations
@@ -223,7 +234,158 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
     return results
 
 
+SWEEP_EXPERTS = 8
+# name -> (op, block_n, tile kwargs); block_m = 16 (decode), block_size 256.
+SWEEP = {
+    "gu_bn64_base": ("gate_up", 64, {}),
+    "gu_bn16_base": ("gate_up", 16, {}),
+    "gu_bn16_u2_pf1": ("gate_up", 16, {"unroll": 2, "prefetch": 1}),
+    "gu_bn16_u1_pf2": ("gate_up", 16, {"unroll": 1, "prefetch": 2}),
+    "gu_bn16_cp3": ("gate_up", 16, {"unroll": 1, "stages": 3}),
+    "gu_bn16_cp4": ("gate_up", 16, {"unroll": 1, "stages": 4}),
+    "gu_bn32_cp4": ("gate_up", 32, {"unroll": 1, "stages": 4}),
+    "gu_bn8_cp4": ("gate_up", 8, {"unroll": 1, "stages": 4}),
+    "dn_bn128_base": ("down", 128, {}),
+    "dn_bn64_base": ("down", 64, {}),
+    "dn_bn128_u1_pf2": ("down", 128, {"unroll": 1, "prefetch": 2}),
+    "dn_bn128_cp4": ("down", 128, {"unroll": 1, "stages": 4}),
+    "dn_bn64_cp5": ("down", 64, {"warps": (1, 4, 2), "unroll": 1, "stages": 5}),
+    "dn_bn32_cp4": ("down", 32, {"unroll": 1, "stages": 4}),
+}
+SWEEP_MS = (1, 16)
+
+
+def sweep_dims(op: str) -> tuple[int, int, int, int]:
+    """(hidden, inter, weight rows, k) of the 8-experts-as-one layout."""
+    if op == "gate_up":
+        return HIDDEN, SWEEP_EXPERTS * INTER, 2 * SWEEP_EXPERTS * INTER, HIDDEN
+    return SWEEP_EXPERTS * HIDDEN, INTER, SWEEP_EXPERTS * HIDDEN, INTER
+
+
+def build_sweep_variant(name: str):
+    import etc
+    from etc.tiles import gemm as G
+
+    op, bn, kw = SWEEP[name]
+    hidden, inter, rows, k = sweep_dims(op)
+    g = etc.Graph(f"sweep_{name}")
+    m = g.symbol("m")
+    row_off = g.tensor("row_off", (2,), "i32")
+    indptr = g.tensor("indptr", (2,), "i32")
+    X = g.tensor("A", (m, k), "bf16")
+    W = g.tensor("B", (1, rows, k), "bf16")
+    if op == "gate_up":
+        Y = g.tensor("C", (m, inter), "bf16")
+        tile = G.moe_gate_up(16, bn, hidden, inter, experts=1, **kw)
+        grid = (((m + 15) // 16) * (inter // bn), 1)
+    else:
+        Y = g.tensor("C", (m, hidden), "bf16")
+        tile = G.moe_down(16, bn, hidden, inter, experts=1, **kw)
+        grid = (((m + 15) // 16) * (hidden // bn), 1)
+    g.task(tile, grid=grid, args=(X, W, row_off, indptr, Y))
+    return g
+
+
+def build_sweep(out: Path) -> None:
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    import etc
+
+    for name in SWEEP:
+        art = etc.compile(build_sweep_variant(name), schedule="static")
+        art.save(out / name)
+        regs = ""
+        if shutil.which("ptxas"):
+            with tempfile.TemporaryDirectory() as tmp:
+                src = Path(tmp) / "k.ptx"
+                src.write_text(art.ptx)
+                done = subprocess.run(
+                    ["ptxas", "-arch=sm_90", "-O3", "-v", str(src), "-o", str(Path(tmp) / "k")],
+                    capture_output=True,
+                    text=True,
+                )
+            found = re.findall(r"Used (\d+) registers|(\d+) bytes spill stores", done.stderr)
+            regs = " ".join(a or b for a, b in found)
+        print("built", name, "(spill store bytes, registers:", regs + ")")
+
+
+def run_sweep(artifacts: Path, out: Path | None, reps: int) -> dict:
+    import torch
+
+    import etc.runtime
+
+    torch.manual_seed(0)
+    buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(buf)
+    copy_us = gpu_timed(torch, lambda i: dst.copy_(buf), 10, reps)
+    copy_tbs = 2 * buf.numel() / copy_us / 1e6
+    print(f"copy bandwidth {copy_tbs:.3f} TB/s")
+    results: dict = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "method": __doc__.split("Bandwidth sweep ")[1].strip(),
+        "copy_tb_s": copy_tbs,
+        "rows": [],
+    }
+    cache: dict = {}
+    for name, (op, bn, kw) in SWEEP.items():
+        hidden, inter, rows, k = sweep_dims(op)
+        n_out = inter if op == "gate_up" else hidden
+        w_bytes = rows * k * 2
+        copies = max(2, -(-WORKING_SET // w_bytes))
+        if op not in cache:
+            cache[op] = [
+                (torch.randn(1, rows, k, device="cuda") * k**-0.5).to(torch.bfloat16)
+                for _ in range(copies)
+            ]
+        Ws = cache[op]
+        kern = etc.runtime.load(artifacts / name)
+        for M in SWEEP_MS:
+            rows_total = M  # rows per expert: all 8 (one wide expert) share them
+            A = torch.randn(rows_total, k, device="cuda").to(torch.bfloat16)
+            Y = torch.empty(rows_total, n_out, device="cuda", dtype=torch.bfloat16)
+            n_tiles = -(-rows_total // 16) * (n_out // bn)
+            row_off = torch.tensor([0, rows_total], dtype=torch.int32, device="cuda")
+            indptr = torch.tensor([0, n_tiles], dtype=torch.int32, device="cuda")
+
+            def launch(i, A=A, Y=Y, row_off=row_off, indptr=indptr, kern=kern, Ws=Ws, n=rows_total):
+                kern.launch(
+                    {"A": A, "B": Ws[i % len(Ws)], "row_off": row_off, "indptr": indptr, "C": Y},
+                    {"m": n},
+                    sync=False,
+                )
+
+            launch(0)
+            kern.check()
+            y = A.float() @ Ws[0][0].float().T
+            want = (
+                y[:, :inter] * torch.sigmoid(y[:, :inter]) * y[:, inter:] if op == "gate_up" else y
+            )
+            err = ((Y.float() - want).abs().max() / (want.abs().max() + 1e-30)).item()
+            us = gpu_timed(torch, launch, copies, reps)
+            tbs = w_bytes / us / 1e6
+            row = {"variant": name, "op": op, "block_n": bn, "kwargs": {k_: list(v) if isinstance(v, tuple) else v for k_, v in kw.items()},
+                   "M": M, "tiles": n_tiles, "us": us, "weight_tb_s": tbs,
+                   "of_copy": tbs / copy_tbs, "rel_err": err, "ok": err <= 1e-2}  # fmt: skip
+            results["rows"].append(row)
+            print(
+                f"{name:18s} M={M:3d} tiles={n_tiles:4d} {us:8.2f} us  {tbs:5.2f} TB/s "
+                f"({100 * tbs / copy_tbs:5.1f}% of copy)  err {err:.1e}{'' if err <= 1e-2 else ' WRONG'}"
+            )
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gemm_sweep.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--sweep" in argv:
+        argv.remove("--sweep")
+        return two_step_main("GEMM tile bandwidth sweep", build_sweep, run_sweep, argv, reps=10)
     return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=20)
 
 

@@ -270,3 +270,31 @@ def test_moe_down_compiles(block_m, block_n, tmp_path):
     art = compile_tile(tile, MOE_DN, ("m", E))
     check_ptx(art, 4)
     assert set(ptxas_spills(art.ptx, tmp_path)) == {0}
+
+
+# -- pipelining options ------------------------------------------------------------
+
+
+def test_pipeline_option_errors():
+    with pytest.raises(etc.GraphError, match="prefetch"):
+        G.moe_down(16, 64, 256, 128, unroll=4, prefetch=1)  # one k iteration
+    with pytest.raises(etc.GraphError, match="not both"):
+        G.moe_down(16, 64, 256, 128, unroll=1, prefetch=1, stages=2)
+    with pytest.raises(etc.GraphError, match="48 KiB"):
+        G.moe_gate_up(16, 16, 2048, 768, warps=(1, 1, 8), unroll=1, stages=4)
+    assert G.plan_prefetch("t", 16, 2048, 2, 4) == 0
+    assert G.plan_stages("t", 2048, 4, 1, 2, 256) == 0
+
+
+@needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize("kw", [{"unroll": 1, "prefetch": 1}, {"unroll": 1, "stages": 3}])
+def test_moe_pipelined_compiles(kw):
+    gu = G.moe_gate_up(16, 16, H, I, experts=E, **kw)
+    art = compile_tile(gu, MOE_GU, ("m", E))
+    check_ptx(art, 4)
+    dn = G.moe_down(16, 32, H, I, experts=E, **kw)
+    art = compile_tile(dn, MOE_DN, ("m", E))
+    check_ptx(art, 4)
+    if "stages" in kw:
+        assert "cp.async.cg.shared.global" in art.ptx and "moe_down__ring" in dn.source

@@ -55,7 +55,7 @@ from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 
-__all__ = ["gemm", "moe_gate_up", "moe_down", "plan_warps"]
+__all__ = ["gemm", "moe_gate_up", "moe_down", "plan_prefetch", "plan_stages", "plan_warps"]
 
 _MMA_ATTRS = (
     "{layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, "
@@ -134,6 +134,70 @@ def plan_warps(
     return wm, wn, wk, unroll
 
 
+def plan_prefetch(
+    name: str,
+    block_m: int,
+    k: int,
+    wk: int,
+    unroll: int,
+    prefetch: int | None = None,
+) -> int:
+    """Groups of ``unroll`` chunks loaded ahead of the mmas (register
+    pipelining depth).
+    An explicit value must leave at least one loop iteration. Default 0:
+    ptxas re-schedules the unrolled loop and sinks register loads next to
+    their mmas anyway (see ``stages`` for a pipeline it cannot undo)."""
+    iters = k // (32 * wk * unroll)
+    if prefetch is None:
+        return 0
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+        raise GraphError(f"tile '{name}': prefetch must be an int >= 0, got {prefetch!r}")
+    if prefetch >= iters:
+        raise GraphError(
+            f"tile '{name}': prefetch={prefetch} needs more than {prefetch} k iterations, "
+            f"the loop has {iters} (k={k}, {wk} warp slices, unroll={unroll})"
+        )
+    return prefetch
+
+
+def plan_stages(
+    name: str,
+    k: int,
+    wk: int,
+    unroll: int,
+    nb: int,
+    block_size: int,
+    stages: int | None = None,
+    prefetch: int = 0,
+) -> int:
+    """Slots of the per-thread ``cp.async`` weight ring (0: weights are
+    loaded into registers). ``stages - 1`` groups of ``unroll`` chunks are in
+    flight; the ring takes ``stages * unroll * nb * block_size * 16`` bytes
+    of workgroup memory (at most 48 KiB, the static limit, shared with the
+    other tiles of the kernel). Default 0."""
+    if stages is None:
+        return 0
+    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 0:
+        raise GraphError(f"tile '{name}': stages must be an int >= 0, got {stages!r}")
+    if stages and prefetch:
+        raise GraphError(f"tile '{name}': give prefetch (registers) or stages (cp.async), not both")
+    iters = k // (32 * wk * unroll)
+    if stages - 1 > iters:
+        raise GraphError(
+            f"tile '{name}': stages={stages} keeps {stages - 1} groups in flight, "
+            f"the k loop has {iters} (k={k}, {wk} warp slices, unroll={unroll})"
+        )
+    ring = stages * unroll * nb * block_size * 16
+    if wk > 1:  # the split-K partials share the static 48 KiB
+        ring += (wk - 1) * (block_size // 32 // wk) * 4 * nb * 32 * 4
+    if ring > 48 * 1024:
+        raise GraphError(
+            f"tile '{name}': a cp.async ring of {stages} x {unroll} x {nb} 16-byte slots "
+            f"per thread (with the split-K partials) is {ring} bytes of workgroup memory (> 48 KiB)"
+        )
+    return stages
+
+
 class _Text:
     """An MLIR text buffer with fresh SSA names."""
 
@@ -165,6 +229,8 @@ def _body(
     wn: int,
     wk: int,
     unroll: int,
+    prefetch: int,
+    stages: int,
     mf: int,
     nf: int,
     a: tuple[str, str],
@@ -183,7 +249,7 @@ def _body(
     Returns the lines of the workgroup globals it needs."""
     globals_: list[str] = []
     t.emit(f"// {name}: {wm}x{wn}x{wk} warps (rows x cols x k slices), {mf}x{nf} fragments")
-    t.emit(f"// per warp, k unrolled {unroll} chunks of 32")
+    t.emit(f"// per warp, k unrolled {unroll} chunks of 32, {prefetch} groups prefetched")
     tid = t.op("tid", "gpu.thread_id x")
     warp = t.op("warp", f"arith.divui {tid}, %c32 : index")
     lane = t.op("lane", f"arith.remui {tid}, %c32 : index")
@@ -214,80 +280,227 @@ def _body(
         kl = t.op("kl", f"arith.addi {kl}, {ks} : index")
     nacc = mf * nb * 4
     a_mem, a_type = a
-    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
-    types = ", ".join(["f32"] * nacc)
-    res = t.fresh("accs")
-    t.emit(
-        f"{res}:{nacc} = scf.for %kk = %c0 to %c{kslice}_ step %c{32 * unroll}_ "
-        f"iter_args({inits}) -> ({types}) {{"
-    )
-    outer = t.indent
-    t.indent += "  "
-    kbase = t.op("k", f"arith.addi %kk, {kl} : index")
-    words_a: list[list[list[str]]] = []  # [u][row][4 words]
-    words_b: list[list[list[str]]] = []  # [u][frag][4 words]
-    raw_a, raw_b = [], []
-    for u in range(unroll):
-        ku = t.op("k", f"arith.addi {kbase}, %c{32 * u}_ : index") if u else kbase
-        raw_a.append(
-            [
-                t.op(
-                    "va",
-                    f"vector.load {a_mem}[{r}, {ku}] {{alignment = 16 : i64}} : "
-                    f"{a_type}, vector<8xbf16>",
-                )
-                for r in lrows
-            ]
-        )
-        raw_b.append(
-            [
-                t.op(
-                    "vb",
-                    f"vector.load {mem}[{prefix}, {ku}] {{alignment = 16 : i64}} : "
-                    f"{mtype}, vector<8xbf16>",
-                )
-                for mem, mtype, prefix in brefs
-            ]
-        )
-    for u in range(unroll):
-        for raws, out in ((raw_a[u], words_a), (raw_b[u], words_b)):
-            per = []
-            for v in raws:
-                w = t.op("w", f"vector.bitcast {v} : vector<8xbf16> to vector<4xi32>")
-                per.append(
-                    [
-                        t.op("x", f"vector.extract {w}[{q}] : i32 from vector<4xi32>")
-                        for q in range(4)
-                    ]
-                )
-            out.append(per)
-    acc = [
-        [[f"%acc_{(m * nb + f) * 4 + q}" for q in range(4)] for f in range(nb)] for m in range(mf)
-    ]
-    for u in range(unroll):
-        for j in range(2):
-            for m in range(mf):
-                ra, rb = words_a[u][2 * m], words_a[u][2 * m + 1]
-                for f in range(nb):
-                    wb = words_b[u][f]
-                    c = acc[m][f]
-                    d = t.op(
-                        "d",
-                        f"nvvm.mma.sync A[{ra[2 * j]}, {rb[2 * j]}, {ra[2 * j + 1]}, "
-                        f"{rb[2 * j + 1]}] B[{wb[2 * j]}, {wb[2 * j + 1]}] "
-                        f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {_MMA_ATTRS} : "
-                        f"(i32, i32, f32) -> {_STRUCT}",
+    step = 32 * unroll
+    vtype = "vector<8xbf16>"
+    b_attr = "{alignment = 16 : i64}"
+
+    def loads(kbase: str, with_b: bool = True) -> tuple[list[list[str]], list[list[str]]]:
+        """One group: ``unroll`` chunks of A rows and weight fragments."""
+        raw_a, raw_b = [], []
+        for u in range(unroll):
+            ku = t.op("k", f"arith.addi {kbase}, %c{32 * u}_ : index") if u else kbase
+            raw_a.append(
+                [
+                    t.op(
+                        "va",
+                        f"vector.load {a_mem}[{r}, {ku}] {{alignment = 16 : i64}} : "
+                        f"{a_type}, {vtype}",
                     )
-                    acc[m][f] = [
-                        t.op("c", f"llvm.extractvalue {d}[{q}] : {_STRUCT}") for q in range(4)
-                    ]
-    flat = [x for m in acc for f in m for x in f]
-    t.emit(f"scf.yield {', '.join(flat)} : {types}")
-    t.indent = outer
-    t.emit("}")
-    acc = [
-        [[f"{res}#{(m * nb + f) * 4 + q}" for q in range(4)] for f in range(nb)] for m in range(mf)
-    ]
+                    for r in lrows
+                ]
+            )
+            raw_b.append(
+                [
+                    t.op("vb", f"vector.load {mem}[{prefix}, {ku}] {b_attr} : {mtype}, {vtype}")
+                    for mem, mtype, prefix in (brefs if with_b else [])
+                ]
+            )
+        return raw_a, raw_b
+
+    def mmas(raw_a: list[list[str]], raw_b: list[list[str]], acc: list) -> list:
+        words_a: list[list[list[str]]] = []  # [u][row][4 words]
+        words_b: list[list[list[str]]] = []  # [u][frag][4 words]
+        for u in range(unroll):
+            for raws, out in ((raw_a[u], words_a), (raw_b[u], words_b)):
+                per = []
+                for v in raws:
+                    w = t.op("w", f"vector.bitcast {v} : {vtype} to vector<4xi32>")
+                    per.append(
+                        [
+                            t.op("x", f"vector.extract {w}[{q}] : i32 from vector<4xi32>")
+                            for q in range(4)
+                        ]
+                    )
+                out.append(per)
+        acc = [[list(c) for c in per] for per in acc]
+        for u in range(unroll):
+            for j in range(2):
+                for m in range(mf):
+                    ra, rb = words_a[u][2 * m], words_a[u][2 * m + 1]
+                    for f in range(nb):
+                        wb = words_b[u][f]
+                        c = acc[m][f]
+                        d = t.op(
+                            "d",
+                            f"nvvm.mma.sync A[{ra[2 * j]}, {rb[2 * j]}, {ra[2 * j + 1]}, "
+                            f"{rb[2 * j + 1]}] B[{wb[2 * j]}, {wb[2 * j + 1]}] "
+                            f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {_MMA_ATTRS} : "
+                            f"(i32, i32, f32) -> {_STRUCT}",
+                        )
+                        acc[m][f] = [
+                            t.op("c", f"llvm.extractvalue {d}[{q}] : {_STRUCT}") for q in range(4)
+                        ]
+        return acc
+
+    def flat_group(raw_a: list[list[str]], raw_b: list[list[str]]) -> list[str]:
+        return [v for u in range(unroll) for v in raw_a[u] + raw_b[u]]
+
+    def unflat_group(vals: list[str]) -> tuple[list[list[str]], list[list[str]]]:
+        per = len(lrows) + nb
+        us = [vals[u * per : (u + 1) * per] for u in range(unroll)]
+        return [x[: len(lrows)] for x in us], [x[len(lrows) :] for x in us]
+
+    def shaped(names: list[str]) -> list:
+        return [
+            [names[(m * nb + f) * 4 : (m * nb + f) * 4 + 4] for f in range(nb)] for m in range(mf)
+        ]
+
+    def register_loop() -> list:
+        # Prologue (prefetch > 0): the first ``prefetch`` groups are loaded
+        # before the loop; iteration kk loads group kk and multiplies the oldest
+        # carried one (register double buffering), the epilogue the last ones.
+        carried: list[list[str]] = []
+        for p in range(prefetch):
+            kp = t.op("k", f"arith.addi {kl}, %c{step * p}_ : index") if p else kl
+            carried.append(flat_group(*loads(kp)))
+        per_group = unroll * (len(lrows) + nb)
+        ncarry = prefetch * per_group
+        inits = [f"%acc_{q} = %fzero" for q in range(nacc)]
+        inits += [f"%pf_{q} = {v}" for q, v in enumerate(x for grp in carried for x in grp)]
+        types = ", ".join(["f32"] * nacc + [vtype] * ncarry)
+        res = t.fresh("accs")
+        t.emit(
+            f"{res}:{nacc + ncarry} = scf.for %kk = %c{step * prefetch}_ to %c{kslice}_ "
+            f"step %c{step}_ iter_args({', '.join(inits)}) -> ({types}) {{"
+        )
+        outer = t.indent
+        t.indent += "  "
+        kbase = t.op("k", f"arith.addi %kk, {kl} : index")
+        group = flat_group(*loads(kbase))
+        acc = shaped([f"%acc_{q}" for q in range(nacc)])
+        if prefetch:
+            cur = unflat_group([f"%pf_{q}" for q in range(per_group)])
+            acc = mmas(*cur, acc)
+            rest = [f"%pf_{q}" for q in range(per_group, ncarry)] + group
+        else:
+            acc = mmas(*unflat_group(group), acc)
+            rest = []
+        flat = [x for m in acc for f in m for x in f] + rest
+        t.emit(f"scf.yield {', '.join(flat)} : {types}")
+        t.indent = outer
+        t.emit("}")
+        acc = shaped([f"{res}#{q}" for q in range(nacc)])
+        for p in range(prefetch):
+            vals = [f"{res}#{nacc + p * per_group + q}" for q in range(per_group)]
+            acc = mmas(*unflat_group(vals), acc)
+        return acc
+
+    def stream_loop() -> list:
+        # Weights through a per-thread cp.async ring in workgroup memory:
+        # ``stages`` slots of ``unroll`` chunks; ``stages - 1`` groups are in
+        # flight while the oldest one is multiplied. Every thread reads back
+        # only the 16-byte slots it copied itself (no CTA barrier).
+        nslot = stages * unroll * nb
+        smem = f"memref<{nslot * block_size * 4}xi32, #gpu.address_space<workgroup>>"
+        globals_.append(f'memref.global "private" @{name}__ring : {smem} {{alignment = 16 : i64}}')
+        ring = t.op("ring", f"memref.get_global @{name}__ring : {smem}")
+        sb = t.op("sb", f"memref.extract_aligned_pointer_as_index {ring} : {smem} -> index")
+        toff = t.op("sb", f"arith.muli {tid}, %c16_ : index")
+        sb = t.op("sb", f"arith.addi {sb}, {toff} : index")
+        relt = t.op("re", f"arith.muli {tid}, %c4 : index")
+        # Byte address of each weight fragment's row (k = 0).
+        rowp = []
+        for mem, mtype, prefix in brefs:
+            dims = [int(d) if d.isdigit() else None for d in mtype[7:-1].split("x")[:-1]]
+            idx = [x.strip() for x in prefix.split(",")]
+            lin = idx[0]
+            for d, x in zip(dims[1 : len(idx)], idx[1:], strict=True):
+                lin = t.op("lin", f"arith.muli {lin}, %c{d}_ : index")
+                lin = t.op("lin", f"arith.addi {lin}, {x} : index")
+            lin = t.op("lin", f"arith.muli {lin}, %c{2 * dims[-1]}_ : index")
+            base = t.op("gb", f"memref.extract_aligned_pointer_as_index {mem} : {mtype} -> index")
+            rowp.append(t.op("gb", f"arith.addi {base}, {lin} : index"))
+        iters = kslice // step
+        pre = stages - 1
+
+        def slot(stage: str, u: int, f: int, what: str) -> str:
+            """Slot (stage, u, f): byte offset from ``sb`` or i32 index of the ring."""
+            q = t.op("q", f"arith.muli {stage}, %c{unroll * nb}_ : index")
+            q = t.op("q", f"arith.addi {q}, %c{u * nb + f}_ : index") if u * nb + f else q
+            if what == "bytes":
+                q = t.op("q", f"arith.muli {q}, %c{block_size * 16}_ : index")
+                return t.op("q", f"arith.addi {sb}, {q} : index")
+            q = t.op("q", f"arith.muli {q}, %c{block_size * 4}_ : index")
+            return t.op("q", f"arith.addi {q}, {relt} : index")
+
+        def issue(k: str, stage: str) -> None:
+            for u in range(unroll):
+                kb = t.op("kb", f"arith.muli {k}, %c2 : index")
+                if u:
+                    kb = t.op("kb", f"arith.addi {kb}, %c{64 * u}_ : index")
+                for f in range(nb):
+                    src = t.op("src", f"arith.addi {rowp[f]}, {kb} : index")
+                    src = t.op("src", f"arith.index_cast {src} : index to i64")
+                    src = t.op("src", f"llvm.inttoptr {src} : i64 to !llvm.ptr<1>")
+                    dst = t.op(
+                        "dst", f"arith.index_cast {slot(stage, u, f, 'bytes')} : index to i64"
+                    )
+                    dst = t.op("dst", f"llvm.inttoptr {dst} : i64 to !llvm.ptr<3>")
+                    t.emit(
+                        f"nvvm.cp.async.shared.global {dst}, {src}, 16, cache = cg : "
+                        "!llvm.ptr<3>, !llvm.ptr<1>"
+                    )
+            t.emit("nvvm.cp.async.commit.group")
+
+        def compute(k: str, stage: str, acc: list) -> list:
+            raw_a = loads(k, with_b=False)[0]
+            raw_b = []
+            for u in range(unroll):
+                per = []
+                for f in range(nb):
+                    v = t.op(
+                        "sv",
+                        f"vector.load {ring}[{slot(stage, u, f, 'index')}] "
+                        f"{{alignment = 16 : i64}} : {smem}, vector<4xi32>",
+                    )
+                    per.append(t.op("sv", f"vector.bitcast {v} : vector<4xi32> to {vtype}"))
+                raw_b.append(per)
+            return mmas(raw_a, raw_b, acc)
+
+        for p in range(pre):
+            kp = t.op("k", f"arith.addi {kl}, %c{step * p}_ : index") if p else kl
+            issue(kp, f"%c{p}_" if p else "%c0")
+        inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
+        types = ", ".join(["f32"] * nacc)
+        res = t.fresh("accs")
+        t.emit(
+            f"{res}:{nacc} = scf.for %kk = %c0 to %c{step * (iters - pre)}_ step %c{step}_ "
+            f"iter_args({inits}) -> ({types}) {{"
+        )
+        outer = t.indent
+        t.indent += "  "
+        it = t.op("it", f"arith.divui %kk, %c{step}_ : index")
+        nxt = t.op("st", f"arith.addi {it}, %c{pre}_ : index")
+        nxt = t.op("st", f"arith.remui {nxt}, %c{stages}_ : index")
+        kbase = t.op("k", f"arith.addi %kk, {kl} : index")
+        knext = t.op("k", f"arith.addi {kbase}, %c{step * pre}_ : index")
+        issue(knext, nxt)
+        t.emit(f"nvvm.cp.async.wait.group {pre}")
+        cur = t.op("st", f"arith.remui {it}, %c{stages}_ : index")
+        acc = compute(kbase, cur, shaped([f"%acc_{q}" for q in range(nacc)]))
+        t.emit(f"scf.yield {', '.join(x for m in acc for f in m for x in f)} : {types}")
+        t.indent = outer
+        t.emit("}")
+        acc = shaped([f"{res}#{q}" for q in range(nacc)])
+        for q in range(pre):
+            i = iters - pre + q
+            t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
+            k = t.op("k", f"arith.addi {kl}, %c{step * i}_ : index") if i else kl
+            acc = compute(k, f"%c{i % stages}_" if i % stages else "%c0", acc)
+        return acc
+
+    acc = stream_loop() if stages else register_loop()
+    outer = t.indent
     col_lane = t.op("cl", f"arith.muli {tig}, %c2 : index")
     if wk == 1:
         epilogue(t, acc, rows, col_lane)
@@ -431,6 +644,8 @@ def gemm(
     block_size: int = 256,
     warps: tuple[int, int, int] | None = None,
     unroll: int | None = None,
+    prefetch: int | None = None,
+    stages: int | None = None,
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
 
@@ -440,6 +655,8 @@ def gemm(
     module docstring for the warp-MMA algorithm; ``warps = (WM, WN, WK)``
     and ``unroll`` override the defaults of :func:`plan_warps`."""
     wm, wn, wk, unroll = plan_warps(name, block_m, block_n, k, block_size, warps, unroll)
+    prefetch = plan_prefetch(name, block_m, k, wk, unroll, prefetch)
+    stages = plan_stages(name, k, wk, unroll, block_n // (8 * wn), block_size, stages, prefetch)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
     ab = f"memref<?x{k}xbf16>"
     ct = "memref<?x?xbf16>"
@@ -469,7 +686,7 @@ def gemm(
         _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows)
 
     globals_ = _body(
-        t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll,
+        t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%A", ab), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
     )  # fmt: skip
     t.indent = "  "
@@ -561,6 +778,8 @@ def moe_gate_up(
     block_size: int = 256,
     warps: tuple[int, int, int] | None = None,
     unroll: int | None = None,
+    prefetch: int | None = None,
+    stages: int | None = None,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``.
 
@@ -574,6 +793,10 @@ def moe_gate_up(
     _positive(name, "inter", inter)
     wm, wn, wk, unroll = plan_warps(
         name, block_m, block_n, hidden, block_size, warps, unroll, b_per_n=2
+    )
+    prefetch = plan_prefetch(name, block_m, hidden, wk, unroll, prefetch)
+    stages = plan_stages(
+        name, hidden, wk, unroll, 2 * (block_n // (8 * wn)), block_size, stages, prefetch
     )
     _check_moe(name, block_n, inter, "inter")
     ed, it = _experts(name, experts)
@@ -612,7 +835,7 @@ def moe_gate_up(
         _store_pairs(t, h, rows, cols, ("%Hb", ht), r1, None)
 
     globals_ = _body(
-        t, name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll,
+        t, name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%Xp", xt), b_rows=b_rows, nb=2 * nf, r0=r0, r1=r1, epilogue=epilogue,
     )  # fmt: skip
     t.indent = "  "
@@ -658,6 +881,8 @@ def moe_down(
     block_size: int = 256,
     warps: tuple[int, int, int] | None = None,
     unroll: int | None = None,
+    prefetch: int | None = None,
+    stages: int | None = None,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)``.
 
@@ -666,6 +891,8 @@ def moe_down(
     ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``."""
     _positive(name, "hidden", hidden)
     wm, wn, wk, unroll = plan_warps(name, block_m, block_n, inter, block_size, warps, unroll)
+    prefetch = plan_prefetch(name, block_m, inter, wk, unroll, prefetch)
+    stages = plan_stages(name, inter, wk, unroll, block_n // (8 * wn), block_size, stages, prefetch)
     _check_moe(name, block_n, hidden, "hidden")
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
@@ -688,7 +915,7 @@ def moe_down(
         _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
 
     globals_ = _body(
-        t, name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll,
+        t, name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%Hb", ht), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
     )  # fmt: skip
     t.indent = "  "
