@@ -1,7 +1,7 @@
 // RUN: etc-opt %s --etc-static-to-ptx | FileCheck %s
 
-/// A tile's memref.global in workgroup memory becomes a .shared variable of
-/// the persistent kernel.
+/// A tile's memref.global in workgroup memory becomes part of the persistent
+/// kernel's one .shared buffer.
 
 memref.global "private" @tile__smem : memref<8xf32, #gpu.address_space<workgroup>> {alignment = 16 : i64}
 func.func @tile(%i: index, %a: memref<?xf32>) {
@@ -19,7 +19,7 @@ func.func @tile(%i: index, %a: memref<?xf32>) {
 }
 
 // CHECK: gpu.binary @smem_kernels
-// CHECK-SAME: .shared .align 16 .b8 tile__smem[32];
+// CHECK-SAME: .shared .align 16 .b8 __etc_workgroup[32];
 // CHECK-SAME: st.shared.b32
 // CHECK-SAME: bar.sync
 // CHECK-SAME: ld.shared.b32

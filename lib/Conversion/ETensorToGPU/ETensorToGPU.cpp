@@ -22,6 +22,7 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringExtras.h"
 
 namespace mlir::etensor {
@@ -786,6 +787,123 @@ static bool isPTXIdentifier(StringRef name) {
 
 /// Whether an alloca in `space` can lower: NVPTX stack slots live in the
 /// generic or the local (gpu private, 5) address space only.
+static bool isWorkgroupMemorySpace(Attribute space) {
+  if (auto gpuSpace = dyn_cast_if_present<gpu::AddressSpaceAttr>(space))
+    return gpuSpace.getValue() == gpu::AddressSpace::Workgroup;
+  if (auto number = dyn_cast_if_present<IntegerAttr>(space))
+    return number.getInt() == 3;
+  return false;
+}
+
+/// The tiles of a persistent kernel run one at a time on a CTA, which joins
+/// (a barrier) after each instance: their workgroup buffers can share
+/// memory. Places every workgroup memref.global of `module` at an offset in
+/// one byte buffer, apart from the globals that a function (with its
+/// callees) uses together, and reads each through a memref.view: the kernel
+/// needs the largest tile's shared memory, not the sum.
+static LogicalResult overlayWorkgroupGlobals(gpu::GPUModuleOp module) {
+  SmallVector<memref::GlobalOp> globals;
+  for (auto global : module.getOps<memref::GlobalOp>())
+    if (isWorkgroupMemorySpace(global.getType().getMemorySpace()))
+      globals.push_back(global);
+  if (globals.empty())
+    return success();
+  DenseMap<StringAttr, unsigned> indexOf;
+  for (auto [k, global] : llvm::enumerate(globals)) {
+    MemRefType type = global.getType();
+    if (!type.hasStaticShape() || !type.getLayout().isIdentity() ||
+        !type.getElementType().isIntOrFloat())
+      return global.emitOpError("workgroup global must have a static shape, "
+                                "an identity layout and int/float elements");
+    indexOf[global.getSymNameAttr()] = k;
+  }
+  // Globals each function uses, directly or through the functions it calls.
+  DenseMap<Operation *, llvm::SmallDenseSet<unsigned>> direct;
+  DenseMap<Operation *, SmallVector<Operation *>> calls;
+  SymbolTable symbols(module);
+  for (auto fn : module.getOps<func::FuncOp>())
+    fn.walk([&](Operation *op) {
+      if (auto get = dyn_cast<memref::GetGlobalOp>(op)) {
+        auto it = indexOf.find(get.getNameAttr().getAttr());
+        if (it != indexOf.end())
+          direct[fn].insert(it->second);
+      } else if (auto call = dyn_cast<func::CallOp>(op)) {
+        if (Operation *callee = symbols.lookup(call.getCallee()))
+          calls[fn].push_back(callee);
+      }
+    });
+  unsigned n = globals.size();
+  SmallVector<llvm::SmallBitVector> together(n, llvm::SmallBitVector(n));
+  for (auto fn : module.getOps<func::FuncOp>()) {
+    llvm::SmallDenseSet<unsigned> used;
+    llvm::SmallPtrSet<Operation *, 8> seen{fn};
+    SmallVector<Operation *> work{fn};
+    while (!work.empty()) {
+      Operation *f = work.pop_back_val();
+      used.insert(direct[f].begin(), direct[f].end());
+      for (Operation *callee : calls[f])
+        if (seen.insert(callee).second)
+          work.push_back(callee);
+    }
+    for (unsigned a : used)
+      for (unsigned b : used)
+        together[a].set(b);
+  }
+  // First fit, in declaration order.
+  SmallVector<int64_t> offset(n), size(n);
+  int64_t total = 0, maxAlign = 16;
+  for (unsigned k = 0; k < n; ++k) {
+    MemRefType type = globals[k].getType();
+    size[k] = type.getNumElements() *
+              llvm::divideCeil(type.getElementTypeBitWidth(), 8);
+    int64_t align =
+        std::max<int64_t>(16, globals[k].getAlignment().value_or(16));
+    maxAlign = std::max(maxAlign, align);
+    int64_t at = 0;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (unsigned j = 0; j < k; ++j)
+        if (together[k][j] && at < offset[j] + size[j] &&
+            offset[j] < at + size[k]) {
+          at = llvm::alignTo(offset[j] + size[j], align);
+          moved = true;
+        }
+    }
+    offset[k] = at;
+    total = std::max(total, at + size[k]);
+  }
+  OpBuilder builder(globals.front());
+  MLIRContext *ctx = module.getContext();
+  auto bufferType = MemRefType::get(
+      {std::max<int64_t>(total, 1)}, IntegerType::get(ctx, 8), AffineMap(),
+      gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
+  auto buffer = memref::GlobalOp::create(
+      builder, globals.front().getLoc(), "__etc_workgroup",
+      builder.getStringAttr("private"), bufferType, Attribute(),
+      /*constant=*/false, builder.getI64IntegerAttr(maxAlign));
+  symbols.insert(buffer);
+  SmallVector<memref::GetGlobalOp> uses;
+  module.walk([&](memref::GetGlobalOp get) {
+    if (indexOf.count(get.getNameAttr().getAttr()))
+      uses.push_back(get);
+  });
+  for (memref::GetGlobalOp get : uses) {
+    unsigned k = indexOf[get.getNameAttr().getAttr()];
+    builder.setInsertionPoint(get);
+    Value base = memref::GetGlobalOp::create(builder, get.getLoc(), bufferType,
+                                             buffer.getSymName());
+    Value shift =
+        arith::ConstantIndexOp::create(builder, get.getLoc(), offset[k]);
+    Value view = memref::ViewOp::create(builder, get.getLoc(), get.getType(),
+                                        base, shift, ValueRange());
+    get.replaceAllUsesWith(view);
+    get.erase();
+  }
+  for (memref::GlobalOp global : globals)
+    global.erase();
+  return success();
+}
+
 static bool isStackMemorySpace(Attribute space) {
   if (!space)
     return true;
@@ -1395,7 +1513,9 @@ struct ConvertETensorToGPUPass
                     builder.getI64IntegerAttr(watchdogPolls));
 
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, trace);
-    return kernelBuilder.build();
+    if (failed(kernelBuilder.build()))
+      return failure();
+    return overlayWorkgroupGlobals(gpuModule);
   }
 };
 } // namespace

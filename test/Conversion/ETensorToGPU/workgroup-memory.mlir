@@ -2,7 +2,8 @@
 
 /// A tile gets workgroup (shared) memory from a memref.global in that address
 /// space: the global moves into the kernel module with the function that
-/// reads it, and leaves the host module.
+/// reads it (as a view of the kernel's one workgroup buffer), and leaves the
+/// host module.
 
 memref.global "private" @tile__smem : memref<8xf32, #gpu.address_space<workgroup>> {alignment = 16 : i64}
 func.func @tile(%i: index) {
@@ -16,8 +17,10 @@ func.func @tile(%i: index) {
 // CHECK-LABEL: module attributes {gpu.container_module}
 // CHECK-NOT: memref.global
 // CHECK: gpu.module @smem_kernels {
-// CHECK-DAG: memref.global "private" @tile__smem : memref<8xf32, #gpu.address_space<workgroup>> {alignment = 16 : i64}
-// CHECK-DAG: func.func private @tile
+// CHECK: func.func private @tile
+// CHECK: %[[B:.*]] = memref.get_global @__etc_workgroup : memref<32xi8, #gpu.address_space<workgroup>>
+// CHECK: memref.view %[[B]][%{{.*}}][] : memref<32xi8, #gpu.address_space<workgroup>> to memref<8xf32, #gpu.address_space<workgroup>>
+// CHECK: memref.global "private" @__etc_workgroup : memref<32xi8, #gpu.address_space<workgroup>> {alignment = 16 : i64}
 // CHECK: gpu.func @smem
 // CHECK: }
 // CHECK-NOT: memref.global
@@ -26,6 +29,55 @@ etensor.graph @smem(%n: index) {
     etensor.dispatch 0 grid [%n] {
     ^bb0(%i: index):
       func.call @tile(%i) : (index) -> ()
+    }
+  }
+}
+
+// -----
+
+/// Tiles run one at a time on a CTA (which joins after each instance), so
+/// the buffers of different tiles overlap: @a (1 KiB) and @b (512 B) both sit
+/// at offset 0. The two buffers @b uses with its helper @b_helper's @c are
+/// used together, so @c goes after @b (offset 512): the kernel needs 1 KiB,
+/// not 1.75 KiB.
+
+memref.global "private" @a__smem : memref<256xf32, #gpu.address_space<workgroup>>
+memref.global "private" @b__smem : memref<128xf32, #gpu.address_space<workgroup>>
+memref.global "private" @c__smem : memref<64xf32, #gpu.address_space<workgroup>>
+func.func @a(%i: index) {
+  %s = memref.get_global @a__smem : memref<256xf32, #gpu.address_space<workgroup>>
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %s[%i] : memref<256xf32, #gpu.address_space<workgroup>>
+  return
+}
+func.func @b_helper(%i: index) {
+  %s = memref.get_global @c__smem : memref<64xf32, #gpu.address_space<workgroup>>
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %s[%i] : memref<64xf32, #gpu.address_space<workgroup>>
+  return
+}
+func.func @b(%i: index) {
+  %s = memref.get_global @b__smem : memref<128xf32, #gpu.address_space<workgroup>>
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %s[%i] : memref<128xf32, #gpu.address_space<workgroup>>
+  func.call @b_helper(%i) : (index) -> ()
+  return
+}
+
+// CHECK-LABEL: gpu.module @overlay_kernels
+// CHECK-DAG: memref.global "private" @__etc_workgroup : memref<1024xi8, #gpu.address_space<workgroup>>
+// CHECK-DAG: %[[C512:.*]] = arith.constant 512 : index
+// CHECK-DAG: memref.view %{{.*}}[%[[C512]]][] : memref<1024xi8, #gpu.address_space<workgroup>> to memref<64xf32, #gpu.address_space<workgroup>>
+// CHECK-NOT: @a__smem
+etensor.graph @overlay(%n: index) {
+  etensor.worker static {
+    etensor.dispatch 0 grid [%n] {
+    ^bb0(%i: index):
+      func.call @a(%i) : (index) -> ()
+    }
+    etensor.dispatch 1 grid [%n] {
+    ^bb0(%i: index):
+      func.call @b(%i) : (index) -> ()
     }
   }
 }
