@@ -87,6 +87,12 @@ class MoEConfig:
     topk_block: int = 8
     combine_block: int = 4
     block_size: int = 256
+    #: GEMM tiles: "reg" (etc.tiles.gemm, fragments streamed from global
+    #: memory: decode) or "tc" (etc.tiles.gemm_tc, cp.async + ldmatrix
+    #: pipeline: prefill), with extra keyword options for each tile.
+    gemm: str = "reg"
+    gate_up_options: tuple[tuple[str, Any], ...] = ()
+    down_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for key in (
@@ -106,6 +112,8 @@ class MoEConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GraphError(f"MoEConfig: {key} must be a positive int, got {value!r}")
+        if self.gemm not in ("reg", "tc"):
+            raise GraphError(f"MoEConfig: gemm must be 'reg' or 'tc', got {self.gemm!r}")
         if self.topk > self.experts:
             raise GraphError(f"MoEConfig: topk={self.topk} exceeds experts={self.experts}")
         if self.inter % self.block_n_gu:
@@ -207,13 +215,21 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
     """(gate_up, down): from ``gemm_tiles`` (a pair, or a module with
     ``moe_gate_up`` / ``moe_down``), else from :mod:`etc.tiles.gemm`."""
     if gemm_tiles is None:
-        from ..tiles import gemm as gemm_tiles  # the tensor-core tiles
+        # The tensor-core tiles of cfg.gemm.
+        if cfg.gemm == "tc":
+            from ..tiles import gemm_tc as gemm_tiles
+        else:
+            from ..tiles import gemm as gemm_tiles
     if isinstance(gemm_tiles, (tuple, list)):
         gate_up, down = gemm_tiles
         return gate_up, down
     kw = {"experts": cfg.experts, "block_size": cfg.block_size}
-    gate_up = gemm_tiles.moe_gate_up(cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw)
-    down = gemm_tiles.moe_down(cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter, **kw)
+    gate_up = gemm_tiles.moe_gate_up(
+        cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw, **dict(cfg.gate_up_options)
+    )
+    down = gemm_tiles.moe_down(
+        cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter, **kw, **dict(cfg.down_options)
+    )
     return gate_up, down
 
 

@@ -65,17 +65,36 @@ etensor.graph @diamond(%n: index) {
 
 func.func private @tile(%i: index)
 
-/// A constant in an in-map: only that coordinate has consumers.
+/// A constant in an in-map: only that coordinate has consumers, every
+/// instance of the consumer's grid: one range push of all %n of them.
 // CHECK-LABEL: etensor.graph @broadcast
+// CHECK-SAME: (%[[N:.*]]: index)
 // CHECK: etensor.dispatch 0
 // CHECK: %[[EQ:.*]] = arith.cmpi eq, %{{.*}}, %{{.*}} : index
 // CHECK-NEXT: scf.if %[[EQ]] {
-// CHECK: scf.for
-// CHECK: etensor.push
+// CHECK-NOT: scf.for
+// CHECK: etensor.push %{{.*}}[1, %{{.*}}] count %[[N]]
 etensor.graph @broadcast(%n: index) {
   %e = etensor.event() count 1 : !etensor.event<4>
   etensor.task @tile grid [4] outs(%e[(i) -> (i)] : !etensor.event<4>)
   etensor.task @tile grid [%n] ins(%e[(i) -> (2)] : !etensor.event<4>)
+}
+
+// -----
+
+func.func private @tile3(%i: index, %j: index, %k: index)
+func.func private @tile(%i: index)
+
+/// Dropped dimensions before a kept one are looped over; the dropped
+/// innermost ones form a range: (i, j, k) waiting on e[j] pushes, for each
+/// i, the range of all k.
+// CHECK-LABEL: etensor.graph @ranges
+// CHECK: scf.for %[[I:.*]] = %{{.*}} to %{{.*}} step
+// CHECK: etensor.push %{{.*}}[1, %{{.*}}] count %{{.*}}
+etensor.graph @ranges(%n: index) {
+  %e = etensor.event() count 1 : !etensor.event<4>
+  etensor.task @tile grid [4] outs(%e[(i) -> (i)] : !etensor.event<4>)
+  etensor.task @tile3 grid [%n, 4, 8] ins(%e[(i, j, k) -> (j)] : !etensor.event<4>)
 }
 
 // -----

@@ -129,8 +129,23 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
       auto ifMatches = scf::IfOp::create(b, loc, matches, false);
       b.setInsertionPointToStart(ifMatches.thenBlock());
     }
-    // Dimensions the map drops: every value is a consumer.
-    for (int64_t d = 0; d < consumer.getGridRank(); ++d) {
+    // Dimensions the map drops: every value is a consumer. Without a ready
+    // counter, the dropped innermost dimensions form one contiguous range of
+    // linear instances: a single range push (one atomic on the tail, then
+    // independent stores) instead of one dependent atomic per instance.
+    Value ready = readyEvent.lookup(edge.task);
+    int64_t rank = consumer.getGridRank();
+    int64_t rangeFrom = rank;
+    if (!ready)
+      while (rangeFrom > 0 && !instance[rangeFrom - 1])
+        --rangeFrom;
+    Value count;
+    for (int64_t d = rangeFrom; d < rank; ++d) {
+      Value size = extent(loc, consumer.getMixedExtent(d));
+      count = count ? arith::MulIOp::create(b, loc, count, size) : size;
+      instance[d] = index(loc, 0);
+    }
+    for (int64_t d = 0; d < rangeFrom; ++d) {
       if (instance[d])
         continue;
       auto loop = scf::ForOp::create(b, loc, index(loc, 0),
@@ -141,13 +156,13 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
     }
     Value linear = linearize(loc, instance, consumer);
     IntegerAttr task = b.getI64IntegerAttr(number[edge.task]);
-    if (Value ready = readyEvent.lookup(edge.task)) {
+    if (ready) {
       Value done =
           NotifyOp::create(b, loc, b.getI1Type(), ready, instance).getResult(0);
       auto ifDone = scf::IfOp::create(b, loc, done, false);
       b.setInsertionPointToStart(ifDone.thenBlock());
     }
-    PushOp::create(b, loc, queue, task, linear, /*count=*/Value());
+    PushOp::create(b, loc, queue, task, linear, count);
   }
 }
 
