@@ -164,8 +164,9 @@ def test_emit_ptx_that_ptxas_accepts(tmp_path, capsys):
     assert symbolic_batch.main(["--emit-ptx", str(ptx)]) == 0
     text = ptx.read_text()
     assert ".visible .entry rmsnorm(" in text
-    # The per-warp sums live in shared memory; loads and stores stay 16 bytes.
-    assert re.search(r"\.shared \.align \d+ \.b8 sum_squares__warp_sums\[32\]", text)
+    # The per-warp sums live in the kernel's shared buffer (tiles' buffers
+    # overlay: 8 warps x 4 bytes); loads and stores stay 16 bytes.
+    assert re.search(r"\.shared \.align \d+ \.b8 __etc_workgroup\[32\]", text)
     for instr in ("shfl.sync.bfly", "st.shared", "ld.shared", "bar.sync", "ld.global.v4"):
         assert instr in text, instr
     assert "st.global.v4" in text and "rsqrt.approx.f32" in text

@@ -181,8 +181,9 @@ def test_every_helper_emits_verifying_ir(capfd):
 def test_every_helper_lowers_to_ptx(etc_opt, tmp_path):
     fn = tile(grid_rank=1, args=[ROWS, ROWS])(every_helper)
     ptx = ptx_via_etc_opt(etc_opt, single_graph(fn, (None, 256), (None, 256)), tmp_path)
-    assert ".shared .align 16 .b8 every_helper__scratch[32]" in ptx
-    assert ".shared .align 16 .b8 every_helper__cta_reduce_f32[32]" in ptx
+    # Both buffers are used by the one tile: side by side in the kernel's
+    # shared buffer.
+    assert ".shared .align 16 .b8 __etc_workgroup[64]" in ptx
     assert "shfl.sync.bfly.b32" in ptx
     assert re.search(r"ld\.global(\.nc)?\.v4\.(f32|b32)", ptx)
     assemble(ptx, tmp_path)
@@ -605,5 +606,5 @@ def test_cta_reduce_twice_in_one_tile_compiles(block_size, etc_opt, tmp_path):
         assert ops["gpu.barrier"] == 4
     ptx = ptx_via_etc_opt(etc_opt, single_graph(fn, (None, 256), (None, 2)), tmp_path)
     if warps > 1:
-        assert f".shared .align 16 .b8 norms__cta_reduce_f32[{4 * warps}]" in ptx
+        assert f".shared .align 16 .b8 __etc_workgroup[{4 * warps}]" in ptx
     assemble(ptx, tmp_path)
