@@ -22,7 +22,8 @@ func.func @final(%i: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
 // CHECK-SAME: atom.relaxed.gpu.global.add.u64
 // CHECK-SAME: ld.acquire.gpu.global.u64
 // CHECK-SAME: atom.acq_rel.gpu.global.add.u32
-// CHECK-SAME: st.release.gpu.global.u64
+// CHECK-SAME: fence.acq_rel.gpu
+// CHECK-SAME: st.relaxed.gpu.global.u64
 // CHECK-SAME: ld.acquire.gpu.global.u32
 /// Push on completion: the completing notification pushes, nobody polls a
 /// counter.
@@ -30,7 +31,8 @@ func.func @final(%i: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
 // LATE-SAME: atom.relaxed.gpu.global.add.u64
 // LATE-SAME: ld.acquire.gpu.global.u64
 // LATE-SAME: atom.acq_rel.gpu.global.add.u32
-// LATE-SAME: st.release.gpu.global.u64
+// LATE-SAME: fence.acq_rel.gpu
+// LATE-SAME: st.relaxed.gpu.global.u64
 // LATE-NOT: ld.acquire.gpu.global.u32
 etensor.graph @splitk(%n: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
   %e = etensor.event(%n) count 4 : !etensor.event<?>

@@ -29,11 +29,13 @@ func.func @consume(%i: index) {
 // CHECK: gpu.barrier
 /// Completing notification: acq_rel, compared with the wait count...
 // CHECK: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
-/// ...then the push claims a ring slot and publishes with a release store;
-/// a full queue is reported (state 3), never written.
+/// ...then the push claims its ring slots and publishes them with one fence
+/// and relaxed stores (each a release by PTX's release pattern); a full
+/// queue is reported (state 3), never written.
+// CHECK: "fence.acq_rel.gpu;"
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK: "atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 3;"
-// CHECK: "st.release.gpu.global.u64 [$0], $1;"
+// CHECK: "st.relaxed.gpu.global.u64 [$0], $1;"
 // CHECK: case 1 {
 // CHECK: func.call @consume
 // CHECK: gpu.return
