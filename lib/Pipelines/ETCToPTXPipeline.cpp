@@ -21,6 +21,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   ConvertETensorToGPUOptions convertOptions;
   convertOptions.watchdogPolls = options.watchdogPolls;
   convertOptions.blockSize = options.blockSize;
+  convertOptions.minCtasPerSM = options.minCtasPerSM;
   convertOptions.trace = options.trace;
   pm.addPass(createConvertETensorToGPU(convertOptions));
   // Device functions are called once per dispatch: inline them into the

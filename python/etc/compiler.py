@@ -94,12 +94,19 @@ def _flag(value: bool) -> str:
 
 
 def _pipeline_options(
-    chip: str, block_size: int, watchdog_polls: int, opt_level: int, early_push: bool, trace: bool
+    chip: str,
+    block_size: int,
+    watchdog_polls: int,
+    opt_level: int,
+    early_push: bool,
+    trace: bool,
+    min_ctas_per_sm: int = 0,
 ) -> str:
     return (
         f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
         f"block-size={block_size} watchdog-polls={watchdog_polls} "
-        f"early-push={_flag(early_push)} trace={_flag(trace)}"
+        f"early-push={_flag(early_push)} trace={_flag(trace)} "
+        f"min-ctas-per-sm={min_ctas_per_sm}"
     )
 
 
@@ -294,6 +301,7 @@ def compile(  # noqa: A001 - the public name
     cubin: bool = True,
     early_push: bool = True,
     trace: bool = False,
+    min_ctas_per_sm: int = 0,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -306,7 +314,10 @@ def compile(  # noqa: A001 - the public name
     MLIR diagnostics and an ``etc-opt`` command that reproduces a failure.
     ``trace=True`` makes the kernel record every task instance's start, end
     and SM (read back with ``kernel.trace()``); without it the kernel has no
-    tracing code at all.
+    tracing code at all. ``min_ctas_per_sm=N`` asks ptxas to fit N CTAs per
+    SM (registers capped at 65536 / (block size x N)): every tile is inlined
+    into the one kernel, which otherwise gets its hungriest tile's registers
+    and so the occupancy of that tile for all of them.
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -318,6 +329,10 @@ def compile(  # noqa: A001 - the public name
         )
     if not isinstance(watchdog_polls, int) or watchdog_polls <= 0:
         raise CompileError(f"watchdog_polls must be a positive int, got {watchdog_polls!r}")
+    if isinstance(min_ctas_per_sm, bool) or not isinstance(min_ctas_per_sm, int):
+        raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
+    if min_ctas_per_sm < 0:
+        raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
 
     from . import ir
 
@@ -347,7 +362,7 @@ def compile(  # noqa: A001 - the public name
             _run(ir, text, scheduled, f"builtin.module(etensor-verify-graph,{scheduler})")
             sched = _read_schedule(ir, scheduled)
             options = _pipeline_options(
-                target, block_size, watchdog_polls, opt_level, early_push, trace
+                target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm
             )
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)

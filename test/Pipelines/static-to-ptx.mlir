@@ -1,5 +1,6 @@
 // RUN: etc-opt %s --etc-static-to-ptx | FileCheck %s
 // RUN: etc-opt %s --etc-static-to-ptx="chip=sm_90a features=+ptx80 block-size=128" | FileCheck %s --check-prefix=SM90A
+// RUN: etc-opt %s --etc-static-to-ptx="min-ctas-per-sm=2" | FileCheck %s --check-prefix=OCC
 
 /// The registered pipeline takes a graph all the way to a gpu.binary holding
 /// PTX for the chosen chip, with the synchronisation instructions intact and
@@ -36,6 +37,9 @@ func.func @final(%i: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
 // CHECK-SAME: bar.red.or.pred
 // SM90A: chip = "sm_90a"
 // SM90A-SAME: .maxntid 128, 1, 1
+/// min-ctas-per-sm asks ptxas for resident CTAs (it caps the registers).
+// OCC: .maxntid 256, 1, 1
+// OCC-SAME: .minnctapersm 2
 etensor.graph @splitk(%n: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
   %e = etensor.event(%n) count 4 : !etensor.event<?>
   etensor.task @partial grid [%n, 4] args(%a : memref<?x4xf32>) outs(%e[(i, j) -> (i)] : !etensor.event<?>)

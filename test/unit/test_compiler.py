@@ -98,6 +98,15 @@ def test_unsupported_options_raise():
         etc.compile(g, target="sm_80")
     with pytest.raises(etc.CompileError, match="watchdog_polls"):
         etc.compile(g, watchdog_polls=0)
+    with pytest.raises(etc.CompileError, match="min_ctas_per_sm must be an int >= 0, got -1"):
+        etc.compile(g, min_ctas_per_sm=-1)
+
+
+def test_min_ctas_per_sm_caps_registers():
+    # ptxas gets `.minnctapersm`: with 256 threads, 2 CTAs leave 128 registers.
+    art = etc.compile(build_splitk(), min_ctas_per_sm=2, cubin=False)
+    assert ".minnctapersm 2" in art.ptx
+    assert ".minnctapersm" not in etc.compile(build_splitk(), cubin=False).ptx
 
 
 def test_failing_pipeline_writes_a_reproducer(tmp_path, monkeypatch, capfd):

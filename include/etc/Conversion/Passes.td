@@ -57,6 +57,11 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "at up to 1 us of backoff each, i.e. tens of seconds).">,
     Option<"blockSize", "block-size", "int64_t", /*default=*/"256",
            "Threads per CTA when the graph has no `etensor.block_size`.">,
+    Option<"minCtasPerSM", "min-ctas-per-sm", "int64_t", /*default=*/"0",
+           "Ask for this many resident CTAs per SM (`nvvm.minctasm`: ptxas "
+           "caps registers at 65536 / (threads x N), spilling if it must). "
+           "Every tile is inlined into one kernel, which gets the register "
+           "count of its hungriest tile; 0 leaves it to ptxas.">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record every task instance's start and end (%globaltimer), SM and "
            "CTA in a trace buffer passed as one more kernel parameter "

@@ -48,6 +48,10 @@ struct ETCToPTXPipelineOptions
       *this, "block-size",
       llvm::cl::desc("Threads per CTA when the graph does not set it."),
       llvm::cl::init(256)};
+  PassOptions::Option<int64_t> minCtasPerSM{
+      *this, "min-ctas-per-sm",
+      llvm::cl::desc("Resident CTAs per SM to ask ptxas for (0: its choice)."),
+      llvm::cl::init(0)};
 };
 
 /// verify-graph, static schedule, convert-etensor-to-gpu, then the NVVM

@@ -1514,6 +1514,12 @@ struct ConvertETensorToGPUPass
         builder.getDenseI32ArrayAttr({(int32_t)threads, 1, 1}));
     kernel->setAttr("etensor.watchdog_polls",
                     builder.getI64IntegerAttr(watchdogPolls));
+    if (minCtasPerSM < 0)
+      return graph.emitOpError("min-ctas-per-sm must be >= 0, got ")
+             << minCtasPerSM;
+    if (minCtasPerSM > 0)
+      kernel->setAttr("nvvm.minctasm",
+                      builder.getI32IntegerAttr(minCtasPerSM));
 
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, trace);
     if (failed(kernelBuilder.build()))
