@@ -3,8 +3,9 @@
 # compiled on a CPU machine:
 #   python test/gpu/make_artifacts.py .device/arts
 #   python test/gpu/make_fuzz_artifacts.py .device/fuzz --count 10
-#   python bench/gemm.py --build .device/gemm
-#   python bench/moe.py --build .device/moe
+#   python bench/gemm.py --build .device/gemm          (and --sweep --build .device/sweep)
+#   python bench/gemm_tc.py --build .device/gemm_tc
+#   python bench/moe.py --build .device/moe --trace
 #   python examples/moe.py [--schedule dynamic] --save-artifact .device/ex/moe[_dynamic]
 #   python examples/moe.py --topk 1 --routing top1 [--schedule dynamic] --save-artifact .device/ex/moe_top1[_dynamic]
 # then, on the GPU machine: bash bench/gpu_moe.sh [tests|examples|bench ...]  (writes to $OUT)
@@ -37,9 +38,17 @@ for step in $STEPS; do
     echo "== GEMM tiles vs cuBLAS" | tee "$OUT/gemm.txt"
     timeout 300 python bench/gemm.py --artifacts .device/gemm --out "$OUT/gemm.json" 2>&1 | tee -a "$OUT/gemm.txt"
     ;;
+  sweep)
+    echo "== decode GEMM tile variants (weight streaming)" | tee "$OUT/sweep.txt"
+    timeout 200 python bench/gemm.py --sweep --artifacts .device/sweep --out "$OUT" 2>&1 | tee -a "$OUT/sweep.txt"
+    ;;
+  gemm_tc)
+    echo "== pipelined GEMM tiles vs cuBLAS" | tee "$OUT/gemm_tc.txt"
+    timeout 200 python bench/gemm_tc.py --artifacts .device/gemm_tc --out "$OUT" 2>&1 | tee -a "$OUT/gemm_tc.txt"
+    ;;
   bench)
     echo "== MoE benchmark" | tee "$OUT/moe.txt"
-    timeout 500 python bench/moe.py --artifacts .device/moe --out "$OUT/moe.json" 2>&1 | tee -a "$OUT/moe.txt"
+    timeout 500 python bench/moe.py --artifacts .device/moe --out "$OUT" --trace 2>&1 | tee -a "$OUT/moe.txt"
     ;;
   esac
 done
