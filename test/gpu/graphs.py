@@ -16,6 +16,20 @@ SCHEDULES = {
 BLOCK = 256
 
 
+def _moe_small():
+    from etc.models.moe import MoEConfig
+
+    # Two column blocks per GEMM; 4-token router blocks in 2-expert chunks.
+    return MoEConfig(
+        hidden=128, inter=64, experts=8, topk=2, block_m=16, block_n_gu=32, block_n_dn=64,
+        router_block=4, router_experts=4, topk_block=4, combine_block=3,
+    )  # fmt: skip
+
+
+#: The MoE layer at small sizes (triggers, wait-count tables, both schedules).
+MOE_SMALL = _moe_small()
+
+
 def diamond() -> etc.Graph:
     """top -> (left, right) -> bottom; bottom waits on two events."""
     g = etc.Graph("diamond")

@@ -12,6 +12,8 @@ the compiler; the GPU machine needs only the runtime):
 - ``<graph>_<schedule>/`` for every graph of ``graphs.py`` (diamond, wide
   fan-in, skewed, empty tasks, chain) and schedule (static, dynamic with and
   without early push), and the same for split-K and broken.
+- ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
+  wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from etc.tiles import rowsum  # noqa: E402
 from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 
 sys.path.insert(0, str(REPO / "test" / "gpu"))
-from graphs import GRAPHS, SCHEDULES  # noqa: E402
+from graphs import GRAPHS, MOE_SMALL, SCHEDULES  # noqa: E402
 
 
 def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
@@ -72,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [(f"{name}_{s}", g, schedule, early) for s, (schedule, early) in SCHEDULES.items()]
     jobs += [
         (f"splitk_traced_{suffix}", graphs["splitk"], schedule, early, True)
+        for suffix, (schedule, early) in SCHEDULES.items()
+    ]
+    from etc.models import moe
+
+    moe_graph = moe.build_moe_graph(MOE_SMALL, name="moe_small")
+    jobs += [
+        (f"moe_small_{suffix}", moe_graph, schedule, early)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
     for name, g, schedule, early, *traced in jobs:
