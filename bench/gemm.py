@@ -42,7 +42,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.timing import gpu_timed, timed, two_step_main  # noqa: E402
+from bench._gemm_common import (  # noqa: E402
+    check_and_time,
+    checker,
+    dense_graph,
+    dense_launch,
+    moe_graph,
+    moe_launch,
+    rotated_inputs,
+    swiglu,
+    time_baselines,
+)
+from bench.timing import gpu_timed, two_step_main  # noqa: E402
 
 HIDDEN, INTER = 2048, 768
 MS = (1, 16, 64, 256, 1024)
@@ -57,44 +68,20 @@ def config_for(M: int) -> str:
 
 
 def build_dense(shape: str, config: str):
-    import etc
     from etc.tiles import gemm as G
 
-    n_out, k = SHAPES[shape]
+    _, k = SHAPES[shape]
     bm, bn = CONFIGS[config][0], CONFIGS[config][1]
-    g = etc.Graph(f"gemm_{shape}_{config}")
-    m, n = g.symbol("m"), g.symbol("n")
-    A, B = g.tensor("A", (m, k), "bf16"), g.tensor("B", (n, k), "bf16")
-    C = g.tensor("C", (m, n), "bf16")
-    g.task(G.gemm(bm, bn, k), grid=((m + bm - 1) // bm, (n + bn - 1) // bn), args=(A, B, C))
-    return g
+    return dense_graph(f"gemm_{shape}_{config}", G.gemm(bm, bn, k), k, bm, bn)
 
 
 def build_moe(shape: str, config: str):
     """One expert holding all m rows; tile i of expert 0 (the trigger's e)."""
-    import etc
     from etc.tiles import gemm as G
 
     bm, _, bn_gu, bn_dn = CONFIGS[config]
-    g = etc.Graph(f"moe_{shape}_{config}")
-    m = g.symbol("m")
-    row_off = g.tensor("row_off", (2,), "i32")
-    indptr = g.tensor("indptr", (2,), "i32")
-    blocks = (m + bm - 1) // bm
-    if shape == "gate_up":
-        X = g.tensor("A", (m, HIDDEN), "bf16")
-        W = g.tensor("B", (1, 2 * INTER, HIDDEN), "bf16")
-        Y = g.tensor("C", (m, INTER), "bf16")
-        tile = G.moe_gate_up(bm, bn_gu, HIDDEN, INTER, experts=1)
-        grid = (blocks * (INTER // bn_gu), 1)
-    else:
-        X = g.tensor("A", (m, INTER), "bf16")
-        W = g.tensor("B", (1, HIDDEN, INTER), "bf16")
-        Y = g.tensor("C", (m, HIDDEN), "bf16")
-        tile = G.moe_down(bm, bn_dn, HIDDEN, INTER, experts=1)
-        grid = (blocks * (HIDDEN // bn_dn), 1)
-    g.task(tile, grid=grid, args=(X, W, row_off, indptr, Y))
-    return g
+    bn = bn_gu if shape == "gate_up" else bn_dn
+    return moe_graph(f"moe_{shape}_{config}", shape, G, bm, bn, HIDDEN, INTER)
 
 
 def artifact_name(kind: str, shape: str, config: str) -> str:
@@ -118,15 +105,9 @@ def bench_case(torch, artifacts: Path, shape: str, M: int, reps: int) -> dict:
     n_out, k = SHAPES[shape]
     config = config_for(M)
     bm, _, bn_gu, bn_dn = CONFIGS[config]
-    w_bytes = n_out * k * 2
-    copies = max(2, -(-WORKING_SET // (w_bytes + M * k * 2)))
-    calls = copies
-    As = [torch.randn(M, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-    Ws = [
-        (torch.randn(n_out, k, device="cuda") * k**-0.5).to(torch.bfloat16) for _ in range(copies)
-    ]
+    copies, As, Ws = rotated_inputs(torch, M, n_out, k, WORKING_SET)
     row = {"shape": shape, "M": M, "N": n_out, "K": k, "config": config, "variants": {}}
-    flops, bytes_ = 2 * M * n_out * k, w_bytes + M * k * 2 + M * n_out * 2
+    flops, bytes_ = 2 * M * n_out * k, n_out * k * 2 + M * k * 2 + M * n_out * 2
 
     def record(name: str, us: float) -> None:
         row["variants"][name] = us
@@ -135,77 +116,30 @@ def bench_case(torch, artifacts: Path, shape: str, M: int, reps: int) -> dict:
             f"{bytes_ / us / 1e6:6.2f} TB/s  {flops / us / 1e6:7.1f} TFLOP/s"
         )
 
-    def swiglu(y):
-        g, u = y[:, :INTER].float(), y[:, INTER:].float()
-        return g * torch.sigmoid(g) * u
-
-    def check(name: str, got, want) -> None:
-        err = ((got.float() - want).abs().max() / (want.abs().max() + 1e-30)).item()
-        row.setdefault("rel_err", {})[name] = err
-        if not err <= 1e-2:
-            raise SystemExit(f"{name}: wrong result for {shape} M={M} (rel error {err:.3g})")
+    check = checker(row, shape, M, verbose=False)
 
     def ref(i):
         return As[i].float() @ Ws[i].float().T
 
-    def mm(i):
-        return torch.matmul(As[i % copies], Ws[i % copies].T)
-
-    check("torch.matmul", mm(0), ref(0))
-    record("torch.matmul, eager", timed(torch, mm, calls, reps))
-    record("torch.matmul, GPU time", gpu_timed(torch, mm, calls, reps))
-    if shape == "gate_up":
-
-        def mm_act(i):
-            y = torch.matmul(As[i % copies], Ws[i % copies].T)
-            return torch.nn.functional.silu(y[:, :INTER]) * y[:, INTER:]
-
-        record("torch.matmul+swiglu, GPU time", gpu_timed(torch, mm_act, calls, reps))
+    time_baselines(torch, shape, As, Ws, copies, INTER, check, record, reps, eager=True)
 
     # Dense tile.
     dense = etc.runtime.load(artifacts / artifact_name("dense", shape, config))
     C = torch.empty(M, n_out, device="cuda", dtype=torch.bfloat16)
-
-    def launch_dense(i):
-        dense.launch(
-            {"A": As[i % copies], "B": Ws[i % copies], "C": C}, {"m": M, "n": n_out}, sync=False
-        )
-
-    for i in range(2):
-        launch_dense(i)
-        dense.check()
-        check("ETC gemm", C, ref(i))
-    record("ETC gemm, eager", timed(torch, launch_dense, calls, reps))
-    record("ETC gemm, GPU time", gpu_timed(torch, launch_dense, calls, reps))
+    launch_dense = dense_launch(dense, M, n_out, As, Ws, C)
+    names = ("ETC gemm", "ETC gemm")
+    check_and_time(torch, dense, launch_dense, C, ref, names, check, record, copies, reps, False)
 
     # MoE tile: one expert with all M rows.
     moe = etc.runtime.load(artifacts / artifact_name("moe", shape, config))
-    bn = bn_gu if shape == "gate_up" else bn_dn
-    n_tiles = (INTER if shape == "gate_up" else HIDDEN) // bn * -(-M // bm)
-    row_off = torch.tensor([0, M], dtype=torch.int32, device="cuda")
-    indptr = torch.tensor([0, n_tiles], dtype=torch.int32, device="cuda")
-    Y = torch.empty(M, INTER if shape == "gate_up" else HIDDEN, device="cuda", dtype=torch.bfloat16)
-    W3 = [w.view(1, n_out, k) for w in Ws]
+    bn, n_total = (bn_gu, INTER) if shape == "gate_up" else (bn_dn, HIDDEN)
+    launch_moe, Y = moe_launch(torch, moe, shape, M, bm, bn, n_total, As, Ws)
 
-    def launch_moe(i):
-        moe.launch(
-            {
-                "A": As[i % copies],
-                "B": W3[i % copies],
-                "row_off": row_off,
-                "indptr": indptr,
-                "C": Y,
-            },
-            {"m": M},
-            sync=False,
-        )
+    def want(i):
+        return swiglu(torch, ref(i), INTER) if shape == "gate_up" else ref(i)
 
-    for i in range(2):
-        launch_moe(i)
-        moe.check()
-        check("ETC moe tile", Y, swiglu(ref(i)) if shape == "gate_up" else ref(i))
-    record(f"ETC moe_{shape}, eager", timed(torch, launch_moe, calls, reps))
-    record(f"ETC moe_{shape}, GPU time", gpu_timed(torch, launch_moe, calls, reps))
+    names = ("ETC moe tile", f"ETC moe_{shape}")
+    check_and_time(torch, moe, launch_moe, Y, want, names, check, record, copies, reps, False)
     v = row["variants"]
     row["cublas_over_etc_gemm_gpu"] = v["torch.matmul, GPU time"] / v["ETC gemm, GPU time"]
     return row

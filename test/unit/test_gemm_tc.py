@@ -4,111 +4,42 @@ lane by lane), and PTX that ptxas accepts without spills."""
 
 from __future__ import annotations
 
-import importlib.util
-import re
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
+from gemm_helpers import (
+    DENSE,
+    MOE_DN,
+    MOE_GU,
+    E,
+    H,
+    I,
+    check_config_error,
+    check_gemm_reference,
+    check_gemm_simulated,
+    check_moe_references,
+    compile_tile,
+    needs_bindings,
+    needs_ptxas,
+    ptxas_info,
+)
 
-import etc
-from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.tiles import gemm_tc as G
-
-H, I, E = 256, 128, 4  # noqa: E741  small MoE shapes (real: H=2048, I=768, E=128)
-
-
-def have_bindings() -> bool:
-    try:
-        return importlib.util.find_spec("etc._mlir_libs._etcDialects") is not None
-    except ImportError:  # built but not loadable
-        return False
-
-
-needs_bindings = pytest.mark.skipif(not have_bindings(), reason="the MLIR bindings are not built")
-needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
-
-
-def rand_bf16(rng, *shape, scale=1.0):
-    return f32_to_bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(scale))
-
-
-def rel_err(got, want):
-    return float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
-
-
-def moe_tables(counts, block_m, tiles_per_block):
-    row_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    tiles = [-(-c // block_m) * tiles_per_block for c in counts]
-    indptr = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int32)
-    return row_off, indptr
-
 
 # -- references ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("M", [1, 64, 200])
 def test_gemm_reference(M):
-    rng = np.random.default_rng(M)
-    bm, bn, k, n = 64, 64, 96, 192
-    tile = G.gemm(bm, bn, k)
-    A, B = rand_bf16(rng, M, k), rand_bf16(rng, n, k)
-    C = np.zeros((M, n), np.uint16)
-    for i in range(-(-M // bm)):
-        for j in range(n // bn):
-            tile.reference(i, j, A, B, C)
-    want = bf16_to_f32(A) @ bf16_to_f32(B).T
-    assert rel_err(bf16_to_f32(C), want) <= 1e-2
+    check_gemm_reference(G.gemm(64, 64, 96), M, 64, 64, 96, 192)
 
 
 def test_gemm_simulated_graph():
-    rng = np.random.default_rng(1)
-    k = 64
-    g = etc.Graph("dense_tc")
-    m, n = g.symbol("m"), g.symbol("n")
-    A, B = g.tensor("A", (m, k), "bf16"), g.tensor("B", (n, k), "bf16")
-    C = g.tensor("C", (m, n), "bf16")
-    g.task(G.gemm(64, 64, k), grid=((m + 63) // 64, (n + 63) // 64), args=(A, B, C))
-    a, b = rand_bf16(rng, 100, k), rand_bf16(rng, 128, k)
-    out = etc.simulate(g, {"A": a, "B": b}, {"m": 100, "n": 128})
-    want = bf16_to_f32(a) @ bf16_to_f32(b).T
-    assert rel_err(bf16_to_f32(out["C"]), want) <= 1e-2
+    check_gemm_simulated("dense_tc", G.gemm(64, 64, 64), 64, 64, 64, 100, 128)
 
 
 @pytest.mark.parametrize("block_m", [64, 128])
 def test_moe_references(block_m):
-    rng = np.random.default_rng(block_m)
-    counts = [3, 0, 170, 64]
-    bn_gu, bn_dn = 64, 128
-    rows = sum(counts)
-    Xp = rand_bf16(rng, rows, H)
-    Wgu = rand_bf16(rng, E, 2 * I, H, scale=0.1)
-    Wd = rand_bf16(rng, E, H, I, scale=0.1)
-    row_off, gu_indptr = moe_tables(counts, block_m, I // bn_gu)
-    _, dn_indptr = moe_tables(counts, block_m, H // bn_dn)
-    gate_up = G.moe_gate_up(block_m, bn_gu, H, I, experts=E)
-    down = G.moe_down(block_m, bn_dn, H, I, experts=E)
-    Hb = np.zeros((rows, I), np.uint16)
-    Yp = np.zeros((rows, H), np.uint16)
-    for e in range(E):
-        # Instances outside [indptr[e], indptr[e+1]) do nothing.
-        for i in range(int(gu_indptr[-1]) + 2):
-            gate_up.reference(i, e, Xp, Wgu, row_off, gu_indptr, Hb)
-    for e in range(E):
-        for i in range(int(dn_indptr[-1]) + 2):
-            down.reference(i, e, Hb, Wd, row_off, dn_indptr, Yp)
-    x = bf16_to_f32(Xp)
-    want_h = np.zeros((rows, I), np.float32)
-    want_y = np.zeros((rows, H), np.float32)
-    for e in range(E):
-        r = slice(row_off[e], row_off[e + 1])
-        w = bf16_to_f32(Wgu[e])
-        g, u = x[r] @ w[:I].T, x[r] @ w[I:].T
-        want_h[r] = g / (1 + np.exp(-g)) * u
-        want_y[r] = bf16_to_f32(Hb[r]) @ bf16_to_f32(Wd[e]).T
-    assert rel_err(bf16_to_f32(Hb), want_h) <= 1e-2
-    assert rel_err(bf16_to_f32(Yp), want_y) <= 1e-2
+    check_moe_references(G, block_m, [3, 0, 170, 64], bn_gu=64, bn_dn=128)
 
 
 # -- the layout, emulated ---------------------------------------------------------
@@ -236,10 +167,7 @@ def test_swizzle_is_conflict_free():
     ],
 )
 def test_config_errors_name_the_tile(make, words):
-    with pytest.raises(etc.GraphError) as err:
-        make()
-    for word in words:
-        assert word in str(err.value)
+    check_config_error(make, words)
 
 
 def test_smem_budget():
@@ -252,19 +180,6 @@ def test_smem_budget():
 # -- compilation ----------------------------------------------------------------------
 
 
-def compile_tile(tile, tensors, grid):
-    g = etc.Graph(f"g_{tile.name}")
-    m = g.symbol("m")
-    n = g.symbol("n")
-
-    def dim(d):
-        return {"m": m, "n": n}.get(d, d)
-
-    ts = [g.tensor(name, tuple(dim(d) for d in shape), dt) for name, shape, dt in tensors]
-    g.task(tile, grid=tuple(dim(d) for d in grid), args=tuple(ts))
-    return etc.compile(g, schedule="static")
-
-
 def check_ptx(artifact):
     ptx = artifact.ptx
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
@@ -274,45 +189,13 @@ def check_ptx(artifact):
     assert artifact.cubin is not None
 
 
-def ptxas_info(ptx, tmp_path):
-    src = tmp_path / "k.ptx"
-    src.write_text(ptx)
-    done = subprocess.run(
-        ["ptxas", "-arch=sm_90", "-O3", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill", done.stderr)]
-    smem = [int(x) for x in re.findall(r"(\d+) bytes smem", done.stderr)]
-    return spills, smem
-
-
-MOE_GU = [
-    ("Xp", ("m", H), "bf16"),
-    ("Wgu", (E, 2 * I, H), "bf16"),
-    ("row_off", (E + 1,), "i32"),
-    ("gu_indptr", (E + 1,), "i32"),
-    ("Hb", ("m", I), "bf16"),
-]
-MOE_DN = [
-    ("Hb", ("m", I), "bf16"),
-    ("Wd", (E, H, I), "bf16"),
-    ("row_off", (E + 1,), "i32"),
-    ("dn_indptr", (E + 1,), "i32"),
-    ("Yp", ("m", H), "bf16"),
-]
-
-
 @needs_bindings
 @needs_ptxas
 @pytest.mark.parametrize("block_m, block_n, stages", [(128, 128, 3), (64, 128, 4), (64, 64, 2)])
 def test_gemm_compiles(block_m, block_n, stages, tmp_path):
-    k = 256
-    tile = G.gemm(block_m, block_n, k, stages=stages)
+    tile = G.gemm(block_m, block_n, 256, stages=stages)
     assert "gemm_tc__smem_a" in tile.source and "gemm_tc__smem_b" in tile.source
-    tensors = [("A", ("m", k), "bf16"), ("B", ("n", k), "bf16"), ("C", ("m", "n"), "bf16")]
-    art = compile_tile(tile, tensors, ("m", "n"))
+    art = compile_tile(tile, DENSE, ("m", "n"))
     check_ptx(art)
     spills, smem = ptxas_info(art.ptx, tmp_path)
     assert set(spills) == {0}

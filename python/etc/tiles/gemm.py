@@ -49,26 +49,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
-
 from ..device import DeviceFunction
-from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
+from . import _mma
+from ._mma import Text as _Text
+from ._mma import check_divisible as _check_moe
+from ._mma import experts_dim as _experts
+from ._mma import positive as _positive
 
 __all__ = ["gemm", "moe_gate_up", "moe_down", "plan_prefetch", "plan_stages", "plan_warps"]
-
-_MMA_ATTRS = (
-    "{layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, "
-    "multiplicandAPtxType = #nvvm.mma_type<bf16>, multiplicandBPtxType = #nvvm.mma_type<bf16>, "
-    "shape = #nvvm.shape<m = 16, n = 8, k = 16>}"
-)
-_STRUCT = "!llvm.struct<(f32, f32, f32, f32)>"
-
-
-def _positive(name: str, key: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
-    return value
 
 
 def plan_warps(
@@ -198,27 +187,6 @@ def plan_stages(
     return stages
 
 
-class _Text:
-    """An MLIR text buffer with fresh SSA names."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.n = 0
-        self.indent = "  "
-
-    def fresh(self, base: str) -> str:
-        self.n += 1
-        return f"%{base}{self.n}"
-
-    def emit(self, line: str) -> None:
-        self.lines.append(self.indent + line)
-
-    def op(self, base: str, rhs: str) -> str:
-        name = self.fresh(base)
-        self.emit(f"{name} = {rhs}")
-        return name
-
-
 def _body(
     t: _Text,
     *,
@@ -329,17 +297,12 @@ def _body(
                     ra, rb = words_a[u][2 * m], words_a[u][2 * m + 1]
                     for f in range(nb):
                         wb = words_b[u][f]
-                        c = acc[m][f]
-                        d = t.op(
-                            "d",
-                            f"nvvm.mma.sync A[{ra[2 * j]}, {rb[2 * j]}, {ra[2 * j + 1]}, "
-                            f"{rb[2 * j + 1]}] B[{wb[2 * j]}, {wb[2 * j + 1]}] "
-                            f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {_MMA_ATTRS} : "
-                            f"(i32, i32, f32) -> {_STRUCT}",
+                        acc[m][f] = _mma.mma(
+                            t,
+                            [ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1]],
+                            [wb[2 * j], wb[2 * j + 1]],
+                            acc[m][f],
                         )
-                        acc[m][f] = [
-                            t.op("c", f"llvm.extractvalue {d}[{q}] : {_STRUCT}") for q in range(4)
-                        ]
         return acc
 
     def flat_group(raw_a: list[list[str]], raw_b: list[list[str]]) -> list[str]:
@@ -630,11 +593,6 @@ def _source(name: str, signature: str, t: _Text, globals_: list[str], comment: s
     )
 
 
-def _bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b.T`` of bf16 bit arrays, in float32."""
-    return bf16_to_f32(a) @ bf16_to_f32(b).T
-
-
 def gemm(
     block_m: int,
     block_n: int,
@@ -658,8 +616,7 @@ def gemm(
     prefetch = plan_prefetch(name, block_m, k, wk, unroll, prefetch)
     stages = plan_stages(name, k, wk, unroll, block_n // (8 * wn), block_size, stages, prefetch)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
-    ab = f"memref<?x{k}xbf16>"
-    ct = "memref<?x?xbf16>"
+    ab, ct = _mma.dense_types(k)
     t = _Text()
     m_rows = t.op("M", f"memref.dim %A, %c0 : {ab}")
     n_rows = t.op("N", f"memref.dim %B, %c0 : {ab}")
@@ -667,9 +624,7 @@ def gemm(
     rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
     r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
     n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
-    valid = t.op("valid", f"arith.cmpi ult, {r0}, {m_rows} : index")
-    nvalid = t.op("valid", f"arith.cmpi ult, {n0}, {n_rows} : index")
-    valid = t.op("valid", f"arith.andi {valid}, {nvalid} : i1")
+    valid = _mma.dense_valid(t, r0, n0, m_rows, n_rows)
     nlast = t.op("nlast", f"arith.subi {n_rows}, %c1 : index")
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
@@ -689,26 +644,13 @@ def gemm(
         t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%A", ab), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
     )  # fmt: skip
-    t.indent = "  "
-    t.emit("}")
-    signature = f"%i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
+    t.close()
     source = _source(
-        name, signature, t, globals_, f"{name}: C = A @ B^T, bf16, {block_m}x{block_n} blocks"
-    )
-
-    def reference(i: int, j: int, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:
-        rs, cs = slice(i * block_m, (i + 1) * block_m), slice(j * block_n, (j + 1) * block_n)
-        C[rs, cs] = f32_to_bf16(_bf16_matmul(A[rs], B[cs]))
-
+        name, _mma.dense_signature(ab, ct), t, globals_,
+        f"{name}: C = A @ B^T, bf16, {block_m}x{block_n} blocks",
+    )  # fmt: skip
+    reference = _mma.dense_reference(block_m, block_n)
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
-
-
-def _experts(name: str, experts: int | None) -> tuple[str, str]:
-    """The expert dimension of the weights and the type of the i32 tables."""
-    if experts is None:
-        return "?", "memref<?xi32>"
-    _positive(name, "experts", experts)
-    return str(experts), f"memref<{experts + 1}xi32>"
 
 
 def _moe_prologue(
@@ -717,24 +659,7 @@ def _moe_prologue(
     """Decode tile ``i`` of expert ``e``; opens ``scf.if valid`` and returns
     ``(r0, r1, n0)``."""
     e1 = t.op("e1", "arith.addi %e, %c1 : index")
-    vals = {}
-    for key, mem, at in (
-        ("ip0", indptr, "%e"),
-        ("ip1", indptr, e1),
-        ("ro0", "%row_off", "%e"),
-        ("ro1", "%row_off", e1),
-    ):
-        raw = t.op(key, f"memref.load {mem}[{at}] : {it}")
-        vals[key] = t.op(key, f"arith.index_cast {raw} : i32 to index")
-    lo = t.op("valid", f"arith.cmpi sge, %i, {vals['ip0']} : index")
-    hi = t.op("valid", f"arith.cmpi slt, %i, {vals['ip1']} : index")
-    nonempty = t.op("valid", f"arith.cmpi slt, {vals['ro0']}, {vals['ro1']} : index")
-    valid = t.op("valid", f"arith.andi {lo}, {hi} : i1")
-    valid = t.op("valid", f"arith.andi {valid}, {nonempty} : i1")
-    t.emit(f"scf.if {valid} {{")
-    t.indent += "  "
-    local = t.op("local", f"arith.subi %i, {vals['ip0']} : index")
-    cnt = t.op("cnt", f"arith.subi {vals['ro1']}, {vals['ro0']} : index")
+    vals, local, cnt = _mma.moe_decode(t, indptr, it, e1)
     nmb = t.op("nmb", f"arith.addi {cnt}, %c{block_m - 1}_ : index")
     nmb = t.op("nmb", f"arith.divui {nmb}, %c{block_m}_ : index")
     nb = t.op("nb", f"arith.divui {local}, {nmb} : index")
@@ -745,26 +670,6 @@ def _moe_prologue(
     r1 = t.op("r1", f"arith.minui {rend}, {vals['ro1']} : index")
     n0 = t.op("n0", f"arith.muli {nb}, %c{block_n}_ : index")
     return r0, r1, n0
-
-
-def _moe_block(
-    i: int, e: int, row_off: np.ndarray, indptr: np.ndarray, block_m: int, block_n: int
-) -> tuple[slice, slice] | None:
-    """The rows and output columns of MoE tile ``(i, e)``, or None (no work)."""
-    ip0, ip1 = int(indptr[e]), int(indptr[e + 1])
-    ro0, ro1 = int(row_off[e]), int(row_off[e + 1])
-    if not ip0 <= i < ip1 or ro1 <= ro0:
-        return None
-    local = i - ip0
-    nmb = -(-(ro1 - ro0) // block_m)
-    nb, mb = divmod(local, nmb)
-    r0 = ro0 + mb * block_m
-    return slice(r0, min(r0 + block_m, ro1)), slice(nb * block_n, (nb + 1) * block_n)
-
-
-def _check_moe(name: str, block_n: int, n_total: int, what: str) -> None:
-    if n_total % block_n:
-        raise GraphError(f"tile '{name}': {what}={n_total} is not divisible by block_n={block_n}")
 
 
 def moe_gate_up(
@@ -801,11 +706,7 @@ def moe_gate_up(
     _check_moe(name, block_n, inter, "inter")
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
-    xt, wt, ht = (
-        f"memref<?x{hidden}xbf16>",
-        f"memref<{ed}x{2 * inter}x{hidden}xbf16>",
-        f"memref<?x{inter}xbf16>",
-    )
+    xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
     t = _Text()
     r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
     wcol = _warp_cols(t, n0, wm, wn, nf)
@@ -818,55 +719,18 @@ def moe_gate_up(
 
     def epilogue(t: _Text, acc, rows, col_lane) -> None:
         cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-        h = []
-        for m in range(len(acc)):
-            per = []
-            for f in range(nf):
-                vals = []
-                for q in range(4):
-                    g, u = acc[m][f][q], acc[m][nf + f][q]
-                    ng = t.op("ng", f"arith.negf {g} : f32")
-                    ex = t.op("ex", f"math.exp {ng} : f32")
-                    den = t.op("den", f"arith.addf {ex}, %fone : f32")
-                    s = t.op("silu", f"arith.divf {g}, {den} : f32")
-                    vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
-                per.append(vals)
-            h.append(per)
-        _store_pairs(t, h, rows, cols, ("%Hb", ht), r1, None)
+        _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
 
     globals_ = _body(
         t, name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%Xp", xt), b_rows=b_rows, nb=2 * nf, r0=r0, r1=r1, epilogue=epilogue,
     )  # fmt: skip
-    t.indent = "  "
-    t.emit("}")
-    signature = (
-        f"%i: index, %e: index, %Xp: {xt}, %Wgu: {wt}, %row_off: {it}, %gu_indptr: {it}, %Hb: {ht}"
-    )
+    t.close()
     source = _source(
-        name, signature, t, globals_,
+        name, _mma.gate_up_signature(xt, wt, ht, it), t, globals_,
         f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks",
     )  # fmt: skip
-
-    def reference(
-        i: int,
-        e: int,
-        Xp: np.ndarray,
-        Wgu: np.ndarray,
-        row_off: np.ndarray,
-        gu_indptr: np.ndarray,
-        Hb: np.ndarray,
-    ) -> None:
-        block = _moe_block(i, e, row_off, gu_indptr, block_m, block_n)
-        if block is None:
-            return
-        rs, cs = block
-        g = _bf16_matmul(Xp[rs], Wgu[e, cs])
-        u = _bf16_matmul(Xp[rs], Wgu[e, cs.start + inter : cs.stop + inter])
-        with np.errstate(over="ignore"):
-            h = g / (np.float32(1) + np.exp(-g)) * u
-        Hb[rs, cs] = f32_to_bf16(h.astype(np.float32))
-
+    reference = _mma.gate_up_reference(block_m, block_n, inter)
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
@@ -896,11 +760,7 @@ def moe_down(
     _check_moe(name, block_n, hidden, "hidden")
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
-    ht, wt, yt = (
-        f"memref<?x{inter}xbf16>",
-        f"memref<{ed}x{hidden}x{inter}xbf16>",
-        f"memref<?x{hidden}xbf16>",
-    )
+    ht, wt, yt = _mma.down_types(hidden, inter, ed)
     t = _Text()
     r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
     wcol = _warp_cols(t, n0, wm, wn, nf)
@@ -918,29 +778,10 @@ def moe_down(
         t, name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%Hb", ht), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
     )  # fmt: skip
-    t.indent = "  "
-    t.emit("}")
-    signature = (
-        f"%i: index, %e: index, %Hb: {ht}, %Wd: {wt}, %row_off: {it}, %dn_indptr: {it}, %Yp: {yt}"
-    )
+    t.close()
     source = _source(
-        name, signature, t, globals_,
+        name, _mma.down_signature(ht, wt, yt, it), t, globals_,
         f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks",
     )  # fmt: skip
-
-    def reference(
-        i: int,
-        e: int,
-        Hb: np.ndarray,
-        Wd: np.ndarray,
-        row_off: np.ndarray,
-        dn_indptr: np.ndarray,
-        Yp: np.ndarray,
-    ) -> None:
-        block = _moe_block(i, e, row_off, dn_indptr, block_m, block_n)
-        if block is None:
-            return
-        rs, cs = block
-        Yp[rs, cs] = f32_to_bf16(_bf16_matmul(Hb[rs], Wd[e, cs]))
-
+    reference = _mma.down_reference(block_m, block_n)
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)

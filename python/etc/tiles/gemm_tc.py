@@ -52,31 +52,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from ..device import DeviceFunction
-from ..dtypes import f32_to_bf16
 from ..errors import GraphError
-from .gemm import _bf16_matmul, _moe_block
+from . import _mma
+from ._mma import check_divisible as _check_divisible
+from ._mma import experts_dim as _experts
+from ._mma import positive as _positive
 
 __all__ = ["gemm", "moe_gate_up", "moe_down", "plan", "smem_bytes"]
 
 BLOCK_K = 32
 SMEM_LIMIT = 48 * 1024
 
-_MMA_ATTRS = (
-    "{layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, "
-    "multiplicandAPtxType = #nvvm.mma_type<bf16>, multiplicandBPtxType = #nvvm.mma_type<bf16>, "
-    "shape = #nvvm.shape<m = 16, n = 8, k = 16>}"
-)
-_STRUCT = "!llvm.struct<(f32, f32, f32, f32)>"
 _FRAG = "vector<4x2xbf16>"
-
-
-def _positive(name: str, key: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
-    return value
 
 
 def smem_bytes(block_m: int, b_rows: int, stages: int) -> int:
@@ -146,30 +134,16 @@ def plan(
     return wm, wn
 
 
-class _Text:
+class _Text(_mma.Text):
     """An MLIR text buffer with fresh SSA names and hoisted index constants."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.n = 0
-        self.indent = "  "
+        super().__init__()
         self.consts: set[int] = set()
 
     def c(self, v: int) -> str:
         self.consts.add(v)
         return f"%c{v}_"
-
-    def fresh(self, base: str) -> str:
-        self.n += 1
-        return f"%{base}{self.n}"
-
-    def emit(self, line: str) -> None:
-        self.lines.append(self.indent + line)
-
-    def op(self, base: str, rhs: str) -> str:
-        name = self.fresh(base)
-        self.emit(f"{name} = {rhs}")
-        return name
 
     def add(self, a: str, v: int | str) -> str:
         if isinstance(v, int):
@@ -345,14 +319,7 @@ def _body(
         for m in range(mf):
             a = fa[m]
             for f in range(nf):
-                c = acc[m][f]
-                d = t.op(
-                    "d",
-                    f"nvvm.mma.sync A[{a[0]}, {a[1]}, {a[2]}, {a[3]}] B[{fb[f][0]}, {fb[f][1]}] "
-                    f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {_MMA_ATTRS} : "
-                    f"(i32, i32, f32) -> {_STRUCT}",
-                )
-                acc[m][f] = [t.op("c", f"llvm.extractvalue {d}[{q}] : {_STRUCT}") for q in range(4)]
+                acc[m][f] = _mma.mma(t, a, fb[f], acc[m][f])
     flat = [x for m in acc for f in m for x in f]
     t.emit(f"scf.yield {', '.join(flat)} : {types}")
     t.indent = outer
@@ -438,16 +405,14 @@ def gemm(
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
     ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped."""
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit)
-    ab, ct = f"memref<?x{k}xbf16>", "memref<?x?xbf16>"
+    ab, ct = _mma.dense_types(k)
     t = _Text()
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
     n_rows = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
     r0 = t.mul("%i", block_m)
     r1 = t.bin("minui", t.add(r0, block_m), m_rows)
     n0 = t.mul("%j", block_n)
-    valid = t.op("valid", f"arith.cmpi ult, {r0}, {m_rows} : index")
-    nvalid = t.op("valid", f"arith.cmpi ult, {n0}, {n_rows} : index")
-    valid = t.op("valid", f"arith.andi {valid}, {nvalid} : i1")
+    valid = _mma.dense_valid(t, r0, n0, m_rows, n_rows)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
@@ -474,48 +439,17 @@ def gemm(
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
         epilogue=epilogue,
     )  # fmt: skip
-    t.indent = "  "
-    t.emit("}")
-
-    def reference(i: int, j: int, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:
-        rs, cs = slice(i * block_m, (i + 1) * block_m), slice(j * block_n, (j + 1) * block_n)
-        C[rs, cs] = f32_to_bf16(_bf16_matmul(A[rs], B[cs]))
-
+    t.close()
     return _finish(
-        t, name, f"%i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}", globals_,
+        t, name, _mma.dense_signature(ab, ct), globals_,
         f"{name}: C = A @ B^T, bf16, {block_m}x{block_n}x{BLOCK_K} blocks, {stages} stages, "
-        f"{wm}x{wn} warps", reference, block_size,
+        f"{wm}x{wn} warps", _mma.dense_reference(block_m, block_n), block_size,
     )  # fmt: skip
-
-
-def _experts(name: str, experts: int | None) -> tuple[str, str]:
-    if experts is None:
-        return "?", "memref<?xi32>"
-    _positive(name, "experts", experts)
-    return str(experts), f"memref<{experts + 1}xi32>"
 
 
 def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
     """Decode tile ``i`` of expert ``e``; opens ``scf.if valid``; returns ``(r0, r1, n0)``."""
-    e1 = t.add("%e", 1)
-    vals = {}
-    for key, mem, at in (
-        ("ip0", indptr, "%e"),
-        ("ip1", indptr, e1),
-        ("ro0", "%row_off", "%e"),
-        ("ro1", "%row_off", e1),
-    ):
-        raw = t.op(key, f"memref.load {mem}[{at}] : {it}")
-        vals[key] = t.op(key, f"arith.index_cast {raw} : i32 to index")
-    lo = t.op("valid", f"arith.cmpi sge, %i, {vals['ip0']} : index")
-    hi = t.op("valid", f"arith.cmpi slt, %i, {vals['ip1']} : index")
-    nonempty = t.op("valid", f"arith.cmpi slt, {vals['ro0']}, {vals['ro1']} : index")
-    valid = t.op("valid", f"arith.andi {lo}, {hi} : i1")
-    valid = t.op("valid", f"arith.andi {valid}, {nonempty} : i1")
-    t.emit(f"scf.if {valid} {{")
-    t.indent += "  "
-    local = t.op("local", f"arith.subi %i, {vals['ip0']} : index")
-    cnt = t.op("cnt", f"arith.subi {vals['ro1']}, {vals['ro0']} : index")
+    vals, local, cnt = _mma.moe_decode(t, indptr, it, t.add("%e", 1))
     nmb = t.bin("divui", t.add(cnt, block_m - 1), block_m)
     nb = t.op("nb", f"arith.divui {local}, {nmb} : index")
     mb = t.op("mb", f"arith.remui {local}, {nmb} : index")
@@ -543,14 +477,9 @@ def moe_gate_up(
     nb*BN + BN)``. Buffers as :func:`etc.tiles.gemm.moe_gate_up`."""
     _positive(name, "inter", inter)
     wm, wn = plan(name, block_m, block_n, hidden, block_size, warps, stages, 2, smem_limit)
-    if inter % block_n:
-        raise GraphError(f"tile '{name}': inter={inter} is not divisible by block_n={block_n}")
+    _check_divisible(name, block_n, inter, "inter")
     ed, it = _experts(name, experts)
-    xt, wt, ht = (
-        f"memref<?x{hidden}xbf16>",
-        f"memref<{ed}x{2 * inter}x{hidden}xbf16>",
-        f"memref<?x{inter}xbf16>",
-    )
+    xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
     t = _Text()
     r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
@@ -575,48 +504,19 @@ def moe_gate_up(
         nf = len(acc[0]) // 2
         wcol = t.add(t.add(n0, t.mul(wn_i, cw)), col_lane)
         cols = [t.add(wcol, 8 * f) for f in range(nf)]
-        h = []
-        for m in range(len(acc)):
-            per = []
-            for f in range(nf):
-                vals = []
-                for q in range(4):
-                    g, u = acc[m][f][q], acc[m][nf + f][q]
-                    ng = t.op("ng", f"arith.negf {g} : f32")
-                    ex = t.op("ex", f"math.exp {ng} : f32")
-                    den = t.op("den", f"arith.addf {ex}, %fone : f32")
-                    s = t.op("silu", f"arith.divf {g}, {den} : f32")
-                    vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
-                per.append(vals)
-            h.append(per)
-        _store_pairs(t, h, rows, cols, ("%Hb", ht), r1, None)
+        _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
 
     globals_ = _body(
         t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
         wm=wm, wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
         epilogue=epilogue,
     )  # fmt: skip
-    t.indent = "  "
-    t.emit("}")
-
-    def reference(i, e, Xp, Wgu, row_off, gu_indptr, Hb) -> None:
-        block = _moe_block(i, e, row_off, gu_indptr, block_m, block_n)
-        if block is None:
-            return
-        rs, cs = block
-        g = _bf16_matmul(Xp[rs], Wgu[e, cs])
-        u = _bf16_matmul(Xp[rs], Wgu[e, cs.start + inter : cs.stop + inter])
-        with np.errstate(over="ignore"):
-            h = g / (np.float32(1) + np.exp(-g)) * u
-        Hb[rs, cs] = f32_to_bf16(h.astype(np.float32))
-
-    signature = (
-        f"%i: index, %e: index, %Xp: {xt}, %Wgu: {wt}, %row_off: {it}, %gu_indptr: {it}, %Hb: {ht}"
-    )
+    t.close()
     return _finish(
-        t, name, signature, globals_,
+        t, name, _mma.gate_up_signature(xt, wt, ht, it), globals_,
         f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks, "
-        f"{stages} stages, {wm}x{wn} warps", reference, block_size,
+        f"{stages} stages, {wm}x{wn} warps", _mma.gate_up_reference(block_m, block_n, inter),
+        block_size,
     )  # fmt: skip
 
 
@@ -637,14 +537,9 @@ def moe_down(
     [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`."""
     _positive(name, "hidden", hidden)
     wm, wn = plan(name, block_m, block_n, inter, block_size, warps, stages, 1, smem_limit)
-    if hidden % block_n:
-        raise GraphError(f"tile '{name}': hidden={hidden} is not divisible by block_n={block_n}")
+    _check_divisible(name, block_n, hidden, "hidden")
     ed, it = _experts(name, experts)
-    ht, wt, yt = (
-        f"memref<?x{inter}xbf16>",
-        f"memref<{ed}x{hidden}x{inter}xbf16>",
-        f"memref<?x{hidden}xbf16>",
-    )
+    ht, wt, yt = _mma.down_types(hidden, inter, ed)
     t = _Text()
     r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
@@ -670,21 +565,9 @@ def moe_down(
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
         epilogue=epilogue,
     )  # fmt: skip
-    t.indent = "  "
-    t.emit("}")
-
-    def reference(i, e, Hb, Wd, row_off, dn_indptr, Yp) -> None:
-        block = _moe_block(i, e, row_off, dn_indptr, block_m, block_n)
-        if block is None:
-            return
-        rs, cs = block
-        Yp[rs, cs] = f32_to_bf16(_bf16_matmul(Hb[rs], Wd[e, cs]))
-
-    signature = (
-        f"%i: index, %e: index, %Hb: {ht}, %Wd: {wt}, %row_off: {it}, %dn_indptr: {it}, %Yp: {yt}"
-    )
+    t.close()
     return _finish(
-        t, name, signature, globals_,
+        t, name, _mma.down_signature(ht, wt, yt, it), globals_,
         f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks, {stages} stages, "
-        f"{wm}x{wn} warps", reference, block_size,
+        f"{wm}x{wn} warps", _mma.down_reference(block_m, block_n), block_size,
     )  # fmt: skip

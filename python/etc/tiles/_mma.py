@@ -1,0 +1,242 @@
+"""Pieces shared by the bf16 ``mma.sync`` GEMM tiles (:mod:`etc.tiles.gemm`,
+:mod:`etc.tiles.gemm_tc`): the MLIR text buffer, the mma op, the SwiGLU
+epilogue, the MoE tile decoding, buffer types and the numpy references."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..errors import GraphError
+
+MMA_ATTRS = (
+    "{layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, "
+    "multiplicandAPtxType = #nvvm.mma_type<bf16>, multiplicandBPtxType = #nvvm.mma_type<bf16>, "
+    "shape = #nvvm.shape<m = 16, n = 8, k = 16>}"
+)
+STRUCT = "!llvm.struct<(f32, f32, f32, f32)>"
+
+
+def positive(name: str, key: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
+    return value
+
+
+def check_divisible(name: str, block_n: int, n_total: int, what: str) -> None:
+    if n_total % block_n:
+        raise GraphError(f"tile '{name}': {what}={n_total} is not divisible by block_n={block_n}")
+
+
+def experts_dim(name: str, experts: int | None) -> tuple[str, str]:
+    """The expert dimension of the weights and the type of the i32 tables."""
+    if experts is None:
+        return "?", "memref<?xi32>"
+    positive(name, "experts", experts)
+    return str(experts), f"memref<{experts + 1}xi32>"
+
+
+class Text:
+    """An MLIR text buffer with fresh SSA names."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+        self.indent = "  "
+
+    def fresh(self, base: str) -> str:
+        self.n += 1
+        return f"%{base}{self.n}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent + line)
+
+    def op(self, base: str, rhs: str) -> str:
+        name = self.fresh(base)
+        self.emit(f"{name} = {rhs}")
+        return name
+
+    def close(self) -> None:
+        """Close the tile's outer ``scf.if``."""
+        self.indent = "  "
+        self.emit("}")
+
+
+def mma(t: Text, a: list[str], b: list[str], c: list[str]) -> list[str]:
+    """One ``m16n8k16`` mma: A (4 i32), B (2 i32), C (4 f32); returns D (4 f32)."""
+    d = t.op(
+        "d",
+        f"nvvm.mma.sync A[{a[0]}, {a[1]}, {a[2]}, {a[3]}] B[{b[0]}, {b[1]}] "
+        f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {MMA_ATTRS} : "
+        f"(i32, i32, f32) -> {STRUCT}",
+    )
+    return [t.op("c", f"llvm.extractvalue {d}[{q}] : {STRUCT}") for q in range(4)]
+
+
+def swiglu(t: Text, acc: list[list[list[str]]], nf: int) -> list[list[list[str]]]:
+    """``silu(gate) * up`` of accumulators ``acc[m][f]`` (gate) and
+    ``acc[m][nf + f]`` (up), f32."""
+    h = []
+    for m in range(len(acc)):
+        per = []
+        for f in range(nf):
+            vals = []
+            for q in range(4):
+                g, u = acc[m][f][q], acc[m][nf + f][q]
+                ng = t.op("ng", f"arith.negf {g} : f32")
+                ex = t.op("ex", f"math.exp {ng} : f32")
+                den = t.op("den", f"arith.addf {ex}, %fone : f32")
+                s = t.op("silu", f"arith.divf {g}, {den} : f32")
+                vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
+            per.append(vals)
+        h.append(per)
+    return h
+
+
+def dense_valid(t: Text, r0: str, n0: str, m_rows: str, n_rows: str) -> str:
+    """``r0 < M and n0 < N``: the dense tile has work."""
+    valid = t.op("valid", f"arith.cmpi ult, {r0}, {m_rows} : index")
+    nvalid = t.op("valid", f"arith.cmpi ult, {n0}, {n_rows} : index")
+    return t.op("valid", f"arith.andi {valid}, {nvalid} : i1")
+
+
+def moe_decode(t: Text, indptr: str, it: str, e1: str) -> tuple[dict[str, str], str, str]:
+    """Load the tables of expert ``e`` (``e1 = e + 1``), open ``scf.if valid``
+    (``i`` in ``[indptr[e], indptr[e+1])``, rows not empty); returns the
+    table values ``ip0, ip1, ro0, ro1``, ``local = i - ip0`` and ``cnt``."""
+    vals = {}
+    for key, mem, at in (
+        ("ip0", indptr, "%e"),
+        ("ip1", indptr, e1),
+        ("ro0", "%row_off", "%e"),
+        ("ro1", "%row_off", e1),
+    ):
+        raw = t.op(key, f"memref.load {mem}[{at}] : {it}")
+        vals[key] = t.op(key, f"arith.index_cast {raw} : i32 to index")
+    lo = t.op("valid", f"arith.cmpi sge, %i, {vals['ip0']} : index")
+    hi = t.op("valid", f"arith.cmpi slt, %i, {vals['ip1']} : index")
+    nonempty = t.op("valid", f"arith.cmpi slt, {vals['ro0']}, {vals['ro1']} : index")
+    valid = t.op("valid", f"arith.andi {lo}, {hi} : i1")
+    valid = t.op("valid", f"arith.andi {valid}, {nonempty} : i1")
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    local = t.op("local", f"arith.subi %i, {vals['ip0']} : index")
+    cnt = t.op("cnt", f"arith.subi {vals['ro1']}, {vals['ro0']} : index")
+    return vals, local, cnt
+
+
+# -- buffer types and signatures ----------------------------------------------
+
+
+def dense_types(k: int) -> tuple[str, str]:
+    """``(A and B, C)``."""
+    return f"memref<?x{k}xbf16>", "memref<?x?xbf16>"
+
+
+def dense_signature(ab: str, ct: str) -> str:
+    return f"%i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
+
+
+def gate_up_types(hidden: int, inter: int, ed: str) -> tuple[str, str, str]:
+    """``(Xp, Wgu, Hb)``."""
+    return (
+        f"memref<?x{hidden}xbf16>",
+        f"memref<{ed}x{2 * inter}x{hidden}xbf16>",
+        f"memref<?x{inter}xbf16>",
+    )
+
+
+def gate_up_signature(xt: str, wt: str, ht: str, it: str) -> str:
+    return (
+        f"%i: index, %e: index, %Xp: {xt}, %Wgu: {wt}, %row_off: {it}, %gu_indptr: {it}, %Hb: {ht}"
+    )
+
+
+def down_types(hidden: int, inter: int, ed: str) -> tuple[str, str, str]:
+    """``(Hb, Wd, Yp)``."""
+    return (
+        f"memref<?x{inter}xbf16>",
+        f"memref<{ed}x{hidden}x{inter}xbf16>",
+        f"memref<?x{hidden}xbf16>",
+    )
+
+
+def down_signature(ht: str, wt: str, yt: str, it: str) -> str:
+    return (
+        f"%i: index, %e: index, %Hb: {ht}, %Wd: {wt}, %row_off: {it}, %dn_indptr: {it}, %Yp: {yt}"
+    )
+
+
+# -- numpy references -----------------------------------------------------------
+
+
+def bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b.T`` of bf16 bit arrays, in float32."""
+    return bf16_to_f32(a) @ bf16_to_f32(b).T
+
+
+def moe_block(
+    i: int, e: int, row_off: np.ndarray, indptr: np.ndarray, block_m: int, block_n: int
+) -> tuple[slice, slice] | None:
+    """The rows and output columns of MoE tile ``(i, e)``, or None (no work)."""
+    ip0, ip1 = int(indptr[e]), int(indptr[e + 1])
+    ro0, ro1 = int(row_off[e]), int(row_off[e + 1])
+    if not ip0 <= i < ip1 or ro1 <= ro0:
+        return None
+    local = i - ip0
+    nmb = -(-(ro1 - ro0) // block_m)
+    nb, mb = divmod(local, nmb)
+    r0 = ro0 + mb * block_m
+    return slice(r0, min(r0 + block_m, ro1)), slice(nb * block_n, (nb + 1) * block_n)
+
+
+def dense_reference(block_m: int, block_n: int) -> Callable[..., None]:
+    def reference(i: int, j: int, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:
+        rs, cs = slice(i * block_m, (i + 1) * block_m), slice(j * block_n, (j + 1) * block_n)
+        C[rs, cs] = f32_to_bf16(bf16_matmul(A[rs], B[cs]))
+
+    return reference
+
+
+def gate_up_reference(block_m: int, block_n: int, inter: int) -> Callable[..., None]:
+    def reference(
+        i: int,
+        e: int,
+        Xp: np.ndarray,
+        Wgu: np.ndarray,
+        row_off: np.ndarray,
+        gu_indptr: np.ndarray,
+        Hb: np.ndarray,
+    ) -> None:
+        block = moe_block(i, e, row_off, gu_indptr, block_m, block_n)
+        if block is None:
+            return
+        rs, cs = block
+        g = bf16_matmul(Xp[rs], Wgu[e, cs])
+        u = bf16_matmul(Xp[rs], Wgu[e, cs.start + inter : cs.stop + inter])
+        with np.errstate(over="ignore"):
+            h = g / (np.float32(1) + np.exp(-g)) * u
+        Hb[rs, cs] = f32_to_bf16(h.astype(np.float32))
+
+    return reference
+
+
+def down_reference(block_m: int, block_n: int) -> Callable[..., None]:
+    def reference(
+        i: int,
+        e: int,
+        Hb: np.ndarray,
+        Wd: np.ndarray,
+        row_off: np.ndarray,
+        dn_indptr: np.ndarray,
+        Yp: np.ndarray,
+    ) -> None:
+        block = moe_block(i, e, row_off, dn_indptr, block_m, block_n)
+        if block is None:
+            return
+        rs, cs = block
+        Yp[rs, cs] = f32_to_bf16(bf16_matmul(Hb[rs], Wd[e, cs]))
+
+    return reference
