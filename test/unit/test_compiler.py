@@ -162,7 +162,11 @@ def test_dynamic_artifact(early_push, tmp_path):
     ]
     implicit = [e["name"] for e in m["events"] if e.get("implicit")]
     assert implicit == (["dispatched.E"] if early_push else [])
-    for instr in ("atom.relaxed.gpu.global.add.u64", "fence.acq_rel.gpu", "st.relaxed.gpu.global.u64"):
+    for instr in (
+        "atom.relaxed.gpu.global.add.u64",
+        "fence.acq_rel.gpu",
+        "st.relaxed.gpu.global.u64",
+    ):
         assert instr in artifact.ptx, instr
     loaded = load_manifest(artifact.save(tmp_path))
     assert loaded.schedule == "dynamic"
