@@ -1518,8 +1518,7 @@ struct ConvertETensorToGPUPass
       return graph.emitOpError("min-ctas-per-sm must be >= 0, got ")
              << minCtasPerSM;
     if (minCtasPerSM > 0)
-      kernel->setAttr("nvvm.minctasm",
-                      builder.getI32IntegerAttr(minCtasPerSM));
+      kernel->setAttr("nvvm.minctasm", builder.getI32IntegerAttr(minCtasPerSM));
 
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, trace);
     if (failed(kernelBuilder.build()))
