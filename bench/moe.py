@@ -41,34 +41,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.timing import gpu_timed, timed  # noqa: E402
+from etc.models import moe as M  # noqa: E402
 
 SIZES = (1, 16, 128, 1024, 4096)
 COPIES = 4
 TOLERANCE = 1e-2
-# Tile configurations built and timed; the best per T is reported.
-# Under the dynamic schedule 8 bytes of the 48 KiB of static shared memory
-# hold the popped task, so the cp.async tiles stay under that.
+# Tile configurations built and timed; the best per T is reported. The
+# first two are etc.models.moe.PRESETS (decode: the best variants of
+# `bench/gemm.py --sweep`; prefill: cp.async + ldmatrix tiles).
 _SMEM = 48 * 1024 - 64
 CONFIGS = {
-    # Decode: 16 rows per tile, weights streamed through a per-thread
-    # cp.async ring; narrow tiles so 8 experts fill the GPU (the best
-    # variants of `bench/gemm.py --sweep`).
-    "bm16cp": dict(
-        block_m=16,
-        block_n_gu=16,
-        block_n_dn=64,
-        gate_up_options=(("stages", 3), ("unroll", 1)),
-        down_options=(("warps", (1, 4, 2)), ("stages", 5), ("unroll", 1)),
-    ),
-    # Prefill: shared-memory pipelined tiles (cp.async + ldmatrix).
-    "tc64": dict(
-        gemm="tc",
-        block_m=64,
-        block_n_gu=64,
-        block_n_dn=128,
-        gate_up_options=(("smem_limit", _SMEM), ("stages", 3)),
-        down_options=(("smem_limit", _SMEM), ("stages", 3)),
-    ),
+    "bm16cp": M.PRESETS["decode"],
+    "tc64": M.PRESETS["prefill"],
     "tc128": dict(
         gemm="tc",
         block_m=128,
@@ -85,7 +69,7 @@ ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 # Fused kernels also built with `min_ctas_per_sm=2`: all tiles are inlined
 # into one kernel, which otherwise takes its hungriest tile's registers (255)
 # and runs one CTA per SM, where the GEMM tiles alone run 2-3.
-OCCUPANCY = {"bm16cp": 2, "tc64": 2}
+OCCUPANCY = {"bm16cp": M.PRESET_MIN_CTAS_PER_SM, "tc64": M.PRESET_MIN_CTAS_PER_SM}
 
 
 def moe_config(key: str):

@@ -64,7 +64,13 @@ def run_case(
 def compile_graph(g: Any, args: argparse.Namespace) -> Any:
     import etc
 
-    return etc.compile(g, schedule=args.schedule, target=args.target, early_push=args.early_push)
+    return etc.compile(
+        g,
+        schedule=args.schedule,
+        target=args.target,
+        early_push=args.early_push,
+        min_ctas_per_sm=getattr(args, "min_ctas_per_sm", 0),
+    )
 
 
 def run(

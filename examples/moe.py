@@ -9,6 +9,11 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
     python examples/moe.py --simulate --routing one-expert --tokens 1,7,33
     python examples/moe.py --save-artifact /tmp/moe_static          # compile here
     python examples/moe.py --artifact /tmp/moe_static               # run on the GPU
+    python examples/moe.py --preset decode --save-artifact /tmp/moe  # tuned tiles
+
+``--preset decode|prefill`` takes the tile configuration measured best for
+T <= 128 or T >= 1024 (``etc.models.moe.PRESETS``) and compiles with
+``min_ctas_per_sm=2``; ``--block-*`` then do not apply.
 
 ``--routing``: ``uniform`` (random router), ``one-expert`` (every token
 picks expert 0: a bias column in the router weights), ``few-experts``
@@ -77,12 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--router-experts", type=int, default=2, help="experts per logits CTA (EC)")
     p.add_argument("--routing", choices=M.ROUTINGS, default="uniform")
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
+    p.add_argument(
+        "--preset", choices=tuple(M.PRESETS), help="the tuned tile configuration (real sizes)"
+    )
     args = p.parse_args(argv)
-    cfg = config(
-        args.hidden, args.inter, args.experts, args.topk, args.routing,
-        args.block_m, args.block_n_gu, args.block_n_dn, args.router_block, args.router_experts,
-    )  # fmt: skip
-    g = M.build_moe_graph(cfg)
+    if args.preset:
+        cfg = M.preset(
+            args.preset, hidden=args.hidden, inter=args.inter, experts=args.experts,
+            topk=args.topk, router_block=args.router_block, router_experts=args.router_experts,
+        ).with_routing(args.routing)  # fmt: skip
+        args.min_ctas_per_sm = M.PRESET_MIN_CTAS_PER_SM
+    else:
+        cfg = config(
+            args.hidden, args.inter, args.experts, args.topk, args.routing,
+            args.block_m, args.block_n_gu, args.block_n_dn, args.router_block, args.router_experts,
+        )  # fmt: skip
+    try:
+        g = M.build_moe_graph(cfg)
+    except etc.EtcError as exc:  # a configuration the tiles cannot take
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.print_ir:
         print(g.to_mlir())
     if args.emit_ptx:

@@ -338,3 +338,18 @@ def test_small_tiles_compile(cfg):
         artifact = etc.compile(g, schedule="static")
         assert artifact.cubin is not None, name
     assert H % 8 == 0 and K <= E
+
+
+def test_presets_are_the_measured_configurations() -> None:
+    decode, prefill = M.preset("decode"), M.preset("prefill")
+    assert (decode.gemm, decode.block_m, decode.block_n_gu, decode.block_n_dn) == (
+        "reg",
+        16,
+        16,
+        64,
+    )
+    assert dict(decode.gate_up_options) == {"stages": 3, "unroll": 1}
+    assert (prefill.gemm, prefill.block_m) == ("tc", 64)
+    assert M.preset("decode", hidden=64, inter=32, experts=8, topk=2).hidden == 64
+    with pytest.raises(etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode"):
+        M.preset("fast")

@@ -36,6 +36,9 @@ from ..tiles import moe as moe_tiles
 
 __all__ = [
     "MoEConfig",
+    "PRESETS",
+    "PRESET_MIN_CTAS_PER_SM",
+    "preset",
     "ROUTINGS",
     "UNFUSED_TASKS",
     "build_moe_graph",
@@ -55,6 +58,43 @@ __all__ = [
     "run_tile_references",
     "rel_err",
 ]
+
+# Under the dynamic schedule 8 bytes of the 48 KiB of static shared memory
+# hold the popped task, so the cp.async tiles stay under that.
+_SMEM_LIMIT = 48 * 1024 - 64
+
+#: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
+#: ``decode`` (T <= 128: 16-row tiles, narrow column blocks so a few active
+#: experts still fill the GPU, weights through a per-thread ``cp.async``
+#: ring) and ``prefill`` (T >= 1024: 64-row ``etc.tiles.gemm_tc`` tiles).
+PRESETS: dict[str, dict[str, Any]] = {
+    "decode": dict(
+        block_m=16,
+        block_n_gu=16,
+        block_n_dn=64,
+        gate_up_options=(("stages", 3), ("unroll", 1)),
+        down_options=(("warps", (1, 4, 2)), ("stages", 5), ("unroll", 1)),
+    ),
+    "prefill": dict(
+        gemm="tc",
+        block_m=64,
+        block_n_gu=64,
+        block_n_dn=128,
+        gate_up_options=(("smem_limit", _SMEM_LIMIT), ("stages", 3)),
+        down_options=(("smem_limit", _SMEM_LIMIT), ("stages", 3)),
+    ),
+}
+#: ``etc.compile(min_ctas_per_sm=...)`` for the presets: the fused kernel
+#: otherwise takes its hungriest tile's 255 registers (one CTA per SM).
+PRESET_MIN_CTAS_PER_SM = 2
+
+
+def preset(name: str, **overrides: Any) -> MoEConfig:
+    """The :data:`PRESETS` configuration ``name``, with fields overridden."""
+    if name not in PRESETS:
+        raise GraphError(f"MoE preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
+    return MoEConfig(**{**PRESETS[name], **overrides})
+
 
 #: The graphs of :func:`build_unfused_graphs`, in launch order.
 UNFUSED_TASKS = ("logits", "topk", "plan", "permute", "gate_up", "down", "combine")
