@@ -73,6 +73,34 @@ def compile_graph(g: Any, args: argparse.Namespace) -> Any:
     )
 
 
+def compile_only(g: Any, args: argparse.Namespace) -> int | None:
+    """--print-ir, then --emit-ptx / --save-artifact: compile and return the
+    exit code (0); None when the example should go on and run."""
+    if args.print_ir:
+        print(g.to_mlir())
+    if args.emit_ptx:
+        artifact = compile_graph(g, args)
+        with open(args.emit_ptx, "w") as f:
+            f.write(artifact.ptx)
+        print(f"wrote {args.emit_ptx} ({len(artifact.ptx)} bytes of PTX)")
+        return 0
+    if args.save_artifact:
+        print(f"saved {compile_graph(g, args).save(args.save_artifact)}")
+        return 0
+    return None
+
+
+def load_kernel(g: Any, args: argparse.Namespace) -> Any:
+    """The GPU kernel (--artifact, else compiled here); None with --simulate."""
+    if args.simulate:
+        return None
+    if args.artifact:
+        from etc import runtime
+
+        return runtime.load(args.artifact)
+    return compile_graph(g, args).load()
+
+
 def run(
     g: Any,
     args: argparse.Namespace,
@@ -85,28 +113,10 @@ def run(
     """Runs every (symbols, inputs) case on the simulator or the GPU and
     compares the named outputs with ``expect``. Returns a process exit code."""
 
-    if args.print_ir:
-        print(g.to_mlir())
-    if args.emit_ptx:
-        artifact = compile_graph(g, args)
-        with open(args.emit_ptx, "w") as f:
-            f.write(artifact.ptx)
-        print(f"wrote {args.emit_ptx} ({len(artifact.ptx)} bytes of PTX)")
-        return 0
-
-    if args.save_artifact:
-        path = compile_graph(g, args).save(args.save_artifact)
-        print(f"saved {path}")
-        return 0
-
-    kernel = None
-    if not args.simulate:
-        if args.artifact:
-            from etc import runtime
-
-            kernel = runtime.load(args.artifact)
-        else:
-            kernel = compile_graph(g, args).load()
+    done = compile_only(g, args)
+    if done is not None:
+        return done
+    kernel = load_kernel(g, args)
     failures = 0
     for symbols, inputs in cases:
         outputs = run_case(g, None if args.simulate else kernel, args, inputs, symbols)

@@ -32,9 +32,9 @@ from etc.models import moe as M
 from etc.tiles import moe as moe_tiles
 
 try:
-    from examples._common import compile_graph, parser, run_case
+    from examples._common import compile_only, load_kernel, parser, run_case
 except ImportError:  # run as a script
-    from _common import compile_graph, parser, run_case
+    from _common import compile_only, load_kernel, parser, run_case
 
 
 def config(
@@ -102,26 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     except etc.EtcError as exc:  # a configuration the tiles cannot take
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.print_ir:
-        print(g.to_mlir())
-    if args.emit_ptx:
-        artifact = compile_graph(g, args)
-        with open(args.emit_ptx, "w") as f:
-            f.write(artifact.ptx)
-        print(f"wrote {args.emit_ptx} ({len(artifact.ptx)} bytes of PTX)")
-        return 0
-    if args.save_artifact:
-        print(f"saved {compile_graph(g, args).save(args.save_artifact)}")
-        return 0
-
-    kernel = None
-    if not args.simulate:
-        if args.artifact:
-            from etc import runtime
-
-            kernel = runtime.load(args.artifact)
-        else:
-            kernel = compile_graph(g, args).load()
+    done = compile_only(g, args)
+    if done is not None:
+        return done
+    kernel = load_kernel(g, args)
     weights = M.random_weights(cfg, args.seed, args.routing)
     failures = 0
     sizes = [int(s) for s in args.tokens.split(",")]
