@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import warnings
 
 import pytest
-from unit_helpers import REPO, make_fn, splitk_graph
+from unit_helpers import REPO, make_fn, no_output, splitk_graph  # noqa: F401
 
 import etc
 from etc import GraphError
 
+# Every test: nothing may print or warn.
+pytestmark = pytest.mark.usefixtures("no_output")
+
 F32_2D = "memref<?x4xf32>"
 F32_1D = "memref<?xf32>"
-
-
-@pytest.fixture(autouse=True)
-def no_output(capsys: pytest.CaptureFixture[str]):
-    """Nothing in the graph API may print or warn."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == ""
 
 
 def base_graph() -> tuple[etc.Graph, dict]:

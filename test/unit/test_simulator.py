@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
-from unit_helpers import make_fn, splitk_graph
+from unit_helpers import make_fn, no_output, splitk_graph, table_graph  # noqa: F401
 
 import etc
 from etc import DeadlockError, EtcError, GraphError, ShapeError
 
+# Every test: nothing may print or warn.
+pytestmark = pytest.mark.usefixtures("no_output")
+
 SCHEDULES = ["static", "dynamic"]
-
-
-@pytest.fixture(autouse=True)
-def no_output(capsys: pytest.CaptureFixture[str]):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == ""
 
 
 # ---------------------------------------------------------------------------
@@ -265,34 +257,6 @@ def test_static_order_follows_the_queues():
 # ---------------------------------------------------------------------------
 # Data-dependent wait counts and deadlocks
 # ---------------------------------------------------------------------------
-def table_graph() -> etc.Graph:
-    """Instance (e, k) adds to expert e; expert e's wait count is read from ``counts``."""
-    g = etc.Graph("moe_like")
-    experts, per = g.symbol("experts"), g.symbol("per")
-    counts = g.tensor("counts", (experts,), "i32")
-    acc = g.tensor("acc", (experts,), "i64")
-    out = g.tensor("out", (experts,), "i64")
-    ready = g.event((experts,), wait_count=counts, name="expert_ready")
-
-    def add(e, k, acc):
-        acc[e] += k + 1
-
-    def emit(e, acc, out):
-        out[e] = acc[e]
-
-    g.task(
-        make_fn("add", "index", "index", "memref<?xi64>", reference=add),
-        grid=(experts, per),
-        args=(acc,),
-        out_edges={ready: "ek->e"},
-    )
-    g.task(
-        make_fn("emit", "index", "memref<?xi64>", "memref<?xi64>", reference=emit),
-        grid=(experts,),
-        args=(acc, out),
-        in_edges={ready: "e->e"},
-    )
-    return g
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

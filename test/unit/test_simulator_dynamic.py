@@ -7,28 +7,21 @@ wrong wait counts must fail the way the GPU does (or louder).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 import pytest
-from unit_helpers import make_fn
+from unit_helpers import make_fn, no_output, table_graph  # noqa: F401
 
 import etc
 from etc import DeadlockError, EtcError, GraphError, LaunchError
 
+# Every test: nothing may print or warn.
+pytestmark = pytest.mark.usefixtures("no_output")
+
 SEEDS = range(50)
 EARLY_PUSH = [True, False]
 F64 = "memref<?xf64>"
-
-
-@pytest.fixture(autouse=True)
-def no_output(capsys: pytest.CaptureFixture[str]):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == ""
 
 
 def run_dynamic(
@@ -219,36 +212,6 @@ def constant_map_graph() -> etc.Graph:
         grid=(n,),
         args=(B, V, W),
         in_edges={rows: "i->i", vec: "i->2"},
-    )
-    return g
-
-
-def table_graph() -> etc.Graph:
-    """Instance (e, k) adds to expert e; expert e's wait count is ``counts[e]``."""
-    g = etc.Graph("moe_like")
-    experts, per = g.symbol("experts"), g.symbol("per")
-    counts = g.tensor("counts", (experts,), "i32")
-    acc = g.tensor("acc", (experts,), "i64")
-    out = g.tensor("out", (experts,), "i64")
-    ready = g.event((experts,), wait_count=counts, name="expert_ready")
-
-    def add(e, k, acc):
-        acc[e] += k + 1
-
-    def emit(e, acc, out):
-        out[e] = acc[e]
-
-    g.task(
-        make_fn("add", "index", "index", "memref<?xi64>", reference=add),
-        grid=(experts, per),
-        args=(acc,),
-        out_edges={ready: "ek->e"},
-    )
-    g.task(
-        make_fn("emit", "index", "memref<?xi64>", "memref<?xi64>", reference=emit),
-        grid=(experts,),
-        args=(acc, out),
-        in_edges={ready: "e->e"},
     )
     return g
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import etc
 from etc.tiles import final_sum, partial_sum
@@ -66,4 +69,45 @@ def splitk_graph(R: int = 8, S: int = 4, K: int = 256) -> etc.Graph:
     E = g.event((m,), wait_count=S, name="E")
     g.task(partial_sum(R, S, K), grid=(m, S), args=(A, B), out_edges={E: "ij->i"})
     g.task(final_sum(R, S), grid=(m,), args=(B, C), in_edges={E: "i->i"})
+    return g
+
+
+@pytest.fixture
+def no_output(capsys: pytest.CaptureFixture[str]):
+    """Nothing may print or warn (modules make it autouse by importing it and
+    naming it in ``pytestmark``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def table_graph() -> etc.Graph:
+    """Instance (e, k) adds to expert e; expert e's wait count is read from ``counts``."""
+    g = etc.Graph("moe_like")
+    experts, per = g.symbol("experts"), g.symbol("per")
+    counts = g.tensor("counts", (experts,), "i32")
+    acc = g.tensor("acc", (experts,), "i64")
+    out = g.tensor("out", (experts,), "i64")
+    ready = g.event((experts,), wait_count=counts, name="expert_ready")
+
+    def add(e, k, acc):
+        acc[e] += k + 1
+
+    def emit(e, acc, out):
+        out[e] = acc[e]
+
+    g.task(
+        make_fn("add", "index", "index", "memref<?xi64>", reference=add),
+        grid=(experts, per),
+        args=(acc,),
+        out_edges={ready: "ek->e"},
+    )
+    g.task(
+        make_fn("emit", "index", "memref<?xi64>", "memref<?xi64>", reference=emit),
+        grid=(experts,),
+        args=(acc, out),
+        in_edges={ready: "e->e"},
+    )
     return g
