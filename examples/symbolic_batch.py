@@ -26,9 +26,9 @@ import etc
 from etc.tiles import rmsnorm
 
 try:
-    from examples._common import compile_graph, parser, run_case
+    from examples._common import compile_only, load_kernel, parser, run_case
 except ImportError:  # run as a script
-    from _common import compile_graph, parser, run_case
+    from _common import compile_only, load_kernel, parser, run_case
 
 
 def build(hidden: int = 2048, splits: int = 2, eps: float = 1e-6) -> etc.Graph:
@@ -93,32 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eps", type=float, default=1e-6)
     args = p.parse_args(argv)
     g = build(args.hidden, args.splits, args.eps)
-    if args.print_ir:
-        print(g.to_mlir())
-    if args.emit_ptx:
-        artifact = compile_graph(g, args)
-        with open(args.emit_ptx, "w") as f:
-            f.write(artifact.ptx)
-        print(f"wrote {args.emit_ptx} ({len(artifact.ptx)} bytes of PTX)")
-        return 0
     # --save-artifact / --artifact: compile on one machine, run on another.
-    save_dir, load_dir = getattr(args, "save_artifact", None), getattr(args, "artifact", None)
-    if save_dir:
-        print(f"saved {compile_graph(g, args).save(save_dir)}")
-        return 0
+    done = compile_only(g, args)
+    if done is not None:
+        return done
     batches = [int(s) for s in args.batches.split(",")]
     rng = np.random.default_rng(args.seed)
     W = rng.standard_normal(args.hidden).astype(np.float32)
     failures, served = 0, set()
     with counting_compilations() as compilations:
-        kernel = None
-        if not args.simulate:
-            if load_dir:
-                from etc import runtime
-
-                kernel = runtime.load(load_dir)
-            else:
-                kernel = compile_graph(g, args).load()  # the one compilation
+        kernel = load_kernel(g, args)  # without --artifact: the one compilation
+        if kernel is not None:
             print(f"loaded {kernel!r}; symbols {list(kernel.manifest.symbols)}")
         for b in batches:
             X = rng.standard_normal((b, args.hidden)).astype(np.float32)
@@ -137,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if kernel is None:
         print(f"one graph, symbols {[s.name for s in g.symbols]} bound per run; nothing rebuilt")
     else:
-        want_compiles = 0 if load_dir else 1
+        want_compiles = 0 if args.artifact else 1
         one_kernel = len(served) == 1
         print(
             f"compilations: {compilations[0]} (expected {want_compiles}); one kernel object and "
