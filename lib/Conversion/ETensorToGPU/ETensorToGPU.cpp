@@ -156,6 +156,7 @@ private:
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
   void lowerNotify(NotifyOp notify);
+  Block &mapGridCoordinates(DispatchOp dispatch, Value linear);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
   FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
@@ -464,16 +465,23 @@ void KernelBuilder::lowerNotify(NotifyOp notify) {
   asmVoid("red.release.gpu.global.add.u32 [$0], 1;", "l", addr);
 }
 
+/// Maps the dispatch body's grid-coordinate arguments to the coordinates of
+/// linear instance `linear`; returns the body.
+Block &KernelBuilder::mapGridCoordinates(DispatchOp dispatch, Value linear) {
+  SmallVector<Value> coords = delinearize(linear, gridExtents(dispatch));
+  Block &body = dispatch.getBody().front();
+  for (auto [arg, coord] : llvm::zip(body.getArguments(), coords))
+    mapping.map(arg, coord);
+  return body;
+}
+
 /// Emits one task instance into `into` (a switch case): the waits, then the
 /// rest of the body under `scf.if` of their success. Yields success.
 LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
                                            Block *into) {
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(into);
-  SmallVector<Value> coords = delinearize(linear, gridExtents(dispatch));
-  Block &body = dispatch.getBody().front();
-  for (auto [arg, coord] : llvm::zip(body.getArguments(), coords))
-    mapping.map(arg, coord);
+  Block &body = mapGridCoordinates(dispatch, linear);
 
   Value ok = arith::ConstantIntOp::create(b, 1, 1);
   auto it = body.begin();
@@ -1209,10 +1217,7 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
                                                   Value linear, Block *into) {
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(into);
-  SmallVector<Value> coords = delinearize(linear, gridExtents(dispatch));
-  Block &body = dispatch.getBody().front();
-  for (auto [arg, coord] : llvm::zip(body.getArguments(), coords))
-    mapping.map(arg, coord);
+  Block &body = mapGridCoordinates(dispatch, linear);
   // Only instances below indptr[C] are ever pushed.
   if (dispatch.getTriggerEvent()) {
     Value valid;
