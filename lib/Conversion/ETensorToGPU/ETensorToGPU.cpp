@@ -170,8 +170,11 @@ private:
   void lowerThreadPush(PushOp push);
   void lowerThreadRetire(RetireOp retire);
   /// The dynamic schedule's termination count: every instance, less those
-  /// retired so far (read fresh: retirements only ever lower it).
+  /// retired so far (read fresh: retirements only ever lower it). Without an
+  /// etensor.retire nothing is retired, and the pops skip the load.
   Value liveTotal() {
+    if (!mayRetire)
+      return queueCapacity;
     Value retired = asm64("ld.relaxed.gpu.global.u64 $0, [$1];", "=l,l",
                           queueAddress(index(kRetired)));
     return arith::SubIOp::create(
@@ -209,6 +212,7 @@ private:
   Value traceBuffer;   // trace=true: word 0 counts records, 4 words per record
   Value broadcast;     // workgroup i64 slot: the popped task
   Value queueCapacity; // dynamic schedule: every instance
+  bool mayRetire = false;            // the worker holds an etensor.retire
   SmallVector<Value> instanceCounts; // per dispatch, in worker order
   Value readyAtStart;                // instances of tasks without inputs
   Value chunkSize;                   // queue positions per head request
@@ -652,6 +656,8 @@ LogicalResult KernelBuilder::build() {
     if (dispatch->hasAttr("etensor.ready_at_start"))
       readyAtStart = arith::AddIOp::create(b, readyAtStart, count);
   if (worker.getSchedule() == ScheduleKind::Dynamic) {
+    mayRetire = worker.walk([](RetireOp) { return WalkResult::interrupt(); })
+                    .wasInterrupted();
     if (failed(buildDynamicLoop(dispatches)))
       return failure();
   } else if (failed(buildStaticLoop(dispatches))) {
