@@ -153,6 +153,103 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
 
 // -----
 
+func.func private @gemm(%r: index, %i: index, %rank: index, %p: memref<?xi64>)
+func.func private @prep(%i: index)
+func.func private @reduce(%i: index, %rank: index, %out: memref<?xf32>)
+
+/// A ranked event is notified from other ranks too, so it never pushes: its
+/// notifications are plain (no `dispatched.rs`, no `-> i1`), its in-edges
+/// count neither towards `ready.reduce` (2 local in-edges, not 3) nor
+/// against `etensor.ready_at_start` (`only_ranked`), and its consumers wait
+/// for it after the pop, on their own rank's copy.
+// CHECK-LABEL: etensor.graph @reduce_scatter
+// CHECK-SAME: (%[[RANKS:.*]]: index, %[[RANK:.*]]: index, %[[T:.*]]: index, %[[P:.*]]: memref<?xi64>, %[[OUT:.*]]: memref<?xf32>)
+// CHECK: %[[RS:.*]] = etensor.event(%[[RANKS]], %[[T]]) count %[[RANKS]] ranked {name = "rs"} : !etensor.event<?x?>
+// CHECK: %[[A:.*]] = etensor.event(%[[T]]) count 1 {name = "a"}
+// CHECK: %[[B:.*]] = etensor.event(%[[T]]) count 1 {name = "b"}
+// CHECK: %[[READY:.*]] = etensor.event(%[[T]]) count 2 {name = "ready.reduce"} : !etensor.event<?>
+// CHECK-NOT: dispatched.rs
+// CHECK: %[[Q:.*]] = etensor.queue capacity
+// CHECK: etensor.dispatch 0 grid [%[[RANKS]], %[[T]]] attributes {etensor.ready_at_start, name = "gemm"} {
+// CHECK-NEXT: ^bb0(%[[D:.*]]: index, %[[I:.*]]: index):
+// CHECK-NEXT: func.call @gemm(%[[D]], %[[I]], %[[RANK]], %[[P]])
+// CHECK-NEXT: etensor.notify %[[RS]][%[[D]], %[[I]]] : !etensor.event<?x?>{{$}}
+// CHECK-NEXT: }
+// CHECK: etensor.dispatch 1 grid [%[[T]]] attributes {etensor.ready_at_start, name = "prep"} {
+// CHECK: etensor.notify %[[READY]][%{{.*}}] : !etensor.event<?> -> i1
+// CHECK: etensor.push %[[Q]][2, %{{.*}}] : !etensor.queue
+// CHECK: etensor.dispatch 2 grid [%[[T]]] attributes {name = "reduce"} {
+// CHECK-NEXT: ^bb0(%[[K:.*]]: index):
+// CHECK-NEXT: etensor.wait %[[RS]][%[[RANK]], %[[K]]] : !etensor.event<?x?>
+// CHECK-NEXT: etensor.wait %[[A]][%[[K]]] : !etensor.event<?>
+// CHECK-NEXT: etensor.wait %[[B]][%[[K]]] : !etensor.event<?>
+// CHECK-NEXT: func.call @reduce(%[[K]], %[[RANK]], %[[OUT]])
+// CHECK: etensor.dispatch 3 grid [%[[T]]] attributes {etensor.ready_at_start, name = "only_ranked"} {
+// CHECK-NEXT: ^bb0(%[[L:.*]]: index):
+// CHECK-NEXT: etensor.wait %[[RS]][%[[RANK]], %[[L]]] : !etensor.event<?x?>
+// CHECK-NEXT: func.call @reduce(%[[L]], %[[RANK]], %[[OUT]])
+
+/// Without early push the local in-edges are not waited on, the ranked one
+/// still is.
+// LATE-LABEL: etensor.graph @reduce_scatter
+// LATE-SAME: (%{{[^:]*}}: index, %[[RANK:[^:]*]]: index,
+// LATE: count 2 {name = "ready.reduce"}
+// LATE-NOT: dispatched
+// LATE: etensor.dispatch 0 grid [%{{.*}}, %{{.*}}] attributes {etensor.ready_at_start, name = "gemm"} {
+// LATE-NEXT: ^bb0(%[[D:.*]]: index, %[[I:.*]]: index):
+// LATE-NEXT: func.call @gemm
+// LATE-NEXT: etensor.notify %{{.*}}[%[[D]], %[[I]]] : !etensor.event<?x?>{{$}}
+// LATE-NEXT: }
+// LATE: etensor.dispatch 2 grid [%{{.*}}] attributes {name = "reduce"} {
+// LATE-NEXT: ^bb0(%[[K:.*]]: index):
+// LATE-NEXT: etensor.wait %{{.*}}[%[[RANK]], %[[K]]] : !etensor.event<?x?>
+// LATE-NEXT: func.call @reduce
+// LATE: etensor.dispatch 3 grid [%{{.*}}] attributes {etensor.ready_at_start, name = "only_ranked"} {
+// LATE-NEXT: ^bb0(%[[L:.*]]: index):
+// LATE-NEXT: etensor.wait %{{.*}}[%[[RANK]], %[[L]]] : !etensor.event<?x?>
+// LATE-NEXT: func.call @reduce
+etensor.graph @reduce_scatter(%ranks: index, %rank: index, %tiles: index, %p: memref<?xi64>, %out: memref<?xf32>) {
+  %rs = etensor.event(%ranks, %tiles) count %ranks ranked {name = "rs"} : !etensor.event<?x?>
+  %a = etensor.event(%tiles) count 1 {name = "a"} : !etensor.event<?>
+  %b = etensor.event(%tiles) count 1 {name = "b"} : !etensor.event<?>
+  etensor.task @gemm grid [%ranks, %tiles] rank(%rank) args(%rank, %p : index, memref<?xi64>) outs(%rs[(d, i) -> (d, i)] : !etensor.event<?x?>)
+  etensor.task @prep grid [%tiles] outs(%a[(i) -> (i)] : !etensor.event<?>, %b[(i) -> (i)] : !etensor.event<?>)
+  etensor.task @reduce grid [%tiles] rank(%rank) args(%rank, %out : index, memref<?xf32>) ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>, %a[(i) -> (i)] : !etensor.event<?>, %b[(i) -> (i)] : !etensor.event<?>)
+  etensor.task @reduce grid [%tiles] rank(%rank) args(%rank, %out : index, memref<?xf32>) ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>) {name = "only_ranked"}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+
+/// The rank symbol in an in-map of a local event acts like a constant: only
+/// the coordinate equal to the rank has consumers, every instance of the
+/// consumer's grid, pushed when it completes.
+// CHECK-LABEL: etensor.graph @rank_in_local_map
+// CHECK-SAME: (%[[RANKS:.*]]: index, %[[RANK:.*]]: index, %[[N:.*]]: index)
+// CHECK: etensor.dispatch 0 grid [%[[RANKS]]] attributes {etensor.ready_at_start, name = "tile"} {
+// CHECK-NEXT: ^bb0(%[[D:.*]]: index):
+// CHECK: %[[MINE:.*]] = arith.cmpi eq, %[[D]], %[[RANK]] : index
+// CHECK-NEXT: scf.if %[[MINE]] {
+// CHECK: etensor.push %{{.*}}[1, %{{.*}}] count %[[N]] : !etensor.queue
+// CHECK: etensor.dispatch 1 grid [%[[N]]] attributes {name = "tile"} {
+// CHECK-NEXT: ^bb0(%{{.*}}: index):
+// CHECK-NEXT: etensor.wait %{{.*}}[%[[RANK]]] : !etensor.event<?>
+// LATE-LABEL: etensor.graph @rank_in_local_map
+// LATE-SAME: (%{{[^:]*}}: index, %[[RANK:[^:]*]]: index, %[[N:[^:]*]]: index)
+// LATE: %[[MINE:.*]] = arith.cmpi eq, %{{.*}}, %[[RANK]] : index
+// LATE-NEXT: scf.if %[[MINE]] {
+// LATE: etensor.push %{{.*}}[1, %{{.*}}] count %[[N]] : !etensor.queue
+// LATE-NOT: etensor.wait
+// LATE: etensor.dispatch 1
+etensor.graph @rank_in_local_map(%ranks: index, %rank: index, %n: index) {
+  %e = etensor.event(%ranks) count 1 : !etensor.event<?>
+  etensor.task @tile grid [%ranks] outs(%e[(d) -> (d)] : !etensor.event<?>)
+  etensor.task @tile grid [%n] rank(%rank) ins(%e[(i)[r] -> (r)] : !etensor.event<?>)
+}
+
+// -----
+
 func.func private @plan(%i: index)
 func.func private @expert(%i: index, %c: index)
 

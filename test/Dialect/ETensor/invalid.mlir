@@ -118,7 +118,7 @@ etensor.graph @missing_callee(%n: index) {
 
 func.func private @tile(%i: index, %a: memref<?xf32>)
 etensor.graph @callee_arity(%n: index) {
-  // expected-error @+1 {{device function 'tile' takes 2 arguments, but a task with a rank-1 grid and 0 buffers passes 1}}
+  // expected-error @+1 {{device function 'tile' takes 2 arguments, but a task with a rank-1 grid and 0 arguments passes 1}}
   etensor.task @tile grid [%n]
 }
 
@@ -134,7 +134,7 @@ etensor.graph @coordinate_type(%n: index) {
 
 func.func private @tile(%i: index, %a: memref<?xf32>)
 etensor.graph @buffer_type(%n: index, %a: memref<?xi32>) {
-  // expected-error @+1 {{buffer #0 has type 'memref<?xi32>' but device function 'tile' expects 'memref<?xf32>'}}
+  // expected-error @+1 {{argument #0 has type 'memref<?xi32>' but device function 'tile' expects 'memref<?xf32>'}}
   etensor.task @tile grid [%n] args(%a : memref<?xi32>)
 }
 
@@ -287,7 +287,7 @@ etensor.graph @trigger_from_cast(%n: index, %indptr: memref<?xi32>) {
 func.func private @tile(%i: index)
 etensor.graph @trigger_callee_arity(%n: index, %p: memref<?xi32>) {
   %e = etensor.event(%n) count 1 : !etensor.event<?>
-  // expected-error @+1 {{device function 'tile' takes 1 arguments, but a task with a data-dependent trigger (coordinates i, c) and 0 buffers passes 2}}
+  // expected-error @+1 {{device function 'tile' takes 1 arguments, but a task with a data-dependent trigger (coordinates i, c) and 0 arguments passes 2}}
   etensor.task @tile grid [%n] triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>)
 }
 
@@ -324,6 +324,73 @@ etensor.graph @dispatch_trigger_arguments(%n: index, %cap: index, %p: memref<?xi
       func.call @tile(%i) : (index) -> ()
     }
   }
+}
+
+// -----
+
+etensor.graph @ranked_scalar(%ranks: index) {
+  // expected-error @+1 {{a ranked event needs dimension 0 for the rank, got '!etensor.event<>'}}
+  %e = etensor.event() count %ranks ranked : !etensor.event<>
+}
+
+// -----
+
+etensor.graph @ranked_table(%ranks: index, %t: memref<?xi32>) {
+  // expected-error @+1 {{a ranked event cannot read its wait counts from a table: its notifications come from every rank}}
+  %e = etensor.event(%ranks) count from %t : memref<?xi32> ranked : !etensor.event<?>
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @rank_symbol_without_rank(%ranks: index, %n: index) {
+  %e = etensor.event(%ranks, %n) count 1 ranked : !etensor.event<?x?>
+  // expected-error @+1 {{in map #0 affine_map<(d0)[s0] -> (s0, d0)> must not use symbols (a task with `rank(%r)` may use one: the rank)}}
+  etensor.task @tile grid [%n] ins(%e[(i)[r] -> (r, i)] : !etensor.event<?x?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @two_symbols(%ranks: index, %rank: index, %n: index) {
+  %e = etensor.event(%ranks, %n) count 1 ranked : !etensor.event<?x?>
+  // expected-error @+1 {{out map #0 affine_map<(d0)[s0, s1] -> (s0, s1)> may use one symbol (the rank)}}
+  etensor.task @tile grid [%n] rank(%rank) outs(%e[(i)[r, s] -> (r, s)] : !etensor.event<?x?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @ranked_in_edge_not_own_rank(%ranks: index, %rank: index, %n: index) {
+  %e = etensor.event(%n, %n) count 1 ranked {name = "rs"} : !etensor.event<?x?>
+  // expected-error @+1 {{in map #0 affine_map<(d0)[s0] -> (d0, s0)> on ranked event 'rs' must address dimension 0 with the rank symbol: a rank waits on its own copy of the counters}}
+  etensor.task @tile grid [%n] rank(%rank) ins(%e[(i)[r] -> (i, r)] : !etensor.event<?x?>)
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @ranked_in_edge_constant_rank(%rank: index) {
+  %e = etensor.event() count 1 ranked {name = "rs"} : !etensor.event<4x8>
+  // expected-error @+1 {{in map #0 affine_map<(d0) -> (0, d0)> on ranked event 'rs' must address dimension 0 with the rank symbol}}
+  etensor.task @tile grid [8] rank(%rank) ins(%e[(i) -> (0, i)] : !etensor.event<4x8>)
+}
+
+// -----
+
+func.func private @tile(%i: index, %c: index)
+etensor.graph @ranked_trigger(%ranks: index, %rank: index, %n: index, %p: memref<?xi32>) {
+  %e = etensor.event(%ranks) count 1 ranked : !etensor.event<?>
+  // expected-error @+1 {{a data-dependent trigger cannot be a ranked event}}
+  etensor.task @tile grid [%n] rank(%rank) triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>)
+}
+
+// -----
+
+func.func private @tile(%i: index, %a: memref<?xf32>)
+etensor.graph @index_argument_type(%n: index, %rank: index) {
+  // expected-error @+1 {{argument #0 has type 'index' but device function 'tile' expects 'memref<?xf32>'}}
+  etensor.task @tile grid [%n] rank(%rank) args(%rank : index)
 }
 
 // -----

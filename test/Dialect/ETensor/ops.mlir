@@ -5,6 +5,8 @@
 func.func private @tile2d(%i: index, %j: index, %a: memref<?x256xf32>, %b: memref<?x4xf32>)
 func.func private @tile1d(%i: index, %b: memref<?x4xf32>, %c: memref<?xf32>)
 func.func private @expert(%t: index, %c: index, %x: memref<?x64xbf16>)
+func.func private @scatter(%r: index, %i: index, %rank: index, %p: memref<?xi64>)
+func.func private @reduce(%i: index, %rank: index, %out: memref<?xf32>)
 
 // CHECK-LABEL: etensor.graph @event_types
 // CHECK-SAME: (%[[N:.*]]: index, %[[M:.*]]: index)
@@ -53,6 +55,30 @@ etensor.graph @triggered(%experts: index, %tiles: index, %indptr: memref<?xi32>,
   etensor.task @expert grid [%tiles] args(%x : memref<?x64xbf16>)
       outs(%done[(i, c) -> (c)] : !etensor.event<?>)
       triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+}
+
+/// Multi-GPU: a ranked event (dimension 0 is the owning rank), tasks that
+/// name their rank, pass it as an `index` argument and bind it to the maps'
+/// symbol.
+// CHECK-LABEL: etensor.graph @ranked
+// CHECK-SAME: (%[[RANKS:.*]]: index, %[[RANK:.*]]: index, %[[T:.*]]: index, %[[P:.*]]: memref<?xi64>, %[[OUT:.*]]: memref<?xf32>)
+etensor.graph @ranked(%ranks: index, %rank: index, %tiles: index, %p: memref<?xi64>, %out: memref<?xf32>) {
+  // CHECK: %[[RS:.*]] = etensor.event(%[[RANKS]], %[[T]]) count %[[RANKS]] ranked {name = "rs"} : !etensor.event<?x?>
+  %rs = etensor.event(%ranks, %tiles) count %ranks ranked {name = "rs"} : !etensor.event<?x?>
+  // CHECK: etensor.event() count 1 ranked : !etensor.event<8x4>
+  %st = etensor.event() count 1 ranked : !etensor.event<8x4>
+  // CHECK: etensor.task @scatter grid [%[[RANKS]], %[[T]]] rank(%[[RANK]]) args(%[[RANK]], %[[P]] : index, memref<?xi64>)
+  // CHECK-SAME: outs(%[[RS]][(d0, d1) -> (d0, d1)] : !etensor.event<?x?>)
+  etensor.task @scatter grid [%ranks, %tiles] rank(%rank) args(%rank, %p : index, memref<?xi64>)
+      outs(%rs[(r, i) -> (r, i)] : !etensor.event<?x?>)
+  // CHECK: etensor.task @reduce grid [%[[T]]] rank(%[[RANK]]) args(%[[RANK]], %[[OUT]] : index, memref<?xf32>)
+  // CHECK-SAME: ins(%[[RS]][(d0)[s0] -> (s0, d0)] : !etensor.event<?x?>) {name = "reduce"}
+  etensor.task @reduce grid [%tiles] rank(%rank) args(%rank, %out : index, memref<?xf32>)
+      ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>) {name = "reduce"}
+  // CHECK: etensor.task @reduce grid [4] rank(%[[RANK]]) args(%[[RANK]], %[[OUT]] : index, memref<?xf32>)
+  // CHECK-SAME: outs(%{{.*}}[(d0)[s0] -> ((s0 + 1) mod 8, d0)] : !etensor.event<8x4>)
+  etensor.task @reduce grid [4] rank(%rank) args(%rank, %out : index, memref<?xf32>)
+      outs(%st[(i)[r] -> ((r + 1) mod 8, i)] : !etensor.event<8x4>)
 }
 
 // CHECK-LABEL: etensor.graph @static_schedule_level

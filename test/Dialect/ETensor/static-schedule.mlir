@@ -78,6 +78,45 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
 
 // -----
 
+func.func private @gemm(%r: index, %i: index, %rank: index, %p: memref<?xi64>)
+func.func private @reduce(%i: index, %rank: index, %out: memref<?xf32>)
+func.func private @tile(%i: index)
+
+/// Ranked events: the maps' symbol is the task's rank, substituted into the
+/// coordinates. A producer notifies the coordinate of the rank it writes to
+/// (dimension 0); a consumer waits on its own rank's copy; an expression of
+/// the rank is expanded like one of the grid coordinates.
+// CHECK-LABEL: etensor.graph @reduce_scatter
+// CHECK-SAME: (%[[RANKS:.*]]: index, %[[RANK:.*]]: index, %[[T:.*]]: index, %[[P:.*]]: memref<?xi64>, %[[OUT:.*]]: memref<?xf32>)
+// CHECK: %[[RS:.*]] = etensor.event(%[[RANKS]], %[[T]]) count %[[RANKS]] ranked {name = "rs"} : !etensor.event<?x?>
+// CHECK: %[[RING:.*]] = etensor.event(%[[T]]) count 1 ranked {name = "ring"} : !etensor.event<8x?>
+// CHECK: etensor.dispatch 0 grid [%[[RANKS]], %[[T]]] attributes {name = "gemm"} {
+// CHECK-NEXT: ^bb0(%[[D:.*]]: index, %[[I:.*]]: index):
+// CHECK-NEXT: func.call @gemm(%[[D]], %[[I]], %[[RANK]], %[[P]])
+// CHECK-NEXT: etensor.notify %[[RS]][%[[D]], %[[I]]] : !etensor.event<?x?>
+// CHECK-NEXT: }
+// CHECK-NEXT: etensor.dispatch 1 grid [%[[T]]] attributes {name = "reduce"} {
+// CHECK-NEXT: ^bb0(%[[K:.*]]: index):
+// CHECK-NEXT: etensor.wait %[[RS]][%[[RANK]], %[[K]]] : !etensor.event<?x?>
+// CHECK-NEXT: func.call @reduce(%[[K]], %[[RANK]], %[[OUT]])
+// CHECK: %[[NEXT:.*]] = arith.addi %[[RANK]], %{{.*}} : index
+// CHECK: %[[MOD:.*]] = arith.remsi %[[NEXT]], %{{.*}} : index
+// CHECK: %[[PEER:.*]] = arith.select %{{.*}}, %{{.*}}, %[[MOD]] : index
+// CHECK-NEXT: etensor.notify %[[RING]][%[[PEER]], %[[K]]] : !etensor.event<8x?>
+// CHECK: etensor.dispatch 2 grid [%[[T]]] attributes {name = "tile"} {
+// CHECK-NEXT: ^bb0(%[[L:.*]]: index):
+// CHECK-NEXT: etensor.wait %[[RING]][%[[RANK]], %[[L]]] : !etensor.event<8x?>
+// CHECK-NEXT: func.call @tile(%[[L]])
+etensor.graph @reduce_scatter(%ranks: index, %rank: index, %tiles: index, %p: memref<?xi64>, %out: memref<?xf32>) {
+  %rs = etensor.event(%ranks, %tiles) count %ranks ranked {name = "rs"} : !etensor.event<?x?>
+  %ring = etensor.event(%tiles) count 1 ranked {name = "ring"} : !etensor.event<8x?>
+  etensor.task @reduce grid [%tiles] rank(%rank) args(%rank, %out : index, memref<?xf32>) ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>) outs(%ring[(i)[r] -> ((r + 1) mod 8, i)] : !etensor.event<8x?>)
+  etensor.task @gemm grid [%ranks, %tiles] rank(%rank) args(%rank, %p : index, memref<?xi64>) outs(%rs[(d, i) -> (d, i)] : !etensor.event<?x?>)
+  etensor.task @tile grid [%tiles] rank(%rank) ins(%ring[(i)[r] -> (r, i)] : !etensor.event<8x?>)
+}
+
+// -----
+
 func.func private @tile(%i: index)
 
 // expected-error @+1 {{has a dependency cycle; run etensor-verify-graph for details}}

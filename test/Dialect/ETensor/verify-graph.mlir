@@ -156,3 +156,34 @@ etensor.graph @triggered_fan_in(%experts: index, %tiles: index, %indptr: memref<
   etensor.task @expert grid [%tiles] outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
   etensor.task @gather grid [%experts] ins(%done[(e) -> (e)] : !etensor.event<?>)
 }
+
+// -----
+
+/// Every rank notifies a ranked event, so its wait count (here %ranks, or 3
+/// on a static event whose producer picks the peer from its rank) is checked
+/// when the ranks launch, not against this rank's fan-in.
+func.func private @gemm(%r: index, %i: index, %rank: index)
+func.func private @tile(%i: index)
+// CHECK-LABEL: etensor.graph @ranked_fan_in
+// CHECK: etensor.event(%{{.*}}, %{{.*}}) count %{{.*}} ranked {name = "rs"} : !etensor.event<?x?>
+// CHECK: etensor.task @gemm
+etensor.graph @ranked_fan_in(%ranks: index, %rank: index, %tiles: index) {
+  %rs = etensor.event(%ranks, %tiles) count %ranks ranked {name = "rs"} : !etensor.event<?x?>
+  %st = etensor.event() count 3 ranked {name = "st"} : !etensor.event<4x8>
+  etensor.task @gemm grid [%ranks, %tiles] rank(%rank) args(%rank : index) outs(%rs[(d, i) -> (d, i)] : !etensor.event<?x?>)
+  etensor.task @tile grid [%tiles] rank(%rank) ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>)
+  etensor.task @tile grid [8] rank(%rank) outs(%st[(i)[r] -> ((r + 1) mod 4, i)] : !etensor.event<4x8>)
+  etensor.task @tile grid [8] rank(%rank) ins(%st[(i)[r] -> (r, i)] : !etensor.event<4x8>)
+}
+
+// -----
+
+/// A local event whose producer maps onto it with the rank: its fan-in is
+/// only known per rank.
+func.func private @tile(%i: index)
+etensor.graph @rank_in_out_map(%rank: index) {
+  // expected-warning @+1 {{the fan-in of event 'e' depends on the rank (task 'mine' maps onto it with the rank symbol); its wait count is checked when the ranks launch}}
+  %e = etensor.event() count 1 {name = "e"} : !etensor.event<4>
+  etensor.task @tile grid [1] rank(%rank) outs(%e[(i)[r] -> (r)] : !etensor.event<4>) {name = "mine"}
+  etensor.task @tile grid [4] ins(%e[(i) -> (i)] : !etensor.event<4>)
+}
