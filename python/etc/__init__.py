@@ -27,7 +27,7 @@ from .errors import (
     ShapeError,
 )
 from .graph import Edge, Event, Graph, Task, Tensor
-from .simulator import simulate, static_queues
+from .simulator import simulate, simulate_ranks, static_queues
 from .symbolic import Symbol, SymExpr
 
 __version__ = "0.1.0"
@@ -49,6 +49,7 @@ __all__ = [
     "LaunchError",
     "DeadlockError",
     "simulate",
+    "simulate_ranks",
     "static_queues",
     "compile",
     "f32_to_bf16",

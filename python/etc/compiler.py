@@ -197,8 +197,8 @@ def _assemble(ptx: str, chip: str, name: str) -> bytes | None:
 
 
 def _edge(edge: Any) -> dict[str, Any]:
-    """An edge as data: the event and, per event dimension, ["dim", d] or
-    ["const", c]."""
+    """An edge as data: the event and, per event dimension, ["dim", d],
+    ["const", c] or ["rank", 0]."""
     return {"event": edge.event.name, "map": [[kind, v] for kind, v in edge.map.results]}
 
 
@@ -216,7 +216,7 @@ def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
     kind, _, of = name.partition(".")
     if kind == "ready":
         task = next(t for t in g.tasks if t.name == of)
-        shape, count = task.grid, len(task.in_edges)
+        shape, count = task.grid, sum(not e.event.ranked for e in task.in_edges)
     elif kind == "fired":
         task = next(t for t in g.tasks if t.name == of)
         assert task.trigger is not None
@@ -247,6 +247,8 @@ def _manifest(
     params: list[dict[str, Any]] = [{"kind": "symbol", "name": s.name} for s in g.symbols]
     params += [{"kind": "tensor", "name": t.name, "rank": t.rank} for t in g.tensors]
     params += [{"kind": k} for k in ("counters", "queue", "status", "max_polls")]
+    if any(e.ranked for e in g.events):
+        params.append({"kind": "peers"})
     if trace:
         params.append({"kind": "trace"})
     return {
@@ -269,6 +271,7 @@ def _manifest(
                 "name": e.name,
                 "shape": [_size(d) for d in e.shape],
                 "wait_count": _wait_count(e.wait_count),
+                **({"ranked": True} if e.ranked else {}),
             }
             for e in g.events
         ]
@@ -288,6 +291,11 @@ def _manifest(
         ],
         "params": params,
         "status_words": STATUS_WORDS,
+        **(
+            {"ranks": {"rank": g.rank.name, "count": g.num_ranks.name}}
+            if g.rank is not None and g.num_ranks is not None
+            else {}
+        ),
     }
 
 

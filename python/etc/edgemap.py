@@ -4,7 +4,8 @@ Users write einsum-like strings (``"ij->i"``, ``"ij->ji"``, ``"ij->"``,
 ``"ij->i0"``, ``"ij->i,0"``), MLIR affine-map text (``"(d0, d1) -> (d0)"``,
 ``"affine_map<(i, j) -> (i)>"``) or pass an MLIR Python ``AffineMap``. All
 become an :class:`EdgeMap`: a grid rank plus one result per event dimension,
-each a grid dimension or a constant.
+each a grid dimension, a constant, or the rank running the graph (in graphs
+that span several GPUs: ``"i->rank,i"`` or ``"(i)[r] -> (r, i)"``).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ _AFFINE = re.compile(
 class EdgeMap:
     """A projection / permutation / constant map from a task grid to an event.
 
-    ``results[k]`` is ``("dim", d)`` (event coordinate k = grid coordinate d)
-    or ``("const", c)``. ``text`` is the map as the user wrote it, used in
-    error messages.
+    ``results[k]`` is ``("dim", d)`` (event coordinate k = grid coordinate d),
+    ``("const", c)`` or ``("rank", 0)`` (the rank that runs the instance).
+    ``text`` is the map as the user wrote it, used in error messages.
     """
 
     n_dims: int
@@ -43,17 +44,29 @@ class EdgeMap:
     def n_results(self) -> int:
         return len(self.results)
 
-    def apply(self, coords: tuple[int, ...]) -> tuple[int, ...]:
-        """The event coordinate that grid point ``coords`` maps to."""
-        return tuple(coords[v] if kind == "dim" else v for kind, v in self.results)
+    @property
+    def uses_rank(self) -> bool:
+        return any(kind == "rank" for kind, _ in self.results)
+
+    def apply(self, coords: tuple[int, ...], rank: int = 0) -> tuple[int, ...]:
+        """The event coordinate that grid point ``coords`` of rank ``rank`` maps to."""
+        return tuple(
+            coords[v] if kind == "dim" else rank if kind == "rank" else v
+            for kind, v in self.results
+        )
 
     def to_mlir(self) -> str:
         """The map in MLIR affine-map syntax, e.g. ``(i, j) -> (i)``."""
         names = self.dim_names
         if len(names) != self.n_dims or not all(_plain_name(n) for n in names):
             names = tuple(f"d{k}" for k in range(self.n_dims))
-        results = [names[v] if kind == "dim" else str(v) for kind, v in self.results]
-        return f"({', '.join(names)}) -> ({', '.join(results)})"
+        rank = "rank" if "rank" not in names else "s0"
+        results = [
+            names[v] if kind == "dim" else rank if kind == "rank" else str(v)
+            for kind, v in self.results
+        ]
+        symbols = f"[{rank}]" if self.uses_rank else ""
+        return f"({', '.join(names)}){symbols} -> ({', '.join(results)})"
 
     def __str__(self) -> str:
         return self.text or self.to_mlir()
@@ -77,8 +90,6 @@ def parse_edge_map(spec: Any) -> EdgeMap:
         # MLIR Python AffineMap (duck-typed so that no compiled module is
         # imported here): its str() is "(d0, d1) -> (d0)".
         if hasattr(spec, "n_dims") and hasattr(spec, "results"):
-            if getattr(spec, "n_symbols", 0):
-                raise GraphError(f"edge map '{spec}' must not use symbols")
             return _parse_affine(str(spec), str(spec))
         raise GraphError(f"edge map {spec!r} must be a string like 'ij->i' or an affine map")
     if "(" in spec:
@@ -106,6 +117,8 @@ def _parse_einsum(text: str) -> EdgeMap:
     for item in items:
         if item in dims:
             results.append(("dim", dims.index(item)))
+        elif item == "rank":
+            results.append(("rank", 0))
         elif re.fullmatch(r"\d+", item):
             results.append(("const", int(item)))
         elif item.isalpha() and len(item) == 1:
@@ -116,7 +129,7 @@ def _parse_einsum(text: str) -> EdgeMap:
         else:
             raise GraphError(
                 f"edge map '{text}': result '{item}' must be a grid dimension "
-                "letter or a non-negative integer"
+                "letter, a non-negative integer or 'rank'"
             )
     return EdgeMap(len(dims), tuple(results), text, tuple(dims))
 
@@ -125,8 +138,11 @@ def _parse_affine(text: str, shown: str) -> EdgeMap:
     match = _AFFINE.match(text)
     if not match:
         raise GraphError(f"edge map '{shown}' is not of the form '(d0, d1) -> (d0)'")
-    if match.group("syms") and match.group("syms").strip():
-        raise GraphError(f"edge map '{shown}' must not use symbols")
+    syms = [s.strip() for s in (match.group("syms") or "").split(",") if s.strip()]
+    if len(syms) > 1:
+        raise GraphError(
+            f"edge map '{shown}' may use one symbol (the rank running the graph), got {len(syms)}"
+        )
     dims = [d.strip() for d in match.group("dims").split(",") if d.strip()]
     for d in dims:
         if not _IDENT.match(d):
@@ -138,11 +154,14 @@ def _parse_affine(text: str, shown: str) -> EdgeMap:
     for item in [r.strip() for r in body.split(",")] if body else []:
         if item in dims:
             results.append(("dim", dims.index(item)))
+        elif item in syms:
+            results.append(("rank", 0))
         elif re.fullmatch(r"\d+", item):
             results.append(("const", int(item)))
         else:
             raise GraphError(
                 f"edge map '{shown}': result '{item}' is not supported; results "
-                "must be grid dimensions or non-negative integer constants"
+                "must be grid dimensions, non-negative integer constants or the "
+                "rank symbol"
             )
     return EdgeMap(len(dims), tuple(results), shown.strip(), tuple(dims))

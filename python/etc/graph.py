@@ -60,6 +60,8 @@ class Tensor:
     dtype: DType
     graph: Graph = field(repr=False)
     index: int = field(repr=False)
+    #: A peer table (see Graph.peer_table): the tensor whose ranks' addresses it holds.
+    peers_of: Tensor | None = field(default=None, repr=False)
 
     @property
     def rank(self) -> int:
@@ -83,6 +85,8 @@ class Event:
     wait_count: WaitCount
     graph: Graph = field(repr=False)
     index: int = field(repr=False)
+    #: Spans the ranks: dimension 0 is the rank whose copy holds the coordinate.
+    ranked: bool = False
 
     @property
     def rank(self) -> int:
@@ -123,7 +127,7 @@ class Task:
     name: str
     function: DeviceFunction
     grid: tuple[Size, ...]
-    args: tuple[Tensor, ...]
+    args: tuple[Tensor | Symbol, ...]
     in_edges: tuple[Edge, ...]
     out_edges: tuple[Edge, ...]
     graph: Graph = field(repr=False)
@@ -140,6 +144,11 @@ class Task:
         if self.trigger is None:
             return self.grid
         return (*self.grid, self.trigger.event.shape[0])
+
+    @property
+    def uses_rank(self) -> bool:
+        """Whether an edge map names the rank running the instance."""
+        return any(e.map.uses_rank for e in (*self.in_edges, *self.out_edges))
 
 
 class Graph:
@@ -168,6 +177,9 @@ class Graph:
         self._event_names: dict[str, Event] = {}
         self._task_names: dict[str, Task] = {}
         self._functions: dict[str, DeviceFunction] = {}
+        # Graphs that span several GPUs (see ranks()).
+        self.rank: Symbol | None = None
+        self.num_ranks: Symbol | None = None
 
     def __repr__(self) -> str:
         return (
@@ -192,6 +204,23 @@ class Graph:
         self._params[name] = sym
         return sym
 
+    def ranks(self, count: str = "ranks", rank: str = "rank") -> tuple[Symbol, Symbol]:
+        """Make the graph span several GPUs (ranks), one kernel each, and
+        return the symbols ``(rank, count)``: the rank running the kernel and
+        the number of ranks, both bound at launch.
+
+        Ranked events (``event(..., ranked=True)``) then carry notifications
+        between ranks, edge maps may name the rank (``"i->rank,i"``), and
+        tasks may take ``rank`` as an argument (an ``index``) to address
+        other ranks' buffers.
+        """
+        if self.rank is not None:
+            raise GraphError(f"graph '{self.name}' already declared its ranks")
+        count_sym = self.symbol(count)
+        rank_sym = self.symbol(rank)
+        self.num_ranks, self.rank = count_sym, rank_sym
+        return rank_sym, count_sym
+
     def tensor(self, name: str, shape: Iterable[Any], dtype: Any) -> Tensor:
         """Declare a buffer of ``shape`` (ints or symbol expressions) and ``dtype``."""
         self._check_param_name(name, "tensor")
@@ -201,12 +230,44 @@ class Graph:
         self._params[name] = t
         return t
 
-    def event(self, shape: Iterable[Any], wait_count: Any, *, name: str | None = None) -> Event:
+    def peer_table(self, tensor: Tensor, name: str | None = None) -> Tensor:
+        """Declare the peer table of ``tensor`` in a graph that spans ranks: an
+        ``i64`` tensor of shape ``(ranks,)`` whose entry ``q`` is the address
+        of rank ``q``'s ``tensor`` (fill it with
+        :func:`etc.runtime.peer_table`). A tile takes it to write (or read)
+        another rank's buffer; in the simulator its reference receives the
+        list of every rank's array instead. ``name`` defaults to
+        ``<tensor>_peers``."""
+        if self.num_ranks is None:
+            raise GraphError(
+                f"peer table of tensor '{getattr(tensor, 'name', tensor)}': graph "
+                f"'{self.name}' does not span ranks; call graph.ranks() first"
+            )
+        if not isinstance(tensor, Tensor) or tensor.graph is not self:
+            raise GraphError(f"peer_table: {tensor!r} is not a tensor of graph '{self.name}'")
+        table = self.tensor(name or f"{tensor.name}_peers", (self.num_ranks,), "i64")
+        table.peers_of = tensor
+        return table
+
+    def event(
+        self,
+        shape: Iterable[Any],
+        wait_count: Any,
+        *,
+        name: str | None = None,
+        ranked: bool = False,
+    ) -> Event:
         """Declare an event tensor.
 
         ``wait_count`` is an int, a symbol expression, or an integer Tensor of
         the event's shape holding one count per coordinate (data-dependent).
         ``name`` defaults to ``e<k>``.
+
+        ``ranked=True`` (graphs with :meth:`ranks`): dimension 0, of extent
+        the number of ranks, is the rank whose copy of the counters holds
+        the coordinate. Out-edges notify any rank's copy (``"di->d,i"``);
+        in-edges wait on the waiting rank's own (``"i->rank,i"``); the wait
+        count counts the notifications of all ranks together.
         """
         if name is None:
             k = len(self.events)
@@ -219,7 +280,25 @@ class Graph:
             raise GraphError(f"event '{name}' is already declared in graph '{self.name}'")
         dims = self._shape(shape, f"event '{name}'")
         count = self._wait_count(wait_count, name, dims)
-        e = Event(name, dims, count, self, len(self.events))
+        if not isinstance(ranked, bool):
+            raise GraphError(f"event '{name}': ranked must be a bool, got {ranked!r}")
+        if ranked:
+            if self.num_ranks is None:
+                raise GraphError(
+                    f"event '{name}': a ranked event needs a graph that spans ranks; "
+                    f"call graph.ranks() first"
+                )
+            if not dims or SymExpr._lift(dims[0]) != SymExpr._lift(self.num_ranks):
+                raise GraphError(
+                    f"event '{name}': dimension 0 of a ranked event must be the number of "
+                    f"ranks '{self.num_ranks.name}', got shape {_fmt_shape(dims)}"
+                )
+            if isinstance(count, Tensor):
+                raise GraphError(
+                    f"event '{name}': a ranked event cannot read its wait counts from a "
+                    "tensor (its notifications come from every rank)"
+                )
+        e = Event(name, dims, count, self, len(self.events), ranked)
         self.events.append(e)
         self._event_names[name] = e
         return e
@@ -434,16 +513,19 @@ class Graph:
             )
         return Trigger(event, indptr)
 
-    def _args(self, args: Any, where: str) -> tuple[Tensor, ...]:
-        if isinstance(args, Tensor):
+    def _args(self, args: Any, where: str) -> tuple[Tensor | Symbol, ...]:
+        if isinstance(args, (Tensor, Symbol)):
             args = (args,)
-        out: list[Tensor] = []
+        out: list[Tensor | Symbol] = []
         for k, a in enumerate(args):
-            if not isinstance(a, Tensor):
-                raise GraphError(f"{where}: argument #{k} ({a!r}) is not a Tensor")
-            if a.graph is not self:
+            if not isinstance(a, (Tensor, Symbol)):
                 raise GraphError(
-                    f"{where}: tensor '{a.name}' belongs to graph '{a.graph.name}', "
+                    f"{where}: argument #{k} ({a!r}) is not a Tensor or a Symbol of the graph"
+                )
+            if a.graph is not self:
+                kind = "tensor" if isinstance(a, Tensor) else "symbol"
+                raise GraphError(
+                    f"{where}: {kind} '{a.name}' belongs to graph '{a.graph.name}', "
                     f"not to '{self.name}'"
                 )
             out.append(a)
@@ -453,7 +535,7 @@ class Graph:
         self,
         fn: DeviceFunction,
         grid: tuple[Size, ...],
-        args: tuple[Tensor, ...],
+        args: tuple[Tensor | Symbol, ...],
         where: str,
         triggered: bool = False,
     ) -> None:
@@ -476,6 +558,13 @@ class Graph:
                 )
         for k, t in enumerate(args):
             declared = fn.params[len(grid) + k]
+            if isinstance(t, Symbol):
+                if normalize_type(declared) != "index":
+                    raise GraphError(
+                        f"{where}: argument #{k} is symbol '{t.name}' (an index), but "
+                        f"device function '{fn.name}' expects {declared}"
+                    )
+                continue
             if normalize_type(declared) != normalize_type(t.mlir_type):
                 raise GraphError(
                     f"{where}: buffer #{k} is tensor '{t.name}' of type "
@@ -523,8 +612,20 @@ class Graph:
                 f"{head} has {emap.n_results} results but the event has rank "
                 f"{event.rank} (shape {_fmt_shape(event.shape)})"
             )
+        if emap.uses_rank and self.rank is None:
+            raise GraphError(
+                f"{head} names the rank, but graph '{self.name}' does not span ranks "
+                "(call graph.ranks() first)"
+            )
+        if kind == "in" and event.ranked and emap.results[0] != ("rank", 0):
+            raise GraphError(
+                f"{head} must address dimension 0 of the ranked event with 'rank' "
+                f"(e.g. 'i->rank,i'): a rank waits on its own copy of the counters"
+            )
         for r, (kind_r, v) in enumerate(emap.results):
             extent = event.shape[r]
+            if kind_r == "rank":
+                continue
             if kind_r == "const":
                 if isinstance(extent, int) and v >= extent:
                     raise GraphError(
@@ -686,16 +787,25 @@ class Graph:
                     "instances: its wait count must be a table (an integer Tensor)"
                 )
         count = event.wait_count
+        if any(e.map.uses_rank for _, e in producers):
+            return (
+                f"event '{event.name}': its fan-in depends on the rank (a producer map "
+                f"names it); wait count {count} is checked in the simulator and at launch"
+            )
         fan_in, reason = _uniform_fan_in(event, producers)
+        if fan_in is not None and event.ranked:
+            # Every rank runs every producer instance.
+            fan_in = fan_in * self.num_ranks
         detail = "; ".join(f"task '{t.name}' through '{e.map}'" for t, e in producers)
         if fan_in is not None:
             if SymExpr._lift(count) == fan_in:
                 return None
+            ranks = " from all ranks together" if event.ranked else ""
             raise GraphError(
                 f"event '{event.name}': wait count {count} differs from its fan-in "
-                f"{as_size(fan_in)} (notified by {detail})"
+                f"{as_size(fan_in)}{ranks} (notified by {detail})"
             )
-        if isinstance(count, int):
+        if isinstance(count, int) and not event.ranked:
             counts = _enumerate_fan_in(event, producers)
             if counts is not None:
                 for coord, received in counts.items():
@@ -970,17 +1080,24 @@ class _Emitter:
                 count = str(e.wait_count)
             ssa = self.fresh(e.name, f"e{e.index}")
             event_ssa[id(e)] = ssa
+            ranked = " ranked" if e.ranked else ""
             self.body.append(
-                f"{ssa} = etensor.event({', '.join(sizes)}) count {count} "
+                f"{ssa} = etensor.event({', '.join(sizes)}) count {count}{ranked} "
                 f"{{name = {_mlir_string(e.name)}}} : {e.mlir_type}"
             )
 
         for t in g.tasks:
             grid = ", ".join(str(d) if isinstance(d, int) else self.size(d) for d in t.grid)
             line = f"etensor.task {_symbol_ref(t.function.name)} grid [{grid}]"
+            if t.uses_rank:
+                assert g.rank is not None
+                line += f" rank({self.values[('sym', id(g.rank))]})"
             if t.args:
-                names = ", ".join(tensor_ssa[id(a)] for a in t.args)
-                types = ", ".join(a.mlir_type for a in t.args)
+                names = ", ".join(
+                    self.values[("sym", id(a))] if isinstance(a, Symbol) else tensor_ssa[id(a)]
+                    for a in t.args
+                )
+                types = ", ".join("index" if isinstance(a, Symbol) else a.mlir_type for a in t.args)
                 line += f" args({names} : {types})"
             for keyword, edges in (("ins", t.in_edges), ("outs", t.out_edges)):
                 if edges:

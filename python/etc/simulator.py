@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,8 @@ __all__ = ["simulate", "static_queues"]
 
 # How many stuck waits a DeadlockError message lists.
 _MAX_REPORTED = 8
+# Ranked graphs' wait counts are checked by enumeration up to this many instances.
+_MAX_ENUMERATED_RANKS = 1 << 20
 
 
 def bind_symbols(graph: Graph, symbols: Mapping[Any, Any] | None) -> dict[str, int]:
@@ -154,11 +156,26 @@ def _fmt(shape: tuple[Any, ...]) -> str:
 
 
 class _Machine:
-    """Counters, arrays and instance bookkeeping shared by both schedules."""
+    """Counters, arrays and instance bookkeeping shared by both schedules.
 
-    def __init__(self, graph: Graph, arrays: dict[str, np.ndarray], env: dict[str, int]):
+    In a graph that spans ranks there is one machine per rank (``rank``);
+    ``world`` lists them all: a notification of a ranked event goes to the
+    counters of the machine its coordinate 0 names, and a peer table tensor
+    reaches the references as the list of every rank's buffer."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        arrays: dict[str, np.ndarray],
+        env: dict[str, int],
+        rank: int = 0,
+        world: list[_Machine] | None = None,
+    ):
         self.graph = graph
         self.arrays = arrays
+        self.env = env
+        self.rank = rank
+        self.world = [self] if world is None else world
         self.order = graph.topological_tasks()
         self.points = [_grid_points(t, env) for t in self.order]
         self.counters: dict[int, np.ndarray] = {}
@@ -227,7 +244,7 @@ class _Machine:
         return None
 
     def coord(self, task: Task, edge: Any, point: tuple[int, ...], kind: str) -> tuple[int, ...]:
-        coord = edge.map.apply(point)
+        coord = edge.map.apply(point, self.rank)
         shape = self.shapes[edge.event.index]
         if any(not 0 <= c < s for c, s in zip(coord, shape, strict=True)):
             raise GraphError(
@@ -259,7 +276,7 @@ class _Machine:
     def body(self, number: int, linear: int, c: int | None = None) -> None:
         """Run one instance's numpy reference."""
         task, point = self.order[number], self.point(number, linear, c)
-        buffers = [self.arrays[a.name] for a in task.args]
+        buffers = [self.argument(a) for a in task.args]
         reference = task.function.reference
         assert reference is not None
         try:
@@ -272,6 +289,22 @@ class _Machine:
                 f"'{task.function.name}' raised {type(exc).__name__}: {exc}"
             ) from exc
 
+    def argument(self, arg: Tensor | Symbol) -> Any:
+        """What a reference gets for a task argument: a symbol's value, a
+        tensor's array, or for a peer table every rank's array of its tensor."""
+        if isinstance(arg, Symbol):
+            return self.env[arg.name]
+        if arg.peers_of is not None:
+            return [m.arrays[arg.peers_of.name] for m in self.world]
+        return self.arrays[arg.name]
+
+    def counters_of(self, event: Event, coord: tuple[int, ...]) -> np.ndarray:
+        """The counters a notification of ``coord`` updates: a ranked event's
+        live on the rank its coordinate 0 names."""
+        if event.ranked:
+            return self.world[coord[0]].counters[event.index]
+        return self.counters[event.index]
+
     def run(self, number: int, linear: int) -> None:
         """Run one instance, then notify each of its out-edge coordinates (a
         triggered instance past ``indptr[C]`` does neither)."""
@@ -283,7 +316,8 @@ class _Machine:
         self.body(number, linear, c)
         point = self.point(number, linear, c)
         for edge in task.out_edges:
-            self.counters[edge.event.index][self.coord(task, edge, point, "out")] += 1
+            coord = self.coord(task, edge, point, "out")
+            self.counters_of(edge.event, coord)[coord] += 1
 
     def deadlock(self, stuck: list[tuple[Any, ...]], remaining: int, how: str) -> DeadlockError:
         lines = [
@@ -304,13 +338,14 @@ class _Machine:
         )
 
 
-def _run_static(machine: _Machine, env: dict[str, int], num_ctas: int) -> None:
-    queues = static_queues(machine.graph, env, num_ctas)
-    heads = [0] * num_ctas
-    remaining = sum(len(q) for q in queues)
+def _run_static(machines: list[_Machine], num_ctas: int) -> None:
+    """Every rank's CTAs (one machine per rank), stepped round-robin."""
+    ctas = [(m, queue) for m in machines for queue in static_queues(m.graph, m.env, num_ctas)]
+    heads = [0] * len(ctas)
+    remaining = sum(len(q) for _, q in ctas)
     while remaining:
         progressed = False
-        for cta, queue in enumerate(queues):
+        for cta, (machine, queue) in enumerate(ctas):
             if heads[cta] == len(queue):
                 continue
             number, linear = queue[heads[cta]]
@@ -321,13 +356,18 @@ def _run_static(machine: _Machine, env: dict[str, int], num_ctas: int) -> None:
             remaining -= 1
             progressed = True
         if not progressed:
-            stuck = []
-            for cta, queue in enumerate(queues):
+            stuck, first = [], None
+            for cta, (machine, queue) in enumerate(ctas):
                 if heads[cta] < len(queue):
                     block = machine.blocker(*queue[heads[cta]])
                     assert block is not None
                     stuck.append(block)
-            raise machine.deadlock(stuck, remaining, f"static schedule, {num_ctas} CTAs")
+                    first = first or machine
+            assert first is not None
+            how = f"static schedule, {num_ctas} CTAs"
+            if len(machines) > 1:
+                how += f" per rank, {len(machines)} ranks; first stuck: rank {first.rank}"
+            raise first.deadlock(stuck, remaining, how)
 
 
 @dataclass(frozen=True)
@@ -380,7 +420,7 @@ class _DynamicRun:
         self.initial: list[_Instance] = [
             (n, i)
             for n, t in enumerate(order)
-            if not t.in_edges and t.trigger is None
+            if not _pushing(t) and t.trigger is None
             for i in range(len(machine.points[n]))
         ]
         self.total = sum(len(p) for p in machine.points)
@@ -407,7 +447,9 @@ class _DynamicRun:
         self.consumers: dict[int, dict[tuple[int, ...], list[_Instance]]] = {}
         for event in machine.graph.events:
             # A triggered task is pushed by its trigger only; it waits for its
-            # other in-edges after the pop.
+            # other in-edges after the pop. So does a ranked event's consumer.
+            if event.ranked:
+                continue
             edges = [(t, e) for t, e in machine.graph.consumers(event) if t.trigger is None]
             if not edges:
                 continue
@@ -438,19 +480,7 @@ class _DynamicRun:
 
     # -- the scheduler -----------------------------------------------------
     def run(self) -> None:
-        ctas = [self._cta() for _ in range(self.num_ctas)]
-        gates: list[_Gate] = [next(cta) for cta in ctas]
-        live = list(range(self.num_ctas))
-        while live:
-            runnable = [k for k in live if self._open(gates[k])]
-            if not runnable:
-                raise self._deadlock({k: gates[k] for k in live})
-            k = self.rng.choice(runnable)
-            self.steps += 1
-            try:
-                gates[k] = next(ctas[k])
-            except StopIteration:
-                live.remove(k)
+        _run_dynamic([self])
 
     def _open(self, gate: _Gate) -> bool:
         if gate is None:
@@ -510,8 +540,8 @@ class _DynamicRun:
                 yield None
                 if self._notify(edge.event, coord, number, linear):
                     yield from self._push_consumers(edge.event.index, coord)
-        if self.early_push or task.trigger is not None:
-            for edge in task.in_edges:
+        for edge in task.in_edges:
+            if self.early_push or task.trigger is not None or edge.event.ranked:
                 yield _EventWait(number, linear, edge, m.coord(task, edge, point, "in"))
         yield None
         m.body(number, linear, c)
@@ -519,7 +549,7 @@ class _DynamicRun:
             yield None
             e = edge.event.index
             if e in self.early or e not in self.consumers:
-                m.counters[e][coord] += 1
+                m.counters_of(edge.event, coord)[coord] += 1
                 # A trigger fires when the real counter completes.
                 if e in self.triggers and int(m.counters[e][coord]) == m.counts[e](coord):
                     yield from self._fire(e, coord)
@@ -572,10 +602,11 @@ class _DynamicRun:
     def _push_consumers(self, event: int, coord: tuple[int, ...]) -> Iterator[_Gate]:
         for instance in self.consumers[event].get(coord, ()):
             task = self.m.order[instance[0]]
-            if len(task.in_edges) >= 2:
+            pushing = len(_pushing(task))
+            if pushing >= 2:
                 yield None
                 count = self.ready[instance] = self.ready.get(instance, 0) + 1
-                if count != len(task.in_edges):
+                if count != pushing:
                     continue
             yield None
             self._push(instance)
@@ -607,12 +638,12 @@ class _DynamicRun:
         that kept an instance from being pushed, in task and linear order."""
         m, stuck = self.m, []
         for number, task in enumerate(m.order):
-            if not task.in_edges or task.trigger is not None:
+            if not _pushing(task) or task.trigger is not None:
                 continue
             for linear, point in enumerate(m.points[number]):
                 if (number, linear) in self.pushed:
                     continue
-                for edge in task.in_edges:
+                for edge in _pushing(task):
                     coord = m.coord(task, edge, point, "in")
                     e = edge.event.index
                     if (e, coord) not in self.completed:
@@ -670,6 +701,35 @@ class _DynamicRun:
         )
 
 
+def _pushing(task: Task) -> list[Edge]:
+    """The in-edges whose completion pushes an instance (not ranked ones,
+    which are awaited after the pop)."""
+    return [e for e in task.in_edges if not e.event.ranked]
+
+
+def _run_dynamic(runs: list[_DynamicRun]) -> None:
+    """Interleaves the CTAs of every rank's run, one atomic action per step,
+    picked with the first run's seeded RNG."""
+    rng = runs[0].rng
+    ctas = [(run, k, run._cta()) for run in runs for k in range(run.num_ctas)]
+    gates: list[_Gate] = [next(cta) for _, _, cta in ctas]
+    live = list(range(len(ctas)))
+    while live:
+        runnable = [k for k in live if ctas[k][0]._open(gates[k])]
+        if not runnable:
+            stuck = ctas[live[0]][0]
+            error = stuck._deadlock({ctas[k][1]: gates[k] for k in live if ctas[k][0] is stuck})
+            if len(runs) > 1:
+                error.args = (f"rank {stuck.m.rank}: {error.args[0]}", *error.args[1:])
+            raise error
+        k = rng.choice(runnable)
+        ctas[k][0].steps += 1
+        try:
+            gates[k] = next(ctas[k][2])
+        except StopIteration:
+            live.remove(k)
+
+
 def simulate(
     graph: Graph,
     inputs: Mapping[Any, Any] | None = None,
@@ -695,12 +755,12 @@ def simulate(
     DeadlockError when the run hangs and LaunchError where the GPU would
     report a queue overflow.
     """
-    if schedule not in ("static", "dynamic"):
-        raise EtcError(f"unknown schedule {schedule!r}; expected 'static' or 'dynamic'")
-    if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
-        raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
-    if not isinstance(early_push, bool):
-        raise EtcError(f"early_push must be a bool, got {early_push!r}")
+    _check_options(schedule, num_ctas, early_push)
+    if graph.rank is not None:
+        raise EtcError(
+            f"graph '{graph.name}' spans ranks; run it with etc.simulate_ranks (one input "
+            "mapping per rank)"
+        )
     graph.validate()
     env = bind_symbols(graph, symbols)
     arrays = _bind_inputs(graph, inputs, env)
@@ -708,7 +768,7 @@ def simulate(
     if stats is not None:
         stats["instances"] = sum(len(p) for p in machine.points)
     if schedule == "static":
-        _run_static(machine, env, num_ctas)
+        _run_static([machine], num_ctas)
         return arrays
     run = _DynamicRun(machine, num_ctas, seed, early_push)
     try:
@@ -719,3 +779,99 @@ def simulate(
                 ready_at_start=len(run.initial), pushes=run.tail, steps=run.steps, chunk=run.chunk
             )
     return arrays
+
+
+def _check_options(schedule: str, num_ctas: int, early_push: bool) -> None:
+    if schedule not in ("static", "dynamic"):
+        raise EtcError(f"unknown schedule {schedule!r}; expected 'static' or 'dynamic'")
+    if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
+        raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
+    if not isinstance(early_push, bool):
+        raise EtcError(f"early_push must be a bool, got {early_push!r}")
+
+
+def simulate_ranks(
+    graph: Graph,
+    inputs: Sequence[Mapping[Any, Any] | None],
+    symbols: Mapping[Any, Any] | None = None,
+    schedule: str = "static",
+    num_ctas: int = 4,
+    seed: int = 0,
+    early_push: bool = True,
+) -> list[dict[str, np.ndarray]]:
+    """Run a graph that spans ranks (:meth:`Graph.ranks`) on ``len(inputs)``
+    simulated GPUs and return every rank's tensors.
+
+    ``inputs[r]`` are rank r's tensors; ``symbols`` bind every symbol but the
+    rank and the ranks count, which are bound per rank. Every rank runs
+    ``num_ctas`` CTAs of the schedule; the CTAs of all ranks are interleaved
+    (round-robin for the static schedule, a seeded RNG for the dynamic one).
+    A ranked event's notifications go to the rank its coordinate 0 names,
+    and a tile's peer table argument is the list of every rank's buffer.
+    Wait counts are checked first against the notifications of all ranks.
+    Raises as :func:`simulate`; a deadlock names the rank that is stuck.
+    """
+    _check_options(schedule, num_ctas, early_push)
+    if graph.rank is None or graph.num_ranks is None:
+        raise EtcError(
+            f"graph '{graph.name}' does not span ranks (build it with graph.ranks()); "
+            "run it with etc.simulate"
+        )
+    n = len(inputs)
+    if n < 1:
+        raise EtcError("simulate_ranks needs the inputs of at least one rank")
+    given: dict[str, Any] = {}
+    for key, value in (symbols or {}).items():
+        given[key.name if isinstance(key, Symbol) else key] = value
+    for sym in (graph.rank, graph.num_ranks):
+        if sym.name in given:
+            raise ShapeError(
+                f"symbol '{sym.name}' is bound per rank by simulate_ranks; do not pass it"
+            )
+    graph.validate()
+    world: list[_Machine] = []
+    for r in range(n):
+        env = bind_symbols(graph, {**given, graph.rank.name: r, graph.num_ranks.name: n})
+        world.append(_Machine(graph, _bind_inputs(graph, inputs[r], env), env, r, world))
+    _check_rank_fan_in(world)
+    if schedule == "static":
+        _run_static(world, num_ctas)
+    else:
+        _run_dynamic([_DynamicRun(m, num_ctas, seed, early_push) for m in world])
+    return [m.arrays for m in world]
+
+
+def _check_rank_fan_in(world: list[_Machine]) -> None:
+    """Every rank's copy of every event with a constant or symbolic wait count
+    receives exactly that many notifications from all ranks together."""
+    graph = world[0].graph
+    if sum(len(p) for m in world for p in m.points) > _MAX_ENUMERATED_RANKS:
+        return
+    for event in graph.events:
+        if isinstance(event.wait_count, Tensor):
+            continue
+        producers = graph.producers(event)
+        if not producers:
+            continue
+        received = [np.zeros(m.shapes[event.index], dtype=np.int64) for m in world]
+        for m in world:
+            for task, edge in producers:
+                if task.trigger is not None:
+                    continue
+                n = m.order.index(task)
+                for point in m.points[n]:
+                    coord = m.coord(task, edge, point, "out")
+                    target = coord[0] if event.ranked else m.rank
+                    received[target][coord] += 1
+        for m, counts in zip(world, received, strict=True):
+            expected = m.counts[event.index](())
+            # A rank's copy of a ranked event only holds its own coordinates.
+            mine = counts[m.rank] if event.ranked else counts
+            bad = np.argwhere(mine != expected)
+            if len(bad):
+                coord = (m.rank,) * event.ranked + tuple(int(x) for x in bad[0])
+                raise GraphError(
+                    f"event '{event.name}' on rank {m.rank}: coordinate {coord} receives "
+                    f"{int(counts[coord])} notifications from all {len(world)} ranks but its "
+                    f"wait count is {expected}"
+                )

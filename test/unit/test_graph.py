@@ -452,8 +452,8 @@ def test_edge_map_from_an_affine_map_object():
     [
         ("iji->i", "grid dimension 'i' is repeated"),
         ("i-j", "must have the form"),
-        ("i->-1", "must be a grid dimension letter or a non-negative integer"),
-        ("(d0)[s0] -> (d0)", "must not use symbols"),
+        ("i->-1", "must be a grid dimension letter, a non-negative integer or 'rank'"),
+        ("(d0)[s0, s1] -> (d0)", "may use one symbol"),
         (42, "must be a string like 'ij->i'"),
     ],
 )

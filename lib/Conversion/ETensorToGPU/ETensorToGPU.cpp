@@ -78,14 +78,15 @@ struct EventInfo {
   Value base;               // offset of coordinate 0 in %counters
   SmallVector<Value> sizes; // extents, in kernel values
   EventOp op;
-  Value waitCount; // index value, or null when read from a table
-  Value table;     // the table, mapped into the kernel
+  Value waitCount;     // index value, or null when read from a table
+  Value table;         // the table, mapped into the kernel
+  bool ranked = false; // notified from other ranks: system-scope atomics
 };
 
 class KernelBuilder {
 public:
   KernelBuilder(GraphOp graph, gpu::GPUFuncOp kernel, int64_t numGraphArgs,
-                bool trace)
+                bool ranked, bool trace)
       : graph(graph), kernel(kernel),
         b(graph.getLoc(), &kernel.getBody().front(),
           kernel.getBody().front().begin()) {
@@ -96,8 +97,10 @@ public:
     queue = entry.getArgument(numGraphArgs + 1);
     status = entry.getArgument(numGraphArgs + 2);
     maxPolls = entry.getArgument(numGraphArgs + 3);
+    if (ranked)
+      peers = entry.getArgument(numGraphArgs + 4);
     if (trace)
-      traceBuffer = entry.getArgument(numGraphArgs + 4);
+      traceBuffer = entry.getArgument(numGraphArgs + (ranked ? 5 : 4));
     broadcast = kernel.getWorkgroupAttributions().front();
   }
 
@@ -115,6 +118,24 @@ private:
       return arith::IndexCastOp::create(b, b.getI32Type(), v);
     return v;
   }
+  /// Generic address of counter word `offset` of rank `rank`'s copy of the
+  /// counters (every rank lays them out alike).
+  Value peerCounterAddress(Value rank, Value offset) {
+    Value base = memref::LoadOp::create(b, peers, ValueRange{rank});
+    return arith::AddIOp::create(
+        b, base, arith::MulIOp::create(b, toI64(offset), i64(4)));
+  }
+  /// Where a notification of `coords` goes: this rank's counters, or for a
+  /// ranked event, those of rank coords[0]. Returns the PTX scope too.
+  std::pair<Value, StringRef> notifyAddress(EventInfo &info,
+                                            ArrayRef<Value> coords) {
+    Value offset =
+        arith::AddIOp::create(b, info.base, linearize(coords, info.sizes));
+    if (info.ranked)
+      return {peerCounterAddress(coords[0], offset), "sys"};
+    return {addressOf(counters, offset), "gpu"};
+  }
+  Value waitForAllRanks();
   /// Generic address of element `offset` of an i32 buffer.
   Value addressOf(Value buffer, Value offset) {
     Value base =
@@ -209,6 +230,7 @@ private:
   ImplicitLocOpBuilder b;
   IRMapping mapping;
   Value counters, queue, status, maxPolls;
+  Value peers;         // ranked graphs: each rank's counters address (i64)
   Value traceBuffer;   // trace=true: word 0 counts records, 4 words per record
   Value broadcast;     // workgroup i64 slot: the popped task
   Value queueCapacity; // dynamic schedule: every instance
@@ -243,6 +265,7 @@ LogicalResult KernelBuilder::declareEvent(EventOp event) {
     info.waitCount = mapping.lookup(count);
   else
     info.table = mapping.lookup(event.getWaitCountTable());
+  info.ranked = event.getRanked();
   events[event.getEvent()] = info;
   return success();
 }
@@ -284,8 +307,9 @@ Value KernelBuilder::pollCounter(EventInfo &info, Value coordinate,
     Block *before = b.createBlock(&loop.getBefore(), {}, {i32Ty, i64Ty, i32Ty},
                                   {b.getLoc(), b.getLoc(), b.getLoc()});
     b.setInsertionPointToStart(before);
-    Value value =
-        asm32("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", counterAddr);
+    Value value = asm32(info.ranked ? "ld.acquire.sys.global.u32 $0, [$1];"
+                                    : "ld.acquire.gpu.global.u32 $0, [$1];",
+                        "=r,l", counterAddr);
     Value done =
         arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, target);
     Value state =
@@ -459,14 +483,13 @@ void KernelBuilder::lowerNotify(NotifyOp notify) {
   EventInfo &info = events[notify.getEvent()];
   SmallVector<Value> coords = llvm::map_to_vector(
       notify.getIndices(), [&](Value v) { return mapping.lookup(v); });
-  Value coordinate = linearize(coords, info.sizes);
-  Value addr =
-      addressOf(counters, arith::AddIOp::create(b, info.base, coordinate));
+  auto [addr, scope] = notifyAddress(info, coords);
   gpu::BarrierOp::create(b);
   auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(ifZero.thenBlock());
-  asmVoid("red.release.gpu.global.add.u32 [$0], 1;", "l", addr);
+  asmVoid(("red.release." + scope + ".global.add.u32 [$0], 1;").str(), "l",
+          addr);
 }
 
 /// Maps the dispatch body's grid-coordinate arguments to the coordinates of
@@ -655,6 +678,12 @@ LogicalResult KernelBuilder::build() {
   for (auto [dispatch, count] : llvm::zip(dispatches, instanceCounts))
     if (dispatch->hasAttr("etensor.ready_at_start"))
       readyAtStart = arith::AddIOp::create(b, readyAtStart, count);
+  // Ranked graphs: no CTA works before every rank has started this launch.
+  scf::IfOp allArrived;
+  if (peers) {
+    allArrived = scf::IfOp::create(b, TypeRange(), waitForAllRanks(), false);
+    b.setInsertionPointToStart(allArrived.thenBlock());
+  }
   if (worker.getSchedule() == ScheduleKind::Dynamic) {
     mayRetire = worker.walk([](RetireOp) { return WalkResult::interrupt(); })
                     .wasInterrupted();
@@ -663,6 +692,8 @@ LogicalResult KernelBuilder::build() {
   } else if (failed(buildStaticLoop(dispatches))) {
     return failure();
   }
+  if (allArrived)
+    b.setInsertionPointAfter(allArrived);
   resetCountersForNextLaunch();
   gpu::ReturnOp::create(b);
   return success();
@@ -780,6 +811,14 @@ void KernelBuilder::resetCountersForNextLaunch() {
     memref::StoreOp::create(b, i32(0), counters,
                             ValueRange{zero.getInductionVar()});
   }
+  if (peers) {
+    // Ranked graphs: one more launch finished here (see waitForAllRanks).
+    OpBuilder::InsertionGuard countGuard(b);
+    auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    asmVoid("red.relaxed.gpu.global.add.u32 [$0], 1;", "l",
+            addressOf(counters, arith::AddIOp::create(b, total, index(1))));
+  }
   if (!queueCapacity)
     return;
   // Dynamic schedule: head, tail and every ring slot that can be filled.
@@ -789,6 +828,55 @@ void KernelBuilder::resetCountersForNextLaunch() {
   b.setInsertionPointToStart(zeroQueue.getBody());
   memref::StoreOp::create(b, i64(0), queue,
                           ValueRange{zeroQueue.getInductionVar()});
+}
+
+/// The rank barrier of a ranked graph. Two words follow the done counter and
+/// are never reset: `launches` (launches this rank finished) and `arrivals`
+/// (arrivals of every rank, all launches). CTA 0 adds one to each rank's
+/// `arrivals` (system-scope release); every CTA then waits until its own
+/// reaches ranks * (launches + 1). A rank thereby starts this launch's
+/// notifications and peer writes only once every rank has finished the
+/// previous launch (reset its counters, consumed its peer-written buffers)
+/// and has started this one (its stream's earlier work, its inputs, is
+/// done). The watchdog reports a rank that never launches as event -2.
+/// Returns an i1, true (uniform) when every rank arrived.
+Value KernelBuilder::waitForAllRanks() {
+  Value total = nextEventBase ? nextEventBase : index(0);
+  Value arrivals = arith::AddIOp::create(b, total, index(2));
+  Value ranks = memref::DimOp::create(b, peers, index(0));
+  Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
+  Value first = arith::AndIOp::create(
+      b, isThreadZero(),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::eq, block, index(0)));
+  {
+    OpBuilder::InsertionGuard guard(b);
+    auto ifFirst = scf::IfOp::create(b, TypeRange(), first, false);
+    b.setInsertionPointToStart(ifFirst.thenBlock());
+    auto each = scf::ForOp::create(b, index(0), ranks, index(1));
+    b.setInsertionPointToStart(each.getBody());
+    asmVoid("red.release.sys.global.add.u32 [$0], 1;", "l",
+            peerCounterAddress(each.getInductionVar(), arrivals));
+  }
+  EventInfo barrier;
+  barrier.id = -2;
+  barrier.base = arrivals;
+  barrier.ranked = true;
+  auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(),
+                                  /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Value launches =
+        asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
+              addressOf(counters, arith::AddIOp::create(b, total, index(1))));
+    Value target = arith::MulIOp::create(
+        b, toI32(ranks), arith::AddIOp::create(b, launches, i32(1)));
+    scf::YieldOp::create(b, pollCounter(barrier, index(0), target,
+                                        /*taskId=*/-1, index(0)));
+    b.setInsertionPointToStart(ifZero.elseBlock());
+    scf::YieldOp::create(b, ValueRange{i32(0)});
+  }
+  return noneFailed(ifZero.getResult(0));
 }
 
 static bool isPTXIdentifier(StringRef name) {
@@ -1320,11 +1408,10 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
 void KernelBuilder::lowerThreadNotify(NotifyOp notify) {
   EventInfo &info = events[notify.getEvent()];
   SmallVector<Value> coords(notify.getIndices());
-  Value addr =
-      addressOf(counters, arith::AddIOp::create(b, info.base,
-                                                linearize(coords, info.sizes)));
+  auto [addr, scope] = notifyAddress(info, coords);
   if (!notify.getCompleted()) {
-    asmVoid("red.release.gpu.global.add.u32 [$0], 1;", "l", addr);
+    asmVoid(("red.release." + scope + ".global.add.u32 [$0], 1;").str(), "l",
+            addr);
     return;
   }
   Value old =
@@ -1506,6 +1593,11 @@ struct ConvertETensorToGPUPass
     Type i64Buffer =
         MemRefType::get({ShapedType::kDynamic}, IntegerType::get(ctx, 64));
     argTypes.append({i32Buffer, i64Buffer, i32Buffer, IndexType::get(ctx)});
+    // Ranked events: the address of every rank's counters.
+    bool ranked = llvm::any_of(graph.getBodyBlock().getOps<EventOp>(),
+                               [](EventOp e) { return e.getRanked(); });
+    if (ranked)
+      argTypes.push_back(i64Buffer);
     if (trace)
       argTypes.push_back(i64Buffer);
     // One workgroup word: the dynamic worker broadcasts each popped task
@@ -1531,7 +1623,7 @@ struct ConvertETensorToGPUPass
     if (minCtasPerSM > 0)
       kernel->setAttr("nvvm.minctasm", builder.getI32IntegerAttr(minCtasPerSM));
 
-    KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, trace);
+    KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, ranked, trace);
     if (failed(kernelBuilder.build()))
       return failure();
     return overlayWorkgroupGlobals(gpuModule);

@@ -11,5 +11,15 @@ on a GPU machine that has only cuda-python, numpy and torch::
 from etc.runtime.kernel import Kernel, load
 from etc.runtime.manifest import Manifest, load_manifest, parse_manifest
 from etc.runtime.queue import build_static_queue
+from etc.runtime.ranks import RankGroup, peer_table
 
-__all__ = ["Kernel", "Manifest", "build_static_queue", "load", "load_manifest", "parse_manifest"]
+__all__ = [
+    "Kernel",
+    "Manifest",
+    "RankGroup",
+    "build_static_queue",
+    "load",
+    "load_manifest",
+    "parse_manifest",
+    "peer_table",
+]

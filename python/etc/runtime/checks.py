@@ -7,7 +7,9 @@ checked here with the concrete shape, before anything reaches the GPU:
 * every edge map sends every task instance inside its event;
 * every event whose wait count is a constant or a symbol expression receives
   exactly that many notifications at every coordinate (count conservation).
-  Counts read from a tensor are data: the watchdog covers them.
+  Counts read from a tensor are data: the watchdog covers them. A ranked
+  event's notifications come from every rank (each runs the same graph, its
+  maps' ``rank`` bound to its own rank), so they are summed over the ranks.
 
 Both are numpy computations over the event shapes (and, for maps that use a
 grid dimension twice, over the instances), cached with the launch plan.
@@ -29,7 +31,13 @@ _MAX_ENUMERATED = 1 << 24
 
 
 def _fmt_map(results) -> str:
-    return "(" + ", ".join(f"d{v}" if kind == "dim" else str(v) for kind, v in results) + ")"
+    names = {"dim": lambda v: f"d{v}", "rank": lambda v: "rank"}
+    return "(" + ", ".join(names.get(kind, str)(v) for kind, v in results) + ")"
+
+
+def _at_rank(results, rank: int):
+    """The map with its rank result replaced by the constant ``rank``."""
+    return tuple(("const", rank) if kind == "rank" else (kind, v) for kind, v in results)
 
 
 def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
@@ -38,6 +46,16 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
     shapes = [manifest.bind(e.shape, symbols) for e in events]
     fan_in = [np.zeros(shape, dtype=np.int64) for shape in shapes]
     bound = ", ".join(f"{k}={v}" for k, v in symbols.items())
+    # Ranks whose instances notify this rank's copy of an event: every rank
+    # for a ranked event, this one for the others.
+    this_rank, num_ranks = 0, 1
+    if manifest.ranks is not None:
+        this_rank, num_ranks = symbols[manifest.ranks[0]], symbols[manifest.ranks[1]]
+        if not 0 <= this_rank < num_ranks:
+            raise LaunchError(
+                f"{manifest.graph}: rank {this_rank} is outside 0..{num_ranks - 1} "
+                f"({manifest.ranks[1]}={num_ranks})"
+            )
     for task in manifest.tasks:
         grid = manifest.bind(task.grid, symbols)
         if 0 in grid:
@@ -54,15 +72,20 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
                     f"'{event.name}' with map {_fmt_map(results)}"
                 )
                 for k, (rkind, v) in enumerate(results):
-                    reach = grid[v] if rkind == "dim" else v + 1
+                    reach = grid[v] if rkind == "dim" else num_ranks if rkind == "rank" else v + 1
                     if reach > shape[k]:
-                        coord = [grid[d] - 1 if r == "dim" else d for r, d in results]
+                        coord = [
+                            grid[d] - 1 if r == "dim" else num_ranks - 1 if r == "rank" else d
+                            for r, d in results
+                        ]
                         raise LaunchError(
                             f"{where} reaches coordinate {tuple(coord)} outside the event's "
                             f"shape {shape} (dimension {k}) with {bound}"
                         )
                 if kind == "out" and task.trigger is None:
-                    _add_fan_in(fan_in[event_index], grid, results, where)
+                    ranks = range(num_ranks) if event.ranked else (this_rank,)
+                    for rank in ranks:
+                        _add_fan_in(fan_in[event_index], grid, _at_rank(results, rank), where)
     if not any(t.out_edges or t.in_edges for t in manifest.tasks):
         return  # an artifact without edge data: nothing more to check
     for event, counts in zip(events, fan_in, strict=True):

@@ -85,6 +85,15 @@ def status_error(
             "never completed (a wait count above its event's notifications?)"
         )
         return DeadlockError(message, counter=int(words[ST_COUNTER]))
+    if state == STATE_WATCHDOG and int(words[ST_EVENT]) == -2:
+        # Ranked graphs: the rank barrier at the start of the launch.
+        message = (
+            f"{manifest.graph}: not every rank started this launch: the rank barrier saw "
+            f"{int(words[ST_COUNTER])} of the {int(words[ST_WAIT])} arrivals it needs "
+            f"[watchdog expired after {max_polls} polls on CTA {int(words[ST_CTA])}]; "
+            "launch every rank of the group (etc.runtime.RankGroup.launch does)"
+        )
+        return DeadlockError(message, counter=int(words[ST_COUNTER]))
     if state != STATE_WATCHDOG:
         return LaunchError(
             f"{manifest.graph}: the kernel reported unknown status state {state} "
@@ -129,7 +138,7 @@ class _Plan:
     grid: int
     queue: np.ndarray | None  # static schedule: the per-CTA queues
     queue_buffer: driver.DeviceBuffer | None
-    counters: int  # words, the kernel's "done" counter not included
+    counters: int  # words of the events' counters, the words after them not included
     #: Dynamic schedule: i64 words of the ready queue (head, tail, ring).
     queue_words: int
     #: i32 words of the per-stream scratch buffer (status, counters, queue).
@@ -180,6 +189,11 @@ class Kernel:
         self._status_host = driver.HostBuffer(4 * manifest.status_words)
         self._status = self._status_host.view(np.int32)
         self._last: tuple[int, driver.DeviceBuffer, _Plan, int] | None = None
+        #: Ranked kernels: every rank's counters address, set by `RankGroup`
+        #: with the per-stream scratch buffers it allocated (never regrown:
+        #: peers address them).
+        self._peers: driver.DeviceBuffer | None = None
+        self._num_ranks = 0
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -223,6 +237,11 @@ class Kernel:
                     f"{m.graph}: grid {grid} is outside 1..{self.num_ctas} (co-resident CTAs)"
                 )
             actual = grid
+        if m.ranked and self._peers is None:
+            raise LaunchError(
+                f"{m.graph}: the graph spans ranks; launch it through "
+                "etc.runtime.RankGroup, which connects the ranks' kernels"
+            )
         pack = ParamPack(m.params)
         keys = [("tensor", n) for n in self._param_tensors] + [("status", None), ("counters", None)]
         if m.schedule == "static":
@@ -247,14 +266,17 @@ class Kernel:
             pack.set_memref("tensor", name, 0, shape)
         pack.set_memref("status", None, 0, (m.status_words,))
         # One more word after the events: the kernel's "CTAs done" counter.
-        pack.set_memref("counters", None, 0, (counters + 1,))
+        pack.set_memref("counters", None, 0, (counter_words(m, counters),))
+        if m.ranked:
+            assert self._peers is not None
+            pack.set_memref("peers", None, self._peers.ptr, (self._num_ranks,))
         slots = np.append(pack.pointer_slots(keys), pack.slot("max_polls"))
         trace_buffer = None
         if m.traced:
             words64 = 1 + TRACE_RECORD_WORDS * sum(counts)
             trace_buffer = driver.DeviceBuffer(8 * words64)
             pack.set_memref("trace", None, trace_buffer.ptr, (words64,))
-        scratch_words = _queue_offset(m.status_words, counters) + 2 * queue_words
+        scratch_words = _queue_offset(m, counters) + 2 * queue_words
         plan = _Plan(
             values,
             shapes,
@@ -302,7 +324,7 @@ class Kernel:
         values = [v for n in self._param_tensors for v in (by_name[n], by_name[n])]
         values += [status_ptr, status_ptr, counters_ptr, counters_ptr]
         if plan.queue_words:
-            queue_ptr = status_ptr + 4 * _queue_offset(self.manifest.status_words, plan.counters)
+            queue_ptr = status_ptr + 4 * _queue_offset(self.manifest, plan.counters)
             values += [queue_ptr, queue_ptr]
         values.append(polls)
         # Item by item: cheaper than building an array for ~10 words.
@@ -379,6 +401,13 @@ class Kernel:
         words = plan.scratch_words
         scratch = self._scratch.get(handle)
         if scratch is None or scratch.nbytes < 4 * words:
+            if m.ranked:
+                raise LaunchError(
+                    f"{m.graph}: this launch needs {words} scratch words on stream {handle}; "
+                    "the RankGroup allocated "
+                    f"{0 if scratch is None else scratch.nbytes // 4} there (give the group's "
+                    "launch this stream, or a larger scratch_words)"
+                )
             scratch = self._grow_scratch(handle, words)
         if hot is None:
             if has_numpy:
@@ -492,10 +521,17 @@ class Kernel:
         self._staging.clear()
 
 
-def _queue_offset(status_words: int, counters: int) -> int:
-    """Scratch layout, in i32 words: status, counters + "done", then (dynamic
+def counter_words(m: Manifest, counters: int) -> int:
+    """Words of the counters region: the events' counters, the kernel's "done"
+    counter, and for ranked graphs the rank barrier's `launches` and
+    `arrivals` words (never reset)."""
+    return counters + (3 if m.ranked else 1)
+
+
+def _queue_offset(m: Manifest, counters: int) -> int:
+    """Scratch layout, in i32 words: status, the counters region, then (dynamic
     schedule) the 8-byte-aligned ready queue. This is its offset."""
-    words = status_words + counters + 1
+    words = m.status_words + counter_words(m, counters)
     return words + (words & 1)
 
 

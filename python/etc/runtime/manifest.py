@@ -61,7 +61,7 @@ _DTYPE_ALIASES = {
     "uint8": "u8",
     "bool": "i1",
 }
-PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls", "trace")
+PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls", "peers", "trace")
 # The kernel reads these eight status words; a manifest may reserve more.
 MIN_STATUS_WORDS = 8
 
@@ -91,6 +91,8 @@ class EventSpec:
     wait_count: WaitCount
     #: Added by the dynamic schedule (ready.<task>, dispatched.<event>).
     implicit: bool = False
+    #: Spans the ranks: dimension 0 is the rank whose copy holds the coordinate.
+    ranked: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,8 @@ class TaskSpec:
     grid: tuple[Dim, ...]
     #: Dynamic schedule: no in-edges, so every instance is ready at launch.
     ready_at_start: bool = False
-    #: (event index, map) per edge; a map result is ("dim", d) or ("const", c).
+    #: (event index, map) per edge; a map result is ("dim", d), ("const", c) or
+    #: ("rank", 0) (the rank running the instance).
     #: A triggered task's maps take (i, c): dimension 1 is the trigger coordinate.
     in_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
     out_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
@@ -138,6 +141,12 @@ class Manifest:
     status_words: int
     ptx_bytes: bytes = b""
     cubin_bytes: bytes | None = None
+    #: Graphs that span ranks (GPUs): the symbols (rank, number of ranks).
+    ranks: tuple[str, str] | None = None
+
+    @property
+    def ranked(self) -> bool:
+        return self.ranks is not None
 
     @property
     def traced(self) -> bool:
@@ -262,9 +271,15 @@ def _edges(
             ok = (
                 isinstance(r, list)
                 and len(r) == 2
-                and r[0] in ("dim", "const")
+                and r[0] in ("dim", "const", "rank")
                 and _is_int(r[1])
-                and (r[1] >= 0 if r[0] == "const" else 0 <= r[1] < rank)
+                and (
+                    r[1] >= 0
+                    if r[0] == "const"
+                    else r[1] == 0
+                    if r[0] == "rank"
+                    else 0 <= r[1] < rank
+                )
             )
             if not ok:
                 raise c.fail(f"{w}.map", f"bad map result {r!r}")
@@ -355,7 +370,10 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         implicit = e.get("implicit", False)
         if not isinstance(implicit, bool):
             raise c.fail(f"{w}implicit", f"expected a bool, got {implicit!r}")
-        events.append(EventSpec(name, shape, wc, implicit))
+        ranked = e.get("ranked", False)
+        if not isinstance(ranked, bool):
+            raise c.fail(f"{w}ranked", f"expected a bool, got {ranked!r}")
+        events.append(EventSpec(name, shape, wc, implicit, ranked))
     c.unique([e.name for e in events], "events")
 
     tasks = []
@@ -424,6 +442,25 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             raise c.fail("params", f"expected exactly one {kind!r} param, found {counts[kind]}")
     if counts["trace"] > 1:
         raise c.fail("params", f"expected at most one 'trace' param, found {counts['trace']}")
+    ranks = data.get("ranks")
+    if ranks is not None:
+        ok = (
+            isinstance(ranks, dict)
+            and set(ranks) == {"rank", "count"}
+            and all(ranks[k] in symbols for k in ("rank", "count"))
+        )
+        if not ok:
+            raise c.fail(
+                "ranks", f"expected {{'rank': <symbol>, 'count': <symbol>}}, got {ranks!r}"
+            )
+        ranks = (ranks["rank"], ranks["count"])
+    has_ranked = any(e.ranked for e in events)
+    if counts["peers"] != (1 if has_ranked else 0) or (has_ranked and ranks is None):
+        raise c.fail(
+            "params",
+            "a kernel with ranked events takes exactly one 'peers' param and names its ranks; "
+            f"found {counts['peers']} peers param(s), ranks {ranks!r}",
+        )
 
     block_size = c.get(data, "block_size", int, "")
     if not 1 <= block_size <= 1024:
@@ -469,6 +506,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         tasks=tuple(tasks),
         params=tuple(params),
         status_words=status_words,
+        ranks=ranks,
     )
 
 

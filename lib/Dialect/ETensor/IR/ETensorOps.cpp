@@ -211,6 +211,14 @@ LogicalResult EventOp::verify() {
   if (IntegerAttr count = getStaticWaitCountAttr(); count && count.getInt() < 0)
     return emitOpError("wait count must be non-negative, got ")
            << count.getInt();
+  if (getRanked()) {
+    if (type.getRank() < 1)
+      return emitOpError("a ranked event needs dimension 0 for the rank, got ")
+             << type;
+    if (getWaitCountTable())
+      return emitOpError("a ranked event cannot read its wait counts from a "
+                         "table: its notifications come from every rank");
+  }
   if (Value table = getWaitCountTable()) {
     auto tableType = cast<MemRefType>(table.getType());
     if (!tableType.getElementType().isSignlessInteger())
@@ -276,10 +284,21 @@ static LogicalResult verifyEdges(TaskOp task, StringRef kind,
   for (auto [i, event, mapAttr] : llvm::enumerate(events, maps)) {
     AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
     auto type = cast<EventType>(event.getType());
-    if (map.getNumSymbols() != 0)
+    if (map.getNumSymbols() > (task.getRank() ? 1 : 0))
       return task.emitOpError()
              << kind << " map #" << i << " " << AffineMapAttr::get(map)
-             << " must not use symbols";
+             << (task.getRank() ? " may use one symbol (the rank)"
+                                : " must not use symbols (a task with "
+                                  "`rank(%r)` may use one: the rank)");
+    auto eventOp = event.getDefiningOp<EventOp>();
+    if (kind == "in" && eventOp && eventOp.getRanked() &&
+        map.getNumResults() > 0 &&
+        map.getResult(0) != getAffineSymbolExpr(0, task.getContext()))
+      return task.emitOpError()
+             << "in map #" << i << " " << AffineMapAttr::get(map)
+             << " on ranked event '" << eventOp.getDisplayName()
+             << "' must address dimension 0 with the rank symbol: a rank "
+                "waits on its own copy of the counters";
     if (static_cast<int64_t>(map.getNumDims()) != task.getCoordinateCount())
       return task.emitOpError()
              << kind << " map #" << i << " " << AffineMapAttr::get(map)
@@ -331,6 +350,9 @@ LogicalResult TaskOp::verify() {
     if (cast<EventType>(trigger.getType()).getRank() != 1)
       return emitOpError("a data-dependent trigger needs a 1-D event, got ")
              << trigger.getType();
+    if (auto triggerOp = trigger.getDefiningOp<EventOp>();
+        triggerOp && triggerOp.getRanked())
+      return emitOpError("a data-dependent trigger cannot be a ranked event");
     // The coordinate is only known once the trigger fired; the in-edges are
     // awaited before that (they may guard the trigger's tables).
     for (auto [i, mapAttr] : llvm::enumerate(getInMaps()))
@@ -372,7 +394,7 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
            << (getTriggerEvent()
                    ? "a data-dependent trigger (coordinates i, c)"
                    : "a rank-" + std::to_string(getGridRank()) + " grid")
-           << " and " << getArgs().size() << " buffers passes " << expected;
+           << " and " << getArgs().size() << " arguments passes " << expected;
   for (int64_t i = 0; i < coords; ++i)
     if (!fnType.getInput(i).isIndex())
       return emitOpError("argument #")
@@ -381,7 +403,7 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
              << fnType.getInput(i);
   for (auto [i, arg] : llvm::enumerate(getArgs()))
     if (fnType.getInput(coords + i) != arg.getType())
-      return emitOpError("buffer #")
+      return emitOpError("argument #")
              << i << " has type " << arg.getType() << " but device function '"
              << getCallee() << "' expects " << fnType.getInput(coords + i);
   return success();

@@ -42,7 +42,18 @@ private:
       return index(loc, cast<IntegerAttr>(attr).getInt());
     return cast<Value>(ofr);
   }
-  SmallVector<Value> applyMap(Location loc, AffineMap map, ValueRange coords);
+  SmallVector<Value> applyMap(Location loc, AffineMap map, ValueRange coords,
+                              TaskOp task);
+  /// A ranked event is notified from other ranks too: its consumers are
+  /// never pushed, they wait for it after the pop.
+  static bool isRanked(Value event) {
+    return cast<EventOp>(event.getDefiningOp()).getRanked();
+  }
+  /// In-edges that decide when an instance is pushed (not ranked ones).
+  static int64_t pushingInEdges(TaskOp task) {
+    return llvm::count_if(task.getInEvents(),
+                          [](Value e) { return !isRanked(e); });
+  }
   Value linearize(Location loc, ArrayRef<Value> coords, TaskOp task);
   void pushConsumers(Location loc, EventOp event, ValueRange coordinate,
                      Consumers which);
@@ -70,13 +81,19 @@ private:
 } // namespace
 
 SmallVector<Value> DynamicScheduler::applyMap(Location loc, AffineMap map,
-                                              ValueRange coords) {
+                                              ValueRange coords, TaskOp task) {
+  SmallVector<Value> symbols;
+  if (map.getNumSymbols())
+    symbols.push_back(task.getRank());
   SmallVector<Value> results;
   for (AffineExpr expr : map.getResults()) {
     if (auto dim = dyn_cast<AffineDimExpr>(expr))
       results.push_back(coords[dim.getPosition()]);
+    else if (auto symbol = dyn_cast<AffineSymbolExpr>(expr))
+      results.push_back(symbols[symbol.getPosition()]);
     else
-      results.push_back(affine::expandAffineExpr(b, loc, expr, coords, {}));
+      results.push_back(
+          affine::expandAffineExpr(b, loc, expr, coords, symbols));
   }
   return results;
 }
@@ -107,7 +124,8 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
     }
     // A triggered task is pushed by its trigger only and waits for its
     // other in-edges after the pop.
-    if (which == Consumers::Triggered || consumer.getTriggerEvent())
+    if (which == Consumers::Triggered || consumer.getTriggerEvent() ||
+        isRanked(event.getEvent()))
       continue;
     AffineMap map =
         cast<AffineMapAttr>(consumer.getInMaps()[edge.edge]).getValue();
@@ -120,9 +138,13 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
         continue;
       }
       // A constant result: only that coordinate has consumers.
-      int64_t value = cast<AffineConstantExpr>(expr).getValue();
+      // A constant, or the rank: this instance's rank pushes it.
+      Value expected =
+          isa<AffineSymbolExpr>(expr)
+              ? consumer.getRank()
+              : index(loc, cast<AffineConstantExpr>(expr).getValue());
       Value eq = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq,
-                                       coordinate[k], index(loc, value));
+                                       coordinate[k], expected);
       matches = matches ? arith::AndIOp::create(b, loc, matches, eq) : eq;
     }
     if (matches) {
@@ -272,11 +294,13 @@ LogicalResult DynamicScheduler::run() {
       continue; // Its in-edges are waited on, never enumerated.
     }
     for (auto [i, mapAttr] : llvm::enumerate(task.getInMaps())) {
+      if (isRanked(task.getInEvents()[i]))
+        continue; // Waited on after the pop, never enumerated.
       AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
       llvm::SmallDenseSet<unsigned> dims;
       for (AffineExpr expr : map.getResults()) {
         auto dim = dyn_cast<AffineDimExpr>(expr);
-        if (isa<AffineConstantExpr>(expr) ||
+        if (isa<AffineConstantExpr, AffineSymbolExpr>(expr) ||
             (dim && dims.insert(dim.getPosition()).second))
           continue;
         return task.emitOpError("in map #")
@@ -295,7 +319,7 @@ LogicalResult DynamicScheduler::run() {
   // Implicit events, in the documented order.
   for (unsigned t : *order) {
     TaskOp task = tasks[t];
-    int64_t inEdges = task.getInEvents().size();
+    int64_t inEdges = pushingInEdges(task);
     if (inEdges < 2 || task.getTriggerEvent())
       continue;
     SmallVector<int64_t> shape(task.getStaticGrid());
@@ -303,7 +327,7 @@ LogicalResult DynamicScheduler::run() {
     auto ready = EventOp::create(
         b, task.getLoc(), type, task.getDynamicGrid(),
         b.getI64IntegerAttr(inEdges), /*wait_count=*/Value(),
-        /*wait_count_table=*/Value(),
+        /*wait_count_table=*/Value(), /*ranked=*/false,
         b.getStringAttr(("ready." + task.getDisplayName()).str()));
     readyEvent[t] = ready.getEvent();
   }
@@ -325,7 +349,7 @@ LogicalResult DynamicScheduler::run() {
     firedEvent[t] =
         EventOp::create(
             b, task.getLoc(), type, ValueRange(), staticCount, dynamicCount,
-            /*wait_count_table=*/Value(),
+            /*wait_count_table=*/Value(), /*ranked=*/false,
             b.getStringAttr(("fired." + task.getDisplayName()).str()))
             .getEvent();
   }
@@ -333,7 +357,8 @@ LogicalResult DynamicScheduler::run() {
   // dispatched: those events push on completion even with early push.
   if (earlyPush)
     for (EventOp event : graph.getEvents())
-      if (!graph.getConsumers(event).empty() && !event.getWaitCountTable())
+      if (!graph.getConsumers(event).empty() && !event.getWaitCountTable() &&
+          !event.getRanked())
         dispatched[event] =
             declareLike(event.getLoc(), event,
                         ("dispatched." + event.getDisplayName()).str());
@@ -361,7 +386,7 @@ LogicalResult DynamicScheduler::run() {
                            task.getDynamicGrid(), task.getStaticGridAttr(),
                            task.getTriggerEvent(), task.getTriggerIndptr());
     dispatch->setAttr("name", b.getStringAttr(task.getDisplayName()));
-    if (task.getInEvents().empty() && !task.getTriggerEvent())
+    if (pushingInEdges(task) == 0 && !task.getTriggerEvent())
       dispatch->setAttr("etensor.ready_at_start", b.getUnitAttr());
     Block *body = b.createBlock(&dispatch.getBody());
     SmallVector<Value> coords;
@@ -378,16 +403,17 @@ LogicalResult DynamicScheduler::run() {
         Value shadow = dispatched.lookup(eventOp);
         if (!shadow)
           continue;
-        notifyThenPush(
-            taskLoc, shadow, eventOp,
-            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords),
-            Consumers::Regular);
+        notifyThenPush(taskLoc, shadow, eventOp,
+                       applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(),
+                                coords, task),
+                       Consumers::Regular);
       }
-    if (earlyPush || task.getTriggerEvent())
-      for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
-        WaitOp::create(
-            b, taskLoc, event,
-            applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords));
+    // Ranked in-edges never push: they are always waited on here.
+    for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
+      if (earlyPush || task.getTriggerEvent() || isRanked(event))
+        WaitOp::create(b, taskLoc, event,
+                       applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(),
+                                coords, task));
 
     SmallVector<Value> callArgs(coords);
     llvm::append_range(callArgs, task.getArgs());
@@ -395,13 +421,13 @@ LogicalResult DynamicScheduler::run() {
 
     for (auto [event, map] : outEdges) {
       SmallVector<Value> c =
-          applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords);
+          applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(), coords, task);
       auto eventOp = cast<EventOp>(event.getDefiningOp());
       // A trigger fires on completion even with early push: its indptr is
       // only final once the producers have run.
       bool early = dispatched.count(eventOp);
       Consumers which = early ? Consumers::Triggered : Consumers::All;
-      if (graph.getConsumers(eventOp).empty() ||
+      if (graph.getConsumers(eventOp).empty() || eventOp.getRanked() ||
           (early && !hasTriggeredConsumers(eventOp))) {
         NotifyOp::create(b, taskLoc, /*completed=*/Type(), event, c);
         continue;

@@ -20,17 +20,26 @@ using namespace mlir;
 using namespace mlir::etensor;
 
 /// The event coordinates that `map` sends grid point `coords` to, as arith
-/// ops (identity results reuse the coordinate itself).
+/// ops (identity results reuse the coordinate itself); the map's symbol, if
+/// any, is the task's rank.
 static SmallVector<Value> applyEdgeMap(OpBuilder &builder, Location loc,
-                                       AffineMap map, ValueRange coords) {
+                                       AffineMap map, ValueRange coords,
+                                       TaskOp task) {
+  SmallVector<Value> symbols;
+  if (map.getNumSymbols())
+    symbols.push_back(task.getRank());
   SmallVector<Value> results;
   for (AffineExpr expr : map.getResults()) {
     if (auto dim = dyn_cast<AffineDimExpr>(expr)) {
       results.push_back(coords[dim.getPosition()]);
       continue;
     }
-    results.push_back(affine::expandAffineExpr(builder, loc, expr, coords,
-                                               /*symbolValues=*/{}));
+    if (auto symbol = dyn_cast<AffineSymbolExpr>(expr)) {
+      results.push_back(symbols[symbol.getPosition()]);
+      continue;
+    }
+    results.push_back(
+        affine::expandAffineExpr(builder, loc, expr, coords, symbols));
   }
   return results;
 }
@@ -81,8 +90,8 @@ struct ETensorStaticSchedulePass
       for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
         WaitOp::create(builder, loc, event,
                        applyEdgeMap(builder, loc,
-                                    cast<AffineMapAttr>(map).getValue(),
-                                    coords));
+                                    cast<AffineMapAttr>(map).getValue(), coords,
+                                    task));
       SmallVector<Value> callArgs(coords);
       llvm::append_range(callArgs, task.getArgs());
       func::CallOp::create(builder, loc, task.getCallee(), TypeRange(),
@@ -92,7 +101,7 @@ struct ETensorStaticSchedulePass
         NotifyOp::create(builder, loc, /*completed=*/Type(), event,
                          applyEdgeMap(builder, loc,
                                       cast<AffineMapAttr>(map).getValue(),
-                                      coords));
+                                      coords, task));
       YieldOp::create(builder, loc);
     }
     for (TaskOp task : graph.getTasks())

@@ -278,6 +278,23 @@ struct ETensorVerifyGraphPass
   LogicalResult verifyWaitCount(const TaskGraph &graph, EventOp event) {
     if (event.getWaitCountTable())
       return success(); // Data-dependent: checked at run time.
+    // Every rank notifies a ranked event, and maps may name the rank: the
+    // counts are checked when the ranks launch, with the rank count bound.
+    if (event.getRanked())
+      return success();
+    for (EdgeRef producer : graph.getProducers(event)) {
+      TaskOp task = graph.getTasks()[producer.task];
+      if (cast<AffineMapAttr>(task.getOutMaps()[producer.edge])
+              .getValue()
+              .getNumSymbols()) {
+        event.emitWarning("the fan-in of event '")
+            << event.getDisplayName() << "' depends on the rank (task '"
+            << task.getDisplayName()
+            << "' maps onto it with the rank symbol); its wait count is "
+               "checked when the ranks launch";
+        return success();
+      }
+    }
     // A triggered task runs a data-dependent number of instances, so the
     // notifications it sends can only be matched by a data-dependent count.
     for (EdgeRef producer : graph.getProducers(event)) {

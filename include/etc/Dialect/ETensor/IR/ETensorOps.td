@@ -106,6 +106,15 @@ def ETensor_EventOp : ETensor_Op<"event", [
       update*, e.g. the number of tokens routed to an expert):
       `count from %tokens_per_expert : memref<?xi32>`.
 
+    A `ranked` event spans the ranks (GPUs) that run the same graph, one
+    kernel each: dimension 0 is the rank that owns the coordinate. Every
+    rank holds a copy of the counters; a notification of coordinate
+    `(r, ...)` goes to rank `r`'s copy (a system-scope release atomic on the
+    peer's memory), and a wait reads the waiting rank's own copy, so an
+    in-edge must address dimension 0 with the task's `rank` (its map's
+    symbol). The wait count is the number of notifications from all ranks
+    together, so it is checked when the ranks launch, not here.
+
     Examples:
 
     ```mlir
@@ -113,18 +122,22 @@ def ETensor_EventOp : ETensor_Op<"event", [
     %e1 = etensor.event(%n) count %k : !etensor.event<?x8>
     %e2 = etensor.event(%experts) count from %counts : memref<?xi32>
         : !etensor.event<?>
+    %e3 = etensor.event(%ranks, %tiles) count %ranks ranked
+        : !etensor.event<?x?>
     ```
   }];
   let arguments = (ins Variadic<Index>:$sizes,
                        OptionalAttr<I64Attr>:$static_wait_count,
                        Optional<Index>:$wait_count,
                        Optional<AnyMemRef>:$wait_count_table,
+                       UnitAttr:$ranked,
                        OptionalAttr<StrAttr>:$name);
   let results = (outs ETensor_EventType:$event);
   let assemblyFormat = [{
     `(` $sizes `)` `count`
     custom<WaitCount>($static_wait_count, $wait_count, $wait_count_table,
                       type($wait_count_table))
+    (`ranked` $ranked^)?
     attr-dict `:` qualified(type($event))
   }];
   let hasVerifier = 1;
@@ -146,8 +159,13 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     (each point is a *task instance*; static extents are integers, symbolic
     extents are `index` values). The callee is a `func.func` whose arguments
     are the grid coordinates (`index`, one per grid dimension) followed by
-    the buffers listed in `args`, with the same types. Its body runs on one
-    CTA.
+    the values listed in `args` (buffers, or `index` values of the graph),
+    with the same types. Its body runs on one CTA.
+
+    `rank(%r)` names the `index` value that holds the rank (GPU) running
+    the graph when several do; the edge maps may then take one symbol,
+    bound to it: `(i)[r] -> (r, i)`. An in-edge on a `ranked` event must
+    address dimension 0 with that symbol (a rank waits on its own copy).
 
     `ins` lists the events an instance waits on before it starts, `outs` the
     events it notifies when done. Each edge carries an affine map from the
@@ -178,12 +196,16 @@ def ETensor_TaskOp : ETensor_Op<"task", [
         args(%X : memref<?x2048xbf16>)
         outs(%done[(i, c) -> (c)] : !etensor.event<?>)
         triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+    etensor.task @reduce grid [%tiles] rank(%rank)
+        args(%rank, %partials : index, memref<?x?xbf16>)
+        ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>)
     ```
   }];
   let arguments = (ins FlatSymbolRefAttr:$callee,
                        Variadic<Index>:$dynamic_grid,
                        DenseI64ArrayAttr:$static_grid,
-                       Variadic<AnyMemRef>:$args,
+                       Optional<Index>:$rank,
+                       Variadic<AnyTypeOf<[AnyMemRef, Index]>>:$args,
                        Variadic<ETensor_AnyEvent>:$in_events,
                        AffineMapArrayAttr:$in_maps,
                        Variadic<ETensor_AnyEvent>:$out_events,
@@ -193,6 +215,7 @@ def ETensor_TaskOp : ETensor_Op<"task", [
                        OptionalAttr<StrAttr>:$name);
   let assemblyFormat = [{
     $callee `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)
+    (`rank` `(` $rank^ `)`)?
     (`args` `(` $args^ `:` type($args) `)`)?
     custom<Edges>($in_events, type($in_events), $in_maps,
                   $out_events, type($out_events), $out_maps)
@@ -225,7 +248,8 @@ def ETensor_WaitOp : ETensor_Op<"wait"> {
   let description = [{
     Waits until the counter at `indices` of `event` has received its wait
     count of notifications. Lowered to one thread polling the counter with
-    `ld.acquire.gpu` and `nanosleep` backoff, then a CTA barrier, so every
+    `ld.acquire.gpu` (`.sys` on a `ranked` event, whose producers run on
+    other GPUs) and `nanosleep` backoff, then a CTA barrier, so every
     thread of the CTA observes the producers' writes. The poll is bounded
     by a watchdog: on expiry the kernel records the event, coordinate and
     counter value and all CTAs exit.
@@ -248,7 +272,9 @@ def ETensor_NotifyOp : ETensor_Op<"notify"> {
   let description = [{
     Adds one to the counter at `indices` of `event`, after every thread of
     the CTA has finished the task body: a CTA barrier, then one thread does
-    a release atomic add at GPU scope.
+    a release atomic add at GPU scope. On a `ranked` event, coordinate 0
+    picks the rank whose copy is notified, and the atomic is a system-scope
+    release on that rank's memory (peer access over NVLink/PCIe).
 
     With a result, the op also returns whether this notification was the
     one that completed the coordinate (the counter reached its wait count);

@@ -1,0 +1,120 @@
+"""Tensor-parallel GEMMs fused with their collectives, one megakernel per rank.
+
+* :func:`gemm_reduce_scatter` (row-parallel layer, e.g. an MLP's down projection):
+  rank ``r`` holds ``X_r`` (``S x K``, its ``K`` slice of the inner dimension) and
+  ``W_r`` (``N x K``); the result ``sum_r X_r @ W_r^T`` is scattered by rows: rank ``r``
+  gets rows ``[r*S/R, (r+1)*S/R)`` in ``out`` (``S/R x N``). A GEMM tile sends its
+  partial block to the rank that owns its rows as soon as it is done (into that rank's
+  ``staging`` slot for the sender) and notifies the ranked event ``rs`` there; the
+  owner's reduce tile for that block waits for all ``R`` partials and sums them.
+* :func:`allgather_gemm` (column-parallel layer, e.g. gate/up): rank ``r`` holds ``S/R``
+  rows ``A`` (``S/R x K``) and ``W_r`` (``N x K``); ``C_r = allgather(A) @ W_r^T``
+  (``S x N``, given as ``R x S/R x N``). Copy tiles push this rank's rows into every
+  rank's gathered buffer and notify the ranked event ``ag`` there; the GEMM tiles of a
+  chunk wait only for that chunk's rows.
+
+Symbols: ``rows`` (``S/R``) and ``N``; ``K`` is compiled in. The ranks and the rank are
+bound by :class:`etc.runtime.RankGroup` (or :func:`etc.simulate_ranks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..graph import Graph
+from ..tiles import collective as tiles
+
+__all__ = [
+    "CollectiveConfig",
+    "gemm_reduce_scatter",
+    "allgather_gemm",
+    "reference_gemm_reduce_scatter",
+    "reference_allgather_gemm",
+]
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    """Tile sizes; ``k`` is the GEMM's inner dimension (per rank for GEMM + RS)."""
+
+    k: int = 4096
+    block_m: int = 128
+    block_n: int = 128
+    stages: int = 3
+    warps: tuple[int, int] | None = None
+    block_size: int = 256
+
+
+def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
+    g = Graph(name, block_size=cfg.block_size)
+    rank, ranks = g.ranks()
+    rows, n = g.symbol("rows"), g.symbol("N")
+    X = g.tensor("X", (ranks * rows, cfg.k), "bf16")
+    W = g.tensor("W", (n, cfg.k), "bf16")
+    staging = g.tensor("staging", (ranks, rows, n), "bf16")
+    staging_peers = g.peer_table(staging)
+    out = g.tensor("out", (rows, n), "bf16")
+    mt, nt = rows // cfg.block_m, n // cfg.block_n
+    rs = g.event((ranks, mt, nt), wait_count=ranks, name="rs", ranked=True)
+    gemm = tiles.gemm_to_peer(
+        cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
+        stages=cfg.stages,
+    )  # fmt: skip
+    reduce = tiles.reduce_slots(cfg.block_m, cfg.block_n, block_size=cfg.block_size)
+    g.task(
+        gemm, grid=(ranks, mt, nt), args=(rank, X, W, staging_peers),
+        out_edges={rs: "dij->d,i,j"}, name="gemm",
+    )  # fmt: skip
+    g.task(
+        reduce, grid=(mt, nt), args=(staging, out), in_edges={rs: "ij->rank,i,j"},
+        name="reduce",
+    )  # fmt: skip
+    return g
+
+
+def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
+    g = Graph(name, block_size=cfg.block_size)
+    rank, ranks = g.ranks()
+    rows, n = g.symbol("rows"), g.symbol("N")
+    A = g.tensor("A", (rows, cfg.k), "bf16")
+    full = g.tensor("A_full", (ranks * rows, cfg.k), "bf16")
+    full_peers = g.peer_table(full)
+    W = g.tensor("W", (n, cfg.k), "bf16")
+    C = g.tensor("C", (ranks, rows, n), "bf16")
+    mt, nt = rows // cfg.block_m, n // cfg.block_n
+    # One copy tile per GEMM row block: a GEMM tile waits for exactly its rows.
+    ag = g.event((ranks, ranks, mt), wait_count=1, name="ag", ranked=True)
+    copy = tiles.copy_to_peers(cfg.block_m, cfg.k, block_size=cfg.block_size)
+    gemm = tiles.gemm_chunk(
+        cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
+        stages=cfg.stages,
+    )  # fmt: skip
+    g.task(
+        copy, grid=(ranks, mt), args=(rank, A, full_peers), out_edges={ag: "dt->d,rank,t"},
+        name="copy",
+    )  # fmt: skip
+    g.task(
+        gemm, grid=(ranks, mt, nt), args=(full, W, C), in_edges={ag: "sij->rank,s,i"},
+        name="gemm",
+    )  # fmt: skip
+    return g
+
+
+def _bf16_round(x: np.ndarray) -> np.ndarray:
+    return bf16_to_f32(f32_to_bf16(x))
+
+
+def reference_gemm_reduce_scatter(xs: list[np.ndarray], ws: list[np.ndarray]) -> list[np.ndarray]:
+    """Per rank, its rows of ``sum_r bf16(X_r @ W_r^T)`` (float32; inputs float32 holding
+    bf16 values). Each partial is rounded to bf16, as the tiles send it."""
+    total = sum(_bf16_round(x @ w.T) for x, w in zip(xs, ws, strict=True))
+    return list(np.split(total, len(xs), axis=0))
+
+
+def reference_allgather_gemm(as_: list[np.ndarray], ws: list[np.ndarray]) -> list[np.ndarray]:
+    """Per rank, ``concat(A) @ W_r^T`` (float32)."""
+    full = np.concatenate(as_, axis=0)
+    return [full @ w.T for w in ws]

@@ -1,0 +1,219 @@
+"""Graphs that span several GPUs of one host: one kernel per rank, connected by peer access.
+
+A graph built with :meth:`etc.Graph.ranks` runs the same megakernel on every rank (GPU).
+Its ranked events notify other ranks' counters and its tiles write other ranks' buffers
+through plain peer pointers (CUDA peer access over NVLink or PCIe; no transport of our
+own). :class:`RankGroup` loads the artifact on each device, enables peer access between
+them, allocates each rank's counters once (peers hold their addresses, so they never
+move) and launches all ranks, binding the graph's ``rank`` and ranks-count symbols::
+
+    group = etc.runtime.RankGroup("artifacts/gemm_rs", devices=[0, 1])
+    group.launch([{"X": x0, ...}, {"X": x1, ...}], {"S": 8192})
+
+:func:`peer_table` turns one buffer per rank into the per-rank ``i64`` tables of their
+addresses that tiles take to write a peer's buffer.
+
+One launch of a group is in flight at a time: each launch starts with a rank barrier
+(every rank has finished the previous launch and started this one) that the kernels
+run themselves, so launches on the ranks' streams need no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from etc.errors import LaunchError
+from etc.runtime import driver
+from etc.runtime.kernel import Kernel, _stream_handle, load
+
+__all__ = ["RankGroup", "enable_peer_access", "peer_table"]
+
+# Scratch words (i32) per rank: status, counters and the dynamic queue.
+DEFAULT_SCRATCH_WORDS = 1 << 22
+
+
+def enable_peer_access(devices: Sequence[int]) -> None:
+    """Lets every device of `devices` read, write and do atomics on every other's memory.
+
+    Raises LaunchError naming the pair when the hardware cannot (no P2P path, or no native
+    peer atomics, which the ranked events' system-scope atomics need)."""
+    cu = driver._require()
+    devs = [driver.get_device(d) for d in devices]
+    attr = cu.CUdevice_P2PAttribute
+    for a in devs:
+        for b in devs:
+            if a.ordinal == b.ordinal:
+                continue
+            can = driver.check(
+                cu.cuDeviceCanAccessPeer(a.handle, b.handle), "cuDeviceCanAccessPeer"
+            )
+            atomics = driver.check(
+                cu.cuDeviceGetP2PAttribute(
+                    attr.CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, a.handle, b.handle
+                ),
+                "cuDeviceGetP2PAttribute",
+            )
+            if not can or not atomics:
+                raise LaunchError(
+                    f"cuda:{a.ordinal} cannot {'access' if not can else 'do atomics on'} the "
+                    f"memory of cuda:{b.ordinal}; ranked graphs need peer access with native "
+                    "atomics between every pair of ranks"
+                )
+            a.make_current()
+            err = cu.cuCtxEnablePeerAccess(b.context, 0)[0]
+            if err not in (
+                cu.CUresult.CUDA_SUCCESS,
+                cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+            ):
+                raise LaunchError(
+                    f"cuCtxEnablePeerAccess(cuda:{a.ordinal} -> cuda:{b.ordinal}) failed: "
+                    f"{driver.error_name(err)}"
+                )
+
+
+def _address(buffer: Any) -> int:
+    if isinstance(buffer, (int, np.integer)) and not isinstance(buffer, bool):
+        return int(buffer)
+    if hasattr(buffer, "data_ptr"):
+        return int(buffer.data_ptr())
+    if hasattr(buffer, "ptr"):
+        return int(buffer.ptr)
+    raise LaunchError(
+        f"peer_table: {type(buffer).__name__} is not a device buffer (a torch CUDA tensor, "
+        "a DeviceBuffer or an int address)"
+    )
+
+
+def peer_table(buffers: Sequence[Any]) -> list[np.ndarray]:
+    """Per rank, the ``int64`` addresses of ``buffers`` (one per rank, in rank order).
+
+    Rank ``r``'s table is what its tiles index with a destination rank to write that
+    rank's buffer; copy it to rank ``r``'s device (e.g. ``torch.from_numpy(t).cuda(r)``).
+    Every rank's table is the same list: addresses are valid on every peer once peer
+    access is enabled (unified addressing)."""
+    table = np.array([_address(b) for b in buffers], dtype=np.int64)
+    return [table.copy() for _ in buffers]
+
+
+class RankGroup:
+    """One ranked artifact loaded on `devices` (rank r on ``devices[r]``)."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        devices: Sequence[int],
+        *,
+        max_polls: int | None = None,
+        scratch_words: int = DEFAULT_SCRATCH_WORDS,
+    ) -> None:
+        devices = [int(d) for d in devices]
+        if not devices or len(set(devices)) != len(devices):
+            raise LaunchError(f"RankGroup: devices must be distinct ordinals, got {devices}")
+        enable_peer_access(devices)
+        self.kernels: list[Kernel] = [load(directory, d, max_polls) for d in devices]
+        m = self.kernels[0].manifest
+        if m.ranks is None:
+            raise LaunchError(
+                f"{m.graph}: the graph does not span ranks (build it with graph.ranks()); "
+                "load it with etc.runtime.load"
+            )
+        self.manifest = m
+        self.devices = devices
+        self.rank_symbol, self.count_symbol = m.ranks
+        cu = driver._require()
+        # Each rank's scratch once, zeroed: the rank barrier's words must survive
+        # launches, and peers hold the counters' addresses.
+        self._scratch: list[driver.DeviceBuffer] = []
+        for k in self.kernels:
+            k._ensure_context()
+            buf = driver.DeviceBuffer(4 * scratch_words)
+            driver.check(cu.cuMemsetD32(buf.ptr, 0, scratch_words), "cuMemsetD32")
+            self._scratch.append(buf)
+        counters = [b.ptr + 4 * m.status_words for b in self._scratch]
+        table = np.array(counters, dtype=np.int64)
+        for k in self.kernels:
+            k._ensure_context()
+            peers = driver.DeviceBuffer(table.nbytes)
+            driver.htod(peers.ptr, table.ctypes.data, table.nbytes)
+            k._peers, k._num_ranks = peers, len(devices)
+        for k in self.kernels:
+            k._ensure_context()
+            driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.kernels)
+
+    def __repr__(self) -> str:
+        return (
+            f"<etc.runtime.RankGroup {self.manifest.graph!r} ({self.manifest.schedule}) on "
+            f"cuda:{', cuda:'.join(map(str, self.devices))}>"
+        )
+
+    def launch(
+        self,
+        tensors: Sequence[Mapping[str, Any]],
+        symbols: Mapping[str, int] | None = None,
+        streams: Sequence[Any] | None = None,
+        sync: bool = True,
+        max_polls: int | None = None,
+    ) -> None:
+        """Launches every rank: ``tensors[r]`` are rank r's (device tensors or pointers on
+        ``devices[r]``), `symbols` every symbol but the rank and the ranks count.
+
+        `streams` (one per rank) default to torch's current stream of each device, else
+        the legacy default stream. With ``sync=False`` call `check` later. A failure on
+        any rank raises, naming the rank."""
+        m, n = self.manifest, self.num_ranks
+        symbols = dict(symbols or {})
+        for name in (self.rank_symbol, self.count_symbol):
+            if name in symbols:
+                raise LaunchError(
+                    f"{m.graph}: symbol '{name}' is bound by the RankGroup (rank r on "
+                    f"devices[r], {n} ranks); do not pass it"
+                )
+        if len(tensors) != n:
+            raise LaunchError(f"{m.graph}: expected tensors for {n} ranks, got {len(tensors)}")
+        if streams is not None and len(streams) != n:
+            raise LaunchError(f"{m.graph}: expected {n} streams, got {len(streams)}")
+        has_torch = "torch" in sys.modules
+        for r, given in enumerate(tensors):
+            for name, value in given.items():
+                if isinstance(value, np.ndarray):
+                    # A numpy launch synchronises before the next rank launches:
+                    # the rank barrier would wait for a rank never launched.
+                    raise LaunchError(
+                        f"{m.graph}: rank {r} tensor '{name}' is a numpy array; ranked "
+                        "launches take device tensors (torch CUDA tensors or pointers)"
+                    )
+        for r, kernel in enumerate(self.kernels):
+            stream = None if streams is None else streams[r]
+            handle = _stream_handle(stream, has_torch, kernel.device.ordinal)
+            kernel._scratch[handle] = self._scratch[r]
+            bound = {**symbols, self.rank_symbol: r, self.count_symbol: n}
+            kernel._ensure_context()
+            try:
+                kernel.launch(tensors[r], bound, stream=handle, sync=False, max_polls=max_polls)
+            except LaunchError as exc:
+                raise type(exc)(f"rank {r}: {exc}") from None
+        if sync:
+            self.check()
+
+    def check(self) -> None:
+        """Waits for every rank's latest launch; raises the first rank's failure."""
+        failures = []
+        for r, kernel in enumerate(self.kernels):
+            try:
+                kernel._ensure_context()
+                kernel.check()
+            except Exception as exc:  # every rank is waited for before raising
+                failures.append((r, exc))
+        if failures:
+            r, exc = failures[0]
+            others = f" (ranks {', '.join(str(f[0]) for f in failures[1:])} failed too)"
+            raise type(exc)(f"rank {r}: {exc}{others if len(failures) > 1 else ''}") from exc

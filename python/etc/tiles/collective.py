@@ -1,0 +1,322 @@
+"""Tiles for tensor-parallel GEMMs fused with their collectives (graphs that span ranks).
+
+Every buffer is row-major bf16; ``R`` ranks split ``S`` rows into ``R`` chunks of
+``S / R`` rows (rank ``r`` owns chunk ``r``). A peer table (``memref<?xi64>``, see
+:meth:`etc.Graph.peer_table`) holds every rank's address of a buffer; tiles write
+peers' buffers through it with plain stores (peer access), and the graph's ranked
+events then tell the owner that the data has landed.
+
+* :func:`gemm_to_peer` (GEMM + Reduce-Scatter): coords ``(d, i, j)``, args ``(rank, A,
+  B, staging_peers)``: the partial product ``A[d*S/R + i*BM :, :] @ B[j*BN :, :]^T`` of
+  the rows rank ``d`` owns goes to rank ``d``'s ``staging[rank, i*BM :, j*BN :]``
+  (``staging``: ``(R, S/R, N)``, one slot per source rank).
+* :func:`reduce_slots`: coords ``(i, j)``, args ``(staging, out)``:
+  ``out[i*BM :, j*BN :] = bf16(sum over slots of staging[:, i*BM :, j*BN :])`` (fp32 sum,
+  slots in rank order).
+* :func:`copy_to_peers` (All-Gather): coords ``(d, t)``, args ``(rank, A, full_peers)``:
+  rows ``[t*CB, (t+1)*CB)`` of this rank's ``A`` (``S/R`` rows) go to rows
+  ``rank*S/R + t*CB`` of rank ``d``'s ``full`` (``S`` rows).
+* :func:`gemm_chunk` (the GEMM after the All-Gather): coords ``(s, i, j)``, args ``(A, B,
+  C)``: ``C[s*S/R + i*BM :, j*BN :] = bf16(A[same rows] @ B[j*BN :]^T)``, ``A``: ``(S, K)``,
+  ``R = dim(A, 0) / rows_per_rank`` given as ``S/R`` through the chunk coordinate.
+
+Shapes must divide evenly: ``S/R`` by the row block, ``N`` by ``BN``, ``K`` by 32 (the
+GEMM tiles are :mod:`etc.tiles.gemm_tc`'s main loop with another prologue/epilogue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..device import DeviceFunction
+from ..dtypes import bf16_to_f32, f32_to_bf16
+from . import _mma
+from .gemm_tc import SMEM_LIMIT, Source, _body, _finish, _Text, plan
+
+__all__ = ["gemm_to_peer", "reduce_slots", "copy_to_peers", "gemm_chunk"]
+
+
+def _gemm_prologue(t: _Text, k: int, block_m: int, block_n: int, row0: str):
+    """Loads of block rows from ``%A`` (from ``row0``) and ``%B`` (from ``%j * BN``)."""
+    ab = f"memref<?x{k}xbf16>"
+    n0 = t.mul("%j", block_n)
+
+    def a_src(row: str) -> Source:
+        return "%A", ab, "", t.add(row0, row)
+
+    def b_src(row: str) -> Source:
+        return "%B", ab, "", t.add(n0, row)
+
+    return ab, n0, a_src, b_src
+
+
+def _pairs(t: _Text, block_n: int, wn: int) -> Callable[[str], list[str]]:
+    cw = block_n // wn
+
+    def b_pairs(wn_i: str) -> list[str]:
+        base = t.mul(wn_i, cw)
+        return [t.add(base, 16 * p) for p in range(cw // 16)]
+
+    return b_pairs
+
+
+def _cols(t: _Text, n0: str, block_n: int, wn: int, wn_i: str, col_lane: str, nf: int):
+    wcol = t.add(t.add(n0, t.mul(wn_i, block_n // wn)), col_lane)
+    return [t.add(wcol, 8 * f) for f in range(nf)]
+
+
+def gemm_to_peer(
+    block_m: int = 128,
+    block_n: int = 128,
+    k: int = 2048,
+    *,
+    name: str = "gemm_to_peer",
+    block_size: int = 256,
+    warps: tuple[int, int] | None = None,
+    stages: int = 3,
+    smem_limit: int = SMEM_LIMIT,
+) -> DeviceFunction:
+    """GEMM + Reduce-Scatter producer tile (see the module docstring)."""
+    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit)
+    t = _Text()
+    ab = f"memref<?x{k}xbf16>"
+    m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
+    n_cols = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
+    ranks = t.op("R", f"memref.dim %peers, {t.c(0)} : memref<?xi64>")
+    rpr = t.bin("divui", m_rows, ranks)  # rows per rank
+    local0 = t.mul("%i", block_m)
+    r0 = t.add(t.op("x", f"arith.muli %d, {rpr} : index"), local0)
+    _, n0, a_src, b_src = _gemm_prologue(t, k, block_m, block_n, r0)
+    raw = t.op("praw", "memref.load %peers[%d] : memref<?xi64>")
+    # Rank d's staging slot of this rank: (rank * rpr) rows of N columns in.
+    slot = t.op("x", f"arith.muli %rank, {rpr} : index")
+
+    def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
+        cols = _cols(t, n0, block_n, wn, wn_i, col_lane, len(acc[0]))
+        base = t.op("pbase", f"llvm.inttoptr {raw} : i64 to !llvm.ptr")
+        for m, per in enumerate(acc):
+            for h in range(2):
+                # rows[] are global rows r0 + offset; rank d's slot row is local.
+                local = t.op("x", f"arith.subi {rows[2 * m + h]}, {r0} : index")
+                srow = t.add(t.add(slot, local0), local)
+                line = t.op("x", f"arith.muli {srow}, {n_cols} : index")
+                for f, c in enumerate(per):
+                    elem = t.add(line, cols[f])
+                    e64 = t.op("e64", f"arith.index_cast {elem} : index to i64")
+                    ptr = t.op(
+                        "p",
+                        f"llvm.getelementptr {base}[{e64}] : (!llvm.ptr, i64) -> !llvm.ptr, bf16",
+                    )
+                    v = t.op(
+                        "v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>"
+                    )
+                    hv = t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+                    t.emit(
+                        f"llvm.store {hv}, {ptr} {{alignment = 4 : i64}} : vector<2xbf16>, !llvm.ptr"
+                    )
+
+    globals_ = _body(
+        t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
+        wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
+        epilogue=epilogue,
+    )  # fmt: skip
+    signature = (
+        f"%d: index, %i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
+    )
+
+    def reference(d: int, i: int, j: int, rank: int, A, B, peers) -> None:
+        ranks_n = len(peers)
+        rows = A.shape[0] // ranks_n
+        rs = slice(d * rows + i * block_m, d * rows + (i + 1) * block_m)
+        cs = slice(j * block_n, (j + 1) * block_n)
+        out = f32_to_bf16(_mma.bf16_matmul(A[rs], B[cs]))
+        peers[d][rank, i * block_m : (i + 1) * block_m, cs] = out
+
+    return _finish(
+        t, name, signature, globals_,
+        f"{name}: partial A @ B^T of rank d's rows to rank d's staging slot, "
+        f"{block_m}x{block_n} blocks, {stages} stages, {wm}x{wn} warps",
+        reference, block_size,
+    )  # fmt: skip
+
+
+def gemm_chunk(
+    block_m: int = 128,
+    block_n: int = 128,
+    k: int = 2048,
+    *,
+    name: str = "gemm_chunk",
+    block_size: int = 256,
+    warps: tuple[int, int] | None = None,
+    stages: int = 3,
+    smem_limit: int = SMEM_LIMIT,
+) -> DeviceFunction:
+    """All-Gather + GEMM consumer tile (see the module docstring). The rows per chunk
+    are ``dim(A, 0) / dim(C_chunks)``: ``C`` is ``memref<?x?x?xbf16>`` viewed as
+    ``(R, S/R, N)`` (the output ``(S, N)`` reshaped), so the tile learns ``S/R``."""
+    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit)
+    t = _Text()
+    ct = "memref<?x?x?xbf16>"
+    rpr = t.op("rpr", f"memref.dim %C, {t.c(1)} : {ct}")
+    local0 = t.mul("%i", block_m)
+    r0 = t.add(t.op("x", f"arith.muli %s, {rpr} : index"), local0)
+    ab, n0, a_src, b_src = _gemm_prologue(t, k, block_m, block_n, r0)
+
+    def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
+        cols = _cols(t, n0, block_n, wn, wn_i, col_lane, len(acc[0]))
+        for m, per in enumerate(acc):
+            for h in range(2):
+                local = t.op("x", f"arith.subi {rows[2 * m + h]}, {r0} : index")
+                lrow = t.add(local0, local)
+                for f, c in enumerate(per):
+                    v = t.op(
+                        "v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>"
+                    )
+                    hv = t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+                    t.emit(
+                        f"vector.store {hv}, %C[%s, {lrow}, {cols[f]}] "
+                        f"{{alignment = 4 : i64}} : {ct}, vector<2xbf16>"
+                    )
+
+    globals_ = _body(
+        t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
+        wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
+        epilogue=epilogue,
+    )  # fmt: skip
+    signature = f"%s: index, %i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
+
+    def reference(s: int, i: int, j: int, A, B, C) -> None:
+        rows = C.shape[1]
+        rs = slice(s * rows + i * block_m, s * rows + (i + 1) * block_m)
+        cs = slice(j * block_n, (j + 1) * block_n)
+        C[s, i * block_m : (i + 1) * block_m, cs] = f32_to_bf16(_mma.bf16_matmul(A[rs], B[cs]))
+
+    return _finish(
+        t, name, signature, globals_,
+        f"{name}: C = A @ B^T for chunk s of the gathered rows, {block_m}x{block_n} blocks, "
+        f"{stages} stages, {wm}x{wn} warps",
+        reference, block_size,
+    )  # fmt: skip
+
+
+def reduce_slots(
+    block_m: int = 128,
+    block_n: int = 128,
+    *,
+    name: str = "reduce_slots",
+    block_size: int = 256,
+) -> DeviceFunction:
+    """Reduce-Scatter consumer tile (see the module docstring): 16-byte vectors,
+    fp32 sums over the staging slots, one bf16 store per vector."""
+    if block_n % 8 or (block_m * block_n) % (8 * block_size):
+        raise ValueError(
+            f"{name}: a {block_m}x{block_n} block must split into 8-element vectors "
+            f"for {block_size} threads"
+        )
+    st, ot = "memref<?x?x?xbf16>", "memref<?x?xbf16>"
+    per_row = block_n // 8
+    iters = block_m * block_n // (8 * block_size)
+    source = f"""// {name}: out = bf16(sum over slots of staging), {block_m}x{block_n} blocks
+func.func @{name}(%i: index, %j: index, %staging: {st}, %out: {ot}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant dense<0.0> : vector<8xf32>
+  %slots = memref.dim %staging, %c0 : {st}
+  %tid = gpu.thread_id x
+  %r0 = arith.muli %i, %c{block_m}_ : index
+  %n0 = arith.muli %j, %c{block_n}_ : index
+  scf.for %it = %c0 to %c{iters}_ step %c1 {{
+    %v0 = arith.muli %it, %c{block_size}_ : index
+    %v = arith.addi %v0, %tid : index
+    %row = arith.divui %v, %c{per_row}_ : index
+    %cv = arith.remui %v, %c{per_row}_ : index
+    %col0 = arith.muli %cv, %c8_ : index
+    %r = arith.addi %r0, %row : index
+    %col = arith.addi %n0, %col0 : index
+    %sum = scf.for %s = %c0 to %slots step %c1 iter_args(%acc = %zero) -> (vector<8xf32>) {{
+      %x = vector.load %staging[%s, %r, %col] : {st}, vector<8xbf16>
+      %xf = arith.extf %x : vector<8xbf16> to vector<8xf32>
+      %a = arith.addf %acc, %xf : vector<8xf32>
+      scf.yield %a : vector<8xf32>
+    }}
+    %y = arith.truncf %sum : vector<8xf32> to vector<8xbf16>
+    vector.store %y, %out[%r, %col] : {ot}, vector<8xbf16>
+  }}
+  return
+}}
+"""
+    consts = sorted({block_m, block_n, iters, block_size, per_row, 8})
+    decl = "".join(f"  %c{v}_ = arith.constant {v} : index\n" for v in consts)
+    source = source.replace(
+        "  %c0 = arith.constant 0 : index\n", "  %c0 = arith.constant 0 : index\n" + decl, 1
+    )
+
+    def reference(i: int, j: int, staging, out) -> None:
+        rs = slice(i * block_m, (i + 1) * block_m)
+        cs = slice(j * block_n, (j + 1) * block_n)
+        total = np.zeros((block_m, block_n), dtype=np.float32)
+        for s in range(staging.shape[0]):
+            total += bf16_to_f32(staging[s, rs, cs])
+        out[rs, cs] = f32_to_bf16(total)
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def copy_to_peers(
+    chunk_rows: int = 128,
+    hidden: int = 4096,
+    *,
+    name: str = "copy_to_peers",
+    block_size: int = 256,
+) -> DeviceFunction:
+    """All-Gather producer tile (see the module docstring): 16-byte loads of this
+    rank's rows, 16-byte stores into rank ``d``'s gathered buffer."""
+    if hidden % 8 or (chunk_rows * hidden) % (8 * block_size):
+        raise ValueError(
+            f"{name}: {chunk_rows} rows of {hidden} must split into 8-element vectors "
+            f"for {block_size} threads"
+        )
+    at = f"memref<?x{hidden}xbf16>"
+    per_row = hidden // 8
+    iters = chunk_rows * hidden // (8 * block_size)
+    consts = sorted({chunk_rows, hidden, iters, block_size, per_row, 8})
+    decl = "".join(f"  %c{v}_ = arith.constant {v} : index\n" for v in consts)
+    source = f"""// {name}: rows of this rank's A to every rank's gathered buffer, {chunk_rows} rows a tile
+func.func @{name}(%d: index, %t: index, %rank: index, %A: {at}, %peers: memref<?xi64>) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+{decl}  %rpr = memref.dim %A, %c0 : {at}
+  %tid = gpu.thread_id x
+  %raw = memref.load %peers[%d] : memref<?xi64>
+  %base = llvm.inttoptr %raw : i64 to !llvm.ptr
+  %l0 = arith.muli %t, %c{chunk_rows}_ : index
+  %g00 = arith.muli %rank, %rpr : index
+  %g0 = arith.addi %g00, %l0 : index
+  scf.for %it = %c0 to %c{iters}_ step %c1 {{
+    %v0 = arith.muli %it, %c{block_size}_ : index
+    %v = arith.addi %v0, %tid : index
+    %row = arith.divui %v, %c{per_row}_ : index
+    %cv = arith.remui %v, %c{per_row}_ : index
+    %col = arith.muli %cv, %c8_ : index
+    %lr = arith.addi %l0, %row : index
+    %x = vector.load %A[%lr, %col] : {at}, vector<8xbf16>
+    %gr = arith.addi %g0, %row : index
+    %line = arith.muli %gr, %c{hidden}_ : index
+    %elem = arith.addi %line, %col : index
+    %e64 = arith.index_cast %elem : index to i64
+    %p = llvm.getelementptr %base[%e64] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
+    llvm.store %x, %p {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr
+  }}
+  return
+}}
+"""
+
+    def reference(d: int, t: int, rank: int, A, peers) -> None:
+        rows = A.shape[0]
+        src = slice(t * chunk_rows, (t + 1) * chunk_rows)
+        dst = slice(rank * rows + t * chunk_rows, rank * rows + (t + 1) * chunk_rows)
+        peers[d][dst] = A[src]
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
