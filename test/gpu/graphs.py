@@ -138,3 +138,10 @@ GRAPHS = {
     "empty": empty_tasks,
     "chain": chain,
 }
+
+
+def tensor_parallel_small():
+    """GEMM + Reduce-Scatter / All-Gather + GEMM at test sizes (64x64 blocks)."""
+    from etc.models import collective
+
+    return collective.CollectiveConfig(k=128, block_m=64, block_n=64, stages=2, block_size=128)

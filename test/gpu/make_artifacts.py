@@ -14,6 +14,9 @@ the compiler; the GPU machine needs only the runtime):
   without early push), and the same for split-K and broken.
 - ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
   wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``.
+- ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
+  GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
+  ``tensor_parallel_small()`` in ``graphs.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from etc.tiles import rowsum  # noqa: E402
 from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 
 sys.path.insert(0, str(REPO / "test" / "gpu"))
-from graphs import GRAPHS, MOE_SMALL, SCHEDULES  # noqa: E402
+from graphs import GRAPHS, MOE_SMALL, SCHEDULES, tensor_parallel_small  # noqa: E402
 
 
 def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
@@ -83,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         (f"moe_small_{suffix}", moe_graph, schedule, early)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
+    from etc.models import collective
+
+    for build in (collective.gemm_reduce_scatter, collective.allgather_gemm):
+        g = build(tensor_parallel_small())
+        jobs += [
+            (f"{g.name}_small_{suffix}", g, schedule, early)
+            for suffix, (schedule, early) in SCHEDULES.items()
+        ]
     for name, g, schedule, early, *traced in jobs:
         artifact = etc.compile(g, schedule=schedule, early_push=early, trace=bool(traced))
         artifact.save(args.out / name)

@@ -204,6 +204,17 @@ class RankGroup:
         if sync:
             self.check()
 
+    def reset(self) -> None:
+        """Waits for every rank, then zeroes every rank's counters, queue and rank
+        barrier (after a failed launch; `check` does it)."""
+        cu = driver._require()
+        for k in self.kernels:
+            k._ensure_context()
+            driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        for k, buf in zip(self.kernels, self._scratch, strict=True):
+            k._ensure_context()
+            driver.check(cu.cuMemsetD32(buf.ptr, 0, buf.nbytes // 4), "cuMemsetD32")
+
     def check(self) -> None:
         """Waits for every rank's latest launch; raises the first rank's failure."""
         failures = []
@@ -214,6 +225,9 @@ class RankGroup:
             except Exception as exc:  # every rank is waited for before raising
                 failures.append((r, exc))
         if failures:
+            # A failed launch leaves counters and the rank barrier's words
+            # mid-way on some ranks; every rank has stopped now, so start over.
+            self.reset()
             r, exc = failures[0]
             others = f" (ranks {', '.join(str(f[0]) for f in failures[1:])} failed too)"
             raise type(exc)(f"rank {r}: {exc}{others if len(failures) > 1 else ''}") from exc
