@@ -62,6 +62,8 @@ constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 // Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
 // memory traffic but adds up to the cap to every notify -> wait handoff.
 constexpr int64_t kFirstSleepNs = 16, kMaxSleepNs = 256;
+// Ranked graphs: the rank barrier's words at the start of the counters.
+constexpr int64_t kLaunchesWord = 0, kArrivalsWord = 1, kRankBarrierWords = 2;
 // llvm::Value::MaximumAlignment.
 constexpr uint64_t kMaxLLVMAlignment = uint64_t(1) << 32;
 
@@ -614,6 +616,10 @@ LogicalResult KernelBuilder::checkKernelOperands(Operation *root, bool nested) {
 }
 
 LogicalResult KernelBuilder::build() {
+  // Ranked graphs: the rank barrier's two words come first, at offsets no
+  // shape moves (the events' counters follow them).
+  if (peers)
+    nextEventBase = index(kRankBarrierWords);
   WorkerOp worker;
   for (Operation &op : graph.getBodyBlock()) {
     if (auto event = dyn_cast<EventOp>(op)) {
@@ -804,7 +810,10 @@ void KernelBuilder::resetCountersForNextLaunch() {
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
   Value end = arith::AddIOp::create(b, total, index(1));
-  auto zero = scf::ForOp::create(b, tid, end, threads);
+  // The rank barrier's words survive (see waitForAllRanks).
+  Value first =
+      peers ? arith::AddIOp::create(b, tid, index(kRankBarrierWords)) : tid;
+  auto zero = scf::ForOp::create(b, first, end, threads);
   {
     OpBuilder::InsertionGuard zeroGuard(b);
     b.setInsertionPointToStart(zero.getBody());
@@ -817,7 +826,7 @@ void KernelBuilder::resetCountersForNextLaunch() {
     auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
     b.setInsertionPointToStart(ifZero.thenBlock());
     asmVoid("red.relaxed.gpu.global.add.u32 [$0], 1;", "l",
-            addressOf(counters, arith::AddIOp::create(b, total, index(1))));
+            addressOf(counters, index(kLaunchesWord)));
   }
   if (!queueCapacity)
     return;
@@ -830,10 +839,10 @@ void KernelBuilder::resetCountersForNextLaunch() {
                           ValueRange{zeroQueue.getInductionVar()});
 }
 
-/// The rank barrier of a ranked graph. Two words follow the done counter and
-/// are never reset: `launches` (launches this rank finished) and `arrivals`
-/// (arrivals of every rank, all launches). CTA 0 adds one to each rank's
-/// `arrivals` (system-scope release); every CTA then waits until its own
+/// The rank barrier of a ranked graph. Two words precede the events' counters
+/// and are never reset: `launches` (launches this rank finished) and
+/// `arrivals` (arrivals of every rank, all launches). CTA 0 adds one to each
+/// rank's `arrivals` (system-scope release); every CTA then waits until its own
 /// reaches ranks * (launches + 1). A rank thereby starts this launch's
 /// notifications and peer writes only once every rank has finished the
 /// previous launch (reset its counters, consumed its peer-written buffers)
@@ -841,8 +850,7 @@ void KernelBuilder::resetCountersForNextLaunch() {
 /// done). The watchdog reports a rank that never launches as event -2.
 /// Returns an i1, true (uniform) when every rank arrived.
 Value KernelBuilder::waitForAllRanks() {
-  Value total = nextEventBase ? nextEventBase : index(0);
-  Value arrivals = arith::AddIOp::create(b, total, index(2));
+  Value arrivals = index(kArrivalsWord);
   Value ranks = memref::DimOp::create(b, peers, index(0));
   Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
   Value first = arith::AndIOp::create(
@@ -866,9 +874,8 @@ Value KernelBuilder::waitForAllRanks() {
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.thenBlock());
-    Value launches =
-        asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
-              addressOf(counters, arith::AddIOp::create(b, total, index(1))));
+    Value launches = asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
+                           addressOf(counters, index(kLaunchesWord)));
     Value target = arith::MulIOp::create(
         b, toI32(ranks), arith::AddIOp::create(b, launches, i32(1)));
     scf::YieldOp::create(b, pollCounter(barrier, index(0), target,

@@ -522,9 +522,9 @@ class Kernel:
 
 
 def counter_words(m: Manifest, counters: int) -> int:
-    """Words of the counters region: the events' counters, the kernel's "done"
-    counter, and for ranked graphs the rank barrier's `launches` and
-    `arrivals` words (never reset)."""
+    """Words of the counters region: for ranked graphs first the rank barrier's
+    `launches` and `arrivals` words (never reset), then the events' counters
+    and the kernel's "done" counter."""
     return counters + (3 if m.ranked else 1)
 
 
