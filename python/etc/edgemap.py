@@ -112,7 +112,8 @@ def _parse_einsum(text: str) -> EdgeMap:
     if "," in rhs:
         items = [item.strip() for item in rhs.split(",")]
     else:
-        items = [ch for ch in rhs if not ch.isspace()]
+        # One letter per result; "rank" is one token ("di->drank" = "di->d,rank").
+        items = re.findall(r"rank|\S", rhs)
     results: list[tuple[str, int]] = []
     for item in items:
         if item in dims:

@@ -356,18 +356,25 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
             remaining -= 1
             progressed = True
         if not progressed:
-            stuck, first = [], None
+            stuck: list[tuple[_Machine, tuple[Any, ...]]] = []
             for cta, (machine, queue) in enumerate(ctas):
                 if heads[cta] < len(queue):
                     block = machine.blocker(*queue[heads[cta]])
                     assert block is not None
-                    stuck.append(block)
-                    first = first or machine
-            assert first is not None
+                    stuck.append((machine, block))
+            # Waits on a rank's own (unranked) events first: where a hang
+            # that spans ranks starts.
+            ranked = {e.name for e in machines[0].graph.events if e.ranked}
+            stuck.sort(key=lambda mb: mb[1][0] in ranked)
+            first = stuck[0][0]
             how = f"static schedule, {num_ctas} CTAs"
             if len(machines) > 1:
-                how += f" per rank, {len(machines)} ranks; first stuck: rank {first.rank}"
-            raise first.deadlock(stuck, remaining, how)
+                how += f" per rank, {len(machines)} ranks; rank {first.rank} is stuck first"
+                stuck = [
+                    (m, (e, c, f"{t}' on rank '{m.rank}", p, n, w))
+                    for m, (e, c, t, p, n, w) in stuck
+                ]
+            raise first.deadlock([b for _, b in stuck], remaining, how)
 
 
 @dataclass(frozen=True)
@@ -717,7 +724,13 @@ def _run_dynamic(runs: list[_DynamicRun]) -> None:
     while live:
         runnable = [k for k in live if ctas[k][0]._open(gates[k])]
         if not runnable:
-            stuck = ctas[live[0]][0]
+            # Report a rank stuck on its own (unranked) events if there is
+            # one: where a hang that spans ranks starts.
+            def local(k: int) -> bool:
+                gate = gates[k]
+                return not (isinstance(gate, _EventWait) and gate.edge.event.ranked)
+
+            stuck = ctas[next((k for k in live if local(k)), live[0])][0]
             error = stuck._deadlock({ctas[k][1]: gates[k] for k in live if ctas[k][0] is stuck})
             if len(runs) > 1:
                 error.args = (f"rank {stuck.m.rank}: {error.args[0]}", *error.args[1:])

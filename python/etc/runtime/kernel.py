@@ -34,7 +34,13 @@ STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK, STATE_QUEUE_OVERFLOW = 0, 1, 2, 3
 _cu = driver.cu
 _INT = {int}
 _SUCCESS = _cu.CUresult.CUDA_SUCCESS if _cu is not None else None
-_INVALID_CONTEXT = _cu.CUresult.CUDA_ERROR_INVALID_CONTEXT if _cu is not None else None
+# A launch from a thread whose current context is missing, or another device's
+# (multi-GPU processes): make the kernel's context current and launch again.
+_WRONG_CONTEXT = (
+    (_cu.CUresult.CUDA_ERROR_INVALID_CONTEXT, _cu.CUresult.CUDA_ERROR_INVALID_HANDLE)
+    if _cu is not None
+    else ()
+)
 # Status words are i32: larger event tensors could not be reported.
 MAX_COUNTERS = (1 << 31) - 1
 
@@ -431,7 +437,7 @@ class Kernel:
         err = cu.cuLaunchCooperativeKernel(
             self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
         )[0]
-        if err == _INVALID_CONTEXT:  # a thread with no current context
+        if err in _WRONG_CONTEXT:  # no current context, or another device's
             self._ensure_context()
             err = cu.cuLaunchCooperativeKernel(
                 self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address

@@ -1,0 +1,257 @@
+"""Graphs that span ranks (GPUs): the graph API's rules, edge maps that name the
+rank, the multi-rank simulator (both schedules, 1-8 ranks, deadlocks and wrong
+wait counts), the manifest and launch-time checks, and the compiled kernels of
+the GEMM + Reduce-Scatter and All-Gather + GEMM graphs (needs the bindings and
+ptxas for the last ones)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from unit_helpers import make_fn
+
+import etc
+from etc import DeadlockError, GraphError, ShapeError
+from etc.dtypes import bf16_to_f32, f32_to_bf16
+from etc.edgemap import parse_edge_map
+from etc.models import collective as C
+from etc.runtime.checks import check_bound_graph
+from etc.runtime.manifest import parse_manifest
+
+needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+SMALL = C.CollectiveConfig(k=64, block_m=32, block_n=32, stages=2, block_size=128)
+I64, F32 = "memref<?xi64>", "memref<?xf32>"
+
+
+def _send(d: int, i: int, rank: int, out) -> None:
+    out[d] = out[d]  # no data: the events are what is tested
+
+
+def ring_graph(count: int | None = None) -> etc.Graph:
+    """Each rank notifies every rank's coordinate i of a ranked event; each
+    rank's sink waits for all of them on its own copy (wait count: ranks)."""
+    g = etc.Graph("ring")
+    rank, ranks = g.ranks()
+    n = g.symbol("n")
+    out = g.tensor("out", (n,), "f32")
+    e = g.event((ranks, n), wait_count=ranks if count is None else count, name="e", ranked=True)
+    send = make_fn("send", "index", "index", "index", F32)
+    sink = make_fn("sink", "index", F32, reference=lambda i, o: o.__setitem__(i, o[i] + 1))
+    g.task(send, grid=(ranks, n), args=(rank, out), out_edges={e: "di->d,i"})
+    g.task(sink, grid=(n,), args=(out,), in_edges={e: "i->rank,i"})
+    return g
+
+
+def test_edge_maps_name_the_rank() -> None:
+    m = parse_edge_map("di->d,rank,i")
+    assert m.results == (("dim", 0), ("rank", 0), ("dim", 1)) and m.uses_rank
+    assert m.apply((3, 5), rank=2) == (3, 2, 5)
+    assert m.to_mlir() == "(d, i)[rank] -> (d, rank, i)"
+    a = parse_edge_map("(s, i)[r] -> (r, s)")
+    assert a.results == (("rank", 0), ("dim", 0)) and a.apply((1, 9), rank=4) == (4, 1)
+    assert not parse_edge_map("ij->i").uses_rank
+    with pytest.raises(GraphError, match="may use one symbol"):
+        parse_edge_map("(i)[a, b] -> (a)")
+
+
+def test_graph_rules_name_the_culprit() -> None:
+    g = etc.Graph("rules")
+    n = g.symbol("n")
+    out = g.tensor("out", (n,), "f32")
+    with pytest.raises(GraphError, match="call graph.ranks"):
+        g.event((n,), 1, ranked=True)
+    with pytest.raises(GraphError, match="does not span ranks"):
+        g.peer_table(out)
+    fn = make_fn("f", "index", F32)
+    e = g.event((n,), 1, name="local")
+    with pytest.raises(GraphError, match="names the rank"):
+        g.task(fn, grid=(n,), args=(out,), out_edges={e: "i->rank"})
+    rank, ranks = g.ranks()
+    with pytest.raises(GraphError, match="already declared its ranks"):
+        g.ranks()
+    with pytest.raises(GraphError, match="dimension 0 of a ranked event must be"):
+        g.event((n, ranks), 1, ranked=True)
+    table = g.tensor("counts", (ranks, n), "i32")
+    with pytest.raises(GraphError, match="cannot read its wait counts"):
+        g.event((ranks, n), table, ranked=True)
+    r = g.event((ranks, n), ranks, name="r", ranked=True)
+    with pytest.raises(GraphError, match="must address dimension 0 of the ranked event"):
+        g.task(fn, grid=(n,), args=(out,), in_edges={r: "i->0,i"})
+    with pytest.raises(GraphError, match="symbol 'rank' \\(an index\\)"):
+        g.task(make_fn("h", "index", F32, F32), grid=(n,), args=(rank, out))
+    peers = g.peer_table(out)
+    assert peers.name == "out_peers" and peers.shape == (ranks,) and peers.peers_of is out
+
+
+def test_mlir_carries_ranked_events_and_rank_operands() -> None:
+    text = ring_graph().to_mlir()
+    assert "count %ranks ranked" in text
+    assert "rank(%rank) args(%out : memref<?xf32>) ins(%e[(i)[rank] -> (rank, i)]" in text
+    assert "args(%rank, %out : index, memref<?xf32>)" in text
+
+
+def test_validate_checks_ranked_fan_in_against_all_ranks() -> None:
+    ring_graph().validate()
+    with pytest.raises(GraphError, match="differs from its fan-in ranks from all ranks"):
+        ring_graph(count=1).validate()
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 8])
+def test_ring_in_the_simulator(schedule: str, ranks: int) -> None:
+    outs = etc.simulate_ranks(ring_graph(), [{}] * ranks, {"n": 5}, schedule=schedule, seed=ranks)
+    assert [o["out"].tolist() for o in outs] == [[1.0] * 5] * ranks
+
+
+def test_simulate_refuses_mixups() -> None:
+    with pytest.raises(etc.EtcError, match="simulate_ranks"):
+        etc.simulate(ring_graph(), {}, {"n": 2})
+    with pytest.raises(etc.EtcError, match="does not span ranks"):
+        etc.simulate_ranks(etc.Graph("x"), [{}], {})
+    with pytest.raises(ShapeError, match="bound per rank"):
+        etc.simulate_ranks(ring_graph(), [{}, {}], {"n": 2, "rank": 0})
+
+
+def _too_high() -> etc.Graph:
+    """The ring with a symbolic count one too high: only the run can tell."""
+    g = etc.Graph("ring_high")
+    rank, ranks = g.ranks()
+    n = g.symbol("n")
+    out = g.tensor("out", (n,), "f32")
+    e = g.event((ranks, n), wait_count=ranks + n - n + 1, name="e", ranked=True)
+    g.task(
+        make_fn("s", "index", "index", F32), grid=(ranks, n), args=(out,), out_edges={e: "di->d,i"}
+    )
+    g.task(make_fn("k", "index", F32), grid=(n,), args=(out,), in_edges={e: "i->rank,i"})
+    return g
+
+
+def test_wrong_count_is_reported_before_running() -> None:
+    with pytest.raises(GraphError, match="differs from its fan-in"):
+        _too_high().validate()
+
+
+def test_rank_dependent_fan_in_is_checked_per_rank() -> None:
+    # Rank r notifies only coordinate (d, r): a map that names the rank, so
+    # the count (1) can only be checked with the ranks bound.
+    g = etc.Graph("gather")
+    rank, ranks = g.ranks()
+    out = g.tensor("out", (ranks,), "f32")
+    e = g.event((ranks, ranks), wait_count=2, name="e", ranked=True)
+    g.task(make_fn("s", "index", F32), grid=(ranks,), args=(out,), out_edges={e: "d->d,rank"})
+    g.task(make_fn("k", "index", F32), grid=(ranks,), args=(out,), in_edges={e: "s->rank,s"})
+    assert any("depends on the rank" in note for note in g.validate())
+    with pytest.raises(GraphError, match=r"rank 0: coordinate \(0, 0\) receives 1"):
+        etc.simulate_ranks(g, [{}, {}], {})
+
+
+def test_miscount_is_reported_per_rank() -> None:
+    # Every rank notifies coordinate (0, 0): rank 0's copy gets 2, rank 1's none.
+    g = etc.Graph("lost")
+    rank, ranks = g.ranks()
+    out = g.tensor("out", (ranks,), "f32")
+    e = g.event((ranks, 1), wait_count=1, name="e", ranked=True)
+    g.task(make_fn("s", "index", F32), grid=(1,), args=(out,), out_edges={e: "i->0,i"})
+    g.task(make_fn("k", "index", F32), grid=(1,), args=(out,), in_edges={e: "i->rank,i"})
+    with pytest.raises(GraphError, match=r"rank 0: coordinate \(0, 0\) receives 2"):
+        etc.simulate_ranks(g, [{}, {}], {})
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_deadlock_names_the_stuck_rank(schedule: str) -> None:
+    # A data-dependent (table) count one too high on rank 1 only: rank 1's
+    # sink never starts, so neither does its reply to rank 0.
+    g = etc.Graph("stuck")
+    rank, ranks = g.ranks()
+    out = g.tensor("out", (ranks,), "f32")
+    table = g.tensor("table", (1,), "i32")
+    local = g.event((1,), wait_count=table, name="local")
+    e = g.event((ranks, 1), wait_count=ranks, name="e", ranked=True)
+    g.task(make_fn("a", "index", F32), grid=(1,), args=(out,), out_edges={local: "i->i"})
+    g.task(
+        make_fn("s", "index", "index", F32), grid=(ranks, 1), args=(out,),
+        in_edges={local: "di->i"}, out_edges={e: "di->d,i"},
+    )  # fmt: skip
+    g.task(make_fn("k", "index", F32), grid=(1,), args=(out,), in_edges={e: "i->rank,i"})
+    ok = np.array([1], np.int32)
+    outs = etc.simulate_ranks(g, [{"table": ok}, {"table": ok}], {}, schedule=schedule)
+    assert len(outs) == 2
+    high = np.array([2], np.int32)
+    with pytest.raises(DeadlockError, match="rank 1"):
+        etc.simulate_ranks(g, [{"table": ok}, {"table": high}], {}, schedule=schedule)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("op", ["gemm_rs", "ag_gemm"])
+def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> None:
+    rng = np.random.default_rng(ranks)
+    rows, n, k = 64, 96, SMALL.k
+
+    def vals(*shape: int) -> np.ndarray:
+        return bf16_to_f32(f32_to_bf16(rng.standard_normal(shape).astype(np.float32) * 0.1))
+
+    if op == "gemm_rs":
+        g = C.gemm_reduce_scatter(SMALL)
+        xs = [vals(ranks * rows, k) for _ in range(ranks)]
+        ws = [vals(n, k) for _ in range(ranks)]
+        inputs = [{"X": x, "W": w} for x, w in zip(xs, ws, strict=True)]
+        want = C.reference_gemm_reduce_scatter(xs, ws)
+        name = "out"
+    else:
+        g = C.allgather_gemm(SMALL)
+        as_ = [vals(rows, k) for _ in range(ranks)]
+        ws = [vals(n, k) for _ in range(ranks)]
+        inputs = [{"A": a, "W": w} for a, w in zip(as_, ws, strict=True)]
+        want = C.reference_allgather_gemm(as_, ws)
+        name = "C"
+    outs = etc.simulate_ranks(g, inputs, {"rows": rows, "N": n}, schedule=schedule, seed=3)
+    for r in range(ranks):
+        got = bf16_to_f32(outs[r][name]).reshape(want[r].shape)
+        assert np.abs(got - want[r]).max() <= 1e-2 * np.abs(want[r]).max(), (op, r)
+
+
+def test_manifest_and_launch_checks_of_a_ranked_artifact(tmp_path) -> None:
+    pytest.importorskip("etc._mlir_libs")
+    etc.compile(C.gemm_reduce_scatter(SMALL), schedule="dynamic").save(tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["ranks"] == {"rank": "rank", "count": "ranks"}
+    assert [p["kind"] for p in m["params"]][-1] == "peers"
+    assert m["events"][0] == {
+        "name": "rs", "shape": ["ranks", "rows//32", "N//32"], "wait_count": "ranks",
+        "ranked": True,
+    }  # fmt: skip
+    # Both tasks are ready at start: the reduce waits on the ranked event after the pop.
+    assert [t["ready_at_start"] for t in m["tasks"]] == [True, True]
+    parsed = parse_manifest(json.loads(json.dumps(m)), tmp_path)
+    assert parsed.ranks == ("rank", "ranks") and parsed.events[0].ranked
+    check_bound_graph(parsed, {"ranks": 4, "rank": 3, "rows": 64, "N": 64})
+    with pytest.raises(etc.LaunchError, match="rank 4 is outside 0..3"):
+        check_bound_graph(parsed, {"ranks": 4, "rank": 4, "rows": 64, "N": 64})
+    broken = json.loads(json.dumps(m))
+    broken["params"] = [p for p in broken["params"] if p["kind"] != "peers"]
+    with pytest.raises(etc.LaunchError, match="exactly one 'peers' param"):
+        parse_manifest(broken, tmp_path)
+    wrong = json.loads(json.dumps(m))
+    wrong["events"][0]["wait_count"] = 1
+    with pytest.raises(etc.LaunchError, match="receives 2 notifications but its wait count is 1"):
+        check_bound_graph(
+            parse_manifest(wrong, tmp_path), {"ranks": 2, "rank": 0, "rows": 32, "N": 32}
+        )
+
+
+@needs_ptxas
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("build", [C.gemm_reduce_scatter, C.allgather_gemm])
+def test_collective_kernels_assemble(build, schedule: str) -> None:
+    pytest.importorskip("etc._mlir_libs")
+    cfg = C.CollectiveConfig(k=256, stages=3 if schedule == "static" else 2)
+    artifact = etc.compile(build(cfg), schedule=schedule)
+    assert artifact.cubin, "ptxas assembled the PTX"
+    ptx = artifact.ptx
+    assert "red.release.sys.global.add.u32" in ptx and "ld.acquire.sys.global.u32" in ptx
+    # Peer stores of the tiles: through generic pointers loaded from the table.
+    assert "st.b32" in ptx or "st.v4" in ptx or "st.global" in ptx
