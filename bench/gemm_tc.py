@@ -58,12 +58,14 @@ def config_for(M: int) -> str:
     return "mid" if M <= 512 else "large"
 
 
-def build_dense(shape: str, config: str):
+def build_dense(shape: str, config: str, core: str = "mma"):
     from etc.tiles import gemm_tc as G
 
     _, k = SHAPES[shape]
     bm, bn, _, _, stages = CONFIGS[config]
-    tile = G.gemm(bm, bn, k, stages=stages)
+    # wgmma: a warpgroup (128 threads) per 64 rows.
+    threads = 256 if core == "mma" else 128 * bm // 64
+    tile = G.gemm(bm, bn, k, stages=stages, core=core, block_size=threads)
     return dense_graph(f"gemm_tc_{shape}_{config}", tile, k, bm, bn)
 
 
@@ -101,6 +103,13 @@ def build(out: Path) -> None:
             done.add(name)
             etc.compile(make(shape, config), schedule="static").save(out / name)
             print("built", name)
+        # The same dense tile on wgmma (sm_90a).
+        name = artifact_name("dense", shape, config) + "_wgmma"
+        if name not in done:
+            done.add(name)
+            graph = build_dense(shape, config, core="wgmma")
+            etc.compile(graph, schedule="static", target="sm_90a").save(out / name)
+            print("built", name)
 
 
 def bench_case(torch, artifacts: Path, shape: str, M: int, reps: int) -> dict:
@@ -129,8 +138,15 @@ def bench_case(torch, artifacts: Path, shape: str, M: int, reps: int) -> dict:
     launch_dense = dense_launch(dense, M, n_out, As, Ws, C)
     names = ("ETC gemm_tc", "ETC gemm_tc")
     check_and_time(torch, dense, launch_dense, C, ref, names, check, record, copies, reps, True)
+    wgmma = etc.runtime.load(artifacts / (artifact_name("dense", shape, config) + "_wgmma"))
+    launch_wgmma = dense_launch(wgmma, M, n_out, As, Ws, C)
+    names = ("ETC gemm_tc wgmma", "ETC gemm_tc wgmma")
+    check_and_time(torch, wgmma, launch_wgmma, C, ref, names, check, record, copies, reps, True)
     v = row["variants"]
     row["cublas_over_etc_gemm_gpu"] = v["torch.matmul, GPU time"] / v["ETC gemm_tc, GPU time"]
+    row["cublas_over_etc_wgmma_gpu"] = (
+        v["torch.matmul, GPU time"] / v["ETC gemm_tc wgmma, GPU time"]
+    )
     if shape == "square":
         return row
 

@@ -34,6 +34,8 @@ S = 8192
 MODELS = {"qwen3-8b": (4096, 12288), "llama3.1-8b": (4096, 14336), "qwen3-32b": (5120, 25600)}
 OPS = ("gemm_rs", "ag_gemm")
 SCHEDULES = ("static", "dynamic")
+# The GEMM tiles' tensor-core path: mma.sync (sm_90) or wgmma (sm_90a).
+CORES = ("mma", "wgmma")
 SMALL = (256, 256, 512)  # S, H, I per rank, as collective_baseline.py
 TOLERANCE = 2e-2
 
@@ -43,8 +45,8 @@ def dims(op: str, h: int, i: int, ranks: int) -> tuple[int, int]:
     return (i // ranks, h) if op == "gemm_rs" else (h, i // ranks)
 
 
-def artifact_name(op: str, k: int, schedule: str) -> str:
-    return f"{op}_k{k}_{schedule}"
+def artifact_name(op: str, k: int, schedule: str, core: str = "mma") -> str:
+    return f"{op}_k{k}_{schedule}" + ("" if core == "mma" else f"_{core}")
 
 
 def build(directory: Path, ranks: int) -> None:
@@ -56,13 +58,20 @@ def build(directory: Path, ranks: int) -> None:
     wanted |= {(op, dims(op, h, i * ranks, ranks)[0]) for op in OPS}
     for op, k in sorted(wanted):
         for schedule in SCHEDULES:
-            # The dynamic schedule's pop broadcast word pushes 3 stages of
-            # 128x128 blocks past 48 KiB of static shared memory.
-            cfg = C.CollectiveConfig(k=k, stages=3 if schedule == "static" else 2)
-            builder = C.gemm_reduce_scatter if op == "gemm_rs" else C.allgather_gemm
-            out = directory / artifact_name(op, k, schedule)
-            etc.compile(builder(cfg), schedule=schedule).save(out)
-            print(f"built {out}")
+            for core in CORES:
+                # The dynamic schedule's pop broadcast word pushes 3 stages of
+                # 128x128 blocks past 48 KiB of static shared memory.
+                stages = 3 if schedule == "static" else 2
+                cfg = C.CollectiveConfig(k=k, stages=stages, core=core)
+                builder = C.gemm_reduce_scatter if op == "gemm_rs" else C.allgather_gemm
+                out = directory / artifact_name(op, k, schedule, core)
+                target = "sm_90a" if core == "wgmma" else "sm_90"
+                # One queue position per claim keeps the CTAs on consecutive
+                # GEMM tiles (shared operands stay in L2), as the static order.
+                etc.compile(builder(cfg), schedule=schedule, target=target, max_pop_chunk=1).save(
+                    out
+                )
+                print(f"built {out}")
 
 
 class Case:
@@ -164,13 +173,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     results, checks, failed = [], [], 0
     models = args.models.split(",")
+    cores = args.cores.split(",")
     for op in OPS:
-        for schedule in SCHEDULES:
+        for schedule, core in [(s, c) for s in SCHEDULES for c in cores]:
             for model in models:
                 h, i = MODELS[model]
                 k = dims(op, h, i, ranks)[0]
                 group = runtime.RankGroup(
-                    args.run / artifact_name(op, k, schedule), devices=range(ranks)
+                    args.run / artifact_name(op, k, schedule, core), devices=range(ranks)
                 )
                 case = Case(op, S, h, i, ranks, seed=100 * len(results) + 1)
                 group.launch(case.tensors, case.symbols)
@@ -179,14 +189,17 @@ def run(args: argparse.Namespace) -> int:
                 )
                 failed += err > TOLERANCE
                 us = time_group(group, case, args.iters, args.calls)
-                row = {"model": model, "op": op, "schedule": schedule, "S": S, "H": h, "I": i}
+                row = {"model": model, "op": op, "schedule": schedule, "core": core}
+                row |= {"S": S, "H": h, "I": i}
                 row |= {
                     "etc_us": us,
                     "rel_err": err,
                     "grid": group.kernels[0].grid_size({**case.symbols, "rank": 0, "ranks": ranks}),
                 }
                 results.append(row)
-                print(f"{model:12s} {op:8s} {schedule:8s} {us:9.1f} us  rel err {err:.2e}")
+                print(
+                    f"{model:12s} {op:8s} {schedule:8s} {core:6s} {us:9.1f} us  rel err {err:.2e}"
+                )
                 del group, case
                 torch.cuda.empty_cache()
         if args.nccl_io is not None:
@@ -233,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--json")
     p.add_argument("--nccl-io", type=Path)
+    p.add_argument("--cores", default=",".join(CORES), help="GEMM cores to run: mma,wgmma")
     args = p.parse_args(argv)
     if args.build:
         build(args.build, args.ranks)

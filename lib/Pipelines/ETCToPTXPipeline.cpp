@@ -22,6 +22,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.watchdogPolls = options.watchdogPolls;
   convertOptions.blockSize = options.blockSize;
   convertOptions.minCtasPerSM = options.minCtasPerSM;
+  convertOptions.maxPopChunk = options.maxPopChunk;
   convertOptions.trace = options.trace;
   pm.addPass(createConvertETensorToGPU(convertOptions));
   // Device functions are called once per dispatch: inline them into the

@@ -101,12 +101,13 @@ def _pipeline_options(
     early_push: bool,
     trace: bool,
     min_ctas_per_sm: int = 0,
+    max_pop_chunk: int = 8,
 ) -> str:
     return (
         f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
         f"block-size={block_size} watchdog-polls={watchdog_polls} "
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
-        f"min-ctas-per-sm={min_ctas_per_sm}"
+        f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk}"
     )
 
 
@@ -310,6 +311,7 @@ def compile(  # noqa: A001 - the public name
     early_push: bool = True,
     trace: bool = False,
     min_ctas_per_sm: int = 0,
+    max_pop_chunk: int = 8,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -325,7 +327,10 @@ def compile(  # noqa: A001 - the public name
     tracing code at all. ``min_ctas_per_sm=N`` asks ptxas to fit N CTAs per
     SM (registers capped at 65536 / (block size x N)): every tile is inlined
     into the one kernel, which otherwise gets its hungriest tile's registers
-    and so the occupancy of that tile for all of them.
+    and so the occupancy of that tile for all of them. ``max_pop_chunk``
+    (dynamic schedule): most queue positions a CTA claims at once when many
+    instances are ready at start; 1 keeps CTAs on consecutive instances,
+    which GEMM tiles sharing operands through L2 prefer.
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -341,6 +346,8 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
     if min_ctas_per_sm < 0:
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
+    if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
+        raise CompileError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
 
     from . import ir
 
@@ -370,8 +377,9 @@ def compile(  # noqa: A001 - the public name
             _run(ir, text, scheduled, f"builtin.module(etensor-verify-graph,{scheduler})")
             sched = _read_schedule(ir, scheduled)
             options = _pipeline_options(
-                target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm
-            )
+                target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
+                max_pop_chunk,
+            )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)
         finally:

@@ -408,7 +408,9 @@ class _DynamicRun:
     step, chosen with a seeded RNG.
     """
 
-    def __init__(self, machine: _Machine, num_ctas: int, seed: int, early_push: bool) -> None:
+    def __init__(
+        self, machine: _Machine, num_ctas: int, seed: int, early_push: bool, max_pop_chunk: int = 8
+    ) -> None:
         self.m = machine
         self.num_ctas = num_ctas
         self.early_push = early_push
@@ -444,7 +446,7 @@ class _DynamicRun:
         self.head = 0  # next queue position to claim
         # Positions per head request, as the kernel picks it: 1 unless many
         # instances are ready at start (then up to 8, >= 4 chunks per CTA).
-        self.chunk = min(max(len(self.initial) // (4 * num_ctas), 1), 8)
+        self.chunk = min(max(len(self.initial) // (4 * num_ctas), 1), max_pop_chunk)
         self.tail = 0  # next ring slot to fill
         self.pushed: set[_Instance] = set()
         self.steps = 0
@@ -752,6 +754,7 @@ def simulate(
     seed: int = 0,
     early_push: bool = True,
     stats: dict[str, int] | None = None,
+    max_pop_chunk: int = 8,
 ) -> dict[str, np.ndarray]:
     """Run ``graph`` on the CPU and return every tensor by name.
 
@@ -759,8 +762,9 @@ def simulate(
     tensors not given start as zeros. ``symbols`` maps every symbol name (or
     Symbol) to an int >= 0. ``bf16`` tensors hold uint16 bits (floating-point
     inputs are rounded to bf16). ``seed`` picks the dynamic schedule's
-    interleaving and ``early_push`` its push mode (as the compiler's option);
-    the static schedule ignores both. A ``stats`` dict receives
+    interleaving, ``early_push`` its push mode and ``max_pop_chunk`` its
+    queue claims (as the compiler's options);
+    the static schedule ignores them. A ``stats`` dict receives
     ``instances``, and for the dynamic schedule ``ready_at_start``,
     ``pushes``, ``steps`` (atomic actions) and ``chunk`` (queue positions per
     claim), also when the run fails.
@@ -768,7 +772,7 @@ def simulate(
     DeadlockError when the run hangs and LaunchError where the GPU would
     report a queue overflow.
     """
-    _check_options(schedule, num_ctas, early_push)
+    _check_options(schedule, num_ctas, early_push, max_pop_chunk)
     if graph.rank is not None:
         raise EtcError(
             f"graph '{graph.name}' spans ranks; run it with etc.simulate_ranks (one input "
@@ -783,7 +787,7 @@ def simulate(
     if schedule == "static":
         _run_static([machine], num_ctas)
         return arrays
-    run = _DynamicRun(machine, num_ctas, seed, early_push)
+    run = _DynamicRun(machine, num_ctas, seed, early_push, max_pop_chunk)
     try:
         run.run()
     finally:
@@ -794,13 +798,15 @@ def simulate(
     return arrays
 
 
-def _check_options(schedule: str, num_ctas: int, early_push: bool) -> None:
+def _check_options(schedule: str, num_ctas: int, early_push: bool, max_pop_chunk: int) -> None:
     if schedule not in ("static", "dynamic"):
         raise EtcError(f"unknown schedule {schedule!r}; expected 'static' or 'dynamic'")
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
     if not isinstance(early_push, bool):
         raise EtcError(f"early_push must be a bool, got {early_push!r}")
+    if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
+        raise EtcError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
 
 
 def simulate_ranks(
@@ -811,6 +817,7 @@ def simulate_ranks(
     num_ctas: int = 4,
     seed: int = 0,
     early_push: bool = True,
+    max_pop_chunk: int = 8,
 ) -> list[dict[str, np.ndarray]]:
     """Run a graph that spans ranks (:meth:`Graph.ranks`) on ``len(inputs)``
     simulated GPUs and return every rank's tensors.
@@ -824,7 +831,7 @@ def simulate_ranks(
     Wait counts are checked first against the notifications of all ranks.
     Raises as :func:`simulate`; a deadlock names the rank that is stuck.
     """
-    _check_options(schedule, num_ctas, early_push)
+    _check_options(schedule, num_ctas, early_push, max_pop_chunk)
     if graph.rank is None or graph.num_ranks is None:
         raise EtcError(
             f"graph '{graph.name}' does not span ranks (build it with graph.ranks()); "
@@ -850,7 +857,7 @@ def simulate_ranks(
     if schedule == "static":
         _run_static(world, num_ctas)
     else:
-        _run_dynamic([_DynamicRun(m, num_ctas, seed, early_push) for m in world])
+        _run_dynamic([_DynamicRun(m, num_ctas, seed, early_push, max_pop_chunk) for m in world])
     return [m.arrays for m in world]
 
 

@@ -62,6 +62,13 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "caps registers at 65536 / (threads x N), spilling if it must). "
            "Every tile is inlined into one kernel, which gets the register "
            "count of its hungriest tile; 0 leaves it to ptxas.">,
+    Option<"maxPopChunk", "max-pop-chunk", "int64_t", /*default=*/"8",
+           "Dynamic schedule: most queue positions a CTA claims per head "
+           "request when many instances are ready at start (the kernel takes "
+           "min(this, ready / (4 x CTAs)), at least 1). Chunks save head "
+           "atomics on short tasks; 1 keeps the CTAs on consecutive "
+           "instances (the static schedule's order), which GEMM tiles that "
+           "share operands through L2 prefer.">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record every task instance's start and end (%globaltimer), SM and "
            "CTA in a trace buffer passed as one more kernel parameter "

@@ -48,6 +48,11 @@ struct ETCToPTXPipelineOptions
       *this, "block-size",
       llvm::cl::desc("Threads per CTA when the graph does not set it."),
       llvm::cl::init(256)};
+  PassOptions::Option<int64_t> maxPopChunk{
+      *this, "max-pop-chunk",
+      llvm::cl::desc("Dynamic schedule: most queue positions per head "
+                     "request (see convert-etensor-to-gpu)."),
+      llvm::cl::init(8)};
   PassOptions::Option<int64_t> minCtasPerSM{
       *this, "min-ctas-per-sm",
       llvm::cl::desc("Resident CTAs per SM to ask ptxas for (0: its choice)."),

@@ -107,6 +107,8 @@ public:
   }
 
   LogicalResult build();
+  /// Dynamic schedule: most queue positions per head request.
+  int64_t maxPopChunk = 8;
 
 private:
   Value index(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
@@ -1261,7 +1263,7 @@ LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
   if (!queueCapacity)
     return graph.emitOpError("a dynamic worker needs an etensor.queue");
   // Positions per head request: 1 unless many instances are ready at start
-  // (then up to 8, keeping at least 4 chunks per CTA for balance).
+  // (then up to max-pop-chunk, keeping at least 4 chunks per CTA).
   Value grid = gpu::GridDimOp::create(b, gpu::Dimension::x);
   chunkSize = arith::MinUIOp::create(
       b,
@@ -1270,7 +1272,7 @@ LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
           arith::DivUIOp::create(b, readyAtStart,
                                  arith::MulIOp::create(b, grid, index(4))),
           index(1)),
-      index(8));
+      index(maxPopChunk));
   Type i64Ty = b.getI64Type(), indexTy = b.getIndexType();
   auto first = scf::IfOp::create(b, i64Ty, isThreadZero(), true);
   {
@@ -1630,7 +1632,11 @@ struct ConvertETensorToGPUPass
     if (minCtasPerSM > 0)
       kernel->setAttr("nvvm.minctasm", builder.getI32IntegerAttr(minCtasPerSM));
 
+    if (maxPopChunk < 1)
+      return graph.emitOpError("max-pop-chunk must be >= 1, got ")
+             << maxPopChunk;
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, ranked, trace);
+    kernelBuilder.maxPopChunk = maxPopChunk;
     if (failed(kernelBuilder.build()))
       return failure();
     return overlayWorkgroupGlobals(gpuModule);

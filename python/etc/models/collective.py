@@ -46,6 +46,9 @@ class CollectiveConfig:
     stages: int = 3
     warps: tuple[int, int] | None = None
     block_size: int = 256
+    #: The GEMM tiles' tensor-core path: "mma" (mma.sync, sm_90) or "wgmma"
+    #: (sm_90a: compile with target="sm_90a").
+    core: str = "mma"
 
 
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
@@ -61,7 +64,7 @@ def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
     rs = g.event((ranks, mt, nt), wait_count=ranks, name="rs", ranked=True)
     gemm = tiles.gemm_to_peer(
         cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
-        stages=cfg.stages,
+        stages=cfg.stages, core=cfg.core,
     )  # fmt: skip
     reduce = tiles.reduce_slots(cfg.block_m, cfg.block_n, block_size=cfg.block_size)
     g.task(
@@ -90,7 +93,7 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
     copy = tiles.copy_to_peers(cfg.block_m, cfg.k, block_size=cfg.block_size)
     gemm = tiles.gemm_chunk(
         cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
-        stages=cfg.stages,
+        stages=cfg.stages, core=cfg.core,
     )  # fmt: skip
     g.task(
         copy, grid=(ranks, mt), args=(rank, A, full_peers), out_edges={ag: "dt->d,rank,t"},

@@ -77,6 +77,7 @@ def gemm_to_peer(
     warps: tuple[int, int] | None = None,
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
+    core: str = "mma",
 ) -> DeviceFunction:
     """GEMM + Reduce-Scatter producer tile (see the module docstring)."""
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit)
@@ -120,7 +121,7 @@ def gemm_to_peer(
     globals_ = _body(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
-        epilogue=epilogue,
+        epilogue=epilogue, core=core,
     )  # fmt: skip
     signature = (
         f"%d: index, %i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
@@ -152,6 +153,7 @@ def gemm_chunk(
     warps: tuple[int, int] | None = None,
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
+    core: str = "mma",
 ) -> DeviceFunction:
     """All-Gather + GEMM consumer tile (see the module docstring). The rows per chunk
     are ``dim(A, 0) / dim(C_chunks)``: ``C`` is ``memref<?x?x?xbf16>`` viewed as
@@ -183,7 +185,7 @@ def gemm_chunk(
     globals_ = _body(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
-        epilogue=epilogue,
+        epilogue=epilogue, core=core,
     )  # fmt: skip
     signature = f"%s: index, %i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
 

@@ -65,6 +65,9 @@ BLOCK_K = 32
 SMEM_LIMIT = 48 * 1024
 
 _FRAG = "vector<4x2xbf16>"
+# wgmma descriptor bits above the start address, as a signed i64: leading
+# byte offset 1 (16 B), stride byte offset 32 (512 B), swizzle mode 2 (64 B).
+_DESC_HI = ((1 << 16) | (32 << 32) | (2 << 62)) - (1 << 64)
 
 
 def smem_bytes(block_m: int, b_rows: int, stages: int) -> int:
@@ -194,6 +197,7 @@ def _body(
     b_pairs: Callable[[str], list[str]],
     r0: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
+    core: str = "mma",
 ) -> list[str]:
     """The cp.async / ldmatrix / mma.sync main loop and the epilogue call.
 
@@ -202,50 +206,27 @@ def _body(
     caller). ``b_pairs(wn)``: the first smem row of each 16-row weight pair
     of warp column ``wn`` (in fragment order). ``epilogue(t, acc[mf][f][4],
     rows, wn, col_lane)`` with ``rows[2*mf + h]`` the output row of half
-    ``h`` (unclamped). Returns the workgroup globals."""
+    ``h`` (unclamped). Returns the workgroup globals.
+
+    ``core="wgmma"`` (sm_90a): the same ring feeds ``wgmma.mma_async`` instead
+    of ``ldmatrix`` + ``mma.sync``; the ring's swizzle is wgmma's 64-byte
+    swizzle (K-major), so descriptors address the stages directly. Each
+    warpgroup computes 64 rows x ``BR`` columns (``BM = 64 * warpgroups``);
+    ``wm``/``wn`` are ignored."""
+    if core == "wgmma":
+        return _body_wgmma(
+            t, name=name, k=k, block_m=block_m, b_rows=b_rows, block_size=block_size,
+            stages=stages, a_src=a_src, b_src=b_src, r0=r0, epilogue=epilogue,
+        )  # fmt: skip
     kt_n = k // BLOCK_K
     mf = block_m // (16 * wm)
-    a_t = f"memref<{stages}x{block_m}x{BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
-    b_t = f"memref<{stages}x{b_rows}x{BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
-    globals_ = [
-        f'memref.global "private" @{name}__smem_a : {a_t} {{alignment = 128 : i64}}',
-        f'memref.global "private" @{name}__smem_b : {b_t} {{alignment = 128 : i64}}',
-    ]
-    sa = t.op("sa", f"memref.get_global @{name}__smem_a : {a_t}")
-    sb = t.op("sb", f"memref.get_global @{name}__smem_b : {b_t}")
-    tid = t.op("tid", "gpu.thread_id x")
+    globals_, sa, sb, a_t, b_t, tid, issue = _ring(
+        t, name, block_m, b_rows, block_size, stages, a_src, b_src, 128
+    )
     warp = t.bin("divui", tid, 32)
     lane = t.bin("remui", tid, 32)
     wm_i = t.bin("remui", warp, wm) if wm > 1 else t.c(0)
     wn_i = t.bin("divui", warp, wm) if wm > 1 else warp
-    # -- copies: thread tid moves chunk tid % 4 of rows tid/4 + j*(threads/4).
-    quad = t.bin("remui", tid, 4)
-    crow = t.bin("divui", tid, 4)
-    key = t.bin("andi", t.bin("divui", tid, 8), 3)
-    scol = t.mul(t.bin("xori", quad, key), 8)  # swizzled smem column
-    gcol = t.mul(quad, 8)  # global column within the k-tile
-    step = block_size // 4
-    copies = []  # (smem, smem type, smem row, source)
-    for smem, st, rows, src in ((sa, a_t, block_m, a_src), (sb, b_t, b_rows, b_src)):
-        for j in range(rows // step):
-            r = t.add(crow, j * step)
-            copies.append((smem, st, r, src(r)))
-
-    def issue(kt: str | int, stage: str | int) -> None:
-        """cp.async k-tile ``kt`` of A and B into ``stage``."""
-        if isinstance(kt, int):
-            k0 = t.c(kt * BLOCK_K)
-        else:
-            k0 = t.mul(kt, BLOCK_K)
-        col = t.add(k0, gcol)
-        st_i = t.c(stage) if isinstance(stage, int) else stage
-        for smem, st, r, (mem, mt, prefix, grow) in copies:
-            t.op(
-                "cp",
-                f"nvgpu.device_async_copy {mem}[{prefix}{grow}, {col}], "
-                f"{smem}[{st_i}, {r}, {scol}], 8 {{bypassL1}} : {mt} to {st}",
-            )
-
     # -- ldmatrix addresses (loop invariant): A rows lane%16, k half lane/16;
     # B rows lane%8 + 8*(lane/16), k half (lane/8)%2; both swizzled by
     # ((row >> 1) & 3) = ((lane >> 1) & 3) since fragment bases are multiples of 8.
@@ -338,6 +319,210 @@ def _body(
     return globals_
 
 
+def _ring(
+    t: _Text,
+    name: str,
+    block_m: int,
+    b_rows: int,
+    block_size: int,
+    stages: int,
+    a_src: Callable[[str], Source],
+    b_src: Callable[[str], Source],
+    alignment: int,
+):
+    """The ``stages``-deep ring of ``A`` and ``B`` k-tiles in workgroup memory
+    and ``issue(kt, stage)``, which ``cp.async``-copies k-tile ``kt`` into it.
+    Returns ``(globals, sa, sb, a_t, b_t, tid, issue)``."""
+    a_t = f"memref<{stages}x{block_m}x{BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
+    b_t = f"memref<{stages}x{b_rows}x{BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
+    globals_ = [
+        f'memref.global "private" @{name}__smem_a : {a_t} {{alignment = {alignment} : i64}}',
+        f'memref.global "private" @{name}__smem_b : {b_t} {{alignment = {alignment} : i64}}',
+    ]
+    sa = t.op("sa", f"memref.get_global @{name}__smem_a : {a_t}")
+    sb = t.op("sb", f"memref.get_global @{name}__smem_b : {b_t}")
+    tid = t.op("tid", "gpu.thread_id x")
+    # -- copies: thread tid moves chunk tid % 4 of rows tid/4 + j*(threads/4).
+    quad = t.bin("remui", tid, 4)
+    crow = t.bin("divui", tid, 4)
+    key = t.bin("andi", t.bin("divui", tid, 8), 3)
+    scol = t.mul(t.bin("xori", quad, key), 8)  # swizzled smem column
+    gcol = t.mul(quad, 8)  # global column within the k-tile
+    step = block_size // 4
+    copies = []  # (smem, smem type, smem row, source)
+    for smem, st, rows, src in ((sa, a_t, block_m, a_src), (sb, b_t, b_rows, b_src)):
+        for j in range(rows // step):
+            r = t.add(crow, j * step)
+            copies.append((smem, st, r, src(r)))
+
+    def issue(kt: str | int, stage: str | int) -> None:
+        """cp.async k-tile ``kt`` of A and B into ``stage``."""
+        if isinstance(kt, int):
+            k0 = t.c(kt * BLOCK_K)
+        else:
+            k0 = t.mul(kt, BLOCK_K)
+        col = t.add(k0, gcol)
+        st_i = t.c(stage) if isinstance(stage, int) else stage
+        for smem, st, r, (mem, mt, prefix, grow) in copies:
+            t.op(
+                "cp",
+                f"nvgpu.device_async_copy {mem}[{prefix}{grow}, {col}], "
+                f"{smem}[{st_i}, {r}, {scol}], 8 {{bypassL1}} : {mt} to {st}",
+            )
+
+    return globals_, sa, sb, a_t, b_t, tid, issue
+
+
+def _asm(t: _Text, text: str) -> None:
+    t.emit(f'llvm.inline_asm has_side_effects "{text}", "" : () -> ()')
+
+
+def _descriptor(t: _Text, address: str) -> str:
+    """A wgmma shared-memory matrix descriptor (i64) for a K-major operand in
+    the ring's 64-byte swizzle at shared address ``address`` (index): start
+    address >> 4, leading byte offset 16 (unused when swizzled), stride byte
+    offset 512 (8 rows of 64 bytes), swizzle mode 2 (64 B) in bits 62-63."""
+    a64 = t.op("a64", f"arith.index_cast {address} : index to i64")
+    lo = t.op("dlo", f"arith.andi {a64}, %c_desc_mask : i64")
+    lo = t.op("dlo", f"arith.shrui {lo}, %c_desc_shift : i64")
+    return t.op("desc", f"arith.ori {lo}, %c_desc_hi : i64")
+
+
+def _wgmma(t: _Text, acc: list[str], desc_a: str, desc_b: str, n: int) -> list[str]:
+    """``wgmma.mma_async`` m64nNk16 bf16 -> f32, accumulating into ``acc``
+    (``n / 2`` f32 per thread, tied in and out)."""
+    count = len(acc)
+    regs = ", ".join(f"${i}" for i in range(count))
+    text = (
+        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{regs}}}, "
+        f"${2 * count}, ${2 * count + 1}, p, 1, 1, 0, 0;"
+    )
+    text = f"{{ .reg .pred p; setp.ne.b32 p, ${2 * count + 2}, 0; {text} }}"
+    constraints = ",".join(["=f"] * count + [str(i) for i in range(count)] + ["l", "l", "r"])
+    types = ", ".join(["f32"] * count)
+    res = t.op(
+        "wg",
+        f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{constraints}" '
+        f"{', '.join(acc)}, {desc_a}, {desc_b}, %c_one_i32 : ({types}, i64, i64, i32) "
+        f"-> !llvm.struct<({types})>",
+    )
+    return [
+        t.op("d", f"llvm.extractvalue {res}[{i}] : !llvm.struct<({types})>") for i in range(count)
+    ]
+
+
+def _wgmma_wait(t: _Text, acc: list[str]) -> list[str]:
+    """``wgmma.commit_group`` + ``wait_group 0``, with the accumulators tied
+    through it so that nothing reads them before the wait."""
+    count = len(acc)
+    types = ", ".join(["f32"] * count)
+    constraints = ",".join(["=f"] * count + [str(i) for i in range(count)])
+    res = t.op(
+        "ww",
+        "llvm.inline_asm has_side_effects asm_dialect = att "
+        '"wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;", '
+        f'"{constraints}" {", ".join(acc)} : ({types}) -> !llvm.struct<({types})>',
+    )
+    return [
+        t.op("d", f"llvm.extractvalue {res}[{i}] : !llvm.struct<({types})>") for i in range(count)
+    ]
+
+
+def _body_wgmma(
+    t: _Text,
+    *,
+    name: str,
+    k: int,
+    block_m: int,
+    b_rows: int,
+    block_size: int,
+    stages: int,
+    a_src: Callable[[str], Source],
+    b_src: Callable[[str], Source],
+    r0: str,
+    epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
+) -> list[str]:
+    """The ring feeding ``wgmma`` (see ``_body``)."""
+    groups = block_size // 128
+    if block_size % 128 or block_m != 64 * groups:
+        raise GraphError(
+            f"tile '{name}': wgmma needs warpgroups of 128 threads, each 64 rows: "
+            f"block_m={block_m} with block_size={block_size}"
+        )
+    if b_rows % 8 or not 8 <= b_rows <= 256:
+        raise GraphError(f"tile '{name}': wgmma needs block_n in 8..256, a multiple of 8")
+    kt_n = k // BLOCK_K
+    # 512-byte swizzle atoms (8 rows of 64 bytes) must start aligned.
+    globals_, sa, sb, a_t, b_t, tid, issue = _ring(
+        t, name, block_m, b_rows, block_size, stages, a_src, b_src, 1024
+    )
+    for line in (
+        "%c_desc_mask = arith.constant 262143 : i64",
+        "%c_desc_shift = arith.constant 4 : i64",
+        # LBO 1 (16 B), SBO 32 (512 B), 64-byte swizzle (2 << 62).
+        f"%c_desc_hi = arith.constant {_DESC_HI} : i64",
+        "%c_one_i32 = arith.constant 1 : i32",
+    ):
+        t.emit(line)
+    group = t.bin("divui", tid, 128)
+    warp = t.bin("remui", t.bin("divui", tid, 32), 4)
+    lane = t.bin("remui", tid, 32)
+    base_a = t.op("ba", f"memref.extract_aligned_pointer_as_index {sa} : {a_t} -> index")
+    base_b = t.op("bb", f"memref.extract_aligned_pointer_as_index {sb} : {b_t} -> index")
+    base_a = t.add(base_a, t.mul(group, 64 * BLOCK_K * 2))
+    t.emit("gpu.barrier")
+    for s in range(stages - 1):
+        if s < kt_n:
+            issue(s, s)
+        t.emit("nvvm.cp.async.commit.group")
+    nacc = b_rows // 2
+    types = ", ".join(["f32"] * nacc)
+    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
+    res = t.fresh("accs")
+    t.emit(
+        f"{res}:{nacc} = scf.for %kt = {t.c(0)} to {t.c(kt_n)} step {t.c(1)} "
+        f"iter_args({inits}) -> ({types}) {{"
+    )
+    outer = t.indent
+    t.indent += "  "
+    t.emit(f"nvvm.cp.async.wait.group {stages - 2}")
+    # cp.async writes through the generic proxy; wgmma reads through the async one.
+    _asm(t, "fence.proxy.async.shared::cta;")
+    t.emit("gpu.barrier")
+    nxt = t.add("%kt", stages - 1)
+    nstage = t.bin("remui", nxt, stages)
+    inrange = t.op("inr", f"arith.cmpi ult, {nxt}, {t.c(kt_n)} : index")
+    t.emit(f"scf.if {inrange} {{")
+    t.indent += "  "
+    issue(nxt, nstage)
+    t.indent = outer + "  "
+    t.emit("}")
+    t.emit("nvvm.cp.async.commit.group")
+    stage = t.bin("remui", "%kt", stages)
+    a_stage = t.add(base_a, t.op("x", f"arith.muli {stage}, {t.c(block_m * BLOCK_K * 2)} : index"))
+    b_stage = t.add(base_b, t.op("x", f"arith.muli {stage}, {t.c(b_rows * BLOCK_K * 2)} : index"))
+    _asm(t, "wgmma.fence.sync.aligned;")
+    acc = [f"%acc_{q}" for q in range(nacc)]
+    for ks in range(2):
+        da = _descriptor(t, t.add(a_stage, 32 * ks))
+        db = _descriptor(t, t.add(b_stage, 32 * ks))
+        acc = _wgmma(t, acc, da, db, b_rows)
+    acc = _wgmma_wait(t, acc)
+    t.emit(f"scf.yield {', '.join(acc)} : {types}")
+    t.indent = outer
+    t.emit("}")
+    t.emit("nvvm.cp.async.wait.group 0")
+    # Accumulator d[4f + q]: rows lane/4 (q < 2) and lane/4 + 8 of the warp's
+    # 16, columns 8f + 2 * (lane % 4) + q % 2: mma.sync's per 8 columns.
+    acc_f = [[[f"{res}#{4 * f + q}" for q in range(4)] for f in range(b_rows // 8)]]
+    grp = t.bin("divui", lane, 4)
+    tig = t.bin("remui", lane, 4)
+    rbase = t.add(t.add(t.add(r0, t.mul(group, 64)), t.mul(warp, 16)), grp)
+    rows = [rbase, t.add(rbase, 8)]
+    epilogue(t, acc_f, rows, t.c(0), t.mul(tig, 2))
+    return globals_
+
+
 def _words(t: _Text, frag: str) -> list[str]:
     """The four i32 registers of an ``ldmatrix.x4`` result (bf16 pairs)."""
     out = []
@@ -398,8 +583,10 @@ def gemm(
     warps: tuple[int, int] | None = None,
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
+    core: str = "mma",
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
+    ``core="wgmma"`` needs ``target="sm_90a"`` (see ``_body``).
 
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
@@ -437,7 +624,7 @@ def gemm(
     globals_ = _body(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-        epilogue=epilogue,
+        epilogue=epilogue, core=core,
     )  # fmt: skip
     t.close()
     return _finish(
