@@ -34,8 +34,21 @@ S = 8192
 MODELS = {"qwen3-8b": (4096, 12288), "llama3.1-8b": (4096, 14336), "qwen3-32b": (5120, 25600)}
 OPS = ("gemm_rs", "ag_gemm")
 SCHEDULES = ("static", "dynamic")
-# The GEMM tiles' tensor-core path: mma.sync (sm_90) or wgmma (sm_90a).
+# The GEMM tiles' tensor-core path: mma.sync (sm_90) or wgmma (sm_90a), each
+# in its best measured configuration (bench/gemm_tc.py, gemm_sweep_wgmma.py).
 CORES = ("mma", "wgmma")
+CONFIGS = {
+    "mma": lambda k: _config(k=k, stages=3),
+    "wgmma": lambda k: _config(k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10),
+}
+
+
+def _config(**kw):
+    from etc.models import collective as C
+
+    return C.CollectiveConfig(**kw)
+
+
 SMALL = (256, 256, 512)  # S, H, I per rank, as collective_baseline.py
 TOLERANCE = 2e-2
 
@@ -59,10 +72,7 @@ def build(directory: Path, ranks: int) -> None:
     for op, k in sorted(wanted):
         for schedule in SCHEDULES:
             for core in CORES:
-                # The dynamic schedule's pop broadcast word pushes 3 stages of
-                # 128x128 blocks past 48 KiB of static shared memory.
-                stages = 3 if schedule == "static" else 2
-                cfg = C.CollectiveConfig(k=k, stages=stages, core=core)
+                cfg = CONFIGS[core](k)
                 builder = C.gemm_reduce_scatter if op == "gemm_rs" else C.allgather_gemm
                 out = directory / artifact_name(op, k, schedule, core)
                 target = "sm_90a" if core == "wgmma" else "sm_90"

@@ -50,16 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, help="output columns N (default 64 simulated, 1024 GPU)")
     p.add_argument("--k", type=int, help="inner dimension K (default 64 simulated, 1024 GPU)")
     p.add_argument("--block", type=int, help="GEMM block rows/columns (32 simulated, 128 GPU)")
-    p.add_argument("--stages", type=int, help="cp.async stages (default: 3 static, 2 dynamic)")
+    p.add_argument("--stages", type=int, help="cp.async stages (default 2 simulated, 3 GPU)")
     p.add_argument("--tolerance", type=float, default=2e-2)
 
 
 def config(args: argparse.Namespace) -> C.CollectiveConfig:
     small = args.simulate
     block = args.block or (32 if small else 128)
-    # The dynamic schedule's 8-byte pop broadcast pushes 3 stages of 128x128
-    # blocks past the 48 KiB of static shared memory.
-    stages = args.stages or (2 if small or args.schedule == "dynamic" else 3)
+    stages = args.stages or (2 if small else 3)
     return C.CollectiveConfig(
         k=args.k or (64 if small else 1024),
         block_m=block,

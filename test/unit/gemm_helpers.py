@@ -114,7 +114,7 @@ def check_config_error(make, words):
 # -- compilation ----------------------------------------------------------------------
 
 
-def compile_tile(tile, tensors, grid):
+def compile_tile(tile, tensors, grid, target="sm_90"):
     g = etc.Graph(f"g_{tile.name}")
     m = g.symbol("m")
     n = g.symbol("n")
@@ -124,7 +124,7 @@ def compile_tile(tile, tensors, grid):
 
     ts = [g.tensor(name, tuple(dim(d) for d in shape), dt) for name, shape, dt in tensors]
     g.task(tile, grid=tuple(dim(d) for d in grid), args=tuple(ts))
-    return etc.compile(g, schedule="static")
+    return etc.compile(g, schedule="static", target=target)
 
 
 def ptxas_info(ptx, tmp_path):

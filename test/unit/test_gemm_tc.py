@@ -23,6 +23,7 @@ from gemm_helpers import (
     ptxas_info,
 )
 
+import etc
 from etc.tiles import gemm_tc as G
 
 # -- references ---------------------------------------------------------------
@@ -199,7 +200,40 @@ def test_gemm_compiles(block_m, block_n, stages, tmp_path):
     check_ptx(art)
     spills, smem = ptxas_info(art.ptx, tmp_path)
     assert set(spills) == {0}
-    assert max(smem) == G.smem_bytes(block_m, block_n, stages)
+    need = G.smem_bytes(block_m, block_n, stages)
+    if need <= 47 * 1024:
+        assert max(smem) == need and "dynamic_shared_memory" not in art.manifest
+    else:  # past the static limit (less the kernel's own words): dynamic
+        assert max(smem, default=0) < 1024
+        assert art.manifest["dynamic_shared_memory"] == need
+
+
+@needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize("block_k, stages, inflight", [(32, 3, 0), (64, 3, 0), (64, 4, 1)])
+def test_wgmma_core_compiles(block_k, stages, inflight):
+    tile = G.gemm(
+        128, 128, 256, stages=stages, core="wgmma", inflight=inflight, block_k=block_k,
+        smem_limit=200 << 10,
+    )  # fmt: skip
+    art = compile_tile(tile, DENSE, ("m", "n"), target="sm_90a")
+    ptx = art.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in ptx
+    # block_k / 16 per k-tile (LLVM may unroll the k loop).
+    assert ptx.count("wgmma.mma_async") % (block_k // 16) == 0
+    assert "fence.proxy.async.shared::cta" in ptx and "wgmma.wait_group.sync.aligned" in ptx
+    assert ".extern .shared .align 1024 .b8 __etc_workgroup[]" in ptx
+    assert art.manifest["dynamic_shared_memory"] == G.smem_bytes(128, 128, stages, block_k)
+    assert art.cubin is not None
+
+
+def test_wgmma_configuration_errors():
+    with pytest.raises(etc.GraphError, match="warpgroups of 128 threads"):
+        G.gemm(64, 128, 256, core="wgmma", block_size=256)
+    with pytest.raises(etc.GraphError, match="block_k=48 must be 32 or 64"):
+        G.gemm(128, 128, 480, core="wgmma", block_k=48, smem_limit=1 << 20)
+    with pytest.raises(etc.GraphError, match="inflight=1 needs stages >= 3"):
+        G.gemm(128, 128, 256, core="wgmma", stages=2, inflight=1)
 
 
 @needs_bindings

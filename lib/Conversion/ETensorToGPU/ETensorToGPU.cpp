@@ -62,6 +62,11 @@ constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 // Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
 // memory traffic but adds up to the cap to every notify -> wait handoff.
 constexpr int64_t kFirstSleepNs = 16, kMaxSleepNs = 256;
+// Tiles' shared memory past this many bytes goes to dynamic shared memory;
+// the kernel's own workgroup words need the rest of the 48 KiB static limit.
+constexpr int64_t kStaticSharedBytes = 48 * 1024 - 1024;
+// The most shared memory an sm_90 CTA can have (227 KiB), less the kernel's.
+constexpr int64_t kMaxSharedBytes = 227 * 1024 - 1024;
 // Ranked graphs: the rank barrier's words at the start of the counters.
 constexpr int64_t kLaunchesWord = 0, kArrivalsWord = 1, kRankBarrierWords = 2;
 // llvm::Value::MaximumAlignment.
@@ -911,8 +916,11 @@ static bool isWorkgroupMemorySpace(Attribute space) {
 /// memory. Places every workgroup memref.global of `module` at an offset in
 /// one byte buffer, apart from the globals that a function (with its
 /// callees) uses together, and reads each through a memref.view: the kernel
-/// needs the largest tile's shared memory, not the sum.
-static LogicalResult overlayWorkgroupGlobals(gpu::GPUModuleOp module) {
+/// needs the largest tile's shared memory, not the sum. A buffer past
+/// `kStaticSharedBytes` becomes dynamic shared memory (`extern .shared`): its
+/// size goes on `kernel` as `etensor.dynamic_shared_memory`, for the launch.
+static LogicalResult overlayWorkgroupGlobals(gpu::GPUModuleOp module,
+                                             gpu::GPUFuncOp kernel) {
   SmallVector<memref::GlobalOp> globals;
   for (auto global : module.getOps<memref::GlobalOp>())
     if (isWorkgroupMemorySpace(global.getType().getMemorySpace()))
@@ -985,13 +993,25 @@ static LogicalResult overlayWorkgroupGlobals(gpu::GPUModuleOp module) {
   }
   OpBuilder builder(globals.front());
   MLIRContext *ctx = module.getContext();
+  // Static shared memory stops at 48 KiB; the kernel keeps some for itself.
+  bool dynamic = total > kStaticSharedBytes;
   auto bufferType = MemRefType::get(
-      {std::max<int64_t>(total, 1)}, IntegerType::get(ctx, 8), AffineMap(),
+      {dynamic ? 0 : std::max<int64_t>(total, 1)}, IntegerType::get(ctx, 8),
+      AffineMap(),
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
+  // Dynamic: an external, unsized declaration (`.extern .shared`).
   auto buffer = memref::GlobalOp::create(
       builder, globals.front().getLoc(), "__etc_workgroup",
-      builder.getStringAttr("private"), bufferType, Attribute(),
-      /*constant=*/false, builder.getI64IntegerAttr(maxAlign));
+      builder.getStringAttr(dynamic ? "public" : "private"), bufferType,
+      Attribute(), /*constant=*/false, builder.getI64IntegerAttr(maxAlign));
+  if (dynamic) {
+    if (total > kMaxSharedBytes)
+      return kernel.emitOpError("needs ")
+             << total << " bytes of shared memory for its tiles, over the "
+             << kMaxSharedBytes << " an sm_90 CTA can have";
+    kernel->setAttr("etensor.dynamic_shared_memory",
+                    builder.getI64IntegerAttr(total));
+  }
   symbols.insert(buffer);
   SmallVector<memref::GetGlobalOp> uses;
   module.walk([&](memref::GetGlobalOp get) {
@@ -1639,7 +1659,7 @@ struct ConvertETensorToGPUPass
     kernelBuilder.maxPopChunk = maxPopChunk;
     if (failed(kernelBuilder.build()))
       return failure();
-    return overlayWorkgroupGlobals(gpuModule);
+    return overlayWorkgroupGlobals(gpuModule, kernel);
   }
 };
 } // namespace

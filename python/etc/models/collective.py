@@ -49,6 +49,12 @@ class CollectiveConfig:
     #: The GEMM tiles' tensor-core path: "mma" (mma.sync, sm_90) or "wgmma"
     #: (sm_90a: compile with target="sm_90a").
     core: str = "mma"
+    #: wgmma: k-tiles' MMAs left running while the next is issued (0 or 1).
+    inflight: int = 0
+    #: Shared-memory bytes a GEMM tile may use (past 47 KiB: dynamic).
+    smem_limit: int = 48 * 1024
+    #: wgmma: k-tile width (32: 64-byte swizzle, 64: 128-byte swizzle).
+    block_k: int = 32
 
 
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
@@ -64,7 +70,8 @@ def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
     rs = g.event((ranks, mt, nt), wait_count=ranks, name="rs", ranked=True)
     gemm = tiles.gemm_to_peer(
         cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
-        stages=cfg.stages, core=cfg.core,
+        stages=cfg.stages, core=cfg.core, inflight=cfg.inflight, smem_limit=cfg.smem_limit,
+        block_k=cfg.block_k,
     )  # fmt: skip
     reduce = tiles.reduce_slots(cfg.block_m, cfg.block_n, block_size=cfg.block_size)
     g.task(
@@ -93,7 +100,8 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
     copy = tiles.copy_to_peers(cfg.block_m, cfg.k, block_size=cfg.block_size)
     gemm = tiles.gemm_chunk(
         cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
-        stages=cfg.stages, core=cfg.core,
+        stages=cfg.stages, core=cfg.core, inflight=cfg.inflight, smem_limit=cfg.smem_limit,
+        block_k=cfg.block_k,
     )  # fmt: skip
     g.task(
         copy, grid=(ranks, mt), args=(rank, A, full_peers), out_edges={ag: "dt->d,rank,t"},

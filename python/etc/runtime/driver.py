@@ -155,10 +155,16 @@ def load_function(
     )
 
 
-def max_active_ctas(dev: Device, fn: Any, block_size: int) -> int:
+def allow_dynamic_shared_memory(fn: Any, nbytes: int) -> None:
+    """Lets `fn` launch with `nbytes` of dynamic shared memory (past 48 KiB needs opting in)."""
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check(cu.cuFuncSetAttribute(fn, attr, int(nbytes)), f"cuFuncSetAttribute({nbytes} B shared)")
+
+
+def max_active_ctas(dev: Device, fn: Any, block_size: int, dynamic_smem: int = 0) -> int:
     """CTAs that can be co-resident on the whole device (the cooperative launch limit)."""
     per_sm = check(
-        cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, 0),
+        cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, dynamic_smem),
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     )
     return int(per_sm) * dev.sm_count

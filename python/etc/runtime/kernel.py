@@ -178,7 +178,10 @@ class Kernel:
         #: Watchdog bound (polls per wait) used when `launch` is not given one.
         self.max_polls = manifest.watchdog_polls if max_polls is None else _check_polls(max_polls)
         #: CTAs that can be co-resident: SMs x occupancy at the manifest's block size.
-        self.num_ctas = driver.max_active_ctas(device, function, manifest.block_size)
+        smem = manifest.dynamic_shared_memory
+        if smem:
+            driver.allow_dynamic_shared_memory(function, smem)
+        self.num_ctas = driver.max_active_ctas(device, function, manifest.block_size, smem)
         if self.num_ctas < 1:
             raise LaunchError(
                 f"{manifest.graph}: the kernel cannot run a single CTA of "
@@ -435,12 +438,30 @@ class Kernel:
                 cu.cuMemsetD32Async(plan.trace_buffer.ptr, 0, 2, handle), "cuMemsetD32Async"
             )
         err = cu.cuLaunchCooperativeKernel(
-            self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
+            self.function,
+            plan.grid,
+            1,
+            1,
+            m.block_size,
+            1,
+            1,
+            m.dynamic_shared_memory,
+            handle,
+            plan.pack.address,
         )[0]
         if err in _WRONG_CONTEXT:  # no current context, or another device's
             self._ensure_context()
             err = cu.cuLaunchCooperativeKernel(
-                self.function, plan.grid, 1, 1, m.block_size, 1, 1, 0, handle, plan.pack.address
+                self.function,
+                plan.grid,
+                1,
+                1,
+                m.block_size,
+                1,
+                1,
+                m.dynamic_shared_memory,
+                handle,
+                plan.pack.address,
             )[0]
         if err != _SUCCESS:
             raise LaunchError(

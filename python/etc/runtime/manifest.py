@@ -143,6 +143,8 @@ class Manifest:
     cubin_bytes: bytes | None = None
     #: Graphs that span ranks (GPUs): the symbols (rank, number of ranks).
     ranks: tuple[str, str] | None = None
+    #: Bytes of dynamic shared memory the kernel's tiles need (0: static only).
+    dynamic_shared_memory: int = 0
 
     @property
     def ranked(self) -> bool:
@@ -472,6 +474,9 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     if not MIN_STATUS_WORDS <= status_words <= 1 << 20:
         raise c.fail("status_words", f"must be >= {MIN_STATUS_WORDS}, got {status_words}")
 
+    dynamic_smem = data.get("dynamic_shared_memory", 0)
+    if not _is_int(dynamic_smem) or not 0 <= dynamic_smem <= 1 << 20:
+        raise c.fail("dynamic_shared_memory", f"expected bytes in 0..2**20, got {dynamic_smem!r}")
     ptx = _file_name(c, c.name(data, "ptx", ""), "ptx")
     cubin = c.get(data, "cubin", (str, type(None)), "")
     if cubin is not None:
@@ -507,6 +512,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         params=tuple(params),
         status_words=status_words,
         ranks=ranks,
+        dynamic_shared_memory=dynamic_smem,
     )
 
 

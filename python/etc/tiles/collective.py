@@ -78,9 +78,11 @@ def gemm_to_peer(
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
     core: str = "mma",
+    inflight: int = 0,
+    block_k: int = 32,
 ) -> DeviceFunction:
     """GEMM + Reduce-Scatter producer tile (see the module docstring)."""
-    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit)
+    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     t = _Text()
     ab = f"memref<?x{k}xbf16>"
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
@@ -121,7 +123,7 @@ def gemm_to_peer(
     globals_ = _body(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
-        epilogue=epilogue, core=core,
+        epilogue=epilogue, core=core, inflight=inflight, block_k=block_k,
     )  # fmt: skip
     signature = (
         f"%d: index, %i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
@@ -154,11 +156,13 @@ def gemm_chunk(
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
     core: str = "mma",
+    inflight: int = 0,
+    block_k: int = 32,
 ) -> DeviceFunction:
     """All-Gather + GEMM consumer tile (see the module docstring). The rows per chunk
     are ``dim(A, 0) / dim(C_chunks)``: ``C`` is ``memref<?x?x?xbf16>`` viewed as
     ``(R, S/R, N)`` (the output ``(S, N)`` reshaped), so the tile learns ``S/R``."""
-    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit)
+    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     t = _Text()
     ct = "memref<?x?x?xbf16>"
     rpr = t.op("rpr", f"memref.dim %C, {t.c(1)} : {ct}")
@@ -185,7 +189,7 @@ def gemm_chunk(
     globals_ = _body(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
-        epilogue=epilogue, core=core,
+        epilogue=epilogue, core=core, inflight=inflight, block_k=block_k,
     )  # fmt: skip
     signature = f"%s: index, %i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
 

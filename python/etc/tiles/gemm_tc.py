@@ -65,14 +65,11 @@ BLOCK_K = 32
 SMEM_LIMIT = 48 * 1024
 
 _FRAG = "vector<4x2xbf16>"
-# wgmma descriptor bits above the start address, as a signed i64: leading
-# byte offset 1 (16 B), stride byte offset 32 (512 B), swizzle mode 2 (64 B).
-_DESC_HI = ((1 << 16) | (32 << 32) | (2 << 62)) - (1 << 64)
 
 
-def smem_bytes(block_m: int, b_rows: int, stages: int) -> int:
-    """Workgroup bytes of a tile: ``stages`` k-tiles of 32 bf16 for ``A`` and ``B``."""
-    return stages * (block_m + b_rows) * BLOCK_K * 2
+def smem_bytes(block_m: int, b_rows: int, stages: int, block_k: int = BLOCK_K) -> int:
+    """Workgroup bytes of a tile: ``stages`` k-tiles of ``block_k`` bf16 for ``A`` and ``B``."""
+    return stages * (block_m + b_rows) * block_k * 2
 
 
 def plan(
@@ -85,6 +82,7 @@ def plan(
     stages: int,
     b_per_n: int = 1,
     smem_limit: int = SMEM_LIMIT,
+    block_k: int = BLOCK_K,
 ) -> tuple[int, int]:
     """Check a configuration; return the warp grid ``(WM, WN)``.
 
@@ -123,15 +121,15 @@ def plan(
         )
     b_rows = b_per_n * block_n
     for key, rows in (("block_m", block_m), ("weight rows", b_rows)):
-        if (rows * BLOCK_K // 8) % block_size:
+        if (rows * block_k // 8) % block_size:
             raise GraphError(
-                f"tile '{name}': {key}={rows}: {rows} rows x 4 16-byte chunks do not "
-                f"split evenly over {block_size} threads"
+                f"tile '{name}': {key}={rows}: {rows} rows x {block_k // 8} 16-byte chunks "
+                f"do not split evenly over {block_size} threads"
             )
-    need = smem_bytes(block_m, b_rows, stages)
+    need = smem_bytes(block_m, b_rows, stages, block_k)
     if need > smem_limit:
         raise GraphError(
-            f"tile '{name}': {stages} stages of {block_m}x{BLOCK_K} + {b_rows}x{BLOCK_K} "
+            f"tile '{name}': {stages} stages of {block_m}x{block_k} + {b_rows}x{block_k} "
             f"bf16 need {need} bytes of shared memory, over the limit of {smem_limit}"
         )
     return wm, wn
@@ -198,6 +196,8 @@ def _body(
     r0: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
     core: str = "mma",
+    inflight: int = 0,
+    block_k: int = BLOCK_K,
 ) -> list[str]:
     """The cp.async / ldmatrix / mma.sync main loop and the epilogue call.
 
@@ -212,11 +212,12 @@ def _body(
     of ``ldmatrix`` + ``mma.sync``; the ring's swizzle is wgmma's 64-byte
     swizzle (K-major), so descriptors address the stages directly. Each
     warpgroup computes 64 rows x ``BR`` columns (``BM = 64 * warpgroups``);
-    ``wm``/``wn`` are ignored."""
+    ``wm``/``wn`` are ignored; ``inflight``: see ``_body_wgmma``."""
     if core == "wgmma":
         return _body_wgmma(
             t, name=name, k=k, block_m=block_m, b_rows=b_rows, block_size=block_size,
             stages=stages, a_src=a_src, b_src=b_src, r0=r0, epilogue=epilogue,
+            inflight=inflight, block_k=block_k,
         )  # fmt: skip
     kt_n = k // BLOCK_K
     mf = block_m // (16 * wm)
@@ -329,12 +330,17 @@ def _ring(
     a_src: Callable[[str], Source],
     b_src: Callable[[str], Source],
     alignment: int,
+    block_k: int = BLOCK_K,
 ):
     """The ``stages``-deep ring of ``A`` and ``B`` k-tiles in workgroup memory
     and ``issue(kt, stage)``, which ``cp.async``-copies k-tile ``kt`` into it.
-    Returns ``(globals, sa, sb, a_t, b_t, tid, issue)``."""
-    a_t = f"memref<{stages}x{block_m}x{BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
-    b_t = f"memref<{stages}x{b_rows}x{BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
+    A row of a k-tile is ``block_k`` bf16: 64 bytes (4 chunks of 16, chunk
+    ``c`` of row ``r`` at ``c ^ ((r >> 1) & 3)``: the 64-byte swizzle) or, for
+    ``block_k=64``, 128 bytes (8 chunks, at ``c ^ (r & 7)``: the 128-byte
+    swizzle). Returns ``(globals, sa, sb, a_t, b_t, tid, issue)``."""
+    chunks = block_k // 8  # 16-byte chunks per row
+    a_t = f"memref<{stages}x{block_m}x{block_k}xbf16, #gpu.address_space<workgroup>>"
+    b_t = f"memref<{stages}x{b_rows}x{block_k}xbf16, #gpu.address_space<workgroup>>"
     globals_ = [
         f'memref.global "private" @{name}__smem_a : {a_t} {{alignment = {alignment} : i64}}',
         f'memref.global "private" @{name}__smem_b : {b_t} {{alignment = {alignment} : i64}}',
@@ -342,13 +348,14 @@ def _ring(
     sa = t.op("sa", f"memref.get_global @{name}__smem_a : {a_t}")
     sb = t.op("sb", f"memref.get_global @{name}__smem_b : {b_t}")
     tid = t.op("tid", "gpu.thread_id x")
-    # -- copies: thread tid moves chunk tid % 4 of rows tid/4 + j*(threads/4).
-    quad = t.bin("remui", tid, 4)
-    crow = t.bin("divui", tid, 4)
-    key = t.bin("andi", t.bin("divui", tid, 8), 3)
+    # -- copies: thread tid moves chunk tid % C of rows tid/C + j*(threads/C).
+    quad = t.bin("remui", tid, chunks)
+    crow = t.bin("divui", tid, chunks)
+    # The swizzle key of every row this thread copies (steps keep it).
+    key = t.bin("andi", t.bin("divui", tid, 8), chunks - 1)
     scol = t.mul(t.bin("xori", quad, key), 8)  # swizzled smem column
     gcol = t.mul(quad, 8)  # global column within the k-tile
-    step = block_size // 4
+    step = block_size // chunks
     copies = []  # (smem, smem type, smem row, source)
     for smem, st, rows, src in ((sa, a_t, block_m, a_src), (sb, b_t, b_rows, b_src)):
         for j in range(rows // step):
@@ -358,9 +365,9 @@ def _ring(
     def issue(kt: str | int, stage: str | int) -> None:
         """cp.async k-tile ``kt`` of A and B into ``stage``."""
         if isinstance(kt, int):
-            k0 = t.c(kt * BLOCK_K)
+            k0 = t.c(kt * block_k)
         else:
-            k0 = t.mul(kt, BLOCK_K)
+            k0 = t.mul(kt, block_k)
         col = t.add(k0, gcol)
         st_i = t.c(stage) if isinstance(stage, int) else stage
         for smem, st, r, (mem, mt, prefix, grow) in copies:
@@ -378,14 +385,24 @@ def _asm(t: _Text, text: str) -> None:
 
 
 def _descriptor(t: _Text, address: str) -> str:
-    """A wgmma shared-memory matrix descriptor (i64) for a K-major operand in
-    the ring's 64-byte swizzle at shared address ``address`` (index): start
-    address >> 4, leading byte offset 16 (unused when swizzled), stride byte
-    offset 512 (8 rows of 64 bytes), swizzle mode 2 (64 B) in bits 62-63."""
+    """A wgmma shared-memory matrix descriptor (i64) for a K-major operand of
+    the ring at shared address ``address`` (index): start address >> 4, then
+    ``%c_desc_hi`` (see ``_desc_hi``)."""
     a64 = t.op("a64", f"arith.index_cast {address} : index to i64")
     lo = t.op("dlo", f"arith.andi {a64}, %c_desc_mask : i64")
     lo = t.op("dlo", f"arith.shrui {lo}, %c_desc_shift : i64")
     return t.op("desc", f"arith.ori {lo}, %c_desc_hi : i64")
+
+
+def _desc_hi(block_k: int) -> int:
+    """Descriptor bits above the start address, as a signed i64: leading byte
+    offset 16 (unused when swizzled), stride byte offset 8 rows (512 B for
+    64-byte rows, 1024 B for 128-byte ones), swizzle mode in bits 62-63 (2:
+    64 B, 1: 128 B)."""
+    row = block_k * 2
+    mode = {64: 2, 128: 1}[row]
+    bits = (1 << 16) | ((8 * row >> 4) << 32) | (mode << 62)
+    return bits - (1 << 64) if bits >= 1 << 63 else bits
 
 
 def _wgmma(t: _Text, acc: list[str], desc_a: str, desc_b: str, n: int) -> list[str]:
@@ -411,16 +428,17 @@ def _wgmma(t: _Text, acc: list[str], desc_a: str, desc_b: str, n: int) -> list[s
     ]
 
 
-def _wgmma_wait(t: _Text, acc: list[str]) -> list[str]:
-    """``wgmma.commit_group`` + ``wait_group 0``, with the accumulators tied
-    through it so that nothing reads them before the wait."""
+def _wgmma_wait(t: _Text, acc: list[str], pending: int = 0, commit: bool = True) -> list[str]:
+    """``wgmma.commit_group`` + ``wait_group pending``, with the accumulators
+    tied through it so that nothing reads them before the wait."""
     count = len(acc)
     types = ", ".join(["f32"] * count)
     constraints = ",".join(["=f"] * count + [str(i) for i in range(count)])
     res = t.op(
         "ww",
         "llvm.inline_asm has_side_effects asm_dialect = att "
-        '"wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0;", '
+        f'"{"wgmma.commit_group.sync.aligned; " if commit else ""}'
+        f'wgmma.wait_group.sync.aligned {pending};", '
         f'"{constraints}" {", ".join(acc)} : ({types}) -> !llvm.struct<({types})>',
     )
     return [
@@ -441,8 +459,17 @@ def _body_wgmma(
     b_src: Callable[[str], Source],
     r0: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
+    inflight: int = 0,
+    block_k: int = BLOCK_K,
 ) -> list[str]:
-    """The ring feeding ``wgmma`` (see ``_body``)."""
+    """The ring feeding ``wgmma`` (see ``_body``); k-tiles of ``block_k`` (32
+    or 64) values. ``inflight=1`` leaves one
+    k-tile's wgmma running while the next is issued: the ring then prefetches
+    one stage less (``stages - 2`` ahead), so a stage is refilled only once
+    the wgmma that read it has completed."""
+    if inflight not in (0, 1) or stages < 2 + inflight:
+        raise GraphError(f"tile '{name}': inflight={inflight} needs stages >= {2 + inflight}")
+    ahead = stages - 1 - inflight  # k-tiles in flight in the ring
     groups = block_size // 128
     if block_size % 128 or block_m != 64 * groups:
         raise GraphError(
@@ -451,16 +478,18 @@ def _body_wgmma(
         )
     if b_rows % 8 or not 8 <= b_rows <= 256:
         raise GraphError(f"tile '{name}': wgmma needs block_n in 8..256, a multiple of 8")
-    kt_n = k // BLOCK_K
-    # 512-byte swizzle atoms (8 rows of 64 bytes) must start aligned.
+    if block_k not in (32, 64) or k % block_k:
+        raise GraphError(f"tile '{name}': block_k={block_k} must be 32 or 64 and divide k={k}")
+    kt_n = k // block_k
+    # Swizzle atoms (8 rows) must start aligned.
     globals_, sa, sb, a_t, b_t, tid, issue = _ring(
-        t, name, block_m, b_rows, block_size, stages, a_src, b_src, 1024
+        t, name, block_m, b_rows, block_size, stages, a_src, b_src, 1024, block_k
     )
     for line in (
         "%c_desc_mask = arith.constant 262143 : i64",
         "%c_desc_shift = arith.constant 4 : i64",
         # LBO 1 (16 B), SBO 32 (512 B), 64-byte swizzle (2 << 62).
-        f"%c_desc_hi = arith.constant {_DESC_HI} : i64",
+        f"%c_desc_hi = arith.constant {_desc_hi(block_k)} : i64",
         "%c_one_i32 = arith.constant 1 : i32",
     ):
         t.emit(line)
@@ -469,9 +498,9 @@ def _body_wgmma(
     lane = t.bin("remui", tid, 32)
     base_a = t.op("ba", f"memref.extract_aligned_pointer_as_index {sa} : {a_t} -> index")
     base_b = t.op("bb", f"memref.extract_aligned_pointer_as_index {sb} : {b_t} -> index")
-    base_a = t.add(base_a, t.mul(group, 64 * BLOCK_K * 2))
+    base_a = t.add(base_a, t.mul(group, 64 * block_k * 2))
     t.emit("gpu.barrier")
-    for s in range(stages - 1):
+    for s in range(ahead):
         if s < kt_n:
             issue(s, s)
         t.emit("nvvm.cp.async.commit.group")
@@ -485,11 +514,11 @@ def _body_wgmma(
     )
     outer = t.indent
     t.indent += "  "
-    t.emit(f"nvvm.cp.async.wait.group {stages - 2}")
+    t.emit(f"nvvm.cp.async.wait.group {ahead - 1}")
     # cp.async writes through the generic proxy; wgmma reads through the async one.
     _asm(t, "fence.proxy.async.shared::cta;")
     t.emit("gpu.barrier")
-    nxt = t.add("%kt", stages - 1)
+    nxt = t.add("%kt", ahead)
     nstage = t.bin("remui", nxt, stages)
     inrange = t.op("inr", f"arith.cmpi ult, {nxt}, {t.c(kt_n)} : index")
     t.emit(f"scf.if {inrange} {{")
@@ -499,22 +528,25 @@ def _body_wgmma(
     t.emit("}")
     t.emit("nvvm.cp.async.commit.group")
     stage = t.bin("remui", "%kt", stages)
-    a_stage = t.add(base_a, t.op("x", f"arith.muli {stage}, {t.c(block_m * BLOCK_K * 2)} : index"))
-    b_stage = t.add(base_b, t.op("x", f"arith.muli {stage}, {t.c(b_rows * BLOCK_K * 2)} : index"))
+    a_stage = t.add(base_a, t.op("x", f"arith.muli {stage}, {t.c(block_m * block_k * 2)} : index"))
+    b_stage = t.add(base_b, t.op("x", f"arith.muli {stage}, {t.c(b_rows * block_k * 2)} : index"))
     _asm(t, "wgmma.fence.sync.aligned;")
     acc = [f"%acc_{q}" for q in range(nacc)]
-    for ks in range(2):
+    for ks in range(block_k // 16):
         da = _descriptor(t, t.add(a_stage, 32 * ks))
         db = _descriptor(t, t.add(b_stage, 32 * ks))
         acc = _wgmma(t, acc, da, db, b_rows)
-    acc = _wgmma_wait(t, acc)
+    acc = _wgmma_wait(t, acc, pending=inflight)
     t.emit(f"scf.yield {', '.join(acc)} : {types}")
     t.indent = outer
     t.emit("}")
     t.emit("nvvm.cp.async.wait.group 0")
+    final = [f"{res}#{q}" for q in range(nacc)]
+    if inflight:  # the last k-tile's wgmma
+        final = _wgmma_wait(t, final, commit=False)
     # Accumulator d[4f + q]: rows lane/4 (q < 2) and lane/4 + 8 of the warp's
     # 16, columns 8f + 2 * (lane % 4) + q % 2: mma.sync's per 8 columns.
-    acc_f = [[[f"{res}#{4 * f + q}" for q in range(4)] for f in range(b_rows // 8)]]
+    acc_f = [[[final[4 * f + q] for q in range(4)] for f in range(b_rows // 8)]]
     grp = t.bin("divui", lane, 4)
     tig = t.bin("remui", lane, 4)
     rbase = t.add(t.add(t.add(r0, t.mul(group, 64)), t.mul(warp, 16)), grp)
@@ -584,14 +616,18 @@ def gemm(
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
     core: str = "mma",
+    inflight: int = 0,
+    block_k: int = BLOCK_K,
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
-    ``core="wgmma"`` needs ``target="sm_90a"`` (see ``_body``).
+    ``core="wgmma"`` needs ``target="sm_90a"``; ``inflight`` (0 or 1) is the
+    number of k-tiles' wgmma left running while the next is issued (see
+    ``_body_wgmma``), ``block_k`` (wgmma: 32 or 64) the k-tile width.
 
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
     ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped."""
-    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit)
+    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     ab, ct = _mma.dense_types(k)
     t = _Text()
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
@@ -624,7 +660,7 @@ def gemm(
     globals_ = _body(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-        epilogue=epilogue, core=core,
+        epilogue=epilogue, core=core, inflight=inflight, block_k=block_k,
     )  # fmt: skip
     t.close()
     return _finish(

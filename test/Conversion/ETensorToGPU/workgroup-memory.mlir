@@ -119,3 +119,56 @@ etensor.graph @private_alloca(%n: index) {
     }
   }
 }
+
+// -----
+
+/// Past 47 KiB the tiles' buffer becomes dynamic shared memory: an external,
+/// unsized declaration (`.extern .shared` in PTX), its size on the kernel for
+/// the launch to pass (here 64 KiB).
+
+memref.global "private" @big__smem : memref<16384xf32, #gpu.address_space<workgroup>> {alignment = 1024 : i64}
+func.func @big(%i: index) {
+  %s = memref.get_global @big__smem : memref<16384xf32, #gpu.address_space<workgroup>>
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %s[%c0] : memref<16384xf32, #gpu.address_space<workgroup>>
+  return
+}
+
+// CHECK-LABEL: gpu.module @dynamic_kernels {
+// CHECK: memref.get_global @__etc_workgroup : memref<0xi8, #gpu.address_space<workgroup>>
+// CHECK: memref.view %{{.*}}[%{{.*}}][] : memref<0xi8, #gpu.address_space<workgroup>> to memref<16384xf32, #gpu.address_space<workgroup>>
+// CHECK: memref.global "public" @__etc_workgroup : memref<0xi8, #gpu.address_space<workgroup>> {alignment = 1024 : i64}
+// CHECK: gpu.func @dynamic
+// CHECK-SAME: etensor.dynamic_shared_memory = 65536 : i64
+etensor.graph @dynamic(%n: index) {
+  etensor.worker static {
+    etensor.dispatch 0 grid [%n] {
+    ^bb0(%i: index):
+      func.call @big(%i) : (index) -> ()
+    }
+  }
+}
+
+// -----
+
+/// More than an sm_90 CTA can have (226 KiB for the tiles) is an error.
+
+memref.global "private" @huge__smem : memref<65536xf32, #gpu.address_space<workgroup>>
+func.func @huge(%i: index) {
+  %s = memref.get_global @huge__smem : memref<65536xf32, #gpu.address_space<workgroup>>
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %s[%c0] : memref<65536xf32, #gpu.address_space<workgroup>>
+  return
+}
+
+// expected-error @+1 {{'gpu.func' op needs 262144 bytes of shared memory for its tiles, over the 231424 an sm_90 CTA can have}}
+etensor.graph @too_big(%n: index) {
+  etensor.worker static {
+    etensor.dispatch 0 grid [%n] {
+    ^bb0(%i: index):
+      func.call @huge(%i) : (index) -> ()
+    }
+  }
+}
