@@ -46,13 +46,21 @@ from etc.models import moe as M  # noqa: E402
 SIZES = (1, 16, 128, 1024, 4096)
 COPIES = 4
 TOLERANCE = 1e-2
-# Tile configurations built and timed; the best per T is reported. The
-# first two are etc.models.moe.PRESETS (decode: the best variants of
-# `bench/gemm.py --sweep`; prefill: cp.async + ldmatrix tiles).
+# Tile configurations built and timed; the best per T is reported.
+# bm16cp and wg128 are etc.models.moe.PRESETS (decode: the best variants of
+# `bench/gemm.py --sweep`; prefill: wgmma tiles); tc64 and tc128 are the
+# cp.async + ldmatrix (mma.sync) tiles of the previous prefill preset.
 _SMEM = 48 * 1024 - 64
 CONFIGS = {
     "bm16cp": M.PRESETS["decode"],
-    "tc64": M.PRESETS["prefill"],
+    "tc64": dict(
+        gemm="tc",
+        block_m=64,
+        block_n_gu=64,
+        block_n_dn=128,
+        gate_up_options=(("smem_limit", _SMEM), ("stages", 3)),
+        down_options=(("smem_limit", _SMEM), ("stages", 3)),
+    ),
     "tc128": dict(
         gemm="tc",
         block_m=128,
@@ -61,7 +69,11 @@ CONFIGS = {
         gate_up_options=(("smem_limit", _SMEM), ("stages", 2)),
         down_options=(("smem_limit", _SMEM), ("stages", 2)),
     ),
+    # etc.models.moe.PRESETS["prefill"]: wgmma tiles (sm_90a), 2 warpgroups x
+    # 64 rows, 64-wide k-tiles, 3 stages in dynamic shared memory.
+    "wg128": M.PRESETS["prefill"],
 }
+TARGETS = {"wg128": M.PRESET_TARGETS["prefill"]}
 # torch._grouped_mm replayed from a CUDA graph, as the issue measured it (µs).
 ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 
@@ -69,7 +81,11 @@ ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 # Fused kernels also built with `min_ctas_per_sm=2`: all tiles are inlined
 # into one kernel, which otherwise takes its hungriest tile's registers (255)
 # and runs one CTA per SM, where the GEMM tiles alone run 2-3.
-OCCUPANCY = {"bm16cp": M.PRESET_MIN_CTAS_PER_SM, "tc64": M.PRESET_MIN_CTAS_PER_SM}
+OCCUPANCY = {
+    "bm16cp": M.PRESET_MIN_CTAS_PER_SM,
+    "tc64": M.PRESET_MIN_CTAS_PER_SM,
+    "wg128": M.PRESET_MIN_CTAS_PER_SM,
+}
 
 
 def moe_config(key: str):
@@ -84,16 +100,20 @@ def build(out: Path) -> None:
 
     for key in CONFIGS:
         cfg = moe_config(key)
+        target = TARGETS.get(key, "sm_90")
         for schedule in ("static", "dynamic"):
             g = M.build_moe_graph(cfg, name=f"moe_{key}")
-            etc.compile(g, schedule=schedule).save(out / f"fused_{key}_{schedule}")
+            etc.compile(g, schedule=schedule, target=target).save(out / f"fused_{key}_{schedule}")
             print("built", f"fused_{key}_{schedule}")
             if key in OCCUPANCY:
-                art = etc.compile(g, schedule=schedule, min_ctas_per_sm=OCCUPANCY[key])
+                art = etc.compile(
+                    g, schedule=schedule, target=target, min_ctas_per_sm=OCCUPANCY[key]
+                )
                 art.save(out / f"fused_{key}_occ_{schedule}")
                 print("built", f"fused_{key}_occ_{schedule}")
         for task, g in M.build_unfused_graphs(cfg, prefix=f"moe_{key}"):
-            etc.compile(g, schedule="static").save(out / f"unfused_{key}_{task}")
+            art = etc.compile(g, schedule="static", target=target)
+            art.save(out / f"unfused_{key}_{task}")
             print("built", f"unfused_{key}_{task}")
 
 

@@ -78,9 +78,13 @@ def build(directory: Path, ranks: int) -> None:
                 target = "sm_90a" if core == "wgmma" else "sm_90"
                 # One queue position per claim keeps the CTAs on consecutive
                 # GEMM tiles (shared operands stay in L2), as the static order.
-                etc.compile(builder(cfg), schedule=schedule, target=target, max_pop_chunk=1).save(
-                    out
-                )
+                # Two CTAs per SM (registers capped at 128): the GEMM +
+                # peer-store tile otherwise takes 146 and runs one.
+                art = etc.compile(
+                    builder(cfg), schedule=schedule, target=target, max_pop_chunk=1,
+                    min_ctas_per_sm=2,
+                )  # fmt: skip
+                art.save(out)
                 print(f"built {out}")
 
 

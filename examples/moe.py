@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             topk=args.topk, router_block=args.router_block, router_experts=args.router_experts,
         ).with_routing(args.routing)  # fmt: skip
         args.min_ctas_per_sm = M.PRESET_MIN_CTAS_PER_SM
+        args.target = M.PRESET_TARGETS[args.preset]
     else:
         cfg = config(
             args.hidden, args.inter, args.experts, args.topk, args.routing,

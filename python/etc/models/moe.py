@@ -38,6 +38,7 @@ __all__ = [
     "MoEConfig",
     "PRESETS",
     "PRESET_MIN_CTAS_PER_SM",
+    "PRESET_TARGETS",
     "preset",
     "ROUTINGS",
     "UNFUSED_TASKS",
@@ -59,14 +60,14 @@ __all__ = [
     "rel_err",
 ]
 
-# Under the dynamic schedule 8 bytes of the 48 KiB of static shared memory
-# hold the popped task, so the cp.async tiles stay under that.
-_SMEM_LIMIT = 48 * 1024 - 64
+_WGMMA_OPTIONS = (("smem_limit", 200 << 10), ("stages", 3), ("core", "wgmma"), ("block_k", 64))
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
 #: ``decode`` (T <= 128: 16-row tiles, narrow column blocks so a few active
 #: experts still fill the GPU, weights through a per-thread ``cp.async``
-#: ring) and ``prefill`` (T >= 1024: 64-row ``etc.tiles.gemm_tc`` tiles).
+#: ring) and ``prefill`` (T >= 1024: 128-row ``etc.tiles.gemm_tc`` tiles on
+#: wgmma, 64-wide k-tiles, 3 stages in dynamic shared memory; compile them
+#: for ``PRESET_TARGETS["prefill"]``, sm_90a).
 PRESETS: dict[str, dict[str, Any]] = {
     "decode": dict(
         block_m=16,
@@ -77,13 +78,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "prefill": dict(
         gemm="tc",
-        block_m=64,
+        block_m=128,
         block_n_gu=64,
         block_n_dn=128,
-        gate_up_options=(("smem_limit", _SMEM_LIMIT), ("stages", 3)),
-        down_options=(("smem_limit", _SMEM_LIMIT), ("stages", 3)),
+        gate_up_options=_WGMMA_OPTIONS,
+        down_options=_WGMMA_OPTIONS,
     ),
 }
+#: The target each preset needs (wgmma is sm_90a).
+PRESET_TARGETS = {"decode": "sm_90", "prefill": "sm_90a"}
 #: ``etc.compile(min_ctas_per_sm=...)`` for the presets: the fused kernel
 #: otherwise takes its hungriest tile's 255 registers (one CTA per SM).
 PRESET_MIN_CTAS_PER_SM = 2

@@ -694,12 +694,15 @@ def moe_gate_up(
     warps: tuple[int, int] | None = None,
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
+    core: str = "mma",
+    block_k: int = BLOCK_K,
+    inflight: int = 0,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``, ``g = Xp[r] @
     Wgu[e, n]^T``, ``u = Xp[r] @ Wgu[e, inter + n]^T`` for ``n in [nb*BN,
     nb*BN + BN)``. Buffers as :func:`etc.tiles.gemm.moe_gate_up`."""
     _positive(name, "inter", inter)
-    wm, wn = plan(name, block_m, block_n, hidden, block_size, warps, stages, 2, smem_limit)
+    wm, wn = plan(name, block_m, block_n, hidden, block_size, warps, stages, 2, smem_limit, block_k)
     _check_divisible(name, block_n, inter, "inter")
     ed, it = _experts(name, experts)
     xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
@@ -732,7 +735,7 @@ def moe_gate_up(
     globals_ = _body(
         t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
         wm=wm, wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-        epilogue=epilogue,
+        epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
     )  # fmt: skip
     t.close()
     return _finish(
@@ -755,11 +758,14 @@ def moe_down(
     warps: tuple[int, int] | None = None,
     stages: int = 3,
     smem_limit: int = SMEM_LIMIT,
+    core: str = "mma",
+    block_k: int = BLOCK_K,
+    inflight: int = 0,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
     [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`."""
     _positive(name, "hidden", hidden)
-    wm, wn = plan(name, block_m, block_n, inter, block_size, warps, stages, 1, smem_limit)
+    wm, wn = plan(name, block_m, block_n, inter, block_size, warps, stages, 1, smem_limit, block_k)
     _check_divisible(name, block_n, hidden, "hidden")
     ed, it = _experts(name, experts)
     ht, wt, yt = _mma.down_types(hidden, inter, ed)
@@ -786,7 +792,7 @@ def moe_down(
     globals_ = _body(
         t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-        epilogue=epilogue,
+        epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
     )  # fmt: skip
     t.close()
     return _finish(
