@@ -181,6 +181,9 @@ class _Machine:
         self.counters: dict[int, np.ndarray] = {}
         self.shapes: dict[int, tuple[int, ...]] = {}
         self.counts: dict[int, Callable[[tuple[int, ...]], int]] = {}
+        # Waits passed against a wait-count table: (event, coord, count read,
+        # task, instance); the table must not change afterwards.
+        self.table_reads: dict[tuple[int, tuple[int, ...], int, str, tuple[int, ...]], Event] = {}
         for e in graph.events:
             shape = _concrete_shape(e.shape, env, f"event '{e.name}'")
             self.shapes[e.index] = shape
@@ -260,18 +263,40 @@ class _Machine:
         A triggered instance (static schedule) waits for its in-edges, then
         for every coordinate of its trigger event."""
         task, point = self.order[number], self.point(number, linear)
+        reads = []
         for edge in task.in_edges:
             coord = self.coord(task, edge, point, "in")
             counter = int(self.counters[edge.event.index][coord])
             needed = self.counts[edge.event.index](coord)
             if counter < needed:
                 return (edge.event.name, coord, task.name, point, counter, needed)
+            if isinstance(edge.event.wait_count, Tensor):
+                reads.append(((edge.event.index, coord, needed, task.name, point), edge.event))
         if task.trigger is not None:
             stuck = self.trigger_complete(task)
             if stuck is not None:
                 ev, c, name, counter, needed = stuck
                 return (ev, c, name, self.points[number][linear], counter, needed)
+        self.table_reads.update(reads)
         return None
+
+    def check_table_reads(self, how: str) -> None:
+        """A wait passed against a wait-count table read a count the table
+        later lost: on the GPU the wait could pass before the table's
+        producer ran (the static schedule reads the table when the wait
+        starts), so the graph has a race the GPU may or may not lose."""
+        for (_, coord, used, task, point), event in self.table_reads.items():
+            now = self.counts[event.index](coord)
+            if now != used:
+                assert isinstance(event.wait_count, Tensor)
+                raise GraphError(
+                    f"graph '{self.graph.name}' ({how}): task '{task}' instance {point} passed "
+                    f"its wait on event '{event.name}' at {coord} with wait count {used} read "
+                    f"from tensor '{event.wait_count.name}', which later became {now}; a "
+                    "wait reads its count table when it starts, so the table must be final "
+                    "by then: make the task first wait on an event that the table's producer "
+                    "notifies after writing it (an earlier in-edge)"
+                )
 
     def body(self, number: int, linear: int, c: int | None = None) -> None:
         """Run one instance's numpy reference."""
@@ -344,17 +369,20 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
     heads = [0] * len(ctas)
     remaining = sum(len(q) for _, q in ctas)
     while remaining:
-        progressed = False
-        for cta, (machine, queue) in enumerate(ctas):
-            if heads[cta] == len(queue):
-                continue
-            number, linear = queue[heads[cta]]
-            if machine.blocker(number, linear) is not None:
-                continue
-            machine.run(number, linear)
+        # Every CTA looks at its head before any runs, as CTAs that start
+        # together on a GPU do (a wait may read a count table before the
+        # instance that writes it has run).
+        ready = [
+            cta
+            for cta, (machine, queue) in enumerate(ctas)
+            if heads[cta] < len(queue) and machine.blocker(*queue[heads[cta]]) is None
+        ]
+        for cta in ready:
+            machine, queue = ctas[cta]
+            machine.run(*queue[heads[cta]])
             heads[cta] += 1
             remaining -= 1
-            progressed = True
+        progressed = bool(ready)
         if not progressed:
             stuck: list[tuple[_Machine, tuple[Any, ...]]] = []
             for cta, (machine, queue) in enumerate(ctas):
@@ -375,6 +403,8 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
                     for m, (e, c, t, p, n, w) in stuck
                 ]
             raise first.deadlock([b for _, b in stuck], remaining, how)
+    for machine in machines:
+        machine.check_table_reads(f"static schedule, {num_ctas} CTAs")
 
 
 @dataclass(frozen=True)
@@ -497,7 +527,14 @@ class _DynamicRun:
         if isinstance(gate, _SlotWait):
             return self.ring[gate.slot] is not None or gate.position >= self.total - self.retired
         e = gate.edge.event.index
-        return int(self.m.counters[e][gate.coord]) >= self.m.counts[e](gate.coord)
+        needed = self.m.counts[e](gate.coord)
+        if int(self.m.counters[e][gate.coord]) < needed:
+            return False
+        if isinstance(gate.edge.event.wait_count, Tensor):
+            task, point = self.m.order[gate.number], self.m.points[gate.number][gate.linear]
+            key = (e, gate.coord, needed, task.name, point)
+            self.m.table_reads[key] = gate.edge.event
+        return True
 
     # -- one CTA -----------------------------------------------------------
     def _request(self) -> int:
@@ -743,6 +780,8 @@ def _run_dynamic(runs: list[_DynamicRun]) -> None:
             gates[k] = next(ctas[k][2])
         except StopIteration:
             live.remove(k)
+    for run in runs:
+        run.m.check_table_reads(run._where())
 
 
 def simulate(

@@ -413,3 +413,41 @@ def test_reference_failure_names_the_instance():
         r"function 'f' raised ValueError: bad tile",
     ):
         etc.simulate(g, {}, {})
+
+
+def _table_race_graph(guarded: bool) -> etc.Graph:
+    """`plan` writes the wait-count table of `done`; `sink` waits on `done`,
+    after `planned` when guarded (the MoE combine's shape)."""
+    g = etc.Graph("table_race")
+    counts = g.tensor("counts", (1,), "i32")
+    out = g.tensor("out", (1,), "f32")
+    planned = g.event((1,), wait_count=1, name="planned")
+    done = g.event((1,), wait_count=counts, name="done")
+
+    def plan_ref(i, counts):
+        counts[0] = 2
+
+    g.task(
+        make_fn("plan", "index", "memref<1xi32>", reference=plan_ref), grid=(1,), args=(counts,),
+        out_edges={planned: "i->0"},
+    )  # fmt: skip
+    g.task(
+        make_fn("work", "index", "memref<1xf32>", reference=lambda i, o: o.__setitem__(0, o[0] + 1)),
+        grid=(2,), args=(out,), in_edges={planned: "i->0"}, out_edges={done: "i->0"},
+    )  # fmt: skip
+    ins = [(planned, "i->0"), (done, "i->0")] if guarded else [(done, "i->0")]
+    g.task(make_fn("sink", "index", "memref<1xf32>"), grid=(1,), args=(out,), in_edges=ins)
+    return g
+
+
+def test_wait_on_a_table_before_it_is_written_is_a_race():
+    # Static schedule: the sink's CTA reaches its wait at once and reads the
+    # table before `plan` writes it (the GPU ran the MoE combine early so).
+    with pytest.raises(GraphError, match="read from tensor 'counts', which later became 2"):
+        etc.simulate(_table_race_graph(False), {}, {}, schedule="static", num_ctas=8)
+    for schedule in ("static", "dynamic"):
+        out = etc.simulate(_table_race_graph(True), {}, {}, schedule=schedule, num_ctas=8)
+        assert out["out"][0] == 2
+    # Dynamic: the sink is pushed when `done` completes, with the table final.
+    out = etc.simulate(_table_race_graph(False), {}, {}, schedule="dynamic", num_ctas=8)
+    assert out["out"][0] == 2

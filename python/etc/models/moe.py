@@ -411,7 +411,9 @@ def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe"
         tiles["combine"],
         grid=((T + CB - 1) // CB,),
         args=(t["topk_w"], t["inv"], t["Yp"], t["Out"]),
-        in_edges={down_done: "i->0"},
+        # `planned` first: down_done's count (dn_total) is a table the plan
+        # writes, and a static-schedule wait reads it when it starts.
+        in_edges=[(planned, "i->0"), (down_done, "i->0")],
         name="combine",
     )
     return g
