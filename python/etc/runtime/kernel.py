@@ -437,32 +437,16 @@ class Kernel:
             driver.check(
                 cu.cuMemsetD32Async(plan.trace_buffer.ptr, 0, 2, handle), "cuMemsetD32Async"
             )
-        err = cu.cuLaunchCooperativeKernel(
-            self.function,
-            plan.grid,
-            1,
-            1,
-            m.block_size,
-            1,
-            1,
-            m.dynamic_shared_memory,
-            handle,
-            plan.pack.address,
-        )[0]
+        # The hot path: the arguments as one tuple, launched once (twice when
+        # another context was current).
+        launch = (
+            self.function, plan.grid, 1, 1, m.block_size, 1, 1, m.dynamic_shared_memory,
+            handle, plan.pack.address,
+        )  # fmt: skip
+        err = cu.cuLaunchCooperativeKernel(*launch)[0]
         if err in _WRONG_CONTEXT:  # no current context, or another device's
             self._ensure_context()
-            err = cu.cuLaunchCooperativeKernel(
-                self.function,
-                plan.grid,
-                1,
-                1,
-                m.block_size,
-                1,
-                1,
-                m.dynamic_shared_memory,
-                handle,
-                plan.pack.address,
-            )[0]
+            err = cu.cuLaunchCooperativeKernel(*launch)[0]
         if err != _SUCCESS:
             raise LaunchError(
                 f"{m.graph}: cuLaunchCooperativeKernel (grid {plan.grid} x "

@@ -423,8 +423,14 @@ def _wgmma(t: _Text, acc: list[str], desc_a: str, desc_b: str, n: int) -> list[s
         f"{', '.join(acc)}, {desc_a}, {desc_b}, %c_one_i32 : ({types}, i64, i64, i32) "
         f"-> !llvm.struct<({types})>",
     )
+    return _unpack(t, res, count, types)
+
+
+def _unpack(t: _Text, struct: str, count: int, types: str) -> list[str]:
+    """The ``count`` f32 fields of an inline-asm result struct."""
     return [
-        t.op("d", f"llvm.extractvalue {res}[{i}] : !llvm.struct<({types})>") for i in range(count)
+        t.op("d", f"llvm.extractvalue {struct}[{i}] : !llvm.struct<({types})>")
+        for i in range(count)
     ]
 
 
@@ -441,9 +447,7 @@ def _wgmma_wait(t: _Text, acc: list[str], pending: int = 0, commit: bool = True)
         f'wgmma.wait_group.sync.aligned {pending};", '
         f'"{constraints}" {", ".join(acc)} : ({types}) -> !llvm.struct<({types})>',
     )
-    return [
-        t.op("d", f"llvm.extractvalue {res}[{i}] : !llvm.struct<({types})>") for i in range(count)
-    ]
+    return _unpack(t, res, count, types)
 
 
 def _body_wgmma(
