@@ -25,15 +25,17 @@ sys.path.insert(0, str(REPO))
 from bench._gemm_common import dense_graph, dense_launch, rel_err, rotated_inputs  # noqa: E402
 from bench.timing import gpu_timed, two_step_main  # noqa: E402
 
-# name: (block_m, block_n, stages, inflight, block_k)
+# name: (block_m, block_n, stages, inflight, block_k, copies after the MMAs)
 CONFIGS = {
-    "128x128s3": (128, 128, 3, 0, 32),
-    "256x128s4i1": (256, 128, 4, 1, 32),
-    "128x128k64s3": (128, 128, 3, 0, 64),
-    "128x128k64s4i1": (128, 128, 4, 1, 64),
-    "256x128k64s3": (256, 128, 3, 0, 64),
-    "256x128k64s4i1": (256, 128, 4, 1, 64),
-    "128x256k64s3i1": (128, 256, 3, 1, 64),
+    "128x128s3": (128, 128, 3, 0, 32, False),
+    "256x128s4i1": (256, 128, 4, 1, 32, False),
+    "128x128k64s3": (128, 128, 3, 0, 64, False),
+    "128x128k64s3late": (128, 128, 3, 0, 64, True),
+    "128x128k64s4late": (128, 128, 4, 0, 64, True),
+    "256x128k64s3": (256, 128, 3, 0, 64, False),
+    "256x128k64s4i1": (256, 128, 4, 1, 64, False),
+    "256x128k64s3late": (256, 128, 3, 0, 64, True),
+    "128x256k64s3i1": (128, 256, 3, 1, 64, False),
 }
 SHAPES = [(8192, 8192, 8192), (8192, 4096, 6144), (8192, 6144, 4096), (8192, 5120, 12800)]
 SMEM = 220 * 1024
@@ -48,11 +50,11 @@ def build(out: Path) -> None:
     import etc
     from etc.tiles import gemm_tc as G
 
-    for config, (bm, bn, stages, inflight, bk) in CONFIGS.items():
+    for config, (bm, bn, stages, inflight, bk, late) in CONFIGS.items():
         for k in sorted({s[2] for s in SHAPES}):
             tile = G.gemm(
                 bm, bn, k, stages=stages, core="wgmma", inflight=inflight,
-                block_size=128 * bm // 64, smem_limit=SMEM, block_k=bk,
+                block_size=128 * bm // 64, smem_limit=SMEM, block_k=bk, copies_after_mma=late,
             )  # fmt: skip
             graph = dense_graph(f"wgmma_{bm}x{bn}", tile, k, bm, bn)
             etc.compile(graph, target="sm_90a").save(out / name(config, k))

@@ -198,6 +198,7 @@ def _body(
     core: str = "mma",
     inflight: int = 0,
     block_k: int = BLOCK_K,
+    copies_after_mma: bool = False,
 ) -> list[str]:
     """The cp.async / ldmatrix / mma.sync main loop and the epilogue call.
 
@@ -217,7 +218,7 @@ def _body(
         return _body_wgmma(
             t, name=name, k=k, block_m=block_m, b_rows=b_rows, block_size=block_size,
             stages=stages, a_src=a_src, b_src=b_src, r0=r0, epilogue=epilogue,
-            inflight=inflight, block_k=block_k,
+            inflight=inflight, block_k=block_k, copies_after_mma=copies_after_mma,
         )  # fmt: skip
     kt_n = k // BLOCK_K
     mf = block_m // (16 * wm)
@@ -465,9 +466,11 @@ def _body_wgmma(
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
     inflight: int = 0,
     block_k: int = BLOCK_K,
+    copies_after_mma: bool = False,
 ) -> list[str]:
     """The ring feeding ``wgmma`` (see ``_body``); k-tiles of ``block_k`` (32
-    or 64) values. ``inflight=1`` leaves one
+    or 64) values. ``copies_after_mma`` issues the next k-tile's copies after
+    this one's wgmma instead of before (they overlap the tensor cores). ``inflight=1`` leaves one
     k-tile's wgmma running while the next is issued: the ring then prefetches
     one stage less (``stages - 2`` ahead), so a stage is refilled only once
     the wgmma that read it has completed."""
@@ -525,12 +528,18 @@ def _body_wgmma(
     nxt = t.add("%kt", ahead)
     nstage = t.bin("remui", nxt, stages)
     inrange = t.op("inr", f"arith.cmpi ult, {nxt}, {t.c(kt_n)} : index")
-    t.emit(f"scf.if {inrange} {{")
-    t.indent += "  "
-    issue(nxt, nstage)
-    t.indent = outer + "  "
-    t.emit("}")
-    t.emit("nvvm.cp.async.commit.group")
+
+    def refill() -> None:
+        """cp.async k-tile ``kt + ahead`` into the stage freed last iteration."""
+        t.emit(f"scf.if {inrange} {{")
+        t.indent += "  "
+        issue(nxt, nstage)
+        t.indent = outer + "  "
+        t.emit("}")
+        t.emit("nvvm.cp.async.commit.group")
+
+    if not copies_after_mma:
+        refill()
     stage = t.bin("remui", "%kt", stages)
     a_stage = t.add(base_a, t.op("x", f"arith.muli {stage}, {t.c(block_m * block_k * 2)} : index"))
     b_stage = t.add(base_b, t.op("x", f"arith.muli {stage}, {t.c(b_rows * block_k * 2)} : index"))
@@ -540,6 +549,8 @@ def _body_wgmma(
         da = _descriptor(t, t.add(a_stage, 32 * ks))
         db = _descriptor(t, t.add(b_stage, 32 * ks))
         acc = _wgmma(t, acc, da, db, b_rows)
+    if copies_after_mma:  # issued while the tensor cores work
+        refill()
     acc = _wgmma_wait(t, acc, pending=inflight)
     t.emit(f"scf.yield {', '.join(acc)} : {types}")
     t.indent = outer
@@ -622,6 +633,7 @@ def gemm(
     core: str = "mma",
     inflight: int = 0,
     block_k: int = BLOCK_K,
+    copies_after_mma: bool = False,
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
     ``core="wgmma"`` needs ``target="sm_90a"``; ``inflight`` (0 or 1) is the
@@ -665,6 +677,7 @@ def gemm(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
         wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
         epilogue=epilogue, core=core, inflight=inflight, block_k=block_k,
+        copies_after_mma=copies_after_mma,
     )  # fmt: skip
     t.close()
     return _finish(
