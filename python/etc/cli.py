@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         m = load_manifest(args.artifact)
         print(f"{m.graph}: kernel {m.kernel!r} for {m.target}, {m.schedule} schedule")
         print(f"  symbols: {', '.join(m.symbols) or '-'}")
+        if m.ranks is not None:
+            print(f"  spans ranks: rank '{m.ranks[0]}' of '{m.ranks[1]}' (etc.runtime.RankGroup)")
+        if m.dynamic_shared_memory:
+            print(f"  dynamic shared memory: {m.dynamic_shared_memory} bytes")
         for t in m.tensors:
             print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
         for task in m.tasks:
