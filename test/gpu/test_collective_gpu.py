@@ -7,6 +7,7 @@ needs two GPUs with peer access."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -110,3 +111,27 @@ def test_group_rejects_rank_symbols_and_numpy() -> None:
         group.launch([{}, {}], {"rows": 64, "N": 64, "rank": 0})
     with pytest.raises(LaunchError, match="numpy array"):
         group.launch([{"X": np.zeros((128, 128), np.float32)}, {}], {"rows": 64, "N": 64})
+
+
+def test_one_process_per_rank(tmp_path) -> None:
+    """The serving-engine layout: each rank in its own process (ProcessRank,
+    CUDA IPC), both layers, two shapes through one set of buffers."""
+    import socket
+
+    import process_ranks
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(
+        process_ranks.run,
+        args=(RANKS, port, os.environ["ETC_ARTIFACTS"], str(tmp_path)),
+        nprocs=RANKS,
+        join=True,
+    )
+    for r in range(RANKS):
+        report = json.loads((tmp_path / f"{r}.json").read_text())
+        assert len(report) == 4
+        for case in report:
+            assert case["rel_err"] <= 1e-2, (r, case)

@@ -11,12 +11,14 @@ on a GPU machine that has only cuda-python, numpy and torch::
 from etc.runtime.kernel import Kernel, load
 from etc.runtime.manifest import Manifest, load_manifest, parse_manifest
 from etc.runtime.queue import build_static_queue
-from etc.runtime.ranks import RankGroup, peer_table
+from etc.runtime.ranks import ProcessRank, RankGroup, SymmetricBuffer, peer_table
 
 __all__ = [
     "Kernel",
     "Manifest",
+    "ProcessRank",
     "RankGroup",
+    "SymmetricBuffer",
     "build_static_queue",
     "load",
     "load_manifest",

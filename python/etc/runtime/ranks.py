@@ -1,5 +1,9 @@
 """Graphs that span several GPUs of one host: one kernel per rank, connected by peer access.
 
+Two ways to run the ranks: :class:`RankGroup` drives every GPU from one process
+(in-process peer access); :class:`ProcessRank` is one rank in its own process (the
+serving-engine layout), sharing memory with the others through CUDA IPC handles.
+
 A graph built with :meth:`etc.Graph.ranks` runs the same megakernel on every rank (GPU).
 Its ranked events notify other ranks' counters and its tiles write other ranks' buffers
 through plain peer pointers (CUDA peer access over NVLink or PCIe; no transport of our
@@ -31,7 +35,7 @@ from etc.errors import LaunchError
 from etc.runtime import driver
 from etc.runtime.kernel import Kernel, _stream_handle, load
 
-__all__ = ["RankGroup", "enable_peer_access", "peer_table"]
+__all__ = ["ProcessRank", "RankGroup", "SymmetricBuffer", "enable_peer_access", "peer_table"]
 
 # Scratch words (i32) per rank: status, counters and the dynamic queue.
 DEFAULT_SCRATCH_WORDS = 1 << 22
@@ -231,3 +235,178 @@ class RankGroup:
             r, exc = failures[0]
             others = f" (ranks {', '.join(str(f[0]) for f in failures[1:])} failed too)"
             raise type(exc)(f"rank {r}: {exc}{others if len(failures) > 1 else ''}") from exc
+
+
+class SymmetricBuffer:
+    """A device buffer allocated by every rank alike (`ProcessRank.symmetric_empty`):
+    ``ptr`` is this rank's, ``peers`` the device address of its ``int64`` peer table
+    (rank ``q``'s address of the buffer, mapped into this process) for a graph's
+    ``Graph.peer_table`` tensor."""
+
+    def __init__(self, nbytes: int, ptr: int, peers: int, owned: list[Any]) -> None:
+        self.nbytes = nbytes
+        self.ptr = ptr
+        self.peers = peers
+        self._owned = owned
+
+    def __repr__(self) -> str:
+        return f"<etc.runtime.SymmetricBuffer {self.nbytes} bytes at {self.ptr:#x}>"
+
+
+class ProcessRank:
+    """This process's rank of a graph that spans ranks, one process per GPU.
+
+    Every rank's process builds one with the same artifact and calls every method
+    in the same order (they exchange CUDA IPC handles through ``all_gather``).
+    ``all_gather(data: bytes) -> list[bytes]`` returns every rank's ``data`` in rank
+    order: e.g. ``torch.distributed.all_gather_object``. Counters, the rank barrier
+    and :meth:`symmetric_empty` buffers are ``cuMemAlloc`` allocations that the
+    peers map with ``cuIpcOpenMemHandle``; the kernel is the same as under
+    :class:`RankGroup`, which runs all ranks in one process::
+
+        me = etc.runtime.ProcessRank("artifacts/gemm_rs", rank, ranks, all_gather)
+        staging = me.symmetric_empty(ranks * rows * n * 2)
+        me.launch({"X": x, "W": w, "out": out, "staging": staging.ptr,
+                   "staging_peers": staging.peers}, {"rows": rows, "N": n})
+
+    After a failed launch every rank calls :meth:`reset` (it is collective).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        rank: int,
+        ranks: int,
+        all_gather: Any,
+        *,
+        device: int | None = None,
+        max_polls: int | None = None,
+        scratch_words: int = DEFAULT_SCRATCH_WORDS,
+    ) -> None:
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise LaunchError(f"ProcessRank: ranks must be an int >= 1, got {ranks!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
+            raise LaunchError(f"ProcessRank: rank must be an int in 0..{ranks - 1}, got {rank!r}")
+        if not callable(all_gather):
+            raise LaunchError("ProcessRank: all_gather must be callable(bytes) -> list[bytes]")
+        self.rank, self.ranks = rank, ranks
+        self._all_gather = all_gather
+        self.kernel = load(directory, rank if device is None else device, max_polls)
+        m = self.kernel.manifest
+        if m.ranks is None:
+            raise LaunchError(
+                f"{m.graph}: the graph does not span ranks (build it with graph.ranks()); "
+                "load it with etc.runtime.load"
+            )
+        self.manifest = m
+        self.rank_symbol, self.count_symbol = m.ranks
+        self._opened: list[int] = []  # peers' allocations mapped here
+        self._owned: list[Any] = []
+        self._scratch = self._zeroed(4 * scratch_words)
+        # Peers notify each other's counters, after the status words.
+        table = self._table(self._scratch, 4 * m.status_words)
+        self.kernel._peers, self.kernel._num_ranks = table, ranks
+
+    def _zeroed(self, nbytes: int) -> driver.DeviceBuffer:
+        cu = driver._require()
+        self.kernel._ensure_context()
+        buf = driver.DeviceBuffer(nbytes)
+        driver.check(cu.cuMemsetD8(buf.ptr, 0, nbytes), "cuMemsetD8")
+        driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        return buf
+
+    def _exchange(self, buf: driver.DeviceBuffer, offset: int = 0) -> list[int]:
+        """Every rank's address of its `buf` (+ `offset`), mapped into this process.
+        Collective: every rank calls it for the same allocation in the same order."""
+        cu = driver._require()
+        self.kernel._ensure_context()
+        handle = driver.check(cu.cuIpcGetMemHandle(buf.ptr), "cuIpcGetMemHandle")
+        handles = list(self._all_gather(bytes(handle.reserved)))
+        if len(handles) != self.ranks:
+            raise LaunchError(
+                f"ProcessRank: all_gather returned {len(handles)} entries for {self.ranks} ranks"
+            )
+        addresses = []
+        flags = cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+        for q, data in enumerate(handles):
+            if q == self.rank:
+                addresses.append(buf.ptr + offset)
+                continue
+            peer = cu.CUipcMemHandle()
+            peer.reserved = bytes(data)
+            ptr = int(
+                driver.check(cu.cuIpcOpenMemHandle(peer, flags), f"cuIpcOpenMemHandle(rank {q})")
+            )
+            self._opened.append(ptr)
+            addresses.append(ptr + offset)
+        return addresses
+
+    def _table(self, buf: driver.DeviceBuffer, offset: int = 0) -> driver.DeviceBuffer:
+        """A device table of every rank's address of `buf` + `offset` (collective)."""
+        table = np.array(self._exchange(buf, offset), dtype=np.int64)
+        buf = driver.DeviceBuffer(table.nbytes)
+        driver.htod(buf.ptr, table.ctypes.data, table.nbytes)
+        self._owned.append(buf)
+        return buf
+
+    def symmetric_empty(self, nbytes: int) -> SymmetricBuffer:
+        """A zeroed buffer of `nbytes` on every rank, and its peer table (collective)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise LaunchError(f"symmetric_empty: nbytes must be an int >= 1, got {nbytes!r}")
+        buf = self._zeroed(nbytes)
+        peers = self._table(buf)
+        return SymmetricBuffer(nbytes, buf.ptr, peers.ptr, [buf, peers])
+
+    def launch(
+        self,
+        tensors: Mapping[str, Any],
+        symbols: Mapping[str, int] | None = None,
+        stream: Any = None,
+        sync: bool = True,
+        max_polls: int | None = None,
+    ) -> None:
+        """Launches this rank (the other ranks' processes launch theirs); as
+        :meth:`etc.runtime.Kernel.launch`, with the rank symbols bound here."""
+        m = self.manifest
+        symbols = dict(symbols or {})
+        for name in (self.rank_symbol, self.count_symbol):
+            if name in symbols:
+                raise LaunchError(
+                    f"{m.graph}: symbol '{name}' is bound by the ProcessRank (rank "
+                    f"{self.rank} of {self.ranks}); do not pass it"
+                )
+        k = self.kernel
+        handle = _stream_handle(stream, "torch" in sys.modules, k.device.ordinal)
+        k._scratch[handle] = self._scratch
+        bound = {**symbols, self.rank_symbol: self.rank, self.count_symbol: self.ranks}
+        k._ensure_context()
+        k.launch(tensors, bound, stream=handle, sync=sync, max_polls=max_polls)
+
+    def check(self) -> None:
+        """Waits for this rank's latest launch; raises its failure."""
+        self.kernel._ensure_context()
+        self.kernel.check()
+
+    def reset(self) -> None:
+        """After a failed launch: waits for this GPU, zeroes this rank's counters and
+        rank barrier, then waits for every rank to have done so (collective)."""
+        cu = driver._require()
+        self.kernel._ensure_context()
+        driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        driver.check(cu.cuMemsetD8(self._scratch.ptr, 0, self._scratch.nbytes), "cuMemsetD8")
+        driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self._all_gather(b"reset")
+
+    def close(self) -> None:
+        """Unmaps the peers' allocations (also when garbage-collected)."""
+        cu = driver.cu
+        for ptr in self._opened:
+            try:
+                cu.cuIpcCloseMemHandle(ptr)
+            except Exception:
+                pass
+        self._opened.clear()
+
+    def __del__(self) -> None:
+        if getattr(self, "_opened", None):
+            self.close()
