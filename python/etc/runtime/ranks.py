@@ -80,6 +80,15 @@ def enable_peer_access(devices: Sequence[int]) -> None:
                 )
 
 
+def _free_symbols(m: Any, symbols: Mapping[str, int] | None, binder: str) -> dict[str, int]:
+    """`symbols` as a dict, refusing the rank symbols, which `binder` binds."""
+    symbols = dict(symbols or {})
+    for name in m.ranks:
+        if name in symbols:
+            raise LaunchError(f"{m.graph}: symbol '{name}' is bound by {binder}; do not pass it")
+    return symbols
+
+
 def _address(buffer: Any) -> int:
     if isinstance(buffer, (int, np.integer)) and not isinstance(buffer, bool):
         return int(buffer)
@@ -174,13 +183,7 @@ class RankGroup:
         the legacy default stream. With ``sync=False`` call `check` later. A failure on
         any rank raises, naming the rank."""
         m, n = self.manifest, self.num_ranks
-        symbols = dict(symbols or {})
-        for name in (self.rank_symbol, self.count_symbol):
-            if name in symbols:
-                raise LaunchError(
-                    f"{m.graph}: symbol '{name}' is bound by the RankGroup (rank r on "
-                    f"devices[r], {n} ranks); do not pass it"
-                )
+        symbols = _free_symbols(m, symbols, f"the RankGroup (rank r on devices[r], {n} ranks)")
         if len(tensors) != n:
             raise LaunchError(f"{m.graph}: expected tensors for {n} ranks, got {len(tensors)}")
         if streams is not None and len(streams) != n:
@@ -367,14 +370,9 @@ class ProcessRank:
     ) -> None:
         """Launches this rank (the other ranks' processes launch theirs); as
         :meth:`etc.runtime.Kernel.launch`, with the rank symbols bound here."""
-        m = self.manifest
-        symbols = dict(symbols or {})
-        for name in (self.rank_symbol, self.count_symbol):
-            if name in symbols:
-                raise LaunchError(
-                    f"{m.graph}: symbol '{name}' is bound by the ProcessRank (rank "
-                    f"{self.rank} of {self.ranks}); do not pass it"
-                )
+        symbols = _free_symbols(
+            self.manifest, symbols, f"the ProcessRank (rank {self.rank} of {self.ranks})"
+        )
         k = self.kernel
         handle = _stream_handle(stream, "torch" in sys.modules, k.device.ordinal)
         k._scratch[handle] = self._scratch
