@@ -255,3 +255,16 @@ def test_collective_kernels_assemble(build, schedule: str) -> None:
     assert "red.release.sys.global.add.u32" in ptx and "ld.acquire.sys.global.u32" in ptx
     # Peer stores of the tiles: through generic pointers loaded from the table.
     assert "st.b32" in ptx or "st.v4" in ptx or "st.global" in ptx
+
+
+def test_launchers_refuse_bad_arguments_before_touching_a_gpu() -> None:
+    from etc.runtime import ProcessRank, RankGroup
+
+    with pytest.raises(etc.LaunchError, match="devices must be distinct"):
+        RankGroup("unused", devices=[0, 0])
+    with pytest.raises(etc.LaunchError, match="rank must be an int in 0..1"):
+        ProcessRank("unused", 2, 2, lambda b: [b, b])
+    with pytest.raises(etc.LaunchError, match="ranks must be an int >= 1"):
+        ProcessRank("unused", 0, 0, lambda b: [b])
+    with pytest.raises(etc.LaunchError, match="all_gather must be callable"):
+        ProcessRank("unused", 0, 2, None)
