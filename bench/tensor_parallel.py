@@ -38,8 +38,10 @@ SCHEDULES = ("static", "dynamic")
 # in its best measured configuration (bench/gemm_tc.py, gemm_sweep_wgmma.py).
 CORES = ("mma", "wgmma")
 CONFIGS = {
-    "mma": lambda k: _config(k=k, stages=3),
-    "wgmma": lambda k: _config(k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10),
+    "mma": lambda k: _config(k=k, stages=3, copy_parts=8),
+    "wgmma": lambda k: _config(
+        k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10, copy_parts=8
+    ),
 }
 
 
@@ -188,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     results, checks, failed = [], [], 0
     models = args.models.split(",")
     cores = args.cores.split(",")
-    for op in OPS:
+    for op in args.ops.split(","):
         for schedule, core in [(s, c) for s in SCHEDULES for c in cores]:
             for model in models:
                 h, i = MODELS[model]
@@ -261,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json")
     p.add_argument("--nccl-io", type=Path)
     p.add_argument("--cores", default=",".join(CORES), help="GEMM cores to run: mma,wgmma")
+    p.add_argument("--ops", default=",".join(OPS), help="layers to run: gemm_rs,ag_gemm")
     args = p.parse_args(argv)
     if args.build:
         build(args.build, args.ranks)

@@ -6,6 +6,7 @@ ptxas for the last ones)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -186,7 +187,7 @@ def test_deadlock_names_the_stuck_rank(schedule: str) -> None:
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-@pytest.mark.parametrize("op", ["gemm_rs", "ag_gemm"])
+@pytest.mark.parametrize("op", ["gemm_rs", "ag_gemm", "ag_gemm_parts"])
 def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> None:
     rng = np.random.default_rng(ranks)
     rows, n, k = 64, 96, SMALL.k
@@ -201,8 +202,9 @@ def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> No
         inputs = [{"X": x, "W": w} for x, w in zip(xs, ws, strict=True)]
         want = C.reference_gemm_reduce_scatter(xs, ws)
         name = "out"
-    else:
-        g = C.allgather_gemm(SMALL)
+    else:  # ag_gemm_parts: each row block's copy in two tiles
+        cfg = SMALL if op == "ag_gemm" else dataclasses.replace(SMALL, copy_parts=2)
+        g = C.allgather_gemm(cfg)
         as_ = [vals(rows, k) for _ in range(ranks)]
         ws = [vals(n, k) for _ in range(ranks)]
         inputs = [{"A": a, "W": w} for a, w in zip(as_, ws, strict=True)]

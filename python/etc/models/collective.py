@@ -55,6 +55,8 @@ class CollectiveConfig:
     smem_limit: int = 48 * 1024
     #: wgmma: k-tile width (32: 64-byte swizzle, 64: 128-byte swizzle).
     block_k: int = 32
+    #: All-Gather: copy tiles per GEMM row block.
+    copy_parts: int = 1
 
 
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
@@ -95,17 +97,19 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
     W = g.tensor("W", (n, cfg.k), "bf16")
     C = g.tensor("C", (ranks, rows, n), "bf16")
     mt, nt = rows // cfg.block_m, n // cfg.block_n
-    # One copy tile per GEMM row block: a GEMM tile waits for exactly its rows.
-    ag = g.event((ranks, ranks, mt), wait_count=1, name="ag", ranked=True)
-    copy = tiles.copy_to_peers(cfg.block_m, cfg.k, block_size=cfg.block_size)
+    # A GEMM row block's rows arrive in `parts` copy tiles (spread over CTAs:
+    # one CTA copies only ~10 GB/s); a GEMM tile waits for exactly its rows.
+    parts = cfg.copy_parts
+    ag = g.event((ranks, ranks, mt), wait_count=parts, name="ag", ranked=True)
+    copy = tiles.copy_to_peers(cfg.block_m, cfg.k, parts=parts, block_size=cfg.block_size)
     gemm = tiles.gemm_chunk(
         cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
         stages=cfg.stages, core=cfg.core, inflight=cfg.inflight, smem_limit=cfg.smem_limit,
         block_k=cfg.block_k,
     )  # fmt: skip
     g.task(
-        copy, grid=(ranks, mt), args=(rank, A, full_peers), out_edges={ag: "dt->d,rank,t"},
-        name="copy",
+        copy, grid=(ranks, mt, parts), args=(rank, A, full_peers),
+        out_edges={ag: "dtp->d,rank,t"}, name="copy",
     )  # fmt: skip
     g.task(
         gemm, grid=(ranks, mt, nt), args=(full, W, C), in_edges={ag: "sij->rank,s,i"},

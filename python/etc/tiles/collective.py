@@ -13,9 +13,10 @@ events then tell the owner that the data has landed.
 * :func:`reduce_slots`: coords ``(i, j)``, args ``(staging, out)``:
   ``out[i*BM :, j*BN :] = bf16(sum over slots of staging[:, i*BM :, j*BN :])`` (fp32 sum,
   slots in rank order).
-* :func:`copy_to_peers` (All-Gather): coords ``(d, t)``, args ``(rank, A, full_peers)``:
-  rows ``[t*CB, (t+1)*CB)`` of this rank's ``A`` (``S/R`` rows) go to rows
-  ``rank*S/R + t*CB`` of rank ``d``'s ``full`` (``S`` rows).
+* :func:`copy_to_peers` (All-Gather): coords ``(d, t, p)``, args ``(rank, A,
+  full_peers)``: part ``p`` of rows ``[t*CB, (t+1)*CB)`` of this rank's ``A``
+  (``S/R`` rows) goes to the same rows after ``rank*S/R`` of rank ``d``'s
+  ``full`` (``S`` rows).
 * :func:`gemm_chunk` (the GEMM after the All-Gather): coords ``(s, i, j)``, args ``(A, B,
   C)``: ``C[s*S/R + i*BM :, j*BN :] = bf16(A[same rows] @ B[j*BN :]^T)``, ``A``: ``(S, K)``,
   ``R = dim(A, 0) / rows_per_rank`` given as ``S/R`` through the chunk coordinate.
@@ -274,30 +275,39 @@ def copy_to_peers(
     chunk_rows: int = 128,
     hidden: int = 4096,
     *,
+    parts: int = 1,
     name: str = "copy_to_peers",
     block_size: int = 256,
 ) -> DeviceFunction:
     """All-Gather producer tile (see the module docstring): 16-byte loads of this
-    rank's rows, 16-byte stores into rank ``d``'s gathered buffer."""
-    if hidden % 8 or (chunk_rows * hidden) % (8 * block_size):
+    rank's rows, 16-byte stores into rank ``d``'s gathered buffer. Coordinates
+    ``(d, t, p)``: part ``p`` of ``parts`` of row block ``t`` (``chunk_rows`` rows
+    each), so that a block's copy is spread over ``parts`` CTAs (one CTA moves
+    only ~10 GB/s)."""
+    if parts < 1 or chunk_rows % parts:
+        raise ValueError(f"{name}: parts={parts} must divide chunk_rows={chunk_rows}")
+    part_rows = chunk_rows // parts
+    if hidden % 8 or (part_rows * hidden) % (8 * block_size):
         raise ValueError(
-            f"{name}: {chunk_rows} rows of {hidden} must split into 8-element vectors "
+            f"{name}: {part_rows} rows of {hidden} must split into 8-element vectors "
             f"for {block_size} threads"
         )
     at = f"memref<?x{hidden}xbf16>"
     per_row = hidden // 8
-    iters = chunk_rows * hidden // (8 * block_size)
-    consts = sorted({chunk_rows, hidden, iters, block_size, per_row, 8})
+    iters = part_rows * hidden // (8 * block_size)
+    consts = sorted({chunk_rows, part_rows, hidden, iters, block_size, per_row, 8})
     decl = "".join(f"  %c{v}_ = arith.constant {v} : index\n" for v in consts)
     source = f"""// {name}: rows of this rank's A to every rank's gathered buffer, {chunk_rows} rows a tile
-func.func @{name}(%d: index, %t: index, %rank: index, %A: {at}, %peers: memref<?xi64>) {{
+func.func @{name}(%d: index, %t: index, %p: index, %rank: index, %A: {at}, %peers: memref<?xi64>) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
 {decl}  %rpr = memref.dim %A, %c0 : {at}
   %tid = gpu.thread_id x
   %raw = memref.load %peers[%d] : memref<?xi64>
   %base = llvm.inttoptr %raw : i64 to !llvm.ptr
-  %l0 = arith.muli %t, %c{chunk_rows}_ : index
+  %lt = arith.muli %t, %c{chunk_rows}_ : index
+  %lp = arith.muli %p, %c{part_rows}_ : index
+  %l0 = arith.addi %lt, %lp : index
   %g00 = arith.muli %rank, %rpr : index
   %g0 = arith.addi %g00, %l0 : index
   scf.for %it = %c0 to %c{iters}_ step %c1 {{
@@ -312,17 +322,15 @@ func.func @{name}(%d: index, %t: index, %rank: index, %A: {at}, %peers: memref<?
     %line = arith.muli %gr, %c{hidden}_ : index
     %elem = arith.addi %line, %col : index
     %e64 = arith.index_cast %elem : index to i64
-    %p = llvm.getelementptr %base[%e64] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
-    llvm.store %x, %p {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr
+    %dst = llvm.getelementptr %base[%e64] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
+    llvm.store %x, %dst {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr
   }}
   return
 }}
 """
 
-    def reference(d: int, t: int, rank: int, A, peers) -> None:
-        rows = A.shape[0]
-        src = slice(t * chunk_rows, (t + 1) * chunk_rows)
-        dst = slice(rank * rows + t * chunk_rows, rank * rows + (t + 1) * chunk_rows)
-        peers[d][dst] = A[src]
+    def reference(d: int, t: int, p: int, rank: int, A, peers) -> None:
+        rows, r0 = A.shape[0], t * chunk_rows + p * part_rows
+        peers[d][rank * rows + r0 : rank * rows + r0 + part_rows] = A[r0 : r0 + part_rows]
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
