@@ -38,10 +38,8 @@ SCHEDULES = ("static", "dynamic")
 # in its best measured configuration (bench/gemm_tc.py, gemm_sweep_wgmma.py).
 CORES = ("mma", "wgmma")
 CONFIGS = {
-    "mma": lambda k: _config(k=k, stages=3, copy_parts=8),
-    "wgmma": lambda k: _config(
-        k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10, copy_parts=8
-    ),
+    "mma": lambda k: _config(k=k, stages=3),
+    "wgmma": lambda k: _config(k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10),
 }
 
 

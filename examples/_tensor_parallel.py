@@ -64,8 +64,6 @@ def config(args: argparse.Namespace) -> C.CollectiveConfig:
         block_n=block,
         stages=stages,
         block_size=128 if small else 256,
-        # A GEMM row block's rows arrive in 8 copy tiles (all CTAs copy).
-        copy_parts=1 if small else 8,
     )
 
 
