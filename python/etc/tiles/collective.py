@@ -34,7 +34,7 @@ import numpy as np
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from . import _mma
-from .gemm_tc import SMEM_LIMIT, Source, _body, _finish, _Text, plan
+from .gemm_tc import SMEM_LIMIT, Source, _body, _finish, _Text, bf16_pair, plan
 
 __all__ = ["gemm_to_peer", "reduce_slots", "copy_to_peers", "gemm_chunk"]
 
@@ -113,10 +113,7 @@ def gemm_to_peer(
                         "p",
                         f"llvm.getelementptr {base}[{e64}] : (!llvm.ptr, i64) -> !llvm.ptr, bf16",
                     )
-                    v = t.op(
-                        "v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>"
-                    )
-                    hv = t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+                    hv = bf16_pair(t, c, h)
                     t.emit(
                         f"llvm.store {hv}, {ptr} {{alignment = 4 : i64}} : vector<2xbf16>, !llvm.ptr"
                     )
@@ -178,10 +175,7 @@ def gemm_chunk(
                 local = t.op("x", f"arith.subi {rows[2 * m + h]}, {r0} : index")
                 lrow = t.add(local0, local)
                 for f, c in enumerate(per):
-                    v = t.op(
-                        "v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>"
-                    )
-                    hv = t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+                    hv = bf16_pair(t, c, h)
                     t.emit(
                         f"vector.store {hv}, %C[%s, {lrow}, {cols[f]}] "
                         f"{{alignment = 4 : i64}} : {ct}, vector<2xbf16>"

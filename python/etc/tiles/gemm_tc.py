@@ -580,6 +580,12 @@ def _words(t: _Text, frag: str) -> list[str]:
     return out
 
 
+def bf16_pair(t: _Text, c: list[str], h: int) -> str:
+    """Accumulators ``c[2h], c[2h+1]`` (f32, adjacent columns) as a ``vector<2xbf16>``."""
+    v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
+    return t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+
+
 def _store_pairs(
     t: _Text,
     values: list[list[list[str]]],
@@ -603,8 +609,7 @@ def _store_pairs(
                 ok = oks[2 * m + h]
                 if okc is not None:
                     ok = t.op("ok", f"arith.andi {ok}, {okc} : i1")
-                v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
-                hv = t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+                hv = bf16_pair(t, c, h)
                 t.emit(f"scf.if {ok} {{")
                 t.emit(
                     f"  vector.store {hv}, {mem}[{rows[2 * m + h]}, {cols[f]}] "
