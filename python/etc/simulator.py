@@ -922,6 +922,8 @@ def _check_rank_fan_in(world: list[_Machine]) -> None:
                     coord = m.coord(task, edge, point, "out")
                     target = coord[0] if event.ranked else m.rank
                     received[target][coord] += 1
+        if event.ranked:
+            _check_ranked_waiters(world, event, received)
         for m, counts in zip(world, received, strict=True):
             expected = m.counts[event.index](())
             # A rank's copy of a ranked event only holds its own coordinates.
@@ -934,3 +936,24 @@ def _check_rank_fan_in(world: list[_Machine]) -> None:
                     f"{int(counts[coord])} notifications from all {len(world)} ranks but its "
                     f"wait count is {expected}"
                 )
+
+
+def _check_ranked_waiters(world: list[_Machine], event: Event, received: list[np.ndarray]) -> None:
+    """Every notified coordinate of a ranked event has a waiter on its rank: a
+    peer's notification to one nobody waits on could land, on the GPU, after
+    that rank finished and reset its counters for the next launch."""
+    graph = world[0].graph
+    for m, counts in zip(world, received, strict=True):
+        waited = np.zeros_like(counts, dtype=bool)
+        for task, edge in graph.consumers(event):
+            n = m.order.index(task)
+            for point in m.points[n]:
+                waited[m.coord(task, edge, point, "in")] = True
+        lonely = np.argwhere((counts[m.rank] > 0) & ~waited[m.rank])
+        if len(lonely):
+            coord = (m.rank, *(int(x) for x in lonely[0]))
+            raise GraphError(
+                f"ranked event '{event.name}' coordinate {coord} is notified but no task of "
+                f"rank {m.rank} waits on it; on the GPU a peer's notification could land "
+                "after that rank reset its counters for the next launch"
+            )

@@ -45,6 +45,8 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
     events = manifest.events
     shapes = [manifest.bind(e.shape, symbols) for e in events]
     fan_in = [np.zeros(shape, dtype=np.int64) for shape in shapes]
+    # Ranked events: this rank's waits per coordinate.
+    awaited = {k: np.zeros(shapes[k], dtype=np.int64) for k, e in enumerate(events) if e.ranked}
     bound = ", ".join(f"{k}={v}" for k, v in symbols.items())
     # Ranks whose instances notify this rank's copy of an event: every rank
     # for a ranked event, this one for the others.
@@ -86,8 +88,23 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
                     ranks = range(num_ranks) if event.ranked else (this_rank,)
                     for rank in ranks:
                         _add_fan_in(fan_in[event_index], grid, _at_rank(results, rank), where)
+                elif kind == "in" and event_index in awaited:
+                    _add_fan_in(awaited[event_index], grid, _at_rank(results, this_rank), where)
     if not any(t.out_edges or t.in_edges for t in manifest.tasks):
         return  # an artifact without edge data: nothing more to check
+    for k, waits in awaited.items():
+        # A notification from a peer to a coordinate nobody here waits on
+        # could land after this rank finished and reset its counters.
+        lonely = np.argwhere((fan_in[k][this_rank] > 0) & (waits[this_rank] == 0))
+        if len(lonely):
+            coord = (this_rank, *(int(x) for x in lonely[0]))
+            raise LaunchError(
+                f"{manifest.graph}: ranked event '{events[k].name}' coordinate {coord} is "
+                f"notified but no task of rank {this_rank} waits on it (with {bound}); a "
+                "peer's notification could then land after this rank reset its counters "
+                "for the next launch: every notified coordinate of a ranked event needs "
+                "a waiter on its rank"
+            )
     for event, counts in zip(events, fan_in, strict=True):
         if event.implicit or isinstance(event.wait_count, dict):
             continue  # correct by construction, or data-dependent (the watchdog's)
