@@ -168,17 +168,14 @@ def _read_schedule(ir: Any, module: Any) -> _Schedule:
     return _Schedule([order[i] for i in sorted(order)], ready, events)
 
 
-def _dynamic_shared_memory(ir: Any, module: Any) -> int:
-    """Bytes of dynamic shared memory the converted kernel needs (0: none)."""
-    found = [0]
-
-    def visit(op: Any) -> Any:
-        if op.name == "gpu.func" and "etensor.dynamic_shared_memory" in op.attributes:
-            found[0] = ir.IntegerAttr(op.attributes["etensor.dynamic_shared_memory"]).value
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found[0]
+def _dynamic_shared_memory(ir: Any, module: Any, kernel: str) -> int:
+    """Bytes of dynamic shared memory `kernel` needs (0: none), as
+    convert-etensor-to-gpu records them on the host module."""
+    attrs = module.operation.attributes
+    if "etensor.dynamic_shared_memory" not in attrs:
+        return 0
+    table = ir.DictAttr(attrs["etensor.dynamic_shared_memory"])
+    return ir.IntegerAttr(table[kernel]).value if kernel in table else 0
 
 
 def _extract_ptx(ir: Any, module: Any) -> str:
@@ -389,21 +386,13 @@ def compile(  # noqa: A001 - the public name
             )
             _run(ir, text, scheduled, f"builtin.module(etensor-verify-graph,{scheduler})")
             sched = _read_schedule(ir, scheduled)
-            # The tiles' shared memory, as the conversion lays it out (the
-            # launch passes it when it is dynamic).
-            _run(
-                ir,
-                text,
-                scheduled,
-                f"builtin.module(convert-etensor-to-gpu{{block-size={block_size}}})",
-            )
-            dynamic_smem = _dynamic_shared_memory(ir, scheduled)
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
                 max_pop_chunk,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)
+            dynamic_smem = _dynamic_shared_memory(ir, module, g.name)
         finally:
             handler.detach()
     binary = _assemble(ptx, target, g.name) if cubin else None

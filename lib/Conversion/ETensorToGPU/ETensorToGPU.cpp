@@ -1524,6 +1524,18 @@ struct ConvertETensorToGPUPass
       if (failed(convertGraph(graph, symbols, deviceFunctions)))
         return signalPassFailure();
     }
+    // The launch needs each kernel's dynamic shared memory; the kernel
+    // modules become binaries later, so the host module keeps it too:
+    // `etensor.dynamic_shared_memory = {kernel = bytes}`.
+    SmallVector<NamedAttribute> dynamicShared;
+    module.walk([&](gpu::GPUFuncOp kernel) {
+      if (auto bytes = kernel->getAttrOfType<IntegerAttr>(
+              "etensor.dynamic_shared_memory"))
+        dynamicShared.push_back(NamedAttribute(kernel.getNameAttr(), bytes));
+    });
+    if (!dynamicShared.empty())
+      module->setAttr("etensor.dynamic_shared_memory",
+                      DictionaryAttr::get(&getContext(), dynamicShared));
     for (GraphOp graph : graphs)
       graph.erase();
     // Device functions and their globals now live in the kernel modules; the

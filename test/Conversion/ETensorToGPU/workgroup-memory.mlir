@@ -135,7 +135,10 @@ func.func @big(%i: index) {
   return
 }
 
-// CHECK-LABEL: gpu.module @dynamic_kernels {
+/// The host module keeps each kernel's size: the kernel module becomes a
+/// binary before the compiler reads it.
+// CHECK: module attributes {etensor.dynamic_shared_memory = {dynamic = 65536 : i64}, gpu.container_module}
+// CHECK-NEXT: gpu.module @dynamic_kernels {
 // CHECK: memref.get_global @__etc_workgroup : memref<0xi8, #gpu.address_space<workgroup>>
 // CHECK: memref.view %{{.*}}[%{{.*}}][] : memref<0xi8, #gpu.address_space<workgroup>> to memref<16384xf32, #gpu.address_space<workgroup>>
 // CHECK: memref.global "public" @__etc_workgroup : memref<0xi8, #gpu.address_space<workgroup>> {alignment = 1024 : i64}
