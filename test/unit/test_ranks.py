@@ -272,9 +272,8 @@ def test_launchers_refuse_bad_arguments_before_touching_a_gpu() -> None:
         ProcessRank("unused", 0, 2, None)
 
 
-def test_launch_refuses_ranked_coordinates_nobody_waits_on(tmp_path) -> None:
-    pytest.importorskip("etc._mlir_libs")
-    # The sink waits on coordinate 0 only; the senders notify 0 and 1.
+def _lonely_graph() -> etc.Graph:
+    """The senders notify coordinates 0 and 1 of every rank; the sink waits on 0 only."""
     g = etc.Graph("lonely")
     rank, ranks = g.ranks()
     out = g.tensor("out", (ranks,), "f32")
@@ -283,7 +282,12 @@ def test_launch_refuses_ranked_coordinates_nobody_waits_on(tmp_path) -> None:
         make_fn("s", "index", "index", F32), grid=(ranks, 2), args=(out,), out_edges={e: "di->d,i"}
     )
     g.task(make_fn("k", "index", F32), grid=(1,), args=(out,), in_edges={e: "i->rank,i"})
-    etc.compile(g).save(tmp_path)
+    return g
+
+
+def test_launch_refuses_ranked_coordinates_nobody_waits_on(tmp_path) -> None:
+    pytest.importorskip("etc._mlir_libs")
+    etc.compile(_lonely_graph()).save(tmp_path)
     m = parse_manifest(json.loads((tmp_path / "manifest.json").read_text()), tmp_path)
     with pytest.raises(
         etc.LaunchError, match=r"coordinate \(1, 1\) is notified but no task of rank 1"
@@ -292,13 +296,5 @@ def test_launch_refuses_ranked_coordinates_nobody_waits_on(tmp_path) -> None:
 
 
 def test_simulator_refuses_ranked_coordinates_nobody_waits_on() -> None:
-    g = etc.Graph("lonely_sim")
-    rank, ranks = g.ranks()
-    out = g.tensor("out", (ranks,), "f32")
-    e = g.event((ranks, 2), wait_count=ranks, name="e", ranked=True)
-    g.task(
-        make_fn("s", "index", "index", F32), grid=(ranks, 2), args=(out,), out_edges={e: "di->d,i"}
-    )
-    g.task(make_fn("k", "index", F32), grid=(1,), args=(out,), in_edges={e: "i->rank,i"})
     with pytest.raises(GraphError, match=r"coordinate \(0, 1\) is notified but no task of rank 0"):
-        etc.simulate_ranks(g, [{}, {}], {})
+        etc.simulate_ranks(_lonely_graph(), [{}, {}], {})
