@@ -89,6 +89,23 @@ def _free_symbols(m: Any, symbols: Mapping[str, int] | None, binder: str) -> dic
     return symbols
 
 
+def _zero(kernel: Kernel, buf: driver.DeviceBuffer) -> None:
+    """Waits for `kernel`'s device, zeroes `buf` there and waits for that too."""
+    cu = driver._require()
+    kernel._ensure_context()
+    driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    driver.check(cu.cuMemsetD8(buf.ptr, 0, buf.nbytes), "cuMemsetD8")
+    driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def _zeroed(kernel: Kernel, nbytes: int) -> driver.DeviceBuffer:
+    """A zeroed allocation of `nbytes` on `kernel`'s device."""
+    kernel._ensure_context()
+    buf = driver.DeviceBuffer(nbytes)
+    _zero(kernel, buf)
+    return buf
+
+
 def _address(buffer: Any) -> int:
     if isinstance(buffer, (int, np.integer)) and not isinstance(buffer, bool):
         return int(buffer)
@@ -138,15 +155,9 @@ class RankGroup:
         self.manifest = m
         self.devices = devices
         self.rank_symbol, self.count_symbol = m.ranks
-        cu = driver._require()
         # Each rank's scratch once, zeroed: the rank barrier's words must survive
         # launches, and peers hold the counters' addresses.
-        self._scratch: list[driver.DeviceBuffer] = []
-        for k in self.kernels:
-            k._ensure_context()
-            buf = driver.DeviceBuffer(4 * scratch_words)
-            driver.check(cu.cuMemsetD32(buf.ptr, 0, scratch_words), "cuMemsetD32")
-            self._scratch.append(buf)
+        self._scratch = [_zeroed(k, 4 * scratch_words) for k in self.kernels]
         counters = [b.ptr + 4 * m.status_words for b in self._scratch]
         table = np.array(counters, dtype=np.int64)
         for k in self.kernels:
@@ -154,9 +165,6 @@ class RankGroup:
             peers = driver.DeviceBuffer(table.nbytes)
             driver.htod(peers.ptr, table.ctypes.data, table.nbytes)
             k._peers, k._num_ranks = peers, len(devices)
-        for k in self.kernels:
-            k._ensure_context()
-            driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
     @property
     def num_ranks(self) -> int:
@@ -219,8 +227,7 @@ class RankGroup:
             k._ensure_context()
             driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
         for k, buf in zip(self.kernels, self._scratch, strict=True):
-            k._ensure_context()
-            driver.check(cu.cuMemsetD32(buf.ptr, 0, buf.nbytes // 4), "cuMemsetD32")
+            _zero(k, buf)
 
     def check(self) -> None:
         """Waits for every rank's latest launch; raises the first rank's failure."""
@@ -305,18 +312,10 @@ class ProcessRank:
         self.rank_symbol, self.count_symbol = m.ranks
         self._opened: list[int] = []  # peers' allocations mapped here
         self._owned: list[Any] = []
-        self._scratch = self._zeroed(4 * scratch_words)
+        self._scratch = _zeroed(self.kernel, 4 * scratch_words)
         # Peers notify each other's counters, after the status words.
         table = self._table(self._scratch, 4 * m.status_words)
         self.kernel._peers, self.kernel._num_ranks = table, ranks
-
-    def _zeroed(self, nbytes: int) -> driver.DeviceBuffer:
-        cu = driver._require()
-        self.kernel._ensure_context()
-        buf = driver.DeviceBuffer(nbytes)
-        driver.check(cu.cuMemsetD8(buf.ptr, 0, nbytes), "cuMemsetD8")
-        driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-        return buf
 
     def _exchange(self, buf: driver.DeviceBuffer, offset: int = 0) -> list[int]:
         """Every rank's address of its `buf` (+ `offset`), mapped into this process.
@@ -356,7 +355,7 @@ class ProcessRank:
         """A zeroed buffer of `nbytes` on every rank, and its peer table (collective)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
             raise LaunchError(f"symmetric_empty: nbytes must be an int >= 1, got {nbytes!r}")
-        buf = self._zeroed(nbytes)
+        buf = _zeroed(self.kernel, nbytes)
         peers = self._table(buf)
         return SymmetricBuffer(nbytes, buf.ptr, peers.ptr, [buf, peers])
 
@@ -388,11 +387,7 @@ class ProcessRank:
     def reset(self) -> None:
         """After a failed launch: waits for this GPU, zeroes this rank's counters and
         rank barrier, then waits for every rank to have done so (collective)."""
-        cu = driver._require()
-        self.kernel._ensure_context()
-        driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-        driver.check(cu.cuMemsetD8(self._scratch.ptr, 0, self._scratch.nbytes), "cuMemsetD8")
-        driver.check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        _zero(self.kernel, self._scratch)
         self._all_gather(b"reset")
 
     def close(self) -> None:
