@@ -6,7 +6,8 @@ be replayed with ``etc-opt``):
 1. ``etensor-verify-graph, etensor-static-schedule`` on a copy, to read the
    task numbering the compiler chose (a topological order);
 2. the registered ``etc-static-to-ptx`` pipeline, which ends in a
-   ``gpu.binary`` holding PTX;
+   ``gpu.binary`` holding PTX (the conversion leaves each kernel's dynamic
+   shared memory on the host module for the manifest);
 3. ``ptxas`` (when the CUDA toolkit is on the machine) for a cubin.
 
 The result is an :class:`Artifact`: PTX, optional cubin and a JSON manifest
