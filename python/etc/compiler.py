@@ -209,9 +209,16 @@ def _assemble(ptx: str, chip: str, name: str) -> bytes | None:
 
 
 def _edge(edge: Any) -> dict[str, Any]:
-    """An edge as data: the event and, per event dimension, ["dim", d],
-    ["const", c] or ["rank", 0]."""
-    return {"event": edge.event.name, "map": [[kind, v] for kind, v in edge.map.results]}
+    """An edge as data: the event and, per event dimension, ["dim", d] (or
+    ["dim", d, offset] for a shifted result), ["const", c] or ["rank", 0]."""
+    results = edge.map.results
+    return {
+        "event": edge.event.name,
+        "map": [
+            [kind, v, off] if off else [kind, v]
+            for (kind, v), off in zip(results, edge.map.offsets, strict=True)
+        ],
+    }
 
 
 def _trigger(task: Any) -> dict[str, str] | None:
@@ -298,6 +305,7 @@ def _manifest(
                 "in_edges": [_edge(e) for e in tasks[name].in_edges],
                 "out_edges": [_edge(e) for e in tasks[name].out_edges],
                 "trigger": _trigger(tasks[name]),
+                **({"phase": list(tasks[name].phase)} if tasks[name].phase != ("const", 0) else {}),
             }
             for i, name in enumerate(sched.tasks)
         ],

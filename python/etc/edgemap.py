@@ -32,13 +32,24 @@ class EdgeMap:
 
     ``results[k]`` is ``("dim", d)`` (event coordinate k = grid coordinate d),
     ``("const", c)`` or ``("rank", 0)`` (the rank that runs the instance).
-    ``text`` is the map as the user wrote it, used in error messages.
+    ``offsets[k]`` is added to a ``"dim"`` result (``(l, i) -> (l + 1)``: the
+    next layer's coordinate; only out-edges may shift). ``text`` is the map
+    as the user wrote it, used in error messages.
     """
 
     n_dims: int
     results: tuple[tuple[str, int], ...]
     text: str = field(default="", compare=False)
     dim_names: tuple[str, ...] = field(default=(), compare=False)
+    offsets: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.offsets:
+            object.__setattr__(self, "offsets", (0,) * len(self.results))
+
+    @property
+    def shifted(self) -> bool:
+        return any(self.offsets)
 
     @property
     def n_results(self) -> int:
@@ -51,8 +62,8 @@ class EdgeMap:
     def apply(self, coords: tuple[int, ...], rank: int = 0) -> tuple[int, ...]:
         """The event coordinate that grid point ``coords`` of rank ``rank`` maps to."""
         return tuple(
-            coords[v] if kind == "dim" else rank if kind == "rank" else v
-            for kind, v in self.results
+            coords[v] + off if kind == "dim" else rank if kind == "rank" else v
+            for (kind, v), off in zip(self.results, self.offsets, strict=True)
         )
 
     def to_mlir(self) -> str:
@@ -62,8 +73,12 @@ class EdgeMap:
             names = tuple(f"d{k}" for k in range(self.n_dims))
         rank = "rank" if "rank" not in names else "s0"
         results = [
-            names[v] if kind == "dim" else rank if kind == "rank" else str(v)
-            for kind, v in self.results
+            (f"{names[v]} + {off}" if off else names[v])
+            if kind == "dim"
+            else rank
+            if kind == "rank"
+            else str(v)
+            for (kind, v), off in zip(self.results, self.offsets, strict=True)
         ]
         symbols = f"[{rank}]" if self.uses_rank else ""
         return f"({', '.join(names)}){symbols} -> ({', '.join(results)})"
@@ -151,9 +166,14 @@ def _parse_affine(text: str, shown: str) -> EdgeMap:
     if len(set(dims)) != len(dims):
         raise GraphError(f"edge map '{shown}': a dimension name is repeated")
     results: list[tuple[str, int]] = []
+    offsets: list[int] = []
     body = match.group("results").strip()
     for item in [r.strip() for r in body.split(",")] if body else []:
-        if item in dims:
+        shift = re.fullmatch(r"(\S+)\s*\+\s*(\d+)", item)
+        offsets.append(int(shift.group(2)) if shift and shift.group(1) in dims else 0)
+        if shift and shift.group(1) in dims:
+            results.append(("dim", dims.index(shift.group(1))))
+        elif item in dims:
             results.append(("dim", dims.index(item)))
         elif item in syms:
             results.append(("rank", 0))
@@ -162,7 +182,7 @@ def _parse_affine(text: str, shown: str) -> EdgeMap:
         else:
             raise GraphError(
                 f"edge map '{shown}': result '{item}' is not supported; results "
-                "must be grid dimensions, non-negative integer constants or the "
-                "rank symbol"
+                "must be grid dimensions (plus a non-negative constant: 'l + 1'), "
+                "non-negative integer constants or the rank symbol"
             )
-    return EdgeMap(len(dims), tuple(results), shown.strip(), tuple(dims))
+    return EdgeMap(len(dims), tuple(results), shown.strip(), tuple(dims), tuple(offsets))

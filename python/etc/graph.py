@@ -133,6 +133,13 @@ class Task:
     graph: Graph = field(repr=False)
     index: int = field(repr=False)
     trigger: Trigger | None = None
+    #: Static-schedule phase of an instance: ("const", c) or ("dim", d) (its
+    #: grid coordinate d). Instances run in (phase, task number, linear) order.
+    phase: tuple[str, int] = ("const", 0)
+
+    def phase_of(self, point: tuple[int, ...]) -> int:
+        kind, v = self.phase
+        return point[v] if kind == "dim" else v
 
     @property
     def rank(self) -> int:
@@ -312,6 +319,7 @@ class Graph:
         out_edges: Any = None,
         name: str | None = None,
         triggered_by: Any = None,
+        phase: Any = 0,
     ) -> Task:
         """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
 
@@ -325,6 +333,14 @@ class Graph:
         ``event`` completes (``indptr``, ``C + 1`` integers, must be final by
         then), and the function and the edge maps take ``(i, c)``. Out-edges
         may use ``c`` (``"ic->c"``); their events need table wait counts.
+
+        ``phase`` orders the static schedule: a non-negative int, or a map
+        with one result naming a grid dimension (``"lij->l"``). Instances run
+        in (phase, task number, linear index) order, so a graph that repeats
+        its tasks per layer (``grid=(layers, ...)``, the next layer fed
+        through a shifted out-edge ``"(l, i, j) -> (l + 1)"``) runs layer by
+        layer. Every event coordinate's notifiers must come before its
+        waiters in that order; the runtime checks it at each new shape.
         """
         if not isinstance(function, DeviceFunction):
             raise GraphError(
@@ -357,7 +373,8 @@ class Graph:
                         "uses the trigger coordinate (dimension 1); only out-edges may"
                     )
 
-        t = Task(name, function, grid_t, args_t, ins, outs, self, len(self.tasks), trigger)
+        phase_t = self._phase(phase, grid_t, trigger is not None, where)
+        t = Task(name, function, grid_t, args_t, ins, outs, self, len(self.tasks), trigger, phase_t)
         self.tasks.append(t)
         self._task_names[name] = t
         self._functions.setdefault(function.name, function)
@@ -473,6 +490,32 @@ class Graph:
             if isinstance(d, int) and d == 0:
                 raise GraphError(f"{where}: grid dimension {k} is empty, so the task can never run")
         return dims
+
+    def _phase(
+        self, spec: Any, grid: tuple[Size, ...], triggered: bool, where: str
+    ) -> tuple[str, int]:
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            if spec < 0:
+                raise GraphError(f"{where}: phase {spec} must be >= 0")
+            return ("const", spec)
+        try:
+            emap = parse_edge_map(spec)
+        except GraphError as exc:
+            raise GraphError(f"{where}: phase {spec!r}: {exc}") from None
+        result = emap.results[0] if emap.n_results == 1 else None
+        if (
+            emap.n_dims != len(grid)
+            or result is None
+            or result[0] == "rank"
+            or emap.shifted
+            or (triggered and result[0] == "dim")
+        ):
+            raise GraphError(
+                f"{where}: phase {spec!r} must be an int or a map from the "
+                f"{len(grid)} grid dimensions to one of them (e.g. 'lij->l')"
+                + ("; a triggered task's phase must be an int" if triggered else "")
+            )
+        return result
 
     def _trigger(self, spec: Any, grid: tuple[Size, ...], where: str) -> Trigger | None:
         if spec is None:
@@ -622,6 +665,11 @@ class Graph:
                 f"{head} must address dimension 0 of the ranked event with 'rank' "
                 f"(e.g. 'i->rank,i'): a rank waits on its own copy of the counters"
             )
+        if kind == "in" and emap.shifted:
+            raise GraphError(
+                f"{head} shifts a coordinate; only out-edges may ('(l, i) -> (l + 1)' "
+                "notifies the next layer): a consumer's in-edges must be projections"
+            )
         for r, (kind_r, v) in enumerate(emap.results):
             extent = event.shape[r]
             if kind_r == "rank":
@@ -635,11 +683,13 @@ class Graph:
                 continue
             # A grid dimension longer than its event dimension would address
             # coordinates past the end; report it when it is known statically.
-            diff = as_size(SymExpr._lift(grid[v]) - extent)
+            off = emap.offsets[r]
+            diff = as_size(SymExpr._lift(grid[v]) + off - extent)
             if isinstance(diff, int) and diff > 0:
+                shifted = f" shifted by {off}" if off else ""
                 raise GraphError(
-                    f"{head} sends grid dimension {v} (extent {grid[v]}) past event "
-                    f"dimension {r} (extent {extent})"
+                    f"{head} sends grid dimension {v} (extent {grid[v]}){shifted} past "
+                    f"event dimension {r} (extent {extent})"
                 )
 
     # ------------------------------------------------------------------
@@ -671,11 +721,13 @@ class Graph:
 
     def _dependencies(self) -> tuple[list[list[int]], list[list[int]]]:
         # Same construction as the compiler's TaskGraph: events in declaration
-        # order, producer x consumer pairs, duplicates dropped.
+        # order, producer x consumer pairs, duplicates dropped. A shifted
+        # out-edge ("(l, i) -> (l + 1)") is loop-carried: it feeds a later
+        # phase and does not order the tasks (see Graph.task's ``phase``).
         preds: list[list[int]] = [[] for _ in self.tasks]
         succs: list[list[int]] = [[] for _ in self.tasks]
         for event in self.events:
-            producers = [t.index for t, _ in self.producers(event)]
+            producers = [t.index for t, e in self.producers(event) if not e.map.shifted]
             consumers = [t.index for t, _ in self.consumers(event)]
             consumers += [t.index for t in self.triggered(event)]
             for p in producers:
@@ -892,6 +944,8 @@ def _uniform_fan_in(event: Event, producers: list[tuple[Task, Edge]]) -> tuple[S
     the product of the extents of the grid dims its map drops."""
     total = SymExpr.constant(0)
     for task, edge in producers:
+        if edge.map.shifted:
+            return None, f"task '{task.name}': map '{edge.map}' shifts a coordinate"
         used: set[int] = set()
         for r, (kind, v) in enumerate(edge.map.results):
             extent = event.shape[r]

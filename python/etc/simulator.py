@@ -100,21 +100,24 @@ def static_queues(
 ) -> list[list[tuple[int, int]]]:
     """The static schedule's per-CTA queues for concrete ``symbols``.
 
-    Instances are enumerated task by task in :meth:`Graph.topological_tasks`
-    order, each task's instances in row-major linear order; global index
-    ``g`` goes to CTA ``g % num_ctas``. Entries are ``(task number, linear
-    instance index)``, the task number being the position in
-    ``topological_tasks()``.
+    Instances are enumerated by phase (``Graph.task``'s ``phase``), then
+    task by task in :meth:`Graph.topological_tasks` order, each task's
+    instances in row-major linear order; global index ``g`` goes to CTA
+    ``g % num_ctas``. Entries are ``(task number, linear instance index)``,
+    the task number being the position in ``topological_tasks()``.
     """
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
     env = bind_symbols(graph, symbols)
+    keyed = [
+        (task.phase_of(point), number, linear)
+        for number, task in enumerate(graph.topological_tasks())
+        for linear, point in enumerate(_grid_points(task, env))
+    ]
+    keyed.sort()  # (phase, task, instance); without phases the enumeration order
     queues: list[list[tuple[int, int]]] = [[] for _ in range(num_ctas)]
-    g = 0
-    for number, task in enumerate(graph.topological_tasks()):
-        for linear in range(len(_grid_points(task, env))):
-            queues[g % num_ctas].append((number, linear))
-            g += 1
+    for g, (_, number, linear) in enumerate(keyed):
+        queues[g % num_ctas].append((number, linear))
     return queues
 
 

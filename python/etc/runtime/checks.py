@@ -30,14 +30,23 @@ from .manifest import Manifest, bind_size
 _MAX_ENUMERATED = 1 << 24
 
 
+def _parts(results) -> list[tuple[str, int, int]]:
+    """``(kind, value, offset)`` per map result (only shifted dims carry one)."""
+    return [(r[0], r[1], r[2] if len(r) > 2 else 0) for r in results]
+
+
 def _fmt_map(results) -> str:
-    names = {"dim": lambda v: f"d{v}", "rank": lambda v: "rank"}
-    return "(" + ", ".join(names.get(kind, str)(v) for kind, v in results) + ")"
+    def fmt(kind: str, v: int, off: int) -> str:
+        if kind == "dim":
+            return f"d{v} + {off}" if off else f"d{v}"
+        return "rank" if kind == "rank" else str(v)
+
+    return "(" + ", ".join(fmt(*r) for r in _parts(results)) + ")"
 
 
 def _at_rank(results, rank: int):
     """The map with its rank result replaced by the constant ``rank``."""
-    return tuple(("const", rank) if kind == "rank" else (kind, v) for kind, v in results)
+    return tuple(("const", rank) if r[0] == "rank" else r for r in results)
 
 
 def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
@@ -73,12 +82,14 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
                     f"{manifest.graph}: task '{task.name}' {kind}-edge to event "
                     f"'{event.name}' with map {_fmt_map(results)}"
                 )
-                for k, (rkind, v) in enumerate(results):
-                    reach = grid[v] if rkind == "dim" else num_ranks if rkind == "rank" else v + 1
+                for k, (rkind, v, off) in enumerate(_parts(results)):
+                    reach = (
+                        grid[v] + off if rkind == "dim" else num_ranks if rkind == "rank" else v + 1
+                    )
                     if reach > shape[k]:
                         coord = [
-                            grid[d] - 1 if r == "dim" else num_ranks - 1 if r == "rank" else d
-                            for r, d in results
+                            grid[d] - 1 + o if r == "dim" else num_ranks - 1 if r == "rank" else d
+                            for r, d, o in _parts(results)
                         ]
                         raise LaunchError(
                             f"{where} reaches coordinate {tuple(coord)} outside the event's "
@@ -121,11 +132,12 @@ def check_bound_graph(manifest: Manifest, symbols: Mapping[str, int]) -> None:
 
 def _add_fan_in(counts: np.ndarray, grid, results, where: str) -> None:
     """counts[map(p)] += 1 for every grid point p."""
-    dims = [v for kind, v in results if kind == "dim"]
+    parts = _parts(results)
+    dims = [v for kind, v, _ in parts if kind == "dim"]
     if len(set(dims)) == len(dims):
         # Each event dimension is a distinct grid range or a constant: every
         # coordinate of that box gets the product of the dropped extents.
-        index = tuple(slice(0, grid[v]) if kind == "dim" else v for kind, v in results)
+        index = tuple(slice(off, off + grid[v]) if kind == "dim" else v for kind, v, off in parts)
         dropped = [grid[d] for d in range(len(grid)) if d not in dims]
         counts[index] += int(np.prod(dropped, dtype=np.int64))
         return
@@ -133,6 +145,63 @@ def _add_fan_in(counts: np.ndarray, grid, results, where: str) -> None:
         return
     points = np.indices(grid).reshape(len(grid), -1)
     coords = tuple(
-        points[v] if kind == "dim" else np.full(points.shape[1], v) for kind, v in results
+        points[v] + off if kind == "dim" else np.full(points.shape[1], v) for kind, v, off in parts
     )
     np.add.at(counts, coords, 1)
+
+
+def check_phase_order(manifest: Manifest, symbols: Mapping[str, int]) -> None:
+    """With phases, the static order (phase, task number, instance) must put
+    every notification of an event coordinate before every wait on it, or a
+    CTA could wait on an instance dealt after it: raises LaunchError naming
+    the first such pair. Ranked events (a peer's order is its own) and
+    triggered tasks (data-dependent instances) are not checked."""
+    from .queue import instance_phases
+
+    events = manifest.events
+    shapes = [manifest.bind(e.shape, symbols) for e in events]
+    tasks = manifest.tasks
+    big = np.iinfo(np.int64).max
+    latest = [np.full(int(np.prod(s, dtype=np.int64)), -1, np.int64) for s in shapes]
+    earliest = [np.full(int(np.prod(s, dtype=np.int64)), big, np.int64) for s in shapes]
+    for number, task in enumerate(tasks):
+        grid = manifest.bind(task.grid, symbols)
+        n = int(np.prod(grid, dtype=np.int64))
+        if task.trigger is not None or n == 0 or n > _MAX_ENUMERATED:
+            continue
+        key = np.broadcast_to(
+            np.asarray(instance_phases(task.phase, grid), np.int64) * len(tasks) + number, (n,)
+        )
+        points = np.indices(grid).reshape(len(grid), -1)
+        for edges, table, reduce in (
+            (task.out_edges, latest, np.maximum),
+            (task.in_edges, earliest, np.minimum),
+        ):
+            for event_index, results in edges:
+                if events[event_index].ranked:
+                    continue
+                coords = tuple(
+                    points[v] + off if kind == "dim" else np.full(n, v)
+                    for kind, v, off in _parts(results)
+                )
+                flat = (
+                    np.ravel_multi_index(coords, shapes[event_index])
+                    if coords
+                    else np.zeros(n, np.int64)
+                )
+                reduce.at(table[event_index], flat, key)
+    for k, event in enumerate(events):
+        bad = np.flatnonzero((earliest[k] < big) & (latest[k] >= earliest[k]))
+        if len(bad):
+            coord = tuple(int(x) for x in np.unravel_index(bad[0], shapes[k]))
+
+            def who(key: int) -> str:
+                task = tasks[key % len(tasks)]
+                return f"task '{task.name}' (phase {key // len(tasks)})"
+
+            raise LaunchError(
+                f"{manifest.graph}: the static order waits on event '{event.name}' "
+                f"coordinate {coord} in {who(int(earliest[k][bad[0]]))} before "
+                f"{who(int(latest[k][bad[0]]))} notifies it: give the tasks phases "
+                "that follow the dependencies (Graph.task's phase)"
+            )

@@ -21,10 +21,15 @@ from etc.runtime.args import (
     bind_tensors,
     bound_shapes,
 )
-from etc.runtime.checks import check_bound_graph
+from etc.runtime.checks import check_bound_graph, check_phase_order
 from etc.runtime.manifest import Manifest, load_manifest, numel
 from etc.runtime.params import ParamPack
-from etc.runtime.queue import INSTANCE_MASK, QUEUE_HEADER_WORDS, build_static_queue
+from etc.runtime.queue import (
+    INSTANCE_MASK,
+    QUEUE_HEADER_WORDS,
+    build_static_queue,
+    instance_phases,
+)
 from etc.runtime.trace import RECORD_WORDS as TRACE_RECORD_WORDS
 from etc.runtime.trace import Trace
 
@@ -254,7 +259,11 @@ class Kernel:
         pack = ParamPack(m.params)
         keys = [("tensor", n) for n in self._param_tensors] + [("status", None), ("counters", None)]
         if m.schedule == "static":
-            queue = build_static_queue(counts, actual)
+            phases = None
+            if any(t.phase != ("const", 0) for t in m.tasks):
+                check_phase_order(m, values)
+                phases = [instance_phases(t.phase, m.bind(t.grid, values)) for t in m.tasks]
+            queue = build_static_queue(counts, actual, phases)
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))

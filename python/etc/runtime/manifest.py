@@ -102,13 +102,16 @@ class TaskSpec:
     grid: tuple[Dim, ...]
     #: Dynamic schedule: no in-edges, so every instance is ready at launch.
     ready_at_start: bool = False
-    #: (event index, map) per edge; a map result is ("dim", d), ("const", c) or
-    #: ("rank", 0) (the rank running the instance).
+    #: (event index, map) per edge; a map result is ("dim", d), ("dim", d,
+    #: offset) (a shifted out-edge), ("const", c) or ("rank", 0) (the rank
+    #: running the instance).
     #: A triggered task's maps take (i, c): dimension 1 is the trigger coordinate.
     in_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
     out_edges: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
     #: Data-dependent trigger: (event index, indptr tensor name), or None.
     trigger: tuple[int, str] | None = None
+    #: Static-schedule phase: ("const", c) or ("dim", d) (see Graph.task).
+    phase: tuple[str, int] = ("const", 0)
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,11 @@ def _edges(
             )
         parsed = []
         for r in results:
+            shifted = isinstance(r, list) and len(r) == 3 and r[0] == "dim"
+            if shifted and not (_is_int(r[2]) and r[2] > 0):
+                raise c.fail(f"{w}.map", f"bad map result {r!r}")
+            if shifted:
+                r = r[:2]
             ok = (
                 isinstance(r, list)
                 and len(r) == 2
@@ -285,7 +293,7 @@ def _edges(
             )
             if not ok:
                 raise c.fail(f"{w}.map", f"bad map result {r!r}")
-            parsed.append((r[0], r[1]))
+            parsed.append((r[0], r[1], results[len(parsed)][2]) if shifted else (r[0], r[1]))
         out.append((event, tuple(parsed)))
     return tuple(out)
 
@@ -398,7 +406,20 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             _edges(c, t.get(key, []), f"{w}{key}", events, coords)
             for key in ("in_edges", "out_edges")
         ]
-        tasks.append(TaskSpec(index, c.name(t, "name", w), grid, ready, *edges, trigger))
+        phase = t.get("phase", ["const", 0])
+        if not (
+            isinstance(phase, list)
+            and len(phase) == 2
+            and phase[0] in ("const", "dim")
+            and _is_int(phase[1])
+            and (0 <= phase[1] < len(grid) if phase[0] == "dim" else phase[1] >= 0)
+        ):
+            raise c.fail(f"{w}phase", f"bad phase {phase!r}")
+        tasks.append(
+            TaskSpec(
+                index, c.name(t, "name", w), grid, ready, *edges, trigger, (phase[0], phase[1])
+            )
+        )
     if len(tasks) >= 1 << 15:
         raise c.fail(
             "tasks", f"{len(tasks)} tasks do not fit the 15-bit task field of a queue entry"

@@ -4,12 +4,15 @@ Layout of the i64 array the kernel reads (``etensor-static-schedule`` ABI):
 ``queue[0 : grid + 1]`` are absolute offsets into the same array, so CTA ``c`` runs
 ``queue[queue[c] : queue[c + 1]]`` in order; each entry is ``task << 48 | linear_instance``.
 
-Order (shared with the CPU simulator): instances are enumerated task by task in task-index
-order (a topological order), each task's instances in row-major linear order; global
-position ``p`` goes to CTA ``p % grid``, keeping order within a CTA. Every CTA's list is
-therefore a linear extension of the task order, and with all CTAs resident this cannot
-deadlock: the unfinished instance at the lowest global position only waits on lower
-positions (all finished), and everything before it in its own CTA's list is lower too.
+Order (shared with the CPU simulator): instances are enumerated by phase (``Graph.task``'s
+``phase``: 0 unless given), then task by task in task-index order (a topological order),
+each task's instances in row-major linear order; global position ``p`` goes to CTA
+``p % grid``, keeping order within a CTA. When every event coordinate's notifiers come
+before its waiters in this order (always true without phases; checked at launch with them:
+``etc.runtime.checks.check_phase_order``), every CTA's list is a linear extension of the
+instance dependencies, and with all CTAs resident this cannot deadlock: the unfinished
+instance at the lowest global position only waits on lower positions (all finished), and
+everything before it in its own CTA's list is lower too.
 """
 
 from __future__ import annotations
@@ -25,8 +28,22 @@ MAX_TASKS = 1 << 15  # keeps entries non-negative as i64
 QUEUE_HEADER_WORDS = 3
 
 
-def global_order(counts: Sequence[int]) -> np.ndarray:
-    """Entries ``task << 48 | instance`` for all instances, in global (dealing) order."""
+def instance_phases(phase: tuple[str, int], grid: Sequence[int]) -> np.ndarray | int:
+    """The phase of every instance of a task over ``grid`` (row-major), or
+    the constant phase of all of them."""
+    kind, v = phase
+    if kind == "const":
+        return v
+    inner = int(np.prod(grid[v + 1 :], dtype=np.int64))
+    return (np.arange(int(np.prod(grid, dtype=np.int64)), dtype=np.int64) // inner) % grid[v]
+
+
+def global_order(
+    counts: Sequence[int], phases: Sequence[np.ndarray | int] | None = None
+) -> np.ndarray:
+    """Entries ``task << 48 | instance`` for all instances, in global (dealing)
+    order: by phase (``phases[task]``, per instance or one int), then task,
+    then instance."""
     counts_arr = np.asarray(counts, dtype=np.int64).reshape(-1)
     if len(counts_arr) > MAX_TASKS:
         raise ValueError(f"{len(counts_arr)} tasks exceed the queue's task field ({MAX_TASKS})")
@@ -36,9 +53,19 @@ def global_order(counts: Sequence[int]) -> np.ndarray:
     starts = np.cumsum(counts_arr) - counts_arr
     tasks = np.arange(len(counts_arr), dtype=np.int64)
     # entry(p) = (task << 48) + (p - start(task)), expanded per instance without a loop.
-    return np.arange(total, dtype=np.int64) + np.repeat(
+    entries = np.arange(total, dtype=np.int64) + np.repeat(
         (tasks << INSTANCE_BITS) - starts, counts_arr
     )
+    if phases is None or not any(np.any(np.asarray(p) != 0) for p in phases):
+        return entries
+    key = np.concatenate(
+        [
+            np.broadcast_to(np.asarray(p, dtype=np.int64), (int(n),))
+            for p, n in zip(phases, counts_arr, strict=True)
+        ]
+    )
+    # A stable sort keeps task-then-instance order within a phase.
+    return entries[np.argsort(key, kind="stable")]
 
 
 def cta_counts(total: int, grid: int) -> np.ndarray:
@@ -49,11 +76,14 @@ def cta_counts(total: int, grid: int) -> np.ndarray:
     return out
 
 
-def build_static_queue(counts: Sequence[int], grid: int) -> np.ndarray:
-    """The queue array (offset header + entries) for instance ``counts`` per task and ``grid`` CTAs."""
+def build_static_queue(
+    counts: Sequence[int], grid: int, phases: Sequence[np.ndarray | int] | None = None
+) -> np.ndarray:
+    """The queue array (offset header + entries) for instance ``counts`` per
+    task and ``grid`` CTAs (``phases``: see :func:`global_order`)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
-    entries = global_order(counts)
+    entries = global_order(counts, phases)
     total = len(entries)
     base, extra = divmod(total, grid)
     out = np.empty(grid + 1 + total, dtype=np.int64)

@@ -38,13 +38,30 @@ TaskGraph::TaskGraph(GraphOp graph) : graph(graph) {
           {(unsigned)t, EdgeRef::kTriggerEdge});
   }
   for (EventOp event : events)
-    for (EdgeRef producer : producers[event])
+    for (EdgeRef producer : producers[event]) {
+      // A shifted out-edge (`(l, i) -> (l + 1)`) is loop-carried: it feeds a
+      // later phase of the consumers and does not order the tasks.
+      if (isLoopCarried(cast<AffineMapAttr>(
+                            tasks[producer.task].getOutMaps()[producer.edge])
+                            .getValue()))
+        continue;
       for (EdgeRef consumer : consumers[event]) {
         if (!llvm::is_contained(successors[producer.task], consumer.task))
           successors[producer.task].push_back(consumer.task);
         if (!llvm::is_contained(predecessors[consumer.task], producer.task))
           predecessors[consumer.task].push_back(producer.task);
       }
+    }
+}
+
+bool mlir::etensor::isLoopCarried(AffineMap map) {
+  return llvm::any_of(map.getResults(), [](AffineExpr expr) {
+    auto sum = dyn_cast<AffineBinaryOpExpr>(expr);
+    if (!sum || sum.getKind() != AffineExprKind::Add)
+      return false;
+    auto offset = dyn_cast<AffineConstantExpr>(sum.getRHS());
+    return isa<AffineDimExpr>(sum.getLHS()) && offset && offset.getValue() > 0;
+  });
 }
 
 ArrayRef<EdgeRef> TaskGraph::getProducers(EventOp event) const {

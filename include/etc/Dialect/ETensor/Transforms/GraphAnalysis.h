@@ -21,6 +21,10 @@ namespace mlir::etensor {
 
 /// One edge end: task `task` touches the event through edge number `edge`
 /// (`edge == kTriggerEdge` for a data-dependent trigger).
+/// Whether an out-edge map shifts a grid dimension forward (`(l, i) ->
+/// (l + 1)`): a loop-carried dependency, left out of the task order.
+bool isLoopCarried(AffineMap map);
+
 struct EdgeRef {
   static constexpr unsigned kTriggerEdge = ~0u;
   unsigned task;
