@@ -608,7 +608,7 @@ class Graph:
                         f"device function '{fn.name}' expects {declared}"
                     )
                 continue
-            if normalize_type(declared) != normalize_type(t.mlir_type):
+            if not _generalises(declared, t.mlir_type):
                 raise GraphError(
                     f"{where}: buffer #{k} is tensor '{t.name}' of type "
                     f"{t.mlir_type}, but device function '{fn.name}' expects {declared}"
@@ -932,6 +932,27 @@ class Graph:
             lines.append(f"  {{ rank=same; {same} }}")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def _memref_dims(text: str) -> tuple[list[str], str] | None:
+    """(sizes, element type) of a plain ``memref<4x?xf32>``, else None."""
+    match = re.fullmatch(r"memref<((?:(?:\d+|\?)x)*)([a-z]\w*)>", text)
+    if match is None:
+        return None
+    return match.group(1).split("x")[:-1], match.group(2)
+
+
+def _generalises(declared: str, actual: str) -> bool:
+    """Whether a tensor of type ``actual`` may be passed for a parameter of
+    type ``declared``: equal, or a memref that only fixes some of the
+    parameter's dynamic sizes (the kernel casts it; etensor.task's rule)."""
+    declared, actual = normalize_type(declared), normalize_type(actual)
+    if declared == actual:
+        return True
+    d, a = _memref_dims(declared), _memref_dims(actual)
+    if d is None or a is None or d[1] != a[1] or len(d[0]) != len(a[0]):
+        return False
+    return all(x in ("?", y) for x, y in zip(d[0], a[0], strict=True))
 
 
 # ----------------------------------------------------------------------

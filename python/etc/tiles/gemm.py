@@ -49,7 +49,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from ..device import DeviceFunction
+from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from . import _mma
 from ._mma import Text as _Text
@@ -57,7 +60,17 @@ from ._mma import check_divisible as _check_moe
 from ._mma import experts_dim as _experts
 from ._mma import positive as _positive
 
-__all__ = ["gemm", "moe_gate_up", "moe_down", "plan_prefetch", "plan_stages", "plan_warps"]
+__all__ = [
+    "LAYER_EPILOGUES",
+    "gemm",
+    "layer_gemm",
+    "layer_gemm_reference",
+    "moe_gate_up",
+    "moe_down",
+    "plan_prefetch",
+    "plan_stages",
+    "plan_warps",
+]
 
 
 def plan_warps(
@@ -785,3 +798,188 @@ def moe_down(
     )  # fmt: skip
     reference = _mma.down_reference(block_m, block_n)
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+#: Epilogues of :func:`layer_gemm`.
+LAYER_EPILOGUES = ("store", "residual", "swiglu")
+
+
+def _bf16_round(t: _Text, v: str) -> str:
+    """``f32(bf16(v))``: the rounding of a bf16 tensor in between ops."""
+    h = t.op("rb", f"arith.truncf {v} : f32 to bf16")
+    return t.op("rb", f"arith.extf {h} : bf16 to f32")
+
+
+def _hf_swiglu(t: _Text, acc: list[list[list[str]]], nf: int) -> list[list[list[str]]]:
+    """``bf16(silu(bf16(gate))) * bf16(up)`` (Hugging Face's rounding, the
+    product left in f32 for the store to round)."""
+    out = []
+    for m in range(len(acc)):
+        per = []
+        for f in range(nf):
+            vals = []
+            for q in range(4):
+                g = _bf16_round(t, acc[m][f][q])
+                u = _bf16_round(t, acc[m][nf + f][q])
+                ng = t.op("ng", f"arith.negf {g} : f32")
+                ex = t.op("ex", f"math.exp {ng} : f32")
+                den = t.op("den", f"arith.addf {ex}, %fone : f32")
+                s = _bf16_round(t, t.op("silu", f"arith.divf {g}, {den} : f32"))
+                vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
+            per.append(vals)
+        out.append(per)
+    return out
+
+
+def _add_residual(
+    t: _Text, acc: list[list[list[str]]], rows: list[str], cols: list[str], out, r1: str
+) -> list[list[list[str]]]:
+    """``f32(bf16(acc)) + f32(C[row, col])`` for every pair this thread stores
+    (the residual is read before the store that overwrites it; rows past the
+    block are clamped for the read and not stored)."""
+    mem, mtype = out
+    last = t.op("rlast", f"arith.subi {r1}, %c1 : index")
+    res = []
+    for m, per in enumerate(acc):
+        per_out = []
+        for f, c in enumerate(per):
+            vals = list(c)
+            for h in range(2):
+                row = t.op("rr", f"arith.minui {rows[2 * m + h]}, {last} : index")
+                old = t.op(
+                    "old",
+                    f"vector.load {mem}[{row}, {cols[f]}] {{alignment = 4 : i64}} : "
+                    f"{mtype}, vector<2xbf16>",
+                )
+                old = t.op("old", f"arith.extf {old} : vector<2xbf16> to vector<2xf32>")
+                for q in range(2):
+                    o = t.op("o", f"vector.extract {old}[{q}] : f32 from vector<2xf32>")
+                    a = _bf16_round(t, c[2 * h + q])
+                    vals[2 * h + q] = t.op("res", f"arith.addf {a}, {o} : f32")
+            per_out.append(vals)
+        res.append(per_out)
+    return res
+
+
+def layer_gemm(
+    block_m: int,
+    block_n: int,
+    n: int,
+    k: int,
+    *,
+    layers: int | None,
+    epilogue: str = "store",
+    name: str | None = None,
+    block_size: int = 256,
+    warps: tuple[int, int, int] | None = None,
+    unroll: int | None = None,
+    prefetch: int | None = None,
+    stages: int | None = None,
+) -> DeviceFunction:
+    """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
+    ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
+
+    Buffers: ``A: memref<?xKxbf16>`` (activations), ``W:
+    memref<LxN'xKxbf16>`` (every layer's weight, ``nn.Linear`` layout),
+    ``C: memref<?xNxbf16>``. With ``layers=None`` the tile is ``(i, j)``
+    over one weight ``W: memref<N'xKxbf16>`` (the LM head). ``epilogue``:
+
+    * ``"store"``: ``C = bf16(acc)`` (``N' = N``);
+    * ``"residual"``: ``C = bf16(bf16(acc) + C)``, the residual stream
+      updated in place (``N' = N``);
+    * ``"swiglu"``: ``W[l]`` holds the gate rows ``[0, N)`` then the up rows
+      ``[N, 2N)`` (``N' = 2N``): ``C = bf16(bf16(silu(bf16(g))) *
+      bf16(u))``.
+
+    The rounding follows Hugging Face's bf16 Llama, so the model matches
+    ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
+    ``prefetch``, ``stages`` options: see the module docstring and
+    :func:`gemm`."""
+    name = name or f"layer_gemm_{epilogue}"
+    if epilogue not in LAYER_EPILOGUES:
+        raise GraphError(
+            f"tile '{name}': epilogue {epilogue!r} is not one of {', '.join(LAYER_EPILOGUES)}"
+        )
+    if layers is not None:
+        _positive(name, "layers", layers)
+    _positive(name, "n", n)
+    per_n = 2 if epilogue == "swiglu" else 1
+    wm, wn, wk, unroll = plan_warps(
+        name, block_m, block_n, k, block_size, warps, unroll, b_per_n=per_n
+    )
+    prefetch = plan_prefetch(name, block_m, k, wk, unroll, prefetch)
+    nf = block_n // (8 * wn)
+    stages = plan_stages(name, k, wk, unroll, per_n * nf, block_size, stages, prefetch)
+    _check_moe(name, block_n, n, "n")
+    mf = block_m // (16 * wm)
+    stacked = f"{layers}x" if layers is not None else ""
+    at, wt, ct = (
+        f"memref<?x{k}xbf16>",
+        f"memref<{stacked}{per_n * n}x{k}xbf16>",
+        f"memref<?x{n}xbf16>",
+    )
+    t = _Text()
+    m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
+    r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
+    rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
+    r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
+    n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
+    valid = _mma.dense_valid(t, r0, n0, m_rows, f"%c{n}_")
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    wcol = _warp_cols(t, n0, wm, wn, nf)
+
+    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+        off = 8 * (f % nf) + (n if f >= nf else 0)
+        r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
+        r = t.op("brow", f"arith.addi {r}, {grp} : index")
+        return "%W", wt, f"%l, {r}" if layers is not None else r
+
+    def store(t: _Text, acc, rows, col_lane) -> None:
+        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+        if epilogue == "swiglu":
+            acc = _hf_swiglu(t, acc, nf)
+        elif epilogue == "residual":
+            acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1)
+        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, None)
+
+    globals_ = _body(
+        t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
+        mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1, epilogue=store,
+    )  # fmt: skip
+    t.close()
+    coords = "%l: index, %i: index, %j: index" if layers is not None else "%i: index, %j: index"
+    signature = f"{coords}, %A: {at}, %W: {wt}, %C: {ct}"
+    what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
+    source = _source(
+        name, signature, t, globals_, f"{name}: {what[epilogue]}, bf16, {block_m}x{block_n} blocks"
+    )
+    reference = layer_gemm_reference(block_m, block_n, n, epilogue, stacked=layers is not None)
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def layer_gemm_reference(
+    block_m: int, block_n: int, n: int, epilogue: str, *, stacked: bool = True
+) -> Callable[..., None]:
+    """The numpy reference of :func:`layer_gemm` (same rounding)."""
+
+    def rnd(x: np.ndarray) -> np.ndarray:
+        return bf16_to_f32(f32_to_bf16(x.astype(np.float32)))
+
+    def layered(l: int, i: int, j: int, A, W, C) -> None:  # noqa: E741
+        single(i, j, A, W[l], C)
+
+    def single(i: int, j: int, A, W, C) -> None:
+        rs = slice(i * block_m, (i + 1) * block_m)
+        cs = slice(j * block_n, min((j + 1) * block_n, n))
+        acc = _mma.bf16_matmul(A[rs], W[cs])
+        if epilogue == "residual":
+            acc = rnd(acc) + bf16_to_f32(C[rs, cs])
+        elif epilogue == "swiglu":
+            g = rnd(acc)
+            u = rnd(_mma.bf16_matmul(A[rs], W[cs.start + n : cs.stop + n]))
+            with np.errstate(over="ignore"):
+                acc = rnd(g / (np.float32(1) + np.exp(-g))) * u
+        C[rs, cs] = f32_to_bf16(acc.astype(np.float32))
+
+    return layered if stacked else single

@@ -485,3 +485,12 @@ etensor.graph @partial_coverage(%n: index, %m: index) {
   etensor.task @tile grid [3] outs(%e[(i) -> (i)] : !etensor.event<4>)
   etensor.task @tile grid [4] ins(%e[(i) -> (i)] : !etensor.event<4>)
 }
+
+// -----
+
+func.func private @tile(%i: index, %a: memref<?x4xf32>)
+
+etensor.graph @static_size_differs(%a: memref<8x5xf32>) {
+  // expected-error @+1 {{argument #0 has type 'memref<8x5xf32>' but device function 'tile' expects 'memref<?x4xf32>'}}
+  etensor.task @tile grid [1] args(%a : memref<8x5xf32>)
+}

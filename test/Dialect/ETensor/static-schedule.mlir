@@ -124,3 +124,18 @@ etensor.graph @cycle_rejected(%n: index) {
   %e = etensor.event(%n) count 1 : !etensor.event<?>
   etensor.task @tile grid [%n] ins(%e[(i) -> (i)] : !etensor.event<?>) outs(%e[(i) -> (i)] : !etensor.event<?>)
 }
+
+// -----
+
+/// A tensor more static than the tile's parameter is cast at the call: one
+/// generic tile serves static tensors.
+func.func private @generic(%i: index, %a: memref<?x4xf32>)
+
+// CHECK-LABEL: etensor.graph @cast_to_callee
+// CHECK-SAME: (%[[A:.*]]: memref<8x4xf32>)
+// CHECK: ^bb0(%[[I:.*]]: index):
+// CHECK-NEXT: %[[CAST:.*]] = memref.cast %[[A]] : memref<8x4xf32> to memref<?x4xf32>
+// CHECK-NEXT: func.call @generic(%[[I]], %[[CAST]])
+etensor.graph @cast_to_callee(%a: memref<8x4xf32>) {
+  etensor.task @generic grid [8] args(%a : memref<8x4xf32>)
+}

@@ -402,11 +402,28 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
              << "' is a grid coordinate and must be index, got "
              << fnType.getInput(i);
   for (auto [i, arg] : llvm::enumerate(getArgs()))
-    if (fnType.getInput(coords + i) != arg.getType())
+    if (!isGeneralisationOf(fnType.getInput(coords + i), arg.getType()))
       return emitOpError("argument #")
              << i << " has type " << arg.getType() << " but device function '"
              << getCallee() << "' expects " << fnType.getInput(coords + i);
   return success();
+}
+
+bool mlir::etensor::isGeneralisationOf(Type param, Type arg) {
+  if (param == arg)
+    return true;
+  auto general = dyn_cast<MemRefType>(param);
+  auto specific = dyn_cast<MemRefType>(arg);
+  if (!general || !specific || general.getRank() != specific.getRank() ||
+      general.getElementType() != specific.getElementType() ||
+      general.getMemorySpace() != specific.getMemorySpace() ||
+      !general.getLayout().isIdentity() || !specific.getLayout().isIdentity())
+    return false;
+  return llvm::all_of(llvm::zip(general.getShape(), specific.getShape()),
+                      [](auto dims) {
+                        auto [g, s] = dims;
+                        return ShapedType::isDynamic(g) || g == s;
+                      });
 }
 
 OpFoldResult TaskOp::getMixedExtent(unsigned dim) {

@@ -416,7 +416,7 @@ LogicalResult DynamicScheduler::run() {
                                 coords, task));
 
     SmallVector<Value> callArgs(coords);
-    llvm::append_range(callArgs, task.getArgs());
+    llvm::append_range(callArgs, castArgsToCallee(b, task));
     func::CallOp::create(b, taskLoc, task.getCallee(), TypeRange(), callArgs);
 
     for (auto [event, map] : outEdges) {

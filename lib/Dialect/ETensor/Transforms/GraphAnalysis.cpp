@@ -6,6 +6,8 @@
 
 #include "etc/Dialect/ETensor/Transforms/GraphAnalysis.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/AffineMap.h"
 #include "mlir/IR/AsmState.h"
 #include "llvm/ADT/STLExtras.h"
@@ -182,4 +184,20 @@ std::string mlir::etensor::printSymbolicExpr(AffineExpr expr, GraphOp graph) {
   }
   (void)graph;
   return result;
+}
+
+SmallVector<Value> mlir::etensor::castArgsToCallee(OpBuilder &builder,
+                                                   TaskOp task) {
+  auto callee = SymbolTable::lookupNearestSymbolFrom<func::FuncOp>(
+      task, task.getCalleeAttr());
+  ArrayRef<Type> params = callee.getFunctionType().getInputs().drop_front(
+      task.getCoordinateCount());
+  SmallVector<Value> args;
+  for (auto [arg, param] : llvm::zip(task.getArgs(), params))
+    args.push_back(
+        arg.getType() == param
+            ? arg
+            : memref::CastOp::create(builder, task.getLoc(), param, arg)
+                  .getResult());
+  return args;
 }

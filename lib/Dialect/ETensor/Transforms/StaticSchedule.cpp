@@ -9,6 +9,7 @@
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Affine/Utils.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/Builders.h"
 
 namespace mlir::etensor {
@@ -93,7 +94,7 @@ struct ETensorStaticSchedulePass
                                     cast<AffineMapAttr>(map).getValue(), coords,
                                     task));
       SmallVector<Value> callArgs(coords);
-      llvm::append_range(callArgs, task.getArgs());
+      llvm::append_range(callArgs, castArgsToCallee(builder, task));
       func::CallOp::create(builder, loc, task.getCallee(), TypeRange(),
                            callArgs);
       for (auto [event, map] :

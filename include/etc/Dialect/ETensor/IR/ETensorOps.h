@@ -23,4 +23,12 @@
 #define GET_OP_CLASSES
 #include "etc/Dialect/ETensor/IR/ETensorOps.h.inc"
 
+namespace mlir::etensor {
+/// Whether a task may pass `arg` for a device function parameter of type
+/// `param`: the same type, or a memref that only fixes some of `param`'s
+/// dynamic sizes (the call site casts it: `memref<128x64xf32>` for
+/// `memref<?x64xf32>`), so one generic tile serves static tensors.
+bool isGeneralisationOf(Type param, Type arg);
+} // namespace mlir::etensor
+
 #endif // ETC_DIALECT_ETENSOR_IR_ETENSOROPS_H

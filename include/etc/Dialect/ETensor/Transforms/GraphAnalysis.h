@@ -14,6 +14,7 @@
 
 #include "etc/Dialect/ETensor/IR/ETensorOps.h"
 #include "mlir/IR/AffineExpr.h"
+#include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallVector.h"
 
@@ -24,6 +25,10 @@ namespace mlir::etensor {
 /// Whether an out-edge map shifts a grid dimension forward (`(l, i) ->
 /// (l + 1)`): a loop-carried dependency, left out of the task order.
 bool isLoopCarried(AffineMap map);
+
+/// The task's arguments for a call to its device function, each memref cast
+/// to the parameter type where the task passes a more static one.
+SmallVector<Value> castArgsToCallee(OpBuilder &builder, TaskOp task);
 
 struct EdgeRef {
   static constexpr unsigned kTriggerEdge = ~0u;

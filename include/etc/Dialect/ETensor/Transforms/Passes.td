@@ -69,7 +69,9 @@ def ETensorStaticSchedule : Pass<"etensor-static-schedule", "::mlir::ModuleOp"> 
     Graphs with one `etensor.worker static` and no `etensor.task`. Run
     `convert-etensor-to-gpu` next.
   }];
-  let dependentDialects = ["::mlir::func::FuncDialect"];
+  let dependentDialects = [
+    "::mlir::func::FuncDialect", "::mlir::memref::MemRefDialect",
+  ];
 }
 
 def ETensorDynamicSchedule
