@@ -393,6 +393,9 @@ LogicalResult DynamicScheduler::run() {
     for (int64_t d = 0; d < task.getCoordinateCount(); ++d)
       coords.push_back(body->addArgument(b.getIndexType(), taskLoc));
     b.setInsertionPointToStart(body);
+    // Casts of the buffers first: nothing may separate the waits and the call.
+    SmallVector<Value> callArgs(coords);
+    llvm::append_range(callArgs, castArgsToCallee(b, task));
 
     auto outEdges = llvm::zip(task.getOutEvents(), task.getOutMaps());
     // Early push: this instance is dispatched, so the consumers whose last
@@ -415,8 +418,6 @@ LogicalResult DynamicScheduler::run() {
                        applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(),
                                 coords, task));
 
-    SmallVector<Value> callArgs(coords);
-    llvm::append_range(callArgs, castArgsToCallee(b, task));
     func::CallOp::create(b, taskLoc, task.getCallee(), TypeRange(), callArgs);
 
     for (auto [event, map] : outEdges) {

@@ -87,14 +87,16 @@ struct ETensorStaticSchedulePass
       for (int64_t d = 0; d < task.getCoordinateCount(); ++d)
         coords.push_back(body->addArgument(builder.getIndexType(), loc));
       builder.setInsertionPointToStart(body);
+      // Casts of the buffers first: nothing may separate the waits and the
+      // call.
+      SmallVector<Value> callArgs(coords);
+      llvm::append_range(callArgs, castArgsToCallee(builder, task));
 
       for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
         WaitOp::create(builder, loc, event,
                        applyEdgeMap(builder, loc,
                                     cast<AffineMapAttr>(map).getValue(), coords,
                                     task));
-      SmallVector<Value> callArgs(coords);
-      llvm::append_range(callArgs, castArgsToCallee(builder, task));
       func::CallOp::create(builder, loc, task.getCallee(), TypeRange(),
                            callArgs);
       for (auto [event, map] :
