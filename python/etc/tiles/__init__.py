@@ -18,3 +18,7 @@ __all__ = ["rowsum", "rmsnorm", "synthetic", "partial_sum", "final_sum", "sum_sq
 from . import gemm  # noqa: E402  (bf16 tensor-core GEMM tiles: gemm.gemm, gemm.moe_gate_up, gemm.moe_down)
 
 __all__ += ["gemm"]
+
+from . import llama  # noqa: E402  (Llama decoder tiles: embed, rmsnorm, attention, combine, argmax)
+
+__all__ += ["llama"]

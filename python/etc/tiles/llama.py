@@ -1,0 +1,917 @@
+"""Decoder tiles of a Llama-style model (ETC issue 7): embedding, RMSNorm,
+grouped-query decode attention (flash-decoding splits), the split combine
+and the greedy arg-max.
+
+Device functions written as MLIR text (one CTA of ``block_size`` threads,
+upstream dialects only) with numpy references that round as the tiles do.
+bf16 tensors are ``uint16`` bit patterns in numpy (:mod:`etc.dtypes`); all
+arithmetic is fp32 (``arith.extf`` / ``arith.truncf``, round to nearest even).
+
+* ``embed(BM, BN, H)``, grid ``(ceil(B/BM), ceil(H/BN))``:
+  ``h[r, c] = E[tokens[r], c]``.
+* ``rmsnorm(H, gamma_stride, gamma_offset, eps)``, grid ``(layers, B)``:
+  Hugging Face's ``LlamaRMSNorm`` of row ``b`` with gamma row
+  ``gamma_stride * l + gamma_offset``.
+* ``attention(chunk, NH, KV, D, layers)``, grid ``(layers, B, KV,
+  ceil((L+1)/chunk))``: RoPE of the new token's q and k, the cache write of
+  k and v (split 0), and one split of the softmax attention of the ``G =
+  NH/KV`` query heads of a kv head over positions ``[s*chunk,
+  min(s*chunk + chunk, L+1))``: unnormalised output, max and sum.
+* ``attention_combine(NH, D)``, grid ``(layers, B)``: merges the splits into
+  ``attn[b, h*D + d]`` (bf16).
+* ``argmax(V)``, grid ``(B,)``: the first index of the largest logit.
+
+Buffers are row-major and 16-byte aligned (H, D and V multiples of 8).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..device import DeviceFunction
+from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..errors import GraphError
+from . import _text
+
+__all__ = [
+    "embed",
+    "rmsnorm",
+    "attention",
+    "attention_combine",
+    "argmax",
+    "rope_table",
+    "rope_bf16",
+]
+
+_WG = "#gpu.address_space<workgroup>"
+#: Shared memory one attention tile may use.
+ATTENTION_SMEM_LIMIT = 40 * 1024
+#: The max an empty attention split reports (its sum and output are 0).
+EMPTY_MAX = -1.0e30
+
+
+def _positive(name: str, **values: int) -> None:
+    for key, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
+
+
+def _check_block(name: str, block_size: int) -> int:
+    _positive(name, block_size=block_size)
+    if block_size % 32 or block_size > 1024:
+        raise GraphError(
+            f"tile '{name}': block_size={block_size} must be a multiple of 32 in [32, 1024]"
+        )
+    return block_size // 32
+
+
+def _multiple_of_8(name: str, **values: int) -> None:
+    for key, value in values.items():
+        if value % 8:
+            raise GraphError(
+                f"tile '{name}': {key}={value} must be a multiple of 8 (16-byte bf16 loads)"
+            )
+
+
+def _f32(value: float) -> str:
+    """An f32 MLIR literal that round-trips exactly."""
+    return f"{float(np.float32(value)):.9e}"
+
+
+def _warp_reduce(value: str, kind: str, offsets, prefix: str, indent: str) -> tuple[str, str]:
+    """A butterfly reduction of f32 `value` over `gpu.shuffle xor` offsets
+    (`%c<o>_i32` must exist for each, and `%c32_i32`). `kind` is the arith
+    op (addf / maximumf). Returns (ops, result)."""
+    lines = []
+    for k, off in enumerate(offsets):
+        lines.append(
+            f"{indent}%{prefix}s{k}, %{prefix}ok{k} = gpu.shuffle xor {value}, %c{off}_i32, "
+            f"%c32_i32 : f32\n"
+            f"{indent}%{prefix}r{k} = arith.{kind} {value}, %{prefix}s{k} : f32"
+        )
+        value = f"%{prefix}r{k}"
+    return "\n".join(lines), value
+
+
+def _offset_constants(offsets) -> str:
+    return "\n".join(f"  %c{o}_i32 = arith.constant {o} : i32" for o in sorted(set(offsets)))
+
+
+# ----------------------------------------------------------------------------
+# embed
+# ----------------------------------------------------------------------------
+def embed(
+    block_m: int, block_n: int, hidden: int, *, name: str = "embed", block_size: int = 256
+) -> DeviceFunction:
+    """Tile ``(i, j)``: ``h[r, c] = E[tokens[r], c]`` for rows ``[i*BM,
+    min((i+1)*BM, B))`` and columns ``[j*BN, min((j+1)*BN, H))``.
+
+    The CTA walks (row, 8-column chunk) pairs, one 16-byte load and store per
+    thread per step. Args: ``tokens: memref<?xi32>``, ``E: memref<?xHxbf16>``,
+    ``h: memref<?xHxbf16>``.
+    """
+    _check_block(name, block_size)
+    _positive(name, block_m=block_m, block_n=block_n, hidden=hidden)
+    _multiple_of_8(name, hidden=hidden, block_n=block_n)
+    BM, BN, H = block_m, block_n, hidden
+    t_t, x_t = "memref<?xi32>", f"memref<?x{H}xbf16>"
+    source = f"""\
+// {name}: h[r, c] = E[tokens[r], c], {BM} rows x {BN} columns (hidden {H}) per CTA of {block_size}.
+func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}) {{
+  %c0 = arith.constant 0 : index
+  %c8 = arith.constant 8 : index
+  %cBS = arith.constant {block_size} : index
+  %cBM = arith.constant {BM} : index
+  %cBN = arith.constant {BN} : index
+  %cH = arith.constant {H} : index
+  %tid = gpu.thread_id x
+  %B = memref.dim %h, %c0 : {x_t}
+  %r0 = arith.muli %i, %cBM : index
+  %r1a = arith.addi %r0, %cBM : index
+  %r1b = arith.minui %r1a, %B : index
+  %r1 = arith.maxui %r1b, %r0 : index
+  %nr = arith.subi %r1, %r0 : index
+  %col0 = arith.muli %j, %cBN : index
+  %col1a = arith.addi %col0, %cBN : index
+  %col1b = arith.minui %col1a, %cH : index
+  %col1 = arith.maxui %col1b, %col0 : index
+  %ncols = arith.subi %col1, %col0 : index
+  %nch = arith.divui %ncols, %c8 : index
+  %total = arith.muli %nr, %nch : index
+  scf.for %q = %tid to %total step %cBS {{
+    %dr = arith.divui %q, %nch : index
+    %ch = arith.remui %q, %nch : index
+    %cc = arith.muli %ch, %c8 : index
+    %col = arith.addi %col0, %cc : index
+    %r = arith.addi %r0, %dr : index
+    %t_i32 = memref.load %tok[%r] : {t_t}
+    %t = arith.index_cast %t_i32 : i32 to index
+    %v = vector.load %E[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+    vector.store %v, %h[%r, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+  }}
+  return
+}}
+"""
+
+    def reference(i: int, j: int, tok: np.ndarray, E: np.ndarray, h: np.ndarray) -> None:
+        r0, r1 = i * BM, min((i + 1) * BM, h.shape[0])
+        c0, c1 = j * BN, min((j + 1) * BN, H)
+        if r0 >= r1 or c0 >= c1:
+            return
+        h[r0:r1, c0:c1] = E[tok[r0:r1].astype(np.int64), c0:c1]
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+# ----------------------------------------------------------------------------
+# rmsnorm
+# ----------------------------------------------------------------------------
+def rmsnorm(
+    hidden: int,
+    gamma_stride: int = 1,
+    gamma_offset: int = 0,
+    eps: float = 1e-5,
+    *,
+    name: str = "rmsnorm",
+    block_size: int = 256,
+) -> DeviceFunction:
+    """Tile ``(l, b)``: ``x[b] = bf16(gamma[row] * bf16(h[b] * rsqrt(mean(h[b]**2) + eps)))``
+    with ``row = gamma_stride * l + gamma_offset`` (Hugging Face's
+    ``LlamaRMSNorm`` rounding; fp32 statistics).
+
+    One CTA per row: 16-byte loads, a shuffle butterfly per warp, per-warp
+    sums in workgroup memory (``@<name>__warp_sums``) that every thread adds
+    up, then the row is read again (from L1/L2) and scaled. ``math.rsqrt``
+    lowers to ``rsqrt.approx.f32``. Args: ``h, gamma, x: memref<?xHxbf16>``.
+    """
+    warps = _check_block(name, block_size)
+    _positive(name, hidden=hidden)
+    _multiple_of_8(name, hidden=hidden)
+    for key, value in (("gamma_stride", gamma_stride), ("gamma_offset", gamma_offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise GraphError(f"tile '{name}': {key} must be an int >= 0, got {value!r}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < 1:
+        raise GraphError(f"tile '{name}': eps must be a float in [0, 1), got {eps!r}")
+    H = hidden
+    x_t = f"memref<?x{H}xbf16>"
+    sm_t = f"memref<{warps}xf32, {_WG}>"
+    shuffles, total = _text.warp_sum("%sq", "  ")
+    source = f"""\
+// {name}: x[b] = gamma[{gamma_stride}*l + {gamma_offset}] * rmsnorm(h[b]) (hidden {H}, eps {eps!r}), one CTA of {block_size}.
+memref.global "private" @{name}__warp_sums : {sm_t} {{alignment = 16 : i64}}
+func.func @{name}(%l: index, %b: index, %h: {x_t}, %gamma: {x_t}, %x: {x_t}) {{
+  %c0 = arith.constant 0 : index
+  %c8 = arith.constant 8 : index
+  %c32 = arith.constant 32 : index
+  %cH = arith.constant {H} : index
+  %cStride = arith.constant {8 * block_size} : index
+  %cGS = arith.constant {gamma_stride} : index
+  %cGO = arith.constant {gamma_offset} : index
+{_text.shuffle_constants()}
+  %c32_i32 = arith.constant 32 : i32
+  %zero8 = arith.constant dense<0.0> : vector<8xf32>
+  %fH = arith.constant {_f32(H)} : f32
+  %eps = arith.constant {_f32(eps)} : f32
+  %tid = gpu.thread_id x
+  %warp = arith.divui %tid, %c32 : index
+  %lane = arith.remui %tid, %c32 : index
+  %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+  %gl = arith.muli %l, %cGS : index
+  %row = arith.addi %gl, %cGO : index
+  %first = arith.muli %tid, %c8 : index
+  %acc = scf.for %k = %first to %cH step %cStride iter_args(%part = %zero8) -> (vector<8xf32>) {{
+    %v = vector.load %h[%b, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+    %f = arith.extf %v : vector<8xbf16> to vector<8xf32>
+    %next = vector.fma %f, %f, %part : vector<8xf32>
+    scf.yield %next : vector<8xf32>
+  }}
+  %sq = vector.reduction <add>, %acc : vector<8xf32> into f32
+{shuffles}
+  %ws = memref.get_global @{name}__warp_sums : {sm_t}
+  // A previous call on this CTA may still be reading the warp sums.
+  gpu.barrier
+  scf.if %is_lane0 {{
+    memref.store {total}, %ws[%warp] : {sm_t}
+  }}
+  gpu.barrier
+  %parts = vector.load %ws[%c0] {{alignment = 16 : i64}} : {sm_t}, vector<{warps}xf32>
+  %ss = vector.reduction <add>, %parts : vector<{warps}xf32> into f32
+  %mean = arith.divf %ss, %fH : f32
+  %shifted = arith.addf %mean, %eps : f32
+  %inv = math.rsqrt %shifted : f32
+  %inv8 = vector.broadcast %inv : f32 to vector<8xf32>
+  scf.for %k = %first to %cH step %cStride {{
+    %v = vector.load %h[%b, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+    %f = arith.extf %v : vector<8xbf16> to vector<8xf32>
+    %n = arith.mulf %f, %inv8 : vector<8xf32>
+    %nb = arith.truncf %n : vector<8xf32> to vector<8xbf16>
+    %nf = arith.extf %nb : vector<8xbf16> to vector<8xf32>
+    %g = vector.load %gamma[%row, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+    %gf = arith.extf %g : vector<8xbf16> to vector<8xf32>
+    %y = arith.mulf %gf, %nf : vector<8xf32>
+    %yb = arith.truncf %y : vector<8xf32> to vector<8xbf16>
+    vector.store %yb, %x[%b, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+  }}
+  return
+}}
+"""
+    eps32 = np.float32(eps)
+
+    def reference(l: int, b: int, h: np.ndarray, gamma: np.ndarray, x: np.ndarray) -> None:  # noqa: E741
+        hf = bf16_to_f32(h[b])
+        mean = np.float32(np.dot(hf, hf)) / np.float32(H)
+        inv = np.float32(1) / np.sqrt(np.float32(mean + eps32))
+        normed = bf16_to_f32(f32_to_bf16(hf * inv))
+        x[b] = f32_to_bf16(bf16_to_f32(gamma[gamma_stride * l + gamma_offset]) * normed)
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+# ----------------------------------------------------------------------------
+# attention
+# ----------------------------------------------------------------------------
+def rope_table(positions: int, head_dim: int, theta: float = 500000.0) -> np.ndarray:
+    """The ``rope`` buffer of :func:`attention` for positions ``[0, positions)``:
+    row p = ``[cos(p*f_0..f_{D/2-1}), sin(p*f_0..f_{D/2-1})]`` with ``f_i =
+    theta**(-2i/D)``, rounded to bf16 values, stored as float32. (Plain RoPE;
+    Llama 3.2's frequency scaling would change ``f`` only.)"""
+    half = head_dim // 2
+    freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
+    ang = np.arange(positions, dtype=np.float64)[:, None] * freq[None, :]
+    table = np.concatenate([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+    return bf16_to_f32(f32_to_bf16(table))
+
+
+def rope_bf16(x: np.ndarray, cos_sin: np.ndarray) -> np.ndarray:
+    """RoPE (rotate_half) of bf16 bits ``x`` (..., D) with one row of the
+    rope table, computed in float32 and rounded to bf16 as the tile does."""
+    xf = bf16_to_f32(x)
+    half = xf.shape[-1] // 2
+    c = cos_sin[:half].astype(np.float32)
+    sn = cos_sin[half:].astype(np.float32)
+    lo, hi = xf[..., :half], xf[..., half:]
+    out = np.concatenate([lo * c - hi * sn, hi * c + lo * sn], axis=-1)
+    return f32_to_bf16(out)
+
+
+def attention(
+    chunk: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    layers: int,
+    *,
+    unroll: int = 4,
+    name: str = "attention",
+    block_size: int = 256,
+) -> DeviceFunction:
+    """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
+    ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
+
+    Args: ``L: index`` (cached tokens = the new token's position), ``qkv:
+    memref<?xQxbf16>`` (Q = (NH + 2 KV) D), ``rope: memref<?xDxf32>``,
+    ``kc, vc: memref<LAYERSx?xKVx?xDxbf16>``, ``opart: memref<?xNHx?xDxf32>``,
+    ``mpart: memref<?xNHx?x2xf32>``.
+
+    1. RoPE of the G query heads and of k (fp32 from bf16, rounded to bf16)
+       into workgroup memory with v; split 0 writes k and v to the caches at
+       position L.
+    2. Scores: a row of K (D bf16 = D/8 16-byte chunks) is read by D/8
+       adjacent lanes, so each warp load instruction reads 32/(D/8) whole
+       rows (coalesced); each lane keeps its 8 dims of the G queries in
+       registers, the D/8 lanes of a row add their partial dots with
+       shuffles. ``unroll`` row groups are loaded before any is used (more
+       loads in flight). Position L uses the k computed in step 1, never the
+       cache (another instance is writing it). Scores go to workgroup memory.
+    3. Softmax: warp t (of each G) takes head t: max, ``exp(score - max)``
+       in place, sum; lane 0 writes ``mpart``.
+    4. Output: V rows read as K; each lane accumulates ``e_p * v_p`` for its
+       8 dims and G heads, warps reduce their row groups with shuffles and
+       sum across warps through workgroup memory into ``opart``.
+
+    An empty split (``s*chunk > L``) writes max -1e30, sum 0, output 0.
+    Workgroup memory: ``4 * ((G+2) D + G chunk + warps G D)`` bytes.
+
+    Measured on an H200 (Llama-3.2-1B heads, batch 64, L = 4095, one layer,
+    attention alone, dynamic schedule): about 310 us for the 537 MB of K and
+    V, 1.7 TB/s, with chunk 256 and unroll 2 or 4 (unroll 8: 450 us);
+    280 us (1.9 TB/s) with chunk 512 and unroll 4. A
+    software-pipelined variant (the next step's rows loaded before the
+    current ones are used, the first ones before step 1) needed 160-240
+    registers and was no faster, so it is not used.
+    """
+    warps = _check_block(name, block_size)
+    _positive(
+        name,
+        chunk=chunk,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        layers=layers,
+        unroll=unroll,
+    )
+    if heads % kv_heads:
+        raise GraphError(f"tile '{name}': heads={heads} is not a multiple of kv_heads={kv_heads}")
+    _multiple_of_8(name, head_dim=head_dim)
+    NH, KV, D, G, U = heads, kv_heads, head_dim, heads // kv_heads, unroll
+    RL = D // 8  # lanes per row
+    if 32 % RL:
+        raise GraphError(
+            f"tile '{name}': head_dim={D} must be 8, 16, 32, 64, 128 or 256 "
+            "(D/8 lanes read one row)"
+        )
+    smem = 4 * ((G + 2) * D + G * chunk + warps * G * D)
+    if smem > ATTENTION_SMEM_LIMIT:
+        raise GraphError(
+            f"tile '{name}': chunk={chunk} needs {smem} bytes of workgroup memory "
+            f"(more than {ATTENTION_SMEM_LIMIT}); use a smaller chunk"
+        )
+    RW = 32 // RL  # rows per warp per load
+    RC = warps * RW  # rows per CTA per load
+    Q = (NH + 2 * KV) * D
+    half = D // 2
+    scale = 1.0 / math.sqrt(D)
+    qkv_t, rope_t = f"memref<?x{Q}xbf16>", f"memref<?x{D}xf32>"
+    c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
+    op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
+    qk_t = f"memref<{(G + 2) * D}xf32, {_WG}>"
+    p_t = f"memref<{G * chunk}xf32, {_WG}>"
+    o_t = f"memref<{warps * G * D}xf32, {_WG}>"
+    in_row = [RL >> (k + 1) for k in range(RL.bit_length() - 1)]  # RL/2 .. 1
+    across = [o for o in (1, 2, 4, 8, 16) if o >= RL]  # row groups of a warp
+    consts = _offset_constants(in_row + across + list(_text.SHUFFLE_OFFSETS))
+
+    # -- step 2: scores ------------------------------------------------------
+    score_lines = []
+    for u in range(U):
+        score_lines.append(
+            f"      %kr{u}a = arith.addi %base, %rowt : index\n"
+            f"      %kr{u} = arith.addi %kr{u}a, %cU{u} : index\n"
+            f"      %kok{u} = arith.cmpi ult, %kr{u}, %n : index\n"
+            f"      %kp{u}a = arith.addi %p0, %kr{u} : index\n"
+            f"      %kp{u} = arith.select %kok{u}, %kp{u}a, %p0 : index\n"
+            f"      %kb{u} = vector.load %kc[%l, %b, %g, %kp{u}, %d0] {{alignment = 16 : i64}} "
+            f": {c_t}, vector<8xbf16>"
+        )
+    for u in range(U):
+        score_lines.append(
+            f"      %kf{u} = arith.extf %kb{u} : vector<8xbf16> to vector<8xf32>\n"
+            f"      %knew{u} = arith.cmpi eq, %kp{u}, %L : index\n"
+            f"      %k{u} = arith.select %knew{u}, %kn, %kf{u} : vector<8xf32>"
+        )
+        for t in range(G):
+            red, val = _warp_reduce(f"%dp{u}_{t}", "addf", in_row, f"k{u}_{t}", "      ")
+            score_lines.append(
+                f"      %pr{u}_{t} = arith.mulf %q{t}, %k{u} : vector<8xf32>\n"
+                f"      %dp{u}_{t} = vector.reduction <add>, %pr{u}_{t} : vector<8xf32> into f32"
+                + (f"\n{red}" if red else "")
+                + f"\n      %sc{u}_{t} = arith.mulf {val}, %scale : f32"
+            )
+        stores = "\n".join(
+            f"        %si{u}_{t} = arith.addi %kr{u}, %cT{t}chunk : index\n"
+            f"        memref.store %sc{u}_{t}, %pbuf[%si{u}_{t}] : {p_t}"
+            for t in range(G)
+        )
+        score_lines.append(
+            f"      %kw{u} = arith.andi %kok{u}, %is_sub0 : i1\n"
+            f"      scf.if %kw{u} {{\n{stores}\n      }}"
+        )
+
+    # -- step 4: values ------------------------------------------------------
+    acc_names = [f"%a{t}" for t in range(G)]
+    value_lines = []
+    for u in range(U):
+        value_lines.append(
+            f"      %vr{u}a = arith.addi %base, %rowt : index\n"
+            f"      %vr{u} = arith.addi %vr{u}a, %cU{u} : index\n"
+            f"      %vok{u} = arith.cmpi ult, %vr{u}, %n : index\n"
+            f"      %vp{u}a = arith.addi %p0, %vr{u} : index\n"
+            f"      %vp{u} = arith.select %vok{u}, %vp{u}a, %p0 : index\n"
+            f"      %vb{u} = vector.load %vc[%l, %b, %g, %vp{u}, %d0] {{alignment = 16 : i64}} "
+            f": {c_t}, vector<8xbf16>"
+        )
+    for u in range(U):
+        value_lines.append(
+            f"      %vf{u} = arith.extf %vb{u} : vector<8xbf16> to vector<8xf32>\n"
+            f"      %vnew{u} = arith.cmpi eq, %vp{u}, %L : index\n"
+            f"      %vs{u} = arith.select %vnew{u}, %vn, %vf{u} : vector<8xf32>\n"
+            f"      %v{u} = arith.select %vok{u}, %vs{u}, %zero8 : vector<8xf32>\n"
+            f"      %vi{u} = arith.select %vok{u}, %vr{u}, %c0 : index"
+        )
+        for t in range(G):
+            prev = acc_names[t]
+            value_lines.append(
+                f"      %ei{u}_{t} = arith.addi %vi{u}, %cT{t}chunk : index\n"
+                f"      %el{u}_{t} = memref.load %pbuf[%ei{u}_{t}] : {p_t}\n"
+                f"      %e{u}_{t} = arith.select %vok{u}, %el{u}_{t}, %fzero : f32\n"
+                f"      %eb{u}_{t} = vector.broadcast %e{u}_{t} : f32 to vector<8xf32>\n"
+                f"      %na{u}_{t} = vector.fma %eb{u}_{t}, %v{u}, {prev} : vector<8xf32>"
+            )
+            acc_names[t] = f"%na{u}_{t}"
+    acc_init = ", ".join(f"%a{t} = %zero8" for t in range(G))
+    acc_types = ", ".join("vector<8xf32>" for _ in range(G))
+    reduce_lines = []
+    for t in range(G):
+        elems = []
+        for e in range(8):
+            red, val = _warp_reduce(f"%o{t}_{e}", "addf", across, f"x{t}_{e}", "  ")
+            reduce_lines.append(
+                f"  %o{t}_{e} = vector.extract %acc#{t}[{e}] : f32 from vector<8xf32>"
+            )
+            if red:
+                reduce_lines.append(red)
+            elems.append(val)
+        reduce_lines.append(
+            f"  %ov{t} = vector.from_elements {', '.join(elems)} : vector<8xf32>\n"
+            f"  %oi{t}a = arith.addi %wo, %cT{t}D : index\n"
+            f"  %oi{t} = arith.addi %oi{t}a, %d0 : index"
+        )
+    o_stores = "\n".join(
+        f"    vector.store %ov{t}, %obuf[%oi{t}] {{alignment = 16 : i64}} : {o_t}, vector<8xf32>"
+        for t in range(G)
+    )
+    warp_sum_lines = []
+    prev = "%fzero"
+    for w in range(warps):
+        warp_sum_lines.append(
+            f"    %ow{w}i = arith.addi %i, %cW{w}GD : index\n"
+            f"    %ow{w} = memref.load %obuf[%ow{w}i] : {o_t}\n"
+            f"    %os{w} = arith.addf {prev}, %ow{w} : f32"
+        )
+        prev = f"%os{w}"
+    osum = prev
+    max_red, max_val = _warp_reduce("%mx", "maximumf", _text.SHUFFLE_OFFSETS, "mx", "    ")
+    sum_red, sum_val = _warp_reduce("%sm", "addf", _text.SHUFFLE_OFFSETS, "sm", "    ")
+
+    index_consts = "\n".join(
+        [f"  %cU{u} = arith.constant {u * RC} : index" for u in range(U)]
+        + [f"  %cT{t}chunk = arith.constant {t * chunk} : index" for t in range(G)]
+        + [f"  %cT{t}D = arith.constant {t * D} : index" for t in range(G)]
+        + [f"  %cW{w}GD = arith.constant {w * G * D} : index" for w in range(warps)]
+    )
+    q_loads = "\n".join(
+        f"  %q{t}i = arith.addi %d0, %cT{t}D : index\n"
+        f"  %q{t} = vector.load %qk[%q{t}i] {{alignment = 16 : i64}} : {qk_t}, vector<8xf32>"
+        for t in range(G)
+    )
+
+    source = f"""\
+// {name}: decode attention split, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
+memref.global "private" @{name}__qkv : {qk_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__p : {p_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
+func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %c32 = arith.constant 32 : index
+  %cBS = arith.constant {block_size} : index
+  %cWarps = arith.constant {warps} : index
+  %cRL = arith.constant {RL} : index
+  %cRW = arith.constant {RW} : index
+  %cStep = arith.constant {RC * U} : index
+  %cChunk = arith.constant {chunk} : index
+  %cD = arith.constant {D} : index
+  %cHalf = arith.constant {half} : index
+  %cG = arith.constant {G} : index
+  %cG1 = arith.constant {G + 1} : index
+  %cN0 = arith.constant {(G + 2) * D} : index
+  %cGD = arith.constant {G * D} : index
+  %cQcol = arith.constant {NH * D} : index
+  %cVcol = arith.constant {(NH + KV) * D} : index
+{index_consts}
+{consts}
+  %c32_i32 = arith.constant 32 : i32
+  %zero8 = arith.constant dense<0.0> : vector<8xf32>
+  %fzero = arith.constant 0.0 : f32
+  %empty = arith.constant {_f32(EMPTY_MAX)} : f32
+  %scale = arith.constant {_f32(scale)} : f32
+  %tid = gpu.thread_id x
+  %warp = arith.divui %tid, %c32 : index
+  %lane = arith.remui %tid, %c32 : index
+  %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+  %grp = arith.divui %lane, %cRL : index
+  %sub = arith.remui %lane, %cRL : index
+  %is_sub0 = arith.cmpi eq, %sub, %c0 : index
+  %is_grp0 = arith.cmpi eq, %grp, %c0 : index
+  %d0 = arith.muli %sub, %c8 : index
+  %wrow = arith.muli %warp, %cRW : index
+  %rowt = arith.addi %wrow, %grp : index
+  %wo = arith.muli %warp, %cGD : index
+  %qk = memref.get_global @{name}__qkv : {qk_t}
+  %pbuf = memref.get_global @{name}__p : {p_t}
+  %obuf = memref.get_global @{name}__o : {o_t}
+  %first_split = arith.cmpi eq, %s, %c0 : index
+  // Positions [p0, p0 + n) of this split.
+  %p0 = arith.muli %s, %cChunk : index
+  %Lp1 = arith.addi %L, %c1 : index
+  %p1a = arith.addi %p0, %cChunk : index
+  %p1b = arith.minui %p1a, %Lp1 : index
+  %p1 = arith.maxui %p1b, %p0 : index
+  %n = arith.subi %p1, %p0 : index
+  %qh0 = arith.muli %g, %cG : index
+  %qcol0 = arith.muli %qh0, %cD : index
+  %kvcol = arith.muli %g, %cD : index
+  %kcol0 = arith.addi %cQcol, %kvcol : index
+  %vcol0 = arith.addi %cVcol, %kvcol : index
+  // A previous call on this CTA may still be reading the workgroup buffers.
+  gpu.barrier
+  // 1. RoPE: rows 0..G-1 of qk are the queries, G is k, G+1 is v (bf16 values).
+  scf.for %t = %tid to %cN0 step %cBS {{
+    %j = arith.divui %t, %cD : index
+    %d = arith.remui %t, %cD : index
+    %is_k = arith.cmpi eq, %j, %cG : index
+    %is_v = arith.cmpi eq, %j, %cG1 : index
+    %jd = arith.muli %j, %cD : index
+    %qcol = arith.addi %qcol0, %jd : index
+    %colk = arith.select %is_k, %kcol0, %qcol : index
+    %col = arith.select %is_v, %vcol0, %colk : index
+    %lo = arith.cmpi ult, %d, %cHalf : index
+    %dh = arith.remui %d, %cHalf : index
+    %dpa = arith.addi %d, %cHalf : index
+    %dpb = arith.subi %d, %cHalf : index
+    %dp = arith.select %lo, %dpa, %dpb : index
+    %xi = arith.addi %col, %d : index
+    %xpi = arith.addi %col, %dp : index
+    %xb = memref.load %qkv[%b, %xi] : {qkv_t}
+    %xpb = memref.load %qkv[%b, %xpi] : {qkv_t}
+    %x = arith.extf %xb : bf16 to f32
+    %xp = arith.extf %xpb : bf16 to f32
+    %si = arith.addi %dh, %cHalf : index
+    %cs = memref.load %rope[%L, %dh] : {rope_t}
+    %sn = memref.load %rope[%L, %si] : {rope_t}
+    %xc = arith.mulf %x, %cs : f32
+    %xs = arith.mulf %xp, %sn : f32
+    %rlo = arith.subf %xc, %xs : f32
+    %rhi = arith.addf %xc, %xs : f32
+    %rot = arith.select %lo, %rlo, %rhi : f32
+    %rb = arith.truncf %rot : f32 to bf16
+    %ob = arith.select %is_v, %xb, %rb : bf16
+    %of = arith.extf %ob : bf16 to f32
+    memref.store %of, %qk[%t] : {qk_t}
+    %kvj = arith.cmpi uge, %j, %cG : index
+    %wr = arith.andi %first_split, %kvj : i1
+    scf.if %wr {{
+      scf.if %is_v {{
+        memref.store %ob, %vc[%l, %b, %g, %L, %d] : {c_t}
+      }} else {{
+        memref.store %ob, %kc[%l, %b, %g, %L, %d] : {c_t}
+      }}
+    }}
+  }}
+  gpu.barrier
+  // 2. Scores: D/8 lanes per K row, {U} row groups in flight per lane.
+{q_loads}
+  %kni = arith.addi %d0, %cGD : index
+  %kn = vector.load %qk[%kni] {{alignment = 16 : i64}} : {qk_t}, vector<8xf32>
+  %vni0 = arith.addi %d0, %cGD : index
+  %vni = arith.addi %vni0, %cD : index
+  %vn = vector.load %qk[%vni] {{alignment = 16 : i64}} : {qk_t}, vector<8xf32>
+  scf.for %base = %c0 to %n step %cStep {{
+{chr(10).join(score_lines)}
+  }}
+  gpu.barrier
+  // 3. Softmax of head t by warps t, t + {warps}, ...
+  scf.for %t = %warp to %cG step %cWarps {{
+    %tb = arith.muli %t, %cChunk : index
+    %mx = scf.for %j = %lane to %n step %c32 iter_args(%m = %empty) -> (f32) {{
+      %ji = arith.addi %tb, %j : index
+      %v = memref.load %pbuf[%ji] : {p_t}
+      %m2 = arith.maximumf %m, %v : f32
+      scf.yield %m2 : f32
+    }}
+{max_red}
+    %sm = scf.for %j = %lane to %n step %c32 iter_args(%a = %fzero) -> (f32) {{
+      %ji = arith.addi %tb, %j : index
+      %v = memref.load %pbuf[%ji] : {p_t}
+      %dv = arith.subf %v, {max_val} : f32
+      %e = math.exp %dv : f32
+      memref.store %e, %pbuf[%ji] : {p_t}
+      %a2 = arith.addf %a, %e : f32
+      scf.yield %a2 : f32
+    }}
+{sum_red}
+    scf.if %is_lane0 {{
+      %h = arith.addi %qh0, %t : index
+      memref.store {max_val}, %mp[%b, %h, %s, %c0] : {mp_t}
+      memref.store {sum_val}, %mp[%b, %h, %s, %c1] : {mp_t}
+    }}
+  }}
+  gpu.barrier
+  // 4. Output: e_p * v_p per lane, then over the warp's row groups and the warps.
+  %acc:{G} = scf.for %base = %c0 to %n step %cStep iter_args({acc_init}) -> ({acc_types}) {{
+{chr(10).join(value_lines)}
+    scf.yield {", ".join(acc_names)} : {acc_types}
+  }}
+{chr(10).join(reduce_lines)}
+  scf.if %is_grp0 {{
+{o_stores}
+  }}
+  gpu.barrier
+  scf.for %i = %tid to %cGD step %cBS {{
+{chr(10).join(warp_sum_lines)}
+    %ot = arith.divui %i, %cD : index
+    %od = arith.remui %i, %cD : index
+    %oh = arith.addi %qh0, %ot : index
+    memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
+  }}
+  return
+}}
+"""
+
+    def reference(
+        l: int,  # noqa: E741
+        b: int,
+        g: int,
+        s: int,
+        L: int,
+        qkv: np.ndarray,
+        rope: np.ndarray,
+        kc: np.ndarray,
+        vc: np.ndarray,
+        opart: np.ndarray,
+        mpart: np.ndarray,
+    ) -> None:
+        cos_sin = rope[L]
+        k_new = rope_bf16(qkv[b, NH * D + g * D : NH * D + (g + 1) * D], cos_sin)
+        v_new = qkv[b, (NH + KV) * D + g * D : (NH + KV) * D + (g + 1) * D]
+        heads_of_g = slice(g * G, (g + 1) * G)
+        q = bf16_to_f32(rope_bf16(qkv[b, g * G * D : (g + 1) * G * D].reshape(G, D), cos_sin))
+        p0, p1 = s * chunk, min(s * chunk + chunk, L + 1)
+        # Positions < L from the cache, L from this tile (read before the write below).
+        keys = bf16_to_f32(kc[l, b, g, p0 : min(p1, L)])
+        vals = bf16_to_f32(vc[l, b, g, p0 : min(p1, L)])
+        if p0 <= L < p1:
+            keys = np.concatenate([keys, bf16_to_f32(k_new)[None]])
+            vals = np.concatenate([vals, bf16_to_f32(v_new)[None]])
+        if s == 0:
+            kc[l, b, g, L] = k_new
+            vc[l, b, g, L] = v_new
+        if p0 >= p1:
+            opart[b, heads_of_g, s] = 0
+            mpart[b, heads_of_g, s, 0] = np.float32(EMPTY_MAX)
+            mpart[b, heads_of_g, s, 1] = 0
+            return
+        scores = (q @ keys.T).astype(np.float32) * np.float32(scale)  # (G, n)
+        m = scores.max(axis=1)
+        e = np.exp(scores - m[:, None]).astype(np.float32)
+        opart[b, heads_of_g, s] = (e @ vals).astype(np.float32)
+        mpart[b, heads_of_g, s, 0] = m
+        mpart[b, heads_of_g, s, 1] = e.sum(axis=1, dtype=np.float32)
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+# ----------------------------------------------------------------------------
+# attention_combine
+# ----------------------------------------------------------------------------
+def attention_combine(
+    heads: int, head_dim: int, *, name: str = "attention_combine", block_size: int = 256
+) -> DeviceFunction:
+    """Tile ``(l, b)``: ``attn[b, h*D + d] = bf16(sum_s w_s opart[b, h, s, d] /
+    sum_s w_s mpart[b, h, s, 1])`` with ``w_s = exp(mpart[b, h, s, 0] - M)``,
+    ``M = max_s mpart[b, h, s, 0]``; ``l`` is unused (it orders the task by
+    layer). Each thread takes 8 dims of a head: one pass over the splits for
+    M, one for the sums (32-byte loads of opart, 16-byte stores).
+    Args: ``opart: memref<?xNHx?xDxf32>``, ``mpart: memref<?xNHx?x2xf32>``,
+    ``attn: memref<?x(NH*D)xbf16>``."""
+    _check_block(name, block_size)
+    _positive(name, heads=heads, head_dim=head_dim)
+    _multiple_of_8(name, head_dim=head_dim)
+    NH, D = heads, head_dim
+    op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
+    a_t = f"memref<?x{NH * D}xbf16>"
+    source = f"""\
+// {name}: merge the attention splits of {NH} heads of {D}, one CTA of {block_size}.
+func.func @{name}(%l: index, %b: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c8 = arith.constant 8 : index
+  %cBS = arith.constant {block_size} : index
+  %cD = arith.constant {D} : index
+  %cDC = arith.constant {D // 8} : index
+  %cItems = arith.constant {NH * D // 8} : index
+  %zero8 = arith.constant dense<0.0> : vector<8xf32>
+  %fzero = arith.constant 0.0 : f32
+  %lowest = arith.constant {_f32(-3.0e38)} : f32
+  %tid = gpu.thread_id x
+  %ns = memref.dim %op, %c2 : {op_t}
+  scf.for %q = %tid to %cItems step %cBS {{
+    %h = arith.divui %q, %cDC : index
+    %dc = arith.remui %q, %cDC : index
+    %d = arith.muli %dc, %c8 : index
+    %M = scf.for %s = %c0 to %ns step %c1 iter_args(%m = %lowest) -> (f32) {{
+      %ms = memref.load %mp[%b, %h, %s, %c0] : {mp_t}
+      %m2 = arith.maximumf %m, %ms : f32
+      scf.yield %m2 : f32
+    }}
+    %acc, %den = scf.for %s = %c0 to %ns step %c1 iter_args(%a = %zero8, %z = %fzero) -> (vector<8xf32>, f32) {{
+      %ms = memref.load %mp[%b, %h, %s, %c0] : {mp_t}
+      %ss = memref.load %mp[%b, %h, %s, %c1] : {mp_t}
+      %dm = arith.subf %ms, %M : f32
+      %w = math.exp %dm : f32
+      %o = vector.load %op[%b, %h, %s, %d] {{alignment = 16 : i64}} : {op_t}, vector<8xf32>
+      %wb = vector.broadcast %w : f32 to vector<8xf32>
+      %wo = arith.mulf %wb, %o : vector<8xf32>
+      %a2 = arith.addf %a, %wo : vector<8xf32>
+      %ws = arith.mulf %w, %ss : f32
+      %z2 = arith.addf %z, %ws : f32
+      scf.yield %a2, %z2 : vector<8xf32>, f32
+    }}
+    %denb = vector.broadcast %den : f32 to vector<8xf32>
+    %r = arith.divf %acc, %denb : vector<8xf32>
+    %rb = arith.truncf %r : vector<8xf32> to vector<8xbf16>
+    %hd = arith.muli %h, %cD : index
+    %col = arith.addi %hd, %d : index
+    vector.store %rb, %attn[%b, %col] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>
+  }}
+  return
+}}
+"""
+
+    def reference(l: int, b: int, op: np.ndarray, mp: np.ndarray, attn: np.ndarray) -> None:  # noqa: E741
+        m = mp[b, :, :, 0].astype(np.float32)  # (NH, S)
+        M = np.maximum(m.max(axis=1), np.float32(-3.0e38))
+        w = np.exp(m - M[:, None]).astype(np.float32)
+        num = (w[:, :, None] * op[b]).sum(axis=1, dtype=np.float32)  # (NH, D)
+        den = (w * mp[b, :, :, 1]).sum(axis=1, dtype=np.float32)
+        attn[b] = f32_to_bf16((num / den[:, None]).reshape(-1))
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+# ----------------------------------------------------------------------------
+# argmax
+# ----------------------------------------------------------------------------
+def argmax(
+    vocab: int, *, unroll: int = 4, name: str = "argmax", block_size: int = 256
+) -> DeviceFunction:
+    """Tile ``(b,)``: ``out[b]`` = the smallest ``k`` with ``logits[b, k] ==
+    max(logits[b])`` (``torch.argmax``, NaN aside: the tile ignores NaNs).
+
+    Each thread streams 16-byte chunks (``unroll`` loads in flight), keeping
+    the first largest; a shuffle butterfly per warp (ties to the lower index),
+    then thread 0 merges the warps' winners from workgroup memory
+    (``@<name>__val``, ``@<name>__idx``). Args: ``logits: memref<?xVxbf16>``,
+    ``out: memref<?xi32>``."""
+    warps = _check_block(name, block_size)
+    _positive(name, vocab=vocab, unroll=unroll)
+    _multiple_of_8(name, vocab=vocab)
+    if vocab >= 2**31 - 1:
+        raise GraphError(f"tile '{name}': vocab={vocab} does not fit an i32 index")
+    V, U = vocab, unroll
+    lg_t, out_t = f"memref<?x{V}xbf16>", "memref<?xi32>"
+    v_t, i_t = f"memref<{warps}xf32, {_WG}>", f"memref<{warps}xi32, {_WG}>"
+    body = []
+    for u in range(U):
+        body.append(
+            f"      %k{u} = arith.addi %k, %cU{u} : index\n"
+            f"      %ok{u} = arith.cmpi ult, %k{u}, %cV : index\n"
+            f"      %ks{u} = arith.select %ok{u}, %k{u}, %c0 : index\n"
+            f"      %x{u} = vector.load %lg[%b, %ks{u}] {{alignment = 16 : i64}} : {lg_t}, vector<8xbf16>"
+        )
+    val, idx = "%bv", "%bi"
+    for u in range(U):
+        body.append(
+            f"      %xf{u} = arith.extf %x{u} : vector<8xbf16> to vector<8xf32>\n"
+            f"      %ki{u} = arith.index_cast %k{u} : index to i32"
+        )
+        for e in range(8):
+            p = f"{u}_{e}"
+            body.append(
+                f"      %y{p} = vector.extract %xf{u}[{e}] : f32 from vector<8xf32>\n"
+                f"      %yi{p} = arith.addi %ki{u}, %cE{e}_i32 : i32\n"
+                f"      %gt{p} = arith.cmpf ogt, %y{p}, {val} : f32\n"
+                f"      %eq{p} = arith.cmpf oeq, %y{p}, {val} : f32\n"
+                f"      %lt{p} = arith.cmpi slt, %yi{p}, {idx} : i32\n"
+                f"      %tie{p} = arith.andi %eq{p}, %lt{p} : i1\n"
+                f"      %bt{p} = arith.ori %gt{p}, %tie{p} : i1\n"
+                f"      %tk{p} = arith.andi %bt{p}, %ok{u} : i1\n"
+                f"      %nv{p} = arith.select %tk{p}, %y{p}, {val} : f32\n"
+                f"      %ni{p} = arith.select %tk{p}, %yi{p}, {idx} : i32"
+            )
+            val, idx = f"%nv{p}", f"%ni{p}"
+    lines = []
+    wv, wi = "%tv", "%ti"
+    for k, off in enumerate(_text.SHUFFLE_OFFSETS):
+        lines.append(
+            f"  %av{k}, %avok{k} = gpu.shuffle xor {wv}, %c{off}_i32, %c32_i32 : f32\n"
+            f"  %ai{k}, %aiok{k} = gpu.shuffle xor {wi}, %c{off}_i32, %c32_i32 : i32\n"
+            f"  %agt{k} = arith.cmpf ogt, %av{k}, {wv} : f32\n"
+            f"  %aeq{k} = arith.cmpf oeq, %av{k}, {wv} : f32\n"
+            f"  %alt{k} = arith.cmpi slt, %ai{k}, {wi} : i32\n"
+            f"  %atie{k} = arith.andi %aeq{k}, %alt{k} : i1\n"
+            f"  %atake{k} = arith.ori %agt{k}, %atie{k} : i1\n"
+            f"  %abv{k} = arith.select %atake{k}, %av{k}, {wv} : f32\n"
+            f"  %abi{k} = arith.select %atake{k}, %ai{k}, {wi} : i32"
+        )
+        wv, wi = f"%abv{k}", f"%abi{k}"
+    u_consts = "\n".join(
+        f"  %cU{u} = arith.constant {u * 8 * block_size} : index" for u in range(U)
+    )
+    e_consts = "\n".join(f"  %cE{e}_i32 = arith.constant {e} : i32" for e in range(8))
+    source = f"""\
+// {name}: first index of the largest of {V} bf16 logits, one CTA of {block_size}.
+memref.global "private" @{name}__val : {v_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__idx : {i_t} {{alignment = 16 : i64}}
+func.func @{name}(%b: index, %lg: {lg_t}, %out: {out_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %c32 = arith.constant 32 : index
+  %cV = arith.constant {V} : index
+  %cWarps = arith.constant {warps} : index
+  %cStep = arith.constant {8 * block_size * U} : index
+{u_consts}
+{e_consts}
+{_text.shuffle_constants()}
+  %c32_i32 = arith.constant 32 : i32
+  %cV_i32 = arith.constant {V} : i32
+  %ninf = arith.constant 0xFF800000 : f32
+  %tid = gpu.thread_id x
+  %warp = arith.divui %tid, %c32 : index
+  %lane = arith.remui %tid, %c32 : index
+  %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+  %is_thread0 = arith.cmpi eq, %tid, %c0 : index
+  %first = arith.muli %tid, %c8 : index
+  // A thread's best (value, index); index V means none yet (any -inf beats it).
+  %tv, %ti = scf.for %k = %first to %cV step %cStep iter_args(%bv = %ninf, %bi = %cV_i32) -> (f32, i32) {{
+{chr(10).join(body)}
+      scf.yield {val}, {idx} : f32, i32
+  }}
+{chr(10).join(lines)}
+  %vals = memref.get_global @{name}__val : {v_t}
+  %idxs = memref.get_global @{name}__idx : {i_t}
+  // Thread 0 of this CTA's previous call may still be reading.
+  gpu.barrier
+  scf.if %is_lane0 {{
+    memref.store {wv}, %vals[%warp] : {v_t}
+    memref.store {wi}, %idxs[%warp] : {i_t}
+  }}
+  gpu.barrier
+  scf.if %is_thread0 {{
+    %fv, %fi = scf.for %w = %c0 to %cWarps step %c1 iter_args(%cv = %ninf, %ci = %cV_i32) -> (f32, i32) {{
+      %v = memref.load %vals[%w] : {v_t}
+      %i = memref.load %idxs[%w] : {i_t}
+      %gt = arith.cmpf ogt, %v, %cv : f32
+      %eq = arith.cmpf oeq, %v, %cv : f32
+      %lt = arith.cmpi slt, %i, %ci : i32
+      %tie = arith.andi %eq, %lt : i1
+      %take = arith.ori %gt, %tie : i1
+      %nv = arith.select %take, %v, %cv : f32
+      %ni = arith.select %take, %i, %ci : i32
+      scf.yield %nv, %ni : f32, i32
+    }}
+    memref.store %fi, %out[%b] : {out_t}
+  }}
+  return
+}}
+"""
+
+    def reference(b: int, lg: np.ndarray, out: np.ndarray) -> None:
+        out[b] = np.int32(np.argmax(bf16_to_f32(lg[b])))
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)

@@ -1,0 +1,471 @@
+"""Llama decoder tiles (etc.tiles.llama): references against float64 numpy
+formulas, one-task graphs in the simulator, configuration errors, and PTX at
+the Llama-3.2-1B sizes that ptxas accepts without spills."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from gemm_helpers import check_config_error, needs_bindings, needs_ptxas, ptxas_info, rel_err
+
+import etc
+from etc.dtypes import bf16_to_f32, f32_to_bf16
+from etc.tiles import llama as T
+
+# Tiny sizes: hidden, heads, kv heads, head dim, layers.
+H, NH, KV, D, LAYERS = 128, 4, 2, 32, 2
+G = NH // KV
+Q = (NH + 2 * KV) * D
+CHUNK = 16
+
+
+def rand_bf16(rng, *shape, scale=1.0):
+    return f32_to_bf16(rng.standard_normal(shape) * scale)
+
+
+def f64(bits):
+    return bf16_to_f32(bits).astype(np.float64)
+
+
+def round_bf16(x):
+    return bf16_to_f32(f32_to_bf16(np.asarray(x, np.float64)))
+
+
+# -- embed ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("bm", "bn"), [(16, 32), (5, 48), (64, 128)])
+def test_embed_reference(bm, bn):
+    rng = np.random.default_rng(bm)
+    B, vocab = 37, 50
+    E = rand_bf16(rng, vocab, H)
+    tok = rng.integers(0, vocab, B).astype(np.int32)
+    h = np.zeros((B, H), np.uint16)
+    tile = T.embed(bm, bn, H)
+    for i in range(-(-B // bm) + 1):  # one row block past the end does nothing
+        for j in range(-(-H // bn)):
+            tile.reference(i, j, tok, E, h)
+    np.testing.assert_array_equal(h, np.stack([E[t] for t in tok]))
+
+
+def test_embed_simulated():
+    rng = np.random.default_rng(0)
+    g = etc.Graph("embed_graph")
+    b, v = g.symbol("b"), g.symbol("v")
+    tok = g.tensor("tokens", (b,), "i32")
+    E = g.tensor("E", (v, H), "bf16")
+    h = g.tensor("h", (b, H), "bf16")
+    g.task(T.embed(8, 64, H), grid=((b + 7) // 8, H // 64), args=(tok, E, h))
+    e = rand_bf16(rng, 30, H)
+    t = rng.integers(0, 30, 11).astype(np.int32)
+    out = etc.simulate(g, {"tokens": t, "E": e}, {"b": 11, "v": 30})
+    np.testing.assert_array_equal(out["h"], e[t])
+
+
+# -- rmsnorm ----------------------------------------------------------------------------
+
+
+def rmsnorm64(h, gamma, eps):
+    x = f64(h)
+    r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    return f64(gamma) * round_bf16(x * r)
+
+
+def test_rmsnorm_reference():
+    rng = np.random.default_rng(1)
+    B, eps = 6, 1e-5
+    h = rand_bf16(rng, B, H, scale=3.0)
+    gamma = rand_bf16(rng, 2 * LAYERS + 1, H)
+    x = np.zeros((B, H), np.uint16)
+    tile = T.rmsnorm(H, 2, 1, eps)
+    for layer in range(LAYERS):
+        for b in range(B):
+            tile.reference(layer, b, h, gamma, x)
+        want = rmsnorm64(h, gamma[2 * layer + 1], eps)
+        np.testing.assert_allclose(bf16_to_f32(x), want, rtol=2**-7, atol=1e-6)
+
+
+def test_rmsnorm_simulated():
+    rng = np.random.default_rng(2)
+    g = etc.Graph("rms")
+    b, ng = g.symbol("b"), g.symbol("ng")
+    h = g.tensor("h", (b, H), "bf16")
+    gm = g.tensor("gamma", (ng, H), "bf16")
+    x = g.tensor("x", (b, H), "bf16")
+    g.task(T.rmsnorm(H, 1, 0, 1e-6), grid=(1, b), args=(h, gm, x))
+    hv, gv = rand_bf16(rng, 5, H), rand_bf16(rng, 3, H)
+    out = etc.simulate(g, {"h": hv, "gamma": gv}, {"b": 5, "ng": 3})
+    np.testing.assert_allclose(
+        bf16_to_f32(out["x"]), rmsnorm64(hv, gv[0], 1e-6), rtol=2**-7, atol=1e-6
+    )
+
+
+# -- attention --------------------------------------------------------------------------
+
+
+def rope64(x_bits, cs):
+    """RoPE in float64 of bf16 bits (..., D), rounded to bf16 values."""
+    x = f64(x_bits)
+    half = x.shape[-1] // 2
+    c, s = cs[:half].astype(np.float64), cs[half:].astype(np.float64)
+    lo, hi = x[..., :half], x[..., half:]
+    return round_bf16(np.concatenate([lo * c - hi * s, hi * c + lo * s], axis=-1))
+
+
+def attention64(qkv, rope, kc, vc, layer, L):
+    """Full softmax attention (float64) of the new token over L+1 positions:
+    (attn (B, NH*D), k_new (B, KV, D), v_new (B, KV, D))."""
+    B = qkv.shape[0]
+    cs = rope[L]
+    attn = np.zeros((B, NH * D))
+    k_new = np.zeros((B, KV, D))
+    v_new = np.zeros((B, KV, D))
+    for b in range(B):
+        for g in range(KV):
+            k_new[b, g] = rope64(qkv[b, NH * D + g * D : NH * D + (g + 1) * D], cs)
+            v_new[b, g] = f64(qkv[b, (NH + KV) * D + g * D : (NH + KV) * D + (g + 1) * D])
+            keys = np.concatenate([f64(kc[layer, b, g, :L]), k_new[b, g][None]])
+            vals = np.concatenate([f64(vc[layer, b, g, :L]), v_new[b, g][None]])
+            for t in range(G):
+                h = g * G + t
+                q = rope64(qkv[b, h * D : (h + 1) * D], cs)
+                sc = keys @ q / np.sqrt(D)
+                p = np.exp(sc - sc.max())
+                attn[b, h * D : (h + 1) * D] = p @ vals / p.sum()
+    return attn, k_new, v_new
+
+
+def attention_inputs(rng, B, L, cap):
+    qkv = rand_bf16(rng, B, Q)
+    rope = T.rope_table(cap, D)
+    kc = rand_bf16(rng, LAYERS, B, KV, cap, D)
+    vc = rand_bf16(rng, LAYERS, B, KV, cap, D)
+    return qkv, rope, kc, vc
+
+
+@pytest.mark.parametrize("L", [0, 1, CHUNK - 1, CHUNK, 3 * CHUNK + 5])
+def test_attention_reference(L):
+    rng = np.random.default_rng(L)
+    B, cap, layer = 3, 3 * CHUNK + 9, 1
+    qkv, rope, kc, vc = attention_inputs(rng, B, L, cap)
+    kc0, vc0 = kc.copy(), vc.copy()
+    splits = L // CHUNK + 1
+    opart = np.full((B, NH, splits + 1, D), np.nan, np.float32)
+    mpart = np.full((B, NH, splits + 1, 2), np.nan, np.float32)
+    attn = np.zeros((B, NH * D), np.uint16)
+    tile = T.attention(CHUNK, NH, KV, D, LAYERS)
+    combine = T.attention_combine(NH, D)
+    # Splits in reverse so that split 0's cache write comes last: no split may
+    # read position L from the cache.
+    for s in reversed(range(splits + 1)):  # split `splits` is empty
+        for b in range(B):
+            for g in range(KV):
+                tile.reference(layer, b, g, s, L, qkv, rope, kc, vc, opart, mpart)
+    assert np.all(opart[:, :, splits] == 0) and np.all(mpart[:, :, splits, 1] == 0)
+    assert np.all(mpart[:, :, splits, 0] <= -1e29)
+    for b in range(B):
+        combine.reference(layer, b, opart, mpart, attn)  # the empty split adds nothing
+    want, k_new, v_new = attention64(qkv, rope, kc0, vc0, layer, L)
+    assert rel_err(bf16_to_f32(attn), want) <= 1e-2
+    # Split 0 wrote the new k (roped) and v at position L, and nothing else.
+    np.testing.assert_allclose(bf16_to_f32(kc[layer, :, :, L]), k_new, rtol=2**-7, atol=1e-6)
+    np.testing.assert_array_equal(bf16_to_f32(vc[layer, :, :, L]), v_new)
+    for new, old in ((kc, kc0), (vc, vc0)):
+        new[layer, :, :, L] = old[layer, :, :, L]
+        np.testing.assert_array_equal(new, old)
+
+
+def test_attention_split_statistics():
+    """One split's (m, sum, o) are those of its positions alone."""
+    rng = np.random.default_rng(7)
+    L, layer, s, b, g = 2 * CHUNK + 3, 0, 1, 1, 1
+    qkv, rope, kc, vc = attention_inputs(rng, 2, L, L + 1)
+    opart = np.zeros((2, NH, 3, D), np.float32)
+    mpart = np.zeros((2, NH, 3, 2), np.float32)
+    T.attention(CHUNK, NH, KV, D, LAYERS).reference(
+        layer, b, g, s, L, qkv, rope, kc, vc, opart, mpart
+    )
+    keys = f64(kc[layer, b, g, CHUNK : 2 * CHUNK])
+    vals = f64(vc[layer, b, g, CHUNK : 2 * CHUNK])
+    for t in range(G):
+        h = g * G + t
+        q = rope64(qkv[b, h * D : (h + 1) * D], rope[L])
+        sc = keys @ q / np.sqrt(D)
+        e = np.exp(sc - sc.max())
+        np.testing.assert_allclose(mpart[b, h, s], [sc.max(), e.sum()], rtol=1e-5)
+        np.testing.assert_allclose(opart[b, h, s], e @ vals, rtol=1e-4, atol=1e-4)
+
+
+def attention_graph(chunk):
+    """Attention then combine, joined by an event per (layer, batch row)."""
+    g = etc.Graph("decode_attention")
+    b, L, cap = g.symbol("b"), g.symbol("L"), g.symbol("cap")
+    splits = (L + chunk) // chunk
+    qkv = g.tensor("qkv", (b, Q), "bf16")
+    rope = g.tensor("rope", (cap, D), "f32")
+    kc = g.tensor("kc", (LAYERS, b, KV, cap, D), "bf16")
+    vc = g.tensor("vc", (LAYERS, b, KV, cap, D), "bf16")
+    opart = g.tensor("opart", (b, NH, splits, D), "f32")
+    mpart = g.tensor("mpart", (b, NH, splits, 2), "f32")
+    attn = g.tensor("attn", (b, NH * D), "bf16")
+    done = g.event((LAYERS, b), wait_count=splits * KV, name="splits_done")
+    g.task(
+        T.attention(chunk, NH, KV, D, LAYERS),
+        grid=(LAYERS, b, KV, splits),
+        args=(L, qkv, rope, kc, vc, opart, mpart),
+        out_edges={done: "lbgs->lb"},
+    )
+    g.task(
+        T.attention_combine(NH, D),
+        grid=(LAYERS, b),
+        args=(opart, mpart, attn),
+        in_edges={done: "lb->lb"},
+    )
+    return g
+
+
+@pytest.mark.parametrize("L", [0, 2 * CHUNK + 1])
+def test_attention_simulated(L):
+    rng = np.random.default_rng(100 + L)
+    B, cap = 2, 2 * CHUNK + 4
+    qkv, rope, kc, vc = attention_inputs(rng, B, L, cap)
+    out = etc.simulate(
+        attention_graph(CHUNK),
+        {"qkv": qkv, "rope": rope, "kc": kc, "vc": vc},
+        {"b": B, "L": L, "cap": cap},
+        schedule="dynamic",
+    )
+    want, k_new, _ = attention64(qkv, rope, kc, vc, LAYERS - 1, L)
+    # Every layer sees the same inputs here, so the last one stands for all.
+    assert rel_err(bf16_to_f32(out["attn"]), want) <= 1e-2
+    np.testing.assert_allclose(
+        bf16_to_f32(out["kc"][LAYERS - 1, :, :, L]), k_new, rtol=2**-7, atol=1e-6
+    )
+
+
+def test_rope_table_and_rope():
+    table = T.rope_table(5, 8, theta=10000.0)
+    assert table.shape == (5, 8) and table.dtype == np.float32
+    np.testing.assert_array_equal(table, round_bf16(table))
+    np.testing.assert_allclose(table[3, 1], np.cos(3 * 10000.0 ** (-2 / 8)), rtol=2**-8)
+    np.testing.assert_allclose(table[3, 5], np.sin(3 * 10000.0 ** (-2 / 8)), rtol=2**-8)
+    x = f32_to_bf16(np.arange(1, 9, dtype=np.float32))
+    np.testing.assert_allclose(bf16_to_f32(T.rope_bf16(x, table[3])), rope64(x, table[3]))
+
+
+# -- attention_combine ------------------------------------------------------------------
+
+
+def test_attention_combine_reference():
+    rng = np.random.default_rng(3)
+    B, S = 3, 5
+    opart = rng.standard_normal((B, NH, S, D)).astype(np.float32)
+    mpart = np.stack(
+        [rng.standard_normal((B, NH, S)) * 4, rng.uniform(0.5, 20, (B, NH, S))], axis=-1
+    ).astype(np.float32)
+    attn = np.zeros((B, NH * D), np.uint16)
+    tile = T.attention_combine(NH, D)
+    for b in range(B):
+        tile.reference(1, b, opart, mpart, attn)
+    m, z = mpart[..., 0].astype(np.float64), mpart[..., 1].astype(np.float64)
+    w = np.exp(m - m.max(axis=2, keepdims=True))
+    want = (w[..., None] * opart).sum(axis=2) / (w * z).sum(axis=2)[..., None]
+    np.testing.assert_allclose(bf16_to_f32(attn), want.reshape(B, -1), rtol=2**-7, atol=1e-6)
+
+
+def test_attention_combine_simulated():
+    rng = np.random.default_rng(4)
+    g = etc.Graph("combine")
+    b, ns = g.symbol("b"), g.symbol("ns")
+    op = g.tensor("opart", (b, NH, ns, D), "f32")
+    mp = g.tensor("mpart", (b, NH, ns, 2), "f32")
+    at = g.tensor("attn", (b, NH * D), "bf16")
+    g.task(T.attention_combine(NH, D), grid=(1, b), args=(op, mp, at))
+    o = rng.standard_normal((2, NH, 1, D)).astype(np.float32)
+    m = np.stack([np.zeros((2, NH, 1)), np.full((2, NH, 1), 2.0)], axis=-1).astype(np.float32)
+    out = etc.simulate(g, {"opart": o, "mpart": m}, {"b": 2, "ns": 1})
+    want = (o[:, :, 0] / 2).reshape(2, -1)
+    np.testing.assert_array_equal(bf16_to_f32(out["attn"]), round_bf16(want))
+
+
+# -- argmax -----------------------------------------------------------------------------
+
+
+def first_max(row):
+    values = [float(v) for v in f64(row)]
+    best = max(values)
+    return values.index(best)
+
+
+def test_argmax_reference():
+    rng = np.random.default_rng(5)
+    B, V = 6, 1000
+    logits = rand_bf16(rng, B, V, scale=3.0)
+    logits[1, [7, 300, 999]] = f32_to_bf16(np.float32(100.0))  # ties: the first wins
+    logits[2, -1] = f32_to_bf16(np.float32(100.0))
+    logits[3] = f32_to_bf16(np.float32(-np.inf))  # all -inf: index 0
+    logits[4] = f32_to_bf16(np.float32(-5.0))
+    out = np.full(B, -1, np.int32)
+    tile = T.argmax(V)
+    for b in range(B):
+        tile.reference(b, logits, out)
+    assert out.tolist() == [first_max(r) for r in logits]
+    assert out[1:5].tolist() == [7, V - 1, 0, 0]
+
+
+def test_argmax_simulated():
+    rng = np.random.default_rng(6)
+    V = 256
+    g = etc.Graph("greedy")
+    b = g.symbol("b")
+    lg = g.tensor("logits", (b, V), "bf16")
+    out = g.tensor("out", (b,), "i32")
+    g.task(T.argmax(V), grid=(b,), args=(lg, out))
+    logits = rand_bf16(rng, 4, V)
+    got = etc.simulate(g, {"logits": logits}, {"b": 4})
+    assert got["out"].tolist() == [first_max(r) for r in logits]
+
+
+# -- configuration errors ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: T.embed(16, 36, 128), ["'embed'", "block_n=36"]),
+        (lambda: T.embed(0, 32, 128), ["'embed'", "block_m"]),
+        (lambda: T.embed(16, 32, 100), ["'embed'", "hidden=100"]),
+        (lambda: T.rmsnorm(100), ["'rmsnorm'", "hidden=100"]),
+        (lambda: T.rmsnorm(128, -1), ["'rmsnorm'", "gamma_stride"]),
+        (lambda: T.rmsnorm(128, eps=2.0), ["'rmsnorm'", "eps"]),
+        (lambda: T.rmsnorm(128, block_size=100), ["'rmsnorm'", "block_size=100"]),
+        (lambda: T.attention(16, 6, 4, 32, 2), ["'attention'", "kv_heads=4"]),
+        (lambda: T.attention(16, 4, 2, 36, 2), ["'attention'", "head_dim=36"]),
+        (lambda: T.attention(16, 4, 2, 24, 2), ["'attention'", "head_dim=24"]),
+        (lambda: T.attention(4096, 32, 8, 64, 2), ["'attention'", "chunk=4096"]),
+        (lambda: T.attention(16, 4, 2, 32, 0), ["'attention'", "layers"]),
+        (lambda: T.attention(16, 4, 2, 32, 2, name="a1", unroll=0), ["'a1'", "unroll"]),
+        (lambda: T.attention_combine(4, 12), ["'attention_combine'", "head_dim=12"]),
+        (lambda: T.argmax(1001), ["'argmax'", "vocab=1001"]),
+        (lambda: T.argmax(1000, block_size=2048), ["'argmax'", "block_size=2048"]),
+    ],
+)
+def test_config_errors_name_the_tile(make, words):
+    check_config_error(make, words)
+
+
+# -- compilation at the Llama-3.2-1B sizes ---------------------------------------------
+
+L_H, L_NH, L_KV, L_D, L_LAYERS, L_V = 2048, 32, 8, 64, 16, 128256
+L_Q = (L_NH + 2 * L_KV) * L_D
+
+
+def compile_graph(tile, tensors, grid, symbols, tmp_path):
+    """A one-task graph of ``tile`` compiled for sm_90 and checked by ptxas:
+    ``tensors`` are (name, shape, dtype) with shapes over the symbols (a name
+    that is a symbol passes the symbol); returns (ptx, spills, smem)."""
+    g = etc.Graph(f"g_{tile.name}")
+    env = {s: g.symbol(s) for s in symbols}
+
+    def dim(d):
+        return eval(d, {}, env) if isinstance(d, str) else d  # noqa: S307 - test shapes
+
+    args = [
+        env[n] if n in env else g.tensor(n, tuple(dim(d) for d in shape), dt)
+        for n, shape, dt in tensors
+    ]
+    g.task(tile, grid=tuple(dim(d) for d in grid), args=tuple(args))
+    art = etc.compile(g, schedule="static", target="sm_90")
+    spills, smem = ptxas_info(art.ptx, tmp_path)
+    return art.ptx, spills, smem
+
+
+@needs_ptxas
+@needs_bindings
+def test_embed_compiles(tmp_path):
+    tile = T.embed(16, 256, L_H)
+    _, spills, _ = compile_graph(
+        tile,
+        [("tokens", ("b",), "i32"), ("E", ("v", L_H), "bf16"), ("h", ("b", L_H), "bf16")],
+        ("(b + 15) // 16", L_H // 256),
+        ("b", "v"),
+        tmp_path,
+    )
+    assert set(spills) == {0}
+
+
+@needs_ptxas
+@needs_bindings
+def test_rmsnorm_compiles(tmp_path):
+    tile = T.rmsnorm(L_H, 2, 1)
+    _, spills, _ = compile_graph(
+        tile,
+        [("h", ("b", L_H), "bf16"), ("gamma", ("n", L_H), "bf16"), ("x", ("b", L_H), "bf16")],
+        (L_LAYERS, "b"),
+        ("b", "n"),
+        tmp_path,
+    )
+    assert set(spills) == {0}
+
+
+@needs_ptxas
+@needs_bindings
+@pytest.mark.parametrize(("chunk", "unroll"), [(256, 4), (512, 2)])
+def test_attention_compiles(chunk, unroll, tmp_path):
+    tile = T.attention(chunk, L_NH, L_KV, L_D, L_LAYERS, unroll=unroll)
+    splits = f"(L + {chunk}) // {chunk}"
+    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
+    ptx, spills, smem = compile_graph(
+        tile,
+        [
+            ("L", (), None),
+            ("qkv", ("b", L_Q), "bf16"),
+            ("rope", ("cap", L_D), "f32"),
+            ("kc", cache, "bf16"),
+            ("vc", cache, "bf16"),
+            ("opart", ("b", L_NH, splits, L_D), "f32"),
+            ("mpart", ("b", L_NH, splits, 2), "f32"),
+        ],
+        (L_LAYERS, "b", L_KV, splits),
+        ("b", "L", "cap"),
+        tmp_path,
+    )
+    assert set(spills) == {0}
+    G4 = L_NH // L_KV
+    assert max(smem) >= 4 * ((G4 + 2) * L_D + G4 * chunk + 8 * G4 * L_D)
+    # K and V rows: `unroll` 16-byte loads each per loop iteration.
+    assert len(re.findall(r"ld\.global(?:\.nc)?\.v4\.b32", ptx)) >= 2 * unroll
+
+
+@needs_ptxas
+@needs_bindings
+def test_attention_combine_compiles(tmp_path):
+    tile = T.attention_combine(L_NH, L_D)
+    _, spills, _ = compile_graph(
+        tile,
+        [
+            ("opart", ("b", L_NH, "ns", L_D), "f32"),
+            ("mpart", ("b", L_NH, "ns", 2), "f32"),
+            ("attn", ("b", L_NH * L_D), "bf16"),
+        ],
+        (L_LAYERS, "b"),
+        ("b", "ns"),
+        tmp_path,
+    )
+    assert set(spills) == {0}
+
+
+@needs_ptxas
+@needs_bindings
+def test_argmax_compiles(tmp_path):
+    tile = T.argmax(L_V)
+    _, spills, _ = compile_graph(
+        tile,
+        [("logits", ("b", L_V), "bf16"), ("out", ("b",), "i32")],
+        ("b",),
+        ("b",),
+        tmp_path,
+    )
+    assert set(spills) == {0}
