@@ -1,0 +1,358 @@
+"""Llama-3.2-1B decode (issue 7): one ETC launch per step against PyTorch.
+
+Two steps, because the GPU machine has no compiler:
+
+    python bench/decode.py --build DIR                    # CPU: compile (timed)
+    python bench/decode.py --artifacts DIR --out OUTDIR   # GPU: check, time, warm up
+
+Correctness (before any timing): random bf16 weights (N(0, 0.02), norm
+weights 1 + N(0, 0.1), tied embeddings), a random prompt of PROMPT tokens
+fed one decode step at a time (filling the caches), then GENERATED greedy
+steps. Every step's logits are compared with Hugging Face's
+``LlamaForCausalLM`` built from a ``LlamaConfig`` with the same weights,
+run over the same token sequence (relative error ||etc - hf|| / ||hf||,
+the max over steps, must be <= 2e-2), and ETC's greedy tokens with
+``model.generate(do_sample=False)``'s.
+
+Timing: batch B in BATCHES, context L in CONTEXTS (the caches hold L random
+tokens; the step writes position L). ETC static and dynamic (one launch per
+step), PyTorch eager (:func:`etc.models.llama.torch_decode_step`, the same
+math over the same buffers), the same step replayed from one CUDA graph, and
+``torch.compile(mode="reduce-overhead")`` (at context 1024 only: each shape
+compiles anew). Medians of REPS repetitions of CALLS back-to-back steps
+between CUDA events after a warm-up; the device copy bandwidth (2 GiB copy)
+in the same run. Achieved bandwidth = (weights + KV cache read) / time.
+
+Warm-up: in fresh processes, ETC's imports, then artifact load + first step
+(B=1) and a second batch size (B=64, no recompilation), against PyTorch
+capturing CUDA graphs of the minimal step for 52 batch sizes (1..512).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from etc.models import llama as M  # noqa: E402
+
+BATCHES = (1, 8, 32, 64)
+CONTEXTS = (1024, 4096)
+PROMPT, GENERATED = 16, 32
+TOLERANCE = 2e-2
+CALLS = 10
+CAPTURE_SIZES = sorted({1, 2, 4, 12} | set(range(8, 257, 8)) | set(range(272, 513, 16)))
+SCHEDULES = ("static", "dynamic")
+
+
+def build(out: Path, cfg: M.LlamaConfig = M.LLAMA_3_2_1B) -> dict:
+    import etc
+
+    t0 = time.perf_counter()
+    g = M.build_decoder_graph(cfg)
+    times = {"graph_s": time.perf_counter() - t0}
+    for schedule in SCHEDULES:
+        t0 = time.perf_counter()
+        art = etc.compile(g, schedule=schedule, min_ctas_per_sm=2)
+        times[f"compile_{schedule}_s"] = time.perf_counter() - t0
+        art.save(out / schedule)
+    (out / "compile_times.json").write_text(json.dumps(times, indent=1))
+    print(json.dumps(times))
+    return times
+
+
+# -- GPU ---------------------------------------------------------------------------
+
+
+def _rel(a, b) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm())
+
+
+def check(torch, kernels, cfg, weights, log) -> dict:
+    """Prompt + greedy decode with ETC, compared with Hugging Face."""
+    from transformers import LlamaForCausalLM
+
+    B, S = 2, PROMPT + GENERATED
+    hf = LlamaForCausalLM(M.hf_config(cfg)).to(dtype=torch.bfloat16, device="cuda").eval()
+    missing = hf.load_state_dict(M.hf_state_dict(cfg, weights), strict=False)
+    assert not missing.unexpected_keys, missing
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    prompt = torch.randint(0, cfg.vocab, (B, PROMPT), device="cuda", generator=gen)
+    with torch.no_grad():
+        hf_tokens = hf.generate(
+            prompt, max_new_tokens=GENERATED, do_sample=False, min_new_tokens=GENERATED
+        )[:, PROMPT:]
+    result = {}
+    for schedule, kernel in kernels.items():
+        bufs = M.torch_inputs(cfg, weights, B, 0, S, fill_cache=False)
+        seq, logits = [prompt[:, k] for k in range(PROMPT)], []
+        # The step at position L consumes seq[L]; from the prompt's last
+        # token on, its logits and greedy token are the generated ones.
+        for L in range(PROMPT + GENERATED - 1):
+            bufs["tokens"].copy_(seq[L])
+            kernel.launch(bufs, {"B": B, "L": L, "S": S})
+            kernel.check()
+            if L >= PROMPT - 1:
+                logits.append(bufs["logits"].clone())
+                seq.append(bufs["next_tokens"].long().clone())
+        tokens = torch.stack(seq, dim=1)  # prompt + GENERATED
+        with torch.no_grad():
+            ref = hf(tokens[:, : PROMPT + GENERATED - 1]).logits[:, PROMPT - 1 :]
+        errs = [_rel(logits[k], ref[:, k]) for k in range(GENERATED)]
+        etc_gen = tokens[:, PROMPT:]
+        same = int((etc_gen == hf_tokens).all(dim=0).long().cumprod(0).sum())
+        result[schedule] = {
+            "max_rel_err": max(errs),
+            "mean_rel_err": sum(errs) / len(errs),
+            "greedy_tokens_identical": same,
+            "of": GENERATED,
+        }
+        log(
+            f"{schedule}: logits rel err max {max(errs):.2e} mean {sum(errs) / len(errs):.2e}; "
+            f"greedy tokens identical for {same}/{GENERATED} steps"
+        )
+    del hf
+    torch.cuda.empty_cache()
+    return result
+
+
+def time_all(torch, kernels, cfg, weights, reps, log, compile_batches) -> list:
+    from bench.splitk import copy_bandwidth
+    from bench.timing import gpu_timed, timed
+
+    copy_bps = copy_bandwidth(torch, reps)
+    log(f"copy bandwidth {copy_bps / 1e12:.3f} TB/s")
+    rows = []
+    for L in CONTEXTS:
+        for B in BATCHES:
+            S = L + 1
+            bufs = M.torch_inputs(cfg, weights, B, L, S)
+            nbytes = M.weight_bytes(cfg) + M.kv_bytes(cfg, B, L)
+            row = {"B": B, "L": L, "bytes": nbytes, "floor_us": nbytes / copy_bps * 1e6}
+            # Correctness first: ETC's tokens against the PyTorch step's.
+            with torch.no_grad():
+                want = M.torch_decode_step(cfg, bufs, L).clone()
+            for schedule, kernel in kernels.items():
+                kernel.launch(bufs, {"B": B, "L": L, "S": S})
+                kernel.check()
+                agree = float((bufs["next_tokens"].long() == want).float().mean())
+                row[f"etc_{schedule}_token_agreement"] = agree
+
+                def step(i, kernel=kernel, bufs=bufs, B=B, L=L, S=S):
+                    kernel.launch(bufs, {"B": B, "L": L, "S": S}, sync=False)
+
+                row[f"etc_{schedule}_us"] = timed(torch, step, CALLS, reps)
+                row[f"etc_{schedule}_gpu_us"] = gpu_timed(torch, step, CALLS, reps)
+
+            def eager(i, bufs=bufs, L=L):
+                with torch.no_grad():
+                    M.torch_decode_step(cfg, bufs, L)
+
+            row["torch_eager_us"] = timed(torch, eager, CALLS, reps)
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.no_grad():
+                for _ in range(3):
+                    M.torch_decode_step(cfg, bufs, L)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph), torch.no_grad():
+                M.torch_decode_step(cfg, bufs, L)
+            row["torch_graph_us"] = timed(torch, lambda i, g=graph: g.replay(), CALLS, reps)
+            del graph
+            if L == CONTEXTS[0] and B in compile_batches:
+                try:
+                    t0 = time.perf_counter()
+                    compiled = torch.compile(
+                        lambda bufs=bufs, L=L: M.torch_decode_step(cfg, bufs, L),
+                        mode="reduce-overhead",
+                    )
+                    with torch.no_grad():
+                        for _ in range(3):
+                            compiled()
+                    torch.cuda.synchronize()
+                    row["torch_compile_s"] = time.perf_counter() - t0
+
+                    def comp(i, compiled=compiled):
+                        with torch.no_grad():
+                            compiled()
+
+                    row["torch_compile_us"] = timed(torch, comp, CALLS, reps)
+                except Exception as exc:  # noqa: BLE001
+                    row["torch_compile_us"] = f"failed: {exc}"[:300]
+            torch_best = min(
+                v
+                for k, v in row.items()
+                if k.startswith("torch_") and k.endswith("_us")
+                if isinstance(v, float)
+            )
+            etc_best = min(row[f"etc_{s}_us"] for s in kernels)
+            row["speedup_vs_best_torch"] = torch_best / etc_best
+            row["etc_bandwidth_fraction"] = row["floor_us"] / etc_best
+            log(
+                f"B={B:3d} L={L:5d} floor {row['floor_us']:7.1f} | "
+                + " ".join(
+                    f"{k[:-3]} {v:7.1f}"
+                    for k, v in row.items()
+                    if k.endswith("_us") and k != "floor_us" and isinstance(v, float)
+                )
+                + f" | x{row['speedup_vs_best_torch']:.2f} vs best torch, "
+                f"{100 * row['etc_bandwidth_fraction']:.0f}% of copy-bandwidth floor, "
+                + " ".join(
+                    f"{s} tokens agree {row[f'etc_{s}_token_agreement']:.2f}" for s in kernels
+                )
+            )
+            rows.append(row)
+            del bufs
+            torch.cuda.empty_cache()
+    return rows
+
+
+_ETC_WARMUP = r"""
+import sys, time, json
+t0 = time.perf_counter()
+import torch
+import etc.runtime
+from etc.models import llama as M
+t_import = time.perf_counter() - t0
+cfg = M.LLAMA_3_2_1B
+weights = M.random_weights_torch(cfg)
+torch.cuda.synchronize()
+out = {"imports_s": t_import}
+t0 = time.perf_counter()
+kernel = etc.runtime.load(sys.argv[1])
+for B in (1, 64):
+    bufs = M.torch_inputs(cfg, weights, B, 1024, 1025)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    kernel.launch(bufs, {"B": B, "L": 1024, "S": 1025})
+    kernel.check()
+    out[f"first_step_B{B}_s"] = time.perf_counter() - t1
+    if B == 1:
+        out["load_and_first_step_s"] = time.perf_counter() - t0
+print(json.dumps(out))
+"""
+
+_TORCH_WARMUP = r"""
+import sys, time, json
+t0 = time.perf_counter()
+import torch
+from etc.models import llama as M
+t_import = time.perf_counter() - t0
+cfg = M.LLAMA_3_2_1B
+weights = M.random_weights_torch(cfg)
+sizes = json.loads(sys.argv[1])
+L = 1024
+big = M.torch_inputs(cfg, weights, max(sizes), L, L + 1, fill_cache=False)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+graphs = {}
+pool = None
+for B in sorted(sizes, reverse=True):
+    bufs = dict(big)
+    for k in ("tokens", "h", "x", "qkv", "attn", "act", "logits", "next_tokens", "opart", "mpart"):
+        bufs[k] = big[k][:B]
+    bufs["k_cache"] = big["k_cache"][:, :B]
+    bufs["v_cache"] = big["v_cache"][:, :B]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        M.torch_decode_step(cfg, bufs, L)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool), torch.no_grad():
+        M.torch_decode_step(cfg, bufs, L)
+    pool = g.pool()
+    graphs[B] = g
+graphs[1].replay()
+torch.cuda.synchronize()
+print(json.dumps({"imports_s": t_import, "captures": len(graphs),
+                  "capture_and_first_step_s": time.perf_counter() - t0}))
+"""
+
+
+def warmup(artifacts: Path, log) -> dict:
+    import os
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'python'}:{REPO}"}
+    out = {}
+    for name, code, arg in (
+        ("etc_static", _ETC_WARMUP, str(artifacts / "static")),
+        ("torch_graphs", _TORCH_WARMUP, json.dumps(CAPTURE_SIZES)),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=400
+        )
+        if done.returncode:
+            out[name] = f"failed: {done.stderr[-800:]}"
+        else:
+            out[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        log(f"warm-up {name}: {out[name]}")
+    return out
+
+
+def run(artifacts: Path, out: Path | None, reps: int, parts: list[str], compile_batches) -> None:
+    import torch
+
+    import etc.runtime
+
+    lines: list[str] = []
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    cfg = M.LLAMA_3_2_1B
+    results: dict = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "method": __doc__,
+    }
+    ct = artifacts / "compile_times.json"
+    if ct.exists():
+        results["compile"] = json.loads(ct.read_text())
+    kernels = {s: etc.runtime.load(artifacts / s) for s in SCHEDULES}
+    weights = M.random_weights_torch(cfg)
+    if "check" in parts:
+        results["check"] = check(torch, kernels, cfg, weights, log)
+    if "time" in parts:
+        results["timing"] = time_all(torch, kernels, cfg, weights, reps, log, compile_batches)
+    if "warmup" in parts:
+        del kernels, weights
+        torch.cuda.empty_cache()
+        results["warmup"] = warmup(artifacts, log)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "decode.txt").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", type=Path, help="compile the artifacts into this directory")
+    p.add_argument("--artifacts", type=Path, help="run with the artifacts in this directory")
+    p.add_argument("--out", type=Path, help="write decode.json / decode.txt here")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--parts", default="check,time,warmup")
+    p.add_argument("--compile-batches", default="1,64", help="torch.compile at these B")
+    args = p.parse_args(argv)
+    if not (args.build or args.artifacts):
+        p.error("give --build DIR and/or --artifacts DIR")
+    if args.build:
+        build(args.build)
+    if args.artifacts:
+        batches = [int(b) for b in args.compile_batches.split(",") if b]
+        run(args.artifacts, args.out, args.reps, args.parts.split(","), batches)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

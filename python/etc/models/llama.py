@@ -1,0 +1,641 @@
+"""A whole Llama-style decoder as one ETC graph: one launch per decode step (issue 7).
+
+Every layer repeats the same eight tasks; a task's grid has the layer as its
+dimension 0 and its ``phase``, so the static schedule runs layer by layer and
+one tile serves all layers (weights are stacked ``(layers, ...)``)::
+
+    embed --layer_in[0]--> norm1(l) --normed1[l]--> qkv(l) --qkv_done[l]-->
+    attention(l, b, g, s) --attended[l]--> combine(l) --combined[l]--> o_proj(l)
+    --o_done[l]--> norm2(l) --normed2[l]--> gate_up(l) --gu_done[l]--> down(l)
+    --layer_in[l + 1]--> norm1(l + 1) ...  layer_in[layers] --> final_norm
+    --final_normed--> lm_head --logits_done--> argmax
+
+``down(l)`` notifies the next layer through the shifted out-edge ``(l, i, j)
+-> (l + 1)`` (loop-carried: it does not order the tasks). The attention of
+layer ``l`` splits the context into chunks (flash-decoding); ``combine``
+merges the splits. The residual stream ``h`` is updated in place by the
+``o_proj`` and ``down`` epilogues.
+
+Symbols: ``B`` (batch: sequences decoded together), ``L`` (tokens already in
+the cache: the new token's position, the same for every sequence) and ``S``
+(cache capacity, ``S > L``). One artifact serves every ``(B, L, S)``.
+
+What is here: :class:`LlamaConfig` (``LLAMA_3_2_1B``, ``TINY``),
+:func:`build_decoder_graph`, :func:`random_weights` (numpy) and
+:func:`random_weights_torch`, :func:`rope_table`, :func:`reference_step`
+(numpy, the rounding of Hugging Face's bf16 ``LlamaForCausalLM``),
+:func:`numpy_inputs` / :func:`torch_inputs`, :func:`hf_state_dict` (the same
+weights in ``LlamaForCausalLM``'s layout) and :func:`torch_decode_step` (a
+minimal PyTorch decode step over the same buffers: the baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..errors import GraphError
+from ..graph import Graph
+
+__all__ = [
+    "LlamaConfig",
+    "LLAMA_3_2_1B",
+    "TINY",
+    "build_decoder_graph",
+    "tensor_shapes",
+    "random_weights",
+    "random_weights_torch",
+    "rope_table",
+    "reference_step",
+    "numpy_inputs",
+    "torch_inputs",
+    "hf_config",
+    "hf_state_dict",
+    "torch_decode_step",
+    "weight_bytes",
+    "kv_bytes",
+]
+
+_GEMM_OPTIONS = (("stages", 3), ("unroll", 1))
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Model sizes (defaults: Llama-3.2-1B) and the decode tile sizes.
+
+    ``block_m`` rows (sequences) per GEMM tile; ``bn_*`` output columns per
+    tile of each projection; ``attn_chunk`` cached positions per attention
+    instance. The embedding and the LM head are tied (as in Llama-3.2-1B).
+    ``rope_scaling``: Llama 3's frequency scaling ``(factor, low_freq_factor,
+    high_freq_factor, original_max_position)`` or None."""
+
+    hidden: int = 2048
+    layers: int = 16
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 64
+    inter: int = 8192
+    vocab: int = 128256
+    eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: tuple[float, float, float, int] | None = (32.0, 1.0, 4.0, 8192)
+    block_size: int = 256
+    block_m: int = 16
+    bn_qkv: int = 16
+    bn_o: int = 8
+    bn_gu: int = 16
+    bn_down: int = 8
+    bn_lm: int = 64
+    attn_chunk: int = 128
+    gemm_options: tuple[tuple[str, Any], ...] = field(default=_GEMM_OPTIONS)
+
+    def __post_init__(self) -> None:
+        for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise GraphError(f"LlamaConfig: {key} must be a positive int, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise GraphError(
+                f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
+            )
+        for key, total in (
+            ("bn_qkv", self.qkv_width),
+            ("bn_o", self.hidden),
+            ("bn_gu", self.inter),
+            ("bn_down", self.hidden),
+            ("bn_lm", self.vocab),
+        ):
+            if total % getattr(self, key):
+                raise GraphError(f"LlamaConfig: {key}={getattr(self, key)} does not divide {total}")
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def attn_width(self) -> int:
+        return self.heads * self.head_dim
+
+    def row_blocks(self, B: Any) -> Any:
+        return (B + self.block_m - 1) // self.block_m
+
+    def splits(self, L: Any) -> Any:
+        """Attention instances per (sequence, kv head): ceil((L + 1) / chunk)."""
+        return (L + self.attn_chunk) // self.attn_chunk
+
+
+LLAMA_3_2_1B = LlamaConfig()
+#: A configuration small enough for the CPU simulator.
+TINY = LlamaConfig(
+    hidden=256,
+    layers=2,
+    heads=8,
+    kv_heads=2,
+    head_dim=32,
+    inter=512,
+    vocab=1024,
+    rope_theta=10000.0,
+    rope_scaling=None,
+    attn_chunk=8,
+    bn_o=16,
+    bn_down=16,
+)
+
+
+def weight_bytes(cfg: LlamaConfig) -> int:
+    """Bytes of weights a decode step reads (bf16; the tied LM head once)."""
+    H, NL = cfg.hidden, cfg.layers
+    per_layer = cfg.qkv_width * H + H * cfg.attn_width + 3 * cfg.inter * H + 2 * H
+    return 2 * (NL * per_layer + cfg.vocab * H + H)
+
+
+def kv_bytes(cfg: LlamaConfig, B: int, L: int) -> int:
+    """Bytes of KV cache a decode step reads at context ``L`` (bf16)."""
+    return 2 * 2 * cfg.layers * B * cfg.kv_heads * L * cfg.head_dim
+
+
+def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[tuple, str]]:
+    """Every tensor of the graph: name -> (shape, dtype)."""
+    H, NL, NH, KV, D = cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim
+    P = cfg.splits(L)
+    return {
+        "tokens": ((B,), "i32"),
+        "embed": ((cfg.vocab, H), "bf16"),
+        "norms": ((2 * NL + 1, H), "bf16"),
+        "wqkv": ((NL, cfg.qkv_width, H), "bf16"),
+        "wo": ((NL, H, cfg.attn_width), "bf16"),
+        "wgu": ((NL, 2 * cfg.inter, H), "bf16"),
+        "wd": ((NL, H, cfg.inter), "bf16"),
+        "rope": ((S, D), "f32"),
+        "k_cache": ((NL, B, KV, S, D), "bf16"),
+        "v_cache": ((NL, B, KV, S, D), "bf16"),
+        "h": ((B, H), "bf16"),
+        "x": ((B, H), "bf16"),
+        "qkv": ((B, cfg.qkv_width), "bf16"),
+        "opart": ((B, NH, P, D), "f32"),
+        "mpart": ((B, NH, P, 2), "f32"),
+        "attn": ((B, cfg.attn_width), "bf16"),
+        "act": ((B, cfg.inter), "bf16"),
+        "logits": ((B, cfg.vocab), "bf16"),
+        "next_tokens": ((B,), "i32"),
+    }
+
+
+def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
+    from ..tiles import gemm, llama
+
+    H, NL, bs = cfg.hidden, cfg.layers, cfg.block_size
+    opts = dict(cfg.gemm_options)
+
+    def proj(bn: int, n: int, k: int, epilogue: str, name: str):
+        return gemm.layer_gemm(
+            cfg.block_m, bn, n, k, layers=NL, epilogue=epilogue, name=name, block_size=bs, **opts
+        )
+
+    return {
+        "embed": llama.embed(cfg.block_m, cfg.bn_down, H, block_size=bs),
+        "norm1": llama.rmsnorm(H, 2, 0, cfg.eps, name="norm1", block_size=bs),
+        "norm2": llama.rmsnorm(H, 2, 1, cfg.eps, name="norm2", block_size=bs),
+        "final_norm": llama.rmsnorm(H, 0, 2 * NL, cfg.eps, name="final_norm", block_size=bs),
+        "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj"),
+        "attention": llama.attention(
+            cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, NL, block_size=bs
+        ),
+        "combine": llama.attention_combine(cfg.heads, cfg.head_dim, block_size=bs),
+        "o_proj": proj(cfg.bn_o, H, cfg.attn_width, "residual", "o_proj"),
+        "gate_up": proj(cfg.bn_gu, cfg.inter, H, "swiglu", "gate_up_proj"),
+        "down": proj(cfg.bn_down, H, cfg.inter, "residual", "down_proj"),
+        "lm_head": gemm.layer_gemm(
+            cfg.block_m, cfg.bn_lm, cfg.vocab, H, layers=None, name="lm_head", block_size=bs, **opts
+        ),
+        "argmax": llama.argmax(cfg.vocab, block_size=bs),
+    }
+
+
+def build_decoder_graph(
+    cfg: LlamaConfig = LLAMA_3_2_1B, tiles: Mapping[str, Any] | None = None, *, name: str = "llama"
+) -> Graph:
+    """The whole decode step as one graph (module docstring). ``tiles``
+    overrides any of the device functions by task name (tests pass
+    numpy-only ones)."""
+    tiles = {**_tiles(cfg), **(tiles or {})}
+    NL, KV = cfg.layers, cfg.kv_heads
+    g = Graph(name, block_size=cfg.block_size)
+    B, L, S = g.symbol("B"), g.symbol("L"), g.symbol("S")
+    t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()}
+    rb = cfg.row_blocks(B)
+
+    def tiles_of(bn: int, n: int) -> Any:
+        return rb * (n // bn)
+
+    layer_in = g.event((NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden), name="layer_in")
+    ev = {
+        "normed1": g.event((NL,), wait_count=B, name="normed1"),
+        "qkv_done": g.event((NL,), wait_count=tiles_of(cfg.bn_qkv, cfg.qkv_width), name="qkv_done"),
+        "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L), name="attended"),
+        "combined": g.event((NL,), wait_count=B, name="combined"),
+        "o_done": g.event((NL,), wait_count=tiles_of(cfg.bn_o, cfg.hidden), name="o_done"),
+        "normed2": g.event((NL,), wait_count=B, name="normed2"),
+        "gu_done": g.event((NL,), wait_count=tiles_of(cfg.bn_gu, cfg.inter), name="gu_done"),
+    }
+    final_normed = g.event((1,), wait_count=B, name="final_normed")
+    logits_done = g.event((1,), wait_count=tiles_of(cfg.bn_lm, cfg.vocab), name="logits_done")
+
+    g.task(
+        tiles["embed"],
+        grid=(rb, cfg.hidden // cfg.bn_down),
+        args=(t["tokens"], t["embed"], t["h"]),
+        out_edges={layer_in: "ij->0"},
+        name="embed",
+    )
+
+    def layer_task(key, grid, args, wait, notify, map_in, map_out=None):
+        g.task(
+            tiles[key],
+            grid=(NL, *grid),
+            args=tuple(t[a] if isinstance(a, str) else a for a in args),
+            in_edges={wait: map_in},
+            out_edges={notify: map_out or map_in},
+            name=key,
+            phase=map_in,
+        )
+
+    layer_task("norm1", (B,), ("h", "norms", "x"), layer_in, ev["normed1"], "lb->l")
+    layer_task(
+        "qkv",
+        (rb, cfg.qkv_width // cfg.bn_qkv),
+        ("x", "wqkv", "qkv"),
+        ev["normed1"],
+        ev["qkv_done"],
+        "lij->l",
+    )
+    layer_task(
+        "attention",
+        (B, KV, cfg.splits(L)),
+        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart"),
+        ev["qkv_done"],
+        ev["attended"],
+        "lbgs->l",
+    )
+    layer_task("combine", (B,), ("opart", "mpart", "attn"), ev["attended"], ev["combined"], "lb->l")
+    layer_task(
+        "o_proj",
+        (rb, cfg.hidden // cfg.bn_o),
+        ("attn", "wo", "h"),
+        ev["combined"],
+        ev["o_done"],
+        "lij->l",
+    )
+    layer_task("norm2", (B,), ("h", "norms", "x"), ev["o_done"], ev["normed2"], "lb->l")
+    layer_task(
+        "gate_up",
+        (rb, cfg.inter // cfg.bn_gu),
+        ("x", "wgu", "act"),
+        ev["normed2"],
+        ev["gu_done"],
+        "lij->l",
+    )
+    layer_task(
+        "down",
+        (rb, cfg.hidden // cfg.bn_down),
+        ("act", "wd", "h"),
+        ev["gu_done"],
+        layer_in,
+        "lij->l",
+        "(l, i, j) -> (l + 1)",
+    )
+    g.task(
+        tiles["final_norm"],
+        grid=(1, B),
+        args=(t["h"], t["norms"], t["x"]),
+        in_edges={layer_in: f"(o, b) -> ({NL})"},
+        out_edges={final_normed: "ob->0"},
+        name="final_norm",
+        phase=NL,
+    )
+    g.task(
+        tiles["lm_head"],
+        grid=(rb, cfg.vocab // cfg.bn_lm),
+        args=(t["x"], t["embed"], t["logits"]),
+        in_edges={final_normed: "ij->0"},
+        out_edges={logits_done: "ij->0"},
+        name="lm_head",
+        phase=NL,
+    )
+    g.task(
+        tiles["argmax"],
+        grid=(B,),
+        args=(t["logits"], t["next_tokens"]),
+        in_edges={logits_done: "b->0"},
+        name="argmax",
+        phase=NL,
+    )
+    return g
+
+
+# -- weights ---------------------------------------------------------------------
+
+
+def inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    """RoPE inverse frequencies (float32), with Llama 3's scaling as
+    Hugging Face computes it."""
+    D = cfg.head_dim
+    base = 1.0 / (cfg.rope_theta ** (np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / D))
+    base = base.astype(np.float32)
+    if cfg.rope_scaling is None:
+        return base
+    factor, low, high, old = cfg.rope_scaling
+    wavelen = 2 * math.pi / base
+    low_wavelen, high_wavelen = old / low, old / high
+    scaled = np.where(wavelen > low_wavelen, base / factor, base)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_table(cfg: LlamaConfig, S: int) -> np.ndarray:
+    """``(S, head_dim)`` float32: row p = [cos(p f), sin(p f)], rounded to
+    bf16 values (Hugging Face casts cos/sin to the model's dtype)."""
+    freqs = np.arange(S, dtype=np.float32)[:, None] * inv_freq(cfg)[None, :]
+    table = np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1).astype(np.float32)
+    return bf16_to_f32(f32_to_bf16(table))
+
+
+_STD = 0.02  # Hugging Face's initializer_range
+
+
+def _norm_weights(rng: np.random.Generator, cfg: LlamaConfig) -> np.ndarray:
+    return (1.0 + 0.1 * rng.standard_normal((2 * cfg.layers + 1, cfg.hidden))).astype(np.float32)
+
+
+def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """bf16 (uint16 bits) weights in the graph's layout: N(0, 0.02) matrices
+    (Hugging Face's initialisation) and norm weights 1 + N(0, 0.1)."""
+    rng = np.random.default_rng(seed)
+    H, NL, II = cfg.hidden, cfg.layers, cfg.inter
+
+    def w(*shape: int) -> np.ndarray:
+        return f32_to_bf16((rng.standard_normal(shape) * _STD).astype(np.float32))
+
+    return {
+        "embed": w(cfg.vocab, H),
+        "norms": f32_to_bf16(_norm_weights(rng, cfg)),
+        "wqkv": w(NL, cfg.qkv_width, H),
+        "wo": w(NL, H, cfg.attn_width),
+        "wgu": w(NL, 2 * II, H),
+        "wd": w(NL, H, II),
+    }
+
+
+def random_weights_torch(cfg: LlamaConfig, seed: int = 0, device: str = "cuda") -> dict[str, Any]:
+    """:func:`random_weights`' distributions drawn by torch on ``device`` (bf16)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    H, NL, II = cfg.hidden, cfg.layers, cfg.inter
+    shapes = {
+        "embed": (cfg.vocab, H),
+        "wqkv": (NL, cfg.qkv_width, H),
+        "wo": (NL, H, cfg.attn_width),
+        "wgu": (NL, 2 * II, H),
+        "wd": (NL, H, II),
+    }
+    out = {}
+    for name, shape in shapes.items():
+        out[name] = torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(
+            0.0, _STD, generator=gen
+        )
+    norms = torch.empty((2 * NL + 1, H), dtype=torch.float32, device=device)
+    out["norms"] = (1.0 + 0.1 * norms.normal_(generator=gen)).to(torch.bfloat16)
+    return out
+
+
+# -- numpy reference -------------------------------------------------------------
+
+
+def _r(x: np.ndarray) -> np.ndarray:
+    """Round float32 to bf16 values (kept as float32)."""
+    return bf16_to_f32(f32_to_bf16(np.asarray(x, np.float32)))
+
+
+def _rmsnorm(h: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    r = 1.0 / np.sqrt((h * h).mean(axis=1, keepdims=True) + np.float32(eps))
+    return _r(gamma[None, :] * _r(h * r.astype(np.float32)))
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    c, s = np.concatenate([cos, cos]), np.concatenate([sin, sin])
+    return _r(x * c + rot * s)
+
+
+def reference_step(
+    cfg: LlamaConfig, arrays: Mapping[str, np.ndarray], L: int
+) -> dict[str, np.ndarray]:
+    """One decode step in numpy with the graph's rounding: returns ``logits``
+    (float32 of the bf16 values), ``next_tokens`` and the caches with
+    position ``L`` written (copies; ``arrays`` is not modified)."""
+    NL, NH, KV, D, II = cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
+    G = NH // KV
+    f = {k: bf16_to_f32(arrays[k]) for k in ("embed", "norms", "wqkv", "wo", "wgu", "wd")}
+    kc, vc = arrays["k_cache"].copy(), arrays["v_cache"].copy()
+    tokens = arrays["tokens"].astype(np.int64)
+    B = len(tokens)
+    cos, sin = np.split(arrays["rope"][L], 2)
+    h = f["embed"][tokens]
+    for layer in range(NL):
+        x = _rmsnorm(h, f["norms"][2 * layer], cfg.eps)
+        qkv = _r(x @ f["wqkv"][layer].T)
+        q = _rope(qkv[:, : NH * D].reshape(B, NH, D), cos, sin)
+        k = _rope(qkv[:, NH * D : (NH + KV) * D].reshape(B, KV, D), cos, sin)
+        v = qkv[:, (NH + KV) * D :].reshape(B, KV, D)
+        kc[layer, :, :, L] = f32_to_bf16(k)
+        vc[layer, :, :, L] = f32_to_bf16(v)
+        keys = bf16_to_f32(kc[layer, :, :, : L + 1])  # (B, KV, L+1, D)
+        vals = bf16_to_f32(vc[layer, :, :, : L + 1])
+        out = np.empty((B, NH, D), np.float32)
+        for hd in range(NH):
+            s = np.einsum("bd,bpd->bp", q[:, hd], keys[:, hd // G]) / np.float32(math.sqrt(D))
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, hd] = np.einsum("bp,bpd->bd", p / p.sum(axis=1, keepdims=True), vals[:, hd // G])
+        attn = _r(out.reshape(B, NH * D))
+        h = _r(_r(attn @ f["wo"][layer].T) + h)
+        x = _rmsnorm(h, f["norms"][2 * layer + 1], cfg.eps)
+        gu = x @ f["wgu"][layer].T
+        g, u = _r(gu[:, :II]), _r(gu[:, II:])
+        act = _r(_r(g / (1 + np.exp(-g))) * u)
+        h = _r(_r(act @ f["wd"][layer].T) + h)
+    x = _rmsnorm(h, f["norms"][2 * NL], cfg.eps)
+    logits = _r(x @ f["embed"].T)
+    return {
+        "logits": logits,
+        "next_tokens": logits.argmax(axis=1).astype(np.int32),
+        "k_cache": kc,
+        "v_cache": vc,
+    }
+
+
+def numpy_inputs(
+    cfg: LlamaConfig,
+    weights: Mapping[str, np.ndarray],
+    tokens: np.ndarray,
+    L: int,
+    S: int,
+    seed: int = 1,
+) -> dict[str, np.ndarray]:
+    """Every graph tensor for a step at context ``L`` (capacity ``S``): the
+    weights, ``tokens``, the rope table, caches holding random keys and
+    values at positions ``< L``, the rest zeroed (bf16 as uint16)."""
+    B = len(tokens)
+    storage = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32}
+    arrays = {
+        n: np.zeros(shape, storage[dt]) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()
+    }
+    for k, v in weights.items():
+        arrays[k][...] = v
+    arrays["tokens"][...] = tokens
+    arrays["rope"][...] = rope_table(cfg, S)
+    rng = np.random.default_rng(seed)
+    for k in ("k_cache", "v_cache"):
+        arrays[k][:, :, :, :L] = f32_to_bf16(
+            rng.standard_normal(arrays[k][:, :, :, :L].shape).astype(np.float32)
+        )
+    return arrays
+
+
+def torch_inputs(
+    cfg: LlamaConfig,
+    weights: Mapping[str, Any],
+    B: int,
+    L: int,
+    S: int,
+    device: str = "cuda",
+    *,
+    fill_cache: bool = True,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """Every graph tensor on ``device`` for a step at context ``L``: the
+    (torch) weights shared, not copied; caches random at positions ``< L``
+    when ``fill_cache``; tokens random; the rest zeroed."""
+    import torch
+
+    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out: dict[str, Any] = {}
+    for name, (shape, dt) in tensor_shapes(cfg, B, L, S).items():
+        if name in weights:
+            out[name] = weights[name]
+        elif name == "rope":
+            out[name] = torch.from_numpy(rope_table(cfg, S)).to(device)
+        else:
+            out[name] = torch.zeros(shape, dtype=dtypes[dt], device=device)
+    out["tokens"].random_(0, cfg.vocab, generator=gen)
+    if fill_cache and L:
+        for k in ("k_cache", "v_cache"):
+            out[k][:, :, :, :L].normal_(generator=gen)
+    return out
+
+
+# -- PyTorch: Hugging Face's model and a minimal decode step ------------------------
+
+
+def hf_config(cfg: LlamaConfig, max_positions: int = 131072) -> Any:
+    """``transformers.LlamaConfig`` with these sizes (tied embeddings)."""
+    from transformers import LlamaConfig as HFConfig
+
+    scaling = None
+    if cfg.rope_scaling is not None:
+        factor, low, high, old = cfg.rope_scaling
+        scaling = {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low,
+            "high_freq_factor": high,
+            "original_max_position_embeddings": old,
+        }
+    return HFConfig(
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.inter,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.eps,
+        rope_theta=cfg.rope_theta,
+        rope_scaling=scaling,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+        torch_dtype="bfloat16",
+    )
+
+
+def hf_state_dict(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any]:
+    """The graph's (torch) weights under ``LlamaForCausalLM``'s names."""
+    H, NH, KV, D, II = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
+    sd = {"model.embed_tokens.weight": weights["embed"], "lm_head.weight": weights["embed"]}
+    norms = weights["norms"]
+    for layer in range(cfg.layers):
+        p = f"model.layers.{layer}."
+        wqkv = weights["wqkv"][layer]
+        sd[p + "self_attn.q_proj.weight"] = wqkv[: NH * D]
+        sd[p + "self_attn.k_proj.weight"] = wqkv[NH * D : (NH + KV) * D]
+        sd[p + "self_attn.v_proj.weight"] = wqkv[(NH + KV) * D :]
+        sd[p + "self_attn.o_proj.weight"] = weights["wo"][layer]
+        sd[p + "mlp.gate_proj.weight"] = weights["wgu"][layer][:II]
+        sd[p + "mlp.up_proj.weight"] = weights["wgu"][layer][II:]
+        sd[p + "mlp.down_proj.weight"] = weights["wd"][layer]
+        sd[p + "input_layernorm.weight"] = norms[2 * layer]
+        sd[p + "post_attention_layernorm.weight"] = norms[2 * layer + 1]
+    sd["model.norm.weight"] = norms[2 * cfg.layers]
+    assert all(v.shape[-1] in (H, NH * D, II) for v in sd.values())
+    return sd
+
+
+def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
+    """A minimal PyTorch decode step over the graph's buffers (the baseline):
+    reads ``tokens``, writes the caches at ``L``, returns the next tokens.
+    Same math and rounding points as the graph (bf16 ops, fp32 softmax)."""
+    import torch
+    import torch.nn.functional as F
+
+    NH, KV, D, II = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
+    B = t["tokens"].shape[0]
+    cos, sin = t["rope"][L].to(torch.bfloat16).chunk(2)
+    cos, sin = torch.cat([cos, cos]), torch.cat([sin, sin])
+
+    def norm(h, w):
+        hf = h.float()
+        return w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + cfg.eps)).to(h.dtype)
+
+    def rope(x):
+        rot = torch.cat([-x[..., D // 2 :], x[..., : D // 2]], dim=-1)
+        return x * cos + rot * sin
+
+    h = t["embed"][t["tokens"].long()]
+    for layer in range(cfg.layers):
+        x = norm(h, t["norms"][2 * layer])
+        qkv = x @ t["wqkv"][layer].t()
+        q = rope(qkv[:, : NH * D].view(B, NH, 1, D))
+        k = rope(qkv[:, NH * D : (NH + KV) * D].view(B, KV, D))
+        v = qkv[:, (NH + KV) * D :].view(B, KV, D)
+        t["k_cache"][layer, :, :, L] = k
+        t["v_cache"][layer, :, :, L] = v
+        keys = t["k_cache"][layer, :, :, : L + 1]
+        vals = t["v_cache"][layer, :, :, : L + 1]
+        o = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
+        h = h + o.reshape(B, NH * D) @ t["wo"][layer].t()
+        x = norm(h, t["norms"][2 * layer + 1])
+        gu = x @ t["wgu"][layer].t()
+        h = h + (F.silu(gu[:, :II]) * gu[:, II:]) @ t["wd"][layer].t()
+    x = norm(h, t["norms"][2 * cfg.layers])
+    return (x @ t["embed"].t()).argmax(dim=-1)
