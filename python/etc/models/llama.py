@@ -374,23 +374,36 @@ def _norm_weights(rng: np.random.Generator, cfg: LlamaConfig) -> np.ndarray:
     return (1.0 + 0.1 * rng.standard_normal((2 * cfg.layers + 1, cfg.hidden))).astype(np.float32)
 
 
-def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """bf16 (uint16 bits) weights in the graph's layout: N(0, 0.02) matrices
-    (Hugging Face's initialisation) and norm weights 1 + N(0, 0.1)."""
-    rng = np.random.default_rng(seed)
+def _std(cfg: LlamaConfig, name: str) -> float:
+    """N(0, 0.02) (Hugging Face's initializer_range), the projections that
+    write the residual stream scaled by 1/sqrt(2 layers) (GPT-2's
+    initialisation): without it sixteen random layers amplify bf16 rounding
+    differences into percent-level logit differences between two correct
+    implementations, which would hide real errors."""
+    return _STD / math.sqrt(2 * cfg.layers) if name in ("wo", "wd") else _STD
+
+
+def _weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     H, NL, II = cfg.hidden, cfg.layers, cfg.inter
-
-    def w(*shape: int) -> np.ndarray:
-        return f32_to_bf16((rng.standard_normal(shape) * _STD).astype(np.float32))
-
     return {
-        "embed": w(cfg.vocab, H),
-        "norms": f32_to_bf16(_norm_weights(rng, cfg)),
-        "wqkv": w(NL, cfg.qkv_width, H),
-        "wo": w(NL, H, cfg.attn_width),
-        "wgu": w(NL, 2 * II, H),
-        "wd": w(NL, H, II),
+        "embed": (cfg.vocab, H),
+        "wqkv": (NL, cfg.qkv_width, H),
+        "wo": (NL, H, cfg.attn_width),
+        "wgu": (NL, 2 * II, H),
+        "wd": (NL, H, II),
     }
+
+
+def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """bf16 (uint16 bits) weights in the graph's layout: normal matrices
+    (:func:`_std`) and norm weights 1 + N(0, 0.1)."""
+    rng = np.random.default_rng(seed)
+    out = {
+        name: f32_to_bf16((rng.standard_normal(shape) * _std(cfg, name)).astype(np.float32))
+        for name, shape in _weight_shapes(cfg).items()
+    }
+    out["norms"] = f32_to_bf16(_norm_weights(rng, cfg))
+    return out
 
 
 def random_weights_torch(cfg: LlamaConfig, seed: int = 0, device: str = "cuda") -> dict[str, Any]:
@@ -398,20 +411,12 @@ def random_weights_torch(cfg: LlamaConfig, seed: int = 0, device: str = "cuda") 
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
-    H, NL, II = cfg.hidden, cfg.layers, cfg.inter
-    shapes = {
-        "embed": (cfg.vocab, H),
-        "wqkv": (NL, cfg.qkv_width, H),
-        "wo": (NL, H, cfg.attn_width),
-        "wgu": (NL, 2 * II, H),
-        "wd": (NL, H, II),
-    }
     out = {}
-    for name, shape in shapes.items():
+    for name, shape in _weight_shapes(cfg).items():
         out[name] = torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(
-            0.0, _STD, generator=gen
+            0.0, _std(cfg, name), generator=gen
         )
-    norms = torch.empty((2 * NL + 1, H), dtype=torch.float32, device=device)
+    norms = torch.empty((2 * cfg.layers + 1, cfg.hidden), dtype=torch.float32, device=device)
     out["norms"] = (1.0 + 0.1 * norms.normal_(generator=gen)).to(torch.bfloat16)
     return out
 
@@ -603,7 +608,8 @@ def hf_state_dict(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any
 
 def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     """A minimal PyTorch decode step over the graph's buffers (the baseline):
-    reads ``tokens``, writes the caches at ``L``, returns the next tokens.
+    reads ``tokens``, writes the caches at ``L``, ``logits`` and
+    ``next_tokens``, returns the next tokens.
     Same math and rounding points as the graph (bf16 ops, fp32 softmax)."""
     import torch
     import torch.nn.functional as F
@@ -638,4 +644,7 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
         gu = x @ t["wgu"][layer].t()
         h = h + (F.silu(gu[:, :II]) * gu[:, II:]) @ t["wd"][layer].t()
     x = norm(h, t["norms"][2 * cfg.layers])
-    return (x @ t["embed"].t()).argmax(dim=-1)
+    torch.matmul(x, t["embed"].t(), out=t["logits"])
+    nxt = t["logits"].argmax(dim=-1)
+    t["next_tokens"].copy_(nxt)
+    return nxt

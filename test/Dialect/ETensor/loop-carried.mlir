@@ -21,6 +21,14 @@ func.func private @gather(%l: index, %x: memref<4xf32>)
 // STATIC: etensor.notify %{{.*}}[%[[NEXT]]]
 // DYNAMIC-LABEL: etensor.graph @layers
 // DYNAMIC: etensor.dispatch 0 grid [1] attributes {etensor.ready_at_start, name = "start"}
+/// `ready` has 4 coordinates, `step` 3 layers: completing a coordinate pushes
+/// step instances only when it lies inside step's grid.
+// DYNAMIC: %[[DONE:.*]] = etensor.notify
+// DYNAMIC-NEXT: scf.if %[[DONE]] {
+// DYNAMIC-NEXT: %[[LAYERS:.*]] = arith.constant 3 : index
+// DYNAMIC-NEXT: %[[INSIDE:.*]] = arith.cmpi ult, %{{.*}}, %[[LAYERS]] : index
+// DYNAMIC-NEXT: scf.if %[[INSIDE]] {
+// DYNAMIC: etensor.push
 // DYNAMIC: etensor.dispatch 1 grid [3, 4] attributes {name = "step"}
 // DYNAMIC: etensor.dispatch 2 grid [3] attributes {name = "gather"}
 etensor.graph @layers(%x: memref<4xf32>) {

@@ -135,6 +135,17 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
     for (auto [k, expr] : llvm::enumerate(map.getResults())) {
       if (auto dim = dyn_cast<AffineDimExpr>(expr)) {
         instance[dim.getPosition()] = coordinate[k];
+        // The event may be longer than the consumer's grid (`layer_in[l]`
+        // feeds `norm(l)` for l < layers and its last coordinate another
+        // task): only coordinates inside the grid have consumers here.
+        OpFoldResult gridExtent = consumer.getMixedExtent(dim.getPosition());
+        if (gridExtent == event.getMixedSize(k))
+          continue;
+        Value inside =
+            arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult,
+                                  coordinate[k], extent(loc, gridExtent));
+        matches =
+            matches ? arith::AndIOp::create(b, loc, matches, inside) : inside;
         continue;
       }
       // A constant result: only that coordinate has consumers.
