@@ -70,6 +70,11 @@ class DeviceFunction:
         # Every func.func symbol the source defines (helpers included): two
         # different sources must not define the same symbol in one module.
         self.defines = tuple(defines) if defines is not None else (name,)
+        #: ``@<name>__prefetch`` when the source defines it: a function with
+        #: the tile's signature that every task running the tile calls
+        #: before its waits, to start loading what no task writes (weights).
+        #: The simulator ignores it.
+        self.prefetch = f"{name}__prefetch" if f"{name}__prefetch" in self.defines else None
 
     @classmethod
     def from_mlir(

@@ -1187,7 +1187,9 @@ class _Emitter:
                     f" triggered_by({event_ssa[id(trig.event)]}, {tensor_ssa[id(trig.indptr)]} : "
                     f"{trig.event.mlir_type}, {trig.indptr.mlir_type})"
                 )
-            line += f" {{name = {_mlir_string(t.name)}}}"
+            prefetch = t.function.prefetch
+            extra = f", prefetch = {_symbol_ref(prefetch)}" if prefetch else ""
+            line += f" {{name = {_mlir_string(t.name)}{extra}}}"
             self.body.append(line)
 
         out: list[str] = []

@@ -12,6 +12,7 @@ the compiler; the GPU machine needs only the runtime):
 - ``<graph>_<schedule>/`` for every graph of ``graphs.py`` (diamond, wide
   fan-in, skewed, empty tasks, chain) and schedule (static, dynamic with and
   without early push), and the same for split-K and broken.
+- ``llama_tiny_<schedule>/``: the whole decoder (`etc.models.llama.TINY`);
 - ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
   wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``.
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
@@ -84,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     moe_graph = moe.build_moe_graph(MOE_SMALL, name="moe_small")
     jobs += [
         (f"moe_small_{suffix}", moe_graph, schedule, early)
+        for suffix, (schedule, early) in SCHEDULES.items()
+    ]
+    from etc.models import llama
+
+    decoder = llama.build_decoder_graph(llama.TINY, name="llama_tiny")
+    jobs += [
+        (f"llama_tiny_{suffix}", decoder, schedule, early)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
     from etc.models import collective

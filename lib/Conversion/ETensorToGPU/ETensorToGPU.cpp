@@ -74,12 +74,14 @@ constexpr uint64_t kMaxLLVMAlignment = uint64_t(1) << 32;
 
 /// Side-effect-free index arithmetic that a dispatch body computes its edge
 /// coordinates with; every thread may evaluate it.
-/// Pure index arithmetic (edge maps) and the casts of a task's buffers to
-/// its tile's parameter types: cloned for every thread before the waits.
+/// Pure index arithmetic (edge maps), the casts of a task's buffers to its
+/// tile's parameter types and the call of its prefetch function: run by
+/// every thread before the waits.
 static bool isHoistable(Operation &op) {
   return (op.getNumRegions() == 0 &&
           isa<arith::ArithDialect>(op.getDialect()) && isPure(&op)) ||
-         isa<memref::CastOp>(op);
+         isa<memref::CastOp>(op) ||
+         (isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName));
 }
 
 /// What the kernel knows about one event tensor.

@@ -61,7 +61,7 @@ __all__ = [
     "kv_bytes",
 ]
 
-_GEMM_OPTIONS = (("stages", 3), ("unroll", 1))
+_GEMM_OPTIONS = (("stages", 5), ("unroll", 1))
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,20 @@ class LlamaConfig:
     bn_gu: int = 16
     bn_down: int = 8
     bn_lm: int = 64
-    attn_chunk: int = 128
+    attn_chunk: int = 256
     gemm_options: tuple[tuple[str, Any], ...] = field(default=_GEMM_OPTIONS)
+    #: Warps along the rows of a GEMM tile (0: ``plan_warps``' default). With
+    #: 1 every warp holds all ``block_m`` rows and reuses each weight fragment
+    #: for all of them: the weights are read once however large the batch.
+    row_warps: int = 0
+    #: GEMM grids ordered (layer, column block, row block): the row blocks of
+    #: a weight block run together and share it through L2 (B > block_m).
+    columns_first: bool = True
+    #: GEMM tiles prefetch their weight rows into L2 before waiting for
+    #: their activations (``layer_gemm(prefetch_weights=True)``). Off: on
+    #: an H200 it cost 2-3 % (``bench/RESULTS.md``): the stages wait ~0.5 µs
+    #: for each other, the tiles are slow in themselves.
+    prefetch_weights: bool = False
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
@@ -144,6 +156,7 @@ TINY = LlamaConfig(
     attn_chunk=8,
     bn_o=16,
     bn_down=16,
+    gemm_options=(("stages", 3), ("unroll", 1)),  # k = 256: two iterations per warp slice
 )
 
 
@@ -192,10 +205,16 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
     H, NL, bs = cfg.hidden, cfg.layers, cfg.block_size
     opts = dict(cfg.gemm_options)
 
-    def proj(bn: int, n: int, k: int, epilogue: str, name: str):
+    def proj(bn: int, n: int, k: int, epilogue: str, name: str, layers: int | None = NL):
+        warps = None
+        if cfg.row_warps:
+            wn = math.gcd(bs // 32 // cfg.row_warps, bn // 8)
+            warps = (cfg.row_warps, wn, bs // 32 // (cfg.row_warps * wn))
         return gemm.layer_gemm(
-            cfg.block_m, bn, n, k, layers=NL, epilogue=epilogue, name=name, block_size=bs, **opts
-        )
+            cfg.block_m, bn, n, k, layers=layers, epilogue=epilogue, name=name, block_size=bs,
+            warps=warps, columns_first=cfg.columns_first,
+            prefetch_weights=cfg.prefetch_weights, **opts,
+        )  # fmt: skip
 
     return {
         "embed": llama.embed(cfg.block_m, cfg.bn_down, H, block_size=bs),
@@ -210,9 +229,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         "o_proj": proj(cfg.bn_o, H, cfg.attn_width, "residual", "o_proj"),
         "gate_up": proj(cfg.bn_gu, cfg.inter, H, "swiglu", "gate_up_proj"),
         "down": proj(cfg.bn_down, H, cfg.inter, "residual", "down_proj"),
-        "lm_head": gemm.layer_gemm(
-            cfg.block_m, cfg.bn_lm, cfg.vocab, H, layers=None, name="lm_head", block_size=bs, **opts
-        ),
+        "lm_head": proj(cfg.bn_lm, cfg.vocab, H, "store", "lm_head", layers=None),
         "argmax": llama.argmax(cfg.vocab, block_size=bs),
     }
 
@@ -232,6 +249,9 @@ def build_decoder_graph(
 
     def tiles_of(bn: int, n: int) -> Any:
         return rb * (n // bn)
+
+    def gemm_grid(bn: int, n: int) -> tuple:
+        return (n // bn, rb) if cfg.columns_first else (rb, n // bn)
 
     layer_in = g.event((NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden), name="layer_in")
     ev = {
@@ -268,7 +288,7 @@ def build_decoder_graph(
     layer_task("norm1", (B,), ("h", "norms", "x"), layer_in, ev["normed1"], "lb->l")
     layer_task(
         "qkv",
-        (rb, cfg.qkv_width // cfg.bn_qkv),
+        gemm_grid(cfg.bn_qkv, cfg.qkv_width),
         ("x", "wqkv", "qkv"),
         ev["normed1"],
         ev["qkv_done"],
@@ -285,7 +305,7 @@ def build_decoder_graph(
     layer_task("combine", (B,), ("opart", "mpart", "attn"), ev["attended"], ev["combined"], "lb->l")
     layer_task(
         "o_proj",
-        (rb, cfg.hidden // cfg.bn_o),
+        gemm_grid(cfg.bn_o, cfg.hidden),
         ("attn", "wo", "h"),
         ev["combined"],
         ev["o_done"],
@@ -294,7 +314,7 @@ def build_decoder_graph(
     layer_task("norm2", (B,), ("h", "norms", "x"), ev["o_done"], ev["normed2"], "lb->l")
     layer_task(
         "gate_up",
-        (rb, cfg.inter // cfg.bn_gu),
+        gemm_grid(cfg.bn_gu, cfg.inter),
         ("x", "wgu", "act"),
         ev["normed2"],
         ev["gu_done"],
@@ -302,7 +322,7 @@ def build_decoder_graph(
     )
     layer_task(
         "down",
-        (rb, cfg.hidden // cfg.bn_down),
+        gemm_grid(cfg.bn_down, cfg.hidden),
         ("act", "wd", "h"),
         ev["gu_done"],
         layer_in,
@@ -320,7 +340,7 @@ def build_decoder_graph(
     )
     g.task(
         tiles["lm_head"],
-        grid=(rb, cfg.vocab // cfg.bn_lm),
+        grid=gemm_grid(cfg.bn_lm, cfg.vocab),
         args=(t["x"], t["embed"], t["logits"]),
         in_edges={final_normed: "ij->0"},
         out_edges={logits_done: "ij->0"},

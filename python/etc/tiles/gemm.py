@@ -875,6 +875,8 @@ def layer_gemm(
     unroll: int | None = None,
     prefetch: int | None = None,
     stages: int | None = None,
+    columns_first: bool = False,
+    prefetch_weights: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -890,6 +892,17 @@ def layer_gemm(
     * ``"swiglu"``: ``W[l]`` holds the gate rows ``[0, N)`` then the up rows
       ``[N, 2N)`` (``N' = 2N``): ``C = bf16(bf16(silu(bf16(g))) *
       bf16(u))``.
+
+    ``prefetch_weights`` adds ``@<name>__prefetch`` (see
+    :class:`etc.DeviceFunction`): thread 0 asks for the tile's weight rows
+    (one contiguous block, two for swiglu) with ``cp.async.bulk.prefetch.L2``
+    before the instance waits for its activations, so the weights stream
+    into L2 while the previous stage finishes.
+
+    ``columns_first`` makes the tile ``(l, j, i)``: over a grid ordered
+    that way the row blocks of one column block are consecutive instances,
+    which consecutive CTAs run together, so a batch of several row blocks
+    reads each weight block from HBM once and from L2 after that.
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -948,28 +961,85 @@ def layer_gemm(
         mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1, epilogue=store,
     )  # fmt: skip
     t.close()
-    coords = "%l: index, %i: index, %j: index" if layers is not None else "%i: index, %j: index"
+    ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
+    coords = f"%l: index, {ij}" if layers is not None else ij
     signature = f"{coords}, %A: {at}, %W: {wt}, %C: {ct}"
     what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
     source = _source(
         name, signature, t, globals_, f"{name}: {what[epilogue]}, bf16, {block_m}x{block_n} blocks"
     )
-    reference = layer_gemm_reference(block_m, block_n, n, epilogue, stacked=layers is not None)
+    if prefetch_weights:
+        source += _weight_prefetch(name, signature, wt, block_n, n, k, per_n, layers is not None)
+    reference = layer_gemm_reference(
+        block_m, block_n, n, epilogue, stacked=layers is not None, columns_first=columns_first
+    )
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+def _weight_prefetch(
+    name: str, signature: str, wt: str, block_n: int, n: int, k: int, per_n: int, stacked: bool
+) -> str:
+    """``@<name>__prefetch``: L2 prefetches of the tile's weight rows."""
+    rows = per_n * n
+    nbytes = block_n * k * 2
+    lines = [
+        f"func.func @{name}__prefetch({signature}) {{",
+        "  %c0 = arith.constant 0 : index",
+        f"  %bn = arith.constant {block_n} : index",
+        f"  %rows = arith.constant {rows} : index",
+        f"  %row_bytes = arith.constant {2 * k} : index",
+        f"  %size = arith.constant {nbytes} : i32",
+        "  %tid = gpu.thread_id x",
+        "  %first = arith.cmpi eq, %tid, %c0 : index",
+        "  scf.if %first {",
+        f"    %base = memref.extract_aligned_pointer_as_index %W : {wt} -> index",
+        "    %n0 = arith.muli %j, %bn : index",
+    ]
+    if stacked:
+        lines += [
+            "    %lrow = arith.muli %l, %rows : index",
+            "    %row = arith.addi %lrow, %n0 : index",
+        ]
+    else:
+        lines += ["    %row = arith.addi %n0, %c0 : index"]
+    for half in range(per_n):
+        r = "%row"
+        if half:
+            lines.append(f"    %row{half} = arith.addi %row, %c{n}_n : index")
+            r = f"%row{half}"
+        lines += [
+            f"    %off{half} = arith.muli {r}, %row_bytes : index",
+            f"    %addr{half} = arith.addi %base, %off{half} : index",
+            f"    %p{half} = arith.index_cast %addr{half} : index to i64",
+            "    llvm.inline_asm has_side_effects asm_dialect = att "
+            f'"cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r" %p{half}, %size : '
+            "(i64, i32) -> ()",
+        ]
+    lines += ["  }", "  return", "}"]
+    if per_n > 1:
+        lines.insert(2, f"  %c{n}_n = arith.constant {n} : index")
+    return "\n".join(lines) + "\n"
+
+
 def layer_gemm_reference(
-    block_m: int, block_n: int, n: int, epilogue: str, *, stacked: bool = True
+    block_m: int,
+    block_n: int,
+    n: int,
+    epilogue: str,
+    *,
+    stacked: bool = True,
+    columns_first: bool = False,
 ) -> Callable[..., None]:
     """The numpy reference of :func:`layer_gemm` (same rounding)."""
 
     def rnd(x: np.ndarray) -> np.ndarray:
         return bf16_to_f32(f32_to_bf16(x.astype(np.float32)))
 
-    def layered(l: int, i: int, j: int, A, W, C) -> None:  # noqa: E741
-        single(i, j, A, W[l], C)
+    def layered(l: int, a: int, b: int, A, W, C) -> None:  # noqa: E741
+        single(a, b, A, W[l], C)
 
-    def single(i: int, j: int, A, W, C) -> None:
+    def single(a: int, b: int, A, W, C) -> None:
+        i, j = (b, a) if columns_first else (a, b)
         rs = slice(i * block_m, (i + 1) * block_m)
         cs = slice(j * block_n, min((j + 1) * block_n, n))
         acc = _mma.bf16_matmul(A[rs], W[cs])

@@ -406,6 +406,19 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
       return emitOpError("argument #")
              << i << " has type " << arg.getType() << " but device function '"
              << getCallee() << "' expects " << fnType.getInput(coords + i);
+  if (FlatSymbolRefAttr prefetchAttr = getPrefetchAttr()) {
+    auto prefetch =
+        symbolTable.lookupNearestSymbolFrom<func::FuncOp>(*this, prefetchAttr);
+    if (!prefetch)
+      return emitOpError("prefetch '")
+             << prefetchAttr.getValue() << "' does not name a func.func";
+    if (prefetch.getFunctionType() != fnType)
+      return emitOpError("prefetch function '")
+             << prefetchAttr.getValue() << "' has type "
+             << prefetch.getFunctionType() << ", but the device function '"
+             << getCallee() << "' has " << fnType
+             << ": a prefetch takes the same arguments";
+  }
   return success();
 }
 

@@ -407,6 +407,7 @@ LogicalResult DynamicScheduler::run() {
     // Casts of the buffers first: nothing may separate the waits and the call.
     SmallVector<Value> callArgs(coords);
     llvm::append_range(callArgs, castArgsToCallee(b, task));
+    callPrefetch(b, task, callArgs);
 
     auto outEdges = llvm::zip(task.getOutEvents(), task.getOutMaps());
     // Early push: this instance is dispatched, so the consumers whose last

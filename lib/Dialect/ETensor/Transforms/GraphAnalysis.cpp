@@ -201,3 +201,13 @@ SmallVector<Value> mlir::etensor::castArgsToCallee(OpBuilder &builder,
                   .getResult());
   return args;
 }
+
+void mlir::etensor::callPrefetch(OpBuilder &builder, TaskOp task,
+                                 ValueRange callArgs) {
+  FlatSymbolRefAttr prefetch = task.getPrefetchAttr();
+  if (!prefetch)
+    return;
+  auto call = func::CallOp::create(builder, task.getLoc(), prefetch,
+                                   TypeRange(), callArgs);
+  call->setAttr(kPrefetchAttrName, builder.getUnitAttr());
+}

@@ -91,6 +91,7 @@ struct ETensorStaticSchedulePass
       // call.
       SmallVector<Value> callArgs(coords);
       llvm::append_range(callArgs, castArgsToCallee(builder, task));
+      callPrefetch(builder, task, callArgs);
 
       for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
         WaitOp::create(builder, loc, event,

@@ -24,6 +24,10 @@
 #include "etc/Dialect/ETensor/IR/ETensorOps.h.inc"
 
 namespace mlir::etensor {
+/// Marks the schedule's call of a task's prefetch function, which the
+/// kernel runs on every thread before the instance's waits.
+inline constexpr llvm::StringLiteral kPrefetchAttrName = "etensor.prefetch";
+
 /// Whether a task may pass `arg` for a device function parameter of type
 /// `param`: the same type, or a memref that only fixes some of `param`'s
 /// dynamic sizes (the call site casts it: `memref<128x64xf32>` for

@@ -186,6 +186,12 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     those two dimensions, so an out-edge `(i, c) -> (c)` notifies a
     coordinate chosen by the data (its event needs a table wait count).
 
+    `prefetch = @fn` names a function with the callee's signature that an
+    instance runs *before* its waits, on every thread of its CTA: it may
+    only read what no task of the graph writes (weights), so it can start
+    loading them (an L2 prefetch, a `cp.async` into shared memory) while the
+    instance's producers finish. Waiting then overlaps the load.
+
     Example:
 
     ```mlir
@@ -212,6 +218,7 @@ def ETensor_TaskOp : ETensor_Op<"task", [
                        AffineMapArrayAttr:$out_maps,
                        Optional<ETensor_AnyEvent>:$trigger_event,
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
+                       OptionalAttr<FlatSymbolRefAttr>:$prefetch,
                        OptionalAttr<StrAttr>:$name);
   let assemblyFormat = [{
     $callee `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)

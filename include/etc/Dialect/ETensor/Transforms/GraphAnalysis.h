@@ -30,6 +30,9 @@ bool isLoopCarried(AffineMap map);
 /// to the parameter type where the task passes a more static one.
 SmallVector<Value> castArgsToCallee(OpBuilder &builder, TaskOp task);
 
+/// Calls the task's `prefetch` function, if it has one, with `callArgs`.
+void callPrefetch(OpBuilder &builder, TaskOp task, ValueRange callArgs);
+
 struct EdgeRef {
   static constexpr unsigned kTriggerEdge = ~0u;
   unsigned task;

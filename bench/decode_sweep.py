@@ -1,0 +1,112 @@
+"""Tile-configuration sweep of the Llama-3.2-1B decode megakernel (issue 7).
+
+    python bench/decode_sweep.py --build DIR                  # CPU: one artifact per variant
+    python bench/decode_sweep.py --artifacts DIR --out OUT    # GPU: check, then time
+
+Each variant is a :class:`etc.models.llama.LlamaConfig` change (GEMM rows per
+tile and warps along rows, grid order, attention chunk) or a schedule. On the GPU: random weights, B in BATCHES,
+context 1024; each variant's greedy tokens are compared with the PyTorch
+step's (agreement is printed: bf16 noise flips near-ties), then the step is
+timed (median of REPS x CALLS back-to-back launches after a warm-up), with
+the copy bandwidth of the same run for the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from etc.models import llama as M  # noqa: E402
+
+BASE = M.LLAMA_3_2_1B
+VARIANTS = {
+    "default": {},
+    "stages5": dict(gemm_options=(("stages", 5), ("unroll", 1))),
+    "stages5_ctas3": dict(gemm_options=(("stages", 5), ("unroll", 1)), min_ctas_per_sm=3),
+    "stages4_bm32_rw1": dict(gemm_options=(("stages", 4), ("unroll", 1)), block_m=32, row_warps=1),
+    "stages5_no_prefetch": dict(gemm_options=(("stages", 5), ("unroll", 1)), prefetch_weights=False),
+}
+COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm")
+BATCHES = (1, 16, 64)
+L = 1024
+CALLS = 10
+
+
+def config(name: str) -> M.LlamaConfig:
+    change = {k: v for k, v in VARIANTS[name].items() if k not in COMPILE_KEYS}
+    return dataclasses.replace(BASE, **change)
+
+
+def build(out: Path) -> None:
+    import etc
+
+    for name, change in VARIANTS.items():
+        cfg = config(name)
+        options = {k: v for k, v in change.items() if k in COMPILE_KEYS}
+        options.setdefault("schedule", "static")
+        options.setdefault("min_ctas_per_sm", 2)
+        etc.compile(M.build_decoder_graph(cfg), **options).save(out / name)
+        print("built", name, flush=True)
+
+
+def run(artifacts: Path, out: Path | None, reps: int) -> None:
+    import torch
+
+    import etc.runtime
+    from bench.splitk import copy_bandwidth
+    from bench.timing import timed
+
+    copy_bps = copy_bandwidth(torch, reps)
+    weights = M.random_weights_torch(BASE)
+    rows = []
+    for B in BATCHES:
+        floor = (M.weight_bytes(BASE) + M.kv_bytes(BASE, B, L)) / copy_bps * 1e6
+        for name in VARIANTS:
+            bufs = M.torch_inputs(config(name), weights, B, L, L + 1)
+            with torch.no_grad():
+                want = M.torch_decode_step(BASE, bufs, L).clone()
+            kernel = etc.runtime.load(artifacts / name)
+            syms = {"B": B, "L": L, "S": L + 1}
+            kernel.launch(bufs, syms)
+            kernel.check()
+            agree = float((bufs["next_tokens"].long() == want).float().mean())
+            us = timed(
+                torch, lambda i, k=kernel, b=bufs, s=syms: k.launch(b, s, sync=False), CALLS, reps
+            )
+            rows.append({"variant": name, "B": B, "us": us, "floor_us": floor, "agree": agree})
+            print(
+                f"B={B:3d} {name:20s} {us:8.1f} us  floor {floor:7.1f} "
+                f"({100 * floor / us:4.1f}%)  tokens agree {agree:.2f}",
+                flush=True,
+            )
+            del bufs
+            torch.cuda.empty_cache()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode_sweep.json").write_text(
+            json.dumps({"copy_TBps": copy_bps / 1e12, "rows": rows}, indent=1)
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", type=Path)
+    p.add_argument("--artifacts", type=Path)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--reps", type=int, default=7)
+    args = p.parse_args(argv)
+    if args.build:
+        build(args.build)
+    if args.artifacts:
+        run(args.artifacts, args.out, args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

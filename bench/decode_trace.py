@@ -1,0 +1,118 @@
+"""Where a Llama-3.2-1B decode step's time goes: a traced launch per batch size.
+
+    python bench/decode_trace.py --build DIR                  # CPU: traced artifacts
+    python bench/decode_trace.py --artifacts DIR --out OUT    # GPU: tables, timelines
+
+Per task (summed over layers): instances, median instance duration, busy
+time summed over instances. Per stage of a middle layer: the window from the
+first instance's start to the last one's end (µs after the step's first
+task started), and the gap from the previous stage's last end (the
+dependency latency the graph's barriers cost). A trace record starts after
+the instance's waits and ends after its closing barrier. Three launches,
+the last traced; static and dynamic schedules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from etc.models import llama as M  # noqa: E402
+
+CFG = M.LLAMA_3_2_1B
+BATCHES = (1, 64)
+L = 1024
+STAGES = ("norm1", "qkv", "attention", "combine", "o_proj", "norm2", "gate_up", "down")
+
+
+def build(out: Path) -> None:
+    import etc
+
+    g = M.build_decoder_graph(CFG)
+    for schedule in ("static", "dynamic"):
+        art = etc.compile(g, schedule=schedule, min_ctas_per_sm=2, trace=True)
+        art.save(out / schedule)
+
+
+def tables(events: list[dict]) -> tuple[str, dict]:
+    t0 = min(e["start_ns"] for e in events)
+    total = (max(e["end_ns"] for e in events) - t0) / 1e3
+    per_task: dict[str, list] = {}
+    for e in events:
+        per_task.setdefault(e["task"], []).append(e)
+    lines = [f"step {total:.1f} us (first start to last end)"]
+    lines.append(f"{'task':12s} {'n':>6s} {'median us':>10s} {'busy us':>10s}")
+    data: dict = {"step_us": total, "tasks": {}, "layer": {}}
+    for name, evs in per_task.items():
+        durs = [(e["end_ns"] - e["start_ns"]) / 1e3 for e in evs]
+        data["tasks"][name] = {"n": len(evs), "median_us": statistics.median(durs)}
+        data["tasks"][name]["busy_us"] = sum(durs)
+        lines.append(f"{name:12s} {len(evs):6d} {statistics.median(durs):10.2f} {sum(durs):10.1f}")
+    layer = CFG.layers // 2
+    prev_end = None
+    lines.append(f"layer {layer}: {'stage':10s} {'start':>8s} {'end':>8s} {'gap':>7s}")
+    for stage in STAGES:
+        evs = [e for e in per_task.get(stage, []) if e["instance"][0] == layer]
+        if not evs:
+            continue
+        start = (min(e["start_ns"] for e in evs) - t0) / 1e3
+        end = (max(e["end_ns"] for e in evs) - t0) / 1e3
+        gap = start - prev_end if prev_end is not None else 0.0
+        data["layer"][stage] = {"start_us": start, "end_us": end, "gap_us": gap}
+        lines.append(f"         {stage:10s} {start:8.1f} {end:8.1f} {gap:7.1f}")
+        prev_end = end
+    return "\n".join(lines), data
+
+
+def run(artifacts: Path, out: Path | None) -> None:
+    import torch
+
+    import etc.runtime
+
+    weights = M.random_weights_torch(CFG)
+    text, results = [], {}
+    for schedule in ("static", "dynamic"):
+        kernel = etc.runtime.load(artifacts / schedule)
+        for B in BATCHES:
+            bufs = M.torch_inputs(CFG, weights, B, L, L + 1)
+            syms = {"B": B, "L": L, "S": L + 1}
+            for _ in range(3):
+                kernel.launch(bufs, syms, sync=False)
+            trace = kernel.trace()
+            kernel.check()
+            block, data = tables(trace.events())
+            title = f"== {schedule} B={B} L={L}"
+            print(title + "\n" + block, flush=True)
+            text.append(title + "\n" + block)
+            results[f"{schedule}_B{B}"] = data
+            if out is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                trace.to_png(out / f"decode_trace_{schedule}_B{B}.png")
+            del bufs
+            torch.cuda.empty_cache()
+    if out is not None:
+        (out / "decode_trace.txt").write_text("\n\n".join(text) + "\n")
+        (out / "decode_trace.json").write_text(json.dumps(results, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", type=Path)
+    p.add_argument("--artifacts", type=Path)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if args.build:
+        build(args.build)
+    if args.artifacts:
+        run(args.artifacts, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

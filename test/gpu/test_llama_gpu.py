@@ -1,0 +1,73 @@
+"""The whole decoder (``etc.models.llama``) on the GPU: the tiny configuration
+against the CPU simulator (same tiles' references) for several batch sizes
+and context lengths, one artifact for all of them, every schedule; the
+cache it writes is the simulator's. Artifacts: ``python
+test/gpu/make_artifacts.py DIR`` (``llama_tiny_*``); ``ETC_ARTIFACTS=DIR``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import etc
+import etc.runtime
+from etc.dtypes import bf16_to_f32
+from etc.models import llama as M
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graphs import SCHEDULES  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not os.environ.get("ETC_ARTIFACTS"), reason="ETC_ARTIFACTS is not set"),
+]
+
+CFG = M.TINY
+
+
+def _to_torch(arrays):
+    import torch
+
+    out = {}
+    for k, a in arrays.items():
+        t = torch.from_numpy(a.view(np.int16) if a.dtype == np.uint16 else a.copy())
+        out[k] = (t.view(torch.bfloat16) if a.dtype == np.uint16 else t).cuda()
+    return out
+
+
+def _numpy(t) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).cpu().numpy().view(np.uint16)
+    return t.cpu().numpy()
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_decoder_matches_the_simulator(schedule: str) -> None:
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"llama_tiny_{schedule}")
+    graph = M.build_decoder_graph(CFG, name="llama_tiny")
+    weights = M.random_weights(CFG, seed=4)
+    rng = np.random.default_rng(5)
+    # B past one 16-row block; L across attention chunks (TINY's is 8).
+    for B, L, S in ((1, 0, 4), (3, 7, 9), (17, 8, 20), (2, 30, 31)):
+        tokens = rng.integers(0, CFG.vocab, B).astype(np.int32)
+        arrays = M.numpy_inputs(CFG, weights, tokens, L, S, seed=B + L)
+        simulated = etc.simulate(graph, arrays, {"B": B, "L": L, "S": S})
+        bufs = _to_torch(arrays)
+        kernel.launch(bufs, {"B": B, "L": L, "S": S})
+        kernel.check()
+        got, want = bf16_to_f32(_numpy(bufs["logits"])), bf16_to_f32(simulated["logits"])
+        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert err < 2e-2, (B, L, err)
+        agree = np.mean(_numpy(bufs["next_tokens"]) == simulated["next_tokens"])
+        assert agree >= 0.5, (B, L, agree)
+        k_got, k_want = bf16_to_f32(_numpy(bufs["k_cache"])), bf16_to_f32(simulated["k_cache"])
+        np.testing.assert_allclose(k_got[:, :, :, L], k_want[:, :, :, L], rtol=0.05, atol=0.05)
+        np.testing.assert_array_equal(
+            _numpy(bufs["k_cache"])[:, :, :, :L], arrays["k_cache"][:, :, :, :L]
+        )
