@@ -148,3 +148,28 @@ def test_phase_order_check_names_the_culprit(tmp_path):
     )
     with pytest.raises(etc.LaunchError, match="event 'stepped' coordinate \\(1,\\)"):
         check_phase_order(dataclasses.replace(m, tasks=tasks), {})
+
+
+def test_static_tensor_passes_for_a_dynamic_parameter():
+    """A tile written for memref<?x4xf32> takes a memref<8x4xf32> tensor (the
+    kernel casts it); a size that differs is still refused, naming both."""
+    g = etc.Graph("g")
+    a = g.tensor("a", (8, 4), etc.f32)
+    b = g.tensor("b", (8, 5), etc.f32)
+    g.task(make_fn("f", "index", "memref<?x4xf32>"), (1,), [a])
+    with pytest.raises(etc.GraphError, match="tensor 'b' of type memref<8x5xf32>, but device"):
+        g.task(make_fn("h", "index", "memref<?x4xf32>"), (1,), [b])
+
+
+def test_prefetch_function_is_named_on_the_task():
+    source = (
+        "func.func @t(%i: index, %a: memref<?xf32>) {\n  return\n}\n"
+        "func.func @t__prefetch(%i: index, %a: memref<?xf32>) {\n  return\n}\n"
+    )
+    fn = etc.DeviceFunction.from_mlir(source, "t")
+    assert fn.prefetch == "t__prefetch"
+    assert make_fn("u", "index").prefetch is None
+    g = etc.Graph("g")
+    a = g.tensor("a", (4,), etc.f32)
+    g.task(fn, (4,), [a])
+    assert "prefetch = @t__prefetch" in g.to_mlir()

@@ -494,3 +494,22 @@ etensor.graph @static_size_differs(%a: memref<8x5xf32>) {
   // expected-error @+1 {{argument #0 has type 'memref<8x5xf32>' but device function 'tile' expects 'memref<?x4xf32>'}}
   etensor.task @tile grid [1] args(%a : memref<8x5xf32>)
 }
+
+// -----
+
+func.func private @tile(%i: index, %a: memref<?xf32>)
+func.func private @tile__prefetch(%i: index)
+
+etensor.graph @prefetch_signature(%a: memref<?xf32>) {
+  // expected-error @+1 {{prefetch function 'tile__prefetch' has type '(index) -> ()', but the device function 'tile' has '(index, memref<?xf32>) -> ()': a prefetch takes the same arguments}}
+  etensor.task @tile grid [1] args(%a : memref<?xf32>) {prefetch = @tile__prefetch}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+
+etensor.graph @prefetch_missing() {
+  // expected-error @+1 {{prefetch 'nowhere' does not name a func.func}}
+  etensor.task @tile grid [1] {prefetch = @nowhere}
+}

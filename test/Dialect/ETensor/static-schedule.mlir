@@ -139,3 +139,22 @@ func.func private @generic(%i: index, %a: memref<?x4xf32>)
 etensor.graph @cast_to_callee(%a: memref<8x4xf32>) {
   etensor.task @generic grid [8] args(%a : memref<8x4xf32>)
 }
+
+// -----
+
+/// A task's prefetch function is called before its waits, with the tile's
+/// arguments; the kernel runs it on every thread.
+func.func private @tile(%i: index, %w: memref<?xf32>)
+func.func private @tile__prefetch(%i: index, %w: memref<?xf32>)
+
+// CHECK-LABEL: etensor.graph @prefetched
+// CHECK: etensor.dispatch 1
+// CHECK-NEXT: ^bb0(%[[I:.*]]: index):
+// CHECK-NEXT: func.call @tile__prefetch(%[[I]], %{{.*}}) {etensor.prefetch}
+// CHECK: etensor.wait
+// CHECK-NEXT: func.call @tile(%[[I]], %{{.*}})
+etensor.graph @prefetched(%n: index, %w: memref<?xf32>) {
+  %e = etensor.event() count 1 : !etensor.event<1>
+  etensor.task @tile grid [1] args(%w : memref<?xf32>) outs(%e[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [%n] args(%w : memref<?xf32>) ins(%e[(i) -> (0)] : !etensor.event<1>) {prefetch = @tile__prefetch}
+}

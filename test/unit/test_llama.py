@@ -1,0 +1,212 @@
+"""The whole-decoder graph (etc.models.llama): the tiny configuration in the
+simulator against the numpy model, the graph's layered structure, the
+projection tiles (layer_gemm) against float64, and the Llama-3.2-1B graph
+through the compiler to PTX that ptxas accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, rand_bf16
+
+import etc
+from etc.dtypes import bf16_to_f32, f32_to_bf16
+from etc.models import llama as M
+
+pytestmark = needs_bindings
+CFG = M.TINY
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return M.build_decoder_graph(CFG)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return M.random_weights(CFG, seed=2)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("B, L", [(1, 0), (3, 7), (17, 8), (2, 20)])
+def test_simulated_step_matches_the_numpy_model(graph, weights, schedule, B, L):
+    S = L + 3
+    tokens = np.random.default_rng(B * 100 + L).integers(0, CFG.vocab, B).astype(np.int32)
+    arrays = M.numpy_inputs(CFG, weights, tokens, L, S)
+    ref = M.reference_step(CFG, arrays, L)
+    out = etc.simulate(graph, arrays, {"B": B, "L": L, "S": S}, schedule=schedule, num_ctas=5)
+    got = bf16_to_f32(out["logits"])
+    assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+    np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    # The step writes position L of every layer's cache and nothing else.
+    for cache in ("k_cache", "v_cache"):
+        np.testing.assert_array_equal(out[cache][:, :, :, :L], arrays[cache][:, :, :, :L])
+        written = bf16_to_f32(out[cache][:, :, :, L])
+        want = bf16_to_f32(ref[cache][:, :, :, L])
+        np.testing.assert_allclose(written, want, rtol=2e-2, atol=2e-2)
+        assert np.abs(written).max() > 0
+        np.testing.assert_array_equal(out[cache][:, :, :, L + 1 :], 0)
+
+
+def test_greedy_decoding_in_the_simulator_follows_the_numpy_model(graph, weights):
+    """Four greedy steps (tokens fed back, the cache growing), B = 2."""
+    B, S = 2, 6
+    tokens = np.array([3, 900], np.int32)
+    arrays = M.numpy_inputs(CFG, weights, tokens, 0, S)
+    ref_arrays = {k: v.copy() for k, v in arrays.items()}
+    for L in range(4):
+        ref = M.reference_step(CFG, ref_arrays, L)
+        out = etc.simulate(graph, arrays, {"B": B, "L": L, "S": S})
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        for k in ("k_cache", "v_cache"):
+            arrays[k], ref_arrays[k] = out[k], ref[k]
+        arrays["tokens"] = ref_arrays["tokens"] = out["next_tokens"].copy()
+
+
+def test_one_task_per_stage_with_layer_phases(graph):
+    names = [t.name for t in graph.tasks]
+    assert names == [
+        "embed", "norm1", "qkv", "attention", "combine", "o_proj", "norm2", "gate_up", "down",
+        "final_norm", "lm_head", "argmax",
+    ]  # fmt: skip
+    layered = [t for t in graph.tasks if t.phase == ("dim", 0)]
+    assert len(layered) == 8 and all(t.grid[0] == CFG.layers for t in layered)
+    down = next(t for t in graph.tasks if t.name == "down")
+    assert down.out_edges[0].map.offsets == (1,)
+    # The static order runs layer by layer: the phase never decreases.
+    order = graph.topological_tasks()
+    queue = etc.static_queues(graph, {"B": 2, "L": 5, "S": 8}, 1)[0]
+    grid_points = {
+        n: list(np.ndindex(*[int(d) if isinstance(d, int) else d for d in t.grid]))
+        for n, t in enumerate(order)
+        if all(isinstance(d, int) for d in t.grid)
+    }
+    phases = [
+        order[n].phase_of(grid_points[n][i]) if n in grid_points else order[n].phase[1]
+        for n, i in queue
+        if order[n].phase[0] == "const" or n in grid_points
+    ]
+    assert phases == sorted(phases)
+
+
+def test_one_artifact_serves_every_shape(graph):
+    """B, L and S are symbols: no shape is baked into the graph."""
+    assert [s.name for s in graph.symbols] == ["B", "L", "S"]
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(etc.GraphError, match="heads=30 is not a multiple of kv_heads=8"):
+        M.LlamaConfig(heads=30)
+    with pytest.raises(etc.GraphError, match="bn_gu=48 does not divide 8192"):
+        M.LlamaConfig(bn_gu=48)
+
+
+def test_hf_state_dict_names_and_shapes():
+    w = M.random_weights(CFG, seed=0)
+    sd = M.hf_state_dict(CFG, w)
+    H, NH, KV, D = CFG.hidden, CFG.heads, CFG.kv_heads, CFG.head_dim
+    assert sd["model.layers.1.self_attn.k_proj.weight"].shape == (KV * D, H)
+    assert sd["model.layers.0.mlp.up_proj.weight"].shape == (CFG.inter, H)
+    np.testing.assert_array_equal(sd["model.norm.weight"], w["norms"][2 * CFG.layers])
+    np.testing.assert_array_equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"])
+    assert sd["model.layers.1.self_attn.q_proj.weight"].shape == (NH * D, H)
+
+
+def test_rope_table_matches_llama3_scaling():
+    cfg = M.LLAMA_3_2_1B
+    f = M.inv_freq(cfg)
+    base = 1.0 / (cfg.rope_theta ** (np.arange(0, 64, 2) / 64))
+    # High frequencies unchanged, low ones divided by the factor (32).
+    np.testing.assert_allclose(f[0], base[0], rtol=1e-6)
+    np.testing.assert_allclose(f[-1], base[-1] / 32, rtol=1e-5)
+    table = M.rope_table(cfg, 5)
+    np.testing.assert_allclose(table[3, :32], np.cos(3 * f), atol=4e-3)
+    np.testing.assert_allclose(table[3, 32:], np.sin(3 * f), atol=4e-3)
+
+
+# -- layer_gemm --------------------------------------------------------------------
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("epilogue", ["store", "residual", "swiglu"])
+@pytest.mark.parametrize("columns_first", [False, True])
+def test_layer_gemm_reference_against_float64(epilogue, columns_first):
+    from etc.tiles.gemm import layer_gemm
+
+    rng = np.random.default_rng(1)
+    n, k, layers, rows, bm, bn = 64, 256, 3, 20, 16, 16
+    per = 2 if epilogue == "swiglu" else 1
+    tile = layer_gemm(bm, bn, n, k, layers=layers, epilogue=epilogue, columns_first=columns_first)
+    A, W = rand_bf16(rng, rows, k), rand_bf16(rng, layers, per * n, k, scale=0.1)
+    C = rand_bf16(rng, rows, n)
+    C0 = C.copy()
+    for i in range(2):
+        for j in range(n // bn):
+            tile.reference(2, *((j, i) if columns_first else (i, j)), A, W, C)
+    a, w = bf16_to_f32(A).astype(np.float64), bf16_to_f32(W[2]).astype(np.float64)
+    if epilogue == "swiglu":
+        want = _silu(a @ w[:n].T) * (a @ w[n:].T)
+    else:
+        want = a @ w.T + (bf16_to_f32(C0) if epilogue == "residual" else 0)
+    got = bf16_to_f32(C)
+    assert np.abs(got - want).max() / np.abs(want).max() < 2e-2
+
+
+def test_layer_gemm_single_weight_is_two_dimensional():
+    from etc.tiles.gemm import layer_gemm
+
+    tile = layer_gemm(16, 64, 128, 256, layers=None, name="head")
+    assert tile.params == ("index", "index", "memref<?x256xbf16>", "memref<128x256xbf16>",
+                           "memref<?x128xbf16>")  # fmt: skip
+
+
+def test_layer_gemm_errors_name_the_tile():
+    from etc.tiles.gemm import layer_gemm
+
+    with pytest.raises(etc.GraphError, match="tile 'p': epilogue 'gelu' is not one of"):
+        layer_gemm(16, 16, 64, 256, layers=2, epilogue="gelu", name="p")
+    with pytest.raises(etc.GraphError, match="tile 'p'.*does not divide|tile 'p'.*n"):
+        layer_gemm(16, 24, 64, 256, layers=2, name="p")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("epilogue", ["store", "residual", "swiglu"])
+def test_layer_gemm_with_prefetch_compiles(epilogue, tmp_path):
+    from etc.tiles.gemm import layer_gemm
+
+    n, k = 128, 512
+    per = 2 if epilogue == "swiglu" else 1
+    tile = layer_gemm(
+        16, 16, n, k, layers=2, epilogue=epilogue, prefetch_weights=True, stages=3, unroll=1
+    )
+    assert tile.prefetch == f"{tile.name}__prefetch"
+    art = compile_tile(
+        tile,
+        [("A", ("m", k), "bf16"), ("W", (2, per * n, k), "bf16"), ("C", ("m", n), "bf16")],
+        (2, "m", n // 16),
+    )
+    assert art.ptx.count("cp.async.bulk.prefetch.L2.global") == per
+    assert "mma.sync.aligned.m16n8k16" in art.ptx
+
+
+@needs_ptxas
+def test_llama_3_2_1b_compiles_to_ptx_ptxas_accepts():
+    """The whole model, one kernel; ptxas runs inside etc.compile (cubin)."""
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B)
+    for schedule in ("static", "dynamic"):
+        art = etc.compile(M.build_decoder_graph(cfg), schedule=schedule, min_ctas_per_sm=2)
+        assert art.cubin
+        assert art.manifest["symbols"] == ["B", "L", "S"]
+
+
+def test_weights_in_bf16_match_the_reference_rounding():
+    w = M.random_weights(CFG, seed=0)
+    assert w["wqkv"].dtype == np.uint16 and w["wqkv"].shape == (2, CFG.qkv_width, CFG.hidden)
+    std = bf16_to_f32(w["wd"]).std()
+    assert 0.5 * 0.02 / np.sqrt(2 * CFG.layers) < std < 2 * 0.02 / np.sqrt(2 * CFG.layers)
+    assert f32_to_bf16(np.float32(1.0)) == 0x3F80
