@@ -61,7 +61,7 @@ def test_cubin_assembled(splitk):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
-@pytest.mark.parametrize("example", ["splitk_rowsum.py", "symbolic_batch.py"])
+@pytest.mark.parametrize("example", ["splitk_rowsum.py", "symbolic_batch.py", "llama_decode.py"])
 def test_examples_emit_ptx_that_ptxas_accepts(example, tmp_path):
     script = REPO / "examples" / example
     if not script.exists():

@@ -210,3 +210,19 @@ def test_weights_in_bf16_match_the_reference_rounding():
     std = bf16_to_f32(w["wd"]).std()
     assert 0.5 * 0.02 / np.sqrt(2 * CFG.layers) < std < 2 * 0.02 / np.sqrt(2 * CFG.layers)
     assert f32_to_bf16(np.float32(1.0)) == 0x3F80
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_example_decodes_in_the_simulator(schedule):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "llama_decode.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--simulate", "--schedule", schedule, "--steps", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ok   L=") == 6 and "FAIL" not in done.stdout
