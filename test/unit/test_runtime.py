@@ -28,7 +28,7 @@ PTX = b"//\n.version 8.0\n.target sm_90\n.address_size 64\n.visible .entry split
 
 def splitk_manifest() -> dict:
     return {
-        "format": "etc-artifact/3",
+        "format": "etc-artifact/4",
         "graph": "splitk",
         "kernel": "splitk",
         "module": "splitk_kernels",

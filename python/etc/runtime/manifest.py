@@ -20,7 +20,7 @@ from etc.errors import LaunchError
 
 from .sizes import SizeExpr, parse_size
 
-FORMAT = "etc-artifact/3"
+FORMAT = "etc-artifact/4"
 MANIFEST = "manifest.json"
 
 #: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
