@@ -91,7 +91,9 @@ def run(artifacts: Path, out: Path | None) -> None:
             print(title + "\n" + block, flush=True)
             text.append(title + "\n" + block)
             results[f"{schedule}_B{B}"] = data
-            if out is not None:
+            if out is not None and B == 1:
+                # to_png draws one rectangle per instance: minutes at B=64
+                # (88 000 instances), which ran this script past its limit.
                 out.mkdir(parents=True, exist_ok=True)
                 trace.to_png(out / f"decode_trace_{schedule}_B{B}.png")
             del bufs

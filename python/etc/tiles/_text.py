@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import GraphError
+
 #: `gpu.shuffle xor` offsets of a 32-lane butterfly reduction.
 SHUFFLE_OFFSETS = (16, 8, 4, 2, 1)
 
@@ -42,3 +44,21 @@ def row_sum(buffer: str, buffer_type: str, row: str, length: int, result: str, i
 {indent}  %next = arith.addf %part, %v : f32
 {indent}  scf.yield %next : f32
 {indent}}}"""
+
+
+def positive(name: str, **values: int) -> None:
+    """Raises GraphError naming tile ``name`` and the first argument that is
+    not a positive int."""
+    for key, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
+
+
+def check_block(name: str, block_size: int) -> int:
+    """The warps of a ``block_size``-thread CTA (a multiple of 32, at most 1024)."""
+    positive(name, block_size=block_size)
+    if block_size % 32 or block_size > 1024:
+        raise GraphError(
+            f"tile '{name}': block_size={block_size} must be a multiple of 32 in [32, 1024]"
+        )
+    return block_size // 32

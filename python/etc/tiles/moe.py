@@ -47,19 +47,8 @@ __all__ = [
 _WG = "#gpu.address_space<workgroup>"
 
 
-def _positive(name: str, **values: int) -> None:
-    for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
-
-
-def _check_block(name: str, block_size: int) -> int:
-    _positive(name, block_size=block_size)
-    if block_size % 32 or block_size > 1024:
-        raise GraphError(
-            f"tile '{name}': block_size={block_size} must be a multiple of 32 in [32, 1024]"
-        )
-    return block_size // 32
+_positive = _text.positive
+_check_block = _text.check_block
 
 
 def _check_hidden(name: str, H: int) -> None:
