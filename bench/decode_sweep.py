@@ -30,7 +30,9 @@ VARIANTS = {
     "stages5": dict(gemm_options=(("stages", 5), ("unroll", 1))),
     "stages5_ctas3": dict(gemm_options=(("stages", 5), ("unroll", 1)), min_ctas_per_sm=3),
     "stages4_bm32_rw1": dict(gemm_options=(("stages", 4), ("unroll", 1)), block_m=32, row_warps=1),
-    "stages5_no_prefetch": dict(gemm_options=(("stages", 5), ("unroll", 1)), prefetch_weights=False),
+    "stages5_no_prefetch": dict(
+        gemm_options=(("stages", 5), ("unroll", 1)), prefetch_weights=False
+    ),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm")
 BATCHES = (1, 16, 64)
