@@ -226,3 +226,48 @@ def test_example_decodes_in_the_simulator(schedule):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("ok   L=") == 6 and "FAIL" not in done.stdout
+
+
+def _planning_kernel(directory, monkeypatch):
+    """A Kernel for planning only: the driver's allocations are faked."""
+    from etc.runtime import driver
+    from etc.runtime import kernel as K
+    from etc.runtime.manifest import load_manifest
+
+    freed = []
+    monkeypatch.setattr(driver, "alloc", lambda n: 0x1000 + n)
+    monkeypatch.setattr(driver, "free", lambda ptr: freed.append(ptr))
+    monkeypatch.setattr(driver, "htod", lambda *a, **k: None)
+    monkeypatch.setattr(driver, "synchronize", lambda stream: None)
+    k = object.__new__(K.Kernel)
+    k.manifest = load_manifest(directory)
+    k.num_ctas, k._peers, k._num_ranks = 8, None, 0
+    k._plans, k._shapes, k._scratch, k._staging = {}, {}, {}, {}
+    k._param_tensors = [p.name for p in k.manifest.params if p.kind == "tensor"]
+    k._ensure_context = lambda: None
+    return k, freed
+
+
+def test_decode_steps_share_the_static_queues(tmp_path, monkeypatch):
+    """A decode loop changes L every step: steps whose shapes agree (same
+    attention splits, same capacity S) reuse one plan's queues and checks and
+    differ only in the symbol words; plans and shapes are bounded."""
+    from etc.runtime import kernel as K
+
+    etc.compile(M.build_decoder_graph(CFG), cubin=False).save(tmp_path)
+    k, freed = _planning_kernel(tmp_path, monkeypatch)
+    first = k._plan({"B": 2, "L": 1, "S": 40}, None)
+    second = k._plan({"B": 2, "L": 6, "S": 40}, None)  # chunk 8: one split for L+1 <= 8
+    assert second.queue_buffer is first.queue_buffer and len(k._shapes) == 1
+    slot = second.pack.slot("symbol", "L")
+    assert (int(first.pack.values[slot]), int(second.pack.values[slot])) == (1, 6)
+    changed = np.flatnonzero(first.pack.values != second.pack.values).tolist()
+    assert changed == [slot]
+    third = k._plan({"B": 2, "L": 8, "S": 40}, None)  # two splits: another shape
+    assert third.queue_buffer is not first.queue_buffer and len(k._shapes) == 2
+    monkeypatch.setattr(K, "MAX_SHAPES", 2)
+    k._plan({"B": 3, "L": 1, "S": 40}, None)  # evicts the oldest shape and its plans
+    assert len(k._shapes) == 2 and first.queue_buffer.ptr == 0 and freed
+    assert all(p.shape_key != first.shape_key for p in k._plans.values())
+    k.clear_cache()  # frees the fake buffers while the driver is still faked
+    assert not k._plans and not k._shapes

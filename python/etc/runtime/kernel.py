@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from etc.runtime.args import (
     bound_shapes,
 )
 from etc.runtime.checks import check_bound_graph, check_phase_order
-from etc.runtime.manifest import Manifest, load_manifest, numel
+from etc.runtime.manifest import Manifest, bind_size, load_manifest, numel
 from etc.runtime.params import ParamPack
 from etc.runtime.queue import (
     INSTANCE_MASK,
@@ -48,6 +48,12 @@ _WRONG_CONTEXT = (
 )
 # Status words are i32: larger event tensors could not be reported.
 MAX_COUNTERS = (1 << 31) - 1
+#: Launch plans kept per kernel. A *shape* (tensor shapes, task grids, event
+#: shapes and wait counts) owns the GPU copy of the static queues; symbol
+#: values with the same shape (a decode step's context L within one
+#: attention chunk) share it and only get their own parameter block.
+MAX_SHAPES = 64
+MAX_PLANS = 4096
 
 
 def delinearize(linear: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -162,6 +168,22 @@ class _Plan:
     trace_buffer: driver.DeviceBuffer | None = None
     last_dynamic: tuple | None = None
     fast: FastBinder | None = None
+    #: The shape key (see MAX_SHAPES) whose buffers this plan uses.
+    shape_key: tuple = ()
+
+    def with_symbols(self, values: dict[str, int]) -> _Plan:
+        """This plan for other symbol values of the same shape: a new
+        parameter block, the same queues and buffers."""
+        pack = ParamPack(self.pack.params)
+        pack.values[:] = self.pack.values
+        for name, v in values.items():
+            pack.set_symbol(name, v)
+        return replace(self, symbols=dict(values), pack=pack, last_dynamic=None, fast=None)
+
+    def release(self) -> None:
+        for buf in (self.queue_buffer, self.trace_buffer):
+            if buf is not None:
+                buf.release()
 
 
 class Kernel:
@@ -195,6 +217,7 @@ class Kernel:
         self._param_tensors = [p.name for p in manifest.params if p.kind == "tensor"]
         self._symbol_names = manifest.symbols
         self._plans: dict[tuple, _Plan] = {}
+        self._shapes: dict[tuple, _Plan] = {}  # by shape key, oldest first
         self._scratch: dict[
             int, driver.DeviceBuffer
         ] = {}  # per stream: status words, then counters
@@ -243,6 +266,11 @@ class Kernel:
             raise LaunchError(
                 f"{m.graph}: {counters} event counters exceed the 2**31 the status record can name"
             )
+        shape_key = self._shape_key(values, shapes, grid)
+        same_shape = self._shapes.get(shape_key)
+        if same_shape is not None:
+            plan = same_shape.with_symbols(values)
+            return self._remember(key, grid, plan)
         check_bound_graph(m, values)
         actual = max(1, min(sum(counts), self.num_ctas))
         if grid is not None:
@@ -309,8 +337,42 @@ class Kernel:
             [int(slot) for slot in slots],
             trace_buffer,
         )
+        plan.shape_key = shape_key
+        if len(self._shapes) >= MAX_SHAPES:
+            self._forget_shape(next(iter(self._shapes)))
+        self._shapes[shape_key] = plan
+        return self._remember(key, grid, plan)
+
+    def _shape_key(self, values: dict[str, int], shapes: dict, grid: int | None) -> tuple:
+        """Everything a plan's queues, buffers and checks depend on, except
+        the symbol values themselves (which only fill parameter words)."""
+        m = self.manifest
+        return (
+            grid,
+            tuple(shapes.values()),
+            tuple(m.bind(t.grid, values) for t in m.tasks),
+            tuple(m.bind(e.shape, values) for e in m.events),
+            tuple(
+                None if isinstance(e.wait_count, dict) else bind_size(e.wait_count, values)
+                for e in m.events
+            ),
+            tuple(values[s] for s in m.ranks) if m.ranks else (),
+        )
+
+    def _remember(self, key: tuple, grid: int | None, plan: _Plan) -> _Plan:
+        if len(self._plans) >= MAX_PLANS:
+            del self._plans[next(iter(self._plans))]  # the oldest
         self._plans[(key, grid)] = plan
         return plan
+
+    def _forget_shape(self, shape_key: tuple) -> None:
+        """Drops the oldest shape: waits for the launches that may still read
+        its queues, frees them, and drops the plans that use them."""
+        for handle in list(self._scratch):
+            driver.synchronize(handle)
+        self._shapes.pop(shape_key).release()
+        for k in [k for k, p in self._plans.items() if p.shape_key == shape_key]:
+            del self._plans[k]
 
     def _grow_scratch(self, stream: int, words: int) -> driver.DeviceBuffer:
         """The stream's status + counters buffer, (re)allocated to hold `words` words.
@@ -533,11 +595,12 @@ class Kernel:
         """Waits for all launches, then frees cached queues and staging buffers."""
         for handle in list(self._scratch):
             driver.synchronize(handle)
-        for plan in self._plans.values():
-            plan.queue_buffer.release()
+        for plan in self._shapes.values():
+            plan.release()
         for buf in self._staging.values():
             buf.release()
         self._plans.clear()
+        self._shapes.clear()
         self._staging.clear()
 
 
