@@ -113,7 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         for t in m.tensors:
             print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
         for task in m.tasks:
-            print(f"  task {task.index} {task.name}: grid {tuple(str(d) for d in task.grid)}")
+            kind, v = task.phase
+            phase = (
+                ""
+                if task.phase == ("const", 0)
+                else (f", phase: grid dimension {v}" if kind == "dim" else f", phase {v}")
+            )
+            print(
+                f"  task {task.index} {task.name}: grid {tuple(str(d) for d in task.grid)}{phase}"
+            )
         return 0
     except etc.EtcError as e:
         print(f"etc: {e}", file=sys.stderr)

@@ -173,3 +173,13 @@ def test_prefetch_function_is_named_on_the_task():
     a = g.tensor("a", (4,), etc.f32)
     g.task(fn, (4,), [a])
     assert "prefetch = @t__prefetch" in g.to_mlir()
+
+
+def test_etc_info_shows_phases(tmp_path, capsys):
+    from etc.cli import main
+
+    etc.compile(layered(), cubin=False).save(tmp_path)
+    assert main(["info", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step: grid ('3', '4'), phase: grid dimension 0" in out
+    assert "task 0 start: grid ('1',)\n" in out
