@@ -271,3 +271,52 @@ def test_decode_steps_share_the_static_queues(tmp_path, monkeypatch):
     assert all(p.shape_key != first.shape_key for p in k._plans.values())
     k.clear_cache()  # frees the fake buffers while the driver is still faked
     assert not k._plans and not k._shapes
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_fused_norms_match_the_numpy_model(weights, schedule):
+    """fuse_norms: the RMSNorms inside the following GEMMs (no norm tasks),
+    the same answer as the separate stages."""
+    cfg = dataclasses.replace(CFG, fuse_norms=True)
+    g = M.build_decoder_graph(cfg)
+    assert not {"norm1", "norm2", "final_norm"} & {t.name for t in g.tasks}
+    for B, L in ((1, 0), (17, 9)):
+        tokens = np.arange(B, dtype=np.int32) * 7
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+
+
+def test_layer_gemm_rmsnorm_reference_against_float64():
+    from etc.tiles.gemm import layer_gemm
+
+    rng = np.random.default_rng(3)
+    n, k, rows, eps = 32, 256, 5, 1e-5
+    tile = layer_gemm(16, 16, n, k, layers=2, rmsnorm=(2, 1, eps))
+    assert tile.params[3:5] == ("memref<?x256xbf16>", "memref<?x256xbf16>")
+    A, G = rand_bf16(rng, rows, k, scale=3.0), rand_bf16(rng, 5, k)
+    W, C = rand_bf16(rng, 2, n, k, scale=0.1), np.zeros((rows, n), np.uint16)
+    for j in range(n // 16):
+        tile.reference(1, 0, j, A, G, W, C)
+    a = bf16_to_f32(A).astype(np.float64)
+    x = a / np.sqrt((a * a).mean(axis=1, keepdims=True) + eps) * bf16_to_f32(G[3])
+    want = x @ bf16_to_f32(W[1]).astype(np.float64).T
+    assert np.abs(bf16_to_f32(C) - want).max() / np.abs(want).max() < 2e-2
+
+
+@needs_ptxas
+def test_layer_gemm_rmsnorm_compiles(tmp_path):
+    from etc.tiles.gemm import layer_gemm
+
+    k = 512
+    tile = layer_gemm(16, 16, 64, k, layers=2, rmsnorm=(2, 0, 1e-5), stages=3, unroll=1)
+    art = compile_tile(
+        tile,
+        [("A", ("m", k), "bf16"), ("G", (4, k), "bf16"), ("W", (2, 64, k), "bf16"),
+         ("C", ("m", 64), "bf16")],
+        (2, "m", 4),
+    )  # fmt: skip
+    assert "rsqrt.approx" in art.ptx and "shfl.sync.bfly" in art.ptx

@@ -220,8 +220,15 @@ def _body(
     r0: str,
     r1: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str], None],
+    a_norm: tuple[str, str, str, float] | None = None,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``a_norm = (gamma, gamma type, gamma row, eps)`` RMS-normalises the A
+    rows on the fly, as Hugging Face's ``LlamaRMSNorm`` does: a prologue
+    computes ``rsqrt(mean(a**2) + eps)`` per row of the block into workgroup
+    memory, then every A vector is replaced by ``bf16(gamma * bf16(a * r))``
+    before its mma (``gamma[row, k]``, the same ``k`` as the vector).
 
     ``a = (memref, type)``; ``b_rows(f, grp)`` gives ``(memref, type,
     index prefix)`` of weight fragment ``f`` (``nb`` of them per warp) for
@@ -252,6 +259,16 @@ def _body(
             r = t.op("row", f"arith.addi {rbase}, %c{off}_ : index") if off else rbase
             rows.append(r)
             lrows.append(t.op("lrow", f"arith.minui {r}, {last} : index"))
+    rms: list[str] = []
+    if a_norm is not None:
+        globals_.append(
+            _norm_prologue(t, name, a, k, a_norm[3], block_size, wm * mf * 16, r0, last, lane, warp)
+        )
+        smem = f"memref<{wm * mf * 16}xf32, #gpu.address_space<workgroup>>"
+        buf = t.op("rmsbuf", f"memref.get_global @{name}__rms : {smem}")
+        for r in lrows:
+            at = t.op("rr", f"arith.subi {r}, {r0} : index")
+            rms.append(t.op("rms", f"memref.load {buf}[{at}] : {smem}"))
     # Weight rows: lane group g reads row g of each 8-column fragment.
     brefs = [b_rows(f, grp) for f in range(nb)]
     kslice = k // wk
@@ -270,16 +287,16 @@ def _body(
         raw_a, raw_b = [], []
         for u in range(unroll):
             ku = t.op("k", f"arith.addi {kbase}, %c{32 * u}_ : index") if u else kbase
-            raw_a.append(
-                [
-                    t.op(
-                        "va",
-                        f"vector.load {a_mem}[{r}, {ku}] {{alignment = 16 : i64}} : "
-                        f"{a_type}, {vtype}",
-                    )
-                    for r in lrows
-                ]
-            )
+            row_vecs = [
+                t.op(
+                    "va",
+                    f"vector.load {a_mem}[{r}, {ku}] {{alignment = 16 : i64}} : {a_type}, {vtype}",
+                )
+                for r in lrows
+            ]
+            if a_norm is not None:
+                row_vecs = [_normalise(t, v, rms[i], a_norm, ku) for i, v in enumerate(row_vecs)]
+            raw_a.append(row_vecs)
             raw_b.append(
                 [
                     t.op("vb", f"vector.load {mem}[{prefix}, {ku}] {b_attr} : {mtype}, {vtype}")
@@ -520,6 +537,93 @@ def _body(
     t.indent = outer
     t.emit("}")
     return globals_
+
+
+def _norm_prologue(
+    t: _Text,
+    name: str,
+    a: tuple[str, str],
+    k: int,
+    eps: float,
+    block_size: int,
+    rows: int,
+    r0: str,
+    last: str,
+    lane: str,
+    warp: str,
+) -> str:
+    """Per-row ``rsqrt(mean(a**2) + eps)`` of the block's ``rows`` A rows
+    (clamped to the last valid row) into ``@<name>__rms``: warp w takes rows
+    w, w + warps, ..., its lanes 8 elements at a time, then a shuffle sum.
+    Returns the global's declaration. Only the mean of squares is stored;
+    ``_normalise`` adds eps (``%feps``, defined here with ``%fk_<k>``)."""
+    a_mem, a_type = a
+    t.emit(f"%feps = arith.constant {float(np.float32(eps)):.9e} : f32")
+    t.emit(f"%fk_{k} = arith.constant {float(k):.1f} : f32")
+    warps = block_size // 32
+    smem = f"memref<{rows}xf32, #gpu.address_space<workgroup>>"
+    buf = t.op("rmsbuf", f"memref.get_global @{name}__rms : {smem}")
+    t.emit("gpu.barrier")  # the previous instance may still read the buffer
+    width = t.op("w32", "arith.constant 32 : i32")
+    for j in range((rows + warps - 1) // warps):
+        local = t.op("nr", f"arith.addi {warp}, %c{j * warps}_ : index") if j else warp
+        inside = t.op("nr", f"arith.cmpi ult, {local}, %c{rows}_ : index")
+        t.emit(f"scf.if {inside} {{")
+        outer = t.indent
+        t.indent += "  "
+        row = t.op("nr", f"arith.addi {r0}, {local} : index")
+        row = t.op("nr", f"arith.minui {row}, {last} : index")
+        k0 = t.op("nk", f"arith.muli {lane}, %c8 : index")
+        acc = t.fresh("nsum")
+        t.emit(
+            f"{acc} = scf.for %nk = {k0} to %c{k}_ step %c256_ iter_args(%np = %fzero) -> (f32) {{"
+        )
+        t.indent += "  "
+        v = t.op(
+            "nv",
+            f"vector.load {a_mem}[{row}, %nk] {{alignment = 16 : i64}} : {a_type}, vector<8xbf16>",
+        )
+        f = t.op("nv", "arith.extf " + v + " : vector<8xbf16> to vector<8xf32>")
+        sq = t.op("nv", f"arith.mulf {f}, {f} : vector<8xf32>")
+        part = t.op("nv", f"vector.reduction <add>, {sq} : vector<8xf32> into f32")
+        nxt = t.op("nv", f"arith.addf %np, {part} : f32")
+        t.emit(f"scf.yield {nxt} : f32")
+        t.indent = outer + "  "
+        t.emit("}")
+        total = acc
+        for off in (16, 8, 4, 2, 1):
+            o = t.op("no", f"arith.constant {off} : i32")
+            sh = t.fresh("nsh")
+            t.emit(f"{sh}, %{sh[1:]}ok = gpu.shuffle xor {total}, {o}, {width} : f32")
+            total = t.op("nt", f"arith.addf {total}, {sh} : f32")
+        first = t.op("nl", f"arith.cmpi eq, {lane}, %c0 : index")
+        t.emit(f"scf.if {first} {{")
+        mean = t.op("nm", f"arith.divf {total}, %fk_{k} : f32")
+        t.emit(f"  memref.store {mean}, {buf}[{local}] : {smem}")
+        t.emit("}")
+        t.indent = outer
+        t.emit("}")
+    t.emit("gpu.barrier")
+    return f'memref.global "private" @{name}__rms : {smem} {{alignment = 16 : i64}}'
+
+
+def _normalise(t: _Text, v: str, mean_sq: str, a_norm: tuple[str, str, str, float], k: str) -> str:
+    """``bf16(gamma[row, k:k+8] * bf16(v * rsqrt(mean_sq + eps)))``."""
+    gamma, gamma_type, grow, eps = a_norm
+    r = t.op("nr", f"arith.addf {mean_sq}, %feps : f32")
+    r = t.op("nr", f"math.rsqrt {r} : f32")
+    rv = t.op("nr", f"vector.broadcast {r} : f32 to vector<8xf32>")
+    x = t.op("nx", f"arith.extf {v} : vector<8xbf16> to vector<8xf32>")
+    x = t.op("nx", f"arith.mulf {x}, {rv} : vector<8xf32>")
+    x = t.op("nx", f"arith.truncf {x} : vector<8xf32> to vector<8xbf16>")
+    x = t.op("nx", f"arith.extf {x} : vector<8xbf16> to vector<8xf32>")
+    g = t.op(
+        "ng",
+        f"vector.load {gamma}[{grow}, {k}] {{alignment = 16 : i64}} : {gamma_type}, vector<8xbf16>",
+    )
+    g = t.op("ng", f"arith.extf {g} : vector<8xbf16> to vector<8xf32>")
+    x = t.op("nx", f"arith.mulf {g}, {x} : vector<8xf32>")
+    return t.op("nx", f"arith.truncf {x} : vector<8xf32> to vector<8xbf16>")
 
 
 def _constants(t: _Text) -> str:
@@ -877,6 +981,7 @@ def layer_gemm(
     stages: int | None = None,
     columns_first: bool = False,
     prefetch_weights: bool = False,
+    rmsnorm: tuple[int, int, float] | None = None,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -898,6 +1003,12 @@ def layer_gemm(
     (one contiguous block, two for swiglu) with ``cp.async.bulk.prefetch.L2``
     before the instance waits for its activations, so the weights stream
     into L2 while the previous stage finishes.
+
+    ``rmsnorm = (stride, offset, eps)`` fuses the RMSNorm that precedes the
+    projection: the tile takes ``G: memref<?xKxbf16>`` (stacked norm weights)
+    after ``A`` and multiplies ``bf16(G[stride*l + offset] * bf16(A *
+    rsqrt(mean(A**2) + eps)))`` instead of ``A`` (Hugging Face's rounding),
+    each tile computing the statistics of its own rows.
 
     ``columns_first`` makes the tile ``(l, j, i)``: over a grid ordered
     that way the row blocks of one column block are consecutive instances,
@@ -956,14 +1067,24 @@ def layer_gemm(
             acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1)
         _store_pairs(t, acc, rows, cols, ("%C", ct), r1, None)
 
+    a_norm = None
+    if rmsnorm is not None:
+        stride, offset, eps = rmsnorm
+        grow = t.op("grow", f"arith.constant {offset} : index")
+        if layers is not None and stride:
+            lrow = t.op("grow", f"arith.muli %l, %c{stride}_ : index")
+            grow = t.op("grow", f"arith.addi {lrow}, {grow} : index")
+        a_norm = ("%G", at, grow, eps)
     globals_ = _body(
         t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1, epilogue=store,
+        a_norm=a_norm,
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
     coords = f"%l: index, {ij}" if layers is not None else ij
-    signature = f"{coords}, %A: {at}, %W: {wt}, %C: {ct}"
+    gamma = f", %G: {at}" if rmsnorm is not None else ""
+    signature = f"{coords}, %A: {at}{gamma}, %W: {wt}, %C: {ct}"
     what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
     source = _source(
         name, signature, t, globals_, f"{name}: {what[epilogue]}, bf16, {block_m}x{block_n} blocks"
@@ -971,8 +1092,9 @@ def layer_gemm(
     if prefetch_weights:
         source += _weight_prefetch(name, signature, wt, block_n, n, k, per_n, layers is not None)
     reference = layer_gemm_reference(
-        block_m, block_n, n, epilogue, stacked=layers is not None, columns_first=columns_first
-    )
+        block_m, block_n, n, epilogue, stacked=layers is not None, columns_first=columns_first,
+        rmsnorm=rmsnorm,
+    )  # fmt: skip
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
@@ -1029,16 +1151,40 @@ def layer_gemm_reference(
     *,
     stacked: bool = True,
     columns_first: bool = False,
+    rmsnorm: tuple[int, int, float] | None = None,
 ) -> Callable[..., None]:
     """The numpy reference of :func:`layer_gemm` (same rounding)."""
 
     def rnd(x: np.ndarray) -> np.ndarray:
         return bf16_to_f32(f32_to_bf16(x.astype(np.float32)))
 
-    def layered(l: int, a: int, b: int, A, W, C) -> None:  # noqa: E741
-        single(a, b, A, W[l], C)
+    def normed(A: np.ndarray, G: np.ndarray | None, layer: int) -> np.ndarray:
+        if rmsnorm is None:
+            return A
+        stride, offset, eps = rmsnorm
+        a = bf16_to_f32(A)
+        r = (1.0 / np.sqrt((a * a).mean(axis=1, keepdims=True) + np.float32(eps))).astype(
+            np.float32
+        )
+        gamma = bf16_to_f32(G[stride * layer + offset])
+        return f32_to_bf16(gamma[None, :] * rnd(a * r))
 
-    def single(a: int, b: int, A, W, C) -> None:
+    def layered(l: int, a: int, b: int, A, *rest) -> None:  # noqa: E741
+        G, W, C = rest if rmsnorm is not None else (None, *rest)
+        apply(a, b, normed_rows(A, G, l, a, b), W[l], C)
+
+    def single(a: int, b: int, A, *rest) -> None:
+        G, W, C = rest if rmsnorm is not None else (None, *rest)
+        apply(a, b, normed_rows(A, G, 0, a, b), W, C)
+
+    def normed_rows(A, G, layer: int, a: int, b: int) -> np.ndarray:
+        i = b if columns_first else a
+        rs = slice(i * block_m, (i + 1) * block_m)
+        out = A.copy()
+        out[rs] = normed(A[rs], G, layer)
+        return out
+
+    def apply(a: int, b: int, A, W, C) -> None:
         i, j = (b, a) if columns_first else (a, b)
         rs = slice(i * block_m, (i + 1) * block_m)
         cs = slice(j * block_n, min((j + 1) * block_n, n))
