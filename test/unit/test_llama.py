@@ -320,3 +320,42 @@ def test_layer_gemm_rmsnorm_compiles(tmp_path):
         (2, "m", 4),
     )  # fmt: skip
     assert "rsqrt.approx" in art.ptx and "shfl.sync.bfly" in art.ptx
+
+
+def test_hf_state_dict_round_trips():
+    w = M.random_weights(CFG, seed=5)
+    back = M.from_hf_state_dict(CFG, M.hf_state_dict(CFG, w))
+    for name, value in w.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def test_from_hf_state_dict_names_what_is_wrong():
+    w = M.random_weights(CFG, seed=5)
+    sd = M.hf_state_dict(CFG, w)
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(etc.GraphError, match="no 'model.layers.1.mlp.up_proj.weight'"):
+        M.from_hf_state_dict(CFG, sd)
+    sd = M.hf_state_dict(CFG, w)
+    sd["lm_head.weight"] = sd["lm_head.weight"] + 1
+    with pytest.raises(etc.GraphError, match="lm_head.weight differs from the embedding"):
+        M.from_hf_state_dict(CFG, sd)
+    with pytest.raises(etc.GraphError, match="wqkv of shape"):
+        M.from_hf_state_dict(
+            dataclasses.replace(CFG, layers=1, kv_heads=4), M.hf_state_dict(CFG, w)
+        )
+
+
+def test_config_from_hf_reads_llama_3_2_1b():
+    from types import SimpleNamespace
+
+    hf = SimpleNamespace(
+        hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=64, intermediate_size=8192, vocab_size=128256, rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    )  # fmt: skip
+    assert M.config_from_hf(hf) == M.LLAMA_3_2_1B
+    hf.rope_scaling = {"rope_type": "yarn", "factor": 4.0}
+    with pytest.raises(etc.GraphError, match="RoPE scaling 'yarn' is not supported"):
+        M.config_from_hf(hf)

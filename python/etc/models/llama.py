@@ -25,8 +25,10 @@ What is here: :class:`LlamaConfig` (``LLAMA_3_2_1B``, ``TINY``),
 :func:`random_weights_torch`, :func:`rope_table`, :func:`reference_step`
 (numpy, the rounding of Hugging Face's bf16 ``LlamaForCausalLM``),
 :func:`numpy_inputs` / :func:`torch_inputs`, :func:`hf_state_dict` (the same
-weights in ``LlamaForCausalLM``'s layout) and :func:`torch_decode_step` (a
-minimal PyTorch decode step over the same buffers: the baseline).
+weights in ``LlamaForCausalLM``'s layout) and its inverse
+:func:`from_hf_state_dict` (a checkpoint's weights for the graph),
+:func:`config_from_hf` and :func:`torch_decode_step` (a minimal PyTorch
+decode step over the same buffers: the baseline).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ __all__ = [
     "torch_inputs",
     "hf_config",
     "hf_state_dict",
+    "from_hf_state_dict",
+    "config_from_hf",
     "torch_decode_step",
     "weight_bytes",
     "kv_bytes",
@@ -635,6 +639,105 @@ def hf_state_dict(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any
     sd["model.norm.weight"] = norms[2 * cfg.layers]
     assert all(v.shape[-1] in (H, NH * D, II) for v in sd.values())
     return sd
+
+
+def from_hf_state_dict(cfg: LlamaConfig, sd: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``LlamaForCausalLM`` state dict (numpy or torch tensors) in the
+    graph's layout: the inverse of :func:`hf_state_dict`. Per-layer weights
+    are stacked; a missing ``lm_head.weight`` means tied embeddings. An
+    untied LM head that differs from the embedding is refused (the graph's
+    LM head is the embedding)."""
+
+    def stack(parts: list[Any]) -> Any:
+        if hasattr(parts[0], "detach"):
+            import torch
+
+            return torch.stack([p.detach() for p in parts])
+        return np.stack(parts)
+
+    def cat(parts: list[Any]) -> Any:
+        if hasattr(parts[0], "detach"):
+            import torch
+
+            return torch.cat([p.detach() for p in parts])
+        return np.concatenate(parts)
+
+    def get(name: str) -> Any:
+        if name not in sd:
+            raise GraphError(f"state dict has no '{name}' (a Llama with {cfg.layers} layers?)")
+        return sd[name]
+
+    layers = range(cfg.layers)
+    p = "model.layers.{}."
+    out = {
+        "embed": get("model.embed_tokens.weight"),
+        "wqkv": stack(
+            [cat([get(p.format(i) + f"self_attn.{x}_proj.weight") for x in "qkv"]) for i in layers]
+        ),
+        "wo": stack([get(p.format(i) + "self_attn.o_proj.weight") for i in layers]),
+        "wgu": stack(
+            [
+                cat([get(p.format(i) + f"mlp.{x}_proj.weight") for x in ("gate", "up")])
+                for i in layers
+            ]
+        ),
+        "wd": stack([get(p.format(i) + "mlp.down_proj.weight") for i in layers]),
+        "norms": stack(
+            [
+                get(p.format(i) + f"{x}_layernorm.weight")
+                for i in layers
+                for x in ("input", "post_attention")
+            ]
+            + [get("model.norm.weight")]
+        ),
+    }
+    head = sd.get("lm_head.weight")
+    if head is not None and head is not out["embed"]:
+        same = (head == out["embed"]).all()
+        if not bool(same):
+            raise GraphError(
+                "lm_head.weight differs from the embedding: the graph's LM head is the "
+                "(tied) embedding, as in Llama-3.2-1B"
+            )
+    for name, shape in {**_weight_shapes(cfg), "norms": (2 * cfg.layers + 1, cfg.hidden)}.items():
+        if tuple(out[name].shape) != shape:
+            raise GraphError(
+                f"state dict gives {name} of shape {tuple(out[name].shape)}, the configuration "
+                f"needs {shape}"
+            )
+    return out
+
+
+def config_from_hf(hf: Any, **tiles: Any) -> LlamaConfig:
+    """A :class:`LlamaConfig` from a ``transformers.LlamaConfig`` (sizes,
+    eps, RoPE theta and Llama 3 scaling); ``tiles`` override tile sizes."""
+    scaling = getattr(hf, "rope_scaling", None)
+    rope = None
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "llama3":
+            raise GraphError(f"RoPE scaling {kind!r} is not supported (only 'llama3' or none)")
+        rope = (
+            float(scaling["factor"]),
+            float(scaling["low_freq_factor"]),
+            float(scaling["high_freq_factor"]),
+            int(scaling["original_max_position_embeddings"]),
+        )
+    heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    return LlamaConfig(
+        hidden=hf.hidden_size,
+        layers=hf.num_hidden_layers,
+        heads=heads,
+        kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        inter=hf.intermediate_size,
+        vocab=hf.vocab_size,
+        eps=hf.rms_norm_eps,
+        rope_theta=float(getattr(hf, "rope_theta", 10000.0)),
+        rope_scaling=rope,
+        **tiles,
+    )
 
 
 def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
