@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The decoder work (issue 7) on the H200 in one device call, from artifacts
+# compiled on a CPU machine:
+#   python test/gpu/make_artifacts.py .device/arts
+#   python test/gpu/make_fuzz_artifacts.py .device/fuzz --count 10
+#   python bench/decode.py --build .device/decode
+#   python bench/decode_sweep.py --build .device/sweep
+#   python bench/decode_trace.py --build .device/trace
+#   python examples/llama_decode.py --tiny [--schedule dynamic] --save-artifact .device/ex/llama_tiny[_dynamic]
+# then, on the GPU machine (carry the .device folders it uses):
+#   bash bench/gpu_decode.sh [tests|example|sweep|trace|bench ...]   (writes to $OUT)
+# Manifests are format etc-artifact/4: rebuild artifacts made before it.
+set -uo pipefail
+export PYTHONPATH="$PWD/python:$PWD"
+OUT=${OUT:-/tmp/etc-out}
+mkdir -p "$OUT"
+STEPS=${*:-tests example sweep bench}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+for step in $STEPS; do
+  case $step in
+  tests)
+    echo "== GPU tests" | tee "$OUT/tests.txt"
+    ETC_ARTIFACTS=.device/arts ETC_FUZZ_ARTIFACTS=.device/fuzz timeout 300 \
+      python -m pytest -q -rs test/gpu 2>&1 | tail -15 | tee -a "$OUT/tests.txt"
+    ;;
+  example)
+    echo "== tiny decoder example on the GPU (greedy steps, plans shared across L)" | tee "$OUT/example.txt"
+    for sfx in "" _dynamic; do
+      sched=static; [ -n "$sfx" ] && sched=dynamic
+      timeout 240 python examples/llama_decode.py --tiny --schedule $sched --batch 3 --prompt 5 \
+        --steps 12 --artifact ".device/ex/llama_tiny$sfx" 2>&1 | tee -a "$OUT/example.txt"
+    done
+    ;;
+  sweep)
+    echo "== decode tile sweep" | tee "$OUT/sweep.txt"
+    timeout 400 python bench/decode_sweep.py --artifacts .device/sweep --out "$OUT" --reps 5 2>&1 \
+      | grep -v -i warn | tee -a "$OUT/sweep.txt"
+    ;;
+  trace)
+    echo "== where the time goes" | tee "$OUT/trace.txt"
+    timeout 300 python bench/decode_trace.py --artifacts .device/trace --out "$OUT" 2>&1 \
+      | tee -a "$OUT/trace.txt"
+    ;;
+  bench)
+    echo "== decode benchmark" | tee "$OUT/bench.txt"
+    timeout 500 python bench/decode.py --artifacts .device/decode --out "$OUT" --reps 5 2>&1 \
+      | grep -v -i "warn\|attention mask\|cudagraph" | tee -a "$OUT/bench.txt"
+    ;;
+  *)
+    echo "unknown step $step (tests|example|sweep|trace|bench)" >&2
+    exit 2
+    ;;
+  esac
+done
