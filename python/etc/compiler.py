@@ -208,6 +208,24 @@ def _assemble(ptx: str, chip: str, name: str) -> bytes | None:
         return dst.read_bytes()
 
 
+def _check_loop_phases(g: Graph) -> None:
+    """A loop-carried (shifted) edge feeds a later instance of an earlier
+    task: in the task-major static order its consumer comes first and waits
+    forever. Phases must order such graphs (the launch checks them exactly)."""
+    if any(t.phase != ("const", 0) for t in g.tasks):
+        return
+    for task in g.tasks:
+        for edge in task.out_edges:
+            if edge.map.shifted:
+                raise CompileError(
+                    f"graph '{g.name}': task '{task.name}' feeds event '{edge.event.name}' "
+                    f"through the loop-carried map '{edge.map}', but no task has a phase: the "
+                    "static schedule would run every instance of a task before the next task "
+                    "and wait forever. Give the repeated tasks phase='<grid>->l' (the layer "
+                    "dimension) or compile with schedule='dynamic'"
+                )
+
+
 def _edge(edge: Any) -> dict[str, Any]:
     """An edge as data: the event and, per event dimension, ["dim", d] (or
     ["dim", d, offset] for a shifted result), ["const", c] or ["rank", 0]."""
@@ -368,6 +386,8 @@ def compile(  # noqa: A001 - the public name
     if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
         raise CompileError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
 
+    if schedule == "static":
+        _check_loop_phases(g)
     from . import ir
 
     text = g.to_mlir()

@@ -183,3 +183,11 @@ def test_etc_info_shows_phases(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step: grid ('3', '4'), phase: grid dimension 0" in out
     assert "task 0 start: grid ('1',)\n" in out
+
+
+def test_static_compile_refuses_loop_carried_edges_without_phases():
+    with pytest.raises(
+        etc.CompileError, match="task 'gather' feeds event 'ready' through the loop"
+    ):
+        etc.compile(layered(phases=False), schedule="static", cubin=False)
+    etc.compile(layered(phases=False), schedule="dynamic", cubin=False)  # pushes need no order
