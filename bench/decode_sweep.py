@@ -13,7 +13,6 @@ the copy bandwidth of the same run for the floor.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.timing import timed, two_step_main  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
@@ -62,7 +62,6 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
 
     import etc.runtime
     from bench.splitk import copy_bandwidth
-    from bench.timing import timed
 
     copy_bps = copy_bandwidth(torch, reps)
     weights = M.random_weights_torch(BASE)
@@ -97,17 +96,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--build", type=Path)
-    p.add_argument("--artifacts", type=Path)
-    p.add_argument("--out", type=Path)
-    p.add_argument("--reps", type=int, default=7)
-    args = p.parse_args(argv)
-    if args.build:
-        build(args.build)
-    if args.artifacts:
-        run(args.artifacts, args.out, args.reps)
-    return 0
+    return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=7)
 
 
 if __name__ == "__main__":

@@ -225,20 +225,27 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None, **opts,
         )  # fmt: skip
 
+    # Each norm's weight row in `norms`: stride * layer + offset.
+    rows = {"norm1": (2, 0), "norm2": (2, 1), "final_norm": (0, 2 * NL)}
+    norm_tiles = {
+        name: llama.rmsnorm(H, *row, cfg.eps, name=name, block_size=bs)
+        for name, row in rows.items()
+        if not cfg.fuse_norms
+    }
     return {
         "embed": llama.embed(cfg.block_m, cfg.bn_down, H, block_size=bs),
-        "norm1": llama.rmsnorm(H, 2, 0, cfg.eps, name="norm1", block_size=bs),
-        "norm2": llama.rmsnorm(H, 2, 1, cfg.eps, name="norm2", block_size=bs),
-        "final_norm": llama.rmsnorm(H, 0, 2 * NL, cfg.eps, name="final_norm", block_size=bs),
-        "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=(2, 0)),
+        **norm_tiles,
+        "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=rows["norm1"]),
         "attention": llama.attention(
             cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, NL, block_size=bs
         ),
         "combine": llama.attention_combine(cfg.heads, cfg.head_dim, block_size=bs),
         "o_proj": proj(cfg.bn_o, H, cfg.attn_width, "residual", "o_proj"),
-        "gate_up": proj(cfg.bn_gu, cfg.inter, H, "swiglu", "gate_up_proj", norm=(2, 1)),
+        "gate_up": proj(cfg.bn_gu, cfg.inter, H, "swiglu", "gate_up_proj", norm=rows["norm2"]),
         "down": proj(cfg.bn_down, H, cfg.inter, "residual", "down_proj"),
-        "lm_head": proj(cfg.bn_lm, cfg.vocab, H, "store", "lm_head", layers=None, norm=(0, 2 * NL)),
+        "lm_head": proj(
+            cfg.bn_lm, cfg.vocab, H, "store", "lm_head", layers=None, norm=rows["final_norm"]
+        ),
         "argmax": llama.argmax(cfg.vocab, block_size=bs),
     }
 

@@ -75,20 +75,34 @@ def mma(t: Text, a: list[str], b: list[str], c: list[str]) -> list[str]:
     return [t.op("c", f"llvm.extractvalue {d}[{q}] : {STRUCT}") for q in range(4)]
 
 
-def swiglu(t: Text, acc: list[list[list[str]]], nf: int) -> list[list[list[str]]]:
+def bf16_round(t: Text, v: str) -> str:
+    """``f32(bf16(v))``: the rounding of a bf16 tensor between two ops."""
+    h = t.op("rb", f"arith.truncf {v} : f32 to bf16")
+    return t.op("rb", f"arith.extf {h} : bf16 to f32")
+
+
+def swiglu(
+    t: Text, acc: list[list[list[str]]], nf: int, *, hf_rounding: bool = False
+) -> list[list[list[str]]]:
     """``silu(gate) * up`` of accumulators ``acc[m][f]`` (gate) and
-    ``acc[m][nf + f]`` (up), f32."""
+    ``acc[m][nf + f]`` (up), f32. ``hf_rounding``: ``bf16(silu(bf16(gate)))
+    * bf16(up)`` as Hugging Face's bf16 model computes it (the product left
+    in f32 for the store to round)."""
+
+    def rnd(v: str) -> str:
+        return bf16_round(t, v) if hf_rounding else v
+
     h = []
     for m in range(len(acc)):
         per = []
         for f in range(nf):
             vals = []
             for q in range(4):
-                g, u = acc[m][f][q], acc[m][nf + f][q]
+                g, u = rnd(acc[m][f][q]), rnd(acc[m][nf + f][q])
                 ng = t.op("ng", f"arith.negf {g} : f32")
                 ex = t.op("ex", f"math.exp {ng} : f32")
                 den = t.op("den", f"arith.addf {ex}, %fone : f32")
-                s = t.op("silu", f"arith.divf {g}, {den} : f32")
+                s = rnd(t.op("silu", f"arith.divf {g}, {den} : f32"))
                 vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
             per.append(vals)
         h.append(per)

@@ -908,33 +908,6 @@ def moe_down(
 LAYER_EPILOGUES = ("store", "residual", "swiglu")
 
 
-def _bf16_round(t: _Text, v: str) -> str:
-    """``f32(bf16(v))``: the rounding of a bf16 tensor in between ops."""
-    h = t.op("rb", f"arith.truncf {v} : f32 to bf16")
-    return t.op("rb", f"arith.extf {h} : bf16 to f32")
-
-
-def _hf_swiglu(t: _Text, acc: list[list[list[str]]], nf: int) -> list[list[list[str]]]:
-    """``bf16(silu(bf16(gate))) * bf16(up)`` (Hugging Face's rounding, the
-    product left in f32 for the store to round)."""
-    out = []
-    for m in range(len(acc)):
-        per = []
-        for f in range(nf):
-            vals = []
-            for q in range(4):
-                g = _bf16_round(t, acc[m][f][q])
-                u = _bf16_round(t, acc[m][nf + f][q])
-                ng = t.op("ng", f"arith.negf {g} : f32")
-                ex = t.op("ex", f"math.exp {ng} : f32")
-                den = t.op("den", f"arith.addf {ex}, %fone : f32")
-                s = _bf16_round(t, t.op("silu", f"arith.divf {g}, {den} : f32"))
-                vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
-            per.append(vals)
-        out.append(per)
-    return out
-
-
 def _add_residual(
     t: _Text, acc: list[list[list[str]]], rows: list[str], cols: list[str], out, r1: str
 ) -> list[list[list[str]]]:
@@ -958,7 +931,7 @@ def _add_residual(
                 old = t.op("old", f"arith.extf {old} : vector<2xbf16> to vector<2xf32>")
                 for q in range(2):
                     o = t.op("o", f"vector.extract {old}[{q}] : f32 from vector<2xf32>")
-                    a = _bf16_round(t, c[2 * h + q])
+                    a = _mma.bf16_round(t, c[2 * h + q])
                     vals[2 * h + q] = t.op("res", f"arith.addf {a}, {o} : f32")
             per_out.append(vals)
         res.append(per_out)
@@ -1062,7 +1035,7 @@ def layer_gemm(
     def store(t: _Text, acc, rows, col_lane) -> None:
         cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
         if epilogue == "swiglu":
-            acc = _hf_swiglu(t, acc, nf)
+            acc = _mma.swiglu(t, acc, nf, hf_rounding=True)
         elif epilogue == "residual":
             acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1)
         _store_pairs(t, acc, rows, cols, ("%C", ct), r1, None)
