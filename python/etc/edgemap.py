@@ -169,11 +169,13 @@ def _parse_affine(text: str, shown: str) -> EdgeMap:
     offsets: list[int] = []
     body = match.group("results").strip()
     for item in [r.strip() for r in body.split(",")] if body else []:
+        # `l + 1`: a grid dimension shifted by a constant (loop-carried).
         shift = re.fullmatch(r"(\S+)\s*\+\s*(\d+)", item)
-        offsets.append(int(shift.group(2)) if shift and shift.group(1) in dims else 0)
+        offset = 0
         if shift and shift.group(1) in dims:
-            results.append(("dim", dims.index(shift.group(1))))
-        elif item in dims:
+            item, offset = shift.group(1), int(shift.group(2))
+        offsets.append(offset)
+        if item in dims:
             results.append(("dim", dims.index(item)))
         elif item in syms:
             results.append(("rank", 0))

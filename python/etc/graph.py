@@ -137,10 +137,6 @@ class Task:
     #: grid coordinate d). Instances run in (phase, task number, linear) order.
     phase: tuple[str, int] = ("const", 0)
 
-    def phase_of(self, point: tuple[int, ...]) -> int:
-        kind, v = self.phase
-        return point[v] if kind == "dim" else v
-
     @property
     def rank(self) -> int:
         return len(self.grid)

@@ -108,17 +108,15 @@ def static_queues(
     """
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
+    # The runtime's own queue builder: one definition of the static order.
+    from .runtime.queue import build_static_queue, decode, instance_phases
+
     env = bind_symbols(graph, symbols)
-    keyed = [
-        (task.phase_of(point), number, linear)
-        for number, task in enumerate(graph.topological_tasks())
-        for linear, point in enumerate(_grid_points(task, env))
-    ]
-    keyed.sort()  # (phase, task, instance); without phases the enumeration order
-    queues: list[list[tuple[int, int]]] = [[] for _ in range(num_ctas)]
-    for g, (_, number, linear) in enumerate(keyed):
-        queues[g % num_ctas].append((number, linear))
-    return queues
+    tasks = graph.topological_tasks()
+    grids = [_concrete_shape(t.grid, env, f"task '{t.name}': grid") for t in tasks]
+    counts = [int(np.prod(grid, dtype=np.int64)) for grid in grids]
+    phases = [instance_phases(t.phase, grid) for t, grid in zip(tasks, grids, strict=True)]
+    return decode(build_static_queue(counts, num_ctas, phases))
 
 
 def _bind_inputs(

@@ -75,20 +75,20 @@ def test_one_task_per_stage_with_layer_phases(graph):
     assert len(layered) == 8 and all(t.grid[0] == CFG.layers for t in layered)
     down = next(t for t in graph.tasks if t.name == "down")
     assert down.out_edges[0].map.offsets == (1,)
-    # The static order runs layer by layer: the phase never decreases.
+    # The static order runs layer by layer: the phase never decreases, and
+    # every layer's instances come before the next layer's.
+    env = {"B": 2, "L": 5, "S": 8}
     order = graph.topological_tasks()
-    queue = etc.static_queues(graph, {"B": 2, "L": 5, "S": 8}, 1)[0]
-    grid_points = {
-        n: list(np.ndindex(*[int(d) if isinstance(d, int) else d for d in t.grid]))
-        for n, t in enumerate(order)
-        if all(isinstance(d, int) for d in t.grid)
-    }
+    queue = etc.static_queues(graph, env, 1)[0]
+    grids = [tuple(d if isinstance(d, int) else d.evaluate(env) for d in t.grid) for t in order]
     phases = [
-        order[n].phase_of(grid_points[n][i]) if n in grid_points else order[n].phase[1]
+        np.unravel_index(i, grids[n])[order[n].phase[1]]
+        if order[n].phase[0] == "dim"
+        else order[n].phase[1]
         for n, i in queue
-        if order[n].phase[0] == "const" or n in grid_points
     ]
-    assert phases == sorted(phases)
+    assert phases == sorted(phases) and (phases[0], phases[-1]) == (0, CFG.layers)
+    assert len(queue) == sum(int(np.prod(g)) for g in grids)
 
 
 def test_one_artifact_serves_every_shape(graph):

@@ -143,11 +143,14 @@ def _add_fan_in(counts: np.ndarray, grid, results, where: str) -> None:
         return
     if int(np.prod(grid, dtype=np.int64)) > _MAX_ENUMERATED:
         return
-    points = np.indices(grid).reshape(len(grid), -1)
-    coords = tuple(
-        points[v] + off if kind == "dim" else np.full(points.shape[1], v) for kind, v, off in parts
-    )
-    np.add.at(counts, coords, 1)
+    np.add.at(counts, _coordinates(np.indices(grid).reshape(len(grid), -1), parts), 1)
+
+
+def _coordinates(points: np.ndarray, parts) -> tuple[np.ndarray, ...]:
+    """The event coordinates (one array per event dimension) that the grid
+    points (one column each) map to."""
+    n = points.shape[1]
+    return tuple(points[v] + off if kind == "dim" else np.full(n, v) for kind, v, off in parts)
 
 
 def check_phase_order(manifest: Manifest, symbols: Mapping[str, int]) -> None:
@@ -180,10 +183,7 @@ def check_phase_order(manifest: Manifest, symbols: Mapping[str, int]) -> None:
             for event_index, results in edges:
                 if events[event_index].ranked:
                     continue
-                coords = tuple(
-                    points[v] + off if kind == "dim" else np.full(n, v)
-                    for kind, v, off in _parts(results)
-                )
+                coords = _coordinates(points, _parts(results))
                 flat = (
                     np.ravel_multi_index(coords, shapes[event_index])
                     if coords
