@@ -145,3 +145,19 @@ def tensor_parallel_small():
     from etc.models import collective
 
     return collective.CollectiveConfig(k=128, block_m=64, block_n=64, stages=2, block_size=128)
+
+
+def llama_tiny_variants() -> dict:
+    """Artifact-name prefix -> tiny decoder configuration for the GPU tests:
+    the default tiles, and the fused norms with activations through the
+    ``cp.async`` ring (``layer_gemm(rmsnorm=..., a_ring=True)``)."""
+    import dataclasses
+
+    from etc.models import llama
+
+    fused = dataclasses.replace(
+        llama.TINY,
+        fuse_norms=True,
+        gemm_options=(*llama.TINY.gemm_options, ("a_ring", True), ("rotate_k", True)),
+    )
+    return {"llama_tiny": llama.TINY, "llama_tiny_fused_aring": fused}

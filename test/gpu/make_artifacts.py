@@ -12,7 +12,9 @@ the compiler; the GPU machine needs only the runtime):
 - ``<graph>_<schedule>/`` for every graph of ``graphs.py`` (diamond, wide
   fan-in, skewed, empty tasks, chain) and schedule (static, dynamic with and
   without early push), and the same for split-K and broken.
-- ``llama_tiny_<schedule>/``: the whole decoder (`etc.models.llama.TINY`);
+- ``llama_tiny[_fused_aring]_<schedule>/``: the whole decoder
+  (`etc.models.llama.TINY`, and with fused norms and activations through the
+  weight ring: ``llama_tiny_variants()`` in ``graphs.py``);
 - ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
   wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``.
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
@@ -34,7 +36,13 @@ from etc.tiles import rowsum  # noqa: E402
 from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 
 sys.path.insert(0, str(REPO / "test" / "gpu"))
-from graphs import GRAPHS, MOE_SMALL, SCHEDULES, tensor_parallel_small  # noqa: E402
+from graphs import (  # noqa: E402
+    GRAPHS,
+    MOE_SMALL,
+    SCHEDULES,
+    llama_tiny_variants,
+    tensor_parallel_small,
+)
 
 
 def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
@@ -89,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     from etc.models import llama
 
-    decoder = llama.build_decoder_graph(llama.TINY, name="llama_tiny")
-    jobs += [
-        (f"llama_tiny_{suffix}", decoder, schedule, early)
-        for suffix, (schedule, early) in SCHEDULES.items()
-    ]
+    for prefix, cfg in llama_tiny_variants().items():
+        decoder = llama.build_decoder_graph(cfg, name="llama_tiny")
+        jobs += [
+            (f"{prefix}_{suffix}", decoder, schedule, early)
+            for suffix, (schedule, early) in SCHEDULES.items()
+        ]
     from etc.models import collective
 
     for build in (collective.gemm_reduce_scatter, collective.allgather_gemm):

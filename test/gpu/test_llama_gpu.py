@@ -19,14 +19,12 @@ from etc.dtypes import bf16_to_f32
 from etc.models import llama as M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graphs import SCHEDULES  # noqa: E402
+from graphs import SCHEDULES, llama_tiny_variants  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not os.environ.get("ETC_ARTIFACTS"), reason="ETC_ARTIFACTS is not set"),
 ]
-
-CFG = M.TINY
 
 
 def _to_torch(arrays):
@@ -48,15 +46,17 @@ def _numpy(t) -> np.ndarray:
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_decoder_matches_the_simulator(schedule: str) -> None:
-    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"llama_tiny_{schedule}")
-    graph = M.build_decoder_graph(CFG, name="llama_tiny")
-    weights = M.random_weights(CFG, seed=4)
+@pytest.mark.parametrize("variant", list(llama_tiny_variants()))
+def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{variant}_{schedule}")
+    cfg = llama_tiny_variants()[variant]
+    graph = M.build_decoder_graph(cfg, name="llama_tiny")
+    weights = M.random_weights(cfg, seed=4)
     rng = np.random.default_rng(5)
     # B past one 16-row block; L across attention chunks (TINY's is 8).
     for B, L, S in ((1, 0, 4), (3, 7, 9), (17, 8, 20), (2, 30, 31)):
-        tokens = rng.integers(0, CFG.vocab, B).astype(np.int32)
-        arrays = M.numpy_inputs(CFG, weights, tokens, L, S, seed=B + L)
+        tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, S, seed=B + L)
         simulated = etc.simulate(graph, arrays, {"B": B, "L": L, "S": S})
         bufs = _to_torch(arrays)
         kernel.launch(bufs, {"B": B, "L": L, "S": S})

@@ -73,6 +73,10 @@ __all__ = [
 ]
 
 
+#: Shared memory one sm_90 CTA can have, less the kernel's own (the compiler's limit).
+MAX_SHARED_BYTES = 226 * 1024
+
+
 def plan_warps(
     name: str,
     block_m: int,
@@ -175,8 +179,10 @@ def plan_stages(
     """Slots of the per-thread ``cp.async`` weight ring (0: weights are
     loaded into registers). ``stages - 1`` groups of ``unroll`` chunks are in
     flight; the ring takes ``stages * unroll * nb * block_size * 16`` bytes
-    of workgroup memory (at most 48 KiB, the static limit, shared with the
-    other tiles of the kernel). Default 0."""
+    of workgroup memory (``nb``: 16-byte slots per thread and chunk). The
+    kernel needs its largest tile's workgroup memory; past 47 KiB that is
+    dynamic shared memory, which may leave fewer CTAs per SM. At most
+    226 KiB, what an sm_90 CTA can have. Default 0."""
     if stages is None:
         return 0
     if not isinstance(stages, int) or isinstance(stages, bool) or stages < 0:
@@ -192,10 +198,11 @@ def plan_stages(
     ring = stages * unroll * nb * block_size * 16
     if wk > 1:  # the split-K partials share the static 48 KiB
         ring += (wk - 1) * (block_size // 32 // wk) * 4 * nb * 32 * 4
-    if ring > 48 * 1024:
+    if ring > MAX_SHARED_BYTES:
         raise GraphError(
             f"tile '{name}': a cp.async ring of {stages} x {unroll} x {nb} 16-byte slots "
-            f"per thread (with the split-K partials) is {ring} bytes of workgroup memory (> 48 KiB)"
+            f"per thread (with the split-K partials) is {ring} bytes of workgroup memory "
+            f"(> {MAX_SHARED_BYTES}, what an sm_90 CTA can have)"
         )
     return stages
 
@@ -221,8 +228,25 @@ def _body(
     r1: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str], None],
     a_norm: tuple[str, str, str, float] | None = None,
+    a_ring: bool = False,
+    rotate: str | None = None,
+    a_ahead: int = 0,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``a_ring`` (with ``stages``) streams the A vectors through the
+    ``cp.async`` ring with the weights instead of loading them into
+    registers after each ring wait, so the loop no longer pays one L2
+    round trip per iteration.
+
+    ``a_ahead`` (with ``stages``, at most ``stages - 1``) loads the A
+    vectors that many chunk groups ahead into registers, before the ring
+    wait of the group that precedes them.
+
+    ``rotate`` (an index value, e.g. the tile's column block) starts each
+    tile's k loop at chunk group ``rotate mod groups`` and wraps around, so
+    the tiles of a stage, which all multiply the same activations, do not
+    read the same part of them at the same time.
 
     ``a_norm = (gamma, gamma type, gamma row, eps)`` RMS-normalises the A
     rows on the fly, as Hugging Face's ``LlamaRMSNorm`` does: a prologue
@@ -278,7 +302,25 @@ def _body(
         kl = t.op("kl", f"arith.addi {kl}, {ks} : index")
     nacc = mf * nb * 4
     a_mem, a_type = a
+    a_row_bytes = 2 * k
     step = 32 * unroll
+    rot = None
+    if rotate is not None:
+        rot = t.op("rot", f"arith.remui {rotate}, %c{kslice // step}_ : index")
+        rot = t.op("rot", f"arith.muli {rot}, %c{step}_ : index")
+
+    def kat(off: str | int) -> str:
+        """This thread's k for the chunk group at (logical) offset ``off``."""
+        if rot is None:
+            if off == 0:
+                return kl
+            return t.op(
+                "k", f"arith.addi {kl}, {off if isinstance(off, str) else f'%c{off}_'} : index"
+            )
+        x = t.op("k", f"arith.addi {rot}, {off if isinstance(off, str) else f'%c{off}_'} : index")
+        x = t.op("k", f"arith.remui {x}, %c{kslice}_ : index")
+        return t.op("k", f"arith.addi {kl}, {x} : index")
+
     vtype = "vector<8xbf16>"
     b_attr = "{alignment = 16 : i64}"
 
@@ -354,7 +396,7 @@ def _body(
         # carried one (register double buffering), the epilogue the last ones.
         carried: list[list[str]] = []
         for p in range(prefetch):
-            kp = t.op("k", f"arith.addi {kl}, %c{step * p}_ : index") if p else kl
+            kp = kat(step * p)
             carried.append(flat_group(*loads(kp)))
         per_group = unroll * (len(lrows) + nb)
         ncarry = prefetch * per_group
@@ -368,7 +410,7 @@ def _body(
         )
         outer = t.indent
         t.indent += "  "
-        kbase = t.op("k", f"arith.addi %kk, {kl} : index")
+        kbase = kat("%kk")
         group = flat_group(*loads(kbase))
         acc = shaped([f"%acc_{q}" for q in range(nacc)])
         if prefetch:
@@ -393,7 +435,9 @@ def _body(
         # ``stages`` slots of ``unroll`` chunks; ``stages - 1`` groups are in
         # flight while the oldest one is multiplied. Every thread reads back
         # only the 16-byte slots it copied itself (no CTA barrier).
-        nslot = stages * unroll * nb
+        na = len(lrows) if a_ring else 0
+        per = nb + na  # slots per chunk: the weight fragments, then the A rows
+        nslot = stages * unroll * per
         smem = f"memref<{nslot * block_size * 4}xi32, #gpu.address_space<workgroup>>"
         globals_.append(f'memref.global "private" @{name}__ring : {smem} {{alignment = 16 : i64}}')
         ring = t.op("ring", f"memref.get_global @{name}__ring : {smem}")
@@ -413,13 +457,20 @@ def _body(
             lin = t.op("lin", f"arith.muli {lin}, %c{2 * dims[-1]}_ : index")
             base = t.op("gb", f"memref.extract_aligned_pointer_as_index {mem} : {mtype} -> index")
             rowp.append(t.op("gb", f"arith.addi {base}, {lin} : index"))
+        if a_ring:
+            abase = t.op(
+                "ab", f"memref.extract_aligned_pointer_as_index {a_mem} : {a_type} -> index"
+            )
+            for r in lrows:
+                lin = t.op("lin", f"arith.muli {r}, %c{a_row_bytes}_ : index")
+                rowp.append(t.op("ab", f"arith.addi {abase}, {lin} : index"))
         iters = kslice // step
         pre = stages - 1
 
         def slot(stage: str, u: int, f: int, what: str) -> str:
             """Slot (stage, u, f): byte offset from ``sb`` or i32 index of the ring."""
-            q = t.op("q", f"arith.muli {stage}, %c{unroll * nb}_ : index")
-            q = t.op("q", f"arith.addi {q}, %c{u * nb + f}_ : index") if u * nb + f else q
+            q = t.op("q", f"arith.muli {stage}, %c{unroll * per}_ : index")
+            q = t.op("q", f"arith.addi {q}, %c{u * per + f}_ : index") if u * per + f else q
             if what == "bytes":
                 q = t.op("q", f"arith.muli {q}, %c{block_size * 16}_ : index")
                 return t.op("q", f"arith.addi {sb}, {q} : index")
@@ -431,7 +482,7 @@ def _body(
                 kb = t.op("kb", f"arith.muli {k}, %c2 : index")
                 if u:
                     kb = t.op("kb", f"arith.addi {kb}, %c{64 * u}_ : index")
-                for f in range(nb):
+                for f in range(per):
                     src = t.op("src", f"arith.addi {rowp[f]}, {kb} : index")
                     src = t.op("src", f"arith.index_cast {src} : index to i64")
                     src = t.op("src", f"llvm.inttoptr {src} : i64 to !llvm.ptr<1>")
@@ -445,51 +496,85 @@ def _body(
                     )
             t.emit("nvvm.cp.async.commit.group")
 
-        def compute(k: str, stage: str, acc: list) -> list:
-            raw_a = loads(k, with_b=False)[0]
-            raw_b = []
-            for u in range(unroll):
-                per = []
-                for f in range(nb):
+        def compute(k: str, stage: str, acc: list, raw_a: list | None = None) -> list:
+            def slots(u: int, first: int, count: int) -> list[str]:
+                out = []
+                for f in range(first, first + count):
                     v = t.op(
                         "sv",
                         f"vector.load {ring}[{slot(stage, u, f, 'index')}] "
                         f"{{alignment = 16 : i64}} : {smem}, vector<4xi32>",
                     )
-                    per.append(t.op("sv", f"vector.bitcast {v} : vector<4xi32> to {vtype}"))
-                raw_b.append(per)
-            return mmas(raw_a, raw_b, acc)
+                    out.append(t.op("sv", f"vector.bitcast {v} : vector<4xi32> to {vtype}"))
+                return out
+
+            if raw_a is not None:
+                pass  # loaded ahead (a_ahead)
+            elif a_ring:
+                raw_a = []
+                for u in range(unroll):
+                    vecs = slots(u, nb, na)
+                    if a_norm is not None:
+                        ku = t.op("k", f"arith.addi {k}, %c{32 * u}_ : index") if u else k
+                        vecs = [_normalise(t, v, rms[i], a_norm, ku) for i, v in enumerate(vecs)]
+                    raw_a.append(vecs)
+            else:
+                raw_a = loads(k, with_b=False)[0]
+            return mmas(raw_a, [slots(u, 0, nb) for u in range(unroll)], acc)
+
+        # a_ahead: the A vectors of group it + a_ahead are loaded in
+        # iteration it (before its ring wait) and carried in registers.
+        per_a = unroll * len(lrows)
+
+        def load_a(k: str) -> list[str]:
+            return [v for vecs in loads(k, with_b=False)[0] for v in vecs]
+
+        def unflat_a(vals: list[str]) -> list[list[str]]:
+            return [vals[u * len(lrows) : (u + 1) * len(lrows)] for u in range(unroll)]
 
         for p in range(pre):
-            kp = t.op("k", f"arith.addi {kl}, %c{step * p}_ : index") if p else kl
+            kp = kat(step * p)
             issue(kp, f"%c{p}_" if p else "%c0")
-        inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
-        types = ", ".join(["f32"] * nacc)
+        ahead = [load_a(kat(step * p)) for p in range(a_ahead)]
+        ncarry = a_ahead * per_a
+        inits = [f"%acc_{q} = %fzero" for q in range(nacc)]
+        inits += [f"%pa_{q} = {v}" for q, v in enumerate(v for g in ahead for v in g)]
+        types = ", ".join(["f32"] * nacc + [vtype] * ncarry)
         res = t.fresh("accs")
         t.emit(
-            f"{res}:{nacc} = scf.for %kk = %c0 to %c{step * (iters - pre)}_ step %c{step}_ "
-            f"iter_args({inits}) -> ({types}) {{"
+            f"{res}:{nacc + ncarry} = scf.for %kk = %c0 to %c{step * (iters - pre)}_ "
+            f"step %c{step}_ iter_args({', '.join(inits)}) -> ({types}) {{"
         )
         outer = t.indent
         t.indent += "  "
         it = t.op("it", f"arith.divui %kk, %c{step}_ : index")
         nxt = t.op("st", f"arith.addi {it}, %c{pre}_ : index")
         nxt = t.op("st", f"arith.remui {nxt}, %c{stages}_ : index")
-        kbase = t.op("k", f"arith.addi %kk, {kl} : index")
-        knext = t.op("k", f"arith.addi {kbase}, %c{step * pre}_ : index")
+        kbase = kat("%kk")
+        knext = kat(t.op("k", f"arith.addi %kk, %c{step * pre}_ : index"))
         issue(knext, nxt)
+        carried = [f"%pa_{q}" for q in range(ncarry)]
+        if a_ahead:
+            carried += load_a(kat(t.op("k", f"arith.addi %kk, %c{step * a_ahead}_ : index")))
         t.emit(f"nvvm.cp.async.wait.group {pre}")
         cur = t.op("st", f"arith.remui {it}, %c{stages}_ : index")
-        acc = compute(kbase, cur, shaped([f"%acc_{q}" for q in range(nacc)]))
-        t.emit(f"scf.yield {', '.join(x for m in acc for f in m for x in f)} : {types}")
+        acc = compute(
+            kbase, cur, shaped([f"%acc_{q}" for q in range(nacc)]),
+            unflat_a(carried[:per_a]) if a_ahead else None,
+        )  # fmt: skip
+        flat = [x for m in acc for f in m for x in f] + carried[per_a:]
+        t.emit(f"scf.yield {', '.join(flat)} : {types}")
         t.indent = outer
         t.emit("}")
         acc = shaped([f"{res}#{q}" for q in range(nacc)])
         for q in range(pre):
             i = iters - pre + q
             t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
-            k = t.op("k", f"arith.addi {kl}, %c{step * i}_ : index") if i else kl
-            acc = compute(k, f"%c{i % stages}_" if i % stages else "%c0", acc)
+            k = kat(step * i)
+            raw_a = None
+            if q < a_ahead:
+                raw_a = unflat_a([f"{res}#{nacc + q * per_a + v}" for v in range(per_a)])
+            acc = compute(k, f"%c{i % stages}_" if i % stages else "%c0", acc, raw_a)
         return acc
 
     acc = stream_loop() if stages else register_loop()
@@ -955,6 +1040,9 @@ def layer_gemm(
     columns_first: bool = False,
     prefetch_weights: bool = False,
     rmsnorm: tuple[int, int, float] | None = None,
+    a_ring: bool = False,
+    a_ahead: int = 0,
+    rotate_k: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -983,6 +1071,18 @@ def layer_gemm(
     rsqrt(mean(A**2) + eps)))`` instead of ``A`` (Hugging Face's rounding),
     each tile computing the statistics of its own rows.
 
+    ``a_ring`` (needs ``stages``) copies the activations through the
+    ``cp.async`` ring with the weights: each loop iteration then waits on
+    the ring alone instead of also on an L2 load of its A vectors.
+
+    ``a_ahead`` (needs ``stages``) loads the activations that many k
+    iterations ahead into registers, so no iteration waits on an L2 load.
+
+    ``rotate_k`` starts column block ``j``'s k loop at its ``j``-th chunk
+    group (modulo the groups) so the tiles of a stage spread their reads of
+    the shared activations over the L2 instead of all reading the same
+    lines at once.
+
     ``columns_first`` makes the tile ``(l, j, i)``: over a grid ordered
     that way the row blocks of one column block are consecutive instances,
     which consecutive CTAs run together, so a batch of several row blocks
@@ -1006,9 +1106,19 @@ def layer_gemm(
     )
     prefetch = plan_prefetch(name, block_m, k, wk, unroll, prefetch)
     nf = block_n // (8 * wn)
-    stages = plan_stages(name, k, wk, unroll, per_n * nf, block_size, stages, prefetch)
-    _check_moe(name, block_n, n, "n")
     mf = block_m // (16 * wm)
+    ring_slots = per_n * nf + (2 * mf if a_ring else 0)
+    stages = plan_stages(name, k, wk, unroll, ring_slots, block_size, stages, prefetch)
+    if a_ring and not stages:
+        raise GraphError(f"tile '{name}': a_ring streams A through the cp.async ring: give stages")
+    if not isinstance(a_ahead, int) or isinstance(a_ahead, bool) or a_ahead < 0:
+        raise GraphError(f"tile '{name}': a_ahead must be an int >= 0, got {a_ahead!r}")
+    if a_ahead and (a_ring or not stages or a_ahead > stages - 1):
+        raise GraphError(
+            f"tile '{name}': a_ahead={a_ahead} needs stages > a_ahead and no a_ring "
+            f"(stages={stages}, a_ring={a_ring})"
+        )
+    _check_moe(name, block_n, n, "n")
     stacked = f"{layers}x" if layers is not None else ""
     at, wt, ct = (
         f"memref<?x{k}xbf16>",
@@ -1051,7 +1161,7 @@ def layer_gemm(
     globals_ = _body(
         t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1, epilogue=store,
-        a_norm=a_norm,
+        a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None, a_ahead=a_ahead,
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
