@@ -160,4 +160,9 @@ def llama_tiny_variants() -> dict:
         fuse_norms=True,
         gemm_options=(*llama.TINY.gemm_options, ("a_ring", True), ("rotate_k", True)),
     )
-    return {"llama_tiny": llama.TINY, "llama_tiny_fused_aring": fused}
+    staged = dataclasses.replace(
+        llama.TINY,
+        attn_stage_kv=True,
+        gemm_options=(*llama.TINY.gemm_options, ("a_ahead", 1), ("rotate_k", True)),
+    )
+    return {"llama_tiny": llama.TINY, "llama_tiny_fused_aring": fused, "llama_tiny_staged": staged}

@@ -113,6 +113,9 @@ class LlamaConfig:
     #: (``layer_gemm(rmsnorm=...)``): no norm stages, two fewer waits per
     #: layer. Same rounding. Not yet measured on a GPU, so off.
     fuse_norms: bool = False
+    #: The attention tile copies its whole chunk of K and V into shared
+    #: memory with ``cp.async`` first (``attention(stage_kv=True)``).
+    attn_stage_kv: bool = False
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
@@ -237,8 +240,14 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         **norm_tiles,
         "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=rows["norm1"]),
         "attention": llama.attention(
-            cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, NL, block_size=bs
-        ),
+            cfg.attn_chunk,
+            cfg.heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            NL,
+            block_size=bs,
+            stage_kv=cfg.attn_stage_kv,
+        ),  # fmt: skip
         "combine": llama.attention_combine(cfg.heads, cfg.head_dim, block_size=bs),
         "o_proj": proj(cfg.bn_o, H, cfg.attn_width, "residual", "o_proj"),
         "gate_up": proj(cfg.bn_gu, cfg.inter, H, "swiglu", "gate_up_proj", norm=rows["norm2"]),
