@@ -34,6 +34,8 @@ capturing CUDA graphs of the minimal step for 52 batch sizes (1..512).
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import datetime
 import json
 import subprocess
@@ -63,10 +65,15 @@ def build(out: Path, cfg: M.LlamaConfig = M.LLAMA_3_2_1B) -> dict:
     times = {"graph_s": time.perf_counter() - t0}
     for schedule in SCHEDULES:
         t0 = time.perf_counter()
-        art = etc.compile(g, schedule=schedule, min_ctas_per_sm=2)
+        art = etc.compile(g, **M.compile_options(cfg, schedule))
         times[f"compile_{schedule}_s"] = time.perf_counter() - t0
         art.save(out / schedule)
-    (out / "compile_times.json").write_text(json.dumps(times, indent=1))
+    times["config_changes"] = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if getattr(cfg, f.name) != getattr(M.LLAMA_3_2_1B, f.name)
+    }
+    (out / "compile_times.json").write_text(json.dumps(times, indent=1, default=str))
     print(json.dumps(times))
     return times
 
@@ -387,11 +394,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--parts", default="check,time,warmup")
     p.add_argument("--compile-batches", default="1,64", help="torch.compile at these B")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="build: a LlamaConfig field (Python literal), e.g. prefetch_next=True",
+    )
     args = p.parse_args(argv)
     if not (args.build or args.artifacts):
         p.error("give --build DIR and/or --artifacts DIR")
     if args.build:
-        build(args.build)
+        changes = {}
+        for item in args.set:
+            field, _, value = item.partition("=")
+            if field not in {f.name for f in dataclasses.fields(M.LlamaConfig)}:
+                p.error(f"--set {item}: LlamaConfig has no field {field!r}")
+            try:
+                changes[field] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                p.error(f"--set {item}: {value!r} is not a Python literal")
+        build(args.build, dataclasses.replace(M.LLAMA_3_2_1B, **changes))
     if args.artifacts:
         batches = [int(b) for b in args.compile_batches.split(",") if b]
         run(args.artifacts, args.out, args.reps, args.parts.split(","), batches)

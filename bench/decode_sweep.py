@@ -25,25 +25,19 @@ from bench.timing import timed, two_step_main  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
-ROT = ("rotate_k", True)
-
-
-def gemm(stages: int, unroll: int, a_ahead: int = 0) -> dict:
-    return dict(gemm_options=(("stages", stages), ("unroll", unroll), ROT, ("a_ahead", a_ahead)))
-
-
 VARIANTS = {
-    "default": {},
     # Measured 2026-11-30: k loops rotated per column block, unroll 2:
-    # 1367 -> 1152 us at B=1, 4878 -> 4666 at B=64; a_ahead: no change.
-    "rot_u2": gemm(4, 2),
-    # Expected: the attention's whole chunk in flight at once (cp.async into
-    # shared memory) instead of 4 row groups: attention instances 2-3x
-    # faster; B=64 (attention ~1.5 ms of 4.7) about -0.8 ms, B=1 -60 us.
-    "rot_u2_kv": dict(attn_stage_kv=True, **gemm(4, 2)),
-    "rot_u2_kv_bm32_rw1": dict(attn_stage_kv=True, block_m=32, row_warps=1, **gemm(4, 2)),
-    "rot_u2_kv_chunk128": dict(attn_stage_kv=True, attn_chunk=128, **gemm(4, 2)),
-    "rot_u2_kv_dynamic": dict(attn_stage_kv=True, schedule="dynamic", **gemm(4, 2)),
+    # 1367 -> 1152 us at B=1, 4878 -> 4666 at B=64 (now the default);
+    # a_ahead and attention's stage_kv: no change.
+    "default": {},
+    # Expected: each CTA prefetching its next GEMM tile's weights into L2
+    # during the current tile hides the next tile's ring fill (~1.5 us of
+    # HBM latency per tile, 5 tiles per CTA and layer): B=1 -80 to -170 us.
+    # Its own-instance prefetch alone cost 20-30 us on 2026-11-29.
+    "pf": dict(prefetch_weights=True),
+    "pf_next": dict(prefetch_weights=True, prefetch_next=True),
+    "pf_next_kv": dict(prefetch_weights=True, prefetch_next=True, attn_stage_kv=True),
+    "pf_next_bm32_rw1": dict(prefetch_weights=True, prefetch_next=True, block_m=32, row_warps=1),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm")
 BATCHES = (1, 16, 64)
@@ -61,9 +55,8 @@ def build(out: Path) -> None:
 
     for name, change in VARIANTS.items():
         cfg = config(name)
-        options = {k: v for k, v in change.items() if k in COMPILE_KEYS}
-        options.setdefault("schedule", "static")
-        options.setdefault("min_ctas_per_sm", 2)
+        options = M.compile_options(cfg, change.get("schedule", "static"))
+        options.update((k, v) for k, v in change.items() if k in COMPILE_KEYS)
         etc.compile(M.build_decoder_graph(cfg), **options).save(out / name)
         print("built", name, flush=True)
 

@@ -49,9 +49,8 @@ def build(out: Path) -> None:
     import etc
 
     for name, (cfg, schedule) in VARIANTS.items():
-        art = etc.compile(
-            M.build_decoder_graph(cfg), schedule=schedule, min_ctas_per_sm=2, trace=True
-        )
+        options = M.compile_options(cfg, schedule)
+        art = etc.compile(M.build_decoder_graph(cfg), trace=True, **options)
         art.save(out / name)
 
 

@@ -9,6 +9,8 @@
 #   python examples/llama_decode.py --tiny [--schedule dynamic] --save-artifact .device/ex/llama_tiny[_dynamic]
 # then, on the GPU machine (carry the .device folders it uses):
 #   bash bench/gpu_decode.sh [tests|example|sweep|trace|bench ...]   (writes to $OUT)
+# bench reads DECODE_ARTIFACTS (default .device/decode; e.g. a build with
+# `bench/decode.py --build DIR --set FIELD=VALUE`) and DECODE_PARTS.
 # Manifests are format etc-artifact/4: rebuild artifacts made before it.
 set -uo pipefail
 export PYTHONPATH="$PWD/python:$PWD"
@@ -44,7 +46,8 @@ for step in $STEPS; do
     ;;
   bench)
     echo "== decode benchmark" | tee "$OUT/bench.txt"
-    timeout 500 python bench/decode.py --artifacts .device/decode --out "$OUT" --reps 5 2>&1 \
+    timeout 500 python bench/decode.py --artifacts "${DECODE_ARTIFACTS:-.device/decode}" --out "$OUT" \
+      --reps 5 --parts "${DECODE_PARTS:-check,time,warmup}" 2>&1 \
       | grep -v -i "warn\|attention mask\|cudagraph" | tee -a "$OUT/bench.txt"
     ;;
   *)

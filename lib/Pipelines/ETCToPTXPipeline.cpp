@@ -23,6 +23,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.blockSize = options.blockSize;
   convertOptions.minCtasPerSM = options.minCtasPerSM;
   convertOptions.maxPopChunk = options.maxPopChunk;
+  convertOptions.prefetchNext = options.prefetchNext;
   convertOptions.trace = options.trace;
   pm.addPass(createConvertETensorToGPU(convertOptions));
   // Device functions are called once per dispatch: inline them into the

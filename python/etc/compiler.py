@@ -103,12 +103,14 @@ def _pipeline_options(
     trace: bool,
     min_ctas_per_sm: int = 0,
     max_pop_chunk: int = 8,
+    prefetch_next: bool = False,
 ) -> str:
     return (
         f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
         f"block-size={block_size} watchdog-polls={watchdog_polls} "
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
-        f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk}"
+        f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
+        f"prefetch-next={_flag(prefetch_next)}"
     )
 
 
@@ -349,6 +351,7 @@ def compile(  # noqa: A001 - the public name
     trace: bool = False,
     min_ctas_per_sm: int = 0,
     max_pop_chunk: int = 8,
+    prefetch_next: bool = False,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -367,7 +370,10 @@ def compile(  # noqa: A001 - the public name
     and so the occupancy of that tile for all of them. ``max_pop_chunk``
     (dynamic schedule): most queue positions a CTA claims at once when many
     instances are ready at start; 1 keeps CTAs on consecutive instances,
-    which GEMM tiles sharing operands through L2 prefer.
+    which GEMM tiles sharing operands through L2 prefer. ``prefetch_next``
+    (static schedule): each instance first calls the prefetch function (see
+    :class:`~etc.DeviceFunction`) of the CTA's next instance, so the next
+    tile's operands load while this one runs.
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -385,6 +391,12 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
     if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
         raise CompileError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
+    if not isinstance(prefetch_next, bool):
+        raise CompileError(f"prefetch_next must be a bool, got {prefetch_next!r}")
+    if prefetch_next and schedule != "static":
+        raise CompileError(
+            "prefetch_next needs the static schedule (a dynamic CTA does not know its next instance)"
+        )
 
     if schedule == "static":
         _check_loop_phases(g)
@@ -417,7 +429,7 @@ def compile(  # noqa: A001 - the public name
             sched = _read_schedule(ir, scheduled)
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
-                max_pop_chunk,
+                max_pop_chunk, prefetch_next,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)

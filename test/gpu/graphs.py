@@ -149,8 +149,11 @@ def tensor_parallel_small():
 
 def llama_tiny_variants() -> dict:
     """Artifact-name prefix -> tiny decoder configuration for the GPU tests:
-    the default tiles, and the fused norms with activations through the
-    ``cp.async`` ring (``layer_gemm(rmsnorm=..., a_ring=True)``)."""
+    the default tiles; the fused norms with activations through the
+    ``cp.async`` ring (``layer_gemm(rmsnorm=..., a_ring=True)``); the
+    attention's K and V staged in shared memory, activations loaded ahead
+    and the next instance's weights prefetched (``attn_stage_kv``,
+    ``a_ahead``, ``prefetch_next``)."""
     import dataclasses
 
     from etc.models import llama
@@ -158,11 +161,13 @@ def llama_tiny_variants() -> dict:
     fused = dataclasses.replace(
         llama.TINY,
         fuse_norms=True,
-        gemm_options=(*llama.TINY.gemm_options, ("a_ring", True), ("rotate_k", True)),
+        gemm_options=(*llama.TINY.gemm_options, ("a_ring", True)),
     )
     staged = dataclasses.replace(
         llama.TINY,
         attn_stage_kv=True,
-        gemm_options=(*llama.TINY.gemm_options, ("a_ahead", 1), ("rotate_k", True)),
+        prefetch_weights=True,
+        prefetch_next=True,
+        gemm_options=(*llama.TINY.gemm_options, ("a_ahead", 1)),
     )
     return {"llama_tiny": llama.TINY, "llama_tiny_fused_aring": fused, "llama_tiny_staged": staged}

@@ -97,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     from etc.models import llama
 
+    options: dict[str, dict] = {}  # more etc.compile options, by artifact
     for prefix, cfg in llama_tiny_variants().items():
         decoder = llama.build_decoder_graph(cfg, name="llama_tiny")
-        jobs += [
-            (f"{prefix}_{suffix}", decoder, schedule, early)
-            for suffix, (schedule, early) in SCHEDULES.items()
-        ]
+        for suffix, (schedule, early) in SCHEDULES.items():
+            jobs.append((f"{prefix}_{suffix}", decoder, schedule, early))
+            options[f"{prefix}_{suffix}"] = llama.compile_options(cfg, schedule)
     from etc.models import collective
 
     for build in (collective.gemm_reduce_scatter, collective.allgather_gemm):
@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             for suffix, (schedule, early) in SCHEDULES.items()
         ]
     for name, g, schedule, early, *traced in jobs:
-        artifact = etc.compile(g, schedule=schedule, early_push=early, trace=bool(traced))
+        kw = {"schedule": schedule, **options.get(name, {})}
+        artifact = etc.compile(g, early_push=early, trace=bool(traced), **kw)
         artifact.save(args.out / name)
         print(
             f"{name}: {args.out / name} ({schedule}, {'cubin' if artifact.cubin else 'ptx only'})"

@@ -100,6 +100,10 @@ def test_unsupported_options_raise():
         etc.compile(g, watchdog_polls=0)
     with pytest.raises(etc.CompileError, match="min_ctas_per_sm must be an int >= 0, got -1"):
         etc.compile(g, min_ctas_per_sm=-1)
+    with pytest.raises(etc.CompileError, match="prefetch_next needs the static schedule"):
+        etc.compile(g, schedule="dynamic", prefetch_next=True)
+    with pytest.raises(etc.CompileError, match="prefetch_next must be a bool, got 1"):
+        etc.compile(g, prefetch_next=1)
 
 
 def test_min_ctas_per_sm_caps_registers():

@@ -242,6 +242,25 @@ def test_layer_gemm_streaming_options_compile(options):
 
 
 @needs_ptxas
+def test_prefetch_next_calls_the_next_instances_weight_prefetch():
+    """The tiny decoder's GEMM tiles have L2 weight prefetches; with
+    prefetch_next the static kernel also calls them for the CTA's next queue
+    entry, so more prefetch instructions; the dynamic kernel cannot."""
+    cfg = dataclasses.replace(CFG, prefetch_weights=True, prefetch_next=True)
+    g = M.build_decoder_graph(cfg)
+    counts = {}
+    for key, options in {
+        "own": M.compile_options(dataclasses.replace(cfg, prefetch_next=False)),
+        "next": M.compile_options(cfg),
+        "dynamic": M.compile_options(cfg, "dynamic"),
+    }.items():
+        counts[key] = etc.compile(g, **options).ptx.count("cp.async.bulk.prefetch.L2")
+    assert counts["next"] > counts["own"] == counts["dynamic"] > 0, counts
+    with pytest.raises(etc.GraphError, match="prefetch_next needs prefetch_weights"):
+        dataclasses.replace(CFG, prefetch_next=True)
+
+
+@needs_ptxas
 def test_llama_3_2_1b_compiles_to_ptx_ptxas_accepts():
     """The whole model, one kernel; ptxas runs inside etc.compile (cubin)."""
     cfg = dataclasses.replace(M.LLAMA_3_2_1B)

@@ -69,6 +69,11 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "atomics on short tasks; 1 keeps the CTAs on consecutive "
            "instances (the static schedule's order), which GEMM tiles that "
            "share operands through L2 prefer.">,
+    Option<"prefetchNext", "prefetch-next", "bool", /*default=*/"false",
+           "Static schedule: before an instance's waits, call the prefetch "
+           "function of the CTA's next queue entry (when that task has one "
+           "and no trigger), so the next tile's operands load while this "
+           "one runs. The entry's own call still happens at its start.">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record every task instance's start and end (%globaltimer), SM and "
            "CTA in a trace buffer passed as one more kernel parameter "

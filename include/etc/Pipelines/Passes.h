@@ -53,6 +53,11 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Dynamic schedule: most queue positions per head "
                      "request (see convert-etensor-to-gpu)."),
       llvm::cl::init(8)};
+  PassOptions::Option<bool> prefetchNext{
+      *this, "prefetch-next",
+      llvm::cl::desc("Static schedule: call the next instance's prefetch "
+                     "function before running the current one."),
+      llvm::cl::init(false)};
   PassOptions::Option<int64_t> minCtasPerSM{
       *this, "min-ctas-per-sm",
       llvm::cl::desc("Resident CTAs per SM to ask ptxas for (0: its choice)."),

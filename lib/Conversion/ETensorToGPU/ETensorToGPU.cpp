@@ -119,6 +119,8 @@ public:
   LogicalResult build();
   /// Dynamic schedule: most queue positions per head request.
   int64_t maxPopChunk = 8;
+  /// Static schedule: call the next entry's prefetch function first.
+  bool prefetchNext = false;
 
 private:
   Value index(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
@@ -194,6 +196,8 @@ private:
   Block &mapGridCoordinates(DispatchOp dispatch, Value linear);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
+  void prefetchEntry(Value position, Value end,
+                     ArrayRef<DispatchOp> dispatches);
   FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
       Value descriptor, ArrayRef<DispatchOp> dispatches, Type resultType,
       function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase);
@@ -738,6 +742,10 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     b.setInsertionPointToStart(ifAlive.elseBlock());
     scf::YieldOp::create(b, alive);
     b.setInsertionPointToStart(ifAlive.thenBlock());
+    if (prefetchNext)
+      prefetchEntry(
+          arith::AddIOp::create(b, loop.getInductionVar(), index(1)), end,
+          dispatches);
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
@@ -753,6 +761,50 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     scf::YieldOp::create(b, ifAlive.getResult(0));
   }
   return success();
+}
+
+/// When `position` < `end`, runs the prefetch function of the queue entry
+/// there: its coordinates, buffer casts and prefetch call, nothing else.
+/// Tasks without a prefetch function (or with a trigger, whose coordinate
+/// needs the indptr table) do nothing.
+void KernelBuilder::prefetchEntry(Value position, Value end,
+                                  ArrayRef<DispatchOp> dispatches) {
+  SmallVector<DispatchOp> prefetching;
+  for (DispatchOp dispatch : dispatches) {
+    bool has = false;
+    for (Operation &op : dispatch.getBody().front())
+      has |= isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName);
+    if (has && !dispatch.getTriggerEvent())
+      prefetching.push_back(dispatch);
+  }
+  if (prefetching.empty())
+    return;
+  OpBuilder::InsertionGuard guard(b);
+  Value inQueue = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                        position, end);
+  auto ifNext = scf::IfOp::create(b, TypeRange(), inQueue, false);
+  b.setInsertionPointToStart(ifNext.thenBlock());
+  Value entry = memref::LoadOp::create(b, queue, ValueRange{position});
+  Value task = arith::IndexCastOp::create(
+      b, b.getIndexType(), arith::ShRUIOp::create(b, entry, i64(kInstanceBits)));
+  Value linear = arith::IndexCastOp::create(
+      b, b.getIndexType(),
+      arith::AndIOp::create(b, entry, i64((1ll << kInstanceBits) - 1)));
+  SmallVector<int64_t> cases = llvm::map_to_vector(
+      prefetching, [](DispatchOp d) { return (int64_t)d.getTask(); });
+  auto sw = scf::IndexSwitchOp::create(b, TypeRange(), task, cases,
+                                       cases.size());
+  for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), prefetching)) {
+    b.setInsertionPointToStart(b.createBlock(&region));
+    for (Operation &op : mapGridCoordinates(dispatch, linear)) {
+      if (!isHoistable(op))
+        break; // the waits: the prefetch call came before them
+      b.clone(op, mapping);
+    }
+    scf::YieldOp::create(b);
+  }
+  b.setInsertionPointToStart(b.createBlock(&sw.getDefaultRegion()));
+  scf::YieldOp::create(b);
 }
 
 /// Decodes a task descriptor `task << 48 | instance` and switches on the
@@ -1674,6 +1726,7 @@ struct ConvertETensorToGPUPass
              << maxPopChunk;
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, ranked, trace);
     kernelBuilder.maxPopChunk = maxPopChunk;
+    kernelBuilder.prefetchNext = prefetchNext;
     if (failed(kernelBuilder.build()))
       return failure();
     return overlayWorkgroupGlobals(gpuModule, kernel);

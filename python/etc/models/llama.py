@@ -49,6 +49,7 @@ __all__ = [
     "LLAMA_3_2_1B",
     "TINY",
     "build_decoder_graph",
+    "compile_options",
     "tensor_shapes",
     "random_weights",
     "random_weights_torch",
@@ -65,7 +66,9 @@ __all__ = [
     "kv_bytes",
 ]
 
-_GEMM_OPTIONS = (("stages", 5), ("unroll", 1))
+#: The decode GEMM tiles' options (``etc.tiles.gemm.layer_gemm``), the best
+#: of ``bench/decode_sweep.py`` on an H200 (``bench/RESULTS.md``).
+_GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 
 
 @dataclass(frozen=True)
@@ -109,12 +112,19 @@ class LlamaConfig:
     #: an H200 it cost 2-3 % (``bench/RESULTS.md``): the stages wait ~0.5 µs
     #: for each other, the tiles are slow in themselves.
     prefetch_weights: bool = False
+    #: With ``prefetch_weights``: the static kernel calls the weight
+    #: prefetch of each CTA's *next* instance before running the current one
+    #: (``etc.compile(prefetch_next=True)``, see :func:`compile_options`), so
+    #: the next tile's weights stream into L2 during this tile.
+    prefetch_next: bool = False
     #: The RMSNorms computed inside the GEMM that follows them
     #: (``layer_gemm(rmsnorm=...)``): no norm stages, two fewer waits per
-    #: layer. Same rounding. Not yet measured on a GPU, so off.
+    #: layer. Same rounding. Off: on an H200 the step was 13-23 % slower (each
+    #: tile recomputes its rows' statistics before its k loop).
     fuse_norms: bool = False
     #: The attention tile copies its whole chunk of K and V into shared
-    #: memory with ``cp.async`` first (``attention(stage_kv=True)``).
+    #: memory with ``cp.async`` first (``attention(stage_kv=True)``). Off:
+    #: on an H200 its instances ran 22 % faster but the step did not.
     attn_stage_kv: bool = False
 
     def __post_init__(self) -> None:
@@ -122,6 +132,10 @@ class LlamaConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
                 raise GraphError(f"LlamaConfig: {key} must be a positive int, got {value!r}")
+        if self.prefetch_next and not self.prefetch_weights:
+            raise GraphError(
+                "LlamaConfig: prefetch_next needs prefetch_weights (the tiles' prefetch)"
+            )
         if self.heads % self.kv_heads:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
@@ -167,8 +181,20 @@ TINY = LlamaConfig(
     attn_chunk=8,
     bn_o=16,
     bn_down=16,
-    gemm_options=(("stages", 3), ("unroll", 1)),  # k = 256: two iterations per warp slice
+    # k = 256: two iterations per warp slice.
+    gemm_options=(("stages", 3), ("unroll", 1), ("rotate_k", True)),
 )
+
+
+def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any]:
+    """The ``etc.compile`` options of the decoder: two CTAs per SM (every tile
+    is inlined into one kernel; 128 registers each) and, under the static
+    schedule, ``prefetch_next`` as ``cfg`` says."""
+    return {
+        "schedule": schedule,
+        "min_ctas_per_sm": 2,
+        "prefetch_next": cfg.prefetch_next and schedule == "static",
+    }
 
 
 def weight_bytes(cfg: LlamaConfig) -> int:
