@@ -743,9 +743,8 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     scf::YieldOp::create(b, alive);
     b.setInsertionPointToStart(ifAlive.thenBlock());
     if (prefetchNext)
-      prefetchEntry(
-          arith::AddIOp::create(b, loop.getInductionVar(), index(1)), end,
-          dispatches);
+      prefetchEntry(arith::AddIOp::create(b, loop.getInductionVar(), index(1)),
+                    end, dispatches);
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
@@ -780,20 +779,21 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
   if (prefetching.empty())
     return;
   OpBuilder::InsertionGuard guard(b);
-  Value inQueue = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
-                                        position, end);
+  Value inQueue =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, position, end);
   auto ifNext = scf::IfOp::create(b, TypeRange(), inQueue, false);
   b.setInsertionPointToStart(ifNext.thenBlock());
   Value entry = memref::LoadOp::create(b, queue, ValueRange{position});
   Value task = arith::IndexCastOp::create(
-      b, b.getIndexType(), arith::ShRUIOp::create(b, entry, i64(kInstanceBits)));
+      b, b.getIndexType(),
+      arith::ShRUIOp::create(b, entry, i64(kInstanceBits)));
   Value linear = arith::IndexCastOp::create(
       b, b.getIndexType(),
       arith::AndIOp::create(b, entry, i64((1ll << kInstanceBits) - 1)));
   SmallVector<int64_t> cases = llvm::map_to_vector(
       prefetching, [](DispatchOp d) { return (int64_t)d.getTask(); });
-  auto sw = scf::IndexSwitchOp::create(b, TypeRange(), task, cases,
-                                       cases.size());
+  auto sw =
+      scf::IndexSwitchOp::create(b, TypeRange(), task, cases, cases.size());
   for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), prefetching)) {
     b.setInsertionPointToStart(b.createBlock(&region));
     for (Operation &op : mapGridCoordinates(dispatch, linear)) {
