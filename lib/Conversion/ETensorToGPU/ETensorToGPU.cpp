@@ -200,7 +200,8 @@ private:
                      ArrayRef<DispatchOp> dispatches);
   FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
       Value descriptor, ArrayRef<DispatchOp> dispatches, Type resultType,
-      function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase);
+      function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase,
+      bool othersAreCorrupt = true);
   LogicalResult buildDynamicLoop(ArrayRef<DispatchOp> dispatches);
   LogicalResult lowerDynamicDispatch(DispatchOp dispatch, Value linear,
                                      Block *into);
@@ -784,36 +785,31 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
   auto ifNext = scf::IfOp::create(b, TypeRange(), inQueue, false);
   b.setInsertionPointToStart(ifNext.thenBlock());
   Value entry = memref::LoadOp::create(b, queue, ValueRange{position});
-  Value task = arith::IndexCastOp::create(
-      b, b.getIndexType(),
-      arith::ShRUIOp::create(b, entry, i64(kInstanceBits)));
-  Value linear = arith::IndexCastOp::create(
-      b, b.getIndexType(),
-      arith::AndIOp::create(b, entry, i64((1ll << kInstanceBits) - 1)));
-  SmallVector<int64_t> cases = llvm::map_to_vector(
-      prefetching, [](DispatchOp d) { return (int64_t)d.getTask(); });
-  auto sw =
-      scf::IndexSwitchOp::create(b, TypeRange(), task, cases, cases.size());
-  for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), prefetching)) {
-    b.setInsertionPointToStart(b.createBlock(&region));
-    for (Operation &op : mapGridCoordinates(dispatch, linear)) {
-      if (!isHoistable(op))
-        break; // the waits: the prefetch call came before them
-      b.clone(op, mapping);
-    }
-    scf::YieldOp::create(b);
-  }
-  b.setInsertionPointToStart(b.createBlock(&sw.getDefaultRegion()));
-  scf::YieldOp::create(b);
+  (void)emitDispatchSwitch(
+      entry, prefetching, Type(),
+      [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
+        OpBuilder::InsertionGuard caseGuard(b);
+        b.setInsertionPointToStart(caseBlock);
+        for (Operation &op : mapGridCoordinates(dispatch, linear)) {
+          if (!isHoistable(op))
+            break; // the waits: the prefetch call came before them
+          b.clone(op, mapping);
+        }
+        scf::YieldOp::create(b);
+        return success();
+      },
+      /*othersAreCorrupt=*/false);
 }
 
 /// Decodes a task descriptor `task << 48 | instance` and switches on the
 /// task to the case `lowerCase` fills for each dispatch. The switch yields
-/// `resultType` (an i1 "keep going" for the static loop) or nothing. An
-/// unknown task index means a corrupt queue: the default case records it.
+/// `resultType` (an i1 "keep going" for the static loop) or nothing. With
+/// `othersAreCorrupt`, an unknown task index means a corrupt queue: the
+/// default case records it; without, the default case does nothing.
 FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
     Value descriptor, ArrayRef<DispatchOp> dispatches, Type resultType,
-    function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase) {
+    function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase,
+    bool othersAreCorrupt) {
   Value task = arith::IndexCastOp::create(
       b, b.getIndexType(),
       arith::ShRUIOp::create(b, descriptor, i64(kInstanceBits)));
@@ -829,8 +825,10 @@ FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
     if (failed(lowerCase(dispatch, linear, b.createBlock(&region))))
       return failure();
   b.createBlock(&sw.getDefaultRegion());
-  memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
-  memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
+  if (othersAreCorrupt) {
+    memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
+    memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
+  }
   if (resultType)
     scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
   else
