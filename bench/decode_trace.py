@@ -9,14 +9,12 @@ first instance's start to the last one's end (µs after the step's first
 task started), and the gap from the previous stage's last end (the
 dependency latency the graph's barriers cost). A trace record starts after
 the instance's waits and ends after its closing barrier. Three launches,
-the last traced; the static schedule with the default tiles and with
-rotated GEMM k loops, unroll 2 and the attention's K and V staged.
+the last traced; the static and dynamic schedules (``llama.compile_options``).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -31,14 +29,7 @@ CFG = M.LLAMA_3_2_1B
 #: Artifact name -> (configuration, schedule).
 VARIANTS = {
     "static": (CFG, "static"),
-    "rot_u2_kv": (
-        dataclasses.replace(
-            CFG,
-            attn_stage_kv=True,
-            gemm_options=(("stages", 4), ("unroll", 2), ("rotate_k", True)),
-        ),
-        "static",
-    ),
+    "dynamic": (CFG, "dynamic"),
 }
 BATCHES = (1, 64)
 L = 1024

@@ -24,6 +24,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.minCtasPerSM = options.minCtasPerSM;
   convertOptions.maxPopChunk = options.maxPopChunk;
   convertOptions.prefetchNext = options.prefetchNext;
+  convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
   pm.addPass(createConvertETensorToGPU(convertOptions));
   // Device functions are called once per dispatch: inline them into the

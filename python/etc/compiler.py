@@ -104,13 +104,14 @@ def _pipeline_options(
     min_ctas_per_sm: int = 0,
     max_pop_chunk: int = 8,
     prefetch_next: bool = False,
+    pop_ahead: bool = True,
 ) -> str:
     return (
         f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
         f"block-size={block_size} watchdog-polls={watchdog_polls} "
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
-        f"prefetch-next={_flag(prefetch_next)}"
+        f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)}"
     )
 
 
@@ -352,6 +353,7 @@ def compile(  # noqa: A001 - the public name
     min_ctas_per_sm: int = 0,
     max_pop_chunk: int = 8,
     prefetch_next: bool = False,
+    pop_ahead: bool = True,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -373,7 +375,12 @@ def compile(  # noqa: A001 - the public name
     which GEMM tiles sharing operands through L2 prefer. ``prefetch_next``
     (static schedule): each instance first calls the prefetch function (see
     :class:`~etc.DeviceFunction`) of the CTA's next instance, so the next
-    tile's operands load while this one runs.
+    tile's operands load while this one runs. ``pop_ahead`` (dynamic
+    schedule): a CTA requests its next queue positions when it takes its
+    current one, hiding the request's latency; an instance pushed into such
+    a position then waits for the CTA's current task. ``False`` requests
+    positions only when the CTA is free (layered graphs whose stages each
+    wait for the previous one, like a decoder, prefer it).
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -393,6 +400,12 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
     if not isinstance(prefetch_next, bool):
         raise CompileError(f"prefetch_next must be a bool, got {prefetch_next!r}")
+    if not isinstance(pop_ahead, bool):
+        raise CompileError(f"pop_ahead must be a bool, got {pop_ahead!r}")
+    if not pop_ahead and schedule != "dynamic":
+        raise CompileError(
+            "pop_ahead=False needs the dynamic schedule (the static one has no queue to pop)"
+        )
     if prefetch_next and schedule != "static":
         raise CompileError(
             "prefetch_next needs the static schedule (a dynamic CTA does not know its next instance)"
@@ -429,7 +442,7 @@ def compile(  # noqa: A001 - the public name
             sched = _read_schedule(ir, scheduled)
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
-                max_pop_chunk, prefetch_next,
+                max_pop_chunk, prefetch_next, pop_ahead,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)

@@ -104,6 +104,10 @@ def test_unsupported_options_raise():
         etc.compile(g, schedule="dynamic", prefetch_next=True)
     with pytest.raises(etc.CompileError, match="prefetch_next must be a bool, got 1"):
         etc.compile(g, prefetch_next=1)
+    with pytest.raises(etc.CompileError, match="pop_ahead=False needs the dynamic schedule"):
+        etc.compile(g, pop_ahead=False)
+    with pytest.raises(etc.CompileError, match="pop_ahead must be a bool"):
+        etc.compile(g, schedule="dynamic", pop_ahead="no")
 
 
 def test_min_ctas_per_sm_caps_registers():

@@ -74,6 +74,12 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "function of the CTA's next queue entry (when that task has one "
            "and no trigger), so the next tile's operands load while this "
            "one runs. The entry's own call still happens at its start.">,
+    Option<"popAhead", "pop-ahead", "bool", /*default=*/"true",
+           "Dynamic schedule: request a CTA's next queue positions when it "
+           "takes its current one, so the request's latency overlaps the "
+           "task; the position is then held while the task runs, and an "
+           "instance pushed into it waits for that task. false requests "
+           "positions only when the CTA is free.">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record every task instance's start and end (%globaltimer), SM and "
            "CTA in a trace buffer passed as one more kernel parameter "

@@ -53,6 +53,11 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Dynamic schedule: most queue positions per head "
                      "request (see convert-etensor-to-gpu)."),
       llvm::cl::init(8)};
+  PassOptions::Option<bool> popAhead{
+      *this, "pop-ahead",
+      llvm::cl::desc("Dynamic schedule: request the next queue positions "
+                     "ahead of time (see convert-etensor-to-gpu)."),
+      llvm::cl::init(true)};
   PassOptions::Option<bool> prefetchNext{
       *this, "prefetch-next",
       llvm::cl::desc("Static schedule: call the next instance's prefetch "

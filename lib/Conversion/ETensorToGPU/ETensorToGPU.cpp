@@ -121,6 +121,9 @@ public:
   int64_t maxPopChunk = 8;
   /// Static schedule: call the next entry's prefetch function first.
   bool prefetchNext = false;
+  /// Dynamic schedule: request the next chunk of positions when taking the
+  /// current one, not when the CTA is free.
+  bool popAhead = true;
 
 private:
   Value index(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
@@ -1175,11 +1178,10 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
     // Take the next position of the current chunk, or start the pending
     // chunk and request the one after it: the request's latency overlaps
     // the task this position runs, and chunks cut contention on the head.
+    // Without pop-ahead the chunk is requested here, when the CTA is free:
+    // a position is never held by a CTA still running an earlier instance.
     Value haveLocal = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
                                             claim.next, claim.end);
-    Value pendingStart = arith::IndexCastOp::create(b, indexTy, claim.pending);
-    Value position =
-        arith::SelectOp::create(b, haveLocal, claim.next, pendingStart);
     auto ifRequest = scf::IfOp::create(b, i64Ty, haveLocal, true);
     {
       OpBuilder::InsertionGuard requestGuard(b);
@@ -1188,6 +1190,10 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
       b.setInsertionPointToStart(ifRequest.elseBlock());
       scf::YieldOp::create(b, requestChunk());
     }
+    Value chunkStart = popAhead ? claim.pending : ifRequest.getResult(0);
+    Value pendingStart = arith::IndexCastOp::create(b, indexTy, chunkStart);
+    Value position =
+        arith::SelectOp::create(b, haveLocal, claim.next, pendingStart);
     Value nextEnd = arith::SelectOp::create(
         b, haveLocal, claim.end,
         arith::AddIOp::create(b, pendingStart, chunkSize));
@@ -1353,7 +1359,7 @@ LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(first.thenBlock());
-    scf::YieldOp::create(b, requestChunk());
+    scf::YieldOp::create(b, popAhead ? requestChunk() : i64(0));
     b.setInsertionPointToStart(first.elseBlock());
     scf::YieldOp::create(b, i64(0));
   }
@@ -1725,6 +1731,7 @@ struct ConvertETensorToGPUPass
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, ranked, trace);
     kernelBuilder.maxPopChunk = maxPopChunk;
     kernelBuilder.prefetchNext = prefetchNext;
+    kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
       return failure();
     return overlayWorkgroupGlobals(gpuModule, kernel);

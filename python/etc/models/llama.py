@@ -188,13 +188,16 @@ TINY = LlamaConfig(
 
 def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any]:
     """The ``etc.compile`` options of the decoder: two CTAs per SM (every tile
-    is inlined into one kernel; 128 registers each) and, under the static
-    schedule, ``prefetch_next`` as ``cfg`` says."""
-    return {
-        "schedule": schedule,
-        "min_ctas_per_sm": 2,
-        "prefetch_next": cfg.prefetch_next and schedule == "static",
-    }
+    is inlined into one kernel; 128 registers each); under the static
+    schedule ``prefetch_next`` as ``cfg`` says; under the dynamic one no
+    pop-ahead (every stage waits for the previous one: a position claimed
+    by a busy CTA would hold up the next stage)."""
+    options = {"schedule": schedule, "min_ctas_per_sm": 2}
+    if schedule == "static":
+        options["prefetch_next"] = cfg.prefetch_next
+    else:
+        options["pop_ahead"] = False
+    return options
 
 
 def weight_bytes(cfg: LlamaConfig) -> int:

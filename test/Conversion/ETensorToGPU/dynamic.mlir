@@ -1,5 +1,6 @@
 // RUN: etc-opt %s --convert-etensor-to-gpu | FileCheck %s
 // RUN: etc-opt %s --convert-etensor-to-gpu | FileCheck %s --check-prefix=NORETIRE
+// RUN: etc-opt %s --convert-etensor-to-gpu="pop-ahead=false" | FileCheck %s --check-prefix=NOAHEAD
 
 /// No data-dependent trigger, so nothing is ever retired: the pops compare
 /// positions with the capacity and never load the queue's retired word.
@@ -44,6 +45,17 @@ func.func @consume(%i: index) {
 // CHECK: case 1 {
 // CHECK: func.call @consume
 // CHECK: gpu.return
+/// Without pop-ahead no position is requested before the loop: the first
+/// head request is the pop's, when the CTA has no position left.
+// NOAHEAD-LABEL: gpu.func @pipeline
+// NOAHEAD-NOT: atom.relaxed.gpu.global.add.u64
+// NOAHEAD: scf.while (%{{.*}}, %[[NEXT:.*]] = %{{.*}}, %[[END:.*]] = %{{.*}}) : (i64, index, index)
+// NOAHEAD: %[[LOCAL:.*]] = arith.cmpi ult, %[[NEXT]], %[[END]] : index
+// NOAHEAD: %[[REQ:.*]] = scf.if %[[LOCAL]] -> (i64) {
+// NOAHEAD: } else {
+// NOAHEAD: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
+// NOAHEAD: %[[START:.*]] = arith.index_cast %[[REQ]] : i64 to index
+// NOAHEAD: arith.select %[[LOCAL]], %[[NEXT]], %[[START]] : index
 etensor.graph @pipeline(%n: index) {
   %e = etensor.event(%n) count 1 : !etensor.event<?>
   %c2 = arith.constant 2 : index
