@@ -196,7 +196,7 @@ def plan_stages(
             f"the k loop has {iters} (k={k}, {wk} warp slices, unroll={unroll})"
         )
     ring = stages * unroll * nb * block_size * 16
-    if wk > 1:  # the split-K partials share the static 48 KiB
+    if wk > 1:  # the split-K partials share the workgroup memory
         ring += (wk - 1) * (block_size // 32 // wk) * 4 * nb * 32 * 4
     if ring > MAX_SHARED_BYTES:
         raise GraphError(
