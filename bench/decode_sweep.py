@@ -3,9 +3,12 @@
     python bench/decode_sweep.py --build DIR                  # CPU: one artifact per variant
     python bench/decode_sweep.py --artifacts DIR --out OUT    # GPU: check, then time
 
-Each variant is a :class:`etc.models.llama.LlamaConfig` change (GEMM rows per
-tile and warps along rows, grid order, attention chunk) or a schedule. On the GPU: random weights, B in BATCHES,
-context 1024; each variant's greedy tokens are compared with the PyTorch
+Each variant is a :class:`etc.models.llama.LlamaConfig` change (tile sizes
+and options) and/or ``etc.compile`` options (COMPILE_KEYS: schedule, push
+and pop modes) over :func:`etc.models.llama.compile_options`; the variants
+of earlier sweeps are in the git history and their rows in
+``bench/results/decode-sweep-*.json``. On the GPU: random weights, B in
+BATCHES, context 1024; each variant's greedy tokens are compared with the PyTorch
 step's (agreement is printed: bf16 noise flips near-ties), then the step is
 timed (median of REPS x CALLS back-to-back launches after a warm-up), with
 the copy bandwidth of the same run for the floor.
