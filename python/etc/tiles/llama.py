@@ -384,6 +384,25 @@ def attention(
     R = -(-chunk // RC)  # row loads per thread and phase
     kv_t = f"memref<{2 * R * block_size * 4}xi32, {_WG}>"
 
+    def row_load(x: str, phase: int, cache: str, u: int) -> str:
+        """Row group ``u`` of a step (``x`` = k or v): this lane's row
+        ``%{x}r<u>``, whether it is in the split ``%{x}ok<u>``, its position
+        ``%{x}p<u>`` (``p0`` past the split) and its 8 values ``%{x}b<u>``,
+        from ``cache`` or (``stage_kv``) from this thread's slot."""
+        rows = (
+            f"      %{x}r{u}a = arith.addi %base, %rowt : index\n"
+            f"      %{x}r{u} = arith.addi %{x}r{u}a, %cU{u} : index\n"
+            f"      %{x}ok{u} = arith.cmpi ult, %{x}r{u}, %n : index\n"
+            f"      %{x}p{u}a = arith.addi %p0, %{x}r{u} : index\n"
+            f"      %{x}p{u} = arith.select %{x}ok{u}, %{x}p{u}a, %p0 : index\n"
+        )
+        if stage_kv:
+            return rows + staged_load(f"{x}b{u}", phase, u)
+        return rows + (
+            f"      %{x}b{u} = vector.load {cache}[%l, %b, %g, %{x}p{u}, %d0] "
+            f"{{alignment = 16 : i64}} : {c_t}, vector<8xbf16>"
+        )
+
     def staged_load(out: str, phase: int, u: int) -> str:
         """Row load ``base / RC + u`` of ``phase`` from this thread's slot
         (clamped: rows past the split are masked by the caller)."""
@@ -465,21 +484,7 @@ def attention(
     )
 
     # -- step 2: scores ------------------------------------------------------
-    score_lines = []
-    for u in range(U):
-        score_lines.append(
-            f"      %kr{u}a = arith.addi %base, %rowt : index\n"
-            f"      %kr{u} = arith.addi %kr{u}a, %cU{u} : index\n"
-            f"      %kok{u} = arith.cmpi ult, %kr{u}, %n : index\n"
-            f"      %kp{u}a = arith.addi %p0, %kr{u} : index\n"
-            f"      %kp{u} = arith.select %kok{u}, %kp{u}a, %p0 : index\n"
-            + (
-                staged_load(f"kb{u}", 0, u)
-                if stage_kv
-                else f"      %kb{u} = vector.load %kc[%l, %b, %g, %kp{u}, %d0] "
-                f"{{alignment = 16 : i64}} : {c_t}, vector<8xbf16>"
-            )
-        )
+    score_lines = [row_load("k", 0, "%kc", u) for u in range(U)]
     for u in range(U):
         score_lines.append(
             f"      %kf{u} = arith.extf %kb{u} : vector<8xbf16> to vector<8xf32>\n"
@@ -506,21 +511,7 @@ def attention(
 
     # -- step 4: values ------------------------------------------------------
     acc_names = [f"%a{t}" for t in range(G)]
-    value_lines = []
-    for u in range(U):
-        value_lines.append(
-            f"      %vr{u}a = arith.addi %base, %rowt : index\n"
-            f"      %vr{u} = arith.addi %vr{u}a, %cU{u} : index\n"
-            f"      %vok{u} = arith.cmpi ult, %vr{u}, %n : index\n"
-            f"      %vp{u}a = arith.addi %p0, %vr{u} : index\n"
-            f"      %vp{u} = arith.select %vok{u}, %vp{u}a, %p0 : index\n"
-            + (
-                staged_load(f"vb{u}", 1, u)
-                if stage_kv
-                else f"      %vb{u} = vector.load %vc[%l, %b, %g, %vp{u}, %d0] "
-                f"{{alignment = 16 : i64}} : {c_t}, vector<8xbf16>"
-            )
-        )
+    value_lines = [row_load("v", 1, "%vc", u) for u in range(U)]
     for u in range(U):
         value_lines.append(
             f"      %vf{u} = arith.extf %vb{u} : vector<8xbf16> to vector<8xf32>\n"
