@@ -311,18 +311,21 @@ def _body(
 
     def kat(off: str | int) -> str:
         """This thread's k for the chunk group at (logical) offset ``off``."""
+        value = off if isinstance(off, str) else f"%c{off}_"
         if rot is None:
-            if off == 0:
-                return kl
-            return t.op(
-                "k", f"arith.addi {kl}, {off if isinstance(off, str) else f'%c{off}_'} : index"
-            )
-        x = t.op("k", f"arith.addi {rot}, {off if isinstance(off, str) else f'%c{off}_'} : index")
+            return kl if off == 0 else t.op("k", f"arith.addi {kl}, {value} : index")
+        x = t.op("k", f"arith.addi {rot}, {value} : index")
         x = t.op("k", f"arith.remui {x}, %c{kslice}_ : index")
         return t.op("k", f"arith.addi {kl}, {x} : index")
 
     vtype = "vector<8xbf16>"
     b_attr = "{alignment = 16 : i64}"
+
+    def normed(vecs: list[str], ku: str) -> list[str]:
+        """The A vectors of chunk ``ku``, RMS-normalised when the tile fuses the norm."""
+        if a_norm is None:
+            return vecs
+        return [_normalise(t, v, rms[i], a_norm, ku) for i, v in enumerate(vecs)]
 
     def loads(kbase: str, with_b: bool = True) -> tuple[list[list[str]], list[list[str]]]:
         """One group: ``unroll`` chunks of A rows and weight fragments."""
@@ -336,9 +339,7 @@ def _body(
                 )
                 for r in lrows
             ]
-            if a_norm is not None:
-                row_vecs = [_normalise(t, v, rms[i], a_norm, ku) for i, v in enumerate(row_vecs)]
-            raw_a.append(row_vecs)
+            raw_a.append(normed(row_vecs, ku))
             raw_b.append(
                 [
                     t.op("vb", f"vector.load {mem}[{prefix}, {ku}] {b_attr} : {mtype}, {vtype}")
@@ -514,10 +515,9 @@ def _body(
                 raw_a = []
                 for u in range(unroll):
                     vecs = slots(u, nb, na)
-                    if a_norm is not None:
-                        ku = t.op("k", f"arith.addi {k}, %c{32 * u}_ : index") if u else k
-                        vecs = [_normalise(t, v, rms[i], a_norm, ku) for i, v in enumerate(vecs)]
-                    raw_a.append(vecs)
+                    offset = u and a_norm is not None  # normed reads gamma at k + 32u
+                    ku = t.op("k", f"arith.addi {k}, %c{32 * u}_ : index") if offset else k
+                    raw_a.append(normed(vecs, ku))
             else:
                 raw_a = loads(k, with_b=False)[0]
             return mmas(raw_a, [slots(u, 0, nb) for u in range(unroll)], acc)
