@@ -10,6 +10,7 @@ import numpy as np
 
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
+from . import _text
 
 MMA_ATTRS = (
     "{layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, "
@@ -20,8 +21,8 @@ STRUCT = "!llvm.struct<(f32, f32, f32, f32)>"
 
 
 def positive(name: str, key: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
+    """``value``, after :func:`_text.positive` checked it."""
+    _text.positive(name, **{key: value})
     return value
 
 

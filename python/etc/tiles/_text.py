@@ -54,6 +54,20 @@ def positive(name: str, **values: int) -> None:
             raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
 
 
+def non_negative(name: str, **values: int) -> None:
+    """Raises GraphError naming tile ``name`` and the first argument that is
+    not an int >= 0."""
+    for key, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise GraphError(f"tile '{name}': {key} must be an int >= 0, got {value!r}")
+
+
+def check_eps(name: str, eps: float) -> None:
+    """Raises GraphError naming tile ``name`` unless ``eps`` is a number in [0, 1)."""
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < 1:
+        raise GraphError(f"tile '{name}': eps must be a float in [0, 1), got {eps!r}")
+
+
 def check_block(name: str, block_size: int) -> int:
     """The warps of a ``block_size``-thread CTA (a multiple of 32, at most 1024)."""
     positive(name, block_size=block_size)

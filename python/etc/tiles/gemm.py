@@ -54,7 +54,7 @@ import numpy as np
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
-from . import _mma
+from . import _mma, _text
 from ._mma import Text as _Text
 from ._mma import check_divisible as _check_moe
 from ._mma import experts_dim as _experts
@@ -156,8 +156,7 @@ def plan_prefetch(
     iters = k // (32 * wk * unroll)
     if prefetch is None:
         return 0
-    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-        raise GraphError(f"tile '{name}': prefetch must be an int >= 0, got {prefetch!r}")
+    _text.non_negative(name, prefetch=prefetch)
     if prefetch >= iters:
         raise GraphError(
             f"tile '{name}': prefetch={prefetch} needs more than {prefetch} k iterations, "
@@ -185,8 +184,7 @@ def plan_stages(
     226 KiB, what an sm_90 CTA can have. Default 0."""
     if stages is None:
         return 0
-    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 0:
-        raise GraphError(f"tile '{name}': stages must be an int >= 0, got {stages!r}")
+    _text.non_negative(name, stages=stages)
     if stages and prefetch:
         raise GraphError(f"tile '{name}': give prefetch (registers) or stages (cp.async), not both")
     iters = k // (32 * wk * unroll)
@@ -1111,8 +1109,7 @@ def layer_gemm(
     stages = plan_stages(name, k, wk, unroll, ring_slots, block_size, stages, prefetch)
     if a_ring and not stages:
         raise GraphError(f"tile '{name}': a_ring streams A through the cp.async ring: give stages")
-    if not isinstance(a_ahead, int) or isinstance(a_ahead, bool) or a_ahead < 0:
-        raise GraphError(f"tile '{name}': a_ahead must be an int >= 0, got {a_ahead!r}")
+    _text.non_negative(name, a_ahead=a_ahead)
     if a_ahead and (a_ring or not stages or a_ahead > stages - 1):
         raise GraphError(
             f"tile '{name}': a_ahead={a_ahead} needs stages > a_ahead and no a_ring "

@@ -178,11 +178,8 @@ def rmsnorm(
     warps = _check_block(name, block_size)
     _positive(name, hidden=hidden)
     _multiple_of_8(name, hidden=hidden)
-    for key, value in (("gamma_stride", gamma_stride), ("gamma_offset", gamma_offset)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise GraphError(f"tile '{name}': {key} must be an int >= 0, got {value!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < 1:
-        raise GraphError(f"tile '{name}': eps must be a float in [0, 1), got {eps!r}")
+    _text.non_negative(name, gamma_stride=gamma_stride, gamma_offset=gamma_offset)
+    _text.check_eps(name, eps)
     H = hidden
     x_t = f"memref<?x{H}xbf16>"
     sm_t = f"memref<{warps}xf32, {_WG}>"

@@ -133,8 +133,7 @@ def scale(
     ``math.rsqrt`` lowers to ``rsqrt.approx.f32`` (relative error < 2**-22).
     """
     chunk = _check(name, hidden, splits, block_size)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < 1:
-        raise GraphError(f"tile '{name}': eps must be a float in [0, 1), got {eps!r}")
+    _text.check_eps(name, eps)
     S = splits
     x_type, w_type, p_type = (
         f"memref<?x{hidden}xf32>",
