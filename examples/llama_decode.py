@@ -64,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     for L in range(args.prompt + args.steps - 1):
         symbols = {"B": B, "L": L, "S": S}
         # The attention partials have one slot per context chunk: they grow with L.
-        for name, (shape, _) in M.tensor_shapes(cfg, B, L, S).items():
-            if name in ("opart", "mpart") and arrays[name].shape != shape:
-                arrays[name] = np.zeros(shape, arrays[name].dtype)
+        shapes = M.tensor_shapes(cfg, B, L, S)
+        for name in ("opart", "mpart"):
+            if arrays[name].shape != shapes[name][0]:
+                arrays[name] = np.zeros(shapes[name][0], arrays[name].dtype)
         if args.simulate:
             out = etc.simulate(g, arrays, symbols, schedule=args.schedule, seed=args.seed)
         else:

@@ -773,13 +773,12 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
 void KernelBuilder::prefetchEntry(Value position, Value end,
                                   ArrayRef<DispatchOp> dispatches) {
   SmallVector<DispatchOp> prefetching;
-  for (DispatchOp dispatch : dispatches) {
-    bool has = false;
-    for (Operation &op : dispatch.getBody().front())
-      has |= isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName);
-    if (has && !dispatch.getTriggerEvent())
+  for (DispatchOp dispatch : dispatches)
+    if (!dispatch.getTriggerEvent() &&
+        llvm::any_of(dispatch.getBody().front(), [](Operation &op) {
+          return isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName);
+        }))
       prefetching.push_back(dispatch);
-  }
   if (prefetching.empty())
     return;
   OpBuilder::InsertionGuard guard(b);
