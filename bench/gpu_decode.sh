@@ -13,18 +13,13 @@
 # `bench/decode.py --build DIR --set FIELD=VALUE`) and DECODE_PARTS.
 # Manifests are format etc-artifact/4: rebuild artifacts made before it.
 set -uo pipefail
-export PYTHONPATH="$PWD/python:$PWD"
-OUT=${OUT:-/tmp/etc-out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_common.sh"
 STEPS=${*:-tests example sweep bench}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 for step in $STEPS; do
   case $step in
   tests)
-    echo "== GPU tests" | tee "$OUT/tests.txt"
-    ETC_ARTIFACTS=.device/arts ETC_FUZZ_ARTIFACTS=.device/fuzz timeout 300 \
-      python -m pytest -q -rs test/gpu 2>&1 | tail -15 | tee -a "$OUT/tests.txt"
+    gpu_tests
     ;;
   example)
     echo "== tiny decoder example on the GPU (greedy steps, plans shared across L)" | tee "$OUT/example.txt"

@@ -10,18 +10,13 @@
 #   python examples/moe.py --topk 1 --routing top1 [--schedule dynamic] --save-artifact .device/ex/moe_top1[_dynamic]
 # then, on the GPU machine: bash bench/gpu_moe.sh [tests|examples|bench ...]  (writes to $OUT)
 set -uo pipefail
-export PYTHONPATH="$PWD/python:$PWD"
-OUT=${OUT:-/tmp/etc-out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_common.sh"
 STEPS=${*:-tests examples bench}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 for step in $STEPS; do
   case $step in
   tests)
-    echo "== GPU tests" | tee "$OUT/tests.txt"
-    ETC_ARTIFACTS=.device/arts ETC_FUZZ_ARTIFACTS=.device/fuzz timeout 300 \
-      python -m pytest -q -rs -x test/gpu 2>&1 | tail -15 | tee -a "$OUT/tests.txt"
+    gpu_tests -x
     ;;
   examples)
     echo "== MoE example on the GPU" | tee "$OUT/examples.txt"

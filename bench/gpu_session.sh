@@ -9,10 +9,7 @@
 #   python bench/schedules.py --build .device/sched
 # then, on the GPU machine: bash bench/gpu_session.sh  (writes to $OUT)
 set -uo pipefail
-export PYTHONPATH="$PWD/python:$PWD"
-OUT=${OUT:-/tmp/etc-out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_common.sh"
 python -c "import etc.runtime, sys; print('runtime imports without the compiler:', 'etc._mlir_libs' not in sys.modules)" | tee -a "$OUT/gpu.txt"
 
 echo "== GPU tests" | tee "$OUT/tests.txt"
