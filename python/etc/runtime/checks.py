@@ -17,7 +17,7 @@ grid dimension twice, over the instances), cached with the launch plan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -153,14 +153,22 @@ def _coordinates(points: np.ndarray, parts) -> tuple[np.ndarray, ...]:
     return tuple(points[v] + off if kind == "dim" else np.full(n, v) for kind, v, off in parts)
 
 
-def check_phase_order(manifest: Manifest, symbols: Mapping[str, int]) -> None:
+def check_phase_order(
+    manifest: Manifest,
+    symbols: Mapping[str, int],
+    phases: Sequence[np.ndarray | int] | None = None,
+) -> None:
     """With phases, the static order (phase, task number, instance) must put
     every notification of an event coordinate before every wait on it, or a
     CTA could wait on an instance dealt after it: raises LaunchError naming
     the first such pair. Ranked events (a peer's order is its own) and
-    triggered tasks (data-dependent instances) are not checked."""
+    triggered tasks (data-dependent instances) are not checked. ``phases``:
+    every task's :func:`~etc.runtime.queue.instance_phases` at ``symbols``,
+    if the caller has them."""
     from .queue import instance_phases
 
+    if phases is None:
+        phases = [instance_phases(t.phase, manifest.bind(t.grid, symbols)) for t in manifest.tasks]
     events = manifest.events
     shapes = [manifest.bind(e.shape, symbols) for e in events]
     tasks = manifest.tasks
@@ -172,9 +180,7 @@ def check_phase_order(manifest: Manifest, symbols: Mapping[str, int]) -> None:
         n = int(np.prod(grid, dtype=np.int64))
         if task.trigger is not None or n == 0 or n > _MAX_ENUMERATED:
             continue
-        key = np.broadcast_to(
-            np.asarray(instance_phases(task.phase, grid), np.int64) * len(tasks) + number, (n,)
-        )
+        key = np.broadcast_to(np.asarray(phases[number], np.int64) * len(tasks) + number, (n,))
         points = np.indices(grid).reshape(len(grid), -1)
         for edges, table, reduce in (
             (task.out_edges, latest, np.maximum),

@@ -289,8 +289,8 @@ class Kernel:
         if m.schedule == "static":
             phases = None
             if any(t.phase != ("const", 0) for t in m.tasks):
-                check_phase_order(m, values)
                 phases = [instance_phases(t.phase, m.bind(t.grid, values)) for t in m.tasks]
+                check_phase_order(m, values, phases)
             queue = build_static_queue(counts, actual, phases)
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
