@@ -6,9 +6,11 @@
 #   python bench/gemm.py --build .device/gemm          (and --sweep --build .device/sweep)
 #   python bench/gemm_tc.py --build .device/gemm_tc
 #   python bench/moe.py --build .device/moe --trace
+#   python bench/gemm_tma.py --build .device/gemm_tma
 #   python examples/moe.py [--schedule dynamic] --save-artifact .device/ex/moe[_dynamic]
 #   python examples/moe.py --topk 1 --routing top1 [--schedule dynamic] --save-artifact .device/ex/moe_top1[_dynamic]
-# then, on the GPU machine: bash bench/gpu_moe.sh [tests|examples|bench ...]  (writes to $OUT)
+# then, on the GPU machine: bash bench/gpu_moe.sh [tests|examples|gemm|sweep|gemm_tc|tma|bench ...]
+# (writes to $OUT)
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 STEPS=${*:-tests examples bench}
@@ -42,8 +44,15 @@ for step in $STEPS; do
     timeout 200 python bench/gemm_tc.py --artifacts .device/gemm_tc --out "$OUT" 2>&1 | tee -a "$OUT/gemm_tc.txt"
     ;;
   bench)
+    # MOE_ARTIFACTS (default .device/moe) built with --trace unless MOE_TRACE=0;
+    # BENCH_MOE_CONFIGS=a,b as for the build.
     echo "== MoE benchmark" | tee "$OUT/moe.txt"
-    timeout 500 python bench/moe.py --artifacts .device/moe --out "$OUT" --trace 2>&1 | tee -a "$OUT/moe.txt"
+    trace=--trace; [ "${MOE_TRACE:-1}" = 0 ] && trace=
+    timeout 500 python bench/moe.py --artifacts "${MOE_ARTIFACTS:-.device/moe}" --out "$OUT" $trace 2>&1 | tee -a "$OUT/moe.txt"
+    ;;
+  tma)
+    echo "== TMA GEMM tiles vs cuBLAS" | tee "$OUT/gemm_tma.txt"
+    timeout 300 python bench/gemm_tma.py --artifacts .device/gemm_tma --out "$OUT" 2>&1 | tee -a "$OUT/gemm_tma.txt"
     ;;
   esac
 done

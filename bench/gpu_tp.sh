@@ -32,7 +32,8 @@ for step in $steps; do
       timeout 400 python3 bench/collective_baseline.py --ranks "$RANKS" --json "$OUT/baseline.json" \
         --save-io /tmp/nccl_io 2>&1 | tee "$OUT/baseline.txt" ;;
     etc)
-      timeout 400 python3 bench/tensor_parallel.py --run .device/tp --ranks "$RANKS" \
-        --json "$OUT/tp.json" --nccl-io /tmp/nccl_io 2>&1 | tee "$OUT/tp.txt" ;;
+      # TP_ARTIFACTS (default .device/tp), TP_CORES (default: every core built).
+      timeout 400 python3 bench/tensor_parallel.py --run "${TP_ARTIFACTS:-.device/tp}" --ranks "$RANKS" \
+        ${TP_CORES:+--cores "$TP_CORES"} --json "$OUT/tp.json" --nccl-io /tmp/nccl_io 2>&1 | tee "$OUT/tp.txt" ;;
   esac
 done

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ TOLERANCE = 1e-2
 # `bench/gemm.py --sweep`; prefill: wgmma tiles); tc64 and tc128 are the
 # cp.async + ldmatrix (mma.sync) tiles of the previous prefill preset.
 _SMEM = 48 * 1024 - 64
+_TMA_OPTIONS = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
 CONFIGS = {
     "bm16cp": M.PRESETS["decode"],
     "tc64": dict(
@@ -72,8 +74,29 @@ CONFIGS = {
     # etc.models.moe.PRESETS["prefill"]: wgmma tiles (sm_90a), 2 warpgroups x
     # 64 rows, 64-wide k-tiles, 3 stages in dynamic shared memory.
     "wg128": M.PRESETS["prefill"],
+    # TMA + mbarrier pipelines feeding wgmma (bench/gemm_tma.py): 128-row
+    # blocks, 4 stages; wide (gate/up 128 and down 256 columns) and narrow.
+    "tma128w": dict(
+        gemm="tc",
+        block_m=128,
+        block_n_gu=128,
+        block_n_dn=256,
+        gate_up_options=_TMA_OPTIONS,
+        down_options=_TMA_OPTIONS,
+    ),
+    "tma128": dict(
+        gemm="tc",
+        block_m=128,
+        block_n_gu=64,
+        block_n_dn=128,
+        gate_up_options=_TMA_OPTIONS,
+        down_options=_TMA_OPTIONS,
+    ),
 }
-TARGETS = {"wg128": M.PRESET_TARGETS["prefill"]}
+# BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations.
+if os.environ.get("BENCH_MOE_CONFIGS"):
+    CONFIGS = {k: CONFIGS[k] for k in os.environ["BENCH_MOE_CONFIGS"].split(",")}
+TARGETS = {k: M.PRESET_TARGETS["prefill"] for k in ("wg128", "tma128w", "tma128") if k in CONFIGS}
 # torch._grouped_mm replayed from a CUDA graph, as the issue measured it (µs).
 ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 
@@ -317,7 +340,7 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
                 record(f"{name}, eager", timed(torch, launch, calls, reps))
                 record(f"{name}, GPU time", gpu_timed(torch, launch, calls, reps))
         kernels = [etc.runtime.load(artifacts / f"unfused_{key}_{t}") for t in M.UNFUSED_TASKS]
-        names = [{p.name for p in k.manifest.tensors} for k in kernels]
+        names = [{p.name for p in k.manifest.inputs} for k in kernels]
 
         def unfused(i, bufs=bufs, kernels=kernels, names=names):
             b = bufs[i % COPIES]

@@ -36,11 +36,16 @@ OPS = ("gemm_rs", "ag_gemm")
 SCHEDULES = ("static", "dynamic")
 # The GEMM tiles' tensor-core path: mma.sync (sm_90) or wgmma (sm_90a), each
 # in its best measured configuration (bench/gemm_tc.py, gemm_sweep_wgmma.py).
-CORES = ("mma", "wgmma")
+CORES = ("mma", "wgmma", "tma")
 CONFIGS = {
     "mma": lambda k: _config(k=k, stages=3),
     "wgmma": lambda k: _config(k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10),
+    # TMA + mbarrier pipeline, 128 x 256 blocks, 4 stages (bench/gemm_tma.py's best).
+    "tma": lambda k: _config(k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10),
 }
+# Two CTAs per SM (registers capped at 128): the GEMM + peer-store tile
+# otherwise takes 146 and runs one. The TMA tile's 192 KiB ring allows one (0: no cap).
+MIN_CTAS_PER_SM = {"mma": 2, "wgmma": 2, "tma": 0}
 
 
 def _config(**kw):
@@ -75,14 +80,12 @@ def build(directory: Path, ranks: int) -> None:
                 cfg = CONFIGS[core](k)
                 builder = C.gemm_reduce_scatter if op == "gemm_rs" else C.allgather_gemm
                 out = directory / artifact_name(op, k, schedule, core)
-                target = "sm_90a" if core == "wgmma" else "sm_90"
+                target = "sm_90" if core == "mma" else "sm_90a"
                 # One queue position per claim keeps the CTAs on consecutive
                 # GEMM tiles (shared operands stay in L2), as the static order.
-                # Two CTAs per SM (registers capped at 128): the GEMM +
-                # peer-store tile otherwise takes 146 and runs one.
                 art = etc.compile(
                     builder(cfg), schedule=schedule, target=target, max_pop_chunk=1,
-                    min_ctas_per_sm=2,
+                    min_ctas_per_sm=MIN_CTAS_PER_SM[core],
                 )  # fmt: skip
                 art.save(out)
                 print(f"built {out}")
@@ -260,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--json")
     p.add_argument("--nccl-io", type=Path)
-    p.add_argument("--cores", default=",".join(CORES), help="GEMM cores to run: mma,wgmma")
+    p.add_argument("--cores", default=",".join(CORES), help="GEMM cores to run: mma,wgmma,tma")
     p.add_argument("--ops", default=",".join(OPS), help="layers to run: gemm_rs,ag_gemm")
     args = p.parse_args(argv)
     if args.build:

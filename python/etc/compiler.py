@@ -302,7 +302,16 @@ def _manifest(
         "watchdog_polls": polls,
         "symbols": [s.name for s in g.symbols],
         "tensors": [
-            {"name": t.name, "shape": [_size(d) for d in t.shape], "dtype": t.dtype.name}
+            {
+                "name": t.name,
+                "shape": [_size(d) for d in t.shape],
+                "dtype": t.dtype.name,
+                **(
+                    {"tensor_map": {"source": t.map_of.name, "box": list(t.map_box)}}
+                    if t.map_of is not None and t.map_box is not None
+                    else {}
+                ),
+            }
             for t in g.tensors
         ],
         "early_push": early_push if schedule == "dynamic" else None,

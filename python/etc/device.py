@@ -75,6 +75,11 @@ class DeviceFunction:
         #: before its waits, to start loading what no task writes (weights).
         #: The simulator ignores it.
         self.prefetch = f"{name}__prefetch" if f"{name}__prefetch" in self.defines else None
+        #: Buffers the tile reads through TMA: buffer index (after the grid
+        #: coordinates) -> (index of the buffer the map describes, box
+        #: ``(rows, cols)``). A graph checks that exactly those buffers are
+        #: ``Graph.tensor_map`` tables of that source and box.
+        self.tensor_maps: dict[int, tuple[int, tuple[int, int]]] = {}
 
     @classmethod
     def from_mlir(

@@ -62,6 +62,10 @@ class Tensor:
     index: int = field(repr=False)
     #: A peer table (see Graph.peer_table): the tensor whose ranks' addresses it holds.
     peers_of: Tensor | None = field(default=None, repr=False)
+    #: A TMA tensor map (see Graph.tensor_map): the tensor it describes, and
+    #: the box ``(rows, cols)`` one copy moves.
+    map_of: Tensor | None = field(default=None, repr=False)
+    map_box: tuple[int, int] | None = field(default=None, repr=False)
 
     @property
     def rank(self) -> int:
@@ -252,6 +256,55 @@ class Graph:
         table.peers_of = tensor
         return table
 
+    def tensor_map(self, tensor: Tensor, box: tuple[int, int], name: str | None = None) -> Tensor:
+        """Declare the TMA tensor map of ``tensor`` for boxes of ``box = (rows,
+        cols)``: an ``i64`` tensor of shape ``(16,)`` (a ``CUtensorMap``) that
+        the runtime encodes at every launch from the bound tensor's address
+        and shape, so it is never passed to ``launch``. The map views
+        ``tensor`` as 2-D: its last dimension by the product of the others;
+        rows past the end read as zeros. ``cols`` of the element type must
+        make 128 bytes (the 128-byte swizzle that wgmma reads), ``rows`` is in
+        1..256. A tile that copies through TMA takes the map as an argument
+        (see ``DeviceFunction.tensor_maps``); the simulator hands its
+        reference zeros. ``Graph.task`` declares a tile's maps itself when it
+        is given only the tile's other buffers. ``name`` defaults to
+        ``<tensor>_tma<rows>x<cols>``; declaring the same map twice returns the
+        first."""
+        if not isinstance(tensor, Tensor) or tensor.graph is not self:
+            raise GraphError(f"tensor_map: {tensor!r} is not a tensor of graph '{self.name}'")
+        where = f"tensor map of '{tensor.name}'"
+        if tensor.map_of is not None or tensor.peers_of is not None:
+            raise GraphError(f"{where}: '{tensor.name}' is itself a derived table, not a buffer")
+        if (
+            not isinstance(box, (tuple, list))
+            or len(box) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in box)
+        ):
+            raise GraphError(f"{where}: box must be (rows, cols) ints, got {box!r}")
+        rows, cols = box
+        size = tensor.dtype.itemsize
+        if tensor.rank < 2:
+            raise GraphError(f"{where}: the tensor has rank {tensor.rank}; TMA maps need rank >= 2")
+        if cols * size != 128:
+            raise GraphError(
+                f"{where}: box cols={cols} of {tensor.dtype.name} make {cols * size} bytes; "
+                f"the 128-byte swizzle needs {128 // size}"
+            )
+        if not 1 <= rows <= 256:
+            raise GraphError(f"{where}: box rows={rows} must be in 1..256")
+        last = tensor.shape[-1]
+        if isinstance(last, int) and (last * size) % 16:
+            raise GraphError(
+                f"{where}: a row of {last} {tensor.dtype.name} is {last * size} bytes; "
+                "TMA needs rows of a multiple of 16 bytes"
+            )
+        for t in self.tensors:
+            if t.map_of is tensor and t.map_box == (rows, cols) and name in (None, t.name):
+                return t
+        table = self.tensor(name or f"{tensor.name}_tma{rows}x{cols}", (16,), "i64")
+        table.map_of, table.map_box = tensor, (rows, cols)
+        return table
+
     def event(
         self,
         shape: Iterable[Any],
@@ -358,6 +411,7 @@ class Graph:
         args_t = self._args(args, where)
         trigger = self._trigger(triggered_by, grid_t, where)
         coords = grid_t if trigger is None else (*grid_t, trigger.event.shape[0])
+        args_t = self._append_maps(function, coords, args_t)
         self._check_signature(function, coords, args_t, where, trigger is not None)
         ins = self._edges(in_edges, "in", coords, where)
         outs = self._edges(out_edges, "out", coords, where)
@@ -375,6 +429,25 @@ class Graph:
         self._task_names[name] = t
         self._functions.setdefault(function.name, function)
         return t
+
+    def _append_maps(
+        self, fn: DeviceFunction, coords: tuple[Size, ...], args: tuple[Tensor | Symbol, ...]
+    ) -> tuple[Tensor | Symbol, ...]:
+        """A TMA tile given only its other buffers gets its tensor maps
+        (trailing buffers) declared and appended here."""
+        maps = fn.tensor_maps
+        if not maps or len(coords) + len(args) + len(maps) != len(fn.params):
+            return args
+        if sorted(maps) != list(range(len(args), len(args) + len(maps))):
+            return args
+        extra = []
+        for k in sorted(maps):
+            src, box = maps[k]
+            source = args[src] if 0 <= src < len(args) else None
+            if not isinstance(source, Tensor):
+                return args  # _check_signature reports it
+            extra.append(self.tensor_map(source, box))
+        return (*args, *extra)
 
     # ------------------------------------------------------------------
     # Local checks
@@ -609,6 +682,7 @@ class Graph:
                     f"{where}: buffer #{k} is tensor '{t.name}' of type "
                     f"{t.mlir_type}, but device function '{fn.name}' expects {declared}"
                 )
+        _check_tensor_maps(fn, args, where)
 
     def _edges(self, edges: Any, kind: str, grid: tuple[Size, ...], where: str) -> tuple[Edge, ...]:
         if edges is None:
@@ -928,6 +1002,35 @@ class Graph:
             lines.append(f"  {{ rank=same; {same} }}")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def _check_tensor_maps(fn: DeviceFunction, args: tuple[Tensor | Symbol, ...], where: str) -> None:
+    """Buffer ``k`` of a tile that copies through TMA is the map it declares
+    in ``fn.tensor_maps[k] = (source buffer, box)``, and only there."""
+    wanted = fn.tensor_maps
+    for k, t in enumerate(args):
+        if not isinstance(t, Tensor):
+            continue
+        if k not in wanted:
+            if t.map_of is not None:
+                raise GraphError(
+                    f"{where}: buffer #{k} is tensor map '{t.name}', but device function "
+                    f"'{fn.name}' does not read buffer #{k} through TMA"
+                )
+            continue
+        src, box = wanted[k]
+        source = args[src] if 0 <= src < len(args) else None
+        if t.map_of is None or t.map_of is not source or t.map_box != tuple(box):
+            want = getattr(source, "name", f"buffer #{src}")
+            raise GraphError(
+                f"{where}: buffer #{k} of device function '{fn.name}' must be "
+                f"graph.tensor_map({want}, box={tuple(box)}), got tensor '{t.name}'"
+                + (
+                    f" (the map of '{t.map_of.name}' with box {t.map_box})"
+                    if t.map_of is not None
+                    else ""
+                )
+            )
 
 
 def _memref_dims(text: str) -> tuple[list[str], str] | None:

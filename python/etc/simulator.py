@@ -130,6 +130,11 @@ def _bind_inputs(
     for name in given:
         if name not in by_name:
             raise ShapeError(f"graph '{graph.name}' has no tensor '{name}'")
+        if by_name[name].map_of is not None:
+            raise ShapeError(
+                f"tensor '{name}' is a TMA tensor map, which the runtime encodes from "
+                f"'{by_name[name].map_of.name}'; do not pass it"
+            )
     arrays: dict[str, np.ndarray] = {}
     for t in graph.tensors:
         shape = _concrete_shape(t.shape, env, f"tensor '{t.name}'")

@@ -16,7 +16,8 @@ the compiler; the GPU machine needs only the runtime):
   (`etc.models.llama.TINY`, and with fused norms and activations through the
   weight ring: ``llama_tiny_variants()`` in ``graphs.py``);
 - ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
-  wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``.
+  wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``;
+  ``moe_small_tma_<schedule>/`` the same on the TMA GEMM tiles (sm_90a).
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
   GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
   ``tensor_parallel_small()`` in ``graphs.py``.
@@ -39,6 +40,7 @@ sys.path.insert(0, str(REPO / "test" / "gpu"))
 from graphs import (  # noqa: E402
     GRAPHS,
     MOE_SMALL,
+    MOE_SMALL_TMA,
     SCHEDULES,
     llama_tiny_variants,
     tensor_parallel_small,
@@ -95,9 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         (f"moe_small_{suffix}", moe_graph, schedule, early)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
+    options: dict[str, dict] = {}  # more etc.compile options, by artifact
+    moe_tma = moe.build_moe_graph(MOE_SMALL_TMA, name="moe_small_tma")
+    for suffix, (schedule, early) in SCHEDULES.items():
+        jobs.append((f"moe_small_tma_{suffix}", moe_tma, schedule, early))
+        options[f"moe_small_tma_{suffix}"] = {"target": "sm_90a"}
     from etc.models import llama
 
-    options: dict[str, dict] = {}  # more etc.compile options, by artifact
     for prefix, cfg in llama_tiny_variants().items():
         decoder = llama.build_decoder_graph(cfg, name="llama_tiny")
         for suffix, (schedule, early) in SCHEDULES.items():

@@ -18,7 +18,7 @@ import etc.runtime
 from etc.models import moe as M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graphs import MOE_SMALL, SCHEDULES  # noqa: E402
+from graphs import MOE_SMALL, MOE_SMALL_TMA, SCHEDULES  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,20 +26,23 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("tiles", ["", "_tma"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("routing", ["uniform", "one-expert", "few-experts"])
-def test_moe_matches_reference_and_simulator(schedule: str, routing: str) -> None:
-    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small_{schedule}")
-    graph = M.build_moe_graph(MOE_SMALL, name="moe_small")
-    weights = M.random_weights(MOE_SMALL, seed=3, routing=routing)
+def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing: str) -> None:
+    cfg = MOE_SMALL_TMA if tiles else MOE_SMALL
+    name = f"moe_small{tiles}"
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
+    graph = M.build_moe_graph(cfg, name=name)
+    weights = M.random_weights(cfg, seed=3, routing=routing)
     # One kernel object for every T, launched back to back: the kernel
     # resets its counters, queue and retired count itself.
     for T in (1, 7, 33, 300):
-        x = M.random_tokens(MOE_SMALL, T, seed=T, routing=routing)
-        arrays = M.numpy_inputs(MOE_SMALL, x, weights)
+        x = M.random_tokens(cfg, T, seed=T, routing=routing)
+        arrays = M.numpy_inputs(cfg, x, weights)
         simulated = etc.simulate(graph, arrays, {"T": T})
         kernel.launch(arrays, {"T": T})
-        ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], MOE_SMALL.topk)
+        ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
         assert M.rel_err(arrays["Out"], ref) <= 1e-2, (T, routing)
         # Counts and tile tables are deterministic (the row order inside an
         # expert is not): the GPU's equal the simulator's.

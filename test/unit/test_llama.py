@@ -300,6 +300,7 @@ def _planning_kernel(directory, monkeypatch):
     from etc.runtime import driver
     from etc.runtime import kernel as K
     from etc.runtime.manifest import load_manifest
+    from etc.runtime.tensormap import TensorMaps
 
     freed = []
     monkeypatch.setattr(driver, "alloc", lambda n: 0x1000 + n)
@@ -311,6 +312,7 @@ def _planning_kernel(directory, monkeypatch):
     k.num_ctas, k._peers, k._num_ranks = 8, None, 0
     k._plans, k._shapes, k._scratch, k._staging = {}, {}, {}, {}
     k._param_tensors = [p.name for p in k.manifest.params if p.kind == "tensor"]
+    k._maps = TensorMaps(k.manifest)
     k._ensure_context = lambda: None
     return k, freed
 

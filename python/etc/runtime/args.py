@@ -111,18 +111,24 @@ def bind_tensors(
     tensors: Mapping[str, Any],
     device: int | None = None,
 ) -> list[BoundTensor]:
-    """Validates `tensors` against the manifest (in manifest order) without touching the GPU.
+    """Validates `tensors` against the manifest's inputs (in manifest order, tensor maps
+    left out) without touching the GPU.
 
     `device` is the CUDA ordinal torch tensors must live on (None skips that check).
     """
-    if len(tensors) != len(manifest.tensors) or any(
-        t.name not in tensors for t in manifest.tensors
-    ):
-        expected = [t.name for t in manifest.tensors]
+    inputs = manifest.inputs
+    if len(tensors) != len(inputs) or any(t.name not in tensors for t in inputs):
+        maps = [t.name for t in manifest.tensors if t.tensor_map is not None and t.name in tensors]
+        if maps:
+            raise LaunchError(
+                f"{manifest.graph}: tensor {maps[0]!r} is a TMA tensor map; the runtime encodes "
+                "it from its source tensor at every launch, so do not pass it"
+            )
+        expected = [t.name for t in inputs]
         raise LaunchError(f"{manifest.graph}: {_names_diff('tensor', list(tensors), expected)}")
     torch = sys.modules.get("torch")  # never import torch ourselves
     out = []
-    for spec in manifest.tensors:
+    for spec in inputs:
         x = tensors[spec.name]
         shape = shapes[spec.name]
         nbytes = numel(shape) * DTYPE_SIZES[spec.dtype]
@@ -174,12 +180,12 @@ class FastBinder:
     """
 
     def __init__(self, manifest: Manifest, shapes: Mapping[str, tuple[int, ...]], device: int):
-        self.count = len(manifest.tensors)
+        self.count = len(manifest.inputs)
         self.device = device
         torch = sys.modules.get("torch")
         self.tensor_type = torch.Tensor if torch is not None else None
         self.checks = []
-        for spec in manifest.tensors:
+        for spec in manifest.inputs:
             tdtype = None
             if torch is not None:
                 table = _torch_dtype_table(torch)

@@ -30,6 +30,7 @@ from etc.runtime.queue import (
     build_static_queue,
     instance_phases,
 )
+from etc.runtime.tensormap import TensorMaps
 from etc.runtime.trace import RECORD_WORDS as TRACE_RECORD_WORDS
 from etc.runtime.trace import Trace
 
@@ -222,6 +223,8 @@ class Kernel:
             int, driver.DeviceBuffer
         ] = {}  # per stream: status words, then counters
         self._staging: dict[str, driver.DeviceBuffer] = {}  # device copies of numpy arrays
+        self._maps = TensorMaps(manifest)  # TMA maps, encoded at launch
+        self._input_names = [t.name for t in manifest.inputs]
         # Pinned, so a sync launch can queue the status read-back before synchronising.
         self._status_host = driver.HostBuffer(4 * manifest.status_words)
         self._status = self._status_host.view(np.int32)
@@ -397,9 +400,14 @@ class Kernel:
         )
         driver.synchronize(stream)
 
-    def _write_dynamic(self, plan: _Plan, ptrs: list[int], status_ptr: int, polls: int) -> None:
-        """Writes tensor, status and counters pointers and max_polls into the parameter array."""
-        by_name = dict(zip((t.name for t in self.manifest.tensors), ptrs, strict=True))
+    def _write_dynamic(
+        self, plan: _Plan, ptrs: list[int], status_ptr: int, polls: int, stream: int
+    ) -> None:
+        """Writes tensor (and tensor map), status and counters pointers and max_polls into
+        the parameter array."""
+        by_name = dict(zip(self._input_names, ptrs, strict=True))
+        if self._maps:
+            by_name.update(self._maps.pointers(by_name, plan.shapes, stream))
         counters_ptr = status_ptr + 4 * self.manifest.status_words
         values = [v for n in self._param_tensors for v in (by_name[n], by_name[n])]
         values += [status_ptr, status_ptr, counters_ptr, counters_ptr]
@@ -497,9 +505,9 @@ class Kernel:
                         self._stage(b, handle)
             ptrs = [b.ptr for b in bound]
         status_ptr = scratch.ptr
-        dynamic = (*ptrs, status_ptr, polls)
+        dynamic = (*ptrs, status_ptr, polls, self._maps.generation)
         if dynamic != plan.last_dynamic:
-            self._write_dynamic(plan, ptrs, status_ptr, polls)
+            self._write_dynamic(plan, ptrs, status_ptr, polls, handle)
             plan.last_dynamic = dynamic
 
         cu = _cu
@@ -599,6 +607,7 @@ class Kernel:
             plan.release()
         for buf in self._staging.values():
             buf.release()
+        self._maps.release()
         self._plans.clear()
         self._shapes.clear()
         self._staging.clear()

@@ -82,6 +82,9 @@ class TensorSpec:
     name: str
     shape: tuple[Dim, ...]
     dtype: str
+    #: A TMA tensor map the runtime encodes at launch: (source tensor, box
+    #: (rows, cols)); None for a buffer the caller passes.
+    tensor_map: tuple[str, tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,11 @@ class Manifest:
     def traced(self) -> bool:
         """Compiled with ``trace=True``: the kernel records every instance."""
         return any(p.kind == "trace" for p in self.params)
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The tensors a launch takes: all but the tensor maps the runtime encodes."""
+        return tuple(t for t in self.tensors if t.tensor_map is None)
 
     def tensor(self, name: str) -> TensorSpec:
         for t in self.tensors:
@@ -343,15 +351,30 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             raise c.fail(
                 f"{w}dtype", f"unsupported dtype {dtype!r} (supported: {', '.join(DTYPE_SIZES)})"
             )
+        tensor_map = None
+        if "tensor_map" in t:
+            tensor_map = _tensor_map(c, c.get(t, "tensor_map", dict, w), f"{w}tensor_map.")
         tensors.append(
             TensorSpec(
                 c.name(t, "name", w),
                 c.dims(c.get(t, "shape", list, w), f"{w}shape", symbols),
                 canon,
+                tensor_map,
             )
         )
     c.unique([t.name for t in tensors], "tensors")
     by_name = {t.name: t for t in tensors}
+    for t in tensors:
+        if t.tensor_map is None:
+            continue
+        src = by_name.get(t.tensor_map[0])
+        if src is None or src.tensor_map is not None or len(src.shape) < 2:
+            raise c.fail(
+                f"tensor {t.name!r}",
+                f"its tensor_map source {t.tensor_map[0]!r} is not a buffer of rank >= 2",
+            )
+        if t.shape != (16,) or t.dtype != "i64":
+            raise c.fail(f"tensor {t.name!r}", "a tensor map must be i64 of shape (16,)")
 
     events = []
     for i, e in enumerate(c.get(data, "events", list, "")):
@@ -535,6 +558,13 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         ranks=ranks,
         dynamic_shared_memory=dynamic_smem,
     )
+
+
+def _tensor_map(c: _Checker, data: Mapping, w: str) -> tuple[str, tuple[int, int]]:
+    box = c.get(data, "box", list, w)
+    if len(box) != 2 or not all(_is_int(b) and b > 0 for b in box):
+        raise c.fail(f"{w}box", f"expected [rows, cols] positive ints, got {box!r}")
+    return c.name(data, "source", w), (int(box[0]), int(box[1]))
 
 
 def _file_name(c: _Checker, name: str, field: str) -> str:

@@ -34,7 +34,19 @@ import numpy as np
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from . import _mma
-from .gemm_tc import SMEM_LIMIT, Source, _body, _finish, _Text, bf16_pair, plan
+from .gemm_tc import (
+    SMEM_LIMIT,
+    Source,
+    _body,
+    _body_tma,
+    _finish,
+    _map_pointer,
+    _Text,
+    bf16_pair,
+    finish_tma,
+    plan,
+    plan_tma,
+)
 
 __all__ = ["gemm_to_peer", "reduce_slots", "copy_to_peers", "gemm_chunk"]
 
@@ -51,6 +63,49 @@ def _gemm_prologue(t: _Text, k: int, block_m: int, block_n: int, row0: str):
         return "%B", ab, "", t.add(n0, row)
 
     return ab, n0, a_src, b_src
+
+
+def _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core):
+    """The warp grid; ``core="tma"`` checks the TMA configuration instead (one warp column)."""
+    if core == "tma":
+        plan_tma(name, block_m, block_n, k, block_size, stages, smem_limit)
+        return 1, 1
+    return plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
+
+
+def _gemm_body(
+    t, name, k, block_m, block_n, block_size, wm, wn, stages, a_src, b_src, r0, n0, epilogue,
+    core, inflight, block_k,
+) -> list[str]:  # fmt: skip
+    """The GEMM main loop on ``%A`` rows from ``r0`` and ``%B`` rows from ``n0``:
+    ``etc.tiles.gemm_tc``'s cp.async ring or, for ``core="tma"``, its TMA pipeline
+    (``%A_map`` / ``%B_map``)."""
+    if core == "tma":
+        return _body_tma(
+            t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size,
+            stages=stages, a_loads=[(_map_pointer(t, "%A_map"), r0, block_m)],
+            b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue,
+        )  # fmt: skip
+    return _body(
+        t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
+        wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
+        epilogue=epilogue, core=core, inflight=inflight, block_k=block_k,
+    )  # fmt: skip
+
+
+def _gemm_finish(
+    t, name, signature, globals_, comment, reference, block_size, core, block_m, block_n,
+    a_index: int = 0,
+) -> DeviceFunction:  # fmt: skip
+    """The tile; with ``core="tma"`` it takes the maps of ``A`` and ``B`` (arguments
+    ``a_index`` and ``a_index + 1`` after the coordinates, before the last) as two
+    more trailing arguments."""
+    if core != "tma":
+        return _finish(t, name, signature, globals_, comment, reference, block_size)
+    maps = [("A", a_index, block_m), ("B", a_index + 1, block_n)]
+    return finish_tma(
+        t, name, signature, globals_, comment, reference, block_size, a_index + 3, maps
+    )
 
 
 def _pairs(t: _Text, block_n: int, wn: int) -> Callable[[str], list[str]]:
@@ -83,7 +138,7 @@ def gemm_to_peer(
     block_k: int = 32,
 ) -> DeviceFunction:
     """GEMM + Reduce-Scatter producer tile (see the module docstring)."""
-    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
+    wm, wn = _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core)
     t = _Text()
     ab = f"memref<?x{k}xbf16>"
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
@@ -118,10 +173,9 @@ def gemm_to_peer(
                         f"llvm.store {hv}, {ptr} {{alignment = 4 : i64}} : vector<2xbf16>, !llvm.ptr"
                     )
 
-    globals_ = _body(
-        t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
-        wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
-        epilogue=epilogue, core=core, inflight=inflight, block_k=block_k,
+    globals_ = _gemm_body(
+        t, name, k, block_m, block_n, block_size, wm, wn, stages, a_src, b_src, r0, n0,
+        epilogue, core, inflight, block_k,
     )  # fmt: skip
     signature = (
         f"%d: index, %i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
@@ -135,11 +189,11 @@ def gemm_to_peer(
         out = f32_to_bf16(_mma.bf16_matmul(A[rs], B[cs]))
         peers[d][rank, i * block_m : (i + 1) * block_m, cs] = out
 
-    return _finish(
+    return _gemm_finish(
         t, name, signature, globals_,
         f"{name}: partial A @ B^T of rank d's rows to rank d's staging slot, "
         f"{block_m}x{block_n} blocks, {stages} stages, {wm}x{wn} warps",
-        reference, block_size,
+        reference, block_size, core, block_m, block_n, a_index=1,
     )  # fmt: skip
 
 
@@ -160,7 +214,7 @@ def gemm_chunk(
     """All-Gather + GEMM consumer tile (see the module docstring). The rows per chunk
     are ``dim(A, 0) / dim(C_chunks)``: ``C`` is ``memref<?x?x?xbf16>`` viewed as
     ``(R, S/R, N)`` (the output ``(S, N)`` reshaped), so the tile learns ``S/R``."""
-    wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
+    wm, wn = _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core)
     t = _Text()
     ct = "memref<?x?x?xbf16>"
     rpr = t.op("rpr", f"memref.dim %C, {t.c(1)} : {ct}")
@@ -181,10 +235,9 @@ def gemm_chunk(
                         f"{{alignment = 4 : i64}} : {ct}, vector<2xbf16>"
                     )
 
-    globals_ = _body(
-        t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
-        wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=_pairs(t, block_n, wn), r0=r0,
-        epilogue=epilogue, core=core, inflight=inflight, block_k=block_k,
+    globals_ = _gemm_body(
+        t, name, k, block_m, block_n, block_size, wm, wn, stages, a_src, b_src, r0, n0,
+        epilogue, core, inflight, block_k,
     )  # fmt: skip
     signature = f"%s: index, %i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
 
@@ -194,11 +247,11 @@ def gemm_chunk(
         cs = slice(j * block_n, (j + 1) * block_n)
         C[s, i * block_m : (i + 1) * block_m, cs] = f32_to_bf16(_mma.bf16_matmul(A[rs], B[cs]))
 
-    return _finish(
+    return _gemm_finish(
         t, name, signature, globals_,
         f"{name}: C = A @ B^T for chunk s of the gathered rows, {block_m}x{block_n} blocks, "
         f"{stages} stages, {wm}x{wn} warps",
-        reference, block_size,
+        reference, block_size, core, block_m, block_n,
     )  # fmt: skip
 
 

@@ -559,14 +559,234 @@ def _body_wgmma(
     final = [f"{res}#{q}" for q in range(nacc)]
     if inflight:  # the last k-tile's wgmma
         final = _wgmma_wait(t, final, commit=False)
-    # Accumulator d[4f + q]: rows lane/4 (q < 2) and lane/4 + 8 of the warp's
-    # 16, columns 8f + 2 * (lane % 4) + q % 2: mma.sync's per 8 columns.
+    _wgmma_epilogue(t, final, b_rows, group, warp, lane, r0, epilogue)
+    return globals_
+
+
+def _wgmma_epilogue(t: _Text, final, b_rows: int, group, warp, lane, r0: str, epilogue) -> None:
+    """Hand a warpgroup's ``m64nN`` accumulators to ``epilogue`` in the
+    ``mma.sync`` fragment layout: d[4f + q] is row lane/4 (q < 2) or lane/4 + 8
+    of the warp's 16, column 8f + 2 * (lane % 4) + q % 2."""
     acc_f = [[[final[4 * f + q] for q in range(4)] for f in range(b_rows // 8)]]
     grp = t.bin("divui", lane, 4)
     tig = t.bin("remui", lane, 4)
     rbase = t.add(t.add(t.add(r0, t.mul(group, 64)), t.mul(warp, 16)), grp)
     rows = [rbase, t.add(rbase, 8)]
     epilogue(t, acc_f, rows, t.c(0), t.mul(tig, 2))
+
+
+# One TMA load: (the map's address as i64, first row (index), rows).
+TmaLoad = tuple[str, str, int]
+TMA_BLOCK_K = 64  # 128-byte rows: the TMA box's and wgmma's 128-byte swizzle
+
+
+def tma_smem_bytes(block_m: int, b_rows: int, stages: int) -> int:
+    """Workgroup bytes of a TMA tile: the ring plus two mbarriers per stage."""
+    return stages * (block_m + b_rows) * TMA_BLOCK_K * 2 + 16 * stages
+
+
+def _asm_ops(t: _Text, text: str, operands: list[tuple[str, str]]) -> None:
+    """Side-effecting inline PTX on ``operands`` (value, ``i32``/``i64``)."""
+    cons = ",".join("l" if ty == "i64" else "r" for _, ty in operands)
+    vals = ", ".join(v for v, _ in operands)
+    types = ", ".join(ty for _, ty in operands)
+    t.emit(
+        f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{cons}" {vals} : ({types}) -> ()'
+    )
+
+
+def _i32(t: _Text, v: str) -> str:
+    return t.op("w", f"arith.index_cast {v} : index to i32")
+
+
+# try_wait polls before a TMA tile gives up (each suspends up to a
+# hardware-defined time): a wait that can never complete traps (a launch error)
+# instead of hanging the GPU.
+MBAR_POLLS = 1 << 22
+
+
+def _mbar_wait(t: _Text, bar: str, parity: str) -> None:
+    """Wait until the mbarrier at shared address ``bar`` (i32) completes the
+    phase of ``parity`` (i32), or trap after ``MBAR_POLLS`` polls. Labels
+    inside braces are local to each copy."""
+    _asm_ops(
+        t,
+        "{ .reg .pred p; .reg .b32 n; mov.b32 n, 0; "
+        "LAB_WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; @p bra DONE; "
+        f"add.u32 n, n, 1; setp.lt.u32 p, n, {MBAR_POLLS}; @p bra LAB_WAIT; trap; DONE: }}",
+        [(bar, "i32"), (parity, "i32")],
+    )
+
+
+def _body_tma(
+    t: _Text,
+    *,
+    name: str,
+    k: int,
+    block_m: int,
+    b_rows: int,
+    block_size: int,
+    stages: int,
+    a_loads: list[TmaLoad],
+    b_loads: list[TmaLoad],
+    r0: str,
+    epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
+) -> list[str]:
+    """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
+
+    Thread 0 is the producer: it loads k-tile ``kt`` (64 values of ``k``) of
+    every ``a_loads``/``b_loads`` box into stage ``kt % stages`` with
+    ``cp.async.bulk.tensor`` (the TMA unit swizzles by 128 bytes, which is the
+    layout the wgmma descriptors address), counting bytes on the stage's
+    *full* mbarrier. Every warp waits on *full*, its warpgroup issues the
+    k-tile's wgmma and leaves it running (``wait_group 1``), so the previous
+    k-tile's wgmma is done: each warp then arrives on that stage's *empty*
+    mbarrier, and thread 0 refills it once all warps have. No CTA barrier in
+    the loop; the tensor cores always have the next k-tile queued."""
+    if block_size % 128 or block_m != 64 * (block_size // 128):
+        raise GraphError(
+            f"tile '{name}': wgmma needs warpgroups of 128 threads, each 64 rows: "
+            f"block_m={block_m} with block_size={block_size}"
+        )
+    if b_rows % 8 or not 8 <= b_rows <= 256:
+        raise GraphError(f"tile '{name}': wgmma needs block_n in 8..256, a multiple of 8")
+    if k % TMA_BLOCK_K:
+        raise GraphError(f"tile '{name}': k={k} must be a multiple of {TMA_BLOCK_K} for TMA")
+    if stages < 2:
+        raise GraphError(f"tile '{name}': stages={stages} must be at least 2")
+    bk, kt_n, warps = TMA_BLOCK_K, k // TMA_BLOCK_K, block_size // 32
+    a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
+    b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
+    bar_t = f"memref<{2 * stages}xi64, #gpu.address_space<workgroup>>"
+    globals_ = [
+        f'memref.global "private" @{name}__smem_a : {a_t} {{alignment = 1024 : i64}}',
+        f'memref.global "private" @{name}__smem_b : {b_t} {{alignment = 1024 : i64}}',
+        f'memref.global "private" @{name}__mbar : {bar_t} {{alignment = 8 : i64}}',
+    ]
+    bases = []
+    for key, glob, ty in (("sa", "smem_a", a_t), ("sb", "smem_b", b_t), ("sbar", "mbar", bar_t)):
+        ref = t.op(key, f"memref.get_global @{name}__{glob} : {ty}")
+        bases.append(t.op("b", f"memref.extract_aligned_pointer_as_index {ref} : {ty} -> index"))
+    base_a, base_b, base_bar = bases
+    for line in (
+        "%c_desc_mask = arith.constant 262143 : i64",
+        "%c_desc_shift = arith.constant 4 : i64",
+        f"%c_desc_hi = arith.constant {_desc_hi(bk)} : i64",
+        "%c_one_i32 = arith.constant 1 : i32",
+    ):
+        t.emit(line)
+    tid = t.op("tid", "gpu.thread_id x")
+    group = t.bin("divui", tid, 128)
+    warp = t.bin("remui", t.bin("divui", tid, 32), 4)
+    lane = t.bin("remui", tid, 32)
+    is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
+    lane0 = t.op("lane0", f"arith.cmpi eq, {lane}, {t.c(0)} : index")
+    a_bytes, b_bytes = block_m * bk * 2, b_rows * bk * 2
+    tx = t.op("tx", f"arith.constant {a_bytes + b_bytes} : i32")
+
+    def bar(kind: int, stage: str | int) -> str:
+        """The shared address (i32) of stage's full (0) or empty (1) mbarrier."""
+        at = (
+            t.add(base_bar, 8 * (kind * stages + stage))
+            if isinstance(stage, int)
+            else t.add(base_bar, t.mul(t.add(stage, kind * stages), 8))
+        )
+        return _i32(t, at)
+
+    def issue(kt: str | int, stage: str | int) -> None:
+        """Thread 0: TMA k-tile ``kt`` into ``stage``."""
+        full = bar(0, stage)
+        _asm_ops(
+            t,
+            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+            [(full, "i32"), (tx, "i32")],
+        )
+        col = _i32(t, t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk))
+        for base, per_stage, loads in ((base_a, a_bytes, a_loads), (base_b, b_bytes, b_loads)):
+            st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
+            off = 0
+            for tmap, row0, rows in loads:
+                dst = _i32(t, t.add(t.add(base, st), off * bk * 2))
+                _asm_ops(
+                    t,
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                    "[$0], [$1, {$2, $3}], [$4];",
+                    [
+                        (dst, "i32"),
+                        (tmap, "i64"),
+                        (col, "i32"),
+                        (_i32(t, row0), "i32"),
+                        (full, "i32"),
+                    ],
+                )
+                off += rows
+
+    # -- prologue: the buffers may hold another tile's generic writes (tiles
+    # share shared memory) and the previous call's barriers are still live
+    # until every thread is here.
+    _asm(t, "fence.proxy.async.shared::cta;")
+    t.emit("gpu.barrier")
+    t.emit(f"scf.if {is0} {{")
+    outer = t.indent
+    t.indent += "  "
+    for s in range(stages):
+        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(bar(0, s), "i32")])
+        _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(bar(1, s), "i32")])
+    _asm(t, "fence.mbarrier_init.release.cluster;")
+    for s in range(min(stages, kt_n)):
+        issue(s, s)
+    t.indent = outer
+    t.emit("}")
+    t.emit("gpu.barrier")
+    base_a = t.add(base_a, t.mul(group, 64 * bk * 2))
+    nacc = b_rows // 2
+    types = ", ".join(["f32"] * nacc)
+    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
+    res = t.fresh("accs")
+    t.emit(
+        f"{res}:{nacc} = scf.for %kt = {t.c(0)} to {t.c(kt_n)} step {t.c(1)} "
+        f"iter_args({inits}) -> ({types}) {{"
+    )
+    t.indent = outer + "  "
+    stage = t.bin("remui", "%kt", stages)
+    parity = _i32(t, t.bin("remui", t.bin("divui", "%kt", stages), 2))
+    _mbar_wait(t, bar(0, stage), parity)
+    a_stage = t.add(base_a, t.mul(stage, a_bytes))
+    b_stage = t.add(base_b, t.mul(stage, b_bytes))
+    _asm(t, "wgmma.fence.sync.aligned;")
+    acc = [f"%acc_{q}" for q in range(nacc)]
+    for ks in range(bk // 16):
+        da = _descriptor(t, t.add(a_stage, 32 * ks))
+        db = _descriptor(t, t.add(b_stage, 32 * ks))
+        acc = _wgmma(t, acc, da, db, b_rows)
+    acc = _wgmma_wait(t, acc, pending=1)
+    # The previous k-tile's wgmma is done: release its stage, and refill it.
+    has_prev = t.op("prev", f"arith.cmpi uge, %kt, {t.c(1)} : index")
+    t.emit(f"scf.if {has_prev} {{")
+    t.indent = outer + "    "
+    prev = t.op("p", f"arith.subi %kt, {t.c(1)} : index")
+    pstage = t.bin("remui", prev, stages)
+    t.emit(f"scf.if {lane0} {{")
+    t.indent = outer + "      "
+    _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(bar(1, pstage), "i32")])
+    t.indent = outer + "    "
+    t.emit("}")
+    nxt = t.add(prev, stages)
+    more = t.op("more", f"arith.cmpi ult, {nxt}, {t.c(kt_n)} : index")
+    refill = t.op("refill", f"arith.andi {is0}, {more} : i1")
+    t.emit(f"scf.if {refill} {{")
+    t.indent = outer + "      "
+    _mbar_wait(t, bar(1, pstage), _i32(t, t.bin("remui", t.bin("divui", prev, stages), 2)))
+    issue(nxt, pstage)
+    t.indent = outer + "    "
+    t.emit("}")
+    t.indent = outer + "  "
+    t.emit("}")
+    t.emit(f"scf.yield {', '.join(acc)} : {types}")
+    t.indent = outer
+    t.emit("}")
+    final = _wgmma_wait(t, [f"{res}#{q}" for q in range(nacc)], commit=False)
+    _wgmma_epilogue(t, final, b_rows, group, warp, lane, r0, epilogue)
     return globals_
 
 
@@ -648,6 +868,8 @@ def gemm(
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
     ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped."""
+    if core == "tma":
+        return _dense_tma(block_m, block_n, k, name, block_size, stages, smem_limit)
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     ab, ct = _mma.dense_types(k)
     t = _Text()
@@ -692,6 +914,96 @@ def gemm(
     )  # fmt: skip
 
 
+def plan_tma(
+    name: str, block_m: int, b_rows: int, k: int, block_size: int, stages: int, smem_limit: int
+) -> None:
+    """Check a TMA tile's configuration (the body checks the wgmma shape)."""
+    for key, value in (("block_m", block_m), ("k", k), ("stages", stages)):
+        _positive(name, key, value)
+    _positive(name, "block_size", block_size)
+    need = tma_smem_bytes(block_m, b_rows, stages)
+    if need > smem_limit:
+        raise GraphError(
+            f"tile '{name}': {stages} stages of {block_m}x{TMA_BLOCK_K} + {b_rows}x{TMA_BLOCK_K} "
+            f"bf16 need {need} bytes of shared memory, over the limit of {smem_limit}"
+        )
+
+
+def _map_pointer(t: _Text, arg: str) -> str:
+    """The address (i64) of a tensor map argument ``memref<16xi64>``."""
+    p = t.op("map", f"memref.extract_aligned_pointer_as_index {arg} : {MAP_TYPE} -> index")
+    return t.op("map", f"arith.index_cast {p} : index to i64")
+
+
+MAP_TYPE = "memref<16xi64>"
+
+
+def finish_tma(
+    t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference,
+    block_size: int, buffers: int, maps: list[tuple[str, int, int]],
+) -> DeviceFunction:  # fmt: skip
+    """A TMA tile: ``signature`` (``buffers`` buffers after the coordinates)
+    gets one trailing ``%<arg>_map`` buffer per ``(arg, source buffer, box
+    rows)`` of ``maps``; the reference ignores them."""
+    signature += "".join(f", %{arg}_map: {MAP_TYPE}" for arg, _, _ in maps)
+    n = len(maps)
+    fn = _finish(t, name, signature, globals_, comment, lambda *a: reference(*a[:-n]), block_size)
+    fn.tensor_maps = {
+        buffers + q: (src, (rows, TMA_BLOCK_K)) for q, (_, src, rows) in enumerate(maps)
+    }
+    return fn
+
+
+def _dense_tma(
+    block_m: int, block_n: int, k: int, name: str, block_size: int, stages: int, smem_limit: int
+) -> DeviceFunction:
+    """:func:`gemm` with ``core="tma"``: buffers ``(A, B, C, A_map, B_map)``."""
+    plan_tma(name, block_m, block_n, k, block_size, stages, smem_limit)
+    ab, ct = _mma.dense_types(k)
+    t = _Text()
+    m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
+    n_rows = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
+    r0 = t.mul("%i", block_m)
+    r1 = t.bin("minui", t.add(r0, block_m), m_rows)
+    n0 = t.mul("%j", block_n)
+    valid = _mma.dense_valid(t, r0, n0, m_rows, n_rows)
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+
+    def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
+        cols = [t.add(t.add(n0, col_lane), 8 * f) for f in range(len(acc[0]))]
+        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows)
+
+    globals_ = _body_tma(
+        t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size,
+        stages=stages, a_loads=[(_map_pointer(t, "%A_map"), r0, block_m)],
+        b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue,
+    )  # fmt: skip
+    t.close()
+    return finish_tma(
+        t, name, _mma.dense_signature(ab, ct), globals_,
+        f"{name}: C = A @ B^T, bf16, {block_m}x{block_n}x{TMA_BLOCK_K} blocks, {stages} stages, "
+        "TMA + wgmma", _mma.dense_reference(block_m, block_n), block_size, 3,
+        [("A", 0, block_m), ("B", 1, block_n)],
+    )  # fmt: skip
+
+
+def _core_text(core: str, wm: int, wn: int) -> str:
+    return {"tma": "TMA + wgmma", "wgmma": "wgmma"}.get(core, f"{wm}x{wn} warps")
+
+
+def _moe_finish(
+    t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference,
+    block_size: int, core: str, mapped: tuple[str, str], boxes: tuple[int, int],
+) -> DeviceFunction:  # fmt: skip
+    """A MoE tile; with ``core="tma"`` it also takes the maps of its activation and
+    weight buffers (#0, #1) as buffers #5, #6."""
+    if core != "tma":
+        return _finish(t, name, signature, globals_, comment, reference, block_size)
+    maps = [(mapped[0], 0, boxes[0]), (mapped[1], 1, boxes[1])]
+    return finish_tma(t, name, signature, globals_, comment, reference, block_size, 5, maps)
+
+
 def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
     """Decode tile ``i`` of expert ``e``; opens ``scf.if valid``; returns ``(r0, r1, n0)``."""
     vals, local, cnt = _mma.moe_decode(t, indptr, it, t.add("%e", 1))
@@ -724,7 +1036,13 @@ def moe_gate_up(
     Wgu[e, n]^T``, ``u = Xp[r] @ Wgu[e, inter + n]^T`` for ``n in [nb*BN,
     nb*BN + BN)``. Buffers as :func:`etc.tiles.gemm.moe_gate_up`."""
     _positive(name, "inter", inter)
-    wm, wn = plan(name, block_m, block_n, hidden, block_size, warps, stages, 2, smem_limit, block_k)
+    if core == "tma":
+        plan_tma(name, block_m, 2 * block_n, hidden, block_size, stages, smem_limit)
+        wm, wn = 1, 1
+    else:
+        wm, wn = plan(
+            name, block_m, block_n, hidden, block_size, warps, stages, 2, smem_limit, block_k
+        )
     _check_divisible(name, block_n, inter, "inter")
     ed, it = _experts(name, experts)
     xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
@@ -754,17 +1072,29 @@ def moe_gate_up(
         cols = [t.add(wcol, 8 * f) for f in range(nf)]
         _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
 
-    globals_ = _body(
-        t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
-        wm=wm, wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-        epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
-    )  # fmt: skip
+    if core == "tma":
+        wrow = t.mul("%e", 2 * inter)  # Wgu viewed as (E * 2I) x hidden
+        w_map = _map_pointer(t, "%Wgu_map")
+        globals_ = _body_tma(
+            t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
+            stages=stages, a_loads=[(_map_pointer(t, "%Xp_map"), r0, block_m)],
+            b_loads=[(w_map, t.add(wrow, n0), block_n),
+                     (w_map, t.add(t.add(wrow, n0), inter), block_n)],
+            r0=r0, epilogue=epilogue,
+        )  # fmt: skip
+    else:
+        globals_ = _body(
+            t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
+            wm=wm, wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
+            epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
+        )  # fmt: skip
     t.close()
-    return _finish(
+    return _moe_finish(
         t, name, _mma.gate_up_signature(xt, wt, ht, it), globals_,
         f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks, "
-        f"{stages} stages, {wm}x{wn} warps", _mma.gate_up_reference(block_m, block_n, inter),
-        block_size,
+        f"{stages} stages, {_core_text(core, wm, wn)}",
+        _mma.gate_up_reference(block_m, block_n, inter), block_size, core,
+        ("Xp", "Wgu"), (block_m, block_n),
     )  # fmt: skip
 
 
@@ -787,7 +1117,13 @@ def moe_down(
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
     [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`."""
     _positive(name, "hidden", hidden)
-    wm, wn = plan(name, block_m, block_n, inter, block_size, warps, stages, 1, smem_limit, block_k)
+    if core == "tma":
+        plan_tma(name, block_m, block_n, inter, block_size, stages, smem_limit)
+        wm, wn = 1, 1
+    else:
+        wm, wn = plan(
+            name, block_m, block_n, inter, block_size, warps, stages, 1, smem_limit, block_k
+        )
     _check_divisible(name, block_n, hidden, "hidden")
     ed, it = _experts(name, experts)
     ht, wt, yt = _mma.down_types(hidden, inter, ed)
@@ -811,14 +1147,23 @@ def moe_down(
         cols = [t.add(wcol, 8 * f) for f in range(len(acc[0]))]
         _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
 
-    globals_ = _body(
-        t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size, wm=wm,
-        wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-        epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
-    )  # fmt: skip
+    if core == "tma":
+        globals_ = _body_tma(
+            t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
+            stages=stages, a_loads=[(_map_pointer(t, "%Hb_map"), r0, block_m)],
+            b_loads=[(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), block_n)],
+            r0=r0, epilogue=epilogue,
+        )  # fmt: skip
+    else:
+        globals_ = _body(
+            t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
+            wm=wm, wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
+            epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
+        )  # fmt: skip
     t.close()
-    return _finish(
+    return _moe_finish(
         t, name, _mma.down_signature(ht, wt, yt, it), globals_,
         f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks, {stages} stages, "
-        f"{wm}x{wn} warps", _mma.down_reference(block_m, block_n), block_size,
+        f"{_core_text(core, wm, wn)}", _mma.down_reference(block_m, block_n), block_size, core,
+        ("Hb", "Wd"), (block_m, block_n),
     )  # fmt: skip

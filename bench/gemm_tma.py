@@ -1,0 +1,195 @@
+"""TMA-fed wgmma GEMM tiles (etc.tiles.gemm_tc, core="tma", sm_90a) against torch.matmul
+(cuBLAS), on the MoE layer's GEMM shapes and the dense tensor-parallel ones.
+
+    python bench/gemm_tma.py --build DIR                  # CPU: compile every config
+    python bench/gemm_tma.py --artifacts DIR --out OUT    # GPU: check, then time
+
+Method: C = A @ B^T, bf16 in, fp32 accumulation, bf16 out. Shapes (M, N, K): the
+Qwen3-30B-A3B expert GEMMs (gate/up N = 2 x 768, K = 2048; down N = 2048, K = 768) for
+M = 1024, 4096, 8192 rows, 8192^3, and the per-rank GEMMs of the 2-GPU tensor-parallel
+cases. Variants: the dense tile in each TMA configuration, the previous best dense
+wgmma tile (cp.async ring, 64-wide k-tiles, 3 stages), and on the MoE shapes the MoE
+tiles themselves (`moe_gate_up` with its SwiGLU epilogue, `moe_down`; one expert holding
+all M rows) on TMA. Each is a one-task ETC graph (static schedule) launched eagerly; A
+and B rotate over enough copies to exceed L2. Every variant is checked against a
+float32 torch product first (max |err| / max |ref| <= 1e-2; a wrong one is reported and
+not timed); times are GPU time (a sleep kernel hides the host), medians of REPS
+repetitions of back-to-back calls over all copies.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench._gemm_common import (  # noqa: E402
+    dense_graph,
+    dense_launch,
+    moe_graph,
+    moe_launch,
+    rel_err,
+    rotated_inputs,
+    swiglu,
+)
+from bench.timing import gpu_timed, two_step_main  # noqa: E402
+
+HIDDEN, INTER = 2048, 768
+# name: (block_m, block_n, stages, min CTAs per SM or None); core "tma" unless
+# the name starts with "wg" (the cp.async-ring wgmma tile, 64-wide k-tiles).
+CONFIGS = {
+    "wg128x128s3": (128, 128, 3, 2),
+    "tma128x128s3o2": (128, 128, 3, 2),
+    "tma128x128s4": (128, 128, 4, None),
+    "tma128x256s3": (128, 256, 3, None),
+    "tma128x256s4": (128, 256, 4, None),
+    "tma256x128s4": (256, 128, 4, None),
+}
+# MoE tiles on TMA: name: (shape, block_m, block_n of the output, stages, min CTAs).
+MOE_CONFIGS = {
+    "moe_gu_128x64s4": ("gate_up", 128, 64, 4, None),
+    "moe_gu_128x64s3o2": ("gate_up", 128, 64, 3, 2),
+    "moe_gu_128x128s4": ("gate_up", 128, 128, 4, None),
+    "moe_dn_128x128s4": ("down", 128, 128, 4, None),
+    "moe_dn_128x128s3o2": ("down", 128, 128, 3, 2),
+    "moe_dn_128x256s4": ("down", 128, 256, 4, None),
+}
+MOE_SHAPES = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
+SHAPES = [
+    *((M, 2 * INTER, HIDDEN) for M in (1024, 4096, 8192)),
+    *((M, HIDDEN, INTER) for M in (1024, 4096, 8192)),
+    (8192, 8192, 8192),
+    (8192, 4096, 6144),
+    (8192, 6144, 4096),
+    (8192, 5120, 12800),
+]
+SMEM = 220 * 1024
+WORKING_SET = 160 << 20
+
+
+def name(config: str, k: int) -> str:
+    return f"{config}_k{k}"
+
+
+def _options(min_ctas: int | None) -> dict:
+    return {"target": "sm_90a", **({"min_ctas_per_sm": min_ctas} if min_ctas else {})}
+
+
+def build(out: Path) -> None:
+    import etc
+    from etc.tiles import gemm_tc as G
+
+    for config, (bm, bn, stages, occ) in CONFIGS.items():
+        core = "wgmma" if config.startswith("wg") else "tma"
+        extra = {"block_k": 64} if core == "wgmma" else {}
+        for k in sorted({s[2] for s in SHAPES}):
+            tile = G.gemm(
+                bm, bn, k, stages=stages, core=core, block_size=2 * bm, smem_limit=SMEM, **extra
+            )
+            graph = dense_graph(f"g_{config}", tile, k, bm, bn)
+            etc.compile(graph, **_options(occ)).save(out / name(config, k))
+            print("built", name(config, k))
+    for config, (shape, bm, bn, stages, occ) in MOE_CONFIGS.items():
+        graph = moe_graph(
+            config, shape, G, bm, bn, HIDDEN, INTER, stages=stages, core="tma",
+            block_size=2 * bm, smem_limit=SMEM,
+        )  # fmt: skip
+        etc.compile(graph, **_options(occ)).save(out / config)
+        print("built", config)
+
+
+def _measure(torch, row, variant, kernel, launch, out_tensor, want, copies, reps) -> None:
+    """Check ``launch(0)`` against ``want(0)``, then time it into ``row``; a
+    failure or a wrong result is reported and not timed."""
+    where = f"{row['M']}x{row['N']}x{row['K']}"
+    out_tensor.fill_(float("nan"))
+    try:
+        launch(0)
+        kernel.check()
+    except Exception as exc:  # report and go on with the other variants
+        row["rel_err"][variant] = repr(exc)
+        print(f"{variant}: FAILED at {where}: {exc}")
+        return
+    err = rel_err(out_tensor, want(0))
+    row["rel_err"][variant] = err
+    if not err <= 1e-2:
+        print(f"{variant}: WRONG (rel err {err:.3g}) at {where}")
+        return
+    flops = 2 * row["M"] * row["N"] * row["K"]
+    row["tflops"][variant] = flops / gpu_timed(torch, launch, copies, reps) / 1e6
+
+
+def run(artifacts: Path, out: Path | None, reps: int) -> dict:
+    import torch
+
+    import etc.runtime
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    for M, N, K in SHAPES:
+        copies, As, Ws = rotated_inputs(torch, M, N, K, WORKING_SET)
+        flops = 2 * M * N * K
+        C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        row = {"M": M, "N": N, "K": K, "tflops": {}, "rel_err": {}}
+
+        def mm(i, As=As, Ws=Ws, copies=copies, C=C):
+            torch.matmul(As[i % copies], Ws[i % copies].T, out=C)
+
+        row["tflops"]["cublas"] = flops / gpu_timed(torch, mm, copies, reps) / 1e6
+
+        def ref(i, As=As, Ws=Ws):
+            return As[i].float() @ Ws[i].float().T
+
+        def measure(variant, kernel, launch, out_tensor, want, row=row, copies=copies):
+            _measure(torch, row, variant, kernel, launch, out_tensor, want, copies, reps)
+
+        for config in CONFIGS:
+            kernel = etc.runtime.load(artifacts / name(config, K))
+            measure(config, kernel, dense_launch(kernel, M, N, As, Ws, C), C, ref)
+        for config, (shape, bm, bn, _, _) in MOE_CONFIGS.items():
+            if MOE_SHAPES[shape] != (N, K):
+                continue
+            kernel = etc.runtime.load(artifacts / config)
+            n_total = INTER if shape == "gate_up" else HIDDEN
+            launch, Y = moe_launch(torch, kernel, shape, M, bm, bn, n_total, As, Ws)
+
+            def want(i, shape=shape):
+                return swiglu(torch, ref(i), INTER) if shape == "gate_up" else ref(i)
+
+            measure(config, kernel, launch, Y, want)
+        best = max((v for k, v in row["tflops"].items() if k != "cublas"), default=0.0)
+        row["best_over_cublas"] = best / row["tflops"]["cublas"]
+        print(
+            f"{M}x{N}x{K}: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in row["tflops"].items())
+            + f" TFLOP/s; best/cuBLAS {row['best_over_cublas']:.2f}",
+            flush=True,
+        )
+        rows.append(row)
+        del As, Ws, C
+        torch.cuda.empty_cache()
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "method": __doc__.split("Method: ")[1].strip(),
+        "configs": CONFIGS,
+        "moe_configs": MOE_CONFIGS,
+        "rows": rows,
+    }
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gemm_tma.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

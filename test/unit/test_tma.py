@@ -1,0 +1,312 @@
+"""TMA tensor maps end to end without a GPU: ``Graph.tensor_map`` and its checks,
+the manifest field, launch binding (maps are never passed), the runtime's map
+geometry and cache, the simulator, and the TMA GEMM tiles (references, PTX that
+ptxas assembles for sm_90a)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gemm_helpers import (
+    DENSE,
+    MOE_DN,
+    MOE_GU,
+    E,
+    H,
+    I,
+    check_gemm_simulated,
+    compile_tile,
+    moe_tables,
+    needs_bindings,
+    needs_ptxas,
+    rand_bf16,
+    rel_err,
+)
+from test_runtime import splitk_manifest, write_artifact
+
+import etc
+from etc.dtypes import bf16_to_f32
+from etc.errors import GraphError, LaunchError, ShapeError
+from etc.runtime import args, manifest, tensormap
+from etc.tiles import collective as CT
+from etc.tiles import gemm_tc as G
+
+SMEM = 220 << 10
+
+
+def dense_tma(bm=128, bn=64, k=128, **kw):
+    return G.gemm(bm, bn, k, core="tma", block_size=2 * bm, smem_limit=SMEM, **kw)
+
+
+# -- the graph ------------------------------------------------------------------------
+
+
+def graph_ab(k=128):
+    g = etc.Graph("g")
+    m, n = g.symbol("m"), g.symbol("n")
+    A, B = g.tensor("A", (m, k), "bf16"), g.tensor("B", (n, k), "bf16")
+    C = g.tensor("C", (m, n), "bf16")
+    return g, A, B, C
+
+
+def test_tensor_map_declares_an_i64_table_once():
+    g, A, _, _ = graph_ab()
+    t = g.tensor_map(A, (128, 64))
+    assert (t.name, t.shape, t.dtype.name, t.map_of, t.map_box) == (
+        "A_tma128x64",
+        (16,),
+        "i64",
+        A,
+        (128, 64),
+    )
+    assert g.tensor_map(A, (128, 64)) is t
+    assert g.tensor_map(A, (64, 64)) is not t
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda g, A, C: g.tensor_map(A, (128, 32)), ["cols=32", "needs 64"]),
+        (lambda g, A, C: g.tensor_map(A, (0, 64)), ["rows=0", "1..256"]),
+        (lambda g, A, C: g.tensor_map(A, (300, 64)), ["rows=300"]),
+        (lambda g, A, C: g.tensor_map(A, 64), ["(rows, cols)"]),
+        (lambda g, A, C: g.tensor_map(g.tensor("v", (8,), "bf16"), (8, 64)), ["rank 1"]),
+        (lambda g, A, C: g.tensor_map(g.tensor("o", (4, 12), "bf16"), (4, 64)), ["24 bytes"]),
+        (lambda g, A, C: g.tensor_map(g.tensor_map(A, (8, 64)), (8, 8)), ["derived table"]),
+        (lambda g, A, C: g.tensor_map(etc.Graph("h").tensor("x", (8, 64), "bf16"), (8, 64)), ["not a tensor of graph"]),
+    ],
+)  # fmt: skip
+def test_tensor_map_errors_name_the_culprit(make, words):
+    g, A, _, C = graph_ab()
+    with pytest.raises(GraphError) as err:
+        make(g, A, C)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_task_appends_and_checks_maps():
+    tile = dense_tma()
+    assert tile.tensor_maps == {3: (0, (128, 64)), 4: (1, (64, 64))}
+    g, A, B, C = graph_ab()
+    task = g.task(tile, grid=(1, 1), args=(A, B, C))
+    assert [a.name for a in task.args] == ["A", "B", "C", "A_tma128x64", "B_tma64x64"]
+    # Explicit maps must be the right source and box.
+    g.task(tile, grid=(1, 1), args=(A, B, C, g.tensor_map(A, (128, 64)), g.tensor_map(B, (64, 64))))
+    with pytest.raises(GraphError, match=r"must be graph.tensor_map\(A, box=\(128, 64\)\)"):
+        g.task(
+            tile, grid=(1, 1), args=(A, B, C, g.tensor_map(B, (128, 64)), g.tensor_map(B, (64, 64)))
+        )
+    plain16 = g.tensor("T16", (16,), "i64")
+    with pytest.raises(GraphError, match="got tensor 'T16'$"):
+        g.task(tile, grid=(1, 1), args=(A, B, C, plain16, g.tensor_map(B, (64, 64))))
+    # A map where a tile reads no map.
+    plain = etc.DeviceFunction.from_mlir(
+        "func.func @table(%i: index, %t: memref<16xi64>) { return }", "table"
+    )
+    with pytest.raises(GraphError, match="does not read buffer #0 through TMA"):
+        g.task(plain, grid=(1,), args=(g.tensor_map(A, (64, 64)),))
+
+
+@needs_bindings
+def test_compiled_manifest_records_maps(tmp_path: Path):
+    g, A, B, C = graph_ab()
+    g.task(dense_tma(), grid=(2, 3), args=(A, B, C))
+    etc.compile(g, target="sm_90a").save(tmp_path / "art")
+    m = manifest.load_manifest(tmp_path / "art")
+    assert m.tensor("A_tma128x64").tensor_map == ("A", (128, 64))
+    assert m.tensor("B_tma64x64").tensor_map == ("B", (64, 64))
+    assert [t.name for t in m.inputs] == ["A", "B", "C"]
+
+
+# -- manifest and launch binding ----------------------------------------------------------
+
+
+def mapped_manifest() -> dict:
+    data = splitk_manifest()
+    data["tensors"][0]["dtype"] = "bf16"
+    data["tensors"].append(
+        {
+            "name": "A_map",
+            "shape": [16],
+            "dtype": "i64",
+            "tensor_map": {"source": "A", "box": [64, 64]},
+        }
+    )
+    data["params"].insert(4, {"kind": "tensor", "name": "A_map", "rank": 1})
+    return data
+
+
+def test_manifest_tensor_map_round_trip(tmp_path: Path):
+    m = manifest.load_manifest(write_artifact(tmp_path, mapped_manifest()))
+    assert m.tensor("A_map").tensor_map == ("A", (64, 64))
+    assert [t.name for t in m.inputs] == ["A", "B", "C"]
+    shapes = args.bound_shapes(m, {"n": 3})
+    given = {"A": np.zeros((3, 256), np.uint16), "B": np.zeros((3, 4), np.float32)}
+    given["C"] = np.zeros(3, np.float32)
+    assert [b.name for b in args.bind_tensors(m, shapes, given)] == ["A", "B", "C"]
+    with pytest.raises(LaunchError, match="'A_map' is a TMA tensor map; the runtime encodes it"):
+        args.bind_tensors(m, shapes, {**given, "A_map": np.zeros(16, np.int64)})
+    assert args.FastBinder(m, shapes, 0).count == 3
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.update(tensor_map={"source": "Z", "box": [64, 64]}), "source 'Z' is not a buffer"),
+        (lambda t: t.update(tensor_map={"source": "C", "box": [64, 64]}), "source 'C' is not a buffer of rank >= 2"),
+        (lambda t: t.update(tensor_map={"source": "A", "box": [64]}), "expected [rows, cols]"),
+        (lambda t: t.update(shape=[8]), "i64 of shape (16,)"),
+    ],
+)  # fmt: skip
+def test_manifest_bad_tensor_map(tmp_path: Path, edit, message):
+    data = mapped_manifest()
+    edit(data["tensors"][-1])
+    with pytest.raises(LaunchError) as err:
+        manifest.load_manifest(write_artifact(tmp_path, data))
+    assert message in str(err.value)
+
+
+def test_map_geometry():
+    dims, strides, box = tensormap.map_geometry("t", (4, 300, 128), "bf16", (128, 64))
+    assert (dims, strides, box) == ([128, 1200], [256], [64, 128])
+    assert tensormap.map_geometry("t", (0, 128), "bf16", (128, 64)) is None
+    with pytest.raises(ShapeError, match="t: rows of 12 bf16 are 24 bytes"):
+        tensormap.map_geometry("t", (4, 12), "bf16", (4, 64))
+    with pytest.raises(ShapeError, match="do not support dtype i64"):
+        tensormap.map_geometry("t", (4, 16), "i64", (4, 16))
+    with pytest.raises(ShapeError, match="16-byte aligned address"):
+        tensormap.encode("t", 0x1008, (4, 64), "bf16", (4, 64))
+    assert tensormap.encode("t", 0x1008, (0, 64), "bf16", (4, 64)) == bytes(128)
+
+
+class FakeBuffer:
+    freed: list[int] = []
+    next_ptr = 0x10000
+
+    def __init__(self, nbytes):
+        self.ptr = FakeBuffer.next_ptr
+        FakeBuffer.next_ptr += 0x100
+
+    def release(self):
+        FakeBuffer.freed.append(self.ptr)
+
+
+def test_map_cache_reuses_and_evicts(tmp_path: Path, monkeypatch):
+    m = manifest.load_manifest(write_artifact(tmp_path, mapped_manifest()))
+    encoded = []
+    monkeypatch.setattr(tensormap, "encode", lambda *a: encoded.append(a) or bytes(128))
+    monkeypatch.setattr(tensormap.driver, "DeviceBuffer", FakeBuffer)
+    monkeypatch.setattr(tensormap.driver, "htod", lambda *a: None)
+    monkeypatch.setattr(tensormap.driver, "synchronize", lambda *a: None)
+    monkeypatch.setattr(tensormap.driver, "check", lambda *a: None)
+    monkeypatch.setattr(tensormap.driver, "cu", type("cu", (), {"cuCtxSynchronize": lambda: 0}))
+    monkeypatch.setattr(tensormap, "MAX_MAPS", 2)
+    maps = tensormap.TensorMaps(m)
+    shapes = {"A": (3, 256)}
+    first = maps.pointers({"A": 0x1000}, shapes, 0)
+    assert maps.pointers({"A": 0x1000}, shapes, 0) == first and len(encoded) == 1
+    assert encoded[0][1:] == (0x1000, (3, 256), "bf16", (64, 64))
+    second = maps.pointers({"A": 0x2000}, shapes, 0)
+    assert second != first and maps.generation == 0
+    maps.pointers({"A": 0x3000}, shapes, 0)  # evicts the oldest (0x1000's)
+    assert maps.generation == 1 and FakeBuffer.freed[-1] == first["A_map"]
+    assert len(encoded) == 3
+
+
+# -- the simulator and the tiles ----------------------------------------------------------------
+
+
+def test_simulated_dense_tma_tile_and_map_inputs_refused():
+    check_gemm_simulated("dense_tma", dense_tma(), 128, 64, 128, 200, 130)
+    g, A, B, C = graph_ab()
+    g.task(dense_tma(), grid=(2, 3), args=(A, B, C))
+    with pytest.raises(ShapeError, match="'A_tma128x64' is a TMA tensor map"):
+        etc.simulate(g, {"A_tma128x64": np.zeros(16, np.int64)}, {"m": 1, "n": 1})
+
+
+def test_moe_tma_references():
+    """The TMA MoE tiles compute what the cp.async ones do (their references)."""
+    rng = np.random.default_rng(3)
+    counts = [3, 0, 170, 64]
+    rows = sum(counts)
+    Xp = rand_bf16(rng, rows, H)
+    Wgu = rand_bf16(rng, E, 2 * I, H, scale=0.1)
+    gu = G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM)
+    assert gu.tensor_maps == {5: (0, (128, 64)), 6: (1, (64, 64))}
+    row_off, indptr = moe_tables(counts, 128, I // 64)
+    Hb = np.zeros((rows, I), np.uint16)
+    for e in range(E):
+        for i in range(int(indptr[-1])):
+            gu.reference(i, e, Xp, Wgu, row_off, indptr, Hb, None, None)
+    x = bf16_to_f32(Xp)
+    for e in range(E):
+        r = slice(row_off[e], row_off[e + 1])
+        if r.start == r.stop:
+            continue
+        w = bf16_to_f32(Wgu[e])
+        g, u = x[r] @ w[:I].T, x[r] @ w[I:].T
+        assert rel_err(bf16_to_f32(Hb[r]), g / (1 + np.exp(-g)) * u) <= 1e-2
+
+
+def test_tma_configuration_errors():
+    with pytest.raises(GraphError, match="k=96 must be a multiple of 64"):
+        dense_tma(k=96)
+    with pytest.raises(GraphError, match="over the limit of 49152"):
+        G.gemm(128, 128, 256, core="tma", stages=4)
+    with pytest.raises(GraphError, match="warpgroups of 128 threads"):
+        G.gemm(128, 128, 256, core="tma", block_size=128, smem_limit=SMEM)
+    with pytest.raises(GraphError, match="block_n in 8..256"):
+        G.gemm(128, 512, 256, core="tma", smem_limit=1 << 20)
+
+
+def sm90a_ptxas(ptx: str, tmp_path: Path) -> str:
+    src = tmp_path / "k.ptx"
+    src.write_text(ptx)
+    done = subprocess.run(
+        ["ptxas", "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stderr
+
+
+@needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize(
+    "make, tensors, grid, n",
+    [
+        (lambda: dense_tma(128, 256, 256, stages=4), DENSE, ("m", "n"), 256),
+        (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM), MOE_GU, ("m", E), 128),
+        (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM), MOE_DN, ("m", E), 128),
+        (lambda: CT.gemm_chunk(128, 128, 256, core="tma", smem_limit=SMEM), None, None, 128),
+    ],
+)  # fmt: skip
+def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
+    tile = make()
+    if tensors is None:  # the All-Gather + GEMM consumer tile: a graph of its own
+        g = etc.Graph("chunk")
+        s = g.symbol("s")
+        A, B = g.tensor("A", (s, 256), "bf16"), g.tensor("B", (256, 256), "bf16")
+        C = g.tensor("C", (2, s, 256), "bf16")
+        g.task(tile, grid=(2, 1, 2), args=(A, B, C))
+        art = etc.compile(g, target="sm_90a")
+    else:
+        art = compile_tile(tile, tensors, grid, target="sm_90a")
+    ptx = art.ptx
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
+    assert "mbarrier.try_wait.parity.shared::cta.b64" in ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx
+    maps = [t for t in art.manifest["tensors"] if "tensor_map" in t]
+    assert [t["tensor_map"]["box"][1] for t in maps] == [64, 64]
+    info = sm90a_ptxas(ptx, tmp_path)
+    assert "0 bytes spill stores" in info
+    assert art.cubin is not None
+
+
+def test_tensor_parallel_tma_tile_signature():
+    tile = CT.gemm_to_peer(128, 256, 512, core="tma", smem_limit=SMEM)
+    # Arguments after (d, i, j): rank, A, B, peers, then the maps of A and B.
+    assert tile.tensor_maps == {4: (1, (128, 64)), 5: (2, (256, 64))}
+    assert tile.params[-2:] == ("memref<16xi64>", "memref<16xi64>")
