@@ -39,24 +39,27 @@ from bench._gemm_common import (  # noqa: E402
 from bench.timing import gpu_timed, two_step_main  # noqa: E402
 
 HIDDEN, INTER = 2048, 768
-# name: (block_m, block_n, stages, min CTAs per SM or None); core "tma" unless
-# the name starts with "wg" (the cp.async-ring wgmma tile, 64-wide k-tiles).
+# name: (block_m, block_n, stages, min CTAs per SM or None, output staged
+# through shared memory); core "tma" unless the name starts with "wg" (the
+# cp.async-ring wgmma tile, 64-wide k-tiles). "d": direct 4-byte stores.
 CONFIGS = {
-    "wg128x128s3": (128, 128, 3, 2),
-    "tma128x128s3o2": (128, 128, 3, 2),
-    "tma128x128s4": (128, 128, 4, None),
-    "tma128x256s3": (128, 256, 3, None),
-    "tma128x256s4": (128, 256, 4, None),
-    "tma256x128s4": (256, 128, 4, None),
+    "wg128x128s3": (128, 128, 3, 2, False),
+    "tma128x128s4": (128, 128, 4, None, True),
+    "tma128x128s4d": (128, 128, 4, None, False),
+    "tma128x256s4": (128, 256, 4, None, True),
+    "tma128x256s4d": (128, 256, 4, None, False),
+    "tma256x128s4": (256, 128, 4, None, True),
+    "tma128x128s3o2": (128, 128, 3, 2, True),
 }
-# MoE tiles on TMA: name: (shape, block_m, block_n of the output, stages, min CTAs).
+# MoE tiles on TMA: name: (shape, block_m, block_n of the output, stages, min
+# CTAs, staged output).
 MOE_CONFIGS = {
-    "moe_gu_128x64s4": ("gate_up", 128, 64, 4, None),
-    "moe_gu_128x64s3o2": ("gate_up", 128, 64, 3, 2),
-    "moe_gu_128x128s4": ("gate_up", 128, 128, 4, None),
-    "moe_dn_128x128s4": ("down", 128, 128, 4, None),
-    "moe_dn_128x128s3o2": ("down", 128, 128, 3, 2),
-    "moe_dn_128x256s4": ("down", 128, 256, 4, None),
+    "moe_gu_128x64s4": ("gate_up", 128, 64, 4, None, True),
+    "moe_gu_128x128s4": ("gate_up", 128, 128, 4, None, True),
+    "moe_gu_128x128s4d": ("gate_up", 128, 128, 4, None, False),
+    "moe_dn_128x128s4": ("down", 128, 128, 4, None, True),
+    "moe_dn_128x256s4": ("down", 128, 256, 4, None, True),
+    "moe_dn_128x256s4d": ("down", 128, 256, 4, None, False),
 }
 MOE_SHAPES = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
 SHAPES = [
@@ -83,9 +86,9 @@ def build(out: Path) -> None:
     import etc
     from etc.tiles import gemm_tc as G
 
-    for config, (bm, bn, stages, occ) in CONFIGS.items():
+    for config, (bm, bn, stages, occ, staged) in CONFIGS.items():
         core = "wgmma" if config.startswith("wg") else "tma"
-        extra = {"block_k": 64} if core == "wgmma" else {}
+        extra = {"block_k": 64} if core == "wgmma" else {"stage_output": staged}
         for k in sorted({s[2] for s in SHAPES}):
             tile = G.gemm(
                 bm, bn, k, stages=stages, core=core, block_size=2 * bm, smem_limit=SMEM, **extra
@@ -93,10 +96,10 @@ def build(out: Path) -> None:
             graph = dense_graph(f"g_{config}", tile, k, bm, bn)
             etc.compile(graph, **_options(occ)).save(out / name(config, k))
             print("built", name(config, k))
-    for config, (shape, bm, bn, stages, occ) in MOE_CONFIGS.items():
+    for config, (shape, bm, bn, stages, occ, staged) in MOE_CONFIGS.items():
         graph = moe_graph(
             config, shape, G, bm, bn, HIDDEN, INTER, stages=stages, core="tma",
-            block_size=2 * bm, smem_limit=SMEM,
+            block_size=2 * bm, smem_limit=SMEM, stage_output=staged,
         )  # fmt: skip
         etc.compile(graph, **_options(occ)).save(out / config)
         print("built", config)
@@ -151,7 +154,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
         for config in CONFIGS:
             kernel = etc.runtime.load(artifacts / name(config, K))
             measure(config, kernel, dense_launch(kernel, M, N, As, Ws, C), C, ref)
-        for config, (shape, bm, bn, _, _) in MOE_CONFIGS.items():
+        for config, (shape, bm, bn, *_) in MOE_CONFIGS.items():
             if MOE_SHAPES[shape] != (N, K):
                 continue
             kernel = etc.runtime.load(artifacts / config)

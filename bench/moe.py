@@ -84,6 +84,17 @@ CONFIGS = {
         gate_up_options=_TMA_OPTIONS,
         down_options=_TMA_OPTIONS,
     ),
+    # tma128w with 32-expert router blocks: at T >= 1024 the 2-expert router
+    # re-reads X 64 times (its logits took 520 of 1535 µs at T=4096).
+    "tma128wr": dict(
+        gemm="tc",
+        block_m=128,
+        block_n_gu=128,
+        block_n_dn=256,
+        router_experts=32,
+        gate_up_options=_TMA_OPTIONS,
+        down_options=_TMA_OPTIONS,
+    ),
     "tma128": dict(
         gemm="tc",
         block_m=128,
@@ -96,7 +107,11 @@ CONFIGS = {
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations.
 if os.environ.get("BENCH_MOE_CONFIGS"):
     CONFIGS = {k: CONFIGS[k] for k in os.environ["BENCH_MOE_CONFIGS"].split(",")}
-TARGETS = {k: M.PRESET_TARGETS["prefill"] for k in ("wg128", "tma128w", "tma128") if k in CONFIGS}
+TARGETS = {
+    k: M.PRESET_TARGETS["prefill"]
+    for k in ("wg128", "tma128w", "tma128wr", "tma128")
+    if k in CONFIGS
+}
 # torch._grouped_mm replayed from a CUDA graph, as the issue measured it (µs).
 ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 
@@ -111,10 +126,16 @@ OCCUPANCY = {
 }
 
 
+# The dynamic kernel also built claiming one queue position at a time, and
+# only when the CTA is free ("one"): with tiles of 10-20 µs, a CTA that holds
+# up to 8 claimed instances (the default) serialises them while others idle.
+ONE_CLAIM = {"max_pop_chunk": 1, "pop_ahead": False}
+
+
 def moe_config(key: str):
     from etc.models.moe import MoEConfig
 
-    return MoEConfig(**CONFIGS[key.removesuffix("_occ")])
+    return MoEConfig(**CONFIGS[key.removesuffix("_occ").removesuffix("_one")])
 
 
 def build(out: Path) -> None:
@@ -134,6 +155,9 @@ def build(out: Path) -> None:
                 )
                 art.save(out / f"fused_{key}_occ_{schedule}")
                 print("built", f"fused_{key}_occ_{schedule}")
+        art = etc.compile(g, schedule="dynamic", target=target, **ONE_CLAIM)
+        art.save(out / f"fused_{key}_one_dynamic")
+        print("built", f"fused_{key}_one_dynamic")
         for task, g in M.build_unfused_graphs(cfg, prefix=f"moe_{key}"):
             art = etc.compile(g, schedule="static", target=target)
             art.save(out / f"unfused_{key}_{task}")
@@ -324,6 +348,7 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
         variants = [(key, s) for s in ("static", "dynamic")]
         if key in OCCUPANCY:
             variants += [(f"{key}_occ", s) for s in ("static", "dynamic")]
+        variants.append((f"{key}_one", "dynamic"))
         for variant, schedule in variants:
             name = f"ETC fused {variant} {schedule}"
             kernel = etc.runtime.load(artifacts / f"fused_{variant}_{schedule}")

@@ -28,9 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.moe import CONFIGS, SIZES, TOLERANCE, moe_config  # noqa: E402
+from bench.moe import CONFIGS, ONE_CLAIM, SIZES, TARGETS, TOLERANCE, moe_config  # noqa: E402
 
-SCHEDULES = ("static", "dynamic")
+# "one": the dynamic schedule claiming one queue position at a time (bench/moe.py).
+SCHEDULES = ("static", "dynamic", "one")
+_OPTIONS = {"static": {}, "dynamic": {}, "one": ONE_CLAIM}
 CHROME_SIZES = (1, 128)
 LAUNCHES = 3  # the last one is traced
 
@@ -49,7 +51,11 @@ def build(out: Path) -> None:
 
     for key, schedule in variants():
         g = M.build_moe_graph(moe_config(key), name=f"moe_{key}")
-        etc.compile(g, schedule=schedule, trace=True).save(out / artifact_name(key, schedule))
+        art = etc.compile(
+            g, schedule="static" if schedule == "static" else "dynamic", trace=True,
+            target=TARGETS.get(key, "sm_90"), **_OPTIONS[schedule],
+        )  # fmt: skip
+        art.save(out / artifact_name(key, schedule))
         print("built", artifact_name(key, schedule))
 
 

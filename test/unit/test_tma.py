@@ -298,6 +298,9 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
     assert "mbarrier.try_wait.parity.shared::cta.b64" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx
+    # The dense and MoE tiles store their block through shared memory in 16-byte
+    # rows; the collective tile keeps its own (peer) epilogue.
+    assert ("ld.shared.v4.b32" in ptx) == (tensors is not None)
     maps = [t for t in art.manifest["tensors"] if "tensor_map" in t]
     assert [t["tensor_map"]["box"][1] for t in maps] == [64, 64]
     info = sm90a_ptxas(ptx, tmp_path)

@@ -141,6 +141,9 @@ class _Text(_mma.Text):
     def __init__(self) -> None:
         super().__init__()
         self.consts: set[int] = set()
+        #: Set by a main loop whose output goes through shared memory: takes
+        #: over ``_store_pairs`` (see ``_staged_store``).
+        self.staging: Callable[..., bool] | None = None
 
     def c(self, v: int) -> str:
         self.consts.add(v)
@@ -631,6 +634,7 @@ def _body_tma(
     b_loads: list[TmaLoad],
     r0: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
+    stage_output: bool = True,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -642,7 +646,11 @@ def _body_tma(
     k-tile's wgmma and leaves it running (``wait_group 1``), so the previous
     k-tile's wgmma is done: each warp then arrives on that stage's *empty*
     mbarrier, and thread 0 refills it once all warps have. No CTA barrier in
-    the loop; the tensor cores always have the next k-tile queued."""
+    the loop; the tensor cores always have the next k-tile queued.
+
+    ``stage_output``: the epilogue's bf16 block goes through the (by then
+    idle) ``A`` ring and leaves in coalesced 16-byte row stores (see
+    ``_staged_store``) instead of 4-byte stores from the accumulators."""
     if block_size % 128 or block_m != 64 * (block_size // 128):
         raise GraphError(
             f"tile '{name}': wgmma needs warpgroups of 128 threads, each 64 rows: "
@@ -786,8 +794,116 @@ def _body_tma(
     t.indent = outer
     t.emit("}")
     final = _wgmma_wait(t, [f"{res}#{q}" for q in range(nacc)], commit=False)
+    if stage_output:
+        ring = bases[0]  # the A ring's start (the warpgroup offset is added above)
+        t.staging = lambda t, values, cols, out, r1, n_limit: _staged_store(
+            t, values, cols, out, r1, n_limit, ring=ring, ring_bytes=stages * a_bytes,
+            block_m=block_m, block_size=block_size, tid=tid, group=group, warp=warp,
+            lane=lane, r0=r0,
+        )  # fmt: skip
     _wgmma_epilogue(t, final, b_rows, group, warp, lane, r0, epilogue)
+    t.staging = None
     return globals_
+
+
+def _staged_store(
+    t: _Text, values, cols_at: list[str], out: tuple[str, str], r1: str, n_limit: str | None,
+    *, ring: str,
+    ring_bytes: int, block_m: int, block_size: int, tid: str, group: str, warp: str,
+    lane: str, r0: str,
+) -> bool:  # fmt: skip
+    """Store a TMA tile's bf16 block (``values[0][f]``: the wgmma fragment of
+    columns ``8f..8f+7``, at ``cols_at[f]``) through shared memory: every thread writes its pairs
+    to the block's row-major copy in the ``A`` ring (16-byte chunk ``c`` of row
+    ``r`` at ``c ^ (r % 8)``: conflict-free both ways), then each thread moves
+    whole 16-byte chunks to rows ``< r1`` (and columns ``< n_limit``, pair by pair
+    at a ragged end or when rows are not 16-byte aligned). Returns False
+    (nothing emitted) when the block does not fit or has under 64 columns."""
+    cols = 8 * len(values[0])
+    cpr = cols // 8  # 16-byte chunks per row
+    if cols % 64 or block_m * cols * 2 > ring_bytes or (block_m * cpr) % block_size:
+        return False
+    mem, mtype = out
+    row_bytes = cols * 2
+    # Every warpgroup's wgmma has read its last stage before the ring is reused.
+    t.emit("gpu.barrier")
+    grp = t.bin("divui", lane, 4)
+    tig = t.bin("remui", lane, 4)
+    lrow = t.add(t.add(t.mul(group, 64), t.mul(warp, 16)), grp)  # local row, h = 0
+    for h in range(2):
+        row_at = t.add(ring, t.mul(t.add(lrow, 8 * h), row_bytes))
+        for f, c in enumerate(values[0]):
+            chunk = t.bin("xori", grp, f)  # (f ^ (row % 8)); row % 8 = lane / 4
+            at = t.add(t.add(row_at, t.mul(chunk, 16)), t.mul(tig, 4))
+            word = t.op(
+                "w", f"vector.bitcast {bf16_pair(t, c, h)} : vector<2xbf16> to vector<1xi32>"
+            )
+            word = t.op("w", f"vector.extract {word}[0] : i32 from vector<1xi32>")
+            _asm_ops(t, "st.shared.b32 [$0], $1;", [(_i32(t, at), "i32"), (word, "i32")])
+    t.emit("gpu.barrier")
+    col0 = t.op("col0", f"arith.subi {cols_at[0]}, {t.mul(tig, 2)} : index")  # the block's
+    aligned = None
+    if n_limit is not None:
+        rem = t.bin("remui", n_limit, 8)
+        aligned = t.op("al", f"arith.cmpi eq, {rem}, {t.c(0)} : index")
+    # A loop, not unrolled: in a fused kernel every tile shares one register budget.
+    iv = t.fresh("it")
+    t.emit(f"scf.for {iv} = {t.c(0)} to {t.c(block_m * cpr // block_size)} step {t.c(1)} {{")
+    loop_indent = t.indent
+    t.indent += "  "
+    v = t.add(tid, t.mul(iv, block_size))
+    lr = t.bin("divui", v, cpr)
+    ch = t.bin("remui", v, cpr)
+    at = t.add(
+        t.add(ring, t.mul(lr, row_bytes)), t.mul(t.bin("xori", ch, t.bin("andi", lr, 7)), 16)
+    )
+    ty = "!llvm.struct<(i32, i32, i32, i32)>"
+    got = t.op(
+        "ld",
+        'llvm.inline_asm has_side_effects asm_dialect = att "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", '
+        f'"=r,=r,=r,=r,r" {_i32(t, at)} : (i32) -> {ty}',
+    )
+    words = [t.op("x", f"llvm.extractvalue {got}[{q}] : {ty}") for q in range(4)]
+    vec = t.op("v", f"vector.from_elements {', '.join(words)} : vector<4xi32>")
+    vec = t.op("v", f"vector.bitcast {vec} : vector<4xi32> to vector<8xbf16>")
+    grow = t.add(r0, lr)
+    gcol = t.add(col0, t.mul(ch, 8))
+    ok = t.op("ok", f"arith.cmpi ult, {grow}, {r1} : index")
+    store16 = (
+        f"  vector.store {vec}, {mem}[{grow}, {gcol}] {{alignment = 16 : i64}} : {mtype}, "
+        "vector<8xbf16>"
+    )
+    if n_limit is None:
+        t.emit(f"scf.if {ok} {{")
+        t.emit(store16)
+        t.emit("}")
+    else:
+        end = t.add(gcol, 8)
+        whole = t.op("ok", f"arith.cmpi ule, {end}, {n_limit} : index")
+        whole = t.op("ok", f"arith.andi {whole}, {aligned} : i1")
+        full = t.op("ok", f"arith.andi {ok}, {whole} : i1")
+        t.emit(f"scf.if {full} {{")
+        t.emit(store16)
+        t.emit("} else {")
+        outer = t.indent
+        t.indent += "  "
+        for p in range(4):  # a ragged or unaligned end: bf16 pairs
+            pcol = t.add(gcol, 2 * p)
+            okp = t.op("ok", f"arith.cmpi ult, {pcol}, {n_limit} : index")
+            okp = t.op("ok", f"arith.andi {ok}, {okp} : i1")
+            one = t.op("p", f"vector.from_elements {words[p]} : vector<1xi32>")
+            pair = t.op("p", f"vector.bitcast {one} : vector<1xi32> to vector<2xbf16>")
+            t.emit(f"scf.if {okp} {{")
+            t.emit(
+                f"  vector.store {pair}, {mem}[{grow}, {pcol}] {{alignment = 4 : i64}} : "
+                f"{mtype}, vector<2xbf16>"
+            )
+            t.emit("}")
+        t.indent = outer
+        t.emit("}")
+    t.indent = loop_indent
+    t.emit("}")
+    return True
 
 
 def _words(t: _Text, frag: str) -> list[str]:
@@ -818,6 +934,8 @@ def _store_pairs(
     """Store ``values[m][f]`` (4 f32) as bf16 pairs at rows ``rows[2m]``
     (c0, c1) and ``rows[2m+1]`` (c2, c3), column ``cols[f]``, where
     ``row < r1`` (and ``col < n_limit``)."""
+    if t.staging is not None and t.staging(t, values, cols, out, r1, n_limit):
+        return
     mem, mtype = out
     oks = [t.op("ok", f"arith.cmpi ult, {row}, {r1} : index") for row in rows]
     for m, per in enumerate(values):
@@ -859,17 +977,22 @@ def gemm(
     inflight: int = 0,
     block_k: int = BLOCK_K,
     copies_after_mma: bool = False,
+    stage_output: bool = True,
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
     ``core="wgmma"`` needs ``target="sm_90a"``; ``inflight`` (0 or 1) is the
     number of k-tiles' wgmma left running while the next is issued (see
     ``_body_wgmma``), ``block_k`` (wgmma: 32 or 64) the k-tile width.
+    ``core="tma"`` (sm_90a): TMA loads (``_body_tma``; takes the maps of ``A``
+    and ``B`` as two more buffers, which ``Graph.task`` declares when given
+    ``(A, B, C)``), 64-wide k-tiles; ``stage_output`` stores the block through
+    shared memory in 16-byte rows.
 
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
     ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped."""
     if core == "tma":
-        return _dense_tma(block_m, block_n, k, name, block_size, stages, smem_limit)
+        return _dense_tma(block_m, block_n, k, name, block_size, stages, smem_limit, stage_output)
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     ab, ct = _mma.dense_types(k)
     t = _Text()
@@ -955,7 +1078,14 @@ def finish_tma(
 
 
 def _dense_tma(
-    block_m: int, block_n: int, k: int, name: str, block_size: int, stages: int, smem_limit: int
+    block_m: int,
+    block_n: int,
+    k: int,
+    name: str,
+    block_size: int,
+    stages: int,
+    smem_limit: int,
+    stage_output: bool,
 ) -> DeviceFunction:
     """:func:`gemm` with ``core="tma"``: buffers ``(A, B, C, A_map, B_map)``."""
     plan_tma(name, block_m, block_n, k, block_size, stages, smem_limit)
@@ -977,7 +1107,7 @@ def _dense_tma(
     globals_ = _body_tma(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size,
         stages=stages, a_loads=[(_map_pointer(t, "%A_map"), r0, block_m)],
-        b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue,
+        b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue, stage_output=stage_output,
     )  # fmt: skip
     t.close()
     return finish_tma(
@@ -1031,6 +1161,7 @@ def moe_gate_up(
     core: str = "mma",
     block_k: int = BLOCK_K,
     inflight: int = 0,
+    stage_output: bool = True,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``, ``g = Xp[r] @
     Wgu[e, n]^T``, ``u = Xp[r] @ Wgu[e, inter + n]^T`` for ``n in [nb*BN,
@@ -1080,7 +1211,7 @@ def moe_gate_up(
             stages=stages, a_loads=[(_map_pointer(t, "%Xp_map"), r0, block_m)],
             b_loads=[(w_map, t.add(wrow, n0), block_n),
                      (w_map, t.add(t.add(wrow, n0), inter), block_n)],
-            r0=r0, epilogue=epilogue,
+            r0=r0, epilogue=epilogue, stage_output=stage_output,
         )  # fmt: skip
     else:
         globals_ = _body(
@@ -1113,6 +1244,7 @@ def moe_down(
     core: str = "mma",
     block_k: int = BLOCK_K,
     inflight: int = 0,
+    stage_output: bool = True,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
     [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`."""
@@ -1152,7 +1284,7 @@ def moe_down(
             t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
             stages=stages, a_loads=[(_map_pointer(t, "%Hb_map"), r0, block_m)],
             b_loads=[(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), block_n)],
-            r0=r0, epilogue=epilogue,
+            r0=r0, epilogue=epilogue, stage_output=stage_output,
         )  # fmt: skip
     else:
         globals_ = _body(
