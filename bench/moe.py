@@ -95,6 +95,19 @@ CONFIGS = {
         gate_up_options=_TMA_OPTIONS,
         down_options=_TMA_OPTIONS,
     ),
+    # tma128w with the router on the TMA tile too (128 tokens x 128 experts
+    # per CTA, float32 logits).
+    "tma128wtc": dict(
+        gemm="tc",
+        block_m=128,
+        block_n_gu=128,
+        block_n_dn=256,
+        router="tc",
+        router_block=128,
+        router_experts=128,
+        gate_up_options=_TMA_OPTIONS,
+        down_options=_TMA_OPTIONS,
+    ),
     "tma128": dict(
         gemm="tc",
         block_m=128,
@@ -109,7 +122,7 @@ if os.environ.get("BENCH_MOE_CONFIGS"):
     CONFIGS = {k: CONFIGS[k] for k in os.environ["BENCH_MOE_CONFIGS"].split(",")}
 TARGETS = {
     k: M.PRESET_TARGETS["prefill"]
-    for k in ("wg128", "tma128w", "tma128wr", "tma128")
+    for k in ("wg128", "tma128w", "tma128wr", "tma128wtc", "tma128")
     if k in CONFIGS
 }
 # torch._grouped_mm replayed from a CUDA graph, as the issue measured it (µs).

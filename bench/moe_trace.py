@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -33,7 +34,8 @@ from bench.moe import CONFIGS, ONE_CLAIM, SIZES, TARGETS, TOLERANCE, moe_config 
 # "one": the dynamic schedule claiming one queue position at a time (bench/moe.py).
 SCHEDULES = ("static", "dynamic", "one")
 _OPTIONS = {"static": {}, "dynamic": {}, "one": ONE_CLAIM}
-CHROME_SIZES = (1, 128)
+# Token counts with Chrome traces; BENCH_MOE_CHROME=1024,4096 picks others.
+CHROME_SIZES = tuple(int(t) for t in os.environ.get("BENCH_MOE_CHROME", "1,128").split(","))
 LAUNCHES = 3  # the last one is traced
 
 

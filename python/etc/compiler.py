@@ -251,12 +251,16 @@ def _trigger(task: Any) -> dict[str, str] | None:
 
 def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
     """The manifest entry of a counter tensor the dynamic schedule added:
-    ``ready.<task>`` (over the task's grid), ``fired.<task>`` (a triggered
+    ``ready.<task>`` (over the task's grid, or one counter when every in-edge
+    maps to a constant coordinate), ``fired.<task>`` (a triggered
     task's fired trigger coordinates) or ``dispatched.<event>``."""
     kind, _, of = name.partition(".")
     if kind == "ready":
         task = next(t for t in g.tasks if t.name == of)
-        shape, count = task.grid, sum(not e.event.ranked for e in task.in_edges)
+        pushing = [e for e in task.in_edges if not e.event.ranked]
+        shape, count = task.grid, len(pushing)
+        if all(k == "const" for e in pushing for k, _ in e.map.results):
+            shape = (1,)  # every instance ready at once: one counter (DynamicSchedule.cpp)
     elif kind == "fired":
         task = next(t for t in g.tasks if t.name == of)
         assert task.trigger is not None

@@ -313,3 +313,30 @@ def test_tensor_parallel_tma_tile_signature():
     # Arguments after (d, i, j): rank, A, B, peers, then the maps of A and B.
     assert tile.tensor_maps == {4: (1, (128, 64)), 5: (2, (256, 64))}
     assert tile.params[-2:] == ("memref<16xi64>", "memref<16xi64>")
+
+
+def test_moe_layer_with_tma_router_simulates():
+    """router='tc' (the TMA tile, float32 logits) and TMA expert tiles, against
+    the float32 reference; the router's constraints are checked."""
+    import dataclasses
+
+    from etc.models import moe as M
+
+    tma = (("core", "tma"), ("stages", 2), ("smem_limit", SMEM))
+    cfg = M.MoEConfig(
+        hidden=256, inter=192, experts=8, topk=2, block_m=128, block_n_gu=64, block_n_dn=64,
+        router_block=128, router_experts=8, topk_block=4, combine_block=3, gemm="tc",
+        gate_up_options=tma, down_options=tma, router="tc",
+    )  # fmt: skip
+    g = M.build_moe_graph(cfg, name="moe_tc_router")
+    assert g.tasks[0].function.name == "moe_logits_tc"
+    w = M.random_weights(cfg, seed=5)
+    for T in (3, 200):
+        x = M.random_tokens(cfg, T, seed=T)
+        out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T})
+        ref = M.reference_moe(x, w["Wr"], w["Wgu"], w["Wd"], cfg.topk)
+        assert M.rel_err(out["Out"], ref) <= 1e-2
+    with pytest.raises(GraphError, match="router='tc' needs router_block = block_size / 2"):
+        dataclasses.replace(cfg, router_block=32)
+    with pytest.raises(GraphError, match="router must be 'simt' or 'tc'"):
+        dataclasses.replace(cfg, router="cuda")

@@ -136,6 +136,12 @@ class MoEConfig:
     gemm: str = "reg"
     gate_up_options: tuple[tuple[str, Any], ...] = ()
     down_options: tuple[tuple[str, Any], ...] = ()
+    #: Router logits: "simt" (``etc.tiles.moe.router_logits``, CUDA cores;
+    #: ``router_experts`` experts per CTA, good for few tokens) or "tc" (the
+    #: TMA + wgmma GEMM tile of ``etc.tiles.gemm_tc``, float32 out: one CTA per
+    #: 128 tokens and every expert; needs ``router_block=128``,
+    #: ``router_experts=experts`` and sm_90a).
+    router: str = "simt"
 
     def __post_init__(self) -> None:
         for key in (
@@ -157,6 +163,22 @@ class MoEConfig:
                 raise GraphError(f"MoEConfig: {key} must be a positive int, got {value!r}")
         if self.gemm not in ("reg", "tc"):
             raise GraphError(f"MoEConfig: gemm must be 'reg' or 'tc', got {self.gemm!r}")
+        if self.router not in ("simt", "tc"):
+            raise GraphError(f"MoEConfig: router must be 'simt' or 'tc', got {self.router!r}")
+        if self.router == "tc" and (
+            self.router_block != self.block_size // 2
+            or self.router_experts != self.experts
+            or self.experts % 8
+            or self.experts > 256
+            or self.hidden % 64
+        ):
+            raise GraphError(
+                "MoEConfig: router='tc' needs router_block = block_size / 2 "
+                f"({self.block_size // 2}), router_experts = experts, experts a multiple of 8 "
+                f"up to 256 and hidden a multiple of 64; got router_block={self.router_block}, "
+                f"router_experts={self.router_experts}, experts={self.experts}, "
+                f"hidden={self.hidden}"
+            )
         if self.topk > self.experts:
             raise GraphError(f"MoEConfig: topk={self.topk} exceeds experts={self.experts}")
         if self.inter % self.block_n_gu:
@@ -278,14 +300,27 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
 
 def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
     H, E, K, bs = cfg.hidden, cfg.experts, cfg.topk, cfg.block_size
-    RB, EC, TB = cfg.router_block, cfg.router_experts, cfg.topk_block
+    RB, TB = cfg.router_block, cfg.topk_block
     return {
-        "logits": moe_tiles.router_logits(RB, EC, E, H, block_size=bs),
+        "logits": _router_tile(cfg),
         "topk": moe_tiles.router_topk(RB, TB, E, K, block_size=bs),
         "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
         "permute": moe_tiles.permute(E, K, H, block_size=bs),
         "combine": moe_tiles.combine(cfg.combine_block, K, H, block_size=bs),
     }
+
+
+def _router_tile(cfg: MoEConfig) -> DeviceFunction:
+    H, E, bs = cfg.hidden, cfg.experts, cfg.block_size
+    if cfg.router == "simt":
+        return moe_tiles.router_logits(cfg.router_block, cfg.router_experts, E, H, block_size=bs)
+    from ..tiles import gemm_tc
+
+    # Logits = X @ Wr^T in float32, a 128-token x E-expert block per CTA.
+    return gemm_tc.gemm(
+        cfg.router_block, E, H, name="moe_logits_tc", block_size=bs, core="tma", stages=4,
+        smem_limit=220 << 10, out_dtype="f32",
+    )  # fmt: skip
 
 
 def _require_trigger_api() -> None:

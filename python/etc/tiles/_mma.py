@@ -145,9 +145,9 @@ def moe_decode(t: Text, indptr: str, it: str, e1: str) -> tuple[dict[str, str], 
 # -- buffer types and signatures ----------------------------------------------
 
 
-def dense_types(k: int) -> tuple[str, str]:
+def dense_types(k: int, out: str = "bf16") -> tuple[str, str]:
     """``(A and B, C)``."""
-    return f"memref<?x{k}xbf16>", "memref<?x?xbf16>"
+    return f"memref<?x{k}xbf16>", f"memref<?x?x{out}>"
 
 
 def dense_signature(ab: str, ct: str) -> str:
@@ -207,10 +207,11 @@ def moe_block(
     return slice(r0, min(r0 + block_m, ro1)), slice(nb * block_n, (nb + 1) * block_n)
 
 
-def dense_reference(block_m: int, block_n: int) -> Callable[..., None]:
+def dense_reference(block_m: int, block_n: int, out_f32: bool = False) -> Callable[..., None]:
     def reference(i: int, j: int, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> None:
         rs, cs = slice(i * block_m, (i + 1) * block_m), slice(j * block_n, (j + 1) * block_n)
-        C[rs, cs] = f32_to_bf16(bf16_matmul(A[rs], B[cs]))
+        y = bf16_matmul(A[rs], B[cs])
+        C[rs, cs] = y if out_f32 else f32_to_bf16(y)
 
     return reference
 

@@ -956,6 +956,26 @@ def _store_pairs(
                 t.emit("}")
 
 
+def _store_f32_pairs(
+    t: _Text, values: list[list[str]], rows: list[str], cols: list[str], out, r1, n_limit
+) -> None:
+    """Store ``values[f]`` (4 f32: rows ``rows[0]``, ``rows[1]``, columns
+    ``cols[f]``, ``+1``) as float32 pairs where ``row < r1`` and ``col < n_limit``."""
+    mem, mtype = out
+    oks = [t.op("ok", f"arith.cmpi ult, {row}, {r1} : index") for row in rows]
+    for f, c in enumerate(values):
+        okc = t.op("okc", f"arith.cmpi ult, {cols[f]}, {n_limit} : index")
+        for h in range(2):
+            ok = t.op("ok", f"arith.andi {oks[h]}, {okc} : i1")
+            v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
+            t.emit(f"scf.if {ok} {{")
+            t.emit(
+                f"  vector.store {v}, {mem}[{rows[h]}, {cols[f]}] {{alignment = 8 : i64}} : "
+                f"{mtype}, vector<2xf32>"
+            )
+            t.emit("}")
+
+
 def _finish(
     t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference, block_size
 ) -> DeviceFunction:
@@ -978,6 +998,7 @@ def gemm(
     block_k: int = BLOCK_K,
     copies_after_mma: bool = False,
     stage_output: bool = True,
+    out_dtype: str = "bf16",
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
     ``core="wgmma"`` needs ``target="sm_90a"``; ``inflight`` (0 or 1) is the
@@ -986,13 +1007,18 @@ def gemm(
     ``core="tma"`` (sm_90a): TMA loads (``_body_tma``; takes the maps of ``A``
     and ``B`` as two more buffers, which ``Graph.task`` declares when given
     ``(A, B, C)``), 64-wide k-tiles; ``stage_output`` stores the block through
-    shared memory in 16-byte rows.
+    shared memory in 16-byte rows; ``out_dtype="f32"`` stores ``C`` in float32
+    (``memref<?x?xf32>``, e.g. router logits).
 
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
     ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped."""
     if core == "tma":
-        return _dense_tma(block_m, block_n, k, name, block_size, stages, smem_limit, stage_output)
+        return _dense_tma(
+            block_m, block_n, k, name, block_size, stages, smem_limit, stage_output, out_dtype
+        )
+    if out_dtype != "bf16":
+        raise GraphError(f"tile '{name}': out_dtype={out_dtype!r} needs core='tma'")
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     ab, ct = _mma.dense_types(k)
     t = _Text()
@@ -1067,10 +1093,17 @@ def finish_tma(
 ) -> DeviceFunction:  # fmt: skip
     """A TMA tile: ``signature`` (``buffers`` buffers after the coordinates)
     gets one trailing ``%<arg>_map`` buffer per ``(arg, source buffer, box
-    rows)`` of ``maps``; the reference ignores them."""
+    rows)`` of ``maps``; the reference ignores them (and may be called
+    without them)."""
     signature += "".join(f", %{arg}_map: {MAP_TYPE}" for arg, _, _ in maps)
     n = len(maps)
-    fn = _finish(t, name, signature, globals_, comment, lambda *a: reference(*a[:-n]), block_size)
+    total: list[int] = []  # the function's arity, known once it is parsed
+
+    def without_maps(*a):
+        return reference(*(a[:-n] if len(a) == total[0] else a))
+
+    fn = _finish(t, name, signature, globals_, comment, without_maps, block_size)
+    total.append(len(fn.params))
     fn.tensor_maps = {
         buffers + q: (src, (rows, TMA_BLOCK_K)) for q, (_, src, rows) in enumerate(maps)
     }
@@ -1086,10 +1119,14 @@ def _dense_tma(
     stages: int,
     smem_limit: int,
     stage_output: bool,
+    out_dtype: str = "bf16",
 ) -> DeviceFunction:
     """:func:`gemm` with ``core="tma"``: buffers ``(A, B, C, A_map, B_map)``."""
     plan_tma(name, block_m, block_n, k, block_size, stages, smem_limit)
-    ab, ct = _mma.dense_types(k)
+    if out_dtype not in ("bf16", "f32"):
+        raise GraphError(f"tile '{name}': out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
+    out_f32 = out_dtype == "f32"
+    ab, ct = _mma.dense_types(k, out_dtype)
     t = _Text()
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
     n_rows = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
@@ -1102,18 +1139,22 @@ def _dense_tma(
 
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
         cols = [t.add(t.add(n0, col_lane), 8 * f) for f in range(len(acc[0]))]
-        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows)
+        if out_f32:
+            _store_f32_pairs(t, acc[0], rows, cols, ("%C", ct), r1, n_rows)
+        else:
+            _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows)
 
     globals_ = _body_tma(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size,
         stages=stages, a_loads=[(_map_pointer(t, "%A_map"), r0, block_m)],
-        b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue, stage_output=stage_output,
+        b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue,
+        stage_output=stage_output and not out_f32,
     )  # fmt: skip
     t.close()
     return finish_tma(
         t, name, _mma.dense_signature(ab, ct), globals_,
         f"{name}: C = A @ B^T, bf16, {block_m}x{block_n}x{TMA_BLOCK_K} blocks, {stages} stages, "
-        "TMA + wgmma", _mma.dense_reference(block_m, block_n), block_size, 3,
+        "TMA + wgmma", _mma.dense_reference(block_m, block_n, out_f32), block_size, 3,
         [("A", 0, block_m), ("B", 1, block_n)],
     )  # fmt: skip
 

@@ -82,6 +82,33 @@ etensor.graph @broadcast(%n: index) {
 
 // -----
 
+func.func private @tile(%i: index)
+
+/// Several in-edges that all map to a constant coordinate (the MoE combine's
+/// `planned` and `down_done`): every instance is ready at once, so the
+/// `ready.<task>` counter has one coordinate and the in-edge that completes
+/// it pushes the whole grid as one range, not one atomic per instance.
+// CHECK-LABEL: etensor.graph @join
+// CHECK-SAME: (%[[N:.*]]: index)
+// CHECK: %[[READY:.*]] = etensor.event() count 2 {name = "ready.join"} : !etensor.event<1>
+// CHECK: etensor.dispatch 0
+// CHECK: %[[D:.*]] = etensor.notify %[[READY]][%{{.*}}] : !etensor.event<1> -> i1
+// CHECK-NEXT: scf.if %[[D]] {
+// CHECK-NEXT: etensor.push %{{.*}}[2, %{{.*}}] count %[[N]]
+// CHECK: etensor.dispatch 1
+// CHECK-NOT: scf.for
+// CHECK: etensor.notify %[[READY]]
+// CHECK: etensor.dispatch 2 grid [%[[N]]] attributes {name = "join"}
+etensor.graph @join(%n: index) {
+  %a = etensor.event() count 1 : !etensor.event<1>
+  %b = etensor.event() count 1 : !etensor.event<1>
+  etensor.task @tile grid [1] outs(%a[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [1] ins(%a[(i) -> (0)] : !etensor.event<1>) outs(%b[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [%n] ins(%a[(i) -> (0)] : !etensor.event<1>, %b[(i) -> (0)] : !etensor.event<1>) {name = "join"}
+}
+
+// -----
+
 func.func private @tile3(%i: index, %j: index, %k: index)
 func.func private @tile(%i: index)
 

@@ -54,6 +54,22 @@ private:
     return llvm::count_if(task.getInEvents(),
                           [](Value e) { return !isRanked(e); });
   }
+  /// Every pushing in-edge maps all instances to one constant coordinate
+  /// (`"i->0"`): they all become ready together, so one counter serves the
+  /// whole task and its completion pushes the grid as one range.
+  static bool allConstantInEdges(TaskOp task) {
+    for (auto [event, mapAttr] :
+         llvm::zip(task.getInEvents(), task.getInMaps())) {
+      if (isRanked(event))
+        continue;
+      AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
+      if (!llvm::all_of(map.getResults(), [](AffineExpr e) {
+            return isa<AffineConstantExpr>(e);
+          }))
+        return false;
+    }
+    return true;
+  }
   Value linearize(Location loc, ArrayRef<Value> coords, TaskOp task);
   void pushConsumers(Location loc, EventOp event, ValueRange coordinate,
                      Consumers which);
@@ -73,6 +89,7 @@ private:
   OpBuilder b;
   DenseMap<unsigned, int64_t> number;      // graph task index -> task number
   DenseMap<unsigned, Value> readyEvent;    // task index -> ready.<task>
+  llvm::DenseSet<unsigned> wholeTaskReady; // ready.<task> of one coordinate
   DenseMap<Operation *, Value> dispatched; // event -> dispatched.<event>
   DenseMap<unsigned, Value> firedEvent;    // triggered task -> fired.<task>
   Value queue;
@@ -162,11 +179,29 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
       auto ifMatches = scf::IfOp::create(b, loc, matches, false);
       b.setInsertionPointToStart(ifMatches.thenBlock());
     }
+    IntegerAttr task = b.getI64IntegerAttr(number[edge.task]);
+    Value ready = readyEvent.lookup(edge.task);
+    if (ready && wholeTaskReady.contains(edge.task)) {
+      // One counter for the task: the in-edge that completes it pushes the
+      // whole grid as a range, not one dependent atomic per instance.
+      Value zero = index(loc, 0);
+      Value done =
+          NotifyOp::create(b, loc, b.getI1Type(), ready, ValueRange{zero})
+              .getResult(0);
+      auto ifDone = scf::IfOp::create(b, loc, done, false);
+      b.setInsertionPointToStart(ifDone.thenBlock());
+      Value count;
+      for (int64_t d = 0; d < consumer.getGridRank(); ++d) {
+        Value size = extent(loc, consumer.getMixedExtent(d));
+        count = count ? arith::MulIOp::create(b, loc, count, size) : size;
+      }
+      PushOp::create(b, loc, queue, task, zero, count);
+      continue;
+    }
     // Dimensions the map drops: every value is a consumer. Without a ready
     // counter, the dropped innermost dimensions form one contiguous range of
     // linear instances: a single range push (one atomic on the tail, then
     // independent stores) instead of one dependent atomic per instance.
-    Value ready = readyEvent.lookup(edge.task);
     int64_t rank = consumer.getGridRank();
     int64_t rangeFrom = rank;
     if (!ready)
@@ -188,7 +223,6 @@ void DynamicScheduler::pushConsumers(Location loc, EventOp event,
       instance[d] = loop.getInductionVar();
     }
     Value linear = linearize(loc, instance, consumer);
-    IntegerAttr task = b.getI64IntegerAttr(number[edge.task]);
     if (ready) {
       Value done =
           NotifyOp::create(b, loc, b.getI1Type(), ready, instance).getResult(0);
@@ -333,10 +367,16 @@ LogicalResult DynamicScheduler::run() {
     int64_t inEdges = pushingInEdges(task);
     if (inEdges < 2 || task.getTriggerEvent())
       continue;
+    bool whole = allConstantInEdges(task);
     SmallVector<int64_t> shape(task.getStaticGrid());
+    if (whole) {
+      shape.assign(1, 1);
+      wholeTaskReady.insert(t);
+    }
     auto type = EventType::get(b.getContext(), shape);
     auto ready = EventOp::create(
-        b, task.getLoc(), type, task.getDynamicGrid(),
+        b, task.getLoc(), type,
+        whole ? ValueRange() : ValueRange(task.getDynamicGrid()),
         b.getI64IntegerAttr(inEdges), /*wait_count=*/Value(),
         /*wait_count_table=*/Value(), /*ranked=*/false,
         b.getStringAttr(("ready." + task.getDisplayName()).str()));
