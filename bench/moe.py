@@ -48,11 +48,13 @@ SIZES = (1, 16, 128, 1024, 4096)
 COPIES = 4
 TOLERANCE = 1e-2
 # Tile configurations built and timed; the best per T is reported.
-# bm16cp and wg128 are etc.models.moe.PRESETS (decode: the best variants of
-# `bench/gemm.py --sweep`; prefill: wgmma tiles); tc64 and tc128 are the
-# cp.async + ldmatrix (mma.sync) tiles of the previous prefill preset.
+# bm16cp and tma128wtc are etc.models.moe.PRESETS["decode"] and ["prefill"]
+# (decode: the best variants of `bench/gemm.py --sweep`; prefill: TMA tiles
+# and the router on the TMA tile); tc64 and tc128 are the cp.async + ldmatrix
+# (mma.sync) tiles and wg128 the wgmma tiles of earlier prefill presets.
 _SMEM = 48 * 1024 - 64
 _TMA_OPTIONS = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
+_WGMMA_OPTIONS = (("smem_limit", 200 << 10), ("stages", 3), ("core", "wgmma"), ("block_k", 64))
 CONFIGS = {
     "bm16cp": M.PRESETS["decode"],
     "tc64": dict(
@@ -71,9 +73,16 @@ CONFIGS = {
         gate_up_options=(("smem_limit", _SMEM), ("stages", 2)),
         down_options=(("smem_limit", _SMEM), ("stages", 2)),
     ),
-    # etc.models.moe.PRESETS["prefill"]: wgmma tiles (sm_90a), 2 warpgroups x
+    # The prefill preset before TMA: wgmma tiles (sm_90a), 2 warpgroups x
     # 64 rows, 64-wide k-tiles, 3 stages in dynamic shared memory.
-    "wg128": M.PRESETS["prefill"],
+    "wg128": dict(
+        gemm="tc",
+        block_m=128,
+        block_n_gu=64,
+        block_n_dn=128,
+        gate_up_options=_WGMMA_OPTIONS,
+        down_options=_WGMMA_OPTIONS,
+    ),
     # TMA + mbarrier pipelines feeding wgmma (bench/gemm_tma.py): 128-row
     # blocks, 4 stages; wide (gate/up 128 and down 256 columns) and narrow.
     "tma128w": dict(
@@ -97,16 +106,16 @@ CONFIGS = {
     ),
     # tma128w with the router on the TMA tile too (128 tokens x 128 experts
     # per CTA, float32 logits).
-    "tma128wtc": dict(
+    "tma128wtc": M.PRESETS["prefill"],
+    # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
+    # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
+    "tma16": dict(
         gemm="tc",
         block_m=128,
-        block_n_gu=128,
-        block_n_dn=256,
-        router="tc",
-        router_block=128,
-        router_experts=128,
-        gate_up_options=_TMA_OPTIONS,
-        down_options=_TMA_OPTIONS,
+        block_n_gu=16,
+        block_n_dn=64,
+        gate_up_options=(("smem_limit", 220 << 10), ("stages", 8), ("core", "tma")),
+        down_options=(("smem_limit", 220 << 10), ("stages", 8), ("core", "tma")),
     ),
     "tma128": dict(
         gemm="tc",
@@ -122,7 +131,7 @@ if os.environ.get("BENCH_MOE_CONFIGS"):
     CONFIGS = {k: CONFIGS[k] for k in os.environ["BENCH_MOE_CONFIGS"].split(",")}
 TARGETS = {
     k: M.PRESET_TARGETS["prefill"]
-    for k in ("wg128", "tma128w", "tma128wr", "tma128wtc", "tma128")
+    for k in ("wg128", "tma128w", "tma128wr", "tma128wtc", "tma16", "tma128")
     if k in CONFIGS
 }
 # torch._grouped_mm replayed from a CUDA graph, as the issue measured it (µs).
@@ -133,9 +142,9 @@ ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 # into one kernel, which otherwise takes its hungriest tile's registers (255)
 # and runs one CTA per SM, where the GEMM tiles alone run 2-3.
 OCCUPANCY = {
-    "bm16cp": M.PRESET_MIN_CTAS_PER_SM,
-    "tc64": M.PRESET_MIN_CTAS_PER_SM,
-    "wg128": M.PRESET_MIN_CTAS_PER_SM,
+    "bm16cp": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "tc64": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "wg128": M.PRESET_MIN_CTAS_PER_SM["decode"],
 }
 
 

@@ -55,7 +55,10 @@ def run_case(
         return etc.simulate(
             g, inputs, symbols, schedule=args.schedule, seed=args.seed, early_push=args.early_push
         )
-    outputs = {t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors}
+    # Every buffer but the TMA tensor maps, which the runtime encodes itself.
+    outputs = {
+        t.name: np.zeros(shape_of(t, symbols), t.dtype.numpy) for t in g.tensors if t.map_of is None
+    }
     outputs.update({k: v.copy() for k, v in inputs.items()})
     kernel.launch(outputs, symbols)
     return outputs

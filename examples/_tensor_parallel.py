@@ -153,7 +153,7 @@ def per_rank_tensors(
     for r, given in enumerate(inputs):
         ts: dict[str, Any] = {}
         for t in g.tensors:
-            if t.name in peers:
+            if t.name in peers or t.map_of is not None:  # maps: the runtime encodes them
                 continue
             shape = tuple(d if isinstance(d, int) else d.evaluate(env) for d in t.shape)
             if t.name in given:

@@ -12,8 +12,9 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
     python examples/moe.py --preset decode --save-artifact /tmp/moe  # tuned tiles
 
 ``--preset decode|prefill`` takes the tile configuration measured best for
-T <= 128 or T >= 1024 (``etc.models.moe.PRESETS``) and compiles with
-``min_ctas_per_sm=2``; ``--block-*`` then do not apply.
+T = 1 or T >= 16 (``etc.models.moe.PRESETS``: prefill is the TMA tiles and
+router, sm_90a) and compiles with its ``min_ctas_per_sm``; ``--block-*``
+then do not apply.
 
 ``--routing``: ``uniform`` (random router), ``one-expert`` (every token
 picks expert 0: a bias column in the router weights), ``few-experts``
@@ -78,25 +79,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-m", type=int, default=64)
     p.add_argument("--block-n-gu", type=int, default=64)
     p.add_argument("--block-n-dn", type=int, default=128)
-    p.add_argument("--router-block", type=int, default=32, help="tokens per router block")
-    p.add_argument("--router-experts", type=int, default=2, help="experts per logits CTA (EC)")
+    p.add_argument(
+        "--router-block", type=int, help="tokens per router block (default 32, or the preset's)"
+    )
+    p.add_argument(
+        "--router-experts", type=int, help="experts per logits CTA, EC (default 2, or the preset's)"
+    )
     p.add_argument("--routing", choices=M.ROUTINGS, default="uniform")
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
         "--preset", choices=tuple(M.PRESETS), help="the tuned tile configuration (real sizes)"
     )
     args = p.parse_args(argv)
+    router = {
+        k: v
+        for k, v in (("router_block", args.router_block), ("router_experts", args.router_experts))
+        if v is not None
+    }
     if args.preset:
-        cfg = M.preset(
-            args.preset, hidden=args.hidden, inter=args.inter, experts=args.experts,
-            topk=args.topk, router_block=args.router_block, router_experts=args.router_experts,
-        ).with_routing(args.routing)  # fmt: skip
-        args.min_ctas_per_sm = M.PRESET_MIN_CTAS_PER_SM
+        try:
+            cfg = M.preset(
+                args.preset, hidden=args.hidden, inter=args.inter, experts=args.experts,
+                topk=args.topk, **router,
+            ).with_routing(args.routing)  # fmt: skip
+        except etc.EtcError as exc:  # sizes the preset's tiles cannot take
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        args.min_ctas_per_sm = M.PRESET_MIN_CTAS_PER_SM[args.preset]
         args.target = M.PRESET_TARGETS[args.preset]
     else:
         cfg = config(
             args.hidden, args.inter, args.experts, args.topk, args.routing,
-            args.block_m, args.block_n_gu, args.block_n_dn, args.router_block, args.router_experts,
+            args.block_m, args.block_n_gu, args.block_n_dn, router.get("router_block", 32),
+            router.get("router_experts", 2),
         )  # fmt: skip
     try:
         g = M.build_moe_graph(cfg)

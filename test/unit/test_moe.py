@@ -349,9 +349,10 @@ def test_presets_are_the_measured_configurations() -> None:
         64,
     )
     assert dict(decode.gate_up_options) == {"stages": 3, "unroll": 1}
-    assert (prefill.gemm, prefill.block_m) == ("tc", 128)
-    assert dict(prefill.gate_up_options)["core"] == "wgmma"
+    assert (prefill.gemm, prefill.block_m, prefill.router) == ("tc", 128, "tc")
+    assert dict(prefill.gate_up_options)["core"] == "tma"
     assert M.PRESET_TARGETS == {"decode": "sm_90", "prefill": "sm_90a"}
+    assert M.PRESET_MIN_CTAS_PER_SM == {"decode": 2, "prefill": 0}
     assert M.preset("decode", hidden=64, inter=32, experts=8, topk=2).hidden == 64
     with pytest.raises(etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode"):
         M.preset("fast")

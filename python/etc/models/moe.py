@@ -60,14 +60,14 @@ __all__ = [
     "rel_err",
 ]
 
-_WGMMA_OPTIONS = (("smem_limit", 200 << 10), ("stages", 3), ("core", "wgmma"), ("block_k", 64))
+_TMA_OPTIONS = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
-#: ``decode`` (T <= 128: 16-row tiles, narrow column blocks so a few active
+#: ``decode`` (T = 1: 16-row tiles, narrow column blocks so a few active
 #: experts still fill the GPU, weights through a per-thread ``cp.async``
-#: ring) and ``prefill`` (T >= 1024: 128-row ``etc.tiles.gemm_tc`` tiles on
-#: wgmma, 64-wide k-tiles, 3 stages in dynamic shared memory; compile them
-#: for ``PRESET_TARGETS["prefill"]``, sm_90a).
+#: ring) and ``prefill`` (T >= 16: 128-row ``etc.tiles.gemm_tc`` tiles fed by
+#: TMA, gate/up 128 and down 256 columns, 4 stages, and the router's logits on
+#: the same tile; compile for ``PRESET_TARGETS["prefill"]``, sm_90a).
 PRESETS: dict[str, dict[str, Any]] = {
     "decode": dict(
         block_m=16,
@@ -79,24 +79,31 @@ PRESETS: dict[str, dict[str, Any]] = {
     "prefill": dict(
         gemm="tc",
         block_m=128,
-        block_n_gu=64,
-        block_n_dn=128,
-        gate_up_options=_WGMMA_OPTIONS,
-        down_options=_WGMMA_OPTIONS,
+        block_n_gu=128,
+        block_n_dn=256,
+        router="tc",
+        router_block=128,
+        router_experts=128,
+        gate_up_options=_TMA_OPTIONS,
+        down_options=_TMA_OPTIONS,
     ),
 }
-#: The target each preset needs (wgmma is sm_90a).
+#: The target each preset needs (wgmma and TMA are sm_90a).
 PRESET_TARGETS = {"decode": "sm_90", "prefill": "sm_90a"}
-#: ``etc.compile(min_ctas_per_sm=...)`` for the presets: the fused kernel
-#: otherwise takes its hungriest tile's 255 registers (one CTA per SM).
-PRESET_MIN_CTAS_PER_SM = 2
+#: ``etc.compile(min_ctas_per_sm=...)`` for the presets: the decode kernel
+#: otherwise takes its hungriest tile's 255 registers (one CTA per SM); the
+#: prefill tiles' 192 KiB rings allow one CTA per SM anyway (0: no cap).
+PRESET_MIN_CTAS_PER_SM = {"decode": 2, "prefill": 0}
 
 
 def preset(name: str, **overrides: Any) -> MoEConfig:
     """The :data:`PRESETS` configuration ``name``, with fields overridden."""
     if name not in PRESETS:
         raise GraphError(f"MoE preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
-    return MoEConfig(**{**PRESETS[name], **overrides})
+    fields = {**PRESETS[name], **overrides}
+    if fields.get("router") == "tc" and "router_experts" not in overrides:
+        fields["router_experts"] = fields.get("experts", MoEConfig.experts)  # every expert
+    return MoEConfig(**fields)
 
 
 #: The graphs of :func:`build_unfused_graphs`, in launch order.
