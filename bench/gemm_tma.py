@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -50,6 +51,10 @@ CONFIGS = {
     "tma128x256s4d": (128, 256, 4, None, False),
     "tma256x128s4": (256, 128, 4, None, True),
     "tma128x128s3o2": (128, 128, 3, 2, True),
+    # One wave at M = 1024: 128 x 96 blocks give 8 x 16 = 128 blocks for
+    # 1536 columns; 128 x 64 with two CTAs per SM, 256 for 2048.
+    "tma128x96s4": (128, 96, 4, None, True),
+    "tma128x64s4o2": (128, 64, 4, 2, True),
 }
 # MoE tiles on TMA: name: (shape, block_m, block_n of the output, stages, min
 # CTAs, staged output).
@@ -60,7 +65,14 @@ MOE_CONFIGS = {
     "moe_dn_128x128s4": ("down", 128, 128, 4, None, True),
     "moe_dn_128x256s4": ("down", 128, 256, 4, None, True),
     "moe_dn_128x256s4d": ("down", 128, 256, 4, None, False),
+    "moe_gu_128x48s4": ("gate_up", 128, 48, 4, None, True),
+    "moe_dn_128x64s4o2": ("down", 128, 64, 4, 2, True),
 }
+# BENCH_GEMM_CONFIGS=a,b and BENCH_GEMM_M=1024 (build and run) narrow the sweep.
+if os.environ.get("BENCH_GEMM_CONFIGS"):
+    _keep = os.environ["BENCH_GEMM_CONFIGS"].split(",")
+    CONFIGS = {k: v for k, v in CONFIGS.items() if k in _keep}
+    MOE_CONFIGS = {k: v for k, v in MOE_CONFIGS.items() if k in _keep}
 MOE_SHAPES = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
 SHAPES = [
     *((M, 2 * INTER, HIDDEN) for M in (1024, 4096, 8192)),
@@ -70,6 +82,8 @@ SHAPES = [
     (8192, 6144, 4096),
     (8192, 5120, 12800),
 ]
+if os.environ.get("BENCH_GEMM_M"):
+    SHAPES = [s for s in SHAPES if s[0] == int(os.environ["BENCH_GEMM_M"])]
 SMEM = 220 * 1024
 WORKING_SET = 160 << 20
 
