@@ -156,3 +156,67 @@ def moe_launch(torch, moe, shape: str, M: int, bm: int, bn: int, n_total: int, A
         )
 
     return launch, Y
+
+
+def save_sweep(torch, doc: str, rows: list, out, file: str, **configs) -> dict:
+    """The results of a tile sweep (date, device, the module docstring's
+    method, ``configs``, ``rows``), written as ``out/file`` when ``out``."""
+    import datetime
+    import json
+
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "method": doc.split("Method: ")[1].strip(),
+        **configs,
+        "rows": rows,
+    }
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / file).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def sweep_shapes(torch, shapes, working_set: int, reps: int):
+    """For each ``(M, N, K)``: fresh rotated inputs, an output ``C`` and a
+    result row holding cuBLAS's TFLOP/s; yields ``(row, As, Ws, C, copies)``
+    and frees the inputs afterwards."""
+    from bench.timing import gpu_timed
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for M, N, K in shapes:
+        copies, As, Ws = rotated_inputs(torch, M, N, K, working_set)
+        C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        row = {"M": M, "N": N, "K": K, "tflops": {}, "rel_err": {}}
+
+        def mm(i, As=As, Ws=Ws, copies=copies, C=C):
+            torch.matmul(As[i % copies], Ws[i % copies].T, out=C)
+
+        row["tflops"]["cublas"] = 2 * M * N * K / gpu_timed(torch, mm, copies, reps) / 1e6
+        yield row, As, Ws, C, copies
+        del As, Ws, C
+        torch.cuda.empty_cache()
+
+
+def measure_variant(torch, row, variant, kernel, launch, out, want, copies, reps) -> None:
+    """Check ``launch(0)`` against ``want(0)``, then time it into ``row``; a
+    failure or a wrong result is reported and not timed."""
+    from bench.timing import gpu_timed
+
+    where = f"{row['M']}x{row['N']}x{row['K']}"
+    out.fill_(float("nan"))
+    try:
+        launch(0)
+        kernel.check()
+    except Exception as exc:  # report and go on with the other variants
+        row["rel_err"][variant] = repr(exc)
+        print(f"{variant}: FAILED at {where}: {exc}")
+        return
+    err = rel_err(out, want(0))
+    row["rel_err"][variant] = err
+    if not err <= 1e-2:
+        print(f"{variant}: WRONG (rel err {err:.3g}) at {where}")
+        return
+    flops = 2 * row["M"] * row["N"] * row["K"]
+    row["tflops"][variant] = flops / gpu_timed(torch, launch, copies, reps) / 1e6

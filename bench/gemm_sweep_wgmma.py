@@ -14,16 +14,20 @@ hides the host), medians of REPS repetitions of CALLS back-to-back calls.
 
 from __future__ import annotations
 
-import datetime
-import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench._gemm_common import dense_graph, dense_launch, rel_err, rotated_inputs  # noqa: E402
-from bench.timing import gpu_timed, two_step_main  # noqa: E402
+from bench._gemm_common import (  # noqa: E402
+    dense_graph,
+    dense_launch,
+    measure_variant,
+    save_sweep,
+    sweep_shapes,
+)
+from bench.timing import two_step_main  # noqa: E402
 
 # name: (block_m, block_n, stages, inflight, block_k, copies after the MMAs)
 CONFIGS = {
@@ -66,50 +70,23 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
 
     import etc.runtime
 
-    torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    for M, N, K in SHAPES:
-        copies, As, Ws = rotated_inputs(torch, M, N, K, WORKING_SET)
-        flops = 2 * M * N * K
-        C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        row = {"M": M, "N": N, "K": K, "tflops": {}, "rel_err": {}}
-
-        def mm(i, As=As, Ws=Ws, copies=copies, C=C):
-            torch.matmul(As[i % copies], Ws[i % copies].T, out=C)
-
-        us = gpu_timed(torch, mm, copies, reps)
-        row["tflops"]["cublas"] = flops / us / 1e6
+    for row, As, Ws, C, copies in sweep_shapes(torch, SHAPES, WORKING_SET, reps):
+        M, N, K = row["M"], row["N"], row["K"]
         for config in CONFIGS:
             kernel = etc.runtime.load(artifacts / name(config, K))
             launch = dense_launch(kernel, M, N, As, Ws, C)
-            C.fill_(float("nan"))
-            launch(0)
-            kernel.check()
-            err = rel_err(C, As[0].float() @ Ws[0].float().T)
-            row["rel_err"][config] = err
-            if not err <= 1e-2:
-                print(f"{config}: WRONG (rel err {err:.3g}) at {M}x{N}x{K}")
-                continue
-            us = gpu_timed(torch, launch, copies, reps)
-            row["tflops"][config] = flops / us / 1e6
+            measure_variant(
+                torch, row, config, kernel, launch, C,
+                lambda i, As=As, Ws=Ws: As[i].float() @ Ws[i].float().T, copies, reps,
+            )  # fmt: skip
         print(
             f"{M}x{N}x{K}: "
             + ", ".join(f"{k} {v:.0f}" for k, v in row["tflops"].items())
             + " TFLOP/s"
         )
         rows.append(row)
-    results = {
-        "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name(),
-        "method": __doc__.split("Method: ")[1].strip(),
-        "configs": CONFIGS,
-        "rows": rows,
-    }
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gemm_sweep_wgmma.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return save_sweep(torch, __doc__, rows, out, "gemm_sweep_wgmma.json", configs=CONFIGS)
 
 
 def main(argv: list[str] | None = None) -> int:

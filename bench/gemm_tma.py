@@ -19,8 +19,6 @@ repetitions of back-to-back calls over all copies.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import sys
 from pathlib import Path
@@ -31,13 +29,14 @@ sys.path.insert(0, str(REPO))
 from bench._gemm_common import (  # noqa: E402
     dense_graph,
     dense_launch,
+    measure_variant,
     moe_graph,
     moe_launch,
-    rel_err,
-    rotated_inputs,
+    save_sweep,
+    sweep_shapes,
     swiglu,
 )
-from bench.timing import gpu_timed, two_step_main  # noqa: E402
+from bench.timing import two_step_main  # noqa: E402
 
 HIDDEN, INTER = 2048, 768
 # name: (block_m, block_n, stages, min CTAs per SM or None, output staged
@@ -119,51 +118,20 @@ def build(out: Path) -> None:
         print("built", config)
 
 
-def _measure(torch, row, variant, kernel, launch, out_tensor, want, copies, reps) -> None:
-    """Check ``launch(0)`` against ``want(0)``, then time it into ``row``; a
-    failure or a wrong result is reported and not timed."""
-    where = f"{row['M']}x{row['N']}x{row['K']}"
-    out_tensor.fill_(float("nan"))
-    try:
-        launch(0)
-        kernel.check()
-    except Exception as exc:  # report and go on with the other variants
-        row["rel_err"][variant] = repr(exc)
-        print(f"{variant}: FAILED at {where}: {exc}")
-        return
-    err = rel_err(out_tensor, want(0))
-    row["rel_err"][variant] = err
-    if not err <= 1e-2:
-        print(f"{variant}: WRONG (rel err {err:.3g}) at {where}")
-        return
-    flops = 2 * row["M"] * row["N"] * row["K"]
-    row["tflops"][variant] = flops / gpu_timed(torch, launch, copies, reps) / 1e6
-
-
 def run(artifacts: Path, out: Path | None, reps: int) -> dict:
     import torch
 
     import etc.runtime
 
-    torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    for M, N, K in SHAPES:
-        copies, As, Ws = rotated_inputs(torch, M, N, K, WORKING_SET)
-        flops = 2 * M * N * K
-        C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        row = {"M": M, "N": N, "K": K, "tflops": {}, "rel_err": {}}
-
-        def mm(i, As=As, Ws=Ws, copies=copies, C=C):
-            torch.matmul(As[i % copies], Ws[i % copies].T, out=C)
-
-        row["tflops"]["cublas"] = flops / gpu_timed(torch, mm, copies, reps) / 1e6
+    for row, As, Ws, C, copies in sweep_shapes(torch, SHAPES, WORKING_SET, reps):
+        M, N, K = row["M"], row["N"], row["K"]
 
         def ref(i, As=As, Ws=Ws):
             return As[i].float() @ Ws[i].float().T
 
         def measure(variant, kernel, launch, out_tensor, want, row=row, copies=copies):
-            _measure(torch, row, variant, kernel, launch, out_tensor, want, copies, reps)
+            measure_variant(torch, row, variant, kernel, launch, out_tensor, want, copies, reps)
 
         for config in CONFIGS:
             kernel = etc.runtime.load(artifacts / name(config, K))
@@ -188,20 +156,9 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
             flush=True,
         )
         rows.append(row)
-        del As, Ws, C
-        torch.cuda.empty_cache()
-    results = {
-        "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name(),
-        "method": __doc__.split("Method: ")[1].strip(),
-        "configs": CONFIGS,
-        "moe_configs": MOE_CONFIGS,
-        "rows": rows,
-    }
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gemm_tma.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return save_sweep(
+        torch, __doc__, rows, out, "gemm_tma.json", configs=CONFIGS, moe_configs=MOE_CONFIGS
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,8 @@
 #   python bench/gemm_tma.py --build .device/gemm_tma
 #   python examples/moe.py [--schedule dynamic] --save-artifact .device/ex/moe[_dynamic]
 #   python examples/moe.py --topk 1 --routing top1 [--schedule dynamic] --save-artifact .device/ex/moe_top1[_dynamic]
+#   (the same with --preset prefill, saved as .device/ex/moe_prefill[_top1][_dynamic], for MOE_PRESET=prefill)
+#   BENCH_MOE_CONFIGS=bm16cp,tma128wtc python bench/moe.py --build .device/moe_presets  (MOE_ARTIFACTS, MOE_TRACE=0)
 # then, on the GPU machine: bash bench/gpu_moe.sh [tests|examples|gemm|sweep|gemm_tc|tma|bench ...]
 # (writes to $OUT)
 set -uo pipefail
@@ -21,14 +23,17 @@ for step in $STEPS; do
     gpu_tests -x
     ;;
   examples)
-    echo "== MoE example on the GPU" | tee "$OUT/examples.txt"
+    # MOE_PRESET=prefill runs the artifacts saved with --preset prefill as
+    # .device/ex/moe_prefill[_top1][_dynamic].
+    echo "== MoE example on the GPU ${MOE_PRESET:-}" | tee "$OUT/examples.txt"
+    name=moe${MOE_PRESET:+_$MOE_PRESET}
     for sfx in "" _dynamic; do
       sched=static; [ -n "$sfx" ] && sched=dynamic
-      run() { timeout 240 python examples/moe.py --schedule $sched "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
-      run --artifact ".device/ex/moe$sfx" --tokens 1,7,16,128,1024,4096
-      run --artifact ".device/ex/moe$sfx" --routing one-expert --tokens 1,16,1000
-      run --artifact ".device/ex/moe$sfx" --routing few-experts --tokens 7,128,4095
-      run --artifact ".device/ex/moe_top1$sfx" --topk 1 --routing top1 --tokens 1,33,1000
+      run() { timeout 240 python examples/moe.py --schedule $sched ${MOE_PRESET:+--preset $MOE_PRESET} "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
+      run --artifact ".device/ex/$name$sfx" --tokens 1,7,16,128,1024,4096
+      run --artifact ".device/ex/$name$sfx" --routing one-expert --tokens 1,16,1000
+      run --artifact ".device/ex/$name$sfx" --routing few-experts --tokens 7,128,4095
+      run --artifact ".device/ex/${name}_top1$sfx" --topk 1 --routing top1 --tokens 1,33,1000
     done
     ;;
   gemm)

@@ -53,78 +53,43 @@ TOLERANCE = 1e-2
 # and the router on the TMA tile); tc64 and tc128 are the cp.async + ldmatrix
 # (mma.sync) tiles and wg128 the wgmma tiles of earlier prefill presets.
 _SMEM = 48 * 1024 - 64
-_TMA_OPTIONS = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
-_WGMMA_OPTIONS = (("smem_limit", 200 << 10), ("stages", 3), ("core", "wgmma"), ("block_k", 64))
+
+
+def _tc(block_m: int, bn_gu: int, bn_dn: int, options: tuple, **more) -> dict:
+    """A `gemm_tc` tile configuration: both GEMMs with the same ``options``."""
+    return dict(
+        gemm="tc", block_m=block_m, block_n_gu=bn_gu, block_n_dn=bn_dn,
+        gate_up_options=options, down_options=options, **more,
+    )  # fmt: skip
+
+
+def _tile_options(stages: int, core: str | None = None, smem: int = 220 << 10) -> tuple:
+    core_opts = (("core", core),) if core else ()
+    wide = (("block_k", 64),) if core == "wgmma" else ()
+    return (("smem_limit", smem), ("stages", stages), *core_opts, *wide)
+
+
 CONFIGS = {
     "bm16cp": M.PRESETS["decode"],
-    "tc64": dict(
-        gemm="tc",
-        block_m=64,
-        block_n_gu=64,
-        block_n_dn=128,
-        gate_up_options=(("smem_limit", _SMEM), ("stages", 3)),
-        down_options=(("smem_limit", _SMEM), ("stages", 3)),
-    ),
-    "tc128": dict(
-        gemm="tc",
-        block_m=128,
-        block_n_gu=64,
-        block_n_dn=128,
-        gate_up_options=(("smem_limit", _SMEM), ("stages", 2)),
-        down_options=(("smem_limit", _SMEM), ("stages", 2)),
-    ),
+    # cp.async + ldmatrix (mma.sync) tiles in 48 KiB of static shared memory.
+    "tc64": _tc(64, 64, 128, _tile_options(3, smem=_SMEM)),
+    "tc128": _tc(128, 64, 128, _tile_options(2, smem=_SMEM)),
     # The prefill preset before TMA: wgmma tiles (sm_90a), 2 warpgroups x
     # 64 rows, 64-wide k-tiles, 3 stages in dynamic shared memory.
-    "wg128": dict(
-        gemm="tc",
-        block_m=128,
-        block_n_gu=64,
-        block_n_dn=128,
-        gate_up_options=_WGMMA_OPTIONS,
-        down_options=_WGMMA_OPTIONS,
-    ),
+    "wg128": _tc(128, 64, 128, _tile_options(3, "wgmma", 200 << 10)),
     # TMA + mbarrier pipelines feeding wgmma (bench/gemm_tma.py): 128-row
     # blocks, 4 stages; wide (gate/up 128 and down 256 columns) and narrow.
-    "tma128w": dict(
-        gemm="tc",
-        block_m=128,
-        block_n_gu=128,
-        block_n_dn=256,
-        gate_up_options=_TMA_OPTIONS,
-        down_options=_TMA_OPTIONS,
-    ),
+    "tma128w": _tc(128, 128, 256, _tile_options(4, "tma")),
     # tma128w with 32-expert router blocks: at T >= 1024 the 2-expert router
     # re-reads X 64 times (its logits took 520 of 1535 µs at T=4096).
-    "tma128wr": dict(
-        gemm="tc",
-        block_m=128,
-        block_n_gu=128,
-        block_n_dn=256,
-        router_experts=32,
-        gate_up_options=_TMA_OPTIONS,
-        down_options=_TMA_OPTIONS,
-    ),
+    "tma128wr": _tc(128, 128, 256, _tile_options(4, "tma"), router_experts=32),
     # tma128w with the router on the TMA tile too (128 tokens x 128 experts
     # per CTA, float32 logits).
     "tma128wtc": M.PRESETS["prefill"],
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
-    "tma16": dict(
-        gemm="tc",
-        block_m=128,
-        block_n_gu=16,
-        block_n_dn=64,
-        gate_up_options=(("smem_limit", 220 << 10), ("stages", 8), ("core", "tma")),
-        down_options=(("smem_limit", 220 << 10), ("stages", 8), ("core", "tma")),
-    ),
-    "tma128": dict(
-        gemm="tc",
-        block_m=128,
-        block_n_gu=64,
-        block_n_dn=128,
-        gate_up_options=_TMA_OPTIONS,
-        down_options=_TMA_OPTIONS,
-    ),
+    "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
+    "tma128": _tc(128, 64, 128, _tile_options(4, "tma")),
 }
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations.
 if os.environ.get("BENCH_MOE_CONFIGS"):

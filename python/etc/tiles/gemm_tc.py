@@ -930,11 +930,12 @@ def _store_pairs(
     out: tuple[str, str],
     r1: str,
     n_limit: str | None,
+    f32: bool = False,
 ) -> None:
-    """Store ``values[m][f]`` (4 f32) as bf16 pairs at rows ``rows[2m]``
-    (c0, c1) and ``rows[2m+1]`` (c2, c3), column ``cols[f]``, where
-    ``row < r1`` (and ``col < n_limit``)."""
-    if t.staging is not None and t.staging(t, values, cols, out, r1, n_limit):
+    """Store ``values[m][f]`` (4 f32) as bf16 pairs (float32 pairs with
+    ``f32``) at rows ``rows[2m]`` (c0, c1) and ``rows[2m+1]`` (c2, c3),
+    column ``cols[f]``, where ``row < r1`` (and ``col < n_limit``)."""
+    if not f32 and t.staging is not None and t.staging(t, values, cols, out, r1, n_limit):
         return
     mem, mtype = out
     oks = [t.op("ok", f"arith.cmpi ult, {row}, {r1} : index") for row in rows]
@@ -947,33 +948,19 @@ def _store_pairs(
                 ok = oks[2 * m + h]
                 if okc is not None:
                     ok = t.op("ok", f"arith.andi {ok}, {okc} : i1")
-                hv = bf16_pair(t, c, h)
+                if f32:
+                    hv = t.op(
+                        "v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>"
+                    )
+                else:
+                    hv = bf16_pair(t, c, h)
+                vt, align = ("vector<2xf32>", 8) if f32 else ("vector<2xbf16>", 4)
                 t.emit(f"scf.if {ok} {{")
                 t.emit(
                     f"  vector.store {hv}, {mem}[{rows[2 * m + h]}, {cols[f]}] "
-                    f"{{alignment = 4 : i64}} : {mtype}, vector<2xbf16>"
+                    f"{{alignment = {align} : i64}} : {mtype}, {vt}"
                 )
                 t.emit("}")
-
-
-def _store_f32_pairs(
-    t: _Text, values: list[list[str]], rows: list[str], cols: list[str], out, r1, n_limit
-) -> None:
-    """Store ``values[f]`` (4 f32: rows ``rows[0]``, ``rows[1]``, columns
-    ``cols[f]``, ``+1``) as float32 pairs where ``row < r1`` and ``col < n_limit``."""
-    mem, mtype = out
-    oks = [t.op("ok", f"arith.cmpi ult, {row}, {r1} : index") for row in rows]
-    for f, c in enumerate(values):
-        okc = t.op("okc", f"arith.cmpi ult, {cols[f]}, {n_limit} : index")
-        for h in range(2):
-            ok = t.op("ok", f"arith.andi {oks[h]}, {okc} : i1")
-            v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
-            t.emit(f"scf.if {ok} {{")
-            t.emit(
-                f"  vector.store {v}, {mem}[{rows[h]}, {cols[f]}] {{alignment = 8 : i64}} : "
-                f"{mtype}, vector<2xf32>"
-            )
-            t.emit("}")
 
 
 def _finish(
@@ -1022,14 +1009,7 @@ def gemm(
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     ab, ct = _mma.dense_types(k)
     t = _Text()
-    m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
-    n_rows = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
-    r0 = t.mul("%i", block_m)
-    r1 = t.bin("minui", t.add(r0, block_m), m_rows)
-    n0 = t.mul("%j", block_n)
-    valid = _mma.dense_valid(t, r0, n0, m_rows, n_rows)
-    t.emit(f"scf.if {valid} {{")
-    t.indent += "  "
+    n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
     blast = t.op("blast", f"arith.subi {n_rows}, {t.c(1)} : index")
     cw = block_n // wn
@@ -1110,6 +1090,21 @@ def finish_tma(
     return fn
 
 
+def _dense_prologue(t: _Text, ab: str, block_m: int, block_n: int) -> tuple[str, str, str, str]:
+    """Dense tile ``(i, j)``: opens ``scf.if`` (the block has rows and columns);
+    returns ``(N, r0, r1, n0)``: ``B``'s rows, the first and past-last rows
+    (clipped to ``M``), the first column."""
+    m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
+    n_rows = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
+    r0 = t.mul("%i", block_m)
+    r1 = t.bin("minui", t.add(r0, block_m), m_rows)
+    n0 = t.mul("%j", block_n)
+    valid = _mma.dense_valid(t, r0, n0, m_rows, n_rows)
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    return n_rows, r0, r1, n0
+
+
 def _dense_tma(
     block_m: int,
     block_n: int,
@@ -1128,21 +1123,11 @@ def _dense_tma(
     out_f32 = out_dtype == "f32"
     ab, ct = _mma.dense_types(k, out_dtype)
     t = _Text()
-    m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
-    n_rows = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
-    r0 = t.mul("%i", block_m)
-    r1 = t.bin("minui", t.add(r0, block_m), m_rows)
-    n0 = t.mul("%j", block_n)
-    valid = _mma.dense_valid(t, r0, n0, m_rows, n_rows)
-    t.emit(f"scf.if {valid} {{")
-    t.indent += "  "
+    n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
 
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
         cols = [t.add(t.add(n0, col_lane), 8 * f) for f in range(len(acc[0]))]
-        if out_f32:
-            _store_f32_pairs(t, acc[0], rows, cols, ("%C", ct), r1, n_rows)
-        else:
-            _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows)
+        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows, f32=out_f32)
 
     globals_ = _body_tma(
         t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size,
