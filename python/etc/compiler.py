@@ -32,7 +32,7 @@ from .graph import Graph, Tensor
 
 __all__ = ["Artifact", "compile", "MANIFEST_FORMAT", "STATUS_WORDS"]
 
-MANIFEST_FORMAT = "etc-artifact/4"
+MANIFEST_FORMAT = "etc-artifact/5"
 # Words of the status record the kernel writes (see ConvertETensorToGPU).
 STATUS_WORDS = 8
 DEFAULT_WATCHDOG_POLLS = 20_000_000

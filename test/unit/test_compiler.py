@@ -52,7 +52,7 @@ def test_artifact_has_ptx_and_manifest(splitk, tmp_path):
     # The manifest is plain JSON and round-trips through the runtime's parser.
     loaded = load_manifest(splitk.save(tmp_path))
     assert loaded.bind(loaded.events[0].shape, {"n": 33}) == (5,)
-    assert json.loads((tmp_path / "manifest.json").read_text())["format"] == "etc-artifact/4"
+    assert json.loads((tmp_path / "manifest.json").read_text())["format"] == "etc-artifact/5"
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")

@@ -28,7 +28,7 @@ PTX = b"//\n.version 8.0\n.target sm_90\n.address_size 64\n.visible .entry split
 
 def splitk_manifest() -> dict:
     return {
-        "format": "etc-artifact/4",
+        "format": "etc-artifact/5",
         "graph": "splitk",
         "kernel": "splitk",
         "module": "splitk_kernels",
@@ -137,6 +137,7 @@ def _set(path: str, value: object) -> dict:
     ("path", "value", "message"),
     [
         ("format", "etc-artifact/9", "format"),
+        ("format", "etc-artifact/3", "expected 'etc-artifact/5'"),
         ("block_size", "256", "block_size: expected int"),
         ("block_size", True, "block_size: expected int"),
         ("block_size", 2048, "block_size: must be in 1..1024"),
@@ -171,6 +172,12 @@ def _set(path: str, value: object) -> dict:
 def test_manifest_bad_field(tmp_path: Path, path: str, value: object, message: str) -> None:
     with pytest.raises(LaunchError, match=message):
         manifest.load_manifest(write_artifact(tmp_path, _set(path, value)))
+
+
+def test_manifest_format_4_still_loads(tmp_path: Path) -> None:
+    """Format 5 only added tensor maps: a format-4 artifact loads as is."""
+    m = manifest.load_manifest(write_artifact(tmp_path, _set("format", "etc-artifact/4")))
+    assert [t.name for t in m.inputs] == ["A", "B", "C"]
 
 
 def test_manifest_not_json(tmp_path: Path) -> None:

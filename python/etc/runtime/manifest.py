@@ -20,7 +20,11 @@ from etc.errors import LaunchError
 
 from .sizes import SizeExpr, parse_size
 
-FORMAT = "etc-artifact/4"
+FORMAT = "etc-artifact/5"
+#: Formats this runtime reads: 5 added TMA tensor maps (`tensor_map` on a
+#: tensor), which a format-4 runtime would have asked the caller to pass; a
+#: format-4 manifest is a format-5 one without maps.
+READABLE_FORMATS = ("etc-artifact/4", FORMAT)
 MANIFEST = "manifest.json"
 
 #: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
@@ -331,8 +335,8 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     if not isinstance(data, dict):
         raise c.fail("<root>", f"expected an object, got {type(data).__name__}")
     fmt = c.get(data, "format", str, "")
-    if fmt != FORMAT:
-        raise c.fail("format", f"expected {FORMAT!r}, got {fmt!r}")
+    if fmt not in READABLE_FORMATS:
+        raise c.fail("format", f"expected {FORMAT!r} (or 'etc-artifact/4'), got {fmt!r}")
 
     symbols = c.get(data, "symbols", list, "")
     for i, s in enumerate(symbols):
