@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         if m.dynamic_shared_memory:
             print(f"  dynamic shared memory: {m.dynamic_shared_memory} bytes")
         for t in m.tensors:
+            if t.tensor_map is not None:
+                src, box = t.tensor_map
+                print(f"  tensor {t.name}: TMA map of {src!r}, box {box} (encoded at launch)")
+                continue
             print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
         for task in m.tasks:
             kind, v = task.phase

@@ -369,3 +369,15 @@ def test_moe_example_prefill_preset(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "cp.async.bulk.tensor.2d" in ptx.read_text()
     sm90a_ptxas(ptx.read_text(), tmp_path)
+
+
+@needs_bindings
+def test_cli_info_names_the_maps(tmp_path, capsys):
+    from etc import cli
+
+    g, A, B, C = graph_ab()
+    g.task(dense_tma(), grid=(2, 3), args=(A, B, C))
+    etc.compile(g, target="sm_90a", cubin=False).save(tmp_path / "art")
+    assert cli.main(["info", str(tmp_path / "art")]) == 0
+    out = capsys.readouterr().out
+    assert "tensor A_tma128x64: TMA map of 'A', box (128, 64) (encoded at launch)" in out
