@@ -298,6 +298,8 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     ptx = art.ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
     assert "mbarrier.try_wait.parity.shared::cta.b64" in ptx
+    # A wait that never completes traps after MBAR_POLLS polls instead of hanging.
+    assert f"setp.lt.u32 p, n, {G.MBAR_POLLS}" in ptx and "trap;" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx
     # The dense and MoE tiles store their block through shared memory in 16-byte
     # rows; the collective tile keeps its own (peer) epilogue.
