@@ -564,24 +564,55 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
 # ----------------------------------------------------------------------------
 # permute
 # ----------------------------------------------------------------------------
+#: (row, chunk) pairs a permute thread moves per step, loads first.
+PERMUTE_UNROLL = 8
+
+
 def permute(
     E: int, K: int, H: int, *, name: str = "moe_permute", block_size: int = 256
 ) -> DeviceFunction:
     """Tile ``(e,)``: ``Xp[r] = X[perm[r] // K]`` for r in ``[row_off[e], row_off[e+1])``.
 
-    The CTA walks (row, 8-column chunk) pairs, one 16-byte load and store
-    per thread per step.
+    The CTA walks (row, 8-column chunk) pairs, UNROLL of them per thread per
+    step: all their 16-byte loads are issued before the stores, so each
+    thread has UNROLL loads in flight (past the end, the pair index is
+    clamped for the load and the store is skipped).
     """
     _check_block(name, block_size)
     _positive(name, E=E, K=K, H=H)
     _check_hidden(name, H)
     x_t, e1_t, vec_t = f"memref<?x{H}xbf16>", f"memref<{E + 1}xi32>", "memref<?xi32>"
+    loads, stores = [], []
+    for u in range(PERMUTE_UNROLL):
+        loads.append(
+            f"    %q_{u} = arith.addi %qs, %cU{u} : index\n"
+            f"    %qc_{u} = arith.minui %q_{u}, %last : index\n"
+            f"    %dr_{u} = arith.divui %qc_{u}, %cHC : index\n"
+            f"    %ch_{u} = arith.remui %qc_{u}, %cHC : index\n"
+            f"    %col_{u} = arith.muli %ch_{u}, %c8 : index\n"
+            f"    %r_{u} = arith.addi %r0, %dr_{u} : index\n"
+            f"    %slot_i32_{u} = memref.load %perm[%r_{u}] : {vec_t}\n"
+            f"    %slot_{u} = arith.index_cast %slot_i32_{u} : i32 to index\n"
+            f"    %src_{u} = arith.divui %slot_{u}, %cK : index\n"
+            f"    %v_{u} = vector.load %X[%src_{u}, %col_{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"
+        )
+        stores.append(
+            f"    %ok_{u} = arith.cmpi ult, %q_{u}, %total : index\n"
+            f"    scf.if %ok_{u} {{\n"
+            f"      vector.store %v_{u}, %Xp[%r_{u}, %col_{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>\n"
+            f"    }}"
+        )
+    unroll_consts = "\n".join(
+        f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(PERMUTE_UNROLL)
+    )
+    loads, stores = "\n".join(loads), "\n".join(stores)
     source = f"""\
 // {name}: gather expert e's rows of X (hidden {H}, top-{K}) into Xp, one CTA of {block_size}.
 func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {x_t}) {{
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
-  %cBS = arith.constant {block_size} : index
+  %cSTEP = arith.constant {PERMUTE_UNROLL * block_size} : index
+{unroll_consts}
   %cK = arith.constant {K} : index
   %cHC = arith.constant {H // 8} : index
   %tid = gpu.thread_id x
@@ -592,16 +623,10 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
   %r1 = arith.index_cast %r1_i32 : i32 to index
   %n = arith.subi %r1, %r0 : index
   %total = arith.muli %n, %cHC : index
-  scf.for %q = %tid to %total step %cBS {{
-    %dr = arith.divui %q, %cHC : index
-    %ch = arith.remui %q, %cHC : index
-    %col = arith.muli %ch, %c8 : index
-    %r = arith.addi %r0, %dr : index
-    %slot_i32 = memref.load %perm[%r] : {vec_t}
-    %slot = arith.index_cast %slot_i32 : i32 to index
-    %src = arith.divui %slot, %cK : index
-    %v = vector.load %X[%src, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
-    vector.store %v, %Xp[%r, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+  %last = arith.subi %total, %c1 : index
+  scf.for %qs = %tid to %total step %cSTEP {{
+{loads}
+{stores}
   }}
   return
 }}
