@@ -385,7 +385,8 @@ def _ring(
 
 
 def _asm(t: _Text, text: str) -> None:
-    t.emit(f'llvm.inline_asm has_side_effects "{text}", "" : () -> ()')
+    """Side-effecting inline PTX without operands."""
+    _asm_ops(t, text, [])
 
 
 def _descriptor(t: _Text, address: str) -> str:
@@ -1077,13 +1078,9 @@ def finish_tma(
     without them)."""
     signature += "".join(f", %{arg}_map: {MAP_TYPE}" for arg, _, _ in maps)
     n = len(maps)
-    total: list[int] = []  # the function's arity, known once it is parsed
-
-    def without_maps(*a):
-        return reference(*(a[:-n] if len(a) == total[0] else a))
-
-    fn = _finish(t, name, signature, globals_, comment, without_maps, block_size)
-    total.append(len(fn.params))
+    fn = _finish(t, name, signature, globals_, comment, reference, block_size)
+    total = len(fn.params)
+    fn.reference = lambda *a: reference(*(a[:-n] if len(a) == total else a))
     fn.tensor_maps = {
         buffers + q: (src, (rows, TMA_BLOCK_K)) for q, (_, src, rows) in enumerate(maps)
     }
