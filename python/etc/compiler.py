@@ -423,6 +423,14 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(
             "prefetch_next needs the static schedule (a dynamic CTA does not know its next instance)"
         )
+    if prefetch_next:
+        for task in g.tasks:
+            if getattr(task.function, "prefetch_fills_shared", False):
+                raise CompileError(
+                    f"prefetch_next: task '{task.name}' (tile '{task.function.name}') has a "
+                    "prefetch that fills shared memory for its own instance; running it for "
+                    "the next instance would overwrite the current one's"
+                )
 
     if schedule == "static":
         _check_loop_phases(g)

@@ -75,6 +75,10 @@ class DeviceFunction:
         #: before its waits, to start loading what no task writes (weights).
         #: The simulator ignores it.
         self.prefetch = f"{name}__prefetch" if f"{name}__prefetch" in self.defines else None
+        #: The prefetch starts copies into shared memory that the body then
+        #: consumes (``layer_gemm(core="bulk")``): it must run right before
+        #: its own instance, so ``etc.compile(prefetch_next=True)`` refuses it.
+        self.prefetch_fills_shared = False
         #: Buffers the tile reads through TMA: buffer index (after the grid
         #: coordinates) -> (index of the buffer the map describes, box
         #: ``(rows, cols)``). A graph checks that exactly those buffers are

@@ -171,7 +171,10 @@ def llama_tiny_variants() -> dict:
     ``cp.async`` ring (``layer_gemm(rmsnorm=..., a_ring=True)``); the
     attention's K and V staged in shared memory, activations loaded ahead
     and the next instance's weights prefetched (``attn_stage_kv``,
-    ``a_ahead``, ``prefetch_next``)."""
+    ``a_ahead``, ``prefetch_next``); the bulk-copy GEMM core
+    (``layer_gemm(core="bulk")``); the attention's K/V copies issued before
+    its waits (``attn_prefetch_kv``); the fused norms reading the sums of
+    squares that the residual epilogues add up (``norm_sums``)."""
     import dataclasses
 
     from etc.models import llama
@@ -188,4 +191,14 @@ def llama_tiny_variants() -> dict:
         prefetch_next=True,
         gemm_options=(*llama.TINY.gemm_options, ("a_ahead", 1)),
     )
-    return {"llama_tiny": llama.TINY, "llama_tiny_fused_aring": fused, "llama_tiny_staged": staged}
+    bulk = dataclasses.replace(llama.TINY, gemm_core="bulk")
+    attn_pf = dataclasses.replace(llama.TINY, attn_prefetch_kv=True)
+    sums = dataclasses.replace(llama.TINY, fuse_norms=True, norm_sums=True)
+    return {
+        "llama_tiny": llama.TINY,
+        "llama_tiny_fused_aring": fused,
+        "llama_tiny_staged": staged,
+        "llama_tiny_bulk": bulk,
+        "llama_tiny_attn_pf": attn_pf,
+        "llama_tiny_norm_sums": sums,
+    }

@@ -65,6 +65,9 @@ def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
+    p.add_argument(
+        "--only", default="", help="build only the artifacts whose name starts with this"
+    )
     args = p.parse_args(argv)
     graphs = {
         "splitk": build_splitk(K=256, k_split=4, rows_per_task=1),
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             for suffix, (schedule, early) in SCHEDULES.items()
         ]
     for name, g, schedule, early, *traced in jobs:
+        if not name.startswith(args.only):
+            continue
         kw = {"schedule": schedule, **options.get(name, {})}
         artifact = etc.compile(g, early_push=early, trace=bool(traced), **kw)
         artifact.save(args.out / name)

@@ -428,3 +428,52 @@ def test_config_from_hf_reads_llama_3_2_1b():
     hf.rope_scaling = {"rope_type": "yarn", "factor": 4.0}
     with pytest.raises(etc.GraphError, match="RoPE scaling 'yarn' is not supported"):
         M.config_from_hf(hf)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_norm_sums_match_the_numpy_model(weights, schedule):
+    """norm_sums: embed, o_proj and down add every row's sum of squares to
+    sumsq, the fused norms read it; the same answer as the norm stages."""
+    cfg = dataclasses.replace(CFG, fuse_norms=True, norm_sums=True)
+    g = M.build_decoder_graph(cfg)
+    assert "sumsq" in {t.name for t in g.tensors}
+    for B, L in ((1, 0), (17, 9)):
+        tokens = np.arange(B, dtype=np.int32) * 5
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        arrays["sumsq"][...] = 7.0  # stale sums from an earlier step: embed resets them
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        # The final slot holds the last residual stream's sums of squares.
+        h = bf16_to_f32(out["h"])
+        np.testing.assert_allclose(out["sumsq"][-1], (h * h).sum(axis=1), rtol=1e-5)
+
+
+def test_norm_sums_tiles_and_their_errors():
+    from etc.tiles.gemm import layer_gemm
+
+    with pytest.raises(etc.GraphError, match="tile 'p': norm_sums reads .* give rmsnorm"):
+        layer_gemm(16, 16, 64, 256, layers=2, name="p", norm_sums=True)
+    with pytest.raises(etc.GraphError, match="tile 'p': sums_out needs the residual epilogue"):
+        layer_gemm(16, 16, 64, 256, layers=2, name="p", sums_out=(2, 1))
+    with pytest.raises(etc.GraphError, match="norm_sums feeds the fused norms"):
+        dataclasses.replace(CFG, norm_sums=True)
+    consumer = layer_gemm(16, 16, 64, 256, layers=2, name="c", rmsnorm=(2, 0, 1e-5),
+                          norm_sums=True, stages=3, unroll=1)  # fmt: skip
+    assert consumer.params[3:6] == ("memref<?x256xbf16>", "memref<?x256xbf16>", "memref<?x?xf32>")
+    # No statistics prologue: no workgroup buffer, no pass over A.
+    assert "__rms" not in consumer.source
+    producer = layer_gemm(16, 16, 64, 256, layers=2, name="r", epilogue="residual",
+                          sums_out=(2, 1))  # fmt: skip
+    assert producer.params[-1] == "memref<?x?xf32>"
+    assert producer.source.count("memref.atomic_rmw addf") == 2  # rows g and g + 8
+
+
+@needs_ptxas
+def test_norm_sums_decoder_compiles_with_float_atomics():
+    cfg = dataclasses.replace(CFG, fuse_norms=True, norm_sums=True)
+    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
+    assert art.cubin is not None
+    assert "atom.global.add.f32" in art.ptx or "red.global.add.f32" in art.ptx

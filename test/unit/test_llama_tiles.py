@@ -469,3 +469,35 @@ def test_argmax_compiles(tmp_path):
         tmp_path,
     )
     assert set(spills) == {0}
+
+
+def test_attention_prefetch_kv_moves_the_cache_copies_before_the_waits():
+    from etc.tiles.llama import attention
+
+    staged = attention(8, 8, 2, 32, 2, stage_kv=True)
+    early = attention(8, 8, 2, 32, 2, stage_kv=True, prefetch_kv=True)
+    assert staged.prefetch is None and not staged.prefetch_fills_shared
+    assert early.prefetch == "attention__prefetch" and early.prefetch_fills_shared
+    body, prefetch = early.source.split("func.func @attention__prefetch")
+    copies = staged.source.count("nvvm.cp.async.shared.global")
+    assert copies > 0 and prefetch.count("nvvm.cp.async.shared.global") == copies
+    assert "nvvm.cp.async.shared.global" not in body
+    assert body.count("nvvm.cp.async.wait.group") == 2  # the body still waits for them
+    with pytest.raises(etc.GraphError, match="prefetch_kv issues the stage_kv copies"):
+        attention(8, 8, 2, 32, 2, prefetch_kv=True)
+
+
+@needs_ptxas
+def test_attention_prefetch_kv_compiles(tmp_path):
+    import dataclasses
+
+    from etc.models import llama as M
+
+    cfg = dataclasses.replace(M.TINY, attn_prefetch_kv=True)
+    for schedule in ("static", "dynamic"):
+        art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg, schedule))
+        assert art.cubin is not None
+    with pytest.raises(etc.GraphError, match="attn_prefetch_kv fills shared memory"):
+        dataclasses.replace(
+            M.TINY, attn_prefetch_kv=True, prefetch_weights=True, prefetch_next=True
+        )

@@ -58,6 +58,9 @@ constexpr int64_t kQueueOverflow = 3;
 // empty).
 constexpr int64_t kHead = 0, kTail = 1, kRetired = 2, kRing = 3;
 constexpr int64_t kInstanceBits = 48;
+// Range pushes of one notify/push section written by the whole CTA (three
+// workgroup words each); more fall back to thread 0 alone.
+constexpr int64_t kMaxRangePushes = 8;
 constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 // Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
 // memory traffic but adds up to the cap to every notify -> wait handoff.
@@ -114,6 +117,8 @@ public:
     if (trace)
       traceBuffer = entry.getArgument(numGraphArgs + (ranked ? 5 : 4));
     broadcast = kernel.getWorkgroupAttributions().front();
+    if (kernel.getWorkgroupAttributions().size() > 1)
+      pushRecords = kernel.getWorkgroupAttributions()[1];
   }
 
   LogicalResult build();
@@ -211,6 +216,9 @@ private:
   LogicalResult emitThreadZero(ArrayRef<Operation *> ops);
   void lowerThreadNotify(NotifyOp notify);
   void lowerThreadPush(PushOp push);
+  Value reserveRangePush(PushOp push, int64_t record);
+  void storeRangePush(int64_t record, int64_t task);
+  void storePushSlot(Value slot, Value instance, int64_t task);
   void lowerThreadRetire(RetireOp retire);
   /// The dynamic schedule's termination count: every instance, less those
   /// retired so far (read fresh: retirements only ever lower it). Without an
@@ -252,10 +260,13 @@ private:
   ImplicitLocOpBuilder b;
   IRMapping mapping;
   Value counters, queue, status, maxPolls;
-  Value peers;         // ranked graphs: each rank's counters address (i64)
-  Value traceBuffer;   // trace=true: word 0 counts records, 4 words per record
-  Value broadcast;     // workgroup i64 slot: the popped task
-  Value queueCapacity; // dynamic schedule: every instance
+  Value peers;       // ranked graphs: each rank's counters address (i64)
+  Value traceBuffer; // trace=true: word 0 counts records, 4 words per record
+  Value broadcast;   // workgroup i64 slot: the popped task
+  /// Dynamic schedule: workgroup i64 words, three per range push of one
+  /// section (first slot, first instance, count), from thread 0 to the CTA.
+  Value pushRecords;
+  Value queueCapacity;               // dynamic schedule: every instance
   bool mayRetire = false;            // the worker holds an etensor.retire
   SmallVector<Value> instanceCounts; // per dispatch, in worker order
   Value readyAtStart;                // instances of tasks without inputs
@@ -1478,17 +1489,85 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
   });
   if (walk.wasInterrupted())
     return failure();
+  // Range pushes: thread 0 claims the slots, the whole CTA writes them. A
+  // push under thread 0's conditions (scf.if only: one record each) leaves
+  // a count of zero when it does not run.
+  auto underIfsOnly = [&](Operation *op) {
+    for (Operation *p = op->getParentOp(); p != ifZero.getOperation();
+         p = p->getParentOp())
+      if (!isa<scf::IfOp>(p))
+        return false;
+    return true;
+  };
+  DenseMap<Operation *, int64_t> recordOf;
+  SmallVector<int64_t> ranged; // task of each record
+  for (Operation *op : etensorOps)
+    if (auto push = dyn_cast<PushOp>(op))
+      if (push.getCount() && pushRecords &&
+          (int64_t)ranged.size() < kMaxRangePushes && underIfsOnly(op)) {
+        recordOf[op] = ranged.size();
+        ranged.push_back(push.getTaskAttr().getInt());
+      }
+  b.setInsertionPointToStart(ifZero.thenBlock());
+  for (int64_t record = 0; record < (int64_t)ranged.size(); ++record)
+    memref::StoreOp::create(b, i64(0), pushRecords,
+                            ValueRange{index(3 * record + 2)});
   for (Operation *op : etensorOps) {
     b.setInsertionPoint(op);
     if (auto notify = dyn_cast<NotifyOp>(op))
       lowerThreadNotify(notify);
     else if (auto retire = dyn_cast<RetireOp>(op))
       lowerThreadRetire(retire);
+    else if (recordOf.count(op))
+      reserveRangePush(cast<PushOp>(op), recordOf[op]);
     else
       lowerThreadPush(cast<PushOp>(op));
     op->erase();
   }
+  if (ranged.empty())
+    return success();
+  b.setInsertionPointAfter(ifZero);
+  gpu::BarrierOp::create(b);
+  // Each storing thread's fence makes its relaxed slot stores releases of
+  // everything the CTA did before the barrier (thread 0's acquires
+  // included): a consumer that pops a slot sees the task's results.
+  asmVoid("fence.acq_rel.gpu;", "", ValueRange());
+  for (auto [record, task] : llvm::enumerate(ranged))
+    storeRangePush(record, task);
   return success();
+}
+
+/// Thread 0: claim `count` ring slots for a range push and leave (first
+/// slot, first instance, count) in record `record` of `pushRecords`.
+Value KernelBuilder::reserveRangePush(PushOp push, int64_t record) {
+  Value first =
+      asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
+            ValueRange{queueAddress(index(kTail)), toI64(push.getCount())});
+  Value words[] = {first, toI64(push.getInstance()), toI64(push.getCount())};
+  for (auto [k, word] : llvm::enumerate(words))
+    memref::StoreOp::create(b, word, pushRecords,
+                            ValueRange{index(3 * record + k)});
+  return first;
+}
+
+/// Every thread: store its share (k = tid, tid + blockDim, ...) of the slots
+/// of range-push record `record`.
+void KernelBuilder::storeRangePush(int64_t record, int64_t task) {
+  auto word = [&](int64_t k) {
+    return arith::IndexCastOp::create(
+        b, b.getIndexType(),
+        memref::LoadOp::create(b, pushRecords,
+                               ValueRange{index(3 * record + k)}));
+  };
+  Value first = word(0), instance = word(1), count = word(2);
+  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
+  auto loop = scf::ForOp::create(b, tid, count, threads);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  Value k = loop.getInductionVar();
+  storePushSlot(arith::AddIOp::create(b, first, k),
+                arith::AddIOp::create(b, instance, k), task);
 }
 
 /// By thread 0 alone. With a result: an acq_rel add, so the notifier that
@@ -1523,14 +1602,20 @@ void KernelBuilder::lowerThreadPush(PushOp push) {
       b, b.getIndexType(),
       asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
             ValueRange{queueAddress(index(kTail)), toI64(count)}));
-  Value capacity = arith::SubIOp::create(b, queueCapacity, readyAtStart);
   int64_t task = push.getTaskAttr().getInt();
   auto loop = scf::ForOp::create(b, index(0), count, index(1));
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(loop.getBody());
   Value k = loop.getInductionVar();
-  Value slot = arith::AddIOp::create(b, first, k);
-  Value instance = arith::AddIOp::create(b, push.getInstance(), k);
+  storePushSlot(arith::AddIOp::create(b, first, k),
+                arith::AddIOp::create(b, push.getInstance(), k), task);
+}
+
+/// The descriptor of `instance` of `task` into ring slot `slot`, or, past
+/// the capacity, the first overflow's report in the status words.
+void KernelBuilder::storePushSlot(Value slot, Value instance, int64_t task) {
+  OpBuilder::InsertionGuard guard(b);
+  Value capacity = arith::SubIOp::create(b, queueCapacity, readyAtStart);
   Value overflow =
       arith::CmpIOp::create(b, arith::CmpIPredicate::uge, slot, capacity);
   auto ifOverflow = scf::IfOp::create(b, TypeRange(), overflow, true);
@@ -1706,9 +1791,16 @@ struct ConvertETensorToGPUPass
     auto broadcastType = MemRefType::get(
         {1}, IntegerType::get(ctx, 64), AffineMap(),
         gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
+    SmallVector<Type> workgroup{broadcastType};
+    // Dynamic schedule: the range-push records (see emitThreadZero).
+    if (graph->walk([](PushOp) { return WalkResult::interrupt(); })
+            .wasInterrupted())
+      workgroup.push_back(MemRefType::get(
+          {3 * kMaxRangePushes}, IntegerType::get(ctx, 64), AffineMap(),
+          gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)));
     auto kernel = gpu::GPUFuncOp::create(
         builder, graph.getLoc(), graph.getSymName(),
-        builder.getFunctionType(argTypes, {}), TypeRange{broadcastType});
+        builder.getFunctionType(argTypes, {}), workgroup);
     kernel->setAttr(gpu::GPUDialect::getKernelFuncAttrName(),
                     builder.getUnitAttr());
     int64_t threads = blockSize;

@@ -122,10 +122,28 @@ class LlamaConfig:
     #: layer. Same rounding. Off: on an H200 the step was 13-23 % slower (each
     #: tile recomputes its rows' statistics before its k loop).
     fuse_norms: bool = False
+    #: With ``fuse_norms``: the tasks that write the residual stream (embed,
+    #: o_proj, down) add each row's sum of squares to ``sumsq`` and the
+    #: normalising GEMMs read it (``layer_gemm(norm_sums=True, sums_out=...)``)
+    #: instead of each tile computing the statistics in a prologue.
+    norm_sums: bool = False
+    #: The GEMM tiles' main loop (``layer_gemm(core=...)``): "sync" (per-thread
+    #: ``cp.async`` ring, ``gemm_options``) or "bulk" (``cp.async.bulk`` ring
+    #: whose first chunks load before each instance's waits, ``bulk_options``).
+    gemm_core: str = "sync"
+    #: Per-projection cores overriding ``gemm_core``: ``(("down_proj", "bulk"),)``.
+    #: Projections: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head.
+    core_overrides: tuple[tuple[str, str], ...] = ()
+    bulk_options: tuple[tuple[str, Any], ...] = (("rotate_k", True),)
     #: The attention tile copies its whole chunk of K and V into shared
     #: memory with ``cp.async`` first (``attention(stage_kv=True)``). Off:
     #: on an H200 its instances ran 22 % faster but the step did not.
     attn_stage_kv: bool = False
+    #: The attention tile's K/V copies issued by its prefetch function,
+    #: before the instance waits for the QKV projection
+    #: (``attention(stage_kv=True, prefetch_kv=True)``): the cache is read
+    #: while the projection runs. Not with ``prefetch_next``.
+    attn_prefetch_kv: bool = False
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
@@ -135,6 +153,33 @@ class LlamaConfig:
         if self.prefetch_next and not self.prefetch_weights:
             raise GraphError(
                 "LlamaConfig: prefetch_next needs prefetch_weights (the tiles' prefetch)"
+            )
+        projections = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+        cores = [("gemm_core", self.gemm_core)]
+        for proj, core in self.core_overrides:
+            if proj not in projections:
+                raise GraphError(
+                    f"LlamaConfig: core_overrides names {proj!r}, not one of {', '.join(projections)}"
+                )
+            cores.append((f"core_overrides[{proj!r}]", core))
+        for key, core in cores:
+            if core not in ("sync", "bulk"):
+                raise GraphError(f"LlamaConfig: {key} must be 'sync' or 'bulk', got {core!r}")
+        if "bulk" in dict(cores).values() and (self.prefetch_weights or self.row_warps):
+            raise GraphError("LlamaConfig: the bulk core takes no prefetch_weights or row_warps")
+        normed = ("qkv_proj", "gate_up_proj", "lm_head")
+        if self.fuse_norms and any(self.core(p) == "bulk" for p in normed):
+            raise GraphError(
+                "LlamaConfig: fuse_norms needs the sync core for qkv_proj, gate_up_proj and lm_head"
+            )
+        if self.norm_sums and not self.fuse_norms:
+            raise GraphError("LlamaConfig: norm_sums feeds the fused norms: set fuse_norms")
+        if self.norm_sums and "bulk" in (self.core("o_proj"), self.core("down_proj")):
+            raise GraphError("LlamaConfig: norm_sums needs the sync core for o_proj and down_proj")
+        if self.attn_prefetch_kv and self.prefetch_next:
+            raise GraphError(
+                "LlamaConfig: attn_prefetch_kv fills shared memory before the waits; "
+                "prefetch_next would run it for the next instance"
             )
         if self.heads % self.kv_heads:
             raise GraphError(
@@ -149,6 +194,10 @@ class LlamaConfig:
         ):
             if total % getattr(self, key):
                 raise GraphError(f"LlamaConfig: {key}={getattr(self, key)} does not divide {total}")
+
+    def core(self, projection: str) -> str:
+        """The GEMM core of ``projection`` (``core_overrides``, else ``gemm_core``)."""
+        return dict(self.core_overrides).get(projection, self.gemm_core)
 
     @property
     def qkv_width(self) -> int:
@@ -236,6 +285,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         "act": ((B, cfg.inter), "bf16"),
         "logits": ((B, cfg.vocab), "bf16"),
         "next_tokens": ((B,), "i32"),
+        **({"sumsq": ((2 * NL + 1, B), "f32")} if cfg.norm_sums else {}),
     }
 
 
@@ -245,7 +295,15 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
     H, NL, bs = cfg.hidden, cfg.layers, cfg.block_size
     opts = dict(cfg.gemm_options)
 
-    def proj(bn: int, n: int, k: int, epilogue: str, name: str, layers: int | None = NL, norm=None):
+    def proj(
+        bn: int, n: int, k: int, epilogue: str, name: str, layers: int | None = NL, norm=None,
+        sums_out=None,
+    ):  # fmt: skip
+        if cfg.core(name) == "bulk":
+            return gemm.layer_gemm(
+                cfg.block_m, bn, n, k, layers=layers, epilogue=epilogue, name=name, block_size=bs,
+                columns_first=cfg.columns_first, core="bulk", **dict(cfg.bulk_options),
+            )  # fmt: skip
         warps = None
         if cfg.row_warps:
             wn = math.gcd(bs // 32 // cfg.row_warps, bn // 8)
@@ -254,7 +312,9 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             cfg.block_m, bn, n, k, layers=layers, epilogue=epilogue, name=name, block_size=bs,
             warps=warps, columns_first=cfg.columns_first,
             prefetch_weights=cfg.prefetch_weights,
-            rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None, **opts,
+            rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None,
+            norm_sums=cfg.norm_sums and norm is not None,
+            sums_out=sums_out if cfg.norm_sums else None, **opts,
         )  # fmt: skip
 
     # Each norm's weight row in `norms`: stride * layer + offset.
@@ -265,7 +325,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         if not cfg.fuse_norms
     }
     return {
-        "embed": llama.embed(cfg.block_m, cfg.bn_down, H, block_size=bs),
+        "embed": llama.embed(cfg.block_m, cfg.bn_down, H, block_size=bs, sums=cfg.norm_sums),
         **norm_tiles,
         "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=rows["norm1"]),
         "attention": llama.attention(
@@ -275,12 +335,15 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             cfg.head_dim,
             NL,
             block_size=bs,
-            stage_kv=cfg.attn_stage_kv,
+            stage_kv=cfg.attn_stage_kv or cfg.attn_prefetch_kv,
+            prefetch_kv=cfg.attn_prefetch_kv,
         ),  # fmt: skip
         "combine": llama.attention_combine(cfg.heads, cfg.head_dim, block_size=bs),
-        "o_proj": proj(cfg.bn_o, H, cfg.attn_width, "residual", "o_proj"),
+        # The sums of squares of layer l's norm2 input and of layer l+1's norm1
+        # input: the slots of the norm weights (2l + 1, 2l + 2).
+        "o_proj": proj(cfg.bn_o, H, cfg.attn_width, "residual", "o_proj", sums_out=(2, 1)),
         "gate_up": proj(cfg.bn_gu, cfg.inter, H, "swiglu", "gate_up_proj", norm=rows["norm2"]),
-        "down": proj(cfg.bn_down, H, cfg.inter, "residual", "down_proj"),
+        "down": proj(cfg.bn_down, H, cfg.inter, "residual", "down_proj", sums_out=(2, 2)),
         "lm_head": proj(
             cfg.bn_lm, cfg.vocab, H, "store", "lm_head", layers=None, norm=rows["final_norm"]
         ),
@@ -307,6 +370,7 @@ def build_decoder_graph(
     def gemm_grid(bn: int, n: int) -> tuple:
         return (n // bn, rb) if cfg.columns_first else (rb, n // bn)
 
+    sums = ("sumsq",) if cfg.norm_sums else ()
     layer_in = g.event((NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden), name="layer_in")
     fused = cfg.fuse_norms
     ev = {
@@ -324,7 +388,7 @@ def build_decoder_graph(
     g.task(
         tiles["embed"],
         grid=(rb, cfg.hidden // cfg.bn_down),
-        args=(t["tokens"], t["embed"], t["h"]),
+        args=(t["tokens"], t["embed"], t["h"], *[t[n] for n in sums]),
         out_edges={layer_in: "ij->0"},
         name="embed",
     )
@@ -345,7 +409,7 @@ def build_decoder_graph(
     layer_task(
         "qkv",
         gemm_grid(cfg.bn_qkv, cfg.qkv_width),
-        ("h", "norms", "wqkv", "qkv") if fused else ("x", "wqkv", "qkv"),
+        ("h", "norms", *sums, "wqkv", "qkv") if fused else ("x", "wqkv", "qkv"),
         layer_in if fused else ev["normed1"],
         ev["qkv_done"],
         "lij->l",
@@ -362,7 +426,7 @@ def build_decoder_graph(
     layer_task(
         "o_proj",
         gemm_grid(cfg.bn_o, cfg.hidden),
-        ("attn", "wo", "h"),
+        ("attn", "wo", "h", *sums),
         ev["combined"],
         ev["o_done"],
         "lij->l",
@@ -372,7 +436,7 @@ def build_decoder_graph(
     layer_task(
         "gate_up",
         gemm_grid(cfg.bn_gu, cfg.inter),
-        ("h", "norms", "wgu", "act") if fused else ("x", "wgu", "act"),
+        ("h", "norms", *sums, "wgu", "act") if fused else ("x", "wgu", "act"),
         ev["o_done"] if fused else ev["normed2"],
         ev["gu_done"],
         "lij->l",
@@ -380,7 +444,7 @@ def build_decoder_graph(
     layer_task(
         "down",
         gemm_grid(cfg.bn_down, cfg.hidden),
-        ("act", "wd", "h"),
+        ("act", "wd", "h", *sums),
         ev["gu_done"],
         layer_in,
         "lij->l",
@@ -399,7 +463,7 @@ def build_decoder_graph(
     g.task(
         tiles["lm_head"],
         grid=gemm_grid(cfg.bn_lm, cfg.vocab),
-        args=(t["h"], t["norms"], t["embed"], t["logits"])
+        args=(t["h"], t["norms"], *[t[n] for n in sums], t["embed"], t["logits"])
         if fused
         else (t["x"], t["embed"], t["logits"]),
         in_edges={layer_in: f"(j, i) -> ({NL})"} if fused else {final_normed: "ij->0"},

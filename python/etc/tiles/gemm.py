@@ -229,8 +229,14 @@ def _body(
     a_ring: bool = False,
     rotate: str | None = None,
     a_ahead: int = 0,
+    norm_sums: tuple[str, str, str] | None = None,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``norm_sums = (sums, sums type, slot)`` (with ``a_norm``): each row's
+    sum of squares is read from ``sums[slot, row]`` (written by the tasks
+    that produced ``A``) instead of computed by a prologue, so the tile
+    needs no extra barrier or pass over ``A``.
 
     ``a_ring`` (with ``stages``) streams the A vectors through the
     ``cp.async`` ring with the weights instead of loading them into
@@ -282,7 +288,16 @@ def _body(
             rows.append(r)
             lrows.append(t.op("lrow", f"arith.minui {r}, {last} : index"))
     rms: list[str] = []
-    if a_norm is not None:
+
+    def norm_prologue() -> None:
+        if norm_sums is not None:
+            sums, sums_type, slot = norm_sums
+            t.emit(f"%fk_{k} = arith.constant {float(k):.1f} : f32")
+            t.emit(f"%feps = arith.constant {float(np.float32(a_norm[3])):.9e} : f32")
+            for r in lrows:
+                total = t.op("ss", f"memref.load {sums}[{slot}, {r}] : {sums_type}")
+                rms.append(t.op("rms", f"arith.divf {total}, %fk_{k} : f32"))
+            return
         globals_.append(
             _norm_prologue(t, name, a, k, a_norm[3], block_size, wm * mf * 16, r0, last, lane, warp)
         )
@@ -291,6 +306,11 @@ def _body(
         for r in lrows:
             at = t.op("rr", f"arith.subi {r}, {r0} : index")
             rms.append(t.op("rms", f"memref.load {buf}[{at}] : {smem}"))
+
+    # With a weight ring the statistics wait until its first groups are in
+    # flight (stream_loop): their HBM latency then covers the prologue's.
+    if a_norm is not None and not stages:
+        norm_prologue()
     # Weight rows: lane group g reads row g of each 8-column fragment.
     brefs = [b_rows(f, grp) for f in range(nb)]
     kslice = k // wk
@@ -533,6 +553,8 @@ def _body(
         for p in range(pre):
             kp = kat(step * p)
             issue(kp, f"%c{p}_" if p else "%c0")
+        if a_norm is not None:
+            norm_prologue()
         ahead = [load_a(kat(step * p)) for p in range(a_ahead)]
         ncarry = a_ahead * per_a
         inits = [f"%acc_{q} = %fzero" for q in range(nacc)]
@@ -656,24 +678,35 @@ def _norm_prologue(
         t.indent += "  "
         row = t.op("nr", f"arith.addi {r0}, {local} : index")
         row = t.op("nr", f"arith.minui {row}, {last} : index")
+        # Every load of the row issued before the first add: one L2 round trip.
         k0 = t.op("nk", f"arith.muli {lane}, %c8 : index")
-        acc = t.fresh("nsum")
-        t.emit(
-            f"{acc} = scf.for %nk = {k0} to %c{k}_ step %c256_ iter_args(%np = %fzero) -> (f32) {{"
-        )
-        t.indent += "  "
-        v = t.op(
-            "nv",
-            f"vector.load {a_mem}[{row}, %nk] {{alignment = 16 : i64}} : {a_type}, vector<8xbf16>",
-        )
-        f = t.op("nv", "arith.extf " + v + " : vector<8xbf16> to vector<8xf32>")
-        sq = t.op("nv", f"arith.mulf {f}, {f} : vector<8xf32>")
-        part = t.op("nv", f"vector.reduction <add>, {sq} : vector<8xf32> into f32")
-        nxt = t.op("nv", f"arith.addf %np, {part} : f32")
-        t.emit(f"scf.yield {nxt} : f32")
-        t.indent = outer + "  "
-        t.emit("}")
-        total = acc
+        parts = []
+        for kk in range(0, k, 256):
+            at = t.op("nk", f"arith.addi {k0}, %c{kk}_ : index") if kk else k0
+            load = (
+                f"vector.load {a_mem}[{row}, {at}] {{alignment = 16 : i64}} : {a_type}, "
+                "vector<8xbf16>"
+            )
+            if kk + 256 <= k:
+                parts.append(t.op("nv", load))
+                continue
+            # A ragged last step: lanes past k add zeros.
+            ok = t.op("nk", f"arith.cmpi ult, {at}, %c{k}_ : index")
+            v = t.fresh("nv")
+            t.emit(f"{v} = scf.if {ok} -> (vector<8xbf16>) {{")
+            t.emit(f"  %{v[1:]}l = {load}")
+            t.emit(f"  scf.yield %{v[1:]}l : vector<8xbf16>")
+            t.emit("} else {")
+            t.emit("  %" + v[1:] + "z = arith.constant dense<0.0> : vector<8xbf16>")
+            t.emit(f"  scf.yield %{v[1:]}z : vector<8xbf16>")
+            t.emit("}")
+            parts.append(v)
+        total = "%fzero"
+        for v in parts:
+            f = t.op("nv", "arith.extf " + v + " : vector<8xbf16> to vector<8xf32>")
+            sq = t.op("nv", f"arith.mulf {f}, {f} : vector<8xf32>")
+            part = t.op("nv", f"vector.reduction <add>, {sq} : vector<8xf32> into f32")
+            total = t.op("nv", f"arith.addf {total}, {part} : f32")
         for off in (16, 8, 4, 2, 1):
             o = t.op("no", f"arith.constant {off} : i32")
             sh = t.fresh("nsh")
@@ -989,6 +1022,9 @@ def moe_down(
 
 #: Epilogues of :func:`layer_gemm`.
 LAYER_EPILOGUES = ("store", "residual", "swiglu")
+#: ``layer_gemm`` main loops: per-thread loads / cp.async ring ("sync"), or
+#: a bulk-copy ring filled before the waits ("bulk", :mod:`etc.tiles.gemm_bulk`).
+LAYER_CORES = ("sync", "bulk")
 
 
 def _add_residual(
@@ -1041,6 +1077,10 @@ def layer_gemm(
     a_ring: bool = False,
     a_ahead: int = 0,
     rotate_k: bool = False,
+    core: str = "sync",
+    kc: int | None = None,
+    norm_sums: bool = False,
+    sums_out: tuple[int, int] | None = None,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1086,6 +1126,22 @@ def layer_gemm(
     which consecutive CTAs run together, so a batch of several row blocks
     reads each weight block from HBM once and from L2 after that.
 
+    ``norm_sums`` (with ``rmsnorm``): the RMSNorm's statistics come from
+    ``S: memref<?x?xf32>`` (after ``G``): ``S[stride*l + offset, row]`` holds
+    the row's sum of squares, added up by the tasks that wrote ``A``; the
+    tile reads one value per row instead of a pass over ``A``.
+
+    ``sums_out = (stride, offset)`` (``residual`` epilogue): the tile adds
+    each row's sum of squares of the bf16 values it stores to ``S[stride*l +
+    offset, row]`` (``S: memref<?x?xf32>`` after ``C``, atomic adds): what a
+    following ``norm_sums`` tile reads.
+
+    ``core="bulk"`` streams the weights with ``cp.async.bulk`` through a
+    shared-memory ring whose first ``stages`` chunks of ``kc`` values of
+    ``k`` the tile's prefetch function issues before the instance waits
+    (:mod:`etc.tiles.gemm_bulk`). It takes ``stages``, ``kc``, ``rotate_k``
+    and ``columns_first`` only.
+
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
     ``prefetch``, ``stages`` options: see the module docstring and
@@ -1098,6 +1154,34 @@ def layer_gemm(
     if layers is not None:
         _positive(name, "layers", layers)
     _positive(name, "n", n)
+    if core not in LAYER_CORES:
+        raise GraphError(f"tile '{name}': core {core!r} is not one of {', '.join(LAYER_CORES)}")
+    if norm_sums and rmsnorm is None:
+        raise GraphError(f"tile '{name}': norm_sums reads the statistics of rmsnorm: give rmsnorm")
+    if sums_out is not None and (epilogue != "residual" or layers is None):
+        raise GraphError(f"tile '{name}': sums_out needs the residual epilogue over stacked layers")
+    if core == "bulk":
+        unsupported = {
+            "warps": warps is not None,
+            "unroll": unroll is not None,
+            "prefetch": prefetch is not None,
+            "prefetch_weights": prefetch_weights,
+            "rmsnorm": rmsnorm is not None,
+            "a_ring": a_ring,
+            "a_ahead": bool(a_ahead),
+            "norm_sums": norm_sums,
+            "sums_out": sums_out is not None,
+        }
+        given = [key for key, on in unsupported.items() if on]
+        if given:
+            raise GraphError(f"tile '{name}': {', '.join(given)} do not apply to core='bulk'")
+        return _layer_gemm_bulk(
+            name, block_m, block_n, n, k, layers=layers, epilogue=epilogue,
+            block_size=block_size, stages=stages, kc=kc, columns_first=columns_first,
+            rotate_k=rotate_k,
+        )  # fmt: skip
+    if kc is not None:
+        raise GraphError(f"tile '{name}': kc applies to core='bulk' only")
     per_n = 2 if epilogue == "swiglu" else 1
     wm, wn, wk, unroll = plan_warps(
         name, block_m, block_n, k, block_size, warps, unroll, b_per_n=per_n
@@ -1139,32 +1223,37 @@ def layer_gemm(
         r = t.op("brow", f"arith.addi {r}, {grp} : index")
         return "%W", wt, f"%l, {r}" if layers is not None else r
 
-    def store(t: _Text, acc, rows, col_lane) -> None:
-        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-        if epilogue == "swiglu":
-            acc = _mma.swiglu(t, acc, nf, hf_rounding=True)
-        elif epilogue == "residual":
-            acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1)
-        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, None)
+    st = "memref<?x?xf32>"
 
-    a_norm = None
-    if rmsnorm is not None:
-        stride, offset, eps = rmsnorm
-        grow = t.op("grow", f"arith.constant {offset} : index")
+    def layer_row(stride: int, offset: int) -> str:
+        """``stride * l + offset`` (an index value)."""
+        row = t.op("grow", f"arith.constant {offset} : index")
         if layers is not None and stride:
             lrow = t.op("grow", f"arith.muli %l, %c{stride}_ : index")
-            grow = t.op("grow", f"arith.addi {lrow}, {grow} : index")
+            row = t.op("grow", f"arith.addi {lrow}, {row} : index")
+        return row
+
+    sums = ("%S", st, layer_row(*sums_out)) if sums_out is not None else None
+    store = _layer_store(epilogue, wcol, nf, ct, r1, sums)
+    a_norm = norm_in = None
+    if rmsnorm is not None:
+        stride, offset, eps = rmsnorm
+        grow = layer_row(stride, offset)
         a_norm = ("%G", at, grow, eps)
+        norm_in = ("%S", st, grow) if norm_sums else None
     globals_ = _body(
         t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1, epilogue=store,
         a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None, a_ahead=a_ahead,
+        norm_sums=norm_in,
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
     coords = f"%l: index, {ij}" if layers is not None else ij
     gamma = f", %G: {at}" if rmsnorm is not None else ""
-    signature = f"{coords}, %A: {at}{gamma}, %W: {wt}, %C: {ct}"
+    gamma += f", %S: {st}" if norm_sums else ""
+    out_sums = f", %S: {st}" if sums_out is not None else ""
+    signature = f"{coords}, %A: {at}{gamma}, %W: {wt}, %C: {ct}{out_sums}"
     what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
     source = _source(
         name, signature, t, globals_, f"{name}: {what[epilogue]}, bf16, {block_m}x{block_n} blocks"
@@ -1173,9 +1262,136 @@ def layer_gemm(
         source += _weight_prefetch(name, signature, wt, block_n, n, k, per_n, layers is not None)
     reference = layer_gemm_reference(
         block_m, block_n, n, epilogue, stacked=layers is not None, columns_first=columns_first,
-        rmsnorm=rmsnorm,
+        rmsnorm=rmsnorm, norm_sums=norm_sums, sums_out=sums_out,
     )  # fmt: skip
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _layer_store(
+    epilogue: str, wcol: str, nf: int, ct: str, r1: str, sums: tuple[str, str, str] | None = None
+) -> Callable[..., None]:
+    """The epilogue of :func:`layer_gemm` on ``acc[m][f]`` (mma fragments).
+    ``sums = (memref, type, slot)``: also add each row's sum of squares of
+    the stored bf16 values to ``memref[slot, row]`` (atomically)."""
+
+    def store(t: _Text, acc, rows, col_lane) -> None:
+        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+        if epilogue == "swiglu":
+            acc = _mma.swiglu(t, acc, nf, hf_rounding=True)
+        elif epilogue == "residual":
+            acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1)
+        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, None)
+        if sums is not None:
+            _add_sums_of_squares(t, acc, rows, r1, sums)
+
+    return store
+
+
+def _add_sums_of_squares(
+    t: _Text, acc: list[list[list[str]]], rows: list[str], r1: str, sums: tuple[str, str, str]
+) -> None:
+    """``sums[slot, row] += sum(f32(bf16(v))**2)`` over this warp's values of
+    each of its rows: the 4 lanes of a row group add with shuffles, the
+    first of them adds atomically (rows ``< r1`` only)."""
+    mem, mtype, slot = sums
+    width = t.op("w32", "arith.constant 32 : i32")
+    tig = t.op("tig", "gpu.lane_id")
+    tig = t.op("tig", f"arith.remui {tig}, %c4 : index")
+    first = t.op("first", f"arith.cmpi eq, {tig}, %c0 : index")
+    for m, per in enumerate(acc):
+        for h in range(2):
+            total = "%fzero"
+            for c in per:
+                for q in (2 * h, 2 * h + 1):
+                    v = _mma.bf16_round(t, c[q])
+                    total = t.op("sq", f"math.fma {v}, {v}, {total} : f32")
+            for off in (1, 2):
+                o = t.op("so", f"arith.constant {off} : i32")
+                sh = t.fresh("ssh")
+                t.emit(f"{sh}, %{sh[1:]}ok = gpu.shuffle xor {total}, {o}, {width} : f32")
+                total = t.op("sq", f"arith.addf {total}, {sh} : f32")
+            row = rows[2 * m + h]
+            ok = t.op("ok", f"arith.cmpi ult, {row}, {r1} : index")
+            ok = t.op("ok", f"arith.andi {ok}, {first} : i1")
+            t.emit(f"scf.if {ok} {{")
+            t.emit(f"  %{t.fresh('old')[1:]} = memref.atomic_rmw addf {total}, {mem}[{slot}, {row}] : "
+                   f"(f32, {mtype}) -> f32")  # fmt: skip
+            t.emit("}")
+
+
+def _layer_gemm_bulk(
+    name: str, block_m: int, block_n: int, n: int, k: int, *, layers: int | None, epilogue: str,
+    block_size: int, stages: int | None, kc: int | None, columns_first: bool, rotate_k: bool,
+) -> DeviceFunction:  # fmt: skip
+    """:func:`layer_gemm` with ``core="bulk"`` (see :mod:`etc.tiles.gemm_bulk`)."""
+    from . import gemm_bulk, gemm_tc
+
+    per_n = 2 if epilogue == "swiglu" else 1
+    _positive(name, "block_n", block_n)
+    if block_n % 8:
+        raise GraphError(f"tile '{name}': block_n={block_n} must be a multiple of 8")
+    _text.check_block(name, block_size)
+    plan = gemm_bulk.plan_bulk(name, per_n * block_n, block_m, k, block_size, kc, stages)
+    _check_moe(name, block_n, n, "n")
+    stacked = f"{layers}x" if layers is not None else ""
+    at, wt, ct = (
+        f"memref<?x{k}xbf16>",
+        f"memref<{stacked}{per_n * n}x{k}xbf16>",
+        f"memref<?x{n}xbf16>",
+    )
+
+    def coordinates(t: _Text) -> tuple[str, str, str, str]:
+        m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
+        r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
+        n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
+        return m_rows, r0, n0, _mma.dense_valid(t, r0, n0, m_rows, f"%c{n}_")
+
+    def segments(t: _Text) -> list[tuple[str, int]]:
+        first = t.op("wr", f"arith.muli %j, %c{block_n}_ : index")
+        if layers is not None:
+            lrow = t.op("wr", f"arith.muli %l, %c{per_n * n}_ : index")
+            first = t.op("wr", f"arith.addi {lrow}, {first} : index")
+        runs = [(first, block_n)]
+        if per_n == 2:
+            runs.append((t.op("wr", f"arith.addi {first}, %c{n}_ : index"), block_n))
+        return runs
+
+    def w_base(t: _Text) -> str:
+        return t.op("wb", f"memref.extract_aligned_pointer_as_index %W : {wt} -> index")
+
+    rotate = "%j" if rotate_k else None
+    t = gemm_tc._Text()
+    m_rows, r0, n0, valid = coordinates(t)
+    rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
+    r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    globals_ = gemm_bulk.body(
+        t, name=name, plan=plan, segments=segments, w_base=w_base, a=("%A", at), r0=r0, r1=r1,
+        rotate=rotate, epilogue=_layer_store(epilogue, n0, block_n // 8, ct, r1),
+    )  # fmt: skip
+    t.close()
+    ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
+    coords = f"%l: index, {ij}" if layers is not None else ij
+    signature = f"{coords}, %A: {at}, %W: {wt}, %C: {ct}"
+    what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
+    comment = (
+        f"{name}: {what[epilogue]}, bf16, {block_m}x{block_n} blocks, bulk ring of "
+        f"{plan.stages} x {plan.kc}"
+    )
+    source = _source(name, signature, t, globals_, comment)
+    tp = gemm_tc._Text()
+    gemm_bulk.prefetch(
+        tp, name=name, plan=plan, segments=segments, w_base=w_base,
+        valid=lambda t: coordinates(t)[3], rotate=rotate,
+    )  # fmt: skip
+    source += _source(f"{name}__prefetch", signature, tp, [], f"{name}: the first weight chunks")
+    reference = layer_gemm_reference(
+        block_m, block_n, n, epilogue, stacked=layers is not None, columns_first=columns_first
+    )
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn.prefetch_fills_shared = True
+    return fn
 
 
 def _weight_prefetch(
@@ -1232,50 +1448,60 @@ def layer_gemm_reference(
     stacked: bool = True,
     columns_first: bool = False,
     rmsnorm: tuple[int, int, float] | None = None,
+    norm_sums: bool = False,
+    sums_out: tuple[int, int] | None = None,
 ) -> Callable[..., None]:
     """The numpy reference of :func:`layer_gemm` (same rounding)."""
 
     def rnd(x: np.ndarray) -> np.ndarray:
         return bf16_to_f32(f32_to_bf16(x.astype(np.float32)))
 
-    def normed(A: np.ndarray, G: np.ndarray | None, layer: int) -> np.ndarray:
+    def normed(A: np.ndarray, G: np.ndarray | None, S, layer: int, rs: slice) -> np.ndarray:
         if rmsnorm is None:
             return A
         stride, offset, eps = rmsnorm
         a = bf16_to_f32(A)
-        r = (1.0 / np.sqrt((a * a).mean(axis=1, keepdims=True) + np.float32(eps))).astype(
-            np.float32
-        )
+        if norm_sums:
+            mean = (S[stride * layer + offset, rs] / np.float32(a.shape[1]))[:, None]
+        else:
+            mean = (a * a).mean(axis=1, keepdims=True)
+        r = (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)
         gamma = bf16_to_f32(G[stride * layer + offset])
         return f32_to_bf16(gamma[None, :] * rnd(a * r))
 
+    def split(rest: tuple):
+        rest = list(rest)
+        G = rest.pop(0) if rmsnorm is not None else None
+        S_in = rest.pop(0) if norm_sums else None
+        W, C = rest.pop(0), rest.pop(0)
+        S_out = rest.pop(0) if sums_out is not None else None
+        return G, S_in, W, C, S_out
+
     def layered(l: int, a: int, b: int, A, *rest) -> None:  # noqa: E741
-        G, W, C = rest if rmsnorm is not None else (None, *rest)
-        apply(a, b, normed_rows(A, G, l, a, b), W[l], C)
+        G, S_in, W, C, S_out = split(rest)
+        apply(a, b, A, G, S_in, l, W[l], C, S_out)
 
     def single(a: int, b: int, A, *rest) -> None:
-        G, W, C = rest if rmsnorm is not None else (None, *rest)
-        apply(a, b, normed_rows(A, G, 0, a, b), W, C)
+        G, S_in, W, C, S_out = split(rest)
+        apply(a, b, A, G, S_in, 0, W, C, S_out)
 
-    def normed_rows(A, G, layer: int, a: int, b: int) -> np.ndarray:
-        i = b if columns_first else a
-        rs = slice(i * block_m, (i + 1) * block_m)
-        out = A.copy()
-        out[rs] = normed(A[rs], G, layer)
-        return out
-
-    def apply(a: int, b: int, A, W, C) -> None:
+    def apply(a: int, b: int, A, G, S_in, layer: int, W, C, S_out) -> None:
         i, j = (b, a) if columns_first else (a, b)
-        rs = slice(i * block_m, (i + 1) * block_m)
+        rs = slice(i * block_m, min((i + 1) * block_m, A.shape[0]))
         cs = slice(j * block_n, min((j + 1) * block_n, n))
-        acc = _mma.bf16_matmul(A[rs], W[cs])
+        rows = normed(A[rs], G, S_in, layer, rs)
+        acc = _mma.bf16_matmul(rows, W[cs])
         if epilogue == "residual":
             acc = rnd(acc) + bf16_to_f32(C[rs, cs])
         elif epilogue == "swiglu":
             g = rnd(acc)
-            u = rnd(_mma.bf16_matmul(A[rs], W[cs.start + n : cs.stop + n]))
+            u = rnd(_mma.bf16_matmul(rows, W[cs.start + n : cs.stop + n]))
             with np.errstate(over="ignore"):
                 acc = rnd(g / (np.float32(1) + np.exp(-g))) * u
         C[rs, cs] = f32_to_bf16(acc.astype(np.float32))
+        if S_out is not None:
+            stride, offset = sums_out
+            stored = bf16_to_f32(C[rs, cs])
+            S_out[stride * layer + offset, rs] += (stored * stored).sum(axis=1, dtype=np.float32)
 
     return layered if stacked else single

@@ -92,7 +92,13 @@ def _offset_constants(offsets) -> str:
 # embed
 # ----------------------------------------------------------------------------
 def embed(
-    block_m: int, block_n: int, hidden: int, *, name: str = "embed", block_size: int = 256
+    block_m: int,
+    block_n: int,
+    hidden: int,
+    *,
+    name: str = "embed",
+    block_size: int = 256,
+    sums: bool = False,
 ) -> DeviceFunction:
     """Tile ``(i, j)``: ``h[r, c] = E[tokens[r], c]`` for rows ``[i*BM,
     min((i+1)*BM, B))`` and columns ``[j*BN, min((j+1)*BN, H))``.
@@ -100,15 +106,23 @@ def embed(
     The CTA walks (row, 8-column chunk) pairs, one 16-byte load and store per
     thread per step. Args: ``tokens: memref<?xi32>``, ``E: memref<?xHxbf16>``,
     ``h: memref<?xHxbf16>``.
+
+    ``sums``: one more arg ``S: memref<?x?xf32>`` (slots x rows); the
+    column-0 tile of each row block stores every row's sum of squares of
+    ``h`` in ``S[0, r]`` (warp per row) and zeroes ``S[1:, r]``, which the
+    layers' residual epilogues then add to (``layer_gemm(sums_out=...)``).
     """
     _check_block(name, block_size)
     _positive(name, block_m=block_m, block_n=block_n, hidden=hidden)
     _multiple_of_8(name, hidden=hidden, block_n=block_n)
     BM, BN, H = block_m, block_n, hidden
     t_t, x_t = "memref<?xi32>", f"memref<?x{H}xbf16>"
+    s_t = "memref<?x?xf32>"
+    sums_arg = f", %S: {s_t}" if sums else ""
+    sums_lines = _embed_sums(block_size, H, x_t, t_t, s_t) if sums else ""
     source = f"""\
 // {name}: h[r, c] = E[tokens[r], c], {BM} rows x {BN} columns (hidden {H}) per CTA of {block_size}.
-func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}) {{
+func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{sums_arg}) {{
   %c0 = arith.constant 0 : index
   %c8 = arith.constant 8 : index
   %cBS = arith.constant {block_size} : index
@@ -140,18 +154,66 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}) {{
     %v = vector.load %E[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
     vector.store %v, %h[%r, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
   }}
-  return
+{sums_lines}  return
 }}
 """
 
-    def reference(i: int, j: int, tok: np.ndarray, E: np.ndarray, h: np.ndarray) -> None:
+    def reference(i: int, j: int, tok: np.ndarray, E: np.ndarray, h: np.ndarray, *S) -> None:
         r0, r1 = i * BM, min((i + 1) * BM, h.shape[0])
         c0, c1 = j * BN, min((j + 1) * BN, H)
         if r0 >= r1 or c0 >= c1:
             return
         h[r0:r1, c0:c1] = E[tok[r0:r1].astype(np.int64), c0:c1]
+        if sums and j == 0:
+            rows = bf16_to_f32(E[tok[r0:r1].astype(np.int64)])
+            S[0][0, r0:r1] = (rows * rows).sum(axis=1, dtype=np.float32)
+            S[0][1:, r0:r1] = 0
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _embed_sums(block_size: int, H: int, x_t: str, t_t: str, s_t: str) -> str:
+    """Lines of :func:`embed` with ``sums``: tile column 0, warp per row."""
+    warps = block_size // 32
+    red, total = _text.warp_sum("%part", "      ")
+    return f"""\
+  %sj0 = arith.cmpi eq, %j, %c0 : index
+  scf.if %sj0 {{
+    %s_warps = arith.constant {warps} : index
+    %s_c1 = arith.constant 1 : index
+    %c32 = arith.constant 32 : index
+    %s_c256 = arith.constant 256 : index
+    %s_zero = arith.constant 0.0 : f32
+    %c32_i32 = arith.constant 32 : i32
+{_text.shuffle_constants("    ")}
+    %s_slots = memref.dim %S, %c0 : {s_t}
+    %s_wp = arith.divui %tid, %c32 : index
+    %s_lane = arith.remui %tid, %c32 : index
+    %s_k0 = arith.muli %s_lane, %c8 : index
+    scf.for %sr = %s_wp to %nr step %s_warps {{
+      %r = arith.addi %r0, %sr : index
+      %t_i32 = memref.load %tok[%r] : {t_t}
+      %t = arith.index_cast %t_i32 : i32 to index
+      %part = scf.for %k = %s_k0 to %cH step %s_c256 iter_args(%acc = %s_zero) -> (f32) {{
+        %v = vector.load %E[%t, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+        %f = arith.extf %v : vector<8xbf16> to vector<8xf32>
+        %sq = arith.mulf %f, %f : vector<8xf32>
+        %red = vector.reduction <add>, %sq : vector<8xf32> into f32
+        %next = arith.addf %acc, %red : f32
+        scf.yield %next : f32
+      }}
+{red}
+      %lane0 = arith.cmpi eq, %s_lane, %c0 : index
+      scf.if %lane0 {{
+        memref.store {total}, %S[%c0, %r] : {s_t}
+      }}
+      %zs = arith.addi %s_lane, %s_c1 : index
+      scf.for %slot = %zs to %s_slots step %c32 {{
+        memref.store %s_zero, %S[%slot, %r] : {s_t}
+      }}
+    }}
+  }}
+"""
 
 
 # ----------------------------------------------------------------------------
@@ -293,6 +355,7 @@ def attention(
     name: str = "attention",
     block_size: int = 256,
     stage_kv: bool = False,
+    prefetch_kv: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -327,6 +390,11 @@ def attention(
     wait for them: the whole chunk (``2 chunk D`` bytes more workgroup
     memory) is in flight at once, behind the RoPE, instead of ``unroll`` row
     groups at a time.
+
+    ``prefetch_kv`` (with ``stage_kv``): those copies move into the tile's
+    prefetch function ``@<name>__prefetch``, which the kernel runs before the
+    instance waits for ``qkv``: the cached positions (all but ``L``) are
+    written by earlier steps, so they load while the QKV projection runs.
 
     Measured on an H200 (Llama-3.2-1B heads, batch 64, L = 4095, one layer,
     attention alone, dynamic schedule): about 310 us for the 537 MB of K and
@@ -574,6 +642,8 @@ def attention(
         for t in range(G)
     )
 
+    if prefetch_kv and not stage_kv:
+        raise GraphError(f"tile '{name}': prefetch_kv issues the stage_kv copies: give stage_kv")
     kv_global = (
         f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}\n'
         if stage_kv
@@ -788,7 +858,32 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
         mpart[b, heads_of_g, s, 0] = m
         mpart[b, heads_of_g, s, 1] = e.sum(axis=1, dtype=np.float32)
 
-    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    if prefetch_kv:
+        source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn.prefetch_fills_shared = prefetch_kv
+    return fn
+
+
+_JOIN = (
+    "  // A previous call on this CTA may still be reading the workgroup buffers.\n  gpu.barrier\n"
+)
+
+
+def _move_staging_to_prefetch(source: str, name: str, addresses: str, copies: str) -> str:
+    """The attention source with its ``stage_kv`` copies moved from the body
+    into ``@<name>__prefetch``: the body's constants and split positions, the
+    join with the previous instance, the slot ``addresses`` and the
+    ``copies``. The body keeps the addresses (it reads the slots)."""
+    head, rest = source.split(_JOIN, 1)
+    staging = addresses + "\n" + copies
+    assert rest.startswith(staging), "the staging copies follow the join"
+    signature_at = head.index(f"func.func @{name}(")
+    preamble = head[signature_at:].replace(
+        f"func.func @{name}(", f"func.func @{name}__prefetch(", 1
+    )
+    body = head + _JOIN + addresses + rest[len(staging) :]
+    return body + preamble + _JOIN + staging + "\n  return\n}\n"
 
 
 # ----------------------------------------------------------------------------

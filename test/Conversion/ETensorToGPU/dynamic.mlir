@@ -19,7 +19,7 @@ func.func @consume(%i: index) {
 /// the descriptor through workgroup memory, the CTA runs the task, then
 /// thread 0 alone notifies and pushes.
 // CHECK-LABEL: gpu.func @pipeline
-// CHECK-SAME: workgroup(%[[SLOT:.*]] : memref<1xi64, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%[[SLOT:.*]] : memref<1xi64, #gpu.address_space<workgroup>>, %{{.*}} : memref<24xi64, #gpu.address_space<workgroup>>)
 // CHECK: %[[FIRST:.*]] = scf.if
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK: scf.while (%[[PENDING:.*]] = %[[FIRST]], %[[NEXT:.*]] = %{{.*}}, %[[END:.*]] = %{{.*}}) : (i64, index, index)
@@ -68,6 +68,50 @@ etensor.graph @pipeline(%n: index) {
       %done = etensor.notify %e[%i] : !etensor.event<?> -> i1
       scf.if %done {
         etensor.push %q[1, %i] : !etensor.queue
+      }
+    }
+    etensor.dispatch 1 grid [%n] {
+    ^bb0(%i: index):
+      func.call @consume(%i) : (index) -> ()
+    }
+  }
+}
+
+/// A range push: thread 0 zeroes the record's count, and where the push
+/// runs claims the slots and leaves (first slot, first instance, count) in
+/// workgroup memory; after a barrier every thread fences once and stores
+/// its share of the slots (k = tid, tid + blockDim, ...).
+// CHECK-LABEL: gpu.func @fanout
+// CHECK-SAME: %[[REC:[^ ]*]] : memref<24xi64, #gpu.address_space<workgroup>>)
+// CHECK: func.call @produce
+// CHECK: scf.if
+// CHECK: memref.store %{{.*}}, %[[REC]][%{{.*}}]
+// CHECK: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
+// CHECK: scf.if
+// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
+// CHECK-COUNT-3: memref.store %{{.*}}, %[[REC]][%{{.*}}]
+// CHECK: gpu.barrier
+// CHECK-NEXT: llvm.inline_asm has_side_effects "fence.acq_rel.gpu;"
+// CHECK-COUNT-3: memref.load %[[REC]]
+// CHECK: %[[TID:.*]] = gpu.thread_id x
+// CHECK: %[[DIM:.*]] = gpu.block_dim x
+// CHECK: scf.for %{{.*}} = %[[TID]] to %{{.*}} step %[[DIM]]
+// CHECK: "st.relaxed.gpu.global.u64 [$0], $1;"
+// CHECK: func.call @consume
+etensor.graph @fanout(%n: index) {
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1 : index
+  %e = etensor.event(%one) count 1 : !etensor.event<?>
+  %c2 = arith.constant 2 : index
+  %instances = arith.addi %n, %one : index
+  %q = etensor.queue capacity %instances : !etensor.queue
+  etensor.worker dynamic(%q : !etensor.queue) {
+    etensor.dispatch 0 grid [%one] attributes {etensor.ready_at_start} {
+    ^bb0(%i: index):
+      func.call @produce(%i) : (index) -> ()
+      %done = etensor.notify %e[%c0] : !etensor.event<?> -> i1
+      scf.if %done {
+        etensor.push %q[1, %c0] count %n : !etensor.queue
       }
     }
     etensor.dispatch 1 grid [%n] {

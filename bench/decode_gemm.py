@@ -1,0 +1,148 @@
+"""One decoder projection alone: the decode GEMM cores' streaming rate (issue 7).
+
+    python bench/decode_gemm.py --build DIR                  # CPU: one artifact per variant
+    python bench/decode_gemm.py --artifacts DIR --out OUT    # GPU: check, then time
+
+Each variant is one ``etc.tiles.gemm.layer_gemm`` task over the whole weight
+of one Llama-3.2-1B projection (gate/up: 2 x 8192 x 2048, SwiGLU; down: 2048
+x 8192, residual), as a one-task graph with the batch ``B`` a symbol. On the
+GPU, for B in BATCHES: the output against PyTorch (bf16 matmul, same
+epilogue), then the median time of REPS x CALLS back-to-back launches, and
+the weight bytes over that time against the device's copy bandwidth (2 GiB
+copy, same run). This isolates a core's streaming from the model's stage
+boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.timing import timed, two_step_main  # noqa: E402
+
+H, INTER, VOCAB = 2048, 8192, 128256
+SYNC = dict(stages=4, unroll=2, rotate_k=True)
+# name -> (projection, block_m, block_n, layer_gemm options).
+VARIANTS = {
+    "gu_sync": ("gate_up", 16, 16, SYNC),
+    "gu_bulk_kc512_s2": ("gate_up", 16, 16, dict(core="bulk", kc=512, stages=2)),
+    "down_sync": ("down", 16, 8, SYNC),
+    "down_bulk": ("down", 16, 8, dict(core="bulk", rotate_k=True)),
+    "lm_sync": ("lm_head", 16, 64, SYNC),
+    "lm_sync_bn32_s6": ("lm_head", 16, 32, dict(stages=6, unroll=2, rotate_k=True)),
+    "lm_sync_bn16_s6": ("lm_head", 16, 16, dict(stages=6, unroll=2, rotate_k=True)),
+    "lm_bulk": ("lm_head", 16, 64, dict(core="bulk", rotate_k=True)),
+    "lm_bulk_bm8": ("lm_head", 8, 64, dict(core="bulk", rotate_k=True)),
+}
+BATCHES = (1, 16)
+CALLS = 20
+
+
+def shapes(projection: str) -> tuple[str, int, int, int]:
+    """(epilogue, n, k, weight rows)."""
+    if projection == "gate_up":
+        return "swiglu", INTER, H, 2 * INTER
+    if projection == "qkv":
+        return "store", 3072, H, 3072
+    if projection == "o_proj":
+        return "residual", H, H, H
+    if projection == "lm_head":
+        return "store", VOCAB, H, VOCAB
+    return "residual", H, INTER, H
+
+
+def graph(name: str):
+    import etc
+    from etc.tiles.gemm import layer_gemm
+
+    projection, bm, bn, options = VARIANTS[name]
+    epilogue, n, k, rows = shapes(projection)
+    tile = layer_gemm(
+        bm, bn, n, k, layers=2, epilogue=epilogue, name=projection, columns_first=True, **options
+    )
+    g = etc.Graph(name)
+    B, NL = g.symbol("B"), g.symbol("NL")
+    A = g.tensor("A", (B, k), "bf16")
+    W = g.tensor("W", (2, rows, k), "bf16")
+    C = g.tensor("C", (B, n), "bf16")
+    g.task(tile, grid=(NL, n // bn, (B + bm - 1) // bm), args=(A, W, C))
+    return g
+
+
+def build(out: Path) -> None:
+    import etc
+
+    for name in VARIANTS:
+        options = {"min_ctas_per_sm": 2}
+        etc.compile(graph(name), schedule="static", **options).save(out / name)
+        print("built", name, flush=True)
+
+
+def run(artifacts: Path, out: Path | None, reps: int) -> None:
+    import torch
+
+    import etc.runtime
+    from bench.splitk import copy_bandwidth
+
+    copy_bps = copy_bandwidth(torch, reps)
+    print(f"copy bandwidth {copy_bps / 1e12:.2f} TB/s", flush=True)
+    rows_out = []
+    for name, (projection, *_) in VARIANTS.items():
+        epilogue, n, k, wrows = shapes(projection)
+        kernel = etc.runtime.load(artifacts / name)
+        W = (torch.randn(2, wrows, k, device="cuda") * 0.02).to(torch.bfloat16)
+        for B in BATCHES:
+            A = torch.randn(B, k, device="cuda").to(torch.bfloat16)
+            C0 = torch.randn(B, n, device="cuda").to(torch.bfloat16)
+            C = C0.clone()
+            kernel.launch({"A": A, "W": W, "C": C}, {"B": B, "NL": 1})
+            kernel.check()
+            acc = (A.float() @ W[0].float().T).to(torch.bfloat16).float()
+            if epilogue == "swiglu":
+                g, u = acc[:, :n], acc[:, n:]
+                want = torch.nn.functional.silu(g).to(torch.bfloat16).float() * u
+            elif epilogue == "residual":
+                want = acc + C0.float()
+            else:
+                want = acc
+            err = float((C.float() - want).norm() / want.norm())
+            us = {}
+            for nl in (1, 2):
+                syms = {"B": B, "NL": nl}
+                us[nl] = timed(
+                    torch,
+                    lambda i, k=kernel, b={"A": A, "W": W, "C": C}, s=syms: k.launch(
+                        b, s, sync=False
+                    ),
+                    CALLS,
+                    reps,
+                )
+            # One more layer's weights: the streaming rate without the launch.
+            marginal = us[2] - us[1]
+            tbps = W[0].numel() * 2 / (marginal * 1e-6) / 1e12
+            rows_out.append(
+                {"variant": name, "B": B, "us_1": us[1], "us_2": us[2], "marginal_us": marginal,
+                 "TBps": tbps, "of_copy": tbps * 1e12 / copy_bps, "rel_err": err}
+            )  # fmt: skip
+            print(
+                f"{name:22s} B={B:3d} 1 layer {us[1]:7.1f} us, 2 layers {us[2]:7.1f} us: "
+                f"{tbps:5.2f} TB/s ({100 * tbps * 1e12 / copy_bps:4.1f}% of copy)  rel err {err:.1e}",
+                flush=True,
+            )
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode_gemm.json").write_text(
+            json.dumps({"copy_TBps": copy_bps / 1e12, "rows": rows_out}, indent=1)
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=7)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
