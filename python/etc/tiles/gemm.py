@@ -1200,12 +1200,7 @@ def layer_gemm(
             f"(stages={stages}, a_ring={a_ring})"
         )
     _check_moe(name, block_n, n, "n")
-    stacked = f"{layers}x" if layers is not None else ""
-    at, wt, ct = (
-        f"memref<?x{k}xbf16>",
-        f"memref<{stacked}{per_n * n}x{k}xbf16>",
-        f"memref<?x{n}xbf16>",
-    )
+    at, wt, ct = _layer_types(layers, per_n, n, k)
     t = _Text()
     m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
     r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
@@ -1265,6 +1260,16 @@ def layer_gemm(
         rmsnorm=rmsnorm, norm_sums=norm_sums, sums_out=sums_out,
     )  # fmt: skip
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _layer_types(layers: int | None, per_n: int, n: int, k: int) -> tuple[str, str, str]:
+    """The types of :func:`layer_gemm`'s ``A``, ``W`` and ``C``."""
+    stacked = f"{layers}x" if layers is not None else ""
+    return (
+        f"memref<?x{k}xbf16>",
+        f"memref<{stacked}{per_n * n}x{k}xbf16>",
+        f"memref<?x{n}xbf16>",
+    )
 
 
 def _layer_store(
@@ -1333,12 +1338,7 @@ def _layer_gemm_bulk(
     _text.check_block(name, block_size)
     plan = gemm_bulk.plan_bulk(name, per_n * block_n, block_m, k, block_size, kc, stages)
     _check_moe(name, block_n, n, "n")
-    stacked = f"{layers}x" if layers is not None else ""
-    at, wt, ct = (
-        f"memref<?x{k}xbf16>",
-        f"memref<{stacked}{per_n * n}x{k}xbf16>",
-        f"memref<?x{n}xbf16>",
-    )
+    at, wt, ct = _layer_types(layers, per_n, n, k)
 
     def coordinates(t: _Text) -> tuple[str, str, str, str]:
         m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")

@@ -429,7 +429,7 @@ def body(
                 f"{t.add(w_col2, 16 * ks)}] {{numTiles = 2 : i32, transpose = false}} : "
                 f"{ring.ring_t} -> {vfrag2}",
             )
-            fb.append(_words2(t, v))
+            fb.append(_words(t, v, tiles=2))
         for m in range(p.mf):
             for f in range(p.nf):
                 acc[m][f] = _mma.mma(t, fa[m], fb[f], acc[m][f])
@@ -491,12 +491,3 @@ def body(
 
     _if(t, warp0, finish)
     return globals_
-
-
-def _words2(t: _Text, frag: str) -> list[str]:
-    out = []
-    for q in range(2):
-        v = t.op("p", f"vector.extract {frag}[{q}] : vector<2xbf16> from vector<2x2xbf16>")
-        w = t.op("w", f"vector.bitcast {v} : vector<2xbf16> to vector<1xi32>")
-        out.append(t.op("r", f"vector.extract {w}[0] : i32 from vector<1xi32>"))
-    return out

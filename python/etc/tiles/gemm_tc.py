@@ -907,11 +907,13 @@ def _staged_store(
     return True
 
 
-def _words(t: _Text, frag: str) -> list[str]:
-    """The four i32 registers of an ``ldmatrix.x4`` result (bf16 pairs)."""
+def _words(t: _Text, frag: str, tiles: int = 4) -> list[str]:
+    """The i32 registers of an ``ldmatrix`` result of ``tiles`` 8x8
+    matrices (``vector<tiles x 2 x bf16>``, bf16 pairs)."""
     out = []
-    for q in range(4):
-        p = t.op("p", f"vector.extract {frag}[{q}] : vector<2xbf16> from {_FRAG}")
+    ftype = _FRAG if tiles == 4 else f"vector<{tiles}x2xbf16>"
+    for q in range(tiles):
+        p = t.op("p", f"vector.extract {frag}[{q}] : vector<2xbf16> from {ftype}")
         w = t.op("w", f"vector.bitcast {p} : vector<2xbf16> to vector<1xi32>")
         out.append(t.op("r", f"vector.extract {w}[0] : i32 from vector<1xi32>"))
     return out
