@@ -30,13 +30,14 @@ from etc.models import llama as M  # noqa: E402
 BASE = M.LLAMA_3_2_1B
 VARIANTS = {
     "default": {},
-    # Range pushes written by the whole CTA (thread 0 claims the slots, every
-    # thread stores its share) instead of thread 0 alone: the dynamic trace
-    # had norm2 start ~28 us after the last o_proj, about 512 serial slot
-    # stores. Expected: dynamic B=1 2277 -> ~1800 us.
+    # The attention's last split of each (sequence, kv head) merges the
+    # splits (attention(combine=True)): no combine stage. Trace: the combine
+    # stage and its waits take ~3.3 us a layer at B=1, ~4.5 at B=64.
+    # Expected: B=1 -30..-40 us, B=64 -50..-70 us, both schedules.
+    "fused_combine": dict(fuse_combine=True),
+    "fused_combine_attn_pf": dict(fuse_combine=True, attn_prefetch_kv=True),
     "dynamic": dict(schedule="dynamic"),
-    "dynamic_early": dict(schedule="dynamic", pop_ahead=True),
-    "attn_pf": dict(attn_prefetch_kv=True),
+    "dynamic_fused_combine": dict(schedule="dynamic", fuse_combine=True),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 16, 64)

@@ -174,7 +174,8 @@ def llama_tiny_variants() -> dict:
     ``a_ahead``, ``prefetch_next``); the bulk-copy GEMM core
     (``layer_gemm(core="bulk")``); the attention's K/V copies issued before
     its waits (``attn_prefetch_kv``); the fused norms reading the sums of
-    squares that the residual epilogues add up (``norm_sums``)."""
+    squares that the residual epilogues add up (``norm_sums``); the
+    attention's last split merging the splits (``fuse_combine``)."""
     import dataclasses
 
     from etc.models import llama
@@ -194,6 +195,7 @@ def llama_tiny_variants() -> dict:
     bulk = dataclasses.replace(llama.TINY, gemm_core="bulk")
     attn_pf = dataclasses.replace(llama.TINY, attn_prefetch_kv=True)
     sums = dataclasses.replace(llama.TINY, fuse_norms=True, norm_sums=True)
+    fused_combine = dataclasses.replace(llama.TINY, fuse_combine=True)
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -201,4 +203,5 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_bulk": bulk,
         "llama_tiny_attn_pf": attn_pf,
         "llama_tiny_norm_sums": sums,
+        "llama_tiny_fused_combine": fused_combine,
     }

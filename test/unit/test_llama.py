@@ -477,3 +477,31 @@ def test_norm_sums_decoder_compiles_with_float_atomics():
     art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
     assert art.cubin is not None
     assert "atom.global.add.f32" in art.ptx or "red.global.add.f32" in art.ptx
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_fused_combine_matches_the_numpy_model(weights, schedule):
+    """fuse_combine: the last split of each (sequence, kv head) merges the
+    splits; embed zeroes the split counters, so stale ones do no harm."""
+    cfg = dataclasses.replace(CFG, fuse_combine=True)
+    g = M.build_decoder_graph(cfg)
+    assert "combine" not in {t.name for t in g.tasks}
+    for B, L in ((1, 0), (17, 20)):
+        tokens = np.arange(B, dtype=np.int32) * 3
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        arrays["attn_count"][...] = 5  # left over from an aborted step
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        # Every (layer, sequence, kv head) counted each of its splits once.
+        np.testing.assert_array_equal(out["attn_count"], cfg.splits(L))
+
+
+@needs_ptxas
+def test_fused_combine_compiles_for_llama_3_2_1b():
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True)
+    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
+    assert art.cubin is not None
+    assert "atom.acq_rel.gpu.global.add.u32" in art.ptx

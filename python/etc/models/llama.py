@@ -127,6 +127,10 @@ class LlamaConfig:
     #: normalising GEMMs read it (``layer_gemm(norm_sums=True, sums_out=...)``)
     #: instead of each tile computing the statistics in a prologue.
     norm_sums: bool = False
+    #: The attention's last split of each (sequence, kv head) merges the
+    #: splits (``attention(combine=True)``, split counters in ``attn_count``
+    #: that embed zeroes): no combine stage.
+    fuse_combine: bool = False
     #: The GEMM tiles' main loop (``layer_gemm(core=...)``): "sync" (per-thread
     #: ``cp.async`` ring, ``gemm_options``) or "bulk" (``cp.async.bulk`` ring
     #: whose first chunks load before each instance's waits, ``bulk_options``).
@@ -286,6 +290,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         "logits": ((B, cfg.vocab), "bf16"),
         "next_tokens": ((B,), "i32"),
         **({"sumsq": ((2 * NL + 1, B), "f32")} if cfg.norm_sums else {}),
+        **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.fuse_combine else {}),
     }
 
 
@@ -325,7 +330,14 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         if not cfg.fuse_norms
     }
     return {
-        "embed": llama.embed(cfg.block_m, cfg.bn_down, H, block_size=bs, sums=cfg.norm_sums),
+        "embed": llama.embed(
+            cfg.block_m,
+            cfg.bn_down,
+            H,
+            block_size=bs,
+            sums=cfg.norm_sums,
+            counters=cfg.fuse_combine,
+        ),  # fmt: skip
         **norm_tiles,
         "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=rows["norm1"]),
         "attention": llama.attention(
@@ -337,8 +349,13 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             block_size=bs,
             stage_kv=cfg.attn_stage_kv or cfg.attn_prefetch_kv,
             prefetch_kv=cfg.attn_prefetch_kv,
+            combine=cfg.fuse_combine,
         ),  # fmt: skip
-        "combine": llama.attention_combine(cfg.heads, cfg.head_dim, block_size=bs),
+        **(
+            {}
+            if cfg.fuse_combine
+            else {"combine": llama.attention_combine(cfg.heads, cfg.head_dim, block_size=bs)}
+        ),
         # The sums of squares of layer l's norm2 input and of layer l+1's norm1
         # input: the slots of the norm weights (2l + 1, 2l + 2).
         "o_proj": proj(cfg.bn_o, H, cfg.attn_width, "residual", "o_proj", sums_out=(2, 1)),
@@ -371,13 +388,15 @@ def build_decoder_graph(
         return (n // bn, rb) if cfg.columns_first else (rb, n // bn)
 
     sums = ("sumsq",) if cfg.norm_sums else ()
+    counts = ("attn_count",) if cfg.fuse_combine else ()
+    fused_out = ("attn",) if cfg.fuse_combine else ()
     layer_in = g.event((NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden), name="layer_in")
     fused = cfg.fuse_norms
     ev = {
         "normed1": None if fused else g.event((NL,), wait_count=B, name="normed1"),
         "qkv_done": g.event((NL,), wait_count=tiles_of(cfg.bn_qkv, cfg.qkv_width), name="qkv_done"),
         "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L), name="attended"),
-        "combined": g.event((NL,), wait_count=B, name="combined"),
+        "combined": None if cfg.fuse_combine else g.event((NL,), wait_count=B, name="combined"),
         "o_done": g.event((NL,), wait_count=tiles_of(cfg.bn_o, cfg.hidden), name="o_done"),
         "normed2": None if fused else g.event((NL,), wait_count=B, name="normed2"),
         "gu_done": g.event((NL,), wait_count=tiles_of(cfg.bn_gu, cfg.inter), name="gu_done"),
@@ -388,7 +407,7 @@ def build_decoder_graph(
     g.task(
         tiles["embed"],
         grid=(rb, cfg.hidden // cfg.bn_down),
-        args=(t["tokens"], t["embed"], t["h"], *[t[n] for n in sums]),
+        args=(t["tokens"], t["embed"], t["h"], *[t[n] for n in sums + counts]),
         out_edges={layer_in: "ij->0"},
         name="embed",
     )
@@ -417,17 +436,20 @@ def build_decoder_graph(
     layer_task(
         "attention",
         (B, KV, cfg.splits(L)),
-        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart"),
+        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out),
         ev["qkv_done"],
         ev["attended"],
         "lbgs->l",
     )
-    layer_task("combine", (B,), ("opart", "mpart", "attn"), ev["attended"], ev["combined"], "lb->l")
+    if not cfg.fuse_combine:
+        layer_task(
+            "combine", (B,), ("opart", "mpart", "attn"), ev["attended"], ev["combined"], "lb->l"
+        )
     layer_task(
         "o_proj",
         gemm_grid(cfg.bn_o, cfg.hidden),
         ("attn", "wo", "h", *sums),
-        ev["combined"],
+        ev["attended"] if cfg.fuse_combine else ev["combined"],
         ev["o_done"],
         "lij->l",
     )

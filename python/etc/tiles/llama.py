@@ -99,6 +99,7 @@ def embed(
     name: str = "embed",
     block_size: int = 256,
     sums: bool = False,
+    counters: bool = False,
 ) -> DeviceFunction:
     """Tile ``(i, j)``: ``h[r, c] = E[tokens[r], c]`` for rows ``[i*BM,
     min((i+1)*BM, B))`` and columns ``[j*BN, min((j+1)*BN, H))``.
@@ -111,6 +112,11 @@ def embed(
     column-0 tile of each row block stores every row's sum of squares of
     ``h`` in ``S[0, r]`` (warp per row) and zeroes ``S[1:, r]``, which the
     layers' residual epilogues then add to (``layer_gemm(sums_out=...)``).
+
+    ``counters``: one more arg (after ``S``) ``C: memref<?x?x?xi32>``
+    (layers x rows x kv heads); the column-0 tile zeroes ``C[:, r, :]`` of
+    its rows: the split counters of ``attention(combine=True)``, reset at
+    the start of every step.
     """
     _check_block(name, block_size)
     _positive(name, block_m=block_m, block_n=block_n, hidden=hidden)
@@ -118,8 +124,11 @@ def embed(
     BM, BN, H = block_m, block_n, hidden
     t_t, x_t = "memref<?xi32>", f"memref<?x{H}xbf16>"
     s_t = "memref<?x?xf32>"
-    sums_arg = f", %S: {s_t}" if sums else ""
+    c_t = "memref<?x?x?xi32>"
+    sums_arg = (f", %S: {s_t}" if sums else "") + (f", %C: {c_t}" if counters else "")
     sums_lines = _embed_sums(block_size, H, x_t, t_t, s_t) if sums else ""
+    if counters:
+        sums_lines += _embed_zero_counters(block_size, c_t)
     source = f"""\
 // {name}: h[r, c] = E[tokens[r], c], {BM} rows x {BN} columns (hidden {H}) per CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{sums_arg}) {{
@@ -164,12 +173,40 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{sums_a
         if r0 >= r1 or c0 >= c1:
             return
         h[r0:r1, c0:c1] = E[tok[r0:r1].astype(np.int64), c0:c1]
+        extra = list(S)
         if sums and j == 0:
             rows = bf16_to_f32(E[tok[r0:r1].astype(np.int64)])
-            S[0][0, r0:r1] = (rows * rows).sum(axis=1, dtype=np.float32)
-            S[0][1:, r0:r1] = 0
+            extra[0][0, r0:r1] = (rows * rows).sum(axis=1, dtype=np.float32)
+            extra[0][1:, r0:r1] = 0
+        if counters and j == 0:
+            extra[-1][:, r0:r1, :] = 0
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _embed_zero_counters(block_size: int, c_t: str) -> str:
+    """Lines of :func:`embed` with ``counters``: tile column 0 zeroes
+    ``C[:, r, :]`` for its rows (thread per (layer, kv head) pair)."""
+    return f"""\
+  %zj0 = arith.cmpi eq, %j, %c0 : index
+  scf.if %zj0 {{
+    %z_c1 = arith.constant 1 : index
+    %z_c2 = arith.constant 2 : index
+    %z_zero = arith.constant 0 : i32
+    %z_nl = memref.dim %C, %c0 : {c_t}
+    %z_kv = memref.dim %C, %z_c2 : {c_t}
+    %z_per = arith.muli %z_nl, %z_kv : index
+    %z_all = arith.muli %z_per, %nr : index
+    scf.for %zq = %tid to %z_all step %cBS {{
+      %z_row = arith.divui %zq, %z_per : index
+      %z_rest = arith.remui %zq, %z_per : index
+      %z_l = arith.divui %z_rest, %z_kv : index
+      %z_g = arith.remui %z_rest, %z_kv : index
+      %z_r = arith.addi %r0, %z_row : index
+      memref.store %z_zero, %C[%z_l, %z_r, %z_g] : {c_t}
+    }}
+  }}
+"""
 
 
 def _embed_sums(block_size: int, H: int, x_t: str, t_t: str, s_t: str) -> str:
@@ -356,6 +393,7 @@ def attention(
     block_size: int = 256,
     stage_kv: bool = False,
     prefetch_kv: bool = False,
+    combine: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -390,6 +428,13 @@ def attention(
     wait for them: the whole chunk (``2 chunk D`` bytes more workgroup
     memory) is in flight at once, behind the RoPE, instead of ``unroll`` row
     groups at a time.
+
+    ``combine``: two more args, ``count: memref<LAYERSx?xKVxi32>`` (zero at
+    the start of the step) and ``attn: memref<?x(NH*D)xbf16>``. After its
+    partials, thread 0 of every instance adds 1 to ``count[l, b, g]``
+    (acquire-release); the instance that brings it to the number of splits
+    merges all splits of the group's ``G`` heads into ``attn`` (what
+    ``attention_combine`` does for a whole row), so no combine stage is needed.
 
     ``prefetch_kv`` (with ``stage_kv``): those copies move into the tile's
     prefetch function ``@<name>__prefetch``, which the kernel runs before the
@@ -642,6 +687,50 @@ def attention(
         for t in range(G)
     )
 
+    cnt_t, a_t = f"memref<{layers}x?x{KV}xi32>", f"memref<?x{NH * D}xbf16>"
+    combine_args = f", %cnt: {cnt_t}, %attn: {a_t}" if combine else ""
+    flag_t = f"memref<1xi32, {_WG}>"
+    combine_global = (
+        f'memref.global "private" @{name}__last : {flag_t} {{alignment = 4 : i64}}\n'
+        if combine
+        else ""
+    )
+    combine_lines = ""
+    if combine:
+        combine_lines = f"""\
+  // Fused combine: the last of the group's splits to finish merges them all.
+  gpu.barrier
+  %fc_flag = memref.get_global @{name}__last : {flag_t}
+  %fc_t0 = arith.cmpi eq, %tid, %c0 : index
+  scf.if %fc_t0 {{
+    %fc_c4 = arith.constant 4 : index
+    %fc_kv = arith.constant {KV} : index
+    %fc_nb = memref.dim %cnt, %c1 : {cnt_t}
+    %fc_i0 = arith.muli %l, %fc_nb : index
+    %fc_i1 = arith.addi %fc_i0, %b : index
+    %fc_i2 = arith.muli %fc_i1, %fc_kv : index
+    %fc_i3 = arith.addi %fc_i2, %g : index
+    %fc_off = arith.muli %fc_i3, %fc_c4 : index
+    %fc_base = memref.extract_aligned_pointer_as_index %cnt : {cnt_t} -> index
+    %fc_at = arith.addi %fc_base, %fc_off : index
+    %fc_at64 = arith.index_cast %fc_at : index to i64
+    %fc_old = llvm.inline_asm has_side_effects "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l" %fc_at64 : (i64) -> i32
+    memref.store %fc_old, %fc_flag[%c0] : {flag_t}
+  }}
+  gpu.barrier
+  %fc_seen = memref.load %fc_flag[%c0] : {flag_t}
+  %fc_seen_x = arith.index_cast %fc_seen : i32 to index
+  %fc_done = arith.addi %fc_seen_x, %c1 : index
+  %fc_lc = arith.addi %L, %cChunk : index
+  %fc_splits = arith.divui %fc_lc, %cChunk : index
+  %fc_last = arith.cmpi eq, %fc_done, %fc_splits : index
+  scf.if %fc_last {{
+    %cDC = arith.constant {D // 8} : index
+    %fc_items = arith.constant {G * D // 8} : index
+    %lowest = arith.constant {_f32(-3.0e38)} : f32
+{_combine_loop("%qh0", "%fc_items", "%fc_splits", op_t, mp_t, a_t, p="fc_")}
+  }}
+"""
     if prefetch_kv and not stage_kv:
         raise GraphError(f"tile '{name}': prefetch_kv issues the stage_kv copies: give stage_kv")
     kv_global = (
@@ -654,7 +743,7 @@ def attention(
 memref.global "private" @{name}__qkv : {qk_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__p : {p_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
-{kv_global}func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}) {{
+{kv_global}{combine_global}func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{combine_args}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
@@ -814,7 +903,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     %oh = arith.addi %qh0, %ot : index
     memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
   }}
-  return
+{combine_lines}  return
 }}
 """
 
@@ -830,7 +919,18 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
         vc: np.ndarray,
         opart: np.ndarray,
         mpart: np.ndarray,
+        *fused: np.ndarray,
     ) -> None:
+        split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart)
+        if combine:
+            count, attn = fused
+            count[l, b, g] += 1
+            splits = (L + chunk) // chunk
+            if count[l, b, g] == splits:
+                heads = slice(g * G, (g + 1) * G)
+                attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(opart, mpart, b, heads, splits)
+
+    def split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart) -> None:  # noqa: E741
         cos_sin = rope[L]
         k_new = rope_bf16(qkv[b, NH * D + g * D : NH * D + (g + 1) * D], cos_sin)
         v_new = qkv[b, (NH + KV) * D + g * D : (NH + KV) * D + (g + 1) * D]
@@ -921,48 +1021,67 @@ func.func @{name}(%l: index, %b: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) 
   %lowest = arith.constant {_f32(-3.0e38)} : f32
   %tid = gpu.thread_id x
   %ns = memref.dim %op, %c2 : {op_t}
-  scf.for %q = %tid to %cItems step %cBS {{
-    %h = arith.divui %q, %cDC : index
-    %dc = arith.remui %q, %cDC : index
-    %d = arith.muli %dc, %c8 : index
-    %M = scf.for %s = %c0 to %ns step %c1 iter_args(%m = %lowest) -> (f32) {{
-      %ms = memref.load %mp[%b, %h, %s, %c0] : {mp_t}
-      %m2 = arith.maximumf %m, %ms : f32
-      scf.yield %m2 : f32
-    }}
-    %acc, %den = scf.for %s = %c0 to %ns step %c1 iter_args(%a = %zero8, %z = %fzero) -> (vector<8xf32>, f32) {{
-      %ms = memref.load %mp[%b, %h, %s, %c0] : {mp_t}
-      %ss = memref.load %mp[%b, %h, %s, %c1] : {mp_t}
-      %dm = arith.subf %ms, %M : f32
-      %w = math.exp %dm : f32
-      %o = vector.load %op[%b, %h, %s, %d] {{alignment = 16 : i64}} : {op_t}, vector<8xf32>
-      %wb = vector.broadcast %w : f32 to vector<8xf32>
-      %wo = arith.mulf %wb, %o : vector<8xf32>
-      %a2 = arith.addf %a, %wo : vector<8xf32>
-      %ws = arith.mulf %w, %ss : f32
-      %z2 = arith.addf %z, %ws : f32
-      scf.yield %a2, %z2 : vector<8xf32>, f32
-    }}
-    %denb = vector.broadcast %den : f32 to vector<8xf32>
-    %r = arith.divf %acc, %denb : vector<8xf32>
-    %rb = arith.truncf %r : vector<8xf32> to vector<8xbf16>
-    %hd = arith.muli %h, %cD : index
-    %col = arith.addi %hd, %d : index
-    vector.store %rb, %attn[%b, %col] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>
-  }}
+{_combine_loop("%c0", "%cItems", "%ns", op_t, mp_t, a_t)}
   return
 }}
 """
 
     def reference(l: int, b: int, op: np.ndarray, mp: np.ndarray, attn: np.ndarray) -> None:  # noqa: E741
-        m = mp[b, :, :, 0].astype(np.float32)  # (NH, S)
-        M = np.maximum(m.max(axis=1), np.float32(-3.0e38))
-        w = np.exp(m - M[:, None]).astype(np.float32)
-        num = (w[:, :, None] * op[b]).sum(axis=1, dtype=np.float32)  # (NH, D)
-        den = (w * mp[b, :, :, 1]).sum(axis=1, dtype=np.float32)
-        attn[b] = f32_to_bf16((num / den[:, None]).reshape(-1))
+        attn[b] = _merge_splits(op, mp, b, slice(None), mp.shape[2])
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _combine_loop(first_head: str, items: str, splits: str, op_t: str, mp_t: str, a_t: str,
+                  p: str = "") -> str:  # fmt: skip
+    """The flash-decoding merge of heads ``first_head + q / (D/8)`` of row
+    ``%b``: thread ``%tid`` takes items ``q = tid, tid + BS, ...`` below
+    ``items`` (8 dims of a head each) over the first ``splits`` slots of
+    ``%op``/``%mp`` and stores ``%attn[%b, h*D + d .. +8]``. Needs ``%tid``,
+    ``%cBS``, ``%cDC`` (D/8), ``%cD``, ``%c0``, ``%c1``, ``%c8``,
+    ``%lowest``, ``%zero8``, ``%fzero`` in scope; names start with ``p``."""
+    return f"""\
+  scf.for %{p}q = %tid to {items} step %cBS {{
+    %{p}hq = arith.divui %{p}q, %cDC : index
+    %{p}h = arith.addi {first_head}, %{p}hq : index
+    %{p}dc = arith.remui %{p}q, %cDC : index
+    %{p}d = arith.muli %{p}dc, %c8 : index
+    %{p}M = scf.for %{p}s = %c0 to {splits} step %c1 iter_args(%{p}m = %lowest) -> (f32) {{
+      %{p}ms = memref.load %mp[%b, %{p}h, %{p}s, %c0] : {mp_t}
+      %{p}m2 = arith.maximumf %{p}m, %{p}ms : f32
+      scf.yield %{p}m2 : f32
+    }}
+    %{p}acc, %{p}den = scf.for %{p}s = %c0 to {splits} step %c1 iter_args(%{p}a = %zero8, %{p}z = %fzero) -> (vector<8xf32>, f32) {{
+      %{p}ms = memref.load %mp[%b, %{p}h, %{p}s, %c0] : {mp_t}
+      %{p}ss = memref.load %mp[%b, %{p}h, %{p}s, %c1] : {mp_t}
+      %{p}dm = arith.subf %{p}ms, %{p}M : f32
+      %{p}w = math.exp %{p}dm : f32
+      %{p}o = vector.load %op[%b, %{p}h, %{p}s, %{p}d] {{alignment = 16 : i64}} : {op_t}, vector<8xf32>
+      %{p}wb = vector.broadcast %{p}w : f32 to vector<8xf32>
+      %{p}wo = arith.mulf %{p}wb, %{p}o : vector<8xf32>
+      %{p}a2 = arith.addf %{p}a, %{p}wo : vector<8xf32>
+      %{p}ws = arith.mulf %{p}w, %{p}ss : f32
+      %{p}z2 = arith.addf %{p}z, %{p}ws : f32
+      scf.yield %{p}a2, %{p}z2 : vector<8xf32>, f32
+    }}
+    %{p}denb = vector.broadcast %{p}den : f32 to vector<8xf32>
+    %{p}r = arith.divf %{p}acc, %{p}denb : vector<8xf32>
+    %{p}rb = arith.truncf %{p}r : vector<8xf32> to vector<8xbf16>
+    %{p}hd = arith.muli %{p}h, %cD : index
+    %{p}col = arith.addi %{p}hd, %{p}d : index
+    vector.store %{p}rb, %attn[%b, %{p}col] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>
+  }}"""
+
+
+def _merge_splits(op: np.ndarray, mp: np.ndarray, b: int, heads: slice, splits: int) -> np.ndarray:
+    """Reference of :func:`_combine_loop`: the merged bf16 output of ``heads``
+    of row ``b`` over the first ``splits`` slots."""
+    m = mp[b, heads, :splits, 0].astype(np.float32)  # (H, S)
+    M = np.maximum(m.max(axis=1), np.float32(-3.0e38))
+    w = np.exp(m - M[:, None]).astype(np.float32)
+    num = (w[:, :, None] * op[b, heads, :splits]).sum(axis=1, dtype=np.float32)  # (H, D)
+    den = (w * mp[b, heads, :splits, 1]).sum(axis=1, dtype=np.float32)
+    return f32_to_bf16((num / den[:, None]).reshape(-1))
 
 
 # ----------------------------------------------------------------------------
