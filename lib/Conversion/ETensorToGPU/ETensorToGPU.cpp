@@ -1530,10 +1530,28 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
   gpu::BarrierOp::create(b);
   // Each storing thread's fence makes its relaxed slot stores releases of
   // everything the CTA did before the barrier (thread 0's acquires
-  // included): a consumer that pops a slot sees the task's results.
-  asmVoid("fence.acq_rel.gpu;", "", ValueRange());
-  for (auto [record, task] : llvm::enumerate(ranged))
-    storeRangePush(record, task);
+  // included): a consumer that pops a slot sees the task's results. A
+  // thread with no slot to store (tid >= every count: most instances push
+  // nothing) skips the fence.
+  Value most = index(0);
+  for (int64_t record = 0; record < (int64_t)ranged.size(); ++record)
+    most = arith::MaxUIOp::create(
+        b, most,
+        arith::IndexCastOp::create(
+            b, b.getIndexType(),
+            memref::LoadOp::create(b, pushRecords,
+                                   ValueRange{index(3 * record + 2)})));
+  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  auto ifStores = scf::IfOp::create(
+      b, TypeRange(),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, tid, most), false);
+  {
+    OpBuilder::InsertionGuard storesGuard(b);
+    b.setInsertionPointToStart(ifStores.thenBlock());
+    asmVoid("fence.acq_rel.gpu;", "", ValueRange());
+    for (auto [record, task] : llvm::enumerate(ranged))
+      storeRangePush(record, task);
+  }
   return success();
 }
 

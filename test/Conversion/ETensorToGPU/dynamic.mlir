@@ -79,8 +79,8 @@ etensor.graph @pipeline(%n: index) {
 
 /// A range push: thread 0 zeroes the record's count, and where the push
 /// runs claims the slots and leaves (first slot, first instance, count) in
-/// workgroup memory; after a barrier every thread fences once and stores
-/// its share of the slots (k = tid, tid + blockDim, ...).
+/// workgroup memory; after a barrier every thread below the count fences
+/// once and stores its share of the slots (k = tid, tid + blockDim, ...).
 // CHECK-LABEL: gpu.func @fanout
 // CHECK-SAME: %[[REC:[^ ]*]] : memref<24xi64, #gpu.address_space<workgroup>>)
 // CHECK: func.call @produce
@@ -91,6 +91,11 @@ etensor.graph @pipeline(%n: index) {
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK-COUNT-3: memref.store %{{.*}}, %[[REC]][%{{.*}}]
 // CHECK: gpu.barrier
+// CHECK: %[[COUNT:.*]] = memref.load %[[REC]]
+// CHECK: %[[MOST:.*]] = arith.maxui %{{.*}}, %{{.*}} : index
+// CHECK: %[[ME:.*]] = gpu.thread_id x
+// CHECK: %[[MINE:.*]] = arith.cmpi ult, %[[ME]], %[[MOST]] : index
+// CHECK: scf.if %[[MINE]] {
 // CHECK-NEXT: llvm.inline_asm has_side_effects "fence.acq_rel.gpu;"
 // CHECK-COUNT-3: memref.load %[[REC]]
 // CHECK: %[[TID:.*]] = gpu.thread_id x
