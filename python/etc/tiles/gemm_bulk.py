@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from ..errors import GraphError
 from . import _mma
+from .gemm import MAX_SHARED_BYTES
 from .gemm_tc import _FRAG, _asm, _asm_ops, _i32, _mbar_wait, _Text, _words
 
 __all__ = ["BulkPlan", "plan_bulk", "body", "prefetch"]
@@ -52,7 +53,6 @@ __all__ = ["BulkPlan", "plan_bulk", "body", "prefetch"]
 DEFAULT_SMEM = 100 * 1024
 #: Weight bytes per slot the default chunk aims at.
 DEFAULT_SLOT_WEIGHT_BYTES = 8 * 1024
-_MAX_SMEM = 226 * 1024
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,10 @@ def plan_bulk(
         raise GraphError(f"tile '{name}': stages={stages!r} must be a positive int")
     stages = min(stages, plan.chunks)
     plan = BulkPlan(rows, block_m, k, kc, stages, warps)
-    if plan.smem_bytes > _MAX_SMEM:
+    if plan.smem_bytes > MAX_SHARED_BYTES:
         raise GraphError(
             f"tile '{name}': {stages} slots of {plan.slot_rows} rows x {kc} bf16 need "
-            f"{plan.smem_bytes} bytes of shared memory (> {_MAX_SMEM}, what an sm_90 CTA can have)"
+            f"{plan.smem_bytes} bytes of shared memory (> {MAX_SHARED_BYTES}, what an sm_90 CTA can have)"
         )
     return plan
 
