@@ -125,3 +125,40 @@ etensor.graph @fanout(%n: index) {
     }
   }
 }
+
+/// A range push inside a loop of thread 0 cannot use one record: it keeps
+/// the thread-0 lowering (claim, then a loop of slot stores), and the
+/// section has no CTA-wide store loop.
+// CHECK-LABEL: gpu.func @looped
+// CHECK: func.call @produce
+// CHECK: scf.for
+// CHECK: "fence.acq_rel.gpu;"
+// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
+// CHECK: scf.for
+// CHECK: "st.relaxed.gpu.global.u64 [$0], $1;"
+// CHECK-NOT: gpu.block_dim
+// CHECK: func.call @consume
+etensor.graph @looped(%n: index) {
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1 : index
+  %two = arith.constant 2 : index
+  %e = etensor.event(%one) count 1 : !etensor.event<?>
+  %instances = arith.addi %n, %one : index
+  %q = etensor.queue capacity %instances : !etensor.queue
+  etensor.worker dynamic(%q : !etensor.queue) {
+    etensor.dispatch 0 grid [%one] attributes {etensor.ready_at_start} {
+    ^bb0(%i: index):
+      func.call @produce(%i) : (index) -> ()
+      %done = etensor.notify %e[%c0] : !etensor.event<?> -> i1
+      %half = arith.divui %n, %two : index
+      scf.for %k = %c0 to %two step %one {
+        %first = arith.muli %k, %half : index
+        etensor.push %q[1, %first] count %half : !etensor.queue
+      }
+    }
+    etensor.dispatch 1 grid [%n] {
+    ^bb0(%i: index):
+      func.call @consume(%i) : (index) -> ()
+    }
+  }
+}
