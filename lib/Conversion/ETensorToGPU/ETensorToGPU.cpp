@@ -216,9 +216,9 @@ private:
   LogicalResult emitThreadZero(ArrayRef<Operation *> ops);
   void lowerThreadNotify(NotifyOp notify);
   void lowerThreadPush(PushOp push);
-  Value reserveRangePush(PushOp push, int64_t record);
-  void storeRangePush(int64_t record, int64_t task);
-  void storePushSlot(Value slot, Value instance, int64_t task);
+  Value claimRingSlots(Value count);
+  void reserveRangePush(PushOp push, int64_t record);
+  void storePushSlot(Value slot, Value instance, int64_t task, Value capacity);
   void lowerThreadRetire(RetireOp retire);
   /// The dynamic schedule's termination count: every instance, less those
   /// retired so far (read fresh: retirements only ever lower it). Without an
@@ -1533,59 +1533,55 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
   // included): a consumer that pops a slot sees the task's results. A
   // thread with no slot to store (tid >= every count: most instances push
   // nothing) skips the fence.
-  Value most = index(0);
-  for (int64_t record = 0; record < (int64_t)ranged.size(); ++record)
-    most = arith::MaxUIOp::create(
-        b, most,
-        arith::IndexCastOp::create(
-            b, b.getIndexType(),
-            memref::LoadOp::create(b, pushRecords,
-                                   ValueRange{index(3 * record + 2)})));
-  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
-  auto ifStores = scf::IfOp::create(
-      b, TypeRange(),
-      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, tid, most), false);
-  {
-    OpBuilder::InsertionGuard storesGuard(b);
-    b.setInsertionPointToStart(ifStores.thenBlock());
-    asmVoid("fence.acq_rel.gpu;", "", ValueRange());
-    for (auto [record, task] : llvm::enumerate(ranged))
-      storeRangePush(record, task);
-  }
-  return success();
-}
-
-/// Thread 0: claim `count` ring slots for a range push and leave (first
-/// slot, first instance, count) in record `record` of `pushRecords`.
-Value KernelBuilder::reserveRangePush(PushOp push, int64_t record) {
-  Value first =
-      asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
-            ValueRange{queueAddress(index(kTail)), toI64(push.getCount())});
-  Value words[] = {first, toI64(push.getInstance()), toI64(push.getCount())};
-  for (auto [k, word] : llvm::enumerate(words))
-    memref::StoreOp::create(b, word, pushRecords,
-                            ValueRange{index(3 * record + k)});
-  return first;
-}
-
-/// Every thread: store its share (k = tid, tid + blockDim, ...) of the slots
-/// of range-push record `record`.
-void KernelBuilder::storeRangePush(int64_t record, int64_t task) {
-  auto word = [&](int64_t k) {
+  auto word = [&](int64_t record, int64_t k) -> Value {
     return arith::IndexCastOp::create(
         b, b.getIndexType(),
         memref::LoadOp::create(b, pushRecords,
                                ValueRange{index(3 * record + k)}));
   };
-  Value first = word(0), instance = word(1), count = word(2);
+  SmallVector<std::array<Value, 3>> records; // first slot, instance, count
+  Value most = index(0);
+  for (int64_t record = 0; record < (int64_t)ranged.size(); ++record) {
+    records.push_back({word(record, 0), word(record, 1), word(record, 2)});
+    most = arith::MaxUIOp::create(b, most, records.back()[2]);
+  }
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  auto ifStores = scf::IfOp::create(
+      b, TypeRange(),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, tid, most), false);
+  OpBuilder::InsertionGuard storesGuard(b);
+  b.setInsertionPointToStart(ifStores.thenBlock());
+  asmVoid("fence.acq_rel.gpu;", "", ValueRange());
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
-  auto loop = scf::ForOp::create(b, tid, count, threads);
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPointToStart(loop.getBody());
-  Value k = loop.getInductionVar();
-  storePushSlot(arith::AddIOp::create(b, first, k),
-                arith::AddIOp::create(b, instance, k), task);
+  Value capacity = arith::SubIOp::create(b, queueCapacity, readyAtStart);
+  // This thread's share of each record: k = tid, tid + blockDim, ...
+  for (auto [record, task] : llvm::enumerate(ranged)) {
+    auto [first, instance, count] = records[record];
+    auto loop = scf::ForOp::create(b, tid, count, threads);
+    OpBuilder::InsertionGuard loopGuard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value k = loop.getInductionVar();
+    storePushSlot(arith::AddIOp::create(b, first, k),
+                  arith::AddIOp::create(b, instance, k), task, capacity);
+  }
+  return success();
+}
+
+/// Thread 0: one atomic on the push counter claims `count` ring slots;
+/// returns the first (i64).
+Value KernelBuilder::claimRingSlots(Value count) {
+  return asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
+               ValueRange{queueAddress(index(kTail)), toI64(count)});
+}
+
+/// Thread 0: claim the slots of a range push and leave (first slot, first
+/// instance, count) in record `record` of `pushRecords`.
+void KernelBuilder::reserveRangePush(PushOp push, int64_t record) {
+  Value words[] = {claimRingSlots(push.getCount()), toI64(push.getInstance()),
+                   toI64(push.getCount())};
+  for (auto [k, word] : llvm::enumerate(words))
+    memref::StoreOp::create(b, word, pushRecords,
+                            ValueRange{index(3 * record + k)});
 }
 
 /// By thread 0 alone. With a result: an acq_rel add, so the notifier that
@@ -1616,24 +1612,24 @@ void KernelBuilder::lowerThreadNotify(NotifyOp notify) {
 void KernelBuilder::lowerThreadPush(PushOp push) {
   Value count = push.getCount() ? push.getCount() : index(1);
   asmVoid("fence.acq_rel.gpu;", "", ValueRange());
-  Value first = arith::IndexCastOp::create(
-      b, b.getIndexType(),
-      asm64("atom.relaxed.gpu.global.add.u64 $0, [$1], $2;", "=l,l,l",
-            ValueRange{queueAddress(index(kTail)), toI64(count)}));
+  Value first =
+      arith::IndexCastOp::create(b, b.getIndexType(), claimRingSlots(count));
+  Value capacity = arith::SubIOp::create(b, queueCapacity, readyAtStart);
   int64_t task = push.getTaskAttr().getInt();
   auto loop = scf::ForOp::create(b, index(0), count, index(1));
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(loop.getBody());
   Value k = loop.getInductionVar();
   storePushSlot(arith::AddIOp::create(b, first, k),
-                arith::AddIOp::create(b, push.getInstance(), k), task);
+                arith::AddIOp::create(b, push.getInstance(), k), task,
+                capacity);
 }
 
 /// The descriptor of `instance` of `task` into ring slot `slot`, or, past
-/// the capacity, the first overflow's report in the status words.
-void KernelBuilder::storePushSlot(Value slot, Value instance, int64_t task) {
+/// the ring's `capacity`, the first overflow's report in the status words.
+void KernelBuilder::storePushSlot(Value slot, Value instance, int64_t task,
+                                  Value capacity) {
   OpBuilder::InsertionGuard guard(b);
-  Value capacity = arith::SubIOp::create(b, queueCapacity, readyAtStart);
   Value overflow =
       arith::CmpIOp::create(b, arith::CmpIPredicate::uge, slot, capacity);
   auto ifOverflow = scf::IfOp::create(b, TypeRange(), overflow, true);

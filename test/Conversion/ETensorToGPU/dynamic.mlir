@@ -79,8 +79,9 @@ etensor.graph @pipeline(%n: index) {
 
 /// A range push: thread 0 zeroes the record's count, and where the push
 /// runs claims the slots and leaves (first slot, first instance, count) in
-/// workgroup memory; after a barrier every thread below the count fences
-/// once and stores its share of the slots (k = tid, tid + blockDim, ...).
+/// workgroup memory; after a barrier every thread reads the record once,
+/// and those below the count fence once and store their share of the slots
+/// (k = tid, tid + blockDim, ...).
 // CHECK-LABEL: gpu.func @fanout
 // CHECK-SAME: %[[REC:[^ ]*]] : memref<24xi64, #gpu.address_space<workgroup>>)
 // CHECK: func.call @produce
@@ -91,16 +92,16 @@ etensor.graph @pipeline(%n: index) {
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK-COUNT-3: memref.store %{{.*}}, %[[REC]][%{{.*}}]
 // CHECK: gpu.barrier
-// CHECK: %[[COUNT:.*]] = memref.load %[[REC]]
-// CHECK: %[[MOST:.*]] = arith.maxui %{{.*}}, %{{.*}} : index
-// CHECK: %[[ME:.*]] = gpu.thread_id x
-// CHECK: %[[MINE:.*]] = arith.cmpi ult, %[[ME]], %[[MOST]] : index
+// CHECK-COUNT-3: memref.load %[[REC]]
+// CHECK: %[[COUNT:.*]] = arith.index_cast %{{.*}} : i64 to index
+// CHECK: %[[MOST:.*]] = arith.maxui %{{.*}}, %[[COUNT]] : index
+// CHECK: %[[TID:.*]] = gpu.thread_id x
+// CHECK: %[[MINE:.*]] = arith.cmpi ult, %[[TID]], %[[MOST]] : index
 // CHECK: scf.if %[[MINE]] {
 // CHECK-NEXT: llvm.inline_asm has_side_effects "fence.acq_rel.gpu;"
-// CHECK-COUNT-3: memref.load %[[REC]]
-// CHECK: %[[TID:.*]] = gpu.thread_id x
+// CHECK-NOT: memref.load %[[REC]]
 // CHECK: %[[DIM:.*]] = gpu.block_dim x
-// CHECK: scf.for %{{.*}} = %[[TID]] to %{{.*}} step %[[DIM]]
+// CHECK: scf.for %{{.*}} = %[[TID]] to %[[COUNT]] step %[[DIM]]
 // CHECK: "st.relaxed.gpu.global.u64 [$0], $1;"
 // CHECK: func.call @consume
 etensor.graph @fanout(%n: index) {
