@@ -305,21 +305,21 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         sums_out=None,
     ):  # fmt: skip
         if cfg.core(name) == "bulk":
-            return gemm.layer_gemm(
-                cfg.block_m, bn, n, k, layers=layers, epilogue=epilogue, name=name, block_size=bs,
-                columns_first=cfg.columns_first, core="bulk", **dict(cfg.bulk_options),
+            core = {"core": "bulk", **dict(cfg.bulk_options)}
+        else:
+            warps = None
+            if cfg.row_warps:
+                wn = math.gcd(bs // 32 // cfg.row_warps, bn // 8)
+                warps = (cfg.row_warps, wn, bs // 32 // (cfg.row_warps * wn))
+            core = dict(
+                warps=warps, prefetch_weights=cfg.prefetch_weights,
+                rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None,
+                norm_sums=cfg.norm_sums and norm is not None,
+                sums_out=sums_out if cfg.norm_sums else None, **opts,
             )  # fmt: skip
-        warps = None
-        if cfg.row_warps:
-            wn = math.gcd(bs // 32 // cfg.row_warps, bn // 8)
-            warps = (cfg.row_warps, wn, bs // 32 // (cfg.row_warps * wn))
         return gemm.layer_gemm(
             cfg.block_m, bn, n, k, layers=layers, epilogue=epilogue, name=name, block_size=bs,
-            warps=warps, columns_first=cfg.columns_first,
-            prefetch_weights=cfg.prefetch_weights,
-            rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None,
-            norm_sums=cfg.norm_sums and norm is not None,
-            sums_out=sums_out if cfg.norm_sums else None, **opts,
+            columns_first=cfg.columns_first, **core,
         )  # fmt: skip
 
     # Each norm's weight row in `norms`: stride * layer + offset.

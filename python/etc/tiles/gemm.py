@@ -1202,12 +1202,7 @@ def layer_gemm(
     _check_moe(name, block_n, n, "n")
     at, wt, ct = _layer_types(layers, per_n, n, k)
     t = _Text()
-    m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
-    r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
-    rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
-    r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
-    n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
-    valid = _mma.dense_valid(t, r0, n0, m_rows, f"%c{n}_")
+    r0, r1, n0, valid = _layer_block(t, at, block_m, block_n, n)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
     wcol = _warp_cols(t, n0, wm, wn, nf)
@@ -1260,6 +1255,17 @@ def layer_gemm(
         rmsnorm=rmsnorm, norm_sums=norm_sums, sums_out=sums_out,
     )  # fmt: skip
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _layer_block(t: _Text, at: str, block_m: int, block_n: int, n: int) -> tuple[str, ...]:
+    """Tile ``(i, j)`` of :func:`layer_gemm`: its rows ``[r0, r1)`` (clipped to
+    ``A``'s), first column ``n0``, and whether it has rows (i1)."""
+    m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
+    r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
+    rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
+    r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
+    n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
+    return r0, r1, n0, _mma.dense_valid(t, r0, n0, m_rows, f"%c{n}_")
 
 
 def _layer_types(layers: int | None, per_n: int, n: int, k: int) -> tuple[str, str, str]:
@@ -1340,12 +1346,6 @@ def _layer_gemm_bulk(
     _check_moe(name, block_n, n, "n")
     at, wt, ct = _layer_types(layers, per_n, n, k)
 
-    def coordinates(t: _Text) -> tuple[str, str, str, str]:
-        m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
-        r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
-        n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
-        return m_rows, r0, n0, _mma.dense_valid(t, r0, n0, m_rows, f"%c{n}_")
-
     def segments(t: _Text) -> list[tuple[str, int]]:
         first = t.op("wr", f"arith.muli %j, %c{block_n}_ : index")
         if layers is not None:
@@ -1361,9 +1361,7 @@ def _layer_gemm_bulk(
 
     rotate = "%j" if rotate_k else None
     t = gemm_tc._Text()
-    m_rows, r0, n0, valid = coordinates(t)
-    rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
-    r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
+    r0, r1, n0, valid = _layer_block(t, at, block_m, block_n, n)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
     globals_ = gemm_bulk.body(
@@ -1383,7 +1381,7 @@ def _layer_gemm_bulk(
     tp = gemm_tc._Text()
     gemm_bulk.prefetch(
         tp, name=name, plan=plan, segments=segments, w_base=w_base,
-        valid=lambda t: coordinates(t)[3], rotate=rotate,
+        valid=lambda t: _layer_block(t, at, block_m, block_n, n)[3], rotate=rotate,
     )  # fmt: skip
     source += _source(f"{name}__prefetch", signature, tp, [], f"{name}: the first weight chunks")
     reference = layer_gemm_reference(

@@ -226,22 +226,35 @@ def _chunk_k(t: _Text, plan: BulkPlan, c: str | int, rot: str | None) -> str:
     return t.mul(cv, plan.kc)
 
 
+def _issue_rows(
+    t: _Text, ring: _Ring, lane: str, stage: str | int, kchunk: str, base: str, first: str,
+    slot_row: int, bound: str, reps: int,
+) -> None:  # fmt: skip
+    """Lanes copy chunk ``kchunk`` of rows ``first + r`` (``r`` below
+    ``bound``, ``lane + 32 * rep``) of the matrix at ``base`` (``k`` bf16 per
+    row) into slot rows ``slot_row + r`` of ``stage``."""
+    p = ring.plan
+    bar = ring.bar(stage)
+    koff = t.mul(kchunk, 2)
+
+    def one(r: str) -> None:
+        row = t.op("x", f"arith.addi {first}, {r} : index")
+        src = t.add(t.add(base, t.mul(row, 2 * p.k)), koff)
+        _copy(t, ring.row(stage, t.add(r, slot_row)), src, 2 * p.kc, bar)
+
+    _lane_rows(t, lane, bound, reps, one)
+
+
 def _issue_weights(
     t: _Text, ring: _Ring, lane: str, segments: list[tuple[str, int]], w_base: str,
     stage: str | int, kchunk: str,
 ) -> None:  # fmt: skip
-    p = ring.plan
-    bar = ring.bar(stage)
-    koff = t.mul(kchunk, 2)
+    """The weight rows of chunk ``kchunk`` into ``stage``: each run of
+    ``segments`` after the previous one."""
     slot_row = 0
     for first, count in segments:
-
-        def one(r: str, first=first, slot_row=slot_row) -> None:
-            row = t.op("x", f"arith.addi {first}, {r} : index")
-            src = t.add(t.add(w_base, t.mul(row, 2 * p.k)), koff)
-            _copy(t, ring.row(stage, t.add(r, slot_row)), src, 2 * p.kc, bar)
-
-        _lane_rows(t, lane, t.c(count), (count + 31) // 32, one)
+        _issue_rows(t, ring, lane, stage, kchunk, w_base, first, slot_row, t.c(count),
+                    (count + 31) // 32)  # fmt: skip
         slot_row += count
 
 
@@ -249,17 +262,11 @@ def _issue_activations(
     t: _Text, ring: _Ring, lane: str, a_base: str, r0: str, nrows: str, stage: str | int,
     kchunk: str,
 ) -> None:  # fmt: skip
+    """The block's activation rows that exist (at most ``a_rows``) of chunk
+    ``kchunk`` into ``stage``, after its weight rows."""
     p = ring.plan
-    bar = ring.bar(stage)
-    koff = t.mul(kchunk, 2)
-
-    def one(r: str) -> None:
-        row = t.op("x", f"arith.addi {r0}, {r} : index")
-        src = t.add(t.add(a_base, t.mul(row, 2 * p.k)), koff)
-        _copy(t, ring.row(stage, t.add(r, p.rows)), src, 2 * p.kc, bar)
-
     bound = t.op("x", f"arith.minui {nrows}, {t.c(p.a_rows)} : index")
-    _lane_rows(t, lane, bound, (p.a_rows + 31) // 32, one)
+    _issue_rows(t, ring, lane, stage, kchunk, a_base, r0, p.rows, bound, (p.a_rows + 31) // 32)
 
 
 def _if(t: _Text, cond: str, emit: Callable[[], None]) -> None:
@@ -357,6 +364,7 @@ def body(
     abytes = _i32(t, t.mul(arows, 2 * p.kc))
     wbytes = t.op("tx", f"arith.constant {p.rows * p.kc * 2} : i32")
     both = t.op("tx", f"arith.addi {abytes}, {wbytes} : i32")
+    segs, w_at = segments(t), w_base(t)  # for the refills
 
     def first_activations() -> None:
         def arrive() -> None:
@@ -384,8 +392,7 @@ def body(
     mat = t.bin("divui", lane, 8)
     w_row = t.add(t.mul(t.bin("divui", mat, 2), 8), t.bin("remui", lane, 8))
     w_col = t.add(t.mul(warp, kw), t.mul(t.bin("remui", mat, 2), 8))
-    w_col2 = t.add(t.mul(warp, kw), t.mul(t.bin("remui", t.bin("divui", lane, 8), 2), 8))
-    w_row2 = t.bin("remui", lane, 8)
+    w_row2 = t.bin("remui", lane, 8)  # .x2: lanes 0-15 give the addresses
 
     nacc = p.mf * p.nf * 4
     types = ", ".join(["f32"] * nacc)
@@ -426,7 +433,7 @@ def body(
             v = t.op(
                 "fb",
                 f"nvgpu.ldmatrix {ring.ring}[{stage}, {t.add(w_row2, 8 * (p.nf - 1))}, "
-                f"{t.add(w_col2, 16 * ks)}] {{numTiles = 2 : i32, transpose = false}} : "
+                f"{t.add(w_col, 16 * ks)}] {{numTiles = 2 : i32, transpose = false}} : "
                 f"{ring.ring_t} -> {vfrag2}",
             )
             fb.append(_words(t, v, tiles=2))
@@ -449,7 +456,7 @@ def body(
 
         _if(t, lane0, arrive)
         kchunk = _chunk_k(t, p, nxt, rot)
-        _issue_weights(t, ring, lane, segments(t), w_base(t), stage, kchunk)
+        _issue_weights(t, ring, lane, segs, w_at, stage, kchunk)
         _issue_activations(t, ring, lane, a_base, r0, nrows, stage, kchunk)
 
     _if(t, refill, refill_slot)
