@@ -125,13 +125,13 @@ def embed(
     t_t, x_t = "memref<?xi32>", f"memref<?x{H}xbf16>"
     s_t = "memref<?x?xf32>"
     c_t = "memref<?x?x?xi32>"
-    sums_arg = (f", %S: {s_t}" if sums else "") + (f", %C: {c_t}" if counters else "")
-    sums_lines = _embed_sums(block_size, H, x_t, t_t, s_t) if sums else ""
+    extra_args = (f", %S: {s_t}" if sums else "") + (f", %C: {c_t}" if counters else "")
+    extra_lines = _embed_sums(block_size, H, x_t, t_t, s_t) if sums else ""
     if counters:
-        sums_lines += _embed_zero_counters(block_size, c_t)
+        extra_lines += _embed_zero_counters(block_size, c_t)
     source = f"""\
 // {name}: h[r, c] = E[tokens[r], c], {BM} rows x {BN} columns (hidden {H}) per CTA of {block_size}.
-func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{sums_arg}) {{
+func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_args}) {{
   %c0 = arith.constant 0 : index
   %c8 = arith.constant 8 : index
   %cBS = arith.constant {block_size} : index
@@ -163,17 +163,16 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{sums_a
     %v = vector.load %E[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
     vector.store %v, %h[%r, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
   }}
-{sums_lines}  return
+{extra_lines}  return
 }}
 """
 
-    def reference(i: int, j: int, tok: np.ndarray, E: np.ndarray, h: np.ndarray, *S) -> None:
+    def reference(i: int, j: int, tok: np.ndarray, E: np.ndarray, h: np.ndarray, *extra) -> None:
         r0, r1 = i * BM, min((i + 1) * BM, h.shape[0])
         c0, c1 = j * BN, min((j + 1) * BN, H)
         if r0 >= r1 or c0 >= c1:
             return
         h[r0:r1, c0:c1] = E[tok[r0:r1].astype(np.int64), c0:c1]
-        extra = list(S)
         if sums and j == 0:
             rows = bf16_to_f32(E[tok[r0:r1].astype(np.int64)])
             extra[0][0, r0:r1] = (rows * rows).sum(axis=1, dtype=np.float32)
