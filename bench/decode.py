@@ -57,6 +57,12 @@ CAPTURE_SIZES = sorted({1, 2, 4, 12} | set(range(8, 257, 8)) | set(range(272, 51
 SCHEDULES = ("static", "dynamic")
 
 
+def _changes(artifacts: Path) -> dict:
+    """The LlamaConfig fields the artifacts were built with (``build``)."""
+    ct = artifacts / "compile_times.json"
+    return json.loads(ct.read_text()).get("config_changes", {}) if ct.exists() else {}
+
+
 def build(out: Path, cfg: M.LlamaConfig = M.LLAMA_3_2_1B) -> dict:
     import etc
 
@@ -274,7 +280,7 @@ import torch
 import etc.runtime
 from etc.models import llama as M
 t_import = time.perf_counter() - t0
-cfg = M.LLAMA_3_2_1B
+cfg = M.LlamaConfig.from_changes(json.loads(sys.argv[2]))
 weights = M.random_weights_torch(cfg)
 torch.cuda.synchronize()
 out = {"imports_s": t_import}
@@ -335,12 +341,16 @@ def warmup(artifacts: Path, log) -> dict:
 
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'python'}:{REPO}"}
     out = {}
-    for name, code, arg in (
-        ("etc_static", _ETC_WARMUP, str(artifacts / "static")),
+    for name, code, *args in (
+        ("etc_static", _ETC_WARMUP, str(artifacts / "static"), json.dumps(_changes(artifacts))),
         ("torch_graphs", _TORCH_WARMUP, json.dumps(CAPTURE_SIZES)),
     ):
         done = subprocess.run(
-            [sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=400
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=400,
         )
         if done.returncode:
             out[name] = f"failed: {done.stderr[-800:]}"
@@ -361,7 +371,7 @@ def run(artifacts: Path, out: Path | None, reps: int, parts: list[str], compile_
         print(text, flush=True)
         lines.append(text)
 
-    cfg = M.LLAMA_3_2_1B
+    cfg = M.LlamaConfig.from_changes(_changes(artifacts))
     results: dict = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name(),

@@ -30,10 +30,22 @@ from etc.models import llama as M  # noqa: E402
 BASE = M.LLAMA_3_2_1B
 VARIANTS = {
     "default": {},
-    # Range pushes: a thread with no slot to store skips the fence (most
-    # instances push nothing). Expected: the dynamic stage gaps (1-1.5 us
-    # against 0.4-0.8 static) shrink a little, dynamic B=1 1269 -> ~1230 us.
+    # Norms folded into wqkv/wgu, rows scaled in the epilogue from the sums
+    # of squares the residual writers add up. Expected: the norm1/norm2
+    # stages and their waits gone (~3.8 us a layer at B=1): B=1 -50..-65 us.
+    "fold": dict(fold_norms=True),
+    # The weight ring's first groups issued before each GEMM instance's
+    # waits. Expected: one HBM latency per GEMM stage hidden, B=1 -30..-90 us.
+    "ring": dict(prefetch_ring=True),
+    "fold_ring": dict(fold_norms=True, prefetch_ring=True),
+    # A deeper ring: more of each tile in flight before its wait (all of o_proj's).
+    "fold_ring_s5": dict(
+        fold_norms=True,
+        prefetch_ring=True,
+        gemm_options=(("stages", 5), ("unroll", 2), ("rotate_k", True)),
+    ),  # fmt: skip
     "dynamic": dict(schedule="dynamic"),
+    "fold_ring_dynamic": dict(fold_norms=True, prefetch_ring=True, schedule="dynamic"),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 16, 64)
@@ -71,7 +83,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
         for name in VARIANTS:
             bufs = M.torch_inputs(config(name), weights, B, L, L + 1)
             with torch.no_grad():
-                want = M.torch_decode_step(BASE, bufs, L).clone()
+                want = M.torch_decode_step(config(name), bufs, L).clone()
             kernel = etc.runtime.load(artifacts / name)
             syms = {"B": B, "L": L, "S": L + 1}
             kernel.launch(bufs, syms)

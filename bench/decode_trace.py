@@ -15,6 +15,7 @@ the last traced; the static and dynamic schedules (``llama.compile_options``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -27,9 +28,11 @@ from etc.models import llama as M  # noqa: E402
 
 CFG = M.LLAMA_3_2_1B
 #: Artifact name -> (configuration, schedule).
+FOLDED = dataclasses.replace(CFG, fold_norms=True, prefetch_ring=True)
 VARIANTS = {
     "static": (CFG, "static"),
-    "dynamic": (CFG, "dynamic"),
+    "folded_ring": (FOLDED, "static"),
+    "folded_ring_dynamic": (FOLDED, "dynamic"),
 }
 BATCHES = (1,)
 L = 1024

@@ -175,7 +175,9 @@ def llama_tiny_variants() -> dict:
     (``layer_gemm(core="bulk")``); the attention's K/V copies issued before
     its waits (``attn_prefetch_kv``); the fused norms reading the sums of
     squares that the residual epilogues add up (``norm_sums``); the
-    attention's last split merging the splits (``fuse_combine``)."""
+    attention's last split merging the splits (``fuse_combine``); the norm
+    stages and no early weight ring (``fold_norms`` and ``prefetch_ring``
+    off: the defaults fold the norms and fill the ring before the waits)."""
     import dataclasses
 
     from etc.models import llama
@@ -183,19 +185,22 @@ def llama_tiny_variants() -> dict:
     fused = dataclasses.replace(
         llama.TINY,
         fuse_norms=True,
+        fold_norms=False,
         gemm_options=(*llama.TINY.gemm_options, ("a_ring", True)),
     )
     staged = dataclasses.replace(
         llama.TINY,
         attn_stage_kv=True,
         prefetch_weights=True,
+        prefetch_ring=False,
         prefetch_next=True,
         gemm_options=(*llama.TINY.gemm_options, ("a_ahead", 1)),
     )
-    bulk = dataclasses.replace(llama.TINY, gemm_core="bulk")
+    bulk = dataclasses.replace(llama.TINY, gemm_core="bulk", fold_norms=False)
     attn_pf = dataclasses.replace(llama.TINY, attn_prefetch_kv=True)
-    sums = dataclasses.replace(llama.TINY, fuse_norms=True, norm_sums=True)
+    sums = dataclasses.replace(llama.TINY, fuse_norms=True, norm_sums=True, fold_norms=False)
     fused_combine = dataclasses.replace(llama.TINY, fuse_combine=True)
+    unfolded = dataclasses.replace(llama.TINY, fold_norms=False, prefetch_ring=False)
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -204,4 +209,5 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_attn_pf": attn_pf,
         "llama_tiny_norm_sums": sums,
         "llama_tiny_fused_combine": fused_combine,
+        "llama_tiny_unfolded": unfolded,
     }

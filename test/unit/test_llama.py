@@ -68,11 +68,13 @@ def test_greedy_decoding_in_the_simulator_follows_the_numpy_model(graph, weights
 def test_one_task_per_stage_with_layer_phases(graph):
     names = [t.name for t in graph.tasks]
     assert names == [
-        "embed", "norm1", "qkv", "attention", "combine", "o_proj", "norm2", "gate_up", "down",
-        "final_norm", "lm_head", "argmax",
+        "embed", "qkv", "attention", "combine", "o_proj", "gate_up", "down", "final_norm",
+        "lm_head", "argmax",
     ]  # fmt: skip
     layered = [t for t in graph.tasks if t.phase == ("dim", 0)]
-    assert len(layered) == 8 and all(t.grid[0] == CFG.layers for t in layered)
+    assert len(layered) == 6 and all(t.grid[0] == CFG.layers for t in layered)
+    unfolded = M.build_decoder_graph(dataclasses.replace(CFG, fold_norms=False))
+    assert [t.name for t in unfolded.tasks][1:3] == ["norm1", "qkv"]
     down = next(t for t in graph.tasks if t.name == "down")
     assert down.out_edges[0].map.offsets == (1,)
     # The static order runs layer by layer: the phase never decreases, and
@@ -246,7 +248,7 @@ def test_prefetch_next_calls_the_next_instances_weight_prefetch():
     """The tiny decoder's GEMM tiles have L2 weight prefetches; with
     prefetch_next the static kernel also calls them for the CTA's next queue
     entry, so more prefetch instructions; the dynamic kernel cannot."""
-    cfg = dataclasses.replace(CFG, prefetch_weights=True, prefetch_next=True)
+    cfg = dataclasses.replace(CFG, prefetch_weights=True, prefetch_next=True, prefetch_ring=False)
     g = M.build_decoder_graph(cfg)
     counts = {}
     for key, options in {
@@ -346,7 +348,7 @@ def test_decode_steps_share_the_static_queues(tmp_path, monkeypatch):
 def test_fused_norms_match_the_numpy_model(weights, schedule):
     """fuse_norms: the RMSNorms inside the following GEMMs (no norm tasks),
     the same answer as the separate stages."""
-    cfg = dataclasses.replace(CFG, fuse_norms=True)
+    cfg = dataclasses.replace(CFG, fuse_norms=True, fold_norms=False)
     g = M.build_decoder_graph(cfg)
     assert not {"norm1", "norm2", "final_norm"} & {t.name for t in g.tasks}
     for B, L in ((1, 0), (17, 9)):
@@ -434,7 +436,7 @@ def test_config_from_hf_reads_llama_3_2_1b():
 def test_norm_sums_match_the_numpy_model(weights, schedule):
     """norm_sums: embed, o_proj and down add every row's sum of squares to
     sumsq, the fused norms read it; the same answer as the norm stages."""
-    cfg = dataclasses.replace(CFG, fuse_norms=True, norm_sums=True)
+    cfg = dataclasses.replace(CFG, fuse_norms=True, norm_sums=True, fold_norms=False)
     g = M.build_decoder_graph(cfg)
     assert "sumsq" in {t.name for t in g.tensors}
     for B, L in ((1, 0), (17, 9)):
@@ -459,7 +461,7 @@ def test_norm_sums_tiles_and_their_errors():
     with pytest.raises(etc.GraphError, match="tile 'p': sums_out needs the residual epilogue"):
         layer_gemm(16, 16, 64, 256, layers=2, name="p", sums_out=(2, 1))
     with pytest.raises(etc.GraphError, match="norm_sums feeds the fused norms"):
-        dataclasses.replace(CFG, norm_sums=True)
+        dataclasses.replace(CFG, norm_sums=True, fold_norms=False)
     consumer = layer_gemm(16, 16, 64, 256, layers=2, name="c", rmsnorm=(2, 0, 1e-5),
                           norm_sums=True, stages=3, unroll=1)  # fmt: skip
     assert consumer.params[3:6] == ("memref<?x256xbf16>", "memref<?x256xbf16>", "memref<?x?xf32>")
@@ -473,7 +475,7 @@ def test_norm_sums_tiles_and_their_errors():
 
 @needs_ptxas
 def test_norm_sums_decoder_compiles_with_float_atomics():
-    cfg = dataclasses.replace(CFG, fuse_norms=True, norm_sums=True)
+    cfg = dataclasses.replace(CFG, fuse_norms=True, norm_sums=True, fold_norms=False)
     art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
     assert art.cubin is not None
     assert "atom.global.add.f32" in art.ptx or "red.global.add.f32" in art.ptx
@@ -505,3 +507,101 @@ def test_fused_combine_compiles_for_llama_3_2_1b():
     art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
     assert art.cubin is not None
     assert "atom.acq_rel.gpu.global.add.u32" in art.ptx
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_folded_norms_match_the_numpy_model(weights, schedule):
+    """fold_norms: the layer norms' weights multiplied into wqkv and wgu,
+    the rows scaled in the epilogues from the sums the residual writers
+    add up; no norm stages in the layers, the same answer as the unfolded
+    numpy model (which applies the norms before the products)."""
+    cfg = CFG  # fold_norms is the default
+    assert cfg.fold_norms
+    g = M.build_decoder_graph(cfg)
+    names = {t.name for t in g.tasks}
+    assert not {"norm1", "norm2"} & names and "final_norm" in names
+    plain = dataclasses.replace(CFG, fold_norms=False)
+    for B, L in ((1, 0), (17, 9)):
+        tokens = np.arange(B, dtype=np.int32) * 11
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        # The graph's weights are the folded ones, the norms themselves kept.
+        assert not np.array_equal(arrays["wqkv"], weights["wqkv"])
+        np.testing.assert_array_equal(arrays["wo"], weights["wo"])
+        arrays["sumsq"][...] = 3.0  # stale sums: embed resets them
+        unfolded = M.reference_step(plain, M.numpy_inputs(plain, weights, tokens, L, L + 2), L)
+        folded = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
+        got = bf16_to_f32(out["logits"])
+        for ref in (folded, unfolded):
+            assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], unfolded["next_tokens"])
+
+
+def test_layer_gemm_row_scale_reference_against_float64():
+    from etc.tiles.gemm import fold_norm, layer_gemm
+
+    rng = np.random.default_rng(4)
+    n, k, rows, eps = 32, 256, 5, 1e-5
+    tile = layer_gemm(16, 16, n, k, layers=2, row_scale=(2, 1, eps), epilogue="swiglu")
+    assert tile.params[3:5] == ("memref<?x256xbf16>", "memref<?x?xf32>")
+    A, G = rand_bf16(rng, rows, k, scale=3.0), rand_bf16(rng, 5, k)
+    W, C = rand_bf16(rng, 2, 2 * n, k, scale=0.1), np.zeros((rows, n), np.uint16)
+    a = bf16_to_f32(A).astype(np.float64)
+    S = np.zeros((5, rows), np.float32)
+    S[3] = (a * a).sum(axis=1)
+    for j in range(n // 16):
+        tile.reference(1, 0, j, A, S, fold_norm(W, G[3]), C)
+    x = a / np.sqrt((a * a).mean(axis=1, keepdims=True) + eps) * bf16_to_f32(G[3])
+    gu = x @ bf16_to_f32(W[1]).astype(np.float64).T
+    gate, up = gu[:, :n], gu[:, n:]
+    want = gate / (1 + np.exp(-gate)) * up
+    assert np.abs(bf16_to_f32(C) - want).max() / np.abs(want).max() < 3e-2
+
+
+def test_row_scale_and_prefetch_ring_errors():
+    from etc.tiles.gemm import layer_gemm
+
+    with pytest.raises(etc.GraphError, match="tile 'p': give rmsnorm or row_scale"):
+        layer_gemm(16, 16, 64, 256, layers=2, name="p", rmsnorm=(2, 0, 1e-5),
+                   row_scale=(2, 0, 1e-5))  # fmt: skip
+    with pytest.raises(etc.GraphError, match="tile 'p': prefetch_ring .* needs stages"):
+        layer_gemm(16, 16, 64, 256, layers=2, name="p", prefetch_ring=True)
+    with pytest.raises(etc.GraphError, match="row_scale, prefetch_ring do not apply"):
+        layer_gemm(16, 16, 64, 256, layers=2, name="p", core="bulk", row_scale=(2, 0, 1e-5),
+                   prefetch_ring=True)  # fmt: skip
+    with pytest.raises(etc.GraphError, match="give fold_norms or fuse_norms"):
+        dataclasses.replace(CFG, fold_norms=True, fuse_norms=True)
+    with pytest.raises(etc.GraphError, match="give prefetch_ring .* or prefetch_weights"):
+        dataclasses.replace(CFG, prefetch_ring=True, prefetch_weights=True)
+
+
+def test_prefetch_ring_moves_the_first_copies_into_the_prefetch():
+    """The prefetch issues the ring's first stages - 1 groups (every thread
+    its own slots), the body only the rest: together the copies of the
+    tile without the option."""
+    from etc.tiles.gemm import layer_gemm
+
+    def copies(text: str) -> tuple[int, int]:
+        return text.count("nvvm.cp.async.shared.global"), text.count("cp.async.commit.group")
+
+    plain = layer_gemm(16, 16, 64, 512, layers=2, name="p", stages=3, unroll=1)
+    early = layer_gemm(16, 16, 64, 512, layers=2, name="p", stages=3, unroll=1, prefetch_ring=True)
+    assert early.prefetch == "p__prefetch" and early.prefetch_fills_shared
+    assert not plain.prefetch_fills_shared
+    body, pre = early.source.split("func.func @p__prefetch")
+    assert copies(pre) == (2, 2)  # stages - 1 groups of one weight fragment
+    assert copies(body)[0] + copies(pre)[0] == copies(plain.source)[0]
+    assert "memref.global" not in pre and body.count('memref.global "private" @p__ring') == 1
+    assert "memref.get_global @p__ring" in pre
+    with pytest.raises(etc.CompileError, match="prefetch that fills shared memory"):
+        cfg = dataclasses.replace(CFG, prefetch_ring=True)
+        etc.compile(M.build_decoder_graph(cfg), schedule="static", prefetch_next=True)
+
+
+@needs_ptxas
+def test_folded_norms_and_ring_prefetch_compile_for_llama_3_2_1b():
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B, fold_norms=True, prefetch_ring=True)
+    g = M.build_decoder_graph(cfg)
+    for schedule in ("static", "dynamic"):
+        art = etc.compile(g, **M.compile_options(cfg, schedule))
+        assert art.cubin is not None and "rsqrt.approx" in art.ptx

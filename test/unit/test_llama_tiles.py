@@ -499,5 +499,9 @@ def test_attention_prefetch_kv_compiles(tmp_path):
         assert art.cubin is not None
     with pytest.raises(etc.GraphError, match="attn_prefetch_kv fills shared memory"):
         dataclasses.replace(
-            M.TINY, attn_prefetch_kv=True, prefetch_weights=True, prefetch_next=True
+            M.TINY,
+            attn_prefetch_kv=True,
+            prefetch_weights=True,
+            prefetch_next=True,
+            prefetch_ring=False,
         )

@@ -33,6 +33,7 @@ decode step over the same buffers: the baseline).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ __all__ = [
     "reference_step",
     "numpy_inputs",
     "torch_inputs",
+    "graph_weights",
     "hf_config",
     "hf_state_dict",
     "from_hf_state_dict",
@@ -148,6 +150,20 @@ class LlamaConfig:
     #: (``attention(stage_kv=True, prefetch_kv=True)``): the cache is read
     #: while the projection runs. Not with ``prefetch_next``.
     attn_prefetch_kv: bool = False
+    #: The layers' RMSNorms folded into the projections that follow them:
+    #: the graph's ``wqkv`` and ``wgu`` hold the norm weights multiplied
+    #: into their columns (:func:`graph_weights`, applied by
+    #: :func:`numpy_inputs` and :func:`torch_inputs`), the residual writers
+    #: (embed, o_proj, down) add each row's sum of squares to ``sumsq``, and
+    #: qkv and gate_up scale their rows by ``rsqrt(mean + eps)`` in the
+    #: epilogue (``layer_gemm(row_scale=...)``): no norm stages, a plain k
+    #: loop. The final norm stays a stage (the LM head shares the embedding).
+    #: On: −54 µs at B=1 on an H200 (``bench/RESULTS.md``, session 8).
+    fold_norms: bool = True
+    #: The GEMM tiles issue their weight ring's first groups before they
+    #: wait for their activations (``layer_gemm(prefetch_ring=True)``; the
+    #: bulk core's tiles always do). On: −81 µs at B=1, −75 at B=16, −114 at B=64.
+    prefetch_ring: bool = True
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
@@ -180,6 +196,19 @@ class LlamaConfig:
             raise GraphError("LlamaConfig: norm_sums feeds the fused norms: set fuse_norms")
         if self.norm_sums and "bulk" in (self.core("o_proj"), self.core("down_proj")):
             raise GraphError("LlamaConfig: norm_sums needs the sync core for o_proj and down_proj")
+        if self.fold_norms and self.fuse_norms:
+            raise GraphError("LlamaConfig: give fold_norms or fuse_norms, not both")
+        if self.fold_norms and any(
+            self.core(p) == "bulk" for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        ):
+            raise GraphError(
+                "LlamaConfig: fold_norms needs the sync core for the layer projections"
+            )
+        if self.prefetch_ring and self.prefetch_weights:
+            raise GraphError(
+                "LlamaConfig: give prefetch_ring (the weight ring's first groups) or "
+                "prefetch_weights (an L2 prefetch), not both"
+            )
         if self.attn_prefetch_kv and self.prefetch_next:
             raise GraphError(
                 "LlamaConfig: attn_prefetch_kv fills shared memory before the waits; "
@@ -210,6 +239,27 @@ class LlamaConfig:
     @property
     def attn_width(self) -> int:
         return self.heads * self.head_dim
+
+    @classmethod
+    def from_changes(
+        cls, changes: Mapping[str, Any], base: LlamaConfig | None = None
+    ) -> LlamaConfig:
+        """``base`` (Llama-3.2-1B) with ``changes`` applied, as a JSON round
+        trip leaves them (lists where the fields hold tuples)."""
+
+        def tuples(v: Any) -> Any:
+            return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise GraphError(f"LlamaConfig has no field {', '.join(map(repr, unknown))}")
+        return dataclasses.replace(base or cls(), **{k: tuples(v) for k, v in changes.items()})
+
+    @property
+    def sums(self) -> bool:
+        """Whether the residual writers add up the rows' sums of squares."""
+        return self.norm_sums or self.fold_norms
 
     def row_blocks(self, B: Any) -> Any:
         return (B + self.block_m - 1) // self.block_m
@@ -289,7 +339,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         "act": ((B, cfg.inter), "bf16"),
         "logits": ((B, cfg.vocab), "bf16"),
         "next_tokens": ((B,), "i32"),
-        **({"sumsq": ((2 * NL + 1, B), "f32")} if cfg.norm_sums else {}),
+        **({"sumsq": ((2 * NL + 1, B), "f32")} if cfg.sums else {}),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.fuse_combine else {}),
     }
 
@@ -311,11 +361,14 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             if cfg.row_warps:
                 wn = math.gcd(bs // 32 // cfg.row_warps, bn // 8)
                 warps = (cfg.row_warps, wn, bs // 32 // (cfg.row_warps * wn))
+            folded = cfg.fold_norms and norm is not None and layers is not None
             core = dict(
                 warps=warps, prefetch_weights=cfg.prefetch_weights,
+                prefetch_ring=cfg.prefetch_ring,
                 rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None,
                 norm_sums=cfg.norm_sums and norm is not None,
-                sums_out=sums_out if cfg.norm_sums else None, **opts,
+                row_scale=(*norm, cfg.eps) if folded else None,
+                sums_out=sums_out if cfg.sums else None, **opts,
             )  # fmt: skip
         return gemm.layer_gemm(
             cfg.block_m, bn, n, k, layers=layers, epilogue=epilogue, name=name, block_size=bs,
@@ -324,10 +377,9 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
 
     # Each norm's weight row in `norms`: stride * layer + offset.
     rows = {"norm1": (2, 0), "norm2": (2, 1), "final_norm": (0, 2 * NL)}
+    staged = ("final_norm",) if cfg.fold_norms else () if cfg.fuse_norms else tuple(rows)
     norm_tiles = {
-        name: llama.rmsnorm(H, *row, cfg.eps, name=name, block_size=bs)
-        for name, row in rows.items()
-        if not cfg.fuse_norms
+        name: llama.rmsnorm(H, *rows[name], cfg.eps, name=name, block_size=bs) for name in staged
     }
     return {
         "embed": llama.embed(
@@ -335,7 +387,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             cfg.bn_down,
             H,
             block_size=bs,
-            sums=cfg.norm_sums,
+            sums=cfg.sums,
             counters=cfg.fuse_combine,
         ),  # fmt: skip
         **norm_tiles,
@@ -387,18 +439,19 @@ def build_decoder_graph(
     def gemm_grid(bn: int, n: int) -> tuple:
         return (n // bn, rb) if cfg.columns_first else (rb, n // bn)
 
-    sums = ("sumsq",) if cfg.norm_sums else ()
+    sums = ("sumsq",) if cfg.sums else ()
     counts = ("attn_count",) if cfg.fuse_combine else ()
     fused_out = ("attn",) if cfg.fuse_combine else ()
     layer_in = g.event((NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden), name="layer_in")
     fused = cfg.fuse_norms
+    no_stages = fused or cfg.fold_norms  # no norm stages in the layers
     ev = {
-        "normed1": None if fused else g.event((NL,), wait_count=B, name="normed1"),
+        "normed1": None if no_stages else g.event((NL,), wait_count=B, name="normed1"),
         "qkv_done": g.event((NL,), wait_count=tiles_of(cfg.bn_qkv, cfg.qkv_width), name="qkv_done"),
         "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L), name="attended"),
         "combined": None if cfg.fuse_combine else g.event((NL,), wait_count=B, name="combined"),
         "o_done": g.event((NL,), wait_count=tiles_of(cfg.bn_o, cfg.hidden), name="o_done"),
-        "normed2": None if fused else g.event((NL,), wait_count=B, name="normed2"),
+        "normed2": None if no_stages else g.event((NL,), wait_count=B, name="normed2"),
         "gu_done": g.event((NL,), wait_count=tiles_of(cfg.bn_gu, cfg.inter), name="gu_done"),
     }
     final_normed = None if fused else g.event((1,), wait_count=B, name="final_normed")
@@ -423,13 +476,19 @@ def build_decoder_graph(
             phase=map_in,
         )
 
-    if not fused:
+    if not no_stages:
         layer_task("norm1", (B,), ("h", "norms", "x"), layer_in, ev["normed1"], "lb->l")
+
+    def normed_args(weight: str, out: str) -> tuple[str, ...]:
+        if cfg.fold_norms:
+            return ("h", "sumsq", weight, out)
+        return ("h", "norms", *sums, weight, out) if fused else ("x", weight, out)
+
     layer_task(
         "qkv",
         gemm_grid(cfg.bn_qkv, cfg.qkv_width),
-        ("h", "norms", *sums, "wqkv", "qkv") if fused else ("x", "wqkv", "qkv"),
-        layer_in if fused else ev["normed1"],
+        normed_args("wqkv", "qkv"),
+        layer_in if no_stages else ev["normed1"],
         ev["qkv_done"],
         "lij->l",
     )
@@ -453,13 +512,13 @@ def build_decoder_graph(
         ev["o_done"],
         "lij->l",
     )
-    if not fused:
+    if not no_stages:
         layer_task("norm2", (B,), ("h", "norms", "x"), ev["o_done"], ev["normed2"], "lb->l")
     layer_task(
         "gate_up",
         gemm_grid(cfg.bn_gu, cfg.inter),
-        ("h", "norms", *sums, "wgu", "act") if fused else ("x", "wgu", "act"),
-        ev["o_done"] if fused else ev["normed2"],
+        normed_args("wgu", "act"),
+        ev["o_done"] if no_stages else ev["normed2"],
         ev["gu_done"],
         "lij->l",
     )
@@ -587,6 +646,27 @@ def random_weights_torch(cfg: LlamaConfig, seed: int = 0, device: str = "cuda") 
     return out
 
 
+def graph_weights(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any]:
+    """``weights`` (numpy bf16 bits or torch bf16 tensors, Hugging Face's
+    semantics) as the graph takes them: with ``cfg.fold_norms`` each layer's
+    norm weights multiplied into ``wqkv`` (norm1) and ``wgu`` (norm2), in
+    new arrays; otherwise ``weights`` unchanged."""
+    out = dict(weights)
+    if not cfg.fold_norms:
+        return out
+    NL = cfg.layers
+    for key, first in (("wqkv", 0), ("wgu", 1)):
+        gamma = weights["norms"][first : 2 * NL : 2][:, None, :]  # (NL, 1, H)
+        w = weights[key]
+        if isinstance(w, np.ndarray):
+            from ..tiles.gemm import fold_norm
+
+            out[key] = fold_norm(w, gamma)
+        else:  # torch: the product rounded to bf16 once, as fold_norm does
+            out[key] = (w.float() * gamma.float()).to(w.dtype)
+    return out
+
+
 # -- numpy reference -------------------------------------------------------------
 
 
@@ -612,7 +692,10 @@ def reference_step(
 ) -> dict[str, np.ndarray]:
     """One decode step in numpy with the graph's rounding: returns ``logits``
     (float32 of the bf16 values), ``next_tokens`` and the caches with
-    position ``L`` written (copies; ``arrays`` is not modified)."""
+    position ``L`` written (copies; ``arrays`` is not modified). ``arrays``
+    holds the graph's weights (:func:`graph_weights`): with
+    ``cfg.fold_norms`` the layer norms are folded into ``wqkv`` and ``wgu``
+    and each row is scaled after the product, as the graph does."""
     NL, NH, KV, D, II = cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
     G = NH // KV
     f = {k: bf16_to_f32(arrays[k]) for k in ("embed", "norms", "wqkv", "wo", "wgu", "wd")}
@@ -621,9 +704,15 @@ def reference_step(
     B = len(tokens)
     cos, sin = np.split(arrays["rope"][L], 2)
     h = f["embed"][tokens]
+
+    def normed_matmul(h: np.ndarray, slot: int, w: np.ndarray) -> np.ndarray:
+        if not cfg.fold_norms:
+            return _rmsnorm(h, f["norms"][slot], cfg.eps) @ w.T
+        r = 1.0 / np.sqrt((h * h).mean(axis=1, keepdims=True) + np.float32(cfg.eps))
+        return (h @ w.T) * r.astype(np.float32)
+
     for layer in range(NL):
-        x = _rmsnorm(h, f["norms"][2 * layer], cfg.eps)
-        qkv = _r(x @ f["wqkv"][layer].T)
+        qkv = _r(normed_matmul(h, 2 * layer, f["wqkv"][layer]))
         q = _rope(qkv[:, : NH * D].reshape(B, NH, D), cos, sin)
         k = _rope(qkv[:, NH * D : (NH + KV) * D].reshape(B, KV, D), cos, sin)
         v = qkv[:, (NH + KV) * D :].reshape(B, KV, D)
@@ -638,8 +727,7 @@ def reference_step(
             out[:, hd] = np.einsum("bp,bpd->bd", p / p.sum(axis=1, keepdims=True), vals[:, hd // G])
         attn = _r(out.reshape(B, NH * D))
         h = _r(_r(attn @ f["wo"][layer].T) + h)
-        x = _rmsnorm(h, f["norms"][2 * layer + 1], cfg.eps)
-        gu = x @ f["wgu"][layer].T
+        gu = normed_matmul(h, 2 * layer + 1, f["wgu"][layer])
         g, u = _r(gu[:, :II]), _r(gu[:, II:])
         act = _r(_r(g / (1 + np.exp(-g))) * u)
         h = _r(_r(act @ f["wd"][layer].T) + h)
@@ -669,7 +757,7 @@ def numpy_inputs(
     arrays = {
         n: np.zeros(shape, storage[dt]) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()
     }
-    for k, v in weights.items():
+    for k, v in graph_weights(cfg, weights).items():
         arrays[k][...] = v
     arrays["tokens"][...] = tokens
     arrays["rope"][...] = rope_table(cfg, S)
@@ -698,6 +786,7 @@ def torch_inputs(
     import torch
 
     dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+    weights = graph_weights(cfg, weights)
     gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, Any] = {}
     for name, (shape, dt) in tensor_shapes(cfg, B, L, S).items():
@@ -875,7 +964,9 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     """A minimal PyTorch decode step over the graph's buffers (the baseline):
     reads ``tokens``, writes the caches at ``L``, ``logits`` and
     ``next_tokens``, returns the next tokens.
-    Same math and rounding points as the graph (bf16 ops, fp32 softmax)."""
+    Same math and rounding points as the graph (bf16 ops, fp32 softmax). With
+    ``cfg.fold_norms`` the buffers hold the folded ``wqkv`` and ``wgu``
+    (:func:`torch_inputs`), so the layer norms apply no weight."""
     import torch
     import torch.nn.functional as F
 
@@ -886,7 +977,11 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
 
     def norm(h, w):
         hf = h.float()
-        return w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + cfg.eps)).to(h.dtype)
+        x = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + cfg.eps)).to(h.dtype)
+        return x if w is None else w * x
+
+    # fold_norms: the buffers' wqkv and wgu hold the layer norms' weights.
+    layer_norms = None if cfg.fold_norms else t["norms"]
 
     def rope(x):
         rot = torch.cat([-x[..., D // 2 :], x[..., : D // 2]], dim=-1)
@@ -894,7 +989,7 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
 
     h = t["embed"][t["tokens"].long()]
     for layer in range(cfg.layers):
-        x = norm(h, t["norms"][2 * layer])
+        x = norm(h, None if layer_norms is None else layer_norms[2 * layer])
         qkv = x @ t["wqkv"][layer].t()
         q = rope(qkv[:, : NH * D].view(B, NH, 1, D))
         k = rope(qkv[:, NH * D : (NH + KV) * D].view(B, KV, D))
@@ -905,7 +1000,7 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
         vals = t["v_cache"][layer, :, :, : L + 1]
         o = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
         h = h + o.reshape(B, NH * D) @ t["wo"][layer].t()
-        x = norm(h, t["norms"][2 * layer + 1])
+        x = norm(h, None if layer_norms is None else layer_norms[2 * layer + 1])
         gu = x @ t["wgu"][layer].t()
         h = h + (F.silu(gu[:, :II]) * gu[:, II:]) @ t["wd"][layer].t()
     x = norm(h, t["norms"][2 * cfg.layers])

@@ -62,6 +62,7 @@ from ._mma import positive as _positive
 
 __all__ = [
     "LAYER_EPILOGUES",
+    "fold_norm",
     "gemm",
     "layer_gemm",
     "layer_gemm_reference",
@@ -230,8 +231,14 @@ def _body(
     rotate: str | None = None,
     a_ahead: int = 0,
     norm_sums: tuple[str, str, str] | None = None,
+    part: str = "all",
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``part`` (with ``stages``): ``"fill"`` emits only the copies of the
+    weight ring's first ``stages - 1`` groups (a prefetch function's body,
+    run by the same threads before the instance waits), ``"body"``
+    everything else (the ring already holds those groups), ``"all"`` both.
 
     ``norm_sums = (sums, sums type, slot)`` (with ``a_norm``): each row's
     sum of squares is read from ``sums[slot, row]`` (written by the tasks
@@ -550,9 +557,12 @@ def _body(
         def unflat_a(vals: list[str]) -> list[list[str]]:
             return [vals[u * len(lrows) : (u + 1) * len(lrows)] for u in range(unroll)]
 
-        for p in range(pre):
-            kp = kat(step * p)
-            issue(kp, f"%c{p}_" if p else "%c0")
+        if part != "body":
+            for p in range(pre):
+                kp = kat(step * p)
+                issue(kp, f"%c{p}_" if p else "%c0")
+        if part == "fill":
+            return []
         if a_norm is not None:
             norm_prologue()
         ahead = [load_a(kat(step * p)) for p in range(a_ahead)]
@@ -598,6 +608,8 @@ def _body(
         return acc
 
     acc = stream_loop() if stages else register_loop()
+    if part == "fill":
+        return []  # the body's function declares the ring
     outer = t.indent
     col_lane = t.op("cl", f"arith.muli {tig}, %c2 : index")
     if wk == 1:
@@ -1081,6 +1093,8 @@ def layer_gemm(
     kc: int | None = None,
     norm_sums: bool = False,
     sums_out: tuple[int, int] | None = None,
+    row_scale: tuple[int, int, float] | None = None,
+    prefetch_ring: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1136,6 +1150,20 @@ def layer_gemm(
     offset, row]`` (``S: memref<?x?xf32>`` after ``C``, atomic adds): what a
     following ``norm_sums`` tile reads.
 
+    ``row_scale = (stride, offset, eps)``: the RMSNorm of ``A`` folded into
+    the projection. ``W`` holds the norm's weight multiplied into its
+    columns (:func:`fold_norm`), and the tile scales row ``r`` of ``A @
+    W^T`` by ``rsqrt(S[stride*l + offset, r] / K + eps)`` before its
+    epilogue (``S: memref<?x?xf32>`` after ``A``: the rows' sums of squares,
+    added up by the tasks that wrote ``A``, see ``sums_out``). The k loop is
+    the plain one: no statistics prologue, no per-vector rescaling.
+
+    ``prefetch_ring`` (needs ``stages``) adds ``@<name>__prefetch``: every
+    thread issues its ``cp.async`` copies of the weight ring's first
+    ``stages - 1`` groups before the instance waits for its activations,
+    and the body starts with them in flight (one HBM latency per stage off
+    the critical path). Sets :attr:`etc.DeviceFunction.prefetch_fills_shared`.
+
     ``core="bulk"`` streams the weights with ``cp.async.bulk`` through a
     shared-memory ring whose first ``stages`` chunks of ``kc`` values of
     ``k`` the tile's prefetch function issues before the instance waits
@@ -1171,6 +1199,8 @@ def layer_gemm(
             "a_ahead": bool(a_ahead),
             "norm_sums": norm_sums,
             "sums_out": sums_out is not None,
+            "row_scale": row_scale is not None,
+            "prefetch_ring": prefetch_ring,
         }
         given = [key for key, on in unsupported.items() if on]
         if given:
@@ -1193,6 +1223,14 @@ def layer_gemm(
     stages = plan_stages(name, k, wk, unroll, ring_slots, block_size, stages, prefetch)
     if a_ring and not stages:
         raise GraphError(f"tile '{name}': a_ring streams A through the cp.async ring: give stages")
+    if prefetch_ring and (not stages or a_ring or prefetch_weights):
+        raise GraphError(
+            f"tile '{name}': prefetch_ring fills the weight ring early: it needs stages and "
+            f"neither a_ring nor prefetch_weights (stages={stages}, a_ring={a_ring}, "
+            f"prefetch_weights={prefetch_weights})"
+        )
+    if row_scale is not None and rmsnorm is not None:
+        raise GraphError(f"tile '{name}': give rmsnorm or row_scale (a folded norm), not both")
     _text.non_negative(name, a_ahead=a_ahead)
     if a_ahead and (a_ring or not stages or a_ahead > stages - 1):
         raise GraphError(
@@ -1206,13 +1244,7 @@ def layer_gemm(
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
     wcol = _warp_cols(t, n0, wm, wn, nf)
-
-    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
-        off = 8 * (f % nf) + (n if f >= nf else 0)
-        r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
-        r = t.op("brow", f"arith.addi {r}, {grp} : index")
-        return "%W", wt, f"%l, {r}" if layers is not None else r
-
+    b_rows = _weight_rows(t, wcol, nf, n, wt, layers is not None)
     st = "memref<?x?xf32>"
 
     def layer_row(stride: int, offset: int) -> str:
@@ -1225,22 +1257,27 @@ def layer_gemm(
 
     sums = ("%S", st, layer_row(*sums_out)) if sums_out is not None else None
     store = _layer_store(epilogue, wcol, nf, ct, r1, sums)
+    if row_scale is not None:
+        stride, offset, eps = row_scale
+        store = _scaled_rows(store, ("%R", st, layer_row(stride, offset)), k, eps, r1)
     a_norm = norm_in = None
     if rmsnorm is not None:
         stride, offset, eps = rmsnorm
         grow = layer_row(stride, offset)
         a_norm = ("%G", at, grow, eps)
         norm_in = ("%S", st, grow) if norm_sums else None
-    globals_ = _body(
-        t, name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
-        mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1, epilogue=store,
-        a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None, a_ahead=a_ahead,
-        norm_sums=norm_in,
+    body = dict(
+        name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch,
+        stages=stages, mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1,
+        epilogue=store, a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None,
+        a_ahead=a_ahead, norm_sums=norm_in,
     )  # fmt: skip
+    globals_ = _body(t, **body, part="body" if prefetch_ring else "all")
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
     coords = f"%l: index, {ij}" if layers is not None else ij
-    gamma = f", %G: {at}" if rmsnorm is not None else ""
+    gamma = f", %R: {st}" if row_scale is not None else ""
+    gamma += f", %G: {at}" if rmsnorm is not None else ""
     gamma += f", %S: {st}" if norm_sums else ""
     out_sums = f", %S: {st}" if sums_out is not None else ""
     signature = f"{coords}, %A: {at}{gamma}, %W: {wt}, %C: {ct}{out_sums}"
@@ -1250,11 +1287,80 @@ def layer_gemm(
     )
     if prefetch_weights:
         source += _weight_prefetch(name, signature, wt, block_n, n, k, per_n, layers is not None)
+    if prefetch_ring:
+        # The same thread-to-slot mapping as the body, so each thread's
+        # copies are the ones its own first ring waits cover.
+        tp = _Text()
+        _, _, n0p, valid_p = _layer_block(tp, at, block_m, block_n, n)
+        tp.emit(f"scf.if {valid_p} {{")
+        tp.indent += "  "
+        wcol_p = _warp_cols(tp, n0p, wm, wn, nf)
+        body["b_rows"] = _weight_rows(tp, wcol_p, nf, n, wt, layers is not None)
+        _body(tp, **body, part="fill")
+        tp.close()
+        source += _source(
+            f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first groups"
+        )
     reference = layer_gemm_reference(
         block_m, block_n, n, epilogue, stacked=layers is not None, columns_first=columns_first,
-        rmsnorm=rmsnorm, norm_sums=norm_sums, sums_out=sums_out,
+        rmsnorm=rmsnorm, norm_sums=norm_sums, sums_out=sums_out, row_scale=row_scale, k=k,
     )  # fmt: skip
-    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn.prefetch_fills_shared = prefetch_ring
+    return fn
+
+
+def _weight_rows(
+    t: _Text, wcol: str, nf: int, n: int, wt: str, stacked: bool
+) -> Callable[[int, str], tuple[str, str, str]]:
+    """``b_rows`` of :func:`_body` for :func:`layer_gemm`'s ``W``: fragment
+    ``f`` of this warp (the up rows ``n`` further for ``f >= nf``)."""
+
+    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+        off = 8 * (f % nf) + (n if f >= nf else 0)
+        r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
+        r = t.op("brow", f"arith.addi {r}, {grp} : index")
+        return "%W", wt, f"%l, {r}" if stacked else r
+
+    return b_rows
+
+
+def _scaled_rows(
+    store: Callable[..., None], sums: tuple[str, str, str], k: int, eps: float, r1: str
+) -> Callable[..., None]:
+    """``store`` after multiplying each row's accumulators by ``rsqrt(sums[slot,
+    row] / k + eps)`` (a folded RMSNorm; rows past ``r1`` read ``r1 - 1``'s)."""
+    mem, mtype, slot = sums
+
+    def scaled(t: _Text, acc, rows, col_lane) -> None:
+        last = t.op("last", f"arith.subi {r1}, %c1 : index")
+        fk = t.op("fk", f"arith.constant {float(k):.1f} : f32")
+        feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
+        scale = []
+        for row in rows:
+            r = t.op("sr", f"arith.minui {row}, {last} : index")
+            total = t.op("ss", f"memref.load {mem}[{slot}, {r}] : {mtype}")
+            ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
+            ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
+            scale.append(t.op("rs", f"math.rsqrt {ms} : f32"))
+        out = [
+            [
+                [t.op("sc", f"arith.mulf {c[q]}, {scale[2 * m + q // 2]} : f32") for q in range(4)]
+                for c in per
+            ]
+            for m, per in enumerate(acc)
+        ]
+        store(t, out, rows, col_lane)
+
+    return scaled
+
+
+def fold_norm(weight: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    """``bf16(W * gamma)`` over the last axis (bf16 bits as uint16): the
+    weight a ``layer_gemm(row_scale=...)`` tile takes for a projection that
+    follows an RMSNorm with weight ``gamma`` (``gamma`` broadcasts against
+    ``W``: ``(K,)`` or ``(L, 1, K)`` for stacked layers)."""
+    return f32_to_bf16(bf16_to_f32(weight) * bf16_to_f32(gamma))
 
 
 def _layer_block(t: _Text, at: str, block_m: int, block_n: int, n: int) -> tuple[str, ...]:
@@ -1448,6 +1554,8 @@ def layer_gemm_reference(
     rmsnorm: tuple[int, int, float] | None = None,
     norm_sums: bool = False,
     sums_out: tuple[int, int] | None = None,
+    row_scale: tuple[int, int, float] | None = None,
+    k: int | None = None,
 ) -> Callable[..., None]:
     """The numpy reference of :func:`layer_gemm` (same rounding)."""
 
@@ -1469,31 +1577,40 @@ def layer_gemm_reference(
 
     def split(rest: tuple):
         rest = list(rest)
+        R = rest.pop(0) if row_scale is not None else None
         G = rest.pop(0) if rmsnorm is not None else None
         S_in = rest.pop(0) if norm_sums else None
         W, C = rest.pop(0), rest.pop(0)
         S_out = rest.pop(0) if sums_out is not None else None
-        return G, S_in, W, C, S_out
+        return R, G, S_in, W, C, S_out
 
     def layered(l: int, a: int, b: int, A, *rest) -> None:  # noqa: E741
-        G, S_in, W, C, S_out = split(rest)
-        apply(a, b, A, G, S_in, l, W[l], C, S_out)
+        R, G, S_in, W, C, S_out = split(rest)
+        apply(a, b, A, R, G, S_in, l, W[l], C, S_out)
 
     def single(a: int, b: int, A, *rest) -> None:
-        G, S_in, W, C, S_out = split(rest)
-        apply(a, b, A, G, S_in, 0, W, C, S_out)
+        R, G, S_in, W, C, S_out = split(rest)
+        apply(a, b, A, R, G, S_in, 0, W, C, S_out)
 
-    def apply(a: int, b: int, A, G, S_in, layer: int, W, C, S_out) -> None:
+    def scale(R, layer: int, rs: slice) -> np.ndarray | float:
+        if row_scale is None:
+            return np.float32(1)
+        stride, offset, eps = row_scale
+        mean = R[stride * layer + offset, rs] / np.float32(k)
+        return (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)[:, None]
+
+    def apply(a: int, b: int, A, R, G, S_in, layer: int, W, C, S_out) -> None:
         i, j = (b, a) if columns_first else (a, b)
         rs = slice(i * block_m, min((i + 1) * block_m, A.shape[0]))
         cs = slice(j * block_n, min((j + 1) * block_n, n))
         rows = normed(A[rs], G, S_in, layer, rs)
-        acc = _mma.bf16_matmul(rows, W[cs])
+        r = scale(R, layer, rs)
+        acc = _mma.bf16_matmul(rows, W[cs]) * r
         if epilogue == "residual":
             acc = rnd(acc) + bf16_to_f32(C[rs, cs])
         elif epilogue == "swiglu":
             g = rnd(acc)
-            u = rnd(_mma.bf16_matmul(rows, W[cs.start + n : cs.stop + n]))
+            u = rnd(_mma.bf16_matmul(rows, W[cs.start + n : cs.stop + n]) * r)
             with np.errstate(over="ignore"):
                 acc = rnd(g / (np.float32(1) + np.exp(-g))) * u
         C[rs, cs] = f32_to_bf16(acc.astype(np.float32))
