@@ -29,26 +29,17 @@ from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
 VARIANTS = {
+    # Attention spans of 256 up to B=16 and of up to 512 past it, in whole
+    # 128-row loop steps (L=1024: 5 x 256, 3 x 384).
     "default": {},
-    # Norms folded into wqkv/wgu, rows scaled in the epilogue from the sums
-    # of squares the residual writers add up. Expected: the norm1/norm2
-    # stages and their waits gone (~3.8 us a layer at B=1): B=1 -50..-65 us.
-    "fold": dict(fold_norms=True),
-    # The weight ring's first groups issued before each GEMM instance's
-    # waits. Expected: one HBM latency per GEMM stage hidden, B=1 -30..-90 us.
-    "ring": dict(prefetch_ring=True),
-    "fold_ring": dict(fold_norms=True, prefetch_ring=True),
-    # A deeper ring: more of each tile in flight before its wait (all of o_proj's).
-    "fold_ring_s5": dict(
-        fold_norms=True,
-        prefetch_ring=True,
-        gemm_options=(("stages", 5), ("unroll", 2), ("rotate_k", True)),
-    ),  # fmt: skip
-    "dynamic": dict(schedule="dynamic"),
-    "fold_ring_dynamic": dict(fold_norms=True, prefetch_ring=True, schedule="dynamic"),
+    # The attention of the first sweep of this session: 256-position chunks.
+    # Expected: as the default up to B=16, 5-10 % slower at B=32 and 64.
+    "chunk256": dict(attn_small_batch=0, attn_chunk=256),
+    # GEMM row paths 16/32 (32-row blocks): faster past B=16, slower below.
+    "rp32": dict(block_m=32, row_paths=(16, 32)),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
-BATCHES = (1, 16, 64)
+BATCHES = (1, 8, 32, 64)
 L = 1024
 CALLS = 10
 

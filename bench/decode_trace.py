@@ -28,13 +28,12 @@ from etc.models import llama as M  # noqa: E402
 
 CFG = M.LLAMA_3_2_1B
 #: Artifact name -> (configuration, schedule).
-FOLDED = dataclasses.replace(CFG, fold_norms=True, prefetch_ring=True)
+SMALL_SPANS = dataclasses.replace(CFG, attn_small_batch=8)
 VARIANTS = {
     "static": (CFG, "static"),
-    "folded_ring": (FOLDED, "static"),
-    "folded_ring_dynamic": (FOLDED, "dynamic"),
+    "small_spans": (SMALL_SPANS, "static"),
 }
-BATCHES = (1,)
+BATCHES = (1, 64)
 L = 1024
 STAGES = ("norm1", "qkv", "attention", "combine", "o_proj", "norm2", "gate_up", "down")
 
@@ -78,7 +77,7 @@ def tables(events: list[dict]) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
-def run(artifacts: Path, out: Path | None) -> None:
+def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
     import torch
 
     import etc.runtime
@@ -99,7 +98,7 @@ def run(artifacts: Path, out: Path | None) -> None:
             print(title + "\n" + block, flush=True)
             text.append(title + "\n" + block)
             results[f"{schedule}_B{B}"] = data
-            if out is not None and B == 1:
+            if out is not None and png and B == 1:
                 # to_png draws one rectangle per instance: minutes at B=64
                 # (88 000 instances), which ran this script past its limit.
                 out.mkdir(parents=True, exist_ok=True)
@@ -116,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build", type=Path)
     p.add_argument("--artifacts", type=Path)
     p.add_argument("--out", type=Path)
+    p.add_argument("--png", action="store_true", help="draw the B=1 timelines (minutes)")
     args = p.parse_args(argv)
     if args.build:
         build(args.build)
     if args.artifacts:
-        run(args.artifacts, args.out)
+        run(args.artifacts, args.out, args.png)
     return 0
 
 

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     failures, generated = 0, []
     for L in range(args.prompt + args.steps - 1):
         symbols = {"B": B, "L": L, "S": S}
-        # The attention partials have one slot per context chunk: they grow with L.
+        # The attention partials have one slot per attention split: they grow with L.
         shapes = M.tensor_shapes(cfg, B, L, S)
         for name in ("opart", "mpart"):
             if arrays[name].shape != shapes[name][0]:

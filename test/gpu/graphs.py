@@ -177,7 +177,9 @@ def llama_tiny_variants() -> dict:
     squares that the residual epilogues add up (``norm_sums``); the
     attention's last split merging the splits (``fuse_combine``); the norm
     stages and no early weight ring (``fold_norms`` and ``prefetch_ring``
-    off: the defaults fold the norms and fill the ring before the waits)."""
+    off: the defaults fold the norms and fill the ring before the waits);
+    64-row GEMM blocks branching to 16-, 32- or 64-row loops (``row_paths``);
+    short attention splits for batches of 1 and 2 (``attn_small_batch``)."""
     import dataclasses
 
     from etc.models import llama
@@ -186,6 +188,7 @@ def llama_tiny_variants() -> dict:
         llama.TINY,
         fuse_norms=True,
         fold_norms=False,
+        prefetch_ring=False,
         gemm_options=(*llama.TINY.gemm_options, ("a_ring", True)),
     )
     staged = dataclasses.replace(
@@ -201,6 +204,8 @@ def llama_tiny_variants() -> dict:
     sums = dataclasses.replace(llama.TINY, fuse_norms=True, norm_sums=True, fold_norms=False)
     fused_combine = dataclasses.replace(llama.TINY, fuse_combine=True)
     unfolded = dataclasses.replace(llama.TINY, fold_norms=False, prefetch_ring=False)
+    row_paths = dataclasses.replace(llama.TINY, block_m=64, row_paths=(16, 32, 64))
+    small_spans = dataclasses.replace(llama.TINY, attn_small_batch=2, attn_small_span=3)
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -210,4 +215,6 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_norm_sums": sums,
         "llama_tiny_fused_combine": fused_combine,
         "llama_tiny_unfolded": unfolded,
+        "llama_tiny_row_paths": row_paths,
+        "llama_tiny_small_spans": small_spans,
     }

@@ -54,7 +54,10 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
     weights = M.random_weights(cfg, seed=4)
     rng = np.random.default_rng(5)
     # B past one 16-row block; L across attention chunks (TINY's is 8).
-    for B, L, S in ((1, 0, 4), (3, 7, 9), (17, 8, 20), (2, 30, 31)):
+    cases = [(1, 0, 4), (3, 7, 9), (17, 8, 20), (2, 30, 31)]
+    if cfg.row_paths:  # a block past 32 rows: the last path
+        cases.append((40, 5, 9))
+    for B, L, S in cases:
         tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
         arrays = M.numpy_inputs(cfg, weights, tokens, L, S, seed=B + L)
         simulated = etc.simulate(graph, arrays, {"B": B, "L": L, "S": S})

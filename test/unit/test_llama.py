@@ -498,7 +498,7 @@ def test_fused_combine_matches_the_numpy_model(weights, schedule):
         assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
         np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
         # Every (layer, sequence, kv head) counted each of its splits once.
-        np.testing.assert_array_equal(out["attn_count"], cfg.splits(L))
+        np.testing.assert_array_equal(out["attn_count"], cfg.splits(L, B))
 
 
 @needs_ptxas
@@ -593,6 +593,11 @@ def test_prefetch_ring_moves_the_first_copies_into_the_prefetch():
     assert copies(body)[0] + copies(pre)[0] == copies(plain.source)[0]
     assert "memref.global" not in pre and body.count('memref.global "private" @p__ring') == 1
     assert "memref.get_global @p__ring" in pre
+    one = layer_gemm(16, 16, 64, 512, layers=2, name="p", stages=3, unroll=1, prefetch_ring=1)
+    body1, pre1 = one.source.split("func.func @p__prefetch")
+    assert copies(pre1) == (1, 1) and copies(body1)[0] == copies(plain.source)[0] - 1
+    with pytest.raises(etc.GraphError, match="prefetch_ring=3 groups: the ring has room for 1..2"):
+        layer_gemm(16, 16, 64, 512, layers=2, name="p", stages=3, unroll=1, prefetch_ring=3)
     with pytest.raises(etc.CompileError, match="prefetch that fills shared memory"):
         cfg = dataclasses.replace(CFG, prefetch_ring=True)
         etc.compile(M.build_decoder_graph(cfg), schedule="static", prefetch_next=True)
@@ -605,3 +610,113 @@ def test_folded_norms_and_ring_prefetch_compile_for_llama_3_2_1b():
     for schedule in ("static", "dynamic"):
         art = etc.compile(g, **M.compile_options(cfg, schedule))
         assert art.cubin is not None and "rsqrt.approx" in art.ptx
+
+
+def test_row_paths_branch_at_run_time_and_share_the_ring():
+    """row_paths: one body per row count, the smallest that holds the
+    block's rows chosen at run time; every warp on all rows (one warp row);
+    one weight ring and one split-K buffer declared for all paths."""
+    from etc.tiles.gemm import layer_gemm
+
+    tile = layer_gemm(64, 16, 64, 512, layers=2, name="p", epilogue="swiglu", stages=3, unroll=1,
+                      row_paths=(16, 32, 64), prefetch_ring=True)  # fmt: skip
+    body = tile.source.split("func.func @p__prefetch")[0]
+    assert [body.count(f"// {m}-row path") for m in (16, 32, 64)] == [1, 1, 1]
+    assert body.count("arith.cmpi ule") == 2
+    assert body.count('memref.global "private" @p__ring') == 1
+    assert body.count('memref.global "private" @p__partials') == 1
+    assert "1x2x4 warps" in body  # WM = 1 in every path
+    with pytest.raises(etc.GraphError, match="row_paths=.* ending at block_m=64"):
+        layer_gemm(64, 16, 64, 512, layers=2, name="p", row_paths=(16, 32))
+    with pytest.raises(etc.GraphError, match="row_paths=.* multiples of 16"):
+        layer_gemm(64, 16, 64, 512, layers=2, name="p", row_paths=(24, 64))
+    with pytest.raises(etc.GraphError, match="warps .* must have WM = 1"):
+        layer_gemm(64, 16, 64, 512, layers=2, name="p", row_paths=(16, 64), warps=(2, 2, 2))
+    with pytest.raises(etc.GraphError, match="do not combine with rmsnorm or a_ring"):
+        layer_gemm(64, 16, 64, 512, layers=2, name="p", row_paths=(16, 64), rmsnorm=(2, 0, 1e-5))
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_row_paths_decoder_matches_the_numpy_model(weights, schedule):
+    """64-row GEMM blocks with 16/32/64-row paths: batches of 1, 17 and 40
+    (one block each, three different paths on the GPU) give the numpy
+    model's answer in the simulator."""
+    cfg = dataclasses.replace(CFG, block_m=64, row_paths=(16, 32, 64))
+    g = M.build_decoder_graph(cfg)
+    for B, L in ((1, 0), (17, 9), (40, 3)):
+        tokens = np.arange(B, dtype=np.int32) * 13
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+
+
+@needs_ptxas
+def test_row_paths_tile_compiles(tmp_path):
+    from etc.tiles.gemm import layer_gemm
+
+    k = 512
+    tile = layer_gemm(64, 16, 64, k, layers=2, epilogue="residual", stages=3, unroll=1,
+                      row_paths=(16, 32, 64), prefetch_ring=True, sums_out=(2, 1))  # fmt: skip
+    art = compile_tile(
+        tile,
+        [("A", ("m", k), "bf16"), ("W", (2, 64, k), "bf16"), ("C", ("m", 64), "bf16"),
+         ("S", (4, "m"), "f32")],
+        (2, "m", 4),
+    )  # fmt: skip
+    assert art.ptx.count("mma.sync.aligned.m16n8k16") >= 7  # 1 + 2 + 4 row fragments
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_small_batches_split_the_attention_finer(weights, schedule):
+    """attn_small_batch: up to that batch the splits are about
+    attn_small_span long, past it attn_chunk; every split count spreads the
+    positions evenly; the same answer as the numpy model either way."""
+    cfg = dataclasses.replace(CFG, attn_small_batch=2, attn_small_span=3)
+    g = M.build_decoder_graph(cfg)
+    att = next(t for t in g.tasks if t.name == "attention")
+    for B, L, splits in ((1, 0, 1), (2, 20, 7), (3, 20, 3), (17, 9, 2)):
+        env = {"B": B, "L": L, "S": L + 2}
+        assert etc.symbolic.evaluate(att.grid[3], env) == splits
+        tokens = np.arange(B, dtype=np.int32) * 17
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        assert arrays["opart"].shape[2] == splits
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, env, schedule=schedule, num_ctas=5)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    with pytest.raises(etc.GraphError, match="attn_small_span=9 must be in 1..attn_chunk=8"):
+        dataclasses.replace(CFG, attn_small_batch=2, attn_small_span=9)
+
+
+def test_spread_attention_refuses_splits_longer_than_its_chunk():
+    from etc.tiles.llama import attention
+
+    tile = attention(8, 4, 2, 16, 1, spread=True, name="att")
+    rng = np.random.default_rng(0)
+    L, P = 20, 2  # 21 positions in 2 splits of 11, whole steps of 8: 16 > chunk 8
+    qkv = f32_to_bf16(rng.standard_normal((1, 8 * 16)).astype(np.float32))
+    rope = np.zeros((L + 1, 16), np.float32)
+    kc = np.zeros((1, 1, 2, L + 1, 16), np.uint16)
+    op, mp = np.zeros((1, 4, P, 16), np.float32), np.zeros((1, 4, P, 2), np.float32)
+    with pytest.raises(etc.GraphError, match="tile 'att': 2 splits of L \\+ 1 = 21 .* 16 long"):
+        tile.reference(0, 0, 0, 0, L, qkv, rope, kc, kc.copy(), op, mp)
+
+
+def test_spread_splits_are_whole_loop_steps():
+    """Llama-3.2-1B's attention steps over 128 rows: L + 1 = 1025 positions
+    in 3 splits of 384 (not 342), in 5 of 256 (the chunk-aligned layout),
+    and the trailing split of an over-split context is empty."""
+    from etc.tiles.llama import _split_positions
+
+    def spans(splits: int, L: int = 1024) -> list[tuple[int, int]]:
+        return [_split_positions("a", 512, True, s, L, splits, 128) for s in range(splits)]
+
+    assert spans(3) == [(0, 384), (384, 768), (768, 1025)]
+    assert spans(5) == [(0, 256), (256, 512), (512, 768), (768, 1024), (1024, 1025)]
+    assert spans(4, L=200) == [(0, 128), (128, 201), (201, 201), (201, 201)]
+    cfg = M.LLAMA_3_2_1B
+    assert cfg.splits(1024, 16) == 5 and cfg.splits(1024, 17) == 3 and cfg.splits(0, 64) == 1

@@ -70,6 +70,8 @@ __all__ = [
 
 #: The decode GEMM tiles' options (``etc.tiles.gemm.layer_gemm``), the best
 #: of ``bench/decode_sweep.py`` on an H200 (``bench/RESULTS.md``).
+#: Larger than any batch: ``(B + _BIG - k) // _BIG`` is ``B >= k`` as 0 or 1.
+_BIG = 2**31
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 
 
@@ -100,12 +102,25 @@ class LlamaConfig:
     bn_gu: int = 16
     bn_down: int = 8
     bn_lm: int = 64
-    attn_chunk: int = 256
+    attn_chunk: int = 512
+    #: Batches of at most this many sequences split the attention into spans
+    #: of about ``attn_small_span`` positions (more, shorter instances: a
+    #: few sequences leave most CTAs idle); larger ones into spans of at
+    #: most ``attn_chunk`` (fewer instances, each one's fixed cost paid
+    #: once). The splits share the positions evenly in whole loop steps
+    #: (``attention(spread=True)``). 0: ``attn_chunk`` spans at every batch.
+    attn_small_batch: int = 16
+    attn_small_span: int = 256
     gemm_options: tuple[tuple[str, Any], ...] = field(default=_GEMM_OPTIONS)
     #: Warps along the rows of a GEMM tile (0: ``plan_warps``' default). With
     #: 1 every warp holds all ``block_m`` rows and reuses each weight fragment
     #: for all of them: the weights are read once however large the batch.
     row_warps: int = 0
+    #: The GEMM tiles' run-time row paths (``layer_gemm(row_paths=...)``):
+    #: with ``block_m=64, row_paths=(16, 32, 64)`` a batch of 1..16 runs the
+    #: 16-row loop and a batch of 64 one 64-row block per weight block
+    #: instead of four, from the same artifact. Empty: one path of block_m.
+    row_paths: tuple[int, ...] = ()
     #: GEMM grids ordered (layer, column block, row block): the row blocks of
     #: a weight block run together and share it through L2 (B > block_m).
     columns_first: bool = True
@@ -162,8 +177,9 @@ class LlamaConfig:
     fold_norms: bool = True
     #: The GEMM tiles issue their weight ring's first groups before they
     #: wait for their activations (``layer_gemm(prefetch_ring=True)``; the
-    #: bulk core's tiles always do). On: −81 µs at B=1, −75 at B=16, −114 at B=64.
-    prefetch_ring: bool = True
+    #: bulk core's tiles always do); an int: that many groups, not all
+    #: ``stages - 1``. On: −81 µs at B=1, −75 at B=16, −114 at B=64.
+    prefetch_ring: bool | int = True
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
@@ -213,6 +229,15 @@ class LlamaConfig:
             raise GraphError(
                 "LlamaConfig: attn_prefetch_kv fills shared memory before the waits; "
                 "prefetch_next would run it for the next instance"
+            )
+        if not isinstance(self.attn_small_batch, int) or self.attn_small_batch < 0:
+            raise GraphError(
+                f"LlamaConfig: attn_small_batch must be an int >= 0, got {self.attn_small_batch!r}"
+            )
+        if self.attn_small_batch and not 0 < self.attn_small_span <= self.attn_chunk:
+            raise GraphError(
+                f"LlamaConfig: attn_small_span={self.attn_small_span} must be in "
+                f"1..attn_chunk={self.attn_chunk} (the attention's buffers hold attn_chunk)"
             )
         if self.heads % self.kv_heads:
             raise GraphError(
@@ -264,9 +289,17 @@ class LlamaConfig:
     def row_blocks(self, B: Any) -> Any:
         return (B + self.block_m - 1) // self.block_m
 
-    def splits(self, L: Any) -> Any:
-        """Attention instances per (sequence, kv head): ceil((L + 1) / chunk)."""
-        return (L + self.attn_chunk) // self.attn_chunk
+    def splits(self, L: Any, B: Any) -> Any:
+        """Attention instances per (sequence, kv head): ceil((L + 1) / span)
+        with span ``attn_small_span`` for ``B <= attn_small_batch``, else
+        ``attn_chunk`` (a symbolic expression of ``B`` and ``L``)."""
+        large = (L + self.attn_chunk) // self.attn_chunk
+        if not self.attn_small_batch:
+            return large
+        small = (L + self.attn_small_span) // self.attn_small_span
+        # 1 for 1 <= B <= attn_small_batch, else 0 (B < 2**31).
+        is_small = 1 - (B + _BIG - (self.attn_small_batch + 1)) // _BIG
+        return large + is_small * (small - large)
 
 
 LLAMA_3_2_1B = LlamaConfig()
@@ -282,6 +315,7 @@ TINY = LlamaConfig(
     rope_theta=10000.0,
     rope_scaling=None,
     attn_chunk=8,
+    attn_small_batch=0,  # spans of attn_chunk: one loop step of the tiny tile
     bn_o=16,
     bn_down=16,
     # k = 256: two iterations per warp slice.
@@ -318,7 +352,7 @@ def kv_bytes(cfg: LlamaConfig, B: int, L: int) -> int:
 def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[tuple, str]]:
     """Every tensor of the graph: name -> (shape, dtype)."""
     H, NL, NH, KV, D = cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim
-    P = cfg.splits(L)
+    P = cfg.splits(L, B)
     return {
         "tokens": ((B,), "i32"),
         "embed": ((cfg.vocab, H), "bf16"),
@@ -368,6 +402,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None,
                 norm_sums=cfg.norm_sums and norm is not None,
                 row_scale=(*norm, cfg.eps) if folded else None,
+                row_paths=cfg.row_paths or None,
                 sums_out=sums_out if cfg.sums else None, **opts,
             )  # fmt: skip
         return gemm.layer_gemm(
@@ -402,6 +437,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             stage_kv=cfg.attn_stage_kv or cfg.attn_prefetch_kv,
             prefetch_kv=cfg.attn_prefetch_kv,
             combine=cfg.fuse_combine,
+            spread=bool(cfg.attn_small_batch),
         ),  # fmt: skip
         **(
             {}
@@ -448,7 +484,7 @@ def build_decoder_graph(
     ev = {
         "normed1": None if no_stages else g.event((NL,), wait_count=B, name="normed1"),
         "qkv_done": g.event((NL,), wait_count=tiles_of(cfg.bn_qkv, cfg.qkv_width), name="qkv_done"),
-        "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L), name="attended"),
+        "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L, B), name="attended"),
         "combined": None if cfg.fuse_combine else g.event((NL,), wait_count=B, name="combined"),
         "o_done": g.event((NL,), wait_count=tiles_of(cfg.bn_o, cfg.hidden), name="o_done"),
         "normed2": None if no_stages else g.event((NL,), wait_count=B, name="normed2"),
@@ -494,7 +530,7 @@ def build_decoder_graph(
     )
     layer_task(
         "attention",
-        (B, KV, cfg.splits(L)),
+        (B, KV, cfg.splits(L, B)),
         (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out),
         ev["qkv_done"],
         ev["attended"],

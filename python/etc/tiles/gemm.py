@@ -232,13 +232,18 @@ def _body(
     a_ahead: int = 0,
     norm_sums: tuple[str, str, str] | None = None,
     part: str = "all",
+    early: int = 0,
+    partials: int = 0,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
 
     ``part`` (with ``stages``): ``"fill"`` emits only the copies of the
-    weight ring's first ``stages - 1`` groups (a prefetch function's body,
-    run by the same threads before the instance waits), ``"body"``
-    everything else (the ring already holds those groups), ``"all"`` both.
+    weight ring's first ``early`` groups (at most ``stages - 1``; a prefetch
+    function's body, run by the same threads before the instance waits),
+    ``"body"`` everything else (the ring already holds those groups),
+    ``"all"`` both.
+    ``partials``: at least this many floats in the split-K buffer (bodies
+    of one function that share it declare one size).
 
     ``norm_sums = (sums, sums type, slot)`` (with ``a_norm``): each row's
     sum of squares is read from ``sums[slot, row]`` (written by the tasks
@@ -557,10 +562,11 @@ def _body(
         def unflat_a(vals: list[str]) -> list[list[str]]:
             return [vals[u * len(lrows) : (u + 1) * len(lrows)] for u in range(unroll)]
 
-        if part != "body":
-            for p in range(pre):
-                kp = kat(step * p)
-                issue(kp, f"%c{p}_" if p else "%c0")
+        # The fill issues groups [0, early), the body the rest of the first pre.
+        first, last = (early, pre) if part == "body" else (0, early if part == "fill" else pre)
+        for p in range(first, last):
+            kp = kat(step * p)
+            issue(kp, f"%c{p}_" if p else "%c0")
         if part == "fill":
             return []
         if a_norm is not None:
@@ -617,7 +623,7 @@ def _body(
         return globals_
     # Split-K: slices 1..WK-1 leave their accumulators in workgroup memory.
     slots = (wk - 1) * wm * wn
-    smem = f"memref<{slots * nacc * 32}xf32, #gpu.address_space<workgroup>>"
+    smem = f"memref<{max(slots * nacc * 32, partials)}xf32, #gpu.address_space<workgroup>>"
     globals_.append(f'memref.global "private" @{name}__partials : {smem} {{alignment = 16 : i64}}')
     part = t.op("part", f"memref.get_global @{name}__partials : {smem}")
     wmn = t.op("wmn", f"arith.remui {warp}, %c{wm * wn}_ : index")
@@ -1094,7 +1100,8 @@ def layer_gemm(
     norm_sums: bool = False,
     sums_out: tuple[int, int] | None = None,
     row_scale: tuple[int, int, float] | None = None,
-    prefetch_ring: bool = False,
+    prefetch_ring: bool | int = False,
+    row_paths: tuple[int, ...] | None = None,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1160,9 +1167,19 @@ def layer_gemm(
 
     ``prefetch_ring`` (needs ``stages``) adds ``@<name>__prefetch``: every
     thread issues its ``cp.async`` copies of the weight ring's first
-    ``stages - 1`` groups before the instance waits for its activations,
-    and the body starts with them in flight (one HBM latency per stage off
-    the critical path). Sets :attr:`etc.DeviceFunction.prefetch_fills_shared`.
+    ``stages - 1`` groups (an int: that many, at most ``stages - 1``) before
+    the instance waits for its activations, and the body starts with them in
+    flight (one HBM latency per stage off the critical path). Sets
+    :attr:`etc.DeviceFunction.prefetch_fills_shared`.
+
+    ``row_paths`` (multiples of 16, ascending, the last ``block_m``): the
+    tile branches at run time to the smallest of these row counts that
+    holds its block's rows (``min(M - i*BM, BM)``), each path a loop with
+    every warp on all its rows (one warp row: each weight fragment read
+    once and reused for every row). One artifact then serves a batch of 1
+    with 16-row fragments and a batch of 64 with one 64-row block instead
+    of four 16-row ones that each stream the weights. The paths share the
+    weight ring. Not with ``rmsnorm`` or ``a_ring``.
 
     ``core="bulk"`` streams the weights with ``cp.async.bulk`` through a
     shared-memory ring whose first ``stages`` chunks of ``kc`` values of
@@ -1201,6 +1218,7 @@ def layer_gemm(
             "sums_out": sums_out is not None,
             "row_scale": row_scale is not None,
             "prefetch_ring": prefetch_ring,
+            "row_paths": row_paths is not None,
         }
         given = [key for key, on in unsupported.items() if on]
         if given:
@@ -1213,12 +1231,26 @@ def layer_gemm(
     if kc is not None:
         raise GraphError(f"tile '{name}': kc applies to core='bulk' only")
     per_n = 2 if epilogue == "swiglu" else 1
+    paths = _plan_row_paths(name, block_m, row_paths)
+    if len(paths) > 1:
+        if rmsnorm is not None or a_ring:
+            raise GraphError(f"tile '{name}': row_paths do not combine with rmsnorm or a_ring")
+        if warps is None:
+            wn = math.gcd(block_size // 32, block_n // 8)
+            warps = (1, wn, block_size // 32 // wn)
+        elif warps[0] != 1:
+            raise GraphError(
+                f"tile '{name}': row_paths put every warp on all rows: warps {warps} must "
+                "have WM = 1"
+            )
+        if unroll is None:  # the largest path's (the fewest), so one ring serves all
+            unroll = plan_warps(name, block_m, block_n, k, block_size, warps, None, per_n)[3]
     wm, wn, wk, unroll = plan_warps(
-        name, block_m, block_n, k, block_size, warps, unroll, b_per_n=per_n
+        name, paths[0], block_n, k, block_size, warps, unroll, b_per_n=per_n
     )
     prefetch = plan_prefetch(name, block_m, k, wk, unroll, prefetch)
     nf = block_n // (8 * wn)
-    mf = block_m // (16 * wm)
+    mf = paths[0] // (16 * wm)
     ring_slots = per_n * nf + (2 * mf if a_ring else 0)
     stages = plan_stages(name, k, wk, unroll, ring_slots, block_size, stages, prefetch)
     if a_ring and not stages:
@@ -1228,6 +1260,12 @@ def layer_gemm(
             f"tile '{name}': prefetch_ring fills the weight ring early: it needs stages and "
             f"neither a_ring nor prefetch_weights (stages={stages}, a_ring={a_ring}, "
             f"prefetch_weights={prefetch_weights})"
+        )
+    early = (stages - 1 if prefetch_ring is True else int(prefetch_ring)) if prefetch_ring else 0
+    if prefetch_ring and not 0 < early < stages:
+        raise GraphError(
+            f"tile '{name}': prefetch_ring={prefetch_ring} groups: the ring has room for "
+            f"1..{stages - 1} ahead (stages={stages})"
         )
     if row_scale is not None and rmsnorm is not None:
         raise GraphError(f"tile '{name}': give rmsnorm or row_scale (a folded norm), not both")
@@ -1270,9 +1308,10 @@ def layer_gemm(
         name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch,
         stages=stages, mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1,
         epilogue=store, a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None,
-        a_ahead=a_ahead, norm_sums=norm_in,
+        a_ahead=a_ahead, norm_sums=norm_in, part="body" if prefetch_ring else "all", early=early,
+        partials=(wk - 1) * wn * (block_m // 16) * per_n * nf * 4 * 32,
     )  # fmt: skip
-    globals_ = _body(t, **body, part="body" if prefetch_ring else "all")
+    globals_ = _row_path_bodies(t, body, paths, r0, r1)
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
     coords = f"%l: index, {ij}" if layers is not None else ij
@@ -1296,7 +1335,7 @@ def layer_gemm(
         tp.indent += "  "
         wcol_p = _warp_cols(tp, n0p, wm, wn, nf)
         body["b_rows"] = _weight_rows(tp, wcol_p, nf, n, wt, layers is not None)
-        _body(tp, **body, part="fill")
+        _body(tp, **{**body, "part": "fill"})
         tp.close()
         source += _source(
             f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first groups"
@@ -1306,8 +1345,54 @@ def layer_gemm(
         rmsnorm=rmsnorm, norm_sums=norm_sums, sums_out=sums_out, row_scale=row_scale, k=k,
     )  # fmt: skip
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
-    fn.prefetch_fills_shared = prefetch_ring
+    fn.prefetch_fills_shared = bool(prefetch_ring)
     return fn
+
+
+def _plan_row_paths(name: str, block_m: int, row_paths: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The row counts of :func:`layer_gemm`'s run-time paths (``(block_m,)``: one)."""
+    if row_paths is None:
+        return (block_m,)
+    paths = tuple(row_paths)
+    if (
+        not paths
+        or any(not isinstance(p, int) or p <= 0 or p % 16 for p in paths)
+        or list(paths) != sorted(set(paths))
+        or paths[-1] != block_m
+    ):
+        raise GraphError(
+            f"tile '{name}': row_paths={row_paths!r} must be ascending multiples of 16 "
+            f"ending at block_m={block_m}"
+        )
+    return paths
+
+
+def _row_path_bodies(t: _Text, body: dict, paths: tuple[int, ...], r0: str, r1: str) -> list[str]:
+    """:func:`_body` once per row path, the smallest that holds ``r1 - r0``
+    rows chosen at run time (nested ``scf.if``); the globals declared once."""
+    if len(paths) == 1:
+        return _body(t, **body)
+    rows = t.op("nrows", f"arith.subi {r1}, {r0} : index")
+    globals_: list[str] = []
+    closes = 0
+    for q, m in enumerate(paths):
+        if q < len(paths) - 1:
+            fits = t.op("fits", f"arith.cmpi ule, {rows}, %c{m}_ : index")
+            t.emit(f"scf.if {fits} {{")
+            t.indent += "  "
+        t.emit(f"// {m}-row path")
+        for line in _body(t, **{**body, "mf": m // 16}):
+            if line not in globals_:
+                globals_.append(line)
+        if q < len(paths) - 1:
+            t.indent = t.indent[:-2]
+            t.emit("} else {")
+            t.indent += "  "
+            closes += 1
+    for _ in range(closes):
+        t.indent = t.indent[:-2]
+        t.emit("}")
+    return globals_
 
 
 def _weight_rows(

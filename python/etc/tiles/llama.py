@@ -393,6 +393,7 @@ def attention(
     stage_kv: bool = False,
     prefetch_kv: bool = False,
     combine: bool = False,
+    spread: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -434,6 +435,16 @@ def attention(
     (acquire-release); the instance that brings it to the number of splits
     merges all splits of the group's ``G`` heads into ``attn`` (what
     ``attention_combine`` does for a whole row), so no combine stage is needed.
+
+    ``spread``: the grid's ``P`` splits (``opart``'s dim 2) share the ``L +
+    1`` positions evenly: split ``s`` covers ``[s*w, min((s+1)*w, L+1))``
+    with ``w = ceil((L+1)/P)`` rounded up to a multiple of the loop step
+    (``32 * warps / (D/8) * unroll`` rows, or ``chunk`` if smaller: a
+    split's cost is its number of steps), at most ``chunk`` (the workgroup
+    buffers' capacity): ``P >= ceil((L+1)/chunk)`` and ``chunk`` a
+    multiple of the step. Trailing splits may then be empty. A graph then
+    picks ``P`` from the batch size, many short splits for a few sequences
+    and few long ones for many, from one artifact.
 
     ``prefetch_kv`` (with ``stage_kv``): those copies move into the tile's
     prefetch function ``@<name>__prefetch``, which the kernel runs before the
@@ -686,6 +697,43 @@ def attention(
         for t in range(G)
     )
 
+    align = min(RC * U, chunk)  # spans round up to whole loop steps
+    if spread and chunk % align:
+        raise GraphError(
+            f"tile '{name}': spread splits are whole loop steps of {align} rows: "
+            f"chunk={chunk} must be a multiple of {align}"
+        )
+    if spread:
+        split_lines = f"""\
+  // Positions [p0, p0 + n) of this split: the grid's splits share L + 1 evenly.
+  %Lp1 = arith.addi %L, %c1 : index
+  %cSplitDim = arith.constant 2 : index
+  %cAlign = arith.constant {align} : index
+  %cAlignM1 = arith.constant {align - 1} : index
+  %nsplit = memref.dim %op, %cSplitDim : {op_t}
+  %spa = arith.addi %Lp1, %nsplit : index
+  %spb = arith.subi %spa, %c1 : index
+  %spc = arith.divui %spb, %nsplit : index
+  // Rounded up to whole loop steps: a split's last step is never a sliver.
+  %spd = arith.addi %spc, %cAlignM1 : index
+  %spe = arith.divui %spd, %cAlign : index
+  %span = arith.muli %spe, %cAlign : index
+  %p0 = arith.muli %s, %span : index
+  %p1a = arith.addi %p0, %span : index
+  %p1b = arith.minui %p1a, %Lp1 : index
+  %p1 = arith.maxui %p1b, %p0 : index
+  %nall = arith.subi %p1, %p0 : index
+  // The buffers hold chunk positions (the graph keeps the span below it).
+  %n = arith.minui %nall, %cChunk : index"""
+    else:
+        split_lines = """\
+  // Positions [p0, p0 + n) of this split.
+  %p0 = arith.muli %s, %cChunk : index
+  %Lp1 = arith.addi %L, %c1 : index
+  %p1a = arith.addi %p0, %cChunk : index
+  %p1b = arith.minui %p1a, %Lp1 : index
+  %p1 = arith.maxui %p1b, %p0 : index
+  %n = arith.subi %p1, %p0 : index"""
     cnt_t, a_t = f"memref<{layers}x?x{KV}xi32>", f"memref<?x{NH * D}xbf16>"
     combine_args = f", %cnt: {cnt_t}, %attn: {a_t}" if combine else ""
     flag_t = f"memref<1xi32, {_WG}>"
@@ -786,13 +834,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %pbuf = memref.get_global @{name}__p : {p_t}
   %obuf = memref.get_global @{name}__o : {o_t}
   %first_split = arith.cmpi eq, %s, %c0 : index
-  // Positions [p0, p0 + n) of this split.
-  %p0 = arith.muli %s, %cChunk : index
-  %Lp1 = arith.addi %L, %c1 : index
-  %p1a = arith.addi %p0, %cChunk : index
-  %p1b = arith.minui %p1a, %Lp1 : index
-  %p1 = arith.maxui %p1b, %p0 : index
-  %n = arith.subi %p1, %p0 : index
+{split_lines}
   %qh0 = arith.muli %g, %cG : index
   %qcol0 = arith.muli %qh0, %cD : index
   %kvcol = arith.muli %g, %cD : index
@@ -924,7 +966,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
         if combine:
             count, attn = fused
             count[l, b, g] += 1
-            splits = (L + chunk) // chunk
+            splits = opart.shape[2]
             if count[l, b, g] == splits:
                 heads = slice(g * G, (g + 1) * G)
                 attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(opart, mpart, b, heads, splits)
@@ -935,7 +977,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
         v_new = qkv[b, (NH + KV) * D + g * D : (NH + KV) * D + (g + 1) * D]
         heads_of_g = slice(g * G, (g + 1) * G)
         q = bf16_to_f32(rope_bf16(qkv[b, g * G * D : (g + 1) * G * D].reshape(G, D), cos_sin))
-        p0, p1 = s * chunk, min(s * chunk + chunk, L + 1)
+        p0, p1 = _split_positions(name, chunk, spread, s, L, opart.shape[2], align)
         # Positions < L from the cache, L from this tile (read before the write below).
         keys = bf16_to_f32(kc[l, b, g, p0 : min(p1, L)])
         vals = bf16_to_f32(vc[l, b, g, p0 : min(p1, L)])
@@ -962,6 +1004,22 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = prefetch_kv
     return fn
+
+
+def _split_positions(
+    name: str, chunk: int, spread: bool, s: int, L: int, splits: int, step: int
+) -> tuple[int, int]:
+    """Positions ``[p0, p1)`` of split ``s`` of :func:`attention`."""
+    if not spread:
+        return s * chunk, min(s * chunk + chunk, L + 1)
+    even = -(-(L + 1) // splits)  # ceil((L + 1) / splits)
+    span = -(-even // step) * step  # in whole loop steps
+    if span > chunk:
+        raise GraphError(
+            f"tile '{name}': {splits} splits of L + 1 = {L + 1} positions are {span} long, "
+            f"more than chunk={chunk}: the grid needs at least {-(-(L + 1) // chunk)} splits"
+        )
+    return min(s * span, L + 1), min(s * span + span, L + 1)
 
 
 _JOIN = (
