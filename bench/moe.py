@@ -90,10 +90,18 @@ CONFIGS = {
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
     "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
     "tma128": _tc(128, 64, 128, _tile_options(4, "tma")),
+    # The decode preset with wider gate/up blocks. With 8 active experts
+    # (T = 1) 16 columns give 384 tiles: 2.9 waves on 132 CTAs, 1.45 on 264.
+    # 24 columns give 256 tiles and 32 give 192, so the last wave is full.
+    "bm16cp_gu24": {**M.PRESETS["decode"], "block_n_gu": 24},
+    "bm16cp_gu32": {**M.PRESETS["decode"], "block_n_gu": 32},
 }
-# BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations.
+# BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
+# BENCH_MOE_SIZES=1,16 to those token counts.
 if os.environ.get("BENCH_MOE_CONFIGS"):
     CONFIGS = {k: CONFIGS[k] for k in os.environ["BENCH_MOE_CONFIGS"].split(",")}
+if os.environ.get("BENCH_MOE_SIZES"):
+    SIZES = tuple(int(t) for t in os.environ["BENCH_MOE_SIZES"].split(","))
 TARGETS = {
     k: M.PRESET_TARGETS["prefill"]
     for k in ("wg128", "tma128w", "tma128wr", "tma128wtc", "tma16", "tma128")
@@ -108,6 +116,8 @@ ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 # and runs one CTA per SM, where the GEMM tiles alone run 2-3.
 OCCUPANCY = {
     "bm16cp": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "bm16cp_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "bm16cp_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "tc64": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "wg128": M.PRESET_MIN_CTAS_PER_SM["decode"],
 }

@@ -525,7 +525,8 @@ def test_folded_norms_match_the_numpy_model(weights, schedule):
         tokens = np.arange(B, dtype=np.int32) * 11
         arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
         # The graph's weights are the folded ones, the norms themselves kept.
-        assert not np.array_equal(arrays["wqkv"], weights["wqkv"])
+        assert "wqkv" not in arrays and arrays["wqkv_folded"].shape == weights["wqkv"].shape
+        assert not np.array_equal(arrays["wqkv_folded"], weights["wqkv"])
         np.testing.assert_array_equal(arrays["wo"], weights["wo"])
         arrays["sumsq"][...] = 3.0  # stale sums: embed resets them
         unfolded = M.reference_step(plain, M.numpy_inputs(plain, weights, tokens, L, L + 2), L)
@@ -720,3 +721,15 @@ def test_spread_splits_are_whole_loop_steps():
     assert spans(4, L=200) == [(0, 128), (128, 201), (201, 201), (201, 201)]
     cfg = M.LLAMA_3_2_1B
     assert cfg.splits(1024, 16) == 5 and cfg.splits(1024, 17) == 3 and cfg.splits(0, 64) == 1
+
+
+def test_folded_weights_have_their_own_names(weights):
+    """A buffer of unfolded weights under the old name is refused at launch
+    (unknown 'wqkv', missing 'wqkv_folded'), not used as if folded."""
+    assert {"wqkv_folded", "wgu_folded"} <= set(M.tensor_shapes(CFG, 1, 0, 2))
+    unfolded = dataclasses.replace(CFG, fold_norms=False)
+    assert "wqkv" in M.tensor_shapes(unfolded, 1, 0, 2)
+    g = M.build_decoder_graph(CFG)
+    arrays = M.numpy_inputs(unfolded, weights, np.zeros(1, np.int32), 0, 2)
+    with pytest.raises(etc.EtcError, match="wqkv"):
+        etc.simulate(g, arrays, {"B": 1, "L": 0, "S": 2})

@@ -70,6 +70,8 @@ __all__ = [
 
 #: The decode GEMM tiles' options (``etc.tiles.gemm.layer_gemm``), the best
 #: of ``bench/decode_sweep.py`` on an H200 (``bench/RESULTS.md``).
+#: The weights that ``fold_norms`` multiplies the layer norms into.
+_FOLDED = ("wqkv", "wgu")
 #: Larger than any batch: ``(B + _BIG - k) // _BIG`` is ``B >= k`` as 0 or 1.
 _BIG = 2**31
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
@@ -281,6 +283,13 @@ class LlamaConfig:
             raise GraphError(f"LlamaConfig has no field {', '.join(map(repr, unknown))}")
         return dataclasses.replace(base or cls(), **{k: tuples(v) for k, v in changes.items()})
 
+    def weight_name(self, key: str) -> str:
+        """The graph's tensor for weight ``key``: ``wqkv_folded`` and
+        ``wgu_folded`` under ``fold_norms`` (the norms multiplied in, made by
+        :func:`graph_weights`), so a buffer of Hugging Face's weights passed
+        under the old name is refused at launch instead of used."""
+        return f"{key}_folded" if self.fold_norms and key in _FOLDED else key
+
     @property
     def sums(self) -> bool:
         """Whether the residual writers add up the rows' sums of squares."""
@@ -357,9 +366,9 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         "tokens": ((B,), "i32"),
         "embed": ((cfg.vocab, H), "bf16"),
         "norms": ((2 * NL + 1, H), "bf16"),
-        "wqkv": ((NL, cfg.qkv_width, H), "bf16"),
+        cfg.weight_name("wqkv"): ((NL, cfg.qkv_width, H), "bf16"),
         "wo": ((NL, H, cfg.attn_width), "bf16"),
-        "wgu": ((NL, 2 * cfg.inter, H), "bf16"),
+        cfg.weight_name("wgu"): ((NL, 2 * cfg.inter, H), "bf16"),
         "wd": ((NL, H, cfg.inter), "bf16"),
         "rope": ((S, D), "f32"),
         "k_cache": ((NL, B, KV, S, D), "bf16"),
@@ -523,7 +532,7 @@ def build_decoder_graph(
     layer_task(
         "qkv",
         gemm_grid(cfg.bn_qkv, cfg.qkv_width),
-        normed_args("wqkv", "qkv"),
+        normed_args(cfg.weight_name("wqkv"), "qkv"),
         layer_in if no_stages else ev["normed1"],
         ev["qkv_done"],
         "lij->l",
@@ -553,7 +562,7 @@ def build_decoder_graph(
     layer_task(
         "gate_up",
         gemm_grid(cfg.bn_gu, cfg.inter),
-        normed_args("wgu", "act"),
+        normed_args(cfg.weight_name("wgu"), "act"),
         ev["o_done"] if no_stages else ev["normed2"],
         ev["gu_done"],
         "lij->l",
@@ -686,20 +695,23 @@ def graph_weights(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any
     """``weights`` (numpy bf16 bits or torch bf16 tensors, Hugging Face's
     semantics) as the graph takes them: with ``cfg.fold_norms`` each layer's
     norm weights multiplied into ``wqkv`` (norm1) and ``wgu`` (norm2), in
-    new arrays; otherwise ``weights`` unchanged."""
+    new arrays named ``wqkv_folded`` and ``wgu_folded``
+    (:meth:`LlamaConfig.weight_name`); otherwise ``weights`` unchanged."""
     out = dict(weights)
     if not cfg.fold_norms:
         return out
     NL = cfg.layers
-    for key, first in (("wqkv", 0), ("wgu", 1)):
+    for key, first in zip(_FOLDED, (0, 1), strict=True):
         gamma = weights["norms"][first : 2 * NL : 2][:, None, :]  # (NL, 1, H)
         w = weights[key]
         if isinstance(w, np.ndarray):
             from ..tiles.gemm import fold_norm
 
-            out[key] = fold_norm(w, gamma)
+            folded = fold_norm(w, gamma)
         else:  # torch: the product rounded to bf16 once, as fold_norm does
-            out[key] = (w.float() * gamma.float()).to(w.dtype)
+            folded = (w.float() * gamma.float()).to(w.dtype)
+        del out[key]
+        out[cfg.weight_name(key)] = folded
     return out
 
 
@@ -730,11 +742,15 @@ def reference_step(
     (float32 of the bf16 values), ``next_tokens`` and the caches with
     position ``L`` written (copies; ``arrays`` is not modified). ``arrays``
     holds the graph's weights (:func:`graph_weights`): with
-    ``cfg.fold_norms`` the layer norms are folded into ``wqkv`` and ``wgu``
-    and each row is scaled after the product, as the graph does."""
+    ``cfg.fold_norms`` the layer norms are folded into ``wqkv_folded`` and
+    ``wgu_folded`` and each row is scaled after the product, as the graph
+    does."""
     NL, NH, KV, D, II = cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
     G = NH // KV
-    f = {k: bf16_to_f32(arrays[k]) for k in ("embed", "norms", "wqkv", "wo", "wgu", "wd")}
+    f = {
+        k: bf16_to_f32(arrays[cfg.weight_name(k)])
+        for k in ("embed", "norms", "wqkv", "wo", "wgu", "wd")
+    }
     kc, vc = arrays["k_cache"].copy(), arrays["v_cache"].copy()
     tokens = arrays["tokens"].astype(np.int64)
     B = len(tokens)
@@ -1001,7 +1017,7 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     reads ``tokens``, writes the caches at ``L``, ``logits`` and
     ``next_tokens``, returns the next tokens.
     Same math and rounding points as the graph (bf16 ops, fp32 softmax). With
-    ``cfg.fold_norms`` the buffers hold the folded ``wqkv`` and ``wgu``
+    ``cfg.fold_norms`` the buffers hold ``wqkv_folded`` and ``wgu_folded``
     (:func:`torch_inputs`), so the layer norms apply no weight."""
     import torch
     import torch.nn.functional as F
@@ -1026,7 +1042,7 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     h = t["embed"][t["tokens"].long()]
     for layer in range(cfg.layers):
         x = norm(h, None if layer_norms is None else layer_norms[2 * layer])
-        qkv = x @ t["wqkv"][layer].t()
+        qkv = x @ t[cfg.weight_name("wqkv")][layer].t()
         q = rope(qkv[:, : NH * D].view(B, NH, 1, D))
         k = rope(qkv[:, NH * D : (NH + KV) * D].view(B, KV, D))
         v = qkv[:, (NH + KV) * D :].view(B, KV, D)
@@ -1037,7 +1053,7 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
         o = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
         h = h + o.reshape(B, NH * D) @ t["wo"][layer].t()
         x = norm(h, None if layer_norms is None else layer_norms[2 * layer + 1])
-        gu = x @ t["wgu"][layer].t()
+        gu = x @ t[cfg.weight_name("wgu")][layer].t()
         h = h + (F.silu(gu[:, :II]) * gu[:, II:]) @ t["wd"][layer].t()
     x = norm(h, t["norms"][2 * cfg.layers])
     torch.matmul(x, t["embed"].t(), out=t["logits"])
