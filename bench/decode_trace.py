@@ -15,7 +15,6 @@ the last traced; the static and dynamic schedules (``llama.compile_options``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -28,10 +27,9 @@ from etc.models import llama as M  # noqa: E402
 
 CFG = M.LLAMA_3_2_1B
 #: Artifact name -> (configuration, schedule).
-SMALL_SPANS = dataclasses.replace(CFG, attn_small_batch=8)
 VARIANTS = {
     "static": (CFG, "static"),
-    "small_spans": (SMALL_SPANS, "static"),
+    "dynamic": (CFG, "dynamic"),
 }
 BATCHES = (1, 64)
 L = 1024

@@ -149,7 +149,20 @@ def chain(length: int = 64) -> etc.Graph:
     return g
 
 
+def greedy(vocab: int = 128256) -> etc.Graph:
+    """The decoder's argmax tile alone over a Llama-3 vocabulary."""
+    from etc.tiles import llama
+
+    g = etc.Graph("greedy")
+    b = g.symbol("b")
+    logits = g.tensor("logits", (b, vocab), "bf16")
+    out = g.tensor("out", (b,), "i32")
+    g.task(llama.argmax(vocab), grid=(b,), args=(logits, out), name="argmax")
+    return g
+
+
 GRAPHS = {
+    "greedy": greedy,
     "diamond": diamond,
     "fanin": wide_fan_in,
     "skewed": skewed,

@@ -74,3 +74,26 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         np.testing.assert_array_equal(
             _numpy(bufs["k_cache"])[:, :, :, :L], arrays["k_cache"][:, :, :, :L]
         )
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_argmax_takes_the_first_largest_logit(schedule: str) -> None:
+    """The argmax tile over 128256 logits: random rows, a maximum planted
+    twice (the first wins, as torch.argmax), at the last index, and a row
+    of equal values (index 0)."""
+    import torch
+
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"greedy_{schedule}")
+    V = 128256
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    logits = torch.randn((6, V), generator=gen, device="cuda").to(torch.bfloat16)
+    logits[1, 70001] = logits[1, 123] = 9.0
+    logits[2, V - 1] = 9.0
+    logits[3] = 0.5
+    logits[4, 5000:6000] = 9.0
+    out = torch.full((6,), -1, dtype=torch.int32, device="cuda")
+    kernel.launch({"logits": logits, "out": out}, {"b": 6})
+    kernel.check()
+    want = torch.argmax(logits.float(), dim=1).to(torch.int32)
+    assert out.tolist() == want.tolist()
+    assert out.tolist()[1:5] == [123, V - 1, 0, 5000]
