@@ -733,3 +733,31 @@ def test_folded_weights_have_their_own_names(weights):
     arrays = M.numpy_inputs(unfolded, weights, np.zeros(1, np.int32), 0, 2)
     with pytest.raises(etc.EtcError, match="wqkv"):
         etc.simulate(g, arrays, {"B": 1, "L": 0, "S": 2})
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_row_paths_for_some_projections(weights, schedule):
+    """row_path_projections: gate_up and down in 32-row blocks with 16/32-row
+    paths, qkv, o_proj and the LM head in 16-row blocks; embed follows down
+    (both notify layer_in). The grids and the event counts agree, and the
+    answer is the numpy model's."""
+    cfg = dataclasses.replace(
+        CFG, row_paths=(16, 32), row_path_projections=("gate_up_proj", "down_proj")
+    )
+    assert [cfg.gemm_block(p) for p in ("qkv_proj", "gate_up_proj", "down_proj", "embed")] == [
+        16, 32, 32, 32,
+    ]  # fmt: skip
+    g = M.build_decoder_graph(cfg)
+    env = {"B": 40, "L": 3, "S": 5}
+    grids = {t.name: [etc.symbolic.evaluate(d, env) for d in t.grid] for t in g.tasks}
+    assert grids["qkv"][-1] == 3 and grids["gate_up"][-1] == 2 and grids["embed"][0] == 2
+    for B, L in ((1, 0), (40, 3)):
+        tokens = np.arange(B, dtype=np.int32) * 19
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    with pytest.raises(etc.GraphError, match="row_path_projections names 'down'"):
+        dataclasses.replace(CFG, row_paths=(16, 32), row_path_projections=("down",))

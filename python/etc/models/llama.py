@@ -118,11 +118,15 @@ class LlamaConfig:
     #: 1 every warp holds all ``block_m`` rows and reuses each weight fragment
     #: for all of them: the weights are read once however large the batch.
     row_warps: int = 0
-    #: The GEMM tiles' run-time row paths (``layer_gemm(row_paths=...)``):
-    #: with ``block_m=64, row_paths=(16, 32, 64)`` a batch of 1..16 runs the
+    #: The GEMM tiles' run-time row paths (``layer_gemm(row_paths=...)``) of
+    #: the projections in ``row_path_projections`` (empty: all), whose tiles
+    #: then cover ``max(row_paths)`` rows (the others ``block_m``, and
+    #: embed as many as down_proj's, since both notify ``layer_in``):
+    #: with ``row_paths=(16, 32, 64)`` a batch of 1..16 runs the
     #: 16-row loop and a batch of 64 one 64-row block per weight block
     #: instead of four, from the same artifact. Empty: one path of block_m.
     row_paths: tuple[int, ...] = ()
+    row_path_projections: tuple[str, ...] = ()
     #: GEMM grids ordered (layer, column block, row block): the row blocks of
     #: a weight block run together and share it through L2 (B > block_m).
     columns_first: bool = True
@@ -193,6 +197,12 @@ class LlamaConfig:
                 "LlamaConfig: prefetch_next needs prefetch_weights (the tiles' prefetch)"
             )
         projections = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+        for proj in self.row_path_projections:
+            if proj not in projections:
+                raise GraphError(
+                    f"LlamaConfig: row_path_projections names {proj!r}, not one of "
+                    f"{', '.join(projections)}"
+                )
         cores = [("gemm_core", self.gemm_core)]
         for proj, core in self.core_overrides:
             if proj not in projections:
@@ -295,8 +305,19 @@ class LlamaConfig:
         """Whether the residual writers add up the rows' sums of squares."""
         return self.norm_sums or self.fold_norms
 
-    def row_blocks(self, B: Any) -> Any:
-        return (B + self.block_m - 1) // self.block_m
+    def has_row_paths(self, projection: str) -> bool:
+        return bool(self.row_paths) and (
+            not self.row_path_projections or projection in self.row_path_projections
+        )
+
+    def gemm_block(self, projection: str) -> int:
+        """Rows per tile of ``projection`` (``embed``: those of down_proj)."""
+        projection = "down_proj" if projection == "embed" else projection
+        return max(self.row_paths) if self.has_row_paths(projection) else self.block_m
+
+    def row_blocks(self, B: Any, projection: str = "embed") -> Any:
+        block = self.gemm_block(projection)
+        return (B + block - 1) // block
 
     def splits(self, L: Any, B: Any) -> Any:
         """Attention instances per (sequence, kv head): ceil((L + 1) / span)
@@ -411,11 +432,12 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None,
                 norm_sums=cfg.norm_sums and norm is not None,
                 row_scale=(*norm, cfg.eps) if folded else None,
-                row_paths=cfg.row_paths or None,
+                row_paths=cfg.row_paths if cfg.has_row_paths(name) else None,
                 sums_out=sums_out if cfg.sums else None, **opts,
             )  # fmt: skip
         return gemm.layer_gemm(
-            cfg.block_m, bn, n, k, layers=layers, epilogue=epilogue, name=name, block_size=bs,
+            cfg.gemm_block(name), bn, n, k, layers=layers, epilogue=epilogue, name=name,
+            block_size=bs,
             columns_first=cfg.columns_first, **core,
         )  # fmt: skip
 
@@ -427,7 +449,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
     }
     return {
         "embed": llama.embed(
-            cfg.block_m,
+            cfg.gemm_block("embed"),
             cfg.bn_down,
             H,
             block_size=bs,
@@ -478,29 +500,40 @@ def build_decoder_graph(
     t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()}
     rb = cfg.row_blocks(B)
 
-    def tiles_of(bn: int, n: int) -> Any:
-        return rb * (n // bn)
+    def tiles_of(bn: int, n: int, projection: str) -> Any:
+        return cfg.row_blocks(B, projection) * (n // bn)
 
-    def gemm_grid(bn: int, n: int) -> tuple:
-        return (n // bn, rb) if cfg.columns_first else (rb, n // bn)
+    def gemm_grid(bn: int, n: int, projection: str) -> tuple:
+        rows = cfg.row_blocks(B, projection)
+        return (n // bn, rows) if cfg.columns_first else (rows, n // bn)
 
     sums = ("sumsq",) if cfg.sums else ()
     counts = ("attn_count",) if cfg.fuse_combine else ()
     fused_out = ("attn",) if cfg.fuse_combine else ()
-    layer_in = g.event((NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden), name="layer_in")
+    layer_in = g.event(
+        (NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden, "down_proj"), name="layer_in"
+    )
     fused = cfg.fuse_norms
     no_stages = fused or cfg.fold_norms  # no norm stages in the layers
     ev = {
         "normed1": None if no_stages else g.event((NL,), wait_count=B, name="normed1"),
-        "qkv_done": g.event((NL,), wait_count=tiles_of(cfg.bn_qkv, cfg.qkv_width), name="qkv_done"),
+        "qkv_done": g.event(
+            (NL,), wait_count=tiles_of(cfg.bn_qkv, cfg.qkv_width, "qkv_proj"), name="qkv_done"
+        ),
         "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L, B), name="attended"),
         "combined": None if cfg.fuse_combine else g.event((NL,), wait_count=B, name="combined"),
-        "o_done": g.event((NL,), wait_count=tiles_of(cfg.bn_o, cfg.hidden), name="o_done"),
+        "o_done": g.event(
+            (NL,), wait_count=tiles_of(cfg.bn_o, cfg.hidden, "o_proj"), name="o_done"
+        ),
         "normed2": None if no_stages else g.event((NL,), wait_count=B, name="normed2"),
-        "gu_done": g.event((NL,), wait_count=tiles_of(cfg.bn_gu, cfg.inter), name="gu_done"),
+        "gu_done": g.event(
+            (NL,), wait_count=tiles_of(cfg.bn_gu, cfg.inter, "gate_up_proj"), name="gu_done"
+        ),
     }
     final_normed = None if fused else g.event((1,), wait_count=B, name="final_normed")
-    logits_done = g.event((1,), wait_count=tiles_of(cfg.bn_lm, cfg.vocab), name="logits_done")
+    logits_done = g.event(
+        (1,), wait_count=tiles_of(cfg.bn_lm, cfg.vocab, "lm_head"), name="logits_done"
+    )
 
     g.task(
         tiles["embed"],
@@ -531,7 +564,7 @@ def build_decoder_graph(
 
     layer_task(
         "qkv",
-        gemm_grid(cfg.bn_qkv, cfg.qkv_width),
+        gemm_grid(cfg.bn_qkv, cfg.qkv_width, "qkv_proj"),
         normed_args(cfg.weight_name("wqkv"), "qkv"),
         layer_in if no_stages else ev["normed1"],
         ev["qkv_done"],
@@ -551,7 +584,7 @@ def build_decoder_graph(
         )
     layer_task(
         "o_proj",
-        gemm_grid(cfg.bn_o, cfg.hidden),
+        gemm_grid(cfg.bn_o, cfg.hidden, "o_proj"),
         ("attn", "wo", "h", *sums),
         ev["attended"] if cfg.fuse_combine else ev["combined"],
         ev["o_done"],
@@ -561,7 +594,7 @@ def build_decoder_graph(
         layer_task("norm2", (B,), ("h", "norms", "x"), ev["o_done"], ev["normed2"], "lb->l")
     layer_task(
         "gate_up",
-        gemm_grid(cfg.bn_gu, cfg.inter),
+        gemm_grid(cfg.bn_gu, cfg.inter, "gate_up_proj"),
         normed_args(cfg.weight_name("wgu"), "act"),
         ev["o_done"] if no_stages else ev["normed2"],
         ev["gu_done"],
@@ -569,7 +602,7 @@ def build_decoder_graph(
     )
     layer_task(
         "down",
-        gemm_grid(cfg.bn_down, cfg.hidden),
+        gemm_grid(cfg.bn_down, cfg.hidden, "down_proj"),
         ("act", "wd", "h", *sums),
         ev["gu_done"],
         layer_in,
@@ -588,7 +621,7 @@ def build_decoder_graph(
         )
     g.task(
         tiles["lm_head"],
-        grid=gemm_grid(cfg.bn_lm, cfg.vocab),
+        grid=gemm_grid(cfg.bn_lm, cfg.vocab, "lm_head"),
         args=(t["h"], t["norms"], *[t[n] for n in sums], t["embed"], t["logits"])
         if fused
         else (t["x"], t["embed"], t["logits"]),
