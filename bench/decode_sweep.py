@@ -30,14 +30,7 @@ from etc.models import llama as M  # noqa: E402
 BASE = M.LLAMA_3_2_1B
 VARIANTS = {
     "default": {},
-    # GEMM row paths 16/32 for every projection: B=32/64 7-9 % faster,
-    # B=1/8 4-8 % slower (earlier runs).
-    "rp32": dict(row_paths=(16, 32)),
-    # Only gate_up and down (most of the GEMM time at large B) take them.
-    # Expected, if the small-batch loss comes from the larger kernel: B=1/8
-    # within noise of the default, B=32/64 most of rp32's gain.
-    "rp32_gd": dict(row_paths=(16, 32), row_path_projections=("gate_up_proj", "down_proj")),
-    "rp32_d": dict(row_paths=(16, 32), row_path_projections=("down_proj",)),
+    "dynamic": dict(schedule="dynamic"),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
