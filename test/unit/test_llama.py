@@ -761,3 +761,15 @@ def test_row_paths_for_some_projections(weights, schedule):
         np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
     with pytest.raises(etc.GraphError, match="row_path_projections names 'down'"):
         dataclasses.replace(CFG, row_paths=(16, 32), row_path_projections=("down",))
+
+
+def test_config_from_json_changes():
+    """bench/decode.py stores the fields an artifact was built with as JSON
+    and rebuilds the configuration from them (lists back to tuples)."""
+    import json
+
+    changes = {"fold_norms": False, "gemm_options": (("stages", 5), ("unroll", 2))}
+    back = M.LlamaConfig.from_changes(json.loads(json.dumps(changes)))
+    assert back == dataclasses.replace(M.LLAMA_3_2_1B, **changes)
+    with pytest.raises(etc.GraphError, match="LlamaConfig has no field 'stages'"):
+        M.LlamaConfig.from_changes({"stages": 3})
