@@ -192,7 +192,8 @@ def llama_tiny_variants() -> dict:
     stages and no early weight ring (``fold_norms`` and ``prefetch_ring``
     off: the defaults fold the norms and fill the ring before the waits);
     64-row GEMM blocks branching to 16-, 32- or 64-row loops (``row_paths``);
-    short attention splits for batches of 1 and 2 (``attn_small_batch``)."""
+    short attention splits for batches of 1 and 2 (``attn_small_batch``);
+    the attention's values staged in shared memory (``attn_stage_v``)."""
     import dataclasses
 
     from etc.models import llama
@@ -219,6 +220,7 @@ def llama_tiny_variants() -> dict:
     unfolded = dataclasses.replace(llama.TINY, fold_norms=False, prefetch_ring=False)
     row_paths = dataclasses.replace(llama.TINY, block_m=64, row_paths=(16, 32, 64))
     small_spans = dataclasses.replace(llama.TINY, attn_small_batch=2, attn_small_span=3)
+    stage_v = dataclasses.replace(llama.TINY, attn_stage_v=True)
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -230,4 +232,5 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_unfolded": unfolded,
         "llama_tiny_row_paths": row_paths,
         "llama_tiny_small_spans": small_spans,
+        "llama_tiny_stage_v": stage_v,
     }

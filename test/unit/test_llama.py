@@ -773,3 +773,50 @@ def test_config_from_json_changes():
     assert back == dataclasses.replace(M.LLAMA_3_2_1B, **changes)
     with pytest.raises(etc.GraphError, match="LlamaConfig has no field 'stages'"):
         M.LlamaConfig.from_changes({"stages": 3})
+
+
+def test_attention_stage_v_copies_only_the_values():
+    """stage_v: one cp.async group (V) issued before the RoPE, waited for
+    before the values' pass; K keeps the register loads; half the
+    workgroup slots of stage_kv."""
+    from etc.tiles.llama import attention
+
+    both = attention(64, 8, 2, 64, 2, stage_kv=True, name="a")
+    v_only = attention(64, 8, 2, 64, 2, stage_v=True, name="a")
+    assert both.source.count("cp.async.commit.group") == 2
+    assert v_only.source.count("cp.async.commit.group") == 1
+    assert "cp.async.wait.group 1" not in v_only.source
+    assert v_only.source.count("cp.async.wait.group 0") == 1
+    assert (
+        "%kb0 = vector.load %kc" in v_only.source and "%vb0 = vector.load %vc" not in v_only.source
+    )
+    size = [line for line in both.source.splitlines() if "@a__kv :" in line and "global" in line]
+    half = [line for line in v_only.source.splitlines() if "@a__kv :" in line and "global" in line]
+    assert "memref<4096xi32" in size[0] and "memref<2048xi32" in half[0]
+    with pytest.raises(etc.GraphError, match="give stage_kv .* or stage_v, not both"):
+        attention(64, 8, 2, 64, 2, stage_kv=True, stage_v=True)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_stage_v_decoder_matches_the_numpy_model(weights, schedule):
+    cfg = dataclasses.replace(CFG, attn_stage_v=True)
+    g = M.build_decoder_graph(cfg)
+    for B, L in ((1, 0), (3, 20)):
+        tokens = np.arange(B, dtype=np.int32) * 23
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+
+
+@needs_ptxas
+def test_stage_v_compiles_for_llama_3_2_1b():
+    """One more cp.async group wait in the kernel: the attention's values."""
+
+    def waits(cfg) -> int:
+        art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
+        assert art.cubin is not None
+        return art.ptx.count("cp.async.wait_group \t0;")
+
+    staged = waits(dataclasses.replace(M.LLAMA_3_2_1B, attn_stage_v=True))
+    assert staged == waits(M.LLAMA_3_2_1B) + 1

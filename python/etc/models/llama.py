@@ -171,6 +171,10 @@ class LlamaConfig:
     #: (``attention(stage_kv=True, prefetch_kv=True)``): the cache is read
     #: while the projection runs. Not with ``prefetch_next``.
     attn_prefetch_kv: bool = False
+    #: The attention tile copies its span's V into shared memory with
+    #: ``cp.async`` at the start (``attention(stage_v=True)``): the values
+    #: load while the scores and the softmax run.
+    attn_stage_v: bool = False
     #: The layers' RMSNorms folded into the projections that follow them:
     #: the graph's ``wqkv`` and ``wgu`` hold the norm weights multiplied
     #: into their columns (:func:`graph_weights`, applied by
@@ -466,6 +470,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             NL,
             block_size=bs,
             stage_kv=cfg.attn_stage_kv or cfg.attn_prefetch_kv,
+            stage_v=cfg.attn_stage_v,
             prefetch_kv=cfg.attn_prefetch_kv,
             combine=cfg.fuse_combine,
             spread=bool(cfg.attn_small_batch),

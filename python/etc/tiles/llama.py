@@ -391,6 +391,7 @@ def attention(
     name: str = "attention",
     block_size: int = 256,
     stage_kv: bool = False,
+    stage_v: bool = False,
     prefetch_kv: bool = False,
     combine: bool = False,
     spread: bool = False,
@@ -428,6 +429,10 @@ def attention(
     wait for them: the whole chunk (``2 chunk D`` bytes more workgroup
     memory) is in flight at once, behind the RoPE, instead of ``unroll`` row
     groups at a time.
+
+    ``stage_v``: the same for V alone (``chunk D`` bytes): the values, which
+    do not depend on the scores, load while the scores and the softmax run,
+    and K keeps the register path.
 
     ``combine``: two more args, ``count: memref<LAYERSx?xKVxi32>`` (zero at
     the start of the step) and ``attn: memref<?x(NH*D)xbf16>``. After its
@@ -500,9 +505,13 @@ def attention(
     across = [o for o in (1, 2, 4, 8, 16) if o >= RL]  # row groups of a warp
     consts = _offset_constants(in_row + across + list(_text.SHUFFLE_OFFSETS))
 
-    # -- stage_kv: per-thread cp.async slots of K (phase 0) and V (phase 1) --
+    # -- stage_kv / stage_v: per-thread cp.async slots of K (phase 0) and V (phase 1) --
     R = -(-chunk // RC)  # row loads per thread and phase
-    kv_t = f"memref<{2 * R * block_size * 4}xi32, {_WG}>"
+    if stage_kv and stage_v:
+        raise GraphError(f"tile '{name}': give stage_kv (K and V) or stage_v, not both")
+    staged = (0, 1) if stage_kv else (1,) if stage_v else ()
+    slot0 = {phase: q * R for q, phase in enumerate(staged)}  # first slot of each phase
+    kv_t = f"memref<{max(len(staged), 1) * R * block_size * 4}xi32, {_WG}>"
 
     def row_load(x: str, phase: int, cache: str, u: int) -> str:
         """Row group ``u`` of a step (``x`` = k or v): this lane's row
@@ -516,7 +525,7 @@ def attention(
             f"      %{x}p{u}a = arith.addi %p0, %{x}r{u} : index\n"
             f"      %{x}p{u} = arith.select %{x}ok{u}, %{x}p{u}a, %p0 : index\n"
         )
-        if stage_kv:
+        if phase in staged:
             return rows + staged_load(f"{x}b{u}", phase, u)
         return rows + (
             f"      %{x}b{u} = vector.load {cache}[%l, %b, %g, %{x}p{u}, %d0] "
@@ -539,8 +548,10 @@ def attention(
         )
 
     stage_lines = []
-    if stage_kv:
+    if staged:
         for phase, base in ((0, "%kbase"), (1, "%vbase")):
+            if phase not in staged:
+                continue
             for r in range(R):
                 stage_lines.append(
                     f"  %sr{phase}_{r} = arith.addi %rowt, %cRow{r} : index\n"
@@ -554,7 +565,7 @@ def attention(
                     f"    %sg{phase}_{r} = arith.addi {base}, %sa{phase}_{r} : index\n"
                     f"    %sgi{phase}_{r} = arith.index_cast %sg{phase}_{r} : index to i64\n"
                     f"    %sgp{phase}_{r} = llvm.inttoptr %sgi{phase}_{r} : i64 to !llvm.ptr<1>\n"
-                    f"    %sd{phase}_{r} = arith.addi %kvaddr, %cSlotB{phase * R + r} : index\n"
+                    f"    %sd{phase}_{r} = arith.addi %kvaddr, %cSlotB{slot0[phase] + r} : index\n"
                     f"    %sdi{phase}_{r} = arith.index_cast %sd{phase}_{r} : index to i64\n"
                     f"    %sdp{phase}_{r} = llvm.inttoptr %sdi{phase}_{r} : i64 to !llvm.ptr<3>\n"
                     f"    nvvm.cp.async.shared.global %sdp{phase}_{r}, %sgp{phase}_{r}, 16, "
@@ -589,7 +600,7 @@ def attention(
             f"  %cRC = arith.constant {RC} : index",
             f"  %cRlast = arith.constant {R - 1} : index",
             "  %cPh0 = arith.constant 0 : index",
-            f"  %cPh1 = arith.constant {R} : index",
+            f"  %cPh1 = arith.constant {slot0.get(1, 0)} : index",
             f"  %cSlot = arith.constant {block_size * 4} : index",
             f"  %cKV = arith.constant {KV} : index",
             f"  %cRowBytes = arith.constant {2 * D} : index",
@@ -781,9 +792,7 @@ def attention(
     if prefetch_kv and not stage_kv:
         raise GraphError(f"tile '{name}': prefetch_kv issues the stage_kv copies: give stage_kv")
     kv_global = (
-        f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}\n'
-        if stage_kv
-        else ""
+        f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}\n' if staged else ""
     )
     source = f"""\
 // {name}: decode attention split, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
@@ -810,7 +819,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %cQcol = arith.constant {NH * D} : index
   %cVcol = arith.constant {(NH + KV) * D} : index
 {index_consts}
-{stage_consts if stage_kv else ""}
+{stage_consts if staged else ""}
 {consts}
   %c32_i32 = arith.constant 32 : i32
   %zero8 = arith.constant dense<0.0> : vector<8xf32>
@@ -829,7 +838,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %wrow = arith.muli %warp, %cRW : index
   %rowt = arith.addi %wrow, %grp : index
   %wo = arith.muli %warp, %cGD : index
-{"  %tid4 = arith.muli %tid, %c4 : index" if stage_kv else ""}
+{"  %tid4 = arith.muli %tid, %c4 : index" if staged else ""}
   %qk = memref.get_global @{name}__qkv : {qk_t}
   %pbuf = memref.get_global @{name}__p : {p_t}
   %obuf = memref.get_global @{name}__o : {o_t}
@@ -927,7 +936,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   }}
   gpu.barrier
   // 4. Output: e_p * v_p per lane, then over the warp's row groups and the warps.
-  {"nvvm.cp.async.wait.group 0" if stage_kv else ""}
+  {"nvvm.cp.async.wait.group 0" if staged else ""}
   %acc:{G} = scf.for %base = %c0 to %n step %cStep iter_args({acc_init}) -> ({acc_types}) {{
 {chr(10).join(value_lines)}
     scf.yield {", ".join(acc_names)} : {acc_types}
