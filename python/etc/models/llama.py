@@ -1,6 +1,7 @@
 """A whole Llama-style decoder as one ETC graph: one launch per decode step (issue 7).
 
-Every layer repeats the same eight tasks; a task's grid has the layer as its
+Every layer repeats the same tasks (eight with the norm stages shown here);
+a task's grid has the layer as its
 dimension 0 and its ``phase``, so the static schedule runs layer by layer and
 one tile serves all layers (weights are stacked ``(layers, ...)``)::
 
@@ -10,9 +11,13 @@ one tile serves all layers (weights are stacked ``(layers, ...)``)::
     --layer_in[l + 1]--> norm1(l + 1) ...  layer_in[layers] --> final_norm
     --final_normed--> lm_head --logits_done--> argmax
 
+By default (``LlamaConfig.fold_norms``) norm1 and norm2 are folded into the
+projections that follow them (their weights multiplied into ``wqkv_folded``
+and ``wgu_folded``, the rows scaled in the GEMM epilogues), so qkv waits on
+``layer_in[l]`` and gate_up on ``o_done[l]``.
 ``down(l)`` notifies the next layer through the shifted out-edge ``(l, i, j)
 -> (l + 1)`` (loop-carried: it does not order the tasks). The attention of
-layer ``l`` splits the context into chunks (flash-decoding); ``combine``
+layer ``l`` splits the context into spans (flash-decoding); ``combine``
 merges the splits. The residual stream ``h`` is updated in place by the
 ``o_proj`` and ``down`` epilogues.
 
@@ -310,6 +315,7 @@ class LlamaConfig:
         return self.norm_sums or self.fold_norms
 
     def has_row_paths(self, projection: str) -> bool:
+        """Whether ``projection``'s tiles branch between ``row_paths``."""
         return bool(self.row_paths) and (
             not self.row_path_projections or projection in self.row_path_projections
         )
