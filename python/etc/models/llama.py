@@ -1,9 +1,9 @@
 """A whole Llama-style decoder as one ETC graph: one launch per decode step (issue 7).
 
 Every layer repeats the same tasks (eight with the norm stages shown here);
-a task's grid has the layer as its
-dimension 0 and its ``phase``, so the static schedule runs layer by layer and
-one tile serves all layers (weights are stacked ``(layers, ...)``)::
+a task's grid has the layer as its dimension 0 and its ``phase``, so the
+static schedule runs layer by layer and one tile serves all layers (weights
+are stacked ``(layers, ...)``)::
 
     embed --layer_in[0]--> norm1(l) --normed1[l]--> qkv(l) --qkv_done[l]-->
     attention(l, b, g, s) --attended[l]--> combine(l) --combined[l]--> o_proj(l)
