@@ -30,10 +30,15 @@ from etc.models import llama as M  # noqa: E402
 BASE = M.LLAMA_3_2_1B
 VARIANTS = {
     "default": {},
-    # A 3-slot weight ring (48 KiB for gate_up instead of 64): if the
-    # kernel's shared memory costs every tile its L1 (the staged V slowed
-    # even B=1), a smaller ring should help everywhere. Expected: -1..-3 %.
-    "s3": dict(gemm_options=(("stages", 3), ("unroll", 2), ("rotate_k", True))),
+    # 32-column gate/up tiles: 256 instances a layer, one wave on 264 CTAs
+    # (16 columns: 512, 1.94 waves, and the second wave's ring fill is not
+    # behind a wait). Measured: B=1 -37 us, B=64 -270 (two runs).
+    "gu32": dict(bn_gu=32),
+    # Wider still (128 tiles: half the CTAs idle at B=1) and the LM head's
+    # 2004 tiles of 64 columns as 1002 of 128 (fewer fills).
+    "gu64": dict(bn_gu=64),
+    "gu32_lm128": dict(bn_gu=32, bn_lm=128),
+    "gu32_lm32": dict(bn_gu=32, bn_lm=32),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
