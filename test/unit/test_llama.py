@@ -509,6 +509,20 @@ def test_fused_combine_compiles_for_llama_3_2_1b():
     assert "atom.acq_rel.gpu.global.add.u32" in art.ptx
 
 
+def _check_step(cfg, g, weights, B: int, L: int, schedule: str, stride: int) -> dict:
+    """One simulated step of ``g`` against ``reference_step`` (tokens
+    ``stride * b``): logits within 1e-2, the same greedy tokens. Returns the
+    simulator's outputs."""
+    tokens = np.arange(B, dtype=np.int32) * stride
+    arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+    ref = M.reference_step(cfg, arrays, L)
+    out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
+    got = bf16_to_f32(out["logits"])
+    assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+    np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    return out
+
+
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 def test_folded_norms_match_the_numpy_model(weights, schedule):
     """fold_norms: the layer norms' weights multiplied into wqkv and wgu,
@@ -645,13 +659,7 @@ def test_row_paths_decoder_matches_the_numpy_model(weights, schedule):
     cfg = dataclasses.replace(CFG, block_m=64, row_paths=(16, 32, 64))
     g = M.build_decoder_graph(cfg)
     for B, L in ((1, 0), (17, 9), (40, 3)):
-        tokens = np.arange(B, dtype=np.int32) * 13
-        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
-        ref = M.reference_step(cfg, arrays, L)
-        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
-        got = bf16_to_f32(out["logits"])
-        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
-        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        _check_step(cfg, g, weights, B, L, schedule, 13)
 
 
 @needs_ptxas
@@ -752,13 +760,7 @@ def test_row_paths_for_some_projections(weights, schedule):
     grids = {t.name: [etc.symbolic.evaluate(d, env) for d in t.grid] for t in g.tasks}
     assert grids["qkv"][-1] == 3 and grids["gate_up"][-1] == 2 and grids["embed"][0] == 2
     for B, L in ((1, 0), (40, 3)):
-        tokens = np.arange(B, dtype=np.int32) * 19
-        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
-        ref = M.reference_step(cfg, arrays, L)
-        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
-        got = bf16_to_f32(out["logits"])
-        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
-        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        _check_step(cfg, g, weights, B, L, schedule, 19)
     with pytest.raises(etc.GraphError, match="row_path_projections names 'down'"):
         dataclasses.replace(CFG, row_paths=(16, 32), row_path_projections=("down",))
 
@@ -802,11 +804,7 @@ def test_stage_v_decoder_matches_the_numpy_model(weights, schedule):
     cfg = dataclasses.replace(CFG, attn_stage_v=True)
     g = M.build_decoder_graph(cfg)
     for B, L in ((1, 0), (3, 20)):
-        tokens = np.arange(B, dtype=np.int32) * 23
-        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
-        ref = M.reference_step(cfg, arrays, L)
-        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
-        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        _check_step(cfg, g, weights, B, L, schedule, 23)
 
 
 @needs_ptxas
