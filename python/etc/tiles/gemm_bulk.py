@@ -313,12 +313,9 @@ def prefetch(
             for s in range(plan.stages):
                 _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(ring.bar(s), "i32")])
             _asm(t, "fence.mbarrier_init.release.cluster;")
-            for s in range(plan.stages):
-                _asm_ops(
-                    t,
-                    "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$0], $1;",
-                    [(ring.bar(s), "i32"), (wbytes, "i32")],
-                )
+            _each_bar(
+                t, ring, plan.stages, "mbarrier.expect_tx.relaxed.cta.shared::cta.b64", wbytes
+            )
 
         _if(t, lane0, init)
         _asm(t, "bar.warp.sync -1;")
@@ -328,6 +325,13 @@ def prefetch(
             _issue_weights(t, ring, lane, segs, base, s, _chunk_k(t, plan, s, rot))
 
     _if(t, go, issue)
+
+
+def _each_bar(t: _Text, ring: _Ring, stages: int, op: str, nbytes: str) -> None:
+    """``op [bar], nbytes;`` on the mbarrier of every ring stage (``op`` up to
+    the address operand: an expect_tx or an arrive.expect_tx)."""
+    for s in range(stages):
+        _asm_ops(t, f"{op} [$0], $1;", [(ring.bar(s), "i32"), (nbytes, "i32")])
 
 
 def _rotation(t: _Text, plan: BulkPlan, rotate: str | None) -> str | None:
@@ -367,15 +371,9 @@ def body(
     segs, w_at = segments(t), w_base(t)  # for the refills
 
     def first_activations() -> None:
-        def arrive() -> None:
-            for s in range(p.stages):
-                _asm_ops(
-                    t,
-                    "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
-                    [(ring.bar(s), "i32"), (abytes, "i32")],
-                )
-
-        _if(t, lane0, arrive)
+        _if(t, lane0, lambda: _each_bar(
+            t, ring, p.stages, "mbarrier.arrive.expect_tx.shared::cta.b64 _,", abytes
+        ))  # fmt: skip
         # Other CTAs wrote the activations through the generic proxy.
         _asm(t, "fence.proxy.async.global;")
         for s in range(p.stages):
@@ -395,13 +393,7 @@ def body(
     w_row2 = t.bin("remui", lane, 8)  # .x2: lanes 0-15 give the addresses
 
     nacc = p.mf * p.nf * 4
-    types = ", ".join(["f32"] * nacc)
-    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
-    res = t.fresh("accs")
-    t.emit(
-        f"{res}:{nacc} = scf.for %kc = {t.c(0)} to {t.c(p.chunks)} step {t.c(1)} "
-        f"iter_args({inits}) -> ({types}) {{"
-    )
+    res, types = t.acc_loop("%kc", p.chunks, nacc)
     outer = t.indent
     t.indent += "  "
     stage = t.bin("remui", "%kc", p.stages)

@@ -164,6 +164,19 @@ class _Text(_mma.Text):
             v = self.c(v)
         return self.op("x", f"arith.{kind} {a}, {v} : index")
 
+    def acc_loop(self, var: str, trip: int, nacc: int) -> tuple[str, str]:
+        """Opens ``scf.for var = 0 to trip`` carrying ``nacc`` f32
+        accumulators ``%acc_<q>``, zero at first; returns the loop's results
+        name and their types (for the ``scf.yield``). The caller indents."""
+        types = ", ".join(["f32"] * nacc)
+        inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
+        res = self.fresh("accs")
+        self.emit(
+            f"{res}:{nacc} = scf.for {var} = {self.c(0)} to {self.c(trip)} step {self.c(1)} "
+            f"iter_args({inits}) -> ({types}) {{"
+        )
+        return res, types
+
     def source(self, name: str, signature: str, globals_: list[str], comment: str) -> str:
         consts = ["  %fzero = arith.constant 0.0 : f32", "  %fone = arith.constant 1.0 : f32"]
         consts += [f"  %c{v}_ = arith.constant {v} : index" for v in sorted(self.consts)]
@@ -258,13 +271,7 @@ def _body(
         t.emit("nvvm.cp.async.commit.group")
 
     nacc = mf * nf * 4
-    types = ", ".join(["f32"] * nacc)
-    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
-    res = t.fresh("accs")
-    t.emit(
-        f"{res}:{nacc} = scf.for %kt = {t.c(0)} to {t.c(kt_n)} step {t.c(1)} "
-        f"iter_args({inits}) -> ({types}) {{"
-    )
+    res, types = t.acc_loop("%kt", kt_n, nacc)
     outer = t.indent
     t.indent += "  "
     t.emit(f"nvvm.cp.async.wait.group {stages - 2}")
@@ -516,13 +523,7 @@ def _body_wgmma(
             issue(s, s)
         t.emit("nvvm.cp.async.commit.group")
     nacc = b_rows // 2
-    types = ", ".join(["f32"] * nacc)
-    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
-    res = t.fresh("accs")
-    t.emit(
-        f"{res}:{nacc} = scf.for %kt = {t.c(0)} to {t.c(kt_n)} step {t.c(1)} "
-        f"iter_args({inits}) -> ({types}) {{"
-    )
+    res, types = t.acc_loop("%kt", kt_n, nacc)
     outer = t.indent
     t.indent += "  "
     t.emit(f"nvvm.cp.async.wait.group {ahead - 1}")
@@ -749,13 +750,7 @@ def _body_tma(
     t.emit("gpu.barrier")
     base_a = t.add(base_a, t.mul(group, 64 * bk * 2))
     nacc = b_rows // 2
-    types = ", ".join(["f32"] * nacc)
-    inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
-    res = t.fresh("accs")
-    t.emit(
-        f"{res}:{nacc} = scf.for %kt = {t.c(0)} to {t.c(kt_n)} step {t.c(1)} "
-        f"iter_args({inits}) -> ({types}) {{"
-    )
+    res, types = t.acc_loop("%kt", kt_n, nacc)
     t.indent = outer + "  "
     stage = t.bin("remui", "%kt", stages)
     parity = _i32(t, t.bin("remui", t.bin("divui", "%kt", stages), 2))
