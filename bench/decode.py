@@ -187,6 +187,7 @@ def time_all(torch, kernels, cfg, weights, reps, log, compile_batches) -> list:
 
     copy_bps = copy_bandwidth(torch, reps)
     log(f"copy bandwidth {copy_bps / 1e12:.3f} TB/s")
+    weights = M.graph_weights(cfg, weights)  # folded once, shared by every shape's buffers
     rows = []
     for L in CONTEXTS:
         for B in BATCHES:

@@ -737,6 +737,9 @@ def test_folded_weights_have_their_own_names(weights):
     assert {"wqkv_folded", "wgu_folded"} <= set(M.tensor_shapes(CFG, 1, 0, 2))
     unfolded = dataclasses.replace(CFG, fold_norms=False)
     assert "wqkv" in M.tensor_shapes(unfolded, 1, 0, 2)
+    once = M.graph_weights(CFG, weights)
+    twice = M.graph_weights(CFG, once)  # folded weights are kept, not folded again
+    assert twice.keys() == once.keys() and twice["wqkv_folded"] is once["wqkv_folded"]
     g = M.build_decoder_graph(CFG)
     arrays = M.numpy_inputs(unfolded, weights, np.zeros(1, np.int32), 0, 2)
     with pytest.raises(etc.EtcError, match="wqkv"):

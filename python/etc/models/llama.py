@@ -741,12 +741,16 @@ def graph_weights(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any
     semantics) as the graph takes them: with ``cfg.fold_norms`` each layer's
     norm weights multiplied into ``wqkv`` (norm1) and ``wgu`` (norm2), in
     new arrays named ``wqkv_folded`` and ``wgu_folded``
-    (:meth:`LlamaConfig.weight_name`); otherwise ``weights`` unchanged."""
+    (:meth:`LlamaConfig.weight_name`); otherwise ``weights`` unchanged.
+    Weights already folded (those names, not the raw ones) are kept, so a
+    caller may fold once and pass the result to every :func:`torch_inputs`."""
     out = dict(weights)
     if not cfg.fold_norms:
         return out
     NL = cfg.layers
     for key, first in zip(_FOLDED, (0, 1), strict=True):
+        if key not in weights and cfg.weight_name(key) in weights:
+            continue  # folded already
         gamma = weights["norms"][first : 2 * NL : 2][:, None, :]  # (NL, 1, H)
         w = weights[key]
         if isinstance(w, np.ndarray):
@@ -878,8 +882,10 @@ def torch_inputs(
     seed: int = 1,
 ) -> dict[str, Any]:
     """Every graph tensor on ``device`` for a step at context ``L``: the
-    (torch) weights shared, not copied; caches random at positions ``< L``
-    when ``fill_cache``; tokens random; the rest zeroed."""
+    (torch) weights shared, not copied, except that under ``cfg.fold_norms``
+    raw ``wqkv``/``wgu`` are folded into new tensors on every call (pass
+    :func:`graph_weights`' result to fold once); caches random at positions
+    ``< L`` when ``fill_cache``; tokens random; the rest zeroed."""
     import torch
 
     dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
