@@ -69,6 +69,15 @@ def _tile_options(stages: int, core: str | None = None, smem: int = 220 << 10) -
     return (("smem_limit", smem), ("stages", stages), *core_opts, *wide)
 
 
+def _decode_ring(gate_up: tuple, down: tuple, **more) -> dict:
+    """The decode preset with these ring options and ``rotate_k``."""
+    rot = (("rotate_k", True),)
+    return {
+        **M.PRESETS["decode"], "gate_up_options": (*gate_up, *rot),
+        "down_options": (("warps", (1, 4, 2)), *down, *rot), **more,
+    }  # fmt: skip
+
+
 CONFIGS = {
     "bm16cp": M.PRESETS["decode"],
     # cp.async + ldmatrix (mma.sync) tiles in 48 KiB of static shared memory.
@@ -95,6 +104,14 @@ CONFIGS = {
     # 24 columns give 256 tiles and 32 give 192, so the last wave is full.
     "bm16cp_gu24": {**M.PRESETS["decode"], "block_n_gu": 24},
     "bm16cp_gu32": {**M.PRESETS["decode"], "block_n_gu": 32},
+    # The decode preset with k loops rotated per tile (the tiles of one expert
+    # stop reading the same activation lines at once: the decoder's rotate_k),
+    # as is, with the decoder's 4 stages x unroll 2, and with 24-column gate/up.
+    "dec_rot": _decode_ring((("stages", 3), ("unroll", 1)), (("stages", 5), ("unroll", 1))),
+    "dec_rot42": _decode_ring((("stages", 4), ("unroll", 2)), (("stages", 4), ("unroll", 2))),
+    "dec_rot_gu24": _decode_ring(
+        (("stages", 3), ("unroll", 1)), (("stages", 5), ("unroll", 1)), block_n_gu=24
+    ),
 }
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
 # BENCH_MOE_SIZES=1,16 to those token counts.
@@ -118,6 +135,9 @@ OCCUPANCY = {
     "bm16cp": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "bm16cp_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "bm16cp_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_rot": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_rot42": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_rot_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "tc64": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "wg128": M.PRESET_MIN_CTAS_PER_SM["decode"],
 }

@@ -242,11 +242,15 @@ class _Machine:
             return grid_point
         return (*grid_point, 0 if c is None else c)
 
-    def trigger_complete(self, task: Task) -> tuple[Any, ...] | None:
-        """Static schedule: the first incomplete coordinate of the trigger event."""
+    def trigger_blocker(self, task: Task, c: int | None) -> tuple[Any, ...] | None:
+        """Static schedule: what a triggered instance of coordinate ``c`` (from
+        the current ``indptr``) waits for: ``e[c]`` alone, or, past
+        ``indptr[C]`` (``c`` None), the first incomplete coordinate of the
+        whole event (the GPU waits for the event, then searches again)."""
         assert task.trigger is not None
         e = task.trigger.event.index
-        for c in range(self.shapes[e][0]):
+        coords = range(self.shapes[e][0]) if c is None else (c,)
+        for c in coords:
             counter, needed = int(self.counters[e][(c,)]), self.counts[e]((c,))
             if counter < needed:
                 return (task.trigger.event.name, (c,), task.name, counter, needed)
@@ -267,7 +271,7 @@ class _Machine:
         """The first unsatisfied wait of an instance, or None if it may start.
 
         A triggered instance (static schedule) waits for its in-edges, then
-        for every coordinate of its trigger event."""
+        for its trigger coordinate (see :meth:`trigger_blocker`)."""
         task, point = self.order[number], self.point(number, linear)
         reads = []
         for edge in task.in_edges:
@@ -279,7 +283,7 @@ class _Machine:
             if isinstance(edge.event.wait_count, Tensor):
                 reads.append(((edge.event.index, coord, needed, task.name, point), edge.event))
         if task.trigger is not None:
-            stuck = self.trigger_complete(task)
+            stuck = self.trigger_blocker(task, self.trigger_coordinate(number, linear))
             if stuck is not None:
                 ev, c, name, counter, needed = stuck
                 return (ev, c, name, self.points[number][linear], counter, needed)

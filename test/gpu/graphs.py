@@ -30,6 +30,22 @@ def _moe_small():
 MOE_SMALL = _moe_small()
 
 
+def _moe_small_ring():
+    from dataclasses import replace
+
+    # The decode preset's cp.async weight ring, with rotated k loops (several
+    # k groups, so rotation moves the start) and A loaded a group ahead.
+    ring = (("stages", 3), ("unroll", 1), ("rotate_k", True))
+    return replace(
+        MOE_SMALL, hidden=512, inter=256, gate_up_options=ring,
+        down_options=(*ring, ("a_ahead", 1)),
+    )  # fmt: skip
+
+
+#: MOE_SMALL on the weight-ring tiles of the decode preset.
+MOE_SMALL_RING = _moe_small_ring()
+
+
 def _moe_small_tma():
     from etc.models.moe import MoEConfig
 

@@ -17,7 +17,8 @@ the compiler; the GPU machine needs only the runtime):
   weight ring: ``llama_tiny_variants()`` in ``graphs.py``);
 - ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
   wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``;
-  ``moe_small_tma_<schedule>/`` the same on the TMA GEMM tiles (sm_90a).
+  ``moe_small_tma_<schedule>/`` the same on the TMA GEMM tiles (sm_90a),
+  ``moe_small_ring_<schedule>/`` on the decode preset's weight ring.
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
   GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
   ``tensor_parallel_small()`` in ``graphs.py``.
@@ -40,6 +41,7 @@ sys.path.insert(0, str(REPO / "test" / "gpu"))
 from graphs import (  # noqa: E402
     GRAPHS,
     MOE_SMALL,
+    MOE_SMALL_RING,
     MOE_SMALL_TMA,
     SCHEDULES,
     llama_tiny_variants,
@@ -98,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     moe_graph = moe.build_moe_graph(MOE_SMALL, name="moe_small")
     jobs += [
         (f"moe_small_{suffix}", moe_graph, schedule, early)
+        for suffix, (schedule, early) in SCHEDULES.items()
+    ]
+    moe_ring = moe.build_moe_graph(MOE_SMALL_RING, name="moe_small_ring")
+    jobs += [
+        (f"moe_small_ring_{suffix}", moe_ring, schedule, early)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
     options: dict[str, dict] = {}  # more etc.compile options, by artifact

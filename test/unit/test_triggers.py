@@ -129,14 +129,25 @@ def test_simulated_schedules_run_exactly_the_triggered_ranges(
             assert stats["pushes"] == int(counts.sum()) + 2 * len(counts), stats
 
 
-def test_static_trigger_waits_for_the_whole_event() -> None:
-    # A tile of coordinate 0 cannot run before gather 1 completed: the static
-    # lowering waits for every coordinate of the trigger event.
-    g = trigger_graph(bound_slack=0)
-    order = [t.name for t in g.topological_tasks()]
-    assert order == ["plan", "gather", "tile", "sink"]
+def test_static_trigger_waits_for_its_own_coordinate() -> None:
+    # Under the static schedule a tile of coordinate 0 starts once ready[0]
+    # completed, before gather 1 ran; an instance past indptr[C] waits for
+    # the whole event (as the GPU lowering: convert-etensor-to-gpu).
+    from etc.simulator import _bind_inputs, _Machine, bind_symbols
+
+    g = trigger_graph(bound_slack=1)
+    env = bind_symbols(g, {"E": 2, "tiles": 2})
+    m = _Machine(g, _bind_inputs(g, {"counts": np.array([1, 1], np.int32)}, env), env)
+    number = {t.name: n for n, t in enumerate(m.order)}
+    m.run(number["plan"], 0)
+    m.run(number["gather"], 0)
+    assert m.blocker(number["tile"], 0) is None
+    assert m.blocker(number["tile"], 1)[:2] == ("ready", (1,))
+    assert m.blocker(number["tile"], 2)[:2] == ("ready", (1,))  # the unused bound
+    m.run(number["gather"], 1)
+    assert m.blocker(number["tile"], 1) is None and m.blocker(number["tile"], 2) is None
     got = etc.simulate(g, {"counts": np.array([1, 1], np.int32)}, {"E": 2, "tiles": 2})
-    np.testing.assert_array_equal(got["out"], [1000, 2000])
+    np.testing.assert_array_equal(got["out"], [1000, 2000, 0])
 
 
 def test_indptr_changed_after_firing_is_reported() -> None:

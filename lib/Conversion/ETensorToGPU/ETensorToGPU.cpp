@@ -200,6 +200,9 @@ private:
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
+  Value allThreads(Value pred);
+  std::pair<Value, Value> waitForTrigger(DispatchOp dispatch, Value linear,
+                                         Value &valid);
   void lowerNotify(NotifyOp notify);
   Block &mapGridCoordinates(DispatchOp dispatch, Value linear);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
@@ -436,9 +439,10 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
   return noneFailed(ifZero.getResult(0));
 }
 
-/// Static schedule, data-dependent trigger: the CTA's threads poll every
-/// coordinate of the 1-D trigger event in parallel (a thread per coordinate,
-/// strided by the CTA size), then join. True (uniform) on success.
+/// Static schedule, data-dependent trigger, slow path (see waitForTrigger):
+/// the CTA's threads poll every coordinate of the 1-D trigger event in
+/// parallel (a thread per coordinate, strided by the CTA size), then join.
+/// True (uniform) on success.
 Value KernelBuilder::waitForWholeEvent(Value event, int64_t taskId,
                                        Value instance) {
   EventInfo &info = events[event];
@@ -510,6 +514,85 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
   return arith::MinUIOp::create(b, coordinate, last);
 }
 
+/// Joins the CTA: true (uniform) when `pred` holds on every thread.
+Value KernelBuilder::allThreads(Value pred) {
+  Value asI32 = arith::ExtUIOp::create(b, b.getI32Type(), pred);
+  Value all = asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
+                    "bar.red.and.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }",
+                    "=r,r", asI32);
+  return arith::CmpIOp::create(b, arith::CmpIPredicate::ne, all, i32(0));
+}
+
+/// Static schedule, data-dependent trigger: (wait succeeded, coordinate).
+/// The in-edges were waited for, so `indptr` is normally final: the
+/// instance finds its coordinate `c` there and waits for `e[c]` alone, so
+/// an instance starts when its own coordinate completes. Once `e[c]` has
+/// completed, `indptr[c]` and `indptr[c+1]` are final (the schedules'
+/// contract, as under the dynamic one) and are read again: if the instance
+/// is not in that range (the first read saw a table still being written) or
+/// was past `indptr[C]`, it waits for the whole event and searches again.
+std::pair<Value, Value>
+KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid) {
+  Value event = dispatch.getTriggerEvent();
+  int64_t taskId = dispatch.getTask();
+  EventInfo &info = events[event];
+  Value indptr = mapping.lookup(dispatch.getTriggerIndptr());
+  Value guessValid;
+  Value guess = findTriggerCoordinate(dispatch, linear, guessValid);
+  Type i1 = b.getI1Type();
+  // (wait succeeded, instance inside indptr[c]..indptr[c+1]).
+  auto ifGuess = scf::IfOp::create(b, TypeRange{i1, i1}, guessValid, true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifGuess.thenBlock());
+    Value target = waitCount(info, ValueRange{guess});
+    auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(), true);
+    {
+      OpBuilder::InsertionGuard zeroGuard(b);
+      b.setInsertionPointToStart(ifZero.thenBlock());
+      scf::YieldOp::create(b, pollCounter(info, guess, target, taskId, linear));
+      b.setInsertionPointToStart(ifZero.elseBlock());
+      scf::YieldOp::create(b, ValueRange{i32(0)});
+    }
+    Value ok = noneFailed(ifZero.getResult(0));
+    auto entry = [&](Value at) -> Value {
+      return arith::IndexCastOp::create(
+          b, b.getIndexType(),
+          memref::LoadOp::create(b, indptr, ValueRange{at}));
+    };
+    Value lo = entry(guess);
+    Value hi = entry(arith::AddIOp::create(b, guess, index(1)));
+    Value inside = arith::AndIOp::create(
+        b, arith::CmpIOp::create(b, arith::CmpIPredicate::ule, lo, linear),
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, linear, hi));
+    scf::YieldOp::create(b, ValueRange{ok, allThreads(inside)});
+    b.setInsertionPointToStart(ifGuess.elseBlock());
+    Value yes = arith::ConstantIntOp::create(b, 1, 1);
+    Value no = arith::ConstantIntOp::create(b, 0, 1);
+    scf::YieldOp::create(b, ValueRange{yes, no});
+  }
+  Value ok = ifGuess.getResult(0), inside = ifGuess.getResult(1);
+  Value fast = arith::OrIOp::create(
+      b, inside,
+      arith::XOrIOp::create(b, ok, arith::ConstantIntOp::create(b, 1, 1)));
+  // (wait succeeded, coordinate, has work).
+  auto ifFast =
+      scf::IfOp::create(b, TypeRange{i1, b.getIndexType(), i1}, fast, true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifFast.thenBlock());
+    // Found, or a failed wait (reported): no second search.
+    scf::YieldOp::create(b, ValueRange{ok, guess, inside});
+    b.setInsertionPointToStart(ifFast.elseBlock());
+    Value wholeOk = waitForWholeEvent(event, taskId, linear);
+    Value found;
+    Value coordinate = findTriggerCoordinate(dispatch, linear, found);
+    scf::YieldOp::create(b, ValueRange{wholeOk, coordinate, found});
+  }
+  valid = ifFast.getResult(2);
+  return {ifFast.getResult(0), ifFast.getResult(1)};
+}
+
 /// CTA barrier so the whole task's writes happen-before thread 0's release
 /// add on the counter.
 void KernelBuilder::lowerNotify(NotifyOp notify) {
@@ -562,14 +645,24 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   }
   Value run = ok;
   if (dispatch.getTriggerEvent()) {
-    ok = arith::AndIOp::create(b, ok,
-                               waitForWholeEvent(dispatch.getTriggerEvent(),
-                                                 dispatch.getTask(), linear));
-    Value valid;
-    mapping.map(body.getArgument(1),
-                findTriggerCoordinate(dispatch, linear, valid));
+    // Only after successful in-edge waits: they may guard the tables.
+    Type i1 = b.getI1Type();
+    auto ifIn =
+        scf::IfOp::create(b, TypeRange{i1, b.getIndexType(), i1}, ok, true);
+    {
+      OpBuilder::InsertionGuard triggerGuard(b);
+      b.setInsertionPointToStart(ifIn.thenBlock());
+      Value valid;
+      auto [triggerOk, coordinate] = waitForTrigger(dispatch, linear, valid);
+      scf::YieldOp::create(b, ValueRange{triggerOk, coordinate, valid});
+      b.setInsertionPointToStart(ifIn.elseBlock());
+      Value no = arith::ConstantIntOp::create(b, 0, 1);
+      scf::YieldOp::create(b, ValueRange{no, index(0), no});
+    }
+    ok = ifIn.getResult(0);
+    mapping.map(body.getArgument(1), ifIn.getResult(1));
     // Past indptr[C]: no work, but the static loop goes on.
-    run = arith::AndIOp::create(b, ok, valid);
+    run = arith::AndIOp::create(b, ok, ifIn.getResult(2));
   }
   auto ifOk = scf::IfOp::create(b, TypeRange(), run, false);
   {

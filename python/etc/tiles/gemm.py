@@ -923,6 +923,19 @@ def _moe_prologue(
     return r0, r1, n0
 
 
+def _moe_loop_options(name: str, stages: int, rotate_k: bool, a_ahead: int) -> dict:
+    """``_body``'s ``rotate`` and ``a_ahead`` for an expert tile: ``rotate_k``
+    starts tile ``i``'s k loop at chunk group ``i mod groups`` (the tiles of
+    one expert read the same activation rows: as :func:`layer_gemm`'s
+    ``rotate_k``, they then stop reading the same lines at once)."""
+    _text.non_negative(name, a_ahead=a_ahead)
+    if a_ahead and (not stages or a_ahead > stages - 1):
+        raise GraphError(
+            f"tile '{name}': a_ahead={a_ahead} needs stages > a_ahead (stages={stages})"
+        )
+    return {"rotate": "%i" if rotate_k else None, "a_ahead": a_ahead}
+
+
 def moe_gate_up(
     block_m: int,
     block_n: int,
@@ -936,6 +949,8 @@ def moe_gate_up(
     unroll: int | None = None,
     prefetch: int | None = None,
     stages: int | None = None,
+    rotate_k: bool = False,
+    a_ahead: int = 0,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``.
 
@@ -945,7 +960,10 @@ def moe_gate_up(
     memref<?xHxbf16>``, ``Wgu: memref<?x(2I)xHxbf16>``, ``row_off,
     gu_indptr: memref<?xi32>``, ``Hb: memref<?xIxbf16>``. Each warp holds
     the gate and the up fragment of the same columns, so the epilogue is
-    local to the thread (``2 * NF`` weight fragments per warp)."""
+    local to the thread (``2 * NF`` weight fragments per warp).
+
+    ``rotate_k`` and ``a_ahead`` are :func:`layer_gemm`'s, ``rotate_k``
+    rotating by the tile index ``i``."""
     _positive(name, "inter", inter)
     wm, wn, wk, unroll = plan_warps(
         name, block_m, block_n, hidden, block_size, warps, unroll, b_per_n=2
@@ -975,6 +993,7 @@ def moe_gate_up(
     globals_ = _body(
         t, name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%Xp", xt), b_rows=b_rows, nb=2 * nf, r0=r0, r1=r1, epilogue=epilogue,
+        **_moe_loop_options(name, stages, rotate_k, a_ahead),
     )  # fmt: skip
     t.close()
     source = _source(
@@ -998,12 +1017,15 @@ def moe_down(
     unroll: int | None = None,
     prefetch: int | None = None,
     stages: int | None = None,
+    rotate_k: bool = False,
+    a_ahead: int = 0,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)``.
 
     Columns ``n in [nb*BN, nb*BN + BN)`` of ``hidden``, reduction over
     ``inter``. Buffers: ``Hb: memref<?xIxbf16>``, ``Wd: memref<?xHxIxbf16>``,
-    ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``."""
+    ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``.
+    ``rotate_k`` and ``a_ahead`` as :func:`moe_gate_up`'s."""
     _positive(name, "hidden", hidden)
     wm, wn, wk, unroll = plan_warps(name, block_m, block_n, inter, block_size, warps, unroll)
     prefetch = plan_prefetch(name, block_m, inter, wk, unroll, prefetch)
@@ -1028,6 +1050,7 @@ def moe_down(
     globals_ = _body(
         t, name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
         mf=mf, nf=nf, a=("%Hb", ht), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
+        **_moe_loop_options(name, stages, rotate_k, a_ahead),
     )  # fmt: skip
     t.close()
     source = _source(

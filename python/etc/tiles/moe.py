@@ -26,6 +26,8 @@ Buffers are row-major and 16-byte aligned (H a multiple of 8).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..device import DeviceFunction
@@ -400,6 +402,35 @@ def plan_tables(ids: np.ndarray, BM: int, NT: int, ND: int, E: int) -> dict[str,
     }
 
 
+#: Tokens a plan thread reads per step: their ``PLAN_UNROLL * K`` expert ids
+#: are loaded before the first atomic, so a thread has that many in flight.
+PLAN_UNROLL = 4
+
+
+def _plan_slots(K: int, block_size: int, ids_t: str, claim: Callable[[str, str, int], str]) -> str:
+    """The body of a plan pass over tokens ``%t0 + u * block_size``: every
+    token's K ids are loaded first (tokens past T clamped to T - 1), then
+    ``claim(e, t, k)`` runs for each id of the tokens that exist."""
+    loads, uses = [], []
+    for u in range(PLAN_UNROLL):
+        loads.append(
+            f"    %t_{u} = arith.addi %t0, %cTU{u} : index\n"
+            f"    %tc_{u} = arith.minui %t_{u}, %Tlast : index"
+        )
+        body = []
+        for k in range(K):
+            loads.append(f"    %e{k}_{u}_i32 = memref.load %ids[%tc_{u}, %ck{k}] : {ids_t}")
+            body.append(
+                f"      %e{k}_{u} = arith.index_cast %e{k}_{u}_i32 : i32 to index\n"
+                + claim(f"%e{k}_{u}", f"%t_{u}", k)
+            )
+        uses.append(
+            f"    %ok_{u} = arith.cmpi ult, %t_{u}, %T : index\n"
+            f"    scf.if %ok_{u} {{\n" + "\n".join(body) + "\n    }"
+        )
+    return "\n".join(loads + uses)
+
+
 def plan(
     BM: int, NT: int, ND: int, E: int, K: int, *, name: str = "moe_plan", block_size: int = 256
 ) -> DeviceFunction:
@@ -433,6 +464,29 @@ def plan(
             f"    %ms{k} = arith.addi {mprev}, %madd{k} : i32"
         )
     lane_consts = "\n".join(f"  %c{o}_l = arith.constant {o} : index" for o in (1, 2, 4, 8, 16))
+    lane_consts += "\n" + "\n".join(
+        f"  %cTU{u} = arith.constant {u * block_size} : index" for u in range(PLAN_UNROLL)
+    )
+    lane_consts += "\n" + "\n".join(f"  %ck{k} = arith.constant {k} : index" for k in range(K))
+    count_body = _plan_slots(
+        K, block_size, ids_t,
+        lambda e, t, k: f"      %old{e[1:]} = memref.atomic_rmw addi %c1_i32, %count[{e}] : "
+        f"(i32, {sm_t}) -> i32",
+    )  # fmt: skip
+
+    def claim(e: str, t: str, k: int) -> str:
+        v = e[1:]
+        return (
+            f"      %r{v}_i32 = memref.atomic_rmw addi %c1_i32, %cursor[{e}] : (i32, {sm_t}) -> i32\n"
+            f"      %r{v} = arith.index_cast %r{v}_i32 : i32 to index\n"
+            f"      %s{v}0 = arith.muli {t}, %cK : index\n"
+            f"      %s{v} = arith.addi %s{v}0, %ck{k} : index\n"
+            f"      %s{v}_i32 = arith.index_cast %s{v} : index to i32\n"
+            f"      memref.store %s{v}_i32, %perm[%r{v}] : {vec_t}\n"
+            f"      memref.store %r{v}_i32, %inv[%s{v}] : {vec_t}"
+        )
+
+    claim_body = _plan_slots(K, block_size, ids_t, claim)
     source = f"""\
 // {name}: MoE routing tables for {E} experts, top-{K}, row blocks of {BM}, one CTA of {block_size}.
 memref.global "private" @{name}__count : {sm_t} {{alignment = 16 : i64}}
@@ -446,6 +500,7 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
   %cE = arith.constant {E} : index
   %cK = arith.constant {K} : index
   %cChunk = arith.constant {chunk} : index
+  %cTSTEP = arith.constant {PLAN_UNROLL * block_size} : index
 {lane_consts}
 {_text.shuffle_constants()}
   %c32_i32 = arith.constant 32 : i32
@@ -459,7 +514,7 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
   %lane = arith.remui %tid, %c32 : index
   %is_warp0 = arith.cmpi eq, %warp, %c0 : index
   %T = memref.dim %ids, %c0 : {ids_t}
-  %N = arith.muli %T, %cK : index
+  %Tlast = arith.subi %T, %c1 : index
   %count = memref.get_global @{name}__count : {sm_t}
   %cursor = memref.get_global @{name}__cursor : {sm_t}
   // A previous call on this CTA may still be reading the workgroup buffers.
@@ -468,12 +523,8 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
     memref.store %c0_i32, %count[%e] : {sm_t}
   }}
   gpu.barrier
-  scf.for %s = %tid to %N step %cBS {{
-    %t = arith.divui %s, %cK : index
-    %k = arith.remui %s, %cK : index
-    %e_i32 = memref.load %ids[%t, %k] : {ids_t}
-    %e = arith.index_cast %e_i32 : i32 to index
-    %old = memref.atomic_rmw addi %c1_i32, %count[%e] : (i32, {sm_t}) -> i32
+  scf.for %t0 = %tid to %T step %cTSTEP {{
+{count_body}
   }}
   gpu.barrier
   scf.if %is_warp0 {{
@@ -520,16 +571,8 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
     }}
   }}
   gpu.barrier
-  scf.for %s = %tid to %N step %cBS {{
-    %t = arith.divui %s, %cK : index
-    %k = arith.remui %s, %cK : index
-    %e_i32 = memref.load %ids[%t, %k] : {ids_t}
-    %e = arith.index_cast %e_i32 : i32 to index
-    %r_i32 = memref.atomic_rmw addi %c1_i32, %cursor[%e] : (i32, {sm_t}) -> i32
-    %r = arith.index_cast %r_i32 : i32 to index
-    %s_i32 = arith.index_cast %s : index to i32
-    memref.store %s_i32, %perm[%r] : {vec_t}
-    memref.store %r_i32, %inv[%s] : {vec_t}
+  scf.for %t0 = %tid to %T step %cTSTEP {{
+{claim_body}
   }}
   return
 }}

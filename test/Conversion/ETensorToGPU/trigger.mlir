@@ -1,21 +1,32 @@
 // RUN: etc-opt %s --etensor-static-schedule --convert-etensor-to-gpu | FileCheck %s --check-prefix=STATIC
 // RUN: etc-opt %s --etensor-dynamic-schedule --convert-etensor-to-gpu | FileCheck %s --check-prefix=DYNAMIC
 
-/// A data-dependent trigger. Static: the in-edge wait, then every thread
-/// polls its share of the trigger event's coordinates (a strided scf.for)
-/// and the CTA joins with bar.red.or; the coordinate comes from a parallel
-/// count of indptr entries <= i (bar.red.popc), and the body runs only below
-/// indptr[C].
+/// A data-dependent trigger. Static: the in-edge wait; then the coordinate c
+/// from a parallel count of indptr entries <= i (bar.red.popc) and a wait
+/// for the trigger's coordinate c alone; indptr[c], indptr[c+1] are read
+/// again once it completed and the CTA agrees (bar.red.and) that i lies
+/// between them. Otherwise (a table still being written, or i past
+/// indptr[C]) every thread polls its share of the coordinates (a strided
+/// scf.for), the CTA joins with bar.red.or and counts again. The body runs
+/// only below indptr[C].
 // STATIC-LABEL: gpu.func @moe
 // STATIC: scf.index_switch
 // STATIC: case 2 {
 // STATIC: ld.acquire.gpu.global.u32
 // STATIC: bar.red.or.pred
+// STATIC: scf.if %{{.*}} -> (i1, index, i1)
+// STATIC: bar.red.popc.u32
+// STATIC: scf.if %{{.*}} -> (i1, i1)
+// STATIC: ld.acquire.gpu.global.u32
+// STATIC: bar.red.or.pred
+// STATIC: memref.load %arg2
+// STATIC: memref.load %arg2
+// STATIC: bar.red.and.pred
+// STATIC: scf.if %{{.*}} -> (i1, index, i1)
 // STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
 // STATIC: ld.acquire.gpu.global.u32
 // STATIC: bar.red.or.pred
 // STATIC: bar.red.popc.u32
-// STATIC: arith.cmpi ult
 // STATIC: arith.andi
 // STATIC: scf.if
 // STATIC: func.call @expert

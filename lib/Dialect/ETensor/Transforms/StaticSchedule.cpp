@@ -74,9 +74,9 @@ struct ETensorStaticSchedulePass
       TaskOp task = graph.getTasks()[taskIndex];
       Location loc = task.getLoc();
       builder.setInsertionPointToEnd(workerBody);
-      // A triggered task keeps its trigger: the lowering waits for the
-      // whole trigger event, then finds the instance's coordinate (the
-      // block's second argument) in the indptr table.
+      // A triggered task keeps its trigger: the lowering finds the
+      // instance's coordinate (the block's second argument) in the indptr
+      // table, then waits for the trigger event at that coordinate.
       auto dispatch =
           DispatchOp::create(builder, loc, builder.getI64IntegerAttr(number),
                              task.getDynamicGrid(), task.getStaticGridAttr(),

@@ -56,11 +56,12 @@ def ETensorStaticSchedule : Pass<"etensor-static-schedule", "::mlir::ModuleOp"> 
     queue entries.
 
     A task with a data-dependent trigger keeps it on its dispatch: the
-    lowering waits for its in-edges, then for *every* coordinate of the
-    trigger event (the threads poll them in parallel), then finds the
-    instance's coordinate `c` in `indptr`; instances at or past `indptr[C]`
-    skip the body. The bound grid's unused instances cost a slot in the
-    static queue each, and the trigger is a barrier over its event.
+    lowering waits for its in-edges, finds the instance's coordinate `c` in
+    `indptr` and waits for the trigger event's coordinate `c` alone
+    (checking `c` again once it completed; an instance past `indptr[C]` or
+    whose first reading was stale waits for the whole event). Instances at
+    or past `indptr[C]` skip the body. The bound grid's unused instances
+    cost a slot in the static queue each.
 
     #### Input invariant
     `etensor-verify-graph` passes.
