@@ -24,7 +24,7 @@ counts); ``torch._grouped_mm`` (sort by expert, group offsets by
 searchsorted on the GPU, two grouped GEMMs, no host sync) eager and
 replayed from a CUDA graph (its output checked too). ETC: the fused graph under the
 static and the dynamic schedule (one cooperative launch each), and the
-unfused path (every task its own one-task graph, seven launches back to back;
+unfused path (every task its own one-task graph, eight launches back to back;
 the triggered GEMMs on a trigger event of wait count 0, static schedule).
 """
 

@@ -1,6 +1,6 @@
 """The Qwen3-30B-A3B mixture-of-experts layer as one ETC graph (issue 6).
 
-logits -> topk -> plan -> permute(e) -> gate_up(i, e) -> down(i, e) -> combine in one
+clear, logits -> topk -> plan -> permute(e) -> gate_up(i, e) -> down(i, e) -> combine in one
 persistent kernel; the expert GEMM tiles are data-dependent (triggered by
 the plan's tables), see docs/moe.md. The result is checked against a
 float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).

@@ -1,9 +1,10 @@
 """The Qwen3-30B-A3B mixture-of-experts layer as one ETC graph (issue 6).
 
-Seven tasks, one persistent kernel (``docs/moe.md``)::
+Eight tasks, one persistent kernel (``docs/moe.md``)::
 
-    logits(i, j) --scored[i]--> topk(i, j) --routed--> plan --planned--> permute(e)
-        --gu_ready[e]--> gate_up(i, e) --h_ready[e]--> down(i, e) --down_done--> combine
+    clear --cleared--> topk(i, j); logits(i, j) --scored[i]--> topk(i, j)
+        --routed--> plan(p) --planned--> permute(e) --gu_ready[e]--> gate_up(i, e)
+        --h_ready[e]--> down(i, e) --down_done--> combine
 
 ``gate_up`` and ``down`` are *triggered* tasks: expert e's tiles are the
 global tile indices ``[gu_indptr[e], gu_indptr[e+1])`` (a table the plan
@@ -107,7 +108,7 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
 
 
 #: The graphs of :func:`build_unfused_graphs`, in launch order.
-UNFUSED_TASKS = ("logits", "topk", "plan", "permute", "gate_up", "down", "combine")
+UNFUSED_TASKS = ("clear", "logits", "topk", "plan", "permute", "gate_up", "down", "combine")
 
 #: Routings the examples and benchmarks know (see :func:`random_weights`).
 ROUTINGS = ("uniform", "one-expert", "few-experts", "top1")
@@ -259,6 +260,8 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "logits": ((T, E), "f32"),
         "topk_ids": ((T, K), "i32"),
         "topk_w": ((T, K), "f32"),
+        "counts": ((E,), "i32"),
+        "pos": ((T, K), "i32"),
         "row_off": ((E + 1,), "i32"),
         "gu_indptr": ((E + 1,), "i32"),
         "dn_indptr": ((E + 1,), "i32"),
@@ -311,6 +314,7 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
     return {
         "logits": _router_tile(cfg),
         "topk": moe_tiles.router_topk(RB, TB, E, K, block_size=bs),
+        "clear": moe_tiles.clear_counts(E, block_size=bs),
         "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
         "permute": moe_tiles.permute(E, K, H, block_size=bs),
         "combine": moe_tiles.combine(cfg.combine_block, K, H, block_size=bs),
@@ -360,10 +364,23 @@ def _bounds(cfg: MoEConfig, T: Any) -> tuple[Any, Any]:
     return blocks * cfg.n_gu, blocks * cfg.n_dn
 
 
+#: The plan's arguments, in order.
+_PLAN_ARGS = ("topk_ids", "pos", "counts", "row_off", "gu_indptr", "dn_indptr", "h_wait")
+_PLAN_ARGS += ("dn_total", "perm", "inv")
+#: The top-k tile's arguments, in order.
+_TOPK_ARGS = ("logits", "topk_ids", "topk_w", "counts", "pos")
+
+
 def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, routed) -> None:
-    """logits(i, j) --scored[i] (E/EC)--> topk(i, j) --routed--> (the caller's event)."""
+    """clear --cleared--> topk; logits(i, j) --scored[i] (E/EC)--> topk(i, j)
+    --routed--> (the caller's event)."""
     RB, EC, TB, E = cfg.router_block, cfg.router_experts, cfg.topk_block, cfg.experts
     blocks = (T + RB - 1) // RB
+    cleared = g.event((1,), wait_count=1, name="cleared")
+    g.task(
+        tiles["clear"], grid=(1,), args=(t["counts"],), out_edges={cleared: "i->0"},
+        name="clear",
+    )  # fmt: skip
     scored = g.event((blocks,), wait_count=E // EC, name="scored")
     g.task(
         tiles["logits"],
@@ -375,8 +392,8 @@ def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, ro
     g.task(
         tiles["topk"],
         grid=(blocks, RB // TB),
-        args=(t["logits"], t["topk_ids"], t["topk_w"]),
-        in_edges={scored: "ij->i"},
+        args=tuple(t[n] for n in _TOPK_ARGS),
+        in_edges=[(cleared, "ij->0"), (scored, "ij->i")],
         out_edges={routed: "ij->0"} if routed is not None else None,
         name="topk",
     )
@@ -397,7 +414,8 @@ def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe"
     T = g.symbol("T")
     t = _tensors(g, cfg, T)
     routed = g.event((1,), wait_count=(T + RB - 1) // RB * (RB // TB), name="routed")
-    planned = g.event((1,), wait_count=1, name="planned")
+    plans = moe_tiles.plan_grid(T, cfg.topk)
+    planned = g.event((1,), wait_count=plans, name="planned")
     gu_ready = g.event((E,), wait_count=1, name="gu_ready")
     h_ready = g.event((E,), wait_count=t["h_wait"], name="h_ready")
     down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
@@ -405,20 +423,8 @@ def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe"
     _router_tasks(g, cfg, T, t, tiles, routed)
     g.task(
         tiles["plan"],
-        grid=(1,),
-        args=tuple(
-            t[n]
-            for n in (
-                "topk_ids",
-                "row_off",
-                "gu_indptr",
-                "dn_indptr",
-                "h_wait",
-                "dn_total",
-                "perm",
-                "inv",
-            )
-        ),
+        grid=(plans,),
+        args=tuple(t[n] for n in _PLAN_ARGS),
         in_edges={routed: "i->0"},
         out_edges={planned: "i->0"},
         name="plan",
@@ -482,6 +488,9 @@ def build_unfused_graphs(
         T = g.symbol("T")
         return g, T, _tensors(g, cfg, T, names)
 
+    g, T, t = graph("clear", ["counts"])
+    g.task(tiles["clear"], grid=(1,), args=(t["counts"],), name="clear")
+    out.append(("clear", g))
     g, T, t = graph("logits", ["X", "Wr", "logits"])
     g.task(
         tiles["logits"],
@@ -490,18 +499,19 @@ def build_unfused_graphs(
         name="logits",
     )
     out.append(("logits", g))
-    g, T, t = graph("topk", ["logits", "topk_ids", "topk_w"])
+    g, T, t = graph("topk", list(_TOPK_ARGS))
     g.task(
         tiles["topk"],
         grid=((T + RB - 1) // RB, RB // TB),
-        args=(t["logits"], t["topk_ids"], t["topk_w"]),
+        args=tuple(t[n] for n in _TOPK_ARGS),
         name="topk",
     )
     out.append(("topk", g))
-    plan_args = ["topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total"]
-    plan_args += ["perm", "inv"]
-    g, T, t = graph("plan", plan_args)
-    g.task(tiles["plan"], grid=(1,), args=tuple(t[n] for n in plan_args), name="plan")
+    g, T, t = graph("plan", list(_PLAN_ARGS))
+    g.task(
+        tiles["plan"], grid=(moe_tiles.plan_grid(T, cfg.topk),),
+        args=tuple(t[n] for n in _PLAN_ARGS), name="plan",
+    )  # fmt: skip
     out.append(("plan", g))
     g, T, t = graph("permute", ["X", "row_off", "perm", "Xp"])
     g.task(
@@ -654,14 +664,12 @@ def run_tile_references(
     for i in range(-(-T // RB)):
         for j in range(E // EC):
             tiles["logits"].reference(i, j, a["X"], a["Wr"], a["logits"])
+    tiles["clear"].reference(0, a["counts"])
     for i in range(-(-T // RB)):
         for j in range(RB // TB):
-            tiles["topk"].reference(i, j, a["logits"], a["topk_ids"], a["topk_w"])
-    tiles["plan"].reference(
-        0,
-        *(a[n] for n in ("topk_ids", "row_off", "gu_indptr", "dn_indptr", "h_wait")),
-        *(a[n] for n in ("dn_total", "perm", "inv")),
-    )
+            tiles["topk"].reference(i, j, *(a[n] for n in _TOPK_ARGS))
+    for i in range(moe_tiles.plan_grid(T, cfg.topk)):
+        tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
     for e in range(E):
         tiles["permute"].reference(e, a["X"], a["row_off"], a["perm"], a["Xp"])
     for e in range(E):

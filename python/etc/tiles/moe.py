@@ -8,14 +8,18 @@ arithmetic is fp32 (``arith.extf`` / ``arith.truncf``, round to nearest even).
 * ``router_logits(RB, EC, E, H)``, grid ``(ceil(T/RB), E/EC)``: fp32 logits
   ``L = X @ Wr^T`` of RB tokens x EC experts (the router's read of Wr is
   spread over E/EC CTAs).
+* ``clear_counts(E)``, grid ``(1,)``: ``counts[:] = 0`` for this launch.
 * ``router_topk(RB, TB, E, K)``, grid ``(ceil(T/RB), RB/TB)``: top-K of TB
   tokens' logits (ties: lower expert first), weights ``softmax``
   renormalised over the K chosen (``exp(l_k - l_max) / sum``, which equals
-  the softmax over all E followed by renormalisation).
-* ``plan(BM, NT, ND, E, K)``, grid ``(1,)``: per-expert counts (workgroup
-  atomics), prefix sums by warp 0 (shuffle-up scan), the tables ``row_off,
-  gu_indptr, dn_indptr, h_wait, dn_total`` and the row permutation ``perm``
-  (rows grouped by expert) with its inverse ``inv``.
+  the softmax over all E followed by renormalisation); each chosen expert's
+  count is incremented atomically, the old value being the slot's position
+  ``pos[t, k]`` among the expert's rows.
+* ``plan(BM, NT, ND, E, K)``, grid ``(ceil(T*K / PLAN_SLOTS),)``: prefix
+  sums of the counts by warp 0 (shuffle-up scan), the tables ``row_off,
+  gu_indptr, dn_indptr, h_wait, dn_total`` (instance 0) and, for the
+  instance's slots, the row permutation ``perm`` (rows grouped by expert)
+  with its inverse ``inv``.
 * ``permute(E, K, H)``, grid ``(E,)``: expert e gathers its rows
   ``Xp[r] = X[perm[r] // K]`` with 16-byte loads.
 * ``combine(CB, K, H)``, grid ``(ceil(T/CB),)``:
@@ -27,6 +31,7 @@ Buffers are row-major and 16-byte aligned (H a multiple of 8).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +41,11 @@ from ..errors import GraphError
 from . import _text
 
 __all__ = [
+    "clear_counts",
     "router_logits",
     "router_topk",
     "plan",
+    "plan_grid",
     "permute",
     "combine",
     "router_reference_rows",
@@ -58,23 +65,25 @@ def _check_hidden(name: str, H: int) -> None:
         raise GraphError(f"tile '{name}': hidden={H} must be a multiple of 8 (16-byte bf16 loads)")
 
 
-def _warp_argmax(val: str, idx: str, indent: str) -> tuple[str, str, str]:
+def _warp_argmax(val: str, idx: str, indent: str, tag: str = "") -> tuple[str, str, str]:
     """Butterfly arg-max of (f32 `val`, i32 `idx`) over the warp; ties go to the
-    lower index. Every lane gets the result. Returns (ops, value, index)."""
+    lower index. Every lane gets the result. Returns (ops, value, index);
+    `tag` makes the SSA names unique when a function holds several."""
     lines = []
     for k, off in enumerate(_text.SHUFFLE_OFFSETS):
+        n = f"{tag}{k}"
         lines.append(
-            f"{indent}%av{k}, %avok{k} = gpu.shuffle xor {val}, %c{off}_i32, %c32_i32 : f32\n"
-            f"{indent}%ai{k}, %aiok{k} = gpu.shuffle xor {idx}, %c{off}_i32, %c32_i32 : i32\n"
-            f"{indent}%agt{k} = arith.cmpf ogt, %av{k}, {val} : f32\n"
-            f"{indent}%aeq{k} = arith.cmpf oeq, %av{k}, {val} : f32\n"
-            f"{indent}%alt{k} = arith.cmpi slt, %ai{k}, {idx} : i32\n"
-            f"{indent}%atie{k} = arith.andi %aeq{k}, %alt{k} : i1\n"
-            f"{indent}%atake{k} = arith.ori %agt{k}, %atie{k} : i1\n"
-            f"{indent}%abv{k} = arith.select %atake{k}, %av{k}, {val} : f32\n"
-            f"{indent}%abi{k} = arith.select %atake{k}, %ai{k}, {idx} : i32"
+            f"{indent}%av{n}, %avok{n} = gpu.shuffle xor {val}, %c{off}_i32, %c32_i32 : f32\n"
+            f"{indent}%ai{n}, %aiok{n} = gpu.shuffle xor {idx}, %c{off}_i32, %c32_i32 : i32\n"
+            f"{indent}%agt{n} = arith.cmpf ogt, %av{n}, {val} : f32\n"
+            f"{indent}%aeq{n} = arith.cmpf oeq, %av{n}, {val} : f32\n"
+            f"{indent}%alt{n} = arith.cmpi slt, %ai{n}, {idx} : i32\n"
+            f"{indent}%atie{n} = arith.andi %aeq{n}, %alt{n} : i1\n"
+            f"{indent}%atake{n} = arith.ori %agt{n}, %atie{n} : i1\n"
+            f"{indent}%abv{n} = arith.select %atake{n}, %av{n}, {val} : f32\n"
+            f"{indent}%abi{n} = arith.select %atake{n}, %ai{n}, {idx} : i32"
         )
-        val, idx = f"%abv{k}", f"%abi{k}"
+        val, idx = f"%abv{n}", f"%abi{n}"
     return "\n".join(lines), val, idx
 
 
@@ -98,6 +107,34 @@ def router_reference_rows(x: np.ndarray, wr: np.ndarray, topk: int) -> tuple[np.
     xf = bf16_to_f32(x) if x.dtype == np.uint16 else np.asarray(x, np.float32)
     wf = bf16_to_f32(wr) if wr.dtype == np.uint16 else np.asarray(wr, np.float32)
     return topk_from_logits(xf @ wf.T, topk)
+
+
+#: ``router_logits`` unrolls its k loop when it has at most this many steps.
+_LOGITS_UNROLL = 4
+
+
+def _unrolled_k_loop(trips: int, RS: int, w_t: str, fmas: str) -> tuple[str, list[str]]:
+    """``router_logits``' k loop as ``trips`` copies of its body, the loads of
+    every copy first; returns the code and the accumulators' final names."""
+    loads, math = [], []
+    acc = ["%zero8"] * RS
+    for u in range(trips):
+        body = fmas.replace("%xv", f"%xv{u}_").replace("%xf", f"%xf{u}_")
+        body = body.replace("%wf", f"%wf{u}").replace("%n", f"%n{u}_").replace("%k]", f"%k{u}]")
+        for r in range(RS):
+            body = body.replace(f"%a{r} :", f"{acc[r]} :")
+        lines = ["      " + line.strip() for line in body.split("\n")]
+        loads.append(
+            f"      %ko{u} = arith.muli %cKstep, %c{u}_u : index\n"
+            f"      %k{u} = arith.addi %kfirst, %ko{u} : index\n"
+            f"      %wv{u} = vector.load %Wr[%e, %k{u}] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>"
+        )
+        loads += [line for line in lines if "vector.load" in line]
+        math.append(f"      %wf{u} = arith.extf %wv{u} : vector<8xbf16> to vector<8xf32>")
+        math += [line for line in lines if "vector.load" not in line]
+        acc = [f"%n{u}_{r}" for r in range(RS)]
+    consts = "\n".join(f"      %c{u}_u = arith.constant {u} : index" for u in range(trips))
+    return "\n".join([consts, *loads, *math]), acc
 
 
 def router_logits(
@@ -146,6 +183,20 @@ def router_logits(
         for r in range(RS)
     )
     yields = ", ".join(f"%n{r}" for r in range(RS))
+    k_loop = (
+        f"      %acc:{RS} = scf.for %k = %kfirst to %cH step %cKstep iter_args({zeros}) -> ({acc_types}) {{\n"
+        f"        %wv = vector.load %Wr[%e, %k] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>\n"
+        f"        %wf = arith.extf %wv : vector<8xbf16> to vector<8xf32>\n"
+        f"{fmas}\n"
+        f"        scf.yield {yields} : {acc_types}\n"
+        f"      }}"
+    )
+    acc_names = [f"%acc#{r}" for r in range(RS)]
+    trips, rest = divmod(H, S * 256)
+    if not rest and trips <= _LOGITS_UNROLL:
+        # Few k steps (decode: 2 at H=2048): straight-line code, so every
+        # load of Wr and X is in flight at once (one round trip, not `trips`).
+        k_loop, acc_names = _unrolled_k_loop(trips, RS, w_t, fmas)
     reductions = []
     for r in range(RS):
         shuffles, value = _text.warp_sum(f"%s{r}", "      ")
@@ -153,7 +204,7 @@ def router_logits(
             shuffles = shuffles.replace(old, f"{old}{r}_")
         value = value.replace("%red", f"%red{r}_")
         reductions.append(
-            f"      %s{r} = vector.reduction <add>, %acc#{r} : vector<8xf32> into f32\n"
+            f"      %s{r} = vector.reduction <add>, {acc_names[r]} : vector<8xf32> into f32\n"
             f"{shuffles}\n"
             f"      %q{r} = arith.addi %rb, %c{r}_r : index\n"
             f"      %qe{r} = arith.muli %q{r}, %cEC : index\n"
@@ -216,12 +267,7 @@ func.func @{name}(%i: index, %j: index, %X: {x_t}, %Wr: {w_t}, %L: {l_t}) {{
 {rows}
     scf.for %el = %el0 to %cEC step %cW {{
       %e = arith.addi %e0, %el : index
-      %acc:{RS} = scf.for %k = %kfirst to %cH step %cKstep iter_args({zeros}) -> ({acc_types}) {{
-        %wv = vector.load %Wr[%e, %k] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>
-        %wf = arith.extf %wv : vector<8xbf16> to vector<8xf32>
-{fmas}
-        scf.yield {yields} : {acc_types}
-      }}
+{k_loop}
 {chr(10).join(reductions)}
     }}
   }}
@@ -257,11 +303,15 @@ def router_topk(
     """Tile ``(i, j)``, grid ``(ceil(T/RB), RB/TB)``: top-K of the fp32
     logits of tokens ``[i*RB + j*TB, +TB)`` (those below T).
 
-    The CTA copies the TB x E logits to workgroup memory; warp w takes
-    tokens ``w, w+W, ...``: K rounds of a warp arg-max (lane l owns experts
-    ``l, l+32, ...``, so it alone reads and clears them; ties go to the lower
-    expert), weights ``exp(l_k - l_0)`` normalised by their sum (softmax over
-    all E, renormalised over the K).
+    Warp w takes tokens ``w, w+W, ...``; lane l loads the logits of experts
+    ``l, l+32, ...`` into registers (all at once: one L2 round trip). Then K
+    unrolled rounds of a warp arg-max (ties go to the lower expert), the
+    owner lane clearing the winner's register; the weights ``exp(l_k -
+    l_0)`` stay in registers until they are normalised by their sum (softmax
+    over all E, renormalised over the K). No shared memory, no barrier: a
+    round costs a few compares and five shuffles. Each chosen expert's
+    ``counts[e]`` is incremented atomically; the old value is the slot's
+    position among expert e's rows (``pos[t, k]``, for :func:`plan`).
     """
     warps = _check_block(name, block_size)
     _positive(name, RB=RB, TB=TB, E=E, K=K)
@@ -269,27 +319,86 @@ def router_topk(
         raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
     if RB % TB:
         raise GraphError(f"tile '{name}': RB={RB} is not a multiple of TB={TB}")
-    l_t = f"memref<?x{E}xf32>"
+    l_t, c_t = f"memref<?x{E}xf32>", f"memref<{E}xi32>"
     ids_t, tw_t = f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
-    sm_t = f"memref<{TB * E}xf32, {_WG}>"
-    argmax, best_v, best_i = _warp_argmax("%lv", "%li", "          ")
+    per_lane = -(-E // 32)
+    ind = "        "
+    lines = []
+    # This lane's logits: expert lane + 32q (past E: -inf, never chosen).
+    for q in range(per_lane):
+        lines.append(
+            f"{ind}%e{q} = arith.addi %lane, %cQ{q} : index\n"
+            f"{ind}%e{q}_i32 = arith.index_cast %e{q} : index to i32"
+        )
+        if 32 * (q + 1) <= E:
+            lines.append(f"{ind}%v0_{q} = memref.load %L[%t, %e{q}] : {l_t}")
+        else:
+            lines.append(
+                f"{ind}%in{q} = arith.cmpi ult, %e{q}, %cE : index\n"
+                f"{ind}%ec{q} = arith.minui %e{q}, %cEm1 : index\n"
+                f"{ind}%raw{q} = memref.load %L[%t, %ec{q}] : {l_t}\n"
+                f"{ind}%v0_{q} = arith.select %in{q}, %raw{q}, %ninf : f32"
+            )
+    probs = []
+    for k in range(K):
+        # This lane's best (strict >: the lower expert on ties), then the warp's.
+        bv, bi = f"%v{k}_0", "%e0_i32"
+        for q in range(1, per_lane):
+            lines.append(
+                f"{ind}%gt{k}_{q} = arith.cmpf ogt, %v{k}_{q}, {bv} : f32\n"
+                f"{ind}%bv{k}_{q} = arith.select %gt{k}_{q}, %v{k}_{q}, {bv} : f32\n"
+                f"{ind}%bi{k}_{q} = arith.select %gt{k}_{q}, %e{q}_i32, {bi} : i32"
+            )
+            bv, bi = f"%bv{k}_{q}", f"%bi{k}_{q}"
+        ops, best_v, best_i = _warp_argmax(bv, bi, ind, tag=f"r{k}_")
+        lines.append(ops)
+        if k + 1 < K:
+            for q in range(per_lane):
+                lines.append(
+                    f"{ind}%hit{k}_{q} = arith.cmpi eq, %e{q}_i32, {best_i} : i32\n"
+                    f"{ind}%v{k + 1}_{q} = arith.select %hit{k}_{q}, %ninf, %v{k}_{q} : f32"
+                )
+        # Round 0 finds the largest logit m: weight exp(l_k - m).
+        m = best_v if k == 0 else "%m"
+        if k == 0:
+            lines.append(f"{ind}%m = arith.addf {best_v}, %fzero : f32")
+        lines.append(
+            f"{ind}%d{k} = arith.subf {best_v}, {m} : f32\n"
+            f"{ind}%p{k} = math.exp %d{k} : f32\n"
+            f"{ind}%id{k} = arith.addi {best_i}, %c0_i32 : i32"
+        )
+        probs.append(f"%p{k}")
+    total = probs[0]
+    for k in range(1, K):
+        lines.append(f"{ind}%sum{k} = arith.addf {total}, {probs[k]} : f32")
+        total = f"%sum{k}"
+    stores = []
+    for k in range(K):
+        stores.append(
+            f"{ind}  %w{k} = arith.divf %p{k}, {total} : f32\n"
+            f"{ind}  memref.store %id{k}, %ids[%t, %ck{k}] : {ids_t}\n"
+            f"{ind}  memref.store %w{k}, %tw[%t, %ck{k}] : {tw_t}\n"
+            f"{ind}  %ix{k} = arith.index_cast %id{k} : i32 to index\n"
+            f"{ind}  %pk{k} = memref.atomic_rmw addi %c1_i32, %counts[%ix{k}] : (i32, {c_t}) -> i32\n"
+            f"{ind}  memref.store %pk{k}, %pos[%t, %ck{k}] : {ids_t}"
+        )
+    consts = "\n".join(f"  %cQ{q} = arith.constant {32 * q} : index" for q in range(per_lane))
+    consts += "\n" + "\n".join(f"  %ck{k} = arith.constant {k} : index" for k in range(K))
+    body, stores = "\n".join(lines), "\n".join(stores)
     source = f"""\
 // {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
-memref.global "private" @{name}__logits : {sm_t} {{alignment = 16 : i64}}
-func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}) {{
+func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {c_t}, %pos: {ids_t}) {{
   %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
   %c32 = arith.constant 32 : index
   %cW = arith.constant {warps} : index
   %cE = arith.constant {E} : index
-  %cK = arith.constant {K} : index
+  %cEm1 = arith.constant {E - 1} : index
   %cRB = arith.constant {RB} : index
   %cTB = arith.constant {TB} : index
-  %cBS = arith.constant {block_size} : index
-  %cTBE = arith.constant {TB * E} : index
+{consts}
 {_text.shuffle_constants()}
   %c32_i32 = arith.constant 32 : i32
-  %cE_i32 = arith.constant {E} : i32
+  %c0_i32 = arith.constant 0 : i32
   %ninf = arith.constant 0xFF800000 : f32
   %fzero = arith.constant 0.0 : f32
   %tid = gpu.thread_id x
@@ -300,64 +409,13 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}) {
   %ti = arith.muli %i, %cRB : index
   %tj = arith.muli %j, %cTB : index
   %t0 = arith.addi %ti, %tj : index
-  %any = arith.cmpi ult, %t0, %T : index
-  // Uniform over the CTA: instances past T do nothing.
-  scf.if %any {{
-    %Tm1 = arith.subi %T, %c1 : index
-    %logits = memref.get_global @{name}__logits : {sm_t}
-    // The previous call of this tile on this CTA may still be reading the logits.
-    gpu.barrier
-    scf.for %q = %tid to %cTBE step %cBS {{
-      %qr = arith.divui %q, %cE : index
-      %qe = arith.remui %q, %cE : index
-      %qt = arith.addi %t0, %qr : index
-      %qtc = arith.minui %qt, %Tm1 : index
-      %qv = memref.load %L[%qtc, %qe] : {l_t}
-      memref.store %qv, %logits[%q] : {sm_t}
-    }}
-    gpu.barrier
-    scf.for %r = %warp to %cTB step %cW {{
-      %t = arith.addi %t0, %r : index
-      %live = arith.cmpi ult, %t, %T : index
-      scf.if %live {{
-        %base = arith.muli %r, %cE : index
-        %sum:2 = scf.for %k = %c0 to %cK step %c1 iter_args(%ssum = %fzero, %mprev = %fzero) -> (f32, f32) {{
-          %lv, %li = scf.for %e = %lane to %cE step %c32 iter_args(%bv = %ninf, %bi = %cE_i32) -> (f32, i32) {{
-            %slot = arith.addi %base, %e : index
-            %v = memref.load %logits[%slot] : {sm_t}
-            %better = arith.cmpf ogt, %v, %bv : f32
-            %e_i32 = arith.index_cast %e : index to i32
-            %nv = arith.select %better, %v, %bv : f32
-            %ni = arith.select %better, %e_i32, %bi : i32
-            scf.yield %nv, %ni : f32, i32
-          }}
-{argmax}
-          %best = arith.index_cast {best_i} : i32 to index
-          %owner = arith.remui %best, %c32 : index
-          %mine = arith.cmpi eq, %owner, %lane : index
-          scf.if %mine {{
-            %bslot = arith.addi %base, %best : index
-            memref.store %ninf, %logits[%bslot] : {sm_t}
-          }}
-          // Round 0 finds the largest logit m: weight exp(l_k - m), normalised below.
-          %first = arith.cmpi eq, %k, %c0 : index
-          %m = arith.select %first, {best_v}, %mprev : f32
-          %d = arith.subf {best_v}, %m : f32
-          %p = math.exp %d : f32
-          scf.if %is_lane0 {{
-            memref.store {best_i}, %ids[%t, %k] : {ids_t}
-            memref.store %p, %tw[%t, %k] : {tw_t}
-          }}
-          %next = arith.addf %ssum, %p : f32
-          scf.yield %next, %m : f32, f32
-        }}
-        scf.if %is_lane0 {{
-          scf.for %k = %c0 to %cK step %c1 {{
-            %pk = memref.load %tw[%t, %k] : {tw_t}
-            %wk = arith.divf %pk, %sum#0 : f32
-            memref.store %wk, %tw[%t, %k] : {tw_t}
-          }}
-        }}
+  scf.for %r = %warp to %cTB step %cW {{
+    %t = arith.addi %t0, %r : index
+    %live = arith.cmpi ult, %t, %T : index
+    scf.if %live {{
+{body}
+      scf.if %is_lane0 {{
+{stores}
       }}
     }}
   }}
@@ -365,12 +423,19 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}) {
 }}
 """
 
-    def reference(i: int, j: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray) -> None:
+    def reference(
+        i: int, j: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray, counts: np.ndarray,
+        pos: np.ndarray,
+    ) -> None:  # fmt: skip
         t0 = i * RB + j * TB
         t1 = min(t0 + TB, L.shape[0])
         if t0 >= t1:
             return
         ids[t0:t1], tw[t0:t1] = topk_from_logits(L[t0:t1], K)
+        for t in range(t0, t1):
+            for k in range(K):
+                pos[t, k] = counts[ids[t, k]]
+                counts[ids[t, k]] += 1
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
@@ -402,47 +467,60 @@ def plan_tables(ids: np.ndarray, BM: int, NT: int, ND: int, E: int) -> dict[str,
     }
 
 
-#: Tokens a plan thread reads per step: their ``PLAN_UNROLL * K`` expert ids
-#: are loaded before the first atomic, so a thread has that many in flight.
-PLAN_UNROLL = 4
+#: Token slots one plan instance places (the plan's grid is
+#: ``ceil(T*K / PLAN_SLOTS)``).
+PLAN_SLOTS = 2048
+#: Slots a plan thread reads per step: their ids and positions are loaded
+#: before the first store, so a thread has that many pairs in flight.
+PLAN_UNROLL = 8
 
 
-def _plan_slots(K: int, block_size: int, ids_t: str, claim: Callable[[str, str, int], str]) -> str:
-    """The body of a plan pass over tokens ``%t0 + u * block_size``: every
-    token's K ids are loaded first (tokens past T clamped to T - 1), then
-    ``claim(e, t, k)`` runs for each id of the tokens that exist."""
-    loads, uses = [], []
-    for u in range(PLAN_UNROLL):
-        loads.append(
-            f"    %t_{u} = arith.addi %t0, %cTU{u} : index\n"
-            f"    %tc_{u} = arith.minui %t_{u}, %Tlast : index"
-        )
-        body = []
-        for k in range(K):
-            loads.append(f"    %e{k}_{u}_i32 = memref.load %ids[%tc_{u}, %ck{k}] : {ids_t}")
-            body.append(
-                f"      %e{k}_{u} = arith.index_cast %e{k}_{u}_i32 : i32 to index\n"
-                + claim(f"%e{k}_{u}", f"%t_{u}", k)
-            )
-        uses.append(
-            f"    %ok_{u} = arith.cmpi ult, %t_{u}, %T : index\n"
-            f"    scf.if %ok_{u} {{\n" + "\n".join(body) + "\n    }"
-        )
-    return "\n".join(loads + uses)
+def clear_counts(E: int, *, name: str = "moe_clear", block_size: int = 256) -> DeviceFunction:
+    """Tile ``(i,)`` (grid ``(1,)``): ``counts[:] = 0``, before any top-k
+    instance counts its tokens (every launch starts from zero, whatever the
+    buffer held)."""
+    _check_block(name, block_size)
+    _positive(name, E=E)
+    c_t = f"memref<{E}xi32>"
+    source = f"""\
+// {name}: zero the {E} per-expert token counts, one CTA of {block_size}.
+func.func @{name}(%i: index, %counts: {c_t}) {{
+  %cE = arith.constant {E} : index
+  %cBS = arith.constant {block_size} : index
+  %c0_i32 = arith.constant 0 : i32
+  %tid = gpu.thread_id x
+  scf.for %e = %tid to %cE step %cBS {{
+    memref.store %c0_i32, %counts[%e] : {c_t}
+  }}
+  return
+}}
+"""
+
+    def reference(i: int, counts: np.ndarray) -> None:
+        counts[...] = 0
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def plan_grid(T: Any, K: int) -> Any:
+    """Instances of :func:`plan` for T tokens (an int or a symbol expression)."""
+    return (T * K + PLAN_SLOTS - 1) // PLAN_SLOTS
 
 
 def plan(
     BM: int, NT: int, ND: int, E: int, K: int, *, name: str = "moe_plan", block_size: int = 256
 ) -> DeviceFunction:
-    """Tile ``(i,)`` (grid ``(1,)``): the routing tables of all T*K token slots.
+    """Tile ``(i,)``, grid :func:`plan_grid`: the routing tables, from the
+    per-expert ``counts`` and each slot's ``pos`` within its expert (the
+    top-k tile's atomic counts).
 
-    Counts per expert with workgroup ``atomic_rmw addi``; warp 0 scans the
-    counts and the row-block counts ``ceil(cnt/BM)`` (each lane a contiguous
-    run of ``ceil(E/32)`` experts, then a shuffle-up scan) and writes
-    ``row_off``, ``gu_indptr`` (``NT`` tiles per row block), ``dn_indptr``
-    (``ND``), ``h_wait`` (gate/up tiles + 1) and ``dn_total``; then every
-    slot claims its row with an atomic on a per-expert cursor (so the order
-    inside an expert is arbitrary) and writes ``perm`` and ``inv``.
+    Every instance scans the counts (warp 0: each lane a contiguous run of
+    ``ceil(E/32)`` experts, then a shuffle-up scan) into workgroup row
+    offsets; instance 0 also writes ``row_off``, ``gu_indptr`` (``NT``
+    tiles per row block), ``dn_indptr`` (``ND``), ``h_wait`` (gate/up tiles
+    + 1) and ``dn_total``. Instance i then places slots ``[i*PLAN_SLOTS,
+    (i+1)*PLAN_SLOTS)``: ``r = row_off[e] + pos[s]``, ``perm[r] = s``,
+    ``inv[s] = r`` (the order inside an expert is the atomics' order).
     """
     _check_block(name, block_size)
     _positive(name, BM=BM, NT=NT, ND=ND, E=E, K=K)
@@ -463,35 +541,37 @@ def plan(
             f"    %cs{k} = arith.addi {cprev}, %cadd{k} : i32\n"
             f"    %ms{k} = arith.addi {mprev}, %madd{k} : i32"
         )
-    lane_consts = "\n".join(f"  %c{o}_l = arith.constant {o} : index" for o in (1, 2, 4, 8, 16))
-    lane_consts += "\n" + "\n".join(
-        f"  %cTU{u} = arith.constant {u * block_size} : index" for u in range(PLAN_UNROLL)
+    consts = "\n".join(f"  %c{o}_l = arith.constant {o} : index" for o in (1, 2, 4, 8, 16))
+    consts += "\n" + "\n".join(
+        f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(PLAN_UNROLL)
     )
-    lane_consts += "\n" + "\n".join(f"  %ck{k} = arith.constant {k} : index" for k in range(K))
-    count_body = _plan_slots(
-        K, block_size, ids_t,
-        lambda e, t, k: f"      %old{e[1:]} = memref.atomic_rmw addi %c1_i32, %count[{e}] : "
-        f"(i32, {sm_t}) -> i32",
-    )  # fmt: skip
-
-    def claim(e: str, t: str, k: int) -> str:
-        v = e[1:]
-        return (
-            f"      %r{v}_i32 = memref.atomic_rmw addi %c1_i32, %cursor[{e}] : (i32, {sm_t}) -> i32\n"
-            f"      %r{v} = arith.index_cast %r{v}_i32 : i32 to index\n"
-            f"      %s{v}0 = arith.muli {t}, %cK : index\n"
-            f"      %s{v} = arith.addi %s{v}0, %ck{k} : index\n"
-            f"      %s{v}_i32 = arith.index_cast %s{v} : index to i32\n"
-            f"      memref.store %s{v}_i32, %perm[%r{v}] : {vec_t}\n"
-            f"      memref.store %r{v}_i32, %inv[%s{v}] : {vec_t}"
+    loads, stores = [], []
+    for u in range(PLAN_UNROLL):
+        loads.append(
+            f"    %s_{u} = arith.addi %s0, %cU{u} : index\n"
+            f"    %sc_{u} = arith.minui %s_{u}, %slast : index\n"
+            f"    %t_{u} = arith.divui %sc_{u}, %cK : index\n"
+            f"    %k_{u} = arith.remui %sc_{u}, %cK : index\n"
+            f"    %e_{u}_i32 = memref.load %ids[%t_{u}, %k_{u}] : {ids_t}\n"
+            f"    %p_{u} = memref.load %pos[%t_{u}, %k_{u}] : {ids_t}"
         )
-
-    claim_body = _plan_slots(K, block_size, ids_t, claim)
+        stores.append(
+            f"    %ok_{u} = arith.cmpi ult, %s_{u}, %s1 : index\n"
+            f"    scf.if %ok_{u} {{\n"
+            f"      %e_{u} = arith.index_cast %e_{u}_i32 : i32 to index\n"
+            f"      %base_{u} = memref.load %cursor[%e_{u}] : {sm_t}\n"
+            f"      %r_{u}_i32 = arith.addi %base_{u}, %p_{u} : i32\n"
+            f"      %r_{u} = arith.index_cast %r_{u}_i32 : i32 to index\n"
+            f"      %slot_{u} = arith.index_cast %s_{u} : index to i32\n"
+            f"      memref.store %slot_{u}, %perm[%r_{u}] : {vec_t}\n"
+            f"      memref.store %r_{u}_i32, %inv[%s_{u}] : {vec_t}\n"
+            f"    }}"
+        )
+    loads, stores = "\n".join(loads), "\n".join(stores)
     source = f"""\
-// {name}: MoE routing tables for {E} experts, top-{K}, row blocks of {BM}, one CTA of {block_size}.
-memref.global "private" @{name}__count : {sm_t} {{alignment = 16 : i64}}
+// {name}: MoE routing tables for {E} experts, top-{K}, row blocks of {BM}, {PLAN_SLOTS} slots per CTA of {block_size}.
 memref.global "private" @{name}__cursor : {sm_t} {{alignment = 16 : i64}}
-func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: {e1_t}, %hw: {e_t}, %dt: {one_t}, %perm: {vec_t}, %inv: {vec_t}) {{
+func.func @{name}(%i: index, %ids: {ids_t}, %pos: {ids_t}, %counts: {e_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: {e1_t}, %hw: {e_t}, %dt: {one_t}, %perm: {vec_t}, %inv: {vec_t}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c31 = arith.constant 31 : index
@@ -500,8 +580,9 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
   %cE = arith.constant {E} : index
   %cK = arith.constant {K} : index
   %cChunk = arith.constant {chunk} : index
-  %cTSTEP = arith.constant {PLAN_UNROLL * block_size} : index
-{lane_consts}
+  %cSlots = arith.constant {PLAN_SLOTS} : index
+  %cSTEP = arith.constant {PLAN_UNROLL * block_size} : index
+{consts}
 {_text.shuffle_constants()}
   %c32_i32 = arith.constant 32 : i32
   %c0_i32 = arith.constant 0 : i32
@@ -513,19 +594,11 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
   %is_warp0 = arith.cmpi eq, %warp, %c0 : index
+  %tables = arith.cmpi eq, %i, %c0 : index
   %T = memref.dim %ids, %c0 : {ids_t}
-  %Tlast = arith.subi %T, %c1 : index
-  %count = memref.get_global @{name}__count : {sm_t}
+  %N = arith.muli %T, %cK : index
   %cursor = memref.get_global @{name}__cursor : {sm_t}
-  // A previous call on this CTA may still be reading the workgroup buffers.
-  gpu.barrier
-  scf.for %e = %tid to %cE step %cBS {{
-    memref.store %c0_i32, %count[%e] : {sm_t}
-  }}
-  gpu.barrier
-  scf.for %t0 = %tid to %T step %cTSTEP {{
-{count_body}
-  }}
+  // A previous call on this CTA may still be reading the row offsets.
   gpu.barrier
   scf.if %is_warp0 {{
     %lo0 = arith.muli %lane, %cChunk : index
@@ -533,7 +606,7 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
     %hi0 = arith.addi %lo, %cChunk : index
     %hi = arith.minui %hi0, %cE : index
     %csum, %msum = scf.for %e = %lo to %hi step %c1 iter_args(%ca = %c0_i32, %ma = %c0_i32) -> (i32, i32) {{
-      %c = memref.load %count[%e] : {sm_t}
+      %c = memref.load %counts[%e] : {e_t}
       %cb = arith.addi %c, %cBM1_i32 : i32
       %mb = arith.divui %cb, %cBM_i32 : i32
       %ca2 = arith.addi %ca, %c : i32
@@ -544,24 +617,27 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
     %cx = arith.subi %cs4, %csum : i32
     %mx = arith.subi %ms4, %msum : i32
     %r1, %r2 = scf.for %e = %lo to %hi step %c1 iter_args(%cr = %cx, %mr = %mx) -> (i32, i32) {{
-      %c = memref.load %count[%e] : {sm_t}
+      %c = memref.load %counts[%e] : {e_t}
       %cb = arith.addi %c, %cBM1_i32 : i32
       %mb = arith.divui %cb, %cBM_i32 : i32
-      memref.store %cr, %row_off[%e] : {e1_t}
       memref.store %cr, %cursor[%e] : {sm_t}
-      %g = arith.muli %mr, %cNT_i32 : i32
-      memref.store %g, %gu[%e] : {e1_t}
-      %d = arith.muli %mr, %cND_i32 : i32
-      memref.store %d, %dn[%e] : {e1_t}
-      %gt = arith.muli %mb, %cNT_i32 : i32
-      %h = arith.addi %gt, %c1_i32 : i32
-      memref.store %h, %hw[%e] : {e_t}
+      scf.if %tables {{
+        memref.store %cr, %row_off[%e] : {e1_t}
+        %g = arith.muli %mr, %cNT_i32 : i32
+        memref.store %g, %gu[%e] : {e1_t}
+        %d = arith.muli %mr, %cND_i32 : i32
+        memref.store %d, %dn[%e] : {e1_t}
+        %gt = arith.muli %mb, %cNT_i32 : i32
+        %h = arith.addi %gt, %c1_i32 : i32
+        memref.store %h, %hw[%e] : {e_t}
+      }}
       %cr2 = arith.addi %cr, %c : i32
       %mr2 = arith.addi %mr, %mb : i32
       scf.yield %cr2, %mr2 : i32, i32
     }}
     %last = arith.cmpi eq, %lane, %c31 : index
-    scf.if %last {{
+    %write_last = arith.andi %last, %tables : i1
+    scf.if %write_last {{
       memref.store %cs4, %row_off[%cE] : {e1_t}
       %gT = arith.muli %ms4, %cNT_i32 : i32
       memref.store %gT, %gu[%cE] : {e1_t}
@@ -571,8 +647,14 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
     }}
   }}
   gpu.barrier
-  scf.for %t0 = %tid to %T step %cTSTEP {{
-{claim_body}
+  %first = arith.muli %i, %cSlots : index
+  %end = arith.addi %first, %cSlots : index
+  %s1 = arith.minui %end, %N : index
+  %slast = arith.subi %s1, %c1 : index
+  %sfirst = arith.addi %first, %tid : index
+  scf.for %s0 = %sfirst to %s1 step %cSTEP {{
+{loads}
+{stores}
   }}
   return
 }}
@@ -581,6 +663,8 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
     def reference(
         i: int,
         ids: np.ndarray,
+        pos: np.ndarray,
+        counts: np.ndarray,
         row_off: np.ndarray,
         gu: np.ndarray,
         dn: np.ndarray,
@@ -589,17 +673,20 @@ func.func @{name}(%i: index, %ids: {ids_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: 
         perm: np.ndarray,
         inv: np.ndarray,
     ) -> None:
-        tables = plan_tables(ids, BM, NT, ND, E)
-        for array, key in (
-            (row_off, "row_off"),
-            (gu, "gu_indptr"),
-            (dn, "dn_indptr"),
-            (hw, "h_wait"),
-            (dt, "dn_total"),
-            (perm, "perm"),
-            (inv, "inv"),
-        ):
-            array[...] = tables[key]
+        counts64 = counts.astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts64)])
+        if i == 0:
+            blocks = (counts64 + BM - 1) // BM
+            row_off[...] = offsets
+            gu[...] = np.concatenate([[0], np.cumsum(blocks * NT)])
+            dn[...] = np.concatenate([[0], np.cumsum(blocks * ND)])
+            hw[...] = blocks * NT + 1
+            dt[0] = dn[-1]
+        s = np.arange(i * PLAN_SLOTS, min((i + 1) * PLAN_SLOTS, ids.size))
+        flat_ids, flat_pos = ids.reshape(-1)[s], pos.reshape(-1)[s]
+        r = offsets[flat_ids] + flat_pos
+        perm[r] = s
+        inv[s] = r
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
