@@ -309,6 +309,9 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     info = sm90a_ptxas(ptx, tmp_path)
     assert "0 bytes spill stores" in info
     assert art.cubin is not None
+    # Only the MoE tiles know where their rows end: a warpgroup whose 64 rows
+    # all lie past it skips its wgmma (dense blocks are always full).
+    assert ("%live" in tile.source) == (tensors in (MOE_GU, MOE_DN))
 
 
 def test_tensor_parallel_tma_tile_signature():
