@@ -30,7 +30,6 @@ Buffers are row-major and 16-byte aligned (H a multiple of 8).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
