@@ -637,7 +637,6 @@ def _body_tma(
     r0: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
     stage_output: bool = True,
-    r1: str | None = None,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -653,12 +652,7 @@ def _body_tma(
 
     ``stage_output``: the epilogue's bf16 block goes through the (by then
     idle) ``A`` ring and leaves in coalesced 16-byte row stores (see
-    ``_staged_store``) instead of 4-byte stores from the accumulators.
-
-    ``r1`` (the end of the block's rows, an index value): a warpgroup whose
-    64 rows all lie at or past it issues no ``wgmma`` (it still waits and
-    releases every stage), so a block with few rows (an expert's last) costs
-    the tensor cores only its live warpgroups' work."""
+    ``_staged_store``) instead of 4-byte stores from the accumulators."""
     if block_size % 128 or block_m != 64 * (block_size // 128):
         raise GraphError(
             f"tile '{name}': wgmma needs warpgroups of 128 threads, each 64 rows: "
@@ -756,9 +750,6 @@ def _body_tma(
     t.emit("gpu.barrier")
     base_a = t.add(base_a, t.mul(group, 64 * bk * 2))
     nacc = b_rows // 2
-    live = None
-    if r1 is not None:
-        live = t.op("live", f"arith.cmpi ult, {t.add(r0, t.mul(group, 64))}, {r1} : index")
     res, types = t.acc_loop("%kt", kt_n, nacc)
     t.indent = outer + "  "
     stage = t.bin("remui", "%kt", stages)
@@ -766,24 +757,13 @@ def _body_tma(
     _mbar_wait(t, bar(0, stage), parity)
     a_stage = t.add(base_a, t.mul(stage, a_bytes))
     b_stage = t.add(base_b, t.mul(stage, b_bytes))
-    acc = [f"%acc_{q}" for q in range(nacc)]
-    if live is not None:
-        mma = t.fresh("mma")
-        t.emit(f"{mma}:{nacc} = scf.if {live} -> ({types}) {{")
-        t.indent = outer + "    "
     _asm(t, "wgmma.fence.sync.aligned;")
+    acc = [f"%acc_{q}" for q in range(nacc)]
     for ks in range(bk // 16):
         da = _descriptor(t, t.add(a_stage, 32 * ks))
         db = _descriptor(t, t.add(b_stage, 32 * ks))
         acc = _wgmma(t, acc, da, db, b_rows)
     acc = _wgmma_wait(t, acc, pending=1)
-    if live is not None:
-        t.emit(f"scf.yield {', '.join(acc)} : {types}")
-        t.indent = outer + "  "
-        t.emit("} else {")
-        t.emit(f"  scf.yield {', '.join(f'%acc_{q}' for q in range(nacc))} : {types}")
-        t.emit("}")
-        acc = [f"{mma}#{q}" for q in range(nacc)]
     # The previous k-tile's wgmma is done: release its stage, and refill it.
     has_prev = t.op("prev", f"arith.cmpi uge, %kt, {t.c(1)} : index")
     t.emit(f"scf.if {has_prev} {{")
@@ -1251,7 +1231,7 @@ def moe_gate_up(
             stages=stages, a_loads=[(_map_pointer(t, "%Xp_map"), r0, block_m)],
             b_loads=[(w_map, t.add(wrow, n0), block_n),
                      (w_map, t.add(t.add(wrow, n0), inter), block_n)],
-            r0=r0, epilogue=epilogue, stage_output=stage_output, r1=r1,
+            r0=r0, epilogue=epilogue, stage_output=stage_output,
         )  # fmt: skip
     else:
         globals_ = _body(
@@ -1324,7 +1304,7 @@ def moe_down(
             t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
             stages=stages, a_loads=[(_map_pointer(t, "%Hb_map"), r0, block_m)],
             b_loads=[(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), block_n)],
-            r0=r0, epilogue=epilogue, stage_output=stage_output, r1=r1,
+            r0=r0, epilogue=epilogue, stage_output=stage_output,
         )  # fmt: skip
     else:
         globals_ = _body(
