@@ -223,6 +223,8 @@ def test_tile_configuration_errors():
         T_.permute(8, 2, 60)
     with pytest.raises(etc.GraphError, match="topk"):
         T_.router_topk(4, 4, 4, 5)
+    with pytest.raises(etc.GraphError, match="topk=33 exceeds 32"):
+        T_.router_topk(4, 4, 64, 33)
     with pytest.raises(etc.GraphError, match="multiple of EC"):
         T_.router_logits(4, 3, 8, 64)
     with pytest.raises(etc.GraphError, match="divide the 8 warps"):
@@ -341,7 +343,7 @@ def test_topk_and_plan_tiles_have_no_extra_barriers():
     # barrier); the plan's scan needs exactly two barriers.
     topk = T_.router_topk(32, 8, 128, 8).source
     assert "gpu.barrier" not in topk and "memref.global" not in topk
-    assert topk.count("memref.atomic_rmw addi") == 8
+    assert topk.count("memref.atomic_rmw addi") == 1  # lane k < K: choice k
     assert T_.plan(128, 6, 8, 128, 8).source.count("gpu.barrier") == 2
 
 

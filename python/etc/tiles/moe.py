@@ -308,14 +308,17 @@ def router_topk(
     owner lane clearing the winner's register; the weights ``exp(l_k -
     l_0)`` stay in registers until they are normalised by their sum (softmax
     over all E, renormalised over the K). No shared memory, no barrier: a
-    round costs a few compares and five shuffles. Each chosen expert's
-    ``counts[e]`` is incremented atomically; the old value is the slot's
-    position among expert e's rows (``pos[t, k]``, for :func:`plan`).
+    round costs a few compares and five shuffles. Lane k < K then writes
+    choice k and increments its expert's ``counts[e]`` atomically (one
+    warp-wide atomic); the old value is the slot's position among expert
+    e's rows (``pos[t, k]``, for :func:`plan`).
     """
     warps = _check_block(name, block_size)
     _positive(name, RB=RB, TB=TB, E=E, K=K)
     if K > E:
         raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
+    if K > 32:
+        raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k writes choice k)")
     if RB % TB:
         raise GraphError(f"tile '{name}': RB={RB} is not a multiple of TB={TB}")
     l_t, c_t = f"memref<?x{E}xf32>", f"memref<{E}xi32>"
@@ -371,19 +374,28 @@ def router_topk(
     for k in range(1, K):
         lines.append(f"{ind}%sum{k} = arith.addf {total}, {probs[k]} : f32")
         total = f"%sum{k}"
-    stores = []
-    for k in range(K):
-        stores.append(
-            f"{ind}  %w{k} = arith.divf %p{k}, {total} : f32\n"
-            f"{ind}  memref.store %id{k}, %ids[%t, %ck{k}] : {ids_t}\n"
-            f"{ind}  memref.store %w{k}, %tw[%t, %ck{k}] : {tw_t}\n"
-            f"{ind}  %ix{k} = arith.index_cast %id{k} : i32 to index\n"
-            f"{ind}  %pk{k} = memref.atomic_rmw addi %c1_i32, %counts[%ix{k}] : (i32, {c_t}) -> i32\n"
-            f"{ind}  memref.store %pk{k}, %pos[%t, %ck{k}] : {ids_t}"
+    # Lane k < K writes choice k: one warp-wide atomic and coalesced stores
+    # (lane 0 alone would issue K dependent-latency atomics in a row).
+    lines.append(f"{ind}%kl_i32 = arith.index_cast %lane : index to i32")
+    pick_id, pick_p = "%id0", "%p0"
+    for k in range(1, K):
+        lines.append(
+            f"{ind}%is{k} = arith.cmpi eq, %kl_i32, %c{k}_k : i32\n"
+            f"{ind}%pid{k} = arith.select %is{k}, %id{k}, {pick_id} : i32\n"
+            f"{ind}%pp{k} = arith.select %is{k}, %p{k}, {pick_p} : f32"
         )
+        pick_id, pick_p = f"%pid{k}", f"%pp{k}"
+    stores = (
+        f"{ind}  %wmine = arith.divf {pick_p}, {total} : f32\n"
+        f"{ind}  memref.store {pick_id}, %ids[%t, %lane] : {ids_t}\n"
+        f"{ind}  memref.store %wmine, %tw[%t, %lane] : {tw_t}\n"
+        f"{ind}  %emine = arith.index_cast {pick_id} : i32 to index\n"
+        f"{ind}  %pmine = memref.atomic_rmw addi %c1_i32, %counts[%emine] : (i32, {c_t}) -> i32\n"
+        f"{ind}  memref.store %pmine, %pos[%t, %lane] : {ids_t}"
+    )
     consts = "\n".join(f"  %cQ{q} = arith.constant {32 * q} : index" for q in range(per_lane))
-    consts += "\n" + "\n".join(f"  %ck{k} = arith.constant {k} : index" for k in range(K))
-    body, stores = "\n".join(lines), "\n".join(stores)
+    consts += "\n" + "\n".join(f"  %c{k}_k = arith.constant {k} : i32" for k in range(1, K))
+    body = "\n".join(lines)
     source = f"""\
 // {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {c_t}, %pos: {ids_t}) {{
@@ -392,6 +404,7 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
   %cW = arith.constant {warps} : index
   %cE = arith.constant {E} : index
   %cEm1 = arith.constant {E - 1} : index
+  %cK = arith.constant {K} : index
   %cRB = arith.constant {RB} : index
   %cTB = arith.constant {TB} : index
 {consts}
@@ -403,7 +416,7 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
   %tid = gpu.thread_id x
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
-  %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+  %writer = arith.cmpi ult, %lane, %cK : index
   %T = memref.dim %L, %c0 : {l_t}
   %ti = arith.muli %i, %cRB : index
   %tj = arith.muli %j, %cTB : index
@@ -413,7 +426,7 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
     %live = arith.cmpi ult, %t, %T : index
     scf.if %live {{
 {body}
-      scf.if %is_lane0 {{
+      scf.if %writer {{
 {stores}
       }}
     }}
