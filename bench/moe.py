@@ -48,8 +48,9 @@ SIZES = (1, 16, 128, 1024, 4096)
 COPIES = 4
 TOLERANCE = 1e-2
 # Tile configurations built and timed; the best per T is reported.
-# bm16cp and tma128wtc are etc.models.moe.PRESETS["decode"] and ["prefill"]
-# (decode: the best variants of `bench/gemm.py --sweep`; prefill: TMA tiles
+# dec_rot42 and tma128wtc are etc.models.moe.PRESETS["decode"] and ["prefill"]
+# (decode: bm16cp, the best variant of `bench/gemm.py --sweep`, with the
+# decoder's 4-stage x unroll-2 ring and rotated k loops; prefill: TMA tiles
 # and the router on the TMA tile); tc64 and tc128 are the cp.async + ldmatrix
 # (mma.sync) tiles and wg128 the wgmma tiles of earlier prefill presets.
 _SMEM = 48 * 1024 - 64
@@ -69,17 +70,24 @@ def _tile_options(stages: int, core: str | None = None, smem: int = 220 << 10) -
     return (("smem_limit", smem), ("stages", stages), *core_opts, *wide)
 
 
+# The decode preset until 2026-11-30: 3 (gate/up) and 5 (down) stages, no rotation.
+_BM16CP = dict(
+    block_m=16, block_n_gu=16, block_n_dn=64, gate_up_options=(("stages", 3), ("unroll", 1)),
+    down_options=(("warps", (1, 4, 2)), ("stages", 5), ("unroll", 1)),
+)  # fmt: skip
+
+
 def _decode_ring(gate_up: tuple, down: tuple, **more) -> dict:
-    """The decode preset with these ring options and ``rotate_k``."""
+    """bm16cp with these ring options and ``rotate_k``."""
     rot = (("rotate_k", True),)
     return {
-        **M.PRESETS["decode"], "gate_up_options": (*gate_up, *rot),
+        **_BM16CP, "gate_up_options": (*gate_up, *rot),
         "down_options": (("warps", (1, 4, 2)), *down, *rot), **more,
     }  # fmt: skip
 
 
 CONFIGS = {
-    "bm16cp": M.PRESETS["decode"],
+    "bm16cp": _BM16CP,
     # cp.async + ldmatrix (mma.sync) tiles in 48 KiB of static shared memory.
     "tc64": _tc(64, 64, 128, _tile_options(3, smem=_SMEM)),
     "tc128": _tc(128, 64, 128, _tile_options(2, smem=_SMEM)),
@@ -102,13 +110,13 @@ CONFIGS = {
     # The decode preset with wider gate/up blocks. With 8 active experts
     # (T = 1) 16 columns give 384 tiles: 2.9 waves on 132 CTAs, 1.45 on 264.
     # 24 columns give 256 tiles and 32 give 192, so the last wave is full.
-    "bm16cp_gu24": {**M.PRESETS["decode"], "block_n_gu": 24},
-    "bm16cp_gu32": {**M.PRESETS["decode"], "block_n_gu": 32},
+    "bm16cp_gu24": {**_BM16CP, "block_n_gu": 24},
+    "bm16cp_gu32": {**_BM16CP, "block_n_gu": 32},
     # The decode preset with k loops rotated per tile (the tiles of one expert
     # stop reading the same activation lines at once: the decoder's rotate_k),
     # as is, with the decoder's 4 stages x unroll 2, and with 24-column gate/up.
     "dec_rot": _decode_ring((("stages", 3), ("unroll", 1)), (("stages", 5), ("unroll", 1))),
-    "dec_rot42": _decode_ring((("stages", 4), ("unroll", 2)), (("stages", 4), ("unroll", 2))),
+    "dec_rot42": M.PRESETS["decode"],
     "dec_rot_gu24": _decode_ring(
         (("stages", 3), ("unroll", 1)), (("stages", 5), ("unroll", 1)), block_n_gu=24
     ),

@@ -355,7 +355,8 @@ def test_presets_are_the_measured_configurations() -> None:
         16,
         64,
     )
-    assert dict(decode.gate_up_options) == {"stages": 3, "unroll": 1}
+    assert dict(decode.gate_up_options) == {"stages": 4, "unroll": 2, "rotate_k": True}
+    assert dict(decode.down_options)["rotate_k"] is True
     assert (prefill.gemm, prefill.block_m, prefill.router) == ("tc", 128, "tc")
     assert dict(prefill.gate_up_options)["core"] == "tma"
     assert M.PRESET_TARGETS == {"decode": "sm_90", "prefill": "sm_90a"}

@@ -65,7 +65,7 @@ _TMA_OPTIONS = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
 #: ``decode`` (T = 1: 16-row tiles, narrow column blocks so a few active
 #: experts still fill the GPU, weights through a per-thread ``cp.async``
-#: ring) and ``prefill`` (T >= 16: 128-row ``etc.tiles.gemm_tc`` tiles fed by
+#: ring of 4 stages, k loops rotated per tile) and ``prefill`` (T >= 16: 128-row ``etc.tiles.gemm_tc`` tiles fed by
 #: TMA, gate/up 128 and down 256 columns, 4 stages, and the router's logits on
 #: the same tile; compile for ``PRESET_TARGETS["prefill"]``, sm_90a).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -73,8 +73,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         block_m=16,
         block_n_gu=16,
         block_n_dn=64,
-        gate_up_options=(("stages", 3), ("unroll", 1)),
-        down_options=(("warps", (1, 4, 2)), ("stages", 5), ("unroll", 1)),
+        gate_up_options=(("stages", 4), ("unroll", 2), ("rotate_k", True)),
+        down_options=(("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True)),
     ),
     "prefill": dict(
         gemm="tc",
