@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             path = artifact.save(args.output)
             print(f"{path}: kernel {artifact.kernel_name!r}, {args.schedule} schedule")
+            for warning in artifact.warnings:
+                print(f"etc: warning: {warning}", file=sys.stderr)
             return 0
         if args.command == "dot":
             graph = _load_builder(args.builder)()

@@ -42,7 +42,10 @@ TARGETS = ("sm_90", "sm_90a")
 
 @dataclass
 class Artifact:
-    """A compiled megakernel: PTX, optional cubin, and its manifest."""
+    """A compiled megakernel: PTX, optional cubin, and its manifest.
+
+    ``warnings``: the passes' warnings (e.g. a dynamic-schedule fan-out that
+    costs one dependent atomic per instance); ``etc compile`` prints them."""
 
     manifest: dict[str, Any]
     ptx: str
@@ -443,7 +446,10 @@ def compile(  # noqa: A001 - the public name
         # Diagnostics go to the artifact, never to stderr.
         def on_diagnostic(d: Any) -> bool:
             if d.severity == ir.DiagnosticSeverity.WARNING:
-                warnings.append(f"{d.location}: {d.message}")
+                # The scheduling pass runs twice (schedule, then pipeline).
+                text = f"{d.location}: {d.message}"
+                if text not in warnings:
+                    warnings.append(text)
                 return True
             return False
 

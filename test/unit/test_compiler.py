@@ -178,3 +178,39 @@ def test_dynamic_artifact(early_push, tmp_path):
         assert instr in artifact.ptx, instr
     loaded = load_manifest(artifact.save(tmp_path))
     assert loaded.schedule == "dynamic"
+
+
+def test_dynamic_schedule_warns_of_a_whole_grid_fan_out():
+    """A task waiting on one coordinate from every instance next to a
+    per-instance in-edge compiles, with a warning in ``Artifact.warnings``
+    (the dynamic schedule updates every instance's ready counter in turn);
+    the static schedule has no such counters and says nothing."""
+    from unit_helpers import make_fn
+
+    g = etc.Graph("mixed")
+    n = g.symbol("n")
+    cleared = g.event((1,), wait_count=1, name="cleared")
+    scored = g.event((n,), wait_count=1, name="scored")
+    g.task(make_fn("clear", "index"), grid=(1,), out_edges={cleared: "i->0"}, name="clear")
+    g.task(make_fn("score", "index"), grid=(n,), out_edges={scored: "i->i"}, name="score")
+    g.task(
+        make_fn("pick", "index"), grid=(n,), in_edges=[(cleared, "i->0"), (scored, "i->i")],
+        name="pick",
+    )  # fmt: skip
+    dynamic = etc.compile(g, schedule="dynamic", cubin=False)
+    assert len(dynamic.warnings) == 1, dynamic.warnings
+    assert "task 'pick' waits on one coordinate of event 'cleared'" in dynamic.warnings[0]
+    assert etc.compile(g, schedule="static", cubin=False).warnings == []
+
+
+def test_moe_graph_has_no_whole_grid_fan_out():
+    # The MoE graph once had the top-k wait on `cleared` next to `scored[i]`:
+    # 430 us late at T=4096 on an H200 (bench/RESULTS.md).
+    from etc.models import moe as M
+
+    cfg = M.MoEConfig(
+        hidden=128, inter=64, experts=8, topk=2, block_m=16, block_n_gu=32, block_n_dn=64,
+        router_block=4, router_experts=4, topk_block=4, combine_block=3,
+    )  # fmt: skip
+    art = etc.compile(M.build_moe_graph(cfg), schedule="dynamic", cubin=False)
+    assert not [w for w in art.warnings if "waits on one coordinate" in w], art.warnings

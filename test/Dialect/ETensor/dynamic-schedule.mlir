@@ -109,6 +109,25 @@ etensor.graph @join(%n: index) {
 
 // -----
 
+func.func private @tile(%i: index)
+
+/// A one-coordinate in-edge next to a per-instance one (the MoE top-k once
+/// waited on `cleared` and `scored[i]`): every instance gets a ready counter
+/// and `cleared`'s completion updates them one by one. Correct, but slow:
+/// the pass says so.
+// CHECK-LABEL: etensor.graph @mixed
+// CHECK: etensor.event(%{{.*}}) count 2 {name = "ready.mixed"}
+etensor.graph @mixed(%n: index) {
+  %cleared = etensor.event() count 1 {name = "cleared"} : !etensor.event<1>
+  %scored = etensor.event(%n) count 1 {name = "scored"} : !etensor.event<?>
+  etensor.task @tile grid [1] outs(%cleared[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [%n] outs(%scored[(i) -> (i)] : !etensor.event<?>)
+  // expected-warning @+1 {{task 'mixed' waits on one coordinate of event 'cleared' from every instance, next to per-instance in-edges}}
+  etensor.task @tile grid [%n] ins(%cleared[(i) -> (0)] : !etensor.event<1>, %scored[(i) -> (i)] : !etensor.event<?>) {name = "mixed"}
+}
+
+// -----
+
 func.func private @tile3(%i: index, %j: index, %k: index)
 func.func private @tile(%i: index)
 
