@@ -103,6 +103,9 @@ CONFIGS = {
     # tma128w with the router on the TMA tile too (128 tokens x 128 experts
     # per CTA, float32 logits).
     "tma128wtc": M.PRESETS["prefill"],
+    # The router's TMA tile on 32-expert blocks: 4 CTAs per 128 tokens (one
+    # CTA took 17.5 us at T <= 128 and left 100 SMs idle at T = 4096).
+    "tma128wtc32": {**M.PRESETS["prefill"], "router_experts": 32},
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
     "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
@@ -129,7 +132,7 @@ if os.environ.get("BENCH_MOE_SIZES"):
     SIZES = tuple(int(t) for t in os.environ["BENCH_MOE_SIZES"].split(","))
 TARGETS = {
     k: M.PRESET_TARGETS["prefill"]
-    for k in ("wg128", "tma128w", "tma128wr", "tma128wtc", "tma16", "tma128")
+    for k in ("wg128", "tma128w", "tma128wr", "tma128wtc", "tma128wtc32", "tma16", "tma128")
     if k in CONFIGS
 }
 # torch._grouped_mm replayed from a CUDA graph, as the issue measured it (µs).

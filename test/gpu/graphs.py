@@ -51,10 +51,11 @@ def _moe_small_tma():
 
     # TMA GEMM tiles (sm_90a): 128-row blocks, 2 stages over 4 (gate/up) and 3
     # (down) k-tiles, so stages are refilled; experts past 128 rows take two
-    # blocks. The router's logits on the TMA tile too (float32 out).
+    # blocks. The router's logits on the TMA tile too (float32 out), in two
+    # 8-expert blocks per 128 tokens.
     tma = (("core", "tma"), ("stages", 2), ("smem_limit", 220 << 10))
     return MoEConfig(
-        hidden=256, inter=192, experts=8, topk=2, block_m=128, block_n_gu=64, block_n_dn=64,
+        hidden=256, inter=192, experts=16, topk=2, block_m=128, block_n_gu=64, block_n_dn=64,
         router_block=128, router_experts=8, topk_block=4, combine_block=3, gemm="tc",
         gate_up_options=tma, down_options=tma, router="tc",
     )  # fmt: skip

@@ -339,8 +339,19 @@ def test_moe_layer_with_tma_router_simulates():
         out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T})
         ref = M.reference_moe(x, w["Wr"], w["Wgu"], w["Wd"], cfg.topk)
         assert M.rel_err(out["Out"], ref) <= 1e-2
+    # Expert blocks: two TMA router CTAs per 128 tokens.
+    split = dataclasses.replace(cfg, experts=16, router_experts=8)
+    g = M.build_moe_graph(split, name="moe_tc_router_split")
+    assert next(t for t in g.tasks if t.name == "logits").grid[1] == 2
+    w = M.random_weights(split, seed=6)
+    x = M.random_tokens(split, 150, seed=1)
+    out = etc.simulate(g, M.numpy_inputs(split, x, w), {"T": 150})
+    ref = M.reference_moe(x, w["Wr"], w["Wgu"], w["Wd"], split.topk)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
     with pytest.raises(GraphError, match="router='tc' needs router_block = block_size / 2"):
         dataclasses.replace(cfg, router_block=32)
+    with pytest.raises(GraphError, match="router_experts a multiple of 8"):
+        dataclasses.replace(cfg, router_experts=4)
     with pytest.raises(GraphError, match="router must be 'simt' or 'tc'"):
         dataclasses.replace(cfg, router="cuda")
 

@@ -22,6 +22,7 @@ tile's reference in graph order without the scheduler.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -102,7 +103,9 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
         raise GraphError(f"MoE preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
     fields = {**PRESETS[name], **overrides}
     if fields.get("router") == "tc" and "router_experts" not in overrides:
-        fields["router_experts"] = fields.get("experts", MoEConfig.experts)  # every expert
+        # Expert blocks that still divide an overridden expert count.
+        experts = fields.get("experts", MoEConfig.experts)
+        fields["router_experts"] = math.gcd(fields["router_experts"], experts)
     return MoEConfig(**fields)
 
 
@@ -146,8 +149,8 @@ class MoEConfig:
     #: Router logits: "simt" (``etc.tiles.moe.router_logits``, CUDA cores;
     #: ``router_experts`` experts per CTA, good for few tokens) or "tc" (the
     #: TMA + wgmma GEMM tile of ``etc.tiles.gemm_tc``, float32 out: one CTA per
-    #: 128 tokens and every expert; needs ``router_block=128``,
-    #: ``router_experts=experts`` and sm_90a).
+    #: 128 tokens and ``router_experts`` experts; needs ``router_block=128``,
+    #: ``router_experts`` a multiple of 8 and sm_90a).
     router: str = "simt"
 
     def __post_init__(self) -> None:
@@ -174,17 +177,15 @@ class MoEConfig:
             raise GraphError(f"MoEConfig: router must be 'simt' or 'tc', got {self.router!r}")
         if self.router == "tc" and (
             self.router_block != self.block_size // 2
-            or self.router_experts != self.experts
-            or self.experts % 8
-            or self.experts > 256
+            or self.router_experts % 8
+            or self.router_experts > 256
             or self.hidden % 64
         ):
             raise GraphError(
                 "MoEConfig: router='tc' needs router_block = block_size / 2 "
-                f"({self.block_size // 2}), router_experts = experts, experts a multiple of 8 "
-                f"up to 256 and hidden a multiple of 64; got router_block={self.router_block}, "
-                f"router_experts={self.router_experts}, experts={self.experts}, "
-                f"hidden={self.hidden}"
+                f"({self.block_size // 2}), router_experts a multiple of 8 up to 256 and "
+                f"hidden a multiple of 64; got router_block={self.router_block}, "
+                f"router_experts={self.router_experts}, hidden={self.hidden}"
             )
         if self.topk > self.experts:
             raise GraphError(f"MoEConfig: topk={self.topk} exceeds experts={self.experts}")
@@ -326,10 +327,10 @@ def _router_tile(cfg: MoEConfig) -> DeviceFunction:
         return moe_tiles.router_logits(cfg.router_block, cfg.router_experts, E, H, block_size=bs)
     from ..tiles import gemm_tc
 
-    # Logits = X @ Wr^T in float32, a 128-token x E-expert block per CTA.
+    # Logits = X @ Wr^T in float32, a 128-token x EC-expert block per CTA.
     return gemm_tc.gemm(
-        cfg.router_block, E, H, name="moe_logits_tc", block_size=bs, core="tma", stages=4,
-        smem_limit=220 << 10, out_dtype="f32",
+        cfg.router_block, cfg.router_experts, H, name="moe_logits_tc", block_size=bs,
+        core="tma", stages=4, smem_limit=220 << 10, out_dtype="f32",
     )  # fmt: skip
 
 
