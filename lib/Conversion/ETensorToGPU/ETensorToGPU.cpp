@@ -197,9 +197,12 @@ private:
   Value pollCounter(EventInfo &info, Value coordinate, Value target,
                     int64_t taskId, Value instance);
   Value noneFailed(Value failed);
+  Value waitOnCoordinate(EventInfo &info, Value coordinate, Value target,
+                         int64_t taskId, Value instance);
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
+  Value indptrEntry(DispatchOp dispatch, Value at);
   Value allThreads(Value pred);
   std::pair<Value, Value> waitForTrigger(DispatchOp dispatch, Value linear,
                                          Value &valid);
@@ -417,15 +420,13 @@ Value KernelBuilder::noneFailed(Value failed) {
   return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyFailed, i32(0));
 }
 
-/// Thread 0 polls the counter (see pollCounter); `bar.red.or` then joins
-/// the CTA and broadcasts failure. Returns an i1 that is true when the wait
-/// succeeded (uniform across the CTA).
-Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
-  EventInfo &info = events[wait.getEvent()];
-  SmallVector<Value> coords = llvm::map_to_vector(
-      wait.getIndices(), [&](Value v) { return mapping.lookup(v); });
-  Value coordinate = linearize(coords, info.sizes);
-  Value target = waitCount(info, coords);
+/// Thread 0 polls linear `coordinate` of the event until it reaches
+/// `target` (see pollCounter); `bar.red.or` then joins the CTA and
+/// broadcasts failure. Returns an i1 that is true when the wait succeeded
+/// (uniform across the CTA).
+Value KernelBuilder::waitOnCoordinate(EventInfo &info, Value coordinate,
+                                      Value target, int64_t taskId,
+                                      Value instance) {
   auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(),
                                   /*withElseRegion=*/true);
   {
@@ -437,6 +438,14 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
     scf::YieldOp::create(b, ValueRange{i32(0)});
   }
   return noneFailed(ifZero.getResult(0));
+}
+
+Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
+  EventInfo &info = events[wait.getEvent()];
+  SmallVector<Value> coords = llvm::map_to_vector(
+      wait.getIndices(), [&](Value v) { return mapping.lookup(v); });
+  return waitOnCoordinate(info, linearize(coords, info.sizes),
+                          waitCount(info, coords), taskId, instance);
 }
 
 /// Static schedule, data-dependent trigger, slow path (see waitForTrigger):
@@ -468,14 +477,9 @@ Value KernelBuilder::waitForWholeEvent(Value event, int64_t taskId,
 Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
                                            Value &valid) {
   EventInfo &info = events[dispatch.getTriggerEvent()];
-  Value indptr = mapping.lookup(dispatch.getTriggerIndptr());
   Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
-  auto entry = [&](Value at) -> Value {
-    Value raw = memref::LoadOp::create(b, indptr, ValueRange{at});
-    return arith::IndexCastOp::create(b, b.getIndexType(), raw);
-  };
   // Uniform trip count: every thread joins every bar.red.popc.
   auto loop =
       scf::ForOp::create(b, index(0), entries, threads, ValueRange{i32(0)});
@@ -490,7 +494,7 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
       OpBuilder::InsertionGuard innerGuard(b);
       b.setInsertionPointToStart(ifInside.thenBlock());
       Value below = arith::CmpIOp::create(b, arith::CmpIPredicate::ule,
-                                          entry(at), linear);
+                                          indptrEntry(dispatch, at), linear);
       scf::YieldOp::create(
           b, ValueRange{arith::ExtUIOp::create(b, b.getI32Type(), below)});
       b.setInsertionPointToStart(ifInside.elseBlock());
@@ -512,6 +516,13 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
   Value coordinate = arith::SubIOp::create(
       b, arith::MaxUIOp::create(b, below, index(1)), index(1));
   return arith::MinUIOp::create(b, coordinate, last);
+}
+
+/// Entry `at` of the trigger's `indptr` table, as an index.
+Value KernelBuilder::indptrEntry(DispatchOp dispatch, Value at) {
+  Value indptr = mapping.lookup(dispatch.getTriggerIndptr());
+  Value raw = memref::LoadOp::create(b, indptr, ValueRange{at});
+  return arith::IndexCastOp::create(b, b.getIndexType(), raw);
 }
 
 /// Joins the CTA: true (uniform) when `pred` holds on every thread.
@@ -536,7 +547,6 @@ KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid) {
   Value event = dispatch.getTriggerEvent();
   int64_t taskId = dispatch.getTask();
   EventInfo &info = events[event];
-  Value indptr = mapping.lookup(dispatch.getTriggerIndptr());
   Value guessValid;
   Value guess = findTriggerCoordinate(dispatch, linear, guessValid);
   Type i1 = b.getI1Type();
@@ -545,23 +555,10 @@ KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid) {
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifGuess.thenBlock());
-    Value target = waitCount(info, ValueRange{guess});
-    auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(), true);
-    {
-      OpBuilder::InsertionGuard zeroGuard(b);
-      b.setInsertionPointToStart(ifZero.thenBlock());
-      scf::YieldOp::create(b, pollCounter(info, guess, target, taskId, linear));
-      b.setInsertionPointToStart(ifZero.elseBlock());
-      scf::YieldOp::create(b, ValueRange{i32(0)});
-    }
-    Value ok = noneFailed(ifZero.getResult(0));
-    auto entry = [&](Value at) -> Value {
-      return arith::IndexCastOp::create(
-          b, b.getIndexType(),
-          memref::LoadOp::create(b, indptr, ValueRange{at}));
-    };
-    Value lo = entry(guess);
-    Value hi = entry(arith::AddIOp::create(b, guess, index(1)));
+    Value ok = waitOnCoordinate(info, guess, waitCount(info, ValueRange{guess}),
+                                taskId, linear);
+    Value lo = indptrEntry(dispatch, guess);
+    Value hi = indptrEntry(dispatch, arith::AddIOp::create(b, guess, index(1)));
     Value inside = arith::AndIOp::create(
         b, arith::CmpIOp::create(b, arith::CmpIPredicate::ule, lo, linear),
         arith::CmpIOp::create(b, arith::CmpIPredicate::ult, linear, hi));

@@ -59,16 +59,17 @@ private:
   /// whole task and its completion pushes the grid as one range.
   static bool allConstantInEdges(TaskOp task) {
     for (auto [event, mapAttr] :
-         llvm::zip(task.getInEvents(), task.getInMaps())) {
-      if (isRanked(event))
-        continue;
-      AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
-      if (!llvm::all_of(map.getResults(), [](AffineExpr e) {
-            return isa<AffineConstantExpr>(e);
-          }))
+         llvm::zip(task.getInEvents(), task.getInMaps()))
+      if (!isRanked(event) && !isConstantMap(mapAttr))
         return false;
-    }
     return true;
+  }
+  /// Every result of the edge map is a constant: all instances wait on one
+  /// coordinate.
+  static bool isConstantMap(Attribute mapAttr) {
+    return llvm::all_of(
+        cast<AffineMapAttr>(mapAttr).getValue().getResults(),
+        [](AffineExpr e) { return isa<AffineConstantExpr>(e); });
   }
   /// A one-coordinate in-edge next to per-instance ones: the task gets a
   /// ready counter per instance, and that coordinate's completion updates
@@ -78,10 +79,7 @@ private:
   static void warnWholeGridFanOut(TaskOp task) {
     for (auto [event, mapAttr] :
          llvm::zip(task.getInEvents(), task.getInMaps())) {
-      AffineMap map = cast<AffineMapAttr>(mapAttr).getValue();
-      if (isRanked(event) || !llvm::all_of(map.getResults(), [](AffineExpr e) {
-            return isa<AffineConstantExpr>(e);
-          }))
+      if (isRanked(event) || !isConstantMap(mapAttr))
         continue;
       auto op = cast<EventOp>(event.getDefiningOp());
       task.emitWarning("task '")
