@@ -112,30 +112,6 @@ def router_reference_rows(x: np.ndarray, wr: np.ndarray, topk: int) -> tuple[np.
 _LOGITS_UNROLL = 4
 
 
-def _unrolled_k_loop(trips: int, RS: int, w_t: str, fmas: str) -> tuple[str, list[str]]:
-    """``router_logits``' k loop as ``trips`` copies of its body, the loads of
-    every copy first; returns the code and the accumulators' final names."""
-    loads, math = [], []
-    acc = ["%zero8"] * RS
-    for u in range(trips):
-        body = fmas.replace("%xv", f"%xv{u}_").replace("%xf", f"%xf{u}_")
-        body = body.replace("%wf", f"%wf{u}").replace("%n", f"%n{u}_").replace("%k]", f"%k{u}]")
-        for r in range(RS):
-            body = body.replace(f"%a{r} :", f"{acc[r]} :")
-        lines = ["      " + line.strip() for line in body.split("\n")]
-        loads.append(
-            f"      %ko{u} = arith.muli %cKstep, %c{u}_u : index\n"
-            f"      %k{u} = arith.addi %kfirst, %ko{u} : index\n"
-            f"      %wv{u} = vector.load %Wr[%e, %k{u}] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>"
-        )
-        loads += [line for line in lines if "vector.load" in line]
-        math.append(f"      %wf{u} = arith.extf %wv{u} : vector<8xbf16> to vector<8xf32>")
-        math += [line for line in lines if "vector.load" not in line]
-        acc = [f"%n{u}_{r}" for r in range(RS)]
-    consts = "\n".join(f"      %c{u}_u = arith.constant {u} : index" for u in range(trips))
-    return "\n".join([consts, *loads, *math]), acc
-
-
 def router_logits(
     RB: int, EC: int, E: int, H: int, *, name: str = "moe_logits", block_size: int = 256
 ) -> DeviceFunction:
@@ -175,27 +151,57 @@ def router_logits(
     )
     zeros = ", ".join(f"%a{r} = %zero8" for r in range(RS))
     acc_types = ", ".join("vector<8xf32>" for _ in range(RS))
-    fmas = "\n".join(
-        f"        %xv{r} = vector.load %X[%row{r}, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>\n"
-        f"        %xf{r} = arith.extf %xv{r} : vector<8xbf16> to vector<8xf32>\n"
-        f"        %n{r} = vector.fma %xf{r}, %wf, %a{r} : vector<8xf32>"
-        for r in range(RS)
-    )
-    yields = ", ".join(f"%n{r}" for r in range(RS))
-    k_loop = (
-        f"      %acc:{RS} = scf.for %k = %kfirst to %cH step %cKstep iter_args({zeros}) -> ({acc_types}) {{\n"
-        f"        %wv = vector.load %Wr[%e, %k] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>\n"
-        f"        %wf = arith.extf %wv : vector<8xbf16> to vector<8xf32>\n"
-        f"{fmas}\n"
-        f"        scf.yield {yields} : {acc_types}\n"
-        f"      }}"
-    )
-    acc_names = [f"%acc#{r}" for r in range(RS)]
+
+    def k_step(tag: str, k: str, acc: list[str], ind: str) -> tuple[list[str], list[str]]:
+        """One k step at ``k`` (names suffixed by ``tag``): its loads (Wr,
+        then the RS rows of X) and its math (extensions, FMAs into ``acc``)."""
+        loads = [
+            f"{ind}%wv{tag} = vector.load %Wr[%e, {k}] {{alignment = 16 : i64}} : {w_t}, vector<8xbf16>"
+        ]
+        math = [f"{ind}%wf{tag} = arith.extf %wv{tag} : vector<8xbf16> to vector<8xf32>"]
+        for r in range(RS):
+            loads.append(
+                f"{ind}%xv{tag}{r} = vector.load %X[%row{r}, {k}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"
+            )
+            math.append(
+                f"{ind}%xf{tag}{r} = arith.extf %xv{tag}{r} : vector<8xbf16> to vector<8xf32>\n"
+                f"{ind}%n{tag}{r} = vector.fma %xf{tag}{r}, %wf{tag}, {acc[r]} : vector<8xf32>"
+            )
+        return loads, math
+
     trips, rest = divmod(H, S * 256)
     if not rest and trips <= _LOGITS_UNROLL:
-        # Few k steps (decode: 2 at H=2048): straight-line code, so every
-        # load of Wr and X is in flight at once (one round trip, not `trips`).
-        k_loop, acc_names = _unrolled_k_loop(trips, RS, w_t, fmas)
+        # Few k steps (decode: 2 at H=2048): straight-line code, the loads of
+        # every step first, so all of Wr and X is in flight at once (one round
+        # trip, not `trips`).
+        loads, math = [f"      %c{u}_u = arith.constant {u} : index" for u in range(trips)], []
+        acc = ["%zero8"] * RS
+        for u in range(trips):
+            loads.append(
+                f"      %ko{u} = arith.muli %cKstep, %c{u}_u : index\n"
+                f"      %k{u} = arith.addi %kfirst, %ko{u} : index"
+            )
+            step_loads, step_math = k_step(f"{u}_", f"%k{u}", acc, "      ")
+            loads += step_loads
+            math += step_math
+            acc = [f"%n{u}_{r}" for r in range(RS)]
+        k_loop, acc_names = "\n".join(loads + math), acc
+    else:
+        step_loads, step_math = k_step("", "%k", [f"%a{r}" for r in range(RS)], "        ")
+        # Each row's load next to its FMA, as before the unrolled form existed.
+        body = [step_loads[0], step_math[0]]
+        for load, fma in zip(step_loads[1:], step_math[1:], strict=True):
+            body += [load, fma]
+        yields = ", ".join(f"%n{r}" for r in range(RS))
+        k_loop = "\n".join(
+            [
+                f"      %acc:{RS} = scf.for %k = %kfirst to %cH step %cKstep iter_args({zeros}) -> ({acc_types}) {{",
+                *body,
+                f"        scf.yield {yields} : {acc_types}",
+                "      }",
+            ]
+        )
+        acc_names = [f"%acc#{r}" for r in range(RS)]
     reductions = []
     for r in range(RS):
         shuffles, value = _text.warp_sum(f"%s{r}", "      ")
@@ -341,7 +347,7 @@ def router_topk(
                 f"{ind}%raw{q} = memref.load %L[%t, %ec{q}] : {l_t}\n"
                 f"{ind}%v0_{q} = arith.select %in{q}, %raw{q}, %ninf : f32"
             )
-    probs = []
+    probs, chosen = [], []
     for k in range(K):
         # This lane's best (strict >: the lower expert on ties), then the warp's.
         bv, bi = f"%v{k}_0", "%e0_i32"
@@ -361,15 +367,13 @@ def router_topk(
                     f"{ind}%v{k + 1}_{q} = arith.select %hit{k}_{q}, %ninf, %v{k}_{q} : f32"
                 )
         # Round 0 finds the largest logit m: weight exp(l_k - m).
-        m = best_v if k == 0 else "%m"
         if k == 0:
-            lines.append(f"{ind}%m = arith.addf {best_v}, %fzero : f32")
+            m = best_v
         lines.append(
-            f"{ind}%d{k} = arith.subf {best_v}, {m} : f32\n"
-            f"{ind}%p{k} = math.exp %d{k} : f32\n"
-            f"{ind}%id{k} = arith.addi {best_i}, %c0_i32 : i32"
+            f"{ind}%d{k} = arith.subf {best_v}, {m} : f32\n{ind}%p{k} = math.exp %d{k} : f32"
         )
         probs.append(f"%p{k}")
+        chosen.append(best_i)
     total = probs[0]
     for k in range(1, K):
         lines.append(f"{ind}%sum{k} = arith.addf {total}, {probs[k]} : f32")
@@ -377,11 +381,11 @@ def router_topk(
     # Lane k < K writes choice k: one warp-wide atomic and coalesced stores
     # (lane 0 alone would issue K dependent-latency atomics in a row).
     lines.append(f"{ind}%kl_i32 = arith.index_cast %lane : index to i32")
-    pick_id, pick_p = "%id0", "%p0"
+    pick_id, pick_p = chosen[0], "%p0"
     for k in range(1, K):
         lines.append(
             f"{ind}%is{k} = arith.cmpi eq, %kl_i32, %c{k}_k : i32\n"
-            f"{ind}%pid{k} = arith.select %is{k}, %id{k}, {pick_id} : i32\n"
+            f"{ind}%pid{k} = arith.select %is{k}, {chosen[k]}, {pick_id} : i32\n"
             f"{ind}%pp{k} = arith.select %is{k}, %p{k}, {pick_p} : f32"
         )
         pick_id, pick_p = f"%pid{k}", f"%pp{k}"
@@ -410,9 +414,7 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
 {consts}
 {_text.shuffle_constants()}
   %c32_i32 = arith.constant 32 : i32
-  %c0_i32 = arith.constant 0 : i32
   %ninf = arith.constant 0xFF800000 : f32
-  %fzero = arith.constant 0.0 : f32
   %tid = gpu.thread_id x
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
