@@ -225,6 +225,12 @@ def test_tile_configuration_errors():
         T_.router_topk(4, 4, 4, 5)
     with pytest.raises(etc.GraphError, match="topk=33 exceeds 32"):
         T_.router_topk(4, 4, 64, 33)
+    from etc.tiles import gemm as G
+
+    with pytest.raises(etc.GraphError, match="tile 'moe_gate_up': a_ahead=3 needs stages > a"):
+        G.moe_gate_up(16, 32, 512, 256, experts=8, stages=3, unroll=1, a_ahead=3)
+    with pytest.raises(etc.GraphError, match="tile 'moe_down': a_ahead=1 needs stages"):
+        G.moe_down(16, 64, 512, 256, experts=8, a_ahead=1)
     with pytest.raises(etc.GraphError, match="multiple of EC"):
         T_.router_logits(4, 3, 8, 64)
     with pytest.raises(etc.GraphError, match="divide the 8 warps"):

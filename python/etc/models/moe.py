@@ -2,8 +2,9 @@
 
 Eight tasks, one persistent kernel (``docs/moe.md``)::
 
-    clear --cleared--> logits(i, j) --scored[i]--> topk(i, j) --routed--> plan(p) --planned--> permute(e) --gu_ready[e]--> gate_up(i, e)
-        --h_ready[e]--> down(i, e) --down_done--> combine
+    clear --cleared--> logits(i, j) --scored[i]--> topk(i, j) --routed--> plan(p)
+        --planned--> permute(e) --gu_ready[e]--> gate_up(i, e) --h_ready[e]--> down(i, e)
+        --down_done--> combine
 
 ``gate_up`` and ``down`` are *triggered* tasks: expert e's tiles are the
 global tile indices ``[gu_indptr[e], gu_indptr[e+1])`` (a table the plan
@@ -64,11 +65,12 @@ __all__ = [
 _TMA_OPTIONS = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
-#: ``decode`` (T = 1: 16-row tiles, narrow column blocks so a few active
+#: ``decode`` (T <= 16: 16-row tiles, narrow column blocks so a few active
 #: experts still fill the GPU, weights through a per-thread ``cp.async``
-#: ring of 4 stages, k loops rotated per tile) and ``prefill`` (T >= 16: 128-row ``etc.tiles.gemm_tc`` tiles fed by
-#: TMA, gate/up 128 and down 256 columns, 4 stages, and the router's logits on
-#: the same tile; compile for ``PRESET_TARGETS["prefill"]``, sm_90a).
+#: ring of 4 stages, k loops rotated per tile) and ``prefill`` (T >= 128:
+#: 128-row ``etc.tiles.gemm_tc`` tiles fed by TMA, gate/up 128 and down 256
+#: columns, 4 stages, and the router's logits on the same tile; compile for
+#: ``PRESET_TARGETS["prefill"]``, sm_90a).
 PRESETS: dict[str, dict[str, Any]] = {
     "decode": dict(
         block_m=16,
@@ -365,8 +367,10 @@ def _bounds(cfg: MoEConfig, T: Any) -> tuple[Any, Any]:
 
 
 #: The plan's arguments, in order.
-_PLAN_ARGS = ("topk_ids", "pos", "counts", "row_off", "gu_indptr", "dn_indptr", "h_wait")
-_PLAN_ARGS += ("dn_total", "perm", "inv")
+_PLAN_ARGS = (
+    "topk_ids", "pos", "counts", "row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total",
+    "perm", "inv",
+)  # fmt: skip
 #: The top-k tile's arguments, in order.
 _TOPK_ARGS = ("logits", "topk_ids", "topk_w", "counts", "pos")
 

@@ -928,12 +928,19 @@ def _moe_loop_options(name: str, stages: int, rotate_k: bool, a_ahead: int) -> d
     starts tile ``i``'s k loop at chunk group ``i mod groups`` (the tiles of
     one expert read the same activation rows: as :func:`layer_gemm`'s
     ``rotate_k``, they then stop reading the same lines at once)."""
-    _text.non_negative(name, a_ahead=a_ahead)
-    if a_ahead and (not stages or a_ahead > stages - 1):
-        raise GraphError(
-            f"tile '{name}': a_ahead={a_ahead} needs stages > a_ahead (stages={stages})"
-        )
+    _check_a_ahead(name, a_ahead, stages)
     return {"rotate": "%i" if rotate_k else None, "a_ahead": a_ahead}
+
+
+def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = False) -> None:
+    """``a_ahead`` loads A that many ring groups ahead: it needs a ring of
+    more stages and A outside the ring."""
+    _text.non_negative(name, a_ahead=a_ahead)
+    if a_ahead and (a_ring or not stages or a_ahead > stages - 1):
+        raise GraphError(
+            f"tile '{name}': a_ahead={a_ahead} needs stages > a_ahead and no a_ring "
+            f"(stages={stages}, a_ring={a_ring})"
+        )
 
 
 def moe_gate_up(
@@ -1292,12 +1299,7 @@ def layer_gemm(
         )
     if row_scale is not None and rmsnorm is not None:
         raise GraphError(f"tile '{name}': give rmsnorm or row_scale (a folded norm), not both")
-    _text.non_negative(name, a_ahead=a_ahead)
-    if a_ahead and (a_ring or not stages or a_ahead > stages - 1):
-        raise GraphError(
-            f"tile '{name}': a_ahead={a_ahead} needs stages > a_ahead and no a_ring "
-            f"(stages={stages}, a_ring={a_ring})"
-        )
+    _check_a_ahead(name, a_ahead, stages, a_ring)
     _check_moe(name, block_n, n, "n")
     at, wt, ct = _layer_types(layers, per_n, n, k)
     t = _Text()
