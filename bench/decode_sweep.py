@@ -30,15 +30,14 @@ from etc.models import llama as M  # noqa: E402
 BASE = M.LLAMA_3_2_1B
 VARIANTS = {
     "default": {},
-    # 32-column gate/up tiles: 256 instances a layer, one wave on 264 CTAs
-    # (16 columns: 512, 1.94 waves, and the second wave's ring fill is not
-    # behind a wait). Measured: B=1 -37 us, B=64 -270 (two runs).
-    "gu32": dict(bn_gu=32),
-    # Wider still (128 tiles: half the CTAs idle at B=1) and the LM head's
-    # 2004 tiles of 64 columns as 1002 of 128 (fewer fills).
-    "gu64": dict(bn_gu=64),
-    "gu32_lm128": dict(bn_gu=32, bn_lm=128),
-    "gu32_lm32": dict(bn_gu=32, bn_lm=32),
+    # The attention as one online-softmax pass per warp (K and V rows loaded
+    # together, two barriers instead of five): unroll 4 and 2, shorter spans
+    # at small batches, shorter splits at large ones. Measured slower at every
+    # B (bench/RESULTS.md, tenth session).
+    "online": dict(attn_online=True),
+    "online_u2": dict(attn_online=True, attn_unroll=2),
+    "online_u2_s128": dict(attn_online=True, attn_unroll=2, attn_small_span=128),
+    "online_u2_c256": dict(attn_online=True, attn_unroll=2, attn_chunk=256),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)

@@ -15,6 +15,7 @@ the last traced; the static and dynamic schedules (``llama.compile_options``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -30,6 +31,8 @@ CFG = M.LLAMA_3_2_1B
 VARIANTS = {
     "static": (CFG, "static"),
     "dynamic": (CFG, "dynamic"),
+    # The online-softmax attention (``attn_online``), two row groups a step.
+    "static_online": (dataclasses.replace(CFG, attn_online=True, attn_unroll=2), "static"),
 }
 BATCHES = (1, 64)
 L = 1024

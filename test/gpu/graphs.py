@@ -210,7 +210,8 @@ def llama_tiny_variants() -> dict:
     off: the defaults fold the norms and fill the ring before the waits);
     64-row GEMM blocks branching to 16-, 32- or 64-row loops (``row_paths``);
     short attention splits for batches of 1 and 2 (``attn_small_batch``);
-    the attention's values staged in shared memory (``attn_stage_v``)."""
+    the attention's values staged in shared memory (``attn_stage_v``); the
+    online-softmax attention (``attn_online``), with long and short spans."""
     import dataclasses
 
     from etc.models import llama
@@ -238,6 +239,10 @@ def llama_tiny_variants() -> dict:
     row_paths = dataclasses.replace(llama.TINY, block_m=64, row_paths=(16, 32, 64))
     small_spans = dataclasses.replace(llama.TINY, attn_small_batch=2, attn_small_span=3)
     stage_v = dataclasses.replace(llama.TINY, attn_stage_v=True)
+    online = dataclasses.replace(llama.TINY, attn_online=True)
+    online_spans = dataclasses.replace(
+        llama.TINY, attn_online=True, attn_unroll=1, attn_small_batch=2, attn_small_span=3
+    )
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -250,4 +255,6 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_row_paths": row_paths,
         "llama_tiny_small_spans": small_spans,
         "llama_tiny_stage_v": stage_v,
+        "llama_tiny_online": online,
+        "llama_tiny_online_spans": online_spans,
     }

@@ -821,3 +821,18 @@ def test_stage_v_compiles_for_llama_3_2_1b():
 
     staged = waits(dataclasses.replace(M.LLAMA_3_2_1B, attn_stage_v=True))
     assert staged == waits(M.LLAMA_3_2_1B) + 1
+
+
+def test_online_attention_config_conflicts_name_the_fields():
+    with pytest.raises(etc.GraphError, match="attn_online .* turn off attn_stage_v, fuse_combine"):
+        M.LlamaConfig(attn_online=True, attn_stage_v=True, fuse_combine=True)
+
+
+@pytest.mark.parametrize("unroll", [1, 4])
+def test_online_attention_decoder_matches_the_numpy_model(weights, unroll):
+    """The simulator runs the tiles' references: the online tile's is the
+    phased one's, so the decoder's output is the numpy model's either way."""
+    cfg = dataclasses.replace(CFG, attn_online=True, attn_unroll=unroll)
+    g = M.build_decoder_graph(cfg)
+    for B, L in ((1, 0), (3, 20)):
+        _check_step(cfg, g, weights, B, L, "dynamic", 29)

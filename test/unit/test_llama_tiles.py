@@ -347,6 +347,9 @@ def test_argmax_simulated():
         (lambda: T.attention(4096, 32, 8, 64, 2), ["'attention'", "chunk=4096"]),
         (lambda: T.attention(16, 4, 2, 32, 0), ["'attention'", "layers"]),
         (lambda: T.attention(16, 4, 2, 32, 2, name="a1", unroll=0), ["'a1'", "unroll"]),
+        (lambda: T.attention_online(16, 4, 2, 8, 2), ["'attention'", "head_dim=8"]),
+        (lambda: T.attention_online(16, 6, 4, 32, 2), ["'attention'", "kv_heads=4"]),
+        (lambda: T.attention_online(384, 4, 2, 32, 2, spread=True), ["'attention'", "chunk=384"]),
         (lambda: T.attention_combine(4, 12), ["'attention_combine'", "head_dim=12"]),
         (lambda: T.argmax(1001), ["'argmax'", "vocab=1001"]),
         (lambda: T.argmax(1000, block_size=2048), ["'argmax'", "block_size=2048"]),
@@ -505,3 +508,69 @@ def test_attention_prefetch_kv_compiles(tmp_path):
             prefetch_next=True,
             prefetch_ring=False,
         )
+
+
+@pytest.mark.parametrize("spread", [False, True])
+def test_attention_online_shares_the_reference(spread):
+    """The online tile is a drop-in for ``attention``: the same numpy split."""
+    rng = np.random.default_rng(11)
+    L, B, cap = 3 * CHUNK + 5, 2, 4 * CHUNK
+    chunk = 2 * CHUNK
+    splits = (L + chunk) // chunk + 1
+    qkv, rope, kc, vc = attention_inputs(rng, B, L, cap)
+    tiles = [
+        T.attention(chunk, NH, KV, D, LAYERS, spread=spread, unroll=1, block_size=64),
+        T.attention_online(chunk, NH, KV, D, LAYERS, spread=spread, unroll=1, block_size=64),
+    ]
+    outs = []
+    for tile in tiles:
+        kc1, vc1 = kc.copy(), vc.copy()
+        opart = np.zeros((B, NH, splits, D), np.float32)
+        mpart = np.zeros((B, NH, splits, 2), np.float32)
+        for s in reversed(range(splits)):
+            for b in range(B):
+                for g in range(KV):
+                    tile.reference(1, b, g, s, L, qkv, rope, kc1, vc1, opart, mpart)
+        outs.append((opart, mpart, kc1, vc1))
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_ptxas
+@needs_bindings
+@pytest.mark.parametrize(("spread", "unroll"), [(False, 4), (True, 2)])
+def test_attention_online_compiles(spread, unroll, tmp_path):
+    chunk = 512
+    splits = f"(L + {chunk}) // {chunk}"
+    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
+
+    def build(make):
+        return compile_graph(
+            make(chunk, L_NH, L_KV, L_D, L_LAYERS, unroll=unroll, spread=spread),
+            [
+                ("L", (), None),
+                ("qkv", ("b", L_Q), "bf16"),
+                ("rope", ("cap", L_D), "f32"),
+                ("kc", cache, "bf16"),
+                ("vc", cache, "bf16"),
+                ("opart", ("b", L_NH, splits, L_D), "f32"),
+                ("mpart", ("b", L_NH, splits, 2), "f32"),
+            ],
+            (L_LAYERS, "b", L_KV, splits),
+            ("b", "L", "cap"),
+            tmp_path,
+        )
+
+    ptx, spills, smem = build(T.attention_online)
+    assert set(spills) == {0}
+    G4 = L_NH // L_KV
+    assert max(smem) == 4 * 8 * G4 * (L_D + 2)
+    # K and V rows of a step issued together: 2 * unroll 16-byte loads in the loop.
+    assert len(re.findall(r"ld\.global(?:\.nc)?\.v4\.b32", ptx)) >= 2 * unroll
+
+    # Two barriers (the join before the warps' partials, and before their
+    # merge) where the phased tile has five.
+    def barriers(text):
+        return len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", text))
+
+    assert barriers(build(T.attention)[0]) - barriers(ptx) == 3

@@ -181,6 +181,14 @@ class LlamaConfig:
     #: ``cp.async`` at the start (``attention(stage_v=True)``): the values
     #: load while the scores and the softmax run.
     attn_stage_v: bool = False
+    #: The attention as one pass per warp with an online softmax
+    #: (:func:`etc.tiles.llama.attention_online`): K and V rows loaded together,
+    #: no barrier until the warps merge. Not with the other ``attn_*`` staging
+    #: options nor ``fuse_combine``.
+    attn_online: bool = False
+    #: K/V row groups per loop step of each lane of the online attention
+    #: (``attention_online(unroll=...)``): 2 * unroll 16-byte loads in flight.
+    attn_unroll: int = 4
     #: The layers' RMSNorms folded into the projections that follow them:
     #: the graph's ``wqkv`` and ``wgu`` hold the norm weights multiplied
     #: into their columns (:func:`graph_weights`, applied by
@@ -251,6 +259,16 @@ class LlamaConfig:
             raise GraphError(
                 "LlamaConfig: attn_prefetch_kv fills shared memory before the waits; "
                 "prefetch_next would run it for the next instance"
+            )
+        online_conflicts = [
+            key
+            for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v", "fuse_combine")
+            if getattr(self, key)
+        ]
+        if self.attn_online and online_conflicts:
+            raise GraphError(
+                f"LlamaConfig: attn_online has its own loads and no fused combine; "
+                f"turn off {', '.join(online_conflicts)}"
             )
         if not isinstance(self.attn_small_batch, int) or self.attn_small_batch < 0:
             raise GraphError(
@@ -469,7 +487,18 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         ),  # fmt: skip
         **norm_tiles,
         "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=rows["norm1"]),
-        "attention": llama.attention(
+        "attention": llama.attention_online(
+            cfg.attn_chunk,
+            cfg.heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            NL,
+            unroll=cfg.attn_unroll,
+            block_size=bs,
+            spread=bool(cfg.attn_small_batch),
+        )
+        if cfg.attn_online
+        else llama.attention(
             cfg.attn_chunk,
             cfg.heads,
             cfg.kv_heads,

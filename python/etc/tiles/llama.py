@@ -39,6 +39,7 @@ __all__ = [
     "embed",
     "rmsnorm",
     "attention",
+    "attention_online",
     "attention_combine",
     "argmax",
     "rope_table",
@@ -714,37 +715,7 @@ def attention(
             f"tile '{name}': spread splits are whole loop steps of {align} rows: "
             f"chunk={chunk} must be a multiple of {align}"
         )
-    if spread:
-        split_lines = f"""\
-  // Positions [p0, p0 + n) of this split: the grid's splits share L + 1 evenly.
-  %Lp1 = arith.addi %L, %c1 : index
-  %cSplitDim = arith.constant 2 : index
-  %cAlign = arith.constant {align} : index
-  %cAlignM1 = arith.constant {align - 1} : index
-  %nsplit = memref.dim %op, %cSplitDim : {op_t}
-  %spa = arith.addi %Lp1, %nsplit : index
-  %spb = arith.subi %spa, %c1 : index
-  %spc = arith.divui %spb, %nsplit : index
-  // Rounded up to whole loop steps: a split's last step is never a sliver.
-  %spd = arith.addi %spc, %cAlignM1 : index
-  %spe = arith.divui %spd, %cAlign : index
-  %span = arith.muli %spe, %cAlign : index
-  %p0 = arith.muli %s, %span : index
-  %p1a = arith.addi %p0, %span : index
-  %p1b = arith.minui %p1a, %Lp1 : index
-  %p1 = arith.maxui %p1b, %p0 : index
-  %nall = arith.subi %p1, %p0 : index
-  // The buffers hold chunk positions (the graph keeps the span below it).
-  %n = arith.minui %nall, %cChunk : index"""
-    else:
-        split_lines = """\
-  // Positions [p0, p0 + n) of this split.
-  %p0 = arith.muli %s, %cChunk : index
-  %Lp1 = arith.addi %L, %c1 : index
-  %p1a = arith.addi %p0, %cChunk : index
-  %p1b = arith.minui %p1a, %Lp1 : index
-  %p1 = arith.maxui %p1b, %p0 : index
-  %n = arith.subi %p1, %p0 : index"""
+    split_lines = _split_lines(spread, align, op_t)
     cnt_t, a_t = f"memref<{layers}x?x{KV}xi32>", f"memref<?x{NH * D}xbf16>"
     combine_args = f", %cnt: {cnt_t}, %attn: {a_t}" if combine else ""
     flag_t = f"memref<1xi32, {_WG}>"
@@ -957,6 +928,8 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 }}
 """
 
+    split = _split_reference(name, chunk, spread, align, NH, KV, D)
+
     def reference(
         l: int,  # noqa: E741
         b: int,
@@ -979,6 +952,457 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
             if count[l, b, g] == splits:
                 heads = slice(g * G, (g + 1) * G)
                 attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(opart, mpart, b, heads, splits)
+
+    if prefetch_kv:
+        source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn.prefetch_fills_shared = prefetch_kv
+    return fn
+
+
+def attention_online(
+    chunk: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    layers: int,
+    *,
+    unroll: int = 4,
+    name: str = "attention",
+    block_size: int = 256,
+    spread: bool = False,
+) -> DeviceFunction:
+    """:func:`attention`'s tile ``(l, b, g, s)`` with the same arguments,
+    outputs and numpy reference, as one pass per warp (an online softmax)
+    instead of four CTA-wide phases.
+
+    Each group of ``D/8`` lanes (a *row group*) owns rows ``base + u*RC +
+    rowt`` of the split's cached positions, as in :func:`attention`, and
+    keeps for each of the ``G`` heads a running max ``m``, sum ``l`` and
+    output ``acc`` (its 8 dims) in registers. A loop step issues its
+    ``unroll`` K rows *and* V rows together (V does not wait for the
+    scores), then folds them in: ``m' = max(m, s_u)``, ``l' = l e^(m-m') +
+    sum e^(s_u-m')``, ``acc' = acc e^(m-m') + sum e^(s_u-m') v_u``. No
+    barrier until the end, where the row groups of a warp merge with
+    shuffles and the warps through workgroup memory (two barriers).
+
+    The queries are roped in registers before the loop: a lane holds dims
+    ``[8r, 8r + 8)`` and the rotation partner ``d +- D/2`` sits in lane ``r
+    xor D/16`` of its row group (one shuffle per 4 bf16 pairs). Position
+    ``L``, if the split holds it, is not read from the cache (split 0 is
+    writing it): after the loop every lane ropes k the same way and the
+    first row group of warp 0 folds ``(k, v)`` in, then writes them to the
+    caches in split 0. The new token's k and v are thus not live across the
+    loop. Workgroup memory: ``4 * warps * G * (D + 2)`` bytes.
+
+    Measured on an H200 in the Llama-3.2-1B decoder (``bench/RESULTS.md``,
+    tenth session): no faster than :func:`attention`. Its instances take the
+    same 13 us at B=64, L=1024 whatever the loads in flight, and the
+    tile needs 150-220 registers, so the kernel spills at 128. Kept as an
+    option (``LlamaConfig.attn_online``).
+    """
+    warps = _check_block(name, block_size)
+    _positive(
+        name,
+        chunk=chunk,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        layers=layers,
+        unroll=unroll,
+    )
+    if heads % kv_heads:
+        raise GraphError(f"tile '{name}': heads={heads} is not a multiple of kv_heads={kv_heads}")
+    _multiple_of_8(name, head_dim=head_dim)
+    NH, KV, D, G, U = heads, kv_heads, head_dim, heads // kv_heads, unroll
+    RL = D // 8  # lanes per row
+    if D < 16 or 32 % RL:
+        raise GraphError(
+            f"tile '{name}': head_dim={D} must be 16, 32, 64, 128 or 256 "
+            "(D/8 lanes read one row; the RoPE partner of a lane is lane xor D/16)"
+        )
+    RW = 32 // RL  # rows per warp per load
+    RC = warps * RW  # rows per CTA per load
+    align = min(RC * U, chunk)  # spans round up to whole loop steps
+    if spread and chunk % align:
+        raise GraphError(
+            f"tile '{name}': spread splits are whole loop steps of {align} rows: "
+            f"chunk={chunk} must be a multiple of {align}"
+        )
+    Q = (NH + 2 * KV) * D
+    half = D // 2
+    qkv_t, rope_t = f"memref<?x{Q}xbf16>", f"memref<?x{D}xf32>"
+    c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
+    op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
+    o_t = f"memref<{warps * G * D}xf32, {_WG}>"
+    m_t = f"memref<{warps * G * 2}xf32, {_WG}>"
+    in_row = [RL >> (k + 1) for k in range(RL.bit_length() - 1)]  # RL/2 .. 1
+    across = [o for o in (1, 2, 4, 8, 16) if o >= RL]  # row groups of a warp
+    consts = _offset_constants(in_row + across)
+
+    def v8(t: str) -> str:
+        return f"vector<8x{t}>"
+
+    lines: list[str] = []  # `emit` appends here; each part clears it
+    emit = lines.append
+
+    def roped(x: str, col: str, cos: str = "%cosv", sin: str = "%sinv") -> None:
+        """``%{x}`` (f32) = bf16(RoPE(qkv[b, col + d0 .. +8])), ``%{x}b`` its bf16."""
+        emit(f"  %{x}c = arith.addi {col}, %d0 : index")
+        emit(
+            f"  %{x}r = vector.load %qkv[%b, %{x}c] {{alignment = 16 : i64}} : {qkv_t}, {v8('bf16')}"
+        )
+        emit(f"  %{x}w = vector.bitcast %{x}r : {v8('bf16')} to vector<4xi32>")
+        parts = []
+        for e in range(4):
+            emit(f"  %{x}w{e} = vector.extract %{x}w[{e}] : i32 from vector<4xi32>")
+            emit(
+                f"  %{x}s{e}, %{x}sok{e} = gpu.shuffle xor %{x}w{e}, %c{RL // 2}_i32, "
+                f"%c32_i32 : i32"
+            )
+            parts.append(f"%{x}s{e}")
+        emit(f"  %{x}pw = vector.from_elements {', '.join(parts)} : vector<4xi32>")
+        emit(f"  %{x}pb = vector.bitcast %{x}pw : vector<4xi32> to {v8('bf16')}")
+        emit(f"  %{x}f = arith.extf %{x}r : {v8('bf16')} to {v8('f32')}")
+        emit(f"  %{x}pf = arith.extf %{x}pb : {v8('bf16')} to {v8('f32')}")
+        emit(f"  %{x}xc = arith.mulf %{x}f, {cos} : {v8('f32')}")
+        emit(f"  %{x}xs = arith.mulf %{x}pf, {sin} : {v8('f32')}")
+        emit(f"  %{x}lo = arith.subf %{x}xc, %{x}xs : {v8('f32')}")
+        emit(f"  %{x}hi = arith.addf %{x}xc, %{x}xs : {v8('f32')}")
+        emit(f"  %{x}rot = arith.select %lo_half, %{x}lo, %{x}hi : {v8('f32')}")
+        emit(f"  %{x}b = arith.truncf %{x}rot : {v8('f32')} to {v8('bf16')}")
+        emit(f"  %{x} = arith.extf %{x}b : {v8('bf16')} to {v8('f32')}")
+
+    def online_update(rows: list[tuple[str, str, str]], state, p: str, indent: str):
+        """Fold ``rows`` (k, v: vector<8xf32>; ok: i1) into the running
+        ``state`` (per head: m, l, acc); names start with ``p``. Returns the
+        new state."""
+        scores = {}
+        for u, (k, _, ok) in enumerate(rows):
+            for t in range(G):
+                x = f"{p}{u}_{t}"
+                red, val = _warp_reduce(f"%dp{x}", "addf", in_row, f"r{x}", indent)
+                emit(
+                    f"{indent}%pr{x} = arith.mulf %q{t}, {k} : {v8('f32')}\n"
+                    f"{indent}%dp{x} = vector.reduction <add>, %pr{x} : {v8('f32')} into f32"
+                    + (f"\n{red}" if red else "")
+                    + f"\n{indent}%sc{x} = arith.mulf {val}, %scale : f32\n"
+                    f"{indent}%s{x} = arith.select {ok}, %sc{x}, %empty : f32"
+                )
+                scores[u, t] = f"%s{x}"
+        new_state = []
+        for t, (m, lsum, acc) in enumerate(state):
+            x = f"{p}{t}"
+            mx = m
+            for u in range(len(rows)):
+                emit(f"{indent}%mx{x}_{u} = arith.maximumf {mx}, {scores[u, t]} : f32")
+                mx = f"%mx{x}_{u}"
+            emit(
+                f"{indent}%dm{x} = arith.subf {m}, {mx} : f32\n"
+                f"{indent}%cr{x} = math.exp %dm{x} : f32\n"
+                f"{indent}%crb{x} = vector.broadcast %cr{x} : f32 to {v8('f32')}\n"
+                f"{indent}%ls{x} = arith.mulf {lsum}, %cr{x} : f32\n"
+                f"{indent}%as{x} = arith.mulf {acc}, %crb{x} : {v8('f32')}"
+            )
+            lsum, acc = f"%ls{x}", f"%as{x}"
+            for u, (_, v, ok) in enumerate(rows):
+                y = f"{x}_{u}"
+                emit(
+                    f"{indent}%ds{y} = arith.subf {scores[u, t]}, {mx} : f32\n"
+                    f"{indent}%ex{y} = math.exp %ds{y} : f32\n"
+                    f"{indent}%e{y} = arith.select {ok}, %ex{y}, %fzero : f32\n"
+                    f"{indent}%ln{y} = arith.addf {lsum}, %e{y} : f32\n"
+                    f"{indent}%eb{y} = vector.broadcast %e{y} : f32 to {v8('f32')}\n"
+                    f"{indent}%an{y} = vector.fma %eb{y}, {v}, {acc} : {v8('f32')}"
+                )
+                lsum, acc = f"%ln{y}", f"%an{y}"
+            new_state.append((mx, lsum, acc))
+        return new_state
+
+    for t in range(G):
+        emit(f"  %qc{t}0 = arith.addi %qcol0, %cT{t}D : index")
+        roped(f"q{t}", f"%qc{t}0")
+    rope_lines = "\n".join(lines)
+
+    # -- the loop step: U cached rows of K and V, then the online update ----
+    lines.clear()
+    rows = []
+    for u in range(U):
+        emit(
+            f"      %r{u}a = arith.addi %base, %rowt : index\n"
+            f"      %r{u} = arith.addi %r{u}a, %cU{u} : index\n"
+            f"      %ok{u} = arith.cmpi ult, %r{u}, %ncache : index\n"
+            f"      %pos{u}a = arith.addi %p0, %r{u} : index\n"
+            f"      %pos{u} = arith.select %ok{u}, %pos{u}a, %p0 : index\n"
+            f"      %kb{u} = vector.load %kc[%l, %b, %g, %pos{u}, %d0] "
+            f"{{alignment = 16 : i64}} : {c_t}, {v8('bf16')}\n"
+            f"      %vb{u} = vector.load %vc[%l, %b, %g, %pos{u}, %d0] "
+            f"{{alignment = 16 : i64}} : {c_t}, {v8('bf16')}"
+        )
+    for u in range(U):
+        emit(
+            f"      %k{u} = arith.extf %kb{u} : {v8('bf16')} to {v8('f32')}\n"
+            f"      %v{u} = arith.extf %vb{u} : {v8('bf16')} to {v8('f32')}"
+        )
+        rows.append((f"%k{u}", f"%v{u}", f"%ok{u}"))
+    loop_state = [(f"%m{t}", f"%l{t}", f"%a{t}") for t in range(G)]
+    after = online_update(rows, loop_state, "u", "      ")
+    step_lines = "\n".join(lines)
+    init = [f"%m{t} = %empty" for t in range(G)] + [f"%l{t} = %fzero" for t in range(G)]
+    init += [f"%a{t} = %zero8" for t in range(G)]
+    types = ["f32"] * (2 * G) + [v8("f32")] * G
+    out = [m for m, _, _ in after] + [lsum for _, lsum, _ in after] + [a for _, _, a in after]
+
+    # -- the new token: roped k and v from qkv, folded in by one row group ---
+    lines.clear()
+    # cos and sin loaded again: not live across the loop.
+    for v, at in (("cosn", "%dh0"), ("sinn", "%dsin")):
+        emit(
+            f"  %{v} = vector.load %rope[%L, {at}] {{alignment = 16 : i64}} : {rope_t}, {v8('f32')}"
+        )
+    roped("kn", "%kcol0", "%cosn", "%sinn")
+    emit("  %vnc = arith.addi %vcol0, %d0 : index")
+    emit(f"  %vnb = vector.load %qkv[%b, %vnc] {{alignment = 16 : i64}} : {qkv_t}, {v8('bf16')}")
+    emit(f"  %vn = arith.extf %vnb : {v8('bf16')} to {v8('f32')}")
+    loop_out = [(f"%st#{t}", f"%st#{G + t}", f"%st#{2 * G + t}") for t in range(G)]
+    with_new = online_update([("%kn", "%vn", "%foldL")], loop_out, "n", "  ")
+    new_lines = "\n".join(lines)
+
+    # -- merge the warp's row groups (butterfly over `across`) ---------------
+    lines.clear()
+    merged = {}
+    for t in range(G):
+        m, lsum, acc = with_new[t]
+        for k, off in enumerate(across):
+            x = f"g{t}_{k}"
+            emit(
+                f"  %{x}m, %{x}mok = gpu.shuffle xor {m}, %c{off}_i32, %c32_i32 : f32\n"
+                f"  %{x}l, %{x}lok = gpu.shuffle xor {lsum}, %c{off}_i32, %c32_i32 : f32"
+            )
+            elems = []
+            for e in range(8):
+                emit(
+                    f"  %{x}x{e} = vector.extract {acc}[{e}] : f32 from {v8('f32')}\n"
+                    f"  %{x}o{e}, %{x}ok{e} = gpu.shuffle xor %{x}x{e}, %c{off}_i32, "
+                    f"%c32_i32 : f32"
+                )
+                elems.append(f"%{x}o{e}")
+            emit(
+                f"  %{x}ao = vector.from_elements {', '.join(elems)} : {v8('f32')}\n"
+                f"  %{x}M = arith.maximumf {m}, %{x}m : f32\n"
+                f"  %{x}d1 = arith.subf {m}, %{x}M : f32\n"
+                f"  %{x}w1 = math.exp %{x}d1 : f32\n"
+                f"  %{x}d2 = arith.subf %{x}m, %{x}M : f32\n"
+                f"  %{x}w2 = math.exp %{x}d2 : f32\n"
+                f"  %{x}l1 = arith.mulf {lsum}, %{x}w1 : f32\n"
+                f"  %{x}L = math.fma %{x}l, %{x}w2, %{x}l1 : f32\n"
+                f"  %{x}w1b = vector.broadcast %{x}w1 : f32 to {v8('f32')}\n"
+                f"  %{x}w2b = vector.broadcast %{x}w2 : f32 to {v8('f32')}\n"
+                f"  %{x}a1 = arith.mulf {acc}, %{x}w1b : {v8('f32')}\n"
+                f"  %{x}A = vector.fma %{x}ao, %{x}w2b, %{x}a1 : {v8('f32')}"
+            )
+            m, lsum, acc = f"%{x}M", f"%{x}L", f"%{x}A"
+        emit(
+            f"  %wo{t}a = arith.addi %wo, %cT{t}D : index\n"
+            f"  %wo{t} = arith.addi %wo{t}a, %d0 : index\n"
+            f"  %wm{t} = arith.addi %wm, %cT{t}x2 : index\n"
+            f"  %wl{t} = arith.addi %wm{t}, %c1 : index"
+        )
+        merged[t] = (m, lsum, acc)
+    merge_lines = "\n".join(lines)
+    o_stores = "\n".join(
+        f"    vector.store {merged[t][2]}, %obuf[%wo{t}] {{alignment = 16 : i64}} : {o_t}, "
+        f"{v8('f32')}"
+        for t in range(G)
+    )
+    m_stores = "\n".join(
+        f"      memref.store {merged[t][0]}, %mbuf[%wm{t}] : {m_t}\n"
+        f"      memref.store {merged[t][1]}, %mbuf[%wl{t}] : {m_t}"
+        for t in range(G)
+    )
+    # -- merge the warps: thread i takes head i / D, dim i % D ---------------
+    lines.clear()
+    M = "%empty"
+    for w in range(warps):
+        emit(
+            f"    %fm{w}i = arith.addi %ti2, %cW{w}G2 : index\n"
+            f"    %fm{w} = memref.load %mbuf[%fm{w}i] : {m_t}\n"
+            f"    %fM{w} = arith.maximumf {M}, %fm{w} : f32"
+        )
+        M = f"%fM{w}"
+    total, num = "%fzero", "%fzero"
+    for w in range(warps):
+        emit(
+            f"    %fl{w}i = arith.addi %fm{w}i, %c1 : index\n"
+            f"    %fl{w} = memref.load %mbuf[%fl{w}i] : {m_t}\n"
+            f"    %fo{w}i = arith.addi %i, %cW{w}GD : index\n"
+            f"    %fo{w} = memref.load %obuf[%fo{w}i] : {o_t}\n"
+            f"    %fd{w} = arith.subf %fm{w}, {M} : f32\n"
+            f"    %fw{w} = math.exp %fd{w} : f32\n"
+            f"    %fs{w} = math.fma %fl{w}, %fw{w}, {total} : f32\n"
+            f"    %fn{w} = math.fma %fo{w}, %fw{w}, {num} : f32"
+        )
+        total, num = f"%fs{w}", f"%fn{w}"
+    final_lines = "\n".join(lines)
+
+    index_consts = "\n".join(
+        [f"  %cU{u} = arith.constant {u * RC} : index" for u in range(U)]
+        + [f"  %cT{t}D = arith.constant {t * D} : index" for t in range(G)]
+        + [f"  %cT{t}x2 = arith.constant {t * 2} : index" for t in range(G)]
+        + [f"  %cW{w}GD = arith.constant {w * G * D} : index" for w in range(warps)]
+        + [f"  %cW{w}G2 = arith.constant {w * G * 2} : index" for w in range(warps)]
+    )
+    loop = f"""\
+  %st:{3 * G} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(init)}) -> ({", ".join(types)}) {{
+{step_lines}
+    scf.yield {", ".join(out)} : {", ".join(types)}
+  }}"""
+    source = f"""\
+// {name}: decode attention split (online softmax per warp), {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
+memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
+func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c8 = arith.constant 8 : index
+  %c32 = arith.constant 32 : index
+  %cBS = arith.constant {block_size} : index
+  %cRL = arith.constant {RL} : index
+  %cRW = arith.constant {RW} : index
+  %cStep = arith.constant {RC * U} : index
+  %cChunk = arith.constant {chunk} : index
+  %cD = arith.constant {D} : index
+  %cHalf = arith.constant {half} : index
+  %cG = arith.constant {G} : index
+  %cGD = arith.constant {G * D} : index
+  %cG2 = arith.constant {G * 2} : index
+  %cQcol = arith.constant {NH * D} : index
+  %cVcol = arith.constant {(NH + KV) * D} : index
+{index_consts}
+{consts}
+  %c32_i32 = arith.constant 32 : i32
+  %zero8 = arith.constant dense<0.0> : {v8("f32")}
+  %fzero = arith.constant 0.0 : f32
+  %empty = arith.constant {_f32(EMPTY_MAX)} : f32
+  %scale = arith.constant {_f32(1.0 / math.sqrt(D))} : f32
+  %tid = gpu.thread_id x
+  %warp = arith.divui %tid, %c32 : index
+  %lane = arith.remui %tid, %c32 : index
+  %grp = arith.divui %lane, %cRL : index
+  %sub = arith.remui %lane, %cRL : index
+  %is_sub0 = arith.cmpi eq, %sub, %c0 : index
+  %is_grp0 = arith.cmpi eq, %grp, %c0 : index
+  %is_warp0 = arith.cmpi eq, %warp, %c0 : index
+  %d0 = arith.muli %sub, %c8 : index
+  %wrow = arith.muli %warp, %cRW : index
+  %rowt = arith.addi %wrow, %grp : index
+  %wo = arith.muli %warp, %cGD : index
+  %wm = arith.muli %warp, %cG2 : index
+  %obuf = memref.get_global @{name}__o : {o_t}
+  %mbuf = memref.get_global @{name}__m : {m_t}
+  %first_split = arith.cmpi eq, %s, %c0 : index
+{_split_lines(spread, align, op_t)}
+  %qh0 = arith.muli %g, %cG : index
+  %qcol0 = arith.muli %qh0, %cD : index
+  %kvcol = arith.muli %g, %cD : index
+  %kcol0 = arith.addi %cQcol, %kvcol : index
+  %vcol0 = arith.addi %cVcol, %kvcol : index
+  // RoPE of the G queries and k in registers (cos at dim d mod D/2, sin D/2 later).
+  %dh0 = arith.remui %d0, %cHalf : index
+  %dsin = arith.addi %dh0, %cHalf : index
+  %cosv = vector.load %rope[%L, %dh0] {{alignment = 16 : i64}} : {rope_t}, {v8("f32")}
+  %sinv = vector.load %rope[%L, %dsin] {{alignment = 16 : i64}} : {rope_t}, {v8("f32")}
+  %lo_half = arith.cmpi ult, %d0, %cHalf : index
+{rope_lines}
+  // Position L (the split's last, if it holds it) comes from qkv, after the loop.
+  %pend = arith.addi %p0, %n : index
+  %endsL = arith.cmpi eq, %pend, %Lp1 : index
+  %nonempty = arith.cmpi ugt, %n, %c0 : index
+  %hasL = arith.andi %endsL, %nonempty : i1
+  %nm1 = arith.subi %n, %c1 : index
+  %ncache = arith.select %hasL, %nm1, %n : index
+  // Each row group's running (max, sum, output) of each head over its rows.
+{loop}
+  %w0g0 = arith.andi %is_warp0, %is_grp0 : i1
+  %foldL = arith.andi %hasL, %w0g0 : i1
+{new_lines}
+  %wr = arith.andi %first_split, %w0g0 : i1
+  scf.if %wr {{
+    vector.store %knb, %kc[%l, %b, %g, %L, %d0] {{alignment = 16 : i64}} : {c_t}, {v8("bf16")}
+    vector.store %vnb, %vc[%l, %b, %g, %L, %d0] {{alignment = 16 : i64}} : {c_t}, {v8("bf16")}
+  }}
+{merge_lines}
+  // A previous call on this CTA may still be reading the workgroup buffers.
+  gpu.barrier
+  scf.if %is_grp0 {{
+{o_stores}
+    scf.if %is_sub0 {{
+{m_stores}
+    }}
+  }}
+  gpu.barrier
+  scf.for %i = %tid to %cGD step %cBS {{
+    %ft = arith.divui %i, %cD : index
+    %fdim = arith.remui %i, %cD : index
+    %ti2 = arith.muli %ft, %c2 : index
+{final_lines}
+    %fh = arith.addi %qh0, %ft : index
+    memref.store {num}, %op[%b, %fh, %s, %fdim] : {op_t}
+    %fdim0 = arith.cmpi eq, %fdim, %c0 : index
+    scf.if %fdim0 {{
+      memref.store {M}, %mp[%b, %fh, %s, %c0] : {mp_t}
+      memref.store {total}, %mp[%b, %fh, %s, %c1] : {mp_t}
+    }}
+  }}
+  return
+}}
+"""
+    split = _split_reference(name, chunk, spread, align, NH, KV, D)
+    return DeviceFunction.from_mlir(source, name, split, block_size=block_size)
+
+
+def _split_lines(spread: bool, align: int, op_t: str) -> str:
+    """MLIR text: ``%p0`` and ``%n``, the positions ``[p0, p0 + n)`` of split
+    ``%s`` (see :func:`_split_positions`). Needs ``%L``, ``%s``, ``%op``,
+    ``%c1`` and ``%cChunk``."""
+    if spread:
+        return f"""\
+  // Positions [p0, p0 + n) of this split: the grid's splits share L + 1 evenly.
+  %Lp1 = arith.addi %L, %c1 : index
+  %cSplitDim = arith.constant 2 : index
+  %cAlign = arith.constant {align} : index
+  %cAlignM1 = arith.constant {align - 1} : index
+  %nsplit = memref.dim %op, %cSplitDim : {op_t}
+  %spa = arith.addi %Lp1, %nsplit : index
+  %spb = arith.subi %spa, %c1 : index
+  %spc = arith.divui %spb, %nsplit : index
+  // Rounded up to whole loop steps: a split's last step is never a sliver.
+  %spd = arith.addi %spc, %cAlignM1 : index
+  %spe = arith.divui %spd, %cAlign : index
+  %span = arith.muli %spe, %cAlign : index
+  %p0 = arith.muli %s, %span : index
+  %p1a = arith.addi %p0, %span : index
+  %p1b = arith.minui %p1a, %Lp1 : index
+  %p1 = arith.maxui %p1b, %p0 : index
+  %nall = arith.subi %p1, %p0 : index
+  // The buffers hold chunk positions (the graph keeps the span below it).
+  %n = arith.minui %nall, %cChunk : index"""
+    return """\
+  // Positions [p0, p0 + n) of this split.
+  %p0 = arith.muli %s, %cChunk : index
+  %Lp1 = arith.addi %L, %c1 : index
+  %p1a = arith.addi %p0, %cChunk : index
+  %p1b = arith.minui %p1a, %Lp1 : index
+  %p1 = arith.maxui %p1b, %p0 : index
+  %n = arith.subi %p1, %p0 : index"""
+
+
+def _split_reference(name: str, chunk: int, spread: bool, align: int, NH: int, KV: int, D: int):
+    """The numpy reference of one attention split (both attention tiles):
+    ``split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart)``."""
+    G = NH // KV
+    scale = 1.0 / math.sqrt(D)
 
     def split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart) -> None:  # noqa: E741
         cos_sin = rope[L]
@@ -1008,11 +1432,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
         mpart[b, heads_of_g, s, 0] = m
         mpart[b, heads_of_g, s, 1] = e.sum(axis=1, dtype=np.float32)
 
-    if prefetch_kv:
-        source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
-    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
-    fn.prefetch_fills_shared = prefetch_kv
-    return fn
+    return split
 
 
 def _split_positions(
