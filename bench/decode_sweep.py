@@ -30,14 +30,14 @@ from etc.models import llama as M  # noqa: E402
 BASE = M.LLAMA_3_2_1B
 VARIANTS = {
     "default": {},
-    # The attention as one online-softmax pass per warp (K and V rows loaded
-    # together, two barriers instead of five): unroll 4 and 2, shorter spans
-    # at small batches, shorter splits at large ones. Measured slower at every
-    # B (bench/RESULTS.md, tenth session).
-    "online": dict(attn_online=True),
-    "online_u2": dict(attn_online=True, attn_unroll=2),
-    "online_u2_s128": dict(attn_online=True, attn_unroll=2, attn_small_span=128),
-    "online_u2_c256": dict(attn_online=True, attn_unroll=2, attn_chunk=256),
+    # The attention on the tensor cores (etc.tiles.attention_mma): one or two
+    # 16-position blocks per warp and step, shorter spans at small batches,
+    # shorter splits at large ones. (The CUDA-core online tile, "online",
+    # measured slower at every B: bench/RESULTS.md, tenth session.)
+    "mma_b1": dict(attn_tile="mma", attn_unroll=1),
+    "mma_b2": dict(attn_tile="mma", attn_unroll=2),
+    "mma_b1_s128": dict(attn_tile="mma", attn_unroll=1, attn_small_span=128),
+    "mma_b1_c256": dict(attn_tile="mma", attn_unroll=1, attn_chunk=256),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)

@@ -31,8 +31,8 @@ CFG = M.LLAMA_3_2_1B
 VARIANTS = {
     "static": (CFG, "static"),
     "dynamic": (CFG, "dynamic"),
-    # The online-softmax attention (``attn_online``), two row groups a step.
-    "static_online": (dataclasses.replace(CFG, attn_online=True, attn_unroll=2), "static"),
+    # The online-softmax attention on the tensor cores (``attn_tile="mma"``).
+    "static_mma": (dataclasses.replace(CFG, attn_tile="mma", attn_unroll=1), "static"),
 }
 BATCHES = (1, 64)
 L = 1024

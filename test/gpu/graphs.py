@@ -211,7 +211,8 @@ def llama_tiny_variants() -> dict:
     64-row GEMM blocks branching to 16-, 32- or 64-row loops (``row_paths``);
     short attention splits for batches of 1 and 2 (``attn_small_batch``);
     the attention's values staged in shared memory (``attn_stage_v``); the
-    online-softmax attention (``attn_online``), with long and short spans."""
+    online-softmax attention on the CUDA cores and on the tensor cores
+    (``attn_tile``), with long and short spans."""
     import dataclasses
 
     from etc.models import llama
@@ -239,9 +240,20 @@ def llama_tiny_variants() -> dict:
     row_paths = dataclasses.replace(llama.TINY, block_m=64, row_paths=(16, 32, 64))
     small_spans = dataclasses.replace(llama.TINY, attn_small_batch=2, attn_small_span=3)
     stage_v = dataclasses.replace(llama.TINY, attn_stage_v=True)
-    online = dataclasses.replace(llama.TINY, attn_online=True)
+    online = dataclasses.replace(llama.TINY, attn_tile="online")
     online_spans = dataclasses.replace(
-        llama.TINY, attn_online=True, attn_unroll=1, attn_small_batch=2, attn_small_span=3
+        llama.TINY, attn_tile="online", attn_unroll=1, attn_small_batch=2, attn_small_span=3
+    )
+    mma = dataclasses.replace(llama.TINY, attn_tile="mma", attn_unroll=2)
+    # One 16-position block per warp and step: 128-position steps, 512-position
+    # spans, so L=200 takes two loop steps.
+    mma_spans = dataclasses.replace(
+        llama.TINY,
+        attn_tile="mma",
+        attn_unroll=1,
+        attn_chunk=512,
+        attn_small_batch=2,
+        attn_small_span=3,
     )
     return {
         "llama_tiny": llama.TINY,
@@ -257,4 +269,6 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_stage_v": stage_v,
         "llama_tiny_online": online,
         "llama_tiny_online_spans": online_spans,
+        "llama_tiny_mma": mma,
+        "llama_tiny_mma_spans": mma_spans,
     }

@@ -824,15 +824,19 @@ def test_stage_v_compiles_for_llama_3_2_1b():
 
 
 def test_online_attention_config_conflicts_name_the_fields():
-    with pytest.raises(etc.GraphError, match="attn_online .* turn off attn_stage_v, fuse_combine"):
-        M.LlamaConfig(attn_online=True, attn_stage_v=True, fuse_combine=True)
+    with pytest.raises(
+        etc.GraphError, match="attn_stage_v, fuse_combine apply to attn_tile='phased'"
+    ):
+        M.LlamaConfig(attn_tile="mma", attn_stage_v=True, fuse_combine=True)
+    with pytest.raises(etc.GraphError, match="attn_tile 'flash' is not one of phased, online, mma"):
+        M.LlamaConfig(attn_tile="flash")
 
 
-@pytest.mark.parametrize("unroll", [1, 4])
-def test_online_attention_decoder_matches_the_numpy_model(weights, unroll):
+@pytest.mark.parametrize(("tile", "unroll"), [("online", 1), ("online", 4), ("mma", 2)])
+def test_online_attention_decoder_matches_the_numpy_model(weights, tile, unroll):
     """The simulator runs the tiles' references: the online tile's is the
     phased one's, so the decoder's output is the numpy model's either way."""
-    cfg = dataclasses.replace(CFG, attn_online=True, attn_unroll=unroll)
+    cfg = dataclasses.replace(CFG, attn_tile=tile, attn_unroll=unroll)
     g = M.build_decoder_graph(cfg)
     for B, L in ((1, 0), (3, 20)):
         _check_step(cfg, g, weights, B, L, "dynamic", 29)

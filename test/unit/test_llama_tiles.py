@@ -13,6 +13,7 @@ from gemm_helpers import check_config_error, needs_bindings, needs_ptxas, ptxas_
 import etc
 from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.tiles import llama as T
+from etc.tiles.attention_mma import attention_mma
 
 # Tiny sizes: hidden, heads, kv heads, head dim, layers.
 H, NH, KV, D, LAYERS = 128, 4, 2, 32, 2
@@ -574,3 +575,67 @@ def test_attention_online_compiles(spread, unroll, tmp_path):
         return len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", text))
 
     assert barriers(build(T.attention)[0]) - barriers(ptx) == 3
+
+
+@needs_ptxas
+@needs_bindings
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_attention_mma_compiles(blocks, tmp_path):
+    """Scores and values on mma.sync: per 16 positions, D/16 mma for each of
+    the two 8-position score tiles and D/8 for the output."""
+    chunk = 512
+    splits = f"(L + {chunk}) // {chunk}"
+    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
+    ptx, spills, smem = compile_graph(
+        attention_mma(chunk, L_NH, L_KV, L_D, L_LAYERS, blocks=blocks, spread=True),
+        [
+            ("L", (), None),
+            ("qkv", ("b", L_Q), "bf16"),
+            ("rope", ("cap", L_D), "f32"),
+            ("kc", cache, "bf16"),
+            ("vc", cache, "bf16"),
+            ("opart", ("b", L_NH, splits, L_D), "f32"),
+            ("mpart", ("b", L_NH, splits, 2), "f32"),
+        ],
+        (L_LAYERS, "b", L_KV, splits),
+        ("b", "L", "cap"),
+        tmp_path,
+    )
+    assert set(spills) == {0}
+    assert max(smem) == 4 * 8 * (L_NH // L_KV) * (L_D + 2)
+    per_block = 2 * (L_D // 16) + L_D // 8
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) == blocks * per_block
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: attention_mma(512, 36, 4, 64, 2), ["'attention'", "9 query heads"]),
+        (lambda: attention_mma(512, 8, 2, 48, 2), ["'attention'", "head_dim=48"]),
+        (lambda: attention_mma(384, 8, 2, 64, 2, spread=True), ["'attention'", "chunk=384"]),
+        (lambda: attention_mma(512, 8, 2, 64, 2, blocks=0), ["'attention'", "blocks"]),
+    ],
+)
+def test_attention_mma_config_errors_name_the_tile(make, words):
+    check_config_error(make, words)
+
+
+def test_attention_mma_shares_the_reference():
+    """A drop-in for ``attention``: the same numpy split (its own loop step)."""
+    tile = attention_mma(64, NH, KV, D, LAYERS, blocks=1, block_size=128, spread=True)
+    ref = T.attention(64, NH, KV, D, LAYERS, unroll=1, block_size=256, spread=True)
+    rng = np.random.default_rng(5)
+    L, B = 40, 2
+    qkv, rope, kc, vc = attention_inputs(rng, B, L, L + 1)
+    outs = []
+    for t in (tile, ref):  # both step 64 positions: the same splits
+        kc1, vc1 = kc.copy(), vc.copy()
+        opart = np.zeros((B, NH, 2, D), np.float32)
+        mpart = np.zeros((B, NH, 2, 2), np.float32)
+        for s in (1, 0):
+            for b in range(B):
+                for g in range(KV):
+                    t.reference(0, b, g, s, L, qkv, rope, kc1, vc1, opart, mpart)
+        outs.append((opart, mpart, kc1, vc1))
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -79,6 +79,8 @@ __all__ = [
 _FOLDED = ("wqkv", "wgu")
 #: Larger than any batch: ``(B + _BIG - k) // _BIG`` is ``B >= k`` as 0 or 1.
 _BIG = 2**31
+#: ``LlamaConfig.attn_tile`` values.
+ATTENTION_TILES = ("phased", "online", "mma")
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 
 
@@ -181,13 +183,15 @@ class LlamaConfig:
     #: ``cp.async`` at the start (``attention(stage_v=True)``): the values
     #: load while the scores and the softmax run.
     attn_stage_v: bool = False
-    #: The attention as one pass per warp with an online softmax
-    #: (:func:`etc.tiles.llama.attention_online`): K and V rows loaded together,
-    #: no barrier until the warps merge. Not with the other ``attn_*`` staging
-    #: options nor ``fuse_combine``.
-    attn_online: bool = False
-    #: K/V row groups per loop step of each lane of the online attention
-    #: (``attention_online(unroll=...)``): 2 * unroll 16-byte loads in flight.
+    #: The attention tile: "phased" (:func:`etc.tiles.llama.attention`: RoPE,
+    #: scores, softmax and values as CTA-wide phases, with the ``attn_stage*``
+    #: options and ``fuse_combine``), "online" (:func:`etc.tiles.llama.
+    #: attention_online`: one online-softmax pass per warp on the CUDA cores)
+    #: or "mma" (:func:`etc.tiles.attention_mma.attention_mma`: the same pass
+    #: on the tensor cores). The last two take none of the phased options.
+    attn_tile: str = "phased"
+    #: Loads in flight per loop step: K/V row groups per lane ("online",
+    #: ``unroll``) or 16-position blocks per warp ("mma", ``blocks``).
     attn_unroll: int = 4
     #: The layers' RMSNorms folded into the projections that follow them:
     #: the graph's ``wqkv`` and ``wgu`` hold the norm weights multiplied
@@ -260,15 +264,20 @@ class LlamaConfig:
                 "LlamaConfig: attn_prefetch_kv fills shared memory before the waits; "
                 "prefetch_next would run it for the next instance"
             )
-        online_conflicts = [
+        if self.attn_tile not in ATTENTION_TILES:
+            raise GraphError(
+                f"LlamaConfig: attn_tile {self.attn_tile!r} is not one of "
+                f"{', '.join(ATTENTION_TILES)}"
+            )
+        phased_only = [
             key
             for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v", "fuse_combine")
             if getattr(self, key)
         ]
-        if self.attn_online and online_conflicts:
+        if self.attn_tile != "phased" and phased_only:
             raise GraphError(
-                f"LlamaConfig: attn_online has its own loads and no fused combine; "
-                f"turn off {', '.join(online_conflicts)}"
+                f"LlamaConfig: {', '.join(phased_only)} apply to attn_tile='phased', "
+                f"not {self.attn_tile!r}"
             )
         if not isinstance(self.attn_small_batch, int) or self.attn_small_batch < 0:
             raise GraphError(
@@ -437,6 +446,18 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
     }
 
 
+def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
+    """The "online" or "mma" attention tile of ``cfg``."""
+    from ..tiles import llama
+    from ..tiles.attention_mma import attention_mma
+
+    shape = (cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, layers)
+    common = {"block_size": block_size, "spread": bool(cfg.attn_small_batch)}
+    if cfg.attn_tile == "mma":
+        return attention_mma(*shape, blocks=cfg.attn_unroll, **common)
+    return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
+
+
 def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
     from ..tiles import gemm, llama
 
@@ -487,17 +508,8 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         ),  # fmt: skip
         **norm_tiles,
         "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=rows["norm1"]),
-        "attention": llama.attention_online(
-            cfg.attn_chunk,
-            cfg.heads,
-            cfg.kv_heads,
-            cfg.head_dim,
-            NL,
-            unroll=cfg.attn_unroll,
-            block_size=bs,
-            spread=bool(cfg.attn_small_batch),
-        )
-        if cfg.attn_online
+        "attention": _attention_tile(cfg, NL, bs)
+        if cfg.attn_tile != "phased"
         else llama.attention(
             cfg.attn_chunk,
             cfg.heads,

@@ -1220,37 +1220,11 @@ def attention_online(
         f"      memref.store {merged[t][1]}, %mbuf[%wl{t}] : {m_t}"
         for t in range(G)
     )
-    # -- merge the warps: thread i takes head i / D, dim i % D ---------------
-    lines.clear()
-    M = "%empty"
-    for w in range(warps):
-        emit(
-            f"    %fm{w}i = arith.addi %ti2, %cW{w}G2 : index\n"
-            f"    %fm{w} = memref.load %mbuf[%fm{w}i] : {m_t}\n"
-            f"    %fM{w} = arith.maximumf {M}, %fm{w} : f32"
-        )
-        M = f"%fM{w}"
-    total, num = "%fzero", "%fzero"
-    for w in range(warps):
-        emit(
-            f"    %fl{w}i = arith.addi %fm{w}i, %c1 : index\n"
-            f"    %fl{w} = memref.load %mbuf[%fl{w}i] : {m_t}\n"
-            f"    %fo{w}i = arith.addi %i, %cW{w}GD : index\n"
-            f"    %fo{w} = memref.load %obuf[%fo{w}i] : {o_t}\n"
-            f"    %fd{w} = arith.subf %fm{w}, {M} : f32\n"
-            f"    %fw{w} = math.exp %fd{w} : f32\n"
-            f"    %fs{w} = math.fma %fl{w}, %fw{w}, {total} : f32\n"
-            f"    %fn{w} = math.fma %fo{w}, %fw{w}, {num} : f32"
-        )
-        total, num = f"%fs{w}", f"%fn{w}"
-    final_lines = "\n".join(lines)
 
     index_consts = "\n".join(
         [f"  %cU{u} = arith.constant {u * RC} : index" for u in range(U)]
         + [f"  %cT{t}D = arith.constant {t * D} : index" for t in range(G)]
         + [f"  %cT{t}x2 = arith.constant {t * 2} : index" for t in range(G)]
-        + [f"  %cW{w}GD = arith.constant {w * G * D} : index" for w in range(warps)]
-        + [f"  %cW{w}G2 = arith.constant {w * G * 2} : index" for w in range(warps)]
     )
     loop = f"""\
   %st:{3 * G} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(init)}) -> ({", ".join(types)}) {{
@@ -1342,11 +1316,55 @@ func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {
     }}
   }}
   gpu.barrier
-  scf.for %i = %tid to %cGD step %cBS {{
-    %ft = arith.divui %i, %cD : index
-    %fdim = arith.remui %i, %cD : index
-    %ti2 = arith.muli %ft, %c2 : index
-{final_lines}
+{_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t)}
+  return
+}}
+"""
+    split = _split_reference(name, chunk, spread, align, NH, KV, D)
+    return DeviceFunction.from_mlir(source, name, split, block_size=block_size)
+
+
+def _warp_merge(warps: int, G: int, D: int, o_t: str, m_t: str, op_t: str, mp_t: str) -> str:
+    """MLIR text: the flash-decoding merge of the ``warps`` partial states
+    that the warps left in ``%obuf`` (``[warp][head][dim]``, f32) and
+    ``%mbuf`` (``[warp][head]`` max and sum) into this split's ``%op`` and
+    ``%mp``: thread ``i`` takes head ``i / D``, dim ``i % D``. Needs
+    ``%tid``, ``%b``, ``%s``, ``%qh0``, ``%obuf``, ``%mbuf``, ``%empty``,
+    ``%fzero``, ``%c0``, ``%c1`` and ``%c2``."""
+    lines = [
+        f"  %wm_bs = arith.constant {warps * 32} : index",
+        f"  %wm_gd = arith.constant {G * D} : index",
+        f"  %wm_d = arith.constant {D} : index",
+        "  scf.for %i = %tid to %wm_gd step %wm_bs {",
+        "    %ft = arith.divui %i, %wm_d : index",
+        "    %fdim = arith.remui %i, %wm_d : index",
+        "    %ti2 = arith.muli %ft, %c2 : index",
+    ]
+    M = "%empty"
+    for w in range(warps):
+        lines.append(
+            f"    %fm{w}i = arith.addi %ti2, %wm_c{w * G * 2} : index\n"
+            f"    %fm{w} = memref.load %mbuf[%fm{w}i] : {m_t}\n"
+            f"    %fM{w} = arith.maximumf {M}, %fm{w} : f32"
+        )
+        M = f"%fM{w}"
+    total, num = "%fzero", "%fzero"
+    for w in range(warps):
+        lines.append(
+            f"    %fl{w}i = arith.addi %fm{w}i, %c1 : index\n"
+            f"    %fl{w} = memref.load %mbuf[%fl{w}i] : {m_t}\n"
+            f"    %fo{w}i = arith.addi %i, %wm_c{w * G * D} : index\n"
+            f"    %fo{w} = memref.load %obuf[%fo{w}i] : {o_t}\n"
+            f"    %fd{w} = arith.subf %fm{w}, {M} : f32\n"
+            f"    %fw{w} = math.exp %fd{w} : f32\n"
+            f"    %fs{w} = math.fma %fl{w}, %fw{w}, {total} : f32\n"
+            f"    %fn{w} = math.fma %fo{w}, %fw{w}, {num} : f32"
+        )
+        total, num = f"%fs{w}", f"%fn{w}"
+    consts = sorted({w * G * 2 for w in range(warps)} | {w * G * D for w in range(warps)})
+    lines[0:0] = [f"  %wm_c{c} = arith.constant {c} : index" for c in consts]
+    lines.append(
+        f"""\
     %fh = arith.addi %qh0, %ft : index
     memref.store {num}, %op[%b, %fh, %s, %fdim] : {op_t}
     %fdim0 = arith.cmpi eq, %fdim, %c0 : index
@@ -1354,12 +1372,9 @@ func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {
       memref.store {M}, %mp[%b, %fh, %s, %c0] : {mp_t}
       memref.store {total}, %mp[%b, %fh, %s, %c1] : {mp_t}
     }}
-  }}
-  return
-}}
-"""
-    split = _split_reference(name, chunk, spread, align, NH, KV, D)
-    return DeviceFunction.from_mlir(source, name, split, block_size=block_size)
+  }}"""
+    )
+    return "\n".join(lines)
 
 
 def _split_lines(spread: bool, align: int, op_t: str) -> str:

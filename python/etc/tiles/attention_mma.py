@@ -1,0 +1,462 @@
+"""Decode attention on the tensor cores (ETC issue 7): :func:`attention_mma`.
+
+The tile of :func:`etc.tiles.llama.attention` (same arguments, outputs and
+numpy reference) with its arithmetic on ``mma.sync.m16n8k16`` (bf16, fp32
+accumulation) instead of per-lane dot products. Why: in
+``bench/decode_attention.py`` the per-lane online-softmax tile streams
+K and V at 3.0-3.3 TB/s with one query head per kv head and at half that
+with Llama's four; its instructions, not its loads, bound it.
+
+Each warp owns blocks of 16 cached positions of the split (blocks
+``warp * NB .. warp * NB + NB - 1`` of every CTA step) and keeps, for the
+query head ``g = lane / 4`` (``g < G``), a running max, sum and output:
+
+* **Scores** ``S = Q K^T``: the ``G`` query heads are the rows of the A
+  operand (rows ``G..15`` zero), 8 positions the columns, ``D`` the
+  reduction. The reduction dims are permuted (the same way for Q and K) so
+  that a lane's B fragments for all ``D / 16`` k-steps are the ``D / 4``
+  consecutive dims ``t4 * D/4 ..`` of one K row (``t4 = lane % 4``): two
+  16-byte loads per row at D=64.
+* **Softmax** on the accumulators: a lane holds 4 scores of its head per
+  16 positions; the block max is two shuffles (the 4 lanes of a head).
+* **Output** ``O = P V``: the scores' accumulators are the A fragments of
+  ``P`` as they stand (positions in order), V rows the B operand with the
+  output dims permuted so that a lane reads ``D / 8`` consecutive dims of 4
+  V rows (16-byte loads at D=64); the permutation is undone when the
+  output is written. ``P`` is rounded to bf16 for the mma (as
+  FlashAttention does); the sum uses the fp32 values.
+
+Position ``L`` (the split's last, if it holds it) is folded in after the
+loop by warp 0 with per-lane arithmetic from ``qkv``, never read from the
+cache (split 0 writes it there). The warps merge through workgroup memory
+(``4 * warps * G * (D + 2)`` bytes) as in :func:`~etc.tiles.llama.attention_online`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..device import DeviceFunction
+from ..errors import GraphError
+from . import _text
+from ._mma import MMA_ATTRS, STRUCT
+from .llama import (
+    _WG,
+    EMPTY_MAX,
+    _f32,
+    _multiple_of_8,
+    _split_lines,
+    _split_reference,
+    _warp_merge,
+)
+
+__all__ = ["attention_mma"]
+
+
+class _T:
+    """MLIR text with fresh SSA names (``%<base><n>``)."""
+
+    def __init__(self, part: str, indent: str = "  ") -> None:
+        self.lines: list[str] = []
+        self.n = 0
+        self.part = part  # one letter per builder of a function: names stay unique
+        self.indent = indent
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent + line)
+
+    def op(self, base: str, rhs: str) -> str:
+        self.n += 1
+        name = f"%{base}{self.part}_{self.n}"
+        self.emit(f"{name} = {rhs}")
+        return name
+
+    def idx(self, op: str, a: str, b: str) -> str:
+        return self.op("x", f"arith.{op} {a}, {b} : index")
+
+    def f(self, op: str, a: str, b: str) -> str:
+        return self.op("f", f"arith.{op} {a}, {b} : f32")
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _words(t: _T, vec: str, n: int) -> list[str]:
+    """The ``n / 2`` i32 words of a ``vector<nxbf16>``."""
+    w = t.op("w", f"vector.bitcast {vec} : vector<{n}xbf16> to vector<{n // 2}xi32>")
+    return [
+        t.op("w", f"vector.extract {w}[{i}] : i32 from vector<{n // 2}xi32>") for i in range(n // 2)
+    ]
+
+
+def _pack(t: _T, lo: str, hi: str, ty: str = "bf16") -> str:
+    """An i32 of two values (``lo`` in the low half), rounded to bf16 from f32."""
+    if ty == "f32":
+        v = t.op("p", f"vector.from_elements {lo}, {hi} : vector<2xf32>")
+        v = t.op("p", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+    else:
+        v = t.op("p", f"vector.from_elements {lo}, {hi} : vector<2xbf16>")
+    v = t.op("p", f"vector.bitcast {v} : vector<2xbf16> to vector<1xi32>")
+    return t.op("p", f"vector.extract {v}[0] : i32 from vector<1xi32>")
+
+
+def _halves(t: _T, lo_word: str, hi_word: str, high: int) -> str:
+    """The i32 of the low (``high=0``) or high bf16 halves of two words:
+    ``lo_word``'s in bits 0-15, ``hi_word``'s in bits 16-31."""
+    if high:
+        a = t.op("h", f"arith.shrui {lo_word}, %c16_i32 : i32")
+        b = t.op("h", f"arith.andi {hi_word}, %hi16_i32 : i32")
+    else:
+        a = t.op("h", f"arith.andi {lo_word}, %lo16_i32 : i32")
+        b = t.op("h", f"arith.shli {hi_word}, %c16_i32 : i32")
+    return t.op("h", f"arith.ori {a}, {b} : i32")
+
+
+def _mma(t: _T, a: list[str], b: list[str], c: list[str]) -> list[str]:
+    d = t.op(
+        "d",
+        f"nvvm.mma.sync A[{a[0]}, {a[1]}, {a[2]}, {a[3]}] B[{b[0]}, {b[1]}] "
+        f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {MMA_ATTRS} : (i32, i32, f32) -> {STRUCT}",
+    )
+    return [t.op("c", f"llvm.extractvalue {d}[{q}] : {STRUCT}") for q in range(4)]
+
+
+def _shfl_xor(t: _T, v: str, offset: int, ty: str = "f32") -> str:
+    t.n += 1
+    t.emit(f"%s{t.part}_{t.n}:2 = gpu.shuffle xor {v}, %c{offset}_i32, %c32_i32 : {ty}")
+    return f"%s{t.part}_{t.n}#0"
+
+
+def attention_mma(
+    chunk: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    layers: int,
+    *,
+    blocks: int = 2,
+    name: str = "attention",
+    block_size: int = 256,
+    spread: bool = False,
+) -> DeviceFunction:
+    """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
+    tensor cores (see the module docstring). ``blocks``: 16-position blocks
+    per warp and loop step (all their K and V loads are issued together).
+    ``G = heads / kv_heads`` at most 8; ``head_dim`` a multiple of 32."""
+    warps = _text.check_block(name, block_size)
+    _text.positive(
+        name,
+        chunk=chunk,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        layers=layers,
+        blocks=blocks,
+    )
+    if heads % kv_heads:
+        raise GraphError(f"tile '{name}': heads={heads} is not a multiple of kv_heads={kv_heads}")
+    _multiple_of_8(name, head_dim=head_dim)
+    NH, KV, D, G, NB = heads, kv_heads, head_dim, heads // kv_heads, blocks
+    if G > 8:
+        raise GraphError(
+            f"tile '{name}': {G} query heads per kv head; at most 8 (the rows of one mma)"
+        )
+    if D % 32 or D > 256:
+        raise GraphError(
+            f"tile '{name}': head_dim={D} must be a multiple of 32 up to 256 "
+            "(a lane reads D/4 dims of a K row, D/8 of a V row)"
+        )
+    step = warps * 16 * NB  # positions per CTA loop step
+    align = min(step, chunk)
+    if spread and chunk % align:
+        raise GraphError(
+            f"tile '{name}': spread splits are whole loop steps of {align} rows: "
+            f"chunk={chunk} must be a multiple of {align}"
+        )
+    DK, DV, KS, NT = D // 4, D // 8, D // 16, D // 8  # K dims/lane, V dims/lane, k-steps, n-tiles
+    Q = (NH + 2 * KV) * D
+    qkv_t, rope_t = f"memref<?x{Q}xbf16>", f"memref<?x{D}xf32>"
+    c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
+    op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
+    o_t = f"memref<{warps * G * D}xf32, {_WG}>"
+    m_t = f"memref<{warps * G * 2}xf32, {_WG}>"
+    kvec = min(DK, 8)  # bf16 per K load
+    vvec = min(DV, 8)
+
+    def c(v: int) -> str:
+        consts.add(v)
+        return f"%k{v}"
+
+    consts: set[int] = set()
+
+    def roped(t: _T, col: str) -> list[str]:
+        """f32 values (bf16-rounded) of dims ``dK0 ..`` of the vector at
+        ``qkv[b, col + dK0 ..]`` after RoPE at position L; the partner dims
+        (``+- D/2``) come from lane ``t4 xor 2``."""
+        vals = []
+        for ch in range(DK // kvec):
+            at = t.idx("addi", col, t.idx("addi", "%dK0", c(ch * kvec)))
+            raw = t.op(
+                "q",
+                f"vector.load %qkv[%b, {at}] {{alignment = 16 : i64}} : {qkv_t}, vector<{kvec}xbf16>",
+            )
+            words = _words(t, raw, kvec)
+            pw = [_shfl_xor(t, w, 2, "i32") for w in words]
+            pv = t.op("q", f"vector.from_elements {', '.join(pw)} : vector<{kvec // 2}xi32>")
+            pb = t.op("q", f"vector.bitcast {pv} : vector<{kvec // 2}xi32> to vector<{kvec}xbf16>")
+            x = t.op("q", f"arith.extf {raw} : vector<{kvec}xbf16> to vector<{kvec}xf32>")
+            xp = t.op("q", f"arith.extf {pb} : vector<{kvec}xbf16> to vector<{kvec}xf32>")
+            dh = t.idx("addi", "%dh0", c(ch * kvec))
+            cs = t.op(
+                "q",
+                f"vector.load %rope[%L, {dh}] {{alignment = 16 : i64}} : {rope_t}, vector<{kvec}xf32>",
+            )
+            ds = t.idx("addi", dh, c(D // 2))
+            sn = t.op(
+                "q",
+                f"vector.load %rope[%L, {ds}] {{alignment = 16 : i64}} : {rope_t}, vector<{kvec}xf32>",
+            )
+            xc = t.op("q", f"arith.mulf {x}, {cs} : vector<{kvec}xf32>")
+            xs = t.op("q", f"arith.mulf {xp}, {sn} : vector<{kvec}xf32>")
+            lo = t.op("q", f"arith.subf {xc}, {xs} : vector<{kvec}xf32>")
+            hi = t.op("q", f"arith.addf {xc}, {xs} : vector<{kvec}xf32>")
+            rot = t.op("q", f"arith.select %lo_half, {lo}, {hi} : vector<{kvec}xf32>")
+            rb = t.op("q", f"arith.truncf {rot} : vector<{kvec}xf32> to vector<{kvec}xbf16>")
+            vals.append(rb)
+        return vals
+
+    # -- setup: the roped query of head g as A fragments -----------------------
+    t = _T("a")
+    q_bf = roped(t, "%qcol")
+    q_words = [w for v in q_bf for w in _words(t, v, kvec)]
+    q_words = [t.op("q", f"arith.select %gvalid, {w}, %i0 : i32") for w in q_words]
+    # k-step s uses the lane's dims 4s..4s+3: words 2s (k = 2t4, 2t4+1) and 2s+1 (k + 8).
+    qa = [[q_words[2 * s], "%i0", q_words[2 * s + 1], "%i0"] for s in range(KS)]
+    setup = t.text()
+
+    # -- the loop step ------------------------------------------------------------
+    t = _T("b", "    ")
+    state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
+    kw, vrows, blk = {}, {}, {}
+    for bb in range(NB):
+        blk[bb] = t.idx("addi", "%wbase", c(16 * bb))
+        for j in range(2):
+            r = t.idx("addi", blk[bb], c(8 * j) if j else "%c0")
+            r = t.idx("addi", r, "%qg")
+            ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
+            pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
+            words = []
+            for ch in range(DK // kvec):
+                d = t.idx("addi", "%dK0", c(ch * kvec))
+                v = t.op(
+                    "kv",
+                    f"vector.load %kc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>",
+                )
+                words += _words(t, v, kvec)
+            kw[bb, j] = words
+        for e in (0, 1, 8, 9):
+            r = t.idx("addi", t.idx("addi", blk[bb], "%t2"), c(e) if e else "%c0")
+            ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
+            pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
+            chunks = []
+            for ch in range(DV // vvec):
+                d = t.idx("addi", "%dV0", c(ch * vvec))
+                chunks.append(
+                    t.op(
+                        "vv",
+                        f"vector.load %vc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{vvec}xbf16>",
+                    )
+                )
+            vrows[bb, e] = chunks
+    scores = {}
+    for bb in range(NB):
+        for j in range(2):
+            acc = ["%fzero"] * 2
+            for s in range(KS):
+                b = [kw[bb, j][2 * s], kw[bb, j][2 * s + 1]]
+                acc = _mma(t, qa[s], b, [*acc, "%fzero", "%fzero"])[:2]
+            for e in range(2):
+                r = t.idx("addi", t.idx("addi", blk[bb], c(8 * j + e)), "%t2")
+                ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
+                sc = t.f("mulf", acc[e], "%scale")
+                scores[bb, j, e] = (t.op("sc", f"arith.select {ok}, {sc}, %empty : f32"), ok)
+    mx = "%rm"
+    local = None
+    for sc, _ in scores.values():
+        local = sc if local is None else t.f("maximumf", local, sc)
+    for off in (1, 2):
+        local = t.f("maximumf", local, _shfl_xor(t, local, off))
+    m_new = t.f("maximumf", mx, local)
+    corr = t.op("e", f"math.exp {t.f('subf', '%rm', m_new)} : f32")
+    lsum = t.f("mulf", "%rl", corr)
+    probs = {}
+    for key, (sc, ok) in scores.items():
+        ex = t.op("e", f"math.exp {t.f('subf', sc, m_new)} : f32")
+        probs[key] = t.op("e", f"arith.select {ok}, {ex}, %fzero : f32")
+        lsum = t.f("addf", lsum, probs[key])
+    out = [[t.f("mulf", state_o[u][q], corr) for q in range(2)] for u in range(NT)]
+    for bb in range(NB):
+        pa = [
+            _pack(t, probs[bb, 0, 0], probs[bb, 0, 1], "f32"),
+            "%i0",
+            _pack(t, probs[bb, 1, 0], probs[bb, 1, 1], "f32"),
+            "%i0",
+        ]
+        # V rows 2t4, 2t4+1 (k = 2t4, 2t4+1) and 2t4+8, 2t4+9; dims dV0 + u of n-tile u:
+        # the bf16 halves of word u / 2 of two rows, paired (one prmt each).
+        words = {e: [w for v in vrows[bb, e] for w in _words(t, v, vvec)] for e in (0, 1, 8, 9)}
+        for u in range(NT):
+            b0 = _halves(t, words[0][u // 2], words[1][u // 2], u % 2)
+            b1 = _halves(t, words[8][u // 2], words[9][u // 2], u % 2)
+            out[u] = _mma(t, pa, [b0, b1], [*out[u], "%fzero", "%fzero"])[:2]
+    step_lines = t.text()
+    yields = [m_new, lsum] + [v for u in range(NT) for v in out[u]]
+    inits = ["%rm = %empty", "%rl = %fzero"] + [
+        f"{state_o[u][q]} = %fzero" for u in range(NT) for q in range(2)
+    ]
+    types = ", ".join(["f32"] * (2 + 2 * NT))
+
+    # -- after the loop: position L by warp 0, the warp's output to workgroup memory --
+    t = _T("c")
+    res_m, res_l = "%st#0", "%st#1"
+    res_o = [[f"%st#{2 + 2 * u + q}" for q in range(2)] for u in range(NT)]
+    k_bf = roped(t, "%kcol0")
+    part = "%fzero"
+    for qv, kv in zip(q_bf, k_bf, strict=True):
+        prod = t.op(
+            "n",
+            f"arith.mulf {t.op('n', f'arith.extf {qv} : vector<{kvec}xbf16> to vector<{kvec}xf32>')}, {t.op('n', f'arith.extf {kv} : vector<{kvec}xbf16> to vector<{kvec}xf32>')} : vector<{kvec}xf32>",
+        )
+        part = t.f(
+            "addf", part, t.op("n", f"vector.reduction <add>, {prod} : vector<{kvec}xf32> into f32")
+        )
+    for off in (1, 2):
+        part = t.f("addf", part, _shfl_xor(t, part, off))
+    s_new = t.f("mulf", part, "%scale")
+    m2 = t.op("n", f"arith.select %foldL, {t.f('maximumf', res_m, s_new)}, {res_m} : f32")
+    corr2 = t.op("n", f"math.exp {t.f('subf', res_m, m2)} : f32")
+    e_new = t.op("n", f"math.exp {t.f('subf', s_new, m2)} : f32")
+    e_new = t.op("n", f"arith.select %foldL, {e_new}, %fzero : f32")
+    e_own = t.op("n", f"arith.select %is_t0, {e_new}, %fzero : f32")
+    l2 = t.f("addf", t.f("mulf", res_l, corr2), e_own)
+    for off in (1, 2):
+        l2 = t.f("addf", l2, _shfl_xor(t, l2, off))
+    o_final = {}
+    for u in range(NT):
+        for e in range(2):
+            dim = t.idx(
+                "addi", t.idx("muli", t.idx("addi", "%t2", c(e) if e else "%c0"), c(DV)), c(u)
+            )
+            col = t.idx("addi", "%vcol0", dim)
+            vb = t.op("n", f"memref.load %qkv[%b, {col}] : {qkv_t}")
+            vf = t.op("n", f"arith.extf {vb} : bf16 to f32")
+            scaled = t.f("mulf", res_o[u][e], corr2)
+            o_final[u, e] = (t.op("n", f"math.fma {e_new}, {vf}, {scaled} : f32"), dim)
+    # Split 0: the new k (roped) and v into the caches (lanes of head 0).
+    t.emit("scf.if %wr {")
+    for ch, kv in enumerate(k_bf):
+        d = t.idx("addi", "%dK0", c(ch * kvec))
+        t.emit(
+            f"  vector.store {kv}, %kc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
+        )
+        vcol = t.idx("addi", "%vcol0", d)
+        vv = t.op(
+            "n",
+            f"vector.load %qkv[%b, {vcol}] {{alignment = 16 : i64}} : {qkv_t}, vector<{kvec}xbf16>",
+        )
+        t.emit(
+            f"  vector.store {vv}, %vc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
+        )
+    t.emit("}")
+    t.emit("// A previous call on this CTA may still be reading the workgroup buffers.")
+    t.emit("gpu.barrier")
+    t.emit("scf.if %gvalid {")
+    wbase = t.idx("addi", "%wo", t.idx("muli", "%qg", c(D)))
+    for v, dim in o_final.values():
+        t.emit(f"  memref.store {v}, %obuf[{t.idx('addi', wbase, dim)}] : {o_t}")
+    t.emit("  scf.if %is_t0 {")
+    mi = t.idx("addi", "%wm", t.idx("muli", "%qg", "%c2"))
+    t.emit(f"    memref.store {m2}, %mbuf[{mi}] : {m_t}")
+    t.emit(f"    memref.store {l2}, %mbuf[{t.idx('addi', mi, '%c1')}] : {m_t}")
+    t.emit("  }")
+    t.emit("}")
+    t.emit("gpu.barrier")
+    tail = t.text()
+
+    for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D):
+        consts.add(v)
+    constants = "\n".join(f"  %k{v} = arith.constant {v} : index" for v in sorted(consts))
+    source = f"""\
+// {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
+memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
+func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c4 = arith.constant 4 : index
+  %c32 = arith.constant 32 : index
+  %cChunk = arith.constant {chunk} : index
+  %cStep = arith.constant {step} : index
+  %c1_i32 = arith.constant 1 : i32
+  %c2_i32 = arith.constant 2 : i32
+  %c32_i32 = arith.constant 32 : i32
+  %i0 = arith.constant 0 : i32
+  %c16_i32 = arith.constant 16 : i32
+  %lo16_i32 = arith.constant 65535 : i32
+  %hi16_i32 = arith.constant -65536 : i32
+{constants}
+  %fzero = arith.constant 0.0 : f32
+  %empty = arith.constant {_f32(EMPTY_MAX)} : f32
+  %scale = arith.constant {_f32(1.0 / math.sqrt(D))} : f32
+  %tid = gpu.thread_id x
+  %warp = arith.divui %tid, %c32 : index
+  %lane = arith.remui %tid, %c32 : index
+  %qg = arith.divui %lane, %c4 : index
+  %t4 = arith.remui %lane, %c4 : index
+  %t2 = arith.muli %t4, %c2 : index
+  %is_t0 = arith.cmpi eq, %t4, %c0 : index
+  %gvalid = arith.cmpi ult, %qg, %k{G} : index
+  %gq = arith.minui %qg, %k{G - 1} : index
+  %dK0 = arith.muli %t4, %k{DK} : index
+  %dV0 = arith.muli %qg, %k{DV} : index
+  %dh0 = arith.remui %dK0, %k{D // 2} : index
+  %lo_half = arith.cmpi ult, %dK0, %k{D // 2} : index
+  %wo = arith.muli %warp, %k{G * D} : index
+  %wm = arith.muli %warp, %k{G * 2} : index
+  %wstart = arith.muli %warp, %k{16 * NB} : index
+  %obuf = memref.get_global @{name}__o : {o_t}
+  %mbuf = memref.get_global @{name}__m : {m_t}
+  %first_split = arith.cmpi eq, %s, %c0 : index
+{_split_lines(spread, align, op_t)}
+  %qh0 = arith.muli %gkv, %k{G} : index
+  %qh = arith.addi %qh0, %gq : index
+  %qcol = arith.muli %qh, %k{D} : index
+  %kvcol = arith.muli %gkv, %k{D} : index
+  %kcol0 = arith.addi %kvcol, %k{NH * D} : index
+  %vcol0 = arith.addi %kvcol, %k{(NH + KV) * D} : index
+  %pend = arith.addi %p0, %n : index
+  %endsL = arith.cmpi eq, %pend, %Lp1 : index
+  %nonempty = arith.cmpi ugt, %n, %c0 : index
+  %hasL = arith.andi %endsL, %nonempty : i1
+  %nm1 = arith.subi %n, %c1 : index
+  %ncache = arith.select %hasL, %nm1, %n : index
+  %is_w0 = arith.cmpi eq, %warp, %c0 : index
+  %foldL = arith.andi %hasL, %is_w0 : i1
+  %g0 = arith.cmpi eq, %qg, %c0 : index
+  %w0g0 = arith.andi %is_w0, %g0 : i1
+  %wr = arith.andi %first_split, %w0g0 : i1
+{setup}
+  %st:{2 + 2 * NT} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
+    %wbase = arith.addi %base, %wstart : index
+{step_lines}
+    scf.yield {", ".join(yields)} : {types}
+  }}
+{tail}
+{_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t)}
+  return
+}}
+"""
+    return DeviceFunction.from_mlir(
+        source, name, _split_reference(name, chunk, spread, align, NH, KV, D), block_size=block_size
+    )
