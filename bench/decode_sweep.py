@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,19 +29,24 @@ from bench.timing import timed, two_step_main  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
+#: The large-batch kernel's changes (``LlamaConfig.large_batch``).
+LARGE = dict(M.LLAMA_3_2_1B.large_batch)
 VARIANTS = {
-    "default": {},
-    # The attention on the tensor cores (etc.tiles.attention_mma): one or two
-    # 16-position blocks per warp and step, shorter spans at small batches,
-    # shorter splits at large ones. (The CUDA-core online tile, "online",
-    # measured slower at every B: bench/RESULTS.md, tenth session.)
-    "mma_b1": dict(attn_tile="mma", attn_unroll=1),
-    "mma_b2": dict(attn_tile="mma", attn_unroll=2),
-    "mma_b1_s128": dict(attn_tile="mma", attn_unroll=1, attn_small_span=128),
-    "mma_b1_c256": dict(attn_tile="mma", attn_unroll=1, attn_chunk=256),
+    # Column widths of the large-batch kernel: each column block of 32 rows
+    # reads all of its activations from L2 (down: 512 KB a block, 256 MB a
+    # layer with 8 columns), so wider blocks read less.
+    "large": LARGE,
+    "large_d32": {**LARGE, "bn_down": 32},
+    "large_d64": {**LARGE, "bn_down": 64},
+    "large_d32_o32": {**LARGE, "bn_down": 32, "bn_o": 32},
+    "large_d32_o32_q32": {**LARGE, "bn_down": 32, "bn_o": 32, "bn_qkv": 32},
+    "large_d32_o32_q32_lm128": {**LARGE, "bn_down": 32, "bn_o": 32, "bn_qkv": 32, "bn_lm": 128},
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
+#: ``DECODE_SWEEP_BATCHES=16,32,64`` times only those.
+if os.environ.get("DECODE_SWEEP_BATCHES"):
+    BATCHES = tuple(int(b) for b in os.environ["DECODE_SWEEP_BATCHES"].split(","))
 L = 1024
 CALLS = 10
 

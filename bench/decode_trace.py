@@ -15,7 +15,6 @@ the last traced; the static and dynamic schedules (``llama.compile_options``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -31,8 +30,8 @@ CFG = M.LLAMA_3_2_1B
 VARIANTS = {
     "static": (CFG, "static"),
     "dynamic": (CFG, "dynamic"),
-    # The online-softmax attention on the tensor cores (``attn_tile="mma"``).
-    "static_mma": (dataclasses.replace(CFG, attn_tile="mma", attn_unroll=1), "static"),
+    # The large-batch kernel of the default artifact (``large_batch``).
+    "static_large": (CFG.bucket_configs()[-1][1], "static"),
 }
 BATCHES = (1, 64)
 L = 1024

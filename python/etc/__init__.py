@@ -15,6 +15,7 @@ imported on first access; it is left out of ``__all__`` so that
 
 from typing import Any
 
+from .buckets import compile_buckets
 from .device import DeviceFunction
 from .dtypes import bf16_to_f32, f32_to_bf16
 from .edgemap import EdgeMap
@@ -52,6 +53,7 @@ __all__ = [
     "simulate_ranks",
     "static_queues",
     "compile",
+    "compile_buckets",
     "f32_to_bf16",
     "bf16_to_f32",
     "__version__",

@@ -212,7 +212,8 @@ def llama_tiny_variants() -> dict:
     short attention splits for batches of 1 and 2 (``attn_small_batch``);
     the attention's values staged in shared memory (``attn_stage_v``); the
     online-softmax attention on the CUDA cores and on the tensor cores
-    (``attn_tile``), with long and short spans."""
+    (``attn_tile``), with long and short spans; a kernel per batch range
+    (``large_batch_min``)."""
     import dataclasses
 
     from etc.models import llama
@@ -255,6 +256,9 @@ def llama_tiny_variants() -> dict:
         attn_small_batch=2,
         attn_small_span=3,
     )
+    # Two kernels in one artifact: batches of 17 and more run the large-batch
+    # tiles (32-row GEMM blocks, 64-column gate/up, the tensor-core attention).
+    buckets = dataclasses.replace(llama.TINY, large_batch_min=17)
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -271,4 +275,5 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_online_spans": online_spans,
         "llama_tiny_mma": mma,
         "llama_tiny_mma_spans": mma_spans,
+        "llama_tiny_buckets": buckets,
     }

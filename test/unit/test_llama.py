@@ -503,7 +503,7 @@ def test_fused_combine_matches_the_numpy_model(weights, schedule):
 
 @needs_ptxas
 def test_fused_combine_compiles_for_llama_3_2_1b():
-    cfg = dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True)
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True, large_batch_min=0)
     art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
     assert art.cubin is not None
     assert "atom.acq_rel.gpu.global.add.u32" in art.ptx
@@ -819,7 +819,7 @@ def test_stage_v_compiles_for_llama_3_2_1b():
         assert art.cubin is not None
         return art.ptx.count("cp.async.wait_group \t0;")
 
-    staged = waits(dataclasses.replace(M.LLAMA_3_2_1B, attn_stage_v=True))
+    staged = waits(dataclasses.replace(M.LLAMA_3_2_1B, attn_stage_v=True, large_batch_min=0))
     assert staged == waits(M.LLAMA_3_2_1B) + 1
 
 
@@ -840,3 +840,36 @@ def test_online_attention_decoder_matches_the_numpy_model(weights, tile, unroll)
     g = M.build_decoder_graph(cfg)
     for B, L in ((1, 0), (3, 20)):
         _check_step(cfg, g, weights, B, L, "dynamic", 29)
+
+
+def test_batch_buckets_change_only_the_tiles():
+    """The large-batch kernel differs by the ``large_batch`` fields alone and
+    takes the same tensors; a bad change is refused by name."""
+    (b0, small), (b1, large) = M.LLAMA_3_2_1B.bucket_configs()
+    assert (b0, b1) == (M.LLAMA_3_2_1B.large_batch_min - 1, None)
+    assert small.large_batch_min == large.large_batch_min == 0
+    assert (large.block_m, large.row_warps, large.bn_gu, large.attn_tile) == (32, 1, 64, "mma")
+    assert M.tensor_shapes(small, 4, 9, 10) == M.tensor_shapes(large, 4, 9, 10)
+    assert M.TINY.bucket_configs() == [(None, M.TINY)]
+    with pytest.raises(etc.GraphError, match="large_batch changes \\['block_n'\\]"):
+        M.LlamaConfig(large_batch=(("block_n", 32),))
+    with pytest.raises(etc.GraphError, match="large_batch_min must be 0"):
+        M.LlamaConfig(large_batch_min=1)
+    with pytest.raises(etc.GraphError, match="bn_gu=48 does not divide"):
+        M.LlamaConfig(large_batch=(("bn_gu", 48),))
+
+
+@needs_ptxas
+def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
+    cfg = dataclasses.replace(CFG, large_batch_min=3)
+    art = M.compile_decoder(cfg, "static")
+    assert art.symbol == "B" and art.bounds == [2, None]
+    assert all(a.cubin is not None for a in art.artifacts)
+    assert art.artifacts[0].ptx != art.artifacts[1].ptx
+    art.save(tmp_path)
+    assert (tmp_path / "buckets.json").exists()
+
+
+def test_a_change_the_large_batch_kernel_cannot_take_says_so():
+    with pytest.raises(etc.GraphError, match="in the large-batch kernel: .* large_batch_min=0"):
+        dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True)

@@ -56,6 +56,7 @@ __all__ = [
     "TINY",
     "build_decoder_graph",
     "compile_options",
+    "compile_decoder",
     "tensor_shapes",
     "random_weights",
     "random_weights_torch",
@@ -193,6 +194,23 @@ class LlamaConfig:
     #: Loads in flight per loop step: K/V row groups per lane ("online",
     #: ``unroll``) or 16-position blocks per warp ("mma", ``blocks``).
     attn_unroll: int = 4
+    #: Field changes of the kernel that runs batches of ``large_batch_min``
+    #: sequences or more: :func:`compile_decoder` compiles one kernel per
+    #: range of ``B`` into one artifact (``etc.compile_buckets``), launched
+    #: with the same buffers. The default: 32-row GEMM tiles whose warps all
+    #: hold every row (each weight fragment read once per tile), 64-column
+    #: gate/up tiles and the tensor-core attention; on an H200 -19 % at B=64
+    #: and -8 % at B=32 against the small-batch kernel, which is faster up to
+    #: B=16 (``bench/RESULTS.md``, tenth session).
+    large_batch: tuple[tuple[str, Any], ...] = (
+        ("block_m", 32),
+        ("row_warps", 1),
+        ("bn_gu", 64),
+        ("attn_tile", "mma"),
+        ("attn_unroll", 1),
+    )
+    #: The smallest batch the ``large_batch`` kernel runs; 0: one kernel.
+    large_batch_min: int = 17
     #: The layers' RMSNorms folded into the projections that follow them:
     #: the graph's ``wqkv`` and ``wgu`` hold the norm weights multiplied
     #: into their columns (:func:`graph_weights`, applied by
@@ -292,6 +310,27 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
+        lbm = self.large_batch_min
+        if not isinstance(lbm, int) or isinstance(lbm, bool) or lbm == 1 or lbm < 0:
+            raise GraphError(
+                f"LlamaConfig: large_batch_min must be 0 (one kernel) or an int >= 2, "
+                f"got {self.large_batch_min!r}"
+            )
+        if self.large_batch_min:
+            fields = {f.name for f in dataclasses.fields(self)}
+            unknown = [k for k, _ in self.large_batch if k not in fields]
+            if unknown or any(k in ("large_batch", "large_batch_min") for k, _ in self.large_batch):
+                raise GraphError(
+                    f"LlamaConfig: large_batch changes {unknown or 'the buckets'}; give "
+                    "fields of the kernel's tiles"
+                )
+            try:
+                self.bucket_configs()  # the large kernel's configuration must be valid too
+            except GraphError as e:
+                raise GraphError(
+                    f"{e} (in the large-batch kernel: large_batch={self.large_batch!r}; "
+                    "change it, or large_batch_min=0 for one kernel)"
+                ) from None
         for key, total in (
             ("bn_qkv", self.qkv_width),
             ("bn_o", self.hidden),
@@ -329,6 +368,18 @@ class LlamaConfig:
         if unknown:
             raise GraphError(f"LlamaConfig has no field {', '.join(map(repr, unknown))}")
         return dataclasses.replace(base or cls(), **{k: tuples(v) for k, v in changes.items()})
+
+    def bucket_configs(self) -> list[tuple[int | None, LlamaConfig]]:
+        """``(largest B, configuration)`` of each kernel :func:`compile_decoder`
+        compiles: this one up to ``large_batch_min - 1``, then this one with
+        ``large_batch``'s changes (one kernel when ``large_batch_min`` is 0)."""
+        if not self.large_batch_min:
+            return [(None, self)]
+        large = dataclasses.replace(self, **dict(self.large_batch), large_batch_min=0)
+        return [
+            (self.large_batch_min - 1, dataclasses.replace(self, large_batch_min=0)),
+            (None, large),
+        ]
 
     def weight_name(self, key: str) -> str:
         """The graph's tensor for weight ``key``: ``wqkv_folded`` and
@@ -388,6 +439,7 @@ TINY = LlamaConfig(
     bn_down=16,
     # k = 256: two iterations per warp slice.
     gemm_options=(("stages", 3), ("unroll", 1), ("rotate_k", True)),
+    large_batch_min=0,
 )
 
 
@@ -403,6 +455,28 @@ def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any
     else:
         options["pop_ahead"] = False
     return options
+
+
+def compile_decoder(
+    cfg: LlamaConfig = LLAMA_3_2_1B,
+    schedule: str = "static",
+    *,
+    name: str = "llama",
+    **options: Any,
+) -> Any:
+    """The decoder's artifact: ``etc.compile`` of :func:`build_decoder_graph`
+    with :func:`compile_options` (and ``options`` over them), or, when
+    ``cfg.large_batch_min`` is set, ``etc.compile_buckets`` of one graph per
+    batch range (:meth:`LlamaConfig.bucket_configs`): ``etc.runtime.load``
+    then picks the kernel by ``B`` at each launch."""
+    import etc
+
+    opts = {**compile_options(cfg, schedule), **options}
+    buckets = cfg.bucket_configs()
+    if len(buckets) == 1:
+        return etc.compile(build_decoder_graph(cfg, name=name), **opts)
+    graphs = [(bound, build_decoder_graph(c, name=name)) for bound, c in buckets]
+    return etc.compile_buckets("B", graphs, **opts)
 
 
 def weight_bytes(cfg: LlamaConfig) -> int:

@@ -8,12 +8,14 @@ on a GPU machine that has only cuda-python, numpy and torch::
     kernel.launch({"A": a, "B": b, "C": c}, {"n": 64})
 """
 
+from etc.runtime.buckets import BucketedKernel
 from etc.runtime.kernel import Kernel, load
 from etc.runtime.manifest import Manifest, load_manifest, parse_manifest
 from etc.runtime.queue import build_static_queue
 from etc.runtime.ranks import ProcessRank, RankGroup, SymmetricBuffer, peer_table
 
 __all__ = [
+    "BucketedKernel",
     "Kernel",
     "Manifest",
     "ProcessRank",

@@ -664,13 +664,19 @@ def _stream_handle(stream: Any, has_torch: bool, device: int) -> int:
 
 
 def load(directory: str | Path, device: int | None = None, max_polls: int | None = None) -> Kernel:
-    """Loads an artifact directory (``manifest.json`` + ``kernel.ptx``/``kernel.cubin``).
+    """Loads an artifact directory (``manifest.json`` + ``kernel.ptx``/``kernel.cubin``),
+    or a bucketed one (``buckets.json``: see :mod:`etc.runtime.buckets`), whose
+    kernels are all loaded now.
 
     Verifies the manifest and image hashes, retains the device's primary context (shared
     with torch), and loads the module once per process and context, preferring the cubin
     and falling back to the PTX (driver JIT). `device` defaults to torch's current device
     when torch is imported, else 0.
     """
+    if (Path(directory) / "buckets.json").exists():
+        from .buckets import load_buckets
+
+        return load_buckets(directory, load, device=device, max_polls=max_polls)
     manifest = load_manifest(directory)
     if device is None:
         torch = sys.modules.get("torch")

@@ -1,0 +1,99 @@
+"""Bucketed artifacts (``etc.compile_buckets``, ``etc.runtime.buckets``): a
+kernel per range of one symbol in one artifact directory, dispatched at
+launch. The dispatch is tested with stand-in kernels (no GPU here); the GPU
+run is ``test/gpu/test_llama_gpu.py``'s ``llama_tiny_buckets``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gemm_helpers import needs_bindings
+from unit_helpers import splitk_graph
+
+import etc
+from etc.errors import LaunchError
+from etc.runtime.buckets import BucketedKernel, load_buckets
+
+
+class FakeKernel:
+    def __init__(self, name: str) -> None:
+        self.name, self.launches, self.checks = name, [], 0
+
+    def launch(self, tensors, symbols=None, **kwargs) -> None:
+        self.launches.append((dict(symbols), kwargs))
+
+    def check(self) -> None:
+        self.checks += 1
+
+    def trace(self) -> str:
+        return f"trace of {self.name}"
+
+
+def test_the_kernel_whose_range_holds_the_symbol_runs():
+    small, large = FakeKernel("small"), FakeKernel("large")
+    k = BucketedKernel("B", [16, None], [small, large])
+    for B in (1, 16, 17, 4096):
+        k.launch({}, {"B": B, "L": 3}, sync=False)
+    assert [s["B"] for s, _ in small.launches] == [1, 16]
+    assert [s["B"] for s, _ in large.launches] == [17, 4096]
+    assert small.launches[0][1] == {"sync": False}
+    assert k.trace() == "trace of large"
+    k.check()
+    assert (small.checks, large.checks) == (1, 1)
+    k.check()  # nothing launched since
+    assert (small.checks, large.checks) == (1, 1)
+    assert "B=1..16, B=17.." in repr(k)
+
+
+def test_a_launch_without_the_symbol_is_refused():
+    k = BucketedKernel("B", [None], [FakeKernel("only")])
+    with pytest.raises(LaunchError, match="symbol 'B' picks the kernel"):
+        k.launch({}, {"L": 1})
+    with pytest.raises(LaunchError, match="no launch to trace"):
+        k.trace()
+
+
+@pytest.mark.parametrize(
+    ("table", "words"),
+    [
+        ({"format": "etc-buckets/0", "symbol": "B", "buckets": []}, "format 'etc-buckets/0'"),
+        ({"format": "etc-buckets/1", "symbol": "B", "buckets": [{"max": 4, "artifact": "a"}]},
+         "a last one without"),
+    ],
+)  # fmt: skip
+def test_bad_bucket_tables_are_refused(tmp_path, table, words):
+    (tmp_path / "buckets.json").write_text(json.dumps(table))
+    with pytest.raises(LaunchError, match=words):
+        load_buckets(tmp_path, lambda path, **kw: FakeKernel(str(path)))
+    with pytest.raises(LaunchError, match="cannot read the bucket table"):
+        load_buckets(tmp_path / "missing", lambda path, **kw: None)
+
+
+def test_compile_buckets_checks_bounds_and_graphs():
+    g = splitk_graph()
+    with pytest.raises(etc.GraphError, match="the last bucket's bound must be None"):
+        etc.compile_buckets("n", [(4, g)])
+    with pytest.raises(etc.GraphError, match="bounds must be increasing"):
+        etc.compile_buckets("n", [(4, g), (4, g), (None, g)])
+    with pytest.raises(etc.GraphError, match="has no symbol 'T'"):
+        etc.compile_buckets("T", [(4, g), (None, g)])
+    other = splitk_graph(K=128)
+    with pytest.raises(etc.GraphError, match="takes other tensors or symbols"):
+        etc.compile_buckets("n", [(4, g), (None, other)])
+
+
+@needs_bindings
+def test_a_bucketed_artifact_saves_each_kernel_and_the_table(tmp_path):
+    art = etc.compile_buckets("n", [(8, splitk_graph()), (None, splitk_graph())], schedule="static")
+    art.save(tmp_path)
+    table = json.loads((tmp_path / "buckets.json").read_text())
+    assert table == {
+        "format": "etc-buckets/1",
+        "symbol": "n",
+        "buckets": [{"max": 8, "artifact": "bucket0"}, {"max": None, "artifact": "bucket1"}],
+    }
+    for d in ("bucket0", "bucket1"):
+        assert (tmp_path / d / "manifest.json").exists() and (tmp_path / d / "kernel.ptx").exists()
+    loaded = load_buckets(tmp_path, lambda path, **kw: path.name)
+    assert loaded.kernels == ["bucket0", "bucket1"] and loaded.bounds == [8, None]
