@@ -26,8 +26,8 @@ compiles anew). Medians of REPS repetitions of CALLS back-to-back steps
 between CUDA events after a warm-up; the device copy bandwidth (2 GiB copy)
 in the same run. Achieved bandwidth = (weights + KV cache read) / time.
 
-The artifact holds one kernel per batch range (``LlamaConfig.large_batch_min``:
-B <= 16 and B >= 17 by default, :func:`etc.models.llama.compile_decoder`),
+The artifact holds one kernel per batch range (``LlamaConfig.batch_buckets``:
+B=1, 2..16 and 17.. by default, :func:`etc.models.llama.compile_decoder`),
 loaded together and picked at each launch by B.
 
 Warm-up: in fresh processes, ETC's imports, then artifact load + first step

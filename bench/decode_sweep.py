@@ -29,18 +29,15 @@ from bench.timing import timed, two_step_main  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
-#: The large-batch kernel's changes (``LlamaConfig.large_batch``).
-LARGE = dict(M.LLAMA_3_2_1B.large_batch)
 VARIANTS = {
-    # Column widths of the large-batch kernel: each column block of 32 rows
-    # reads all of its activations from L2 (down: 512 KB a block, 256 MB a
-    # layer with 8 columns), so wider blocks read less.
-    "large": LARGE,
-    "large_d32": {**LARGE, "bn_down": 32},
-    "large_d64": {**LARGE, "bn_down": 64},
-    "large_d32_o32": {**LARGE, "bn_down": 32, "bn_o": 32},
-    "large_d32_o32_q32": {**LARGE, "bn_down": 32, "bn_o": 32, "bn_qkv": 32},
-    "large_d32_o32_q32_lm128": {**LARGE, "bn_down": 32, "bn_o": 32, "bn_qkv": 32, "bn_lm": 128},
+    # Small batches: the attention of one sequence runs on 8 kv heads x 5
+    # splits = 40 of 264 CTAs, each a chain of dependent load rounds over 256
+    # positions. Shorter spans (one or two loop steps of the phased tile with
+    # unroll 1 or 2) spread it over more CTAs; the combine merges more splits.
+    "default": {},
+    "u2_s64": dict(attn_unroll=2, attn_small_span=64),
+    "u1_s64": dict(attn_unroll=1, attn_small_span=64),
+    "u1_s32": dict(attn_unroll=1, attn_small_span=32),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)

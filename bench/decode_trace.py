@@ -30,7 +30,7 @@ CFG = M.LLAMA_3_2_1B
 VARIANTS = {
     "static": (CFG, "static"),
     "dynamic": (CFG, "dynamic"),
-    # The large-batch kernel of the default artifact (``large_batch``).
+    # The large-batch kernel of the default artifact (``batch_buckets``).
     "static_large": (CFG.bucket_configs()[-1][1], "static"),
 }
 BATCHES = (1, 64)

@@ -213,7 +213,7 @@ def llama_tiny_variants() -> dict:
     the attention's values staged in shared memory (``attn_stage_v``); the
     online-softmax attention on the CUDA cores and on the tensor cores
     (``attn_tile``), with long and short spans; a kernel per batch range
-    (``large_batch_min``)."""
+    (``batch_buckets``); the B=1 split tier (``attn_single_span``)."""
     import dataclasses
 
     from etc.models import llama
@@ -256,9 +256,22 @@ def llama_tiny_variants() -> dict:
         attn_small_batch=2,
         attn_small_span=3,
     )
-    # Two kernels in one artifact: batches of 17 and more run the large-batch
+    # Three kernels in one artifact, as the default's: B=1 (attention loop
+    # steps of two row groups), B=2..16, and B >= 17 with the large-batch
     # tiles (32-row GEMM blocks, 64-column gate/up, the tensor-core attention).
-    buckets = dataclasses.replace(llama.TINY, large_batch_min=17)
+    buckets = dataclasses.replace(
+        llama.TINY,
+        batch_buckets=((1, (("attn_unroll", 2),)), (16, ()), (None, llama.LARGE_BATCH)),
+    )
+    # The B=1 split tier: spans of 3 (rounded up to the tile's 8), at most 5
+    # splits, never fewer than spans of 8 give.
+    single = dataclasses.replace(
+        llama.TINY,
+        attn_small_batch=2,
+        attn_small_span=8,
+        attn_single_span=3,
+        attn_single_splits=5,
+    )
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -276,4 +289,5 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_mma": mma,
         "llama_tiny_mma_spans": mma_spans,
         "llama_tiny_buckets": buckets,
+        "llama_tiny_single": single,
     }

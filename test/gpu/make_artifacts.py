@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     for prefix, cfg in llama_tiny_variants().items():
         decoder = llama.build_decoder_graph(cfg, name="llama_tiny")
         for suffix, (schedule, early) in SCHEDULES.items():
-            if cfg.large_batch_min:
+            if cfg.batch_buckets:
                 bucketed.append((f"{prefix}_{suffix}", cfg, schedule, early))
                 continue
             jobs.append((f"{prefix}_{suffix}", decoder, schedule, early))

@@ -503,7 +503,7 @@ def test_fused_combine_matches_the_numpy_model(weights, schedule):
 
 @needs_ptxas
 def test_fused_combine_compiles_for_llama_3_2_1b():
-    cfg = dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True, large_batch_min=0)
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True, batch_buckets=())
     art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
     assert art.cubin is not None
     assert "atom.acq_rel.gpu.global.add.u32" in art.ptx
@@ -819,7 +819,7 @@ def test_stage_v_compiles_for_llama_3_2_1b():
         assert art.cubin is not None
         return art.ptx.count("cp.async.wait_group \t0;")
 
-    staged = waits(dataclasses.replace(M.LLAMA_3_2_1B, attn_stage_v=True, large_batch_min=0))
+    staged = waits(dataclasses.replace(M.LLAMA_3_2_1B, attn_stage_v=True, batch_buckets=()))
     assert staged == waits(M.LLAMA_3_2_1B) + 1
 
 
@@ -843,25 +843,33 @@ def test_online_attention_decoder_matches_the_numpy_model(weights, tile, unroll)
 
 
 def test_batch_buckets_change_only_the_tiles():
-    """The large-batch kernel differs by the ``large_batch`` fields alone and
-    takes the same tensors; a bad change is refused by name."""
-    (b0, small), (b1, large) = M.LLAMA_3_2_1B.bucket_configs()
-    assert (b0, b1) == (M.LLAMA_3_2_1B.large_batch_min - 1, None)
-    assert small.large_batch_min == large.large_batch_min == 0
+    """Each kernel differs by its bucket's fields alone and takes the same
+    tensors; a bad bucket is refused, naming it."""
+    buckets = M.LLAMA_3_2_1B.bucket_configs()
+    assert [b for b, _ in buckets] == [1, 16, None]
+    one, mid, large = (c for _, c in buckets)
+    assert all(c.batch_buckets == () for c in (one, mid, large))
+    assert one.attn_unroll == 2
+    # Every kernel shares the split counts (one set of buffers): B=1 spans of
+    # attn_single_span, then attn_small_span up to B=16, then attn_chunk.
+    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 3]
+    assert mid == dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())
     assert (large.block_m, large.row_warps, large.bn_gu, large.attn_tile) == (32, 1, 64, "mma")
-    assert M.tensor_shapes(small, 4, 9, 10) == M.tensor_shapes(large, 4, 9, 10)
+    assert M.tensor_shapes(one, 4, 9, 10) == M.tensor_shapes(large, 4, 9, 10)
     assert M.TINY.bucket_configs() == [(None, M.TINY)]
-    with pytest.raises(etc.GraphError, match="large_batch changes \\['block_n'\\]"):
-        M.LlamaConfig(large_batch=(("block_n", 32),))
-    with pytest.raises(etc.GraphError, match="large_batch_min must be 0"):
-        M.LlamaConfig(large_batch_min=1)
-    with pytest.raises(etc.GraphError, match="bn_gu=48 does not divide"):
-        M.LlamaConfig(large_batch=(("bn_gu", 48),))
+    with pytest.raises(etc.GraphError, match="batch bucket B <= 4 changes \\['block_n'\\]"):
+        M.LlamaConfig(batch_buckets=((4, (("block_n", 32),)), (None, ())))
+    with pytest.raises(etc.GraphError, match="bounds must be increasing"):
+        M.LlamaConfig(batch_buckets=((4, ()), (4, ()), (None, ())))
+    with pytest.raises(etc.GraphError, match="bounds must be increasing .* got \\[4\\]"):
+        M.LlamaConfig(batch_buckets=((4, ()),))
+    with pytest.raises(etc.GraphError, match="bn_gu=48 does not divide .* the last batch bucket"):
+        M.LlamaConfig(batch_buckets=((4, ()), (None, (("bn_gu", 48),))))
 
 
 @needs_ptxas
 def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
-    cfg = dataclasses.replace(CFG, large_batch_min=3)
+    cfg = dataclasses.replace(CFG, batch_buckets=((2, ()), (None, M.LARGE_BATCH)))
     art = M.compile_decoder(cfg, "static")
     assert art.symbol == "B" and art.bounds == [2, None]
     assert all(a.cubin is not None for a in art.artifacts)
@@ -870,6 +878,40 @@ def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
     assert (tmp_path / "buckets.json").exists()
 
 
-def test_a_change_the_large_batch_kernel_cannot_take_says_so():
-    with pytest.raises(etc.GraphError, match="in the large-batch kernel: .* large_batch_min=0"):
+def test_a_change_a_bucket_kernel_cannot_take_says_so():
+    with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket: .*"):
         dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True)
+
+
+def test_single_span_is_checked():
+    with pytest.raises(etc.GraphError, match="attn_single_span=600 must be in 0..attn_chunk=512"):
+        M.LlamaConfig(attn_single_span=600)
+
+
+def test_the_split_counts_parse_as_manifest_sizes():
+    """The runtime parses every size the compiler writes (a wait count is
+    the split count times the kv heads), and reads the same value."""
+    from etc.runtime.sizes import parse_size
+
+    g = etc.Graph("sizes")
+    B, L = g.symbol("B"), g.symbol("L")
+    expr = M.LLAMA_3_2_1B.splits(L, B) * M.LLAMA_3_2_1B.kv_heads
+    size = parse_size(str(expr), ["B", "L"])
+    cases = [(1, 1024, 17), (2, 1024, 5), (16, 1024, 5), (17, 1024, 3), (64, 1024, 3)]
+    # B=1: spans of 64 up to 17 splits, never fewer splits than spans of 256.
+    cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 32)]
+    for b, L, want in cases:
+        assert size.evaluate({"B": b, "L": L}) == 8 * want, (b, L)
+        assert M.LLAMA_3_2_1B.splits(L, b) == want
+
+
+def test_single_sequence_split_tier_matches_the_numpy_model(weights):
+    """B=1's own split count (up to 5 spans of 3, rounded up to the tile's
+    loop step) and B=2's (spans of 8), through the simulator."""
+    cfg = dataclasses.replace(
+        CFG, attn_small_batch=2, attn_small_span=8, attn_single_span=3, attn_single_splits=5
+    )
+    assert [cfg.splits(30, 1), cfg.splits(7, 1), cfg.splits(30, 2)] == [5, 3, 4]
+    g = M.build_decoder_graph(cfg)
+    for B, L in ((1, 30), (1, 7), (2, 30)):
+        _check_step(cfg, g, weights, B, L, "static", 31)

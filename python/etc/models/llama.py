@@ -57,6 +57,7 @@ __all__ = [
     "build_decoder_graph",
     "compile_options",
     "compile_decoder",
+    "LARGE_BATCH",
     "tensor_shapes",
     "random_weights",
     "random_weights_torch",
@@ -82,6 +83,16 @@ _FOLDED = ("wqkv", "wgu")
 _BIG = 2**31
 #: ``LlamaConfig.attn_tile`` values.
 ATTENTION_TILES = ("phased", "online", "mma")
+#: The tile changes of the decoder's kernel for large batches: 32-row GEMM
+#: tiles whose warps all hold every row (each weight fragment read once per
+#: tile), 64-column gate/up tiles and the tensor-core attention.
+LARGE_BATCH = (
+    ("block_m", 32),
+    ("row_warps", 1),
+    ("bn_gu", 64),
+    ("attn_tile", "mma"),
+    ("attn_unroll", 1),
+)
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 
 
@@ -122,6 +133,17 @@ class LlamaConfig:
     #: (``attention(spread=True)``). 0: ``attn_chunk`` spans at every batch.
     attn_small_batch: int = 16
     attn_small_span: int = 256
+    #: The shortest span when one sequence is decoded (B=1; 0: as larger
+    #: batches): up to ``attn_single_splits`` splits of at least this many
+    #: positions, and never fewer splits than ``attn_small_span`` gives. At
+    #: L=1024, 17 splits of 64 keep 136 CTAs busy instead of 40 (5 of 256);
+    #: at L=4096, 17 of 256 as before (65 splits of 64 were 6 % slower). A
+    #: tile whose loop step is longer rounds the span up to whole steps (the
+    #: B=1 kernel of ``batch_buckets`` takes steps of 64 positions). Every
+    #: kernel of an artifact shares the split count: a field of the
+    #: artifact, not of one bucket.
+    attn_single_span: int = 64
+    attn_single_splits: int = 17
     gemm_options: tuple[tuple[str, Any], ...] = field(default=_GEMM_OPTIONS)
     #: Warps along the rows of a GEMM tile (0: ``plan_warps``' default). With
     #: 1 every warp holds all ``block_m`` rows and reuses each weight fragment
@@ -191,26 +213,25 @@ class LlamaConfig:
     #: or "mma" (:func:`etc.tiles.attention_mma.attention_mma`: the same pass
     #: on the tensor cores). The last two take none of the phased options.
     attn_tile: str = "phased"
-    #: Loads in flight per loop step: K/V row groups per lane ("online",
-    #: ``unroll``) or 16-position blocks per warp ("mma", ``blocks``).
+    #: Loads in flight per loop step: row groups per lane ("phased" and
+    #: "online", ``unroll``) or 16-position blocks per warp ("mma",
+    #: ``blocks``). A split's span is a whole number of loop steps.
     attn_unroll: int = 4
-    #: Field changes of the kernel that runs batches of ``large_batch_min``
-    #: sequences or more: :func:`compile_decoder` compiles one kernel per
-    #: range of ``B`` into one artifact (``etc.compile_buckets``), launched
-    #: with the same buffers. The default: 32-row GEMM tiles whose warps all
-    #: hold every row (each weight fragment read once per tile), 64-column
-    #: gate/up tiles and the tensor-core attention; on an H200 -19 % at B=64
-    #: and -8 % at B=32 against the small-batch kernel, which is faster up to
-    #: B=16 (``bench/RESULTS.md``, tenth session).
-    large_batch: tuple[tuple[str, Any], ...] = (
-        ("block_m", 32),
-        ("row_warps", 1),
-        ("bn_gu", 64),
-        ("attn_tile", "mma"),
-        ("attn_unroll", 1),
+    #: The decoder's kernels by batch size: ``((largest B, field changes),
+    #: ...)`` in increasing order, the last bound None (no limit).
+    #: :func:`compile_decoder` compiles this configuration with each entry's
+    #: changes into one artifact (``etc.compile_buckets``); every launch runs
+    #: the kernel whose range holds ``B``. Empty: one kernel. The default, from
+    #: the sweeps on an H200 (``bench/RESULTS.md``, tenth session): B=1 with
+    #: attention loop steps of 64 positions, so ``attn_single_span``'s spans
+    #: hold (-6 %), B=2..16
+    #: with the tiles above, and :data:`LARGE_BATCH` from B=17 (-8 % at B=32,
+    #: -19 % at B=64).
+    batch_buckets: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = (
+        (1, (("attn_unroll", 2),)),
+        (16, ()),
+        (None, LARGE_BATCH),
     )
-    #: The smallest batch the ``large_batch`` kernel runs; 0: one kernel.
-    large_batch_min: int = 17
     #: The layers' RMSNorms folded into the projections that follow them:
     #: the graph's ``wqkv`` and ``wgu`` hold the norm weights multiplied
     #: into their columns (:func:`graph_weights`, applied by
@@ -301,6 +322,18 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: attn_small_batch must be an int >= 0, got {self.attn_small_batch!r}"
             )
+        if not isinstance(self.attn_single_span, int) or not (
+            0 <= self.attn_single_span <= self.attn_chunk
+        ):
+            raise GraphError(
+                f"LlamaConfig: attn_single_span={self.attn_single_span!r} must be in "
+                f"0..attn_chunk={self.attn_chunk} (the attention's buffers hold attn_chunk)"
+            )
+        if not isinstance(self.attn_single_splits, int) or self.attn_single_splits < 1:
+            raise GraphError(
+                f"LlamaConfig: attn_single_splits must be an int >= 1, "
+                f"got {self.attn_single_splits!r}"
+            )
         if self.attn_small_batch and not 0 < self.attn_small_span <= self.attn_chunk:
             raise GraphError(
                 f"LlamaConfig: attn_small_span={self.attn_small_span} must be in "
@@ -310,27 +343,7 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
-        lbm = self.large_batch_min
-        if not isinstance(lbm, int) or isinstance(lbm, bool) or lbm == 1 or lbm < 0:
-            raise GraphError(
-                f"LlamaConfig: large_batch_min must be 0 (one kernel) or an int >= 2, "
-                f"got {self.large_batch_min!r}"
-            )
-        if self.large_batch_min:
-            fields = {f.name for f in dataclasses.fields(self)}
-            unknown = [k for k, _ in self.large_batch if k not in fields]
-            if unknown or any(k in ("large_batch", "large_batch_min") for k, _ in self.large_batch):
-                raise GraphError(
-                    f"LlamaConfig: large_batch changes {unknown or 'the buckets'}; give "
-                    "fields of the kernel's tiles"
-                )
-            try:
-                self.bucket_configs()  # the large kernel's configuration must be valid too
-            except GraphError as e:
-                raise GraphError(
-                    f"{e} (in the large-batch kernel: large_batch={self.large_batch!r}; "
-                    "change it, or large_batch_min=0 for one kernel)"
-                ) from None
+        self._check_batch_buckets()
         for key, total in (
             ("bn_qkv", self.qkv_width),
             ("bn_o", self.hidden),
@@ -371,15 +384,43 @@ class LlamaConfig:
 
     def bucket_configs(self) -> list[tuple[int | None, LlamaConfig]]:
         """``(largest B, configuration)`` of each kernel :func:`compile_decoder`
-        compiles: this one up to ``large_batch_min - 1``, then this one with
-        ``large_batch``'s changes (one kernel when ``large_batch_min`` is 0)."""
-        if not self.large_batch_min:
+        compiles (``batch_buckets``; one kernel of this configuration when
+        empty). The configurations have no buckets of their own."""
+        if not self.batch_buckets:
             return [(None, self)]
-        large = dataclasses.replace(self, **dict(self.large_batch), large_batch_min=0)
         return [
-            (self.large_batch_min - 1, dataclasses.replace(self, large_batch_min=0)),
-            (None, large),
+            (bound, dataclasses.replace(self, **dict(changes), batch_buckets=()))
+            for bound, changes in self.batch_buckets
         ]
+
+    def _check_batch_buckets(self) -> None:
+        buckets = self.batch_buckets
+        if not buckets:
+            return
+        bounds = [b for b, _ in buckets]
+        ok = bounds[-1] is None and all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bounds[:-1]
+        )
+        if not ok or any(x >= y for x, y in zip(bounds[:-2], bounds[1:-1], strict=True)):
+            raise GraphError(
+                f"LlamaConfig: batch_buckets' bounds must be increasing ints >= 1 and a last "
+                f"None, got {bounds}"
+            )
+        fields = {f.name for f in dataclasses.fields(self)} - {"batch_buckets"}
+        for bound, changes in buckets:
+            which = f"batch bucket B <= {bound}" if bound is not None else "the last batch bucket"
+            unknown = [k for k, _ in changes if k not in fields]
+            if unknown:
+                raise GraphError(
+                    f"LlamaConfig: {which} changes {unknown}: not fields of the kernel's tiles"
+                )
+            try:
+                dataclasses.replace(self, **dict(changes), batch_buckets=())
+            except GraphError as e:
+                raise GraphError(
+                    f"{e} (in the kernel of {which}: {dict(changes)}; change batch_buckets, "
+                    "or batch_buckets=() for one kernel)"
+                ) from None
 
     def weight_name(self, key: str) -> str:
         """The graph's tensor for weight ``key``: ``wqkv_folded`` and
@@ -411,14 +452,28 @@ class LlamaConfig:
     def splits(self, L: Any, B: Any) -> Any:
         """Attention instances per (sequence, kv head): ceil((L + 1) / span)
         with span ``attn_small_span`` for ``B <= attn_small_batch``, else
-        ``attn_chunk`` (a symbolic expression of ``B`` and ``L``)."""
-        large = (L + self.attn_chunk) // self.attn_chunk
-        if not self.attn_small_batch:
-            return large
-        small = (L + self.attn_small_span) // self.attn_small_span
-        # 1 for 1 <= B <= attn_small_batch, else 0 (B < 2**31).
-        is_small = 1 - (B + _BIG - (self.attn_small_batch + 1)) // _BIG
-        return large + is_small * (small - large)
+        ``attn_chunk``; for B = 1 at most ``attn_single_splits`` of
+        ``attn_single_span`` (and no fewer than for B = 2). A symbolic
+        expression of ``B`` and ``L``; a zero field skips its tier."""
+        splits = below = (L + self.attn_chunk) // self.attn_chunk
+        if self.attn_small_batch:
+            below = (L + self.attn_small_span) // self.attn_small_span
+            # 1 for 1 <= B <= attn_small_batch, else 0 (B < 2**31).
+            is_small = 1 - (B + _BIG - (self.attn_small_batch + 1)) // _BIG
+            splits = splits + is_small * (below - splits)
+        if self.attn_single_span:
+            # ``below``: the count B = 1 would have without this tier.
+            short = (L + self.attn_single_span) // self.attn_single_span
+            single = _max(below, _min(short, self.attn_single_splits))
+            is_one = 1 - (B + _BIG - 2) // _BIG
+            splits = splits + is_one * (single - splits)
+        return splits
+
+    @property
+    def attn_spread(self) -> bool:
+        """Whether the attention tiles share each split count's positions
+        evenly (``attention(spread=True)``): any span but ``attn_chunk``."""
+        return bool(self.attn_small_batch or self.attn_single_span)
 
 
 LLAMA_3_2_1B = LlamaConfig()
@@ -435,11 +490,12 @@ TINY = LlamaConfig(
     rope_scaling=None,
     attn_chunk=8,
     attn_small_batch=0,  # spans of attn_chunk: one loop step of the tiny tile
+    attn_single_span=0,
     bn_o=16,
     bn_down=16,
     # k = 256: two iterations per warp slice.
     gemm_options=(("stages", 3), ("unroll", 1), ("rotate_k", True)),
-    large_batch_min=0,
+    batch_buckets=(),
 )
 
 
@@ -465,10 +521,10 @@ def compile_decoder(
     **options: Any,
 ) -> Any:
     """The decoder's artifact: ``etc.compile`` of :func:`build_decoder_graph`
-    with :func:`compile_options` (and ``options`` over them), or, when
-    ``cfg.large_batch_min`` is set, ``etc.compile_buckets`` of one graph per
-    batch range (:meth:`LlamaConfig.bucket_configs`): ``etc.runtime.load``
-    then picks the kernel by ``B`` at each launch."""
+    with :func:`compile_options` (and ``options`` over them), or, with
+    ``cfg.batch_buckets``, ``etc.compile_buckets`` of one graph per batch
+    range (:meth:`LlamaConfig.bucket_configs`): ``etc.runtime.load`` then
+    picks the kernel by ``B`` at each launch."""
     import etc
 
     opts = {**compile_options(cfg, schedule), **options}
@@ -520,13 +576,27 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
     }
 
 
+def _lt(a: Any, b: Any) -> Any:
+    """1 if ``a < b`` else 0, for sizes (ints or symbolic, |a - b| < 2**31):
+    the symbolic sizes have no comparisons."""
+    return (b - a + _BIG - 1) // _BIG
+
+
+def _min(a: Any, b: Any) -> Any:
+    return a + (b - a) * _lt(b, a)
+
+
+def _max(a: Any, b: Any) -> Any:
+    return a + (b - a) * _lt(a, b)
+
+
 def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
     """The "online" or "mma" attention tile of ``cfg``."""
     from ..tiles import llama
     from ..tiles.attention_mma import attention_mma
 
     shape = (cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, layers)
-    common = {"block_size": block_size, "spread": bool(cfg.attn_small_batch)}
+    common = {"block_size": block_size, "spread": cfg.attn_spread}
     if cfg.attn_tile == "mma":
         return attention_mma(*shape, blocks=cfg.attn_unroll, **common)
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
@@ -590,12 +660,13 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             cfg.kv_heads,
             cfg.head_dim,
             NL,
+            unroll=cfg.attn_unroll,
             block_size=bs,
             stage_kv=cfg.attn_stage_kv or cfg.attn_prefetch_kv,
             stage_v=cfg.attn_stage_v,
             prefetch_kv=cfg.attn_prefetch_kv,
             combine=cfg.fuse_combine,
-            spread=bool(cfg.attn_small_batch),
+            spread=cfg.attn_spread,
         ),  # fmt: skip
         **(
             {}

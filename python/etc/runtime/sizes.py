@@ -20,7 +20,9 @@ _OPS = {
     ast.Mod: lambda a, b: a % b,
     ast.Pow: lambda a, b: a**b,
 }
-_MAX_TEXT = 256
+#: Longer texts are refused (a parse bound for untrusted manifests); the
+#: decoder's attention split counts (four tiers) take ~1.6 K characters.
+_MAX_TEXT = 4096
 
 
 @dataclass(frozen=True)
