@@ -386,6 +386,28 @@ def compile_graph(tile, tensors, grid, symbols, tmp_path):
     return art.ptx, spills, smem
 
 
+def compile_attention(tile, chunk, tmp_path):
+    """``compile_graph`` of an attention tile over the Llama-3.2-1B shapes
+    (splits of ``chunk``)."""
+    splits = f"(L + {chunk}) // {chunk}"
+    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
+    return compile_graph(
+        tile,
+        [
+            ("L", (), None),
+            ("qkv", ("b", L_Q), "bf16"),
+            ("rope", ("cap", L_D), "f32"),
+            ("kc", cache, "bf16"),
+            ("vc", cache, "bf16"),
+            ("opart", ("b", L_NH, splits, L_D), "f32"),
+            ("mpart", ("b", L_NH, splits, 2), "f32"),
+        ],
+        (L_LAYERS, "b", L_KV, splits),
+        ("b", "L", "cap"),
+        tmp_path,
+    )
+
+
 @needs_ptxas
 @needs_bindings
 def test_embed_compiles(tmp_path):
@@ -419,23 +441,7 @@ def test_rmsnorm_compiles(tmp_path):
 @pytest.mark.parametrize(("chunk", "unroll"), [(256, 4), (512, 2)])
 def test_attention_compiles(chunk, unroll, tmp_path):
     tile = T.attention(chunk, L_NH, L_KV, L_D, L_LAYERS, unroll=unroll)
-    splits = f"(L + {chunk}) // {chunk}"
-    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
-    ptx, spills, smem = compile_graph(
-        tile,
-        [
-            ("L", (), None),
-            ("qkv", ("b", L_Q), "bf16"),
-            ("rope", ("cap", L_D), "f32"),
-            ("kc", cache, "bf16"),
-            ("vc", cache, "bf16"),
-            ("opart", ("b", L_NH, splits, L_D), "f32"),
-            ("mpart", ("b", L_NH, splits, 2), "f32"),
-        ],
-        (L_LAYERS, "b", L_KV, splits),
-        ("b", "L", "cap"),
-        tmp_path,
-    )
+    ptx, spills, smem = compile_attention(tile, chunk, tmp_path)
     assert set(spills) == {0}
     G4 = L_NH // L_KV
     assert max(smem) >= 4 * ((G4 + 2) * L_D + G4 * chunk + 8 * G4 * L_D)
@@ -542,25 +548,10 @@ def test_attention_online_shares_the_reference(spread):
 @pytest.mark.parametrize(("spread", "unroll"), [(False, 4), (True, 2)])
 def test_attention_online_compiles(spread, unroll, tmp_path):
     chunk = 512
-    splits = f"(L + {chunk}) // {chunk}"
-    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
 
     def build(make):
-        return compile_graph(
-            make(chunk, L_NH, L_KV, L_D, L_LAYERS, unroll=unroll, spread=spread),
-            [
-                ("L", (), None),
-                ("qkv", ("b", L_Q), "bf16"),
-                ("rope", ("cap", L_D), "f32"),
-                ("kc", cache, "bf16"),
-                ("vc", cache, "bf16"),
-                ("opart", ("b", L_NH, splits, L_D), "f32"),
-                ("mpart", ("b", L_NH, splits, 2), "f32"),
-            ],
-            (L_LAYERS, "b", L_KV, splits),
-            ("b", "L", "cap"),
-            tmp_path,
-        )
+        tile = make(chunk, L_NH, L_KV, L_D, L_LAYERS, unroll=unroll, spread=spread)
+        return compile_attention(tile, chunk, tmp_path)
 
     ptx, spills, smem = build(T.attention_online)
     assert set(spills) == {0}
@@ -584,22 +575,8 @@ def test_attention_mma_compiles(blocks, tmp_path):
     """Scores and values on mma.sync: per 16 positions, D/16 mma for each of
     the two 8-position score tiles and D/8 for the output."""
     chunk = 512
-    splits = f"(L + {chunk}) // {chunk}"
-    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
-    ptx, spills, smem = compile_graph(
-        attention_mma(chunk, L_NH, L_KV, L_D, L_LAYERS, blocks=blocks, spread=True),
-        [
-            ("L", (), None),
-            ("qkv", ("b", L_Q), "bf16"),
-            ("rope", ("cap", L_D), "f32"),
-            ("kc", cache, "bf16"),
-            ("vc", cache, "bf16"),
-            ("opart", ("b", L_NH, splits, L_D), "f32"),
-            ("mpart", ("b", L_NH, splits, 2), "f32"),
-        ],
-        (L_LAYERS, "b", L_KV, splits),
-        ("b", "L", "cap"),
-        tmp_path,
+    ptx, spills, smem = compile_attention(
+        attention_mma(chunk, L_NH, L_KV, L_D, L_LAYERS, blocks=blocks, spread=True), chunk, tmp_path
     )
     assert set(spills) == {0}
     assert max(smem) == 4 * 8 * (L_NH // L_KV) * (L_D + 2)

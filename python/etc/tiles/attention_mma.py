@@ -38,13 +38,12 @@ import math
 
 from ..device import DeviceFunction
 from ..errors import GraphError
-from . import _text
 from ._mma import MMA_ATTRS, STRUCT
 from .llama import (
     _WG,
     EMPTY_MAX,
+    _check_attention,
     _f32,
-    _multiple_of_8,
     _split_lines,
     _split_reference,
     _warp_merge,
@@ -143,19 +142,9 @@ def attention_mma(
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
     per warp and loop step (all their K and V loads are issued together).
     ``G = heads / kv_heads`` at most 8; ``head_dim`` a multiple of 32."""
-    warps = _text.check_block(name, block_size)
-    _text.positive(
-        name,
-        chunk=chunk,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        layers=layers,
-        blocks=blocks,
+    warps = _check_attention(
+        name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
-    if heads % kv_heads:
-        raise GraphError(f"tile '{name}': heads={heads} is not a multiple of kv_heads={kv_heads}")
-    _multiple_of_8(name, head_dim=head_dim)
     NH, KV, D, G, NB = heads, kv_heads, head_dim, heads // kv_heads, blocks
     if G > 8:
         raise GraphError(

@@ -465,19 +465,9 @@ def attention(
     current ones are used, the first ones before step 1) needed 160-240
     registers and was no faster, so it is not used.
     """
-    warps = _check_block(name, block_size)
-    _positive(
-        name,
-        chunk=chunk,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        layers=layers,
-        unroll=unroll,
+    warps = _check_attention(
+        name, block_size, chunk, heads, kv_heads, head_dim, layers, unroll=unroll
     )
-    if heads % kv_heads:
-        raise GraphError(f"tile '{name}': heads={heads} is not a multiple of kv_heads={kv_heads}")
-    _multiple_of_8(name, head_dim=head_dim)
     NH, KV, D, G, U = heads, kv_heads, head_dim, heads // kv_heads, unroll
     RL = D // 8  # lanes per row
     if 32 % RL:
@@ -1001,19 +991,9 @@ def attention_online(
     tile needs 150-220 registers, so the kernel spills at 128. Kept as an
     option (``LlamaConfig.attn_online``).
     """
-    warps = _check_block(name, block_size)
-    _positive(
-        name,
-        chunk=chunk,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        layers=layers,
-        unroll=unroll,
+    warps = _check_attention(
+        name, block_size, chunk, heads, kv_heads, head_dim, layers, unroll=unroll
     )
-    if heads % kv_heads:
-        raise GraphError(f"tile '{name}': heads={heads} is not a multiple of kv_heads={kv_heads}")
-    _multiple_of_8(name, head_dim=head_dim)
     NH, KV, D, G, U = heads, kv_heads, head_dim, heads // kv_heads, unroll
     RL = D // 8  # lanes per row
     if D < 16 or 32 % RL:
@@ -1375,6 +1355,23 @@ def _warp_merge(warps: int, G: int, D: int, o_t: str, m_t: str, op_t: str, mp_t:
   }}"""
     )
     return "\n".join(lines)
+
+
+def _check_attention(
+    name: str, block_size: int, chunk: int, heads: int, kv_heads: int, head_dim: int,
+    layers: int, **steps: int,
+) -> int:  # fmt: skip
+    """The checks every attention tile makes of its arguments (``steps``:
+    its loads per loop step, by name); returns the warps of the CTA."""
+    warps = _check_block(name, block_size)
+    _positive(
+        name, chunk=chunk, heads=heads, kv_heads=kv_heads, head_dim=head_dim, layers=layers,
+        **steps,
+    )  # fmt: skip
+    if heads % kv_heads:
+        raise GraphError(f"tile '{name}': heads={heads} is not a multiple of kv_heads={kv_heads}")
+    _multiple_of_8(name, head_dim=head_dim)
+    return warps
 
 
 def _split_lines(spread: bool, align: int, op_t: str) -> str:
