@@ -6,7 +6,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from etc.runtime.queue import (
 from etc.runtime.tensormap import TensorMaps
 from etc.runtime.trace import RECORD_WORDS as TRACE_RECORD_WORDS
 from etc.runtime.trace import Trace
+
+if TYPE_CHECKING:
+    from etc.runtime.buckets import BucketedKernel
 
 # Status record words (see ETensorToGPU.cpp).
 ST_STATE, ST_EVENT, ST_TASK, ST_COUNTER, ST_WAIT, ST_INSTANCE, ST_CTA, ST_COORD = range(8)
@@ -663,7 +666,9 @@ def _stream_handle(stream: Any, has_torch: bool, device: int) -> int:
     return int(stream)  # CUstream
 
 
-def load(directory: str | Path, device: int | None = None, max_polls: int | None = None) -> Kernel:
+def load(
+    directory: str | Path, device: int | None = None, max_polls: int | None = None
+) -> Kernel | BucketedKernel:
     """Loads an artifact directory (``manifest.json`` + ``kernel.ptx``/``kernel.cubin``),
     or a bucketed one (``buckets.json``: see :mod:`etc.runtime.buckets`), whose
     kernels are all loaded now.
