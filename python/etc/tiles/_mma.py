@@ -48,8 +48,9 @@ class Text:
         self.indent = "  "
 
     def fresh(self, base: str) -> str:
+        # "_" before the count: ``%c32`` & co. are the tiles' own constants.
         self.n += 1
-        return f"%{base}{self.n}"
+        return f"%{base}_{self.n}"
 
     def emit(self, line: str) -> None:
         self.lines.append(self.indent + line)

@@ -38,7 +38,8 @@ import math
 
 from ..device import DeviceFunction
 from ..errors import GraphError
-from ._mma import MMA_ATTRS, STRUCT
+from ._mma import mma
+from .gemm_tc import _Text, bf16_pair
 from .llama import (
     _WG,
     EMPTY_MAX,
@@ -52,23 +53,10 @@ from .llama import (
 __all__ = ["attention_mma"]
 
 
-class _T:
-    """MLIR text with fresh SSA names (``%<base><n>``)."""
-
-    def __init__(self, part: str, indent: str = "  ") -> None:
-        self.lines: list[str] = []
-        self.n = 0
-        self.part = part  # one letter per builder of a function: names stay unique
-        self.indent = indent
-
-    def emit(self, line: str) -> None:
-        self.lines.append(self.indent + line)
-
-    def op(self, base: str, rhs: str) -> str:
-        self.n += 1
-        name = f"%{base}{self.part}_{self.n}"
-        self.emit(f"{name} = {rhs}")
-        return name
+class _T(_Text):
+    """The GEMM tiles' MLIR text buffer (fresh names, hoisted index
+    constants ``%c<v>_``) with index and f32 binary ops; the function's
+    parts are cut from one buffer (one name counter, one constant set)."""
 
     def idx(self, op: str, a: str, b: str) -> str:
         return self.op("x", f"arith.{op} {a}, {b} : index")
@@ -76,8 +64,12 @@ class _T:
     def f(self, op: str, a: str, b: str) -> str:
         return self.op("f", f"arith.{op} {a}, {b} : f32")
 
-    def text(self) -> str:
-        return "\n".join(self.lines)
+    def part(self, indent: str) -> str:
+        """The lines emitted since the last part; later ones get ``indent``."""
+        text = "\n".join(self.lines)
+        self.lines = []
+        self.indent = indent
+        return text
 
 
 def _words(t: _T, vec: str, n: int) -> list[str]:
@@ -88,14 +80,9 @@ def _words(t: _T, vec: str, n: int) -> list[str]:
     ]
 
 
-def _pack(t: _T, lo: str, hi: str, ty: str = "bf16") -> str:
-    """An i32 of two values (``lo`` in the low half), rounded to bf16 from f32."""
-    if ty == "f32":
-        v = t.op("p", f"vector.from_elements {lo}, {hi} : vector<2xf32>")
-        v = t.op("p", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
-    else:
-        v = t.op("p", f"vector.from_elements {lo}, {hi} : vector<2xbf16>")
-    v = t.op("p", f"vector.bitcast {v} : vector<2xbf16> to vector<1xi32>")
+def _pack(t: _T, lo: str, hi: str) -> str:
+    """An i32 of two f32 values rounded to bf16 (``lo`` in the low half)."""
+    v = t.op("p", f"vector.bitcast {bf16_pair(t, [lo, hi], 0)} : vector<2xbf16> to vector<1xi32>")
     return t.op("p", f"vector.extract {v}[0] : i32 from vector<1xi32>")
 
 
@@ -111,19 +98,10 @@ def _halves(t: _T, lo_word: str, hi_word: str, high: int) -> str:
     return t.op("h", f"arith.ori {a}, {b} : i32")
 
 
-def _mma(t: _T, a: list[str], b: list[str], c: list[str]) -> list[str]:
-    d = t.op(
-        "d",
-        f"nvvm.mma.sync A[{a[0]}, {a[1]}, {a[2]}, {a[3]}] B[{b[0]}, {b[1]}] "
-        f"C[{c[0]}, {c[1]}, {c[2]}, {c[3]}] {MMA_ATTRS} : (i32, i32, f32) -> {STRUCT}",
-    )
-    return [t.op("c", f"llvm.extractvalue {d}[{q}] : {STRUCT}") for q in range(4)]
-
-
 def _shfl_xor(t: _T, v: str, offset: int, ty: str = "f32") -> str:
-    t.n += 1
-    t.emit(f"%s{t.part}_{t.n}:2 = gpu.shuffle xor {v}, %c{offset}_i32, %c32_i32 : {ty}")
-    return f"%s{t.part}_{t.n}#0"
+    name = t.fresh("s")
+    t.emit(f"{name}:2 = gpu.shuffle xor {v}, %c{offset}_i32, %c32_i32 : {ty}")
+    return f"{name}#0"
 
 
 def attention_mma(
@@ -172,19 +150,13 @@ def attention_mma(
     kvec = min(DK, 8)  # bf16 per K load
     vvec = min(DV, 8)
 
-    def c(v: int) -> str:
-        consts.add(v)
-        return f"%k{v}"
-
-    consts: set[int] = set()
-
     def roped(t: _T, col: str) -> list[str]:
         """f32 values (bf16-rounded) of dims ``dK0 ..`` of the vector at
         ``qkv[b, col + dK0 ..]`` after RoPE at position L; the partner dims
         (``+- D/2``) come from lane ``t4 xor 2``."""
         vals = []
         for ch in range(DK // kvec):
-            at = t.idx("addi", col, t.idx("addi", "%dK0", c(ch * kvec)))
+            at = t.idx("addi", col, t.idx("addi", "%dK0", t.c(ch * kvec)))
             raw = t.op(
                 "q",
                 f"vector.load %qkv[%b, {at}] {{alignment = 16 : i64}} : {qkv_t}, vector<{kvec}xbf16>",
@@ -195,12 +167,12 @@ def attention_mma(
             pb = t.op("q", f"vector.bitcast {pv} : vector<{kvec // 2}xi32> to vector<{kvec}xbf16>")
             x = t.op("q", f"arith.extf {raw} : vector<{kvec}xbf16> to vector<{kvec}xf32>")
             xp = t.op("q", f"arith.extf {pb} : vector<{kvec}xbf16> to vector<{kvec}xf32>")
-            dh = t.idx("addi", "%dh0", c(ch * kvec))
+            dh = t.idx("addi", "%dh0", t.c(ch * kvec))
             cs = t.op(
                 "q",
                 f"vector.load %rope[%L, {dh}] {{alignment = 16 : i64}} : {rope_t}, vector<{kvec}xf32>",
             )
-            ds = t.idx("addi", dh, c(D // 2))
+            ds = t.idx("addi", dh, t.c(D // 2))
             sn = t.op(
                 "q",
                 f"vector.load %rope[%L, {ds}] {{alignment = 16 : i64}} : {rope_t}, vector<{kvec}xf32>",
@@ -215,28 +187,27 @@ def attention_mma(
         return vals
 
     # -- setup: the roped query of head g as A fragments -----------------------
-    t = _T("a")
+    t = _T()
     q_bf = roped(t, "%qcol")
     q_words = [w for v in q_bf for w in _words(t, v, kvec)]
     q_words = [t.op("q", f"arith.select %gvalid, {w}, %i0 : i32") for w in q_words]
     # k-step s uses the lane's dims 4s..4s+3: words 2s (k = 2t4, 2t4+1) and 2s+1 (k + 8).
     qa = [[q_words[2 * s], "%i0", q_words[2 * s + 1], "%i0"] for s in range(KS)]
-    setup = t.text()
+    setup = t.part("    ")
 
     # -- the loop step ------------------------------------------------------------
-    t = _T("b", "    ")
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
     kw, vrows, blk = {}, {}, {}
     for bb in range(NB):
-        blk[bb] = t.idx("addi", "%wbase", c(16 * bb))
+        blk[bb] = t.idx("addi", "%wbase", t.c(16 * bb))
         for j in range(2):
-            r = t.idx("addi", blk[bb], c(8 * j) if j else "%c0")
+            r = t.idx("addi", blk[bb], t.c(8 * j) if j else "%c0")
             r = t.idx("addi", r, "%qg")
             ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
             pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
             words = []
             for ch in range(DK // kvec):
-                d = t.idx("addi", "%dK0", c(ch * kvec))
+                d = t.idx("addi", "%dK0", t.c(ch * kvec))
                 v = t.op(
                     "kv",
                     f"vector.load %kc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>",
@@ -244,12 +215,12 @@ def attention_mma(
                 words += _words(t, v, kvec)
             kw[bb, j] = words
         for e in (0, 1, 8, 9):
-            r = t.idx("addi", t.idx("addi", blk[bb], "%t2"), c(e) if e else "%c0")
+            r = t.idx("addi", t.idx("addi", blk[bb], "%t2"), t.c(e) if e else "%c0")
             ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
             pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
             chunks = []
             for ch in range(DV // vvec):
-                d = t.idx("addi", "%dV0", c(ch * vvec))
+                d = t.idx("addi", "%dV0", t.c(ch * vvec))
                 chunks.append(
                     t.op(
                         "vv",
@@ -263,9 +234,9 @@ def attention_mma(
             acc = ["%fzero"] * 2
             for s in range(KS):
                 b = [kw[bb, j][2 * s], kw[bb, j][2 * s + 1]]
-                acc = _mma(t, qa[s], b, [*acc, "%fzero", "%fzero"])[:2]
+                acc = mma(t, qa[s], b, [*acc, "%fzero", "%fzero"])[:2]
             for e in range(2):
-                r = t.idx("addi", t.idx("addi", blk[bb], c(8 * j + e)), "%t2")
+                r = t.idx("addi", t.idx("addi", blk[bb], t.c(8 * j + e)), "%t2")
                 ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
                 sc = t.f("mulf", acc[e], "%scale")
                 scores[bb, j, e] = (t.op("sc", f"arith.select {ok}, {sc}, %empty : f32"), ok)
@@ -286,9 +257,9 @@ def attention_mma(
     out = [[t.f("mulf", state_o[u][q], corr) for q in range(2)] for u in range(NT)]
     for bb in range(NB):
         pa = [
-            _pack(t, probs[bb, 0, 0], probs[bb, 0, 1], "f32"),
+            _pack(t, probs[bb, 0, 0], probs[bb, 0, 1]),
             "%i0",
-            _pack(t, probs[bb, 1, 0], probs[bb, 1, 1], "f32"),
+            _pack(t, probs[bb, 1, 0], probs[bb, 1, 1]),
             "%i0",
         ]
         # V rows 2t4, 2t4+1 (k = 2t4, 2t4+1) and 2t4+8, 2t4+9; dims dV0 + u of n-tile u:
@@ -297,8 +268,8 @@ def attention_mma(
         for u in range(NT):
             b0 = _halves(t, words[0][u // 2], words[1][u // 2], u % 2)
             b1 = _halves(t, words[8][u // 2], words[9][u // 2], u % 2)
-            out[u] = _mma(t, pa, [b0, b1], [*out[u], "%fzero", "%fzero"])[:2]
-    step_lines = t.text()
+            out[u] = mma(t, pa, [b0, b1], [*out[u], "%fzero", "%fzero"])[:2]
+    step_lines = t.part("  ")
     yields = [m_new, lsum] + [v for u in range(NT) for v in out[u]]
     inits = ["%rm = %empty", "%rl = %fzero"] + [
         f"{state_o[u][q]} = %fzero" for u in range(NT) for q in range(2)
@@ -306,7 +277,6 @@ def attention_mma(
     types = ", ".join(["f32"] * (2 + 2 * NT))
 
     # -- after the loop: position L by warp 0, the warp's output to workgroup memory --
-    t = _T("c")
     res_m, res_l = "%st#0", "%st#1"
     res_o = [[f"%st#{2 + 2 * u + q}" for q in range(2)] for u in range(NT)]
     k_bf = roped(t, "%kcol0")
@@ -334,7 +304,7 @@ def attention_mma(
     for u in range(NT):
         for e in range(2):
             dim = t.idx(
-                "addi", t.idx("muli", t.idx("addi", "%t2", c(e) if e else "%c0"), c(DV)), c(u)
+                "addi", t.idx("muli", t.idx("addi", "%t2", t.c(e) if e else "%c0"), t.c(DV)), t.c(u)
             )
             col = t.idx("addi", "%vcol0", dim)
             vb = t.op("n", f"memref.load %qkv[%b, {col}] : {qkv_t}")
@@ -344,7 +314,7 @@ def attention_mma(
     # Split 0: the new k (roped) and v into the caches (lanes of head 0).
     t.emit("scf.if %wr {")
     for ch, kv in enumerate(k_bf):
-        d = t.idx("addi", "%dK0", c(ch * kvec))
+        d = t.idx("addi", "%dK0", t.c(ch * kvec))
         t.emit(
             f"  vector.store {kv}, %kc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
         )
@@ -360,7 +330,7 @@ def attention_mma(
     t.emit("// A previous call on this CTA may still be reading the workgroup buffers.")
     t.emit("gpu.barrier")
     t.emit("scf.if %gvalid {")
-    wbase = t.idx("addi", "%wo", t.idx("muli", "%qg", c(D)))
+    wbase = t.idx("addi", "%wo", t.idx("muli", "%qg", t.c(D)))
     for v, dim in o_final.values():
         t.emit(f"  memref.store {v}, %obuf[{t.idx('addi', wbase, dim)}] : {o_t}")
     t.emit("  scf.if %is_t0 {")
@@ -370,11 +340,11 @@ def attention_mma(
     t.emit("  }")
     t.emit("}")
     t.emit("gpu.barrier")
-    tail = t.text()
+    tail = t.part("  ")
 
     for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D):
-        consts.add(v)
-    constants = "\n".join(f"  %k{v} = arith.constant {v} : index" for v in sorted(consts))
+        t.c(v)  # the constants the function's text below names
+    constants = "\n".join(f"  %c{v}_ = arith.constant {v} : index" for v in sorted(t.consts))
     source = f"""\
 // {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
@@ -405,25 +375,25 @@ func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv:
   %t4 = arith.remui %lane, %c4 : index
   %t2 = arith.muli %t4, %c2 : index
   %is_t0 = arith.cmpi eq, %t4, %c0 : index
-  %gvalid = arith.cmpi ult, %qg, %k{G} : index
-  %gq = arith.minui %qg, %k{G - 1} : index
-  %dK0 = arith.muli %t4, %k{DK} : index
-  %dV0 = arith.muli %qg, %k{DV} : index
-  %dh0 = arith.remui %dK0, %k{D // 2} : index
-  %lo_half = arith.cmpi ult, %dK0, %k{D // 2} : index
-  %wo = arith.muli %warp, %k{G * D} : index
-  %wm = arith.muli %warp, %k{G * 2} : index
-  %wstart = arith.muli %warp, %k{16 * NB} : index
+  %gvalid = arith.cmpi ult, %qg, %c{G}_ : index
+  %gq = arith.minui %qg, %c{G - 1}_ : index
+  %dK0 = arith.muli %t4, %c{DK}_ : index
+  %dV0 = arith.muli %qg, %c{DV}_ : index
+  %dh0 = arith.remui %dK0, %c{D // 2}_ : index
+  %lo_half = arith.cmpi ult, %dK0, %c{D // 2}_ : index
+  %wo = arith.muli %warp, %c{G * D}_ : index
+  %wm = arith.muli %warp, %c{G * 2}_ : index
+  %wstart = arith.muli %warp, %c{16 * NB}_ : index
   %obuf = memref.get_global @{name}__o : {o_t}
   %mbuf = memref.get_global @{name}__m : {m_t}
   %first_split = arith.cmpi eq, %s, %c0 : index
 {_split_lines(spread, align, op_t)}
-  %qh0 = arith.muli %gkv, %k{G} : index
+  %qh0 = arith.muli %gkv, %c{G}_ : index
   %qh = arith.addi %qh0, %gq : index
-  %qcol = arith.muli %qh, %k{D} : index
-  %kvcol = arith.muli %gkv, %k{D} : index
-  %kcol0 = arith.addi %kvcol, %k{NH * D} : index
-  %vcol0 = arith.addi %kvcol, %k{(NH + KV) * D} : index
+  %qcol = arith.muli %qh, %c{D}_ : index
+  %kvcol = arith.muli %gkv, %c{D}_ : index
+  %kcol0 = arith.addi %kvcol, %c{NH * D}_ : index
+  %vcol0 = arith.addi %kvcol, %c{(NH + KV) * D}_ : index
   %pend = arith.addi %p0, %n : index
   %endsL = arith.cmpi eq, %pend, %Lp1 : index
   %nonempty = arith.cmpi ugt, %n, %c0 : index
