@@ -29,15 +29,21 @@ from bench.timing import timed, two_step_main  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
+_PF_KV = (
+    (1, (("attn_unroll", 2), ("attn_prefetch_kv", True))),
+    (16, (("attn_prefetch_kv", True),)),
+    (None, M.LARGE_BATCH),
+)
 VARIANTS = {
-    # Small batches: the attention of one sequence runs on 8 kv heads x 5
-    # splits = 40 of 264 CTAs, each a chain of dependent load rounds over 256
-    # positions. Shorter spans (one or two loop steps of the phased tile with
-    # unroll 1 or 2) spread it over more CTAs; the combine merges more splits.
+    # The combine shared out by heads and splits (combine_group: heads per
+    # instance); the phased attention's K/V copies issued before its waits
+    # in the B <= 16 kernels (attn_prefetch_kv, item 21, now per bucket).
     "default": {},
-    "u2_s64": dict(attn_unroll=2, attn_small_span=64),
-    "u1_s64": dict(attn_unroll=1, attn_small_span=64),
-    "u1_s32": dict(attn_unroll=1, attn_small_span=32),
+    "combine_g2": dict(combine_group=2),
+    "combine_g4": dict(combine_group=4),
+    "combine_g8": dict(combine_group=8),
+    "pf_kv": dict(batch_buckets=_PF_KV),
+    "combine_g4_pf_kv": dict(combine_group=4, batch_buckets=_PF_KV),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
@@ -54,13 +60,11 @@ def config(name: str) -> M.LlamaConfig:
 
 
 def build(out: Path) -> None:
-    import etc
-
     for name, change in VARIANTS.items():
         cfg = config(name)
-        options = M.compile_options(cfg, change.get("schedule", "static"))
-        options.update((k, v) for k, v in change.items() if k in COMPILE_KEYS)
-        etc.compile(M.build_decoder_graph(cfg), **options).save(out / name)
+        options = {k: v for k, v in change.items() if k in COMPILE_KEYS and k != "schedule"}
+        # Every bucket of the configuration (etc.runtime.load picks by B).
+        M.compile_decoder(cfg, change.get("schedule", "static"), **options).save(out / name)
         print("built", name, flush=True)
 
 

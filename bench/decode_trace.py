@@ -15,6 +15,7 @@ the last traced; the static and dynamic schedules (``llama.compile_options``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -29,13 +30,26 @@ CFG = M.LLAMA_3_2_1B
 #: Artifact name -> (configuration, schedule).
 VARIANTS = {
     "static": (CFG, "static"),
-    "dynamic": (CFG, "dynamic"),
-    # The large-batch kernel of the default artifact (``batch_buckets``).
-    "static_large": (CFG.bucket_configs()[-1][1], "static"),
+    # The B=1 kernel, and it with the combine in instances of 4 heads.
+    "static_single": (CFG.bucket_configs()[0][1], "static"),
+    "static_single_g4": (
+        dataclasses.replace(CFG.bucket_configs()[0][1], combine_group=4),
+        "static",
+    ),
 }
 BATCHES = (1, 64)
 L = 1024
-STAGES = ("norm1", "qkv", "attention", "combine", "o_proj", "norm2", "gate_up", "down")
+STAGES = (
+    "norm1",
+    "qkv",
+    "attention",
+    "l2_prefetch",
+    "combine",
+    "o_proj",
+    "norm2",
+    "gate_up",
+    "down",
+)
 
 
 def build(out: Path) -> None:
@@ -73,7 +87,8 @@ def tables(events: list[dict]) -> tuple[str, dict]:
         gap = start - prev_end if prev_end is not None else 0.0
         data["layer"][stage] = {"start_us": start, "end_us": end, "gap_us": gap}
         lines.append(f"         {stage:10s} {start:8.1f} {end:8.1f} {gap:7.1f}")
-        prev_end = end
+        if stage != "l2_prefetch":  # beside the attention, not after it
+            prev_end = end
     return "\n".join(lines), data
 
 

@@ -213,7 +213,9 @@ def llama_tiny_variants() -> dict:
     the attention's values staged in shared memory (``attn_stage_v``); the
     online-softmax attention on the CUDA cores and on the tensor cores
     (``attn_tile``), with long and short spans; a kernel per batch range
-    (``batch_buckets``); the B=1 split tier (``attn_single_span``)."""
+    (``batch_buckets``); the B=1 split tier (``attn_single_span``); weights
+    prefetched into L2 during the attention (``l2_prefetch``, both modes);
+    the combine shared out by heads and splits (``combine_group``)."""
     import dataclasses
 
     from etc.models import llama
@@ -237,7 +239,10 @@ def llama_tiny_variants() -> dict:
     attn_pf = dataclasses.replace(llama.TINY, attn_prefetch_kv=True)
     sums = dataclasses.replace(llama.TINY, fuse_norms=True, norm_sums=True, fold_norms=False)
     fused_combine = dataclasses.replace(llama.TINY, fuse_combine=True)
-    unfolded = dataclasses.replace(llama.TINY, fold_norms=False, prefetch_ring=False)
+    # ... and the combine of a whole row per instance (combine_group=0).
+    unfolded = dataclasses.replace(
+        llama.TINY, fold_norms=False, prefetch_ring=False, combine_group=0
+    )
     row_paths = dataclasses.replace(llama.TINY, block_m=64, row_paths=(16, 32, 64))
     small_spans = dataclasses.replace(llama.TINY, attn_small_batch=2, attn_small_span=3)
     stage_v = dataclasses.replace(llama.TINY, attn_stage_v=True)
@@ -272,6 +277,20 @@ def llama_tiny_variants() -> dict:
         attn_single_span=3,
         attn_single_splits=5,
     )
+    # Weights asked into L2 during the attention: bulk prefetches (one region
+    # of the next layer, evict-last) and line prefetches.
+    prefetch = dataclasses.replace(
+        llama.TINY,
+        l2_prefetch=(("wo", 8, 0), ("wgu", 3, 0), ("wqkv", 8, 1)),
+        l2_prefetch_ctas=3,
+        l2_prefetch_evict_last=True,
+    )
+    prefetch_lines = dataclasses.replace(
+        llama.TINY, l2_prefetch=(("wo", 8, 0), ("wd", 5, 0)), l2_prefetch_mode="lines"
+    )
+    # The combine in instances of 2 heads, the splits shared among 32 lanes
+    # per item (5 splits at B=1: lanes without a split merge empty states).
+    combine_group = dataclasses.replace(single, combine_group=2)
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -290,4 +309,7 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_mma_spans": mma_spans,
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
+        "llama_tiny_prefetch": prefetch,
+        "llama_tiny_prefetch_lines": prefetch_lines,
+        "llama_tiny_combine_group": combine_group,
     }

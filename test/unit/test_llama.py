@@ -430,6 +430,27 @@ def test_config_from_hf_reads_llama_3_2_1b():
     hf.rope_scaling = {"rope_type": "yarn", "factor": 4.0}
     with pytest.raises(etc.GraphError, match="RoPE scaling 'yarn' is not supported"):
         M.config_from_hf(hf)
+    # 12 heads: the combine groups take a divisor (4), not the default 8.
+    hf.rope_scaling, hf.num_attention_heads, hf.num_key_value_heads = None, 12, 4
+    assert M.config_from_hf(hf).combine_group == 4
+
+
+@pytest.mark.parametrize("group", [0, 2, 8])
+def test_combine_groups_shape_the_combine_stage(weights, group):
+    cfg = dataclasses.replace(CFG, combine_group=group)
+    g = M.build_decoder_graph(cfg)
+    combine = next(t for t in g.tasks if t.name == "combine")
+    per_row = CFG.heads // group if group else 1
+    assert len(combine.grid) == (3 if group else 2)
+    assert combine.out_edges[0].event.wait_count.evaluate({"B": 3}) == 3 * per_row
+    B, L, S = 3, 9, 12
+    tokens = np.arange(B, dtype=np.int32) * 7
+    arrays = M.numpy_inputs(cfg, weights, tokens, L, S)
+    ref = M.reference_step(cfg, arrays, L)
+    out = etc.simulate(g, arrays, {"B": B, "L": L, "S": S}, schedule="dynamic", num_ctas=3)
+    np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    with pytest.raises(etc.GraphError, match="combine_group=3 must be 0 or a divisor of heads=8"):
+        dataclasses.replace(CFG, combine_group=3)
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

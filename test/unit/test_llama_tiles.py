@@ -276,6 +276,38 @@ def test_attention_combine_reference():
     np.testing.assert_allclose(bf16_to_f32(attn), want.reshape(B, -1), rtol=2**-7, atol=1e-6)
 
 
+@pytest.mark.parametrize("group", [1, 2, NH])
+def test_grouped_combine_reference_merges_its_heads_only(group):
+    rng = np.random.default_rng(5)
+    B, S = 2, 7
+    opart = rng.standard_normal((B, NH, S, D)).astype(np.float32)
+    mpart = np.stack(
+        [rng.standard_normal((B, NH, S)) * 4, rng.uniform(0.5, 20, (B, NH, S))], axis=-1
+    ).astype(np.float32)
+    whole, grouped = (np.zeros((B, NH * D), np.uint16) for _ in range(2))
+    full, tile = T.attention_combine(NH, D), T.attention_combine(NH, D, group=group)
+    assert tile.params[:3] == ("index", "index", "index")
+    for b in range(B):
+        full.reference(0, b, opart, mpart, whole)
+        tile.reference(0, b, 0, opart, mpart, grouped)
+    # Instance g=0 writes its heads only.
+    np.testing.assert_array_equal(grouped[:, : group * D], whole[:, : group * D])
+    assert not grouped[:, group * D :].any()
+    for b in range(B):
+        for g in range(NH // group):
+            tile.reference(0, b, g, opart, mpart, grouped)
+    np.testing.assert_array_equal(grouped, whole)
+
+
+def test_grouped_combine_errors_name_the_tile():
+    with pytest.raises(
+        etc.GraphError, match="tile 'attention_combine': group=3 does not divide heads=8"
+    ):
+        T.attention_combine(8, 64, group=3)
+    with pytest.raises(etc.GraphError, match="are 64 items of 8 dims, more than block_size=32"):
+        T.attention_combine(8, 64, group=8, block_size=32)
+
+
 def test_attention_combine_simulated():
     rng = np.random.default_rng(4)
     g = etc.Graph("combine")
@@ -420,6 +452,28 @@ def test_embed_compiles(tmp_path):
         tmp_path,
     )
     assert set(spills) == {0}
+
+
+@needs_ptxas
+@needs_bindings
+@pytest.mark.parametrize("group", [1, 4])
+def test_grouped_combine_compiles_with_shuffles(group, tmp_path):
+    tile = T.attention_combine(L_NH, L_D, group=group)
+    ptx, spills, _ = compile_graph(
+        tile,
+        [
+            ("opart", ("b", L_NH, "ns", L_D), "f32"),
+            ("mpart", ("b", L_NH, "ns", 2), "f32"),
+            ("attn", ("b", L_NH * L_D), "bf16"),
+        ],
+        (L_LAYERS, "b", L_NH // group),
+        ("b", "ns"),
+        tmp_path,
+    )
+    assert set(spills) == {0}
+    # lanes = 256 / (group * 8 items): a butterfly of log2(lanes) rounds of 10 shuffles.
+    lanes = min(32, 256 // (group * L_D // 8))
+    assert ptx.count("shfl.sync.bfly") == 10 * (lanes.bit_length() - 1)
 
 
 @needs_ptxas

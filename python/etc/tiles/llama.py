@@ -1488,7 +1488,12 @@ def _move_staging_to_prefetch(source: str, name: str, addresses: str, copies: st
 # attention_combine
 # ----------------------------------------------------------------------------
 def attention_combine(
-    heads: int, head_dim: int, *, name: str = "attention_combine", block_size: int = 256
+    heads: int,
+    head_dim: int,
+    *,
+    name: str = "attention_combine",
+    block_size: int = 256,
+    group: int | None = None,
 ) -> DeviceFunction:
     """Tile ``(l, b)``: ``attn[b, h*D + d] = bf16(sum_s w_s opart[b, h, s, d] /
     sum_s w_s mpart[b, h, s, 1])`` with ``w_s = exp(mpart[b, h, s, 0] - M)``,
@@ -1496,13 +1501,24 @@ def attention_combine(
     layer). Each thread takes 8 dims of a head: one pass over the splits for
     M, one for the sums (32-byte loads of opart, 16-byte stores).
     Args: ``opart: memref<?xNHx?xDxf32>``, ``mpart: memref<?xNHx?x2xf32>``,
-    ``attn: memref<?x(NH*D)xbf16>``."""
+    ``attn: memref<?x(NH*D)xbf16>``.
+
+    ``group`` (a divisor of ``heads``): tile ``(l, b, g)`` merges heads
+    ``[g*group, (g+1)*group)`` only, and the splits are shared too: each
+    8-dim item gets ``lanes`` consecutive threads (``block_size`` over the
+    items, a power of two up to 32), lane ``k`` folds splits ``k, k +
+    lanes, ...`` into a running max, sum and output (online softmax) and
+    a shuffle butterfly merges the lanes. One CTA walking all the splits of
+    a whole row is a chain of dependent L2 round trips (4 µs a layer for
+    one sequence on an H200); this is a few."""
     _check_block(name, block_size)
     _positive(name, heads=heads, head_dim=head_dim)
     _multiple_of_8(name, head_dim=head_dim)
     NH, D = heads, head_dim
     op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
     a_t = f"memref<?x{NH * D}xbf16>"
+    if group is not None:
+        return _combine_grouped(name, NH, D, group, block_size, op_t, mp_t, a_t)
     source = f"""\
 // {name}: merge the attention splits of {NH} heads of {D}, one CTA of {block_size}.
 func.func @{name}(%l: index, %b: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) {{
@@ -1526,6 +1542,128 @@ func.func @{name}(%l: index, %b: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) 
 
     def reference(l: int, b: int, op: np.ndarray, mp: np.ndarray, attn: np.ndarray) -> None:  # noqa: E741
         attn[b] = _merge_splits(op, mp, b, slice(None), mp.shape[2])
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _combine_grouped(
+    name: str, NH: int, D: int, group: int, block_size: int, op_t: str, mp_t: str, a_t: str
+) -> DeviceFunction:
+    """:func:`attention_combine` with ``group``: heads and splits shared out."""
+    _positive(name, group=group)
+    if NH % group:
+        raise GraphError(f"tile '{name}': group={group} does not divide heads={NH}")
+    items = group * D // 8
+    if items > block_size:
+        raise GraphError(
+            f"tile '{name}': group={group} heads of {D} are {items} items of 8 dims, more than "
+            f"block_size={block_size} threads"
+        )
+    lanes = 1
+    while lanes * 2 <= min(32, block_size // items):
+        lanes *= 2
+
+    def vec_shuffle(v: str, off: int, p: str) -> tuple[list[str], str]:
+        ops, parts = [], []
+        for e in range(8):
+            ops += [
+                f"      %{p}x{e} = vector.extract {v}[{e}] : f32 from vector<8xf32>",
+                f"      %{p}y{e}, %{p}k{e} = gpu.shuffle xor %{p}x{e}, %c{off}_i32, %c32_i32 : f32",
+            ]
+            parts.append(f"%{p}y{e}")
+        ops.append(f"      %{p}v = vector.from_elements {', '.join(parts)} : vector<8xf32>")
+        return ops, f"%{p}v"
+
+    def merge(m: str, z: str, a: str, mo: str, zo: str, ao: str, p: str) -> list[str]:
+        """Two (max, sum, output) states into one: the online softmax's merge."""
+        return [
+            f"      %{p}m = arith.maximumf {m}, {mo} : f32",
+            f"      %{p}d0 = arith.subf {m}, %{p}m : f32",
+            f"      %{p}d1 = arith.subf {mo}, %{p}m : f32",
+            f"      %{p}e0 = math.exp %{p}d0 : f32",
+            f"      %{p}e1 = math.exp %{p}d1 : f32",
+            f"      %{p}z0 = arith.mulf {z}, %{p}e0 : f32",
+            f"      %{p}z = math.fma {zo}, %{p}e1, %{p}z0 : f32",
+            f"      %{p}b0 = vector.broadcast %{p}e0 : f32 to vector<8xf32>",
+            f"      %{p}b1 = vector.broadcast %{p}e1 : f32 to vector<8xf32>",
+            f"      %{p}a0 = arith.mulf {a}, %{p}b0 : vector<8xf32>",
+            f"      %{p}a = math.fma {ao}, %{p}b1, %{p}a0 : vector<8xf32>",
+        ]
+
+    body = []
+    m, z, a = "%m", "%z", "%acc"
+    off = lanes // 2
+    while off:
+        p = f"s{off}_"
+        body += [
+            f"      %{p}mo, %{p}mk = gpu.shuffle xor {m}, %c{off}_i32, %c32_i32 : f32",
+            f"      %{p}zo, %{p}zk = gpu.shuffle xor {z}, %c{off}_i32, %c32_i32 : f32",
+        ]
+        ops, ao = vec_shuffle(a, off, p)
+        body += ops + merge(m, z, a, f"%{p}mo", f"%{p}zo", ao, p)
+        m, z, a = f"%{p}m", f"%{p}z", f"%{p}a"
+        off //= 2
+    shuffle_consts = "\n".join(
+        f"  %c{o}_i32 = arith.constant {o} : i32" for o in (1, 2, 4, 8, 16) if o < lanes
+    )
+    source = f"""\
+// {name}: merge the attention splits of {group} of {NH} heads of {D}: {items} items x
+// {lanes} lanes of a CTA of {block_size}.
+func.func @{name}(%l: index, %b: index, %g: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c8 = arith.constant 8 : index
+  %cD = arith.constant {D} : index
+  %cDC = arith.constant {D // 8} : index
+  %cG = arith.constant {group} : index
+  %cLanes = arith.constant {lanes} : index
+  %cItems = arith.constant {items} : index
+  %c32_i32 = arith.constant 32 : i32
+{shuffle_consts}
+  %zero8 = arith.constant dense<0.0> : vector<8xf32>
+  %fzero = arith.constant 0.0 : f32
+  %lowest = arith.constant {_f32(-3.0e38)} : f32
+  %tid = gpu.thread_id x
+  %ns = memref.dim %op, %c2 : {op_t}
+  %item = arith.divui %tid, %cLanes : index
+  %lane = arith.remui %tid, %cLanes : index
+  %active = arith.cmpi ult, %item, %cItems : index
+  scf.if %active {{
+    %hq = arith.divui %item, %cDC : index
+    %h0 = arith.muli %g, %cG : index
+    %h = arith.addi %h0, %hq : index
+    %dc = arith.remui %item, %cDC : index
+    %d = arith.muli %dc, %c8 : index
+    %m, %z, %acc = scf.for %s = %lane to %ns step %cLanes
+        iter_args(%m0 = %lowest, %z0 = %fzero, %a0 = %zero8) -> (f32, f32, vector<8xf32>) {{
+      %ms = memref.load %mp[%b, %h, %s, %c0] : {mp_t}
+      %ss = memref.load %mp[%b, %h, %s, %c1] : {mp_t}
+      %o = vector.load %op[%b, %h, %s, %d] {{alignment = 16 : i64}} : {op_t}, vector<8xf32>
+{chr(10).join(merge("%m0", "%z0", "%a0", "%ms", "%ss", "%o", "f_"))}
+      scf.yield %f_m, %f_z, %f_a : f32, f32, vector<8xf32>
+    }}
+{chr(10).join(body)}
+    %first = arith.cmpi eq, %lane, %c0 : index
+    scf.if %first {{
+      %den = vector.broadcast {z} : f32 to vector<8xf32>
+      %r = arith.divf {a}, %den : vector<8xf32>
+      %rb = arith.truncf %r : vector<8xf32> to vector<8xbf16>
+      %hd = arith.muli %h, %cD : index
+      %col = arith.addi %hd, %d : index
+      vector.store %rb, %attn[%b, %col] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>
+    }}
+  }}
+  return
+}}
+"""
+    heads_of = group
+
+    def reference(l: int, b: int, g: int, op: np.ndarray, mp: np.ndarray, attn: np.ndarray) -> None:  # noqa: E741
+        h0 = g * heads_of
+        attn[b, h0 * D : (h0 + heads_of) * D] = _merge_splits(
+            op, mp, b, slice(h0, h0 + heads_of), mp.shape[2]
+        )
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
