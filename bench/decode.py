@@ -15,7 +15,12 @@ bf16 and in float32, run over the same token sequence (relative error
 ||etc - hf|| / ||hf|| per sequence and step; max and mean), and ETC's
 greedy tokens with ``model.generate(do_sample=False)``'s (steps for which
 both sequences agree). HF bf16 against HF float32 is reported too: the
-bf16 rounding noise of the model itself.
+bf16 rounding noise of the model itself. Random weights give nearly flat
+logits, so free-running sequences part at near-ties; step by step over the
+same tokens the check also reports how often the greedy tokens agree and,
+where they do not, the reference's margin between its token and ETC's in
+standard deviations of its logits, beside ETC's mean logit error in the
+same units (a disagreement within that error is a tie at bf16 precision).
 
 Timing: batch B in BATCHES, context L in CONTEXTS (the caches hold L random
 tokens; the step writes position L). ETC static and dynamic (one launch per
@@ -100,6 +105,29 @@ def _prefix(a, b) -> int:
     return int((a == b).all(dim=0).long().cumprod(0).sum())
 
 
+def _argmax_margins(torch, logits, ref, name) -> dict:
+    """Step by step over the same tokens: how often ETC's greedy token is the
+    reference's, and where not, how near a tie the reference had: its best
+    logit minus its logit of ETC's token, in units of the row's standard
+    deviation, beside ETC's typical logit error in the same units."""
+    agree, margins, errors = 0, [], []
+    for k, etc_logits in enumerate(logits):
+        for b in range(etc_logits.shape[0]):
+            mine, theirs = etc_logits[b].float(), ref[b, k].float()
+            scale = theirs.std()
+            errors.append(float((mine - theirs).abs().mean() / scale))
+            pick = int(mine.argmax())
+            if pick == int(theirs.argmax()):
+                agree += 1
+            else:
+                margins.append(float((theirs.max() - theirs[pick]) / scale))
+    return {
+        f"argmax_agree_vs_{name}": agree / len(errors),
+        f"disagree_margin_max_vs_{name}": max(margins, default=0.0),
+        f"logit_error_vs_{name}": sum(errors) / len(errors),
+    }
+
+
 def check(torch, kernels, cfg, weights, log) -> dict:
     """Prompt + greedy decode with ETC, compared with Hugging Face's model in
     bf16 and in float32 (the same bf16 weights upcast)."""
@@ -156,6 +184,8 @@ def check(torch, kernels, cfg, weights, log) -> dict:
         ]
         row["hf_bf16_rel_err_vs_hf_fp32_max"] = max(errs)
         row["hf_bf16_rel_err_vs_hf_fp32_mean"] = sum(errs) / len(errs)
+        for name, ref in refs.items():
+            row.update(_argmax_margins(torch, logits, ref, name))
         for name in models:
             row[f"greedy_identical_vs_{name}"] = _prefix(tokens[:, PROMPT:], greedy[name])
         row["of"] = GENERATED

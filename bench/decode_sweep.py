@@ -29,21 +29,17 @@ from bench.timing import timed, two_step_main  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
-_PF_KV = (
-    (1, (("attn_unroll", 2), ("attn_prefetch_kv", True))),
-    (16, (("attn_prefetch_kv", True),)),
-    (None, M.LARGE_BATCH),
-)
 VARIANTS = {
-    # The combine shared out by heads and splits (combine_group: heads per
-    # instance); the phased attention's K/V copies issued before its waits
-    # in the B <= 16 kernels (attn_prefetch_kv, item 21, now per bucket).
+    # Longer attention spans past B = 16 (attn_chunk; the spans of the B <= 16
+    # kernels are attn_small_span's and attn_single_span's): fewer, longer
+    # instances of the tensor-core attention, each fixed cost paid once.
     "default": {},
-    "combine_g2": dict(combine_group=2),
-    "combine_g4": dict(combine_group=4),
-    "combine_g8": dict(combine_group=8),
-    "pf_kv": dict(batch_buckets=_PF_KV),
-    "combine_g4_pf_kv": dict(combine_group=4, batch_buckets=_PF_KV),
+    # The default built before the small kernels' phased tile took buffers
+    # of attn_small_span (copied in by hand: A/B of that change).
+    "old_default": {},
+    "chunk1024": dict(attn_chunk=1024),
+    "chunk2048": dict(attn_chunk=2048),
+    "chunk4096": dict(attn_chunk=4096),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
@@ -51,6 +47,9 @@ BATCHES = (1, 8, 32, 64)
 if os.environ.get("DECODE_SWEEP_BATCHES"):
     BATCHES = tuple(int(b) for b in os.environ["DECODE_SWEEP_BATCHES"].split(","))
 L = 1024
+#: ``DECODE_SWEEP_CONTEXT=4096`` times that context instead.
+if os.environ.get("DECODE_SWEEP_CONTEXT"):
+    L = int(os.environ["DECODE_SWEEP_CONTEXT"])
 CALLS = 10
 
 

@@ -5,8 +5,10 @@ layer RMSNorm, fused QKV, RoPE + KV-cache append, grouped-query attention
 over the cache (flash-decoding splits), output projection + residual,
 RMSNorm, gate/up + SiLU, down projection + residual, final norm, LM head and
 greedy argmax (``etc.models.llama``, ``docs/decoder.md``). The batch B, the
-context L and the cache capacity S are symbols: one compiled artifact runs
-every step of every batch size. Each step is checked against the numpy model
+context L and the cache capacity S are symbols: one compiled kernel runs
+every step, whatever L (the example compiles the kernel of ``--batch``'s
+range; ``llama.compile_decoder`` saves all of them as one artifact, which
+``--artifact`` loads and which picks a kernel by B at each launch). Each step is checked against the numpy model
 (same rounding): relative error of the logits and the greedy tokens.
 
     python examples/llama_decode.py --simulate                 # tiny model, CPU
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-check", dest="check", action="store_false")
     args = p.parse_args(argv)
     cfg = M.TINY if (args.simulate or args.tiny) else M.LLAMA_3_2_1B
+    # The kernel for this batch size (LlamaConfig.batch_buckets; a saved
+    # artifact of llama.compile_decoder holds them all and picks by B).
+    cfg = next(c for bound, c in cfg.bucket_configs() if bound is None or args.batch <= bound)
     args.min_ctas_per_sm = 2
     g = M.build_decoder_graph(cfg)
     done = compile_only(g, args)

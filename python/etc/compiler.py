@@ -308,6 +308,7 @@ def _manifest(
         "block_size": block_size,
         "watchdog_polls": polls,
         "symbols": [s.name for s in g.symbols],
+        **_manifest_symbol_max(g),
         "tensors": [
             {
                 "name": t.name,
@@ -354,6 +355,12 @@ def _manifest(
             else {}
         ),
     }
+
+
+def _manifest_symbol_max(g: Graph) -> dict[str, Any]:
+    """The manifest's ``symbol_max`` entry (none when no symbol has a max)."""
+    bounds = {s.name: s.max for s in g.symbols if s.max is not None}
+    return {"symbol_max": bounds} if bounds else {}
 
 
 def compile(  # noqa: A001 - the public name

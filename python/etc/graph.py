@@ -197,16 +197,21 @@ class Graph:
     # ------------------------------------------------------------------
     # Construction
     # ------------------------------------------------------------------
-    def symbol(self, name: str) -> Symbol:
+    def symbol(self, name: str, *, max: int | None = None) -> Symbol:  # noqa: A002
         """Declare a symbolic size (an ``index`` argument bound at launch).
 
         The name must be a Python identifier, so that ``str()`` of every
         expression is valid Python over the symbol names (manifests use it).
+        ``max``: the largest value the graph's tiles are written for (e.g. a
+        kernel for batches of at most 16 with buffers sized for them); the
+        runtime and the simulator refuse a larger one, naming the symbol.
         """
         self._check_param_name(name, "symbol")
         if not name.isidentifier():
             raise GraphError(f"symbol name {name!r} must be an identifier")
-        sym = Symbol(name, self)
+        if max is not None and (not isinstance(max, int) or isinstance(max, bool) or max < 0):
+            raise GraphError(f"symbol {name!r}: max must be None or an int >= 0, got {max!r}")
+        sym = Symbol(name, self, max)
         self.symbols.append(sym)
         self._params[name] = sym
         return sym

@@ -74,6 +74,11 @@ def bind_symbols(graph: Graph, symbols: Mapping[Any, Any] | None) -> dict[str, i
         value = value.__index__()
         if value < 0:
             raise ShapeError(f"symbol '{sym.name}' must be >= 0, got {value}")
+        if sym.max is not None and value > sym.max:
+            raise ShapeError(
+                f"graph '{graph.name}': symbol '{sym.name}' = {value} is above {sym.max}, the "
+                "largest its tiles take"
+            )
         env[sym.name] = value
     return env
 

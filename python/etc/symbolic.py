@@ -314,15 +314,18 @@ _SERIAL = [0]
 class Symbol(SymExpr):
     """A symbolic size of a graph (``g.symbol("n")``), bound at launch."""
 
-    __slots__ = ("name", "graph", "_atom_key")
+    __slots__ = ("name", "graph", "_atom_key", "max")
 
-    def __init__(self, name: str, graph: Graph) -> None:
+    def __init__(self, name: str, graph: Graph, max: int | None = None) -> None:  # noqa: A002
         _SERIAL[0] += 1
         key = _atom(_SymbolAtom(self, ("sym", _SERIAL[0], name)))
         super().__init__({((key, 1),): 1})
         self.name = name
         self.graph = graph
         self._atom_key = key
+        #: The largest value the graph's tiles take (None: any); a launch or
+        #: a simulation with a larger one is refused.
+        self.max = max
 
     def __repr__(self) -> str:
         return f"Symbol({self.name!r})"

@@ -158,6 +158,19 @@ def test_args_must_be_tensors_of_this_graph():
         g.task(v["consumer"], grid=(4,), args=("B",))
 
 
+def test_symbol_max_is_checked_and_goes_to_the_manifest():
+    g = etc.Graph("g")
+    n = g.symbol("n", max=16)
+    assert n.max == 16 and g.symbol("m").max is None
+    for bad in (-1, 2.5, True):
+        with pytest.raises(etc.GraphError, match="symbol 'k': max must be None or an int >= 0"):
+            g.symbol("k", max=bad)
+    from etc.compiler import _manifest_symbol_max
+
+    assert _manifest_symbol_max(g) == {"symbol_max": {"n": 16}}
+    assert _manifest_symbol_max(etc.Graph("h")) == {}
+
+
 def test_events_and_symbols_of_another_graph():
     g, v = base_graph()
     other = etc.Graph("other")

@@ -718,7 +718,10 @@ def test_small_batches_split_the_attention_finer(weights, schedule):
         got = bf16_to_f32(out["logits"])
         assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
         np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
-    with pytest.raises(etc.GraphError, match="attn_small_span=9 must be in 1..attn_chunk=8"):
+    with pytest.raises(
+        etc.GraphError,
+        match="attn_small_span=9 must be in 1..8 \\(the attention's buffers hold attn_chunk=8\\)",
+    ):
         dataclasses.replace(CFG, attn_small_batch=2, attn_small_span=9)
 
 
@@ -748,7 +751,7 @@ def test_spread_splits_are_whole_loop_steps():
     assert spans(3) == [(0, 384), (384, 768), (768, 1025)]
     assert spans(5) == [(0, 256), (256, 512), (512, 768), (768, 1024), (1024, 1025)]
     assert spans(4, L=200) == [(0, 128), (128, 201), (201, 201), (201, 201)]
-    cfg = M.LLAMA_3_2_1B
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())  # one phased kernel
     assert cfg.splits(1024, 16) == 5 and cfg.splits(1024, 17) == 3 and cfg.splits(0, 64) == 1
 
 
@@ -873,8 +876,17 @@ def test_batch_buckets_change_only_the_tiles():
     assert one.attn_unroll == 2
     # Every kernel shares the split counts (one set of buffers): B=1 spans of
     # attn_single_span, then attn_small_span up to B=16, then attn_chunk.
-    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 3]
-    assert mid == dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())
+    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 1]
+    assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (16, 17)] == [33, 3]
+    for _, c in buckets:
+        assert [c.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 1]
+    assert mid == dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16)
+    # The kernels know their batch ranges; the base's own graph is the
+    # small-batch kernel (its phased tile holds 512 positions, not 4096).
+    assert [c.kernel_max_batch for _, c in buckets] == [1, 16, None]
+    assert M.LLAMA_3_2_1B.kernel_max_batch == 16
+    single = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())
+    assert single.kernel_max_batch is None and single.splits(1024, 17) == 3
     assert (large.block_m, large.row_warps, large.bn_gu, large.attn_tile) == (32, 1, 64, "mma")
     assert M.tensor_shapes(one, 4, 9, 10) == M.tensor_shapes(large, 4, 9, 10)
     assert M.TINY.bucket_configs() == [(None, M.TINY)]
@@ -905,8 +917,12 @@ def test_a_change_a_bucket_kernel_cannot_take_says_so():
 
 
 def test_single_span_is_checked():
-    with pytest.raises(etc.GraphError, match="attn_single_span=600 must be in 0..attn_chunk=512"):
+    with pytest.raises(
+        etc.GraphError, match="attn_single_span=600 must be in 0..512 .*attn_phased_chunk=512"
+    ):
         M.LlamaConfig(attn_single_span=600)
+    with pytest.raises(etc.GraphError, match="attn_phased_chunk must be a positive int, got 0"):
+        M.LlamaConfig(attn_phased_chunk=0)
 
 
 def test_the_split_counts_parse_as_manifest_sizes():
@@ -918,7 +934,8 @@ def test_the_split_counts_parse_as_manifest_sizes():
     B, L = g.symbol("B"), g.symbol("L")
     expr = M.LLAMA_3_2_1B.splits(L, B) * M.LLAMA_3_2_1B.kv_heads
     size = parse_size(str(expr), ["B", "L"])
-    cases = [(1, 1024, 17), (2, 1024, 5), (16, 1024, 5), (17, 1024, 3), (64, 1024, 3)]
+    # Past B=16 the tensor-core kernel's spans of attn_chunk=4096.
+    cases = [(1, 1024, 17), (2, 1024, 5), (16, 1024, 5), (17, 1024, 1), (64, 4096, 2)]
     # B=1: spans of 64 up to 17 splits, never fewer splits than spans of 256.
     cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 32)]
     for b, L, want in cases:

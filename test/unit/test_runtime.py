@@ -440,6 +440,20 @@ def test_symbols(m: manifest.Manifest) -> None:
             args.bind_symbols(m, {"n": bad})
 
 
+def test_a_symbol_above_its_max_is_refused(tmp_path: Path) -> None:
+    data = splitk_manifest()
+    data["symbol_max"] = {"n": 16}
+    m = manifest.load_manifest(write_artifact(tmp_path / "ok", data))
+    assert m.symbol_max == {"n": 16}
+    assert args.bind_symbols(m, {"n": 16}) == (16,)
+    with pytest.raises(ShapeError, match="splitk: symbol 'n' = 17 is above 16, the largest"):
+        args.bind_symbols(m, {"n": 17})
+    for bad in ({"m": 3}, {"n": -1}, {"n": "16"}):
+        data["symbol_max"] = bad
+        with pytest.raises(LaunchError, match="symbol_max"):
+            manifest.load_manifest(write_artifact(tmp_path / "bad", data))
+
+
 def test_bind_numpy_and_pointers(m: manifest.Manifest) -> None:
     t = good(7)
     t["C"] = 0xABC000

@@ -343,6 +343,10 @@ def test_symbol_bindings_are_checked():
         etc.simulate(g, {}, {"n": 2, "m": 3})
     n = g.symbols[0]
     assert etc.simulate(g, {}, {n: 2})["C"].shape == (2,)
+    n.max = 2  # as Graph.symbol("n", max=2) declares it
+    with pytest.raises(ShapeError, match="symbol 'n' = 3 is above 2, the largest its tiles take"):
+        etc.simulate(g, {}, {"n": 3})
+    n.max = None
     assert etc.simulate(g, {}, {"n": np.int64(0)})["C"].shape == (0,)
 
 

@@ -96,6 +96,11 @@ LARGE_BATCH = (
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 
 
+def _positive_field(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise GraphError(f"LlamaConfig: {key} must be a positive int, got {value!r}")
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     """Model sizes (defaults: Llama-3.2-1B) and the decode tile sizes.
@@ -124,7 +129,16 @@ class LlamaConfig:
     bn_gu: int = 32
     bn_down: int = 8
     bn_lm: int = 64
-    attn_chunk: int = 512
+    #: The attention span past ``attn_small_batch`` sequences (the
+    #: tensor-core tile of the large-batch kernel: one split of 4096
+    #: positions: -7 % at B=32/64 and L=1024, -17..-19 % at L=4096 on an
+    #: H200 against 512; ``bench/RESULTS.md``, item 44).
+    attn_chunk: int = 4096
+    #: The phased tile's buffers: the longest span it holds (its scores in
+    #: shared memory), and its tuned loop layout. A kernel that may run more
+    #: than ``attn_small_batch`` sequences with it spans ``min(attn_chunk,
+    #: attn_phased_chunk)`` (:attr:`attn_large_span`).
+    attn_phased_chunk: int = 512
     #: Batches of at most this many sequences split the attention into spans
     #: of about ``attn_small_span`` positions (more, shorter instances: a
     #: few sequences leave most CTAs idle); larger ones into spans of at
@@ -259,6 +273,12 @@ class LlamaConfig:
     #: chain of L2 round trips: 4.4 µs a layer at B=1 on an H200 against 2.1
     #: with 4 heads; the step B=1 945 vs 954 µs, B=8 1207 vs 1259).
     combine_group: int = 8
+    #: The largest batch this configuration's kernel runs (set by
+    #: :meth:`bucket_configs` from ``batch_buckets``; None: any). A kernel
+    #: that never runs more than ``attn_small_batch`` sequences never sees a
+    #: span of ``attn_chunk``, so its phased attention tile need not hold one
+    #: (:attr:`attn_large_span`).
+    max_batch: int | None = None
     #: The prefetch task's instances per layer (each of ``block_size`` threads).
     l2_prefetch_ctas: int = 64
     #: The prefetched lines get L2's evict-last priority.
@@ -342,28 +362,37 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: attn_small_batch must be an int >= 0, got {self.attn_small_batch!r}"
             )
-        if not isinstance(self.attn_single_span, int) or not (
-            0 <= self.attn_single_span <= self.attn_chunk
-        ):
+        _positive_field("attn_phased_chunk", self.attn_phased_chunk)
+        # The longest span the attention tile holds.
+        hold, holder = self.attn_chunk, f"attn_chunk={self.attn_chunk}"
+        if self.attn_tile == "phased" and self.attn_phased_chunk < hold:
+            hold, holder = self.attn_phased_chunk, f"attn_phased_chunk={self.attn_phased_chunk}"
+        if not isinstance(self.attn_single_span, int) or not (0 <= self.attn_single_span <= hold):
             raise GraphError(
                 f"LlamaConfig: attn_single_span={self.attn_single_span!r} must be in "
-                f"0..attn_chunk={self.attn_chunk} (the attention's buffers hold attn_chunk)"
+                f"0..{hold} (the attention's buffers hold {holder})"
             )
         if not isinstance(self.attn_single_splits, int) or self.attn_single_splits < 1:
             raise GraphError(
                 f"LlamaConfig: attn_single_splits must be an int >= 1, "
                 f"got {self.attn_single_splits!r}"
             )
-        if self.attn_small_batch and not 0 < self.attn_small_span <= self.attn_chunk:
+        if self.attn_small_batch and not 0 < self.attn_small_span <= hold:
             raise GraphError(
                 f"LlamaConfig: attn_small_span={self.attn_small_span} must be in "
-                f"1..attn_chunk={self.attn_chunk} (the attention's buffers hold attn_chunk)"
+                f"1..{hold} (the attention's buffers hold {holder})"
             )
         if self.heads % self.kv_heads:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
         self._check_l2_prefetch()
+        if self.max_batch is not None and (
+            not isinstance(self.max_batch, int) or self.max_batch < 1
+        ):
+            raise GraphError(
+                f"LlamaConfig: max_batch must be None or an int >= 1, got {self.max_batch!r}"
+            )
         if (
             not isinstance(self.combine_group, int)
             or self.combine_group < 0
@@ -418,10 +447,47 @@ class LlamaConfig:
         empty). The configurations have no buckets of their own."""
         if not self.batch_buckets:
             return [(None, self)]
-        return [
-            (bound, dataclasses.replace(self, **dict(changes), batch_buckets=()))
+        configs = [
+            (bound, dataclasses.replace(self, **dict(changes), batch_buckets=(), max_batch=bound))
             for bound, changes in self.batch_buckets
         ]
+        # One set of buffers serves every kernel: all take the split counts
+        # of the last one (the largest batches), which the others never run.
+        span = configs[-1][1].attn_large_span
+        return [
+            (bound, c if c.attn_chunk == span else dataclasses.replace(c, attn_chunk=span))
+            for bound, c in configs
+        ]
+
+    @property
+    def attn_large_span(self) -> int:
+        """The attention span past ``attn_small_batch`` sequences. With
+        ``batch_buckets``, the artifact's (its last kernel's, which runs the
+        largest batches). Else ``attn_chunk``, or ``attn_phased_chunk`` if
+        shorter and this kernel may run such batches with the phased tile
+        (its buffers hold one span)."""
+        if self.batch_buckets:
+            return self.bucket_configs()[-1][1].attn_large_span
+        phased_large = self.attn_tile == "phased" and (
+            self.max_batch is None
+            or not self.attn_small_batch
+            or self.max_batch > self.attn_small_batch
+        )
+        return min(self.attn_chunk, self.attn_phased_chunk) if phased_large else self.attn_chunk
+
+    @property
+    def kernel_max_batch(self) -> int | None:
+        """The largest B this configuration's own graph takes (its symbol's
+        ``max``): ``max_batch``; for a configuration with ``batch_buckets``
+        whose own phased tile cannot hold the artifact's large-batch span,
+        ``attn_small_batch`` (its graph is the small-batch kernel; the
+        artifact of :func:`compile_decoder` takes every batch)."""
+        if self.max_batch is not None:
+            return self.max_batch
+        if self.batch_buckets and self.attn_tile == "phased":
+            if min(self.attn_chunk, self.attn_phased_chunk) < self.attn_large_span:
+                return self.attn_small_batch or None
+        return None
 
     def _check_l2_prefetch(self) -> None:
         weights = ("wqkv", "wo", "wgu", "wd")
@@ -524,7 +590,8 @@ class LlamaConfig:
         ``attn_chunk``; for B = 1 at most ``attn_single_splits`` of
         ``attn_single_span`` (and no fewer than for B = 2). A symbolic
         expression of ``B`` and ``L``; a zero field skips its tier."""
-        splits = below = (L + self.attn_chunk) // self.attn_chunk
+        span = self.attn_large_span
+        splits = below = (L + span) // span
         if self.attn_small_batch:
             below = (L + self.attn_small_span) // self.attn_small_span
             # 1 for 1 <= B <= attn_small_batch, else 0 (B < 2**31).
@@ -724,7 +791,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         "attention": _attention_tile(cfg, NL, bs)
         if cfg.attn_tile != "phased"
         else llama.attention(
-            cfg.attn_chunk,
+            min(cfg.attn_chunk, cfg.attn_phased_chunk),
             cfg.heads,
             cfg.kv_heads,
             cfg.head_dim,
@@ -783,7 +850,7 @@ def build_decoder_graph(
     tiles = {**_tiles(cfg), **(tiles or {})}
     NL, KV = cfg.layers, cfg.kv_heads
     g = Graph(name, block_size=cfg.block_size)
-    B, L, S = g.symbol("B"), g.symbol("L"), g.symbol("S")
+    B, L, S = g.symbol("B", max=cfg.kernel_max_batch), g.symbol("L"), g.symbol("S")
     t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()}
     rb = cfg.row_blocks(B)
 

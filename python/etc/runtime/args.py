@@ -68,6 +68,13 @@ def bind_symbols(manifest: Manifest, symbols: Mapping[str, Any] | None) -> tuple
             )
         if not 0 <= int(v) <= MAX_BYTES:
             raise ShapeError(f"{manifest.graph}: symbol {name!r} must be an int >= 0, got {int(v)}")
+        bound = manifest.symbol_max.get(name)
+        if bound is not None and int(v) > bound:
+            raise ShapeError(
+                f"{manifest.graph}: symbol {name!r} = {int(v)} is above {bound}, the largest this "
+                "kernel was built for (a bucketed artifact picks the kernel by the symbol: "
+                "etc.runtime.load of its directory)"
+            )
         out.append(int(v))
     return tuple(out)
 

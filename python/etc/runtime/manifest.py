@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,8 @@ class Manifest:
     ranks: tuple[str, str] | None = None
     #: Bytes of dynamic shared memory the kernel's tiles need (0: static only).
     dynamic_shared_memory: int = 0
+    #: The largest value of a symbol the kernel takes (``Graph.symbol(max=)``).
+    symbol_max: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ranked(self) -> bool:
@@ -343,6 +345,10 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         if not isinstance(s, str) or not s:
             raise c.fail(f"symbols[{i}]", f"expected a non-empty string, got {s!r}")
     c.unique(symbols, "symbols")
+    symbol_max = c.get(data, "symbol_max", dict, "") if "symbol_max" in data else {}
+    for name, bound in symbol_max.items():
+        if name not in symbols or not _is_int(bound) or bound < 0:
+            raise c.fail(f"symbol_max.{name}", f"expected a symbol's int bound >= 0, got {bound!r}")
 
     tensors = []
     for i, t in enumerate(c.get(data, "tensors", list, "")):
@@ -561,6 +567,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         status_words=status_words,
         ranks=ranks,
         dynamic_shared_memory=dynamic_smem,
+        symbol_max=dict(symbol_max),
     )
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "attention_online",
     "attention_combine",
     "argmax",
+    "argmax_merge",
     "rope_table",
     "rope_bf16",
 ]
@@ -1724,7 +1725,12 @@ def _merge_splits(op: np.ndarray, mp: np.ndarray, b: int, heads: slice, splits: 
 # argmax
 # ----------------------------------------------------------------------------
 def argmax(
-    vocab: int, *, unroll: int = 8, name: str = "argmax", block_size: int = 256
+    vocab: int,
+    *,
+    unroll: int = 8,
+    name: str = "argmax",
+    block_size: int = 256,
+    parts: int | None = None,
 ) -> DeviceFunction:
     """Tile ``(b,)``: ``out[b]`` = the smallest ``k`` with ``logits[b, k] ==
     max(logits[b])`` (``torch.argmax``, NaN aside: the tile ignores NaNs).
@@ -1736,20 +1742,31 @@ def argmax(
     then merges them; a shuffle butterfly per warp (ties to the lower index),
     then thread 0 merges the warps' winners from workgroup memory
     (``@<name>__val``, ``@<name>__idx``). Args: ``logits: memref<?xVxbf16>``,
-    ``out: memref<?xi32>``."""
+    ``out: memref<?xi32>``.
+
+    ``parts`` (at most 32): tile ``(b, p)`` takes part ``p`` of the row (``C
+    = ceil(V / parts)`` rounded up to 8 logits) and stores its first largest
+    in ``val[b, p]`` and ``idx[b, p]`` (args ``logits``, ``val:
+    memref<?xPxf32>``, ``idx: memref<?xPxi32>``); :func:`argmax_merge`
+    picks the row's. One CTA over a whole 128K-logit row takes ~12 µs on an
+    H200, on the critical path of every step; the parts run side by side."""
     warps = _check_block(name, block_size)
     _positive(name, vocab=vocab, unroll=unroll)
     _multiple_of_8(name, vocab=vocab)
     if vocab >= 2**31 - 1:
         raise GraphError(f"tile '{name}': vocab={vocab} does not fit an i32 index")
+    if parts is not None and not (isinstance(parts, int) and 1 <= parts <= 32):
+        raise GraphError(f"tile '{name}': parts={parts!r} must be an int in 1..32")
     V, U = vocab, unroll
+    P = parts or 1
+    C = (-(-V // P) + 7) // 8 * 8 if parts else V  # logits per part, a multiple of 8
     lg_t, out_t = f"memref<?x{V}xbf16>", "memref<?xi32>"
     v_t, i_t = f"memref<{warps}xf32, {_WG}>", f"memref<{warps}xi32, {_WG}>"
     body = []
     for u in range(U):
         body.append(
             f"      %k{u} = arith.addi %k, %cU{u} : index\n"
-            f"      %ok{u} = arith.cmpi ult, %k{u}, %cV : index\n"
+            f"      %ok{u} = arith.cmpi ult, %k{u}, %end : index\n"
             f"      %ks{u} = arith.select %ok{u}, %k{u}, %c0 : index\n"
             f"      %x{u} = vector.load %lg[%b, %ks{u}] {{alignment = 16 : i64}} : {lg_t}, vector<8xbf16>"
         )
@@ -1809,13 +1826,30 @@ def argmax(
         f"  %cU{u} = arith.constant {u * 8 * block_size} : index" for u in range(U)
     )
     e_consts = "\n".join(f"  %cE{e}_i32 = arith.constant {e} : i32" for e in range(8))
+    if parts:
+        pv_t, pi_t = f"memref<?x{P}xf32>", f"memref<?x{P}xi32>"
+        signature = f"%b: index, %p: index, %lg: {lg_t}, %val: {pv_t}, %idx: {pi_t}"
+        range_lines = (
+            f"  %cC = arith.constant {C} : index\n"
+            "  %start = arith.muli %p, %cC : index\n"
+            "  %end0 = arith.addi %start, %cC : index\n"
+            "  %end = arith.minui %end0, %cV : index"
+        )
+        store = (
+            f"    memref.store %fv, %val[%b, %p] : {pv_t}\n"
+            f"    memref.store %fi, %idx[%b, %p] : {pi_t}"
+        )
+    else:
+        signature = f"%b: index, %lg: {lg_t}, %out: {out_t}"
+        range_lines = f"  %start = arith.constant 0 : index\n  %end = arith.constant {V} : index"
+        store = f"    memref.store %fi, %out[%b] : {out_t}"
     inits = ", ".join(f"%bv{u} = %ninf, %bi{u} = %cV_i32" for u in range(U))
     types = ", ".join(["f32, i32"] * U)
     source = f"""\
 // {name}: first index of the largest of {V} bf16 logits, one CTA of {block_size}.
 memref.global "private" @{name}__val : {v_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__idx : {i_t} {{alignment = 16 : i64}}
-func.func @{name}(%b: index, %lg: {lg_t}, %out: {out_t}) {{
+func.func @{name}({signature}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
@@ -1834,9 +1868,11 @@ func.func @{name}(%b: index, %lg: {lg_t}, %out: {out_t}) {{
   %lane = arith.remui %tid, %c32 : index
   %is_lane0 = arith.cmpi eq, %lane, %c0 : index
   %is_thread0 = arith.cmpi eq, %tid, %c0 : index
-  %first = arith.muli %tid, %c8 : index
+{range_lines}
+  %t8 = arith.muli %tid, %c8 : index
+  %first = arith.addi %start, %t8 : index
   // A thread's best (value, index); index V means none yet (any -inf beats it).
-  %tv:{2 * U} = scf.for %k = %first to %cV step %cStep iter_args({inits}) -> ({types}) {{
+  %tv:{2 * U} = scf.for %k = %first to %end step %cStep iter_args({inits}) -> ({types}) {{
 {chr(10).join(body)}
       scf.yield {", ".join(x for pair in zip(vals, idxs, strict=True) for x in pair)} : {types}
   }}
@@ -1863,13 +1899,93 @@ func.func @{name}(%b: index, %lg: {lg_t}, %out: {out_t}) {{
       %ni = arith.select %take, %i, %ci : i32
       scf.yield %nv, %ni : f32, i32
     }}
-    memref.store %fi, %out[%b] : {out_t}
+{store}
   }}
   return
 }}
 """
 
-    def reference(b: int, lg: np.ndarray, out: np.ndarray) -> None:
-        out[b] = np.int32(np.argmax(bf16_to_f32(lg[b])))
+    if parts:
+
+        def reference(b: int, p: int, lg: np.ndarray, val: np.ndarray, idx: np.ndarray) -> None:
+            row = bf16_to_f32(lg[b, p * C : min((p + 1) * C, V)])
+            if not len(row):
+                val[b, p], idx[b, p] = -np.inf, V
+                return
+            k = int(np.argmax(row))
+            val[b, p], idx[b, p] = row[k], p * C + k
+
+    else:
+
+        def reference(b: int, lg: np.ndarray, out: np.ndarray) -> None:
+            out[b] = np.int32(np.argmax(bf16_to_f32(lg[b])))
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def argmax_merge(
+    vocab: int, parts: int, *, name: str = "argmax_merge", block_size: int = 256
+) -> DeviceFunction:
+    """Tile ``(b,)``: ``out[b]`` = the index of the first largest of the
+    parts' winners ``val[b, :]`` (``idx[b, :]``; ties to the lower index),
+    as :func:`argmax` with ``parts`` left them. One warp: lane ``p`` loads
+    part ``p`` (one L2 round trip), a shuffle butterfly merges. Args
+    ``val: memref<?xPxf32>``, ``idx: memref<?xPxi32>``, ``out:
+    memref<?xi32>``."""
+    _check_block(name, block_size)
+    _positive(name, vocab=vocab)
+    if not (isinstance(parts, int) and 1 <= parts <= 32):
+        raise GraphError(f"tile '{name}': parts={parts!r} must be an int in 1..32")
+    P = parts
+    pv_t, pi_t, out_t = f"memref<?x{P}xf32>", f"memref<?x{P}xi32>", "memref<?xi32>"
+    lines = []
+    wv, wi = "%v0", "%i0"
+    for k, off in enumerate(_text.SHUFFLE_OFFSETS):
+        lines.append(
+            f"    %av{k}, %avok{k} = gpu.shuffle xor {wv}, %c{off}_i32, %c32_i32 : f32\n"
+            f"    %ai{k}, %aiok{k} = gpu.shuffle xor {wi}, %c{off}_i32, %c32_i32 : i32\n"
+            f"    %agt{k} = arith.cmpf ogt, %av{k}, {wv} : f32\n"
+            f"    %aeq{k} = arith.cmpf oeq, %av{k}, {wv} : f32\n"
+            f"    %alt{k} = arith.cmpi slt, %ai{k}, {wi} : i32\n"
+            f"    %atie{k} = arith.andi %aeq{k}, %alt{k} : i1\n"
+            f"    %atake{k} = arith.ori %agt{k}, %atie{k} : i1\n"
+            f"    %abv{k} = arith.select %atake{k}, %av{k}, {wv} : f32\n"
+            f"    %abi{k} = arith.select %atake{k}, %ai{k}, {wi} : i32"
+        )
+        wv, wi = f"%abv{k}", f"%abi{k}"
+    source = f"""\
+// {name}: the first largest of {P} parts' winners (vocabulary {vocab}), one warp.
+func.func @{name}(%b: index, %val: {pv_t}, %idx: {pi_t}, %out: {out_t}) {{
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %cP = arith.constant {P} : index
+{_text.shuffle_constants()}
+  %c32_i32 = arith.constant 32 : i32
+  %cV_i32 = arith.constant {vocab} : i32
+  %ninf = arith.constant 0xFF800000 : f32
+  %tid = gpu.thread_id x
+  %warp0 = arith.cmpi ult, %tid, %c32 : index
+  scf.if %warp0 {{
+    %mine = arith.cmpi ult, %tid, %cP : index
+    %v0, %i0 = scf.if %mine -> (f32, i32) {{
+      %v = memref.load %val[%b, %tid] : {pv_t}
+      %i = memref.load %idx[%b, %tid] : {pi_t}
+      scf.yield %v, %i : f32, i32
+    }} else {{
+      scf.yield %ninf, %cV_i32 : f32, i32
+    }}
+{chr(10).join(lines)}
+    %is_thread0 = arith.cmpi eq, %tid, %c0 : index
+    scf.if %is_thread0 {{
+      memref.store {wi}, %out[%b] : {out_t}
+    }}
+  }}
+  return
+}}
+"""
+
+    def reference(b: int, val: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+        # Parts are in index order, so the first largest part holds the first largest logit.
+        out[b] = idx[b, int(np.argmax(val[b]))]
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
