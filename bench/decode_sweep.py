@@ -29,17 +29,24 @@ from bench.timing import timed, two_step_main  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 BASE = M.LLAMA_3_2_1B
+
+
+def _large(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in the large-batch kernel."""
+    buckets = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=(*buckets[:-1], (None, (*M.LARGE_BATCH, *changes))))
+
+
 VARIANTS = {
-    # Longer attention spans past B = 16 (attn_chunk; the spans of the B <= 16
-    # kernels are attn_small_span's and attn_single_span's): fewer, longer
-    # instances of the tensor-core attention, each fixed cost paid once.
+    # Column widths of the large-batch kernel's GEMM tiles, one projection
+    # at a time (item 40 widened several together, to 32-64: slower).
     "default": {},
-    # The default built before the small kernels' phased tile took buffers
-    # of attn_small_span (copied in by hand: A/B of that change).
-    "old_default": {},
-    "chunk1024": dict(attn_chunk=1024),
-    "chunk2048": dict(attn_chunk=2048),
-    "chunk4096": dict(attn_chunk=4096),
+    # The argmax in one CTA per sequence (before argmax_parts=16).
+    "argmax_whole": dict(argmax_parts=0),
+    "o16": _large(("bn_o", 16)),
+    "qkv32": _large(("bn_qkv", 32)),
+    "down16": _large(("bn_down", 16)),
+    "qkv32_o16": _large(("bn_qkv", 32), ("bn_o", 16)),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)

@@ -178,8 +178,31 @@ def greedy(vocab: int = 128256) -> etc.Graph:
     return g
 
 
+def greedy_parts(vocab: int = 128256, parts: int = 16) -> etc.Graph:
+    """The decoder's argmax in ``parts`` instances per row and their merge."""
+    from etc.tiles import llama
+
+    g = etc.Graph("greedy_parts")
+    b = g.symbol("b")
+    logits = g.tensor("logits", (b, vocab), "bf16")
+    val = g.tensor("val", (b, parts), "f32")
+    idx = g.tensor("idx", (b, parts), "i32")
+    out = g.tensor("out", (b,), "i32")
+    done = g.event((1,), wait_count=b * parts, name="parts_done")
+    g.task(
+        llama.argmax(vocab, parts=parts), grid=(b, parts), args=(logits, val, idx),
+        out_edges={done: "bp->0"}, name="argmax",
+    )  # fmt: skip
+    g.task(
+        llama.argmax_merge(vocab, parts), grid=(b,), args=(val, idx, out),
+        in_edges={done: "b->0"}, name="argmax_merge",
+    )  # fmt: skip
+    return g
+
+
 GRAPHS = {
     "greedy": greedy,
+    "greedy_parts": greedy_parts,
     "diamond": diamond,
     "fanin": wide_fan_in,
     "skewed": skewed,

@@ -78,14 +78,16 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         )
 
 
+@pytest.mark.parametrize("graph", ["greedy", "greedy_parts"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_argmax_takes_the_first_largest_logit(schedule: str) -> None:
-    """The argmax tile over 128256 logits: random rows, a maximum planted
-    twice (the first wins, as torch.argmax), at the last index, and a row
-    of equal values (index 0)."""
+def test_argmax_takes_the_first_largest_logit(schedule: str, graph: str) -> None:
+    """The argmax tile over 128256 logits, whole rows and in 16 parts then
+    merged: random rows, a maximum planted twice (the first wins, as
+    torch.argmax; in two parts), at the last index, a row of equal values
+    (index 0) and a run of maxima across a part boundary."""
     import torch
 
-    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"greedy_{schedule}")
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{graph}_{schedule}")
     V = 128256
     gen = torch.Generator(device="cuda").manual_seed(9)
     logits = torch.randn((6, V), generator=gen, device="cuda").to(torch.bfloat16)
@@ -94,8 +96,15 @@ def test_argmax_takes_the_first_largest_logit(schedule: str) -> None:
     logits[3] = 0.5
     logits[4, 5000:6000] = 9.0
     out = torch.full((6,), -1, dtype=torch.int32, device="cuda")
-    kernel.launch({"logits": logits, "out": out}, {"b": 6})
+    bufs = {"logits": logits, "out": out}
+    if graph == "greedy_parts":
+        bufs["val"] = torch.zeros((6, 16), dtype=torch.float32, device="cuda")
+        bufs["idx"] = torch.zeros((6, 16), dtype=torch.int32, device="cuda")
+        logits[5, 8010:8030] = 9.5  # parts of 8016: the run starts in part 0
+    kernel.launch(bufs, {"b": 6})
     kernel.check()
     want = torch.argmax(logits.float(), dim=1).to(torch.int32)
     assert out.tolist() == want.tolist()
     assert out.tolist()[1:5] == [123, V - 1, 0, 5000]
+    if graph == "greedy_parts":
+        assert out.tolist()[5] == 8010

@@ -69,8 +69,14 @@ def test_one_task_per_stage_with_layer_phases(graph):
     names = [t.name for t in graph.tasks]
     assert names == [
         "embed", "qkv", "attention", "combine", "o_proj", "gate_up", "down", "final_norm",
-        "lm_head", "argmax",
+        "lm_head", "argmax", "argmax_merge",
     ]  # fmt: skip
+    argmax = next(t for t in graph.tasks if t.name == "argmax")
+    assert len(argmax.grid) == 2 and argmax.grid[1] == CFG.argmax_parts == 16
+    whole = M.build_decoder_graph(dataclasses.replace(CFG, argmax_parts=0))
+    assert [t.name for t in whole.tasks][-1] == "argmax"
+    with pytest.raises(etc.GraphError, match="argmax_parts must be an int in 0..32, got 33"):
+        dataclasses.replace(CFG, argmax_parts=33)
     layered = [t for t in graph.tasks if t.phase == ("dim", 0)]
     assert len(layered) == 6 and all(t.grid[0] == CFG.layers for t in layered)
     unfolded = M.build_decoder_graph(dataclasses.replace(CFG, fold_norms=False))

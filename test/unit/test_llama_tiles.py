@@ -348,6 +348,37 @@ def test_argmax_reference():
     assert out[1:5].tolist() == [7, V - 1, 0, 0]
 
 
+@pytest.mark.parametrize("parts", [1, 3, 7, 32])
+def test_argmax_parts_then_merge_take_the_first_largest(parts):
+    """Parts of ceil(V / parts) rounded up to 8 (the last ones short or
+    empty), each part's first largest, then the merge: the row's first
+    largest, ties across parts to the lower index."""
+    rng = np.random.default_rng(8)
+    B, V = 6, 1000
+    logits = rand_bf16(rng, B, V, scale=3.0)
+    logits[1, [7, 300, 999]] = f32_to_bf16(np.float32(100.0))
+    logits[2, -1] = f32_to_bf16(np.float32(100.0))
+    logits[3] = f32_to_bf16(np.float32(-np.inf))
+    logits[4] = f32_to_bf16(np.float32(-5.0))
+    part, merge = T.argmax(V, parts=parts), T.argmax_merge(V, parts)
+    assert part.params[:2] == ("index", "index")
+    val, idx = np.zeros((B, parts), np.float32), np.zeros((B, parts), np.int32)
+    out = np.full(B, -1, np.int32)
+    for b in range(B):
+        for p in range(parts):
+            part.reference(b, p, logits, val, idx)
+        merge.reference(b, val, idx, out)
+    assert out.tolist() == [first_max(r) for r in logits]
+    assert out[1:5].tolist() == [7, V - 1, 0, 0]
+
+
+def test_argmax_parts_errors_name_the_tile():
+    with pytest.raises(etc.GraphError, match="tile 'argmax': parts=33 must be an int in 1..32"):
+        T.argmax(1024, parts=33)
+    with pytest.raises(etc.GraphError, match="tile 'argmax_merge': parts=0 must be"):
+        T.argmax_merge(1024, 0)
+
+
 def test_argmax_simulated():
     rng = np.random.default_rng(6)
     V = 256
@@ -533,6 +564,28 @@ def test_argmax_compiles(tmp_path):
         tmp_path,
     )
     assert set(spills) == {0}
+
+
+@needs_ptxas
+@needs_bindings
+def test_argmax_parts_and_merge_compile(tmp_path):
+    P = 16
+    _, spills, _ = compile_graph(
+        T.argmax(L_V, parts=P),
+        [("logits", ("b", L_V), "bf16"), ("val", ("b", P), "f32"), ("idx", ("b", P), "i32")],
+        ("b", P),
+        ("b",),
+        tmp_path,
+    )
+    assert set(spills) == {0}
+    ptx, spills, _ = compile_graph(
+        T.argmax_merge(L_V, P),
+        [("val", ("b", P), "f32"), ("idx", ("b", P), "i32"), ("out", ("b",), "i32")],
+        ("b",),
+        ("b",),
+        tmp_path,
+    )
+    assert set(spills) == {0} and ptx.count("shfl.sync.bfly") == 10
 
 
 def test_attention_prefetch_kv_moves_the_cache_copies_before_the_waits():

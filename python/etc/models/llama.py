@@ -85,13 +85,15 @@ _BIG = 2**31
 ATTENTION_TILES = ("phased", "online", "mma")
 #: The tile changes of the decoder's kernel for large batches: 32-row GEMM
 #: tiles whose warps all hold every row (each weight fragment read once per
-#: tile), 64-column gate/up tiles and the tensor-core attention.
+#: tile), 64-column gate/up tiles, the tensor-core attention and the
+#: whole-row argmax.
 LARGE_BATCH = (
     ("block_m", 32),
     ("row_warps", 1),
     ("bn_gu", 64),
     ("attn_tile", "mma"),
     ("attn_unroll", 1),
+    ("argmax_whole", True),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 
@@ -273,6 +275,16 @@ class LlamaConfig:
     #: chain of L2 round trips: 4.4 µs a layer at B=1 on an H200 against 2.1
     #: with 4 heads; the step B=1 945 vs 954 µs, B=8 1207 vs 1259).
     combine_group: int = 8
+    #: The greedy argmax in this many instances per sequence, each over a
+    #: part of the vocabulary, and a one-warp merge (``argmax(parts=...)``,
+    #: ``argmax_merge``; at most 32); 0: one CTA per sequence (~12 µs over
+    #: 128K logits on an H200, on the critical path of every step).
+    argmax_parts: int = 16
+    #: This kernel takes the whole-row argmax even with ``argmax_parts`` (the
+    #: artifact still has the part buffers, which every kernel must share).
+    #: The large-batch kernel's: there the part tiles made ptxas spill more
+    #: in the tensor-core attention, +90 µs at B=64 on an H200.
+    argmax_whole: bool = False
     #: The largest batch this configuration's kernel runs (set by
     #: :meth:`bucket_configs` from ``batch_buckets``; None: any). A kernel
     #: that never runs more than ``attn_small_batch`` sequences never sees a
@@ -387,6 +399,10 @@ class LlamaConfig:
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
         self._check_l2_prefetch()
+        if not isinstance(self.argmax_parts, int) or not 0 <= self.argmax_parts <= 32:
+            raise GraphError(
+                f"LlamaConfig: argmax_parts must be an int in 0..32, got {self.argmax_parts!r}"
+            )
         if self.max_batch is not None and (
             not isinstance(self.max_batch, int) or self.max_batch < 1
         ):
@@ -560,6 +576,11 @@ class LlamaConfig:
         return f"{key}_folded" if self.fold_norms and key in _FOLDED else key
 
     @property
+    def split_argmax(self) -> int:
+        """Argmax instances per sequence in this kernel (0: one, whole row)."""
+        return 0 if self.argmax_whole else self.argmax_parts
+
+    @property
     def combine_instances(self) -> int:
         """Combine instances per sequence (``combine_group``)."""
         return self.heads // self.combine_group if self.combine_group else 1
@@ -708,6 +729,14 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         "logits": ((B, cfg.vocab), "bf16"),
         "next_tokens": ((B,), "i32"),
         **({"sumsq": ((2 * NL + 1, B), "f32")} if cfg.sums else {}),
+        **(
+            {
+                "argmax_val": ((B, cfg.argmax_parts), "f32"),
+                "argmax_idx": ((B, cfg.argmax_parts), "i32"),
+            }
+            if cfg.argmax_parts
+            else {}
+        ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.fuse_combine else {}),
     }
 
@@ -821,7 +850,12 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         "lm_head": proj(
             cfg.bn_lm, cfg.vocab, H, "store", "lm_head", layers=None, norm=rows["final_norm"]
         ),
-        "argmax": llama.argmax(cfg.vocab, block_size=bs),
+        "argmax": llama.argmax(cfg.vocab, block_size=bs, parts=cfg.split_argmax or None),
+        **(
+            {"argmax_merge": llama.argmax_merge(cfg.vocab, cfg.argmax_parts, block_size=bs)}
+            if cfg.split_argmax
+            else {}
+        ),
         **({"l2_prefetch": _prefetch_tile(cfg)} if cfg.l2_prefetch else {}),
     }
 
@@ -1000,6 +1034,26 @@ def build_decoder_graph(
         name="lm_head",
         phase=NL,
     )
+    if cfg.split_argmax:
+        parts_done = g.event((1,), wait_count=B * cfg.argmax_parts, name="argmax_parts_done")
+        g.task(
+            tiles["argmax"],
+            grid=(B, cfg.argmax_parts),
+            args=(t["logits"], t["argmax_val"], t["argmax_idx"]),
+            in_edges={logits_done: "bp->0"},
+            out_edges={parts_done: "bp->0"},
+            name="argmax",
+            phase=NL,
+        )
+        g.task(
+            tiles["argmax_merge"],
+            grid=(B,),
+            args=(t["argmax_val"], t["argmax_idx"], t["next_tokens"]),
+            in_edges={parts_done: "b->0"},
+            name="argmax_merge",
+            phase=NL,
+        )
+        return g
     g.task(
         tiles["argmax"],
         grid=(B,),
