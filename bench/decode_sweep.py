@@ -38,15 +38,11 @@ def _large(*changes: tuple[str, object]) -> dict:
 
 
 VARIANTS = {
-    # Column widths of the large-batch kernel's GEMM tiles, one projection
-    # at a time (item 40 widened several together, to 32-64: slower).
+    # The large-batch kernel's tensor-core attention with two 16-position
+    # blocks per warp and loop step (attn_unroll=2: twice the K/V loads in
+    # flight, half the steps, more registers in a kernel that spills).
     "default": {},
-    # The argmax in one CTA per sequence (before argmax_parts=16).
-    "argmax_whole": dict(argmax_parts=0),
-    "o16": _large(("bn_o", 16)),
-    "qkv32": _large(("bn_qkv", 32)),
-    "down16": _large(("bn_down", 16)),
-    "qkv32_o16": _large(("bn_qkv", 32), ("bn_o", 16)),
+    "mma_blocks2": _large(("attn_unroll", 2)),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
