@@ -43,6 +43,9 @@ VARIANTS = {
     # flight, half the steps, more registers in a kernel that spills).
     "default": {},
     "mma_blocks2": _large(("attn_unroll", 2)),
+    # ... and with the next step's K and V loaded during this step's
+    # arithmetic (attn_pipeline).
+    "mma_pipeline": _large(("attn_pipeline", True)),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)

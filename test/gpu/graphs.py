@@ -330,6 +330,8 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_online_spans": online_spans,
         "llama_tiny_mma": mma,
         "llama_tiny_mma_spans": mma_spans,
+        # ... with the next step's K/V carried in registers (attn_pipeline).
+        "llama_tiny_mma_pipeline": dataclasses.replace(mma_spans, attn_pipeline=True),
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,

@@ -58,7 +58,7 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
     if cfg.row_paths:  # a block past 32 rows: the last path
         cases.append((40, 5, 9))
     if cfg.attn_tile != "phased":  # 200 cached rows: a long split, several loop steps
-        cases.append((2, 200, 201))
+        cases += [(2, 200, 201), (3, 200, 201)]
     for B, L, S in cases:
         tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
         arrays = M.numpy_inputs(cfg, weights, tokens, L, S, seed=B + L)

@@ -566,6 +566,19 @@ def test_argmax_compiles(tmp_path):
     assert set(spills) == {0}
 
 
+def test_pipelined_mma_attention_carries_the_next_step():
+    """attention_mma(pipeline=True): the loop's iter_args add one step's K
+    and V vectors (2 K rows x 2 and 4 V rows x 1 16-byte vectors per block at D=64), loaded once
+    before the loop and once per step; the default has neither."""
+    from etc.tiles.attention_mma import attention_mma
+
+    plain = attention_mma(512, 32, 8, 64, 16, blocks=1, spread=True)
+    piped = attention_mma(512, 32, 8, 64, 16, blocks=1, spread=True, pipeline=True)
+    assert plain.source.count("vector.load %kc") == 4 and piped.source.count("vector.load %kc") == 8
+    assert "%st:18 = scf.for" in plain.source and "%st:26 = scf.for" in piped.source
+    assert plain.reference is not None and piped.reference is not None
+
+
 @needs_ptxas
 @needs_bindings
 def test_argmax_parts_and_merge_compile(tmp_path):

@@ -233,6 +233,10 @@ class LlamaConfig:
     #: "online", ``unroll``) or 16-position blocks per warp ("mma",
     #: ``blocks``). A split's span is a whole number of loop steps.
     attn_unroll: int = 4
+    #: The tensor-core attention's loop carries the next step's K and V in
+    #: registers (``attention_mma(pipeline=True)``): each step's loads are
+    #: in flight during the previous step's arithmetic. "mma" only.
+    attn_pipeline: bool = False
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
     #: :func:`compile_decoder` compiles this configuration with each entry's
@@ -365,6 +369,10 @@ class LlamaConfig:
             for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v", "fuse_combine")
             if getattr(self, key)
         ]
+        if self.attn_pipeline and self.attn_tile != "mma":
+            raise GraphError(
+                f"LlamaConfig: attn_pipeline applies to attn_tile='mma', not {self.attn_tile!r}"
+            )
         if self.attn_tile != "phased" and phased_only:
             raise GraphError(
                 f"LlamaConfig: {', '.join(phased_only)} apply to attn_tile='phased', "
@@ -763,7 +771,7 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
     shape = (cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, layers)
     common = {"block_size": block_size, "spread": cfg.attn_spread}
     if cfg.attn_tile == "mma":
-        return attention_mma(*shape, blocks=cfg.attn_unroll, **common)
+        return attention_mma(*shape, blocks=cfg.attn_unroll, pipeline=cfg.attn_pipeline, **common)
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
 
 

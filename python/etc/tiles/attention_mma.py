@@ -115,11 +115,18 @@ def attention_mma(
     name: str = "attention",
     block_size: int = 256,
     spread: bool = False,
+    pipeline: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
     per warp and loop step (all their K and V loads are issued together).
-    ``G = heads / kv_heads`` at most 8; ``head_dim`` a multiple of 32."""
+    ``G = heads / kv_heads`` at most 8; ``head_dim`` a multiple of 32.
+
+    ``pipeline``: the loop carries the next step's K and V vectors in
+    registers. Step ``i`` issues the loads of step ``i + 1`` before its own
+    arithmetic (the first step's before the loop), so a step no longer
+    waits a whole round trip to the cache; the last step loads a clamped,
+    unused block. Costs one step's vectors in registers."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -196,38 +203,64 @@ def attention_mma(
     setup = t.part("    ")
 
     # -- the loop step ------------------------------------------------------------
+    def load_step(t: _T, wbase: str) -> list[str]:
+        """The K and V vectors of the step whose warp block starts at
+        ``wbase`` (positions past the cache clamped to ``p0``), in order:
+        per block, K rows (j = 0, 1) x chunks, then V rows (0, 1, 8, 9) x
+        chunks."""
+        vecs = []
+        for bb in range(NB):
+            first = t.idx("addi", wbase, t.c(16 * bb))
+            for j in range(2):
+                r = t.idx("addi", first, t.c(8 * j) if j else "%c0")
+                r = t.idx("addi", r, "%qg")
+                ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
+                pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
+                for ch in range(DK // kvec):
+                    d = t.idx("addi", "%dK0", t.c(ch * kvec))
+                    vecs.append(
+                        t.op(
+                            "kv",
+                            f"vector.load %kc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>",
+                        )
+                    )
+            for e in (0, 1, 8, 9):
+                r = t.idx("addi", t.idx("addi", first, "%t2"), t.c(e) if e else "%c0")
+                ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
+                pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
+                for ch in range(DV // vvec):
+                    d = t.idx("addi", "%dV0", t.c(ch * vvec))
+                    vecs.append(
+                        t.op(
+                            "vv",
+                            f"vector.load %vc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{vvec}xbf16>",
+                        )
+                    )
+        return vecs
+
+    nk, nv = 2 * (DK // kvec), 4 * (DV // vvec)  # K and V vectors per block
+    kv_types = [f"vector<{kvec}xbf16>"] * nk + [f"vector<{vvec}xbf16>"] * nv
+    if pipeline:
+        first_vecs = load_step(t, "%wstart")
+        setup += "\n" + t.part("    ")
+        carried = [f"%kv{i}" for i in range(NB * (nk + nv))]
+        next_vecs = load_step(t, t.idx("addi", "%wbase", "%cStep"))
+        vecs = carried
+    else:
+        vecs = load_step(t, "%wbase")
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
     kw, vrows, blk = {}, {}, {}
     for bb in range(NB):
         blk[bb] = t.idx("addi", "%wbase", t.c(16 * bb))
+        block = vecs[bb * (nk + nv) : (bb + 1) * (nk + nv)]
         for j in range(2):
-            r = t.idx("addi", blk[bb], t.c(8 * j) if j else "%c0")
-            r = t.idx("addi", r, "%qg")
-            ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
-            pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
-            words = []
-            for ch in range(DK // kvec):
-                d = t.idx("addi", "%dK0", t.c(ch * kvec))
-                v = t.op(
-                    "kv",
-                    f"vector.load %kc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>",
-                )
-                words += _words(t, v, kvec)
-            kw[bb, j] = words
-        for e in (0, 1, 8, 9):
-            r = t.idx("addi", t.idx("addi", blk[bb], "%t2"), t.c(e) if e else "%c0")
-            ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
-            pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
-            chunks = []
-            for ch in range(DV // vvec):
-                d = t.idx("addi", "%dV0", t.c(ch * vvec))
-                chunks.append(
-                    t.op(
-                        "vv",
-                        f"vector.load %vc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{vvec}xbf16>",
-                    )
-                )
-            vrows[bb, e] = chunks
+            kw[bb, j] = [
+                w
+                for v in block[j * (DK // kvec) : (j + 1) * (DK // kvec)]
+                for w in _words(t, v, kvec)
+            ]
+        for k, e in enumerate((0, 1, 8, 9)):
+            vrows[bb, e] = block[nk + k * (DV // vvec) : nk + (k + 1) * (DV // vvec)]
     scores = {}
     for bb in range(NB):
         for j in range(2):
@@ -274,7 +307,10 @@ def attention_mma(
     inits = ["%rm = %empty", "%rl = %fzero"] + [
         f"{state_o[u][q]} = %fzero" for u in range(NT) for q in range(2)
     ]
-    types = ", ".join(["f32"] * (2 + 2 * NT))
+    types = ", ".join(["f32"] * (2 + 2 * NT) + (kv_types * NB if pipeline else []))
+    if pipeline:
+        yields += next_vecs
+        inits += [f"{c} = {v}" for c, v in zip(carried, first_vecs, strict=True)]
 
     # -- after the loop: position L by warp 0, the warp's output to workgroup memory --
     res_m, res_l = "%st#0", "%st#1"
@@ -406,7 +442,7 @@ func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv:
   %w0g0 = arith.andi %is_w0, %g0 : i1
   %wr = arith.andi %first_split, %w0g0 : i1
 {setup}
-  %st:{2 + 2 * NT} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
+  %st:{2 + 2 * NT + (NB * (nk + nv) if pipeline else 0)} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
     %wbase = arith.addi %base, %wstart : index
 {step_lines}
     scf.yield {", ".join(yields)} : {types}
