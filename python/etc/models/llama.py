@@ -98,6 +98,11 @@ LARGE_BATCH = (
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 
 
+def _one_of(key: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise GraphError(f"LlamaConfig: {key} {value!r} is not one of {', '.join(options)}")
+
+
 def _positive_field(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise GraphError(f"LlamaConfig: {key} must be a positive int, got {value!r}")
@@ -359,11 +364,7 @@ class LlamaConfig:
                 "LlamaConfig: attn_prefetch_kv fills shared memory before the waits; "
                 "prefetch_next would run it for the next instance"
             )
-        if self.attn_tile not in ATTENTION_TILES:
-            raise GraphError(
-                f"LlamaConfig: attn_tile {self.attn_tile!r} is not one of "
-                f"{', '.join(ATTENTION_TILES)}"
-            )
+        _one_of("attn_tile", self.attn_tile, ATTENTION_TILES)
         phased_only = [
             key
             for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v", "fuse_combine")
@@ -537,11 +538,7 @@ class LlamaConfig:
                 )
         from ..tiles.prefetch import MODES
 
-        if self.l2_prefetch_mode not in MODES:
-            raise GraphError(
-                f"LlamaConfig: l2_prefetch_mode {self.l2_prefetch_mode!r} is not one of "
-                f"{', '.join(MODES)}"
-            )
+        _one_of("l2_prefetch_mode", self.l2_prefetch_mode, MODES)
         if not isinstance(self.l2_prefetch_ctas, int) or self.l2_prefetch_ctas < 1:
             raise GraphError(
                 f"LlamaConfig: l2_prefetch_ctas must be an int >= 1, got {self.l2_prefetch_ctas!r}"

@@ -76,3 +76,25 @@ def check_block(name: str, block_size: int) -> int:
             f"tile '{name}': block_size={block_size} must be a multiple of 32 in [32, 1024]"
         )
     return block_size // 32
+
+
+def warp_argmax(val: str, idx: str, indent: str, tag: str = "") -> tuple[str, str, str]:
+    """Butterfly arg-max of (f32 `val`, i32 `idx`) over the warp; ties go to the
+    lower index. Every lane gets the result. Returns (ops, value, index);
+    `tag` makes the SSA names unique when a function holds several."""
+    lines = []
+    for k, off in enumerate(SHUFFLE_OFFSETS):
+        n = f"{tag}{k}"
+        lines.append(
+            f"{indent}%av{n}, %avok{n} = gpu.shuffle xor {val}, %c{off}_i32, %c32_i32 : f32\n"
+            f"{indent}%ai{n}, %aiok{n} = gpu.shuffle xor {idx}, %c{off}_i32, %c32_i32 : i32\n"
+            f"{indent}%agt{n} = arith.cmpf ogt, %av{n}, {val} : f32\n"
+            f"{indent}%aeq{n} = arith.cmpf oeq, %av{n}, {val} : f32\n"
+            f"{indent}%alt{n} = arith.cmpi slt, %ai{n}, {idx} : i32\n"
+            f"{indent}%atie{n} = arith.andi %aeq{n}, %alt{n} : i1\n"
+            f"{indent}%atake{n} = arith.ori %agt{n}, %atie{n} : i1\n"
+            f"{indent}%abv{n} = arith.select %atake{n}, %av{n}, {val} : f32\n"
+            f"{indent}%abi{n} = arith.select %atake{n}, %ai{n}, {idx} : i32"
+        )
+        val, idx = f"%abv{n}", f"%abi{n}"
+    return "\n".join(lines), val, idx

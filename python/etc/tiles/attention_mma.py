@@ -209,33 +209,29 @@ def attention_mma(
         per block, K rows (j = 0, 1) x chunks, then V rows (0, 1, 8, 9) x
         chunks."""
         vecs = []
+
+        def row(cache: str, r: str, d0: str, width: int, count: int) -> None:
+            """``count`` vectors of ``width`` dims from ``d0`` of cache row
+            ``r`` of the split (clamped to ``p0`` past the cache)."""
+            ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
+            pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
+            for ch in range(count):
+                d = t.idx("addi", d0, t.c(ch * width))
+                vecs.append(
+                    t.op(
+                        "kv",
+                        f"vector.load {cache}[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{width}xbf16>",
+                    )
+                )
+
         for bb in range(NB):
             first = t.idx("addi", wbase, t.c(16 * bb))
             for j in range(2):
                 r = t.idx("addi", first, t.c(8 * j) if j else "%c0")
-                r = t.idx("addi", r, "%qg")
-                ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
-                pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
-                for ch in range(DK // kvec):
-                    d = t.idx("addi", "%dK0", t.c(ch * kvec))
-                    vecs.append(
-                        t.op(
-                            "kv",
-                            f"vector.load %kc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>",
-                        )
-                    )
+                row("%kc", t.idx("addi", r, "%qg"), "%dK0", kvec, DK // kvec)
             for e in (0, 1, 8, 9):
                 r = t.idx("addi", t.idx("addi", first, "%t2"), t.c(e) if e else "%c0")
-                ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
-                pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
-                for ch in range(DV // vvec):
-                    d = t.idx("addi", "%dV0", t.c(ch * vvec))
-                    vecs.append(
-                        t.op(
-                            "vv",
-                            f"vector.load %vc[%l, %b, %gkv, {pos}, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{vvec}xbf16>",
-                        )
-                    )
+                row("%vc", r, "%dV0", vvec, DV // vvec)
         return vecs
 
     nk, nv = 2 * (DK // kvec), 4 * (DV // vvec)  # K and V vectors per block

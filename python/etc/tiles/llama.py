@@ -1809,19 +1809,8 @@ def argmax(
             f"  %mi{u} = arith.select %mtake{u}, {i}, {wi} : i32"
         )
         wv, wi = f"%mv{u}", f"%mi{u}"
-    for k, off in enumerate(_text.SHUFFLE_OFFSETS):
-        lines.append(
-            f"  %av{k}, %avok{k} = gpu.shuffle xor {wv}, %c{off}_i32, %c32_i32 : f32\n"
-            f"  %ai{k}, %aiok{k} = gpu.shuffle xor {wi}, %c{off}_i32, %c32_i32 : i32\n"
-            f"  %agt{k} = arith.cmpf ogt, %av{k}, {wv} : f32\n"
-            f"  %aeq{k} = arith.cmpf oeq, %av{k}, {wv} : f32\n"
-            f"  %alt{k} = arith.cmpi slt, %ai{k}, {wi} : i32\n"
-            f"  %atie{k} = arith.andi %aeq{k}, %alt{k} : i1\n"
-            f"  %atake{k} = arith.ori %agt{k}, %atie{k} : i1\n"
-            f"  %abv{k} = arith.select %atake{k}, %av{k}, {wv} : f32\n"
-            f"  %abi{k} = arith.select %atake{k}, %ai{k}, {wi} : i32"
-        )
-        wv, wi = f"%abv{k}", f"%abi{k}"
+    bfly, wv, wi = _text.warp_argmax(wv, wi, "  ")
+    lines.append(bfly)
     u_consts = "\n".join(
         f"  %cU{u} = arith.constant {u * 8 * block_size} : index" for u in range(U)
     )
@@ -1940,19 +1929,8 @@ def argmax_merge(
     pv_t, pi_t, out_t = f"memref<?x{P}xf32>", f"memref<?x{P}xi32>", "memref<?xi32>"
     lines = []
     wv, wi = "%v0", "%i0"
-    for k, off in enumerate(_text.SHUFFLE_OFFSETS):
-        lines.append(
-            f"    %av{k}, %avok{k} = gpu.shuffle xor {wv}, %c{off}_i32, %c32_i32 : f32\n"
-            f"    %ai{k}, %aiok{k} = gpu.shuffle xor {wi}, %c{off}_i32, %c32_i32 : i32\n"
-            f"    %agt{k} = arith.cmpf ogt, %av{k}, {wv} : f32\n"
-            f"    %aeq{k} = arith.cmpf oeq, %av{k}, {wv} : f32\n"
-            f"    %alt{k} = arith.cmpi slt, %ai{k}, {wi} : i32\n"
-            f"    %atie{k} = arith.andi %aeq{k}, %alt{k} : i1\n"
-            f"    %atake{k} = arith.ori %agt{k}, %atie{k} : i1\n"
-            f"    %abv{k} = arith.select %atake{k}, %av{k}, {wv} : f32\n"
-            f"    %abi{k} = arith.select %atake{k}, %ai{k}, {wi} : i32"
-        )
-        wv, wi = f"%abv{k}", f"%abi{k}"
+    bfly, wv, wi = _text.warp_argmax(wv, wi, "    ")
+    lines.append(bfly)
     source = f"""\
 // {name}: the first largest of {P} parts' winners (vocabulary {vocab}), one warp.
 func.func @{name}(%b: index, %val: {pv_t}, %idx: {pi_t}, %out: {out_t}) {{

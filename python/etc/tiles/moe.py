@@ -64,28 +64,6 @@ def _check_hidden(name: str, H: int) -> None:
         raise GraphError(f"tile '{name}': hidden={H} must be a multiple of 8 (16-byte bf16 loads)")
 
 
-def _warp_argmax(val: str, idx: str, indent: str, tag: str = "") -> tuple[str, str, str]:
-    """Butterfly arg-max of (f32 `val`, i32 `idx`) over the warp; ties go to the
-    lower index. Every lane gets the result. Returns (ops, value, index);
-    `tag` makes the SSA names unique when a function holds several."""
-    lines = []
-    for k, off in enumerate(_text.SHUFFLE_OFFSETS):
-        n = f"{tag}{k}"
-        lines.append(
-            f"{indent}%av{n}, %avok{n} = gpu.shuffle xor {val}, %c{off}_i32, %c32_i32 : f32\n"
-            f"{indent}%ai{n}, %aiok{n} = gpu.shuffle xor {idx}, %c{off}_i32, %c32_i32 : i32\n"
-            f"{indent}%agt{n} = arith.cmpf ogt, %av{n}, {val} : f32\n"
-            f"{indent}%aeq{n} = arith.cmpf oeq, %av{n}, {val} : f32\n"
-            f"{indent}%alt{n} = arith.cmpi slt, %ai{n}, {idx} : i32\n"
-            f"{indent}%atie{n} = arith.andi %aeq{n}, %alt{n} : i1\n"
-            f"{indent}%atake{n} = arith.ori %agt{n}, %atie{n} : i1\n"
-            f"{indent}%abv{n} = arith.select %atake{n}, %av{n}, {val} : f32\n"
-            f"{indent}%abi{n} = arith.select %atake{n}, %ai{n}, {idx} : i32"
-        )
-        val, idx = f"%abv{n}", f"%abi{n}"
-    return "\n".join(lines), val, idx
-
-
 # ----------------------------------------------------------------------------
 # router: logits, then top-k
 # ----------------------------------------------------------------------------
@@ -358,7 +336,7 @@ def router_topk(
                 f"{ind}%bi{k}_{q} = arith.select %gt{k}_{q}, %e{q}_i32, {bi} : i32"
             )
             bv, bi = f"%bv{k}_{q}", f"%bi{k}_{q}"
-        ops, best_v, best_i = _warp_argmax(bv, bi, ind, tag=f"r{k}_")
+        ops, best_v, best_i = _text.warp_argmax(bv, bi, ind, tag=f"r{k}_")
         lines.append(ops)
         if k + 1 < K:
             for q in range(per_lane):
