@@ -37,15 +37,18 @@ def _large(*changes: tuple[str, object]) -> dict:
     return dict(batch_buckets=(*buckets[:-1], (None, (*M.LARGE_BATCH, *changes))))
 
 
+def _mid(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in the B=2..16 kernel."""
+    one, (bound, mid), large = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=(one, (bound, (*mid, *changes)), large))
+
+
 VARIANTS = {
-    # The large-batch kernel's tensor-core attention with two 16-position
-    # blocks per warp and loop step (attn_unroll=2: twice the K/V loads in
-    # flight, half the steps, more registers in a kernel that spills).
+    # LM head columns: 96 in the large kernel (128 is the default there
+    # now), 128 in the B=2..16 one.
     "default": {},
-    "mma_blocks2": _large(("attn_unroll", 2)),
-    # ... and with the next step's K and V loaded during this step's
-    # arithmetic (attn_pipeline).
-    "mma_pipeline": _large(("attn_pipeline", True)),
+    "lm96": _large(("bn_lm", 96)),
+    "mid_lm128": _mid(("bn_lm", 128)),
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
