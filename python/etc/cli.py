@@ -103,35 +103,52 @@ def main(argv: list[str] | None = None) -> int:
                 timeline.to_png(args.png)
             print(f"{args.output}: {len(timeline)} task instances ({timeline.dropped} dropped)")
             return 0
-        from etc.runtime.manifest import load_manifest
+        from etc.runtime.buckets import load_buckets
 
-        m = load_manifest(args.artifact)
-        print(f"{m.graph}: kernel {m.kernel!r} for {m.target}, {m.schedule} schedule")
-        print(f"  symbols: {', '.join(m.symbols) or '-'}")
-        if m.ranks is not None:
-            print(f"  spans ranks: rank '{m.ranks[0]}' of '{m.ranks[1]}' (etc.runtime.RankGroup)")
-        if m.dynamic_shared_memory:
-            print(f"  dynamic shared memory: {m.dynamic_shared_memory} bytes")
-        for t in m.tensors:
-            if t.tensor_map is not None:
-                src, box = t.tensor_map
-                print(f"  tensor {t.name}: TMA map of {src!r}, box {box} (encoded at launch)")
-                continue
-            print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
-        for task in m.tasks:
-            kind, v = task.phase
-            phase = (
-                ""
-                if task.phase == ("const", 0)
-                else (f", phase: grid dimension {v}" if kind == "dim" else f", phase {v}")
-            )
-            print(
-                f"  task {task.index} {task.name}: grid {tuple(str(d) for d in task.grid)}{phase}"
-            )
+        if (args.artifact / "buckets.json").exists():
+            table = load_buckets(args.artifact, lambda path: path)
+            for k, (bound, path) in enumerate(zip(table.bounds, table.kernels, strict=True)):
+                low = table.bounds[k - 1] + 1 if k else None
+                where = " and ".join(
+                    ([f"{table.symbol} >= {low}"] if low else [])
+                    + ([f"{table.symbol} <= {bound}"] if bound is not None else [])
+                )
+                print(f"bucket {k} ({where or 'any ' + table.symbol}): {path.name}")
+                _info(path)
+            return 0
+        _info(args.artifact)
         return 0
     except etc.EtcError as e:
         print(f"etc: {e}", file=sys.stderr)
         return 1
+
+
+def _info(artifact: Path) -> None:
+    """Print what the artifact's manifest says (``etc info``)."""
+    from etc.runtime.manifest import load_manifest
+
+    m = load_manifest(artifact)
+    print(f"{m.graph}: kernel {m.kernel!r} for {m.target}, {m.schedule} schedule")
+    bounds = {n: f"{n} (<= {b})" for n, b in m.symbol_max.items()}
+    print(f"  symbols: {', '.join(bounds.get(n, n) for n in m.symbols) or '-'}")
+    if m.ranks is not None:
+        print(f"  spans ranks: rank '{m.ranks[0]}' of '{m.ranks[1]}' (etc.runtime.RankGroup)")
+    if m.dynamic_shared_memory:
+        print(f"  dynamic shared memory: {m.dynamic_shared_memory} bytes")
+    for t in m.tensors:
+        if t.tensor_map is not None:
+            src, box = t.tensor_map
+            print(f"  tensor {t.name}: TMA map of {src!r}, box {box} (encoded at launch)")
+            continue
+        print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
+    for task in m.tasks:
+        kind, v = task.phase
+        phase = (
+            ""
+            if task.phase == ("const", 0)
+            else (f", phase: grid dimension {v}" if kind == "dim" else f", phase {v}")
+        )
+        print(f"  task {task.index} {task.name}: grid {tuple(str(d) for d in task.grid)}{phase}")
 
 
 def etc_opt() -> None:

@@ -330,8 +330,12 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_online_spans": online_spans,
         "llama_tiny_mma": mma,
         "llama_tiny_mma_spans": mma_spans,
-        # ... with the next step's K/V carried in registers (attn_pipeline).
-        "llama_tiny_mma_pipeline": dataclasses.replace(mma_spans, attn_pipeline=True),
+        # ... with the next step's K/V loaded during this step (attn_pipeline),
+        # carried in registers or staged in shared memory (head_dim 64).
+        "llama_tiny_mma_pipeline": dataclasses.replace(mma_spans, attn_pipeline="registers"),
+        "llama_tiny_mma_staged": dataclasses.replace(
+            mma_spans, attn_pipeline="smem", head_dim=64, heads=4, kv_heads=2, combine_group=4
+        ),
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,

@@ -573,10 +573,20 @@ def test_pipelined_mma_attention_carries_the_next_step():
     from etc.tiles.attention_mma import attention_mma
 
     plain = attention_mma(512, 32, 8, 64, 16, blocks=1, spread=True)
-    piped = attention_mma(512, 32, 8, 64, 16, blocks=1, spread=True, pipeline=True)
+    piped = attention_mma(512, 32, 8, 64, 16, blocks=1, spread=True, pipeline="registers")
     assert plain.source.count("vector.load %kc") == 4 and piped.source.count("vector.load %kc") == 8
     assert "%st:18 = scf.for" in plain.source and "%st:26 = scf.for" in piped.source
     assert plain.reference is not None and piped.reference is not None
+    staged = attention_mma(512, 32, 8, 64, 16, blocks=1, spread=True, pipeline="smem")
+    # The first step's 8 copies before the loop, the next step's 8 in it;
+    # the loop carries the stage parity.
+    assert staged.source.count("nvvm.cp.async.shared.global") == 16
+    assert "%st:19 = scf.for" in staged.source and "memref<16384xi32," in staged.source
+    assert staged.source.count("nvvm.cp.async.wait.group") == 2
+    with pytest.raises(etc.GraphError, match="pipeline 'regs' is not one of none, registers, smem"):
+        attention_mma(512, 32, 8, 64, 16, pipeline="regs")
+    with pytest.raises(etc.GraphError, match="head_dim=32 must be >= 64"):
+        attention_mma(512, 8, 2, 32, 2, pipeline="smem")
 
 
 @needs_ptxas

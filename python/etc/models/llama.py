@@ -240,10 +240,11 @@ class LlamaConfig:
     #: "online", ``unroll``) or 16-position blocks per warp ("mma",
     #: ``blocks``). A split's span is a whole number of loop steps.
     attn_unroll: int = 4
-    #: The tensor-core attention's loop carries the next step's K and V in
-    #: registers (``attention_mma(pipeline=True)``): each step's loads are
-    #: in flight during the previous step's arithmetic. "mma" only.
-    attn_pipeline: bool = False
+    #: The tensor-core attention loads each step's K and V during the
+    #: previous step's arithmetic (``attention_mma(pipeline=...)``): "none",
+    #: "registers" (carried in the loop) or "smem" (``cp.async`` into
+    #: per-lane slots of a two-stage workgroup buffer). "mma" only.
+    attn_pipeline: str = "none"
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
     #: :func:`compile_decoder` compiles this configuration with each entry's
@@ -372,7 +373,10 @@ class LlamaConfig:
             for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v", "fuse_combine")
             if getattr(self, key)
         ]
-        if self.attn_pipeline and self.attn_tile != "mma":
+        from ..tiles.attention_mma import PIPELINES
+
+        _one_of("attn_pipeline", self.attn_pipeline, PIPELINES)
+        if self.attn_pipeline != "none" and self.attn_tile != "mma":
             raise GraphError(
                 f"LlamaConfig: attn_pipeline applies to attn_tile='mma', not {self.attn_tile!r}"
             )

@@ -50,7 +50,10 @@ from .llama import (
     _warp_merge,
 )
 
-__all__ = ["attention_mma"]
+__all__ = ["attention_mma", "PIPELINES"]
+
+#: ``attention_mma(pipeline=...)`` modes.
+PIPELINES = ("none", "registers", "smem")
 
 
 class _T(_Text):
@@ -115,18 +118,23 @@ def attention_mma(
     name: str = "attention",
     block_size: int = 256,
     spread: bool = False,
-    pipeline: bool = False,
+    pipeline: str = "none",
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
     per warp and loop step (all their K and V loads are issued together).
     ``G = heads / kv_heads`` at most 8; ``head_dim`` a multiple of 32.
 
-    ``pipeline``: the loop carries the next step's K and V vectors in
-    registers. Step ``i`` issues the loads of step ``i + 1`` before its own
-    arithmetic (the first step's before the loop), so a step no longer
+    ``pipeline``: step ``i`` issues the loads of step ``i + 1`` before its
+    own arithmetic (the first step's before the loop), so a step no longer
     waits a whole round trip to the cache; the last step loads a clamped,
-    unused block. Costs one step's vectors in registers."""
+    unused block. ``"registers"``: the loop carries the next step's K and V
+    vectors (one step's vectors more in registers). ``"smem"``: each lane
+    ``cp.async``-copies them into its own slots of a two-stage workgroup
+    buffer (``@<name>__kv``, ``2 * 8 * NB * block_size * 16`` bytes at
+    D=64; lane-private, so no barriers; consecutive lanes' slots adjacent,
+    so no bank conflicts) and reads the current stage back just before the
+    mma work. ``"none"``: each step loads its own vectors first."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -139,6 +147,14 @@ def attention_mma(
         raise GraphError(
             f"tile '{name}': head_dim={D} must be a multiple of 32 up to 256 "
             "(a lane reads D/4 dims of a K row, D/8 of a V row)"
+        )
+    if pipeline not in PIPELINES:
+        raise GraphError(
+            f"tile '{name}': pipeline {pipeline!r} is not one of {', '.join(PIPELINES)}"
+        )
+    if pipeline == "smem" and D < 64:
+        raise GraphError(
+            f"tile '{name}': pipeline='smem' copies 16-byte vectors: head_dim={D} must be >= 64"
         )
     step = warps * 16 * NB  # positions per CTA loop step
     align = min(step, chunk)
@@ -236,12 +252,82 @@ def attention_mma(
 
     nk, nv = 2 * (DK // kvec), 4 * (DV // vvec)  # K and V vectors per block
     kv_types = [f"vector<{kvec}xbf16>"] * nk + [f"vector<{vvec}xbf16>"] * nv
-    if pipeline:
+    NV = NB * (nk + nv)  # vectors per lane and step
+    kv_t = f"memref<{2 * NV * block_size * 4}xi32, {_WG}>"
+
+    def stage_step(t: _T, wbase: str, stage: str) -> None:
+        """cp.async of the step at ``wbase`` into ``stage`` of this lane's
+        slots (vector ``v`` at 16-byte slot ``stage * NV * BS + v * BS +
+        tid``), one commit group. The same rows as :func:`load_step`."""
+        v = 0
+        stage_off = t.idx("muli", stage, t.c(NV * block_size * 16))
+        dst0 = t.idx("addi", "%kvaddr", stage_off)
+
+        def copy(cache_ptr: str, r: str, d0: str, count: int) -> None:
+            nonlocal v
+            ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
+            pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
+            row = t.idx("muli", t.idx("addi", "%rows0", pos), t.c(2 * D))
+            for ch in range(count):
+                d = t.idx("muli", t.idx("addi", d0, t.c(ch * 8)), t.c(2))
+                src = t.idx("addi", t.idx("addi", cache_ptr, row), d)
+                sp = t.op("a", f"arith.index_cast {src} : index to i64")
+                sg = t.op("a", f"llvm.inttoptr {sp} : i64 to !llvm.ptr<1>")
+                dst = t.idx("addi", dst0, t.c(v * block_size * 16))
+                dp = t.op("a", f"arith.index_cast {dst} : index to i64")
+                ds = t.op("a", f"llvm.inttoptr {dp} : i64 to !llvm.ptr<3>")
+                t.emit(
+                    f"nvvm.cp.async.shared.global {ds}, {sg}, 16, cache = cg : !llvm.ptr<3>, !llvm.ptr<1>"
+                )
+                v += 1
+
+        for bb in range(NB):
+            first = t.idx("addi", wbase, t.c(16 * bb))
+            for j in range(2):
+                r = t.idx("addi", first, t.c(8 * j) if j else "%c0")
+                copy("%kptr", t.idx("addi", r, "%qg"), "%dK0", DK // 8)
+            for e in (0, 1, 8, 9):
+                r = t.idx("addi", t.idx("addi", first, "%t2"), t.c(e) if e else "%c0")
+                copy("%vptr", r, "%dV0", DV // 8)
+        t.emit("nvvm.cp.async.commit.group")
+
+    def read_stage(t: _T, stage: str) -> list[str]:
+        """This lane's vectors of ``stage``, in :func:`load_step`'s order."""
+        base = t.idx("addi", t.idx("muli", stage, t.c(NV * block_size)), "%tid")
+        vecs = []
+        for v in range(NV):
+            slot = t.idx("muli", t.idx("addi", base, t.c(v * block_size)), t.c(4))
+            w = t.op(
+                "r", f"vector.load %kvbuf[{slot}] {{alignment = 16 : i64}} : {kv_t}, vector<4xi32>"
+            )
+            vecs.append(t.op("r", f"vector.bitcast {w} : vector<4xi32> to vector<8xbf16>"))
+        return vecs
+
+    if pipeline == "registers":
         first_vecs = load_step(t, "%wstart")
         setup += "\n" + t.part("    ")
-        carried = [f"%kv{i}" for i in range(NB * (nk + nv))]
+        carried = [f"%kv{i}" for i in range(NV)]
         next_vecs = load_step(t, t.idx("addi", "%wbase", "%cStep"))
         vecs = carried
+    elif pipeline == "smem":
+        # Byte addresses: this lane's first slot, and each cache's (l, b, gkv) rows.
+        t.emit(f"%kvbuf = memref.get_global @{name}__kv : {kv_t}")
+        kvp = t.op("a", f"memref.extract_aligned_pointer_as_index %kvbuf : {kv_t} -> index")
+        t.emit(f"%kvaddr = arith.addi {kvp}, {t.idx('muli', '%tid', t.c(16))} : index")
+        nb = t.op("a", f"memref.dim %kc, %c1 : {c_t}")
+        ns = t.op("a", f"memref.dim %kc, {t.c(3)} : {c_t}")
+        lbg = t.idx(
+            "addi", t.idx("muli", t.idx("addi", t.idx("muli", "%l", nb), "%b"), t.c(KV)), "%gkv"
+        )
+        t.emit(f"%rows0 = arith.muli {lbg}, {ns} : index")
+        t.emit(f"%kptr = memref.extract_aligned_pointer_as_index %kc : {c_t} -> index")
+        t.emit(f"%vptr = memref.extract_aligned_pointer_as_index %vc : {c_t} -> index")
+        stage_step(t, "%wstart", "%c0")
+        setup += "\n" + t.part("    ")
+        nxt = t.idx("subi", "%c1", "%par")
+        stage_step(t, t.idx("addi", "%wbase", "%cStep"), nxt)
+        t.emit("nvvm.cp.async.wait.group 1")
+        vecs = read_stage(t, "%par")
     else:
         vecs = load_step(t, "%wbase")
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
@@ -303,10 +389,17 @@ def attention_mma(
     inits = ["%rm = %empty", "%rl = %fzero"] + [
         f"{state_o[u][q]} = %fzero" for u in range(NT) for q in range(2)
     ]
-    types = ", ".join(["f32"] * (2 + 2 * NT) + (kv_types * NB if pipeline else []))
-    if pipeline:
+    types = ", ".join(["f32"] * (2 + 2 * NT) + (kv_types * NB if pipeline == "registers" else []))
+    carries = 0
+    if pipeline == "registers":
         yields += next_vecs
         inits += [f"{c} = {v}" for c, v in zip(carried, first_vecs, strict=True)]
+        carries = NV
+    elif pipeline == "smem":
+        yields.append(nxt)
+        inits.append("%par = %c0")
+        types += ", index"
+        carries = 1
 
     # -- after the loop: position L by warp 0, the warp's output to workgroup memory --
     res_m, res_l = "%st#0", "%st#1"
@@ -381,6 +474,7 @@ def attention_mma(
 // {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
+{f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}' if pipeline == "smem" else ""}
 func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -438,11 +532,12 @@ func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv:
   %w0g0 = arith.andi %is_w0, %g0 : i1
   %wr = arith.andi %first_split, %w0g0 : i1
 {setup}
-  %st:{2 + 2 * NT + (NB * (nk + nv) if pipeline else 0)} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
+  %st:{2 + 2 * NT + carries} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
     %wbase = arith.addi %base, %wstart : index
 {step_lines}
     scf.yield {", ".join(yields)} : {types}
   }}
+{"  nvvm.cp.async.wait.group 0  // the last step's copies, before other tiles reuse the buffer" if pipeline == "smem" else ""}
 {tail}
 {_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t)}
   return
