@@ -21,6 +21,8 @@ same tokens the check also reports how often the greedy tokens agree and,
 where they do not, the reference's margin between its token and ETC's in
 standard deviations of its logits, beside ETC's mean logit error in the
 same units (a disagreement within that error is a tie at bf16 precision).
+The last step is then launched REPEATS more times over the same inputs: its
+logits must be bit-identical (``bitwise_repeatable``).
 
 Timing: batch B in BATCHES, context L in CONTEXTS (the caches hold L random
 tokens; the step writes position L). ETC static and dynamic (one launch per
@@ -100,6 +102,10 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
+#: Launches of one step over the same inputs in the reproducibility check.
+REPEATS = 8
+
+
 def _prefix(a, b) -> int:
     """Steps for which every row of two (B, steps) token tensors agrees."""
     return int((a == b).all(dim=0).long().cumprod(0).sum())
@@ -168,6 +174,16 @@ def check(torch, kernels, cfg, weights, log) -> dict:
                 logits.append(bufs["logits"].clone())
                 seq.append(bufs["next_tokens"].long().clone())
         tokens = torch.stack(seq, dim=1)  # prompt + GENERATED
+        # The last step again, REPEATS times over the same inputs: bit-identical
+        # logits, whatever order the tiles' atomic adds land in.
+        last = PROMPT + GENERATED - 2
+        bufs["tokens"].copy_(seq[last])
+        again = []
+        for _ in range(REPEATS):
+            kernel.launch(bufs, {"B": B, "L": last, "S": S})
+            again.append(bufs["logits"].clone())
+        kernel.check()
+        repeatable = all(torch.equal(again[0], a) for a in again[1:])
         refs = {}
         with torch.no_grad():
             for name, hf in models.items():
@@ -189,6 +205,7 @@ def check(torch, kernels, cfg, weights, log) -> dict:
         for name in models:
             row[f"greedy_identical_vs_{name}"] = _prefix(tokens[:, PROMPT:], greedy[name])
         row["of"] = GENERATED
+        row["bitwise_repeatable"] = repeatable
         result[schedule] = row
         log(f"{schedule}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
     log(

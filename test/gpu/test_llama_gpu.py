@@ -78,6 +78,27 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         )
 
 
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_decode_step_is_bit_reproducible(schedule: str) -> None:
+    """The same step over the same inputs, launched again and again, gives
+    bit-identical logits: the norms' sums of squares are fixed-point
+    integer atomics, whose order does not change the result."""
+    import torch
+
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"llama_tiny_{schedule}")
+    cfg = llama_tiny_variants()["llama_tiny"]
+    weights = M.random_weights(cfg, seed=4)
+    B, L, S = 17, 9, 12
+    tokens = np.random.default_rng(6).integers(0, cfg.vocab, B).astype(np.int32)
+    bufs = _to_torch(M.numpy_inputs(cfg, weights, tokens, L, S, seed=3))
+    runs = []
+    for _ in range(6):
+        kernel.launch(bufs, {"B": B, "L": L, "S": S})
+        runs.append(bufs["logits"].clone())
+    kernel.check()
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
 @pytest.mark.parametrize("graph", ["greedy", "greedy_parts"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_argmax_takes_the_first_largest_logit(schedule: str, graph: str) -> None:

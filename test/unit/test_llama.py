@@ -14,6 +14,7 @@ from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, rand_bf16
 import etc
 from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.models import llama as M
+from etc.tiles._text import unfixed_reference
 
 pytestmark = needs_bindings
 CFG = M.TINY
@@ -469,7 +470,7 @@ def test_norm_sums_match_the_numpy_model(weights, schedule):
     for B, L in ((1, 0), (17, 9)):
         tokens = np.arange(B, dtype=np.int32) * 5
         arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
-        arrays["sumsq"][...] = 7.0  # stale sums from an earlier step: embed resets them
+        arrays["sumsq"][...] = 7 << 28  # stale sums from an earlier step: embed resets them
         ref = M.reference_step(cfg, arrays, L)
         out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule)
         got = bf16_to_f32(out["logits"])
@@ -477,7 +478,10 @@ def test_norm_sums_match_the_numpy_model(weights, schedule):
         np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
         # The final slot holds the last residual stream's sums of squares.
         h = bf16_to_f32(out["h"])
-        np.testing.assert_allclose(out["sumsq"][-1], (h * h).sum(axis=1), rtol=1e-5)
+        # (In fixed point: integer adds, the same whatever their order.)
+        assert out["sumsq"].dtype == np.int64
+        got_sums = unfixed_reference(out["sumsq"][-1])
+        np.testing.assert_allclose(got_sums, (h * h).sum(axis=1), rtol=1e-5)
 
 
 def test_norm_sums_tiles_and_their_errors():
@@ -491,21 +495,25 @@ def test_norm_sums_tiles_and_their_errors():
         dataclasses.replace(CFG, norm_sums=True, fold_norms=False)
     consumer = layer_gemm(16, 16, 64, 256, layers=2, name="c", rmsnorm=(2, 0, 1e-5),
                           norm_sums=True, stages=3, unroll=1)  # fmt: skip
-    assert consumer.params[3:6] == ("memref<?x256xbf16>", "memref<?x256xbf16>", "memref<?x?xf32>")
+    assert consumer.params[3:6] == ("memref<?x256xbf16>", "memref<?x256xbf16>", "memref<?x?xi64>")
     # No statistics prologue: no workgroup buffer, no pass over A.
     assert "__rms" not in consumer.source
     producer = layer_gemm(16, 16, 64, 256, layers=2, name="r", epilogue="residual",
                           sums_out=(2, 1))  # fmt: skip
-    assert producer.params[-1] == "memref<?x?xf32>"
-    assert producer.source.count("memref.atomic_rmw addf") == 2  # rows g and g + 8
+    assert producer.params[-1] == "memref<?x?xi64>"
+    # Fixed-point integer adds (order-independent), rows g and g + 8.
+    assert producer.source.count("memref.atomic_rmw addi") == 2
+    assert "addf" not in producer.source.split("atomic_rmw")[1][:10]
 
 
 @needs_ptxas
-def test_norm_sums_decoder_compiles_with_float_atomics():
-    cfg = dataclasses.replace(CFG, fuse_norms=True, norm_sums=True, fold_norms=False)
+@pytest.mark.parametrize("fold", [False, True])
+def test_norm_sums_decoder_compiles_with_integer_atomics(fold):
+    cfg = dataclasses.replace(CFG, fuse_norms=not fold, norm_sums=not fold, fold_norms=fold)
     art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
     assert art.cubin is not None
-    assert "atom.global.add.f32" in art.ptx or "red.global.add.f32" in art.ptx
+    assert "add.u64" in art.ptx or "add.s64" in art.ptx
+    assert "atom.global.add.f32" not in art.ptx and "red.global.add.f32" not in art.ptx
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
@@ -569,7 +577,7 @@ def test_folded_norms_match_the_numpy_model(weights, schedule):
         assert "wqkv" not in arrays and arrays["wqkv_folded"].shape == weights["wqkv"].shape
         assert not np.array_equal(arrays["wqkv_folded"], weights["wqkv"])
         np.testing.assert_array_equal(arrays["wo"], weights["wo"])
-        arrays["sumsq"][...] = 3.0  # stale sums: embed resets them
+        arrays["sumsq"][...] = 3 << 28  # stale sums: embed resets them
         unfolded = M.reference_step(plain, M.numpy_inputs(plain, weights, tokens, L, L + 2), L)
         folded = M.reference_step(cfg, arrays, L)
         out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
@@ -585,12 +593,12 @@ def test_layer_gemm_row_scale_reference_against_float64():
     rng = np.random.default_rng(4)
     n, k, rows, eps = 32, 256, 5, 1e-5
     tile = layer_gemm(16, 16, n, k, layers=2, row_scale=(2, 1, eps), epilogue="swiglu")
-    assert tile.params[3:5] == ("memref<?x256xbf16>", "memref<?x?xf32>")
+    assert tile.params[3:5] == ("memref<?x256xbf16>", "memref<?x?xi64>")
     A, G = rand_bf16(rng, rows, k, scale=3.0), rand_bf16(rng, 5, k)
     W, C = rand_bf16(rng, 2, 2 * n, k, scale=0.1), np.zeros((rows, n), np.uint16)
     a = bf16_to_f32(A).astype(np.float64)
-    S = np.zeros((5, rows), np.float32)
-    S[3] = (a * a).sum(axis=1)
+    S = np.zeros((5, rows), np.int64)
+    S[3] = np.round((a * a).sum(axis=1) * 2**28)  # fixed point (etc.tiles._text.SUM_BITS)
     for j in range(n // 16):
         tile.reference(1, 0, j, A, S, fold_norm(W, G[3]), C)
     x = a / np.sqrt((a * a).mean(axis=1, keepdims=True) + eps) * bf16_to_f32(G[3])
@@ -699,7 +707,7 @@ def test_row_paths_tile_compiles(tmp_path):
     art = compile_tile(
         tile,
         [("A", ("m", k), "bf16"), ("W", (2, 64, k), "bf16"), ("C", ("m", 64), "bf16"),
-         ("S", (4, "m"), "f32")],
+         ("S", (4, "m"), "i64")],
         (2, "m", 4),
     )  # fmt: skip
     assert art.ptx.count("mma.sync.aligned.m16n8k16") >= 7  # 1 + 2 + 4 row fragments

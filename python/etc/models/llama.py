@@ -739,7 +739,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         "act": ((B, cfg.inter), "bf16"),
         "logits": ((B, cfg.vocab), "bf16"),
         "next_tokens": ((B,), "i32"),
-        **({"sumsq": ((2 * NL + 1, B), "f32")} if cfg.sums else {}),
+        **({"sumsq": ((2 * NL + 1, B), "i64")} if cfg.sums else {}),
         **(
             {
                 "argmax_val": ((B, cfg.argmax_parts), "f32"),
@@ -1277,7 +1277,7 @@ def numpy_inputs(
     weights, ``tokens``, the rope table, caches holding random keys and
     values at positions ``< L``, the rest zeroed (bf16 as uint16)."""
     B = len(tokens)
-    storage = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32}
+    storage = {"bf16": np.uint16, "i32": np.int32, "i64": np.int64, "f32": np.float32}
     arrays = {
         n: np.zeros(shape, storage[dt]) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()
     }
@@ -1311,7 +1311,7 @@ def torch_inputs(
     ``< L`` when ``fill_cache``; tokens random; the rest zeroed."""
     import torch
 
-    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "i64": torch.int64, "f32": torch.float32}
     weights = graph_weights(cfg, weights)
     gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, Any] = {}

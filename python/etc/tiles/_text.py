@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import GraphError
 
 #: `gpu.shuffle xor` offsets of a 32-lane butterfly reduction.
@@ -98,3 +100,46 @@ def warp_argmax(val: str, idx: str, indent: str, tag: str = "") -> tuple[str, st
         )
         val, idx = f"%abv{n}", f"%abi{n}"
     return "\n".join(lines), val, idx
+
+
+#: Sums of squares for the folded RMSNorms are kept as fixed-point i64
+#: (value * 2**SUM_BITS): integer atomic adds are associative, so a step's
+#: result does not depend on the order the tiles add their parts in (float
+#: atomics made the same launch's logits differ from run to run). 28 bits:
+#: a part of 8 squares near 1e-3 keeps ~1e-6 of relative precision, and a
+#: row's sum may reach 2**35 (3.4e10) before the i64 overflows.
+SUM_BITS = 28
+#: The sums' buffer type (slots x rows).
+SUMS_TYPE = "memref<?x?xi64>"
+
+
+def to_fixed(value: str, prefix: str, indent: str = "  ") -> tuple[str, str]:
+    """Ops turning f32 ``value`` into its fixed-point i64 (truncated toward
+    zero, as :func:`fixed_reference` does). Returns (ops, result name)."""
+    return (
+        f"{indent}%{prefix}_sc = arith.constant {float(2**SUM_BITS):.1f} : f32\n"
+        f"{indent}%{prefix}_x = arith.mulf {value}, %{prefix}_sc : f32\n"
+        f"{indent}%{prefix}_i = arith.fptosi %{prefix}_x : f32 to i64",
+        f"%{prefix}_i",
+    )
+
+
+def from_fixed(value: str, prefix: str, indent: str = "  ") -> tuple[str, str]:
+    """Ops turning fixed-point i64 ``value`` into f32. Returns (ops, name)."""
+    return (
+        f"{indent}%{prefix}_f = arith.sitofp {value} : i64 to f32\n"
+        f"{indent}%{prefix}_sc = arith.constant {2.0**-SUM_BITS!r} : f32\n"
+        f"{indent}%{prefix}_v = arith.mulf %{prefix}_f, %{prefix}_sc : f32",
+        f"%{prefix}_v",
+    )
+
+
+def fixed_reference(values: np.ndarray) -> np.ndarray:
+    """numpy's :func:`to_fixed`: f32 values to fixed-point i64."""
+    scaled = np.asarray(values, dtype=np.float32) * np.float32(2**SUM_BITS)
+    return np.trunc(scaled).astype(np.int64)
+
+
+def unfixed_reference(values: np.ndarray) -> np.ndarray:
+    """numpy's :func:`from_fixed`: fixed-point i64 to f32."""
+    return np.asarray(values).astype(np.float32) * np.float32(2.0**-SUM_BITS)

@@ -307,7 +307,10 @@ def _body(
             t.emit(f"%fk_{k} = arith.constant {float(k):.1f} : f32")
             t.emit(f"%feps = arith.constant {float(np.float32(a_norm[3])):.9e} : f32")
             for r in lrows:
-                total = t.op("ss", f"memref.load {sums}[{slot}, {r}] : {sums_type}")
+                fixed = t.op("ss", f"memref.load {sums}[{slot}, {r}] : {sums_type}")
+                ops, total = _text.from_fixed(fixed, t.fresh("uf")[1:], "")
+                for line in ops.split("\n"):
+                    t.emit(line)
                 rms.append(t.op("rms", f"arith.divf {total}, %fk_{k} : f32"))
             return
         globals_.append(
@@ -1178,20 +1181,22 @@ def layer_gemm(
     reads each weight block from HBM once and from L2 after that.
 
     ``norm_sums`` (with ``rmsnorm``): the RMSNorm's statistics come from
-    ``S: memref<?x?xf32>`` (after ``G``): ``S[stride*l + offset, row]`` holds
+    ``S: memref<?x?xi64>`` (after ``G``, fixed point:
+    :data:`etc.tiles._text.SUM_BITS`): ``S[stride*l + offset, row]`` holds
     the row's sum of squares, added up by the tasks that wrote ``A``; the
     tile reads one value per row instead of a pass over ``A``.
 
     ``sums_out = (stride, offset)`` (``residual`` epilogue): the tile adds
     each row's sum of squares of the bf16 values it stores to ``S[stride*l +
-    offset, row]`` (``S: memref<?x?xf32>`` after ``C``, atomic adds): what a
+    offset, row]`` (``S: memref<?x?xi64>`` after ``C``, fixed-point atomic
+    adds, so their order does not change the sum): what a
     following ``norm_sums`` tile reads.
 
     ``row_scale = (stride, offset, eps)``: the RMSNorm of ``A`` folded into
     the projection. ``W`` holds the norm's weight multiplied into its
     columns (:func:`fold_norm`), and the tile scales row ``r`` of ``A @
     W^T`` by ``rsqrt(S[stride*l + offset, r] / K + eps)`` before its
-    epilogue (``S: memref<?x?xf32>`` after ``A``: the rows' sums of squares,
+    epilogue (``S: memref<?x?xi64>`` after ``A``: the rows' sums of squares,
     added up by the tasks that wrote ``A``, see ``sums_out``). The k loop is
     the plain one: no statistics prologue, no per-vector rescaling.
 
@@ -1308,7 +1313,7 @@ def layer_gemm(
     t.indent += "  "
     wcol = _warp_cols(t, n0, wm, wn, nf)
     b_rows = _weight_rows(t, wcol, nf, n, wt, layers is not None)
-    st = "memref<?x?xf32>"
+    st = _text.SUMS_TYPE
 
     def layer_row(stride: int, offset: int) -> str:
         """``stride * l + offset`` (an index value)."""
@@ -1449,7 +1454,10 @@ def _scaled_rows(
         scale = []
         for row in rows:
             r = t.op("sr", f"arith.minui {row}, {last} : index")
-            total = t.op("ss", f"memref.load {mem}[{slot}, {r}] : {mtype}")
+            fixed = t.op("ss", f"memref.load {mem}[{slot}, {r}] : {mtype}")
+            ops, total = _text.from_fixed(fixed, t.fresh("uf")[1:], "")
+            for line in ops.split("\n"):
+                t.emit(line)
             ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
             ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
             scale.append(t.op("rs", f"math.rsqrt {ms} : f32"))
@@ -1519,7 +1527,9 @@ def _add_sums_of_squares(
 ) -> None:
     """``sums[slot, row] += sum(f32(bf16(v))**2)`` over this warp's values of
     each of its rows: the 4 lanes of a row group add with shuffles, the
-    first of them adds atomically (rows ``< r1`` only)."""
+    first of them adds atomically (rows ``< r1`` only), in fixed point
+    (:data:`etc.tiles._text.SUM_BITS`: the order of the adds does not
+    change the sum)."""
     mem, mtype, slot = sums
     width = t.op("w32", "arith.constant 32 : i32")
     tig = t.op("tig", "gpu.lane_id")
@@ -1541,8 +1551,11 @@ def _add_sums_of_squares(
             ok = t.op("ok", f"arith.cmpi ult, {row}, {r1} : index")
             ok = t.op("ok", f"arith.andi {ok}, {first} : i1")
             t.emit(f"scf.if {ok} {{")
-            t.emit(f"  %{t.fresh('old')[1:]} = memref.atomic_rmw addf {total}, {mem}[{slot}, {row}] : "
-                   f"(f32, {mtype}) -> f32")  # fmt: skip
+            ops, fixed = _text.to_fixed(total, t.fresh("fx")[1:], "")
+            for line in ops.split("\n"):
+                t.emit(f"  {line}")
+            t.emit(f"  %{t.fresh('old')[1:]} = memref.atomic_rmw addi {fixed}, {mem}[{slot}, {row}] : "
+                   f"(i64, {mtype}) -> i64")  # fmt: skip
             t.emit("}")
 
 
@@ -1678,7 +1691,8 @@ def layer_gemm_reference(
         stride, offset, eps = rmsnorm
         a = bf16_to_f32(A)
         if norm_sums:
-            mean = (S[stride * layer + offset, rs] / np.float32(a.shape[1]))[:, None]
+            total = _text.unfixed_reference(S[stride * layer + offset, rs])
+            mean = (total / np.float32(a.shape[1]))[:, None]
         else:
             mean = (a * a).mean(axis=1, keepdims=True)
         r = (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)
@@ -1706,7 +1720,7 @@ def layer_gemm_reference(
         if row_scale is None:
             return np.float32(1)
         stride, offset, eps = row_scale
-        mean = R[stride * layer + offset, rs] / np.float32(k)
+        mean = _text.unfixed_reference(R[stride * layer + offset, rs]) / np.float32(k)
         return (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)[:, None]
 
     def apply(a: int, b: int, A, R, G, S_in, layer: int, W, C, S_out) -> None:
@@ -1727,6 +1741,9 @@ def layer_gemm_reference(
         if S_out is not None:
             stride, offset = sums_out
             stored = bf16_to_f32(C[rs, cs])
-            S_out[stride * layer + offset, rs] += (stored * stored).sum(axis=1, dtype=np.float32)
+            # Fixed-point parts of 8 columns (a warp adds one part of its
+            # fragments: the same sum to within a few 2**-SUM_BITS).
+            parts = (stored * stored).reshape(stored.shape[0], -1, 8).sum(axis=2, dtype=np.float32)
+            S_out[stride * layer + offset, rs] += _text.fixed_reference(parts).sum(axis=1)
 
     return layered if stacked else single

@@ -110,7 +110,8 @@ def embed(
     thread per step. Args: ``tokens: memref<?xi32>``, ``E: memref<?xHxbf16>``,
     ``h: memref<?xHxbf16>``.
 
-    ``sums``: one more arg ``S: memref<?x?xf32>`` (slots x rows); the
+    ``sums``: one more arg ``S: memref<?x?xi64>`` (slots x rows, fixed
+    point: :data:`etc.tiles._text.SUM_BITS`); the
     column-0 tile of each row block stores every row's sum of squares of
     ``h`` in ``S[0, r]`` (warp per row) and zeroes ``S[1:, r]``, which the
     layers' residual epilogues then add to (``layer_gemm(sums_out=...)``).
@@ -125,7 +126,7 @@ def embed(
     _multiple_of_8(name, hidden=hidden, block_n=block_n)
     BM, BN, H = block_m, block_n, hidden
     t_t, x_t = "memref<?xi32>", f"memref<?x{H}xbf16>"
-    s_t = "memref<?x?xf32>"
+    s_t = _text.SUMS_TYPE
     c_t = "memref<?x?x?xi32>"
     extra_args = (f", %S: {s_t}" if sums else "") + (f", %C: {c_t}" if counters else "")
     extra_lines = _embed_sums(block_size, H, x_t, t_t, s_t) if sums else ""
@@ -177,7 +178,7 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_
         h[r0:r1, c0:c1] = E[tok[r0:r1].astype(np.int64), c0:c1]
         if sums and j == 0:
             rows = bf16_to_f32(E[tok[r0:r1].astype(np.int64)])
-            extra[0][0, r0:r1] = (rows * rows).sum(axis=1, dtype=np.float32)
+            extra[0][0, r0:r1] = _text.fixed_reference((rows * rows).sum(axis=1, dtype=np.float32))
             extra[0][1:, r0:r1] = 0
         if counters and j == 0:
             extra[-1][:, r0:r1, :] = 0
@@ -214,6 +215,7 @@ def _embed_sums(block_size: int, H: int, x_t: str, t_t: str, s_t: str) -> str:
     """Lines of :func:`embed` with ``sums``: tile column 0, warp per row."""
     warps = block_size // 32
     red, total = _text.warp_sum("%part", "      ")
+    fixed_ops, fixed = _text.to_fixed(total, "sfx", "        ")
     return f"""\
   %sj0 = arith.cmpi eq, %j, %c0 : index
   scf.if %sj0 {{
@@ -222,6 +224,7 @@ def _embed_sums(block_size: int, H: int, x_t: str, t_t: str, s_t: str) -> str:
     %c32 = arith.constant 32 : index
     %s_c256 = arith.constant 256 : index
     %s_zero = arith.constant 0.0 : f32
+    %s_zero64 = arith.constant 0 : i64
     %c32_i32 = arith.constant 32 : i32
 {_text.shuffle_constants("    ")}
     %s_slots = memref.dim %S, %c0 : {s_t}
@@ -243,11 +246,12 @@ def _embed_sums(block_size: int, H: int, x_t: str, t_t: str, s_t: str) -> str:
 {red}
       %lane0 = arith.cmpi eq, %s_lane, %c0 : index
       scf.if %lane0 {{
-        memref.store {total}, %S[%c0, %r] : {s_t}
+{fixed_ops}
+        memref.store {fixed}, %S[%c0, %r] : {s_t}
       }}
       %zs = arith.addi %s_lane, %s_c1 : index
       scf.for %slot = %zs to %s_slots step %c32 {{
-        memref.store %s_zero, %S[%slot, %r] : {s_t}
+        memref.store %s_zero64, %S[%slot, %r] : {s_t}
       }}
     }}
   }}
