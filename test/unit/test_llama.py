@@ -935,7 +935,7 @@ def test_single_span_is_checked():
         etc.GraphError, match="attn_single_span=600 must be in 0..512 .*attn_phased_chunk=512"
     ):
         M.LlamaConfig(attn_single_span=600)
-    with pytest.raises(etc.GraphError, match="attn_phased_chunk must be a positive int, got 0"):
+    with pytest.raises(etc.GraphError, match="attn_phased_chunk must be an int >= 1, got 0"):
         M.LlamaConfig(attn_phased_chunk=0)
 
 

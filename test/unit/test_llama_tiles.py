@@ -259,13 +259,19 @@ def test_rope_table_and_rope():
 # -- attention_combine ------------------------------------------------------------------
 
 
-def test_attention_combine_reference():
-    rng = np.random.default_rng(3)
-    B, S = 3, 5
+def random_partials(rng, B, S):
+    """Split outputs and (max, sum) pairs of B rows, NH heads and S splits."""
     opart = rng.standard_normal((B, NH, S, D)).astype(np.float32)
     mpart = np.stack(
         [rng.standard_normal((B, NH, S)) * 4, rng.uniform(0.5, 20, (B, NH, S))], axis=-1
     ).astype(np.float32)
+    return opart, mpart
+
+
+def test_attention_combine_reference():
+    rng = np.random.default_rng(3)
+    B, S = 3, 5
+    opart, mpart = random_partials(rng, B, S)
     attn = np.zeros((B, NH * D), np.uint16)
     tile = T.attention_combine(NH, D)
     for b in range(B):
@@ -280,10 +286,7 @@ def test_attention_combine_reference():
 def test_grouped_combine_reference_merges_its_heads_only(group):
     rng = np.random.default_rng(5)
     B, S = 2, 7
-    opart = rng.standard_normal((B, NH, S, D)).astype(np.float32)
-    mpart = np.stack(
-        [rng.standard_normal((B, NH, S)) * 4, rng.uniform(0.5, 20, (B, NH, S))], axis=-1
-    ).astype(np.float32)
+    opart, mpart = random_partials(rng, B, S)
     whole, grouped = (np.zeros((B, NH * D), np.uint16) for _ in range(2))
     full, tile = T.attention_combine(NH, D), T.attention_combine(NH, D, group=group)
     assert tile.params[:3] == ("index", "index", "index")

@@ -105,9 +105,14 @@ def _one_of(key: str, value: Any, options: tuple[str, ...]) -> None:
         raise GraphError(f"LlamaConfig: {key} {value!r} is not one of {', '.join(options)}")
 
 
-def _positive_field(key: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GraphError(f"LlamaConfig: {key} must be a positive int, got {value!r}")
+def _int_field(key: str, value: Any, low: int, high: int | None = None) -> None:
+    """Raises GraphError naming field ``key`` unless ``value`` is an int in
+    ``low..high`` (``high`` None: no upper bound)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if ok and (high is None or value <= high):
+        return
+    want = f"an int >= {low}" if high is None else f"an int in {low}..{high}"
+    raise GraphError(f"LlamaConfig: {key} must be {want}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -314,9 +319,7 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or value <= 0:
-                raise GraphError(f"LlamaConfig: {key} must be a positive int, got {value!r}")
+            _int_field(key, getattr(self, key), 1)
         if self.prefetch_next and not self.prefetch_weights:
             raise GraphError(
                 "LlamaConfig: prefetch_next needs prefetch_weights (the tiles' prefetch)"
@@ -385,11 +388,8 @@ class LlamaConfig:
                 f"LlamaConfig: {', '.join(phased_only)} apply to attn_tile='phased', "
                 f"not {self.attn_tile!r}"
             )
-        if not isinstance(self.attn_small_batch, int) or self.attn_small_batch < 0:
-            raise GraphError(
-                f"LlamaConfig: attn_small_batch must be an int >= 0, got {self.attn_small_batch!r}"
-            )
-        _positive_field("attn_phased_chunk", self.attn_phased_chunk)
+        _int_field("attn_small_batch", self.attn_small_batch, 0)
+        _int_field("attn_phased_chunk", self.attn_phased_chunk, 1)
         # The longest span the attention tile holds.
         hold, holder = self.attn_chunk, f"attn_chunk={self.attn_chunk}"
         if self.attn_tile == "phased" and self.attn_phased_chunk < hold:
@@ -399,11 +399,7 @@ class LlamaConfig:
                 f"LlamaConfig: attn_single_span={self.attn_single_span!r} must be in "
                 f"0..{hold} (the attention's buffers hold {holder})"
             )
-        if not isinstance(self.attn_single_splits, int) or self.attn_single_splits < 1:
-            raise GraphError(
-                f"LlamaConfig: attn_single_splits must be an int >= 1, "
-                f"got {self.attn_single_splits!r}"
-            )
+        _int_field("attn_single_splits", self.attn_single_splits, 1)
         if self.attn_small_batch and not 0 < self.attn_small_span <= hold:
             raise GraphError(
                 f"LlamaConfig: attn_small_span={self.attn_small_span} must be in "
@@ -414,10 +410,7 @@ class LlamaConfig:
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
         self._check_l2_prefetch()
-        if not isinstance(self.argmax_parts, int) or not 0 <= self.argmax_parts <= 32:
-            raise GraphError(
-                f"LlamaConfig: argmax_parts must be an int in 0..32, got {self.argmax_parts!r}"
-            )
+        _int_field("argmax_parts", self.argmax_parts, 0, 32)
         if self.max_batch is not None and (
             not isinstance(self.max_batch, int) or self.max_batch < 1
         ):
@@ -545,10 +538,7 @@ class LlamaConfig:
         from ..tiles.prefetch import MODES
 
         _one_of("l2_prefetch_mode", self.l2_prefetch_mode, MODES)
-        if not isinstance(self.l2_prefetch_ctas, int) or self.l2_prefetch_ctas < 1:
-            raise GraphError(
-                f"LlamaConfig: l2_prefetch_ctas must be an int >= 1, got {self.l2_prefetch_ctas!r}"
-            )
+        _int_field("l2_prefetch_ctas", self.l2_prefetch_ctas, 1)
 
     def _check_batch_buckets(self) -> None:
         buckets = self.batch_buckets

@@ -123,7 +123,8 @@ def l2_prefetch(
         row_bytes = 2 * r.cols
         if mode == "bulk":
             # Item q: run q (its first `eighths` rows, one copy).
-            items, size = r.rows // RUN, r.eighths * row_bytes
+            items = r.rows // RUN
+            size = [f"    %size{k} = arith.constant {r.eighths * row_bytes} : i32"]
             if r.evict_last:
                 asm = (
                     f'"cp.async.bulk.prefetch.L2.global.L2::cache_hint [$0], $1, $2;", "l,r,l" '
@@ -141,7 +142,7 @@ def l2_prefetch(
         else:
             # Item q: line q % per_run of run q / per_run.
             per_run = r.eighths * row_bytes // LINE
-            items, size = r.rows // RUN * per_run, None
+            items, size = r.rows // RUN * per_run, []
             policy = "::evict_last" if r.evict_last else ""
             asm = f'"prefetch.global.L2{policy} [$0];", "l" %addr{k} : (i64) -> ()'
             item = [
@@ -163,7 +164,7 @@ def l2_prefetch(
             f"    %items{k} = arith.constant {items} : index",
             f"    %run_bytes{k} = arith.constant {RUN * row_bytes} : index",
             f"    %layer_bytes{k} = arith.constant {r.rows * row_bytes} : index",
-            *([f"    %size{k} = arith.constant {size} : i32"] if mode == "bulk" else []),
+            *size,
             f"    %lb{k} = arith.muli %layer{k}, %layer_bytes{k} : index",
             f"    %start{k} = arith.addi %base{k}, %lb{k} : index",
             f"    scf.for %q = %gid to %items{k} step %cstride {{",
