@@ -48,11 +48,14 @@ SIZES = (1, 16, 128, 1024, 4096)
 COPIES = 4
 TOLERANCE = 1e-2
 # Tile configurations built and timed; the best per T is reported.
-# dec_rot42 and tma128wtc are etc.models.moe.PRESETS["decode"] and ["prefill"]
-# (decode: bm16cp, the best variant of `bench/gemm.py --sweep`, with the
-# decoder's 4-stage x unroll-2 ring and rotated k loops; prefill: TMA tiles
-# and the router on the TMA tile); tc64 and tc128 are the cp.async + ldmatrix
-# (mma.sync) tiles and wg128 the wgmma tiles of earlier prefill presets.
+# dec_pf_gu32, tma128wtc and pre64 are etc.models.moe.PRESETS["decode"],
+# ["prefill"] and ["mid"] (decode: bm16cp, the best variant of `bench/gemm.py
+# --sweep`, with the decoder's 4-stage x unroll-2 ring, rotated k loops,
+# 32-column gate/up tiles and the rings filled by the tiles' prefetch; prefill:
+# TMA tiles and the router on the TMA tile; mid: the same on 64-row split_n
+# tiles); dec_rot42 is the decode preset before session 12; tc64 and tc128 are
+# the cp.async + ldmatrix (mma.sync) tiles and wg128 the wgmma tiles of
+# earlier prefill presets.
 _SMEM = 48 * 1024 - 64
 
 
@@ -77,6 +80,14 @@ _BM16CP = dict(
 )  # fmt: skip
 
 
+# The decode preset of sessions 9-11: 16-column gate/up tiles, no prefetch.
+_DEC_ROT42 = dict(
+    block_m=16, block_n_gu=16, block_n_dn=64,
+    gate_up_options=(("stages", 4), ("unroll", 2), ("rotate_k", True)),
+    down_options=(("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True)),
+)  # fmt: skip
+
+
 def _decode_ring(gate_up: tuple, down: tuple, **more) -> dict:
     """bm16cp with these ring options and ``rotate_k``."""
     rot = (("rotate_k", True),)
@@ -85,6 +96,10 @@ def _decode_ring(gate_up: tuple, down: tuple, **more) -> dict:
         "down_options": (("warps", (1, 4, 2)), *down, *rot), **more,
     }  # fmt: skip
 
+
+_SPLIT = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("split_n", True))
+_TMA4 = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
+_TMA3 = (("smem_limit", 220 << 10), ("stages", 3), ("core", "tma"))
 
 CONFIGS = {
     "bm16cp": _BM16CP,
@@ -119,11 +134,72 @@ CONFIGS = {
     # stop reading the same activation lines at once: the decoder's rotate_k),
     # as is, with the decoder's 4 stages x unroll 2, and with 24-column gate/up.
     "dec_rot": _decode_ring((("stages", 3), ("unroll", 1)), (("stages", 5), ("unroll", 1))),
-    "dec_rot42": M.PRESETS["decode"],
+    "dec_rot42": _DEC_ROT42,
+    # The prefill preset with more loads in flight in the memory-bound tiles
+    # (combine 2 token chunks per thread, permute 16 row chunks).
+    "pre_mem": {**M.PRESETS["prefill"], "combine_unroll": 2, "permute_unroll": 16},
+    # ... and a 6-stage router ring, and 32-token top-k blocks (128 instances
+    # at T = 4096 instead of 512).
+    "pre_front": {
+        **M.PRESETS["prefill"],
+        "combine_unroll": 2,
+        "permute_unroll": 16,
+        "router_stages": 6,
+        "topk_block": 32,
+    },  # fmt: skip
     "dec_rot_gu24": _decode_ring(
         (("stages", 3), ("unroll", 1)), (("stages", 5), ("unroll", 1)), block_n_gu=24
     ),
-}
+    # The decode preset with its weight rings filled by the tiles' prefetch
+    # functions, which a triggered instance calls once it knows its expert,
+    # before it waits for the expert's rows (gate/up: the permute; down: the
+    # expert's gate/up tiles). And with 32-column gate/up tiles: one wave of
+    # 192 instances on 264 CTAs, each CTA's down weights then in flight early.
+    "dec_pf": {
+        **_DEC_ROT42,
+        "gate_up_options": (*_DEC_ROT42["gate_up_options"], ("prefetch_ring", True)),
+        "down_options": (*_DEC_ROT42["down_options"], ("prefetch_ring", True)),
+    },
+    "dec_pf_gu32": M.PRESETS["decode"],
+    # 64-row TMA tiles, the two warpgroups splitting the columns (split_n):
+    # an expert's ragged last block wastes 32 rows on average instead of 64.
+    # 5 stages of 64 x 64 + 256 x 64.
+    "pre64": M.PRESETS["mid"],
+    # Prefill tiles with several pipeline passes per instance (sub_n): one
+    # round of waits and table lookups per 256 (x2: 384) gate/up and 512
+    # (x2: 1024) down columns instead of per 128 and 256.
+    "pre_sub2": {
+        **M.PRESETS["prefill"], "block_n_gu": 256, "block_n_dn": 512,
+        "gate_up_options": (*_TMA4, ("sub_n", 128)), "down_options": (*_TMA4, ("sub_n", 256)),
+    },
+    "pre_sub3": {
+        **M.PRESETS["prefill"], "block_n_gu": 384, "block_n_dn": 1024,
+        "gate_up_options": (*_TMA4, ("sub_n", 128)), "down_options": (*_TMA4, ("sub_n", 256)),
+    },
+    "pre_sub2f": {
+        **M.PRESETS["prefill"], "block_n_gu": 256, "block_n_dn": 512, "topk_block": 32,
+        "gate_up_options": (*_TMA4, ("sub_n", 128)), "down_options": (*_TMA4, ("sub_n", 256)),
+    },
+    # Two CTAs per SM (with min_ctas_per_sm=2): 128 x 128 blocks (64
+    # accumulators a thread fit 128 registers) and 3 stages of 32 KiB, so
+    # one CTA's waits and table lookups between instances overlap the other's
+    # wgmma; the router's ring 3 stages too.
+    "pre128x2": {
+        **M.PRESETS["prefill"], "block_n_gu": 64, "block_n_dn": 128, "router_stages": 3,
+        "gate_up_options": _TMA3, "down_options": _TMA3,
+    },
+    # The same with 64-row split_n tiles (2 stages of 40 KiB).
+    "pre64x2": {
+        **M.PRESETS["prefill"], "block_m": 64, "router_stages": 3,
+        "gate_up_options": (*_TMA3[:1], ("stages", 2), ("core", "tma"), ("split_n", True)),
+        "down_options": (*_TMA3[:1], ("stages", 2), ("core", "tma"), ("split_n", True)),
+    },
+    "pre64_front": {
+        **M.PRESETS["prefill"], "block_m": 64, "gate_up_options": _SPLIT,
+        "down_options": _SPLIT, "combine_unroll": 2, "permute_unroll": 16,
+        "router_stages": 6, "topk_block": 32,
+    },
+}  # fmt: skip
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
 # BENCH_MOE_SIZES=1,16 to those token counts.
 if os.environ.get("BENCH_MOE_CONFIGS"):
@@ -132,7 +208,24 @@ if os.environ.get("BENCH_MOE_SIZES"):
     SIZES = tuple(int(t) for t in os.environ["BENCH_MOE_SIZES"].split(","))
 TARGETS = {
     k: M.PRESET_TARGETS["prefill"]
-    for k in ("wg128", "tma128w", "tma128wr", "tma128wtc", "tma128wtc32", "tma16", "tma128")
+    for k in (
+        "wg128",
+        "tma128w",
+        "tma128wr",
+        "tma128wtc",
+        "tma128wtc32",
+        "tma16",
+        "tma128",
+        "pre_mem",
+        "pre_front",
+        "pre64",
+        "pre64_front",
+        "pre_sub2",
+        "pre_sub3",
+        "pre_sub2f",
+        "pre128x2",
+        "pre64x2",
+    )
     if k in CONFIGS
 }
 # torch._grouped_mm replayed from a CUDA graph, as the issue measured it (µs).
@@ -151,6 +244,10 @@ OCCUPANCY = {
     "dec_rot_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "tc64": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "wg128": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_pf": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_pf_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "pre128x2": 2,
+    "pre64x2": 2,
 }
 
 

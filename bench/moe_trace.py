@@ -5,7 +5,8 @@ launches (``etc.compile(..., trace=True)``, ``kernel.trace()``).
     python bench/moe_trace.py --artifacts DIR --out OUTDIR   # GPU: tables, Chrome traces
 
 (``bench/moe.py --trace`` runs both steps next to the benchmark.) For every
-T of ``bench/moe.py`` and every fused variant (tile configuration x
+T of ``bench/moe.py`` and every fused variant (tile configuration, with its
+``OCCUPANCY`` if it has one, x
 schedule): uniform random routing, three launches (the last one traced),
 the output checked against the float32 torch reference, then a table per
 task: instances that ran, median duration, first start and last end (µs
@@ -29,7 +30,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.moe import CONFIGS, ONE_CLAIM, SIZES, TARGETS, TOLERANCE, moe_config  # noqa: E402
+from bench.moe import (  # noqa: E402
+    CONFIGS,
+    OCCUPANCY,
+    ONE_CLAIM,
+    SIZES,
+    TARGETS,
+    TOLERANCE,
+    moe_config,
+)
 
 # "one": the dynamic schedule claiming one queue position at a time (bench/moe.py).
 SCHEDULES = ("static", "dynamic", "one")
@@ -53,9 +62,11 @@ def build(out: Path) -> None:
 
     for key, schedule in variants():
         g = M.build_moe_graph(moe_config(key), name=f"moe_{key}")
+        # The configuration's occupancy (bench/moe.py's _occ variants) if it has one.
+        occupancy = {"min_ctas_per_sm": OCCUPANCY[key]} if key in OCCUPANCY else {}
         art = etc.compile(
             g, schedule="static" if schedule == "static" else "dynamic", trace=True,
-            target=TARGETS.get(key, "sm_90"), **_OPTIONS[schedule],
+            target=TARGETS.get(key, "sm_90"), **_OPTIONS[schedule], **occupancy,
         )  # fmt: skip
         art.save(out / artifact_name(key, schedule))
         print("built", artifact_name(key, schedule))
@@ -85,14 +96,36 @@ def task_table(trace) -> dict:
                 "busy_us": sum(durs),
             }
         )
-    span = max(e["end_ns"] for e in events) - t0
+    end = max(e["end_ns"] for e in events)
+    span = end - t0
+    idle = _idle_before(events, end)
+    for row in tasks:
+        row["idle_before_us"] = idle.get(row["task"], 0.0)
     return {
         "span_us": span / 1e3,
         "records": len(events),
         "dropped": trace.dropped,
         "sms": len({e["sm"] for e in events}),
         "tasks": tasks,
+        "idle_after_us": idle.get(None, 0.0),
     }
+
+
+def _idle_before(events: list[dict], end: int) -> dict:
+    """Per task, the CTA time (µs, summed over CTAs) between an instance's
+    start and the end of the previous instance its CTA ran: its waits, its
+    trigger lookup and the schedule's own loop. Key None: each CTA's time
+    from its last end to the kernel's last end."""
+    by_cta: dict[tuple[int, int], list[dict]] = {}
+    for e in events:
+        by_cta.setdefault((e["sm"], e["cta"]), []).append(e)
+    idle: dict = {}
+    for records in by_cta.values():
+        records.sort(key=lambda e: e["start_ns"])
+        for a, b in zip(records, records[1:], strict=False):
+            idle[b["task"]] = idle.get(b["task"], 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
+        idle[None] = idle.get(None, 0.0) + (end - records[-1]["end_ns"]) / 1e3
+    return idle
 
 
 def format_table(title: str, table: dict) -> str:
@@ -101,7 +134,7 @@ def format_table(title: str, table: dict) -> str:
         f"{table['records']} instances on {table.get('sms', 0)} SMs"
         + (f", {table['dropped']} records dropped" if table["dropped"] else ""),
         f"  {'task':10s} {'inst':>6s} {'median us':>10s} {'first start':>12s} "
-        f"{'last end':>10s} {'busy us':>10s}",
+        f"{'last end':>10s} {'busy us':>10s} {'idle before':>12s}",
     ]
     for t in table["tasks"]:
         if not t["instances"]:
@@ -109,8 +142,10 @@ def format_table(title: str, table: dict) -> str:
             continue
         lines.append(
             f"  {t['task']:10s} {t['instances']:6d} {t['median_us']:10.2f} "
-            f"{t['first_start_us']:12.1f} {t['last_end_us']:10.1f} {t['busy_us']:10.1f}"
+            f"{t['first_start_us']:12.1f} {t['last_end_us']:10.1f} {t['busy_us']:10.1f} "
+            f"{t.get('idle_before_us', 0.0):12.1f}"
         )
+    lines.append(f"  idle after each CTA's last instance: {table.get('idle_after_us', 0.0):.1f} us")
     return "\n".join(lines)
 
 

@@ -415,6 +415,8 @@ class Graph:
         grid_t = self._grid(grid, where)
         args_t = self._args(args, where)
         trigger = self._trigger(triggered_by, grid_t, where)
+        if trigger is not None:
+            self._check_triggered_prefetch(function, where)
         coords = grid_t if trigger is None else (*grid_t, trigger.event.shape[0])
         args_t = self._append_maps(function, coords, args_t)
         self._check_signature(function, coords, args_t, where, trigger is not None)
@@ -590,6 +592,22 @@ class Graph:
                 + ("; a triggered task's phase must be an int" if triggered else "")
             )
         return result
+
+    @staticmethod
+    def _check_triggered_prefetch(function: DeviceFunction, where: str) -> None:
+        """A triggered instance may run its prefetch twice (a guessed, then
+        the found coordinate: ``docs/scheduling.md``); the static schedule
+        drains ``cp.async`` copies in between, so a prefetch that fills shared
+        memory may use nothing else (bulk copies, mbarriers)."""
+        if not getattr(function, "prefetch_fills_shared", False):
+            return
+        text = function.source.split(f"func.func @{function.prefetch}(", 1)[-1]
+        if "cp.async.bulk" in text or "mbarrier" in text:
+            raise GraphError(
+                f"{where}: tile '{function.name}' has a prefetch that fills shared memory "
+                "with bulk copies or mbarriers; a triggered task may run it twice and can "
+                "only drain cp.async copies in between"
+            )
 
     def _trigger(self, spec: Any, grid: tuple[Size, ...], where: str) -> Trigger | None:
         if spec is None:

@@ -34,11 +34,12 @@ def _moe_small_ring():
     from dataclasses import replace
 
     # The decode preset's cp.async weight ring, with rotated k loops (several
-    # k groups, so rotation moves the start) and A loaded a group ahead.
+    # k groups, so rotation moves the start) and A loaded a group ahead; the
+    # permute and combine with 3 pairs per thread per step (a clamped tail).
     ring = (("stages", 3), ("unroll", 1), ("rotate_k", True))
     return replace(
         MOE_SMALL, hidden=512, inter=256, gate_up_options=ring,
-        down_options=(*ring, ("a_ahead", 1)),
+        down_options=(*ring, ("a_ahead", 1)), permute_unroll=3, combine_unroll=3,
     )  # fmt: skip
 
 
@@ -52,17 +53,62 @@ def _moe_small_tma():
     # TMA GEMM tiles (sm_90a): 128-row blocks, 2 stages over 4 (gate/up) and 3
     # (down) k-tiles, so stages are refilled; experts past 128 rows take two
     # blocks. The router's logits on the TMA tile too (float32 out), in two
-    # 8-expert blocks per 128 tokens.
+    # 8-expert blocks per 128 tokens, on a 3-stage ring.
     tma = (("core", "tma"), ("stages", 2), ("smem_limit", 220 << 10))
     return MoEConfig(
         hidden=256, inter=192, experts=16, topk=2, block_m=128, block_n_gu=64, block_n_dn=64,
         router_block=128, router_experts=8, topk_block=4, combine_block=3, gemm="tc",
-        gate_up_options=tma, down_options=tma, router="tc",
+        gate_up_options=tma, down_options=tma, router="tc", router_stages=3,
     )  # fmt: skip
 
 
 #: The same layer on the TMA + wgmma GEMM tiles (compile for sm_90a).
 MOE_SMALL_TMA = _moe_small_tma()
+
+
+def _moe_small_split():
+    from dataclasses import replace
+
+    # 64-row TMA tiles whose two warpgroups split the columns (split_n): each
+    # takes 32 gate/up and 64 down columns of the same rows.
+    tma = (("core", "tma"), ("stages", 2), ("smem_limit", 220 << 10), ("split_n", True))
+    return replace(MOE_SMALL_TMA, block_m=64, block_n_dn=128, gate_up_options=tma, down_options=tma)
+
+
+#: MOE_SMALL_TMA on 64-row split_n tiles (sm_90a).
+MOE_SMALL_SPLIT = _moe_small_split()
+
+
+def _moe_small_sub():
+    from dataclasses import replace
+
+    # One instance per 192 gate/up columns (3 passes of 64) and 256 down
+    # columns (2 passes of 128): the pipeline restarts inside an instance.
+    tma = (("core", "tma"), ("stages", 2), ("smem_limit", 220 << 10))
+    return replace(
+        MOE_SMALL_TMA, block_n_gu=192, block_n_dn=256,
+        gate_up_options=(*tma, ("sub_n", 64)), down_options=(*tma, ("sub_n", 128)),
+    )  # fmt: skip
+
+
+#: MOE_SMALL_TMA with several pipeline passes per tile (sub_n, sm_90a).
+MOE_SMALL_SUB = _moe_small_sub()
+
+
+def _moe_small_ring_prefetch():
+    from dataclasses import replace
+
+    # The weight ring's first groups filled by the tiles' prefetch functions,
+    # which a triggered task calls once it knows its expert (before the wait).
+    return replace(
+        MOE_SMALL_RING,
+        gate_up_options=(*MOE_SMALL_RING.gate_up_options, ("prefetch_ring", True)),
+        down_options=(*MOE_SMALL_RING.down_options, ("prefetch_ring", 1)),
+    )
+
+
+#: MOE_SMALL_RING with prefetch_ring tiles.
+MOE_SMALL_RING_PREFETCH = _moe_small_ring_prefetch()
 
 
 def diamond() -> etc.Graph:

@@ -42,6 +42,9 @@ from graphs import (  # noqa: E402
     GRAPHS,
     MOE_SMALL,
     MOE_SMALL_RING,
+    MOE_SMALL_RING_PREFETCH,
+    MOE_SMALL_SPLIT,
+    MOE_SMALL_SUB,
     MOE_SMALL_TMA,
     SCHEDULES,
     llama_tiny_variants,
@@ -102,16 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         (f"moe_small_{suffix}", moe_graph, schedule, early)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
-    moe_ring = moe.build_moe_graph(MOE_SMALL_RING, name="moe_small_ring")
-    jobs += [
-        (f"moe_small_ring_{suffix}", moe_ring, schedule, early)
-        for suffix, (schedule, early) in SCHEDULES.items()
-    ]
+    for tiles, cfg in (("ring", MOE_SMALL_RING), ("ringpf", MOE_SMALL_RING_PREFETCH)):
+        moe_ring = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
+        jobs += [
+            (f"moe_small_{tiles}_{suffix}", moe_ring, schedule, early)
+            for suffix, (schedule, early) in SCHEDULES.items()
+        ]
     options: dict[str, dict] = {}  # more etc.compile options, by artifact
-    moe_tma = moe.build_moe_graph(MOE_SMALL_TMA, name="moe_small_tma")
-    for suffix, (schedule, early) in SCHEDULES.items():
-        jobs.append((f"moe_small_tma_{suffix}", moe_tma, schedule, early))
-        options[f"moe_small_tma_{suffix}"] = {"target": "sm_90a"}
+    for tiles, cfg in (("tma", MOE_SMALL_TMA), ("split", MOE_SMALL_SPLIT), ("sub", MOE_SMALL_SUB)):
+        moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
+        for suffix, (schedule, early) in SCHEDULES.items():
+            jobs.append((f"moe_small_{tiles}_{suffix}", moe_tma, schedule, early))
+            options[f"moe_small_{tiles}_{suffix}"] = {"target": "sm_90a"}
     from etc.models import llama
 
     bucketed = []  # (name, configuration, schedule, early push): one artifact, two kernels

@@ -18,7 +18,15 @@ import etc.runtime
 from etc.models import moe as M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graphs import MOE_SMALL, MOE_SMALL_RING, MOE_SMALL_TMA, SCHEDULES  # noqa: E402
+from graphs import (  # noqa: E402
+    MOE_SMALL,
+    MOE_SMALL_RING,
+    MOE_SMALL_RING_PREFETCH,
+    MOE_SMALL_SPLIT,
+    MOE_SMALL_SUB,
+    MOE_SMALL_TMA,
+    SCHEDULES,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,11 +34,18 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("tiles", ["", "_tma", "_ring"])
+@pytest.mark.parametrize("tiles", ["", "_tma", "_ring", "_ringpf", "_split", "_sub"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("routing", ["uniform", "one-expert", "few-experts"])
 def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing: str) -> None:
-    cfg = {"": MOE_SMALL, "_tma": MOE_SMALL_TMA, "_ring": MOE_SMALL_RING}[tiles]
+    cfg = {
+        "": MOE_SMALL,
+        "_tma": MOE_SMALL_TMA,
+        "_ring": MOE_SMALL_RING,
+        "_ringpf": MOE_SMALL_RING_PREFETCH,
+        "_split": MOE_SMALL_SPLIT,
+        "_sub": MOE_SMALL_SUB,
+    }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
     graph = M.build_moe_graph(cfg, name=name)

@@ -239,6 +239,33 @@ def test_tile_configuration_errors():
         M.MoEConfig(router_block=12, topk_block=8)
     with pytest.raises(etc.GraphError, match="block_n_gu"):
         M.MoEConfig(inter=100, block_n_gu=64)
+    for key in ("permute_unroll", "combine_unroll", "router_stages"):
+        with pytest.raises(etc.GraphError, match=f"{key} must be a positive int, got 0"):
+            M.MoEConfig(**{key: 0})
+    with pytest.raises(etc.GraphError, match="unroll must be"):
+        T_.combine(2, 2, 64, unroll=0)
+    with pytest.raises(etc.GraphError, match="prefetch_ring fills the weight ring early: give"):
+        G.moe_gate_up(16, 32, 512, 256, experts=8, prefetch_ring=True)
+    with pytest.raises(etc.GraphError, match=r"prefetch_ring=4 groups: the ring has room for 1..3"):
+        G.moe_down(16, 64, 512, 256, experts=8, stages=4, unroll=1, prefetch_ring=4)
+
+
+def test_ring_prefetch_tiles():
+    """prefetch_ring: @<name>__prefetch fills the ring's first groups (same
+    rows and columns as the body, which starts with them in flight)."""
+    from etc.tiles import gemm as G
+
+    gu = G.moe_gate_up(16, 32, 512, 256, experts=8, stages=4, unroll=1, prefetch_ring=True)
+    dn = G.moe_down(16, 64, 512, 256, experts=8, stages=3, unroll=1, prefetch_ring=1)
+    plain = G.moe_down(16, 64, 512, 256, experts=8, stages=3, unroll=1)
+    assert gu.prefetch == "moe_gate_up__prefetch" and gu.prefetch_fills_shared
+    assert dn.prefetch == "moe_down__prefetch" and plain.prefetch is None
+    commits = "nvvm.cp.async.commit.group"
+    body, prefetch = dn.source.split("func.func @moe_down__prefetch")
+    # The prefetch commits the ring's first group; the body one group fewer.
+    assert prefetch.count(commits) == 1
+    assert body.count(commits) == plain.source.count(commits) - 1
+    assert gu.source.split("func.func @moe_gate_up__prefetch")[1].count(commits) == 3
 
 
 # ----------------------------------------------------------------------------
@@ -330,7 +357,11 @@ def test_graph_needs_trigger_api_or_builds():
 # ----------------------------------------------------------------------------
 @needs_bindings
 @needs_ptxas
-@pytest.mark.parametrize("cfg", [SMALL, M.MoEConfig()], ids=["small", "qwen3"])
+@pytest.mark.parametrize(
+    "cfg",
+    [SMALL, M.MoEConfig(), M.MoEConfig(permute_unroll=3, combine_unroll=2)],
+    ids=["small", "qwen3", "qwen3-unrolled"],
+)
 def test_small_tiles_compile(cfg):
     # Every non-GEMM task of the unfused path: its own graph, compiled to a cubin.
     compiled = []
@@ -358,15 +389,20 @@ def test_presets_are_the_measured_configurations() -> None:
     assert (decode.gemm, decode.block_m, decode.block_n_gu, decode.block_n_dn) == (
         "reg",
         16,
-        16,
+        32,
         64,
     )
-    assert dict(decode.gate_up_options) == {"stages": 4, "unroll": 2, "rotate_k": True}
+    assert dict(decode.gate_up_options) == {
+        "stages": 4, "unroll": 2, "rotate_k": True, "prefetch_ring": True
+    }  # fmt: skip
     assert dict(decode.down_options)["rotate_k"] is True
+    assert dict(decode.down_options)["prefetch_ring"] is True
     assert (prefill.gemm, prefill.block_m, prefill.router) == ("tc", 128, "tc")
     assert dict(prefill.gate_up_options)["core"] == "tma"
-    assert M.PRESET_TARGETS == {"decode": "sm_90", "prefill": "sm_90a"}
-    assert M.PRESET_MIN_CTAS_PER_SM == {"decode": 2, "prefill": 0}
+    mid = M.preset("mid")
+    assert (mid.block_m, dict(mid.gate_up_options)["split_n"]) == (64, True)
+    assert M.PRESET_TARGETS == {"decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"}
+    assert M.PRESET_MIN_CTAS_PER_SM == {"decode": 2, "prefill": 0, "mid": 0}
     assert M.preset("decode", hidden=64, inter=32, experts=8, topk=2).hidden == 64
     with pytest.raises(etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode"):
         M.preset("fast")

@@ -252,6 +252,29 @@ def test_moe_tma_references():
         assert rel_err(bf16_to_f32(Hb[r]), g / (1 + np.exp(-g)) * u) <= 1e-2
 
 
+def test_split_and_sub_tiles_loads_and_errors():
+    """split_n: a 64-row block whose warpgroups take column halves (each its
+    gate rows next to its up rows, wgmma n = b_rows / 2); sub_n: several
+    pipeline passes per tile (one TMA box per pass's columns)."""
+    gu = G.moe_gate_up(64, 128, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True)
+    assert gu.tensor_maps == {5: (0, (64, 64)), 6: (1, (64, 64))}
+    # A and four B boxes (gate, up per warpgroup), in the 3 prologue issues and the refill.
+    assert "m64n128k16" in gu.source and gu.source.count("cp.async.bulk.tensor") == 5 * 4
+    dn = G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128)
+    assert dn.tensor_maps == {5: (0, (128, 64)), 6: (1, (128, 64))}
+    assert "m64n128k16" in dn.source and "scf.for %pass_" in dn.source
+    with pytest.raises(GraphError, match="shared by all, split_n"):
+        G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True)
+    with pytest.raises(GraphError, match="split_n needs core='tma'"):
+        G.moe_down(64, 128, H, I, experts=E, split_n=True)
+    with pytest.raises(GraphError, match="sub_n=96 must divide block_n=256"):
+        G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=96)
+    with pytest.raises(GraphError, match="sub_n needs core='tma'"):
+        G.moe_down(128, 256, H, I, experts=E, sub_n=128)
+    with pytest.raises(GraphError, match=r"per warpgroup \(b_rows=8 over 2\)"):
+        G.moe_down(64, 8, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True)
+
+
 def test_tma_configuration_errors():
     with pytest.raises(GraphError, match="k=96 must be a multiple of 64"):
         dense_tma(k=96)
@@ -281,6 +304,8 @@ def sm90a_ptxas(ptx: str, tmp_path: Path) -> str:
         (lambda: dense_tma(128, 256, 256, stages=4), DENSE, ("m", "n"), 256),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM), MOE_GU, ("m", E), 128),
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM), MOE_DN, ("m", E), 128),
+        (lambda: G.moe_gate_up(64, 128, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True), MOE_GU, ("m", E), 128),
+        (lambda: G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128), MOE_DN, ("m", E), 128),
         (lambda: CT.gemm_chunk(128, 128, 256, core="tma", smem_limit=SMEM), None, None, 128),
     ],
 )  # fmt: skip

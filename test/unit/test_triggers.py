@@ -259,3 +259,17 @@ def test_compiles_and_records_the_trigger(schedule: str, tmp_path: Any) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(LaunchError, match="trigger.indptr"):
         load_manifest(tmp_path)
+
+
+def test_triggered_prefetch_may_only_fill_shared_memory_with_cp_async() -> None:
+    # A triggered instance may run its prefetch for a guessed coordinate and
+    # again for the one found; only cp.async copies are drained in between.
+    from etc.tiles import gemm as G
+
+    g, n, ready, indptr = _base()
+    bulk = G.layer_gemm(16, 64, 256, 256, layers=None, core="bulk", stages=2, kc=128)
+    assert bulk.prefetch_fills_shared
+    with pytest.raises(GraphError, match="task 't': tile '.*' has a prefetch that fills shared"):
+        g.task(bulk, grid=(4 * n,), triggered_by=(ready, indptr), name="t")
+    ring = G.moe_down(16, 64, 256, 128, experts=4, stages=3, unroll=1, prefetch_ring=True)
+    etc.Graph._check_triggered_prefetch(ring, "task 'u'")  # cp.async only: accepted

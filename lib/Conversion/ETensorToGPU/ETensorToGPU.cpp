@@ -205,7 +205,9 @@ private:
   Value indptrEntry(DispatchOp dispatch, Value at);
   Value allThreads(Value pred);
   std::pair<Value, Value> waitForTrigger(DispatchOp dispatch, Value linear,
-                                         Value &valid);
+                                         Value &valid, Operation *prefetch);
+  void callTriggeredPrefetch(DispatchOp dispatch, Operation *prefetch,
+                             Value coordinate);
   void lowerNotify(NotifyOp notify);
   Block &mapGridCoordinates(DispatchOp dispatch, Value linear);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
@@ -542,8 +544,16 @@ Value KernelBuilder::allThreads(Value pred) {
 /// contract, as under the dynamic one) and are read again: if the instance
 /// is not in that range (the first read saw a table still being written) or
 /// was past `indptr[C]`, it waits for the whole event and searches again.
+///
+/// `prefetch` (the task's prefetch call, or null) runs once the coordinate
+/// is known and before the trigger wait: an expert's weights load while its
+/// activations are still being written. When the second search finds another
+/// coordinate, the guessed prefetch's copies are drained (`cp.async`: the
+/// only asynchronous copies a prefetch issues into shared memory) and the
+/// prefetch runs again for the coordinate found.
 std::pair<Value, Value>
-KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid) {
+KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid,
+                              Operation *prefetch) {
   Value event = dispatch.getTriggerEvent();
   int64_t taskId = dispatch.getTask();
   EventInfo &info = events[event];
@@ -555,6 +565,7 @@ KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid) {
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifGuess.thenBlock());
+    callTriggeredPrefetch(dispatch, prefetch, guess);
     Value ok = waitOnCoordinate(info, guess, waitCount(info, ValueRange{guess}),
                                 taskId, linear);
     Value lo = indptrEntry(dispatch, guess);
@@ -584,10 +595,28 @@ KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid) {
     Value wholeOk = waitForWholeEvent(event, taskId, linear);
     Value found;
     Value coordinate = findTriggerCoordinate(dispatch, linear, found);
+    if (prefetch) {
+      asmVoid("cp.async.wait_all;", "", ValueRange());
+      auto ifFound = scf::IfOp::create(b, TypeRange(), found, false);
+      OpBuilder::InsertionGuard foundGuard(b);
+      b.setInsertionPointToStart(ifFound.thenBlock());
+      callTriggeredPrefetch(dispatch, prefetch, coordinate);
+    }
     scf::YieldOp::create(b, ValueRange{wholeOk, coordinate, found});
   }
   valid = ifFast.getResult(2);
   return {ifFast.getResult(0), ifFast.getResult(1)};
+}
+
+/// The prefetch call of a triggered instance whose trigger coordinate (the
+/// body's second argument) is `coordinate`.
+void KernelBuilder::callTriggeredPrefetch(DispatchOp dispatch,
+                                          Operation *prefetch,
+                                          Value coordinate) {
+  if (!prefetch)
+    return;
+  mapping.map(dispatch.getBody().front().getArgument(1), coordinate);
+  b.clone(*prefetch, mapping);
 }
 
 /// CTA barrier so the whole task's writes happen-before thread 0's release
@@ -625,13 +654,18 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
 
   Value ok = arith::ConstantIntOp::create(b, 1, 1);
   auto it = body.begin();
+  // A triggered task's prefetch needs its coordinate: waitForTrigger calls it.
+  Operation *triggeredPrefetch = nullptr;
   // Waits lead the body (etensor-static-schedule puts them there). A
   // triggered task's in-edges cannot use its trigger coordinate, so they
   // come first: they may guard the tables the trigger reads.
   for (; it != body.end(); ++it) {
     // Index arithmetic of the edge maps (constants, divisions) feeds them.
     if (isHoistable(*it)) {
-      b.clone(*it, mapping);
+      if (dispatch.getTriggerEvent() && isa<func::CallOp>(*it))
+        triggeredPrefetch = &*it;
+      else
+        b.clone(*it, mapping);
       continue;
     }
     auto wait = dyn_cast<WaitOp>(*it);
@@ -650,7 +684,8 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
       OpBuilder::InsertionGuard triggerGuard(b);
       b.setInsertionPointToStart(ifIn.thenBlock());
       Value valid;
-      auto [triggerOk, coordinate] = waitForTrigger(dispatch, linear, valid);
+      auto [triggerOk, coordinate] =
+          waitForTrigger(dispatch, linear, valid, triggeredPrefetch);
       scf::YieldOp::create(b, ValueRange{triggerOk, coordinate, valid});
       b.setInsertionPointToStart(ifIn.elseBlock());
       Value no = arith::ConstantIntOp::create(b, 0, 1);

@@ -64,39 +64,63 @@ __all__ = [
 
 _TMA_OPTIONS = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
 
+_PREFILL = dict(
+    gemm="tc",
+    block_m=128,
+    block_n_gu=128,
+    block_n_dn=256,
+    router="tc",
+    router_block=128,
+    router_experts=128,
+    gate_up_options=_TMA_OPTIONS,
+    down_options=_TMA_OPTIONS,
+)
+_SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("split_n", True))
+
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
-#: ``decode`` (T <= 16: 16-row tiles, narrow column blocks so a few active
-#: experts still fill the GPU, weights through a per-thread ``cp.async``
-#: ring of 4 stages, k loops rotated per tile) and ``prefill`` (T >= 128:
-#: 128-row ``etc.tiles.gemm_tc`` tiles fed by TMA, gate/up 128 and down 256
-#: columns, 4 stages, and the router's logits on the same tile; compile for
-#: ``PRESET_TARGETS["prefill"]``, sm_90a).
+#:
+#: * ``decode`` (T <= 16): 16-row tiles, narrow column blocks so a few
+#:   active experts still fill the GPU (32-column gate/up: one wave of 192
+#:   instances at T = 1), weights through a per-thread ``cp.async`` ring of
+#:   4 stages whose first groups the tiles' prefetch functions fill once an
+#:   instance knows its expert, before it waits for the expert's rows; k
+#:   loops rotated per tile.
+#: * ``prefill`` (T >= 1024): 128-row ``etc.tiles.gemm_tc`` tiles fed by
+#:   TMA, gate/up 128 and down 256 columns, 4 stages, and the router's
+#:   logits on the same tile.
+#: * ``mid`` (T around 128: a few rows per expert): ``prefill`` on 64-row
+#:   tiles whose two warpgroups split the columns (``split_n``), 5 stages.
+#:
+#: Compile for ``PRESET_TARGETS`` (TMA and wgmma are sm_90a) with
+#: ``PRESET_MIN_CTAS_PER_SM``.
 PRESETS: dict[str, dict[str, Any]] = {
     "decode": dict(
         block_m=16,
-        block_n_gu=16,
+        block_n_gu=32,
         block_n_dn=64,
-        gate_up_options=(("stages", 4), ("unroll", 2), ("rotate_k", True)),
-        down_options=(("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True)),
-    ),
-    "prefill": dict(
-        gemm="tc",
-        block_m=128,
-        block_n_gu=128,
-        block_n_dn=256,
-        router="tc",
-        router_block=128,
-        router_experts=128,
-        gate_up_options=_TMA_OPTIONS,
-        down_options=_TMA_OPTIONS,
-    ),
+        gate_up_options=(
+            ("stages", 4),
+            ("unroll", 2),
+            ("rotate_k", True),
+            ("prefetch_ring", True),
+        ),
+        down_options=(
+            ("warps", (1, 4, 2)),
+            ("stages", 4),
+            ("unroll", 2),
+            ("rotate_k", True),
+            ("prefetch_ring", True),
+        ),
+    ),  # fmt: skip
+    "prefill": _PREFILL,
+    "mid": dict(_PREFILL, block_m=64, gate_up_options=_SPLIT_OPTIONS, down_options=_SPLIT_OPTIONS),
 }
 #: The target each preset needs (wgmma and TMA are sm_90a).
-PRESET_TARGETS = {"decode": "sm_90", "prefill": "sm_90a"}
+PRESET_TARGETS = {"decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"}
 #: ``etc.compile(min_ctas_per_sm=...)`` for the presets: the decode kernel
 #: otherwise takes its hungriest tile's 255 registers (one CTA per SM); the
-#: prefill tiles' 192 KiB rings allow one CTA per SM anyway (0: no cap).
-PRESET_MIN_CTAS_PER_SM = {"decode": 2, "prefill": 0}
+#: TMA tiles' rings of 192-200 KiB allow one CTA per SM anyway (0: no cap).
+PRESET_MIN_CTAS_PER_SM = {"decode": 2, "prefill": 0, "mid": 0}
 
 
 def preset(name: str, **overrides: Any) -> MoEConfig:
@@ -142,6 +166,13 @@ class MoEConfig:
     topk_block: int = 8
     combine_block: int = 4
     block_size: int = 256
+    #: (row, chunk) pairs a permute thread moves per step, and (token, chunk)
+    #: pairs a combine thread sums per step: the loads each thread keeps in
+    #: flight (``etc.tiles.moe.permute`` / ``combine``).
+    permute_unroll: int = moe_tiles.PERMUTE_UNROLL
+    combine_unroll: int = 1
+    #: Pipeline stages of the router's TMA tile (``router="tc"``).
+    router_stages: int = 4
     #: GEMM tiles: "reg" (etc.tiles.gemm, fragments streamed from global
     #: memory: decode) or "tc" (etc.tiles.gemm_tc, cp.async + ldmatrix
     #: pipeline: prefill), with extra keyword options for each tile.
@@ -169,6 +200,9 @@ class MoEConfig:
             "topk_block",
             "combine_block",
             "block_size",
+            "permute_unroll",
+            "combine_unroll",
+            "router_stages",
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -318,8 +352,10 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
         "topk": moe_tiles.router_topk(RB, TB, E, K, block_size=bs),
         "clear": moe_tiles.clear_counts(E, block_size=bs),
         "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
-        "permute": moe_tiles.permute(E, K, H, block_size=bs),
-        "combine": moe_tiles.combine(cfg.combine_block, K, H, block_size=bs),
+        "permute": moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs),
+        "combine": moe_tiles.combine(
+            cfg.combine_block, K, H, unroll=cfg.combine_unroll, block_size=bs
+        ),
     }
 
 
@@ -332,7 +368,7 @@ def _router_tile(cfg: MoEConfig) -> DeviceFunction:
     # Logits = X @ Wr^T in float32, a 128-token x EC-expert block per CTA.
     return gemm_tc.gemm(
         cfg.router_block, cfg.router_experts, H, name="moe_logits_tc", block_size=bs,
-        core="tma", stages=4, smem_limit=220 << 10, out_dtype="f32",
+        core="tma", stages=cfg.router_stages, smem_limit=220 << 10, out_dtype="f32",
     )  # fmt: skip
 
 

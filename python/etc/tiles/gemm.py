@@ -926,6 +926,44 @@ def _moe_prologue(
     return r0, r1, n0
 
 
+def _ring_early(name: str, stages: int | None, prefetch_ring: bool | int) -> int:
+    """Ring groups a ``prefetch_ring`` tile's prefetch function fills (0: none)."""
+    if not prefetch_ring:
+        return 0
+    if not stages:
+        raise GraphError(f"tile '{name}': prefetch_ring fills the weight ring early: give stages")
+    early = stages - 1 if prefetch_ring is True else int(prefetch_ring)
+    if not 0 < early < stages:
+        raise GraphError(
+            f"tile '{name}': prefetch_ring={prefetch_ring} groups: the ring has room for "
+            f"1..{stages - 1} ahead (stages={stages})"
+        )
+    return early
+
+
+def _moe_source(
+    name: str, signature: str, what: str, tile: Callable, body: dict, early: int
+) -> str:
+    """An expert tile's MLIR: ``tile(t)`` opens its rows and columns and
+    returns ``_body``'s row-dependent arguments; with ``early``, also
+    ``@<name>__prefetch`` filling the ring's first groups (same
+    thread-to-slot mapping as the body)."""
+    t = _Text()
+    rows, _ = tile(t)
+    globals_ = _body(t, **body, **rows, part="body" if early else "all")
+    t.close()
+    source = _source(name, signature, t, globals_, what)
+    if early:
+        tp = _Text()
+        rows, _ = tile(tp)
+        _body(tp, **body, **rows, part="fill")
+        tp.close()
+        source += _source(
+            f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first groups"
+        )
+    return source
+
+
 def _moe_loop_options(name: str, stages: int, rotate_k: bool, a_ahead: int) -> dict:
     """``_body``'s ``rotate`` and ``a_ahead`` for an expert tile: ``rotate_k``
     starts tile ``i``'s k loop at chunk group ``i mod groups`` (the tiles of
@@ -961,6 +999,7 @@ def moe_gate_up(
     stages: int | None = None,
     rotate_k: bool = False,
     a_ahead: int = 0,
+    prefetch_ring: bool | int = False,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``.
 
@@ -972,8 +1011,11 @@ def moe_gate_up(
     the gate and the up fragment of the same columns, so the epilogue is
     local to the thread (``2 * NF`` weight fragments per warp).
 
-    ``rotate_k`` and ``a_ahead`` are :func:`layer_gemm`'s, ``rotate_k``
-    rotating by the tile index ``i``."""
+    ``rotate_k``, ``a_ahead`` and ``prefetch_ring`` are :func:`layer_gemm`'s,
+    ``rotate_k`` rotating by the tile index ``i``. Under the static schedule
+    a triggered task's prefetch runs once the instance has found its expert
+    and before it waits for the expert's rows, so the weights stream while
+    the rows are still being written."""
     _positive(name, "inter", inter)
     wm, wn, wk, unroll = plan_warps(
         name, block_m, block_n, hidden, block_size, warps, unroll, b_per_n=2
@@ -983,35 +1025,38 @@ def moe_gate_up(
         name, hidden, wk, unroll, 2 * (block_n // (8 * wn)), block_size, stages, prefetch
     )
     _check_moe(name, block_n, inter, "inter")
+    early = _ring_early(name, stages, prefetch_ring)
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
     xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
-    t = _Text()
-    r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
-    wcol = _warp_cols(t, n0, wm, wn, nf)
 
-    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
-        off = 8 * (f % nf) + (inter if f >= nf else 0)
-        r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
-        r = t.op("brow", f"arith.addi {r}, {grp} : index")
-        return "%Wgu", wt, f"%e, {r}"
+    def tile(t: _Text) -> tuple[dict, str]:
+        r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
+        wcol = _warp_cols(t, n0, wm, wn, nf)
 
-    def epilogue(t: _Text, acc, rows, col_lane) -> None:
-        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-        _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
+        def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+            off = 8 * (f % nf) + (inter if f >= nf else 0)
+            r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
+            r = t.op("brow", f"arith.addi {r}, {grp} : index")
+            return "%Wgu", wt, f"%e, {r}"
 
-    globals_ = _body(
-        t, name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
-        mf=mf, nf=nf, a=("%Xp", xt), b_rows=b_rows, nb=2 * nf, r0=r0, r1=r1, epilogue=epilogue,
+        def epilogue(t: _Text, acc, rows, col_lane) -> None:
+            cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+            _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
+
+        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue), wcol
+
+    body = dict(
+        name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
+        mf=mf, nf=nf, a=("%Xp", xt), nb=2 * nf, early=early,
         **_moe_loop_options(name, stages, rotate_k, a_ahead),
     )  # fmt: skip
-    t.close()
-    source = _source(
-        name, _mma.gate_up_signature(xt, wt, ht, it), t, globals_,
-        f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks",
-    )  # fmt: skip
+    what = f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks"
+    source = _moe_source(name, _mma.gate_up_signature(xt, wt, ht, it), what, tile, body, early)
     reference = _mma.gate_up_reference(block_m, block_n, inter)
-    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn.prefetch_fills_shared = bool(early)
+    return fn
 
 
 def moe_down(
@@ -1029,46 +1074,50 @@ def moe_down(
     stages: int | None = None,
     rotate_k: bool = False,
     a_ahead: int = 0,
+    prefetch_ring: bool | int = False,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)``.
 
     Columns ``n in [nb*BN, nb*BN + BN)`` of ``hidden``, reduction over
     ``inter``. Buffers: ``Hb: memref<?xIxbf16>``, ``Wd: memref<?xHxIxbf16>``,
     ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``.
-    ``rotate_k`` and ``a_ahead`` as :func:`moe_gate_up`'s."""
+    ``rotate_k``, ``a_ahead`` and ``prefetch_ring`` as :func:`moe_gate_up`'s."""
     _positive(name, "hidden", hidden)
     wm, wn, wk, unroll = plan_warps(name, block_m, block_n, inter, block_size, warps, unroll)
     prefetch = plan_prefetch(name, block_m, inter, wk, unroll, prefetch)
     stages = plan_stages(name, inter, wk, unroll, block_n // (8 * wn), block_size, stages, prefetch)
     _check_moe(name, block_n, hidden, "hidden")
+    early = _ring_early(name, stages, prefetch_ring)
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
     ht, wt, yt = _mma.down_types(hidden, inter, ed)
-    t = _Text()
-    r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
-    wcol = _warp_cols(t, n0, wm, wn, nf)
 
-    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
-        r = t.op("brow", f"arith.addi {wcol}, %c{8 * f}_ : index") if f else wcol
-        r = t.op("brow", f"arith.addi {r}, {grp} : index")
-        return "%Wd", wt, f"%e, {r}"
+    def tile(t: _Text) -> tuple[dict, str]:
+        r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
+        wcol = _warp_cols(t, n0, wm, wn, nf)
 
-    def epilogue(t: _Text, acc, rows, col_lane) -> None:
-        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-        _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
+        def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+            r = t.op("brow", f"arith.addi {wcol}, %c{8 * f}_ : index") if f else wcol
+            r = t.op("brow", f"arith.addi {r}, {grp} : index")
+            return "%Wd", wt, f"%e, {r}"
 
-    globals_ = _body(
-        t, name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
-        mf=mf, nf=nf, a=("%Hb", ht), b_rows=b_rows, nb=nf, r0=r0, r1=r1, epilogue=epilogue,
+        def epilogue(t: _Text, acc, rows, col_lane) -> None:
+            cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+            _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
+
+        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue), wcol
+
+    body = dict(
+        name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
+        mf=mf, nf=nf, a=("%Hb", ht), nb=nf, early=early,
         **_moe_loop_options(name, stages, rotate_k, a_ahead),
     )  # fmt: skip
-    t.close()
-    source = _source(
-        name, _mma.down_signature(ht, wt, yt, it), t, globals_,
-        f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks",
-    )  # fmt: skip
+    what = f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks"
+    source = _moe_source(name, _mma.down_signature(ht, wt, yt, it), what, tile, body, early)
     reference = _mma.down_reference(block_m, block_n)
-    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn.prefetch_fills_shared = bool(early)
+    return fn
 
 
 #: Epilogues of :func:`layer_gemm`.
@@ -1296,12 +1345,7 @@ def layer_gemm(
             f"neither a_ring nor prefetch_weights (stages={stages}, a_ring={a_ring}, "
             f"prefetch_weights={prefetch_weights})"
         )
-    early = (stages - 1 if prefetch_ring is True else int(prefetch_ring)) if prefetch_ring else 0
-    if prefetch_ring and not 0 < early < stages:
-        raise GraphError(
-            f"tile '{name}': prefetch_ring={prefetch_ring} groups: the ring has room for "
-            f"1..{stages - 1} ahead (stages={stages})"
-        )
+    early = _ring_early(name, stages, prefetch_ring)
     if row_scale is not None and rmsnorm is not None:
         raise GraphError(f"tile '{name}': give rmsnorm or row_scale (a folded norm), not both")
     _check_a_ahead(name, a_ahead, stages, a_ring)

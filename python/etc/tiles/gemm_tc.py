@@ -568,16 +568,23 @@ def _body_wgmma(
     return globals_
 
 
-def _wgmma_epilogue(t: _Text, final, b_rows: int, group, warp, lane, r0: str, epilogue) -> None:
+def _wgmma_epilogue(
+    t: _Text, final, b_rows: int, group, warp, lane, r0: str, epilogue, split_n: bool = False
+) -> None:
     """Hand a warpgroup's ``m64nN`` accumulators to ``epilogue`` in the
     ``mma.sync`` fragment layout: d[4f + q] is row lane/4 (q < 2) or lane/4 + 8
-    of the warp's 16, column 8f + 2 * (lane % 4) + q % 2."""
+    of the warp's 16, column 8f + 2 * (lane % 4) + q % 2. Warpgroups own
+    64-row slices (the epilogue's ``wn_i`` is 0) or, ``split_n``, column
+    slices of the same 64 rows (``wn_i`` is the warpgroup)."""
     acc_f = [[[final[4 * f + q] for q in range(4)] for f in range(b_rows // 8)]]
     grp = t.bin("divui", lane, 4)
     tig = t.bin("remui", lane, 4)
-    rbase = t.add(t.add(t.add(r0, t.mul(group, 64)), t.mul(warp, 16)), grp)
+    if split_n:
+        rbase = t.add(t.add(r0, t.mul(warp, 16)), grp)
+    else:
+        rbase = t.add(t.add(t.add(r0, t.mul(group, 64)), t.mul(warp, 16)), grp)
     rows = [rbase, t.add(rbase, 8)]
-    epilogue(t, acc_f, rows, t.c(0), t.mul(tig, 2))
+    epilogue(t, acc_f, rows, group if split_n else t.c(0), t.mul(tig, 2))
 
 
 # One TMA load: (the map's address as i64, first row (index), rows).
@@ -637,6 +644,7 @@ def _body_tma(
     r0: str,
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
     stage_output: bool = True,
+    split_n: bool = False,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -652,14 +660,25 @@ def _body_tma(
 
     ``stage_output``: the epilogue's bf16 block goes through the (by then
     idle) ``A`` ring and leaves in coalesced 16-byte row stores (see
-    ``_staged_store``) instead of 4-byte stores from the accumulators."""
-    if block_size % 128 or block_m != 64 * (block_size // 128):
+    ``_staged_store``) instead of 4-byte stores from the accumulators.
+
+    ``split_n``: the warpgroups share one 64-row ``A`` block and each takes
+    its own ``b_rows / warpgroups`` rows of ``B`` (a 64-row tile: half the
+    rows of an expert's ragged last block wasted on average, not a whole
+    128-row block's worth); the epilogue gets the warpgroup as ``wn_i``."""
+    groups = block_size // 128
+    if block_size % 128 or block_m != (64 if split_n else 64 * groups):
         raise GraphError(
-            f"tile '{name}': wgmma needs warpgroups of 128 threads, each 64 rows: "
+            f"tile '{name}': wgmma needs warpgroups of 128 threads, each 64 rows "
+            f"({'shared by all, split_n' if split_n else 'of its own'}): "
             f"block_m={block_m} with block_size={block_size}"
         )
-    if b_rows % 8 or not 8 <= b_rows <= 256:
-        raise GraphError(f"tile '{name}': wgmma needs block_n in 8..256, a multiple of 8")
+    wg_rows = b_rows // groups if split_n else b_rows
+    if b_rows % (8 * groups if split_n else 8) or not 8 <= wg_rows <= 256:
+        raise GraphError(
+            f"tile '{name}': wgmma needs block_n in 8..256, a multiple of 8"
+            + (f", per warpgroup (b_rows={b_rows} over {groups})" if split_n else "")
+        )
     if k % TMA_BLOCK_K:
         raise GraphError(f"tile '{name}': k={k} must be a multiple of {TMA_BLOCK_K} for TMA")
     if stages < 2:
@@ -748,8 +767,11 @@ def _body_tma(
     t.indent = outer
     t.emit("}")
     t.emit("gpu.barrier")
-    base_a = t.add(base_a, t.mul(group, 64 * bk * 2))
-    nacc = b_rows // 2
+    if split_n:
+        base_b = t.add(base_b, t.mul(group, wg_rows * bk * 2))
+    else:
+        base_a = t.add(base_a, t.mul(group, 64 * bk * 2))
+    nacc = wg_rows // 2
     res, types = t.acc_loop("%kt", kt_n, nacc)
     t.indent = outer + "  "
     stage = t.bin("remui", "%kt", stages)
@@ -762,7 +784,7 @@ def _body_tma(
     for ks in range(bk // 16):
         da = _descriptor(t, t.add(a_stage, 32 * ks))
         db = _descriptor(t, t.add(b_stage, 32 * ks))
-        acc = _wgmma(t, acc, da, db, b_rows)
+        acc = _wgmma(t, acc, da, db, wg_rows)
     acc = _wgmma_wait(t, acc, pending=1)
     # The previous k-tile's wgmma is done: release its stage, and refill it.
     has_prev = t.op("prev", f"arith.cmpi uge, %kt, {t.c(1)} : index")
@@ -795,9 +817,9 @@ def _body_tma(
         t.staging = lambda t, values, cols, out, r1, n_limit: _staged_store(
             t, values, cols, out, r1, n_limit, ring=ring, ring_bytes=stages * a_bytes,
             block_m=block_m, block_size=block_size, tid=tid, group=group, warp=warp,
-            lane=lane, r0=r0,
+            lane=lane, r0=r0, split_n=split_n,
         )  # fmt: skip
-    _wgmma_epilogue(t, final, b_rows, group, warp, lane, r0, epilogue)
+    _wgmma_epilogue(t, final, wg_rows, group, warp, lane, r0, epilogue, split_n)
     t.staging = None
     return globals_
 
@@ -806,7 +828,7 @@ def _staged_store(
     t: _Text, values, cols_at: list[str], out: tuple[str, str], r1: str, n_limit: str | None,
     *, ring: str,
     ring_bytes: int, block_m: int, block_size: int, tid: str, group: str, warp: str,
-    lane: str, r0: str,
+    lane: str, r0: str, split_n: bool = False,
 ) -> bool:  # fmt: skip
     """Store a TMA tile's bf16 block (``values[0][f]``: the wgmma fragment of
     columns ``8f..8f+7``, at ``cols_at[f]``) through shared memory: every thread writes its pairs
@@ -814,10 +836,12 @@ def _staged_store(
     ``r`` at ``c ^ (r % 8)``: conflict-free both ways), then each thread moves
     whole 16-byte chunks to rows ``< r1`` (and columns ``< n_limit``, pair by pair
     at a ragged end or when rows are not 16-byte aligned). Returns False
-    (nothing emitted) when the block does not fit or has under 64 columns."""
-    cols = 8 * len(values[0])
+    (nothing emitted) when the block does not fit or has under 64 columns.
+    ``split_n``: the warpgroups hold column slices of the same rows."""
+    wg_cols = 8 * len(values[0])  # one warpgroup's columns
+    cols = wg_cols * (block_size // 128 if split_n else 1)
     cpr = cols // 8  # 16-byte chunks per row
-    if cols % 64 or block_m * cols * 2 > ring_bytes or (block_m * cpr) % block_size:
+    if wg_cols % 64 or block_m * cols * 2 > ring_bytes or (block_m * cpr) % block_size:
         return False
     mem, mtype = out
     row_bytes = cols * 2
@@ -825,11 +849,17 @@ def _staged_store(
     t.emit("gpu.barrier")
     grp = t.bin("divui", lane, 4)
     tig = t.bin("remui", lane, 4)
-    lrow = t.add(t.add(t.mul(group, 64), t.mul(warp, 16)), grp)  # local row, h = 0
+    if split_n:  # local row, h = 0
+        lrow = t.add(t.mul(warp, 16), grp)
+        chunk0 = t.mul(group, wg_cols // 8)  # a multiple of 8
+    else:
+        lrow = t.add(t.add(t.mul(group, 64), t.mul(warp, 16)), grp)
     for h in range(2):
         row_at = t.add(ring, t.mul(t.add(lrow, 8 * h), row_bytes))
         for f, c in enumerate(values[0]):
             chunk = t.bin("xori", grp, f)  # (f ^ (row % 8)); row % 8 = lane / 4
+            if split_n:
+                chunk = t.add(chunk0, chunk)
             at = t.add(t.add(row_at, t.mul(chunk, 16)), t.mul(tig, 4))
             word = t.op(
                 "w", f"vector.bitcast {bf16_pair(t, c, h)} : vector<2xbf16> to vector<1xi32>"
@@ -838,6 +868,8 @@ def _staged_store(
             _asm_ops(t, "st.shared.b32 [$0], $1;", [(_i32(t, at), "i32"), (word, "i32")])
     t.emit("gpu.barrier")
     col0 = t.op("col0", f"arith.subi {cols_at[0]}, {t.mul(tig, 2)} : index")  # the block's
+    if split_n:
+        col0 = t.op("col0", f"arith.subi {col0}, {t.mul(group, wg_cols)} : index")
     aligned = None
     if n_limit is not None:
         rem = t.bin("remui", n_limit, 8)
@@ -1154,6 +1186,37 @@ def _moe_finish(
     return finish_tma(t, name, signature, globals_, comment, reference, block_size, 5, maps)
 
 
+def _split_groups(name: str, core: str, split_n: bool, block_size: int) -> int:
+    """Warpgroups sharing the columns of a ``split_n`` tile (1 without)."""
+    if not split_n:
+        return 1
+    if core != "tma":
+        raise GraphError(f"tile '{name}': split_n needs core='tma'")
+    return max(1, block_size // 128)
+
+
+def _sub_columns(name: str, core: str, block_n: int, sub_n: int | None) -> int:
+    """Columns per pipeline pass of a MoE tile (``block_n`` unless ``sub_n``)."""
+    if sub_n is None or sub_n == block_n:
+        return block_n
+    if core != "tma":
+        raise GraphError(f"tile '{name}': sub_n needs core='tma'")
+    if not isinstance(sub_n, int) or sub_n <= 0 or block_n % sub_n:
+        raise GraphError(f"tile '{name}': sub_n={sub_n!r} must divide block_n={block_n}")
+    return sub_n
+
+
+def _sub_loop(t: _Text, n0: str, block_n: int, sub: int) -> str:
+    """Open ``scf.for`` over a tile's passes of ``sub`` columns (none when
+    ``sub == block_n``); returns the pass's first column."""
+    if sub == block_n:
+        return n0
+    iv = t.fresh("pass")
+    t.emit(f"scf.for {iv} = {t.c(0)} to {t.c(block_n // sub)} step {t.c(1)} {{")
+    t.indent += "  "
+    return t.add(n0, t.mul(iv, sub))
+
+
 def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
     """Decode tile ``i`` of expert ``e``; opens ``scf.if valid``; returns ``(r0, r1, n0)``."""
     vals, local, cnt = _mma.moe_decode(t, indptr, it, t.add("%e", 1))
@@ -1182,14 +1245,24 @@ def moe_gate_up(
     block_k: int = BLOCK_K,
     inflight: int = 0,
     stage_output: bool = True,
+    split_n: bool = False,
+    sub_n: int | None = None,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``, ``g = Xp[r] @
     Wgu[e, n]^T``, ``u = Xp[r] @ Wgu[e, inter + n]^T`` for ``n in [nb*BN,
-    nb*BN + BN)``. Buffers as :func:`etc.tiles.gemm.moe_gate_up`."""
+    nb*BN + BN)``. Buffers as :func:`etc.tiles.gemm.moe_gate_up`.
+    ``split_n`` (``core="tma"``, ``block_m=64``): each warpgroup takes
+    ``BN / warpgroups`` of the columns (its gate and up rows loaded next to
+    each other) of the same 64 rows. ``sub_n`` (``core="tma"``): the tile
+    runs its pipeline once per ``sub_n`` columns of its ``BN`` (one wgmma
+    pass holds at most 128 gate/up columns), so one instance, with one
+    round of waits and table lookups, covers several passes."""
     _positive(name, "inter", inter)
+    groups = _split_groups(name, core, split_n, block_size)
+    sub = _sub_columns(name, core, block_n, sub_n)
     if core == "tma":
-        plan_tma(name, block_m, 2 * block_n, hidden, block_size, stages, smem_limit)
-        wm, wn = 1, 1
+        plan_tma(name, block_m, 2 * sub, hidden, block_size, stages, smem_limit)
+        wm, wn = 1, groups
     else:
         wm, wn = plan(
             name, block_m, block_n, hidden, block_size, warps, stages, 2, smem_limit, block_k
@@ -1199,8 +1272,9 @@ def moe_gate_up(
     xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
     t = _Text()
     r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
+    n0 = _sub_loop(t, n0, block_n, sub)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
-    cw = block_n // wn
+    cw = sub // wn
     up_off = t.c(inter - block_n)
 
     def a_src(row: str) -> Source:
@@ -1226,13 +1300,23 @@ def moe_gate_up(
     if core == "tma":
         wrow = t.mul("%e", 2 * inter)  # Wgu viewed as (E * 2I) x hidden
         w_map = _map_pointer(t, "%Wgu_map")
+        # Per warpgroup slice (one slice unless split_n): its gate rows, then its up rows.
+        a_loads = [(_map_pointer(t, "%Xp_map"), r0, block_m)]
+        b_loads = []
+        for g in range(wn):
+            b_loads += [
+                (w_map, t.add(t.add(wrow, n0), g * cw), cw),
+                (w_map, t.add(t.add(t.add(wrow, n0), g * cw), inter), cw),
+            ]
         globals_ = _body_tma(
-            t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
-            stages=stages, a_loads=[(_map_pointer(t, "%Xp_map"), r0, block_m)],
-            b_loads=[(w_map, t.add(wrow, n0), block_n),
-                     (w_map, t.add(t.add(wrow, n0), inter), block_n)],
-            r0=r0, epilogue=epilogue, stage_output=stage_output,
+            t, name=name, k=hidden, block_m=block_m, b_rows=2 * sub, block_size=block_size,
+            stages=stages, a_loads=a_loads,
+            b_loads=b_loads, r0=r0, epilogue=epilogue, stage_output=stage_output,
+            split_n=split_n,
         )  # fmt: skip
+        if sub != block_n:
+            t.indent = t.indent[:-2]
+            t.emit("}")
     else:
         globals_ = _body(
             t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
@@ -1245,7 +1329,7 @@ def moe_gate_up(
         f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks, "
         f"{stages} stages, {_core_text(core, wm, wn)}",
         _mma.gate_up_reference(block_m, block_n, inter), block_size, core,
-        ("Xp", "Wgu"), (block_m, block_n),
+        ("Xp", "Wgu"), (block_m, cw),
     )  # fmt: skip
 
 
@@ -1265,13 +1349,18 @@ def moe_down(
     block_k: int = BLOCK_K,
     inflight: int = 0,
     stage_output: bool = True,
+    split_n: bool = False,
+    sub_n: int | None = None,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
-    [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`."""
+    [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`.
+    ``split_n`` and ``sub_n`` (at most 256) as in :func:`moe_gate_up`."""
     _positive(name, "hidden", hidden)
+    groups = _split_groups(name, core, split_n, block_size)
+    sub = _sub_columns(name, core, block_n, sub_n)
     if core == "tma":
-        plan_tma(name, block_m, block_n, inter, block_size, stages, smem_limit)
-        wm, wn = 1, 1
+        plan_tma(name, block_m, sub, inter, block_size, stages, smem_limit)
+        wm, wn = 1, groups
     else:
         wm, wn = plan(
             name, block_m, block_n, inter, block_size, warps, stages, 1, smem_limit, block_k
@@ -1281,8 +1370,9 @@ def moe_down(
     ht, wt, yt = _mma.down_types(hidden, inter, ed)
     t = _Text()
     r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
+    n0 = _sub_loop(t, n0, block_n, sub)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
-    cw = block_n // wn
+    cw = sub // wn
 
     def a_src(row: str) -> Source:
         return "%Hb", ht, "", t.bin("minui", t.add(r0, row), alast)
@@ -1301,11 +1391,14 @@ def moe_down(
 
     if core == "tma":
         globals_ = _body_tma(
-            t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
+            t, name=name, k=inter, block_m=block_m, b_rows=sub, block_size=block_size,
             stages=stages, a_loads=[(_map_pointer(t, "%Hb_map"), r0, block_m)],
-            b_loads=[(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), block_n)],
-            r0=r0, epilogue=epilogue, stage_output=stage_output,
+            b_loads=[(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), sub)],
+            r0=r0, epilogue=epilogue, stage_output=stage_output, split_n=split_n,
         )  # fmt: skip
+        if sub != block_n:
+            t.indent = t.indent[:-2]
+            t.emit("}")
     else:
         globals_ = _body(
             t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
@@ -1317,5 +1410,5 @@ def moe_down(
         t, name, _mma.down_signature(ht, wt, yt, it), globals_,
         f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks, {stages} stages, "
         f"{_core_text(core, wm, wn)}", _mma.down_reference(block_m, block_n), block_size, core,
-        ("Hb", "Wd"), (block_m, block_n),
+        ("Hb", "Wd"), (block_m, sub),
     )  # fmt: skip

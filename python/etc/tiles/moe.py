@@ -691,21 +691,27 @@ PERMUTE_UNROLL = 8
 
 
 def permute(
-    E: int, K: int, H: int, *, name: str = "moe_permute", block_size: int = 256
+    E: int,
+    K: int,
+    H: int,
+    *,
+    unroll: int = PERMUTE_UNROLL,
+    name: str = "moe_permute",
+    block_size: int = 256,
 ) -> DeviceFunction:
     """Tile ``(e,)``: ``Xp[r] = X[perm[r] // K]`` for r in ``[row_off[e], row_off[e+1])``.
 
-    The CTA walks (row, 8-column chunk) pairs, UNROLL of them per thread per
+    The CTA walks (row, 8-column chunk) pairs, ``unroll`` of them per thread per
     step: all their 16-byte loads are issued before the stores, so each
     thread has UNROLL loads in flight (past the end, the pair index is
     clamped for the load and the store is skipped).
     """
     _check_block(name, block_size)
-    _positive(name, E=E, K=K, H=H)
+    _positive(name, E=E, K=K, H=H, unroll=unroll)
     _check_hidden(name, H)
     x_t, e1_t, vec_t = f"memref<?x{H}xbf16>", f"memref<{E + 1}xi32>", "memref<?xi32>"
     loads, stores = [], []
-    for u in range(PERMUTE_UNROLL):
+    for u in range(unroll):
         loads.append(
             f"    %q_{u} = arith.addi %qs, %cU{u} : index\n"
             f"    %qc_{u} = arith.minui %q_{u}, %last : index\n"
@@ -725,7 +731,7 @@ def permute(
             f"    }}"
         )
     unroll_consts = "\n".join(
-        f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(PERMUTE_UNROLL)
+        f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(unroll)
     )
     loads, stores = "\n".join(loads), "\n".join(stores)
     source = f"""\
@@ -733,7 +739,7 @@ def permute(
 func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {x_t}) {{
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
-  %cSTEP = arith.constant {PERMUTE_UNROLL * block_size} : index
+  %cSTEP = arith.constant {unroll * block_size} : index
 {unroll_consts}
   %cK = arith.constant {K} : index
   %cHC = arith.constant {H // 8} : index
@@ -765,40 +771,71 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
 # combine
 # ----------------------------------------------------------------------------
 def combine(
-    CB: int, K: int, H: int, *, name: str = "moe_combine", block_size: int = 256
+    CB: int, K: int, H: int, *, unroll: int = 1, name: str = "moe_combine", block_size: int = 256
 ) -> DeviceFunction:
     """Tile ``(i,)``: ``Out[t] = bf16(sum_k topk_w[t, k] * Yp[inv[t*K + k]])``
     for tokens ``[i*CB, min((i+1)*CB, T))``; fp32 sum in k order, K unrolled,
-    16-byte loads and stores."""
+    16-byte loads and stores.
+
+    A thread takes ``unroll`` (token, 8-column chunk) pairs per step and
+    issues all their ``unroll * K`` row loads before the first sum: the
+    rows come from HBM, so the loads in flight per thread set the tile's
+    bandwidth (past the end the pair index is clamped for the loads and the
+    store is skipped)."""
     _check_block(name, block_size)
-    _positive(name, CB=CB, K=K, H=H)
+    _positive(name, CB=CB, K=K, H=H, unroll=unroll)
     _check_hidden(name, H)
     x_t, tw_t, vec_t = f"memref<?x{H}xbf16>", f"memref<?x{K}xf32>", "memref<?xi32>"
     k_consts = "\n".join(f"  %c{k}_k = arith.constant {k} : index" for k in range(K))
-    terms = []
-    acc = "%zero8"
-    for k in range(K):
-        terms.append(
-            f"    %w{k} = memref.load %tw[%t, %c{k}_k] : {tw_t}\n"
-            f"    %s{k} = arith.addi %slot0, %c{k}_k : index\n"
-            f"    %ri{k} = memref.load %inv[%s{k}] : {vec_t}\n"
-            f"    %r{k} = arith.index_cast %ri{k} : i32 to index\n"
-            f"    %y{k} = vector.load %Yp[%r{k}, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>\n"
-            f"    %yf{k} = arith.extf %y{k} : vector<8xbf16> to vector<8xf32>\n"
-            f"    %wb{k} = vector.broadcast %w{k} : f32 to vector<8xf32>\n"
-            f"    %acc{k} = vector.fma %wb{k}, %yf{k}, {acc} : vector<8xf32>"
+    u_consts = "\n".join(
+        f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(unroll)
+    )
+    loads, sums = [], []
+    for u in range(unroll):
+        loads.append(
+            f"    %q_{u} = arith.addi %qs, %cU{u} : index\n"
+            f"    %qc_{u} = arith.minui %q_{u}, %last : index\n"
+            f"    %dt_{u} = arith.divui %qc_{u}, %cHC : index\n"
+            f"    %ch_{u} = arith.remui %qc_{u}, %cHC : index\n"
+            f"    %col_{u} = arith.muli %ch_{u}, %c8 : index\n"
+            f"    %t_{u} = arith.addi %t0, %dt_{u} : index\n"
+            f"    %slot0_{u} = arith.muli %t_{u}, %cK : index"
         )
-        acc = f"%acc{k}"
+        for k in range(K):
+            loads.append(
+                f"    %s{k}_{u} = arith.addi %slot0_{u}, %c{k}_k : index\n"
+                f"    %ri{k}_{u} = memref.load %inv[%s{k}_{u}] : {vec_t}\n"
+                f"    %r{k}_{u} = arith.index_cast %ri{k}_{u} : i32 to index\n"
+                f"    %y{k}_{u} = vector.load %Yp[%r{k}_{u}, %col_{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"
+            )
+        acc = "%zero8"
+        for k in range(K):
+            sums.append(
+                f"    %w{k}_{u} = memref.load %tw[%t_{u}, %c{k}_k] : {tw_t}\n"
+                f"    %yf{k}_{u} = arith.extf %y{k}_{u} : vector<8xbf16> to vector<8xf32>\n"
+                f"    %wb{k}_{u} = vector.broadcast %w{k}_{u} : f32 to vector<8xf32>\n"
+                f"    %acc{k}_{u} = vector.fma %wb{k}_{u}, %yf{k}_{u}, {acc} : vector<8xf32>"
+            )
+            acc = f"%acc{k}_{u}"
+        sums.append(
+            f"    %o_{u} = arith.truncf {acc} : vector<8xf32> to vector<8xbf16>\n"
+            f"    %ok_{u} = arith.cmpi ult, %q_{u}, %total : index\n"
+            f"    scf.if %ok_{u} {{\n"
+            f"      vector.store %o_{u}, %Out[%t_{u}, %col_{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>\n"
+            f"    }}"
+        )
     source = f"""\
 // {name}: weighted sum of each token's {K} expert rows (hidden {H}), {CB} tokens per CTA of {block_size}.
 func.func @{name}(%i: index, %tw: {tw_t}, %inv: {vec_t}, %Yp: {x_t}, %Out: {x_t}) {{
   %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
-  %cBS = arith.constant {block_size} : index
+  %cSTEP = arith.constant {unroll * block_size} : index
   %cCB = arith.constant {CB} : index
   %cK = arith.constant {K} : index
   %cHC = arith.constant {H // 8} : index
 {k_consts}
+{u_consts}
   %zero8 = arith.constant dense<0.0> : vector<8xf32>
   %tid = gpu.thread_id x
   %T = memref.dim %Out, %c0 : {x_t}
@@ -807,15 +844,10 @@ func.func @{name}(%i: index, %tw: {tw_t}, %inv: {vec_t}, %Yp: {x_t}, %Out: {x_t}
   %t1 = arith.minui %t1a, %T : index
   %n = arith.subi %t1, %t0 : index
   %total = arith.muli %n, %cHC : index
-  scf.for %q = %tid to %total step %cBS {{
-    %dt = arith.divui %q, %cHC : index
-    %ch = arith.remui %q, %cHC : index
-    %col = arith.muli %ch, %c8 : index
-    %t = arith.addi %t0, %dt : index
-    %slot0 = arith.muli %t, %cK : index
-{chr(10).join(terms)}
-    %o = arith.truncf {acc} : vector<8xf32> to vector<8xbf16>
-    vector.store %o, %Out[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
+  %last = arith.subi %total, %c1 : index
+  scf.for %qs = %tid to %total step %cSTEP {{
+{chr(10).join(loads)}
+{chr(10).join(sums)}
   }}
   return
 }}

@@ -52,3 +52,38 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
   etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
   etensor.task @gather grid [%experts] ins(%done[(e) -> (e)] : !etensor.event<?>)
 }
+
+/// A triggered task's prefetch needs its coordinate: the static lowering
+/// calls it once the count of indptr entries found c and before the wait for
+/// the trigger's coordinate c; when the second search runs, the guessed
+/// prefetch's copies are drained (cp.async.wait_all) and it runs again for
+/// the coordinate found. The dynamic lowering pops instances whose trigger
+/// completed: the prefetch comes after the count, before the in-edge wait.
+// STATIC-LABEL: gpu.func @moe_prefetched
+// STATIC: case 2 {
+// STATIC: ld.acquire.gpu.global.u32
+// STATIC: bar.red.or.pred
+// STATIC-NOT: func.call @expert__prefetch
+// STATIC: bar.red.popc.u32
+// STATIC: scf.if %{{.*}} -> (i1, i1)
+// STATIC-NEXT: func.call @expert__prefetch
+// STATIC: ld.acquire.gpu.global.u32
+// STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+// STATIC: bar.red.popc.u32
+// STATIC: cp.async.wait_all
+// STATIC: scf.if
+// STATIC-NEXT: func.call @expert__prefetch
+// STATIC: func.call @expert(
+// DYNAMIC-LABEL: gpu.func @moe_prefetched
+// DYNAMIC: bar.red.popc.u32
+// DYNAMIC: func.call @expert__prefetch
+// DYNAMIC: ld.acquire.gpu.global.u32
+// DYNAMIC: func.call @expert(
+func.func @expert__prefetch(%i: index, %c: index) { return }
+etensor.graph @moe_prefetched(%experts: index, %tiles: index, %indptr: memref<?xi32>) {
+  %planned = etensor.event() count 1 {name = "planned"} : !etensor.event<1>
+  %ready = etensor.event(%experts) count 1 {name = "ready"} : !etensor.event<?>
+  etensor.task @plan grid [1] outs(%planned[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @gather grid [%experts] ins(%planned[(e) -> (0)] : !etensor.event<1>) outs(%ready[(e) -> (e)] : !etensor.event<?>)
+  etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>) {prefetch = @expert__prefetch}
+}
