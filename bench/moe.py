@@ -161,6 +161,27 @@ CONFIGS = {
         "down_options": (*_DEC_ROT42["down_options"], ("prefetch_ring", True)),
     },
     "dec_pf_gu32": M.PRESETS["decode"],
+    # The decode preset with 12 down stages of one k group (unroll 1): the
+    # prefetch fills 11 of the tile's 12 groups (92 % of its weights) before
+    # the instance waits for its expert's gate/up tiles; and with 6 gate/up
+    # stages (5 groups in flight while the permute runs).
+    "dec_dn12": {
+        **M.PRESETS["decode"],
+        "down_options": (
+            ("warps", (1, 4, 2)), ("stages", 12), ("unroll", 1), ("rotate_k", True),
+            ("prefetch_ring", True),
+        ),
+    },
+    "dec_dn12_gu6": {
+        **M.PRESETS["decode"],
+        "gate_up_options": (
+            ("stages", 6), ("unroll", 2), ("rotate_k", True), ("prefetch_ring", True),
+        ),
+        "down_options": (
+            ("warps", (1, 4, 2)), ("stages", 12), ("unroll", 1), ("rotate_k", True),
+            ("prefetch_ring", True),
+        ),
+    },
     # 64-row TMA tiles, the two warpgroups splitting the columns (split_n):
     # an expert's ragged last block wastes 32 rows on average instead of 64.
     # 5 stages of 64 x 64 + 256 x 64.
@@ -246,6 +267,8 @@ OCCUPANCY = {
     "wg128": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_pf": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_pf_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_dn12": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_dn12_gu6": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "pre128x2": 2,
     "pre64x2": 2,
 }
