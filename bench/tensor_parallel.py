@@ -36,16 +36,22 @@ OPS = ("gemm_rs", "ag_gemm")
 SCHEDULES = ("static", "dynamic")
 # The GEMM tiles' tensor-core path: mma.sync (sm_90) or wgmma (sm_90a), each
 # in its best measured configuration (bench/gemm_tc.py, gemm_sweep_wgmma.py).
-CORES = ("mma", "wgmma", "tma")
+CORES = ("mma", "wgmma", "tma", "tmaf")
 CONFIGS = {
     "mma": lambda k: _config(k=k, stages=3),
     "wgmma": lambda k: _config(k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10),
     # TMA + mbarrier pipeline, 128 x 256 blocks, 4 stages (bench/gemm_tma.py's best).
     "tma": lambda k: _config(k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10),
+    # tma with GEMM + RS's reduction in the own rows' GEMM epilogue (peers' rows first).
+    "tmaf": lambda k: _config(
+        k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10, fused_reduce=True
+    ),
 }
+#: Cores that only change GEMM + RS (All-Gather + GEMM is not built or run for them).
+GEMM_RS_ONLY = {"tmaf"}
 # Two CTAs per SM (registers capped at 128): the GEMM + peer-store tile
 # otherwise takes 146 and runs one. The TMA tile's 192 KiB ring allows one (0: no cap).
-MIN_CTAS_PER_SM = {"mma": 2, "wgmma": 2, "tma": 0}
+MIN_CTAS_PER_SM = {"mma": 2, "wgmma": 2, "tma": 0, "tmaf": 0}
 
 
 def _config(**kw):
@@ -67,7 +73,7 @@ def artifact_name(op: str, k: int, schedule: str, core: str = "mma") -> str:
     return f"{op}_k{k}_{schedule}" + ("" if core == "mma" else f"_{core}")
 
 
-def build(directory: Path, ranks: int) -> None:
+def build(directory: Path, ranks: int, cores: tuple[str, ...] = CORES) -> None:
     import etc
     from etc.models import collective as C
 
@@ -76,7 +82,9 @@ def build(directory: Path, ranks: int) -> None:
     wanted |= {(op, dims(op, h, i * ranks, ranks)[0]) for op in OPS}
     for op, k in sorted(wanted):
         for schedule in SCHEDULES:
-            for core in CORES:
+            for core in cores:
+                if op != "gemm_rs" and core in GEMM_RS_ONLY:
+                    continue
                 cfg = CONFIGS[core](k)
                 builder = C.gemm_reduce_scatter if op == "gemm_rs" else C.allgather_gemm
                 out = directory / artifact_name(op, k, schedule, core)
@@ -192,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     models = args.models.split(",")
     cores = args.cores.split(",")
     for op in args.ops.split(","):
-        for schedule, core in [(s, c) for s in SCHEDULES for c in cores]:
+        op_cores = [c for c in cores if op == "gemm_rs" or c not in GEMM_RS_ONLY]
+        for schedule, core in [(s, c) for s in SCHEDULES for c in op_cores]:
             for model in models:
                 h, i = MODELS[model]
                 k = dims(op, h, i, ranks)[0]
@@ -223,9 +232,9 @@ def run(args: argparse.Namespace) -> int:
             s, h, i = SMALL
             k = dims(op, h, i * ranks, ranks)[0]
             saved = [torch.load(args.nccl_io / f"{op}_rank{r}.pt") for r in range(ranks)]
-            for schedule in SCHEDULES:
+            for schedule, core in [(s, c) for s in SCHEDULES for c in op_cores]:
                 group = runtime.RankGroup(
-                    args.run / artifact_name(op, k, schedule), devices=range(ranks)
+                    args.run / artifact_name(op, k, schedule, core), devices=range(ranks)
                 )
                 case = Case(op, s, h, i * ranks, ranks, seed=0, given=saved)
                 group.launch(case.tensors, case.symbols)
@@ -234,8 +243,10 @@ def run(args: argparse.Namespace) -> int:
                     for r, o in enumerate(case.outputs())
                 )
                 failed += err > TOLERANCE
-                checks.append({"op": op, "schedule": schedule, "vs": "nccl", "rel_err": err})
-                print(f"{op} {schedule}: vs NCCL (small shape) rel err {err:.2e}")
+                checks.append(
+                    {"op": op, "schedule": schedule, "core": core, "vs": "nccl", "rel_err": err}
+                )
+                print(f"{op} {schedule} {core}: vs NCCL (small shape) rel err {err:.2e}")
     if args.json:
         out = {
             "date": datetime.date.today().isoformat(),
@@ -263,11 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--json")
     p.add_argument("--nccl-io", type=Path)
-    p.add_argument("--cores", default=",".join(CORES), help="GEMM cores to run: mma,wgmma,tma")
+    p.add_argument(
+        "--cores", default=",".join(CORES), help="GEMM cores to build or run: mma,wgmma,tma"
+    )
     p.add_argument("--ops", default=",".join(OPS), help="layers to run: gemm_rs,ag_gemm")
     args = p.parse_args(argv)
     if args.build:
-        build(args.build, args.ranks)
+        build(args.build, args.ranks, tuple(args.cores.split(",")))
         return 0
     if args.run:
         return run(args)

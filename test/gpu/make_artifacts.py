@@ -133,10 +133,16 @@ def main(argv: list[str] | None = None) -> int:
             art = llama.compile_decoder(cfg, schedule, name="llama_tiny", early_push=early)
             art.save(args.out / name)
             print(f"{name}: {args.out / name} ({schedule}, {len(art.artifacts)} kernels)")
+    from dataclasses import replace
+
     from etc.models import collective
 
-    for build in (collective.gemm_reduce_scatter, collective.allgather_gemm):
-        g = build(tensor_parallel_small())
+    fused = replace(tensor_parallel_small(), fused_reduce=True)
+    for g in (
+        collective.gemm_reduce_scatter(tensor_parallel_small()),
+        collective.allgather_gemm(tensor_parallel_small()),
+        collective.gemm_reduce_scatter(fused, name="gemm_rs_fused"),
+    ):
         jobs += [
             (f"{g.name}_small_{suffix}", g, schedule, early)
             for suffix, (schedule, early) in SCHEDULES.items()

@@ -7,6 +7,7 @@ needs two GPUs with peer access."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -59,11 +60,12 @@ def _outputs(tensors, name: str) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("op", list(EXAMPLES))
+@pytest.mark.parametrize("op", [*EXAMPLES, "gemm_rs_fused"])
 def test_matches_reference_and_simulator(op: str, schedule: str) -> None:
-    example = EXAMPLES[op]
+    # gemm_rs_fused: the reduction in the own rows' GEMM epilogue.
+    example = EXAMPLES[op.removesuffix("_fused")]
     group = _group(op, schedule)
-    cfg = tensor_parallel_small()
+    cfg = dataclasses.replace(tensor_parallel_small(), fused_reduce=op.endswith("_fused"))
     graph = example.build(cfg)
     # One group for every shape, launched back to back: the kernels reset
     # their counters and keep the rank barrier's words.

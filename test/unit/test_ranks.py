@@ -187,7 +187,7 @@ def test_deadlock_names_the_stuck_rank(schedule: str) -> None:
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-@pytest.mark.parametrize("op", ["gemm_rs", "ag_gemm", "ag_gemm_parts"])
+@pytest.mark.parametrize("op", ["gemm_rs", "gemm_rs_fused", "ag_gemm", "ag_gemm_parts"])
 def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> None:
     rng = np.random.default_rng(ranks)
     rows, n, k = 64, 96, SMALL.k
@@ -195,8 +195,8 @@ def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> No
     def vals(*shape: int) -> np.ndarray:
         return bf16_to_f32(f32_to_bf16(rng.standard_normal(shape).astype(np.float32) * 0.1))
 
-    if op == "gemm_rs":
-        g = C.gemm_reduce_scatter(SMALL)
+    if op.startswith("gemm_rs"):  # gemm_rs_fused: the reduction in the own rows' epilogue
+        g = C.gemm_reduce_scatter(dataclasses.replace(SMALL, fused_reduce=op != "gemm_rs"))
         xs = [vals(ranks * rows, k) for _ in range(ranks)]
         ws = [vals(n, k) for _ in range(ranks)]
         inputs = [{"X": x, "W": w} for x, w in zip(xs, ws, strict=True)]
@@ -245,9 +245,34 @@ def test_manifest_and_launch_checks_of_a_ranked_artifact(tmp_path) -> None:
         )
 
 
+def test_fused_reduce_matches_the_reduce_tiles_bit_for_bit() -> None:
+    # Same partials, same fp32 order (zero, then the slots in rank order).
+    rng = np.random.default_rng(5)
+    rows, n, k, ranks = 64, 96, SMALL.k, 2
+    xs = [f32_to_bf16(rng.standard_normal((ranks * rows, k)).astype(np.float32)) for _ in "ab"]
+    ws = [f32_to_bf16(rng.standard_normal((n, k)).astype(np.float32) * 0.1) for _ in "ab"]
+    inputs = [{"X": bf16_to_f32(x), "W": bf16_to_f32(w)} for x, w in zip(xs, ws, strict=True)]
+    outs = {}
+    for fused in (False, True):
+        g = C.gemm_reduce_scatter(dataclasses.replace(SMALL, fused_reduce=fused))
+        got = etc.simulate_ranks(g, inputs, {"rows": rows, "N": n}, schedule="static")
+        outs[fused] = [o["out"] for o in got]
+        assert ("gemm_own" in [t.name for t in g.tasks]) == fused
+    for a, b in zip(outs[False], outs[True], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @needs_ptxas
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-@pytest.mark.parametrize("build", [C.gemm_reduce_scatter, C.allgather_gemm])
+@pytest.mark.parametrize(
+    "build",
+    [
+        C.gemm_reduce_scatter,
+        C.allgather_gemm,
+        lambda cfg: C.gemm_reduce_scatter(dataclasses.replace(cfg, fused_reduce=True)),
+    ],
+    ids=["gemm_rs", "ag_gemm", "gemm_rs_fused"],
+)
 def test_collective_kernels_assemble(build, schedule: str) -> None:
     pytest.importorskip("etc._mlir_libs")
     cfg = C.CollectiveConfig(k=256, stages=3 if schedule == "static" else 2)

@@ -326,14 +326,34 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     # A wait that never completes traps after MBAR_POLLS polls instead of hanging.
     assert f"setp.lt.u32 p, n, {G.MBAR_POLLS}" in ptx and "trap;" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx
-    # The dense and MoE tiles store their block through shared memory in 16-byte
-    # rows; the collective tile keeps its own (peer) epilogue.
-    assert ("ld.shared.v4.b32" in ptx) == (tensors is not None)
+    # Every TMA tile stores its block through shared memory in 16-byte rows
+    # (the collective tile into its chunk of C).
+    assert "ld.shared.v4.b32" in ptx
     maps = [t for t in art.manifest["tensors"] if "tensor_map" in t]
     assert [t["tensor_map"]["box"][1] for t in maps] == [64, 64]
     info = sm90a_ptxas(ptx, tmp_path)
     assert "0 bytes spill stores" in info
     assert art.cubin is not None
+
+
+def test_tensor_parallel_tma_tiles_store_16_bytes():
+    """The TMA collective tiles stage their block: 16-byte stores to the
+    peer's slot (gemm_to_peer) and to the chunk of C (gemm_chunk); the
+    mma.sync ones keep their 4-byte pair stores."""
+    peer = CT.gemm_to_peer(128, 256, 512, core="tma", stages=4, smem_limit=SMEM).source
+    assert "llvm.store %v_" in peer and "{alignment = 16 : i64} : vector<8xbf16>, !llvm.ptr" in peer
+    assert "{alignment = 4 : i64} : vector<2xbf16>, !llvm.ptr" not in peer
+    chunk = CT.gemm_chunk(128, 256, 512, core="tma", stages=4, smem_limit=SMEM).source
+    assert "{alignment = 16 : i64} : memref<?x?x?xbf16>, vector<8xbf16>" in chunk
+    mma = CT.gemm_to_peer(128, 128, 512).source
+    assert "{alignment = 4 : i64} : vector<2xbf16>, !llvm.ptr" in mma
+    # The own rows' tile adds the peers' 16-byte slot chunks to its staged block.
+    own = CT.gemm_reduce_own(128, 256, 512, core="tma", stages=4, smem_limit=SMEM)
+    assert own.tensor_maps == {5: (1, (128, 64)), 6: (2, (256, 64))}
+    assert "vector.load %staging[" in own.source and ": memref<?x?x?xbf16>, vector<8xbf16>" in (
+        own.source
+    )
+    assert "vector.store %y_" in own.source and "memref<?x?xbf16>, vector<8xbf16>" in own.source
 
 
 def test_tensor_parallel_tma_tile_signature():

@@ -6,7 +6,9 @@
   gets rows ``[r*S/R, (r+1)*S/R)`` in ``out`` (``S/R x N``). A GEMM tile sends its
   partial block to the rank that owns its rows as soon as it is done (into that rank's
   ``staging`` slot for the sender) and notifies the ranked event ``rs`` there; the
-  owner's reduce tile for that block waits for all ``R`` partials and sums them.
+  owner's reduce tile for that block waits for all ``R`` partials and sums them
+  (``fused_reduce``: the owner computes its own rows last and adds the peers'
+  partials in that GEMM's epilogue, with no reduce tiles).
 * :func:`allgather_gemm` (column-parallel layer, e.g. gate/up): rank ``r`` holds ``S/R``
   rows ``A`` (``S/R x K``) and ``W_r`` (``N x K``); ``C_r = allgather(A) @ W_r^T``
   (``S x N``, given as ``R x S/R x N``). Copy tiles push this rank's rows into every
@@ -57,6 +59,10 @@ class CollectiveConfig:
     block_k: int = 32
     #: All-Gather: copy tiles per GEMM row block.
     copy_parts: int = 1
+    #: GEMM + Reduce-Scatter: the peers' rows first, then this rank's own
+    #: rows with the peers' partials added in the GEMM epilogue
+    #: (``tiles.gemm_reduce_own``) instead of separate reduce tiles.
+    fused_reduce: bool = False
 
 
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
@@ -70,16 +76,26 @@ def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
     out = g.tensor("out", (rows, n), "bf16")
     mt, nt = rows // cfg.block_m, n // cfg.block_n
     rs = g.event((ranks, mt, nt), wait_count=ranks, name="rs", ranked=True)
-    gemm = tiles.gemm_to_peer(
-        cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
-        stages=cfg.stages, core=cfg.core, inflight=cfg.inflight, smem_limit=cfg.smem_limit,
-        block_k=cfg.block_k,
+    gemm_opts = dict(
+        block_size=cfg.block_size, warps=cfg.warps, stages=cfg.stages, core=cfg.core,
+        inflight=cfg.inflight, smem_limit=cfg.smem_limit, block_k=cfg.block_k,
     )  # fmt: skip
-    reduce = tiles.reduce_slots(cfg.block_m, cfg.block_n, block_size=cfg.block_size)
+    gemm = tiles.gemm_to_peer(
+        cfg.block_m, cfg.block_n, cfg.k, skip_own=cfg.fused_reduce, **gemm_opts
+    )
+    # With fused_reduce an own-row instance only notifies (the count stays R).
     g.task(
         gemm, grid=(ranks, mt, nt), args=(rank, X, W, staging_peers),
         out_edges={rs: "dij->d,i,j"}, name="gemm",
     )  # fmt: skip
+    if cfg.fused_reduce:
+        own = tiles.gemm_reduce_own(cfg.block_m, cfg.block_n, cfg.k, **gemm_opts)
+        g.task(
+            own, grid=(mt, nt), args=(rank, X, W, staging, out), in_edges={rs: "ij->rank,i,j"},
+            name="gemm_own",
+        )  # fmt: skip
+        return g
+    reduce = tiles.reduce_slots(cfg.block_m, cfg.block_n, block_size=cfg.block_size)
     g.task(
         reduce, grid=(mt, nt), args=(staging, out), in_edges={rs: "ij->rank,i,j"},
         name="reduce",

@@ -10,6 +10,10 @@ events then tell the owner that the data has landed.
   B, staging_peers)``: the partial product ``A[d*S/R + i*BM :, :] @ B[j*BN :, :]^T`` of
   the rows rank ``d`` owns goes to rank ``d``'s ``staging[rank, i*BM :, j*BN :]``
   (``staging``: ``(R, S/R, N)``, one slot per source rank).
+* :func:`gemm_reduce_own` (GEMM + Reduce-Scatter, the reduction fused): coords ``(i,
+  j)``, args ``(rank, A, B, staging, out)``: this rank's own rows of the product plus
+  the peers' partials from ``staging``, into ``out`` (then :func:`gemm_to_peer` runs
+  with ``skip_own`` and no :func:`reduce_slots` is needed).
 * :func:`reduce_slots`: coords ``(i, j)``, args ``(staging, out)``:
   ``out[i*BM :, j*BN :] = bf16(sum over slots of staging[:, i*BM :, j*BN :])`` (fp32 sum,
   slots in rank order).
@@ -48,7 +52,7 @@ from .gemm_tc import (
     plan_tma,
 )
 
-__all__ = ["gemm_to_peer", "reduce_slots", "copy_to_peers", "gemm_chunk"]
+__all__ = ["gemm_to_peer", "gemm_reduce_own", "reduce_slots", "copy_to_peers", "gemm_chunk"]
 
 
 def _gemm_prologue(t: _Text, k: int, block_m: int, block_n: int, row0: str):
@@ -95,17 +99,25 @@ def _gemm_body(
 
 def _gemm_finish(
     t, name, signature, globals_, comment, reference, block_size, core, block_m, block_n,
-    a_index: int = 0,
+    a_index: int = 0, buffers: int | None = None,
 ) -> DeviceFunction:  # fmt: skip
     """The tile; with ``core="tma"`` it takes the maps of ``A`` and ``B`` (arguments
-    ``a_index`` and ``a_index + 1`` after the coordinates, before the last) as two
-    more trailing arguments."""
+    ``a_index`` and ``a_index + 1`` after the coordinates; ``buffers`` arguments
+    in all, ``a_index + 3`` unless given) as two more trailing arguments."""
     if core != "tma":
         return _finish(t, name, signature, globals_, comment, reference, block_size)
     maps = [("A", a_index, block_m), ("B", a_index + 1, block_n)]
-    return finish_tma(
-        t, name, signature, globals_, comment, reference, block_size, a_index + 3, maps
-    )
+    buffers = a_index + 3 if buffers is None else buffers
+    return finish_tma(t, name, signature, globals_, comment, reference, block_size, buffers, maps)
+
+
+def _staged(t: _Text, acc, cols: list[str], store, r0: str, block_m: int) -> bool:
+    """A TMA tile's block through shared memory into 16-byte ``store`` calls
+    (``gemm_tc._staged_store``); False when the tile has no staging (other
+    cores) or the block does not fit it."""
+    if t.staging is None:
+        return False
+    return t.staging(t, acc, cols, store, t.add(r0, block_m), None)
 
 
 def _pairs(t: _Text, block_n: int, wn: int) -> Callable[[str], list[str]]:
@@ -136,10 +148,18 @@ def gemm_to_peer(
     core: str = "mma",
     inflight: int = 0,
     block_k: int = 32,
+    skip_own: bool = False,
 ) -> DeviceFunction:
-    """GEMM + Reduce-Scatter producer tile (see the module docstring)."""
+    """GEMM + Reduce-Scatter producer tile (see the module docstring).
+    ``skip_own``: the instances of this rank's own rows (``d == rank``) do
+    nothing (:func:`gemm_reduce_own` computes them, adding the peers'
+    partials in its epilogue)."""
     wm, wn = _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core)
     t = _Text()
+    if skip_own:
+        peer = t.op("peer", "arith.cmpi ne, %d, %rank : index")
+        t.emit(f"scf.if {peer} {{")
+        t.indent += "  "
     ab = f"memref<?x{k}xbf16>"
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
     n_cols = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
@@ -152,8 +172,21 @@ def gemm_to_peer(
     # Rank d's staging slot of this rank: (rank * rpr) rows of N columns in.
     slot = t.op("x", f"arith.muli %rank, {rpr} : index")
 
+    def peer_store(t: _Text, vec: str, lrow: str, col: str) -> None:
+        """16 bytes of block row ``lrow`` to rank d's slot (staged epilogue)."""
+        base = t.op("pbase", f"llvm.inttoptr {raw} : i64 to !llvm.ptr")
+        srow = t.add(t.add(slot, local0), lrow)
+        elem = t.add(t.op("x", f"arith.muli {srow}, {n_cols} : index"), col)
+        e64 = t.op("e64", f"arith.index_cast {elem} : index to i64")
+        ptr = t.op("p", f"llvm.getelementptr {base}[{e64}] : (!llvm.ptr, i64) -> !llvm.ptr, bf16")
+        t.emit(f"llvm.store {vec}, {ptr} {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr")
+
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
         cols = _cols(t, n0, block_n, wn, wn_i, col_lane, len(acc[0]))
+        # TMA tiles: the block through shared memory, 16-byte row stores to the
+        # peer (whole lines over NVLink instead of 4-byte pieces).
+        if _staged(t, acc, cols, peer_store, r0, block_m):
+            return
         base = t.op("pbase", f"llvm.inttoptr {raw} : i64 to !llvm.ptr")
         for m, per in enumerate(acc):
             for h in range(2):
@@ -177,11 +210,16 @@ def gemm_to_peer(
         t, name, k, block_m, block_n, block_size, wm, wn, stages, a_src, b_src, r0, n0,
         epilogue, core, inflight, block_k,
     )  # fmt: skip
+    if skip_own:
+        t.indent = t.indent[:-2]
+        t.emit("}")
     signature = (
         f"%d: index, %i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
     )
 
     def reference(d: int, i: int, j: int, rank: int, A, B, peers) -> None:
+        if skip_own and d == rank:
+            return
         ranks_n = len(peers)
         rows = A.shape[0] // ranks_n
         rs = slice(d * rows + i * block_m, d * rows + (i + 1) * block_m)
@@ -194,6 +232,110 @@ def gemm_to_peer(
         f"{name}: partial A @ B^T of rank d's rows to rank d's staging slot, "
         f"{block_m}x{block_n} blocks, {stages} stages, {wm}x{wn} warps",
         reference, block_size, core, block_m, block_n, a_index=1,
+    )  # fmt: skip
+
+
+def gemm_reduce_own(
+    block_m: int = 128,
+    block_n: int = 128,
+    k: int = 2048,
+    *,
+    name: str = "gemm_reduce_own",
+    block_size: int = 256,
+    warps: tuple[int, int] | None = None,
+    stages: int = 3,
+    smem_limit: int = SMEM_LIMIT,
+    core: str = "mma",
+    inflight: int = 0,
+    block_k: int = 32,
+) -> DeviceFunction:
+    """GEMM + Reduce-Scatter, this rank's own rows with the reduction in the
+    epilogue: coords ``(i, j)``, args ``(rank, A, B, staging, out)``.
+    ``out[i*BM :, j*BN :] = bf16(sum over ranks s of P_s)`` where ``P_rank =
+    bf16(A[rank*S/R + i*BM :] @ B[j*BN :]^T)`` (this tile's block) and ``P_s
+    = staging[s, i*BM :, j*BN :]`` for the others (their partials, written by
+    their :func:`gemm_to_peer` tiles): fp32 sum from zero in rank order,
+    the same values and order as :func:`reduce_slots`, so the result is the
+    same bit for bit. The task waits for the peers' partials before it
+    starts; run it after the peer tiles (``gemm_to_peer(skip_own=True)``)."""
+    wm, wn = _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core)
+    t = _Text()
+    ab, st, ot = f"memref<?x{k}xbf16>", "memref<?x?x?xbf16>", "memref<?x?xbf16>"
+    slots = t.op("R", f"memref.dim %staging, {t.c(0)} : {st}")
+    rpr = t.op("rpr", f"memref.dim %staging, {t.c(1)} : {st}")
+    local0 = t.mul("%i", block_m)
+    r0 = t.add(t.op("x", f"arith.muli %rank, {rpr} : index"), local0)
+    _, n0, a_src, b_src = _gemm_prologue(t, k, block_m, block_n, r0)
+
+    def reduce_store(t: _Text, own: str, lrow: str, col: str, width: int) -> None:
+        """out[local0 + lrow, col:col+width] = bf16(sum of the slots, own at rank)."""
+        vt, ft = f"vector<{width}xbf16>", f"vector<{width}xf32>"
+        row = t.add(local0, lrow)
+        mine = t.op("own", f"arith.extf {own} : {vt} to {ft}")
+        zero = t.op("z", f"arith.constant dense<0.0> : {ft}")
+        s_iv, acc = t.fresh("s"), t.fresh("acc")
+        total = t.fresh("sum")
+        t.emit(
+            f"{total} = scf.for {s_iv} = {t.c(0)} to {slots} step {t.c(1)} "
+            f"iter_args({acc} = {zero}) -> ({ft}) {{"
+        )
+        outer = t.indent
+        t.indent += "  "
+        is_own = t.op("me", f"arith.cmpi eq, {s_iv}, %rank : index")
+        part = t.fresh("part")
+        t.emit(f"{part} = scf.if {is_own} -> ({ft}) {{")
+        t.emit(f"  scf.yield {mine} : {ft}")
+        t.emit("} else {")
+        t.indent += "  "
+        x = t.op("x", f"vector.load %staging[{s_iv}, {row}, {col}] : {st}, {vt}")
+        xf = t.op("xf", f"arith.extf {x} : {vt} to {ft}")
+        t.emit(f"scf.yield {xf} : {ft}")
+        t.indent = outer + "  "
+        t.emit("}")
+        added = t.op("a", f"arith.addf {acc}, {part} : {ft}")
+        t.emit(f"scf.yield {added} : {ft}")
+        t.indent = outer
+        t.emit("}")
+        y = t.op("y", f"arith.truncf {total} : {ft} to {vt}")
+        t.emit(f"vector.store {y}, %out[{row}, {col}] : {ot}, {vt}")
+
+    def staged_store(t: _Text, vec: str, lrow: str, col: str) -> None:
+        reduce_store(t, vec, lrow, col, 8)
+
+    def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
+        cols = _cols(t, n0, block_n, wn, wn_i, col_lane, len(acc[0]))
+        if _staged(t, acc, cols, staged_store, r0, block_m):
+            return
+        for m, per in enumerate(acc):
+            for h in range(2):
+                local = t.op("x", f"arith.subi {rows[2 * m + h]}, {r0} : index")
+                for f, c in enumerate(per):
+                    reduce_store(t, bf16_pair(t, c, h), local, cols[f], 2)
+
+    globals_ = _gemm_body(
+        t, name, k, block_m, block_n, block_size, wm, wn, stages, a_src, b_src, r0, n0,
+        epilogue, core, inflight, block_k,
+    )  # fmt: skip
+    signature = (
+        f"%i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %staging: {st}, %out: {ot}"
+    )
+
+    def reference(i: int, j: int, rank: int, A, B, staging, out) -> None:
+        rows = staging.shape[1]
+        rs = slice(rank * rows + i * block_m, rank * rows + (i + 1) * block_m)
+        ls = slice(i * block_m, (i + 1) * block_m)
+        cs = slice(j * block_n, (j + 1) * block_n)
+        own = f32_to_bf16(_mma.bf16_matmul(A[rs], B[cs]))
+        total = np.zeros((block_m, block_n), dtype=np.float32)
+        for s in range(staging.shape[0]):
+            total += bf16_to_f32(own if s == rank else staging[s, ls, cs])
+        out[ls, cs] = f32_to_bf16(total)
+
+    return _gemm_finish(
+        t, name, signature, globals_,
+        f"{name}: this rank's rows of A @ B^T plus the peers' partials, {block_m}x{block_n} "
+        f"blocks, {stages} stages, {wm}x{wn} warps",
+        reference, block_size, core, block_m, block_n, a_index=1, buffers=5,
     )  # fmt: skip
 
 
@@ -222,8 +364,17 @@ def gemm_chunk(
     r0 = t.add(t.op("x", f"arith.muli %s, {rpr} : index"), local0)
     ab, n0, a_src, b_src = _gemm_prologue(t, k, block_m, block_n, r0)
 
+    def chunk_store(t: _Text, vec: str, lrow: str, col: str) -> None:
+        row = t.add(local0, lrow)
+        t.emit(
+            f"vector.store {vec}, %C[%s, {row}, {col}] {{alignment = 16 : i64}} : {ct}, "
+            "vector<8xbf16>"
+        )
+
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
         cols = _cols(t, n0, block_n, wn, wn_i, col_lane, len(acc[0]))
+        if _staged(t, acc, cols, chunk_store, r0, block_m):
+            return
         for m, per in enumerate(acc):
             for h in range(2):
                 local = t.op("x", f"arith.subi {rows[2 * m + h]}, {r0} : index")

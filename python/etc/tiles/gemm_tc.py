@@ -824,8 +824,15 @@ def _body_tma(
     return globals_
 
 
+#: A staged store's destination: ``(memref, its type)``, or a callable
+#: ``store(t, vec, local_row, col)`` that emits one 16-byte store of
+#: ``vec`` (``vector<8xbf16>``) for the block's ``local_row`` (rows of a
+#: peer's buffer, a chunk of a 3-D buffer).
+StagedOut = tuple[str, str] | Callable[[_Text, str, str, str], None]
+
+
 def _staged_store(
-    t: _Text, values, cols_at: list[str], out: tuple[str, str], r1: str, n_limit: str | None,
+    t: _Text, values, cols_at: list[str], out: StagedOut, r1: str, n_limit: str | None,
     *, ring: str,
     ring_bytes: int, block_m: int, block_size: int, tid: str, group: str, warp: str,
     lane: str, r0: str, split_n: bool = False,
@@ -837,13 +844,17 @@ def _staged_store(
     whole 16-byte chunks to rows ``< r1`` (and columns ``< n_limit``, pair by pair
     at a ragged end or when rows are not 16-byte aligned). Returns False
     (nothing emitted) when the block does not fit or has under 64 columns.
-    ``split_n``: the warpgroups hold column slices of the same rows."""
+    ``split_n``: the warpgroups hold column slices of the same rows. A
+    callable ``out`` (see ``StagedOut``) stores whole chunks of rows ``< r1``
+    (no ``n_limit``)."""
     wg_cols = 8 * len(values[0])  # one warpgroup's columns
     cols = wg_cols * (block_size // 128 if split_n else 1)
     cpr = cols // 8  # 16-byte chunks per row
     if wg_cols % 64 or block_m * cols * 2 > ring_bytes or (block_m * cpr) % block_size:
         return False
-    mem, mtype = out
+    if callable(out) and n_limit is not None:
+        return False
+    mem, mtype = (None, None) if callable(out) else out
     row_bytes = cols * 2
     # Every warpgroup's wgmma has read its last stage before the ring is reused.
     t.emit("gpu.barrier")
@@ -901,7 +912,14 @@ def _staged_store(
         f"  vector.store {vec}, {mem}[{grow}, {gcol}] {{alignment = 16 : i64}} : {mtype}, "
         "vector<8xbf16>"
     )
-    if n_limit is None:
+    if callable(out):
+        t.emit(f"scf.if {ok} {{")
+        inner = t.indent
+        t.indent += "  "
+        out(t, vec, lr, gcol)
+        t.indent = inner
+        t.emit("}")
+    elif n_limit is None:
         t.emit(f"scf.if {ok} {{")
         t.emit(store16)
         t.emit("}")
