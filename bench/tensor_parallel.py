@@ -36,7 +36,7 @@ OPS = ("gemm_rs", "ag_gemm")
 SCHEDULES = ("static", "dynamic")
 # The GEMM tiles' tensor-core path: mma.sync (sm_90) or wgmma (sm_90a), each
 # in its best measured configuration (bench/gemm_tc.py, gemm_sweep_wgmma.py).
-CORES = ("mma", "wgmma", "tma", "tmaf")
+CORES = ("mma", "wgmma", "tma", "tmaf", "tmao")
 CONFIGS = {
     "mma": lambda k: _config(k=k, stages=3),
     "wgmma": lambda k: _config(k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10),
@@ -46,12 +46,16 @@ CONFIGS = {
     "tmaf": lambda k: _config(
         k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10, fused_reduce=True
     ),
+    # tma with All-Gather + GEMM's own chunk first, straight from A.
+    "tmao": lambda k: _config(
+        k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10, own_first=True
+    ),
 }
-#: Cores that only change GEMM + RS (All-Gather + GEMM is not built or run for them).
-GEMM_RS_ONLY = {"tmaf"}
+#: Configurations that change one layer only (the other is not built or run).
+ONLY = {"tmaf": "gemm_rs", "tmao": "ag_gemm"}
 # Two CTAs per SM (registers capped at 128): the GEMM + peer-store tile
 # otherwise takes 146 and runs one. The TMA tile's 192 KiB ring allows one (0: no cap).
-MIN_CTAS_PER_SM = {"mma": 2, "wgmma": 2, "tma": 0, "tmaf": 0}
+MIN_CTAS_PER_SM = {"mma": 2, "wgmma": 2, "tma": 0, "tmaf": 0, "tmao": 0}
 
 
 def _config(**kw):
@@ -83,7 +87,7 @@ def build(directory: Path, ranks: int, cores: tuple[str, ...] = CORES) -> None:
     for op, k in sorted(wanted):
         for schedule in SCHEDULES:
             for core in cores:
-                if op != "gemm_rs" and core in GEMM_RS_ONLY:
+                if ONLY.get(core, op) != op:
                     continue
                 cfg = CONFIGS[core](k)
                 builder = C.gemm_reduce_scatter if op == "gemm_rs" else C.allgather_gemm
@@ -200,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     models = args.models.split(",")
     cores = args.cores.split(",")
     for op in args.ops.split(","):
-        op_cores = [c for c in cores if op == "gemm_rs" or c not in GEMM_RS_ONLY]
+        op_cores = [c for c in cores if ONLY.get(c, op) == op]
         for schedule, core in [(s, c) for s in SCHEDULES for c in op_cores]:
             for model in models:
                 h, i = MODELS[model]

@@ -52,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block", type=int, help="GEMM block rows/columns (32 simulated, 128 GPU)")
     p.add_argument("--stages", type=int, help="cp.async stages (default 2 simulated, 3 GPU)")
     p.add_argument("--tolerance", type=float, default=2e-2)
+    p.add_argument(
+        "--reorder",
+        action="store_true",
+        help="GEMM + RS: the peers' rows first and the reduction in the own rows' GEMM "
+        "(fused_reduce); AG + GEMM: the own chunk first, from the local rows (own_first)",
+    )
 
 
 def config(args: argparse.Namespace) -> C.CollectiveConfig:
@@ -64,6 +70,8 @@ def config(args: argparse.Namespace) -> C.CollectiveConfig:
         block_n=block,
         stages=stages,
         block_size=128 if small else 256,
+        fused_reduce=args.reorder,
+        own_first=args.reorder,
     )
 
 

@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         collective.gemm_reduce_scatter(tensor_parallel_small()),
         collective.allgather_gemm(tensor_parallel_small()),
         collective.gemm_reduce_scatter(fused, name="gemm_rs_fused"),
+        collective.allgather_gemm(
+            replace(tensor_parallel_small(), own_first=True), name="ag_gemm_own"
+        ),
     ):
         jobs += [
             (f"{g.name}_small_{suffix}", g, schedule, early)

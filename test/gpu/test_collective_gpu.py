@@ -59,13 +59,19 @@ def _outputs(tensors, name: str) -> list[np.ndarray]:
     return [t[name].float().cpu().numpy() for t in tensors]
 
 
+#: Graph variants: the reduction in the own rows' GEMM epilogue; the own chunk first.
+VARIANTS = {"gemm_rs_fused": ("gemm_rs", "fused_reduce"), "ag_gemm_own": ("ag_gemm", "own_first")}
+
+
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("op", [*EXAMPLES, "gemm_rs_fused"])
+@pytest.mark.parametrize("op", [*EXAMPLES, *VARIANTS])
 def test_matches_reference_and_simulator(op: str, schedule: str) -> None:
-    # gemm_rs_fused: the reduction in the own rows' GEMM epilogue.
-    example = EXAMPLES[op.removesuffix("_fused")]
+    base, option = VARIANTS.get(op, (op, None))
+    example = EXAMPLES[base]
     group = _group(op, schedule)
-    cfg = dataclasses.replace(tensor_parallel_small(), fused_reduce=op.endswith("_fused"))
+    cfg = tensor_parallel_small()
+    if option is not None:
+        cfg = dataclasses.replace(cfg, **{option: True})
     graph = example.build(cfg)
     # One group for every shape, launched back to back: the kernels reset
     # their counters and keep the rank barrier's words.

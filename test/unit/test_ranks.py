@@ -187,7 +187,9 @@ def test_deadlock_names_the_stuck_rank(schedule: str) -> None:
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-@pytest.mark.parametrize("op", ["gemm_rs", "gemm_rs_fused", "ag_gemm", "ag_gemm_parts"])
+@pytest.mark.parametrize(
+    "op", ["gemm_rs", "gemm_rs_fused", "ag_gemm", "ag_gemm_parts", "ag_gemm_own"]
+)
 def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> None:
     rng = np.random.default_rng(ranks)
     rows, n, k = 64, 96, SMALL.k
@@ -202,8 +204,12 @@ def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> No
         inputs = [{"X": x, "W": w} for x, w in zip(xs, ws, strict=True)]
         want = C.reference_gemm_reduce_scatter(xs, ws)
         name = "out"
-    else:  # ag_gemm_parts: each row block's copy in two tiles
-        cfg = SMALL if op == "ag_gemm" else dataclasses.replace(SMALL, copy_parts=2)
+    else:  # ag_gemm_parts: each row block's copy in two tiles; _own: own chunk first
+        cfg = {
+            "ag_gemm": SMALL,
+            "ag_gemm_parts": dataclasses.replace(SMALL, copy_parts=2),
+            "ag_gemm_own": dataclasses.replace(SMALL, own_first=True, copy_parts=2),
+        }[op]
         g = C.allgather_gemm(cfg)
         as_ = [vals(rows, k) for _ in range(ranks)]
         ws = [vals(n, k) for _ in range(ranks)]
@@ -270,8 +276,9 @@ def test_fused_reduce_matches_the_reduce_tiles_bit_for_bit() -> None:
         C.gemm_reduce_scatter,
         C.allgather_gemm,
         lambda cfg: C.gemm_reduce_scatter(dataclasses.replace(cfg, fused_reduce=True)),
+        lambda cfg: C.allgather_gemm(dataclasses.replace(cfg, own_first=True)),
     ],
-    ids=["gemm_rs", "ag_gemm", "gemm_rs_fused"],
+    ids=["gemm_rs", "ag_gemm", "gemm_rs_fused", "ag_gemm_own"],
 )
 def test_collective_kernels_assemble(build, schedule: str) -> None:
     pytest.importorskip("etc._mlir_libs")

@@ -347,6 +347,11 @@ def test_tensor_parallel_tma_tiles_store_16_bytes():
     assert "{alignment = 16 : i64} : memref<?x?x?xbf16>, vector<8xbf16>" in chunk
     mma = CT.gemm_to_peer(128, 128, 512).source
     assert "{alignment = 4 : i64} : vector<2xbf16>, !llvm.ptr" in mma
+    own_chunk = CT.gemm_chunk(128, 256, 512, core="tma", stages=4, smem_limit=SMEM, chunks="own")
+    assert own_chunk.tensor_maps == {4: (1, (128, 64)), 5: (2, (256, 64))}
+    assert own_chunk.params[:3] == ("index", "index", "index")  # (i, j, rank)
+    with pytest.raises(ValueError, match="chunks must be 'all', 'peers' or 'own'"):
+        CT.gemm_chunk(chunks="mine")
     # The own rows' tile adds the peers' 16-byte slot chunks to its staged block.
     own = CT.gemm_reduce_own(128, 256, 512, core="tma", stages=4, smem_limit=SMEM)
     assert own.tensor_maps == {5: (1, (128, 64)), 6: (2, (256, 64))}

@@ -551,9 +551,10 @@ Value KernelBuilder::allThreads(Value pred) {
 /// coordinate, the guessed prefetch's copies are drained (`cp.async`: the
 /// only asynchronous copies a prefetch issues into shared memory) and the
 /// prefetch runs again for the coordinate found.
-std::pair<Value, Value>
-KernelBuilder::waitForTrigger(DispatchOp dispatch, Value linear, Value &valid,
-                              Operation *prefetch) {
+std::pair<Value, Value> KernelBuilder::waitForTrigger(DispatchOp dispatch,
+                                                      Value linear,
+                                                      Value &valid,
+                                                      Operation *prefetch) {
   Value event = dispatch.getTriggerEvent();
   int64_t taskId = dispatch.getTask();
   EventInfo &info = events[event];

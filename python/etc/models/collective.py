@@ -13,7 +13,8 @@
   rows ``A`` (``S/R x K``) and ``W_r`` (``N x K``); ``C_r = allgather(A) @ W_r^T``
   (``S x N``, given as ``R x S/R x N``). Copy tiles push this rank's rows into every
   rank's gathered buffer and notify the ranked event ``ag`` there; the GEMM tiles of a
-  chunk wait only for that chunk's rows.
+  chunk wait only for that chunk's rows (``own_first``: a rank's own chunk is computed
+  first, straight from ``A``).
 
 Symbols: ``rows`` (``S/R``) and ``N``; ``K`` is compiled in. The ranks and the rank are
 bound by :class:`etc.runtime.RankGroup` (or :func:`etc.simulate_ranks`).
@@ -63,6 +64,10 @@ class CollectiveConfig:
     #: rows with the peers' partials added in the GEMM epilogue
     #: (``tiles.gemm_reduce_own``) instead of separate reduce tiles.
     fused_reduce: bool = False
+    #: All-Gather + GEMM: each rank's GEMM on its own rows first, straight
+    #: from ``A`` (no copy to itself, no wait), then the peers' chunks as
+    #: their copies land.
+    own_first: bool = False
 
 
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
@@ -117,18 +122,34 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
     # one CTA copies only ~10 GB/s); a GEMM tile waits for exactly its rows.
     parts = cfg.copy_parts
     ag = g.event((ranks, ranks, mt), wait_count=parts, name="ag", ranked=True)
-    copy = tiles.copy_to_peers(cfg.block_m, cfg.k, parts=parts, block_size=cfg.block_size)
-    gemm = tiles.gemm_chunk(
-        cfg.block_m, cfg.block_n, cfg.k, block_size=cfg.block_size, warps=cfg.warps,
-        stages=cfg.stages, core=cfg.core, inflight=cfg.inflight, smem_limit=cfg.smem_limit,
-        block_k=cfg.block_k,
+    copy = tiles.copy_to_peers(
+        cfg.block_m, cfg.k, parts=parts, block_size=cfg.block_size, skip_own=cfg.own_first
+    )
+    gemm_opts = dict(
+        block_size=cfg.block_size, warps=cfg.warps, stages=cfg.stages, core=cfg.core,
+        inflight=cfg.inflight, smem_limit=cfg.smem_limit, block_k=cfg.block_k,
     )  # fmt: skip
+    # own_first: a copy to this rank only notifies (its wait count stays `parts`).
     g.task(
         copy, grid=(ranks, mt, parts), args=(rank, A, full_peers),
         out_edges={ag: "dtp->d,rank,t"}, name="copy",
     )  # fmt: skip
+    if not cfg.own_first:
+        gemm = tiles.gemm_chunk(cfg.block_m, cfg.block_n, cfg.k, **gemm_opts)
+        g.task(
+            gemm, grid=(ranks, mt, nt), args=(full, W, C), in_edges={ag: "sij->rank,s,i"},
+            name="gemm",
+        )  # fmt: skip
+        return g
+    own = tiles.gemm_chunk(
+        cfg.block_m, cfg.block_n, cfg.k, chunks="own", name="gemm_chunk_own", **gemm_opts
+    )
+    peers = tiles.gemm_chunk(
+        cfg.block_m, cfg.block_n, cfg.k, chunks="peers", name="gemm_chunk_peers", **gemm_opts
+    )
+    g.task(own, grid=(mt, nt), args=(rank, A, W, C), name="gemm_own")
     g.task(
-        gemm, grid=(ranks, mt, nt), args=(full, W, C), in_edges={ag: "sij->rank,s,i"},
+        peers, grid=(ranks, mt, nt), args=(rank, full, W, C), in_edges={ag: "sij->rank,s,i"},
         name="gemm",
     )  # fmt: skip
     return g

@@ -352,22 +352,37 @@ def gemm_chunk(
     core: str = "mma",
     inflight: int = 0,
     block_k: int = 32,
+    chunks: str = "all",
 ) -> DeviceFunction:
     """All-Gather + GEMM consumer tile (see the module docstring). The rows per chunk
     are ``dim(A, 0) / dim(C_chunks)``: ``C`` is ``memref<?x?x?xbf16>`` viewed as
-    ``(R, S/R, N)`` (the output ``(S, N)`` reshaped), so the tile learns ``S/R``."""
+    ``(R, S/R, N)`` (the output ``(S, N)`` reshaped), so the tile learns ``S/R``.
+
+    ``chunks``: ``"all"`` (coords ``(s, i, j)``, args ``(A, B, C)``, ``A`` the
+    gathered rows); ``"peers"`` (coords ``(s, i, j)``, args ``(rank, A, B,
+    C)``: chunk ``s == rank`` does nothing); ``"own"`` (coords ``(i, j)``,
+    args ``(rank, A, B, C)``, ``A`` this rank's own ``S/R`` rows: chunk
+    ``rank`` straight from them, with no wait for a copy)."""
+    if chunks not in ("all", "peers", "own"):
+        raise ValueError(f"{name}: chunks must be 'all', 'peers' or 'own', got {chunks!r}")
     wm, wn = _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core)
     t = _Text()
+    if chunks == "peers":
+        peer = t.op("peer", "arith.cmpi ne, %s, %rank : index")
+        t.emit(f"scf.if {peer} {{")
+        t.indent += "  "
     ct = "memref<?x?x?xbf16>"
+    chunk = "%rank" if chunks == "own" else "%s"  # C's chunk
     rpr = t.op("rpr", f"memref.dim %C, {t.c(1)} : {ct}")
     local0 = t.mul("%i", block_m)
-    r0 = t.add(t.op("x", f"arith.muli %s, {rpr} : index"), local0)
+    # The A rows: the gathered buffer's chunk s, or (own) this rank's rows.
+    r0 = local0 if chunks == "own" else t.add(t.op("x", f"arith.muli %s, {rpr} : index"), local0)
     ab, n0, a_src, b_src = _gemm_prologue(t, k, block_m, block_n, r0)
 
     def chunk_store(t: _Text, vec: str, lrow: str, col: str) -> None:
         row = t.add(local0, lrow)
         t.emit(
-            f"vector.store {vec}, %C[%s, {row}, {col}] {{alignment = 16 : i64}} : {ct}, "
+            f"vector.store {vec}, %C[{chunk}, {row}, {col}] {{alignment = 16 : i64}} : {ct}, "
             "vector<8xbf16>"
         )
 
@@ -382,7 +397,7 @@ def gemm_chunk(
                 for f, c in enumerate(per):
                     hv = bf16_pair(t, c, h)
                     t.emit(
-                        f"vector.store {hv}, %C[%s, {lrow}, {cols[f]}] "
+                        f"vector.store {hv}, %C[{chunk}, {lrow}, {cols[f]}] "
                         f"{{alignment = 4 : i64}} : {ct}, vector<2xbf16>"
                     )
 
@@ -390,19 +405,40 @@ def gemm_chunk(
         t, name, k, block_m, block_n, block_size, wm, wn, stages, a_src, b_src, r0, n0,
         epilogue, core, inflight, block_k,
     )  # fmt: skip
-    signature = f"%s: index, %i: index, %j: index, %A: {ab}, %B: {ab}, %C: {ct}"
+    if chunks == "peers":
+        t.indent = t.indent[:-2]
+        t.emit("}")
+    buffers = f"%A: {ab}, %B: {ab}, %C: {ct}"
+    signature = {
+        "all": f"%s: index, %i: index, %j: index, {buffers}",
+        "peers": f"%s: index, %i: index, %j: index, %rank: index, {buffers}",
+        "own": f"%i: index, %j: index, %rank: index, {buffers}",
+    }[chunks]
 
-    def reference(s: int, i: int, j: int, A, B, C) -> None:
-        rows = C.shape[1]
-        rs = slice(s * rows + i * block_m, s * rows + (i + 1) * block_m)
+    def block(s: int, i: int, j: int, a_row0: int, A, B, C) -> None:
+        rs = slice(a_row0 + i * block_m, a_row0 + (i + 1) * block_m)
         cs = slice(j * block_n, (j + 1) * block_n)
         C[s, i * block_m : (i + 1) * block_m, cs] = f32_to_bf16(_mma.bf16_matmul(A[rs], B[cs]))
 
+    def reference(*args) -> None:
+        if chunks == "all":
+            s, i, j, A, B, C = args
+        elif chunks == "peers":
+            s, i, j, rank, A, B, C = args
+            if s == rank:
+                return
+        else:
+            i, j, s, A, B, C = args  # own: chunk `rank`, A holds only its rows
+            block(s, i, j, 0, A, B, C)
+            return
+        block(s, i, j, s * C.shape[1], A, B, C)
+
     return _gemm_finish(
         t, name, signature, globals_,
-        f"{name}: C = A @ B^T for chunk s of the gathered rows, {block_m}x{block_n} blocks, "
-        f"{stages} stages, {wm}x{wn} warps",
+        f"{name}: C = A @ B^T for chunk s of the gathered rows ({chunks}), {block_m}x{block_n} "
+        f"blocks, {stages} stages, {wm}x{wn} warps",
         reference, block_size, core, block_m, block_n,
+        a_index=0 if chunks == "all" else 1, buffers=3 if chunks == "all" else 4,
     )  # fmt: skip
 
 
@@ -476,12 +512,14 @@ def copy_to_peers(
     parts: int = 1,
     name: str = "copy_to_peers",
     block_size: int = 256,
+    skip_own: bool = False,
 ) -> DeviceFunction:
     """All-Gather producer tile (see the module docstring): 16-byte loads of this
     rank's rows, 16-byte stores into rank ``d``'s gathered buffer. Coordinates
     ``(d, t, p)``: part ``p`` of ``parts`` of row block ``t`` (``chunk_rows`` rows
     each), so that a block's copy is spread over ``parts`` CTAs (one CTA moves
-    only ~10 GB/s)."""
+    only ~10 GB/s). ``skip_own``: the copies to this rank (``d == rank``) do
+    nothing (its GEMM reads its own rows: ``gemm_chunk(chunks="own")``)."""
     if parts < 1 or chunk_rows % parts:
         raise ValueError(f"{name}: parts={parts} must divide chunk_rows={chunk_rows}")
     part_rows = chunk_rows // parts
@@ -508,6 +546,8 @@ func.func @{name}(%d: index, %t: index, %p: index, %rank: index, %A: {at}, %peer
   %l0 = arith.addi %lt, %lp : index
   %g00 = arith.muli %rank, %rpr : index
   %g0 = arith.addi %g00, %l0 : index
+  %todo = {"arith.cmpi ne, %d, %rank : index" if skip_own else "arith.constant true"}
+  scf.if %todo {{
   scf.for %it = %c0 to %c{iters}_ step %c1 {{
     %v0 = arith.muli %it, %c{block_size}_ : index
     %v = arith.addi %v0, %tid : index
@@ -523,11 +563,14 @@ func.func @{name}(%d: index, %t: index, %p: index, %rank: index, %A: {at}, %peer
     %dst = llvm.getelementptr %base[%e64] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
     llvm.store %x, %dst {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr
   }}
+  }}
   return
 }}
 """
 
     def reference(d: int, t: int, p: int, rank: int, A, peers) -> None:
+        if skip_own and d == rank:
+            return
         rows, r0 = A.shape[0], t * chunk_rows + p * part_rows
         peers[d][rank * rows + r0 : rank * rows + r0 + part_rows] = A[r0 : r0 + part_rows]
 
