@@ -11,10 +11,10 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
     python examples/moe.py --artifact /tmp/moe_static               # run on the GPU
     python examples/moe.py --preset decode --save-artifact /tmp/moe  # tuned tiles
 
-``--preset decode|prefill`` takes the tile configuration measured best for
-T = 1 or T >= 16 (``etc.models.moe.PRESETS``: prefill is the TMA tiles and
-router, sm_90a) and compiles with its ``min_ctas_per_sm``; ``--block-*``
-then do not apply.
+``--preset decode|mid|prefill`` takes the tile configuration measured best
+for T <= 16, T around 128 and T >= 1024 (``etc.models.moe.PRESETS``: mid
+and prefill are TMA tiles, sm_90a) and compiles with its target and
+``min_ctas_per_sm``; ``--block-*`` then do not apply.
 
 ``--routing``: ``uniform`` (random router), ``one-expert`` (every token
 picks expert 0: a bias column in the router weights), ``few-experts``
