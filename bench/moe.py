@@ -165,6 +165,11 @@ CONFIGS = {
     # prefetch fills 11 of the tile's 12 groups (92 % of its weights) before
     # the instance waits for its expert's gate/up tiles; and with 6 gate/up
     # stages (5 groups in flight while the permute runs).
+    # The decode preset with other column widths: 24 or 48 gate/up columns
+    # (256 or 128 instances at T = 1), 128 down columns (128 instances).
+    "dec_gu24": {**M.PRESETS["decode"], "block_n_gu": 24},
+    "dec_gu48": {**M.PRESETS["decode"], "block_n_gu": 48},
+    "dec_dn128": {**M.PRESETS["decode"], "block_n_dn": 128},
     "dec_dn12": {
         **M.PRESETS["decode"],
         "down_options": (
@@ -268,6 +273,9 @@ OCCUPANCY = {
     "dec_pf": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_pf_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_dn12": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_gu48": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_dn128": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_dn12_gu6": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "pre128x2": 2,
     "pre64x2": 2,
