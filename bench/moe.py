@@ -191,6 +191,11 @@ CONFIGS = {
     # an expert's ragged last block wastes 32 rows on average instead of 64.
     # 5 stages of 64 x 64 + 256 x 64.
     "pre64": M.PRESETS["mid"],
+    # The prefill and mid presets with the router's k loop in one part (the
+    # presets before run 8 of session 12; they now split it in 4: one CTA
+    # took 17 µs per 128 tokens, 32 k-tiles in a row).
+    "pre_rs1": {**M.PRESETS["prefill"], "router_splits": 1},
+    "mid_rs1": {**M.PRESETS["mid"], "router_splits": 1},
     # Prefill tiles with several pipeline passes per instance (sub_n): one
     # round of waits and table lookups per 256 (x2: 384) gate/up and 512
     # (x2: 1024) down columns instead of per 128 and 256.
@@ -251,6 +256,8 @@ TARGETS = {
         "pre_sub2f",
         "pre128x2",
         "pre64x2",
+        "pre_rs1",
+        "mid_rs1",
     )
     if k in CONFIGS
 }

@@ -53,12 +53,13 @@ def _moe_small_tma():
     # TMA GEMM tiles (sm_90a): 128-row blocks, 2 stages over 4 (gate/up) and 3
     # (down) k-tiles, so stages are refilled; experts past 128 rows take two
     # blocks. The router's logits on the TMA tile too (float32 out), in two
-    # 8-expert blocks per 128 tokens, on a 3-stage ring.
+    # 8-expert blocks per 128 tokens, on a 3-stage ring, its k loop in two
+    # parts (partial logits the top-k adds).
     tma = (("core", "tma"), ("stages", 2), ("smem_limit", 220 << 10))
     return MoEConfig(
         hidden=256, inter=192, experts=16, topk=2, block_m=128, block_n_gu=64, block_n_dn=64,
         router_block=128, router_experts=8, topk_block=4, combine_block=3, gemm="tc",
-        gate_up_options=tma, down_options=tma, router="tc", router_stages=3,
+        gate_up_options=tma, down_options=tma, router="tc", router_stages=3, router_splits=2,
     )  # fmt: skip
 
 
@@ -72,7 +73,10 @@ def _moe_small_split():
     # 64-row TMA tiles whose two warpgroups split the columns (split_n): each
     # takes 32 gate/up and 64 down columns of the same rows.
     tma = (("core", "tma"), ("stages", 2), ("smem_limit", 220 << 10), ("split_n", True))
-    return replace(MOE_SMALL_TMA, block_m=64, block_n_dn=128, gate_up_options=tma, down_options=tma)
+    return replace(
+        MOE_SMALL_TMA, block_m=64, block_n_dn=128, gate_up_options=tma, down_options=tma,
+        router_splits=1,
+    )  # fmt: skip
 
 
 #: MOE_SMALL_TMA on 64-row split_n tiles (sm_90a).

@@ -239,7 +239,9 @@ def test_tile_configuration_errors():
         M.MoEConfig(router_block=12, topk_block=8)
     with pytest.raises(etc.GraphError, match="block_n_gu"):
         M.MoEConfig(inter=100, block_n_gu=64)
-    for key in ("permute_unroll", "combine_unroll", "router_stages"):
+    with pytest.raises(etc.GraphError, match="router_splits=2 needs router='tc'"):
+        M.MoEConfig(router_splits=2)
+    for key in ("permute_unroll", "combine_unroll", "router_stages", "router_splits"):
         with pytest.raises(etc.GraphError, match=f"{key} must be a positive int, got 0"):
             M.MoEConfig(**{key: 0})
     with pytest.raises(etc.GraphError, match="unroll must be"):
@@ -398,6 +400,7 @@ def test_presets_are_the_measured_configurations() -> None:
     assert dict(decode.down_options)["rotate_k"] is True
     assert dict(decode.down_options)["prefetch_ring"] is True
     assert (prefill.gemm, prefill.block_m, prefill.router) == ("tc", 128, "tc")
+    assert prefill.router_splits == 4
     assert dict(prefill.gate_up_options)["core"] == "tma"
     mid = M.preset("mid")
     assert (mid.block_m, dict(mid.gate_up_options)["split_n"]) == (64, True)

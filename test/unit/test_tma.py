@@ -275,6 +275,36 @@ def test_split_and_sub_tiles_loads_and_errors():
         G.moe_down(64, 8, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True)
 
 
+def test_split_k_router_tile_and_topk_add_the_parts():
+    """gemm(k_splits=S): tile (i, j, s) writes the partial product of k part
+    s into rows s*M of C; router_topk(splits=S) adds the parts in order."""
+    from etc.tiles import moe as MT
+
+    rng = np.random.default_rng(7)
+    m, e, k, parts = 130, 16, 256, 4
+    A, B = rand_bf16(rng, m, k), rand_bf16(rng, e, k)
+    tile = G.gemm(128, e, k, core="tma", smem_limit=SMEM, out_dtype="f32", k_splits=parts)
+    assert tile.params[:3] == ("index", "index", "index")
+    C = np.zeros((parts * m, e), np.float32)
+    for i in range(2):
+        for s in range(parts):
+            tile.reference(i, 0, s, A, B, C)
+    full = bf16_to_f32(A) @ bf16_to_f32(B).T
+    np.testing.assert_allclose(C.reshape(parts, m, e).sum(0), full, rtol=1e-4, atol=1e-4)
+    topk = MT.router_topk(128, 8, e, 2, splits=parts)
+    assert topk.source.count("memref.load %L[") == parts
+    ids, tw = np.zeros((m, 2), np.int32), np.zeros((m, 2), np.float32)
+    counts, pos = np.zeros(e, np.int32), np.zeros((m, 2), np.int32)
+    for j in range(16):
+        topk.reference(0, j, C, ids, tw, counts, pos)
+    want_ids, _ = MT.topk_from_logits(C.reshape(parts, m, e).sum(0)[:128], 2)
+    np.testing.assert_array_equal(ids[:128], want_ids)
+    with pytest.raises(GraphError, match="k_splits=2 needs core='tma' and out_dtype='f32'"):
+        G.gemm(128, 64, 256, core="tma", smem_limit=SMEM, k_splits=2)
+    with pytest.raises(GraphError, match="k=256 does not split into 3 parts"):
+        G.gemm(128, 64, 256, core="tma", smem_limit=SMEM, out_dtype="f32", k_splits=3)
+
+
 def test_tma_configuration_errors():
     with pytest.raises(GraphError, match="k=96 must be a multiple of 64"):
         dense_tma(k=96)
@@ -384,11 +414,16 @@ def test_moe_layer_with_tma_router_simulates():
     g = M.build_moe_graph(cfg, name="moe_tc_router")
     assert next(t for t in g.tasks if t.name == "logits").function.name == "moe_logits_tc"
     w = M.random_weights(cfg, seed=5)
+    # router_splits: the logits' k loop in 4 parts (grid (blocks, E/EC, 4)).
+    parts = dataclasses.replace(cfg, router_splits=4)
+    g4 = M.build_moe_graph(parts, name="moe_tc_router_parts")
+    assert next(t for t in g4.tasks if t.name == "logits").grid[2] == 4
     for T in (3, 200):
         x = M.random_tokens(cfg, T, seed=T)
-        out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T})
         ref = M.reference_moe(x, w["Wr"], w["Wgu"], w["Wd"], cfg.topk)
-        assert M.rel_err(out["Out"], ref) <= 1e-2
+        for c, graph in ((cfg, g), (parts, g4)):
+            out = etc.simulate(graph, M.numpy_inputs(c, x, w), {"T": T})
+            assert M.rel_err(out["Out"], ref) <= 1e-2
     # Expert blocks: two TMA router CTAs per 128 tokens.
     split = dataclasses.replace(cfg, experts=16, router_experts=8)
     g = M.build_moe_graph(split, name="moe_tc_router_split")

@@ -72,6 +72,7 @@ _PREFILL = dict(
     router="tc",
     router_block=128,
     router_experts=128,
+    router_splits=4,
     gate_up_options=_TMA_OPTIONS,
     down_options=_TMA_OPTIONS,
 )
@@ -87,7 +88,7 @@ _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("s
 #:   loops rotated per tile.
 #: * ``prefill`` (T >= 1024): 128-row ``etc.tiles.gemm_tc`` tiles fed by
 #:   TMA, gate/up 128 and down 256 columns, 4 stages, and the router's
-#:   logits on the same tile.
+#:   logits on the same tile, its k loop in 4 parts.
 #: * ``mid`` (T around 128: a few rows per expert): ``prefill`` on 64-row
 #:   tiles whose two warpgroups split the columns (``split_n``), 5 stages.
 #:
@@ -173,6 +174,10 @@ class MoEConfig:
     combine_unroll: int = 1
     #: Pipeline stages of the router's TMA tile (``router="tc"``).
     router_stages: int = 4
+    #: ``router="tc"``: the logits' k loop split over this many CTAs per
+    #: block (partial sums, added by the top-k tile in part order): one
+    #: block's logits took 17 µs on one CTA, 32 k-tiles in a row.
+    router_splits: int = 1
     #: GEMM tiles: "reg" (etc.tiles.gemm, fragments streamed from global
     #: memory: decode) or "tc" (etc.tiles.gemm_tc, cp.async + ldmatrix
     #: pipeline: prefill), with extra keyword options for each tile.
@@ -203,6 +208,7 @@ class MoEConfig:
             "permute_unroll",
             "combine_unroll",
             "router_stages",
+            "router_splits",
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -222,6 +228,14 @@ class MoEConfig:
                 f"({self.block_size // 2}), router_experts a multiple of 8 up to 256 and "
                 f"hidden a multiple of 64; got router_block={self.router_block}, "
                 f"router_experts={self.router_experts}, hidden={self.hidden}"
+            )
+        if self.router_splits > 1 and (
+            self.router != "tc" or self.hidden % (64 * self.router_splits)
+        ):
+            raise GraphError(
+                f"MoEConfig: router_splits={self.router_splits} needs router='tc' and hidden a "
+                f"multiple of 64 x router_splits; got router={self.router!r}, "
+                f"hidden={self.hidden}"
             )
         if self.topk > self.experts:
             raise GraphError(f"MoEConfig: topk={self.topk} exceeds experts={self.experts}")
@@ -293,7 +307,7 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "Wr": ((E, H), "bf16"),
         "Wgu": ((E, 2 * II, H), "bf16"),
         "Wd": ((E, H, II), "bf16"),
-        "logits": ((T, E), "f32"),
+        "logits": ((cfg.router_splits * T, E), "f32"),
         "topk_ids": ((T, K), "i32"),
         "topk_w": ((T, K), "f32"),
         "counts": ((E,), "i32"),
@@ -349,7 +363,7 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
     RB, TB = cfg.router_block, cfg.topk_block
     return {
         "logits": _router_tile(cfg),
-        "topk": moe_tiles.router_topk(RB, TB, E, K, block_size=bs),
+        "topk": moe_tiles.router_topk(RB, TB, E, K, splits=cfg.router_splits, block_size=bs),
         "clear": moe_tiles.clear_counts(E, block_size=bs),
         "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
         "permute": moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs),
@@ -369,6 +383,7 @@ def _router_tile(cfg: MoEConfig) -> DeviceFunction:
     return gemm_tc.gemm(
         cfg.router_block, cfg.router_experts, H, name="moe_logits_tc", block_size=bs,
         core="tma", stages=cfg.router_stages, smem_limit=220 << 10, out_dtype="f32",
+        k_splits=cfg.router_splits,
     )  # fmt: skip
 
 
@@ -428,13 +443,13 @@ def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, ro
         tiles["clear"], grid=(1,), args=(t["counts"],), out_edges={cleared: "i->0"},
         name="clear",
     )  # fmt: skip
-    scored = g.event((blocks,), wait_count=E // EC, name="scored")
+    scored = g.event((blocks,), wait_count=E // EC * cfg.router_splits, name="scored")
     g.task(
         tiles["logits"],
-        grid=(blocks, E // EC),
+        grid=_logits_grid(cfg, blocks),
         args=(t["X"], t["Wr"], t["logits"]),
-        in_edges={cleared: "ij->0"},
-        out_edges={scored: "ij->i"},
+        in_edges={cleared: "ij->0" if cfg.router_splits == 1 else "ijs->0"},
+        out_edges={scored: "ij->i" if cfg.router_splits == 1 else "ijs->i"},
         name="logits",
     )
     g.task(
@@ -445,6 +460,12 @@ def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, ro
         out_edges={routed: "ij->0"} if routed is not None else None,
         name="topk",
     )
+
+
+def _logits_grid(cfg: MoEConfig, blocks: Any) -> tuple[Any, ...]:
+    """(token blocks, expert blocks[, k parts]) of the logits task."""
+    grid = (blocks, cfg.experts // cfg.router_experts)
+    return grid if cfg.router_splits == 1 else (*grid, cfg.router_splits)
 
 
 def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe") -> Graph:
@@ -528,7 +549,7 @@ def build_unfused_graphs(
     gate_up, down = _gemm_tiles(cfg, gemm_tiles)
     tiles = _small_tiles(cfg)
     E, RB, CB = cfg.experts, cfg.router_block, cfg.combine_block
-    EC, TB = cfg.router_experts, cfg.topk_block
+    TB = cfg.topk_block
     out: list[tuple[str, Graph]] = []
 
     def graph(task: str, names: list[str]) -> tuple[Graph, Any, dict[str, Any]]:
@@ -542,7 +563,7 @@ def build_unfused_graphs(
     g, T, t = graph("logits", ["X", "Wr", "logits"])
     g.task(
         tiles["logits"],
-        grid=((T + RB - 1) // RB, E // EC),
+        grid=_logits_grid(cfg, (T + RB - 1) // RB),
         args=(t["X"], t["Wr"], t["logits"]),
         name="logits",
     )
@@ -711,7 +732,9 @@ def run_tile_references(
     RB, EC, TB = cfg.router_block, cfg.router_experts, cfg.topk_block
     for i in range(-(-T // RB)):
         for j in range(E // EC):
-            tiles["logits"].reference(i, j, a["X"], a["Wr"], a["logits"])
+            for s in range(cfg.router_splits):
+                coords = (i, j) if cfg.router_splits == 1 else (i, j, s)
+                tiles["logits"].reference(*coords, a["X"], a["Wr"], a["logits"])
     tiles["clear"].reference(0, a["counts"])
     for i in range(-(-T // RB)):
         for j in range(RB // TB):

@@ -645,6 +645,7 @@ def _body_tma(
     epilogue: Callable[[_Text, list[list[list[str]]], list[str], str, str], None],
     stage_output: bool = True,
     split_n: bool = False,
+    k_offset: str | None = None,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -665,7 +666,9 @@ def _body_tma(
     ``split_n``: the warpgroups share one 64-row ``A`` block and each takes
     its own ``b_rows / warpgroups`` rows of ``B`` (a 64-row tile: half the
     rows of an expert's ragged last block wasted on average, not a whole
-    128-row block's worth); the epilogue gets the warpgroup as ``wn_i``."""
+    128-row block's worth); the epilogue gets the warpgroup as ``wn_i``.
+    ``k_offset`` (an index value): the first column of ``k`` the loads read
+    (a split-K part of a longer reduction)."""
     groups = block_size // 128
     if block_size % 128 or block_m != (64 if split_n else 64 * groups):
         raise GraphError(
@@ -730,7 +733,8 @@ def _body_tma(
             "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
             [(full, "i32"), (tx, "i32")],
         )
-        col = _i32(t, t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk))
+        col = t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk)
+        col = _i32(t, col if k_offset is None else t.add(col, k_offset))
         for base, per_stage, loads in ((base_a, a_bytes, a_loads), (base_b, b_bytes, b_loads)):
             st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
             off = 0
@@ -1034,6 +1038,7 @@ def gemm(
     copies_after_mma: bool = False,
     stage_output: bool = True,
     out_dtype: str = "bf16",
+    k_splits: int = 1,
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
     ``core="wgmma"`` needs ``target="sm_90a"``; ``inflight`` (0 or 1) is the
@@ -1043,15 +1048,21 @@ def gemm(
     and ``B`` as two more buffers, which ``Graph.task`` declares when given
     ``(A, B, C)``), 64-wide k-tiles; ``stage_output`` stores the block through
     shared memory in 16-byte rows; ``out_dtype="f32"`` stores ``C`` in float32
-    (``memref<?x?xf32>``, e.g. router logits).
+    (``memref<?x?xf32>``, e.g. router logits). ``k_splits=S`` (``core="tma"``,
+    float32 out): tile ``(i, j, s)`` multiplies the ``s``-th of ``S`` equal
+    parts of ``k`` (multiples of 64) into rows ``s*M + ...`` of ``C``
+    (``S*M x N``): the partial products, for a consumer that adds them.
 
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
     ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped."""
+    if k_splits != 1 and (core != "tma" or out_dtype != "f32"):
+        raise GraphError(f"tile '{name}': k_splits={k_splits} needs core='tma' and out_dtype='f32'")
     if core == "tma":
         return _dense_tma(
-            block_m, block_n, k, name, block_size, stages, smem_limit, stage_output, out_dtype
-        )
+            block_m, block_n, k, name, block_size, stages, smem_limit, stage_output, out_dtype,
+            k_splits,
+        )  # fmt: skip
     if out_dtype != "bf16":
         raise GraphError(f"tile '{name}': out_dtype={out_dtype!r} needs core='tma'")
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
@@ -1159,33 +1170,66 @@ def _dense_tma(
     smem_limit: int,
     stage_output: bool,
     out_dtype: str = "bf16",
+    k_splits: int = 1,
 ) -> DeviceFunction:
     """:func:`gemm` with ``core="tma"``: buffers ``(A, B, C, A_map, B_map)``."""
-    plan_tma(name, block_m, block_n, k, block_size, stages, smem_limit)
+    _positive(name, "k_splits", k_splits)
+    if k_splits > 1 and k % (k_splits * TMA_BLOCK_K):
+        raise GraphError(
+            f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
+            f"{TMA_BLOCK_K}"
+        )
+    part = k // k_splits
+    plan_tma(name, block_m, block_n, part, block_size, stages, smem_limit)
     if out_dtype not in ("bf16", "f32"):
         raise GraphError(f"tile '{name}': out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
     out_f32 = out_dtype == "f32"
     ab, ct = _mma.dense_types(k, out_dtype)
     t = _Text()
     n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
+    k_offset, shift = None, None
+    if k_splits > 1:  # part s: columns s*part of k, rows s*M of C
+        k_offset = t.mul("%s", part)
+        m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
+        shift = t.op("x", f"arith.muli %s, {m_rows} : index")
 
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
         cols = [t.add(t.add(n0, col_lane), 8 * f) for f in range(len(acc[0]))]
-        _store_pairs(t, acc, rows, cols, ("%C", ct), r1, n_rows, f32=out_f32)
+        end = r1
+        if shift is not None:
+            rows, end = [t.add(r, shift) for r in rows], t.add(r1, shift)
+        _store_pairs(t, acc, rows, cols, ("%C", ct), end, n_rows, f32=out_f32)
 
     globals_ = _body_tma(
-        t, name=name, k=k, block_m=block_m, b_rows=block_n, block_size=block_size,
+        t, name=name, k=part, block_m=block_m, b_rows=block_n, block_size=block_size,
         stages=stages, a_loads=[(_map_pointer(t, "%A_map"), r0, block_m)],
         b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue,
-        stage_output=stage_output and not out_f32,
+        stage_output=stage_output and not out_f32, k_offset=k_offset,
     )  # fmt: skip
     t.close()
+    signature = _mma.dense_signature(ab, ct)
+    reference = _mma.dense_reference(block_m, block_n, out_f32)
+    if k_splits > 1:
+        signature = signature.replace("%j: index, ", "%j: index, %s: index, ", 1)
+        reference = _split_reference(block_m, block_n, part)
     return finish_tma(
-        t, name, _mma.dense_signature(ab, ct), globals_,
+        t, name, signature, globals_,
         f"{name}: C = A @ B^T, bf16, {block_m}x{block_n}x{TMA_BLOCK_K} blocks, {stages} stages, "
-        "TMA + wgmma", _mma.dense_reference(block_m, block_n, out_f32), block_size, 3,
-        [("A", 0, block_m), ("B", 1, block_n)],
+        f"TMA + wgmma{f', {k_splits} parts of k' if k_splits > 1 else ''}", reference,
+        block_size, 3, [("A", 0, block_m), ("B", 1, block_n)],
     )  # fmt: skip
+
+
+def _split_reference(block_m: int, block_n: int, part: int) -> Callable[..., None]:
+    """Tile ``(i, j, s)`` of a split-K ``gemm``: ``C[s*M + rows, cols]`` (float32)."""
+
+    def reference(i: int, j: int, s: int, A, B, C) -> None:
+        m = A.shape[0]
+        r0, r1 = i * block_m, min((i + 1) * block_m, m)
+        cs, ks = slice(j * block_n, (j + 1) * block_n), slice(s * part, (s + 1) * part)
+        C[s * m + r0 : s * m + r1, cs] = _mma.bf16_matmul(A[r0:r1, ks], B[cs, ks])
+
+    return reference
 
 
 def _core_text(core: str, wm: int, wn: int) -> str:

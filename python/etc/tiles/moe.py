@@ -281,7 +281,14 @@ func.func @{name}(%i: index, %j: index, %X: {x_t}, %Wr: {w_t}, %L: {l_t}) {{
 
 
 def router_topk(
-    RB: int, TB: int, E: int, K: int, *, name: str = "moe_topk", block_size: int = 256
+    RB: int,
+    TB: int,
+    E: int,
+    K: int,
+    *,
+    splits: int = 1,
+    name: str = "moe_topk",
+    block_size: int = 256,
 ) -> DeviceFunction:
     """Tile ``(i, j)``, grid ``(ceil(T/RB), RB/TB)``: top-K of the fp32
     logits of tokens ``[i*RB + j*TB, +TB)`` (those below T).
@@ -296,9 +303,13 @@ def router_topk(
     choice k and increments its expert's ``counts[e]`` atomically (one
     warp-wide atomic); the old value is the slot's position among expert
     e's rows (``pos[t, k]``, for :func:`plan`).
+
+    ``splits=S``: the logits come in ``S`` partial sums (``L`` is ``S*T x
+    E``, part ``s`` in rows ``s*T ...``: a split-K router), added in part
+    order as they are loaded.
     """
     warps = _check_block(name, block_size)
-    _positive(name, RB=RB, TB=TB, E=E, K=K)
+    _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits)
     if K > E:
         raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
     if K > 32:
@@ -310,6 +321,21 @@ def router_topk(
     per_lane = -(-E // 32)
     ind = "        "
     lines = []
+
+    def logit(out: str, q: int, col: str) -> None:
+        """``out`` = the logit of row %t, expert ``col``: the parts' sum in part order."""
+        first = out if splits == 1 else f"%l{q}_0"
+        lines.append(f"{ind}{first} = memref.load %L[%t, {col}] : {l_t}")
+        total = first
+        for p in range(1, splits):
+            added = out if p == splits - 1 else f"%ls{q}_{p}"
+            lines.append(
+                f"{ind}%row{q}_{p} = arith.addi %t, %tS{p} : index\n"
+                f"{ind}%l{q}_{p} = memref.load %L[%row{q}_{p}, {col}] : {l_t}\n"
+                f"{ind}{added} = arith.addf {total}, %l{q}_{p} : f32"
+            )
+            total = added
+
     # This lane's logits: expert lane + 32q (past E: -inf, never chosen).
     for q in range(per_lane):
         lines.append(
@@ -317,14 +343,14 @@ def router_topk(
             f"{ind}%e{q}_i32 = arith.index_cast %e{q} : index to i32"
         )
         if 32 * (q + 1) <= E:
-            lines.append(f"{ind}%v0_{q} = memref.load %L[%t, %e{q}] : {l_t}")
+            logit(f"%v0_{q}", q, f"%e{q}")
         else:
             lines.append(
                 f"{ind}%in{q} = arith.cmpi ult, %e{q}, %cE : index\n"
-                f"{ind}%ec{q} = arith.minui %e{q}, %cEm1 : index\n"
-                f"{ind}%raw{q} = memref.load %L[%t, %ec{q}] : {l_t}\n"
-                f"{ind}%v0_{q} = arith.select %in{q}, %raw{q}, %ninf : f32"
+                f"{ind}%ec{q} = arith.minui %e{q}, %cEm1 : index"
             )
+            logit(f"%raw{q}", q, f"%ec{q}")
+            lines.append(f"{ind}%v0_{q} = arith.select %in{q}, %raw{q}, %ninf : f32")
     probs, chosen = [], []
     for k in range(K):
         # This lane's best (strict >: the lower expert on ties), then the warp's.
@@ -378,6 +404,17 @@ def router_topk(
     consts = "\n".join(f"  %cQ{q} = arith.constant {32 * q} : index" for q in range(per_lane))
     consts += "\n" + "\n".join(f"  %c{k}_k = arith.constant {k} : i32" for k in range(1, K))
     body = "\n".join(lines)
+    # T: the logits' rows over the parts; part p's rows start at %tS<p>.
+    rows = f"  %T = memref.dim %L, %c0 : {l_t}"
+    if splits > 1:
+        rows = (
+            f"  %Lrows = memref.dim %L, %c0 : {l_t}\n"
+            f"  %cS = arith.constant {splits} : index\n"
+            "  %T = arith.divui %Lrows, %cS : index\n"
+        ) + "\n".join(
+            f"  %c{p}_s = arith.constant {p} : index\n  %tS{p} = arith.muli %T, %c{p}_s : index"
+            for p in range(1, splits)
+        )
     source = f"""\
 // {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {c_t}, %pos: {ids_t}) {{
@@ -397,7 +434,7 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
   %writer = arith.cmpi ult, %lane, %cK : index
-  %T = memref.dim %L, %c0 : {l_t}
+{rows}
   %ti = arith.muli %i, %cRB : index
   %tj = arith.muli %j, %cTB : index
   %t0 = arith.addi %ti, %tj : index
@@ -419,11 +456,15 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
         i: int, j: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray, counts: np.ndarray,
         pos: np.ndarray,
     ) -> None:  # fmt: skip
+        T = L.shape[0] // splits
         t0 = i * RB + j * TB
-        t1 = min(t0 + TB, L.shape[0])
+        t1 = min(t0 + TB, T)
         if t0 >= t1:
             return
-        ids[t0:t1], tw[t0:t1] = topk_from_logits(L[t0:t1], K)
+        logits = L[t0:t1].copy()
+        for p in range(1, splits):  # the parts in part order, as the tile adds them
+            logits += L[p * T + t0 : p * T + t1]
+        ids[t0:t1], tw[t0:t1] = topk_from_logits(logits, K)
         for t in range(t0, t1):
             for k in range(K):
                 pos[t, k] = counts[ids[t, k]]
