@@ -10,6 +10,7 @@ schedule on the CPU; without it the ranks run on GPUs 0..N-1 through
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,8 +82,12 @@ def main(example: Example, description: str, argv: list[str] | None = None) -> i
     args = p.parse_args(argv)
     if args.ranks < 1:
         p.error("--ranks must be >= 1")
-    cfg = config(args)
-    g = example.build(cfg)
+    try:
+        cfg = config(args)
+        g = example.build(cfg)
+    except etc.EtcError as exc:  # sizes the tiles cannot take, named by the error
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     done = compile_only(g, args)
     if done is not None:
         return done

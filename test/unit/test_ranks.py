@@ -251,6 +251,23 @@ def test_manifest_and_launch_checks_of_a_ranked_artifact(tmp_path) -> None:
         )
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("k", 0, "k must be a positive int, got 0"),
+        ("block_m", True, "block_m must be a positive int, got True"),
+        ("core", "cuda", "core must be one of mma, wgmma, tma, got 'cuda'"),
+        ("inflight", 2, "inflight must be 0 or 1, got 2"),
+        ("fused_reduce", 1, "fused_reduce must be a bool, got 1"),
+        ("own_first", "yes", "own_first must be a bool, got 'yes'"),
+        ("warps", (2,), r"warps must be None or a pair of positive ints, got \(2,\)"),
+    ],
+)
+def test_collective_config_names_the_bad_field(field: str, value, message: str) -> None:
+    with pytest.raises(GraphError, match=f"CollectiveConfig: {message}"):
+        C.CollectiveConfig(**{field: value})
+
+
 def test_fused_reduce_matches_the_reduce_tiles_bit_for_bit() -> None:
     # Same partials, same fp32 order (zero, then the slots in rank order).
     rng = np.random.default_rng(5)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..errors import GraphError
 from ..graph import Graph
 from ..tiles import collective as tiles
 
@@ -49,8 +50,8 @@ class CollectiveConfig:
     stages: int = 3
     warps: tuple[int, int] | None = None
     block_size: int = 256
-    #: The GEMM tiles' tensor-core path: "mma" (mma.sync, sm_90) or "wgmma"
-    #: (sm_90a: compile with target="sm_90a").
+    #: The GEMM tiles' tensor-core path: "mma" (mma.sync, sm_90), "wgmma" or
+    #: "tma" (TMA-fed wgmma; both sm_90a: compile with target="sm_90a").
     core: str = "mma"
     #: wgmma: k-tiles' MMAs left running while the next is issued (0 or 1).
     inflight: int = 0
@@ -68,6 +69,39 @@ class CollectiveConfig:
     #: from ``A`` (no copy to itself, no wait), then the peers' chunks as
     #: their copies land.
     own_first: bool = False
+
+    def __post_init__(self) -> None:
+        for key in (
+            "k", "block_m", "block_n", "stages", "block_size", "smem_limit", "block_k",
+            "copy_parts",
+        ):  # fmt: skip
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise GraphError(f"CollectiveConfig: {key} must be a positive int, got {value!r}")
+        if self.core not in CORES:
+            raise GraphError(
+                f"CollectiveConfig: core must be one of {', '.join(CORES)}, got {self.core!r}"
+            )
+        if self.inflight not in (0, 1) or isinstance(self.inflight, bool):
+            raise GraphError(f"CollectiveConfig: inflight must be 0 or 1, got {self.inflight!r}")
+        for key in ("fused_reduce", "own_first"):
+            if not isinstance(getattr(self, key), bool):
+                raise GraphError(
+                    f"CollectiveConfig: {key} must be a bool, got {getattr(self, key)!r}"
+                )
+        warps = self.warps
+        if warps is not None and (
+            not isinstance(warps, tuple)
+            or len(warps) != 2
+            or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in warps)
+        ):
+            raise GraphError(
+                f"CollectiveConfig: warps must be None or a pair of positive ints, got {warps!r}"
+            )
+
+
+#: The GEMM tiles' tensor-core paths (``CollectiveConfig.core``).
+CORES = ("mma", "wgmma", "tma")
 
 
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
