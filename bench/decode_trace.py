@@ -4,7 +4,8 @@
     python bench/decode_trace.py --artifacts DIR --out OUT    # GPU: tables, timelines
 
 Per task (summed over layers): instances, median instance duration, busy
-time summed over instances. Per stage of a middle layer: the window from the
+time summed over instances, and the CTA time idle before its instances
+(``etc.runtime.trace.idle_before``). Per stage of a middle layer: the window from the
 first instance's start to the last one's end (µs after the step's first
 task started), and the gap from the previous stage's last end (the
 dependency latency the graph's barriers cost). A trace record starts after
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from etc.models import llama as M  # noqa: E402
+from etc.runtime.trace import idle_before  # noqa: E402
 
 CFG = M.LLAMA_3_2_1B
 #: Artifact name -> (configuration, schedule).
@@ -53,20 +55,26 @@ def build(out: Path) -> None:
         M.compile_decoder(cfg, schedule, trace=True).save(out / name)
 
 
-def tables(events: list[dict]) -> tuple[str, dict]:
+def tables(trace) -> tuple[str, dict]:
+    events = trace.events()
+    idle = idle_before(trace)
     t0 = min(e["start_ns"] for e in events)
     total = (max(e["end_ns"] for e in events) - t0) / 1e3
     per_task: dict[str, list] = {}
     for e in events:
         per_task.setdefault(e["task"], []).append(e)
     lines = [f"step {total:.1f} us (first start to last end)"]
-    lines.append(f"{'task':12s} {'n':>6s} {'median us':>10s} {'busy us':>10s}")
+    lines.append(f"{'task':12s} {'n':>6s} {'median us':>10s} {'busy us':>10s} {'idle before':>12s}")
     data: dict = {"step_us": total, "tasks": {}, "layer": {}}
     for name, evs in per_task.items():
         durs = [(e["end_ns"] - e["start_ns"]) / 1e3 for e in evs]
         data["tasks"][name] = {"n": len(evs), "median_us": statistics.median(durs)}
         data["tasks"][name]["busy_us"] = sum(durs)
-        lines.append(f"{name:12s} {len(evs):6d} {statistics.median(durs):10.2f} {sum(durs):10.1f}")
+        data["tasks"][name]["idle_before_us"] = idle.get(name, 0.0)
+        lines.append(
+            f"{name:12s} {len(evs):6d} {statistics.median(durs):10.2f} {sum(durs):10.1f} "
+            f"{idle.get(name, 0.0):12.1f}"
+        )
     layer = CFG.layers // 2
     prev_end = None
     lines.append(f"layer {layer}: {'stage':10s} {'start':>8s} {'end':>8s} {'gap':>7s}")
@@ -100,7 +108,7 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
                 kernel.launch(bufs, syms, sync=False)
             trace = kernel.trace()
             kernel.check()
-            block, data = tables(trace.events())
+            block, data = tables(trace)
             title = f"== {schedule} B={B} L={L}"
             print(title + "\n" + block, flush=True)
             text.append(title + "\n" + block)

@@ -39,6 +39,7 @@ from bench.moe import (  # noqa: E402
     TOLERANCE,
     moe_config,
 )
+from etc.runtime.trace import idle_before  # noqa: E402
 
 # "one": the dynamic schedule claiming one queue position at a time (bench/moe.py).
 SCHEDULES = ("static", "dynamic", "one")
@@ -96,9 +97,8 @@ def task_table(trace) -> dict:
                 "busy_us": sum(durs),
             }
         )
-    end = max(e["end_ns"] for e in events)
-    span = end - t0
-    idle = _idle_before(events, end)
+    span = max(e["end_ns"] for e in events) - t0
+    idle = idle_before(trace)
     for row in tasks:
         row["idle_before_us"] = idle.get(row["task"], 0.0)
     return {
@@ -109,23 +109,6 @@ def task_table(trace) -> dict:
         "tasks": tasks,
         "idle_after_us": idle.get(None, 0.0),
     }
-
-
-def _idle_before(events: list[dict], end: int) -> dict:
-    """Per task, the CTA time (µs, summed over CTAs) between an instance's
-    start and the end of the previous instance its CTA ran: its waits, its
-    trigger lookup and the schedule's own loop. Key None: each CTA's time
-    from its last end to the kernel's last end."""
-    by_cta: dict[tuple[int, int], list[dict]] = {}
-    for e in events:
-        by_cta.setdefault((e["sm"], e["cta"]), []).append(e)
-    idle: dict = {}
-    for records in by_cta.values():
-        records.sort(key=lambda e: e["start_ns"])
-        for a, b in zip(records, records[1:], strict=False):
-            idle[b["task"]] = idle.get(b["task"], 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
-        idle[None] = idle.get(None, 0.0) + (end - records[-1]["end_ns"]) / 1e3
-    return idle
 
 
 def format_table(title: str, table: dict) -> str:

@@ -38,6 +38,24 @@ def test_decode_and_chrome(tmp_path):
     assert names == {3: "SM 3", 7: "SM 7"}
 
 
+def test_idle_before_sums_the_gaps_per_task_and_cta():
+    from etc.runtime.trace import idle_before
+
+    sm_cta = (1 << 32) | 0
+    recs = [
+        (0, 1000, (0 << 48) | 0, sm_cta),  # a on (1, 0): 0..1 us
+        (1500, 2000, (1 << 48) | 0, sm_cta),  # b after a 0.5 us gap
+        (2600, 3000, (1 << 48) | 1, sm_cta),  # b again, 0.6 us gap
+        (0, 4000, (0 << 48) | 1, (1 << 32) | 1),  # a on another CTA of the SM
+    ]
+    trace = Trace.decode(words(recs), "g", ["a", "b"], [(2,), (2,)])
+    idle = idle_before(trace)
+    assert idle["b"] == pytest.approx(1.1) and "a" not in idle
+    # Each CTA's time after its last instance, to the launch's last end (4 us).
+    assert idle[None] == pytest.approx(1.0)
+    assert idle_before(Trace.decode(words([]), "g", ["a"], [(1,)])) == {}
+
+
 def test_overflowing_buffer_counts_dropped_records(tmp_path):
     buf = words([(1, 2, 0, 0)], count=5)  # the kernel counted 5, wrote the 1 that fit
     trace = Trace.decode(buf, "g", ["a"], [(8,)])

@@ -6,7 +6,8 @@ words: word 0 counts records; record k is words ``1 + 4k ..``:
 from ``%globaltimer`` (start after the instance's waits, end after its body's
 closing barrier). :meth:`Trace.to_chrome` writes the Chrome / Perfetto JSON
 format (one track per SM); :meth:`Trace.to_png` draws the same timeline with
-matplotlib when it is installed.
+matplotlib when it is installed; :func:`idle_before` sums, per task, the CTA
+time spent between an instance and the one before it on its CTA.
 """
 
 from __future__ import annotations
@@ -167,6 +168,28 @@ class Trace:
             data["records"].astype(np.uint64),
             int(data["dropped"]),
         )
+
+
+def idle_before(trace: Trace) -> dict[str | None, float]:
+    """Per task, the CTA time (µs, summed over CTAs) between an instance's
+    start and the end of the previous instance on the same CTA: the
+    instance's waits, its trigger lookup and the schedule's own loop. Key
+    ``None``: each CTA's time from its last end to the launch's last end
+    (the ragged finish)."""
+    events = trace.events()
+    if not events:
+        return {}
+    end = max(e["end_ns"] for e in events)
+    by_cta: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in events:
+        by_cta.setdefault((e["sm"], e["cta"]), []).append(e)
+    idle: dict[str | None, float] = {}
+    for records in by_cta.values():
+        records.sort(key=lambda e: e["start_ns"])
+        for a, b in zip(records, records[1:], strict=False):
+            idle[b["task"]] = idle.get(b["task"], 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
+        idle[None] = idle.get(None, 0.0) + (end - records[-1]["end_ns"]) / 1e3
+    return idle
 
 
 def summary(trace: Trace) -> Mapping[str, float]:
