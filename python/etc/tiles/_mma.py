@@ -60,6 +60,11 @@ class Text:
         self.emit(f"{name} = {rhs}")
         return name
 
+    def end(self) -> None:
+        """Close the innermost open region (one ``}``, one indent level out)."""
+        self.indent = self.indent[:-2]
+        self.emit("}")
+
     def close(self) -> None:
         """Close the tile's outer ``scf.if``."""
         self.indent = "  "

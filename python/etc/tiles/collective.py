@@ -211,8 +211,7 @@ def gemm_to_peer(
         epilogue, core, inflight, block_k,
     )  # fmt: skip
     if skip_own:
-        t.indent = t.indent[:-2]
-        t.emit("}")
+        t.end()
     signature = (
         f"%d: index, %i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
     )
@@ -406,8 +405,7 @@ def gemm_chunk(
         epilogue, core, inflight, block_k,
     )  # fmt: skip
     if chunks == "peers":
-        t.indent = t.indent[:-2]
-        t.emit("}")
+        t.end()
     buffers = f"%A: {ab}, %B: {ab}, %C: {ct}"
     signature = {
         "all": f"%s: index, %i: index, %j: index, {buffers}",

@@ -307,10 +307,7 @@ def _body(
             t.emit(f"%fk_{k} = arith.constant {float(k):.1f} : f32")
             t.emit(f"%feps = arith.constant {float(np.float32(a_norm[3])):.9e} : f32")
             for r in lrows:
-                fixed = t.op("ss", f"memref.load {sums}[{slot}, {r}] : {sums_type}")
-                ops, total = _text.from_fixed(fixed, t.fresh("uf")[1:], "")
-                for line in ops.split("\n"):
-                    t.emit(line)
+                total = _load_sum(t, sums, sums_type, slot, r)
                 rms.append(t.op("rms", f"arith.divf {total}, %fk_{k} : f32"))
             return
         globals_.append(
@@ -949,14 +946,12 @@ def _moe_source(
     ``@<name>__prefetch`` filling the ring's first groups (same
     thread-to-slot mapping as the body)."""
     t = _Text()
-    rows, _ = tile(t)
-    globals_ = _body(t, **body, **rows, part="body" if early else "all")
+    globals_ = _body(t, **body, **tile(t), part="body" if early else "all")
     t.close()
     source = _source(name, signature, t, globals_, what)
     if early:
         tp = _Text()
-        rows, _ = tile(tp)
-        _body(tp, **body, **rows, part="fill")
+        _body(tp, **body, **tile(tp), part="fill")
         tp.close()
         source += _source(
             f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first groups"
@@ -1030,7 +1025,7 @@ def moe_gate_up(
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
     xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
 
-    def tile(t: _Text) -> tuple[dict, str]:
+    def tile(t: _Text) -> dict:
         r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
         wcol = _warp_cols(t, n0, wm, wn, nf)
 
@@ -1044,7 +1039,7 @@ def moe_gate_up(
             cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
             _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
 
-        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue), wcol
+        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
 
     body = dict(
         name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
@@ -1092,7 +1087,7 @@ def moe_down(
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
     ht, wt, yt = _mma.down_types(hidden, inter, ed)
 
-    def tile(t: _Text) -> tuple[dict, str]:
+    def tile(t: _Text) -> dict:
         r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
         wcol = _warp_cols(t, n0, wm, wn, nf)
 
@@ -1105,7 +1100,7 @@ def moe_down(
             cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
             _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
 
-        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue), wcol
+        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
 
     body = dict(
         name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
@@ -1464,8 +1459,7 @@ def _row_path_bodies(t: _Text, body: dict, paths: tuple[int, ...], r0: str, r1: 
             t.indent += "  "
             closes += 1
     for _ in range(closes):
-        t.indent = t.indent[:-2]
-        t.emit("}")
+        t.end()
     return globals_
 
 
@@ -1498,10 +1492,7 @@ def _scaled_rows(
         scale = []
         for row in rows:
             r = t.op("sr", f"arith.minui {row}, {last} : index")
-            fixed = t.op("ss", f"memref.load {mem}[{slot}, {r}] : {mtype}")
-            ops, total = _text.from_fixed(fixed, t.fresh("uf")[1:], "")
-            for line in ops.split("\n"):
-                t.emit(line)
+            total = _load_sum(t, mem, mtype, slot, r)
             ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
             ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
             scale.append(t.op("rs", f"math.rsqrt {ms} : f32"))
@@ -1564,6 +1555,15 @@ def _layer_store(
             _add_sums_of_squares(t, acc, rows, r1, sums)
 
     return store
+
+
+def _load_sum(t: _Text, mem: str, mtype: str, slot: str, row: str) -> str:
+    """``sums[slot, row]`` (fixed point, :data:`etc.tiles._text.SUM_BITS`) as an f32."""
+    fixed = t.op("ss", f"memref.load {mem}[{slot}, {row}] : {mtype}")
+    ops, total = _text.from_fixed(fixed, t.fresh("uf")[1:], "")
+    for line in ops.split("\n"):
+        t.emit(line)
+    return total
 
 
 def _add_sums_of_squares(

@@ -1068,7 +1068,7 @@ def gemm(
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
     ab, ct = _mma.dense_types(k)
     t = _Text()
-    n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
+    m_rows, n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
     blast = t.op("blast", f"arith.subi {n_rows}, {t.c(1)} : index")
     cw = block_n // wn
@@ -1145,10 +1145,12 @@ def finish_tma(
     return fn
 
 
-def _dense_prologue(t: _Text, ab: str, block_m: int, block_n: int) -> tuple[str, str, str, str]:
+def _dense_prologue(
+    t: _Text, ab: str, block_m: int, block_n: int
+) -> tuple[str, str, str, str, str]:
     """Dense tile ``(i, j)``: opens ``scf.if`` (the block has rows and columns);
-    returns ``(N, r0, r1, n0)``: ``B``'s rows, the first and past-last rows
-    (clipped to ``M``), the first column."""
+    returns ``(M, N, r0, r1, n0)``: ``A``'s and ``B``'s rows, the first and
+    past-last rows (clipped to ``M``), the first column."""
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
     n_rows = t.op("N", f"memref.dim %B, {t.c(0)} : {ab}")
     r0 = t.mul("%i", block_m)
@@ -1157,7 +1159,7 @@ def _dense_prologue(t: _Text, ab: str, block_m: int, block_n: int) -> tuple[str,
     valid = _mma.dense_valid(t, r0, n0, m_rows, n_rows)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
-    return n_rows, r0, r1, n0
+    return m_rows, n_rows, r0, r1, n0
 
 
 def _dense_tma(
@@ -1186,11 +1188,10 @@ def _dense_tma(
     out_f32 = out_dtype == "f32"
     ab, ct = _mma.dense_types(k, out_dtype)
     t = _Text()
-    n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
+    m_rows, n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
     k_offset, shift = None, None
     if k_splits > 1:  # part s: columns s*part of k, rows s*M of C
         k_offset = t.mul("%s", part)
-        m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {ab}")
         shift = t.op("x", f"arith.muli %s, {m_rows} : index")
 
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
@@ -1377,8 +1378,7 @@ def moe_gate_up(
             split_n=split_n,
         )  # fmt: skip
         if sub != block_n:
-            t.indent = t.indent[:-2]
-            t.emit("}")
+            t.end()
     else:
         globals_ = _body(
             t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
@@ -1459,8 +1459,7 @@ def moe_down(
             r0=r0, epilogue=epilogue, stage_output=stage_output, split_n=split_n,
         )  # fmt: skip
         if sub != block_n:
-            t.indent = t.indent[:-2]
-            t.emit("}")
+            t.end()
     else:
         globals_ = _body(
             t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
