@@ -43,9 +43,38 @@ def _mid(*changes: tuple[str, object]) -> dict:
     return dict(batch_buckets=(one, (bound, (*mid, *changes)), large))
 
 
+#: Session 13: the projections on TMA + wgmma with split-K (64-row blocks).
+_TMA = (
+    ("gemm_core", "tma"), ("bn_qkv", 64), ("bn_o", 64), ("bn_gu", 32), ("bn_down", 64),
+    ("bn_lm", 128),
+)  # fmt: skip
+_SPLITS = (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 8))
 VARIANTS = {
     # The default after the fixed-point sums of squares (item 50).
     "default": {},
+    "tma_large": {"k_splits": _SPLITS, **_large(*_TMA)},
+    "tma_large_gu64": {"k_splits": _SPLITS, **_large(*_TMA, ("bn_gu", 64))},
+    "tma_large_lmsync": {
+        "k_splits": _SPLITS,
+        **_large(*_TMA, ("bn_lm", 128), ("core_overrides", (("lm_head", "sync"),))),
+    },
+    "tma_large_s2": {
+        "k_splits": (("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4)),
+        **_large(*_TMA),
+    },
+    "tma_large_st6": {
+        "k_splits": _SPLITS,
+        **_large(*_TMA, ("tma_stages", 6), ("core_overrides", (("lm_head", "sync"),))),
+    },
+    "tma_mid": {
+        "k_splits": _SPLITS,
+        "batch_buckets": (
+            M.LLAMA_3_2_1B.batch_buckets[0],
+            (16, _TMA),
+            (None, (*M.LARGE_BATCH, *_TMA)),
+        ),
+    },
+    "tma_all": {"k_splits": _SPLITS, "batch_buckets": ((None, (*M.LARGE_BATCH, *_TMA)),)},
 }
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)

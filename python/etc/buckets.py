@@ -69,9 +69,13 @@ class BucketedArtifact:
 
 
 def _signature(g: Graph) -> tuple:
-    """What a launch passes: tensor names, shapes (as text) and dtypes, and symbols."""
+    """What a launch passes: tensor names, shapes (as text) and dtypes, and
+    symbols. TMA maps are not passed (each kernel's runtime encodes its own
+    from their sources), so kernels may differ in them."""
     return (
-        sorted((t.name, tuple(map(str, t.shape)), str(t.dtype)) for t in g.tensors),
+        sorted(
+            (t.name, tuple(map(str, t.shape)), str(t.dtype)) for t in g.tensors if t.map_of is None
+        ),
         sorted(s.name for s in g.symbols),
     )
 

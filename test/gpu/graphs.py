@@ -288,7 +288,9 @@ def llama_tiny_variants() -> dict:
     (``attn_tile``), with long and short spans; a kernel per batch range
     (``batch_buckets``); the B=1 split tier (``attn_single_span``); weights
     prefetched into L2 during the attention (``l2_prefetch``, both modes);
-    the combine shared out by heads and splits (``combine_group``)."""
+    the combine shared out by heads and splits (``combine_group``); the
+    projections on TMA + wgmma with split-K (``gemm_core="tma"``,
+    ``k_splits``), alone and in the large-batch kernel of three."""
     import dataclasses
 
     from etc.models import llama
@@ -364,6 +366,19 @@ def llama_tiny_variants() -> dict:
     # The combine in instances of 2 heads, the splits shared among 32 lanes
     # per item (5 splits at B=1: lanes without a split merge empty states).
     combine_group = dataclasses.replace(single, combine_group=2)
+    # Every projection on TMA + wgmma (64-row blocks), split-K with the
+    # partials' meeting for qkv, o_proj and down; and the same in the
+    # large-batch kernel of three buckets (B >= 17).
+    tma_changes = (
+        ("gemm_core", "tma"), ("bn_qkv", 32), ("bn_o", 16), ("bn_gu", 32), ("bn_down", 32),
+    )  # fmt: skip
+    tma_splits = (("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4))
+    tma = dataclasses.replace(llama.TINY, **dict(tma_changes), k_splits=tma_splits)
+    tma_buckets = dataclasses.replace(
+        buckets,
+        k_splits=tma_splits,
+        batch_buckets=(*buckets.batch_buckets[:-1], (None, (*llama.LARGE_BATCH, *tma_changes))),
+    )
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -391,4 +406,6 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_prefetch": prefetch,
         "llama_tiny_prefetch_lines": prefetch_lines,
         "llama_tiny_combine_group": combine_group,
+        "llama_tiny_tma": tma,
+        "llama_tiny_tma_buckets": tma_buckets,
     }

@@ -57,6 +57,8 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
     cases = [(1, 0, 4), (3, 7, 9), (17, 8, 20), (2, 30, 31)]
     if cfg.row_paths:  # a block past 32 rows: the last path
         cases.append((40, 5, 9))
+    if cfg.uses_tma:  # two 64-row blocks, the second partial
+        cases.append((70, 3, 9))
     if cfg.attn_tile != "phased":  # 200 cached rows: a long split, several loop steps
         cases += [(2, 200, 201), (3, 200, 201)]
     for B, L, S in cases:
@@ -78,15 +80,17 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         )
 
 
+@pytest.mark.parametrize("variant", ["llama_tiny", "llama_tiny_tma"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_decode_step_is_bit_reproducible(schedule: str) -> None:
+def test_decode_step_is_bit_reproducible(schedule: str, variant: str) -> None:
     """The same step over the same inputs, launched again and again, gives
     bit-identical logits: the norms' sums of squares are fixed-point
-    integer atomics, whose order does not change the result."""
+    integer atomics, whose order does not change the result, and split-K
+    parts are added in part order whichever finishes last."""
     import torch
 
-    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"llama_tiny_{schedule}")
-    cfg = llama_tiny_variants()["llama_tiny"]
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{variant}_{schedule}")
+    cfg = llama_tiny_variants()[variant]
     weights = M.random_weights(cfg, seed=4)
     B, L, S = 17, 9, 12
     tokens = np.random.default_rng(6).integers(0, cfg.vocab, B).astype(np.int32)

@@ -98,6 +98,18 @@ LARGE_BATCH = (
     ("bn_lm", 128),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
+_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+#: ``gemm_core`` values (``etc.tiles.gemm.LAYER_CORES``).
+_CORES = ("sync", "bulk", "tma")
+#: The projections ``k_splits`` may split, and the field holding their ``k``.
+_SPLIT_INPUTS = (
+    ("qkv_proj", "hidden"),
+    ("o_proj", "attn_width"),
+    ("gate_up_proj", "hidden"),
+    ("down_proj", "inter"),
+)
+#: Each split projection's row of ``split_count``.
+_COUNTER_ROWS = {"qkv_proj": 0, "o_proj": 1, "gate_up_proj": 2, "down_proj": 3}
 
 
 def _one_of(key: str, value: Any, options: tuple[str, ...]) -> None:
@@ -286,6 +298,14 @@ class LlamaConfig:
     #: weight one of ``wqkv``, ``wo``, ``wgu``, ``wd``; ``eighths`` of every 8
     #: rows (8: all), of layer ``l + layer_offset``. Empty: no such task.
     l2_prefetch: tuple[tuple[str, int, int], ...] = ()
+    #: Parts of ``k`` per projection on the tma core: ``(("down_proj", 8),
+    #: ...)`` (:mod:`etc.tiles.gemm_layer_tma`). A field of the artifact:
+    #: every kernel shares the split-K workspace it sizes (``split_parts``,
+    #: ``split_count``); a kernel whose projection is on another core ignores
+    #: its entry.
+    k_splits: tuple[tuple[str, int], ...] = ()
+    #: k-tiles of 64 in flight in a tma-core tile.
+    tma_stages: int = 4
     #: Query heads per combine instance (``attention_combine(group=...)``:
     #: grid ``(layers, B, heads / combine_group)``, the splits shared among
     #: each item's threads); 0: one instance merges a whole row (one CTA's
@@ -324,7 +344,7 @@ class LlamaConfig:
             raise GraphError(
                 "LlamaConfig: prefetch_next needs prefetch_weights (the tiles' prefetch)"
             )
-        projections = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+        projections = _PROJECTIONS
         for proj in self.row_path_projections:
             if proj not in projections:
                 raise GraphError(
@@ -339,18 +359,20 @@ class LlamaConfig:
                 )
             cores.append((f"core_overrides[{proj!r}]", core))
         for key, core in cores:
-            if core not in ("sync", "bulk"):
-                raise GraphError(f"LlamaConfig: {key} must be 'sync' or 'bulk', got {core!r}")
+            if core not in _CORES:
+                raise GraphError(
+                    f"LlamaConfig: {key} must be 'sync', 'bulk' or 'tma', got {core!r}"
+                )
         if "bulk" in dict(cores).values() and (self.prefetch_weights or self.row_warps):
             raise GraphError("LlamaConfig: the bulk core takes no prefetch_weights or row_warps")
         normed = ("qkv_proj", "gate_up_proj", "lm_head")
-        if self.fuse_norms and any(self.core(p) == "bulk" for p in normed):
+        if self.fuse_norms and any(self.core(p) != "sync" for p in normed):
             raise GraphError(
                 "LlamaConfig: fuse_norms needs the sync core for qkv_proj, gate_up_proj and lm_head"
             )
         if self.norm_sums and not self.fuse_norms:
             raise GraphError("LlamaConfig: norm_sums feeds the fused norms: set fuse_norms")
-        if self.norm_sums and "bulk" in (self.core("o_proj"), self.core("down_proj")):
+        if self.norm_sums and {self.core("o_proj"), self.core("down_proj")} != {"sync"}:
             raise GraphError("LlamaConfig: norm_sums needs the sync core for o_proj and down_proj")
         if self.fold_norms and self.fuse_norms:
             raise GraphError("LlamaConfig: give fold_norms or fuse_norms, not both")
@@ -358,7 +380,7 @@ class LlamaConfig:
             self.core(p) == "bulk" for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
         ):
             raise GraphError(
-                "LlamaConfig: fold_norms needs the sync core for the layer projections"
+                "LlamaConfig: fold_norms needs the sync or tma core for the layer projections"
             )
         if self.prefetch_ring and self.prefetch_weights:
             raise GraphError(
@@ -427,6 +449,7 @@ class LlamaConfig:
                 f"heads={self.heads}"
             )
         self._check_batch_buckets()
+        self._check_k_splits()
         for key, total in (
             ("bn_qkv", self.qkv_width),
             ("bn_o", self.hidden),
@@ -440,6 +463,53 @@ class LlamaConfig:
     def core(self, projection: str) -> str:
         """The GEMM core of ``projection`` (``core_overrides``, else ``gemm_core``)."""
         return dict(self.core_overrides).get(projection, self.gemm_core)
+
+    def k_split(self, projection: str) -> int:
+        """The parts of ``k`` of ``projection``'s tiles: its ``k_splits`` on the
+        tma core, else 1 (``embed``: down_proj's, which shares its event)."""
+        projection = "down_proj" if projection == "embed" else projection
+        return dict(self.k_splits).get(projection, 1) if self.core(projection) == "tma" else 1
+
+    @property
+    def uses_tma(self) -> bool:
+        """Whether a kernel of the artifact (any bucket) has tma-core tiles,
+        which need ``target="sm_90a"``."""
+        configs = [c for _, c in self.bucket_configs()] if self.batch_buckets else [self]
+        return any(c.core(p) == "tma" for c in configs for p in _PROJECTIONS)
+
+    def _check_k_splits(self) -> None:
+        widths = dict(_SPLIT_INPUTS)
+        for proj, parts in self.k_splits:
+            if proj not in widths:
+                raise GraphError(
+                    f"LlamaConfig: k_splits names {proj!r}, not one of {', '.join(widths)}"
+                )
+            _int_field(f"k_splits[{proj!r}]", parts, 1, 64)
+            k = getattr(self, widths[proj])
+            if k % (64 * parts):
+                raise GraphError(
+                    f"LlamaConfig: k_splits[{proj!r}]={parts}: k={k} is not {parts} parts of a "
+                    "multiple of 64"
+                )
+        _int_field("tma_stages", self.tma_stages, 2)
+        parts = self.k_split("down_proj")
+        if self.bn_down % parts or (self.bn_down // parts) % 8:
+            raise GraphError(
+                f"LlamaConfig: the embedding's tiles match down_proj's instances, "
+                f"bn_down={self.bn_down} / {parts} parts each: not a multiple of 8 columns"
+            )
+
+    @property
+    def split_workspace(self) -> tuple[int, int, int] | None:
+        """``(parts, columns, counter columns)`` of the split-K workspace that
+        every kernel of the artifact shares (``k_splits``), or None."""
+        split = [(p, s) for p, s in self.k_splits if s > 1]
+        if not split:
+            return None
+        widths = {"qkv_proj": self.qkv_width, "o_proj": self.hidden, "down_proj": self.hidden}
+        widths["gate_up_proj"] = 2 * self.inter
+        cols = max(widths[p] for p, _ in split)
+        return max(s for _, s in split), cols, cols // 8
 
     @property
     def qkv_width(self) -> int:
@@ -598,8 +668,11 @@ class LlamaConfig:
         )
 
     def gemm_block(self, projection: str) -> int:
-        """Rows per tile of ``projection`` (``embed``: those of down_proj)."""
+        """Rows per tile of ``projection`` (``embed``: those of down_proj; 64
+        on the tma core)."""
         projection = "down_proj" if projection == "embed" else projection
+        if self.core(projection) == "tma":
+            return 64
         return max(self.row_paths) if self.has_row_paths(projection) else self.block_m
 
     def row_blocks(self, B: Any, projection: str = "embed") -> Any:
@@ -664,6 +737,8 @@ def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any
     pop-ahead (every stage waits for the previous one: a position claimed
     by a busy CTA would hold up the next stage)."""
     options = {"schedule": schedule, "min_ctas_per_sm": 2}
+    if cfg.uses_tma:
+        options["target"] = "sm_90a"  # wgmma and TMA
     if schedule == "static":
         options["prefetch_next"] = cfg.prefetch_next
     else:
@@ -739,6 +814,21 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
             else {}
         ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.fuse_combine else {}),
+        **_split_tensors(cfg, B),
+    }
+
+
+def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
+    """The split-K workspace (:attr:`LlamaConfig.split_workspace`): float32
+    parts, and one counter row per projection (zero between launches)."""
+    space = cfg.split_workspace
+    if space is None:
+        return {}
+    parts, cols, counters = space
+    row_blocks = (B + 63) // 64
+    return {
+        "split_parts": ((parts * B, cols), "f32"),
+        "split_count": ((len(_COUNTER_ROWS), row_blocks * counters), "i32"),
     }
 
 
@@ -778,14 +868,21 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         bn: int, n: int, k: int, epilogue: str, name: str, layers: int | None = NL, norm=None,
         sums_out=None,
     ):  # fmt: skip
+        folded = cfg.fold_norms and norm is not None and layers is not None
         if cfg.core(name) == "bulk":
             core = {"core": "bulk", **dict(cfg.bulk_options)}
+        elif cfg.core(name) == "tma":
+            core = dict(
+                core="tma", stages=cfg.tma_stages, k_splits=cfg.k_split(name),
+                counter_row=_COUNTER_ROWS.get(name, 0),
+                row_scale=(*norm, cfg.eps) if folded else None,
+                sums_out=sums_out if cfg.sums else None,
+            )  # fmt: skip
         else:
             warps = None
             if cfg.row_warps:
                 wn = math.gcd(bs // 32 // cfg.row_warps, bn // 8)
                 warps = (cfg.row_warps, wn, bs // 32 // (cfg.row_warps * wn))
-            folded = cfg.fold_norms and norm is not None and layers is not None
             core = dict(
                 warps=warps, prefetch_weights=cfg.prefetch_weights,
                 prefetch_ring=cfg.prefetch_ring,
@@ -810,7 +907,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
     return {
         "embed": llama.embed(
             cfg.gemm_block("embed"),
-            cfg.bn_down,
+            cfg.bn_down // cfg.k_split("embed"),
             H,
             block_size=bs,
             sums=cfg.sums,
@@ -890,11 +987,19 @@ def build_decoder_graph(
     rb = cfg.row_blocks(B)
 
     def tiles_of(bn: int, n: int, projection: str) -> Any:
-        return cfg.row_blocks(B, projection) * (n // bn)
+        return cfg.row_blocks(B, projection) * (n // bn) * cfg.k_split(projection)
 
     def gemm_grid(bn: int, n: int, projection: str) -> tuple:
         rows = cfg.row_blocks(B, projection)
-        return (n // bn, rows) if cfg.columns_first else (rows, n // bn)
+        grid = (n // bn, rows) if cfg.columns_first else (rows, n // bn)
+        parts = cfg.k_split(projection)
+        return (*grid, parts) if parts > 1 else grid
+
+    def split_args(projection: str) -> tuple[str, ...]:
+        return ("split_parts", "split_count") if cfg.k_split(projection) > 1 else ()
+
+    def gemm_phase(projection: str) -> str:
+        return "lijs->l" if cfg.k_split(projection) > 1 else "lij->l"
 
     sums = ("sumsq",) if cfg.sums else ()
     counts = ("attn_count",) if cfg.fuse_combine else ()
@@ -928,7 +1033,7 @@ def build_decoder_graph(
 
     g.task(
         tiles["embed"],
-        grid=(rb, cfg.hidden // cfg.bn_down),
+        grid=(rb, cfg.hidden // cfg.bn_down * cfg.k_split("embed")),
         args=(t["tokens"], t["embed"], t["h"], *[t[n] for n in sums + counts]),
         out_edges={layer_in: "ij->0"},
         name="embed",
@@ -956,10 +1061,10 @@ def build_decoder_graph(
     layer_task(
         "qkv",
         gemm_grid(cfg.bn_qkv, cfg.qkv_width, "qkv_proj"),
-        normed_args(cfg.weight_name("wqkv"), "qkv"),
+        (*normed_args(cfg.weight_name("wqkv"), "qkv"), *split_args("qkv_proj")),
         layer_in if no_stages else ev["normed1"],
         ev["qkv_done"],
-        "lij->l",
+        gemm_phase("qkv_proj"),
     )
     layer_task(
         "attention",
@@ -990,29 +1095,29 @@ def build_decoder_graph(
     layer_task(
         "o_proj",
         gemm_grid(cfg.bn_o, cfg.hidden, "o_proj"),
-        ("attn", "wo", "h", *sums),
+        ("attn", "wo", "h", *sums, *split_args("o_proj")),
         ev["attended"] if cfg.fuse_combine else ev["combined"],
         ev["o_done"],
-        "lij->l",
+        gemm_phase("o_proj"),
     )
     if not no_stages:
         layer_task("norm2", (B,), ("h", "norms", "x"), ev["o_done"], ev["normed2"], "lb->l")
     layer_task(
         "gate_up",
         gemm_grid(cfg.bn_gu, cfg.inter, "gate_up_proj"),
-        normed_args(cfg.weight_name("wgu"), "act"),
+        (*normed_args(cfg.weight_name("wgu"), "act"), *split_args("gate_up_proj")),
         ev["o_done"] if no_stages else ev["normed2"],
         ev["gu_done"],
-        "lij->l",
+        gemm_phase("gate_up_proj"),
     )
     layer_task(
         "down",
         gemm_grid(cfg.bn_down, cfg.hidden, "down_proj"),
-        ("act", "wd", "h", *sums),
+        ("act", "wd", "h", *sums, *split_args("down_proj")),
         ev["gu_done"],
         layer_in,
-        "lij->l",
-        "(l, i, j) -> (l + 1)",
+        gemm_phase("down_proj"),
+        "(l, i, j, s) -> (l + 1)" if cfg.k_split("down_proj") > 1 else "(l, i, j) -> (l + 1)",
     )
     if not fused:
         g.task(

@@ -1117,9 +1117,10 @@ def moe_down(
 
 #: Epilogues of :func:`layer_gemm`.
 LAYER_EPILOGUES = ("store", "residual", "swiglu")
-#: ``layer_gemm`` main loops: per-thread loads / cp.async ring ("sync"), or
-#: a bulk-copy ring filled before the waits ("bulk", :mod:`etc.tiles.gemm_bulk`).
-LAYER_CORES = ("sync", "bulk")
+#: ``layer_gemm`` main loops: per-thread loads / cp.async ring ("sync"), a
+#: bulk-copy ring filled before the waits ("bulk", :mod:`etc.tiles.gemm_bulk`),
+#: or TMA + wgmma with split-K ("tma", :mod:`etc.tiles.gemm_layer_tma`).
+LAYER_CORES = ("sync", "bulk", "tma")
 
 
 def _add_residual(
@@ -1179,6 +1180,8 @@ def layer_gemm(
     row_scale: tuple[int, int, float] | None = None,
     prefetch_ring: bool | int = False,
     row_paths: tuple[int, ...] | None = None,
+    k_splits: int = 1,
+    counter_row: int = 0,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1266,6 +1269,14 @@ def layer_gemm(
     (:mod:`etc.tiles.gemm_bulk`). It takes ``stages``, ``kc``, ``rotate_k``
     and ``columns_first`` only.
 
+    ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
+    a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must
+    be 64. ``k_splits=S`` splits each block's ``k`` loop over ``S``
+    instances, whose float32 partial products meet in a workspace; the last
+    to finish adds them in part order and runs the epilogue. It takes
+    ``stages``, ``columns_first``, ``row_scale``, ``sums_out``, ``k_splits``
+    and ``counter_row`` only.
+
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
     ``prefetch``, ``stages`` options: see the module docstring and
@@ -1284,6 +1295,33 @@ def layer_gemm(
         raise GraphError(f"tile '{name}': norm_sums reads the statistics of rmsnorm: give rmsnorm")
     if sums_out is not None and (epilogue != "residual" or layers is None):
         raise GraphError(f"tile '{name}': sums_out needs the residual epilogue over stacked layers")
+    if core == "tma":
+        from .gemm_layer_tma import layer_gemm_tma
+
+        unsupported = {
+            "warps": warps is not None,
+            "unroll": unroll is not None,
+            "prefetch": prefetch is not None,
+            "prefetch_weights": prefetch_weights,
+            "rmsnorm": rmsnorm is not None,
+            "a_ring": a_ring,
+            "a_ahead": bool(a_ahead),
+            "rotate_k": rotate_k,
+            "kc": kc is not None,
+            "norm_sums": norm_sums,
+            "prefetch_ring": prefetch_ring,
+            "row_paths": row_paths is not None,
+        }
+        given = [key for key, on in unsupported.items() if on]
+        if given:
+            raise GraphError(f"tile '{name}': {', '.join(given)} do not apply to core='tma'")
+        return layer_gemm_tma(
+            block_m, block_n, n, k, layers=layers, epilogue=epilogue, name=name,
+            block_size=block_size, stages=stages, columns_first=columns_first,
+            row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
+        )  # fmt: skip
+    if k_splits != 1:
+        raise GraphError(f"tile '{name}': k_splits={k_splits} needs core='tma'")
     if core == "bulk":
         unsupported = {
             "warps": warps is not None,
@@ -1772,22 +1810,38 @@ def layer_gemm_reference(
         rs = slice(i * block_m, min((i + 1) * block_m, A.shape[0]))
         cs = slice(j * block_n, min((j + 1) * block_n, n))
         rows = normed(A[rs], G, S_in, layer, rs)
-        r = scale(R, layer, rs)
-        acc = _mma.bf16_matmul(rows, W[cs]) * r
-        if epilogue == "residual":
-            acc = rnd(acc) + bf16_to_f32(C[rs, cs])
-        elif epilogue == "swiglu":
-            g = rnd(acc)
-            u = rnd(_mma.bf16_matmul(rows, W[cs.start + n : cs.stop + n]) * r)
-            with np.errstate(over="ignore"):
-                acc = rnd(g / (np.float32(1) + np.exp(-g))) * u
-        C[rs, cs] = f32_to_bf16(acc.astype(np.float32))
-        if S_out is not None:
-            stride, offset = sums_out
-            stored = bf16_to_f32(C[rs, cs])
-            # Fixed-point parts of 8 columns (a warp adds one part of its
-            # fragments: the same sum to within a few 2**-SUM_BITS).
-            parts = (stored * stored).reshape(stored.shape[0], -1, 8).sum(axis=2, dtype=np.float32)
-            S_out[stride * layer + offset, rs] += _text.fixed_reference(parts).sum(axis=1)
+        acc = _mma.bf16_matmul(rows, W[cs])
+        up = _mma.bf16_matmul(rows, W[cs.start + n : cs.stop + n]) if epilogue == "swiglu" else None
+        finish_layer_reference(
+            epilogue, acc, up, scale(R, layer, rs), C, rs, cs, S_out, sums_out, layer
+        )
 
     return layered if stacked else single
+
+
+def finish_layer_reference(
+    epilogue: str, acc: np.ndarray, up: np.ndarray | None, r, C: np.ndarray, rs: slice,
+    cs: slice, S_out: np.ndarray | None, sums_out: tuple[int, int] | None, layer: int,
+) -> None:  # fmt: skip
+    """The numpy epilogue of a :func:`layer_gemm` block: ``acc`` (and the up
+    rows' ``up`` for swiglu) are the float32 products of rows ``rs`` and
+    columns ``cs``, ``r`` the rows' folded-norm scale (or 1)."""
+
+    def rnd(x: np.ndarray) -> np.ndarray:
+        return bf16_to_f32(f32_to_bf16(x.astype(np.float32)))
+
+    acc = acc * r
+    if epilogue == "residual":
+        acc = rnd(acc) + bf16_to_f32(C[rs, cs])
+    elif epilogue == "swiglu":
+        g, u = rnd(acc), rnd(up * r)
+        with np.errstate(over="ignore"):
+            acc = rnd(g / (np.float32(1) + np.exp(-g))) * u
+    C[rs, cs] = f32_to_bf16(acc.astype(np.float32))
+    if S_out is not None:
+        stride, offset = sums_out
+        stored = bf16_to_f32(C[rs, cs])
+        # Fixed-point parts of 8 columns (a warp adds one part of its
+        # fragments: the same sum to within a few 2**-SUM_BITS).
+        parts = (stored * stored).reshape(stored.shape[0], -1, 8).sum(axis=2, dtype=np.float32)
+        S_out[stride * layer + offset, rs] += _text.fixed_reference(parts).sum(axis=1)

@@ -1,0 +1,340 @@
+"""Decoder projections on TMA + ``wgmma`` with split-K (``layer_gemm(core="tma")``).
+
+Same tile semantics, buffers and rounding as :func:`etc.tiles.gemm.layer_gemm`
+(``store``, ``residual`` and ``swiglu`` epilogues, ``row_scale`` for a
+folded RMSNorm, ``sums_out`` for the next one), for batches of up to 64
+rows per block: the block's 64 rows of ``A`` (rows past ``M`` are zeros, the
+TMA unit fills them) and its weight rows stream through the
+``etc.tiles.gemm_tc`` TMA + mbarrier ring into ``wgmma``, the warpgroups
+splitting the block's columns (``split_n``). A block then reads each weight
+byte once for all of its rows, with one thread issuing whole 8-16 KB boxes,
+where the ``mma.sync`` tiles re-read the activations once per 8-16 columns.
+
+Why split-K: a 64-column block of ``down_proj`` (``N = 2048``) leaves only
+32 blocks for 132 SMs. With ``k_splits = S`` tile ``(.., s)`` multiplies
+the ``s``-th of ``S`` equal parts of ``k`` and stores its float32 product
+in the workspace ``P[s*M + row, col]`` (``P: memref<?x?xf32>``, the up
+rows' products ``n`` columns further). Thread 0 then adds 1 to the block's
+counter ``cnt[counter_row, i * (N / BN) + j]`` (``cnt: memref<?x?xi32>``,
+acquire-release at GPU scope, after a CTA barrier); the instance that
+brings it to ``S`` resets it to 0, adds the ``S`` parts in part order
+(loads that bypass L1, so an earlier layer's lines are never read) and
+runs the epilogue. The sum's order does not depend on which part finished
+last, so a step is bit-reproducible. Counters must be zero before the first
+launch; every completed launch leaves them zero. Consecutive projections
+may share ``P`` (each reads it only after its own parts are all written, and
+the next stage starts after that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..device import DeviceFunction
+from ..errors import GraphError
+from . import _mma, _text
+from . import gemm as _gemm
+from . import gemm_tc as _tc
+
+__all__ = ["layer_gemm_tma", "PART_TYPE", "COUNT_TYPE"]
+
+#: The split-K workspace: (parts x rows) x columns of float32 products.
+PART_TYPE = "memref<?x?xf32>"
+#: The split-K counters: one row per projection, one counter per block.
+COUNT_TYPE = "memref<?x?xi32>"
+#: Shared memory a tile may take: two CTAs per SM (the decoder's kernels).
+SMEM_LIMIT = _gemm.MAX_SHARED_BYTES // 2
+
+
+class _Text(_tc._Text):
+    """``gemm_tc``'s text buffer, whose function also defines the constants
+    the ``etc.tiles.gemm`` epilogues name (``%c1``, ``%c<n>_``, ...)."""
+
+    def source(self, name: str, signature: str, globals_: list[str], comment: str) -> str:
+        return _gemm._source(name, signature, self, globals_, comment)
+
+
+def _slot(t: _Text, stacked: bool, stride: int, offset: int) -> str:
+    """``stride * l + offset`` (an index value): a row of the sums buffer."""
+    row = t.c(offset)
+    if stacked and stride:
+        row = t.add(t.mul("%l", stride), row)
+    return row
+
+
+def layer_gemm_tma(
+    block_m: int,
+    block_n: int,
+    n: int,
+    k: int,
+    *,
+    layers: int | None,
+    epilogue: str,
+    name: str,
+    block_size: int = 256,
+    stages: int | None = None,
+    columns_first: bool = False,
+    row_scale: tuple[int, int, float] | None = None,
+    sums_out: tuple[int, int] | None = None,
+    k_splits: int = 1,
+    counter_row: int = 0,
+    smem_limit: int = SMEM_LIMIT,
+) -> DeviceFunction:
+    """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
+    docstring). Coordinates ``(l, i, j)`` (``(l, j, i)`` with
+    ``columns_first``; no ``l`` when ``layers`` is None), then ``s`` with
+    ``k_splits > 1``; buffers as ``layer_gemm``'s, then ``P, cnt`` with
+    ``k_splits > 1``, then the tensor maps of ``A`` and ``W`` (which
+    ``Graph.task`` declares). ``stages`` (default 4) k-tiles of 64 in flight."""
+    stages = 4 if stages is None else stages
+    _mma.positive(name, "k_splits", k_splits)
+    _mma.positive(name, "n", n)
+    if layers is not None:
+        _mma.positive(name, "layers", layers)
+    if epilogue not in _gemm.LAYER_EPILOGUES:
+        raise GraphError(
+            f"tile '{name}': epilogue {epilogue!r} is not one of {', '.join(_gemm.LAYER_EPILOGUES)}"
+        )
+    if sums_out is not None and (epilogue != "residual" or layers is None):
+        raise GraphError(f"tile '{name}': sums_out needs the residual epilogue over stacked layers")
+    if block_m != 64:
+        raise GraphError(
+            f"tile '{name}': core='tma' takes blocks of 64 rows (one wgmma M), got block_m={block_m}"
+        )
+    if block_size % 128:
+        raise GraphError(f"tile '{name}': block_size={block_size} is not whole warpgroups of 128")
+    groups = block_size // 128
+    if block_n % (8 * groups) or n % block_n:
+        raise GraphError(
+            f"tile '{name}': block_n={block_n} must divide n={n} and split into {groups} "
+            "warpgroup slices of a multiple of 8 columns"
+        )
+    if k % (k_splits * _tc.TMA_BLOCK_K):
+        raise GraphError(
+            f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
+            f"{_tc.TMA_BLOCK_K}"
+        )
+    if not isinstance(counter_row, int) or counter_row < 0:
+        raise GraphError(f"tile '{name}': counter_row must be an int >= 0, got {counter_row!r}")
+    per_n = 2 if epilogue == "swiglu" else 1
+    cw, part, split = block_n // groups, k // k_splits, k_splits > 1
+    _tc.plan_tma(name, block_m, per_n * block_n, part, block_size, stages, smem_limit)
+    stacked = layers is not None
+    at, wt, ct = _gemm._layer_types(layers, per_n, n, k)
+    st = _text.SUMS_TYPE
+    t = _Text()
+    r0, r1, n0, valid = _gemm._layer_block(t, at, block_m, block_n, n)
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    sums = ("%S", st, _slot(t, stacked, *sums_out)) if sums_out is not None else None
+    scale = None
+    if row_scale is not None:
+        stride, offset, eps = row_scale
+        scale = (("%R", st, _slot(t, stacked, stride, offset)), eps)
+    globals_: list[str] = []
+    reduce = None
+    if split:
+        flag = f"@{name}__last"
+        globals_.append(
+            f'memref.global "private" {flag} : memref<1xi32, #gpu.address_space<workgroup>> '
+            "{alignment = 4 : i64}"
+        )
+        reduce = _split_reduce(t, name, n, block_n, k_splits, counter_row, per_n, r1, flag, at)
+
+    def finish(t: _Text, acc, rows, wn_i, col_lane) -> None:
+        wcol = t.add(n0, t.mul(wn_i, cw))
+        if reduce is not None:
+            acc = reduce(t, acc, rows, wcol, col_lane)  # opens "the last part" region
+        store = _gemm._layer_store(epilogue, wcol, cw // 8, ct, r1, sums)
+        if scale is not None:
+            store = _gemm._scaled_rows(store, scale[0], k, scale[1], r1)
+        store(t, acc, rows, col_lane)
+        if reduce is not None:
+            t.end()
+
+    w_map = _tc._map_pointer(t, "%W_map")
+    w_row = t.add(t.mul("%l", per_n * n), n0) if stacked else n0
+    b_loads = []
+    for g in range(groups):  # each warpgroup's columns: gate rows, then up rows
+        b_loads.append((w_map, t.add(w_row, g * cw), cw))
+        if per_n == 2:
+            b_loads.append((w_map, t.add(w_row, g * cw + n), cw))
+    globals_ += _tc._body_tma(
+        t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
+        stages=stages, a_loads=[(_tc._map_pointer(t, "%A_map"), r0, block_m)], b_loads=b_loads,
+        r0=r0, epilogue=finish, stage_output=False, split_n=True,
+        k_offset=t.mul("%ks", part) if split else None,
+    )  # fmt: skip
+    t.close()
+    ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
+    coords = (f"%l: index, {ij}" if stacked else ij) + (", %ks: index" if split else "")
+    buffers = ["%A: " + at]
+    buffers += [f"%R: {st}"] if row_scale is not None else []
+    buffers += [f"%W: {wt}", f"%C: {ct}"]
+    buffers += [f"%S: {st}"] if sums_out is not None else []
+    buffers += [f"%P: {PART_TYPE}", f"%cnt: {COUNT_TYPE}"] if split else []
+    what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
+    reference = _reference(
+        block_n, n, part, epilogue, stacked=stacked, columns_first=columns_first,
+        row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row, k=k,
+    )  # fmt: skip
+    w_index = 2 if row_scale is not None else 1
+    return _tc.finish_tma(
+        t, name, f"{coords}, {', '.join(buffers)}", globals_,
+        f"{name}: {what[epilogue]}, bf16, 64x{block_n} blocks, {stages} stages, TMA + wgmma"
+        + (f", {k_splits} parts of k" if split else ""),
+        reference, block_size, len(buffers), [("A", 0, block_m), ("W", w_index, cw)],
+    )  # fmt: skip
+
+
+def _split_reduce(
+    t: _Text, name: str, n: int, block_n: int, parts: int, counter_row: int, per_n: int,
+    r1: str, flag: str, at: str,
+) -> Callable[..., list]:  # fmt: skip
+    """The split-K meeting (module docstring) as an epilogue step: stores this
+    part, counts it, and in the last part opens ``scf.if`` (closed by the
+    caller) and returns the summed accumulators."""
+
+    def reduce(t: _Text, acc, rows, wcol, col_lane) -> list:
+        m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {at}")
+        nf = len(acc[0]) // per_n
+        cols = [
+            t.add(t.add(wcol, 8 * (f % nf) + (n if f >= nf else 0)), col_lane)
+            for f in range(per_n * nf)
+        ]
+        shift = t.op("shift", f"arith.muli %ks, {m_rows} : index")
+        mine = [t.add(r, shift) for r in rows]
+        _tc._store_pairs(t, acc, mine, cols, ("%P", PART_TYPE), t.add(r1, shift), None, f32=True)
+        # Count this part once all of its stores are issued (the barrier), at
+        # GPU scope with release semantics; the last part acquires the others.
+        t.emit("gpu.barrier")
+        flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
+        flag_ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
+        tid = t.op("tid", "gpu.thread_id x")
+        is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
+        blk = t.add(t.mul("%i", n // block_n), "%j")
+        width = t.op("cw", f"memref.dim %cnt, {t.c(1)} : {COUNT_TYPE}")
+        slot = t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), blk)
+        base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
+        cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(slot, 4))} : index to i64")
+        t.emit(f"scf.if {is0} {{")
+        old = t.op(
+            "old",
+            'llvm.inline_asm has_side_effects asm_dialect = att "atom.acq_rel.gpu.global.add.u32 '
+            f'$0, [$1], 1;", "=r,l" {cnt_at} : (i64) -> i32',
+        )
+        t.emit(f"  memref.store {old}, {flag_ref}[{t.c(0)}] : {flag_t}")
+        t.emit("}")
+        t.emit("gpu.barrier")
+        seen = t.op("seen", f"memref.load {flag_ref}[{t.c(0)}] : {flag_t}")
+        want = t.op("want", f"arith.constant {parts - 1} : i32")
+        last = t.op("last", f"arith.cmpi eq, {seen}, {want} : i32")
+        t.emit(f"scf.if {last} {{")
+        t.indent += "  "
+        t.emit(f"scf.if {is0} {{")
+        t.emit(
+            '  llvm.inline_asm has_side_effects asm_dialect = att "st.relaxed.gpu.global.u32 '
+            f'[$0], 0;", "l" {cnt_at} : (i64) -> ()'
+        )
+        t.emit("}")
+        return _sum_parts(t, acc, rows, cols, r1, m_rows, parts)
+
+    return reduce
+
+
+def _sum_parts(t: _Text, acc, rows, cols, r1: str, m_rows: str, parts: int) -> list:
+    """``sum(P[s*M + row, col] for s in 0..parts-1)`` for every accumulator
+    of ``acc`` (float32, in part order; rows past ``r1`` read row ``r1 - 1``)."""
+    last_row = t.op("lr", f"arith.subi {r1}, {t.c(1)} : index")
+    ld = t.op("ld", f"memref.dim %P, {t.c(1)} : {PART_TYPE}")
+    base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {PART_TYPE} -> index")
+    row_at = [t.bin("minui", r, last_row) for r in rows]
+    flat = [v for per in acc for c in per for v in c]
+    types = ", ".join(["f32"] * len(flat))
+    res = t.fresh("sum")
+    inits = ", ".join(f"%ps_{q} = %fzero" for q in range(len(flat)))
+    t.emit(
+        f"{res}:{len(flat)} = scf.for %pi = {t.c(0)} to {t.c(parts)} step {t.c(1)} "
+        f"iter_args({inits}) -> ({types}) {{"
+    )
+    t.indent += "  "
+    shift = t.op("sh", f"arith.muli %pi, {m_rows} : index")
+    out, q = [], 0
+    pair_t = "!llvm.struct<(f32, f32)>"
+    for m, per in enumerate(acc):
+        for f in range(len(per)):
+            for h in range(2):
+                row = t.add(row_at[2 * m + h], shift)
+                elem = t.add(t.op("e", f"arith.muli {row}, {ld} : index"), cols[f])
+                at = t.op("a", f"arith.index_cast {t.add(base, t.mul(elem, 4))} : index to i64")
+                got = t.op(
+                    "ld",
+                    'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v2.f32 '
+                    f'{{$0, $1}}, [$2];", "=f,=f,l" {at} : (i64) -> {pair_t}',
+                )
+                for e in range(2):
+                    v = t.op("pv", f"llvm.extractvalue {got}[{e}] : {pair_t}")
+                    out.append(t.op("ps", f"arith.addf %ps_{q}, {v} : f32"))
+                    q += 1
+    t.emit(f"scf.yield {', '.join(out)} : {types}")
+    t.end()
+    # Back in fragment order: four values (h=0: c0, c1; h=1: c2, c3) per fragment.
+    total = iter(f"{res}#{q}" for q in range(len(flat)))
+    return [[[next(total) for _ in range(4)] for _ in per] for per in acc]
+
+
+def _reference(
+    block_n: int, n: int, part: int, epilogue: str, *, stacked: bool, columns_first: bool,
+    row_scale, sums_out, k_splits: int, counter_row: int, k: int,
+) -> Callable[..., None]:  # fmt: skip
+    """The numpy reference: the same parts, counters and part-order sum."""
+    block_m = 64
+    n_coords = (3 if stacked else 2) + (1 if k_splits > 1 else 0)
+
+    def reference(*args) -> None:
+        coords, bufs = args[:n_coords], list(args[n_coords:])
+        layer = coords[0] if stacked else 0
+        a, b = coords[1:3] if stacked else coords[0:2]
+        i, j = (b, a) if columns_first else (a, b)
+        s = coords[-1] if k_splits > 1 else 0
+        A = bufs.pop(0)
+        R = bufs.pop(0) if row_scale is not None else None
+        W, C = bufs.pop(0), bufs.pop(0)
+        S_out = bufs.pop(0) if sums_out is not None else None
+        W = W[layer] if stacked else W
+        m = A.shape[0]
+        rs = slice(i * block_m, min((i + 1) * block_m, m))
+        cs = slice(j * block_n, (j + 1) * block_n)
+        if rs.start >= rs.stop or cs.start >= n:
+            return
+        ks = slice(s * part, (s + 1) * part)
+        acc = _mma.bf16_matmul(A[rs, ks], W[cs, ks])
+        up_cs = slice(cs.start + n, cs.stop + n)
+        up = _mma.bf16_matmul(A[rs, ks], W[up_cs, ks]) if epilogue == "swiglu" else None
+        if k_splits > 1:
+            P, cnt = bufs[:2]
+            prs = slice(s * m + rs.start, s * m + rs.stop)
+            P[prs, cs] = acc
+            if up is not None:
+                P[prs, up_cs] = up
+            blk = i * (n // block_n) + j
+            cnt[counter_row, blk] += 1
+            if cnt[counter_row, blk] != k_splits:
+                return
+            cnt[counter_row, blk] = 0
+            acc, up = np.zeros_like(acc), None if up is None else np.zeros_like(up)
+            for q in range(k_splits):
+                qrs = slice(q * m + rs.start, q * m + rs.stop)
+                acc = acc + P[qrs, cs]
+                if up is not None:
+                    up = up + P[qrs, up_cs]
+        r = np.float32(1)
+        if row_scale is not None:
+            stride, offset, eps = row_scale
+            mean = _text.unfixed_reference(R[stride * layer + offset, rs]) / np.float32(k)
+            r = (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)[:, None]
+        _gemm.finish_layer_reference(epilogue, acc, up, r, C, rs, cs, S_out, sums_out, layer)
+
+    return reference

@@ -1,0 +1,226 @@
+"""The TMA + wgmma decode projections with split-K (``layer_gemm(core="tma")``,
+``etc.tiles.gemm_layer_tma``): references against the sync tiles' for every
+epilogue, the split-K meeting (counters back to zero, the same bits whatever
+part finishes last), configuration errors naming the tile, PTX that ptxas
+assembles for sm_90a, and the decoder on this core (simulated against the
+numpy model, compiled with a kernel per batch range)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import subprocess
+
+import numpy as np
+import pytest
+from gemm_helpers import needs_bindings, needs_ptxas
+
+import etc
+from etc.dtypes import bf16_to_f32, f32_to_bf16
+from etc.models import llama as M
+from etc.runtime import manifest
+from etc.tiles.gemm import layer_gemm
+
+pytestmark = needs_bindings
+
+L, K, N = 2, 256, 128
+
+
+def _rand(rng, *shape):
+    return f32_to_bf16((rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+
+def _case(epilogue, parts, rng, m=40):
+    """A tile's buffers: row_scale for store/swiglu, sums_out for residual."""
+    per = 2 if epilogue == "swiglu" else 1
+    sums = (rng.integers(1, 50, (5, m)) << 28).astype(np.int64)
+    bufs = {
+        "A": _rand(rng, m, K),
+        "R": sums,
+        "W": _rand(rng, L, per * N, K),
+        "C": _rand(rng, m, N),
+        "P": np.full((parts * m, per * N), np.nan, np.float32),
+        "cnt": np.zeros((2, 64), np.int32),
+    }
+    kw = (
+        dict(sums_out=(2, 1)) if epilogue == "residual" else dict(row_scale=(2, 0, 1e-5))
+    )  # fmt: skip
+    names = ["A", "R", "W", "C"] if "row_scale" in kw else ["A", "W", "C", "R"]
+    return bufs, kw, names + (["P", "cnt"] if parts > 1 else [])
+
+
+def _tile(epilogue, parts, bn=32, **kw):
+    return layer_gemm(
+        64, bn, N, K, layers=L, epilogue=epilogue, name=f"t_{epilogue}", core="tma",
+        k_splits=parts, columns_first=True, counter_row=1, **kw,
+    )  # fmt: skip
+
+
+def _run(tile, bufs, names, order, m=40, bn=32):
+    """Run the tile's reference over every block, parts in ``order``."""
+    for l, j in itertools.product(range(L), range(N // bn)):  # noqa: E741
+        for i in range((m + 63) // 64):
+            for s in order:
+                coords = (l, j, i, s) if len(order) > 1 else (l, j, i)
+                tile.reference(*coords, *[bufs[n] for n in names])
+
+
+@pytest.mark.parametrize(
+    "epilogue, parts", [("store", 1), ("store", 4), ("residual", 2), ("swiglu", 1), ("swiglu", 2)]
+)
+def test_reference_matches_the_sync_tile(epilogue, parts):
+    rng = np.random.default_rng(1)
+    bufs, kw, names = _case(epilogue, parts, rng)
+    want = {k: v.copy() for k, v in bufs.items()}
+    sync = layer_gemm(16, 32, N, K, layers=L, epilogue=epilogue, name="s", columns_first=True, **kw)
+    for l, j, i in itertools.product(range(L), range(N // 32), range(3)):  # noqa: E741
+        sync.reference(l, j, i, *[want[n] for n in names[:4]])
+    _run(_tile(epilogue, parts, **kw), bufs, names, range(parts))
+    # Sums of the parts round like the whole product to within one bf16 ulp.
+    got, ref = bf16_to_f32(bufs["C"]), bf16_to_f32(want["C"])
+    np.testing.assert_allclose(got, ref, rtol=8e-3, atol=1e-3)
+    assert np.mean(got == ref) > 0.95
+    if epilogue == "residual":  # fixed-point sums of squares, 2**28 per unit
+        np.testing.assert_allclose(bufs["R"], want["R"], rtol=1e-5)
+    assert not bufs["cnt"].any()  # every block's counter back to zero
+
+
+def test_split_sum_does_not_depend_on_which_part_finishes_last():
+    rng = np.random.default_rng(2)
+    results = []
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 3, 1, 0]):
+        bufs, kw, names = _case("residual", 4, np.random.default_rng(3))
+        _run(_tile("residual", 4, **kw), bufs, names, order)
+        results.append(bufs["C"].copy())
+    assert rng is not None
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+
+
+def test_split_partial_block_counts_only_its_rows():
+    # 70 rows: two 64-row blocks, the second of 6 rows.
+    rng = np.random.default_rng(4)
+    bufs, kw, names = _case("store", 2, rng, m=70)
+    _run(_tile("store", 2, **kw), bufs, names, range(2), m=70)
+    assert not bufs["cnt"].any()
+    assert np.isnan(bufs["P"]).sum() == 0  # both parts of every row were written
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(block_m=32), "takes blocks of 64 rows"),
+        (dict(k_splits=3), "k=256 does not split into 3 parts"),
+        (dict(block_n=12), "block_n=12 must divide n=128"),
+        (dict(unroll=2, rotate_k=True), "unroll, rotate_k do not apply to core='tma'"),
+        (dict(counter_row=-1), "counter_row must be an int >= 0"),
+        (dict(stages=40), "need .* bytes of shared memory"),
+        (dict(core="sync", k_splits=2), "k_splits=2 needs core='tma'"),
+    ],
+)
+def test_configuration_errors_name_the_tile(kwargs, words):
+    args = dict(block_m=64, block_n=32, core="tma") | kwargs
+    bm, bn = args.pop("block_m"), args.pop("block_n")
+    with pytest.raises(etc.GraphError, match=f"tile 'p': .*{words}"):
+        layer_gemm(bm, bn, N, K, layers=L, epilogue="store", name="p", **args)
+
+
+def _compile(tile, epilogue, parts, names):
+    g = etc.Graph("g")
+    m = g.symbol("m")
+    per = 2 if epilogue == "swiglu" else 1
+    shapes = {
+        "A": ((m, K), "bf16"), "R": ((5, m), "i64"), "W": ((L, per * N, K), "bf16"),
+        "C": ((m, N), "bf16"), "P": ((parts * m, per * N), "f32"), "cnt": ((2, 64), "i32"),
+    }  # fmt: skip
+    args = tuple(g.tensor(n, *shapes[n]) for n in names)
+    grid = (L, N // 32, (m + 63) // 64) + ((parts,) if parts > 1 else ())
+    g.task(tile, grid=grid, args=args)
+    return etc.compile(g, schedule="static", target="sm_90a")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("epilogue, parts", [("store", 4), ("residual", 2), ("swiglu", 1)])
+def test_tiles_assemble_for_sm_90a(epilogue, parts, tmp_path):
+    _, kw, names = _case(epilogue, parts, np.random.default_rng(0))
+    art = _compile(_tile(epilogue, parts, **kw), epilogue, parts, names)
+    assert art.cubin is not None
+    ptx = art.ptx
+    assert "cp.async.bulk.tensor.2d" in ptx and "wgmma.mma_async" in ptx
+    if parts > 1:
+        assert "atom.acq_rel.gpu.global.add.u32" in ptx
+        assert "ld.global.cg.v2.f32" in ptx and "st.relaxed.gpu.global.u32" in ptx
+    art.save(tmp_path / "art")
+    maps = [t.name for t in manifest.load_manifest(tmp_path / "art").tensors if t.tensor_map]
+    assert maps == ["A_tma64x64", "W_tma16x64"]
+    src = tmp_path / "k.ptx"
+    src.write_text(ptx)
+    done = subprocess.run(
+        ["ptxas", "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", done.stderr))
+
+
+# -- the decoder -------------------------------------------------------------------
+
+TMA = dict(gemm_core="tma", bn_qkv=32, bn_o=16, bn_gu=32, bn_down=32)
+SPLITS = (("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4))
+
+
+def test_decoder_on_the_tma_core_matches_the_numpy_model():
+    """B = 70: two 64-row blocks, the last partial; every projection split
+    but gate_up; the embedding in down's 4 x 8 blocks."""
+    cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
+    g = M.build_decoder_graph(cfg)
+    assert {t.name: t.grid[-1] for t in g.tasks if t.name in ("qkv", "o_proj", "down")} == {
+        "qkv": 2,
+        "o_proj": 2,
+        "down": 4,
+    }
+    weights = M.random_weights(cfg, seed=5)
+    B, L_ = 70, 5
+    tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
+    arrays = M.numpy_inputs(cfg, weights, tokens, L_, L_ + 3)
+    assert arrays["split_parts"].shape == (4 * B, cfg.qkv_width)  # the widest split
+    ref = M.reference_step(cfg, arrays, L_)
+    out = etc.simulate(g, arrays, {"B": B, "L": L_, "S": L_ + 3}, num_ctas=7)
+    got = bf16_to_f32(out["logits"])
+    assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+    np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    assert not out["split_count"].any()
+
+
+@needs_ptxas
+def test_decoder_with_a_tma_large_batch_kernel_compiles(tmp_path):
+    """Three kernels, one set of tensors: the workspace is declared by all,
+    used by the large-batch kernel only; the artifact targets sm_90a."""
+    cfg = dataclasses.replace(
+        M.TINY,
+        k_splits=SPLITS,
+        batch_buckets=((1, ()), (16, ()), (None, (*M.LARGE_BATCH, *TMA.items()))),
+    )
+    assert cfg.uses_tma and M.compile_options(cfg)["target"] == "sm_90a"
+    M.compile_decoder(cfg, "static").save(tmp_path)
+    for b in range(3):
+        names = {t.name for t in manifest.load_manifest(tmp_path / f"bucket{b}").tensors}
+        assert {"split_parts", "split_count"} <= names
+    assert "wgmma.mma_async" in (tmp_path / "bucket2" / "kernel.ptx").read_text()
+    assert "wgmma.mma_async" not in (tmp_path / "bucket0" / "kernel.ptx").read_text()
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(k_splits=(("lm_head", 2),)), "k_splits names 'lm_head'"),
+        (dict(k_splits=(("down_proj", 3),)), r"k_splits\['down_proj'\]=3: k=512"),
+        (dict(k_splits=(("o_proj", 0),)), r"k_splits\['o_proj'\] must be an int in 1..64"),
+        (dict(gemm_core="tma", k_splits=(("down_proj", 8),)), "bn_down=16 / 8 parts"),
+        (dict(gemm_core="tma", fuse_norms=True, fold_norms=False), "fuse_norms needs the sync"),
+        (dict(gemm_core="wgmma"), "gemm_core must be 'sync', 'bulk' or 'tma'"),
+    ],
+)
+def test_config_errors(change, words):
+    with pytest.raises(etc.GraphError, match=words):
+        dataclasses.replace(M.TINY, **change)
