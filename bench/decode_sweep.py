@@ -52,30 +52,27 @@ _SPLITS = (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 8))
 VARIANTS = {
     # The default after the fixed-point sums of squares (item 50).
     "default": {},
+    # The first stages' weight boxes issued before the waits (prefetch_ring).
     "tma_large": {"k_splits": _SPLITS, **_large(*_TMA)},
-    "tma_large_gu64": {"k_splits": _SPLITS, **_large(*_TMA, ("bn_gu", 64))},
-    "tma_large_lmsync": {
+    "tma_large_nopf": {"k_splits": _SPLITS, **_large(*_TMA, ("prefetch_ring", False))},
+    "tma_large_box16": {"k_splits": _SPLITS, **_large(*_TMA, ("tma_a_box", 16))},
+    "tma_large_box32": {"k_splits": _SPLITS, **_large(*_TMA, ("tma_a_box", 32))},
+    "tma_large_box16_gu64": {
         "k_splits": _SPLITS,
-        **_large(*_TMA, ("bn_lm", 128), ("core_overrides", (("lm_head", "sync"),))),
+        **_large(*_TMA, ("tma_a_box", 16), ("bn_gu", 64)),
     },
-    "tma_large_s2": {
-        "k_splits": (("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4)),
-        **_large(*_TMA),
-    },
-    "tma_large_st6": {
-        "k_splits": _SPLITS,
-        **_large(*_TMA, ("tma_stages", 6), ("core_overrides", (("lm_head", "sync"),))),
-    },
-    "tma_mid": {
+    "tma_mid_box16": {
         "k_splits": _SPLITS,
         "batch_buckets": (
             M.LLAMA_3_2_1B.batch_buckets[0],
-            (16, _TMA),
-            (None, (*M.LARGE_BATCH, *_TMA)),
+            (16, (*_TMA, ("tma_a_box", 16))),
+            (None, (*M.LARGE_BATCH, *_TMA, ("tma_a_box", 16))),
         ),
     },
-    "tma_all": {"k_splits": _SPLITS, "batch_buckets": ((None, (*M.LARGE_BATCH, *_TMA)),)},
 }
+#: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
+if os.environ.get("DECODE_SWEEP_VARIANTS"):
+    VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
 COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
 #: ``DECODE_SWEEP_BATCHES=16,32,64`` times only those.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +36,18 @@ VARIANTS = {
     "static": (CFG, "static"),
     "dynamic": (CFG, "dynamic"),
 }
+#: ``DECODE_TRACE_VARIANTS=default,tma_large`` traces those variants of
+#: ``bench/decode_sweep.py`` (static schedule) instead.
+if os.environ.get("DECODE_TRACE_VARIANTS"):
+    from bench import decode_sweep
+
+    VARIANTS = {
+        name: (decode_sweep.config(name), "static")
+        for name in os.environ["DECODE_TRACE_VARIANTS"].split(",")
+    }
 BATCHES = (1, 64)
+if os.environ.get("DECODE_TRACE_BATCHES"):
+    BATCHES = tuple(int(b) for b in os.environ["DECODE_TRACE_BATCHES"].split(","))
 L = 1024
 STAGES = (
     "norm1",

@@ -373,7 +373,8 @@ def llama_tiny_variants() -> dict:
         ("gemm_core", "tma"), ("bn_qkv", 32), ("bn_o", 16), ("bn_gu", 32), ("bn_down", 32),
     )  # fmt: skip
     tma_splits = (("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4))
-    tma = dataclasses.replace(llama.TINY, **dict(tma_changes), k_splits=tma_splits)
+    # 16-row activation boxes: B=3 loads one, B=17 two, B=70 all four and one.
+    tma = dataclasses.replace(llama.TINY, **dict(tma_changes), k_splits=tma_splits, tma_a_box=16)
     tma_buckets = dataclasses.replace(
         buckets,
         k_splits=tma_splits,

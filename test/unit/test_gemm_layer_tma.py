@@ -116,7 +116,9 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(unroll=2, rotate_k=True), "unroll, rotate_k do not apply to core='tma'"),
         (dict(counter_row=-1), "counter_row must be an int >= 0"),
         (dict(stages=40), "need .* bytes of shared memory"),
-        (dict(core="sync", k_splits=2), "k_splits=2 needs core='tma'"),
+        (dict(core="sync", k_splits=2), "k_splits=2 and a_box=64 need core=.tma."),
+        (dict(a_box=24), "a_box=24 must be 16, 32 or 64"),
+        (dict(prefetch_ring=2), "prefetch_ring as a count do not apply"),
     ],
 )
 def test_configuration_errors_name_the_tile(kwargs, words):
@@ -140,11 +142,34 @@ def _compile(tile, epilogue, parts, names):
     return etc.compile(g, schedule="static", target="sm_90a")
 
 
+def test_prefetch_issues_the_weight_boxes_and_the_body_the_activations():
+    tile = _tile("store", 2, row_scale=(2, 0, 1e-5), prefetch_ring=True, a_box=16)
+    assert tile.prefetch == "t_store__prefetch" and tile.prefetch_fills_shared
+    body, prefetch = tile.source.split("func.func @t_store__prefetch")
+    loads = "cp.async.bulk.tensor.2d"
+    # The prefetch: barriers (4 stages x full, empty), and one weight box per
+    # warpgroup and k-tile of the part (k = 128: two k-tiles, both in flight).
+    assert prefetch.count("mbarrier.init") == 8 and prefetch.count(loads) == 2 * 2
+    assert "expect_tx" in prefetch and "%A_map" in prefetch  # M sizes the bytes
+    # The body: no init; both k-tiles' four 16-row activation boxes (the last
+    # three of each guarded by M).
+    head = body.split("scf.for %kt")[0]
+    assert "mbarrier.init" not in body and head.count(loads) == 2 * 4
+    assert head.count("scf.if %inb") == 2 * 3
+
+
 @needs_ptxas
-@pytest.mark.parametrize("epilogue, parts", [("store", 4), ("residual", 2), ("swiglu", 1)])
-def test_tiles_assemble_for_sm_90a(epilogue, parts, tmp_path):
+@pytest.mark.parametrize(
+    "epilogue, parts, extra",
+    [
+        ("store", 4, {}),
+        ("residual", 2, dict(prefetch_ring=True, a_box=16)),
+        ("swiglu", 1, dict(prefetch_ring=True, a_box=32)),
+    ],
+)
+def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
     _, kw, names = _case(epilogue, parts, np.random.default_rng(0))
-    art = _compile(_tile(epilogue, parts, **kw), epilogue, parts, names)
+    art = _compile(_tile(epilogue, parts, **kw, **extra), epilogue, parts, names)
     assert art.cubin is not None
     ptx = art.ptx
     assert "cp.async.bulk.tensor.2d" in ptx and "wgmma.mma_async" in ptx
@@ -153,7 +178,7 @@ def test_tiles_assemble_for_sm_90a(epilogue, parts, tmp_path):
         assert "ld.global.cg.v2.f32" in ptx and "st.relaxed.gpu.global.u32" in ptx
     art.save(tmp_path / "art")
     maps = [t.name for t in manifest.load_manifest(tmp_path / "art").tensors if t.tensor_map]
-    assert maps == ["A_tma64x64", "W_tma16x64"]
+    assert maps == [f"A_tma{extra.get('a_box', 64)}x64", "W_tma16x64"]
     src = tmp_path / "k.ptx"
     src.write_text(ptx)
     done = subprocess.run(

@@ -306,6 +306,9 @@ class LlamaConfig:
     k_splits: tuple[tuple[str, int], ...] = ()
     #: k-tiles of 64 in flight in a tma-core tile.
     tma_stages: int = 4
+    #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
+    #: past the batch are skipped, not filled with zeros.
+    tma_a_box: int = 64
     #: Query heads per combine instance (``attention_combine(group=...)``:
     #: grid ``(layers, B, heads / combine_group)``, the splits shared among
     #: each item's threads); 0: one instance merges a whole row (one CTA's
@@ -492,6 +495,8 @@ class LlamaConfig:
                     "multiple of 64"
                 )
         _int_field("tma_stages", self.tma_stages, 2)
+        if self.tma_a_box not in (16, 32, 64):
+            raise GraphError(f"LlamaConfig: tma_a_box must be 16, 32 or 64, got {self.tma_a_box!r}")
         parts = self.k_split("down_proj")
         if self.bn_down % parts or (self.bn_down // parts) % 8:
             raise GraphError(
@@ -762,8 +767,8 @@ def compile_decoder(
 
     opts = {**compile_options(cfg, schedule), **options}
     buckets = cfg.bucket_configs()
-    if len(buckets) == 1:
-        return etc.compile(build_decoder_graph(cfg, name=name), **opts)
+    if len(buckets) == 1:  # one kernel: this configuration, or its one bucket's
+        return etc.compile(build_decoder_graph(buckets[0][1], name=name), **opts)
     graphs = [(bound, build_decoder_graph(c, name=name)) for bound, c in buckets]
     return etc.compile_buckets("B", graphs, **opts)
 
@@ -874,7 +879,8 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         elif cfg.core(name) == "tma":
             core = dict(
                 core="tma", stages=cfg.tma_stages, k_splits=cfg.k_split(name),
-                counter_row=_COUNTER_ROWS.get(name, 0),
+                counter_row=_COUNTER_ROWS.get(name, 0), prefetch_ring=bool(cfg.prefetch_ring),
+                a_box=cfg.tma_a_box,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
             )  # fmt: skip

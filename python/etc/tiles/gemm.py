@@ -1182,6 +1182,7 @@ def layer_gemm(
     row_paths: tuple[int, ...] | None = None,
     k_splits: int = 1,
     counter_row: int = 0,
+    a_box: int = 64,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1273,9 +1274,11 @@ def layer_gemm(
     a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must
     be 64. ``k_splits=S`` splits each block's ``k`` loop over ``S``
     instances, whose float32 partial products meet in a workspace; the last
-    to finish adds them in part order and runs the epilogue. It takes
-    ``stages``, ``columns_first``, ``row_scale``, ``sums_out``, ``k_splits``
-    and ``counter_row`` only.
+    to finish adds them in part order and runs the epilogue;
+    ``prefetch_ring=True`` issues the first stages' weight boxes before the
+    waits; ``a_box`` rows per activation box (boxes past ``M`` skipped). It
+    takes ``stages``, ``columns_first``, ``row_scale``, ``sums_out``,
+    ``k_splits``, ``counter_row``, ``prefetch_ring`` and ``a_box`` only.
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -1309,7 +1312,7 @@ def layer_gemm(
             "rotate_k": rotate_k,
             "kc": kc is not None,
             "norm_sums": norm_sums,
-            "prefetch_ring": prefetch_ring,
+            "prefetch_ring as a count": not isinstance(prefetch_ring, bool),
             "row_paths": row_paths is not None,
         }
         given = [key for key, on in unsupported.items() if on]
@@ -1319,9 +1322,12 @@ def layer_gemm(
             block_m, block_n, n, k, layers=layers, epilogue=epilogue, name=name,
             block_size=block_size, stages=stages, columns_first=columns_first,
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
+            prefetch=prefetch_ring, a_box=a_box,
         )  # fmt: skip
-    if k_splits != 1:
-        raise GraphError(f"tile '{name}': k_splits={k_splits} needs core='tma'")
+    if k_splits != 1 or a_box != 64:
+        raise GraphError(
+            f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'"
+        )
     if core == "bulk":
         unsupported = {
             "warps": warps is not None,

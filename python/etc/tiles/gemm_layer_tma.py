@@ -52,8 +52,11 @@ class _Text(_tc._Text):
     """``gemm_tc``'s text buffer, whose function also defines the constants
     the ``etc.tiles.gemm`` epilogues name (``%c1``, ``%c<n>_``, ...)."""
 
+    #: Functions appended to the tile's source (its prefetch).
+    extra = ""
+
     def source(self, name: str, signature: str, globals_: list[str], comment: str) -> str:
-        return _gemm._source(name, signature, self, globals_, comment)
+        return _gemm._source(name, signature, self, globals_, comment) + self.extra
 
 
 def _slot(t: _Text, stacked: bool, stride: int, offset: int) -> str:
@@ -81,13 +84,24 @@ def layer_gemm_tma(
     k_splits: int = 1,
     counter_row: int = 0,
     smem_limit: int = SMEM_LIMIT,
+    prefetch: bool = False,
+    a_box: int = 64,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring). Coordinates ``(l, i, j)`` (``(l, j, i)`` with
     ``columns_first``; no ``l`` when ``layers`` is None), then ``s`` with
     ``k_splits > 1``; buffers as ``layer_gemm``'s, then ``P, cnt`` with
     ``k_splits > 1``, then the tensor maps of ``A`` and ``W`` (which
-    ``Graph.task`` declares). ``stages`` (default 4) k-tiles of 64 in flight."""
+    ``Graph.task`` declares). ``stages`` (default 4) k-tiles of 64 in flight.
+
+    ``prefetch`` adds ``@<name>__prefetch``: thread 0 initialises the ring's
+    barriers and issues the first stages' weight boxes before the instance
+    waits for its activations (weights do not depend on them); the body
+    then issues the activations' boxes (:attr:`DeviceFunction.
+    prefetch_fills_shared`). ``a_box`` (16, 32 or 64): rows per activation
+    box; boxes that start past ``M`` are not loaded (at B=8 a 64-row box
+    made the TMA unit fill 56 rows of zeros per stage), their ring rows'
+    products are garbage and never stored."""
     stages = 4 if stages is None else stages
     _mma.positive(name, "k_splits", k_splits)
     _mma.positive(name, "n", n)
@@ -116,6 +130,8 @@ def layer_gemm_tma(
             f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
             f"{_tc.TMA_BLOCK_K}"
         )
+    if a_box not in (16, 32, 64):
+        raise GraphError(f"tile '{name}': a_box={a_box!r} must be 16, 32 or 64")
     if not isinstance(counter_row, int) or counter_row < 0:
         raise GraphError(f"tile '{name}': counter_row must be an int >= 0, got {counter_row!r}")
     per_n = 2 if epilogue == "swiglu" else 1
@@ -154,18 +170,12 @@ def layer_gemm_tma(
         if reduce is not None:
             t.end()
 
-    w_map = _tc._map_pointer(t, "%W_map")
-    w_row = t.add(t.mul("%l", per_n * n), n0) if stacked else n0
-    b_loads = []
-    for g in range(groups):  # each warpgroup's columns: gate rows, then up rows
-        b_loads.append((w_map, t.add(w_row, g * cw), cw))
-        if per_n == 2:
-            b_loads.append((w_map, t.add(w_row, g * cw + n), cw))
+    loads = _loads(t, per_n, n, n0, r0, cw, groups, stacked, a_box, at)
     globals_ += _tc._body_tma(
         t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
-        stages=stages, a_loads=[(_tc._map_pointer(t, "%A_map"), r0, block_m)], b_loads=b_loads,
-        r0=r0, epilogue=finish, stage_output=False, split_n=True,
-        k_offset=t.mul("%ks", part) if split else None,
+        stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
+        stage_output=False, split_n=True, k_offset=t.mul("%ks", part) if split else None,
+        part="body" if prefetch else "all",
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
@@ -181,12 +191,56 @@ def layer_gemm_tma(
         row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row, k=k,
     )  # fmt: skip
     w_index = 2 if row_scale is not None else 1
-    return _tc.finish_tma(
+    signature = f"{coords}, {', '.join(buffers)}"
+    if prefetch:
+        tp = _Text()
+        r0p, _, n0p, valid_p = _gemm._layer_block(tp, at, block_m, block_n, n)
+        tp.emit(f"scf.if {valid_p} {{")
+        tp.indent += "  "
+        loads = _loads(tp, per_n, n, n0p, r0p, cw, groups, stacked, a_box, at)
+        _tc._body_tma(
+            tp, name=name, k=part, block_m=block_m, b_rows=per_n * block_n,
+            block_size=block_size, stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0p,
+            epilogue=finish, split_n=True, k_offset=tp.mul("%ks", part) if split else None,
+            part="fill",
+        )  # fmt: skip
+        tp.close()
+        maps = "".join(f", %{arg}_map: {_tc.MAP_TYPE}" for arg in ("A", "W"))
+        t.extra = tp.source(
+            f"{name}__prefetch", signature + maps, [], f"{name}: the ring's first weight boxes"
+        )
+    fn = _tc.finish_tma(
         t, name, f"{coords}, {', '.join(buffers)}", globals_,
         f"{name}: {what[epilogue]}, bf16, 64x{block_n} blocks, {stages} stages, TMA + wgmma"
         + (f", {k_splits} parts of k" if split else ""),
-        reference, block_size, len(buffers), [("A", 0, block_m), ("W", w_index, cw)],
+        reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw)],
     )  # fmt: skip
+    fn.prefetch_fills_shared = prefetch
+    return fn
+
+
+def _loads(
+    t: _Text, per_n: int, n: int, n0: str, r0: str, cw: int, groups: int, stacked: bool,
+    a_box: int, at: str,
+) -> tuple[list, list]:  # fmt: skip
+    """The tile's TMA boxes: ``A``'s rows in boxes of ``a_box`` (all but the
+    first only where they start before ``M``), then each warpgroup's weight
+    rows (gate, then up)."""
+    a_map = _tc._map_pointer(t, "%A_map")
+    m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {at}")
+    a_loads = []
+    for c in range(64 // a_box):
+        row = t.add(r0, c * a_box)
+        cond = () if c == 0 else (t.op("inb", f"arith.cmpi ult, {row}, {m_rows} : index"),)
+        a_loads.append((a_map, row, a_box, *cond))
+    w_map = _tc._map_pointer(t, "%W_map")
+    w_row = t.add(t.mul("%l", per_n * n), n0) if stacked else n0
+    b_loads = []
+    for g in range(groups):
+        b_loads.append((w_map, t.add(w_row, g * cw), cw))
+        if per_n == 2:
+            b_loads.append((w_map, t.add(w_row, g * cw + n), cw))
+    return a_loads, b_loads
 
 
 def _split_reduce(

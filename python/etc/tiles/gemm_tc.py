@@ -646,6 +646,7 @@ def _body_tma(
     stage_output: bool = True,
     split_n: bool = False,
     k_offset: str | None = None,
+    part: str = "all",
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -668,7 +669,19 @@ def _body_tma(
     rows of an expert's ragged last block wasted on average, not a whole
     128-row block's worth); the epilogue gets the warpgroup as ``wn_i``.
     ``k_offset`` (an index value): the first column of ``k`` the loads read
-    (a split-K part of a longer reduction)."""
+    (a split-K part of a longer reduction).
+
+    A load may carry a fourth element, an ``i1`` value: the box is loaded
+    only where it holds (rows past a batch's end are skipped, not
+    zero-filled), and the stage's expected bytes count only the boxes
+    loaded. The ring rows of a skipped box keep stale values, so their
+    accumulator rows are garbage that the epilogue must not store.
+
+    ``part``: "all" (the whole tile), or the two halves of a tile whose
+    weights load before its waits: "fill" (the prefetch function: thread 0
+    initialises the barriers, expects each first stage's bytes and issues
+    its ``b_loads``) and "body" (issues the first stages' ``a_loads``, then
+    the main loop and the epilogue)."""
     groups = block_size // 128
     if block_size % 128 or block_m != (64 if split_n else 64 * groups):
         raise GraphError(
@@ -715,6 +728,14 @@ def _body_tma(
     lane0 = t.op("lane0", f"arith.cmpi eq, {lane}, {t.c(0)} : index")
     a_bytes, b_bytes = block_m * bk * 2, b_rows * bk * 2
     tx = t.op("tx", f"arith.constant {a_bytes + b_bytes} : i32")
+    if any(len(load) > 3 for load in a_loads + b_loads):  # count the boxes loaded
+        zero = t.op("tx", "arith.constant 0 : i32")
+        tx = zero
+        for _, _, rows, *cond in a_loads + b_loads:
+            size = t.op("txr", f"arith.constant {rows * bk * 2} : i32")
+            if cond:
+                size = t.op("txr", f"arith.select {cond[0]}, {size}, {zero} : i32")
+            tx = t.op("tx", f"arith.addi {tx}, {size} : i32")
 
     def bar(kind: int, stage: str | int) -> str:
         """The shared address (i32) of stage's full (0) or empty (1) mbarrier."""
@@ -725,21 +746,31 @@ def _body_tma(
         )
         return _i32(t, at)
 
-    def issue(kt: str | int, stage: str | int) -> None:
-        """Thread 0: TMA k-tile ``kt`` into ``stage``."""
+    def issue(kt: str | int, stage: str | int, which: str = "ab", expect: bool = True) -> None:
+        """Thread 0: TMA k-tile ``kt``'s ``which`` loads (a, b) into ``stage``,
+        first expecting the stage's bytes (``expect``)."""
         full = bar(0, stage)
-        _asm_ops(
-            t,
-            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
-            [(full, "i32"), (tx, "i32")],
-        )
+        if expect:
+            _asm_ops(
+                t,
+                "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+                [(full, "i32"), (tx, "i32")],
+            )
         col = t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk)
         col = _i32(t, col if k_offset is None else t.add(col, k_offset))
-        for base, per_stage, loads in ((base_a, a_bytes, a_loads), (base_b, b_bytes, b_loads)):
+        for key, base, per_stage, loads in (
+            ("a", base_a, a_bytes, a_loads),
+            ("b", base_b, b_bytes, b_loads),
+        ):
+            if key not in which:
+                continue
             st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
             off = 0
-            for tmap, row0, rows in loads:
+            for tmap, row0, rows, *cond in loads:
                 dst = _i32(t, t.add(t.add(base, st), off * bk * 2))
+                if cond:
+                    t.emit(f"scf.if {cond[0]} {{")
+                    t.indent += "  "
                 _asm_ops(
                     t,
                     "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
@@ -752,24 +783,35 @@ def _body_tma(
                         (full, "i32"),
                     ],
                 )
+                if cond:
+                    t.end()
                 off += rows
 
     # -- prologue: the buffers may hold another tile's generic writes (tiles
     # share shared memory) and the previous call's barriers are still live
     # until every thread is here.
-    _asm(t, "fence.proxy.async.shared::cta;")
-    t.emit("gpu.barrier")
-    t.emit(f"scf.if {is0} {{")
+    if part not in ("all", "fill", "body"):
+        raise GraphError(f"tile '{name}': part={part!r} is not all, fill or body")
     outer = t.indent
+    if part != "body":
+        _asm(t, "fence.proxy.async.shared::cta;")
+        t.emit("gpu.barrier")
+    t.emit(f"scf.if {is0} {{")
     t.indent += "  "
-    for s in range(stages):
-        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(bar(0, s), "i32")])
-        _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(bar(1, s), "i32")])
-    _asm(t, "fence.mbarrier_init.release.cluster;")
+    if part != "body":
+        for s in range(stages):
+            _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(bar(0, s), "i32")])
+            _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(bar(1, s), "i32")])
+        _asm(t, "fence.mbarrier_init.release.cluster;")
+    which = {"all": "ab", "fill": "b", "body": "a"}[part]
+    if part != "fill":  # other CTAs wrote the activations through the generic proxy
+        _asm(t, "fence.proxy.async.global;")
     for s in range(min(stages, kt_n)):
-        issue(s, s)
+        issue(s, s, which, expect=part != "body")
     t.indent = outer
     t.emit("}")
+    if part == "fill":
+        return globals_
     t.emit("gpu.barrier")
     if split_n:
         base_b = t.add(base_b, t.mul(group, wg_rows * bk * 2))
