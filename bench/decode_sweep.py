@@ -43,32 +43,10 @@ def _mid(*changes: tuple[str, object]) -> dict:
     return dict(batch_buckets=(one, (bound, (*mid, *changes)), large))
 
 
-#: Session 13: the projections on TMA + wgmma with split-K (64-row blocks).
-_TMA = (
-    ("gemm_core", "tma"), ("bn_qkv", 64), ("bn_o", 64), ("bn_gu", 32), ("bn_down", 64),
-    ("bn_lm", 128),
-)  # fmt: skip
-_SPLITS = (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 8))
 VARIANTS = {
-    # The default after the fixed-point sums of squares (item 50).
+    # The default after session 13 (the large-batch kernel on the tma core;
+    # the session's variants and their rows: ``results/decode-sweep-tma-*``).
     "default": {},
-    # The first stages' weight boxes issued before the waits (prefetch_ring).
-    "tma_large": {"k_splits": _SPLITS, **_large(*_TMA)},
-    "tma_large_nopf": {"k_splits": _SPLITS, **_large(*_TMA, ("prefetch_ring", False))},
-    "tma_large_box16": {"k_splits": _SPLITS, **_large(*_TMA, ("tma_a_box", 16))},
-    "tma_large_box32": {"k_splits": _SPLITS, **_large(*_TMA, ("tma_a_box", 32))},
-    "tma_large_box16_gu64": {
-        "k_splits": _SPLITS,
-        **_large(*_TMA, ("tma_a_box", 16), ("bn_gu", 64)),
-    },
-    "tma_mid_box16": {
-        "k_splits": _SPLITS,
-        "batch_buckets": (
-            M.LLAMA_3_2_1B.batch_buckets[0],
-            (16, (*_TMA, ("tma_a_box", 16))),
-            (None, (*M.LARGE_BATCH, *_TMA, ("tma_a_box", 16))),
-        ),
-    },
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

@@ -58,8 +58,8 @@ def test_layer_gemm_bulk_refuses_the_sync_options():
         layer_gemm(16, 16, 64, 256, layers=2, name="p", core="bulk", unroll=1, a_ring=True)
     with pytest.raises(etc.GraphError, match="tile 'p': kc applies to core='bulk' only"):
         layer_gemm(16, 16, 64, 256, layers=2, name="p", kc=128)
-    with pytest.raises(etc.GraphError, match="tile 'p': core 'tma' is not one of sync, bulk"):
-        layer_gemm(16, 16, 64, 256, layers=2, name="p", core="tma")
+    with pytest.raises(etc.GraphError, match="tile 'p': core 'wgmma' is not one of sync, bulk, tma"):
+        layer_gemm(16, 16, 64, 256, layers=2, name="p", core="wgmma")
 
 
 def _bulk_tile(epilogue, block_m, block_n, n=128, k=1024, **opts):
@@ -149,11 +149,11 @@ def test_prefetch_next_refuses_tiles_whose_prefetch_fills_shared_memory():
 def test_config_refuses_bulk_with_the_sync_only_options():
     with pytest.raises(etc.GraphError, match="fuse_norms needs the sync core for qkv_proj"):
         _bulk_config(fuse_norms=True)
-    with pytest.raises(etc.GraphError, match="gemm_core must be 'sync' or 'bulk', got 'tma'"):
-        dataclasses.replace(M.TINY, gemm_core="tma")
+    with pytest.raises(etc.GraphError, match="gemm_core must be 'sync', 'bulk' or 'tma', got 'x'"):
+        dataclasses.replace(M.TINY, gemm_core="x")
     with pytest.raises(etc.GraphError, match="core_overrides names 'down', not one of"):
         dataclasses.replace(M.TINY, core_overrides=(("down", "bulk"),))
-    with pytest.raises(etc.GraphError, match=r"core_overrides\['o_proj'\] must be 'sync' or"):
+    with pytest.raises(etc.GraphError, match=r"core_overrides\['o_proj'\] must be 'sync', 'bulk'"):
         dataclasses.replace(M.TINY, core_overrides=(("o_proj", "wgmma"),))
 
 

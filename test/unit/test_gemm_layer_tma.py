@@ -249,3 +249,16 @@ def test_decoder_with_a_tma_large_batch_kernel_compiles(tmp_path):
 def test_config_errors(change, words):
     with pytest.raises(etc.GraphError, match=words):
         dataclasses.replace(M.TINY, **change)
+
+
+def test_dynamic_early_push_decoder_builds_tma_tiles_without_prefetch(monkeypatch):
+    """Under the dynamic schedule with early push the tma tiles issue no
+    weight boxes before their waits (LlamaConfig.tma_prefetch)."""
+    built = []
+    monkeypatch.setattr(etc, "compile", lambda g, **kw: built.append(g))
+    cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
+    for schedule, kw in (("static", {}), ("dynamic", {}), ("dynamic", {"early_push": False})):
+        M.compile_decoder(cfg, schedule, **kw)
+    prefetching = [{t.name for t in g.tasks if t.function.prefetch_fills_shared} for g in built]
+    tma = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+    assert prefetching == [tma, set(), tma]

@@ -83,18 +83,23 @@ _FOLDED = ("wqkv", "wgu")
 _BIG = 2**31
 #: ``LlamaConfig.attn_tile`` values.
 ATTENTION_TILES = ("phased", "online", "mma")
-#: The tile changes of the decoder's kernel for large batches: 32-row GEMM
-#: tiles whose warps all hold every row (each weight fragment read once per
-#: tile), 64-column gate/up tiles, the tensor-core attention, the
-#: whole-row argmax and 128-column LM head tiles (each re-reads the rows'
-#: activations: half as often as with 64, -4..-5 % at B=32/64 on an H200).
+#: The tile changes of the decoder's kernel for large batches: every
+#: projection on TMA + wgmma in 64-row blocks (``gemm_core="tma"``, split-K
+#: by ``k_splits``: -8 % at B=32, -21 % at B=64 on an H200 against the
+#: 32-row mma.sync tiles, session 13), 64-column qkv/o/down and 32-column
+#: gate/up blocks, the tensor-core attention, the whole-row argmax and
+#: 128-column LM head blocks.
 LARGE_BATCH = (
     ("block_m", 32),
     ("row_warps", 1),
-    ("bn_gu", 64),
     ("attn_tile", "mma"),
     ("attn_unroll", 1),
     ("argmax_whole", True),
+    ("gemm_core", "tma"),
+    ("bn_qkv", 64),
+    ("bn_o", 64),
+    ("bn_gu", 32),
+    ("bn_down", 64),
     ("bn_lm", 128),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
@@ -303,9 +308,15 @@ class LlamaConfig:
     #: every kernel shares the split-K workspace it sizes (``split_parts``,
     #: ``split_count``); a kernel whose projection is on another core ignores
     #: its entry.
-    k_splits: tuple[tuple[str, int], ...] = ()
+    k_splits: tuple[tuple[str, int], ...] = (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 8))
     #: k-tiles of 64 in flight in a tma-core tile.
     tma_stages: int = 4
+    #: The tma-core tiles issue their first stages' weight boxes before their
+    #: waits (``layer_gemm(core="tma", prefetch_ring=True)``). :func:`compile_decoder`
+    #: turns it off under the dynamic schedule with early push, where split
+    #: tiles with it gave NaN logits on an H200 at B=70 (the tiny decoder;
+    #: ``bench/RESULTS.md``, session 13; cause not found).
+    tma_prefetch: bool = True
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -766,6 +777,8 @@ def compile_decoder(
     import etc
 
     opts = {**compile_options(cfg, schedule), **options}
+    if schedule == "dynamic" and opts.get("early_push", True) and cfg.tma_prefetch:
+        cfg = dataclasses.replace(cfg, tma_prefetch=False)  # see LlamaConfig.tma_prefetch
     buckets = cfg.bucket_configs()
     if len(buckets) == 1:  # one kernel: this configuration, or its one bucket's
         return etc.compile(build_decoder_graph(buckets[0][1], name=name), **opts)
@@ -879,7 +892,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         elif cfg.core(name) == "tma":
             core = dict(
                 core="tma", stages=cfg.tma_stages, k_splits=cfg.k_split(name),
-                counter_row=_COUNTER_ROWS.get(name, 0), prefetch_ring=bool(cfg.prefetch_ring),
+                counter_row=_COUNTER_ROWS.get(name, 0), prefetch_ring=cfg.tma_prefetch,
                 a_box=cfg.tma_a_box,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,

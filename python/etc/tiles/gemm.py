@@ -1325,9 +1325,7 @@ def layer_gemm(
             prefetch=prefetch_ring, a_box=a_box,
         )  # fmt: skip
     if k_splits != 1 or a_box != 64:
-        raise GraphError(
-            f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'"
-        )
+        raise GraphError(f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'")
     if core == "bulk":
         unsupported = {
             "warps": warps is not None,
