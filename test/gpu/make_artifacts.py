@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for prefix, cfg in llama_tiny_variants().items():
         decoder = llama.build_decoder_graph(cfg, name="llama_tiny")
         for suffix, (schedule, early) in SCHEDULES.items():
-            if cfg.batch_buckets:
+            if cfg.batch_buckets or cfg.uses_tma:  # compile_decoder's options per schedule
                 bucketed.append((f"{prefix}_{suffix}", cfg, schedule, early))
                 continue
             jobs.append((f"{prefix}_{suffix}", decoder, schedule, early))
@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith(args.only):
             art = llama.compile_decoder(cfg, schedule, name="llama_tiny", early_push=early)
             art.save(args.out / name)
-            print(f"{name}: {args.out / name} ({schedule}, {len(art.artifacts)} kernels)")
+            print(
+                f"{name}: {args.out / name} ({schedule}, {len(getattr(art, 'artifacts', [art]))} kernels)"
+            )
     from dataclasses import replace
 
     from etc.models import collective

@@ -58,7 +58,9 @@ def test_layer_gemm_bulk_refuses_the_sync_options():
         layer_gemm(16, 16, 64, 256, layers=2, name="p", core="bulk", unroll=1, a_ring=True)
     with pytest.raises(etc.GraphError, match="tile 'p': kc applies to core='bulk' only"):
         layer_gemm(16, 16, 64, 256, layers=2, name="p", kc=128)
-    with pytest.raises(etc.GraphError, match="tile 'p': core 'wgmma' is not one of sync, bulk, tma"):
+    with pytest.raises(
+        etc.GraphError, match="tile 'p': core 'wgmma' is not one of sync, bulk, tma"
+    ):
         layer_gemm(16, 16, 64, 256, layers=2, name="p", core="wgmma")
 
 

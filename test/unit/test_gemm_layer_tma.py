@@ -262,3 +262,10 @@ def test_dynamic_early_push_decoder_builds_tma_tiles_without_prefetch(monkeypatc
     prefetching = [{t.name for t in g.tasks if t.function.prefetch_fills_shared} for g in built]
     tma = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
     assert prefetching == [tma, set(), tma]
+
+
+def test_early_push_refuses_split_tiles_with_a_prefetch():
+    cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
+    g = M.build_decoder_graph(cfg)
+    with pytest.raises(etc.CompileError, match="early_push: task 'qkv' .*split-K tma tile"):
+        etc.compile(g, schedule="dynamic", target="sm_90a")

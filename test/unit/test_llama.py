@@ -901,7 +901,13 @@ def test_batch_buckets_change_only_the_tiles():
     assert M.LLAMA_3_2_1B.kernel_max_batch == 16
     single = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())
     assert single.kernel_max_batch is None and single.splits(1024, 17) == 3
-    assert (large.block_m, large.row_warps, large.bn_gu, large.attn_tile) == (32, 1, 64, "mma")
+    assert (large.gemm_core, large.bn_gu, large.attn_tile) == ("tma", 32, "mma")
+    assert {p: large.k_split(p) for p in ("qkv_proj", "o_proj", "down_proj")} == {
+        "qkv_proj": 4,
+        "o_proj": 4,
+        "down_proj": 8,
+    }
+    assert mid.k_split("down_proj") == 1 and large.gemm_block("qkv_proj") == 64
     assert M.tensor_shapes(one, 4, 9, 10) == M.tensor_shapes(large, 4, 9, 10)
     assert M.TINY.bucket_configs() == [(None, M.TINY)]
     with pytest.raises(etc.GraphError, match="batch bucket B <= 4 changes \\['block_n'\\]"):

@@ -57,6 +57,7 @@ __all__ = [
     "build_decoder_graph",
     "compile_options",
     "compile_decoder",
+    "for_schedule",
     "LARGE_BATCH",
     "tensor_shapes",
     "random_weights",
@@ -762,6 +763,15 @@ def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any
     return options
 
 
+def for_schedule(cfg: LlamaConfig, schedule: str, early_push: bool = True) -> LlamaConfig:
+    """``cfg`` as ``schedule`` runs it: without the tma tiles' weight
+    prefetch under the dynamic schedule with early push (see
+    :attr:`LlamaConfig.tma_prefetch`)."""
+    if schedule == "dynamic" and early_push and cfg.tma_prefetch:
+        return dataclasses.replace(cfg, tma_prefetch=False)
+    return cfg
+
+
 def compile_decoder(
     cfg: LlamaConfig = LLAMA_3_2_1B,
     schedule: str = "static",
@@ -777,8 +787,7 @@ def compile_decoder(
     import etc
 
     opts = {**compile_options(cfg, schedule), **options}
-    if schedule == "dynamic" and opts.get("early_push", True) and cfg.tma_prefetch:
-        cfg = dataclasses.replace(cfg, tma_prefetch=False)  # see LlamaConfig.tma_prefetch
+    cfg = for_schedule(cfg, schedule, opts.get("early_push", True))
     buckets = cfg.bucket_configs()
     if len(buckets) == 1:  # one kernel: this configuration, or its one bucket's
         return etc.compile(build_decoder_graph(buckets[0][1], name=name), **opts)
