@@ -127,6 +127,17 @@ def compile_tile(tile, tensors, grid, target="sm_90"):
     return etc.compile(g, schedule="static", target=target)
 
 
+def sm90a_ptxas(ptx: str, tmp_path) -> str:
+    """``ptxas -arch=sm_90a -v``'s report of ``ptx`` (raises if it fails)."""
+    src = tmp_path / "k.ptx"
+    src.write_text(ptx)
+    done = subprocess.run(
+        ["ptxas", "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stderr
+
+
 def ptxas_info(ptx, tmp_path):
     """(spill byte counts, smem byte counts) that ``ptxas -v`` reports."""
     src = tmp_path / "k.ptx"

@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import subprocess
 
 import numpy as np
 import pytest
-from gemm_helpers import needs_bindings, needs_ptxas
+from gemm_helpers import needs_bindings, needs_ptxas, sm90a_ptxas
 
 import etc
 from etc.dtypes import bf16_to_f32, f32_to_bf16
@@ -179,13 +178,8 @@ def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
     art.save(tmp_path / "art")
     maps = [t.name for t in manifest.load_manifest(tmp_path / "art").tensors if t.tensor_map]
     assert maps == [f"A_tma{extra.get('a_box', 64)}x64", "W_tma16x64"]
-    src = tmp_path / "k.ptx"
-    src.write_text(ptx)
-    done = subprocess.run(
-        ["ptxas", "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", done.stderr))
+    report = sm90a_ptxas(ptx, tmp_path)
+    assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report))
 
 
 # -- the decoder -------------------------------------------------------------------

@@ -25,6 +25,7 @@ from gemm_helpers import (
     needs_ptxas,
     rand_bf16,
     rel_err,
+    sm90a_ptxas,
 )
 from test_runtime import splitk_manifest, write_artifact
 
@@ -314,16 +315,6 @@ def test_tma_configuration_errors():
         G.gemm(128, 128, 256, core="tma", block_size=128, smem_limit=SMEM)
     with pytest.raises(GraphError, match="block_n in 8..256"):
         G.gemm(128, 512, 256, core="tma", smem_limit=1 << 20)
-
-
-def sm90a_ptxas(ptx: str, tmp_path: Path) -> str:
-    src = tmp_path / "k.ptx"
-    src.write_text(ptx)
-    done = subprocess.run(
-        ["ptxas", "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return done.stderr
 
 
 @needs_bindings

@@ -1153,6 +1153,13 @@ def _add_residual(
     return res
 
 
+def _refuse(name: str, core: str, given: dict[str, bool]) -> None:
+    """Raises GraphError naming the options in ``given`` that are set."""
+    on = [key for key, value in given.items() if value]
+    if on:
+        raise GraphError(f"tile '{name}': {', '.join(on)} do not apply to core={core!r}")
+
+
 def layer_gemm(
     block_m: int,
     block_n: int,
@@ -1298,26 +1305,23 @@ def layer_gemm(
         raise GraphError(f"tile '{name}': norm_sums reads the statistics of rmsnorm: give rmsnorm")
     if sums_out is not None and (epilogue != "residual" or layers is None):
         raise GraphError(f"tile '{name}': sums_out needs the residual epilogue over stacked layers")
+    # The options of the sync core, which the other cores do not take.
+    sync_only = {
+        "warps": warps is not None,
+        "unroll": unroll is not None,
+        "prefetch": prefetch is not None,
+        "prefetch_weights": prefetch_weights,
+        "rmsnorm": rmsnorm is not None,
+        "a_ring": a_ring,
+        "a_ahead": bool(a_ahead),
+        "norm_sums": norm_sums,
+        "row_paths": row_paths is not None,
+    }
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
 
-        unsupported = {
-            "warps": warps is not None,
-            "unroll": unroll is not None,
-            "prefetch": prefetch is not None,
-            "prefetch_weights": prefetch_weights,
-            "rmsnorm": rmsnorm is not None,
-            "a_ring": a_ring,
-            "a_ahead": bool(a_ahead),
-            "rotate_k": rotate_k,
-            "kc": kc is not None,
-            "norm_sums": norm_sums,
-            "prefetch_ring as a count": not isinstance(prefetch_ring, bool),
-            "row_paths": row_paths is not None,
-        }
-        given = [key for key, on in unsupported.items() if on]
-        if given:
-            raise GraphError(f"tile '{name}': {', '.join(given)} do not apply to core='tma'")
+        _refuse(name, core, {**sync_only, "rotate_k": rotate_k, "kc": kc is not None,
+                             "prefetch_ring as a count": not isinstance(prefetch_ring, bool)})  # fmt: skip
         return layer_gemm_tma(
             block_m, block_n, n, k, layers=layers, epilogue=epilogue, name=name,
             block_size=block_size, stages=stages, columns_first=columns_first,
@@ -1327,23 +1331,8 @@ def layer_gemm(
     if k_splits != 1 or a_box != 64:
         raise GraphError(f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'")
     if core == "bulk":
-        unsupported = {
-            "warps": warps is not None,
-            "unroll": unroll is not None,
-            "prefetch": prefetch is not None,
-            "prefetch_weights": prefetch_weights,
-            "rmsnorm": rmsnorm is not None,
-            "a_ring": a_ring,
-            "a_ahead": bool(a_ahead),
-            "norm_sums": norm_sums,
-            "sums_out": sums_out is not None,
-            "row_scale": row_scale is not None,
-            "prefetch_ring": prefetch_ring,
-            "row_paths": row_paths is not None,
-        }
-        given = [key for key, on in unsupported.items() if on]
-        if given:
-            raise GraphError(f"tile '{name}': {', '.join(given)} do not apply to core='bulk'")
+        _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,
+                             "row_scale": row_scale is not None, "prefetch_ring": prefetch_ring})  # fmt: skip
         return _layer_gemm_bulk(
             name, block_m, block_n, n, k, layers=layers, epilogue=epilogue,
             block_size=block_size, stages=stages, kc=kc, columns_first=columns_first,
