@@ -47,9 +47,14 @@ VARIANTS = {
     # The default after session 13 (the large-batch kernel on the tma core;
     # the session's variants and their rows: ``results/decode-sweep-tma-*``).
     "default": {},
-    # Session 13, item 53: more parts for qkv and o_proj; 16-column gate/up blocks.
+    # Session 13, item 53: more parts for qkv and o_proj; 16-column gate/up
+    # blocks. Item 54: the weight boxes into L2 before the waits: none, or
+    # 8 / 16 k-tiles instead of the ring's 4.
     "splits_888": {"k_splits": (("qkv_proj", 8), ("o_proj", 8), ("down_proj", 8))},
     "gu16": _large(("bn_gu", 16)),
+    "tma_nopf": {"tma_prefetch": False},
+    "tma_pf8": {"tma_prefetch": 8},
+    "tma_pf16": {"tma_prefetch": 16},
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

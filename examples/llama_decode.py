@@ -50,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     # The kernel for this batch size (LlamaConfig.batch_buckets; a saved
     # artifact of llama.compile_decoder holds them all and picks by B).
     cfg = next(c for bound, c in cfg.bucket_configs() if bound is None or args.batch <= bound)
-    cfg = M.for_schedule(cfg, args.schedule, args.early_push)
     args.min_ctas_per_sm = 2
     if cfg.uses_tma:
         args.target = "sm_90a"  # wgmma and TMA

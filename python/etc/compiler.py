@@ -441,15 +441,6 @@ def compile(  # noqa: A001 - the public name
                     "prefetch that fills shared memory for its own instance; running it for "
                     "the next instance would overwrite the current one's"
                 )
-    if schedule == "dynamic" and early_push:
-        for task in g.tasks:
-            hazard = getattr(task.function, "early_push_hazard", None)
-            if hazard:
-                raise CompileError(
-                    f"early_push: task '{task.name}' (tile '{task.function.name}'): {hazard}; "
-                    "compile with early_push=False or without the tile's prefetch"
-                )
-
     if schedule == "static":
         _check_loop_phases(g)
     from . import ir

@@ -79,9 +79,6 @@ class DeviceFunction:
         #: consumes (``layer_gemm(core="bulk")``): it must run right before
         #: its own instance, so ``etc.compile(prefetch_next=True)`` refuses it.
         self.prefetch_fills_shared = False
-        #: Why the dynamic schedule with early push must not run this tile
-        #: (``etc.compile`` refuses it, naming the task), or None.
-        self.early_push_hazard: str | None = None
         #: Buffers the tile reads through TMA: buffer index (after the grid
         #: coordinates) -> (index of the buffer the map describes, box
         #: ``(rows, cols)``). A graph checks that exactly those buffers are

@@ -117,7 +117,7 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(stages=40), "need .* bytes of shared memory"),
         (dict(core="sync", k_splits=2), "k_splits=2 and a_box=64 need core=.tma."),
         (dict(a_box=24), "a_box=24 must be 16, 32 or 64"),
-        (dict(prefetch_ring=2), "prefetch_ring as a count do not apply"),
+        (dict(prefetch_ring=0), "prefetch must be a bool or an int >= 1"),
     ],
 )
 def test_configuration_errors_name_the_tile(kwargs, words):
@@ -141,20 +141,22 @@ def _compile(tile, epilogue, parts, names):
     return etc.compile(g, schedule="static", target="sm_90a")
 
 
-def test_prefetch_issues_the_weight_boxes_and_the_body_the_activations():
+def test_prefetch_asks_the_l2_for_the_first_weight_boxes():
     tile = _tile("store", 2, row_scale=(2, 0, 1e-5), prefetch_ring=True, a_box=16)
-    assert tile.prefetch == "t_store__prefetch" and tile.prefetch_fills_shared
+    assert tile.prefetch == "t_store__prefetch" and not tile.prefetch_fills_shared
     body, prefetch = tile.source.split("func.func @t_store__prefetch")
-    loads = "cp.async.bulk.tensor.2d"
-    # The prefetch: barriers (4 stages x full, empty), and one weight box per
-    # warpgroup and k-tile of the part (k = 128: two k-tiles, both in flight).
-    assert prefetch.count("mbarrier.init") == 8 and prefetch.count(loads) == 2 * 2
-    assert "expect_tx" in prefetch and "%A_map" in prefetch  # M sizes the bytes
-    # The body: no init; both k-tiles' four 16-row activation boxes (the last
-    # three of each guarded by M).
+    # One L2 prefetch per warpgroup's weight box and k-tile of the part
+    # (k = 128: two k-tiles); no shared memory, no barrier, no activations.
+    assert prefetch.count("cp.async.bulk.prefetch.tensor.2d.L2") == 2 * 2
+    for word in ("mbarrier", "cp.async.bulk.tensor", "gpu.barrier", "%A_map"):
+        assert word not in prefetch.split("{", 1)[1].split("return")[0].replace("%A_map:", "")
+    # The body still fills its whole ring: four 16-row activation boxes
+    # (the last three guarded by M) and the weight boxes for both k-tiles.
     head = body.split("scf.for %kt")[0]
-    assert "mbarrier.init" not in body and head.count(loads) == 2 * 4
+    assert head.count("mbarrier.init") == 8 and head.count("cp.async.bulk.tensor") == 2 * (4 + 2)
     assert head.count("scf.if %inb") == 2 * 3
+    one = _tile("store", 1, row_scale=(2, 0, 1e-5), prefetch_ring=3)
+    assert one.source.split("__prefetch")[1].count("prefetch.tensor") == 3 * 2
 
 
 @needs_ptxas
@@ -243,23 +245,3 @@ def test_decoder_with_a_tma_large_batch_kernel_compiles(tmp_path):
 def test_config_errors(change, words):
     with pytest.raises(etc.GraphError, match=words):
         dataclasses.replace(M.TINY, **change)
-
-
-def test_dynamic_early_push_decoder_builds_tma_tiles_without_prefetch(monkeypatch):
-    """Under the dynamic schedule with early push the tma tiles issue no
-    weight boxes before their waits (LlamaConfig.tma_prefetch)."""
-    built = []
-    monkeypatch.setattr(etc, "compile", lambda g, **kw: built.append(g))
-    cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
-    for schedule, kw in (("static", {}), ("dynamic", {}), ("dynamic", {"early_push": False})):
-        M.compile_decoder(cfg, schedule, **kw)
-    prefetching = [{t.name for t in g.tasks if t.function.prefetch_fills_shared} for g in built]
-    tma = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
-    assert prefetching == [tma, set(), tma]
-
-
-def test_early_push_refuses_split_tiles_with_a_prefetch():
-    cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
-    g = M.build_decoder_graph(cfg)
-    with pytest.raises(etc.CompileError, match="early_push: task 'qkv' .*split-K tma tile"):
-        etc.compile(g, schedule="dynamic", target="sm_90a")

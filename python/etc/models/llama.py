@@ -57,7 +57,6 @@ __all__ = [
     "build_decoder_graph",
     "compile_options",
     "compile_decoder",
-    "for_schedule",
     "LARGE_BATCH",
     "tensor_shapes",
     "random_weights",
@@ -86,7 +85,7 @@ _BIG = 2**31
 ATTENTION_TILES = ("phased", "online", "mma")
 #: The tile changes of the decoder's kernel for large batches: every
 #: projection on TMA + wgmma in 64-row blocks (``gemm_core="tma"``, split-K
-#: by ``k_splits``: -8 % at B=32, -21 % at B=64 on an H200 against the
+#: by ``k_splits``: -4.5 % at B=32, -19 % at B=64 on an H200 against the
 #: 32-row mma.sync tiles, session 13), 64-column qkv/o/down and 32-column
 #: gate/up blocks, the tensor-core attention, the whole-row argmax and
 #: 128-column LM head blocks.
@@ -312,12 +311,10 @@ class LlamaConfig:
     k_splits: tuple[tuple[str, int], ...] = (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 8))
     #: k-tiles of 64 in flight in a tma-core tile.
     tma_stages: int = 4
-    #: The tma-core tiles issue their first stages' weight boxes before their
-    #: waits (``layer_gemm(core="tma", prefetch_ring=True)``). :func:`compile_decoder`
-    #: turns it off under the dynamic schedule with early push, where split
-    #: tiles with it gave NaN logits on an H200 at B=70 (the tiny decoder;
-    #: ``bench/RESULTS.md``, session 13; cause not found).
-    tma_prefetch: bool = True
+    #: The tma-core tiles ask the L2 for their first stages' weight boxes
+    #: before their waits (``layer_gemm(core="tma", prefetch_ring=...)``; an
+    #: int: that many k-tiles).
+    tma_prefetch: bool | int = True
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -763,15 +760,6 @@ def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any
     return options
 
 
-def for_schedule(cfg: LlamaConfig, schedule: str, early_push: bool = True) -> LlamaConfig:
-    """``cfg`` as ``schedule`` runs it: without the tma tiles' weight
-    prefetch under the dynamic schedule with early push (see
-    :attr:`LlamaConfig.tma_prefetch`)."""
-    if schedule == "dynamic" and early_push and cfg.tma_prefetch:
-        return dataclasses.replace(cfg, tma_prefetch=False)
-    return cfg
-
-
 def compile_decoder(
     cfg: LlamaConfig = LLAMA_3_2_1B,
     schedule: str = "static",
@@ -787,7 +775,6 @@ def compile_decoder(
     import etc
 
     opts = {**compile_options(cfg, schedule), **options}
-    cfg = for_schedule(cfg, schedule, opts.get("early_push", True))
     buckets = cfg.bucket_configs()
     if len(buckets) == 1:  # one kernel: this configuration, or its one bucket's
         return etc.compile(build_decoder_graph(buckets[0][1], name=name), **opts)

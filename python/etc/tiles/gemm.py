@@ -1282,8 +1282,8 @@ def layer_gemm(
     be 64. ``k_splits=S`` splits each block's ``k`` loop over ``S``
     instances, whose float32 partial products meet in a workspace; the last
     to finish adds them in part order and runs the epilogue;
-    ``prefetch_ring=True`` issues the first stages' weight boxes before the
-    waits; ``a_box`` rows per activation box (boxes past ``M`` skipped). It
+    ``prefetch_ring`` asks the L2 for the first stages' weight boxes (an
+    int: that many k-tiles) before the waits; ``a_box`` rows per activation box (boxes past ``M`` skipped). It
     takes ``stages``, ``columns_first``, ``row_scale``, ``sums_out``,
     ``k_splits``, ``counter_row``, ``prefetch_ring`` and ``a_box`` only.
 
@@ -1320,8 +1320,7 @@ def layer_gemm(
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
 
-        _refuse(name, core, {**sync_only, "rotate_k": rotate_k, "kc": kc is not None,
-                             "prefetch_ring as a count": not isinstance(prefetch_ring, bool)})  # fmt: skip
+        _refuse(name, core, {**sync_only, "rotate_k": rotate_k, "kc": kc is not None})
         return layer_gemm_tma(
             block_m, block_n, n, k, layers=layers, epilogue=epilogue, name=name,
             block_size=block_size, stages=stages, columns_first=columns_first,

@@ -84,7 +84,7 @@ def layer_gemm_tma(
     k_splits: int = 1,
     counter_row: int = 0,
     smem_limit: int = SMEM_LIMIT,
-    prefetch: bool = False,
+    prefetch: bool | int = False,
     a_box: int = 64,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
@@ -94,11 +94,13 @@ def layer_gemm_tma(
     ``k_splits > 1``, then the tensor maps of ``A`` and ``W`` (which
     ``Graph.task`` declares). ``stages`` (default 4) k-tiles of 64 in flight.
 
-    ``prefetch`` adds ``@<name>__prefetch``: thread 0 initialises the ring's
-    barriers and issues the first stages' weight boxes before the instance
-    waits for its activations (weights do not depend on them); the body
-    then issues the activations' boxes (:attr:`DeviceFunction.
-    prefetch_fills_shared`). ``a_box`` (16, 32 or 64): rows per activation
+    ``prefetch`` adds ``@<name>__prefetch``: before the instance waits for
+    its activations, thread 0 asks the L2 for the weight boxes of its first
+    ``stages`` k-tiles (an int: that many) with
+    ``cp.async.bulk.prefetch.tensor``, so the ring's first loads after the
+    wait hit L2. (Loading them into the ring before the wait was 3-4 %
+    faster on an H200 but gave wrong results when the CTA had waited long,
+    cause not found: ``bench/RESULTS.md``, session 13.) ``a_box`` (16, 32 or 64): rows per activation
     box; boxes that start past ``M`` are not loaded (at B=8 a 64-row box
     made the TMA unit fill 56 rows of zeros per stage), their ring rows'
     products are garbage and never stored."""
@@ -130,6 +132,8 @@ def layer_gemm_tma(
             f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
             f"{_tc.TMA_BLOCK_K}"
         )
+    if not isinstance(prefetch, bool) and (not isinstance(prefetch, int) or prefetch < 1):
+        raise GraphError(f"tile '{name}': prefetch must be a bool or an int >= 1, got {prefetch!r}")
     if a_box not in (16, 32, 64):
         raise GraphError(f"tile '{name}': a_box={a_box!r} must be 16, 32 or 64")
     if not isinstance(counter_row, int) or counter_row < 0:
@@ -175,7 +179,6 @@ def layer_gemm_tma(
         t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
         stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
         stage_output=False, split_n=True, k_offset=t.mul("%ks", part) if split else None,
-        part="body" if prefetch else "all",
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
@@ -194,20 +197,16 @@ def layer_gemm_tma(
     signature = f"{coords}, {', '.join(buffers)}"
     if prefetch:
         tp = _Text()
-        r0p, _, n0p, valid_p = _gemm._layer_block(tp, at, block_m, block_n, n)
+        _, _, n0p, valid_p = _gemm._layer_block(tp, at, block_m, block_n, n)
         tp.emit(f"scf.if {valid_p} {{")
         tp.indent += "  "
-        loads = _loads(tp, per_n, n, n0p, r0p, cw, groups, stacked, a_box, at)
-        _tc._body_tma(
-            tp, name=name, k=part, block_m=block_m, b_rows=per_n * block_n,
-            block_size=block_size, stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0p,
-            epilogue=finish, split_n=True, k_offset=tp.mul("%ks", part) if split else None,
-            part="fill",
-        )  # fmt: skip
+        b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked)
+        tiles = min(stages if prefetch is True else int(prefetch), part // _tc.TMA_BLOCK_K)
+        _tc.tma_prefetch_l2(tp, b_loads, tiles, tp.mul("%ks", part) if split else None)
         tp.close()
         maps = "".join(f", %{arg}_map: {_tc.MAP_TYPE}" for arg in ("A", "W"))
         t.extra = tp.source(
-            f"{name}__prefetch", signature + maps, [], f"{name}: the ring's first weight boxes"
+            f"{name}__prefetch", signature + maps, [], f"{name}: the first weight boxes into L2"
         )
     fn = _tc.finish_tma(
         t, name, f"{coords}, {', '.join(buffers)}", globals_,
@@ -215,13 +214,6 @@ def layer_gemm_tma(
         + (f", {k_splits} parts of k" if split else ""),
         reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw)],
     )  # fmt: skip
-    fn.prefetch_fills_shared = prefetch
-    if prefetch and split:
-        # Measured, not understood: NaN logits on an H200 (the tiny decoder,
-        # B=70), with neither the prefetch nor the split alone.
-        fn.early_push_hazard = (
-            "a split-K tma tile with a weight prefetch gave wrong results under it on an H200"
-        )
     return fn
 
 
@@ -230,8 +222,7 @@ def _loads(
     a_box: int, at: str,
 ) -> tuple[list, list]:  # fmt: skip
     """The tile's TMA boxes: ``A``'s rows in boxes of ``a_box`` (all but the
-    first only where they start before ``M``), then each warpgroup's weight
-    rows (gate, then up)."""
+    first only where they start before ``M``), then the weight boxes."""
     a_map = _tc._map_pointer(t, "%A_map")
     m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {at}")
     a_loads = []
@@ -239,6 +230,13 @@ def _loads(
         row = t.add(r0, c * a_box)
         cond = () if c == 0 else (t.op("inb", f"arith.cmpi ult, {row}, {m_rows} : index"),)
         a_loads.append((a_map, row, a_box, *cond))
+    return a_loads, _weight_loads(t, per_n, n, n0, cw, groups, stacked)
+
+
+def _weight_loads(
+    t: _Text, per_n: int, n: int, n0: str, cw: int, groups: int, stacked: bool
+) -> list:
+    """Each warpgroup's weight boxes: its gate (or only) rows, then its up rows."""
     w_map = _tc._map_pointer(t, "%W_map")
     w_row = t.add(t.mul("%l", per_n * n), n0) if stacked else n0
     b_loads = []
@@ -246,7 +244,7 @@ def _loads(
         b_loads.append((w_map, t.add(w_row, g * cw), cw))
         if per_n == 2:
             b_loads.append((w_map, t.add(w_row, g * cw + n), cw))
-    return a_loads, b_loads
+    return b_loads
 
 
 def _split_reduce(

@@ -646,7 +646,6 @@ def _body_tma(
     stage_output: bool = True,
     split_n: bool = False,
     k_offset: str | None = None,
-    part: str = "all",
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -675,13 +674,7 @@ def _body_tma(
     only where it holds (rows past a batch's end are skipped, not
     zero-filled), and the stage's expected bytes count only the boxes
     loaded. The ring rows of a skipped box keep stale values, so their
-    accumulator rows are garbage that the epilogue must not store.
-
-    ``part``: "all" (the whole tile), or the two halves of a tile whose
-    weights load before its waits: "fill" (the prefetch function: thread 0
-    initialises the barriers, expects each first stage's bytes and issues
-    its ``b_loads``) and "body" (issues the first stages' ``a_loads``, then
-    the main loop and the epilogue)."""
+    accumulator rows are garbage that the epilogue must not store."""
     groups = block_size // 128
     if block_size % 128 or block_m != (64 if split_n else 64 * groups):
         raise GraphError(
@@ -746,24 +739,17 @@ def _body_tma(
         )
         return _i32(t, at)
 
-    def issue(kt: str | int, stage: str | int, which: str = "ab", expect: bool = True) -> None:
-        """Thread 0: TMA k-tile ``kt``'s ``which`` loads (a, b) into ``stage``,
-        first expecting the stage's bytes (``expect``)."""
+    def issue(kt: str | int, stage: str | int) -> None:
+        """Thread 0: TMA k-tile ``kt`` into ``stage``."""
         full = bar(0, stage)
-        if expect:
-            _asm_ops(
-                t,
-                "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
-                [(full, "i32"), (tx, "i32")],
-            )
+        _asm_ops(
+            t,
+            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+            [(full, "i32"), (tx, "i32")],
+        )
         col = t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk)
         col = _i32(t, col if k_offset is None else t.add(col, k_offset))
-        for key, base, per_stage, loads in (
-            ("a", base_a, a_bytes, a_loads),
-            ("b", base_b, b_bytes, b_loads),
-        ):
-            if key not in which:
-                continue
+        for base, per_stage, loads in ((base_a, a_bytes, a_loads), (base_b, b_bytes, b_loads)):
             st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
             off = 0
             for tmap, row0, rows, *cond in loads:
@@ -790,28 +776,21 @@ def _body_tma(
     # -- prologue: the buffers may hold another tile's generic writes (tiles
     # share shared memory) and the previous call's barriers are still live
     # until every thread is here.
-    if part not in ("all", "fill", "body"):
-        raise GraphError(f"tile '{name}': part={part!r} is not all, fill or body")
-    outer = t.indent
-    if part != "body":
-        _asm(t, "fence.proxy.async.shared::cta;")
-        t.emit("gpu.barrier")
+    _asm(t, "fence.proxy.async.shared::cta;")
+    t.emit("gpu.barrier")
     t.emit(f"scf.if {is0} {{")
+    outer = t.indent
     t.indent += "  "
-    if part != "body":
-        for s in range(stages):
-            _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(bar(0, s), "i32")])
-            _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(bar(1, s), "i32")])
-        _asm(t, "fence.mbarrier_init.release.cluster;")
-    which = {"all": "ab", "fill": "b", "body": "a"}[part]
-    if part != "fill":  # other CTAs wrote the activations through the generic proxy
-        _asm(t, "fence.proxy.async.global;")
+    for s in range(stages):
+        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(bar(0, s), "i32")])
+        _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(bar(1, s), "i32")])
+    _asm(t, "fence.mbarrier_init.release.cluster;")
+    # Other CTAs wrote the activations through the generic proxy.
+    _asm(t, "fence.proxy.async.global;")
     for s in range(min(stages, kt_n)):
-        issue(s, s, which, expect=part != "body")
+        issue(s, s)
     t.indent = outer
     t.emit("}")
-    if part == "fill":
-        return globals_
     t.emit("gpu.barrier")
     if split_n:
         base_b = t.add(base_b, t.mul(group, wg_rows * bk * 2))
@@ -875,6 +854,30 @@ def _body_tma(
 #: ``vec`` (``vector<8xbf16>``) for the block's ``local_row`` (rows of a
 #: peer's buffer, a chunk of a 3-D buffer).
 StagedOut = tuple[str, str] | Callable[[_Text, str, str, str], None]
+
+
+def tma_prefetch_l2(t: _Text, loads: list[TmaLoad], k_tiles: int, k_offset: str | None) -> None:
+    """Thread 0 asks the L2 for ``loads``' boxes of the first ``k_tiles``
+    k-tiles (``cp.async.bulk.prefetch.tensor``): no shared memory, no
+    barrier, so it may run before a tile's waits (a prefetch function)."""
+    tid = t.op("tid", "gpu.thread_id x")
+    t.emit(f"scf.if {t.op('is0', f'arith.cmpi eq, {tid}, {t.c(0)} : index')} {{")
+    t.indent += "  "
+    for kt in range(k_tiles):
+        col = t.c(kt * TMA_BLOCK_K)
+        col = _i32(t, col if k_offset is None else t.add(col, k_offset))
+        for tmap, row0, _rows, *cond in loads:
+            if cond:
+                t.emit(f"scf.if {cond[0]} {{")
+                t.indent += "  "
+            _asm_ops(
+                t,
+                "cp.async.bulk.prefetch.tensor.2d.L2.global.tile [$0, {$1, $2}];",
+                [(tmap, "i64"), (col, "i32"), (_i32(t, row0), "i32")],
+            )
+            if cond:
+                t.end()
+    t.end()
 
 
 def _staged_store(
