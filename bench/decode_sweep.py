@@ -55,6 +55,20 @@ VARIANTS = {
     "tma_nopf": {"tma_prefetch": False},
     "tma_pf8": {"tma_prefetch": 8},
     "tma_pf16": {"tma_prefetch": 16},
+    # Item 55: wider blocks with more parts, so each 64-row activation block
+    # read from L2 feeds more weight rows.
+    "gu64_s2": {
+        "k_splits": (*M.LLAMA_3_2_1B.k_splits, ("gate_up_proj", 2)),
+        **_large(("bn_gu", 64)),
+    },
+    "wide128": {
+        "k_splits": (("qkv_proj", 8), ("o_proj", 8), ("down_proj", 16)),
+        **_large(("bn_qkv", 128), ("bn_o", 128), ("bn_down", 128)),
+    },
+    "wide128_gu64_s2": {
+        "k_splits": (("qkv_proj", 8), ("o_proj", 8), ("down_proj", 16), ("gate_up_proj", 2)),
+        **_large(("bn_qkv", 128), ("bn_o", 128), ("bn_down", 128), ("bn_gu", 64)),
+    },
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
