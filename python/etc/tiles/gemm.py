@@ -1377,7 +1377,7 @@ def layer_gemm(
     _check_moe(name, block_n, n, "n")
     at, wt, ct = _layer_types(layers, per_n, n, k)
     t = _Text()
-    r0, r1, n0, valid = _layer_block(t, at, block_m, block_n, n)
+    r0, r1, n0, valid, _ = _layer_block(t, at, block_m, block_n, n)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
     wcol = _warp_cols(t, n0, wm, wn, nf)
@@ -1385,12 +1385,7 @@ def layer_gemm(
     st = _text.SUMS_TYPE
 
     def layer_row(stride: int, offset: int) -> str:
-        """``stride * l + offset`` (an index value)."""
-        row = t.op("grow", f"arith.constant {offset} : index")
-        if layers is not None and stride:
-            lrow = t.op("grow", f"arith.muli %l, %c{stride}_ : index")
-            row = t.op("grow", f"arith.addi {lrow}, {row} : index")
-        return row
+        return _layer_slot(t, layers is not None, stride, offset)
 
     sums = ("%S", st, layer_row(*sums_out)) if sums_out is not None else None
     store = _layer_store(epilogue, wcol, nf, ct, r1, sums)
@@ -1429,7 +1424,7 @@ def layer_gemm(
         # The same thread-to-slot mapping as the body, so each thread's
         # copies are the ones its own first ring waits cover.
         tp = _Text()
-        _, _, n0p, valid_p = _layer_block(tp, at, block_m, block_n, n)
+        _, _, n0p, valid_p, _ = _layer_block(tp, at, block_m, block_n, n)
         tp.emit(f"scf.if {valid_p} {{")
         tp.indent += "  "
         wcol_p = _warp_cols(tp, n0p, wm, wn, nf)
@@ -1548,13 +1543,35 @@ def fold_norm(weight: np.ndarray, gamma: np.ndarray) -> np.ndarray:
 
 def _layer_block(t: _Text, at: str, block_m: int, block_n: int, n: int) -> tuple[str, ...]:
     """Tile ``(i, j)`` of :func:`layer_gemm`: its rows ``[r0, r1)`` (clipped to
-    ``A``'s), first column ``n0``, and whether it has rows (i1)."""
+    ``A``'s), first column ``n0``, whether it has rows (i1), and ``A``'s rows."""
     m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
     r0 = t.op("r0", f"arith.muli %i, %c{block_m}_ : index")
     rend = t.op("rend", f"arith.addi {r0}, %c{block_m}_ : index")
     r1 = t.op("r1", f"arith.minui {rend}, {m_rows} : index")
     n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
-    return r0, r1, n0, _mma.dense_valid(t, r0, n0, m_rows, f"%c{n}_")
+    return r0, r1, n0, _mma.dense_valid(t, r0, n0, m_rows, f"%c{n}_"), m_rows
+
+
+def _layer_slot(t: _Text, stacked: bool, stride: int, offset: int) -> str:
+    """``stride * l + offset`` (an index value): a row of a sums buffer or
+    of the stacked norm weights."""
+    row = t.op("grow", f"arith.constant {offset} : index")
+    if stacked and stride:
+        lrow = t.op("grow", f"arith.muli %l, %c{stride}_ : index")
+        row = t.op("grow", f"arith.addi {lrow}, {row} : index")
+    return row
+
+
+def _row_scale_reference(
+    row_scale: tuple[int, int, float] | None, R, layer: int, rs: slice, k: int
+) -> np.ndarray | np.float32:
+    """The folded norm's ``rsqrt(S[stride*l + offset, rows] / k + eps)`` as a
+    column (1 without ``row_scale``)."""
+    if row_scale is None:
+        return np.float32(1)
+    stride, offset, eps = row_scale
+    mean = _text.unfixed_reference(R[stride * layer + offset, rs]) / np.float32(k)
+    return (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)[:, None]
 
 
 def _layer_types(layers: int | None, per_n: int, n: int, k: int) -> tuple[str, str, str]:
@@ -1664,7 +1681,7 @@ def _layer_gemm_bulk(
 
     rotate = "%j" if rotate_k else None
     t = gemm_tc._Text()
-    r0, r1, n0, valid = _layer_block(t, at, block_m, block_n, n)
+    r0, r1, n0, valid, _ = _layer_block(t, at, block_m, block_n, n)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
     globals_ = gemm_bulk.body(
@@ -1790,13 +1807,6 @@ def layer_gemm_reference(
         R, G, S_in, W, C, S_out = split(rest)
         apply(a, b, A, R, G, S_in, 0, W, C, S_out)
 
-    def scale(R, layer: int, rs: slice) -> np.ndarray | float:
-        if row_scale is None:
-            return np.float32(1)
-        stride, offset, eps = row_scale
-        mean = _text.unfixed_reference(R[stride * layer + offset, rs]) / np.float32(k)
-        return (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)[:, None]
-
     def apply(a: int, b: int, A, R, G, S_in, layer: int, W, C, S_out) -> None:
         i, j = (b, a) if columns_first else (a, b)
         rs = slice(i * block_m, min((i + 1) * block_m, A.shape[0]))
@@ -1805,7 +1815,16 @@ def layer_gemm_reference(
         acc = _mma.bf16_matmul(rows, W[cs])
         up = _mma.bf16_matmul(rows, W[cs.start + n : cs.stop + n]) if epilogue == "swiglu" else None
         finish_layer_reference(
-            epilogue, acc, up, scale(R, layer, rs), C, rs, cs, S_out, sums_out, layer
+            epilogue,
+            acc,
+            up,
+            _row_scale_reference(row_scale, R, layer, rs, k),
+            C,
+            rs,
+            cs,
+            S_out,
+            sums_out,
+            layer,
         )
 
     return layered if stacked else single

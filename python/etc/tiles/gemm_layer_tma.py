@@ -59,14 +59,6 @@ class _Text(_tc._Text):
         return _gemm._source(name, signature, self, globals_, comment) + self.extra
 
 
-def _slot(t: _Text, stacked: bool, stride: int, offset: int) -> str:
-    """``stride * l + offset`` (an index value): a row of the sums buffer."""
-    row = t.c(offset)
-    if stacked and stride:
-        row = t.add(t.mul("%l", stride), row)
-    return row
-
-
 def layer_gemm_tma(
     block_m: int,
     block_n: int,
@@ -88,7 +80,8 @@ def layer_gemm_tma(
     a_box: int = 64,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
-    docstring). Coordinates ``(l, i, j)`` (``(l, j, i)`` with
+    docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
+    and ``sums_out``). Coordinates ``(l, i, j)`` (``(l, j, i)`` with
     ``columns_first``; no ``l`` when ``layers`` is None), then ``s`` with
     ``k_splits > 1``; buffers as ``layer_gemm``'s, then ``P, cnt`` with
     ``k_splits > 1``, then the tensor maps of ``A`` and ``W`` (which
@@ -106,15 +99,6 @@ def layer_gemm_tma(
     products are garbage and never stored."""
     stages = 4 if stages is None else stages
     _mma.positive(name, "k_splits", k_splits)
-    _mma.positive(name, "n", n)
-    if layers is not None:
-        _mma.positive(name, "layers", layers)
-    if epilogue not in _gemm.LAYER_EPILOGUES:
-        raise GraphError(
-            f"tile '{name}': epilogue {epilogue!r} is not one of {', '.join(_gemm.LAYER_EPILOGUES)}"
-        )
-    if sums_out is not None and (epilogue != "residual" or layers is None):
-        raise GraphError(f"tile '{name}': sums_out needs the residual epilogue over stacked layers")
     if block_m != 64:
         raise GraphError(
             f"tile '{name}': core='tma' takes blocks of 64 rows (one wgmma M), got block_m={block_m}"
@@ -145,14 +129,14 @@ def layer_gemm_tma(
     at, wt, ct = _gemm._layer_types(layers, per_n, n, k)
     st = _text.SUMS_TYPE
     t = _Text()
-    r0, r1, n0, valid = _gemm._layer_block(t, at, block_m, block_n, n)
+    r0, r1, n0, valid, m_rows = _gemm._layer_block(t, at, block_m, block_n, n)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
-    sums = ("%S", st, _slot(t, stacked, *sums_out)) if sums_out is not None else None
+    sums = ("%S", st, _gemm._layer_slot(t, stacked, *sums_out)) if sums_out is not None else None
     scale = None
     if row_scale is not None:
         stride, offset, eps = row_scale
-        scale = (("%R", st, _slot(t, stacked, stride, offset)), eps)
+        scale = (("%R", st, _gemm._layer_slot(t, stacked, stride, offset)), eps)
     globals_: list[str] = []
     reduce = None
     if split:
@@ -161,7 +145,7 @@ def layer_gemm_tma(
             f'memref.global "private" {flag} : memref<1xi32, #gpu.address_space<workgroup>> '
             "{alignment = 4 : i64}"
         )
-        reduce = _split_reduce(t, name, n, block_n, k_splits, counter_row, per_n, r1, flag, at)
+        reduce = _split_reduce(n, block_n, k_splits, counter_row, per_n, r1, m_rows, flag)
 
     def finish(t: _Text, acc, rows, wn_i, col_lane) -> None:
         wcol = t.add(n0, t.mul(wn_i, cw))
@@ -174,7 +158,7 @@ def layer_gemm_tma(
         if reduce is not None:
             t.end()
 
-    loads = _loads(t, per_n, n, n0, r0, cw, groups, stacked, a_box, at)
+    loads = _loads(t, per_n, n, n0, r0, m_rows, cw, groups, stacked, a_box)
     globals_ += _tc._body_tma(
         t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
         stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
@@ -197,7 +181,7 @@ def layer_gemm_tma(
     signature = f"{coords}, {', '.join(buffers)}"
     if prefetch:
         tp = _Text()
-        _, _, n0p, valid_p = _gemm._layer_block(tp, at, block_m, block_n, n)
+        _, _, n0p, valid_p, _ = _gemm._layer_block(tp, at, block_m, block_n, n)
         tp.emit(f"scf.if {valid_p} {{")
         tp.indent += "  "
         b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked)
@@ -208,23 +192,21 @@ def layer_gemm_tma(
         t.extra = tp.source(
             f"{name}__prefetch", signature + maps, [], f"{name}: the first weight boxes into L2"
         )
-    fn = _tc.finish_tma(
-        t, name, f"{coords}, {', '.join(buffers)}", globals_,
+    return _tc.finish_tma(
+        t, name, signature, globals_,
         f"{name}: {what[epilogue]}, bf16, 64x{block_n} blocks, {stages} stages, TMA + wgmma"
         + (f", {k_splits} parts of k" if split else ""),
         reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw)],
     )  # fmt: skip
-    return fn
 
 
 def _loads(
-    t: _Text, per_n: int, n: int, n0: str, r0: str, cw: int, groups: int, stacked: bool,
-    a_box: int, at: str,
+    t: _Text, per_n: int, n: int, n0: str, r0: str, m_rows: str, cw: int, groups: int,
+    stacked: bool, a_box: int,
 ) -> tuple[list, list]:  # fmt: skip
     """The tile's TMA boxes: ``A``'s rows in boxes of ``a_box`` (all but the
-    first only where they start before ``M``), then the weight boxes."""
+    first only where they start before ``m_rows``), then the weight boxes."""
     a_map = _tc._map_pointer(t, "%A_map")
-    m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {at}")
     a_loads = []
     for c in range(64 // a_box):
         row = t.add(r0, c * a_box)
@@ -248,15 +230,14 @@ def _weight_loads(
 
 
 def _split_reduce(
-    t: _Text, name: str, n: int, block_n: int, parts: int, counter_row: int, per_n: int,
-    r1: str, flag: str, at: str,
+    n: int, block_n: int, parts: int, counter_row: int, per_n: int, r1: str, m_rows: str,
+    flag: str,
 ) -> Callable[..., list]:  # fmt: skip
     """The split-K meeting (module docstring) as an epilogue step: stores this
     part, counts it, and in the last part opens ``scf.if`` (closed by the
     caller) and returns the summed accumulators."""
 
     def reduce(t: _Text, acc, rows, wcol, col_lane) -> list:
-        m_rows = t.op("M", f"memref.dim %A, {t.c(0)} : {at}")
         nf = len(acc[0]) // per_n
         cols = [
             t.add(t.add(wcol, 8 * (f % nf) + (n if f >= nf else 0)), col_lane)
@@ -388,11 +369,7 @@ def _reference(
                 acc = acc + P[qrs, cs]
                 if up is not None:
                     up = up + P[qrs, up_cs]
-        r = np.float32(1)
-        if row_scale is not None:
-            stride, offset, eps = row_scale
-            mean = _text.unfixed_reference(R[stride * layer + offset, rs]) / np.float32(k)
-            r = (1.0 / np.sqrt(mean + np.float32(eps))).astype(np.float32)[:, None]
+        r = _gemm._row_scale_reference(row_scale, R, layer, rs, k)
         _gemm.finish_layer_reference(epilogue, acc, up, r, C, rs, cs, S_out, sums_out, layer)
 
     return reference
