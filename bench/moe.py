@@ -161,6 +161,9 @@ CONFIGS = {
         "down_options": (*_DEC_ROT42["down_options"], ("prefetch_ring", True)),
     },
     "dec_pf_gu32": M.PRESETS["decode"],
+    # The decode preset with the fused route tile (one hop from the logits to
+    # the expert GEMMs instead of four: clear, top-k, plan, permute); T <= 128.
+    "dec_route": {**M.PRESETS["decode"], "route": "fused", "route_max_tokens": 128},
     # The decode preset with 12 down stages of one k group (unroll 1): the
     # prefetch fills 11 of the tile's 12 groups (92 % of its weights) before
     # the instance waits for its expert's gate/up tiles; and with 6 gate/up
@@ -279,6 +282,7 @@ OCCUPANCY = {
     "wg128": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_pf": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_pf_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_route": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_dn12": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_gu48": M.PRESET_MIN_CTAS_PER_SM["decode"],
@@ -500,6 +504,9 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
 
     for key in CONFIGS:
         cfg = moe_config(key)
+        if cfg.route == "fused" and T > cfg.route_max_tokens:
+            print(f"T={T:5d} ETC {key}: its route tile takes at most {cfg.route_max_tokens} tokens")
+            continue
         shapes = M.tensor_shapes(cfg, T)
         dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
         scratch = {
@@ -527,7 +534,7 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             if good:
                 record(f"{name}, eager", timed(torch, launch, calls, reps))
                 record(f"{name}, GPU time", gpu_timed(torch, launch, calls, reps))
-        kernels = [etc.runtime.load(artifacts / f"unfused_{key}_{t}") for t in M.UNFUSED_TASKS]
+        kernels = [etc.runtime.load(artifacts / f"unfused_{key}_{t}") for t in M.unfused_tasks(cfg)]
         names = [{p.name for p in k.manifest.inputs} for k in kernels]
 
         def unfused(i, bufs=bufs, kernels=kernels, names=names):

@@ -1,7 +1,8 @@
 """The Qwen3-30B-A3B mixture-of-experts layer as one ETC graph (issue 6).
 
 clear, logits -> topk -> plan -> permute(e) -> gate_up(i, e) -> down(i, e) -> combine in one
-persistent kernel; the expert GEMM tiles are data-dependent (triggered by
+persistent kernel (``--route fused``: logits -> route -> permute(e) -> ..., the
+routing in one CTA and one hop, for decode: T up to ``--route-max-tokens``); the expert GEMM tiles are data-dependent (triggered by
 the plan's tables), see docs/moe.md. The result is checked against a
 float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
 
@@ -10,6 +11,7 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
     python examples/moe.py --save-artifact /tmp/moe_static          # compile here
     python examples/moe.py --artifact /tmp/moe_static               # run on the GPU
     python examples/moe.py --preset decode --save-artifact /tmp/moe  # tuned tiles
+    python examples/moe.py --simulate --route fused --hidden 64 --inter 32 --experts 8 --topk 2
 
 ``--preset decode|mid|prefill`` takes the tile configuration measured best
 for T <= 16, T around 128 and T >= 1024 (``etc.models.moe.PRESETS``: mid
@@ -25,6 +27,7 @@ picks expert 0: a bias column in the router weights), ``few-experts``
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -86,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         "--router-experts", type=int, help="experts per logits CTA, EC (default 2, or the preset's)"
     )
     p.add_argument("--routing", choices=M.ROUTINGS, default="uniform")
+    p.add_argument(
+        "--route", choices=M.ROUTES, default="split",
+        help="the routing after the logits: split (top-k, plan: parallel) or fused (one CTA)",
+    )  # fmt: skip
+    p.add_argument(
+        "--route-max-tokens", type=int, default=64, help="the largest T of --route fused"
+    )
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
         "--preset", choices=tuple(M.PRESETS), help="the tuned tile configuration (real sizes)"
@@ -114,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             router.get("router_experts", 2),
         )  # fmt: skip
     try:
+        cfg = replace(cfg, route=args.route, route_max_tokens=args.route_max_tokens)
         g = M.build_moe_graph(cfg)
     except etc.EtcError as exc:  # a configuration the tiles cannot take
         print(f"error: {exc}", file=sys.stderr)
@@ -127,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.tokens.split(",")]
     for T in sizes:
         x = M.random_tokens(cfg, T, args.seed, args.routing)
-        out = run_case(g, kernel, args, M.numpy_inputs(cfg, x, weights), {"T": T})
+        try:
+            out = run_case(g, kernel, args, M.numpy_inputs(cfg, x, weights), {"T": T})
+        except etc.ShapeError as exc:  # e.g. T past the fused route's bound
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
         err = M.rel_err(out["Out"], ref)
         # A near-tie in the router may pick another expert than numpy did:

@@ -18,7 +18,8 @@ the compiler; the GPU machine needs only the runtime):
 - ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
   wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``;
   ``moe_small_tma_<schedule>/`` the same on the TMA GEMM tiles (sm_90a),
-  ``moe_small_ring_<schedule>/`` on the decode preset's weight ring.
+  ``moe_small_ring_<schedule>/`` on the decode preset's weight ring,
+  ``moe_small_route[_tma]_<schedule>/`` with the fused route tile.
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
   GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
   ``tensor_parallel_small()`` in ``graphs.py``.
@@ -43,6 +44,8 @@ from graphs import (  # noqa: E402
     MOE_SMALL,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
+    MOE_SMALL_ROUTE,
+    MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
     MOE_SMALL_TMA,
@@ -105,14 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         (f"moe_small_{suffix}", moe_graph, schedule, early)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
-    for tiles, cfg in (("ring", MOE_SMALL_RING), ("ringpf", MOE_SMALL_RING_PREFETCH)):
+    for tiles, cfg in (
+        ("ring", MOE_SMALL_RING), ("ringpf", MOE_SMALL_RING_PREFETCH), ("route", MOE_SMALL_ROUTE),
+    ):  # fmt: skip
         moe_ring = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         jobs += [
             (f"moe_small_{tiles}_{suffix}", moe_ring, schedule, early)
             for suffix, (schedule, early) in SCHEDULES.items()
         ]
     options: dict[str, dict] = {}  # more etc.compile options, by artifact
-    for tiles, cfg in (("tma", MOE_SMALL_TMA), ("split", MOE_SMALL_SPLIT), ("sub", MOE_SMALL_SUB)):
+    for tiles, cfg in (
+        ("tma", MOE_SMALL_TMA), ("split", MOE_SMALL_SPLIT), ("sub", MOE_SMALL_SUB),
+        ("route_tma", MOE_SMALL_ROUTE_TMA),
+    ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():
             jobs.append((f"moe_small_{tiles}_{suffix}", moe_tma, schedule, early))

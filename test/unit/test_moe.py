@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -132,6 +133,37 @@ def test_router_tile_references_partial_block():
         assert sorted(pos[ids == e]) == list(range(counts[e]))
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("T,routing", [(1, "uniform"), (13, "one-expert"), (20, "few-experts")])
+def test_route_tile_does_topk_and_plan(splits, T, routing):
+    # One route instance = clear + top-k + plan: the same choices, weights
+    # and tables, and the same (stable) row order as the reference plan.
+    cfg = SMALL.with_routing(routing)
+    E, K, BM = cfg.experts, cfg.topk, cfg.block_m
+    w = M.random_weights(cfg, 5, routing)
+    x = M.random_tokens(cfg, T, 5, routing)
+    logits = (bf16_to_f32(x) @ bf16_to_f32(w["Wr"]).T).astype(np.float32)
+    parts = np.stack([logits / splits] * splits).reshape(splits * T, E)  # sums to the logits
+    out = {
+        "ids": np.full((T, K), -1, np.int32), "tw": np.zeros((T, K), np.float32),
+        "counts": np.full(E, -1, np.int32), "row_off": np.zeros(E + 1, np.int32),
+        "gu": np.zeros(E + 1, np.int32), "dn": np.zeros(E + 1, np.int32),
+        "hw": np.zeros(E, np.int32), "dt": np.zeros(1, np.int32),
+        "perm": np.full(T * K, -1, np.int32), "inv": np.full(T * K, -1, np.int32),
+    }  # fmt: skip
+    T_.route(E, K, BM, 2, 3, splits=splits).reference(0, parts, *out.values())
+    want_ids, want_w = T_.topk_from_logits(parts.reshape(splits, T, E).sum(0), K)
+    np.testing.assert_array_equal(out["ids"], want_ids)
+    np.testing.assert_allclose(out["tw"], want_w, rtol=1e-6)
+    tables = T_.plan_tables(want_ids, BM, 2, 3, E)
+    for key, name in (
+        ("row_off", "row_off"), ("gu", "gu_indptr"), ("dn", "dn_indptr"), ("hw", "h_wait"),
+        ("dt", "dn_total"), ("perm", "perm"), ("inv", "inv"),
+    ):  # fmt: skip
+        np.testing.assert_array_equal(out[key], tables[name], err_msg=key)
+    np.testing.assert_array_equal(out["counts"], np.bincount(want_ids.ravel(), minlength=E))
+
+
 def test_triggered_grid_bound_is_tight_and_valid():
     """The triggered grids are floor((T*K + (BM-1)*min(E, T*K)) / BM) row
     blocks, written without min: exactly the worst routing's."""
@@ -241,7 +273,17 @@ def test_tile_configuration_errors():
         M.MoEConfig(inter=100, block_n_gu=64)
     with pytest.raises(etc.GraphError, match="router_splits=2 needs router='tc'"):
         M.MoEConfig(router_splits=2)
-    for key in ("permute_unroll", "combine_unroll", "router_stages", "router_splits"):
+    with pytest.raises(etc.GraphError, match="route must be one of 'split', 'fused', got 'one'"):
+        M.MoEConfig(route="one")
+    with pytest.raises(etc.GraphError, match="tile 'moe_route': topk=33 exceeds 32"):
+        T_.route(64, 33, 16, 1, 1)
+    for key in (
+        "permute_unroll",
+        "combine_unroll",
+        "router_stages",
+        "router_splits",
+        "route_max_tokens",
+    ):
         with pytest.raises(etc.GraphError, match=f"{key} must be a positive int, got 0"):
             M.MoEConfig(**{key: 0})
     with pytest.raises(etc.GraphError, match="unroll must be"):
@@ -326,6 +368,41 @@ def test_graph_in_simulator(schedule, T, routing):
     np.testing.assert_array_equal(out["Out"], hand["Out"])
 
 
+FUSED = replace(SMALL, route="fused", route_max_tokens=40)
+
+
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize(
+    "cfg,T,routing",
+    [(FUSED, 1, "uniform"), (FUSED, 33, "uniform"), (FUSED, 13, "one-expert")]
+    + [(FUSED, 16, "few-experts"), (FUSED, 9, "top1")]
+    + [(replace(WIDE, route="fused"), 20, "uniform")],
+)
+def test_fused_route_graph_in_simulator(schedule, cfg, T, routing):
+    # logits -> route -> permute: the split graph's answer, bit for bit, and
+    # the same tables; T is bounded by the route tile's workgroup copies.
+    fused, x, w, ref = case(cfg, T, routing)
+    split, *_ = case(replace(cfg, route="split"), T, routing)
+    g = M.build_moe_graph(fused, gemm_tiles(fused))
+    assert "clear" not in {t.name for t in g.tasks} and g.symbols[0].max == fused.route_max_tokens
+    out = etc.simulate(g, M.numpy_inputs(fused, x, w), {"T": T}, schedule=schedule, seed=T)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    hand = M.run_tile_references(split, M.numpy_inputs(split, x, w), gemm_tiles(split))
+    np.testing.assert_array_equal(out["Out"], hand["Out"])
+    for table in ("row_off", "gu_indptr", "h_wait", "perm", "inv", "topk_ids"):
+        np.testing.assert_array_equal(out[table], hand[table], err_msg=table)
+
+
+@needs_trigger
+def test_fused_route_refuses_more_tokens_than_its_bound():
+    cfg, x, w, _ = case(FUSED, 41)
+    g = M.build_moe_graph(cfg, placeholder_gemm(cfg))
+    with pytest.raises(etc.ShapeError, match="symbol 'T' = 41 is above 40"):
+        etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": 41})
+    assert "pos" not in M.tensor_shapes(cfg, 41)
+
+
 @needs_trigger
 def test_graph_in_simulator_wide_placeholders():
     cfg, x, w, ref = case(WIDE, 20, "few-experts")
@@ -335,10 +412,13 @@ def test_graph_in_simulator_wide_placeholders():
 
 
 @needs_trigger
-def test_unfused_graphs_in_simulator():
-    cfg, x, w, ref = case(SMALL, 7)
+@pytest.mark.parametrize("route", M.ROUTES)
+def test_unfused_graphs_in_simulator(route):
+    cfg, x, w, ref = case(replace(SMALL, route=route), 7)
     arrays = M.numpy_inputs(cfg, x, w)
-    for _, g in M.build_unfused_graphs(cfg, gemm_tiles(cfg)):
+    graphs = M.build_unfused_graphs(cfg, gemm_tiles(cfg))
+    assert tuple(task for task, _ in graphs) == M.unfused_tasks(cfg)
+    for _, g in graphs:
         names = {t.name for t in g.tensors}
         out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": 7})
         arrays.update({k: out[k] for k in names})
@@ -361,8 +441,13 @@ def test_graph_needs_trigger_api_or_builds():
 @needs_ptxas
 @pytest.mark.parametrize(
     "cfg",
-    [SMALL, M.MoEConfig(), M.MoEConfig(permute_unroll=3, combine_unroll=2)],
-    ids=["small", "qwen3", "qwen3-unrolled"],
+    [
+        SMALL,
+        M.MoEConfig(),
+        M.MoEConfig(permute_unroll=3, combine_unroll=2),
+        M.MoEConfig(route="fused"),
+    ],
+    ids=["small", "qwen3", "qwen3-unrolled", "qwen3-fused-route"],
 )
 def test_small_tiles_compile(cfg):
     # Every non-GEMM task of the unfused path: its own graph, compiled to a cubin.
@@ -373,7 +458,7 @@ def test_small_tiles_compile(cfg):
         artifact = etc.compile(g, schedule="static")
         assert artifact.cubin is not None, task
         compiled.append(task)
-    assert compiled == ["clear", "logits", "topk", "plan", "permute", "combine"]
+    assert compiled == [t for t in M.unfused_tasks(cfg) if t not in ("gate_up", "down")]
 
 
 @needs_bindings
@@ -409,3 +494,20 @@ def test_presets_are_the_measured_configurations() -> None:
     assert M.preset("decode", hidden=64, inter=32, experts=8, topk=2).hidden == 64
     with pytest.raises(etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode"):
         M.preset("fast")
+
+
+@needs_trigger
+def test_example_fused_route_runs_and_refuses_large_t():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "moe.py"
+    small = ["--simulate", "--hidden", "64", "--inter", "32", "--experts", "8", "--topk", "2"]
+    cmd = [sys.executable, str(script), *small, "--route", "fused", "--route-max-tokens", "8"]
+    done = subprocess.run([*cmd, "--tokens", "1,8"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "2/2 cases match numpy" in done.stdout
+    done = subprocess.run([*cmd, "--tokens", "9"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "symbol 'T' = 9 is above 8" in done.stderr and "Traceback" not in done.stderr

@@ -6,6 +6,10 @@ Eight tasks, one persistent kernel (``docs/moe.md``)::
         --planned--> permute(e) --gu_ready[e]--> gate_up(i, e) --h_ready[e]--> down(i, e)
         --down_done--> combine
 
+With ``MoEConfig(route="fused")`` (decode) the routing is one hop::
+
+    logits(i, j) --scored--> route --planned--> permute(e) ...
+
 ``gate_up`` and ``down`` are *triggered* tasks: expert e's tiles are the
 global tile indices ``[gu_indptr[e], gu_indptr[e+1])`` (a table the plan
 writes), released when ``gu_ready[e]`` (resp. ``h_ready[e]``) completes.
@@ -136,8 +140,19 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
     return MoEConfig(**fields)
 
 
-#: The graphs of :func:`build_unfused_graphs`, in launch order.
+#: The graphs of :func:`build_unfused_graphs`, in launch order (``route="split"``;
+#: :func:`unfused_tasks` for any configuration).
 UNFUSED_TASKS = ("clear", "logits", "topk", "plan", "permute", "gate_up", "down", "combine")
+#: ``MoEConfig.route`` values.
+ROUTES = ("split", "fused")
+
+
+def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
+    """The task names of :func:`build_unfused_graphs` for ``cfg``, in launch order."""
+    if cfg.route == "fused":
+        return ("logits", "route", "permute", "gate_up", "down", "combine")
+    return UNFUSED_TASKS
+
 
 #: Routings the examples and benchmarks know (see :func:`random_weights`).
 ROUTINGS = ("uniform", "one-expert", "few-experts", "top1")
@@ -190,6 +205,12 @@ class MoEConfig:
     #: 128 tokens and ``router_experts`` experts; needs ``router_block=128``,
     #: ``router_experts`` a multiple of 8 and sm_90a).
     router: str = "simt"
+    #: The routing between the logits and the permute: "split" (``clear``,
+    #: ``topk`` and ``plan``: parallel tiles, three dependent hops) or "fused"
+    #: (one ``route`` CTA, a warp per token at a time: one hop, for decode;
+    #: ``T`` then has the bound ``route_max_tokens``).
+    route: str = "split"
+    route_max_tokens: int = moe_tiles.ROUTE_MAX_TOKENS
 
     def __post_init__(self) -> None:
         for key in (
@@ -209,12 +230,17 @@ class MoEConfig:
             "combine_unroll",
             "router_stages",
             "router_splits",
+            "route_max_tokens",
         ):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GraphError(f"MoEConfig: {key} must be a positive int, got {value!r}")
         if self.gemm not in ("reg", "tc"):
             raise GraphError(f"MoEConfig: gemm must be 'reg' or 'tc', got {self.gemm!r}")
+        if self.route not in ROUTES:
+            raise GraphError(
+                f"MoEConfig: route must be one of {', '.join(map(repr, ROUTES))}, got {self.route!r}"
+            )
         if self.router not in ("simt", "tc"):
             raise GraphError(f"MoEConfig: router must be 'simt' or 'tc', got {self.router!r}")
         if self.router == "tc" and (
@@ -302,7 +328,7 @@ def has_trigger_api() -> bool:
 def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
     H, II, E, K = cfg.hidden, cfg.inter, cfg.experts, cfg.topk
     N = T * K
-    return {
+    spec = {
         "X": ((T, H), "bf16"),
         "Wr": ((E, H), "bf16"),
         "Wgu": ((E, 2 * II, H), "bf16"),
@@ -324,6 +350,9 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "Yp": ((N, H), "bf16"),
         "Out": ((T, H), "bf16"),
     }
+    if cfg.route == "fused":  # the route tile keeps each slot's position to itself
+        del spec["pos"]
+    return spec
 
 
 def tensor_shapes(cfg: MoEConfig, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -359,18 +388,28 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
 
 
 def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
+    """The non-GEMM tiles of ``cfg``'s graph, by task name."""
     H, E, K, bs = cfg.hidden, cfg.experts, cfg.topk, cfg.block_size
     RB, TB = cfg.router_block, cfg.topk_block
-    return {
+    tiles = {
         "logits": _router_tile(cfg),
-        "topk": moe_tiles.router_topk(RB, TB, E, K, splits=cfg.router_splits, block_size=bs),
-        "clear": moe_tiles.clear_counts(E, block_size=bs),
-        "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
-        "permute": moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs),
         "combine": moe_tiles.combine(
             cfg.combine_block, K, H, unroll=cfg.combine_unroll, block_size=bs
         ),
     }
+    if cfg.route == "fused":
+        tiles["route"] = moe_tiles.route(
+            E, K, cfg.block_m, cfg.n_gu, cfg.n_dn, max_tokens=cfg.route_max_tokens,
+            splits=cfg.router_splits, block_size=bs,
+        )  # fmt: skip
+    else:
+        tiles |= {
+            "topk": moe_tiles.router_topk(RB, TB, E, K, splits=cfg.router_splits, block_size=bs),
+            "clear": moe_tiles.clear_counts(E, block_size=bs),
+            "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
+        }
+    tiles["permute"] = moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs)
+    return tiles
 
 
 def _router_tile(cfg: MoEConfig) -> DeviceFunction:
@@ -462,6 +501,40 @@ def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, ro
     )
 
 
+#: The route tile's arguments, in order.
+_ROUTE_ARGS = (
+    "logits", "topk_ids", "topk_w", "counts", "row_off", "gu_indptr", "dn_indptr", "h_wait",
+    "dn_total", "perm", "inv",
+)  # fmt: skip
+
+
+def _fused_route_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles):
+    """logits(i, j) --scored--> route --planned-->; returns ``planned``.
+
+    No ``clear``: the route tile counts in workgroup memory, so the logits
+    start at once."""
+    blocks = (T + cfg.router_block - 1) // cfg.router_block
+    grid = _logits_grid(cfg, blocks)
+    scored = g.event((1,), wait_count=math.prod(grid), name="scored")
+    g.task(
+        tiles["logits"],
+        grid=grid,
+        args=(t["X"], t["Wr"], t["logits"]),
+        out_edges={scored: "ij->0" if cfg.router_splits == 1 else "ijs->0"},
+        name="logits",
+    )
+    planned = g.event((1,), wait_count=1, name="planned")
+    g.task(
+        tiles["route"],
+        grid=(1,),
+        args=tuple(t[n] for n in _ROUTE_ARGS),
+        in_edges={scored: "i->0"},
+        out_edges={planned: "i->0"},
+        name="route",
+    )
+    return planned
+
+
 def _logits_grid(cfg: MoEConfig, blocks: Any) -> tuple[Any, ...]:
     """(token blocks, expert blocks[, k parts]) of the logits task."""
     grid = (blocks, cfg.experts // cfg.router_experts)
@@ -480,24 +553,28 @@ def build_moe_graph(cfg: MoEConfig, gemm_tiles: Any = None, *, name: str = "moe"
     tiles = _small_tiles(cfg)
     E, RB, TB, CB = cfg.experts, cfg.router_block, cfg.topk_block, cfg.combine_block
     g = Graph(name, block_size=cfg.block_size)
-    T = g.symbol("T")
+    fused = cfg.route == "fused"
+    T = g.symbol("T", max=cfg.route_max_tokens if fused else None)
     t = _tensors(g, cfg, T)
-    routed = g.event((1,), wait_count=(T + RB - 1) // RB * (RB // TB), name="routed")
-    plans = moe_tiles.plan_grid(T, cfg.topk)
-    planned = g.event((1,), wait_count=plans, name="planned")
     gu_ready = g.event((E,), wait_count=1, name="gu_ready")
     h_ready = g.event((E,), wait_count=t["h_wait"], name="h_ready")
     down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
     gu_bound, dn_bound = _bounds(cfg, T)
-    _router_tasks(g, cfg, T, t, tiles, routed)
-    g.task(
-        tiles["plan"],
-        grid=(plans,),
-        args=tuple(t[n] for n in _PLAN_ARGS),
-        in_edges={routed: "i->0"},
-        out_edges={planned: "i->0"},
-        name="plan",
-    )
+    if fused:
+        planned = _fused_route_tasks(g, cfg, T, t, tiles)
+    else:
+        routed = g.event((1,), wait_count=(T + RB - 1) // RB * (RB // TB), name="routed")
+        plans = moe_tiles.plan_grid(T, cfg.topk)
+        planned = g.event((1,), wait_count=plans, name="planned")
+        _router_tasks(g, cfg, T, t, tiles, routed)
+        g.task(
+            tiles["plan"],
+            grid=(plans,),
+            args=tuple(t[n] for n in _PLAN_ARGS),
+            in_edges={routed: "i->0"},
+            out_edges={planned: "i->0"},
+            name="plan",
+        )
     g.task(
         tiles["permute"],
         grid=(E,),
@@ -552,14 +629,17 @@ def build_unfused_graphs(
     TB = cfg.topk_block
     out: list[tuple[str, Graph]] = []
 
+    fused = cfg.route == "fused"
+
     def graph(task: str, names: list[str]) -> tuple[Graph, Any, dict[str, Any]]:
         g = Graph(f"{prefix}_unfused_{task}", block_size=cfg.block_size)
-        T = g.symbol("T")
+        T = g.symbol("T", max=cfg.route_max_tokens if fused else None)
         return g, T, _tensors(g, cfg, T, names)
 
-    g, T, t = graph("clear", ["counts"])
-    g.task(tiles["clear"], grid=(1,), args=(t["counts"],), name="clear")
-    out.append(("clear", g))
+    if not fused:
+        g, T, t = graph("clear", ["counts"])
+        g.task(tiles["clear"], grid=(1,), args=(t["counts"],), name="clear")
+        out.append(("clear", g))
     g, T, t = graph("logits", ["X", "Wr", "logits"])
     g.task(
         tiles["logits"],
@@ -568,20 +648,25 @@ def build_unfused_graphs(
         name="logits",
     )
     out.append(("logits", g))
-    g, T, t = graph("topk", list(_TOPK_ARGS))
-    g.task(
-        tiles["topk"],
-        grid=((T + RB - 1) // RB, RB // TB),
-        args=tuple(t[n] for n in _TOPK_ARGS),
-        name="topk",
-    )
-    out.append(("topk", g))
-    g, T, t = graph("plan", list(_PLAN_ARGS))
-    g.task(
-        tiles["plan"], grid=(moe_tiles.plan_grid(T, cfg.topk),),
-        args=tuple(t[n] for n in _PLAN_ARGS), name="plan",
-    )  # fmt: skip
-    out.append(("plan", g))
+    if fused:
+        g, T, t = graph("route", list(_ROUTE_ARGS))
+        g.task(tiles["route"], grid=(1,), args=tuple(t[n] for n in _ROUTE_ARGS), name="route")
+        out.append(("route", g))
+    else:
+        g, T, t = graph("topk", list(_TOPK_ARGS))
+        g.task(
+            tiles["topk"],
+            grid=((T + RB - 1) // RB, RB // TB),
+            args=tuple(t[n] for n in _TOPK_ARGS),
+            name="topk",
+        )
+        out.append(("topk", g))
+        g, T, t = graph("plan", list(_PLAN_ARGS))
+        g.task(
+            tiles["plan"], grid=(moe_tiles.plan_grid(T, cfg.topk),),
+            args=tuple(t[n] for n in _PLAN_ARGS), name="plan",
+        )  # fmt: skip
+        out.append(("plan", g))
     g, T, t = graph("permute", ["X", "row_off", "perm", "Xp"])
     g.task(
         tiles["permute"],
@@ -735,12 +820,15 @@ def run_tile_references(
             for s in range(cfg.router_splits):
                 coords = (i, j) if cfg.router_splits == 1 else (i, j, s)
                 tiles["logits"].reference(*coords, a["X"], a["Wr"], a["logits"])
-    tiles["clear"].reference(0, a["counts"])
-    for i in range(-(-T // RB)):
-        for j in range(RB // TB):
-            tiles["topk"].reference(i, j, *(a[n] for n in _TOPK_ARGS))
-    for i in range(moe_tiles.plan_grid(T, cfg.topk)):
-        tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
+    if cfg.route == "fused":
+        tiles["route"].reference(0, *(a[n] for n in _ROUTE_ARGS))
+    else:
+        tiles["clear"].reference(0, a["counts"])
+        for i in range(-(-T // RB)):
+            for j in range(RB // TB):
+                tiles["topk"].reference(i, j, *(a[n] for n in _TOPK_ARGS))
+        for i in range(moe_tiles.plan_grid(T, cfg.topk)):
+            tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
     for e in range(E):
         tiles["permute"].reference(e, a["X"], a["row_off"], a["perm"], a["Xp"])
     for e in range(E):

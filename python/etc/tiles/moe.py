@@ -50,6 +50,7 @@ __all__ = [
     "router_reference_rows",
     "topk_from_logits",
     "plan_tables",
+    "route",
 ]
 
 _WG = "#gpu.address_space<workgroup>"
@@ -280,46 +281,15 @@ func.func @{name}(%i: index, %j: index, %X: {x_t}, %Wr: {w_t}, %L: {l_t}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
-def router_topk(
-    RB: int,
-    TB: int,
-    E: int,
-    K: int,
-    *,
-    splits: int = 1,
-    name: str = "moe_topk",
-    block_size: int = 256,
-) -> DeviceFunction:
-    """Tile ``(i, j)``, grid ``(ceil(T/RB), RB/TB)``: top-K of the fp32
-    logits of tokens ``[i*RB + j*TB, +TB)`` (those below T).
-
-    Warp w takes tokens ``w, w+W, ...``; lane l loads the logits of experts
-    ``l, l+32, ...`` into registers (all at once: one L2 round trip). Then K
-    unrolled rounds of a warp arg-max (ties go to the lower expert), the
-    owner lane clearing the winner's register; the weights ``exp(l_k -
-    l_0)`` stay in registers until they are normalised by their sum (softmax
-    over all E, renormalised over the K). No shared memory, no barrier: a
-    round costs a few compares and five shuffles. Lane k < K then writes
-    choice k and increments its expert's ``counts[e]`` atomically (one
-    warp-wide atomic); the old value is the slot's position among expert
-    e's rows (``pos[t, k]``, for :func:`plan`).
-
-    ``splits=S``: the logits come in ``S`` partial sums (``L`` is ``S*T x
-    E``, part ``s`` in rows ``s*T ...``: a split-K router), added in part
-    order as they are loaded.
-    """
-    warps = _check_block(name, block_size)
-    _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits)
-    if K > E:
-        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
-    if K > 32:
-        raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k writes choice k)")
-    if RB % TB:
-        raise GraphError(f"tile '{name}': RB={RB} is not a multiple of TB={TB}")
-    l_t, c_t = f"memref<?x{E}xf32>", f"memref<{E}xi32>"
-    ids_t, tw_t = f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
+def _topk_select(E: int, K: int, splits: int, l_t: str, ind: str) -> tuple[str, str, str, str, str]:
+    """The top-K of logits row ``%t`` (``%L``, ``splits`` parts added in part
+    order) by one warp: lane l loads experts ``l, l+32, ...`` (one L2 round
+    trip), then K unrolled warp arg-max rounds (ties: the lower expert), the
+    winner's register cleared after each. Needs ``%t``, ``%lane``, ``%cE``,
+    ``%cEm1``, ``%ninf``, the shuffle constants and, with splits, ``%tS<p>``
+    (:func:`_logit_rows`). Returns (ops, constants, lane k's expert (i32) and
+    unnormalised weight ``exp(l_k - l_0)`` for lanes k < K, their sum)."""
     per_lane = -(-E // 32)
-    ind = "        "
     lines = []
 
     def logit(out: str, q: int, col: str) -> None:
@@ -382,8 +352,7 @@ def router_topk(
     for k in range(1, K):
         lines.append(f"{ind}%sum{k} = arith.addf {total}, {probs[k]} : f32")
         total = f"%sum{k}"
-    # Lane k < K writes choice k: one warp-wide atomic and coalesced stores
-    # (lane 0 alone would issue K dependent-latency atomics in a row).
+    # Lane k < K keeps choice k (its stores then coalesce).
     lines.append(f"{ind}%kl_i32 = arith.index_cast %lane : index to i32")
     pick_id, pick_p = chosen[0], "%p0"
     for k in range(1, K):
@@ -393,6 +362,66 @@ def router_topk(
             f"{ind}%pp{k} = arith.select %is{k}, %p{k}, {pick_p} : f32"
         )
         pick_id, pick_p = f"%pid{k}", f"%pp{k}"
+    consts = "\n".join(f"  %cQ{q} = arith.constant {32 * q} : index" for q in range(per_lane))
+    consts += "\n" + "\n".join(f"  %c{k}_k = arith.constant {k} : i32" for k in range(1, K))
+    return "\n".join(lines), consts, pick_id, pick_p, total
+
+
+def _logit_rows(splits: int, l_t: str) -> str:
+    """``%T`` (tokens) from the logits' rows over the parts; part p's rows
+    start at ``%tS<p>``."""
+    if splits == 1:
+        return f"  %T = memref.dim %L, %c0 : {l_t}"
+    return (
+        f"  %Lrows = memref.dim %L, %c0 : {l_t}\n"
+        f"  %cS = arith.constant {splits} : index\n"
+        "  %T = arith.divui %Lrows, %cS : index\n"
+    ) + "\n".join(
+        f"  %c{p}_s = arith.constant {p} : index\n  %tS{p} = arith.muli %T, %c{p}_s : index"
+        for p in range(1, splits)
+    )
+
+
+def router_topk(
+    RB: int,
+    TB: int,
+    E: int,
+    K: int,
+    *,
+    splits: int = 1,
+    name: str = "moe_topk",
+    block_size: int = 256,
+) -> DeviceFunction:
+    """Tile ``(i, j)``, grid ``(ceil(T/RB), RB/TB)``: top-K of the fp32
+    logits of tokens ``[i*RB + j*TB, +TB)`` (those below T).
+
+    Warp w takes tokens ``w, w+W, ...``; lane l loads the logits of experts
+    ``l, l+32, ...`` into registers (all at once: one L2 round trip). Then K
+    unrolled rounds of a warp arg-max (ties go to the lower expert), the
+    owner lane clearing the winner's register; the weights ``exp(l_k -
+    l_0)`` stay in registers until they are normalised by their sum (softmax
+    over all E, renormalised over the K). No shared memory, no barrier: a
+    round costs a few compares and five shuffles. Lane k < K then writes
+    choice k and increments its expert's ``counts[e]`` atomically (one
+    warp-wide atomic); the old value is the slot's position among expert
+    e's rows (``pos[t, k]``, for :func:`plan`).
+
+    ``splits=S``: the logits come in ``S`` partial sums (``L`` is ``S*T x
+    E``, part ``s`` in rows ``s*T ...``: a split-K router), added in part
+    order as they are loaded.
+    """
+    warps = _check_block(name, block_size)
+    _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits)
+    if K > E:
+        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
+    if K > 32:
+        raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k writes choice k)")
+    if RB % TB:
+        raise GraphError(f"tile '{name}': RB={RB} is not a multiple of TB={TB}")
+    l_t, c_t = f"memref<?x{E}xf32>", f"memref<{E}xi32>"
+    ids_t, tw_t = f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
+    ind = "        "
+    body, consts, pick_id, pick_p, total = _topk_select(E, K, splits, l_t, ind)
     stores = (
         f"{ind}  %wmine = arith.divf {pick_p}, {total} : f32\n"
         f"{ind}  memref.store {pick_id}, %ids[%t, %lane] : {ids_t}\n"
@@ -401,20 +430,7 @@ def router_topk(
         f"{ind}  %pmine = memref.atomic_rmw addi %c1_i32, %counts[%emine] : (i32, {c_t}) -> i32\n"
         f"{ind}  memref.store %pmine, %pos[%t, %lane] : {ids_t}"
     )
-    consts = "\n".join(f"  %cQ{q} = arith.constant {32 * q} : index" for q in range(per_lane))
-    consts += "\n" + "\n".join(f"  %c{k}_k = arith.constant {k} : i32" for k in range(1, K))
-    body = "\n".join(lines)
-    # T: the logits' rows over the parts; part p's rows start at %tS<p>.
-    rows = f"  %T = memref.dim %L, %c0 : {l_t}"
-    if splits > 1:
-        rows = (
-            f"  %Lrows = memref.dim %L, %c0 : {l_t}\n"
-            f"  %cS = arith.constant {splits} : index\n"
-            "  %T = arith.divui %Lrows, %cS : index\n"
-        ) + "\n".join(
-            f"  %c{p}_s = arith.constant {p} : index\n  %tS{p} = arith.muli %T, %c{p}_s : index"
-            for p in range(1, splits)
-        )
+    rows = _logit_rows(splits, l_t)
     source = f"""\
 // {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {c_t}, %pos: {ids_t}) {{
@@ -508,6 +524,31 @@ PLAN_SLOTS = 2048
 PLAN_UNROLL = 8
 
 
+#: The index constants :func:`_scan_ops` compares the lane with.
+_SCAN_CONSTS = "\n".join(f"  %c{o}_l = arith.constant {o} : index" for o in (1, 2, 4, 8, 16))
+
+
+def _scan_ops() -> str:
+    """Warp 0's inclusive shuffle-up scans of its lanes' token counts
+    (``%csum``) and row-block counts (``%msum``) over experts: ``%cs4`` and
+    ``%ms4`` (the totals up to this lane's run of experts). Needs
+    ``%lane``, :data:`_SCAN_CONSTS`, ``%c0_i32`` and the shuffle constants."""
+    scans = []
+    for k, off in enumerate((1, 2, 4, 8, 16)):
+        cprev = "%csum" if k == 0 else f"%cs{k - 1}"
+        mprev = "%msum" if k == 0 else f"%ms{k - 1}"
+        scans.append(
+            f"    %cu{k}, %cuok{k} = gpu.shuffle up {cprev}, %c{off}_i32, %c32_i32 : i32\n"
+            f"    %mu{k}, %muok{k} = gpu.shuffle up {mprev}, %c{off}_i32, %c32_i32 : i32\n"
+            f"    %in{k} = arith.cmpi uge, %lane, %c{off}_l : index\n"
+            f"    %cadd{k} = arith.select %in{k}, %cu{k}, %c0_i32 : i32\n"
+            f"    %madd{k} = arith.select %in{k}, %mu{k}, %c0_i32 : i32\n"
+            f"    %cs{k} = arith.addi {cprev}, %cadd{k} : i32\n"
+            f"    %ms{k} = arith.addi {mprev}, %madd{k} : i32"
+        )
+    return "\n".join(scans)
+
+
 def clear_counts(E: int, *, name: str = "moe_clear", block_size: int = 256) -> DeviceFunction:
     """Tile ``(i,)`` (grid ``(1,)``): ``counts[:] = 0``, before any top-k
     instance counts its tokens (every launch starts from zero, whatever the
@@ -561,22 +602,12 @@ def plan(
     ids_t, e1_t, e_t = f"memref<?x{K}xi32>", f"memref<{E + 1}xi32>", f"memref<{E}xi32>"
     one_t, vec_t = "memref<1xi32>", "memref<?xi32>"
     sm_t = f"memref<{E}xi32, {_WG}>"
-    scans = []
-    for k, off in enumerate((1, 2, 4, 8, 16)):
-        cprev = "%csum" if k == 0 else f"%cs{k - 1}"
-        mprev = "%msum" if k == 0 else f"%ms{k - 1}"
-        scans.append(
-            f"    %cu{k}, %cuok{k} = gpu.shuffle up {cprev}, %c{off}_i32, %c32_i32 : i32\n"
-            f"    %mu{k}, %muok{k} = gpu.shuffle up {mprev}, %c{off}_i32, %c32_i32 : i32\n"
-            f"    %in{k} = arith.cmpi uge, %lane, %c{off}_l : index\n"
-            f"    %cadd{k} = arith.select %in{k}, %cu{k}, %c0_i32 : i32\n"
-            f"    %madd{k} = arith.select %in{k}, %mu{k}, %c0_i32 : i32\n"
-            f"    %cs{k} = arith.addi {cprev}, %cadd{k} : i32\n"
-            f"    %ms{k} = arith.addi {mprev}, %madd{k} : i32"
+    consts = (
+        _SCAN_CONSTS
+        + "\n"
+        + "\n".join(
+            f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(PLAN_UNROLL)
         )
-    consts = "\n".join(f"  %c{o}_l = arith.constant {o} : index" for o in (1, 2, 4, 8, 16))
-    consts += "\n" + "\n".join(
-        f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(PLAN_UNROLL)
     )
     loads, stores = [], []
     for u in range(PLAN_UNROLL):
@@ -646,7 +677,7 @@ func.func @{name}(%i: index, %ids: {ids_t}, %pos: {ids_t}, %counts: {e_t}, %row_
       %ma2 = arith.addi %ma, %mb : i32
       scf.yield %ca2, %ma2 : i32, i32
     }}
-{chr(10).join(scans)}
+{_scan_ops()}
     %cx = arith.subi %cs4, %csum : i32
     %mx = arith.subi %ms4, %msum : i32
     %r1, %r2 = scf.for %e = %lo to %hi step %c1 iter_args(%cr = %cx, %mr = %mx) -> (i32, i32) {{
@@ -804,6 +835,199 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
     def reference(e: int, X: np.ndarray, row_off: np.ndarray, perm: np.ndarray, Xp: np.ndarray):
         r0, r1 = int(row_off[e]), int(row_off[e + 1])
         Xp[r0:r1] = X[perm[r0:r1] // K]
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+#: Tokens a :func:`route` tile is written for, unless told otherwise (its
+#: workgroup copies of the choices hold ``max_tokens * K`` of them).
+ROUTE_MAX_TOKENS = 64
+
+
+def route(
+    E: int,
+    K: int,
+    BM: int,
+    NT: int,
+    ND: int,
+    *,
+    max_tokens: int = ROUTE_MAX_TOKENS,
+    splits: int = 1,
+    name: str = "moe_route",
+    block_size: int = 256,
+) -> DeviceFunction:
+    """Tile ``(i,)``, grid ``(1,)``: the routing of a few tokens (at most
+    ``max_tokens``) in one CTA and one hop after the logits, the work of
+    :func:`clear_counts`, :func:`router_topk` and :func:`plan` (three
+    dependent hops).
+
+    Each warp selects a token's top-K at a time (:func:`router_topk`'s warp
+    arg-max) and writes ``topk_ids``/``topk_w``; its lanes count the choices
+    per expert with workgroup atomics, the old value being the slot's
+    position among the expert's rows (the order inside an expert is the
+    atomics' order, as with :func:`router_topk`). Warp 0 scans the counts
+    (:func:`plan`'s scan) into ``counts`` and the tables, and every thread
+    then places slots: ``perm[r] = s``, ``inv[s] = r``. Nothing needs
+    clearing first (the counts live in workgroup memory).
+
+    One warp takes ``ceil(T / warps)`` tokens one after another: for
+    decode (a few tokens), not prefill (see ``docs/moe.md``). ``splits``:
+    the logits come in that many partial sums (as in :func:`router_topk`)."""
+    warps = _check_block(name, block_size)
+    _positive(name, E=E, K=K, BM=BM, NT=NT, ND=ND, max_tokens=max_tokens, splits=splits)
+    if K > E:
+        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
+    if K > 32:
+        raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k keeps choice k)")
+    slots = max_tokens * K
+    l_t, ids_t, tw_t = f"memref<?x{E}xf32>", f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
+    e_t, e1_t, one_t, vec_t = (
+        f"memref<{E}xi32>",
+        f"memref<{E + 1}xi32>",
+        "memref<1xi32>",
+        "memref<?xi32>",
+    )
+    s_t, c_t = f"memref<{slots}xi32, {_WG}>", f"memref<{E}xi32, {_WG}>"
+    body, consts, pick_id, pick_p, total = _topk_select(E, K, splits, l_t, "      ")
+    source = f"""\
+// {name}: MoE routing of up to {max_tokens} tokens ({E} experts, top-{K}, row blocks
+// of {BM}): top-k, counts, tables and the row permutation; one CTA of {block_size}.
+memref.global "private" @{name}__ids : {s_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__pos : {s_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__cnt : {c_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__cursor : {c_t} {{alignment = 16 : i64}}
+func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_t}, %row_off: {e1_t}, %gu: {e1_t}, %dn: {e1_t}, %hw: {e_t}, %dt: {one_t}, %perm: {vec_t}, %inv: {vec_t}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c31 = arith.constant 31 : index
+  %c32 = arith.constant 32 : index
+  %cW = arith.constant {warps} : index
+  %cBS = arith.constant {block_size} : index
+  %cE = arith.constant {E} : index
+  %cEm1 = arith.constant {E - 1} : index
+  %cK = arith.constant {K} : index
+  %cChunk = arith.constant {-(-E // 32)} : index
+{consts}
+{_SCAN_CONSTS}
+{_text.shuffle_constants()}
+  %c32_i32 = arith.constant 32 : i32
+  %c0_i32 = arith.constant 0 : i32
+  %cBM1_i32 = arith.constant {BM - 1} : i32
+  %cBM_i32 = arith.constant {BM} : i32
+  %cNT_i32 = arith.constant {NT} : i32
+  %cND_i32 = arith.constant {ND} : i32
+  %ninf = arith.constant 0xFF800000 : f32
+  %tid = gpu.thread_id x
+  %warp = arith.divui %tid, %c32 : index
+  %lane = arith.remui %tid, %c32 : index
+  %is_warp0 = arith.cmpi eq, %warp, %c0 : index
+  %writer = arith.cmpi ult, %lane, %cK : index
+{_logit_rows(splits, l_t)}
+  %N = arith.muli %T, %cK : index
+  %ids_s = memref.get_global @{name}__ids : {s_t}
+  %pos_s = memref.get_global @{name}__pos : {s_t}
+  %cnt_s = memref.get_global @{name}__cnt : {c_t}
+  %cursor = memref.get_global @{name}__cursor : {c_t}
+  // A previous call on this CTA may still be reading the workgroup tables.
+  gpu.barrier
+  scf.for %x = %tid to %cE step %cBS {{
+    memref.store %c0_i32, %cnt_s[%x] : {c_t}
+  }}
+  gpu.barrier
+  scf.for %t = %warp to %T step %cW {{
+{body}
+    scf.if %writer {{
+      %wmine = arith.divf {pick_p}, {total} : f32
+      memref.store {pick_id}, %ids[%t, %lane] : {ids_t}
+      memref.store %wmine, %tw[%t, %lane] : {tw_t}
+      %st = arith.muli %t, %cK : index
+      %s = arith.addi %st, %lane : index
+      %en = arith.index_cast {pick_id} : i32 to index
+      %p = memref.atomic_rmw addi %c1_i32, %cnt_s[%en] : (i32, {c_t}) -> i32
+      memref.store {pick_id}, %ids_s[%s] : {s_t}
+      memref.store %p, %pos_s[%s] : {s_t}
+    }}
+  }}
+  gpu.barrier
+  // Warp 0: the expert offsets (each lane a run of experts), the tables.
+  scf.if %is_warp0 {{
+    %lo0 = arith.muli %lane, %cChunk : index
+    %lo = arith.minui %lo0, %cE : index
+    %hi0 = arith.addi %lo, %cChunk : index
+    %hi = arith.minui %hi0, %cE : index
+    %csum, %msum = scf.for %x = %lo to %hi step %c1 iter_args(%ca = %c0_i32, %ma = %c0_i32) -> (i32, i32) {{
+      %c = memref.load %cnt_s[%x] : {c_t}
+      %cb = arith.addi %c, %cBM1_i32 : i32
+      %mb = arith.divui %cb, %cBM_i32 : i32
+      %ca2 = arith.addi %ca, %c : i32
+      %ma2 = arith.addi %ma, %mb : i32
+      scf.yield %ca2, %ma2 : i32, i32
+    }}
+{_scan_ops()}
+    %cx = arith.subi %cs4, %csum : i32
+    %mx = arith.subi %ms4, %msum : i32
+    %r1, %r2 = scf.for %x = %lo to %hi step %c1 iter_args(%cr = %cx, %mr = %mx) -> (i32, i32) {{
+      %c = memref.load %cnt_s[%x] : {c_t}
+      %cb = arith.addi %c, %cBM1_i32 : i32
+      %mb = arith.divui %cb, %cBM_i32 : i32
+      memref.store %cr, %cursor[%x] : {c_t}
+      memref.store %c, %counts[%x] : {e_t}
+      memref.store %cr, %row_off[%x] : {e1_t}
+      %g = arith.muli %mr, %cNT_i32 : i32
+      memref.store %g, %gu[%x] : {e1_t}
+      %d = arith.muli %mr, %cND_i32 : i32
+      memref.store %d, %dn[%x] : {e1_t}
+      %gt = arith.muli %mb, %cNT_i32 : i32
+      %h = arith.addi %gt, %c1_i32 : i32
+      memref.store %h, %hw[%x] : {e_t}
+      %cr2 = arith.addi %cr, %c : i32
+      %mr2 = arith.addi %mr, %mb : i32
+      scf.yield %cr2, %mr2 : i32, i32
+    }}
+    %last = arith.cmpi eq, %lane, %c31 : index
+    scf.if %last {{
+      memref.store %cs4, %row_off[%cE] : {e1_t}
+      %gT = arith.muli %ms4, %cNT_i32 : i32
+      memref.store %gT, %gu[%cE] : {e1_t}
+      %dT = arith.muli %ms4, %cND_i32 : i32
+      memref.store %dT, %dn[%cE] : {e1_t}
+      memref.store %dT, %dt[%c0] : {one_t}
+    }}
+  }}
+  gpu.barrier
+  // Every slot's row: its expert's offset plus its position there.
+  scf.for %s = %tid to %N step %cBS {{
+    %e_i32 = memref.load %ids_s[%s] : {s_t}
+    %e = arith.index_cast %e_i32 : i32 to index
+    %base = memref.load %cursor[%e] : {c_t}
+    %p = memref.load %pos_s[%s] : {s_t}
+    %r_i32 = arith.addi %base, %p : i32
+    %r = arith.index_cast %r_i32 : i32 to index
+    %s_i32 = arith.index_cast %s : index to i32
+    memref.store %s_i32, %perm[%r] : {vec_t}
+    memref.store %r_i32, %inv[%s] : {vec_t}
+  }}
+  return
+}}
+"""
+
+    def reference(
+        i: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray, counts: np.ndarray,
+        row_off: np.ndarray, gu: np.ndarray, dn: np.ndarray, hw: np.ndarray, dt: np.ndarray,
+        perm: np.ndarray, inv: np.ndarray,
+    ) -> None:  # fmt: skip
+        T = L.shape[0] // splits
+        logits = L[:T].copy()
+        for p in range(1, splits):  # the parts in part order, as the tile adds them
+            logits += L[p * T : (p + 1) * T]
+        ids[...], tw[...] = topk_from_logits(logits, K)
+        tables = plan_tables(ids, BM, NT, ND, E)
+        counts[...] = np.diff(tables["row_off"])
+        for key, out in (
+            ("row_off", row_off), ("gu_indptr", gu), ("dn_indptr", dn), ("h_wait", hw),
+            ("dn_total", dt), ("perm", perm), ("inv", inv),
+        ):  # fmt: skip
+            out[...] = tables[key]
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
