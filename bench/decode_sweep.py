@@ -69,6 +69,17 @@ VARIANTS = {
         "k_splits": (("qkv_proj", 8), ("o_proj", 8), ("down_proj", 16), ("gate_up_proj", 2)),
         **_large(("bn_qkv", 128), ("bn_o", 128), ("bn_down", 128), ("bn_gu", 64)),
     },
+    # Session 14: one CTA per SM (255 registers a thread instead of 128), so
+    # the large kernel's attention holds more K/V vectors without spilling:
+    # two 16-position blocks per warp and step, and/or the next step's
+    # vectors carried in registers (both slower at 128 registers, items 47).
+    "occ1": {"min_ctas_per_sm": 1},
+    "occ1_unroll2": {"min_ctas_per_sm": 1, **_large(("attn_unroll", 2))},
+    "occ1_pipe": {"min_ctas_per_sm": 1, **_large(("attn_pipeline", "registers"))},
+    "occ1_unroll2_pipe": {
+        "min_ctas_per_sm": 1,
+        **_large(("attn_unroll", 2), ("attn_pipeline", "registers")),
+    },
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
