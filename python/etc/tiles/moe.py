@@ -549,6 +549,94 @@ def _scan_ops() -> str:
     return "\n".join(scans)
 
 
+def _table_consts(BM: int, NT: int, ND: int) -> str:
+    """The i32 constants of :func:`_warp0_tables` (and the shuffles' width)."""
+    return (
+        "  %c32_i32 = arith.constant 32 : i32\n"
+        "  %c0_i32 = arith.constant 0 : i32\n"
+        f"  %cBM1_i32 = arith.constant {BM - 1} : i32\n"
+        f"  %cBM_i32 = arith.constant {BM} : i32\n"
+        f"  %cNT_i32 = arith.constant {NT} : i32\n"
+        f"  %cND_i32 = arith.constant {ND} : i32"
+    )
+
+
+def _warp0_tables(
+    counts: str,
+    counts_t: str,
+    cursor_t: str,
+    e1_t: str,
+    e_t: str,
+    one_t: str,
+    *,
+    tables: str | None,
+    counts_out: str | None,
+) -> str:
+    """``scf.if %is_warp0``: the expert offsets from ``counts`` (each lane a
+    run of ``%cChunk`` experts, then :func:`_scan_ops`) into ``%cursor[e]``
+    (expert e's first row) and, under ``scf.if <tables>`` (None: always), the
+    tables ``%row_off``, ``%gu``, ``%dn``, ``%hw``, ``%dt`` (and the counts
+    into ``counts_out``, a memref of type ``e_t``, when given)."""
+    ind = "      " if tables is None else "        "
+    table_ops = ([f"memref.store %c, {counts_out}[%e] : {e_t}"] if counts_out else []) + [
+        f"memref.store %cr, %row_off[%e] : {e1_t}",
+        "%g = arith.muli %mr, %cNT_i32 : i32",
+        f"memref.store %g, %gu[%e] : {e1_t}",
+        "%d = arith.muli %mr, %cND_i32 : i32",
+        f"memref.store %d, %dn[%e] : {e1_t}",
+        "%gt = arith.muli %mb, %cNT_i32 : i32",
+        "%h = arith.addi %gt, %c1_i32 : i32",
+        f"memref.store %h, %hw[%e] : {e_t}",
+    ]
+    table_text = "\n".join(ind + op for op in table_ops)
+    if tables is not None:
+        table_text = f"      scf.if {tables} {{\n{table_text}\n      }}"
+    last = "%last" if tables is None else "%write_last"
+    last_def = (
+        "    %last = arith.cmpi eq, %lane, %c31 : index"
+        if tables is None
+        else "    %last = arith.cmpi eq, %lane, %c31 : index\n"
+        f"    %write_last = arith.andi %last, {tables} : i1"
+    )
+    return f"""\
+  scf.if %is_warp0 {{
+    %lo0 = arith.muli %lane, %cChunk : index
+    %lo = arith.minui %lo0, %cE : index
+    %hi0 = arith.addi %lo, %cChunk : index
+    %hi = arith.minui %hi0, %cE : index
+    %csum, %msum = scf.for %e = %lo to %hi step %c1 iter_args(%ca = %c0_i32, %ma = %c0_i32) -> (i32, i32) {{
+      %c = memref.load {counts}[%e] : {counts_t}
+      %cb = arith.addi %c, %cBM1_i32 : i32
+      %mb = arith.divui %cb, %cBM_i32 : i32
+      %ca2 = arith.addi %ca, %c : i32
+      %ma2 = arith.addi %ma, %mb : i32
+      scf.yield %ca2, %ma2 : i32, i32
+    }}
+{_scan_ops()}
+    %cx = arith.subi %cs4, %csum : i32
+    %mx = arith.subi %ms4, %msum : i32
+    %r1, %r2 = scf.for %e = %lo to %hi step %c1 iter_args(%cr = %cx, %mr = %mx) -> (i32, i32) {{
+      %c = memref.load {counts}[%e] : {counts_t}
+      %cb = arith.addi %c, %cBM1_i32 : i32
+      %mb = arith.divui %cb, %cBM_i32 : i32
+      memref.store %cr, %cursor[%e] : {cursor_t}
+{table_text}
+      %cr2 = arith.addi %cr, %c : i32
+      %mr2 = arith.addi %mr, %mb : i32
+      scf.yield %cr2, %mr2 : i32, i32
+    }}
+{last_def}
+    scf.if {last} {{
+      memref.store %cs4, %row_off[%cE] : {e1_t}
+      %gT = arith.muli %ms4, %cNT_i32 : i32
+      memref.store %gT, %gu[%cE] : {e1_t}
+      %dT = arith.muli %ms4, %cND_i32 : i32
+      memref.store %dT, %dn[%cE] : {e1_t}
+      memref.store %dT, %dt[%c0] : {one_t}
+    }}
+  }}"""
+
+
 def clear_counts(E: int, *, name: str = "moe_clear", block_size: int = 256) -> DeviceFunction:
     """Tile ``(i,)`` (grid ``(1,)``): ``counts[:] = 0``, before any top-k
     instance counts its tokens (every launch starts from zero, whatever the
@@ -648,12 +736,7 @@ func.func @{name}(%i: index, %ids: {ids_t}, %pos: {ids_t}, %counts: {e_t}, %row_
   %cSTEP = arith.constant {PLAN_UNROLL * block_size} : index
 {consts}
 {_text.shuffle_constants()}
-  %c32_i32 = arith.constant 32 : i32
-  %c0_i32 = arith.constant 0 : i32
-  %cBM1_i32 = arith.constant {BM - 1} : i32
-  %cBM_i32 = arith.constant {BM} : i32
-  %cNT_i32 = arith.constant {NT} : i32
-  %cND_i32 = arith.constant {ND} : i32
+{_table_consts(BM, NT, ND)}
   %tid = gpu.thread_id x
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
@@ -664,52 +747,7 @@ func.func @{name}(%i: index, %ids: {ids_t}, %pos: {ids_t}, %counts: {e_t}, %row_
   %cursor = memref.get_global @{name}__cursor : {sm_t}
   // A previous call on this CTA may still be reading the row offsets.
   gpu.barrier
-  scf.if %is_warp0 {{
-    %lo0 = arith.muli %lane, %cChunk : index
-    %lo = arith.minui %lo0, %cE : index
-    %hi0 = arith.addi %lo, %cChunk : index
-    %hi = arith.minui %hi0, %cE : index
-    %csum, %msum = scf.for %e = %lo to %hi step %c1 iter_args(%ca = %c0_i32, %ma = %c0_i32) -> (i32, i32) {{
-      %c = memref.load %counts[%e] : {e_t}
-      %cb = arith.addi %c, %cBM1_i32 : i32
-      %mb = arith.divui %cb, %cBM_i32 : i32
-      %ca2 = arith.addi %ca, %c : i32
-      %ma2 = arith.addi %ma, %mb : i32
-      scf.yield %ca2, %ma2 : i32, i32
-    }}
-{_scan_ops()}
-    %cx = arith.subi %cs4, %csum : i32
-    %mx = arith.subi %ms4, %msum : i32
-    %r1, %r2 = scf.for %e = %lo to %hi step %c1 iter_args(%cr = %cx, %mr = %mx) -> (i32, i32) {{
-      %c = memref.load %counts[%e] : {e_t}
-      %cb = arith.addi %c, %cBM1_i32 : i32
-      %mb = arith.divui %cb, %cBM_i32 : i32
-      memref.store %cr, %cursor[%e] : {sm_t}
-      scf.if %tables {{
-        memref.store %cr, %row_off[%e] : {e1_t}
-        %g = arith.muli %mr, %cNT_i32 : i32
-        memref.store %g, %gu[%e] : {e1_t}
-        %d = arith.muli %mr, %cND_i32 : i32
-        memref.store %d, %dn[%e] : {e1_t}
-        %gt = arith.muli %mb, %cNT_i32 : i32
-        %h = arith.addi %gt, %c1_i32 : i32
-        memref.store %h, %hw[%e] : {e_t}
-      }}
-      %cr2 = arith.addi %cr, %c : i32
-      %mr2 = arith.addi %mr, %mb : i32
-      scf.yield %cr2, %mr2 : i32, i32
-    }}
-    %last = arith.cmpi eq, %lane, %c31 : index
-    %write_last = arith.andi %last, %tables : i1
-    scf.if %write_last {{
-      memref.store %cs4, %row_off[%cE] : {e1_t}
-      %gT = arith.muli %ms4, %cNT_i32 : i32
-      memref.store %gT, %gu[%cE] : {e1_t}
-      %dT = arith.muli %ms4, %cND_i32 : i32
-      memref.store %dT, %dn[%cE] : {e1_t}
-      memref.store %dT, %dt[%c0] : {one_t}
-    }}
-  }}
+{_warp0_tables("%counts", e_t, sm_t, e1_t, e_t, one_t, tables="%tables", counts_out=None)}
   gpu.barrier
   %first = arith.muli %i, %cSlots : index
   %end = arith.addi %first, %cSlots : index
@@ -910,12 +948,7 @@ func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_
 {consts}
 {_SCAN_CONSTS}
 {_text.shuffle_constants()}
-  %c32_i32 = arith.constant 32 : i32
-  %c0_i32 = arith.constant 0 : i32
-  %cBM1_i32 = arith.constant {BM - 1} : i32
-  %cBM_i32 = arith.constant {BM} : i32
-  %cNT_i32 = arith.constant {NT} : i32
-  %cND_i32 = arith.constant {ND} : i32
+{_table_consts(BM, NT, ND)}
   %ninf = arith.constant 0xFF800000 : f32
   %tid = gpu.thread_id x
   %warp = arith.divui %tid, %c32 : index
@@ -949,51 +982,8 @@ func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_
     }}
   }}
   gpu.barrier
-  // Warp 0: the expert offsets (each lane a run of experts), the tables.
-  scf.if %is_warp0 {{
-    %lo0 = arith.muli %lane, %cChunk : index
-    %lo = arith.minui %lo0, %cE : index
-    %hi0 = arith.addi %lo, %cChunk : index
-    %hi = arith.minui %hi0, %cE : index
-    %csum, %msum = scf.for %x = %lo to %hi step %c1 iter_args(%ca = %c0_i32, %ma = %c0_i32) -> (i32, i32) {{
-      %c = memref.load %cnt_s[%x] : {c_t}
-      %cb = arith.addi %c, %cBM1_i32 : i32
-      %mb = arith.divui %cb, %cBM_i32 : i32
-      %ca2 = arith.addi %ca, %c : i32
-      %ma2 = arith.addi %ma, %mb : i32
-      scf.yield %ca2, %ma2 : i32, i32
-    }}
-{_scan_ops()}
-    %cx = arith.subi %cs4, %csum : i32
-    %mx = arith.subi %ms4, %msum : i32
-    %r1, %r2 = scf.for %x = %lo to %hi step %c1 iter_args(%cr = %cx, %mr = %mx) -> (i32, i32) {{
-      %c = memref.load %cnt_s[%x] : {c_t}
-      %cb = arith.addi %c, %cBM1_i32 : i32
-      %mb = arith.divui %cb, %cBM_i32 : i32
-      memref.store %cr, %cursor[%x] : {c_t}
-      memref.store %c, %counts[%x] : {e_t}
-      memref.store %cr, %row_off[%x] : {e1_t}
-      %g = arith.muli %mr, %cNT_i32 : i32
-      memref.store %g, %gu[%x] : {e1_t}
-      %d = arith.muli %mr, %cND_i32 : i32
-      memref.store %d, %dn[%x] : {e1_t}
-      %gt = arith.muli %mb, %cNT_i32 : i32
-      %h = arith.addi %gt, %c1_i32 : i32
-      memref.store %h, %hw[%x] : {e_t}
-      %cr2 = arith.addi %cr, %c : i32
-      %mr2 = arith.addi %mr, %mb : i32
-      scf.yield %cr2, %mr2 : i32, i32
-    }}
-    %last = arith.cmpi eq, %lane, %c31 : index
-    scf.if %last {{
-      memref.store %cs4, %row_off[%cE] : {e1_t}
-      %gT = arith.muli %ms4, %cNT_i32 : i32
-      memref.store %gT, %gu[%cE] : {e1_t}
-      %dT = arith.muli %ms4, %cND_i32 : i32
-      memref.store %dT, %dn[%cE] : {e1_t}
-      memref.store %dT, %dt[%c0] : {one_t}
-    }}
-  }}
+  // Warp 0: the expert offsets, the tables.
+{_warp0_tables("%cnt_s", c_t, c_t, e1_t, e_t, one_t, tables=None, counts_out="%counts")}
   gpu.barrier
   // Every slot's row: its expert's offset plus its position there.
   scf.for %s = %tid to %N step %cBS {{
