@@ -130,6 +130,10 @@ def _moe_small_route():
 
 #: MOE_SMALL_RING_PREFETCH and MOE_SMALL_TMA with the fused route tile.
 MOE_SMALL_ROUTE, MOE_SMALL_ROUTE_TMA = _moe_small_route()
+#: ``etc.models.moe.build_moe_graph`` options by artifact variant: ``_unguarded``
+#: has gate/up tiles that look up their expert (and prefetch its weights)
+#: without waiting for the routing tables.
+MOE_GRAPH_OPTIONS = {"_route_unguarded": {"gate_up_waits_tables": False}}
 
 
 def diamond() -> etc.Graph:

@@ -19,7 +19,8 @@ the compiler; the GPU machine needs only the runtime):
   wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``;
   ``moe_small_tma_<schedule>/`` the same on the TMA GEMM tiles (sm_90a),
   ``moe_small_ring_<schedule>/`` on the decode preset's weight ring,
-  ``moe_small_route[_tma]_<schedule>/`` with the fused route tile.
+  ``moe_small_route[_tma|_unguarded]_<schedule>/`` with the fused route tile
+  (``_unguarded``: gate/up tiles without the tables' in-edge).
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
   GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
   ``tensor_parallel_small()`` in ``graphs.py``.
@@ -41,6 +42,7 @@ from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 sys.path.insert(0, str(REPO / "test" / "gpu"))
 from graphs import (  # noqa: E402
     GRAPHS,
+    MOE_GRAPH_OPTIONS,
     MOE_SMALL,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
@@ -110,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for tiles, cfg in (
         ("ring", MOE_SMALL_RING), ("ringpf", MOE_SMALL_RING_PREFETCH), ("route", MOE_SMALL_ROUTE),
+        ("route_unguarded", MOE_SMALL_ROUTE),
     ):  # fmt: skip
-        moe_ring = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
+        moe_ring = moe.build_moe_graph(
+            cfg, name=f"moe_small_{tiles}", **MOE_GRAPH_OPTIONS.get(f"_{tiles}", {})
+        )
         jobs += [
             (f"moe_small_{tiles}_{suffix}", moe_ring, schedule, early)
             for suffix, (schedule, early) in SCHEDULES.items()

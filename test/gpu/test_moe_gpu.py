@@ -19,6 +19,7 @@ from etc.models import moe as M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from graphs import (  # noqa: E402
+    MOE_GRAPH_OPTIONS,
     MOE_SMALL,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
@@ -37,7 +38,8 @@ pytestmark = [
 
 
 @pytest.mark.parametrize(
-    "tiles", ["", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma"]
+    "tiles",
+    ["", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma", "_route_unguarded"],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("routing", ["uniform", "one-expert", "few-experts"])
@@ -51,10 +53,11 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_sub": MOE_SMALL_SUB,
         "_route": MOE_SMALL_ROUTE,
         "_route_tma": MOE_SMALL_ROUTE_TMA,
+        "_route_unguarded": MOE_SMALL_ROUTE,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
-    graph = M.build_moe_graph(cfg, name=name)
+    graph = M.build_moe_graph(cfg, name=name, **MOE_GRAPH_OPTIONS.get(tiles, {}))
     weights = M.random_weights(cfg, seed=3, routing=routing)
     # One kernel object for every T, launched back to back: the kernel
     # resets its counters, queue and retired count itself.
@@ -74,18 +77,22 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         )
 
 
-@pytest.mark.parametrize("tiles", ["", "_ringpf", "_tma", "_route", "_route_tma"])
+@pytest.mark.parametrize(
+    "tiles", ["", "_ringpf", "_tma", "_route", "_route_tma", "_route_unguarded"]
+)
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
-    # The fused route's gate/up tiles look up their expert before any route
-    # tile has run: launched over the previous routing's tables, they must
-    # still find theirs (each launch a new routing of the same T).
+    # Launched over the previous routing's tables (each launch a new routing
+    # of the same T), a triggered tile must still find its expert and
+    # prefetch its weights; `_route_unguarded`'s gate/up tiles do not wait for
+    # the tables, so they guess from the old ones and must prefetch again.
     cfg = {
         "": MOE_SMALL,
         "_ringpf": MOE_SMALL_RING_PREFETCH,
         "_tma": MOE_SMALL_TMA,
         "_route": MOE_SMALL_ROUTE,
         "_route_tma": MOE_SMALL_ROUTE_TMA,
+        "_route_unguarded": MOE_SMALL_ROUTE,
     }[tiles]
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small{tiles}_{schedule}")
     for T in (7, 33):

@@ -547,10 +547,12 @@ Value KernelBuilder::allThreads(Value pred) {
 ///
 /// `prefetch` (the task's prefetch call, or null) runs once the coordinate
 /// is known and before the trigger wait: an expert's weights load while its
-/// activations are still being written. When the second search finds another
-/// coordinate, the guessed prefetch's copies are drained (`cp.async`: the
-/// only asynchronous copies a prefetch issues into shared memory) and the
-/// prefetch runs again for the coordinate found.
+/// activations are still being written. It may depend on the coordinate, the
+/// instance and `indptr[c]`, `indptr[c+1]`. When the second search finds
+/// another coordinate, or the same one with another range than the prefetch
+/// saw (no in-edge guarded the table), the guessed prefetch's copies are
+/// drained (`cp.async`: the only asynchronous copies a prefetch issues into
+/// shared memory) and the prefetch runs again for the coordinate found.
 std::pair<Value, Value> KernelBuilder::waitForTrigger(DispatchOp dispatch,
                                                       Value linear,
                                                       Value &valid,
@@ -566,14 +568,29 @@ std::pair<Value, Value> KernelBuilder::waitForTrigger(DispatchOp dispatch,
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifGuess.thenBlock());
+    Value next = arith::AddIOp::create(b, guess, index(1));
+    // The range the prefetch decodes its tile from, read before it runs.
+    Value seenLo, seenHi;
+    if (prefetch) {
+      seenLo = indptrEntry(dispatch, guess);
+      seenHi = indptrEntry(dispatch, next);
+    }
     callTriggeredPrefetch(dispatch, prefetch, guess);
     Value ok = waitOnCoordinate(info, guess, waitCount(info, ValueRange{guess}),
                                 taskId, linear);
     Value lo = indptrEntry(dispatch, guess);
-    Value hi = indptrEntry(dispatch, arith::AddIOp::create(b, guess, index(1)));
+    Value hi = indptrEntry(dispatch, next);
     Value inside = arith::AndIOp::create(
         b, arith::CmpIOp::create(b, arith::CmpIPredicate::ule, lo, linear),
         arith::CmpIOp::create(b, arith::CmpIPredicate::ult, linear, hi));
+    if (prefetch) {
+      // Same coordinate, but a range read while the table was still being
+      // written: the prefetch may have loaded another tile's operands.
+      Value same = arith::AndIOp::create(
+          b, arith::CmpIOp::create(b, arith::CmpIPredicate::eq, lo, seenLo),
+          arith::CmpIOp::create(b, arith::CmpIPredicate::eq, hi, seenHi));
+      inside = arith::AndIOp::create(b, inside, same);
+    }
     scf::YieldOp::create(b, ValueRange{ok, allThreads(inside)});
     b.setInsertionPointToStart(ifGuess.elseBlock());
     Value yes = arith::ConstantIntOp::create(b, 1, 1);

@@ -55,10 +55,12 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
 
 /// A triggered task's prefetch needs its coordinate: the static lowering
 /// calls it once the count of indptr entries found c and before the wait for
-/// the trigger's coordinate c; when the second search runs, the guessed
-/// prefetch's copies are drained (cp.async.wait_all) and it runs again for
-/// the coordinate found. The dynamic lowering pops instances whose trigger
-/// completed: the prefetch comes after the count, before the in-edge wait.
+/// the trigger's coordinate c, having read indptr[c] and indptr[c+1]; after
+/// the wait it reads them again, and when they moved (a table still being
+/// written) or the second search runs, the guessed prefetch's copies are
+/// drained (cp.async.wait_all) and it runs again for the coordinate found.
+/// The dynamic lowering pops instances whose trigger completed: the
+/// prefetch comes after the count, before the in-edge wait.
 // STATIC-LABEL: gpu.func @moe_prefetched
 // STATIC: case 2 {
 // STATIC: ld.acquire.gpu.global.u32
@@ -66,8 +68,15 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
 // STATIC-NOT: func.call @expert__prefetch
 // STATIC: bar.red.popc.u32
 // STATIC: scf.if %{{.*}} -> (i1, i1)
+// STATIC: %[[SEEN_LO:.*]] = arith.index_cast %{{.*}} : i32 to index
+// STATIC: %[[SEEN_HI:.*]] = arith.index_cast %{{.*}} : i32 to index
 // STATIC-NEXT: func.call @expert__prefetch
 // STATIC: ld.acquire.gpu.global.u32
+// STATIC: %[[LO:.*]] = arith.index_cast %{{.*}} : i32 to index
+// STATIC: %[[HI:.*]] = arith.index_cast %{{.*}} : i32 to index
+// STATIC-DAG: arith.cmpi eq, %[[LO]], %[[SEEN_LO]] : index
+// STATIC-DAG: arith.cmpi eq, %[[HI]], %[[SEEN_HI]] : index
+// STATIC: bar.red.and.pred
 // STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
 // STATIC: bar.red.popc.u32
 // STATIC: cp.async.wait_all
