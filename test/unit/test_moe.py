@@ -511,3 +511,17 @@ def test_example_fused_route_runs_and_refuses_large_t():
     done = subprocess.run([*cmd, "--tokens", "9"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "symbol 'T' = 9 is above 8" in done.stderr and "Traceback" not in done.stderr
+
+
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_gate_up_without_the_tables_edge(schedule):
+    # gate_up_waits_tables=False: the gate/up tiles' only wait is their
+    # trigger (count 1); the result is unchanged, and only down and combine
+    # keep the in-edge on `planned`.
+    cfg, x, w, ref = case(FUSED, 9)
+    g = M.build_moe_graph(cfg, gemm_tiles(cfg), gate_up_waits_tables=False)
+    tasks = {t.name: t for t in g.tasks}
+    assert not tasks["gate_up"].in_edges and tasks["down"].in_edges
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": 9}, schedule=schedule, seed=3)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
