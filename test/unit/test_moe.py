@@ -277,6 +277,13 @@ def test_tile_configuration_errors():
         M.MoEConfig(route="one")
     with pytest.raises(etc.GraphError, match="tile 'moe_route': topk=33 exceeds 32"):
         T_.route(64, 33, 16, 1, 1)
+    with pytest.raises(etc.GraphError, match="max_tokens=8192 x topk=8 choices need 263168 bytes"):
+        T_.route(128, 8, 16, 1, 1, max_tokens=8192)
+    if M.has_trigger_api():
+        big = M.MoEConfig(route="fused", route_max_tokens=8192)
+        with pytest.raises(etc.GraphError, match="use the split route"):
+            M.build_moe_graph(big, placeholder_gemm(big))
+
     for key in (
         "permute_unroll",
         "combine_unroll",

@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 _WG = "#gpu.address_space<workgroup>"
+#: Workgroup memory an sm_90 CTA can have (as ``etc.tiles.gemm.MAX_SHARED_BYTES``).
+_MAX_SHARED_BYTES = 226 * 1024
 
 
 _positive = _text.positive
@@ -918,6 +920,13 @@ def route(
     if K > 32:
         raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k keeps choice k)")
     slots = max_tokens * K
+    smem = 4 * (2 * slots + 2 * E)  # choices, positions, counts, offsets
+    if smem > _MAX_SHARED_BYTES:
+        raise GraphError(
+            f"tile '{name}': max_tokens={max_tokens} x topk={K} choices need {smem} bytes of "
+            f"workgroup memory (> {_MAX_SHARED_BYTES}, what an sm_90 CTA can have); use "
+            "the split route for that many tokens"
+        )
     l_t, ids_t, tw_t = f"memref<?x{E}xf32>", f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
     e_t, e1_t, one_t, vec_t = (
         f"memref<{E}xi32>",
