@@ -277,7 +277,7 @@ def test_tile_configuration_errors():
         M.MoEConfig(route="one")
     with pytest.raises(etc.GraphError, match="tile 'moe_route': topk=33 exceeds 32"):
         T_.route(64, 33, 16, 1, 1)
-    with pytest.raises(etc.GraphError, match="max_tokens=8192 x topk=8 choices need 263168 bytes"):
+    with pytest.raises(etc.GraphError, match="max_tokens=8192 x topk=8 choices need 525312 bytes"):
         T_.route(128, 8, 16, 1, 1, max_tokens=8192)
     if M.has_trigger_api():
         big = M.MoEConfig(route="fused", route_max_tokens=8192)
