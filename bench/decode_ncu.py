@@ -6,6 +6,9 @@
 
 ``DIR``: an artifact of ``bench/decode_sweep.py --build`` (or ``bench/decode.py``),
 ``B`` sequences over a cache of ``L`` positions; random weights, four steps.
+A fourth argument names the ``bench/decode_sweep.py`` variant the artifact
+was built from (its configuration decides the buffers; default: the
+default configuration).
 """
 
 import sys
@@ -17,8 +20,12 @@ import etc.runtime  # noqa: E402
 from etc.models import llama as M  # noqa: E402
 
 
-def main(artifact: str, B: int, L: int) -> None:
+def main(artifact: str, B: int, L: int, variant: str | None = None) -> None:
     cfg = M.LLAMA_3_2_1B
+    if variant is not None:
+        from bench import decode_sweep
+
+        cfg = decode_sweep.config(variant)
     bufs = M.torch_inputs(cfg, M.random_weights_torch(cfg), B, L, L + 1)
     kernel = etc.runtime.load(artifact)
     for _ in range(4):
@@ -27,4 +34,4 @@ def main(artifact: str, B: int, L: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])

@@ -80,6 +80,9 @@ VARIANTS = {
         "min_ctas_per_sm": 1,
         **_large(("attn_unroll", 2), ("attn_pipeline", "registers")),
     },
+    # Session 14 (item 62): no split-K workspace, to attribute the B=64
+    # kernel's DRAM writes.
+    "nosplit": {"k_splits": (("qkv_proj", 1), ("o_proj", 1), ("down_proj", 1))},
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
