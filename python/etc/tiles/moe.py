@@ -20,6 +20,9 @@ arithmetic is fp32 (``arith.extf`` / ``arith.truncf``, round to nearest even).
   gu_indptr, dn_indptr, h_wait, dn_total`` (instance 0) and, for the
   instance's slots, the row permutation ``perm`` (rows grouped by expert)
   with its inverse ``inv``.
+* ``route(E, K, BM, NT, ND)``, grid ``(1,)``: clear, top-k and plan in one
+  CTA for at most ``max_tokens`` tokens (decode: one hop instead of three;
+  the counts live in workgroup memory).
 * ``permute(E, K, H)``, grid ``(E,)``: expert e gathers its rows
   ``Xp[r] = X[perm[r] // K]`` with 16-byte loads.
 * ``combine(CB, K, H)``, grid ``(ceil(T/CB),)``:
