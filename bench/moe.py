@@ -171,14 +171,9 @@ CONFIGS = {
     # The decode preset with other column widths: 24 or 48 gate/up columns
     # (256 or 128 instances at T = 1), 128 down columns (128 instances).
     "dec_gu24": {**M.PRESETS["decode"], "block_n_gu": 24},
-    # 24 gate/up columns with a one-chunk ring: 256 instances at T = 1 that
-    # all fit at two CTAs per SM (with unroll 2 the 8 k-slice warps' ring
-    # took 192 KiB: one CTA per SM, why dec_gu24 lost).
-    "dec_gu24_u1": {
-        **M.PRESETS["decode"],
-        "block_n_gu": 24,
-        "gate_up_options": (("stages", 4), ("unroll", 1), ("rotate_k", True), ("prefetch_ring", True)),
-    },
+    # 24 gate/up columns with a one-chunk, 3-stage ring: 256 instances at
+    # T = 1 that all fit at two CTAs per SM (dec_gu24's 8 k-slice warps'
+    # ring took 192 KiB: one CTA per SM; RESULTS item 58).
     "dec_gu24_u1s3": {
         **M.PRESETS["decode"],
         "block_n_gu": 24,
@@ -296,7 +291,6 @@ OCCUPANCY = {
     "dec_pf": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_pf_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_route": M.PRESET_MIN_CTAS_PER_SM["decode"],
-    "dec_gu24_u1": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_gu24_u1s3": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_dn12": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
