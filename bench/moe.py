@@ -513,8 +513,8 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
 
     for key in CONFIGS:
         cfg = moe_config(key)
-        if cfg.route == "fused" and T > cfg.route_max_tokens:
-            print(f"T={T:5d} ETC {key}: its route tile takes at most {cfg.route_max_tokens} tokens")
+        if cfg.max_tokens is not None and T > cfg.max_tokens:
+            print(f"T={T:5d} ETC {key}: its route tile takes at most {cfg.max_tokens} tokens")
             continue
         shapes = M.tensor_shapes(cfg, T)
         dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}

@@ -24,7 +24,6 @@ from etc.models import moe as M  # noqa: E402
 
 
 def main(artifacts: Path) -> None:
-    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
     coop = K._cu.cuLaunchCooperativeKernel
     plain = lambda *a: K._cu.cuLaunchKernel(*a, 0)  # noqa: E731
     for key, art in (
@@ -35,13 +34,7 @@ def main(artifacts: Path) -> None:
         W = M.random_weights_torch(cfg, seed=0)
         kernel = etc.runtime.load(artifacts / art)
         for T in (1, 16):
-            bufs = {
-                n: torch.zeros(s, dtype=dtypes[d], device="cuda")
-                for n, (s, d) in M.tensor_shapes(cfg, T).items()
-                if n not in W
-            }
-            bufs.update(W)
-            bufs["X"] = M.random_tokens_torch(cfg, T, seed=3)
+            bufs = M.torch_inputs(cfg, T, {**W, "X": M.random_tokens_torch(cfg, T, seed=3)})
             ref = M.reference_moe_torch(bufs["X"], W["Wr"], W["Wgu"], W["Wd"], cfg.topk)[0]
             launch = lambda i, k=kernel, b=bufs, t=T: k.launch(b, {"T": t}, sync=False)  # noqa: E731
             res = {}

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
 
 import etc.runtime  # noqa: E402
 from bench import moe as B  # noqa: E402
@@ -20,16 +19,9 @@ from etc.models import moe as M  # noqa: E402
 
 
 def main(key: str, artifact: str, T: int) -> None:
-    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
     cfg = B.moe_config(key)
-    W = M.random_weights_torch(cfg, seed=0)
+    bufs = M.torch_inputs(cfg, T, M.random_weights_torch(cfg, seed=0))
     kernel = etc.runtime.load(artifact)
-    bufs = {
-        n: torch.zeros(s, dtype=dtypes[d], device="cuda")
-        for n, (s, d) in M.tensor_shapes(cfg, T).items()
-        if n not in W
-    }
-    bufs.update(W)
     for i in range(4):
         bufs["X"] = M.random_tokens_torch(cfg, T, seed=i)
         kernel.launch(bufs, {"T": T}, sync=True)

@@ -152,7 +152,7 @@ def run(artifacts: Path, out: Path | None, sizes=SIZES) -> dict:
         ref = M.reference_moe_torch(x, W["Wr"], W["Wgu"], W["Wd"], cfg0.topk)[0]
         for key, schedule in variants():
             cfg = moe_config(key)
-            if cfg.route == "fused" and T > cfg.route_max_tokens:
+            if cfg.max_tokens is not None and T > cfg.max_tokens:
                 continue  # its route tile's bound
             bufs = {
                 n: torch.zeros(s, dtype=dtypes[d], device="cuda")

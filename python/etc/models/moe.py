@@ -281,6 +281,12 @@ class MoEConfig:
             )
 
     @property
+    def max_tokens(self) -> int | None:
+        """The largest ``T`` the layer's graph takes (the fused route tile's
+        bound), or None."""
+        return self.route_max_tokens if self.route == "fused" else None
+
+    @property
     def n_gu(self) -> int:
         """Gate/up tiles per row block (``I / block_n_gu``)."""
         return self.inter // self.block_n_gu
@@ -483,14 +489,7 @@ def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, ro
         name="clear",
     )  # fmt: skip
     scored = g.event((blocks,), wait_count=E // EC * cfg.router_splits, name="scored")
-    g.task(
-        tiles["logits"],
-        grid=_logits_grid(cfg, blocks),
-        args=(t["X"], t["Wr"], t["logits"]),
-        in_edges={cleared: "ij->0" if cfg.router_splits == 1 else "ijs->0"},
-        out_edges={scored: "ij->i" if cfg.router_splits == 1 else "ijs->i"},
-        name="logits",
-    )
+    _logits_task(g, cfg, blocks, t, tiles, after=cleared, scored=(scored, "i"))
     g.task(
         tiles["topk"],
         grid=(blocks, RB // TB),
@@ -514,15 +513,8 @@ def _fused_route_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tile
     No ``clear``: the route tile counts in workgroup memory, so the logits
     start at once."""
     blocks = (T + cfg.router_block - 1) // cfg.router_block
-    grid = _logits_grid(cfg, blocks)
-    scored = g.event((1,), wait_count=math.prod(grid), name="scored")
-    g.task(
-        tiles["logits"],
-        grid=grid,
-        args=(t["X"], t["Wr"], t["logits"]),
-        out_edges={scored: "ij->0" if cfg.router_splits == 1 else "ijs->0"},
-        name="logits",
-    )
+    scored = g.event((1,), wait_count=math.prod(_logits_grid(cfg, blocks)), name="scored")
+    _logits_task(g, cfg, blocks, t, tiles, after=None, scored=(scored, "0"))
     planned = g.event((1,), wait_count=1, name="planned")
     g.task(
         tiles["route"],
@@ -533,6 +525,23 @@ def _fused_route_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tile
         name="route",
     )
     return planned
+
+
+def _logits_task(
+    g: Graph, cfg: MoEConfig, blocks: Any, t: dict[str, Any], tiles, *, after, scored
+) -> None:
+    """The logits task over ``blocks`` token blocks: after one-coordinate
+    event ``after`` (or none), notifying ``scored = (event, coordinate)``
+    (``"i"``: the token block's, ``"0"``: the only one)."""
+    dims = "ij" if cfg.router_splits == 1 else "ijs"
+    g.task(
+        tiles["logits"],
+        grid=_logits_grid(cfg, blocks),
+        args=(t["X"], t["Wr"], t["logits"]),
+        in_edges={after: f"{dims}->0"} if after is not None else None,
+        out_edges={scored[0]: f"{dims}->{scored[1]}"},
+        name="logits",
+    )
 
 
 def _logits_grid(cfg: MoEConfig, blocks: Any) -> tuple[Any, ...]:
@@ -566,14 +575,13 @@ def build_moe_graph(
     tiles = _small_tiles(cfg)
     E, RB, TB, CB = cfg.experts, cfg.router_block, cfg.topk_block, cfg.combine_block
     g = Graph(name, block_size=cfg.block_size)
-    fused = cfg.route == "fused"
-    T = g.symbol("T", max=cfg.route_max_tokens if fused else None)
+    T = g.symbol("T", max=cfg.max_tokens)
     t = _tensors(g, cfg, T)
     gu_ready = g.event((E,), wait_count=1, name="gu_ready")
     h_ready = g.event((E,), wait_count=t["h_wait"], name="h_ready")
     down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
     gu_bound, dn_bound = _bounds(cfg, T)
-    if fused:
+    if cfg.route == "fused":
         planned = _fused_route_tasks(g, cfg, T, t, tiles)
     else:
         routed = g.event((1,), wait_count=(T + RB - 1) // RB * (RB // TB), name="routed")
@@ -646,7 +654,7 @@ def build_unfused_graphs(
 
     def graph(task: str, names: list[str]) -> tuple[Graph, Any, dict[str, Any]]:
         g = Graph(f"{prefix}_unfused_{task}", block_size=cfg.block_size)
-        T = g.symbol("T", max=cfg.route_max_tokens if fused else None)
+        T = g.symbol("T", max=cfg.max_tokens)
         return g, T, _tensors(g, cfg, T, names)
 
     if not fused:

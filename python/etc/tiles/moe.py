@@ -41,6 +41,7 @@ from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from . import _text
+from .gemm import MAX_SHARED_BYTES
 
 __all__ = [
     "clear_counts",
@@ -57,8 +58,6 @@ __all__ = [
 ]
 
 _WG = "#gpu.address_space<workgroup>"
-#: Workgroup memory an sm_90 CTA can have (as ``etc.tiles.gemm.MAX_SHARED_BYTES``).
-_MAX_SHARED_BYTES = 226 * 1024
 
 
 _positive = _text.positive
@@ -286,6 +285,24 @@ func.func @{name}(%i: index, %j: index, %X: {x_t}, %Wr: {w_t}, %L: {l_t}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+def _check_topk(name: str, E: int, K: int) -> None:
+    """A warp's top-K of E logits: lane k holds choice k."""
+    if K > E:
+        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
+    if K > 32:
+        raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k writes choice k)")
+
+
+def _summed_logits(L: np.ndarray, splits: int, t0: int, t1: int) -> np.ndarray:
+    """numpy's logits of tokens ``[t0, t1)`` from ``splits`` partial sums
+    (part ``p`` in rows ``p*T ...``), added in part order as the tiles do."""
+    T = L.shape[0] // splits
+    logits = L[t0:t1].copy()
+    for p in range(1, splits):
+        logits += L[p * T + t0 : p * T + t1]
+    return logits
+
+
 def _topk_select(E: int, K: int, splits: int, l_t: str, ind: str) -> tuple[str, str, str, str, str]:
     """The top-K of logits row ``%t`` (``%L``, ``splits`` parts added in part
     order) by one warp: lane l loads experts ``l, l+32, ...`` (one L2 round
@@ -417,10 +434,7 @@ def router_topk(
     """
     warps = _check_block(name, block_size)
     _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits)
-    if K > E:
-        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
-    if K > 32:
-        raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k writes choice k)")
+    _check_topk(name, E, K)
     if RB % TB:
         raise GraphError(f"tile '{name}': RB={RB} is not a multiple of TB={TB}")
     l_t, c_t = f"memref<?x{E}xf32>", f"memref<{E}xi32>"
@@ -482,10 +496,7 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
         t1 = min(t0 + TB, T)
         if t0 >= t1:
             return
-        logits = L[t0:t1].copy()
-        for p in range(1, splits):  # the parts in part order, as the tile adds them
-            logits += L[p * T + t0 : p * T + t1]
-        ids[t0:t1], tw[t0:t1] = topk_from_logits(logits, K)
+        ids[t0:t1], tw[t0:t1] = topk_from_logits(_summed_logits(L, splits, t0, t1), K)
         for t in range(t0, t1):
             for k in range(K):
                 pos[t, k] = counts[ids[t, k]]
@@ -918,16 +929,13 @@ def route(
     the logits come in that many partial sums (as in :func:`router_topk`)."""
     warps = _check_block(name, block_size)
     _positive(name, E=E, K=K, BM=BM, NT=NT, ND=ND, max_tokens=max_tokens, splits=splits)
-    if K > E:
-        raise GraphError(f"tile '{name}': topk={K} exceeds experts={E}")
-    if K > 32:
-        raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k keeps choice k)")
+    _check_topk(name, E, K)
     slots = max_tokens * K
     smem = 4 * (2 * slots + 2 * E)  # choices, positions, counts, offsets
-    if smem > _MAX_SHARED_BYTES:
+    if smem > MAX_SHARED_BYTES:
         raise GraphError(
             f"tile '{name}': max_tokens={max_tokens} x topk={K} choices need {smem} bytes of "
-            f"workgroup memory (> {_MAX_SHARED_BYTES}, what an sm_90 CTA can have); use "
+            f"workgroup memory (> {MAX_SHARED_BYTES}, what an sm_90 CTA can have); use "
             "the split route for that many tokens"
         )
     l_t, ids_t, tw_t = f"memref<?x{E}xf32>", f"memref<?x{K}xi32>", f"memref<?x{K}xf32>"
@@ -1018,11 +1026,7 @@ func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_
         row_off: np.ndarray, gu: np.ndarray, dn: np.ndarray, hw: np.ndarray, dt: np.ndarray,
         perm: np.ndarray, inv: np.ndarray,
     ) -> None:  # fmt: skip
-        T = L.shape[0] // splits
-        logits = L[:T].copy()
-        for p in range(1, splits):  # the parts in part order, as the tile adds them
-            logits += L[p * T : (p + 1) * T]
-        ids[...], tw[...] = topk_from_logits(logits, K)
+        ids[...], tw[...] = topk_from_logits(_summed_logits(L, splits, 0, L.shape[0] // splits), K)
         tables = plan_tables(ids, BM, NT, ND, E)
         counts[...] = np.diff(tables["row_off"])
         for key, out in (
