@@ -118,10 +118,10 @@ MOE_SMALL_RING_PREFETCH = _moe_small_ring_prefetch()
 def _moe_small_route():
     from dataclasses import replace
 
-    # The decode preset's routing: one route tile per expert after the
-    # logits (no clear, top-k, plan or permute), on the prefetched weight
-    # ring; bounded T (the tests launch up to 300 tokens). And the same on
-    # the TMA tiles with the router's logits in two parts (sm_90a).
+    # The fused route: one route CTA after the logits (no clear, top-k or
+    # plan), on the decode preset's prefetched weight ring; bounded T (the
+    # tests launch up to 300 tokens). And the same on the TMA tiles with the
+    # router's logits in two parts (sm_90a).
     return (
         replace(MOE_SMALL_RING_PREFETCH, route="fused", route_max_tokens=320),
         replace(MOE_SMALL_TMA, route="fused", route_max_tokens=320),
