@@ -67,7 +67,8 @@ MOE_CONFIGS = {
     "moe_gu_128x48s4": ("gate_up", 128, 48, 4, None, True),
     "moe_dn_128x64s4o2": ("down", 128, 64, 4, 2, True),
 }
-# BENCH_GEMM_CONFIGS=a,b and BENCH_GEMM_M=1024 (build and run) narrow the sweep.
+# BENCH_GEMM_CONFIGS=a,b and BENCH_GEMM_M=1024 (build and run) narrow the sweep;
+# BENCH_GEMM_SHAPES (below) replaces its shapes.
 if os.environ.get("BENCH_GEMM_CONFIGS"):
     _keep = os.environ["BENCH_GEMM_CONFIGS"].split(",")
     CONFIGS = {k: v for k, v in CONFIGS.items() if k in _keep}
@@ -83,6 +84,12 @@ SHAPES = [
 ]
 if os.environ.get("BENCH_GEMM_M"):
     SHAPES = [s for s in SHAPES if s[0] == int(os.environ["BENCH_GEMM_M"])]
+# BENCH_GEMM_SHAPES=8192x4096x7168,... (M x N x K): these shapes instead.
+if os.environ.get("BENCH_GEMM_SHAPES"):
+    SHAPES = [
+        tuple(int(d) for d in shape.split("x"))
+        for shape in os.environ["BENCH_GEMM_SHAPES"].split(",")
+    ]
 SMEM = 220 * 1024
 WORKING_SET = 160 << 20
 

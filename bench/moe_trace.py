@@ -73,23 +73,31 @@ def build(out: Path) -> None:
         print("built", artifact_name(key, schedule))
 
 
-def task_table(trace) -> dict:
+def task_table(trace, split=None) -> dict:
     """Per task (graph order): instances, median / first start / last end /
-    busy µs, times relative to the first record's start."""
+    busy µs, times relative to the first record's start. ``split(event)``:
+    a label suffix that divides a task's instances into rows (``""``: none)."""
     events = trace.events()
     if not events:
         return {"span_us": 0.0, "records": 0, "dropped": trace.dropped, "tasks": []}
     t0 = min(e["start_ns"] for e in events)
+
+    def label_of(e: dict) -> str:
+        return e["task"] + (split(e) if split else "")
+
     by_task: dict[str, list[dict]] = {}
     for e in events:
-        by_task.setdefault(e["task"], []).append(e)
-    tasks = []
+        by_task.setdefault(label_of(e), []).append(e)
+    labels = []
     for name in trace.task_names:
-        es = by_task.get(name, [])
+        labels += sorted(lb for lb in by_task if lb.split("[")[0] == name) or [name]
+    tasks = []
+    for label in labels:
+        es = by_task.get(label, [])
         durs = [(e["end_ns"] - e["start_ns"]) / 1e3 for e in es]
         tasks.append(
             {
-                "task": name,
+                "task": label,
                 "instances": len(es),
                 "median_us": statistics.median(durs) if durs else 0.0,
                 "first_start_us": min(e["start_ns"] - t0 for e in es) / 1e3 if es else None,
@@ -98,7 +106,7 @@ def task_table(trace) -> dict:
             }
         )
     span = max(e["end_ns"] for e in events) - t0
-    idle = idle_before(trace)
+    idle = idle_before(trace, label_of)
     for row in tasks:
         row["idle_before_us"] = idle.get(row["task"], 0.0)
     return {

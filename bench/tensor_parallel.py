@@ -36,26 +36,38 @@ OPS = ("gemm_rs", "ag_gemm")
 SCHEDULES = ("static", "dynamic")
 # The GEMM tiles' tensor-core path: mma.sync (sm_90) or wgmma (sm_90a), each
 # in its best measured configuration (bench/gemm_tc.py, gemm_sweep_wgmma.py).
-CORES = ("mma", "wgmma", "tma", "tmaf", "tmao")
+CORES = ("mma", "wgmma", "tma", "tmaf", "tmao", "tmaou", "tmai", "tmaouc")
+# Before session 15 the GEMM tasks ran destination / source chunk outermost, the
+# copy and reduce tiles kept one load in flight per thread and All-Gather + GEMM
+# read every chunk from the gathered buffer (today's defaults differ: _OLD).
+_OLD = dict(gemm_order="rij", loads_in_flight=1, own_first=False)
+_TMA = dict(stages=4, core="tma", block_n=256, smem_limit=220 << 10)
 CONFIGS = {
-    "mma": lambda k: _config(k=k, stages=3),
-    "wgmma": lambda k: _config(k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10),
+    "mma": lambda k: _config(k=k, stages=3, **_OLD),
+    "wgmma": lambda k: _config(
+        k=k, stages=3, core="wgmma", block_k=64, smem_limit=200 << 10, **_OLD
+    ),
     # TMA + mbarrier pipeline, 128 x 256 blocks, 4 stages (bench/gemm_tma.py's best).
-    "tma": lambda k: _config(k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10),
+    "tma": lambda k: _config(k=k, **_TMA, **_OLD),
     # tma with GEMM + RS's reduction in the own rows' GEMM epilogue (peers' rows first).
-    "tmaf": lambda k: _config(
-        k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10, fused_reduce=True
-    ),
+    "tmaf": lambda k: _config(k=k, **_TMA, **{**_OLD, "fused_reduce": True}),
     # tma with All-Gather + GEMM's own chunk first, straight from A.
-    "tmao": lambda k: _config(
-        k=k, stages=4, core="tma", block_n=256, smem_limit=220 << 10, own_first=True
-    ),
+    "tmao": lambda k: _config(k=k, **_TMA, **{**_OLD, "own_first": True}),
+    # tmao with 8 loads in flight per copy thread.
+    "tmaou": lambda k: _config(k=k, **_TMA, **{**_OLD, "own_first": True, "loads_in_flight": 8}),
+    # The destinations interleaved, 8 loads in flight per reduce thread: GEMM + RS's defaults.
+    "tmai": lambda k: _config(k=k, **_TMA, gemm_order="ijr", loads_in_flight=8),
+    # tmaou with a column block's row blocks innermost: All-Gather + GEMM's defaults.
+    "tmaouc": lambda k: _config(k=k, **_TMA, own_first=True, gemm_order="rji", loads_in_flight=8),
 }
 #: Configurations that change one layer only (the other is not built or run).
-ONLY = {"tmaf": "gemm_rs", "tmao": "ag_gemm"}
+ONLY = {
+    "tmaf": "gemm_rs", "tmao": "ag_gemm", "tmaou": "ag_gemm", "tmai": "gemm_rs",
+    "tmaouc": "ag_gemm",
+}  # fmt: skip
 # Two CTAs per SM (registers capped at 128): the GEMM + peer-store tile
-# otherwise takes 146 and runs one. The TMA tile's 192 KiB ring allows one (0: no cap).
-MIN_CTAS_PER_SM = {"mma": 2, "wgmma": 2, "tma": 0, "tmaf": 0, "tmao": 0}
+# otherwise takes 146 and runs one. The TMA tile's 192 KiB ring allows one.
+MIN_CTAS_PER_SM = {"mma": 2, "wgmma": 2}  # the TMA tiles: 0
 
 
 def _config(**kw):
@@ -97,7 +109,7 @@ def build(directory: Path, ranks: int, cores: tuple[str, ...] = CORES) -> None:
                 # GEMM tiles (shared operands stay in L2), as the static order.
                 art = etc.compile(
                     builder(cfg), schedule=schedule, target=target, max_pop_chunk=1,
-                    min_ctas_per_sm=MIN_CTAS_PER_SM[core],
+                    min_ctas_per_sm=MIN_CTAS_PER_SM.get(core, 0),
                 )  # fmt: skip
                 art.save(out)
                 print(f"built {out}")

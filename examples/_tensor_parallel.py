@@ -54,14 +54,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", type=int, help="cp.async stages (default 2 simulated, 3 GPU)")
     p.add_argument("--tolerance", type=float, default=2e-2)
     p.add_argument(
-        "--reorder",
+        "--fused-reduce",
         action="store_true",
-        help="GEMM + RS: the peers' rows first and the reduction in the own rows' GEMM "
-        "(fused_reduce); AG + GEMM: the own chunk first, from the local rows (own_first)",
+        help="GEMM + RS: the peers' rows first, the reduction in the own rows' GEMM epilogue",
+    )
+    p.add_argument(
+        "--gathered",
+        action="store_true",
+        help="AG + GEMM: every chunk from the gathered buffer (default: the own chunk first, "
+        "from the local rows)",
+    )
+    p.add_argument(
+        "--gemm-order",
+        help="the GEMM grid's order, a permutation of r (rank), i (row block), j (column "
+        f"block); default {C.GEMM_ORDER['gemm_rs']} for GEMM + RS, "
+        f"{C.GEMM_ORDER['ag_gemm']} for AG + GEMM",
     )
 
 
-def config(args: argparse.Namespace) -> C.CollectiveConfig:
+def config(example: Example, args: argparse.Namespace) -> C.CollectiveConfig:
+    """The layer's configuration from the flags; a flag of the other layer is an error."""
+    other = "--gathered" if example is GEMM_REDUCE_SCATTER else "--fused-reduce"
+    if args.gathered if example is GEMM_REDUCE_SCATTER else args.fused_reduce:
+        raise etc.GraphError(f"{other} does not apply to this layer")
     small = args.simulate
     block = args.block or (32 if small else 128)
     stages = args.stages or (2 if small else 3)
@@ -71,8 +86,9 @@ def config(args: argparse.Namespace) -> C.CollectiveConfig:
         block_n=block,
         stages=stages,
         block_size=128 if small else 256,
-        fused_reduce=args.reorder,
-        own_first=args.reorder,
+        fused_reduce=args.fused_reduce,
+        own_first=not args.gathered,
+        gemm_order=args.gemm_order,
     )
 
 
@@ -83,7 +99,7 @@ def main(example: Example, description: str, argv: list[str] | None = None) -> i
     if args.ranks < 1:
         p.error("--ranks must be >= 1")
     try:
-        cfg = config(args)
+        cfg = config(example, args)
         g = example.build(cfg)
     except etc.EtcError as exc:  # sizes the tiles cannot take, named by the error
         print(f"error: {exc}", file=sys.stderr)

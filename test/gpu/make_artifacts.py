@@ -158,7 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         collective.allgather_gemm(tensor_parallel_small()),
         collective.gemm_reduce_scatter(fused, name="gemm_rs_fused"),
         collective.allgather_gemm(
-            replace(tensor_parallel_small(), own_first=True), name="ag_gemm_own"
+            replace(tensor_parallel_small(), own_first=False), name="ag_gemm_gathered"
+        ),
+        collective.allgather_gemm(
+            replace(tensor_parallel_small(), gemm_order="rij"), name="ag_gemm_rij"
+        ),
+        collective.gemm_reduce_scatter(
+            replace(tensor_parallel_small(), gemm_order="rij", loads_in_flight=1),
+            name="gemm_rs_rij",
         ),
     ):
         jobs += [

@@ -59,19 +59,25 @@ def _outputs(tensors, name: str) -> list[np.ndarray]:
     return [t[name].float().cpu().numpy() for t in tensors]
 
 
-#: Graph variants: the reduction in the own rows' GEMM epilogue; the own chunk first.
-VARIANTS = {"gemm_rs_fused": ("gemm_rs", "fused_reduce"), "ag_gemm_own": ("ag_gemm", "own_first")}
+#: Graph variants (test/gpu/make_artifacts.py builds the same) besides the
+#: defaults: the reduction in the own rows' GEMM epilogue; the destination
+#: outermost with one load in flight per reduce thread; every chunk from the
+#: gathered buffer; the own chunk first in row-block order.
+VARIANTS = {
+    "gemm_rs_fused": ("gemm_rs", {"fused_reduce": True}),
+    "gemm_rs_rij": ("gemm_rs", {"gemm_order": "rij", "loads_in_flight": 1}),
+    "ag_gemm_gathered": ("ag_gemm", {"own_first": False}),
+    "ag_gemm_rij": ("ag_gemm", {"gemm_order": "rij"}),
+}
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("op", [*EXAMPLES, *VARIANTS])
 def test_matches_reference_and_simulator(op: str, schedule: str) -> None:
-    base, option = VARIANTS.get(op, (op, None))
+    base, options = VARIANTS.get(op, (op, {}))
     example = EXAMPLES[base]
     group = _group(op, schedule)
-    cfg = tensor_parallel_small()
-    if option is not None:
-        cfg = dataclasses.replace(cfg, **{option: True})
+    cfg = dataclasses.replace(tensor_parallel_small(), **options)
     graph = example.build(cfg)
     # One group for every shape, launched back to back: the kernels reset
     # their counters and keep the rank barrier's words.

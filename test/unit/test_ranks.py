@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,8 +191,13 @@ def test_deadlock_names_the_stuck_rank(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 @pytest.mark.parametrize(
-    "op", ["gemm_rs", "gemm_rs_fused", "ag_gemm", "ag_gemm_parts", "ag_gemm_own"]
-)
+    "op",
+    [
+        "gemm_rs", "gemm_rs_fused", "gemm_rs_rij", "gemm_rs_fused_rij", "ag_gemm",
+        "ag_gemm_parts", "ag_gemm_gathered", "ag_gemm_one_load", "ag_gemm_gathered_rji",
+        "ag_gemm_jir",
+    ],
+)  # fmt: skip
 def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> None:
     rng = np.random.default_rng(ranks)
     rows, n, k = 64, 96, SMALL.k
@@ -197,8 +205,17 @@ def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> No
     def vals(*shape: int) -> np.ndarray:
         return bf16_to_f32(f32_to_bf16(rng.standard_normal(shape).astype(np.float32) * 0.1))
 
-    if op.startswith("gemm_rs"):  # gemm_rs_fused: the reduction in the own rows' epilogue
-        g = C.gemm_reduce_scatter(dataclasses.replace(SMALL, fused_reduce=op != "gemm_rs"))
+    if op.startswith("gemm_rs"):  # _fused: the reduction in the own rows' epilogue
+        g = C.gemm_reduce_scatter(
+            {
+                "gemm_rs": SMALL,
+                "gemm_rs_fused": dataclasses.replace(SMALL, fused_reduce=True),
+                "gemm_rs_rij": dataclasses.replace(SMALL, gemm_order="rij", loads_in_flight=1),
+                "gemm_rs_fused_rij": dataclasses.replace(
+                    SMALL, fused_reduce=True, gemm_order="rij"
+                ),
+            }[op]
+        )
         xs = [vals(ranks * rows, k) for _ in range(ranks)]
         ws = [vals(n, k) for _ in range(ranks)]
         inputs = [{"X": x, "W": w} for x, w in zip(xs, ws, strict=True)]
@@ -208,7 +225,10 @@ def test_collective_graphs_match_numpy(op: str, ranks: int, schedule: str) -> No
         cfg = {
             "ag_gemm": SMALL,
             "ag_gemm_parts": dataclasses.replace(SMALL, copy_parts=2),
-            "ag_gemm_own": dataclasses.replace(SMALL, own_first=True, copy_parts=2),
+            "ag_gemm_gathered": dataclasses.replace(SMALL, own_first=False, copy_parts=2),
+            "ag_gemm_one_load": dataclasses.replace(SMALL, loads_in_flight=1),
+            "ag_gemm_gathered_rji": dataclasses.replace(SMALL, own_first=False, gemm_order="rji"),
+            "ag_gemm_jir": dataclasses.replace(SMALL, gemm_order="jir"),
         }[op]
         g = C.allgather_gemm(cfg)
         as_ = [vals(rows, k) for _ in range(ranks)]
@@ -293,9 +313,20 @@ def test_fused_reduce_matches_the_reduce_tiles_bit_for_bit() -> None:
         C.gemm_reduce_scatter,
         C.allgather_gemm,
         lambda cfg: C.gemm_reduce_scatter(dataclasses.replace(cfg, fused_reduce=True)),
-        lambda cfg: C.allgather_gemm(dataclasses.replace(cfg, own_first=True)),
+        lambda cfg: C.allgather_gemm(dataclasses.replace(cfg, own_first=False)),
+        lambda cfg: C.allgather_gemm(dataclasses.replace(cfg, loads_in_flight=1)),
+        lambda cfg: C.gemm_reduce_scatter(dataclasses.replace(cfg, gemm_order="rij")),
+        lambda cfg: C.allgather_gemm(dataclasses.replace(cfg, gemm_order="rij")),
     ],
-    ids=["gemm_rs", "ag_gemm", "gemm_rs_fused", "ag_gemm_own"],
+    ids=[
+        "gemm_rs",
+        "ag_gemm",
+        "gemm_rs_fused",
+        "ag_gemm_gathered",
+        "ag_gemm_one_load",
+        "gemm_rs_rij",
+        "ag_gemm_rij",
+    ],  # fmt: skip
 )
 def test_collective_kernels_assemble(build, schedule: str) -> None:
     pytest.importorskip("etc._mlir_libs")
@@ -306,6 +337,50 @@ def test_collective_kernels_assemble(build, schedule: str) -> None:
     assert "red.release.sys.global.add.u32" in ptx and "ld.acquire.sys.global.u32" in ptx
     # Peer stores of the tiles: through generic pointers loaded from the table.
     assert "st.b32" in ptx or "st.v4" in ptx or "st.global" in ptx
+
+
+@pytest.mark.parametrize("tile", ["copy", "reduce"])
+def test_loads_in_flight_are_checked_and_stay_ahead_of_the_stores(tile: str) -> None:
+    from etc.tiles.collective import copy_to_peers, reduce_slots
+
+    def build(unroll):  # 8 vectors per thread
+        if tile == "copy":
+            return copy_to_peers(32, 256, block_size=128, unroll=unroll)
+        return reduce_slots(32, 256, block_size=128, unroll=unroll)
+
+    with pytest.raises(ValueError, match="unroll must be a positive int, got 0"):
+        build(0)
+    with pytest.raises(GraphError, match="loads_in_flight must be a positive int"):
+        C.CollectiveConfig(loads_in_flight=0)
+    for unroll, kept in ((4, 4), (3, 2), (64, 8)):  # the largest divisor of 8 up to unroll
+        body = build(unroll).source
+        body = body[body.index("scf.for") :]
+        assert body.count("vector.load") == kept, unroll
+        # Every load of an iteration comes before its first store.
+        assert body.rindex("vector.load") < body.index("store")
+
+
+def test_collective_config_checks_the_new_options() -> None:
+    for bad in ("jid", "rijr", 3):
+        with pytest.raises(
+            GraphError, match=f"gemm_order must order the letters r, i and j.*{bad!r}"
+        ):
+            C.CollectiveConfig(gemm_order=bad)
+    from etc.tiles.collective import gemm_chunk, gemm_to_peer
+
+    with pytest.raises(ValueError, match="coords='dji2' must order the letters d, i, j"):
+        gemm_to_peer(coords="dji2")
+    with pytest.raises(ValueError, match="coords='sij' must order the letters i, j"):
+        gemm_chunk(chunks="own", coords="sij")
+    # The grid follows the order: the rank coordinate innermost for GEMM + RS by
+    # default (C.GEMM_ORDER), and the signature's coordinates with it.
+    g = C.gemm_reduce_scatter(SMALL)
+    gemm = next(t for t in g.tasks if t.name == "gemm")
+    assert C.GEMM_ORDER["gemm_rs"] == "ijr" and len(gemm.grid) == 3
+    assert gemm.function.source.index("%i: index, %j: index, %d: index") > 0
+    g = C.allgather_gemm(dataclasses.replace(SMALL, gemm_order="jri"))
+    gemm = next(t for t in g.tasks if t.name == "gemm")
+    assert gemm.function.source.index("%j: index, %s: index, %i: index") > 0
 
 
 def test_launchers_refuse_bad_arguments_before_touching_a_gpu() -> None:
@@ -347,3 +422,53 @@ def test_launch_refuses_ranked_coordinates_nobody_waits_on(tmp_path) -> None:
 def test_simulator_refuses_ranked_coordinates_nobody_waits_on() -> None:
     with pytest.raises(GraphError, match=r"coordinate \(0, 1\) is notified but no task of rank 0"):
         etc.simulate_ranks(_lonely_graph(), [{}, {}], {})
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _example(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("ranks", ["2", "4", "8"])
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("gemm_reduce_scatter.py", ()),
+        ("gemm_reduce_scatter.py", ("--fused-reduce",)),
+        ("allgather_gemm.py", ()),
+        ("allgather_gemm.py", ("--gathered", "--gemm-order", "rij")),
+    ],
+)
+def test_multi_gpu_examples_match_numpy_on_the_simulator(script, flags, ranks, schedule) -> None:
+    done = _example(script, "--simulate", "--ranks", ranks, "--schedule", schedule, *flags)
+    assert done.returncode == 0, done.stderr
+    assert f"{ranks}/{ranks} ranks match numpy on the simulator ({schedule} schedule" in (
+        done.stdout
+    )
+
+
+def test_multi_gpu_examples_name_a_flag_of_the_other_layer() -> None:
+    done = _example("allgather_gemm.py", "--simulate", "--fused-reduce")
+    assert done.returncode == 2 and "--fused-reduce does not apply to this layer" in done.stderr
+    done = _example("gemm_reduce_scatter.py", "--simulate", "--gemm-order", "rrj")
+    assert done.returncode == 2 and "gemm_order must order the letters r, i and j" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@needs_ptxas
+@pytest.mark.parametrize("script", ["gemm_reduce_scatter.py", "allgather_gemm.py"])
+def test_multi_gpu_examples_emit_ptx_that_ptxas_accepts(script, tmp_path) -> None:
+    pytest.importorskip("etc._mlir_libs")
+    ptx = tmp_path / "k.ptx"
+    done = _example(script, "--emit-ptx", str(ptx), "--schedule", "dynamic")
+    assert done.returncode == 0, done.stderr
+    asm = subprocess.run(
+        ["ptxas", "-arch=sm_90", str(ptx), "-o", str(tmp_path / "k.cubin")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert asm.returncode == 0, asm.stderr

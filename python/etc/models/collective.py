@@ -61,19 +61,33 @@ class CollectiveConfig:
     block_k: int = 32
     #: All-Gather: copy tiles per GEMM row block.
     copy_parts: int = 1
+    #: The copy and reduce tiles: 16-byte vectors each thread loads before it
+    #: stores any, at most (``unroll`` of ``tiles.copy_to_peers`` and
+    #: ``tiles.reduce_slots``: the largest divisor of a thread's share).
+    loads_in_flight: int = 8
+    #: The order of the GEMM tasks' grid: a permutation of ``r`` (the rank
+    #: coordinate: the destination of GEMM + RS, the source chunk of All-Gather
+    #: + GEMM), ``i`` (row block) and ``j`` (column block), outermost first.
+    #: ``"ijr"`` (GEMM + RS's default): the ranks' rows of a block in turn, so
+    #: a wave's epilogues do not all go to one rank over NVLink at once.
+    #: ``"rji"`` (All-Gather + GEMM's): a column block's row blocks in turn, so
+    #: a wave reads a few column blocks of ``B`` instead of all of them (less
+    #: DRAM traffic when ``N`` is large). ``None``: the layer's default
+    #: (``GEMM_ORDER``, the best measured: bench/RESULTS.md, "Multi-GPU").
+    gemm_order: str | None = None
     #: GEMM + Reduce-Scatter: the peers' rows first, then this rank's own
     #: rows with the peers' partials added in the GEMM epilogue
     #: (``tiles.gemm_reduce_own``) instead of separate reduce tiles.
     fused_reduce: bool = False
     #: All-Gather + GEMM: each rank's GEMM on its own rows first, straight
     #: from ``A`` (no copy to itself, no wait), then the peers' chunks as
-    #: their copies land.
-    own_first: bool = False
+    #: their copies land. ``False``: every chunk from the gathered buffer.
+    own_first: bool = True
 
     def __post_init__(self) -> None:
         for key in (
             "k", "block_m", "block_n", "stages", "block_size", "smem_limit", "block_k",
-            "copy_parts",
+            "copy_parts", "loads_in_flight",
         ):  # fmt: skip
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -89,6 +103,12 @@ class CollectiveConfig:
                 raise GraphError(
                     f"CollectiveConfig: {key} must be a bool, got {getattr(self, key)!r}"
                 )
+        order = self.gemm_order
+        if order is not None and (not isinstance(order, str) or sorted(order) != ["i", "j", "r"]):
+            raise GraphError(
+                "CollectiveConfig: gemm_order must order the letters r, i and j (e.g. 'rij', "
+                f"'ijr'), got {self.gemm_order!r}"
+            )
         warps = self.warps
         if warps is not None and (
             not isinstance(warps, tuple)
@@ -102,6 +122,8 @@ class CollectiveConfig:
 
 #: The GEMM tiles' tensor-core paths (``CollectiveConfig.core``).
 CORES = ("mma", "wgmma", "tma")
+#: ``CollectiveConfig.gemm_order`` by default, per layer (bench/RESULTS.md, issue 8).
+GEMM_ORDER = {"gemm_rs": "ijr", "ag_gemm": "rji"}
 
 
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
@@ -119,13 +141,15 @@ def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
         block_size=cfg.block_size, warps=cfg.warps, stages=cfg.stages, core=cfg.core,
         inflight=cfg.inflight, smem_limit=cfg.smem_limit, block_k=cfg.block_k,
     )  # fmt: skip
+    order = (cfg.gemm_order or GEMM_ORDER["gemm_rs"]).replace("r", "d")
     gemm = tiles.gemm_to_peer(
-        cfg.block_m, cfg.block_n, cfg.k, skip_own=cfg.fused_reduce, **gemm_opts
+        cfg.block_m, cfg.block_n, cfg.k, skip_own=cfg.fused_reduce, coords=order, **gemm_opts
     )
+    extent = {"d": ranks, "i": mt, "j": nt}
     # With fused_reduce an own-row instance only notifies (the count stays R).
     g.task(
-        gemm, grid=(ranks, mt, nt), args=(rank, X, W, staging_peers),
-        out_edges={rs: "dij->d,i,j"}, name="gemm",
+        gemm, grid=tuple(extent[c] for c in order), args=(rank, X, W, staging_peers),
+        out_edges={rs: f"{order}->d,i,j"}, name="gemm",
     )  # fmt: skip
     if cfg.fused_reduce:
         own = tiles.gemm_reduce_own(cfg.block_m, cfg.block_n, cfg.k, **gemm_opts)
@@ -134,7 +158,9 @@ def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
             name="gemm_own",
         )  # fmt: skip
         return g
-    reduce = tiles.reduce_slots(cfg.block_m, cfg.block_n, block_size=cfg.block_size)
+    reduce = tiles.reduce_slots(
+        cfg.block_m, cfg.block_n, block_size=cfg.block_size, unroll=cfg.loads_in_flight
+    )
     g.task(
         reduce, grid=(mt, nt), args=(staging, out), in_edges={rs: "ij->rank,i,j"},
         name="reduce",
@@ -157,7 +183,12 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
     parts = cfg.copy_parts
     ag = g.event((ranks, ranks, mt), wait_count=parts, name="ag", ranked=True)
     copy = tiles.copy_to_peers(
-        cfg.block_m, cfg.k, parts=parts, block_size=cfg.block_size, skip_own=cfg.own_first
+        cfg.block_m,
+        cfg.k,
+        parts=parts,
+        block_size=cfg.block_size,
+        skip_own=cfg.own_first,
+        unroll=cfg.loads_in_flight,
     )
     gemm_opts = dict(
         block_size=cfg.block_size, warps=cfg.warps, stages=cfg.stages, core=cfg.core,
@@ -168,22 +199,33 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
         copy, grid=(ranks, mt, parts), args=(rank, A, full_peers),
         out_edges={ag: "dtp->d,rank,t"}, name="copy",
     )  # fmt: skip
+    order = (cfg.gemm_order or GEMM_ORDER["ag_gemm"]).replace("r", "s")
+    grid = tuple({"s": ranks, "i": mt, "j": nt}[c] for c in order)
     if not cfg.own_first:
-        gemm = tiles.gemm_chunk(cfg.block_m, cfg.block_n, cfg.k, **gemm_opts)
+        gemm = tiles.gemm_chunk(cfg.block_m, cfg.block_n, cfg.k, coords=order, **gemm_opts)
         g.task(
-            gemm, grid=(ranks, mt, nt), args=(full, W, C), in_edges={ag: "sij->rank,s,i"},
+            gemm, grid=grid, args=(full, W, C), in_edges={ag: f"{order}->rank,s,i"},
             name="gemm",
         )  # fmt: skip
         return g
+    own_order = order.replace("s", "")
     own = tiles.gemm_chunk(
-        cfg.block_m, cfg.block_n, cfg.k, chunks="own", name="gemm_chunk_own", **gemm_opts
-    )
+        cfg.block_m, cfg.block_n, cfg.k, chunks="own", name="gemm_chunk_own", coords=own_order,
+        **gemm_opts,
+    )  # fmt: skip
     peers = tiles.gemm_chunk(
-        cfg.block_m, cfg.block_n, cfg.k, chunks="peers", name="gemm_chunk_peers", **gemm_opts
+        cfg.block_m,
+        cfg.block_n,
+        cfg.k,
+        chunks="peers",
+        name="gemm_chunk_peers",
+        coords=order,
+        **gemm_opts,
     )
-    g.task(own, grid=(mt, nt), args=(rank, A, W, C), name="gemm_own")
+    own_grid = tuple({"i": mt, "j": nt}[c] for c in own_order)
+    g.task(own, grid=own_grid, args=(rank, A, W, C), name="gemm_own")
     g.task(
-        peers, grid=(ranks, mt, nt), args=(rank, full, W, C), in_edges={ag: "sij->rank,s,i"},
+        peers, grid=grid, args=(rank, full, W, C), in_edges={ag: f"{order}->rank,s,i"},
         name="gemm",
     )  # fmt: skip
     return g

@@ -13,7 +13,7 @@ time spent between an instance and the one before it on its CTA.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,12 +170,16 @@ class Trace:
         )
 
 
-def idle_before(trace: Trace) -> dict[str | None, float]:
+def idle_before(
+    trace: Trace, key: Callable[[dict[str, Any]], str] | None = None
+) -> dict[str | None, float]:
     """Per task, the CTA time (µs, summed over CTAs) between an instance's
     start and the end of the previous instance on the same CTA: the
     instance's waits, its trigger lookup and the schedule's own loop. Key
     ``None``: each CTA's time from its last end to the launch's last end
-    (the ragged finish)."""
+    (the ragged finish). ``key(event)``: group by that label instead of the
+    task's name."""
+    key = key or (lambda e: e["task"])
     events = trace.events()
     if not events:
         return {}
@@ -187,7 +191,7 @@ def idle_before(trace: Trace) -> dict[str | None, float]:
     for records in by_cta.values():
         records.sort(key=lambda e: e["start_ns"])
         for a, b in zip(records, records[1:], strict=False):
-            idle[b["task"]] = idle.get(b["task"], 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
+            idle[key(b)] = idle.get(key(b), 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
         idle[None] = idle.get(None, 0.0) + (end - records[-1]["end_ns"]) / 1e3
     return idle
 

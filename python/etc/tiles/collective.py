@@ -149,11 +149,14 @@ def gemm_to_peer(
     inflight: int = 0,
     block_k: int = 32,
     skip_own: bool = False,
+    coords: str = "dij",
 ) -> DeviceFunction:
     """GEMM + Reduce-Scatter producer tile (see the module docstring).
     ``skip_own``: the instances of this rank's own rows (``d == rank``) do
     nothing (:func:`gemm_reduce_own` computes them, adding the peers'
-    partials in its epilogue)."""
+    partials in its epilogue). ``coords``: the order of the coordinates
+    ``d``, ``i``, ``j`` in the signature (the task grid's order)."""
+    leading = _coords(name, coords, "dij")
     wm, wn = _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core)
     t = _Text()
     if skip_own:
@@ -212,11 +215,12 @@ def gemm_to_peer(
     )  # fmt: skip
     if skip_own:
         t.end()
-    signature = (
-        f"%d: index, %i: index, %j: index, %rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
-    )
+    signature = leading + f"%rank: index, %A: {ab}, %B: {ab}, %peers: memref<?xi64>"
 
-    def reference(d: int, i: int, j: int, rank: int, A, B, peers) -> None:
+    def reference(*args) -> None:
+        at = dict(zip(coords, args[:3], strict=True))
+        d, i, j = at["d"], at["i"], at["j"]
+        rank, A, B, peers = args[3:]
         if skip_own and d == rank:
             return
         ranks_n = len(peers)
@@ -352,6 +356,7 @@ def gemm_chunk(
     inflight: int = 0,
     block_k: int = 32,
     chunks: str = "all",
+    coords: str | None = None,
 ) -> DeviceFunction:
     """All-Gather + GEMM consumer tile (see the module docstring). The rows per chunk
     are ``dim(A, 0) / dim(C_chunks)``: ``C`` is ``memref<?x?x?xbf16>`` viewed as
@@ -361,9 +366,14 @@ def gemm_chunk(
     gathered rows); ``"peers"`` (coords ``(s, i, j)``, args ``(rank, A, B,
     C)``: chunk ``s == rank`` does nothing); ``"own"`` (coords ``(i, j)``,
     args ``(rank, A, B, C)``, ``A`` this rank's own ``S/R`` rows: chunk
-    ``rank`` straight from them, with no wait for a copy)."""
+    ``rank`` straight from them, with no wait for a copy). ``coords``: the
+    order of those coordinates in the signature (the task grid's order;
+    ``"sji"``: a chunk's row blocks are the innermost)."""
     if chunks not in ("all", "peers", "own"):
         raise ValueError(f"{name}: chunks must be 'all', 'peers' or 'own', got {chunks!r}")
+    letters = "ij" if chunks == "own" else "sij"
+    coords = coords or letters
+    leading = _coords(name, coords, letters)
     wm, wn = _plan(name, block_m, block_n, k, block_size, warps, stages, smem_limit, block_k, core)
     t = _Text()
     if chunks == "peers":
@@ -407,11 +417,14 @@ def gemm_chunk(
     if chunks == "peers":
         t.end()
     buffers = f"%A: {ab}, %B: {ab}, %C: {ct}"
-    signature = {
-        "all": f"%s: index, %i: index, %j: index, {buffers}",
-        "peers": f"%s: index, %i: index, %j: index, %rank: index, {buffers}",
-        "own": f"%i: index, %j: index, %rank: index, {buffers}",
-    }[chunks]
+    signature = (
+        leading
+        + {
+            "all": buffers,
+            "peers": f"%rank: index, {buffers}",
+            "own": f"%rank: index, {buffers}",
+        }[chunks]
+    )
 
     def block(s: int, i: int, j: int, a_row0: int, A, B, C) -> None:
         rs = slice(a_row0 + i * block_m, a_row0 + (i + 1) * block_m)
@@ -419,14 +432,17 @@ def gemm_chunk(
         C[s, i * block_m : (i + 1) * block_m, cs] = f32_to_bf16(_mma.bf16_matmul(A[rs], B[cs]))
 
     def reference(*args) -> None:
+        at = dict(zip(coords, args, strict=False))
+        rest = args[len(coords) :]
+        i, j = at["i"], at["j"]
         if chunks == "all":
-            s, i, j, A, B, C = args
+            s, (A, B, C) = at["s"], rest
         elif chunks == "peers":
-            s, i, j, rank, A, B, C = args
+            s, (rank, A, B, C) = at["s"], rest
             if s == rank:
                 return
         else:
-            i, j, s, A, B, C = args  # own: chunk `rank`, A holds only its rows
+            s, A, B, C = rest  # own: chunk `rank`, A holds only its rows
             block(s, i, j, 0, A, B, C)
             return
         block(s, i, j, s * C.shape[1], A, B, C)
@@ -440,15 +456,36 @@ def gemm_chunk(
     )  # fmt: skip
 
 
+def _coords(name: str, coords: str, letters: str) -> str:
+    """The signature's leading coordinates in the order ``coords`` (a
+    permutation of ``letters``)."""
+    if sorted(coords) != sorted(letters):
+        raise ValueError(
+            f"{name}: coords={coords!r} must order the letters {', '.join(sorted(letters))}"
+        )
+    return "".join(f"%{c}: index, " for c in coords)
+
+
+def _in_flight(name: str, unroll: int, vectors: int) -> int:
+    """The loads a thread keeps in flight: the largest divisor of its ``vectors``
+    (16-byte vectors per thread) up to ``unroll``."""
+    if not isinstance(unroll, int) or isinstance(unroll, bool) or unroll < 1:
+        raise ValueError(f"{name}: unroll must be a positive int, got {unroll!r}")
+    return max(u for u in range(1, min(unroll, vectors) + 1) if vectors % u == 0)
+
+
 def reduce_slots(
     block_m: int = 128,
     block_n: int = 128,
     *,
     name: str = "reduce_slots",
     block_size: int = 256,
+    unroll: int = 1,
 ) -> DeviceFunction:
     """Reduce-Scatter consumer tile (see the module docstring): 16-byte vectors,
-    fp32 sums over the staging slots, one bf16 store per vector."""
+    fp32 sums over the staging slots, one bf16 store per vector. ``unroll``:
+    vectors a thread sums at once, at most (its loads of a slot all in flight
+    together)."""
     if block_n % 8 or (block_m * block_n) % (8 * block_size):
         raise ValueError(
             f"{name}: a {block_m}x{block_n} block must split into 8-element vectors "
@@ -456,7 +493,34 @@ def reduce_slots(
         )
     st, ot = "memref<?x?x?xbf16>", "memref<?x?xbf16>"
     per_row = block_n // 8
-    iters = block_m * block_n // (8 * block_size)
+    unroll = _in_flight(name, unroll, block_m * block_n // (8 * block_size))
+    iters = block_m * block_n // (8 * block_size * unroll)
+    u_range = range(unroll)
+    places = "".join(
+        f"""    %v{u}_0 = arith.addi %it0, %c{u * block_size}_ : index
+    %v{u} = arith.addi %v{u}_0, %tid : index
+    %row{u} = arith.divui %v{u}, %c{per_row}_ : index
+    %cv{u} = arith.remui %v{u}, %c{per_row}_ : index
+    %lc{u} = arith.muli %cv{u}, %c8_ : index
+    %gr{u} = arith.addi %r0, %row{u} : index
+    %col{u} = arith.addi %n0, %lc{u} : index
+"""
+        for u in u_range
+    )
+    vec_f32 = ", ".join("vector<8xf32>" for _ in u_range)
+    loads = "".join(
+        f"      %x{u} = vector.load %staging[%s, %gr{u}, %col{u}] : {st}, vector<8xbf16>\n"
+        for u in u_range
+    ) + "".join(
+        f"      %xf{u} = arith.extf %x{u} : vector<8xbf16> to vector<8xf32>\n"
+        f"      %a{u} = arith.addf %acc{u}, %xf{u} : vector<8xf32>\n"
+        for u in u_range
+    )
+    stores = "".join(
+        f"    %y{u} = arith.truncf %sum#{u} : vector<8xf32> to vector<8xbf16>\n"
+        f"    vector.store %y{u}, %out[%gr{u}, %col{u}] : {ot}, vector<8xbf16>\n"
+        for u in u_range
+    )
     source = f"""// {name}: out = bf16(sum over slots of staging), {block_m}x{block_n} blocks
 func.func @{name}(%i: index, %j: index, %staging: {st}, %out: {ot}) {{
   %c0 = arith.constant 0 : index
@@ -467,26 +531,16 @@ func.func @{name}(%i: index, %j: index, %staging: {st}, %out: {ot}) {{
   %r0 = arith.muli %i, %c{block_m}_ : index
   %n0 = arith.muli %j, %c{block_n}_ : index
   scf.for %it = %c0 to %c{iters}_ step %c1 {{
-    %v0 = arith.muli %it, %c{block_size}_ : index
-    %v = arith.addi %v0, %tid : index
-    %row = arith.divui %v, %c{per_row}_ : index
-    %cv = arith.remui %v, %c{per_row}_ : index
-    %col0 = arith.muli %cv, %c8_ : index
-    %r = arith.addi %r0, %row : index
-    %col = arith.addi %n0, %col0 : index
-    %sum = scf.for %s = %c0 to %slots step %c1 iter_args(%acc = %zero) -> (vector<8xf32>) {{
-      %x = vector.load %staging[%s, %r, %col] : {st}, vector<8xbf16>
-      %xf = arith.extf %x : vector<8xbf16> to vector<8xf32>
-      %a = arith.addf %acc, %xf : vector<8xf32>
-      scf.yield %a : vector<8xf32>
+    %it0 = arith.muli %it, %c{unroll * block_size}_ : index
+{places}    %sum:{unroll} = scf.for %s = %c0 to %slots step %c1 iter_args({", ".join(f"%acc{u} = %zero" for u in u_range)}) -> ({vec_f32}) {{
+{loads}      scf.yield {", ".join(f"%a{u}" for u in u_range)} : {vec_f32}
     }}
-    %y = arith.truncf %sum : vector<8xf32> to vector<8xbf16>
-    vector.store %y, %out[%r, %col] : {ot}, vector<8xbf16>
-  }}
+{stores}  }}
   return
 }}
 """
-    consts = sorted({block_m, block_n, iters, block_size, per_row, 8})
+    consts = {block_m, block_n, iters, block_size, per_row, 8, unroll * block_size}
+    consts = sorted(consts | {u * block_size for u in u_range})
     decl = "".join(f"  %c{v}_ = arith.constant {v} : index\n" for v in consts)
     source = source.replace(
         "  %c0 = arith.constant 0 : index\n", "  %c0 = arith.constant 0 : index\n" + decl, 1
@@ -511,13 +565,18 @@ def copy_to_peers(
     name: str = "copy_to_peers",
     block_size: int = 256,
     skip_own: bool = False,
+    unroll: int = 1,
 ) -> DeviceFunction:
     """All-Gather producer tile (see the module docstring): 16-byte loads of this
     rank's rows, 16-byte stores into rank ``d``'s gathered buffer. Coordinates
     ``(d, t, p)``: part ``p`` of ``parts`` of row block ``t`` (``chunk_rows`` rows
     each), so that a block's copy is spread over ``parts`` CTAs (one CTA moves
     only ~10 GB/s). ``skip_own``: the copies to this rank (``d == rank``) do
-    nothing (its GEMM reads its own rows: ``gemm_chunk(chunks="own")``)."""
+    nothing (its GEMM reads its own rows: ``gemm_chunk(chunks="own")``).
+    ``unroll``: 16-byte vectors each thread loads before it stores any (at
+    most; the largest divisor of its share). One load in flight per thread
+    leaves the copy bound by the local read's latency (a CTA moves ~10
+    GB/s); the stores to the peer are posted."""
     if parts < 1 or chunk_rows % parts:
         raise ValueError(f"{name}: parts={parts} must divide chunk_rows={chunk_rows}")
     part_rows = chunk_rows // parts
@@ -528,14 +587,37 @@ def copy_to_peers(
         )
     at = f"memref<?x{hidden}xbf16>"
     per_row = hidden // 8
-    iters = part_rows * hidden // (8 * block_size)
+    unroll = _in_flight(name, unroll, part_rows * hidden // (8 * block_size))
+    iters = part_rows * hidden // (8 * block_size * unroll)
     consts = sorted({chunk_rows, part_rows, hidden, iters, block_size, per_row, 8})
+    loads, stores = [], []
+    for u in range(unroll):
+        # Vector u of this iteration: thread tid's (it * unroll + u)-th.
+        loads.append(f"""    %v{u}_0 = arith.addi %it0, %c{u * block_size}_u : index
+    %v{u} = arith.addi %v{u}_0, %tid : index
+    %row{u} = arith.divui %v{u}, %c{per_row}_ : index
+    %cv{u} = arith.remui %v{u}, %c{per_row}_ : index
+    %col{u} = arith.muli %cv{u}, %c8_ : index
+    %lr{u} = arith.addi %l0, %row{u} : index
+    %x{u} = vector.load %A[%lr{u}, %col{u}] : {at}, vector<8xbf16>
+""")
+        stores.append(f"""    %gr{u} = arith.addi %g0, %row{u} : index
+    %line{u} = arith.muli %gr{u}, %c{hidden}_ : index
+    %elem{u} = arith.addi %line{u}, %col{u} : index
+    %e64_{u} = arith.index_cast %elem{u} : index to i64
+    %dst{u} = llvm.getelementptr %base[%e64_{u}] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
+    llvm.store %x{u}, %dst{u} {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr
+""")
+    offsets = "".join(
+        f"  %c{u * block_size}_u = arith.constant {u * block_size} : index\n" for u in range(unroll)
+    )
     decl = "".join(f"  %c{v}_ = arith.constant {v} : index\n" for v in consts)
     source = f"""// {name}: rows of this rank's A to every rank's gathered buffer, {chunk_rows} rows a tile
 func.func @{name}(%d: index, %t: index, %p: index, %rank: index, %A: {at}, %peers: memref<?xi64>) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-{decl}  %rpr = memref.dim %A, %c0 : {at}
+{decl}{offsets}  %c{unroll * block_size}_s = arith.constant {unroll * block_size} : index
+  %rpr = memref.dim %A, %c0 : {at}
   %tid = gpu.thread_id x
   %raw = memref.load %peers[%d] : memref<?xi64>
   %base = llvm.inttoptr %raw : i64 to !llvm.ptr
@@ -547,20 +629,8 @@ func.func @{name}(%d: index, %t: index, %p: index, %rank: index, %A: {at}, %peer
   %todo = {"arith.cmpi ne, %d, %rank : index" if skip_own else "arith.constant true"}
   scf.if %todo {{
   scf.for %it = %c0 to %c{iters}_ step %c1 {{
-    %v0 = arith.muli %it, %c{block_size}_ : index
-    %v = arith.addi %v0, %tid : index
-    %row = arith.divui %v, %c{per_row}_ : index
-    %cv = arith.remui %v, %c{per_row}_ : index
-    %col = arith.muli %cv, %c8_ : index
-    %lr = arith.addi %l0, %row : index
-    %x = vector.load %A[%lr, %col] : {at}, vector<8xbf16>
-    %gr = arith.addi %g0, %row : index
-    %line = arith.muli %gr, %c{hidden}_ : index
-    %elem = arith.addi %line, %col : index
-    %e64 = arith.index_cast %elem : index to i64
-    %dst = llvm.getelementptr %base[%e64] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
-    llvm.store %x, %dst {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr
-  }}
+    %it0 = arith.muli %it, %c{unroll * block_size}_s : index
+{"".join(loads)}{"".join(stores)}  }}
   }}
   return
 }}
