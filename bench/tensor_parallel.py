@@ -89,7 +89,9 @@ def artifact_name(op: str, k: int, schedule: str, core: str = "mma") -> str:
     return f"{op}_k{k}_{schedule}" + ("" if core == "mma" else f"_{core}")
 
 
-def build(directory: Path, ranks: int, cores: tuple[str, ...] = CORES) -> None:
+def build(
+    directory: Path, ranks: int, cores: tuple[str, ...] = CORES, max_pop_chunk: int = 1
+) -> None:
     import etc
     from etc.models import collective as C
 
@@ -108,7 +110,7 @@ def build(directory: Path, ranks: int, cores: tuple[str, ...] = CORES) -> None:
                 # One queue position per claim keeps the CTAs on consecutive
                 # GEMM tiles (shared operands stay in L2), as the static order.
                 art = etc.compile(
-                    builder(cfg), schedule=schedule, target=target, max_pop_chunk=1,
+                    builder(cfg), schedule=schedule, target=target, max_pop_chunk=max_pop_chunk,
                     min_ctas_per_sm=MIN_CTAS_PER_SM.get(core, 0),
                 )  # fmt: skip
                 art.save(out)
@@ -294,9 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         "--cores", default=",".join(CORES), help="GEMM cores to build or run: mma,wgmma,tma"
     )
     p.add_argument("--ops", default=",".join(OPS), help="layers to run: gemm_rs,ag_gemm")
+    p.add_argument(
+        "--max-pop-chunk", type=int, default=1,
+        help="build: the dynamic schedule's claim size (1 keeps CTAs on consecutive tiles)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.build:
-        build(args.build, args.ranks, tuple(args.cores.split(",")))
+        build(args.build, args.ranks, tuple(args.cores.split(",")), args.max_pop_chunk)
         return 0
     if args.run:
         return run(args)
