@@ -289,6 +289,33 @@ def tensor_parallel_small():
     return collective.CollectiveConfig(k=128, block_m=64, block_n=64, stages=2, block_size=128)
 
 
+_TMA = {"core": "tma", "smem_limit": 64 << 10}
+#: Tensor-parallel graph variants besides the defaults, by artifact name:
+#: (layer, CollectiveConfig changes). The reduction in the own rows' GEMM
+#: epilogue; the destination outermost with one load in flight per reduce
+#: thread; every chunk from the gathered buffer; the own chunk first in
+#: row-block order; and both layers on TMA tiles (sm_90a: staged epilogues,
+#: the fused reduction's grouped loads).
+TENSOR_PARALLEL_VARIANTS = {
+    "gemm_rs_fused": ("gemm_rs", {"fused_reduce": True}),
+    "gemm_rs_rij": ("gemm_rs", {"gemm_order": "rij", "loads_in_flight": 1}),
+    "ag_gemm_gathered": ("ag_gemm", {"own_first": False}),
+    "ag_gemm_rij": ("ag_gemm", {"gemm_order": "rij"}),
+    "gemm_rs_tma": ("gemm_rs", _TMA),
+    "gemm_rs_fused_tma": ("gemm_rs", {**_TMA, "fused_reduce": True}),
+    "ag_gemm_tma": ("ag_gemm", _TMA),
+}
+
+
+def tensor_parallel_variant(name: str):
+    """(layer, config, etc.compile options) of a variant (or of a layer's defaults)."""
+    from dataclasses import replace
+
+    layer, changes = TENSOR_PARALLEL_VARIANTS.get(name, (name, {}))
+    options = {"target": "sm_90a"} if changes.get("core") == "tma" else {}
+    return layer, replace(tensor_parallel_small(), **changes), options
+
+
 def llama_tiny_variants() -> dict:
     """Artifact-name prefix -> tiny decoder configuration for the GPU tests:
     the default tiles; the fused norms with activations through the

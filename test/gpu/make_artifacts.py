@@ -23,7 +23,8 @@ the compiler; the GPU machine needs only the runtime):
   (``_unguarded``: gate/up tiles without the tables' in-edge).
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
   GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
-  ``tensor_parallel_small()`` in ``graphs.py``.
+  ``tensor_parallel_small()`` in ``graphs.py``, and ``<variant>_small_<schedule>/``
+  for its ``TENSOR_PARALLEL_VARIANTS``.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ from graphs import (  # noqa: E402
     MOE_SMALL_SUB,
     MOE_SMALL_TMA,
     SCHEDULES,
+    TENSOR_PARALLEL_VARIANTS,
     llama_tiny_variants,
-    tensor_parallel_small,
+    tensor_parallel_variant,
 )
 
 
@@ -148,30 +150,15 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name}: {args.out / name} ({schedule}, {len(getattr(art, 'artifacts', [art]))} kernels)"
             )
-    from dataclasses import replace
-
     from etc.models import collective
 
-    fused = replace(tensor_parallel_small(), fused_reduce=True)
-    for g in (
-        collective.gemm_reduce_scatter(tensor_parallel_small()),
-        collective.allgather_gemm(tensor_parallel_small()),
-        collective.gemm_reduce_scatter(fused, name="gemm_rs_fused"),
-        collective.allgather_gemm(
-            replace(tensor_parallel_small(), own_first=False), name="ag_gemm_gathered"
-        ),
-        collective.allgather_gemm(
-            replace(tensor_parallel_small(), gemm_order="rij"), name="ag_gemm_rij"
-        ),
-        collective.gemm_reduce_scatter(
-            replace(tensor_parallel_small(), gemm_order="rij", loads_in_flight=1),
-            name="gemm_rs_rij",
-        ),
-    ):
-        jobs += [
-            (f"{g.name}_small_{suffix}", g, schedule, early)
-            for suffix, (schedule, early) in SCHEDULES.items()
-        ]
+    for variant in ("gemm_rs", "ag_gemm", *TENSOR_PARALLEL_VARIANTS):
+        layer, cfg, compile_options = tensor_parallel_variant(variant)
+        build = collective.gemm_reduce_scatter if layer == "gemm_rs" else collective.allgather_gemm
+        g = build(cfg, name=variant)
+        for suffix, (schedule, early) in SCHEDULES.items():
+            jobs.append((f"{variant}_small_{suffix}", g, schedule, early))
+            options[f"{variant}_small_{suffix}"] = compile_options
     for name, g, schedule, early, *traced in jobs:
         if not name.startswith(args.only):
             continue

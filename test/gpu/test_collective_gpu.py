@@ -7,7 +7,6 @@ needs two GPUs with peer access."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -22,7 +21,12 @@ from etc.errors import DeadlockError, LaunchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from graphs import SCHEDULES, tensor_parallel_small  # noqa: E402
+from graphs import (  # noqa: E402
+    SCHEDULES,
+    TENSOR_PARALLEL_VARIANTS,
+    tensor_parallel_small,
+    tensor_parallel_variant,
+)
 
 
 def _gpus() -> int:
@@ -59,25 +63,12 @@ def _outputs(tensors, name: str) -> list[np.ndarray]:
     return [t[name].float().cpu().numpy() for t in tensors]
 
 
-#: Graph variants (test/gpu/make_artifacts.py builds the same) besides the
-#: defaults: the reduction in the own rows' GEMM epilogue; the destination
-#: outermost with one load in flight per reduce thread; every chunk from the
-#: gathered buffer; the own chunk first in row-block order.
-VARIANTS = {
-    "gemm_rs_fused": ("gemm_rs", {"fused_reduce": True}),
-    "gemm_rs_rij": ("gemm_rs", {"gemm_order": "rij", "loads_in_flight": 1}),
-    "ag_gemm_gathered": ("ag_gemm", {"own_first": False}),
-    "ag_gemm_rij": ("ag_gemm", {"gemm_order": "rij"}),
-}
-
-
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("op", [*EXAMPLES, *VARIANTS])
+@pytest.mark.parametrize("op", [*EXAMPLES, *TENSOR_PARALLEL_VARIANTS])
 def test_matches_reference_and_simulator(op: str, schedule: str) -> None:
-    base, options = VARIANTS.get(op, (op, {}))
+    base, cfg, _ = tensor_parallel_variant(op)
     example = EXAMPLES[base]
     group = _group(op, schedule)
-    cfg = dataclasses.replace(tensor_parallel_small(), **options)
     graph = example.build(cfg)
     # One group for every shape, launched back to back: the kernels reset
     # their counters and keep the rank barrier's words.

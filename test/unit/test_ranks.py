@@ -378,6 +378,9 @@ def test_collective_config_checks_the_new_options() -> None:
     gemm = next(t for t in g.tasks if t.name == "gemm")
     assert C.GEMM_ORDER["gemm_rs"] == "ijr" and len(gemm.grid) == 3
     assert gemm.function.source.index("%i: index, %j: index, %d: index") > 0
+    g = C.gemm_reduce_scatter(dataclasses.replace(SMALL, fused_reduce=True))
+    gemm = next(t for t in g.tasks if t.name == "gemm")
+    assert gemm.function.source.index("%d: index, %i: index, %j: index") > 0
     g = C.allgather_gemm(dataclasses.replace(SMALL, gemm_order="jri"))
     gemm = next(t for t in g.tasks if t.name == "gemm")
     assert gemm.function.source.index("%j: index, %s: index, %i: index") > 0

@@ -73,7 +73,8 @@ class CollectiveConfig:
     #: ``"rji"`` (All-Gather + GEMM's): a column block's row blocks in turn, so
     #: a wave reads a few column blocks of ``B`` instead of all of them (less
     #: DRAM traffic when ``N`` is large). ``None``: the layer's default
-    #: (``GEMM_ORDER``, the best measured: bench/RESULTS.md, "Multi-GPU").
+    #: (``GEMM_ORDER``, the best measured: bench/RESULTS.md, "Multi-GPU";
+    #: ``"rij"`` for GEMM + RS with ``fused_reduce``).
     gemm_order: str | None = None
     #: GEMM + Reduce-Scatter: the peers' rows first, then this rank's own
     #: rows with the peers' partials added in the GEMM epilogue
@@ -141,7 +142,11 @@ def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
         block_size=cfg.block_size, warps=cfg.warps, stages=cfg.stages, core=cfg.core,
         inflight=cfg.inflight, smem_limit=cfg.smem_limit, block_k=cfg.block_k,
     )  # fmt: skip
-    order = (cfg.gemm_order or GEMM_ORDER["gemm_rs"]).replace("r", "d")
+    # With fused_reduce the own-row instances of this task do nothing: the
+    # rank coordinate outermost keeps them out of the way (interleaved, the
+    # static schedule's round-robin would give all the work to half the CTAs).
+    default = "rij" if cfg.fused_reduce else GEMM_ORDER["gemm_rs"]
+    order = (cfg.gemm_order or default).replace("r", "d")
     gemm = tiles.gemm_to_peer(
         cfg.block_m, cfg.block_n, cfg.k, skip_own=cfg.fused_reduce, coords=order, **gemm_opts
     )
