@@ -84,7 +84,7 @@ _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("s
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
 #:
-#: * ``decode`` (T <= 16): 16-row tiles, narrow column blocks so a few
+#: * ``decode`` (T of a few tokens): 16-row tiles, narrow column blocks so a few
 #:   active experts still fill the GPU (32-column gate/up: one wave of 192
 #:   instances at T = 1), weights through a per-thread ``cp.async`` ring of
 #:   4 stages whose first groups the tiles' prefetch functions fill once an
@@ -93,8 +93,9 @@ _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("s
 #: * ``prefill`` (T >= 1024): 128-row ``etc.tiles.gemm_tc`` tiles fed by
 #:   TMA, gate/up 128 and down 256 columns, 4 stages, and the router's
 #:   logits on the same tile, its k loop in 4 parts.
-#: * ``mid`` (T around 128: a few rows per expert): ``prefill`` on 64-row
-#:   tiles whose two warpgroups split the columns (``split_n``), 5 stages.
+#: * ``mid`` (T from 16 to about 128: a few rows per expert): ``prefill`` on
+#:   64-row tiles whose two warpgroups split the columns (``split_n``), 5
+#:   stages.
 #:
 #: Compile for ``PRESET_TARGETS`` (TMA and wgmma are sm_90a) with
 #: ``PRESET_MIN_CTAS_PER_SM``.
