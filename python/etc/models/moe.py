@@ -84,7 +84,7 @@ _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("s
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
 #:
-#: * ``decode`` (T of a few tokens): 16-row tiles, narrow column blocks so a few
+#: * ``decode`` (T <= 8): 16-row tiles, narrow column blocks so a few
 #:   active experts still fill the GPU (32-column gate/up: one wave of 192
 #:   instances at T = 1), weights through a per-thread ``cp.async`` ring of
 #:   4 stages whose first groups the tiles' prefetch functions fill once an
