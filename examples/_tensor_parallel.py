@@ -74,9 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config(example: Example, args: argparse.Namespace) -> C.CollectiveConfig:
     """The layer's configuration from the flags; a flag of the other layer is an error."""
-    other = "--gathered" if example is GEMM_REDUCE_SCATTER else "--fused-reduce"
-    if args.gathered if example is GEMM_REDUCE_SCATTER else args.fused_reduce:
-        raise etc.GraphError(f"{other} does not apply to this layer")
+    flag, given = (
+        ("--gathered", args.gathered)
+        if example is GEMM_REDUCE_SCATTER
+        else ("--fused-reduce", args.fused_reduce)
+    )
+    if given:
+        raise etc.GraphError(f"{flag} does not apply to this layer")
     small = args.simulate
     block = args.block or (32 if small else 128)
     stages = args.stages or (2 if small else 3)

@@ -127,6 +127,11 @@ CORES = ("mma", "wgmma", "tma")
 GEMM_ORDER = {"gemm_rs": "ijr", "ag_gemm": "rji"}
 
 
+def _grid(order: str, **extents) -> tuple:
+    """The grid whose dimensions are ``extents``' in the order of ``order``'s letters."""
+    return tuple(extents[c] for c in order)
+
+
 def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
     g = Graph(name, block_size=cfg.block_size)
     rank, ranks = g.ranks()
@@ -150,10 +155,9 @@ def gemm_reduce_scatter(cfg: CollectiveConfig, name: str = "gemm_rs") -> Graph:
     gemm = tiles.gemm_to_peer(
         cfg.block_m, cfg.block_n, cfg.k, skip_own=cfg.fused_reduce, coords=order, **gemm_opts
     )
-    extent = {"d": ranks, "i": mt, "j": nt}
     # With fused_reduce an own-row instance only notifies (the count stays R).
     g.task(
-        gemm, grid=tuple(extent[c] for c in order), args=(rank, X, W, staging_peers),
+        gemm, grid=_grid(order, d=ranks, i=mt, j=nt), args=(rank, X, W, staging_peers),
         out_edges={rs: f"{order}->d,i,j"}, name="gemm",
     )  # fmt: skip
     if cfg.fused_reduce:
@@ -205,7 +209,7 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
         out_edges={ag: "dtp->d,rank,t"}, name="copy",
     )  # fmt: skip
     order = (cfg.gemm_order or GEMM_ORDER["ag_gemm"]).replace("r", "s")
-    grid = tuple({"s": ranks, "i": mt, "j": nt}[c] for c in order)
+    grid = _grid(order, s=ranks, i=mt, j=nt)
     if not cfg.own_first:
         gemm = tiles.gemm_chunk(cfg.block_m, cfg.block_n, cfg.k, coords=order, **gemm_opts)
         g.task(
@@ -227,8 +231,7 @@ def allgather_gemm(cfg: CollectiveConfig, name: str = "ag_gemm") -> Graph:
         coords=order,
         **gemm_opts,
     )
-    own_grid = tuple({"i": mt, "j": nt}[c] for c in own_order)
-    g.task(own, grid=own_grid, args=(rank, A, W, C), name="gemm_own")
+    g.task(own, grid=_grid(own_order, i=mt, j=nt), args=(rank, A, W, C), name="gemm_own")
     g.task(
         peers, grid=grid, args=(rank, full, W, C), in_edges={ag: f"{order}->rank,s,i"},
         name="gemm",

@@ -466,6 +466,24 @@ def _coords(name: str, coords: str, letters: str) -> str:
     return "".join(f"%{c}: index, " for c in coords)
 
 
+def _vector_places(unroll: int, block_size: int, per_row: int) -> tuple[str, set[int]]:
+    """MLIR for the ``unroll`` 16-byte vectors a thread handles in one iteration
+    (``%it0``: the iteration's first vector): vector ``u`` is the thread's
+    ``(it * unroll + u)``-th, at row ``%row{u}`` and column ``%col{u}`` of
+    its block (``per_row`` vectors a row), consecutive threads on
+    consecutive vectors. Also the index constants (``%c{v}_``) it uses."""
+    text = "".join(
+        f"""    %v{u}_0 = arith.addi %it0, %c{u * block_size}_ : index
+    %v{u} = arith.addi %v{u}_0, %tid : index
+    %row{u} = arith.divui %v{u}, %c{per_row}_ : index
+    %cv{u} = arith.remui %v{u}, %c{per_row}_ : index
+    %col{u} = arith.muli %cv{u}, %c8_ : index
+"""
+        for u in range(unroll)
+    )
+    return text, {per_row, 8, unroll * block_size} | {u * block_size for u in range(unroll)}
+
+
 def _in_flight(name: str, unroll: int, vectors: int) -> int:
     """The loads a thread keeps in flight: the largest divisor of its ``vectors``
     (16-byte vectors per thread) up to ``unroll``."""
@@ -496,20 +514,15 @@ def reduce_slots(
     unroll = _in_flight(name, unroll, block_m * block_n // (8 * block_size))
     iters = block_m * block_n // (8 * block_size * unroll)
     u_range = range(unroll)
-    places = "".join(
-        f"""    %v{u}_0 = arith.addi %it0, %c{u * block_size}_ : index
-    %v{u} = arith.addi %v{u}_0, %tid : index
-    %row{u} = arith.divui %v{u}, %c{per_row}_ : index
-    %cv{u} = arith.remui %v{u}, %c{per_row}_ : index
-    %lc{u} = arith.muli %cv{u}, %c8_ : index
-    %gr{u} = arith.addi %r0, %row{u} : index
-    %col{u} = arith.addi %n0, %lc{u} : index
-"""
+    places, place_consts = _vector_places(unroll, block_size, per_row)
+    places += "".join(
+        f"    %gr{u} = arith.addi %r0, %row{u} : index\n"
+        f"    %gc{u} = arith.addi %n0, %col{u} : index\n"
         for u in u_range
     )
     vec_f32 = ", ".join("vector<8xf32>" for _ in u_range)
     loads = "".join(
-        f"      %x{u} = vector.load %staging[%s, %gr{u}, %col{u}] : {st}, vector<8xbf16>\n"
+        f"      %x{u} = vector.load %staging[%s, %gr{u}, %gc{u}] : {st}, vector<8xbf16>\n"
         for u in u_range
     ) + "".join(
         f"      %xf{u} = arith.extf %x{u} : vector<8xbf16> to vector<8xf32>\n"
@@ -518,7 +531,7 @@ def reduce_slots(
     )
     stores = "".join(
         f"    %y{u} = arith.truncf %sum#{u} : vector<8xf32> to vector<8xbf16>\n"
-        f"    vector.store %y{u}, %out[%gr{u}, %col{u}] : {ot}, vector<8xbf16>\n"
+        f"    vector.store %y{u}, %out[%gr{u}, %gc{u}] : {ot}, vector<8xbf16>\n"
         for u in u_range
     )
     source = f"""// {name}: out = bf16(sum over slots of staging), {block_m}x{block_n} blocks
@@ -539,8 +552,7 @@ func.func @{name}(%i: index, %j: index, %staging: {st}, %out: {ot}) {{
   return
 }}
 """
-    consts = {block_m, block_n, iters, block_size, per_row, 8, unroll * block_size}
-    consts = sorted(consts | {u * block_size for u in u_range})
+    consts = sorted({block_m, block_n, iters, block_size} | place_consts)
     decl = "".join(f"  %c{v}_ = arith.constant {v} : index\n" for v in consts)
     source = source.replace(
         "  %c0 = arith.constant 0 : index\n", "  %c0 = arith.constant 0 : index\n" + decl, 1
@@ -589,35 +601,30 @@ def copy_to_peers(
     per_row = hidden // 8
     unroll = _in_flight(name, unroll, part_rows * hidden // (8 * block_size))
     iters = part_rows * hidden // (8 * block_size * unroll)
-    consts = sorted({chunk_rows, part_rows, hidden, iters, block_size, per_row, 8})
-    loads, stores = [], []
-    for u in range(unroll):
-        # Vector u of this iteration: thread tid's (it * unroll + u)-th.
-        loads.append(f"""    %v{u}_0 = arith.addi %it0, %c{u * block_size}_u : index
-    %v{u} = arith.addi %v{u}_0, %tid : index
-    %row{u} = arith.divui %v{u}, %c{per_row}_ : index
-    %cv{u} = arith.remui %v{u}, %c{per_row}_ : index
-    %col{u} = arith.muli %cv{u}, %c8_ : index
-    %lr{u} = arith.addi %l0, %row{u} : index
+    places, place_consts = _vector_places(unroll, block_size, per_row)
+    consts = sorted({chunk_rows, part_rows, hidden, iters, block_size} | place_consts)
+    loads = "".join(
+        f"""    %lr{u} = arith.addi %l0, %row{u} : index
     %x{u} = vector.load %A[%lr{u}, %col{u}] : {at}, vector<8xbf16>
-""")
-        stores.append(f"""    %gr{u} = arith.addi %g0, %row{u} : index
+"""
+        for u in range(unroll)
+    )
+    stores = "".join(
+        f"""    %gr{u} = arith.addi %g0, %row{u} : index
     %line{u} = arith.muli %gr{u}, %c{hidden}_ : index
     %elem{u} = arith.addi %line{u}, %col{u} : index
     %e64_{u} = arith.index_cast %elem{u} : index to i64
     %dst{u} = llvm.getelementptr %base[%e64_{u}] : (!llvm.ptr, i64) -> !llvm.ptr, bf16
     llvm.store %x{u}, %dst{u} {{alignment = 16 : i64}} : vector<8xbf16>, !llvm.ptr
-""")
-    offsets = "".join(
-        f"  %c{u * block_size}_u = arith.constant {u * block_size} : index\n" for u in range(unroll)
+"""
+        for u in range(unroll)
     )
     decl = "".join(f"  %c{v}_ = arith.constant {v} : index\n" for v in consts)
     source = f"""// {name}: rows of this rank's A to every rank's gathered buffer, {chunk_rows} rows a tile
 func.func @{name}(%d: index, %t: index, %p: index, %rank: index, %A: {at}, %peers: memref<?xi64>) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-{decl}{offsets}  %c{unroll * block_size}_s = arith.constant {unroll * block_size} : index
-  %rpr = memref.dim %A, %c0 : {at}
+{decl}  %rpr = memref.dim %A, %c0 : {at}
   %tid = gpu.thread_id x
   %raw = memref.load %peers[%d] : memref<?xi64>
   %base = llvm.inttoptr %raw : i64 to !llvm.ptr
@@ -629,8 +636,8 @@ func.func @{name}(%d: index, %t: index, %p: index, %rank: index, %A: {at}, %peer
   %todo = {"arith.cmpi ne, %d, %rank : index" if skip_own else "arith.constant true"}
   scf.if %todo {{
   scf.for %it = %c0 to %c{iters}_ step %c1 {{
-    %it0 = arith.muli %it, %c{unroll * block_size}_s : index
-{"".join(loads)}{"".join(stores)}  }}
+    %it0 = arith.muli %it, %c{unroll * block_size}_ : index
+{places}{loads}{stores}  }}
   }}
   return
 }}
