@@ -37,6 +37,20 @@ def _large(*changes: tuple[str, object]) -> dict:
     return dict(batch_buckets=(*buckets[:-1], (None, (*M.LARGE_BATCH, *changes))))
 
 
+def _one(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in the B=1 kernel."""
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=((bound, (*one, *changes)), *rest))
+
+
+def _proj(*settings: tuple[str, str, object]) -> dict:
+    """``projection_options`` from ``(projection, key, value)`` settings."""
+    options: dict[str, list] = {}
+    for projection, key, value in settings:
+        options.setdefault(projection, []).append((key, value))
+    return {"projection_options": tuple((p, tuple(o)) for p, o in options.items())}
+
+
 def _mid(*changes: tuple[str, object]) -> dict:
     """The default buckets with ``changes`` in the B=2..16 kernel."""
     one, (bound, mid), large = M.LLAMA_3_2_1B.batch_buckets
@@ -83,6 +97,22 @@ VARIANTS = {
     # Session 14 (item 62): no split-K workspace, to attribute the B=64
     # kernel's DRAM writes.
     "nosplit": {"k_splits": (("qkv_proj", 1), ("o_proj", 1), ("down_proj", 1))},
+    # Session 16: deeper sync-core rings for single projections (B <= 16
+    # kernels; item 64); fewer gate/up ring groups before its waits (item 65).
+    "st_qo": _proj(("qkv_proj", "stages", 9), ("o_proj", "stages", 5)),
+    "st_d8": _proj(("down_proj", "stages", 8)),
+    "st_d12": _proj(("down_proj", "stages", 12)),
+    "st_lm8": _proj(("lm_head", "stages", 8)),
+    "st_qod8": _proj(
+        ("qkv_proj", "stages", 9), ("o_proj", "stages", 5), ("down_proj", "stages", 8)
+    ),
+    "st_gu6": _proj(("gate_up_proj", "stages", 6)),
+    "lm32_s6": _one(("bn_lm", 32), *_proj(("lm_head", "stages", 6)).items()),
+    "lm16_s6": _one(("bn_lm", 16), *_proj(("lm_head", "stages", 6)).items()),
+    "gu_pf1": _proj(("gate_up_proj", "prefetch_ring", 1)),
+    "gu_pf2": _proj(("gate_up_proj", "prefetch_ring", 2)),
+    "gu_pf0": _proj(("gate_up_proj", "prefetch_ring", False)),
+    "gu_pf1_s3": _proj(("gate_up_proj", "prefetch_ring", 1), ("gate_up_proj", "stages", 3)),
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

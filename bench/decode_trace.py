@@ -49,6 +49,9 @@ BATCHES = (1, 64)
 if os.environ.get("DECODE_TRACE_BATCHES"):
     BATCHES = tuple(int(b) for b in os.environ["DECODE_TRACE_BATCHES"].split(","))
 L = 1024
+#: ``DECODE_TRACE_CONTEXT=4096`` traces that context instead.
+if os.environ.get("DECODE_TRACE_CONTEXT"):
+    L = int(os.environ["DECODE_TRACE_CONTEXT"])
 STAGES = (
     "norm1",
     "qkv",
@@ -133,6 +136,7 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
             del bufs
             torch.cuda.empty_cache()
     if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
         (out / "decode_trace.txt").write_text("\n\n".join(text) + "\n")
         (out / "decode_trace.json").write_text(json.dumps(results, indent=1))
 

@@ -43,6 +43,9 @@ from etc.runtime.trace import idle_before  # noqa: E402
 
 # "one": the dynamic schedule claiming one queue position at a time (bench/moe.py).
 SCHEDULES = ("static", "dynamic", "one")
+# BENCH_MOE_SCHEDULES=static limits the build and the run to those.
+if os.environ.get("BENCH_MOE_SCHEDULES"):
+    SCHEDULES = tuple(os.environ["BENCH_MOE_SCHEDULES"].split(","))
 _OPTIONS = {"static": {}, "dynamic": {}, "one": ONE_CLAIM}
 # Token counts with Chrome traces; BENCH_MOE_CHROME=1024,4096 picks others.
 CHROME_SIZES = tuple(int(t) for t in os.environ.get("BENCH_MOE_CHROME", "1,128").split(","))

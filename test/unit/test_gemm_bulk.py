@@ -166,3 +166,30 @@ def test_core_overrides_pick_one_projection():
     g = M.build_decoder_graph(cfg)
     bulk = {t.name for t in g.tasks if "bulk ring of" in t.function.source}
     assert bulk == {"down"}
+
+
+def test_projection_options_change_one_projection():
+    """projection_options: one projection's sync-core options; the others keep
+    gemm_options and prefetch_ring."""
+    base = {t.name: t.function.source for t in M.build_decoder_graph(M.TINY).tasks}
+    options = (("down_proj", (("stages", 3), ("prefetch_ring", False))),)
+    cfg = dataclasses.replace(M.TINY, projection_options=options)
+    changed = {t.name: t.function.source for t in M.build_decoder_graph(cfg).tasks}
+    assert {n for n in base if base[n] != changed[n]} == {"down"}
+    assert "@down_proj__prefetch" in base["down"]
+    assert "@down_proj__prefetch" not in changed["down"]
+    with pytest.raises(etc.GraphError, match="projection_options names 'down', not one of"):
+        dataclasses.replace(M.TINY, projection_options=(("down", (("stages", 3),)),))
+    with pytest.raises(
+        etc.GraphError, match=r"projection_options\['o_proj'\] sets 'warps', not one of stages"
+    ):
+        dataclasses.replace(M.TINY, projection_options=(("o_proj", (("warps", (1, 1, 8)),)),))
+    with pytest.raises(etc.GraphError, match="projection_options must be a tuple of"):
+        dataclasses.replace(M.TINY, projection_options={"o_proj": {"stages": 3}})
+    with pytest.raises(etc.GraphError, match=r"projection_options\['o_proj'\] must be a tuple"):
+        dataclasses.replace(M.TINY, projection_options=(("o_proj", ("stages", 3)),))
+    # A value the tile refuses is named by the tile.
+    with pytest.raises(etc.GraphError, match="tile 'o_proj'"):
+        M.build_decoder_graph(
+            dataclasses.replace(M.TINY, projection_options=(("o_proj", (("stages", 40),)),))
+        )

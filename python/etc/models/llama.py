@@ -104,6 +104,8 @@ LARGE_BATCH = (
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+#: The sync-core options ``LlamaConfig.projection_options`` may set per projection.
+PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring")
 #: ``gemm_core`` values (``etc.tiles.gemm.LAYER_CORES``).
 _CORES = ("sync", "bulk", "tma")
 #: The projections ``k_splits`` may split, and the field holding their ``k``.
@@ -237,6 +239,10 @@ class LlamaConfig:
     #: Per-projection cores overriding ``gemm_core``: ``(("down_proj", "bulk"),)``.
     #: Projections: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head.
     core_overrides: tuple[tuple[str, str], ...] = ()
+    #: Per-projection sync-core options overriding ``gemm_options`` and
+    #: ``prefetch_ring`` (keys: :data:`PROJECTION_OPTIONS`), e.g.
+    #: ``(("gate_up_proj", (("prefetch_ring", 1),)),)``.
+    projection_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     bulk_options: tuple[tuple[str, Any], ...] = (("rotate_k", True),)
     #: The attention tile copies its whole chunk of K and V into shared
     #: memory with ``cp.async`` first (``attention(stage_kv=True)``). Off:
@@ -364,12 +370,36 @@ class LlamaConfig:
                     f"{', '.join(projections)}"
                 )
         cores = [("gemm_core", self.gemm_core)]
-        for proj, core in self.core_overrides:
-            if proj not in projections:
+        for key in ("core_overrides", "projection_options"):
+            entries = getattr(self, key)
+            if not isinstance(entries, tuple) or not all(
+                isinstance(e, tuple) and len(e) == 2 for e in entries
+            ):
                 raise GraphError(
-                    f"LlamaConfig: core_overrides names {proj!r}, not one of {', '.join(projections)}"
+                    f"LlamaConfig: {key} must be a tuple of (projection, value) pairs, "
+                    f"got {entries!r}"
                 )
+            for proj, _ in entries:
+                if proj not in projections:
+                    raise GraphError(
+                        f"LlamaConfig: {key} names {proj!r}, not one of {', '.join(projections)}"
+                    )
+        for proj, core in self.core_overrides:
             cores.append((f"core_overrides[{proj!r}]", core))
+        for proj, options in self.projection_options:
+            if not isinstance(options, tuple) or not all(
+                isinstance(o, tuple) and len(o) == 2 for o in options
+            ):
+                raise GraphError(
+                    f"LlamaConfig: projection_options[{proj!r}] must be a tuple of (key, value) "
+                    f"pairs, got {options!r}"
+                )
+            for key, _ in options:
+                if key not in PROJECTION_OPTIONS:
+                    raise GraphError(
+                        f"LlamaConfig: projection_options[{proj!r}] sets {key!r}, not one of "
+                        f"{', '.join(PROJECTION_OPTIONS)}"
+                    )
         for key, core in cores:
             if core not in _CORES:
                 raise GraphError(
@@ -872,11 +902,20 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
 
 
+def _sync_options(cfg: LlamaConfig, projection: str) -> dict[str, Any]:
+    """``projection``'s sync-core loop options: ``gemm_options`` and
+    ``prefetch_ring`` with its ``projection_options``."""
+    return {
+        **dict(cfg.gemm_options),
+        "prefetch_ring": cfg.prefetch_ring,
+        **dict(dict(cfg.projection_options).get(projection, ())),
+    }
+
+
 def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
     from ..tiles import gemm, llama
 
     H, NL, bs = cfg.hidden, cfg.layers, cfg.block_size
-    opts = dict(cfg.gemm_options)
 
     def proj(
         bn: int, n: int, k: int, epilogue: str, name: str, layers: int | None = NL, norm=None,
@@ -900,12 +939,11 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 warps = (cfg.row_warps, wn, bs // 32 // (cfg.row_warps * wn))
             core = dict(
                 warps=warps, prefetch_weights=cfg.prefetch_weights,
-                prefetch_ring=cfg.prefetch_ring,
                 rmsnorm=(*norm, cfg.eps) if cfg.fuse_norms and norm else None,
                 norm_sums=cfg.norm_sums and norm is not None,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 row_paths=cfg.row_paths if cfg.has_row_paths(name) else None,
-                sums_out=sums_out if cfg.sums else None, **opts,
+                sums_out=sums_out if cfg.sums else None, **_sync_options(cfg, name),
             )  # fmt: skip
         return gemm.layer_gemm(
             cfg.gemm_block(name), bn, n, k, layers=layers, epilogue=epilogue, name=name,
