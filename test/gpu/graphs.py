@@ -450,6 +450,19 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_mma_staged": dataclasses.replace(
             mma_spans, attn_pipeline="smem", head_dim=64, heads=4, kv_heads=2, combine_group=4
         ),
+        # ... or copied into a shared-memory ring by TMA (head_dim 64).
+        "llama_tiny_mma_tma": dataclasses.replace(
+            mma_spans, attn_pipeline="tma", head_dim=64, heads=4, kv_heads=2, combine_group=4
+        ),
+        "llama_tiny_mma_tma3": dataclasses.replace(
+            mma_spans,
+            attn_pipeline="tma",
+            attn_tma_stages=3,
+            head_dim=64,
+            heads=4,
+            kv_heads=2,
+            combine_group=4,
+        ),  # fmt: skip
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,

@@ -880,6 +880,31 @@ def test_online_attention_decoder_matches_the_numpy_model(weights, tile, unroll)
         _check_step(cfg, g, weights, B, L, "dynamic", 29)
 
 
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
+    """attn_pipeline="tma": the attention tile takes the caches' TMA maps
+    (declared by the graph, zeros for the simulator's references) and its
+    reference is the other tiles'; the graph's maps box a loop step's rows."""
+    cfg = dataclasses.replace(
+        CFG, attn_tile="mma", attn_unroll=1, attn_pipeline="tma", head_dim=64, heads=4,
+        kv_heads=2, combine_group=4,
+    )  # fmt: skip
+    g = M.build_decoder_graph(cfg)
+    maps = {t.name: t for t in g.tensors if t.map_of is not None}
+    assert {(m.map_of.name, m.map_box) for m in maps.values()} >= {
+        ("k_cache", (128, 64)), ("v_cache", (128, 64))
+    }  # fmt: skip
+    weights = M.random_weights(cfg, seed=3)
+    for B, L in ((1, 0), (3, 200)):
+        _check_step(cfg, g, weights, B, L, schedule, 29)
+    from etc.tiles.attention_mma import attention_mma
+
+    with pytest.raises(etc.GraphError, match="pipeline='tma' .* needs head_dim=64"):
+        attention_mma(512, 8, 2, 32, 2, pipeline="tma")
+    with pytest.raises(etc.GraphError, match="stages=1 must be an int >= 2"):
+        attention_mma(512, 8, 2, 64, 2, pipeline="tma", stages=1)
+
+
 def test_batch_buckets_change_only_the_tiles():
     """Each kernel differs by its bucket's fields alone and takes the same
     tensors; a bad bucket is refused, naming it."""
@@ -902,6 +927,10 @@ def test_batch_buckets_change_only_the_tiles():
     single = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())
     assert single.kernel_max_batch is None and single.splits(1024, 17) == 3
     assert (large.gemm_core, large.bn_gu, large.attn_tile) == ("tma", 32, "mma")
+    # The large kernel's attention is fed by TMA where the heads have 64 dims.
+    assert large.attention_pipeline == "tma" and one.attention_pipeline == "none"
+    tiny_large = dataclasses.replace(CFG, batch_buckets=(), **dict(M.LARGE_BATCH))
+    assert CFG.head_dim != 64 and tiny_large.attention_pipeline == "none"
     assert {p: large.k_split(p) for p in ("qkv_proj", "o_proj", "down_proj")} == {
         "qkv_proj": 4,
         "o_proj": 4,

@@ -87,13 +87,14 @@ ATTENTION_TILES = ("phased", "online", "mma")
 #: projection on TMA + wgmma in 64-row blocks (``gemm_core="tma"``, split-K
 #: by ``k_splits``: -4.5 % at B=32, -19 % at B=64 on an H200 against the
 #: 32-row mma.sync tiles, session 13), 64-column qkv/o/down and 32-column
-#: gate/up blocks, the tensor-core attention, the whole-row argmax and
-#: 128-column LM head blocks.
+#: gate/up blocks, the tensor-core attention fed by TMA (session 16), the
+#: whole-row argmax and 128-column LM head blocks.
 LARGE_BATCH = (
     ("block_m", 32),
     ("row_warps", 1),
     ("attn_tile", "mma"),
     ("attn_unroll", 1),
+    ("attn_pipeline", "auto"),
     ("argmax_whole", True),
     ("gemm_core", "tma"),
     ("bn_qkv", 64),
@@ -270,9 +271,15 @@ class LlamaConfig:
     attn_unroll: int = 4
     #: The tensor-core attention loads each step's K and V during the
     #: previous step's arithmetic (``attention_mma(pipeline=...)``): "none",
-    #: "registers" (carried in the loop) or "smem" (``cp.async`` into
-    #: per-lane slots of a two-stage workgroup buffer). "mma" only.
+    #: "registers" (carried in the loop), "smem" (``cp.async`` into
+    #: per-lane slots of a two-stage workgroup buffer) or "tma" (thread 0
+    #: copies each step's K and V rows by TMA into a ring of
+    #: ``attn_tma_stages`` stages; head_dim 64). "auto": "tma" where the
+    #: head dimension is 64, else "none". "mma" only.
     attn_pipeline: str = "none"
+    #: Ring stages of ``attn_pipeline="tma"`` (2: −4..−7 % at B = 32 and 64
+    #: on an H200 against the per-lane loads; 3 was 1-3 % slower than 2).
+    attn_tma_stages: int = 2
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
     #: :func:`compile_decoder` compiles this configuration with each entry's
@@ -442,7 +449,7 @@ class LlamaConfig:
         ]
         from ..tiles.attention_mma import PIPELINES
 
-        _one_of("attn_pipeline", self.attn_pipeline, PIPELINES)
+        _one_of("attn_pipeline", self.attn_pipeline, (*PIPELINES, "auto"))
         if self.attn_pipeline != "none" and self.attn_tile != "mma":
             raise GraphError(
                 f"LlamaConfig: attn_pipeline applies to attn_tile='mma', not {self.attn_tile!r}"
@@ -453,6 +460,7 @@ class LlamaConfig:
                 f"not {self.attn_tile!r}"
             )
         _int_field("attn_small_batch", self.attn_small_batch, 0)
+        _int_field("attn_tma_stages", self.attn_tma_stages, 2)
         _int_field("attn_phased_chunk", self.attn_phased_chunk, 1)
         # The longest span the attention tile holds.
         hold, holder = self.attn_chunk, f"attn_chunk={self.attn_chunk}"
@@ -501,6 +509,14 @@ class LlamaConfig:
         ):
             if total % getattr(self, key):
                 raise GraphError(f"LlamaConfig: {key}={getattr(self, key)} does not divide {total}")
+
+    @property
+    def attention_pipeline(self) -> str:
+        """``attn_pipeline`` with "auto" resolved: "tma" for 64-dim heads (a
+        128-byte cache row, what the TMA maps copy), else "none"."""
+        if self.attn_pipeline != "auto":
+            return self.attn_pipeline
+        return "tma" if self.head_dim == 64 else "none"
 
     def core(self, projection: str) -> str:
         """The GEMM core of ``projection`` (``core_overrides``, else ``gemm_core``)."""
@@ -898,7 +914,10 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
     shape = (cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, layers)
     common = {"block_size": block_size, "spread": cfg.attn_spread}
     if cfg.attn_tile == "mma":
-        return attention_mma(*shape, blocks=cfg.attn_unroll, pipeline=cfg.attn_pipeline, **common)
+        return attention_mma(
+            *shape, blocks=cfg.attn_unroll, pipeline=cfg.attention_pipeline,
+            stages=cfg.attn_tma_stages, **common,
+        )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
 
 

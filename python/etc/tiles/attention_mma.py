@@ -39,7 +39,7 @@ import math
 from ..device import DeviceFunction
 from ..errors import GraphError
 from ._mma import mma
-from .gemm_tc import _Text, bf16_pair
+from .gemm_tc import MAP_TYPE, _asm, _asm_ops, _i32, _mbar_wait, _Text, bf16_pair
 from .llama import (
     _WG,
     EMPTY_MAX,
@@ -53,7 +53,7 @@ from .llama import (
 __all__ = ["attention_mma", "PIPELINES"]
 
 #: ``attention_mma(pipeline=...)`` modes.
-PIPELINES = ("none", "registers", "smem")
+PIPELINES = ("none", "registers", "smem", "tma")
 
 
 class _T(_Text):
@@ -119,6 +119,7 @@ def attention_mma(
     block_size: int = 256,
     spread: bool = False,
     pipeline: str = "none",
+    stages: int = 3,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -134,7 +135,15 @@ def attention_mma(
     buffer (``@<name>__kv``, ``2 * 8 * NB * block_size * 16`` bytes at
     D=64; lane-private, so no barriers; consecutive lanes' slots adjacent,
     so no bank conflicts) and reads the current stage back just before the
-    mma work. ``"none"``: each step loads its own vectors first."""
+    mma work. ``"tma"``: thread 0 copies each step's K and V rows (two boxes
+    of ``step`` rows) with TMA into a ring of ``stages`` workgroup stages
+    (``@<name>__ring``, 128-byte swizzled rows; ``stages`` mbarriers count
+    the bytes in, ``stages`` more the warps out), ``stages`` steps ahead of
+    the warps, which read their vectors from the ring: no per-lane address
+    arithmetic or copy per vector, and up to ``stages`` steps in flight. The
+    tile then takes the caches' TMA maps as two more arguments (declared by
+    ``Graph.task``); ``head_dim`` 64 (a 128-byte row). ``"none"``: each step
+    loads its own vectors first."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -157,6 +166,15 @@ def attention_mma(
             f"tile '{name}': pipeline='smem' copies 16-byte vectors: head_dim={D} must be >= 64"
         )
     step = warps * 16 * NB  # positions per CTA loop step
+    if pipeline == "tma":
+        if D != 64 or step > 256:
+            raise GraphError(
+                f"tile '{name}': pipeline='tma' copies 128-byte rows in boxes of at most 256: "
+                f"needs head_dim=64 and a step of at most 256 positions "
+                f"(head_dim={D}, step={step})"
+            )
+        if not isinstance(stages, int) or isinstance(stages, bool) or stages < 2:
+            raise GraphError(f"tile '{name}': stages={stages!r} must be an int >= 2")
     align = min(step, chunk)
     if spread and chunk % align:
         raise GraphError(
@@ -328,6 +346,10 @@ def attention_mma(
         stage_step(t, t.idx("addi", "%wbase", "%cStep"), nxt)
         t.emit("nvvm.cp.async.wait.group 1")
         vecs = read_stage(t, "%par")
+    elif pipeline == "tma":
+        _tma_setup(t, name, stages, step, D, c_t, warps)
+        setup += "\n" + t.part("    ")
+        vecs = _tma_read(t, step, NB, DK, DV, _ring_type(stages, step, D))
     else:
         vecs = load_step(t, "%wbase")
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
@@ -384,6 +406,8 @@ def attention_mma(
             b0 = _halves(t, words[0][u // 2], words[1][u // 2], u % 2)
             b1 = _halves(t, words[8][u // 2], words[9][u // 2], u % 2)
             out[u] = mma(t, pa, [b0, b1], [*out[u], "%fzero", "%fzero"])[:2]
+    if pipeline == "tma":
+        _tma_release(t, stages, step, D)
     step_lines = t.part("  ")
     yields = [m_new, lsum] + [v for u in range(NT) for v in out[u]]
     inits = ["%rm = %empty", "%rl = %fzero"] + [
@@ -467,6 +491,7 @@ def attention_mma(
     t.emit("gpu.barrier")
     tail = t.part("  ")
 
+    maps = f", %kc_map: {MAP_TYPE}, %vc_map: {MAP_TYPE}" if pipeline == "tma" else ""
     for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D):
         t.c(v)  # the constants the function's text below names
     constants = "\n".join(f"  %c{v}_ = arith.constant {v} : index" for v in sorted(t.consts))
@@ -475,7 +500,8 @@ def attention_mma(
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
 {f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}' if pipeline == "smem" else ""}
-func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}) {{
+{_tma_globals(name, stages, step, D) if pipeline == "tma" else ""}
+func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{maps}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
@@ -543,6 +569,177 @@ func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv:
   return
 }}
 """
-    return DeviceFunction.from_mlir(
-        source, name, _split_reference(name, chunk, spread, align, NH, KV, D), block_size=block_size
+    reference = _split_reference(name, chunk, spread, align, NH, KV, D)
+    if pipeline != "tma":
+        return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    fn = DeviceFunction.from_mlir(
+        source, name, lambda *a: reference(*a[:11]), block_size=block_size
     )
+    # Arguments after the coordinates: L, qkv, rope, kc (3), vc (4), op, mp, then the maps.
+    fn.tensor_maps = {7: (3, (step, D)), 8: (4, (step, D))}
+    return fn
+
+
+def _tma_globals(name: str, stages: int, step: int, D: int) -> str:
+    """The TMA ring (per stage: ``step`` K rows, then ``step`` V rows) and its
+    mbarriers (``stages`` full, then ``stages`` empty)."""
+    return (
+        f'memref.global "private" @{name}__ring : memref<{stages * 2 * step * D}xbf16, {_WG}> '
+        "{alignment = 1024 : i64}\n"
+        f'memref.global "private" @{name}__kvbar : memref<{2 * stages}xi64, {_WG}> '
+        "{alignment = 8 : i64}"
+    )
+
+
+def _ring_type(stages: int, step: int, D: int) -> str:
+    return f"memref<{stages * 2 * step * D}xbf16, {_WG}>"
+
+
+def _tma_setup(t: _T, name: str, stages: int, step: int, D: int, c_t: str, warps: int) -> None:
+    """Before the loop: the ring's addresses, the split's first cache row,
+    the steps' count; thread 0 initialises the mbarriers and issues the first
+    ``stages`` steps. Defines ``%ring``, ``%ringaddr``, ``%nsteps`` and the
+    ``%tma_*`` values the loop uses."""
+    ring_t = _ring_type(stages, step, D)
+    t.emit(f"%tma_stages = arith.constant {stages} : index")
+    bar_t = f"memref<{2 * stages}xi64, {_WG}>"
+    t.emit(f"%ring = memref.get_global @{name}__ring : {ring_t}")
+    t.emit(f"%ringaddr = memref.extract_aligned_pointer_as_index %ring : {ring_t} -> index")
+    bars = t.op("a", f"memref.get_global @{name}__kvbar : {bar_t}")
+    t.emit(f"%tma_bars = memref.extract_aligned_pointer_as_index {bars} : {bar_t} -> index")
+    nb = t.op("a", f"memref.dim %kc, %c1 : {c_t}")
+    ns = t.op("a", f"memref.dim %kc, {t.c(3)} : {c_t}")
+    lbg = t.idx(
+        "addi", t.idx("muli", t.idx("addi", t.idx("muli", "%l", nb), "%b"), t.c(_kv(c_t))), "%gkv"
+    )
+    t.emit(f"%tma_row0 = arith.addi {t.idx('muli', lbg, ns)}, %p0 : index")
+    steps = t.idx("divui", t.idx("addi", "%ncache", t.c(step - 1)), t.c(step))
+    t.emit(f"%nsteps = arith.addi {steps}, %c0 : index")
+    for key, arg in (("k", "%kc_map"), ("v", "%vc_map")):
+        p = t.op("map", f"memref.extract_aligned_pointer_as_index {arg} : {MAP_TYPE} -> index")
+        t.emit(f"%tma_{key}map = arith.index_cast {p} : index to i64")
+    t.emit(f"%tma_tx = arith.constant {2 * step * D * 2} : i32")
+    is0 = t.op("is0", "arith.cmpi eq, %tid, %c0 : index")
+    # Other tiles used this shared memory through the generic proxy, and the
+    # previous call's barriers are live until every thread is here.
+    _asm(t, "fence.proxy.async.shared::cta;")
+    t.emit("gpu.barrier")
+    t.emit(f"scf.if {is0} {{")
+    t.indent += "  "
+    for q in range(stages):
+        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(_bar(t, 0, q, stages), "i32")])
+        # One arrival per warp.
+        _asm_ops(
+            t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(_bar(t, 1, q, stages), "i32")]
+        )
+    _asm(t, "fence.mbarrier_init.release.cluster;")
+    # The cache's newest rows were written through the generic proxy.
+    _asm(t, "fence.proxy.async.global;")
+    for q in range(stages):
+        more = t.op("more", f"arith.cmpi ult, {t.c(q)}, %nsteps : index")
+        t.emit(f"scf.if {more} {{")
+        t.indent += "  "
+        _tma_issue(t, t.c(q), q, stages, step, D)
+        t.end()
+    t.end()
+    t.emit("gpu.barrier")
+
+
+def _kv(c_t: str) -> int:
+    """The kv heads of cache type ``memref<Lx?xKVx?xDxbf16>``."""
+    return int(c_t.split("x")[2])
+
+
+def _bar(t: _T, kind: int, stage: str | int, stages: int) -> str:
+    """The shared address (i32) of ``stage``'s full (0) or empty (1) mbarrier."""
+    if isinstance(stage, int):
+        return _i32(t, t.idx("addi", "%tma_bars", t.c(8 * (kind * stages + stage))))
+    at = t.idx("muli", t.idx("addi", stage, t.c(kind * stages)), t.c(8))
+    return _i32(t, t.idx("addi", "%tma_bars", at))
+
+
+def _tma_issue(t: _T, step_index: str, stage: str | int, stages: int, step: int, D: int) -> None:
+    """Thread 0: TMA step ``step_index``'s K and V boxes into ``stage``."""
+    full = _bar(t, 0, stage, stages)
+    _asm_ops(
+        t,
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+        [(full, "i32"), ("%tma_tx", "i32")],
+    )
+    row = _i32(t, t.idx("addi", "%tma_row0", t.idx("muli", step_index, t.c(step))))
+    stage_bytes = 2 * step * D * 2
+    base = (
+        t.idx("addi", "%ringaddr", t.c(stage * stage_bytes))
+        if isinstance(stage, int)
+        else t.idx("addi", "%ringaddr", t.idx("muli", stage, t.c(stage_bytes)))
+    )
+    zero = t.op("w", "arith.constant 0 : i32")
+    for half, tmap in ((0, "%tma_kmap"), (1, "%tma_vmap")):
+        dst = _i32(t, t.idx("addi", base, t.c(half * step * D * 2)) if half else base)
+        _asm_ops(
+            t,
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+            "[$0], [$1, {$2, $3}], [$4];",
+            [(dst, "i32"), (tmap, "i64"), (zero, "i32"), (row, "i32"), (full, "i32")],
+        )
+
+
+def _tma_read(t: _T, step: int, NB: int, DK: int, DV: int, ring_t: str) -> list[str]:
+    """The loop step's index, its stage awaited; this lane's K and V vectors
+    read from the ring in ``load_step``'s order. A row ``r`` of a stage's K
+    (or V) box holds its 16-byte chunk ``c`` at chunk ``c ^ (r % 8)`` (the
+    128-byte swizzle)."""
+    stages_c = "%tma_stages"
+    t.emit(f"%tma_i = arith.divui %base, {t.c(step)} : index")
+    t.emit(f"%tma_stage = arith.remui %tma_i, {stages_c} : index")
+    par = t.idx("remui", t.idx("divui", "%tma_i", stages_c), t.c(2))
+    _mbar_wait(t, _bar_dyn(t, 0, "%tma_stage"), _i32(t, par))
+    stage_base = t.idx("muli", "%tma_stage", t.c(2 * step * 64))  # in bf16 elements
+
+    def vec(half: int, r: str, chunk: str) -> str:
+        sw = t.idx("xori", chunk, t.idx("andi", r, t.c(7)))
+        at = t.idx("addi", t.idx("muli", r, t.c(64)), t.idx("muli", sw, t.c(8)))
+        at = t.idx("addi", t.idx("addi", stage_base, t.c(half * step * 64)), at)
+        return t.op("kv", f"vector.load %ring[{at}] : {ring_t}, vector<8xbf16>")
+
+    vecs = []
+    for bb in range(NB):
+        first = t.idx("addi", "%wstart", t.c(16 * bb))
+        for j in range(2):
+            r = t.idx("addi", t.idx("addi", first, t.c(8 * j)), "%qg")
+            for ch in range(DK // 8):
+                vecs.append(vec(0, r, t.idx("addi", t.idx("divui", "%dK0", t.c(8)), t.c(ch))))
+        for e in (0, 1, 8, 9):
+            r = t.idx("addi", t.idx("addi", first, "%t2"), t.c(e))
+            for ch in range(DV // 8):
+                vecs.append(vec(1, r, t.idx("addi", t.idx("divui", "%dV0", t.c(8)), t.c(ch))))
+    return vecs
+
+
+def _bar_dyn(t: _T, kind: int, stage: str) -> str:
+    at = t.idx("muli", t.idx("addi", stage, t.idx("muli", t.c(kind), "%tma_stages")), t.c(8))
+    return _i32(t, t.idx("addi", "%tma_bars", at))
+
+
+def _tma_release(t: _T, stages: int, step: int, D: int) -> None:
+    """After the step's arithmetic: each warp's lane 0 marks the stage read;
+    thread 0 then refills the previous step's stage (its warps are done or
+    nearly) with the step ``stages`` later."""
+    lane0 = t.op("l0", "arith.cmpi eq, %lane, %c0 : index")
+    t.emit(f"scf.if {lane0} {{")
+    t.indent += "  "
+    _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(_bar_dyn(t, 1, "%tma_stage"), "i32")])
+    t.end()
+    has_prev = t.op("prev", "arith.cmpi uge, %tma_i, %c1 : index")
+    prev = t.idx("subi", "%tma_i", "%c1")
+    nxt = t.idx("addi", prev, "%tma_stages")
+    more = t.op("more", f"arith.cmpi ult, {nxt}, %nsteps : index")
+    is0 = t.op("is0", "arith.cmpi eq, %tid, %c0 : index")
+    go = t.op("go", f"arith.andi {t.op('go', f'arith.andi {has_prev}, {more} : i1')}, {is0} : i1")
+    t.emit(f"scf.if {go} {{")
+    t.indent += "  "
+    pstage = t.idx("remui", prev, "%tma_stages")
+    ppar = t.idx("remui", t.idx("divui", prev, "%tma_stages"), t.c(2))
+    _mbar_wait(t, _bar_dyn(t, 1, pstage), _i32(t, ppar))
+    _tma_issue(t, nxt, pstage, stages, step, D)
+    t.end()
