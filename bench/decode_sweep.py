@@ -113,9 +113,10 @@ VARIANTS = {
     "gu_pf2": _proj(("gate_up_proj", "prefetch_ring", 2)),
     "gu_pf0": _proj(("gate_up_proj", "prefetch_ring", False)),
     "gu_pf1_s3": _proj(("gate_up_proj", "prefetch_ring", 1), ("gate_up_proj", "stages", 3)),
-    # The large kernel's attention fed by TMA (item 68): 3 or 2 ring stages.
-    "attn_tma": _large(("attn_pipeline", "tma")),
-    "attn_tma2": _large(("attn_pipeline", "tma"), ("attn_tma_stages", 2)),
+    # The large kernel's attention (item 68): per-lane loads (the default
+    # before), TMA with 3 ring stages (the default has 2).
+    "attn_lanes": _large(("attn_pipeline", "none")),
+    "attn_tma3": _large(("attn_pipeline", "tma"), ("attn_tma_stages", 3)),
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

@@ -899,6 +899,13 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
         _check_step(cfg, g, weights, B, L, schedule, 29)
     from etc.tiles.attention_mma import attention_mma
 
+    # Thread 0 issues a K and a V box for each of the first `stages` steps,
+    # then one pair per loop step; the warps' loads come from the ring.
+    for stages in (2, 3):
+        source = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", stages=stages).source
+        assert source.count("cp.async.bulk.tensor.2d") == 2 * stages + 2
+        assert source.count("mbarrier.init") == 2 * stages
+        assert "vector.load %kc" not in source and source.count("vector.load %ring") == 8
     with pytest.raises(etc.GraphError, match="pipeline='tma' .* needs head_dim=64"):
         attention_mma(512, 8, 2, 32, 2, pipeline="tma")
     with pytest.raises(etc.GraphError, match="stages=1 must be an int >= 2"):
