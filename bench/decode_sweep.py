@@ -117,6 +117,12 @@ VARIANTS = {
     # before), TMA with 3 ring stages (the default has 2).
     "attn_lanes": _large(("attn_pipeline", "none")),
     "attn_tma3": _large(("attn_pipeline", "tma"), ("attn_tma_stages", 3)),
+    # Shorter spans for the TMA-fed tile (more, shorter instances; item 69).
+    "chunk2048": {"attn_chunk": 2048},
+    "chunk1024": {"attn_chunk": 1024},
+    # The TMA ring started before the attention's waits (item 70).
+    "attn_pf": {"attn_tma_prefetch": True},
+    "attn_pf3": {"attn_tma_prefetch": True, **_large(("attn_tma_stages", 3))},
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

@@ -454,6 +454,15 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_mma_tma": dataclasses.replace(
             mma_spans, attn_pipeline="tma", head_dim=64, heads=4, kv_heads=2, combine_group=4
         ),
+        "llama_tiny_mma_tma_pf": dataclasses.replace(
+            mma_spans,
+            attn_pipeline="tma",
+            attn_tma_prefetch=True,
+            head_dim=64,
+            heads=4,
+            kv_heads=2,
+            combine_group=4,
+        ),  # fmt: skip
         "llama_tiny_mma_tma3": dataclasses.replace(
             mma_spans,
             attn_pipeline="tma",

@@ -906,6 +906,15 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
         assert source.count("cp.async.bulk.tensor.2d") == 2 * stages + 2
         assert source.count("mbarrier.init") == 2 * stages
         assert "vector.load %kc" not in source and source.count("vector.load %ring") == 8
+    # prefetch: the ring starts in @attention__prefetch, before the waits.
+    fn = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", stages=2, prefetch=True)
+    assert fn.prefetch == "attention__prefetch" and fn.prefetch_fills_shared
+    body, pf = fn.source.split("func.func @attention__prefetch(")
+    assert pf.count("mbarrier.init") == 4 and "mbarrier.init" not in body
+    assert pf.count("cp.async.bulk.tensor.2d") == 4 and body.count("cp.async.bulk.tensor.2d") == 2
+    assert "%qkv[" not in pf  # nothing the QKV projection writes
+    with pytest.raises(etc.GraphError, match="prefetch starts the TMA ring: needs pipeline='tma'"):
+        attention_mma(512, 8, 2, 64, 2, prefetch=True)
     with pytest.raises(etc.GraphError, match="pipeline='tma' .* needs head_dim=64"):
         attention_mma(512, 8, 2, 32, 2, pipeline="tma")
     with pytest.raises(etc.GraphError, match="stages=1 must be an int >= 2"):

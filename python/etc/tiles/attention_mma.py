@@ -120,6 +120,7 @@ def attention_mma(
     spread: bool = False,
     pipeline: str = "none",
     stages: int = 3,
+    prefetch: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -143,7 +144,12 @@ def attention_mma(
     arithmetic or copy per vector, and up to ``stages`` steps in flight. The
     tile then takes the caches' TMA maps as two more arguments (declared by
     ``Graph.task``); ``head_dim`` 64 (a 128-byte row). ``"none"``: each step
-    loads its own vectors first."""
+    loads its own vectors first.
+
+    ``prefetch`` (with ``"tma"``) adds ``@<name>__prefetch``, which starts the
+    ring (its first ``stages`` steps) before the instance waits for the QKV
+    projection: the cached rows below ``L`` are written by no task of the
+    launch, so they load while the waits and the query's RoPE run."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -175,6 +181,8 @@ def attention_mma(
             )
         if not isinstance(stages, int) or isinstance(stages, bool) or stages < 2:
             raise GraphError(f"tile '{name}': stages={stages!r} must be an int >= 2")
+    if prefetch and pipeline != "tma":
+        raise GraphError(f"tile '{name}': prefetch starts the TMA ring: needs pipeline='tma'")
     align = min(step, chunk)
     if spread and chunk % align:
         raise GraphError(
@@ -347,7 +355,15 @@ def attention_mma(
         t.emit("nvvm.cp.async.wait.group 1")
         vecs = read_stage(t, "%par")
     elif pipeline == "tma":
-        _tma_setup(t, name, stages, step, D, c_t, warps)
+        if prefetch:
+            # The prefetch function (before the waits) starts the ring: the
+            # cache rows below L are written by no task of the launch.
+            _tma_values(t, name, stages, step, D, c_t)
+            _tma_start(t, stages, step, D, warps)
+            prefetch_text = t.part("    ")
+        _tma_values(t, name, stages, step, D, c_t)
+        if not prefetch:
+            _tma_start(t, stages, step, D, warps)
         setup += "\n" + t.part("    ")
         vecs = _tma_read(t, step, NB, DK, DV, _ring_type(stages, step, D))
     else:
@@ -498,13 +514,11 @@ def attention_mma(
     for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D):
         t.c(v)  # the constants the function's text below names
     constants = "\n".join(f"  %c{v}_ = arith.constant {v} : index" for v in sorted(t.consts))
-    source = f"""\
-// {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
-memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
-memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
-{f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}' if pipeline == "smem" else ""}
-{_tma_globals(name, stages, step, D) if pipeline == "tma" else ""}
-func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{maps}) {{
+    args = (
+        f"%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, "
+        f"%rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{maps}"
+    )
+    header = f"""\
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
@@ -560,7 +574,15 @@ func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv:
   %g0 = arith.cmpi eq, %qg, %c0 : index
   %w0g0 = arith.andi %is_w0, %g0 : i1
   %wr = arith.andi %first_split, %w0g0 : i1
-{setup}
+"""
+    source = f"""\
+// {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
+memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
+memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
+{f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}' if pipeline == "smem" else ""}
+{_tma_globals(name, stages, step, D) if pipeline == "tma" else ""}
+func.func @{name}({args}) {{
+{header}{setup}
   %st:{2 + 2 * NT + carries} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
     %wbase = arith.addi %base, %wstart : index
 {step_lines}
@@ -572,6 +594,8 @@ func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv:
   return
 }}
 """
+    if prefetch:
+        source += f"func.func @{name}__prefetch({args}) {{\n{header}{prefetch_text}\n  return\n}}\n"
     reference = _split_reference(name, chunk, spread, align, NH, KV, D)
     if pipeline != "tma":
         return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
@@ -580,6 +604,7 @@ func.func @{name}(%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv:
     )
     # Arguments after the coordinates: L, qkv, rope, kc (3), vc (4), op, mp, then the maps.
     fn.tensor_maps = {7: (3, (step, D)), 8: (4, (step, D))}
+    fn.prefetch_fills_shared = prefetch
     return fn
 
 
@@ -598,11 +623,9 @@ def _ring_type(stages: int, step: int, D: int) -> str:
     return f"memref<{stages * 2 * step * D}xbf16, {_WG}>"
 
 
-def _tma_setup(t: _T, name: str, stages: int, step: int, D: int, c_t: str, warps: int) -> None:
-    """Before the loop: the ring's addresses, the split's first cache row,
-    the steps' count; thread 0 initialises the mbarriers and issues the first
-    ``stages`` steps. Defines ``%ring``, ``%ringaddr``, ``%nsteps`` and the
-    ``%tma_*`` values the loop uses."""
+def _tma_values(t: _T, name: str, stages: int, step: int, D: int, c_t: str) -> None:
+    """The ring's addresses, the split's first cache row, the steps' count:
+    ``%ring``, ``%ringaddr``, ``%nsteps`` and the ``%tma_*`` values."""
     ring_t = _ring_type(stages, step, D)
     t.emit(f"%tma_stages = arith.constant {stages} : index")
     bar_t = f"memref<{2 * stages}xi64, {_WG}>"
@@ -622,6 +645,11 @@ def _tma_setup(t: _T, name: str, stages: int, step: int, D: int, c_t: str, warps
         p = t.op("map", f"memref.extract_aligned_pointer_as_index {arg} : {MAP_TYPE} -> index")
         t.emit(f"%tma_{key}map = arith.index_cast {p} : index to i64")
     t.emit(f"%tma_tx = arith.constant {2 * step * D * 2} : i32")
+
+
+def _tma_start(t: _T, stages: int, step: int, D: int, warps: int) -> None:
+    """Thread 0 initialises the mbarriers and issues the first ``stages``
+    steps (after :func:`_tma_values`)."""
     is0 = t.op("is0", "arith.cmpi eq, %tid, %c0 : index")
     # Other tiles used this shared memory through the generic proxy, and the
     # previous call's barriers are live until every thread is here.
