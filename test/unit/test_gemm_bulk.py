@@ -181,7 +181,7 @@ def test_projection_options_change_one_projection():
     with pytest.raises(etc.GraphError, match="projection_options names 'down', not one of"):
         dataclasses.replace(M.TINY, projection_options=(("down", (("stages", 3),)),))
     with pytest.raises(
-        etc.GraphError, match=r"projection_options\['o_proj'\] sets 'warps', not one of stages"
+        etc.GraphError, match=r"projection_options\['o_proj'\] names 'warps', not one of stages"
     ):
         dataclasses.replace(M.TINY, projection_options=(("o_proj", (("warps", (1, 1, 8)),)),))
     with pytest.raises(etc.GraphError, match="projection_options must be a tuple of"):

@@ -125,6 +125,20 @@ def _one_of(key: str, value: Any, options: tuple[str, ...]) -> None:
         raise GraphError(f"LlamaConfig: {key} {value!r} is not one of {', '.join(options)}")
 
 
+def _check_pairs(where: str, entries: Any, names: tuple[str, ...], what: str) -> None:
+    """Raises GraphError naming ``where`` unless ``entries`` is a tuple of
+    ``(name, value)`` pairs whose names are in ``names``."""
+    if not isinstance(entries, tuple) or not all(
+        isinstance(e, tuple) and len(e) == 2 for e in entries
+    ):
+        raise GraphError(
+            f"LlamaConfig: {where} must be a tuple of ({what}, value) pairs, got {entries!r}"
+        )
+    for name, _ in entries:
+        if name not in names:
+            raise GraphError(f"LlamaConfig: {where} names {name!r}, not one of {', '.join(names)}")
+
+
 def _int_field(key: str, value: Any, low: int, high: int | None = None) -> None:
     """Raises GraphError naming field ``key`` unless ``value`` is an int in
     ``low..high`` (``high`` None: no upper bound)."""
@@ -382,35 +396,11 @@ class LlamaConfig:
                 )
         cores = [("gemm_core", self.gemm_core)]
         for key in ("core_overrides", "projection_options"):
-            entries = getattr(self, key)
-            if not isinstance(entries, tuple) or not all(
-                isinstance(e, tuple) and len(e) == 2 for e in entries
-            ):
-                raise GraphError(
-                    f"LlamaConfig: {key} must be a tuple of (projection, value) pairs, "
-                    f"got {entries!r}"
-                )
-            for proj, _ in entries:
-                if proj not in projections:
-                    raise GraphError(
-                        f"LlamaConfig: {key} names {proj!r}, not one of {', '.join(projections)}"
-                    )
+            _check_pairs(key, getattr(self, key), projections, "projection")
         for proj, core in self.core_overrides:
             cores.append((f"core_overrides[{proj!r}]", core))
         for proj, options in self.projection_options:
-            if not isinstance(options, tuple) or not all(
-                isinstance(o, tuple) and len(o) == 2 for o in options
-            ):
-                raise GraphError(
-                    f"LlamaConfig: projection_options[{proj!r}] must be a tuple of (key, value) "
-                    f"pairs, got {options!r}"
-                )
-            for key, _ in options:
-                if key not in PROJECTION_OPTIONS:
-                    raise GraphError(
-                        f"LlamaConfig: projection_options[{proj!r}] sets {key!r}, not one of "
-                        f"{', '.join(PROJECTION_OPTIONS)}"
-                    )
+            _check_pairs(f"projection_options[{proj!r}]", options, PROJECTION_OPTIONS, "key")
         for key, core in cores:
             if core not in _CORES:
                 raise GraphError(

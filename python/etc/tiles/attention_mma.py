@@ -340,12 +340,7 @@ def attention_mma(
         t.emit(f"%kvbuf = memref.get_global @{name}__kv : {kv_t}")
         kvp = t.op("a", f"memref.extract_aligned_pointer_as_index %kvbuf : {kv_t} -> index")
         t.emit(f"%kvaddr = arith.addi {kvp}, {t.idx('muli', '%tid', t.c(16))} : index")
-        nb = t.op("a", f"memref.dim %kc, %c1 : {c_t}")
-        ns = t.op("a", f"memref.dim %kc, {t.c(3)} : {c_t}")
-        lbg = t.idx(
-            "addi", t.idx("muli", t.idx("addi", t.idx("muli", "%l", nb), "%b"), t.c(KV)), "%gkv"
-        )
-        t.emit(f"%rows0 = arith.muli {lbg}, {ns} : index")
+        t.emit(f"%rows0 = arith.addi {_cache_rows0(t, c_t)}, %c0 : index")
         t.emit(f"%kptr = memref.extract_aligned_pointer_as_index %kc : {c_t} -> index")
         t.emit(f"%vptr = memref.extract_aligned_pointer_as_index %vc : {c_t} -> index")
         stage_step(t, "%wstart", "%c0")
@@ -426,7 +421,7 @@ def attention_mma(
         _tma_release(t)
         # Thread 0 refills after its warp's arithmetic: refilling before it
         # (as soon as the step's data is in) was 1-3 % slower on an H200.
-        _tma_refill(t, stages, step, D)
+        _tma_refill(t, step, D)
     step_lines = t.part("  ")
     yields = [m_new, lsum] + [v for u in range(NT) for v in out[u]]
     inits = ["%rm = %empty", "%rl = %fzero"] + [
@@ -633,12 +628,7 @@ def _tma_values(t: _T, name: str, stages: int, step: int, D: int, c_t: str) -> N
     t.emit(f"%ringaddr = memref.extract_aligned_pointer_as_index %ring : {ring_t} -> index")
     bars = t.op("a", f"memref.get_global @{name}__kvbar : {bar_t}")
     t.emit(f"%tma_bars = memref.extract_aligned_pointer_as_index {bars} : {bar_t} -> index")
-    nb = t.op("a", f"memref.dim %kc, %c1 : {c_t}")
-    ns = t.op("a", f"memref.dim %kc, {t.c(3)} : {c_t}")
-    lbg = t.idx(
-        "addi", t.idx("muli", t.idx("addi", t.idx("muli", "%l", nb), "%b"), t.c(_kv(c_t))), "%gkv"
-    )
-    t.emit(f"%tma_row0 = arith.addi {t.idx('muli', lbg, ns)}, %p0 : index")
+    t.emit(f"%tma_row0 = arith.addi {_cache_rows0(t, c_t)}, %p0 : index")
     steps = t.idx("divui", t.idx("addi", "%ncache", t.c(step - 1)), t.c(step))
     t.emit(f"%nsteps = arith.addi {steps}, %c0 : index")
     for key, arg in (("k", "%kc_map"), ("v", "%vc_map")):
@@ -658,11 +648,9 @@ def _tma_start(t: _T, stages: int, step: int, D: int, warps: int) -> None:
     t.emit(f"scf.if {is0} {{")
     t.indent += "  "
     for q in range(stages):
-        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(_bar(t, 0, q, stages), "i32")])
+        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(_bar(t, 0, q), "i32")])
         # One arrival per warp.
-        _asm_ops(
-            t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(_bar(t, 1, q, stages), "i32")]
-        )
+        _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(_bar(t, 1, q), "i32")])
     _asm(t, "fence.mbarrier_init.release.cluster;")
     # The cache's newest rows were written through the generic proxy.
     _asm(t, "fence.proxy.async.global;")
@@ -670,28 +658,35 @@ def _tma_start(t: _T, stages: int, step: int, D: int, warps: int) -> None:
         more = t.op("more", f"arith.cmpi ult, {t.c(q)}, %nsteps : index")
         t.emit(f"scf.if {more} {{")
         t.indent += "  "
-        _tma_issue(t, t.c(q), q, stages, step, D)
+        _tma_issue(t, t.c(q), q, step, D)
         t.end()
     t.end()
     t.emit("gpu.barrier")
 
 
-def _kv(c_t: str) -> int:
-    """The kv heads of cache type ``memref<Lx?xKVx?xDxbf16>``."""
-    return int(c_t.split("x")[2])
+def _cache_rows0(t: _T, c_t: str) -> str:
+    """The cache row (of ``D`` values) of position 0 of ``(%l, %b, %gkv)``:
+    ``((l * B + b) * KV + gkv) * S`` for a cache ``memref<LxBxKVxSxDxbf16>``."""
+    kv = int(c_t.split("x")[2])
+    nb = t.op("a", f"memref.dim %kc, %c1 : {c_t}")
+    ns = t.op("a", f"memref.dim %kc, {t.c(3)} : {c_t}")
+    lbg = t.idx(
+        "addi", t.idx("muli", t.idx("addi", t.idx("muli", "%l", nb), "%b"), t.c(kv)), "%gkv"
+    )
+    return t.idx("muli", lbg, ns)
 
 
-def _bar(t: _T, kind: int, stage: str | int, stages: int) -> str:
+def _bar(t: _T, kind: int, stage: str | int) -> str:
     """The shared address (i32) of ``stage``'s full (0) or empty (1) mbarrier."""
     if isinstance(stage, int):
-        return _i32(t, t.idx("addi", "%tma_bars", t.c(8 * (kind * stages + stage))))
-    at = t.idx("muli", t.idx("addi", stage, t.c(kind * stages)), t.c(8))
-    return _i32(t, t.idx("addi", "%tma_bars", at))
+        stage = t.c(stage)
+    at = t.idx("addi", stage, t.idx("muli", t.c(kind), "%tma_stages")) if kind else stage
+    return _i32(t, t.idx("addi", "%tma_bars", t.idx("muli", at, t.c(8))))
 
 
-def _tma_issue(t: _T, step_index: str, stage: str | int, stages: int, step: int, D: int) -> None:
+def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> None:
     """Thread 0: TMA step ``step_index``'s K and V boxes into ``stage``."""
-    full = _bar(t, 0, stage, stages)
+    full = _bar(t, 0, stage)
     _asm_ops(
         t,
         "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
@@ -724,7 +719,7 @@ def _tma_read(t: _T, step: int, NB: int, DK: int, DV: int, ring_t: str) -> list[
     t.emit(f"%tma_i = arith.divui %base, {t.c(step)} : index")
     t.emit(f"%tma_stage = arith.remui %tma_i, {stages_c} : index")
     par = t.idx("remui", t.idx("divui", "%tma_i", stages_c), t.c(2))
-    _mbar_wait(t, _bar_dyn(t, 0, "%tma_stage"), _i32(t, par))
+    _mbar_wait(t, _bar(t, 0, "%tma_stage"), _i32(t, par))
     stage_base = t.idx("muli", "%tma_stage", t.c(2 * step * 64))  # in bf16 elements
 
     def vec(half: int, r: str, chunk: str) -> str:
@@ -747,23 +742,18 @@ def _tma_read(t: _T, step: int, NB: int, DK: int, DV: int, ring_t: str) -> list[
     return vecs
 
 
-def _bar_dyn(t: _T, kind: int, stage: str) -> str:
-    at = t.idx("muli", t.idx("addi", stage, t.idx("muli", t.c(kind), "%tma_stages")), t.c(8))
-    return _i32(t, t.idx("addi", "%tma_bars", at))
-
-
 def _tma_release(t: _T) -> None:
     """After the step's arithmetic: each warp's lane 0 marks the stage read."""
     lane0 = t.op("l0", "arith.cmpi eq, %lane, %c0 : index")
     t.emit(f"scf.if {lane0} {{")
     t.indent += "  "
-    _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(_bar_dyn(t, 1, "%tma_stage"), "i32")])
+    _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(_bar(t, 1, "%tma_stage"), "i32")])
     t.end()
 
 
-def _tma_refill(t: _T, stages: int, step: int, D: int) -> None:
+def _tma_refill(t: _T, step: int, D: int) -> None:
     """Thread 0: the previous step's stage (its warps are done with it, or
-    nearly) gets the step ``stages`` later."""
+    nearly) gets the step ``%tma_stages`` later."""
     has_prev = t.op("prev", "arith.cmpi uge, %tma_i, %c1 : index")
     prev = t.idx("subi", "%tma_i", "%c1")
     nxt = t.idx("addi", prev, "%tma_stages")
@@ -774,6 +764,6 @@ def _tma_refill(t: _T, stages: int, step: int, D: int) -> None:
     t.indent += "  "
     pstage = t.idx("remui", prev, "%tma_stages")
     ppar = t.idx("remui", t.idx("divui", prev, "%tma_stages"), t.c(2))
-    _mbar_wait(t, _bar_dyn(t, 1, pstage), _i32(t, ppar))
-    _tma_issue(t, nxt, pstage, stages, step, D)
+    _mbar_wait(t, _bar(t, 1, pstage), _i32(t, ppar))
+    _tma_issue(t, nxt, pstage, step, D)
     t.end()
