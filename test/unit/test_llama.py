@@ -915,6 +915,12 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
     assert "%qkv[" not in pf  # nothing the QKV projection writes
     with pytest.raises(etc.GraphError, match="prefetch starts the TMA ring: needs pipeline='tma'"):
         attention_mma(512, 8, 2, 64, 2, prefetch=True)
+    with pytest.raises(etc.GraphError, match="attn_tma_prefetch must be a bool, got 1"):
+        dataclasses.replace(cfg, attn_tma_prefetch=1)
+    with pytest.raises(etc.GraphError, match="attn_tma_stages must be an int >= 2, got 1"):
+        dataclasses.replace(cfg, attn_tma_stages=1)
+    with pytest.raises(etc.GraphError, match="attn_pipeline applies to attn_tile='mma'"):
+        dataclasses.replace(CFG, attn_pipeline="auto")
     with pytest.raises(etc.GraphError, match="pipeline='tma' .* needs head_dim=64"):
         attention_mma(512, 8, 2, 32, 2, pipeline="tma")
     with pytest.raises(etc.GraphError, match="stages=1 must be an int >= 2"):
