@@ -123,6 +123,9 @@ VARIANTS = {
     # The TMA ring started before the attention's waits (item 70).
     "attn_pf": {"attn_tma_prefetch": True},
     "attn_pf3": {"attn_tma_prefetch": True, **_large(("attn_tma_stages", 3))},
+    # Not yet timed: the B = 2..16 kernel on the TMA-fed tensor-core
+    # attention (its spans of 256 positions: two loop steps).
+    "mid_mma_tma": _mid(("attn_tile", "mma"), ("attn_unroll", 1), ("attn_pipeline", "tma")),
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
