@@ -1011,47 +1011,11 @@ def moe_gate_up(
     a triggered task's prefetch runs once the instance has found its expert
     and before it waits for the expert's rows, so the weights stream while
     the rows are still being written."""
-    _positive(name, "inter", inter)
-    wm, wn, wk, unroll = plan_warps(
-        name, block_m, block_n, hidden, block_size, warps, unroll, b_per_n=2
-    )
-    prefetch = plan_prefetch(name, block_m, hidden, wk, unroll, prefetch)
-    stages = plan_stages(
-        name, hidden, wk, unroll, 2 * (block_n // (8 * wn)), block_size, stages, prefetch
-    )
-    _check_moe(name, block_n, inter, "inter")
-    early = _ring_early(name, stages, prefetch_ring)
-    ed, it = _experts(name, experts)
-    mf, nf = block_m // (16 * wm), block_n // (8 * wn)
-    xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
-
-    def tile(t: _Text) -> dict:
-        r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
-        wcol = _warp_cols(t, n0, wm, wn, nf)
-
-        def b_rows(f: int, grp: str) -> tuple[str, str, str]:
-            off = 8 * (f % nf) + (inter if f >= nf else 0)
-            r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
-            r = t.op("brow", f"arith.addi {r}, {grp} : index")
-            return "%Wgu", wt, f"%e, {r}"
-
-        def epilogue(t: _Text, acc, rows, col_lane) -> None:
-            cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-            _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
-
-        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
-
-    body = dict(
-        name=name, k=hidden, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
-        mf=mf, nf=nf, a=("%Xp", xt), nb=2 * nf, early=early,
-        **_moe_loop_options(name, stages, rotate_k, a_ahead),
+    options = dict(
+        block_size=block_size, warps=warps, unroll=unroll, prefetch=prefetch, stages=stages,
+        rotate_k=rotate_k, a_ahead=a_ahead, prefetch_ring=prefetch_ring,
     )  # fmt: skip
-    what = f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks"
-    source = _moe_source(name, _mma.gate_up_signature(xt, wt, ht, it), what, tile, body, early)
-    reference = _mma.gate_up_reference(block_m, block_n, inter)
-    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
-    fn.prefetch_fills_shared = bool(early)
-    return fn
+    return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, options)
 
 
 def moe_down(
@@ -1077,39 +1041,73 @@ def moe_down(
     ``inter``. Buffers: ``Hb: memref<?xIxbf16>``, ``Wd: memref<?xHxIxbf16>``,
     ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``.
     ``rotate_k``, ``a_ahead`` and ``prefetch_ring`` as :func:`moe_gate_up`'s."""
-    _positive(name, "hidden", hidden)
-    wm, wn, wk, unroll = plan_warps(name, block_m, block_n, inter, block_size, warps, unroll)
-    prefetch = plan_prefetch(name, block_m, inter, wk, unroll, prefetch)
-    stages = plan_stages(name, inter, wk, unroll, block_n // (8 * wn), block_size, stages, prefetch)
-    _check_moe(name, block_n, hidden, "hidden")
-    early = _ring_early(name, stages, prefetch_ring)
+    options = dict(
+        block_size=block_size, warps=warps, unroll=unroll, prefetch=prefetch, stages=stages,
+        rotate_k=rotate_k, a_ahead=a_ahead, prefetch_ring=prefetch_ring,
+    )  # fmt: skip
+    return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, options)
+
+
+def _moe_tile(
+    kind: str, block_m: int, block_n: int, hidden: int, inter: int, experts: int | None,
+    name: str, options: dict,
+) -> DeviceFunction:  # fmt: skip
+    """:func:`moe_gate_up` (``kind="gate_up"``: ``k = hidden``, two weight
+    fragments per output fragment, the SwiGLU epilogue) or :func:`moe_down`
+    (``k = inter``, the plain store)."""
+    gate = kind == "gate_up"
+    k, n, n_key = (hidden, inter, "inter") if gate else (inter, hidden, "hidden")
+    per_n = 2 if gate else 1
+    block_size, stages = options["block_size"], options["stages"]
+    _positive(name, n_key, n)
+    wm, wn, wk, unroll = plan_warps(
+        name, block_m, block_n, k, block_size, options["warps"], options["unroll"], b_per_n=per_n
+    )
+    prefetch = plan_prefetch(name, block_m, k, wk, unroll, options["prefetch"])
+    stages = plan_stages(
+        name, k, wk, unroll, per_n * (block_n // (8 * wn)), block_size, stages, prefetch
+    )
+    _check_moe(name, block_n, n, n_key)
+    early = _ring_early(name, stages, options["prefetch_ring"])
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
-    ht, wt, yt = _mma.down_types(hidden, inter, ed)
+    if gate:
+        at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
+        a, w, out, indptr = ("%Xp", at), "%Wgu", ("%Hb", ot), "%gu_indptr"
+        signature = _mma.gate_up_signature(at, wt, ot, it)
+        what = f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks"
+        reference = _mma.gate_up_reference(block_m, block_n, inter)
+    else:
+        at, wt, ot = _mma.down_types(hidden, inter, ed)
+        a, w, out, indptr = ("%Hb", at), "%Wd", ("%Yp", ot), "%dn_indptr"
+        signature = _mma.down_signature(at, wt, ot, it)
+        what = f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks"
+        reference = _mma.down_reference(block_m, block_n)
 
     def tile(t: _Text) -> dict:
-        r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
+        r0, r1, n0 = _moe_prologue(t, indptr, it, block_m, block_n)
         wcol = _warp_cols(t, n0, wm, wn, nf)
 
         def b_rows(f: int, grp: str) -> tuple[str, str, str]:
-            r = t.op("brow", f"arith.addi {wcol}, %c{8 * f}_ : index") if f else wcol
+            # Fragments nf.. of gate/up are the up rows, ``inter`` further.
+            off = 8 * (f % nf) + (inter if f >= nf else 0)
+            r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
             r = t.op("brow", f"arith.addi {r}, {grp} : index")
-            return "%Wd", wt, f"%e, {r}"
+            return w, wt, f"%e, {r}"
 
         def epilogue(t: _Text, acc, rows, col_lane) -> None:
             cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-            _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
+            values = _mma.swiglu(t, acc, nf) if gate else acc
+            _store_pairs(t, values, rows, cols, out, r1, None)
 
         return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
 
     body = dict(
-        name=name, k=inter, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
-        mf=mf, nf=nf, a=("%Hb", ht), nb=nf, early=early,
-        **_moe_loop_options(name, stages, rotate_k, a_ahead),
+        name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
+        mf=mf, nf=nf, a=a, nb=per_n * nf, early=early,
+        **_moe_loop_options(name, stages, options["rotate_k"], options["a_ahead"]),
     )  # fmt: skip
-    what = f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks"
-    source = _moe_source(name, _mma.down_signature(ht, wt, yt, it), what, tile, body, early)
-    reference = _mma.down_reference(block_m, block_n)
+    source = _moe_source(name, signature, what, tile, body, early)
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = bool(early)
     return fn

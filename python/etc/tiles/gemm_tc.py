@@ -1365,79 +1365,12 @@ def moe_gate_up(
     runs its pipeline once per ``sub_n`` columns of its ``BN`` (one wgmma
     pass holds at most 128 gate/up columns), so one instance, with one
     round of waits and table lookups, covers several passes."""
-    _positive(name, "inter", inter)
-    groups = _split_groups(name, core, split_n, block_size)
-    sub = _sub_columns(name, core, block_n, sub_n)
-    if core == "tma":
-        plan_tma(name, block_m, 2 * sub, hidden, block_size, stages, smem_limit)
-        wm, wn = 1, groups
-    else:
-        wm, wn = plan(
-            name, block_m, block_n, hidden, block_size, warps, stages, 2, smem_limit, block_k
-        )
-    _check_divisible(name, block_n, inter, "inter")
-    ed, it = _experts(name, experts)
-    xt, wt, ht = _mma.gate_up_types(hidden, inter, ed)
-    t = _Text()
-    r0, r1, n0 = _moe_prologue(t, "%gu_indptr", it, block_m, block_n)
-    n0 = _sub_loop(t, n0, block_n, sub)
-    alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
-    cw = sub // wn
-    up_off = t.c(inter - block_n)
-
-    def a_src(row: str) -> Source:
-        return "%Xp", xt, "", t.bin("minui", t.add(r0, row), alast)
-
-    def b_src(row: str) -> Source:
-        # smem rows [0, BN) gate n0 + row, [BN, 2BN) up inter + n0 + row - BN.
-        is_up = t.op("isup", f"arith.cmpi uge, {row}, {t.c(block_n)} : index")
-        off = t.op("off", f"arith.select {is_up}, {up_off}, {t.c(0)} : index")
-        return "%Wgu", wt, "%e, ", t.add(t.add(n0, row), off)
-
-    def b_pairs(wn_i: str) -> list[str]:
-        base = t.mul(wn_i, cw)
-        gate = [t.add(base, 16 * p) for p in range(cw // 16)]
-        return gate + [t.add(base, block_n + 16 * p) for p in range(cw // 16)]
-
-    def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
-        nf = len(acc[0]) // 2
-        wcol = t.add(t.add(n0, t.mul(wn_i, cw)), col_lane)
-        cols = [t.add(wcol, 8 * f) for f in range(nf)]
-        _store_pairs(t, _mma.swiglu(t, acc, nf), rows, cols, ("%Hb", ht), r1, None)
-
-    if core == "tma":
-        wrow = t.mul("%e", 2 * inter)  # Wgu viewed as (E * 2I) x hidden
-        w_map = _map_pointer(t, "%Wgu_map")
-        # Per warpgroup slice (one slice unless split_n): its gate rows, then its up rows.
-        a_loads = [(_map_pointer(t, "%Xp_map"), r0, block_m)]
-        b_loads = []
-        for g in range(wn):
-            b_loads += [
-                (w_map, t.add(t.add(wrow, n0), g * cw), cw),
-                (w_map, t.add(t.add(t.add(wrow, n0), g * cw), inter), cw),
-            ]
-        globals_ = _body_tma(
-            t, name=name, k=hidden, block_m=block_m, b_rows=2 * sub, block_size=block_size,
-            stages=stages, a_loads=a_loads,
-            b_loads=b_loads, r0=r0, epilogue=epilogue, stage_output=stage_output,
-            split_n=split_n,
-        )  # fmt: skip
-        if sub != block_n:
-            t.end()
-    else:
-        globals_ = _body(
-            t, name=name, k=hidden, block_m=block_m, b_rows=2 * block_n, block_size=block_size,
-            wm=wm, wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-            epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
-        )  # fmt: skip
-    t.close()
-    return _moe_finish(
-        t, name, _mma.gate_up_signature(xt, wt, ht, it), globals_,
-        f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks, "
-        f"{stages} stages, {_core_text(core, wm, wn)}",
-        _mma.gate_up_reference(block_m, block_n, inter), block_size, core,
-        ("Xp", "Wgu"), (block_m, cw),
+    options = dict(
+        block_size=block_size, warps=warps, stages=stages, smem_limit=smem_limit, core=core,
+        block_k=block_k, inflight=inflight, stage_output=stage_output, split_n=split_n,
+        sub_n=sub_n,
     )  # fmt: skip
+    return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, options)
 
 
 def moe_down(
@@ -1462,59 +1395,113 @@ def moe_down(
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
     [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`.
     ``split_n`` and ``sub_n`` (at most 256) as in :func:`moe_gate_up`."""
-    _positive(name, "hidden", hidden)
+    options = dict(
+        block_size=block_size, warps=warps, stages=stages, smem_limit=smem_limit, core=core,
+        block_k=block_k, inflight=inflight, stage_output=stage_output, split_n=split_n,
+        sub_n=sub_n,
+    )  # fmt: skip
+    return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, options)
+
+
+def _moe_tile(
+    kind: str, block_m: int, block_n: int, hidden: int, inter: int, experts: int | None,
+    name: str, o: dict,
+) -> DeviceFunction:  # fmt: skip
+    """:func:`moe_gate_up` (``kind="gate_up"``: ``k = hidden``, a gate and an
+    up weight row per output column, the SwiGLU epilogue) or :func:`moe_down`
+    (``k = inter``, the plain store); ``o``: their options."""
+    gate = kind == "gate_up"
+    k, n, n_key, per_n = (hidden, inter, "inter", 2) if gate else (inter, hidden, "hidden", 1)
+    core, stages, block_size, split_n = o["core"], o["stages"], o["block_size"], o["split_n"]
+    _positive(name, n_key, n)
     groups = _split_groups(name, core, split_n, block_size)
-    sub = _sub_columns(name, core, block_n, sub_n)
+    sub = _sub_columns(name, core, block_n, o["sub_n"])
     if core == "tma":
-        plan_tma(name, block_m, sub, inter, block_size, stages, smem_limit)
+        plan_tma(name, block_m, per_n * sub, k, block_size, stages, o["smem_limit"])
         wm, wn = 1, groups
     else:
         wm, wn = plan(
-            name, block_m, block_n, inter, block_size, warps, stages, 1, smem_limit, block_k
-        )
-    _check_divisible(name, block_n, hidden, "hidden")
+            name, block_m, block_n, k, block_size, o["warps"], stages, per_n, o["smem_limit"],
+            o["block_k"],
+        )  # fmt: skip
+    _check_divisible(name, block_n, n, n_key)
     ed, it = _experts(name, experts)
-    ht, wt, yt = _mma.down_types(hidden, inter, ed)
+    # The activations, the weights and the output: types, then argument names.
+    if gate:
+        at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
+        (a, w, out), indptr = ("Xp", "Wgu", "Hb"), "%gu_indptr"
+    else:
+        at, wt, ot = _mma.down_types(hidden, inter, ed)
+        (a, w, out), indptr = ("Hb", "Wd", "Yp"), "%dn_indptr"
     t = _Text()
-    r0, r1, n0 = _moe_prologue(t, "%dn_indptr", it, block_m, block_n)
+    r0, r1, n0 = _moe_prologue(t, indptr, it, block_m, block_n)
     n0 = _sub_loop(t, n0, block_n, sub)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
     cw = sub // wn
+    up_off = t.c(inter - block_n) if gate else None
 
     def a_src(row: str) -> Source:
-        return "%Hb", ht, "", t.bin("minui", t.add(r0, row), alast)
+        return f"%{a}", at, "", t.bin("minui", t.add(r0, row), alast)
 
     def b_src(row: str) -> Source:
-        return "%Wd", wt, "%e, ", t.add(n0, row)
+        if not gate:
+            return f"%{w}", wt, "%e, ", t.add(n0, row)
+        # smem rows [0, BN) gate n0 + row, [BN, 2BN) up inter + n0 + row - BN.
+        is_up = t.op("isup", f"arith.cmpi uge, {row}, {t.c(block_n)} : index")
+        off = t.op("off", f"arith.select {is_up}, {up_off}, {t.c(0)} : index")
+        return f"%{w}", wt, "%e, ", t.add(t.add(n0, row), off)
 
     def b_pairs(wn_i: str) -> list[str]:
         base = t.mul(wn_i, cw)
-        return [t.add(base, 16 * p) for p in range(cw // 16)]
+        pairs = [t.add(base, 16 * p) for p in range(cw // 16)]
+        return pairs + ([t.add(base, block_n + 16 * p) for p in range(cw // 16)] if gate else [])
 
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
+        nf = len(acc[0]) // per_n
         wcol = t.add(t.add(n0, t.mul(wn_i, cw)), col_lane)
-        cols = [t.add(wcol, 8 * f) for f in range(len(acc[0]))]
-        _store_pairs(t, acc, rows, cols, ("%Yp", yt), r1, None)
+        cols = [t.add(wcol, 8 * f) for f in range(nf)]
+        values = _mma.swiglu(t, acc, nf) if gate else acc
+        _store_pairs(t, values, rows, cols, (f"%{out}", ot), r1, None)
 
     if core == "tma":
+        if gate:
+            wrow = t.mul("%e", 2 * inter)  # Wgu viewed as (E * 2I) x hidden
+            w_map = _map_pointer(t, "%Wgu_map")
+            a_loads = [(_map_pointer(t, "%Xp_map"), r0, block_m)]
+            # Per warpgroup slice (one slice unless split_n): its gate rows, then its up rows.
+            b_loads = []
+            for g in range(wn):
+                b_loads += [
+                    (w_map, t.add(t.add(wrow, n0), g * cw), cw),
+                    (w_map, t.add(t.add(t.add(wrow, n0), g * cw), inter), cw),
+                ]
+        else:
+            a_loads = [(_map_pointer(t, "%Hb_map"), r0, block_m)]
+            b_loads = [(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), sub)]
         globals_ = _body_tma(
-            t, name=name, k=inter, block_m=block_m, b_rows=sub, block_size=block_size,
-            stages=stages, a_loads=[(_map_pointer(t, "%Hb_map"), r0, block_m)],
-            b_loads=[(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), sub)],
-            r0=r0, epilogue=epilogue, stage_output=stage_output, split_n=split_n,
+            t, name=name, k=k, block_m=block_m, b_rows=per_n * sub, block_size=block_size,
+            stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0, epilogue=epilogue,
+            stage_output=o["stage_output"], split_n=split_n,
         )  # fmt: skip
         if sub != block_n:
             t.end()
     else:
         globals_ = _body(
-            t, name=name, k=inter, block_m=block_m, b_rows=block_n, block_size=block_size,
+            t, name=name, k=k, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
             wm=wm, wn=wn, stages=stages, a_src=a_src, b_src=b_src, b_pairs=b_pairs, r0=r0,
-            epilogue=epilogue, core=core, block_k=block_k, inflight=inflight,
+            epilogue=epilogue, core=core, block_k=o["block_k"], inflight=o["inflight"],
         )  # fmt: skip
     t.close()
+    if gate:
+        signature = _mma.gate_up_signature(at, wt, ot, it)
+        what = f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T)"
+        reference = _mma.gate_up_reference(block_m, block_n, inter)
+    else:
+        signature = _mma.down_signature(at, wt, ot, it)
+        what = f"{name}: Yp = Hb @ Wd[e]^T"
+        reference = _mma.down_reference(block_m, block_n)
     return _moe_finish(
-        t, name, _mma.down_signature(ht, wt, yt, it), globals_,
-        f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks, {stages} stages, "
-        f"{_core_text(core, wm, wn)}", _mma.down_reference(block_m, block_n), block_size, core,
-        ("Hb", "Wd"), (block_m, sub),
+        t, name, signature, globals_,
+        f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, {_core_text(core, wm, wn)}",
+        reference, block_size, core, (a, w), (block_m, cw if gate else sub),
     )  # fmt: skip
