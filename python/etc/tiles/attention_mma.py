@@ -360,7 +360,7 @@ def attention_mma(
         if not prefetch:
             _tma_start(t, stages, step, D, warps)
         setup += "\n" + t.part("    ")
-        vecs = _tma_read(t, step, NB, DK, DV, _ring_type(stages, step, D))
+        vecs = _tma_read(t, step, D, NB, DK, DV, _ring_type(stages, step, D))
     else:
         vecs = load_step(t, "%wbase")
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
@@ -607,15 +607,23 @@ def _tma_globals(name: str, stages: int, step: int, D: int) -> str:
     """The TMA ring (per stage: ``step`` K rows, then ``step`` V rows) and its
     mbarriers (``stages`` full, then ``stages`` empty)."""
     return (
-        f'memref.global "private" @{name}__ring : memref<{stages * 2 * step * D}xbf16, {_WG}> '
+        f'memref.global "private" @{name}__ring : {_ring_type(stages, step, D)} '
         "{alignment = 1024 : i64}\n"
-        f'memref.global "private" @{name}__kvbar : memref<{2 * stages}xi64, {_WG}> '
-        "{alignment = 8 : i64}"
+        f'memref.global "private" @{name}__kvbar : {_bar_type(stages)} {{alignment = 8 : i64}}'
     )
 
 
 def _ring_type(stages: int, step: int, D: int) -> str:
-    return f"memref<{stages * 2 * step * D}xbf16, {_WG}>"
+    return f"memref<{stages * _stage_elems(step, D)}xbf16, {_WG}>"
+
+
+def _bar_type(stages: int) -> str:
+    return f"memref<{2 * stages}xi64, {_WG}>"
+
+
+def _stage_elems(step: int, D: int) -> int:
+    """bf16 values of one ring stage: ``step`` K rows, then ``step`` V rows."""
+    return 2 * step * D
 
 
 def _tma_values(t: _T, name: str, stages: int, step: int, D: int, c_t: str) -> None:
@@ -623,7 +631,7 @@ def _tma_values(t: _T, name: str, stages: int, step: int, D: int, c_t: str) -> N
     ``%ring``, ``%ringaddr``, ``%nsteps`` and the ``%tma_*`` values."""
     ring_t = _ring_type(stages, step, D)
     t.emit(f"%tma_stages = arith.constant {stages} : index")
-    bar_t = f"memref<{2 * stages}xi64, {_WG}>"
+    bar_t = _bar_type(stages)
     t.emit(f"%ring = memref.get_global @{name}__ring : {ring_t}")
     t.emit(f"%ringaddr = memref.extract_aligned_pointer_as_index %ring : {ring_t} -> index")
     bars = t.op("a", f"memref.get_global @{name}__kvbar : {bar_t}")
@@ -634,7 +642,7 @@ def _tma_values(t: _T, name: str, stages: int, step: int, D: int, c_t: str) -> N
     for key, arg in (("k", "%kc_map"), ("v", "%vc_map")):
         p = t.op("map", f"memref.extract_aligned_pointer_as_index {arg} : {MAP_TYPE} -> index")
         t.emit(f"%tma_{key}map = arith.index_cast {p} : index to i64")
-    t.emit(f"%tma_tx = arith.constant {2 * step * D * 2} : i32")
+    t.emit(f"%tma_tx = arith.constant {2 * _stage_elems(step, D)} : i32")
 
 
 def _tma_start(t: _T, stages: int, step: int, D: int, warps: int) -> None:
@@ -693,7 +701,7 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
         [(full, "i32"), ("%tma_tx", "i32")],
     )
     row = _i32(t, t.idx("addi", "%tma_row0", t.idx("muli", step_index, t.c(step))))
-    stage_bytes = 2 * step * D * 2
+    stage_bytes = 2 * _stage_elems(step, D)
     base = (
         t.idx("addi", "%ringaddr", t.c(stage * stage_bytes))
         if isinstance(stage, int)
@@ -710,7 +718,7 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
         )
 
 
-def _tma_read(t: _T, step: int, NB: int, DK: int, DV: int, ring_t: str) -> list[str]:
+def _tma_read(t: _T, step: int, D: int, NB: int, DK: int, DV: int, ring_t: str) -> list[str]:
     """The loop step's index, its stage awaited; this lane's K and V vectors
     read from the ring in ``load_step``'s order. A row ``r`` of a stage's K
     (or V) box holds its 16-byte chunk ``c`` at chunk ``c ^ (r % 8)`` (the
@@ -720,12 +728,12 @@ def _tma_read(t: _T, step: int, NB: int, DK: int, DV: int, ring_t: str) -> list[
     t.emit(f"%tma_stage = arith.remui %tma_i, {stages_c} : index")
     par = t.idx("remui", t.idx("divui", "%tma_i", stages_c), t.c(2))
     _mbar_wait(t, _bar(t, 0, "%tma_stage"), _i32(t, par))
-    stage_base = t.idx("muli", "%tma_stage", t.c(2 * step * 64))  # in bf16 elements
+    stage_base = t.idx("muli", "%tma_stage", t.c(_stage_elems(step, D)))  # in bf16 values
 
     def vec(half: int, r: str, chunk: str) -> str:
         sw = t.idx("xori", chunk, t.idx("andi", r, t.c(7)))
-        at = t.idx("addi", t.idx("muli", r, t.c(64)), t.idx("muli", sw, t.c(8)))
-        at = t.idx("addi", t.idx("addi", stage_base, t.c(half * step * 64)), at)
+        at = t.idx("addi", t.idx("muli", r, t.c(D)), t.idx("muli", sw, t.c(8)))
+        at = t.idx("addi", t.idx("addi", stage_base, t.c(half * step * D)), at)
         return t.op("kv", f"vector.load %ring[{at}] : {ring_t}, vector<8xbf16>")
 
     vecs = []
