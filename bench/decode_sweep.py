@@ -126,6 +126,12 @@ VARIANTS = {
     # Not yet timed: the B = 2..16 kernel on the TMA-fed tensor-core
     # attention (its spans of 256 positions: two loop steps).
     "mid_mma_tma": _mid(("attn_tile", "mma"), ("attn_unroll", 1), ("attn_pipeline", "tma")),
+    # Session 17: shared regions, each CTA's next ring prefetched ahead across
+    # regions (B <= 16 kernels; the large one keeps one region).
+    "sr_od": {"shared_regions": (("o_proj", 1), ("down", 1))},
+    "sr_gu": {"shared_regions": (("gate_up", 1),)},
+    "sr_o": {"shared_regions": (("o_proj", 1),)},
+    "sr_d": {"shared_regions": (("down", 1),)},
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

@@ -433,6 +433,14 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(
             "prefetch_next needs the static schedule (a dynamic CTA does not know its next instance)"
         )
+    if prefetch_next and any(task.shared_region for task in g.tasks):
+        regioned = next(task for task in g.tasks if task.shared_region)
+        raise CompileError(
+            f"prefetch_next: task '{regioned.name}' has shared_region "
+            f"{regioned.shared_region}; with shared regions the static schedule already "
+            "runs a next instance's prefetch ahead when its region differs, and "
+            "prefetch_next would run it into memory the current instance uses"
+        )
     if prefetch_next:
         for task in g.tasks:
             if getattr(task.function, "prefetch_fills_shared", False):

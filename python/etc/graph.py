@@ -140,6 +140,8 @@ class Task:
     #: Static-schedule phase of an instance: ("const", c) or ("dim", d) (its
     #: grid coordinate d). Instances run in (phase, task number, linear) order.
     phase: tuple[str, int] = ("const", 0)
+    #: Shared-memory region (``Graph.task(shared_region=...)``); 0 by default.
+    shared_region: int = 0
 
     @property
     def rank(self) -> int:
@@ -374,6 +376,7 @@ class Graph:
         name: str | None = None,
         triggered_by: Any = None,
         phase: Any = 0,
+        shared_region: int = 0,
     ) -> Task:
         """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
 
@@ -395,6 +398,14 @@ class Graph:
         through a shifted out-edge ``"(l, i, j) -> (l + 1)"``) runs layer by
         layer. Every event coordinate's notifiers must come before its
         waiters in that order; the runtime checks it at each new shape.
+
+        ``shared_region`` (an int >= 0, default 0) keeps the tile's shared
+        memory apart from that of tasks in other regions. The static schedule
+        then runs the prefetch function of a CTA's next instance *ahead*,
+        before the current instance's waits, whenever the two are in
+        different regions: a projection's weight ring fills while the CTA
+        still waits for, or runs, the stage before (``docs/scheduling.md``).
+        The kernel needs the sum of the regions' shared memory.
         """
         if not isinstance(function, DeviceFunction):
             raise GraphError(
@@ -431,7 +442,30 @@ class Graph:
                     )
 
         phase_t = self._phase(phase, grid_t, trigger is not None, where)
-        t = Task(name, function, grid_t, args_t, ins, outs, self, len(self.tasks), trigger, phase_t)
+        if isinstance(shared_region, bool) or not isinstance(shared_region, int):
+            raise GraphError(f"{where}: shared_region must be an int >= 0, got {shared_region!r}")
+        if shared_region < 0:
+            raise GraphError(f"{where}: shared_region must be >= 0, got {shared_region}")
+        for other in self.tasks:
+            if other.function.name == function.name and other.shared_region != shared_region:
+                raise GraphError(
+                    f"{where}: tile '{function.name}' already runs in task '{other.name}' "
+                    f"in shared region {other.shared_region}, not {shared_region}: a tile's "
+                    "shared memory belongs to one region"
+                )
+        t = Task(
+            name,
+            function,
+            grid_t,
+            args_t,
+            ins,
+            outs,
+            self,
+            len(self.tasks),
+            trigger,
+            phase_t,
+            shared_region,
+        )
         self.tasks.append(t)
         self._task_names[name] = t
         self._functions.setdefault(function.name, function)
@@ -1311,6 +1345,8 @@ class _Emitter:
                 )
             prefetch = t.function.prefetch
             extra = f", prefetch = {_symbol_ref(prefetch)}" if prefetch else ""
+            if t.shared_region:
+                extra += f", shared_region = {t.shared_region} : i64"
             line += f" {{name = {_mlir_string(t.name)}{extra}}}"
             self.body.append(line)
 

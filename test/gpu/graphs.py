@@ -472,6 +472,23 @@ def llama_tiny_variants() -> dict:
             kv_heads=2,
             combine_group=4,
         ),  # fmt: skip
+        # o_proj and down in a shared region of their own: each CTA runs the
+        # next instance's ring prefetch ahead across regions; and with the
+        # TMA-fed attention in a third region (its mbarrier ring prefetched
+        # ahead while the CTA waits for, or runs, the QKV projection).
+        "llama_tiny_regions": dataclasses.replace(
+            llama.TINY, shared_regions=(("o_proj", 1), ("down", 1))
+        ),
+        "llama_tiny_regions_tma_pf": dataclasses.replace(
+            mma_spans,
+            attn_pipeline="tma",
+            attn_tma_prefetch=True,
+            head_dim=64,
+            heads=4,
+            kv_heads=2,
+            combine_group=4,
+            shared_regions=(("o_proj", 1), ("down", 1), ("attention", 2)),
+        ),  # fmt: skip
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,

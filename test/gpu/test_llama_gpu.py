@@ -81,7 +81,15 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "variant", ["llama_tiny", "llama_tiny_tma", "llama_tiny_mma_tma", "llama_tiny_mma_tma_pf"]
+    "variant",
+    [
+        "llama_tiny",
+        "llama_tiny_tma",
+        "llama_tiny_mma_tma",
+        "llama_tiny_mma_tma_pf",
+        "llama_tiny_regions",
+        "llama_tiny_regions_tma_pf",
+    ],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_decode_step_is_bit_reproducible(schedule: str, variant: str) -> None:
@@ -95,7 +103,8 @@ def test_decode_step_is_bit_reproducible(schedule: str, variant: str) -> None:
     cfg = llama_tiny_variants()[variant]
     weights = M.random_weights(cfg, seed=4)
     # The TMA-fed attention over several loop steps of 128 positions.
-    B, L, S = (17, 300, 310) if variant.startswith("llama_tiny_mma_tma") else (17, 9, 12)
+    tma = variant.startswith("llama_tiny_mma_tma") or variant.endswith("tma_pf")
+    B, L, S = (17, 300, 310) if tma else (17, 9, 12)
     tokens = np.random.default_rng(6).integers(0, cfg.vocab, B).astype(np.int32)
     bufs = _to_torch(M.numpy_inputs(cfg, weights, tokens, L, S, seed=3))
     runs = []

@@ -24,6 +24,7 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringExtras.h"
+#include <map>
 
 namespace mlir::etensor {
 #define GEN_PASS_DEF_CONVERTETENSORTOGPU
@@ -126,6 +127,16 @@ public:
   int64_t maxPopChunk = 8;
   /// Static schedule: call the next entry's prefetch function first.
   bool prefetchNext = false;
+  /// Static schedule, tasks in several shared regions: the prefetch of the
+  /// next entry runs ahead when its region differs from the current one's.
+  /// `aheadPosition`/`aheadEnd`: the next queue position and the slice end;
+  /// `prefetchedAhead`: whether the current entry's prefetch already ran.
+  bool prefetchAhead = false;
+  Value aheadPosition, aheadEnd, prefetchedAhead;
+  /// Set by prefetchAheadOf: whether the next entry's prefetch ran.
+  Value aheadRan;
+  /// The dispatches of the static loop, for prefetchAheadOf.
+  SmallVector<DispatchOp> staticDispatches;
   /// Dynamic schedule: request the next chunk of positions when taking the
   /// current one, not when the CTA is free.
   bool popAhead = true;
@@ -214,8 +225,9 @@ private:
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
   void prefetchEntry(Value position, Value end,
                      ArrayRef<DispatchOp> dispatches);
+  void prefetchAheadOf(DispatchOp current, ArrayRef<DispatchOp> dispatches);
   FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
-      Value descriptor, ArrayRef<DispatchOp> dispatches, Type resultType,
+      Value descriptor, ArrayRef<DispatchOp> dispatches, TypeRange resultTypes,
       function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase,
       bool othersAreCorrupt = true);
   LogicalResult buildDynamicLoop(ArrayRef<DispatchOp> dispatches);
@@ -674,24 +686,40 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   auto it = body.begin();
   // A triggered task's prefetch needs its coordinate: waitForTrigger calls it.
   Operation *triggeredPrefetch = nullptr;
+  aheadRan = Value();
   // Waits lead the body (etensor-static-schedule puts them there). A
   // triggered task's in-edges cannot use its trigger coordinate, so they
   // come first: they may guard the tables the trigger reads.
   for (; it != body.end(); ++it) {
     // Index arithmetic of the edge maps (constants, divisions) feeds them.
     if (isHoistable(*it)) {
-      if (dispatch.getTriggerEvent() && isa<func::CallOp>(*it))
+      bool isCall = isa<func::CallOp>(*it);
+      if (dispatch.getTriggerEvent() && isCall) {
         triggeredPrefetch = &*it;
-      else
+      } else if (isCall && prefetchAhead) {
+        // Skipped when the previous entry ran it ahead.
+        Value notYet = arith::XOrIOp::create(
+            b, prefetchedAhead, arith::ConstantIntOp::create(b, 1, 1));
+        auto ifNotYet = scf::IfOp::create(b, TypeRange(), notYet, false);
+        OpBuilder::InsertionGuard callGuard(b);
+        b.setInsertionPointToStart(ifNotYet.thenBlock());
         b.clone(*it, mapping);
+      } else {
+        b.clone(*it, mapping);
+      }
       continue;
     }
+    // After the entry's own prefetch, before its first wait.
+    if (prefetchAhead && !aheadRan)
+      prefetchAheadOf(dispatch, staticDispatches);
     auto wait = dyn_cast<WaitOp>(*it);
     if (!wait)
       break;
     ok = arith::AndIOp::create(b, ok,
                                lowerWait(wait, dispatch.getTask(), linear));
   }
+  if (prefetchAhead && !aheadRan)
+    prefetchAheadOf(dispatch, staticDispatches);
   Value run = ok;
   if (dispatch.getTriggerEvent()) {
     // Only after successful in-edge waits: they may guard the tables.
@@ -754,7 +782,10 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
     if (traceBuffer)
       recordTrace(start, dispatch.getTaskAttr().getInt(), linear);
   }
-  scf::YieldOp::create(b, ok);
+  SmallVector<Value> results{ok};
+  if (prefetchAhead)
+    results.push_back(aheadRan);
+  scf::YieldOp::create(b, results);
   return success();
 }
 
@@ -879,9 +910,32 @@ LogicalResult KernelBuilder::build() {
   return success();
 }
 
+/// The shared region of a dispatch's task (`shared_region`, default 0).
+static int64_t sharedRegion(DispatchOp dispatch) {
+  IntegerAttr region = dispatch.getSharedRegionAttr();
+  return region ? region.getInt() : 0;
+}
+
+/// Whether a dispatch's body calls a prefetch function that may run ahead:
+/// tasks with a trigger find their coordinate only after waiting.
+static bool hasAheadPrefetch(DispatchOp dispatch) {
+  return !dispatch.getTriggerEvent() &&
+         llvm::any_of(dispatch.getBody().front(), [](Operation &op) {
+           return isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName);
+         });
+}
+
 /// Every CTA runs the instances of its slice of the precomputed queue:
 /// queue[0 .. gridDim] are the slices' offsets; entries follow.
 LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
+  bool regions = llvm::any_of(
+      dispatches, [](DispatchOp d) { return sharedRegion(d) != 0; });
+  if (regions && prefetchNext)
+    return graph.emitOpError(
+        "prefetch-next runs every next entry's prefetch; with shared "
+        "regions the schedule runs it ahead only across regions: use one");
+  prefetchAhead = regions && llvm::any_of(dispatches, hasAheadPrefetch);
+  staticDispatches.assign(dispatches.begin(), dispatches.end());
   Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
   auto loadIndex = [&](Value at) {
     Value v = memref::LoadOp::create(b, queue, ValueRange{at});
@@ -889,35 +943,92 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   };
   Value begin = loadIndex(block);
   Value end = loadIndex(arith::AddIOp::create(b, block, index(1)));
-  auto loop =
-      scf::ForOp::create(b, begin, end, index(1),
-                         ValueRange{arith::ConstantIntOp::create(b, 1, 1)});
+  // Loop-carried: the CTA is alive (no failed wait) and, with shared
+  // regions, whether this entry's prefetch already ran ahead.
+  Type i1 = b.getI1Type();
+  SmallVector<Value> inits{arith::ConstantIntOp::create(b, 1, 1)};
+  if (prefetchAhead)
+    inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
+  SmallVector<Type> carried(inits.size(), i1);
+  auto loop = scf::ForOp::create(b, begin, end, index(1), inits);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value alive = loop.getRegionIterArg(0);
-    auto ifAlive = scf::IfOp::create(b, b.getI1Type(), alive, true);
+    auto ifAlive = scf::IfOp::create(b, carried, alive, true);
     b.setInsertionPointToStart(ifAlive.elseBlock());
-    scf::YieldOp::create(b, alive);
+    scf::YieldOp::create(b, loop.getRegionIterArgs());
     b.setInsertionPointToStart(ifAlive.thenBlock());
+    Value next = arith::AddIOp::create(b, loop.getInductionVar(), index(1));
     if (prefetchNext)
-      prefetchEntry(arith::AddIOp::create(b, loop.getInductionVar(), index(1)),
-                    end, dispatches);
+      prefetchEntry(next, end, dispatches);
+    if (prefetchAhead) {
+      aheadPosition = next;
+      aheadEnd = end;
+      prefetchedAhead = loop.getRegionIterArg(1);
+    }
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
-        entry, dispatches, b.getI1Type(),
+        entry, dispatches, carried,
         [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
           return lowerDispatch(dispatch, linear, caseBlock);
         });
     if (failed(sw))
       return failure();
     b.setInsertionPointAfter(*sw);
-    scf::YieldOp::create(b, (*sw).getResult(0));
+    scf::YieldOp::create(b, (*sw).getResults());
     b.setInsertionPointAfter(ifAlive);
-    scf::YieldOp::create(b, ifAlive.getResult(0));
+    scf::YieldOp::create(b, ifAlive.getResults());
   }
   return success();
+}
+
+/// Before `current`'s waits: runs the prefetch of the CTA's next queue entry
+/// when that entry's task is in another shared region (its shared memory is
+/// apart from `current`'s, so its copies cannot overwrite what `current`
+/// reads). Returns whether it ran, for the next iteration. The copies come
+/// after `current`'s own: `cp.async.wait_group` in `current` then waits for
+/// at most more groups than it counts, never fewer.
+void KernelBuilder::prefetchAheadOf(DispatchOp current,
+                                    ArrayRef<DispatchOp> dispatches) {
+  SmallVector<DispatchOp> ahead;
+  for (DispatchOp dispatch : dispatches)
+    if (hasAheadPrefetch(dispatch) &&
+        sharedRegion(dispatch) != sharedRegion(current))
+      ahead.push_back(dispatch);
+  Type i1 = b.getI1Type();
+  if (ahead.empty() || current.getTriggerEvent()) {
+    aheadRan = arith::ConstantIntOp::create(b, 0, 1);
+    return;
+  }
+  Value inQueue = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                        aheadPosition, aheadEnd);
+  auto ifNext = scf::IfOp::create(b, i1, inQueue, true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifNext.elseBlock());
+    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
+    b.setInsertionPointToStart(ifNext.thenBlock());
+    Value entry = memref::LoadOp::create(b, queue, ValueRange{aheadPosition});
+    FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
+        entry, ahead, i1,
+        [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
+          OpBuilder::InsertionGuard caseGuard(b);
+          b.setInsertionPointToStart(caseBlock);
+          for (Operation &op : mapGridCoordinates(dispatch, linear)) {
+            if (!isHoistable(op))
+              break; // the waits: the prefetch call came before them
+            b.clone(op, mapping);
+          }
+          scf::YieldOp::create(
+              b, arith::ConstantIntOp::create(b, 1, 1).getResult());
+          return success();
+        },
+        /*othersAreCorrupt=*/false);
+    scf::YieldOp::create(b, (*sw).getResult(0));
+  }
+  aheadRan = ifNext.getResult(0);
 }
 
 /// When `position` < `end`, runs the prefetch function of the queue entry
@@ -942,7 +1053,7 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
   b.setInsertionPointToStart(ifNext.thenBlock());
   Value entry = memref::LoadOp::create(b, queue, ValueRange{position});
   (void)emitDispatchSwitch(
-      entry, prefetching, Type(),
+      entry, prefetching, TypeRange(),
       [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
         OpBuilder::InsertionGuard caseGuard(b);
         b.setInsertionPointToStart(caseBlock);
@@ -959,11 +1070,12 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
 
 /// Decodes a task descriptor `task << 48 | instance` and switches on the
 /// task to the case `lowerCase` fills for each dispatch. The switch yields
-/// `resultType` (an i1 "keep going" for the static loop) or nothing. With
+/// `resultTypes` (i1s: the static loop's "keep going" and "prefetched
+/// ahead"; false in the default case) or nothing. With
 /// `othersAreCorrupt`, an unknown task index means a corrupt queue: the
 /// default case records it; without, the default case does nothing.
 FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
-    Value descriptor, ArrayRef<DispatchOp> dispatches, Type resultType,
+    Value descriptor, ArrayRef<DispatchOp> dispatches, TypeRange resultTypes,
     function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase,
     bool othersAreCorrupt) {
   Value task = arith::IndexCastOp::create(
@@ -974,8 +1086,8 @@ FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
       arith::AndIOp::create(b, descriptor, i64((1ll << kInstanceBits) - 1)));
   SmallVector<int64_t> cases = llvm::map_to_vector(
       dispatches, [](DispatchOp d) { return (int64_t)d.getTask(); });
-  TypeRange results = resultType ? TypeRange(resultType) : TypeRange();
-  auto sw = scf::IndexSwitchOp::create(b, results, task, cases, cases.size());
+  auto sw =
+      scf::IndexSwitchOp::create(b, resultTypes, task, cases, cases.size());
   OpBuilder::InsertionGuard guard(b);
   for (auto [region, dispatch] : llvm::zip(sw.getCaseRegions(), dispatches))
     if (failed(lowerCase(dispatch, linear, b.createBlock(&region))))
@@ -985,10 +1097,11 @@ FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
     memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
     memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
   }
-  if (resultType)
-    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
-  else
-    scf::YieldOp::create(b);
+  SmallVector<Value> no;
+  if (!resultTypes.empty())
+    no.assign(resultTypes.size(),
+              arith::ConstantIntOp::create(b, 0, 1).getResult());
+  scf::YieldOp::create(b, no);
   return sw;
 }
 
@@ -1130,8 +1243,12 @@ static bool isWorkgroupMemorySpace(Attribute space) {
 /// needs the largest tile's shared memory, not the sum. A buffer past
 /// `kStaticSharedBytes` becomes dynamic shared memory (`extern .shared`): its
 /// size goes on `kernel` as `etensor.dynamic_shared_memory`, for the launch.
-static LogicalResult overlayWorkgroupGlobals(gpu::GPUModuleOp module,
-                                             gpu::GPUFuncOp kernel) {
+/// `regionOf` maps the functions that tasks call (tile and prefetch) to
+/// their shared region: the globals of different regions never overlap, so
+/// a prefetch run ahead cannot write what the current tile reads.
+static LogicalResult
+overlayWorkgroupGlobals(gpu::GPUModuleOp module, gpu::GPUFuncOp kernel,
+                        const llvm::StringMap<int64_t> &regionOf) {
   SmallVector<memref::GlobalOp> globals;
   for (auto global : module.getOps<memref::GlobalOp>())
     if (isWorkgroupMemorySpace(global.getType().getMemorySpace()))
@@ -1164,6 +1281,8 @@ static LogicalResult overlayWorkgroupGlobals(gpu::GPUModuleOp module,
     });
   unsigned n = globals.size();
   SmallVector<llvm::SmallBitVector> together(n, llvm::SmallBitVector(n));
+  // Each global's region (-1: no task function reaches it yet).
+  SmallVector<int64_t> regionOfGlobal(n, -1);
   for (auto fn : module.getOps<func::FuncOp>()) {
     llvm::SmallDenseSet<unsigned> used;
     llvm::SmallPtrSet<Operation *, 8> seen{fn};
@@ -1178,29 +1297,48 @@ static LogicalResult overlayWorkgroupGlobals(gpu::GPUModuleOp module,
     for (unsigned a : used)
       for (unsigned b : used)
         together[a].set(b);
+    auto region = regionOf.find(fn.getSymName());
+    if (region == regionOf.end())
+      continue;
+    for (unsigned a : used) {
+      if (regionOfGlobal[a] >= 0 && regionOfGlobal[a] != region->second)
+        return globals[a].emitOpError("'")
+               << globals[a].getSymName() << "' is used by tasks in shared "
+               << "regions " << regionOfGlobal[a] << " and " << region->second
+               << " (through '" << fn.getSymName()
+               << "'): a buffer belongs to one region";
+      regionOfGlobal[a] = region->second;
+    }
   }
-  // First fit, in declaration order.
+  // Regions are laid out one after the other, each overlaid within itself
+  // by first fit in declaration order (globals no task reaches: region 0).
+  std::map<int64_t, SmallVector<unsigned>> byRegion;
+  for (unsigned k = 0; k < n; ++k)
+    byRegion[std::max<int64_t>(regionOfGlobal[k], 0)].push_back(k);
   SmallVector<int64_t> offset(n), size(n);
   int64_t total = 0, maxAlign = 16;
-  for (unsigned k = 0; k < n; ++k) {
-    MemRefType type = globals[k].getType();
-    size[k] = type.getNumElements() *
-              llvm::divideCeil(type.getElementTypeBitWidth(), 8);
-    int64_t align =
-        std::max<int64_t>(16, globals[k].getAlignment().value_or(16));
-    maxAlign = std::max(maxAlign, align);
-    int64_t at = 0;
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (unsigned j = 0; j < k; ++j)
-        if (together[k][j] && at < offset[j] + size[j] &&
-            offset[j] < at + size[k]) {
-          at = llvm::alignTo(offset[j] + size[j], align);
-          moved = true;
-        }
+  for (auto &[region, members] : byRegion) {
+    int64_t base = total;
+    for (auto [rank, k] : llvm::enumerate(members)) {
+      MemRefType type = globals[k].getType();
+      size[k] = type.getNumElements() *
+                llvm::divideCeil(type.getElementTypeBitWidth(), 8);
+      int64_t align =
+          std::max<int64_t>(16, globals[k].getAlignment().value_or(16));
+      maxAlign = std::max(maxAlign, align);
+      int64_t at = llvm::alignTo(base, align);
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (unsigned j : ArrayRef<unsigned>(members).take_front(rank))
+          if (together[k][j] && at < offset[j] + size[j] &&
+              offset[j] < at + size[k]) {
+            at = llvm::alignTo(offset[j] + size[j], align);
+            moved = true;
+          }
+      }
+      offset[k] = at;
+      total = std::max(total, at + size[k]);
     }
-    offset[k] = at;
-    total = std::max(total, at + size[k]);
   }
   OpBuilder builder(globals.front());
   MLIRContext *ctx = module.getContext();
@@ -1532,7 +1670,7 @@ LogicalResult KernelBuilder::buildDynamicLoop(ArrayRef<DispatchOp> dispatches) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifAlive.thenBlock());
     if (failed(emitDispatchSwitch(
-            descriptor, dispatches, /*resultType=*/Type(),
+            descriptor, dispatches, /*resultTypes=*/TypeRange(),
             [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
               return lowerDynamicDispatch(dispatch, linear, caseBlock);
             })))
@@ -1976,13 +2114,34 @@ struct ConvertETensorToGPUPass
     if (maxPopChunk < 1)
       return graph.emitOpError("max-pop-chunk must be >= 1, got ")
              << maxPopChunk;
+    // Static schedule: the functions each shared region's tasks call.
+    llvm::StringMap<int64_t> regionOf;
+    SmallVector<DispatchOp> staticDispatches;
+    graph.walk([&](WorkerOp worker) {
+      if (worker.getSchedule() == ScheduleKind::Static)
+        llvm::append_range(staticDispatches,
+                           worker.getBody().getOps<DispatchOp>());
+    });
+    if (llvm::any_of(staticDispatches,
+                     [](DispatchOp d) { return d.getSharedRegionAttr(); }))
+      for (DispatchOp dispatch : staticDispatches)
+        for (auto call : dispatch.getBody().getOps<func::CallOp>()) {
+          auto [at, fresh] =
+              regionOf.try_emplace(call.getCallee(), sharedRegion(dispatch));
+          if (!fresh && at->second != sharedRegion(dispatch))
+            return graph.emitOpError("function '")
+                   << call.getCallee() << "' is called by tasks in shared "
+                   << "regions " << at->second << " and "
+                   << sharedRegion(dispatch)
+                   << ": a tile's shared memory belongs to one region";
+        }
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, ranked, trace);
     kernelBuilder.maxPopChunk = maxPopChunk;
     kernelBuilder.prefetchNext = prefetchNext;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
       return failure();
-    return overlayWorkgroupGlobals(gpuModule, kernel);
+    return overlayWorkgroupGlobals(gpuModule, kernel, regionOf);
   }
 };
 } // namespace

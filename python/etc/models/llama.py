@@ -58,6 +58,7 @@ __all__ = [
     "compile_options",
     "compile_decoder",
     "LARGE_BATCH",
+    "DECODER_TASKS",
     "tensor_shapes",
     "random_weights",
     "random_weights_torch",
@@ -88,7 +89,8 @@ ATTENTION_TILES = ("phased", "online", "mma")
 #: by ``k_splits``: -4.5 % at B=32, -19 % at B=64 on an H200 against the
 #: 32-row mma.sync tiles, session 13), 64-column qkv/o/down and 32-column
 #: gate/up blocks, the tensor-core attention fed by TMA (session 16), the
-#: whole-row argmax and 128-column LM head blocks.
+#: whole-row argmax and 128-column LM head blocks, and no shared regions
+#: (its TMA tiles and attention would not fit two CTAs per SM apart).
 LARGE_BATCH = (
     ("block_m", 32),
     ("row_warps", 1),
@@ -102,9 +104,27 @@ LARGE_BATCH = (
     ("bn_gu", 32),
     ("bn_down", 64),
     ("bn_lm", 128),
+    ("shared_regions", ()),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+#: The decoder's task names (``LlamaConfig.shared_regions`` keys).
+DECODER_TASKS = (
+    "embed",
+    "norm1",
+    "qkv",
+    "attention",
+    "combine",
+    "o_proj",
+    "norm2",
+    "gate_up",
+    "down",
+    "final_norm",
+    "lm_head",
+    "argmax",
+    "argmax_merge",
+    "l2_prefetch",
+)
 #: The sync-core options ``LlamaConfig.projection_options`` may set per projection.
 PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring")
 #: ``gemm_core`` values (``etc.tiles.gemm.LAYER_CORES``).
@@ -328,6 +348,12 @@ class LlamaConfig:
     #: bulk core's tiles always do); an int: that many groups, not all
     #: ``stages - 1``. On: −81 µs at B=1, −75 at B=16, −114 at B=64.
     prefetch_ring: bool | int = True
+    #: Tasks in shared-memory regions other than 0 (``Graph.task(
+    #: shared_region=...)``), e.g. ``(("o_proj", 1), ("down", 1))``: their
+    #: tiles' shared memory is apart from the other tasks', and the static
+    #: kernel runs a CTA's next instance's prefetch (its weight ring's first
+    #: groups) before the current instance's waits when the regions differ.
+    shared_regions: tuple[tuple[str, int], ...] = ()
     #: Weights asked into L2 while each layer's attention runs, when the HBM
     #: is nearly idle (:func:`etc.tiles.prefetch.l2_prefetch`, a task after
     #: the QKV projection): ``((weight, eighths, layer_offset), ...)`` with
@@ -401,6 +427,14 @@ class LlamaConfig:
             cores.append((f"core_overrides[{proj!r}]", core))
         for proj, options in self.projection_options:
             _check_pairs(f"projection_options[{proj!r}]", options, PROJECTION_OPTIONS, "key")
+        _check_pairs("shared_regions", self.shared_regions, DECODER_TASKS, "task")
+        if self.shared_regions and self.prefetch_next:
+            raise GraphError(
+                "LlamaConfig: shared_regions and prefetch_next exclude each other (both run "
+                "the next instance's prefetch early; with regions only across regions)"
+            )
+        for task_name, region in self.shared_regions:
+            _int_field(f"shared_regions[{task_name!r}]", region, 0)
         for key, core in cores:
             if core not in _CORES:
                 raise GraphError(
@@ -1056,6 +1090,10 @@ def build_decoder_graph(
     B, L, S = g.symbol("B", max=cfg.kernel_max_batch), g.symbol("L"), g.symbol("S")
     t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()}
     rb = cfg.row_blocks(B)
+    regions = dict(cfg.shared_regions)
+
+    def task(function: Any, **kw: Any) -> Any:
+        return g.task(function, shared_region=regions.get(kw["name"], 0), **kw)
 
     def tiles_of(bn: int, n: int, projection: str) -> Any:
         return cfg.row_blocks(B, projection) * (n // bn) * cfg.k_split(projection)
@@ -1102,7 +1140,7 @@ def build_decoder_graph(
         (1,), wait_count=tiles_of(cfg.bn_lm, cfg.vocab, "lm_head"), name="logits_done"
     )
 
-    g.task(
+    task(
         tiles["embed"],
         grid=(rb, cfg.hidden // cfg.bn_down * cfg.k_split("embed")),
         args=(t["tokens"], t["embed"], t["h"], *[t[n] for n in sums + counts]),
@@ -1111,7 +1149,7 @@ def build_decoder_graph(
     )
 
     def layer_task(key, grid, args, wait, notify, map_in, map_out=None):
-        g.task(
+        task(
             tiles[key],
             grid=(NL, *grid),
             args=tuple(t[a] if isinstance(a, str) else a for a in args),
@@ -1148,7 +1186,7 @@ def build_decoder_graph(
     if cfg.l2_prefetch:
         # While the attention reads its few MB of cache, the next stages'
         # weights stream into L2; the task waits for what the attention does.
-        g.task(
+        task(
             tiles["l2_prefetch"],
             grid=(NL, cfg.l2_prefetch_ctas),
             args=tuple(t[cfg.weight_name(w)] for w, _, _ in cfg.l2_prefetch),
@@ -1191,7 +1229,7 @@ def build_decoder_graph(
         "(l, i, j, s) -> (l + 1)" if cfg.k_split("down_proj") > 1 else "(l, i, j) -> (l + 1)",
     )
     if not fused:
-        g.task(
+        task(
             tiles["final_norm"],
             grid=(1, B),
             args=(t["h"], t["norms"], t["x"]),
@@ -1200,7 +1238,7 @@ def build_decoder_graph(
             name="final_norm",
             phase=NL,
         )
-    g.task(
+    task(
         tiles["lm_head"],
         grid=gemm_grid(cfg.bn_lm, cfg.vocab, "lm_head"),
         args=(t["h"], t["norms"], *[t[n] for n in sums], t["embed"], t["logits"])
@@ -1213,7 +1251,7 @@ def build_decoder_graph(
     )
     if cfg.split_argmax:
         parts_done = g.event((1,), wait_count=B * cfg.argmax_parts, name="argmax_parts_done")
-        g.task(
+        task(
             tiles["argmax"],
             grid=(B, cfg.argmax_parts),
             args=(t["logits"], t["argmax_val"], t["argmax_idx"]),
@@ -1222,7 +1260,7 @@ def build_decoder_graph(
             name="argmax",
             phase=NL,
         )
-        g.task(
+        task(
             tiles["argmax_merge"],
             grid=(B,),
             args=(t["argmax_val"], t["argmax_idx"], t["next_tokens"]),
@@ -1231,7 +1269,7 @@ def build_decoder_graph(
             phase=NL,
         )
         return g
-    g.task(
+    task(
         tiles["argmax"],
         grid=(B,),
         args=(t["logits"], t["next_tokens"]),

@@ -114,3 +114,56 @@ etensor.graph @huge_alignment(%n: index) {
     }
   }
 }
+
+// -----
+
+/// One tile in two shared regions: its buffer cannot be apart from itself,
+/// and a prefetch run ahead would write what the other instance reads.
+func.func @tile(%i: index) {
+  return
+}
+
+// expected-error @+1 {{'etensor.graph' op function 'tile' is called by tasks in shared regions 0 and 1: a tile's shared memory belongs to one region}}
+etensor.graph @tile_in_two_regions(%n: index) {
+  etensor.worker static {
+    etensor.dispatch 0 grid [%n] {
+    ^bb0(%i: index):
+      func.call @tile(%i) : (index) -> ()
+    }
+    etensor.dispatch 1 grid [%n] attributes {shared_region = 1} {
+    ^bb0(%i: index):
+      func.call @tile(%i) : (index) -> ()
+    }
+  }
+}
+
+// -----
+
+/// A buffer reached from the tiles of two regions (through a helper).
+// expected-error @+1 {{'memref.global' op 'helper__smem' is used by tasks in shared regions 0 and 1 (through 'b'): a buffer belongs to one region}}
+memref.global "private" @helper__smem : memref<8xf32, #gpu.address_space<workgroup>>
+func.func @helper(%i: index) {
+  %s = memref.get_global @helper__smem : memref<8xf32, #gpu.address_space<workgroup>>
+  return
+}
+func.func @a(%i: index) {
+  func.call @helper(%i) : (index) -> ()
+  return
+}
+func.func @b(%i: index) {
+  func.call @helper(%i) : (index) -> ()
+  return
+}
+
+etensor.graph @buffer_in_two_regions(%n: index) {
+  etensor.worker static {
+    etensor.dispatch 0 grid [%n] {
+    ^bb0(%i: index):
+      func.call @a(%i) : (index) -> ()
+    }
+    etensor.dispatch 1 grid [%n] attributes {shared_region = 1} {
+    ^bb0(%i: index):
+      func.call @b(%i) : (index) -> ()
+    }
+  }
+}

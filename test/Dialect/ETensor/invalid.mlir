@@ -513,3 +513,12 @@ etensor.graph @prefetch_missing() {
   // expected-error @+1 {{prefetch 'nowhere' does not name a func.func}}
   etensor.task @tile grid [1] {prefetch = @nowhere}
 }
+
+// -----
+
+func.func private @tile(%i: index)
+
+etensor.graph @negative_region() {
+  // expected-error @+1 {{attribute 'shared_region' failed to satisfy constraint: 64-bit signless integer attribute whose value is non-negative}}
+  etensor.task @tile grid [1] {shared_region = -1}
+}

@@ -457,10 +457,10 @@ LogicalResult DynamicScheduler::run() {
     TaskOp task = tasks[t];
     Location taskLoc = task.getLoc();
     b.setInsertionPointToEnd(workerBody);
-    auto dispatch =
-        DispatchOp::create(b, taskLoc, b.getI64IntegerAttr(number[t]),
-                           task.getDynamicGrid(), task.getStaticGridAttr(),
-                           task.getTriggerEvent(), task.getTriggerIndptr());
+    auto dispatch = DispatchOp::create(
+        b, taskLoc, b.getI64IntegerAttr(number[t]), task.getDynamicGrid(),
+        task.getStaticGridAttr(), task.getTriggerEvent(),
+        task.getTriggerIndptr(), task.getSharedRegionAttr());
     dispatch->setAttr("name", b.getStringAttr(task.getDisplayName()));
     if (pushingInEdges(task) == 0 && !task.getTriggerEvent())
       dispatch->setAttr("etensor.ready_at_start", b.getUnitAttr());

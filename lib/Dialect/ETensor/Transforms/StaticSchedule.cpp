@@ -80,7 +80,8 @@ struct ETensorStaticSchedulePass
       auto dispatch =
           DispatchOp::create(builder, loc, builder.getI64IntegerAttr(number),
                              task.getDynamicGrid(), task.getStaticGridAttr(),
-                             task.getTriggerEvent(), task.getTriggerIndptr());
+                             task.getTriggerEvent(), task.getTriggerIndptr(),
+                             task.getSharedRegionAttr());
       dispatch->setAttr("name", builder.getStringAttr(task.getDisplayName()));
       Block *body = builder.createBlock(&dispatch.getBody());
       SmallVector<Value> coords;

@@ -192,6 +192,14 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     loading them (an L2 prefetch, a `cp.async` into shared memory) while the
     instance's producers finish. Waiting then overlaps the load.
 
+    `shared_region = r` (default 0) places the shared memory of the task's
+    functions apart from that of tasks in other regions. Under the static
+    schedule a CTA runs the prefetch of its next queue entry *ahead*, before
+    the waits of the current one, when the two are in different regions: the
+    next tile's weights stream in while the current instance waits and runs
+    (the entry then skips its own prefetch). Same-region neighbours, which
+    share memory, prefetch as usual.
+
     Example:
 
     ```mlir
@@ -205,6 +213,8 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     etensor.task @reduce grid [%tiles] rank(%rank)
         args(%rank, %partials : index, memref<?x?xbf16>)
         ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>)
+    etensor.task @gate_up grid [%cols] args(%W : memref<?x2048xbf16>)
+        {prefetch = @gate_up__prefetch, shared_region = 1}
     ```
   }];
   let arguments = (ins FlatSymbolRefAttr:$callee,
@@ -219,6 +229,7 @@ def ETensor_TaskOp : ETensor_Op<"task", [
                        Optional<ETensor_AnyEvent>:$trigger_event,
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
                        OptionalAttr<FlatSymbolRefAttr>:$prefetch,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
                        OptionalAttr<StrAttr>:$name);
   let assemblyFormat = [{
     $callee `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)
@@ -451,6 +462,9 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
     skip the body and its notifications; under the dynamic schedule only
     the pushed instances `[indptr[c], indptr[c+1])` are ever dispatched.
 
+    `shared_region` is the task's (`etensor.task`): the static lowering runs
+    the prefetch of the CTA's next entry ahead when its region differs.
+
     Example:
 
     ```mlir
@@ -471,7 +485,8 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
   let arguments = (ins I64Attr:$task, Variadic<Index>:$dynamic_grid,
                        DenseI64ArrayAttr:$static_grid,
                        Optional<ETensor_AnyEvent>:$trigger_event,
-                       Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr);
+                       Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $task `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)

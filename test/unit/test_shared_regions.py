@@ -1,0 +1,137 @@
+"""Shared-memory regions (``Graph.task(shared_region=...)``): tiles of
+different regions get shared memory apart, and the static kernel runs the
+prefetch of a CTA's next instance ahead, before the current instance's
+waits, when the two are in different regions (the lowering's IR is checked
+by ``test/Conversion/ETensorToGPU/shared-region.mlir``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from gemm_helpers import needs_ptxas
+
+import etc
+from etc.models import llama as M
+
+
+def _ring_tile(name: str, kib: int) -> etc.DeviceFunction:
+    """A tile whose prefetch fills a ``kib`` KiB shared buffer it then reads."""
+    n = kib * 256
+    ring = f"memref<{n}xf32, #gpu.address_space<workgroup>>"
+    fill = f"""
+  %s = memref.get_global @{name}__ring : {ring}
+  %t = gpu.thread_id x
+  %v = memref.load %w[%t] : memref<?xf32>
+  memref.store %v, %s[%t] : {ring}"""
+    drain = f"""
+  %c1 = arith.constant 1 : index
+  %u = arith.addi %t, %c1 : index
+  %r = memref.load %s[%u] : {ring}
+  memref.store %r, %o[%t] : memref<?xf32>"""
+    params = "%i: index, %w: memref<?xf32>, %o: memref<?xf32>"
+    source = (
+        f'memref.global "private" @{name}__ring : {ring} {{alignment = 16 : i64}}\n'
+        f"func.func @{name}({params}) {{{fill}{drain}\n  return\n}}\n"
+        f"func.func @{name}__prefetch({params}) {{{fill}\n  return\n}}\n"
+    )
+    return etc.DeviceFunction.from_mlir(source, name)
+
+
+def _graph(regions: tuple[int, int]) -> etc.Graph:
+    g = etc.Graph("regions")
+    n = g.symbol("n")
+    w, o = g.tensor("w", (1024,), etc.f32), g.tensor("o", (1024,), etc.f32)
+    first = g.event((n,), wait_count=1, name="first_done")
+    g.task(_ring_tile("a", 40), (n,), [w, o], out_edges={first: "i->i"}, shared_region=regions[0])
+    g.task(_ring_tile("b", 30), (n,), [w, o], in_edges={first: "i->i"}, shared_region=regions[1])
+    return g
+
+
+def test_the_region_is_written_on_the_task():
+    text = _graph((0, 2)).to_mlir()
+    assert text.count("shared_region") == 1
+    assert 'name = "b", prefetch = @b__prefetch, shared_region = 2 : i64' in text
+
+
+@pytest.mark.parametrize(
+    ("region", "message"),
+    [
+        (-1, "task 't': shared_region must be >= 0, got -1"),
+        (True, "task 't': shared_region must be an int >= 0, got True"),
+        ("1", "task 't': shared_region must be an int >= 0, got '1'"),
+    ],
+)
+def test_bad_regions_name_the_task(region, message):
+    g = etc.Graph("g")
+    w = g.tensor("w", (1024,), etc.f32)
+    with pytest.raises(etc.GraphError, match=message):
+        g.task(_ring_tile("a", 1), (1,), [w, w], name="t", shared_region=region)
+
+
+def test_one_tile_belongs_to_one_region():
+    g = etc.Graph("g")
+    w = g.tensor("w", (1024,), etc.f32)
+    tile = _ring_tile("a", 1)
+    g.task(tile, (1,), [w, w], name="first")
+    with pytest.raises(
+        etc.GraphError, match="tile 'a' already runs in task 'first' in shared region 0, not 1"
+    ):
+        g.task(tile, (1,), [w, w], name="second", shared_region=1)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "regions", "kib"),
+    [
+        ("static", (0, 1), 70),  # apart: 40 + 30 KiB, past the 48 KiB static limit
+        ("static", (0, 0), None),  # one region: overlaid, 40 KiB of static memory
+        ("dynamic", (0, 1), None),  # no next entry to prefetch: overlaid
+    ],
+)
+def test_regions_are_laid_out_apart_under_the_static_schedule(schedule, regions, kib):
+    art = etc.compile(_graph(regions), schedule=schedule, cubin=False)
+    if kib is None:
+        assert "dynamic_shared_memory" not in art.manifest
+        assert ".shared .align 16 .b8 __etc_workgroup[40960]" in art.ptx
+    else:
+        assert art.manifest["dynamic_shared_memory"] == kib * 1024
+
+
+def test_prefetch_next_and_regions_exclude_each_other():
+    with pytest.raises(etc.CompileError, match="prefetch_next: task 'b' has shared_region 1"):
+        etc.compile(_graph((0, 1)), schedule="static", prefetch_next=True, cubin=False)
+
+
+def test_decoder_regions_are_checked():
+    with pytest.raises(etc.GraphError, match="shared_regions names 'o_projection'"):
+        dataclasses.replace(M.TINY, shared_regions=(("o_projection", 1),))
+    with pytest.raises(etc.GraphError, match=r"shared_regions\['down'\] must be an int >= 0"):
+        dataclasses.replace(M.TINY, shared_regions=(("down", -1),))
+    with pytest.raises(etc.GraphError, match="shared_regions and prefetch_next exclude"):
+        dataclasses.replace(
+            M.TINY, shared_regions=(("down", 1),), prefetch_weights=True, prefetch_next=True
+        )
+    cfg = dataclasses.replace(M.TINY, shared_regions=(("o_proj", 1), ("down", 1)))
+    tasks = {t.name: t.shared_region for t in M.build_decoder_graph(cfg).tasks}
+    assert tasks["o_proj"] == tasks["down"] == 1
+    assert tasks["gate_up"] == tasks["qkv"] == tasks["attention"] == 0
+    # The large-batch kernel keeps one region (its tiles would not fit apart).
+    assert dict(M.LARGE_BATCH)["shared_regions"] == ()
+
+
+@needs_ptxas
+def test_llama_3_2_1b_with_regions_keeps_two_ctas_per_sm():
+    """o_proj and down apart from the other tiles: 35.5 + 68 KiB, under the
+    half of an SM's 228 KiB that two CTAs each may have; ptxas accepts it."""
+    cfg = dataclasses.replace(
+        M.LLAMA_3_2_1B, batch_buckets=(), attn_unroll=2, shared_regions=(("o_proj", 1), ("down", 1))
+    )
+    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
+    assert art.cubin
+    assert art.manifest["dynamic_shared_memory"] == 105984
+    plain = etc.compile(
+        M.build_decoder_graph(dataclasses.replace(cfg, shared_regions=())),
+        **M.compile_options(cfg),
+        cubin=False,
+    )
+    assert plain.manifest["dynamic_shared_memory"] < 72 * 1024
