@@ -51,6 +51,11 @@ def _proj(*settings: tuple[str, str, object]) -> dict:
     return {"projection_options": tuple((p, tuple(o)) for p, o in options.items())}
 
 
+def _tma_stages(stages: int, projections: tuple[str, ...] = M._PROJECTIONS[:4]) -> tuple:
+    """``projection_options`` giving ``projections`` ``stages`` TMA stages."""
+    return tuple((p, (("stages", stages),)) for p in projections)
+
+
 def _mid(*changes: tuple[str, object]) -> dict:
     """The default buckets with ``changes`` in the B=2..16 kernel."""
     one, (bound, mid), large = M.LLAMA_3_2_1B.batch_buckets
@@ -126,6 +131,17 @@ VARIANTS = {
     # Not yet timed: the B = 2..16 kernel on the TMA-fed tensor-core
     # attention (its spans of 256 positions: two loop steps).
     "mid_mma_tma": _mid(("attn_tile", "mma"), ("attn_unroll", 1), ("attn_pipeline", "tma")),
+    # Session 17: deeper TMA rings in the large-batch kernel (its GEMM tiles
+    # at 64 KiB for 4 stages; the LM head's 96 KiB sets the kernel's size).
+    "tma5": _large(("projection_options", _tma_stages(5))),
+    "tma6": _large(("projection_options", _tma_stages(6))),
+    "tma6_gd": _large(("projection_options", _tma_stages(6, ("gate_up_proj", "down_proj")))),
+    "tma6_qo": _large(("projection_options", _tma_stages(6, ("qkv_proj", "o_proj")))),
+    "tma6_q": _large(("projection_options", _tma_stages(6, ("qkv_proj",)))),
+    "tma6_o": _large(("projection_options", _tma_stages(6, ("o_proj",)))),
+    "tma6_g": _large(("projection_options", _tma_stages(6, ("gate_up_proj",)))),
+    "tma6_d": _large(("projection_options", _tma_stages(6, ("down_proj",)))),
+    "tma3_d": _large(("projection_options", _tma_stages(3, ("down_proj",)))),
     # Session 17: shared regions, each CTA's next ring prefetched ahead across
     # regions (B <= 16 kernels; the large one keeps one region).
     "sr_od": {"shared_regions": (("o_proj", 1), ("down", 1))},

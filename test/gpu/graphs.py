@@ -4,6 +4,8 @@ to compute the expected results with the simulator."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import etc
 from etc.tiles import rowsum, synthetic
 
@@ -489,6 +491,17 @@ def llama_tiny_variants() -> dict:
             combine_group=4,
             shared_regions=(("o_proj", 1), ("down", 1), ("attention", 2)),
         ),  # fmt: skip
+        # Projections with different TMA stage counts: their rings and
+        # barriers overlay differently (wrong tokens before the tiles
+        # invalidated their mbarriers, bench/RESULTS.md item 72).
+        "llama_tiny_tma_mixed": dataclasses.replace(
+            tma,
+            projection_options=(
+                ("qkv_proj", (("stages", 3),)),
+                ("down_proj", (("stages", 2),)),
+                ("gate_up_proj", (("stages", 6),)),
+            ),
+        ),
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,
@@ -496,4 +509,18 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_combine_group": combine_group,
         "llama_tiny_tma": tma,
         "llama_tiny_tma_buckets": tma_buckets,
+    }
+
+
+def llama_1b_large_variants() -> dict:
+    """Llama-3.2-1B's large-batch kernel alone (``LARGE_BATCH``), and with
+    the projections on different TMA stage counts: qkv 3, down 6, the others
+    4 (the same arithmetic, so bit-identical logits)."""
+    from etc.models import llama
+
+    large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
+    stages = (("qkv_proj", (("stages", 3),)), ("down_proj", (("stages", 6),)))
+    return {
+        "llama_1b_large": large,
+        "llama_1b_large_mixed": dataclasses.replace(large, projection_options=stages),
     }

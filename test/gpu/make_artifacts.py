@@ -54,6 +54,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA,
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
+    llama_1b_large_variants,
     llama_tiny_variants,
     tensor_parallel_variant,
 )
@@ -150,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name}: {args.out / name} ({schedule}, {len(getattr(art, 'artifacts', [art]))} kernels)"
             )
+    # Llama-3.2-1B's large-batch kernel, and the same with projections on
+    # different TMA stage counts (their rings and barriers overlay otherwise):
+    # the tiny decoder did not reproduce the missing mbarrier.inval, this did.
+    for name, cfg in llama_1b_large_variants().items():
+        if name.startswith(args.only):
+            llama.compile_decoder(cfg, "static").save(args.out / name)
+            print(f"{name}: {args.out / name} (static)")
     from etc.models import collective
 
     for variant in ("gemm_rs", "ag_gemm", *TENSOR_PARALLEL_VARIANTS):

@@ -76,6 +76,8 @@ def test_prefetch_issues_the_first_slots_of_weights_only():
     assert tile.prefetch == f"{tile.name}__prefetch" and tile.prefetch_fills_shared
     prefetch = tile.source[tile.source.index(f"func.func @{tile.prefetch}") :]
     body = tile.source[: tile.source.index(f"func.func @{tile.prefetch}")]
+    # The prefetch initialises the slots' barriers; the body invalidates them.
+    assert prefetch.count("mbarrier.init") == body.count("mbarrier.inval") == 3
     copy = "cp.async.bulk.shared::cluster.global"
     # Prefetch: 3 slots x 2 runs of weight rows (gate, up); no activations.
     assert prefetch.count(copy) == 3 * 2

@@ -56,6 +56,18 @@ def _tile(epilogue, parts, bn=32, **kw):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("stages", [3, 4, 6])
+def test_the_ring_barriers_are_invalidated_after_the_loop(stages):
+    """Tiles of different shapes overlay their rings and barriers in shared
+    memory; PTX allows another use of an mbarrier's words only after
+    mbarrier.inval. Without it, projections with different stage counts in
+    one kernel gave wrong tokens on an H200 (bench/RESULTS.md, item 72)."""
+    source = _tile("store", 2, stages=stages).source
+    body = source.split("func.func @t_store__prefetch(")[0]
+    assert body.count("mbarrier.init") == body.count("mbarrier.inval") == 2 * stages
+    assert body.index("wgmma.wait_group.sync.aligned 0") < body.index("mbarrier.inval")
+
+
 def _run(tile, bufs, names, order, m=40, bn=32):
     """Run the tile's reference over every block, parts in ``order``."""
     for l, j in itertools.product(range(L), range(N // bn)):  # noqa: E741

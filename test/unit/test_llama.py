@@ -904,7 +904,7 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
     for stages in (2, 3):
         source = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", stages=stages).source
         assert source.count("cp.async.bulk.tensor.2d") == 2 * stages + 2
-        assert source.count("mbarrier.init") == 2 * stages
+        assert source.count("mbarrier.init") == source.count("mbarrier.inval") == 2 * stages
         assert "vector.load %kc" not in source and source.count("vector.load %ring") == 8
     # prefetch: the ring starts in @attention__prefetch, before the waits.
     fn = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", stages=2, prefetch=True)

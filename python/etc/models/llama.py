@@ -274,9 +274,11 @@ class LlamaConfig:
     #: Per-projection cores overriding ``gemm_core``: ``(("down_proj", "bulk"),)``.
     #: Projections: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head.
     core_overrides: tuple[tuple[str, str], ...] = ()
-    #: Per-projection sync-core options overriding ``gemm_options`` and
-    #: ``prefetch_ring`` (keys: :data:`PROJECTION_OPTIONS`), e.g.
-    #: ``(("gate_up_proj", (("prefetch_ring", 1),)),)``.
+    #: Per-projection options (keys: :data:`PROJECTION_OPTIONS`), e.g.
+    #: ``(("gate_up_proj", (("prefetch_ring", 1),)),)``: on the sync core
+    #: they override ``gemm_options`` and ``prefetch_ring``; on the tma core
+    #: ``stages`` and ``prefetch_ring`` override ``tma_stages`` and
+    #: ``tma_prefetch`` (``unroll`` does not apply).
     projection_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     bulk_options: tuple[tuple[str, Any], ...] = (("rotate_k", True),)
     #: The attention tile copies its whole chunk of K and V into shared
@@ -977,9 +979,11 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         if cfg.core(name) == "bulk":
             core = {"core": "bulk", **dict(cfg.bulk_options)}
         elif cfg.core(name) == "tma":
+            own = dict(dict(cfg.projection_options).get(name, ()))
             core = dict(
-                core="tma", stages=cfg.tma_stages, k_splits=cfg.k_split(name),
-                counter_row=_COUNTER_ROWS.get(name, 0), prefetch_ring=cfg.tma_prefetch,
+                core="tma", stages=own.get("stages", cfg.tma_stages), k_splits=cfg.k_split(name),
+                counter_row=_COUNTER_ROWS.get(name, 0),
+                prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,

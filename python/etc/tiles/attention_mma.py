@@ -492,6 +492,14 @@ def attention_mma(
     t.emit("}")
     t.emit("// A previous call on this CTA may still be reading the workgroup buffers.")
     t.emit("gpu.barrier")
+    if pipeline == "tma":
+        # Every ring wait is over: invalidate the barriers before another tile
+        # uses their words (PTX requires mbarrier.inval).
+        t.emit(f"scf.if {t.op('is0', 'arith.cmpi eq, %tid, %c0 : index')} {{")
+        for q in range(stages):
+            for kind in (0, 1):
+                _asm_ops(t, "mbarrier.inval.shared::cta.b64 [$0];", [(_bar(t, kind, q), "i32")])
+        t.emit("}")
     t.emit("scf.if %gvalid {")
     wbase = t.idx("addi", "%wo", t.idx("muli", "%qg", t.c(D)))
     for v, dim in o_final.values():

@@ -458,6 +458,14 @@ def body(
     t.emit("}")
     total = [f"{res}#{q}" for q in range(nacc)]
 
+    # The loop's last barrier ended every wait: invalidate the slots' barriers
+    # before another tile uses their words (PTX requires mbarrier.inval).
+    def invalidate() -> None:
+        for s in range(p.stages):
+            _asm_ops(t, "mbarrier.inval.shared::cta.b64 [$0];", [(ring.bar(s), "i32")])
+
+    _if(t, t.op("t0", f"arith.andi {warp0}, {lane0} : i1"), invalidate)
+
     # Split-K join: warps 1.. leave their sums in workgroup memory (the loop's
     # last barrier orders this after every read of the previous instance's).
     part = t.op("part", f"memref.get_global @{name}__bulk_part : {part_t}")

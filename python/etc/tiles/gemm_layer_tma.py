@@ -249,6 +249,7 @@ def _split_reduce(
         # Count this part once all of its stores are issued (the barrier), at
         # GPU scope with release semantics; the last part acquires the others.
         t.emit("gpu.barrier")
+        t.joined()
         flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
         flag_ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
         tid = t.op("tid", "gpu.thread_id x")

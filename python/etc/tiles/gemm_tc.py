@@ -144,6 +144,17 @@ class _Text(_mma.Text):
         #: Set by a main loop whose output goes through shared memory: takes
         #: over ``_store_pairs`` (see ``_staged_store``).
         self.staging: Callable[..., bool] | None = None
+        #: Set by a TMA main loop: emits what must follow the first CTA
+        #: barrier after the loop (the ring barriers' ``mbarrier.inval``).
+        #: An epilogue step whose barrier comes first calls :meth:`joined`.
+        self.after_join: Callable[[], None] | None = None
+
+    def joined(self) -> None:
+        """After a CTA barrier that every thread reaches past the main loop:
+        runs the pending ``after_join`` once."""
+        if self.after_join is not None:
+            pending, self.after_join = self.after_join, None
+            pending()
 
     def c(self, v: int) -> str:
         self.consts.add(v)
@@ -837,6 +848,20 @@ def _body_tma(
     t.indent = outer
     t.emit("}")
     final = _wgmma_wait(t, [f"{res}#{q}" for q in range(nacc)], commit=False)
+
+    # Once every thread is past its last wait (the first barrier after the
+    # loop), thread 0 invalidates the barriers: their words become another
+    # tile's ring, which PTX allows only after mbarrier.inval (without it,
+    # projections with different stage counts gave wrong results).
+    def invalidate() -> None:
+        t.emit(f"scf.if {is0} {{")
+        t.indent += "  "
+        for s in range(stages):
+            for kind in (0, 1):
+                _asm_ops(t, "mbarrier.inval.shared::cta.b64 [$0];", [(bar(kind, s), "i32")])
+        t.end()
+
+    t.after_join = invalidate
     if stage_output:
         ring = bases[0]  # the A ring's start (the warpgroup offset is added above)
         t.staging = lambda t, values, cols, out, r1, n_limit: _staged_store(
@@ -846,6 +871,9 @@ def _body_tma(
         )  # fmt: skip
     _wgmma_epilogue(t, final, wg_rows, group, warp, lane, r0, epilogue, split_n)
     t.staging = None
+    if t.after_join is not None:  # no epilogue barrier: one of its own
+        t.emit("gpu.barrier")
+        t.joined()
     return globals_
 
 
@@ -907,6 +935,7 @@ def _staged_store(
     row_bytes = cols * 2
     # Every warpgroup's wgmma has read its last stage before the ring is reused.
     t.emit("gpu.barrier")
+    t.joined()
     grp = t.bin("divui", lane, 4)
     tig = t.bin("remui", lane, 4)
     if split_n:  # local row, h = 0
