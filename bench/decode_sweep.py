@@ -142,6 +142,10 @@ VARIANTS = {
     "tma6_g": _large(("projection_options", _tma_stages(6, ("gate_up_proj",)))),
     "tma6_d": _large(("projection_options", _tma_stages(6, ("down_proj",)))),
     "tma3_d": _large(("projection_options", _tma_stages(3, ("down_proj",)))),
+    "tma3": _large(("projection_options", _tma_stages(3))),
+    "tma2": _large(("projection_options", _tma_stages(2))),
+    "tma3_gd": _large(("projection_options", _tma_stages(3, ("gate_up_proj", "down_proj")))),
+    "tma3_qo": _large(("projection_options", _tma_stages(3, ("qkv_proj", "o_proj")))),
     # Session 17: shared regions, each CTA's next ring prefetched ahead across
     # regions (B <= 16 kernels; the large one keeps one region).
     "sr_od": {"shared_regions": (("o_proj", 1), ("down", 1))},
