@@ -146,6 +146,10 @@ VARIANTS = {
     "tma2": _large(("projection_options", _tma_stages(2))),
     "tma3_gd": _large(("projection_options", _tma_stages(3, ("gate_up_proj", "down_proj")))),
     "tma3_qo": _large(("projection_options", _tma_stages(3, ("qkv_proj", "o_proj")))),
+    # Session 17: the tma tiles' first weight stages loaded into the ring
+    # before the waits (session 13's item 52, withdrawn then for wrong
+    # results that the missing mbarrier.inval explains).
+    "tma_pfs": {"tma_prefetch": "shared"},
     # Session 17: shared regions, each CTA's next ring prefetched ahead across
     # regions (B <= 16 kernels; the large one keeps one region).
     "sr_od": {"shared_regions": (("o_proj", 1), ("down", 1))},

@@ -430,6 +430,8 @@ def llama_tiny_variants() -> dict:
         k_splits=tma_splits,
         batch_buckets=(*buckets.batch_buckets[:-1], (None, (*llama.LARGE_BATCH, *tma_changes))),
     )
+    # The TMA-fed attention needs 64-wide heads.
+    tma_heads = dict(attn_pipeline="tma", head_dim=64, heads=4, kv_heads=2, combine_group=4)
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -453,27 +455,11 @@ def llama_tiny_variants() -> dict:
             mma_spans, attn_pipeline="smem", head_dim=64, heads=4, kv_heads=2, combine_group=4
         ),
         # ... or copied into a shared-memory ring by TMA (head_dim 64).
-        "llama_tiny_mma_tma": dataclasses.replace(
-            mma_spans, attn_pipeline="tma", head_dim=64, heads=4, kv_heads=2, combine_group=4
-        ),
+        "llama_tiny_mma_tma": dataclasses.replace(mma_spans, **tma_heads),
         "llama_tiny_mma_tma_pf": dataclasses.replace(
-            mma_spans,
-            attn_pipeline="tma",
-            attn_tma_prefetch=True,
-            head_dim=64,
-            heads=4,
-            kv_heads=2,
-            combine_group=4,
-        ),  # fmt: skip
-        "llama_tiny_mma_tma3": dataclasses.replace(
-            mma_spans,
-            attn_pipeline="tma",
-            attn_tma_stages=3,
-            head_dim=64,
-            heads=4,
-            kv_heads=2,
-            combine_group=4,
-        ),  # fmt: skip
+            mma_spans, attn_tma_prefetch=True, **tma_heads
+        ),
+        "llama_tiny_mma_tma3": dataclasses.replace(mma_spans, attn_tma_stages=3, **tma_heads),
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the
         # TMA-fed attention in a third region (its mbarrier ring prefetched
@@ -483,14 +469,10 @@ def llama_tiny_variants() -> dict:
         ),
         "llama_tiny_regions_tma_pf": dataclasses.replace(
             mma_spans,
-            attn_pipeline="tma",
             attn_tma_prefetch=True,
-            head_dim=64,
-            heads=4,
-            kv_heads=2,
-            combine_group=4,
             shared_regions=(("o_proj", 1), ("down", 1), ("attention", 2)),
-        ),  # fmt: skip
+            **tma_heads,
+        ),
         # Projections with different TMA stage counts: their rings and
         # barriers overlay differently (wrong tokens before the tiles
         # invalidated their mbarriers, bench/RESULTS.md item 72).
@@ -502,6 +484,11 @@ def llama_tiny_variants() -> dict:
                 ("gate_up_proj", (("stages", 6),)),
             ),
         ),
+        # The tma tiles load their first weight stages into the ring before
+        # the waits by default (session 13's NaNs at B = 70 and 130 came from
+        # the missing mbarrier.inval); these ask the L2 for them instead.
+        "llama_tiny_tma_l2pf": dataclasses.replace(tma, tma_prefetch=True),
+        "llama_tiny_tma_buckets_l2pf": dataclasses.replace(tma_buckets, tma_prefetch=True),
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,
@@ -513,9 +500,11 @@ def llama_tiny_variants() -> dict:
 
 
 def llama_1b_large_variants() -> dict:
-    """Llama-3.2-1B's large-batch kernel alone (``LARGE_BATCH``), and with
-    the projections on different TMA stage counts: qkv 3, down 6, the others
-    4 (the same arithmetic, so bit-identical logits)."""
+    """Llama-3.2-1B's large-batch kernel alone (``LARGE_BATCH``), with the
+    projections on different TMA stage counts (qkv 3, down 6, the others 4),
+    and with the weights asked into L2 before the waits instead of loaded
+    into the rings (``tma_prefetch=True``): the same arithmetic, so
+    bit-identical logits."""
     from etc.models import llama
 
     large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
@@ -523,4 +512,5 @@ def llama_1b_large_variants() -> dict:
     return {
         "llama_1b_large": large,
         "llama_1b_large_mixed": dataclasses.replace(large, projection_options=stages),
+        "llama_1b_large_l2pf": dataclasses.replace(large, tma_prefetch=True),
     }

@@ -129,7 +129,7 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(stages=40), "need .* bytes of shared memory"),
         (dict(core="sync", k_splits=2), "k_splits=2 and a_box=64 need core=.tma."),
         (dict(a_box=24), "a_box=24 must be 16, 32 or 64"),
-        (dict(prefetch_ring=0), "prefetch must be a bool or an int >= 1"),
+        (dict(prefetch_ring=0), "prefetch must be a bool, an int >= 1 or .shared."),
     ],
 )
 def test_configuration_errors_name_the_tile(kwargs, words):
@@ -171,6 +171,29 @@ def test_prefetch_asks_the_l2_for_the_first_weight_boxes():
     assert one.source.split("__prefetch")[1].count("prefetch.tensor") == 3 * 2
 
 
+def test_shared_prefetch_loads_the_first_weight_stages_into_the_ring():
+    """prefetch_ring="shared": the prefetch function initialises the ring's
+    barriers, expects each first stage's whole bytes (activations included,
+    counted by the same boxes' guards) and loads only its weight boxes; the
+    body, after the wait, loads the activation boxes without expecting
+    again and initialises nothing."""
+    tile = _tile("store", 2, row_scale=(2, 0, 1e-5), prefetch_ring="shared", a_box=16)
+    assert tile.prefetch == "t_store__prefetch" and tile.prefetch_fills_shared
+    body, prefetch = tile.source.split("func.func @t_store__prefetch")
+    # k = 128 per part: two k-tiles, so two of the four stages are loaded.
+    assert prefetch.count("mbarrier.init") == 8
+    assert prefetch.count("mbarrier.arrive.expect_tx") == 2
+    assert prefetch.count("cp.async.bulk.tensor") == 2 * 2  # two warpgroups' weight boxes
+    assert "%A_map, " not in prefetch.split("{", 1)[1]  # no activation box
+    assert prefetch.count("arith.select %inb") == 3  # the guards count the bytes
+    head = body.split("scf.for %kt")[0]
+    assert "mbarrier.init" not in head and "expect_tx" not in head
+    assert head.count("cp.async.bulk.tensor") == 2 * 4  # the activation boxes, 16 rows each
+    assert body.count("mbarrier.inval") == 8
+    with pytest.raises(etc.GraphError, match="prefetch must be a bool, an int >= 1 or 'shared'"):
+        _tile("store", 2, prefetch_ring="ring")
+
+
 @needs_ptxas
 @pytest.mark.parametrize(
     "epilogue, parts, extra",
@@ -178,6 +201,8 @@ def test_prefetch_asks_the_l2_for_the_first_weight_boxes():
         ("store", 4, {}),
         ("residual", 2, dict(prefetch_ring=True, a_box=16)),
         ("swiglu", 1, dict(prefetch_ring=True, a_box=32)),
+        ("residual", 2, dict(prefetch_ring="shared", a_box=16)),
+        ("swiglu", 1, dict(prefetch_ring="shared")),
     ],
 )
 def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
@@ -241,6 +266,21 @@ def test_decoder_with_a_tma_large_batch_kernel_compiles(tmp_path):
         assert {"split_parts", "split_count"} <= names
     assert "wgmma.mma_async" in (tmp_path / "bucket2" / "kernel.ptx").read_text()
     assert "wgmma.mma_async" not in (tmp_path / "bucket0" / "kernel.ptx").read_text()
+
+
+def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
+    """tma_prefetch="shared" (the default) loads the weight stages into the
+    rings before the waits under the static schedule; compile_decoder gives
+    the dynamic schedule the L2 prefetch (measured faster there)."""
+    cfg = dataclasses.replace(
+        M.TINY, k_splits=SPLITS, batch_buckets=((1, ()), (None, (*M.LARGE_BATCH, *TMA.items())))
+    )
+    assert cfg.tma_prefetch == "shared"
+    ptx = {
+        s: M.compile_decoder(cfg, s, cubin=False).artifacts[-1].ptx for s in ("static", "dynamic")
+    }
+    assert "prefetch.tensor.2d.L2" not in ptx["static"]
+    assert "prefetch.tensor.2d.L2" in ptx["dynamic"]
 
 
 @pytest.mark.parametrize(

@@ -225,6 +225,7 @@ private:
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
   void prefetchEntry(Value position, Value end,
                      ArrayRef<DispatchOp> dispatches);
+  void clonePrefetch(DispatchOp dispatch, Value linear);
   void prefetchAheadOf(DispatchOp current, ArrayRef<DispatchOp> dispatches);
   FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
       Value descriptor, ArrayRef<DispatchOp> dispatches, TypeRange resultTypes,
@@ -1016,11 +1017,7 @@ void KernelBuilder::prefetchAheadOf(DispatchOp current,
         [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
           OpBuilder::InsertionGuard caseGuard(b);
           b.setInsertionPointToStart(caseBlock);
-          for (Operation &op : mapGridCoordinates(dispatch, linear)) {
-            if (!isHoistable(op))
-              break; // the waits: the prefetch call came before them
-            b.clone(op, mapping);
-          }
+          clonePrefetch(dispatch, linear);
           scf::YieldOp::create(
               b, arith::ConstantIntOp::create(b, 1, 1).getResult());
           return success();
@@ -1031,6 +1028,16 @@ void KernelBuilder::prefetchAheadOf(DispatchOp current,
   aheadRan = ifNext.getResult(0);
 }
 
+/// Instance `linear` of `dispatch`'s prefetch: its coordinates, buffer casts
+/// and prefetch call (the body's leading hoistable ops), nothing else.
+void KernelBuilder::clonePrefetch(DispatchOp dispatch, Value linear) {
+  for (Operation &op : mapGridCoordinates(dispatch, linear)) {
+    if (!isHoistable(op))
+      break; // the waits: the prefetch call came before them
+    b.clone(op, mapping);
+  }
+}
+
 /// When `position` < `end`, runs the prefetch function of the queue entry
 /// there: its coordinates, buffer casts and prefetch call, nothing else.
 /// Tasks without a prefetch function (or with a trigger, whose coordinate
@@ -1039,10 +1046,7 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
                                   ArrayRef<DispatchOp> dispatches) {
   SmallVector<DispatchOp> prefetching;
   for (DispatchOp dispatch : dispatches)
-    if (!dispatch.getTriggerEvent() &&
-        llvm::any_of(dispatch.getBody().front(), [](Operation &op) {
-          return isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName);
-        }))
+    if (hasAheadPrefetch(dispatch))
       prefetching.push_back(dispatch);
   if (prefetching.empty())
     return;
@@ -1057,11 +1061,7 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
       [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
         OpBuilder::InsertionGuard caseGuard(b);
         b.setInsertionPointToStart(caseBlock);
-        for (Operation &op : mapGridCoordinates(dispatch, linear)) {
-          if (!isHoistable(op))
-            break; // the waits: the prefetch call came before them
-          b.clone(op, mapping);
-        }
+        clonePrefetch(dispatch, linear);
         scf::YieldOp::create(b);
         return success();
       },

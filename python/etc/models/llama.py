@@ -370,10 +370,14 @@ class LlamaConfig:
     k_splits: tuple[tuple[str, int], ...] = (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 8))
     #: k-tiles of 64 in flight in a tma-core tile.
     tma_stages: int = 4
-    #: The tma-core tiles ask the L2 for their first stages' weight boxes
-    #: before their waits (``layer_gemm(core="tma", prefetch_ring=...)``; an
-    #: int: that many k-tiles).
-    tma_prefetch: bool | int = True
+    #: Before their waits the tma-core tiles load their first stages' weight
+    #: boxes into the ring ("shared": barriers initialised in the prefetch
+    #: function, activations after the wait; −1..−2 % at B = 17..64 on an
+    #: H200 under the static schedule, seventeenth session) or ask the L2
+    #: for them (True; an int: that many k-tiles) (``layer_gemm(core="tma",
+    #: prefetch_ring=...)``). :func:`compile_decoder` gives the dynamic
+    #: schedule True (the ring prefetch was 2-4 % slower there).
+    tma_prefetch: bool | int | str = "shared"
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -854,6 +858,11 @@ def compile_decoder(
     picks the kernel by ``B`` at each launch."""
     import etc
 
+    if schedule == "dynamic" and cfg.tma_prefetch == "shared":
+        # Loading the weight stages into the rings before the waits made the
+        # dynamic kernel 2-4 % slower at B = 32 and 64 on an H200 (seventeenth
+        # session): its tiles ask the L2 instead, as before.
+        cfg = dataclasses.replace(cfg, tma_prefetch=True)
     opts = {**compile_options(cfg, schedule), **options}
     buckets = cfg.bucket_configs()
     if len(buckets) == 1:  # one kernel: this configuration, or its one bucket's

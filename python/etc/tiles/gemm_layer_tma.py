@@ -76,7 +76,7 @@ def layer_gemm_tma(
     k_splits: int = 1,
     counter_row: int = 0,
     smem_limit: int = SMEM_LIMIT,
-    prefetch: bool | int = False,
+    prefetch: bool | int | str = False,
     a_box: int = 64,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
@@ -91,9 +91,13 @@ def layer_gemm_tma(
     its activations, thread 0 asks the L2 for the weight boxes of its first
     ``stages`` k-tiles (an int: that many) with
     ``cp.async.bulk.prefetch.tensor``, so the ring's first loads after the
-    wait hit L2. (Loading them into the ring before the wait was 3-4 %
-    faster on an H200 but gave wrong results when the CTA had waited long,
-    cause not found: ``bench/RESULTS.md``, session 13.) ``a_box`` (16, 32 or 64): rows per activation
+    wait hit L2. ``prefetch="shared"``: thread 0 initialises the ring's
+    barriers and loads the first stages' weight boxes into the ring itself
+    (:func:`etc.tiles.gemm_tc.tma_prefetch_ring`); the body loads their
+    activation boxes after the wait. (Session 13 measured this 3-4 % faster
+    on an H200 and withdrew it for wrong results after long waits; the cause
+    was the tiles' missing ``mbarrier.inval``, ``bench/RESULTS.md`` items 52
+    and 73.) ``a_box`` (16, 32 or 64): rows per activation
     box; boxes that start past ``M`` are not loaded (at B=8 a 64-row box
     made the TMA unit fill 56 rows of zeros per stage), their ring rows'
     products are garbage and never stored."""
@@ -116,8 +120,13 @@ def layer_gemm_tma(
             f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
             f"{_tc.TMA_BLOCK_K}"
         )
-    if not isinstance(prefetch, bool) and (not isinstance(prefetch, int) or prefetch < 1):
-        raise GraphError(f"tile '{name}': prefetch must be a bool or an int >= 1, got {prefetch!r}")
+    shared = prefetch == "shared"
+    if not shared and (
+        not isinstance(prefetch, (bool, int)) or (not isinstance(prefetch, bool) and prefetch < 1)
+    ):
+        raise GraphError(
+            f"tile '{name}': prefetch must be a bool, an int >= 1 or 'shared', got {prefetch!r}"
+        )
     if a_box not in (16, 32, 64):
         raise GraphError(f"tile '{name}': a_box={a_box!r} must be 16, 32 or 64")
     if not isinstance(counter_row, int) or counter_row < 0:
@@ -163,6 +172,7 @@ def layer_gemm_tma(
         t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
         stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
         stage_output=False, split_n=True, k_offset=t.mul("%ks", part) if split else None,
+        weights_prefetched=shared,
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
@@ -181,23 +191,34 @@ def layer_gemm_tma(
     signature = f"{coords}, {', '.join(buffers)}"
     if prefetch:
         tp = _Text()
-        _, _, n0p, valid_p, _ = _gemm._layer_block(tp, at, block_m, block_n, n)
+        r0p, _, n0p, valid_p, m_rows_p = _gemm._layer_block(tp, at, block_m, block_n, n)
         tp.emit(f"scf.if {valid_p} {{")
         tp.indent += "  "
-        b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked)
-        tiles = min(stages if prefetch is True else int(prefetch), part // _tc.TMA_BLOCK_K)
-        _tc.tma_prefetch_l2(tp, b_loads, tiles, tp.mul("%ks", part) if split else None)
+        k_offset = tp.mul("%ks", part) if split else None
+        if shared:  # the same boxes as the body's: the stage's expected bytes
+            a_p, b_p = _loads(tp, per_n, n, n0p, r0p, m_rows_p, cw, groups, stacked, a_box)
+            _tc.tma_prefetch_ring(
+                tp, name=name, k=part, block_m=block_m, b_rows=per_n * block_n,
+                block_size=block_size, stages=stages, a_loads=a_p, b_loads=b_p,
+                k_offset=k_offset,
+            )  # fmt: skip
+            loaded = "the ring's barriers and first weight boxes, before the waits"
+        else:
+            b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked)
+            tiles = min(stages if prefetch is True else int(prefetch), part // _tc.TMA_BLOCK_K)
+            _tc.tma_prefetch_l2(tp, b_loads, tiles, k_offset)
+            loaded = "the first weight boxes into L2"
         tp.close()
         maps = "".join(f", %{arg}_map: {_tc.MAP_TYPE}" for arg in ("A", "W"))
-        t.extra = tp.source(
-            f"{name}__prefetch", signature + maps, [], f"{name}: the first weight boxes into L2"
-        )
-    return _tc.finish_tma(
+        t.extra = tp.source(f"{name}__prefetch", signature + maps, [], f"{name}: {loaded}")
+    fn = _tc.finish_tma(
         t, name, signature, globals_,
         f"{name}: {what[epilogue]}, bf16, 64x{block_n} blocks, {stages} stages, TMA + wgmma"
         + (f", {k_splits} parts of k" if split else ""),
         reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw)],
     )  # fmt: skip
+    fn.prefetch_fills_shared = shared
+    return fn
 
 
 def _loads(

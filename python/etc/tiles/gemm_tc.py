@@ -51,6 +51,7 @@ gate/up and down tiles need smaller configurations, e.g. ``stages=2``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..device import DeviceFunction
 from ..errors import GraphError
@@ -641,6 +642,162 @@ def _mbar_wait(t: _Text, bar: str, parity: str) -> None:
     )
 
 
+@dataclass
+class _TmaRing:
+    """One TMA tile's ring in the function being emitted: its globals, the
+    stages' bases and sizes, and its barrier addresses and loads."""
+
+    globals_: list[str]
+    a_t: str
+    b_t: str
+    base_a: str
+    base_b: str
+    a_bytes: int
+    b_bytes: int
+    is0: str
+    bar: Callable[[int, str | int], str]
+    issue: Callable[..., None]
+    #: The body's thread coordinates (``body=True``): thread, warpgroup, warp
+    #: in it, lane, lane 0.
+    lanes: tuple[str, str, str, str, str] | None = None
+
+
+def _tma_ring(
+    t: _Text, name: str, block_m: int, b_rows: int, stages: int, a_loads: list[TmaLoad],
+    b_loads: list[TmaLoad], k_offset: str | None, body: bool = False,
+) -> _TmaRing:  # fmt: skip
+    """The ring of :func:`_body_tma` (and of its prefetch, :func:`tma_prefetch_ring`):
+    ``stages`` stages of ``a_loads`` and ``b_loads`` boxes, a full and an
+    empty mbarrier each. ``issue(kt, stage, which="ab", expect=True)``: thread
+    0 loads k-tile ``kt``'s boxes of ``which`` into ``stage``, first expecting
+    the whole stage's bytes on its full barrier when ``expect``."""
+    bk = TMA_BLOCK_K
+    a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
+    b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
+    bar_t = f"memref<{2 * stages}xi64, #gpu.address_space<workgroup>>"
+    globals_ = [
+        f'memref.global "private" @{name}__smem_a : {a_t} {{alignment = 1024 : i64}}',
+        f'memref.global "private" @{name}__smem_b : {b_t} {{alignment = 1024 : i64}}',
+        f'memref.global "private" @{name}__mbar : {bar_t} {{alignment = 8 : i64}}',
+    ]
+    bases = []
+    for key, glob, ty in (("sa", "smem_a", a_t), ("sb", "smem_b", b_t), ("sbar", "mbar", bar_t)):
+        ref = t.op(key, f"memref.get_global @{name}__{glob} : {ty}")
+        bases.append(t.op("b", f"memref.extract_aligned_pointer_as_index {ref} : {ty} -> index"))
+    base_a, base_b, base_bar = bases
+    if body:  # the wgmma descriptors' constants
+        for line in (
+            "%c_desc_mask = arith.constant 262143 : i64",
+            "%c_desc_shift = arith.constant 4 : i64",
+            f"%c_desc_hi = arith.constant {_desc_hi(bk)} : i64",
+            "%c_one_i32 = arith.constant 1 : i32",
+        ):
+            t.emit(line)
+    tid = t.op("tid", "gpu.thread_id x")
+    lanes = None
+    if body:
+        group = t.bin("divui", tid, 128)
+        warp = t.bin("remui", t.bin("divui", tid, 32), 4)
+        lane = t.bin("remui", tid, 32)
+    is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
+    if body:
+        lane0 = t.op("lane0", f"arith.cmpi eq, {lane}, {t.c(0)} : index")
+        lanes = (tid, group, warp, lane, lane0)
+    a_bytes, b_bytes = block_m * bk * 2, b_rows * bk * 2
+    tx = t.op("tx", f"arith.constant {a_bytes + b_bytes} : i32")
+    if any(len(load) > 3 for load in a_loads + b_loads):  # count the boxes loaded
+        zero = t.op("tx", "arith.constant 0 : i32")
+        tx = zero
+        for _, _, rows, *cond in a_loads + b_loads:
+            size = t.op("txr", f"arith.constant {rows * bk * 2} : i32")
+            if cond:
+                size = t.op("txr", f"arith.select {cond[0]}, {size}, {zero} : i32")
+            tx = t.op("tx", f"arith.addi {tx}, {size} : i32")
+
+    def bar(kind: int, stage: str | int) -> str:
+        """The shared address (i32) of stage's full (0) or empty (1) mbarrier."""
+        at = (
+            t.add(base_bar, 8 * (kind * stages + stage))
+            if isinstance(stage, int)
+            else t.add(base_bar, t.mul(t.add(stage, kind * stages), 8))
+        )
+        return _i32(t, at)
+
+    def issue(kt: str | int, stage: str | int, which: str = "ab", expect: bool = True) -> None:
+        """Thread 0: TMA k-tile ``kt`` into ``stage``."""
+        full = bar(0, stage)
+        if expect:
+            _asm_ops(
+                t,
+                "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+                [(full, "i32"), (tx, "i32")],
+            )
+        col = t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk)
+        col = _i32(t, col if k_offset is None else t.add(col, k_offset))
+        for part, base, per_stage, loads in (
+            ("a", base_a, a_bytes, a_loads), ("b", base_b, b_bytes, b_loads)
+        ):  # fmt: skip
+            if part not in which:
+                continue
+            st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
+            off = 0
+            for tmap, row0, rows, *cond in loads:
+                dst = _i32(t, t.add(t.add(base, st), off * bk * 2))
+                if cond:
+                    t.emit(f"scf.if {cond[0]} {{")
+                    t.indent += "  "
+                _asm_ops(
+                    t,
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                    "[$0], [$1, {$2, $3}], [$4];",
+                    [
+                        (dst, "i32"),
+                        (tmap, "i64"),
+                        (col, "i32"),
+                        (_i32(t, row0), "i32"),
+                        (full, "i32"),
+                    ],
+                )
+                if cond:
+                    t.end()
+                off += rows
+
+    return _TmaRing(globals_, a_t, b_t, base_a, base_b, a_bytes, b_bytes, is0, bar, issue, lanes)
+
+
+def _init_ring_barriers(t: _Text, ring: _TmaRing, stages: int, warps: int) -> None:
+    """Thread 0 (inside its ``scf.if``): one full (1 arrival) and one empty
+    (an arrival per warp) mbarrier per stage."""
+    for s in range(stages):
+        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(ring.bar(0, s), "i32")])
+        _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(ring.bar(1, s), "i32")])
+    _asm(t, "fence.mbarrier_init.release.cluster;")
+
+
+def tma_prefetch_ring(
+    t: _Text, *, name: str, k: int, block_m: int, b_rows: int, block_size: int, stages: int,
+    a_loads: list[TmaLoad], b_loads: list[TmaLoad], k_offset: str | None = None,
+) -> None:  # fmt: skip
+    """The prefetch half of ``_body_tma(weights_prefetched=True)``, for a
+    prefetch function (before the instance's waits): thread 0 initialises
+    the ring's barriers, expects each of the first stages' whole bytes and
+    loads their ``b_loads`` (weights: no task writes them). ``a_loads`` only
+    count the expected bytes (their conditions); the body loads them."""
+    kt_n = k // TMA_BLOCK_K
+    ring = _tma_ring(t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset)
+    # The previous tile used this memory through the generic proxy, and its
+    # barriers were invalidated before the instance's closing barrier.
+    _asm(t, "fence.proxy.async.shared::cta;")
+    t.emit("gpu.barrier")
+    t.emit(f"scf.if {ring.is0} {{")
+    t.indent += "  "
+    _init_ring_barriers(t, ring, stages, block_size // 32)
+    for s in range(min(stages, kt_n)):
+        ring.issue(s, s, which="b")
+    t.end()
+    t.emit("gpu.barrier")
+
+
 def _body_tma(
     t: _Text,
     *,
@@ -657,6 +814,7 @@ def _body_tma(
     stage_output: bool = True,
     split_n: bool = False,
     k_offset: str | None = None,
+    weights_prefetched: bool = False,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -685,7 +843,12 @@ def _body_tma(
     only where it holds (rows past a batch's end are skipped, not
     zero-filled), and the stage's expected bytes count only the boxes
     loaded. The ring rows of a skipped box keep stale values, so their
-    accumulator rows are garbage that the epilogue must not store."""
+    accumulator rows are garbage that the epilogue must not store.
+
+    ``weights_prefetched``: the tile's prefetch function (:func:`tma_prefetch_ring`,
+    before the instance's waits) initialised the barriers, expected the first
+    stages' bytes and loaded their ``b_loads``; the body loads only their
+    ``a_loads``."""
     groups = block_size // 128
     if block_size % 128 or block_m != (64 if split_n else 64 * groups):
         raise GraphError(
@@ -704,102 +867,32 @@ def _body_tma(
     if stages < 2:
         raise GraphError(f"tile '{name}': stages={stages} must be at least 2")
     bk, kt_n, warps = TMA_BLOCK_K, k // TMA_BLOCK_K, block_size // 32
-    a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
-    b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
-    bar_t = f"memref<{2 * stages}xi64, #gpu.address_space<workgroup>>"
-    globals_ = [
-        f'memref.global "private" @{name}__smem_a : {a_t} {{alignment = 1024 : i64}}',
-        f'memref.global "private" @{name}__smem_b : {b_t} {{alignment = 1024 : i64}}',
-        f'memref.global "private" @{name}__mbar : {bar_t} {{alignment = 8 : i64}}',
-    ]
-    bases = []
-    for key, glob, ty in (("sa", "smem_a", a_t), ("sb", "smem_b", b_t), ("sbar", "mbar", bar_t)):
-        ref = t.op(key, f"memref.get_global @{name}__{glob} : {ty}")
-        bases.append(t.op("b", f"memref.extract_aligned_pointer_as_index {ref} : {ty} -> index"))
-    base_a, base_b, base_bar = bases
-    for line in (
-        "%c_desc_mask = arith.constant 262143 : i64",
-        "%c_desc_shift = arith.constant 4 : i64",
-        f"%c_desc_hi = arith.constant {_desc_hi(bk)} : i64",
-        "%c_one_i32 = arith.constant 1 : i32",
-    ):
-        t.emit(line)
-    tid = t.op("tid", "gpu.thread_id x")
-    group = t.bin("divui", tid, 128)
-    warp = t.bin("remui", t.bin("divui", tid, 32), 4)
-    lane = t.bin("remui", tid, 32)
-    is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
-    lane0 = t.op("lane0", f"arith.cmpi eq, {lane}, {t.c(0)} : index")
-    a_bytes, b_bytes = block_m * bk * 2, b_rows * bk * 2
-    tx = t.op("tx", f"arith.constant {a_bytes + b_bytes} : i32")
-    if any(len(load) > 3 for load in a_loads + b_loads):  # count the boxes loaded
-        zero = t.op("tx", "arith.constant 0 : i32")
-        tx = zero
-        for _, _, rows, *cond in a_loads + b_loads:
-            size = t.op("txr", f"arith.constant {rows * bk * 2} : i32")
-            if cond:
-                size = t.op("txr", f"arith.select {cond[0]}, {size}, {zero} : i32")
-            tx = t.op("tx", f"arith.addi {tx}, {size} : i32")
-
-    def bar(kind: int, stage: str | int) -> str:
-        """The shared address (i32) of stage's full (0) or empty (1) mbarrier."""
-        at = (
-            t.add(base_bar, 8 * (kind * stages + stage))
-            if isinstance(stage, int)
-            else t.add(base_bar, t.mul(t.add(stage, kind * stages), 8))
-        )
-        return _i32(t, at)
-
-    def issue(kt: str | int, stage: str | int) -> None:
-        """Thread 0: TMA k-tile ``kt`` into ``stage``."""
-        full = bar(0, stage)
-        _asm_ops(
-            t,
-            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
-            [(full, "i32"), (tx, "i32")],
-        )
-        col = t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk)
-        col = _i32(t, col if k_offset is None else t.add(col, k_offset))
-        for base, per_stage, loads in ((base_a, a_bytes, a_loads), (base_b, b_bytes, b_loads)):
-            st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
-            off = 0
-            for tmap, row0, rows, *cond in loads:
-                dst = _i32(t, t.add(t.add(base, st), off * bk * 2))
-                if cond:
-                    t.emit(f"scf.if {cond[0]} {{")
-                    t.indent += "  "
-                _asm_ops(
-                    t,
-                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-                    "[$0], [$1, {$2, $3}], [$4];",
-                    [
-                        (dst, "i32"),
-                        (tmap, "i64"),
-                        (col, "i32"),
-                        (_i32(t, row0), "i32"),
-                        (full, "i32"),
-                    ],
-                )
-                if cond:
-                    t.end()
-                off += rows
+    ring = _tma_ring(t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset, body=True)
+    globals_, base_a, base_b = ring.globals_, ring.base_a, ring.base_b
+    is0, bar, issue = ring.is0, ring.bar, ring.issue
+    a_bytes, b_bytes = ring.a_bytes, ring.b_bytes
+    assert ring.lanes is not None
+    tid, group, warp, lane, lane0 = ring.lanes
 
     # -- prologue: the buffers may hold another tile's generic writes (tiles
     # share shared memory) and the previous call's barriers are still live
-    # until every thread is here.
-    _asm(t, "fence.proxy.async.shared::cta;")
-    t.emit("gpu.barrier")
+    # until every thread is here. With the weights prefetched, the prefetch
+    # function did this, initialised the barriers and loaded the weights.
+    if not weights_prefetched:
+        _asm(t, "fence.proxy.async.shared::cta;")
+        t.emit("gpu.barrier")
     t.emit(f"scf.if {is0} {{")
     outer = t.indent
     t.indent += "  "
-    for s in range(stages):
-        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(bar(0, s), "i32")])
-        _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(bar(1, s), "i32")])
-    _asm(t, "fence.mbarrier_init.release.cluster;")
+    if not weights_prefetched:
+        _init_ring_barriers(t, ring, stages, warps)
     # Other CTAs wrote the activations through the generic proxy.
     _asm(t, "fence.proxy.async.global;")
     for s in range(min(stages, kt_n)):
-        issue(s, s)
+        if weights_prefetched:
+            issue(s, s, which="a", expect=False)
+        else:
+            issue(s, s)
     t.indent = outer
     t.emit("}")
     t.emit("gpu.barrier")
@@ -863,9 +956,9 @@ def _body_tma(
 
     t.after_join = invalidate
     if stage_output:
-        ring = bases[0]  # the A ring's start (the warpgroup offset is added above)
+        ring_start = ring.base_a  # without the warpgroup offset added above
         t.staging = lambda t, values, cols, out, r1, n_limit: _staged_store(
-            t, values, cols, out, r1, n_limit, ring=ring, ring_bytes=stages * a_bytes,
+            t, values, cols, out, r1, n_limit, ring=ring_start, ring_bytes=stages * a_bytes,
             block_m=block_m, block_size=block_size, tid=tid, group=group, warp=warp,
             lane=lane, r0=r0, split_n=split_n,
         )  # fmt: skip
