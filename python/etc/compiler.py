@@ -363,6 +363,23 @@ def _manifest_symbol_max(g: Graph) -> dict[str, Any]:
     return {"symbol_max": bounds} if bounds else {}
 
 
+def _check_mbarriers_invalidated(g: Graph) -> None:
+    """Tiles share one shared buffer (``docs/tiles.md``): a tile that keeps
+    mbarriers there must ``mbarrier.inval`` them before its words serve
+    another tile (PTX; without it the Llama decoder gave wrong tokens on an
+    H200, ``bench/RESULTS.md`` item 72). Refuses a tile that initialises
+    mbarriers and never invalidates one."""
+    for task in g.tasks:
+        source = task.function.source
+        if "mbarrier.init" in source and "mbarrier.inval" not in source:
+            raise CompileError(
+                f"task '{task.name}': tile '{task.function.name}' initialises mbarriers "
+                "(mbarrier.init) but never invalidates them (mbarrier.inval): another "
+                "tile reuses its shared memory after each instance, which PTX allows only "
+                "for invalidated barriers"
+            )
+
+
 def compile(  # noqa: A001 - the public name
     g: Graph,
     schedule: str = "static",
@@ -449,6 +466,7 @@ def compile(  # noqa: A001 - the public name
                     "prefetch that fills shared memory for its own instance; running it for "
                     "the next instance would overwrite the current one's"
                 )
+    _check_mbarriers_invalidated(g)
     if schedule == "static":
         _check_loop_phases(g)
     from . import ir

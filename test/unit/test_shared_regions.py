@@ -135,3 +135,36 @@ def test_llama_3_2_1b_with_regions_keeps_two_ctas_per_sm():
         cubin=False,
     )
     assert plain.manifest["dynamic_shared_memory"] < 72 * 1024
+
+
+def test_a_tile_that_never_invalidates_its_mbarriers_is_refused():
+    """Tiles share one shared buffer: mbarriers left valid at the end of a
+    tile are another tile's ring words next (PTX requires mbarrier.inval)."""
+    bar = "memref<1xi64, #gpu.address_space<workgroup>>"
+    init = """
+  %b = memref.get_global @t__bar : {bar}
+  %p = memref.extract_aligned_pointer_as_index %b : {bar} -> index
+  %w = arith.index_cast %p : index to i32
+  llvm.inline_asm has_side_effects "mbarrier.init.shared::cta.b64 [$0], 1;", "r" %w : (i32) -> (){inval}
+  return"""
+    inval = (
+        '\n  llvm.inline_asm has_side_effects "mbarrier.inval.shared::cta.b64 [$0];", "r" %w'
+        " : (i32) -> ()"
+    )
+    for body, refused in (
+        (init.format(bar=bar, inval=""), True),
+        (init.format(bar=bar, inval=inval), False),
+    ):
+        source = (
+            f'memref.global "private" @t__bar : {bar} {{alignment = 8 : i64}}\n'
+            f"func.func @t(%i: index) {{{body}\n}}\n"
+        )
+        g = etc.Graph("g")
+        g.task(etc.DeviceFunction.from_mlir(source, "t"), (1,), [], name="barriers")
+        if refused:
+            with pytest.raises(
+                etc.CompileError, match="task 'barriers': tile 't' initialises mbarriers .* never"
+            ):
+                etc.compile(g, cubin=False)
+        else:
+            assert etc.compile(g, cubin=False).ptx.count("mbarrier.inval") == 1
