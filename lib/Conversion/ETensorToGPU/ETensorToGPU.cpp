@@ -226,7 +226,9 @@ private:
   void prefetchEntry(Value position, Value end,
                      ArrayRef<DispatchOp> dispatches);
   void clonePrefetch(DispatchOp dispatch, Value linear);
-  void prefetchAheadOf(DispatchOp current, ArrayRef<DispatchOp> dispatches);
+  Value prefetchQueueEntry(Value position, Value end,
+                           ArrayRef<DispatchOp> candidates, bool reportRan);
+  void prefetchAheadOf(DispatchOp current);
   FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
       Value descriptor, ArrayRef<DispatchOp> dispatches, TypeRange resultTypes,
       function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase,
@@ -712,7 +714,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
     }
     // After the entry's own prefetch, before its first wait.
     if (prefetchAhead && !aheadRan)
-      prefetchAheadOf(dispatch, staticDispatches);
+      prefetchAheadOf(dispatch);
     auto wait = dyn_cast<WaitOp>(*it);
     if (!wait)
       break;
@@ -720,7 +722,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
                                lowerWait(wait, dispatch.getTask(), linear));
   }
   if (prefetchAhead && !aheadRan)
-    prefetchAheadOf(dispatch, staticDispatches);
+    prefetchAheadOf(dispatch);
   Value run = ok;
   if (dispatch.getTriggerEvent()) {
     // Only after successful in-edge waits: they may guard the tables.
@@ -991,41 +993,16 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
 /// reads). Returns whether it ran, for the next iteration. The copies come
 /// after `current`'s own: `cp.async.wait_group` in `current` then waits for
 /// at most more groups than it counts, never fewer.
-void KernelBuilder::prefetchAheadOf(DispatchOp current,
-                                    ArrayRef<DispatchOp> dispatches) {
+void KernelBuilder::prefetchAheadOf(DispatchOp current) {
   SmallVector<DispatchOp> ahead;
-  for (DispatchOp dispatch : dispatches)
+  for (DispatchOp dispatch : staticDispatches)
     if (hasAheadPrefetch(dispatch) &&
         sharedRegion(dispatch) != sharedRegion(current))
       ahead.push_back(dispatch);
-  Type i1 = b.getI1Type();
-  if (ahead.empty() || current.getTriggerEvent()) {
-    aheadRan = arith::ConstantIntOp::create(b, 0, 1);
-    return;
-  }
-  Value inQueue = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
-                                        aheadPosition, aheadEnd);
-  auto ifNext = scf::IfOp::create(b, i1, inQueue, true);
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(ifNext.elseBlock());
-    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
-    b.setInsertionPointToStart(ifNext.thenBlock());
-    Value entry = memref::LoadOp::create(b, queue, ValueRange{aheadPosition});
-    FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
-        entry, ahead, i1,
-        [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
-          OpBuilder::InsertionGuard caseGuard(b);
-          b.setInsertionPointToStart(caseBlock);
-          clonePrefetch(dispatch, linear);
-          scf::YieldOp::create(
-              b, arith::ConstantIntOp::create(b, 1, 1).getResult());
-          return success();
-        },
-        /*othersAreCorrupt=*/false);
-    scf::YieldOp::create(b, (*sw).getResult(0));
-  }
-  aheadRan = ifNext.getResult(0);
+  aheadRan = ahead.empty() || current.getTriggerEvent()
+                 ? arith::ConstantIntOp::create(b, 0, 1).getResult()
+                 : prefetchQueueEntry(aheadPosition, aheadEnd, ahead,
+                                      /*reportRan=*/true);
 }
 
 /// Instance `linear` of `dispatch`'s prefetch: its coordinates, buffer casts
@@ -1048,24 +1025,46 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
   for (DispatchOp dispatch : dispatches)
     if (hasAheadPrefetch(dispatch))
       prefetching.push_back(dispatch);
-  if (prefetching.empty())
-    return;
+  if (!prefetching.empty())
+    (void)prefetchQueueEntry(position, end, prefetching, /*reportRan=*/false);
+}
+
+/// When `position` < `end` and the queue entry there is an instance of one
+/// of `candidates`, runs that instance's prefetch (`clonePrefetch`). With
+/// `reportRan`, returns whether it did (i1); otherwise nothing.
+Value KernelBuilder::prefetchQueueEntry(Value position, Value end,
+                                        ArrayRef<DispatchOp> candidates,
+                                        bool reportRan) {
   OpBuilder::InsertionGuard guard(b);
+  Type i1 = b.getI1Type();
+  TypeRange ran = reportRan ? TypeRange(i1) : TypeRange();
   Value inQueue =
       arith::CmpIOp::create(b, arith::CmpIPredicate::ult, position, end);
-  auto ifNext = scf::IfOp::create(b, TypeRange(), inQueue, false);
+  auto ifNext = scf::IfOp::create(b, ran, inQueue, reportRan);
+  if (reportRan) {
+    b.setInsertionPointToStart(ifNext.elseBlock());
+    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 0, 1).getResult());
+  }
   b.setInsertionPointToStart(ifNext.thenBlock());
   Value entry = memref::LoadOp::create(b, queue, ValueRange{position});
-  (void)emitDispatchSwitch(
-      entry, prefetching, TypeRange(),
+  FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
+      entry, candidates, ran,
       [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
         OpBuilder::InsertionGuard caseGuard(b);
         b.setInsertionPointToStart(caseBlock);
         clonePrefetch(dispatch, linear);
-        scf::YieldOp::create(b);
+        if (reportRan)
+          scf::YieldOp::create(
+              b, arith::ConstantIntOp::create(b, 1, 1).getResult());
+        else
+          scf::YieldOp::create(b);
         return success();
       },
       /*othersAreCorrupt=*/false);
+  if (!reportRan)
+    return Value();
+  scf::YieldOp::create(b, (*sw).getResult(0));
+  return ifNext.getResult(0);
 }
 
 /// Decodes a task descriptor `task << 48 | instance` and switches on the
