@@ -450,8 +450,8 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(
             "prefetch_next needs the static schedule (a dynamic CTA does not know its next instance)"
         )
-    if prefetch_next and any(task.shared_region for task in g.tasks):
-        regioned = next(task for task in g.tasks if task.shared_region)
+    regioned = next((task for task in g.tasks if task.shared_region), None)
+    if prefetch_next and regioned is not None:
         raise CompileError(
             f"prefetch_next: task '{regioned.name}' has shared_region "
             f"{regioned.shared_region}; with shared regions the static schedule already "

@@ -648,8 +648,6 @@ class _TmaRing:
     stages' bases and sizes, and its barrier addresses and loads."""
 
     globals_: list[str]
-    a_t: str
-    b_t: str
     base_a: str
     base_b: str
     a_bytes: int
@@ -762,7 +760,7 @@ def _tma_ring(
                     t.end()
                 off += rows
 
-    return _TmaRing(globals_, a_t, b_t, base_a, base_b, a_bytes, b_bytes, is0, bar, issue, lanes)
+    return _TmaRing(globals_, base_a, base_b, a_bytes, b_bytes, is0, bar, issue, lanes)
 
 
 def _init_ring_barriers(t: _Text, ring: _TmaRing, stages: int, warps: int) -> None:
