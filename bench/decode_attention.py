@@ -42,6 +42,16 @@ VARIANTS = {
     # positions per warp and step.
     "mma_b1": ("attention_mma", 32, {"blocks": 1}),
     "mma_b2": ("attention_mma", 32, {"blocks": 2}),
+    # The large-batch kernel's tile: K and V rows by TMA into a ring of
+    # 2-4 stages of 128 positions, started before the waits; spans of 4096.
+    "tma_s2": ("attention_mma", 32, {"blocks": 1, "pipeline": "tma", "stages": 2}),
+    "tma_s3": ("attention_mma", 32, {"blocks": 1, "pipeline": "tma", "stages": 3}),
+    "tma_s4": ("attention_mma", 32, {"blocks": 1, "pipeline": "tma", "stages": 4}),
+    "tma_s2_pf": (
+        "attention_mma",
+        32,
+        {"blocks": 1, "pipeline": "tma", "stages": 2, "prefetch": True},
+    ),
 }
 #: The variant each one's outputs are checked against (same heads).
 CHECK_AGAINST = {
@@ -50,7 +60,13 @@ CHECK_AGAINST = {
     "online_u2_g1": "phased_g1",
     "mma_b1": "phased",
     "mma_b2": "phased",
+    **{name: "phased" for name in ("tma_s2", "tma_s3", "tma_s4", "tma_s2_pf")},
 }
+#: ``ATTN_VARIANTS=a,b`` runs only those (and what they are checked against).
+if os.environ.get("ATTN_VARIANTS"):
+    _keep = os.environ["ATTN_VARIANTS"].split(",")
+    _keep += [CHECK_AGAINST[k] for k in _keep if k in CHECK_AGAINST]
+    VARIANTS = {k: v for k, v in VARIANTS.items() if k in _keep}
 CASES = ((1, 1024), (64, 1024), (64, 4096))
 CALLS = 10
 #: ``ATTN_CASES=64x1024,1x1024`` runs only those (B, L), e.g. under ``ncu``.
@@ -58,7 +74,10 @@ if os.environ.get("ATTN_CASES"):
     CASES = tuple(tuple(int(x) for x in c.split("x")) for c in os.environ["ATTN_CASES"].split(","))
 
 
-def span(B: int) -> int:
+def span(B: int, name: str = "") -> int:
+    """Positions per split: the decoder's large-batch spans for the TMA tile."""
+    if name.startswith("tma"):
+        return 4096
     return 256 if B <= 16 else 512
 
 
@@ -69,7 +88,8 @@ def graph(name: str):
 
     maker, heads, options = VARIANTS[name]
     module = attention_mma if maker == "attention_mma" else T
-    tile = getattr(module, maker)(512, heads, KV, D, LAYERS, spread=True, **options)
+    chunk = 4096 if name.startswith("tma") else 512
+    tile = getattr(module, maker)(chunk, heads, KV, D, LAYERS, spread=True, **options)
     g = etc.Graph(name)
     B, L, S, P = g.symbol("B"), g.symbol("L"), g.symbol("S"), g.symbol("P")
     NL = g.symbol("NL")  # layers in the grid: 1 for the check, all for timing
@@ -113,13 +133,14 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
     kernels = {name: etc.runtime.load(artifacts / name) for name in VARIANTS}
     rows = []
     for B, L in CASES:
-        S, P = L + 1, -(-(L + 1) // span(B))
+        S = L + 1
         rope = torch.from_numpy(T.rope_table(S, D)).cuda()
         kc = (torch.randn(LAYERS, B, KV, S, D, device="cuda")).to(torch.bfloat16)
         vc = (torch.randn(LAYERS, B, KV, S, D, device="cuda")).to(torch.bfloat16)
         nbytes = 2 * LAYERS * B * KV * (L + 1) * D * 2
         outputs = {}
         for name, (_, heads, _) in VARIANTS.items():
+            P = -(-(L + 1) // span(B, name))
             gen = torch.Generator(device="cuda").manual_seed(B + L + heads)
             qkv = torch.randn(B, (heads + 2 * KV) * D, device="cuda", generator=gen)
             bufs = {

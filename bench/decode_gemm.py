@@ -16,6 +16,7 @@ boundaries.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +39,30 @@ VARIANTS = {
     "lm_bulk": ("lm_head", 16, 64, dict(core="bulk", rotate_k=True)),
     "lm_bulk_bm8": ("lm_head", 8, 64, dict(core="bulk", rotate_k=True)),
 }
+# The large-batch kernel's cores (TMA + wgmma, 64-row blocks, split-K; the
+# decoder's settings, and wider/narrower splits and k rotated by column block).
+TMA = dict(core="tma", prefetch_ring=True)
+VARIANTS.update(
+    {
+        "qkv_tma_bn64_s4": ("qkv", 64, 64, dict(TMA, k_splits=4)),
+        "qkv_tma_bn64_s4_rot": ("qkv", 64, 64, dict(TMA, k_splits=4, rotate_k=True)),
+        "qkv_tma_bn128_s4": ("qkv", 64, 128, dict(TMA, k_splits=4)),
+        "qkv_tma_bn64_s2": ("qkv", 64, 64, dict(TMA, k_splits=2)),
+        "gu_tma_bn32": ("gate_up", 64, 32, dict(TMA)),
+        "gu_tma_bn32_rot": ("gate_up", 64, 32, dict(TMA, rotate_k=True)),
+        "gu_tma_bn32_s6": ("gate_up", 64, 32, dict(TMA, stages=6)),
+        "down_tma_bn64_s8": ("down", 64, 64, dict(TMA, k_splits=8)),
+        "down_tma_bn64_s8_rot": ("down", 64, 64, dict(TMA, k_splits=8, rotate_k=True)),
+        "down_tma_bn128_s8": ("down", 64, 128, dict(TMA, k_splits=8)),
+        "down_tma_bn64_s4": ("down", 64, 64, dict(TMA, k_splits=4)),
+    }
+)
 BATCHES = (1, 16)
+#: ``GEMM_VARIANTS=a,b`` and ``GEMM_BATCHES=32,64`` pick a subset.
+if os.environ.get("GEMM_VARIANTS"):
+    VARIANTS = {k: VARIANTS[k] for k in os.environ["GEMM_VARIANTS"].split(",")}
+if os.environ.get("GEMM_BATCHES"):
+    BATCHES = tuple(int(b) for b in os.environ["GEMM_BATCHES"].split(","))
 CALLS = 20
 
 
@@ -69,7 +93,12 @@ def graph(name: str):
     A = g.tensor("A", (B, k), "bf16")
     W = g.tensor("W", (2, rows, k), "bf16")
     C = g.tensor("C", (B, n), "bf16")
-    g.task(tile, grid=(NL, n // bn, (B + bm - 1) // bm), args=(A, W, C))
+    grid, args = (NL, n // bn, (B + bm - 1) // bm), [A, W, C]
+    parts = options.get("k_splits", 1)
+    if parts > 1:  # the split-K workspace and counters (zero between launches)
+        grid += (parts,)
+        args += [g.tensor("P", (parts * B, rows), "f32"), g.tensor("cnt", (1, 4096), "i32")]
+    g.task(tile, grid=grid, args=tuple(args))
     return g
 
 
@@ -77,7 +106,9 @@ def build(out: Path) -> None:
     import etc
 
     for name in VARIANTS:
-        options = {"min_ctas_per_sm": 2}
+        tma = VARIANTS[name][3].get("core") == "tma"
+        # The decoder's large-batch kernel: one CTA per SM, sm_90a.
+        options = {"min_ctas_per_sm": 1, "target": "sm_90a"} if tma else {"min_ctas_per_sm": 2}
         etc.compile(graph(name), schedule="static", **options).save(out / name)
         print("built", name, flush=True)
 
@@ -91,15 +122,34 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
     copy_bps = copy_bandwidth(torch, reps)
     print(f"copy bandwidth {copy_bps / 1e12:.2f} TB/s", flush=True)
     rows_out = []
-    for name, (projection, *_) in VARIANTS.items():
+    baselines = {}
+    for name, (projection, _, _, options) in VARIANTS.items():
         epilogue, n, k, wrows = shapes(projection)
         kernel = etc.runtime.load(artifacts / name)
         W = (torch.randn(2, wrows, k, device="cuda") * 0.02).to(torch.bfloat16)
+        parts = options.get("k_splits", 1)
         for B in BATCHES:
+            if (projection, B) not in baselines:  # cuBLAS on the same shape
+                A0 = torch.randn(B, k, device="cuda").to(torch.bfloat16)
+                t_us = timed(torch, lambda i, a=A0, w=W[0]: a @ w.T, CALLS, reps)
+                baselines[projection, B] = t_us
+                rows_out.append(
+                    {"variant": "torch.matmul", "projection": projection, "B": B, "us_1": t_us,
+                     "TBps": W[0].numel() * 2 / (t_us * 1e-6) / 1e12}
+                )  # fmt: skip
+                print(
+                    f"{'torch.matmul ' + projection:22s} B={B:3d} {t_us:7.1f} us: "
+                    f"{W[0].numel() * 2 / (t_us * 1e-6) / 1e12:5.2f} TB/s",
+                    flush=True,
+                )
             A = torch.randn(B, k, device="cuda").to(torch.bfloat16)
             C0 = torch.randn(B, n, device="cuda").to(torch.bfloat16)
             C = C0.clone()
-            kernel.launch({"A": A, "W": W, "C": C}, {"B": B, "NL": 1})
+            bufs = {"A": A, "W": W, "C": C}
+            if parts > 1:
+                bufs["P"] = torch.zeros(parts * B, wrows, device="cuda")
+                bufs["cnt"] = torch.zeros(1, 4096, dtype=torch.int32, device="cuda")
+            kernel.launch(bufs, {"B": B, "NL": 1})
             kernel.check()
             acc = (A.float() @ W[0].float().T).to(torch.bfloat16).float()
             if epilogue == "swiglu":
@@ -115,9 +165,7 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
                 syms = {"B": B, "NL": nl}
                 us[nl] = timed(
                     torch,
-                    lambda i, k=kernel, b={"A": A, "W": W, "C": C}, s=syms: k.launch(
-                        b, s, sync=False
-                    ),
+                    lambda i, k=kernel, b=bufs, s=syms: k.launch(b, s, sync=False),
                     CALLS,
                     reps,
                 )

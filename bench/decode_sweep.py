@@ -156,6 +156,26 @@ VARIANTS = {
     "sr_gu": {"shared_regions": (("gate_up", 1),)},
     "sr_o": {"shared_regions": (("o_proj", 1),)},
     "sr_d": {"shared_regions": (("down", 1),)},
+    # Session 18: the tma tiles' k loops rotated by column block, so a
+    # stage's tiles do not read the same activation boxes at once.
+    "rot": {"tma_rotate_k": True},
+    # Session 18: with the split-K sum's loads issued together, fewer
+    # parts (down in 4, qkv and o_proj in 2), and the TMA attention on 3
+    # stages (4.0 against 3.7 TB/s alone, bench/decode_attention.py).
+    "down_s4": {"k_splits": (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 4))},
+    "splits_224": {"k_splits": (("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4))},
+    "attn3": _large(("attn_tma_stages", 3)),
+    # Session 18: whole waves on 132 CTAs. qkv in 96-column blocks (128
+    # instances at B <= 64 instead of 192: 1.45 waves); gate/up in 64-column
+    # blocks (128, one wave); down in 128-column blocks of 16 or 8 parts
+    # (256 or 128 instances, each reading half the activations per weight).
+    "qkv96": _large(("bn_qkv", 96)),
+    "gu64": _large(("bn_gu", 64)),
+    "down128_s16": {
+        "k_splits": (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 16)),
+        **_large(("bn_down", 128)),
+    },
+    "down128_s8": _large(("bn_down", 128)),
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

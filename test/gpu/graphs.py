@@ -340,7 +340,8 @@ def llama_tiny_variants() -> dict:
     prefetched into L2 during the attention (``l2_prefetch``, both modes);
     the combine shared out by heads and splits (``combine_group``); the
     projections on TMA + wgmma with split-K (``gemm_core="tma"``,
-    ``k_splits``), alone and in the large-batch kernel of three."""
+    ``k_splits``), alone and in the large-batch kernel of three, with their
+    k loops rotated by column block (``tma_rotate_k``)."""
     import dataclasses
 
     from etc.models import llama
@@ -489,6 +490,13 @@ def llama_tiny_variants() -> dict:
         # the missing mbarrier.inval); these ask the L2 for them instead.
         "llama_tiny_tma_l2pf": dataclasses.replace(tma, tma_prefetch=True),
         "llama_tiny_tma_buckets_l2pf": dataclasses.replace(tma_buckets, tma_prefetch=True),
+        # Each column block's k loop starts at its own k-tile (tma_rotate_k),
+        # with the weights loaded into the ring and asked into L2 before the
+        # waits: the prefetches must load the rotated loop's first k-tiles.
+        "llama_tiny_tma_rotate": dataclasses.replace(tma, tma_rotate_k=True),
+        "llama_tiny_tma_rotate_l2pf": dataclasses.replace(
+            tma, tma_rotate_k=True, tma_prefetch=True
+        ),
         "llama_tiny_buckets": buckets,
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,

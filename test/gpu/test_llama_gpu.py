@@ -93,6 +93,7 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_regions_tma_pf",
         "llama_tiny_tma_mixed",
         "llama_tiny_tma_l2pf",
+        "llama_tiny_tma_rotate",
     ],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

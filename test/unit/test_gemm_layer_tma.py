@@ -68,6 +68,31 @@ def test_the_ring_barriers_are_invalidated_after_the_loop(stages):
     assert body.index("wgmma.wait_group.sync.aligned 0") < body.index("mbarrier.inval")
 
 
+def _tma_columns(source: str, function: str) -> list[str]:
+    """The k operands of ``function``'s TMA copies (weight and activation
+    boxes and L2 prefetches), in emission order."""
+    body = source.split(f"func.func @{function}(")[1].split("func.func @")[0]
+    return re.findall(
+        r"cp\.async\.bulk\.(?:prefetch\.)?tensor[^\"]*\", \"[^\"]*\" \S+, (%\S+),", body
+    )
+
+
+@pytest.mark.parametrize("prefetch", [False, True, "shared"])
+def test_rotate_k_starts_each_column_block_at_its_own_k_tile(prefetch):
+    """rotate_k: column block j's loop (and its prefetch, which must load
+    the same first k-tiles) starts at k-tile j mod (part / 64): the copies'
+    k coordinates go through a remainder by the part's k-tiles."""
+    plain = _tile("store", 2, prefetch_ring=prefetch).source
+    rotated = _tile("store", 2, prefetch_ring=prefetch, rotate_k=True).source
+    assert "arith.remui %j, %c2_" not in plain
+    names = ["t_store"] + (["t_store__prefetch"] if prefetch else [])
+    for name in names:
+        body = rotated.split(f"func.func @{name}(")[1].split("func.func @")[0]
+        # K = 256 in 2 parts: 2 k-tiles of 64 a part.
+        assert "arith.remui %j, %c2_" in body, name
+        assert len(_tma_columns(rotated, name)) == len(_tma_columns(plain, name)) > 0
+
+
 def _run(tile, bufs, names, order, m=40, bn=32):
     """Run the tile's reference over every block, parts in ``order``."""
     for l, j in itertools.product(range(L), range(N // bn)):  # noqa: E741
@@ -124,7 +149,7 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(block_m=32), "takes blocks of 64 rows"),
         (dict(k_splits=3), "k=256 does not split into 3 parts"),
         (dict(block_n=12), "block_n=12 must divide n=128"),
-        (dict(unroll=2, rotate_k=True), "unroll, rotate_k do not apply to core='tma'"),
+        (dict(unroll=2, warps=(1, 2, 4)), "warps, unroll do not apply to core='tma'"),
         (dict(counter_row=-1), "counter_row must be an int >= 0"),
         (dict(stages=40), "need .* bytes of shared memory"),
         (dict(core="sync", k_splits=2), "k_splits=2 and a_box=64 need core=.tma."),
@@ -203,6 +228,8 @@ def test_shared_prefetch_loads_the_first_weight_stages_into_the_ring():
         ("swiglu", 1, dict(prefetch_ring=True, a_box=32)),
         ("residual", 2, dict(prefetch_ring="shared", a_box=16)),
         ("swiglu", 1, dict(prefetch_ring="shared")),
+        ("swiglu", 2, dict(prefetch_ring="shared", rotate_k=True)),
+        ("store", 4, dict(prefetch_ring=True, rotate_k=True)),
     ],
 )
 def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):

@@ -378,6 +378,10 @@ class LlamaConfig:
     #: prefetch_ring=...)``). :func:`compile_decoder` gives the dynamic
     #: schedule True (the ring prefetch was 2-4 % slower there).
     tma_prefetch: bool | int | str = "shared"
+    #: The tma-core tiles start their k loops at k-tile ``j`` (their column
+    #: block) and wrap around (``layer_gemm(core="tma", rotate_k=True)``), so
+    #: a stage's tiles do not all read the same activation boxes at once.
+    tma_rotate_k: bool = False
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -495,10 +499,11 @@ class LlamaConfig:
             )
         _int_field("attn_small_batch", self.attn_small_batch, 0)
         _int_field("attn_tma_stages", self.attn_tma_stages, 2)
-        if not isinstance(self.attn_tma_prefetch, bool):
-            raise GraphError(
-                f"LlamaConfig: attn_tma_prefetch must be a bool, got {self.attn_tma_prefetch!r}"
-            )
+        for name in ("attn_tma_prefetch", "tma_rotate_k"):
+            if not isinstance(getattr(self, name), bool):
+                raise GraphError(
+                    f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}"
+                )
         _int_field("attn_phased_chunk", self.attn_phased_chunk, 1)
         # The longest span the attention tile holds.
         hold, holder = self.attn_chunk, f"attn_chunk={self.attn_chunk}"
@@ -993,7 +998,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 core="tma", stages=own.get("stages", cfg.tma_stages), k_splits=cfg.k_split(name),
                 counter_row=_COUNTER_ROWS.get(name, 0),
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
-                a_box=cfg.tma_a_box,
+                a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
             )  # fmt: skip

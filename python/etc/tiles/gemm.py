@@ -1318,12 +1318,12 @@ def layer_gemm(
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
 
-        _refuse(name, core, {**sync_only, "rotate_k": rotate_k, "kc": kc is not None})
+        _refuse(name, core, {**sync_only, "kc": kc is not None})
         return layer_gemm_tma(
             block_m, block_n, n, k, layers=layers, epilogue=epilogue, name=name,
             block_size=block_size, stages=stages, columns_first=columns_first,
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
-            prefetch=prefetch_ring, a_box=a_box,
+            prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k,
         )  # fmt: skip
     if k_splits != 1 or a_box != 64:
         raise GraphError(f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'")

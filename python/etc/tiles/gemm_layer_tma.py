@@ -78,6 +78,7 @@ def layer_gemm_tma(
     smem_limit: int = SMEM_LIMIT,
     prefetch: bool | int | str = False,
     a_box: int = 64,
+    rotate_k: bool = False,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -100,7 +101,9 @@ def layer_gemm_tma(
     and 73.) ``a_box`` (16, 32 or 64): rows per activation
     box; boxes that start past ``M`` are not loaded (at B=8 a 64-row box
     made the TMA unit fill 56 rows of zeros per stage), their ring rows'
-    products are garbage and never stored."""
+    products are garbage and never stored. ``rotate_k``: each tile starts
+    its part's k loop at k-tile ``j`` (its column block) and wraps around,
+    so a stage's tiles do not read the same activation boxes at once."""
     stages = 4 if stages is None else stages
     _mma.positive(name, "k_splits", k_splits)
     if block_m != 64:
@@ -172,7 +175,7 @@ def layer_gemm_tma(
         t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
         stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
         stage_output=False, split_n=True, k_offset=t.mul("%ks", part) if split else None,
-        weights_prefetched=shared,
+        weights_prefetched=shared, rotate="%j" if rotate_k else None,
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
@@ -200,13 +203,14 @@ def layer_gemm_tma(
             _tc.tma_prefetch_ring(
                 tp, name=name, k=part, block_m=block_m, b_rows=per_n * block_n,
                 block_size=block_size, stages=stages, a_loads=a_p, b_loads=b_p,
-                k_offset=k_offset,
+                k_offset=k_offset, rotate="%j" if rotate_k else None,
             )  # fmt: skip
             loaded = "the ring's barriers and first weight boxes, before the waits"
         else:
             b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked)
             tiles = min(stages if prefetch is True else int(prefetch), part // _tc.TMA_BLOCK_K)
-            _tc.tma_prefetch_l2(tp, b_loads, tiles, k_offset)
+            rot = ("%j", part // _tc.TMA_BLOCK_K) if rotate_k else None
+            _tc.tma_prefetch_l2(tp, b_loads, tiles, k_offset, rotate=rot)
             loaded = "the first weight boxes into L2"
         tp.close()
         maps = "".join(f", %{arg}_map: {_tc.MAP_TYPE}" for arg in ("A", "W"))
@@ -305,44 +309,50 @@ def _split_reduce(
     return reduce
 
 
+#: Parts of the split-K sum whose loads are issued together: each group
+#: costs one L2 round trip (the sum used to take one per part).
+SUM_GROUP = 8
+
+
 def _sum_parts(t: _Text, acc, rows, cols, r1: str, m_rows: str, parts: int) -> list:
     """``sum(P[s*M + row, col] for s in 0..parts-1)`` for every accumulator
-    of ``acc`` (float32, in part order; rows past ``r1`` read row ``r1 - 1``)."""
+    of ``acc`` (float32, in part order; rows past ``r1`` read row ``r1 - 1``).
+    The loads of :data:`SUM_GROUP` parts are issued before their adds, which
+    keep part order: the same bits as adding part after part."""
     last_row = t.op("lr", f"arith.subi {r1}, {t.c(1)} : index")
     ld = t.op("ld", f"memref.dim %P, {t.c(1)} : {PART_TYPE}")
     base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {PART_TYPE} -> index")
     row_at = [t.bin("minui", r, last_row) for r in rows]
-    flat = [v for per in acc for c in per for v in c]
-    types = ", ".join(["f32"] * len(flat))
-    res = t.fresh("sum")
-    inits = ", ".join(f"%ps_{q} = %fzero" for q in range(len(flat)))
-    t.emit(
-        f"{res}:{len(flat)} = scf.for %pi = {t.c(0)} to {t.c(parts)} step {t.c(1)} "
-        f"iter_args({inits}) -> ({types}) {{"
-    )
-    t.indent += "  "
-    shift = t.op("sh", f"arith.muli %pi, {m_rows} : index")
-    out, q = [], 0
     pair_t = "!llvm.struct<(f32, f32)>"
-    for m, per in enumerate(acc):
-        for f in range(len(per)):
-            for h in range(2):
-                row = t.add(row_at[2 * m + h], shift)
-                elem = t.add(t.op("e", f"arith.muli {row}, {ld} : index"), cols[f])
-                at = t.op("a", f"arith.index_cast {t.add(base, t.mul(elem, 4))} : index to i64")
-                got = t.op(
-                    "ld",
-                    'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v2.f32 '
-                    f'{{$0, $1}}, [$2];", "=f,=f,l" {at} : (i64) -> {pair_t}',
-                )
-                for e in range(2):
-                    v = t.op("pv", f"llvm.extractvalue {got}[{e}] : {pair_t}")
-                    out.append(t.op("ps", f"arith.addf %ps_{q}, {v} : f32"))
-                    q += 1
-    t.emit(f"scf.yield {', '.join(out)} : {types}")
-    t.end()
-    # Back in fragment order: four values (h=0: c0, c1; h=1: c2, c3) per fragment.
-    total = iter(f"{res}#{q}" for q in range(len(flat)))
+    # The flat accumulators in fragment order (per fragment: h=0: c0, c1; h=1: c2, c3).
+    sums = ["%fzero"] * sum(4 * len(per) for per in acc)
+    for first in range(0, parts, SUM_GROUP):
+        loaded = []  # per part of the group: its values in ``sums`` order
+        for part in range(first, min(first + SUM_GROUP, parts)):
+            shift = t.op("sh", f"arith.muli {t.c(part)}, {m_rows} : index")
+            values = []
+            for m, per in enumerate(acc):
+                for f in range(len(per)):
+                    for h in range(2):
+                        row = t.add(row_at[2 * m + h], shift)
+                        elem = t.add(t.op("e", f"arith.muli {row}, {ld} : index"), cols[f])
+                        at = t.op(
+                            "a", f"arith.index_cast {t.add(base, t.mul(elem, 4))} : index to i64"
+                        )
+                        got = t.op(
+                            "ld",
+                            'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v2.f32 '
+                            f'{{$0, $1}}, [$2];", "=f,=f,l" {at} : (i64) -> {pair_t}',
+                        )
+                        values += [
+                            t.op("pv", f"llvm.extractvalue {got}[{e}] : {pair_t}") for e in range(2)
+                        ]
+            loaded.append(values)
+        for values in loaded:
+            sums = [
+                t.op("ps", f"arith.addf {a}, {v} : f32") for a, v in zip(sums, values, strict=True)
+            ]
+    total = iter(sums)
     return [[[next(total) for _ in range(4)] for _ in per] for per in acc]
 
 

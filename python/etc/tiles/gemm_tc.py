@@ -663,13 +663,18 @@ class _TmaRing:
 def _tma_ring(
     t: _Text, name: str, block_m: int, b_rows: int, stages: int, a_loads: list[TmaLoad],
     b_loads: list[TmaLoad], k_offset: str | None, body: bool = False,
+    rotate: tuple[str, int] | None = None,
 ) -> _TmaRing:  # fmt: skip
     """The ring of :func:`_body_tma` (and of its prefetch, :func:`tma_prefetch_ring`):
     ``stages`` stages of ``a_loads`` and ``b_loads`` boxes, a full and an
     empty mbarrier each. ``issue(kt, stage, which="ab", expect=True)``: thread
     0 loads k-tile ``kt``'s boxes of ``which`` into ``stage``, first expecting
-    the whole stage's bytes on its full barrier when ``expect``."""
+    the whole stage's bytes on its full barrier when ``expect``. ``rotate =
+    (r, k_tiles)``: loop step ``kt`` loads k-tile ``(kt + r) mod k_tiles``."""
     bk = TMA_BLOCK_K
+    shift = None
+    if rotate is not None:
+        shift = t.bin("remui", rotate[0], rotate[1])
     a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
     b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
     bar_t = f"memref<{2 * stages}xi64, #gpu.address_space<workgroup>>"
@@ -730,6 +735,9 @@ def _tma_ring(
                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
                 [(full, "i32"), (tx, "i32")],
             )
+        if shift is not None:
+            assert rotate is not None
+            kt = t.bin("remui", t.add(shift, kt), rotate[1])
         col = t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk)
         col = _i32(t, col if k_offset is None else t.add(col, k_offset))
         for part, base, per_stage, loads in (
@@ -775,14 +783,19 @@ def _init_ring_barriers(t: _Text, ring: _TmaRing, stages: int, warps: int) -> No
 def tma_prefetch_ring(
     t: _Text, *, name: str, k: int, block_m: int, b_rows: int, block_size: int, stages: int,
     a_loads: list[TmaLoad], b_loads: list[TmaLoad], k_offset: str | None = None,
+    rotate: str | None = None,
 ) -> None:  # fmt: skip
     """The prefetch half of ``_body_tma(weights_prefetched=True)``, for a
     prefetch function (before the instance's waits): thread 0 initialises
     the ring's barriers, expects each of the first stages' whole bytes and
     loads their ``b_loads`` (weights: no task writes them). ``a_loads`` only
-    count the expected bytes (their conditions); the body loads them."""
+    count the expected bytes (their conditions); the body loads them.
+    ``rotate``: the body's (the same k-tiles first)."""
     kt_n = k // TMA_BLOCK_K
-    ring = _tma_ring(t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset)
+    ring = _tma_ring(
+        t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset,
+        rotate=None if rotate is None else (rotate, kt_n),
+    )  # fmt: skip
     # The previous tile used this memory through the generic proxy, and its
     # barriers were invalidated before the instance's closing barrier.
     _asm(t, "fence.proxy.async.shared::cta;")
@@ -813,6 +826,7 @@ def _body_tma(
     split_n: bool = False,
     k_offset: str | None = None,
     weights_prefetched: bool = False,
+    rotate: str | None = None,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -846,7 +860,12 @@ def _body_tma(
     ``weights_prefetched``: the tile's prefetch function (:func:`tma_prefetch_ring`,
     before the instance's waits) initialised the barriers, expected the first
     stages' bytes and loaded their ``b_loads``; the body loads only their
-    ``a_loads``."""
+    ``a_loads``.
+
+    ``rotate`` (an index value, e.g. the tile's column block ``j``): the
+    loop starts at k-tile ``rotate mod (k / 64)`` and wraps around, so the
+    tiles of a stage do not all read the same activation boxes at once (the
+    sum's order changes with ``rotate``, deterministically)."""
     groups = block_size // 128
     if block_size % 128 or block_m != (64 if split_n else 64 * groups):
         raise GraphError(
@@ -865,7 +884,10 @@ def _body_tma(
     if stages < 2:
         raise GraphError(f"tile '{name}': stages={stages} must be at least 2")
     bk, kt_n, warps = TMA_BLOCK_K, k // TMA_BLOCK_K, block_size // 32
-    ring = _tma_ring(t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset, body=True)
+    ring = _tma_ring(
+        t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset, body=True,
+        rotate=None if rotate is None else (rotate, k // TMA_BLOCK_K),
+    )  # fmt: skip
     globals_, base_a, base_b = ring.globals_, ring.base_a, ring.base_b
     is0, bar, issue = ring.is0, ring.bar, ring.issue
     a_bytes, b_bytes = ring.a_bytes, ring.b_bytes
@@ -975,15 +997,23 @@ def _body_tma(
 StagedOut = tuple[str, str] | Callable[[_Text, str, str, str], None]
 
 
-def tma_prefetch_l2(t: _Text, loads: list[TmaLoad], k_tiles: int, k_offset: str | None) -> None:
+def tma_prefetch_l2(
+    t: _Text, loads: list[TmaLoad], k_tiles: int, k_offset: str | None,
+    rotate: tuple[str, int] | None = None,
+) -> None:  # fmt: skip
     """Thread 0 asks the L2 for ``loads``' boxes of the first ``k_tiles``
     k-tiles (``cp.async.bulk.prefetch.tensor``): no shared memory, no
-    barrier, so it may run before a tile's waits (a prefetch function)."""
+    barrier, so it may run before a tile's waits (a prefetch function).
+    ``rotate = (r, k_tiles_in_all)``: the loop's first k-tiles start at ``r``
+    (:func:`_body_tma`'s ``rotate``)."""
     tid = t.op("tid", "gpu.thread_id x")
     t.emit(f"scf.if {t.op('is0', f'arith.cmpi eq, {tid}, {t.c(0)} : index')} {{")
     t.indent += "  "
     for kt in range(k_tiles):
         col = t.c(kt * TMA_BLOCK_K)
+        if rotate is not None:
+            tile = t.bin("remui", t.add(rotate[0], kt), rotate[1])
+            col = t.mul(tile, TMA_BLOCK_K)
         col = _i32(t, col if k_offset is None else t.add(col, k_offset))
         for tmap, row0, _rows, *cond in loads:
             if cond:
