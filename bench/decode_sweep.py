@@ -176,6 +176,11 @@ VARIANTS = {
         **_large(("bn_down", 128)),
     },
     "down128_s8": _large(("bn_down", 128)),
+    # Session 18: the attention's split counts over L + 1 positions, as before
+    # (two splits at L = 4096; the default now splits the L cached ones).
+    "old_default": {"attn_cached_splits": False},
+    # Session 18: the combine after a single split (before attn_direct).
+    "no_direct": {"attn_direct": False},
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

@@ -63,6 +63,8 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         cases += [(130, 5, 9), (200, 9, 12)]
     if cfg.attn_tile != "phased":  # 200 cached rows: a long split, several loop steps
         cases += [(2, 200, 201), (3, 200, 201)]
+    if cfg.cached_splits:  # L a whole span: one split of span + 1 positions
+        cases.append((17, cfg.attn_large_span, cfg.attn_large_span + 1))
     for B, L, S in cases:
         tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
         arrays = M.numpy_inputs(cfg, weights, tokens, L, S, seed=B + L)

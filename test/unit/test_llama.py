@@ -880,6 +880,22 @@ def test_online_attention_decoder_matches_the_numpy_model(weights, tile, unroll)
         _check_step(cfg, g, weights, B, L, "dynamic", 29)
 
 
+@pytest.mark.parametrize("spans", ["chunks", "spread"])
+def test_mma_attention_splits_the_cached_positions(weights, spans):
+    """The tensor-core tile holds no span, so past the small tier the splits
+    cover the L cached positions and position L rides in the last one: at
+    L = 16 with chunks of 8, two splits (one of 9 positions) instead of
+    three; spread, B = 3 takes 16 and 1 positions."""
+    tiers = dict(attn_small_batch=2, attn_small_span=3) if spans == "spread" else {}
+    cfg = dataclasses.replace(CFG, attn_tile="mma", attn_unroll=2, **tiers)
+    assert cfg.cached_splits and cfg.attn_chunk == 8
+    assert [cfg.splits(L, 3) for L in (0, 7, 8, 9, 16, 17)] == [1, 1, 1, 2, 2, 3]
+    assert not dataclasses.replace(CFG, attn_tile="online").cached_splits
+    g = M.build_decoder_graph(cfg)
+    for B, L in ((3, 16), (4, 8), (3, 0)):
+        _check_step(cfg, g, weights, B, L, "static", 31)
+
+
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
     """attn_pipeline="tma": the attention tile takes the caches' TMA maps
@@ -939,11 +955,27 @@ def test_batch_buckets_change_only_the_tiles():
     assert one.attn_unroll == 2
     # Every kernel shares the split counts (one set of buffers): B=1 spans of
     # attn_single_span, then attn_small_span up to B=16, then attn_chunk.
+    # The large kernel's tensor-core tile holds no span: spans of the L
+    # cached positions, position L in the last (L = 4096: one split, not two).
     assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 1]
-    assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (16, 17)] == [33, 3]
+    assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (16, 17)] == [33, 2]
+    assert [M.LLAMA_3_2_1B.splits(L, 64) for L in (0, 1, 4095, 4096, 4097, 8193)] == [
+        1, 1, 1, 1, 2, 3
+    ]  # fmt: skip
     for _, c in buckets:
         assert [c.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 1]
-    assert mid == dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16)
+    # The small kernels' own tiles hold a span (their counts are ceil((L+1)/span)
+    # past B=16, which their batch bound never lets them run); over the batches
+    # each kernel runs, all agree.
+    for L in (0, 255, 256, 4095, 4096, 8192):
+        for bound, c in buckets:
+            for b in range(1, (bound or 64) + 1):
+                assert c.splits(L, b) == M.LLAMA_3_2_1B.splits(L, b), (bound, L, b)
+    assert mid == dataclasses.replace(
+        M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16, attn_cached_splits=True
+    )
+    with pytest.raises(etc.GraphError, match="attn_cached_splits makes splits longer"):
+        dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=(), attn_cached_splits=True)
     # The kernels know their batch ranges; the base's own graph is the
     # small-batch kernel (its phased tile holds 512 positions, not 4096).
     assert [c.kernel_max_batch for _, c in buckets] == [1, 16, None]
@@ -1007,8 +1039,10 @@ def test_the_split_counts_parse_as_manifest_sizes():
     B, L = g.symbol("B"), g.symbol("L")
     expr = M.LLAMA_3_2_1B.splits(L, B) * M.LLAMA_3_2_1B.kv_heads
     size = parse_size(str(expr), ["B", "L"])
-    # Past B=16 the tensor-core kernel's spans of attn_chunk=4096.
-    cases = [(1, 1024, 17), (2, 1024, 5), (16, 1024, 5), (17, 1024, 1), (64, 4096, 2)]
+    # Past B=16 the tensor-core kernel's spans of attn_chunk=4096 over the
+    # cached positions (position L in the last).
+    cases = [(1, 1024, 17), (2, 1024, 5), (16, 1024, 5), (17, 1024, 1), (64, 4096, 1)]
+    cases += [(17, 0, 1), (64, 4097, 2), (64, 8192, 2), (64, 8193, 3)]
     # B=1: spans of 64 up to 17 splits, never fewer splits than spans of 256.
     cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 32)]
     for b, L, want in cases:

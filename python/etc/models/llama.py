@@ -320,6 +320,21 @@ class LlamaConfig:
     #: it waits for the QKV projection (``attention_mma(prefetch=True)``;
     #: −0.3..−1.6 % at B = 32 and 64 on an H200).
     attn_tma_prefetch: bool = True
+    #: Past ``attn_small_batch``, the attention splits the ``L`` cached
+    #: positions (``max(1, ceil(L / span))`` splits, position ``L`` in the
+    #: last) instead of ``L + 1``: for the tensor-core tile, which holds no
+    #: span (at ``L = 4096``, one split instead of two). None: when every
+    #: kernel that may run past ``attn_small_batch`` has the tensor-core
+    #: tile; :meth:`bucket_configs` gives every kernel the artifact's value.
+    attn_cached_splits: bool | None = None
+    #: With the tensor-core tile, a grid of one split per (sequence, kv head)
+    #: writes the attention output itself (``attention_mma(direct=True)``)
+    #: and the combine's grid is empty: it runs only past one split. One
+    #: stage less per layer at B >= 17 up to L = 4096. The attention
+    #: instances then also count on ``combined`` (its wait count: theirs plus
+    #: the combine's), so no count is ever 0, which the dynamic schedule
+    #: would never release.
+    attn_direct: bool = True
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
     #: :func:`compile_decoder` compiles this configuration with each entry's
@@ -499,11 +514,19 @@ class LlamaConfig:
             )
         _int_field("attn_small_batch", self.attn_small_batch, 0)
         _int_field("attn_tma_stages", self.attn_tma_stages, 2)
-        for name in ("attn_tma_prefetch", "tma_rotate_k"):
+        for name in ("attn_tma_prefetch", "tma_rotate_k", "attn_direct"):
             if not isinstance(getattr(self, name), bool):
-                raise GraphError(
-                    f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}"
-                )
+                raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
+        if self.attn_cached_splits not in (None, True, False):
+            raise GraphError(
+                "LlamaConfig: attn_cached_splits must be None or a bool, got "
+                f"{self.attn_cached_splits!r}"
+            )
+        if self.attn_cached_splits and not self._takes_cached_splits:
+            raise GraphError(
+                f"LlamaConfig: attn_cached_splits makes splits longer than attn_chunk, which "
+                f"only attn_tile='mma' takes (attn_tile={self.attn_tile!r} holds one span)"
+            )
         _int_field("attn_phased_chunk", self.attn_phased_chunk, 1)
         # The longest span the attention tile holds.
         hold, holder = self.attn_chunk, f"attn_chunk={self.attn_chunk}"
@@ -651,10 +674,41 @@ class LlamaConfig:
         # One set of buffers serves every kernel: all take the split counts
         # of the last one (the largest batches), which the others never run.
         span = configs[-1][1].attn_large_span
+        cached = self.attn_cached_splits
+        if cached is None:
+            cached = all(c._takes_cached_splits for _, c in configs)
         return [
-            (bound, c if c.attn_chunk == span else dataclasses.replace(c, attn_chunk=span))
+            (bound, dataclasses.replace(c, attn_chunk=span, attn_cached_splits=cached))
             for bound, c in configs
         ]
+
+    @property
+    def direct_attention(self) -> bool:
+        """Whether a single split writes the attention output (``attn_direct``
+        with the tensor-core tile)."""
+        return self.attn_direct and self.attn_tile == "mma"
+
+    @property
+    def cached_splits(self) -> bool:
+        """``attn_cached_splits``; by default whether every kernel of the
+        artifact that may run past ``attn_small_batch`` has the tensor-core
+        tile."""
+        if self.attn_cached_splits is not None:
+            return self.attn_cached_splits
+        if self.batch_buckets:
+            return bool(self.bucket_configs()[-1][1].attn_cached_splits)
+        return self.attn_tile == "mma"
+
+    @property
+    def _takes_cached_splits(self) -> bool:
+        """Whether this kernel's tile takes ``attn_cached_splits``' longer
+        splits: the tensor-core tile, or a kernel bounded to the small tier."""
+        small_only = (
+            self.max_batch is not None
+            and self.attn_small_batch > 0
+            and self.max_batch <= self.attn_small_batch
+        )
+        return self.attn_tile == "mma" or small_only
 
     @property
     def attn_large_span(self) -> int:
@@ -787,9 +841,16 @@ class LlamaConfig:
         with span ``attn_small_span`` for ``B <= attn_small_batch``, else
         ``attn_chunk``; for B = 1 at most ``attn_single_splits`` of
         ``attn_single_span`` (and no fewer than for B = 2). A symbolic
-        expression of ``B`` and ``L``; a zero field skips its tier."""
+        expression of ``B`` and ``L``; a zero field skips its tier. Past
+        ``attn_small_batch``, when the artifact's large-batch tile is the
+        tensor-core one (which holds no span; ``attn_cached_splits``),
+        ``max(1, ceil(L / span))``: the cached positions' spans, position ``L``
+        in the last one (at ``L = 4096`` one split of 4097 positions, not two
+        of ~2048)."""
         span = self.attn_large_span
         splits = below = (L + span) // span
+        if self.cached_splits:
+            splits = below = _max(1, (L + span - 1) // span)
         if self.attn_small_batch:
             below = (L + self.attn_small_span) // self.attn_small_span
             # 1 for 1 <= B <= attn_small_batch, else 0 (B < 2**31).
@@ -965,7 +1026,8 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
         return attention_mma(
             *shape, blocks=cfg.attn_unroll, pipeline=cfg.attention_pipeline,
             stages=cfg.attn_tma_stages,
-            prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma", **common,
+            prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma",
+            direct=cfg.direct_attention, **common,
         )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
 
@@ -1130,7 +1192,10 @@ def build_decoder_graph(
 
     sums = ("sumsq",) if cfg.sums else ()
     counts = ("attn_count",) if cfg.fuse_combine else ()
-    fused_out = ("attn",) if cfg.fuse_combine else ()
+    fused_out = ("attn",) if cfg.fuse_combine or cfg.direct_attention else ()
+    # With direct attention, 1 past one split, else 0: the combine's grid and
+    # count (a single split wrote the output itself).
+    merged = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
     layer_in = g.event(
         (NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden, "down_proj"), name="layer_in"
     )
@@ -1144,7 +1209,12 @@ def build_decoder_graph(
         "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L, B), name="attended"),
         "combined": None
         if cfg.fuse_combine
-        else g.event((NL,), wait_count=B * cfg.combine_instances, name="combined"),
+        else g.event(
+            (NL,),
+            wait_count=B * merged * cfg.combine_instances
+            + (B * KV * cfg.splits(L, B) if cfg.direct_attention else 0),
+            name="combined",
+        ),
         "o_done": g.event(
             (NL,), wait_count=tiles_of(cfg.bn_o, cfg.hidden, "o_proj"), name="o_done"
         ),
@@ -1193,13 +1263,20 @@ def build_decoder_graph(
         ev["qkv_done"],
         gemm_phase("qkv_proj"),
     )
-    layer_task(
-        "attention",
-        (B, KV, cfg.splits(L, B)),
-        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out),
-        ev["qkv_done"],
-        ev["attended"],
-        "lbgs->l",
+    # With direct attention the instances also count on ``combined``: at one
+    # split they are all it waits for (the combine's grid is empty).
+    attended = [ev["attended"]] + ([ev["combined"]] if cfg.direct_attention else [])
+    task(
+        tiles["attention"],
+        grid=(NL, B, KV, cfg.splits(L, B)),
+        args=tuple(
+            t[a] if isinstance(a, str) else a
+            for a in (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out)
+        ),
+        in_edges={ev["qkv_done"]: "lbgs->l"},
+        out_edges={e: "lbgs->l" for e in attended},
+        name="attention",
+        phase="lbgs->l",
     )
     if cfg.l2_prefetch:
         # While the attention reads its few MB of cache, the next stages'
@@ -1214,7 +1291,9 @@ def build_decoder_graph(
         )
     if not cfg.fuse_combine:
         grid, phase = (
-            ((B, cfg.combine_instances), "lbg->l") if cfg.combine_group else ((B,), "lb->l")
+            ((B * merged, cfg.combine_instances), "lbg->l")
+            if cfg.combine_group
+            else ((B * merged,), "lb->l")
         )
         layer_task(
             "combine", grid, ("opart", "mpart", "attn"), ev["attended"], ev["combined"], phase

@@ -121,6 +121,7 @@ def attention_mma(
     pipeline: str = "none",
     stages: int = 3,
     prefetch: bool = False,
+    direct: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -149,7 +150,12 @@ def attention_mma(
     ``prefetch`` (with ``"tma"``) adds ``@<name>__prefetch``, which starts the
     ring (its first ``stages`` steps) before the instance waits for the QKV
     projection: the cached rows below ``L`` are written by no task of the
-    launch, so they load while the waits and the query's RoPE run."""
+    launch, so they load while the waits and the query's RoPE run.
+
+    ``direct`` adds an ``attn: memref<?x(heads*D)xbf16>`` argument (after
+    ``mpart``): when the grid has one split per (sequence, kv head), the
+    instance writes its heads' attention output there, ``bf16(o / l)``,
+    instead of the partials, and no combine is needed."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -194,6 +200,7 @@ def attention_mma(
     qkv_t, rope_t = f"memref<?x{Q}xbf16>", f"memref<?x{D}xf32>"
     c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
     op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
+    a_t = f"memref<?x{NH * D}xbf16>"
     o_t = f"memref<{warps * G * D}xf32, {_WG}>"
     m_t = f"memref<{warps * G * 2}xf32, {_WG}>"
     kvec = min(DK, 8)  # bf16 per K load
@@ -519,7 +526,8 @@ def attention_mma(
     constants = "\n".join(f"  %c{v}_ = arith.constant {v} : index" for v in sorted(t.consts))
     args = (
         f"%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, "
-        f"%rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{maps}"
+        f"%rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}"
+        f"{f', %attn: {a_t}' if direct else ''}{maps}"
     )
     header = f"""\
   %c0 = arith.constant 0 : index
@@ -559,7 +567,7 @@ def attention_mma(
   %obuf = memref.get_global @{name}__o : {o_t}
   %mbuf = memref.get_global @{name}__m : {m_t}
   %first_split = arith.cmpi eq, %s, %c0 : index
-{_split_lines(spread, align, op_t)}
+{_split_lines(spread, align, op_t, bounded=False)}
   %qh0 = arith.muli %gkv, %c{G}_ : index
   %qh = arith.addi %qh0, %gq : index
   %qcol = arith.muli %qh, %c{D}_ : index
@@ -593,20 +601,23 @@ func.func @{name}({args}) {{
   }}
 {"  nvvm.cp.async.wait.group 0  // the last step's copies, before other tiles reuse the buffer" if pipeline == "smem" else ""}
 {tail}
-{_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t)}
+{_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t, a_t if direct else None)}
   return
 }}
 """
     if prefetch:
         source += f"func.func @{name}__prefetch({args}) {{\n{header}{prefetch_text}\n  return\n}}\n"
-    reference = _split_reference(name, chunk, spread, align, NH, KV, D)
+    reference = _split_reference(name, chunk, spread, align, NH, KV, D, bounded=False)
+    nargs = 12 if direct else 11  # 4 coordinates, the buffers (the maps are not read)
     if pipeline != "tma":
         return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn = DeviceFunction.from_mlir(
-        source, name, lambda *a: reference(*a[:11]), block_size=block_size
+        source, name, lambda *a: reference(*a[:nargs]), block_size=block_size
     )
-    # Arguments after the coordinates: L, qkv, rope, kc (3), vc (4), op, mp, then the maps.
-    fn.tensor_maps = {7: (3, (step, D)), 8: (4, (step, D))}
+    # Arguments after the coordinates: L, qkv, rope, kc (3), vc (4), op, mp,
+    # [attn,] then the maps.
+    first_map = nargs - 4
+    fn.tensor_maps = {first_map: (3, (step, D)), first_map + 1: (4, (step, D))}
     fn.prefetch_fills_shared = prefetch
     return fn
 

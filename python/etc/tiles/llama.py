@@ -1309,13 +1309,19 @@ func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {
     return DeviceFunction.from_mlir(source, name, split, block_size=block_size)
 
 
-def _warp_merge(warps: int, G: int, D: int, o_t: str, m_t: str, op_t: str, mp_t: str) -> str:
+def _warp_merge(
+    warps: int, G: int, D: int, o_t: str, m_t: str, op_t: str, mp_t: str,
+    direct: str | None = None,
+) -> str:  # fmt: skip
     """MLIR text: the flash-decoding merge of the ``warps`` partial states
     that the warps left in ``%obuf`` (``[warp][head][dim]``, f32) and
     ``%mbuf`` (``[warp][head]`` max and sum) into this split's ``%op`` and
     ``%mp``: thread ``i`` takes head ``i / D``, dim ``i % D``. Needs
     ``%tid``, ``%b``, ``%s``, ``%qh0``, ``%obuf``, ``%mbuf``, ``%empty``,
-    ``%fzero``, ``%c0``, ``%c1`` and ``%c2``."""
+    ``%fzero``, ``%c0``, ``%c1`` and ``%c2``. ``direct`` (the type of
+    ``%attn``; needs ``%nsplit``): when the grid has one split, the merge
+    is the attention's output, ``attn[b, h*D + d] = bf16(o / l)``, stored
+    there instead of the partials (no combine needed)."""
     lines = [
         f"  %wm_bs = arith.constant {warps * 32} : index",
         f"  %wm_gd = arith.constant {G * D} : index",
@@ -1348,17 +1354,26 @@ def _warp_merge(warps: int, G: int, D: int, o_t: str, m_t: str, op_t: str, mp_t:
         total, num = f"%fs{w}", f"%fn{w}"
     consts = sorted({w * G * 2 for w in range(warps)} | {w * G * D for w in range(warps)})
     lines[0:0] = [f"  %wm_c{c} = arith.constant {c} : index" for c in consts]
-    lines.append(
-        f"""\
-    %fh = arith.addi %qh0, %ft : index
+    partials = f"""\
     memref.store {num}, %op[%b, %fh, %s, %fdim] : {op_t}
     %fdim0 = arith.cmpi eq, %fdim, %c0 : index
     scf.if %fdim0 {{
       memref.store {M}, %mp[%b, %fh, %s, %c0] : {mp_t}
       memref.store {total}, %mp[%b, %fh, %s, %c1] : {mp_t}
-    }}
-  }}"""
-    )
+    }}"""
+    if direct is not None:
+        partials = f"""\
+    %single = arith.cmpi eq, %nsplit, %c1 : index
+    scf.if %single {{
+      %fout = arith.divf {num}, {total} : f32
+      %fbf = arith.truncf %fout : f32 to bf16
+      %fcol0 = arith.muli %fh, %wm_d : index
+      %fcol = arith.addi %fcol0, %fdim : index
+      memref.store %fbf, %attn[%b, %fcol] : {direct}
+    }} else {{
+  {partials.replace(chr(10), chr(10) + "  ")}
+    }}"""
+    lines.append(f"    %fh = arith.addi %qh0, %ft : index\n{partials}\n  }}")
     return "\n".join(lines)
 
 
@@ -1379,18 +1394,28 @@ def _check_attention(
     return warps
 
 
-def _split_lines(spread: bool, align: int, op_t: str) -> str:
+def _split_lines(spread: bool, align: int, op_t: str, bounded: bool = True) -> str:
     """MLIR text: ``%p0`` and ``%n``, the positions ``[p0, p0 + n)`` of split
     ``%s`` (see :func:`_split_positions`). Needs ``%L``, ``%s``, ``%op``,
-    ``%c1`` and ``%cChunk``."""
-    if spread:
-        return f"""\
-  // Positions [p0, p0 + n) of this split: the grid's splits share L + 1 evenly.
+    ``%c1`` and ``%cChunk``. ``bounded=False``, for a tile that holds no
+    span: a spread split is not cut at ``chunk``, and the last split of
+    chunks runs to ``L + 1``."""
+    dims = f"""\
   %Lp1 = arith.addi %L, %c1 : index
   %cSplitDim = arith.constant 2 : index
+  %nsplit = memref.dim %op, %cSplitDim : {op_t}"""
+    if spread:
+        cut = (
+            "\n  // The buffers hold chunk positions (the graph keeps the span below it).\n"
+            "  %n = arith.minui %nall, %cChunk : index"
+            if bounded
+            else ""
+        )
+        return f"""\
+  // Positions [p0, p0 + n) of this split: the grid's splits share L + 1 evenly.
+{dims}
   %cAlign = arith.constant {align} : index
   %cAlignM1 = arith.constant {align - 1} : index
-  %nsplit = memref.dim %op, %cSplitDim : {op_t}
   %spa = arith.addi %Lp1, %nsplit : index
   %spb = arith.subi %spa, %c1 : index
   %spc = arith.divui %spb, %nsplit : index
@@ -1402,32 +1427,41 @@ def _split_lines(spread: bool, align: int, op_t: str) -> str:
   %p1a = arith.addi %p0, %span : index
   %p1b = arith.minui %p1a, %Lp1 : index
   %p1 = arith.maxui %p1b, %p0 : index
-  %nall = arith.subi %p1, %p0 : index
-  // The buffers hold chunk positions (the graph keeps the span below it).
-  %n = arith.minui %nall, %cChunk : index"""
-    return """\
+  {"%nall" if bounded else "%n"} = arith.subi %p1, %p0 : index{cut}"""
+    last = ""
+    if not bounded:  # the last split runs to L + 1
+        last = """
+  %lastS = arith.subi %nsplit, %c1 : index
+  %isLast = arith.cmpi eq, %s, %lastS : index
+  %p1e = arith.select %isLast, %Lp1, %p1a : index"""
+    return f"""\
   // Positions [p0, p0 + n) of this split.
+{dims}
   %p0 = arith.muli %s, %cChunk : index
-  %Lp1 = arith.addi %L, %c1 : index
-  %p1a = arith.addi %p0, %cChunk : index
-  %p1b = arith.minui %p1a, %Lp1 : index
+  %p1a = arith.addi %p0, %cChunk : index{last}
+  %p1b = arith.minui {"%p1e" if last else "%p1a"}, %Lp1 : index
   %p1 = arith.maxui %p1b, %p0 : index
   %n = arith.subi %p1, %p0 : index"""
 
 
-def _split_reference(name: str, chunk: int, spread: bool, align: int, NH: int, KV: int, D: int):
+def _split_reference(
+    name: str, chunk: int, spread: bool, align: int, NH: int, KV: int, D: int,
+    bounded: bool = True,
+):  # fmt: skip
     """The numpy reference of one attention split (both attention tiles):
-    ``split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart)``."""
+    ``split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart, attn=None)``;
+    with ``attn`` and one split, the output itself (``_warp_merge``'s
+    ``direct``)."""
     G = NH // KV
     scale = 1.0 / math.sqrt(D)
 
-    def split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart) -> None:  # noqa: E741
+    def split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart, attn=None) -> None:  # noqa: E741
         cos_sin = rope[L]
         k_new = rope_bf16(qkv[b, NH * D + g * D : NH * D + (g + 1) * D], cos_sin)
         v_new = qkv[b, (NH + KV) * D + g * D : (NH + KV) * D + (g + 1) * D]
         heads_of_g = slice(g * G, (g + 1) * G)
         q = bf16_to_f32(rope_bf16(qkv[b, g * G * D : (g + 1) * G * D].reshape(G, D), cos_sin))
-        p0, p1 = _split_positions(name, chunk, spread, s, L, opart.shape[2], align)
+        p0, p1 = _split_positions(name, chunk, spread, s, L, opart.shape[2], align, bounded)
         # Positions < L from the cache, L from this tile (read before the write below).
         keys = bf16_to_f32(kc[l, b, g, p0 : min(p1, L)])
         vals = bf16_to_f32(vc[l, b, g, p0 : min(p1, L)])
@@ -1445,22 +1479,33 @@ def _split_reference(name: str, chunk: int, spread: bool, align: int, NH: int, K
         scores = (q @ keys.T).astype(np.float32) * np.float32(scale)  # (G, n)
         m = scores.max(axis=1)
         e = np.exp(scores - m[:, None]).astype(np.float32)
-        opart[b, heads_of_g, s] = (e @ vals).astype(np.float32)
+        o = (e @ vals).astype(np.float32)
+        total = e.sum(axis=1, dtype=np.float32)
+        if attn is not None and opart.shape[2] == 1:
+            out = (o / total[:, None]).astype(np.float32).reshape(-1)
+            attn[b, g * G * D : (g + 1) * G * D] = f32_to_bf16(out)
+            return
+        opart[b, heads_of_g, s] = o
         mpart[b, heads_of_g, s, 0] = m
-        mpart[b, heads_of_g, s, 1] = e.sum(axis=1, dtype=np.float32)
+        mpart[b, heads_of_g, s, 1] = total
 
     return split
 
 
 def _split_positions(
-    name: str, chunk: int, spread: bool, s: int, L: int, splits: int, step: int
-) -> tuple[int, int]:
-    """Positions ``[p0, p1)`` of split ``s`` of :func:`attention`."""
+    name: str, chunk: int, spread: bool, s: int, L: int, splits: int, step: int,
+    bounded: bool = True,
+) -> tuple[int, int]:  # fmt: skip
+    """Positions ``[p0, p1)`` of split ``s`` of :func:`attention`. A tile
+    that holds no span (``bounded=False``) takes splits past ``chunk``: a
+    spread split as long as the count makes it, the last of the chunks up
+    to ``L + 1``."""
     if not spread:
-        return s * chunk, min(s * chunk + chunk, L + 1)
+        end = L + 1 if not bounded and s == splits - 1 else s * chunk + chunk
+        return min(s * chunk, L + 1), max(min(end, L + 1), min(s * chunk, L + 1))
     even = -(-(L + 1) // splits)  # ceil((L + 1) / splits)
     span = -(-even // step) * step  # in whole loop steps
-    if span > chunk:
+    if span > chunk and bounded:
         raise GraphError(
             f"tile '{name}': {splits} splits of L + 1 = {L + 1} positions are {span} long, "
             f"more than chunk={chunk}: the grid needs at least {-(-(L + 1) // chunk)} splits"
