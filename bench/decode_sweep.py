@@ -181,6 +181,10 @@ VARIANTS = {
     "old_default": {"attn_cached_splits": False},
     # Session 18: the combine after a single split (before attn_direct).
     "no_direct": {"attn_direct": False},
+    # Session 18: 3 attention stages without the ring's start before the
+    # waits (item 75: with it, the stages around the attention slowed).
+    "attn3_nopf": _large(("attn_tma_stages", 3), ("attn_tma_prefetch", False)),
+    "attn2_nopf": _large(("attn_tma_prefetch", False)),
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
