@@ -1237,12 +1237,14 @@ def build_decoder_graph(
     )
 
     def layer_task(key, grid, args, wait, notify, map_in, map_out=None):
+        """A per-layer task; ``notify``: an event or a list of them."""
+        notified = notify if isinstance(notify, list) else [notify]
         task(
             tiles[key],
             grid=(NL, *grid),
             args=tuple(t[a] if isinstance(a, str) else a for a in args),
             in_edges={wait: map_in},
-            out_edges={notify: map_out or map_in},
+            out_edges={e: map_out or map_in for e in notified},
             name=key,
             phase=map_in,
         )
@@ -1265,18 +1267,13 @@ def build_decoder_graph(
     )
     # With direct attention the instances also count on ``combined``: at one
     # split they are all it waits for (the combine's grid is empty).
-    attended = [ev["attended"]] + ([ev["combined"]] if cfg.direct_attention else [])
-    task(
-        tiles["attention"],
-        grid=(NL, B, KV, cfg.splits(L, B)),
-        args=tuple(
-            t[a] if isinstance(a, str) else a
-            for a in (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out)
-        ),
-        in_edges={ev["qkv_done"]: "lbgs->l"},
-        out_edges={e: "lbgs->l" for e in attended},
-        name="attention",
-        phase="lbgs->l",
+    layer_task(
+        "attention",
+        (B, KV, cfg.splits(L, B)),
+        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out),
+        ev["qkv_done"],
+        [ev["attended"]] + ([ev["combined"]] if cfg.direct_attention else []),
+        "lbgs->l",
     )
     if cfg.l2_prefetch:
         # While the attention reads its few MB of cache, the next stages'
