@@ -769,6 +769,32 @@ def test_spread_splits_are_whole_loop_steps():
     assert cfg.splits(1024, 16) == 5 and cfg.splits(1024, 17) == 3 and cfg.splits(0, 64) == 1
 
 
+@pytest.mark.parametrize("spread", [False, True])
+def test_split_counts_cover_every_position_once(spread):
+    """Over the counts the large-batch kernel gives the tensor-core tile
+    (cached positions, the tile holding no span), and the bounded counts
+    the phased tile gets, the splits' positions are [0, L + 1) exactly once,
+    in order; only the unbounded ones pass the chunk (L a multiple of it,
+    or spread splits rounded up to whole loop steps)."""
+    from etc.tiles.llama import _split_positions
+
+    chunk, step = 512, 128
+    longest = 0
+    for L in [0, 1, 127, 128, 511, 512, 513, 1023, 1024, 1025, 1536, 2047, 2048, 5000]:
+        for bounded, count in ((True, (L + chunk) // chunk), (False, max(1, -(-L // chunk)))):
+            spans = [
+                _split_positions("a", chunk, spread, s, L, count, step, bounded)
+                for s in range(count)
+            ]
+            covered = [p for p0, p1 in spans for p in range(p0, p1)]
+            assert covered == list(range(L + 1)), (L, bounded, spans)
+            longest_here = max(p1 - p0 for p0, p1 in spans)
+            if bounded:
+                assert longest_here <= chunk, (L, spans)
+            longest = max(longest, longest_here)
+    assert longest > chunk  # the unbounded counts do take longer splits
+
+
 def test_folded_weights_have_their_own_names(weights):
     """A buffer of unfolded weights under the old name is refused at launch
     (unknown 'wqkv', missing 'wqkv_folded'), not used as if folded."""
