@@ -85,20 +85,33 @@ def graph(name: str):
 
     projection, bm, bn, options = VARIANTS[name]
     epilogue, n, k, rows = shapes(projection)
-    tile = layer_gemm(
-        bm, bn, n, k, layers=2, epilogue=epilogue, name=projection, columns_first=True, **options
-    )
     g = etc.Graph(name)
     B, NL = g.symbol("B"), g.symbol("NL")
     A = g.tensor("A", (B, k), "bf16")
     W = g.tensor("W", (2, rows, k), "bf16")
     C = g.tensor("C", (B, n), "bf16")
-    grid, args = (NL, n // bn, (B + bm - 1) // bm), [A, W, C]
+    grid = (n // bn, (B + bm - 1) // bm)
     parts = options.get("k_splits", 1)
-    if parts > 1:  # the split-K workspace and counters (zero between launches)
-        grid += (parts,)
-        args += [g.tensor("P", (parts * B, rows), "f32"), g.tensor("cnt", (1, 4096), "i32")]
-    g.task(tile, grid=grid, args=tuple(args))
+    if parts == 1:
+        tile = layer_gemm(
+            bm, bn, n, k, layers=2, epilogue=epilogue, name=projection, columns_first=True,
+            **options,
+        )  # fmt: skip
+        g.task(tile, grid=(NL, *grid), args=(A, W, C))
+        return g
+    # Split-K parts meet on per-block counters and a workspace that a layer's
+    # blocks share: the second layer (a task of its own, on ``W1[0]``) gets
+    # its own counter row and workspace, so the two run independently.
+    cnt = g.tensor("cnt", (2, 4096), "i32")  # zero between launches
+    for layer, (weights, tiles) in enumerate(
+        ((W, 1), (g.tensor("W1", (2, rows, k), "bf16"), NL - 1))
+    ):
+        tile = layer_gemm(
+            bm, bn, n, k, layers=2, epilogue=epilogue, name=f"{projection}{layer}",
+            columns_first=True, counter_row=layer, **options,
+        )  # fmt: skip
+        P = g.tensor(f"P{layer}", (parts * B, rows), "f32")
+        g.task(tile, grid=(tiles, *grid, parts), args=(A, weights, C, P, cnt))
     return g
 
 
@@ -107,8 +120,8 @@ def build(out: Path) -> None:
 
     for name in VARIANTS:
         tma = VARIANTS[name][3].get("core") == "tma"
-        # The decoder's large-batch kernel: one CTA per SM, sm_90a.
-        options = {"min_ctas_per_sm": 1, "target": "sm_90a"} if tma else {"min_ctas_per_sm": 2}
+        # As the decoder's kernels: two CTAs per SM; TMA and wgmma need sm_90a.
+        options = {"min_ctas_per_sm": 2, **({"target": "sm_90a"} if tma else {})}
         etc.compile(graph(name), schedule="static", **options).save(out / name)
         print("built", name, flush=True)
 
@@ -147,8 +160,10 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
             C = C0.clone()
             bufs = {"A": A, "W": W, "C": C}
             if parts > 1:
-                bufs["P"] = torch.zeros(parts * B, wrows, device="cuda")
-                bufs["cnt"] = torch.zeros(1, 4096, dtype=torch.int32, device="cuda")
+                bufs["W1"] = (torch.randn(2, wrows, k, device="cuda") * 0.02).to(torch.bfloat16)
+                for layer in range(2):
+                    bufs[f"P{layer}"] = torch.zeros(parts * B, wrows, device="cuda")
+                bufs["cnt"] = torch.zeros(2, 4096, dtype=torch.int32, device="cuda")
             kernel.launch(bufs, {"B": B, "NL": 1})
             kernel.check()
             acc = (A.float() @ W[0].float().T).to(torch.bfloat16).float()
