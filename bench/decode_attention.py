@@ -140,7 +140,9 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
         nbytes = 2 * LAYERS * B * KV * (L + 1) * D * 2
         outputs = {}
         for name, (_, heads, _) in VARIANTS.items():
-            P = -(-(L + 1) // span(B, name))
+            # The decoder's counts: the tensor-core tile (no span held) splits the
+            # L cached positions, position L in the last split.
+            P = max(1, -(-L // span(B, name))) if name.startswith("tma") else -(-(L + 1) // span(B))
             gen = torch.Generator(device="cuda").manual_seed(B + L + heads)
             qkv = torch.randn(B, (heads + 2 * KV) * D, device="cuda", generator=gen)
             bufs = {
