@@ -1193,9 +1193,9 @@ def build_decoder_graph(
     sums = ("sumsq",) if cfg.sums else ()
     counts = ("attn_count",) if cfg.fuse_combine else ()
     fused_out = ("attn",) if cfg.fuse_combine or cfg.direct_attention else ()
-    # With direct attention, 1 past one split, else 0: the combine's grid and
-    # count (a single split wrote the output itself).
-    merged = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
+    # 1 past one split, else 0 with direct attention (a single split wrote the
+    # output itself): the factor of the combine's grid and count.
+    combines = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
     layer_in = g.event(
         (NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden, "down_proj"), name="layer_in"
     )
@@ -1211,7 +1211,7 @@ def build_decoder_graph(
         if cfg.fuse_combine
         else g.event(
             (NL,),
-            wait_count=B * merged * cfg.combine_instances
+            wait_count=B * combines * cfg.combine_instances
             + (B * KV * cfg.splits(L, B) if cfg.direct_attention else 0),
             name="combined",
         ),
@@ -1288,9 +1288,9 @@ def build_decoder_graph(
         )
     if not cfg.fuse_combine:
         grid, phase = (
-            ((B * merged, cfg.combine_instances), "lbg->l")
+            ((B * combines, cfg.combine_instances), "lbg->l")
             if cfg.combine_group
-            else ((B * merged,), "lb->l")
+            else ((B * combines,), "lb->l")
         )
         layer_task(
             "combine", grid, ("opart", "mpart", "attn"), ev["attended"], ev["combined"], phase
