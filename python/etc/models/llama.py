@@ -848,9 +848,10 @@ class LlamaConfig:
         in the last one (at ``L = 4096`` one split of 4097 positions, not two
         of ~2048)."""
         span = self.attn_large_span
-        splits = below = (L + span) // span
         if self.cached_splits:
             splits = below = _max(1, (L + span - 1) // span)
+        else:
+            splits = below = (L + span) // span
         if self.attn_small_batch:
             below = (L + self.attn_small_span) // self.attn_small_span
             # 1 for 1 <= B <= attn_small_batch, else 0 (B < 2**31).

@@ -324,31 +324,32 @@ def _sum_parts(t: _Text, acc, rows, cols, r1: str, m_rows: str, parts: int) -> l
     base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {PART_TYPE} -> index")
     row_at = [t.bin("minui", r, last_row) for r in rows]
     pair_t = "!llvm.struct<(f32, f32)>"
+
+    def load_part(part: int) -> list[str]:
+        """Part ``part``'s values, in the flat fragment order of ``sums``."""
+        shift = t.op("sh", f"arith.muli {t.c(part)}, {m_rows} : index")
+        values = []
+        for m, per in enumerate(acc):
+            for f in range(len(per)):
+                for h in range(2):
+                    row = t.add(row_at[2 * m + h], shift)
+                    elem = t.add(t.op("e", f"arith.muli {row}, {ld} : index"), cols[f])
+                    at = t.op("a", f"arith.index_cast {t.add(base, t.mul(elem, 4))} : index to i64")
+                    got = t.op(
+                        "ld",
+                        'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v2.f32 '
+                        f'{{$0, $1}}, [$2];", "=f,=f,l" {at} : (i64) -> {pair_t}',
+                    )
+                    values += [
+                        t.op("pv", f"llvm.extractvalue {got}[{e}] : {pair_t}") for e in range(2)
+                    ]
+        return values
+
     # The flat accumulators in fragment order (per fragment: h=0: c0, c1; h=1: c2, c3).
     sums = ["%fzero"] * sum(4 * len(per) for per in acc)
     for first in range(0, parts, SUM_GROUP):
-        loaded = []  # per part of the group: its values in ``sums`` order
-        for part in range(first, min(first + SUM_GROUP, parts)):
-            shift = t.op("sh", f"arith.muli {t.c(part)}, {m_rows} : index")
-            values = []
-            for m, per in enumerate(acc):
-                for f in range(len(per)):
-                    for h in range(2):
-                        row = t.add(row_at[2 * m + h], shift)
-                        elem = t.add(t.op("e", f"arith.muli {row}, {ld} : index"), cols[f])
-                        at = t.op(
-                            "a", f"arith.index_cast {t.add(base, t.mul(elem, 4))} : index to i64"
-                        )
-                        got = t.op(
-                            "ld",
-                            'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v2.f32 '
-                            f'{{$0, $1}}, [$2];", "=f,=f,l" {at} : (i64) -> {pair_t}',
-                        )
-                        values += [
-                            t.op("pv", f"llvm.extractvalue {got}[{e}] : {pair_t}") for e in range(2)
-                        ]
-            loaded.append(values)
-        for values in loaded:
+        group = [load_part(part) for part in range(first, min(first + SUM_GROUP, parts))]
+        for values in group:  # the adds after all of the group's loads, in part order
             sums = [
                 t.op("ps", f"arith.addf {a}, {v} : f32") for a, v in zip(sums, values, strict=True)
             ]

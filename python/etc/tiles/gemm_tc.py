@@ -672,9 +672,6 @@ def _tma_ring(
     the whole stage's bytes on its full barrier when ``expect``. ``rotate =
     (r, k_tiles)``: loop step ``kt`` loads k-tile ``(kt + r) mod k_tiles``."""
     bk = TMA_BLOCK_K
-    shift = None
-    if rotate is not None:
-        shift = t.bin("remui", rotate[0], rotate[1])
     a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
     b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
     bar_t = f"memref<{2 * stages}xi64, #gpu.address_space<workgroup>>"
@@ -735,11 +732,7 @@ def _tma_ring(
                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
                 [(full, "i32"), (tx, "i32")],
             )
-        if shift is not None:
-            assert rotate is not None
-            kt = t.bin("remui", t.add(shift, kt), rotate[1])
-        col = t.c(kt * bk) if isinstance(kt, int) else t.mul(kt, bk)
-        col = _i32(t, col if k_offset is None else t.add(col, k_offset))
+        col = _k_column(t, kt, k_offset, rotate)
         for part, base, per_stage, loads in (
             ("a", base_a, a_bytes, a_loads), ("b", base_b, b_bytes, b_loads)
         ):  # fmt: skip
@@ -769,6 +762,15 @@ def _tma_ring(
                 off += rows
 
     return _TmaRing(globals_, base_a, base_b, a_bytes, b_bytes, is0, bar, issue, lanes)
+
+
+def _k_column(t: _Text, kt: str | int, k_offset: str | None, rotate: tuple[str, int] | None) -> str:
+    """The k coordinate (i32) of a TMA box of loop step ``kt``: k-tile ``kt``,
+    or ``(kt + r) mod k_tiles`` with ``rotate = (r, k_tiles)``, past ``k_offset``."""
+    if rotate is not None:
+        kt = t.bin("remui", t.add(rotate[0], kt), rotate[1])
+    col = t.c(kt * TMA_BLOCK_K) if isinstance(kt, int) else t.mul(kt, TMA_BLOCK_K)
+    return _i32(t, col if k_offset is None else t.add(col, k_offset))
 
 
 def _init_ring_barriers(t: _Text, ring: _TmaRing, stages: int, warps: int) -> None:
@@ -1010,11 +1012,7 @@ def tma_prefetch_l2(
     t.emit(f"scf.if {t.op('is0', f'arith.cmpi eq, {tid}, {t.c(0)} : index')} {{")
     t.indent += "  "
     for kt in range(k_tiles):
-        col = t.c(kt * TMA_BLOCK_K)
-        if rotate is not None:
-            tile = t.bin("remui", t.add(rotate[0], kt), rotate[1])
-            col = t.mul(tile, TMA_BLOCK_K)
-        col = _i32(t, col if k_offset is None else t.add(col, k_offset))
+        col = _k_column(t, kt, k_offset, rotate)
         for tmap, row0, _rows, *cond in loads:
             if cond:
                 t.emit(f"scf.if {cond[0]} {{")

@@ -27,6 +27,7 @@ Buffers are row-major and 16-byte aligned (H, D and V multiples of 8).
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 
@@ -1371,7 +1372,7 @@ def _warp_merge(
       %fcol = arith.addi %fcol0, %fdim : index
       memref.store %fbf, %attn[%b, %fcol] : {direct}
     }} else {{
-  {partials.replace(chr(10), chr(10) + "  ")}
+{textwrap.indent(partials, "  ")}
     }}"""
     lines.append(f"    %fh = arith.addi %qh0, %ft : index\n{partials}\n  }}")
     return "\n".join(lines)
@@ -1400,8 +1401,9 @@ def _split_lines(spread: bool, align: int, op_t: str, bounded: bool = True) -> s
     ``%c1`` and ``%cChunk``. ``bounded=False``, for a tile that holds no
     span: a spread split is not cut at ``chunk``, and the last split of
     chunks runs to ``L + 1``."""
+    lp1 = "  %Lp1 = arith.addi %L, %c1 : index"
     dims = f"""\
-  %Lp1 = arith.addi %L, %c1 : index
+{lp1}
   %cSplitDim = arith.constant 2 : index
   %nsplit = memref.dim %op, %cSplitDim : {op_t}"""
     if spread:
@@ -1436,7 +1438,7 @@ def _split_lines(spread: bool, align: int, op_t: str, bounded: bool = True) -> s
   %p1e = arith.select %isLast, %Lp1, %p1a : index"""
     return f"""\
   // Positions [p0, p0 + n) of this split.
-{dims}
+{lp1 if bounded else dims}
   %p0 = arith.muli %s, %cChunk : index
   %p1a = arith.addi %p0, %cChunk : index{last}
   %p1b = arith.minui {"%p1e" if last else "%p1a"}, %Lp1 : index
