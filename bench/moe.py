@@ -121,6 +121,9 @@ CONFIGS = {
     # The router's TMA tile on 32-expert blocks: 4 CTAs per 128 tokens (one
     # CTA took 17.5 us at T <= 128 and left 100 SMs idle at T = 4096).
     "tma128wtc32": {**M.PRESETS["prefill"], "router_experts": 32},
+    # The prefill preset with the gate/up tiles gathering their rows from X
+    # (no Xp, no permute: 134 MB written and read again at T = 4096).
+    "pre_gather": {**M.PRESETS["prefill"], "gather": True},
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
     "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
@@ -256,6 +259,7 @@ TARGETS = {
         "tma128wr",
         "tma128wtc",
         "tma128wtc32",
+        "pre_gather",
         "tma16",
         "tma128",
         "pre_mem",

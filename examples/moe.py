@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--route-max-tokens", type=int, default=64, help="the largest T of --route fused"
     )
+    p.add_argument(
+        "--gather", action="store_true",
+        help="gate/up tiles read X through perm (no permuted copy; TMA tiles: --preset prefill)",
+    )  # fmt: skip
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
         "--preset", choices=tuple(M.PRESETS), help="the tuned tile configuration (real sizes)"
@@ -124,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             router.get("router_experts", 2),
         )  # fmt: skip
     try:
-        cfg = replace(cfg, route=args.route, route_max_tokens=args.route_max_tokens)
+        cfg = replace(
+            cfg, route=args.route, route_max_tokens=args.route_max_tokens, gather=args.gather
+        )
         g = M.build_moe_graph(cfg)
     except etc.EtcError as exc:  # a configuration the tiles cannot take
         print(f"error: {exc}", file=sys.stderr)

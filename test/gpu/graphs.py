@@ -132,6 +132,18 @@ def _moe_small_route():
 
 #: MOE_SMALL_RING_PREFETCH and MOE_SMALL_TMA with the fused route tile.
 MOE_SMALL_ROUTE, MOE_SMALL_ROUTE_TMA = _moe_small_route()
+
+
+def _moe_small_gather():
+    from dataclasses import replace
+
+    # The TMA tiles with the gate/up tiles gathering their rows from X (no
+    # Xp, no permute), with the split route and with the fused one.
+    return replace(MOE_SMALL_TMA, gather=True), replace(MOE_SMALL_ROUTE_TMA, gather=True)
+
+
+#: MOE_SMALL_TMA and MOE_SMALL_ROUTE_TMA with gathering gate/up tiles (sm_90a).
+MOE_SMALL_GATHER, MOE_SMALL_ROUTE_GATHER = _moe_small_gather()
 #: ``etc.models.moe.build_moe_graph`` options by artifact variant: ``_unguarded``
 #: has gate/up tiles that look up their expert (and prefetch its weights)
 #: without waiting for the routing tables.

@@ -45,9 +45,11 @@ from graphs import (  # noqa: E402
     GRAPHS,
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
+    MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
+    MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     options: dict[str, dict] = {}  # more etc.compile options, by artifact
     for tiles, cfg in (
         ("tma", MOE_SMALL_TMA), ("split", MOE_SMALL_SPLIT), ("sub", MOE_SMALL_SUB),
-        ("route_tma", MOE_SMALL_ROUTE_TMA),
+        ("route_tma", MOE_SMALL_ROUTE_TMA), ("gather", MOE_SMALL_GATHER),
+        ("route_gather", MOE_SMALL_ROUTE_GATHER),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

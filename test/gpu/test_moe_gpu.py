@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from graphs import (  # noqa: E402
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
+    MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
+    MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
@@ -39,8 +42,11 @@ pytestmark = [
 
 @pytest.mark.parametrize(
     "tiles",
-    ["", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma", "_route_unguarded"],
-)
+    [
+        "", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma",
+        "_route_unguarded", "_gather", "_route_gather",
+    ],
+)  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("routing", ["uniform", "one-expert", "few-experts"])
 def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing: str) -> None:
@@ -54,6 +60,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_route": MOE_SMALL_ROUTE,
         "_route_tma": MOE_SMALL_ROUTE_TMA,
         "_route_unguarded": MOE_SMALL_ROUTE,
+        "_gather": MOE_SMALL_GATHER,
+        "_route_gather": MOE_SMALL_ROUTE_GATHER,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
@@ -78,7 +86,7 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
 
 
 @pytest.mark.parametrize(
-    "tiles", ["", "_ringpf", "_tma", "_route", "_route_tma", "_route_unguarded"]
+    "tiles", ["", "_ringpf", "_tma", "_route", "_route_tma", "_route_unguarded", "_gather"]
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
@@ -93,6 +101,7 @@ def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
         "_route": MOE_SMALL_ROUTE,
         "_route_tma": MOE_SMALL_ROUTE_TMA,
         "_route_unguarded": MOE_SMALL_ROUTE,
+        "_gather": MOE_SMALL_GATHER,
     }[tiles]
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small{tiles}_{schedule}")
     for T in (7, 33):
@@ -109,3 +118,25 @@ def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
             kernel.launch(arrays, {"T": T})
             ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
             assert M.rel_err(arrays["Out"], ref) <= 1e-2, (T, seed, routing)
+
+
+@pytest.mark.parametrize("route", ["", "_route"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_gathered_rows_give_the_permuted_copy_s_bits(route: str, schedule: str) -> None:
+    # A row's products do not depend on where in its block it sits, so the
+    # gate/up tiles that gather X through perm give the layer's output bit
+    # for bit as the ones that read the permuted copy Xp (and each its own
+    # tables, whose row order inside an expert the atomics choose).
+    arts = Path(os.environ["ETC_ARTIFACTS"])
+    gathered = etc.runtime.load(arts / f"moe_small{route}_gather_{schedule}")
+    copied = etc.runtime.load(arts / f"moe_small{route}_tma_{schedule}")
+    cfg = MOE_SMALL_ROUTE_GATHER if route else MOE_SMALL_GATHER
+    for T, routing in ((1, "uniform"), (130, "one-expert"), (300, "uniform")):
+        weights = M.random_weights(cfg, seed=5, routing=routing)
+        x = M.random_tokens(cfg, T, seed=T, routing=routing)
+        a = M.numpy_inputs(cfg, x, weights)
+        b = M.numpy_inputs(replace(cfg, gather=False), x, weights)
+        gathered.launch(a, {"T": T})
+        copied.launch(b, {"T": T})
+        assert "Xp" not in a and "Xp" in b
+        np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")

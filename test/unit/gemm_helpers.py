@@ -161,6 +161,15 @@ MOE_GU = [
     ("gu_indptr", (E + 1,), "i32"),
     ("Hb", ("m", I), "bf16"),
 ]
+#: The gate/up tile that gathers its rows from the tokens (``gather_topk``).
+MOE_GU_GATHER = [
+    ("X", ("m", H), "bf16"),
+    ("Wgu", (E, 2 * I, H), "bf16"),
+    ("row_off", (E + 1,), "i32"),
+    ("gu_indptr", (E + 1,), "i32"),
+    ("perm", ("n",), "i32"),
+    ("Hb", ("n", I), "bf16"),
+]
 MOE_DN = [
     ("Hb", ("m", I), "bf16"),
     ("Wd", (E, H, I), "bf16"),

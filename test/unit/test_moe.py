@@ -532,3 +532,61 @@ def test_gate_up_without_the_tables_edge(schedule):
     assert not tasks["gate_up"].in_edges and tasks["down"].in_edges
     out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": 9}, schedule=schedule, seed=3)
     assert M.rel_err(out["Out"], ref) <= 1e-2
+
+
+# A small layer on the TMA tiles (sm_90a) whose gate/up tiles gather their
+# rows from X (MoEConfig.gather): two 128-row blocks for a large expert.
+_TMA = (("core", "tma"), ("stages", 2), ("smem_limit", 220 << 10))
+TMA_SMALL = M.MoEConfig(
+    hidden=256, inter=192, experts=16, topk=2, block_m=128, block_n_gu=64, block_n_dn=64,
+    router_block=8, router_experts=4, topk_block=4, combine_block=3, gemm="tc",
+    gate_up_options=_TMA, down_options=_TMA,
+)  # fmt: skip
+
+
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("route", M.ROUTES)
+@pytest.mark.parametrize("T,routing", [(1, "uniform"), (150, "one-expert"), (41, "top1")])
+def test_gathering_gate_up_in_simulator(schedule, route, T, routing):
+    # No Xp and no permute (a release task per expert): the same tables and
+    # the permuted-copy graph's output bit for bit, under the same schedule.
+    base = replace(TMA_SMALL, route=route, route_max_tokens=160)
+    cfg, x, w, ref = case(replace(base, gather=True), T, routing)
+    copy, *_ = case(base, T, routing)
+    g = M.build_moe_graph(cfg)
+    names = [t.name for t in g.topological_tasks()]
+    assert "release" in names and "permute" not in names
+    assert "Xp" not in M.tensor_shapes(cfg, T) and "Xp" not in {t.name for t in g.tensors}
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T}, schedule=schedule, seed=T)
+    want = etc.simulate(
+        M.build_moe_graph(copy), M.numpy_inputs(copy, x, w), {"T": T}, schedule=schedule, seed=T
+    )
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    for name in ("Out", "Hb", "perm", "row_off", "gu_indptr"):
+        np.testing.assert_array_equal(out[name], want[name], err_msg=name)
+    hand = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w))
+    assert M.rel_err(hand["Out"], ref) <= 1e-2
+
+
+@needs_trigger
+def test_gathering_unfused_graphs_and_errors():
+    cfg, x, w, ref = case(replace(TMA_SMALL, gather=True), 9)
+    arrays = M.numpy_inputs(cfg, x, w)
+    graphs = M.build_unfused_graphs(cfg)
+    assert tuple(task for task, _ in graphs) == M.unfused_tasks(cfg)
+    assert "permute" not in M.unfused_tasks(cfg) and "permute" in M.unfused_tasks(TMA_SMALL)
+    for _, g in graphs:
+        names = {t.name for t in g.tensors}
+        out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": 9})
+        arrays.update({k: out[k] for k in names})
+    assert M.rel_err(arrays["Out"], ref) <= 1e-2
+    for bad in (
+        dict(gemm="reg", gate_up_options=()),
+        dict(gate_up_options=(*_TMA, ("split_n", True))),
+        dict(gate_up_options=(("stages", 2),)),
+    ):
+        with pytest.raises(etc.GraphError, match="gather=True needs the TMA gate/up tile"):
+            replace(TMA_SMALL, gather=True, **bad)
+    with pytest.raises(etc.GraphError, match="gather must be a bool"):
+        replace(TMA_SMALL, gather=1)

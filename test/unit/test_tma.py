@@ -14,6 +14,7 @@ from gemm_helpers import (
     DENSE,
     MOE_DN,
     MOE_GU,
+    MOE_GU_GATHER,
     E,
     H,
     I,
@@ -253,6 +254,45 @@ def test_moe_tma_references():
         assert rel_err(bf16_to_f32(Hb[r]), g / (1 + np.exp(-g)) * u) <= 1e-2
 
 
+def test_gathered_gate_up_tile():
+    """gather_topk=K: the gate/up tile reads row r as X[perm[r] // K] through
+    every thread's cp.async (no A box, one map: the weights'); its reference
+    equals the Xp tile's on the permuted copy."""
+    rng = np.random.default_rng(4)
+    counts, K = [3, 0, 170, 64], 2
+    rows = sum(counts)
+    X = rand_bf16(rng, (rows + K - 1) // K, H)
+    perm = rng.permutation(rows).astype(np.int32)
+    Wgu = rand_bf16(rng, E, 2 * I, H, scale=0.1)
+    gu = G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=K)
+    copied = G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM)
+    assert gu.tensor_maps == {6: (1, (64, 64))}
+    assert gu.params[2:8] == copied.params[2:6] + ("memref<?xi32>",) + copied.params[6:7]
+    row_off, indptr = moe_tables(counts, 128, I // 64)
+    got, want = np.zeros((rows, I), np.uint16), np.zeros((rows, I), np.uint16)
+    for e in range(E):
+        for i in range(int(indptr[-1])):
+            gu.reference(i, e, X, Wgu, row_off, indptr, perm, got, None)
+            copied.reference(i, e, X[perm // K], Wgu, row_off, indptr, want)
+    np.testing.assert_array_equal(got, want)
+    # 3 stages over 4 k-tiles: 3 in the prologue, one refill; 4 copies of 16
+    # bytes per thread each, one arrival per thread, and the weights' 2 boxes.
+    src = gu.source
+    assert src.count("cp.async.cg.shared.global") == 4 * 4
+    assert src.count("cp.async.mbarrier.arrive.noinc") == 4
+    assert src.count("cp.async.bulk.tensor") == 2 * 4
+    assert "mbarrier.init.shared::cta.b64 [$0], 257;" in src
+    for kw, words in (
+        (dict(split_n=True, block_m=64), "needs core='tma' without split_n"),
+        (dict(core="mma", smem_limit=48 << 10, stages=2), "needs core='tma'"),
+        (dict(gather_topk=0), "positive top-k"),
+    ):
+        args = dict(core="tma", smem_limit=SMEM, gather_topk=K) | kw
+        bm = args.pop("block_m", 128)
+        with pytest.raises(GraphError, match=words):
+            G.moe_gate_up(bm, 64, H, I, experts=E, **args)
+
+
 def test_split_and_sub_tiles_loads_and_errors():
     """split_n: a 64-row block whose warpgroups take column halves (each its
     gate rows next to its up rows, wgmma n = b_rows / 2); sub_n: several
@@ -328,6 +368,7 @@ def test_tma_configuration_errors():
         (lambda: G.moe_gate_up(64, 128, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True), MOE_GU, ("m", E), 128),
         (lambda: G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128), MOE_DN, ("m", E), 128),
         (lambda: CT.gemm_chunk(128, 128, 256, core="tma", smem_limit=SMEM), None, None, 128),
+        (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2), MOE_GU_GATHER, ("m", E), 128),
     ],
 )  # fmt: skip
 def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
@@ -351,7 +392,9 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     # (the collective tile into its chunk of C).
     assert "ld.shared.v4.b32" in ptx
     maps = [t for t in art.manifest["tensors"] if "tensor_map" in t]
-    assert [t["tensor_map"]["box"][1] for t in maps] == [64, 64]
+    gathered = tensors is MOE_GU_GATHER  # its rows come by cp.async, not a map
+    assert [t["tensor_map"]["box"][1] for t in maps] == [64] * (1 if gathered else 2)
+    assert ("cp.async.mbarrier.arrive.noinc.shared::cta.b64" in ptx) == gathered
     info = sm90a_ptxas(ptx, tmp_path)
     assert "0 bytes spill stores" in info
     assert art.cubin is not None
@@ -447,6 +490,11 @@ def test_moe_example_prefill_preset(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "2/2 cases match numpy" in done.stdout
+    gathered = subprocess.run(
+        [sys.executable, str(script), "--simulate", *small, "--tokens", "130", "--gather"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert gathered.returncode == 0 and "1/1 cases match numpy" in gathered.stdout, gathered
     if not have_bindings():
         return
     ptx = tmp_path / "moe.ptx"

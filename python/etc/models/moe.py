@@ -150,9 +150,9 @@ ROUTES = ("split", "fused")
 
 def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
     """The task names of :func:`build_unfused_graphs` for ``cfg``, in launch order."""
-    if cfg.route == "fused":
-        return ("logits", "route", "permute", "gate_up", "down", "combine")
-    return UNFUSED_TASKS
+    tasks = ("logits", "route", *UNFUSED_TASKS[4:]) if cfg.route == "fused" else UNFUSED_TASKS
+    # A gathering gate/up tile needs no permute (release has no work alone).
+    return tuple(x for x in tasks if x != "permute") if cfg.gather else tasks
 
 
 #: Routings the examples and benchmarks know (see :func:`random_weights`).
@@ -212,6 +212,12 @@ class MoEConfig:
     #: ``T`` then has the bound ``route_max_tokens``).
     route: str = "split"
     route_max_tokens: int = moe_tiles.ROUTE_MAX_TOKENS
+    #: The gate/up tiles read their rows from the tokens (``X[perm[r] //
+    #: topk]``, each thread's ``cp.async``) instead of a permuted copy ``Xp``:
+    #: no ``Xp`` (T * topk rows written, then read), and the permute task
+    #: becomes ``release``, which only releases each expert. Needs the TMA
+    #: gate/up tile (``gemm="tc"``, ``core="tma"``, not ``split_n``).
+    gather: bool = False
 
     def __post_init__(self) -> None:
         for key in (
@@ -263,6 +269,14 @@ class MoEConfig:
                 f"MoEConfig: router_splits={self.router_splits} needs router='tc' and hidden a "
                 f"multiple of 64 x router_splits; got router={self.router!r}, "
                 f"hidden={self.hidden}"
+            )
+        if not isinstance(self.gather, bool):
+            raise GraphError(f"MoEConfig: gather must be a bool, got {self.gather!r}")
+        gu = dict(self.gate_up_options)
+        if self.gather and (self.gemm != "tc" or gu.get("core") != "tma" or gu.get("split_n")):
+            raise GraphError(
+                "MoEConfig: gather=True needs the TMA gate/up tile (gemm='tc', gate_up_options "
+                f"core='tma', no split_n); got gemm={self.gemm!r}, gate_up_options={gu!r}"
             )
         if self.topk > self.experts:
             raise GraphError(f"MoEConfig: topk={self.topk} exceeds experts={self.experts}")
@@ -359,6 +373,8 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
     }
     if cfg.route == "fused":  # the route tile keeps each slot's position to itself
         del spec["pos"]
+    if cfg.gather:  # the gate/up tiles read X through perm
+        del spec["Xp"]
     return spec
 
 
@@ -385,9 +401,11 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
         gate_up, down = gemm_tiles
         return gate_up, down
     kw = {"experts": cfg.experts, "block_size": cfg.block_size}
+    gu_kw = {"gather_topk": cfg.topk} if cfg.gather else {}
     gate_up = gemm_tiles.moe_gate_up(
-        cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw, **dict(cfg.gate_up_options)
-    )
+        cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw, **gu_kw,
+        **dict(cfg.gate_up_options),
+    )  # fmt: skip
     down = gemm_tiles.moe_down(
         cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter, **kw, **dict(cfg.down_options)
     )
@@ -415,8 +433,18 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
             "clear": moe_tiles.clear_counts(E, block_size=bs),
             "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
         }
-    tiles["permute"] = moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs)
+    if cfg.gather:
+        tiles["release"] = moe_tiles.release(E, block_size=bs)
+    else:
+        tiles["permute"] = moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs)
     return tiles
+
+
+def _gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
+    """The gate/up task's tensors, in order (a gathering tile reads ``X`` via ``perm``)."""
+    if cfg.gather:
+        return ("X", "Wgu", "row_off", "gu_indptr", "perm", "Hb")
+    return ("Xp", "Wgu", "row_off", "gu_indptr", "Hb")
 
 
 def _router_tile(cfg: MoEConfig) -> DeviceFunction:
@@ -597,18 +625,24 @@ def build_moe_graph(
             out_edges={planned: "i->0"},
             name="plan",
         )
+    if cfg.gather:
+        release = dict(tile=tiles["release"], args=(t["row_off"],), name="release")
+    else:
+        release = dict(
+            tile=tiles["permute"], args=(t["X"], t["row_off"], t["perm"], t["Xp"]), name="permute"
+        )
     g.task(
-        tiles["permute"],
+        release["tile"],
         grid=(E,),
-        args=(t["X"], t["row_off"], t["perm"], t["Xp"]),
+        args=release["args"],
         in_edges={planned: "e->0"},
         out_edges=[(gu_ready, "e->e"), (h_ready, "e->e")],
-        name="permute",
+        name=release["name"],
     )
     g.task(
         gate_up,
         grid=(gu_bound,),
-        args=(t["Xp"], t["Wgu"], t["row_off"], t["gu_indptr"], t["Hb"]),
+        args=tuple(t[n] for n in _gate_up_args(cfg)),
         triggered_by=(gu_ready, t["gu_indptr"]),
         in_edges={planned: "ie->0"} if gate_up_waits_tables else None,
         out_edges={h_ready: "ie->e"},
@@ -689,16 +723,17 @@ def build_unfused_graphs(
             args=tuple(t[n] for n in _PLAN_ARGS), name="plan",
         )  # fmt: skip
         out.append(("plan", g))
-    g, T, t = graph("permute", ["X", "row_off", "perm", "Xp"])
-    g.task(
-        tiles["permute"],
-        grid=(E,),
-        args=(t["X"], t["row_off"], t["perm"], t["Xp"]),
-        name="permute",
-    )
-    out.append(("permute", g))
+    if not cfg.gather:
+        g, T, t = graph("permute", ["X", "row_off", "perm", "Xp"])
+        g.task(
+            tiles["permute"],
+            grid=(E,),
+            args=(t["X"], t["row_off"], t["perm"], t["Xp"]),
+            name="permute",
+        )
+        out.append(("permute", g))
     for task, fn, names, indptr in (
-        ("gate_up", gate_up, ["Xp", "Wgu", "row_off", "gu_indptr", "Hb"], "gu_indptr"),
+        ("gate_up", gate_up, list(_gate_up_args(cfg)), "gu_indptr"),
         ("down", down, ["Hb", "Wd", "row_off", "dn_indptr", "Yp"], "dn_indptr"),
     ):
         g, T, t = graph(task, names)
@@ -788,16 +823,25 @@ def _tile_rows(
     return r0, min(r0 + BM, hi), nb
 
 
-def gate_up_reference(BM: int, BN: int, H: int, inter: int) -> Callable[..., None]:
-    """Numpy reference of the gate/up tile ``(i, e)`` (the spec's decomposition)."""
+def gate_up_reference(
+    BM: int, BN: int, H: int, inter: int, gather_topk: int | None = None
+) -> Callable[..., None]:
+    """Numpy reference of the gate/up tile ``(i, e)`` (the spec's decomposition);
+    with ``gather_topk=K`` on ``(X, Wgu, row_off, gu_indptr, perm, Hb)``, row
+    ``r`` being ``X[perm[r] // K]``."""
 
-    def reference(i, e, Xp, Wgu, row_off, gu_indptr, Hb) -> None:
+    def reference(i, e, Xp, Wgu, row_off, gu_indptr, *rest) -> None:
         rows = _tile_rows(i, e, row_off, gu_indptr, BM)
         if rows is None:
             return
         r0, r1, nb = rows
         n0 = nb * BN
-        x = bf16_to_f32(Xp[r0:r1])
+        if gather_topk is None:
+            (Hb,) = rest
+            x = bf16_to_f32(Xp[r0:r1])
+        else:
+            perm, Hb = rest
+            x = bf16_to_f32(Xp[perm[r0:r1] // gather_topk])
         g = x @ bf16_to_f32(Wgu[e, n0 : n0 + BN]).T
         u = x @ bf16_to_f32(Wgu[e, inter + n0 : inter + n0 + BN]).T
         Hb[r0:r1, n0 : n0 + BN] = f32_to_bf16(_silu(g) * u)
@@ -831,7 +875,10 @@ def run_tile_references(
     a = {k: np.array(v, copy=True) for k, v in arrays.items()}
     tiles = _small_tiles(cfg)
     if gemm_tiles is None:
-        gu_ref = gate_up_reference(cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter)
+        gu_ref = gate_up_reference(
+            cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter,
+            gather_topk=cfg.topk if cfg.gather else None,
+        )  # fmt: skip
         dn_ref = down_reference(cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter)
     else:
         gu_ref, dn_ref = (f.reference for f in gemm_tiles)
@@ -851,11 +898,13 @@ def run_tile_references(
                 tiles["topk"].reference(i, j, *(a[n] for n in _TOPK_ARGS))
         for i in range(moe_tiles.plan_grid(T, cfg.topk)):
             tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
-    for e in range(E):
-        tiles["permute"].reference(e, a["X"], a["row_off"], a["perm"], a["Xp"])
+    if not cfg.gather:
+        for e in range(E):
+            tiles["permute"].reference(e, a["X"], a["row_off"], a["perm"], a["Xp"])
+    gu_args = [a[n] for n in _gate_up_args(cfg)]
     for e in range(E):
         for i in range(int(a["gu_indptr"][e]), int(a["gu_indptr"][e + 1])):
-            gu_ref(i, e, a["Xp"], a["Wgu"], a["row_off"], a["gu_indptr"], a["Hb"])
+            gu_ref(i, e, *gu_args)
     for e in range(E):
         for i in range(int(a["dn_indptr"][e]), int(a["dn_indptr"][e + 1])):
             dn_ref(i, e, a["Hb"], a["Wd"], a["row_off"], a["dn_indptr"], a["Yp"])

@@ -169,7 +169,14 @@ def gate_up_types(hidden: int, inter: int, ed: str) -> tuple[str, str, str]:
     )
 
 
-def gate_up_signature(xt: str, wt: str, ht: str, it: str) -> str:
+def gate_up_signature(xt: str, wt: str, ht: str, it: str, gather: bool = False) -> str:
+    """``(Xp, Wgu, row_off, gu_indptr, Hb)``, or with ``gather`` the tokens
+    and their slots: ``(X, Wgu, row_off, gu_indptr, perm, Hb)``."""
+    if gather:
+        return (
+            f"%i: index, %e: index, %X: {xt}, %Wgu: {wt}, %row_off: {it}, %gu_indptr: {it}, "
+            f"%perm: memref<?xi32>, %Hb: {ht}"
+        )
     return (
         f"%i: index, %e: index, %Xp: {xt}, %Wgu: {wt}, %row_off: {it}, %gu_indptr: {it}, %Hb: {ht}"
     )
@@ -222,22 +229,26 @@ def dense_reference(block_m: int, block_n: int, out_f32: bool = False) -> Callab
     return reference
 
 
-def gate_up_reference(block_m: int, block_n: int, inter: int) -> Callable[..., None]:
-    def reference(
-        i: int,
-        e: int,
-        Xp: np.ndarray,
-        Wgu: np.ndarray,
-        row_off: np.ndarray,
-        gu_indptr: np.ndarray,
-        Hb: np.ndarray,
-    ) -> None:
+def gate_up_reference(
+    block_m: int, block_n: int, inter: int, gather_topk: int | None = None
+) -> Callable[..., None]:
+    """The gate/up tile's reference; with ``gather_topk=K`` it takes the
+    gathering tile's buffers ``(X, Wgu, row_off, gu_indptr, perm, Hb)`` and
+    reads row ``r`` as ``X[perm[r] // K]``."""
+
+    def reference(i: int, e: int, Xp, Wgu, row_off, gu_indptr, *rest) -> None:
         block = moe_block(i, e, row_off, gu_indptr, block_m, block_n)
         if block is None:
             return
         rs, cs = block
-        g = bf16_matmul(Xp[rs], Wgu[e, cs])
-        u = bf16_matmul(Xp[rs], Wgu[e, cs.start + inter : cs.stop + inter])
+        if gather_topk is None:
+            (Hb,) = rest
+            a = Xp[rs]
+        else:
+            perm, Hb = rest
+            a = Xp[perm[rs] // gather_topk]
+        g = bf16_matmul(a, Wgu[e, cs])
+        u = bf16_matmul(a, Wgu[e, cs.start + inter : cs.stop + inter])
         with np.errstate(over="ignore"):
             h = g / (np.float32(1) + np.exp(-g)) * u
         Hb[rs, cs] = f32_to_bf16(h.astype(np.float32))

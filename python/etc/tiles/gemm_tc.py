@@ -663,14 +663,16 @@ class _TmaRing:
 def _tma_ring(
     t: _Text, name: str, block_m: int, b_rows: int, stages: int, a_loads: list[TmaLoad],
     b_loads: list[TmaLoad], k_offset: str | None, body: bool = False,
-    rotate: tuple[str, int] | None = None,
+    rotate: tuple[str, int] | None = None, a_tx: bool = True,
 ) -> _TmaRing:  # fmt: skip
     """The ring of :func:`_body_tma` (and of its prefetch, :func:`tma_prefetch_ring`):
     ``stages`` stages of ``a_loads`` and ``b_loads`` boxes, a full and an
     empty mbarrier each. ``issue(kt, stage, which="ab", expect=True)``: thread
     0 loads k-tile ``kt``'s boxes of ``which`` into ``stage``, first expecting
     the whole stage's bytes on its full barrier when ``expect``. ``rotate =
-    (r, k_tiles)``: loop step ``kt`` loads k-tile ``(kt + r) mod k_tiles``."""
+    (r, k_tiles)``: loop step ``kt`` loads k-tile ``(kt + r) mod k_tiles``.
+    ``a_tx=False``: the ``A`` stage does not come through TMA (a gather's
+    copies arrive on the full barrier themselves), so it is not expected."""
     bk = TMA_BLOCK_K
     a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
     b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
@@ -704,7 +706,7 @@ def _tma_ring(
         lane0 = t.op("lane0", f"arith.cmpi eq, {lane}, {t.c(0)} : index")
         lanes = (tid, group, warp, lane, lane0)
     a_bytes, b_bytes = block_m * bk * 2, b_rows * bk * 2
-    tx = t.op("tx", f"arith.constant {a_bytes + b_bytes} : i32")
+    tx = t.op("tx", f"arith.constant {(a_bytes if a_tx else 0) + b_bytes} : i32")
     if any(len(load) > 3 for load in a_loads + b_loads):  # count the boxes loaded
         zero = t.op("tx", "arith.constant 0 : i32")
         tx = zero
@@ -773,11 +775,16 @@ def _k_column(t: _Text, kt: str | int, k_offset: str | None, rotate: tuple[str, 
     return _i32(t, col if k_offset is None else t.add(col, k_offset))
 
 
-def _init_ring_barriers(t: _Text, ring: _TmaRing, stages: int, warps: int) -> None:
-    """Thread 0 (inside its ``scf.if``): one full (1 arrival) and one empty
-    (an arrival per warp) mbarrier per stage."""
+def _init_ring_barriers(
+    t: _Text, ring: _TmaRing, stages: int, warps: int, full_arrivals: int = 1
+) -> None:
+    """Thread 0 (inside its ``scf.if``): one full (``full_arrivals``: thread
+    0's, plus one per thread of a gather) and one empty (an arrival per warp)
+    mbarrier per stage."""
     for s in range(stages):
-        _asm_ops(t, "mbarrier.init.shared::cta.b64 [$0], 1;", [(ring.bar(0, s), "i32")])
+        _asm_ops(
+            t, f"mbarrier.init.shared::cta.b64 [$0], {full_arrivals};", [(ring.bar(0, s), "i32")]
+        )
         _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(ring.bar(1, s), "i32")])
     _asm(t, "fence.mbarrier_init.release.cluster;")
 
@@ -811,6 +818,79 @@ def tma_prefetch_ring(
     t.emit("gpu.barrier")
 
 
+@dataclass(frozen=True)
+class TmaGather:
+    """A TMA tile's ``A`` operand gathered row by row instead of one TMA box:
+    ``row(t, r)`` gives block row ``r``'s source row (an index into the
+    buffer at ``base``, an i64 address, ``row_bytes`` apart) and whether the
+    row exists (``i1``; a missing row is zero-filled and read from nowhere)."""
+
+    base: str
+    row_bytes: int
+    row: Callable[[_Text, str], tuple[str, str]]
+
+
+#: 16-byte chunks a thread of a gathering TMA tile copies per k-tile: a warp
+#: takes its 16 accumulator rows of 8 chunks (128 bytes of ``k``).
+_GATHER_CHUNKS = 4
+
+
+def _gather_setup(
+    t: _Text, gather: TmaGather, tid: str, k_offset: str | None, rotate: tuple[str, int] | None
+) -> Callable[[str | int, str | int, Callable[[int, str | int], str], str, int], None]:
+    """Each thread's part of a gathered ``A`` stage, computed once: warp
+    ``w`` copies block rows ``[16w, 16w + 16)`` (the rows its warpgroup's
+    wgmma gives it accumulators for, so it may refill them once its own
+    wgmma is done), lane ``l`` chunk ``l % 8`` of rows ``16w + l // 8 + 4u``
+    (``u < 4``), into the 128-byte swizzle the TMA boxes use (chunk ``c`` of
+    row ``r`` at ``c ^ (r % 8)``). Returns ``issue(kt, stage, bar, base,
+    stage_bytes)``: the thread's ``cp.async`` copies of k-tile ``kt`` into
+    ``stage``, then an arrival on its full barrier when they land."""
+    warp = t.bin("divui", tid, 32)
+    lane = t.bin("remui", tid, 32)
+    quad = t.bin("divui", lane, 8)
+    chunk = t.bin("remui", lane, 8)
+    chunk_bytes = t.op("g", f"arith.index_cast {t.mul(chunk, 16)} : index to i64")
+    base = t.op("g", f"arith.addi {gather.base}, {chunk_bytes} : i64")
+    row_bytes = t.op("g", f"arith.constant {gather.row_bytes} : i64")
+    zero, full = t.op("g", "arith.constant 0 : i32"), t.op("g", "arith.constant 16 : i32")
+    parts = []  # (source address, destination offset, bytes) per chunk
+    for u in range(_GATHER_CHUNKS):
+        row = t.add(t.add(t.mul(warp, 16), quad), 4 * u)
+        src_row, ok = gather.row(t, row)
+        src_row = t.op("g", f"arith.index_cast {src_row} : index to i64")
+        src = t.op("g", f"arith.muli {src_row}, {row_bytes} : i64")
+        src = t.op("g", f"arith.addi {base}, {src} : i64")
+        swizzled = t.op("g", f"arith.xori {chunk}, {t.bin('remui', t.add(quad, 4 * u), 8)} : index")
+        dst = t.add(t.mul(row, 128), t.mul(swizzled, 16))
+        parts.append((src, dst, t.op("g", f"arith.select {ok}, {full}, {zero} : i32")))
+
+    def issue(
+        kt: str | int, stage: str | int, bar: Callable[[int, str | int], str], base_a: str,
+        stage_bytes: int,
+    ) -> None:  # fmt: skip
+        col = _k_column(t, kt, k_offset, rotate)  # i32, in elements
+        col = t.op("g", f"arith.extui {col} : i32 to i64")
+        col = t.op("g", f"arith.addi {col}, {col} : i64")  # bytes
+        st = t.mul(stage, stage_bytes) if isinstance(stage, str) else t.c(stage * stage_bytes)
+        at = t.add(base_a, st)
+        for src, dst, size in parts:
+            _asm_ops(
+                t,
+                "cp.async.cg.shared.global [$0], [$1], 16, $2;",
+                [
+                    (_i32(t, t.add(at, dst)), "i32"),
+                    (t.op("g", f"arith.addi {src}, {col} : i64"), "i64"),
+                    (size, "i32"),
+                ],
+            )
+        _asm_ops(
+            t, "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", [(bar(0, stage), "i32")]
+        )
+
+    return issue
+
+
 def _body_tma(
     t: _Text,
     *,
@@ -829,6 +909,7 @@ def _body_tma(
     k_offset: str | None = None,
     weights_prefetched: bool = False,
     rotate: str | None = None,
+    gather: TmaGather | None = None,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -867,8 +948,21 @@ def _body_tma(
     ``rotate`` (an index value, e.g. the tile's column block ``j``): the
     loop starts at k-tile ``rotate mod (k / 64)`` and wraps around, so the
     tiles of a stage do not all read the same activation boxes at once (the
-    sum's order changes with ``rotate``, deterministically)."""
+    sum's order changes with ``rotate``, deterministically).
+
+    ``gather`` (no ``a_loads``): every thread copies its part of each ``A``
+    stage with ``cp.async`` (:func:`_gather_setup`: rows of a table, e.g. a
+    MoE expert's tokens, with no permuted copy in memory) and arrives on the
+    stage's full barrier when its copies land (``.noinc``: the barrier counts
+    one arrival per thread besides thread 0's); a warp refills its own rows
+    once its warpgroup's wgmma has read them, and the warps fence the
+    generic proxy's writes before their wgmma reads them."""
     groups = block_size // 128
+    if gather is not None and (split_n or a_loads or weights_prefetched):
+        raise GraphError(
+            f"tile '{name}': a gathered A operand takes no A boxes, split_n or prefetched "
+            "weights (each warp refills the rows only its own wgmma reads)"
+        )
     if block_size % 128 or block_m != (64 if split_n else 64 * groups):
         raise GraphError(
             f"tile '{name}': wgmma needs warpgroups of 128 threads, each 64 rows "
@@ -886,9 +980,10 @@ def _body_tma(
     if stages < 2:
         raise GraphError(f"tile '{name}': stages={stages} must be at least 2")
     bk, kt_n, warps = TMA_BLOCK_K, k // TMA_BLOCK_K, block_size // 32
+    rotation = None if rotate is None else (rotate, k // TMA_BLOCK_K)
     ring = _tma_ring(
         t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset, body=True,
-        rotate=None if rotate is None else (rotate, k // TMA_BLOCK_K),
+        rotate=rotation, a_tx=gather is None,
     )  # fmt: skip
     globals_, base_a, base_b = ring.globals_, ring.base_a, ring.base_b
     is0, bar, issue = ring.is0, ring.bar, ring.issue
@@ -907,17 +1002,22 @@ def _body_tma(
     outer = t.indent
     t.indent += "  "
     if not weights_prefetched:
-        _init_ring_barriers(t, ring, stages, warps)
+        _init_ring_barriers(t, ring, stages, warps, 1 if gather is None else 1 + block_size)
     # Other CTAs wrote the activations through the generic proxy.
     _asm(t, "fence.proxy.async.global;")
     for s in range(min(stages, kt_n)):
         if weights_prefetched:
             issue(s, s, which="a", expect=False)
         else:
-            issue(s, s)
+            issue(s, s, which="b" if gather is not None else "ab")
     t.indent = outer
     t.emit("}")
     t.emit("gpu.barrier")
+    gather_issue = None
+    if gather is not None:  # the barriers exist now: every thread's first stages
+        gather_issue = _gather_setup(t, gather, tid, k_offset, rotation)
+        for s in range(min(stages, kt_n)):
+            gather_issue(s, s, bar, base_a, a_bytes)
     if split_n:
         base_b = t.add(base_b, t.mul(group, wg_rows * bk * 2))
     else:
@@ -928,6 +1028,8 @@ def _body_tma(
     stage = t.bin("remui", "%kt", stages)
     parity = _i32(t, t.bin("remui", t.bin("divui", "%kt", stages), 2))
     _mbar_wait(t, bar(0, stage), parity)
+    if gather is not None:  # other threads' cp.async wrote the stage (generic proxy)
+        _asm(t, "fence.proxy.async.shared::cta;")
     a_stage = t.add(base_a, t.mul(stage, a_bytes))
     b_stage = t.add(base_b, t.mul(stage, b_bytes))
     _asm(t, "wgmma.fence.sync.aligned;")
@@ -950,11 +1052,17 @@ def _body_tma(
     t.emit("}")
     nxt = t.add(prev, stages)
     more = t.op("more", f"arith.cmpi ult, {nxt}, {t.c(kt_n)} : index")
+    if gather_issue is not None:  # this warp's rows of the stage: its wgmma read them
+        t.emit(f"scf.if {more} {{")
+        t.indent = outer + "      "
+        gather_issue(nxt, pstage, bar, ring.base_a, a_bytes)
+        t.indent = outer + "    "
+        t.emit("}")
     refill = t.op("refill", f"arith.andi {is0}, {more} : i1")
     t.emit(f"scf.if {refill} {{")
     t.indent = outer + "      "
     _mbar_wait(t, bar(1, pstage), _i32(t, t.bin("remui", t.bin("divui", prev, stages), 2)))
-    issue(nxt, pstage)
+    issue(nxt, pstage, which="b" if gather is not None else "ab")
     t.indent = outer + "    "
     t.emit("}")
     t.indent = outer + "  "
@@ -1473,6 +1581,24 @@ def _sub_loop(t: _Text, n0: str, block_n: int, sub: int) -> str:
     return t.add(n0, t.mul(iv, sub))
 
 
+def _token_rows(
+    t: _Text, r0: str, r1: str, alast: str, topk: int, hidden: int, xt: str
+) -> TmaGather:
+    """The gather of a gate/up tile's rows ``[r0, r1)`` from the tokens: row
+    ``r`` is token ``perm[r] // topk`` of ``%X`` (rows past ``r1`` missing)."""
+    p = t.op("xp", f"memref.extract_aligned_pointer_as_index %X : {xt} -> index")
+    base = t.op("xp", f"arith.index_cast {p} : index to i64")
+
+    def row(t: _Text, r: str) -> tuple[str, str]:
+        at = t.add(r0, r)
+        ok = t.op("ok", f"arith.cmpi ult, {at}, {r1} : index")
+        slot = t.op("slot", f"memref.load %perm[{t.bin('minui', at, alast)}] : memref<?xi32>")
+        slot = t.op("slot", f"arith.index_cast {slot} : i32 to index")
+        return t.bin("divui", slot, topk), ok
+
+    return TmaGather(base, 2 * hidden, row)
+
+
 def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
     """Decode tile ``i`` of expert ``e``; opens ``scf.if valid``; returns ``(r0, r1, n0)``."""
     vals, local, cnt = _mma.moe_decode(t, indptr, it, t.add("%e", 1))
@@ -1503,6 +1629,7 @@ def moe_gate_up(
     stage_output: bool = True,
     split_n: bool = False,
     sub_n: int | None = None,
+    gather_topk: int | None = None,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``, ``g = Xp[r] @
     Wgu[e, n]^T``, ``u = Xp[r] @ Wgu[e, inter + n]^T`` for ``n in [nb*BN,
@@ -1512,11 +1639,15 @@ def moe_gate_up(
     each other) of the same 64 rows. ``sub_n`` (``core="tma"``): the tile
     runs its pipeline once per ``sub_n`` columns of its ``BN`` (one wgmma
     pass holds at most 128 gate/up columns), so one instance, with one
-    round of waits and table lookups, covers several passes."""
+    round of waits and table lookups, covers several passes.
+    ``gather_topk=K`` (``core="tma"``, not ``split_n``): row ``r`` is read
+    from the tokens, ``X[perm[r] // K]``, by every thread's ``cp.async``
+    (:class:`TmaGather`) instead of from a permuted copy ``Xp``; buffers
+    ``(X, Wgu, row_off, gu_indptr, perm, Hb)``."""
     options = dict(
         block_size=block_size, warps=warps, stages=stages, smem_limit=smem_limit, core=core,
         block_k=block_k, inflight=inflight, stage_output=stage_output, split_n=split_n,
-        sub_n=sub_n,
+        sub_n=sub_n, gather_topk=gather_topk,
     )  # fmt: skip
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, options)
 
@@ -1546,7 +1677,7 @@ def moe_down(
     options = dict(
         block_size=block_size, warps=warps, stages=stages, smem_limit=smem_limit, core=core,
         block_k=block_k, inflight=inflight, stage_output=stage_output, split_n=split_n,
-        sub_n=sub_n,
+        sub_n=sub_n, gather_topk=None,
     )  # fmt: skip
     return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, options)
 
@@ -1574,6 +1705,12 @@ def _moe_tile(
         )  # fmt: skip
     _check_divisible(name, block_n, n, n_key)
     ed, it = _experts(name, experts)
+    topk = o["gather_topk"]
+    if topk is not None and (core != "tma" or split_n or not isinstance(topk, int) or topk < 1):
+        raise GraphError(
+            f"tile '{name}': gather_topk={topk!r} needs core='tma' without split_n and a "
+            "positive top-k"
+        )
     # The activations, the weights and the output: types, then argument names.
     if gate:
         at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
@@ -1612,10 +1749,14 @@ def _moe_tile(
         _store_pairs(t, values, rows, cols, (f"%{out}", ot), r1, None)
 
     if core == "tma":
+        gather = None
         if gate:
             wrow = t.mul("%e", 2 * inter)  # Wgu viewed as (E * 2I) x hidden
             w_map = _map_pointer(t, "%Wgu_map")
-            a_loads = [(_map_pointer(t, "%Xp_map"), r0, block_m)]
+            if topk is None:
+                a_loads = [(_map_pointer(t, "%Xp_map"), r0, block_m)]
+            else:
+                a_loads, gather = [], _token_rows(t, r0, r1, alast, topk, hidden, at)
             # Per warpgroup slice (one slice unless split_n): its gate rows, then its up rows.
             b_loads = []
             for g in range(wn):
@@ -1629,7 +1770,7 @@ def _moe_tile(
         globals_ = _body_tma(
             t, name=name, k=k, block_m=block_m, b_rows=per_n * sub, block_size=block_size,
             stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0, epilogue=epilogue,
-            stage_output=o["stage_output"], split_n=split_n,
+            stage_output=o["stage_output"], split_n=split_n, gather=gather,
         )  # fmt: skip
         if sub != block_n:
             t.end()
@@ -1640,6 +1781,15 @@ def _moe_tile(
             epilogue=epilogue, core=core, block_k=o["block_k"], inflight=o["inflight"],
         )  # fmt: skip
     t.close()
+    if gate and topk is not None:
+        signature = _mma.gate_up_signature(at, wt, ot, it, gather=True)
+        what = f"{name}: Hb = silu(X[perm / {topk}] @ Wg^T) * (X[perm / {topk}] @ Wu^T)"
+        reference = _mma.gate_up_reference(block_m, block_n, inter, gather_topk=topk)
+        return finish_tma(
+            t, name, signature, globals_,
+            f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, TMA + wgmma, "
+            "rows gathered", reference, block_size, 6, [("Wgu", 1, cw)],
+        )  # fmt: skip
     if gate:
         signature = _mma.gate_up_signature(at, wt, ot, it)
         what = f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T)"

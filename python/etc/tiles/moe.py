@@ -50,6 +50,7 @@ __all__ = [
     "plan",
     "plan_grid",
     "permute",
+    "release",
     "combine",
     "router_reference_rows",
     "topk_from_logits",
@@ -889,6 +890,27 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
     def reference(e: int, X: np.ndarray, row_off: np.ndarray, perm: np.ndarray, Xp: np.ndarray):
         r0, r1 = int(row_off[e]), int(row_off[e + 1])
         Xp[r0:r1] = X[perm[r0:r1] // K]
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def release(E: int, *, name: str = "moe_release", block_size: int = 256) -> DeviceFunction:
+    """Tile ``(e,)``: no work. It stands where :func:`permute` does when the
+    gate/up tiles gather their rows from ``X`` themselves (``MoEConfig.gather``),
+    so that expert ``e``'s trigger and its ``h_ready`` count keep their
+    producer (an instance per expert, after the tables)."""
+    _check_block(name, block_size)
+    _positive(name, E=E)
+    e1_t = f"memref<{E + 1}xi32>"
+    source = f"""\
+// {name}: releases expert e's gate/up tiles once the tables are written ({E} experts).
+func.func @{name}(%e: index, %row_off: {e1_t}) {{
+  return
+}}
+"""
+
+    def reference(e: int, row_off: np.ndarray) -> None:
+        return None
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
