@@ -299,6 +299,16 @@ def test_tile_configuration_errors():
         G.moe_gate_up(16, 32, 512, 256, experts=8, prefetch_ring=True)
     with pytest.raises(etc.GraphError, match=r"prefetch_ring=4 groups: the ring has room for 1..3"):
         G.moe_down(16, 64, 512, 256, experts=8, stages=4, unroll=1, prefetch_ring=4)
+    # A misspelt option (a MoEConfig's gate_up_options, say) names the tile and the options.
+    from etc.tiles import gemm_tc as GT
+
+    with pytest.raises(etc.GraphError, match=r"tile 'moe_gate_up': unknown option\(s\) stage; it"):
+        G.moe_gate_up(16, 32, 512, 256, experts=8, stage=3)
+    with pytest.raises(etc.GraphError, match=r"'moe_down_tc': unknown option\(s\) cores, split"):
+        GT.moe_down(128, 64, 512, 256, experts=8, cores="tma", split=True)
+    cfg = replace(SMALL, gate_up_options=(("stage", 2),))
+    with pytest.raises(etc.GraphError, match=r"unknown option\(s\) stage; it takes block_size"):
+        M._gemm_tiles(cfg, None)
 
 
 def test_ring_prefetch_tiles():

@@ -5,6 +5,7 @@ epilogue, the MoE tile decoding, buffer types and the numpy references."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -146,6 +147,17 @@ def moe_decode(t: Text, indptr: str, it: str, e1: str) -> tuple[dict[str, str], 
     local = t.op("local", f"arith.subi %i, {vals['ip0']} : index")
     cnt = t.op("cnt", f"arith.subi {vals['ro1']}, {vals['ro0']} : index")
     return vals, local, cnt
+
+
+def tile_options(name: str, given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``given`` keyword options over ``defaults``; an unknown key is an error
+    naming the tile and the options it takes."""
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise GraphError(
+            f"tile '{name}': unknown option(s) {', '.join(unknown)}; it takes {', '.join(defaults)}"
+        )
+    return {**defaults, **given}
 
 
 # -- buffer types and signatures ----------------------------------------------

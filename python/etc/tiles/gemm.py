@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -979,6 +980,17 @@ def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = F
         )
 
 
+#: The options of :func:`moe_gate_up` and :func:`moe_down`, with their defaults
+#: (:func:`layer_gemm`'s of the same names): ``block_size`` threads, ``warps``
+#: (``(row, column, k-slice)`` warps, planned when None), ``unroll``,
+#: ``prefetch``, ``stages``, ``rotate_k`` (rotating by the tile index ``i``),
+#: ``a_ahead`` and ``prefetch_ring``.
+MOE_OPTIONS: dict[str, Any] = dict(
+    block_size=256, warps=None, unroll=None, prefetch=None, stages=None, rotate_k=False,
+    a_ahead=0, prefetch_ring=False,
+)  # fmt: skip
+
+
 def moe_gate_up(
     block_m: int,
     block_n: int,
@@ -987,14 +999,7 @@ def moe_gate_up(
     *,
     experts: int | None = 128,
     name: str = "moe_gate_up",
-    block_size: int = 256,
-    warps: tuple[int, int, int] | None = None,
-    unroll: int | None = None,
-    prefetch: int | None = None,
-    stages: int | None = None,
-    rotate_k: bool = False,
-    a_ahead: int = 0,
-    prefetch_ring: bool | int = False,
+    **options: Any,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``.
 
@@ -1006,16 +1011,12 @@ def moe_gate_up(
     the gate and the up fragment of the same columns, so the epilogue is
     local to the thread (``2 * NF`` weight fragments per warp).
 
-    ``rotate_k``, ``a_ahead`` and ``prefetch_ring`` are :func:`layer_gemm`'s,
-    ``rotate_k`` rotating by the tile index ``i``. Under the static schedule
-    a triggered task's prefetch runs once the instance has found its expert
-    and before it waits for the expert's rows, so the weights stream while
-    the rows are still being written."""
-    options = dict(
-        block_size=block_size, warps=warps, unroll=unroll, prefetch=prefetch, stages=stages,
-        rotate_k=rotate_k, a_ahead=a_ahead, prefetch_ring=prefetch_ring,
-    )  # fmt: skip
-    return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, options)
+    ``options``: :data:`MOE_OPTIONS`. Under the static schedule a triggered
+    task's prefetch (``prefetch_ring``) runs once the instance has found its
+    expert and before it waits for the expert's rows, so the weights stream
+    while the rows are still being written."""
+    o = _mma.tile_options(name, options, MOE_OPTIONS)
+    return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
 
 def moe_down(
@@ -1026,26 +1027,16 @@ def moe_down(
     *,
     experts: int | None = 128,
     name: str = "moe_down",
-    block_size: int = 256,
-    warps: tuple[int, int, int] | None = None,
-    unroll: int | None = None,
-    prefetch: int | None = None,
-    stages: int | None = None,
-    rotate_k: bool = False,
-    a_ahead: int = 0,
-    prefetch_ring: bool | int = False,
+    **options: Any,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)``.
 
     Columns ``n in [nb*BN, nb*BN + BN)`` of ``hidden``, reduction over
     ``inter``. Buffers: ``Hb: memref<?xIxbf16>``, ``Wd: memref<?xHxIxbf16>``,
     ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``.
-    ``rotate_k``, ``a_ahead`` and ``prefetch_ring`` as :func:`moe_gate_up`'s."""
-    options = dict(
-        block_size=block_size, warps=warps, unroll=unroll, prefetch=prefetch, stages=stages,
-        rotate_k=rotate_k, a_ahead=a_ahead, prefetch_ring=prefetch_ring,
-    )  # fmt: skip
-    return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, options)
+    ``options``: :data:`MOE_OPTIONS`, as :func:`moe_gate_up`'s."""
+    o = _mma.tile_options(name, options, MOE_OPTIONS)
+    return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, o)
 
 
 def _moe_tile(

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..device import DeviceFunction
 from ..errors import GraphError
@@ -1611,6 +1612,18 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
     return r0, r1, n0
 
 
+#: The options of :func:`moe_gate_up` and :func:`moe_down`, with their defaults:
+#: ``block_size`` threads; ``warps`` (``(WM, WN)``, the mma core's warp grid,
+#: planned when None); ``stages`` of the ring; ``smem_limit`` bytes of it;
+#: ``core`` ("mma", "wgmma" or "tma"); ``block_k`` and ``inflight`` (the
+#: wgmma core's k-tile and k-tiles in flight); ``stage_output`` (the TMA
+#: epilogue through shared memory); ``split_n`` and ``sub_n`` (TMA only).
+MOE_OPTIONS: dict[str, Any] = dict(
+    block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
+    inflight=0, stage_output=True, split_n=False, sub_n=None,
+)  # fmt: skip
+
+
 def moe_gate_up(
     block_m: int,
     block_n: int,
@@ -1619,21 +1632,13 @@ def moe_gate_up(
     *,
     experts: int | None = 128,
     name: str = "moe_gate_up_tc",
-    block_size: int = 256,
-    warps: tuple[int, int] | None = None,
-    stages: int = 3,
-    smem_limit: int = SMEM_LIMIT,
-    core: str = "mma",
-    block_k: int = BLOCK_K,
-    inflight: int = 0,
-    stage_output: bool = True,
-    split_n: bool = False,
-    sub_n: int | None = None,
     gather_topk: int | None = None,
+    **options: Any,
 ) -> DeviceFunction:
     """MoE gate/up tile ``(i, e)``: ``Hb[r, n] = bf16(silu(g) * u)``, ``g = Xp[r] @
     Wgu[e, n]^T``, ``u = Xp[r] @ Wgu[e, inter + n]^T`` for ``n in [nb*BN,
-    nb*BN + BN)``. Buffers as :func:`etc.tiles.gemm.moe_gate_up`.
+    nb*BN + BN)``. Buffers as :func:`etc.tiles.gemm.moe_gate_up`;
+    ``options``: :data:`MOE_OPTIONS`.
     ``split_n`` (``core="tma"``, ``block_m=64``): each warpgroup takes
     ``BN / warpgroups`` of the columns (its gate and up rows loaded next to
     each other) of the same 64 rows. ``sub_n`` (``core="tma"``): the tile
@@ -1644,12 +1649,8 @@ def moe_gate_up(
     from the tokens, ``X[perm[r] // K]``, by every thread's ``cp.async``
     (:class:`TmaGather`) instead of from a permuted copy ``Xp``; buffers
     ``(X, Wgu, row_off, gu_indptr, perm, Hb)``."""
-    options = dict(
-        block_size=block_size, warps=warps, stages=stages, smem_limit=smem_limit, core=core,
-        block_k=block_k, inflight=inflight, stage_output=stage_output, split_n=split_n,
-        sub_n=sub_n, gather_topk=gather_topk,
-    )  # fmt: skip
-    return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, options)
+    o = _mma.tile_options(name, options, MOE_OPTIONS) | {"gather_topk": gather_topk}
+    return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
 
 def moe_down(
@@ -1660,26 +1661,14 @@ def moe_down(
     *,
     experts: int | None = 128,
     name: str = "moe_down_tc",
-    block_size: int = 256,
-    warps: tuple[int, int] | None = None,
-    stages: int = 3,
-    smem_limit: int = SMEM_LIMIT,
-    core: str = "mma",
-    block_k: int = BLOCK_K,
-    inflight: int = 0,
-    stage_output: bool = True,
-    split_n: bool = False,
-    sub_n: int | None = None,
+    **options: Any,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
-    [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`.
-    ``split_n`` and ``sub_n`` (at most 256) as in :func:`moe_gate_up`."""
-    options = dict(
-        block_size=block_size, warps=warps, stages=stages, smem_limit=smem_limit, core=core,
-        block_k=block_k, inflight=inflight, stage_output=stage_output, split_n=split_n,
-        sub_n=sub_n, gather_topk=None,
-    )  # fmt: skip
-    return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, options)
+    [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`;
+    ``options``: :data:`MOE_OPTIONS` (``split_n`` and ``sub_n``, at most 256,
+    as in :func:`moe_gate_up`)."""
+    o = _mma.tile_options(name, options, MOE_OPTIONS) | {"gather_topk": None}
+    return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, o)
 
 
 def _moe_tile(
