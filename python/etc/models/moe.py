@@ -150,7 +150,10 @@ ROUTES = ("split", "fused")
 
 def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
     """The task names of :func:`build_unfused_graphs` for ``cfg``, in launch order."""
-    tasks = ("logits", "route", *UNFUSED_TASKS[4:]) if cfg.route == "fused" else UNFUSED_TASKS
+    if cfg.route == "fused":
+        tasks = ("logits", "route", "permute", "gate_up", "down", "combine")
+    else:
+        tasks = UNFUSED_TASKS
     # A gathering gate/up tile needs no permute (release has no work alone).
     return tuple(x for x in tasks if x != "permute") if cfg.gather else tasks
 
@@ -440,6 +443,15 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
     return tiles
 
 
+def _release_task(cfg: MoEConfig) -> tuple[str, tuple[str, ...]]:
+    """The task between the tables and the gate/up tiles (an instance per
+    expert) and its tensors: ``permute``, or ``release`` when the gate/up
+    tiles gather their rows themselves."""
+    if cfg.gather:
+        return "release", ("row_off",)
+    return "permute", ("X", "row_off", "perm", "Xp")
+
+
 def _gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
     """The gate/up task's tensors, in order (a gathering tile reads ``X`` via ``perm``)."""
     if cfg.gather:
@@ -625,19 +637,14 @@ def build_moe_graph(
             out_edges={planned: "i->0"},
             name="plan",
         )
-    if cfg.gather:
-        release = dict(tile=tiles["release"], args=(t["row_off"],), name="release")
-    else:
-        release = dict(
-            tile=tiles["permute"], args=(t["X"], t["row_off"], t["perm"], t["Xp"]), name="permute"
-        )
+    release, release_args = _release_task(cfg)
     g.task(
-        release["tile"],
+        tiles[release],
         grid=(E,),
-        args=release["args"],
+        args=tuple(t[n] for n in release_args),
         in_edges={planned: "e->0"},
         out_edges=[(gu_ready, "e->e"), (h_ready, "e->e")],
-        name=release["name"],
+        name=release,
     )
     g.task(
         gate_up,
@@ -723,15 +730,11 @@ def build_unfused_graphs(
             args=tuple(t[n] for n in _PLAN_ARGS), name="plan",
         )  # fmt: skip
         out.append(("plan", g))
-    if not cfg.gather:
-        g, T, t = graph("permute", ["X", "row_off", "perm", "Xp"])
-        g.task(
-            tiles["permute"],
-            grid=(E,),
-            args=(t["X"], t["row_off"], t["perm"], t["Xp"]),
-            name="permute",
-        )
-        out.append(("permute", g))
+    release, release_args = _release_task(cfg)
+    if release == "permute":  # release alone has no work
+        g, T, t = graph(release, list(release_args))
+        g.task(tiles[release], grid=(E,), args=tuple(t[n] for n in release_args), name=release)
+        out.append((release, g))
     for task, fn, names, indptr in (
         ("gate_up", gate_up, list(_gate_up_args(cfg)), "gu_indptr"),
         ("down", down, ["Hb", "Wd", "row_off", "dn_indptr", "Yp"], "dn_indptr"),
@@ -898,9 +901,9 @@ def run_tile_references(
                 tiles["topk"].reference(i, j, *(a[n] for n in _TOPK_ARGS))
         for i in range(moe_tiles.plan_grid(T, cfg.topk)):
             tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
-    if not cfg.gather:
-        for e in range(E):
-            tiles["permute"].reference(e, a["X"], a["row_off"], a["perm"], a["Xp"])
+    release, release_args = _release_task(cfg)
+    for e in range(E):
+        tiles[release].reference(e, *(a[n] for n in release_args))
     gu_args = [a[n] for n in _gate_up_args(cfg)]
     for e in range(E):
         for i in range(int(a["gu_indptr"][e]), int(a["gu_indptr"][e + 1])):

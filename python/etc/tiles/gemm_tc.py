@@ -837,16 +837,17 @@ _GATHER_CHUNKS = 4
 
 
 def _gather_setup(
-    t: _Text, gather: TmaGather, tid: str, k_offset: str | None, rotate: tuple[str, int] | None
-) -> Callable[[str | int, str | int, Callable[[int, str | int], str], str, int], None]:
+    t: _Text, gather: TmaGather, ring: _TmaRing, tid: str, k_offset: str | None,
+    rotate: tuple[str, int] | None,
+) -> Callable[[str | int, str | int], None]:  # fmt: skip
     """Each thread's part of a gathered ``A`` stage, computed once: warp
     ``w`` copies block rows ``[16w, 16w + 16)`` (the rows its warpgroup's
     wgmma gives it accumulators for, so it may refill them once its own
     wgmma is done), lane ``l`` chunk ``l % 8`` of rows ``16w + l // 8 + 4u``
     (``u < 4``), into the 128-byte swizzle the TMA boxes use (chunk ``c`` of
-    row ``r`` at ``c ^ (r % 8)``). Returns ``issue(kt, stage, bar, base,
-    stage_bytes)``: the thread's ``cp.async`` copies of k-tile ``kt`` into
-    ``stage``, then an arrival on its full barrier when they land."""
+    row ``r`` at ``c ^ (r % 8)``). Returns ``issue(kt, stage)``: the
+    thread's ``cp.async`` copies of k-tile ``kt`` into ``ring``'s ``A``
+    stage ``stage``, then an arrival on its full barrier when they land."""
     warp = t.bin("divui", tid, 32)
     lane = t.bin("remui", tid, 32)
     quad = t.bin("divui", lane, 8)
@@ -866,15 +867,14 @@ def _gather_setup(
         dst = t.add(t.mul(row, 128), t.mul(swizzled, 16))
         parts.append((src, dst, t.op("g", f"arith.select {ok}, {full}, {zero} : i32")))
 
-    def issue(
-        kt: str | int, stage: str | int, bar: Callable[[int, str | int], str], base_a: str,
-        stage_bytes: int,
-    ) -> None:  # fmt: skip
+    def issue(kt: str | int, stage: str | int) -> None:
         col = _k_column(t, kt, k_offset, rotate)  # i32, in elements
         col = t.op("g", f"arith.extui {col} : i32 to i64")
         col = t.op("g", f"arith.addi {col}, {col} : i64")  # bytes
-        st = t.mul(stage, stage_bytes) if isinstance(stage, str) else t.c(stage * stage_bytes)
-        at = t.add(base_a, st)
+        per_stage = ring.a_bytes
+        at = t.add(
+            ring.base_a, t.mul(stage, per_stage) if isinstance(stage, str) else stage * per_stage
+        )
         for src, dst, size in parts:
             _asm_ops(
                 t,
@@ -886,7 +886,7 @@ def _gather_setup(
                 ],
             )
         _asm_ops(
-            t, "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", [(bar(0, stage), "i32")]
+            t, "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", [(ring.bar(0, stage), "i32")]
         )
 
     return issue
@@ -1016,9 +1016,9 @@ def _body_tma(
     t.emit("gpu.barrier")
     gather_issue = None
     if gather is not None:  # the barriers exist now: every thread's first stages
-        gather_issue = _gather_setup(t, gather, tid, k_offset, rotation)
+        gather_issue = _gather_setup(t, gather, ring, tid, k_offset, rotation)
         for s in range(min(stages, kt_n)):
-            gather_issue(s, s, bar, base_a, a_bytes)
+            gather_issue(s, s)
     if split_n:
         base_b = t.add(base_b, t.mul(group, wg_rows * bk * 2))
     else:
@@ -1056,7 +1056,7 @@ def _body_tma(
     if gather_issue is not None:  # this warp's rows of the stage: its wgmma read them
         t.emit(f"scf.if {more} {{")
         t.indent = outer + "      "
-        gather_issue(nxt, pstage, bar, ring.base_a, a_bytes)
+        gather_issue(nxt, pstage)
         t.indent = outer + "    "
         t.emit("}")
     refill = t.op("refill", f"arith.andi {is0}, {more} : i1")
@@ -1541,14 +1541,13 @@ def _core_text(core: str, wm: int, wn: int) -> str:
 
 def _moe_finish(
     t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference,
-    block_size: int, core: str, mapped: tuple[str, str], boxes: tuple[int, int],
+    block_size: int, core: str, buffers: int, maps: list[tuple[str, int, int]],
 ) -> DeviceFunction:  # fmt: skip
-    """A MoE tile; with ``core="tma"`` it also takes the maps of its activation and
-    weight buffers (#0, #1) as buffers #5, #6."""
+    """A MoE tile of ``buffers`` buffers; with ``core="tma"`` it also takes
+    ``maps`` (:func:`finish_tma`'s) after them."""
     if core != "tma":
         return _finish(t, name, signature, globals_, comment, reference, block_size)
-    maps = [(mapped[0], 0, boxes[0]), (mapped[1], 1, boxes[1])]
-    return finish_tma(t, name, signature, globals_, comment, reference, block_size, 5, maps)
+    return finish_tma(t, name, signature, globals_, comment, reference, block_size, buffers, maps)
 
 
 def _split_groups(name: str, core: str, split_n: bool, block_size: int) -> int:
@@ -1770,25 +1769,22 @@ def _moe_tile(
             epilogue=epilogue, core=core, block_k=o["block_k"], inflight=o["inflight"],
         )  # fmt: skip
     t.close()
-    if gate and topk is not None:
-        signature = _mma.gate_up_signature(at, wt, ot, it, gather=True)
-        what = f"{name}: Hb = silu(X[perm / {topk}] @ Wg^T) * (X[perm / {topk}] @ Wu^T)"
-        reference = _mma.gate_up_reference(block_m, block_n, inter, gather_topk=topk)
-        return finish_tma(
-            t, name, signature, globals_,
-            f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, TMA + wgmma, "
-            "rows gathered", reference, block_size, 6, [("Wgu", 1, cw)],
-        )  # fmt: skip
+    gathered = topk is not None
     if gate:
-        signature = _mma.gate_up_signature(at, wt, ot, it)
-        what = f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T)"
-        reference = _mma.gate_up_reference(block_m, block_n, inter)
+        signature = _mma.gate_up_signature(at, wt, ot, it, gather=gathered)
+        rows = f"X[perm / {topk}]" if gathered else "Xp"
+        what = f"{name}: Hb = silu({rows} @ Wg^T) * ({rows} @ Wu^T)"
+        reference = _mma.gate_up_reference(block_m, block_n, inter, gather_topk=topk)
     else:
         signature = _mma.down_signature(at, wt, ot, it)
         what = f"{name}: Yp = Hb @ Wd[e]^T"
         reference = _mma.down_reference(block_m, block_n)
+    # TMA maps after the buffers: the activation's (unless gathered) and the weight's.
+    maps = [] if gathered else [(a, 0, block_m)]
+    maps.append((w, 1, cw if gate else sub))
     return _moe_finish(
         t, name, signature, globals_,
-        f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, {_core_text(core, wm, wn)}",
-        reference, block_size, core, (a, w), (block_m, cw if gate else sub),
+        f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, {_core_text(core, wm, wn)}"
+        + (", rows gathered" if gathered else ""),
+        reference, block_size, core, 6 if gathered else 5, maps,
     )  # fmt: skip
