@@ -124,6 +124,9 @@ CONFIGS = {
     # The prefill preset with the gate/up tiles gathering their rows from X
     # (no Xp, no permute: 134 MB written and read again at T = 4096).
     "pre_gather": {**M.PRESETS["prefill"], "gather": True},
+    # The prefill preset with the down tiles adding their weighted rows into
+    # Out (bf16 L2 reductions): no Yp, no combine pass.
+    "pre_atomic": {**M.PRESETS["prefill"], "combine": "atomic"},
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
     "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
@@ -260,6 +263,7 @@ TARGETS = {
         "tma128wtc",
         "tma128wtc32",
         "pre_gather",
+        "pre_atomic",
         "tma16",
         "tma128",
         "pre_mem",

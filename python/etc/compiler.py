@@ -109,8 +109,9 @@ def _pipeline_options(
     prefetch_next: bool = False,
     pop_ahead: bool = True,
 ) -> str:
+    # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
-        f"chip={chip} features=+ptx80 opt-level={opt_level} format=isa "
+        f"chip={chip} features=+ptx81 opt-level={opt_level} format=isa "
         f"block-size={block_size} watchdog-polls={watchdog_polls} "
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "

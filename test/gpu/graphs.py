@@ -144,6 +144,22 @@ def _moe_small_gather():
 
 #: MOE_SMALL_TMA and MOE_SMALL_ROUTE_TMA with gathering gate/up tiles (sm_90a).
 MOE_SMALL_GATHER, MOE_SMALL_ROUTE_GATHER = _moe_small_gather()
+
+
+def _moe_small_atomic():
+    from dataclasses import replace
+
+    # The TMA tiles with the down tiles adding their weighted rows into Out
+    # (bf16 L2 reductions after a zero task; no Yp, no combine), with the
+    # split route and with the fused one.
+    return (
+        replace(MOE_SMALL_TMA, combine="atomic"),
+        replace(MOE_SMALL_ROUTE_TMA, combine="atomic", zero_block=5),
+    )
+
+
+#: MOE_SMALL_TMA and MOE_SMALL_ROUTE_TMA with the atomic combine (sm_90a).
+MOE_SMALL_ATOMIC, MOE_SMALL_ROUTE_ATOMIC = _moe_small_atomic()
 #: ``etc.models.moe.build_moe_graph`` options by artifact variant: ``_unguarded``
 #: has gate/up tiles that look up their expert (and prefetch its weights)
 #: without waiting for the routing tables.

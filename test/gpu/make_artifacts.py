@@ -45,10 +45,12 @@ from graphs import (  # noqa: E402
     GRAPHS,
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
+    MOE_SMALL_ATOMIC,
     MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
+    MOE_SMALL_ROUTE_ATOMIC,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     for tiles, cfg in (
         ("tma", MOE_SMALL_TMA), ("split", MOE_SMALL_SPLIT), ("sub", MOE_SMALL_SUB),
         ("route_tma", MOE_SMALL_ROUTE_TMA), ("gather", MOE_SMALL_GATHER),
-        ("route_gather", MOE_SMALL_ROUTE_GATHER),
+        ("route_gather", MOE_SMALL_ROUTE_GATHER), ("atomic", MOE_SMALL_ATOMIC),
+        ("route_atomic", MOE_SMALL_ROUTE_ATOMIC),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

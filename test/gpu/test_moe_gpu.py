@@ -16,16 +16,19 @@ import pytest
 
 import etc
 import etc.runtime
+from etc.dtypes import bf16_to_f32
 from etc.models import moe as M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from graphs import (  # noqa: E402
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
+    MOE_SMALL_ATOMIC,
     MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
+    MOE_SMALL_ROUTE_ATOMIC,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
@@ -44,7 +47,7 @@ pytestmark = [
     "tiles",
     [
         "", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma",
-        "_route_unguarded", "_gather", "_route_gather",
+        "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -62,6 +65,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_route_unguarded": MOE_SMALL_ROUTE,
         "_gather": MOE_SMALL_GATHER,
         "_route_gather": MOE_SMALL_ROUTE_GATHER,
+        "_atomic": MOE_SMALL_ATOMIC,
+        "_route_atomic": MOE_SMALL_ROUTE_ATOMIC,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
@@ -86,7 +91,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
 
 
 @pytest.mark.parametrize(
-    "tiles", ["", "_ringpf", "_tma", "_route", "_route_tma", "_route_unguarded", "_gather"]
+    "tiles",
+    ["", "_ringpf", "_tma", "_route", "_route_tma", "_route_unguarded", "_gather", "_atomic"],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
@@ -102,6 +108,7 @@ def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
         "_route_tma": MOE_SMALL_ROUTE_TMA,
         "_route_unguarded": MOE_SMALL_ROUTE,
         "_gather": MOE_SMALL_GATHER,
+        "_atomic": MOE_SMALL_ATOMIC,
     }[tiles]
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small{tiles}_{schedule}")
     for T in (7, 33):
@@ -140,3 +147,31 @@ def test_gathered_rows_give_the_permuted_copy_s_bits(route: str, schedule: str) 
         copied.launch(b, {"T": T})
         assert "Xp" not in a and "Xp" in b
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
+
+
+@pytest.mark.parametrize("route", ["", "_route"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_atomic_combine_matches_the_combine_task(route: str, schedule: str) -> None:
+    # The down tiles that add their weighted rows into float32 sums (L2
+    # reductions) against the same layer with Yp and the combine task, over
+    # sums that held NaN (the zero task clears them): as close to the float32
+    # reference (the rows are not rounded to bf16 before the sum), and the
+    # simulator's answer alike.
+    arts = Path(os.environ["ETC_ARTIFACTS"])
+    atomic = etc.runtime.load(arts / f"moe_small{route}_atomic_{schedule}")
+    task = etc.runtime.load(arts / f"moe_small{route}_tma_{schedule}")
+    cfg = MOE_SMALL_ROUTE_ATOMIC if route else MOE_SMALL_ATOMIC
+    graph = M.build_moe_graph(cfg, name=f"moe_small{route}_atomic")
+    for T, routing in ((1, "uniform"), (130, "one-expert"), (300, "uniform")):
+        weights = M.random_weights(cfg, seed=5, routing=routing)
+        x = M.random_tokens(cfg, T, seed=T, routing=routing)
+        ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
+        a = M.numpy_inputs(cfg, x, weights)
+        a["Out32"][...] = np.nan
+        b = M.numpy_inputs(replace(cfg, combine="task"), x, weights)
+        simulated = etc.simulate(graph, M.numpy_inputs(cfg, x, weights), {"T": T})
+        atomic.launch(a, {"T": T})
+        task.launch(b, {"T": T})
+        assert np.isfinite(bf16_to_f32(a["Out"])).all(), (T, routing)
+        assert M.rel_err(a["Out"], ref) <= M.rel_err(b["Out"], ref) + 2**-9, (T, routing)
+        assert M.rel_err(a["Out"], simulated["Out"]) <= 1e-2, (T, routing)

@@ -177,3 +177,13 @@ MOE_DN = [
     ("dn_indptr", (E + 1,), "i32"),
     ("Yp", ("m", H), "bf16"),
 ]
+#: The down tile that adds its weighted rows into the tokens' float32 sums (``combine_topk=2``).
+MOE_DN_COMBINE = [
+    ("Hb", ("m", I), "bf16"),
+    ("Wd", (E, H, I), "bf16"),
+    ("row_off", (E + 1,), "i32"),
+    ("dn_indptr", (E + 1,), "i32"),
+    ("perm", ("m",), "i32"),
+    ("topk_w", ("n", 2), "f32"),
+    ("Out32", ("n", H), "f32"),
+]

@@ -600,3 +600,84 @@ def test_gathering_unfused_graphs_and_errors():
             replace(TMA_SMALL, gather=True, **bad)
     with pytest.raises(etc.GraphError, match="gather must be a bool"):
         replace(TMA_SMALL, gather=1)
+
+
+# The same small TMA layer with the down tiles adding their weighted rows into
+# float32 sums (MoEConfig(combine="atomic")): a zero task first, no Yp, and a
+# cast task instead of the combine.
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("route", M.ROUTES)
+@pytest.mark.parametrize("T,routing", [(1, "uniform"), (150, "one-expert"), (41, "top1")])
+def test_atomic_combine_in_simulator(schedule, route, T, routing):
+    base = replace(TMA_SMALL, route=route, route_max_tokens=160)
+    cfg, x, w, ref = case(replace(base, combine="atomic", zero_block=7), T, routing)
+    g = M.build_moe_graph(cfg)
+    names = [t.name for t in g.topological_tasks()]
+    assert names[0] == "zero" and names[-2:] == ["down", "cast"]
+    assert "combine" not in names and "Yp" not in {t.name for t in g.tensors}
+    assert "Yp" not in M.tensor_shapes(cfg, T) and M.tensor_shapes(cfg, T)["Out32"] == (
+        (T, cfg.hidden),
+        "f32",
+    )
+    # The routing's last task waits for the zero task; every down tile follows it.
+    last = {t.name: t for t in g.tasks}["route" if route == "fused" else "plan"]
+    assert "zeroed" in {e.event.name for e in last.in_edges}
+    arrays = M.numpy_inputs(cfg, x, w)
+    arrays["Out32"][...] = np.nan  # the zero task must clear it
+    out = etc.simulate(g, arrays, {"T": T}, schedule=schedule, seed=T)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    copy, *_ = case(base, T, routing)
+    want = etc.simulate(
+        M.build_moe_graph(copy), M.numpy_inputs(copy, x, w), {"T": T}, schedule=schedule, seed=T
+    )
+    # Summed in float32 from unrounded rows, the output is no further from the
+    # reference than the combine task's (which rounds each row to bf16 first).
+    assert M.rel_err(out["Out"], ref) <= M.rel_err(want["Out"], ref) + 2**-9
+    hand = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w))
+    assert M.rel_err(hand["Out"], ref) <= 1e-2
+
+
+def test_atomic_add_reference_adds_weighted_rows():
+    from etc.tiles._mma import add_weighted_rows
+
+    out32 = np.ones((2, 4), np.float32)
+    perm, w = np.array([2, 1]), np.array([[0.5, 0.25], [2.0, 4.0]], np.float32)
+    y = np.arange(8, dtype=np.float32).reshape(2, 4)
+    # Row 0 is slot 2 (token 1, weight 2), row 1 slot 1 (token 0, weight 0.25).
+    add_weighted_rows(y, slice(0, 2), slice(0, 4), 2, perm, w, out32)
+    np.testing.assert_array_equal(out32[1], 1 + 2 * y[0])
+    np.testing.assert_array_equal(out32[0], 1 + 0.25 * y[1])
+    add_weighted_rows(y[:1, :2], slice(0, 1), slice(1, 3), 2, perm, w, out32)
+    np.testing.assert_array_equal(out32[1], [1, 3 + 0, 5 + 2, 7])
+
+
+@needs_trigger
+def test_atomic_combine_unfused_graphs_and_errors():
+    cfg, x, w, ref = case(replace(TMA_SMALL, combine="atomic"), 9)
+    arrays = M.numpy_inputs(cfg, x, w)
+    graphs = M.build_unfused_graphs(cfg)
+    assert tuple(task for task, _ in graphs) == M.unfused_tasks(cfg)
+    assert M.unfused_tasks(cfg)[0] == "zero" and M.unfused_tasks(cfg)[-1] == "cast"
+    for _, g in graphs:
+        names = {t.name for t in g.tensors}
+        out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": 9})
+        arrays.update({k: out[k] for k in names})
+    assert M.rel_err(arrays["Out"], ref) <= 1e-2
+    for bad in (
+        dict(gemm="reg", down_options=()),
+        dict(down_options=(*_TMA, ("split_n", True))),
+        dict(down_options=(("stages", 2),)),
+    ):
+        with pytest.raises(etc.GraphError, match="combine='atomic' needs the TMA down tile"):
+            replace(TMA_SMALL, combine="atomic", **bad)
+    with pytest.raises(etc.GraphError, match="combine must be one of 'task', 'atomic'"):
+        replace(TMA_SMALL, combine="fast")
+    with pytest.raises(etc.GraphError, match="zero_block must be a positive int"):
+        replace(TMA_SMALL, zero_block=0)
+    from etc.tiles import gemm_tc
+
+    with pytest.raises(etc.GraphError, match="tile 'moe_down_tc': combine_topk=0 needs"):
+        gemm_tc.moe_down(128, 64, 256, 192, experts=16, core="tma", stages=2, combine_topk=0)
+    with pytest.raises(etc.GraphError, match="combine_topk=2 needs core='tma'"):
+        gemm_tc.moe_down(128, 64, 256, 192, experts=16, stages=2, combine_topk=2)

@@ -13,6 +13,7 @@ import pytest
 from gemm_helpers import (
     DENSE,
     MOE_DN,
+    MOE_DN_COMBINE,
     MOE_GU,
     MOE_GU_GATHER,
     E,
@@ -369,6 +370,7 @@ def test_tma_configuration_errors():
         (lambda: G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128), MOE_DN, ("m", E), 128),
         (lambda: CT.gemm_chunk(128, 128, 256, core="tma", smem_limit=SMEM), None, None, 128),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2), MOE_GU_GATHER, ("m", E), 128),
+        (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2), MOE_DN_COMBINE, ("m", E), 128),
     ],
 )  # fmt: skip
 def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
@@ -389,8 +391,11 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     assert f"setp.lt.u32 p, n, {G.MBAR_POLLS}" in ptx and "trap;" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx
     # Every TMA tile stores its block through shared memory in 16-byte rows
-    # (the collective tile into its chunk of C).
-    assert "ld.shared.v4.b32" in ptx
+    # (the collective tile into its chunk of C), but the combining down tile,
+    # which adds its pairs into the float32 sums instead of storing.
+    combining = tensors is MOE_DN_COMBINE
+    assert ("ld.shared.v4.b32" in ptx) != combining
+    assert ("red.global.add.v2.f32" in ptx) == combining
     maps = [t for t in art.manifest["tensors"] if "tensor_map" in t]
     gathered = tensors is MOE_GU_GATHER  # its rows come by cp.async, not a map
     assert [t["tensor_map"]["box"][1] for t in maps] == [64] * (1 if gathered else 2)

@@ -10,6 +10,12 @@ With ``MoEConfig(route="fused")`` (decode) the routing is one hop::
 
     logits(i, j) --scored--> route --planned--> permute(e) ...
 
+With ``MoEConfig(combine="atomic")`` the down tiles add their weighted rows
+into float32 sums ``Out32`` (cleared by a ``zero`` task the routing's last
+task waits for), and ``cast`` replaces ``combine``::
+
+    zero(i) --zeroed--> plan (or route) ... down(i, e) --down_done--> cast
+
 ``gate_up`` and ``down`` are *triggered* tasks: expert e's tiles are the
 global tile indices ``[gu_indptr[e], gu_indptr[e+1])`` (a table the plan
 writes), released when ``gu_ready[e]`` (resp. ``h_ready[e]``) completes.
@@ -39,6 +45,7 @@ from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from ..graph import Graph
 from ..tiles import moe as moe_tiles
+from ..tiles._mma import add_weighted_rows
 
 __all__ = [
     "MoEConfig",
@@ -146,6 +153,8 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
 UNFUSED_TASKS = ("clear", "logits", "topk", "plan", "permute", "gate_up", "down", "combine")
 #: ``MoEConfig.route`` values.
 ROUTES = ("split", "fused")
+#: ``MoEConfig.combine`` values.
+COMBINES = ("task", "atomic")
 
 
 def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
@@ -154,6 +163,8 @@ def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
         tasks = ("logits", "route", "permute", "gate_up", "down", "combine")
     else:
         tasks = UNFUSED_TASKS
+    if cfg.combine == "atomic":  # the down tiles add into Out32, zeroed first
+        tasks = ("zero",) + tuple("cast" if x == "combine" else x for x in tasks)
     # A gathering gate/up tile needs no permute (release has no work alone).
     return tuple(x for x in tasks if x != "permute") if cfg.gather else tasks
 
@@ -221,6 +232,17 @@ class MoEConfig:
     #: becomes ``release``, which only releases each expert. Needs the TMA
     #: gate/up tile (``gemm="tc"``, ``core="tma"``, not ``split_n``).
     gather: bool = False
+    #: How each token's K expert rows are summed: "task" (the down tiles
+    #: write the permuted rows ``Yp`` in bf16; a ``combine`` task gathers
+    #: and sums them in float32) or "atomic" (the down tiles add their
+    #: weighted rows into the float32 sums ``Out32`` with L2 reductions; a
+    #: ``zero`` task clears ``Out32`` first, ``zero_block`` tokens per CTA,
+    #: and a ``cast`` task, ``combine_block`` tokens per CTA, writes ``Out``;
+    #: no ``Yp``; the add order varies between launches, so the sums may
+    #: differ in their last float32 bits). "atomic" needs the TMA down tile
+    #: (``gemm="tc"``, ``core="tma"``, not ``split_n``).
+    combine: str = "task"
+    zero_block: int = 32
 
     def __post_init__(self) -> None:
         for key in (
@@ -235,6 +257,7 @@ class MoEConfig:
             "router_experts",
             "topk_block",
             "combine_block",
+            "zero_block",
             "block_size",
             "permute_unroll",
             "combine_unroll",
@@ -272,6 +295,19 @@ class MoEConfig:
                 f"MoEConfig: router_splits={self.router_splits} needs router='tc' and hidden a "
                 f"multiple of 64 x router_splits; got router={self.router!r}, "
                 f"hidden={self.hidden}"
+            )
+        if self.combine not in COMBINES:
+            raise GraphError(
+                f"MoEConfig: combine must be one of {', '.join(map(repr, COMBINES))}, "
+                f"got {self.combine!r}"
+            )
+        dn = dict(self.down_options)
+        if self.combine == "atomic" and (
+            self.gemm != "tc" or dn.get("core") != "tma" or dn.get("split_n")
+        ):
+            raise GraphError(
+                "MoEConfig: combine='atomic' needs the TMA down tile (gemm='tc', down_options "
+                f"core='tma', no split_n); got gemm={self.gemm!r}, down_options={dn!r}"
             )
         if not isinstance(self.gather, bool):
             raise GraphError(f"MoEConfig: gather must be a bool, got {self.gather!r}")
@@ -378,6 +414,9 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         del spec["pos"]
     if cfg.gather:  # the gate/up tiles read X through perm
         del spec["Xp"]
+    if cfg.combine == "atomic":  # the down tiles add into float32 sums
+        del spec["Yp"]
+        spec["Out32"] = ((T, H), "f32")
     return spec
 
 
@@ -405,13 +444,15 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
         return gate_up, down
     kw = {"experts": cfg.experts, "block_size": cfg.block_size}
     gu_kw = {"gather_topk": cfg.topk} if cfg.gather else {}
+    dn_kw = {"combine_topk": cfg.topk} if cfg.combine == "atomic" else {}
     gate_up = gemm_tiles.moe_gate_up(
         cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw, **gu_kw,
         **dict(cfg.gate_up_options),
     )  # fmt: skip
     down = gemm_tiles.moe_down(
-        cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter, **kw, **dict(cfg.down_options)
-    )
+        cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter, **kw, **dn_kw,
+        **dict(cfg.down_options),
+    )  # fmt: skip
     return gate_up, down
 
 
@@ -419,12 +460,14 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
     """The non-GEMM tiles of ``cfg``'s graph, by task name."""
     H, E, K, bs = cfg.hidden, cfg.experts, cfg.topk, cfg.block_size
     RB, TB = cfg.router_block, cfg.topk_block
-    tiles = {
-        "logits": _router_tile(cfg),
-        "combine": moe_tiles.combine(
+    tiles = {"logits": _router_tile(cfg)}
+    if cfg.combine == "atomic":
+        tiles["zero"] = moe_tiles.zero_rows(cfg.zero_block, H, block_size=bs)
+        tiles["cast"] = moe_tiles.cast_rows(cfg.combine_block, H, block_size=bs)
+    else:
+        tiles["combine"] = moe_tiles.combine(
             cfg.combine_block, K, H, unroll=cfg.combine_unroll, block_size=bs
-        ),
-    }
+        )
     if cfg.route == "fused":
         tiles["route"] = moe_tiles.route(
             E, K, cfg.block_m, cfg.n_gu, cfg.n_dn, max_tokens=cfg.route_max_tokens,
@@ -457,6 +500,26 @@ def _gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
     if cfg.gather:
         return ("X", "Wgu", "row_off", "gu_indptr", "perm", "Hb")
     return ("Xp", "Wgu", "row_off", "gu_indptr", "Hb")
+
+
+def _down_args(cfg: MoEConfig) -> tuple[str, ...]:
+    """The down task's tensors, in order (an atomic combine adds into ``Out32``)."""
+    if cfg.combine == "atomic":
+        return ("Hb", "Wd", "row_off", "dn_indptr", "perm", "topk_w", "Out32")
+    return ("Hb", "Wd", "row_off", "dn_indptr", "Yp")
+
+
+def _zero_task(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles) -> Any:
+    """``zero(i)`` clearing ``Out32`` for the adding down tiles; returns its
+    event (one coordinate), which the routing's last task waits for, so
+    every down tile runs after it. Added first, so that it comes first in
+    the static lists: its instances take the CTAs the router leaves idle."""
+    blocks = (T + cfg.zero_block - 1) // cfg.zero_block
+    zeroed = g.event((1,), wait_count=blocks, name="zeroed")
+    g.task(
+        tiles["zero"], grid=(blocks,), args=(t["Out32"],), out_edges={zeroed: "i->0"}, name="zero"
+    )
+    return zeroed
 
 
 def _router_tile(cfg: MoEConfig) -> DeviceFunction:
@@ -548,20 +611,23 @@ _ROUTE_ARGS = (
 )  # fmt: skip
 
 
-def _fused_route_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles):
+def _fused_route_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, zeroed=None):
     """logits(i, j) --scored--> route --planned-->; returns ``planned``.
 
     No ``clear``: the route tile counts in workgroup memory, so the logits
-    start at once."""
+    start at once. With an atomic combine the route also waits for ``zero``."""
     blocks = (T + cfg.router_block - 1) // cfg.router_block
     scored = g.event((1,), wait_count=math.prod(_logits_grid(cfg, blocks)), name="scored")
     _logits_task(g, cfg, blocks, t, tiles, after=None, scored=(scored, "0"))
+    in_edges = {scored: "i->0"}
+    if zeroed is not None:
+        in_edges[zeroed] = "i->0"
     planned = g.event((1,), wait_count=1, name="planned")
     g.task(
         tiles["route"],
         grid=(1,),
         args=tuple(t[n] for n in _ROUTE_ARGS),
-        in_edges={scored: "i->0"},
+        in_edges=in_edges,
         out_edges={planned: "i->0"},
         name="route",
     )
@@ -620,20 +686,23 @@ def build_moe_graph(
     t = _tensors(g, cfg, T)
     gu_ready = g.event((E,), wait_count=1, name="gu_ready")
     h_ready = g.event((E,), wait_count=t["h_wait"], name="h_ready")
-    down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
     gu_bound, dn_bound = _bounds(cfg, T)
+    zeroed = _zero_task(g, cfg, T, t, tiles) if cfg.combine == "atomic" else None
     if cfg.route == "fused":
-        planned = _fused_route_tasks(g, cfg, T, t, tiles)
+        planned = _fused_route_tasks(g, cfg, T, t, tiles, zeroed)
     else:
         routed = g.event((1,), wait_count=(T + RB - 1) // RB * (RB // TB), name="routed")
         plans = moe_tiles.plan_grid(T, cfg.topk)
         planned = g.event((1,), wait_count=plans, name="planned")
         _router_tasks(g, cfg, T, t, tiles, routed)
+        in_edges = {routed: "i->0"}
+        if zeroed is not None:
+            in_edges[zeroed] = "i->0"
         g.task(
             tiles["plan"],
             grid=(plans,),
             args=tuple(t[n] for n in _PLAN_ARGS),
-            in_edges={routed: "i->0"},
+            in_edges=in_edges,
             out_edges={planned: "i->0"},
             name="plan",
         )
@@ -655,25 +724,36 @@ def build_moe_graph(
         out_edges={h_ready: "ie->e"},
         name="gate_up",
     )
+    down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
     g.task(
         down,
         grid=(dn_bound,),
-        args=(t["Hb"], t["Wd"], t["row_off"], t["dn_indptr"], t["Yp"]),
+        args=tuple(t[n] for n in _down_args(cfg)),
         triggered_by=(h_ready, t["dn_indptr"]),
         in_edges={planned: "ie->0"},
         out_edges={down_done: "ie->0"},
         name="down",
     )
+    last, last_args = _last_task(cfg)
     g.task(
-        tiles["combine"],
+        tiles[last],
         grid=((T + CB - 1) // CB,),
-        args=(t["topk_w"], t["inv"], t["Yp"], t["Out"]),
+        args=tuple(t[n] for n in last_args),
         # `planned` first: down_done's count (dn_total) is a table the plan
         # writes, and a static-schedule wait reads it when it starts.
         in_edges=[(planned, "i->0"), (down_done, "i->0")],
-        name="combine",
+        name=last,
     )
     return g
+
+
+def _last_task(cfg: MoEConfig) -> tuple[str, tuple[str, ...]]:
+    """The task after the down tiles and its tensors: ``combine`` (gathers
+    the rows of ``Yp``) or, with an atomic combine, ``cast`` (``Out32`` to
+    bf16)."""
+    if cfg.combine == "atomic":
+        return "cast", ("Out32", "Out")
+    return "combine", ("topk_w", "inv", "Yp", "Out")
 
 
 def build_unfused_graphs(
@@ -699,6 +779,11 @@ def build_unfused_graphs(
         T = g.symbol("T", max=cfg.max_tokens)
         return g, T, _tensors(g, cfg, T, names)
 
+    if cfg.combine == "atomic":
+        g, T, t = graph("zero", ["Out32"])
+        zb = cfg.zero_block
+        g.task(tiles["zero"], grid=((T + zb - 1) // zb,), args=(t["Out32"],), name="zero")
+        out.append(("zero", g))
     if not fused:
         g, T, t = graph("clear", ["counts"])
         g.task(tiles["clear"], grid=(1,), args=(t["counts"],), name="clear")
@@ -737,7 +822,7 @@ def build_unfused_graphs(
         out.append((release, g))
     for task, fn, names, indptr in (
         ("gate_up", gate_up, list(_gate_up_args(cfg)), "gu_indptr"),
-        ("down", down, ["Hb", "Wd", "row_off", "dn_indptr", "Yp"], "dn_indptr"),
+        ("down", down, list(_down_args(cfg)), "dn_indptr"),
     ):
         g, T, t = graph(task, names)
         trigger = g.event((E,), wait_count=0, name="trigger")
@@ -750,14 +835,10 @@ def build_unfused_graphs(
             name=task,
         )
         out.append((task, g))
-    g, T, t = graph("combine", ["topk_w", "inv", "Yp", "Out"])
-    g.task(
-        tiles["combine"],
-        grid=((T + CB - 1) // CB,),
-        args=(t["topk_w"], t["inv"], t["Yp"], t["Out"]),
-        name="combine",
-    )
-    out.append(("combine", g))
+    last, last_args = _last_task(cfg)
+    g, T, t = graph(last, list(last_args))
+    g.task(tiles[last], grid=((T + CB - 1) // CB,), args=tuple(t[n] for n in last_args), name=last)
+    out.append((last, g))
     return out
 
 
@@ -852,17 +933,25 @@ def gate_up_reference(
     return reference
 
 
-def down_reference(BM: int, BN: int, H: int, inter: int) -> Callable[..., None]:
-    """Numpy reference of the down tile ``(i, e)``."""
+def down_reference(
+    BM: int, BN: int, H: int, inter: int, combine_topk: int | None = None
+) -> Callable[..., None]:
+    """Numpy reference of the down tile ``(i, e)``; with ``combine_topk=K``
+    on ``(Hb, Wd, row_off, dn_indptr, perm, topk_w, Out)``, adding its
+    weighted rows into ``Out`` (``etc.tiles._mma.add_weighted_rows``)."""
 
-    def reference(i, e, Hb, Wd, row_off, dn_indptr, Yp) -> None:
+    def reference(i, e, Hb, Wd, row_off, dn_indptr, *rest) -> None:
         rows = _tile_rows(i, e, row_off, dn_indptr, BM)
         if rows is None:
             return
         r0, r1, nb = rows
         n0 = nb * BN
         y = bf16_to_f32(Hb[r0:r1]) @ bf16_to_f32(Wd[e, n0 : n0 + BN]).T
-        Yp[r0:r1, n0 : n0 + BN] = f32_to_bf16(y)
+        if combine_topk is None:
+            (Yp,) = rest
+            Yp[r0:r1, n0 : n0 + BN] = f32_to_bf16(y)
+        else:
+            add_weighted_rows(y, slice(r0, r1), slice(n0, n0 + BN), combine_topk, *rest)
 
     return reference
 
@@ -882,11 +971,17 @@ def run_tile_references(
             cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter,
             gather_topk=cfg.topk if cfg.gather else None,
         )  # fmt: skip
-        dn_ref = down_reference(cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter)
+        dn_ref = down_reference(
+            cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter,
+            combine_topk=cfg.topk if cfg.combine == "atomic" else None,
+        )  # fmt: skip
     else:
         gu_ref, dn_ref = (f.reference for f in gemm_tiles)
     T, E = a["X"].shape[0], cfg.experts
     RB, EC, TB = cfg.router_block, cfg.router_experts, cfg.topk_block
+    if cfg.combine == "atomic":
+        for i in range(-(-T // cfg.zero_block)):
+            tiles["zero"].reference(i, a["Out32"])
     for i in range(-(-T // RB)):
         for j in range(E // EC):
             for s in range(cfg.router_splits):
@@ -908,11 +1003,13 @@ def run_tile_references(
     for e in range(E):
         for i in range(int(a["gu_indptr"][e]), int(a["gu_indptr"][e + 1])):
             gu_ref(i, e, *gu_args)
+    dn_args = [a[n] for n in _down_args(cfg)]
     for e in range(E):
         for i in range(int(a["dn_indptr"][e]), int(a["dn_indptr"][e + 1])):
-            dn_ref(i, e, a["Hb"], a["Wd"], a["row_off"], a["dn_indptr"], a["Yp"])
+            dn_ref(i, e, *dn_args)
+    last, last_args = _last_task(cfg)
     for i in range(-(-T // cfg.combine_block)):
-        tiles["combine"].reference(i, a["topk_w"], a["inv"], a["Yp"], a["Out"])
+        tiles[last].reference(i, *(a[n] for n in last_args))
     return a
 
 

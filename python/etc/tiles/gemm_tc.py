@@ -1599,6 +1599,45 @@ def _token_rows(
     return TmaGather(base, 2 * hidden, row)
 
 
+def _add_rows_f32(
+    t: _Text, values, rows: list[str], cols: list[str], r1: str, alast: str, topk: int,
+    hidden: int,
+) -> None:  # fmt: skip
+    """Add the fragments ``values[m][f]`` (c0, c1 in row ``rows[2m]``, c2, c3
+    in ``rows[2m + 1]``, columns ``cols[f]`` and the next), each times its
+    row's routing weight, into ``Out32[perm[row] // topk]`` (float32 L2
+    reductions, 8 bytes each) for rows ``< r1``."""
+    p = t.op(
+        "op", f"memref.extract_aligned_pointer_as_index %Out32 : memref<?x{hidden}xf32> -> index"
+    )
+    base = t.op("op", f"arith.index_cast {p} : index to i64")
+    for m, per in enumerate(values):
+        for h in range(2):
+            row = rows[2 * m + h]
+            slot = t.op("slot", f"memref.load %perm[{t.bin('minui', row, alast)}] : memref<?xi32>")
+            slot = t.op("slot", f"arith.index_cast {slot} : i32 to index")
+            tok = t.bin("divui", slot, topk)
+            w = t.op(
+                "rw",
+                f"memref.load %topk_w[{tok}, {t.bin('remui', slot, topk)}] : memref<?x{topk}xf32>",
+            )
+            t.emit(f"scf.if {t.op('ok', f'arith.cmpi ult, {row}, {r1} : index')} {{")
+            t.indent += "  "
+            row_at = t.mul(tok, hidden)
+            for f, c in enumerate(per):
+                at = t.op(
+                    "at", f"arith.index_cast {t.mul(t.add(row_at, cols[f]), 4)} : index to i64"
+                )
+                at = t.op("at", f"arith.addi {base}, {at} : i64")
+                a, b = (t.op("sw", f"arith.mulf {c[2 * h + q]}, {w} : f32") for q in range(2))
+                _asm_ops(
+                    t,
+                    "red.global.add.v2.f32 [$0], {$1, $2};",
+                    [(at, "i64"), (a, "f32"), (b, "f32")],
+                )
+            t.end()
+
+
 def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
     """Decode tile ``i`` of expert ``e``; opens ``scf.if valid``; returns ``(r0, r1, n0)``."""
     vals, local, cnt = _mma.moe_decode(t, indptr, it, t.add("%e", 1))
@@ -1648,7 +1687,8 @@ def moe_gate_up(
     from the tokens, ``X[perm[r] // K]``, by every thread's ``cp.async``
     (:class:`TmaGather`) instead of from a permuted copy ``Xp``; buffers
     ``(X, Wgu, row_off, gu_indptr, perm, Hb)``."""
-    o = _mma.tile_options(name, options, MOE_OPTIONS) | {"gather_topk": gather_topk}
+    o = _mma.tile_options(name, options, MOE_OPTIONS)
+    o |= {"gather_topk": gather_topk, "combine_topk": None}
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
 
@@ -1660,13 +1700,23 @@ def moe_down(
     *,
     experts: int | None = 128,
     name: str = "moe_down_tc",
+    combine_topk: int | None = None,
     **options: Any,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
     [nb*BN, nb*BN + BN)`` of ``hidden``. Buffers as :func:`etc.tiles.gemm.moe_down`;
     ``options``: :data:`MOE_OPTIONS` (``split_n`` and ``sub_n``, at most 256,
-    as in :func:`moe_gate_up`)."""
-    o = _mma.tile_options(name, options, MOE_OPTIONS) | {"gather_topk": None}
+    as in :func:`moe_gate_up`).
+    ``combine_topk=K`` (``core="tma"``, not ``split_n``): the tile also does
+    the combine's sum. Row ``r`` (slot ``s = perm[r]``) times
+    ``topk_w[s // K, s % K]`` is added into the float32 ``Out32[s // K]``
+    straight from the accumulators (``red.global.add.v2.f32``, L2
+    reductions; ``Out32`` must be zero before the first tile). Buffers
+    ``(Hb, Wd, row_off, dn_indptr, perm, topk_w, Out32)``. The order of a
+    token's K adds varies between launches, so the float32 sums may differ
+    in their last bits."""
+    o = _mma.tile_options(name, options, MOE_OPTIONS)
+    o |= {"gather_topk": None, "combine_topk": combine_topk}
     return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, o)
 
 
@@ -1681,6 +1731,15 @@ def _moe_tile(
     k, n, n_key, per_n = (hidden, inter, "inter", 2) if gate else (inter, hidden, "hidden", 1)
     core, stages, block_size, split_n = o["core"], o["stages"], o["block_size"], o["split_n"]
     _positive(name, n_key, n)
+    ctopk = o["combine_topk"]
+    if ctopk is not None and (
+        core != "tma" or split_n or not isinstance(ctopk, int) or isinstance(ctopk, bool)
+        or ctopk < 1
+    ):  # fmt: skip
+        raise GraphError(
+            f"tile '{name}': combine_topk={ctopk!r} needs core='tma' without split_n and a "
+            "positive top-k"
+        )
     groups = _split_groups(name, core, split_n, block_size)
     sub = _sub_columns(name, core, block_n, o["sub_n"])
     if core == "tma":
@@ -1705,7 +1764,7 @@ def _moe_tile(
         (a, w, out), indptr = ("Xp", "Wgu", "Hb"), "%gu_indptr"
     else:
         at, wt, ot = _mma.down_types(hidden, inter, ed)
-        (a, w, out), indptr = ("Hb", "Wd", "Yp"), "%dn_indptr"
+        (a, w, out), indptr = ("Hb", "Wd", "Out32" if ctopk else "Yp"), "%dn_indptr"
     t = _Text()
     r0, r1, n0 = _moe_prologue(t, indptr, it, block_m, block_n)
     n0 = _sub_loop(t, n0, block_n, sub)
@@ -1734,7 +1793,10 @@ def _moe_tile(
         wcol = t.add(t.add(n0, t.mul(wn_i, cw)), col_lane)
         cols = [t.add(wcol, 8 * f) for f in range(nf)]
         values = _mma.swiglu(t, acc, nf) if gate else acc
-        _store_pairs(t, values, rows, cols, (f"%{out}", ot), r1, None)
+        if ctopk is None:
+            _store_pairs(t, values, rows, cols, (f"%{out}", ot), r1, None)
+        else:
+            _add_rows_f32(t, values, rows, cols, r1, alast, ctopk, hidden)
 
     if core == "tma":
         gather = None
@@ -1770,15 +1832,18 @@ def _moe_tile(
         )  # fmt: skip
     t.close()
     gathered = topk is not None
+    combined = ctopk is not None
     if gate:
         signature = _mma.gate_up_signature(at, wt, ot, it, gather=gathered)
         rows = f"X[perm / {topk}]" if gathered else "Xp"
         what = f"{name}: Hb = silu({rows} @ Wg^T) * ({rows} @ Wu^T)"
         reference = _mma.gate_up_reference(block_m, block_n, inter, gather_topk=topk)
     else:
-        signature = _mma.down_signature(at, wt, ot, it)
-        what = f"{name}: Yp = Hb @ Wd[e]^T"
-        reference = _mma.down_reference(block_m, block_n)
+        signature = _mma.down_signature(at, wt, ot, it, combine_topk=ctopk)
+        what = f"{name}: " + (
+            "Out32[perm / K] += w * (Hb @ Wd[e]^T)" if combined else "Yp = Hb @ Wd[e]^T"
+        )
+        reference = _mma.down_reference(block_m, block_n, combine_topk=ctopk)
     # TMA maps after the buffers: the activation's (unless gathered) and the weight's.
     maps = [] if gathered else [(a, 0, block_m)]
     maps.append((w, 1, cw if gate else sub))
@@ -1786,5 +1851,5 @@ def _moe_tile(
         t, name, signature, globals_,
         f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, {_core_text(core, wm, wn)}"
         + (", rows gathered" if gathered else ""),
-        reference, block_size, core, 6 if gathered else 5, maps,
+        reference, block_size, core, 6 if gathered else 7 if combined else 5, maps,
     )  # fmt: skip

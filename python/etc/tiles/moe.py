@@ -27,6 +27,10 @@ arithmetic is fp32 (``arith.extf`` / ``arith.truncf``, round to nearest even).
   ``Xp[r] = X[perm[r] // K]`` with 16-byte loads.
 * ``combine(CB, K, H)``, grid ``(ceil(T/CB),)``:
   ``Out[t] = sum_k topk_w[t, k] * Yp[inv[t*K + k]]`` in fp32, stored bf16.
+* ``zero_rows(ZB, H)`` and ``cast_rows(CB, H)``, grids ``(ceil(T/ZB),)``
+  and ``(ceil(T/CB),)``: ``Out32 = 0`` before, and ``Out = bf16(Out32)``
+  after, down tiles that add their weighted rows into the float32 sums
+  ``Out32`` themselves (``MoEConfig(combine="atomic")``).
 
 Buffers are row-major and 16-byte aligned (H a multiple of 8).
 """
@@ -45,6 +49,8 @@ from .gemm import MAX_SHARED_BYTES
 
 __all__ = [
     "clear_counts",
+    "zero_rows",
+    "cast_rows",
     "router_logits",
     "router_topk",
     "plan",
@@ -911,6 +917,81 @@ func.func @{name}(%e: index, %row_off: {e1_t}) {{
 
     def reference(e: int, row_off: np.ndarray) -> None:
         return None
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _token_rows_loop(name: str, what: str, ZB: int, H: int, block_size: int, args: str,
+                     rows_of: str, body: str) -> str:  # fmt: skip
+    """A tile ``(i,)`` over tokens ``[i*ZB, min((i+1)*ZB, T))`` (T: dim 0 of
+    ``rows_of``), a thread per 8-column chunk: ``body`` with ``%t``, ``%col``."""
+    return f"""\
+// {name}: {what} ({ZB} tokens of hidden {H} per CTA of {block_size}).
+func.func @{name}(%i: index, {args}) {{
+  %c0 = arith.constant 0 : index
+  %c8 = arith.constant 8 : index
+  %cZB = arith.constant {ZB} : index
+  %cHC = arith.constant {H // 8} : index
+  %cBS = arith.constant {block_size} : index
+  %tid = gpu.thread_id x
+  %T = memref.dim {rows_of}, %c0 : memref<?x{H}xf32>
+  %t0 = arith.muli %i, %cZB : index
+  %t1a = arith.addi %t0, %cZB : index
+  %t1 = arith.minui %t1a, %T : index
+  %n = arith.subi %t1, %t0 : index
+  %total = arith.muli %n, %cHC : index
+  scf.for %q = %tid to %total step %cBS {{
+    %dt = arith.divui %q, %cHC : index
+    %ch = arith.remui %q, %cHC : index
+    %t = arith.addi %t0, %dt : index
+    %col = arith.muli %ch, %c8 : index
+{body}
+  }}
+  return
+}}
+"""
+
+
+def zero_rows(ZB: int, H: int, *, name: str = "moe_zero", block_size: int = 256) -> DeviceFunction:
+    """Tile ``(i,)``: ``Out32[t] = 0`` for tokens ``[i*ZB, min((i+1)*ZB, T))``
+    (16-byte stores): the float32 sums that down tiles with an atomic
+    combine add into (``MoEConfig(combine="atomic")``) start at zero."""
+    _check_block(name, block_size)
+    _positive(name, ZB=ZB, H=H)
+    _check_hidden(name, H)
+    f_t = f"memref<?x{H}xf32>"
+    body = f"""\
+    %zero = arith.constant dense<0.0> : vector<8xf32>
+    vector.store %zero, %Out32[%t, %col] {{alignment = 16 : i64}} : {f_t}, vector<8xf32>"""
+    source = _token_rows_loop(
+        name, "zero the float32 sums", ZB, H, block_size, f"%Out32: {f_t}", "%Out32", body
+    )
+
+    def reference(i: int, Out32: np.ndarray) -> None:
+        Out32[i * ZB : (i + 1) * ZB] = 0
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def cast_rows(CB: int, H: int, *, name: str = "moe_cast", block_size: int = 256) -> DeviceFunction:
+    """Tile ``(i,)``: ``Out[t] = bf16(Out32[t])`` for tokens ``[i*CB,
+    min((i+1)*CB, T))``: the layer's output from the float32 sums of an
+    atomic combine (32-byte loads, 16-byte stores)."""
+    _check_block(name, block_size)
+    _positive(name, CB=CB, H=H)
+    _check_hidden(name, H)
+    f_t, x_t = f"memref<?x{H}xf32>", f"memref<?x{H}xbf16>"
+    body = f"""\
+    %v = vector.load %Out32[%t, %col] {{alignment = 16 : i64}} : {f_t}, vector<8xf32>
+    %o = arith.truncf %v : vector<8xf32> to vector<8xbf16>
+    vector.store %o, %Out[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"""
+    source = _token_rows_loop(
+        name, "the output in bf16", CB, H, block_size, f"%Out32: {f_t}, %Out: {x_t}", "%Out32",
+        body,
+    )  # fmt: skip
+
+    def reference(i: int, Out32: np.ndarray, Out: np.ndarray) -> None:
+        Out[i * CB : (i + 1) * CB] = f32_to_bf16(Out32[i * CB : (i + 1) * CB])
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
