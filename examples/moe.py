@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         "--gather", action="store_true",
         help="gate/up tiles read X through perm (no permuted copy; TMA tiles: --preset prefill)",
     )  # fmt: skip
+    p.add_argument(
+        "--combine", choices=M.COMBINES, default="task",
+        help="atomic: down tiles add their rows into float32 sums (TMA tiles: --preset prefill)",
+    )  # fmt: skip
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
         "--preset", choices=tuple(M.PRESETS), help="the tuned tile configuration (real sizes)"
@@ -129,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     try:
         cfg = replace(
-            cfg, route=args.route, route_max_tokens=args.route_max_tokens, gather=args.gather
-        )
+            cfg, route=args.route, route_max_tokens=args.route_max_tokens, gather=args.gather,
+            combine=args.combine,
+        )  # fmt: skip
         g = M.build_moe_graph(cfg)
     except etc.EtcError as exc:  # a configuration the tiles cannot take
         print(f"error: {exc}", file=sys.stderr)

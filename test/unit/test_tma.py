@@ -500,6 +500,19 @@ def test_moe_example_prefill_preset(tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert gathered.returncode == 0 and "1/1 cases match numpy" in gathered.stdout, gathered
+    atomic = subprocess.run(
+        [sys.executable, str(script), "--simulate", *small, "--tokens", "130", "--combine", "atomic"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert atomic.returncode == 0 and "1/1 cases match numpy" in atomic.stdout, atomic
+    # Refused with the culprit named (not a traceback) where the down tile is not TMA.
+    refused = subprocess.run(
+        [sys.executable, str(script), "--simulate", "--hidden", "64", "--inter", "32",
+         "--experts", "8", "--topk", "2", "--tokens", "3", "--combine", "atomic"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "combine='atomic' needs the TMA down tile" in refused.stderr
+    assert "Traceback" not in refused.stderr
     if not have_bindings():
         return
     ptx = tmp_path / "moe.ptx"

@@ -19,12 +19,14 @@
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include <map>
+#include <optional>
 
 namespace mlir::etensor {
 #define GEN_PASS_DEF_CONVERTETENSORTOGPU
@@ -137,6 +139,19 @@ public:
   Value aheadRan;
   /// The dispatches of the static loop, for prefetchAheadOf.
   SmallVector<DispatchOp> staticDispatches;
+  /// Static schedule: the coordinates that triggered tasks' in-edges wait on,
+  /// when constant and of an event whose wait count is known at launch (no
+  /// table). Counters only grow within a launch, so once thread 0 saw one
+  /// complete, the CTA's later waits on it (any task's) skip the poll; the
+  /// CTA still joins.
+  /// `waitSeen[i]`: whether the CTA saw `cachedWaits[i]` complete, as the
+  /// instance being lowered sees it (a loop-carried flag of the static loop).
+  struct CachedWait {
+    Value event;
+    SmallVector<int64_t> coords;
+  };
+  SmallVector<CachedWait> cachedWaits;
+  SmallVector<Value> waitSeen, loopSeen;
   /// Dynamic schedule: request the next chunk of positions when taking the
   /// current one, not when the CTA is free.
   bool popAhead = true;
@@ -209,7 +224,9 @@ private:
                     int64_t taskId, Value instance);
   Value noneFailed(Value failed);
   Value waitOnCoordinate(EventInfo &info, Value coordinate, Value target,
-                         int64_t taskId, Value instance);
+                         int64_t taskId, Value instance, Value seen = Value());
+  std::optional<unsigned> cachedWaitIndex(WaitOp wait);
+  void collectCachedWaits(ArrayRef<DispatchOp> dispatches);
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
@@ -443,8 +460,14 @@ Value KernelBuilder::noneFailed(Value failed) {
 /// (uniform across the CTA).
 Value KernelBuilder::waitOnCoordinate(EventInfo &info, Value coordinate,
                                       Value target, int64_t taskId,
-                                      Value instance) {
-  auto ifZero = scf::IfOp::create(b, b.getI32Type(), isThreadZero(),
+                                      Value instance, Value seen) {
+  // `seen`: the CTA saw this coordinate complete before; no poll.
+  Value polls = isThreadZero();
+  if (seen)
+    polls = arith::AndIOp::create(
+        b, polls,
+        arith::XOrIOp::create(b, seen, arith::ConstantIntOp::create(b, 1, 1)));
+  auto ifZero = scf::IfOp::create(b, b.getI32Type(), polls,
                                   /*withElseRegion=*/true);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -461,8 +484,59 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
   EventInfo &info = events[wait.getEvent()];
   SmallVector<Value> coords = llvm::map_to_vector(
       wait.getIndices(), [&](Value v) { return mapping.lookup(v); });
-  return waitOnCoordinate(info, linearize(coords, info.sizes),
-                          waitCount(info, coords), taskId, instance);
+  std::optional<unsigned> cached =
+      waitSeen.empty() ? std::nullopt : cachedWaitIndex(wait);
+  Value seen = cached ? waitSeen[*cached] : Value();
+  Value ok = waitOnCoordinate(info, linearize(coords, info.sizes),
+                              waitCount(info, coords), taskId, instance, seen);
+  if (cached)
+    waitSeen[*cached] = arith::OrIOp::create(b, seen, ok);
+  return ok;
+}
+
+/// The wait's coordinates, when all are constants.
+static std::optional<SmallVector<int64_t>> constantCoordinates(WaitOp wait) {
+  SmallVector<int64_t> coords;
+  for (Value v : wait.getIndices()) {
+    APInt value;
+    if (!matchPattern(v, m_ConstantInt(&value)))
+      return std::nullopt;
+    coords.push_back(value.getSExtValue());
+  }
+  return coords;
+}
+
+/// The index of `wait` in `cachedWaits`, if it is one.
+std::optional<unsigned> KernelBuilder::cachedWaitIndex(WaitOp wait) {
+  std::optional<SmallVector<int64_t>> coords = constantCoordinates(wait);
+  if (!coords)
+    return std::nullopt;
+  for (auto [i, cached] : llvm::enumerate(cachedWaits))
+    if (cached.event == wait.getEvent() && cached.coords == *coords)
+      return i;
+  return std::nullopt;
+}
+
+/// Fills `cachedWaits` from the in-edge waits of the triggered tasks of
+/// `dispatches` (at most kMaxCachedWaits: each is a loop-carried flag). Only
+/// triggered tasks: their data-dependent grids give a CTA many instances
+/// (the MoE layer's GEMM tiles), where the flags pay; in kernels without
+/// them (the Llama decoder) the flags only added registers and the steps
+/// got up to 3 % slower (bench/RESULTS.md, item 85).
+void KernelBuilder::collectCachedWaits(ArrayRef<DispatchOp> dispatches) {
+  constexpr unsigned kMaxCachedWaits = 8;
+  for (DispatchOp dispatch : dispatches)
+    for (Operation &op : dispatch.getBody().front()) {
+      if (!dispatch.getTriggerEvent())
+        break;
+      auto wait = dyn_cast<WaitOp>(op);
+      if (!wait || events[wait.getEvent()].table ||
+          cachedWaits.size() == kMaxCachedWaits || cachedWaitIndex(wait))
+        continue;
+      if (std::optional<SmallVector<int64_t>> coords =
+              constantCoordinates(wait))
+        cachedWaits.push_back({wait.getEvent(), *coords});
+    }
 }
 
 /// Static schedule, data-dependent trigger, slow path (see waitForTrigger):
@@ -686,6 +760,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   Block &body = mapGridCoordinates(dispatch, linear);
 
   Value ok = arith::ConstantIntOp::create(b, 1, 1);
+  waitSeen = loopSeen;
   auto it = body.begin();
   // A triggered task's prefetch needs its coordinate: waitForTrigger calls it.
   Operation *triggeredPrefetch = nullptr;
@@ -788,6 +863,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   SmallVector<Value> results{ok};
   if (prefetchAhead)
     results.push_back(aheadRan);
+  results.append(waitSeen);
   scf::YieldOp::create(b, results);
   return success();
 }
@@ -946,11 +1022,16 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   };
   Value begin = loadIndex(block);
   Value end = loadIndex(arith::AddIOp::create(b, block, index(1)));
-  // Loop-carried: the CTA is alive (no failed wait) and, with shared
-  // regions, whether this entry's prefetch already ran ahead.
+  // Loop-carried: the CTA is alive (no failed wait), with shared regions
+  // whether this entry's prefetch already ran ahead, and whether the CTA saw
+  // each cached wait complete.
   Type i1 = b.getI1Type();
   SmallVector<Value> inits{arith::ConstantIntOp::create(b, 1, 1)};
   if (prefetchAhead)
+    inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
+  collectCachedWaits(dispatches);
+  unsigned firstSeen = inits.size();
+  for (size_t i = 0; i < cachedWaits.size(); ++i)
     inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
   SmallVector<Type> carried(inits.size(), i1);
   auto loop = scf::ForOp::create(b, begin, end, index(1), inits);
@@ -970,6 +1051,8 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
       aheadEnd = end;
       prefetchedAhead = loop.getRegionIterArg(1);
     }
+    loopSeen.assign(loop.getRegionIterArgs().begin() + firstSeen,
+                    loop.getRegionIterArgs().end());
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(

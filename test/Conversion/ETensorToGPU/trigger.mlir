@@ -8,12 +8,20 @@
 /// between them. Otherwise (a table still being written, or i past
 /// indptr[C]) every thread polls its share of the coordinates (a strided
 /// scf.for), the CTA joins with bar.red.or and counts again. The body runs
-/// only below indptr[C].
+/// only below indptr[C]. The in-edge wait on a constant coordinate of an
+/// event whose count is known at launch (`planned`) is polled by thread 0
+/// only until the CTA saw it complete (a flag the static loop carries; other
+/// tasks' waits on it use the flag too); the CTA always joins.
 // STATIC-LABEL: gpu.func @moe
+// STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %true, %[[SEEN:.*]] = %false) -> (i1, i1)
 // STATIC: scf.index_switch
 // STATIC: case 2 {
+// STATIC: %[[NOT_SEEN:.*]] = arith.xori %[[SEEN]], %{{.*}} : i1
+// STATIC: %[[POLLS:.*]] = arith.andi %{{.*}}, %[[NOT_SEEN]] : i1
+// STATIC: scf.if %[[POLLS]] -> (i32)
 // STATIC: ld.acquire.gpu.global.u32
 // STATIC: bar.red.or.pred
+// STATIC: arith.ori %[[SEEN]], %{{.*}} : i1
 // STATIC: scf.if %{{.*}} -> (i1, index, i1)
 // STATIC: bar.red.popc.u32
 // STATIC: scf.if %{{.*}} -> (i1, i1)
