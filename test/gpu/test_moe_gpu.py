@@ -127,6 +127,29 @@ def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
             assert M.rel_err(arrays["Out"], ref) <= 1e-2, (T, seed, routing)
 
 
+#: (T, routing) of the tests that launch a layer variant next to the plain TMA layer.
+PAIRED_CASES = ((1, "uniform"), (130, "one-expert"), (300, "uniform"))
+
+
+def _paired(variant: str, route: str, schedule: str, cfg: M.MoEConfig, plain: M.MoEConfig):
+    """Yields ``(T, routing, x, weights, a, b)`` for each of PAIRED_CASES
+    after launching the ``variant`` kernel (``cfg``) on ``a`` and the plain
+    TMA layer's (``plain``) on ``b``, both from fresh inputs (float32 sums
+    filled with NaN first)."""
+    arts = Path(os.environ["ETC_ARTIFACTS"])
+    kernel = etc.runtime.load(arts / f"moe_small{route}_{variant}_{schedule}")
+    plain_kernel = etc.runtime.load(arts / f"moe_small{route}_tma_{schedule}")
+    for T, routing in PAIRED_CASES:
+        weights = M.random_weights(cfg, seed=5, routing=routing)
+        x = M.random_tokens(cfg, T, seed=T, routing=routing)
+        a, b = M.numpy_inputs(cfg, x, weights), M.numpy_inputs(plain, x, weights)
+        if "Out32" in a:
+            a["Out32"][...] = np.nan  # the zero task must clear the sums
+        kernel.launch(a, {"T": T})
+        plain_kernel.launch(b, {"T": T})
+        yield T, routing, x, weights, a, b
+
+
 @pytest.mark.parametrize("route", ["", "_route"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_gathered_rows_give_the_permuted_copy_s_bits(route: str, schedule: str) -> None:
@@ -134,17 +157,9 @@ def test_gathered_rows_give_the_permuted_copy_s_bits(route: str, schedule: str) 
     # gate/up tiles that gather X through perm give the layer's output bit
     # for bit as the ones that read the permuted copy Xp (and each its own
     # tables, whose row order inside an expert the atomics choose).
-    arts = Path(os.environ["ETC_ARTIFACTS"])
-    gathered = etc.runtime.load(arts / f"moe_small{route}_gather_{schedule}")
-    copied = etc.runtime.load(arts / f"moe_small{route}_tma_{schedule}")
     cfg = MOE_SMALL_ROUTE_GATHER if route else MOE_SMALL_GATHER
-    for T, routing in ((1, "uniform"), (130, "one-expert"), (300, "uniform")):
-        weights = M.random_weights(cfg, seed=5, routing=routing)
-        x = M.random_tokens(cfg, T, seed=T, routing=routing)
-        a = M.numpy_inputs(cfg, x, weights)
-        b = M.numpy_inputs(replace(cfg, gather=False), x, weights)
-        gathered.launch(a, {"T": T})
-        copied.launch(b, {"T": T})
+    plain = replace(cfg, gather=False)
+    for T, routing, _, _, a, b in _paired("gather", route, schedule, cfg, plain):
         assert "Xp" not in a and "Xp" in b
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
 
@@ -157,21 +172,12 @@ def test_atomic_combine_matches_the_combine_task(route: str, schedule: str) -> N
     # sums that held NaN (the zero task clears them): as close to the float32
     # reference (the rows are not rounded to bf16 before the sum), and the
     # simulator's answer alike.
-    arts = Path(os.environ["ETC_ARTIFACTS"])
-    atomic = etc.runtime.load(arts / f"moe_small{route}_atomic_{schedule}")
-    task = etc.runtime.load(arts / f"moe_small{route}_tma_{schedule}")
     cfg = MOE_SMALL_ROUTE_ATOMIC if route else MOE_SMALL_ATOMIC
     graph = M.build_moe_graph(cfg, name=f"moe_small{route}_atomic")
-    for T, routing in ((1, "uniform"), (130, "one-expert"), (300, "uniform")):
-        weights = M.random_weights(cfg, seed=5, routing=routing)
-        x = M.random_tokens(cfg, T, seed=T, routing=routing)
+    plain = replace(cfg, combine="task")
+    for T, routing, x, weights, a, b in _paired("atomic", route, schedule, cfg, plain):
         ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
-        a = M.numpy_inputs(cfg, x, weights)
-        a["Out32"][...] = np.nan
-        b = M.numpy_inputs(replace(cfg, combine="task"), x, weights)
         simulated = etc.simulate(graph, M.numpy_inputs(cfg, x, weights), {"T": T})
-        atomic.launch(a, {"T": T})
-        task.launch(b, {"T": T})
         assert np.isfinite(bf16_to_f32(a["Out"])).all(), (T, routing)
         assert M.rel_err(a["Out"], ref) <= M.rel_err(b["Out"], ref) + 2**-9, (T, routing)
         assert M.rel_err(a["Out"], simulated["Out"]) <= 1e-2, (T, routing)

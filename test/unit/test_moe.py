@@ -432,14 +432,21 @@ def test_graph_in_simulator_wide_placeholders():
 @pytest.mark.parametrize("route", M.ROUTES)
 def test_unfused_graphs_in_simulator(route):
     cfg, x, w, ref = case(replace(SMALL, route=route), 7)
+    assert M.rel_err(run_unfused(cfg, x, w, gemm_tiles(cfg))["Out"], ref) <= 1e-2
+
+
+def run_unfused(cfg: M.MoEConfig, x, w, gemm=None) -> dict:
+    """The unfused graphs of ``cfg`` (their tasks in :func:`M.unfused_tasks`
+    order) simulated one after another over one set of arrays."""
+    T = x.shape[0]
     arrays = M.numpy_inputs(cfg, x, w)
-    graphs = M.build_unfused_graphs(cfg, gemm_tiles(cfg))
+    graphs = M.build_unfused_graphs(cfg, gemm)
     assert tuple(task for task, _ in graphs) == M.unfused_tasks(cfg)
     for _, g in graphs:
         names = {t.name for t in g.tensors}
-        out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": 7})
+        out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": T})
         arrays.update({k: out[k] for k in names})
-    assert M.rel_err(arrays["Out"], ref) <= 1e-2
+    return arrays
 
 
 def test_graph_needs_trigger_api_or_builds():
@@ -582,15 +589,8 @@ def test_gathering_gate_up_in_simulator(schedule, route, T, routing):
 @needs_trigger
 def test_gathering_unfused_graphs_and_errors():
     cfg, x, w, ref = case(replace(TMA_SMALL, gather=True), 9)
-    arrays = M.numpy_inputs(cfg, x, w)
-    graphs = M.build_unfused_graphs(cfg)
-    assert tuple(task for task, _ in graphs) == M.unfused_tasks(cfg)
     assert "permute" not in M.unfused_tasks(cfg) and "permute" in M.unfused_tasks(TMA_SMALL)
-    for _, g in graphs:
-        names = {t.name for t in g.tensors}
-        out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": 9})
-        arrays.update({k: out[k] for k in names})
-    assert M.rel_err(arrays["Out"], ref) <= 1e-2
+    assert M.rel_err(run_unfused(cfg, x, w)["Out"], ref) <= 1e-2
     for bad in (
         dict(gemm="reg", gate_up_options=()),
         dict(gate_up_options=(*_TMA, ("split_n", True))),
@@ -655,15 +655,8 @@ def test_atomic_add_reference_adds_weighted_rows():
 @needs_trigger
 def test_atomic_combine_unfused_graphs_and_errors():
     cfg, x, w, ref = case(replace(TMA_SMALL, combine="atomic"), 9)
-    arrays = M.numpy_inputs(cfg, x, w)
-    graphs = M.build_unfused_graphs(cfg)
-    assert tuple(task for task, _ in graphs) == M.unfused_tasks(cfg)
     assert M.unfused_tasks(cfg)[0] == "zero" and M.unfused_tasks(cfg)[-1] == "cast"
-    for _, g in graphs:
-        names = {t.name for t in g.tensors}
-        out = etc.simulate(g, {k: v for k, v in arrays.items() if k in names}, {"T": 9})
-        arrays.update({k: out[k] for k in names})
-    assert M.rel_err(arrays["Out"], ref) <= 1e-2
+    assert M.rel_err(run_unfused(cfg, x, w)["Out"], ref) <= 1e-2
     for bad in (
         dict(gemm="reg", down_options=()),
         dict(down_options=(*_TMA, ("split_n", True))),
