@@ -39,7 +39,16 @@ import math
 from ..device import DeviceFunction
 from ..errors import GraphError
 from ._mma import mma
-from .gemm_tc import MAP_TYPE, _asm, _asm_ops, _i32, _mbar_wait, _Text, bf16_pair
+from .gemm_tc import (
+    MAP_TYPE,
+    _asm,
+    _asm_ops,
+    _i32,
+    _mbar_wait,
+    _Text,
+    bf16_pair,
+    mbarrier_inval,
+)
 from .llama import (
     _WG,
     EMPTY_MAX,
@@ -500,12 +509,9 @@ def attention_mma(
     t.emit("// A previous call on this CTA may still be reading the workgroup buffers.")
     t.emit("gpu.barrier")
     if pipeline == "tma":
-        # Every ring wait is over: invalidate the barriers before another tile
-        # uses their words (PTX requires mbarrier.inval).
+        # Every ring wait is over: invalidate the barriers.
         t.emit(f"scf.if {t.op('is0', 'arith.cmpi eq, %tid, %c0 : index')} {{")
-        for q in range(stages):
-            for kind in (0, 1):
-                _asm_ops(t, "mbarrier.inval.shared::cta.b64 [$0];", [(_bar(t, kind, q), "i32")])
+        mbarrier_inval(t, (_bar(t, kind, q) for q in range(stages) for kind in (0, 1)))
         t.emit("}")
     t.emit("scf.if %gvalid {")
     wbase = t.idx("addi", "%wo", t.idx("muli", "%qg", t.c(D)))

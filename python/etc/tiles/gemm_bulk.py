@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from ..errors import GraphError
 from . import _mma
 from .gemm import MAX_SHARED_BYTES
-from .gemm_tc import _FRAG, _asm, _asm_ops, _i32, _mbar_wait, _Text, _words
+from .gemm_tc import _FRAG, _asm, _asm_ops, _i32, _mbar_wait, _Text, _words, mbarrier_inval
 
 __all__ = ["BulkPlan", "plan_bulk", "body", "prefetch"]
 
@@ -458,11 +458,9 @@ def body(
     t.emit("}")
     total = [f"{res}#{q}" for q in range(nacc)]
 
-    # The loop's last barrier ended every wait: invalidate the slots' barriers
-    # before another tile uses their words (PTX requires mbarrier.inval).
+    # The loop's last barrier ended every wait: invalidate the slots' barriers.
     def invalidate() -> None:
-        for s in range(p.stages):
-            _asm_ops(t, "mbarrier.inval.shared::cta.b64 [$0];", [(ring.bar(s), "i32")])
+        mbarrier_inval(t, (ring.bar(s) for s in range(p.stages)))
 
     _if(t, t.op("t0", f"arith.andi {warp0}, {lane0} : i1"), invalidate)
 

@@ -50,7 +50,7 @@ gate/up and down tiles need smaller configurations, e.g. ``stages=2``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -620,6 +620,15 @@ def _asm_ops(t: _Text, text: str, operands: list[tuple[str, str]]) -> None:
     )
 
 
+def mbarrier_inval(t: _Text, bars: Iterable[str]) -> None:
+    """Invalidate the mbarriers at shared addresses ``bars`` (i32, taken one
+    at a time): PTX lets their words serve anything else, such as another
+    tile's ring, only after this (without it, projections with different
+    stage counts once gave wrong results)."""
+    for bar in bars:
+        _asm_ops(t, "mbarrier.inval.shared::cta.b64 [$0];", [(bar, "i32")])
+
+
 def _i32(t: _Text, v: str) -> str:
     return t.op("w", f"arith.index_cast {v} : index to i32")
 
@@ -1074,15 +1083,11 @@ def _body_tma(
     final = _wgmma_wait(t, [f"{res}#{q}" for q in range(nacc)], commit=False)
 
     # Once every thread is past its last wait (the first barrier after the
-    # loop), thread 0 invalidates the barriers: their words become another
-    # tile's ring, which PTX allows only after mbarrier.inval (without it,
-    # projections with different stage counts gave wrong results).
+    # loop), thread 0 invalidates the barriers.
     def invalidate() -> None:
         t.emit(f"scf.if {is0} {{")
         t.indent += "  "
-        for s in range(stages):
-            for kind in (0, 1):
-                _asm_ops(t, "mbarrier.inval.shared::cta.b64 [$0];", [(bar(kind, s), "i32")])
+        mbarrier_inval(t, (bar(kind, s) for s in range(stages) for kind in (0, 1)))
         t.end()
 
     t.after_join = invalidate
