@@ -512,8 +512,9 @@ def _down_args(cfg: MoEConfig) -> tuple[str, ...]:
 def _zero_task(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles) -> Any:
     """``zero(i)`` clearing ``Out32`` for the adding down tiles; returns its
     event (one coordinate), which the routing's last task waits for, so
-    every down tile runs after it. Added first, so that it comes first in
-    the static lists: its instances take the CTAs the router leaves idle."""
+    every down tile runs after it. Added first, so it comes first in the
+    static lists (at T = 4096 its 33 MB delayed the logits by ~17 µs:
+    ``bench/RESULTS.md``, item 84)."""
     blocks = (T + cfg.zero_block - 1) // cfg.zero_block
     zeroed = g.event((1,), wait_count=blocks, name="zeroed")
     g.task(
@@ -937,8 +938,8 @@ def down_reference(
     BM: int, BN: int, H: int, inter: int, combine_topk: int | None = None
 ) -> Callable[..., None]:
     """Numpy reference of the down tile ``(i, e)``; with ``combine_topk=K``
-    on ``(Hb, Wd, row_off, dn_indptr, perm, topk_w, Out)``, adding its
-    weighted rows into ``Out`` (``etc.tiles._mma.add_weighted_rows``)."""
+    on ``(Hb, Wd, row_off, dn_indptr, perm, topk_w, Out32)``, adding its
+    weighted rows into the float32 sums (``etc.tiles._mma.add_weighted_rows``)."""
 
     def reference(i, e, Hb, Wd, row_off, dn_indptr, *rest) -> None:
         rows = _tile_rows(i, e, row_off, dn_indptr, BM)
