@@ -44,8 +44,8 @@ from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from ..graph import Graph
+from ..tiles import _mma
 from ..tiles import moe as moe_tiles
-from ..tiles._mma import add_weighted_rows
 
 __all__ = [
     "MoEConfig",
@@ -894,67 +894,23 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want))) / scale
 
 
-def _tile_rows(
-    i: int, e: int, row_off: np.ndarray, indptr: np.ndarray, BM: int
-) -> tuple[int, int, int] | None:
-    """(r0, r1, nb) of triggered tile (i, e), or None when it has no rows."""
-    lo, hi = int(row_off[e]), int(row_off[e + 1])
-    if hi <= lo or not int(indptr[e]) <= i < int(indptr[e + 1]):
-        return None
-    nmb = -(-(hi - lo) // BM)
-    local = i - int(indptr[e])
-    nb, mb = divmod(local, nmb)
-    r0 = lo + mb * BM
-    return r0, min(r0 + BM, hi), nb
-
-
 def gate_up_reference(
     BM: int, BN: int, H: int, inter: int, gather_topk: int | None = None
 ) -> Callable[..., None]:
-    """Numpy reference of the gate/up tile ``(i, e)`` (the spec's decomposition);
-    with ``gather_topk=K`` on ``(X, Wgu, row_off, gu_indptr, perm, Hb)``, row
-    ``r`` being ``X[perm[r] // K]``."""
-
-    def reference(i, e, Xp, Wgu, row_off, gu_indptr, *rest) -> None:
-        rows = _tile_rows(i, e, row_off, gu_indptr, BM)
-        if rows is None:
-            return
-        r0, r1, nb = rows
-        n0 = nb * BN
-        if gather_topk is None:
-            (Hb,) = rest
-            x = bf16_to_f32(Xp[r0:r1])
-        else:
-            perm, Hb = rest
-            x = bf16_to_f32(Xp[perm[r0:r1] // gather_topk])
-        g = x @ bf16_to_f32(Wgu[e, n0 : n0 + BN]).T
-        u = x @ bf16_to_f32(Wgu[e, inter + n0 : inter + n0 + BN]).T
-        Hb[r0:r1, n0 : n0 + BN] = f32_to_bf16(_silu(g) * u)
-
-    return reference
+    """Numpy reference of the gate/up tile ``(i, e)`` (the spec's decomposition;
+    the tiles' own, ``etc.tiles._mma.gate_up_reference``); with
+    ``gather_topk=K`` on ``(X, Wgu, row_off, gu_indptr, perm, Hb)``, row ``r``
+    being ``X[perm[r] // K]``."""
+    return _mma.gate_up_reference(BM, BN, inter, gather_topk=gather_topk)
 
 
 def down_reference(
     BM: int, BN: int, H: int, inter: int, combine_topk: int | None = None
 ) -> Callable[..., None]:
-    """Numpy reference of the down tile ``(i, e)``; with ``combine_topk=K``
-    on ``(Hb, Wd, row_off, dn_indptr, perm, topk_w, Out32)``, adding its
-    weighted rows into the float32 sums (``etc.tiles._mma.add_weighted_rows``)."""
-
-    def reference(i, e, Hb, Wd, row_off, dn_indptr, *rest) -> None:
-        rows = _tile_rows(i, e, row_off, dn_indptr, BM)
-        if rows is None:
-            return
-        r0, r1, nb = rows
-        n0 = nb * BN
-        y = bf16_to_f32(Hb[r0:r1]) @ bf16_to_f32(Wd[e, n0 : n0 + BN]).T
-        if combine_topk is None:
-            (Yp,) = rest
-            Yp[r0:r1, n0 : n0 + BN] = f32_to_bf16(y)
-        else:
-            add_weighted_rows(y, slice(r0, r1), slice(n0, n0 + BN), combine_topk, *rest)
-
-    return reference
+    """Numpy reference of the down tile ``(i, e)`` (``etc.tiles._mma.down_reference``);
+    with ``combine_topk=K`` on ``(Hb, Wd, row_off, dn_indptr, perm, topk_w,
+    Out32)``, adding its weighted rows into the float32 sums."""
+    return _mma.down_reference(BM, BN, combine_topk=combine_topk)
 
 
 def run_tile_references(

@@ -1426,8 +1426,13 @@ def plan_tma(
 
 def _map_pointer(t: _Text, arg: str) -> str:
     """The address (i64) of a tensor map argument ``memref<16xi64>``."""
-    p = t.op("map", f"memref.extract_aligned_pointer_as_index {arg} : {MAP_TYPE} -> index")
-    return t.op("map", f"arith.index_cast {p} : index to i64")
+    return _address(t, arg, MAP_TYPE)
+
+
+def _address(t: _Text, arg: str, ty: str) -> str:
+    """The address (i64) of buffer ``arg`` of memref type ``ty``."""
+    p = t.op("ptr", f"memref.extract_aligned_pointer_as_index {arg} : {ty} -> index")
+    return t.op("ptr", f"arith.index_cast {p} : index to i64")
 
 
 MAP_TYPE = "memref<16xi64>"
@@ -1591,17 +1596,20 @@ def _token_rows(
 ) -> TmaGather:
     """The gather of a gate/up tile's rows ``[r0, r1)`` from the tokens: row
     ``r`` is token ``perm[r] // topk`` of ``%X`` (rows past ``r1`` missing)."""
-    p = t.op("xp", f"memref.extract_aligned_pointer_as_index %X : {xt} -> index")
-    base = t.op("xp", f"arith.index_cast {p} : index to i64")
 
     def row(t: _Text, r: str) -> tuple[str, str]:
         at = t.add(r0, r)
         ok = t.op("ok", f"arith.cmpi ult, {at}, {r1} : index")
-        slot = t.op("slot", f"memref.load %perm[{t.bin('minui', at, alast)}] : memref<?xi32>")
-        slot = t.op("slot", f"arith.index_cast {slot} : i32 to index")
-        return t.bin("divui", slot, topk), ok
+        return t.bin("divui", _slot(t, at, alast), topk), ok
 
-    return TmaGather(base, 2 * hidden, row)
+    return TmaGather(_address(t, "%X", xt), 2 * hidden, row)
+
+
+def _slot(t: _Text, row: str, alast: str) -> str:
+    """``perm[row]`` (row clamped to ``alast``): the slot ``token * K + k``
+    of a permuted row, as an index."""
+    slot = t.op("slot", f"memref.load %perm[{t.bin('minui', row, alast)}] : memref<?xi32>")
+    return t.op("slot", f"arith.index_cast {slot} : i32 to index")
 
 
 def _add_rows_f32(
@@ -1612,15 +1620,11 @@ def _add_rows_f32(
     in ``rows[2m + 1]``, columns ``cols[f]`` and the next), each times its
     row's routing weight, into ``Out32[perm[row] // topk]`` (float32 L2
     reductions, 8 bytes each) for rows ``< r1``."""
-    p = t.op(
-        "op", f"memref.extract_aligned_pointer_as_index %Out32 : memref<?x{hidden}xf32> -> index"
-    )
-    base = t.op("op", f"arith.index_cast {p} : index to i64")
+    base = _address(t, "%Out32", f"memref<?x{hidden}xf32>")
     for m, per in enumerate(values):
         for h in range(2):
             row = rows[2 * m + h]
-            slot = t.op("slot", f"memref.load %perm[{t.bin('minui', row, alast)}] : memref<?xi32>")
-            slot = t.op("slot", f"arith.index_cast {slot} : i32 to index")
+            slot = _slot(t, row, alast)
             tok = t.bin("divui", slot, topk)
             w = t.op(
                 "rw",
@@ -1736,15 +1740,16 @@ def _moe_tile(
     k, n, n_key, per_n = (hidden, inter, "inter", 2) if gate else (inter, hidden, "hidden", 1)
     core, stages, block_size, split_n = o["core"], o["stages"], o["block_size"], o["split_n"]
     _positive(name, n_key, n)
-    ctopk = o["combine_topk"]
-    if ctopk is not None and (
-        core != "tma" or split_n or not isinstance(ctopk, int) or isinstance(ctopk, bool)
-        or ctopk < 1
-    ):  # fmt: skip
-        raise GraphError(
-            f"tile '{name}': combine_topk={ctopk!r} needs core='tma' without split_n and a "
-            "positive top-k"
-        )
+    topk, ctopk = o["gather_topk"], o["combine_topk"]
+    for key, value in (("gather_topk", topk), ("combine_topk", ctopk)):
+        if value is not None and (
+            core != "tma" or split_n or not isinstance(value, int) or isinstance(value, bool)
+            or value < 1
+        ):  # fmt: skip
+            raise GraphError(
+                f"tile '{name}': {key}={value!r} needs core='tma' without split_n and a "
+                "positive top-k"
+            )
     groups = _split_groups(name, core, split_n, block_size)
     sub = _sub_columns(name, core, block_n, o["sub_n"])
     if core == "tma":
@@ -1757,12 +1762,6 @@ def _moe_tile(
         )  # fmt: skip
     _check_divisible(name, block_n, n, n_key)
     ed, it = _experts(name, experts)
-    topk = o["gather_topk"]
-    if topk is not None and (core != "tma" or split_n or not isinstance(topk, int) or topk < 1):
-        raise GraphError(
-            f"tile '{name}': gather_topk={topk!r} needs core='tma' without split_n and a "
-            "positive top-k"
-        )
     # The activations, the weights and the output: types, then argument names.
     if gate:
         at, wt, ot = _mma.gate_up_types(hidden, inter, ed)

@@ -921,10 +921,11 @@ func.func @{name}(%e: index, %row_off: {e1_t}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
-def _token_rows_loop(name: str, what: str, ZB: int, H: int, block_size: int, args: str,
-                     rows_of: str, body: str) -> str:  # fmt: skip
+def _token_rows_loop(
+    name: str, what: str, ZB: int, H: int, block_size: int, args: str, body: str
+) -> str:
     """A tile ``(i,)`` over tokens ``[i*ZB, min((i+1)*ZB, T))`` (T: dim 0 of
-    ``rows_of``), a thread per 8-column chunk: ``body`` with ``%t``, ``%col``."""
+    ``%Out32``), a thread per 8-column chunk: ``body`` with ``%t``, ``%col``."""
     return f"""\
 // {name}: {what} ({ZB} tokens of hidden {H} per CTA of {block_size}).
 func.func @{name}(%i: index, {args}) {{
@@ -934,7 +935,7 @@ func.func @{name}(%i: index, {args}) {{
   %cHC = arith.constant {H // 8} : index
   %cBS = arith.constant {block_size} : index
   %tid = gpu.thread_id x
-  %T = memref.dim {rows_of}, %c0 : memref<?x{H}xf32>
+  %T = memref.dim %Out32, %c0 : memref<?x{H}xf32>
   %t0 = arith.muli %i, %cZB : index
   %t1a = arith.addi %t0, %cZB : index
   %t1 = arith.minui %t1a, %T : index
@@ -964,7 +965,7 @@ def zero_rows(ZB: int, H: int, *, name: str = "moe_zero", block_size: int = 256)
     %zero = arith.constant dense<0.0> : vector<8xf32>
     vector.store %zero, %Out32[%t, %col] {{alignment = 16 : i64}} : {f_t}, vector<8xf32>"""
     source = _token_rows_loop(
-        name, "zero the float32 sums", ZB, H, block_size, f"%Out32: {f_t}", "%Out32", body
+        name, "zero the float32 sums", ZB, H, block_size, f"%Out32: {f_t}", body
     )
 
     def reference(i: int, Out32: np.ndarray) -> None:
@@ -986,9 +987,8 @@ def cast_rows(CB: int, H: int, *, name: str = "moe_cast", block_size: int = 256)
     %o = arith.truncf %v : vector<8xf32> to vector<8xbf16>
     vector.store %o, %Out[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"""
     source = _token_rows_loop(
-        name, "the output in bf16", CB, H, block_size, f"%Out32: {f_t}, %Out: {x_t}", "%Out32",
-        body,
-    )  # fmt: skip
+        name, "the output in bf16", CB, H, block_size, f"%Out32: {f_t}, %Out: {x_t}", body
+    )
 
     def reference(i: int, Out32: np.ndarray, Out: np.ndarray) -> None:
         Out[i * CB : (i + 1) * CB] = f32_to_bf16(Out32[i * CB : (i + 1) * CB])
