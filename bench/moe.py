@@ -252,6 +252,9 @@ CONFIGS = {
 # BENCH_MOE_SIZES=1,16 to those token counts.
 if os.environ.get("BENCH_MOE_CONFIGS"):
     CONFIGS = {k: CONFIGS[k] for k in os.environ["BENCH_MOE_CONFIGS"].split(",")}
+# BENCH_MOE_LEAN=1 (build and run): only the fused static kernels and the
+# _grouped_mm baselines, for A/B timings of the kernels in one device call.
+LEAN = os.environ.get("BENCH_MOE_LEAN") == "1"
 if os.environ.get("BENCH_MOE_SIZES"):
     SIZES = tuple(int(t) for t in os.environ["BENCH_MOE_SIZES"].split(","))
 TARGETS = {
@@ -329,7 +332,7 @@ def build(out: Path) -> None:
     for key in CONFIGS:
         cfg = moe_config(key)
         target = TARGETS.get(key, "sm_90")
-        for schedule in ("static", "dynamic"):
+        for schedule in ("static",) if LEAN else ("static", "dynamic"):
             g = M.build_moe_graph(cfg, name=f"moe_{key}")
             etc.compile(g, schedule=schedule, target=target).save(out / f"fused_{key}_{schedule}")
             print("built", f"fused_{key}_{schedule}")
@@ -339,6 +342,8 @@ def build(out: Path) -> None:
                 )
                 art.save(out / f"fused_{key}_occ_{schedule}")
                 print("built", f"fused_{key}_occ_{schedule}")
+        if LEAN:
+            continue
         art = etc.compile(g, schedule="dynamic", target=target, **ONE_CLAIM)
         art.save(out / f"fused_{key}_one_dynamic")
         print("built", f"fused_{key}_one_dynamic")
@@ -480,8 +485,8 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             return False
         return True
 
-    loop = torch_expert_loop(torch, cfg0, W)
-    if check("torch expert loop", loop(xs[0]), 0):
+    loop = None if LEAN else torch_expert_loop(torch, cfg0, W)
+    if loop is not None and check("torch expert loop", loop(xs[0]), 0):
         record(
             "torch expert loop, eager", timed(torch, lambda i: loop(xs[i % COPIES]), calls, reps)
         )
@@ -532,10 +537,12 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             if n not in ("X", "Wr", "Wgu", "Wd")
         }
         bufs = [{**scratch, **W, "X": x} for x in xs]
-        variants = [(key, s) for s in ("static", "dynamic")]
+        schedules = ("static",) if LEAN else ("static", "dynamic")
+        variants = [(key, s) for s in schedules]
         if key in OCCUPANCY:
-            variants += [(f"{key}_occ", s) for s in ("static", "dynamic")]
-        variants.append((f"{key}_one", "dynamic"))
+            variants += [(f"{key}_occ", s) for s in schedules]
+        if not LEAN:
+            variants.append((f"{key}_one", "dynamic"))
         for variant, schedule in variants:
             name = f"ETC fused {variant} {schedule}"
             kernel = etc.runtime.load(artifacts / f"fused_{variant}_{schedule}")
@@ -551,6 +558,8 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             if good:
                 record(f"{name}, eager", timed(torch, launch, calls, reps))
                 record(f"{name}, GPU time", gpu_timed(torch, launch, calls, reps))
+        if LEAN:
+            continue
         kernels = [etc.runtime.load(artifacts / f"unfused_{key}_{t}") for t in M.unfused_tasks(cfg)]
         names = [{p.name for p in k.manifest.inputs} for k in kernels]
 

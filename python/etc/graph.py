@@ -21,6 +21,7 @@ by :meth:`Graph.validate`, which :meth:`Graph.to_mlir` and
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -846,6 +847,66 @@ class Graph:
         """Tasks that ``event`` triggers (``triggered_by``)."""
         return [t for t in self.tasks if t.trigger is not None and t.trigger.event is event]
 
+    def guarded_indptr(self, task: Task) -> bool:
+        """Whether ``task``'s in-edges order every write of its trigger table
+        before its instances, so the table is final once they are satisfied
+        (the ``guarded_indptr`` assertion the static schedule reads the table
+        once per CTA under; ``docs/scheduling.md``).
+
+        Proven from the edges alone, conservatively. The possible writers
+        are the other tasks that take the table, less those that run only
+        after a coordinate of the trigger event completed (tasks it triggers,
+        tasks waiting on it, and everything after them or after ``task``):
+        by the trigger's contract the table is final by then. Each writer
+        must notify, from each of its instances, a constant coordinate
+        ``c0`` of an event that ``task`` waits on at ``c0``, where the event's
+        count (not a table) equals the notifications ``c0`` receives, so that
+        waiting for it waits for every writer instance. A table no task
+        writes is final at launch."""
+        if task.trigger is None:
+            return False
+        table, trigger = task.trigger.indptr, task.trigger.event
+        _, succs = self._dependencies()
+        later: set[int] = set()
+        frontier = [task.index]
+        frontier += [t.index for t in self.triggered(trigger)]
+        frontier += [t.index for t, _ in self.consumers(trigger)]
+        while frontier:
+            i = frontier.pop()
+            if i not in later:
+                later.add(i)
+                frontier.extend(succs[i])
+
+        def writes(t: Task) -> bool:
+            return t.index not in later and any(a is table for a in t.args)
+
+        return all(
+            any(self._waits_for_all(task, edge, writer) for edge in task.in_edges)
+            for writer in filter(writes, self.tasks)
+        )
+
+    def _waits_for_all(self, task: Task, edge: Edge, writer: Task) -> bool:
+        """Whether ``task``'s in-edge ``edge`` completes only after every
+        instance of ``writer`` has notified (see :meth:`guarded_indptr`)."""
+        event, results = edge.event, edge.map.results
+        if event.ranked or isinstance(event.wait_count, Tensor):
+            return False
+        if not all(kind == "const" for kind, _ in results):
+            return False
+        target = tuple(v for _, v in results)
+        notifications: SymExpr = SymExpr.constant(0)
+        writer_notifies = False
+        for producer, out in self.producers(event):
+            if not all(kind == "const" for kind, _ in out.map.results):
+                return False  # may reach the target coordinate: not counted
+            if tuple(v for _, v in out.map.results) != target:
+                continue
+            if producer.trigger is not None:
+                return False  # a data-dependent number of its instances run
+            notifications = notifications + math.prod(producer.grid, start=SymExpr.constant(1))
+            writer_notifies = writer_notifies or producer is writer
+        return writer_notifies and notifications == event.wait_count
+
     def _dependencies(self) -> tuple[list[list[int]], list[list[int]]]:
         # Same construction as the compiler's TaskGraph: events in declaration
         # order, producer x consumer pairs, duplicates dropped. A shifted
@@ -1347,6 +1408,8 @@ class _Emitter:
             extra = f", prefetch = {_symbol_ref(prefetch)}" if prefetch else ""
             if t.shared_region:
                 extra += f", shared_region = {t.shared_region} : i64"
+            if g.guarded_indptr(t):
+                extra += ", guarded_indptr"
             line += f" {{name = {_mlir_string(t.name)}{extra}}}"
             self.body.append(line)
 

@@ -188,6 +188,9 @@ class _Machine:
         self.rank = rank
         self.world = [self] if world is None else world
         self.order = graph.topological_tasks()
+        # Triggered tasks whose in-edges made their table final: past
+        # indptr[C] they wait for nothing (the GPU's register table).
+        self.guarded = {t.index for t in self.order if graph.guarded_indptr(t)}
         self.points = [_grid_points(t, env) for t in self.order]
         self.counters: dict[int, np.ndarray] = {}
         self.shapes: dict[int, tuple[int, ...]] = {}
@@ -251,8 +254,11 @@ class _Machine:
         """Static schedule: what a triggered instance of coordinate ``c`` (from
         the current ``indptr``) waits for: ``e[c]`` alone, or, past
         ``indptr[C]`` (``c`` None), the first incomplete coordinate of the
-        whole event (the GPU waits for the event, then searches again)."""
+        whole event (the GPU waits for the event, then searches again), or
+        nothing when the table was final at the in-edges (``guarded_indptr``)."""
         assert task.trigger is not None
+        if c is None and task.index in self.guarded:
+            return None
         e = task.trigger.event.index
         coords = range(self.shapes[e][0]) if c is None else (c,)
         for c in coords:

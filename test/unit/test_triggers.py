@@ -39,7 +39,8 @@ def _sink_ref(e: int, indptr: np.ndarray, out: np.ndarray, total: np.ndarray) ->
     total[e] = out[indptr[e] : indptr[e + 1]].sum()
 
 
-def trigger_graph(bound_slack: int = 3) -> etc.Graph:
+def trigger_graph(bound_slack: int = 3, *, guard: bool = True) -> etc.Graph:
+    """``guard``: the tiles wait for ``planned`` (the plan wrote ``indptr``)."""
     g = etc.Graph("trig")
     E, tiles = g.symbol("E"), g.symbol("tiles")
     counts = g.tensor("counts", (E,), "i32")
@@ -66,7 +67,7 @@ def trigger_graph(bound_slack: int = 3) -> etc.Graph:
         make_fn("tile", "index", "index", I32, I32, reference=_tile_ref),
         grid=(tiles + bound_slack,),
         args=(indptr, out),
-        in_edges={planned: "ic->0"},
+        in_edges={planned: "ic->0"} if guard else None,
         out_edges={done: "ic->c"},
         triggered_by=(ready, indptr),
     )
@@ -129,13 +130,15 @@ def test_simulated_schedules_run_exactly_the_triggered_ranges(
             assert stats["pushes"] == int(counts.sum()) + 2 * len(counts), stats
 
 
-def test_static_trigger_waits_for_its_own_coordinate() -> None:
+@pytest.mark.parametrize("guard", [True, False], ids=["guarded", "unguarded"])
+def test_static_trigger_waits_for_its_own_coordinate(guard: bool) -> None:
     # Under the static schedule a tile of coordinate 0 starts once ready[0]
     # completed, before gather 1 ran; an instance past indptr[C] waits for
-    # the whole event (as the GPU lowering: convert-etensor-to-gpu).
+    # the whole event (as the GPU lowering: convert-etensor-to-gpu), unless
+    # the in-edges made the table final: then it has nothing to wait for.
     from etc.simulator import _bind_inputs, _Machine, bind_symbols
 
-    g = trigger_graph(bound_slack=1)
+    g = trigger_graph(bound_slack=1, guard=guard)
     env = bind_symbols(g, {"E": 2, "tiles": 2})
     m = _Machine(g, _bind_inputs(g, {"counts": np.array([1, 1], np.int32)}, env), env)
     number = {t.name: n for n, t in enumerate(m.order)}
@@ -143,7 +146,8 @@ def test_static_trigger_waits_for_its_own_coordinate() -> None:
     m.run(number["gather"], 0)
     assert m.blocker(number["tile"], 0) is None
     assert m.blocker(number["tile"], 1)[:2] == ("ready", (1,))
-    assert m.blocker(number["tile"], 2)[:2] == ("ready", (1,))  # the unused bound
+    unused = m.blocker(number["tile"], 2)  # the unused bound
+    assert unused is None if guard else unused[:2] == ("ready", (1,))
     m.run(number["gather"], 1)
     assert m.blocker(number["tile"], 1) is None and m.blocker(number["tile"], 2) is None
     got = etc.simulate(g, {"counts": np.array([1, 1], np.int32)}, {"E": 2, "tiles": 2})
@@ -273,3 +277,70 @@ def test_triggered_prefetch_may_only_fill_shared_memory_with_cp_async() -> None:
         g.task(bulk, grid=(4 * n,), triggered_by=(ready, indptr), name="t")
     ring = G.moe_down(16, 64, 256, 128, experts=4, stages=3, unroll=1, prefetch_ring=True)
     etc.Graph._check_triggered_prefetch(ring, "task 'u'")  # cp.async only: accepted
+
+
+def _guarded(g: etc.Graph) -> dict[str, bool]:
+    return {t.name: g.guarded_indptr(t) for t in g.tasks}
+
+
+def test_guarded_indptr_is_proven_from_the_edges() -> None:
+    # The plan writes indptr and notifies planned (count 1) from its one
+    # instance; the tiles wait for planned, and the sink, which also takes
+    # the table, runs after them. Without the in-edge nothing orders the
+    # plan's writes before a tile.
+    g = trigger_graph()
+    assert _guarded(g) == {"plan": False, "gather": False, "tile": True, "sink": False}
+    assert "guarded_indptr" in g.to_mlir()
+    g = trigger_graph(guard=False)
+    assert not g.guarded_indptr(g.tasks[2])
+    assert "guarded_indptr" not in g.to_mlir()
+
+
+def _writer_graph(plan_grid: int, count: int, plan_map: str, extra_writer: bool) -> etc.Graph:
+    g = etc.Graph("guard")
+    E, tiles = g.symbol("E"), g.symbol("tiles")
+    indptr = g.tensor("indptr", (E + 1,), "i32")
+    planned = g.event((2,), wait_count=count, name="planned")
+    ready = g.event((E,), wait_count=1, name="ready")
+    g.task(
+        make_fn("plan", "index", I32), grid=(plan_grid,), args=(indptr,),
+        out_edges={planned: plan_map},
+    )  # fmt: skip
+    if extra_writer:  # takes the table, notifies nothing the tiles wait for
+        g.task(make_fn("scan", "index", I32), grid=(1,), args=(indptr,))
+    g.task(make_fn("gather", "index"), grid=(E,), out_edges={ready: "e->e"})
+    g.task(
+        make_fn("tile", "index", "index", I32), grid=(tiles,), args=(indptr,),
+        in_edges={planned: "ic->0"}, triggered_by=(ready, indptr),
+    )  # fmt: skip
+    return g
+
+
+@pytest.mark.parametrize(
+    "plan_grid, count, plan_map, extra_writer, guarded",
+    [
+        (4, 4, "i->0", False, True),  # every plan instance counted
+        (4, 3, "i->0", False, False),  # planned[0] may complete before the 4th
+        (4, 4, "i->1", False, False),  # the tiles wait on planned[0]
+        (2, 2, "i->i", False, False),  # a map that may reach 0: not counted
+        (4, 4, "i->0", True, False),  # a writer the in-edges do not wait for
+    ],
+)
+def test_guarded_indptr_needs_every_writer_counted(
+    plan_grid: int, count: int, plan_map: str, extra_writer: bool, guarded: bool
+) -> None:
+    g = _writer_graph(plan_grid, count, plan_map, extra_writer)
+    assert _guarded(g)["tile"] is guarded
+
+
+def test_indptr_no_task_writes_is_guarded() -> None:
+    g = etc.Graph("input_table")
+    E, tiles = g.symbol("E"), g.symbol("tiles")
+    indptr = g.tensor("indptr", (E + 1,), "i32")
+    ready = g.event((E,), wait_count=1, name="ready")
+    g.task(make_fn("gather", "index"), grid=(E,), out_edges={ready: "e->e"})
+    g.task(
+        make_fn("tile", "index", "index", I32), grid=(tiles,), args=(indptr,),
+        triggered_by=(ready, indptr),
+    )  # fmt: skip
+    assert _guarded(g) == {"gather": False, "tile": True}

@@ -17,6 +17,7 @@
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/Matchers.h"
@@ -25,6 +26,7 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringExtras.h"
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -152,6 +154,16 @@ public:
   };
   SmallVector<CachedWait> cachedWaits;
   SmallVector<Value> waitSeen, loopSeen;
+  /// Static schedule: the trigger tables of `guarded_indptr` tasks that a
+  /// CTA keeps in registers, one entry per thread (`indptr[tid]`, or the
+  /// largest index past the table), loaded by the first of the CTA's
+  /// instances to need it: the in-edges made it final. `tableState` holds,
+  /// per table, the entry then whether it was loaded, as the instance being
+  /// lowered sees them (loop-carried like `waitSeen`).
+  SmallVector<Value> cachedTables;
+  SmallVector<Value> tableState, loopTableState;
+  /// The kernel's threads per CTA (known when compiling).
+  int64_t blockThreads = 0;
   /// Dynamic schedule: request the next chunk of positions when taking the
   /// current one, not when the CTA is free.
   bool popAhead = true;
@@ -230,6 +242,12 @@ private:
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
+  std::optional<unsigned> cachedTableIndex(DispatchOp dispatch);
+  void collectCachedTables(ArrayRef<DispatchOp> dispatches);
+  std::pair<Value, Value> waitForGuardedTrigger(DispatchOp dispatch,
+                                                Value linear, Value &valid,
+                                                Operation *prefetch,
+                                                unsigned table);
   Value indptrEntry(DispatchOp dispatch, Value at);
   Value allThreads(Value pred);
   std::pair<Value, Value> waitForTrigger(DispatchOp dispatch, Value linear,
@@ -616,6 +634,98 @@ Value KernelBuilder::indptrEntry(DispatchOp dispatch, Value at) {
   return arith::IndexCastOp::create(b, b.getIndexType(), raw);
 }
 
+/// The index of `dispatch`'s trigger table in `cachedTables`, if it is one.
+std::optional<unsigned> KernelBuilder::cachedTableIndex(DispatchOp dispatch) {
+  if (!dispatch.getGuardedIndptr())
+    return std::nullopt;
+  for (auto [i, table] : llvm::enumerate(cachedTables))
+    if (table == dispatch.getTriggerIndptr())
+      return i;
+  return std::nullopt;
+}
+
+/// Fills `cachedTables` with the trigger tables of the `guarded_indptr`
+/// dispatches whose event has a constant size C with C + 1 <= the CTA's
+/// threads (a register per thread holds the table).
+void KernelBuilder::collectCachedTables(ArrayRef<DispatchOp> dispatches) {
+  for (DispatchOp dispatch : dispatches) {
+    if (!dispatch.getGuardedIndptr() ||
+        llvm::is_contained(cachedTables, dispatch.getTriggerIndptr()))
+      continue;
+    std::optional<int64_t> size =
+        getConstantIntValue(events[dispatch.getTriggerEvent()].sizes[0]);
+    if (size && *size + 1 <= blockThreads)
+      cachedTables.push_back(dispatch.getTriggerIndptr());
+  }
+}
+
+/// Static schedule, `guarded_indptr` trigger kept in registers: (wait
+/// succeeded, coordinate). The in-edges made the table final, so thread t's
+/// entry `indptr[t]` (loaded once per CTA) answers every instance: one
+/// `bar.red.popc` finds the coordinate, and neither a second read of the
+/// range nor the slow path of waitForTrigger is needed. `valid`: the
+/// instance is below `indptr[C]`.
+std::pair<Value, Value>
+KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
+                                     Value &valid, Operation *prefetch,
+                                     unsigned table) {
+  EventInfo &info = events[dispatch.getTriggerEvent()];
+  Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
+  Value loaded = tableState[2 * table + 1];
+  auto ifLoaded = scf::IfOp::create(b, b.getIndexType(), loaded, true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifLoaded.thenBlock());
+    scf::YieldOp::create(b, tableState[2 * table]);
+    b.setInsertionPointToStart(ifLoaded.elseBlock());
+    Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+    Value inside =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, tid, entries);
+    auto ifInside = scf::IfOp::create(b, b.getIndexType(), inside, true);
+    b.setInsertionPointToStart(ifInside.thenBlock());
+    scf::YieldOp::create(b, indptrEntry(dispatch, tid));
+    b.setInsertionPointToStart(ifInside.elseBlock());
+    // Past the table: above every instance.
+    scf::YieldOp::create(
+        b, ValueRange{index(std::numeric_limits<int64_t>::max())});
+    b.setInsertionPointAfter(ifInside);
+    scf::YieldOp::create(b, ifInside.getResult(0));
+  }
+  Value entry = ifLoaded.getResult(0);
+  tableState[2 * table] = entry;
+  Value below = arith::ExtUIOp::create(
+      b, b.getI32Type(),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ule, entry, linear));
+  Value count = asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
+                      "bar.red.popc.u32 $0, 0, %p; }",
+                      "=r,r", below);
+  Value atOrBelow = arith::IndexCastOp::create(
+      b, b.getIndexType(), arith::ExtUIOp::create(b, b.getI64Type(), count));
+  valid =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, atOrBelow, entries);
+  // indptr[0] = 0 <= linear; clamp anyway (see findTriggerCoordinate).
+  Value last = arith::SubIOp::create(b, info.sizes[0], index(1));
+  Value coordinate = arith::MinUIOp::create(
+      b,
+      arith::SubIOp::create(b, arith::MaxUIOp::create(b, atOrBelow, index(1)),
+                            index(1)),
+      last);
+  auto ifValid = scf::IfOp::create(b, b.getI1Type(), valid, true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifValid.thenBlock());
+    callTriggeredPrefetch(dispatch, prefetch, coordinate);
+    scf::YieldOp::create(
+        b, waitOnCoordinate(info, coordinate,
+                            waitCount(info, ValueRange{coordinate}),
+                            dispatch.getTask(), linear));
+    b.setInsertionPointToStart(ifValid.elseBlock());
+    // Past indptr[C], final: no work and nothing to wait for.
+    scf::YieldOp::create(b, ValueRange{arith::ConstantIntOp::create(b, 1, 1)});
+  }
+  return {ifValid.getResult(0), coordinate};
+}
+
 /// Joins the CTA: true (uniform) when `pred` holds on every thread.
 Value KernelBuilder::allThreads(Value pred) {
   Value asI32 = arith::ExtUIOp::create(b, b.getI32Type(), pred);
@@ -761,6 +871,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
 
   Value ok = arith::ConstantIntOp::create(b, 1, 1);
   waitSeen = loopSeen;
+  tableState = loopTableState;
   auto it = body.begin();
   // A triggered task's prefetch needs its coordinate: waitForTrigger calls it.
   Operation *triggeredPrefetch = nullptr;
@@ -802,18 +913,35 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   if (dispatch.getTriggerEvent()) {
     // Only after successful in-edge waits: they may guard the tables.
     Type i1 = b.getI1Type();
-    auto ifIn =
-        scf::IfOp::create(b, TypeRange{i1, b.getIndexType(), i1}, ok, true);
+    std::optional<unsigned> table = cachedTableIndex(dispatch);
+    SmallVector<Type> types{i1, b.getIndexType(), i1};
+    if (table)
+      types.push_back(b.getIndexType()); // the CTA's register table entry
+    auto ifIn = scf::IfOp::create(b, types, ok, true);
     {
       OpBuilder::InsertionGuard triggerGuard(b);
       b.setInsertionPointToStart(ifIn.thenBlock());
       Value valid;
       auto [triggerOk, coordinate] =
-          waitForTrigger(dispatch, linear, valid, triggeredPrefetch);
-      scf::YieldOp::create(b, ValueRange{triggerOk, coordinate, valid});
+          table ? waitForGuardedTrigger(dispatch, linear, valid,
+                                        triggeredPrefetch, *table)
+                : waitForTrigger(dispatch, linear, valid, triggeredPrefetch);
+      SmallVector<Value> results{triggerOk, coordinate, valid};
+      if (table)
+        results.push_back(tableState[2 * *table]);
+      scf::YieldOp::create(b, results);
       b.setInsertionPointToStart(ifIn.elseBlock());
       Value no = arith::ConstantIntOp::create(b, 0, 1);
-      scf::YieldOp::create(b, ValueRange{no, index(0), no});
+      results = {no, index(0), no};
+      if (table)
+        results.push_back(loopTableState[2 * *table]);
+      scf::YieldOp::create(b, results);
+    }
+    if (table) {
+      // Loaded by the then-branch: the in-edges succeeded.
+      tableState[2 * *table] = ifIn.getResult(3);
+      tableState[2 * *table + 1] = arith::OrIOp::create(
+          b, loopTableState[2 * *table + 1], ifIn.getResult(0));
     }
     ok = ifIn.getResult(0);
     mapping.map(body.getArgument(1), ifIn.getResult(1));
@@ -864,6 +992,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   if (prefetchAhead)
     results.push_back(aheadRan);
   results.append(waitSeen);
+  results.append(tableState);
   scf::YieldOp::create(b, results);
   return success();
 }
@@ -1033,7 +1162,14 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   unsigned firstSeen = inits.size();
   for (size_t i = 0; i < cachedWaits.size(); ++i)
     inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
-  SmallVector<Type> carried(inits.size(), i1);
+  collectCachedTables(dispatches);
+  unsigned firstTable = inits.size();
+  for (size_t i = 0; i < cachedTables.size(); ++i) {
+    inits.push_back(index(0)); // the entry, once loaded
+    inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
+  }
+  SmallVector<Type> carried =
+      llvm::map_to_vector(inits, [](Value v) { return v.getType(); });
   auto loop = scf::ForOp::create(b, begin, end, index(1), inits);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -1052,7 +1188,9 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
       prefetchedAhead = loop.getRegionIterArg(1);
     }
     loopSeen.assign(loop.getRegionIterArgs().begin() + firstSeen,
-                    loop.getRegionIterArgs().end());
+                    loop.getRegionIterArgs().begin() + firstTable);
+    loopTableState.assign(loop.getRegionIterArgs().begin() + firstTable,
+                          loop.getRegionIterArgs().end());
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
@@ -1179,10 +1317,11 @@ FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
     memref::StoreOp::create(b, i32(2), status, ValueRange{index(kState)});
     memref::StoreOp::create(b, toI32(task), status, ValueRange{index(kTaskId)});
   }
-  SmallVector<Value> no;
-  if (!resultTypes.empty())
-    no.assign(resultTypes.size(),
-              arith::ConstantIntOp::create(b, 0, 1).getResult());
+  // A corrupt descriptor stops the CTA (the first result, `alive`, is false).
+  SmallVector<Value> no = llvm::map_to_vector(resultTypes, [&](Type type) {
+    return type.isIndex() ? index(0)
+                          : arith::ConstantIntOp::create(b, 0, 1).getResult();
+  });
   scf::YieldOp::create(b, no);
   return sw;
 }
@@ -2218,6 +2357,7 @@ struct ConvertETensorToGPUPass
                    << ": a tile's shared memory belongs to one region";
         }
     KernelBuilder kernelBuilder(graph, kernel, numGraphArgs, ranked, trace);
+    kernelBuilder.blockThreads = threads;
     kernelBuilder.maxPopChunk = maxPopChunk;
     kernelBuilder.prefetchNext = prefetchNext;
     kernelBuilder.popAhead = popAhead;

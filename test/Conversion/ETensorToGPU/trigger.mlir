@@ -104,3 +104,36 @@ etensor.graph @moe_prefetched(%experts: index, %tiles: index, %indptr: memref<?x
   etensor.task @gather grid [%experts] ins(%planned[(e) -> (0)] : !etensor.event<1>) outs(%ready[(e) -> (e)] : !etensor.event<?>)
   etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>) {prefetch = @expert__prefetch}
 }
+
+/// `guarded_indptr`: the in-edges made the table final, so the static loop
+/// carries it in registers (thread t holds indptr[t], loaded by the CTA's
+/// first instance that needs it: the inner scf.if) and each instance finds
+/// its coordinate with one bar.red.popc over them, runs its prefetch and
+/// waits for that coordinate alone: no second read of the range, no CTA
+/// vote on it, no whole-event slow path. The dynamic lowering ignores it.
+// STATIC-LABEL: gpu.func @moe_guarded
+// STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %true, %{{.*}} = %false, %[[ENTRY:[^ ,]*]] = %c0{{[_0-9]*}}, %[[LOADED:[^ ,)]*]] = %false{{[_0-9]*}}) -> (i1, i1, index, i1)
+// STATIC: case 2 {
+// STATIC: bar.red.or.pred
+// STATIC: scf.if %{{.*}} -> (i1, index, i1, index)
+// STATIC: scf.if %[[LOADED]] -> (index)
+// STATIC-NEXT: scf.yield %[[ENTRY]] : index
+// STATIC: memref.load %arg1
+// STATIC: bar.red.popc.u32
+// STATIC: func.call @expert__prefetch
+// STATIC: ld.acquire.gpu.global.u32
+// STATIC: bar.red.or.pred
+// STATIC-NOT: bar.red.and.pred
+// STATIC-NOT: memref.load %arg1
+// STATIC: arith.ori %[[LOADED]], %{{.*}} : i1
+// STATIC: func.call @expert(
+// DYNAMIC-LABEL: gpu.func @moe_guarded
+// DYNAMIC: bar.red.popc.u32
+// DYNAMIC: func.call @expert(
+etensor.graph @moe_guarded(%tiles: index, %indptr: memref<129xi32>) {
+  %planned = etensor.event() count 1 {name = "planned"} : !etensor.event<1>
+  %ready = etensor.event() count 1 {name = "ready"} : !etensor.event<128>
+  etensor.task @plan grid [1] outs(%planned[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @gather grid [128] ins(%planned[(e) -> (0)] : !etensor.event<1>) outs(%ready[(e) -> (e)] : !etensor.event<128>)
+  etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) triggered_by(%ready, %indptr : !etensor.event<128>, memref<129xi32>) {prefetch = @expert__prefetch, guarded_indptr}
+}

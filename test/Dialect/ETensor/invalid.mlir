@@ -522,3 +522,11 @@ etensor.graph @negative_region() {
   // expected-error @+1 {{attribute 'shared_region' failed to satisfy constraint: 64-bit signless integer attribute whose value is non-negative}}
   etensor.task @tile grid [1] {shared_region = -1}
 }
+
+// -----
+
+func.func @tile(%i: index) { return }
+etensor.graph @guarded_without_trigger() {
+  // expected-error @+1 {{guarded_indptr needs a data-dependent trigger (triggered_by)}}
+  etensor.task @tile grid [1] {guarded_indptr}
+}

@@ -58,10 +58,10 @@ func.func private @gather(%e: index)
 func.func private @expert(%i: index, %c: index)
 
 /// A data-dependent trigger: the dispatch keeps it (the lowering waits for
-/// the whole event and finds `c`); the in-edge wait comes first and the
-/// out-edge notifies the coordinate `c`.
+/// the whole event and finds `c`) and its `guarded_indptr`; the in-edge wait
+/// comes first and the out-edge notifies the coordinate `c`.
 // CHECK-LABEL: etensor.graph @moe
-// CHECK: etensor.dispatch 2 grid [%{{.*}}] triggered_by(%[[R:.*]], %{{.*}} : !etensor.event<?>, memref<?xi32>) attributes {name = "expert"} {
+// CHECK: etensor.dispatch 2 grid [%{{.*}}] triggered_by(%[[R:.*]], %{{.*}} : !etensor.event<?>, memref<?xi32>) attributes {guarded_indptr, name = "expert"} {
 // CHECK-NEXT: ^bb0(%[[I:.*]]: index, %[[C:.*]]: index):
 // CHECK: etensor.wait %{{.*}}[%{{.*}}] : !etensor.event<1>
 // CHECK-NEXT: func.call @expert(%[[I]], %[[C]])
@@ -72,7 +72,7 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
   %done = etensor.event(%experts) count from %counts : memref<?xi32> {name = "done"} : !etensor.event<?>
   etensor.task @plan grid [1] outs(%planned[(i) -> (0)] : !etensor.event<1>)
   etensor.task @gather grid [%experts] ins(%planned[(e) -> (0)] : !etensor.event<1>) outs(%ready[(e) -> (e)] : !etensor.event<?>, %done[(e) -> (e)] : !etensor.event<?>)
-  etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+  etensor.task @expert grid [%tiles] ins(%planned[(i, c) -> (0)] : !etensor.event<1>) outs(%done[(i, c) -> (c)] : !etensor.event<?>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>) {guarded_indptr}
   etensor.task @gather grid [%experts] ins(%done[(e) -> (e)] : !etensor.event<?>)
 }
 

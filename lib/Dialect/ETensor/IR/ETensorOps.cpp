@@ -362,6 +362,9 @@ LogicalResult TaskOp::verify() {
                << " uses the trigger coordinate (dimension 1); only out-edges "
                   "may";
   }
+  if (getGuardedIndptr() && !getTriggerEvent())
+    return emitOpError("guarded_indptr needs a data-dependent trigger "
+                       "(triggered_by)");
   SmallVector<Value> events(getInEvents());
   llvm::append_range(events, getOutEvents());
   if (Value trigger = getTriggerEvent())
@@ -503,6 +506,9 @@ LogicalResult DispatchOp::verify() {
                                             getStaticGrid(), getDynamicGrid())))
     return failure();
   Block &body = getBody().front();
+  if (getGuardedIndptr() && !getTriggerEvent())
+    return emitOpError("guarded_indptr needs a data-dependent trigger "
+                       "(triggered_by)");
   if (getTriggerEvent()) {
     if (rank != 1)
       return emitOpError("a data-dependent trigger needs a 1-D grid, got "

@@ -77,11 +77,11 @@ struct ETensorStaticSchedulePass
       // A triggered task keeps its trigger: the lowering finds the
       // instance's coordinate (the block's second argument) in the indptr
       // table, then waits for the trigger event at that coordinate.
-      auto dispatch =
-          DispatchOp::create(builder, loc, builder.getI64IntegerAttr(number),
-                             task.getDynamicGrid(), task.getStaticGridAttr(),
-                             task.getTriggerEvent(), task.getTriggerIndptr(),
-                             task.getSharedRegionAttr());
+      auto dispatch = DispatchOp::create(
+          builder, loc, builder.getI64IntegerAttr(number),
+          task.getDynamicGrid(), task.getStaticGridAttr(),
+          task.getTriggerEvent(), task.getTriggerIndptr(),
+          task.getSharedRegionAttr(), task.getGuardedIndptrAttr());
       dispatch->setAttr("name", builder.getStringAttr(task.getDisplayName()));
       Block *body = builder.createBlock(&dispatch.getBody());
       SmallVector<Value> coords;

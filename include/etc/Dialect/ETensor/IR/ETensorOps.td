@@ -186,6 +186,12 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     those two dimensions, so an out-edge `(i, c) -> (c)` notifies a
     coordinate chosen by the data (its event needs a table wait count).
 
+    `guarded_indptr` (a triggered task only) asserts that the in-edges order
+    every write of `indptr` before the instance: once they are satisfied the
+    table is final (the Python front end sets it when it can prove that from
+    the edges). The static schedule then reads the table once per CTA into
+    registers instead of twice per instance from memory.
+
     `prefetch = @fn` names a function with the callee's signature that an
     instance runs *before* its waits, on every thread of its CTA: it may
     only read what no task of the graph writes (weights), so it can start
@@ -210,6 +216,11 @@ def ETensor_TaskOp : ETensor_Op<"task", [
         args(%X : memref<?x2048xbf16>)
         outs(%done[(i, c) -> (c)] : !etensor.event<?>)
         triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+    etensor.task @expert_down grid [%tiles]
+        args(%X : memref<?x2048xbf16>)
+        ins(%planned[(i, c) -> (0)] : !etensor.event<1>)
+        triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+        {guarded_indptr}
     etensor.task @reduce grid [%tiles] rank(%rank)
         args(%rank, %partials : index, memref<?x?xbf16>)
         ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>)
@@ -228,6 +239,7 @@ def ETensor_TaskOp : ETensor_Op<"task", [
                        AffineMapArrayAttr:$out_maps,
                        Optional<ETensor_AnyEvent>:$trigger_event,
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
+                       UnitAttr:$guarded_indptr,
                        OptionalAttr<FlatSymbolRefAttr>:$prefetch,
                        OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
                        OptionalAttr<StrAttr>:$name);
@@ -462,8 +474,9 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
     skip the body and its notifications; under the dynamic schedule only
     the pushed instances `[indptr[c], indptr[c+1])` are ever dispatched.
 
-    `shared_region` is the task's (`etensor.task`): the static lowering runs
-    the prefetch of the CTA's next entry ahead when its region differs.
+    `shared_region` and `guarded_indptr` are the task's (`etensor.task`):
+    the static lowering runs the prefetch of the CTA's next entry ahead when
+    its region differs, and keeps a guarded trigger table in registers.
 
     Example:
 
@@ -486,7 +499,8 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
                        DenseI64ArrayAttr:$static_grid,
                        Optional<ETensor_AnyEvent>:$trigger_event,
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
-                       OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region);
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
+                       UnitAttr:$guarded_indptr);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $task `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)
