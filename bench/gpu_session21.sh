@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Twenty-first session (bench/RESULTS.md item 86): triggered tiles with a
+# Twenty-first session (bench/RESULTS.md items 86-87): triggered tiles with a
 # guarded table kept in registers. The MoE presets compiled with and without
 # `guarded_indptr` (the old kernels: bench/build_unguarded.py), timed in
 # alternation in one run; a traced prefill launch; the MoE GPU tests and the
-# real-size examples on the new kernels. Built with:
+# real-size examples on the new kernels. Item 87's runs (a compiler since
+# reverted) put item 86's kernels in `moe_g` and the tried ones in
+# `moe_new`/`moe_new3`, and set MOE_AB_TAGS ("old g new", "g new3 new").
+# Built with:
 #   BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=dec_pf_gu32,tma128wtc,pre64 python bench/moe.py --build .device/n21/moe_new
 #   BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=dec_pf_gu32,tma128wtc,pre64 python bench/build_unguarded.py bench/moe.py --build .device/n21/moe_old
 #   BENCH_MOE_LEAN=1 BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=tma128wtc python bench/moe.py --build .device/n21/moe_tr --trace
@@ -31,7 +34,7 @@ for step in ${*:-tests examples moe trace}; do
     ;;
   moe)
     for pass in 1 2; do
-      for tag in old new; do
+      for tag in ${MOE_AB_TAGS:-old new}; do
         echo "== MoE $tag pass $pass" | tee -a "$OUT/moe_ab.txt"
         BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=dec_pf_gu32,tma128wtc,pre64 BENCH_MOE_SIZES=1,16,128,1024,4096 timeout 300 \
           python bench/moe.py --artifacts ".device/n21/moe_$tag" --out "$OUT/moe_${tag}_$pass.json" 2>&1 \
