@@ -12,7 +12,11 @@
 #   BENCH_MOE_LEAN=1 BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=tma128wtc python bench/moe.py --build .device/n21/moe_tr --trace
 #   python test/gpu/make_artifacts.py .device/n21/arts --only moe_small
 #   python examples/moe.py --preset P [--topk 1 --routing top1] --save-artifact .device/n21/ex/moe_P[_top1]
-# Usage: bash bench/gpu_session21.sh [tests] [examples] [moe] [trace]
+# Item 88 (GEMM tiles dealt by ticket), same machine layout:
+#   BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=dec_tk,pre_tk,mid_tk python bench/moe.py --build .device/n21/moe_tk
+#   (and the listed presets in .device/n21/moe_g, as for moe_new above)
+#   python examples/moe.py --preset mid [--topk 1 --routing top1] --save-artifact .device/n21/ex/moe_mid[_top1]
+# Usage: bash bench/gpu_session21.sh [tests] [examples] [moe] [trace] [ticket] [mid]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-tests examples moe trace}; do
@@ -41,6 +45,24 @@ for step in ${*:-tests examples moe trace}; do
           | grep -E "^T=|GPU time|copy bandwidth|WRONG" | tee -a "$OUT/moe_ab.txt"
       done
     done
+    ;;
+  ticket)
+    for pass in 1 2; do
+      for tag in g tk; do
+        cfgs=dec_pf_gu32,tma128wtc,pre64; [ $tag = tk ] && cfgs=dec_tk,pre_tk,mid_tk
+        echo "== MoE $tag pass $pass" | tee -a "$OUT/ab.txt"
+        BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,16,128,1024,4096 timeout 200 \
+          python bench/moe.py --artifacts ".device/n21/moe_$tag" --out "$OUT/moe_${tag}_$pass.json" 2>&1 \
+          | grep -E "GPU time|copy|WRONG" | tee -a "$OUT/ab.txt"
+      done
+    done
+    ;;
+  mid)
+    run() { timeout 200 python examples/moe.py --preset mid "$@" 2>&1 | tee -a "$OUT/examples_mid.txt"; }
+    run --artifact .device/n21/ex/moe_mid --tokens 1,7,16,128,1024,4096
+    run --artifact .device/n21/ex/moe_mid --routing one-expert --tokens 1,16,1000
+    run --artifact .device/n21/ex/moe_mid --routing few-experts --tokens 7,128,4095
+    run --artifact .device/n21/ex/moe_mid_top1 --topk 1 --routing top1 --tokens 1,33,1000
     ;;
   trace)
     echo "== MoE trace (prefill preset, new)" | tee "$OUT/trace.txt"

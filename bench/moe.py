@@ -242,6 +242,11 @@ CONFIGS = {
         "gate_up_options": (*_TMA3[:1], ("stages", 2), ("core", "tma"), ("split_n", True)),
         "down_options": (*_TMA3[:1], ("stages", 2), ("core", "tma"), ("split_n", True)),
     },
+    # The presets with their GEMM tiles dealt by ticket (MoEConfig.gemm_deal):
+    # each slot of a CTA's static list runs the next unclaimed tile.
+    "dec_tk": {**M.PRESETS["decode"], "gemm_deal": "ticket"},
+    "pre_tk": {**M.PRESETS["prefill"], "gemm_deal": "ticket"},
+    "mid_tk": {**M.PRESETS["mid"], "gemm_deal": "ticket"},
     "pre64_front": {
         **M.PRESETS["prefill"], "block_m": 64, "gate_up_options": _SPLIT,
         "down_options": _SPLIT, "combine_unroll": 2, "permute_unroll": 16,
@@ -280,6 +285,8 @@ TARGETS = {
         "pre64x2",
         "pre_rs1",
         "mid_rs1",
+        "pre_tk",
+        "mid_tk",
     )
     if k in CONFIGS
 }
@@ -308,6 +315,7 @@ OCCUPANCY = {
     "dec_gu48": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_dn128": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_dn12_gu6": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "dec_tk": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "pre128x2": 2,
     "pre64x2": 2,
 }

@@ -257,7 +257,8 @@ def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
     """The manifest entry of a counter tensor the dynamic schedule added:
     ``ready.<task>`` (over the task's grid, or one counter when every in-edge
     maps to a constant coordinate), ``fired.<task>`` (a triggered
-    task's fired trigger coordinates) or ``dispatched.<event>``."""
+    task's fired trigger coordinates), ``dispatched.<event>`` or, under the
+    static schedule, ``ticket.<task>`` (a ``deal="ticket"`` task's tickets)."""
     kind, _, of = name.partition(".")
     if kind == "ready":
         task = next(t for t in g.tasks if t.name == of)
@@ -269,6 +270,8 @@ def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
         task = next(t for t in g.tasks if t.name == of)
         assert task.trigger is not None
         shape, count = (1,), task.trigger.event.shape[0]
+    elif kind == "ticket":  # the static schedule's counter of a deal="ticket" task
+        shape, count = (1,), 1
     else:
         event = next(e for e in g.events if e.name == of)
         shape, count = event.shape, event.wait_count

@@ -79,6 +79,8 @@ class Tensor:
 
 
 WaitCount = int | SymExpr | Tensor
+#: ``Graph.task(deal=...)`` values.
+DEALS = ("list", "ticket")
 
 
 @dataclass(eq=False)
@@ -143,6 +145,9 @@ class Task:
     phase: tuple[str, int] = ("const", 0)
     #: Shared-memory region (``Graph.task(shared_region=...)``); 0 by default.
     shared_region: int = 0
+    #: How the static schedule deals the instances: ``"list"`` (each queue
+    #: entry names one) or ``"ticket"`` (each entry runs the next unclaimed one).
+    deal: str = "list"
 
     @property
     def rank(self) -> int:
@@ -378,6 +383,7 @@ class Graph:
         triggered_by: Any = None,
         phase: Any = 0,
         shared_region: int = 0,
+        deal: str = "list",
     ) -> Task:
         """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
 
@@ -407,6 +413,15 @@ class Graph:
         different regions: a projection's weight ring fills while the CTA
         still waits for, or runs, the stage before (``docs/scheduling.md``).
         The kernel needs the sum of the regions' shared memory.
+
+        ``deal`` (static schedule): ``"list"`` (default) runs the instance
+        each CTA's precomputed list names; ``"ticket"`` keeps the lists'
+        slots but runs, at each of the task's slots, the next instance no CTA
+        has claimed yet (one atomic counter, drawn one slot ahead), so
+        instances go to the CTAs that are free first whatever their
+        durations: a phase of unequal instances ends evenly across CTAs. The
+        task's instances must not depend on each other (no grid-dimension
+        phase). The dynamic schedule deals by readiness and ignores it.
         """
         if not isinstance(function, DeviceFunction):
             raise GraphError(
@@ -443,6 +458,16 @@ class Graph:
                     )
 
         phase_t = self._phase(phase, grid_t, trigger is not None, where)
+        if deal not in DEALS:
+            raise GraphError(
+                f"{where}: deal must be one of {', '.join(map(repr, DEALS))}, got {deal!r}"
+            )
+        if deal == "ticket" and phase_t[0] == "dim":
+            raise GraphError(
+                f"{where}: deal='ticket' hands out instances in linear order, which a "
+                f"grid-dimension phase ({phase!r}) would interleave with other tasks; "
+                "use an int phase"
+            )
         if isinstance(shared_region, bool) or not isinstance(shared_region, int):
             raise GraphError(f"{where}: shared_region must be an int >= 0, got {shared_region!r}")
         if shared_region < 0:
@@ -466,6 +491,7 @@ class Graph:
             trigger,
             phase_t,
             shared_region,
+            deal,
         )
         self.tasks.append(t)
         self._task_names[name] = t
@@ -1410,6 +1436,8 @@ class _Emitter:
                 extra += f", shared_region = {t.shared_region} : i64"
             if g.guarded_indptr(t):
                 extra += ", guarded_indptr"
+            if t.deal == "ticket":
+                extra += ", ticketed"
             line += f" {{name = {_mlir_string(t.name)}{extra}}}"
             self.body.append(line)
 

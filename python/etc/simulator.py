@@ -389,7 +389,20 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
     ctas = [(m, queue) for m in machines for queue in static_queues(m.graph, m.env, num_ctas)]
     heads = [0] * len(ctas)
     remaining = sum(len(q) for _, q in ctas)
+    # deal="ticket" tasks: an entry runs the next unclaimed instance, claimed
+    # when the entry reaches its CTA's head (the GPU claims it one entry
+    # earlier; any claim order runs each instance once).
+    tickets = [{n: 0 for n, t in enumerate(m.order) if t.deal == "ticket"} for m in machines]
+    claimed = [False] * len(ctas)
     while remaining:
+        for cta, (machine, queue) in enumerate(ctas):
+            if heads[cta] < len(queue) and not claimed[cta]:
+                claimed[cta] = True
+                number, _ = queue[heads[cta]]
+                counter = tickets[machines.index(machine)]
+                if number in counter:
+                    queue[heads[cta]] = (number, counter[number])
+                    counter[number] += 1
         # Every CTA looks at its head before any runs, as CTAs that start
         # together on a GPU do (a wait may read a count table before the
         # instance that writes it has run).
@@ -402,6 +415,7 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
             machine, queue = ctas[cta]
             machine.run(*queue[heads[cta]])
             heads[cta] += 1
+            claimed[cta] = False
             remaining -= 1
         progressed = bool(ready)
         if not progressed:

@@ -163,6 +163,11 @@ MOE_SMALL_ATOMIC, MOE_SMALL_ROUTE_ATOMIC = _moe_small_atomic()
 #: ``etc.models.moe.build_moe_graph`` options by artifact variant: ``_unguarded``
 #: has gate/up tiles that look up their expert (and prefetch its weights)
 #: without waiting for the routing tables.
+#: MOE_SMALL and MOE_SMALL_TMA with the GEMM tiles dealt by ticket
+#: (``MoEConfig.gemm_deal``; the static schedule draws each slot's tile).
+MOE_SMALL_TICKET = dataclasses.replace(MOE_SMALL, gemm_deal="ticket")
+MOE_SMALL_TMA_TICKET = dataclasses.replace(MOE_SMALL_TMA, gemm_deal="ticket")
+
 MOE_GRAPH_OPTIONS = {"_route_unguarded": {"gate_up_waits_tables": False}}
 
 

@@ -55,7 +55,9 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
+    MOE_SMALL_TICKET,
     MOE_SMALL_TMA,
+    MOE_SMALL_TMA_TICKET,
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
     llama_1b_large_variants,
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for tiles, cfg in (
         ("ring", MOE_SMALL_RING), ("ringpf", MOE_SMALL_RING_PREFETCH), ("route", MOE_SMALL_ROUTE),
-        ("route_unguarded", MOE_SMALL_ROUTE),
+        ("route_unguarded", MOE_SMALL_ROUTE), ("ticket", MOE_SMALL_TICKET),
     ):  # fmt: skip
         moe_ring = moe.build_moe_graph(
             cfg, name=f"moe_small_{tiles}", **MOE_GRAPH_OPTIONS.get(f"_{tiles}", {})
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         ("tma", MOE_SMALL_TMA), ("split", MOE_SMALL_SPLIT), ("sub", MOE_SMALL_SUB),
         ("route_tma", MOE_SMALL_ROUTE_TMA), ("gather", MOE_SMALL_GATHER),
         ("route_gather", MOE_SMALL_ROUTE_GATHER), ("atomic", MOE_SMALL_ATOMIC),
-        ("route_atomic", MOE_SMALL_ROUTE_ATOMIC),
+        ("route_atomic", MOE_SMALL_ROUTE_ATOMIC), ("tma_ticket", MOE_SMALL_TMA_TICKET),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

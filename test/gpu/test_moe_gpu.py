@@ -33,7 +33,9 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
+    MOE_SMALL_TICKET,
     MOE_SMALL_TMA,
+    MOE_SMALL_TMA_TICKET,
     SCHEDULES,
 )
 
@@ -48,6 +50,7 @@ pytestmark = [
     [
         "", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma",
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
+        "_ticket", "_tma_ticket",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -67,6 +70,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_route_gather": MOE_SMALL_ROUTE_GATHER,
         "_atomic": MOE_SMALL_ATOMIC,
         "_route_atomic": MOE_SMALL_ROUTE_ATOMIC,
+        "_ticket": MOE_SMALL_TICKET,
+        "_tma_ticket": MOE_SMALL_TMA_TICKET,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
@@ -92,8 +97,11 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
 
 @pytest.mark.parametrize(
     "tiles",
-    ["", "_ringpf", "_tma", "_route", "_route_tma", "_route_unguarded", "_gather", "_atomic"],
-)
+    [
+        "", "_ringpf", "_tma", "_route", "_route_tma", "_route_unguarded", "_gather", "_atomic",
+        "_tma_ticket",
+    ],
+)  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
     # Launched over the previous routing's tables (each launch a new routing
@@ -109,6 +117,7 @@ def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
         "_route_unguarded": MOE_SMALL_ROUTE,
         "_gather": MOE_SMALL_GATHER,
         "_atomic": MOE_SMALL_ATOMIC,
+        "_tma_ticket": MOE_SMALL_TMA_TICKET,
     }[tiles]
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small{tiles}_{schedule}")
     for T in (7, 33):
@@ -181,3 +190,13 @@ def test_atomic_combine_matches_the_combine_task(route: str, schedule: str) -> N
         assert np.isfinite(bf16_to_f32(a["Out"])).all(), (T, routing)
         assert M.rel_err(a["Out"], ref) <= M.rel_err(b["Out"], ref) + 2**-9, (T, routing)
         assert M.rel_err(a["Out"], simulated["Out"]) <= 1e-2, (T, routing)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_ticket_dealt_tiles_give_the_listed_tiles_bits(schedule: str) -> None:
+    # Dealing the GEMM tiles by ticket changes which CTA runs a tile, not
+    # what the tile computes: the output equals the listed layer's bit for
+    # bit (the dynamic schedule ignores the deal).
+    plain = replace(MOE_SMALL_TMA_TICKET, gemm_deal="list")
+    for T, routing, _, _, a, b in _paired("tma_ticket", "", schedule, MOE_SMALL_TMA_TICKET, plain):
+        np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")

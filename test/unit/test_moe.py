@@ -385,6 +385,27 @@ def test_graph_in_simulator(schedule, T, routing):
     np.testing.assert_array_equal(out["Out"], hand["Out"])
 
 
+@needs_trigger
+@pytest.mark.parametrize("num_ctas", [1, 3, 8])
+@pytest.mark.parametrize("T,routing", [(7, "uniform"), (33, "uniform"), (13, "one-expert")])
+def test_ticket_dealt_gemm_tiles_in_simulator(num_ctas, T, routing):
+    # gemm_deal="ticket": each static slot of the GEMM tasks runs the next
+    # unclaimed tile; the layer's output is the listed layer's, bit for bit.
+    cfg, x, w, _ = case(SMALL, T, routing)
+    ticket = replace(cfg, gemm_deal="ticket")
+    g = M.build_moe_graph(ticket, gemm_tiles(ticket))
+    assert [t.deal for t in g.tasks if t.trigger] == ["ticket", "ticket"]
+    assert g.to_mlir().count("ticketed") == 2
+    out = etc.simulate(g, M.numpy_inputs(ticket, x, w), {"T": T}, num_ctas=num_ctas)
+    listed = etc.simulate(
+        M.build_moe_graph(cfg, gemm_tiles(cfg)), M.numpy_inputs(cfg, x, w), {"T": T},
+        num_ctas=num_ctas,
+    )  # fmt: skip
+    np.testing.assert_array_equal(out["Out"], listed["Out"])
+    with pytest.raises(etc.GraphError, match="gemm_deal must be one of"):
+        replace(cfg, gemm_deal="steal")
+
+
 FUSED = replace(SMALL, route="fused", route_max_tokens=40)
 
 

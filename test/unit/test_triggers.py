@@ -39,8 +39,9 @@ def _sink_ref(e: int, indptr: np.ndarray, out: np.ndarray, total: np.ndarray) ->
     total[e] = out[indptr[e] : indptr[e + 1]].sum()
 
 
-def trigger_graph(bound_slack: int = 3, *, guard: bool = True) -> etc.Graph:
-    """``guard``: the tiles wait for ``planned`` (the plan wrote ``indptr``)."""
+def trigger_graph(bound_slack: int = 3, *, guard: bool = True, ticket: bool = False) -> etc.Graph:
+    """``guard``: the tiles wait for ``planned`` (the plan wrote ``indptr``);
+    ``ticket``: the tiles are dealt by ticket."""
     g = etc.Graph("trig")
     E, tiles = g.symbol("E"), g.symbol("tiles")
     counts = g.tensor("counts", (E,), "i32")
@@ -70,6 +71,7 @@ def trigger_graph(bound_slack: int = 3, *, guard: bool = True) -> etc.Graph:
         in_edges={planned: "ic->0"} if guard else None,
         out_edges={done: "ic->c"},
         triggered_by=(ready, indptr),
+        deal="ticket" if ticket else "list",
     )
     g.task(
         make_fn("sink", "index", I32, I32, I32, reference=_sink_ref),
@@ -344,3 +346,45 @@ def test_indptr_no_task_writes_is_guarded() -> None:
         triggered_by=(ready, indptr),
     )  # fmt: skip
     assert _guarded(g) == {"gather": False, "tile": True}
+
+
+@pytest.mark.parametrize("num_ctas", [1, 2, 3, 5])
+def test_ticket_deal_runs_every_instance_once(num_ctas: int) -> None:
+    # deal="ticket": each of the tile task's static slots runs the next
+    # unclaimed instance; every real instance runs once (the tile asserts
+    # its range and writes its own slot) and the slack runs none.
+    g = trigger_graph(ticket=True)
+    assert "ticketed" in g.to_mlir()
+    for counts in COUNTS:
+        want_out, want_total = expected(counts, 3)
+        got = etc.simulate(
+            g, {"counts": counts}, {"E": len(counts), "tiles": int(counts.sum())},
+            num_ctas=num_ctas,
+        )  # fmt: skip
+        np.testing.assert_array_equal(got["out"], want_out)
+        np.testing.assert_array_equal(got["total"], want_total)
+
+
+def test_ticket_deal_compiles_with_its_counter() -> None:
+    art = etc.compile(trigger_graph(ticket=True), schedule="static", cubin=False)
+    events = {e["name"]: e for e in art.manifest["events"]}
+    assert events["ticket.tile"] == {
+        "name": "ticket.tile", "shape": [1], "wait_count": 1, "implicit": True
+    }  # fmt: skip
+    assert "atom.relaxed.gpu.global.add.u32" in art.ptx
+    dynamic = etc.compile(trigger_graph(ticket=True), schedule="dynamic", cubin=False)
+    assert "ticket.tile" not in {e["name"] for e in dynamic.manifest["events"]}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"deal": "steal"}, "deal must be one of 'list', 'ticket'"),
+        ({"deal": "ticket", "phase": "ij->i"}, "deal='ticket' hands out instances"),
+    ],
+)
+def test_ticket_deal_mistakes_name_the_task(kwargs: dict[str, Any], message: str) -> None:
+    g = etc.Graph("bad_deal")
+    with pytest.raises(GraphError, match=message) as err:
+        g.task(make_fn("t", "index", "index"), grid=(2, 3), name="tiles", **kwargs)
+    assert "task 'tiles'" in str(err.value)

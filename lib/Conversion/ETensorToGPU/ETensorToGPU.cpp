@@ -164,6 +164,13 @@ public:
   SmallVector<Value> tableState, loopTableState;
   /// The kernel's threads per CTA (known when compiling).
   int64_t blockThreads = 0;
+  /// Static schedule: the `ticketed` dispatches, and per dispatch the ticket
+  /// thread 0 drew ahead for the CTA's next entry (-1: none), as the
+  /// instance being lowered sees it (loop-carried). `ticketNext`,
+  /// `ticketEnd`: the next queue position and the CTA's slice end.
+  SmallVector<DispatchOp> ticketed;
+  SmallVector<Value> ticketState, loopTicketState;
+  Value ticketNext, ticketEnd;
   /// Dynamic schedule: request the next chunk of positions when taking the
   /// current one, not when the CTA is free.
   bool popAhead = true;
@@ -243,6 +250,7 @@ private:
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
   std::optional<unsigned> cachedTableIndex(DispatchOp dispatch);
+  Value drawTicket(DispatchOp dispatch, unsigned k);
   void collectCachedTables(ArrayRef<DispatchOp> dispatches);
   std::pair<Value, Value> waitForGuardedTrigger(DispatchOp dispatch,
                                                 Value linear, Value &valid,
@@ -867,11 +875,14 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
                                            Block *into) {
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(into);
-  Block &body = mapGridCoordinates(dispatch, linear);
-
-  Value ok = arith::ConstantIntOp::create(b, 1, 1);
   waitSeen = loopSeen;
   tableState = loopTableState;
+  ticketState = loopTicketState;
+  // A ticketed entry runs the instance it draws, not the one it names.
+  if (auto *at = llvm::find(ticketed, dispatch); at != ticketed.end())
+    linear = drawTicket(dispatch, at - ticketed.begin());
+  Block &body = mapGridCoordinates(dispatch, linear);
+  Value ok = arith::ConstantIntOp::create(b, 1, 1);
   auto it = body.begin();
   // A triggered task's prefetch needs its coordinate: waitForTrigger calls it.
   Operation *triggeredPrefetch = nullptr;
@@ -993,8 +1004,72 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
     results.push_back(aheadRan);
   results.append(waitSeen);
   results.append(tableState);
+  results.append(ticketState);
   scf::YieldOp::create(b, results);
   return success();
+}
+
+/// Static schedule, `ticketed` dispatch number `k`: the instance this entry
+/// runs, uniform across the CTA. Thread 0 takes the ticket it drew ahead at
+/// the CTA's previous entry (or draws one now: a relaxed atomic add on the
+/// task's ticket counter; tickets need only be unique) and, when the CTA's
+/// next entry is of the same task, draws that entry's ticket now, so the
+/// atomic's round trip overlaps this instance. Every entry draws exactly
+/// one ticket, so the entries of the task, as many as its instances, run
+/// each instance once. The ticket reaches the CTA through the workgroup
+/// broadcast word.
+Value KernelBuilder::drawTicket(DispatchOp dispatch, unsigned k) {
+  Value counter = addressOf(counters, events[dispatch.getTicket()].base);
+  Value none = index(-1);
+  auto draw = [&]() -> Value {
+    Value old =
+        asm32("atom.relaxed.gpu.global.add.u32 $0, [$1], 1;", "=r,l", counter);
+    return arith::IndexCastOp::create(
+        b, b.getIndexType(), arith::ExtUIOp::create(b, b.getI64Type(), old));
+  };
+  Type indexTy = b.getIndexType();
+  auto ifZero =
+      scf::IfOp::create(b, TypeRange{indexTy, indexTy}, isThreadZero(), true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Value reserved = ticketState[k];
+    Value have =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, reserved, none);
+    auto ifHave = scf::IfOp::create(b, indexTy, have, true);
+    b.setInsertionPointToStart(ifHave.thenBlock());
+    scf::YieldOp::create(b, reserved);
+    b.setInsertionPointToStart(ifHave.elseBlock());
+    scf::YieldOp::create(b, draw());
+    b.setInsertionPointAfter(ifHave);
+    Value ticket = ifHave.getResult(0);
+    Value inSlice = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                          ticketNext, ticketEnd);
+    auto ifNext = scf::IfOp::create(b, b.getI1Type(), inSlice, true);
+    b.setInsertionPointToStart(ifNext.thenBlock());
+    Value entry = memref::LoadOp::create(b, queue, ValueRange{ticketNext});
+    Value task = arith::ShRUIOp::create(b, entry, i64(kInstanceBits));
+    scf::YieldOp::create(
+        b, ValueRange{arith::CmpIOp::create(b, arith::CmpIPredicate::eq, task,
+                                            i64(dispatch.getTask()))});
+    b.setInsertionPointToStart(ifNext.elseBlock());
+    scf::YieldOp::create(b, ValueRange{arith::ConstantIntOp::create(b, 0, 1)});
+    b.setInsertionPointAfter(ifNext);
+    auto ifSame = scf::IfOp::create(b, indexTy, ifNext.getResult(0), true);
+    b.setInsertionPointToStart(ifSame.thenBlock());
+    scf::YieldOp::create(b, draw());
+    b.setInsertionPointToStart(ifSame.elseBlock());
+    scf::YieldOp::create(b, none);
+    b.setInsertionPointAfter(ifSame);
+    memref::StoreOp::create(b, toI64(ticket), broadcast, ValueRange{index(0)});
+    scf::YieldOp::create(b, ValueRange{ticket, ifSame.getResult(0)});
+    b.setInsertionPointToStart(ifZero.elseBlock());
+    scf::YieldOp::create(b, ValueRange{index(0), ticketState[k]});
+  }
+  ticketState[k] = ifZero.getResult(1);
+  gpu::BarrierOp::create(b);
+  Value ticket = memref::LoadOp::create(b, broadcast, ValueRange{index(0)});
+  return arith::IndexCastOp::create(b, indexTy, ticket);
 }
 
 /// The kernel has a counterpart for every graph-level value it maps (index
@@ -1011,7 +1086,9 @@ LogicalResult KernelBuilder::checkKernelOperands(Operation *root, bool nested) {
           events.count(value))
         continue;
       if (auto dispatch = dyn_cast<DispatchOp>(op))
-        if (value == dispatch.getTriggerEvent() && events.count(value))
+        if ((value == dispatch.getTriggerEvent() ||
+             value == dispatch.getTicket()) &&
+            events.count(value))
           continue;
       if (isa<PushOp, RetireOp, WorkerOp>(op) &&
           isa<QueueType>(value.getType()))
@@ -1127,7 +1204,8 @@ static int64_t sharedRegion(DispatchOp dispatch) {
 /// Whether a dispatch's body calls a prefetch function that may run ahead:
 /// tasks with a trigger find their coordinate only after waiting.
 static bool hasAheadPrefetch(DispatchOp dispatch) {
-  return !dispatch.getTriggerEvent() &&
+  // A ticketed entry's instance is known only once it drew its ticket.
+  return !dispatch.getTriggerEvent() && !dispatch.getTicket() &&
          llvm::any_of(dispatch.getBody().front(), [](Operation &op) {
            return isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName);
          });
@@ -1164,10 +1242,17 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
   collectCachedTables(dispatches);
   unsigned firstTable = inits.size();
+  ticketed.clear();
+  for (DispatchOp dispatch : dispatches)
+    if (dispatch.getTicket())
+      ticketed.push_back(dispatch);
   for (size_t i = 0; i < cachedTables.size(); ++i) {
     inits.push_back(index(0)); // the entry, once loaded
     inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
   }
+  unsigned firstTicket = inits.size();
+  for (size_t i = 0; i < ticketed.size(); ++i)
+    inits.push_back(index(-1)); // no ticket drawn ahead
   SmallVector<Type> carried =
       llvm::map_to_vector(inits, [](Value v) { return v.getType(); });
   auto loop = scf::ForOp::create(b, begin, end, index(1), inits);
@@ -1190,7 +1275,11 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     loopSeen.assign(loop.getRegionIterArgs().begin() + firstSeen,
                     loop.getRegionIterArgs().begin() + firstTable);
     loopTableState.assign(loop.getRegionIterArgs().begin() + firstTable,
-                          loop.getRegionIterArgs().end());
+                          loop.getRegionIterArgs().begin() + firstTicket);
+    loopTicketState.assign(loop.getRegionIterArgs().begin() + firstTicket,
+                           loop.getRegionIterArgs().end());
+    ticketNext = next;
+    ticketEnd = end;
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(

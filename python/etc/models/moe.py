@@ -43,7 +43,7 @@ import numpy as np
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
-from ..graph import Graph
+from ..graph import DEALS, Graph
 from ..tiles import _mma
 from ..tiles import moe as moe_tiles
 
@@ -102,7 +102,7 @@ _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("s
 #:   logits on the same tile, its k loop in 4 parts.
 #: * ``mid`` (T from 16 to about 128: a few rows per expert): ``prefill`` on
 #:   64-row tiles whose two warpgroups split the columns (``split_n``), 5
-#:   stages.
+#:   stages, the GEMM tiles dealt by ticket (``gemm_deal``).
 #:
 #: Compile for ``PRESET_TARGETS`` (TMA and wgmma are sm_90a) with
 #: ``PRESET_MIN_CTAS_PER_SM``.
@@ -126,7 +126,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         ),
     ),  # fmt: skip
     "prefill": _PREFILL,
-    "mid": dict(_PREFILL, block_m=64, gate_up_options=_SPLIT_OPTIONS, down_options=_SPLIT_OPTIONS),
+    "mid": dict(
+        _PREFILL,
+        block_m=64,
+        gate_up_options=_SPLIT_OPTIONS,
+        down_options=_SPLIT_OPTIONS,
+        gemm_deal="ticket",
+    ),  # fmt: skip
 }
 #: The target each preset needs (wgmma and TMA are sm_90a).
 PRESET_TARGETS = {"decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"}
@@ -243,6 +249,11 @@ class MoEConfig:
     #: (``gemm="tc"``, ``core="tma"``, not ``split_n``).
     combine: str = "task"
     zero_block: int = 32
+    #: How the static schedule deals the gate/up and down tiles
+    #: (``Graph.task(deal=...)``): "list" (each CTA runs the tiles its list
+    #: names) or "ticket" (each of a CTA's slots runs the next tile no CTA
+    #: has claimed, so the GEMM phases end evenly across CTAs).
+    gemm_deal: str = "list"
 
     def __post_init__(self) -> None:
         for key in (
@@ -295,6 +306,11 @@ class MoEConfig:
                 f"MoEConfig: router_splits={self.router_splits} needs router='tc' and hidden a "
                 f"multiple of 64 x router_splits; got router={self.router!r}, "
                 f"hidden={self.hidden}"
+            )
+        if self.gemm_deal not in DEALS:
+            raise GraphError(
+                f"MoEConfig: gemm_deal must be one of {', '.join(map(repr, DEALS))}, "
+                f"got {self.gemm_deal!r}"
             )
         if self.combine not in COMBINES:
             raise GraphError(
@@ -724,6 +740,7 @@ def build_moe_graph(
         in_edges={planned: "ie->0"} if gate_up_waits_tables else None,
         out_edges={h_ready: "ie->e"},
         name="gate_up",
+        deal=cfg.gemm_deal,
     )
     down_done = g.event((1,), wait_count=t["dn_total"], name="down_done")
     g.task(
@@ -734,6 +751,7 @@ def build_moe_graph(
         in_edges={planned: "ie->0"},
         out_edges={down_done: "ie->0"},
         name="down",
+        deal=cfg.gemm_deal,
     )
     last, last_args = _last_task(cfg)
     g.task(

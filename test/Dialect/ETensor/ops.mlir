@@ -142,6 +142,19 @@ etensor.graph @triggered_dispatch(%n: index, %tiles: index, %cap: index, %indptr
   }
 }
 
+// CHECK-LABEL: etensor.graph @ticketed_dispatch
+etensor.graph @ticketed_dispatch(%tiles: index, %indptr: memref<129xi32>, %x: memref<?x64xbf16>) {
+  %ready = etensor.event() count 1 : !etensor.event<128>
+  %tickets = etensor.event() count 1 : !etensor.event<1>
+  etensor.worker static {
+    // CHECK: etensor.dispatch 0 grid [%{{.*}}] triggered_by(%{{.*}}, %{{.*}} : !etensor.event<128>, memref<129xi32>) ticket(%{{.*}} : !etensor.event<1>) attributes {guarded_indptr} {
+    etensor.dispatch 0 grid [%tiles] triggered_by(%ready, %indptr : !etensor.event<128>, memref<129xi32>) ticket(%tickets : !etensor.event<1>) attributes {guarded_indptr} {
+    ^bb0(%i: index, %c: index):
+      func.call @expert(%i, %c, %x) : (index, index, memref<?x64xbf16>) -> ()
+    }
+  }
+}
+
 // CHECK-LABEL: func.func @pop
 func.func @pop(%q: !etensor.queue) -> (i1, index, index) {
   // CHECK: %{{.*}}, %{{.*}}, %{{.*}} = etensor.pop %{{.*}} : !etensor.queue

@@ -158,3 +158,18 @@ etensor.graph @prefetched(%n: index, %w: memref<?xf32>) {
   etensor.task @tile grid [1] args(%w : memref<?xf32>) outs(%e[(i) -> (0)] : !etensor.event<1>)
   etensor.task @tile grid [%n] args(%w : memref<?xf32>) ins(%e[(i) -> (0)] : !etensor.event<1>) {prefetch = @tile__prefetch}
 }
+
+// -----
+
+/// A `ticketed` task: the schedule declares its ticket counter, an event no
+/// one waits on or notifies, and hands it to the dispatch.
+// CHECK-LABEL: etensor.graph @balanced
+// CHECK: %[[TICKET:.*]] = etensor.event() count 1 {name = "ticket.tile"} : !etensor.event<1>
+// CHECK: etensor.dispatch 0 grid [%{{.*}}] ticket(%[[TICKET]] : !etensor.event<1>) attributes {name = "tile"}
+func.func private @tile(%i: index)
+func.func private @sink(%i: index)
+etensor.graph @balanced(%n: index) {
+  %done = etensor.event() count %n {name = "done"} : !etensor.event<1>
+  etensor.task @tile grid [%n] outs(%done[(i) -> (0)] : !etensor.event<1>) {ticketed}
+  etensor.task @sink grid [1] ins(%done[(i) -> (0)] : !etensor.event<1>)
+}

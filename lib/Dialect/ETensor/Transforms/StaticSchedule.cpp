@@ -66,6 +66,21 @@ struct ETensorStaticSchedulePass
 
     OpBuilder builder(graphOp.getContext());
     builder.setInsertionPointToEnd(&graphOp.getBodyBlock());
+    // A ticketed task's instances are handed out by one counter: an implicit
+    // event `ticket.<task>` that nothing waits on or notifies.
+    DenseMap<Operation *, Value> tickets;
+    for (TaskOp task : graph.getTasks())
+      if (task.getTicketed())
+        tickets[task.getOperation()] =
+            EventOp::create(builder, task.getLoc(),
+                            EventType::get(builder.getContext(), {1}),
+                            ValueRange(), builder.getI64IntegerAttr(1),
+                            /*wait_count=*/Value(),
+                            /*wait_count_table=*/Value(),
+                            /*ranked=*/false,
+                            builder.getStringAttr(
+                                ("ticket." + task.getDisplayName()).str()))
+                .getEvent();
     auto worker = WorkerOp::create(builder, graphOp.getLoc(),
                                    ScheduleKind::Static, /*queue=*/Value());
     Block *workerBody = builder.createBlock(&worker.getBody());
@@ -81,7 +96,8 @@ struct ETensorStaticSchedulePass
           builder, loc, builder.getI64IntegerAttr(number),
           task.getDynamicGrid(), task.getStaticGridAttr(),
           task.getTriggerEvent(), task.getTriggerIndptr(),
-          task.getSharedRegionAttr(), task.getGuardedIndptrAttr());
+          tickets.lookup(task.getOperation()), task.getSharedRegionAttr(),
+          task.getGuardedIndptrAttr());
       dispatch->setAttr("name", builder.getStringAttr(task.getDisplayName()));
       Block *body = builder.createBlock(&dispatch.getBody());
       SmallVector<Value> coords;

@@ -192,6 +192,13 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     the edges). The static schedule then reads the table once per CTA into
     registers instead of twice per instance from memory.
 
+    `ticketed` changes how the static schedule deals the task: a CTA's
+    queue entry for it runs the next instance nobody has claimed yet (a
+    ticket drawn from a counter) instead of a fixed one, so the instances go
+    to the CTAs that are free first, whatever each instance's duration. The
+    task's instances must not wait on each other. The dynamic schedule,
+    which deals by readiness anyway, ignores it.
+
     `prefetch = @fn` names a function with the callee's signature that an
     instance runs *before* its waits, on every thread of its CTA: it may
     only read what no task of the graph writes (weights), so it can start
@@ -240,6 +247,7 @@ def ETensor_TaskOp : ETensor_Op<"task", [
                        Optional<ETensor_AnyEvent>:$trigger_event,
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
                        UnitAttr:$guarded_indptr,
+                       UnitAttr:$ticketed,
                        OptionalAttr<FlatSymbolRefAttr>:$prefetch,
                        OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
                        OptionalAttr<StrAttr>:$name);
@@ -477,6 +485,9 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
     `shared_region` and `guarded_indptr` are the task's (`etensor.task`):
     the static lowering runs the prefetch of the CTA's next entry ahead when
     its region differs, and keeps a guarded trigger table in registers.
+    `ticket(%t)` (a `ticketed` task under the static schedule) names the
+    one-counter event whose counter hands out the instances: a queue entry
+    runs the instance it draws, not the one it names.
 
     Example:
 
@@ -488,7 +499,8 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
           : (index, memref<?x4xf32>, memref<?xf32>) -> ()
     }
     etensor.dispatch 2 grid [%tiles]
-        triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>) {
+        triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
+        ticket(%tickets : !etensor.event<1>) {
     ^bb0(%i: index, %c: index):
       func.call @expert_gemm(%i, %c, %X)
           : (index, index, memref<?x2048xbf16>) -> ()
@@ -499,6 +511,7 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
                        DenseI64ArrayAttr:$static_grid,
                        Optional<ETensor_AnyEvent>:$trigger_event,
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
+                       Optional<ETensor_AnyEvent>:$ticket,
                        OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
                        UnitAttr:$guarded_indptr);
   let regions = (region SizedRegion<1>:$body);
@@ -506,6 +519,7 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
     $task `grid` custom<DynamicIndexList>($dynamic_grid, $static_grid)
     (`triggered_by` `(` $trigger_event^ `,` $trigger_indptr `:`
         qualified(type($trigger_event)) `,` type($trigger_indptr) `)`)?
+    (`ticket` `(` $ticket^ `:` qualified(type($ticket)) `)`)?
     attr-dict-with-keyword $body
   }];
   let hasVerifier = 1;
