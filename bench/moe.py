@@ -247,6 +247,7 @@ CONFIGS = {
     "dec_tk": {**M.PRESETS["decode"], "gemm_deal": "ticket"},
     "pre_tk": {**M.PRESETS["prefill"], "gemm_deal": "ticket"},
     "mid_tk": {**M.PRESETS["mid"], "gemm_deal": "ticket"},
+    "mid_list": {**M.PRESETS["mid"], "gemm_deal": "list"},
     "pre64_front": {
         **M.PRESETS["prefill"], "block_m": 64, "gate_up_options": _SPLIT,
         "down_options": _SPLIT, "combine_unroll": 2, "permute_unroll": 16,
@@ -287,6 +288,7 @@ TARGETS = {
         "mid_rs1",
         "pre_tk",
         "mid_tk",
+        "mid_list",
     )
     if k in CONFIGS
 }
