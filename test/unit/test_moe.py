@@ -406,6 +406,24 @@ def test_ticket_dealt_gemm_tiles_in_simulator(num_ctas, T, routing):
         replace(cfg, gemm_deal="steal")
 
 
+@needs_trigger
+@pytest.mark.parametrize("route", ["split", "fused"])
+def test_gemm_tasks_have_guarded_tables(route):
+    # The plan (or the fused route) writes gu_indptr and dn_indptr, then
+    # notifies `planned` from its every instance; the GEMM tasks wait for it,
+    # so their trigger tables are final at their in-edges (the static
+    # schedule keeps them in registers). Without the gate/up tiles' in-edge
+    # only the down task's table is guarded.
+    cfg = replace(SMALL, route=route, route_max_tokens=40)
+    g = M.build_moe_graph(cfg, gemm_tiles(cfg))
+    guarded = {t.name: g.guarded_indptr(t) for t in g.tasks if t.trigger}
+    assert guarded == {"gate_up": True, "down": True}
+    g = M.build_moe_graph(cfg, gemm_tiles(cfg), gate_up_waits_tables=False)
+    guarded = {t.name: g.guarded_indptr(t) for t in g.tasks if t.trigger}
+    assert guarded == {"gate_up": False, "down": True}
+    assert g.to_mlir().count("guarded_indptr") == 1
+
+
 FUSED = replace(SMALL, route="fused", route_max_tokens=40)
 
 
