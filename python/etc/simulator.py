@@ -395,11 +395,11 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
     tickets = [{n: 0 for n, t in enumerate(m.order) if t.deal == "ticket"} for m in machines]
     claimed = [False] * len(ctas)
     while remaining:
-        for cta, (machine, queue) in enumerate(ctas):
+        for cta, (_, queue) in enumerate(ctas):
             if heads[cta] < len(queue) and not claimed[cta]:
                 claimed[cta] = True
                 number, _ = queue[heads[cta]]
-                counter = tickets[machines.index(machine)]
+                counter = tickets[cta // num_ctas]  # the CTA's rank's counters
                 if number in counter:
                     queue[heads[cta]] = (number, counter[number])
                     counter[number] += 1

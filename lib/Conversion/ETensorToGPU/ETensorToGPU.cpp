@@ -133,10 +133,11 @@ public:
   bool prefetchNext = false;
   /// Static schedule, tasks in several shared regions: the prefetch of the
   /// next entry runs ahead when its region differs from the current one's.
-  /// `aheadPosition`/`aheadEnd`: the next queue position and the slice end;
   /// `prefetchedAhead`: whether the current entry's prefetch already ran.
   bool prefetchAhead = false;
-  Value aheadPosition, aheadEnd, prefetchedAhead;
+  Value prefetchedAhead;
+  /// Static loop: the CTA's next queue position and its slice's end.
+  Value nextPosition, sliceEnd;
   /// Set by prefetchAheadOf: whether the next entry's prefetch ran.
   Value aheadRan;
   /// The dispatches of the static loop, for prefetchAheadOf.
@@ -166,11 +167,9 @@ public:
   int64_t blockThreads = 0;
   /// Static schedule: the `ticketed` dispatches, and per dispatch the ticket
   /// thread 0 drew ahead for the CTA's next entry (-1: none), as the
-  /// instance being lowered sees it (loop-carried). `ticketNext`,
-  /// `ticketEnd`: the next queue position and the CTA's slice end.
+  /// instance being lowered sees it (loop-carried).
   SmallVector<DispatchOp> ticketed;
   SmallVector<Value> ticketState, loopTicketState;
-  Value ticketNext, ticketEnd;
   /// Dynamic schedule: request the next chunk of positions when taking the
   /// current one, not when the CTA is free.
   bool popAhead = true;
@@ -249,6 +248,8 @@ private:
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
+  Value countAcrossCta(Value pred);
+  Value coordinateOfCount(EventInfo &info, Value count, Value &valid);
   std::optional<unsigned> cachedTableIndex(DispatchOp dispatch);
   Value drawTicket(DispatchOp dispatch, unsigned k);
   void collectCachedTables(ArrayRef<DispatchOp> dispatches);
@@ -617,15 +618,28 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
       b.setInsertionPointToStart(ifInside.elseBlock());
       scf::YieldOp::create(b, ValueRange{i32(0)});
     }
-    Value count = asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
-                        "bar.red.popc.u32 $0, 0, %p; }",
-                        "=r,r", ifInside.getResult(0));
     scf::YieldOp::create(b, ValueRange{arith::AddIOp::create(
-                                b, loop.getRegionIterArg(0), count)});
+                                b, loop.getRegionIterArg(0),
+                                countAcrossCta(ifInside.getResult(0)))});
   }
+  return coordinateOfCount(info, loop.getResult(0), valid);
+}
+
+/// The CTA's count of threads whose `pred` (i32) is nonzero; joins the CTA.
+Value KernelBuilder::countAcrossCta(Value pred) {
+  return asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
+               "bar.red.popc.u32 $0, 0, %p; }",
+               "=r,r", pred);
+}
+
+/// The trigger coordinate from `count` (i32), the number of `indptr`
+/// entries <= the instance: `count - 1`. `valid` is set when the instance
+/// is below `indptr[C]` (fewer than C + 1 entries counted).
+Value KernelBuilder::coordinateOfCount(EventInfo &info, Value count,
+                                       Value &valid) {
+  Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
   Value below = arith::IndexCastOp::create(
-      b, b.getIndexType(),
-      arith::ExtUIOp::create(b, b.getI64Type(), loop.getResult(0)));
+      b, b.getIndexType(), arith::ExtUIOp::create(b, b.getI64Type(), count));
   valid = arith::CmpIOp::create(b, arith::CmpIPredicate::ult, below, entries);
   // indptr[0] = 0 <= linear, so `below` >= 1; clamp anyway so a corrupt
   // table cannot produce a coordinate outside the event.
@@ -704,20 +718,7 @@ KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
   Value below = arith::ExtUIOp::create(
       b, b.getI32Type(),
       arith::CmpIOp::create(b, arith::CmpIPredicate::ule, entry, linear));
-  Value count = asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
-                      "bar.red.popc.u32 $0, 0, %p; }",
-                      "=r,r", below);
-  Value atOrBelow = arith::IndexCastOp::create(
-      b, b.getIndexType(), arith::ExtUIOp::create(b, b.getI64Type(), count));
-  valid =
-      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, atOrBelow, entries);
-  // indptr[0] = 0 <= linear; clamp anyway (see findTriggerCoordinate).
-  Value last = arith::SubIOp::create(b, info.sizes[0], index(1));
-  Value coordinate = arith::MinUIOp::create(
-      b,
-      arith::SubIOp::create(b, arith::MaxUIOp::create(b, atOrBelow, index(1)),
-                            index(1)),
-      last);
+  Value coordinate = coordinateOfCount(info, countAcrossCta(below), valid);
   auto ifValid = scf::IfOp::create(b, b.getI1Type(), valid, true);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -1044,10 +1045,10 @@ Value KernelBuilder::drawTicket(DispatchOp dispatch, unsigned k) {
     b.setInsertionPointAfter(ifHave);
     Value ticket = ifHave.getResult(0);
     Value inSlice = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
-                                          ticketNext, ticketEnd);
+                                          nextPosition, sliceEnd);
     auto ifNext = scf::IfOp::create(b, b.getI1Type(), inSlice, true);
     b.setInsertionPointToStart(ifNext.thenBlock());
-    Value entry = memref::LoadOp::create(b, queue, ValueRange{ticketNext});
+    Value entry = memref::LoadOp::create(b, queue, ValueRange{nextPosition});
     Value task = arith::ShRUIOp::create(b, entry, i64(kInstanceBits));
     scf::YieldOp::create(
         b, ValueRange{arith::CmpIOp::create(b, arith::CmpIPredicate::eq, task,
@@ -1267,19 +1268,16 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     Value next = arith::AddIOp::create(b, loop.getInductionVar(), index(1));
     if (prefetchNext)
       prefetchEntry(next, end, dispatches);
-    if (prefetchAhead) {
-      aheadPosition = next;
-      aheadEnd = end;
+    nextPosition = next;
+    sliceEnd = end;
+    if (prefetchAhead)
       prefetchedAhead = loop.getRegionIterArg(1);
-    }
     loopSeen.assign(loop.getRegionIterArgs().begin() + firstSeen,
                     loop.getRegionIterArgs().begin() + firstTable);
     loopTableState.assign(loop.getRegionIterArgs().begin() + firstTable,
                           loop.getRegionIterArgs().begin() + firstTicket);
     loopTicketState.assign(loop.getRegionIterArgs().begin() + firstTicket,
                            loop.getRegionIterArgs().end());
-    ticketNext = next;
-    ticketEnd = end;
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
@@ -1311,7 +1309,7 @@ void KernelBuilder::prefetchAheadOf(DispatchOp current) {
       ahead.push_back(dispatch);
   aheadRan = ahead.empty() || current.getTriggerEvent()
                  ? arith::ConstantIntOp::create(b, 0, 1).getResult()
-                 : prefetchQueueEntry(aheadPosition, aheadEnd, ahead,
+                 : prefetchQueueEntry(nextPosition, sliceEnd, ahead,
                                       /*reportRan=*/true);
 }
 
