@@ -248,6 +248,15 @@ CONFIGS = {
     "pre_tk": {**M.PRESETS["prefill"], "gemm_deal": "ticket"},
     "mid_tk": {**M.PRESETS["mid"], "gemm_deal": "ticket"},
     "mid_list": {**M.PRESETS["mid"], "gemm_deal": "list"},
+    # The prefill preset whose experts with one row block of at most 64 rows
+    # run it on one warpgroup (short_blocks); and with 32-token top-k blocks
+    # (128 top-k CTAs at T = 4096 instead of 512).
+    "pre_short": {
+        **M.PRESETS["prefill"],
+        "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], ("short_blocks", True)),
+        "down_options": (*M.PRESETS["prefill"]["down_options"], ("short_blocks", True)),
+    },
+    "pre_tb32": {**M.PRESETS["prefill"], "topk_block": 32},
     "pre64_front": {
         **M.PRESETS["prefill"], "block_m": 64, "gate_up_options": _SPLIT,
         "down_options": _SPLIT, "combine_unroll": 2, "permute_unroll": 16,
@@ -289,6 +298,8 @@ TARGETS = {
         "pre_tk",
         "mid_tk",
         "mid_list",
+        "pre_short",
+        "pre_tb32",
     )
     if k in CONFIGS
 }

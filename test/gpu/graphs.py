@@ -167,6 +167,15 @@ MOE_SMALL_ATOMIC, MOE_SMALL_ROUTE_ATOMIC = _moe_small_atomic()
 #: (``MoEConfig.gemm_deal``; the static schedule draws each slot's tile).
 MOE_SMALL_TICKET = dataclasses.replace(MOE_SMALL, gemm_deal="ticket")
 MOE_SMALL_TMA_TICKET = dataclasses.replace(MOE_SMALL_TMA, gemm_deal="ticket")
+#: MOE_SMALL_TMA whose experts with one row block of at most 64 rows run it
+#: on one warpgroup (``short_blocks``): at 300 uniform tokens every expert
+#: has one such block; one expert's 130 tokens take two blocks (both
+#: warpgroups) while the other experts' few rows take the short path.
+MOE_SMALL_TMA_SHORT = dataclasses.replace(
+    MOE_SMALL_TMA,
+    gate_up_options=(*MOE_SMALL_TMA.gate_up_options, ("short_blocks", True)),
+    down_options=(*MOE_SMALL_TMA.down_options, ("short_blocks", True)),
+)
 
 MOE_GRAPH_OPTIONS = {"_route_unguarded": {"gate_up_waits_tables": False}}
 

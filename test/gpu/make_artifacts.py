@@ -57,6 +57,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_SUB,
     MOE_SMALL_TICKET,
     MOE_SMALL_TMA,
+    MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         ("route_tma", MOE_SMALL_ROUTE_TMA), ("gather", MOE_SMALL_GATHER),
         ("route_gather", MOE_SMALL_ROUTE_GATHER), ("atomic", MOE_SMALL_ATOMIC),
         ("route_atomic", MOE_SMALL_ROUTE_ATOMIC), ("tma_ticket", MOE_SMALL_TMA_TICKET),
+        ("tma_short", MOE_SMALL_TMA_SHORT),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

@@ -318,6 +318,40 @@ def test_split_and_sub_tiles_loads_and_errors():
         G.moe_down(64, 8, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True)
 
 
+def test_short_blocks_tiles_loads_and_errors():
+    """short_blocks: an expert's only row block, when it has at most 64 rows,
+    runs its k loop on the first warpgroup alone. The flag is broadcast from
+    lane 0 (a branch ptxas sees as warp-uniform), the second warpgroup yields
+    zero accumulators, and the empty barriers count the warps that run the
+    loop. Loads and references are the plain tile's; bad combinations name
+    the tile."""
+    for make in (G.moe_gate_up, G.moe_down):
+        plain = make(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, stages=2)
+        short = make(
+            128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, stages=2, short_blocks=True
+        )
+        assert short.tensor_maps == plain.tensor_maps and short.params == plain.params
+        src = short.source
+        assert src.count("cp.async.bulk.tensor") == plain.source.count("cp.async.bulk.tensor")
+        assert src.count("wgmma.mma_async") == plain.source.count("wgmma.mma_async")
+        # rows > 64 or more than one row block: the second warpgroup runs.
+        assert src.count("arith.cmpi ugt") == plain.source.count("arith.cmpi ugt") + 2
+        assert "gpu.shuffle idx" in src and "gpu.shuffle idx" not in plain.source
+        assert "mbarrier.init.shared::cta.b64 [$0], $1;" in src
+        assert "mbarrier.init.shared::cta.b64 [$0], 8;" in plain.source
+        assert "short blocks on one warpgroup" in src and "short blocks" not in plain.source
+    for kw, words in (
+        (dict(split_n=True, block_m=64), "short_blocks needs core='tma', block_m=128"),
+        (dict(block_m=64), "short_blocks needs"),
+        (dict(core="mma", smem_limit=48 << 10, stages=2), "got core='mma'"),
+        (dict(gather_topk=2), "no gather"),
+    ):
+        args = dict(core="tma", smem_limit=SMEM, short_blocks=True) | kw
+        bm = args.pop("block_m", 128)
+        with pytest.raises(GraphError, match=words):
+            G.moe_gate_up(bm, 64, H, I, experts=E, **args)
+
+
 def test_split_k_router_tile_and_topk_add_the_parts():
     """gemm(k_splits=S): tile (i, j, s) writes the partial product of k part
     s into rows s*M of C; router_topk(splits=S) adds the parts in order."""
@@ -372,6 +406,8 @@ def test_tma_configuration_errors():
         (lambda: CT.gemm_chunk(128, 128, 256, core="tma", smem_limit=SMEM), None, None, 128),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2), MOE_GU_GATHER, ("m", E), 128),
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2), MOE_DN_COMBINE, ("m", E), 128),
+        (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, short_blocks=True), MOE_GU, ("m", E), 128),
+        (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, short_blocks=True), MOE_DN, ("m", E), 128),
     ],
 )  # fmt: skip
 def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
@@ -403,6 +439,7 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     assert ("cp.async.mbarrier.arrive.noinc.shared::cta.b64" in ptx) == gathered
     info = sm90a_ptxas(ptx, tmp_path)
     assert "0 bytes spill stores" in info
+    assert "serialized" not in info, info
     assert art.cubin is not None
 
 

@@ -50,6 +50,7 @@ gate/up and down tiles need smaller configurations, e.g. ``stages=2``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -177,15 +178,17 @@ class _Text(_mma.Text):
             v = self.c(v)
         return self.op("x", f"arith.{kind} {a}, {v} : index")
 
-    def acc_loop(self, var: str, trip: int, nacc: int) -> tuple[str, str]:
-        """Opens ``scf.for var = 0 to trip`` carrying ``nacc`` f32
-        accumulators ``%acc_<q>``, zero at first; returns the loop's results
-        name and their types (for the ``scf.yield``). The caller indents."""
+    def acc_loop(self, var: str, trip: int | str, nacc: int) -> tuple[str, str]:
+        """Opens ``scf.for var = 0 to trip`` (a constant or an index value)
+        carrying ``nacc`` f32 accumulators ``%acc_<q>``, zero at first;
+        returns the loop's results name and their types (for the
+        ``scf.yield``). The caller indents."""
         types = ", ".join(["f32"] * nacc)
         inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
         res = self.fresh("accs")
+        upper = self.c(trip) if isinstance(trip, int) else trip
         self.emit(
-            f"{res}:{nacc} = scf.for {var} = {self.c(0)} to {self.c(trip)} step {self.c(1)} "
+            f"{res}:{nacc} = scf.for {var} = {self.c(0)} to {upper} step {self.c(1)} "
             f"iter_args({inits}) -> ({types}) {{"
         )
         return res, types
@@ -786,16 +789,23 @@ def _k_column(t: _Text, kt: str | int, k_offset: str | None, rotate: tuple[str, 
 
 
 def _init_ring_barriers(
-    t: _Text, ring: _TmaRing, stages: int, warps: int, full_arrivals: int = 1
+    t: _Text, ring: _TmaRing, stages: int, warps: int | str, full_arrivals: int = 1
 ) -> None:
     """Thread 0 (inside its ``scf.if``): one full (``full_arrivals``: thread
-    0's, plus one per thread of a gather) and one empty (an arrival per warp)
-    mbarrier per stage."""
+    0's, plus one per thread of a gather) and one empty (an arrival per warp
+    that runs the k loop; ``warps`` may be an i32 value) mbarrier per stage."""
     for s in range(stages):
         _asm_ops(
             t, f"mbarrier.init.shared::cta.b64 [$0], {full_arrivals};", [(ring.bar(0, s), "i32")]
         )
-        _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(ring.bar(1, s), "i32")])
+        if isinstance(warps, int):
+            _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(ring.bar(1, s), "i32")])
+        else:
+            _asm_ops(
+                t,
+                "mbarrier.init.shared::cta.b64 [$0], $1;",
+                [(ring.bar(1, s), "i32"), (warps, "i32")],
+            )
     _asm(t, "fence.mbarrier_init.release.cluster;")
 
 
@@ -901,6 +911,19 @@ def _gather_setup(
     return issue
 
 
+def warp_uniform(t: _Text, flag: str) -> str:
+    """``flag`` (i1) as lane 0 of the warp holds it. A branch on it is then
+    warp-uniform to ptxas (CUTLASS broadcasts its warpgroup index the same
+    way): a wgmma under a branch ptxas cannot prove uniform makes it
+    serialise every wgmma of the kernel."""
+    wide = t.op("u", f"arith.extui {flag} : i1 to i32")
+    lane_0 = t.op("u", "arith.constant 0 : i32")
+    width = t.op("u", "arith.constant 32 : i32")
+    shuffled = t.fresh("u")
+    t.emit(f"{shuffled}:2 = gpu.shuffle idx {wide}, {lane_0}, {width} : i32")
+    return t.op("u", f"arith.trunci {shuffled}#0 : i32 to i1")
+
+
 def _body_tma(
     t: _Text,
     *,
@@ -920,6 +943,7 @@ def _body_tma(
     weights_prefetched: bool = False,
     rotate: str | None = None,
     gather: TmaGather | None = None,
+    second_busy: str | None = None,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -966,8 +990,20 @@ def _body_tma(
     stage's full barrier when its copies land (``.noinc``: the barrier counts
     one arrival per thread besides thread 0's); a warp refills its own rows
     once its warpgroup's wgmma has read them, and the warps fence the
-    generic proxy's writes before their wgmma reads them."""
+    generic proxy's writes before their wgmma reads them.
+
+    ``second_busy`` (an ``i1`` value; two warpgroups of their own rows, no
+    ``split_n``, no gather): whether the second warpgroup runs the k loop.
+    When not, its loop takes no k-tile (its accumulators stay zero: rows
+    the epilogue must not store) and the empty barriers wait for the first
+    warpgroup's warps alone: half the tensor-core work. The loop's bound is
+    broadcast from lane 0 (:func:`warp_uniform`)."""
     groups = block_size // 128
+    if second_busy is not None and (groups != 2 or split_n or gather is not None):
+        raise GraphError(
+            f"tile '{name}': an idle second warpgroup needs two warpgroups of their own rows "
+            "(block_size=256, no split_n, no gather)"
+        )
     if gather is not None and (split_n or a_loads or weights_prefetched):
         raise GraphError(
             f"tile '{name}': a gathered A operand takes no A boxes, split_n or prefetched "
@@ -1012,7 +1048,14 @@ def _body_tma(
     outer = t.indent
     t.indent += "  "
     if not weights_prefetched:
-        _init_ring_barriers(t, ring, stages, warps, 1 if gather is None else 1 + block_size)
+        arrivals: int | str = warps
+        if second_busy is not None:
+            arrivals = t.op(
+                "arr",
+                f"arith.select {second_busy}, {_i32(t, t.c(warps))}, "
+                f"{_i32(t, t.c(warps // 2))} : i32",
+            )
+        _init_ring_barriers(t, ring, stages, arrivals, 1 if gather is None else 1 + block_size)
     # Other CTAs wrote the activations through the generic proxy.
     _asm(t, "fence.proxy.async.global;")
     for s in range(min(stages, kt_n)):
@@ -1033,7 +1076,12 @@ def _body_tma(
     else:
         base_a = t.add(base_a, t.mul(group, 64 * bk * 2))
     nacc = wg_rows // 2
-    res, types = t.acc_loop("%kt", kt_n, nacc)
+    trip: int | str = kt_n
+    if second_busy is not None:  # no k-tiles for an idle warpgroup: zero accumulators
+        first = t.op("first", f"arith.cmpi eq, {group}, {t.c(0)} : index")
+        runs = warp_uniform(t, t.op("runs", f"arith.ori {first}, {second_busy} : i1"))
+        trip = t.op("trip", f"arith.select {runs}, {t.c(kt_n)}, {t.c(0)} : index")
+    res, types = t.acc_loop("%kt", trip, nacc)
     t.indent = outer + "  "
     stage = t.bin("remui", "%kt", stages)
     parity = _i32(t, t.bin("remui", t.bin("divui", "%kt", stages), 2))
@@ -1648,7 +1696,9 @@ def _add_rows_f32(
 
 
 def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
-    """Decode tile ``i`` of expert ``e``; opens ``scf.if valid``; returns ``(r0, r1, n0)``."""
+    """Decode tile ``i`` of expert ``e``; opens ``scf.if valid``; returns
+    ``(r0, r1, n0, nmb)``: the block's rows, its first column and the
+    expert's row blocks."""
     vals, local, cnt = _mma.moe_decode(t, indptr, it, t.add("%e", 1))
     nmb = t.bin("divui", t.add(cnt, block_m - 1), block_m)
     nb = t.op("nb", f"arith.divui {local}, {nmb} : index")
@@ -1656,7 +1706,7 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
     r0 = t.add(t.mul(mb, block_m), vals["ro0"])
     r1 = t.bin("minui", t.add(r0, block_m), vals["ro1"])
     n0 = t.mul(nb, block_n)
-    return r0, r1, n0
+    return r0, r1, n0, nmb
 
 
 #: The options of :func:`moe_gate_up` and :func:`moe_down`, with their defaults:
@@ -1664,10 +1714,14 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
 #: planned when None); ``stages`` of the ring; ``smem_limit`` bytes of it;
 #: ``core`` ("mma", "wgmma" or "tma"); ``block_k`` and ``inflight`` (the
 #: wgmma core's k-tile and k-tiles in flight); ``stage_output`` (the TMA
-#: epilogue through shared memory); ``split_n`` and ``sub_n`` (TMA only).
+#: epilogue through shared memory); ``split_n`` and ``sub_n`` (TMA only);
+#: ``short_blocks`` (TMA, 128-row blocks of two warpgroups, no ``split_n``
+#: or gather): an expert's only row block, when it has at most 64 rows, runs
+#: its k loop on the first warpgroup alone (half the wgmma work; the rows
+#: of few-token experts).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
-    inflight=0, stage_output=True, split_n=False, sub_n=None,
+    inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False,
 )  # fmt: skip
 
 
@@ -1752,6 +1806,15 @@ def _moe_tile(
             )
     groups = _split_groups(name, core, split_n, block_size)
     sub = _sub_columns(name, core, block_n, o["sub_n"])
+    short = o["short_blocks"]
+    if short and (
+        core != "tma" or split_n or topk is not None or block_m != 128 or block_size != 256
+    ):
+        raise GraphError(
+            f"tile '{name}': short_blocks needs core='tma', block_m=128 over two warpgroups "
+            f"(block_size=256), no split_n and no gather; got core={core!r}, block_m={block_m}, "
+            f"block_size={block_size}, split_n={split_n}"
+        )
     if core == "tma":
         plan_tma(name, block_m, per_n * sub, k, block_size, stages, o["smem_limit"])
         wm, wn = 1, groups
@@ -1770,7 +1833,7 @@ def _moe_tile(
         at, wt, ot = _mma.down_types(hidden, inter, ed)
         (a, w, out), indptr = ("Hb", "Wd", "Out32" if ctopk else "Yp"), "%dn_indptr"
     t = _Text()
-    r0, r1, n0 = _moe_prologue(t, indptr, it, block_m, block_n)
+    r0, r1, n0, row_blocks = _moe_prologue(t, indptr, it, block_m, block_n)
     n0 = _sub_loop(t, n0, block_n, sub)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
     cw = sub // wn
@@ -1821,11 +1884,22 @@ def _moe_tile(
         else:
             a_loads = [(_map_pointer(t, "%Hb_map"), r0, block_m)]
             b_loads = [(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), sub)]
-        globals_ = _body_tma(
-            t, name=name, k=k, block_m=block_m, b_rows=per_n * sub, block_size=block_size,
-            stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0, epilogue=epilogue,
-            stage_output=o["stage_output"], split_n=split_n, gather=gather,
+        body = functools.partial(
+            _body_tma, t, name=name, k=k, block_m=block_m, b_rows=per_n * sub,
+            block_size=block_size, stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0,
+            epilogue=epilogue, stage_output=o["stage_output"], split_n=split_n, gather=gather,
         )  # fmt: skip
+        second_busy = None
+        if short:
+            # Rows past the first warpgroup's 64, or other row blocks of the
+            # expert: those run in step on neighbouring CTAs and share each
+            # weight box through L2; a block that finishes early drifts out of
+            # step and the weights are read again (+5 % at T = 4096 on an H200).
+            rows = t.bin("subi", r1, r0)
+            more = t.op("busy", f"arith.cmpi ugt, {rows}, {t.c(64)} : index")
+            shared = t.op("busy", f"arith.cmpi ugt, {row_blocks}, {t.c(1)} : index")
+            second_busy = t.op("busy", f"arith.ori {more}, {shared} : i1")
+        globals_ = body(second_busy=second_busy)
         if sub != block_n:
             t.end()
     else:
@@ -1854,6 +1928,7 @@ def _moe_tile(
     return _moe_finish(
         t, name, signature, globals_,
         f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, {_core_text(core, wm, wn)}"
-        + (", rows gathered" if gathered else ""),
+        + (", rows gathered" if gathered else "")
+        + (", short blocks on one warpgroup" if short else ""),
         reference, block_size, core, 6 if gathered else 7 if combined else 5, maps,
     )  # fmt: skip
