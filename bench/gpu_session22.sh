@@ -5,6 +5,7 @@
 # short-block layer and the real-size prefill examples with short blocks.
 # Built with:
 #   BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=tma128wtc,pre_short python bench/moe.py --build .device/n22g/moe
+#   (run 12: BENCH_MOE_CONFIGS=tma128wtc,pre_tk,pre_short,pre_short_tk into .device/n22k, timed at T = 1024, 4096)
 #   python test/gpu/make_artifacts.py .device/n22g/arts --only moe_small_tma
 #   (run 10, the final code: the same for moe_small_tma_short, moe_small_tma_static,
 #   moe_small_tma_dynamic into .device/n22i/arts, and pre_short into .device/n22i/trip)

@@ -257,12 +257,16 @@ CONFIGS = {
         "down_options": (*M.PRESETS["prefill"]["down_options"], ("short_blocks", True)),
     },
     "pre_tb32": {**M.PRESETS["prefill"], "topk_block": 32},
+    # ... and short blocks dealt by ticket: a CTA freed early by a short
+    # block takes the next unclaimed tile instead of running ahead of its
+    # neighbours in its list (which read the same weights through L2).
     "pre64_front": {
         **M.PRESETS["prefill"], "block_m": 64, "gate_up_options": _SPLIT,
         "down_options": _SPLIT, "combine_unroll": 2, "permute_unroll": 16,
         "router_stages": 6, "topk_block": 32,
     },
 }  # fmt: skip
+CONFIGS["pre_short_tk"] = {**CONFIGS["pre_short"], "gemm_deal": "ticket"}
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
 # BENCH_MOE_SIZES=1,16 to those token counts.
 if os.environ.get("BENCH_MOE_CONFIGS"):
@@ -300,6 +304,7 @@ TARGETS = {
         "mid_list",
         "pre_short",
         "pre_tb32",
+        "pre_short_tk",
     )
     if k in CONFIGS
 }
