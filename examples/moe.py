@@ -16,7 +16,11 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
 ``--preset decode|mid|prefill`` takes the tile configuration measured best
 for T <= 8, T from 16 to about 128 and T >= 1024 (``etc.models.moe.PRESETS``:
 mid and prefill are TMA tiles, sm_90a) and compiles with its target and
-``min_ctas_per_sm``; ``--block-*`` then do not apply.
+``min_ctas_per_sm``; ``--block-*`` then do not apply. ``--preset auto``
+compiles all three into one artifact (``etc.models.moe.compile_moe``): each
+launch runs the kernel of T's range (``PRESET_BUCKETS``), no recompiling;
+``--emit-ptx FILE`` then writes one file per kernel (``FILE.<preset>.ptx``)
+and ``--simulate`` runs each T's graph.
 
 ``--routing``: ``uniform`` (random router), ``one-expert`` (every token
 picks expert 0: a bias column in the router weights), ``few-experts``
@@ -106,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
-        "--preset", choices=tuple(M.PRESETS), help="the tuned tile configuration (real sizes)"
-    )
+        "--preset", choices=(*M.PRESETS, "auto"),
+        help="the tuned tile configuration (real sizes); auto: one artifact, a preset per T",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.preset == "auto":
+        return run_family(args)
     router = {
         k: v
         for k, v in (("router_block", args.router_block), ("router_experts", args.router_experts))
@@ -144,11 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     if done is not None:
         return done
     kernel = load_kernel(g, args)
+    return check_sizes(cfg, args, lambda T: (g, kernel))
+
+
+def check_sizes(cfg: M.MoEConfig, args, graph_and_kernel) -> int:
+    """Runs every ``--tokens`` T (``graph_and_kernel(T)``: the graph to
+    simulate and the GPU kernel) against the float32 reference; an exit code."""
     weights = M.random_weights(cfg, args.seed, args.routing)
     failures = 0
     sizes = [int(s) for s in args.tokens.split(",")]
     for T in sizes:
         x = M.random_tokens(cfg, T, args.seed, args.routing)
+        g, kernel = graph_and_kernel(T)
         try:
             out = run_case(g, kernel, args, M.numpy_inputs(cfg, x, weights), {"T": T})
         except etc.ShapeError as exc:  # e.g. T past the fused route's bound
@@ -177,6 +191,46 @@ def main(argv: list[str] | None = None) -> int:
     where = "simulator" if args.simulate else "GPU"
     print(f"{len(sizes) - failures}/{len(sizes)} cases match numpy on the {where}")
     return 1 if failures else 0
+
+
+def run_family(args) -> int:
+    """``--preset auto``: every preset in one artifact, a kernel per range of T."""
+    sizes = dict(hidden=args.hidden, inter=args.inter, experts=args.experts, topk=args.topk)
+    if args.routing == "top1":
+        sizes["topk"] = 1
+    try:
+        family = M.preset_family(**sizes)
+        graphs = [(bound, M.build_moe_graph(cfg, name=f"moe_{n}")) for bound, n, cfg in family]
+    except etc.EtcError as exc:  # sizes the presets' tiles cannot take
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_ir:
+        for _, g in graphs:
+            print(g.to_mlir())
+    compiled = None
+    if args.emit_ptx or args.save_artifact or not (args.simulate or args.artifact):
+        compiled = M.compile_moe(schedule=args.schedule, **sizes)
+    if args.emit_ptx:
+        stem = args.emit_ptx.removesuffix(".ptx")
+        for (_, name, _), art in zip(family, compiled.artifacts, strict=True):
+            with open(f"{stem}.{name}.ptx", "w") as f:
+                f.write(art.ptx)
+            print(f"wrote {stem}.{name}.ptx ({len(art.ptx)} bytes of PTX)")
+        return 0
+    if args.save_artifact:
+        print(f"saved {compiled.save(args.save_artifact)}")
+        return 0
+    kernel = None
+    if not args.simulate:
+        from etc import runtime
+
+        kernel = runtime.load(args.artifact) if args.artifact else compiled.load()
+
+    def graph_and_kernel(T: int):
+        graph = next(g for bound, g in graphs if bound is None or T <= bound)
+        return graph, kernel
+
+    return check_sizes(family[-1][2], args, graph_and_kernel)
 
 
 if __name__ == "__main__":

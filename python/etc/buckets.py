@@ -81,10 +81,14 @@ def _signature(g: Graph) -> tuple:
 
 
 def compile_buckets(
-    symbol: str, graphs: Sequence[tuple[int | None, Graph]], **options: Any
+    symbol: str,
+    graphs: Sequence[tuple[int | None, Graph] | tuple[int | None, Graph, dict[str, Any]]],
+    **options: Any,
 ) -> BucketedArtifact:
     """Compile ``graphs`` (``(upper bound of symbol, graph)``, bounds
-    increasing, the last None) with the same ``etc.compile`` options.
+    increasing, the last None) with the same ``etc.compile`` options; an
+    entry ``(bound, graph, more)`` adds or overrides options for that graph
+    alone (a target, ``min_ctas_per_sm``: the MoE presets differ in both).
 
     Raises GraphError, naming the graph, when the graphs differ in their
     tensors or symbols, when ``symbol`` is not one of them, or when the
@@ -93,6 +97,14 @@ def compile_buckets(
 
     if not graphs:
         raise GraphError("compile_buckets: no graphs")
+    for entry in graphs:
+        if len(entry) == 3 and not isinstance(entry[2], dict):
+            raise GraphError(
+                f"compile_buckets: graph '{entry[1].name}': its options must be a dict, "
+                f"got {entry[2]!r}"
+            )
+    more = [entry[2] if len(entry) == 3 else {} for entry in graphs]
+    graphs = [(entry[0], entry[1]) for entry in graphs]
     bounds = [bound for bound, _ in graphs]
     if bounds[-1] is not None:
         raise GraphError(
@@ -114,4 +126,11 @@ def compile_buckets(
                 f"compile_buckets: graph '{g.name}' takes other tensors or symbols than "
                 f"'{first.name}': one set of buffers must serve every bucket"
             )
-    return BucketedArtifact(symbol, bounds, [compile_graph(g, **options) for _, g in graphs])
+    return BucketedArtifact(
+        symbol,
+        bounds,
+        [
+            compile_graph(g, **{**options, **extra})
+            for (_, g), extra in zip(graphs, more, strict=True)
+        ],
+    )

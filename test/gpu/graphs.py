@@ -178,6 +178,8 @@ MOE_SMALL_TMA_SHORT = dataclasses.replace(
 )
 
 MOE_GRAPH_OPTIONS = {"_route_unguarded": {"gate_up_waits_tables": False}}
+#: Sizes at which every MoE preset's tiles work (``compile_moe``'s GPU test).
+MOE_FAMILY_SIZES = {"hidden": 512, "inter": 512, "experts": 16, "topk": 2}
 
 
 def diamond() -> etc.Graph:

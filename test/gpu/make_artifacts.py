@@ -15,6 +15,8 @@ the compiler; the GPU machine needs only the runtime):
 - ``llama_tiny[_fused_aring]_<schedule>/``: the whole decoder
   (`etc.models.llama.TINY`, and with fused norms and activations through the
   weight ring: ``llama_tiny_variants()`` in ``graphs.py``);
+- ``moe_small_family_<schedule>/``: the MoE presets at small sizes in one
+  bucketed artifact (``etc.models.moe.compile_moe``);
 - ``moe_small_<schedule>/``: the MoE layer (data-dependent triggers and
   wait-count tables) at small sizes, ``MOE_SMALL`` in ``graphs.py``;
   ``moe_small_tma_<schedule>/`` the same on the TMA GEMM tiles (sm_90a),
@@ -43,6 +45,7 @@ from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 sys.path.insert(0, str(REPO / "test" / "gpu"))
 from graphs import (  # noqa: E402
     GRAPHS,
+    MOE_FAMILY_SIZES,
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
@@ -168,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith(args.only):
             llama.compile_decoder(cfg, "static").save(args.out / name)
             print(f"{name}: {args.out / name} (static)")
+    # The MoE presets in one artifact, a kernel per range of T (compile_moe).
+    for schedule in ("static", "dynamic"):
+        name = f"moe_small_family_{schedule}"
+        if name.startswith(args.only):
+            moe.compile_moe(schedule=schedule, **MOE_FAMILY_SIZES).save(args.out / name)
+            print(f"{name}: {args.out / name} ({schedule}, 3 kernels)")
     from etc.models import collective
 
     for variant in ("gemm_rs", "ag_gemm", *TENSOR_PARALLEL_VARIANTS):

@@ -21,6 +21,7 @@ from etc.models import moe as M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from graphs import (  # noqa: E402
+    MOE_FAMILY_SIZES,
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
@@ -214,3 +215,22 @@ def test_short_blocks_give_the_plain_tiles_bits(schedule: str) -> None:
     plain = MOE_SMALL_TMA
     for T, routing, _, _, a, b in _paired("tma_short", "", schedule, MOE_SMALL_TMA_SHORT, plain):
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_one_artifact_runs_each_preset_by_token_count(schedule: str) -> None:
+    # compile_moe: the decode, mid and prefill presets in one artifact; each
+    # launch runs the kernel of T's range on the same buffers (the decode
+    # kernel leaves the logits' spare rows alone), back to back.
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small_family_{schedule}")
+    family = M.preset_family(**MOE_FAMILY_SIZES)
+    assert kernel.bounds == [bound for bound, _, _ in family]
+    cfg = family[-1][2]
+    for T, routing in ((1, "uniform"), (8, "uniform"), (9, "few-experts"), (256, "one-expert"),
+                       (257, "uniform"), (300, "few-experts")):  # fmt: skip
+        weights = M.random_weights(cfg, seed=T, routing=routing)
+        x = M.random_tokens(cfg, T, seed=T, routing=routing)
+        arrays = M.numpy_inputs(cfg, x, weights)
+        kernel.launch(arrays, {"T": T})
+        ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
+        assert M.rel_err(arrays["Out"], ref) <= 1e-2, (T, routing)

@@ -81,6 +81,23 @@ def test_compile_buckets_checks_bounds_and_graphs():
     other = splitk_graph(K=128)
     with pytest.raises(etc.GraphError, match="takes other tensors or symbols"):
         etc.compile_buckets("n", [(4, g), (None, other)])
+    with pytest.raises(etc.GraphError, match="its options must be a dict, got 'sm_90a'"):
+        etc.compile_buckets("n", [(4, g, "sm_90a"), (None, g)])
+
+
+@needs_bindings
+def test_compile_buckets_takes_options_per_graph():
+    """An entry's own options add to or override the common ones (the MoE
+    presets differ in target and CTAs per SM)."""
+    art = etc.compile_buckets(
+        "n",
+        [(8, splitk_graph(), {"target": "sm_90a", "min_ctas_per_sm": 2}), (None, splitk_graph())],
+        schedule="static",
+        target="sm_90",
+    )
+    first, second = (a.ptx for a in art.artifacts)
+    assert ".target sm_90a" in first and ".minnctapersm 2" in first
+    assert ".target sm_90\n" in second and ".minnctapersm" not in second
 
 
 @needs_bindings

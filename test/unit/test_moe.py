@@ -713,3 +713,75 @@ def test_atomic_combine_unfused_graphs_and_errors():
         gemm_tc.moe_down(128, 64, 256, 192, experts=16, core="tma", stages=2, combine_topk=0)
     with pytest.raises(etc.GraphError, match="combine_topk=2 needs core='tma'"):
         gemm_tc.moe_down(128, 64, 256, 192, experts=16, stages=2, combine_topk=2)
+
+
+# The presets at sizes every one of their tiles takes (decode's rings need k >= 512).
+FAMILY_SIZES = dict(hidden=512, inter=512, experts=16, topk=2)
+
+
+def test_preset_family_shares_one_set_of_buffers():
+    """compile_moe's configurations: each bucket's preset, all declaring the
+    largest router split's logits rows, so one set of buffers serves every
+    kernel; the decode preset's top-k then counts T from topk_ids."""
+    family = M.preset_family(**FAMILY_SIZES)
+    assert [(bound, name) for bound, name, _ in family] == list(M.PRESET_BUCKETS)
+    shapes = [M.tensor_shapes(cfg, 37) for _, _, cfg in family]
+    assert all(s == shapes[0] for s in shapes) and shapes[0]["logits"] == ((4 * 37, 16), "f32")
+    decode = family[0][2]
+    assert (decode.router_splits, decode.logits_parts, decode.logit_rows) == (1, 4, 4)
+    tiles = M._small_tiles(decode)
+    assert "memref.dim %ids" in tiles["topk"].source
+    assert (
+        "memref.dim %ids" not in M._small_tiles(M.preset("decode", **FAMILY_SIZES))["topk"].source
+    )
+    with pytest.raises(etc.GraphError, match="logits_parts=2 must be 0 or an int of at least"):
+        M.preset("prefill", logits_parts=2)
+    with pytest.raises(etc.GraphError, match="no buckets"):
+        M.preset_family(())
+
+
+@needs_trigger
+@pytest.mark.parametrize("routing, tokens", [("uniform", "1,9,300"), ("one-expert", "7,130")])
+def test_example_auto_preset_simulates_each_bucket(routing, tokens):
+    """``examples/moe.py --preset auto --simulate``: each T runs its bucket's
+    graph (decode up to 8 tokens, mid to 256, prefill above), all on the
+    same buffers, against the float32 reference."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "moe.py"
+    sizes = [f"--{k}={v}" for k, v in FAMILY_SIZES.items()]
+    cmd = [sys.executable, str(script), "--simulate", "--preset", "auto", *sizes]
+    done = subprocess.run(
+        [*cmd, "--routing", routing, "--tokens", tokens], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    n = len(tokens.split(","))
+    assert f"{n}/{n} cases match numpy on the simulator" in done.stdout
+
+
+@needs_bindings
+@needs_ptxas
+def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
+    """One artifact, a kernel per range of T: each preset's graph compiled
+    for its own target and CTAs per SM (compile_buckets' per-graph options);
+    ptxas assembles every kernel."""
+    import json
+    import subprocess
+
+    art = M.compile_moe(**FAMILY_SIZES)
+    assert art.symbol == "T" and art.bounds == [8, 256, None]
+    assert [a.kernel_name for a in art.artifacts] == ["moe_decode", "moe_mid", "moe_prefill"]
+    for a, (_, name, _) in zip(art.artifacts, M.preset_family(**FAMILY_SIZES), strict=True):
+        target = M.PRESET_TARGETS[name]
+        assert f".target {target}\n" in a.ptx
+        assert (".minnctapersm 2" in a.ptx) == (M.PRESET_MIN_CTAS_PER_SM[name] == 2)
+        ptx = tmp_path / f"{name}.ptx"
+        ptx.write_text(a.ptx)
+        subprocess.run(
+            ["ptxas", f"-arch={target}", str(ptx), "-o", str(tmp_path / "k.cubin")], check=True
+        )
+    art.save(tmp_path / "moe")
+    table = json.loads((tmp_path / "moe" / "buckets.json").read_text())
+    assert [b["max"] for b in table["buckets"]] == [8, 256, None] and table["symbol"] == "T"

@@ -50,9 +50,12 @@ from ..tiles import moe as moe_tiles
 __all__ = [
     "MoEConfig",
     "PRESETS",
+    "PRESET_BUCKETS",
     "PRESET_MIN_CTAS_PER_SM",
     "PRESET_TARGETS",
     "preset",
+    "preset_family",
+    "compile_moe",
     "ROUTINGS",
     "UNFUSED_TASKS",
     "build_moe_graph",
@@ -140,6 +143,18 @@ PRESET_TARGETS = {"decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"}
 #: otherwise takes its hungriest tile's 255 registers (one CTA per SM); the
 #: TMA tiles' rings of 192-200 KiB allow one CTA per SM anyway (0: no cap).
 PRESET_MIN_CTAS_PER_SM = {"decode": 2, "prefill": 0, "mid": 0}
+
+
+#: The presets by token count for one artifact (:func:`compile_moe`):
+#: ``(largest T, preset)``, increasing, the last without a bound. From the
+#: H200 measurements (``bench/RESULTS.md``): ``decode`` up to T = 8 (it and
+#: ``mid`` cross between 8 and 16), ``mid`` at T = 16 and 128, ``prefill`` at
+#: T = 1024 and 4096. The bound 256 between the last two is not measured.
+PRESET_BUCKETS: tuple[tuple[int | None, str], ...] = (
+    (8, "decode"),
+    (256, "mid"),
+    (None, "prefill"),
+)
 
 
 def preset(name: str, **overrides: Any) -> MoEConfig:
@@ -254,6 +269,12 @@ class MoEConfig:
     #: names) or "ticket" (each of a CTA's slots runs the next tile no CTA
     #: has claimed, so the GEMM phases end evenly across CTAs).
     gemm_deal: str = "list"
+    #: Rows of the ``logits`` buffer per token (0: ``router_splits``). The
+    #: kernels of one artifact share their buffers (:func:`compile_moe`), so
+    #: each declares the family's largest ``router_splits``; a kernel with
+    #: fewer parts leaves the spare rows unused and its top-k takes T from
+    #: ``topk_ids``.
+    logits_parts: int = 0
 
     def __post_init__(self) -> None:
         for key in (
@@ -307,6 +328,16 @@ class MoEConfig:
                 f"multiple of 64 x router_splits; got router={self.router!r}, "
                 f"hidden={self.hidden}"
             )
+        if (
+            not isinstance(self.logits_parts, int)
+            or isinstance(self.logits_parts, bool)
+            or (self.logits_parts and self.logits_parts < self.router_splits)
+            or self.logits_parts < 0
+        ):
+            raise GraphError(
+                f"MoEConfig: logits_parts={self.logits_parts!r} must be 0 or an int of at least "
+                f"router_splits={self.router_splits}"
+            )
         if self.gemm_deal not in DEALS:
             raise GraphError(
                 f"MoEConfig: gemm_deal must be one of {', '.join(map(repr, DEALS))}, "
@@ -355,6 +386,11 @@ class MoEConfig:
         """The largest ``T`` the layer's graph takes (the fused route tile's
         bound), or None."""
         return self.route_max_tokens if self.route == "fused" else None
+
+    @property
+    def logit_rows(self) -> int:
+        """Rows of ``logits`` per token (``logits_parts`` or ``router_splits``)."""
+        return self.logits_parts or self.router_splits
 
     @property
     def n_gu(self) -> int:
@@ -409,7 +445,7 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "Wr": ((E, H), "bf16"),
         "Wgu": ((E, 2 * II, H), "bf16"),
         "Wd": ((E, H, II), "bf16"),
-        "logits": ((cfg.router_splits * T, E), "f32"),
+        "logits": ((cfg.logit_rows * T, E), "f32"),
         "topk_ids": ((T, K), "i32"),
         "topk_w": ((T, K), "f32"),
         "counts": ((E,), "i32"),
@@ -484,14 +520,17 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
         tiles["combine"] = moe_tiles.combine(
             cfg.combine_block, K, H, unroll=cfg.combine_unroll, block_size=bs
         )
+    spare = cfg.logit_rows != cfg.router_splits  # T from topk_ids, not the logits' rows
     if cfg.route == "fused":
         tiles["route"] = moe_tiles.route(
             E, K, cfg.block_m, cfg.n_gu, cfg.n_dn, max_tokens=cfg.route_max_tokens,
-            splits=cfg.router_splits, block_size=bs,
+            splits=cfg.router_splits, tokens_from_ids=spare, block_size=bs,
         )  # fmt: skip
     else:
         tiles |= {
-            "topk": moe_tiles.router_topk(RB, TB, E, K, splits=cfg.router_splits, block_size=bs),
+            "topk": moe_tiles.router_topk(
+                RB, TB, E, K, splits=cfg.router_splits, tokens_from_ids=spare, block_size=bs
+            ),
             "clear": moe_tiles.clear_counts(E, block_size=bs),
             "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
         }
@@ -773,6 +812,51 @@ def _last_task(cfg: MoEConfig) -> tuple[str, tuple[str, ...]]:
     if cfg.combine == "atomic":
         return "cast", ("Out32", "Out")
     return "combine", ("topk_w", "inv", "Yp", "Out")
+
+
+def preset_family(
+    buckets: tuple[tuple[int | None, str], ...] = PRESET_BUCKETS, **overrides: Any
+) -> list[tuple[int | None, str, MoEConfig]]:
+    """``(largest T, preset name, configuration)`` of each kernel of
+    :func:`compile_moe`: the preset with ``overrides``, its ``logits``
+    buffer sized for the family's largest ``router_splits`` so that one set
+    of buffers (:func:`numpy_inputs` / :func:`torch_inputs` of any member)
+    serves every kernel."""
+    if not buckets:
+        raise GraphError("preset_family: no buckets")
+    configs = [(bound, name, preset(name, **overrides)) for bound, name in buckets]
+    parts = max(cfg.router_splits for _, _, cfg in configs)
+    return [(bound, name, replace(cfg, logits_parts=parts)) for bound, name, cfg in configs]
+
+
+def compile_moe(
+    buckets: tuple[tuple[int | None, str], ...] = PRESET_BUCKETS,
+    *,
+    schedule: str = "static",
+    name: str = "moe",
+    **overrides: Any,
+) -> Any:
+    """The layer as one artifact for every T (``etc.compile_buckets``): a
+    kernel per range of T, each the preset measured best there
+    (:data:`PRESET_BUCKETS`), compiled for its own target and
+    ``min_ctas_per_sm``. ``etc.runtime.load`` of the saved artifact launches
+    the kernel whose range holds T, with no recompilation; its buffers are
+    those of :func:`preset_family`'s configurations. ``overrides``: sizes
+    (``hidden``, ``experts``, ...) for every preset."""
+    from ..buckets import compile_buckets
+
+    graphs = [
+        (
+            bound,
+            build_moe_graph(cfg, name=f"{name}_{preset_name}"),
+            {
+                "target": PRESET_TARGETS[preset_name],
+                "min_ctas_per_sm": PRESET_MIN_CTAS_PER_SM[preset_name],
+            },
+        )
+        for bound, preset_name, cfg in preset_family(buckets, **overrides)
+    ]
+    return compile_buckets("T", graphs, schedule=schedule)
 
 
 def build_unfused_graphs(

@@ -300,10 +300,9 @@ def _check_topk(name: str, E: int, K: int) -> None:
         raise GraphError(f"tile '{name}': topk={K} exceeds 32 (lane k writes choice k)")
 
 
-def _summed_logits(L: np.ndarray, splits: int, t0: int, t1: int) -> np.ndarray:
-    """numpy's logits of tokens ``[t0, t1)`` from ``splits`` partial sums
+def _summed_logits(L: np.ndarray, splits: int, t0: int, t1: int, T: int) -> np.ndarray:
+    """numpy's logits of tokens ``[t0, t1)`` of T from ``splits`` partial sums
     (part ``p`` in rows ``p*T ...``), added in part order as the tiles do."""
-    T = L.shape[0] // splits
     logits = L[t0:t1].copy()
     for p in range(1, splits):
         logits += L[p * T + t0 : p * T + t1]
@@ -396,16 +395,21 @@ def _topk_select(E: int, K: int, splits: int, l_t: str, ind: str) -> tuple[str, 
     return "\n".join(lines), consts, pick_id, pick_p, total
 
 
-def _logit_rows(splits: int, l_t: str) -> str:
-    """``%T`` (tokens) from the logits' rows over the parts; part p's rows
-    start at ``%tS<p>``."""
-    if splits == 1:
+def _logit_rows(splits: int, l_t: str, ids_t: str | None = None) -> str:
+    """``%T`` (tokens) from the logits' rows over the parts, or with
+    ``ids_t`` from the rows of ``%ids`` (the logits may have spare rows);
+    part p's rows start at ``%tS<p>``."""
+    if ids_t is not None:
+        tokens = f"  %T = memref.dim %ids, %c0 : {ids_t}\n"
+    elif splits == 1:
         return f"  %T = memref.dim %L, %c0 : {l_t}"
-    return (
-        f"  %Lrows = memref.dim %L, %c0 : {l_t}\n"
-        f"  %cS = arith.constant {splits} : index\n"
-        "  %T = arith.divui %Lrows, %cS : index\n"
-    ) + "\n".join(
+    else:
+        tokens = (
+            f"  %Lrows = memref.dim %L, %c0 : {l_t}\n"
+            f"  %cS = arith.constant {splits} : index\n"
+            "  %T = arith.divui %Lrows, %cS : index\n"
+        )
+    return tokens + "\n".join(
         f"  %c{p}_s = arith.constant {p} : index\n  %tS{p} = arith.muli %T, %c{p}_s : index"
         for p in range(1, splits)
     )
@@ -418,6 +422,7 @@ def router_topk(
     K: int,
     *,
     splits: int = 1,
+    tokens_from_ids: bool = False,
     name: str = "moe_topk",
     block_size: int = 256,
 ) -> DeviceFunction:
@@ -437,7 +442,9 @@ def router_topk(
 
     ``splits=S``: the logits come in ``S`` partial sums (``L`` is ``S*T x
     E``, part ``s`` in rows ``s*T ...``: a split-K router), added in part
-    order as they are loaded.
+    order as they are loaded. ``tokens_from_ids``: T is the rows of ``ids``,
+    not of ``L`` over S (``L`` may have spare rows: one buffer for kernels
+    with other splits).
     """
     warps = _check_block(name, block_size)
     _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits)
@@ -456,7 +463,7 @@ def router_topk(
         f"{ind}  %pmine = memref.atomic_rmw addi %c1_i32, %counts[%emine] : (i32, {c_t}) -> i32\n"
         f"{ind}  memref.store %pmine, %pos[%t, %lane] : {ids_t}"
     )
-    rows = _logit_rows(splits, l_t)
+    rows = _logit_rows(splits, l_t, ids_t if tokens_from_ids else None)
     source = f"""\
 // {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {c_t}, %pos: {ids_t}) {{
@@ -498,12 +505,12 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
         i: int, j: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray, counts: np.ndarray,
         pos: np.ndarray,
     ) -> None:  # fmt: skip
-        T = L.shape[0] // splits
+        T = ids.shape[0]
         t0 = i * RB + j * TB
         t1 = min(t0 + TB, T)
         if t0 >= t1:
             return
-        ids[t0:t1], tw[t0:t1] = topk_from_logits(_summed_logits(L, splits, t0, t1), K)
+        ids[t0:t1], tw[t0:t1] = topk_from_logits(_summed_logits(L, splits, t0, t1, T), K)
         for t in range(t0, t1):
             for k in range(K):
                 pos[t, k] = counts[ids[t, k]]
@@ -1010,6 +1017,7 @@ def route(
     *,
     max_tokens: int = ROUTE_MAX_TOKENS,
     splits: int = 1,
+    tokens_from_ids: bool = False,
     name: str = "moe_route",
     block_size: int = 256,
 ) -> DeviceFunction:
@@ -1029,7 +1037,8 @@ def route(
 
     One warp takes ``ceil(T / warps)`` tokens one after another: for
     decode (a few tokens), not prefill (see ``docs/moe.md``). ``splits``:
-    the logits come in that many partial sums (as in :func:`router_topk`)."""
+    the logits come in that many partial sums (as in :func:`router_topk`;
+    ``tokens_from_ids`` too)."""
     warps = _check_block(name, block_size)
     _positive(name, E=E, K=K, BM=BM, NT=NT, ND=ND, max_tokens=max_tokens, splits=splits)
     _check_topk(name, E, K)
@@ -1078,7 +1087,7 @@ func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_
   %lane = arith.remui %tid, %c32 : index
   %is_warp0 = arith.cmpi eq, %warp, %c0 : index
   %writer = arith.cmpi ult, %lane, %cK : index
-{_logit_rows(splits, l_t)}
+{_logit_rows(splits, l_t, ids_t if tokens_from_ids else None)}
   %N = arith.muli %T, %cK : index
   %ids_s = memref.get_global @{name}__ids : {s_t}
   %pos_s = memref.get_global @{name}__pos : {s_t}
@@ -1129,7 +1138,8 @@ func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_
         row_off: np.ndarray, gu: np.ndarray, dn: np.ndarray, hw: np.ndarray, dt: np.ndarray,
         perm: np.ndarray, inv: np.ndarray,
     ) -> None:  # fmt: skip
-        ids[...], tw[...] = topk_from_logits(_summed_logits(L, splits, 0, L.shape[0] // splits), K)
+        T = ids.shape[0]
+        ids[...], tw[...] = topk_from_logits(_summed_logits(L, splits, 0, T, T), K)
         tables = plan_tables(ids, BM, NT, ND, E)
         counts[...] = np.diff(tables["row_off"])
         for key, out in (
