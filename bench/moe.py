@@ -267,6 +267,10 @@ CONFIGS = {
     },
 }  # fmt: skip
 CONFIGS["pre_short_tk"] = {**CONFIGS["pre_short"], "gemm_deal": "ticket"}
+# The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
+# per range of T); its buffers are the prefill member's (4 logits rows a token).
+AUTO = "auto"
+CONFIGS[AUTO] = {**M.PRESETS["prefill"], "logits_parts": M.PRESETS["prefill"]["router_splits"]}
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
 # BENCH_MOE_SIZES=1,16 to those token counts.
 if os.environ.get("BENCH_MOE_CONFIGS"):
@@ -358,6 +362,11 @@ def build(out: Path) -> None:
     for key in CONFIGS:
         cfg = moe_config(key)
         target = TARGETS.get(key, "sm_90")
+        if key == AUTO:  # its kernels are compile_moe's; no unfused or one-claim variants
+            for schedule in ("static",) if LEAN else ("static", "dynamic"):
+                M.compile_moe(schedule=schedule).save(out / f"fused_{key}_{schedule}")
+                print("built", f"fused_{key}_{schedule}")
+            continue
         for schedule in ("static",) if LEAN else ("static", "dynamic"):
             g = M.build_moe_graph(cfg, name=f"moe_{key}")
             etc.compile(g, schedule=schedule, target=target).save(out / f"fused_{key}_{schedule}")
@@ -567,7 +576,7 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
         variants = [(key, s) for s in schedules]
         if key in OCCUPANCY:
             variants += [(f"{key}_occ", s) for s in schedules]
-        if not LEAN:
+        if not LEAN and key != AUTO:
             variants.append((f"{key}_one", "dynamic"))
         for variant, schedule in variants:
             name = f"ETC fused {variant} {schedule}"
@@ -584,7 +593,7 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             if good:
                 record(f"{name}, eager", timed(torch, launch, calls, reps))
                 record(f"{name}, GPU time", gpu_timed(torch, launch, calls, reps))
-        if LEAN:
+        if LEAN or key == AUTO:
             continue
         kernels = [etc.runtime.load(artifacts / f"unfused_{key}_{t}") for t in M.unfused_tasks(cfg)]
         names = [{p.name for p in k.manifest.inputs} for k in kernels]
