@@ -50,7 +50,6 @@ gate/up and down tiles need smaller configurations, e.g. ``stages=2``).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -1884,11 +1883,6 @@ def _moe_tile(
         else:
             a_loads = [(_map_pointer(t, "%Hb_map"), r0, block_m)]
             b_loads = [(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), sub)]
-        body = functools.partial(
-            _body_tma, t, name=name, k=k, block_m=block_m, b_rows=per_n * sub,
-            block_size=block_size, stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0,
-            epilogue=epilogue, stage_output=o["stage_output"], split_n=split_n, gather=gather,
-        )  # fmt: skip
         second_busy = None
         if short:
             # Rows past the first warpgroup's 64, or other row blocks of the
@@ -1899,7 +1893,12 @@ def _moe_tile(
             more = t.op("busy", f"arith.cmpi ugt, {rows}, {t.c(64)} : index")
             shared = t.op("busy", f"arith.cmpi ugt, {row_blocks}, {t.c(1)} : index")
             second_busy = t.op("busy", f"arith.ori {more}, {shared} : i1")
-        globals_ = body(second_busy=second_busy)
+        globals_ = _body_tma(
+            t, name=name, k=k, block_m=block_m, b_rows=per_n * sub, block_size=block_size,
+            stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0, epilogue=epilogue,
+            stage_output=o["stage_output"], split_n=split_n, gather=gather,
+            second_busy=second_busy,
+        )  # fmt: skip
         if sub != block_n:
             t.end()
     else:
