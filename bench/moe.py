@@ -125,8 +125,17 @@ CONFIGS = {
     # (no Xp, no permute: 134 MB written and read again at T = 4096).
     "pre_gather": {**M.PRESETS["prefill"], "gather": True},
     # The prefill preset with the down tiles adding their weighted rows into
-    # Out (bf16 L2 reductions): no Yp, no combine pass.
+    # the float32 sums Out32 (L2 reductions after a zero task; a cast task
+    # instead of the combine, no Yp).
     "pre_atomic": {**M.PRESETS["prefill"], "combine": "atomic"},
+    # ... into half-precision sums Out16 (16-byte reductions of the staged
+    # block); _cast: the cast on 32 tokens a CTA, 8 chunks in flight a thread
+    # (4 tokens a CTA, one chunk at a time, took 24 us at T = 4096).
+    "pre_atomic16": {**M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16"},
+    "pre_atomic16_cast": {
+        **M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16", "combine_block": 32,
+        "combine_unroll": 8,
+    },
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
     "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
@@ -290,6 +299,8 @@ TARGETS = {
         "tma128wtc32",
         "pre_gather",
         "pre_atomic",
+        "pre_atomic16",
+        "pre_atomic16_cast",
         "tma16",
         "tma128",
         "pre_mem",
@@ -565,7 +576,12 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             print(f"T={T:5d} ETC {key}: its route tile takes at most {cfg.max_tokens} tokens")
             continue
         shapes = M.tensor_shapes(cfg, T)
-        dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+        dtypes = {
+            "bf16": torch.bfloat16,
+            "i32": torch.int32,
+            "f32": torch.float32,
+            "f16": torch.float16,
+        }
         scratch = {
             n: torch.zeros(s, dtype=dtypes[d], device="cuda")
             for n, (s, d) in shapes.items()

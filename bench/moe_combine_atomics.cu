@@ -10,12 +10,15 @@
 //               red.global.add.noftz.v4.bf16x2 (Out zeroed first).
 //   red_f32   : each permuted row added into an fp32 Out32[token] with
 //               red.global.add.v4.f32, then a cast pass to bf16.
+//   red_f16   : (twenty-third session) as red_bf16 into an f16 Out16 with
+//               red.global.add.noftz.v4.f16x2.
 //
 // Build and run (H200): nvcc -O3 -arch=sm_90a bench/moe_combine_atomics.cu -o
 // /tmp/mca && /tmp/mca Times: CUDA events, median of 30 launches after 5
 // warm-ups; T = 1024 and 4096, K = 8, H = 2048, 128 experts, uniform random
 // routing.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -86,6 +89,20 @@ __global__ void red_bf16(const int *perm, uint4 *Out, int R) {
   }
 }
 
+__global__ void red_f16(const int *perm, uint4 *Out16, int R) {
+  for (long q = blockIdx.x * (long)blockDim.x + threadIdx.x;
+       q < (long)R * CHUNKS; q += (long)gridDim.x * blockDim.x) {
+    int r = q / CHUNKS, c = q % CHUNKS;
+    int t = perm[r] / K;
+    uint4 *at = Out16 + (long)t * CHUNKS + c;
+    unsigned one = 0x3c003c00u; // 1.0 f16
+    asm volatile(
+        "red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(at),
+        "r"(one), "r"(one), "r"(one), "r"(one)
+        : "memory");
+  }
+}
+
 __global__ void red_f32(const int *perm, float4 *Out32, int R) {
   // Two 16-byte reductions per 8-column chunk.
   for (long q = blockIdx.x * (long)blockDim.x + threadIdx.x;
@@ -141,7 +158,7 @@ int main() {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int grid = sms * 8, block = 256;
   std::printf("T, store_us, combine_us, red_bf16_us, red_f32_us, cast_us, "
-              "memset_bf16_us, memset_f32_us\n");
+              "memset_bf16_us, memset_f32_us, red_f16_us\n");
   for (int T : {1024, 4096}) {
     const int R = T * K;
     // Uniform routing: K distinct experts per token; rows grouped by expert.
@@ -198,6 +215,9 @@ int main() {
     float rf =
         median_us(cold([&] { red_f32<<<grid, block>>>(d_perm, d_Out32, R); })) -
         flush_us;
+    float rh =
+        median_us(cold([&] { red_f16<<<grid, block>>>(d_perm, d_Out, R); })) -
+        flush_us;
     float cs =
         median_us(cold([&] { cast_f32<<<grid, block>>>(d_Out32, d_Out, T); })) -
         flush_us;
@@ -225,9 +245,16 @@ int main() {
     long bad = 0;
     for (size_t i = 0; i < out.size(); ++i)
       bad += __bfloat162float(out[i]) != K || out32[i] != K;
-    std::printf("%d, %.1f, %.1f, %.1f, %.1f, %.1f, %.1f, %.1f  (flush %.1f us, "
-                "wrong elements %ld)\n",
-                T, st, cb, rb, rf, cs, zb, zf, flush_us, bad);
+    CHECK(cudaMemset(d_Out, 0, (size_t)T * H * 2));
+    red_f16<<<grid, block>>>(d_perm, d_Out, R);
+    std::vector<__half> out16((size_t)T * H);
+    CHECK(cudaMemcpy(out16.data(), d_Out, out16.size() * 2,
+                     cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < out16.size(); ++i)
+      bad += __half2float(out16[i]) != K;
+    std::printf("%d, %.1f, %.1f, %.1f, %.1f, %.1f, %.1f, %.1f, %.1f  (flush "
+                "%.1f us, wrong elements %ld)\n",
+                T, st, cb, rb, rf, cs, zb, zf, rh, flush_us, bad);
     CHECK(cudaFree(flush));
     for (void *p : {(void *)d_perm, (void *)d_inv, (void *)d_tw, (void *)d_Yp,
                     (void *)d_Out, (void *)d_Out32})

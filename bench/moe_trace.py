@@ -154,7 +154,12 @@ def run(artifacts: Path, out: Path | None, sizes=SIZES) -> dict:
     start = time.perf_counter()
     cfg0 = moe_config(next(iter(CONFIGS)))
     W = M.random_weights_torch(cfg0, seed=0)
-    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+    dtypes = {
+        "bf16": torch.bfloat16,
+        "i32": torch.int32,
+        "f32": torch.float32,
+        "f16": torch.float16,
+    }
     kernels = {v: etc.runtime.load(artifacts / artifact_name(*v)) for v in variants()}
     results: dict = {"device": torch.cuda.get_device_name(), "rows": []}
     text: list[str] = []

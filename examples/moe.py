@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         "--combine", choices=M.COMBINES, default="task",
         help="atomic: down tiles add their rows into float32 sums (TMA tiles: --preset prefill)",
     )  # fmt: skip
+    p.add_argument(
+        "--combine-dtype", choices=("f32", "f16"), default="f32",
+        help="the sums of --combine atomic (f16: half the bytes, overflow past 65504)",
+    )  # fmt: skip
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
         "--preset", choices=(*M.PRESETS, "auto"),
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = replace(
             cfg, route=args.route, route_max_tokens=args.route_max_tokens, gather=args.gather,
-            combine=args.combine,
+            combine=args.combine, combine_dtype=args.combine_dtype,
         )  # fmt: skip
         g = M.build_moe_graph(cfg)
     except etc.EtcError as exc:  # a configuration the tiles cannot take
@@ -195,6 +199,16 @@ def check_sizes(cfg: M.MoEConfig, args, graph_and_kernel) -> int:
 
 def run_family(args) -> int:
     """``--preset auto``: every preset in one artifact, a kernel per range of T."""
+    tuned = {
+        "--route": args.route != "split",
+        "--gather": args.gather,
+        "--combine": args.combine != "task",
+        "--combine-dtype": args.combine_dtype != "f32",
+    }
+    if any(tuned.values()):  # each preset keeps its own tiles
+        flags = ", ".join(k for k, v in tuned.items() if v)
+        print(f"error: {flags} apply to one --preset, not to --preset auto", file=sys.stderr)
+        return 2
     sizes = dict(hidden=args.hidden, inter=args.inter, experts=args.experts, topk=args.topk)
     if args.routing == "top1":
         sizes["topk"] = 1

@@ -160,6 +160,23 @@ def _moe_small_atomic():
 
 #: MOE_SMALL_TMA and MOE_SMALL_ROUTE_TMA with the atomic combine (sm_90a).
 MOE_SMALL_ATOMIC, MOE_SMALL_ROUTE_ATOMIC = _moe_small_atomic()
+
+
+def _moe_small_atomic16():
+    from dataclasses import replace
+
+    # The same with half-precision sums: 16-byte reductions of the staged
+    # block, the cast 3 chunks a thread per step (5 tokens a CTA: clamped
+    # ends); with the fused route on 32-column down blocks, which are not
+    # staged, so their 4-byte reductions come from the accumulators.
+    return (
+        replace(MOE_SMALL_ATOMIC, combine_dtype="f16", combine_block=5, combine_unroll=3),
+        replace(MOE_SMALL_ROUTE_ATOMIC, combine_dtype="f16", block_n_dn=32),
+    )
+
+
+#: MOE_SMALL_ATOMIC and MOE_SMALL_ROUTE_ATOMIC adding into f16 sums (sm_90a).
+MOE_SMALL_ATOMIC16, MOE_SMALL_ROUTE_ATOMIC16 = _moe_small_atomic16()
 #: ``etc.models.moe.build_moe_graph`` options by artifact variant: ``_unguarded``
 #: has gate/up tiles that look up their expert (and prefetch its weights)
 #: without waiting for the routing tables.

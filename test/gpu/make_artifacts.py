@@ -49,11 +49,13 @@ from graphs import (  # noqa: E402
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
+    MOE_SMALL_ATOMIC16,
     MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
     MOE_SMALL_ROUTE_ATOMIC,
+    MOE_SMALL_ROUTE_ATOMIC16,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
@@ -139,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         ("tma", MOE_SMALL_TMA), ("split", MOE_SMALL_SPLIT), ("sub", MOE_SMALL_SUB),
         ("route_tma", MOE_SMALL_ROUTE_TMA), ("gather", MOE_SMALL_GATHER),
         ("route_gather", MOE_SMALL_ROUTE_GATHER), ("atomic", MOE_SMALL_ATOMIC),
-        ("route_atomic", MOE_SMALL_ROUTE_ATOMIC), ("tma_ticket", MOE_SMALL_TMA_TICKET),
+        ("route_atomic", MOE_SMALL_ROUTE_ATOMIC), ("atomic16", MOE_SMALL_ATOMIC16),
+        ("route_atomic16", MOE_SMALL_ROUTE_ATOMIC16), ("tma_ticket", MOE_SMALL_TMA_TICKET),
         ("tma_short", MOE_SMALL_TMA_SHORT),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")

@@ -25,11 +25,13 @@ from graphs import (  # noqa: E402
     MOE_GRAPH_OPTIONS,
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
+    MOE_SMALL_ATOMIC16,
     MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
     MOE_SMALL_ROUTE_ATOMIC,
+    MOE_SMALL_ROUTE_ATOMIC16,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SPLIT,
@@ -52,7 +54,7 @@ pytestmark = [
     [
         "", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma",
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
-        "_ticket", "_tma_ticket", "_tma_short",
+        "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -72,6 +74,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_route_gather": MOE_SMALL_ROUTE_GATHER,
         "_atomic": MOE_SMALL_ATOMIC,
         "_route_atomic": MOE_SMALL_ROUTE_ATOMIC,
+        "_atomic16": MOE_SMALL_ATOMIC16,
+        "_route_atomic16": MOE_SMALL_ROUTE_ATOMIC16,
         "_ticket": MOE_SMALL_TICKET,
         "_tma_ticket": MOE_SMALL_TMA_TICKET,
         "_tma_short": MOE_SMALL_TMA_SHORT,
@@ -155,8 +159,9 @@ def _paired(variant: str, route: str, schedule: str, cfg: M.MoEConfig, plain: M.
         weights = M.random_weights(cfg, seed=5, routing=routing)
         x = M.random_tokens(cfg, T, seed=T, routing=routing)
         a, b = M.numpy_inputs(cfg, x, weights), M.numpy_inputs(plain, x, weights)
-        if "Out32" in a:
-            a["Out32"][...] = np.nan  # the zero task must clear the sums
+        for sums in ("Out32", "Out16"):
+            if sums in a:
+                a[sums][...] = np.nan  # the zero task must clear the sums
         kernel.launch(a, {"T": T})
         plain_kernel.launch(b, {"T": T})
         yield T, routing, x, weights, a, b
@@ -176,18 +181,22 @@ def test_gathered_rows_give_the_permuted_copy_s_bits(route: str, schedule: str) 
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
 
 
+@pytest.mark.parametrize("variant", ["atomic", "atomic16"])
 @pytest.mark.parametrize("route", ["", "_route"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_atomic_combine_matches_the_combine_task(route: str, schedule: str) -> None:
-    # The down tiles that add their weighted rows into float32 sums (L2
-    # reductions) against the same layer with Yp and the combine task, over
-    # sums that held NaN (the zero task clears them): as close to the float32
-    # reference (the rows are not rounded to bf16 before the sum), and the
-    # simulator's answer alike.
-    cfg = MOE_SMALL_ROUTE_ATOMIC if route else MOE_SMALL_ATOMIC
-    graph = M.build_moe_graph(cfg, name=f"moe_small{route}_atomic")
-    plain = replace(cfg, combine="task")
-    for T, routing, x, weights, a, b in _paired("atomic", route, schedule, cfg, plain):
+def test_atomic_combine_matches_the_combine_task(variant: str, route: str, schedule: str) -> None:
+    # The down tiles that add their weighted rows into float32 (or f16) sums
+    # (L2 reductions) against the same layer with Yp and the combine task,
+    # over sums that held NaN (the zero task clears them): as close to the
+    # float32 reference (the rows are not rounded to bf16 before the sum),
+    # and the simulator's answer alike.
+    cfg = {
+        ("atomic", ""): MOE_SMALL_ATOMIC, ("atomic", "_route"): MOE_SMALL_ROUTE_ATOMIC,
+        ("atomic16", ""): MOE_SMALL_ATOMIC16, ("atomic16", "_route"): MOE_SMALL_ROUTE_ATOMIC16,
+    }[variant, route]  # fmt: skip
+    graph = M.build_moe_graph(cfg, name=f"moe_small{route}_{variant}")
+    plain = replace(cfg, combine="task", combine_dtype="f32")
+    for T, routing, x, weights, a, b in _paired(variant, route, schedule, cfg, plain):
         ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
         simulated = etc.simulate(graph, M.numpy_inputs(cfg, x, weights), {"T": T})
         assert np.isfinite(bf16_to_f32(a["Out"])).all(), (T, routing)
@@ -226,8 +235,8 @@ def test_one_artifact_runs_each_preset_by_token_count(schedule: str) -> None:
     family = M.preset_family(**MOE_FAMILY_SIZES)
     assert kernel.bounds == [bound for bound, _, _ in family]
     cfg = family[-1][2]
-    for T, routing in ((1, "uniform"), (8, "uniform"), (9, "few-experts"), (256, "one-expert"),
-                       (257, "uniform"), (300, "few-experts")):  # fmt: skip
+    for T, routing in ((1, "uniform"), (8, "uniform"), (9, "few-experts"), (896, "one-expert"),
+                       (897, "uniform"), (300, "few-experts")):  # fmt: skip
         weights = M.random_weights(cfg, seed=T, routing=routing)
         x = M.random_tokens(cfg, T, seed=T, routing=routing)
         arrays = M.numpy_inputs(cfg, x, weights)

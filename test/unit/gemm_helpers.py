@@ -187,3 +187,5 @@ MOE_DN_COMBINE = [
     ("topk_w", ("n", 2), "f32"),
     ("Out32", ("n", H), "f32"),
 ]
+#: The same tile adding into half-precision sums (``combine_dtype="f16"``).
+MOE_DN_COMBINE16 = MOE_DN_COMBINE[:-1] + [("Out16", ("n", H), "f16")]

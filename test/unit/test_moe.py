@@ -642,36 +642,41 @@ def test_gathering_unfused_graphs_and_errors():
 
 
 # The same small TMA layer with the down tiles adding their weighted rows into
-# float32 sums (MoEConfig(combine="atomic")): a zero task first, no Yp, and a
-# cast task instead of the combine.
+# float32 or half sums (MoEConfig(combine="atomic")): a zero task first, no
+# Yp, and a cast task instead of the combine.
 @needs_trigger
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("route", M.ROUTES)
 @pytest.mark.parametrize("T,routing", [(1, "uniform"), (150, "one-expert"), (41, "top1")])
-def test_atomic_combine_in_simulator(schedule, route, T, routing):
+def test_atomic_combine_in_simulator(dtype, schedule, route, T, routing):
     base = replace(TMA_SMALL, route=route, route_max_tokens=160)
-    cfg, x, w, ref = case(replace(base, combine="atomic", zero_block=7), T, routing)
+    atomic = replace(base, combine="atomic", combine_dtype=dtype, zero_block=7)
+    cfg, x, w, ref = case(atomic, T, routing)
+    sums = {"f32": "Out32", "f16": "Out16"}[dtype]
     g = M.build_moe_graph(cfg)
     names = [t.name for t in g.topological_tasks()]
     assert names[0] == "zero" and names[-2:] == ["down", "cast"]
     assert "combine" not in names and "Yp" not in {t.name for t in g.tensors}
-    assert "Yp" not in M.tensor_shapes(cfg, T) and M.tensor_shapes(cfg, T)["Out32"] == (
+    assert "Yp" not in M.tensor_shapes(cfg, T) and M.tensor_shapes(cfg, T)[sums] == (
         (T, cfg.hidden),
-        "f32",
+        dtype,
     )
     # The routing's last task waits for the zero task; every down tile follows it.
     last = {t.name: t for t in g.tasks}["route" if route == "fused" else "plan"]
     assert "zeroed" in {e.event.name for e in last.in_edges}
     arrays = M.numpy_inputs(cfg, x, w)
-    arrays["Out32"][...] = np.nan  # the zero task must clear it
+    assert arrays[sums].dtype == {"f32": np.float32, "f16": np.float16}[dtype]
+    arrays[sums][...] = np.nan  # the zero task must clear it
     out = etc.simulate(g, arrays, {"T": T}, schedule=schedule, seed=T)
     assert M.rel_err(out["Out"], ref) <= 1e-2
     copy, *_ = case(base, T, routing)
     want = etc.simulate(
         M.build_moe_graph(copy), M.numpy_inputs(copy, x, w), {"T": T}, schedule=schedule, seed=T
     )
-    # Summed in float32 from unrounded rows, the output is no further from the
-    # reference than the combine task's (which rounds each row to bf16 first).
+    # Summed from rows rounded to float32 or f16 (11 bits), the output is no
+    # further from the reference than the combine task's (which rounds each
+    # row to bf16, 8 bits, first).
     assert M.rel_err(out["Out"], ref) <= M.rel_err(want["Out"], ref) + 2**-9
     hand = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w))
     assert M.rel_err(hand["Out"], ref) <= 1e-2
@@ -713,6 +718,18 @@ def test_atomic_combine_unfused_graphs_and_errors():
         gemm_tc.moe_down(128, 64, 256, 192, experts=16, core="tma", stages=2, combine_topk=0)
     with pytest.raises(etc.GraphError, match="combine_topk=2 needs core='tma'"):
         gemm_tc.moe_down(128, 64, 256, 192, experts=16, stages=2, combine_topk=2)
+    with pytest.raises(etc.GraphError, match="combine_dtype must be 'f32' or 'f16'.*'bf16'"):
+        gemm_tc.moe_down(
+            128, 64, 256, 192, experts=16, core="tma", combine_topk=2, combine_dtype="bf16"
+        )
+    with pytest.raises(etc.GraphError, match="combine_dtype must be .*with combine_topk"):
+        gemm_tc.moe_down(128, 64, 256, 192, experts=16, core="tma", combine_dtype="f16")
+    with pytest.raises(etc.GraphError, match="combine_dtype must be one of 'f32', 'f16'"):
+        replace(TMA_SMALL, combine="atomic", combine_dtype="bf16")
+    with pytest.raises(etc.GraphError, match="got 'f16' with combine='task'"):
+        replace(TMA_SMALL, combine_dtype="f16")
+    with pytest.raises(etc.GraphError, match="tile 'moe_zero': dtype must be one of"):
+        T_.zero_rows(4, 256, dtype="bf16")
 
 
 # The presets at sizes every one of their tiles takes (decode's rings need k >= 512).
@@ -771,7 +788,7 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
     import subprocess
 
     art = M.compile_moe(**FAMILY_SIZES)
-    assert art.symbol == "T" and art.bounds == [8, 256, None]
+    assert art.symbol == "T" and art.bounds == [8, 896, None]
     assert [a.kernel_name for a in art.artifacts] == ["moe_decode", "moe_mid", "moe_prefill"]
     for a, (_, name, _) in zip(art.artifacts, M.preset_family(**FAMILY_SIZES), strict=True):
         target = M.PRESET_TARGETS[name]
@@ -784,4 +801,4 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
         )
     art.save(tmp_path / "moe")
     table = json.loads((tmp_path / "moe" / "buckets.json").read_text())
-    assert [b["max"] for b in table["buckets"]] == [8, 256, None] and table["symbol"] == "T"
+    assert [b["max"] for b in table["buckets"]] == [8, 896, None] and table["symbol"] == "T"

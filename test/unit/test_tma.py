@@ -14,6 +14,7 @@ from gemm_helpers import (
     DENSE,
     MOE_DN,
     MOE_DN_COMBINE,
+    MOE_DN_COMBINE16,
     MOE_GU,
     MOE_GU_GATHER,
     E,
@@ -395,6 +396,21 @@ def test_tma_configuration_errors():
 
 @needs_bindings
 @needs_ptxas
+def test_half_sums_without_staging_add_pairs(tmp_path):
+    # 32-column down blocks are not staged (under 64 columns): the f16 sums
+    # take each accumulator pair as a 4-byte reduction instead.
+    tile = G.moe_down(
+        128, 32, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2, combine_dtype="f16"
+    )
+    ptx = compile_tile(tile, MOE_DN_COMBINE16, ("m", E), target="sm_90a").ptx
+    assert "red.global.add.noftz.f16x2 " in ptx and "red.global.add.noftz.v4" not in ptx
+    assert "ld.shared.v4.b32" not in ptx
+    info = sm90a_ptxas(ptx, tmp_path)
+    assert "0 bytes spill stores" in info and "serialized" not in info, info
+
+
+@needs_bindings
+@needs_ptxas
 @pytest.mark.parametrize(
     "make, tensors, grid, n",
     [
@@ -406,6 +422,7 @@ def test_tma_configuration_errors():
         (lambda: CT.gemm_chunk(128, 128, 256, core="tma", smem_limit=SMEM), None, None, 128),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2), MOE_GU_GATHER, ("m", E), 128),
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2), MOE_DN_COMBINE, ("m", E), 128),
+        (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2, combine_dtype="f16"), MOE_DN_COMBINE16, ("m", E), 128),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, short_blocks=True), MOE_GU, ("m", E), 128),
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, short_blocks=True), MOE_DN, ("m", E), 128),
     ],
@@ -428,11 +445,15 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     assert f"setp.lt.u32 p, n, {G.MBAR_POLLS}" in ptx and "trap;" in ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in ptx
     # Every TMA tile stores its block through shared memory in 16-byte rows
-    # (the collective tile into its chunk of C), but the combining down tile,
-    # which adds its pairs into the float32 sums instead of storing.
+    # (the collective tile into its chunk of C), but the float32 combining
+    # down tile, which adds its pairs into the sums instead of storing; the
+    # half one adds the staged rows' 16-byte chunks.
     combining = tensors is MOE_DN_COMBINE
+    half = tensors is MOE_DN_COMBINE16
     assert ("ld.shared.v4.b32" in ptx) != combining
     assert ("red.global.add.v2.f32" in ptx) == combining
+    assert ("red.global.add.noftz.v4.f16x2" in ptx) == half
+    assert "red.global.add.noftz.f16x2 " not in ptx  # only where the block cannot be staged
     maps = [t for t in art.manifest["tensors"] if "tensor_map" in t]
     gathered = tensors is MOE_GU_GATHER  # its rows come by cp.async, not a map
     assert [t["tensor_map"]["box"][1] for t in maps] == [64] * (1 if gathered else 2)

@@ -11,7 +11,8 @@ With ``MoEConfig(route="fused")`` (decode) the routing is one hop::
     logits(i, j) --scored--> route --planned--> permute(e) ...
 
 With ``MoEConfig(combine="atomic")`` the down tiles add their weighted rows
-into float32 sums ``Out32`` (cleared by a ``zero`` task the routing's last
+into float32 sums ``Out32`` (half-precision ``Out16`` with
+``combine_dtype="f16"``; cleared by a ``zero`` task the routing's last
 task waits for), and ``cast`` replaces ``combine``::
 
     zero(i) --zeroed--> plan (or route) ... down(i, e) --down_done--> cast
@@ -147,12 +148,12 @@ PRESET_MIN_CTAS_PER_SM = {"decode": 2, "prefill": 0, "mid": 0}
 
 #: The presets by token count for one artifact (:func:`compile_moe`):
 #: ``(largest T, preset)``, increasing, the last without a bound. From the
-#: H200 measurements (``bench/RESULTS.md``): ``decode`` up to T = 8 (it and
-#: ``mid`` cross between 8 and 16), ``mid`` at T = 16 and 128, ``prefill`` at
-#: T = 1024 and 4096. The bound 256 between the last two is not measured.
+#: H200 measurements (``bench/RESULTS.md``, item 91): ``decode`` up to T = 8
+#: (it and ``mid`` cross between 8 and 16), ``mid`` from T = 16 to 896 (2-10 %
+#: ahead of ``prefill`` at 256, 512, 640, 768, 896), ``prefill`` from 1024 on.
 PRESET_BUCKETS: tuple[tuple[int | None, str], ...] = (
     (8, "decode"),
-    (256, "mid"),
+    (896, "mid"),
     (None, "prefill"),
 )
 
@@ -219,8 +220,8 @@ class MoEConfig:
     combine_block: int = 4
     block_size: int = 256
     #: (row, chunk) pairs a permute thread moves per step, and (token, chunk)
-    #: pairs a combine thread sums per step: the loads each thread keeps in
-    #: flight (``etc.tiles.moe.permute`` / ``combine``).
+    #: pairs a combine (or cast) thread sums per step: the loads each thread
+    #: keeps in flight (``etc.tiles.moe.permute`` / ``combine`` / ``cast_rows``).
     permute_unroll: int = moe_tiles.PERMUTE_UNROLL
     combine_unroll: int = 1
     #: Pipeline stages of the router's TMA tile (``router="tc"``).
@@ -264,6 +265,11 @@ class MoEConfig:
     #: (``gemm="tc"``, ``core="tma"``, not ``split_n``).
     combine: str = "task"
     zero_block: int = 32
+    #: The sums of an atomic combine: "f32" (``Out32``) or "f16" (``Out16``:
+    #: each weighted row rounded to half precision and added in 16-byte
+    #: chunks, a quarter of float32's L2 reductions; sums past 65504
+    #: overflow to infinity).
+    combine_dtype: str = "f32"
     #: How the static schedule deals the gate/up and down tiles
     #: (``Graph.task(deal=...)``): "list" (each CTA runs the tiles its list
     #: names) or "ticket" (each of a CTA's slots runs the next tile no CTA
@@ -355,6 +361,14 @@ class MoEConfig:
             raise GraphError(
                 "MoEConfig: combine='atomic' needs the TMA down tile (gemm='tc', down_options "
                 f"core='tma', no split_n); got gemm={self.gemm!r}, down_options={dn!r}"
+            )
+        if self.combine_dtype not in moe_tiles.SUMS or (
+            self.combine_dtype != "f32" and self.combine != "atomic"
+        ):
+            raise GraphError(
+                f"MoEConfig: combine_dtype must be one of {', '.join(map(repr, moe_tiles.SUMS))} "
+                f"(and not 'f32' only with combine='atomic'), got {self.combine_dtype!r} with "
+                f"combine={self.combine!r}"
             )
         if not isinstance(self.gather, bool):
             raise GraphError(f"MoEConfig: gather must be a bool, got {self.gather!r}")
@@ -466,9 +480,9 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         del spec["pos"]
     if cfg.gather:  # the gate/up tiles read X through perm
         del spec["Xp"]
-    if cfg.combine == "atomic":  # the down tiles add into float32 sums
+    if cfg.combine == "atomic":  # the down tiles add into the sums
         del spec["Yp"]
-        spec["Out32"] = ((T, H), "f32")
+        spec[_sums(cfg)] = ((T, H), cfg.combine_dtype)
     return spec
 
 
@@ -496,7 +510,9 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
         return gate_up, down
     kw = {"experts": cfg.experts, "block_size": cfg.block_size}
     gu_kw = {"gather_topk": cfg.topk} if cfg.gather else {}
-    dn_kw = {"combine_topk": cfg.topk} if cfg.combine == "atomic" else {}
+    dn_kw = {}
+    if cfg.combine == "atomic":
+        dn_kw = {"combine_topk": cfg.topk, "combine_dtype": cfg.combine_dtype}
     gate_up = gemm_tiles.moe_gate_up(
         cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw, **gu_kw,
         **dict(cfg.gate_up_options),
@@ -514,8 +530,11 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
     RB, TB = cfg.router_block, cfg.topk_block
     tiles = {"logits": _router_tile(cfg)}
     if cfg.combine == "atomic":
-        tiles["zero"] = moe_tiles.zero_rows(cfg.zero_block, H, block_size=bs)
-        tiles["cast"] = moe_tiles.cast_rows(cfg.combine_block, H, block_size=bs)
+        dt = cfg.combine_dtype
+        tiles["zero"] = moe_tiles.zero_rows(cfg.zero_block, H, dtype=dt, block_size=bs)
+        tiles["cast"] = moe_tiles.cast_rows(
+            cfg.combine_block, H, dtype=dt, unroll=cfg.combine_unroll, block_size=bs
+        )
     else:
         tiles["combine"] = moe_tiles.combine(
             cfg.combine_block, K, H, unroll=cfg.combine_unroll, block_size=bs
@@ -557,15 +576,20 @@ def _gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
     return ("Xp", "Wgu", "row_off", "gu_indptr", "Hb")
 
 
+def _sums(cfg: MoEConfig) -> str:
+    """The tensor an atomic combine adds into: ``Out32`` or ``Out16``."""
+    return moe_tiles.SUMS[cfg.combine_dtype][0]
+
+
 def _down_args(cfg: MoEConfig) -> tuple[str, ...]:
-    """The down task's tensors, in order (an atomic combine adds into ``Out32``)."""
+    """The down task's tensors, in order (an atomic combine adds into the sums)."""
     if cfg.combine == "atomic":
-        return ("Hb", "Wd", "row_off", "dn_indptr", "perm", "topk_w", "Out32")
+        return ("Hb", "Wd", "row_off", "dn_indptr", "perm", "topk_w", _sums(cfg))
     return ("Hb", "Wd", "row_off", "dn_indptr", "Yp")
 
 
 def _zero_task(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles) -> Any:
-    """``zero(i)`` clearing ``Out32`` for the adding down tiles; returns its
+    """``zero(i)`` clearing the sums for the adding down tiles; returns its
     event (one coordinate), which the routing's last task waits for, so
     every down tile runs after it. Added first, so it comes first in the
     static lists (at T = 4096 its 33 MB delayed the logits by ~17 µs:
@@ -573,7 +597,11 @@ def _zero_task(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles) -> An
     blocks = (T + cfg.zero_block - 1) // cfg.zero_block
     zeroed = g.event((1,), wait_count=blocks, name="zeroed")
     g.task(
-        tiles["zero"], grid=(blocks,), args=(t["Out32"],), out_edges={zeroed: "i->0"}, name="zero"
+        tiles["zero"],
+        grid=(blocks,),
+        args=(t[_sums(cfg)],),
+        out_edges={zeroed: "i->0"},
+        name="zero",
     )
     return zeroed
 
@@ -807,10 +835,10 @@ def build_moe_graph(
 
 def _last_task(cfg: MoEConfig) -> tuple[str, tuple[str, ...]]:
     """The task after the down tiles and its tensors: ``combine`` (gathers
-    the rows of ``Yp``) or, with an atomic combine, ``cast`` (``Out32`` to
+    the rows of ``Yp``) or, with an atomic combine, ``cast`` (the sums to
     bf16)."""
     if cfg.combine == "atomic":
-        return "cast", ("Out32", "Out")
+        return "cast", (_sums(cfg), "Out")
     return "combine", ("topk_w", "inv", "Yp", "Out")
 
 
@@ -883,9 +911,9 @@ def build_unfused_graphs(
         return g, T, _tensors(g, cfg, T, names)
 
     if cfg.combine == "atomic":
-        g, T, t = graph("zero", ["Out32"])
+        g, T, t = graph("zero", [_sums(cfg)])
         zb = cfg.zero_block
-        g.task(tiles["zero"], grid=((T + zb - 1) // zb,), args=(t["Out32"],), name="zero")
+        g.task(tiles["zero"], grid=((T + zb - 1) // zb,), args=(t[_sums(cfg)],), name="zero")
         out.append(("zero", g))
     if not fused:
         g, T, t = graph("clear", ["counts"])
@@ -1011,7 +1039,7 @@ def down_reference(
 ) -> Callable[..., None]:
     """Numpy reference of the down tile ``(i, e)`` (``etc.tiles._mma.down_reference``);
     with ``combine_topk=K`` on ``(Hb, Wd, row_off, dn_indptr, perm, topk_w,
-    Out32)``, adding its weighted rows into the float32 sums."""
+    Out32)`` (or ``Out16``), adding its weighted rows into the sums."""
     return _mma.down_reference(BM, BN, combine_topk=combine_topk)
 
 
@@ -1040,7 +1068,7 @@ def run_tile_references(
     RB, EC, TB = cfg.router_block, cfg.router_experts, cfg.topk_block
     if cfg.combine == "atomic":
         for i in range(-(-T // cfg.zero_block)):
-            tiles["zero"].reference(i, a["Out32"])
+            tiles["zero"].reference(i, a[_sums(cfg)])
     for i in range(-(-T // RB)):
         for j in range(E // EC):
             for s in range(cfg.router_splits):
@@ -1127,7 +1155,7 @@ def numpy_inputs(
     T = x.shape[0]
     arrays = {}
     for name, (shape, dt) in tensor_shapes(cfg, T).items():
-        storage = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32}[dt]
+        storage = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32, "f16": np.float16}[dt]
         arrays[name] = np.zeros(shape, storage)
     arrays["X"][...] = x
     for k in ("Wr", "Wgu", "Wd"):
@@ -1143,7 +1171,12 @@ def torch_inputs(
     any of X, Wr, Wgu, Wd (else left zero)."""
     import torch
 
-    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "f32": torch.float32}
+    dtypes = {
+        "bf16": torch.bfloat16,
+        "i32": torch.int32,
+        "f32": torch.float32,
+        "f16": torch.float16,
+    }
     out = {}
     for name, (shape, dt) in tensor_shapes(cfg, T).items():
         out[name] = torch.zeros(shape, dtype=dtypes[dt], device=device)

@@ -203,15 +203,18 @@ def down_types(hidden: int, inter: int, ed: str) -> tuple[str, str, str]:
     )
 
 
-def down_signature(ht: str, wt: str, yt: str, it: str, combine_topk: int | None = None) -> str:
+def down_signature(
+    ht: str, wt: str, yt: str, it: str, combine_topk: int | None = None, sums_dtype: str = "f32"
+) -> str:
     """``(Hb, Wd, row_off, dn_indptr, Yp)``, or with ``combine_topk=K`` the
-    slots, their weights and the tokens' float32 sums: ``(Hb, Wd, row_off,
-    dn_indptr, perm, topk_w, Out32)``."""
+    slots, their weights and the tokens' sums: ``(Hb, Wd, row_off,
+    dn_indptr, perm, topk_w, Out32)`` (``Out16`` for ``sums_dtype="f16"``)."""
     head = f"%i: index, %e: index, %Hb: {ht}, %Wd: {wt}, %row_off: {it}, %dn_indptr: {it}, "
     if combine_topk is None:
         return head + f"%Yp: {yt}"
-    out32 = yt.replace("xbf16>", "xf32>")
-    return head + f"%perm: memref<?xi32>, %topk_w: memref<?x{combine_topk}xf32>, %Out32: {out32}"
+    sums = yt.replace("xbf16>", f"x{sums_dtype}>")
+    name = "Out16" if sums_dtype == "f16" else "Out32"
+    return head + f"%perm: memref<?xi32>, %topk_w: memref<?x{combine_topk}xf32>, %{name}: {sums}"
 
 
 # -- numpy references -----------------------------------------------------------
@@ -277,8 +280,8 @@ def down_reference(
     block_m: int, block_n: int, combine_topk: int | None = None
 ) -> Callable[..., None]:
     """The down tile's reference; with ``combine_topk=K`` it takes ``(Hb, Wd,
-    row_off, dn_indptr, perm, topk_w, Out32)`` and adds each weighted row into
-    its token's float32 sum (:func:`add_weighted_rows`)."""
+    row_off, dn_indptr, perm, topk_w, Out32)`` (or ``Out16``) and adds each
+    weighted row into its token's sum (:func:`add_weighted_rows`)."""
 
     def reference(i: int, e: int, Hb, Wd, row_off, dn_indptr, *rest) -> None:
         block = moe_block(i, e, row_off, dn_indptr, block_m, block_n)
@@ -297,11 +300,12 @@ def down_reference(
 
 def add_weighted_rows(
     y: np.ndarray, rs: slice, cs: slice, topk: int, perm: np.ndarray, topk_w: np.ndarray,
-    out32: np.ndarray,
+    sums: np.ndarray,
 ) -> None:  # fmt: skip
-    """``out32[perm[r] // topk, cs] += w * y[r]`` (float32) for the permuted
-    rows ``rs`` of a down block, ``w`` the row's routing weight. The rows of
-    one expert are distinct tokens, so the block adds at once."""
+    """``sums[perm[r] // topk, cs] += w * y[r]`` (in ``sums``' type, float32
+    or float16, each product rounded to it first) for the permuted rows
+    ``rs`` of a down block, ``w`` the row's routing weight. The rows of one
+    expert are distinct tokens, so the block adds at once."""
     slots = perm[rs].astype(np.int64)
     w = topk_w.reshape(-1)[slots][:, None]
-    out32[slots // topk, cs] += (w * y).astype(np.float32)
+    sums[slots // topk, cs] += (w * y).astype(sums.dtype)

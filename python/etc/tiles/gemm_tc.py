@@ -1140,10 +1140,10 @@ def _body_tma(
     t.after_join = invalidate
     if stage_output:
         ring_start = ring.base_a  # without the warpgroup offset added above
-        t.staging = lambda t, values, cols, out, r1, n_limit: _staged_store(
+        t.staging = lambda t, values, cols, out, r1, n_limit, **kw: _staged_store(
             t, values, cols, out, r1, n_limit, ring=ring_start, ring_bytes=stages * a_bytes,
             block_m=block_m, block_size=block_size, tid=tid, group=group, warp=warp,
-            lane=lane, r0=r0, split_n=split_n,
+            lane=lane, r0=r0, split_n=split_n, **kw,
         )  # fmt: skip
     _wgmma_epilogue(t, final, wg_rows, group, warp, lane, r0, epilogue, split_n)
     t.staging = None
@@ -1155,8 +1155,9 @@ def _body_tma(
 
 #: A staged store's destination: ``(memref, its type)``, or a callable
 #: ``store(t, vec, local_row, col)`` that emits one 16-byte store of
-#: ``vec`` (``vector<8xbf16>``) for the block's ``local_row`` (rows of a
-#: peer's buffer, a chunk of a 3-D buffer).
+#: ``vec`` (``vector<8xbf16>``, ``vector<8xf16>`` for half pairs) for the
+#: block's ``local_row`` (rows of a peer's buffer, a chunk of a 3-D buffer,
+#: an L2 reduction).
 StagedOut = tuple[str, str] | Callable[[_Text, str, str, str], None]
 
 
@@ -1192,7 +1193,8 @@ def _staged_store(
     t: _Text, values, cols_at: list[str], out: StagedOut, r1: str, n_limit: str | None,
     *, ring: str,
     ring_bytes: int, block_m: int, block_size: int, tid: str, group: str, warp: str,
-    lane: str, r0: str, split_n: bool = False,
+    lane: str, r0: str, split_n: bool = False, pair: Callable[..., str] | None = None,
+    elem: str = "bf16",
 ) -> bool:  # fmt: skip
     """Store a TMA tile's bf16 block (``values[0][f]``: the wgmma fragment of
     columns ``8f..8f+7``, at ``cols_at[f]``) through shared memory: every thread writes its pairs
@@ -1203,7 +1205,9 @@ def _staged_store(
     (nothing emitted) when the block does not fit or has under 64 columns.
     ``split_n``: the warpgroups hold column slices of the same rows. A
     callable ``out`` (see ``StagedOut``) stores whole chunks of rows ``< r1``
-    (no ``n_limit``)."""
+    (no ``n_limit``). ``pair(t, c, h)`` makes a fragment's 2-element vector
+    of element type ``elem`` (:func:`bf16_pair` unless given)."""
+    pair = pair or bf16_pair
     wg_cols = 8 * len(values[0])  # one warpgroup's columns
     cols = wg_cols * (block_size // 128 if split_n else 1)
     cpr = cols // 8  # 16-byte chunks per row
@@ -1230,9 +1234,7 @@ def _staged_store(
             if split_n:
                 chunk = t.add(chunk0, chunk)
             at = t.add(t.add(row_at, t.mul(chunk, 16)), t.mul(tig, 4))
-            word = t.op(
-                "w", f"vector.bitcast {bf16_pair(t, c, h)} : vector<2xbf16> to vector<1xi32>"
-            )
+            word = t.op("w", f"vector.bitcast {pair(t, c, h)} : vector<2x{elem}> to vector<1xi32>")
             word = t.op("w", f"vector.extract {word}[0] : i32 from vector<1xi32>")
             _asm_ops(t, "st.shared.b32 [$0], $1;", [(_i32(t, at), "i32"), (word, "i32")])
     t.emit("gpu.barrier")
@@ -1262,7 +1264,7 @@ def _staged_store(
     )
     words = [t.op("x", f"llvm.extractvalue {got}[{q}] : {ty}") for q in range(4)]
     vec = t.op("v", f"vector.from_elements {', '.join(words)} : vector<4xi32>")
-    vec = t.op("v", f"vector.bitcast {vec} : vector<4xi32> to vector<8xbf16>")
+    vec = t.op("v", f"vector.bitcast {vec} : vector<4xi32> to vector<8x{elem}>")
     grow = t.add(r0, lr)
     gcol = t.add(col0, t.mul(ch, 8))
     ok = t.op("ok", f"arith.cmpi ult, {grow}, {r1} : index")
@@ -1668,15 +1670,10 @@ def _add_rows_f32(
     row's routing weight, into ``Out32[perm[row] // topk]`` (float32 L2
     reductions, 8 bytes each) for rows ``< r1``."""
     base = _address(t, "%Out32", f"memref<?x{hidden}xf32>")
+    toks, weights = _row_weights(t, rows, alast, topk)
     for m, per in enumerate(values):
         for h in range(2):
-            row = rows[2 * m + h]
-            slot = _slot(t, row, alast)
-            tok = t.bin("divui", slot, topk)
-            w = t.op(
-                "rw",
-                f"memref.load %topk_w[{tok}, {t.bin('remui', slot, topk)}] : memref<?x{topk}xf32>",
-            )
+            row, tok, w = rows[2 * m + h], toks[2 * m + h], weights[2 * m + h]
             t.emit(f"scf.if {t.op('ok', f'arith.cmpi ult, {row}, {r1} : index')} {{")
             t.indent += "  "
             row_at = t.mul(tok, hidden)
@@ -1690,6 +1687,91 @@ def _add_rows_f32(
                     t,
                     "red.global.add.v2.f32 [$0], {$1, $2};",
                     [(at, "i64"), (a, "f32"), (b, "f32")],
+                )
+            t.end()
+
+
+def _row_weights(t: _Text, rows: list[str], alast: str, topk: int) -> tuple[list[str], list[str]]:
+    """For each permuted row (clamped to ``alast``): its token ``perm[row] //
+    topk`` and its routing weight ``topk_w[token, perm[row] % topk]``."""
+    toks, weights = [], []
+    for row in rows:
+        slot = _slot(t, row, alast)
+        tok = t.bin("divui", slot, topk)
+        toks.append(tok)
+        weights.append(
+            t.op(
+                "rw",
+                f"memref.load %topk_w[{tok}, {t.bin('remui', slot, topk)}] : memref<?x{topk}xf32>",
+            )
+        )
+    return toks, weights
+
+
+def f16_pair(t: _Text, c: list[str], h: int) -> str:
+    """Accumulators ``c[2h], c[2h+1]`` (f32, adjacent columns) as a ``vector<2xf16>``."""
+    v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
+    return t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xf16>")
+
+
+def _add_rows_f16(
+    t: _Text, values, rows: list[str], cols: list[str], r0: str, r1: str, alast: str,
+    topk: int, hidden: int,
+) -> None:  # fmt: skip
+    """Add the fragments ``values[m][f]`` (as :func:`_add_rows_f32`), each
+    times its row's routing weight and rounded to half precision, into
+    ``Out16[perm[row] // topk]`` for rows ``< r1``: through the staged
+    block, 16-byte ``red.global.add.noftz.v4.f16x2`` of whole 8-column
+    chunks (as many L2 reductions as a bf16 sum: ``bench/RESULTS.md`` item
+    84), else 4-byte ones from the accumulators. (A table of the rows' tokens
+    in the free weight ring, one ``perm`` load per row instead of per chunk,
+    measured no faster: ``bench/RESULTS.md`` item 92.)"""
+    base = _address(t, "%Out16", f"memref<?x{hidden}xf16>")
+    toks, weights = _row_weights(t, rows, alast, topk)
+    scaled = [
+        [
+            [t.op("sw", f"arith.mulf {c[q]}, {weights[2 * m + q // 2]} : f32") for q in range(4)]
+            for c in per
+        ]
+        for m, per in enumerate(values)
+    ]
+
+    def at(tok: str, col: str) -> str:
+        off = t.op(
+            "at", f"arith.index_cast {t.mul(t.add(t.mul(tok, hidden), col), 2)} : index to i64"
+        )
+        return t.op("at", f"arith.addi {base}, {off} : i64")
+
+    def red16(t: _Text, vec: str, local_row: str, col: str) -> None:
+        tok = t.bin("divui", _slot(t, t.add(r0, local_row), alast), topk)
+        words = t.op("w", f"vector.bitcast {vec} : vector<8xf16> to vector<4xi32>")
+        words = [
+            t.op("w", f"vector.extract {words}[{q}] : i32 from vector<4xi32>") for q in range(4)
+        ]
+        _asm_ops(
+            t,
+            "red.global.add.noftz.v4.f16x2 [$0], {$1, $2, $3, $4};",
+            [(at(tok, col), "i64")] + [(w, "i32") for w in words],
+        )
+
+    if t.staging is not None and t.staging(
+        t, scaled, cols, red16, r1, None, pair=f16_pair, elem="f16"
+    ):
+        return
+    for m, per in enumerate(scaled):
+        for h in range(2):
+            row = rows[2 * m + h]
+            t.emit(f"scf.if {t.op('ok', f'arith.cmpi ult, {row}, {r1} : index')} {{")
+            t.indent += "  "
+            for f, c in enumerate(per):
+                word = t.op(
+                    "w", f"vector.bitcast {f16_pair(t, c, h)} : vector<2xf16> to vector<1xi32>"
+                )
+                word = t.op("w", f"vector.extract {word}[0] : i32 from vector<1xi32>")
+                _asm_ops(
+                    t,
+                    "red.global.add.noftz.f16x2 [$0], $1;",
+                    [(at(toks[2 * m + h], cols[f]), "i64"), (word, "i32")],
                 )
             t.end()
 
@@ -1750,7 +1832,7 @@ def moe_gate_up(
     (:class:`TmaGather`) instead of from a permuted copy ``Xp``; buffers
     ``(X, Wgu, row_off, gu_indptr, perm, Hb)``."""
     o = _mma.tile_options(name, options, MOE_OPTIONS)
-    o |= {"gather_topk": gather_topk, "combine_topk": None}
+    o |= {"gather_topk": gather_topk, "combine_topk": None, "combine_dtype": "f32"}
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
 
@@ -1763,6 +1845,7 @@ def moe_down(
     experts: int | None = 128,
     name: str = "moe_down_tc",
     combine_topk: int | None = None,
+    combine_dtype: str = "f32",
     **options: Any,
 ) -> DeviceFunction:
     """MoE down tile ``(i, e)``: ``Yp[r, n] = bf16(Hb[r] @ Wd[e, n]^T)`` for ``n in
@@ -1776,9 +1859,18 @@ def moe_down(
     reductions; ``Out32`` must be zero before the first tile). Buffers
     ``(Hb, Wd, row_off, dn_indptr, perm, topk_w, Out32)``. The order of a
     token's K adds varies between launches, so the float32 sums may differ
-    in their last bits."""
+    in their last bits. ``combine_dtype="f16"``: the sums are half precision
+    instead (``Out16``, ``memref<?xHxf16>``): each weighted row is rounded to
+    f16 and added in 16-byte chunks of the staged block
+    (``red.global.add.noftz.v4.f16x2``, a quarter of the float32 version's
+    reductions); they overflow to infinity past 65504."""
     o = _mma.tile_options(name, options, MOE_OPTIONS)
-    o |= {"gather_topk": None, "combine_topk": combine_topk}
+    if combine_dtype not in ("f32", "f16") or (combine_dtype != "f32" and combine_topk is None):
+        raise GraphError(
+            f"tile '{name}': combine_dtype must be 'f32' or 'f16' (with combine_topk), "
+            f"got {combine_dtype!r}"
+        )
+    o |= {"gather_topk": None, "combine_topk": combine_topk, "combine_dtype": combine_dtype}
     return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, o)
 
 
@@ -1830,7 +1922,8 @@ def _moe_tile(
         (a, w, out), indptr = ("Xp", "Wgu", "Hb"), "%gu_indptr"
     else:
         at, wt, ot = _mma.down_types(hidden, inter, ed)
-        (a, w, out), indptr = ("Hb", "Wd", "Out32" if ctopk else "Yp"), "%dn_indptr"
+        sums = "Out16" if o["combine_dtype"] == "f16" else "Out32"
+        (a, w, out), indptr = ("Hb", "Wd", sums if ctopk else "Yp"), "%dn_indptr"
     t = _Text()
     r0, r1, n0, row_blocks = _moe_prologue(t, indptr, it, block_m, block_n)
     n0 = _sub_loop(t, n0, block_n, sub)
@@ -1861,6 +1954,8 @@ def _moe_tile(
         values = _mma.swiglu(t, acc, nf) if gate else acc
         if ctopk is None:
             _store_pairs(t, values, rows, cols, (f"%{out}", ot), r1, None)
+        elif out == "Out16":
+            _add_rows_f16(t, values, rows, cols, r0, r1, alast, ctopk, hidden)
         else:
             _add_rows_f32(t, values, rows, cols, r1, alast, ctopk, hidden)
 
@@ -1916,9 +2011,10 @@ def _moe_tile(
         what = f"{name}: Hb = silu({rows} @ Wg^T) * ({rows} @ Wu^T)"
         reference = _mma.gate_up_reference(block_m, block_n, inter, gather_topk=topk)
     else:
-        signature = _mma.down_signature(at, wt, ot, it, combine_topk=ctopk)
+        cdt = o["combine_dtype"]
+        signature = _mma.down_signature(at, wt, ot, it, combine_topk=ctopk, sums_dtype=cdt)
         what = f"{name}: " + (
-            "Out32[perm / K] += w * (Hb @ Wd[e]^T)" if combined else "Yp = Hb @ Wd[e]^T"
+            f"{out}[perm / K] += w * (Hb @ Wd[e]^T)" if combined else "Yp = Hb @ Wd[e]^T"
         )
         reference = _mma.down_reference(block_m, block_n, combine_topk=ctopk)
     # TMA maps after the buffers: the activation's (unless gathered) and the weight's.

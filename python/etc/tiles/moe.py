@@ -30,13 +30,15 @@ arithmetic is fp32 (``arith.extf`` / ``arith.truncf``, round to nearest even).
 * ``zero_rows(ZB, H)`` and ``cast_rows(CB, H)``, grids ``(ceil(T/ZB),)``
   and ``(ceil(T/CB),)``: ``Out32 = 0`` before, and ``Out = bf16(Out32)``
   after, down tiles that add their weighted rows into the float32 sums
-  ``Out32`` themselves (``MoEConfig(combine="atomic")``).
+  ``Out32`` themselves (``MoEConfig(combine="atomic")``; ``dtype="f16"``:
+  the half-precision sums ``Out16``).
 
 Buffers are row-major and 16-byte aligned (H a multiple of 8).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -929,76 +931,154 @@ func.func @{name}(%e: index, %row_off: {e1_t}) {{
 
 
 def _token_rows_loop(
-    name: str, what: str, ZB: int, H: int, block_size: int, args: str, body: str
-) -> str:
+    name: str, what: str, ZB: int, H: int, block_size: int, args: str, body: Callable[[str], str],
+    sums: tuple[str, str] = ("%Out32", "f32"), unroll: int = 1,
+) -> str:  # fmt: skip
     """A tile ``(i,)`` over tokens ``[i*ZB, min((i+1)*ZB, T))`` (T: dim 0 of
-    ``%Out32``), a thread per 8-column chunk: ``body`` with ``%t``, ``%col``."""
+    the sums ``(argument, element type)``), a thread per 8-column chunk:
+    ``body(u)`` with ``%t{u}``, ``%col{u}`` (``u``: ``""`` without unroll,
+    else ``"_0"``, ``"_1"``, ...).
+    ``unroll``: a thread takes that many chunks per step, their bodies' loads
+    before any store (``body(u)`` returns ``(loads, stores)`` then; past the
+    end the chunk is clamped for the loads and the stores are skipped)."""
+    index = """\
+    %dt{u} = arith.divui %q{u}, %cHC : index
+    %ch{u} = arith.remui %q{u}, %cHC : index
+    %t{u} = arith.addi %t0, %dt{u} : index
+    %col{u} = arith.muli %ch{u}, %c8 : index"""
+    if unroll == 1:
+        step = index.format(u="") + "\n" + body("")
+    else:
+        heads, loads, stores = [], [], []
+        for k in range(unroll):
+            u = f"_{k}"
+            heads.append(
+                f"    %qu{u} = arith.addi %q, %cU{k} : index\n"
+                f"    %q{u} = arith.minui %qu{u}, %last : index\n" + index.format(u=u)
+            )
+            got, put = body(u)
+            loads.append(got)
+            put = "\n".join("  " + line for line in put.splitlines())
+            stores.append(
+                f"    %ok{u} = arith.cmpi ult, %qu{u}, %total : index\n"
+                f"    scf.if %ok{u} {{\n{put}\n    }}"
+            )
+        consts = "\n".join(
+            f"  %cU{u} = arith.constant {u * block_size} : index" for u in range(unroll)
+        )
+        step = "\n".join(heads + loads + stores)
+    head = (
+        ""
+        if unroll == 1
+        else f"""\
+{consts}
+  %c1 = arith.constant 1 : index
+"""
+    )
+    last = "" if unroll == 1 else "\n  %last = arith.subi %total, %c1 : index"
     return f"""\
-// {name}: {what} ({ZB} tokens of hidden {H} per CTA of {block_size}).
+// {name}: {what} ({ZB} tokens of hidden {H} per CTA of {block_size}{
+        f", {unroll} chunks a thread per step" if unroll > 1 else ""
+    }).
 func.func @{name}(%i: index, {args}) {{
   %c0 = arith.constant 0 : index
   %c8 = arith.constant 8 : index
   %cZB = arith.constant {ZB} : index
   %cHC = arith.constant {H // 8} : index
-  %cBS = arith.constant {block_size} : index
-  %tid = gpu.thread_id x
-  %T = memref.dim %Out32, %c0 : memref<?x{H}xf32>
+  %cBS = arith.constant {block_size * unroll} : index
+{head}  %tid = gpu.thread_id x
+  %T = memref.dim {sums[0]}, %c0 : memref<?x{H}x{sums[1]}>
   %t0 = arith.muli %i, %cZB : index
   %t1a = arith.addi %t0, %cZB : index
   %t1 = arith.minui %t1a, %T : index
   %n = arith.subi %t1, %t0 : index
-  %total = arith.muli %n, %cHC : index
+  %total = arith.muli %n, %cHC : index{last}
   scf.for %q = %tid to %total step %cBS {{
-    %dt = arith.divui %q, %cHC : index
-    %ch = arith.remui %q, %cHC : index
-    %t = arith.addi %t0, %dt : index
-    %col = arith.muli %ch, %c8 : index
-{body}
+{step}
   }}
   return
 }}
 """
 
 
-def zero_rows(ZB: int, H: int, *, name: str = "moe_zero", block_size: int = 256) -> DeviceFunction:
-    """Tile ``(i,)``: ``Out32[t] = 0`` for tokens ``[i*ZB, min((i+1)*ZB, T))``
-    (16-byte stores): the float32 sums that down tiles with an atomic
-    combine add into (``MoEConfig(combine="atomic")``) start at zero."""
+#: The sums an atomic combine adds into, by element type: (argument name,
+#: what it holds).
+SUMS = {"f32": ("Out32", "float32"), "f16": ("Out16", "half-precision")}
+
+
+def _sums(name: str, dtype: str) -> str:
+    if dtype not in SUMS:
+        raise GraphError(
+            f"tile '{name}': dtype must be one of {', '.join(map(repr, SUMS))}, got {dtype!r}"
+        )
+    return SUMS[dtype][0]
+
+
+def zero_rows(
+    ZB: int, H: int, *, dtype: str = "f32", name: str = "moe_zero", block_size: int = 256
+) -> DeviceFunction:
+    """Tile ``(i,)``: ``Out32[t] = 0`` (``Out16`` for ``dtype="f16"``) for
+    tokens ``[i*ZB, min((i+1)*ZB, T))`` (16-byte stores): the sums that down
+    tiles with an atomic combine add into (``MoEConfig(combine="atomic")``)
+    start at zero."""
     _check_block(name, block_size)
     _positive(name, ZB=ZB, H=H)
     _check_hidden(name, H)
-    f_t = f"memref<?x{H}xf32>"
-    body = f"""\
-    %zero = arith.constant dense<0.0> : vector<8xf32>
-    vector.store %zero, %Out32[%t, %col] {{alignment = 16 : i64}} : {f_t}, vector<8xf32>"""
-    source = _token_rows_loop(
-        name, "zero the float32 sums", ZB, H, block_size, f"%Out32: {f_t}", body
-    )
+    arg = _sums(name, dtype)
+    f_t = f"memref<?x{H}x{dtype}>"
 
-    def reference(i: int, Out32: np.ndarray) -> None:
-        Out32[i * ZB : (i + 1) * ZB] = 0
+    def body(u: str) -> str:
+        return f"""\
+    %zero{u} = arith.constant dense<0.0> : vector<8x{dtype}>
+    vector.store %zero{u}, %{arg}[%t{u}, %col{u}] {{alignment = 16 : i64}} : {f_t}, vector<8x{dtype}>"""
+
+    source = _token_rows_loop(
+        name, f"zero the {SUMS[dtype][1]} sums", ZB, H, block_size, f"%{arg}: {f_t}", body,
+        (f"%{arg}", dtype),
+    )  # fmt: skip
+
+    def reference(i: int, sums: np.ndarray) -> None:
+        sums[i * ZB : (i + 1) * ZB] = 0
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
-def cast_rows(CB: int, H: int, *, name: str = "moe_cast", block_size: int = 256) -> DeviceFunction:
-    """Tile ``(i,)``: ``Out[t] = bf16(Out32[t])`` for tokens ``[i*CB,
-    min((i+1)*CB, T))``: the layer's output from the float32 sums of an
-    atomic combine (32-byte loads, 16-byte stores)."""
+def cast_rows(
+    CB: int, H: int, *, dtype: str = "f32", unroll: int = 1, name: str = "moe_cast",
+    block_size: int = 256,
+) -> DeviceFunction:  # fmt: skip
+    """Tile ``(i,)``: ``Out[t] = bf16(Out32[t])`` (``Out16`` for
+    ``dtype="f16"``) for tokens ``[i*CB, min((i+1)*CB, T))``: the layer's
+    output from the sums of an atomic combine (16-byte stores). A thread
+    issues ``unroll`` chunks' loads before their stores: the loads in flight
+    set the tile's bandwidth."""
     _check_block(name, block_size)
-    _positive(name, CB=CB, H=H)
+    _positive(name, CB=CB, H=H, unroll=unroll)
     _check_hidden(name, H)
-    f_t, x_t = f"memref<?x{H}xf32>", f"memref<?x{H}xbf16>"
-    body = f"""\
-    %v = vector.load %Out32[%t, %col] {{alignment = 16 : i64}} : {f_t}, vector<8xf32>
-    %o = arith.truncf %v : vector<8xf32> to vector<8xbf16>
-    vector.store %o, %Out[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"""
-    source = _token_rows_loop(
-        name, "the output in bf16", CB, H, block_size, f"%Out32: {f_t}, %Out: {x_t}", body
-    )
+    arg = _sums(name, dtype)
+    f_t, x_t = f"memref<?x{H}x{dtype}>", f"memref<?x{H}xbf16>"
 
-    def reference(i: int, Out32: np.ndarray, Out: np.ndarray) -> None:
-        Out[i * CB : (i + 1) * CB] = f32_to_bf16(Out32[i * CB : (i + 1) * CB])
+    def body(u: str):
+        load = (
+            f"vector.load %{arg}[%t{u}, %col{u}] {{alignment = 16 : i64}} : {f_t}, "
+            f"vector<8x{dtype}>"
+        )
+        if dtype == "f16":  # widening is exact: one rounding, to bf16
+            load = f"%s{u} = {load}\n    %v{u} = arith.extf %s{u} : vector<8xf16> to vector<8xf32>"
+        else:
+            load = f"%v{u} = {load}"
+        store = f"""\
+    %o{u} = arith.truncf %v{u} : vector<8xf32> to vector<8xbf16>
+    vector.store %o{u}, %Out[%t{u}, %col{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"""
+        return f"    {load}\n{store}" if unroll == 1 else (f"    {load}", store)
+
+    source = _token_rows_loop(
+        name, "the output in bf16", CB, H, block_size, f"%{arg}: {f_t}, %Out: {x_t}", body,
+        (f"%{arg}", dtype), unroll,
+    )  # fmt: skip
+
+    def reference(i: int, sums: np.ndarray, Out: np.ndarray) -> None:
+        Out[i * CB : (i + 1) * CB] = f32_to_bf16(sums[i * CB : (i + 1) * CB].astype(np.float32))
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 

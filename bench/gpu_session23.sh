@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Twenty-third session (bench/RESULTS.md items 91-92).
+# Built with (CPU machine):
+#   item 91 (.device/n23a): python examples/moe.py --preset auto [--topk 1] --save-artifact .device/n23a/ex/auto[_top1]
+#     python test/gpu/make_artifacts.py .device/n23a/arts --only moe_small_family
+#     BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=tma128wtc,mid_tk python bench/moe.py --build .device/n23a/moe
+#   item 92 (.device/n23b): BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=tma128wtc,pre_atomic16 \
+#       python bench/moe.py --build .device/n23b/moe --trace
+#     python test/gpu/make_artifacts.py .device/n23b/arts --only V   (V: moe_small_atomic16,
+#       moe_small_route_atomic16, moe_small_tma_, moe_small_route_tma_)
+#     python examples/moe.py --preset prefill --combine atomic --combine-dtype f16 [--topk 1] \
+#       --save-artifact .device/n23b/ex/pre16[_top1]
+#   .device/n23c: BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_atomic16_cast \
+#       python bench/moe.py --build .device/n23c/moe --trace   (before the token table), plus n23b's tma128wtc
+#   .device/n23d: the same after it, the small atomic16 layers and the plain TMA ones into .device/n23d/arts
+# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics]
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+A=.device/n23a
+B=.device/n23b
+for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
+  case $step in
+  auto)
+    ETC_ARTIFACTS=$A/arts timeout 60 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k one_artifact 2>&1 \
+      | tail -3 | tee "$OUT/tests.txt"
+    run() { timeout 60 python examples/moe.py --preset auto "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
+    run --artifact $A/ex/auto --tokens 1,7,8,9,16,128,256,257,1024,4096
+    run --artifact $A/ex/auto --routing one-expert --tokens 1,16,1000
+    run --artifact $A/ex/auto --routing few-experts --tokens 7,128,4095
+    run --artifact $A/ex/auto_top1 --topk 1 --routing top1 --tokens 1,33,1000
+    ;;
+  boundary)
+    echo "== mid vs prefill" | tee -a "$OUT/boundary.txt"
+    for pass in 1 2; do
+      cfgs=tma128wtc,mid_tk; [ $pass = 2 ] && cfgs=mid_tk,tma128wtc
+      BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=${BOUNDARY_SIZES:-256,512,640,768,1024} timeout 200 \
+        python bench/moe.py --artifacts $A/moe --out /tmp/b_$pass.json 2>&1 \
+        | grep -E "GPU time|copy|WRONG|rror" | tee -a "$OUT/boundary.txt"
+    done
+    ;;
+  tests16)
+    echo "== MoE GPU tests (f16 sums)" | tee -a "$OUT/tests.txt"
+    ETC_ARTIFACTS=$B/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k "atomic16" 2>&1 \
+      | tail -8 | tee -a "$OUT/tests.txt"
+    ;;
+  moe16)
+    mkdir -p "$OUT/j"
+    for pass in 1 2 3; do
+      cfgs=tma128wtc,pre_atomic16; [ $pass = 2 ] && cfgs=pre_atomic16,tma128wtc
+      echo "== MoE pass $pass" | tee -a "$OUT/moe_ab.txt"
+      BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=${MOE_SIZES:-128,1024,4096} timeout 200 \
+        python bench/moe.py --artifacts $B/moe --out "$OUT/j/moe_$pass.json" 2>&1 \
+        | grep -E "GPU time|copy|WRONG|rror|err" | tee -a "$OUT/moe_ab.txt"
+    done
+    tar czf "$OUT/moe_json.tgz" -C "$OUT" j && rm -rf "$OUT/j"
+    ;;
+  trace16)
+    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=tma128wtc,pre_atomic16 BENCH_MOE_SIZES=1024,4096 \
+      timeout 200 python bench/moe.py --artifacts $B/moe --out /tmp/t.json --trace 2>&1 | tail -60 > "$OUT/trace.txt"
+    ;;
+  examples16)
+    ex() { timeout 120 python examples/moe.py --preset prefill --combine atomic --combine-dtype f16 "$@" 2>&1 \
+      | tee -a "$OUT/examples.txt"; }
+    ex --artifact $B/ex/pre16 --tokens 1,7,16,128,1024,4096
+    ex --artifact $B/ex/pre16 --routing one-expert --tokens 1,16,1000
+    ex --artifact $B/ex/pre16 --routing few-experts --tokens 7,128,4095
+    ex --artifact $B/ex/pre16_top1 --topk 1 --routing top1 --tokens 1,33,1000
+    ;;
+  tests16d)
+    echo "== MoE GPU tests (f16 sums, token table, cast unrolled)" | tee -a "$OUT/tests.txt"
+    ETC_ARTIFACTS=.device/n23d/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k "atomic16" 2>&1 \
+      | tail -8 | tee -a "$OUT/tests.txt"
+    ;;
+  cast16)
+    # The cast on 32 tokens a CTA, 8 chunks in flight (n23c), and with each
+    # row's token from a shared-memory table (n23d), in alternation.
+    mkdir -p "$OUT/j"
+    for pass in 1 2 3 4; do
+      dir=.device/n23c; [ $((pass % 2)) = 0 ] && dir=.device/n23d
+      echo "== MoE pass $pass ($dir)" | tee -a "$OUT/cast_ab.txt"
+      BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=tma128wtc,pre_atomic16_cast BENCH_MOE_SIZES=${MOE_SIZES:-1024,4096} timeout 200 \
+        python bench/moe.py --artifacts $dir/moe --out "$OUT/j/cast_$pass.json" 2>&1 \
+        | grep -E "GPU time|copy|WRONG|rror|err" | tee -a "$OUT/cast_ab.txt"
+    done
+    tar czf "$OUT/cast_json.tgz" -C "$OUT" j && rm -rf "$OUT/j"
+    for dir in .device/n23c .device/n23d; do
+      echo "== trace $dir" >> "$OUT/trace.txt"
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_atomic16_cast BENCH_MOE_SIZES=4096 \
+        timeout 200 python bench/moe.py --artifacts $dir/moe --out /tmp/t.json --trace 2>&1 | tail -14 >> "$OUT/trace.txt"
+    done
+    ;;
+  atomics)
+    nvcc -O3 -arch=sm_90a bench/moe_combine_atomics.cu -o /tmp/mca && /tmp/mca | tee "$OUT/atomics.txt"
+    ;;
+  esac
+done
