@@ -13,11 +13,19 @@
 #   .device/n23c: BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_atomic16_cast \
 #       python bench/moe.py --build .device/n23c/moe --trace   (before the token table), plus n23b's tma128wtc
 #   .device/n23d: the same after it, the small atomic16 layers and the plain TMA ones into .device/n23d/arts
-# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics]
+#   item 93 (.device/n23e): BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=tma128wtc,pre_dn,\
+#       pre_atomic16_cast,pre_atomic16_dn,mid_tk,mid_tk_dn,dec_pf_gu32,dec_dn python bench/moe.py --build .device/n23e/moe --trace
+#     DECODE_SWEEP_VARIANTS=default,defer python bench/decode_sweep.py --build .device/n23e/dec
+#     python test/gpu/make_artifacts.py .device/n23e/arts --only V   (V: moe_small_tma_defer,
+#       moe_small_atomic16_defer, moe_small_tma_static, moe_small_atomic16_, moe_small_route_atomic16_,
+#       moe_small_route_tma_, moe_small_family)
+#     python examples/moe.py --preset auto --save-artifact .device/n23e/ex/auto
+# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics] [tests_e] [defer] [decoder]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 A=.device/n23a
 B=.device/n23b
+E=.device/n23e
 for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
   case $step in
   auto)
@@ -87,6 +95,40 @@ for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
       echo "== trace $dir" >> "$OUT/trace.txt"
       BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_atomic16_cast BENCH_MOE_SIZES=4096 \
         timeout 200 python bench/moe.py --artifacts $dir/moe --out /tmp/t.json --trace 2>&1 | tail -14 >> "$OUT/trace.txt"
+    done
+    ;;
+  tests_e)
+    echo "== MoE GPU tests (deferred notifications, f16 sums, the one artifact)" | tee -a "$OUT/tests.txt"
+    ETC_ARTIFACTS=$E/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
+      -k "atomic16 or deferred or one_artifact" 2>&1 | tail -8 | tee -a "$OUT/tests.txt"
+    timeout 100 python examples/moe.py --preset auto --artifact $E/ex/auto --tokens 896,897,1000 2>&1 \
+      | tee -a "$OUT/examples.txt"
+    ;;
+  defer)
+    # Deferred notifications (item 93) against the same kernels without, in
+    # alternation: prefill (Yp and f16 sums) at T = 1024, 4096; mid at 16,
+    # 128; decode at 1, 16.
+    mkdir -p "$OUT/j"
+    for pass in 1 2; do
+      for set in "tma128wtc,pre_dn,pre_atomic16_cast,pre_atomic16_dn 1024,4096" \
+                 "mid_tk,mid_tk_dn 16,128" "dec_pf_gu32,dec_dn 1,16"; do
+        cfgs=${set% *}; sizes=${set#* }
+        [ $pass = 2 ] && cfgs=$(echo $cfgs | tr , '\n' | tac | paste -sd,)
+        echo "== pass $pass: $cfgs" | tee -a "$OUT/defer_ab.txt"
+        BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=$sizes timeout 200 \
+          python bench/moe.py --artifacts $E/moe --out "$OUT/j/defer_${pass}_${cfgs%%,*}.json" 2>&1 \
+          | grep -E "GPU time|copy|WRONG|rror" | tee -a "$OUT/defer_ab.txt"
+      done
+    done
+    tar czf "$OUT/defer_json.tgz" -C "$OUT" j && rm -rf "$OUT/j"
+    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_dn,pre_atomic16_dn BENCH_MOE_SIZES=4096 \
+      timeout 200 python bench/moe.py --artifacts $E/moe --out /tmp/t.json --trace 2>&1 | tail -24 > "$OUT/trace.txt"
+    ;;
+  decoder)
+    for pass in 1 2; do
+      v=default,defer; [ $pass = 2 ] && v=defer,default
+      DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=${DEC_BATCHES:-1,8,64} timeout 250 \
+        python bench/decode_sweep.py --artifacts $E/dec --out "$OUT/dec_$pass.json" 2>&1 | tail -12 | tee -a "$OUT/decoder.txt"
     done
     ;;
   atomics)
