@@ -66,9 +66,6 @@ VARIANTS = {
     # The default after session 13 (the large-batch kernel on the tma core;
     # the session's variants and their rows: ``results/decode-sweep-tma-*``).
     "default": {},
-    # A CTA's notifications of one constant coordinate made once per run of
-    # instances of a task (etc.compile(defer_notify=True); item 93).
-    "defer": {"defer_notify": True},
     # Session 13, item 53: more parts for qkv and o_proj; 16-column gate/up
     # blocks. Item 54: the weight boxes into L2 before the waits: none, or
     # 8 / 16 k-tiles instead of the ring's 4.
@@ -192,7 +189,7 @@ VARIANTS = {
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
-COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead", "defer_notify")
+COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
 BATCHES = (1, 8, 32, 64)
 #: ``DECODE_SWEEP_BATCHES=16,32,64`` times only those.
 if os.environ.get("DECODE_SWEEP_BATCHES"):

@@ -104,7 +104,7 @@ for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
     timeout 100 python examples/moe.py --preset auto --artifact $E/ex/auto --tokens 896,897,1000 2>&1 \
       | tee -a "$OUT/examples.txt"
     ;;
-  defer)
+  defer)  # item 93, reverted: its configurations and the compiler option are in commit 00d4399
     # Deferred notifications (item 93) against the same kernels without, in
     # alternation: prefill (Yp and f16 sums) at T = 1024, 4096; mid at 16,
     # 128; decode at 1, 16.

@@ -136,13 +136,6 @@ CONFIGS = {
         **M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16", "combine_block": 32,
         "combine_unroll": 8,
     },
-    # With etc.compile(defer_notify=True) (STATIC_OPTIONS): a CTA's run of
-    # down tiles notifies down_done once (item 93).
-    "pre_dn": M.PRESETS["prefill"],
-    "pre_atomic16_dn": {
-        **M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16", "combine_block": 32,
-        "combine_unroll": 8,
-    },
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
     "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
@@ -183,7 +176,6 @@ CONFIGS = {
         "down_options": (*_DEC_ROT42["down_options"], ("prefetch_ring", True)),
     },
     "dec_pf_gu32": M.PRESETS["decode"],
-    "dec_dn": M.PRESETS["decode"],  # with defer_notify (STATIC_OPTIONS)
     # The decode preset with the fused route tile (one hop from the logits to
     # the expert GEMMs instead of four: clear, top-k, plan, permute); T <= 128.
     "dec_route": {**M.PRESETS["decode"], "route": "fused", "route_max_tokens": 128},
@@ -265,7 +257,6 @@ CONFIGS = {
     "pre_tk": {**M.PRESETS["prefill"], "gemm_deal": "ticket"},
     "mid_tk": {**M.PRESETS["mid"], "gemm_deal": "ticket"},
     "mid_list": {**M.PRESETS["mid"], "gemm_deal": "list"},
-    "mid_tk_dn": {**M.PRESETS["mid"], "gemm_deal": "ticket"},
     # The prefill preset whose experts with one row block of at most 64 rows
     # run it on one warpgroup (short_blocks); and with 32-token top-k blocks
     # (128 top-k CTAs at T = 4096 instead of 512).
@@ -310,9 +301,6 @@ TARGETS = {
         "pre_atomic",
         "pre_atomic16",
         "pre_atomic16_cast",
-        "pre_dn",
-        "pre_atomic16_dn",
-        "mid_tk_dn",
         "tma16",
         "tma128",
         "pre_mem",
@@ -343,7 +331,6 @@ ISSUE_GROUPED_GRAPH_US = {1: 120, 16: 375, 128: 543, 1024: 814, 4096: 1890}
 # into one kernel, which otherwise takes its hungriest tile's registers (255)
 # and runs one CTA per SM, where the GEMM tiles alone run 2-3.
 OCCUPANCY = {
-    "dec_dn": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "bm16cp": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "bm16cp_gu24": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "bm16cp_gu32": M.PRESET_MIN_CTAS_PER_SM["decode"],
@@ -379,15 +366,6 @@ def moe_config(key: str):
     return MoEConfig(**CONFIGS[key.removesuffix("_occ").removesuffix("_one")])
 
 
-#: More ``etc.compile`` options for a configuration's static kernels.
-STATIC_OPTIONS = {
-    "pre_dn": {"defer_notify": True},
-    "pre_atomic16_dn": {"defer_notify": True},
-    "mid_tk_dn": {"defer_notify": True},
-    "dec_dn": {"defer_notify": True},
-}
-
-
 def build(out: Path) -> None:
     import etc
     from etc.models import moe as M
@@ -402,13 +380,11 @@ def build(out: Path) -> None:
             continue
         for schedule in ("static",) if LEAN else ("static", "dynamic"):
             g = M.build_moe_graph(cfg, name=f"moe_{key}")
-            opts = STATIC_OPTIONS.get(key, {}) if schedule == "static" else {}
-            art = etc.compile(g, schedule=schedule, target=target, **opts)
-            art.save(out / f"fused_{key}_{schedule}")
+            etc.compile(g, schedule=schedule, target=target).save(out / f"fused_{key}_{schedule}")
             print("built", f"fused_{key}_{schedule}")
             if key in OCCUPANCY:
                 art = etc.compile(
-                    g, schedule=schedule, target=target, min_ctas_per_sm=OCCUPANCY[key], **opts
+                    g, schedule=schedule, target=target, min_ctas_per_sm=OCCUPANCY[key]
                 )
                 art.save(out / f"fused_{key}_occ_{schedule}")
                 print("built", f"fused_{key}_occ_{schedule}")

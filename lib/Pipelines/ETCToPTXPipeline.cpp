@@ -24,7 +24,6 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.minCtasPerSM = options.minCtasPerSM;
   convertOptions.maxPopChunk = options.maxPopChunk;
   convertOptions.prefetchNext = options.prefetchNext;
-  convertOptions.deferNotify = options.deferNotify;
   convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
   pm.addPass(createConvertETensorToGPU(convertOptions));

@@ -108,7 +108,6 @@ def _pipeline_options(
     max_pop_chunk: int = 8,
     prefetch_next: bool = False,
     pop_ahead: bool = True,
-    defer_notify: bool = False,
 ) -> str:
     # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
@@ -117,7 +116,6 @@ def _pipeline_options(
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
         f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)}"
-        f" defer-notify={_flag(defer_notify)}"
     )
 
 
@@ -400,7 +398,6 @@ def compile(  # noqa: A001 - the public name
     max_pop_chunk: int = 8,
     prefetch_next: bool = False,
     pop_ahead: bool = True,
-    defer_notify: bool = False,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -427,13 +424,7 @@ def compile(  # noqa: A001 - the public name
     current one, hiding the request's latency; an instance pushed into such
     a position then waits for the CTA's current task. ``False`` requests
     positions only when the CTA is free (layered graphs whose stages each
-    wait for the previous one, like a decoder, prefer it). ``defer_notify``
-    (static schedule): while a CTA runs consecutive instances of one task,
-    it adds up their notifications of a constant coordinate and makes them
-    with one release add before it runs another task (when no path leads
-    from that event back to the task), so an instance does not wait for its
-    writes to drain before the next one starts; a wait for part of such a
-    count may see it later.
+    wait for the previous one, like a decoder, prefer it).
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -455,13 +446,6 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"prefetch_next must be a bool, got {prefetch_next!r}")
     if not isinstance(pop_ahead, bool):
         raise CompileError(f"pop_ahead must be a bool, got {pop_ahead!r}")
-    if not isinstance(defer_notify, bool):
-        raise CompileError(f"defer_notify must be a bool, got {defer_notify!r}")
-    if defer_notify and schedule != "static":
-        raise CompileError(
-            "defer_notify needs the static schedule (a dynamic instance's notifications "
-            "push the tasks they release)"
-        )
     if not pop_ahead and schedule != "dynamic":
         raise CompileError(
             "pop_ahead=False needs the dynamic schedule (the static one has no queue to pop)"
@@ -521,7 +505,7 @@ def compile(  # noqa: A001 - the public name
             sched = _read_schedule(ir, scheduled)
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
-                max_pop_chunk, prefetch_next, pop_ahead, defer_notify,
+                max_pop_chunk, prefetch_next, pop_ahead,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)

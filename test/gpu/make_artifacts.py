@@ -149,12 +149,6 @@ def main(argv: list[str] | None = None) -> int:
         for suffix, (schedule, early) in SCHEDULES.items():
             jobs.append((f"moe_small_{tiles}_{suffix}", moe_tma, schedule, early))
             options[f"moe_small_{tiles}_{suffix}"] = {"target": "sm_90a"}
-    # The TMA layers, static, with each CTA's run of a task's notifications
-    # of one constant coordinate made at once (defer_notify).
-    for tiles, cfg in (("tma", MOE_SMALL_TMA), ("atomic16", MOE_SMALL_ATOMIC16)):
-        name = f"moe_small_{tiles}_defer_static"
-        jobs.append((name, moe.build_moe_graph(cfg, name=f"moe_small_{tiles}"), "static", False))
-        options[name] = {"target": "sm_90a", "defer_notify": True}
     from etc.models import llama
 
     bucketed = []  # (name, configuration, schedule, early push): one artifact, two kernels

@@ -204,22 +204,6 @@ def test_atomic_combine_matches_the_combine_task(variant: str, route: str, sched
         assert M.rel_err(a["Out"], simulated["Out"]) <= 1e-2, (T, routing)
 
 
-def test_deferred_notifications_give_the_same_bits() -> None:
-    # defer_notify changes when a CTA's notifications of down_done (and the
-    # other constant coordinates) reach the counter, not what any tile
-    # computes: the TMA layer's output is the plain kernel's bit for bit,
-    # and the f16-sum layer's is as close to the reference as the combine
-    # task's (its reductions' order varies from launch to launch anyway).
-    for T, routing, _, _, a, b in _paired("tma_defer", "", "static", MOE_SMALL_TMA, MOE_SMALL_TMA):
-        np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
-    plain = replace(MOE_SMALL_ATOMIC16, combine="task", combine_dtype="f32")
-    for T, routing, x, weights, a, b in _paired(
-        "atomic16_defer", "", "static", MOE_SMALL_ATOMIC16, plain
-    ):
-        ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], MOE_SMALL_TMA.topk)
-        assert M.rel_err(a["Out"], ref) <= M.rel_err(b["Out"], ref) + 2**-9, (T, routing)
-
-
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_ticket_dealt_tiles_give_the_listed_tiles_bits(schedule: str) -> None:
     # Dealing the GEMM tiles by ticket changes which CTA runs a tile, not

@@ -4,7 +4,6 @@ reproducible failures. Needs the compiled bindings; skipped without them."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -109,38 +108,6 @@ def test_unsupported_options_raise():
         etc.compile(g, pop_ahead=False)
     with pytest.raises(etc.CompileError, match="pop_ahead must be a bool"):
         etc.compile(g, schedule="dynamic", pop_ahead="no")
-    with pytest.raises(etc.CompileError, match="defer_notify needs the static schedule"):
-        etc.compile(g, schedule="dynamic", defer_notify=True)
-    with pytest.raises(etc.CompileError, match="defer_notify must be a bool, got 1"):
-        etc.compile(g, defer_notify=1)
-
-
-def test_defer_notify_holds_back_constant_coordinates():
-    # The split-K graph's partial tiles notify their row block's event, one
-    # coordinate per row block (not constant): nothing is held back. A graph
-    # whose tiles notify one constant coordinate gets its loop-carried count
-    # and the release adds of it (one per other task's case, one after the
-    # loop), and still assembles.
-    g = build_splitk()
-    plain = etc.compile(g, cubin=False).ptx
-    assert etc.compile(g, cubin=False, defer_notify=True).ptx == plain
-    fn = etc.DeviceFunction.from_mlir(
-        "func.func @work(%i: index, %a: memref<?xf32>) { return }", "work", lambda i, a: None
-    )
-    g = etc.Graph("held")
-    n = g.symbol("n")
-    a = g.tensor("a", (n,), "f32")
-    done = g.event((1,), wait_count=n, name="done")
-    g.task(fn, grid=(n,), args=(a,), out_edges={done: "i->0"}, name="tile")
-    g.task(fn, grid=(1,), args=(a,), in_edges={done: "i->0"}, name="sink")
-    held = etc.compile(g, defer_notify=True)
-    adds = re.findall(r"red\.release\.gpu\.global\.add\.u32\s+\[%rd\d+\], (%r\d+|1);", held.ptx)
-    assert adds.count("1") == 0 and len(adds) == 2, adds
-    assert held.cubin is not None
-    adds = re.findall(
-        r"red\.release\.gpu\.global\.add\.u32\s+\[%rd\d+\], (%r\d+|1);", etc.compile(g).ptx
-    )
-    assert adds == ["1"], adds
 
 
 def test_min_ctas_per_sm_caps_registers():

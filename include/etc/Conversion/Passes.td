@@ -74,13 +74,6 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "function of the CTA's next queue entry (when that task has one "
            "and no trigger), so the next tile's operands load while this "
            "one runs. The entry's own call still happens at its start.">,
-    Option<"deferNotify", "defer-notify", "bool", /*default=*/"false",
-           "Static schedule: while a CTA runs consecutive instances of one "
-           "task, it adds up their notifications of a constant coordinate "
-           "(when no path leads from that event back to the task) and makes "
-           "them with one release add before it runs another task or ends, "
-           "so an instance does not wait for its writes to drain before the "
-           "next starts. Waits for part of such a count may see it later.">,
     Option<"popAhead", "pop-ahead", "bool", /*default=*/"true",
            "Dynamic schedule: request a CTA's next queue positions when it "
            "takes its current one, so the request's latency overlaps the "

@@ -63,12 +63,6 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Static schedule: call the next instance's prefetch "
                      "function before running the current one."),
       llvm::cl::init(false)};
-  PassOptions::Option<bool> deferNotify{
-      *this, "defer-notify",
-      llvm::cl::desc("Static schedule: one release add for a CTA's run of "
-                     "notifications of one task to one constant coordinate "
-                     "(see convert-etensor-to-gpu)."),
-      llvm::cl::init(false)};
   PassOptions::Option<int64_t> minCtasPerSM{
       *this, "min-ctas-per-sm",
       llvm::cl::desc("Resident CTAs per SM to ask ptxas for (0: its choice)."),

@@ -131,22 +131,6 @@ public:
   int64_t maxPopChunk = 8;
   /// Static schedule: call the next entry's prefetch function first.
   bool prefetchNext = false;
-  /// Static schedule: a CTA adds up the notifications of consecutive
-  /// instances of one task to one constant coordinate, and makes them with
-  /// one release add when it moves to another task or ends (see
-  /// collectDeferredNotifies).
-  bool deferNotify = false;
-  struct DeferredNotify {
-    DispatchOp dispatch;
-    Value event;
-    SmallVector<int64_t> coords;
-    int64_t perInstance = 0; // notifications of the site per instance
-  };
-  SmallVector<DeferredNotify> deferred;
-  llvm::DenseMap<Operation *, unsigned> deferredSite;
-  /// Per deferred site, the CTA's notifications not yet made, as the instance
-  /// being lowered sees them (loop-carried, index).
-  SmallVector<Value> pendingState, loopPending;
   /// Static schedule, tasks in several shared regions: the prefetch of the
   /// next entry runs ahead when its region differs from the current one's.
   /// `prefetchedAhead`: whether the current entry's prefetch already ran.
@@ -280,8 +264,6 @@ private:
   void callTriggeredPrefetch(DispatchOp dispatch, Operation *prefetch,
                              Value coordinate);
   void lowerNotify(NotifyOp notify);
-  void collectDeferredNotifies(ArrayRef<DispatchOp> dispatches);
-  void flushDeferred(unsigned site, Value pending);
   Block &mapGridCoordinates(DispatchOp dispatch, Value linear);
   LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
@@ -539,11 +521,10 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
   return ok;
 }
 
-/// The coordinates of a wait or notify, when all are constants.
-template <typename OpT>
-static std::optional<SmallVector<int64_t>> constantCoordinates(OpT op) {
+/// The wait's coordinates, when all are constants.
+static std::optional<SmallVector<int64_t>> constantCoordinates(WaitOp wait) {
   SmallVector<int64_t> coords;
-  for (Value v : op.getIndices()) {
+  for (Value v : wait.getIndices()) {
     APInt value;
     if (!matchPattern(v, m_ConstantInt(&value)))
       return std::nullopt;
@@ -879,96 +860,6 @@ void KernelBuilder::lowerNotify(NotifyOp notify) {
           addr);
 }
 
-/// Fills `deferred` (static schedule, `deferNotify`): the notifications of
-/// constant coordinates that a CTA may hold back while it runs further
-/// instances of the same task. Holding one back is safe when no instance of
-/// the task depends on the event, even through other tasks (no path from
-/// the event back to the task): the CTA's later instances of it then never
-/// wait for what it holds, and it makes them before it runs another task.
-/// Consumers waiting for every producer's notification see no delay (the
-/// last of a CTA's run is made when it would have been); a wait for part of
-/// the count may see them later. Aimed at the MoE down tiles' `down_done`,
-/// whose release add waited for each instance's L2 reductions to drain.
-void KernelBuilder::collectDeferredNotifies(ArrayRef<DispatchOp> dispatches) {
-  constexpr unsigned kMaxDeferred = 8;
-  deferred.clear();
-  deferredSite.clear();
-  if (!deferNotify)
-    return;
-  // Which dispatches wait on (or are triggered by) each event, and which
-  // events each one notifies.
-  llvm::DenseMap<Value, SmallVector<unsigned>> consumers;
-  SmallVector<SmallVector<Value>> notified(dispatches.size());
-  for (unsigned i = 0; i < dispatches.size(); ++i) {
-    DispatchOp dispatch = dispatches[i];
-    if (Value trigger = dispatch.getTriggerEvent())
-      consumers[trigger].push_back(i);
-    dispatch.getBody().walk([&](Operation *op) {
-      if (auto wait = dyn_cast<WaitOp>(op))
-        consumers[wait.getEvent()].push_back(i);
-      else if (auto notify = dyn_cast<NotifyOp>(op))
-        notified[i].push_back(notify.getEvent());
-    });
-  }
-  auto reaches = [&](Value event, unsigned target) {
-    SmallVector<Value> work{event};
-    llvm::DenseSet<Value> seen{event};
-    while (!work.empty()) {
-      Value at = work.pop_back_val();
-      for (unsigned consumer : consumers.lookup(at)) {
-        if (consumer == target)
-          return true;
-        for (Value next : notified[consumer])
-          if (seen.insert(next).second)
-            work.push_back(next);
-      }
-    }
-    return false;
-  };
-  for (unsigned i = 0; i < dispatches.size(); ++i) {
-    DispatchOp dispatch = dispatches[i];
-    for (Operation &op : dispatch.getBody().front()) {
-      auto notify = dyn_cast<NotifyOp>(op);
-      if (!notify || notify.getCompleted() || events[notify.getEvent()].ranked)
-        continue;
-      std::optional<SmallVector<int64_t>> coords = constantCoordinates(notify);
-      if (!coords || reaches(notify.getEvent(), i))
-        continue;
-      auto same = llvm::find_if(deferred, [&](const DeferredNotify &site) {
-        return site.dispatch == dispatch && site.event == notify.getEvent() &&
-               site.coords == *coords;
-      });
-      if (same == deferred.end()) {
-        if (deferred.size() == kMaxDeferred)
-          continue;
-        deferred.push_back({dispatch, notify.getEvent(), *coords, 0});
-        same = deferred.end() - 1;
-      }
-      ++same->perInstance;
-      deferredSite[notify] = same - deferred.begin();
-    }
-  }
-}
-
-/// Thread 0 makes `pending` held-back notifications of deferred site `site`
-/// with one release add (none when zero). The CTA joined after the
-/// instances that counted them, so the add releases their writes.
-void KernelBuilder::flushDeferred(unsigned site, Value pending) {
-  DeferredNotify &at = deferred[site];
-  EventInfo &info = events[at.event];
-  SmallVector<Value> coords =
-      llvm::map_to_vector(at.coords, [&](int64_t c) { return index(c); });
-  auto [addr, scope] = notifyAddress(info, coords);
-  Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::ne, pending,
-                                    index(0));
-  Value go = arith::AndIOp::create(b, any, isThreadZero());
-  auto ifGo = scf::IfOp::create(b, TypeRange(), go, false);
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPointToStart(ifGo.thenBlock());
-  asmVoid(("red.release." + scope + ".global.add.u32 [$0], $1;").str(),
-          "l,r", ValueRange{addr, toI32(pending)});
-}
-
 /// Maps the dispatch body's grid-coordinate arguments to the coordinates of
 /// linear instance `linear`; returns the body.
 Block &KernelBuilder::mapGridCoordinates(DispatchOp dispatch, Value linear) {
@@ -988,13 +879,6 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   waitSeen = loopSeen;
   tableState = loopTableState;
   ticketState = loopTicketState;
-  pendingState = loopPending;
-  // Another task's held-back notifications go out before this one waits.
-  for (auto [site, at] : llvm::enumerate(deferred))
-    if (at.dispatch != dispatch) {
-      flushDeferred(site, pendingState[site]);
-      pendingState[site] = index(0);
-    }
   // A ticketed entry runs the instance it draws, not the one it names.
   if (auto *at = llvm::find(ticketed, dispatch); at != ticketed.end())
     linear = drawTicket(dispatch, at - ticketed.begin());
@@ -1091,8 +975,6 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
         if (notify.getCompleted())
           return notify.emitOpError(
               "with a result needs the dynamic schedule lowering");
-        if (deferredSite.count(notify))
-          continue; // counted below
         lowerNotify(notify);
         endsWithNotify = true;
         continue;
@@ -1118,19 +1000,12 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
     if (traceBuffer)
       recordTrace(start, dispatch.getTaskAttr().getInt(), linear);
   }
-  // The held-back notifications of this instance, if its body ran.
-  for (auto [site, at] : llvm::enumerate(deferred))
-    if (at.dispatch == dispatch)
-      pendingState[site] = arith::AddIOp::create(
-          b, pendingState[site],
-          arith::SelectOp::create(b, run, index(at.perInstance), index(0)));
   SmallVector<Value> results{ok};
   if (prefetchAhead)
     results.push_back(aheadRan);
   results.append(waitSeen);
   results.append(tableState);
   results.append(ticketState);
-  results.append(pendingState);
   scf::YieldOp::create(b, results);
   return success();
 }
@@ -1379,10 +1254,6 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   unsigned firstTicket = inits.size();
   for (size_t i = 0; i < ticketed.size(); ++i)
     inits.push_back(index(-1)); // no ticket drawn ahead
-  collectDeferredNotifies(dispatches);
-  unsigned firstPending = inits.size();
-  for (size_t i = 0; i < deferred.size(); ++i)
-    inits.push_back(index(0)); // held-back notifications
   SmallVector<Type> carried =
       llvm::map_to_vector(inits, [](Value v) { return v.getType(); });
   auto loop = scf::ForOp::create(b, begin, end, index(1), inits);
@@ -1406,9 +1277,7 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     loopTableState.assign(loop.getRegionIterArgs().begin() + firstTable,
                           loop.getRegionIterArgs().begin() + firstTicket);
     loopTicketState.assign(loop.getRegionIterArgs().begin() + firstTicket,
-                           loop.getRegionIterArgs().begin() + firstPending);
-    loopPending.assign(loop.getRegionIterArgs().begin() + firstPending,
-                       loop.getRegionIterArgs().end());
+                           loop.getRegionIterArgs().end());
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
@@ -1423,9 +1292,6 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     b.setInsertionPointAfter(ifAlive);
     scf::YieldOp::create(b, ifAlive.getResults());
   }
-  // What the CTA still holds back, before it counts itself done.
-  for (size_t site = 0; site < deferred.size(); ++site)
-    flushDeferred(site, loop.getResult(firstPending + site));
   return success();
 }
 
@@ -2581,7 +2447,6 @@ struct ConvertETensorToGPUPass
     kernelBuilder.blockThreads = threads;
     kernelBuilder.maxPopChunk = maxPopChunk;
     kernelBuilder.prefetchNext = prefetchNext;
-    kernelBuilder.deferNotify = deferNotify;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
       return failure();
