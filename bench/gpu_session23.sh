@@ -20,12 +20,25 @@
 #       moe_small_atomic16_defer, moe_small_tma_static, moe_small_atomic16_, moe_small_route_atomic16_,
 #       moe_small_route_tma_, moe_small_family)
 #     python examples/moe.py --preset auto --save-artifact .device/n23e/ex/auto
-# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics] [tests_e] [defer] [decoder]
+#   final (.device/n23f): python examples/moe.py --preset prefill --combine atomic --combine-dtype f16 [--topk 1] \
+#       --save-artifact .device/n23f/ex/pre16[_top1]
+#     python test/gpu/make_artifacts.py .device/n23f/arts --only moe_small
+# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics] [tests_e] [defer] [decoder] [final]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
+# The real-size f16-sum layer (examples/moe.py) from the artifacts under $1/ex.
+examples16() {
+  ex() { timeout 120 python examples/moe.py --preset prefill --combine atomic --combine-dtype f16 "$@" 2>&1 \
+    | tee -a "$OUT/examples.txt"; }
+  ex --artifact $1/ex/pre16 --tokens 1,7,16,128,1024,4096
+  ex --artifact $1/ex/pre16 --routing one-expert --tokens 1,16,1000
+  ex --artifact $1/ex/pre16 --routing few-experts --tokens 7,128,4095
+  ex --artifact $1/ex/pre16_top1 --topk 1 --routing top1 --tokens 1,33,1000
+}
 A=.device/n23a
 B=.device/n23b
 E=.device/n23e
+F=.device/n23f
 for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
   case $step in
   auto)
@@ -67,12 +80,7 @@ for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
       timeout 200 python bench/moe.py --artifacts $B/moe --out /tmp/t.json --trace 2>&1 | tail -60 > "$OUT/trace.txt"
     ;;
   examples16)
-    ex() { timeout 120 python examples/moe.py --preset prefill --combine atomic --combine-dtype f16 "$@" 2>&1 \
-      | tee -a "$OUT/examples.txt"; }
-    ex --artifact $B/ex/pre16 --tokens 1,7,16,128,1024,4096
-    ex --artifact $B/ex/pre16 --routing one-expert --tokens 1,16,1000
-    ex --artifact $B/ex/pre16 --routing few-experts --tokens 7,128,4095
-    ex --artifact $B/ex/pre16_top1 --topk 1 --routing top1 --tokens 1,33,1000
+    examples16 $B
     ;;
   tests16d)
     echo "== MoE GPU tests (f16 sums, token table, cast unrolled)" | tee -a "$OUT/tests.txt"
@@ -129,6 +137,21 @@ for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
       v=default,defer; [ $pass = 2 ] && v=defer,default
       DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=${DEC_BATCHES:-1,8,64} timeout 250 \
         python bench/decode_sweep.py --artifacts $E/dec --out "$OUT/dec_$pass.json" 2>&1 | tail -12 | tee -a "$OUT/decoder.txt"
+    done
+    ;;
+  final)
+    # The whole MoE GPU file and the real-size f16-sum examples on the final
+    # code; the f16 sums against the prefill preset once more (n23c holds
+    # the final code's kernels).
+    echo "== MoE GPU tests (final code)" | tee -a "$OUT/tests.txt"
+    ETC_ARTIFACTS=$F/arts timeout 400 python -m pytest -q -rs test/gpu/test_moe_gpu.py 2>&1 | tail -8 \
+      | tee -a "$OUT/tests.txt"
+    examples16 $F
+    for pass in 1 2; do
+      cfgs=tma128wtc,pre_atomic16_cast; [ $pass = 2 ] && cfgs=pre_atomic16_cast,tma128wtc
+      BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=128,1024,4096 timeout 200 \
+        python bench/moe.py --artifacts .device/n23c/moe --out "$OUT/final_$pass.json" 2>&1 \
+        | grep -E "GPU time|copy|WRONG|rror" | tee -a "$OUT/final_ab.txt"
     done
     ;;
   atomics)

@@ -101,12 +101,12 @@ _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("s
 #:   4 stages whose first groups the tiles' prefetch functions fill once an
 #:   instance knows its expert, before it waits for the expert's rows; k
 #:   loops rotated per tile.
-#: * ``prefill`` (T >= 1024): 128-row ``etc.tiles.gemm_tc`` tiles fed by
+#: * ``prefill`` (T > 896): 128-row ``etc.tiles.gemm_tc`` tiles fed by
 #:   TMA, gate/up 128 and down 256 columns, 4 stages, and the router's
 #:   logits on the same tile, its k loop in 4 parts.
-#: * ``mid`` (T from 16 to about 128: a few rows per expert): ``prefill`` on
-#:   64-row tiles whose two warpgroups split the columns (``split_n``), 5
-#:   stages, the GEMM tiles dealt by ticket (``gemm_deal``).
+#: * ``mid`` (T from 16 to 896: a few row blocks per expert): ``prefill``
+#:   on 64-row tiles whose two warpgroups split the columns (``split_n``),
+#:   5 stages, the GEMM tiles dealt by ticket (``gemm_deal``).
 #:
 #: Compile for ``PRESET_TARGETS`` (TMA and wgmma are sm_90a) with
 #: ``PRESET_MIN_CTAS_PER_SM``.
