@@ -564,6 +564,20 @@ def test_moe_example_prefill_preset(tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert atomic.returncode == 0 and "1/1 cases match numpy" in atomic.stdout, atomic
+    half = subprocess.run(
+        [sys.executable, str(script), "--simulate", *small, "--tokens", "130", "--combine", "atomic",
+         "--combine-dtype", "f16"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert half.returncode == 0 and "1/1 cases match numpy" in half.stdout, half
+    # --preset auto keeps each preset's own tiles: per-layer flags are refused.
+    auto = subprocess.run(
+        [sys.executable, str(script), "--simulate", "--preset", "auto", "--tokens", "3",
+         "--combine", "atomic", "--gather"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert auto.returncode == 2, auto
+    assert "--gather, --combine apply to one --preset, not to --preset auto" in auto.stderr
     # Refused with the culprit named (not a traceback) where the down tile is not TMA.
     refused = subprocess.run(
         [sys.executable, str(script), "--simulate", "--hidden", "64", "--inter", "32",

@@ -362,13 +362,15 @@ class MoEConfig:
                 "MoEConfig: combine='atomic' needs the TMA down tile (gemm='tc', down_options "
                 f"core='tma', no split_n); got gemm={self.gemm!r}, down_options={dn!r}"
             )
-        if self.combine_dtype not in moe_tiles.SUMS or (
-            self.combine_dtype != "f32" and self.combine != "atomic"
-        ):
+        if self.combine_dtype not in moe_tiles.SUMS:
             raise GraphError(
-                f"MoEConfig: combine_dtype must be one of {', '.join(map(repr, moe_tiles.SUMS))} "
-                f"(and not 'f32' only with combine='atomic'), got {self.combine_dtype!r} with "
-                f"combine={self.combine!r}"
+                f"MoEConfig: combine_dtype must be one of {', '.join(map(repr, moe_tiles.SUMS))}, "
+                f"got {self.combine_dtype!r}"
+            )
+        if self.combine_dtype != "f32" and self.combine != "atomic":
+            raise GraphError(
+                f"MoEConfig: combine_dtype={self.combine_dtype!r} is the type of an atomic "
+                f"combine's sums; it needs combine='atomic', got combine={self.combine!r}"
             )
         if not isinstance(self.gather, bool):
             raise GraphError(f"MoEConfig: gather must be a bool, got {self.gather!r}")
