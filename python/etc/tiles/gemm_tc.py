@@ -1324,10 +1324,20 @@ def _words(t: _Text, frag: str, tiles: int = 4) -> list[str]:
     return out
 
 
-def bf16_pair(t: _Text, c: list[str], h: int) -> str:
-    """Accumulators ``c[2h], c[2h+1]`` (f32, adjacent columns) as a ``vector<2xbf16>``."""
+def _half_pair(t: _Text, c: list[str], h: int, elem: str) -> str:
+    """Accumulators ``c[2h], c[2h+1]`` (f32, adjacent columns) as a ``vector<2x{elem}>``."""
     v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
-    return t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xbf16>")
+    return t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2x{elem}>")
+
+
+def bf16_pair(t: _Text, c: list[str], h: int) -> str:
+    """Accumulators ``c[2h], c[2h+1]`` as a ``vector<2xbf16>``."""
+    return _half_pair(t, c, h, "bf16")
+
+
+def f16_pair(t: _Text, c: list[str], h: int) -> str:
+    """Accumulators ``c[2h], c[2h+1]`` as a ``vector<2xf16>``."""
+    return _half_pair(t, c, h, "f16")
 
 
 def _store_pairs(
@@ -1706,12 +1716,6 @@ def _row_weights(t: _Text, rows: list[str], alast: str, topk: int) -> tuple[list
             )
         )
     return toks, weights
-
-
-def f16_pair(t: _Text, c: list[str], h: int) -> str:
-    """Accumulators ``c[2h], c[2h+1]`` (f32, adjacent columns) as a ``vector<2xf16>``."""
-    v = t.op("v", f"vector.from_elements {c[2 * h]}, {c[2 * h + 1]} : vector<2xf32>")
-    return t.op("h", f"arith.truncf {v} : vector<2xf32> to vector<2xf16>")
 
 
 def _add_rows_f16(
