@@ -23,7 +23,7 @@
 #   final (.device/n23f): python examples/moe.py --preset prefill --combine atomic --combine-dtype f16 [--topk 1] \
 #       --save-artifact .device/n23f/ex/pre16[_top1]
 #     python test/gpu/make_artifacts.py .device/n23f/arts --only moe_small
-# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics] [tests_e] [defer] [decoder] [final]
+# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics] [tests_e] [defer] [decoder] [final] [ncu]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 # The real-size f16-sum layer (examples/moe.py) from the artifacts under $1/ex.
@@ -153,6 +153,17 @@ for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
         python bench/moe.py --artifacts .device/n23c/moe --out "$OUT/final_$pass.json" 2>&1 \
         | grep -E "GPU time|copy|WRONG|rror" | tee -a "$OUT/final_ab.txt"
     done
+    ;;
+  ncu)
+    # What the f16 sums cost the memory system at T = 4096: the prefill preset
+    # (Yp + combine) against f16 sums, one profiled launch each (n23c).
+    for cfg in tma128wtc pre_atomic16_cast; do
+      echo "== $cfg" >> "$OUT/ncu.txt"
+      timeout 250 ncu --clock-control none -k regex:moe --launch-skip 2 --launch-count 1 \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_atom.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+        python bench/moe_ncu.py $cfg .device/n23c/moe/fused_${cfg}_static 4096 2>&1 | grep -E "^\s+(gpu__|dram__|lts__)|==ERR|rror" >> "$OUT/ncu.txt"
+    done
+    cat "$OUT/ncu.txt"
     ;;
   atomics)
     nvcc -O3 -arch=sm_90a bench/moe_combine_atomics.cu -o /tmp/mca && /tmp/mca | tee "$OUT/atomics.txt"
