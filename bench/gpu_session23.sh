@@ -23,7 +23,10 @@
 #   final (.device/n23f): python examples/moe.py --preset prefill --combine atomic --combine-dtype f16 [--topk 1] \
 #       --save-artifact .device/n23f/ex/pre16[_top1]
 #     python test/gpu/make_artifacts.py .device/n23f/arts --only moe_small
-# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics] [tests_e] [defer] [decoder] [final] [ncu]
+#   item 94 (.device/n23g): BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_l2pf,pre_atomic16_l2pf \
+#       python bench/moe.py --build .device/n23g/moe --trace  (+ n23c's kernels)
+#     python test/gpu/make_artifacts.py .device/n23g/arts --only V   (V: moe_small_l2pf, moe_small_tma_static)
+# Usage: bash bench/gpu_session23.sh [auto] [boundary] [tests16] [moe16] [trace16] [examples16] [tests16d] [cast16] [atomics] [tests_e] [defer] [decoder] [final] [ncu] [l2pf]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 # The real-size f16-sum layer (examples/moe.py) from the artifacts under $1/ex.
@@ -39,6 +42,7 @@ A=.device/n23a
 B=.device/n23b
 E=.device/n23e
 F=.device/n23f
+G=.device/n23g
 for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
   case $step in
   auto)
@@ -164,6 +168,25 @@ for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
         python bench/moe_ncu.py $cfg .device/n23c/moe/fused_${cfg}_static 4096 2>&1 | grep -E "^\s+(gpu__|dram__|lts__)|==ERR|rror" >> "$OUT/ncu.txt"
     done
     cat "$OUT/ncu.txt"
+    ;;
+  l2pf)
+    # Item 94: GEMM tiles with an L2 prefetch, each CTA running it for its
+    # next GEMM instance (prefetch_next), against the same kernels without;
+    # prefill and f16 sums, in alternation; its bit-identity GPU test.
+    echo "== MoE GPU test (L2 prefetch of the next instance)" | tee -a "$OUT/tests.txt"
+    ETC_ARTIFACTS=$G/arts timeout 100 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k "l2_prefetch" 2>&1 \
+      | tail -3 | tee -a "$OUT/tests.txt"
+    mkdir -p "$OUT/j"
+    for pass in 1 2; do
+      cfgs=tma128wtc,pre_l2pf,pre_atomic16_cast,pre_atomic16_l2pf
+      [ $pass = 2 ] && cfgs=pre_atomic16_l2pf,pre_atomic16_cast,pre_l2pf,tma128wtc
+      BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1024,4096 timeout 200 \
+        python bench/moe.py --artifacts $G/moe --out "$OUT/j/l2pf_$pass.json" 2>&1 \
+        | grep -E "GPU time|copy|WRONG|rror" | tee -a "$OUT/l2pf_ab.txt"
+    done
+    tar czf "$OUT/l2pf_json.tgz" -C "$OUT" j && rm -rf "$OUT/j"
+    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_atomic16_cast,pre_atomic16_l2pf BENCH_MOE_SIZES=4096 \
+      timeout 200 python bench/moe.py --artifacts $G/moe --out /tmp/t.json --trace 2>&1 | tail -24 > "$OUT/trace.txt"
     ;;
   atomics)
     nvcc -O3 -arch=sm_90a bench/moe_combine_atomics.cu -o /tmp/mca && /tmp/mca | tee "$OUT/atomics.txt"
