@@ -169,7 +169,7 @@ for step in ${*:-tests16 moe16 boundary examples16 trace16}; do
     done
     cat "$OUT/ncu.txt"
     ;;
-  l2pf)
+  l2pf)  # item 94, reverted: its tile option, compiler change and configurations are in commit daa0eb1
     # Item 94: GEMM tiles with an L2 prefetch, each CTA running it for its
     # next GEMM instance (prefetch_next), against the same kernels without;
     # prefill and f16 sums, in alternation; its bit-identity GPU test.

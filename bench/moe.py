@@ -136,20 +136,6 @@ CONFIGS = {
         **M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16", "combine_block": 32,
         "combine_unroll": 8,
     },
-    # Both with an L2 prefetch of the GEMM tiles' first 4 k-tiles, compiled
-    # with prefetch_next (STATIC_OPTIONS): a CTA warms the L2 for its next
-    # GEMM instance while this one runs.
-    "pre_l2pf": {
-        **M.PRESETS["prefill"],
-        "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], ("l2_prefetch", 4)),
-        "down_options": (*M.PRESETS["prefill"]["down_options"], ("l2_prefetch", 4)),
-    },
-    "pre_atomic16_l2pf": {
-        **M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16", "combine_block": 32,
-        "combine_unroll": 8,
-        "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], ("l2_prefetch", 4)),
-        "down_options": (*M.PRESETS["prefill"]["down_options"], ("l2_prefetch", 4)),
-    },
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
     # 8 active experts give hundreds of tiles, 8 stages of weights in flight.
     "tma16": _tc(128, 16, 64, _tile_options(8, "tma")),
@@ -315,8 +301,6 @@ TARGETS = {
         "pre_atomic",
         "pre_atomic16",
         "pre_atomic16_cast",
-        "pre_l2pf",
-        "pre_atomic16_l2pf",
         "tma16",
         "tma128",
         "pre_mem",
@@ -382,13 +366,6 @@ def moe_config(key: str):
     return MoEConfig(**CONFIGS[key.removesuffix("_occ").removesuffix("_one")])
 
 
-#: More ``etc.compile`` options for a configuration's static kernels.
-STATIC_OPTIONS = {
-    "pre_l2pf": {"prefetch_next": True},
-    "pre_atomic16_l2pf": {"prefetch_next": True},
-}
-
-
 def build(out: Path) -> None:
     import etc
     from etc.models import moe as M
@@ -403,9 +380,7 @@ def build(out: Path) -> None:
             continue
         for schedule in ("static",) if LEAN else ("static", "dynamic"):
             g = M.build_moe_graph(cfg, name=f"moe_{key}")
-            opts = STATIC_OPTIONS.get(key, {}) if schedule == "static" else {}
-            art = etc.compile(g, schedule=schedule, target=target, **opts)
-            art.save(out / f"fused_{key}_{schedule}")
+            etc.compile(g, schedule=schedule, target=target).save(out / f"fused_{key}_{schedule}")
             print("built", f"fused_{key}_{schedule}")
             if key in OCCUPANCY:
                 art = etc.compile(

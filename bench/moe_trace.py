@@ -36,7 +36,6 @@ from bench.moe import (  # noqa: E402
     OCCUPANCY,
     ONE_CLAIM,
     SIZES,
-    STATIC_OPTIONS,
     TARGETS,
     TOLERANCE,
     moe_config,
@@ -71,8 +70,6 @@ def build(out: Path) -> None:
         g = M.build_moe_graph(moe_config(key), name=f"moe_{key}")
         # The configuration's occupancy (bench/moe.py's _occ variants) if it has one.
         occupancy = {"min_ctas_per_sm": OCCUPANCY[key]} if key in OCCUPANCY else {}
-        if schedule == "static":
-            occupancy |= STATIC_OPTIONS.get(key, {})
         art = etc.compile(
             g, schedule="static" if schedule == "static" else "dynamic", trace=True,
             target=TARGETS.get(key, "sm_90"), **_OPTIONS[schedule], **occupancy,

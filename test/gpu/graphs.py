@@ -177,23 +177,6 @@ def _moe_small_atomic16():
 
 #: MOE_SMALL_ATOMIC and MOE_SMALL_ROUTE_ATOMIC adding into f16 sums (sm_90a).
 MOE_SMALL_ATOMIC16, MOE_SMALL_ROUTE_ATOMIC16 = _moe_small_atomic16()
-
-
-def _moe_small_l2pf():
-    from dataclasses import replace
-
-    # The TMA layer whose GEMM tiles have an L2 prefetch of their first two
-    # k-tiles; compiled with prefetch_next, a CTA runs it for its next GEMM
-    # instance (coordinate from the trigger table in registers).
-    pf = (("l2_prefetch", 2),)
-    return replace(
-        MOE_SMALL_TMA, gate_up_options=MOE_SMALL_TMA.gate_up_options + pf,
-        down_options=MOE_SMALL_TMA.down_options + pf,
-    )  # fmt: skip
-
-
-#: MOE_SMALL_TMA with L2-prefetching GEMM tiles (sm_90a; static with prefetch_next).
-MOE_SMALL_L2PF = _moe_small_l2pf()
 #: ``etc.models.moe.build_moe_graph`` options by artifact variant: ``_unguarded``
 #: has gate/up tiles that look up their expert (and prefetch its weights)
 #: without waiting for the routing tables.

@@ -51,7 +51,6 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ATOMIC,
     MOE_SMALL_ATOMIC16,
     MOE_SMALL_GATHER,
-    MOE_SMALL_L2PF,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
@@ -150,10 +149,6 @@ def main(argv: list[str] | None = None) -> int:
         for suffix, (schedule, early) in SCHEDULES.items():
             jobs.append((f"moe_small_{tiles}_{suffix}", moe_tma, schedule, early))
             options[f"moe_small_{tiles}_{suffix}"] = {"target": "sm_90a"}
-    # L2-prefetching GEMM tiles, each CTA prefetching its next instance.
-    name = "moe_small_l2pf_static"
-    jobs.append((name, moe.build_moe_graph(MOE_SMALL_L2PF, name="moe_small_l2pf"), "static", False))
-    options[name] = {"target": "sm_90a", "prefetch_next": True}
     from etc.models import llama
 
     bucketed = []  # (name, configuration, schedule, early push): one artifact, two kernels

@@ -27,7 +27,6 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ATOMIC,
     MOE_SMALL_ATOMIC16,
     MOE_SMALL_GATHER,
-    MOE_SMALL_L2PF,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_ROUTE,
@@ -203,15 +202,6 @@ def test_atomic_combine_matches_the_combine_task(variant: str, route: str, sched
         assert np.isfinite(bf16_to_f32(a["Out"])).all(), (T, routing)
         assert M.rel_err(a["Out"], ref) <= M.rel_err(b["Out"], ref) + 2**-9, (T, routing)
         assert M.rel_err(a["Out"], simulated["Out"]) <= 1e-2, (T, routing)
-
-
-def test_l2_prefetch_of_the_next_instance_gives_the_same_bits() -> None:
-    # prefetch_next with L2-prefetching GEMM tiles: each CTA asks the L2 for
-    # its next GEMM instance's first k-tiles (its coordinate found in the
-    # register copy of the trigger table). Only the timing may change: the
-    # output is the plain TMA layer's bit for bit.
-    for T, routing, _, _, a, b in _paired("l2pf", "", "static", MOE_SMALL_L2PF, MOE_SMALL_TMA):
-        np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

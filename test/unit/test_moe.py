@@ -641,35 +641,6 @@ def test_gathering_unfused_graphs_and_errors():
         replace(TMA_SMALL, gather=1)
 
 
-@needs_bindings
-@needs_ptxas
-@needs_trigger
-def test_l2_prefetch_of_the_next_gemm_instance():
-    """GEMM tiles with ``l2_prefetch``: a prefetch function asking the L2 for
-    their first k-tiles (an activation and a weight box per k-tile, the
-    gate/up tile a gate and an up box). Compiled with ``prefetch_next``, the
-    static loop also runs it for the CTA's next GEMM instance, found in the
-    register copy of the trigger table: one more popc count per GEMM task."""
-    from etc.tiles import gemm_tc
-
-    pf = (("l2_prefetch", 2),)
-    cfg = replace(TMA_SMALL, gate_up_options=_TMA + pf, down_options=_TMA + pf)
-    gu, dn = M._gemm_tiles(cfg, None)
-    for tile, boxes in ((gu, 3), (dn, 2)):
-        assert tile.prefetch == f"{tile.name}__prefetch"
-        text = tile.source.split(f"func.func @{tile.prefetch}(", 1)[1]
-        assert text.count("cp.async.bulk.prefetch.tensor.2d.L2.global.tile") == 2 * boxes
-    g = M.build_moe_graph(cfg)
-    plain = etc.compile(g, target="sm_90a").ptx
-    ahead = etc.compile(g, target="sm_90a", prefetch_next=True).ptx
-    assert ahead.count("bar.red.popc.u32") == plain.count("bar.red.popc.u32") + 2
-    assert ahead.count("prefetch.tensor.2d.L2") == 2 * plain.count("prefetch.tensor.2d.L2")
-    with pytest.raises(etc.GraphError, match="l2_prefetch=2 needs core='tma'"):
-        gemm_tc.moe_down(128, 64, 256, 192, experts=16, core="wgmma", l2_prefetch=2)
-    with pytest.raises(etc.GraphError, match="l2_prefetch=True needs core='tma' and an int"):
-        gemm_tc.moe_down(128, 64, 256, 192, experts=16, **dict(_TMA), l2_prefetch=True)
-
-
 # The same small TMA layer with the down tiles adding their weighted rows into
 # float32 or half sums (MoEConfig(combine="atomic")): a zero task first, no
 # Yp, and a cast task instead of the combine.

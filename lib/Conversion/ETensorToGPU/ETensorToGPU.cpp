@@ -273,8 +273,6 @@ private:
   Value prefetchQueueEntry(Value position, Value end,
                            ArrayRef<DispatchOp> candidates, bool reportRan);
   void prefetchAheadOf(DispatchOp current);
-  Operation *triggeredPrefetchCall(DispatchOp dispatch);
-  void prefetchTriggered(DispatchOp dispatch, Value linear, Operation *call);
   FailureOr<scf::IndexSwitchOp> emitDispatchSwitch(
       Value descriptor, ArrayRef<DispatchOp> dispatches, TypeRange resultTypes,
       function_ref<LogicalResult(DispatchOp, Value, Block *)> lowerCase,
@@ -1268,18 +1266,18 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     scf::YieldOp::create(b, loop.getRegionIterArgs());
     b.setInsertionPointToStart(ifAlive.thenBlock());
     Value next = arith::AddIOp::create(b, loop.getInductionVar(), index(1));
-    loopSeen.assign(loop.getRegionIterArgs().begin() + firstSeen,
-                    loop.getRegionIterArgs().begin() + firstTable);
-    loopTableState.assign(loop.getRegionIterArgs().begin() + firstTable,
-                          loop.getRegionIterArgs().begin() + firstTicket);
-    loopTicketState.assign(loop.getRegionIterArgs().begin() + firstTicket,
-                           loop.getRegionIterArgs().end());
     if (prefetchNext)
       prefetchEntry(next, end, dispatches);
     nextPosition = next;
     sliceEnd = end;
     if (prefetchAhead)
       prefetchedAhead = loop.getRegionIterArg(1);
+    loopSeen.assign(loop.getRegionIterArgs().begin() + firstSeen,
+                    loop.getRegionIterArgs().begin() + firstTable);
+    loopTableState.assign(loop.getRegionIterArgs().begin() + firstTable,
+                          loop.getRegionIterArgs().begin() + firstTicket);
+    loopTicketState.assign(loop.getRegionIterArgs().begin() + firstTicket,
+                           loop.getRegionIterArgs().end());
     Value entry =
         memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
@@ -1318,63 +1316,11 @@ void KernelBuilder::prefetchAheadOf(DispatchOp current) {
 /// Instance `linear` of `dispatch`'s prefetch: its coordinates, buffer casts
 /// and prefetch call (the body's leading hoistable ops), nothing else.
 void KernelBuilder::clonePrefetch(DispatchOp dispatch, Value linear) {
-  if (Operation *call = triggeredPrefetchCall(dispatch)) {
-    prefetchTriggered(dispatch, linear, call);
-    return;
-  }
   for (Operation &op : mapGridCoordinates(dispatch, linear)) {
     if (!isHoistable(op))
       break; // the waits: the prefetch call came before them
     b.clone(op, mapping);
   }
-}
-
-/// The prefetch call of a triggered task whose trigger table the CTA keeps
-/// in registers (`guarded_indptr`, not ticketed), or null: only there can
-/// a CTA find an entry's coordinate ahead without waiting.
-Operation *KernelBuilder::triggeredPrefetchCall(DispatchOp dispatch) {
-  if (!dispatch.getTriggerEvent() || dispatch.getTicket() ||
-      !cachedTableIndex(dispatch))
-    return nullptr;
-  for (Operation &op : dispatch.getBody().front()) {
-    if (!isHoistable(op))
-      break;
-    if (isa<func::CallOp>(op))
-      return &op;
-  }
-  return nullptr;
-}
-
-/// `prefetch-next` for a triggered entry: once the CTA has loaded its
-/// register copy of the trigger table (an earlier instance of the task), it
-/// finds the entry's coordinate there (`bar.red.popc`, as the instance will)
-/// and, for an instance below `indptr[C]`, runs the prefetch for it. The
-/// table is final (the task's in-edges guard it), so the guess is the
-/// instance's own coordinate; the prefetch may not write shared memory
-/// (`etc.compile` refuses one that does).
-void KernelBuilder::prefetchTriggered(DispatchOp dispatch, Value linear,
-                                      Operation *call) {
-  unsigned table = *cachedTableIndex(dispatch);
-  auto ifLoaded = scf::IfOp::create(b, TypeRange(),
-                                    loopTableState[2 * table + 1], false);
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPointToStart(ifLoaded.thenBlock());
-  EventInfo &info = events[dispatch.getTriggerEvent()];
-  Value below = arith::ExtUIOp::create(
-      b, b.getI32Type(),
-      arith::CmpIOp::create(b, arith::CmpIPredicate::ule,
-                            loopTableState[2 * table], linear));
-  Value valid;
-  Value coordinate = coordinateOfCount(info, countAcrossCta(below), valid);
-  auto ifValid = scf::IfOp::create(b, TypeRange(), valid, false);
-  b.setInsertionPointToStart(ifValid.thenBlock());
-  for (Operation &op : mapGridCoordinates(dispatch, linear)) {
-    if (!isHoistable(op))
-      break;
-    if (&op != call)
-      b.clone(op, mapping);
-  }
-  callTriggeredPrefetch(dispatch, call, coordinate);
 }
 
 /// When `position` < `end`, runs the prefetch function of the queue entry
@@ -1385,7 +1331,7 @@ void KernelBuilder::prefetchEntry(Value position, Value end,
                                   ArrayRef<DispatchOp> dispatches) {
   SmallVector<DispatchOp> prefetching;
   for (DispatchOp dispatch : dispatches)
-    if (hasAheadPrefetch(dispatch) || triggeredPrefetchCall(dispatch))
+    if (hasAheadPrefetch(dispatch))
       prefetching.push_back(dispatch);
   if (!prefetching.empty())
     (void)prefetchQueueEntry(position, end, prefetching, /*reportRan=*/false);

@@ -150,8 +150,6 @@ class _Text(_mma.Text):
         #: barrier after the loop (the ring barriers' ``mbarrier.inval``).
         #: An epilogue step whose barrier comes first calls :meth:`joined`.
         self.after_join: Callable[[], None] | None = None
-        #: Functions appended to the tile's source (its prefetch).
-        self.extra = ""
 
     def joined(self) -> None:
         """After a CTA barrier that every thread reaches past the main loop:
@@ -205,7 +203,6 @@ class _Text(_mma.Text):
             + "\n"
             + "\n".join(self.lines)
             + "\n  return\n}\n"
-            + self.extra
         )
 
 
@@ -1622,36 +1619,6 @@ def _moe_finish(
     return finish_tma(t, name, signature, globals_, comment, reference, block_size, buffers, maps)
 
 
-def _moe_l2_prefetch(
-    t: _Text, name: str, signature: str, maps: list, indptr: str, it: str, block_m: int,
-    block_n: int, k: int, inter: int, hidden: int, gate: bool, wn: int, cw: int, sub: int,
-    k_tiles: Any, core: str,
-) -> None:  # fmt: skip
-    """Appends ``@<name>__prefetch`` to ``t``: for tile ``(i, e)``, thread 0
-    asks the L2 for the first ``k_tiles`` k-tiles of its TMA boxes (the
-    activation rows unless gathered, the weights' first column pass)."""
-    if core != "tma" or isinstance(k_tiles, bool) or not isinstance(k_tiles, int) or k_tiles < 0:
-        raise GraphError(
-            f"tile '{name}': l2_prefetch={k_tiles!r} needs core='tma' and an int >= 0 of k-tiles"
-        )
-    tp = _Text()
-    r0, _, n0, _ = _moe_prologue(tp, indptr, it, block_m, block_n)
-    loads = [(_map_pointer(tp, f"%{a}_map"), r0, rows) for a, src, rows in maps if src == 0]
-    w_map = _map_pointer(tp, f"%{maps[-1][0]}_map")
-    if gate:  # per warpgroup slice: its gate rows, then its up rows
-        wrow = tp.add(tp.mul("%e", 2 * inter), n0)
-        for g in range(wn):
-            loads += [(w_map, tp.add(wrow, g * cw), cw), (w_map, tp.add(wrow, g * cw + inter), cw)]
-    else:
-        loads.append((w_map, tp.add(tp.mul("%e", hidden), n0), sub))
-    tma_prefetch_l2(tp, loads, min(k_tiles, k // TMA_BLOCK_K), None)
-    tp.close()
-    signature += "".join(f", %{arg}_map: {MAP_TYPE}" for arg, _, _ in maps)
-    t.extra = tp.source(
-        f"{name}__prefetch", signature, [], f"{name}: its first {k_tiles} k-tiles into L2"
-    )
-
-
 def _split_groups(name: str, core: str, split_n: bool, block_size: int) -> int:
     """Warpgroups sharing the columns of a ``split_n`` tile (1 without)."""
     if not split_n:
@@ -1836,13 +1803,10 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
 #: ``short_blocks`` (TMA, 128-row blocks of two warpgroups, no ``split_n``
 #: or gather): an expert's only row block, when it has at most 64 rows, runs
 #: its k loop on the first warpgroup alone (half the wgmma work; the rows
-#: of few-token experts); ``l2_prefetch`` (TMA): k-tiles of its boxes that
-#: the tile's prefetch function (``@<name>__prefetch``) asks the L2 for, so
-#: a static schedule compiled with ``prefetch_next`` warms the CTA's next
-#: instance while this one runs (0: no prefetch function).
+#: of few-token experts).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
-    inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False, l2_prefetch=0,
+    inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False,
 )  # fmt: skip
 
 
@@ -2060,11 +2024,6 @@ def _moe_tile(
     # TMA maps after the buffers: the activation's (unless gathered) and the weight's.
     maps = [] if gathered else [(a, 0, block_m)]
     maps.append((w, 1, cw if gate else sub))
-    if o["l2_prefetch"]:
-        _moe_l2_prefetch(
-            t, name, signature, maps, indptr, it, block_m, block_n, k, inter, hidden, gate,
-            wn, cw, sub, o["l2_prefetch"], core,
-        )  # fmt: skip
     return _moe_finish(
         t, name, signature, globals_,
         f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, {_core_text(core, wm, wn)}"
