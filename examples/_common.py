@@ -4,7 +4,7 @@ result and takes --simulate, --schedule static|dynamic and --emit-ptx FILE."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,32 +76,52 @@ def compile_graph(g: Any, args: argparse.Namespace) -> Any:
     )
 
 
-def compile_only(g: Any, args: argparse.Namespace) -> int | None:
+def compile_only(
+    g: Any,
+    args: argparse.Namespace,
+    compile: Callable[[], Any] | None = None,
+    ptx_names: Sequence[str] | None = None,
+) -> int | None:
     """--print-ir, then --emit-ptx / --save-artifact: compile and return the
-    exit code (0); None when the example should go on and run."""
-    if args.print_ir:
-        print(g.to_mlir())
+    exit code (0); None when the example should go on and run. ``g``: a
+    graph, or a list of them (each printed); ``compile`` makes the artifact
+    (``compile_graph(g, args)`` unless given); with ``ptx_names`` it is
+    bucketed and each kernel's PTX goes to ``FILE.<name>.ptx``."""
+    for one in g if isinstance(g, list) else [g]:
+        if args.print_ir:
+            print(one.to_mlir())
+    compile = compile or (lambda: compile_graph(g, args))
     if args.emit_ptx:
-        artifact = compile_graph(g, args)
-        with open(args.emit_ptx, "w") as f:
-            f.write(artifact.ptx)
-        print(f"wrote {args.emit_ptx} ({len(artifact.ptx)} bytes of PTX)")
+        artifact = compile()
+        if ptx_names is None:
+            files = [(args.emit_ptx, artifact)]
+        else:
+            stem = args.emit_ptx.removesuffix(".ptx")
+            files = [
+                (f"{stem}.{name}.ptx", kernel)
+                for name, kernel in zip(ptx_names, artifact.artifacts, strict=True)
+            ]
+        for path, kernel in files:
+            with open(path, "w") as f:
+                f.write(kernel.ptx)
+            print(f"wrote {path} ({len(kernel.ptx)} bytes of PTX)")
         return 0
     if args.save_artifact:
-        print(f"saved {compile_graph(g, args).save(args.save_artifact)}")
+        print(f"saved {compile().save(args.save_artifact)}")
         return 0
     return None
 
 
-def load_kernel(g: Any, args: argparse.Namespace) -> Any:
-    """The GPU kernel (--artifact, else compiled here); None with --simulate."""
+def load_kernel(g: Any, args: argparse.Namespace, compile: Callable[[], Any] | None = None) -> Any:
+    """The GPU kernel (--artifact, else compiled here: ``compile()`` if
+    given, else ``compile_graph(g, args)``); None with --simulate."""
     if args.simulate:
         return None
     if args.artifact:
         from etc import runtime
 
         return runtime.load(args.artifact)
-    return compile_graph(g, args).load()
+    return (compile or (lambda: compile_graph(g, args)))().load()
 
 
 def run(

@@ -218,27 +218,15 @@ def run_family(args) -> int:
     except etc.EtcError as exc:  # sizes the presets' tiles cannot take
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.print_ir:
-        for _, g in graphs:
-            print(g.to_mlir())
-    compiled = None
-    if args.emit_ptx or args.save_artifact or not (args.simulate or args.artifact):
-        compiled = M.compile_moe(schedule=args.schedule, **sizes)
-    if args.emit_ptx:
-        stem = args.emit_ptx.removesuffix(".ptx")
-        for (_, name, _), art in zip(family, compiled.artifacts, strict=True):
-            with open(f"{stem}.{name}.ptx", "w") as f:
-                f.write(art.ptx)
-            print(f"wrote {stem}.{name}.ptx ({len(art.ptx)} bytes of PTX)")
-        return 0
-    if args.save_artifact:
-        print(f"saved {compiled.save(args.save_artifact)}")
-        return 0
-    kernel = None
-    if not args.simulate:
-        from etc import runtime
 
-        kernel = runtime.load(args.artifact) if args.artifact else compiled.load()
+    def compile_family():
+        return M.compile_moe(schedule=args.schedule, **sizes)
+
+    names = [name for _, name, _ in family]
+    done = compile_only([g for _, g in graphs], args, compile_family, ptx_names=names)
+    if done is not None:
+        return done
+    kernel = load_kernel(None, args, compile_family)
 
     def graph_and_kernel(T: int):
         graph = next(g for bound, g in graphs if bound is None or T <= bound)

@@ -758,10 +758,10 @@ def test_preset_family_shares_one_set_of_buffers():
 
 
 @needs_trigger
-@pytest.mark.parametrize("routing, tokens", [("uniform", "1,9,300"), ("one-expert", "7,130")])
+@pytest.mark.parametrize("routing, tokens", [("uniform", "1,9,900"), ("one-expert", "7,130")])
 def test_example_auto_preset_simulates_each_bucket(routing, tokens):
     """``examples/moe.py --preset auto --simulate``: each T runs its bucket's
-    graph (decode up to 8 tokens, mid to 256, prefill above), all on the
+    graph (decode up to 8 tokens, mid to 896, prefill above), all on the
     same buffers, against the float32 reference."""
     import subprocess
     import sys
