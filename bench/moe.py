@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.timing import gpu_timed, timed  # noqa: E402
+from etc.dtypes import torch_dtype  # noqa: E402
 from etc.models import moe as M  # noqa: E402
 
 SIZES = (1, 16, 128, 1024, 4096)
@@ -576,14 +577,8 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             print(f"T={T:5d} ETC {key}: its route tile takes at most {cfg.max_tokens} tokens")
             continue
         shapes = M.tensor_shapes(cfg, T)
-        dtypes = {
-            "bf16": torch.bfloat16,
-            "i32": torch.int32,
-            "f32": torch.float32,
-            "f16": torch.float16,
-        }
         scratch = {
-            n: torch.zeros(s, dtype=dtypes[d], device="cuda")
+            n: torch.zeros(s, dtype=torch_dtype(d), device="cuda")
             for n, (s, d) in shapes.items()
             if n not in ("X", "Wr", "Wgu", "Wd")
         }

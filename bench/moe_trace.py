@@ -40,6 +40,7 @@ from bench.moe import (  # noqa: E402
     TOLERANCE,
     moe_config,
 )
+from etc.dtypes import torch_dtype  # noqa: E402
 from etc.runtime.trace import idle_before  # noqa: E402
 
 # "one": the dynamic schedule claiming one queue position at a time (bench/moe.py).
@@ -154,12 +155,6 @@ def run(artifacts: Path, out: Path | None, sizes=SIZES) -> dict:
     start = time.perf_counter()
     cfg0 = moe_config(next(iter(CONFIGS)))
     W = M.random_weights_torch(cfg0, seed=0)
-    dtypes = {
-        "bf16": torch.bfloat16,
-        "i32": torch.int32,
-        "f32": torch.float32,
-        "f16": torch.float16,
-    }
     kernels = {v: etc.runtime.load(artifacts / artifact_name(*v)) for v in variants()}
     results: dict = {"device": torch.cuda.get_device_name(), "rows": []}
     text: list[str] = []
@@ -173,7 +168,7 @@ def run(artifacts: Path, out: Path | None, sizes=SIZES) -> dict:
             if cfg.max_tokens is not None and T > cfg.max_tokens:
                 continue  # its route tile's bound
             bufs = {
-                n: torch.zeros(s, dtype=dtypes[d], device="cuda")
+                n: torch.zeros(s, dtype=torch_dtype(d), device="cuda")
                 for n, (s, d) in M.tensor_shapes(cfg, T).items()
                 if n not in ("X", "Wr", "Wgu", "Wd")
             }

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import GraphError
 
-__all__ = ["DType", "dtype", "f32_to_bf16", "bf16_to_f32"]
+__all__ = ["DType", "dtype", "torch_dtype", "f32_to_bf16", "bf16_to_f32"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,15 @@ def dtype(spec: Any) -> DType:
     if key is None:
         raise GraphError(f"element type {np_dtype} is not supported")
     return _DTYPES[key]
+
+
+def torch_dtype(spec: Any) -> Any:
+    """The torch dtype of an element type (``bf16``: ``torch.bfloat16``, not
+    its uint16 storage); imports torch."""
+    import torch
+
+    d = dtype(spec)
+    return torch.bfloat16 if d.name == "bf16" else getattr(torch, d.numpy.name)
 
 
 def f32_to_bf16(values: Any) -> np.ndarray:

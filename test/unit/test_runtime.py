@@ -244,6 +244,19 @@ def test_dtype_names() -> None:
     assert manifest.canonical_dtype("complex64") is None
 
 
+def test_torch_dtypes_match_the_element_types() -> None:
+    torch = pytest.importorskip("torch")
+    from etc.dtypes import dtype, torch_dtype
+
+    # bf16 is torch's own type, not the uint16 numpy stores it in.
+    assert torch_dtype("bf16") is torch.bfloat16
+    for name, want in (("f32", torch.float32), ("f16", torch.float16), ("i32", torch.int32),
+                       ("i64", torch.int64), ("half", torch.float16)):  # fmt: skip
+        assert torch_dtype(name) is want
+        # The round trip through the runtime's names.
+        assert manifest.canonical_dtype(str(want)) == dtype(name).name
+
+
 # -- static queues ---------------------------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..dtypes import bf16_to_f32, f32_to_bf16, torch_dtype
 from ..errors import GraphError
 from ..graph import Graph
 
@@ -1610,7 +1610,6 @@ def torch_inputs(
     ``< L`` when ``fill_cache``; tokens random; the rest zeroed."""
     import torch
 
-    dtypes = {"bf16": torch.bfloat16, "i32": torch.int32, "i64": torch.int64, "f32": torch.float32}
     weights = graph_weights(cfg, weights)
     gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, Any] = {}
@@ -1620,7 +1619,7 @@ def torch_inputs(
         elif name == "rope":
             out[name] = torch.from_numpy(rope_table(cfg, S)).to(device)
         else:
-            out[name] = torch.zeros(shape, dtype=dtypes[dt], device=device)
+            out[name] = torch.zeros(shape, dtype=torch_dtype(dt), device=device)
     out["tokens"].random_(0, cfg.vocab, generator=gen)
     if fill_cache and L:
         for k in ("k_cache", "v_cache"):

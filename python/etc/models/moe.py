@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..device import DeviceFunction
-from ..dtypes import bf16_to_f32, f32_to_bf16
+from ..dtypes import bf16_to_f32, dtype, f32_to_bf16, torch_dtype
 from ..errors import GraphError
 from ..graph import DEALS, Graph
 from ..tiles import _mma
@@ -1157,8 +1157,7 @@ def numpy_inputs(
     T = x.shape[0]
     arrays = {}
     for name, (shape, dt) in tensor_shapes(cfg, T).items():
-        storage = {"bf16": np.uint16, "i32": np.int32, "f32": np.float32, "f16": np.float16}[dt]
-        arrays[name] = np.zeros(shape, storage)
+        arrays[name] = np.zeros(shape, dtype(dt).numpy)
     arrays["X"][...] = x
     for k in ("Wr", "Wgu", "Wd"):
         arrays[k][...] = weights[k]
@@ -1173,15 +1172,9 @@ def torch_inputs(
     any of X, Wr, Wgu, Wd (else left zero)."""
     import torch
 
-    dtypes = {
-        "bf16": torch.bfloat16,
-        "i32": torch.int32,
-        "f32": torch.float32,
-        "f16": torch.float16,
-    }
     out = {}
     for name, (shape, dt) in tensor_shapes(cfg, T).items():
-        out[name] = torch.zeros(shape, dtype=dtypes[dt], device=device)
+        out[name] = torch.zeros(shape, dtype=torch_dtype(dt), device=device)
     for name, value in (weights or {}).items():
         if isinstance(value, np.ndarray):
             if value.dtype == np.uint16:
