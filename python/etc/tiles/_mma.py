@@ -203,6 +203,11 @@ def down_types(hidden: int, inter: int, ed: str) -> tuple[str, str, str]:
     )
 
 
+#: The sums an atomic combine adds into, by element type: (argument name,
+#: what it holds).
+SUMS = {"f32": ("Out32", "float32"), "f16": ("Out16", "half-precision")}
+
+
 def down_signature(
     ht: str, wt: str, yt: str, it: str, combine_topk: int | None = None, sums_dtype: str = "f32"
 ) -> str:
@@ -213,7 +218,7 @@ def down_signature(
     if combine_topk is None:
         return head + f"%Yp: {yt}"
     sums = yt.replace("xbf16>", f"x{sums_dtype}>")
-    name = "Out16" if sums_dtype == "f16" else "Out32"
+    name = SUMS[sums_dtype][0]
     return head + f"%perm: memref<?xi32>, %topk_w: memref<?x{combine_topk}xf32>, %{name}: {sums}"
 
 

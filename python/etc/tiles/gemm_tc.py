@@ -1869,7 +1869,7 @@ def moe_down(
     (``red.global.add.noftz.v4.f16x2``, a quarter of the float32 version's
     reductions); they overflow to infinity past 65504."""
     o = _mma.tile_options(name, options, MOE_OPTIONS)
-    if combine_dtype not in ("f32", "f16") or (combine_dtype != "f32" and combine_topk is None):
+    if combine_dtype not in _mma.SUMS or (combine_dtype != "f32" and combine_topk is None):
         raise GraphError(
             f"tile '{name}': combine_dtype must be 'f32' or 'f16' (with combine_topk), "
             f"got {combine_dtype!r}"
@@ -1926,7 +1926,7 @@ def _moe_tile(
         (a, w, out), indptr = ("Xp", "Wgu", "Hb"), "%gu_indptr"
     else:
         at, wt, ot = _mma.down_types(hidden, inter, ed)
-        sums = "Out16" if o["combine_dtype"] == "f16" else "Out32"
+        sums = _mma.SUMS[o["combine_dtype"]][0]
         (a, w, out), indptr = ("Hb", "Wd", sums if ctopk else "Yp"), "%dn_indptr"
     t = _Text()
     r0, r1, n0, row_blocks = _moe_prologue(t, indptr, it, block_m, block_n)

@@ -47,6 +47,7 @@ from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from . import _text
+from ._mma import SUMS
 from .gemm import MAX_SHARED_BYTES
 
 __all__ = [
@@ -999,11 +1000,6 @@ func.func @{name}(%i: index, {args}) {{
   return
 }}
 """
-
-
-#: The sums an atomic combine adds into, by element type: (argument name,
-#: what it holds).
-SUMS = {"f32": ("Out32", "float32"), "f16": ("Out16", "half-precision")}
 
 
 def _sums(name: str, dtype: str) -> str:
