@@ -14,7 +14,7 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
     python examples/moe.py --simulate --route fused --hidden 64 --inter 32 --experts 8 --topk 2
 
 ``--preset decode|mid|prefill`` takes the tile configuration measured best
-for T <= 8, T from 16 to about 128 and T >= 1024 (``etc.models.moe.PRESETS``:
+for T <= 8, T from 16 to 896 and T above (``etc.models.moe.PRESETS``:
 mid and prefill are TMA tiles, sm_90a) and compiles with its target and
 ``min_ctas_per_sm``; ``--block-*`` then do not apply. ``--preset auto``
 compiles all three into one artifact (``etc.models.moe.compile_moe``): each
