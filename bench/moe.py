@@ -275,6 +275,22 @@ CONFIGS = {
         "down_options": _SPLIT, "combine_unroll": 2, "permute_unroll": 16,
         "router_stages": 6, "topk_block": 32,
     },
+    # One token: static slot grids, no routing tables (MoEConfig.route="slots").
+    "single": M.PRESETS["single"],
+    "single_gu24": {**M.PRESETS["single"], "block_n_gu": 24},
+    "single_dn128": {**M.PRESETS["single"], "block_n_dn": 128},
+    "single_sl": {**M.PRESETS["single"], "slot_logits": True},
+    "single_sl_re1": {**M.PRESETS["single"], "slot_logits": True, "router_experts": 1},
+    # ... with deeper weight rings (bytes in flight per CTA) or narrower gate/up tiles.
+    "single_sl_s6": {**M.PRESETS["single"], "slot_logits": True,
+                     "gate_up_options": (("stages", 6), ("unroll", 2), ("rotate_k", True))},
+    "single_sl_s8": {**M.PRESETS["single"], "slot_logits": True,
+                     "gate_up_options": (("stages", 8), ("unroll", 2), ("rotate_k", True))},
+    "single_sl_dn6": {**M.PRESETS["single"], "slot_logits": True,
+                      "down_options": (("warps", (1, 4, 2)), ("stages", 6), ("unroll", 2),
+                                       ("rotate_k", True))},
+    "single_sl_gu16": {**M.PRESETS["single"], "slot_logits": True, "block_n_gu": 16},
+    "single_ids": {**M.PRESETS["single"], "slot_logits": False},
 }  # fmt: skip
 CONFIGS["pre_short_tk"] = {**CONFIGS["pre_short"], "gemm_deal": "ticket"}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
@@ -350,6 +366,16 @@ OCCUPANCY = {
     "dec_dn128": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_dn12_gu6": M.PRESET_MIN_CTAS_PER_SM["decode"],
     "dec_tk": M.PRESET_MIN_CTAS_PER_SM["decode"],
+    "single": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_gu24": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_dn128": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_sl": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_sl_re1": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_sl_s6": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_sl_s8": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_sl_dn6": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_sl_gu16": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_ids": M.PRESET_MIN_CTAS_PER_SM["single"],
     "pre128x2": 2,
     "pre64x2": 2,
 }

@@ -47,6 +47,10 @@ def _moe_small_ring():
 
 #: MOE_SMALL on the weight-ring tiles of the decode preset.
 MOE_SMALL_RING = _moe_small_ring()
+#: ... as static slot grids without routing tables (``route="slots"``), the
+#: experts read from ``topk_ids`` or picked from the logits by the tiles.
+MOE_SMALL_SLOTS = dataclasses.replace(MOE_SMALL_RING, route="slots")
+MOE_SMALL_SLOTS_LOGITS = dataclasses.replace(MOE_SMALL_SLOTS, slot_logits=True)
 
 
 def _moe_small_tma():

@@ -58,6 +58,8 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_ATOMIC16,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
+    MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_LOGITS,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
     MOE_SMALL_TICKET,
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     for tiles, cfg in (
         ("ring", MOE_SMALL_RING), ("ringpf", MOE_SMALL_RING_PREFETCH), ("route", MOE_SMALL_ROUTE),
         ("route_unguarded", MOE_SMALL_ROUTE), ("ticket", MOE_SMALL_TICKET),
+        ("slots", MOE_SMALL_SLOTS), ("slots_logits", MOE_SMALL_SLOTS_LOGITS),
     ):  # fmt: skip
         moe_ring = moe.build_moe_graph(
             cfg, name=f"moe_small_{tiles}", **MOE_GRAPH_OPTIONS.get(f"_{tiles}", {})
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         name = f"moe_small_family_{schedule}"
         if name.startswith(args.only):
             moe.compile_moe(schedule=schedule, **MOE_FAMILY_SIZES).save(args.out / name)
-            print(f"{name}: {args.out / name} ({schedule}, 3 kernels)")
+            print(f"{name}: {args.out / name} ({schedule}, {len(moe.PRESET_BUCKETS)} kernels)")
     from etc.models import collective
 
     for variant in ("gemm_rs", "ag_gemm", *TENSOR_PARALLEL_VARIANTS):

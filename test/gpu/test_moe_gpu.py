@@ -34,6 +34,8 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_ATOMIC16,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
+    MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_LOGITS,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
     MOE_SMALL_TICKET,
@@ -54,7 +56,8 @@ pytestmark = [
     [
         "", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma",
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
-        "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short",
+        "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short", "_slots",
+        "_slots_logits",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -79,6 +82,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_ticket": MOE_SMALL_TICKET,
         "_tma_ticket": MOE_SMALL_TMA_TICKET,
         "_tma_short": MOE_SMALL_TMA_SHORT,
+        "_slots": MOE_SMALL_SLOTS,
+        "_slots_logits": MOE_SMALL_SLOTS_LOGITS,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
@@ -94,7 +99,12 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         ref = M.reference_moe(x, weights["Wr"], weights["Wgu"], weights["Wd"], cfg.topk)
         assert M.rel_err(arrays["Out"], ref) <= 1e-2, (T, routing)
         # Counts and tile tables are deterministic (the row order inside an
-        # expert is not): the GPU's equal the simulator's.
+        # expert is not): the GPU's equal the simulator's. Slot grids have
+        # no tables; their expert rows are in slot order, as the simulator's.
+        if cfg.route == "slots":
+            np.testing.assert_array_equal(arrays["topk_ids"], simulated["topk_ids"])
+            assert M.rel_err(arrays["Hb"], simulated["Hb"]) <= 1e-2, (T, routing)
+            continue
         for table in ("row_off", "gu_indptr", "dn_indptr", "h_wait", "dn_total"):
             np.testing.assert_array_equal(arrays[table], simulated[table], err_msg=table)
         np.testing.assert_array_equal(
@@ -228,15 +238,17 @@ def test_short_blocks_give_the_plain_tiles_bits(schedule: str) -> None:
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 def test_one_artifact_runs_each_preset_by_token_count(schedule: str) -> None:
-    # compile_moe: the decode, mid and prefill presets in one artifact; each
-    # launch runs the kernel of T's range on the same buffers (the decode
-    # kernel leaves the logits' spare rows alone), back to back.
+    # compile_moe: the single, decode, mid and prefill presets in one
+    # artifact; each launch runs the kernel of T's range on the same buffers
+    # (the single and decode kernels leave the logits' spare rows alone), back
+    # to back.
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small_family_{schedule}")
     family = M.preset_family(**MOE_FAMILY_SIZES)
     assert kernel.bounds == [bound for bound, _, _ in family]
     cfg = family[-1][2]
-    for T, routing in ((1, "uniform"), (8, "uniform"), (9, "few-experts"), (896, "one-expert"),
-                       (897, "uniform"), (300, "few-experts")):  # fmt: skip
+    for T, routing in ((1, "uniform"), (4, "one-expert"), (5, "uniform"), (8, "uniform"),
+                       (9, "few-experts"), (896, "one-expert"), (897, "uniform"),
+                       (300, "few-experts"), (2, "few-experts")):  # fmt: skip
         weights = M.random_weights(cfg, seed=T, routing=routing)
         x = M.random_tokens(cfg, T, seed=T, routing=routing)
         arrays = M.numpy_inputs(cfg, x, weights)

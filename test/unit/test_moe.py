@@ -38,6 +38,8 @@ def have_bindings() -> bool:
 
 needs_bindings = pytest.mark.skipif(not have_bindings(), reason="the MLIR bindings are not built")
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+#: The routes that build routing tables (the TMA tiles' options need them).
+TABLE_ROUTES = tuple(r for r in M.ROUTES if r != "slots")
 needs_trigger = pytest.mark.skipif(
     not M.has_trigger_api(), reason="etc.Graph.task has no triggered_by yet"
 )
@@ -273,7 +275,9 @@ def test_tile_configuration_errors():
         M.MoEConfig(inter=100, block_n_gu=64)
     with pytest.raises(etc.GraphError, match="router_splits=2 needs router='tc'"):
         M.MoEConfig(router_splits=2)
-    with pytest.raises(etc.GraphError, match="route must be one of 'split', 'fused', got 'one'"):
+    with pytest.raises(
+        etc.GraphError, match="route must be one of 'split', 'fused', 'slots', got 'one'"
+    ):
         M.MoEConfig(route="one")
     with pytest.raises(etc.GraphError, match="tile 'moe_route': topk=33 exceeds 32"):
         T_.route(64, 33, 16, 1, 1)
@@ -552,10 +556,20 @@ def test_presets_are_the_measured_configurations() -> None:
     assert dict(prefill.gate_up_options)["core"] == "tma"
     mid = M.preset("mid")
     assert (mid.block_m, dict(mid.gate_up_options)["split_n"]) == (64, True)
-    assert M.PRESET_TARGETS == {"decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"}
-    assert M.PRESET_MIN_CTAS_PER_SM == {"decode": 2, "prefill": 0, "mid": 0}
+    single, few = M.preset("single"), M.preset("few")
+    assert (single.route, single.slot_logits, few.route, few.slot_logits) == (
+        "slots", True, "slots", False
+    )  # fmt: skip
+    # The slot tiles are decode's without the ring prefetch (no expert before the waits).
+    assert dict(single.gate_up_options) == {"stages": 4, "unroll": 2, "rotate_k": True}
+    assert M.PRESET_TARGETS == {
+        "single": "sm_90", "few": "sm_90", "decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"
+    }  # fmt: skip
+    assert M.PRESET_MIN_CTAS_PER_SM == {"single": 2, "few": 2, "decode": 2, "prefill": 0, "mid": 0}
     assert M.preset("decode", hidden=64, inter=32, experts=8, topk=2).hidden == 64
-    with pytest.raises(etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode"):
+    with pytest.raises(
+        etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode, single, few"
+    ):
         M.preset("fast")
 
 
@@ -602,7 +616,7 @@ TMA_SMALL = M.MoEConfig(
 
 @needs_trigger
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-@pytest.mark.parametrize("route", M.ROUTES)
+@pytest.mark.parametrize("route", TABLE_ROUTES)
 @pytest.mark.parametrize("T,routing", [(1, "uniform"), (150, "one-expert"), (41, "top1")])
 def test_gathering_gate_up_in_simulator(schedule, route, T, routing):
     # No Xp and no permute (a release task per expert): the same tables and
@@ -647,7 +661,7 @@ def test_gathering_unfused_graphs_and_errors():
 @needs_trigger
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-@pytest.mark.parametrize("route", M.ROUTES)
+@pytest.mark.parametrize("route", TABLE_ROUTES)
 @pytest.mark.parametrize("T,routing", [(1, "uniform"), (150, "one-expert"), (41, "top1")])
 def test_atomic_combine_in_simulator(dtype, schedule, route, T, routing):
     base = replace(TMA_SMALL, route=route, route_max_tokens=160)
@@ -744,8 +758,13 @@ def test_preset_family_shares_one_set_of_buffers():
     assert [(bound, name) for bound, name, _ in family] == list(M.PRESET_BUCKETS)
     shapes = [M.tensor_shapes(cfg, 37) for _, _, cfg in family]
     assert all(s == shapes[0] for s in shapes) and shapes[0]["logits"] == ((4 * 37, 16), "f32")
-    decode = family[0][2]
+    decode = next(cfg for _, name, cfg in family if name == "decode")
     assert (decode.router_splits, decode.logits_parts, decode.logit_rows) == (1, 4, 4)
+    # The slot kernel's gate/up tiles sum the parts the router writes (1),
+    # not the buffer's rows per token (4).
+    single = next(cfg for _, name, cfg in family if name == "single")
+    gate_up, _ = M._gemm_tiles(single, None)
+    assert "%tS1" not in gate_up.source and "gpu.shuffle idx" in gate_up.source
     tiles = M._small_tiles(decode)
     assert "memref.dim %ids" in tiles["topk"].source
     assert (
@@ -758,10 +777,11 @@ def test_preset_family_shares_one_set_of_buffers():
 
 
 @needs_trigger
-@pytest.mark.parametrize("routing, tokens", [("uniform", "1,9,900"), ("one-expert", "7,130")])
+@pytest.mark.parametrize("routing, tokens", [("uniform", "1,4,9,900"), ("one-expert", "2,5,7,130")])
 def test_example_auto_preset_simulates_each_bucket(routing, tokens):
     """``examples/moe.py --preset auto --simulate``: each T runs its bucket's
-    graph (decode up to 8 tokens, mid to 896, prefill above), all on the
+    graph (single up to 2 tokens, few to 5, decode to 8, mid to 896,
+    prefill above), all on the
     same buffers, against the float32 reference."""
     import subprocess
     import sys
@@ -788,8 +808,10 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
     import subprocess
 
     art = M.compile_moe(**FAMILY_SIZES)
-    assert art.symbol == "T" and art.bounds == [8, 896, None]
-    assert [a.kernel_name for a in art.artifacts] == ["moe_decode", "moe_mid", "moe_prefill"]
+    assert art.symbol == "T" and art.bounds == [2, 5, 8, 896, None]
+    assert [a.kernel_name for a in art.artifacts] == [
+        "moe_single", "moe_few", "moe_decode", "moe_mid", "moe_prefill"
+    ]  # fmt: skip
     for a, (_, name, _) in zip(art.artifacts, M.preset_family(**FAMILY_SIZES), strict=True):
         target = M.PRESET_TARGETS[name]
         assert f".target {target}\n" in a.ptx
@@ -801,4 +823,82 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
         )
     art.save(tmp_path / "moe")
     table = json.loads((tmp_path / "moe" / "buckets.json").read_text())
-    assert [b["max"] for b in table["buckets"]] == [8, 896, None] and table["symbol"] == "T"
+    assert [b["max"] for b in table["buckets"]] == [2, 5, 8, 896, None]
+    assert table["symbol"] == "T"
+
+
+# ----------------------------------------------------------------------------
+# slot grids (route="slots"): no tables, a static (slot, column block) grid
+# ----------------------------------------------------------------------------
+SLOTS_SMALL = replace(
+    SMALL, hidden=256, inter=64, route="slots", block_n_gu=32, block_n_dn=64,
+    gate_up_options=(("stages", 3), ("unroll", 1), ("rotate_k", True)),
+    down_options=(("stages", 2), ("unroll", 1)),
+)  # fmt: skip
+
+
+@needs_bindings
+@needs_trigger
+@pytest.mark.parametrize("slot_logits", [False, True])
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("T,routing", [(1, "uniform"), (5, "one-expert"), (13, "top1")])
+def test_slot_route_in_simulator(slot_logits, schedule, T, routing):
+    """The slot graph has no tables, triggers or permute, and its output is
+    the table-driven graph's bit for bit (each row's products and the
+    combine's k order are the same); the tile references chained agree."""
+    cfg, x, w, ref = case(replace(SLOTS_SMALL, slot_logits=slot_logits), T, routing)
+    g = M.build_moe_graph(cfg)
+    names = [t.name for t in g.topological_tasks()]
+    assert names == ["logits", "topk", "gate_up", "down", "combine"] == list(M.unfused_tasks(cfg))
+    gate_up = {t.name: t for t in g.tasks}["gate_up"]
+    waited = {e.event.name for e in gate_up.in_edges}
+    assert waited == ({"scored"} if slot_logits else {"routed"})
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T}, schedule=schedule, seed=T)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    tables = replace(cfg, route="split", slot_logits=False)
+    want = etc.simulate(
+        M.build_moe_graph(tables), M.numpy_inputs(tables, x, w), {"T": T}, schedule=schedule
+    )
+    np.testing.assert_array_equal(out["Out"], want["Out"])
+    np.testing.assert_array_equal(out["topk_ids"], want["topk_ids"])
+    hand = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w))
+    np.testing.assert_array_equal(hand["Out"], out["Out"])
+    assert M.rel_err(run_unfused(cfg, x, w)["Out"], ref) <= 1e-2
+
+
+@needs_bindings
+def test_slot_tiles_and_their_errors():
+    from etc.tiles import gemm
+
+    gate_up = gemm.moe_gate_up(16, 32, 256, 64, experts=8, slots=2, stages=3, unroll=1)
+    assert "%topk_ids: memref<?x2xi32>" in gate_up.source and "__prefetch" not in gate_up.source
+    picked = gemm.moe_gate_up(
+        16, 32, 256, 64, experts=8, slots=2, stages=3, unroll=1, slot_logits=2
+    )
+    assert "%L: memref<?x8xf32>" in picked.source and "gpu.shuffle idx" in picked.source
+    assert "%tS1" in picked.source  # two parts: the second at row T
+    down = gemm.moe_down(16, 64, 256, 64, experts=8, slots=2)
+    assert "%Hb: memref<?x64xbf16>, %topk_ids" in down.source
+    with pytest.raises(etc.GraphError, match="slots=2 reads the expert from topk_ids after the"):
+        gemm.moe_gate_up(16, 32, 256, 64, slots=2, stages=3, unroll=1, prefetch_ring=True)
+    with pytest.raises(etc.GraphError, match="slot_logits picks the expert of a gate/up slot"):
+        gemm.moe_down(16, 64, 256, 64, slots=2, slot_logits=1)
+    with pytest.raises(etc.GraphError, match="needs the expert count"):
+        gemm.moe_gate_up(16, 32, 256, 64, experts=None, slots=2, slot_logits=1)
+    with pytest.raises(etc.GraphError, match="slots must be a positive"):
+        gemm.moe_gate_up(16, 32, 256, 64, slots=0)
+    # The top-k without tables and the combine over slot-ordered rows.
+    bare = T_.router_topk(32, 8, 128, 8, counts=False).source
+    assert "%counts" not in bare and "atomic_rmw" not in bare
+    direct = T_.combine(4, 8, 2048, direct=True).source
+    assert "%inv" not in direct and "%tw: memref<?x8xf32>, %Yp" in direct
+    for bad, match in (
+        (dict(route="slots", gemm="tc", gate_up_options=_TMA, down_options=_TMA),
+         "route='slots' needs gemm='reg'"),
+        (dict(route="slots", combine="atomic", gemm="tc", gate_up_options=_TMA,
+              down_options=_TMA), "route='slots' needs gemm='reg'"),
+        (dict(slot_logits=True), "slot_logits picks the slot tiles' experts; it needs route"),
+        (dict(route="slots", slot_logits=1), "slot_logits must be a bool, got 1"),
+    ):  # fmt: skip
+        with pytest.raises(etc.GraphError, match=match):
+            replace(SMALL, **bad)

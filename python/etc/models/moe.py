@@ -10,6 +10,17 @@ With ``MoEConfig(route="fused")`` (decode) the routing is one hop::
 
     logits(i, j) --scored--> route --planned--> permute(e) ...
 
+With ``MoEConfig(route="slots")`` (one token) there are no tables and no
+triggers: static grids over the ``T * topk`` slots, each slot's tiles
+reading their expert from ``topk_ids`` (``etc.tiles.gemm.moe_gate_up(
+slots=K)``)::
+
+    logits --scored--> topk --routed--> gate_up(s, j) --h_ready[s]--> down(s, j)
+        --down_done--> combine
+
+(with ``slot_logits`` the gate/up tiles pick their experts from the logits
+themselves and wait for ``scored``; the down tiles also wait for ``routed``).
+
 With ``MoEConfig(combine="atomic")`` the down tiles add their weighted rows
 into float32 sums ``Out32`` (half-precision ``Out16`` with
 ``combine_dtype="f16"``; cleared by a ``zero`` task the routing's last
@@ -92,10 +103,27 @@ _PREFILL = dict(
     down_options=_TMA_OPTIONS,
 )
 _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("split_n", True))
+_SINGLE = dict(
+    route="slots",
+    slot_logits=True,
+    block_m=16,
+    block_n_gu=32,
+    block_n_dn=64,
+    gate_up_options=(("stages", 4), ("unroll", 2), ("rotate_k", True)),
+    down_options=(("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True)),
+)
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
 #:
-#: * ``decode`` (T <= 8): 16-row tiles, narrow column blocks so a few
+#: * ``single`` (T <= 2): no routing tables (``route="slots"``): static
+#:   grids of (token's k-th expert, column block) tiles on ``decode``'s
+#:   tiles without the ring prefetch, each gate/up tile picking its expert
+#:   from the router logits itself (``slot_logits``): the first weight is
+#:   read two hops after the logits instead of five.
+#: * ``few`` (T 3-5): ``single`` with the experts read from the top-k
+#:   task's ``topk_ids`` (a top-k per tile costs more than the hop once
+#:   each CTA runs several slot tiles).
+#: * ``decode`` (T 6-8): 16-row tiles, narrow column blocks so a few
 #:   active experts still fill the GPU (32-column gate/up: one wave of 192
 #:   instances at T = 1), weights through a per-thread ``cp.async`` ring of
 #:   4 stages whose first groups the tiles' prefetch functions fill once an
@@ -129,6 +157,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             ("prefetch_ring", True),
         ),
     ),  # fmt: skip
+    "single": _SINGLE,
+    "few": dict(_SINGLE, slot_logits=False),
     "prefill": _PREFILL,
     "mid": dict(
         _PREFILL,
@@ -139,19 +169,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),  # fmt: skip
 }
 #: The target each preset needs (wgmma and TMA are sm_90a).
-PRESET_TARGETS = {"decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"}
+PRESET_TARGETS = {
+    "single": "sm_90", "few": "sm_90", "decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a",
+}  # fmt: skip
 #: ``etc.compile(min_ctas_per_sm=...)`` for the presets: the decode kernel
 #: otherwise takes its hungriest tile's 255 registers (one CTA per SM); the
 #: TMA tiles' rings of 192-200 KiB allow one CTA per SM anyway (0: no cap).
-PRESET_MIN_CTAS_PER_SM = {"decode": 2, "prefill": 0, "mid": 0}
+PRESET_MIN_CTAS_PER_SM = {"single": 2, "few": 2, "decode": 2, "prefill": 0, "mid": 0}
 
 
 #: The presets by token count for one artifact (:func:`compile_moe`):
 #: ``(largest T, preset)``, increasing, the last without a bound. From the
-#: H200 measurements (``bench/RESULTS.md``, item 91): ``decode`` up to T = 8
-#: (it and ``mid`` cross between 8 and 16), ``mid`` from T = 16 to 896 (2-10 %
-#: ahead of ``prefill`` at 256, 512, 640, 768, 896), ``prefill`` from 1024 on.
+#: H200 measurements (``bench/RESULTS.md``, items 91, 95 and 97): ``single``
+#: up to T = 2 (17 % ahead of ``decode`` at T = 1, 11 % at 2), ``few`` to
+#: T = 5 (4-8 % ahead of ``decode`` at 3, 4, 5; ``decode`` ahead from 6),
+#: ``decode`` to T = 8 (it and ``mid`` cross between 8 and 16), ``mid`` from
+#: T = 16 to 896 (2-10 % ahead of ``prefill`` at 256, 512, 640, 768, 896),
+#: ``prefill`` from 1024 on.
 PRESET_BUCKETS: tuple[tuple[int | None, str], ...] = (
+    (2, "single"),
+    (5, "few"),
     (8, "decode"),
     (896, "mid"),
     (None, "prefill"),
@@ -174,7 +211,7 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
 #: :func:`unfused_tasks` for any configuration).
 UNFUSED_TASKS = ("clear", "logits", "topk", "plan", "permute", "gate_up", "down", "combine")
 #: ``MoEConfig.route`` values.
-ROUTES = ("split", "fused")
+ROUTES = ("split", "fused", "slots")
 #: ``MoEConfig.combine`` values.
 COMBINES = ("task", "atomic")
 
@@ -183,6 +220,8 @@ def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
     """The task names of :func:`build_unfused_graphs` for ``cfg``, in launch order."""
     if cfg.route == "fused":
         tasks = ("logits", "route", "permute", "gate_up", "down", "combine")
+    elif cfg.route == "slots":
+        return ("logits", "topk", "gate_up", "down", "combine")
     else:
         tasks = UNFUSED_TASKS
     if cfg.combine == "atomic":  # the down tiles add into Out32, zeroed first
@@ -245,7 +284,11 @@ class MoEConfig:
     #: The routing between the logits and the permute: "split" (``clear``,
     #: ``topk`` and ``plan``: parallel tiles, three dependent hops) or "fused"
     #: (one ``route`` CTA, a warp per token at a time: one hop, for decode;
-    #: ``T`` then has the bound ``route_max_tokens``).
+    #: ``T`` then has the bound ``route_max_tokens``) or "slots" (no tables:
+    #: a static grid of ``T * topk`` slots whose gate/up and down tiles read
+    #: their expert from ``topk_ids``, every slot streaming its own expert's
+    #: weights: two hops fewer before the first weight, for T = 1; needs
+    #: ``gemm="reg"`` and ``combine="task"``).
     route: str = "split"
     route_max_tokens: int = moe_tiles.ROUTE_MAX_TOKENS
     #: The gate/up tiles read their rows from the tokens (``X[perm[r] //
@@ -281,6 +324,10 @@ class MoEConfig:
     #: fewer parts leaves the spare rows unused and its top-k takes T from
     #: ``topk_ids``.
     logits_parts: int = 0
+    #: ``route="slots"``: the gate/up tiles pick their own experts from the
+    #: router logits (every warp repeats the top-k, ~0.5 µs) instead of
+    #: reading ``topk_ids`` after the top-k task: one hop fewer.
+    slot_logits: bool = False
 
     def __post_init__(self) -> None:
         for key in (
@@ -311,6 +358,18 @@ class MoEConfig:
         if self.route not in ROUTES:
             raise GraphError(
                 f"MoEConfig: route must be one of {', '.join(map(repr, ROUTES))}, got {self.route!r}"
+            )
+        if not isinstance(self.slot_logits, bool):
+            raise GraphError(f"MoEConfig: slot_logits must be a bool, got {self.slot_logits!r}")
+        if self.slot_logits and self.route != "slots":
+            raise GraphError(
+                f"MoEConfig: slot_logits picks the slot tiles' experts; it needs route='slots', "
+                f"got route={self.route!r}"
+            )
+        if self.route == "slots" and (self.gemm != "reg" or self.combine != "task" or self.gather):
+            raise GraphError(
+                "MoEConfig: route='slots' needs gemm='reg', combine='task' and no gather; got "
+                f"gemm={self.gemm!r}, combine={self.combine!r}, gather={self.gather!r}"
             )
         if self.router not in ("simt", "tc"):
             raise GraphError(f"MoEConfig: router must be 'simt' or 'tc', got {self.router!r}")
@@ -512,6 +571,10 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
         return gate_up, down
     kw = {"experts": cfg.experts, "block_size": cfg.block_size}
     gu_kw = {"gather_topk": cfg.topk} if cfg.gather else {}
+    if cfg.route == "slots":
+        kw["slots"] = cfg.topk
+        # The parts the router writes (spare logits rows stay unused).
+        gu_kw = {"slot_logits": cfg.router_splits if cfg.slot_logits else 0}
     dn_kw = {}
     if cfg.combine == "atomic":
         dn_kw = {"combine_topk": cfg.topk, "combine_dtype": cfg.combine_dtype}
@@ -539,8 +602,9 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
         )
     else:
         tiles["combine"] = moe_tiles.combine(
-            cfg.combine_block, K, H, unroll=cfg.combine_unroll, block_size=bs
-        )
+            cfg.combine_block, K, H, unroll=cfg.combine_unroll, direct=cfg.route == "slots",
+            block_size=bs,
+        )  # fmt: skip
     spare = cfg.logit_rows != cfg.router_splits  # T from topk_ids, not the logits' rows
     if cfg.route == "fused":
         tiles["route"] = moe_tiles.route(
@@ -555,7 +619,13 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
             "clear": moe_tiles.clear_counts(E, block_size=bs),
             "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
         }
-    if cfg.gather:
+    if cfg.route == "slots":  # no tables: no counts, no plan
+        del tiles["plan"], tiles["clear"]
+        tiles["topk"] = moe_tiles.router_topk(
+            RB, TB, E, K, splits=cfg.router_splits, tokens_from_ids=spare, counts=False,
+            block_size=bs,
+        )  # fmt: skip
+    elif cfg.gather:
         tiles["release"] = moe_tiles.release(E, block_size=bs)
     else:
         tiles["permute"] = moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs)
@@ -659,6 +729,11 @@ _PLAN_ARGS = (
 )  # fmt: skip
 #: The top-k tile's arguments, in order.
 _TOPK_ARGS = ("logits", "topk_ids", "topk_w", "counts", "pos")
+
+
+def _topk_args(cfg: MoEConfig) -> tuple[str, ...]:
+    """The top-k task's tensors (no tables with ``route="slots"``)."""
+    return _TOPK_ARGS[:3] if cfg.route == "slots" else _TOPK_ARGS
 
 
 def _router_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, routed) -> None:
@@ -770,6 +845,9 @@ def build_moe_graph(
     g = Graph(name, block_size=cfg.block_size)
     T = g.symbol("T", max=cfg.max_tokens)
     t = _tensors(g, cfg, T)
+    if cfg.route == "slots":
+        _slot_tasks(g, cfg, T, t, tiles, gate_up, down)
+        return g
     gu_ready = g.event((E,), wait_count=1, name="gu_ready")
     h_ready = g.event((E,), wait_count=t["h_wait"], name="h_ready")
     gu_bound, dn_bound = _bounds(cfg, T)
@@ -835,12 +913,71 @@ def build_moe_graph(
     return g
 
 
+#: The slot tiles' tensors, in order.
+_SLOT_DOWN_ARGS = ("Hb", "topk_ids", "Wd", "Yp")
+
+
+def _slot_gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
+    """The slot gate/up task's tensors: its experts from ``topk_ids`` or,
+    with ``slot_logits``, from the router logits."""
+    return ("X", "logits" if cfg.slot_logits else "topk_ids", "Wgu", "Hb")
+
+
+def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate_up, down):
+    """``route="slots"``: the logits and a top-k without tables (every
+    token's, after every logit: for a few tokens), then static grids of
+    ``(slot, column block)`` tiles and the combine over slot-ordered ``Yp``.
+    Each down tile waits for its slot's gate/up tiles alone (and for the
+    top-k when the gate/up tiles did not)."""
+    RB, TB, CB, S = cfg.router_block, cfg.topk_block, cfg.combine_block, T * cfg.topk
+    blocks = (T + RB - 1) // RB
+    scored = g.event((1,), wait_count=math.prod(_logits_grid(cfg, blocks)), name="scored")
+    _logits_task(g, cfg, blocks, t, tiles, after=None, scored=(scored, "0"))
+    routed = g.event((1,), wait_count=blocks * (RB // TB), name="routed")
+    g.task(
+        tiles["topk"],
+        grid=(blocks, RB // TB),
+        args=tuple(t[n] for n in _topk_args(cfg)),
+        in_edges={scored: "ij->0"},
+        out_edges={routed: "ij->0"},
+        name="topk",
+    )
+    h_ready = g.event((S,), wait_count=cfg.n_gu, name="h_ready")
+    g.task(
+        gate_up,
+        grid=(S, cfg.n_gu),
+        args=tuple(t[n] for n in _slot_gate_up_args(cfg)),
+        in_edges={scored if cfg.slot_logits else routed: "sj->0"},
+        out_edges={h_ready: "sj->s"},
+        name="gate_up",
+    )
+    down_done = g.event((1,), wait_count=S * cfg.n_dn, name="down_done")
+    g.task(
+        down,
+        grid=(S, cfg.n_dn),
+        args=tuple(t[n] for n in _SLOT_DOWN_ARGS),
+        in_edges=[(h_ready, "sj->s")] + ([(routed, "sj->0")] if cfg.slot_logits else []),
+        out_edges={down_done: "sj->0"},
+        name="down",
+    )
+    last, last_args = _last_task(cfg)
+    g.task(
+        tiles[last],
+        grid=((T + CB - 1) // CB,),
+        args=tuple(t[n] for n in last_args),
+        in_edges={down_done: "i->0"},
+        name=last,
+    )
+
+
 def _last_task(cfg: MoEConfig) -> tuple[str, tuple[str, ...]]:
     """The task after the down tiles and its tensors: ``combine`` (gathers
     the rows of ``Yp``) or, with an atomic combine, ``cast`` (the sums to
     bf16)."""
     if cfg.combine == "atomic":
         return "cast", (_sums(cfg), "Out")
+    if cfg.route == "slots":  # Yp in slot order
+        return "combine", ("topk_w", "Yp", "Out")
     return "combine", ("topk_w", "inv", "Yp", "Out")
 
 
@@ -905,7 +1042,7 @@ def build_unfused_graphs(
     TB = cfg.topk_block
     out: list[tuple[str, Graph]] = []
 
-    fused = cfg.route == "fused"
+    fused, slots = cfg.route == "fused", cfg.route == "slots"
 
     def graph(task: str, names: list[str]) -> tuple[Graph, Any, dict[str, Any]]:
         g = Graph(f"{prefix}_unfused_{task}", block_size=cfg.block_size)
@@ -917,7 +1054,7 @@ def build_unfused_graphs(
         zb = cfg.zero_block
         g.task(tiles["zero"], grid=((T + zb - 1) // zb,), args=(t[_sums(cfg)],), name="zero")
         out.append(("zero", g))
-    if not fused:
+    if not fused and not slots:
         g, T, t = graph("clear", ["counts"])
         g.task(tiles["clear"], grid=(1,), args=(t["counts"],), name="clear")
         out.append(("clear", g))
@@ -934,14 +1071,15 @@ def build_unfused_graphs(
         g.task(tiles["route"], grid=(1,), args=tuple(t[n] for n in _ROUTE_ARGS), name="route")
         out.append(("route", g))
     else:
-        g, T, t = graph("topk", list(_TOPK_ARGS))
+        g, T, t = graph("topk", list(_topk_args(cfg)))
         g.task(
             tiles["topk"],
             grid=((T + RB - 1) // RB, RB // TB),
-            args=tuple(t[n] for n in _TOPK_ARGS),
+            args=tuple(t[n] for n in _topk_args(cfg)),
             name="topk",
         )
         out.append(("topk", g))
+    if not fused and not slots:
         g, T, t = graph("plan", list(_PLAN_ARGS))
         g.task(
             tiles["plan"], grid=(moe_tiles.plan_grid(T, cfg.topk),),
@@ -949,7 +1087,7 @@ def build_unfused_graphs(
         )  # fmt: skip
         out.append(("plan", g))
     release, release_args = _release_task(cfg)
-    if release == "permute":  # release alone has no work
+    if release == "permute" and not slots:  # release alone has no work
         g, T, t = graph(release, list(release_args))
         g.task(tiles[release], grid=(E,), args=tuple(t[n] for n in release_args), name=release)
         out.append((release, g))
@@ -957,6 +1095,13 @@ def build_unfused_graphs(
         ("gate_up", gate_up, list(_gate_up_args(cfg)), "gu_indptr"),
         ("down", down, list(_down_args(cfg)), "dn_indptr"),
     ):
+        if slots:
+            names = list(_slot_gate_up_args(cfg) if task == "gate_up" else _SLOT_DOWN_ARGS)
+            g, T, t = graph(task, names)
+            columns = cfg.n_gu if task == "gate_up" else cfg.n_dn
+            g.task(fn, grid=(T * cfg.topk, columns), args=tuple(t[n] for n in names), name=task)
+            out.append((task, g))
+            continue
         g, T, t = graph(task, names)
         trigger = g.event((E,), wait_count=0, name="trigger")
         bound = _bounds(cfg, T)[0 if task == "gate_up" else 1]
@@ -1055,7 +1200,9 @@ def run_tile_references(
     :func:`numpy_inputs`; returns updated copies."""
     a = {k: np.array(v, copy=True) for k, v in arrays.items()}
     tiles = _small_tiles(cfg)
-    if gemm_tiles is None:
+    if gemm_tiles is None and cfg.route == "slots":
+        gu_ref, dn_ref = (f.reference for f in _gemm_tiles(cfg, None))
+    elif gemm_tiles is None:
         gu_ref = gate_up_reference(
             cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter,
             gather_topk=cfg.topk if cfg.gather else None,
@@ -1079,10 +1226,24 @@ def run_tile_references(
     if cfg.route == "fused":
         tiles["route"].reference(0, *(a[n] for n in _ROUTE_ARGS))
     else:
-        tiles["clear"].reference(0, a["counts"])
+        if "clear" in tiles:
+            tiles["clear"].reference(0, a["counts"])
         for i in range(-(-T // RB)):
             for j in range(RB // TB):
-                tiles["topk"].reference(i, j, *(a[n] for n in _TOPK_ARGS))
+                tiles["topk"].reference(i, j, *(a[n] for n in _topk_args(cfg)))
+    if cfg.route == "slots":
+        for ref, names, columns in (
+            (gu_ref, _slot_gate_up_args(cfg), cfg.n_gu),
+            (dn_ref, _SLOT_DOWN_ARGS, cfg.n_dn),
+        ):
+            for s in range(T * cfg.topk):
+                for j in range(columns):
+                    ref(s, j, *(a[n] for n in names))
+        last, last_args = _last_task(cfg)
+        for i in range(-(-T // cfg.combine_block)):
+            tiles[last].reference(i, *(a[n] for n in last_args))
+        return a
+    if cfg.route != "fused":
         for i in range(moe_tiles.plan_grid(T, cfg.topk)):
             tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
     release, release_args = _release_task(cfg)

@@ -303,6 +303,41 @@ def down_reference(
     return reference
 
 
+def slot_reference(
+    kind: str, block_n: int, inter: int, slots: int, logit_parts: int = 0
+) -> Callable[..., None]:
+    """The reference of a slot tile ``(s, j)`` (``moe_gate_up`` / ``moe_down``
+    with ``slots=K``): token row ``s // K`` (gate/up) or row ``s`` (down),
+    expert ``topk_ids[s // K, s % K]`` (with ``logit_parts``: choice ``s %
+    K`` of the top-k of the token's router logits, in that many parts),
+    output row ``s``."""
+
+    def reference(s: int, j: int, A, table, W, out) -> None:
+        token, kth = divmod(s, slots)
+        row = token if kind == "gate_up" else s
+        if row >= A.shape[0]:
+            return
+        if logit_parts:
+            from .moe import _summed_logits, topk_from_logits
+
+            logits = _summed_logits(table, logit_parts, token, token + 1, A.shape[0])
+            e = int(topk_from_logits(logits, slots)[0][0, kth])
+        else:
+            e = int(table[token, kth])
+        a = A[row : row + 1]
+        cs = slice(j * block_n, (j + 1) * block_n)
+        if kind == "gate_up":
+            g = bf16_matmul(a, W[e, cs])
+            u = bf16_matmul(a, W[e, cs.start + inter : cs.stop + inter])
+            with np.errstate(over="ignore"):
+                y = g / (np.float32(1) + np.exp(-g)) * u
+        else:
+            y = bf16_matmul(a, W[e, cs])
+        out[s : s + 1, cs] = f32_to_bf16(y.astype(np.float32))
+
+    return reference
+
+
 def add_weighted_rows(
     y: np.ndarray, rs: slice, cs: slice, topk: int, perm: np.ndarray, topk_w: np.ndarray,
     sums: np.ndarray,

@@ -984,10 +984,10 @@ def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = F
 #: (:func:`layer_gemm`'s of the same names): ``block_size`` threads, ``warps``
 #: (``(row, column, k-slice)`` warps, planned when None), ``unroll``,
 #: ``prefetch``, ``stages``, ``rotate_k`` (rotating by the tile index ``i``),
-#: ``a_ahead`` and ``prefetch_ring``.
+#: ``a_ahead``, ``prefetch_ring``, ``slots`` and ``slot_logits`` (:func:`moe_gate_up`).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, unroll=None, prefetch=None, stages=None, rotate_k=False,
-    a_ahead=0, prefetch_ring=False,
+    a_ahead=0, prefetch_ring=False, slots=None, slot_logits=0,
 )  # fmt: skip
 
 
@@ -1014,7 +1014,21 @@ def moe_gate_up(
     ``options``: :data:`MOE_OPTIONS`. Under the static schedule a triggered
     task's prefetch (``prefetch_ring``) runs once the instance has found its
     expert and before it waits for the expert's rows, so the weights stream
-    while the rows are still being written."""
+    while the rows are still being written.
+
+    ``slots=K`` makes it a *slot* tile ``(s, j)`` for a static grid of
+    ``T*K`` slots (one token's K routed experts each) by column blocks, with
+    no routing tables: slot ``s`` reads token row ``X[s // K]``, expert
+    ``topk_ids[s // K, s % K]``, and writes ``Hb[s]``; buffers ``(X,
+    topk_ids: memref<?xKxi32>, Wgu, Hb)``. Every slot streams its own
+    expert's weights, so it suits one token (T = 1: eight distinct experts)
+    and wastes bandwidth on tokens that share experts. The expert is known
+    only after the instance's waits, so it takes no ``prefetch_ring``.
+    ``slot_logits=S`` (with ``slots``): the tile picks its expert itself
+    from the router logits ``L: memref<?xExf32>`` (in ``S`` parts, part
+    ``p`` in rows ``p*T``) in place of ``topk_ids``: every warp runs the
+    top-k tile's selection (:func:`etc.tiles.moe.router_topk`, same ties)
+    and takes choice ``s % K``, so it waits for the logits, not the top-k."""
     o = _mma.tile_options(name, options, MOE_OPTIONS)
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
@@ -1034,7 +1048,10 @@ def moe_down(
     Columns ``n in [nb*BN, nb*BN + BN)`` of ``hidden``, reduction over
     ``inter``. Buffers: ``Hb: memref<?xIxbf16>``, ``Wd: memref<?xHxIxbf16>``,
     ``row_off, dn_indptr: memref<?xi32>``, ``Yp: memref<?xHxbf16>``.
-    ``options``: :data:`MOE_OPTIONS`, as :func:`moe_gate_up`'s."""
+    ``options``: :data:`MOE_OPTIONS`, as :func:`moe_gate_up`'s; with
+    ``slots=K`` the tile ``(s, j)`` reads ``Hb[s]`` and expert
+    ``topk_ids[s // K, s % K]`` and writes ``Yp[s]``: buffers ``(Hb,
+    topk_ids, Wd, Yp)``."""
     o = _mma.tile_options(name, options, MOE_OPTIONS)
     return _moe_tile("down", block_m, block_n, hidden, inter, experts, name, o)
 
@@ -1062,6 +1079,13 @@ def _moe_tile(
     early = _ring_early(name, stages, options["prefetch_ring"])
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
+    slots = options["slots"]
+    if slots is not None:
+        return _moe_slot_tile(
+            kind, block_m, block_n, hidden, inter, ed, name, options, slots,
+            dict(wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages, mf=mf,
+                 nf=nf, early=early),
+        )  # fmt: skip
     if gate:
         at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
         a, w, out, indptr = ("%Xp", at), "%Wgu", ("%Hb", ot), "%gu_indptr"
@@ -1102,6 +1126,119 @@ def _moe_tile(
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = bool(early)
     return fn
+
+
+def _moe_slot_tile(
+    kind: str, block_m: int, block_n: int, hidden: int, inter: int, ed: str, name: str,
+    options: dict, slots: int, plan: dict,
+) -> DeviceFunction:  # fmt: skip
+    """:func:`moe_gate_up` / :func:`moe_down` with ``slots=K``: tile ``(s, j)``
+    of slot ``s``, its expert read from ``topk_ids`` after the waits."""
+    _positive(name, "slots", slots)
+    _text.non_negative(name, slot_logits=options["slot_logits"])
+    from_logits = options["slot_logits"]
+    gate = kind == "gate_up"
+    if from_logits and (not gate or ed == "?"):
+        raise GraphError(
+            f"tile '{name}': slot_logits picks the expert of a gate/up slot tile and needs "
+            "the expert count (experts=)"
+        )
+    if plan["early"]:
+        raise GraphError(
+            f"tile '{name}': slots={slots} reads the expert from topk_ids after the waits; "
+            "prefetch_ring would load weights before it is known"
+        )
+    k, n = (hidden, inter) if gate else (inter, hidden)
+    per_n = 2 if gate else 1
+    wm, wn, nf = plan["wm"], plan["wn"], plan["nf"]
+    ids_t = f"memref<?x{slots}xi32>"
+    if from_logits:
+        ids_t = f"memref<?x{ed}xf32>"
+    table = "%L" if from_logits else "%topk_ids"
+    if gate:
+        at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
+        a, w, out = ("%X", at), "%Wgu", ("%Hb", ot)
+        signature = f"%s: index, %j: index, %X: {at}, {table}: {ids_t}, %Wgu: {wt}, %Hb: {ot}"
+        what = f"{name}: Hb[s] = silu(X[s/K] @ Wg[e]^T) * (X[s/K] @ Wu[e]^T), slot s"
+    else:
+        at, wt, ot = _mma.down_types(hidden, inter, ed)
+        a, w, out = ("%Hb", at), "%Wd", ("%Yp", ot)
+        signature = f"%s: index, %j: index, %Hb: {at}, %topk_ids: {ids_t}, %Wd: {wt}, %Yp: {ot}"
+        what = f"{name}: Yp[s] = Hb[s] @ Wd[e]^T, slot s"
+
+    def tile(t: _Text) -> dict:
+        token = t.op("tok", f"arith.divui %s, %c{slots}_ : index")
+        r0 = token if gate else "%s"
+        rows = t.op("arows", f"memref.dim {a[0]}, %c0 : {at}")
+        valid = t.op("valid", f"arith.cmpi ult, {r0}, {rows} : index")
+        t.emit(f"scf.if {valid} {{")
+        t.indent += "  "
+        kth = t.op("kth", f"arith.remui %s, %c{slots}_ : index")
+        if from_logits:
+            raw = _slot_expert(t, token, kth, rows, int(ed), slots, from_logits, ids_t)
+        else:
+            raw = t.op("eid", f"memref.load %topk_ids[{token}, {kth}] : {ids_t}")
+        t.emit(f"%e = arith.index_cast {raw} : i32 to index")
+        r1 = t.op("r1", f"arith.addi {r0}, %c1 : index")
+        # The block's one A row is r0; its output row is the slot's.
+        shift = t.op("shift", f"arith.subi %s, {r0} : index")
+        s1 = t.op("s1", "arith.addi %s, %c1 : index")
+        n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
+        wcol = _warp_cols(t, n0, wm, wn, nf)
+
+        def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+            off = 8 * (f % nf) + (inter if f >= nf else 0)
+            r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
+            r = t.op("brow", f"arith.addi {r}, {grp} : index")
+            return w, wt, f"%e, {r}"
+
+        def epilogue(t: _Text, acc, rows, col_lane) -> None:
+            cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+            values = _mma.swiglu(t, acc, nf) if gate else acc
+            moved = [t.op("orow", f"arith.addi {r}, {shift} : index") for r in rows]
+            _store_pairs(t, values, moved, cols, out, s1, None)
+
+        return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
+
+    body = dict(
+        name=name, k=k, block_size=options["block_size"], wm=wm, wn=wn, wk=plan["wk"],
+        unroll=plan["unroll"], prefetch=plan["prefetch"], stages=plan["stages"], mf=plan["mf"],
+        nf=nf, a=a, nb=per_n * nf, early=0,
+        **_moe_loop_options(name, plan["stages"], options["rotate_k"], options["a_ahead"]),
+    )  # fmt: skip
+    body["rotate"] = "%j" if options["rotate_k"] else None
+    source = _moe_source(name, signature, what, tile, body, 0)
+    reference = _mma.slot_reference(kind, block_n, inter, slots, from_logits)
+    return DeviceFunction.from_mlir(source, name, reference, block_size=options["block_size"])
+
+
+def _slot_expert(
+    t: _Text, token: str, kth: str, tokens: str, experts: int, topk: int, splits: int, lt: str
+) -> str:
+    """Choice ``kth`` (i32) of the top-``topk`` of token ``token``'s router
+    logits ``%L`` (``splits`` parts of ``tokens`` rows each): every warp runs
+    :func:`etc.tiles.moe.router_topk`'s selection, then reads lane ``kth``'s."""
+    from .moe import _topk_select
+
+    ind = t.indent
+    t.emit(f"%t = arith.addi {token}, %c0 : index")
+    t.emit("%lane = gpu.lane_id")
+    t.emit(f"%cE = arith.constant {experts} : index")
+    t.emit(f"%cEm1 = arith.constant {experts - 1} : index")
+    t.emit("%ninf = arith.constant 0xFF800000 : f32")
+    t.emit("%c32_i32 = arith.constant 32 : i32")
+    for line in _text.shuffle_constants("").split("\n"):
+        t.emit(line)
+    for p in range(1, splits):
+        t.emit(f"%tS{p} = arith.muli {tokens}, %c{p}_ : index")
+    ops, consts, pick_id, _, _ = _topk_select(experts, topk, splits, lt, ind)
+    for line in consts.split("\n"):
+        t.emit(line.strip())
+    t.lines.extend(ops.split("\n"))
+    k32 = t.op("k32", f"arith.index_cast {kth} : index to i32")
+    raw = t.fresh("eid")
+    t.emit(f"{raw}, %{raw[1:]}ok = gpu.shuffle idx {pick_id}, {k32}, %c32_i32 : i32")
+    return raw
 
 
 #: Epilogues of :func:`layer_gemm`.

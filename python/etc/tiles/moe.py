@@ -426,6 +426,7 @@ def router_topk(
     *,
     splits: int = 1,
     tokens_from_ids: bool = False,
+    counts: bool = True,
     name: str = "moe_topk",
     block_size: int = 256,
 ) -> DeviceFunction:
@@ -447,7 +448,9 @@ def router_topk(
     E``, part ``s`` in rows ``s*T ...``: a split-K router), added in part
     order as they are loaded. ``tokens_from_ids``: T is the rows of ``ids``,
     not of ``L`` over S (``L`` may have spare rows: one buffer for kernels
-    with other splits).
+    with other splits). ``counts=False``: no ``counts`` and ``pos`` (a
+    routing without tables: ``etc.models.moe``'s ``route="slots"``); the
+    tile takes ``(L, ids, tw)``.
     """
     warps = _check_block(name, block_size)
     _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits)
@@ -461,15 +464,19 @@ def router_topk(
     stores = (
         f"{ind}  %wmine = arith.divf {pick_p}, {total} : f32\n"
         f"{ind}  memref.store {pick_id}, %ids[%t, %lane] : {ids_t}\n"
-        f"{ind}  memref.store %wmine, %tw[%t, %lane] : {tw_t}\n"
-        f"{ind}  %emine = arith.index_cast {pick_id} : i32 to index\n"
-        f"{ind}  %pmine = memref.atomic_rmw addi %c1_i32, %counts[%emine] : (i32, {c_t}) -> i32\n"
-        f"{ind}  memref.store %pmine, %pos[%t, %lane] : {ids_t}"
+        f"{ind}  memref.store %wmine, %tw[%t, %lane] : {tw_t}"
     )
+    if counts:
+        stores += (
+            f"\n{ind}  %emine = arith.index_cast {pick_id} : i32 to index\n"
+            f"{ind}  %pmine = memref.atomic_rmw addi %c1_i32, %counts[%emine] : (i32, {c_t}) -> i32\n"
+            f"{ind}  memref.store %pmine, %pos[%t, %lane] : {ids_t}"
+        )
+    tables = f", %counts: {c_t}, %pos: {ids_t}" if counts else ""
     rows = _logit_rows(splits, l_t, ids_t if tokens_from_ids else None)
     source = f"""\
 // {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
-func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {c_t}, %pos: {ids_t}) {{
+func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}{tables}) {{
   %c0 = arith.constant 0 : index
   %c32 = arith.constant 32 : index
   %cW = arith.constant {warps} : index
@@ -504,20 +511,20 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %
 }}
 """
 
-    def reference(
-        i: int, j: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray, counts: np.ndarray,
-        pos: np.ndarray,
-    ) -> None:  # fmt: skip
+    def reference(i: int, j: int, L: np.ndarray, ids: np.ndarray, tw: np.ndarray, *tables) -> None:
         T = ids.shape[0]
         t0 = i * RB + j * TB
         t1 = min(t0 + TB, T)
         if t0 >= t1:
             return
         ids[t0:t1], tw[t0:t1] = topk_from_logits(_summed_logits(L, splits, t0, t1, T), K)
+        if not tables:
+            return
+        cnt, pos = tables
         for t in range(t0, t1):
             for k in range(K):
-                pos[t, k] = counts[ids[t, k]]
-                counts[ids[t, k]] += 1
+                pos[t, k] = cnt[ids[t, k]]
+                cnt[ids[t, k]] += 1
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
@@ -1231,11 +1238,13 @@ func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_
 # combine
 # ----------------------------------------------------------------------------
 def combine(
-    CB: int, K: int, H: int, *, unroll: int = 1, name: str = "moe_combine", block_size: int = 256
-) -> DeviceFunction:
+    CB: int, K: int, H: int, *, unroll: int = 1, direct: bool = False, name: str = "moe_combine",
+    block_size: int = 256,
+) -> DeviceFunction:  # fmt: skip
     """Tile ``(i,)``: ``Out[t] = bf16(sum_k topk_w[t, k] * Yp[inv[t*K + k]])``
     for tokens ``[i*CB, min((i+1)*CB, T))``; fp32 sum in k order, K unrolled,
-    16-byte loads and stores.
+    16-byte loads and stores. ``direct``: ``Yp`` is in slot order (``Yp[t*K +
+    k]``, the slot tiles' rows) and the tile takes no ``inv``.
 
     A thread takes ``unroll`` (token, 8-column chunk) pairs per step and
     issues all their ``unroll * K`` row loads before the first sum: the
@@ -1264,9 +1273,13 @@ def combine(
         for k in range(K):
             loads.append(
                 f"    %s{k}_{u} = arith.addi %slot0_{u}, %c{k}_k : index\n"
-                f"    %ri{k}_{u} = memref.load %inv[%s{k}_{u}] : {vec_t}\n"
-                f"    %r{k}_{u} = arith.index_cast %ri{k}_{u} : i32 to index\n"
-                f"    %y{k}_{u} = vector.load %Yp[%r{k}_{u}, %col_{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"
+                + (
+                    f"    %r{k}_{u} = arith.addi %s{k}_{u}, %c0 : index\n"
+                    if direct
+                    else f"    %ri{k}_{u} = memref.load %inv[%s{k}_{u}] : {vec_t}\n"
+                    f"    %r{k}_{u} = arith.index_cast %ri{k}_{u} : i32 to index\n"
+                )
+                + f"    %y{k}_{u} = vector.load %Yp[%r{k}_{u}, %col_{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>"
             )
         acc = "%zero8"
         for k in range(K):
@@ -1284,9 +1297,10 @@ def combine(
             f"      vector.store %o_{u}, %Out[%t_{u}, %col_{u}] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>\n"
             f"    }}"
         )
+    inv_arg = "" if direct else f"%inv: {vec_t}, "
     source = f"""\
 // {name}: weighted sum of each token's {K} expert rows (hidden {H}), {CB} tokens per CTA of {block_size}.
-func.func @{name}(%i: index, %tw: {tw_t}, %inv: {vec_t}, %Yp: {x_t}, %Out: {x_t}) {{
+func.func @{name}(%i: index, %tw: {tw_t}, {inv_arg}%Yp: {x_t}, %Out: {x_t}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
@@ -1313,13 +1327,15 @@ func.func @{name}(%i: index, %tw: {tw_t}, %inv: {vec_t}, %Yp: {x_t}, %Out: {x_t}
 }}
 """
 
-    def reference(i: int, tw: np.ndarray, inv: np.ndarray, Yp: np.ndarray, Out: np.ndarray):
+    def reference(i: int, tw: np.ndarray, *rest: np.ndarray) -> None:
+        inv, Yp, Out = (None, *rest) if direct else rest
         t0, t1 = i * CB, min((i + 1) * CB, Out.shape[0])
         if t0 >= t1:
             return
         acc = np.zeros((t1 - t0, Out.shape[1]), np.float32)
         for k in range(K):
-            rows = inv[np.arange(t0, t1) * K + k]
+            slots = np.arange(t0, t1) * K + k
+            rows = slots if direct else inv[slots]
             acc += tw[t0:t1, k : k + 1] * bf16_to_f32(Yp[rows])
         Out[t0:t1] = f32_to_bf16(acc)
 
