@@ -12,13 +12,19 @@
 #     python examples/moe.py --preset auto [--topk 1 --routing top1] --save-artifact .device/n24d/ex/auto[_top1]
 #     BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=dec_pf_gu32,single,single_ids \
 #       BENCH_MOE_SIZES=1,3,4,5,6,8 python bench/moe.py --build .device/n24d/moe
-# Usage: bash bench/gpu_session24.sh [slots] [slots2] [rings] [auto]
+#   item 98 (.device/n24e): BENCH_MOE_CONFIGS=single,single_u4,single_u4s3,single_u4d,single_u8s2
+#       BENCH_MOE_SIZES=1,2 (same command, --trace)
+#   item 98 (.device/n24f): BENCH_MOE_CONFIGS=single,single_m3,single_gu16_m3,single_gu16_dn32_m3
+#       BENCH_MOE_SIZES=1,2 (same command, --trace)
+# Usage: bash bench/gpu_session24.sh [slots] [slots2] [rings] [auto] [unroll] [m3]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 A=.device/n24a
 B=.device/n24b
 C=.device/n24c
 D=.device/n24d
+E=.device/n24e
+F=.device/n24f
 mkdir -p /tmp/s24
 for step in ${*:-slots}; do
   case $step in
@@ -71,6 +77,29 @@ for step in ${*:-slots}; do
         timeout 200 python bench/moe.py --artifacts $D/moe --out "$OUT/bucket$pass.json" \
         2>&1 | tee -a "$OUT/bucket.txt" | grep "occ.*GPU"
     done
+    ;;
+  unroll)
+    v=single,single_u4,single_u4s3,single_u4d,single_u8s2
+    for pass in 1 2; do
+      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2 \
+        timeout 200 python bench/moe.py --artifacts $E/moe --out "/tmp/s24/unroll$pass.json" $([ $pass = 1 ] && echo --trace) \
+        2>&1 | tee -a "$OUT/unroll.txt" | grep "T=    1\|T=    2" | grep "occ.*GPU"
+    done
+    cp /tmp/s24/unroll1.json /tmp/s24/unroll2.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/unroll_trace.txt"
+    ;;
+  m3)
+    for a in $F/moe/fused_*_occ_static; do
+      python -c "import etc.runtime,sys; k=etc.runtime.load(sys.argv[1]); print(sys.argv[1], k.num_ctas, 'CTAs')" $a
+    done 2>&1 | tee "$OUT/m3_ctas.txt"
+    v=single,single_m3,single_gu16_m3,single_gu16_dn32_m3
+    for pass in 1 2; do
+      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2 \
+        timeout 200 python bench/moe.py --artifacts $F/moe --out "/tmp/s24/m3$pass.json" $([ $pass = 1 ] && echo --trace) \
+        2>&1 | tee -a "$OUT/m3.txt" | grep "T=    1\|T=    2" | grep "occ.*GPU"
+    done
+    cp /tmp/s24/m31.json /tmp/s24/m32.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/m3_trace.txt"
     ;;
   esac
 done

@@ -291,6 +291,23 @@ CONFIGS = {
                                        ("rotate_k", True))},
     "single_sl_gu16": {**M.PRESETS["single"], "slot_logits": True, "block_n_gu": 16},
     "single_ids": {**M.PRESETS["single"], "slot_logits": False},
+    # ... with more k per ring stage (fewer k-loop iterations, each one a
+    # ring wait and a CTA barrier).
+    "single_u4": {**M.PRESETS["single"],
+                  "gate_up_options": (("stages", 4), ("unroll", 4), ("rotate_k", True))},
+    "single_u4s3": {**M.PRESETS["single"],
+                    "gate_up_options": (("stages", 3), ("unroll", 4), ("rotate_k", True))},
+    "single_u4d": {**M.PRESETS["single"],
+                   "gate_up_options": (("stages", 4), ("unroll", 4), ("rotate_k", True)),
+                   "down_options": (("warps", (1, 4, 2)), ("stages", 3), ("unroll", 4),
+                                    ("rotate_k", True))},
+    "single_u8s2": {**M.PRESETS["single"],
+                    "gate_up_options": (("stages", 2), ("unroll", 8), ("rotate_k", True))},
+    # ... three CTAs per SM (80 registers), with 16-column gate/up tiles (384
+    # instances) and 32-column down tiles (512) so every SM streams more.
+    "single_m3": M.PRESETS["single"],
+    "single_gu16_m3": {**M.PRESETS["single"], "block_n_gu": 16},
+    "single_gu16_dn32_m3": {**M.PRESETS["single"], "block_n_gu": 16, "block_n_dn": 32},
 }  # fmt: skip
 CONFIGS["pre_short_tk"] = {**CONFIGS["pre_short"], "gemm_deal": "ticket"}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
@@ -376,6 +393,13 @@ OCCUPANCY = {
     "single_sl_dn6": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_sl_gu16": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_ids": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_u4": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_u4s3": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_u4d": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_u8s2": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_m3": 3,
+    "single_gu16_m3": 3,
+    "single_gu16_dn32_m3": 3,
     "pre128x2": 2,
     "pre64x2": 2,
 }
