@@ -16,7 +16,13 @@
 #       BENCH_MOE_SIZES=1,2 (same command, --trace)
 #   item 98 (.device/n24f): BENCH_MOE_CONFIGS=single,single_m3,single_gu16_m3,single_gu16_dn32_m3
 #       BENCH_MOE_SIZES=1,2 (same command, --trace)
-# Usage: bash bench/gpu_session24.sh [slots] [slots2] [rings] [auto] [unroll] [m3]
+#   item 99 (.device/n24g): python test/gpu/make_artifacts.py .device/n24g/arts --only moe_small_slots
+#     BENCH_MOE_CONFIGS=single,single_dnl2,single_dnring,few,few_dnl2 BENCH_MOE_SIZES=1,2,4 (--trace)
+#   final (.device/n24i): python test/gpu/make_artifacts.py .device/n24i/arts --only moe_small_slots (and
+#       --only moe_small_family); python examples/moe.py --preset auto [--topk 1 --routing top1]
+#       --save-artifact .device/n24i/ex/auto[_top1]; BENCH_MOE_CONFIGS=dec_pf_gu32,single,single_noring,few
+#       BENCH_MOE_SIZES=1,2,3,4 python bench/moe.py --build .device/n24i/moe
+# Usage: bash bench/gpu_session24.sh [slots] [slots2] [rings] [auto] [unroll] [m3] [dnpf] [final]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 A=.device/n24a
@@ -25,6 +31,8 @@ C=.device/n24c
 D=.device/n24d
 E=.device/n24e
 F=.device/n24f
+G=.device/n24g
+I=.device/n24i
 mkdir -p /tmp/s24
 for step in ${*:-slots}; do
   case $step in
@@ -100,6 +108,34 @@ for step in ${*:-slots}; do
         2>&1 | tee -a "$OUT/m3.txt" | grep "T=    1\|T=    2" | grep "occ.*GPU"
     done
     cp /tmp/s24/m31.json /tmp/s24/m32.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/m3_trace.txt"
+    ;;
+  dnpf)
+    ETC_ARTIFACTS=$G/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k slots 2>&1 \
+      | tail -3 | tee "$OUT/tests_dnpf.txt"
+    v=single,single_dnl2,single_dnring,few,few_dnl2
+    for pass in 1 2; do
+      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2,4 \
+        timeout 200 python bench/moe.py --artifacts $G/moe --out "/tmp/s24/dnpf$pass.json" $([ $pass = 1 ] && echo --trace) \
+        2>&1 | tee -a "$OUT/dnpf.txt" | grep "T=    [124] " | grep "occ.*GPU"
+    done
+    cp /tmp/s24/dnpf1.json /tmp/s24/dnpf2.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/dnpf_trace.txt"
+    ;;
+  final)
+    ETC_ARTIFACTS=$I/arts timeout 250 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k "slots or one_artifact" 2>&1 \
+      | tail -3 | tee "$OUT/tests_final.txt"
+    run() { timeout 60 python examples/moe.py --preset auto "$@" 2>&1 | tee -a "$OUT/examples_final.txt"; }
+    run --artifact $I/ex/auto --tokens 1,2,3,5,6,8,9,16,128,1024,4096
+    run --artifact $I/ex/auto --routing one-expert --tokens 1,2,5,16,1000
+    run --artifact $I/ex/auto --routing few-experts --tokens 1,3,7,128
+    run --artifact $I/ex/auto_top1 --topk 1 --routing top1 --tokens 1,2,4,33,1000
+    v=dec_pf_gu32,single,single_noring,few
+    for pass in 1 2; do
+      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2,3,4 \
+        timeout 200 python bench/moe.py --artifacts $I/moe --out "$OUT/final$pass.json" \
+        2>&1 | tee -a "$OUT/final.txt" | grep "occ.*GPU"
+    done
     ;;
   esac
 done

@@ -102,6 +102,9 @@ _SPLIT = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("split_n",
 _TMA4 = (("smem_limit", 220 << 10), ("stages", 4), ("core", "tma"))
 _TMA3 = (("smem_limit", 220 << 10), ("stages", 3), ("core", "tma"))
 
+# The single preset as items 95-98 measured it (its down tiles without the
+# ring prefetch that item 99 added).
+_SINGLE0 = {**M.PRESETS["single"], "down_options": M.PRESETS["few"]["down_options"]}
 CONFIGS = {
     "bm16cp": _BM16CP,
     # cp.async + ldmatrix (mma.sync) tiles in 48 KiB of static shared memory.
@@ -277,37 +280,46 @@ CONFIGS = {
     },
     # One token: static slot grids, no routing tables (MoEConfig.route="slots").
     "single": M.PRESETS["single"],
-    "single_gu24": {**M.PRESETS["single"], "block_n_gu": 24},
-    "single_dn128": {**M.PRESETS["single"], "block_n_dn": 128},
-    "single_sl": {**M.PRESETS["single"], "slot_logits": True},
-    "single_sl_re1": {**M.PRESETS["single"], "slot_logits": True, "router_experts": 1},
+    "single_gu24": {**_SINGLE0, "block_n_gu": 24},
+    "single_dn128": {**_SINGLE0, "block_n_dn": 128},
+    "single_sl": {**_SINGLE0, "slot_logits": True},
+    "single_sl_re1": {**_SINGLE0, "slot_logits": True, "router_experts": 1},
     # ... with deeper weight rings (bytes in flight per CTA) or narrower gate/up tiles.
-    "single_sl_s6": {**M.PRESETS["single"], "slot_logits": True,
+    "single_sl_s6": {**_SINGLE0, "slot_logits": True,
                      "gate_up_options": (("stages", 6), ("unroll", 2), ("rotate_k", True))},
-    "single_sl_s8": {**M.PRESETS["single"], "slot_logits": True,
+    "single_sl_s8": {**_SINGLE0, "slot_logits": True,
                      "gate_up_options": (("stages", 8), ("unroll", 2), ("rotate_k", True))},
-    "single_sl_dn6": {**M.PRESETS["single"], "slot_logits": True,
+    "single_sl_dn6": {**_SINGLE0, "slot_logits": True,
                       "down_options": (("warps", (1, 4, 2)), ("stages", 6), ("unroll", 2),
                                        ("rotate_k", True))},
-    "single_sl_gu16": {**M.PRESETS["single"], "slot_logits": True, "block_n_gu": 16},
-    "single_ids": {**M.PRESETS["single"], "slot_logits": False},
+    "single_sl_gu16": {**_SINGLE0, "slot_logits": True, "block_n_gu": 16},
+    "single_ids": {**_SINGLE0, "slot_logits": False},
+    "few": M.PRESETS["few"],
     # ... with more k per ring stage (fewer k-loop iterations, each one a
     # ring wait and a CTA barrier).
-    "single_u4": {**M.PRESETS["single"],
+    "single_u4": {**_SINGLE0,
                   "gate_up_options": (("stages", 4), ("unroll", 4), ("rotate_k", True))},
-    "single_u4s3": {**M.PRESETS["single"],
+    "single_u4s3": {**_SINGLE0,
                     "gate_up_options": (("stages", 3), ("unroll", 4), ("rotate_k", True))},
-    "single_u4d": {**M.PRESETS["single"],
+    "single_u4d": {**_SINGLE0,
                    "gate_up_options": (("stages", 4), ("unroll", 4), ("rotate_k", True)),
                    "down_options": (("warps", (1, 4, 2)), ("stages", 3), ("unroll", 4),
                                     ("rotate_k", True))},
-    "single_u8s2": {**M.PRESETS["single"],
+    "single_u8s2": {**_SINGLE0,
                     "gate_up_options": (("stages", 2), ("unroll", 8), ("rotate_k", True))},
     # ... three CTAs per SM (80 registers), with 16-column gate/up tiles (384
     # instances) and 32-column down tiles (512) so every SM streams more.
-    "single_m3": M.PRESETS["single"],
-    "single_gu16_m3": {**M.PRESETS["single"], "block_n_gu": 16},
-    "single_gu16_dn32_m3": {**M.PRESETS["single"], "block_n_gu": 16, "block_n_dn": 32},
+    # ... the down tiles' weights asked of the L2 (or their ring filled) once
+    # the top-k is done, before they wait for their slot's gate/up rows.
+    # (single_dnring, measured so, is now the single preset; single_noring was it before.)
+    "single_noring": _SINGLE0,
+    "single_dnl2": {**_SINGLE0, "down_options": (
+        *M.PRESETS["few"]["down_options"], ("prefetch_weights", True))},
+    "few_dnl2": {**M.PRESETS["few"], "down_options": (
+        *M.PRESETS["few"]["down_options"], ("prefetch_weights", True))},
+    "single_m3": _SINGLE0,
+    "single_gu16_m3": {**_SINGLE0, "block_n_gu": 16},
+    "single_gu16_dn32_m3": {**_SINGLE0, "block_n_gu": 16, "block_n_dn": 32},
 }  # fmt: skip
 CONFIGS["pre_short_tk"] = {**CONFIGS["pre_short"], "gemm_deal": "ticket"}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
@@ -398,6 +410,10 @@ OCCUPANCY = {
     "single_u4d": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_u8s2": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_m3": 3,
+    "single_dnl2": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_noring": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "few_dnl2": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "few": M.PRESET_MIN_CTAS_PER_SM["few"],
     "single_gu16_m3": 3,
     "single_gu16_dn32_m3": 3,
     "pre128x2": 2,

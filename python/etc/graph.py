@@ -148,6 +148,8 @@ class Task:
     #: How the static schedule deals the instances: ``"list"`` (each queue
     #: entry names one) or ``"ticket"`` (each entry runs the next unclaimed one).
     deal: str = "list"
+    #: In-edge waits before the prefetch call (``Graph.task(prefetch_after=...)``).
+    prefetch_after: int = 0
 
     @property
     def rank(self) -> int:
@@ -384,6 +386,7 @@ class Graph:
         phase: Any = 0,
         shared_region: int = 0,
         deal: str = "list",
+        prefetch_after: int = 0,
     ) -> Task:
         """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
 
@@ -422,6 +425,14 @@ class Graph:
         durations: a phase of unequal instances ends evenly across CTAs. The
         task's instances must not depend on each other (no grid-dimension
         phase). The dynamic schedule deals by readiness and ignores it.
+
+        ``prefetch_after=n`` (an int >= 0, default 0) runs the tile's
+        prefetch function after the first ``n`` in-edge waits instead of
+        before them (static schedule), so it may read what those waits'
+        producers wrote: a routing table naming the weights to load, read
+        while the later waits are still pending. Such a prefetch never runs
+        ahead of its instance (``prefetch_next``, shared regions). Not with
+        ``triggered_by``.
         """
         if not isinstance(function, DeviceFunction):
             raise GraphError(
@@ -479,6 +490,19 @@ class Graph:
                     f"in shared region {other.shared_region}, not {shared_region}: a tile's "
                     "shared memory belongs to one region"
                 )
+        if isinstance(prefetch_after, bool) or not isinstance(prefetch_after, int):
+            raise GraphError(f"{where}: prefetch_after must be an int >= 0, got {prefetch_after!r}")
+        if prefetch_after and (
+            function.prefetch is None or trigger is not None or prefetch_after > len(ins)
+        ):
+            raise GraphError(
+                f"{where}: prefetch_after={prefetch_after} places tile '{function.name}''s "
+                f"prefetch after that many in-edge waits: it needs a prefetch function "
+                f"(has {function.prefetch!r}), no triggered_by, and at most {len(ins)} "
+                "in-edges"
+            )
+        if prefetch_after < 0:
+            raise GraphError(f"{where}: prefetch_after must be >= 0, got {prefetch_after}")
         t = Task(
             name,
             function,
@@ -492,6 +516,7 @@ class Graph:
             phase_t,
             shared_region,
             deal,
+            prefetch_after,
         )
         self.tasks.append(t)
         self._task_names[name] = t
@@ -1432,6 +1457,8 @@ class _Emitter:
                 )
             prefetch = t.function.prefetch
             extra = f", prefetch = {_symbol_ref(prefetch)}" if prefetch else ""
+            if t.prefetch_after:
+                extra += f", prefetch_after = {t.prefetch_after} : i64"
             if t.shared_region:
                 extra += f", shared_region = {t.shared_region} : i64"
             if g.guarded_indptr(t):

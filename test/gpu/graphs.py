@@ -51,6 +51,17 @@ MOE_SMALL_RING = _moe_small_ring()
 #: experts read from ``topk_ids`` or picked from the logits by the tiles.
 MOE_SMALL_SLOTS = dataclasses.replace(MOE_SMALL_RING, route="slots")
 MOE_SMALL_SLOTS_LOGITS = dataclasses.replace(MOE_SMALL_SLOTS, slot_logits=True)
+#: ... with the down tiles' weights asked of the L2 after the top-k's wait,
+#: and with both tiles' rings filled there (``Graph.task(prefetch_after=1)``).
+MOE_SMALL_SLOTS_L2 = dataclasses.replace(
+    MOE_SMALL_SLOTS_LOGITS,
+    down_options=(*MOE_SMALL_SLOTS.down_options, ("prefetch_weights", True)),
+)
+MOE_SMALL_SLOTS_RING = dataclasses.replace(
+    MOE_SMALL_SLOTS,
+    gate_up_options=(*MOE_SMALL_SLOTS.gate_up_options, ("prefetch_ring", True)),
+    down_options=(*MOE_SMALL_SLOTS.down_options, ("prefetch_ring", True)),
+)
 
 
 def _moe_small_tma():

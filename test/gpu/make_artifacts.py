@@ -59,7 +59,9 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
+    MOE_SMALL_SLOTS_RING,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
     MOE_SMALL_TICKET,
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         ("ring", MOE_SMALL_RING), ("ringpf", MOE_SMALL_RING_PREFETCH), ("route", MOE_SMALL_ROUTE),
         ("route_unguarded", MOE_SMALL_ROUTE), ("ticket", MOE_SMALL_TICKET),
         ("slots", MOE_SMALL_SLOTS), ("slots_logits", MOE_SMALL_SLOTS_LOGITS),
+        ("slots_l2", MOE_SMALL_SLOTS_L2), ("slots_ring", MOE_SMALL_SLOTS_RING),
     ):  # fmt: skip
         moe_ring = moe.build_moe_graph(
             cfg, name=f"moe_small_{tiles}", **MOE_GRAPH_OPTIONS.get(f"_{tiles}", {})

@@ -35,7 +35,9 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
+    MOE_SMALL_SLOTS_RING,
     MOE_SMALL_SPLIT,
     MOE_SMALL_SUB,
     MOE_SMALL_TICKET,
@@ -57,7 +59,7 @@ pytestmark = [
         "", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma",
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
         "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short", "_slots",
-        "_slots_logits",
+        "_slots_logits", "_slots_l2", "_slots_ring",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -84,6 +86,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_tma_short": MOE_SMALL_TMA_SHORT,
         "_slots": MOE_SMALL_SLOTS,
         "_slots_logits": MOE_SMALL_SLOTS_LOGITS,
+        "_slots_l2": MOE_SMALL_SLOTS_L2,
+        "_slots_ring": MOE_SMALL_SLOTS_RING,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")

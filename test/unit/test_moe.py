@@ -879,8 +879,6 @@ def test_slot_tiles_and_their_errors():
     assert "%tS1" in picked.source  # two parts: the second at row T
     down = gemm.moe_down(16, 64, 256, 64, experts=8, slots=2)
     assert "%Hb: memref<?x64xbf16>, %topk_ids" in down.source
-    with pytest.raises(etc.GraphError, match="slots=2 reads the expert from topk_ids after the"):
-        gemm.moe_gate_up(16, 32, 256, 64, slots=2, stages=3, unroll=1, prefetch_ring=True)
     with pytest.raises(etc.GraphError, match="slot_logits picks the expert of a gate/up slot"):
         gemm.moe_down(16, 64, 256, 64, slots=2, slot_logits=1)
     with pytest.raises(etc.GraphError, match="needs the expert count"):
@@ -902,3 +900,38 @@ def test_slot_tiles_and_their_errors():
     ):  # fmt: skip
         with pytest.raises(etc.GraphError, match=match):
             replace(SMALL, **bad)
+
+
+@needs_bindings
+@needs_trigger
+def test_slot_prefetches_run_after_the_top_k():
+    """A slot tile's prefetch reads topk_ids: the graph places it after the
+    top-k's wait (``prefetch_after=1``), and the down tiles wait for the
+    top-k first. The single preset's down tiles fill their ring there."""
+    ring = replace(SLOTS_SMALL, down_options=(*SLOTS_SMALL.down_options, ("prefetch_ring", True)))
+    g = M.build_moe_graph(ring)
+    down = {t.name: t for t in g.tasks}["down"]
+    assert [e.event.name for e in down.in_edges] == ["routed", "h_ready"]
+    assert down.prefetch_after == 1 and down.function.prefetch_fills_shared
+    assert "prefetch_after = 1 : i64" in g.to_mlir()
+    cfg, x, w, ref = case(ring, 3)
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": 3})
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    l2 = replace(SLOTS_SMALL, down_options=(*SLOTS_SMALL.down_options, ("prefetch_weights", True)))
+    gate_up, down_tile = M._gemm_tiles(l2, None)
+    assert gate_up.prefetch is None and "cp.async.bulk.prefetch.L2" in down_tile.source
+    assert "arith.minui %e0, %elast" in down_tile.source  # the expert clamped to the weights
+    plain = {t.name: t for t in M.build_moe_graph(SLOTS_SMALL).tasks}["down"]
+    assert [e.event.name for e in plain.in_edges] == ["h_ready"] and plain.prefetch_after == 0
+    single = M.preset("single")
+    assert dict(single.down_options)["prefetch_ring"] is True
+    from etc.tiles import gemm
+
+    with pytest.raises(etc.GraphError, match="a prefetch \\(prefetch_ring, prefetch_weights\\)"):
+        gemm.moe_gate_up(16, 32, 256, 64, slots=2, slot_logits=1, unroll=1, stages=3,
+                         prefetch_ring=True)  # fmt: skip
+    with pytest.raises(etc.GraphError, match="give prefetch_ring or prefetch_weights, not both"):
+        gemm.moe_down(16, 64, 256, 64, slots=2, stages=2, unroll=1, prefetch_ring=True,
+                      prefetch_weights=True)  # fmt: skip
+    with pytest.raises(etc.GraphError, match="prefetch_weights is the slot tiles' L2 prefetch"):
+        gemm.moe_down(16, 64, 256, 64, prefetch_weights=True)

@@ -168,3 +168,61 @@ def test_a_tile_that_never_invalidates_its_mbarriers_is_refused():
                 etc.compile(g, cubin=False)
         else:
             assert etc.compile(g, cubin=False).ptx.count("mbarrier.inval") == 1
+
+
+# ----------------------------------------------------------------------------
+# Graph.task(prefetch_after=n): the prefetch after the first n in-edge waits
+# (the lowering's IR: test/Conversion/ETensorToGPU/prefetch-after.mlir)
+# ----------------------------------------------------------------------------
+def _after_graph(prefetch_after: int, **task) -> etc.Graph:
+    g = etc.Graph("after")
+    n = g.symbol("n")
+    w, o = g.tensor("w", (1024,), etc.f32), g.tensor("o", (1024,), etc.f32)
+    table = g.event((1,), wait_count=1, name="table")
+    rows = g.event((n,), wait_count=1, name="rows")
+    g.task(_ring_tile("a", 4), (1,), [w, o], out_edges={table: "i->0"})
+    g.task(_ring_tile("b", 4), (n,), [w, o], out_edges={rows: "i->i"})
+    g.task(
+        _ring_tile("c", 4), (n,), [w, o], in_edges=[(table, "i->0"), (rows, "i->i")],
+        prefetch_after=prefetch_after, **task,
+    )  # fmt: skip
+    return g
+
+
+def test_prefetch_after_is_written_and_compiles_under_both_schedules():
+    text = _after_graph(1).to_mlir()
+    assert 'name = "c", prefetch = @c__prefetch, prefetch_after = 1 : i64' in text
+    assert "prefetch_after" not in _after_graph(0).to_mlir()
+    # Both schedules, and prefetch_next (which skips it: the lit test
+    # prefetch-after.mlir checks the IR), compile to one kernel.
+    for schedule, options in (("static", {}), ("dynamic", {}), ("static", {"prefetch_next": True})):
+        art = etc.compile(_after_graph(1), schedule=schedule, cubin=False, **options)
+        assert art.ptx.count(".entry") == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "task", "message"),
+    [
+        (3, {}, "prefetch_after=3 places tile 'c''s prefetch after that many in-edge waits: "
+                "it needs a prefetch function \\(has 'c__prefetch'\\), no triggered_by, and at "
+                "most 2 in-edges"),
+        (-1, {}, "prefetch_after must be >= 0, got -1"),
+        (True, {}, "prefetch_after must be an int >= 0, got True"),
+        ("1", {}, "prefetch_after must be an int >= 0, got '1'"),
+    ],
+)  # fmt: skip
+def test_bad_prefetch_after_names_the_task(value, task, message):
+    with pytest.raises(etc.GraphError, match=f"task 'c': {message}"):
+        _after_graph(value, **task)
+
+
+def test_prefetch_after_needs_a_prefetch_function():
+    g = etc.Graph("after")
+    w = g.tensor("w", (16,), etc.f32)
+    e = g.event((1,), wait_count=1)
+    plain = etc.DeviceFunction.from_mlir(
+        "func.func @t(%i: index, %w: memref<?xf32>) {\n  return\n}\n", "t"
+    )
+    g.task(plain, (1,), [w], out_edges={e: "i->0"}, name="p")
+    with pytest.raises(etc.GraphError, match="it needs a prefetch function \\(has None\\)"):
+        g.task(plain, (1,), [w], in_edges={e: "i->0"}, prefetch_after=1, name="q")

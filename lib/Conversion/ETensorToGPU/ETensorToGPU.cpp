@@ -891,19 +891,26 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   // Waits lead the body (etensor-static-schedule puts them there). A
   // triggered task's in-edges cannot use its trigger coordinate, so they
   // come first: they may guard the tables the trigger reads.
+  bool waited = false;
   for (; it != body.end(); ++it) {
     // Index arithmetic of the edge maps (constants, divisions) feeds them.
     if (isHoistable(*it)) {
       bool isCall = isa<func::CallOp>(*it);
       if (dispatch.getTriggerEvent() && isCall) {
         triggeredPrefetch = &*it;
-      } else if (isCall && prefetchAhead) {
-        // Skipped when the previous entry ran it ahead.
-        Value notYet = arith::XOrIOp::create(
-            b, prefetchedAhead, arith::ConstantIntOp::create(b, 1, 1));
-        auto ifNotYet = scf::IfOp::create(b, TypeRange(), notYet, false);
+      } else if (isCall && (prefetchAhead || waited)) {
+        // Skipped when the previous entry ran it ahead; after waits
+        // (prefetch_after), only when they succeeded: it reads what their
+        // producers wrote.
+        Value run;
+        if (prefetchAhead)
+          run = arith::XOrIOp::create(b, prefetchedAhead,
+                                      arith::ConstantIntOp::create(b, 1, 1));
+        if (waited)
+          run = run ? arith::AndIOp::create(b, ok, run).getResult() : ok;
+        auto ifRun = scf::IfOp::create(b, TypeRange(), run, false);
         OpBuilder::InsertionGuard callGuard(b);
-        b.setInsertionPointToStart(ifNotYet.thenBlock());
+        b.setInsertionPointToStart(ifRun.thenBlock());
         b.clone(*it, mapping);
       } else {
         b.clone(*it, mapping);
@@ -918,6 +925,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
       break;
     ok = arith::AndIOp::create(b, ok,
                                lowerWait(wait, dispatch.getTask(), linear));
+    waited = true;
   }
   if (prefetchAhead && !aheadRan)
     prefetchAheadOf(dispatch);
@@ -1203,13 +1211,19 @@ static int64_t sharedRegion(DispatchOp dispatch) {
 }
 
 /// Whether a dispatch's body calls a prefetch function that may run ahead:
-/// tasks with a trigger find their coordinate only after waiting.
+/// tasks with a trigger find their coordinate only after waiting, and a
+/// prefetch placed after waits (prefetch_after) reads what they guard.
 static bool hasAheadPrefetch(DispatchOp dispatch) {
   // A ticketed entry's instance is known only once it drew its ticket.
-  return !dispatch.getTriggerEvent() && !dispatch.getTicket() &&
-         llvm::any_of(dispatch.getBody().front(), [](Operation &op) {
-           return isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName);
-         });
+  if (dispatch.getTriggerEvent() || dispatch.getTicket())
+    return false;
+  for (Operation &op : dispatch.getBody().front()) {
+    if (isa<WaitOp>(op))
+      return false;
+    if (isa<func::CallOp>(op) && op.hasAttr(kPrefetchAttrName))
+      return true;
+  }
+  return false;
 }
 
 /// Every CTA runs the instances of its slice of the precomputed queue:
@@ -2011,6 +2025,12 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
   SmallVector<Operation *> before, waits, bodyOps, after;
   bool seenBody = false;
   for (Operation &op : body.without_terminator()) {
+    // A prefetch placed after waits (prefetch_after) stays among them.
+    if (!seenBody && !waits.empty() && isa<func::CallOp>(op) &&
+        op.hasAttr(kPrefetchAttrName)) {
+      waits.push_back(&op);
+      continue;
+    }
     // Edge-map arithmetic runs on every thread: waits and thread 0 use it.
     if (!seenBody && isHoistable(op)) {
       b.clone(op, mapping);
@@ -2035,9 +2055,18 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
   if (failed(emitThreadZero(before)))
     return failure();
   Value ok = arith::ConstantIntOp::create(b, 1, 1);
-  for (Operation *op : waits)
-    ok = arith::AndIOp::create(
-        b, ok, lowerWait(cast<WaitOp>(op), dispatch.getTask(), linear));
+  for (Operation *op : waits) {
+    if (auto wait = dyn_cast<WaitOp>(op)) {
+      ok = arith::AndIOp::create(
+          b, ok, lowerWait(wait, dispatch.getTask(), linear));
+      continue;
+    }
+    // The prefetch reads what the waits before it guard: only past them.
+    auto ifWaited = scf::IfOp::create(b, TypeRange(), ok, false);
+    OpBuilder::InsertionGuard prefetchGuard(b);
+    b.setInsertionPointToStart(ifWaited.thenBlock());
+    b.clone(*op, mapping);
+  }
   auto ifOk = scf::IfOp::create(b, TypeRange(), ok, false);
   b.setInsertionPointToStart(ifOk.thenBlock());
   Value start = traceBuffer ? globalTimer() : Value();

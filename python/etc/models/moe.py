@@ -103,6 +103,7 @@ _PREFILL = dict(
     down_options=_TMA_OPTIONS,
 )
 _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("split_n", True))
+_SLOT_DOWN = (("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True))
 _SINGLE = dict(
     route="slots",
     slot_logits=True,
@@ -110,7 +111,7 @@ _SINGLE = dict(
     block_n_gu=32,
     block_n_dn=64,
     gate_up_options=(("stages", 4), ("unroll", 2), ("rotate_k", True)),
-    down_options=(("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True)),
+    down_options=(*_SLOT_DOWN, ("prefetch_ring", True)),
 )
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
@@ -119,7 +120,9 @@ _SINGLE = dict(
 #:   grids of (token's k-th expert, column block) tiles on ``decode``'s
 #:   tiles without the ring prefetch, each gate/up tile picking its expert
 #:   from the router logits itself (``slot_logits``): the first weight is
-#:   read two hops after the logits instead of five.
+#:   read two hops after the logits instead of five. The down tiles fill
+#:   their ring's first groups once the top-k is done, before they wait for
+#:   their slot's rows (``Graph.task(prefetch_after=1)``).
 #: * ``few`` (T 3-5): ``single`` with the experts read from the top-k
 #:   task's ``topk_ids`` (a top-k per tile costs more than the hop once
 #:   each CTA runs several slot tiles).
@@ -158,7 +161,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         ),
     ),  # fmt: skip
     "single": _SINGLE,
-    "few": dict(_SINGLE, slot_logits=False),
+    "few": dict(_SINGLE, slot_logits=False, down_options=_SLOT_DOWN),
     "prefill": _PREFILL,
     "mid": dict(
         _PREFILL,
@@ -943,6 +946,7 @@ def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate
         name="topk",
     )
     h_ready = g.event((S,), wait_count=cfg.n_gu, name="h_ready")
+    # A slot tile's prefetch reads topk_ids: it runs after the top-k's wait.
     g.task(
         gate_up,
         grid=(S, cfg.n_gu),
@@ -950,15 +954,21 @@ def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate
         in_edges={scored if cfg.slot_logits else routed: "sj->0"},
         out_edges={h_ready: "sj->s"},
         name="gate_up",
+        prefetch_after=1 if gate_up.prefetch else 0,
     )
     down_done = g.event((1,), wait_count=S * cfg.n_dn, name="down_done")
+    # The down tiles wait for the top-k first (unless the gate/up tiles
+    # did, before them), so their prefetch may read topk_ids before they
+    # wait for their slot's rows.
+    waits_routed = cfg.slot_logits or down.prefetch is not None
     g.task(
         down,
         grid=(S, cfg.n_dn),
         args=tuple(t[n] for n in _SLOT_DOWN_ARGS),
-        in_edges=[(h_ready, "sj->s")] + ([(routed, "sj->0")] if cfg.slot_logits else []),
+        in_edges=([(routed, "sj->0")] if waits_routed else []) + [(h_ready, "sj->s")],
         out_edges={down_done: "sj->0"},
         name="down",
+        prefetch_after=1 if down.prefetch else 0,
     )
     last, last_args = _last_task(cfg)
     g.task(

@@ -984,10 +984,11 @@ def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = F
 #: (:func:`layer_gemm`'s of the same names): ``block_size`` threads, ``warps``
 #: (``(row, column, k-slice)`` warps, planned when None), ``unroll``,
 #: ``prefetch``, ``stages``, ``rotate_k`` (rotating by the tile index ``i``),
-#: ``a_ahead``, ``prefetch_ring``, ``slots`` and ``slot_logits`` (:func:`moe_gate_up`).
+#: ``a_ahead``, ``prefetch_ring``, ``slots``, ``slot_logits`` and
+#: ``prefetch_weights`` (:func:`moe_gate_up`).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, unroll=None, prefetch=None, stages=None, rotate_k=False,
-    a_ahead=0, prefetch_ring=False, slots=None, slot_logits=0,
+    a_ahead=0, prefetch_ring=False, slots=None, slot_logits=0, prefetch_weights=False,
 )  # fmt: skip
 
 
@@ -1022,9 +1023,12 @@ def moe_gate_up(
     ``topk_ids[s // K, s % K]``, and writes ``Hb[s]``; buffers ``(X,
     topk_ids: memref<?xKxi32>, Wgu, Hb)``. Every slot streams its own
     expert's weights, so it suits one token (T = 1: eight distinct experts)
-    and wastes bandwidth on tokens that share experts. The expert is known
-    only after the instance's waits, so it takes no ``prefetch_ring``.
-    ``slot_logits=S`` (with ``slots``): the tile picks its expert itself
+    and wastes bandwidth on tokens that share experts. A slot tile's
+    prefetch function (``prefetch_ring``, or ``prefetch_weights``: thread 0
+    asks the L2 for the tile's whole weight block, one
+    ``cp.async.bulk.prefetch.L2``) reads ``topk_ids``, so the graph must run
+    it after the waits that guard the table (``Graph.task(prefetch_after=
+    ...)``). ``slot_logits=S`` (with ``slots``): the tile picks its expert itself
     from the router logits ``L: memref<?xExf32>`` (in ``S`` parts, part
     ``p`` in rows ``p*T``) in place of ``topk_ids``: every warp runs the
     top-k tile's selection (:func:`etc.tiles.moe.router_topk`, same ties)
@@ -1080,6 +1084,11 @@ def _moe_tile(
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
     slots = options["slots"]
+    if options["prefetch_weights"] and slots is None:
+        raise GraphError(
+            f"tile '{name}': prefetch_weights is the slot tiles' L2 prefetch (slots=K); "
+            "a tile of the routing tables prefetches its ring (prefetch_ring)"
+        )
     if slots is not None:
         return _moe_slot_tile(
             kind, block_m, block_n, hidden, inter, ed, name, options, slots,
@@ -1143,11 +1152,14 @@ def _moe_slot_tile(
             f"tile '{name}': slot_logits picks the expert of a gate/up slot tile and needs "
             "the expert count (experts=)"
         )
-    if plan["early"]:
+    early, l2 = plan["early"], options["prefetch_weights"]
+    if (early or l2) and from_logits:
         raise GraphError(
-            f"tile '{name}': slots={slots} reads the expert from topk_ids after the waits; "
-            "prefetch_ring would load weights before it is known"
+            f"tile '{name}': slot_logits picks the expert after the waits, in the body; a "
+            "prefetch (prefetch_ring, prefetch_weights) would have to repeat the top-k"
         )
+    if early and l2:
+        raise GraphError(f"tile '{name}': give prefetch_ring or prefetch_weights, not both")
     k, n = (hidden, inter) if gate else (inter, hidden)
     per_n = 2 if gate else 1
     wm, wn, nf = plan["wm"], plan["wn"], plan["nf"]
@@ -1203,13 +1215,68 @@ def _moe_slot_tile(
     body = dict(
         name=name, k=k, block_size=options["block_size"], wm=wm, wn=wn, wk=plan["wk"],
         unroll=plan["unroll"], prefetch=plan["prefetch"], stages=plan["stages"], mf=plan["mf"],
-        nf=nf, a=a, nb=per_n * nf, early=0,
+        nf=nf, a=a, nb=per_n * nf, early=early,
         **_moe_loop_options(name, plan["stages"], options["rotate_k"], options["a_ahead"]),
     )  # fmt: skip
     body["rotate"] = "%j" if options["rotate_k"] else None
-    source = _moe_source(name, signature, what, tile, body, 0)
+    source = _moe_source(name, signature, what, tile, body, early)
+    if l2:
+        source += _slot_weight_prefetch(name, signature, wt, w, block_n, n, k, per_n, slots, ed)
     reference = _mma.slot_reference(kind, block_n, inter, slots, from_logits)
-    return DeviceFunction.from_mlir(source, name, reference, block_size=options["block_size"])
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=options["block_size"])
+    fn.prefetch_fills_shared = bool(early)
+    return fn
+
+
+def _slot_weight_prefetch(
+    name: str, signature: str, wt: str, w: str, block_n: int, n: int, k: int, per_n: int,
+    slots: int, experts: str,
+) -> str:  # fmt: skip
+    """``@<name>__prefetch`` of a slot tile: thread 0 asks the L2 for the
+    tile's weight rows of expert ``topk_ids[s // K, s % K]`` (clamped to
+    the experts: an L2 prefetch must not leave the weights), one block per
+    gate/up half."""
+    lines = [
+        f"func.func @{name}__prefetch({signature}) {{",
+        "  %c0 = arith.constant 0 : index",
+        f"  %cK = arith.constant {slots} : index",
+        f"  %bn = arith.constant {block_n} : index",
+        f"  %rows = arith.constant {per_n * n} : index",
+        f"  %row_bytes = arith.constant {2 * k} : index",
+        f"  %size = arith.constant {block_n * k * 2} : i32",
+        "  %tid = gpu.thread_id x",
+        "  %first = arith.cmpi eq, %tid, %c0 : index",
+        "  scf.if %first {",
+        "    %tok = arith.divui %s, %cK : index",
+        "    %kth = arith.remui %s, %cK : index",
+        f"    %eid = memref.load %topk_ids[%tok, %kth] : memref<?x{slots}xi32>",
+        "    %e0 = arith.index_cast %eid : i32 to index",
+        f"    %ne = memref.dim {w}, %c0 : {wt}",
+        "    %elast = arith.subi %ne, %c1 : index",
+        "    %e = arith.minui %e0, %elast : index",
+        f"    %base = memref.extract_aligned_pointer_as_index {w} : {wt} -> index",
+        "    %lrow = arith.muli %e, %rows : index",
+        "    %n0 = arith.muli %j, %bn : index",
+        "    %row = arith.addi %lrow, %n0 : index",
+    ]
+    for half in range(per_n):
+        r = "%row"
+        if half:
+            lines.append(f"    %row{half} = arith.addi %row, %cn : index")
+            r = f"%row{half}"
+        lines += [
+            f"    %off{half} = arith.muli {r}, %row_bytes : index",
+            f"    %addr{half} = arith.addi %base, %off{half} : index",
+            f"    %p{half} = arith.index_cast %addr{half} : index to i64",
+            "    llvm.inline_asm has_side_effects asm_dialect = att "
+            f'"cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r" %p{half}, %size : '
+            "(i64, i32) -> ()",
+        ]
+    lines += ["  }", "  return", "}"]
+    lines.insert(2, "  %c1 = arith.constant 1 : index")
+    if per_n > 1:
+        lines.insert(2, f"  %cn = arith.constant {n} : index")
+    return "\n".join(lines) + "\n"
 
 
 def _slot_expert(

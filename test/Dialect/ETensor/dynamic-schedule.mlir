@@ -307,3 +307,33 @@ etensor.graph @trigger_in_edge_after(%experts: index, %tiles: index, %indptr: me
   // expected-error @+1 {{waits on event 'late' besides its trigger 'ready', but its producer 'unordered' does not precede the trigger's producer 'plan': the dynamic schedule waits for such edges after the pop and could deadlock}}
   etensor.task @expert grid [%tiles] ins(%late[(i, c) -> (0)] : !etensor.event<1>) triggered_by(%ready, %indptr : !etensor.event<?>, memref<?xi32>)
 }
+
+// -----
+
+func.func private @tile(%i: index)
+func.func private @tile__prefetch(%i: index)
+
+/// `prefetch_after = 1`: an early-pushed instance is popped once its
+/// producers are dispatched, so its prefetch (which reads what the first
+/// in-edge's producer wrote) follows that in-edge's wait, before the next.
+/// Without early push the instance is popped after both producers ended:
+/// no waits, and the prefetch just precedes the call.
+// CHECK-LABEL: etensor.graph @prefetched_after
+// CHECK: etensor.dispatch 2
+// CHECK-NOT: func.call @tile__prefetch
+// CHECK: etensor.wait
+// CHECK-NEXT: func.call @tile__prefetch
+// CHECK: etensor.wait
+// CHECK-NEXT: func.call @tile(
+// LATE-LABEL: etensor.graph @prefetched_after
+// LATE: etensor.dispatch 2
+// LATE-NOT: etensor.wait
+// LATE: func.call @tile__prefetch
+// LATE-NEXT: func.call @tile(
+etensor.graph @prefetched_after(%n: index) {
+  %a = etensor.event() count 1 : !etensor.event<1>
+  %b = etensor.event() count 1 : !etensor.event<1>
+  etensor.task @tile grid [1] outs(%a[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [1] outs(%b[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [%n] ins(%a[(i) -> (0)] : !etensor.event<1>, %b[(i) -> (0)] : !etensor.event<1>) {prefetch = @tile__prefetch, prefetch_after = 1}
+}

@@ -518,6 +518,27 @@ etensor.graph @prefetch_missing() {
 
 func.func private @tile(%i: index)
 
+etensor.graph @prefetch_after_without_prefetch() {
+  %e = etensor.event() count 1 : !etensor.event<1>
+  // expected-error @+1 {{prefetch_after needs a prefetch function}}
+  etensor.task @tile grid [1] ins(%e[(i) -> (0)] : !etensor.event<1>) {prefetch_after = 1}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+func.func private @tile__prefetch(%i: index)
+
+etensor.graph @prefetch_after_too_many() {
+  %e = etensor.event() count 1 : !etensor.event<1>
+  // expected-error @+1 {{prefetch_after = 2 exceeds the task's 1 in-edges}}
+  etensor.task @tile grid [1] ins(%e[(i) -> (0)] : !etensor.event<1>) {prefetch = @tile__prefetch, prefetch_after = 2}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+
 etensor.graph @negative_region() {
   // expected-error @+1 {{attribute 'shared_region' failed to satisfy constraint: 64-bit signless integer attribute whose value is non-negative}}
   etensor.task @tile grid [1] {shared_region = -1}

@@ -161,6 +161,30 @@ etensor.graph @prefetched(%n: index, %w: memref<?xf32>) {
 
 // -----
 
+/// With `prefetch_after = 1` the prefetch follows the first wait (it may
+/// read what that wait's producer wrote) and precedes the second.
+func.func private @tile(%i: index, %w: memref<?xf32>)
+func.func private @tile__prefetch(%i: index, %w: memref<?xf32>)
+
+// CHECK-LABEL: etensor.graph @prefetched_after
+// CHECK: etensor.dispatch 2
+// CHECK-NEXT: ^bb0(%[[I:.*]]: index):
+// CHECK-NOT: func.call
+// CHECK: etensor.wait
+// CHECK-NEXT: func.call @tile__prefetch(%[[I]], %{{.*}}) {etensor.prefetch}
+// CHECK-NEXT: arith.constant
+// CHECK-NEXT: etensor.wait
+// CHECK-NEXT: func.call @tile(%[[I]], %{{.*}})
+etensor.graph @prefetched_after(%n: index, %w: memref<?xf32>) {
+  %table = etensor.event() count 1 : !etensor.event<1>
+  %rows = etensor.event() count 1 : !etensor.event<1>
+  etensor.task @tile grid [1] args(%w : memref<?xf32>) outs(%table[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [1] args(%w : memref<?xf32>) outs(%rows[(i) -> (0)] : !etensor.event<1>)
+  etensor.task @tile grid [%n] args(%w : memref<?xf32>) ins(%table[(i) -> (0)] : !etensor.event<1>, %rows[(i) -> (0)] : !etensor.event<1>) {prefetch = @tile__prefetch, prefetch_after = 1}
+}
+
+// -----
+
 /// A `ticketed` task: the schedule declares its ticket counter, an event no
 /// one waits on or notifies, and hands it to the dispatch.
 // CHECK-LABEL: etensor.graph @balanced

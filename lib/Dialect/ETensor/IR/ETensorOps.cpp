@@ -422,6 +422,17 @@ LogicalResult TaskOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
              << getCallee() << "' has " << fnType
              << ": a prefetch takes the same arguments";
   }
+  if (std::optional<int64_t> after = getPrefetchAfter()) {
+    if (!getPrefetchAttr())
+      return emitOpError("prefetch_after needs a prefetch function");
+    if (getTriggerEvent())
+      return emitOpError("prefetch_after: a triggered task runs its prefetch "
+                         "once it has found its coordinate");
+    if (*after > static_cast<int64_t>(getInEvents().size()))
+      return emitOpError("prefetch_after = ")
+             << *after << " exceeds the task's " << getInEvents().size()
+             << " in-edges";
+  }
   return success();
 }
 

@@ -473,7 +473,11 @@ LogicalResult DynamicScheduler::run() {
     // Casts of the buffers first: nothing may separate the waits and the call.
     SmallVector<Value> callArgs(coords);
     llvm::append_range(callArgs, castArgsToCallee(b, task));
-    callPrefetch(b, task, callArgs);
+    // With prefetch_after the prefetch follows the first in-edges' waits
+    // (below): an early-pushed instance is popped before its producers end.
+    int64_t prefetchAfter = task.getPrefetchAfter().value_or(0);
+    if (prefetchAfter == 0)
+      callPrefetch(b, task, callArgs);
 
     auto outEdges = llvm::zip(task.getOutEvents(), task.getOutMaps());
     // Early push: this instance is dispatched, so the consumers whose last
@@ -489,12 +493,18 @@ LogicalResult DynamicScheduler::run() {
                                 coords, task),
                        Consumers::Regular);
       }
-    // Ranked in-edges never push: they are always waited on here.
-    for (auto [event, map] : llvm::zip(task.getInEvents(), task.getInMaps()))
+    // Ranked in-edges never push: they are always waited on here. (An
+    // in-edge without a wait was complete when the instance was popped.)
+    for (auto [k, edge] : llvm::enumerate(
+             llvm::zip(task.getInEvents(), task.getInMaps()))) {
+      auto [event, map] = edge;
       if (earlyPush || task.getTriggerEvent() || isRanked(event))
         WaitOp::create(b, taskLoc, event,
                        applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(),
                                 coords, task));
+      if (static_cast<int64_t>(k) + 1 == prefetchAfter)
+        callPrefetch(b, task, callArgs);
+    }
 
     func::CallOp::create(b, taskLoc, task.getCallee(), TypeRange(), callArgs);
 

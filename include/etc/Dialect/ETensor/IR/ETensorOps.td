@@ -205,6 +205,13 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     loading them (an L2 prefetch, a `cp.async` into shared memory) while the
     instance's producers finish. Waiting then overlaps the load.
 
+    `prefetch_after = n` runs the prefetch after the task's first `n`
+    in-edge waits instead (static schedule; the dynamic one runs an instance
+    once all its waits are met), so it may also read what those waits'
+    producers wrote: a routing table that names the weights to load, read
+    while the later waits (the activations) are still pending. Not with a
+    data-dependent trigger.
+
     `shared_region = r` (default 0) places the shared memory of the task's
     functions apart from that of tasks in other regions. Under the static
     schedule a CTA runs the prefetch of its next queue entry *ahead*, before
@@ -233,6 +240,10 @@ def ETensor_TaskOp : ETensor_Op<"task", [
         ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>)
     etensor.task @gate_up grid [%cols] args(%W : memref<?x2048xbf16>)
         {prefetch = @gate_up__prefetch, shared_region = 1}
+    etensor.task @slot_down grid [%slots, 32] args(%ids : memref<?x8xi32>)
+        ins(%routed[(s, j) -> (0)] : !etensor.event<1>,
+            %h[(s, j) -> (s)] : !etensor.event<?>)
+        {prefetch = @slot_down__prefetch, prefetch_after = 1}
     ```
   }];
   let arguments = (ins FlatSymbolRefAttr:$callee,
@@ -249,6 +260,7 @@ def ETensor_TaskOp : ETensor_Op<"task", [
                        UnitAttr:$guarded_indptr,
                        UnitAttr:$ticketed,
                        OptionalAttr<FlatSymbolRefAttr>:$prefetch,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntPositive]>>:$prefetch_after,
                        OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
                        OptionalAttr<StrAttr>:$name);
   let assemblyFormat = [{
