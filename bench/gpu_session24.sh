@@ -22,6 +22,11 @@
 #       --only moe_small_family); python examples/moe.py --preset auto [--topk 1 --routing top1]
 #       --save-artifact .device/n24i/ex/auto[_top1]; BENCH_MOE_CONFIGS=dec_pf_gu32,single,single_noring,few
 #       BENCH_MOE_SIZES=1,2,3,4 python bench/moe.py --build .device/n24i/moe
+# The configurations were renamed as the single preset changed: the steps name
+# them as bench/moe.py does now (the raw files, as they were run: "single" there
+# is single_ids in step slots and slots2, single_sl in auto, unroll and m3, and
+# single_noring in dnpf, whose single_dnring is today's single). Rebuild with
+# those names before rerunning a step.
 # Usage: bash bench/gpu_session24.sh [slots] [slots2] [rings] [auto] [unroll] [m3] [dnpf] [final]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
@@ -34,108 +39,65 @@ F=.device/n24f
 G=.device/n24g
 I=.device/n24i
 mkdir -p /tmp/s24
-for step in ${*:-slots}; do
+# Two passes of the fused static kernels CONFIGS (the second in reverse
+# order) at SIZES from DIR/moe, the first one traced when TRACE=1; raw
+# results NAME{1,2}.json and the trace tables NAME_trace.txt into $OUT.
+ab() {
+  local name=$1 cfgs=$2 sizes=$3 dir=$4 trace=${5:-0} pass order
+  for pass in 1 2; do
+    order=$cfgs; [ $pass = 2 ] && order=$(echo $cfgs | tr , '\n' | tac | paste -sd,)
+    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$order BENCH_MOE_SIZES=$sizes \
+      timeout 280 python bench/moe.py --artifacts $dir/moe --out "/tmp/s24/$name$pass.json" \
+      $([ $pass = 1 ] && [ $trace = 1 ] && echo --trace) 2>&1 | tee -a "$OUT/$name.txt" | grep "occ.*GPU"
+  done
+  cp /tmp/s24/${name}1.json /tmp/s24/${name}2.json "$OUT/"
+  [ $trace = 1 ] && cp /tmp/s24/moe_trace.txt "$OUT/${name}_trace.txt"
+}
+slot_tests() {  # the slot layers' GPU tests (and the bucketed artifact's) from $1/arts
+  ETC_ARTIFACTS=$1/arts timeout 250 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k "$2" 2>&1 \
+    | tail -3 | tee "$OUT/tests_$3.txt"
+}
+auto_examples() {  # examples/moe.py --preset auto from $1/ex, every bucket and routing
+  run() { timeout 60 python examples/moe.py --preset auto "$@" 2>&1 | tee -a "$OUT/examples_$2.txt"; }
+  run --artifact $1/ex/auto --tokens 1,2,3,4,5,6,7,8,9,16,128,1024,4096
+  run --artifact $1/ex/auto --routing one-expert --tokens 1,2,4,5,16,1000
+  run --artifact $1/ex/auto --routing few-experts --tokens 1,3,7,128
+  run --artifact $1/ex/auto_top1 --topk 1 --routing top1 --tokens 1,2,4,33,1000
+}
+for step in ${*:-final}; do
   case $step in
-  slots)
-    for pass in 1 2; do
-      cfgs=dec_pf_gu32,single,single_gu24,single_dn128; [ $pass = 2 ] && cfgs=single_dn128,single_gu24,single,dec_pf_gu32
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2,4,8 \
-        timeout 280 python bench/moe.py --artifacts $A/moe --out "/tmp/s24/slots$pass.json" $([ $pass = 1 ] && echo --trace) \
-        2>&1 | tee -a "$OUT/slots.txt" | tail -40
-    done
-    cp /tmp/s24/slots1.json /tmp/s24/slots2.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/slots_trace.txt"
-    ;;
+  slots) ab slots dec_pf_gu32,single_ids,single_gu24,single_dn128 1,2,4,8 $A 1 ;;
   slots2)
-    ETC_ARTIFACTS=$B/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k slots 2>&1 \
-      | tail -3 | tee "$OUT/tests.txt"
-    for pass in 1 2; do
-      cfgs=dec_pf_gu32,single,single_sl,single_sl_re1; [ $pass = 2 ] && cfgs=single_sl_re1,single_sl,single,dec_pf_gu32
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2,4 \
-        timeout 200 python bench/moe.py --artifacts $B/moe --out "/tmp/s24/sl$pass.json" $([ $pass = 1 ] && echo --trace) \
-        2>&1 | tee -a "$OUT/sl.txt" | grep "T=    1\|T=    2\|T=    4" | grep occ
-    done
-    cp /tmp/s24/sl1.json /tmp/s24/sl2.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/sl_trace.txt"
+    slot_tests $B slots slots2
+    ab sl dec_pf_gu32,single_ids,single_sl,single_sl_re1 1,2,4 $B 1
     ;;
   rings)
-    v=single_sl,single_sl_s6,single_sl_s8,single_sl_dn6,single_sl_gu16
-    for pass in 1 2; do
-      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
-      BENCH_MOE_CHROME=1 BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2 \
-        timeout 200 python bench/moe.py --artifacts $C/moe --out "/tmp/s24/rings$pass.json" $([ $pass = 1 ] && echo --trace) \
-        2>&1 | tee -a "$OUT/rings.txt" | grep "T=    1\|T=    2" | grep "occ.*GPU"
-    done
-    cp /tmp/s24/rings1.json /tmp/s24/rings2.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/rings_trace.txt"
+    BENCH_MOE_CHROME=1 ab rings single_sl,single_sl_s6,single_sl_s8,single_sl_dn6,single_sl_gu16 1,2 $C 1
     for v in single_sl single_sl_gu16; do
-      f=$(ls /tmp/s24/trace_${v}*T1.json 2>/dev/null | head -1); echo "== $v $f"
+      f=$(ls /tmp/s24/trace_${v}_static_T1.json 2>/dev/null | head -1); echo "== $v $f"
       [ -n "$f" ] && python bench/trace_sm_load.py $f gate_up && python bench/trace_sm_load.py $f down
     done 2>&1 | tee "$OUT/smload.txt"
     ;;
   auto)
-    ETC_ARTIFACTS=$D/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k one_artifact 2>&1 \
-      | tail -3 | tee "$OUT/tests_auto.txt"
-    run() { timeout 60 python examples/moe.py --preset auto "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
-    run --artifact $D/ex/auto --tokens 1,2,3,4,5,7,8,9,16,128,1024,4096
-    run --artifact $D/ex/auto --routing one-expert --tokens 1,4,16,1000
-    run --artifact $D/ex/auto --routing few-experts --tokens 1,3,7,128
-    run --artifact $D/ex/auto_top1 --topk 1 --routing top1 --tokens 1,4,33,1000
-    v=dec_pf_gu32,single,single_ids
-    for pass in 1 2; do
-      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,3,4,5,6,8 \
-        timeout 200 python bench/moe.py --artifacts $D/moe --out "$OUT/bucket$pass.json" \
-        2>&1 | tee -a "$OUT/bucket.txt" | grep "occ.*GPU"
-    done
+    slot_tests $D one_artifact auto
+    auto_examples $D auto
+    ab bucket dec_pf_gu32,single_sl,single_ids 1,3,4,5,6,8 $D
     ;;
-  unroll)
-    v=single,single_u4,single_u4s3,single_u4d,single_u8s2
-    for pass in 1 2; do
-      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2 \
-        timeout 200 python bench/moe.py --artifacts $E/moe --out "/tmp/s24/unroll$pass.json" $([ $pass = 1 ] && echo --trace) \
-        2>&1 | tee -a "$OUT/unroll.txt" | grep "T=    1\|T=    2" | grep "occ.*GPU"
-    done
-    cp /tmp/s24/unroll1.json /tmp/s24/unroll2.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/unroll_trace.txt"
-    ;;
+  unroll) ab unroll single_sl,single_u4,single_u4s3,single_u4d,single_u8s2 1,2 $E 1 ;;
   m3)
     for a in $F/moe/fused_*_occ_static; do
       python -c "import etc.runtime,sys; k=etc.runtime.load(sys.argv[1]); print(sys.argv[1], k.num_ctas, 'CTAs')" $a
     done 2>&1 | tee "$OUT/m3_ctas.txt"
-    v=single,single_m3,single_gu16_m3,single_gu16_dn32_m3
-    for pass in 1 2; do
-      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2 \
-        timeout 200 python bench/moe.py --artifacts $F/moe --out "/tmp/s24/m3$pass.json" $([ $pass = 1 ] && echo --trace) \
-        2>&1 | tee -a "$OUT/m3.txt" | grep "T=    1\|T=    2" | grep "occ.*GPU"
-    done
-    cp /tmp/s24/m31.json /tmp/s24/m32.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/m3_trace.txt"
+    ab m3 single_sl,single_m3,single_gu16_m3,single_gu16_dn32_m3 1,2 $F 1
     ;;
   dnpf)
-    ETC_ARTIFACTS=$G/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k slots 2>&1 \
-      | tail -3 | tee "$OUT/tests_dnpf.txt"
-    v=single,single_dnl2,single_dnring,few,few_dnl2
-    for pass in 1 2; do
-      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2,4 \
-        timeout 200 python bench/moe.py --artifacts $G/moe --out "/tmp/s24/dnpf$pass.json" $([ $pass = 1 ] && echo --trace) \
-        2>&1 | tee -a "$OUT/dnpf.txt" | grep "T=    [124] " | grep "occ.*GPU"
-    done
-    cp /tmp/s24/dnpf1.json /tmp/s24/dnpf2.json "$OUT/"; cp /tmp/s24/moe_trace.txt "$OUT/dnpf_trace.txt"
+    slot_tests $G slots dnpf
+    ab dnpf single_noring,single_dnl2,single,few,few_dnl2 1,2,4 $G 1
     ;;
   final)
-    ETC_ARTIFACTS=$I/arts timeout 250 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k "slots or one_artifact" 2>&1 \
-      | tail -3 | tee "$OUT/tests_final.txt"
-    run() { timeout 60 python examples/moe.py --preset auto "$@" 2>&1 | tee -a "$OUT/examples_final.txt"; }
-    run --artifact $I/ex/auto --tokens 1,2,3,5,6,8,9,16,128,1024,4096
-    run --artifact $I/ex/auto --routing one-expert --tokens 1,2,5,16,1000
-    run --artifact $I/ex/auto --routing few-experts --tokens 1,3,7,128
-    run --artifact $I/ex/auto_top1 --topk 1 --routing top1 --tokens 1,2,4,33,1000
-    v=dec_pf_gu32,single,single_noring,few
-    for pass in 1 2; do
-      cfgs=$v; [ $pass = 2 ] && cfgs=$(echo $v | tr , '\n' | tac | paste -sd,)
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2,3,4 \
-        timeout 200 python bench/moe.py --artifacts $I/moe --out "$OUT/final$pass.json" \
-        2>&1 | tee -a "$OUT/final.txt" | grep "occ.*GPU"
-    done
+    slot_tests $I "slots or one_artifact" final
+    auto_examples $I final
+    ab final dec_pf_gu32,single,single_noring,few 1,2,3,4 $I
     ;;
   esac
 done

@@ -1112,18 +1112,7 @@ def _moe_tile(
         r0, r1, n0 = _moe_prologue(t, indptr, it, block_m, block_n)
         wcol = _warp_cols(t, n0, wm, wn, nf)
 
-        def b_rows(f: int, grp: str) -> tuple[str, str, str]:
-            # Fragments nf.. of gate/up are the up rows, ``inter`` further.
-            off = 8 * (f % nf) + (inter if f >= nf else 0)
-            r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
-            r = t.op("brow", f"arith.addi {r}, {grp} : index")
-            return w, wt, f"%e, {r}"
-
-        def epilogue(t: _Text, acc, rows, col_lane) -> None:
-            cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-            values = _mma.swiglu(t, acc, nf) if gate else acc
-            _store_pairs(t, values, rows, cols, out, r1, None)
-
+        b_rows, epilogue = _expert_rows_and_store(t, wcol, nf, inter, (w, wt), out, gate, r1)
         return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
 
     body = dict(
@@ -1135,6 +1124,32 @@ def _moe_tile(
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = bool(early)
     return fn
+
+
+def _expert_rows_and_store(
+    t: _Text, wcol: str, nf: int, inter: int, weights: tuple[str, str], out, gate: bool,
+    r1: str, shift: str | None = None,
+) -> tuple[Callable, Callable]:  # fmt: skip
+    """``_body``'s ``b_rows`` (expert ``%e``'s weight rows; fragments
+    ``nf..`` of gate/up are the up rows, ``inter`` further) and epilogue
+    (SwiGLU for gate/up, then the stores of rows below ``r1``, moved by
+    ``shift`` rows when given) of an expert tile."""
+    w, wt = weights
+
+    def b_rows(f: int, grp: str) -> tuple[str, str, str]:
+        off = 8 * (f % nf) + (inter if f >= nf else 0)
+        r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
+        r = t.op("brow", f"arith.addi {r}, {grp} : index")
+        return w, wt, f"%e, {r}"
+
+    def epilogue(t: _Text, acc, rows, col_lane) -> None:
+        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+        values = _mma.swiglu(t, acc, nf) if gate else acc
+        if shift is not None:
+            rows = [t.op("orow", f"arith.addi {r}, {shift} : index") for r in rows]
+        _store_pairs(t, values, rows, cols, out, r1, None)
+
+    return b_rows, epilogue
 
 
 def _moe_slot_tile(
@@ -1198,17 +1213,9 @@ def _moe_slot_tile(
         n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
         wcol = _warp_cols(t, n0, wm, wn, nf)
 
-        def b_rows(f: int, grp: str) -> tuple[str, str, str]:
-            off = 8 * (f % nf) + (inter if f >= nf else 0)
-            r = t.op("brow", f"arith.addi {wcol}, %c{off}_ : index") if off else wcol
-            r = t.op("brow", f"arith.addi {r}, {grp} : index")
-            return w, wt, f"%e, {r}"
-
-        def epilogue(t: _Text, acc, rows, col_lane) -> None:
-            cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
-            values = _mma.swiglu(t, acc, nf) if gate else acc
-            moved = [t.op("orow", f"arith.addi {r}, {shift} : index") for r in rows]
-            _store_pairs(t, values, moved, cols, out, s1, None)
+        b_rows, epilogue = _expert_rows_and_store(
+            t, wcol, nf, inter, (w, wt), out, gate, s1, shift=shift
+        )
 
         return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
 
@@ -1236,17 +1243,8 @@ def _slot_weight_prefetch(
     tile's weight rows of expert ``topk_ids[s // K, s % K]`` (clamped to
     the experts: an L2 prefetch must not leave the weights), one block per
     gate/up half."""
-    lines = [
-        f"func.func @{name}__prefetch({signature}) {{",
-        "  %c0 = arith.constant 0 : index",
-        f"  %cK = arith.constant {slots} : index",
-        f"  %bn = arith.constant {block_n} : index",
-        f"  %rows = arith.constant {per_n * n} : index",
-        f"  %row_bytes = arith.constant {2 * k} : index",
-        f"  %size = arith.constant {block_n * k * 2} : i32",
-        "  %tid = gpu.thread_id x",
-        "  %first = arith.cmpi eq, %tid, %c0 : index",
-        "  scf.if %first {",
+    consts = ["  %c1 = arith.constant 1 : index", f"  %cK = arith.constant {slots} : index"]
+    row = [
         "    %tok = arith.divui %s, %cK : index",
         "    %kth = arith.remui %s, %cK : index",
         f"    %eid = memref.load %topk_ids[%tok, %kth] : memref<?x{slots}xi32>",
@@ -1259,24 +1257,7 @@ def _slot_weight_prefetch(
         "    %n0 = arith.muli %j, %bn : index",
         "    %row = arith.addi %lrow, %n0 : index",
     ]
-    for half in range(per_n):
-        r = "%row"
-        if half:
-            lines.append(f"    %row{half} = arith.addi %row, %cn : index")
-            r = f"%row{half}"
-        lines += [
-            f"    %off{half} = arith.muli {r}, %row_bytes : index",
-            f"    %addr{half} = arith.addi %base, %off{half} : index",
-            f"    %p{half} = arith.index_cast %addr{half} : index to i64",
-            "    llvm.inline_asm has_side_effects asm_dialect = att "
-            f'"cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r" %p{half}, %size : '
-            "(i64, i32) -> ()",
-        ]
-    lines += ["  }", "  return", "}"]
-    lines.insert(2, "  %c1 = arith.constant 1 : index")
-    if per_n > 1:
-        lines.insert(2, f"  %cn = arith.constant {n} : index")
-    return "\n".join(lines) + "\n"
+    return _l2_prefetch_function(name, signature, consts, row, block_n, n, k, per_n)
 
 
 def _slot_expert(
@@ -1905,32 +1886,33 @@ def _layer_gemm_bulk(
     return fn
 
 
-def _weight_prefetch(
-    name: str, signature: str, wt: str, block_n: int, n: int, k: int, per_n: int, stacked: bool
+def _l2_prefetch_function(
+    name: str,
+    signature: str,
+    consts: list[str],
+    row: list[str],
+    block_n: int,
+    n: int,
+    k: int,
+    per_n: int,
 ) -> str:
-    """``@<name>__prefetch``: L2 prefetches of the tile's weight rows."""
-    rows = per_n * n
-    nbytes = block_n * k * 2
+    """``@<name>__prefetch``: thread 0 asks the L2 for ``block_n`` weight rows
+    of ``k`` bf16 from row ``%row`` (which ``row``, run in thread 0's branch,
+    defines from ``%base``, ``%bn``, ``%rows``), and for the up rows ``n``
+    further with ``per_n = 2``: one ``cp.async.bulk.prefetch.L2`` each."""
     lines = [
         f"func.func @{name}__prefetch({signature}) {{",
         "  %c0 = arith.constant 0 : index",
         f"  %bn = arith.constant {block_n} : index",
-        f"  %rows = arith.constant {rows} : index",
+        f"  %rows = arith.constant {per_n * n} : index",
         f"  %row_bytes = arith.constant {2 * k} : index",
-        f"  %size = arith.constant {nbytes} : i32",
+        f"  %size = arith.constant {block_n * k * 2} : i32",
+        *consts,
         "  %tid = gpu.thread_id x",
         "  %first = arith.cmpi eq, %tid, %c0 : index",
         "  scf.if %first {",
-        f"    %base = memref.extract_aligned_pointer_as_index %W : {wt} -> index",
-        "    %n0 = arith.muli %j, %bn : index",
+        *row,
     ]
-    if stacked:
-        lines += [
-            "    %lrow = arith.muli %l, %rows : index",
-            "    %row = arith.addi %lrow, %n0 : index",
-        ]
-    else:
-        lines += ["    %row = arith.addi %n0, %c0 : index"]
     for half in range(per_n):
         r = "%row"
         if half:
@@ -1948,6 +1930,24 @@ def _weight_prefetch(
     if per_n > 1:
         lines.insert(2, f"  %c{n}_n = arith.constant {n} : index")
     return "\n".join(lines) + "\n"
+
+
+def _weight_prefetch(
+    name: str, signature: str, wt: str, block_n: int, n: int, k: int, per_n: int, stacked: bool
+) -> str:
+    """``@<name>__prefetch``: L2 prefetches of the tile's weight rows."""
+    row = [
+        f"    %base = memref.extract_aligned_pointer_as_index %W : {wt} -> index",
+        "    %n0 = arith.muli %j, %bn : index",
+    ]
+    if stacked:
+        row += [
+            "    %lrow = arith.muli %l, %rows : index",
+            "    %row = arith.addi %lrow, %n0 : index",
+        ]
+    else:
+        row += ["    %row = arith.addi %n0, %c0 : index"]
+    return _l2_prefetch_function(name, signature, [], row, block_n, n, k, per_n)
 
 
 def layer_gemm_reference(
