@@ -97,8 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--routing", choices=M.ROUTINGS, default="uniform")
     p.add_argument(
-        "--route", choices=M.ROUTES, default="split",
-        help="the routing after the logits: split (top-k, plan: parallel) or fused (one CTA)",
+        "--route", choices=M.ROUTES,
+        help="the routing after the logits: split (top-k, plan: parallel; the default), fused "
+        "(one CTA) or slots (no tables: static grids of each token's expert slots)",
+    )  # fmt: skip
+    p.add_argument(
+        "--slot-logits", action="store_true",
+        help="--route slots: the gate/up tiles pick their experts from the logits themselves",
     )  # fmt: skip
     p.add_argument(
         "--route-max-tokens", type=int, default=64, help="the largest T of --route fused"
@@ -108,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         help="gate/up tiles read X through perm (no permuted copy; TMA tiles: --preset prefill)",
     )  # fmt: skip
     p.add_argument(
-        "--combine", choices=M.COMBINES, default="task",
-        help="atomic: down tiles add their rows into float32 sums (TMA tiles: --preset prefill)",
+        "--combine", choices=M.COMBINES,
+        help="task (the default) or atomic: down tiles add their rows into float32 sums (TMA "
+        "tiles: --preset prefill)",
     )  # fmt: skip
     p.add_argument(
-        "--combine-dtype", choices=("f32", "f16"), default="f32",
-        help="the sums of --combine atomic (f16: half the bytes, overflow past 65504)",
+        "--combine-dtype", choices=("f32", "f16"),
+        help="the sums of --combine atomic (f32, the default, or f16: half the bytes, overflow "
+        "past 65504)",
     )  # fmt: skip
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
@@ -145,10 +152,15 @@ def main(argv: list[str] | None = None) -> int:
             args.block_m, args.block_n_gu, args.block_n_dn, router.get("router_block", 32),
             router.get("router_experts", 2),
         )  # fmt: skip
+    # The flags given change the configuration (a preset keeps its own otherwise).
+    given = {
+        "route": args.route, "combine": args.combine, "combine_dtype": args.combine_dtype,
+        "gather": args.gather or None, "slot_logits": args.slot_logits or None,
+    }  # fmt: skip
     try:
         cfg = replace(
-            cfg, route=args.route, route_max_tokens=args.route_max_tokens, gather=args.gather,
-            combine=args.combine, combine_dtype=args.combine_dtype,
+            cfg, route_max_tokens=args.route_max_tokens,
+            **{k: v for k, v in given.items() if v is not None},
         )  # fmt: skip
         g = M.build_moe_graph(cfg)
     except etc.EtcError as exc:  # a configuration the tiles cannot take
@@ -203,10 +215,11 @@ def check_sizes(cfg: M.MoEConfig, args, graph_and_kernel) -> int:
 def run_family(args) -> int:
     """``--preset auto``: every preset in one artifact, a kernel per range of T."""
     tuned = {
-        "--route": args.route != "split",
+        "--route": args.route is not None,
+        "--slot-logits": args.slot_logits,
         "--gather": args.gather,
-        "--combine": args.combine != "task",
-        "--combine-dtype": args.combine_dtype != "f32",
+        "--combine": args.combine is not None,
+        "--combine-dtype": args.combine_dtype is not None,
     }
     if any(tuned.values()):  # each preset keeps its own tiles
         flags = ", ".join(k for k, v in tuned.items() if v)

@@ -935,3 +935,25 @@ def test_slot_prefetches_run_after_the_top_k():
                       prefetch_weights=True)  # fmt: skip
     with pytest.raises(etc.GraphError, match="prefetch_weights is the slot tiles' L2 prefetch"):
         gemm.moe_down(16, 64, 256, 64, prefetch_weights=True)
+
+
+@needs_trigger
+@pytest.mark.parametrize(
+    "flags",
+    [["--preset", "single"], ["--preset", "few"], ["--route", "slots", "--slot-logits"]],
+)
+def test_example_slot_grids_simulate(flags):
+    """``examples/moe.py`` with the slot presets (their route kept: only the
+    flags given change a preset) and with ``--route slots``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "moe.py"
+    sizes = [f"--{k}={v}" for k, v in FAMILY_SIZES.items()]
+    done = subprocess.run(
+        [sys.executable, str(script), "--simulate", *sizes, *flags, "--tokens", "1,3"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "2/2 cases match numpy on the simulator" in done.stdout

@@ -2057,8 +2057,8 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
   Value ok = arith::ConstantIntOp::create(b, 1, 1);
   for (Operation *op : waits) {
     if (auto wait = dyn_cast<WaitOp>(op)) {
-      ok = arith::AndIOp::create(
-          b, ok, lowerWait(wait, dispatch.getTask(), linear));
+      ok = arith::AndIOp::create(b, ok,
+                                 lowerWait(wait, dispatch.getTask(), linear));
       continue;
     }
     // The prefetch reads what the waits before it guard: only past them.

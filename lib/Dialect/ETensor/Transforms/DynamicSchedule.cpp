@@ -495,8 +495,8 @@ LogicalResult DynamicScheduler::run() {
       }
     // Ranked in-edges never push: they are always waited on here. (An
     // in-edge without a wait was complete when the instance was popped.)
-    for (auto [k, edge] : llvm::enumerate(
-             llvm::zip(task.getInEvents(), task.getInMaps()))) {
+    for (auto [k, edge] :
+         llvm::enumerate(llvm::zip(task.getInEvents(), task.getInMaps()))) {
       auto [event, map] = edge;
       if (earlyPush || task.getTriggerEvent() || isRanked(event))
         WaitOp::create(b, taskLoc, event,

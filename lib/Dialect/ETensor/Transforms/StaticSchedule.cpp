@@ -113,8 +113,8 @@ struct ETensorStaticSchedulePass
       int64_t prefetchAfter = task.getPrefetchAfter().value_or(0);
       if (prefetchAfter == 0)
         callPrefetch(builder, task, callArgs);
-      for (auto [k, edge] : llvm::enumerate(
-               llvm::zip(task.getInEvents(), task.getInMaps()))) {
+      for (auto [k, edge] :
+           llvm::enumerate(llvm::zip(task.getInEvents(), task.getInMaps()))) {
         auto [event, map] = edge;
         WaitOp::create(builder, loc, event,
                        applyEdgeMap(builder, loc,
