@@ -10,7 +10,7 @@ With ``MoEConfig(route="fused")`` (decode) the routing is one hop::
 
     logits(i, j) --scored--> route --planned--> permute(e) ...
 
-With ``MoEConfig(route="slots")`` (one token) there are no tables and no
+With ``MoEConfig(route="slots")`` (a few tokens) there are no tables and no
 triggers: static grids over the ``T * topk`` slots, each slot's tiles
 reading their expert from ``topk_ids`` (``etc.tiles.gemm.moe_gate_up(
 slots=K)``)::
@@ -118,11 +118,12 @@ _SINGLE = dict(
 #:
 #: * ``single`` (T <= 2): no routing tables (``route="slots"``): static
 #:   grids of (token's k-th expert, column block) tiles on ``decode``'s
-#:   tiles without the ring prefetch, each gate/up tile picking its expert
-#:   from the router logits itself (``slot_logits``): the first weight is
-#:   read two hops after the logits instead of five. The down tiles fill
-#:   their ring's first groups once the top-k is done, before they wait for
-#:   their slot's rows (``Graph.task(prefetch_after=1)``).
+#:   tiles, each gate/up tile picking its expert from the router logits
+#:   itself (``slot_logits``): the first weight is read two hops after the
+#:   logits instead of five. No ring prefetch before the waits (no expert
+#:   is known then): the down tiles fill their ring's first groups once the
+#:   top-k is done, before they wait for their slot's rows
+#:   (``Graph.task(prefetch_after=1)``).
 #: * ``few`` (T 3-5): ``single`` with the experts read from the top-k
 #:   task's ``topk_ids`` (a top-k per tile costs more than the hop once
 #:   each CTA runs several slot tiles).
@@ -183,7 +184,7 @@ PRESET_MIN_CTAS_PER_SM = {"single": 2, "few": 2, "decode": 2, "prefill": 0, "mid
 
 #: The presets by token count for one artifact (:func:`compile_moe`):
 #: ``(largest T, preset)``, increasing, the last without a bound. From the
-#: H200 measurements (``bench/RESULTS.md``, items 91, 95 and 97): ``single``
+#: H200 measurements (``bench/RESULTS.md``, items 91 and 95-99): ``single``
 #: up to T = 2 (17 % ahead of ``decode`` at T = 1, 11 % at 2), ``few`` to
 #: T = 5 (4-8 % ahead of ``decode`` at 3, 4, 5; ``decode`` ahead from 6),
 #: ``decode`` to T = 8 (it and ``mid`` cross between 8 and 16), ``mid`` from
