@@ -27,7 +27,9 @@
 # is single_ids in step slots and slots2, single_sl in auto, unroll and m3, and
 # single_noring in dnpf, whose single_dnring is today's single). Rebuild with
 # those names before rerunning a step.
-# Usage: bash bench/gpu_session24.sh [slots] [slots2] [rings] [auto] [unroll] [m3] [dnpf] [final]
+#   autotime (.device/n24k): BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=auto
+#       BENCH_MOE_SIZES=1,2,4,8 python bench/moe.py --build .device/n24k/moe
+# Usage: bash bench/gpu_session24.sh [slots] [slots2] [rings] [auto] [unroll] [m3] [dnpf] [final] [autotime]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 A=.device/n24a
@@ -38,6 +40,7 @@ E=.device/n24e
 F=.device/n24f
 G=.device/n24g
 I=.device/n24i
+K=.device/n24k
 mkdir -p /tmp/s24
 # Two passes of the fused static kernels CONFIGS (the second in reverse
 # order) at SIZES from DIR/moe, the first one traced when TRACE=1; raw
@@ -98,6 +101,11 @@ for step in ${*:-final}; do
     slot_tests $I "slots or one_artifact" final
     auto_examples $I final
     ab final dec_pf_gu32,single,single_noring,few 1,2,3,4 $I
+    ;;
+  autotime)  # the shipped five-kernel artifact itself, one pass
+    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=auto BENCH_MOE_SIZES=1,2,4,8 \
+      timeout 200 python bench/moe.py --artifacts $K/moe --out "$OUT/autotime.json" 2>&1 \
+      | tee "$OUT/autotime.txt" | grep "T=   "
     ;;
   esac
 done
