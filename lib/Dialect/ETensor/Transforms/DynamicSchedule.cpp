@@ -473,11 +473,7 @@ LogicalResult DynamicScheduler::run() {
     // Casts of the buffers first: nothing may separate the waits and the call.
     SmallVector<Value> callArgs(coords);
     llvm::append_range(callArgs, castArgsToCallee(b, task));
-    // With prefetch_after the prefetch follows the first in-edges' waits
-    // (below): an early-pushed instance is popped before its producers end.
-    int64_t prefetchAfter = task.getPrefetchAfter().value_or(0);
-    if (prefetchAfter == 0)
-      callPrefetch(b, task, callArgs);
+    callPrefetch(b, task, callArgs);
 
     auto outEdges = llvm::zip(task.getOutEvents(), task.getOutMaps());
     // Early push: this instance is dispatched, so the consumers whose last
@@ -495,16 +491,14 @@ LogicalResult DynamicScheduler::run() {
       }
     // Ranked in-edges never push: they are always waited on here. (An
     // in-edge without a wait was complete when the instance was popped.)
-    for (auto [k, edge] :
-         llvm::enumerate(llvm::zip(task.getInEvents(), task.getInMaps()))) {
-      auto [event, map] = edge;
-      if (earlyPush || task.getTriggerEvent() || isRanked(event))
-        WaitOp::create(b, taskLoc, event,
-                       applyMap(taskLoc, cast<AffineMapAttr>(map).getValue(),
-                                coords, task));
-      if (static_cast<int64_t>(k) + 1 == prefetchAfter)
-        callPrefetch(b, task, callArgs);
-    }
+    // With prefetch_after the prefetch follows the first in-edges' waits:
+    // an early-pushed instance is popped before its producers end.
+    forEachInEdgeWithPrefetch(
+        b, task, callArgs, [&](Value event, AffineMap map) {
+          if (earlyPush || task.getTriggerEvent() || isRanked(event))
+            WaitOp::create(b, taskLoc, event,
+                           applyMap(taskLoc, map, coords, task));
+        });
 
     func::CallOp::create(b, taskLoc, task.getCallee(), TypeRange(), callArgs);
 

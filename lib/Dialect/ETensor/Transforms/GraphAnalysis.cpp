@@ -203,11 +203,23 @@ SmallVector<Value> mlir::etensor::castArgsToCallee(OpBuilder &builder,
 }
 
 void mlir::etensor::callPrefetch(OpBuilder &builder, TaskOp task,
-                                 ValueRange callArgs) {
+                                 ValueRange callArgs, int64_t afterWaits) {
   FlatSymbolRefAttr prefetch = task.getPrefetchAttr();
-  if (!prefetch)
+  if (!prefetch || task.getPrefetchAfter().value_or(0) != afterWaits)
     return;
   auto call = func::CallOp::create(builder, task.getLoc(), prefetch,
                                    TypeRange(), callArgs);
   call->setAttr(kPrefetchAttrName, builder.getUnitAttr());
+}
+
+void mlir::etensor::forEachInEdgeWithPrefetch(
+    OpBuilder &builder, TaskOp task, ValueRange callArgs,
+    llvm::function_ref<void(Value event, AffineMap map)> inEdge) {
+  // A prefetch after in-edges may read what their producers wrote.
+  for (auto [k, edge] :
+       llvm::enumerate(llvm::zip(task.getInEvents(), task.getInMaps()))) {
+    auto [event, map] = edge;
+    inEdge(event, cast<AffineMapAttr>(map).getValue());
+    callPrefetch(builder, task, callArgs, static_cast<int64_t>(k) + 1);
+  }
 }

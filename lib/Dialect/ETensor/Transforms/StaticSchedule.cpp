@@ -108,21 +108,13 @@ struct ETensorStaticSchedulePass
       // call.
       SmallVector<Value> callArgs(coords);
       llvm::append_range(callArgs, castArgsToCallee(builder, task));
-      // The prefetch leads the waits, or follows the first prefetch_after
-      // of them (it reads what their producers wrote).
-      int64_t prefetchAfter = task.getPrefetchAfter().value_or(0);
-      if (prefetchAfter == 0)
-        callPrefetch(builder, task, callArgs);
-      for (auto [k, edge] :
-           llvm::enumerate(llvm::zip(task.getInEvents(), task.getInMaps()))) {
-        auto [event, map] = edge;
-        WaitOp::create(builder, loc, event,
-                       applyEdgeMap(builder, loc,
-                                    cast<AffineMapAttr>(map).getValue(), coords,
-                                    task));
-        if (static_cast<int64_t>(k) + 1 == prefetchAfter)
-          callPrefetch(builder, task, callArgs);
-      }
+      // The prefetch before the waits, or after the first prefetch_after.
+      callPrefetch(builder, task, callArgs);
+      forEachInEdgeWithPrefetch(
+          builder, task, callArgs, [&](Value event, AffineMap map) {
+            WaitOp::create(builder, loc, event,
+                           applyEdgeMap(builder, loc, map, coords, task));
+          });
       func::CallOp::create(builder, loc, task.getCallee(), TypeRange(),
                            callArgs);
       for (auto [event, map] :

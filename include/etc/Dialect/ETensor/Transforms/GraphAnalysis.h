@@ -30,8 +30,19 @@ bool isLoopCarried(AffineMap map);
 /// to the parameter type where the task passes a more static one.
 SmallVector<Value> castArgsToCallee(OpBuilder &builder, TaskOp task);
 
-/// Calls the task's `prefetch` function, if it has one, with `callArgs`.
-void callPrefetch(OpBuilder &builder, TaskOp task, ValueRange callArgs);
+/// Calls the task's `prefetch` function, if it has one, with `callArgs`,
+/// when `afterWaits` is its place: the number of in-edge waits before it
+/// (its `prefetch_after`, 0 by default).
+void callPrefetch(OpBuilder &builder, TaskOp task, ValueRange callArgs,
+                  int64_t afterWaits = 0);
+
+/// Visits the task's in-edges in order (`inEdge(event, map)`, which may
+/// emit a wait), calling a prefetch placed after the first `prefetch_after`
+/// of them there (one placed before them is the caller's:
+/// `callPrefetch(..., 0)`).
+void forEachInEdgeWithPrefetch(
+    OpBuilder &builder, TaskOp task, ValueRange callArgs,
+    llvm::function_ref<void(Value event, AffineMap map)> inEdge);
 
 struct EdgeRef {
   static constexpr unsigned kTriggerEdge = ~0u;
