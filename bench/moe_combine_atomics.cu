@@ -27,15 +27,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(x)                                                               \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__,                   \
-                   cudaGetErrorString(e));                                     \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "cuda_timing.h"
 
 constexpr int H = 2048, K = 8, E = 128, CHUNKS = H / 8;
 
@@ -131,26 +123,6 @@ __global__ void cast_f32(const float4 *Out32, uint4 *Out, int T) {
     o.w = *reinterpret_cast<unsigned *>(&p3);
     Out[q] = o;
   }
-}
-
-template <class F> float median_us(F launch) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i)
-    launch();
-  std::vector<float> ts;
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    ts.push_back(ms * 1000);
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
 }
 
 int main() {

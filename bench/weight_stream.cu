@@ -15,8 +15,9 @@
 // A stage is consumed after a CTA barrier, as the tiles do (no arithmetic).
 // R = 64 (192 tiles, the slot preset's), 48 (256) and 32 (384); S = 4, 6;
 // grid = min(tiles, 2 x SMs), tiles dealt round robin. Reported: kernel
-// time (CUDA events, median of 30 after 5 warm-ups) and TB/s, next to a
-// device-to-device copy of 1 GiB (read + write bytes).
+// time (median_us of cuda_timing.h: CUDA events, median of 30 after 5
+// warm-ups) and TB/s, next to a device-to-device copy of 1 GiB (read +
+// write bytes), timed the same way.
 //
 // Build and run (H200): nvcc -O3 -arch=sm_90a bench/weight_stream.cu -o /tmp/ws
 // && /tmp/ws
@@ -27,15 +28,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                               \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__,                   \
-                   cudaGetErrorString(e));                                     \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "cuda_timing.h"
 
 constexpr int ROWS = 8 * 1536;       // weight rows
 constexpr int ROW16 = 2048 * 2 / 16; // 16-byte vectors per row
@@ -96,23 +89,10 @@ float run(const uint4 *w, int rows, int blocked, unsigned *sink, int sms) {
   CHECK(cudaFuncSetAttribute(stream<S>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < 35; ++i) {
-    CHECK(cudaEventRecord(a));
-    stream<S><<<grid, 256, smem>>>(w, rows, tiles, blocked, sink);
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    if (i >= 5)
-      ms.push_back(t);
-  }
+  float us = median_us(
+      [&] { stream<S><<<grid, 256, smem>>>(w, rows, tiles, blocked, sink); });
   CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e3f; // µs
+  return us;
 }
 
 int main() {
@@ -129,23 +109,10 @@ int main() {
   void *x, *y;
   CHECK(cudaMalloc(&x, big));
   CHECK(cudaMalloc(&y, big));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < 15; ++i) {
-    CHECK(cudaEventRecord(a));
-    CHECK(cudaMemcpy(y, x, big, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    if (i >= 3)
-      ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  float copy_us = median_us(
+      [&] { CHECK(cudaMemcpy(y, x, big, cudaMemcpyDeviceToDevice)); });
   std::printf("copy bandwidth %.3f TB/s (%d SMs)\n",
-              2.0 * big / (ms[ms.size() / 2] * 1e-3) / 1e12, sms);
+              2.0 * big / (copy_us * 1e-6) / 1e12, sms);
   for (int blocked = 0; blocked < 2; ++blocked)
     for (int rows : {64, 48, 32})
       for (int s : {4, 6}) {

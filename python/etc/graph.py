@@ -492,6 +492,8 @@ class Graph:
                 )
         if isinstance(prefetch_after, bool) or not isinstance(prefetch_after, int):
             raise GraphError(f"{where}: prefetch_after must be an int >= 0, got {prefetch_after!r}")
+        if prefetch_after < 0:
+            raise GraphError(f"{where}: prefetch_after must be >= 0, got {prefetch_after}")
         if prefetch_after and (
             function.prefetch is None or trigger is not None or prefetch_after > len(ins)
         ):
@@ -501,8 +503,6 @@ class Graph:
                 f"(has {function.prefetch!r}), no triggered_by, and at most {len(ins)} "
                 "in-edges"
             )
-        if prefetch_after < 0:
-            raise GraphError(f"{where}: prefetch_after must be >= 0, got {prefetch_after}")
         t = Task(
             name,
             function,

@@ -616,23 +616,20 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
             splits=cfg.router_splits, tokens_from_ids=spare, block_size=bs,
         )  # fmt: skip
     else:
-        tiles |= {
-            "topk": moe_tiles.router_topk(
-                RB, TB, E, K, splits=cfg.router_splits, tokens_from_ids=spare, block_size=bs
-            ),
-            "clear": moe_tiles.clear_counts(E, block_size=bs),
-            "plan": moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs),
-        }
-    if cfg.route == "slots":  # no tables: no counts, no plan
-        del tiles["plan"], tiles["clear"]
+        # Slot grids keep no tables: no counts, no clear, no plan.
+        slots = cfg.route == "slots"
         tiles["topk"] = moe_tiles.router_topk(
-            RB, TB, E, K, splits=cfg.router_splits, tokens_from_ids=spare, counts=False,
+            RB, TB, E, K, splits=cfg.router_splits, tokens_from_ids=spare, counts=not slots,
             block_size=bs,
         )  # fmt: skip
-    elif cfg.gather:
-        tiles["release"] = moe_tiles.release(E, block_size=bs)
-    else:
-        tiles["permute"] = moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs)
+        if not slots:
+            tiles["clear"] = moe_tiles.clear_counts(E, block_size=bs)
+            tiles["plan"] = moe_tiles.plan(cfg.block_m, cfg.n_gu, cfg.n_dn, E, K, block_size=bs)
+    if cfg.route != "slots":  # the task between the tables and the gate/up tiles
+        if cfg.gather:
+            tiles["release"] = moe_tiles.release(E, block_size=bs)
+        else:
+            tiles["permute"] = moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs)
     return tiles
 
 
@@ -1212,7 +1209,11 @@ def run_tile_references(
     a = {k: np.array(v, copy=True) for k, v in arrays.items()}
     tiles = _small_tiles(cfg)
     if gemm_tiles is None and cfg.route == "slots":
-        gu_ref, dn_ref = (f.reference for f in _gemm_tiles(cfg, None))
+        gu_ref = _mma.slot_reference(
+            "gate_up", cfg.block_n_gu, cfg.inter, cfg.topk,
+            cfg.router_splits if cfg.slot_logits else 0,
+        )  # fmt: skip
+        dn_ref = _mma.slot_reference("down", cfg.block_n_dn, cfg.inter, cfg.topk)
     elif gemm_tiles is None:
         gu_ref = gate_up_reference(
             cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter,
@@ -1242,7 +1243,7 @@ def run_tile_references(
         for i in range(-(-T // RB)):
             for j in range(RB // TB):
                 tiles["topk"].reference(i, j, *(a[n] for n in _topk_args(cfg)))
-    if cfg.route == "slots":
+    if cfg.route == "slots":  # static (slot, column block) grids
         for ref, names, columns in (
             (gu_ref, _slot_gate_up_args(cfg), cfg.n_gu),
             (dn_ref, _SLOT_DOWN_ARGS, cfg.n_dn),
@@ -1250,24 +1251,21 @@ def run_tile_references(
             for s in range(T * cfg.topk):
                 for j in range(columns):
                     ref(s, j, *(a[n] for n in names))
-        last, last_args = _last_task(cfg)
-        for i in range(-(-T // cfg.combine_block)):
-            tiles[last].reference(i, *(a[n] for n in last_args))
-        return a
-    if cfg.route != "fused":
-        for i in range(moe_tiles.plan_grid(T, cfg.topk)):
-            tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
-    release, release_args = _release_task(cfg)
-    for e in range(E):
-        tiles[release].reference(e, *(a[n] for n in release_args))
-    gu_args = [a[n] for n in _gate_up_args(cfg)]
-    for e in range(E):
-        for i in range(int(a["gu_indptr"][e]), int(a["gu_indptr"][e + 1])):
-            gu_ref(i, e, *gu_args)
-    dn_args = [a[n] for n in _down_args(cfg)]
-    for e in range(E):
-        for i in range(int(a["dn_indptr"][e]), int(a["dn_indptr"][e + 1])):
-            dn_ref(i, e, *dn_args)
+    else:
+        if cfg.route != "fused":
+            for i in range(moe_tiles.plan_grid(T, cfg.topk)):
+                tiles["plan"].reference(i, *(a[n] for n in _PLAN_ARGS))
+        release, release_args = _release_task(cfg)
+        for e in range(E):
+            tiles[release].reference(e, *(a[n] for n in release_args))
+        gu_args = [a[n] for n in _gate_up_args(cfg)]
+        for e in range(E):
+            for i in range(int(a["gu_indptr"][e]), int(a["gu_indptr"][e + 1])):
+                gu_ref(i, e, *gu_args)
+        dn_args = [a[n] for n in _down_args(cfg)]
+        for e in range(E):
+            for i in range(int(a["dn_indptr"][e]), int(a["dn_indptr"][e + 1])):
+                dn_ref(i, e, *dn_args)
     last, last_args = _last_task(cfg)
     for i in range(-(-T // cfg.combine_block)):
         tiles[last].reference(i, *(a[n] for n in last_args))

@@ -272,11 +272,7 @@ def gate_up_reference(
         else:
             perm, Hb = rest
             a = Xp[perm[rs] // gather_topk]
-        g = bf16_matmul(a, Wgu[e, cs])
-        u = bf16_matmul(a, Wgu[e, cs.start + inter : cs.stop + inter])
-        with np.errstate(over="ignore"):
-            h = g / (np.float32(1) + np.exp(-g)) * u
-        Hb[rs, cs] = f32_to_bf16(h.astype(np.float32))
+        Hb[rs, cs] = f32_to_bf16(swiglu_rows(a, Wgu[e], cs, inter))
 
     return reference
 
@@ -303,6 +299,15 @@ def down_reference(
     return reference
 
 
+def swiglu_rows(a: np.ndarray, w: np.ndarray, cs: slice, inter: int) -> np.ndarray:
+    """``silu(a @ Wg^T) * (a @ Wu^T)`` in float32 for the columns ``cs`` of
+    one expert's ``w`` (gate rows, then the up rows ``inter`` further)."""
+    g = bf16_matmul(a, w[cs])
+    u = bf16_matmul(a, w[cs.start + inter : cs.stop + inter])
+    with np.errstate(over="ignore"):
+        return (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
+
+
 def slot_reference(
     kind: str, block_n: int, inter: int, slots: int, logit_parts: int = 0
 ) -> Callable[..., None]:
@@ -326,13 +331,7 @@ def slot_reference(
             e = int(table[token, kth])
         a = A[row : row + 1]
         cs = slice(j * block_n, (j + 1) * block_n)
-        if kind == "gate_up":
-            g = bf16_matmul(a, W[e, cs])
-            u = bf16_matmul(a, W[e, cs.start + inter : cs.stop + inter])
-            with np.errstate(over="ignore"):
-                y = g / (np.float32(1) + np.exp(-g)) * u
-        else:
-            y = bf16_matmul(a, W[e, cs])
+        y = swiglu_rows(a, W[e], cs, inter) if kind == "gate_up" else bf16_matmul(a, W[e, cs])
         out[s : s + 1, cs] = f32_to_bf16(y.astype(np.float32))
 
     return reference

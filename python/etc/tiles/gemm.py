@@ -960,13 +960,14 @@ def _moe_source(
     return source
 
 
-def _moe_loop_options(name: str, stages: int, rotate_k: bool, a_ahead: int) -> dict:
+def _moe_loop_options(name: str, stages: int, rotate_k: bool, a_ahead: int, by: str = "%i") -> dict:
     """``_body``'s ``rotate`` and ``a_ahead`` for an expert tile: ``rotate_k``
     starts tile ``i``'s k loop at chunk group ``i mod groups`` (the tiles of
     one expert read the same activation rows: as :func:`layer_gemm`'s
-    ``rotate_k``, they then stop reading the same lines at once)."""
+    ``rotate_k``, they then stop reading the same lines at once); ``by``
+    names the tile index (a slot tile's column block ``%j``)."""
     _check_a_ahead(name, a_ahead, stages)
-    return {"rotate": "%i" if rotate_k else None, "a_ahead": a_ahead}
+    return {"rotate": by if rotate_k else None, "a_ahead": a_ahead}
 
 
 def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = False) -> None:
@@ -1178,9 +1179,7 @@ def _moe_slot_tile(
     k, n = (hidden, inter) if gate else (inter, hidden)
     per_n = 2 if gate else 1
     wm, wn, nf = plan["wm"], plan["wn"], plan["nf"]
-    ids_t = f"memref<?x{slots}xi32>"
-    if from_logits:
-        ids_t = f"memref<?x{ed}xf32>"
+    ids_t = f"memref<?x{ed}xf32>" if from_logits else f"memref<?x{slots}xi32>"
     table = "%L" if from_logits else "%topk_ids"
     if gate:
         at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
@@ -1223,12 +1222,11 @@ def _moe_slot_tile(
         name=name, k=k, block_size=options["block_size"], wm=wm, wn=wn, wk=plan["wk"],
         unroll=plan["unroll"], prefetch=plan["prefetch"], stages=plan["stages"], mf=plan["mf"],
         nf=nf, a=a, nb=per_n * nf, early=early,
-        **_moe_loop_options(name, plan["stages"], options["rotate_k"], options["a_ahead"]),
+        **_moe_loop_options(name, plan["stages"], options["rotate_k"], options["a_ahead"], "%j"),
     )  # fmt: skip
-    body["rotate"] = "%j" if options["rotate_k"] else None
     source = _moe_source(name, signature, what, tile, body, early)
     if l2:
-        source += _slot_weight_prefetch(name, signature, wt, w, block_n, n, k, per_n, slots, ed)
+        source += _slot_weight_prefetch(name, signature, wt, w, block_n, n, k, per_n, slots)
     reference = _mma.slot_reference(kind, block_n, inter, slots, from_logits)
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=options["block_size"])
     fn.prefetch_fills_shared = bool(early)
@@ -1237,7 +1235,7 @@ def _moe_slot_tile(
 
 def _slot_weight_prefetch(
     name: str, signature: str, wt: str, w: str, block_n: int, n: int, k: int, per_n: int,
-    slots: int, experts: str,
+    slots: int,
 ) -> str:  # fmt: skip
     """``@<name>__prefetch`` of a slot tile: thread 0 asks the L2 for the
     tile's weight rows of expert ``topk_ids[s // K, s % K]`` (clamped to
