@@ -42,20 +42,8 @@ G=.device/n24g
 I=.device/n24i
 K=.device/n24k
 mkdir -p /tmp/s24
-# Two passes of the fused static kernels CONFIGS (the second in reverse
-# order) at SIZES from DIR/moe, the first one traced when TRACE=1; raw
-# results NAME{1,2}.json and the trace tables NAME_trace.txt into $OUT.
-ab() {
-  local name=$1 cfgs=$2 sizes=$3 dir=$4 trace=${5:-0} pass order
-  for pass in 1 2; do
-    order=$cfgs; [ $pass = 2 ] && order=$(echo $cfgs | tr , '\n' | tac | paste -sd,)
-    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$order BENCH_MOE_SIZES=$sizes \
-      timeout 280 python bench/moe.py --artifacts $dir/moe --out "/tmp/s24/$name$pass.json" \
-      $([ $pass = 1 ] && [ $trace = 1 ] && echo --trace) 2>&1 | tee -a "$OUT/$name.txt" | grep "occ.*GPU"
-  done
-  cp /tmp/s24/${name}1.json /tmp/s24/${name}2.json "$OUT/"
-  [ $trace = 1 ] && cp /tmp/s24/moe_trace.txt "$OUT/${name}_trace.txt"
-}
+export AB_TMP=/tmp/s24
+ab() { moe_ab "$@"; }
 slot_tests() {  # the slot layers' GPU tests (and the bucketed artifact's) from $1/arts
   ETC_ARTIFACTS=$1/arts timeout 250 python -m pytest -q -rs test/gpu/test_moe_gpu.py -k "$2" 2>&1 \
     | tail -3 | tee "$OUT/tests_$3.txt"

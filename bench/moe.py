@@ -322,6 +322,22 @@ CONFIGS = {
     "single_gu16_dn32_m3": {**_SINGLE0, "block_n_gu": 16, "block_n_dn": 32},
 }  # fmt: skip
 CONFIGS["pre_short_tk"] = {**CONFIGS["pre_short"], "gemm_deal": "ticket"}
+
+
+def _chunked(config: dict, chunk: int) -> dict:
+    """``config`` with both expert weights in the chunked layout
+    (``weight_chunk``: a k step of an 8-row fragment reads one contiguous
+    piece instead of 8 rows 4 KB apart; bench/weight_stream.cu)."""
+    return {
+        **config,
+        "gate_up_options": (*config["gate_up_options"], ("weight_chunk", chunk)),
+        "down_options": (*config["down_options"], ("weight_chunk", chunk)),
+    }
+
+
+for _key in ("single", "few", "dec_pf_gu32"):
+    CONFIGS[f"{_key}_ch64"] = _chunked(CONFIGS[_key], 64)
+    CONFIGS[f"{_key}_ch128"] = _chunked(CONFIGS[_key], 128)
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
 # per range of T); its buffers are the prefill member's (4 logits rows a token).
 AUTO = "auto"
@@ -416,6 +432,11 @@ OCCUPANCY = {
     "few": M.PRESET_MIN_CTAS_PER_SM["few"],
     "single_gu16_m3": 3,
     "single_gu16_dn32_m3": 3,
+    **{
+        f"{k}_ch{c}": M.PRESET_MIN_CTAS_PER_SM["single"]
+        for k in ("single", "few", "dec_pf_gu32")
+        for c in (64, 128)
+    },
     "pre128x2": 2,
     "pre64x2": 2,
 }
@@ -648,7 +669,8 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             for n, (s, d) in shapes.items()
             if n not in ("X", "Wr", "Wgu", "Wd")
         }
-        bufs = [{**scratch, **W, "X": x} for x in xs]
+        laid_out = M.kernel_weights(cfg, W)  # the layout the configuration's tiles read
+        bufs = [{**scratch, **laid_out, "X": x} for x in xs]
         schedules = ("static",) if LEAN else ("static", "dynamic")
         variants = [(key, s) for s in schedules]
         if key in OCCUPANCY:

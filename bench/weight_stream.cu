@@ -11,7 +11,10 @@
 //   rows    : the nn.Linear layout the tiles read: a stage is R pieces of
 //             128 bytes, 4 KB apart;
 //   blocked : the same tile's bytes laid out stage by stage: a stage is
-//             R * 128 contiguous bytes.
+//             R * 128 contiguous bytes;
+//   chunk8  : etc.tiles.gemm's weight_chunk=64 layout (8-row groups, each
+//             group's k chunks of 64 elements row after row): a stage is
+//             R / 8 pieces of 1 KB, 32 KB apart.
 // A stage is consumed after a CTA barrier, as the tiles do (no arithmetic).
 // R = 64 (192 tiles, the slot preset's), 48 (256) and 32 (384); S = 4, 6;
 // grid = min(tiles, 2 x SMs), tiles dealt round robin. Reported: kernel
@@ -47,7 +50,7 @@ template <int N> __device__ __forceinline__ void wait_group() {
 
 template <int S>
 __global__ void __launch_bounds__(256, 2)
-    stream(const uint4 *w, int rows, int tiles, int blocked, unsigned *sink) {
+    stream(const uint4 *w, int rows, int tiles, int layout, unsigned *sink) {
   extern __shared__ uint4 ring[];
   const int per_stage = rows * STAGE16;
   const int chunks = ROW16 / STAGE16;
@@ -58,8 +61,11 @@ __global__ void __launch_bounds__(256, 2)
       uint4 *slot = ring + (c % S) * per_stage;
       for (int q = threadIdx.x; q < per_stage; q += blockDim.x) {
         int r = q / STAGE16, v = q % STAGE16;
-        size_t off = blocked ? static_cast<size_t>(c) * per_stage + q
-                             : static_cast<size_t>(r) * ROW16 + c * STAGE16 + v;
+        size_t off = layout == 1 ? static_cast<size_t>(c) * per_stage + q
+                     : layout == 2
+                         ? static_cast<size_t>(r / 8) * 8 * ROW16 +
+                               c * 8 * STAGE16 + (r % 8) * STAGE16 + v
+                         : static_cast<size_t>(r) * ROW16 + c * STAGE16 + v;
         cp_async16(slot + q, base + off);
       }
       commit();
@@ -82,7 +88,7 @@ __global__ void __launch_bounds__(256, 2)
 }
 
 template <int S>
-float run(const uint4 *w, int rows, int blocked, unsigned *sink, int sms) {
+float run(const uint4 *w, int rows, int layout, unsigned *sink, int sms) {
   int tiles = ROWS / rows;
   int grid = std::min(tiles, 2 * sms);
   size_t smem = static_cast<size_t>(S) * rows * STAGE16 * sizeof(uint4);
@@ -90,7 +96,7 @@ float run(const uint4 *w, int rows, int blocked, unsigned *sink, int sms) {
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)));
   float us = median_us(
-      [&] { stream<S><<<grid, 256, smem>>>(w, rows, tiles, blocked, sink); });
+      [&] { stream<S><<<grid, 256, smem>>>(w, rows, tiles, layout, sink); });
   CHECK(cudaGetLastError());
   return us;
 }
@@ -113,13 +119,14 @@ int main() {
       [&] { CHECK(cudaMemcpy(y, x, big, cudaMemcpyDeviceToDevice)); });
   std::printf("copy bandwidth %.3f TB/s (%d SMs)\n",
               2.0 * big / (copy_us * 1e-6) / 1e12, sms);
-  for (int blocked = 0; blocked < 2; ++blocked)
+  const char *names[] = {"rows", "blocked", "chunk8"};
+  for (int layout = 0; layout < 3; ++layout)
     for (int rows : {64, 48, 32})
       for (int s : {4, 6}) {
-        float us = s == 4 ? run<4>(w, rows, blocked, sink, sms)
-                          : run<6>(w, rows, blocked, sink, sms);
+        float us = s == 4 ? run<4>(w, rows, layout, sink, sms)
+                          : run<6>(w, rows, layout, sink, sms);
         std::printf("%-7s R=%2d S=%d tiles=%3d: %7.2f us, %.3f TB/s\n",
-                    blocked ? "blocked" : "rows", rows, s, ROWS / rows, us,
+                    names[layout], rows, s, ROWS / rows, us,
                     bytes / (us * 1e-6) / 1e12);
       }
   return 0;

@@ -209,6 +209,24 @@ MOE_SMALL_TMA_SHORT = dataclasses.replace(
     down_options=(*MOE_SMALL_TMA.down_options, ("short_blocks", True)),
 )
 
+
+def _chunked(cfg, gate_up: int = 64, down: int = 32):
+    """``cfg`` with its expert weights in the chunked layout
+    (``weight_chunk``: 64-wide k chunks for gate/up, 32 for down)."""
+    return dataclasses.replace(
+        cfg,
+        gate_up_options=(*cfg.gate_up_options, ("weight_chunk", gate_up)),
+        down_options=(*cfg.down_options, ("weight_chunk", down)),
+    )
+
+
+#: Chunked weights through the register loop (MOE_SMALL), the ring and its
+#: fill before the waits (MOE_SMALL_RING_PREFETCH) and the slot tiles' rings
+#: (MOE_SMALL_SLOTS_RING).
+MOE_SMALL_CHUNK = _chunked(MOE_SMALL)
+MOE_SMALL_RINGPF_CHUNK = _chunked(MOE_SMALL_RING_PREFETCH)
+MOE_SMALL_SLOTS_CHUNK = _chunked(MOE_SMALL_SLOTS_RING)
+
 MOE_GRAPH_OPTIONS = {"_route_unguarded": {"gate_up_waits_tables": False}}
 #: Sizes at which every MoE preset's tiles work (``compile_moe``'s GPU test).
 MOE_FAMILY_SIZES = {"hidden": 512, "inter": 512, "experts": 16, "topk": 2}

@@ -50,15 +50,18 @@ from graphs import (  # noqa: E402
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
     MOE_SMALL_ATOMIC16,
+    MOE_SMALL_CHUNK,
     MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
+    MOE_SMALL_RINGPF_CHUNK,
     MOE_SMALL_ROUTE,
     MOE_SMALL_ROUTE_ATOMIC,
     MOE_SMALL_ROUTE_ATOMIC16,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_CHUNK,
     MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
     MOE_SMALL_SLOTS_RING,
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         ("route_unguarded", MOE_SMALL_ROUTE), ("ticket", MOE_SMALL_TICKET),
         ("slots", MOE_SMALL_SLOTS), ("slots_logits", MOE_SMALL_SLOTS_LOGITS),
         ("slots_l2", MOE_SMALL_SLOTS_L2), ("slots_ring", MOE_SMALL_SLOTS_RING),
+        ("chunk", MOE_SMALL_CHUNK), ("ringpf_chunk", MOE_SMALL_RINGPF_CHUNK),
+        ("slots_chunk", MOE_SMALL_SLOTS_CHUNK),
     ):  # fmt: skip
         moe_ring = moe.build_moe_graph(
             cfg, name=f"moe_small_{tiles}", **MOE_GRAPH_OPTIONS.get(f"_{tiles}", {})

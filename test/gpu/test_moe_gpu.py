@@ -26,15 +26,18 @@ from graphs import (  # noqa: E402
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
     MOE_SMALL_ATOMIC16,
+    MOE_SMALL_CHUNK,
     MOE_SMALL_GATHER,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
+    MOE_SMALL_RINGPF_CHUNK,
     MOE_SMALL_ROUTE,
     MOE_SMALL_ROUTE_ATOMIC,
     MOE_SMALL_ROUTE_ATOMIC16,
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_CHUNK,
     MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
     MOE_SMALL_SLOTS_RING,
@@ -59,7 +62,7 @@ pytestmark = [
         "", "_tma", "_ring", "_ringpf", "_split", "_sub", "_route", "_route_tma",
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
         "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short", "_slots",
-        "_slots_logits", "_slots_l2", "_slots_ring",
+        "_slots_logits", "_slots_l2", "_slots_ring", "_chunk", "_ringpf_chunk", "_slots_chunk",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -88,6 +91,9 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_slots_logits": MOE_SMALL_SLOTS_LOGITS,
         "_slots_l2": MOE_SMALL_SLOTS_L2,
         "_slots_ring": MOE_SMALL_SLOTS_RING,
+        "_chunk": MOE_SMALL_CHUNK,
+        "_ringpf_chunk": MOE_SMALL_RINGPF_CHUNK,
+        "_slots_chunk": MOE_SMALL_SLOTS_CHUNK,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")

@@ -69,9 +69,10 @@ def check_gemm_simulated(name, tile, bm, bn, k, a_rows, b_rows):
     assert rel_err(bf16_to_f32(out["C"]), want) <= 1e-2
 
 
-def check_moe_references(G, block_m, counts, bn_gu, bn_dn):
+def check_moe_references(G, block_m, counts, bn_gu, bn_dn, weight_chunk=0):
     """``G.moe_gate_up`` / ``G.moe_down`` references over every instance
-    (and some past the end) against the per-expert SwiGLU MLP."""
+    (and some past the end) against the per-expert SwiGLU MLP; with
+    ``weight_chunk`` the tiles take their weights in that layout."""
     rng = np.random.default_rng(block_m)
     rows = sum(counts)
     Xp = rand_bf16(rng, rows, H)
@@ -79,17 +80,19 @@ def check_moe_references(G, block_m, counts, bn_gu, bn_dn):
     Wd = rand_bf16(rng, E, H, I, scale=0.1)
     row_off, gu_indptr = moe_tables(counts, block_m, I // bn_gu)
     _, dn_indptr = moe_tables(counts, block_m, H // bn_dn)
-    gate_up = G.moe_gate_up(block_m, bn_gu, H, I, experts=E)
-    down = G.moe_down(block_m, bn_dn, H, I, experts=E)
+    options = {"weight_chunk": weight_chunk} if weight_chunk else {}
+    gate_up = G.moe_gate_up(block_m, bn_gu, H, I, experts=E, **options)
+    down = G.moe_down(block_m, bn_dn, H, I, experts=E, **options)
+    Wgu_k, Wd_k = (G.chunk_weights(w, weight_chunk) if weight_chunk else w for w in (Wgu, Wd))
     Hb = np.zeros((rows, I), np.uint16)
     Yp = np.zeros((rows, H), np.uint16)
     for e in range(E):
         # Instances outside [indptr[e], indptr[e+1]) do nothing.
         for i in range(int(gu_indptr[-1]) + 2):
-            gate_up.reference(i, e, Xp, Wgu, row_off, gu_indptr, Hb)
+            gate_up.reference(i, e, Xp, Wgu_k, row_off, gu_indptr, Hb)
     for e in range(E):
         for i in range(int(dn_indptr[-1]) + 2):
-            down.reference(i, e, Hb, Wd, row_off, dn_indptr, Yp)
+            down.reference(i, e, Hb, Wd_k, row_off, dn_indptr, Yp)
     x = bf16_to_f32(Xp)
     want_h = np.zeros((rows, I), np.float32)
     want_y = np.zeros((rows, H), np.float32)

@@ -38,8 +38,47 @@ def test_gemm_simulated_graph():
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_moe_references(block_m):
-    check_moe_references(G, block_m, [3, 0, 70, 16], bn_gu=32, bn_dn=64)
+@pytest.mark.parametrize("weight_chunk", [0, 32])
+def test_moe_references(block_m, weight_chunk):
+    check_moe_references(G, block_m, [3, 0, 70, 16], bn_gu=32, bn_dn=64, weight_chunk=weight_chunk)
+
+
+# -- the chunked weight layout --------------------------------------------------
+
+
+def test_chunked_weights_keep_groups_and_put_chunks_together():
+    rng = np.random.default_rng(1)
+    w = rng.integers(0, 1 << 16, (3, 24, 128), dtype=np.uint16)
+    for chunk in (8, 64, 128):
+        c = G.chunk_weights(w, chunk)
+        assert c.shape == w.shape and c.dtype == w.dtype
+        np.testing.assert_array_equal(G.unchunk_weights(c, chunk), w)
+        flat = c.reshape(3, 3, 8 * 128)  # (expert, 8-row group, its elements)
+        for e, g, k in ((0, 0, 0), (2, 1, 128 - chunk), (1, 2, chunk if chunk < 128 else 0)):
+            # Chunk k // chunk of a group: its 8 rows' elements, one row after another.
+            piece = flat[e, g, 8 * k : 8 * (k + chunk)]
+            np.testing.assert_array_equal(piece, w[e, 8 * g : 8 * g + 8, k : k + chunk].ravel())
+        # An 8-aligned row range is the same block of memory in both layouts.
+        assert sorted(c[1, 8:16].ravel()) == sorted(w[1, 8:16].ravel())
+    with pytest.raises(ValueError, match=r"N % 8 == 0.*\(2, 12, 64\)"):
+        G.chunk_weights(np.zeros((2, 12, 64), np.uint16), 32)
+    with pytest.raises(ValueError, match="weight_chunk=24"):
+        G.chunk_weights(np.zeros((16, 64), np.uint16), 24)
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (
+            lambda: G.moe_gate_up(16, 32, 256, 128, weight_chunk=12),
+            ["'moe_gate_up'", "weight_chunk=12"],
+        ),
+        (lambda: G.moe_down(16, 64, 256, 128, weight_chunk=48), ["'moe_down'", "k=128"]),
+        (lambda: G.moe_down(16, 64, 256, 128, weight_chunk=-8), ["'moe_down'", "weight_chunk"]),
+    ],
+)
+def test_weight_chunk_errors_name_the_tile(make, words):
+    check_config_error(make, words)
 
 
 # -- the fragment layout --------------------------------------------------------
@@ -176,7 +215,16 @@ def test_pipeline_option_errors():
 
 @needs_bindings
 @needs_ptxas
-@pytest.mark.parametrize("kw", [{"unroll": 1, "prefetch": 1}, {"unroll": 1, "stages": 3}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"unroll": 1, "prefetch": 1},
+        {"unroll": 1, "stages": 3},
+        {"unroll": 1, "prefetch": 1, "weight_chunk": 32},
+        {"unroll": 1, "stages": 3, "weight_chunk": 64, "rotate_k": True, "prefetch_ring": True},
+        {"unroll": 2, "stages": 2, "weight_chunk": 32, "block_size": 64, "warps": (1, 2, 1)},
+    ],
+)
 def test_moe_pipelined_compiles(kw):
     gu = G.moe_gate_up(16, 16, H, I, experts=E, **kw)
     art = compile_tile(gu, MOE_GU, ("m", E))

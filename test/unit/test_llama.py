@@ -143,20 +143,24 @@ def _silu(x):
 
 
 @pytest.mark.parametrize("epilogue", ["store", "residual", "swiglu"])
-@pytest.mark.parametrize("columns_first", [False, True])
-def test_layer_gemm_reference_against_float64(epilogue, columns_first):
-    from etc.tiles.gemm import layer_gemm
+@pytest.mark.parametrize("columns_first, weight_chunk", [(False, 0), (True, 0), (False, 64)])
+def test_layer_gemm_reference_against_float64(epilogue, columns_first, weight_chunk):
+    from etc.tiles.gemm import chunk_weights, layer_gemm
 
     rng = np.random.default_rng(1)
     n, k, layers, rows, bm, bn = 64, 256, 3, 20, 16, 16
     per = 2 if epilogue == "swiglu" else 1
-    tile = layer_gemm(bm, bn, n, k, layers=layers, epilogue=epilogue, columns_first=columns_first)
+    tile = layer_gemm(
+        bm, bn, n, k, layers=layers, epilogue=epilogue, columns_first=columns_first,
+        weight_chunk=weight_chunk,
+    )  # fmt: skip
     A, W = rand_bf16(rng, rows, k), rand_bf16(rng, layers, per * n, k, scale=0.1)
+    W_in = chunk_weights(W, weight_chunk) if weight_chunk else W  # the layout the tile reads
     C = rand_bf16(rng, rows, n)
     C0 = C.copy()
     for i in range(2):
         for j in range(n // bn):
-            tile.reference(2, *((j, i) if columns_first else (i, j)), A, W, C)
+            tile.reference(2, *((j, i) if columns_first else (i, j)), A, W_in, C)
     a, w = bf16_to_f32(A).astype(np.float64), bf16_to_f32(W[2]).astype(np.float64)
     if epilogue == "swiglu":
         want = _silu(a @ w[:n].T) * (a @ w[n:].T)
@@ -181,18 +185,24 @@ def test_layer_gemm_errors_name_the_tile():
         layer_gemm(16, 16, 64, 256, layers=2, epilogue="gelu", name="p")
     with pytest.raises(etc.GraphError, match="tile 'p'.*does not divide|tile 'p'.*n"):
         layer_gemm(16, 24, 64, 256, layers=2, name="p")
+    with pytest.raises(etc.GraphError, match="tile 'p': weight_chunk=96 needs a multiple of 8 "):
+        layer_gemm(16, 16, 64, 256, layers=2, name="p", weight_chunk=96)
+    with pytest.raises(etc.GraphError, match="tile 'p'.*weight_chunk"):
+        layer_gemm(64, 64, 64, 256, layers=2, name="p", core="tma", weight_chunk=64)
 
 
 @needs_ptxas
 @pytest.mark.parametrize("epilogue", ["store", "residual", "swiglu"])
-def test_layer_gemm_with_prefetch_compiles(epilogue, tmp_path):
+@pytest.mark.parametrize("weight_chunk", [0, 64])
+def test_layer_gemm_with_prefetch_compiles(epilogue, weight_chunk, tmp_path):
     from etc.tiles.gemm import layer_gemm
 
     n, k = 128, 512
     per = 2 if epilogue == "swiglu" else 1
     tile = layer_gemm(
-        16, 16, n, k, layers=2, epilogue=epilogue, prefetch_weights=True, stages=3, unroll=1
-    )
+        16, 16, n, k, layers=2, epilogue=epilogue, prefetch_weights=True, stages=3, unroll=1,
+        weight_chunk=weight_chunk,
+    )  # fmt: skip
     assert tile.prefetch == f"{tile.name}__prefetch"
     art = compile_tile(
         tile,

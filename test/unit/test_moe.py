@@ -15,6 +15,7 @@ import pytest
 import etc
 from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.models import moe as M
+from etc.tiles import gemm as G
 from etc.tiles import moe as T_
 
 # Logits in 4 expert chunks (EC=2: 4 warps per expert), top-k in halves of a router block.
@@ -957,3 +958,54 @@ def test_example_slot_grids_simulate(flags):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "2/2 cases match numpy on the simulator" in done.stdout
+
+
+# ----------------------------------------------------------------------------
+# chunked expert weights (the tiles' weight_chunk option)
+# ----------------------------------------------------------------------------
+def _chunked(cfg, gate_up=64, down=32):
+    return replace(
+        cfg,
+        gate_up_options=(*cfg.gate_up_options, ("weight_chunk", gate_up)),
+        down_options=(*cfg.down_options, ("weight_chunk", down)),
+    )
+
+
+@needs_bindings
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("route", ["slots", "split"])
+def test_chunked_weights_give_the_row_layout_s_bits(schedule, route):
+    """The kernel inputs hold the weights chunked (``kernel_weights``), the
+    tiles' references read them so, and the layer's output is the row
+    layout's bit for bit; the reference layer takes nn.Linear rows."""
+    plain = replace(SLOTS_SMALL, route=route)
+    cfg = _chunked(plain)
+    assert M.weight_chunks(cfg) == {"Wgu": 64, "Wd": 32}
+    assert M.weight_chunks(plain) == {"Wgu": 0, "Wd": 0}
+    for T in (1, 6):
+        _, x, w, ref = case(cfg, T, "uniform", seed=T)
+        arrays = M.numpy_inputs(cfg, x, w)
+        np.testing.assert_array_equal(arrays["Wgu"], G.chunk_weights(w["Wgu"], 64))
+        np.testing.assert_array_equal(arrays["Wd"], G.chunk_weights(w["Wd"], 32))
+        np.testing.assert_array_equal(arrays["Wr"], w["Wr"])
+        out = etc.simulate(M.build_moe_graph(cfg), arrays, {"T": T}, schedule=schedule, seed=T)
+        want = etc.simulate(
+            M.build_moe_graph(plain), M.numpy_inputs(plain, x, w), {"T": T}, schedule=schedule
+        )
+        np.testing.assert_array_equal(out["Out"], want["Out"])
+        assert M.rel_err(out["Out"], ref) <= 1e-2
+        np.testing.assert_array_equal(M.run_tile_references(cfg, arrays)["Out"], out["Out"])
+
+
+def test_one_artifact_refuses_mixed_weight_layouts(monkeypatch):
+    """The kernels of ``compile_moe`` share one set of weights: a chunked
+    decode preset next to a row-layout one is refused, naming them."""
+    monkeypatch.setitem(M.PRESETS, "decode_ch", _chunked(M.preset("decode")).__dict__)
+    with pytest.raises(etc.GraphError, match=r"different layouts.*'decode_ch': \{'Wgu': 64"):
+        M.preset_family(((5, "decode_ch"), (None, "decode")))
+    assert len(M.preset_family(((5, "decode_ch"), (None, "decode_ch")))) == 2
+    # The TMA tiles do not take the option: an unknown option names their tile.
+    with pytest.raises(etc.GraphError, match="unknown option.*weight_chunk"):
+        M.build_moe_graph(replace(M.preset("prefill"), gate_up_options=(
+            *M.PRESETS["prefill"]["gate_up_options"], ("weight_chunk", 64))))  # fmt: skip

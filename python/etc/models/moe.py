@@ -81,6 +81,8 @@ __all__ = [
     "reference_moe_torch",
     "numpy_inputs",
     "torch_inputs",
+    "weight_chunks",
+    "kernel_weights",
     "tensor_shapes",
     "gate_up_reference",
     "down_reference",
@@ -1000,6 +1002,12 @@ def preset_family(
     if not buckets:
         raise GraphError("preset_family: no buckets")
     configs = [(bound, name, preset(name, **overrides)) for bound, name in buckets]
+    layouts = {name: weight_chunks(cfg) for _, name, cfg in configs}
+    if len({tuple(v.items()) for v in layouts.values()}) > 1:
+        raise GraphError(
+            "preset_family: the kernels of one artifact share their weights, but their tiles "
+            f"read them in different layouts (weight_chunk per preset: {layouts})"
+        )
     parts = max(cfg.router_splits for _, _, cfg in configs)
     return [(bound, name, replace(cfg, logits_parts=parts)) for bound, name, cfg in configs]
 
@@ -1208,20 +1216,23 @@ def run_tile_references(
     :func:`numpy_inputs`; returns updated copies."""
     a = {k: np.array(v, copy=True) for k, v in arrays.items()}
     tiles = _small_tiles(cfg)
+    chunks = weight_chunks(cfg)
     if gemm_tiles is None and cfg.route == "slots":
         gu_ref = _mma.slot_reference(
             "gate_up", cfg.block_n_gu, cfg.inter, cfg.topk,
-            cfg.router_splits if cfg.slot_logits else 0,
+            cfg.router_splits if cfg.slot_logits else 0, chunk=chunks["Wgu"],
         )  # fmt: skip
-        dn_ref = _mma.slot_reference("down", cfg.block_n_dn, cfg.inter, cfg.topk)
+        dn_ref = _mma.slot_reference(
+            "down", cfg.block_n_dn, cfg.inter, cfg.topk, chunk=chunks["Wd"]
+        )
     elif gemm_tiles is None:
-        gu_ref = gate_up_reference(
-            cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter,
-            gather_topk=cfg.topk if cfg.gather else None,
+        gu_ref = _mma.gate_up_reference(
+            cfg.block_m, cfg.block_n_gu, cfg.inter,
+            gather_topk=cfg.topk if cfg.gather else None, chunk=chunks["Wgu"],
         )  # fmt: skip
-        dn_ref = down_reference(
-            cfg.block_m, cfg.block_n_dn, cfg.hidden, cfg.inter,
-            combine_topk=cfg.topk if cfg.combine == "atomic" else None,
+        dn_ref = _mma.down_reference(
+            cfg.block_m, cfg.block_n_dn,
+            combine_topk=cfg.topk if cfg.combine == "atomic" else None, chunk=chunks["Wd"],
         )  # fmt: skip
     else:
         gu_ref, dn_ref = (f.reference for f in gemm_tiles)
@@ -1319,18 +1330,42 @@ def random_tokens(cfg: MoEConfig, T: int, seed: int = 0, routing: str = "uniform
     return f32_to_bf16(x)
 
 
+def weight_chunks(cfg: MoEConfig) -> dict[str, int]:
+    """The layout the configuration's expert tiles read ``Wgu`` and ``Wd``
+    in: their ``weight_chunk`` option (0: nn.Linear rows; else
+    :func:`etc.tiles.gemm.chunk_weights`' layout)."""
+    return {
+        "Wgu": int(dict(cfg.gate_up_options).get("weight_chunk", 0)),
+        "Wd": int(dict(cfg.down_options).get("weight_chunk", 0)),
+    }
+
+
+def kernel_weights(cfg: MoEConfig, weights: Mapping[str, Any]) -> dict[str, Any]:
+    """``weights`` (nn.Linear rows, numpy arrays or torch tensors) as the
+    configuration's kernel reads them: ``Wgu``/``Wd`` chunked where its
+    tiles take ``weight_chunk`` (a copy), every other entry as given. The
+    references (:func:`reference_moe`) take the weights as given here."""
+    out = dict(weights)
+    for name, chunk in weight_chunks(cfg).items():
+        if chunk and name in out:
+            out[name] = _mma.chunk_weights(out[name], chunk)
+    return out
+
+
 def numpy_inputs(
     cfg: MoEConfig, x: np.ndarray, weights: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Every graph tensor for ``x`` (bf16 bits, (T, H)): inputs copied,
+    """Every graph tensor for ``x`` (bf16 bits, (T, H)): inputs copied (the
+    weights in the layout the kernel reads, :func:`kernel_weights`),
     intermediates and the output zeroed, with their dtypes (bf16 as uint16)."""
     T = x.shape[0]
     arrays = {}
     for name, (shape, dt) in tensor_shapes(cfg, T).items():
         arrays[name] = np.zeros(shape, dtype(dt).numpy)
     arrays["X"][...] = x
-    for k in ("Wr", "Wgu", "Wd"):
-        arrays[k][...] = weights[k]
+    laid_out = kernel_weights(cfg, {k: weights[k] for k in ("Wr", "Wgu", "Wd")})
+    for k, value in laid_out.items():
+        arrays[k][...] = value
     return arrays
 
 
@@ -1339,13 +1374,14 @@ def torch_inputs(
 ) -> dict[str, Any]:
     """Every graph tensor on ``device`` (torch; bf16 as torch.bfloat16),
     intermediates zeroed. ``weights``: numpy bf16 bits or torch tensors for
-    any of X, Wr, Wgu, Wd (else left zero)."""
+    any of X, Wr, Wgu, Wd (else left zero), nn.Linear rows (laid out as the
+    kernel reads them: :func:`kernel_weights`)."""
     import torch
 
     out = {}
     for name, (shape, dt) in tensor_shapes(cfg, T).items():
         out[name] = torch.zeros(shape, dtype=torch_dtype(dt), device=device)
-    for name, value in (weights or {}).items():
+    for name, value in kernel_weights(cfg, weights or {}).items():
         if isinstance(value, np.ndarray):
             if value.dtype == np.uint16:
                 value = torch.from_numpy(value.astype(np.int16)).view(torch.bfloat16)

@@ -32,6 +32,58 @@ def check_divisible(name: str, block_n: int, n_total: int, what: str) -> None:
         raise GraphError(f"tile '{name}': {what}={n_total} is not divisible by block_n={block_n}")
 
 
+# -- the chunked weight layout ------------------------------------------------
+#
+# ``weight_chunk=C`` tiles read ``W[..., N, K]`` stored as 8-row groups whose
+# ``K`` columns come in chunks of ``C`` elements, each chunk holding the
+# group's 8 rows one after another (``8 * C`` contiguous elements). A k step
+# of a warp's 8-row mma fragment then reads one contiguous piece (1 KB for
+# C = 64) instead of 8 pieces a row (``2K`` bytes) apart, and every group
+# keeps its element range: an 8-aligned row range (an expert, a column
+# block) is the same contiguous block in both layouts.
+
+
+def check_weight_chunk(name: str, chunk: int, k: int, rows: int) -> int:
+    """``chunk`` (0: nn.Linear rows), after checking that it splits the
+    weights' ``k`` into whole 16-byte vectors and ``rows`` into 8-row groups."""
+    _text.non_negative(name, weight_chunk=chunk)
+    if chunk and (chunk % 8 or k % chunk or rows % 8):
+        raise GraphError(
+            f"tile '{name}': weight_chunk={chunk} needs a multiple of 8 dividing k={k} "
+            f"and weight rows in groups of 8 (rows={rows})"
+        )
+    return chunk
+
+
+def _regroup(w: Any, chunk: int, to_chunks: bool) -> Any:
+    *lead, n, k = w.shape
+    if n % 8 or chunk <= 0 or chunk % 8 or k % chunk:
+        raise ValueError(
+            f"weight_chunk={chunk} needs weights (..., N, K) with N % 8 == 0 and K a multiple "
+            f"of the chunk, itself a multiple of 8; got shape {tuple(w.shape)}"
+        )
+    if to_chunks:
+        return w.reshape(*lead, n // 8, 8, k // chunk, chunk).swapaxes(-3, -2).reshape(w.shape)
+    return w.reshape(*lead, n // 8, k // chunk, 8, chunk).swapaxes(-3, -2).reshape(w.shape)
+
+
+def chunk_weights(w: Any, chunk: int) -> Any:
+    """``w[..., N, K]`` (numpy array or torch tensor, nn.Linear rows) in the
+    layout that tiles with ``weight_chunk=chunk`` read (a copy)."""
+    return _regroup(w, chunk, True)
+
+
+def unchunk_weights(w: Any, chunk: int) -> Any:
+    """The inverse of :func:`chunk_weights`: nn.Linear rows again."""
+    return _regroup(w, chunk, False)
+
+
+def weight_rows(w: np.ndarray, rows: slice, chunk: int) -> np.ndarray:
+    """Rows ``rows`` (8-aligned) of one weight matrix ``w[N, K]`` stored in
+    the ``weight_chunk=chunk`` layout, as nn.Linear rows."""
+    return unchunk_weights(w[rows], chunk) if chunk else w[rows]
+
+
 def experts_dim(name: str, experts: int | None) -> tuple[str, str]:
     """The expert dimension of the weights and the type of the i32 tables."""
     if experts is None:
@@ -255,11 +307,12 @@ def dense_reference(block_m: int, block_n: int, out_f32: bool = False) -> Callab
 
 
 def gate_up_reference(
-    block_m: int, block_n: int, inter: int, gather_topk: int | None = None
+    block_m: int, block_n: int, inter: int, gather_topk: int | None = None, chunk: int = 0
 ) -> Callable[..., None]:
     """The gate/up tile's reference; with ``gather_topk=K`` it takes the
     gathering tile's buffers ``(X, Wgu, row_off, gu_indptr, perm, Hb)`` and
-    reads row ``r`` as ``X[perm[r] // K]``."""
+    reads row ``r`` as ``X[perm[r] // K]``. ``chunk``: the weights'
+    ``weight_chunk`` layout (0: nn.Linear rows)."""
 
     def reference(i: int, e: int, Xp, Wgu, row_off, gu_indptr, *rest) -> None:
         block = moe_block(i, e, row_off, gu_indptr, block_m, block_n)
@@ -272,13 +325,13 @@ def gate_up_reference(
         else:
             perm, Hb = rest
             a = Xp[perm[rs] // gather_topk]
-        Hb[rs, cs] = f32_to_bf16(swiglu_rows(a, Wgu[e], cs, inter))
+        Hb[rs, cs] = f32_to_bf16(swiglu_rows(a, Wgu[e], cs, inter, chunk))
 
     return reference
 
 
 def down_reference(
-    block_m: int, block_n: int, combine_topk: int | None = None
+    block_m: int, block_n: int, combine_topk: int | None = None, chunk: int = 0
 ) -> Callable[..., None]:
     """The down tile's reference; with ``combine_topk=K`` it takes ``(Hb, Wd,
     row_off, dn_indptr, perm, topk_w, Out32)`` (or ``Out16``) and adds each
@@ -289,7 +342,7 @@ def down_reference(
         if block is None:
             return
         rs, cs = block
-        y = bf16_matmul(Hb[rs], Wd[e, cs])
+        y = bf16_matmul(Hb[rs], weight_rows(Wd[e], cs, chunk))
         if combine_topk is None:
             (Yp,) = rest
             Yp[rs, cs] = f32_to_bf16(y)
@@ -299,17 +352,18 @@ def down_reference(
     return reference
 
 
-def swiglu_rows(a: np.ndarray, w: np.ndarray, cs: slice, inter: int) -> np.ndarray:
+def swiglu_rows(a: np.ndarray, w: np.ndarray, cs: slice, inter: int, chunk: int = 0) -> np.ndarray:
     """``silu(a @ Wg^T) * (a @ Wu^T)`` in float32 for the columns ``cs`` of
-    one expert's ``w`` (gate rows, then the up rows ``inter`` further)."""
-    g = bf16_matmul(a, w[cs])
-    u = bf16_matmul(a, w[cs.start + inter : cs.stop + inter])
+    one expert's ``w`` (gate rows, then the up rows ``inter`` further;
+    ``chunk``: its ``weight_chunk`` layout)."""
+    g = bf16_matmul(a, weight_rows(w, cs, chunk))
+    u = bf16_matmul(a, weight_rows(w, slice(cs.start + inter, cs.stop + inter), chunk))
     with np.errstate(over="ignore"):
         return (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
 
 
 def slot_reference(
-    kind: str, block_n: int, inter: int, slots: int, logit_parts: int = 0
+    kind: str, block_n: int, inter: int, slots: int, logit_parts: int = 0, chunk: int = 0
 ) -> Callable[..., None]:
     """The reference of a slot tile ``(s, j)`` (``moe_gate_up`` / ``moe_down``
     with ``slots=K``): token row ``s // K`` (gate/up) or row ``s`` (down),
@@ -331,7 +385,10 @@ def slot_reference(
             e = int(table[token, kth])
         a = A[row : row + 1]
         cs = slice(j * block_n, (j + 1) * block_n)
-        y = swiglu_rows(a, W[e], cs, inter) if kind == "gate_up" else bf16_matmul(a, W[e, cs])
+        if kind == "gate_up":
+            y = swiglu_rows(a, W[e], cs, inter, chunk)
+        else:
+            y = bf16_matmul(a, weight_rows(W[e], cs, chunk))
         out[s : s + 1, cs] = f32_to_bf16(y.astype(np.float32))
 
     return reference

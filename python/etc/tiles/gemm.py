@@ -58,11 +58,13 @@ from ..errors import GraphError
 from . import _mma, _text
 from ._mma import Text as _Text
 from ._mma import check_divisible as _check_moe
+from ._mma import chunk_weights, unchunk_weights
 from ._mma import experts_dim as _experts
 from ._mma import positive as _positive
 
 __all__ = [
     "LAYER_EPILOGUES",
+    "chunk_weights",
     "fold_norm",
     "gemm",
     "layer_gemm",
@@ -72,6 +74,7 @@ __all__ = [
     "plan_prefetch",
     "plan_stages",
     "plan_warps",
+    "unchunk_weights",
 ]
 
 
@@ -235,8 +238,14 @@ def _body(
     part: str = "all",
     early: int = 0,
     partials: int = 0,
+    weight_chunk: int = 0,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``weight_chunk=C``: the weights are stored in 8-row groups of ``C``-wide
+    k chunks (:func:`chunk_weights`), so a fragment's 8 lane groups read one
+    contiguous piece per chunk; each load's address is remapped, nothing
+    else changes.
 
     ``part`` (with ``stages``): ``"fill"`` emits only the copies of the
     weight ring's first ``early`` groups (at most ``stages - 1``; a prefetch
@@ -326,6 +335,13 @@ def _body(
         norm_prologue()
     # Weight rows: lane group g reads row g of each 8-column fragment.
     brefs = [b_rows(f, grp) for f in range(nb)]
+    # Chunked weights: row r's group start and r % 8's place in a chunk.
+    chunked = []
+    for _, _, prefix in brefs if weight_chunk else []:
+        *lead, r = (x.strip() for x in prefix.split(","))
+        g = t.op("bg", f"arith.remui {r}, %c8 : index")
+        rg = t.op("bg", f"arith.subi {r}, {g} : index")
+        chunked.append((lead, rg, t.op("bg", f"arith.muli {g}, %c{weight_chunk}_ : index")))
     kslice = k // wk
     kl = t.op("kl", f"arith.muli {tig}, %c8 : index")
     if wk > 1:
@@ -352,6 +368,26 @@ def _body(
     vtype = "vector<8xbf16>"
     b_attr = "{alignment = 16 : i64}"
 
+    def chunk_base(ku: str) -> str:
+        """Element offset of k ``ku`` from its 8-row group's start, less the
+        row's place in the chunk: ``(ku / C) * 8C + ku % C``, i.e. ``ku +
+        (ku / C) * 7C``."""
+        c = t.op("bk", f"arith.divui {ku}, %c{weight_chunk}_ : index")
+        c = t.op("bk", f"arith.muli {c}, %c{7 * weight_chunk}_ : index")
+        return t.op("bk", f"arith.addi {ku}, {c} : index")
+
+    def b_load(f: int, ku: str, base: str | None) -> str:
+        mem, mtype, prefix = brefs[f]
+        if not weight_chunk:
+            return t.op("vb", f"vector.load {mem}[{prefix}, {ku}] {b_attr} : {mtype}, {vtype}")
+        lead, rg, goff = chunked[f]
+        at = t.op("bk", f"arith.addi {base}, {goff} : index")
+        row = t.op("bk", f"arith.divui {at}, %c{k}_ : index")
+        row = t.op("bk", f"arith.addi {rg}, {row} : index")
+        col = t.op("bk", f"arith.remui {at}, %c{k}_ : index")
+        idx = ", ".join([*lead, row, col])
+        return t.op("vb", f"vector.load {mem}[{idx}] {b_attr} : {mtype}, {vtype}")
+
     def normed(vecs: list[str], ku: str) -> list[str]:
         """The A vectors of chunk ``ku``, RMS-normalised when the tile fuses the norm."""
         if a_norm is None:
@@ -371,12 +407,8 @@ def _body(
                 for r in lrows
             ]
             raw_a.append(normed(row_vecs, ku))
-            raw_b.append(
-                [
-                    t.op("vb", f"vector.load {mem}[{prefix}, {ku}] {b_attr} : {mtype}, {vtype}")
-                    for mem, mtype, prefix in (brefs if with_b else [])
-                ]
-            )
+            base = chunk_base(ku) if with_b and weight_chunk else None
+            raw_b.append([b_load(f, ku, base) for f in range(nb if with_b else 0)])
         return raw_a, raw_b
 
     def mmas(raw_a: list[list[str]], raw_b: list[list[str]], acc: list) -> list:
@@ -479,14 +511,19 @@ def _body(
         relt = t.op("re", f"arith.muli {tid}, %c4 : index")
         # Byte address of each weight fragment's row (k = 0).
         rowp = []
-        for mem, mtype, prefix in brefs:
+        for f, (mem, mtype, prefix) in enumerate(brefs):
             dims = [int(d) if d.isdigit() else None for d in mtype[7:-1].split("x")[:-1]]
             idx = [x.strip() for x in prefix.split(",")]
+            if weight_chunk:  # the group's first row, then the row's place in a chunk
+                idx[-1] = chunked[f][1]
             lin = idx[0]
             for d, x in zip(dims[1 : len(idx)], idx[1:], strict=True):
                 lin = t.op("lin", f"arith.muli {lin}, %c{d}_ : index")
                 lin = t.op("lin", f"arith.addi {lin}, {x} : index")
             lin = t.op("lin", f"arith.muli {lin}, %c{2 * dims[-1]}_ : index")
+            if weight_chunk:
+                goff = t.op("lin", f"arith.muli {chunked[f][2]}, %c2 : index")
+                lin = t.op("lin", f"arith.addi {lin}, {goff} : index")
             base = t.op("gb", f"memref.extract_aligned_pointer_as_index {mem} : {mtype} -> index")
             rowp.append(t.op("gb", f"arith.addi {base}, {lin} : index"))
         if a_ring:
@@ -514,8 +551,12 @@ def _body(
                 kb = t.op("kb", f"arith.muli {k}, %c2 : index")
                 if u:
                     kb = t.op("kb", f"arith.addi {kb}, %c{64 * u}_ : index")
+                kw = kb  # the weights' byte offset (the A rows of a_ring: kb)
+                if weight_chunk:
+                    ku = t.op("k", f"arith.addi {k}, %c{32 * u}_ : index") if u else k
+                    kw = t.op("kb", f"arith.muli {chunk_base(ku)}, %c2 : index")
                 for f in range(per):
-                    src = t.op("src", f"arith.addi {rowp[f]}, {kb} : index")
+                    src = t.op("src", f"arith.addi {rowp[f]}, {kw if f < nb else kb} : index")
                     src = t.op("src", f"arith.index_cast {src} : index to i64")
                     src = t.op("src", f"llvm.inttoptr {src} : i64 to !llvm.ptr<1>")
                     dst = t.op(
@@ -985,11 +1026,13 @@ def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = F
 #: (:func:`layer_gemm`'s of the same names): ``block_size`` threads, ``warps``
 #: (``(row, column, k-slice)`` warps, planned when None), ``unroll``,
 #: ``prefetch``, ``stages``, ``rotate_k`` (rotating by the tile index ``i``),
-#: ``a_ahead``, ``prefetch_ring``, ``slots``, ``slot_logits`` and
-#: ``prefetch_weights`` (:func:`moe_gate_up`).
+#: ``a_ahead``, ``prefetch_ring``, ``slots``, ``slot_logits``,
+#: ``prefetch_weights`` (:func:`moe_gate_up`) and ``weight_chunk`` (the
+#: weights in :func:`chunk_weights`' layout; 0: nn.Linear rows).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, unroll=None, prefetch=None, stages=None, rotate_k=False,
     a_ahead=0, prefetch_ring=False, slots=None, slot_logits=0, prefetch_weights=False,
+    weight_chunk=0,
 )  # fmt: skip
 
 
@@ -1081,6 +1124,7 @@ def _moe_tile(
         name, k, wk, unroll, per_n * (block_n // (8 * wn)), block_size, stages, prefetch
     )
     _check_moe(name, block_n, n, n_key)
+    chunk = _mma.check_weight_chunk(name, options["weight_chunk"], k, per_n * n)
     early = _ring_early(name, stages, options["prefetch_ring"])
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
@@ -1094,20 +1138,20 @@ def _moe_tile(
         return _moe_slot_tile(
             kind, block_m, block_n, hidden, inter, ed, name, options, slots,
             dict(wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages, mf=mf,
-                 nf=nf, early=early),
+                 nf=nf, early=early, weight_chunk=chunk),
         )  # fmt: skip
     if gate:
         at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
         a, w, out, indptr = ("%Xp", at), "%Wgu", ("%Hb", ot), "%gu_indptr"
         signature = _mma.gate_up_signature(at, wt, ot, it)
         what = f"{name}: Hb = silu(Xp @ Wg^T) * (Xp @ Wu^T), expert e, {block_m}x{block_n} blocks"
-        reference = _mma.gate_up_reference(block_m, block_n, inter)
+        reference = _mma.gate_up_reference(block_m, block_n, inter, chunk=chunk)
     else:
         at, wt, ot = _mma.down_types(hidden, inter, ed)
         a, w, out, indptr = ("%Hb", at), "%Wd", ("%Yp", ot), "%dn_indptr"
         signature = _mma.down_signature(at, wt, ot, it)
         what = f"{name}: Yp = Hb @ Wd[e]^T, expert e, {block_m}x{block_n} blocks"
-        reference = _mma.down_reference(block_m, block_n)
+        reference = _mma.down_reference(block_m, block_n, chunk=chunk)
 
     def tile(t: _Text) -> dict:
         r0, r1, n0 = _moe_prologue(t, indptr, it, block_m, block_n)
@@ -1118,7 +1162,7 @@ def _moe_tile(
 
     body = dict(
         name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
-        mf=mf, nf=nf, a=a, nb=per_n * nf, early=early,
+        mf=mf, nf=nf, a=a, nb=per_n * nf, early=early, weight_chunk=chunk,
         **_moe_loop_options(name, stages, options["rotate_k"], options["a_ahead"]),
     )  # fmt: skip
     source = _moe_source(name, signature, what, tile, body, early)
@@ -1221,13 +1265,15 @@ def _moe_slot_tile(
     body = dict(
         name=name, k=k, block_size=options["block_size"], wm=wm, wn=wn, wk=plan["wk"],
         unroll=plan["unroll"], prefetch=plan["prefetch"], stages=plan["stages"], mf=plan["mf"],
-        nf=nf, a=a, nb=per_n * nf, early=early,
+        nf=nf, a=a, nb=per_n * nf, early=early, weight_chunk=plan["weight_chunk"],
         **_moe_loop_options(name, plan["stages"], options["rotate_k"], options["a_ahead"], "%j"),
     )  # fmt: skip
     source = _moe_source(name, signature, what, tile, body, early)
     if l2:
         source += _slot_weight_prefetch(name, signature, wt, w, block_n, n, k, per_n, slots)
-    reference = _mma.slot_reference(kind, block_n, inter, slots, from_logits)
+    reference = _mma.slot_reference(
+        kind, block_n, inter, slots, from_logits, chunk=plan["weight_chunk"]
+    )
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=options["block_size"])
     fn.prefetch_fills_shared = bool(early)
     return fn
@@ -1362,6 +1408,7 @@ def layer_gemm(
     k_splits: int = 1,
     counter_row: int = 0,
     a_box: int = 64,
+    weight_chunk: int = 0,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1443,6 +1490,10 @@ def layer_gemm(
     of four 16-row ones that each stream the weights. The paths share the
     weight ring. Not with ``rmsnorm`` or ``a_ring``.
 
+    ``weight_chunk=C`` (sync core): ``W`` in :func:`chunk_weights`' layout
+    (8-row groups of ``C``-wide k chunks): each k step of a warp's 8-row
+    fragment reads one contiguous piece.
+
     ``core="bulk"`` streams the weights with ``cp.async.bulk`` through a
     shared-memory ring whose first ``stages`` chunks of ``kc`` values of
     ``k`` the tile's prefetch function issues before the instance waits
@@ -1488,6 +1539,7 @@ def layer_gemm(
         "a_ahead": bool(a_ahead),
         "norm_sums": norm_sums,
         "row_paths": row_paths is not None,
+        "weight_chunk": bool(weight_chunk),
     }
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
@@ -1543,6 +1595,7 @@ def layer_gemm(
             f"prefetch_weights={prefetch_weights})"
         )
     early = _ring_early(name, stages, prefetch_ring)
+    chunk = _mma.check_weight_chunk(name, weight_chunk, k, per_n * n)
     if row_scale is not None and rmsnorm is not None:
         raise GraphError(f"tile '{name}': give rmsnorm or row_scale (a folded norm), not both")
     _check_a_ahead(name, a_ahead, stages, a_ring)
@@ -1575,7 +1628,7 @@ def layer_gemm(
         stages=stages, mf=mf, nf=nf, a=("%A", at), b_rows=b_rows, nb=per_n * nf, r0=r0, r1=r1,
         epilogue=store, a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None,
         a_ahead=a_ahead, norm_sums=norm_in, part="body" if prefetch_ring else "all", early=early,
-        partials=(wk - 1) * wn * (block_m // 16) * per_n * nf * 4 * 32,
+        partials=(wk - 1) * wn * (block_m // 16) * per_n * nf * 4 * 32, weight_chunk=chunk,
     )  # fmt: skip
     globals_ = _row_path_bodies(t, body, paths, r0, r1)
     t.close()
@@ -1609,6 +1662,7 @@ def layer_gemm(
     reference = layer_gemm_reference(
         block_m, block_n, n, epilogue, stacked=layers is not None, columns_first=columns_first,
         rmsnorm=rmsnorm, norm_sums=norm_sums, sums_out=sums_out, row_scale=row_scale, k=k,
+        weight_chunk=chunk,
     )  # fmt: skip
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = bool(prefetch_ring)
@@ -1961,8 +2015,10 @@ def layer_gemm_reference(
     sums_out: tuple[int, int] | None = None,
     row_scale: tuple[int, int, float] | None = None,
     k: int | None = None,
+    weight_chunk: int = 0,
 ) -> Callable[..., None]:
-    """The numpy reference of :func:`layer_gemm` (same rounding)."""
+    """The numpy reference of :func:`layer_gemm` (same rounding; ``W`` in
+    the ``weight_chunk`` layout when given)."""
 
     def rnd(x: np.ndarray) -> np.ndarray:
         return bf16_to_f32(f32_to_bf16(x.astype(np.float32)))
@@ -2003,8 +2059,11 @@ def layer_gemm_reference(
         rs = slice(i * block_m, min((i + 1) * block_m, A.shape[0]))
         cs = slice(j * block_n, min((j + 1) * block_n, n))
         rows = normed(A[rs], G, S_in, layer, rs)
-        acc = _mma.bf16_matmul(rows, W[cs])
-        up = _mma.bf16_matmul(rows, W[cs.start + n : cs.stop + n]) if epilogue == "swiglu" else None
+        acc = _mma.bf16_matmul(rows, _mma.weight_rows(W, cs, weight_chunk))
+        up = None
+        if epilogue == "swiglu":
+            up_rows = slice(cs.start + n, cs.stop + n)
+            up = _mma.bf16_matmul(rows, _mma.weight_rows(W, up_rows, weight_chunk))
         finish_layer_reference(
             epilogue,
             acc,
