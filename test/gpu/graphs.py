@@ -598,6 +598,10 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_combine_group": combine_group,
         "llama_tiny_tma": tma,
         "llama_tiny_tma_buckets": tma_buckets,
+        # The layer projections' weights chunked (weight_chunk), also under
+        # the L2 prefetch of weight eighths.
+        "llama_tiny_chunk": dataclasses.replace(llama.TINY, weight_chunk=64),
+        "llama_tiny_chunk_prefetch": dataclasses.replace(prefetch, weight_chunk=32),
     }
 
 

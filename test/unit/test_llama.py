@@ -1096,3 +1096,61 @@ def test_single_sequence_split_tier_matches_the_numpy_model(weights):
     g = M.build_decoder_graph(cfg)
     for B, L in ((1, 30), (1, 7), (2, 30)):
         _check_step(cfg, g, weights, B, L, "static", 31)
+
+
+# -- chunked layer weights (LlamaConfig.weight_chunk) ---------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_chunked_layer_weights_give_the_row_layout_s_step(graph, weights, schedule):
+    """The layer projections read their weights chunked (``wo_c64``, ...,
+    made by graph_weights once): the step's logits and caches are the row
+    layout's bit for bit, and the numpy model reads the chunked arrays."""
+    from etc.tiles.gemm import chunk_weights
+
+    cfg = dataclasses.replace(CFG, weight_chunk=64)
+    names = set(M.tensor_shapes(cfg, 1, 0, 2))
+    assert {"wqkv_folded_c64", "wo_c64", "wgu_folded_c64", "wd_c64", "embed"} <= names
+    assert not names & {"wo", "wd", "wqkv_folded"}
+    once = M.graph_weights(cfg, weights)
+    assert M.graph_weights(cfg, once)["wo_c64"] is once["wo_c64"]  # converted once
+    np.testing.assert_array_equal(once["wo_c64"], chunk_weights(weights["wo"], 64))
+    B, L = 3, 5
+    tokens = np.array([1, 500, 77], np.int32)
+    arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
+    out = etc.simulate(
+        M.build_decoder_graph(cfg), arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule
+    )
+    plain = M.numpy_inputs(CFG, weights, tokens, L, L + 2)
+    want = etc.simulate(graph, plain, {"B": B, "L": L, "S": L + 2}, schedule=schedule)
+    for key in ("logits", "next_tokens", "k_cache", "v_cache"):
+        np.testing.assert_array_equal(out[key], want[key])
+    ref = M.reference_step(cfg, arrays, L)
+    np.testing.assert_array_equal(
+        ref["next_tokens"], M.reference_step(CFG, plain, L)["next_tokens"]
+    )
+    # Row-layout weights under the old names are refused, not read as chunked.
+    with pytest.raises(etc.EtcError, match="has no tensor 'wqkv_folded'"):
+        etc.simulate(M.build_decoder_graph(cfg), plain, {"B": B, "L": L, "S": L + 2})
+
+
+def test_weight_chunk_errors_name_the_field():
+    with pytest.raises(etc.GraphError, match=r"weight_chunk=48 must be a multiple of 8 dividing"):
+        dataclasses.replace(CFG, weight_chunk=48)
+    with pytest.raises(etc.GraphError, match=r"sync core.*o_proj \(bulk\)"):
+        dataclasses.replace(
+            CFG, weight_chunk=64, fold_norms=False, core_overrides=(("o_proj", "bulk"),)
+        )
+    with pytest.raises(etc.GraphError, match="changes weight_chunk, but the kernels share"):
+        dataclasses.replace(CFG, batch_buckets=((1, (("weight_chunk", 64),)), (None, ())))
+    # Llama-3.2-1B's large-batch kernel runs its projections on the tma core.
+    with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket"):
+        dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64)
+    assert dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64, batch_buckets=()).weight_chunk
+
+
+@needs_ptxas
+def test_chunked_llama_3_2_1b_sync_kernel_compiles():
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64, batch_buckets=())
+    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
+    assert art.cubin is not None

@@ -80,6 +80,8 @@ __all__ = [
 #: of ``bench/decode_sweep.py`` on an H200 (``bench/RESULTS.md``).
 #: The weights that ``fold_norms`` multiplies the layer norms into.
 _FOLDED = ("wqkv", "wgu")
+#: The layer projections' weights, which ``weight_chunk`` lays out in chunks.
+_CHUNKED = ("wqkv", "wo", "wgu", "wd")
 #: Larger than any batch: ``(B + _BIG - k) // _BIG`` is ``B >= k`` as 0 or 1.
 _BIG = 2**31
 #: ``LlamaConfig.attn_tile`` values.
@@ -360,6 +362,16 @@ class LlamaConfig:
     #: loop. The final norm stays a stage (the LM head shares the embedding).
     #: On: −54 µs at B=1 on an H200 (``bench/RESULTS.md``, session 8).
     fold_norms: bool = True
+    #: The layer projections' weights (``wqkv``, ``wo``, ``wgu``, ``wd``) in
+    #: :func:`etc.tiles.gemm.chunk_weights`' layout with chunks of this many
+    #: k (0: nn.Linear rows): each k step of a warp's 8-row fragment reads
+    #: one contiguous piece. :func:`graph_weights` converts them (their
+    #: tensors get a ``_c<chunk>`` suffix, so unconverted weights are refused
+    #: at launch). Needs the sync core for those projections in every kernel
+    #: (the TMA tiles do not take it), and the same value in every batch
+    #: bucket (the kernels share their weights). Not measured yet
+    #: (``bench/RESULTS.md``, item 100).
+    weight_chunk: int = 0
     #: The GEMM tiles issue their weight ring's first groups before they
     #: wait for their activations (``layer_gemm(prefetch_ring=True)``; the
     #: bulk core's tiles always do); an int: that many groups, not all
@@ -548,6 +560,7 @@ class LlamaConfig:
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
             )
         self._check_l2_prefetch()
+        self._check_weight_chunk()
         _int_field("argmax_parts", self.argmax_parts, 0, 32)
         if self.max_batch is not None and (
             not isinstance(self.max_batch, int) or self.max_batch < 1
@@ -740,6 +753,24 @@ class LlamaConfig:
                 return self.attn_small_batch or None
         return None
 
+    def _check_weight_chunk(self) -> None:
+        _int_field("weight_chunk", self.weight_chunk, 0)
+        chunk = self.weight_chunk
+        if not chunk:
+            return
+        ks = {"hidden": self.hidden, "attn_width": self.attn_width, "inter": self.inter}
+        if chunk % 8 or any(k % chunk for k in ks.values()):
+            raise GraphError(
+                f"LlamaConfig: weight_chunk={chunk} must be a multiple of 8 dividing the layer "
+                f"projections' k ({', '.join(f'{n}={k}' for n, k in ks.items())})"
+            )
+        other = [f"{p} ({self.core(p)})" for p in _PROJECTIONS[:4] if self.core(p) != "sync"]
+        if other:
+            raise GraphError(
+                f"LlamaConfig: weight_chunk needs the sync core for the layer projections; "
+                f"{', '.join(other)} do not take it"
+            )
+
     def _check_l2_prefetch(self) -> None:
         weights = ("wqkv", "wo", "wgu", "wd")
         for entry in self.l2_prefetch:
@@ -788,6 +819,11 @@ class LlamaConfig:
                 raise GraphError(
                     f"LlamaConfig: {which} changes {unknown}: not fields of the kernel's tiles"
                 )
+            if "weight_chunk" in dict(changes):
+                raise GraphError(
+                    f"LlamaConfig: {which} changes weight_chunk, but the kernels share their "
+                    "weights: set it on the configuration"
+                )
             try:
                 dataclasses.replace(self, **dict(changes), batch_buckets=())
             except GraphError as e:
@@ -800,8 +836,10 @@ class LlamaConfig:
         """The graph's tensor for weight ``key``: ``wqkv_folded`` and
         ``wgu_folded`` under ``fold_norms`` (the norms multiplied in, made by
         :func:`graph_weights`), so a buffer of Hugging Face's weights passed
-        under the old name is refused at launch instead of used."""
-        return f"{key}_folded" if self.fold_norms and key in _FOLDED else key
+        under the old name is refused at launch instead of used; with
+        ``weight_chunk`` the layer projections' weights end in ``_c<chunk>``."""
+        name = f"{key}_folded" if self.fold_norms and key in _FOLDED else key
+        return f"{name}_c{self.weight_chunk}" if self.weight_chunk and key in _CHUNKED else name
 
     @property
     def split_argmax(self) -> int:
@@ -959,9 +997,9 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         "embed": ((cfg.vocab, H), "bf16"),
         "norms": ((2 * NL + 1, H), "bf16"),
         cfg.weight_name("wqkv"): ((NL, cfg.qkv_width, H), "bf16"),
-        "wo": ((NL, H, cfg.attn_width), "bf16"),
+        cfg.weight_name("wo"): ((NL, H, cfg.attn_width), "bf16"),
         cfg.weight_name("wgu"): ((NL, 2 * cfg.inter, H), "bf16"),
-        "wd": ((NL, H, cfg.inter), "bf16"),
+        cfg.weight_name("wd"): ((NL, H, cfg.inter), "bf16"),
         "rope": ((S, D), "f32"),
         "k_cache": ((NL, B, KV, S, D), "bf16"),
         "v_cache": ((NL, B, KV, S, D), "bf16"),
@@ -1077,6 +1115,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 row_scale=(*norm, cfg.eps) if folded else None,
                 row_paths=cfg.row_paths if cfg.has_row_paths(name) else None,
                 sums_out=sums_out if cfg.sums else None, **_sync_options(cfg, name),
+                weight_chunk=cfg.weight_chunk if layers is not None else 0,
             )  # fmt: skip
         return gemm.layer_gemm(
             cfg.gemm_block(name), bn, n, k, layers=layers, epilogue=epilogue, name=name,
@@ -1299,7 +1338,7 @@ def build_decoder_graph(
     layer_task(
         "o_proj",
         gemm_grid(cfg.bn_o, cfg.hidden, "o_proj"),
-        ("attn", "wo", "h", *sums, *split_args("o_proj")),
+        ("attn", cfg.weight_name("wo"), "h", *sums, *split_args("o_proj")),
         ev["attended"] if cfg.fuse_combine else ev["combined"],
         ev["o_done"],
         gemm_phase("o_proj"),
@@ -1317,7 +1356,7 @@ def build_decoder_graph(
     layer_task(
         "down",
         gemm_grid(cfg.bn_down, cfg.hidden, "down_proj"),
-        ("act", "wd", "h", *sums, *split_args("down_proj")),
+        ("act", cfg.weight_name("wd"), "h", *sums, *split_args("down_proj")),
         ev["gu_done"],
         layer_in,
         gemm_phase("down_proj"),
@@ -1462,17 +1501,19 @@ def graph_weights(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any
     """``weights`` (numpy bf16 bits or torch bf16 tensors, Hugging Face's
     semantics) as the graph takes them: with ``cfg.fold_norms`` each layer's
     norm weights multiplied into ``wqkv`` (norm1) and ``wgu`` (norm2), in
-    new arrays named ``wqkv_folded`` and ``wgu_folded``
+    new arrays named ``wqkv_folded`` and ``wgu_folded``; with
+    ``cfg.weight_chunk`` the layer projections' weights then chunked
+    (:func:`etc.tiles.gemm.chunk_weights`), named with ``_c<chunk>``
     (:meth:`LlamaConfig.weight_name`); otherwise ``weights`` unchanged.
-    Weights already folded (those names, not the raw ones) are kept, so a
-    caller may fold once and pass the result to every :func:`torch_inputs`."""
+    Weights already converted (under the graph's names, not the raw ones)
+    are kept, so a caller may convert once and pass the result to every
+    :func:`torch_inputs`."""
     out = dict(weights)
-    if not cfg.fold_norms:
-        return out
     NL = cfg.layers
     for key, first in zip(_FOLDED, (0, 1), strict=True):
-        if key not in weights and cfg.weight_name(key) in weights:
-            continue  # folded already
+        folded_name = f"{key}_folded"
+        if not cfg.fold_norms or key not in weights:
+            continue  # nothing to fold, or folded already (under a graph name)
         gamma = weights["norms"][first : 2 * NL : 2][:, None, :]  # (NL, 1, H)
         w = weights[key]
         if isinstance(w, np.ndarray):
@@ -1482,8 +1523,25 @@ def graph_weights(cfg: LlamaConfig, weights: Mapping[str, Any]) -> dict[str, Any
         else:  # torch: the product rounded to bf16 once, as fold_norm does
             folded = (w.float() * gamma.float()).to(w.dtype)
         del out[key]
-        out[cfg.weight_name(key)] = folded
+        out[folded_name] = folded
+    if cfg.weight_chunk:
+        from ..tiles.gemm import chunk_weights
+
+        for key in _CHUNKED:
+            plain = f"{key}_folded" if cfg.fold_norms and key in _FOLDED else key
+            if plain in out:
+                out[cfg.weight_name(key)] = chunk_weights(out.pop(plain), cfg.weight_chunk)
     return out
+
+
+def _row_weight(cfg: LlamaConfig, arrays: Mapping[str, Any], key: str) -> Any:
+    """The graph's weight ``key`` as nn.Linear rows (``weight_chunk`` undone)."""
+    w = arrays[cfg.weight_name(key)]
+    if cfg.weight_chunk and key in _CHUNKED:
+        from ..tiles.gemm import unchunk_weights
+
+        return unchunk_weights(w, cfg.weight_chunk)
+    return w
 
 
 # -- numpy reference -------------------------------------------------------------
@@ -1519,7 +1577,7 @@ def reference_step(
     NL, NH, KV, D, II = cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
     G = NH // KV
     f = {
-        k: bf16_to_f32(arrays[cfg.weight_name(k)])
+        k: bf16_to_f32(_row_weight(cfg, arrays, k))
         for k in ("embed", "norms", "wqkv", "wo", "wgu", "wd")
     }
     kc, vc = arrays["k_cache"].copy(), arrays["v_cache"].copy()
@@ -1812,10 +1870,11 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
         rot = torch.cat([-x[..., D // 2 :], x[..., : D // 2]], dim=-1)
         return x * cos + rot * sin
 
+    w = {k: _row_weight(cfg, t, k) for k in _CHUNKED}  # nn.Linear rows (copies if chunked)
     h = t["embed"][t["tokens"].long()]
     for layer in range(cfg.layers):
         x = norm(h, None if layer_norms is None else layer_norms[2 * layer])
-        qkv = x @ t[cfg.weight_name("wqkv")][layer].t()
+        qkv = x @ w["wqkv"][layer].t()
         q = rope(qkv[:, : NH * D].view(B, NH, 1, D))
         k = rope(qkv[:, NH * D : (NH + KV) * D].view(B, KV, D))
         v = qkv[:, (NH + KV) * D :].view(B, KV, D)
@@ -1824,10 +1883,10 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
         keys = t["k_cache"][layer, :, :, : L + 1]
         vals = t["v_cache"][layer, :, :, : L + 1]
         o = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
-        h = h + o.reshape(B, NH * D) @ t["wo"][layer].t()
+        h = h + o.reshape(B, NH * D) @ w["wo"][layer].t()
         x = norm(h, None if layer_norms is None else layer_norms[2 * layer + 1])
-        gu = x @ t[cfg.weight_name("wgu")][layer].t()
-        h = h + (F.silu(gu[:, :II]) * gu[:, II:]) @ t["wd"][layer].t()
+        gu = x @ w["wgu"][layer].t()
+        h = h + (F.silu(gu[:, :II]) * gu[:, II:]) @ w["wd"][layer].t()
     x = norm(h, t["norms"][2 * cfg.layers])
     torch.matmul(x, t["embed"].t(), out=t["logits"])
     nxt = t["logits"].argmax(dim=-1)
