@@ -192,6 +192,7 @@ VARIANTS = {
 # one for every larger batch): time them at B = 1 and 8.
 _SYNC_ONLY = {"batch_buckets": M.LLAMA_3_2_1B.batch_buckets[:1] + ((None, ()),)}
 VARIANTS["sync_only"] = _SYNC_ONLY
+VARIANTS["sync_only_ch32"] = {**_SYNC_ONLY, "weight_chunk": 32}
 VARIANTS["sync_only_ch64"] = {**_SYNC_ONLY, "weight_chunk": 64}
 VARIANTS["sync_only_ch128"] = {**_SYNC_ONLY, "weight_chunk": 128}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).

@@ -3,11 +3,11 @@
 # Not run in that session (no GPU was lent); ready for the next one.
 # Built with (CPU machine):
 #   .device/n25a: BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 \
-#       BENCH_MOE_CONFIGS=single,single_ch64,single_ch128,few,few_ch64,dec_pf_gu32,dec_pf_gu32_ch64 \
+#       BENCH_MOE_CONFIGS=single,single_ch32,single_ch64,single_ch128,few,few_ch32,few_ch64,dec_pf_gu32,dec_pf_gu32_ch32,dec_pf_gu32_ch64 \
 #       python bench/moe.py --build .device/n25a/moe
 #     python test/gpu/make_artifacts.py .device/n25a/arts --only moe_small_chunk (and
 #       --only moe_small_ringpf_chunk, --only moe_small_slots_chunk, --only llama_tiny_chunk)
-#     DECODE_SWEEP_VARIANTS=sync_only,sync_only_ch64,sync_only_ch128 \
+#     DECODE_SWEEP_VARIANTS=sync_only,sync_only_ch32,sync_only_ch64,sync_only_ch128 \
 #       python bench/decode_sweep.py --build .device/n25a/dec
 # Usage: bash bench/gpu_session25.sh [stream] [tests] [chunk] [decoder]   (all: ~9 minutes)
 set -uo pipefail
@@ -28,13 +28,13 @@ for step in ${*:-stream tests chunk decoder}; do
       test/gpu/test_llama_gpu.py -k chunk 2>&1 | tail -3 | tee "$OUT/tests_chunk.txt"
     ;;
   chunk)
-    ab chunk single,single_ch64,single_ch128,few,few_ch64 1,2,4 $A 1
-    ab chunkdec dec_pf_gu32,dec_pf_gu32_ch64 8,16 $A
+    ab chunk single,single_ch32,single_ch64,single_ch128,few,few_ch32,few_ch64 1,2,4 $A 1
+    ab chunkdec dec_pf_gu32,dec_pf_gu32_ch32,dec_pf_gu32_ch64 8,16 $A
     ;;
   decoder)  # two sync-core kernels, rows against chunks, B = 1 and 8, two passes
     for pass in 1 2; do
-      v=sync_only,sync_only_ch64,sync_only_ch128
-      [ $pass = 2 ] && v=sync_only_ch128,sync_only_ch64,sync_only
+      v=sync_only,sync_only_ch32,sync_only_ch64,sync_only_ch128
+      [ $pass = 2 ] && v=sync_only_ch128,sync_only_ch64,sync_only_ch32,sync_only
       DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=1,8 timeout 250 python bench/decode_sweep.py \
         --artifacts $A/dec --out "$OUT/dec_$pass.json" 2>&1 | tail -8 | tee -a "$OUT/decoder.txt"
     done

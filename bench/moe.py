@@ -335,9 +335,10 @@ def _chunked(config: dict, chunk: int) -> dict:
     }
 
 
+# (C = 32: a warp's 16-byte copies of one k chunk are 512 contiguous bytes.)
 for _key in ("single", "few", "dec_pf_gu32"):
-    CONFIGS[f"{_key}_ch64"] = _chunked(CONFIGS[_key], 64)
-    CONFIGS[f"{_key}_ch128"] = _chunked(CONFIGS[_key], 128)
+    for _chunk in (32, 64, 128):
+        CONFIGS[f"{_key}_ch{_chunk}"] = _chunked(CONFIGS[_key], _chunk)
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
 # per range of T); its buffers are the prefill member's (4 logits rows a token).
 AUTO = "auto"
@@ -435,7 +436,7 @@ OCCUPANCY = {
     **{
         f"{k}_ch{c}": M.PRESET_MIN_CTAS_PER_SM["single"]
         for k in ("single", "few", "dec_pf_gu32")
-        for c in (64, 128)
+        for c in (32, 64, 128)
     },
     "pre128x2": 2,
     "pre64x2": 2,

@@ -1,0 +1,142 @@
+"""The global addresses a generated tile copies and loads, evaluated on the CPU.
+
+The GEMM tiles' MLIR computes every weight address with plain index
+arithmetic from the thread id, the tile's coordinates and the loop's
+induction variable. This module follows each ``cp.async`` source and each
+``vector.load`` of a weight back through its SSA definitions and evaluates
+them for one thread, so a test can compare two generated tiles address by
+address (e.g. a tile with chunked weights against the same tile without)
+without a GPU. Only what those chains use is understood: integer constants,
+``arith`` add/sub/mul/div/rem/min, casts, ``gpu.thread_id``, base pointers
+(given per memref), ``memref.load`` and ``memref.dim`` (given as callbacks);
+anything else raises ``KeyError`` naming the op.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+
+_DEF = re.compile(r"^\s*(%[\w]+)(?::\d+)? = ([\w.]+)\s*(.*)$")
+_FOR = re.compile(r"scf\.for (%\w+) = (%\w+) to (%\w+) step (%\w+)")
+_BINARY = {
+    "arith.addi": lambda a, b: a + b,
+    "arith.subi": lambda a, b: a - b,
+    "arith.muli": lambda a, b: a * b,
+    "arith.divui": lambda a, b: a // b,
+    "arith.remui": lambda a, b: a % b,
+    "arith.minui": min,
+}
+
+
+def functions(source: str) -> dict[str, str]:
+    """``{name: body}`` of each ``func.func`` in ``source``."""
+    parts = re.split(r"^\s*func\.func @", source, flags=re.M)[1:]
+    return {p.split("(", 1)[0]: p for p in parts}
+
+
+class Evaluator:
+    """Evaluates SSA values of one function body for one set of inputs:
+    ``env`` (block arguments and the loop variable by name, ``"tid"``),
+    ``bases`` (memref -> base address), ``load(memref, indices)`` and
+    ``dim(memref, axis)``."""
+
+    def __init__(
+        self,
+        body: str,
+        env: Mapping[str, int],
+        bases: Mapping[str, int],
+        load: Callable[[str, list[int]], int] = lambda m, i: 0,
+        dim: Callable[[str, int], int] = lambda m, a: 1 << 20,
+    ) -> None:
+        self.defs: dict[str, tuple[str, str]] = {}
+        for line in body.splitlines():
+            m = _DEF.match(line)
+            if m:
+                self.defs[m.group(1)] = (m.group(2), m.group(3))
+        self.env, self.bases, self.load, self.dim = dict(env), bases, load, dim
+        self.memo: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        if name in self.env:
+            return self.env[name]
+        if name not in self.memo:
+            self.memo[name] = self._eval(name)
+        return self.memo[name]
+
+    def _eval(self, name: str) -> int:
+        if name not in self.defs:
+            raise KeyError(f"{name}: not defined here and not given")
+        op, rest = self.defs[name]
+        operands = re.findall(r"%\w+", rest.split(":")[0])
+        if op == "arith.constant":
+            return int(rest.split(":")[0].strip())
+        if op in _BINARY:
+            return _BINARY[op](self(operands[0]), self(operands[1]))
+        if op in ("arith.index_cast", "llvm.inttoptr"):
+            return self(operands[0])
+        if op == "gpu.thread_id":
+            return self.env["tid"]
+        if op == "memref.extract_aligned_pointer_as_index":
+            return self.bases.get(operands[0], 0)
+        if op == "memref.load":
+            return self.load(operands[0], [self(x) for x in operands[1:]])
+        if op == "memref.dim":
+            return self.dim(operands[0], self(operands[1]))
+        raise KeyError(f"{name} = {op}: not an op this evaluator knows")
+
+    def invalidate_loop(self) -> None:
+        """Forget the values computed so far (the loop variable changed)."""
+        self.memo.clear()
+
+
+def _loop_values(ev: Evaluator, body: str) -> Iterator[int]:
+    m = _FOR.search(body)
+    if m is None:
+        return iter(())
+    start, stop, step = (ev(m.group(i)) for i in (2, 3, 4))
+    return iter(range(start, stop, step))
+
+
+def copy_sources(body: str, ev: Evaluator, loop_var: str = "%kk") -> list[int]:
+    """The source address of every ``cp.async`` of the body for the
+    evaluator's thread, in program order, each one in the loop once per
+    iteration (the loop's bounds read from its ``scf.for``)."""
+    names = re.findall(r"nvvm\.cp\.async\.shared\.global %\w+, (%\w+)", body)
+    return _per_iteration(body, ev, names, loop_var)
+
+
+def weight_loads(body: str, ev: Evaluator, memref: str, dims: tuple[int, ...]) -> list[int]:
+    """The element offset (row-major over ``dims``) of every ``vector.load``
+    from ``memref``, in program order, per loop iteration as above."""
+    pattern = rf"(%\w+) = vector\.load {re.escape(memref)}\[([^\]]*)\]"
+    loads = re.findall(pattern, body)
+    strides = [1] * len(dims)
+    for a in range(len(dims) - 2, -1, -1):
+        strides[a] = strides[a + 1] * dims[a + 1]
+    out = []
+    for value in _per_iteration(
+        body, ev, [i for _, i in loads], "%kk", lambda idx: [x.strip() for x in idx.split(",")]
+    ):
+        out.append(sum(v * s for v, s in zip(value, strides, strict=True)))
+    return out
+
+
+def _per_iteration(body, ev, items, loop_var, split=None):
+    evaluate = (lambda it: [ev(x) for x in split(it)]) if split else ev
+    outside, inside = [], []
+    for item in items:
+        try:
+            outside.append(evaluate(item))
+        except KeyError as e:
+            if loop_var not in str(e):
+                raise
+            inside.append(item)
+    values = list(outside)
+    for kk in _loop_values(ev, body):
+        ev.env[loop_var] = kk
+        ev.invalidate_loop()
+        values += [evaluate(item) for item in inside]
+    ev.env.pop(loop_var, None)
+    ev.invalidate_loop()
+    return values
