@@ -267,6 +267,24 @@ def _weight_addresses(tile, func, weight, coords, expert, block_size, dims=None)
     return out
 
 
+def _compare_chunked(plain, chunked, weight, cases, k, chunk, dims):
+    """Over every function of the tiles and every ``(coords, expert)`` case:
+    the chunked tile reads, in order, the plain tile's addresses moved to
+    the chunked layout. Returns how many addresses were compared."""
+    checked = 0
+    for func in functions(plain.source):
+        for coords, expert in cases:
+            a = _weight_addresses(plain, func, weight, coords, expert, 256, dims)
+            b = _weight_addresses(chunked, func, weight, coords, expert, 256, dims)
+            assert len(a) == len(b)  # (a ring the prefetch fills leaves the body none)
+            if dims is None:
+                assert b == [_chunked_offset(x, k, chunk) for x in a]
+            else:  # element offsets
+                assert b == [_chunked_offset(2 * x, k, chunk) // 2 for x in a]
+            checked += len(a)
+    return checked
+
+
 @pytest.mark.parametrize(
     "kind, options, chunk",
     [
@@ -290,22 +308,9 @@ def test_chunked_tiles_read_the_row_layout_s_elements_where_they_moved(kind, opt
     plain = make(16, 32, 256, 128, experts=E, slots=2, **options)
     chunked = make(16, 32, 256, 128, experts=E, slots=2, weight_chunk=chunk, **options)
     weight = "%Wgu" if kind == "gate_up" else "%Wd"
-    funcs = [f for f in functions(plain.source) if f.startswith(plain.name)]
     dims = None if options.get("stages") else (E, rows_per_expert, k)
-    checked = 0
-    for func in funcs:
-        for s, j in ((0, 0), (3, 1), (5, 3)):
-            coords = {"%s": s, "%j": j}
-            for expert in (0, 2):
-                a = _weight_addresses(plain, func, weight, coords, expert, 256, dims)
-                b = _weight_addresses(chunked, func, weight, coords, expert, 256, dims)
-                assert len(a) == len(b)  # (a ring the prefetch fills leaves the body none)
-                if dims is None:
-                    assert b == [_chunked_offset(x, k, chunk) for x in a]
-                else:
-                    assert b == [_chunked_offset(2 * x, k, chunk) // 2 for x in a]
-                checked += len(a)
-    assert checked
+    cases = [({"%s": s, "%j": j}, e) for s, j in ((0, 0), (3, 1), (5, 3)) for e in (0, 2)]
+    assert _compare_chunked(plain, chunked, weight, cases, k, chunk, dims)
 
 
 def test_the_address_evaluator_sees_the_row_layout():
@@ -338,15 +343,5 @@ def test_chunked_layer_gemm_reads_the_row_layout_s_elements_where_they_moved(
         16, 16, n, k, layers=layers, epilogue=epilogue, weight_chunk=chunk, **options
     )
     dims = None if options.get("stages") else (layers, per * n, k)
-    checked = 0
-    for func in functions(plain.source):
-        for coords in ({"%l": 0, "%i": 0, "%j": 0}, {"%l": 2, "%i": 1, "%j": 3}):
-            a = _weight_addresses(plain, func, "%W", coords, 0, 256, dims)
-            b = _weight_addresses(chunked, func, "%W", coords, 0, 256, dims)
-            assert len(a) == len(b)
-            if dims is None:
-                assert b == [_chunked_offset(x, k, chunk) for x in a]
-            else:
-                assert b == [_chunked_offset(2 * x, k, chunk) // 2 for x in a]
-            checked += len(a)
-    assert checked
+    cases = [({"%l": 0, "%i": 0, "%j": 0}, 0), ({"%l": 2, "%i": 1, "%j": 3}, 0)]
+    assert _compare_chunked(plain, chunked, "%W", cases, k, chunk, dims)
