@@ -187,14 +187,16 @@ VARIANTS = {
     "attn2_nopf": _large(("attn_tma_prefetch", False)),
 }
 # Session 25, item 100 (not run yet): the layer projections' weights
-# chunked. The large-batch kernel's TMA tiles do not take the option, so
-# both variants are two sync-core kernels (B = 1 and the default B = 2-16
-# one for every larger batch): time them at B = 1 and 8.
+# chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for
+# every larger batch) with chunks of 32, 64 or 128, timed at B = 1 and 8;
+# and the default three kernels with chunks of 64 (the large-batch kernel's
+# TMA tiles read them through 4-D maps), at every B.
 _SYNC_ONLY = {"batch_buckets": M.LLAMA_3_2_1B.batch_buckets[:1] + ((None, ()),)}
 VARIANTS["sync_only"] = _SYNC_ONLY
 VARIANTS["sync_only_ch32"] = {**_SYNC_ONLY, "weight_chunk": 32}
 VARIANTS["sync_only_ch64"] = {**_SYNC_ONLY, "weight_chunk": 64}
 VARIANTS["sync_only_ch128"] = {**_SYNC_ONLY, "weight_chunk": 128}
+VARIANTS["default_ch64"] = {"weight_chunk": 64}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -16,7 +16,8 @@ gpu_tests() {
 # Two passes of bench/moe.py's fused static kernels CFGS (the second in
 # reverse order) at SIZES from DIR/moe, the first one traced when TRACE=1:
 # moe_ab NAME CFGS SIZES DIR [TRACE]. Raw results NAME{1,2}.json and the
-# trace tables NAME_trace.txt into $OUT (scratch in $AB_TMP).
+# trace tables NAME_trace.txt into $OUT (scratch in $AB_TMP); the lines
+# matching $AB_GREP (default: the occupancy variants' GPU times) are shown.
 moe_ab() {
   local name=$1 cfgs=$2 sizes=$3 dir=$4 trace=${5:-0} tmp=${AB_TMP:-/tmp/ab} pass order
   mkdir -p "$tmp"
@@ -24,7 +25,8 @@ moe_ab() {
     order=$cfgs; [ $pass = 2 ] && order=$(echo $cfgs | tr , '\n' | tac | paste -sd,)
     BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$order BENCH_MOE_SIZES=$sizes \
       timeout 280 python bench/moe.py --artifacts $dir/moe --out "$tmp/$name$pass.json" \
-      $([ $pass = 1 ] && [ $trace = 1 ] && echo --trace) 2>&1 | tee -a "$OUT/$name.txt" | grep "occ.*GPU"
+      $([ $pass = 1 ] && [ $trace = 1 ] && echo --trace) 2>&1 | tee -a "$OUT/$name.txt" \
+      | grep "${AB_GREP:-occ.*GPU}"
   done
   cp "$tmp/${name}1.json" "$tmp/${name}2.json" "$OUT/"
   [ $trace = 1 ] && cp "$tmp/moe_trace.txt" "$OUT/${name}_trace.txt"

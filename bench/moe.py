@@ -339,10 +339,17 @@ def _chunked(config: dict, chunk: int) -> dict:
 for _key in ("single", "few", "dec_pf_gu32"):
     for _chunk in (32, 64, 128):
         CONFIGS[f"{_key}_ch{_chunk}"] = _chunked(CONFIGS[_key], _chunk)
+# The TMA presets, and with chunks of 64 (4-D maps: the same boxes).
+for _key in ("mid", "prefill"):
+    CONFIGS[_key] = dict(M.PRESETS[_key])
+    CONFIGS[f"{_key}_ch64"] = _chunked(CONFIGS[_key], 64)
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
 # per range of T); its buffers are the prefill member's (4 logits rows a token).
+# AUTOS: those artifacts by name, with their weight_chunk.
 AUTO = "auto"
 CONFIGS[AUTO] = {**M.PRESETS["prefill"], "logits_parts": M.PRESETS["prefill"]["router_splits"]}
+CONFIGS["auto_ch64"] = _chunked(CONFIGS[AUTO], 64)
+AUTOS = {AUTO: 0, "auto_ch64": 64}
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
 # BENCH_MOE_SIZES=1,16 to those token counts.
 if os.environ.get("BENCH_MOE_CONFIGS"):
@@ -383,6 +390,10 @@ TARGETS = {
         "pre_short",
         "pre_tb32",
         "pre_short_tk",
+        "mid",
+        "prefill",
+        "mid_ch64",
+        "prefill_ch64",
     )
     if k in CONFIGS
 }
@@ -462,9 +473,10 @@ def build(out: Path) -> None:
     for key in CONFIGS:
         cfg = moe_config(key)
         target = TARGETS.get(key, "sm_90")
-        if key == AUTO:  # its kernels are compile_moe's; no unfused or one-claim variants
+        if key in AUTOS:  # its kernels are compile_moe's; no unfused or one-claim variants
             for schedule in ("static",) if LEAN else ("static", "dynamic"):
-                M.compile_moe(schedule=schedule).save(out / f"fused_{key}_{schedule}")
+                artifact = M.compile_moe(schedule=schedule, weight_chunk=AUTOS[key])
+                artifact.save(out / f"fused_{key}_{schedule}")
                 print("built", f"fused_{key}_{schedule}")
             continue
         for schedule in ("static",) if LEAN else ("static", "dynamic"):
@@ -676,7 +688,7 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
         variants = [(key, s) for s in schedules]
         if key in OCCUPANCY:
             variants += [(f"{key}_occ", s) for s in schedules]
-        if not LEAN and key != AUTO:
+        if not LEAN and key not in AUTOS:
             variants.append((f"{key}_one", "dynamic"))
         for variant, schedule in variants:
             name = f"ETC fused {variant} {schedule}"
@@ -693,7 +705,7 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             if good:
                 record(f"{name}, eager", timed(torch, launch, calls, reps))
                 record(f"{name}, GPU time", gpu_timed(torch, launch, calls, reps))
-        if LEAN or key == AUTO:
+        if LEAN or key in AUTOS:
             continue
         kernels = [etc.runtime.load(artifacts / f"unfused_{key}_{t}") for t in M.unfused_tasks(cfg)]
         names = [{p.name for p in k.manifest.inputs} for k in kernels]

@@ -137,8 +137,9 @@ def _info(artifact: Path) -> None:
         print(f"  dynamic shared memory: {m.dynamic_shared_memory} bytes")
     for t in m.tensors:
         if t.tensor_map is not None:
-            src, box = t.tensor_map
-            print(f"  tensor {t.name}: TMA map of {src!r}, box {box} (encoded at launch)")
+            src, box, chunk = t.tensor_map
+            layout = f", 8-row groups of {chunk}-wide chunks" if chunk else ""
+            print(f"  tensor {t.name}: TMA map of {src!r}, box {box}{layout} (encoded at launch)")
             continue
         print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
     for task in m.tasks:

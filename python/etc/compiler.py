@@ -33,6 +33,9 @@ from .graph import Graph, Tensor
 __all__ = ["Artifact", "compile", "MANIFEST_FORMAT", "STATUS_WORDS"]
 
 MANIFEST_FORMAT = "etc-artifact/5"
+#: The format of a manifest with a chunked tensor map (``Graph.tensor_map(chunk=)``),
+#: which a format-5 runtime would encode as a row-major one.
+MANIFEST_FORMAT_CHUNKED = "etc-artifact/6"
 # Words of the status record the kernel writes (see ConvertETensorToGPU).
 STATUS_WORDS = 8
 DEFAULT_WATCHDOG_POLLS = 20_000_000
@@ -303,7 +306,9 @@ def _manifest(
     if trace:
         params.append({"kind": "trace"})
     return {
-        "format": MANIFEST_FORMAT,
+        "format": MANIFEST_FORMAT_CHUNKED
+        if any(t.map_chunk for t in g.tensors)
+        else MANIFEST_FORMAT,
         "graph": g.name,
         "kernel": g.name,
         "module": f"{g.name}_kernels",
@@ -319,7 +324,13 @@ def _manifest(
                 "shape": [_size(d) for d in t.shape],
                 "dtype": t.dtype.name,
                 **(
-                    {"tensor_map": {"source": t.map_of.name, "box": list(t.map_box)}}
+                    {
+                        "tensor_map": {
+                            "source": t.map_of.name,
+                            "box": list(t.map_box),
+                            **({"chunk": t.map_chunk} if t.map_chunk else {}),
+                        }
+                    }
                     if t.map_of is not None and t.map_box is not None
                     else {}
                 ),

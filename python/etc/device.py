@@ -81,9 +81,11 @@ class DeviceFunction:
         self.prefetch_fills_shared = False
         #: Buffers the tile reads through TMA: buffer index (after the grid
         #: coordinates) -> (index of the buffer the map describes, box
-        #: ``(rows, cols)``). A graph checks that exactly those buffers are
-        #: ``Graph.tensor_map`` tables of that source and box.
-        self.tensor_maps: dict[int, tuple[int, tuple[int, int]]] = {}
+        #: ``(rows, cols)``[, chunk]): ``chunk`` (default 0) when the source
+        #: is in ``etc.tiles.gemm.chunk_weights``' layout. A graph checks
+        #: that exactly those buffers are ``Graph.tensor_map`` tables of that
+        #: source, box and chunk.
+        self.tensor_maps: dict[int, tuple] = {}
 
     @classmethod
     def from_mlir(

@@ -63,10 +63,12 @@ class Tensor:
     index: int = field(repr=False)
     #: A peer table (see Graph.peer_table): the tensor whose ranks' addresses it holds.
     peers_of: Tensor | None = field(default=None, repr=False)
-    #: A TMA tensor map (see Graph.tensor_map): the tensor it describes, and
-    #: the box ``(rows, cols)`` one copy moves.
+    #: A TMA tensor map (see Graph.tensor_map): the tensor it describes, the
+    #: box ``(rows, cols)`` one copy moves, and the k chunk of a tensor in
+    #: ``etc.tiles.gemm.chunk_weights``' layout (0: row-major).
     map_of: Tensor | None = field(default=None, repr=False)
     map_box: tuple[int, int] | None = field(default=None, repr=False)
+    map_chunk: int = field(default=0, repr=False)
 
     @property
     def rank(self) -> int:
@@ -271,7 +273,9 @@ class Graph:
         table.peers_of = tensor
         return table
 
-    def tensor_map(self, tensor: Tensor, box: tuple[int, int], name: str | None = None) -> Tensor:
+    def tensor_map(
+        self, tensor: Tensor, box: tuple[int, int], name: str | None = None, chunk: int = 0
+    ) -> Tensor:
         """Declare the TMA tensor map of ``tensor`` for boxes of ``box = (rows,
         cols)``: an ``i64`` tensor of shape ``(16,)`` (a ``CUtensorMap``) that
         the runtime encodes at every launch from the bound tensor's address
@@ -282,9 +286,13 @@ class Graph:
         1..256. A tile that copies through TMA takes the map as an argument
         (see ``DeviceFunction.tensor_maps``); the simulator hands its
         reference zeros. ``Graph.task`` declares a tile's maps itself when it
-        is given only the tile's other buffers. ``name`` defaults to
-        ``<tensor>_tma<rows>x<cols>``; declaring the same map twice returns the
-        first."""
+        is given only the tile's other buffers. ``chunk=cols``: the tensor is
+        in ``etc.tiles.gemm.chunk_weights``' layout with chunks of ``cols``
+        (8-row groups of k chunks); the map views it in 4-D (k in chunk, row
+        in group, chunk, group) and a box of ``rows`` (a multiple of 8) lands
+        in shared memory exactly as the row layout's 2-D box would. ``name``
+        defaults to ``<tensor>_tma<rows>x<cols>`` (``_c<chunk>`` added);
+        declaring the same map twice returns the first."""
         if not isinstance(tensor, Tensor) or tensor.graph is not self:
             raise GraphError(f"tensor_map: {tensor!r} is not a tensor of graph '{self.name}'")
         where = f"tensor map of '{tensor.name}'"
@@ -313,11 +321,30 @@ class Graph:
                 f"{where}: a row of {last} {tensor.dtype.name} is {last * size} bytes; "
                 "TMA needs rows of a multiple of 16 bytes"
             )
+        if chunk:
+            rows_dim = tensor.shape[-2] if tensor.rank >= 2 else None
+            if (
+                chunk != cols
+                or rows % 8
+                or (isinstance(last, int) and last % chunk)
+                or (isinstance(rows_dim, int) and rows_dim % 8)
+            ):
+                raise GraphError(
+                    f"{where}: chunk={chunk} needs chunks of the box's {cols} columns, box rows "
+                    f"in 8-row groups (rows={rows}) and a tensor of 8-row groups of whole "
+                    f"chunks (shape {tuple(str(d) for d in tensor.shape)})"
+                )
         for t in self.tensors:
-            if t.map_of is tensor and t.map_box == (rows, cols) and name in (None, t.name):
+            if (
+                t.map_of is tensor
+                and t.map_box == (rows, cols)
+                and t.map_chunk == chunk
+                and name in (None, t.name)
+            ):
                 return t
-        table = self.tensor(name or f"{tensor.name}_tma{rows}x{cols}", (16,), "i64")
-        table.map_of, table.map_box = tensor, (rows, cols)
+        suffix = f"_c{chunk}" if chunk else ""
+        table = self.tensor(name or f"{tensor.name}_tma{rows}x{cols}{suffix}", (16,), "i64")
+        table.map_of, table.map_box, table.map_chunk = tensor, (rows, cols), chunk
         return table
 
     def event(
@@ -535,11 +562,11 @@ class Graph:
             return args
         extra = []
         for k in sorted(maps):
-            src, box = maps[k]
+            src, box, chunk = map_spec(maps[k])
             source = args[src] if 0 <= src < len(args) else None
             if not isinstance(source, Tensor):
                 return args  # _check_signature reports it
-            extra.append(self.tensor_map(source, box))
+            extra.append(self.tensor_map(source, box, chunk=chunk))
         return (*args, *extra)
 
     # ------------------------------------------------------------------
@@ -1173,6 +1200,12 @@ class Graph:
         return "\n".join(lines) + "\n"
 
 
+def map_spec(entry: tuple) -> tuple[int, tuple[int, int], int]:
+    """A ``DeviceFunction.tensor_maps`` entry as ``(source, box, chunk)``."""
+    src, box, *chunk = entry
+    return src, tuple(box), int(chunk[0]) if chunk else 0
+
+
 def _check_tensor_maps(fn: DeviceFunction, args: tuple[Tensor | Symbol, ...], where: str) -> None:
     """Buffer ``k`` of a tile that copies through TMA is the map it declares
     in ``fn.tensor_maps[k] = (source buffer, box)``, and only there."""
@@ -1187,13 +1220,14 @@ def _check_tensor_maps(fn: DeviceFunction, args: tuple[Tensor | Symbol, ...], wh
                     f"'{fn.name}' does not read buffer #{k} through TMA"
                 )
             continue
-        src, box = wanted[k]
+        src, box, chunk = map_spec(wanted[k])
         source = args[src] if 0 <= src < len(args) else None
-        if t.map_of is None or t.map_of is not source or t.map_box != tuple(box):
+        if t.map_of is None or t.map_of is not source or t.map_box != box or t.map_chunk != chunk:
             want = getattr(source, "name", f"buffer #{src}")
+            chunked = f", chunk={chunk}" if chunk else ""
             raise GraphError(
                 f"{where}: buffer #{k} of device function '{fn.name}' must be "
-                f"graph.tensor_map({want}, box={tuple(box)}), got tensor '{t.name}'"
+                f"graph.tensor_map({want}, box={box}{chunked}), got tensor '{t.name}'"
                 + (
                     f" (the map of '{t.map_of.name}' with box {t.map_box})"
                     if t.map_of is not None

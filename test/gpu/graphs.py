@@ -226,6 +226,8 @@ def _chunked(cfg, gate_up: int = 64, down: int = 32):
 MOE_SMALL_CHUNK = _chunked(MOE_SMALL)
 MOE_SMALL_RINGPF_CHUNK = _chunked(MOE_SMALL_RING_PREFETCH)
 MOE_SMALL_SLOTS_CHUNK = _chunked(MOE_SMALL_SLOTS_RING)
+#: ... and the TMA tiles' weights through 4-D maps (chunks of 64).
+MOE_SMALL_TMA_CHUNK = _chunked(MOE_SMALL_TMA, 64, 64)
 
 MOE_GRAPH_OPTIONS = {"_route_unguarded": {"gate_up_waits_tables": False}}
 #: Sizes at which every MoE preset's tiles work (``compile_moe``'s GPU test).
@@ -602,6 +604,8 @@ def llama_tiny_variants() -> dict:
         # the L2 prefetch of weight eighths.
         "llama_tiny_chunk": dataclasses.replace(llama.TINY, weight_chunk=64),
         "llama_tiny_chunk_prefetch": dataclasses.replace(prefetch, weight_chunk=32),
+        # ... and every projection on the tma core (4-D maps, chunks of 64).
+        "llama_tiny_tma_chunk": dataclasses.replace(tma, weight_chunk=64),
     }
 
 

@@ -69,6 +69,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_SUB,
     MOE_SMALL_TICKET,
     MOE_SMALL_TMA,
+    MOE_SMALL_TMA_CHUNK,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         ("route_gather", MOE_SMALL_ROUTE_GATHER), ("atomic", MOE_SMALL_ATOMIC),
         ("route_atomic", MOE_SMALL_ROUTE_ATOMIC), ("atomic16", MOE_SMALL_ATOMIC16),
         ("route_atomic16", MOE_SMALL_ROUTE_ATOMIC16), ("tma_ticket", MOE_SMALL_TMA_TICKET),
-        ("tma_short", MOE_SMALL_TMA_SHORT),
+        ("tma_short", MOE_SMALL_TMA_SHORT), ("tma_chunk", MOE_SMALL_TMA_CHUNK),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():
@@ -185,12 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith(args.only):
             llama.compile_decoder(cfg, "static").save(args.out / name)
             print(f"{name}: {args.out / name} (static)")
-    # The MoE presets in one artifact, a kernel per range of T (compile_moe).
+    # The MoE presets in one artifact, a kernel per range of T (compile_moe),
+    # and the same with every kernel's expert weights chunked.
     for schedule in ("static", "dynamic"):
-        name = f"moe_small_family_{schedule}"
-        if name.startswith(args.only):
-            moe.compile_moe(schedule=schedule, **MOE_FAMILY_SIZES).save(args.out / name)
-            print(f"{name}: {args.out / name} ({schedule}, {len(moe.PRESET_BUCKETS)} kernels)")
+        for chunk, tag in ((0, ""), (64, "_ch64")):
+            name = f"moe_small_family{tag}_{schedule}"
+            if name.startswith(args.only):
+                artifact = moe.compile_moe(
+                    schedule=schedule, weight_chunk=chunk, **MOE_FAMILY_SIZES
+                )
+                artifact.save(args.out / name)
+                print(f"{name}: {args.out / name} ({schedule}, {len(moe.PRESET_BUCKETS)} kernels)")
     from etc.models import collective
 
     for variant in ("gemm_rs", "ag_gemm", *TENSOR_PARALLEL_VARIANTS):

@@ -45,6 +45,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_SUB,
     MOE_SMALL_TICKET,
     MOE_SMALL_TMA,
+    MOE_SMALL_TMA_CHUNK,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
@@ -63,6 +64,7 @@ pytestmark = [
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
         "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short", "_slots",
         "_slots_logits", "_slots_l2", "_slots_ring", "_chunk", "_ringpf_chunk", "_slots_chunk",
+        "_tma_chunk",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -94,6 +96,7 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_chunk": MOE_SMALL_CHUNK,
         "_ringpf_chunk": MOE_SMALL_RINGPF_CHUNK,
         "_slots_chunk": MOE_SMALL_SLOTS_CHUNK,
+        "_tma_chunk": MOE_SMALL_TMA_CHUNK,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
@@ -246,14 +249,18 @@ def test_short_blocks_give_the_plain_tiles_bits(schedule: str) -> None:
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
 
 
+@pytest.mark.parametrize("chunk", [0, 64])
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_one_artifact_runs_each_preset_by_token_count(schedule: str) -> None:
+def test_one_artifact_runs_each_preset_by_token_count(schedule: str, chunk: int) -> None:
     # compile_moe: the single, decode, mid and prefill presets in one
     # artifact; each launch runs the kernel of T's range on the same buffers
     # (the single and decode kernels leave the logits' spare rows alone), back
-    # to back.
-    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small_family_{schedule}")
-    family = M.preset_family(**MOE_FAMILY_SIZES)
+    # to back. With chunk=64 every kernel reads the expert weights chunked.
+    tag = f"_ch{chunk}" if chunk else ""
+    kernel = etc.runtime.load(
+        Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small_family{tag}_{schedule}"
+    )
+    family = M.preset_family(weight_chunk=chunk, **MOE_FAMILY_SIZES)
     assert kernel.bounds == [bound for bound, _, _ in family]
     cfg = family[-1][2]
     for T, routing in ((1, "uniform"), (4, "one-expert"), (5, "uniform"), (8, "uniform"),

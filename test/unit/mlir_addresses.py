@@ -122,6 +122,39 @@ def weight_loads(body: str, ev: Evaluator, memref: str, dims: tuple[int, ...]) -
     return out
 
 
+_ASM = re.compile(
+    r'llvm\.inline_asm has_side_effects asm_dialect = att "([^"]*)", "[^"]*" ([^:]*) :'
+)
+
+
+def tma_copies(body: str, ev: Evaluator) -> list[tuple[str, list[int]]]:
+    """Every TMA box copy or L2 prefetch (``cp.async.bulk[.prefetch].tensor``)
+    of the body for the evaluator's thread, in program order, each one in a
+    loop once per iteration: ``(instruction, [operand values])``."""
+    items = []
+    for text, operands in _ASM.findall(body):
+        if ".tensor." in text and text.startswith("cp.async.bulk"):
+            items.append((text.split(" ")[0], [x.strip() for x in operands.split(",")]))
+    loops = {m.group(1): m for m in _FOR.finditer(body)}
+    out = []
+    for instruction, names in items:
+        try:
+            out.append((instruction, [ev(x) for x in names]))
+            continue
+        except KeyError as e:
+            var = next((v for v in loops if f"{v}:" in str(e)), None)
+            if var is None:
+                raise
+        m = loops[var]
+        for value in range(*(ev(m.group(i)) for i in (2, 3, 4))):
+            ev.env[var] = value
+            ev.invalidate_loop()
+            out.append((instruction, [ev(x) for x in names]))
+        ev.env.pop(var)
+        ev.invalidate_loop()
+    return out
+
+
 def _per_iteration(body, ev, items, loop_var, split=None):
     evaluate = (lambda it: [ev(x) for x in split(it)]) if split else ev
     outside, inside = [], []

@@ -277,6 +277,32 @@ def test_decoder_on_the_tma_core_matches_the_numpy_model():
     assert not out["split_count"].any()
 
 
+def test_decoder_on_the_tma_core_with_chunked_weights_gives_the_row_layout_s_step():
+    """The same decoder with its layer weights chunked (4-D maps): the
+    logits, tokens and caches are the row layout's bit for bit."""
+    plain = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
+    cfg = dataclasses.replace(plain, weight_chunk=64)
+    weights = M.random_weights(cfg, seed=5)
+    B, L_ = 70, 5
+    tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
+    syms = {"B": B, "L": L_, "S": L_ + 3}
+    g = M.build_decoder_graph(cfg)
+    chunked = [t for t in g.tensors if t.map_chunk]
+    assert {t.map_of.name for t in chunked} == {
+        "wqkv_folded_c64",
+        "wo_c64",
+        "wgu_folded_c64",
+        "wd_c64",
+    }
+    out = etc.simulate(g, M.numpy_inputs(cfg, weights, tokens, L_, L_ + 3), syms, num_ctas=7)
+    want = etc.simulate(
+        M.build_decoder_graph(plain), M.numpy_inputs(plain, weights, tokens, L_, L_ + 3), syms,
+        num_ctas=7,
+    )  # fmt: skip
+    for key in ("logits", "next_tokens", "k_cache", "v_cache"):
+        np.testing.assert_array_equal(out[key], want[key])
+
+
 @needs_ptxas
 def test_decoder_with_a_tma_large_batch_kernel_compiles(tmp_path):
     """Three kernels, one set of tensors: the workspace is declared by all,

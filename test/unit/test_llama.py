@@ -1143,14 +1143,19 @@ def test_weight_chunk_errors_name_the_field():
         )
     with pytest.raises(etc.GraphError, match="changes weight_chunk, but the kernels share"):
         dataclasses.replace(CFG, batch_buckets=((1, (("weight_chunk", 64),)), (None, ())))
-    # Llama-3.2-1B's large-batch kernel runs its projections on the tma core.
+    # Llama-3.2-1B's large-batch kernel runs its projections on the tma
+    # core, which reads chunks of 64 (one TMA box's k) only.
     with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket"):
-        dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64)
-    assert dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64, batch_buckets=()).weight_chunk
+        dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=32)
+    assert dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64).weight_chunk == 64
 
 
 @needs_ptxas
-def test_chunked_llama_3_2_1b_sync_kernel_compiles():
-    cfg = dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64, batch_buckets=())
-    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
-    assert art.cubin is not None
+def test_chunked_llama_3_2_1b_kernels_compile():
+    """The B = 1 (sync core) and large-batch (tma core, 4-D maps) kernels."""
+    cfg = dataclasses.replace(M.LLAMA_3_2_1B, weight_chunk=64)
+    (_, one), *_, (_, large) = cfg.bucket_configs()
+    for bucket in (one, large):
+        art = etc.compile(M.build_decoder_graph(bucket), **M.compile_options(bucket))
+        assert art.cubin is not None
+    assert art.ptx.count("cp.async.bulk.tensor.4d") > 0

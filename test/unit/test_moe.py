@@ -1000,12 +1000,35 @@ def test_chunked_weights_give_the_row_layout_s_bits(schedule, route):
 
 def test_one_artifact_refuses_mixed_weight_layouts(monkeypatch):
     """The kernels of ``compile_moe`` share one set of weights: a chunked
-    decode preset next to a row-layout one is refused, naming them."""
+    decode preset next to a row-layout one is refused, naming them; with
+    ``weight_chunk=64`` every preset, the TMA ones too, reads chunks."""
     monkeypatch.setitem(M.PRESETS, "decode_ch", _chunked(M.preset("decode")).__dict__)
     with pytest.raises(etc.GraphError, match=r"different layouts.*'decode_ch': \{'Wgu': 64"):
         M.preset_family(((5, "decode_ch"), (None, "decode")))
     assert len(M.preset_family(((5, "decode_ch"), (None, "decode_ch")))) == 2
-    # The TMA tiles do not take the option: an unknown option names their tile.
-    with pytest.raises(etc.GraphError, match="unknown option.*weight_chunk"):
-        M.build_moe_graph(replace(M.preset("prefill"), gate_up_options=(
-            *M.PRESETS["prefill"]["gate_up_options"], ("weight_chunk", 64))))  # fmt: skip
+    family = M.preset_family(weight_chunk=64, **FAMILY_SIZES)
+    assert all(M.weight_chunks(cfg) == {"Wgu": 64, "Wd": 64} for _, _, cfg in family)
+    # The TMA tiles read one box's k (64) per chunk, no other width.
+    with pytest.raises(etc.GraphError, match="weight_chunk=32 needs core='tma' and chunks of 64"):
+        M.preset_family(weight_chunk=32, **FAMILY_SIZES)
+        M.build_moe_graph(M.preset_family(weight_chunk=32, **FAMILY_SIZES)[-1][2])
+
+
+@needs_bindings
+@needs_trigger
+@pytest.mark.parametrize("T", [1, 4, 7, 40])
+def test_chunked_preset_family_gives_the_row_family_s_bits(T):
+    """Every kernel of the one artifact with chunked weights (the slot,
+    table-driven and TMA tiles) gives the row-layout kernel's output bit for
+    bit in the simulator, from the same nn.Linear weights."""
+    rows = {name: cfg for _, name, cfg in M.preset_family(**FAMILY_SIZES)}
+    for bound, name, cfg in M.preset_family(weight_chunk=64, **FAMILY_SIZES):
+        if bound is not None and T > bound or name == "prefill" and T < 900:
+            continue
+        _, x, w, ref = case(cfg, T, "uniform", seed=T)
+        out = etc.simulate(M.build_moe_graph(cfg), M.numpy_inputs(cfg, x, w), {"T": T})
+        plain = rows[name]
+        want = etc.simulate(M.build_moe_graph(plain), M.numpy_inputs(plain, x, w), {"T": T})
+        np.testing.assert_array_equal(out["Out"], want["Out"])
+        assert M.rel_err(out["Out"], ref) <= 1e-2
+        break

@@ -121,8 +121,8 @@ def test_compiled_manifest_records_maps(tmp_path: Path):
     g.task(dense_tma(), grid=(2, 3), args=(A, B, C))
     etc.compile(g, target="sm_90a").save(tmp_path / "art")
     m = manifest.load_manifest(tmp_path / "art")
-    assert m.tensor("A_tma128x64").tensor_map == ("A", (128, 64))
-    assert m.tensor("B_tma64x64").tensor_map == ("B", (64, 64))
+    assert m.tensor("A_tma128x64").tensor_map == ("A", (128, 64), 0)
+    assert m.tensor("B_tma64x64").tensor_map == ("B", (64, 64), 0)
     assert [t.name for t in m.inputs] == ["A", "B", "C"]
 
 
@@ -146,7 +146,7 @@ def mapped_manifest() -> dict:
 
 def test_manifest_tensor_map_round_trip(tmp_path: Path):
     m = manifest.load_manifest(write_artifact(tmp_path, mapped_manifest()))
-    assert m.tensor("A_map").tensor_map == ("A", (64, 64))
+    assert m.tensor("A_map").tensor_map == ("A", (64, 64), 0)
     assert [t.name for t in m.inputs] == ["A", "B", "C"]
     shapes = args.bound_shapes(m, {"n": 3})
     given = {"A": np.zeros((3, 256), np.uint16), "B": np.zeros((3, 4), np.float32)}
@@ -213,7 +213,7 @@ def test_map_cache_reuses_and_evicts(tmp_path: Path, monkeypatch):
     shapes = {"A": (3, 256)}
     first = maps.pointers({"A": 0x1000}, shapes, 0)
     assert maps.pointers({"A": 0x1000}, shapes, 0) == first and len(encoded) == 1
-    assert encoded[0][1:] == (0x1000, (3, 256), "bf16", (64, 64))
+    assert encoded[0][1:] == (0x1000, (3, 256), "bf16", (64, 64), 0)
     second = maps.pointers({"A": 0x2000}, shapes, 0)
     assert second != first and maps.generation == 0
     maps.pointers({"A": 0x3000}, shapes, 0)  # evicts the oldest (0x1000's)
@@ -623,3 +623,150 @@ def test_prefill_moe_kernel_keeps_wgmma_pipelined(tmp_path):
     info = sm90a_ptxas(art.ptx, tmp_path)
     assert "wgmma.mma_async" in art.ptx
     assert "serialized" not in info, info
+
+
+# -- chunked weights through 4-D maps (Graph.tensor_map(chunk=64)) ---------------
+
+
+def _box_through_map(flat: np.ndarray, dims, strides, box, coords) -> np.ndarray:
+    """The elements a TMA box copy at ``coords`` (innermost first) writes to
+    shared memory, in order, computed from the map's geometry over ``flat``
+    (one element per array entry)."""
+    size = 2  # bf16
+    steps = [1] + [s // size for s in strides]
+    out = []
+    for idx in np.ndindex(*reversed(box)):  # the outermost dimension first
+        at = [c + i for c, i in zip(coords, reversed(idx), strict=True)]
+        assert all(a < d for a, d in zip(at, dims, strict=True))
+        out.append(flat[sum(a * s for a, s in zip(at, steps, strict=True))])
+    return np.array(out)
+
+
+def test_chunked_map_boxes_land_as_the_row_layout_s_boxes():
+    """The 4-D view of a chunked weight: its box at ``(0, 0, k/64, row/8)``
+    holds, in shared-memory order, exactly the row layout's 2-D box at
+    ``(k, row)`` (rows of 64 values one after another), for every k-tile and
+    several 8-aligned rows."""
+    from etc.tiles.gemm import chunk_weights
+
+    w = np.arange(2 * 48 * 256, dtype=np.int64).reshape(2, 48, 256)  # distinct values
+    chunked = chunk_weights(w, 64).reshape(-1)
+    plain = w.reshape(-1, 256)
+    dims2, strides2, box2 = tensormap.map_geometry("t", w.shape, "bf16", (16, 64))
+    dims, strides, box = tensormap.map_geometry("t", w.shape, "bf16", (16, 64), chunk=64)
+    assert (dims, strides, box) == ([64, 8, 4, 12], [128, 1024, 4096], [64, 8, 1, 2])
+    for k in (0, 64, 192):
+        for row in (0, 8, 40, 80):
+            want = _box_through_map(plain.reshape(-1), dims2, strides2, box2, (k, row))
+            np.testing.assert_array_equal(want, plain[row : row + 16, k : k + 64].reshape(-1))
+            got = _box_through_map(chunked, dims, strides, box, (0, 0, k // 64, row // 8))
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(ShapeError, match="8-row groups of whole chunks"):
+        tensormap.map_geometry("t", (12, 256), "bf16", (8, 64), chunk=64)
+
+
+@needs_bindings
+def test_chunked_maps_in_the_graph_and_the_manifest(tmp_path):
+    g = etc.Graph("chunked")
+    w = g.tensor("W", (4, 256, 128), "bf16")
+    m = g.tensor_map(w, (64, 64), chunk=64)
+    assert (m.name, m.map_chunk) == ("W_tma64x64_c64", 64)
+    assert g.tensor_map(w, (64, 64), chunk=64) is m and g.tensor_map(w, (64, 64)) is not m
+    with pytest.raises(GraphError, match="chunk=32 needs chunks of the box's 64 columns"):
+        g.tensor_map(w, (64, 64), chunk=32)
+    with pytest.raises(GraphError, match=r"box rows\s+in 8-row groups \(rows=12\)"):
+        g.tensor_map(w, (12, 64), chunk=64)
+    # A format-6 manifest with the chunk reads back; a chunk that is not the box's is refused.
+    data = mapped_manifest()
+    data["format"] = "etc-artifact/6"
+    data["tensors"][-1]["tensor_map"]["chunk"] = data["tensors"][-1]["tensor_map"]["box"][1]
+    spec = manifest.load_manifest(write_artifact(tmp_path / "a", data)).tensors[-1]
+    assert spec.tensor_map[2] == spec.tensor_map[1][1]
+    data["tensors"][-1]["tensor_map"]["chunk"] = 16
+    with pytest.raises(LaunchError, match="tensor_map.chunk"):
+        manifest.load_manifest(write_artifact(tmp_path / "b", data))
+
+
+def _table_load(memref: str, index: list[int]) -> int:
+    """Routing tables of 100 rows and 4 tiles per expert (the MoE tiles' decode)."""
+    if "indptr" in memref:
+        return 4 * index[0]
+    if "row_off" in memref:
+        return 100 * index[0]
+    raise KeyError(memref)
+
+
+def _tma_copies(tile, func, coords, bases):
+    from mlir_addresses import Evaluator, functions, tma_copies
+
+    body = functions(tile.source)[func]
+    return tma_copies(body, Evaluator(body, {**coords, "tid": 0}, bases, load=_table_load))
+
+
+def _check_chunked_copies(plain, chunked, weight_base):
+    """Copy by copy, the chunked tile's weight boxes are the plain tile's at
+    ``(0, 0, k / 64, row / 8)`` through a 4-D map; every other copy is the same."""
+    assert len(plain) == len(chunked) and plain
+    weights = 0
+    for (op_a, a), (op_b, b) in zip(plain, chunked, strict=True):
+        prefetch = "prefetch" in op_a
+        where = 0 if prefetch else 1  # the map operand
+        if a[where] != weight_base:
+            assert (op_b, b) == (op_a, a)
+            continue
+        weights += 1
+        assert op_b == op_a.replace(".2d.", ".4d.")
+        col, row = a[where + 1 : where + 3]
+        assert col % 64 == 0 and row % 8 == 0
+        assert b[: where + 1] == a[: where + 1] and b[where + 5 :] == a[where + 3 :]
+        assert b[where + 1 : where + 5] == [0, 0, col // 64, row // 8]
+    assert weights
+
+
+@needs_bindings
+@pytest.mark.parametrize("kind", ["gate_up", "down"])
+def test_chunked_moe_tma_tiles_copy_the_same_boxes_through_4d_maps(kind):
+    make = G.moe_gate_up if kind == "gate_up" else G.moe_down
+    options = dict(experts=E, core="tma", stages=3, smem_limit=220 << 10)
+    block_n = 128 if kind == "gate_up" else 256
+    plain = make(128, block_n, 512, 256, **options)
+    chunked = make(128, block_n, 512, 256, weight_chunk=64, **options)
+    w = "%Wgu_map" if kind == "gate_up" else "%Wd_map"
+    a = "%Xp_map" if kind == "gate_up" else "%Hb_map"
+    bases = {w: 1 << 50, a: 1 << 51}
+    assert chunked.tensor_maps[6] == (1, (plain.tensor_maps[6][1]), 64)
+    for coords in ({"%i": 5, "%e": 1}, {"%i": 9, "%e": 2}):
+        _check_chunked_copies(
+            _tma_copies(plain, plain.name, coords, bases),
+            _tma_copies(chunked, chunked.name, coords, bases),
+            1 << 50,
+        )
+    with pytest.raises(GraphError, match="weight_chunk=32 needs core='tma' and chunks of 64"):
+        make(128, block_n, 512, 256, weight_chunk=32, **options)
+    with pytest.raises(GraphError, match="needs core='tma'"):
+        make(64, 64, 512, 256, experts=E, weight_chunk=64)
+
+
+@needs_bindings
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(k_splits=2, prefetch_ring=True, rotate_k=True),
+        dict(prefetch_ring="shared", epilogue="swiglu"),
+    ],
+)
+def test_chunked_layer_tma_tiles_copy_the_same_boxes_through_4d_maps(options):
+    from etc.tiles.gemm import layer_gemm
+
+    options = {"epilogue": "store", **options}
+    kw = dict(layers=2, core="tma", stages=3, **options)
+    plain = layer_gemm(64, 64, 128, 512, **kw)
+    chunked = layer_gemm(64, 64, 128, 512, weight_chunk=64, **kw)
+    bases = {"%W_map": 1 << 50, "%A_map": 1 << 51}
+    coords = {"%l": 1, "%i": 0, "%j": 1, "%ks": 1}
+    for func in (plain.name, f"{plain.name}__prefetch"):
+        _check_chunked_copies(
+            _tma_copies(plain, func, coords, bases),
+            _tma_copies(chunked, func, coords, bases),
+            1 << 50,
+        )

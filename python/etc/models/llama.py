@@ -367,10 +367,10 @@ class LlamaConfig:
     #: k (0: nn.Linear rows): each k step of a warp's 8-row fragment reads
     #: one contiguous piece. :func:`graph_weights` converts them (their
     #: tensors get a ``_c<chunk>`` suffix, so unconverted weights are refused
-    #: at launch). Needs the sync core for those projections in every kernel
-    #: (the TMA tiles do not take it), and the same value in every batch
-    #: bucket (the kernels share their weights). Not measured yet
-    #: (``bench/RESULTS.md``, item 100).
+    #: at launch). Needs the sync core for those projections in every kernel,
+    #: or the tma core with chunks of 64 (one TMA box's k: a 4-D map), and
+    #: the same value in every batch bucket (the kernels share their
+    #: weights). Not measured yet (``bench/RESULTS.md``, item 100).
     weight_chunk: int = 0
     #: The GEMM tiles issue their weight ring's first groups before they
     #: wait for their activations (``layer_gemm(prefetch_ring=True)``; the
@@ -764,11 +764,15 @@ class LlamaConfig:
                 f"LlamaConfig: weight_chunk={chunk} must be a multiple of 8 dividing the layer "
                 f"projections' k ({', '.join(f'{n}={k}' for n, k in ks.items())})"
             )
-        other = [f"{p} ({self.core(p)})" for p in _PROJECTIONS[:4] if self.core(p) != "sync"]
+        other = [
+            f"{p} ({self.core(p)})"
+            for p in _PROJECTIONS[:4]
+            if self.core(p) == "bulk" or (self.core(p) == "tma" and chunk != 64)
+        ]
         if other:
             raise GraphError(
-                f"LlamaConfig: weight_chunk needs the sync core for the layer projections; "
-                f"{', '.join(other)} do not take it"
+                f"LlamaConfig: weight_chunk={chunk} needs the sync core for the layer "
+                f"projections, or the tma core with chunks of 64; {', '.join(other)} do not take it"
             )
 
     def _check_l2_prefetch(self) -> None:
@@ -1102,6 +1106,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
+                weight_chunk=cfg.weight_chunk if layers is not None else 0,
             )  # fmt: skip
         else:
             warps = None

@@ -992,16 +992,28 @@ def _last_task(cfg: MoEConfig) -> tuple[str, tuple[str, ...]]:
 
 
 def preset_family(
-    buckets: tuple[tuple[int | None, str], ...] = PRESET_BUCKETS, **overrides: Any
+    buckets: tuple[tuple[int | None, str], ...] = PRESET_BUCKETS,
+    *,
+    weight_chunk: int = 0,
+    **overrides: Any,
 ) -> list[tuple[int | None, str, MoEConfig]]:
     """``(largest T, preset name, configuration)`` of each kernel of
     :func:`compile_moe`: the preset with ``overrides``, its ``logits``
     buffer sized for the family's largest ``router_splits`` so that one set
     of buffers (:func:`numpy_inputs` / :func:`torch_inputs` of any member)
-    serves every kernel."""
+    serves every kernel. ``weight_chunk`` (0 or 64, what the TMA tiles
+    take): every preset's expert tiles read ``Wgu``/``Wd`` in
+    :func:`etc.tiles.gemm.chunk_weights`' layout."""
     if not buckets:
         raise GraphError("preset_family: no buckets")
     configs = [(bound, name, preset(name, **overrides)) for bound, name in buckets]
+    if weight_chunk:
+        chunk = (("weight_chunk", weight_chunk),)
+        configs = [
+            (bound, name, replace(cfg, gate_up_options=cfg.gate_up_options + chunk,
+                                  down_options=cfg.down_options + chunk))
+            for bound, name, cfg in configs
+        ]  # fmt: skip
     layouts = {name: weight_chunks(cfg) for _, name, cfg in configs}
     if len({tuple(v.items()) for v in layouts.values()}) > 1:
         raise GraphError(
@@ -1017,6 +1029,7 @@ def compile_moe(
     *,
     schedule: str = "static",
     name: str = "moe",
+    weight_chunk: int = 0,
     **overrides: Any,
 ) -> Any:
     """The layer as one artifact for every T (``etc.compile_buckets``): a
@@ -1025,7 +1038,8 @@ def compile_moe(
     ``min_ctas_per_sm``. ``etc.runtime.load`` of the saved artifact launches
     the kernel whose range holds T, with no recompilation; its buffers are
     those of :func:`preset_family`'s configurations. ``overrides``: sizes
-    (``hidden``, ``experts``, ...) for every preset."""
+    (``hidden``, ``experts``, ...) for every preset; ``weight_chunk``: see
+    :func:`preset_family`."""
     from ..buckets import compile_buckets
 
     graphs = [
@@ -1037,7 +1051,9 @@ def compile_moe(
                 "min_ctas_per_sm": PRESET_MIN_CTAS_PER_SM[preset_name],
             },
         )
-        for bound, preset_name, cfg in preset_family(buckets, **overrides)
+        for bound, preset_name, cfg in preset_family(
+            buckets, weight_chunk=weight_chunk, **overrides
+        )
     ]
     return compile_buckets("T", graphs, schedule=schedule)
 

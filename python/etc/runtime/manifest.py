@@ -23,8 +23,10 @@ from .sizes import SizeExpr, parse_size
 FORMAT = "etc-artifact/5"
 #: Formats this runtime reads: 5 added TMA tensor maps (`tensor_map` on a
 #: tensor), which a format-4 runtime would have asked the caller to pass; a
-#: format-4 manifest is a format-5 one without maps.
-READABLE_FORMATS = ("etc-artifact/4", FORMAT)
+#: format-4 manifest is a format-5 one without maps. 6 added chunked maps
+#: (`tensor_map.chunk`), which a format-5 runtime would encode as row-major
+#: ones; the compiler writes it only for a graph that has one.
+READABLE_FORMATS = ("etc-artifact/4", FORMAT, "etc-artifact/6")
 MANIFEST = "manifest.json"
 
 #: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
@@ -87,8 +89,9 @@ class TensorSpec:
     shape: tuple[Dim, ...]
     dtype: str
     #: A TMA tensor map the runtime encodes at launch: (source tensor, box
-    #: (rows, cols)); None for a buffer the caller passes.
-    tensor_map: tuple[str, tuple[int, int]] | None = None
+    #: (rows, cols), chunk: 0, or the k chunk of a source in
+    #: ``etc.tiles.gemm.chunk_weights``' layout); None for a buffer the caller passes.
+    tensor_map: tuple[str, tuple[int, int], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -338,7 +341,11 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         raise c.fail("<root>", f"expected an object, got {type(data).__name__}")
     fmt = c.get(data, "format", str, "")
     if fmt not in READABLE_FORMATS:
-        raise c.fail("format", f"expected {FORMAT!r} (or 'etc-artifact/4'), got {fmt!r}")
+        raise c.fail(
+            "format",
+            f"expected {FORMAT!r} (or 'etc-artifact/4', or 'etc-artifact/6' with chunked "
+            f"tensor maps), got {fmt!r}",
+        )
 
     symbols = c.get(data, "symbols", list, "")
     for i, s in enumerate(symbols):
@@ -571,11 +578,18 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     )
 
 
-def _tensor_map(c: _Checker, data: Mapping, w: str) -> tuple[str, tuple[int, int]]:
+def _tensor_map(c: _Checker, data: Mapping, w: str) -> tuple[str, tuple[int, int], int]:
     box = c.get(data, "box", list, w)
     if len(box) != 2 or not all(_is_int(b) and b > 0 for b in box):
         raise c.fail(f"{w}box", f"expected [rows, cols] positive ints, got {box!r}")
-    return c.name(data, "source", w), (int(box[0]), int(box[1]))
+    chunk = data.get("chunk", 0)
+    if chunk and (not _is_int(chunk) or chunk != box[1] or box[0] % 8):
+        raise c.fail(
+            f"{w}chunk",
+            f"expected 0 or the box's columns ({box[1]}) with box rows in 8-row groups, "
+            f"got {chunk!r}",
+        )
+    return c.name(data, "source", w), (int(box[0]), int(box[1])), int(chunk)
 
 
 def _file_name(c: _Checker, name: str, field: str) -> str:

@@ -32,11 +32,18 @@ _DATA_TYPES = {
 
 
 def map_geometry(
-    where: str, shape: Sequence[int], dtype: str, box: tuple[int, int]
+    where: str, shape: Sequence[int], dtype: str, box: tuple[int, int], chunk: int = 0
 ) -> tuple[list[int], list[int], list[int]] | None:
     """``(global dims, global strides in bytes, box dims)``, innermost first, of the
     2-D view (last dimension x the product of the others) of a tensor; None when
-    it is empty (no tile reads it). Raises `ShapeError` for what TMA cannot map."""
+    it is empty (no tile reads it). Raises `ShapeError` for what TMA cannot map.
+
+    ``chunk`` (the box's columns): the tensor is in ``etc.tiles.gemm.chunk_weights``'
+    layout, 8-row groups of ``chunk``-wide k chunks, each chunk its 8 rows one
+    after another. The view is then 4-D, ``(k in chunk, row in group, chunk,
+    group)``, and a box ``(chunk, 8, 1, rows / 8)`` at ``(0, 0, k / chunk,
+    row / 8)`` lands in shared memory as the 2-D view's ``(cols, rows)`` box
+    at ``(k, row)`` would: ``rows`` rows of ``chunk`` values, one after another."""
     if dtype not in _DATA_TYPES:
         raise ShapeError(f"{where}: TMA maps do not support dtype {dtype}")
     if not numel(shape):
@@ -50,13 +57,25 @@ def map_geometry(
         )
     if max(rows, cols) > 1 << 32:
         raise ShapeError(f"{where}: {rows} x {cols} is over TMA's 2**32 per dimension")
-    return [cols, rows], [cols * size], [box[1], box[0]]
+    if not chunk:
+        return [cols, rows], [cols * size], [box[1], box[0]]
+    if rows % 8 or cols % chunk:
+        raise ShapeError(
+            f"{where}: a tensor of {rows} rows of {cols} in chunks of {chunk} is not in 8-row "
+            "groups of whole chunks"
+        )
+    dims = [chunk, 8, cols // chunk, rows // 8]
+    strides = [chunk * size, 8 * chunk * size, 8 * cols * size]
+    return dims, strides, [box[1], 8, 1, box[0] // 8]
 
 
-def encode(where: str, ptr: int, shape: Sequence[int], dtype: str, box: tuple[int, int]) -> bytes:
+def encode(
+    where: str, ptr: int, shape: Sequence[int], dtype: str, box: tuple[int, int], chunk: int = 0
+) -> bytes:
     """The 128 bytes of the map of the tensor at ``ptr`` (128-byte swizzle,
-    zeros past the end), or zeros for an empty tensor."""
-    geometry = map_geometry(where, shape, dtype, box)
+    zeros past the end; ``chunk``: see :func:`map_geometry`), or zeros for an
+    empty tensor."""
+    geometry = map_geometry(where, shape, dtype, box, chunk)
     if geometry is None:
         return bytes(MAP_BYTES)
     if ptr % 16:
@@ -65,12 +84,12 @@ def encode(where: str, ptr: int, shape: Sequence[int], dtype: str, box: tuple[in
     cu = driver._require()
     err, tmap = cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, _DATA_TYPES[dtype]),
-        2,
+        len(dims),
         ptr,
         [cu.cuuint64_t(d) for d in dims],
         [cu.cuuint64_t(d) for d in strides],
         [cu.cuuint32_t(d) for d in boxes],
-        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        [cu.cuuint32_t(1)] * len(dims),
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -90,9 +109,10 @@ class TensorMaps:
     def __init__(self, manifest: Manifest):
         self.graph = manifest.graph
         self.specs = [
-            (t.name, t.tensor_map[0], manifest.tensor(t.tensor_map[0]).dtype, t.tensor_map[1])
+            (t.name, source, manifest.tensor(source).dtype, box, chunk)
             for t in manifest.tensors
             if t.tensor_map is not None
+            for source, box, chunk in [t.tensor_map]
         ]
         self._cache: OrderedDict[tuple, driver.DeviceBuffer] = OrderedDict()
         #: Bumped whenever a cached map is freed: launches compare it to know
@@ -107,13 +127,13 @@ class TensorMaps:
     ) -> dict[str, int]:
         """The map address of every map tensor, given the sources' addresses."""
         out = {}
-        for name, source, dtype, box in self.specs:
-            key = (ptrs[source], shapes[source], dtype, box)
+        for name, source, dtype, box, chunk in self.specs:
+            key = (ptrs[source], shapes[source], dtype, box, chunk)
             buf = self._cache.get(key)
             if buf is None:
                 where = f"{self.graph}: tensor map {name!r} of tensor {source!r}"
                 host = np.frombuffer(
-                    encode(where, ptrs[source], shapes[source], dtype, box), np.uint8
+                    encode(where, ptrs[source], shapes[source], dtype, box, chunk), np.uint8
                 )
                 if len(self._cache) >= MAX_MAPS:
                     # Launches in flight may still read the oldest map; parameter

@@ -1490,9 +1490,10 @@ def layer_gemm(
     of four 16-row ones that each stream the weights. The paths share the
     weight ring. Not with ``rmsnorm`` or ``a_ring``.
 
-    ``weight_chunk=C`` (sync core): ``W`` in :func:`chunk_weights`' layout
-    (8-row groups of ``C``-wide k chunks): each k step of a warp's 8-row
-    fragment reads one contiguous piece.
+    ``weight_chunk=C`` (sync core; the tma core with ``C = 64``): ``W`` in
+    :func:`chunk_weights`' layout (8-row groups of ``C``-wide k chunks):
+    each k step of a warp's 8-row fragment reads one contiguous piece (the
+    tma core reads it through a 4-D map, the same boxes in shared memory).
 
     ``core="bulk"`` streams the weights with ``cp.async.bulk`` through a
     shared-memory ring whose first ``stages`` chunks of ``kc`` values of
@@ -1544,12 +1545,13 @@ def layer_gemm(
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
 
-        _refuse(name, core, {**sync_only, "kc": kc is not None})
+        tma_refused = {key: v for key, v in sync_only.items() if key != "weight_chunk"}
+        _refuse(name, core, {**tma_refused, "kc": kc is not None})
         return layer_gemm_tma(
             block_m, block_n, n, k, layers=layers, epilogue=epilogue, name=name,
             block_size=block_size, stages=stages, columns_first=columns_first,
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
-            prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k,
+            prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
         )  # fmt: skip
     if k_splits != 1 or a_box != 64:
         raise GraphError(f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'")

@@ -79,6 +79,7 @@ def layer_gemm_tma(
     prefetch: bool | int | str = False,
     a_box: int = 64,
     rotate_k: bool = False,
+    weight_chunk: int = 0,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -103,7 +104,9 @@ def layer_gemm_tma(
     made the TMA unit fill 56 rows of zeros per stage), their ring rows'
     products are garbage and never stored. ``rotate_k``: each tile starts
     its part's k loop at k-tile ``j`` (its column block) and wraps around,
-    so a stage's tiles do not read the same activation boxes at once."""
+    so a stage's tiles do not read the same activation boxes at once.
+    ``weight_chunk=64``: ``W`` in ``etc.tiles.gemm.chunk_weights``' layout,
+    read through a 4-D map (``Graph.tensor_map(chunk=64)``)."""
     stages = 4 if stages is None else stages
     _mma.positive(name, "k_splits", k_splits)
     if block_m != 64:
@@ -135,6 +138,7 @@ def layer_gemm_tma(
     if not isinstance(counter_row, int) or counter_row < 0:
         raise GraphError(f"tile '{name}': counter_row must be an int >= 0, got {counter_row!r}")
     per_n = 2 if epilogue == "swiglu" else 1
+    chunk = _tc.check_tma_chunk(name, "tma", weight_chunk, k, per_n * n)
     cw, part, split = block_n // groups, k // k_splits, k_splits > 1
     _tc.plan_tma(name, block_m, per_n * block_n, part, block_size, stages, smem_limit)
     stacked = layers is not None
@@ -170,7 +174,7 @@ def layer_gemm_tma(
         if reduce is not None:
             t.end()
 
-    loads = _loads(t, per_n, n, n0, r0, m_rows, cw, groups, stacked, a_box)
+    loads = _loads(t, per_n, n, n0, r0, m_rows, cw, groups, stacked, a_box, chunk)
     globals_ += _tc._body_tma(
         t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
         stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
@@ -189,6 +193,7 @@ def layer_gemm_tma(
     reference = _reference(
         block_n, n, part, epilogue, stacked=stacked, columns_first=columns_first,
         row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row, k=k,
+        chunk=chunk,
     )  # fmt: skip
     w_index = 2 if row_scale is not None else 1
     signature = f"{coords}, {', '.join(buffers)}"
@@ -199,7 +204,7 @@ def layer_gemm_tma(
         tp.indent += "  "
         k_offset = tp.mul("%ks", part) if split else None
         if shared:  # the same boxes as the body's: the stage's expected bytes
-            a_p, b_p = _loads(tp, per_n, n, n0p, r0p, m_rows_p, cw, groups, stacked, a_box)
+            a_p, b_p = _loads(tp, per_n, n, n0p, r0p, m_rows_p, cw, groups, stacked, a_box, chunk)
             _tc.tma_prefetch_ring(
                 tp, name=name, k=part, block_m=block_m, b_rows=per_n * block_n,
                 block_size=block_size, stages=stages, a_loads=a_p, b_loads=b_p,
@@ -207,7 +212,7 @@ def layer_gemm_tma(
             )  # fmt: skip
             loaded = "the ring's barriers and first weight boxes, before the waits"
         else:
-            b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked)
+            b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked, chunk)
             tiles = min(stages if prefetch is True else int(prefetch), part // _tc.TMA_BLOCK_K)
             rot = ("%j", part // _tc.TMA_BLOCK_K) if rotate_k else None
             _tc.tma_prefetch_l2(tp, b_loads, tiles, k_offset, rotate=rot)
@@ -219,7 +224,7 @@ def layer_gemm_tma(
         t, name, signature, globals_,
         f"{name}: {what[epilogue]}, bf16, 64x{block_n} blocks, {stages} stages, TMA + wgmma"
         + (f", {k_splits} parts of k" if split else ""),
-        reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw)],
+        reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw, chunk)],
     )  # fmt: skip
     fn.prefetch_fills_shared = shared
     return fn
@@ -227,7 +232,7 @@ def layer_gemm_tma(
 
 def _loads(
     t: _Text, per_n: int, n: int, n0: str, r0: str, m_rows: str, cw: int, groups: int,
-    stacked: bool, a_box: int,
+    stacked: bool, a_box: int, chunk: int = 0,
 ) -> tuple[list, list]:  # fmt: skip
     """The tile's TMA boxes: ``A``'s rows in boxes of ``a_box`` (all but the
     first only where they start before ``m_rows``), then the weight boxes."""
@@ -237,14 +242,14 @@ def _loads(
         row = t.add(r0, c * a_box)
         cond = () if c == 0 else (t.op("inb", f"arith.cmpi ult, {row}, {m_rows} : index"),)
         a_loads.append((a_map, row, a_box, *cond))
-    return a_loads, _weight_loads(t, per_n, n, n0, cw, groups, stacked)
+    return a_loads, _weight_loads(t, per_n, n, n0, cw, groups, stacked, chunk)
 
 
 def _weight_loads(
-    t: _Text, per_n: int, n: int, n0: str, cw: int, groups: int, stacked: bool
+    t: _Text, per_n: int, n: int, n0: str, cw: int, groups: int, stacked: bool, chunk: int = 0
 ) -> list:
     """Each warpgroup's weight boxes: its gate (or only) rows, then its up rows."""
-    w_map = _tc._map_pointer(t, "%W_map")
+    w_map = _tc.weight_map(t, "%W_map", chunk)
     w_row = t.add(t.mul("%l", per_n * n), n0) if stacked else n0
     b_loads = []
     for g in range(groups):
@@ -359,9 +364,10 @@ def _sum_parts(t: _Text, acc, rows, cols, r1: str, m_rows: str, parts: int) -> l
 
 def _reference(
     block_n: int, n: int, part: int, epilogue: str, *, stacked: bool, columns_first: bool,
-    row_scale, sums_out, k_splits: int, counter_row: int, k: int,
+    row_scale, sums_out, k_splits: int, counter_row: int, k: int, chunk: int = 0,
 ) -> Callable[..., None]:  # fmt: skip
-    """The numpy reference: the same parts, counters and part-order sum."""
+    """The numpy reference: the same parts, counters and part-order sum
+    (``W`` in the ``chunk`` layout when given)."""
     block_m = 64
     n_coords = (3 if stacked else 2) + (1 if k_splits > 1 else 0)
 
@@ -382,9 +388,11 @@ def _reference(
         if rs.start >= rs.stop or cs.start >= n:
             return
         ks = slice(s * part, (s + 1) * part)
-        acc = _mma.bf16_matmul(A[rs, ks], W[cs, ks])
+        acc = _mma.bf16_matmul(A[rs, ks], _mma.weight_rows(W, cs, chunk)[:, ks])
         up_cs = slice(cs.start + n, cs.stop + n)
-        up = _mma.bf16_matmul(A[rs, ks], W[up_cs, ks]) if epilogue == "swiglu" else None
+        up = None
+        if epilogue == "swiglu":
+            up = _mma.bf16_matmul(A[rs, ks], _mma.weight_rows(W, up_cs, chunk)[:, ks])
         if k_splits > 1:
             P, cnt = bufs[:2]
             prs = slice(s * m + rs.start, s * m + rs.stop)

@@ -607,6 +607,27 @@ TmaLoad = tuple[str, str, int]
 TMA_BLOCK_K = 64  # 128-byte rows: the TMA box's and wgmma's 128-byte swizzle
 
 
+class ChunkedMap(str):
+    """The address of a map whose tensor is in ``chunk_weights``' layout with
+    chunks of ``TMA_BLOCK_K`` (``Graph.tensor_map(chunk=64)``): its boxes
+    are copied as 4-D ``(0, 0, k / 64, row / 8)`` (the first row a multiple
+    of 8), landing in shared memory as the row layout's 2-D boxes do."""
+
+
+def _box_coords(t: _Text, tmap: str, col: str, row0: str) -> list[str]:
+    """The i32 coordinates of the box at ``(col, row0)`` of map ``tmap``."""
+    if not isinstance(tmap, ChunkedMap):
+        return [col, _i32(t, row0)]
+    zero = _i32(t, t.c(0))
+    chunk = t.op("ck", f"arith.divui {col}, {_i32(t, t.c(TMA_BLOCK_K))} : i32")
+    return [zero, zero, chunk, _i32(t, t.bin("divui", row0, 8))]
+
+
+def _coords_text(first: int, n: int) -> str:
+    """``{$first, ..}`` of ``n`` operands (a box's coordinates)."""
+    return "{" + ", ".join(f"${first + q}" for q in range(n)) + "}"
+
+
 def tma_smem_bytes(block_m: int, b_rows: int, stages: int) -> int:
     """Workgroup bytes of a TMA tile: the ring plus two mbarriers per stage."""
     return stages * (block_m + b_rows) * TMA_BLOCK_K * 2 + 16 * stages
@@ -759,17 +780,13 @@ def _tma_ring(
                 if cond:
                     t.emit(f"scf.if {cond[0]} {{")
                     t.indent += "  "
+                coords = _box_coords(t, tmap, col, row0)
+                n = len(coords)
                 _asm_ops(
                     t,
-                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-                    "[$0], [$1, {$2, $3}], [$4];",
-                    [
-                        (dst, "i32"),
-                        (tmap, "i64"),
-                        (col, "i32"),
-                        (_i32(t, row0), "i32"),
-                        (full, "i32"),
-                    ],
+                    f"cp.async.bulk.tensor.{n}d.shared::cluster.global.tile.mbarrier::complete_tx"
+                    f"::bytes [$0], [$1, {_coords_text(2, n)}], [${2 + n}];",
+                    [(dst, "i32"), (tmap, "i64"), *((c, "i32") for c in coords), (full, "i32")],
                 )
                 if cond:
                     t.end()
@@ -1179,10 +1196,12 @@ def tma_prefetch_l2(
             if cond:
                 t.emit(f"scf.if {cond[0]} {{")
                 t.indent += "  "
+            coords = _box_coords(t, tmap, col, row0)
+            n = len(coords)
             _asm_ops(
                 t,
-                "cp.async.bulk.prefetch.tensor.2d.L2.global.tile [$0, {$1, $2}];",
-                [(tmap, "i64"), (col, "i32"), (_i32(t, row0), "i32")],
+                f"cp.async.bulk.prefetch.tensor.{n}d.L2.global.tile [$0, {_coords_text(1, n)}];",
+                [(tmap, "i64"), *((c, "i32") for c in coords)],
             )
             if cond:
                 t.end()
@@ -1488,6 +1507,25 @@ def _map_pointer(t: _Text, arg: str) -> str:
     return _address(t, arg, MAP_TYPE)
 
 
+def weight_map(t: _Text, arg: str, chunk: int) -> str:
+    """:func:`_map_pointer` of a weight's map, a :class:`ChunkedMap` when the
+    weight is chunked."""
+    p = _map_pointer(t, arg)
+    return ChunkedMap(p) if chunk else p
+
+
+def check_tma_chunk(name: str, core: str, chunk: int, k: int, rows: int) -> int:
+    """A TMA tile's ``weight_chunk``: 0, or ``TMA_BLOCK_K`` (a box's k
+    columns are one chunk) with the tile on the tma core."""
+    _mma.check_weight_chunk(name, chunk, k, rows)
+    if chunk and (core != "tma" or chunk != TMA_BLOCK_K):
+        raise GraphError(
+            f"tile '{name}': weight_chunk={chunk} needs core='tma' and chunks of "
+            f"{TMA_BLOCK_K} (one TMA box's k), got core={core!r}"
+        )
+    return chunk
+
+
 def _address(t: _Text, arg: str, ty: str) -> str:
     """The address (i64) of buffer ``arg`` of memref type ``ty``."""
     p = t.op("ptr", f"memref.extract_aligned_pointer_as_index {arg} : {ty} -> index")
@@ -1499,19 +1537,21 @@ MAP_TYPE = "memref<16xi64>"
 
 def finish_tma(
     t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference,
-    block_size: int, buffers: int, maps: list[tuple[str, int, int]],
+    block_size: int, buffers: int, maps: list[tuple],
 ) -> DeviceFunction:  # fmt: skip
     """A TMA tile: ``signature`` (``buffers`` buffers after the coordinates)
     gets one trailing ``%<arg>_map`` buffer per ``(arg, source buffer, box
-    rows)`` of ``maps``; the reference ignores them (and may be called
-    without them)."""
-    signature += "".join(f", %{arg}_map: {MAP_TYPE}" for arg, _, _ in maps)
+    rows[, chunk])`` of ``maps``; the reference ignores them (and may be
+    called without them)."""
+    signature += "".join(f", %{arg}_map: {MAP_TYPE}" for arg, *_ in maps)
     n = len(maps)
     fn = _finish(t, name, signature, globals_, comment, reference, block_size)
     total = len(fn.params)
     fn.reference = lambda *a: reference(*(a[:-n] if len(a) == total else a))
+    # A fourth entry: the source's chunk (ChunkedMap loads), when not 0.
     fn.tensor_maps = {
-        buffers + q: (src, (rows, TMA_BLOCK_K)) for q, (_, src, rows) in enumerate(maps)
+        buffers + q: (src, (rows, TMA_BLOCK_K), *(c for c in chunk if c))
+        for q, (_, src, rows, *chunk) in enumerate(maps)
     }
     return fn
 
@@ -1610,7 +1650,7 @@ def _core_text(core: str, wm: int, wn: int) -> str:
 
 def _moe_finish(
     t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference,
-    block_size: int, core: str, buffers: int, maps: list[tuple[str, int, int]],
+    block_size: int, core: str, buffers: int, maps: list[tuple],
 ) -> DeviceFunction:  # fmt: skip
     """A MoE tile of ``buffers`` buffers; with ``core="tma"`` it also takes
     ``maps`` (:func:`finish_tma`'s) after them."""
@@ -1803,10 +1843,12 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
 #: ``short_blocks`` (TMA, 128-row blocks of two warpgroups, no ``split_n``
 #: or gather): an expert's only row block, when it has at most 64 rows, runs
 #: its k loop on the first warpgroup alone (half the wgmma work; the rows
-#: of few-token experts).
+#: of few-token experts); ``weight_chunk`` (TMA only: 0, or 64, the weights
+#: in ``etc.tiles.gemm.chunk_weights``' layout, read through a 4-D map).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
     inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False,
+    weight_chunk=0,
 )  # fmt: skip
 
 
@@ -1919,6 +1961,7 @@ def _moe_tile(
             o["block_k"],
         )  # fmt: skip
     _check_divisible(name, block_n, n, n_key)
+    chunk = check_tma_chunk(name, core, o["weight_chunk"], k, per_n * n)
     ed, it = _experts(name, experts)
     # The activations, the weights and the output: types, then argument names.
     if gate:
@@ -1967,7 +2010,7 @@ def _moe_tile(
         gather = None
         if gate:
             wrow = t.mul("%e", 2 * inter)  # Wgu viewed as (E * 2I) x hidden
-            w_map = _map_pointer(t, "%Wgu_map")
+            w_map = weight_map(t, "%Wgu_map", chunk)
             if topk is None:
                 a_loads = [(_map_pointer(t, "%Xp_map"), r0, block_m)]
             else:
@@ -1981,7 +2024,7 @@ def _moe_tile(
                 ]
         else:
             a_loads = [(_map_pointer(t, "%Hb_map"), r0, block_m)]
-            b_loads = [(_map_pointer(t, "%Wd_map"), t.add(t.mul("%e", hidden), n0), sub)]
+            b_loads = [(weight_map(t, "%Wd_map", chunk), t.add(t.mul("%e", hidden), n0), sub)]
         second_busy = None
         if short:
             # Rows past the first warpgroup's 64, or other row blocks of the
@@ -2013,17 +2056,17 @@ def _moe_tile(
         signature = _mma.gate_up_signature(at, wt, ot, it, gather=gathered)
         rows = f"X[perm / {topk}]" if gathered else "Xp"
         what = f"{name}: Hb = silu({rows} @ Wg^T) * ({rows} @ Wu^T)"
-        reference = _mma.gate_up_reference(block_m, block_n, inter, gather_topk=topk)
+        reference = _mma.gate_up_reference(block_m, block_n, inter, gather_topk=topk, chunk=chunk)
     else:
         cdt = o["combine_dtype"]
         signature = _mma.down_signature(at, wt, ot, it, combine_topk=ctopk, sums_dtype=cdt)
         what = f"{name}: " + (
             f"{out}[perm / K] += w * (Hb @ Wd[e]^T)" if combined else "Yp = Hb @ Wd[e]^T"
         )
-        reference = _mma.down_reference(block_m, block_n, combine_topk=ctopk)
+        reference = _mma.down_reference(block_m, block_n, combine_topk=ctopk, chunk=chunk)
     # TMA maps after the buffers: the activation's (unless gathered) and the weight's.
     maps = [] if gathered else [(a, 0, block_m)]
-    maps.append((w, 1, cw if gate else sub))
+    maps.append((w, 1, cw if gate else sub, chunk))
     return _moe_finish(
         t, name, signature, globals_,
         f"{what}, expert e, {block_m}x{block_n} blocks, {stages} stages, {_core_text(core, wm, wn)}"
