@@ -24,6 +24,7 @@ then takes a few seconds per step on the CPU; ``--no-check`` skips it).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -45,8 +46,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="the tiny configuration on the GPU too")
     p.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error")
     p.add_argument("--no-check", dest="check", action="store_false")
+    p.add_argument(
+        "--weight-chunk", type=int, default=0,
+        help="the layer projections read their weights in 8-row groups of this many k "
+        "(LlamaConfig.weight_chunk; 0: nn.Linear rows; 64 with the TMA kernel)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     cfg = M.TINY if (args.simulate or args.tiny) else M.LLAMA_3_2_1B
+    model = "tiny" if cfg is M.TINY else "Llama-3.2-1B"
+    if args.weight_chunk:
+        try:
+            cfg = dataclasses.replace(cfg, weight_chunk=args.weight_chunk)
+        except etc.EtcError as exc:  # a chunk the projections cannot take
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     # The kernel for this batch size (LlamaConfig.batch_buckets; a saved
     # artifact of llama.compile_decoder holds them all and picks by B).
     cfg = next(c for bound, c in cfg.bucket_configs() if bound is None or args.batch <= bound)
@@ -64,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed + 1)
     prompt = rng.integers(0, cfg.vocab, (B, args.prompt)).astype(np.int32)
     arrays = M.numpy_inputs(cfg, weights, prompt[:, 0], 0, S)
-    print(
-        f"{'tiny' if cfg is M.TINY else 'Llama-3.2-1B'} weights in {time.perf_counter() - t0:.1f} s"
-    )
+    print(f"{model} weights in {time.perf_counter() - t0:.1f} s")
     failures, generated = 0, []
     for L in range(args.prompt + args.steps - 1):
         symbols = {"B": B, "L": L, "S": S}

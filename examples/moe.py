@@ -25,6 +25,10 @@ launch runs the kernel of T's range (``PRESET_BUCKETS``), no recompiling;
 ``--emit-ptx FILE`` then writes one file per kernel (``FILE.<preset>.ptx``)
 and ``--simulate`` runs each T's graph.
 
+``--weight-chunk C`` has the expert tiles read the weights in 8-row groups
+of C-wide k chunks (``etc.tiles.gemm.chunk_weights``; the example converts
+them; the TMA tiles take 64).
+
 ``--routing``: ``uniform`` (random router), ``one-expert`` (every token
 picks expert 0: a bias column in the router weights), ``few-experts``
 (tokens only pick the first 2K experts; the others stay empty), ``top1``
@@ -122,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the sums of --combine atomic (f32, the default, or f16: half the bytes, overflow "
         "past 65504)",
     )  # fmt: skip
+    p.add_argument(
+        "--weight-chunk", type=int, default=0,
+        help="the expert tiles read Wgu/Wd in 8-row groups of this many k (etc.tiles.gemm."
+        "chunk_weights; 0: nn.Linear rows; the TMA tiles take 64)",
+    )  # fmt: skip
     p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
     p.add_argument(
         "--preset", choices=(*M.PRESETS, "auto"),
@@ -157,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         "route": args.route, "combine": args.combine, "combine_dtype": args.combine_dtype,
         "gather": args.gather or None, "slot_logits": args.slot_logits or None,
     }  # fmt: skip
+    if args.weight_chunk:
+        chunk = (("weight_chunk", args.weight_chunk),)
+        given["gate_up_options"] = cfg.gate_up_options + chunk
+        given["down_options"] = cfg.down_options + chunk
     try:
         cfg = replace(
             cfg, route_max_tokens=args.route_max_tokens,
@@ -229,14 +242,14 @@ def run_family(args) -> int:
     if args.routing == "top1":
         sizes["topk"] = 1
     try:
-        family = M.preset_family(**sizes)
+        family = M.preset_family(weight_chunk=args.weight_chunk, **sizes)
         graphs = [(bound, M.build_moe_graph(cfg, name=f"moe_{n}")) for bound, n, cfg in family]
     except etc.EtcError as exc:  # sizes the presets' tiles cannot take
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     def compile_family():
-        return M.compile_moe(schedule=args.schedule, **sizes)
+        return M.compile_moe(schedule=args.schedule, weight_chunk=args.weight_chunk, **sizes)
 
     names = [name for _, name, _ in family]
     done = compile_only([g for _, g in graphs], args, compile_family, ptx_names=names)

@@ -297,15 +297,15 @@ def test_weights_in_bf16_match_the_reference_rounding():
     assert f32_to_bf16(np.float32(1.0)) == 0x3F80
 
 
-@pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_example_decodes_in_the_simulator(schedule):
+@pytest.mark.parametrize("schedule, flags", [("static", []), ("dynamic", ["--weight-chunk", "64"])])
+def test_example_decodes_in_the_simulator(schedule, flags):
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "examples" / "llama_decode.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--simulate", "--schedule", schedule, "--steps", "6"],
+        [sys.executable, str(script), "--simulate", "--schedule", schedule, "--steps", "6", *flags],
         capture_output=True,
         text=True,
     )

@@ -941,8 +941,11 @@ def test_slot_prefetches_run_after_the_top_k():
 @needs_trigger
 @pytest.mark.parametrize(
     "flags",
-    [["--preset", "single"], ["--preset", "few"], ["--route", "slots", "--slot-logits"]],
-)
+    [
+        ["--preset", "single"], ["--preset", "few"], ["--route", "slots", "--slot-logits"],
+        ["--preset", "single", "--weight-chunk", "32"],
+    ],
+)  # fmt: skip
 def test_example_slot_grids_simulate(flags):
     """``examples/moe.py`` with the slot presets (their route kept: only the
     flags given change a preset) and with ``--route slots``."""
