@@ -677,12 +677,12 @@ def bench_size(torch, artifacts: Path, T: int, W: dict, rates: dict, reps: int) 
             print(f"T={T:5d} ETC {key}: its route tile takes at most {cfg.max_tokens} tokens")
             continue
         shapes = M.tensor_shapes(cfg, T)
+        laid_out = M.kernel_weights(cfg, W)  # the layout (and names) the configuration's tiles read
         scratch = {
             n: torch.zeros(s, dtype=torch_dtype(d), device="cuda")
             for n, (s, d) in shapes.items()
-            if n not in ("X", "Wr", "Wgu", "Wd")
+            if n not in ("X", *laid_out)
         }
-        laid_out = M.kernel_weights(cfg, W)  # the layout the configuration's tiles read
         bufs = [{**scratch, **laid_out, "X": x} for x in xs]
         schedules = ("static",) if LEAN else ("static", "dynamic")
         variants = [(key, s) for s in schedules]

@@ -989,8 +989,10 @@ def test_chunked_weights_give_the_row_layout_s_bits(schedule, route):
     for T in (1, 6):
         _, x, w, ref = case(cfg, T, "uniform", seed=T)
         arrays = M.numpy_inputs(cfg, x, w)
-        np.testing.assert_array_equal(arrays["Wgu"], G.chunk_weights(w["Wgu"], 64))
-        np.testing.assert_array_equal(arrays["Wd"], G.chunk_weights(w["Wd"], 32))
+        assert (cfg.weight_name("Wgu"), cfg.weight_name("Wd")) == ("Wgu_c64", "Wd_c32")
+        assert "Wgu" not in arrays and "Wd" not in arrays
+        np.testing.assert_array_equal(arrays["Wgu_c64"], G.chunk_weights(w["Wgu"], 64))
+        np.testing.assert_array_equal(arrays["Wd_c32"], G.chunk_weights(w["Wd"], 32))
         np.testing.assert_array_equal(arrays["Wr"], w["Wr"])
         out = etc.simulate(M.build_moe_graph(cfg), arrays, {"T": T}, schedule=schedule, seed=T)
         want = etc.simulate(
@@ -999,6 +1001,9 @@ def test_chunked_weights_give_the_row_layout_s_bits(schedule, route):
         np.testing.assert_array_equal(out["Out"], want["Out"])
         assert M.rel_err(out["Out"], ref) <= 1e-2
         np.testing.assert_array_equal(M.run_tile_references(cfg, arrays)["Out"], out["Out"])
+    # nn.Linear weights under the plain names are refused, not read as chunked.
+    with pytest.raises(etc.EtcError, match="has no tensor 'Wgu'"):
+        etc.simulate(M.build_moe_graph(cfg), M.numpy_inputs(plain, x, w), {"T": 6})
 
 
 def test_one_artifact_refuses_mixed_weight_layouts(monkeypatch):

@@ -335,6 +335,14 @@ class MoEConfig:
     #: reading ``topk_ids`` after the top-k task: one hop fewer.
     slot_logits: bool = False
 
+    def weight_name(self, key: str) -> str:
+        """The graph's tensor for expert weight ``key`` (``Wgu`` or ``Wd``):
+        ``<key>_c<chunk>`` when the tiles read it chunked (``weight_chunk``),
+        so a launch given nn.Linear weights under the plain name is refused
+        instead of computing with them."""
+        chunk = weight_chunks(self).get(key, 0)
+        return f"{key}_c{chunk}" if chunk else key
+
     def __post_init__(self) -> None:
         for key in (
             "hidden",
@@ -524,8 +532,8 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
     spec = {
         "X": ((T, H), "bf16"),
         "Wr": ((E, H), "bf16"),
-        "Wgu": ((E, 2 * II, H), "bf16"),
-        "Wd": ((E, H, II), "bf16"),
+        cfg.weight_name("Wgu"): ((E, 2 * II, H), "bf16"),
+        cfg.weight_name("Wd"): ((E, H, II), "bf16"),
         "logits": ((cfg.logit_rows * T, E), "f32"),
         "topk_ids": ((T, K), "i32"),
         "topk_w": ((T, K), "f32"),
@@ -646,9 +654,10 @@ def _release_task(cfg: MoEConfig) -> tuple[str, tuple[str, ...]]:
 
 def _gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
     """The gate/up task's tensors, in order (a gathering tile reads ``X`` via ``perm``)."""
+    w = cfg.weight_name("Wgu")
     if cfg.gather:
-        return ("X", "Wgu", "row_off", "gu_indptr", "perm", "Hb")
-    return ("Xp", "Wgu", "row_off", "gu_indptr", "Hb")
+        return ("X", w, "row_off", "gu_indptr", "perm", "Hb")
+    return ("Xp", w, "row_off", "gu_indptr", "Hb")
 
 
 def _sums(cfg: MoEConfig) -> str:
@@ -658,9 +667,10 @@ def _sums(cfg: MoEConfig) -> str:
 
 def _down_args(cfg: MoEConfig) -> tuple[str, ...]:
     """The down task's tensors, in order (an atomic combine adds into the sums)."""
+    w = cfg.weight_name("Wd")
     if cfg.combine == "atomic":
-        return ("Hb", "Wd", "row_off", "dn_indptr", "perm", "topk_w", _sums(cfg))
-    return ("Hb", "Wd", "row_off", "dn_indptr", "Yp")
+        return ("Hb", w, "row_off", "dn_indptr", "perm", "topk_w", _sums(cfg))
+    return ("Hb", w, "row_off", "dn_indptr", "Yp")
 
 
 def _zero_task(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles) -> Any:
@@ -916,14 +926,15 @@ def build_moe_graph(
     return g
 
 
-#: The slot tiles' tensors, in order.
-_SLOT_DOWN_ARGS = ("Hb", "topk_ids", "Wd", "Yp")
+def _slot_down_args(cfg: MoEConfig) -> tuple[str, ...]:
+    """The slot down task's tensors, in order."""
+    return ("Hb", "topk_ids", cfg.weight_name("Wd"), "Yp")
 
 
 def _slot_gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
     """The slot gate/up task's tensors: its experts from ``topk_ids`` or,
     with ``slot_logits``, from the router logits."""
-    return ("X", "logits" if cfg.slot_logits else "topk_ids", "Wgu", "Hb")
+    return ("X", "logits" if cfg.slot_logits else "topk_ids", cfg.weight_name("Wgu"), "Hb")
 
 
 def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate_up, down):
@@ -964,7 +975,7 @@ def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate
     g.task(
         down,
         grid=(S, cfg.n_dn),
-        args=tuple(t[n] for n in _SLOT_DOWN_ARGS),
+        args=tuple(t[n] for n in _slot_down_args(cfg)),
         in_edges=([(routed, "sj->0")] if waits_routed else []) + [(h_ready, "sj->s")],
         out_edges={down_done: "sj->0"},
         name="down",
@@ -1128,7 +1139,7 @@ def build_unfused_graphs(
         ("down", down, list(_down_args(cfg)), "dn_indptr"),
     ):
         if slots:
-            names = list(_slot_gate_up_args(cfg) if task == "gate_up" else _SLOT_DOWN_ARGS)
+            names = list(_slot_gate_up_args(cfg) if task == "gate_up" else _slot_down_args(cfg))
             g, T, t = graph(task, names)
             columns = cfg.n_gu if task == "gate_up" else cfg.n_dn
             g.task(fn, grid=(T * cfg.topk, columns), args=tuple(t[n] for n in names), name=task)
@@ -1273,7 +1284,7 @@ def run_tile_references(
     if cfg.route == "slots":  # static (slot, column block) grids
         for ref, names, columns in (
             (gu_ref, _slot_gate_up_args(cfg), cfg.n_gu),
-            (dn_ref, _SLOT_DOWN_ARGS, cfg.n_dn),
+            (dn_ref, _slot_down_args(cfg), cfg.n_dn),
         ):
             for s in range(T * cfg.topk):
                 for j in range(columns):
@@ -1359,12 +1370,13 @@ def weight_chunks(cfg: MoEConfig) -> dict[str, int]:
 def kernel_weights(cfg: MoEConfig, weights: Mapping[str, Any]) -> dict[str, Any]:
     """``weights`` (nn.Linear rows, numpy arrays or torch tensors) as the
     configuration's kernel reads them: ``Wgu``/``Wd`` chunked where its
-    tiles take ``weight_chunk`` (a copy), every other entry as given. The
-    references (:func:`reference_moe`) take the weights as given here."""
+    tiles take ``weight_chunk`` (a copy, under :meth:`MoEConfig.weight_name`),
+    every other entry as given. The references (:func:`reference_moe`) take
+    the weights as given here."""
     out = dict(weights)
     for name, chunk in weight_chunks(cfg).items():
         if chunk and name in out:
-            out[name] = _mma.chunk_weights(out[name], chunk)
+            out[cfg.weight_name(name)] = _mma.chunk_weights(out.pop(name), chunk)
     return out
 
 
