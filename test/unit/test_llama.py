@@ -187,8 +187,10 @@ def test_layer_gemm_errors_name_the_tile():
         layer_gemm(16, 24, 64, 256, layers=2, name="p")
     with pytest.raises(etc.GraphError, match="tile 'p': weight_chunk=96 needs a multiple of 8 "):
         layer_gemm(16, 16, 64, 256, layers=2, name="p", weight_chunk=96)
+    with pytest.raises(etc.GraphError, match="tile 'p': weight_chunk=32 needs core='tma' and"):
+        layer_gemm(64, 64, 64, 256, layers=2, name="p", core="tma", weight_chunk=32)
     with pytest.raises(etc.GraphError, match="tile 'p'.*weight_chunk"):
-        layer_gemm(64, 64, 64, 256, layers=2, name="p", core="tma", weight_chunk=64)
+        layer_gemm(16, 64, 64, 256, layers=2, name="p", core="bulk", weight_chunk=64)
 
 
 @needs_ptxas
