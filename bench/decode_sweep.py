@@ -197,6 +197,12 @@ VARIANTS["sync_only_ch32"] = {**_SYNC_ONLY, "weight_chunk": 32}
 VARIANTS["sync_only_ch64"] = {**_SYNC_ONLY, "weight_chunk": 64}
 VARIANTS["sync_only_ch128"] = {**_SYNC_ONLY, "weight_chunk": 128}
 VARIANTS["default_ch64"] = {"weight_chunk": 64}
+# ... and the sync kernels' layer projections filling their rings with one
+# bulk copy per warp and fragment (chunks of 32).
+VARIANTS["sync_only_ch32b"] = {
+    **_SYNC_ONLY, "weight_chunk": 32,
+    **_proj(*((p, "bulk_ring", True) for p in M._PROJECTIONS[:4])),
+}  # fmt: skip
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

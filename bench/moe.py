@@ -339,6 +339,12 @@ def _chunked(config: dict, chunk: int) -> dict:
 for _key in ("single", "few", "dec_pf_gu32"):
     for _chunk in (32, 64, 128):
         CONFIGS[f"{_key}_ch{_chunk}"] = _chunked(CONFIGS[_key], _chunk)
+# ... and with the ring filled by one bulk copy per warp and fragment (C = 32).
+for _key in ("single", "few", "dec_pf_gu32"):
+    _config = _chunked(CONFIGS[_key], 32)
+    _config["gate_up_options"] += (("bulk_ring", True),)
+    _config["down_options"] += (("bulk_ring", True),)
+    CONFIGS[f"{_key}_ch32b"] = _config
 # The TMA presets, and with chunks of 64 (4-D maps: the same boxes).
 for _key in ("mid", "prefill"):
     CONFIGS[_key] = dict(M.PRESETS[_key])
@@ -447,7 +453,7 @@ OCCUPANCY = {
     **{
         f"{k}_ch{c}": M.PRESET_MIN_CTAS_PER_SM["single"]
         for k in ("single", "few", "dec_pf_gu32")
-        for c in (32, 64, 128)
+        for c in ("32", "64", "128", "32b")
     },
     "pre128x2": 2,
     "pre64x2": 2,

@@ -228,6 +228,12 @@ MOE_SMALL_RINGPF_CHUNK = _chunked(MOE_SMALL_RING_PREFETCH)
 MOE_SMALL_SLOTS_CHUNK = _chunked(MOE_SMALL_SLOTS_RING)
 #: ... and the TMA tiles' weights through 4-D maps (chunks of 64).
 MOE_SMALL_TMA_CHUNK = _chunked(MOE_SMALL_TMA, 64, 64)
+#: ... and the slot rings filled by one bulk copy per warp and fragment.
+MOE_SMALL_SLOTS_BULK = dataclasses.replace(
+    _chunked(MOE_SMALL_SLOTS_RING, 32, 32),
+    gate_up_options=(*_chunked(MOE_SMALL_SLOTS_RING, 32, 32).gate_up_options, ("bulk_ring", True)),
+    down_options=(*_chunked(MOE_SMALL_SLOTS_RING, 32, 32).down_options, ("bulk_ring", True)),
+)
 
 MOE_GRAPH_OPTIONS = {"_route_unguarded": {"gate_up_waits_tables": False}}
 #: Sizes at which every MoE preset's tiles work (``compile_moe``'s GPU test).
@@ -606,6 +612,15 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_chunk_prefetch": dataclasses.replace(prefetch, weight_chunk=32),
         # ... and every projection on the tma core (4-D maps, chunks of 64).
         "llama_tiny_tma_chunk": dataclasses.replace(tma, weight_chunk=64),
+        # ... and the layer projections' rings filled by bulk copies (chunks of 32).
+        "llama_tiny_bulk_chunk": dataclasses.replace(
+            llama.TINY,
+            weight_chunk=32,
+            projection_options=tuple(
+                (p, (("bulk_ring", True),))
+                for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+            ),
+        ),  # fmt: skip
     }
 
 

@@ -61,6 +61,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_BULK,
     MOE_SMALL_SLOTS_CHUNK,
     MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         ("slots", MOE_SMALL_SLOTS), ("slots_logits", MOE_SMALL_SLOTS_LOGITS),
         ("slots_l2", MOE_SMALL_SLOTS_L2), ("slots_ring", MOE_SMALL_SLOTS_RING),
         ("chunk", MOE_SMALL_CHUNK), ("ringpf_chunk", MOE_SMALL_RINGPF_CHUNK),
-        ("slots_chunk", MOE_SMALL_SLOTS_CHUNK),
+        ("slots_chunk", MOE_SMALL_SLOTS_CHUNK), ("slots_bulk_chunk", MOE_SMALL_SLOTS_BULK),
     ):  # fmt: skip
         moe_ring = moe.build_moe_graph(
             cfg, name=f"moe_small_{tiles}", **MOE_GRAPH_OPTIONS.get(f"_{tiles}", {})

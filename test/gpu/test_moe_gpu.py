@@ -37,6 +37,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_ROUTE_GATHER,
     MOE_SMALL_ROUTE_TMA,
     MOE_SMALL_SLOTS,
+    MOE_SMALL_SLOTS_BULK,
     MOE_SMALL_SLOTS_CHUNK,
     MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
@@ -64,7 +65,7 @@ pytestmark = [
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
         "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short", "_slots",
         "_slots_logits", "_slots_l2", "_slots_ring", "_chunk", "_ringpf_chunk", "_slots_chunk",
-        "_tma_chunk",
+        "_tma_chunk", "_slots_bulk_chunk",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -97,6 +98,7 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_ringpf_chunk": MOE_SMALL_RINGPF_CHUNK,
         "_slots_chunk": MOE_SMALL_SLOTS_CHUNK,
         "_tma_chunk": MOE_SMALL_TMA_CHUNK,
+        "_slots_bulk_chunk": MOE_SMALL_SLOTS_BULK,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")

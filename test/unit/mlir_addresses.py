@@ -15,7 +15,7 @@ anything else raises ``KeyError`` naming the op.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 _DEF = re.compile(r"^\s*(%[\w]+)(?::\d+)? = ([\w.]+)\s*(.*)$")
 _FOR = re.compile(r"scf\.for (%\w+) = (%\w+) to (%\w+) step (%\w+)")
@@ -90,36 +90,32 @@ class Evaluator:
         self.memo.clear()
 
 
-def _loop_values(ev: Evaluator, body: str) -> Iterator[int]:
-    m = _FOR.search(body)
-    if m is None:
-        return iter(())
-    start, stop, step = (ev(m.group(i)) for i in (2, 3, 4))
-    return iter(range(start, stop, step))
-
-
-def copy_sources(body: str, ev: Evaluator, loop_var: str = "%kk") -> list[int]:
+def copy_sources(body: str, ev: Evaluator) -> list[int]:
     """The source address of every ``cp.async`` of the body for the
     evaluator's thread, in program order, each one in the loop once per
     iteration (the loop's bounds read from its ``scf.for``)."""
-    names = re.findall(r"nvvm\.cp\.async\.shared\.global %\w+, (%\w+)", body)
-    return _per_iteration(body, ev, names, loop_var)
+    items = [
+        (m.start(), m.group(1))
+        for m in re.finditer(r"nvvm\.cp\.async\.shared\.global %\w+, (%\w+)", body)
+    ]
+    return _per_iteration(body, ev, items, ev)
 
 
 def weight_loads(body: str, ev: Evaluator, memref: str, dims: tuple[int, ...]) -> list[int]:
     """The element offset (row-major over ``dims``) of every ``vector.load``
     from ``memref``, in program order, per loop iteration as above."""
-    pattern = rf"(%\w+) = vector\.load {re.escape(memref)}\[([^\]]*)\]"
-    loads = re.findall(pattern, body)
     strides = [1] * len(dims)
     for a in range(len(dims) - 2, -1, -1):
         strides[a] = strides[a + 1] * dims[a + 1]
-    out = []
-    for value in _per_iteration(
-        body, ev, [i for _, i in loads], "%kk", lambda idx: [x.strip() for x in idx.split(",")]
-    ):
-        out.append(sum(v * s for v, s in zip(value, strides, strict=True)))
-    return out
+    pattern = rf"%\w+ = vector\.load {re.escape(memref)}\[([^\]]*)\]"
+    items = [
+        (m.start(), [x.strip() for x in m.group(1).split(",")]) for m in re.finditer(pattern, body)
+    ]
+
+    def offset(index: list[str]) -> int:
+        return sum(ev(x) * s for x, s in zip(index, strides, strict=True))
+
+    return _per_iteration(body, ev, items, offset)
 
 
 _ASM = re.compile(
@@ -127,49 +123,63 @@ _ASM = re.compile(
 )
 
 
-def tma_copies(body: str, ev: Evaluator) -> list[tuple[str, list[int]]]:
-    """Every TMA box copy or L2 prefetch (``cp.async.bulk[.prefetch].tensor``)
-    of the body for the evaluator's thread, in program order, each one in a
-    loop once per iteration: ``(instruction, [operand values])``."""
+def tma_copies(body: str, ev: Evaluator, tensor: bool = True) -> list[tuple[str, list[int]]]:
+    """Every TMA box copy or L2 prefetch (``cp.async.bulk[.prefetch].tensor``;
+    with ``tensor=False`` the plain bulk copies instead) of the body for the
+    evaluator's thread, in program order, each one in a loop once per
+    iteration: ``(instruction, [operand values])``."""
     items = []
-    for text, operands in _ASM.findall(body):
-        if ".tensor." in text and text.startswith("cp.async.bulk"):
-            items.append((text.split(" ")[0], [x.strip() for x in operands.split(",")]))
-    loops = {m.group(1): m for m in _FOR.finditer(body)}
+    for m in _ASM.finditer(body):
+        text, operands = m.group(1), m.group(2)
+        if text.startswith("cp.async.bulk") and (".tensor." in text) == tensor:
+            names = [x.strip() for x in operands.split(",")]
+            items.append((m.start(), (text.split(" ")[0], names)))
+    return _per_iteration(body, ev, items, lambda item: (item[0], [ev(x) for x in item[1]]))
+
+
+def _loops(body: str) -> list[tuple[int, int, re.Match]]:
+    """``(start, end, match)`` of every ``scf.for`` region of the body."""
+    spans = []
+    for m in _FOR.finditer(body):
+        start = body.index("{", m.end())
+        depth, end = 0, len(body)
+        for pos in range(start, len(body)):  # the region's closing brace
+            depth += {"{": 1, "}": -1}.get(body[pos], 0)
+            if depth == 0:
+                end = pos
+                break
+        spans.append((m.start(), end, m))
+    return spans
+
+
+def _per_iteration(body, ev, items, evaluate):
+    """``evaluate(item)`` for ``(position, item)`` pairs in program order,
+    those inside an ``scf.for`` once per iteration (its variable bound)."""
+    loops = _loops(body)
     out = []
-    for instruction, names in items:
-        try:
-            out.append((instruction, [ev(x) for x in names]))
-            continue
-        except KeyError as e:
-            var = next((v for v in loops if f"{v}:" in str(e)), None)
-            if var is None:
-                raise
-        m = loops[var]
+    pending: list = []  # a loop's items, evaluated when the loop ends
+
+    def flush(loop) -> None:
+        _, _, m = loop
+        var = m.group(1)
         for value in range(*(ev(m.group(i)) for i in (2, 3, 4))):
             ev.env[var] = value
             ev.invalidate_loop()
-            out.append((instruction, [ev(x) for x in names]))
-        ev.env.pop(var)
+            out.extend(evaluate(item) for item in pending)
+        ev.env.pop(var, None)
         ev.invalidate_loop()
+        pending.clear()
+
+    current = None
+    for pos, item in sorted(items, key=lambda p: p[0]):
+        loop = next((lp for lp in loops if lp[0] <= pos <= lp[1]), None)
+        if current is not None and loop is not current:
+            flush(current)
+        current = loop
+        if loop is None:
+            out.append(evaluate(item))
+        else:
+            pending.append(item)
+    if current is not None:
+        flush(current)
     return out
-
-
-def _per_iteration(body, ev, items, loop_var, split=None):
-    evaluate = (lambda it: [ev(x) for x in split(it)]) if split else ev
-    outside, inside = [], []
-    for item in items:
-        try:
-            outside.append(evaluate(item))
-        except KeyError as e:
-            if loop_var not in str(e):
-                raise
-            inside.append(item)
-    values = list(outside)
-    for kk in _loop_values(ev, body):
-        ev.env[loop_var] = kk
-        ev.invalidate_loop()
-        values += [evaluate(item) for item in inside]
-    ev.env.pop(loop_var, None)
-    ev.invalidate_loop()
-    return values

@@ -3,6 +3,8 @@ configuration errors, the fragment layout, and PTX that ptxas accepts."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from gemm_helpers import (
@@ -224,6 +226,7 @@ def test_pipeline_option_errors():
         {"unroll": 1, "prefetch": 1, "weight_chunk": 32},
         {"unroll": 1, "stages": 3, "weight_chunk": 64, "rotate_k": True, "prefetch_ring": True},
         {"unroll": 2, "stages": 2, "weight_chunk": 32, "block_size": 64, "warps": (1, 2, 1)},
+        {"unroll": 1, "stages": 3, "weight_chunk": 32, "bulk_ring": True, "prefetch_ring": True},
     ],
 )
 def test_moe_pipelined_compiles(kw):
@@ -233,7 +236,9 @@ def test_moe_pipelined_compiles(kw):
     dn = G.moe_down(16, 32, H, I, experts=E, **kw)
     art = compile_tile(dn, MOE_DN, ("m", E))
     check_ptx(art, 4)
-    if "stages" in kw:
+    if kw.get("bulk_ring"):  # one bulk copy per warp and fragment, counted on mbarriers
+        assert "cp.async.bulk.shared::cluster.global" in art.ptx and "moe_down__bars" in dn.source
+    elif "stages" in kw:
         assert "cp.async.cg.shared.global" in art.ptx and "moe_down__ring" in dn.source
 
 
@@ -309,7 +314,7 @@ def test_chunked_tiles_read_the_row_layout_s_elements_where_they_moved(kind, opt
     chunked = make(16, 32, 256, 128, experts=E, slots=2, weight_chunk=chunk, **options)
     weight = "%Wgu" if kind == "gate_up" else "%Wd"
     dims = None if options.get("stages") else (E, rows_per_expert, k)
-    cases = [({"%s": s, "%j": j}, e) for s, j in ((0, 0), (3, 1), (5, 3)) for e in (0, 2)]
+    cases = [({"%s": 0, "%j": 0}, 0), ({"%s": 3, "%j": 1}, 2), ({"%s": 5, "%j": 3}, 1)]
     assert _compare_chunked(plain, chunked, weight, cases, k, chunk, dims)
 
 
@@ -345,3 +350,91 @@ def test_chunked_layer_gemm_reads_the_row_layout_s_elements_where_they_moved(
     dims = None if options.get("stages") else (layers, per * n, k)
     cases = [({"%l": 0, "%i": 0, "%j": 0}, 0), ({"%l": 2, "%i": 1, "%j": 3}, 0)]
     assert _compare_chunked(plain, chunked, "%W", cases, k, chunk, dims)
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("gate_up", dict(stages=3, unroll=2, rotate_k=True)),
+        ("down", dict(stages=3, unroll=1, prefetch_ring=True)),
+    ],
+)
+def test_bulk_ring_copies_each_warp_s_pieces_in_lane_order(kind, options):
+    """``bulk_ring``: lane 0 of each warp copies, per fragment and stage,
+    the ``unroll`` 512-byte pieces whose 16-byte parts the per-thread ring's
+    32 lanes copy, in the same order (the address chains evaluated on the
+    CPU, the ring's fill in the prefetch function included)."""
+    from mlir_addresses import tma_copies
+
+    make = G.moe_gate_up if kind == "gate_up" else G.moe_down
+    opts = dict(experts=E, slots=2, weight_chunk=32, **options)
+    lanes = make(16, 32, 512, 256, **opts)  # k = 512 or 256: several loop iterations
+    bulk = make(16, 32, 512, 256, bulk_ring=True, **opts)
+    weight = "%Wgu" if kind == "gate_up" else "%Wd"
+    unroll = options["unroll"]
+    coords = {"%s": 3, "%j": 1}
+    checked = 0
+    for func in functions(lanes.source):
+        body_l, body_b = functions(lanes.source)[func], functions(bulk.source)[func]
+        for warp in range(8):
+            per_lane = []
+            for lane in range(32):
+                ev = Evaluator(
+                    body_l,
+                    {**coords, "tid": 32 * warp + lane},
+                    {weight: W_BASE},
+                    load=lambda m, i: 2,
+                )
+                per_lane.append([a for a in copy_sources(body_l, ev) if a >= W_BASE])
+            ev = Evaluator(
+                body_b, {**coords, "tid": 32 * warp}, {weight: W_BASE}, load=lambda m, i: 2
+            )
+            copies = [ops for _, ops in tma_copies(body_b, ev, tensor=False)]
+            assert all(size == unroll * 512 for _, _, size, _ in copies)
+            nf = int(re.search(r"\d+x(\d+) fragments", lanes.source).group(1))
+            nb = nf * (2 if kind == "gate_up" else 1)  # weight fragments per warp
+            assert len(copies) == len(per_lane[0]) // unroll  # one per (issue, fragment)
+            issues = len(copies) // nb
+            for i in range(issues):
+                for f in range(nb):
+                    src = copies[i * nb + f][1]
+                    for u in range(unroll):
+                        for lane in range(32):
+                            assert (
+                                per_lane[lane][(i * unroll + u) * nb + f]
+                                == src + u * 512 + 16 * lane
+                            )
+                            checked += 1
+    assert checked
+    if "prefetch_ring" not in options:  # copies and reads in one function: match them
+        body = functions(bulk.source)[bulk.name]
+        ring = re.search(r"(%\w+) = memref.get_global @\w+__ring", body).group(1)
+        size = int(re.search(r"__ring : memref<(\d+)xi32", bulk.source).group(1))
+        for warp in (0, 5):
+            ev = Evaluator(
+                body, {**coords, "tid": 32 * warp}, {weight: W_BASE}, load=lambda m, i: 2
+            )
+            dsts = [ops[0] for _, ops in tma_copies(body, ev, tensor=False)]
+            for lane in (0, 7, 31):
+                ev = Evaluator(
+                    body, {**coords, "tid": 32 * warp + lane}, {weight: W_BASE}, load=lambda m, i: 2
+                )
+                reads = weight_loads(body, ev, ring, (size,))
+                assert len(reads) == len(dsts) * unroll
+                for j, dst in enumerate(dsts):  # the j-th stage read is the j-th copied
+                    i, f = divmod(j, nb)
+                    for u in range(unroll):
+                        assert 4 * reads[(i * unroll + u) * nb + f] == dst + u * 512 + 16 * lane
+    with pytest.raises(etc.GraphError, match="bulk_ring copies a warp's fragment as one piece"):
+        make(
+            16,
+            32,
+            256,
+            128,
+            experts=E,
+            slots=2,
+            stages=3,
+            unroll=1,
+            weight_chunk=64,
+            bulk_ring=True,
+        )

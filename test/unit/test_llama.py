@@ -1161,3 +1161,25 @@ def test_chunked_llama_3_2_1b_kernels_compile():
         art = etc.compile(M.build_decoder_graph(bucket), **M.compile_options(bucket))
         assert art.cubin is not None
     assert art.ptx.count("cp.async.bulk.tensor.4d") > 0
+
+
+@needs_ptxas
+def test_bulk_ring_decoder_matches_the_row_layout_and_compiles():
+    """The layer projections' rings filled by bulk copies (chunks of 32):
+    the simulated step is the row layout's, the kernel assembles, and the
+    option is refused where it cannot apply."""
+    projections = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    bulk = tuple((p, (("bulk_ring", True),)) for p in projections)
+    cfg = dataclasses.replace(CFG, weight_chunk=32, projection_options=bulk)
+    weights = M.random_weights(CFG, seed=2)
+    tokens = np.array([5, 77], np.int32)
+    syms = {"B": 2, "L": 3, "S": 5}
+    out = etc.simulate(M.build_decoder_graph(cfg), M.numpy_inputs(cfg, weights, tokens, 3, 5), syms)
+    want = etc.simulate(
+        M.build_decoder_graph(CFG), M.numpy_inputs(CFG, weights, tokens, 3, 5), syms
+    )
+    np.testing.assert_array_equal(out["logits"], want["logits"])
+    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
+    assert art.cubin is not None and "cp.async.bulk.shared::cluster.global" in art.ptx
+    with pytest.raises(etc.GraphError, match="bulk_ring needs a layer projection on the sync core"):
+        dataclasses.replace(CFG, weight_chunk=64, projection_options=bulk)

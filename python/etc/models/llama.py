@@ -128,7 +128,7 @@ DECODER_TASKS = (
     "l2_prefetch",
 )
 #: The sync-core options ``LlamaConfig.projection_options`` may set per projection.
-PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring")
+PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring", "bulk_ring")
 #: ``gemm_core`` values (``etc.tiles.gemm.LAYER_CORES``).
 _CORES = ("sync", "bulk", "tma")
 #: The projections ``k_splits`` may split, and the field holding their ``k``.
@@ -464,6 +464,14 @@ class LlamaConfig:
             cores.append((f"core_overrides[{proj!r}]", core))
         for proj, options in self.projection_options:
             _check_pairs(f"projection_options[{proj!r}]", options, PROJECTION_OPTIONS, "key")
+            if dict(options).get("bulk_ring") and (
+                self.core(proj) != "sync" or self.weight_chunk != 32 or proj == "lm_head"
+            ):
+                raise GraphError(
+                    f"LlamaConfig: projection_options[{proj!r}] bulk_ring needs a layer "
+                    f"projection on the sync core and weight_chunk=32 (core {self.core(proj)!r}, "
+                    f"weight_chunk={self.weight_chunk})"
+                )
         _check_pairs("shared_regions", self.shared_regions, DECODER_TASKS, "task")
         if self.shared_regions and self.prefetch_next:
             raise GraphError(

@@ -239,8 +239,17 @@ def _body(
     early: int = 0,
     partials: int = 0,
     weight_chunk: int = 0,
+    bulk_ring: bool = False,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``bulk_ring`` (with ``stages`` and ``weight_chunk=32``): lane 0 of each
+    warp fills the warp's ring slots with one ``cp.async.bulk`` per weight
+    fragment and stage (``unroll`` chunks of 512 bytes, contiguous in the
+    chunked layout and landing in lane order: the same 16 bytes per lane as
+    the per-thread copies), counted on a per-warp mbarrier per stage that
+    every lane waits on; the mbarriers are initialised where the ring's
+    first copies are issued and invalidated after the last wait.
 
     ``weight_chunk=C``: the weights are stored in 8-row groups of ``C``-wide
     k chunks (:func:`chunk_weights`), so a fragment's 8 lane groups read one
@@ -535,9 +544,15 @@ def _body(
                 rowp.append(t.op("ab", f"arith.addi {abase}, {lin} : index"))
         iters = kslice // step
         pre = stages - 1
+        if bulk_ring:
+            bulk = _BulkRing(
+                t, name, globals_, ring, smem, warp, lane, stages, nb, unroll, block_size // 32
+            )
 
         def slot(stage: str, u: int, f: int, what: str) -> str:
             """Slot (stage, u, f): byte offset from ``sb`` or i32 index of the ring."""
+            if bulk_ring:
+                return bulk.slot(stage, u, f)
             q = t.op("q", f"arith.muli {stage}, %c{unroll * per}_ : index")
             q = t.op("q", f"arith.addi {q}, %c{u * per + f}_ : index") if u * per + f else q
             if what == "bytes":
@@ -547,6 +562,10 @@ def _body(
             return t.op("q", f"arith.addi {q}, {relt} : index")
 
         def issue(k: str, stage: str) -> None:
+            if bulk_ring:  # lane 0's k and rows start its warp's pieces
+                src = t.op("src", f"arith.muli {chunk_base(k)}, %c2 : index")
+                bulk.issue([t.op("src", f"arith.addi {p}, {src} : index") for p in rowp], stage)
+                return
             for u in range(unroll):
                 kb = t.op("kb", f"arith.muli {k}, %c2 : index")
                 if u:
@@ -606,6 +625,8 @@ def _body(
 
         # The fill issues groups [0, early), the body the rest of the first pre.
         first, last = (early, pre) if part == "body" else (0, early if part == "fill" else pre)
+        if bulk_ring and part != "body":  # the first copies of the instance are issued here
+            bulk.init()
         for p in range(first, last):
             kp = kat(step * p)
             issue(kp, f"%c{p}_" if p else "%c0")
@@ -634,8 +655,12 @@ def _body(
         carried = [f"%pa_{q}" for q in range(ncarry)]
         if a_ahead:
             carried += load_a(kat(t.op("k", f"arith.addi %kk, %c{step * a_ahead}_ : index")))
-        t.emit(f"nvvm.cp.async.wait.group {pre}")
         cur = t.op("st", f"arith.remui {it}, %c{stages}_ : index")
+        if bulk_ring:
+            use = t.op("use", f"arith.divui {it}, %c{stages}_ : index")
+            bulk.wait(cur, t.op("use", f"arith.remui {use}, %c2 : index"))
+        else:
+            t.emit(f"nvvm.cp.async.wait.group {pre}")
         acc = compute(
             kbase, cur, shaped([f"%acc_{q}" for q in range(nacc)]),
             unflat_a(carried[:per_a]) if a_ahead else None,
@@ -647,12 +672,17 @@ def _body(
         acc = shaped([f"{res}#{q}" for q in range(nacc)])
         for q in range(pre):
             i = iters - pre + q
-            t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
+            if bulk_ring:
+                bulk.wait(f"%c{i % stages}_" if i % stages else "%c0", f"%c{(i // stages) % 2}_")
+            else:
+                t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
             k = kat(step * i)
             raw_a = None
             if q < a_ahead:
                 raw_a = unflat_a([f"{res}#{nacc + q * per_a + v}" for v in range(per_a)])
             acc = compute(k, f"%c{i % stages}_" if i % stages else "%c0", acc, raw_a)
+        if bulk_ring:
+            bulk.inval()
         return acc
 
     acc = stream_loop() if stages else register_loop()
@@ -800,6 +830,129 @@ def _normalise(t: _Text, v: str, mean_sq: str, a_norm: tuple[str, str, str, floa
     g = t.op("ng", f"arith.extf {g} : vector<8xbf16> to vector<8xf32>")
     x = t.op("nx", f"arith.mulf {g}, {x} : vector<8xf32>")
     return t.op("nx", f"arith.truncf {x} : vector<8xf32> to vector<8xbf16>")
+
+
+class _BulkRing:
+    """:func:`_body`'s ``bulk_ring``: the ring's slots regrouped per warp
+    (warp ``w`` owns ``stages * nb * unroll`` slots of 512 bytes, in that
+    order, lane ``l`` at ``16 l`` of each), filled by lane 0's
+    ``cp.async.bulk`` copies and counted on one mbarrier per warp and stage."""
+
+    def __init__(
+        self, t: _Text, name: str, globals_: list[str], ring: str, smem: str, warp: str,
+        lane: str, stages: int, nb: int, unroll: int, warps: int,
+    ) -> None:  # fmt: skip
+        from .gemm_tc import _asm_ops, _mbar_wait
+
+        self.t, self.stages, self.nb, self.unroll = t, stages, nb, unroll
+        self.asm, self.mbar_wait = _asm_ops, _mbar_wait
+        per_warp = stages * nb * unroll  # slots of 512 bytes
+        bar_t = f"memref<{stages * warps}xi64, #gpu.address_space<workgroup>>"
+        globals_.append(f'memref.global "private" @{name}__bars : {bar_t} {{alignment = 8 : i64}}')
+        bars = t.op("bars", f"memref.get_global @{name}__bars : {bar_t}")
+        base = t.op("bars", f"memref.extract_aligned_pointer_as_index {bars} : {bar_t} -> index")
+        self.bars = t.op(
+            "bars",
+            f"arith.addi {base}, {t.op('bw', f'arith.muli {warp}, %c{8 * stages}_ : index')} : index",
+        )
+        rbase = t.op("wr", f"memref.extract_aligned_pointer_as_index {ring} : {smem} -> index")
+        woff = t.op("wr", f"arith.muli {warp}, %c{per_warp * 512}_ : index")
+        self.wring = t.op("wr", f"arith.addi {rbase}, {woff} : index")
+        # i32 index of this lane's 16 bytes in its warp's first slot
+        windex = t.op("wi", f"arith.muli {warp}, %c{per_warp * 128}_ : index")
+        self.lindex = t.op(
+            "wi", f"arith.addi {windex}, {t.op('li', f'arith.muli {lane}, %c4 : index')} : index"
+        )
+        self.is_l0 = t.op("l0", f"arith.cmpi eq, {lane}, %c0 : index")
+
+    def _i32(self, v: str) -> str:
+        return self.t.op("w", f"arith.index_cast {v} : index to i32")
+
+    def _bar(self, stage: str) -> str:
+        t = self.t
+        return self._i32(
+            t.op(
+                "bar",
+                f"arith.addi {self.bars}, {t.op('bo', f'arith.muli {stage}, %c8 : index')} : index",
+            )
+        )
+
+    def _first(self, stage: str, f: int) -> str:
+        """Slot number of (stage, f, u = 0) in the warp's slots."""
+        t = self.t
+        q = t.op("bq", f"arith.muli {stage}, %c{self.nb}_ : index")
+        q = t.op("bq", f"arith.addi {q}, %c{f}_ : index") if f else q
+        return t.op("bq", f"arith.muli {q}, %c{self.unroll}_ : index")
+
+    def slot(self, stage: str, u: int, f: int) -> str:
+        """The i32 index of this lane's 16 bytes of slot (stage, u, f)."""
+        t = self.t
+        q = self._first(stage, f)
+        q = t.op("bq", f"arith.addi {q}, %c{u}_ : index") if u else q
+        q = t.op("bq", f"arith.muli {q}, %c128_ : index")
+        return t.op("bq", f"arith.addi {q}, {self.lindex} : index")
+
+    def _lane0(self, body) -> None:
+        t = self.t
+        t.emit(f"scf.if {self.is_l0} {{")
+        t.indent += "  "
+        body()
+        t.end()
+
+    def _each_bar(self, text: str) -> None:
+        """``text`` (``[$0]``: the mbarrier) on every stage's mbarrier."""
+        for s in range(self.stages):
+            self.asm(self.t, text, [(self._bar(f"%c{s}_" if s else "%c0"), "i32")])
+
+    def init(self) -> None:
+        """Lane 0 initialises the warp's mbarriers; the warp then syncs."""
+
+        def body() -> None:
+            self._each_bar("mbarrier.init.shared::cta.b64 [$0], 1;")
+            self.asm(self.t, "fence.mbarrier_init.release.cluster;", [])
+
+        self._lane0(body)
+        self.asm(self.t, "bar.warp.sync -1;", [])
+
+    def issue(self, sources: list[str], stage: str) -> None:
+        """Lane 0 copies fragment ``f``'s ``unroll`` chunks from byte address
+        ``sources[f]`` into slots (stage, f, 0..), once every lane has read
+        what the stage held (the warp syncs first)."""
+        t = self.t
+        self.asm(t, "bar.warp.sync -1;", [])
+
+        def body() -> None:
+            bar = self._bar(stage)
+            size = self.unroll * 512
+            tx = t.op("tx", f"arith.constant {self.nb * size} : i32")
+            nbytes = t.op("tx", f"arith.constant {size} : i32")
+            self.asm(t, "fence.proxy.async.shared::cta;", [])
+            self.asm(
+                t,
+                "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+                [(bar, "i32"), (tx, "i32")],
+            )
+            for f, src in enumerate(sources[: self.nb]):
+                off = t.op("bd", f"arith.muli {self._first(stage, f)}, %c512_ : index")
+                dst = self._i32(t.op("bd", f"arith.addi {self.wring}, {off} : index"))
+                src64 = t.op("bs", f"arith.index_cast {src} : index to i64")
+                self.asm(
+                    t,
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                    "[$0], [$1], $2, [$3];",
+                    [(dst, "i32"), (src64, "i64"), (nbytes, "i32"), (bar, "i32")],
+                )
+
+        self._lane0(body)
+
+    def wait(self, stage: str, parity: str) -> None:
+        """Every lane waits for the stage's copies (``parity``: index 0 or 1)."""
+        self.mbar_wait(self.t, self._bar(stage), self._i32(parity))
+
+    def inval(self) -> None:
+        """After the last wait: lane 0 invalidates the warp's mbarriers."""
+        self.asm(self.t, "bar.warp.sync -1;", [])
+        self._lane0(lambda: self._each_bar("mbarrier.inval.shared::cta.b64 [$0];"))
 
 
 def _constants(t: _Text) -> str:
@@ -1011,6 +1164,20 @@ def _moe_loop_options(name: str, stages: int, rotate_k: bool, a_ahead: int, by: 
     return {"rotate": by if rotate_k else None, "a_ahead": a_ahead}
 
 
+def _check_bulk_ring(
+    name: str, bulk_ring: bool, stages: int, chunk: int, a_ring: bool = False
+) -> bool:
+    """``bulk_ring``: the ring of ``stages`` filled by one bulk copy per warp
+    and fragment, which the 32-wide chunked layout lays out in lane order."""
+    if bulk_ring and (not stages or chunk != 32 or a_ring):
+        raise GraphError(
+            f"tile '{name}': bulk_ring copies a warp's fragment as one piece: it needs a ring "
+            f"(stages), weight_chunk=32 and no a_ring (stages={stages}, weight_chunk={chunk}, "
+            f"a_ring={a_ring})"
+        )
+    return bool(bulk_ring)
+
+
 def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = False) -> None:
     """``a_ahead`` loads A that many ring groups ahead: it needs a ring of
     more stages and A outside the ring."""
@@ -1027,12 +1194,14 @@ def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = F
 #: (``(row, column, k-slice)`` warps, planned when None), ``unroll``,
 #: ``prefetch``, ``stages``, ``rotate_k`` (rotating by the tile index ``i``),
 #: ``a_ahead``, ``prefetch_ring``, ``slots``, ``slot_logits``,
-#: ``prefetch_weights`` (:func:`moe_gate_up`) and ``weight_chunk`` (the
-#: weights in :func:`chunk_weights`' layout; 0: nn.Linear rows).
+#: ``prefetch_weights`` (:func:`moe_gate_up`), ``weight_chunk`` (the
+#: weights in :func:`chunk_weights`' layout; 0: nn.Linear rows) and
+#: ``bulk_ring`` (the ring filled by one ``cp.async.bulk`` per warp and
+#: fragment: needs ``stages`` and ``weight_chunk=32``).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, unroll=None, prefetch=None, stages=None, rotate_k=False,
     a_ahead=0, prefetch_ring=False, slots=None, slot_logits=0, prefetch_weights=False,
-    weight_chunk=0,
+    weight_chunk=0, bulk_ring=False,
 )  # fmt: skip
 
 
@@ -1125,6 +1294,7 @@ def _moe_tile(
     )
     _check_moe(name, block_n, n, n_key)
     chunk = _mma.check_weight_chunk(name, options["weight_chunk"], k, per_n * n)
+    bulk_ring = _check_bulk_ring(name, options["bulk_ring"], stages, chunk)
     early = _ring_early(name, stages, options["prefetch_ring"])
     ed, it = _experts(name, experts)
     mf, nf = block_m // (16 * wm), block_n // (8 * wn)
@@ -1138,7 +1308,7 @@ def _moe_tile(
         return _moe_slot_tile(
             kind, block_m, block_n, hidden, inter, ed, name, options, slots,
             dict(wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages, mf=mf,
-                 nf=nf, early=early, weight_chunk=chunk),
+                 nf=nf, early=early, weight_chunk=chunk, bulk_ring=bulk_ring),
         )  # fmt: skip
     if gate:
         at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
@@ -1162,7 +1332,7 @@ def _moe_tile(
 
     body = dict(
         name=name, k=k, block_size=block_size, wm=wm, wn=wn, wk=wk, unroll=unroll, prefetch=prefetch, stages=stages,
-        mf=mf, nf=nf, a=a, nb=per_n * nf, early=early, weight_chunk=chunk,
+        mf=mf, nf=nf, a=a, nb=per_n * nf, early=early, weight_chunk=chunk, bulk_ring=bulk_ring,
         **_moe_loop_options(name, stages, options["rotate_k"], options["a_ahead"]),
     )  # fmt: skip
     source = _moe_source(name, signature, what, tile, body, early)
@@ -1266,6 +1436,7 @@ def _moe_slot_tile(
         name=name, k=k, block_size=options["block_size"], wm=wm, wn=wn, wk=plan["wk"],
         unroll=plan["unroll"], prefetch=plan["prefetch"], stages=plan["stages"], mf=plan["mf"],
         nf=nf, a=a, nb=per_n * nf, early=early, weight_chunk=plan["weight_chunk"],
+        bulk_ring=plan["bulk_ring"],
         **_moe_loop_options(name, plan["stages"], options["rotate_k"], options["a_ahead"], "%j"),
     )  # fmt: skip
     source = _moe_source(name, signature, what, tile, body, early)
@@ -1409,6 +1580,7 @@ def layer_gemm(
     counter_row: int = 0,
     a_box: int = 64,
     weight_chunk: int = 0,
+    bulk_ring: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1494,6 +1666,9 @@ def layer_gemm(
     :func:`chunk_weights`' layout (8-row groups of ``C``-wide k chunks):
     each k step of a warp's 8-row fragment reads one contiguous piece (the
     tma core reads it through a 4-D map, the same boxes in shared memory).
+    ``bulk_ring`` (sync core, with ``stages`` and ``weight_chunk=32``):
+    lane 0 of each warp fills the ring with one ``cp.async.bulk`` per
+    fragment and stage instead of every thread's 16-byte copies.
 
     ``core="bulk"`` streams the weights with ``cp.async.bulk`` through a
     shared-memory ring whose first ``stages`` chunks of ``kc`` values of
@@ -1541,6 +1716,7 @@ def layer_gemm(
         "norm_sums": norm_sums,
         "row_paths": row_paths is not None,
         "weight_chunk": bool(weight_chunk),
+        "bulk_ring": bulk_ring,
     }
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
@@ -1598,6 +1774,7 @@ def layer_gemm(
         )
     early = _ring_early(name, stages, prefetch_ring)
     chunk = _mma.check_weight_chunk(name, weight_chunk, k, per_n * n)
+    bulk_ring = _check_bulk_ring(name, bulk_ring, stages, chunk, a_ring)
     if row_scale is not None and rmsnorm is not None:
         raise GraphError(f"tile '{name}': give rmsnorm or row_scale (a folded norm), not both")
     _check_a_ahead(name, a_ahead, stages, a_ring)
@@ -1631,6 +1808,7 @@ def layer_gemm(
         epilogue=store, a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None,
         a_ahead=a_ahead, norm_sums=norm_in, part="body" if prefetch_ring else "all", early=early,
         partials=(wk - 1) * wn * (block_m // 16) * per_n * nf * 4 * 32, weight_chunk=chunk,
+        bulk_ring=bulk_ring,
     )  # fmt: skip
     globals_ = _row_path_bodies(t, body, paths, r0, r1)
     t.close()
