@@ -340,10 +340,13 @@ for _key in ("single", "few", "dec_pf_gu32"):
     for _chunk in (32, 64, 128):
         CONFIGS[f"{_key}_ch{_chunk}"] = _chunked(CONFIGS[_key], _chunk)
 # ... and with the ring filled by one bulk copy per warp and fragment (C = 32).
+# A triggered task may run its prefetch twice (Graph refuses bulk copies
+# there): the table-driven decode preset's bulk rings are filled in the body.
 for _key in ("single", "few", "dec_pf_gu32"):
     _config = _chunked(CONFIGS[_key], 32)
-    _config["gate_up_options"] += (("bulk_ring", True),)
-    _config["down_options"] += (("bulk_ring", True),)
+    for _side in ("gate_up_options", "down_options"):
+        _kept = [o for o in _config[_side] if _key != "dec_pf_gu32" or o[0] != "prefetch_ring"]
+        _config[_side] = (*_kept, ("bulk_ring", True))
     CONFIGS[f"{_key}_ch32b"] = _config
 # The TMA presets, and with chunks of 64 (4-D maps: the same boxes).
 for _key in ("mid", "prefill"):
