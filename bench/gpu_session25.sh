@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-fifth session (bench/RESULTS.md item 100): chunked expert weights.
-# Not run in that session (no GPU was lent); ready for the next one.
+# Ran once at the end of that session (results: bench/RESULTS.md, twenty-fifth session).
 # Built with (CPU machine) bash bench/build_session25.sh, which runs:
 #   .device/n25a: BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 \
 #       BENCH_MOE_CONFIGS=single,single_ch32,single_ch64,single_ch128,single_ch32b,few,few_ch32,few_ch64,few_ch32b,dec_pf_gu32,dec_pf_gu32_ch32,dec_pf_gu32_ch64,dec_pf_gu32_ch32b \
