@@ -186,7 +186,7 @@ VARIANTS = {
     "attn3_nopf": _large(("attn_tma_stages", 3), ("attn_tma_prefetch", False)),
     "attn2_nopf": _large(("attn_tma_prefetch", False)),
 }
-# Session 25, item 100 (not run yet): the layer projections' weights
+# Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for
 # every larger batch) with chunks of 32, 64 or 128, timed at B = 1 and 8;
 # and the default three kernels with chunks of 64 (the large-batch kernel's

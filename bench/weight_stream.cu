@@ -2,8 +2,8 @@
 // weight stream at T = 1? (bench/RESULTS.md, MoE section, items 98 and
 // 100: each CTA of the slot tiles streams ~17 GB/s whatever its ring depth
 // or loop count, the layer ~3.1 TB/s.) Written in the twenty-fourth and
-// twenty-fifth sessions, not run yet (no device time was left, then none
-// was lent).
+// twenty-fifth sessions; run in the latter (results/weight-stream-session25-
+// 2026-12-01.txt: the three layouts stream alike, so the pattern is not it).
 //
 // 50 MB of weights (8 experts x 1536 rows x 2048 bf16, the MoE layer's
 // gate/up at T = 1), each CTA streaming tiles of R rows through a ring of S

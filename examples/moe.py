@@ -166,15 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         "route": args.route, "combine": args.combine, "combine_dtype": args.combine_dtype,
         "gather": args.gather or None, "slot_logits": args.slot_logits or None,
     }  # fmt: skip
-    if args.weight_chunk:
-        chunk = (("weight_chunk", args.weight_chunk),)
-        given["gate_up_options"] = cfg.gate_up_options + chunk
-        given["down_options"] = cfg.down_options + chunk
     try:
         cfg = replace(
             cfg, route_max_tokens=args.route_max_tokens,
             **{k: v for k, v in given.items() if v is not None},
         )  # fmt: skip
+        if args.weight_chunk:
+            cfg = cfg.with_weight_chunk(args.weight_chunk)
         g = M.build_moe_graph(cfg)
     except etc.EtcError as exc:  # a configuration the tiles cannot take
         print(f"error: {exc}", file=sys.stderr)

@@ -213,11 +213,7 @@ MOE_SMALL_TMA_SHORT = dataclasses.replace(
 def _chunked(cfg, gate_up: int = 64, down: int = 32):
     """``cfg`` with its expert weights in the chunked layout
     (``weight_chunk``: 64-wide k chunks for gate/up, 32 for down)."""
-    return dataclasses.replace(
-        cfg,
-        gate_up_options=(*cfg.gate_up_options, ("weight_chunk", gate_up)),
-        down_options=(*cfg.down_options, ("weight_chunk", down)),
-    )
+    return cfg.with_weight_chunk(gate_up, down)
 
 
 #: Chunked weights through the register loop (MOE_SMALL), the ring and its

@@ -967,11 +967,7 @@ def test_example_slot_grids_simulate(flags):
 # chunked expert weights (the tiles' weight_chunk option)
 # ----------------------------------------------------------------------------
 def _chunked(cfg, gate_up=64, down=32):
-    return replace(
-        cfg,
-        gate_up_options=(*cfg.gate_up_options, ("weight_chunk", gate_up)),
-        down_options=(*cfg.down_options, ("weight_chunk", down)),
-    )
+    return cfg.with_weight_chunk(gate_up, down)
 
 
 @needs_bindings

@@ -370,7 +370,8 @@ class LlamaConfig:
     #: at launch). Needs the sync core for those projections in every kernel,
     #: or the tma core with chunks of 64 (one TMA box's k: a 4-D map), and
     #: the same value in every batch bucket (the kernels share their
-    #: weights). Not measured yet (``bench/RESULTS.md``, item 100).
+    #: weights). Off: on an H200 every chunk width made the step slower
+    #: (``bench/RESULTS.md``, MoE section, twenty-fifth session).
     weight_chunk: int = 0
     #: The GEMM tiles issue their weight ring's first groups before they
     #: wait for their activations (``layer_gemm(prefetch_ring=True)``; the

@@ -491,6 +491,17 @@ class MoEConfig:
         """Down tiles per row block (``H / block_n_dn``)."""
         return self.hidden // self.block_n_dn
 
+    def with_weight_chunk(self, gate_up: int, down: int | None = None) -> MoEConfig:
+        """This configuration with its expert tiles reading ``Wgu`` in chunks
+        of ``gate_up`` and ``Wd`` in chunks of ``down`` (default: the same;
+        the tiles' ``weight_chunk`` option, :func:`weight_chunks`)."""
+        down = gate_up if down is None else down
+        return replace(
+            self,
+            gate_up_options=(*self.gate_up_options, ("weight_chunk", gate_up)),
+            down_options=(*self.down_options, ("weight_chunk", down)),
+        )
+
     def with_routing(self, routing: str) -> MoEConfig:
         """``top1`` routes each token to one expert (topk = 1); the others keep topk."""
         return replace(self, topk=1) if routing == "top1" else self
@@ -1019,12 +1030,7 @@ def preset_family(
         raise GraphError("preset_family: no buckets")
     configs = [(bound, name, preset(name, **overrides)) for bound, name in buckets]
     if weight_chunk:
-        chunk = (("weight_chunk", weight_chunk),)
-        configs = [
-            (bound, name, replace(cfg, gate_up_options=cfg.gate_up_options + chunk,
-                                  down_options=cfg.down_options + chunk))
-            for bound, name, cfg in configs
-        ]  # fmt: skip
+        configs = [(b, name, cfg.with_weight_chunk(weight_chunk)) for b, name, cfg in configs]
     layouts = {name: weight_chunks(cfg) for _, name, cfg in configs}
     if len({tuple(v.items()) for v in layouts.values()}) > 1:
         raise GraphError(

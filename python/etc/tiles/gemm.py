@@ -842,10 +842,11 @@ class _BulkRing:
         self, t: _Text, name: str, globals_: list[str], ring: str, smem: str, warp: str,
         lane: str, stages: int, nb: int, unroll: int, warps: int,
     ) -> None:  # fmt: skip
-        from .gemm_tc import _asm_ops, _mbar_wait
+        from .gemm_tc import _asm_ops, _i32, _mbar_wait
 
         self.t, self.stages, self.nb, self.unroll = t, stages, nb, unroll
         self.asm, self.mbar_wait = _asm_ops, _mbar_wait
+        self._i32 = lambda v: _i32(t, v)
         per_warp = stages * nb * unroll  # slots of 512 bytes
         bar_t = f"memref<{stages * warps}xi64, #gpu.address_space<workgroup>>"
         globals_.append(f'memref.global "private" @{name}__bars : {bar_t} {{alignment = 8 : i64}}')
@@ -864,9 +865,6 @@ class _BulkRing:
             "wi", f"arith.addi {windex}, {t.op('li', f'arith.muli {lane}, %c4 : index')} : index"
         )
         self.is_l0 = t.op("l0", f"arith.cmpi eq, {lane}, %c0 : index")
-
-    def _i32(self, v: str) -> str:
-        return self.t.op("w", f"arith.index_cast {v} : index to i32")
 
     def _bar(self, stage: str) -> str:
         t = self.t
