@@ -1,6 +1,7 @@
 // What the standalone CUDA benchmarks in bench/ share: a CUDA-call check
-// that exits with the failing call's place and message, and the median
-// time of a launch (CUDA events, 30 runs after 5 warm-ups).
+// that exits with the failing call's place and message, the median time of
+// a launch (CUDA events, 30 runs after 5 warm-ups) and the device's copy
+// bandwidth.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,4 +42,18 @@ template <class F> float median_us(F launch) {
   CHECK(cudaEventDestroy(b));
   std::sort(ts.begin(), ts.end());
   return ts[ts.size() / 2];
+}
+
+// The device-to-device copy bandwidth in TB/s (read + write bytes of a
+// 1 GiB cudaMemcpy, median_us), the baseline every stream is compared to.
+inline double copy_bandwidth_tbps() {
+  size_t big = size_t(1) << 30;
+  void *x, *y;
+  CHECK(cudaMalloc(&x, big));
+  CHECK(cudaMalloc(&y, big));
+  float us = median_us(
+      [&] { CHECK(cudaMemcpy(y, x, big, cudaMemcpyDeviceToDevice)); });
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(y));
+  return 2.0 * big / (us * 1e-6) / 1e12;
 }

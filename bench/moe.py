@@ -317,6 +317,20 @@ CONFIGS = {
         *M.PRESETS["few"]["down_options"], ("prefetch_weights", True))},
     "few_dnl2": {**M.PRESETS["few"], "down_options": (
         *M.PRESETS["few"]["down_options"], ("prefetch_weights", True))},
+    # Each gate/up tile also projects its own columns down and adds them
+    # into Out32 (MoEConfig.fuse_down): no down task, no wait for a whole slot.
+    "single_fd": {**M.PRESETS["single"], "fuse_down": True, "combine": "atomic"},
+    "single_fd_gu24": {**M.PRESETS["single"], "fuse_down": True, "combine": "atomic",
+                       "block_n_gu": 24},
+    "single_fd_gu16": {**M.PRESETS["single"], "fuse_down": True, "combine": "atomic",
+                       "block_n_gu": 16},
+    # ... and the single preset whose k loops all start at chunk 0 (no rotate_k).
+    "single_norot": {
+        **M.PRESETS["single"],
+        "gate_up_options": (("stages", 4), ("unroll", 2)),
+        "down_options": (("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2),
+                         ("prefetch_ring", True)),
+    },
     "single_m3": _SINGLE0,
     "single_gu16_m3": {**_SINGLE0, "block_n_gu": 16},
     "single_gu16_dn32_m3": {**_SINGLE0, "block_n_gu": 16, "block_n_dn": 32},
@@ -339,6 +353,7 @@ def _chunked(config: dict, chunk: int) -> dict:
 for _key in ("single", "few", "dec_pf_gu32"):
     for _chunk in (32, 64, 128):
         CONFIGS[f"{_key}_ch{_chunk}"] = _chunked(CONFIGS[_key], _chunk)
+CONFIGS["single_norot_ch32"] = _chunked(CONFIGS["single_norot"], 32)
 # ... and with the ring filled by one bulk copy per warp and fragment (C = 32).
 # A triggered task may run its prefetch twice (Graph refuses bulk copies
 # there): the table-driven decode preset's bulk rings are filled in the body.
@@ -447,6 +462,11 @@ OCCUPANCY = {
     "single_u4d": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_u8s2": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_m3": 3,
+    "single_fd": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_norot": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_norot_ch32": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_fd_gu24": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_fd_gu16": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_dnl2": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_noring": M.PRESET_MIN_CTAS_PER_SM["single"],
     "few_dnl2": M.PRESET_MIN_CTAS_PER_SM["single"],

@@ -206,15 +206,8 @@ int main() {
   CHECK(cudaMalloc(&sink, 4));
   CHECK(cudaMemset(w, 1, bytes * COPIES));
   Weights wts{w};
-  // Copy bandwidth: 1 GiB device to device, read + write bytes.
-  size_t big = size_t(1) << 30;
-  void *x, *y;
-  CHECK(cudaMalloc(&x, big));
-  CHECK(cudaMalloc(&y, big));
-  float copy_us = median_us(
-      [&] { CHECK(cudaMemcpy(y, x, big, cudaMemcpyDeviceToDevice)); });
-  std::printf("copy bandwidth %.3f TB/s (%d SMs)\n",
-              2.0 * big / (copy_us * 1e-6) / 1e12, sms);
+  std::printf("copy bandwidth %.3f TB/s (%d SMs)\n", copy_bandwidth_tbps(),
+              sms);
   const char *names[] = {"rows", "blocked", "chunk8"};
   auto report = [&](const char *engine, int layout, int rows, int s, int grid,
                     float us) {

@@ -57,6 +57,11 @@ MOE_SMALL_SLOTS_L2 = dataclasses.replace(
     MOE_SMALL_SLOTS_LOGITS,
     down_options=(*MOE_SMALL_SLOTS.down_options, ("prefetch_weights", True)),
 )
+#: ... with each gate/up tile adding its own columns' down projection into
+#: Out32 (``MoEConfig.fuse_down``: no down task).
+MOE_SMALL_SLOTS_FUSED = dataclasses.replace(
+    MOE_SMALL_SLOTS_LOGITS, fuse_down=True, combine="atomic"
+)
 MOE_SMALL_SLOTS_RING = dataclasses.replace(
     MOE_SMALL_SLOTS,
     gate_up_options=(*MOE_SMALL_SLOTS.gate_up_options, ("prefetch_ring", True)),

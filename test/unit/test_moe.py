@@ -903,6 +903,90 @@ def test_slot_tiles_and_their_errors():
             replace(SMALL, **bad)
 
 
+#: SLOTS_SMALL whose gate/up tiles add their own columns' down projection.
+SLOTS_FUSED = replace(SLOTS_SMALL, slot_logits=True, fuse_down=True, combine="atomic")
+
+
+@needs_bindings
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("T,routing", [(1, "uniform"), (5, "one-expert"), (13, "top1")])
+def test_fused_down_slots_in_simulator(schedule, T, routing):
+    """``fuse_down``: no down task; the cast waits for every gate/up tile
+    (and the top-k, whose ids it leaves complete); the output is within
+    float32 rounding of the slot graph with down tiles (no bf16 rounding of
+    each expert's row), and the tile references chained give it exactly."""
+    cfg, x, w, ref = case(SLOTS_FUSED, T, routing)
+    g = M.build_moe_graph(cfg)
+    names = [t.name for t in g.topological_tasks()]
+    assert names == ["zero", "logits", "topk", "gate_up", "cast"] == list(M.unfused_tasks(cfg))
+    tasks = {t.name: t for t in g.tasks}
+    assert [e.event.name for e in tasks["gate_up"].in_edges] == ["zeroed", "scored"]
+    assert {e.event.name for e in tasks["cast"].in_edges} == {"routed", "summed"}
+    assert "Yp" not in {t.name for t in g.tensors}
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T}, schedule=schedule, seed=T)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    plain = replace(cfg, fuse_down=False, combine="task")
+    want = etc.simulate(M.build_moe_graph(plain), M.numpy_inputs(plain, x, w), {"T": T})
+    np.testing.assert_array_equal(out["topk_ids"], want["topk_ids"])
+    np.testing.assert_array_equal(out["Hb"], want["Hb"])
+    assert M.rel_err(out["Out"], want["Out"]) <= 1e-2
+    hand = M.run_tile_references(cfg, M.numpy_inputs(cfg, x, w))
+    np.testing.assert_array_equal(hand["Out"], out["Out"])
+    assert M.rel_err(run_unfused(cfg, x, w)["Out"], ref) <= 1e-2
+
+
+@needs_bindings
+@needs_ptxas
+def test_fused_down_kernel_assembles(tmp_path):
+    """The single preset with ``fuse_down`` at Qwen3's sizes: ptxas takes its
+    vector reductions (sm_90) at two CTAs per SM without spills."""
+    import subprocess
+
+    cfg = M.MoEConfig(**{**M.PRESETS["single"], "fuse_down": True, "combine": "atomic"})
+    art = etc.compile(M.build_moe_graph(cfg), schedule="static", min_ctas_per_sm=2)
+    assert art.ptx.count("red.global.add.v4.f32") == 1
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(art.ptx)
+    done = subprocess.run(
+        ["ptxas", "-arch=sm_90", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "0 bytes spill stores, 0 bytes spill loads" in done.stderr
+
+
+@needs_bindings
+def test_fused_down_tile_and_its_errors():
+    from etc.tiles import gemm
+
+    fused = gemm.moe_gate_up(
+        16, 32, 256, 64, experts=8, slots=2, stages=3, unroll=1, slot_logits=1, fuse_down=True
+    )
+    src = fused.source
+    assert "%Wd: memref<8x256x64xbf16>, %Out32: memref<?x256xf32>" in src
+    assert src.count("red.global.add.v4.f32") == 1 and "gpu.barrier" in src
+    # Each thread's four rows: 4 x (32 / 8) 16-byte loads of Wd before the sums.
+    assert src.count("vector.load %Wd[%e") == 16
+    for kw, match in (
+        (dict(slot_logits=0), "fuse_down appends the down projection"),
+        (dict(slot_logits=1, weight_chunk=32), "weight_chunk=0"),
+    ):
+        with pytest.raises(etc.GraphError, match=match):
+            gemm.moe_gate_up(16, 32, 256, 64, experts=8, slots=2, fuse_down=True, **kw)
+    with pytest.raises(etc.GraphError, match="fuse_down appends"):
+        gemm.moe_down(16, 64, 256, 64, experts=8, slots=2, fuse_down=True)
+    for bad, match in (
+        (dict(fuse_down=True, combine="atomic"), "fuse_down adds the slot gate/up"),
+        (dict(fuse_down=True), "it needs route='slots', slot_logits=True, combine='atomic'"),
+        (dict(slot_logits=False, fuse_down=True), "slot_logits=True"),
+        (dict(fuse_down=1), "fuse_down must be a bool, got 1"),
+        (dict(combine="atomic"), "route='slots' needs gemm='reg', combine='task'"),
+    ):  # fmt: skip
+        base = SMALL if "combine" in bad and len(bad) == 2 else SLOTS_SMALL
+        with pytest.raises(etc.GraphError, match=match):
+            replace(base, **bad)
+
+
 @needs_bindings
 @needs_trigger
 def test_slot_prefetches_run_after_the_top_k():

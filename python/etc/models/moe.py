@@ -227,6 +227,8 @@ def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
     if cfg.route == "fused":
         tasks = ("logits", "route", "permute", "gate_up", "down", "combine")
     elif cfg.route == "slots":
+        if cfg.fuse_down:  # the gate/up tiles add their down projections
+            return ("zero", "logits", "topk", "gate_up", "cast")
         return ("logits", "topk", "gate_up", "down", "combine")
     else:
         tasks = UNFUSED_TASKS
@@ -334,6 +336,13 @@ class MoEConfig:
     #: router logits (every warp repeats the top-k, ~0.5 µs) instead of
     #: reading ``topk_ids`` after the top-k task: one hop fewer.
     slot_logits: bool = False
+    #: ``route="slots"`` with ``slot_logits`` and ``combine="atomic"``: each
+    #: gate/up tile also projects its own columns down and adds them, with
+    #: the routing weight, into ``Out32`` (``moe_gate_up(fuse_down=True)``):
+    #: no down task, so no CTA waits for a whole slot's gate/up rows and
+    #: each tile streams its gate/up rows and its slice of the down weights
+    #: back to back. ``zero`` clears ``Out32`` first and ``cast`` rounds it.
+    fuse_down: bool = False
 
     def weight_name(self, key: str) -> str:
         """The graph's tensor for expert weight ``key`` (``Wgu`` or ``Wd``):
@@ -380,10 +389,25 @@ class MoEConfig:
                 f"MoEConfig: slot_logits picks the slot tiles' experts; it needs route='slots', "
                 f"got route={self.route!r}"
             )
-        if self.route == "slots" and (self.gemm != "reg" or self.combine != "task" or self.gather):
+        if not isinstance(self.fuse_down, bool):
+            raise GraphError(f"MoEConfig: fuse_down must be a bool, got {self.fuse_down!r}")
+        if self.fuse_down and not (
+            self.route == "slots" and self.slot_logits and self.combine == "atomic"
+            and self.combine_dtype == "f32"
+        ):  # fmt: skip
             raise GraphError(
-                "MoEConfig: route='slots' needs gemm='reg', combine='task' and no gather; got "
-                f"gemm={self.gemm!r}, combine={self.combine!r}, gather={self.gather!r}"
+                "MoEConfig: fuse_down adds the slot gate/up tiles' down projections into float32 "
+                "sums; it needs route='slots', slot_logits=True, combine='atomic' and "
+                f"combine_dtype='f32'; got route={self.route!r}, slot_logits={self.slot_logits!r}, "
+                f"combine={self.combine!r}, combine_dtype={self.combine_dtype!r}"
+            )
+        slot_combine = "atomic" if self.fuse_down else "task"
+        if self.route == "slots" and (
+            self.gemm != "reg" or self.combine != slot_combine or self.gather
+        ):
+            raise GraphError(
+                f"MoEConfig: route='slots' needs gemm='reg', combine={slot_combine!r} and no "
+                f"gather; got gemm={self.gemm!r}, combine={self.combine!r}, gather={self.gather!r}"
             )
         if self.router not in ("simt", "tc"):
             raise GraphError(f"MoEConfig: router must be 'simt' or 'tc', got {self.router!r}")
@@ -428,8 +452,10 @@ class MoEConfig:
                 f"got {self.combine!r}"
             )
         dn = dict(self.down_options)
-        if self.combine == "atomic" and (
-            self.gemm != "tc" or dn.get("core") != "tma" or dn.get("split_n")
+        if (
+            self.combine == "atomic"
+            and not self.fuse_down
+            and (self.gemm != "tc" or dn.get("core") != "tma" or dn.get("split_n"))
         ):
             raise GraphError(
                 "MoEConfig: combine='atomic' needs the TMA down tile (gemm='tc', down_options "
@@ -600,8 +626,10 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
         kw["slots"] = cfg.topk
         # The parts the router writes (spare logits rows stay unused).
         gu_kw = {"slot_logits": cfg.router_splits if cfg.slot_logits else 0}
+        if cfg.fuse_down:
+            gu_kw["fuse_down"] = True
     dn_kw = {}
-    if cfg.combine == "atomic":
+    if cfg.combine == "atomic" and cfg.route != "slots":
         dn_kw = {"combine_topk": cfg.topk, "combine_dtype": cfg.combine_dtype}
     gate_up = gemm_tiles.moe_gate_up(
         cfg.block_m, cfg.block_n_gu, cfg.hidden, cfg.inter, **kw, **gu_kw,
@@ -937,6 +965,12 @@ def build_moe_graph(
     return g
 
 
+def _slot_gate_up_down_args(cfg: MoEConfig) -> tuple[str, ...]:
+    """A ``fuse_down`` gate/up task's tensors: the gate/up tile's, then the
+    down weights and the sums."""
+    return (*_slot_gate_up_args(cfg), cfg.weight_name("Wd"), _sums(cfg))
+
+
 def _slot_down_args(cfg: MoEConfig) -> tuple[str, ...]:
     """The slot down task's tensors, in order."""
     return ("Hb", "topk_ids", cfg.weight_name("Wd"), "Yp")
@@ -956,6 +990,7 @@ def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate
     top-k when the gate/up tiles did not)."""
     RB, TB, CB, S = cfg.router_block, cfg.topk_block, cfg.combine_block, T * cfg.topk
     blocks = (T + RB - 1) // RB
+    zeroed = _zero_task(g, cfg, T, t, tiles) if cfg.fuse_down else None
     scored = g.event((1,), wait_count=math.prod(_logits_grid(cfg, blocks)), name="scored")
     _logits_task(g, cfg, blocks, t, tiles, after=None, scored=(scored, "0"))
     routed = g.event((1,), wait_count=blocks * (RB // TB), name="routed")
@@ -967,6 +1002,26 @@ def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate
         out_edges={routed: "ij->0"},
         name="topk",
     )
+    if cfg.fuse_down:
+        # Each tile adds its down projection: the cast waits for them all.
+        summed = g.event((1,), wait_count=S * cfg.n_gu, name="summed")
+        g.task(
+            gate_up,
+            grid=(S, cfg.n_gu),
+            args=tuple(t[n] for n in _slot_gate_up_down_args(cfg)),
+            in_edges=[(zeroed, "sj->0"), (scored, "sj->0")],
+            out_edges={summed: "sj->0"},
+            name="gate_up",
+        )
+        g.task(
+            tiles["cast"],
+            grid=((T + CB - 1) // CB,),
+            args=(t[_sums(cfg)], t["Out"]),
+            # The top-k's outputs (topk_ids, topk_w) are complete with the layer's.
+            in_edges=[(routed, "i->0"), (summed, "i->0")],
+            name="cast",
+        )
+        return
     h_ready = g.event((S,), wait_count=cfg.n_gu, name="h_ready")
     # A slot tile's prefetch reads topk_ids: it runs after the top-k's wait.
     g.task(
@@ -1144,8 +1199,14 @@ def build_unfused_graphs(
         ("gate_up", gate_up, list(_gate_up_args(cfg)), "gu_indptr"),
         ("down", down, list(_down_args(cfg)), "dn_indptr"),
     ):
+        if slots and cfg.fuse_down and task == "down":
+            continue  # the gate/up tiles did it
         if slots:
-            names = list(_slot_gate_up_args(cfg) if task == "gate_up" else _slot_down_args(cfg))
+            names = list(
+                (_slot_gate_up_down_args(cfg) if cfg.fuse_down else _slot_gate_up_args(cfg))
+                if task == "gate_up"
+                else _slot_down_args(cfg)
+            )
             g, T, t = graph(task, names)
             columns = cfg.n_gu if task == "gate_up" else cfg.n_dn
             g.task(fn, grid=(T * cfg.topk, columns), args=tuple(t[n] for n in names), name=task)
@@ -1254,6 +1315,7 @@ def run_tile_references(
         gu_ref = _mma.slot_reference(
             "gate_up", cfg.block_n_gu, cfg.inter, cfg.topk,
             cfg.router_splits if cfg.slot_logits else 0, chunk=chunks["Wgu"],
+            fuse_down=cfg.fuse_down,
         )  # fmt: skip
         dn_ref = _mma.slot_reference(
             "down", cfg.block_n_dn, cfg.inter, cfg.topk, chunk=chunks["Wd"]
@@ -1288,10 +1350,14 @@ def run_tile_references(
             for j in range(RB // TB):
                 tiles["topk"].reference(i, j, *(a[n] for n in _topk_args(cfg)))
     if cfg.route == "slots":  # static (slot, column block) grids
+        slot_grids = [(dn_ref, _slot_down_args(cfg), cfg.n_dn)]
+        if cfg.fuse_down:
+            slot_grids = []
         for ref, names, columns in (
-            (gu_ref, _slot_gate_up_args(cfg), cfg.n_gu),
-            (dn_ref, _slot_down_args(cfg), cfg.n_dn),
-        ):
+            (gu_ref, _slot_gate_up_down_args(cfg) if cfg.fuse_down else _slot_gate_up_args(cfg),
+             cfg.n_gu),
+            *slot_grids,
+        ):  # fmt: skip
             for s in range(T * cfg.topk):
                 for j in range(columns):
                     ref(s, j, *(a[n] for n in names))

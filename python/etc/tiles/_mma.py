@@ -363,24 +363,28 @@ def swiglu_rows(a: np.ndarray, w: np.ndarray, cs: slice, inter: int, chunk: int 
 
 
 def slot_reference(
-    kind: str, block_n: int, inter: int, slots: int, logit_parts: int = 0, chunk: int = 0
-) -> Callable[..., None]:
+    kind: str, block_n: int, inter: int, slots: int, logit_parts: int = 0, chunk: int = 0,
+    fuse_down: bool = False,
+) -> Callable[..., None]:  # fmt: skip
     """The reference of a slot tile ``(s, j)`` (``moe_gate_up`` / ``moe_down``
     with ``slots=K``): token row ``s // K`` (gate/up) or row ``s`` (down),
     expert ``topk_ids[s // K, s % K]`` (with ``logit_parts``: choice ``s %
     K`` of the top-k of the token's router logits, in that many parts),
-    output row ``s``."""
+    output row ``s``; ``fuse_down``: then ``Out32[s // K] += w * Hb[s, cs]
+    @ Wd[e][:, cs]^T`` with the choice's weight ``w``."""
 
-    def reference(s: int, j: int, A, table, W, out) -> None:
+    def reference(s: int, j: int, A, table, W, out, Wd=None, sums=None) -> None:
         token, kth = divmod(s, slots)
         row = token if kind == "gate_up" else s
         if row >= A.shape[0]:
             return
+        weight = None
         if logit_parts:
             from .moe import _summed_logits, topk_from_logits
 
             logits = _summed_logits(table, logit_parts, token, token + 1, A.shape[0])
-            e = int(topk_from_logits(logits, slots)[0][0, kth])
+            ids, ws = topk_from_logits(logits, slots)
+            e, weight = int(ids[0, kth]), ws[0, kth]
         else:
             e = int(table[token, kth])
         a = A[row : row + 1]
@@ -390,6 +394,9 @@ def slot_reference(
         else:
             y = bf16_matmul(a, weight_rows(W[e], cs, chunk))
         out[s : s + 1, cs] = f32_to_bf16(y.astype(np.float32))
+        if fuse_down:
+            part = bf16_matmul(out[s : s + 1, cs], Wd[e][:, cs])[0]
+            sums[token] += (np.float32(weight) * part).astype(np.float32)
 
     return reference
 

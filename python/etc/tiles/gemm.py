@@ -1132,14 +1132,18 @@ def _ring_early(name: str, stages: int | None, prefetch_ring: bool | int) -> int
 
 
 def _moe_source(
-    name: str, signature: str, what: str, tile: Callable, body: dict, early: int
-) -> str:
+    name: str, signature: str, what: str, tile: Callable, body: dict, early: int,
+    after: Callable[[_Text], None] | None = None,
+) -> str:  # fmt: skip
     """An expert tile's MLIR: ``tile(t)`` opens its rows and columns and
-    returns ``_body``'s row-dependent arguments; with ``early``, also
+    returns ``_body``'s row-dependent arguments (``after(t)``, when given,
+    follows the body inside the same region); with ``early``, also
     ``@<name>__prefetch`` filling the ring's first groups (same
     thread-to-slot mapping as the body)."""
     t = _Text()
     globals_ = _body(t, **body, **tile(t), part="body" if early else "all")
+    if after is not None:
+        after(t)
     t.close()
     source = _source(name, signature, t, globals_, what)
     if early:
@@ -1199,7 +1203,7 @@ def _check_a_ahead(name: str, a_ahead: int, stages: int | None, a_ring: bool = F
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, unroll=None, prefetch=None, stages=None, rotate_k=False,
     a_ahead=0, prefetch_ring=False, slots=None, slot_logits=0, prefetch_weights=False,
-    weight_chunk=0, bulk_ring=False,
+    weight_chunk=0, bulk_ring=False, fuse_down=False,
 )  # fmt: skip
 
 
@@ -1243,7 +1247,20 @@ def moe_gate_up(
     from the router logits ``L: memref<?xExf32>`` (in ``S`` parts, part
     ``p`` in rows ``p*T``) in place of ``topk_ids``: every warp runs the
     top-k tile's selection (:func:`etc.tiles.moe.router_topk`, same ties)
-    and takes choice ``s % K``, so it waits for the logits, not the top-k."""
+    and takes choice ``s % K``, so it waits for the logits, not the top-k.
+
+    ``fuse_down=True`` (with ``slot_logits``) appends the down projection of
+    the tile's own columns: after its ``Hb[s, cs]`` stores and a CTA
+    barrier, the tile adds ``w * (Hb[s, cs] @ Wd[e][:, cs]^T)`` into the
+    float32 sums ``Out32[s // K]`` (``w`` the choice's renormalised softmax
+    weight, computed as the top-k tile computes ``topk_w``), four rows per
+    thread and one ``red.global.add.v4.f32`` each. Buffers ``(X, L, Wgu,
+    Hb, Wd: memref<Ex H x I xbf16>, Out32: memref<?xHxf32>)``. No down tile
+    then waits for a whole slot: the layer streams each tile's gate/up rows
+    and its slice of the down weights back to back. ``Out32`` must be zero
+    before the first add (a ``zero`` task) and a ``cast`` task rounds it to
+    bf16 (``MoEConfig(fuse_down=True)``); the add order varies between
+    launches, so the sums may differ in their last float32 bits."""
     o = _mma.tile_options(name, options, MOE_OPTIONS)
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
@@ -1388,6 +1405,13 @@ def _moe_slot_tile(
         )
     if early and l2:
         raise GraphError(f"tile '{name}': give prefetch_ring or prefetch_weights, not both")
+    fused = bool(options["fuse_down"])
+    if fused and not (gate and from_logits and not plan["weight_chunk"]):
+        raise GraphError(
+            f"tile '{name}': fuse_down appends the down projection to a gate/up slot tile that "
+            "picks its expert from the logits (slot_logits) and reads nn.Linear rows "
+            "(weight_chunk=0)"
+        )
     k, n = (hidden, inter) if gate else (inter, hidden)
     per_n = 2 if gate else 1
     wm, wn, nf = plan["wm"], plan["wn"], plan["nf"]
@@ -1398,6 +1422,10 @@ def _moe_slot_tile(
         a, w, out = ("%X", at), "%Wgu", ("%Hb", ot)
         signature = f"%s: index, %j: index, %X: {at}, {table}: {ids_t}, %Wgu: {wt}, %Hb: {ot}"
         what = f"{name}: Hb[s] = silu(X[s/K] @ Wg[e]^T) * (X[s/K] @ Wu[e]^T), slot s"
+        if fused:
+            dwt, sums_t = _mma.down_types(hidden, inter, ed)[1], f"memref<?x{hidden}xf32>"
+            signature += f", %Wd: {dwt}, %Out32: {sums_t}"
+            what += "; Out32[s/K] += w * Hb[s, cs] @ Wd[e][:, cs]^T"
     else:
         at, wt, ot = _mma.down_types(hidden, inter, ed)
         a, w, out = ("%Hb", at), "%Wd", ("%Yp", ot)
@@ -1413,7 +1441,8 @@ def _moe_slot_tile(
         t.indent += "  "
         kth = t.op("kth", f"arith.remui %s, %c{slots}_ : index")
         if from_logits:
-            raw = _slot_expert(t, token, kth, rows, int(ed), slots, from_logits, ids_t)
+            raw, weight = _slot_expert(t, token, kth, rows, int(ed), slots, from_logits, ids_t)
+            fused_at.update(token=token, weight=weight)
         else:
             raw = t.op("eid", f"memref.load %topk_ids[{token}, {kth}] : {ids_t}")
         t.emit(f"%e = arith.index_cast {raw} : i32 to index")
@@ -1423,12 +1452,18 @@ def _moe_slot_tile(
         s1 = t.op("s1", "arith.addi %s, %c1 : index")
         n0 = t.op("n0", f"arith.muli %j, %c{block_n}_ : index")
         wcol = _warp_cols(t, n0, wm, wn, nf)
+        fused_at["n0"] = n0
 
         b_rows, epilogue = _expert_rows_and_store(
             t, wcol, nf, inter, (w, wt), out, gate, s1, shift=shift
         )
 
         return dict(b_rows=b_rows, r0=r0, r1=r1, epilogue=epilogue)
+
+    fused_at: dict[str, str] = {}
+
+    def after(t: _Text) -> None:
+        _fused_down_slice(t, fused_at, block_n, hidden, inter, ed, options["block_size"], ot)
 
     body = dict(
         name=name, k=k, block_size=options["block_size"], wm=wm, wn=wn, wk=plan["wk"],
@@ -1437,15 +1472,75 @@ def _moe_slot_tile(
         bulk_ring=plan["bulk_ring"],
         **_moe_loop_options(name, plan["stages"], options["rotate_k"], options["a_ahead"], "%j"),
     )  # fmt: skip
-    source = _moe_source(name, signature, what, tile, body, early)
+    source = _moe_source(name, signature, what, tile, body, early, after if fused else None)
     if l2:
         source += _slot_weight_prefetch(name, signature, wt, w, block_n, n, k, per_n, slots)
     reference = _mma.slot_reference(
-        kind, block_n, inter, slots, from_logits, chunk=plan["weight_chunk"]
+        kind, block_n, inter, slots, from_logits, chunk=plan["weight_chunk"], fuse_down=fused
     )
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=options["block_size"])
     fn.prefetch_fills_shared = bool(early)
     return fn
+
+
+#: Rows of the down weights a thread of a ``fuse_down`` tile adds per
+#: ``red.global.add.v4.f32`` (consecutive rows of one token's sums).
+FUSED_ROWS = 4
+
+
+def _fused_down_slice(
+    t: _Text, at: dict[str, str], block_n: int, hidden: int, inter: int, ed: str,
+    block_size: int, hb_t: str,
+) -> None:  # fmt: skip
+    """A ``fuse_down`` slot tile's down projection of its own columns ``cs
+    = [n0, n0 + block_n)``: ``Out32[token, n] += w * Hb[s, cs] .
+    Wd[e, n, cs]`` for every row ``n`` of ``hidden``. Thread ``tid`` takes
+    rows ``4*tid + 4*block_size*b .. +3`` (all their 16-byte loads of a
+    step issued before the sums), then one ``red.global.add.v4.f32``."""
+    wd_t, sums_t = _mma.down_types(hidden, inter, ed)[1], f"memref<?x{hidden}xf32>"
+    n0, token, weight = at["n0"], at["token"], at["weight"]
+    # The epilogue's Hb stores are visible to the whole CTA after a barrier.
+    t.emit("gpu.barrier")
+    tid = t.op("ftid", "gpu.thread_id x")
+    hv = []
+    for q in range(block_n // 8):
+        col = t.op("fcol", f"arith.addi {n0}, %c{8 * q}_ : index") if q else n0
+        h = t.op(
+            "fh", f"vector.load %Hb[%s, {col}] {{alignment = 16 : i64}} : {hb_t}, vector<8xbf16>"
+        )
+        hv.append((col, t.op("fhf", f"arith.extf {h} : vector<8xbf16> to vector<8xf32>")))
+    first = t.op("frow", f"arith.muli {tid}, %c{FUSED_ROWS}_ : index")
+    step = FUSED_ROWS * block_size
+    base = t.op("fsb", f"memref.extract_aligned_pointer_as_index %Out32 : {sums_t} -> index")
+    tok_at = t.op("ftok", f"arith.muli {token}, %c{hidden}_ : index")
+    zero = t.op("fz", "arith.constant dense<0.0> : vector<8xf32>")
+    b = t.fresh("fb")
+    t.emit(f"scf.for {b} = {first} to %c{hidden}_ step %c{step}_ {{")
+    t.indent += "  "
+    rows = [b] + [t.op("fr", f"arith.addi {b}, %c{r}_ : index") for r in range(1, FUSED_ROWS)]
+    loaded = [
+        [t.op("fw", f"vector.load %Wd[%e, {row}, {col}] {{alignment = 16 : i64}} : {wd_t}, vector<8xbf16>")
+         for col, _ in hv]
+        for row in rows
+    ]  # fmt: skip
+    sums = []
+    for per_row in loaded:
+        acc = zero
+        for w, (_, hf) in zip(per_row, hv, strict=True):
+            wf = t.op("fwf", f"arith.extf {w} : vector<8xbf16> to vector<8xf32>")
+            acc = t.op("facc", f"vector.fma {wf}, {hf}, {acc} : vector<8xf32>")
+        total = t.op("fsum", f"vector.reduction <add>, {acc} : vector<8xf32> into f32")
+        sums.append(t.op("fws", f"arith.mulf {total}, {weight} : f32"))
+    off = t.op("foff", f"arith.addi {tok_at}, {b} : index")
+    off = t.op("foff", f"arith.muli {off}, %c4_ : index")
+    addr = t.op("fat", f"arith.addi {base}, {off} : index")
+    addr = t.op("fat", f"arith.index_cast {addr} : index to i64")
+    t.emit(
+        "llvm.inline_asm has_side_effects asm_dialect = att "
+        '"red.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f" '
+        f"{addr}, {', '.join(sums)} : (i64, f32, f32, f32, f32) -> ()"
+    )
+    t.end()
 
 
 def _slot_weight_prefetch(
@@ -1475,9 +1570,10 @@ def _slot_weight_prefetch(
 
 def _slot_expert(
     t: _Text, token: str, kth: str, tokens: str, experts: int, topk: int, splits: int, lt: str
-) -> str:
+) -> tuple[str, str]:
     """Choice ``kth`` (i32) of the top-``topk`` of token ``token``'s router
-    logits ``%L`` (``splits`` parts of ``tokens`` rows each): every warp runs
+    logits ``%L`` (``splits`` parts of ``tokens`` rows each) and its
+    renormalised softmax weight (f32): every warp runs
     :func:`etc.tiles.moe.router_topk`'s selection, then reads lane ``kth``'s."""
     from .moe import _topk_select
 
@@ -1492,14 +1588,18 @@ def _slot_expert(
         t.emit(line)
     for p in range(1, splits):
         t.emit(f"%tS{p} = arith.muli {tokens}, %c{p}_ : index")
-    ops, consts, pick_id, _, _ = _topk_select(experts, topk, splits, lt, ind)
+    ops, consts, pick_id, pick_p, total = _topk_select(experts, topk, splits, lt, ind)
     for line in consts.split("\n"):
         t.emit(line.strip())
     t.lines.extend(ops.split("\n"))
     k32 = t.op("k32", f"arith.index_cast {kth} : index to i32")
     raw = t.fresh("eid")
     t.emit(f"{raw}, %{raw[1:]}ok = gpu.shuffle idx {pick_id}, {k32}, %c32_i32 : i32")
-    return raw
+    # Lane k's weight as the top-k tile stores it in topk_w (the same ops).
+    mine = t.op("wmine", f"arith.divf {pick_p}, {total} : f32")
+    weight = t.fresh("wk")
+    t.emit(f"{weight}, %{weight[1:]}ok = gpu.shuffle idx {mine}, {k32}, %c32_i32 : f32")
+    return raw, weight
 
 
 #: Epilogues of :func:`layer_gemm`.
