@@ -104,7 +104,10 @@ _TMA3 = (("smem_limit", 220 << 10), ("stages", 3), ("core", "tma"))
 
 # The single preset as items 95-98 measured it (its down tiles without the
 # ring prefetch that item 99 added).
-_SINGLE0 = {**M.PRESETS["single"], "down_options": M.PRESETS["few"]["down_options"]}
+_SINGLE0 = {
+    **M.SLOT_MMA_PRESETS["single"],
+    "down_options": M.SLOT_MMA_PRESETS["few"]["down_options"],
+}
 CONFIGS = {
     "bm16cp": _BM16CP,
     # cp.async + ldmatrix (mma.sync) tiles in 48 KiB of static shared memory.
@@ -280,6 +283,9 @@ CONFIGS = {
     },
     # One token: static slot grids, no routing tables (MoEConfig.route="slots").
     "single": M.PRESETS["single"],
+    # ... on the mma.sync slot tiles (the single and few presets before item 103).
+    "single_mma": M.SLOT_MMA_PRESETS["single"],
+    "few_mma": M.SLOT_MMA_PRESETS["few"],
     "single_gu24": {**_SINGLE0, "block_n_gu": 24},
     "single_dn128": {**_SINGLE0, "block_n_dn": 128},
     "single_sl": {**_SINGLE0, "slot_logits": True},
@@ -314,22 +320,39 @@ CONFIGS = {
     # (single_dnring, measured so, is now the single preset; single_noring was it before.)
     "single_noring": _SINGLE0,
     "single_dnl2": {**_SINGLE0, "down_options": (
-        *M.PRESETS["few"]["down_options"], ("prefetch_weights", True))},
-    "few_dnl2": {**M.PRESETS["few"], "down_options": (
-        *M.PRESETS["few"]["down_options"], ("prefetch_weights", True))},
+        *M.SLOT_MMA_PRESETS["few"]["down_options"], ("prefetch_weights", True))},
+    "few_dnl2": {**M.SLOT_MMA_PRESETS["few"], "down_options": (
+        *M.SLOT_MMA_PRESETS["few"]["down_options"], ("prefetch_weights", True))},
     # Each gate/up tile also projects its own columns down and adds them
     # into Out32 (MoEConfig.fuse_down): no down task, no wait for a whole slot.
-    "single_fd": {**M.PRESETS["single"], "fuse_down": True, "combine": "atomic"},
-    "single_fd_gu24": {**M.PRESETS["single"], "fuse_down": True, "combine": "atomic",
+    "single_fd": {**M.SLOT_MMA_PRESETS["single"], "fuse_down": True, "combine": "atomic"},
+    "single_fd_gu24": {**M.SLOT_MMA_PRESETS["single"], "fuse_down": True, "combine": "atomic",
                        "block_n_gu": 24},
-    "single_fd_gu16": {**M.PRESETS["single"], "fuse_down": True, "combine": "atomic",
+    "single_fd_gu16": {**M.SLOT_MMA_PRESETS["single"], "fuse_down": True, "combine": "atomic",
                        "block_n_gu": 16},
     # ... and the single preset whose k loops all start at chunk 0 (no rotate_k).
     "single_norot": {
-        **M.PRESETS["single"],
+        **M.SLOT_MMA_PRESETS["single"],
         "gate_up_options": (("stages", 4), ("unroll", 2)),
         "down_options": (("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2),
                          ("prefetch_ring", True)),
+    },
+    # The slot tiles on CUDA cores, whole 128-byte lines per warp copy
+    # (MoEConfig(gemm="gemv"), etc.tiles.gemv).
+    "single_gemv": {**M.PRESETS["single"], "gemm": "gemv",
+                    "gate_up_options": (("stages", 4),),
+                    "down_options": (("stages", 4), ("prefetch_ring", True))},
+    "single_gemv_s8": {**M.PRESETS["single"], "gemm": "gemv",
+                       "gate_up_options": (("stages", 8),),
+                       "down_options": (("stages", 8), ("prefetch_ring", True))},
+    "few_gemv": {**M.PRESETS["few"], "gemm": "gemv", "gate_up_options": (("stages", 4),),
+                 "down_options": (("stages", 4), ("prefetch_ring", True))},
+    **{
+        f"{_k}_gemv_s{_gu}_{_dn}": {
+            **M.PRESETS[_k], "gemm": "gemv", "gate_up_options": (("stages", _gu),),
+            "down_options": (("stages", _dn), ("prefetch_ring", True)),
+        }
+        for _k in ("single", "few") for _gu, _dn in ((8, 8), (10, 8), (12, 8), (12, 12))
     },
     "single_m3": _SINGLE0,
     "single_gu16_m3": {**_SINGLE0, "block_n_gu": 16},
@@ -350,15 +373,17 @@ def _chunked(config: dict, chunk: int) -> dict:
 
 
 # (C = 32: a warp's 16-byte copies of one k chunk are 512 contiguous bytes.)
+# (single_ch32 & co. are the mma.sync slot tiles' variants, measured before item 103.)
 for _key in ("single", "few", "dec_pf_gu32"):
+    _base = CONFIGS[f"{_key}_mma" if _key in ("single", "few") else _key]
     for _chunk in (32, 64, 128):
-        CONFIGS[f"{_key}_ch{_chunk}"] = _chunked(CONFIGS[_key], _chunk)
+        CONFIGS[f"{_key}_ch{_chunk}"] = _chunked(_base, _chunk)
 CONFIGS["single_norot_ch32"] = _chunked(CONFIGS["single_norot"], 32)
 # ... and with the ring filled by one bulk copy per warp and fragment (C = 32).
 # A triggered task may run its prefetch twice (Graph refuses bulk copies
 # there): the table-driven decode preset's bulk rings are filled in the body.
 for _key in ("single", "few", "dec_pf_gu32"):
-    _config = _chunked(CONFIGS[_key], 32)
+    _config = _chunked(CONFIGS[f"{_key}_mma" if _key in ("single", "few") else _key], 32)
     for _side in ("gate_up_options", "down_options"):
         _kept = [o for o in _config[_side] if _key != "dec_pf_gu32" or o[0] != "prefetch_ring"]
         _config[_side] = (*_kept, ("bulk_ring", True))
@@ -464,6 +489,16 @@ OCCUPANCY = {
     "single_m3": 3,
     "single_fd": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_norot": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_mma": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "few_mma": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_gemv": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_gemv_s8": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "few_gemv": M.PRESET_MIN_CTAS_PER_SM["single"],
+    **{
+        f"{_k}_gemv_s{_gu}_{_dn}": M.PRESET_MIN_CTAS_PER_SM["single"]
+        for _k in ("single", "few")
+        for _gu, _dn in ((8, 8), (10, 8), (12, 8), (12, 12))
+    },
     "single_norot_ch32": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_fd_gu24": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_fd_gu16": M.PRESET_MIN_CTAS_PER_SM["single"],

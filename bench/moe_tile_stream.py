@@ -29,7 +29,7 @@ _DOWN = (("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True))
 def _variant(gate_up: tuple, down: tuple = _DOWN, chunk: int = 0) -> dict:
     extra = (("weight_chunk", chunk),) if chunk else ()
     return dict(
-        M.PRESETS["few"],
+        M.SLOT_MMA_PRESETS["few"],
         gate_up_options=(*gate_up, ("rotate_k", True), *extra),
         down_options=(*down, *extra),
     )
@@ -53,6 +53,19 @@ VARIANTS = {
     "s4u2_ch32_a1": _variant((("stages", 4), ("unroll", 2), ("a_ahead", 1)), chunk=32),
     "s4u2_w124": _variant((("stages", 4), ("unroll", 2), ("warps", (1, 2, 4)))),
     "s4u1_w118": _variant((("stages", 4), ("unroll", 1), ("warps", (1, 1, 8)))),
+    # The CUDA-core GEMV slot tiles (etc.tiles.gemv), 4 and 8 ring slots.
+    "gemv_s4": dict(
+        M.PRESETS["few"],
+        gemm="gemv",
+        gate_up_options=(("stages", 4),),
+        down_options=(("stages", 4),),
+    ),
+    "gemv_s8": dict(
+        M.PRESETS["few"],
+        gemm="gemv",
+        gate_up_options=(("stages", 8),),
+        down_options=(("stages", 8),),
+    ),
 }
 if os.environ.get("BENCH_TILE_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["BENCH_TILE_VARIANTS"].split(",")}

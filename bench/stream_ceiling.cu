@@ -164,6 +164,13 @@ __global__ void __launch_bounds__(256, 2)
   stamp_end(st, acc, sink);
 }
 
+// No stream at all: the cost of a launch of `grid` CTAs (its stamps only).
+__global__ void __launch_bounds__(256, 2)
+    no_stream(const uint4 *, Stamps st, unsigned *sink) {
+  stamp_start(st);
+  stamp_end(st, 0, sink);
+}
+
 __global__ void spin(unsigned long long ns) {
   unsigned long long t0 = now();
   while (now() - t0 < ns) {
@@ -261,6 +268,9 @@ int main() {
     report("ldg U=8", TILES, measure(ldg_stream<8>, w, TILES, 0, sink));
     report("ldg U=16", TILES, measure(ldg_stream<16>, w, TILES, 0, sink));
     report("ldg U=32", TILES, measure(ldg_stream<32>, w, TILES, 0, sink));
+    report("no stream", 2 * sms, measure(no_stream, w, 2 * sms, 0, sink));
+    report("no stream 96K", 2 * sms,
+           measure(no_stream, w, 2 * sms, 96 << 10, sink));
     for (int grid : {sms, 2 * sms}) {
       report("flat U=4", grid, measure(flat_stream<4>, w, grid, 0, sink));
       report("flat U=8", grid, measure(flat_stream<8>, w, grid, 0, sink));

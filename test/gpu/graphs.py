@@ -62,6 +62,17 @@ MOE_SMALL_SLOTS_L2 = dataclasses.replace(
 MOE_SMALL_SLOTS_FUSED = dataclasses.replace(
     MOE_SMALL_SLOTS_LOGITS, fuse_down=True, combine="atomic"
 )
+#: ... on the CUDA-core GEMV slot tiles (``gemm="gemv"``), the experts
+#: picked from the logits, the down tiles' rings filled before their waits.
+MOE_SMALL_SLOTS_GEMV = dataclasses.replace(
+    MOE_SMALL_SLOTS_LOGITS,
+    gemm="gemv",
+    gate_up_options=(("stages", 4),),
+    down_options=(("stages", 4), ("prefetch_ring", True)),
+)
+MOE_SMALL_SLOTS_GEMV_CHUNK = dataclasses.replace(
+    MOE_SMALL_SLOTS_GEMV, slot_logits=False
+).with_weight_chunk(32)
 MOE_SMALL_SLOTS_RING = dataclasses.replace(
     MOE_SMALL_SLOTS,
     gate_up_options=(*MOE_SMALL_SLOTS.gate_up_options, ("prefetch_ring", True)),

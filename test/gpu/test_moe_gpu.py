@@ -40,6 +40,8 @@ from graphs import (  # noqa: E402
     MOE_SMALL_SLOTS_BULK,
     MOE_SMALL_SLOTS_CHUNK,
     MOE_SMALL_SLOTS_FUSED,
+    MOE_SMALL_SLOTS_GEMV,
+    MOE_SMALL_SLOTS_GEMV_CHUNK,
     MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
     MOE_SMALL_SLOTS_RING,
@@ -66,7 +68,8 @@ pytestmark = [
         "_route_unguarded", "_gather", "_route_gather", "_atomic", "_route_atomic",
         "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short", "_slots",
         "_slots_logits", "_slots_l2", "_slots_ring", "_chunk", "_ringpf_chunk", "_slots_chunk",
-        "_tma_chunk", "_slots_bulk_chunk", "_slots_fused",
+        "_tma_chunk", "_slots_bulk_chunk", "_slots_fused", "_slots_gemv",
+        "_slots_gemv_chunk",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -101,6 +104,8 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_tma_chunk": MOE_SMALL_TMA_CHUNK,
         "_slots_bulk_chunk": MOE_SMALL_SLOTS_BULK,
         "_slots_fused": MOE_SMALL_SLOTS_FUSED,
+        "_slots_gemv": MOE_SMALL_SLOTS_GEMV,
+        "_slots_gemv_chunk": MOE_SMALL_SLOTS_GEMV_CHUNK,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")

@@ -561,8 +561,13 @@ def test_presets_are_the_measured_configurations() -> None:
     assert (single.route, single.slot_logits, few.route, few.slot_logits) == (
         "slots", True, "slots", False
     )  # fmt: skip
-    # The slot tiles are decode's without the ring prefetch (no expert before the waits).
-    assert dict(single.gate_up_options) == {"stages": 4, "unroll": 2, "rotate_k": True}
+    # The slot tiles are the GEMV tiles (item 103): 12 gate/up ring slots, no
+    # prefetch before their waits (no expert then); the down tiles fill 7 of 8.
+    assert single.gemm == few.gemm == "gemv"
+    assert dict(single.gate_up_options) == dict(few.gate_up_options) == {"stages": 12}
+    assert dict(single.down_options) == {"stages": 8, "prefetch_ring": True}
+    mma = M.SLOT_MMA_PRESETS["single"]
+    assert dict(mma["gate_up_options"]) == {"stages": 4, "unroll": 2, "rotate_k": True}
     assert M.PRESET_TARGETS == {
         "single": "sm_90", "few": "sm_90", "decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"
     }  # fmt: skip
@@ -936,6 +941,74 @@ def test_fused_down_slots_in_simulator(schedule, T, routing):
     assert M.rel_err(run_unfused(cfg, x, w)["Out"], ref) <= 1e-2
 
 
+#: SLOTS_SMALL on the CUDA-core GEMV slot tiles (etc.tiles.gemv).
+SLOTS_GEMV = replace(
+    SLOTS_SMALL, gemm="gemv", inter=128,
+    gate_up_options=(("stages", 4),), down_options=(("stages", 2), ("prefetch_ring", True)),
+)  # fmt: skip
+
+
+@needs_bindings
+@needs_trigger
+@pytest.mark.parametrize("slot_logits", [False, True])
+@pytest.mark.parametrize("T,routing", [(1, "uniform"), (5, "one-expert"), (13, "top1")])
+def test_gemv_slot_tiles_in_simulator(slot_logits, T, routing):
+    """``gemm="gemv"``: the slot graph on etc.tiles.gemv's tiles, whose
+    references are the mma slot tiles' (the same bf16 rows): the output is
+    the reg tiles' bit for bit; the down tiles fill their ring before their
+    slot's rows (a prefetch after the top-k's wait)."""
+    cfg, x, w, ref = case(replace(SLOTS_GEMV, slot_logits=slot_logits), T, routing)
+    g = M.build_moe_graph(cfg)
+    down = {t.name: t for t in g.tasks}["down"]
+    assert [e.event.name for e in down.in_edges] == ["routed", "h_ready"]
+    assert down.prefetch_after == 1 and down.function.prefetch == "moe_down_gemv__prefetch"
+    out = etc.simulate(g, M.numpy_inputs(cfg, x, w), {"T": T}, schedule="static", seed=T)
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    reg = replace(cfg, gemm="reg", gate_up_options=(("stages", 3), ("unroll", 1)),
+                  down_options=(("stages", 2), ("unroll", 1)))  # fmt: skip
+    want = etc.simulate(M.build_moe_graph(reg), M.numpy_inputs(reg, x, w), {"T": T})
+    np.testing.assert_array_equal(out["Out"], want["Out"])
+
+
+@needs_bindings
+def test_gemv_slot_tiles_and_their_errors():
+    from etc.tiles import gemv
+
+    gu = gemv.moe_gate_up(16, 32, 256, 128, experts=8, slots=2, stages=4)
+    src = gu.source
+    # A warp copies 4 rows x 128 bytes: 8 lanes per row, two rows a thread.
+    assert src.count("nvvm.cp.async.shared.global") == 3 * 2 + 2  # prologue + loop
+    assert "gpu.shuffle xor" in src and "math.exp" in src and "__prefetch" not in src
+    dn = gemv.moe_down(16, 64, 256, 128, experts=8, slots=2, stages=2, prefetch_ring=True)
+    assert dn.prefetch == "moe_down_gemv__prefetch" and dn.prefetch_fills_shared
+    # 2 k chunks: a deeper ring is cut to 3 slots (2 chunks in flight).
+    deep = gemv.moe_down(16, 64, 256, 128, experts=8, slots=2, stages=8).source
+    assert "nvvm.cp.async.wait.group 2" in deep and "wait.group 7" not in deep
+    # Chunked weights: each k step's piece from its 8-row group's chunk.
+    chunked = gemv.moe_gate_up(16, 32, 256, 128, experts=8, slots=2, weight_chunk=32)
+    assert "%Wgu: memref<8x256x256xbf16>" in chunked.source and "arith.remui" in chunked.source
+    for kw, match in (
+        (dict(slots=None), "slot tiles: give slots=K"),
+        (dict(slots=2, experts=None), "need the expert count"),
+        (dict(slots=2, prefetch_ring=True), "prefetch_ring fills a down tile's ring"),
+        (dict(slots=2, warps=(1, 4, 2)), "unknown option"),
+    ):
+        with pytest.raises(etc.GraphError, match=match):
+            gemv.moe_gate_up(16, 32, 256, 128, **{"experts": 8, **kw})
+    with pytest.raises(etc.GraphError, match="covers block_n=32 columns"):
+        gemv.moe_gate_up(16, 64, 256, 128, experts=8, slots=2)
+    with pytest.raises(etc.GraphError, match="covers block_n=64 columns"):
+        gemv.moe_down(16, 32, 256, 128, experts=8, slots=2)
+    with pytest.raises(etc.GraphError, match="slot_logits picks the expert of a gate/up"):
+        gemv.moe_down(16, 64, 256, 128, experts=8, slots=2, slot_logits=1)
+    for bad, match in (
+        (dict(gemm="gemv"), "gemm='gemv' is the slot tiles' CUDA-core GEMV"),
+        (dict(gemm="simd"), "gemm must be 'reg', 'tc' or 'gemv'"),
+    ):
+        with pytest.raises(etc.GraphError, match=match):
+            replace(SMALL, **bad)
+
+
 @needs_bindings
 @needs_ptxas
 def test_fused_down_kernel_assembles(tmp_path):
@@ -943,7 +1016,7 @@ def test_fused_down_kernel_assembles(tmp_path):
     vector reductions (sm_90) at two CTAs per SM without spills."""
     import subprocess
 
-    cfg = M.MoEConfig(**{**M.PRESETS["single"], "fuse_down": True, "combine": "atomic"})
+    cfg = M.MoEConfig(**{**M.SLOT_MMA_PRESETS["single"], "fuse_down": True, "combine": "atomic"})
     art = etc.compile(M.build_moe_graph(cfg), schedule="static", min_ctas_per_sm=2)
     assert art.ptx.count("red.global.add.v4.f32") == 1
     ptx = tmp_path / "k.ptx"
@@ -980,7 +1053,7 @@ def test_fused_down_tile_and_its_errors():
         (dict(fuse_down=True), "it needs route='slots', slot_logits=True, combine='atomic'"),
         (dict(slot_logits=False, fuse_down=True), "slot_logits=True"),
         (dict(fuse_down=1), "fuse_down must be a bool, got 1"),
-        (dict(combine="atomic"), "route='slots' needs gemm='reg', combine='task'"),
+        (dict(combine="atomic"), "route='slots' needs gemm='reg' or 'gemv', combine='task'"),
     ):  # fmt: skip
         base = SMALL if "combine" in bad and len(bad) == 2 else SLOTS_SMALL
         with pytest.raises(etc.GraphError, match=match):

@@ -19,7 +19,10 @@ slots=K)``)::
         --down_done--> combine
 
 (with ``slot_logits`` the gate/up tiles pick their experts from the logits
-themselves and wait for ``scored``; the down tiles also wait for ``routed``).
+themselves and wait for ``scored``; the down tiles also wait for ``routed``;
+``gemm="gemv"`` puts the slots on :mod:`etc.tiles.gemv`'s CUDA-core tiles,
+the ``single`` and ``few`` presets; ``fuse_down`` drops the down task: each
+gate/up tile adds its columns' down projection into ``Out32``, then ``cast``).
 
 With ``MoEConfig(combine="atomic")`` the down tiles add their weighted rows
 into float32 sums ``Out32`` (half-precision ``Out16`` with
@@ -62,6 +65,7 @@ from ..tiles import moe as moe_tiles
 __all__ = [
     "MoEConfig",
     "PRESETS",
+    "SLOT_MMA_PRESETS",
     "PRESET_BUCKETS",
     "PRESET_MIN_CTAS_PER_SM",
     "PRESET_TARGETS",
@@ -106,7 +110,7 @@ _PREFILL = dict(
 )
 _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("split_n", True))
 _SLOT_DOWN = (("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True))
-_SINGLE = dict(
+_SINGLE_MMA = dict(
     route="slots",
     slot_logits=True,
     block_m=16,
@@ -115,17 +119,32 @@ _SINGLE = dict(
     gate_up_options=(("stages", 4), ("unroll", 2), ("rotate_k", True)),
     down_options=(*_SLOT_DOWN, ("prefetch_ring", True)),
 )
+#: The ``single`` and ``few`` presets on the ``mma.sync`` slot tiles
+#: (``gemm="reg"``), as they were until the GEMV tiles replaced them
+#: (``bench/RESULTS.md``, MoE, item 103): kept for comparisons.
+SLOT_MMA_PRESETS: dict[str, dict[str, Any]] = {
+    "single": _SINGLE_MMA,
+    "few": dict(_SINGLE_MMA, slot_logits=False, down_options=_SLOT_DOWN),
+}
+_SINGLE = dict(
+    _SINGLE_MMA,
+    gemm="gemv",
+    gate_up_options=(("stages", 12),),
+    down_options=(("stages", 8), ("prefetch_ring", True)),
+)
 
 #: Tile configurations measured best on an H200 (``bench/RESULTS.md``):
 #:
 #: * ``single`` (T <= 2): no routing tables (``route="slots"``): static
-#:   grids of (token's k-th expert, column block) tiles on ``decode``'s
-#:   tiles, each gate/up tile picking its expert from the router logits
-#:   itself (``slot_logits``): the first weight is read two hops after the
-#:   logits instead of five. No ring prefetch before the waits (no expert
-#:   is known then): the down tiles fill their ring's first groups once the
-#:   top-k is done, before they wait for their slot's rows
-#:   (``Graph.task(prefetch_after=1)``).
+#:   grids of (token's k-th expert, column block) tiles, each gate/up tile
+#:   picking its expert from the router logits itself (``slot_logits``):
+#:   the first weight is read two hops after the logits instead of five. The
+#:   tiles are :mod:`etc.tiles.gemv`'s (``gemm="gemv"``: CUDA cores, whole
+#:   128-byte lines per warp copy, 12 / 8 ring slots; 6-12 % faster than the
+#:   ``mma.sync`` slot tiles of :data:`SLOT_MMA_PRESETS`). No ring prefetch
+#:   before the gate/up waits (no expert is known then): the down tiles fill
+#:   their ring's first chunks once the top-k is done, before they wait for
+#:   their slot's rows (``Graph.task(prefetch_after=1)``).
 #: * ``few`` (T 3-5): ``single`` with the experts read from the top-k
 #:   task's ``topk_ids`` (a top-k per tile costs more than the hop once
 #:   each CTA runs several slot tiles).
@@ -164,7 +183,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         ),
     ),  # fmt: skip
     "single": _SINGLE,
-    "few": dict(_SINGLE, slot_logits=False, down_options=_SLOT_DOWN),
+    "few": dict(_SINGLE, slot_logits=False),
     "prefill": _PREFILL,
     "mid": dict(
         _PREFILL,
@@ -278,8 +297,10 @@ class MoEConfig:
     #: block's logits took 17 µs on one CTA, 32 k-tiles in a row.
     router_splits: int = 1
     #: GEMM tiles: "reg" (etc.tiles.gemm, fragments streamed from global
-    #: memory: decode) or "tc" (etc.tiles.gemm_tc, cp.async + ldmatrix
-    #: pipeline: prefill), with extra keyword options for each tile.
+    #: memory: decode), "tc" (etc.tiles.gemm_tc, cp.async + ldmatrix
+    #: pipeline: prefill) or, with ``route="slots"``, "gemv" (etc.tiles.gemv:
+    #: CUDA-core slot tiles streaming whole 128-byte lines), with extra
+    #: keyword options for each tile.
     gemm: str = "reg"
     gate_up_options: tuple[tuple[str, Any], ...] = ()
     down_options: tuple[tuple[str, Any], ...] = ()
@@ -376,8 +397,8 @@ class MoEConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GraphError(f"MoEConfig: {key} must be a positive int, got {value!r}")
-        if self.gemm not in ("reg", "tc"):
-            raise GraphError(f"MoEConfig: gemm must be 'reg' or 'tc', got {self.gemm!r}")
+        if self.gemm not in ("reg", "tc", "gemv"):
+            raise GraphError(f"MoEConfig: gemm must be 'reg', 'tc' or 'gemv', got {self.gemm!r}")
         if self.route not in ROUTES:
             raise GraphError(
                 f"MoEConfig: route must be one of {', '.join(map(repr, ROUTES))}, got {self.route!r}"
@@ -403,11 +424,18 @@ class MoEConfig:
             )
         slot_combine = "atomic" if self.fuse_down else "task"
         if self.route == "slots" and (
-            self.gemm != "reg" or self.combine != slot_combine or self.gather
+            self.gemm not in ("reg", "gemv") or self.combine != slot_combine or self.gather
         ):
             raise GraphError(
-                f"MoEConfig: route='slots' needs gemm='reg', combine={slot_combine!r} and no "
-                f"gather; got gemm={self.gemm!r}, combine={self.combine!r}, gather={self.gather!r}"
+                f"MoEConfig: route='slots' needs gemm='reg' or 'gemv', combine={slot_combine!r} "
+                f"and no gather; got gemm={self.gemm!r}, combine={self.combine!r}, "
+                f"gather={self.gather!r}"
+            )
+        if self.gemm == "gemv" and (self.route != "slots" or self.fuse_down):
+            raise GraphError(
+                "MoEConfig: gemm='gemv' is the slot tiles' CUDA-core GEMV (etc.tiles.gemv): it "
+                f"needs route='slots' and no fuse_down; got route={self.route!r}, "
+                f"fuse_down={self.fuse_down!r}"
             )
         if self.router not in ("simt", "tc"):
             raise GraphError(f"MoEConfig: router must be 'simt' or 'tc', got {self.router!r}")
@@ -612,9 +640,11 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
     """(gate_up, down): from ``gemm_tiles`` (a pair, or a module with
     ``moe_gate_up`` / ``moe_down``), else from :mod:`etc.tiles.gemm`."""
     if gemm_tiles is None:
-        # The tensor-core tiles of cfg.gemm.
+        # The tensor-core tiles of cfg.gemm (or the slot GEMV tiles).
         if cfg.gemm == "tc":
             from ..tiles import gemm_tc as gemm_tiles
+        elif cfg.gemm == "gemv":
+            from ..tiles import gemv as gemm_tiles
         else:
             from ..tiles import gemm as gemm_tiles
     if isinstance(gemm_tiles, (tuple, list)):

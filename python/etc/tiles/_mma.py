@@ -141,6 +141,14 @@ def bf16_round(t: Text, v: str) -> str:
     return t.op("rb", f"arith.extf {h} : bf16 to f32")
 
 
+def silu(t: Text, g: str) -> str:
+    """``g / (1 + exp(-g))`` of f32 ``g`` (the function needs ``%fone``)."""
+    ng = t.op("ng", f"arith.negf {g} : f32")
+    ex = t.op("ex", f"math.exp {ng} : f32")
+    den = t.op("den", f"arith.addf {ex}, %fone : f32")
+    return t.op("silu", f"arith.divf {g}, {den} : f32")
+
+
 def swiglu(
     t: Text, acc: list[list[list[str]]], nf: int, *, hf_rounding: bool = False
 ) -> list[list[list[str]]]:
@@ -159,11 +167,7 @@ def swiglu(
             vals = []
             for q in range(4):
                 g, u = rnd(acc[m][f][q]), rnd(acc[m][nf + f][q])
-                ng = t.op("ng", f"arith.negf {g} : f32")
-                ex = t.op("ex", f"math.exp {ng} : f32")
-                den = t.op("den", f"arith.addf {ex}, %fone : f32")
-                s = rnd(t.op("silu", f"arith.divf {g}, {den} : f32"))
-                vals.append(t.op("hv", f"arith.mulf {s}, {u} : f32"))
+                vals.append(t.op("hv", f"arith.mulf {rnd(silu(t, g))}, {u} : f32"))
             per.append(vals)
         h.append(per)
     return h

@@ -1,0 +1,356 @@
+"""Slot GEMV tiles for a few tokens: the MoE slot tiles (``slots=K``) on CUDA
+cores, with weights streamed in whole 128-byte lines.
+
+Same contract as :func:`etc.tiles.gemm.moe_gate_up` / :func:`moe_down` with
+``slots=K`` (tile ``(s, j)`` of slot ``s``: token ``s // K``'s ``s % K``-th
+expert, column block ``j``; the same buffers and numpy reference), for
+``MoEConfig(route="slots", gemm="gemv")``. Why another tile: a T = 1 layer
+is one matrix-vector product per slot, and the ``mma.sync`` tiles' fragment
+copies fetch each weight row in 64-byte halves (8 rows 4 KB apart per warp
+instruction) behind a per-iteration activation load; the same bytes
+streamed in whole lines by a bare ``cp.async`` ring reach ~4 TB/s on an
+H200 where the tile alone reaches ~3.2 (``bench/RESULTS.md``, MoE, item 102).
+
+Layout: thread ``tid`` of a ``block_size``-thread CTA owns two weight rows
+(``tid // 8`` of the block's two row halves) and the 16-byte piece ``tid %
+8`` of every 128-byte k chunk of them, so a warp's copy covers 4 rows x 128
+contiguous bytes. The weights go through a per-thread ``cp.async`` ring of
+``stages`` chunks (``stages - 1`` in flight; every thread reads back only
+its own slots: no CTA barrier in the loop); the activation row is copied
+into workgroup memory once, after the waits. A thread keeps two
+``vector<8xf32>`` partial sums; the 8 lanes of a row add theirs with three
+shuffles, and lane 0 of each row stores it.
+
+* gate/up (``block_n = block_size / 8`` columns): rows ``n0 + r`` (gate) and
+  ``inter + n0 + r`` (up), epilogue ``Hb[s, n0 + r] = bf16(silu(g) * u)``.
+* down (``block_n = block_size / 4``): rows ``n0 + r`` and ``n0 + block_n/2
+  + r``, ``Yp[s, n] = bf16(sum)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..device import DeviceFunction
+from ..errors import GraphError
+from . import _mma, _text
+from ._mma import Text as _Text
+from .gemm import _slot_expert, _source
+
+#: The options of :func:`moe_gate_up` / :func:`moe_down`, with their defaults:
+#: ``block_size``, ``slots`` (required), ``slot_logits`` (gate/up: logits
+#: parts, 0: read ``topk_ids``), ``stages`` (ring slots, ``stages - 1`` k
+#: chunks of 128 bytes per row in flight; at most one more than the chunks) and ``prefetch_ring`` (down: a
+#: prefetch function fills the ring's first ``stages - 1`` chunks before the
+#: waits; ``Graph.task(prefetch_after=1)`` runs it after the top-k's) and
+#: ``weight_chunk`` (the weights in :func:`etc.tiles.gemm.chunk_weights`'
+#: layout; 0: nn.Linear rows).
+GEMV_OPTIONS: dict[str, Any] = dict(
+    block_size=256, slots=None, slot_logits=0, stages=4, prefetch_ring=False, weight_chunk=0
+)
+#: Lanes that share a weight row (16 bytes each of a 128-byte k chunk).
+LANES_PER_ROW = 8
+#: Elements of a k chunk (128 bytes of bf16).
+CHUNK = 64
+
+
+def moe_gate_up(
+    block_m: int,
+    block_n: int,
+    hidden: int,
+    inter: int,
+    *,
+    experts: int | None = 128,
+    name: str = "moe_gate_up_gemv",
+    **options: Any,
+) -> DeviceFunction:
+    """Slot gate/up tile ``(s, j)``: ``Hb[s, n] = bf16(silu(g) * u)`` for the
+    ``block_n = block_size / 8`` columns of block ``j`` (module docstring).
+    Buffers ``(X, topk_ids | L, Wgu, Hb)`` as
+    :func:`etc.tiles.gemm.moe_gate_up` with ``slots``; ``block_m`` is
+    unused (one token row per slot)."""
+    return _gemv_tile("gate_up", block_m, block_n, hidden, inter, experts, name, options)
+
+
+def moe_down(
+    block_m: int,
+    block_n: int,
+    hidden: int,
+    inter: int,
+    *,
+    experts: int | None = 128,
+    name: str = "moe_down_gemv",
+    **options: Any,
+) -> DeviceFunction:
+    """Slot down tile ``(s, j)``: ``Yp[s, n] = bf16(Hb[s] @ Wd[e, n]^T)`` for
+    the ``block_n = block_size / 4`` columns of block ``j``. Buffers ``(Hb,
+    topk_ids, Wd, Yp)`` as :func:`etc.tiles.gemm.moe_down` with ``slots``."""
+    return _gemv_tile("down", block_m, block_n, hidden, inter, experts, name, options)
+
+
+def _gemv_tile(
+    kind: str, block_m: int, block_n: int, hidden: int, inter: int, experts: int | None,
+    name: str, options: dict,
+) -> DeviceFunction:  # fmt: skip
+    o = _mma.tile_options(name, options, GEMV_OPTIONS)
+    gate = kind == "gate_up"
+    bs, slots, stages = o["block_size"], o["slots"], o["stages"]
+    _text.check_block(name, bs)
+    _text.positive(name, block_m=block_m, hidden=hidden, inter=inter)
+    if slots is None:
+        raise GraphError(f"tile '{name}': the GEMV tiles are slot tiles: give slots=K")
+    _text.positive(name, slots=slots, stages=stages)
+    _text.non_negative(name, slot_logits=o["slot_logits"])
+    if experts is None:
+        raise GraphError(f"tile '{name}': the GEMV tiles need the expert count (experts=)")
+    _text.positive(name, experts=experts)
+    if o["slot_logits"] and not gate:
+        raise GraphError(f"tile '{name}': slot_logits picks the expert of a gate/up slot tile")
+    if o["prefetch_ring"] and (gate or stages < 2):
+        raise GraphError(
+            f"tile '{name}': prefetch_ring fills a down tile's ring before its waits (its "
+            f"expert is in topk_ids by then) and needs stages >= 2; got kind={kind}, "
+            f"stages={stages}"
+        )
+    k, n = (hidden, inter) if gate else (inter, hidden)
+    rows = bs // LANES_PER_ROW  # rows of each half
+    want = rows if gate else 2 * rows
+    if block_n != want:
+        raise GraphError(
+            f"tile '{name}': a {bs}-thread GEMV {kind} tile covers block_n={want} columns "
+            f"({LANES_PER_ROW} lanes per weight row, two rows per thread), got {block_n}"
+        )
+    _mma.check_divisible(name, block_n, n, "inter" if gate else "hidden")
+    if k % CHUNK or k * 2 // 16 > bs * 16:
+        raise GraphError(f"tile '{name}': k={k} must be a multiple of {CHUNK} (128-byte chunks)")
+    chunks = k // CHUNK
+    weight_chunk = _mma.check_weight_chunk(name, o["weight_chunk"], k, 2 * n if gate else n)
+    # A ring deeper than the k loop would hold every chunk: one slot per
+    # chunk and one more is all it can use (the presets' 12 slots at small k).
+    stages = min(stages, chunks + 1)
+    ed = str(experts)
+    logits = o["slot_logits"]
+    if gate:
+        at, wt, ot = _mma.gate_up_types(hidden, inter, ed)
+        ids_t = f"memref<?x{experts}xf32>" if logits else f"memref<?x{slots}xi32>"
+        table = "%L" if logits else "%topk_ids"
+        signature = f"%s: index, %j: index, %X: {at}, {table}: {ids_t}, %Wgu: {wt}, %Hb: {ot}"
+        a, w, out = ("%X", at), ("%Wgu", wt), ("%Hb", ot)
+        what = f"{name}: Hb[s] = silu(X[s/K] @ Wg[e]^T) * (X[s/K] @ Wu[e]^T), slot s (GEMV)"
+    else:
+        at, wt, ot = _mma.down_types(hidden, inter, ed)
+        ids_t, table = f"memref<?x{slots}xi32>", "%topk_ids"
+        signature = f"%s: index, %j: index, %Hb: {at}, %topk_ids: {ids_t}, %Wd: {wt}, %Yp: {ot}"
+        a, w, out = ("%Hb", at), ("%Wd", wt), ("%Yp", ot)
+        what = f"{name}: Yp[s] = Hb[s] @ Wd[e]^T, slot s (GEMV)"
+    early = stages - 1 if o["prefetch_ring"] else 0
+    ring_t = f"memref<{stages * 2 * bs * 4}xi32, #gpu.address_space<workgroup>>"
+    plan = dict(
+        gate=gate, name=name, bs=bs, k=k, n=n, inter=inter, rows=rows, block_n=block_n,
+        slots=slots, stages=stages, chunks=chunks, a=a, w=w, out=out, ring_t=ring_t,
+        logits=logits, experts=experts, ids_t=ids_t, chunk=weight_chunk,
+    )  # fmt: skip
+    t = _Text()
+    globals_ = _emit(t, plan, "body" if early else "all")
+    t.close()
+    source = _source(name, signature, t, globals_, what)
+    if early:
+        tp = _Text()
+        _emit(tp, plan, "fill")
+        tp.close()
+        source += _source(
+            f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first chunks"
+        )
+    reference = _mma.slot_reference(kind, block_n, inter, slots, logits, chunk=weight_chunk)
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=bs)
+    fn.prefetch_fills_shared = bool(early)
+    return fn
+
+
+def _emit(t: _Text, p: dict, part: str) -> list[str]:
+    """The tile's body (``part="all"``), its body after a prefetch function
+    filled the ring (``"body"``) or that prefetch function (``"fill"``).
+    Returns the workgroup globals it declares."""
+    gate, bs, slots, stages = p["gate"], p["bs"], p["slots"], p["stages"]
+    k, chunks, rows = p["k"], p["chunks"], p["rows"]
+    a_mem, a_t = p["a"]
+    w_mem, w_t = p["w"]
+    out_mem, out_t = p["out"]
+    token = t.op("tok", f"arith.divui %s, %c{slots}_ : index")
+    r0 = token if gate else "%s"
+    nrows = t.op("arows", f"memref.dim {a_mem}, %c0 : {a_t}")
+    valid = t.op("valid", f"arith.cmpi ult, {r0}, {nrows} : index")
+    t.emit(f"scf.if {valid} {{")
+    t.indent += "  "
+    kth = t.op("kth", f"arith.remui %s, %c{slots}_ : index")
+    if p["logits"]:
+        raw, _ = _slot_expert(t, token, kth, nrows, p["experts"], slots, p["logits"], p["ids_t"])
+    else:
+        raw = t.op("eid", f"memref.load %topk_ids[{token}, {kth}] : {p['ids_t']}")
+    e = t.op("e", f"arith.index_cast {raw} : i32 to index")
+    tid = t.op("tid", "gpu.thread_id x")
+    r = t.op("r", f"arith.divui {tid}, %c{LANES_PER_ROW}_ : index")
+    piece = t.op("pc", f"arith.remui {tid}, %c{LANES_PER_ROW}_ : index")
+    n0 = t.op("n0", f"arith.muli %j, %c{p['block_n']}_ : index")
+    row_a = t.op("ra", f"arith.addi {n0}, {r} : index")
+    second = p["inter"] if gate else rows  # the up rows, or the block's second half
+    row_b = t.op("rb", f"arith.addi {row_a}, %c{second}_ : index")
+    # Byte address of each row's piece in chunk 0 (nn.Linear rows), or of
+    # the row's place in its 8-row group (chunked: element (row // 8) * 8k
+    # + (row % 8) * C; a k step then adds (kk // C) * 8C + kk % C).
+    chunk = p["chunk"]
+    wbase = t.op("wb", f"memref.extract_aligned_pointer_as_index {w_mem} : {w_t} -> index")
+    per_expert = 2 * p["inter"] if gate else p["n"]
+    erow = t.op("er", f"arith.muli {e}, %c{per_expert}_ : index")
+    pk = t.op("pk", f"arith.muli {piece}, %c8 : index")  # the piece's first k in a chunk
+    srcs = []
+    for row in (row_a, row_b):
+        lin = t.op("lin", f"arith.addi {erow}, {row} : index")
+        if chunk:
+            grp = t.op("grp", f"arith.divui {lin}, %c8 : index")
+            grp = t.op("grp", f"arith.muli {grp}, %c{8 * k}_ : index")
+            sub = t.op("sub", f"arith.remui {lin}, %c8 : index")
+            sub = t.op("sub", f"arith.muli {sub}, %c{chunk}_ : index")
+            lin = t.op("lin", f"arith.addi {grp}, {sub} : index")
+        else:
+            lin = t.op("lin", f"arith.muli {lin}, %c{k}_ : index")
+            lin = t.op("lin", f"arith.addi {lin}, {pk} : index")
+        lin = t.op("lin", f"arith.muli {lin}, %c2 : index")
+        srcs.append(t.op("src", f"arith.addi {wbase}, {lin} : index"))
+    globals_ = [
+        f'memref.global "private" @{p["name"]}__ring : {p["ring_t"]} {{alignment = 16 : i64}}'
+    ]
+    ring = t.op("ring", f"memref.get_global @{p['name']}__ring : {p['ring_t']}")
+    sb = t.op("sb", f"memref.extract_aligned_pointer_as_index {ring} : {p['ring_t']} -> index")
+    toff = t.op("sb", f"arith.muli {tid}, %c16_ : index")
+    sb = t.op("sb", f"arith.addi {sb}, {toff} : index")
+
+    def slot(stage: str, f: int, what: str) -> str:
+        """Ring slot (stage, row f) of this thread: byte address or i32 index."""
+        q = t.op("q", f"arith.muli {stage}, %c2 : index")
+        q = t.op("q", f"arith.addi {q}, %c{f}_ : index") if f else q
+        if what == "bytes":
+            q = t.op("q", f"arith.muli {q}, %c{bs * 16}_ : index")
+            return t.op("q", f"arith.addi {sb}, {q} : index")
+        q = t.op("q", f"arith.muli {q}, %c{bs}_ : index")
+        q = t.op("q", f"arith.addi {q}, {tid} : index")
+        return t.op("q", f"arith.muli {q}, %c4 : index")
+
+    def issue(c: str, stage: str) -> None:
+        if chunk:  # k = 64c + 8 * piece: chunk kk // C, element kk % C of it
+            kk = t.op("kk", f"arith.muli {c}, %c{CHUNK}_ : index")
+            kk = t.op("kk", f"arith.addi {kk}, {pk} : index")
+            kc = t.op("kc", f"arith.divui {kk}, %c{chunk}_ : index")
+            kc = t.op("kc", f"arith.muli {kc}, %c{8 * chunk}_ : index")
+            ko = t.op("ko", f"arith.remui {kk}, %c{chunk}_ : index")
+            kb = t.op("kb", f"arith.addi {kc}, {ko} : index")
+            kb = t.op("kb", f"arith.muli {kb}, %c2 : index")
+        else:
+            kb = t.op("kb", f"arith.muli {c}, %c{2 * CHUNK}_ : index")
+        for f, src in enumerate(srcs):
+            g = t.op("g", f"arith.addi {src}, {kb} : index")
+            g = t.op("g", f"arith.index_cast {g} : index to i64")
+            g = t.op("g", f"llvm.inttoptr {g} : i64 to !llvm.ptr<1>")
+            d = t.op("d", f"arith.index_cast {slot(stage, f, 'bytes')} : index to i64")
+            d = t.op("d", f"llvm.inttoptr {d} : i64 to !llvm.ptr<3>")
+            t.emit(
+                f"nvvm.cp.async.shared.global {d}, {g}, 16, cache = cg : !llvm.ptr<3>, !llvm.ptr<1>"
+            )
+        t.emit("nvvm.cp.async.commit.group")
+
+    pre = stages - 1
+    first, last = (pre, pre) if part == "body" else (0, pre)
+    for c in range(first, last):
+        const = f"%c{c}_" if c else "%c0"
+        issue(const, const)
+    if part == "fill":
+        return []
+    # The activation row into workgroup memory (16 bytes per thread).
+    a_smem = f"memref<{k}xbf16, #gpu.address_space<workgroup>>"
+    globals_.append(f'memref.global "private" @{p["name"]}__a : {a_smem} {{alignment = 16 : i64}}')
+    av = t.op("av", f"memref.get_global @{p['name']}__a : {a_smem}")
+    col = t.op("acol", f"arith.muli {tid}, %c8 : index")
+    t.emit("gpu.barrier")  # the previous instance may still read the row
+    for lo in range(0, k, 8 * bs):
+        at = t.op("acol", f"arith.addi {col}, %c{lo}_ : index") if lo else col
+        inside = t.op("ain", f"arith.cmpi ult, {at}, %c{k}_ : index")
+        t.emit(f"scf.if {inside} {{")
+        v = t.op(
+            "a", f"vector.load {a_mem}[{r0}, {at}] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>"
+        )
+        t.emit(
+            f"  vector.store {v}, {av}[{at}] {{alignment = 16 : i64}} : {a_smem}, vector<8xbf16>"
+        )
+        t.emit("}")
+    t.emit("gpu.barrier")
+    apiece = t.op("ap", f"arith.muli {piece}, %c8 : index")
+    zero = t.op("z", "arith.constant dense<0.0> : vector<8xf32>")
+
+    def compute(c: str, stage: str, accs: list[str]) -> list[str]:
+        ak = t.op("ak", f"arith.muli {c}, %c{CHUNK}_ : index")
+        ak = t.op("ak", f"arith.addi {ak}, {apiece} : index")
+        x = t.op("x", f"vector.load {av}[{ak}] {{alignment = 16 : i64}} : {a_smem}, vector<8xbf16>")
+        x = t.op("x", f"arith.extf {x} : vector<8xbf16> to vector<8xf32>")
+        out = []
+        for f, acc in enumerate(accs):
+            wv = t.op(
+                "w", f"vector.load {ring}[{slot(stage, f, 'index')}] {{alignment = 16 : i64}} : "
+                f"{p['ring_t']}, vector<4xi32>",
+            )  # fmt: skip
+            wv = t.op("w", f"vector.bitcast {wv} : vector<4xi32> to vector<8xbf16>")
+            wv = t.op("w", f"arith.extf {wv} : vector<8xbf16> to vector<8xf32>")
+            out.append(t.op("acc", f"vector.fma {wv}, {x}, {acc} : vector<8xf32>"))
+        return out
+
+    res = t.fresh("accs")
+    t.emit(
+        f"{res}:2 = scf.for %c_it = %c0 to %c{chunks - pre}_ step %c1 "
+        f"iter_args(%acc_a = {zero}, %acc_b = {zero}) -> (vector<8xf32>, vector<8xf32>) {{"
+    )
+    outer = t.indent
+    t.indent += "  "
+    nxt = t.op("nx", f"arith.addi %c_it, %c{pre}_ : index")
+    t.emit(f"scf.if {t.op('more', f'arith.cmpi ult, {nxt}, %c{chunks}_ : index')} {{")
+    t.indent += "  "
+    issue(nxt, t.op("st", f"arith.remui {nxt}, %c{stages}_ : index"))
+    t.indent = outer + "  "
+    t.emit("} else {")
+    t.emit("  nvvm.cp.async.commit.group")  # an empty group keeps the count
+    t.emit("}")
+    t.emit(f"nvvm.cp.async.wait.group {pre}")
+    accs = compute(
+        "%c_it", t.op("st", f"arith.remui %c_it, %c{stages}_ : index"), ["%acc_a", "%acc_b"]
+    )
+    t.emit(f"scf.yield {', '.join(accs)} : vector<8xf32>, vector<8xf32>")
+    t.indent = outer
+    t.emit("}")
+    accs = [f"{res}#0", f"{res}#1"]
+    for q in range(pre):
+        c = chunks - pre + q
+        t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
+        accs = compute(f"%c{c}_", f"%c{c % stages}_" if c % stages else "%c0", accs)
+    # The 8 lanes of a row add their partial sums (xor 4, 2, 1 stays in the group).
+    sums = []
+    c32 = t.op("w32", "arith.constant 32 : i32")
+    for acc in accs:
+        v = t.op("sum", f"vector.reduction <add>, {acc} : vector<8xf32> into f32")
+        for off in (4, 2, 1):
+            o = t.op("off", f"arith.constant {off} : i32")
+            sh = t.fresh("sh")
+            t.emit(f"{sh}, %{sh[1:]}ok = gpu.shuffle xor {v}, {o}, {c32} : f32")
+            v = t.op("sum", f"arith.addf {v}, {sh} : f32")
+        sums.append(v)
+    lead = t.op("lead", f"arith.cmpi eq, {piece}, %c0 : index")
+    t.emit(f"scf.if {lead} {{")
+    t.indent += "  "
+    if gate:
+        g, u = sums
+        h = t.op("h", f"arith.mulf {_mma.silu(t, g)}, {u} : f32")
+        hb = t.op("hb", f"arith.truncf {h} : f32 to bf16")
+        t.emit(f"memref.store {hb}, {out_mem}[%s, {row_a}] : {out_t}")
+    else:
+        for row, v in zip((row_a, row_b), sums, strict=True):
+            yb = t.op("yb", f"arith.truncf {v} : f32 to bf16")
+            t.emit(f"memref.store {yb}, {out_mem}[%s, {row}] : {out_t}")
+    t.end()
+    return globals_
