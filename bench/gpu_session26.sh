@@ -7,13 +7,13 @@
 #   BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 \
 #     BENCH_MOE_CONFIGS=single,single_fd,single_fd_gu24,single_fd_gu16 \
 #     python bench/moe.py --build .device/n26a/moe --trace
-# Usage: bash bench/gpu_session26.sh [stream] [fused] [tests] [tiles] [tiles2] [launch] [gemv] [stages] [final] [norot]
+# Usage: bash bench/gpu_session26.sh [stream] [fused] [tests] [tiles] [tiles2] [launch] [gemv] [stages] [final] [narrow] [norot]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 A=.device/n26a
 mkdir -p /tmp/s26
 export AB_TMP=/tmp/s26
-for step in ${*:-stream fused tests tiles tiles2 launch gemv stages final norot}; do
+for step in ${*:-stream fused tests tiles tiles2 launch gemv stages final narrow norot}; do
   case $step in
   stream)
     nvcc -O3 -arch=sm_90a -o /tmp/s26/sc bench/stream_ceiling.cu && timeout 120 /tmp/s26/sc \
@@ -68,6 +68,13 @@ for step in ${*:-stream fused tests tiles tiles2 launch gemv stages final norot}
     run --artifact .device/n26i/ex/auto --routing one-expert --tokens 1,2,5,16,1000 | tail -6
     run --artifact .device/n26i/ex/auto_top1 --topk 1 --routing top1 --tokens 1,2,33 | tail -4
     AB_GREP="(auto|mma).*GPU" moe_ab moe-final auto,single_mma,few_mma 1,2,3,5 .device/n26i
+    ;;
+  narrow)  # not run in session 26 (its device time was spent): the GEMV slot tiles with
+    # narrower blocks, for the next session. (.device/n26j: BENCH_MOE_CONFIGS=single,
+    #  single_gemv_gu24,single_gemv_gu16,single_gemv_gu24_dn32 python bench/moe.py --build
+    #  .device/n26j/moe --trace)
+    moe_ab moe-gemv-narrow single,single_gemv_gu24,single_gemv_gu16,single_gemv_gu24_dn32 1,2 \
+      .device/n26j 1
     ;;
   norot)  # (.device/n26b: BENCH_MOE_CONFIGS=single,single_norot,single_ch32,single_norot_ch32)
     moe_ab moe-norot single,single_norot,single_ch32,single_norot_ch32 1,2 .device/n26b 1

@@ -354,6 +354,11 @@ CONFIGS = {
         }
         for _k in ("single", "few") for _gu, _dn in ((8, 8), (10, 8), (12, 8), (12, 12))
     },
+    # ... with narrower gate/up blocks (whole warps idle): 256 or 384 gate/up
+    # tiles at T = 1 instead of 192 on 264 CTAs; and narrower down blocks.
+    "single_gemv_gu24": {**M.PRESETS["single"], "block_n_gu": 24},
+    "single_gemv_gu16": {**M.PRESETS["single"], "block_n_gu": 16},
+    "single_gemv_gu24_dn32": {**M.PRESETS["single"], "block_n_gu": 24, "block_n_dn": 32},
     "single_m3": _SINGLE0,
     "single_gu16_m3": {**_SINGLE0, "block_n_gu": 16},
     "single_gu16_dn32_m3": {**_SINGLE0, "block_n_gu": 16, "block_n_dn": 32},
@@ -490,6 +495,9 @@ OCCUPANCY = {
     "single_fd": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_norot": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_mma": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_gemv_gu24": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_gemv_gu16": M.PRESET_MIN_CTAS_PER_SM["single"],
+    "single_gemv_gu24_dn32": M.PRESET_MIN_CTAS_PER_SM["single"],
     "few_mma": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_gemv": M.PRESET_MIN_CTAS_PER_SM["single"],
     "single_gemv_s8": M.PRESET_MIN_CTAS_PER_SM["single"],

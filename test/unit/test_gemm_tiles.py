@@ -318,6 +318,59 @@ def test_chunked_tiles_read_the_row_layout_s_elements_where_they_moved(kind, opt
     assert _compare_chunked(plain, chunked, weight, cases, k, chunk, dims)
 
 
+@pytest.mark.parametrize(
+    "kind, block_n", [("gate_up", 32), ("down", 64), ("gate_up", 24), ("down", 48)]
+)
+@pytest.mark.parametrize("chunk", [0, 32, 64, 128])
+def test_gemv_slot_tiles_copy_whole_lines_of_their_rows(kind, block_n, chunk):
+    """``etc.tiles.gemv``'s slot tiles, their MLIR's address chains
+    evaluated on the CPU: thread ``tid`` copies, chunk after chunk, the
+    16-byte piece ``tid % 8`` of its two rows (gate and up row ``tid // 8``
+    of the block, or the down block's two halves), and with chunked
+    weights each such piece where it moved; every warp copy is 4 rows x
+    128 contiguous row-layout bytes, and together the threads copy the
+    block's rows once each (the prefetch function's ring fill included)."""
+    from etc.tiles import gemv
+
+    make = gemv.moe_gate_up if kind == "gate_up" else gemv.moe_down
+    inter = 96 if block_n == 24 else 128
+    hidden = 256 if kind == "gate_up" else 192
+    k, rows_per_expert = (hidden, 2 * inter) if kind == "gate_up" else (inter, hidden)
+    options = dict(stages=3) if kind == "gate_up" else dict(stages=2, prefetch_ring=True)
+    tile = make(16, block_n, hidden, inter, experts=E, slots=2, weight_chunk=chunk, **options)
+    weight = "%Wgu" if kind == "gate_up" else "%Wd"
+    expert, j = 2, 1
+    copies = {}
+    for func in functions(tile.source):  # the body (and the down tile's ring fill)
+        for tid in range(256):
+            copies.setdefault(tid, [])
+            copies[tid] += _weight_addresses_of(tile, func, weight, j, expert, tid)
+    n0 = j * block_n
+    second = inter if kind == "gate_up" else block_n // 2
+    active = 8 * (block_n if kind == "gate_up" else block_n // 2)
+    seen = []
+    if active < 256:  # whole warps past the block's rows skip the copies (and sums)
+        assert f"%c{active}_ : index\n" in tile.source and "scf.if %busy" in tile.source
+    for tid, got in copies.items():
+        if tid >= active:  # (the evaluator does not follow the scf.if)
+            continue
+        rows = [expert * rows_per_expert + n0 + tid // 8 + h * second for h in (0, 1)]
+        want = [
+            2 * (row * k + 64 * c + 8 * (tid % 8)) for c in range(k // 64) for row in rows
+        ]  # the row layout's bytes, chunk by chunk
+        if chunk:
+            want = [_chunked_offset(x, k, chunk) for x in want]
+        assert sorted(got) == sorted(want), tid
+        seen += want
+    assert len(seen) == len(set(seen)) == 2 * (block_n if kind == "down" else 2 * block_n) * k // 16
+
+
+def _weight_addresses_of(tile, func, weight, j, expert, tid):
+    body = functions(tile.source)[func]
+    ev = Evaluator(body, {"%s": 1, "%j": j, "tid": tid}, {weight: W_BASE}, load=lambda m, i: expert)
+    return [a - W_BASE for a in copy_sources(body, ev) if a >= W_BASE]
+
+
 def test_the_address_evaluator_sees_the_row_layout():
     """The evaluator itself: the row-layout slot tile's copies are its
     weight block's rows, 16 bytes each, every one once (so the comparison

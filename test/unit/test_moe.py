@@ -950,14 +950,15 @@ SLOTS_GEMV = replace(
 
 @needs_bindings
 @needs_trigger
-@pytest.mark.parametrize("slot_logits", [False, True])
+@pytest.mark.parametrize("slot_logits, narrow", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("T,routing", [(1, "uniform"), (5, "one-expert"), (13, "top1")])
-def test_gemv_slot_tiles_in_simulator(slot_logits, T, routing):
+def test_gemv_slot_tiles_in_simulator(slot_logits, narrow, T, routing):
     """``gemm="gemv"``: the slot graph on etc.tiles.gemv's tiles, whose
     references are the mma slot tiles' (the same bf16 rows): the output is
     the reg tiles' bit for bit; the down tiles fill their ring before their
     slot's rows (a prefetch after the top-k's wait)."""
-    cfg, x, w, ref = case(replace(SLOTS_GEMV, slot_logits=slot_logits), T, routing)
+    sizes = dict(block_n_gu=16, block_n_dn=32) if narrow else {}  # (whole warps idle)
+    cfg, x, w, ref = case(replace(SLOTS_GEMV, slot_logits=slot_logits, **sizes), T, routing)
     g = M.build_moe_graph(cfg)
     down = {t.name: t for t in g.tasks}["down"]
     assert [e.event.name for e in down.in_edges] == ["routed", "h_ready"]
@@ -995,10 +996,13 @@ def test_gemv_slot_tiles_and_their_errors():
     ):
         with pytest.raises(etc.GraphError, match=match):
             gemv.moe_gate_up(16, 32, 256, 128, **{"experts": 8, **kw})
-    with pytest.raises(etc.GraphError, match="covers block_n=32 columns"):
+    with pytest.raises(etc.GraphError, match="takes block_n a multiple of 4 up to 32"):
         gemv.moe_gate_up(16, 64, 256, 128, experts=8, slots=2)
-    with pytest.raises(etc.GraphError, match="covers block_n=64 columns"):
-        gemv.moe_down(16, 32, 256, 128, experts=8, slots=2)
+    with pytest.raises(etc.GraphError, match="takes block_n a multiple of 8 up to 64"):
+        gemv.moe_down(16, 36, 256, 128, experts=8, slots=2)
+    # A narrower block: whole warps past its rows copy and add nothing.
+    narrow = gemv.moe_gate_up(16, 16, 256, 128, experts=8, slots=2).source
+    assert "arith.cmpi ult, %tid_" in narrow and "%c128_" in narrow
     with pytest.raises(etc.GraphError, match="slot_logits picks the expert of a gate/up"):
         gemv.moe_down(16, 64, 256, 128, experts=8, slots=2, slot_logits=1)
     for bad, match in (

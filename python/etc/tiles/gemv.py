@@ -21,10 +21,14 @@ into workgroup memory once, after the waits. A thread keeps two
 ``vector<8xf32>`` partial sums; the 8 lanes of a row add theirs with three
 shuffles, and lane 0 of each row stores it.
 
-* gate/up (``block_n = block_size / 8`` columns): rows ``n0 + r`` (gate) and
-  ``inter + n0 + r`` (up), epilogue ``Hb[s, n0 + r] = bf16(silu(g) * u)``.
-* down (``block_n = block_size / 4``): rows ``n0 + r`` and ``n0 + block_n/2
-  + r``, ``Yp[s, n] = bf16(sum)``.
+* gate/up (``block_n`` columns, a multiple of 4 up to ``block_size / 8``):
+  rows ``n0 + r`` (gate) and ``inter + n0 + r`` (up), epilogue ``Hb[s, n0 +
+  r] = bf16(silu(g) * u)``.
+* down (``block_n`` a multiple of 8 up to ``block_size / 4``): rows ``n0 +
+  r`` and ``n0 + block_n/2 + r``, ``Yp[s, n] = bf16(sum)``.
+
+A narrower block leaves whole warps idle (``8 * rows`` threads work): more,
+smaller tiles for a T = 1 layer whose gate/up grid would not fill the GPU.
 """
 
 from __future__ import annotations
@@ -113,15 +117,18 @@ def _gemv_tile(
             f"stages={stages}"
         )
     k, n = (hidden, inter) if gate else (inter, hidden)
-    rows = bs // LANES_PER_ROW  # rows of each half
-    want = rows if gate else 2 * rows
-    if block_n != want:
+    # Two rows per thread, 8 lanes per row: a half of `rows` rows takes
+    # 8 * rows threads, whole warps (the others idle in the loop).
+    rows = block_n if gate else block_n // 2
+    most = bs // LANES_PER_ROW
+    if not gate and block_n % 2 or rows % 4 or not 0 < rows <= most:
         raise GraphError(
-            f"tile '{name}': a {bs}-thread GEMV {kind} tile covers block_n={want} columns "
-            f"({LANES_PER_ROW} lanes per weight row, two rows per thread), got {block_n}"
+            f"tile '{name}': a {bs}-thread GEMV {kind} tile takes block_n a multiple of "
+            f"{4 if gate else 8} up to {most if gate else 2 * most} ({LANES_PER_ROW} lanes per "
+            f"weight row, two rows per thread, whole warps), got {block_n}"
         )
     _mma.check_divisible(name, block_n, n, "inter" if gate else "hidden")
-    if k % CHUNK or k * 2 // 16 > bs * 16:
+    if k % CHUNK:
         raise GraphError(f"tile '{name}': k={k} must be a multiple of {CHUNK} (128-byte chunks)")
     chunks = k // CHUNK
     weight_chunk = _mma.check_weight_chunk(name, o["weight_chunk"], k, 2 * n if gate else n)
@@ -258,11 +265,28 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
             )
         t.emit("nvvm.cp.async.commit.group")
 
+    # Threads past the block's rows (whole warps) copy and add nothing.
+    active = LANES_PER_ROW * rows
+    busy = t.op("busy", f"arith.cmpi ult, {tid}, %c{active}_ : index") if active < bs else None
+
+    def open_busy() -> str:
+        if busy is not None:
+            t.emit(f"scf.if {busy} {{")
+            t.indent += "  "
+        return t.indent
+
+    def close_busy() -> None:
+        if busy is not None:
+            t.end()
+
     pre = stages - 1
     first, last = (pre, pre) if part == "body" else (0, pre)
-    for c in range(first, last):
-        const = f"%c{c}_" if c else "%c0"
-        issue(const, const)
+    if first < last:
+        open_busy()
+        for c in range(first, last):
+            const = f"%c{c}_" if c else "%c0"
+            issue(const, const)
+        close_busy()
     if part == "fill":
         return []
     # The activation row into workgroup memory (16 bytes per thread).
@@ -283,6 +307,7 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
         )
         t.emit("}")
     t.emit("gpu.barrier")
+    open_busy()
     apiece = t.op("ap", f"arith.muli {piece}, %c8 : index")
     zero = t.op("z", "arith.constant dense<0.0> : vector<8xf32>")
 
@@ -353,4 +378,5 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
             yb = t.op("yb", f"arith.truncf {v} : f32 to bf16")
             t.emit(f"memref.store {yb}, {out_mem}[%s, {row}] : {out_t}")
     t.end()
+    close_busy()
     return globals_
