@@ -7,13 +7,13 @@
 #   BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 \
 #     BENCH_MOE_CONFIGS=single,single_fd,single_fd_gu24,single_fd_gu16 \
 #     python bench/moe.py --build .device/n26a/moe --trace
-# Usage: bash bench/gpu_session26.sh [stream] [fused] [tests] [tiles] [tiles2] [launch] [gemv] [stages] [final] [narrow] [norot]
+# Usage: bash bench/gpu_session26.sh [stream] [fused] [tests] [tiles] [tiles2] [launch] [gemv] [stages] [final] [narrow] [buckets] [norot]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 A=.device/n26a
 mkdir -p /tmp/s26
 export AB_TMP=/tmp/s26
-for step in ${*:-stream fused tests tiles tiles2 launch gemv stages final narrow norot}; do
+for step in ${*:-stream fused tests tiles tiles2 launch gemv stages final narrow buckets norot}; do
   case $step in
   stream)
     nvcc -O3 -arch=sm_90a -o /tmp/s26/sc bench/stream_ceiling.cu && timeout 120 /tmp/s26/sc \
@@ -75,6 +75,11 @@ for step in ${*:-stream fused tests tiles tiles2 launch gemv stages final narrow
     #  .device/n26j/moe --trace)
     moe_ab moe-gemv-narrow single,single_gemv_gu24,single_gemv_gu16,single_gemv_gu24_dn32 1,2 \
       .device/n26j 1
+    ;;
+  buckets)  # not run in session 26: the GEMV few preset against decode at T = 5-8 (few
+    # ends at T = 5 in PRESET_BUCKETS from the mma.sync measurements). (.device/n26k:
+    #  BENCH_MOE_CONFIGS=few,dec_pf_gu32 python bench/moe.py --build .device/n26k/moe)
+    AB_GREP="(few|dec).*occ.*GPU" moe_ab moe-gemv-buckets few,dec_pf_gu32 5,6,7,8 .device/n26k
     ;;
   norot)  # (.device/n26b: BENCH_MOE_CONFIGS=single,single_norot,single_ch32,single_norot_ch32)
     moe_ab moe-norot single,single_norot,single_ch32,single_norot_ch32 1,2 .device/n26b 1
