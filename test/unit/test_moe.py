@@ -969,6 +969,7 @@ def test_gemv_slot_tiles_in_simulator(slot_logits, narrow, T, routing):
                   down_options=(("stages", 2), ("unroll", 1)))  # fmt: skip
     want = etc.simulate(M.build_moe_graph(reg), M.numpy_inputs(reg, x, w), {"T": T})
     np.testing.assert_array_equal(out["Out"], want["Out"])
+    np.testing.assert_array_equal(run_unfused(cfg, x, w)["Out"], out["Out"])
 
 
 @needs_bindings
