@@ -9,11 +9,12 @@ is one matrix-vector product per slot, and the ``mma.sync`` tiles' fragment
 copies fetch each weight row in 64-byte halves (8 rows 4 KB apart per warp
 instruction) behind a per-iteration activation load; the same bytes
 streamed in whole lines by a bare ``cp.async`` ring reach ~4 TB/s on an
-H200 where the tile alone reaches ~3.2 (``bench/RESULTS.md``, MoE, item 102).
+H200 where the ``mma.sync`` tile alone reaches ~3.2 (``bench/RESULTS.md``,
+MoE, items 102-103; this tile ~3.5, and the layer 6-12 % faster at T = 1-5).
 
 Layout: thread ``tid`` of a ``block_size``-thread CTA owns two weight rows
-(``tid // 8`` of the block's two row halves) and the 16-byte piece ``tid %
-8`` of every 128-byte k chunk of them, so a warp's copy covers 4 rows x 128
+(row ``tid // 8`` of each of the block's two halves) and the 16-byte piece
+``tid % 8`` of every 128-byte k chunk of them, so a warp's copy covers 4 rows x 128
 contiguous bytes. The weights go through a per-thread ``cp.async`` ring of
 ``stages`` chunks (``stages - 1`` in flight; every thread reads back only
 its own slots: no CTA barrier in the loop); the activation row is copied
@@ -43,12 +44,12 @@ from .gemm import _slot_expert, _source
 
 #: The options of :func:`moe_gate_up` / :func:`moe_down`, with their defaults:
 #: ``block_size``, ``slots`` (required), ``slot_logits`` (gate/up: logits
-#: parts, 0: read ``topk_ids``), ``stages`` (ring slots, ``stages - 1`` k
-#: chunks of 128 bytes per row in flight; at most one more than the chunks) and ``prefetch_ring`` (down: a
-#: prefetch function fills the ring's first ``stages - 1`` chunks before the
-#: waits; ``Graph.task(prefetch_after=1)`` runs it after the top-k's) and
-#: ``weight_chunk`` (the weights in :func:`etc.tiles.gemm.chunk_weights`'
-#: layout; 0: nn.Linear rows).
+#: parts, 0: read ``topk_ids``), ``stages`` (ring slots: ``stages - 1`` k
+#: chunks of 128 bytes per row in flight; more than the chunks + 1 are not
+#: used), ``prefetch_ring`` (down: a prefetch function fills the ring's first
+#: ``stages - 1`` chunks before the waits; ``Graph.task(prefetch_after=1)``
+#: runs it after the top-k's) and ``weight_chunk`` (the weights in
+#: :func:`etc.tiles.gemm.chunk_weights`' layout; 0: nn.Linear rows).
 GEMV_OPTIONS: dict[str, Any] = dict(
     block_size=256, slots=None, slot_logits=0, stages=4, prefetch_ring=False, weight_chunk=0
 )
@@ -69,7 +70,8 @@ def moe_gate_up(
     **options: Any,
 ) -> DeviceFunction:
     """Slot gate/up tile ``(s, j)``: ``Hb[s, n] = bf16(silu(g) * u)`` for the
-    ``block_n = block_size / 8`` columns of block ``j`` (module docstring).
+    ``block_n`` columns of block ``j`` (a multiple of 4, at most ``block_size
+    / 8``; module docstring).
     Buffers ``(X, topk_ids | L, Wgu, Hb)`` as
     :func:`etc.tiles.gemm.moe_gate_up` with ``slots``; ``block_m`` is
     unused (one token row per slot)."""
@@ -87,7 +89,8 @@ def moe_down(
     **options: Any,
 ) -> DeviceFunction:
     """Slot down tile ``(s, j)``: ``Yp[s, n] = bf16(Hb[s] @ Wd[e, n]^T)`` for
-    the ``block_n = block_size / 4`` columns of block ``j``. Buffers ``(Hb,
+    the ``block_n`` columns of block ``j`` (a multiple of 8, at most
+    ``block_size / 4``). Buffers ``(Hb,
     topk_ids, Wd, Yp)`` as :func:`etc.tiles.gemm.moe_down` with ``slots``."""
     return _gemv_tile("down", block_m, block_n, hidden, inter, experts, name, options)
 
