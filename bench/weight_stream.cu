@@ -4,6 +4,10 @@
 // or loop count, the layer ~3.1 TB/s.) Written in the twenty-fourth and
 // twenty-fifth sessions; run in the latter (results/weight-stream-session25-
 // 2026-12-01.txt: the three layouts stream alike, so the pattern is not it).
+// Its times are one launch per event pair, the host's launch gap included
+// (~5 µs of its 18-20); bench/stream_ceiling.cu times streams back to back
+// and inside the launch, and found the tiles' half-line copies cost 4-11 %
+// (RESULTS items 102-103).
 //
 // 50 MB of weights (8 experts x 1536 rows x 2048 bf16, the MoE layer's
 // gate/up at T = 1), each CTA streaming tiles of R rows through a ring of S
