@@ -5,7 +5,7 @@
 // twenty-fifth sessions; run in the latter (results/weight-stream-session25-
 // 2026-12-01.txt: the three layouts stream alike, so the pattern is not it).
 // Its times are one launch per event pair, the host's launch gap included
-// (~5 µs of its 18-20); bench/stream_ceiling.cu times streams back to back
+// (~3-5 µs of its 18-20); bench/stream_ceiling.cu times streams back to back
 // and inside the launch, and found the tiles' half-line copies cost 4-11 %
 // (RESULTS items 102-103).
 //
