@@ -1033,56 +1033,52 @@ def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate
         name="topk",
     )
     if cfg.fuse_down:
-        # Each tile adds its down projection: the cast waits for them all.
-        summed = g.event((1,), wait_count=S * cfg.n_gu, name="summed")
+        # Each tile adds its down projection: the cast waits for them all,
+        # and for the top-k (its outputs, topk_ids and topk_w, are then
+        # complete with the layer's).
+        done = g.event((1,), wait_count=S * cfg.n_gu, name="summed")
         g.task(
             gate_up,
             grid=(S, cfg.n_gu),
             args=tuple(t[n] for n in _slot_gate_up_down_args(cfg)),
             in_edges=[(zeroed, "sj->0"), (scored, "sj->0")],
-            out_edges={summed: "sj->0"},
+            out_edges={done: "sj->0"},
             name="gate_up",
         )
+        last_waits = [(routed, "i->0"), (done, "i->0")]
+    else:
+        h_ready = g.event((S,), wait_count=cfg.n_gu, name="h_ready")
+        # A slot tile's prefetch reads topk_ids: it runs after the top-k's wait.
         g.task(
-            tiles["cast"],
-            grid=((T + CB - 1) // CB,),
-            args=(t[_sums(cfg)], t["Out"]),
-            # The top-k's outputs (topk_ids, topk_w) are complete with the layer's.
-            in_edges=[(routed, "i->0"), (summed, "i->0")],
-            name="cast",
+            gate_up,
+            grid=(S, cfg.n_gu),
+            args=tuple(t[n] for n in _slot_gate_up_args(cfg)),
+            in_edges={scored if cfg.slot_logits else routed: "sj->0"},
+            out_edges={h_ready: "sj->s"},
+            name="gate_up",
+            prefetch_after=1 if gate_up.prefetch else 0,
         )
-        return
-    h_ready = g.event((S,), wait_count=cfg.n_gu, name="h_ready")
-    # A slot tile's prefetch reads topk_ids: it runs after the top-k's wait.
-    g.task(
-        gate_up,
-        grid=(S, cfg.n_gu),
-        args=tuple(t[n] for n in _slot_gate_up_args(cfg)),
-        in_edges={scored if cfg.slot_logits else routed: "sj->0"},
-        out_edges={h_ready: "sj->s"},
-        name="gate_up",
-        prefetch_after=1 if gate_up.prefetch else 0,
-    )
-    down_done = g.event((1,), wait_count=S * cfg.n_dn, name="down_done")
-    # The down tiles wait for the top-k first (unless the gate/up tiles
-    # did, before them), so their prefetch may read topk_ids before they
-    # wait for their slot's rows.
-    waits_routed = cfg.slot_logits or down.prefetch is not None
-    g.task(
-        down,
-        grid=(S, cfg.n_dn),
-        args=tuple(t[n] for n in _slot_down_args(cfg)),
-        in_edges=([(routed, "sj->0")] if waits_routed else []) + [(h_ready, "sj->s")],
-        out_edges={down_done: "sj->0"},
-        name="down",
-        prefetch_after=1 if down.prefetch else 0,
-    )
+        done = g.event((1,), wait_count=S * cfg.n_dn, name="down_done")
+        # The down tiles wait for the top-k first (unless the gate/up tiles
+        # did, before them), so their prefetch may read topk_ids before they
+        # wait for their slot's rows.
+        waits_routed = cfg.slot_logits or down.prefetch is not None
+        g.task(
+            down,
+            grid=(S, cfg.n_dn),
+            args=tuple(t[n] for n in _slot_down_args(cfg)),
+            in_edges=([(routed, "sj->0")] if waits_routed else []) + [(h_ready, "sj->s")],
+            out_edges={done: "sj->0"},
+            name="down",
+            prefetch_after=1 if down.prefetch else 0,
+        )
+        last_waits = [(done, "i->0")]
     last, last_args = _last_task(cfg)
     g.task(
         tiles[last],
         grid=((T + CB - 1) // CB,),
         args=tuple(t[n] for n in last_args),
-        in_edges={down_done: "i->0"},
+        in_edges=last_waits,
         name=last,
     )
 

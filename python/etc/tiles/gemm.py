@@ -1497,6 +1497,8 @@ def _fused_down_slice(
     Wd[e, n, cs]`` for every row ``n`` of ``hidden``. Thread ``tid`` takes
     rows ``4*tid + 4*block_size*b .. +3`` (all their 16-byte loads of a
     step issued before the sums), then one ``red.global.add.v4.f32``."""
+    from .gemm_tc import _address, _asm_ops
+
     wd_t, sums_t = _mma.down_types(hidden, inter, ed)[1], f"memref<?x{hidden}xf32>"
     n0, token, weight = at["n0"], at["token"], at["weight"]
     # The epilogue's Hb stores are visible to the whole CTA after a barrier.
@@ -1511,7 +1513,7 @@ def _fused_down_slice(
         hv.append((col, t.op("fhf", f"arith.extf {h} : vector<8xbf16> to vector<8xf32>")))
     first = t.op("frow", f"arith.muli {tid}, %c{FUSED_ROWS}_ : index")
     step = FUSED_ROWS * block_size
-    base = t.op("fsb", f"memref.extract_aligned_pointer_as_index %Out32 : {sums_t} -> index")
+    base = _address(t, "%Out32", sums_t)
     tok_at = t.op("ftok", f"arith.muli {token}, %c{hidden}_ : index")
     zero = t.op("fz", "arith.constant dense<0.0> : vector<8xf32>")
     b = t.fresh("fb")
@@ -1533,12 +1535,12 @@ def _fused_down_slice(
         sums.append(t.op("fws", f"arith.mulf {total}, {weight} : f32"))
     off = t.op("foff", f"arith.addi {tok_at}, {b} : index")
     off = t.op("foff", f"arith.muli {off}, %c4_ : index")
-    addr = t.op("fat", f"arith.addi {base}, {off} : index")
-    addr = t.op("fat", f"arith.index_cast {addr} : index to i64")
-    t.emit(
-        "llvm.inline_asm has_side_effects asm_dialect = att "
-        '"red.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f" '
-        f"{addr}, {', '.join(sums)} : (i64, f32, f32, f32, f32) -> ()"
+    off = t.op("fat", f"arith.index_cast {off} : index to i64")
+    addr = t.op("fat", f"arith.addi {base}, {off} : i64")
+    _asm_ops(
+        t,
+        "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
+        [(addr, "i64"), *((v, "f32") for v in sums)],
     )
     t.end()
 

@@ -337,14 +337,9 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     )
     outer = t.indent
     t.indent += "  "
+    # The loop stops `pre` chunks early (the tail below), so chunk it + pre exists.
     nxt = t.op("nx", f"arith.addi %c_it, %c{pre}_ : index")
-    t.emit(f"scf.if {t.op('more', f'arith.cmpi ult, {nxt}, %c{chunks}_ : index')} {{")
-    t.indent += "  "
     issue(nxt, t.op("st", f"arith.remui {nxt}, %c{stages}_ : index"))
-    t.indent = outer + "  "
-    t.emit("} else {")
-    t.emit("  nvvm.cp.async.commit.group")  # an empty group keeps the count
-    t.emit("}")
     t.emit(f"nvvm.cp.async.wait.group {pre}")
     accs = compute(
         "%c_it", t.op("st", f"arith.remui %c_it, %c{stages}_ : index"), ["%acc_a", "%acc_b"]
