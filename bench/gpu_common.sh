@@ -24,10 +24,12 @@ moe_ab() {
   for pass in 1 2; do
     order=$cfgs; [ $pass = 2 ] && order=$(echo $cfgs | tr , '\n' | tac | paste -sd,)
     BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$order BENCH_MOE_SIZES=$sizes \
-      timeout 280 python bench/moe.py --artifacts $dir/moe --out "$tmp/$name$pass.json" \
+      timeout ${AB_TIMEOUT:-280} python bench/moe.py --artifacts $dir/moe --out "$tmp/$name$pass.json" \
       $([ $pass = 1 ] && [ $trace = 1 ] && echo --trace) 2>&1 | tee -a "$OUT/$name.txt" \
       | grep "${AB_GREP:-occ.*GPU}"
   done
   cp "$tmp/${name}1.json" "$tmp/${name}2.json" "$OUT/"
-  [ $trace = 1 ] && cp "$tmp/moe_trace.txt" "$OUT/${name}_trace.txt"
+  if [ $trace = 1 ]; then
+    cp "$tmp/moe_trace.txt" "$OUT/${name}_trace.txt" || echo "no trace (did pass 1 time out?)"
+  fi
 }

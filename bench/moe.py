@@ -359,6 +359,14 @@ CONFIGS = {
     "single_gemv_gu24": {**M.PRESETS["single"], "block_n_gu": 24},
     "single_gemv_gu16": {**M.PRESETS["single"], "block_n_gu": 16},
     "single_gemv_gu24_dn32": {**M.PRESETS["single"], "block_n_gu": 24, "block_n_dn": 32},
+    # ... with the combine in the down tiles (combine="last": the last of a
+    # token's slot tiles of a column block sums them; no combine task).
+    "single_last": {**M.PRESETS["single"], "combine": "last"},
+    "single_gu24_last": {**M.PRESETS["single"], "block_n_gu": 24, "combine": "last"},
+    "few_last": {**M.PRESETS["few"], "combine": "last"},
+    "few_gu24_last": {**M.PRESETS["few"], "block_n_gu": 24, "combine": "last"},
+    # ... with one expert per logits CTA (128 router instances at T = 1).
+    "single_re1": {**M.PRESETS["single"], "router_experts": 1},
     "single_m3": _SINGLE0,
     "single_gu16_m3": {**_SINGLE0, "block_n_gu": 16},
     "single_gu16_dn32_m3": {**_SINGLE0, "block_n_gu": 16, "block_n_dn": 32},
@@ -514,6 +522,11 @@ OCCUPANCY = {
     "single_noring": M.PRESET_MIN_CTAS_PER_SM["single"],
     "few_dnl2": M.PRESET_MIN_CTAS_PER_SM["single"],
     "few": M.PRESET_MIN_CTAS_PER_SM["few"],
+    **{
+        k: M.PRESET_MIN_CTAS_PER_SM["single"]
+        for k in ("single_last", "single_gu24_last", "single_re1")
+    },
+    **{k: M.PRESET_MIN_CTAS_PER_SM["few"] for k in ("few_last", "few_gu24_last")},
     "single_gu16_m3": 3,
     "single_gu16_dn32_m3": 3,
     **{

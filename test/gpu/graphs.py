@@ -70,6 +70,8 @@ MOE_SMALL_SLOTS_GEMV = dataclasses.replace(
     gate_up_options=(("stages", 4),),
     down_options=(("stages", 4), ("prefetch_ring", True)),
 )
+#: ... with the combine in the down tiles (``combine="last"``).
+MOE_SMALL_SLOTS_GEMV_LAST = dataclasses.replace(MOE_SMALL_SLOTS_GEMV, combine="last")
 MOE_SMALL_SLOTS_GEMV_CHUNK = dataclasses.replace(
     MOE_SMALL_SLOTS_GEMV, slot_logits=False
 ).with_weight_chunk(32)

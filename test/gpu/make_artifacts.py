@@ -66,6 +66,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_SLOTS_FUSED,
     MOE_SMALL_SLOTS_GEMV,
     MOE_SMALL_SLOTS_GEMV_CHUNK,
+    MOE_SMALL_SLOTS_GEMV_LAST,
     MOE_SMALL_SLOTS_L2,
     MOE_SMALL_SLOTS_LOGITS,
     MOE_SMALL_SLOTS_RING,
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         ("slots_l2", MOE_SMALL_SLOTS_L2), ("slots_ring", MOE_SMALL_SLOTS_RING),
         ("slots_fused", MOE_SMALL_SLOTS_FUSED), ("slots_gemv", MOE_SMALL_SLOTS_GEMV),
         ("slots_gemv_chunk", MOE_SMALL_SLOTS_GEMV_CHUNK),
+        ("slots_gemv_last", MOE_SMALL_SLOTS_GEMV_LAST),
         ("chunk", MOE_SMALL_CHUNK), ("ringpf_chunk", MOE_SMALL_RINGPF_CHUNK),
         ("slots_chunk", MOE_SMALL_SLOTS_CHUNK), ("slots_bulk_chunk", MOE_SMALL_SLOTS_BULK),
     ):  # fmt: skip

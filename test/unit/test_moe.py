@@ -759,23 +759,23 @@ FAMILY_SIZES = dict(hidden=512, inter=512, experts=16, topk=2)
 def test_preset_family_shares_one_set_of_buffers():
     """compile_moe's configurations: each bucket's preset, all declaring the
     largest router split's logits rows, so one set of buffers serves every
-    kernel; the decode preset's top-k then counts T from topk_ids."""
+    kernel; the few preset's top-k then counts T from topk_ids."""
     family = M.preset_family(**FAMILY_SIZES)
     assert [(bound, name) for bound, name, _ in family] == list(M.PRESET_BUCKETS)
     shapes = [M.tensor_shapes(cfg, 37) for _, _, cfg in family]
     assert all(s == shapes[0] for s in shapes) and shapes[0]["logits"] == ((4 * 37, 16), "f32")
-    decode = next(cfg for _, name, cfg in family if name == "decode")
-    assert (decode.router_splits, decode.logits_parts, decode.logit_rows) == (1, 4, 4)
+    few = next(cfg for _, name, cfg in family if name == "few")
+    assert (few.router_splits, few.logits_parts, few.logit_rows) == (1, 4, 4)
     # The slot kernel's gate/up tiles sum the parts the router writes (1),
     # not the buffer's rows per token (4).
     single = next(cfg for _, name, cfg in family if name == "single")
     gate_up, _ = M._gemm_tiles(single, None)
     assert "%tS1" not in gate_up.source and "gpu.shuffle idx" in gate_up.source
-    tiles = M._small_tiles(decode)
+    tiles = M._small_tiles(few)
     assert "memref.dim %ids" in tiles["topk"].source
-    assert (
-        "memref.dim %ids" not in M._small_tiles(M.preset("decode", **FAMILY_SIZES))["topk"].source
-    )
+    assert "memref.dim %ids" not in M._small_tiles(M.preset("few", **FAMILY_SIZES))["topk"].source
+    # single's 24-column gate/up blocks do not divide inter=512: 16 there.
+    assert single.block_n_gu == 16 and M.preset("single").block_n_gu == 24
     with pytest.raises(etc.GraphError, match="logits_parts=2 must be 0 or an int of at least"):
         M.preset("prefill", logits_parts=2)
     with pytest.raises(etc.GraphError, match="no buckets"):
@@ -786,8 +786,8 @@ def test_preset_family_shares_one_set_of_buffers():
 @pytest.mark.parametrize("routing, tokens", [("uniform", "1,4,9,900"), ("one-expert", "2,5,7,130")])
 def test_example_auto_preset_simulates_each_bucket(routing, tokens):
     """``examples/moe.py --preset auto --simulate``: each T runs its bucket's
-    graph (single up to 2 tokens, few to 5, decode to 8, mid to 896,
-    prefill above), all on the
+    graph (single up to 2 tokens, few to 8, mid to 896, prefill above),
+    all on the
     same buffers, against the float32 reference."""
     import subprocess
     import sys
@@ -814,9 +814,9 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
     import subprocess
 
     art = M.compile_moe(**FAMILY_SIZES)
-    assert art.symbol == "T" and art.bounds == [2, 5, 8, 896, None]
+    assert art.symbol == "T" and art.bounds == [2, 8, 896, None]
     assert [a.kernel_name for a in art.artifacts] == [
-        "moe_single", "moe_few", "moe_decode", "moe_mid", "moe_prefill"
+        "moe_single", "moe_few", "moe_mid", "moe_prefill"
     ]  # fmt: skip
     for a, (_, name, _) in zip(art.artifacts, M.preset_family(**FAMILY_SIZES), strict=True):
         target = M.PRESET_TARGETS[name]
@@ -829,7 +829,7 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
         )
     art.save(tmp_path / "moe")
     table = json.loads((tmp_path / "moe" / "buckets.json").read_text())
-    assert [b["max"] for b in table["buckets"]] == [2, 5, 8, 896, None]
+    assert [b["max"] for b in table["buckets"]] == [2, 8, 896, None]
     assert table["symbol"] == "T"
 
 
@@ -973,6 +973,86 @@ def test_gemv_slot_tiles_in_simulator(slot_logits, narrow, T, routing):
 
 
 @needs_bindings
+@needs_trigger
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+@pytest.mark.parametrize("slot_logits", [False, True])
+@pytest.mark.parametrize("T,routing", [(1, "uniform"), (5, "one-expert"), (13, "top1")])
+def test_last_combine_in_simulator(schedule, slot_logits, T, routing):
+    """``combine="last"``: no combine task; the last of a token's slot down
+    tiles of each column block writes the combine's sum (Out bit for bit the
+    combine task's), and every counter is back at zero after each launch."""
+    cfg, x, w, ref = case(replace(SLOTS_GEMV, slot_logits=slot_logits, combine="last"), T, routing)
+    g = M.build_moe_graph(cfg)
+    tasks = {t.name: t for t in g.tasks}
+    assert "combine" not in tasks and not tasks["down"].out_edges
+    assert [e.event.name for e in tasks["down"].in_edges] == ["routed", "h_ready"]
+    arrays = M.numpy_inputs(cfg, x, w)
+    for launch in range(2):  # the same counters serve the next launch
+        out = etc.simulate(g, arrays, {"T": T}, schedule=schedule, seed=launch)
+        assert not out["Ycount"].any()
+        arrays["Ycount"] = out["Ycount"]
+    assert M.rel_err(out["Out"], ref) <= 1e-2
+    task = replace(cfg, combine="task")
+    want = etc.simulate(M.build_moe_graph(task), M.numpy_inputs(task, x, w), {"T": T})
+    np.testing.assert_array_equal(out["Out"], want["Out"])
+    assert M.unfused_tasks(cfg) == ("logits", "topk", "gate_up", "down")
+    np.testing.assert_array_equal(run_unfused(cfg, x, w)["Out"], out["Out"])
+
+
+@needs_bindings
+def test_last_combine_tile_and_its_errors():
+    from etc.tiles import gemv
+
+    dn = gemv.moe_down(16, 64, 256, 128, experts=8, slots=2, combine_topk=2)
+    src = dn.source
+    assert "%topk_w: memref<?x2xf32>, %Ycount: memref<?x32xi32>, %Out: memref<?x256xbf16>" in src
+    # One count per tile, released and acquired at GPU scope; the K rows'
+    # loads bypass L1 and come before the first add.
+    assert src.count("atom.acq_rel.gpu.global.add.u32") == 1
+    assert src.count("st.relaxed.gpu.global.u32") == 1
+    assert src.count("ld.global.cg.v4.u32") == 2 and src.count("vector.fma %wk") == 2
+    for kind, kw, match in (
+        (gemv.moe_gate_up, dict(combine_topk=2), "it takes the down tile"),
+        (gemv.moe_down, dict(combine_topk=3), "combine_topk = slots \\(2\\)"),
+        (gemv.moe_down, dict(combine_topk=-1), "combine_topk"),
+    ):
+        with pytest.raises(etc.GraphError, match=match):
+            kind(16, 32, 256, 128, experts=8, slots=2, **kw)
+    for bad, match in (
+        (dict(combine="last"), "combine='last' sums a token's rows in the slot GEMV"),
+        (dict(route="slots", combine="last"), "combine='last' sums"),
+    ):
+        with pytest.raises(etc.GraphError, match=match):
+            replace(SMALL, **bad)
+    with pytest.raises(etc.GraphError, match="combine='last' sums"):
+        replace(SLOTS_SMALL, combine="last")  # the mma.sync slot tiles
+    with pytest.raises(etc.GraphError, match="slot_logits=True, combine='atomic'"):
+        replace(SLOTS_GEMV, gemm="reg", fuse_down=True, slot_logits=True, combine="last")
+
+
+@needs_bindings
+@needs_ptxas
+def test_last_combine_kernel_assembles(tmp_path):
+    """The single preset with ``combine="last"`` at Qwen3's sizes: ptxas
+    takes it at two CTAs per SM without spills."""
+    import subprocess
+
+    cfg = M.preset("single")
+    assert cfg.combine == "last"
+    art = etc.compile(M.build_moe_graph(cfg), schedule="static", min_ctas_per_sm=2)
+    task = etc.compile(M.build_moe_graph(replace(cfg, combine="task")), schedule="static")
+    count = "atom.acq_rel.gpu.global.add.u32"  # the tile's, besides the kernel's own
+    assert art.ptx.count(count) == task.ptx.count(count) + 1
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(art.ptx)
+    done = subprocess.run(
+        ["ptxas", "-arch=sm_90", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "0 bytes spill stores, 0 bytes spill loads" in done.stderr
+
+
+@needs_bindings
 def test_gemv_slot_tiles_and_their_errors():
     from etc.tiles import gemv
 
@@ -1058,7 +1138,7 @@ def test_fused_down_tile_and_its_errors():
         (dict(fuse_down=True), "it needs route='slots', slot_logits=True, combine='atomic'"),
         (dict(slot_logits=False, fuse_down=True), "slot_logits=True"),
         (dict(fuse_down=1), "fuse_down must be a bool, got 1"),
-        (dict(combine="atomic"), "route='slots' needs gemm='reg' or 'gemv', combine='task'"),
+        (dict(combine="atomic"), "route='slots' needs gemm='reg' or 'gemv', combine 'task' or"),
     ):  # fmt: skip
         base = SMALL if "combine" in bad and len(bad) == 2 else SLOTS_SMALL
         with pytest.raises(etc.GraphError, match=match):

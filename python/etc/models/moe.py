@@ -129,6 +129,8 @@ SLOT_MMA_PRESETS: dict[str, dict[str, Any]] = {
 _SINGLE = dict(
     _SINGLE_MMA,
     gemm="gemv",
+    block_n_gu=24,
+    combine="last",
     gate_up_options=(("stages", 12),),
     down_options=(("stages", 8), ("prefetch_ring", True)),
 )
@@ -144,20 +146,24 @@ _SINGLE = dict(
 #:   ``mma.sync`` slot tiles of :data:`SLOT_MMA_PRESETS`). No ring prefetch
 #:   before the gate/up waits (no expert is known then): the down tiles fill
 #:   their ring's first chunks once the top-k is done, before they wait for
-#:   their slot's rows (``Graph.task(prefetch_after=1)``).
-#: * ``few`` (T 3-5): ``single`` with the experts read from the top-k
+#:   their slot's rows (``Graph.task(prefetch_after=1)``). 24-column gate/up
+#:   blocks (256 tiles at T = 1 for 264 CTAs), and the last of a token's
+#:   down tiles of a column block sums the block (``combine="last"``: no
+#:   combine task); one expert per router CTA (128 logits CTAs, ~0.5 µs
+#:   sooner).
+#: * ``few`` (T 3-8): ``single`` with the experts read from the top-k
 #:   task's ``topk_ids`` (a top-k per tile costs more than the hop once
-#:   each CTA runs several slot tiles).
-#: * ``decode`` (T 6-8): 16-row tiles, narrow column blocks so a few
-#:   active experts still fill the GPU (32-column gate/up: one wave of 192
-#:   instances at T = 1), weights through a per-thread ``cp.async`` ring of
-#:   4 stages whose first groups the tiles' prefetch functions fill once an
-#:   instance knows its expert, before it waits for the expert's rows; k
-#:   loops rotated per tile.
+#:   each CTA runs several slot tiles), 32-column gate/up blocks.
+#: * ``decode`` (T 6-8 until the GEMV ``few`` took them; in no bucket now):
+#:   16-row tiles, narrow column blocks so a few active experts still fill
+#:   the GPU (32-column gate/up: one wave of 192 instances at T = 1),
+#:   weights through a per-thread ``cp.async`` ring of 4 stages whose first
+#:   groups the tiles' prefetch functions fill once an instance knows its
+#:   expert, before it waits for the expert's rows; k loops rotated per tile.
 #: * ``prefill`` (T > 896): 128-row ``etc.tiles.gemm_tc`` tiles fed by
 #:   TMA, gate/up 128 and down 256 columns, 4 stages, and the router's
 #:   logits on the same tile, its k loop in 4 parts.
-#: * ``mid`` (T from 16 to 896: a few row blocks per expert): ``prefill``
+#: * ``mid`` (T from 9 to 896: a few row blocks per expert): ``prefill``
 #:   on 64-row tiles whose two warpgroups split the columns (``split_n``),
 #:   5 stages, the GEMM tiles dealt by ticket (``gemm_deal``).
 #:
@@ -182,8 +188,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             ("prefetch_ring", True),
         ),
     ),  # fmt: skip
-    "single": _SINGLE,
-    "few": dict(_SINGLE, slot_logits=False),
+    "single": dict(_SINGLE, router_experts=1),
+    "few": dict(_SINGLE, slot_logits=False, block_n_gu=32),
     "prefill": _PREFILL,
     "mid": dict(
         _PREFILL,
@@ -205,23 +211,21 @@ PRESET_MIN_CTAS_PER_SM = {"single": 2, "few": 2, "decode": 2, "prefill": 0, "mid
 
 #: The presets by token count for one artifact (:func:`compile_moe`):
 #: ``(largest T, preset)``, increasing, the last without a bound. From the
-#: H200 measurements (``bench/RESULTS.md``, items 91 and 95-99): ``single``
-#: up to T = 2 (17 % ahead of ``decode`` at T = 1, 11 % at 2), ``few`` to
-#: T = 5 (4-8 % ahead of ``decode`` at 3, 4, 5; ``decode`` ahead from 6),
-#: ``decode`` to T = 8 (it and ``mid`` cross between 8 and 16), ``mid`` from
-#: T = 16 to 896 (2-10 % ahead of ``prefill`` at 256, 512, 640, 768, 896),
-#: ``prefill`` from 1024 on.
+#: H200 measurements (``bench/RESULTS.md``, items 91, 95-99 and 104):
+#: ``single`` up to T = 2, ``few`` to T = 8 (2-8 % ahead of ``decode`` at
+#: 5-8; ``mid`` ahead from 9), ``mid`` from T = 9 to 896 (2-10 % ahead of
+#: ``prefill`` at 256, 512, 640, 768, 896), ``prefill`` from 1024 on.
 PRESET_BUCKETS: tuple[tuple[int | None, str], ...] = (
     (2, "single"),
-    (5, "few"),
-    (8, "decode"),
+    (8, "few"),
     (896, "mid"),
     (None, "prefill"),
 )
 
 
 def preset(name: str, **overrides: Any) -> MoEConfig:
-    """The :data:`PRESETS` configuration ``name``, with fields overridden."""
+    """The :data:`PRESETS` configuration ``name``, with fields overridden
+    (and block widths that no longer divide an overridden size narrowed)."""
     if name not in PRESETS:
         raise GraphError(f"MoE preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
     fields = {**PRESETS[name], **overrides}
@@ -229,6 +233,16 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
         # Expert blocks that still divide an overridden expert count.
         experts = fields.get("experts", MoEConfig.experts)
         fields["router_experts"] = math.gcd(fields["router_experts"], experts)
+    inter = fields.get("inter", MoEConfig.inter)
+    if (
+        fields.get("gemm") == "gemv"
+        and "block_n_gu" not in overrides
+        and inter % fields["block_n_gu"]
+    ):
+        # single's 24 columns divide Qwen3's 768: elsewhere the widest
+        # multiple of 4 below it that divides inter (16 for 512).
+        fits = [n for n in range(4, fields["block_n_gu"] + 1, 4) if inter % n == 0]
+        fields["block_n_gu"] = fits[-1] if fits else fields["block_n_gu"]
     return MoEConfig(**fields)
 
 
@@ -238,7 +252,7 @@ UNFUSED_TASKS = ("clear", "logits", "topk", "plan", "permute", "gate_up", "down"
 #: ``MoEConfig.route`` values.
 ROUTES = ("split", "fused", "slots")
 #: ``MoEConfig.combine`` values.
-COMBINES = ("task", "atomic")
+COMBINES = ("task", "atomic", "last")
 
 
 def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
@@ -248,6 +262,8 @@ def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
     elif cfg.route == "slots":
         if cfg.fuse_down:  # the gate/up tiles add their down projections
             return ("zero", "logits", "topk", "gate_up", "cast")
+        if cfg.combine == "last":  # the down tiles combine
+            return ("logits", "topk", "gate_up", "down")
         return ("logits", "topk", "gate_up", "down", "combine")
     else:
         tasks = UNFUSED_TASKS
@@ -334,7 +350,11 @@ class MoEConfig:
     #: and a ``cast`` task, ``combine_block`` tokens per CTA, writes ``Out``;
     #: no ``Yp``; the add order varies between launches, so the sums may
     #: differ in their last float32 bits). "atomic" needs the TMA down tile
-    #: (``gemm="tc"``, ``core="tma"``, not ``split_n``).
+    #: (``gemm="tc"``, ``core="tma"``, not ``split_n``). "last" (``route=
+    #: "slots"``, ``gemm="gemv"``): the last of a token's slot down tiles of
+    #: a column block sums the block's rows into ``Out`` (the combine task's
+    #: sum) and no task follows them; counters in ``Ycount``, which return
+    #: to zero after every launch (start them at zero).
     combine: str = "task"
     zero_block: int = 32
     #: The sums of an atomic combine: "f32" (``Out32``) or "f16" (``Out16``:
@@ -422,12 +442,13 @@ class MoEConfig:
                 f"combine_dtype='f32'; got route={self.route!r}, slot_logits={self.slot_logits!r}, "
                 f"combine={self.combine!r}, combine_dtype={self.combine_dtype!r}"
             )
-        slot_combine = "atomic" if self.fuse_down else "task"
+        slot_combine = ("atomic",) if self.fuse_down else ("task", "last")
         if self.route == "slots" and (
-            self.gemm not in ("reg", "gemv") or self.combine != slot_combine or self.gather
+            self.gemm not in ("reg", "gemv") or self.combine not in slot_combine or self.gather
         ):
             raise GraphError(
-                f"MoEConfig: route='slots' needs gemm='reg' or 'gemv', combine={slot_combine!r} "
+                "MoEConfig: route='slots' needs gemm='reg' or 'gemv', combine "
+                f"{' or '.join(map(repr, slot_combine))} "
                 f"and no gather; got gemm={self.gemm!r}, combine={self.combine!r}, "
                 f"gather={self.gather!r}"
             )
@@ -436,6 +457,12 @@ class MoEConfig:
                 "MoEConfig: gemm='gemv' is the slot tiles' CUDA-core GEMV (etc.tiles.gemv): it "
                 f"needs route='slots' and no fuse_down; got route={self.route!r}, "
                 f"fuse_down={self.fuse_down!r}"
+            )
+        if self.combine == "last" and (self.route != "slots" or self.gemm != "gemv"):
+            raise GraphError(
+                "MoEConfig: combine='last' sums a token's rows in the slot GEMV down tiles: it "
+                f"needs route='slots' and gemm='gemv'; got route={self.route!r}, "
+                f"gemm={self.gemm!r}"
             )
         if self.router not in ("simt", "tc"):
             raise GraphError(f"MoEConfig: router must be 'simt' or 'tc', got {self.router!r}")
@@ -615,6 +642,9 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "Hb": ((N, II), "bf16"),
         "Yp": ((N, H), "bf16"),
         "Out": ((T, H), "bf16"),
+        # combine="last": the slot down tiles' counters (every configuration
+        # declares them, so one set of buffers serves a preset family).
+        "Ycount": ((T, H // 8), "i32"),
     }
     if cfg.route == "fused":  # the route tile keeps each slot's position to itself
         del spec["pos"]
@@ -659,6 +689,8 @@ def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, Device
         if cfg.fuse_down:
             gu_kw["fuse_down"] = True
     dn_kw = {}
+    if cfg.combine == "last":
+        dn_kw = {"combine_topk": cfg.topk}
     if cfg.combine == "atomic" and cfg.route != "slots":
         dn_kw = {"combine_topk": cfg.topk, "combine_dtype": cfg.combine_dtype}
     gate_up = gemm_tiles.moe_gate_up(
@@ -683,7 +715,7 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
         tiles["cast"] = moe_tiles.cast_rows(
             cfg.combine_block, H, dtype=dt, unroll=cfg.combine_unroll, block_size=bs
         )
-    else:
+    elif cfg.combine == "task":
         tiles["combine"] = moe_tiles.combine(
             cfg.combine_block, K, H, unroll=cfg.combine_unroll, direct=cfg.route == "slots",
             block_size=bs,
@@ -1002,8 +1034,10 @@ def _slot_gate_up_down_args(cfg: MoEConfig) -> tuple[str, ...]:
 
 
 def _slot_down_args(cfg: MoEConfig) -> tuple[str, ...]:
-    """The slot down task's tensors, in order."""
-    return ("Hb", "topk_ids", cfg.weight_name("Wd"), "Yp")
+    """The slot down task's tensors, in order (with ``combine="last"``, what
+    the tiles' combine reads and writes)."""
+    last = ("topk_w", "Ycount", "Out") if cfg.combine == "last" else ()
+    return ("Hb", "topk_ids", cfg.weight_name("Wd"), "Yp", *last)
 
 
 def _slot_gate_up_args(cfg: MoEConfig) -> tuple[str, ...]:
@@ -1058,20 +1092,24 @@ def _slot_tasks(g: Graph, cfg: MoEConfig, T: Any, t: dict[str, Any], tiles, gate
             name="gate_up",
             prefetch_after=1 if gate_up.prefetch else 0,
         )
-        done = g.event((1,), wait_count=S * cfg.n_dn, name="down_done")
+        # With combine="last" the down tiles write Out: no task follows them.
+        combines = cfg.combine == "last"
+        done = None if combines else g.event((1,), wait_count=S * cfg.n_dn, name="down_done")
         # The down tiles wait for the top-k first (unless the gate/up tiles
         # did, before them), so their prefetch may read topk_ids before they
-        # wait for their slot's rows.
-        waits_routed = cfg.slot_logits or down.prefetch is not None
+        # wait for their slot's rows (and their combine reads topk_w).
+        waits_routed = cfg.slot_logits or down.prefetch is not None or combines
         g.task(
             down,
             grid=(S, cfg.n_dn),
             args=tuple(t[n] for n in _slot_down_args(cfg)),
             in_edges=([(routed, "sj->0")] if waits_routed else []) + [(h_ready, "sj->s")],
-            out_edges={done: "sj->0"},
+            out_edges={} if combines else {done: "sj->0"},
             name="down",
             prefetch_after=1 if down.prefetch else 0,
         )
+        if combines:
+            return
         last_waits = [(done, "i->0")]
     last, last_args = _last_task(cfg)
     g.task(
@@ -1249,6 +1287,8 @@ def build_unfused_graphs(
             name=task,
         )
         out.append((task, g))
+    if slots and cfg.combine == "last":
+        return out  # the down tiles combined
     last, last_args = _last_task(cfg)
     g, T, t = graph(last, list(last_args))
     g.task(tiles[last], grid=((T + CB - 1) // CB,), args=tuple(t[n] for n in last_args), name=last)

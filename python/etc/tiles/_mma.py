@@ -368,16 +368,19 @@ def swiglu_rows(a: np.ndarray, w: np.ndarray, cs: slice, inter: int, chunk: int 
 
 def slot_reference(
     kind: str, block_n: int, inter: int, slots: int, logit_parts: int = 0, chunk: int = 0,
-    fuse_down: bool = False,
+    fuse_down: bool = False, combine: bool = False,
 ) -> Callable[..., None]:  # fmt: skip
     """The reference of a slot tile ``(s, j)`` (``moe_gate_up`` / ``moe_down``
     with ``slots=K``): token row ``s // K`` (gate/up) or row ``s`` (down),
     expert ``topk_ids[s // K, s % K]`` (with ``logit_parts``: choice ``s %
     K`` of the top-k of the token's router logits, in that many parts),
     output row ``s``; ``fuse_down``: then ``Out32[s // K] += w * Hb[s, cs]
-    @ Wd[e][:, cs]^T`` with the choice's weight ``w``."""
+    @ Wd[e][:, cs]^T`` with the choice's weight ``w``; ``combine`` (down):
+    then counts the tile on ``count[s // K, j]`` and, the token's K-th,
+    resets it and writes ``Out[s // K, cs]``, the combine's weighted sum of
+    the token's K rows."""
 
-    def reference(s: int, j: int, A, table, W, out, Wd=None, sums=None) -> None:
+    def reference(s: int, j: int, A, table, W, out, *extra) -> None:
         token, kth = divmod(s, slots)
         row = token if kind == "gate_up" else s
         if row >= A.shape[0]:
@@ -399,8 +402,19 @@ def slot_reference(
             y = bf16_matmul(a, weight_rows(W[e], cs, chunk))
         out[s : s + 1, cs] = f32_to_bf16(y.astype(np.float32))
         if fuse_down:
+            Wd, sums = extra
             part = bf16_matmul(out[s : s + 1, cs], Wd[e][:, cs])[0]
             sums[token] += (np.float32(weight) * part).astype(np.float32)
+        if combine:
+            topk_w, count, Out = extra
+            count[token, j] += 1
+            if count[token, j] == slots:
+                count[token, j] = 0
+                rows = out[token * slots : (token + 1) * slots, cs]
+                acc = np.zeros(rows.shape[1], np.float32)
+                for k in range(slots):  # the combine task's sum, in k order
+                    acc += topk_w[token, k] * bf16_to_f32(rows[k])
+                Out[token, cs] = f32_to_bf16(acc)
 
     return reference
 

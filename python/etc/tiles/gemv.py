@@ -30,6 +30,15 @@ shuffles, and lane 0 of each row stores it.
 
 A narrower block leaves whole warps idle (``8 * rows`` threads work): more,
 smaller tiles for a T = 1 layer whose gate/up grid would not fill the GPU.
+
+``combine_topk=K`` (down): the token's combine in its down tiles, with no
+task (and no event hop) after them. Tile ``(s, j)`` stores its row of
+``Yp`` as before, then counts itself on ``Ycount[s // K, j]``
+(acquire-release, GPU scope, after a CTA barrier); the K-th of the token's
+tiles of block ``j`` resets the counter and writes ``Out[t, block j] =
+bf16(sum_k topk_w[t, k] * Yp[t*K + k, block j])``, the combine task's sum
+(float32, k order; L1-bypassing loads). The counters return to zero after
+every launch: start them at zero.
 """
 
 from __future__ import annotations
@@ -50,9 +59,13 @@ from .gemm import _slot_expert, _source
 #: ``stages - 1`` chunks before the waits; ``Graph.task(prefetch_after=1)``
 #: runs it after the top-k's) and ``weight_chunk`` (the weights in
 #: :func:`etc.tiles.gemm.chunk_weights`' layout; 0: nn.Linear rows).
+#: ``combine_topk`` (down: 0, or K: the last of a token's K slot tiles of a
+#: column block to finish sums the block's K rows into ``Out``; module
+#: docstring).
 GEMV_OPTIONS: dict[str, Any] = dict(
-    block_size=256, slots=None, slot_logits=0, stages=4, prefetch_ring=False, weight_chunk=0
-)
+    block_size=256, slots=None, slot_logits=0, stages=4, prefetch_ring=False, weight_chunk=0,
+    combine_topk=0,
+)  # fmt: skip
 #: Lanes that share a weight row (16 bytes each of a 128-byte k chunk).
 LANES_PER_ROW = 8
 #: Elements of a k chunk (128 bytes of bf16).
@@ -111,6 +124,14 @@ def _gemv_tile(
     if experts is None:
         raise GraphError(f"tile '{name}': the GEMV tiles need the expert count (experts=)")
     _text.positive(name, experts=experts)
+    combine = o["combine_topk"]
+    _text.non_negative(name, combine_topk=combine)
+    if combine and (gate or combine != slots):
+        raise GraphError(
+            f"tile '{name}': combine_topk sums a token's {slots} slot rows in its down tiles: "
+            f"it takes the down tile and combine_topk = slots ({slots}); got kind={kind}, "
+            f"combine_topk={combine}"
+        )
     if o["slot_logits"] and not gate:
         raise GraphError(f"tile '{name}': slot_logits picks the expert of a gate/up slot tile")
     if o["prefetch_ring"] and (gate or stages < 2):
@@ -153,12 +174,18 @@ def _gemv_tile(
         signature = f"%s: index, %j: index, %Hb: {at}, %topk_ids: {ids_t}, %Wd: {wt}, %Yp: {ot}"
         a, w, out = ("%Hb", at), ("%Wd", wt), ("%Yp", ot)
         what = f"{name}: Yp[s] = Hb[s] @ Wd[e]^T, slot s (GEMV)"
+        if combine:
+            signature += (
+                f", %topk_w: memref<?x{slots}xf32>, %Ycount: {count_type(hidden)}, "
+                f"%Out: memref<?x{hidden}xbf16>"
+            )
+            what += ", the last of a token's slots of block j sums them into Out"
     early = stages - 1 if o["prefetch_ring"] else 0
     ring_t = f"memref<{stages * 2 * bs * 4}xi32, #gpu.address_space<workgroup>>"
     plan = dict(
         gate=gate, name=name, bs=bs, k=k, n=n, inter=inter, rows=rows, block_n=block_n,
         slots=slots, stages=stages, chunks=chunks, a=a, w=w, out=out, ring_t=ring_t,
-        logits=logits, experts=experts, ids_t=ids_t, chunk=weight_chunk,
+        logits=logits, experts=experts, ids_t=ids_t, chunk=weight_chunk, combine=combine,
     )  # fmt: skip
     t = _Text()
     globals_ = _emit(t, plan, "body" if early else "all")
@@ -171,7 +198,9 @@ def _gemv_tile(
         source += _source(
             f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first chunks"
         )
-    reference = _mma.slot_reference(kind, block_n, inter, slots, logits, chunk=weight_chunk)
+    reference = _mma.slot_reference(
+        kind, block_n, inter, slots, logits, chunk=weight_chunk, combine=bool(combine)
+    )
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=bs)
     fn.prefetch_fills_shared = bool(early)
     return fn
@@ -377,4 +406,93 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
             t.emit(f"memref.store {yb}, {out_mem}[%s, {row}] : {out_t}")
     t.end()
     close_busy()
+    if p["combine"]:
+        globals_.append(_last_combine(t, p, token, tid, n0))
     return globals_
+
+
+def count_type(hidden: int) -> str:
+    """``Ycount``'s type: a counter per (token, 8-column group), so that one
+    buffer serves any down tile width (block ``j`` uses column ``j``)."""
+    return f"memref<?x{hidden // 8}xi32>"
+
+
+def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
+    """``combine_topk``: count this tile on ``Ycount[token, j]``; the token's
+    last slot tile of block ``j`` resets it and sums the block's K rows of
+    ``Yp`` into ``Out`` (8 columns per thread). Returns the flag's global."""
+    K, n, name = p["slots"], p["n"], p["name"]
+    flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
+    # Every row of this tile is stored (the barrier) before thread 0 counts
+    # it, with release semantics at GPU scope; the K-th count acquires the others'.
+    t.emit("gpu.barrier")
+    flag = t.op("flag", f"memref.get_global @{name}__last : {flag_t}")
+    is0 = t.op("is0", f"arith.cmpi eq, {tid}, %c0 : index")
+    cnt_t = count_type(n)
+    at = t.op("ct", f"arith.muli {token}, %c{n // 8}_ : index")
+    at = t.op("ct", f"arith.addi {at}, %j : index")
+    at = t.op("ct", f"arith.muli {at}, %c4 : index")
+    base = t.op("cb", f"memref.extract_aligned_pointer_as_index %Ycount : {cnt_t} -> index")
+    at = t.op("ct", f"arith.addi {base}, {at} : index")
+    at = t.op("ct", f"arith.index_cast {at} : index to i64")
+    t.emit(f"scf.if {is0} {{")
+    old = t.op(
+        "old",
+        '  llvm.inline_asm has_side_effects asm_dialect = att "atom.acq_rel.gpu.global.add.u32 '
+        f'$0, [$1], 1;", "=r,l" {at} : (i64) -> i32',
+    )
+    t.emit(f"  memref.store {old}, {flag}[%c0] : {flag_t}")
+    t.emit("}")
+    t.emit("gpu.barrier")
+    seen = t.op("seen", f"memref.load {flag}[%c0] : {flag_t}")
+    want = t.op("want", f"arith.constant {K - 1} : i32")
+    last = t.op("last", f"arith.cmpi eq, {seen}, {want} : i32")
+    t.emit(f"scf.if {last} {{")
+    t.indent += "  "
+    t.emit(f"scf.if {is0} {{")
+    t.emit(
+        '  llvm.inline_asm has_side_effects asm_dialect = att "st.relaxed.gpu.global.u32 '
+        f'[$0], 0;", "l" {at} : (i64) -> ()'
+    )
+    t.emit("}")
+    inside = t.op("cin", f"arith.cmpi ult, {tid}, %c{p['block_n'] // 8}_ : index")
+    t.emit(f"scf.if {inside} {{")
+    t.indent += "  "
+    col = t.op("col", f"arith.muli {tid}, %c8 : index")
+    col = t.op("col", f"arith.addi {n0}, {col} : index")
+    out_mem, out_t = p["out"]
+    ybase = t.op("yb", f"memref.extract_aligned_pointer_as_index {out_mem} : {out_t} -> index")
+    first = t.op("r0", f"arith.muli {token}, %c{K}_ : index")
+    quad_t = "!llvm.struct<(i32, i32, i32, i32)>"
+    rows = []
+    for k in range(K):  # every row's load before the first add: one L2 round trip
+        row = t.op("row", f"arith.addi {first}, %c{k}_ : index") if k else first
+        at_k = t.op("ya", f"arith.muli {row}, %c{n}_ : index")
+        at_k = t.op("ya", f"arith.addi {at_k}, {col} : index")
+        at_k = t.op("ya", f"arith.muli {at_k}, %c2 : index")
+        at_k = t.op("ya", f"arith.addi {ybase}, {at_k} : index")
+        at_k = t.op("ya", f"arith.index_cast {at_k} : index to i64")
+        rows.append(
+            t.op(
+                "yl",
+                'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v4.u32 '
+                f'{{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r,l" {at_k} : (i64) -> {quad_t}',
+            )
+        )
+    acc = t.op("cz", "arith.constant dense<0.0> : vector<8xf32>")
+    for k, got in enumerate(rows):
+        words = [t.op("yw", f"llvm.extractvalue {got}[{e}] : {quad_t}") for e in range(4)]
+        v = t.op("yv", f"vector.from_elements {', '.join(words)} : vector<4xi32>")
+        v = t.op("yv", f"vector.bitcast {v} : vector<4xi32> to vector<8xbf16>")
+        v = t.op("yv", f"arith.extf {v} : vector<8xbf16> to vector<8xf32>")
+        w = t.op("wk", f"memref.load %topk_w[{token}, %c{k}_] : memref<?x{K}xf32>")
+        w = t.op("wk", f"vector.broadcast {w} : f32 to vector<8xf32>")
+        acc = t.op("cs", f"vector.fma {w}, {v}, {acc} : vector<8xf32>")
+    o = t.op("co", f"arith.truncf {acc} : vector<8xf32> to vector<8xbf16>")
+    t.emit(
+        f"vector.store {o}, %Out[{token}, {col}] {{alignment = 16 : i64}} : "
+        f"memref<?x{n}xbf16>, vector<8xbf16>"
+    )
+    t.end()
+    t.end()
+    return f'memref.global "private" @{name}__last : {flag_t} {{alignment = 4 : i64}}'

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Twenty-seventh session (bench/RESULTS.md, MoE section): the combine in the
+# slot down tiles (MoEConfig(combine="last")), narrower gate/up blocks, and
+# the few preset's range.
+# Each step's CPU-side build is in its comment.
+# Usage: bash bench/gpu_session27.sh [tests] [last] [few] [final]
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s27
+export AB_TMP=/tmp/s27
+for step in ${*:-tests last few final}; do
+  case $step in
+  tests)  # (.device/n27c: python test/gpu/make_artifacts.py .device/n27c/arts --only
+    #  moe_small_slots_gemv_last)
+    ETC_ARTIFACTS=.device/n27c/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
+      -k slots_gemv_last 2>&1 | tee "$OUT/tests_last.txt" | tail -4
+    ;;
+  last)  # (.device/n27a: BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=single,
+    #  single_gemv_gu24,single_last,single_gu24_last python bench/moe.py --build .device/n27a/moe --trace)
+    AB_TIMEOUT=400 moe_ab moe-last single,single_gemv_gu24,single_last,single_gu24_last 1,2 \
+      .device/n27a 1
+    ;;
+  few)  # (.device/n27b: BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=few,
+    #  few_last,few_gu24_last,mid python bench/moe.py --build .device/n27b/moe)
+    AB_GREP="(few.*occ|mid) static, GPU" moe_ab moe-few-last few,few_last,few_gu24_last,mid \
+      3,5,8,9,12,16 .device/n27b
+    ;;
+  final)  # the presets with combine="last" and the buckets (single <= 2, few <= 8, mid, prefill).
+    # (.device/n27d: python test/gpu/make_artifacts.py .device/n27d/arts --only moe_small_family;
+    #  python examples/moe.py --preset auto [--topk 1 --routing top1] --save-artifact
+    #  .device/n27d/ex/auto[_top1]; BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1
+    #  BENCH_MOE_CONFIGS=auto,single,single_re1 python bench/moe.py --build .device/n27d/moe)
+    ETC_ARTIFACTS=.device/n27d/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
+      -k one_artifact 2>&1 | tee "$OUT/tests_family.txt" | tail -3
+    run() { timeout 120 python examples/moe.py --preset auto "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
+    run --artifact .device/n27d/ex/auto --tokens 1,2,3,5,8,9,16,128,1024,4096 | tail -12
+    run --artifact .device/n27d/ex/auto --routing one-expert --tokens 1,2,8,9,1000 | tail -6
+    run --artifact .device/n27d/ex/auto --routing few-experts --tokens 3,7,128 | tail -4
+    run --artifact .device/n27d/ex/auto_top1 --topk 1 --routing top1 --tokens 1,2,8,33 | tail -5
+    AB_GREP="(single|auto).*GPU" AB_TIMEOUT=400 moe_ab moe-final single,single_re1 1,2 .device/n27d
+    AB_GREP="auto.*GPU" AB_TIMEOUT=400 moe_ab moe-auto auto 1,2,3,5,8,9,16,128,1024,4096 .device/n27d
+    ;;
+  esac
+done
