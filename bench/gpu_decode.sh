@@ -11,7 +11,7 @@
 #   bash bench/gpu_decode.sh [tests|example|sweep|trace|bench ...]   (writes to $OUT)
 # bench reads DECODE_ARTIFACTS (default .device/decode; e.g. a build with
 # `bench/decode.py --build DIR --set FIELD=VALUE`) and DECODE_PARTS.
-# Manifests are format etc-artifact/7 (the runtime also reads 4-6): rebuild artifacts made before 4.
+# Manifests are format etc-artifact/5 (the runtime also reads 4): rebuild artifacts made before 4.
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 STEPS=${*:-tests example sweep bench}

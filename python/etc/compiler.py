@@ -32,9 +32,10 @@ from .graph import Graph, Tensor
 
 __all__ = ["Artifact", "compile", "MANIFEST_FORMAT", "STATUS_WORDS"]
 
-#: The manifest's format (``etc.runtime.manifest.READABLE_FORMATS`` says what
-#: each one added); 7: the static kernels read the strided queue.
-MANIFEST_FORMAT = "etc-artifact/7"
+MANIFEST_FORMAT = "etc-artifact/5"
+#: The format of a manifest with a chunked tensor map (``Graph.tensor_map(chunk=)``),
+#: which a format-5 runtime would encode as a row-major one.
+MANIFEST_FORMAT_CHUNKED = "etc-artifact/6"
 # Words of the status record the kernel writes (see ConvertETensorToGPU).
 STATUS_WORDS = 8
 DEFAULT_WATCHDOG_POLLS = 20_000_000
@@ -305,7 +306,9 @@ def _manifest(
     if trace:
         params.append({"kind": "trace"})
     return {
-        "format": MANIFEST_FORMAT,
+        "format": MANIFEST_FORMAT_CHUNKED
+        if any(t.map_chunk for t in g.tensors)
+        else MANIFEST_FORMAT,
         "graph": g.name,
         "kernel": g.name,
         "module": f"{g.name}_kernels",

@@ -121,7 +121,7 @@ def static_queues(
     grids = [_concrete_shape(t.grid, env, f"task '{t.name}': grid") for t in tasks]
     counts = [int(np.prod(grid, dtype=np.int64)) for grid in grids]
     phases = [instance_phases(t.phase, grid) for t, grid in zip(tasks, grids, strict=True)]
-    return decode(build_static_queue(counts, num_ctas, phases), num_ctas)
+    return decode(build_static_queue(counts, num_ctas, phases))
 
 
 def _bind_inputs(

@@ -127,7 +127,7 @@ def test_global_order_sorts_by_phase_then_task():
     pairs = [(int(e >> 48), int(e & ((1 << 48) - 1))) for e in entries]
     assert pairs == [(0, 0), (1, 0), (1, 1), (2, 0), (1, 2), (1, 3), (2, 1), (1, 4), (1, 5), (2, 2)]
     queue = build_static_queue([1, 6, 3], 2, phases)
-    assert [p for cta in decode(queue, 2) for p in cta] == sorted(pairs, key=pairs.index)[0::2] + (
+    assert [p for cta in decode(queue) for p in cta] == sorted(pairs, key=pairs.index)[0::2] + (
         pairs[1::2]
     )
 

@@ -28,7 +28,7 @@ PTX = b"//\n.version 8.0\n.target sm_90\n.address_size 64\n.visible .entry split
 
 def splitk_manifest() -> dict:
     return {
-        "format": "etc-artifact/7",
+        "format": "etc-artifact/5",
         "graph": "splitk",
         "kernel": "splitk",
         "module": "splitk_kernels",
@@ -137,7 +137,7 @@ def _set(path: str, value: object) -> dict:
     ("path", "value", "message"),
     [
         ("format", "etc-artifact/9", "format"),
-        ("format", "etc-artifact/3", "expected 'etc-artifact/7'"),
+        ("format", "etc-artifact/3", "expected 'etc-artifact/5'"),
         ("block_size", "256", "block_size: expected int"),
         ("block_size", True, "block_size: expected int"),
         ("block_size", 2048, "block_size: must be in 1..1024"),
@@ -174,14 +174,10 @@ def test_manifest_bad_field(tmp_path: Path, path: str, value: object, message: s
         manifest.load_manifest(write_artifact(tmp_path, _set(path, value)))
 
 
-@pytest.mark.parametrize("old", ["etc-artifact/4", "etc-artifact/5", "etc-artifact/6"])
-def test_manifest_formats_4_to_6_still_load(tmp_path: Path, old: str) -> None:
-    """Formats 5-7 added tensor maps, chunked maps and the strided static
-    queue: an older artifact loads as is, and its static queue is sliced."""
-    m = manifest.load_manifest(write_artifact(tmp_path, _set("format", old)))
+def test_manifest_format_4_still_loads(tmp_path: Path) -> None:
+    """Format 5 only added tensor maps: a format-4 artifact loads as is."""
+    m = manifest.load_manifest(write_artifact(tmp_path, _set("format", "etc-artifact/4")))
     assert [t.name for t in m.inputs] == ["A", "B", "C"]
-    assert m.format == old and old in manifest.SLICED_QUEUE_FORMATS
-    assert manifest.FORMAT not in manifest.SLICED_QUEUE_FORMATS
 
 
 def test_manifest_not_json(tmp_path: Path) -> None:
@@ -264,18 +260,13 @@ def test_torch_dtypes_match_the_element_types() -> None:
 # -- static queues ---------------------------------------------------------------------------
 
 
-def naive_lists(counts: list[int], grid: int) -> list[list[int]]:
+def naive_queue(counts: list[int], grid: int) -> list[int]:
     per_cta: list[list[int]] = [[] for _ in range(grid)]
     p = 0
     for task, count in enumerate(counts):
         for i in range(count):
             per_cta[p % grid].append(task << 48 | i)
             p += 1
-    return per_cta
-
-
-def naive_sliced_queue(counts: list[int], grid: int) -> list[int]:
-    per_cta = naive_lists(counts, grid)
     header = [grid + 1]
     for entries in per_cta:
         header.append(header[-1] + len(entries))
@@ -302,17 +293,13 @@ def naive_sliced_queue(counts: list[int], grid: int) -> list[int]:
 def test_queue_matches_naive(counts: list[int], grid: int) -> None:
     q = queue.build_static_queue(counts, grid)
     assert q.dtype == np.int64
-    # CTA c's list is every grid-th entry from c.
-    assert [q[c::grid].tolist() for c in range(grid)] == naive_lists(counts, grid)
-    sliced = queue.build_sliced_queue(counts, grid)
-    assert sliced.dtype == np.int64 and sliced.tolist() == naive_sliced_queue(counts, grid)
-    assert queue.decode_sliced(sliced) == queue.decode(q, grid)
+    assert q.tolist() == naive_queue(counts, grid)
 
 
 @pytest.mark.parametrize("grid", [1, 2, 3, 7, 132])
 def test_queue_is_linear_extension(grid: int) -> None:
     counts = [12, 3, 9, 1]
-    per_cta = queue.decode(queue.build_static_queue(counts, grid), grid)
+    per_cta = queue.decode(queue.build_static_queue(counts, grid))
     assert sum(map(len, per_cta)) == sum(counts)
     for entries in per_cta:
         tasks = [t for t, _ in entries]
@@ -328,8 +315,8 @@ def test_queue_is_fast_for_millions() -> None:
     start = time.perf_counter()
     q = queue.build_static_queue([4_000_000, 1_000_000], 1056)
     elapsed = time.perf_counter() - start
-    assert len(q) == 5_000_000
-    assert q[0] == 0 and q[1056] == 1056 and q[1] == 1  # CTA 0: positions 0, 1056, ...
+    assert len(q) == 1057 + 5_000_000
+    assert q[q[0]] == 0 and q[q[0] + 1] == 1056 and q[q[1]] == 1  # CTA 0: positions 0, 1056, ...
     assert elapsed < 2.0, f"{elapsed:.2f} s"
 
 
@@ -338,8 +325,6 @@ def test_queue_rejects_bad_input() -> None:
         queue.build_static_queue([1], 0)
     with pytest.raises(ValueError):
         queue.build_static_queue([-1], 1)
-    with pytest.raises(ValueError):
-        queue.build_sliced_queue([1], 0)
 
 
 # -- parameter packing -----------------------------------------------------------------------

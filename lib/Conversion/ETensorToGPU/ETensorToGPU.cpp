@@ -136,7 +136,7 @@ public:
   /// `prefetchedAhead`: whether the current entry's prefetch already ran.
   bool prefetchAhead = false;
   Value prefetchedAhead;
-  /// Static loop: the CTA's next queue position and the queue's end.
+  /// Static loop: the CTA's next queue position and its slice's end.
   Value nextPosition, sliceEnd;
   /// Set by prefetchAheadOf: whether the next entry's prefetch ran.
   Value aheadRan;
@@ -1226,10 +1226,8 @@ static bool hasAheadPrefetch(DispatchOp dispatch) {
   return false;
 }
 
-/// Every CTA runs its instances of the precomputed queue, the entries in
-/// global order: CTA c runs queue[c], queue[c + gridDim], ... up to the
-/// queue's length (a descriptor size, not a load), so its first entry is one
-/// load away.
+/// Every CTA runs the instances of its slice of the precomputed queue:
+/// queue[0 .. gridDim] are the slices' offsets; entries follow.
 LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   bool regions = llvm::any_of(
       dispatches, [](DispatchOp d) { return sharedRegion(d) != 0; });
@@ -1239,9 +1237,13 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
         "regions the schedule runs it ahead only across regions: use one");
   prefetchAhead = regions && llvm::any_of(dispatches, hasAheadPrefetch);
   staticDispatches.assign(dispatches.begin(), dispatches.end());
-  Value begin = gpu::BlockIdOp::create(b, gpu::Dimension::x);
-  Value end = memref::DimOp::create(b, queue, 0);
-  Value stride = gpu::GridDimOp::create(b, gpu::Dimension::x);
+  Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
+  auto loadIndex = [&](Value at) {
+    Value v = memref::LoadOp::create(b, queue, ValueRange{at});
+    return arith::IndexCastOp::create(b, b.getIndexType(), v).getResult();
+  };
+  Value begin = loadIndex(block);
+  Value end = loadIndex(arith::AddIOp::create(b, block, index(1)));
   // Loop-carried: the CTA is alive (no failed wait), with shared regions
   // whether this entry's prefetch already ran ahead, and whether the CTA saw
   // each cached wait complete.
@@ -1268,7 +1270,7 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     inits.push_back(index(-1)); // no ticket drawn ahead
   SmallVector<Type> carried =
       llvm::map_to_vector(inits, [](Value v) { return v.getType(); });
-  auto loop = scf::ForOp::create(b, begin, end, stride, inits);
+  auto loop = scf::ForOp::create(b, begin, end, index(1), inits);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
@@ -1277,7 +1279,7 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     b.setInsertionPointToStart(ifAlive.elseBlock());
     scf::YieldOp::create(b, loop.getRegionIterArgs());
     b.setInsertionPointToStart(ifAlive.thenBlock());
-    Value next = arith::AddIOp::create(b, loop.getInductionVar(), stride);
+    Value next = arith::AddIOp::create(b, loop.getInductionVar(), index(1));
     if (prefetchNext)
       prefetchEntry(next, end, dispatches);
     nextPosition = next;

@@ -22,18 +22,11 @@ from etc.runtime.args import (
     bound_shapes,
 )
 from etc.runtime.checks import check_bound_graph, check_phase_order
-from etc.runtime.manifest import (
-    SLICED_QUEUE_FORMATS,
-    Manifest,
-    bind_size,
-    load_manifest,
-    numel,
-)
+from etc.runtime.manifest import Manifest, bind_size, load_manifest, numel
 from etc.runtime.params import ParamPack
 from etc.runtime.queue import (
     INSTANCE_MASK,
     QUEUE_HEADER_WORDS,
-    build_sliced_queue,
     build_static_queue,
     instance_phases,
 )
@@ -304,11 +297,9 @@ class Kernel:
             if any(t.phase != ("const", 0) for t in m.tasks):
                 phases = [instance_phases(t.phase, m.bind(t.grid, values)) for t in m.tasks]
                 check_phase_order(m, values, phases)
-            build = build_sliced_queue if m.format in SLICED_QUEUE_FORMATS else build_static_queue
-            queue = build(counts, actual, phases)
-            qbuf = driver.DeviceBuffer(max(queue.nbytes, 8))  # (a graph with no instances)
-            if queue.nbytes:
-                driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
+            queue = build_static_queue(counts, actual, phases)
+            qbuf = driver.DeviceBuffer(queue.nbytes)
+            driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
             queue_words = 0
         else:

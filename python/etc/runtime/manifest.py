@@ -20,16 +20,13 @@ from etc.errors import LaunchError
 
 from .sizes import SizeExpr, parse_size
 
-FORMAT = "etc-artifact/7"
+FORMAT = "etc-artifact/5"
 #: Formats this runtime reads: 5 added TMA tensor maps (`tensor_map` on a
 #: tensor), which a format-4 runtime would have asked the caller to pass; a
 #: format-4 manifest is a format-5 one without maps. 6 added chunked maps
 #: (`tensor_map.chunk`), which a format-5 runtime would encode as row-major
-#: ones. 7 changed the static queue's layout (strided lists, no offsets:
-#: `etc.runtime.queue`), which an older runtime would build the old way.
-READABLE_FORMATS = ("etc-artifact/4", "etc-artifact/5", "etc-artifact/6", FORMAT)
-#: The formats whose static kernels read the sliced queue (`build_sliced_queue`).
-SLICED_QUEUE_FORMATS = READABLE_FORMATS[:3]
+#: ones; the compiler writes it only for a graph that has one.
+READABLE_FORMATS = ("etc-artifact/4", FORMAT, "etc-artifact/6")
 MANIFEST = "manifest.json"
 
 #: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
@@ -163,8 +160,6 @@ class Manifest:
     dynamic_shared_memory: int = 0
     #: The largest value of a symbol the kernel takes (``Graph.symbol(max=)``).
     symbol_max: Mapping[str, int] = field(default_factory=dict)
-    #: The manifest's format (``etc-artifact/N``; the static queue's layout depends on it).
-    format: str = FORMAT
 
     @property
     def ranked(self) -> bool:
@@ -348,7 +343,8 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     if fmt not in READABLE_FORMATS:
         raise c.fail(
             "format",
-            f"expected {FORMAT!r} (or 'etc-artifact/4' to '/6' of earlier compilers), got {fmt!r}",
+            f"expected {FORMAT!r} (or 'etc-artifact/4', or 'etc-artifact/6' with chunked "
+            f"tensor maps), got {fmt!r}",
         )
 
     symbols = c.get(data, "symbols", list, "")
@@ -579,7 +575,6 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         ranks=ranks,
         dynamic_shared_memory=dynamic_smem,
         symbol_max=dict(symbol_max),
-        format=fmt,
     )
 
 

@@ -1,12 +1,8 @@
 """Static schedule queues: per-CTA lists of task instances, built with numpy.
 
-Layout of the i64 array the kernel reads (``etensor-static-schedule`` ABI, artifact
-format ``etc-artifact/7``): the entries in global order, each ``task << 48 |
-linear_instance``; CTA ``c`` runs ``queue[c], queue[c + grid], queue[c + 2 * grid], ...``
-up to the array's length (a kernel parameter). The CTA's first entry is one load away
-from ``blockIdx.x``, with no offsets to read first. Artifacts of formats 4-6 read a
-*sliced* array instead (:func:`build_sliced_queue`): ``queue[0 : grid + 1]`` absolute
-offsets, CTA ``c`` running ``queue[queue[c] : queue[c + 1]]``; both hold the same lists.
+Layout of the i64 array the kernel reads (``etensor-static-schedule`` ABI):
+``queue[0 : grid + 1]`` are absolute offsets into the same array, so CTA ``c`` runs
+``queue[queue[c] : queue[c + 1]]`` in order; each entry is ``task << 48 | linear_instance``.
 
 Order (shared with the CPU simulator): instances are enumerated by phase (``Graph.task``'s
 ``phase``: 0 unless given), then task by task in task-index order (a topological order),
@@ -83,19 +79,8 @@ def cta_counts(total: int, grid: int) -> np.ndarray:
 def build_static_queue(
     counts: Sequence[int], grid: int, phases: Sequence[np.ndarray | int] | None = None
 ) -> np.ndarray:
-    """The queue array (the entries in global order; CTA ``c`` runs every
-    ``grid``-th from ``c``) for instance ``counts`` per task and ``grid``
-    CTAs (``phases``: see :func:`global_order`)."""
-    if grid < 1:
-        raise ValueError(f"grid must be >= 1, got {grid}")
-    return global_order(counts, phases)
-
-
-def build_sliced_queue(
-    counts: Sequence[int], grid: int, phases: Sequence[np.ndarray | int] | None = None
-) -> np.ndarray:
-    """The queue array of artifacts of formats 4-6 (offset header + each
-    CTA's slice of entries): the same lists as :func:`build_static_queue`."""
+    """The queue array (offset header + entries) for instance ``counts`` per
+    task and ``grid`` CTAs (``phases``: see :func:`global_order`)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
     entries = global_order(counts, phases)
@@ -116,17 +101,15 @@ def build_sliced_queue(
     return out
 
 
-def decode(queue: np.ndarray, grid: int) -> list[list[tuple[int, int]]]:
-    """Per-CTA ``(task, instance)`` lists of a :func:`build_static_queue`
-    array for ``grid`` CTAs (for tests and debugging)."""
-    return [_pairs(queue[c::grid]) for c in range(grid)]
-
-
-def decode_sliced(queue: np.ndarray) -> list[list[tuple[int, int]]]:
-    """Per-CTA ``(task, instance)`` lists of a :func:`build_sliced_queue` array."""
+def decode(queue: np.ndarray) -> list[list[tuple[int, int]]]:
+    """Per-CTA ``(task, instance)`` lists of a queue array (for tests and debugging)."""
     grid = int(queue[0]) - 1
-    return [_pairs(queue[int(queue[c]) : int(queue[c + 1])]) for c in range(grid)]
-
-
-def _pairs(part: np.ndarray) -> list[tuple[int, int]]:
-    return list(zip((part >> INSTANCE_BITS).tolist(), (part & INSTANCE_MASK).tolist(), strict=True))
+    out = []
+    for c in range(grid):
+        part = queue[int(queue[c]) : int(queue[c + 1])]
+        out.append(
+            list(
+                zip((part >> INSTANCE_BITS).tolist(), (part & INSTANCE_MASK).tolist(), strict=True)
+            )
+        )
+    return out

@@ -12,13 +12,11 @@ func.func @final_sum(%i: index, %c: memref<?xf32>) {
 // CHECK: gpu.func @splitk(%[[N:.*]]: index, %[[C:.*]]: memref<?xf32>, %[[COUNTERS:.*]]: memref<?xi32>, %[[QUEUE:.*]]: memref<?xi64>, %[[STATUS:.*]]: memref<?xi32>, %[[POLLS:.*]]: index) workgroup(%{{.*}} : memref<1xi64, #gpu.address_space<workgroup>>) kernel
 // CHECK-SAME: etensor.watchdog_polls = 1000 : i64
 // CHECK-SAME: known_block_size = array<i32: 256, 1, 1>
-/// This CTA's entries of the static queue: every gridDim-th from blockIdx,
-/// up to the queue's length (its descriptor size: no load before the first entry).
+/// This CTA's slice of the static queue.
 // CHECK: %[[CTA:.*]] = gpu.block_id x
-// CHECK: %[[END:.*]] = memref.dim %[[QUEUE]], %{{.*}} : memref<?xi64>
-// CHECK: %[[GRID:.*]] = gpu.grid_dim x
-// CHECK: scf.for %[[POS:.*]] = %[[CTA]] to %[[END]] step %[[GRID]]
-// CHECK: %[[ENTRY:.*]] = memref.load %[[QUEUE]][%[[POS]]]
+// CHECK: memref.load %[[QUEUE]][%[[CTA]]] : memref<?xi64>
+// CHECK: scf.for
+// CHECK: %[[ENTRY:.*]] = memref.load %[[QUEUE]]
 // CHECK: arith.shrui %[[ENTRY]], %{{.*}} : i64
 // CHECK: scf.index_switch
 // CHECK: case 0 {

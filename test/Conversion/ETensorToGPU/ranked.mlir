@@ -115,7 +115,6 @@ func.func @tile(%i: index) {
 /// no `peers` argument, no rank barrier, no launches word, no system scope.
 // STATIC-LABEL: gpu.func @local_rank
 // STATIC-SAME: %{{[^:]*}}: memref<?xi32>, %{{[^:]*}}: index) workgroup
-// STATIC: scf.for
 // STATIC-NOT: memref.dim
 // STATIC: "ld.acquire.gpu.global.u32 $0, [$1];"
 // STATIC-NOT: .sys
