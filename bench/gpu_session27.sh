@@ -3,12 +3,12 @@
 # slot down tiles (MoEConfig(combine="last")), narrower gate/up blocks, and
 # the few preset's range.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session27.sh [tests] [last] [few] [final]
+# Usage: bash bench/gpu_session27.sh [tests] [last] [few] [final] [suite] [queue]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s27
 export AB_TMP=/tmp/s27
-for step in ${*:-tests last few final}; do
+for step in ${*:-tests last few final suite queue}; do
   case $step in
   tests)  # (.device/n27c: python test/gpu/make_artifacts.py .device/n27c/arts --only
     #  moe_small_slots_gemv_last)
@@ -39,6 +39,33 @@ for step in ${*:-tests last few final}; do
     run --artifact .device/n27d/ex/auto_top1 --topk 1 --routing top1 --tokens 1,2,8,33 | tail -5
     AB_GREP="(single|auto).*GPU" AB_TIMEOUT=400 moe_ab moe-final single,single_re1 1,2 .device/n27d
     AB_GREP="auto.*GPU" AB_TIMEOUT=400 moe_ab moe-auto auto 1,2,3,5,8,9,16,128,1024,4096 .device/n27d
+    ;;
+  suite)  # every GPU test (.device/n27g: python test/gpu/make_artifacts.py .device/n27g/arts;
+    #  in item 105 on the strided static queue of commit b447b2f)
+    ETC_ARTIFACTS=.device/n27g/arts timeout 540 python -m pytest -q -rs test/gpu 2>&1 \
+      | tee "$OUT/tests_suite.txt" | tail -8
+    ;;
+  queue)  # the static loop before / after the strided queue (one load to the first
+    # entry; item 105, tried and reverted: build .device/n27f and .device/n27g with the
+    # compiler of commit b447b2f), the same configurations: .device/n27d (the older
+    # compiler; its single_re1 is the new single) against .device/n27f
+    # (BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=auto,single python
+    # bench/moe.py --build .device/n27f/moe).
+    for pass in 1 2; do
+      for side in sliced strided; do
+        if [ $side = sliced ]; then dir=.device/n27d cfgs=single_re1,auto; else dir=.device/n27f cfgs=single,auto; fi
+        BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=1,2,3,16,128,1024 \
+          timeout 200 python bench/moe.py --artifacts $dir/moe --out "$AB_TMP/queue-$side$pass.json" 2>&1 \
+          | tee -a "$OUT/moe-queue.txt" | grep -E "(single.*occ|auto).*GPU" | sed "s/^/$side /"
+      done
+    done
+    python - "$AB_TMP" "$OUT/moe-queue.json" <<'PY'
+import json, sys
+from pathlib import Path
+tmp = Path(sys.argv[1])
+runs = {p.stem: json.loads(p.read_text()) for p in sorted(tmp.glob("queue-*.json"))}
+Path(sys.argv[2]).write_text(json.dumps(runs, indent=1) + "\n")
+PY
     ;;
   esac
 done
