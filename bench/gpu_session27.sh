@@ -3,12 +3,12 @@
 # slot down tiles (MoEConfig(combine="last")), narrower gate/up blocks, and
 # the few preset's range.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session27.sh [tests] [last] [few] [final] [suite] [queue]
+# Usage: bash bench/gpu_session27.sh [tests] [last] [few] [final] [suite] [queue] [fewre1] [full]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s27
 export AB_TMP=/tmp/s27
-for step in ${*:-tests last few final suite queue}; do
+for step in ${*:-tests last few final suite queue fewre1 full}; do
   case $step in
   tests)  # (.device/n27c: python test/gpu/make_artifacts.py .device/n27c/arts --only
     #  moe_small_slots_gemv_last)
@@ -66,6 +66,17 @@ tmp = Path(sys.argv[1])
 runs = {p.stem: json.loads(p.read_text()) for p in sorted(tmp.glob("queue-*.json"))}
 Path(sys.argv[2]).write_text(json.dumps(runs, indent=1) + "\n")
 PY
+    ;;
+  fewre1)  # one expert per router CTA in the few preset too (.device/n27h:
+    #  BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=few,few_re1
+    #  python bench/moe.py --build .device/n27h/moe)
+    AB_GREP="few.*occ.*GPU" moe_ab moe-few-re1 few,few_re1 3,5,8 .device/n27h
+    ;;
+  full)  # the issue's benchmark on the shipped artifact: static and dynamic, the unfused
+    # path, eager / _grouped_mm / CUDA graph baselines (.device/n27e:
+    #  BENCH_MOE_CONFIGS=auto,single,mid,prefill python bench/moe.py --build .device/n27e/moe)
+    BENCH_MOE_CONFIGS=auto,mid,prefill timeout 400 python bench/moe.py --artifacts .device/n27e/moe \
+      --out "$OUT/moe-full.json" 2>&1 | tee "$OUT/moe-full.txt" | grep -E "graph|auto|floor" | head -60
     ;;
   esac
 done

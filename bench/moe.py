@@ -367,6 +367,7 @@ CONFIGS = {
     "few_gu24_last": {**M.PRESETS["few"], "block_n_gu": 24, "combine": "last"},
     # ... with one expert per logits CTA (128 router instances at T = 1).
     "single_re1": {**M.PRESETS["single"], "router_experts": 1},
+    "few_re1": {**M.PRESETS["few"], "router_experts": 1},
     "single_m3": _SINGLE0,
     "single_gu16_m3": {**_SINGLE0, "block_n_gu": 16},
     "single_gu16_dn32_m3": {**_SINGLE0, "block_n_gu": 16, "block_n_dn": 32},
@@ -524,7 +525,7 @@ OCCUPANCY = {
     "few": M.PRESET_MIN_CTAS_PER_SM["few"],
     **{
         k: M.PRESET_MIN_CTAS_PER_SM["single"]
-        for k in ("single_last", "single_gu24_last", "single_re1")
+        for k in ("single_last", "single_gu24_last", "single_re1", "few_re1")
     },
     **{k: M.PRESET_MIN_CTAS_PER_SM["few"] for k in ("few_last", "few_gu24_last")},
     "single_gu16_m3": 3,

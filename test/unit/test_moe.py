@@ -833,6 +833,17 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
     assert table["symbol"] == "T"
 
 
+@needs_bindings
+def test_compile_moe_keeps_the_slot_presets_static():
+    """``schedule="dynamic"`` is for the table-driven presets: the slot
+    presets' kernels stay static unless ``slot_schedule`` says otherwise."""
+    two = ((2, "single"), (None, "mid"))
+    art = M.compile_moe(two, schedule="dynamic", **FAMILY_SIZES)
+    assert [a.manifest["schedule"] for a in art.artifacts] == ["static", "dynamic"]
+    art = M.compile_moe(two, schedule="dynamic", slot_schedule="dynamic", **FAMILY_SIZES)
+    assert [a.manifest["schedule"] for a in art.artifacts] == ["dynamic", "dynamic"]
+
+
 # ----------------------------------------------------------------------------
 # slot grids (route="slots"): no tables, a static (slot, column block) grid
 # ----------------------------------------------------------------------------
