@@ -430,3 +430,38 @@ def add_weighted_rows(
     slots = perm[rs].astype(np.int64)
     w = topk_w.reshape(-1)[slots][:, None]
     sums[slots // topk, cs] += (w * y).astype(sums.dtype)
+
+
+def open_last_arrival(
+    t: Text, flag: str, is0: str, counter_at: str, arrivals: int, c0: str = "%c0"
+) -> None:
+    """After a CTA barrier (the caller's: the tile's stores are done),
+    thread 0 counts the tile on the i32 counter at byte address
+    ``counter_at`` (an i64) with ``atom.acq_rel.gpu``: the release covers
+    the CTA's stores, the acquire the other tiles'. Opens ``scf.if`` for the
+    tile whose count is the ``arrivals``-th (the caller closes it), where
+    thread 0 first resets the counter to zero for the next launch. ``flag``:
+    a workgroup ``memref<1xi32>`` global that carries thread 0's count to
+    the CTA (over a second barrier)."""
+    flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
+    ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
+    t.emit(f"scf.if {is0} {{")
+    old = t.op(
+        "old",
+        '  llvm.inline_asm has_side_effects asm_dialect = att "atom.acq_rel.gpu.global.add.u32 '
+        f'$0, [$1], 1;", "=r,l" {counter_at} : (i64) -> i32',
+    )
+    t.emit(f"  memref.store {old}, {ref}[{c0}] : {flag_t}")
+    t.emit("}")
+    t.emit("gpu.barrier")
+    seen = t.op("seen", f"memref.load {ref}[{c0}] : {flag_t}")
+    want = t.op("want", f"arith.constant {arrivals - 1} : i32")
+    last = t.op("last", f"arith.cmpi eq, {seen}, {want} : i32")
+    t.emit(f"scf.if {last} {{")
+    t.indent += "  "
+    t.emit(f"scf.if {is0} {{")
+    t.emit(
+        '  llvm.inline_asm has_side_effects asm_dialect = att "st.relaxed.gpu.global.u32 '
+        f'[$0], 0;", "l" {counter_at} : (i64) -> ()'
+    )
+    t.emit("}")

@@ -280,8 +280,6 @@ def _split_reduce(
         # GPU scope with release semantics; the last part acquires the others.
         t.emit("gpu.barrier")
         t.joined()
-        flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
-        flag_ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
         tid = t.op("tid", "gpu.thread_id x")
         is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
         blk = t.add(t.mul("%i", n // block_n), "%j")
@@ -289,26 +287,7 @@ def _split_reduce(
         slot = t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), blk)
         base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
         cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(slot, 4))} : index to i64")
-        t.emit(f"scf.if {is0} {{")
-        old = t.op(
-            "old",
-            'llvm.inline_asm has_side_effects asm_dialect = att "atom.acq_rel.gpu.global.add.u32 '
-            f'$0, [$1], 1;", "=r,l" {cnt_at} : (i64) -> i32',
-        )
-        t.emit(f"  memref.store {old}, {flag_ref}[{t.c(0)}] : {flag_t}")
-        t.emit("}")
-        t.emit("gpu.barrier")
-        seen = t.op("seen", f"memref.load {flag_ref}[{t.c(0)}] : {flag_t}")
-        want = t.op("want", f"arith.constant {parts - 1} : i32")
-        last = t.op("last", f"arith.cmpi eq, {seen}, {want} : i32")
-        t.emit(f"scf.if {last} {{")
-        t.indent += "  "
-        t.emit(f"scf.if {is0} {{")
-        t.emit(
-            '  llvm.inline_asm has_side_effects asm_dialect = att "st.relaxed.gpu.global.u32 '
-            f'[$0], 0;", "l" {cnt_at} : (i64) -> ()'
-        )
-        t.emit("}")
+        _mma.open_last_arrival(t, flag, is0, cnt_at, parts, t.c(0))
         return _sum_parts(t, acc, rows, cols, r1, m_rows, parts)
 
     return reduce

@@ -422,11 +422,9 @@ def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
     last slot tile of block ``j`` resets it and sums the block's K rows of
     ``Yp`` into ``Out`` (8 columns per thread). Returns the flag's global."""
     K, n, name = p["slots"], p["n"], p["name"]
-    flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
     # Every row of this tile is stored (the barrier) before thread 0 counts
     # it, with release semantics at GPU scope; the K-th count acquires the others'.
     t.emit("gpu.barrier")
-    flag = t.op("flag", f"memref.get_global @{name}__last : {flag_t}")
     is0 = t.op("is0", f"arith.cmpi eq, {tid}, %c0 : index")
     cnt_t = count_type(n)
     at = t.op("ct", f"arith.muli {token}, %c{n // 8}_ : index")
@@ -435,26 +433,7 @@ def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
     base = t.op("cb", f"memref.extract_aligned_pointer_as_index %Ycount : {cnt_t} -> index")
     at = t.op("ct", f"arith.addi {base}, {at} : index")
     at = t.op("ct", f"arith.index_cast {at} : index to i64")
-    t.emit(f"scf.if {is0} {{")
-    old = t.op(
-        "old",
-        '  llvm.inline_asm has_side_effects asm_dialect = att "atom.acq_rel.gpu.global.add.u32 '
-        f'$0, [$1], 1;", "=r,l" {at} : (i64) -> i32',
-    )
-    t.emit(f"  memref.store {old}, {flag}[%c0] : {flag_t}")
-    t.emit("}")
-    t.emit("gpu.barrier")
-    seen = t.op("seen", f"memref.load {flag}[%c0] : {flag_t}")
-    want = t.op("want", f"arith.constant {K - 1} : i32")
-    last = t.op("last", f"arith.cmpi eq, {seen}, {want} : i32")
-    t.emit(f"scf.if {last} {{")
-    t.indent += "  "
-    t.emit(f"scf.if {is0} {{")
-    t.emit(
-        '  llvm.inline_asm has_side_effects asm_dialect = att "st.relaxed.gpu.global.u32 '
-        f'[$0], 0;", "l" {at} : (i64) -> ()'
-    )
-    t.emit("}")
+    _mma.open_last_arrival(t, f"@{name}__last", is0, at, K)
     inside = t.op("cin", f"arith.cmpi ult, {tid}, %c{p['block_n'] // 8}_ : index")
     t.emit(f"scf.if {inside} {{")
     t.indent += "  "
@@ -495,4 +474,5 @@ def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
     )
     t.end()
     t.end()
+    flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
     return f'memref.global "private" @{name}__last : {flag_t} {{alignment = 4 : i64}}'
