@@ -3,12 +3,12 @@
 # slot down tiles (MoEConfig(combine="last")), narrower gate/up blocks, and
 # the few preset's range.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session27.sh [tests] [last] [few] [final] [suite] [queue] [fewre1] [full]
+# Usage: bash bench/gpu_session27.sh [tests] [last] [few] [final] [suite] [queue] [fewre1] [full] [dynamic]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s27
 export AB_TMP=/tmp/s27
-for step in ${*:-tests last few final suite queue fewre1 full}; do
+for step in ${*:-tests last few final suite queue fewre1 full dynamic}; do
   case $step in
   tests)  # (.device/n27c: python test/gpu/make_artifacts.py .device/n27c/arts --only
     #  moe_small_slots_gemv_last)
@@ -77,6 +77,20 @@ PY
     #  BENCH_MOE_CONFIGS=auto,single,mid,prefill python bench/moe.py --build .device/n27e/moe)
     BENCH_MOE_CONFIGS=auto,mid,prefill timeout 400 python bench/moe.py --artifacts .device/n27e/moe \
       --out "$OUT/moe-full.json" 2>&1 | tee "$OUT/moe-full.txt" | grep -E "graph|auto|floor" | head -60
+    ;;
+  dynamic)  # compile_moe(schedule="dynamic") with the slot presets kept static (item 106).
+    # (.device/n27i: python test/gpu/make_artifacts.py .device/n27i/arts --only moe_small_family;
+    #  python examples/moe.py --preset auto --schedule dynamic --save-artifact
+    #  .device/n27i/ex/auto_dynamic; BENCH_MOE_CONFIGS=auto python bench/moe.py --build .device/n27i/moe)
+    ETC_ARTIFACTS=.device/n27i/arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
+      -k one_artifact 2>&1 | tee "$OUT/tests_family_dynamic.txt" | tail -3
+    run() { timeout 120 python examples/moe.py --preset auto --schedule dynamic "$@" 2>&1 \
+      | tee -a "$OUT/examples_dynamic.txt"; }
+    run --artifact .device/n27i/ex/auto_dynamic --tokens 1,2,8,9,128,4096 | tail -7
+    run --artifact .device/n27i/ex/auto_dynamic --routing one-expert --tokens 1,9,1000 | tail -4
+    BENCH_MOE_CONFIGS=auto BENCH_MOE_SIZES=1,2,3,16 timeout 200 python bench/moe.py \
+      --artifacts .device/n27i/moe --out "$OUT/moe-auto-dynamic.json" 2>&1 \
+      | tee "$OUT/moe-auto-dynamic.txt" | grep -E "auto.*GPU"
     ;;
   esac
 done
