@@ -16,11 +16,13 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
     python examples/moe.py --preset decode --save-artifact /tmp/moe  # tuned tiles
     python examples/moe.py --simulate --route fused --hidden 64 --inter 32 --experts 8 --topk 2
 
-``--preset single|few|decode|mid|prefill`` takes the tile configuration
-measured best for T <= 2, 3-5, 6-8, 16-896 and above
-(``etc.models.moe.PRESETS``: mid and prefill are TMA tiles, sm_90a) and
-compiles with its target and ``min_ctas_per_sm``; ``--block-*`` then do not
-apply. ``--preset auto`` compiles all five into one artifact (``etc.models.moe.compile_moe``): each
+``--preset single|few|mid|prefill`` takes the tile configuration
+measured best for T <= 2, 3-8, 9-896 and above (``decode``, once best for
+6-8, is kept; ``etc.models.moe.PRESETS``: mid and prefill are TMA tiles,
+sm_90a) and compiles with its target and ``min_ctas_per_sm``; ``--block-*``
+then do not apply. ``--preset auto`` compiles the four into one artifact
+(``etc.models.moe.compile_moe``; ``--schedule`` applies to mid and
+prefill, the slot presets single and few stay static): each
 launch runs the kernel of T's range (``PRESET_BUCKETS``), no recompiling;
 ``--emit-ptx FILE`` then writes one file per kernel (``FILE.<preset>.ptx``)
 and ``--simulate`` runs each T's graph.
