@@ -23,6 +23,7 @@
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "mlir/Transforms/RegionUtils.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringExtras.h"
@@ -66,6 +67,11 @@ constexpr int64_t kInstanceBits = 48;
 // Range pushes of one notify/push section written by the whole CTA (three
 // workgroup words each); more fall back to thread 0 alone.
 constexpr int64_t kMaxRangePushes = 8;
+// Fan-out loops of one notify/push section run by the whole CTA (a word
+// saying the loop runs, then its live-in values, each an i64 word); more,
+// or with more live-ins, stay on thread 0.
+constexpr int64_t kMaxFanOuts = 2, kMaxFanOutLiveIns = 6;
+constexpr int64_t kFanOutWords = 1 + kMaxFanOutLiveIns;
 constexpr int64_t kMaxTasks = (int64_t(1) << (63 - kInstanceBits)) - 1;
 // Poll backoff: nanosleep doubling from 16 ns to 256 ns. A longer cap saves
 // memory traffic but adds up to the cap to every notify -> wait handoff.
@@ -281,6 +287,11 @@ private:
   LogicalResult lowerDynamicDispatch(DispatchOp dispatch, Value linear,
                                      Block *into);
   LogicalResult emitThreadZero(ArrayRef<Operation *> ops);
+  /// The fan-out loops of a thread-0 section, for the whole CTA (see
+  /// emitThreadZero); returns them with their records' live-in values.
+  SmallVector<std::pair<scf::ForOp, SmallVector<Value>>>
+  takeFanOuts(scf::IfOp ifZero);
+  void runFanOut(scf::ForOp loop, ArrayRef<Value> liveIns, int64_t record);
   void lowerThreadNotify(NotifyOp notify);
   void lowerThreadPush(PushOp push);
   Value claimRingSlots(Value count);
@@ -2117,6 +2128,13 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
         return false;
     return true;
   };
+  // Fan-out loops leave thread 0 (their etensor ops with them): thread 0
+  // only records whether each runs and with which values.
+  auto fanOuts = takeFanOuts(ifZero);
+  llvm::erase_if(etensorOps, [&](Operation *op) {
+    return llvm::any_of(
+        fanOuts, [&](auto &fanOut) { return fanOut.first->isAncestor(op); });
+  });
   DenseMap<Operation *, int64_t> recordOf;
   SmallVector<int64_t> ranged; // task of each record
   for (Operation *op : etensorOps)
@@ -2142,10 +2160,17 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
       lowerThreadPush(cast<PushOp>(op));
     op->erase();
   }
-  if (ranged.empty())
+  if (ranged.empty() && fanOuts.empty())
     return success();
   b.setInsertionPointAfter(ifZero);
   gpu::BarrierOp::create(b);
+  for (auto [record, fanOut] : llvm::enumerate(fanOuts)) {
+    OpBuilder::InsertionGuard fanOutGuard(b);
+    runFanOut(fanOut.first, fanOut.second, record);
+    fanOut.first->erase();
+  }
+  if (ranged.empty())
+    return success();
   // Each storing thread's fence makes its relaxed slot stores releases of
   // everything the CTA did before the barrier (thread 0's acquires
   // included): a consumer that pops a slot sees the task's results. A
@@ -2183,6 +2208,137 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
                   arith::AddIOp::create(b, instance, k), task, capacity);
   }
   return success();
+}
+
+/// A fan-out loop (DynamicSchedule's per-instance ready counters: a
+/// completed one-coordinate in-edge notifies every instance's counter and
+/// pushes the instances it completes) costs thread 0 two dependent atomics
+/// per instance (~280 µs for 256 instances of the MoE slot graph's down
+/// task). Such a loop, under scf.if only and with at most kMaxFanOutLiveIns
+/// integer values from thread 0's section, leaves it: at its place thread 0
+/// stores "runs" and those values into a record of workgroup words (each
+/// record says "does not run" at the section's start), and after the
+/// section's barrier every thread runs iterations tid, tid + blockDim, ...
+/// (runFanOut). Returns the loops taken, each with its live-in values.
+SmallVector<std::pair<scf::ForOp, SmallVector<Value>>>
+KernelBuilder::takeFanOuts(scf::IfOp ifZero) {
+  SmallVector<std::pair<scf::ForOp, SmallVector<Value>>> taken;
+  if (!pushRecords)
+    return taken;
+  auto inSection = [&](Value v) {
+    Operation *def = v.getDefiningOp();
+    Region *region = def ? def->getParentRegion() : v.getParentRegion();
+    return ifZero->isProperAncestor(region->getParentOp()) ||
+           region->getParentOp() == ifZero.getOperation();
+  };
+  SmallVector<scf::ForOp> loops;
+  ifZero.walk<WalkOrder::PreOrder>([&](scf::ForOp loop) {
+    bool notifies = false, pushes = false;
+    loop.walk([&](Operation *op) {
+      notifies |= isa<NotifyOp>(op);
+      pushes |= isa<PushOp>(op);
+    });
+    if (!notifies || !pushes || loop.getNumResults() != 0)
+      return WalkResult::advance();
+    loops.push_back(loop);
+    return WalkResult::skip();
+  });
+  for (scf::ForOp loop : loops) {
+    if ((int64_t)taken.size() == kMaxFanOuts)
+      break;
+    bool ifsOnly = true;
+    for (Operation *p = loop->getParentOp(); p != ifZero.getOperation();
+         p = p->getParentOp())
+      ifsOnly &= isa<scf::IfOp>(p);
+    llvm::SetVector<Value> used;
+    getUsedValuesDefinedAbove(loop.getRegion(), used);
+    for (Value bound :
+         {loop.getLowerBound(), loop.getUpperBound(), loop.getStep()})
+      used.insert(bound);
+    SmallVector<Value> liveIns;
+    bool fits = ifsOnly;
+    for (Value v : used) {
+      if (!inSection(v))
+        continue;
+      fits &= v.getType().isIntOrIndex();
+      liveIns.push_back(v);
+    }
+    if (!fits || (int64_t)liveIns.size() > kMaxFanOutLiveIns)
+      continue;
+    int64_t base = 3 * kMaxRangePushes + kFanOutWords * taken.size();
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    memref::StoreOp::create(b, i64(0), pushRecords, ValueRange{index(base)});
+    b.setInsertionPoint(loop);
+    memref::StoreOp::create(b, i64(1), pushRecords, ValueRange{index(base)});
+    for (auto [k, v] : llvm::enumerate(liveIns)) {
+      Value word = v.getType().isIndex() ? toI64(v)
+                   : v.getType().getIntOrFloatBitWidth() < 64
+                       ? arith::ExtUIOp::create(b, b.getI64Type(), v)
+                       : v;
+      memref::StoreOp::create(b, word, pushRecords,
+                              ValueRange{index(base + 1 + (int64_t)k)});
+    }
+    // The loop stays in place (unreached code of thread 0's section) until
+    // runFanOut has cloned it after the barrier.
+    taken.push_back({loop, liveIns});
+  }
+  for (auto &fanOut : taken) {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(fanOut.first);
+    // Detach: thread 0 no longer runs the loop.
+    fanOut.first->remove();
+  }
+  return taken;
+}
+
+/// Every thread: when record `record` says its loop runs, iterations tid,
+/// tid + blockDim, ... of `loop` over the live-in values stored there, the
+/// notifies and pushes lowered to this thread's atomics.
+void KernelBuilder::runFanOut(scf::ForOp loop, ArrayRef<Value> liveIns,
+                              int64_t record) {
+  int64_t base = 3 * kMaxRangePushes + kFanOutWords * record;
+  Value runs = arith::CmpIOp::create(
+      b, arith::CmpIPredicate::ne,
+      memref::LoadOp::create(b, pushRecords, ValueRange{index(base)}), i64(0));
+  auto ifRuns = scf::IfOp::create(b, TypeRange(), runs, false);
+  b.setInsertionPointToStart(ifRuns.thenBlock());
+  IRMapping map;
+  for (auto [k, v] : llvm::enumerate(liveIns)) {
+    Value word = memref::LoadOp::create(
+        b, pushRecords, ValueRange{index(base + 1 + (int64_t)k)});
+    Type type = v.getType();
+    map.map(v, type.isIndex()
+                   ? arith::IndexCastOp::create(b, type, word).getResult()
+               : type.getIntOrFloatBitWidth() < 64
+                   ? arith::TruncIOp::create(b, type, word).getResult()
+                   : word);
+  }
+  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
+  Value lower = map.lookupOrDefault(loop.getLowerBound());
+  Value step = map.lookupOrDefault(loop.getStep());
+  auto mine = scf::ForOp::create(
+      b, arith::AddIOp::create(b, lower, arith::MulIOp::create(b, tid, step)),
+      map.lookupOrDefault(loop.getUpperBound()),
+      arith::MulIOp::create(b, step, threads));
+  map.map(loop.getInductionVar(), mine.getInductionVar());
+  b.setInsertionPointToStart(mine.getBody());
+  for (Operation &op : loop.getBody()->without_terminator())
+    b.clone(op, map);
+  SmallVector<Operation *> etensorOps;
+  mine.walk([&](Operation *op) {
+    if (isa<NotifyOp, PushOp>(op))
+      etensorOps.push_back(op);
+  });
+  for (Operation *op : etensorOps) {
+    b.setInsertionPoint(op);
+    if (auto notify = dyn_cast<NotifyOp>(op))
+      lowerThreadNotify(notify);
+    else
+      lowerThreadPush(cast<PushOp>(op));
+    op->erase();
+  }
 }
 
 /// Thread 0: one atomic on the push counter claims `count` ring slots;
@@ -2424,11 +2580,13 @@ struct ConvertETensorToGPUPass
         {1}, IntegerType::get(ctx, 64), AffineMap(),
         gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
     SmallVector<Type> workgroup{broadcastType};
-    // Dynamic schedule: the range-push records (see emitThreadZero).
+    // Dynamic schedule: the range-push and fan-out records (see
+    // emitThreadZero).
     if (graph->walk([](PushOp) { return WalkResult::interrupt(); })
             .wasInterrupted())
       workgroup.push_back(MemRefType::get(
-          {3 * kMaxRangePushes}, IntegerType::get(ctx, 64), AffineMap(),
+          {3 * kMaxRangePushes + kMaxFanOuts * kFanOutWords},
+          IntegerType::get(ctx, 64), AffineMap(),
           gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)));
     auto kernel = gpu::GPUFuncOp::create(
         builder, graph.getLoc(), graph.getSymName(),

@@ -19,7 +19,7 @@ func.func @consume(%i: index) {
 /// the descriptor through workgroup memory, the CTA runs the task, then
 /// thread 0 alone notifies and pushes.
 // CHECK-LABEL: gpu.func @pipeline
-// CHECK-SAME: workgroup(%[[SLOT:.*]] : memref<1xi64, #gpu.address_space<workgroup>>, %{{.*}} : memref<24xi64, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%[[SLOT:.*]] : memref<1xi64, #gpu.address_space<workgroup>>, %{{.*}} : memref<38xi64, #gpu.address_space<workgroup>>)
 // CHECK: %[[FIRST:.*]] = scf.if
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK: scf.while (%[[PENDING:.*]] = %[[FIRST]], %[[NEXT:.*]] = %{{.*}}, %[[END:.*]] = %{{.*}}) : (i64, index, index)
@@ -83,7 +83,7 @@ etensor.graph @pipeline(%n: index) {
 /// and those below the count fence once and store their share of the slots
 /// (k = tid, tid + blockDim, ...).
 // CHECK-LABEL: gpu.func @fanout
-// CHECK-SAME: %[[REC:[^ ]*]] : memref<24xi64, #gpu.address_space<workgroup>>)
+// CHECK-SAME: %[[REC:[^ ]*]] : memref<38xi64, #gpu.address_space<workgroup>>)
 // CHECK: func.call @produce
 // CHECK: scf.if
 // CHECK: memref.store %{{.*}}, %[[REC]][%{{.*}}]
@@ -118,6 +118,61 @@ etensor.graph @fanout(%n: index) {
       %done = etensor.notify %e[%c0] : !etensor.event<?> -> i1
       scf.if %done {
         etensor.push %q[1, %c0] count %n : !etensor.queue
+      }
+    }
+    etensor.dispatch 1 grid [%n] {
+    ^bb0(%i: index):
+      func.call @consume(%i) : (index) -> ()
+    }
+  }
+}
+
+/// A fan-out loop (a one-coordinate in-edge's completion updating every
+/// instance's ready counter, DynamicSchedule's mixed in-edges): thread 0
+/// only records, in the words after the range-push records, that the loop
+/// runs and the values it needs from thread 0's section (here the bound);
+/// after the section's barrier every thread loads the record and takes
+/// iterations tid, tid + blockDim, ..., with its own atomics.
+// CHECK-LABEL: gpu.func @mixed_fanout
+// CHECK-SAME: %[[REC:[^ ]*]] : memref<38xi64, #gpu.address_space<workgroup>>)
+// CHECK: func.call @produce
+// CHECK: %[[C24:.*]] = arith.constant 24 : index
+// CHECK: memref.store %{{.*}}, %[[REC]][%[[C24]]]
+// CHECK: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
+// CHECK: scf.if
+// CHECK: memref.store %{{.*}}, %[[REC]][%{{.*}}]
+// CHECK: memref.store %{{.*}}, %[[REC]][%{{.*}}]
+// CHECK-NOT: "atom.relaxed.gpu.global.add.u64
+// CHECK: gpu.barrier
+// CHECK: memref.load %[[REC]]
+// CHECK: scf.if
+// CHECK: %[[TID:.*]] = gpu.thread_id x
+// CHECK: %[[DIM:.*]] = gpu.block_dim x
+// CHECK: scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step %{{.*}}
+// CHECK: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
+// CHECK: "fence.acq_rel.gpu;"
+// CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
+// CHECK: func.call @consume
+etensor.graph @mixed_fanout(%n: index) {
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1 : index
+  %e = etensor.event(%one) count 1 : !etensor.event<?>
+  %ready = etensor.event(%n) count 2 : !etensor.event<?>
+  %instances = arith.addi %n, %one : index
+  %q = etensor.queue capacity %instances : !etensor.queue
+  etensor.worker dynamic(%q : !etensor.queue) {
+    etensor.dispatch 0 grid [%one] attributes {etensor.ready_at_start} {
+    ^bb0(%i: index):
+      func.call @produce(%i) : (index) -> ()
+      %done = etensor.notify %e[%c0] : !etensor.event<?> -> i1
+      scf.if %done {
+        %bound = arith.addi %n, %c0 : index
+        scf.for %k = %c0 to %bound step %one {
+          %r = etensor.notify %ready[%k] : !etensor.event<?> -> i1
+          scf.if %r {
+            etensor.push %q[1, %k] : !etensor.queue
+          }
+        }
       }
     }
     etensor.dispatch 1 grid [%n] {
