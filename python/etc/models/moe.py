@@ -1180,11 +1180,10 @@ def compile_moe(
 
     ``schedule`` applies to the table-driven presets; the slot presets
     (``route="slots"``: static grids, no data-dependent work) are compiled
-    with ``slot_schedule``, static unless asked: under the dynamic schedule
-    their down tiles' two in-edges (the whole top-k's ``routed`` next to
-    their slot's ``h_ready``) give every instance a ready counter that the
-    top-k's completion updates one after another (313 µs at T = 1 against
-    29; ``docs/moe.md``)."""
+    with ``slot_schedule``, static unless asked: their dynamic kernel has
+    nothing to balance and measured 2.4× slower at T = 1 (69 against 29 µs;
+    its down tiles' two in-edges, the whole top-k's ``routed`` next to their
+    slot's ``h_ready``, give every instance a ready counter; ``docs/moe.md``)."""
     from ..buckets import compile_buckets
 
     graphs = [
