@@ -290,7 +290,8 @@ private:
   /// The fan-out loops of a thread-0 section, for the whole CTA (see
   /// emitThreadZero); returns them with their records' live-in values.
   SmallVector<std::pair<scf::ForOp, SmallVector<Value>>>
-  takeFanOuts(scf::IfOp ifZero);
+  takeFanOuts(scf::IfOp ifZero,
+              llvm::function_ref<bool(Operation *)> underIfsOnly);
   void runFanOut(scf::ForOp loop, ArrayRef<Value> liveIns, int64_t record);
   void lowerThreadNotify(NotifyOp notify);
   void lowerThreadPush(PushOp push);
@@ -2130,7 +2131,7 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
   };
   // Fan-out loops leave thread 0 (their etensor ops with them): thread 0
   // only records whether each runs and with which values.
-  auto fanOuts = takeFanOuts(ifZero);
+  auto fanOuts = takeFanOuts(ifZero, underIfsOnly);
   llvm::erase_if(etensorOps, [&](Operation *op) {
     return llvm::any_of(
         fanOuts, [&](auto &fanOut) { return fanOut.first->isAncestor(op); });
@@ -2214,14 +2215,16 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
 /// completed one-coordinate in-edge notifies every instance's counter and
 /// pushes the instances it completes) costs thread 0 two dependent atomics
 /// per instance (~280 µs for 256 instances of the MoE slot graph's down
-/// task). Such a loop, under scf.if only and with at most kMaxFanOutLiveIns
-/// integer values from thread 0's section, leaves it: at its place thread 0
-/// stores "runs" and those values into a record of workgroup words (each
-/// record says "does not run" at the section's start), and after the
-/// section's barrier every thread runs iterations tid, tid + blockDim, ...
-/// (runFanOut). Returns the loops taken, each with its live-in values.
+/// task). Such a loop (notifies and pushes its only etensor ops), under
+/// scf.if only and with at most kMaxFanOutLiveIns integer values from
+/// thread 0's section, leaves it: at its place thread 0 stores "runs" and
+/// those values into a record of workgroup words (each record says "does
+/// not run" at the section's start), and after the section's barrier every
+/// thread runs iterations tid, tid + blockDim, ... (runFanOut). Returns the
+/// loops taken, detached from the section, each with its live-in values.
 SmallVector<std::pair<scf::ForOp, SmallVector<Value>>>
-KernelBuilder::takeFanOuts(scf::IfOp ifZero) {
+KernelBuilder::takeFanOuts(scf::IfOp ifZero,
+                           llvm::function_ref<bool(Operation *)> underIfsOnly) {
   SmallVector<std::pair<scf::ForOp, SmallVector<Value>>> taken;
   if (!pushRecords)
     return taken;
@@ -2233,12 +2236,13 @@ KernelBuilder::takeFanOuts(scf::IfOp ifZero) {
   };
   SmallVector<scf::ForOp> loops;
   ifZero.walk<WalkOrder::PreOrder>([&](scf::ForOp loop) {
-    bool notifies = false, pushes = false;
+    bool notifies = false, pushes = false, retires = false;
     loop.walk([&](Operation *op) {
       notifies |= isa<NotifyOp>(op);
       pushes |= isa<PushOp>(op);
+      retires |= isa<RetireOp>(op); // runFanOut lowers notifies and pushes
     });
-    if (!notifies || !pushes || loop.getNumResults() != 0)
+    if (!notifies || !pushes || retires || loop.getNumResults() != 0)
       return WalkResult::advance();
     loops.push_back(loop);
     return WalkResult::skip();
@@ -2246,17 +2250,13 @@ KernelBuilder::takeFanOuts(scf::IfOp ifZero) {
   for (scf::ForOp loop : loops) {
     if ((int64_t)taken.size() == kMaxFanOuts)
       break;
-    bool ifsOnly = true;
-    for (Operation *p = loop->getParentOp(); p != ifZero.getOperation();
-         p = p->getParentOp())
-      ifsOnly &= isa<scf::IfOp>(p);
     llvm::SetVector<Value> used;
     getUsedValuesDefinedAbove(loop.getRegion(), used);
     for (Value bound :
          {loop.getLowerBound(), loop.getUpperBound(), loop.getStep()})
       used.insert(bound);
     SmallVector<Value> liveIns;
-    bool fits = ifsOnly;
+    bool fits = underIfsOnly(loop);
     for (Value v : used) {
       if (!inSection(v))
         continue;
@@ -2279,15 +2279,10 @@ KernelBuilder::takeFanOuts(scf::IfOp ifZero) {
       memref::StoreOp::create(b, word, pushRecords,
                               ValueRange{index(base + 1 + (int64_t)k)});
     }
-    // The loop stays in place (unreached code of thread 0's section) until
-    // runFanOut has cloned it after the barrier.
+    // Thread 0 no longer runs the loop; runFanOut clones it after the
+    // barrier, and the caller erases it then.
+    loop->remove();
     taken.push_back({loop, liveIns});
-  }
-  for (auto &fanOut : taken) {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPoint(fanOut.first);
-    // Detach: thread 0 no longer runs the loop.
-    fanOut.first->remove();
   }
   return taken;
 }

@@ -60,6 +60,7 @@ from ..dtypes import bf16_to_f32, dtype, f32_to_bf16, torch_dtype
 from ..errors import GraphError
 from ..graph import DEALS, Graph
 from ..tiles import _mma
+from ..tiles import gemv as gemv_tiles
 from ..tiles import moe as moe_tiles
 
 __all__ = [
@@ -644,7 +645,7 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "Out": ((T, H), "bf16"),
         # combine="last": the slot down tiles' counters (every configuration
         # declares them, so one set of buffers serves a preset family).
-        "Ycount": ((T, H // 8), "i32"),
+        "Ycount": ((T, H // gemv_tiles.COUNT_COLUMNS), "i32"),
     }
     if cfg.route == "fused":  # the route tile keeps each slot's position to itself
         del spec["pos"]

@@ -411,10 +411,15 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     return globals_
 
 
+#: Output columns per ``Ycount`` column: a counter per (token, 8-column
+#: group), so that one buffer serves any down tile width (block ``j`` uses
+#: column ``j``).
+COUNT_COLUMNS = 8
+
+
 def count_type(hidden: int) -> str:
-    """``Ycount``'s type: a counter per (token, 8-column group), so that one
-    buffer serves any down tile width (block ``j`` uses column ``j``)."""
-    return f"memref<?x{hidden // 8}xi32>"
+    """``Ycount``'s type (:data:`COUNT_COLUMNS`)."""
+    return f"memref<?x{hidden // COUNT_COLUMNS}xi32>"
 
 
 def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
@@ -427,7 +432,7 @@ def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
     t.emit("gpu.barrier")
     is0 = t.op("is0", f"arith.cmpi eq, {tid}, %c0 : index")
     cnt_t = count_type(n)
-    at = t.op("ct", f"arith.muli {token}, %c{n // 8}_ : index")
+    at = t.op("ct", f"arith.muli {token}, %c{n // COUNT_COLUMNS}_ : index")
     at = t.op("ct", f"arith.addi {at}, %j : index")
     at = t.op("ct", f"arith.muli {at}, %c4 : index")
     base = t.op("cb", f"memref.extract_aligned_pointer_as_index %Ycount : {cnt_t} -> index")
