@@ -8,14 +8,15 @@ from typing import Any
 
 
 def dense_graph(name: str, tile, k: int, bm: int, bn: int):
-    """``C = A @ B^T`` as one task of ``tile`` over ``(ceil(m/bm), ceil(n/bn))``."""
+    """``C = A @ B^T`` as one task of ``tile`` over its grid (with the
+    workspace of parts that meet: :func:`etc.tiles.gemm_tc.add_gemm_task`)."""
     import etc
+    from etc.tiles.gemm_tc import add_gemm_task
 
     g = etc.Graph(name)
     m, n = g.symbol("m"), g.symbol("n")
     A, B = g.tensor("A", (m, k), "bf16"), g.tensor("B", (n, k), "bf16")
-    C = g.tensor("C", (m, n), "bf16")
-    g.task(tile, grid=((m + bm - 1) // bm, (n + bn - 1) // bn), args=(A, B, C))
+    add_gemm_task(g, tile, A, B, g.tensor("C", (m, n), "bf16"))
     return g
 
 
@@ -119,13 +120,25 @@ def check_and_time(torch, kernel, launch, out, want, names, check, record, calls
     record(f"{names[1]}, GPU time", gpu_timed(torch, launch, calls, reps))
 
 
-def dense_launch(dense, M: int, n_out: int, As, Ws, C):
-    """``launch(i)``: the dense tile's graph on copy ``i`` into ``C``."""
+def dense_launch(dense, M: int, n_out: int, As, Ws, C, split=None):
+    """``launch(i)``: the dense tile's graph on copy ``i`` into ``C``;
+    ``split=(torch, block_m, block_n, k_splits)`` for parts meeting in the
+    tile (its workspace and zeroed counters allocated here)."""
     copies = len(As)
+    extra = {}
+    if split is not None:
+        torch, bm, bn, parts = split
+        blocks = -(-M // bm) * -(-n_out // bn)
+        extra = {
+            "C_parts": torch.empty(blocks * parts * bm * bn, device="cuda", dtype=torch.float32),
+            "C_count": torch.zeros(1, blocks, device="cuda", dtype=torch.int32),
+        }
 
     def launch(i):
         dense.launch(
-            {"A": As[i % copies], "B": Ws[i % copies], "C": C}, {"m": M, "n": n_out}, sync=False
+            {"A": As[i % copies], "B": Ws[i % copies], "C": C, **extra},
+            {"m": M, "n": n_out},
+            sync=False,
         )
 
     return launch

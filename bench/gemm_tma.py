@@ -40,8 +40,10 @@ from bench.timing import two_step_main  # noqa: E402
 
 HIDDEN, INTER = 2048, 768
 # name: (block_m, block_n, stages, min CTAs per SM or None, output staged
-# through shared memory); core "tma" unless the name starts with "wg" (the
-# cp.async-ring wgmma tile, 64-wide k-tiles). "d": direct 4-byte stores.
+# through shared memory[, parts of k meeting in the tile[, refill]]); core
+# "tma" unless the name starts with "wg" (the cp.async-ring wgmma tile, 64-wide
+# k-tiles). "d": direct 4-byte stores; "k2": two parts of k; "t": refill="test",
+# "w": refill="wait" (the default) under another name.
 CONFIGS = {
     "wg128x128s3": (128, 128, 3, 2, False),
     "tma128x128s4": (128, 128, 4, None, True),
@@ -54,6 +56,31 @@ CONFIGS = {
     # 1536 columns; 128 x 64 with two CTAs per SM, 256 for 2048.
     "tma128x96s4": (128, 96, 4, None, True),
     "tma128x64s4o2": (128, 64, 4, 2, True),
+    # Split-K for the grids under a wave (M = 1024: 48-96 blocks of 128 x
+    # 128..256 for 132 SMs), and 128 x 192 (M = 4096 gate/up: 256 blocks, two
+    # waves of 132 SMs where 128 x 256 gives 1.45).
+    "tma128x192s4": (128, 192, 4, None, True),
+    "tma128x192s4k2": (128, 192, 4, None, True, 2),
+    "tma128x256s4k2": (128, 256, 4, None, True, 2),
+    "tma128x128s4k2": (128, 128, 4, None, True, 2),
+    "tma128x256s4k3": (128, 256, 4, None, True, 3),
+    "tma128x128s4k4": (128, 128, 4, None, True, 4),
+    # Deeper rings: whether a block's k loop waits on its loads' latency (a
+    # block of 24 on an idle GPU ran its k-tiles no faster than 128 at once).
+    "tma128x128s5": (128, 128, 5, None, True),
+    "tma128x128s6": (128, 128, 6, None, True),
+    "tma128x192s5": (128, 192, 5, None, True),
+    "tma128x128s6k2": (128, 128, 6, None, True, 2),
+    # Stages refilled when free (refill="test": thread 0 tests the empty
+    # barrier instead of holding its warp until the others release it).
+    "tma128x128s4t": (128, 128, 4, None, True, 1, "test"),
+    "tma128x192s4t": (128, 192, 4, None, True, 1, "test"),
+    "tma128x256s4t": (128, 256, 4, None, True, 1, "test"),
+    "tma128x192s4k2t": (128, 192, 4, None, True, 2, "test"),
+    # ... and "wait" named (the default): a run's noise between twins.
+    "tma128x128s4w": (128, 128, 4, None, True, 1, "wait"),
+    "tma128x192s4w": (128, 192, 4, None, True, 1, "wait"),
+    "tma128x256s4w": (128, 256, 4, None, True, 1, "wait"),
 }
 # MoE tiles on TMA: name: (shape, block_m, block_n of the output, stages, min
 # CTAs, staged output).
@@ -106,13 +133,19 @@ def build(out: Path) -> None:
     import etc
     from etc.tiles import gemm_tc as G
 
-    for config, (bm, bn, stages, occ, staged) in CONFIGS.items():
+    for config, (bm, bn, stages, occ, staged, *split) in CONFIGS.items():
         core = "wgmma" if config.startswith("wg") else "tma"
         extra = {"block_k": 64} if core == "wgmma" else {"stage_output": staged}
+        parts = split[0] if split else 1
+        if len(split) > 1:
+            extra["refill"] = split[1]
         for k in sorted({s[2] for s in SHAPES}):
+            if k % (parts * 64):
+                continue
             tile = G.gemm(
-                bm, bn, k, stages=stages, core=core, block_size=2 * bm, smem_limit=SMEM, **extra
-            )
+                bm, bn, k, stages=stages, core=core, block_size=2 * bm, smem_limit=SMEM,
+                k_splits=parts, **extra,
+            )  # fmt: skip
             graph = dense_graph(f"g_{config}", tile, k, bm, bn)
             etc.compile(graph, **_options(occ)).save(out / name(config, k))
             print("built", name(config, k))
@@ -140,9 +173,12 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
         def measure(variant, kernel, launch, out_tensor, want, row=row, copies=copies):
             measure_variant(torch, row, variant, kernel, launch, out_tensor, want, copies, reps)
 
-        for config in CONFIGS:
+        for config, (bm, bn, _, _, _, *split) in CONFIGS.items():
+            if not (artifacts / name(config, K)).exists():  # K does not split into its parts
+                continue
             kernel = etc.runtime.load(artifacts / name(config, K))
-            measure(config, kernel, dense_launch(kernel, M, N, As, Ws, C), C, ref)
+            meet = (torch, bm, bn, split[0]) if split and split[0] > 1 else None
+            measure(config, kernel, dense_launch(kernel, M, N, As, Ws, C, meet), C, ref)
         for config, (shape, bm, bn, *_) in MOE_CONFIGS.items():
             if MOE_SHAPES[shape] != (N, K):
                 continue

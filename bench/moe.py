@@ -273,6 +273,10 @@ CONFIGS = {
         "down_options": (*M.PRESETS["prefill"]["down_options"], ("short_blocks", True)),
     },
     "pre_tb32": {**M.PRESETS["prefill"], "topk_block": 32},
+    # 96-column gate/up blocks (192 weight rows): 8 column blocks per row
+    # block instead of 6 (the dense 128 x 192 tile ran 565 TFLOP/s at M =
+    # 4096 where 128 x 256 ran 512: whole waves).
+    "pre_gu96": {**M.PRESETS["prefill"], "block_n_gu": 96},
     # ... and short blocks dealt by ticket: a CTA freed early by a short
     # block takes the next unclaimed tile instead of running ahead of its
     # neighbours in its list (which read the same weights through L2).
@@ -452,6 +456,7 @@ TARGETS = {
         "mid_list",
         "pre_short",
         "pre_tb32",
+        "pre_gu96",
         "pre_short_tk",
         "mid",
         "prefill",

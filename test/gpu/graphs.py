@@ -389,6 +389,31 @@ def greedy_parts(vocab: int = 128256, parts: int = 16) -> etc.Graph:
     return g
 
 
+#: The dense TMA tile whose parts of k meet in the tile, by artifact:
+#: (block_m, block_n, k, parts).
+GEMM_MEETS = {
+    "gemm_meet": (128, 64, 512, 4),
+    "gemm_meet3": (128, 192, 768, 3),
+    "gemm_meet2": (128, 256, 768, 2),
+}
+
+
+def gemm_meet(name: str = "gemm_meet") -> etc.Graph:
+    """``C = A @ B^T`` (bf16) by the dense TMA tile whose ``GEMM_MEETS[name]``
+    parts of k meet in the tile (sm_90a)."""
+    from etc.tiles import gemm_tc
+
+    bm, bn, k, parts = GEMM_MEETS[name]
+    g = etc.Graph(name)
+    m, n = g.symbol("m"), g.symbol("n")
+    A, B = g.tensor("A", (m, k), "bf16"), g.tensor("B", (n, k), "bf16")
+    tile = gemm_tc.gemm(
+        bm, bn, k, core="tma", block_size=2 * bm, stages=2, smem_limit=100 << 10, k_splits=parts
+    )
+    gemm_tc.add_gemm_task(g, tile, A, B, g.tensor("C", (m, n), "bf16"))
+    return g
+
+
 GRAPHS = {
     "greedy": greedy,
     "greedy_parts": greedy_parts,

@@ -23,6 +23,8 @@ the compiler; the GPU machine needs only the runtime):
   ``moe_small_ring_<schedule>/`` on the decode preset's weight ring,
   ``moe_small_route[_tma|_unguarded]_<schedule>/`` with the fused route tile
   (``_unguarded``: gate/up tiles without the tables' in-edge).
+- ``gemm_meet[3|2]_<schedule>/``: the dense TMA tile with parts of k
+  meeting in the tile (``GEMM_MEETS`` in ``graphs.py``, sm_90a);
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
   GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
   ``tensor_parallel_small()`` in ``graphs.py``, and ``<variant>_small_<schedule>/``
@@ -44,6 +46,7 @@ from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 
 sys.path.insert(0, str(REPO / "test" / "gpu"))
 from graphs import (  # noqa: E402
+    GEMM_MEETS,
     GRAPHS,
     MOE_FAMILY_SIZES,
     MOE_GRAPH_OPTIONS,
@@ -79,6 +82,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
+    gemm_meet,
     llama_1b_large_variants,
     llama_tiny_variants,
     tensor_parallel_variant,
@@ -169,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         for suffix, (schedule, early) in SCHEDULES.items():
             jobs.append((f"moe_small_{tiles}_{suffix}", moe_tma, schedule, early))
             options[f"moe_small_{tiles}_{suffix}"] = {"target": "sm_90a"}
+    for meet in GEMM_MEETS:
+        for suffix, (schedule, early) in SCHEDULES.items():
+            jobs.append((f"{meet}_{suffix}", gemm_meet(meet), schedule, early))
+            options[f"{meet}_{suffix}"] = {"target": "sm_90a"}
     from etc.models import llama
 
     bucketed = []  # (name, configuration, schedule, early push): one artifact, two kernels

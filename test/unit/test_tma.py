@@ -377,10 +377,89 @@ def test_split_k_router_tile_and_topk_add_the_parts():
         topk.reference(0, j, C, ids, tw, counts, pos)
     want_ids, _ = MT.topk_from_logits(C.reshape(parts, m, e).sum(0)[:128], 2)
     np.testing.assert_array_equal(ids[:128], want_ids)
-    with pytest.raises(GraphError, match="k_splits=2 needs core='tma' and out_dtype='f32'"):
-        G.gemm(128, 64, 256, core="tma", smem_limit=SMEM, k_splits=2)
+    with pytest.raises(GraphError, match="k_splits=2 needs core='tma'"):
+        G.gemm(128, 64, 256, core="wgmma", k_splits=2)
     with pytest.raises(GraphError, match="k=256 does not split into 3 parts"):
         G.gemm(128, 64, 256, core="tma", smem_limit=SMEM, out_dtype="f32", k_splits=3)
+
+
+def split_meet_graph(bm: int, bn: int, k: int, parts: int):
+    """``C = A @ B^T`` by a dense TMA tile whose ``parts`` parts of k meet in
+    the tile (its workspace ``C_parts`` and counters ``C_count``)."""
+    g, A, B, C = graph_ab(k)
+    tile = dense_tma(bm, bn, k, stages=4, k_splits=parts)
+    task = G.add_gemm_task(g, tile, A, B, C)
+    assert [t.name for t in task.args[3:5]] == ["C_parts", "C_count"]
+    return g, tile
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_split_k_parts_meet_in_the_dense_tile(parts):
+    """gemm(k_splits=S) with bf16 out: the last part of each block adds the
+    parts in part order into C, whichever part comes last; the counters
+    return to zero, so a second launch gives the same bits."""
+    rng = np.random.default_rng(parts)
+    m, n, k = 200, 200, 256  # ragged rows (128 + 72) and columns (3 x 64 + 8)
+    g, tile = split_meet_graph(128, 64, k, parts)
+    a, b = rand_bf16(rng, m, k), rand_bf16(rng, n, k)
+    cnt = np.zeros((1, 2 * 4), np.int32)
+    first = etc.simulate(g, {"A": a, "B": b, "C_count": cnt}, {"m": m, "n": n})
+    assert not first["C_count"].any()
+    want = bf16_to_f32(a) @ bf16_to_f32(b).T
+    assert rel_err(bf16_to_f32(first["C"]), want) <= 1e-2
+    again = etc.simulate(g, {"A": a, "B": b, "C_count": first["C_count"]}, {"m": m, "n": n})
+    np.testing.assert_array_equal(again["C"], first["C"])
+    # The parts in reverse order: another part is last, the sum is the same.
+    C, P = np.zeros((m, n), np.uint16), np.zeros(8 * parts * 128 * 64, np.float32)
+    counts = np.zeros((1, 8), np.int32)
+    for i in range(2):
+        for j in range(4):
+            for s in reversed(range(parts)):
+                tile.reference(i, j, s, a, b, C, P, counts)
+    np.testing.assert_array_equal(C, first["C"])
+    assert not counts.any()
+
+
+@needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize(
+    "bn, k, parts", [(192, 2048, 2), (256, 768, 2), (256, 768, 3), (128, 2048, 4)]
+)
+def test_split_k_meeting_tiles_compile_without_spills(bn, k, parts, tmp_path):
+    g, _ = split_meet_graph(128, bn, k, parts)
+    ptx = etc.compile(g, target="sm_90a", schedule="static").ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16" in ptx
+    assert "atom.acq_rel.gpu.global.add.u32" in ptx  # the parts' meeting
+    assert "ld.global.cg.v4.f32" in ptx  # the last part sums the others, past L1
+    assert "st.global.v4.b32" in ptx  # its part, 16 bytes a thread
+    assert "ld.shared.v4.b32" in ptx  # C staged through shared memory
+    info = sm90a_ptxas(ptx, tmp_path)
+    assert "0 bytes spill stores" in info and "serialized" not in info, info
+
+
+@needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize("refill", ["wait", "test"])
+def test_dense_tile_refills(refill, tmp_path):
+    """refill="test" (dense tile): thread 0 tests a stage's
+    empty barrier and tries again a k-tile later; "wait" holds its warp."""
+    g, A, B, C = graph_ab(2048)
+    G.add_gemm_task(g, dense_tma(128, 192, 2048, stages=4, refill=refill), A, B, C)
+    ptx = etc.compile(g, target="sm_90a", schedule="static").ptx
+    assert ("mbarrier.test_wait.parity.shared::cta.b64" in ptx) == (refill == "test")
+    info = sm90a_ptxas(ptx, tmp_path)
+    assert "0 bytes spill stores" in info and "serialized" not in info, info
+    with pytest.raises(GraphError, match="refill must be 'wait' or 'test', got 'later'"):
+        dense_tma(refill="later")
+
+
+def test_split_k_meeting_needs_whole_parts_and_a_dense_tile():
+    with pytest.raises(GraphError, match="k=768 does not split into 5 parts"):
+        dense_tma(128, 128, 768, k_splits=5)
+    g, A, B, C = graph_ab()
+    partials = dense_tma(out_dtype="f32", k_splits=2)  # parts out, for a consumer
+    with pytest.raises(GraphError, match="tile 'gemm_tc' is not a dense gemm"):
+        G.add_gemm_task(g, partials, A, B, C)
 
 
 def test_tma_configuration_errors():

@@ -799,11 +799,12 @@ def _router_tile(cfg: MoEConfig) -> DeviceFunction:
         return moe_tiles.router_logits(cfg.router_block, cfg.router_experts, E, H, block_size=bs)
     from ..tiles import gemm_tc
 
-    # Logits = X @ Wr^T in float32, a 128-token x EC-expert block per CTA.
+    # Logits = X @ Wr^T in float32, a 128-token x EC-expert block per CTA
+    # (the refill the layer was measured with; "test" is not measured here).
     return gemm_tc.gemm(
         cfg.router_block, cfg.router_experts, H, name="moe_logits_tc", block_size=bs,
         core="tma", stages=cfg.router_stages, smem_limit=220 << 10, out_dtype="f32",
-        k_splits=cfg.router_splits,
+        k_splits=cfg.router_splits, refill="wait",
     )  # fmt: skip
 
 

@@ -41,9 +41,9 @@ from . import gemm_tc as _tc
 __all__ = ["layer_gemm_tma", "PART_TYPE", "COUNT_TYPE"]
 
 #: The split-K workspace: (parts x rows) x columns of float32 products.
-PART_TYPE = "memref<?x?xf32>"
+PART_TYPE = _tc.PART_TYPE
 #: The split-K counters: one row per projection, one counter per block.
-COUNT_TYPE = "memref<?x?xi32>"
+COUNT_TYPE = _tc.COUNT_TYPE
 #: Shared memory a tile may take: two CTAs per SM (the decoder's kernels).
 SMEM_LIMIT = _gemm.MAX_SHARED_BYTES // 2
 
@@ -273,72 +273,15 @@ def _split_reduce(
             t.add(t.add(wcol, 8 * (f % nf) + (n if f >= nf else 0)), col_lane)
             for f in range(per_n * nf)
         ]
-        shift = t.op("shift", f"arith.muli %ks, {m_rows} : index")
-        mine = [t.add(r, shift) for r in rows]
-        _tc._store_pairs(t, acc, mine, cols, ("%P", PART_TYPE), t.add(r1, shift), None, f32=True)
-        # Count this part once all of its stores are issued (the barrier), at
-        # GPU scope with release semantics; the last part acquires the others.
-        t.emit("gpu.barrier")
-        t.joined()
-        tid = t.op("tid", "gpu.thread_id x")
-        is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
-        blk = t.add(t.mul("%i", n // block_n), "%j")
-        width = t.op("cw", f"memref.dim %cnt, {t.c(1)} : {COUNT_TYPE}")
-        slot = t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), blk)
-        base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
-        cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(slot, 4))} : index to i64")
-        _mma.open_last_arrival(t, flag, is0, cnt_at, parts, t.c(0))
-        return _sum_parts(t, acc, rows, cols, r1, m_rows, parts)
+
+        def slot(t: _Text) -> str:
+            blk = t.add(t.mul("%i", n // block_n), "%j")
+            width = t.op("cw", f"memref.dim %cnt, {t.c(1)} : {COUNT_TYPE}")
+            return t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), blk)
+
+        return _tc.meet_parts(t, acc, rows, cols, r1, m_rows, parts, "%ks", slot, flag)
 
     return reduce
-
-
-#: Parts of the split-K sum whose loads are issued together: each group
-#: costs one L2 round trip (the sum used to take one per part).
-SUM_GROUP = 8
-
-
-def _sum_parts(t: _Text, acc, rows, cols, r1: str, m_rows: str, parts: int) -> list:
-    """``sum(P[s*M + row, col] for s in 0..parts-1)`` for every accumulator
-    of ``acc`` (float32, in part order; rows past ``r1`` read row ``r1 - 1``).
-    The loads of :data:`SUM_GROUP` parts are issued before their adds, which
-    keep part order: the same bits as adding part after part."""
-    last_row = t.op("lr", f"arith.subi {r1}, {t.c(1)} : index")
-    ld = t.op("ld", f"memref.dim %P, {t.c(1)} : {PART_TYPE}")
-    base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {PART_TYPE} -> index")
-    row_at = [t.bin("minui", r, last_row) for r in rows]
-    pair_t = "!llvm.struct<(f32, f32)>"
-
-    def load_part(part: int) -> list[str]:
-        """Part ``part``'s values, in the flat fragment order of ``sums``."""
-        shift = t.op("sh", f"arith.muli {t.c(part)}, {m_rows} : index")
-        values = []
-        for m, per in enumerate(acc):
-            for f in range(len(per)):
-                for h in range(2):
-                    row = t.add(row_at[2 * m + h], shift)
-                    elem = t.add(t.op("e", f"arith.muli {row}, {ld} : index"), cols[f])
-                    at = t.op("a", f"arith.index_cast {t.add(base, t.mul(elem, 4))} : index to i64")
-                    got = t.op(
-                        "ld",
-                        'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v2.f32 '
-                        f'{{$0, $1}}, [$2];", "=f,=f,l" {at} : (i64) -> {pair_t}',
-                    )
-                    values += [
-                        t.op("pv", f"llvm.extractvalue {got}[{e}] : {pair_t}") for e in range(2)
-                    ]
-        return values
-
-    # The flat accumulators in fragment order (per fragment: h=0: c0, c1; h=1: c2, c3).
-    sums = ["%fzero"] * sum(4 * len(per) for per in acc)
-    for first in range(0, parts, SUM_GROUP):
-        group = [load_part(part) for part in range(first, min(first + SUM_GROUP, parts))]
-        for values in group:  # the adds after all of the group's loads, in part order
-            sums = [
-                t.op("ps", f"arith.addf {a}, {v} : f32") for a, v in zip(sums, values, strict=True)
-            ]
-    total = iter(sums)
-    return [[[next(total) for _ in range(4)] for _ in per] for per in acc]
 
 
 def _reference(

@@ -54,6 +54,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma
@@ -61,7 +63,7 @@ from ._mma import check_divisible as _check_divisible
 from ._mma import experts_dim as _experts
 from ._mma import positive as _positive
 
-__all__ = ["gemm", "moe_gate_up", "moe_down", "plan", "smem_bytes"]
+__all__ = ["gemm", "add_gemm_task", "moe_gate_up", "moe_down", "plan", "smem_bytes"]
 
 BLOCK_K = 32
 SMEM_LIMIT = 48 * 1024
@@ -177,17 +179,22 @@ class _Text(_mma.Text):
             v = self.c(v)
         return self.op("x", f"arith.{kind} {a}, {v} : index")
 
-    def acc_loop(self, var: str, trip: int | str, nacc: int) -> tuple[str, str]:
+    def acc_loop(
+        self, var: str, trip: int | str, nacc: int, extra: tuple[tuple[str, str], ...] = ()
+    ) -> tuple[str, str]:
         """Opens ``scf.for var = 0 to trip`` (a constant or an index value)
-        carrying ``nacc`` f32 accumulators ``%acc_<q>``, zero at first;
-        returns the loop's results name and their types (for the
-        ``scf.yield``). The caller indents."""
-        types = ", ".join(["f32"] * nacc)
-        inits = ", ".join(f"%acc_{q} = %fzero" for q in range(nacc))
+        carrying ``nacc`` f32 accumulators ``%acc_<q>``, zero at first, then
+        the index values ``extra`` (``(name, initial value)``, results after
+        the accumulators'); returns the loop's results name and their types
+        (for the ``scf.yield``). The caller indents."""
+        types = ", ".join(["f32"] * nacc + ["index"] * len(extra))
+        inits = ", ".join(
+            [f"%acc_{q} = %fzero" for q in range(nacc)] + [f"{n} = {v}" for n, v in extra]
+        )
         res = self.fresh("accs")
         upper = self.c(trip) if isinstance(trip, int) else trip
         self.emit(
-            f"{res}:{nacc} = scf.for {var} = {self.c(0)} to {upper} step {self.c(1)} "
+            f"{res}:{nacc + len(extra)} = scf.for {var} = {self.c(0)} to {upper} step {self.c(1)} "
             f"iter_args({inits}) -> ({types}) {{"
         )
         return res, types
@@ -675,6 +682,60 @@ def _mbar_wait(t: _Text, bar: str, parity: str) -> None:
     )
 
 
+def _try_refill(t: _Text, nx: str, kt_n: int, stages: int, bar, issue) -> str:
+    """Thread 0 at the end of k-tile ``%kt`` (``refill="test"``): loads
+    k-tile ``nx`` if its stage is free (every warp has released the k-tile
+    ``nx - stages`` that held it: a test of the empty barrier, or a wait
+    when k-tile ``%kt + 1``'s own load is the one missing); returns the next
+    k-tile to load."""
+    # The stage's last k-tile was released in this k-tile's step at the latest.
+    due = t.op("due", f"arith.cmpi ule, {nx}, {t.add('%kt', stages - 1)} : index")
+    left = t.op("left", f"arith.cmpi ult, {nx}, {t.c(kt_n)} : index")
+    can = t.op("can", f"arith.andi {due}, {left} : i1")
+    out = t.fresh("nx")
+    t.emit(f"{out} = scf.if {can} -> (index) {{")
+    indent = t.indent
+    t.indent += "  "
+    stage = t.bin("remui", nx, stages)
+    parity = _i32(
+        t,
+        t.bin(
+            "remui", t.bin("divui", t.op("o", f"arith.subi {nx}, {t.c(stages)} : index"), stages), 2
+        ),
+    )
+    urgent = t.op("urg", f"arith.cmpi ule, {nx}, {t.add('%kt', 1)} : index")
+    free = t.fresh("free")
+    t.emit(f"{free} = scf.if {urgent} -> (i1) {{")
+    t.indent += "  "
+    _mbar_wait(t, bar(1, stage), parity)
+    t.emit(f"scf.yield {t.op('tr', 'arith.constant true')} : i1")
+    t.indent = indent + "  "
+    t.emit("} else {")
+    t.indent += "  "
+    done = t.op(
+        "tw",
+        'llvm.inline_asm has_side_effects asm_dialect = att "{ .reg .pred p; '
+        'mbarrier.test_wait.parity.shared::cta.b64 p, [$1], $2; selp.b32 $0, 1, 0, p; }", '
+        f'"=r,r,r" {bar(1, stage)}, {parity} : (i32, i32) -> i32',
+    )
+    ok = t.op("ok", f"arith.cmpi ne, {done}, {_i32(t, t.c(0))} : i32")
+    t.emit(f"scf.yield {ok} : i1")
+    t.indent = indent + "  "
+    t.emit("}")
+    t.emit(f"scf.if {free} {{")
+    t.indent += "  "
+    issue(nx, stage)
+    t.indent = indent + "  "
+    t.emit("}")
+    after = t.op("nx", f"arith.select {free}, {t.add(nx, 1)}, {nx} : index")
+    t.emit(f"scf.yield {after} : index")
+    t.indent = indent
+    t.emit("} else {")
+    t.emit(f"  scf.yield {nx} : index")
+    t.emit("}")
+    return out
+
+
 @dataclass
 class _TmaRing:
     """One TMA tile's ring in the function being emitted: its globals, the
@@ -960,6 +1021,7 @@ def _body_tma(
     rotate: str | None = None,
     gather: TmaGather | None = None,
     second_busy: str | None = None,
+    refill: str = "wait",
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -1013,7 +1075,22 @@ def _body_tma(
     When not, its loop takes no k-tile (its accumulators stay zero: rows
     the epilogue must not store) and the empty barriers wait for the first
     warpgroup's warps alone: half the tensor-core work. The loop's bound is
-    broadcast from lane 0 (:func:`warp_uniform`)."""
+    broadcast from lane 0 (:func:`warp_uniform`).
+
+    ``refill``: how thread 0 refills a stage once every warp has released
+    it. ``"wait"``: right after its own warp's release of k-tile ``kt - 1``,
+    it waits for the others' and loads k-tile ``kt - 1 + stages`` there,
+    its warp (and so its warpgroup's next wgmma) held meanwhile. ``"test"``:
+    it only tests the stage's empty barrier (``mbarrier.test_wait``), loads
+    if it is free and otherwise tries again next k-tile (two tries a k-tile,
+    the next k-tile to load carried by the loop); it waits only when the
+    next k-tile's own load would otherwise not have been issued."""
+    if refill not in ("wait", "test"):
+        raise GraphError(f"tile '{name}': refill must be 'wait' or 'test', got {refill!r}")
+    if refill == "test" and (gather is not None or second_busy is not None):
+        raise GraphError(
+            f"tile '{name}': refill='test' takes no gathered A operand or idle warpgroup"
+        )
     groups = block_size // 128
     if second_busy is not None and (groups != 2 or split_n or gather is not None):
         raise GraphError(
@@ -1097,7 +1174,8 @@ def _body_tma(
         first = t.op("first", f"arith.cmpi eq, {group}, {t.c(0)} : index")
         runs = warp_uniform(t, t.op("runs", f"arith.ori {first}, {second_busy} : i1"))
         trip = t.op("trip", f"arith.select {runs}, {t.c(kt_n)}, {t.c(0)} : index")
-    res, types = t.acc_loop("%kt", trip, nacc)
+    lazy = refill == "test"
+    res, types = t.acc_loop("%kt", trip, nacc, (("%nx", t.c(min(stages, kt_n))),) if lazy else ())
     t.indent = outer + "  "
     stage = t.bin("remui", "%kt", stages)
     parity = _i32(t, t.bin("remui", t.bin("divui", "%kt", stages), 2))
@@ -1132,16 +1210,32 @@ def _body_tma(
         gather_issue(nxt, pstage)
         t.indent = outer + "    "
         t.emit("}")
-    refill = t.op("refill", f"arith.andi {is0}, {more} : i1")
-    t.emit(f"scf.if {refill} {{")
-    t.indent = outer + "      "
-    _mbar_wait(t, bar(1, pstage), _i32(t, t.bin("remui", t.bin("divui", prev, stages), 2)))
-    issue(nxt, pstage, which="b" if gather is not None else "ab")
-    t.indent = outer + "    "
-    t.emit("}")
+    if not lazy:
+        go = t.op("refill", f"arith.andi {is0}, {more} : i1")
+        t.emit(f"scf.if {go} {{")
+        t.indent = outer + "      "
+        _mbar_wait(t, bar(1, pstage), _i32(t, t.bin("remui", t.bin("divui", prev, stages), 2)))
+        issue(nxt, pstage, which="b" if gather is not None else "ab")
+        t.indent = outer + "    "
+        t.emit("}")
     t.indent = outer + "  "
     t.emit("}")
-    t.emit(f"scf.yield {', '.join(acc)} : {types}")
+    carried = []
+    if lazy:
+        t.indent = outer + "  "
+        nx = t.fresh("nx")
+        t.emit(f"{nx} = scf.if {is0} -> (index) {{")
+        t.indent = outer + "    "
+        step = "%nx"
+        for _ in range(2):
+            step = _try_refill(t, step, kt_n, stages, bar, issue)
+        t.emit(f"scf.yield {step} : index")
+        t.indent = outer + "  "
+        t.emit("} else {")
+        t.emit("  scf.yield %nx : index")
+        t.emit("}")
+        carried = [nx]
+    t.emit(f"scf.yield {', '.join([*acc, *carried])} : {types}")
     t.indent = outer
     t.emit("}")
     final = _wgmma_wait(t, [f"{res}#{q}" for q in range(nacc)], commit=False)
@@ -1400,6 +1494,192 @@ def _store_pairs(
                 t.emit("}")
 
 
+#: A split-K workspace: (parts x rows) x columns of float32 products.
+PART_TYPE = "memref<?x?xf32>"
+#: Split-K counters: one i32 per output block (``cnt`` rows laid end to end).
+COUNT_TYPE = "memref<?x?xi32>"
+#: Parts of a split-K sum whose loads are issued together: each group
+#: costs one L2 round trip (the sum used to take one per part).
+SUM_GROUP = 8
+
+
+def meet_parts(
+    t: _Text, acc, rows: list[str], cols: list[str], r1: str, m_rows: str, parts: int,
+    part: str, slot: Callable[[_Text], str], flag: str,
+) -> list:  # fmt: skip
+    """The split-K meeting of tile part ``part`` (an index value) of
+    ``parts``, as an epilogue step, through a row-major workspace: stores
+    the part's float32 accumulators at rows ``part*M + row`` of ``%P``,
+    counts the part (:func:`_arrive`) and in the last part to arrive returns
+    the parts' sum in part order (:func:`sum_parts`)."""
+    shift = t.op("shift", f"arith.muli {part}, {m_rows} : index")
+    mine = [t.add(r, shift) for r in rows]
+    _store_pairs(t, acc, mine, cols, ("%P", PART_TYPE), t.add(r1, shift), None, f32=True)
+    _arrive(t, parts, slot, flag)
+    return sum_parts(t, acc, rows, cols, r1, m_rows, parts)
+
+
+def _arrive(t: _Text, parts: int, slot: Callable[[_Text], str], flag: str) -> str:
+    """After the part's stores: counts it on ``%cnt``'s word ``slot(t)``
+    (acquire-release, GPU scope, after a CTA barrier:
+    :func:`etc.tiles._mma.open_last_arrival`, whose flag is the workgroup
+    global ``flag``) and opens ``scf.if`` for the last of ``parts`` (the
+    caller closes it). Returns the thread's id."""
+    # Count this part once all of its stores are issued (the barrier), at
+    # GPU scope with release semantics; the last part acquires the others.
+    t.emit("gpu.barrier")
+    t.joined()
+    tid = t.op("tid", "gpu.thread_id x")
+    is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
+    at = slot(t)
+    base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
+    cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(at, 4))} : index to i64")
+    _mma.open_last_arrival(t, flag, is0, cnt_at, parts, t.c(0))
+    return tid
+
+
+def sum_parts(
+    t: _Text, acc, rows: list[str], cols: list[str], r1: str, m_rows: str, parts: int
+) -> list:
+    """``sum(P[s*M + row, col] for s in 0..parts-1)`` for every accumulator
+    of ``acc`` (float32, in part order; rows past ``r1`` read row ``r1 - 1``).
+    The loads of :data:`SUM_GROUP` parts are issued before their adds, which
+    keep part order: the same bits as adding part after part."""
+    last_row = t.op("lr", f"arith.subi {r1}, {t.c(1)} : index")
+    ld = t.op("ld", f"memref.dim %P, {t.c(1)} : {PART_TYPE}")
+    base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {PART_TYPE} -> index")
+    row_at = [t.bin("minui", r, last_row) for r in rows]
+    pair_t = "!llvm.struct<(f32, f32)>"
+
+    def load_part(part: int) -> list[str]:
+        """Part ``part``'s values, in the flat fragment order of ``sums``."""
+        shift = t.op("sh", f"arith.muli {t.c(part)}, {m_rows} : index")
+        values = []
+        for m, per in enumerate(acc):
+            for f in range(len(per)):
+                for h in range(2):
+                    row = t.add(row_at[2 * m + h], shift)
+                    elem = t.add(t.op("e", f"arith.muli {row}, {ld} : index"), cols[f])
+                    at = t.op("a", f"arith.index_cast {t.add(base, t.mul(elem, 4))} : index to i64")
+                    got = t.op(
+                        "ld",
+                        'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v2.f32 '
+                        f'{{$0, $1}}, [$2];", "=f,=f,l" {at} : (i64) -> {pair_t}',
+                    )
+                    values += [
+                        t.op("pv", f"llvm.extractvalue {got}[{e}] : {pair_t}") for e in range(2)
+                    ]
+        return values
+
+    # The flat accumulators in fragment order (per fragment: h=0: c0, c1; h=1: c2, c3).
+    sums = ["%fzero"] * sum(4 * len(per) for per in acc)
+    for first in range(0, parts, SUM_GROUP):
+        group = [load_part(part) for part in range(first, min(first + SUM_GROUP, parts))]
+        for values in group:  # the adds after all of the group's loads, in part order
+            sums = [
+                t.op("ps", f"arith.addf {a}, {v} : f32") for a, v in zip(sums, values, strict=True)
+            ]
+    total = iter(sums)
+    return [[[next(total) for _ in range(4)] for _ in per] for per in acc]
+
+
+#: A dense tile's split-K workspace: each part's accumulators in fragment
+#: order (:func:`meet_fragments`).
+FRAGMENT_PARTS_TYPE = "memref<?xf32>"
+#: Fragments (4 floats, 8 columns) of one other part the last part loads
+#: at a time (fewer when more parts), two such chunks in flight next to its
+#: own accumulators (8 made a 128 x 256 tile spill 24 bytes, ptxas -v).
+MEET_FRAGMENTS = 4
+
+
+def meet_fragments(
+    t: _Text, acc, parts: int, part: str, block: Callable[[_Text], str], flag: str,
+    block_size: int,
+) -> list:  # fmt: skip
+    """The split-K meeting of a dense tile's part ``part`` (an index value)
+    of ``parts``, through a workspace in fragment order: thread ``tid``'s
+    fragment ``f`` (4 floats) of part ``s`` of output block ``b`` is the
+    16-byte vector ``((b * parts + s) * F + f) * block_size + tid`` of
+    ``%P`` (``F`` fragments a thread), so a warp stores and loads 512
+    contiguous bytes at a time, and no row or column is clipped. Counts
+    the part on ``%cnt``'s word ``block(t)`` (:func:`_arrive`); the last
+    part adds the parts in part order, its own from its registers: the
+    same bits whichever part is last. Returns the sums in ``acc``'s structure, inside the last
+    part's ``scf.if`` (the caller closes it)."""
+    frags = [q for per in acc for q in per]
+    base = t.op(
+        "pb", f"memref.extract_aligned_pointer_as_index %P : {FRAGMENT_PARTS_TYPE} -> index"
+    )
+    blk = block(t)
+    tid = t.op("tid", "gpu.thread_id x")
+
+    def element(q: int | str, f: int) -> str:
+        """The first float of this thread's fragment ``f`` of part ``q``."""
+        bq = t.add(t.mul(blk, parts), q)
+        return t.mul(t.add(t.mul(t.add(t.mul(bq, len(frags)), f), block_size), tid), 4)
+
+    v4 = "vector<4xf32>"
+    for f, c in enumerate(frags):
+        vec = t.op("v", f"vector.from_elements {', '.join(c)} : {v4}")
+        t.emit(
+            f"vector.store {vec}, %P[{element(part, f)}] {{alignment = 16 : i64}} : "
+            f"{FRAGMENT_PARTS_TYPE}, {v4}"
+        )
+    _arrive(t, parts, block, flag)
+    quad_t = "!llvm.struct<(f32, f32, f32, f32)>"
+    # The other parts, k-th: k + (k >= part); one address each, a fragment's
+    # an immediate offset from it.
+    others = []
+    for k in range(parts - 1):
+        after = t.op("af", f"arith.cmpi uge, {t.c(k)}, {part} : index")
+        q = t.add(t.c(k), t.op("q", f"arith.select {after}, {t.c(1)}, {t.c(0)} : index"))
+        others.append(
+            t.op("a", f"arith.index_cast {t.add(base, t.mul(element(q, 0), 4))} : index to i64")
+        )
+    before = [t.op("lt", f"arith.cmpi ult, {t.c(q)}, {part} : index") for q in range(parts)]
+    mine = [t.op("eq", f"arith.cmpi eq, {t.c(q)}, {part} : index") for q in range(parts)]
+    size = max(1, MEET_FRAGMENTS // (parts - 1))
+    chunks = [range(f0, min(f0 + size, len(frags))) for f0 in range(0, len(frags), size)]
+
+    def load(chunk: range) -> dict:
+        return {
+            (k, f): t.op(
+                "ld",
+                'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v4.f32 '
+                f'{{$0, $1, $2, $3}}, [$4+{f * block_size * 16}];", "=f,=f,=f,=f,l" {at} '
+                f": (i64) -> {quad_t}",
+            )
+            for k, at in enumerate(others)
+            for f in chunk
+        }
+
+    # Double-buffered: a chunk's loads go out before the previous chunk's
+    # adds wait for theirs (each wait is an L2 round trip).
+    sums, ahead = [], load(chunks[0])
+    for c, chunk in enumerate(chunks):
+        loaded, ahead = ahead, load(chunks[c + 1]) if c + 1 < len(chunks) else {}
+        for f in chunk:
+            got = {
+                k: [
+                    t.op("pv", f"llvm.extractvalue {loaded[k, f]}[{e}] : {quad_t}")
+                    for e in range(4)
+                ]
+                for k in range(parts - 1)
+            }
+            total = ["%fzero"] * 4
+            for q in range(parts):  # part q: its own (q == part), else other q or q - 1
+                for e in range(4):
+                    v = frags[f][e]
+                    if q > 0:
+                        v = t.op("pv", f"arith.select {mine[q]}, {v}, {got[q - 1][e]} : f32")
+                    if q < parts - 1:
+                        v = t.op("pv", f"arith.select {before[q]}, {got[q][e]}, {v} : f32")
+                    total[e] = t.op("ps", f"arith.addf {total[e]}, {v} : f32")
+            sums.append(total)
+    it = iter(sums)
+    return [[next(it) for _ in per] for per in acc]
+
+
 def _finish(
     t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference, block_size
 ) -> DeviceFunction:
@@ -1424,6 +1704,7 @@ def gemm(
     stage_output: bool = True,
     out_dtype: str = "bf16",
     k_splits: int = 1,
+    refill: str = "wait",
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
     ``core="wgmma"`` needs ``target="sm_90a"``; ``inflight`` (0 or 1) is the
@@ -1433,20 +1714,32 @@ def gemm(
     and ``B`` as two more buffers, which ``Graph.task`` declares when given
     ``(A, B, C)``), 64-wide k-tiles; ``stage_output`` stores the block through
     shared memory in 16-byte rows; ``out_dtype="f32"`` stores ``C`` in float32
-    (``memref<?x?xf32>``, e.g. router logits). ``k_splits=S`` (``core="tma"``,
-    float32 out): tile ``(i, j, s)`` multiplies the ``s``-th of ``S`` equal
-    parts of ``k`` (multiples of 64) into rows ``s*M + ...`` of ``C``
-    (``S*M x N``): the partial products, for a consumer that adds them.
+    (``memref<?x?xf32>``, e.g. router logits). ``k_splits=S`` (``core="tma"``):
+    tile ``(i, j, s)`` multiplies the ``s``-th of ``S`` equal parts of ``k``
+    (multiples of 64). With float32 out it stores them into rows ``s*M +
+    ...`` of ``C`` (``S*M x N``), for a consumer that adds them. With bf16
+    out the parts meet in the tile (split-K for grids under a wave, e.g.
+    ``M = 1024``): each stores its float32 product in its slot of the
+    workspace ``P`` (``memref<?xf32>``, ``BM * BN`` floats per part and
+    output block: :func:`meet_fragments`), counts itself on ``cnt``
+    (``memref<?x?xi32>``, one word per output block, ``i * ceil(N/BN) + j``
+    of its rows laid end to end, zero before the first launch and after
+    every one), and the last of the block's parts adds them in part order
+    (its own from registers) and stores ``C``: buffers ``(A, B, C, P,
+    cnt)``, the same bits whichever part comes last. :func:`add_gemm_task`
+    declares the workspace. ``refill`` (``core="tma"``): how the ring's
+    stages are refilled (:func:`_body_tma`; "test" measured within noise of
+    "wait" on an H200, ``bench/RESULTS.md``, GEMM tiles).
 
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
     ceil(N/BN))``; rows and columns past ``M``/``N`` are clipped."""
-    if k_splits != 1 and (core != "tma" or out_dtype != "f32"):
-        raise GraphError(f"tile '{name}': k_splits={k_splits} needs core='tma' and out_dtype='f32'")
+    if k_splits != 1 and core != "tma":
+        raise GraphError(f"tile '{name}': k_splits={k_splits} needs core='tma'")
     if core == "tma":
         return _dense_tma(
             block_m, block_n, k, name, block_size, stages, smem_limit, stage_output, out_dtype,
-            k_splits,
+            k_splits, refill,
         )  # fmt: skip
     if out_dtype != "bf16":
         raise GraphError(f"tile '{name}': out_dtype={out_dtype!r} needs core='tma'")
@@ -1480,11 +1773,13 @@ def gemm(
         copies_after_mma=copies_after_mma,
     )  # fmt: skip
     t.close()
-    return _finish(
+    fn = _finish(
         t, name, _mma.dense_signature(ab, ct), globals_,
         f"{name}: C = A @ B^T, bf16, {block_m}x{block_n}x{BLOCK_K} blocks, {stages} stages, "
         f"{wm}x{wn} warps", _mma.dense_reference(block_m, block_n), block_size,
     )  # fmt: skip
+    fn.gemm_blocks = (block_m, block_n, 1)
+    return fn
 
 
 def plan_tma(
@@ -1584,6 +1879,7 @@ def _dense_tma(
     stage_output: bool,
     out_dtype: str = "bf16",
     k_splits: int = 1,
+    refill: str = "wait",
 ) -> DeviceFunction:
     """:func:`gemm` with ``core="tma"``: buffers ``(A, B, C, A_map, B_map)``."""
     _positive(name, "k_splits", k_splits)
@@ -1597,39 +1893,86 @@ def _dense_tma(
     if out_dtype not in ("bf16", "f32"):
         raise GraphError(f"tile '{name}': out_dtype must be 'bf16' or 'f32', got {out_dtype!r}")
     out_f32 = out_dtype == "f32"
+    meet = k_splits > 1 and not out_f32
     ab, ct = _mma.dense_types(k, out_dtype)
     t = _Text()
     m_rows, n_rows, r0, r1, n0 = _dense_prologue(t, ab, block_m, block_n)
     k_offset, shift = None, None
-    if k_splits > 1:  # part s: columns s*part of k, rows s*M of C
+    if k_splits > 1:  # part s: columns s*part of k (rows s*M of C when partials go out)
         k_offset = t.mul("%s", part)
-        shift = t.op("x", f"arith.muli %s, {m_rows} : index")
+        if not meet:
+            shift = t.op("x", f"arith.muli %s, {m_rows} : index")
+    globals_: list[str] = []
+    flag = f"@{name}__last"
+    if meet:
+        globals_.append(
+            f'memref.global "private" {flag} : memref<1xi32, #gpu.address_space<workgroup>> '
+            "{alignment = 4 : i64}"
+        )
+
+    def block(t: _Text) -> str:  # block (i, j): i * ceil(N / BN) + j
+        blocks_n = t.bin("divui", t.add(n_rows, block_n - 1), block_n)
+        return t.add(t.op("cr", f"arith.muli %i, {blocks_n} : index"), "%j")
 
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
         cols = [t.add(t.add(n0, col_lane), 8 * f) for f in range(len(acc[0]))]
         end = r1
         if shift is not None:
             rows, end = [t.add(r, shift) for r in rows], t.add(r1, shift)
+        if meet:
+            acc = meet_fragments(t, acc, k_splits, "%s", block, flag, block_size)
         _store_pairs(t, acc, rows, cols, ("%C", ct), end, n_rows, f32=out_f32)
+        if meet:
+            t.end()
 
-    globals_ = _body_tma(
+    globals_ += _body_tma(
         t, name=name, k=part, block_m=block_m, b_rows=block_n, block_size=block_size,
         stages=stages, a_loads=[(_map_pointer(t, "%A_map"), r0, block_m)],
         b_loads=[(_map_pointer(t, "%B_map"), n0, block_n)], r0=r0, epilogue=epilogue,
-        stage_output=stage_output and not out_f32, k_offset=k_offset,
+        stage_output=stage_output and not out_f32, k_offset=k_offset, refill=refill,
     )  # fmt: skip
     t.close()
     signature = _mma.dense_signature(ab, ct)
     reference = _mma.dense_reference(block_m, block_n, out_f32)
+    buffers = 3
     if k_splits > 1:
         signature = signature.replace("%j: index, ", "%j: index, %s: index, ", 1)
         reference = _split_reference(block_m, block_n, part)
-    return finish_tma(
+    if meet:
+        signature += f", %P: {FRAGMENT_PARTS_TYPE}, %cnt: {COUNT_TYPE}"
+        reference, buffers = _meet_reference(block_m, block_n, part, k_splits), 5
+    fn = finish_tma(
         t, name, signature, globals_,
         f"{name}: C = A @ B^T, bf16, {block_m}x{block_n}x{TMA_BLOCK_K} blocks, {stages} stages, "
-        f"TMA + wgmma{f', {k_splits} parts of k' if k_splits > 1 else ''}", reference,
-        block_size, 3, [("A", 0, block_m), ("B", 1, block_n)],
+        f"TMA + wgmma{f', {k_splits} parts of k' if k_splits > 1 else ''}"
+        + (" meeting in the last" if meet else ""), reference,
+        block_size, buffers, [("A", 0, block_m), ("B", 1, block_n)],
     )  # fmt: skip
+    if not out_f32:
+        fn.gemm_blocks = (block_m, block_n, k_splits)
+    return fn
+
+
+def add_gemm_task(g: Any, tile: DeviceFunction, A: Any, B: Any, C: Any) -> Any:
+    """Add ``tile`` (a dense :func:`gemm` tile with bf16 out) to graph ``g`` as the task ``C = A @ B^T`` over its whole grid. A
+    tile whose parts of ``k`` meet gets its workspace ``<C>_parts`` (float32,
+    ``parts * M x N``) and block counters ``<C>_count`` (i32) declared here:
+    pass them to the launch, the counters zeroed once (every launch leaves
+    them zero). Returns the task."""
+    blocks = getattr(tile, "gemm_blocks", None)
+    if blocks is None:
+        raise GraphError(
+            f"add_gemm_task: tile '{tile.name}' is not a dense gemm() tile with bf16 out"
+        )
+    block_m, block_n, parts = blocks
+    m, n = A.shape[0], B.shape[0]
+    grid, args = ((m + block_m - 1) // block_m, (n + block_n - 1) // block_n), (A, B, C)
+    if parts > 1:
+        blocks = grid[0] * grid[1]
+        P = g.tensor(f"{C.name}_parts", (blocks * (parts * block_m * block_n),), "f32")
+        cnt = g.tensor(f"{C.name}_count", (1, blocks), "i32")
+        grid, args = (*grid, parts), (*args, P, cnt)
+    return g.task(tile, grid=grid, args=args)
 
 
 def _split_reference(block_m: int, block_n: int, part: int) -> Callable[..., None]:
@@ -1640,6 +1983,38 @@ def _split_reference(block_m: int, block_n: int, part: int) -> Callable[..., Non
         r0, r1 = i * block_m, min((i + 1) * block_m, m)
         cs, ks = slice(j * block_n, (j + 1) * block_n), slice(s * part, (s + 1) * part)
         C[s * m + r0 : s * m + r1, cs] = _mma.bf16_matmul(A[r0:r1, ks], B[cs, ks])
+
+    return reference
+
+
+def _meet_reference(block_m: int, block_n: int, part: int, parts: int) -> Callable[..., None]:
+    """Tile ``(i, j, s)`` of a split-K ``gemm`` whose parts meet: the part
+    into its slot of ``P`` (row-major here: the workspace's layout is the
+    kernel's own), the count on ``cnt``, and in the last part the sum (part
+    order) into ``C`` as bf16."""
+
+    def reference(i: int, j: int, s: int, A, B, C, P, cnt) -> None:
+        m, n = A.shape[0], B.shape[0]
+        rs, cs = (
+            slice(i * block_m, min((i + 1) * block_m, m)),
+            slice(j * block_n, (j + 1) * block_n),
+        )
+        if rs.start >= m or cs.start >= n:
+            return
+        blk = i * (-(-n // block_n)) + j
+        slots = P.reshape(-1, parts, block_m, block_n)[blk]
+        ks = slice(s * part, (s + 1) * part)
+        y = _mma.bf16_matmul(A[rs, ks], B[cs, ks])
+        slots[s, : y.shape[0], : y.shape[1]] = y
+        flat = cnt.reshape(-1)
+        flat[blk] += 1
+        if flat[blk] != parts:
+            return
+        flat[blk] = 0
+        total = np.zeros(y.shape, np.float32)
+        for q in range(parts):
+            total = total + slots[q, : y.shape[0], : y.shape[1]]
+        C[rs, cs] = _mma.f32_to_bf16(total)
 
     return reference
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Twenty-eighth session (bench/RESULTS.md, "GEMM tiles"): split-K parts that
+# meet in the dense TMA tile, and 128 x 192 blocks, on the MoE expert shapes.
+# Each step's CPU-side build is in its comment.
+# Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final]
+set -uo pipefail
+mkdir -p /tmp/s28
+# Two passes of bench/gemm_tma.py over CONFIGS x SHAPES from DIR:
+# gemm_passes NAME CONFIGS SHAPES DIR; raw NAME{1,2}.json and NAME.txt into $OUT.
+gemm_passes() {
+  local name=$1 configs=$2 shapes=$3 dir=$4 pass
+  for pass in 1 2; do
+    BENCH_GEMM_CONFIGS=$configs BENCH_GEMM_SHAPES=$shapes timeout 250 \
+      python bench/gemm_tma.py --artifacts $dir --out /tmp/s28/$name$pass 2>&1 \
+      | tee -a "$OUT/$name.txt" | grep -E "TFLOP|WRONG|FAILED"
+    cp /tmp/s28/$name$pass/gemm_tma.json "$OUT/$name$pass.json"
+  done
+}
+source "$(dirname "$0")/gpu_common.sh"
+# Run 1 of the gemm step (the first meeting: row-major float32 parts, 8-byte
+# accesses) used these:
+GEMM1_CONFIGS=tma128x128s4,tma128x256s4,tma128x192s4,tma128x192s4k2,tma128x256s4k2,tma128x128s4k2,tma128x256s4k3,moe_gu_128x64s4,moe_gu_128x128s4,moe_dn_128x128s4,moe_dn_128x256s4
+GEMM1_SHAPES=1024x1536x2048,4096x1536x2048,8192x1536x2048,1024x2048x768,4096x2048x768,8192x2048x768
+# Runs 2 and 3 (the parts in fragment order, 16-byte accesses, the last
+# part's own in registers; then the loads double-buffered), with grids of a
+# few blocks (M = 256, 512):
+GEMM_CONFIGS=tma128x128s4,tma128x256s4,tma128x192s4,tma128x192s4k2,tma128x256s4k2,tma128x128s4k2,tma128x128s4k4,tma128x256s4k3,moe_gu_128x64s4,moe_dn_128x128s4
+GEMM_SHAPES=1024x1536x2048,4096x1536x2048,1024x2048x768,4096x2048x768,256x1536x2048,256x2048x768,512x4096x8192
+STAGE_CONFIGS=tma128x128s4,tma128x128s5,tma128x128s6,tma128x192s4,tma128x192s5,tma128x256s4,tma128x128s6k2,tma128x192s4k2
+STAGE_SHAPES=1024x1536x2048,1024x2048x768,256x1536x2048,4096x1536x2048,8192x8192x8192
+# (plain: refill="wait", the default; "...t": refill="test")
+REFILL_CONFIGS=tma128x128s4,tma128x128s4t,tma128x192s4,tma128x192s4t,tma128x256s4,tma128x256s4t,tma128x192s4k2,tma128x192s4k2t
+REFILL_SHAPES=1024x1536x2048,1024x2048x768,4096x1536x2048,4096x2048x768,8192x8192x8192
+# The final run (refill="wait" in both the plain and the "...w" configurations:
+# twins that measure the run's noise):
+FINAL_CONFIGS=tma128x128s4,tma128x128s4w,tma128x192s4,tma128x192s4w,tma128x256s4,tma128x256s4w,tma128x192s4k2,tma128x256s4k2,tma128x128s4k4,moe_gu_128x64s4,moe_gu_128x128s4,moe_dn_128x128s4,moe_dn_128x256s4
+FINAL_SHAPES=1024x1536x2048,4096x1536x2048,8192x1536x2048,1024x2048x768,4096x2048x768,8192x2048x768,256x1536x2048,512x4096x8192
+for step in ${*:-tests gemm}; do
+  case $step in
+  tests)  # (.device/n28: python test/gpu/make_artifacts.py .device/n28/art --only gemm_meet)
+    ETC_ARTIFACTS=.device/n28/art timeout 200 python -m pytest -q -rs test/gpu/test_gemm_gpu.py \
+      2>&1 | tee "$OUT/tests_gemm.txt" | tail -4
+    ;;
+  gemm)  # two passes (.device/n28: BENCH_GEMM_CONFIGS=$GEMM_CONFIGS BENCH_GEMM_SHAPES=$GEMM_SHAPES
+    #  python bench/gemm_tma.py --build .device/n28/gemm)
+    gemm_passes gemm-tma $GEMM_CONFIGS $GEMM_SHAPES .device/n28/gemm
+    ;;
+  stages)  # deeper rings (.device/n28: BENCH_GEMM_CONFIGS=$STAGE_CONFIGS
+    #  BENCH_GEMM_SHAPES=$STAGE_SHAPES python bench/gemm_tma.py --build .device/n28/gemm2)
+    gemm_passes gemm-stages $STAGE_CONFIGS $STAGE_SHAPES .device/n28/gemm2
+    ;;
+  refill)  # stages refilled when free (.device/n28: BENCH_GEMM_CONFIGS=$REFILL_CONFIGS
+    #  BENCH_GEMM_SHAPES=$REFILL_SHAPES python bench/gemm_tma.py --build .device/n28/gemm3)
+    gemm_passes gemm-refill $REFILL_CONFIGS $REFILL_SHAPES .device/n28/gemm3
+    ;;
+  final)  # (.device/n28: BENCH_GEMM_CONFIGS=$FINAL_CONFIGS BENCH_GEMM_SHAPES=$FINAL_SHAPES
+    #  python bench/gemm_tma.py --build .device/n28/gemm4)
+    gemm_passes gemm-final $FINAL_CONFIGS $FINAL_SHAPES .device/n28/gemm4
+    ;;
+  moe)  # the prefill preset with 96-column gate/up blocks (.device/n28b:
+    #  BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_gu96
+    #  python bench/moe.py --build .device/n28b/moe)
+    mkdir -p /tmp/s28; AB_TMP=/tmp/s28 AB_GREP="(prefill|gu96).*GPU" AB_TIMEOUT=300 \
+      moe_ab moe-gu96 prefill,pre_gu96 1024,4096 .device/n28b
+    ;;
+  esac
+done
