@@ -2,7 +2,7 @@
 # Twenty-eighth session (bench/RESULTS.md, "GEMM tiles"): split-K parts that
 # meet in the dense TMA tile, and 128 x 192 blocks, on the MoE expert shapes.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final]
+# Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final] [launch]
 set -uo pipefail
 mkdir -p /tmp/s28
 # Two passes of bench/gemm_tma.py over CONFIGS x SHAPES from DIR:
@@ -56,6 +56,13 @@ for step in ${*:-tests gemm}; do
   final)  # (.device/n28: BENCH_GEMM_CONFIGS=$FINAL_CONFIGS BENCH_GEMM_SHAPES=$FINAL_SHAPES
     #  python bench/gemm_tma.py --build .device/n28/gemm4)
     gemm_passes gemm-final $FINAL_CONFIGS $FINAL_SHAPES .device/n28/gemm4
+    ;;
+  launch)  # what a launch costs, and a dense GEMM's time traced (.device/n28:
+    #  python bench/launch_floor.py --build .device/n28/launch;
+    #  python bench/gemm_trace.py --build .device/n28/trace)
+    timeout 120 python bench/launch_floor.py --artifacts .device/n28/launch \
+      --out "$OUT/launch_floor.txt"
+    timeout 200 python bench/gemm_trace.py --artifacts .device/n28/trace --out "$OUT"
     ;;
   moe)  # the prefill preset with 96-column gate/up blocks (.device/n28b:
     #  BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_gu96

@@ -53,6 +53,19 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
             line = f"empty {name:9s} {kernel.num_ctas:4d} CTAs, t = {t:4d}: {us:6.2f} us"
             print(line, flush=True)
             lines.append(line)
+    # The same clock around PyTorch's launches: a one-element add and
+    # cuBLAS GEMMs of one 128 x 128 block and of the MoE down shape at M = 1024.
+    x = torch.zeros(1, device="cuda")
+    baselines = {"torch add_, 1 element": lambda i: x.add_(1)}
+    for m, n, k in ((128, 128, 128), (1024, 2048, 768)):
+        a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        b = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        baselines[f"cuBLAS {m}x{n}x{k}"] = lambda i, a=a, b=b, c=c: torch.matmul(a, b.T, out=c)
+    for what, launch in baselines.items():
+        line = f"{what:32s}: {gpu_timed(torch, launch, 20, reps):6.2f} us"
+        print(line, flush=True)
+        lines.append(line)
     if out is not None:
         out.write_text("\n".join(lines) + "\n")
 
