@@ -2,7 +2,7 @@
 # Twenty-eighth session (bench/RESULTS.md, "GEMM tiles"): split-K parts that
 # meet in the dense TMA tile, and 128 x 192 blocks, on the MoE expert shapes.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final] [launch]
+# Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final] [launch] [examples]
 set -uo pipefail
 mkdir -p /tmp/s28
 # Two passes of bench/gemm_tma.py over CONFIGS x SHAPES from DIR:
@@ -63,6 +63,15 @@ for step in ${*:-tests gemm}; do
     timeout 120 python bench/launch_floor.py --artifacts .device/n28/launch \
       --out "$OUT/launch_floor.txt"
     timeout 200 python bench/gemm_trace.py --artifacts .device/n28/trace --out "$OUT"
+    ;;
+  examples)  # examples/gemm.py on the GPU (.device/n28: python examples/gemm.py
+    #  --save-artifact .device/n28/ex/gemm_k2 -K 2048 --k-splits 2 --block 128x192;
+    #  ... ex/gemm -K 2048; ... ex/gemm_dyn -K 2048 --schedule dynamic --k-splits 4)
+    ex() { timeout 120 python examples/gemm.py -K 2048 --shapes 1x64,200x300,1024x1536,512x4096,4096x2048 "$@" \
+      2>&1 | tee -a "$OUT/examples.txt" | tail -1; }
+    ex --artifact .device/n28/ex/gemm_k2 --k-splits 2 --block 128x192
+    ex --artifact .device/n28/ex/gemm
+    ex --artifact .device/n28/ex/gemm_dyn --schedule dynamic --k-splits 4
     ;;
   moe)  # the prefill preset with 96-column gate/up blocks (.device/n28b:
     #  BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_gu96

@@ -132,9 +132,12 @@ def run(
     *,
     rtol: float = 1e-5,
     atol: float = 1e-5,
+    decode: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
 ) -> int:
     """Runs every (symbols, inputs) case on the simulator or the GPU and
-    compares the named outputs with ``expect``. Returns a process exit code."""
+    compares the named outputs with ``expect`` (``decode[name]`` first turns
+    an output into what ``expect`` gives, e.g. bf16 bits into floats).
+    Returns a process exit code."""
 
     done = compile_only(g, args)
     if done is not None:
@@ -144,8 +147,9 @@ def run(
     for symbols, inputs in cases:
         outputs = run_case(g, None if args.simulate else kernel, args, inputs, symbols)
         for name, want in expect(symbols, inputs).items():
-            ok = np.allclose(outputs[name], want, rtol=rtol, atol=atol)
-            err = float(np.max(np.abs(outputs[name] - want))) if want.size else 0.0
+            got = (decode or {}).get(name, np.asarray)(outputs[name])
+            ok = np.allclose(got, want, rtol=rtol, atol=atol)
+            err = float(np.max(np.abs(got - want))) if want.size else 0.0
             print(f"{'ok  ' if ok else 'FAIL'} {dict(symbols)} {name}: max abs error {err:.3g}")
             failures += not ok
     where = "simulator" if args.simulate else "GPU"

@@ -6,6 +6,7 @@ ptxas assembles for sm_90a)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -451,6 +452,35 @@ def test_dense_tile_refills(refill, tmp_path):
     assert "0 bytes spill stores" in info and "serialized" not in info, info
     with pytest.raises(GraphError, match="refill must be 'wait' or 'test', got 'later'"):
         dense_tma(refill="later")
+
+
+@pytest.mark.parametrize("flags", [[], ["--k-splits", "2", "--schedule", "dynamic"]])
+def test_gemm_example_simulates(flags):
+    script = Path(__file__).resolve().parents[2] / "examples" / "gemm.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--simulate", "--shapes", "1x64,200x300", "-K", "256", *flags],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2/2 cases match numpy on the simulator" in done.stdout
+
+
+@needs_bindings
+@needs_ptxas
+def test_gemm_example_emits_ptx_that_ptxas_accepts(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "examples" / "gemm.py"
+    ptx = tmp_path / "gemm.ptx"
+    done = subprocess.run(
+        [sys.executable, str(script), "--emit-ptx", str(ptx), "--k-splits", "2"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "0 bytes spill stores" in sm90a_ptxas(ptx.read_text(), tmp_path)
+    wrong = subprocess.run(
+        [sys.executable, str(script), "--simulate", "--target", "sm_90"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert wrong.returncode != 0 and "needs --target sm_90a" in wrong.stderr
 
 
 def test_split_k_meeting_needs_whole_parts_and_a_dense_tile():
