@@ -2,7 +2,7 @@
 # Twenty-eighth session (bench/RESULTS.md, "GEMM tiles"): split-K parts that
 # meet in the dense TMA tile, and 128 x 192 blocks, on the MoE expert shapes.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final] [launch] [examples]
+# Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final] [launch] [examples] [wide]
 set -uo pipefail
 mkdir -p /tmp/s28
 # Two passes of bench/gemm_tma.py over CONFIGS x SHAPES from DIR:
@@ -35,6 +35,8 @@ REFILL_SHAPES=1024x1536x2048,1024x2048x768,4096x1536x2048,4096x2048x768,8192x819
 # twins that measure the run's noise):
 FINAL_CONFIGS=tma128x128s4,tma128x128s4w,tma128x192s4,tma128x192s4w,tma128x256s4,tma128x256s4w,tma128x192s4k2,tma128x256s4k2,tma128x128s4k4,moe_gu_128x64s4,moe_gu_128x128s4,moe_dn_128x128s4,moe_dn_128x256s4
 FINAL_SHAPES=1024x1536x2048,4096x1536x2048,8192x1536x2048,1024x2048x768,4096x2048x768,8192x2048x768,256x1536x2048,512x4096x8192
+WIDE_CONFIGS=tma128x128s4,tma128x256s4,tma64x256s4,tma64x256s2o2,tma64x192s4,moe_dn_128x128s4
+WIDE_SHAPES=1024x1536x2048,1024x2048x768,4096x1536x2048,4096x2048x768
 for step in ${*:-tests gemm}; do
   case $step in
   tests)  # (.device/n28: python test/gpu/make_artifacts.py .device/n28/art --only gemm_meet)
@@ -72,6 +74,10 @@ for step in ${*:-tests gemm}; do
     ex --artifact .device/n28/ex/gemm_k2 --k-splits 2 --block 128x192
     ex --artifact .device/n28/ex/gemm
     ex --artifact .device/n28/ex/gemm_dyn --schedule dynamic --k-splits 4
+    ;;
+  wide)  # one 64-row warpgroup per CTA, 256 columns (.device/n28: BENCH_GEMM_CONFIGS=$WIDE_CONFIGS
+    #  BENCH_GEMM_SHAPES=$WIDE_SHAPES python bench/gemm_tma.py --build .device/n28/gemm5)
+    gemm_passes gemm-wide $WIDE_CONFIGS $WIDE_SHAPES .device/n28/gemm5
     ;;
   moe)  # the prefill preset with 96-column gate/up blocks (.device/n28b:
     #  BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_gu96
