@@ -490,6 +490,21 @@ def test_split_k_meeting_needs_whole_parts_and_a_dense_tile():
     partials = dense_tma(out_dtype="f32", k_splits=2)  # parts out, for a consumer
     with pytest.raises(GraphError, match="tile 'gemm_tc' is not a dense gemm"):
         G.add_gemm_task(g, partials, A, B, C)
+    # A tile for another k: the task's signature check names the tensor.
+    with pytest.raises(
+        GraphError, match="tensor 'A' of type memref<\\?x128xbf16>.*memref<\\?x256xbf16>"
+    ):
+        G.add_gemm_task(g, dense_tma(k=256, k_splits=2), A, B, C)
+
+
+def test_add_gemm_task_takes_the_mma_tile_too():
+    g, A, B, C = graph_ab()
+    task = G.add_gemm_task(g, G.gemm(64, 64, 128), A, B, C)
+    assert len(task.grid) == 2  # no parts: no workspace
+    rng = np.random.default_rng(3)
+    a, b = rand_bf16(rng, 70, 128), rand_bf16(rng, 90, 128)
+    out = etc.simulate(g, {"A": a, "B": b}, {"m": 70, "n": 90})
+    assert rel_err(bf16_to_f32(out["C"]), bf16_to_f32(a) @ bf16_to_f32(b).T) <= 1e-2
 
 
 def test_tma_configuration_errors():
