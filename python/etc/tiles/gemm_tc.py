@@ -1519,12 +1519,12 @@ def meet_parts(
     return sum_parts(t, acc, rows, cols, r1, m_rows, parts)
 
 
-def _arrive(t: _Text, parts: int, slot: Callable[[_Text], str], flag: str) -> str:
+def _arrive(t: _Text, parts: int, slot: Callable[[_Text], str], flag: str) -> None:
     """After the part's stores: counts it on ``%cnt``'s word ``slot(t)``
     (acquire-release, GPU scope, after a CTA barrier:
     :func:`etc.tiles._mma.open_last_arrival`, whose flag is the workgroup
     global ``flag``) and opens ``scf.if`` for the last of ``parts`` (the
-    caller closes it). Returns the thread's id."""
+    caller closes it)."""
     # Count this part once all of its stores are issued (the barrier), at
     # GPU scope with release semantics; the last part acquires the others.
     t.emit("gpu.barrier")
@@ -1535,7 +1535,6 @@ def _arrive(t: _Text, parts: int, slot: Callable[[_Text], str], flag: str) -> st
     base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
     cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(at, 4))} : index to i64")
     _mma.open_last_arrival(t, flag, is0, cnt_at, parts, t.c(0))
-    return tid
 
 
 def sum_parts(
@@ -1604,8 +1603,8 @@ def meet_fragments(
     contiguous bytes at a time, and no row or column is clipped. Counts
     the part on ``%cnt``'s word ``block(t)`` (:func:`_arrive`); the last
     part adds the parts in part order, its own from its registers: the
-    same bits whichever part is last. Returns the sums in ``acc``'s structure, inside the last
-    part's ``scf.if`` (the caller closes it)."""
+    same bits whichever part is last. Returns the sums in ``acc``'s
+    structure, inside the last part's ``scf.if`` (the caller closes it)."""
     frags = [q for per in acc for q in per]
     base = t.op(
         "pb", f"memref.extract_aligned_pointer_as_index %P : {FRAGMENT_PARTS_TYPE} -> index"
