@@ -400,18 +400,11 @@ GEMM_MEETS = {
 
 def gemm_meet(name: str = "gemm_meet") -> etc.Graph:
     """``C = A @ B^T`` (bf16) by the dense TMA tile whose ``GEMM_MEETS[name]``
-    parts of k meet in the tile (sm_90a)."""
-    from etc.tiles import gemm_tc
+    parts of k meet in the tile, 2 stages (sm_90a): ``examples/gemm.py``'s graph."""
+    from examples.gemm import build
 
     bm, bn, k, parts = GEMM_MEETS[name]
-    g = etc.Graph(name)
-    m, n = g.symbol("m"), g.symbol("n")
-    A, B = g.tensor("A", (m, k), "bf16"), g.tensor("B", (n, k), "bf16")
-    tile = gemm_tc.gemm(
-        bm, bn, k, core="tma", block_size=2 * bm, stages=2, smem_limit=100 << 10, k_splits=parts
-    )
-    gemm_tc.add_gemm_task(g, tile, A, B, g.tensor("C", (m, n), "bf16"))
-    return g
+    return build(k, bm, bn, stages=2, k_splits=parts)
 
 
 GRAPHS = {

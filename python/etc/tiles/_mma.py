@@ -432,6 +432,18 @@ def add_weighted_rows(
     sums[slots // topk, cs] += (w * y).astype(sums.dtype)
 
 
+#: The workgroup word that carries thread 0's count to the CTA in
+#: :func:`open_last_arrival`.
+LAST_FLAG_TYPE = "memref<1xi32, #gpu.address_space<workgroup>>"
+
+
+def last_arrival_flag(name: str) -> tuple[str, str]:
+    """Tile ``name``'s :func:`open_last_arrival` flag: its symbol and the
+    ``memref.global`` that declares it (one of the tile's globals)."""
+    flag = f"@{name}__last"
+    return flag, f'memref.global "private" {flag} : {LAST_FLAG_TYPE} {{alignment = 4 : i64}}'
+
+
 def open_last_arrival(
     t: Text, flag: str, is0: str, counter_at: str, arrivals: int, c0: str = "%c0"
 ) -> None:
@@ -442,8 +454,8 @@ def open_last_arrival(
     tile whose count is the ``arrivals``-th (the caller closes it), where
     thread 0 first resets the counter to zero for the next launch. ``flag``:
     a workgroup ``memref<1xi32>`` global that carries thread 0's count to
-    the CTA (over a second barrier)."""
-    flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
+    the CTA (over a second barrier; :func:`last_arrival_flag`)."""
+    flag_t = LAST_FLAG_TYPE
     ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
     t.emit(f"scf.if {is0} {{")
     old = t.op(

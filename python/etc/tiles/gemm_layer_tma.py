@@ -156,11 +156,8 @@ def layer_gemm_tma(
     globals_: list[str] = []
     reduce = None
     if split:
-        flag = f"@{name}__last"
-        globals_.append(
-            f'memref.global "private" {flag} : memref<1xi32, #gpu.address_space<workgroup>> '
-            "{alignment = 4 : i64}"
-        )
+        flag, flag_global = _mma.last_arrival_flag(name)
+        globals_.append(flag_global)
         reduce = _split_reduce(n, block_n, k_splits, counter_row, per_n, r1, m_rows, flag)
 
     def finish(t: _Text, acc, rows, wn_i, col_lane) -> None:

@@ -1901,13 +1901,8 @@ def _dense_tma(
         k_offset = t.mul("%s", part)
         if not meet:
             shift = t.op("x", f"arith.muli %s, {m_rows} : index")
-    globals_: list[str] = []
-    flag = f"@{name}__last"
-    if meet:
-        globals_.append(
-            f'memref.global "private" {flag} : memref<1xi32, #gpu.address_space<workgroup>> '
-            "{alignment = 4 : i64}"
-        )
+    flag, flag_global = _mma.last_arrival_flag(name)
+    globals_ = [flag_global] if meet else []
 
     def block(t: _Text) -> str:  # block (i, j): i * ceil(N / BN) + j
         blocks_n = t.bin("divui", t.add(n_rows, block_n - 1), block_n)

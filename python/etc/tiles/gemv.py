@@ -438,7 +438,8 @@ def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
     base = t.op("cb", f"memref.extract_aligned_pointer_as_index %Ycount : {cnt_t} -> index")
     at = t.op("ct", f"arith.addi {base}, {at} : index")
     at = t.op("ct", f"arith.index_cast {at} : index to i64")
-    _mma.open_last_arrival(t, f"@{name}__last", is0, at, K)
+    flag, flag_global = _mma.last_arrival_flag(name)
+    _mma.open_last_arrival(t, flag, is0, at, K)
     inside = t.op("cin", f"arith.cmpi ult, {tid}, %c{p['block_n'] // 8}_ : index")
     t.emit(f"scf.if {inside} {{")
     t.indent += "  "
@@ -479,5 +480,4 @@ def _last_combine(t: _Text, p: dict, token: str, tid: str, n0: str) -> str:
     )
     t.end()
     t.end()
-    flag_t = "memref<1xi32, #gpu.address_space<workgroup>>"
-    return f'memref.global "private" @{name}__last : {flag_t} {{alignment = 4 : i64}}'
+    return flag_global
