@@ -139,12 +139,12 @@ def build(out: Path) -> None:
     import etc
     from etc.tiles import gemm_tc as G
 
-    for config, (bm, bn, stages, occ, staged, *split) in CONFIGS.items():
+    for config, (bm, bn, stages, occ, staged, *more) in CONFIGS.items():  # more: parts, refill
         core = "wgmma" if config.startswith("wg") else "tma"
         extra = {"block_k": 64} if core == "wgmma" else {"stage_output": staged}
-        parts = split[0] if split else 1
-        if len(split) > 1:
-            extra["refill"] = split[1]
+        parts = more[0] if more else 1
+        if len(more) > 1:
+            extra["refill"] = more[1]
         for k in sorted({s[2] for s in SHAPES}):
             if k % (parts * 64):
                 continue
@@ -179,11 +179,11 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
         def measure(variant, kernel, launch, out_tensor, want, row=row, copies=copies):
             measure_variant(torch, row, variant, kernel, launch, out_tensor, want, copies, reps)
 
-        for config, (bm, bn, _, _, _, *split) in CONFIGS.items():
+        for config, (bm, bn, _, _, _, *more) in CONFIGS.items():
             if not (artifacts / name(config, K)).exists():  # K does not split into its parts
                 continue
             kernel = etc.runtime.load(artifacts / name(config, K))
-            meet = (torch, bm, bn, split[0]) if split and split[0] > 1 else None
+            meet = (torch, bm, bn, more[0]) if more and more[0] > 1 else None
             measure(config, kernel, dense_launch(kernel, M, N, As, Ws, C, meet), C, ref)
         for config, (shape, bm, bn, *_) in MOE_CONFIGS.items():
             if MOE_SHAPES[shape] != (N, K):
