@@ -185,6 +185,18 @@ VARIANTS = {
     # waits (item 75: with it, the stages around the attention slowed).
     "attn3_nopf": _large(("attn_tma_stages", 3), ("attn_tma_prefetch", False)),
     "attn2_nopf": _large(("attn_tma_prefetch", False)),
+    # Session 29: the TMA-fed attention's warps give each ring stage back
+    # once read, and thread 0 refills it after ("read") or before
+    # ("read_early") its arithmetic: one step more in flight.
+    "attn_read": _large(("attn_tma_release", "read")),
+    "attn_read_early": _large(("attn_tma_release", "read_early")),
+    "attn_read3": _large(("attn_tma_release", "read"), ("attn_tma_stages", 3)),
+    # Session 29, B = 1: 16 attention splits at L = 1024 (128 instances, at
+    # most one per SM, against 136: four SMs ran two), and LM head blocks of
+    # 128 or 32 columns (fewer instance starts, or a shorter last round).
+    "single16": {"attn_single_splits": 16},
+    "lm128_b1": _one(("bn_lm", 128)),
+    "lm32_b1": _one(("bn_lm", 32)),
 }
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for

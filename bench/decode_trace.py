@@ -124,6 +124,9 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
             trace = kernel.trace()
             kernel.check()
             block, data = tables(trace)
+            if out is not None:  # raw records, for per-SM and per-CTA analysis
+                out.mkdir(parents=True, exist_ok=True)
+                trace.save(out / f"trace_{schedule}_B{B}.npz")
             title = f"== {schedule} B={B} L={L}"
             print(title + "\n" + block, flush=True)
             text.append(title + "\n" + block)

@@ -595,6 +595,14 @@ def llama_tiny_variants() -> dict:
             mma_spans, attn_tma_prefetch=True, **tma_heads
         ),
         "llama_tiny_mma_tma3": dataclasses.replace(mma_spans, attn_tma_stages=3, **tma_heads),
+        # ... its warps giving each stage back once read (thread 0 refilling
+        # it after, or before, its own arithmetic).
+        "llama_tiny_mma_tma_read": dataclasses.replace(
+            mma_spans, attn_tma_release="read", **tma_heads
+        ),
+        "llama_tiny_mma_tma_read_early": dataclasses.replace(
+            mma_spans, attn_tma_release="read_early", attn_tma_prefetch=True, **tma_heads
+        ),
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the
         # TMA-fed attention in a third region (its mbarrier ring prefetched
@@ -660,8 +668,9 @@ def llama_1b_large_variants() -> dict:
     """Llama-3.2-1B's large-batch kernel alone (``LARGE_BATCH``), with the
     projections on different TMA stage counts (qkv 3, down 6, the others 4),
     and with the weights asked into L2 before the waits instead of loaded
-    into the rings (``tma_prefetch=True``): the same arithmetic, so
-    bit-identical logits."""
+    into the rings (``tma_prefetch=True``), and with the attention's ring
+    stages given back once read (``attn_tma_release``): the same
+    arithmetic, so bit-identical logits."""
     from etc.models import llama
 
     large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
@@ -670,4 +679,6 @@ def llama_1b_large_variants() -> dict:
         "llama_1b_large": large,
         "llama_1b_large_mixed": dataclasses.replace(large, projection_options=stages),
         "llama_1b_large_l2pf": dataclasses.replace(large, tma_prefetch=True),
+        "llama_1b_large_read": dataclasses.replace(large, attn_tma_release="read"),
+        "llama_1b_large_read_early": dataclasses.replace(large, attn_tma_release="read_early"),
     }

@@ -983,6 +983,38 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
         attention_mma(512, 8, 2, 64, 2, pipeline="tma", stages=1)
 
 
+def test_tma_attention_release_after_reads():
+    """release="read": each warp gives its stage back between its ring reads
+    and its first mma (a warp sync first), and thread 0 refills the same
+    stage, after ("read") or before ("read_early") its arithmetic; the
+    copies per step are those of the default; bad modes are refused."""
+    from etc.tiles.attention_mma import attention_mma
+
+    def step_body(release: str) -> str:
+        src = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", release=release).source
+        return src[src.index("vector.load %ring") :]
+
+    math_body = step_body("math")
+    assert "bar.warp.sync" not in math_body
+    assert math_body.index("mma.sync") < math_body.index("mbarrier.arrive.shared")
+    for release in ("read", "read_early"):
+        body = step_body(release)
+        last_read = body.rindex("vector.load %ring")
+        sync, arrive = body.index("bar.warp.sync"), body.index("mbarrier.arrive.shared")
+        copy, first_mma = body.index("cp.async.bulk.tensor.2d"), body.index("mma.sync")
+        assert last_read < sync < arrive < first_mma
+        assert (copy < first_mma) == (release == "read_early")
+        assert body.count("cp.async.bulk.tensor.2d") == math_body.count("cp.async.bulk.tensor.2d")
+        # The refill's stage is the step's own (%tma_i), not the one before.
+        assert "arith.subi %tma_i, %c1" not in body
+    with pytest.raises(etc.GraphError, match="release 'soon' is not one of math, read, read_early"):
+        attention_mma(512, 8, 2, 64, 2, pipeline="tma", release="soon")
+    with pytest.raises(etc.GraphError, match="release='read' gives back TMA ring stages"):
+        attention_mma(512, 8, 2, 64, 2, release="read")
+    with pytest.raises(etc.GraphError, match="attn_tma_release"):
+        dataclasses.replace(CFG, attn_tma_release="early")
+
+
 def test_batch_buckets_change_only_the_tiles():
     """Each kernel differs by its bucket's fields alone and takes the same
     tensors; a bad bucket is refused, naming it."""

@@ -322,6 +322,12 @@ class LlamaConfig:
     #: it waits for the QKV projection (``attention_mma(prefetch=True)``;
     #: −0.3..−1.6 % at B = 32 and 64 on an H200).
     attn_tma_prefetch: bool = True
+    #: When the TMA-fed attention's warps give a ring stage back
+    #: (``attention_mma(release=...)``): "math" (after the step's
+    #: arithmetic), "read" (once their vectors are in registers; thread 0
+    #: refills it after its arithmetic: one step more in flight) or
+    #: "read_early" (refilled before thread 0's arithmetic).
+    attn_tma_release: str = "math"
     #: Past ``attn_small_batch``, the attention splits the ``L`` cached
     #: positions (``max(1, ceil(L / span))`` splits, position ``L`` in the
     #: last) instead of ``L + 1``: for the tensor-core tile, which holds no
@@ -521,9 +527,10 @@ class LlamaConfig:
             for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v", "fuse_combine")
             if getattr(self, key)
         ]
-        from ..tiles.attention_mma import PIPELINES
+        from ..tiles.attention_mma import PIPELINES, RELEASES
 
         _one_of("attn_pipeline", self.attn_pipeline, (*PIPELINES, "auto"))
+        _one_of("attn_tma_release", self.attn_tma_release, RELEASES)
         if self.attn_pipeline != "none" and self.attn_tile != "mma":
             raise GraphError(
                 f"LlamaConfig: attn_pipeline applies to attn_tile='mma', not {self.attn_tile!r}"
@@ -1079,6 +1086,7 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
             *shape, blocks=cfg.attn_unroll, pipeline=cfg.attention_pipeline,
             stages=cfg.attn_tma_stages,
             prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma",
+            release=cfg.attn_tma_release if cfg.attention_pipeline == "tma" else "math",
             direct=cfg.direct_attention, **common,
         )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)

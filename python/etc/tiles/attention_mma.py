@@ -59,10 +59,12 @@ from .llama import (
     _warp_merge,
 )
 
-__all__ = ["attention_mma", "PIPELINES"]
+__all__ = ["attention_mma", "PIPELINES", "RELEASES"]
 
 #: ``attention_mma(pipeline=...)`` modes.
 PIPELINES = ("none", "registers", "smem", "tma")
+#: ``attention_mma(release=...)`` modes of the TMA ring.
+RELEASES = ("math", "read", "read_early")
 
 
 class _T(_Text):
@@ -131,6 +133,7 @@ def attention_mma(
     stages: int = 3,
     prefetch: bool = False,
     direct: bool = False,
+    release: str = "math",
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -160,6 +163,15 @@ def attention_mma(
     ring (its first ``stages`` steps) before the instance waits for the QKV
     projection: the cached rows below ``L`` are written by no task of the
     launch, so they load while the waits and the query's RoPE run.
+
+    ``release`` (with ``"tma"``): when a warp gives its stage back.
+    ``"math"``: after the step's arithmetic, and thread 0 then refills the
+    previous step's stage, so while a step computes no load is in flight
+    with 2 stages. ``"read"``: as soon as its vectors are in registers
+    (the warp synchronised first, so every lane's read is done), and thread
+    0 refills the current step's stage after its arithmetic: one more step
+    in flight for the same shared memory. ``"read_early"``: thread 0
+    refills it before its arithmetic (waiting for every warp's reads).
 
     ``direct`` adds an ``attn: memref<?x(heads*D)xbf16>`` argument (after
     ``mpart``): when the grid has one split per (sequence, kv head), the
@@ -198,6 +210,12 @@ def attention_mma(
             raise GraphError(f"tile '{name}': stages={stages!r} must be an int >= 2")
     if prefetch and pipeline != "tma":
         raise GraphError(f"tile '{name}': prefetch starts the TMA ring: needs pipeline='tma'")
+    if release not in RELEASES:
+        raise GraphError(f"tile '{name}': release {release!r} is not one of {', '.join(RELEASES)}")
+    if release != "math" and pipeline != "tma":
+        raise GraphError(
+            f"tile '{name}': release={release!r} gives back TMA ring stages: needs pipeline='tma'"
+        )
     align = min(step, chunk)
     if spread and chunk % align:
         raise GraphError(
@@ -377,6 +395,10 @@ def attention_mma(
             _tma_start(t, stages, step, D, warps)
         setup += "\n" + t.part("    ")
         vecs = _tma_read(t, step, D, NB, DK, DV, _ring_type(stages, step, D))
+        if release != "math":
+            _tma_release(t, after_reads=True)
+        if release == "read_early":
+            _tma_refill(t, step, D, current=True)
     else:
         vecs = load_step(t, "%wbase")
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
@@ -433,11 +455,13 @@ def attention_mma(
             b0 = _halves(t, words[0][u // 2], words[1][u // 2], u % 2)
             b1 = _halves(t, words[8][u // 2], words[9][u // 2], u % 2)
             out[u] = mma(t, pa, [b0, b1], [*out[u], "%fzero", "%fzero"])[:2]
-    if pipeline == "tma":
+    if pipeline == "tma" and release == "math":
         _tma_release(t)
         # Thread 0 refills after its warp's arithmetic: refilling before it
         # (as soon as the step's data is in) was 1-3 % slower on an H200.
         _tma_refill(t, step, D)
+    elif release == "read":
+        _tma_refill(t, step, D, current=True)
     step_lines = t.part("  ")
     yields = [m_new, lsum] + [v for u in range(NT) for v in out[u]]
     inits = ["%rm = %empty", "%rl = %fzero"] + [
@@ -775,24 +799,40 @@ def _tma_read(t: _T, step: int, D: int, NB: int, DK: int, DV: int, ring_t: str) 
     return vecs
 
 
-def _tma_release(t: _T) -> None:
-    """After the step's arithmetic: each warp's lane 0 marks the stage read."""
+def _tma_release(t: _T, after_reads: bool = False) -> None:
+    """Each warp's lane 0 marks the step's stage read: after the step's
+    arithmetic, or (``after_reads``) once the warp's ring reads are in
+    registers: ``bar.warp.sync`` orders every lane's reads before lane 0's
+    arrive (a release), and the memory clobbers keep the compiler from
+    sinking the reads past them."""
+    if after_reads:
+        t.emit(
+            'llvm.inline_asm has_side_effects asm_dialect = att "bar.warp.sync -1;", '
+            '"~{memory}"  : () -> ()'
+        )
     lane0 = t.op("l0", "arith.cmpi eq, %lane, %c0 : index")
     t.emit(f"scf.if {lane0} {{")
     t.indent += "  "
-    _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(_bar(t, 1, "%tma_stage"), "i32")])
+    bar = _bar(t, 1, "%tma_stage")
+    t.emit(
+        "llvm.inline_asm has_side_effects asm_dialect = att "
+        f'"mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{{memory}}" {bar} : (i32) -> ()'
+    )
     t.end()
 
 
-def _tma_refill(t: _T, step: int, D: int) -> None:
+def _tma_refill(t: _T, step: int, D: int, current: bool = False) -> None:
     """Thread 0: the previous step's stage (its warps are done with it, or
-    nearly) gets the step ``%tma_stages`` later."""
-    has_prev = t.op("prev", "arith.cmpi uge, %tma_i, %c1 : index")
-    prev = t.idx("subi", "%tma_i", "%c1")
+    nearly) gets the step ``%tma_stages`` later; ``current``: this step's
+    stage (its warps release it after their reads)."""
+    has_prev = None if current else t.op("prev", "arith.cmpi uge, %tma_i, %c1 : index")
+    prev = "%tma_i" if current else t.idx("subi", "%tma_i", "%c1")
     nxt = t.idx("addi", prev, "%tma_stages")
-    more = t.op("more", f"arith.cmpi ult, {nxt}, %nsteps : index")
+    go = t.op("more", f"arith.cmpi ult, {nxt}, %nsteps : index")
     is0 = t.op("is0", "arith.cmpi eq, %tid, %c0 : index")
-    go = t.op("go", f"arith.andi {t.op('go', f'arith.andi {has_prev}, {more} : i1')}, {is0} : i1")
+    if has_prev is not None:
+        go = t.op("go", f"arith.andi {has_prev}, {go} : i1")
+    go = t.op("go", f"arith.andi {go}, {is0} : i1")
     t.emit(f"scf.if {go} {{")
     t.indent += "  "
     pstage = t.idx("remui", prev, "%tma_stages")

@@ -1,0 +1,168 @@
+"""Where a traced launch loses time between and across CTAs and SMs.
+
+    python bench/trace_analysis.py TRACE.npz placement            # CTA -> SM, a layer's stages per SM
+    python bench/trace_analysis.py TRACE.npz spread TASK          # TASK's ends per CTA and per SM
+    python bench/trace_analysis.py TRACE.npz gaps                 # idle between a CTA's instances
+    python bench/trace_analysis.py TRACE.npz parts TASK[,TASK]    # split-K: the last part vs the others
+
+``TRACE.npz``: a :meth:`etc.runtime.trace.Trace.save` file (``bench/decode_trace.py
+--out`` writes one per schedule and batch). ``--layer`` picks the layer of
+the per-layer views (default 8). Times are µs after the first start of the
+instances looked at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from etc.runtime.trace import Trace  # noqa: E402
+
+STAGES = ("qkv", "attention", "combine", "o_proj", "gate_up", "down")
+
+
+def _us(ns: int, t0: int) -> float:
+    return (ns - t0) / 1e3
+
+
+def _pct(values, qs) -> list[float]:
+    return np.percentile(np.asarray(values, dtype=float), qs).round(1).tolist()
+
+
+def placement(events: list[dict], layer: int) -> list[str]:
+    """Which SM each CTA ran on, and how many of a layer's instances each SM
+    ran per stage, with the SMs' last ends by that count."""
+    sm_of: dict[int, set] = collections.defaultdict(set)
+    for e in events:
+        sm_of[e["cta"]].add(e["sm"])
+    moved = sum(len(s) > 1 for s in sm_of.values())
+    first = {c: min(s) for c, s in sm_of.items()}
+    per_sm = collections.Counter(first.values())
+    out = [
+        f"{len(sm_of)} CTAs, {moved} seen on more than one SM; CTAs per SM: "
+        f"{dict(collections.Counter(per_sm.values()))}",
+        f"SMs of CTAs 0..15: {[first[c] for c in range(min(16, len(first)))]}",
+    ]
+    for stage in STAGES:
+        evs = [e for e in events if e["task"] == stage and e["instance"][0] == layer]
+        if not evs:
+            continue
+        t0 = min(e["start_ns"] for e in evs)
+        by_sm: dict[int, list] = collections.defaultdict(list)
+        for e in evs:
+            by_sm[e["sm"]].append(e)
+        ends: dict[int, list] = collections.defaultdict(list)
+        for v in by_sm.values():
+            ends[len(v)].append(_us(max(x["end_ns"] for x in v), t0))
+        window = _us(max(e["end_ns"] for e in evs), t0)
+        detail = ", ".join(
+            f"{n}/SM on {len(v)} SMs end median {np.median(v):.2f} max {max(v):.2f}"
+            for n, v in sorted(ends.items())
+        )
+        out.append(f"{stage:10s} {len(evs):4d} instances, window {window:.2f}: {detail}")
+    return out
+
+
+def spread(events: list[dict], task: str) -> list[str]:
+    """``task``'s instances per CTA and per SM, their durations, the ends by
+    count, the slowest and fastest SMs, and how many run every 5 µs."""
+    evs = [e for e in events if e["task"] == task]
+    t0 = min(e["start_ns"] for e in evs)
+    durs = [(e["end_ns"] - e["start_ns"]) / 1e3 for e in evs]
+    out = [f"{task}: {len(evs)} instances, duration pct 5/50/95/100 {_pct(durs, [5, 50, 95, 100])}"]
+    for key in ("cta", "sm"):
+        groups: dict[int, list] = collections.defaultdict(list)
+        for e in evs:
+            groups[e[key]].append(e)
+        by_count: dict[int, list] = collections.defaultdict(list)
+        last = {}
+        for g, v in groups.items():
+            last[g] = _us(max(x["end_ns"] for x in v), t0)
+            by_count[len(v)].append(last[g])
+        for n, v in sorted(by_count.items()):
+            out.append(
+                f"  {key}s with {n}: {len(v)}, end pct 0/50/90/100 {_pct(v, [0, 50, 90, 100])}"
+            )
+        if key == "sm":
+            order = sorted(last, key=last.get)
+            show = [(s, len(groups[s]), round(last[s], 1)) for s in order]
+            out.append(f"  fastest SMs (sm, instances, end) {show[:6]}")
+            out.append(f"  slowest SMs {show[-6:]}")
+    end = max(_us(e["end_ns"], t0) for e in evs)
+    active = [
+        sum(1 for e in evs if _us(e["start_ns"], t0) <= x < _us(e["end_ns"], t0))
+        for x in np.arange(0.0, end, 5.0)
+    ]
+    out.append(f"  running every 5 us: {active}")
+    return out
+
+
+def gaps(events: list[dict]) -> list[str]:
+    """Idle CTA time from an instance's end to the start of the CTA's next
+    one (after its waits), by (task, next task)."""
+    by_cta: dict[int, list] = collections.defaultdict(list)
+    for e in events:
+        by_cta[e["cta"]].append(e)
+    pairs: dict[tuple, list] = collections.defaultdict(list)
+    for v in by_cta.values():
+        v.sort(key=lambda x: x["start_ns"])
+        for a, b in zip(v, v[1:], strict=False):
+            pairs[a["task"], b["task"]].append((b["start_ns"] - a["end_ns"]) / 1e3)
+    rows = sorted(pairs.items(), key=lambda kv: -sum(kv[1]))
+    return [
+        f"{a:>12s} -> {b:12s} {len(g):6d}  median {np.median(g):6.2f}  sum {sum(g):8.0f} us"
+        for (a, b), g in rows
+    ]
+
+
+def parts(events: list[dict], tasks: str, layer: int) -> list[str]:
+    """Per split-K task: within each output block (the instance's
+    coordinates but the last), the last part to end against the others."""
+    out = []
+    for task in tasks.split(","):
+        evs = [e for e in events if e["task"] == task and e["instance"][0] == layer]
+        blocks: dict[tuple, list] = collections.defaultdict(list)
+        for e in evs:
+            blocks[e["instance"][:-1]].append(e)
+        lag, last_d, other_d = [], [], []
+        for v in blocks.values():
+            v.sort(key=lambda x: x["end_ns"])
+            lag.append((v[-1]["end_ns"] - v[-2]["end_ns"]) / 1e3)
+            last_d.append((v[-1]["end_ns"] - v[-1]["start_ns"]) / 1e3)
+            other_d += [(x["end_ns"] - x["start_ns"]) / 1e3 for x in v[:-1]]
+        out.append(
+            f"{task}: {len(blocks)} blocks of {len(evs) // max(1, len(blocks))} parts; the last "
+            f"ends {np.median(lag):.2f} us (median) after the one before; durations: last "
+            f"{np.median(last_d):.2f}, others {np.median(other_d):.2f} (medians)"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trace", type=Path)
+    p.add_argument("view", choices=("placement", "spread", "gaps", "parts"))
+    p.add_argument("task", nargs="?", default="lm_head")
+    p.add_argument("--layer", type=int, default=8)
+    args = p.parse_args(argv)
+    events = Trace.load(args.trace).events()
+    if args.view == "placement":
+        lines = placement(events, args.layer)
+    elif args.view == "spread":
+        lines = spread(events, args.task)
+    elif args.view == "gaps":
+        lines = gaps(events)
+    else:
+        lines = parts(events, args.task, args.layer)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
