@@ -197,6 +197,14 @@ VARIANTS = {
     "single16": {"attn_single_splits": 16},
     "lm128_b1": _one(("bn_lm", 128)),
     "lm32_b1": _one(("bn_lm", 32)),
+    # Session 29: the tma tiles' epilogue loads (row sums, residual) before
+    # their k loops, off the split-K meeting's path; and with item 116.
+    "tma_ahead": {"tma_epilogue_ahead": True},
+    "ahead_read_early": {"tma_epilogue_ahead": True, **_large(("attn_tma_release", "read_early"))},
+    # ... the defaults before and after the session: "read_early" by span
+    # length ("auto") with the epilogue loads ahead.
+    "math_plain": {"attn_tma_release": "math", "tma_epilogue_ahead": False},
+    "auto_ahead": {"attn_tma_release": "auto", "tma_epilogue_ahead": True},
 }
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Twenty-ninth session (bench/RESULTS.md, decoder item 84): the TMA-fed
 # attention's ring stages given back once read. Each step's CPU-side build
-# is in its comment. Usage: bash bench/gpu_session29.sh [tests] [sweep] [trace] [b1]
+# is in its comment. Usage: bash bench/gpu_session29.sh [tests] [sweep] [trace] [b1] [hoist] [ahead]
+#   [final] [bench]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 V=default,attn_read,attn_read_early,attn_read3
@@ -43,6 +44,67 @@ for step in ${*:-tests sweep}; do
       python bench/decode_trace.py --artifacts .device/s29/b1tr --out /tmp/s29/b1tr 2>&1 \
       | tee "$OUT/b1_trace.txt" | grep -E "^==|lm_head|attention|step"
     cp /tmp/s29/b1tr/*.npz "$OUT/"
+    ;;
+  hoist)  # the folded norms' row sums loaded before the k loop (sync core): the tiny
+    # decoder against the simulator, then the default artifact before / after, alternating
+    # (python test/gpu/make_artifacts.py .device/s29/hoist/art --only llama_tiny_static, ...
+    #  _dynamic, ..._regions; DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py
+    #  --build .device/s29/hoist/{old,new}, old from the tree before the change)
+    ETC_ARTIFACTS=.device/s29/hoist/art timeout 200 python -m pytest -q -rs test/gpu/test_llama_gpu.py \
+      -k "llama_tiny-static or llama_tiny-dynamic or llama_tiny_regions-" 2>&1 \
+      | tee "$OUT/tests_hoist.txt" | tail -3
+    for tag in old new old new; do
+      echo "== $tag" | tee -a "$OUT/hoist.txt"
+      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=1,8 timeout 150 python bench/decode_sweep.py \
+        --artifacts .device/s29/hoist/$tag --reps 9 2>&1 | grep "B=" | tee -a "$OUT/hoist.txt"
+    done
+    ;;
+  ahead)  # the tma tiles' epilogue loads before their k loops (tma_epilogue_ahead): the tiny
+    # decoder and the 1B large-batch kernel (bit-identical logits), then two sweep passes
+    # (python test/gpu/make_artifacts.py .device/s29/art2 --only llama_tiny_tma_ahead; ...
+    #  --only llama_1b_large; DECODE_SWEEP_VARIANTS=$A python bench/decode_sweep.py
+    #  --build .device/s29/dec2; DECODE_TRACE_VARIANTS=tma_ahead python bench/decode_trace.py
+    #  --build .device/s29/tr2)
+    ETC_ARTIFACTS=.device/s29/art2 timeout 250 python -m pytest -q -rs test/gpu/test_llama_gpu.py \
+      -k "llama_tiny_tma_ahead or ring_layouts" 2>&1 | tee "$OUT/tests_ahead.txt" | tail -3
+    A=default,attn_read_early,tma_ahead,ahead_read_early
+    A_REV=ahead_read_early,tma_ahead,attn_read_early,default
+    for pass in 1 2; do
+      v=$A; [ $pass = 2 ] && v=$A_REV
+      for L in 1024 4096; do
+        DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=$L timeout 200 \
+          python bench/decode_sweep.py --artifacts .device/s29/dec2 --out /tmp/s29/a$pass$L --reps 7 \
+          2>&1 | grep "B=" | tee -a "$OUT/ahead.txt"
+        cp /tmp/s29/a$pass$L/decode_sweep.json "$OUT/ahead_${pass}_$L.json"
+      done
+    done
+    if [ -d .device/s29/tr2 ]; then
+      DECODE_TRACE_VARIANTS=tma_ahead DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 120 \
+        python bench/decode_trace.py --artifacts .device/s29/tr2 --out /tmp/s29/tr2 2>&1 \
+        | tee "$OUT/ahead_trace.txt" | grep -A6 "layer"
+      cp /tmp/s29/tr2/*.npz "$OUT/"
+    fi
+    ;;
+  final)  # the new defaults (attn_tma_release="auto", tma_epilogue_ahead): the TMA-fed tiny
+    # decoders and the 1B large-batch kernel's variants (bit-identical), then the session's
+    # defaults before / after at L = 1024, 2048, 4096, two passes
+    # (python test/gpu/make_artifacts.py .device/s29/art3 --only llama_1b_large; ...
+    #  --only llama_tiny_mma_tma; DECODE_SWEEP_VARIANTS=math_plain,auto_ahead
+    #  python bench/decode_sweep.py --build .device/s29/dec3)
+    ETC_ARTIFACTS=.device/s29/art3 timeout 250 python -m pytest -q -rs test/gpu/test_llama_gpu.py \
+      -k "mma_tma or ring_layouts" 2>&1 | tee "$OUT/tests_final.txt" | tail -3
+    for v in math_plain,auto_ahead auto_ahead,math_plain; do
+      for L in 1024 2048 4096; do
+        DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=$L timeout 150 \
+          python bench/decode_sweep.py --artifacts .device/s29/dec3 --reps 7 2>&1 | grep "B=" \
+          | sed "s/^/L=$L /" | tee -a "$OUT/final.txt"
+      done
+    done
+    ;;
+  bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s29/decode)
+    timeout 540 python bench/decode.py --artifacts .device/s29/decode --out "$OUT" --reps 5 \
+      --parts "${DECODE_PARTS:-check,time}" 2>&1 | grep -v -i "warn\|attention mask\|cudagraph" \
+      | tee "$OUT/bench.txt"
     ;;
   esac
 done

@@ -636,6 +636,8 @@ def llama_tiny_variants() -> dict:
         # with the weights loaded into the ring and asked into L2 before the
         # waits: the prefetches must load the rotated loop's first k-tiles.
         "llama_tiny_tma_rotate": dataclasses.replace(tma, tma_rotate_k=True),
+        # ... their epilogues' row sums and residual loaded before the k loop.
+        "llama_tiny_tma_ahead": dataclasses.replace(tma, tma_epilogue_ahead=True),
         "llama_tiny_tma_rotate_l2pf": dataclasses.replace(
             tma, tma_rotate_k=True, tma_prefetch=True
         ),
@@ -669,8 +671,9 @@ def llama_1b_large_variants() -> dict:
     projections on different TMA stage counts (qkv 3, down 6, the others 4),
     and with the weights asked into L2 before the waits instead of loaded
     into the rings (``tma_prefetch=True``), and with the attention's ring
-    stages given back once read (``attn_tma_release``): the same
-    arithmetic, so bit-identical logits."""
+    stages given back once read (``attn_tma_release``), and with the
+    epilogues' loads issued before the k loops (``tma_epilogue_ahead``):
+    the same arithmetic, so bit-identical logits."""
     from etc.models import llama
 
     large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
@@ -681,4 +684,6 @@ def llama_1b_large_variants() -> dict:
         "llama_1b_large_l2pf": dataclasses.replace(large, tma_prefetch=True),
         "llama_1b_large_read": dataclasses.replace(large, attn_tma_release="read"),
         "llama_1b_large_read_early": dataclasses.replace(large, attn_tma_release="read_early"),
+        "llama_1b_large_plain": dataclasses.replace(large, tma_epilogue_ahead=False),
+        "llama_1b_large_auto": dataclasses.replace(large, attn_tma_release="auto"),
     }

@@ -98,6 +98,7 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_tma_mixed",
         "llama_tiny_tma_l2pf",
         "llama_tiny_tma_rotate",
+        "llama_tiny_tma_ahead",
     ],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

@@ -248,6 +248,28 @@ def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
     assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report))
 
 
+@pytest.mark.parametrize("epilogue", ["store", "residual"])
+def test_epilogue_ahead_loads_row_sums_and_residual_before_the_k_loop(epilogue, tmp_path):
+    """epilogue_ahead: the row sums (row_scale) or the residual (and only
+    what the epilogue would load) are read before the k loop, in every part,
+    and not again after the meeting; the tile still assembles without
+    spills."""
+    _, kw, names = _case(epilogue, 2, np.random.default_rng(0))
+    plain = _tile(epilogue, 2, **kw).source
+    ahead = _tile(epilogue, 2, **kw, epilogue_ahead=True).source
+    loaded = "memref.load %R[" if epilogue == "store" else "vector.load %C["
+    for src in (plain, ahead):
+        assert src.count(loaded) == 2 if epilogue == "store" else src.count(loaded) == 2 * 2
+    head, loop = ahead.split("scf.for %kt")
+    assert loaded not in loop and loaded in head
+    assert loaded not in plain.split("scf.for %kt")[0]
+    art = _compile(_tile(epilogue, 2, **kw, epilogue_ahead=True), epilogue, 2, names)
+    report = sm90a_ptxas(art.ptx, tmp_path)
+    assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report))
+    with pytest.raises(etc.GraphError, match="epilogue_ahead=True need core='tma'"):
+        layer_gemm(16, 16, 64, 256, layers=2, epilogue_ahead=True)
+
+
 # -- the decoder -------------------------------------------------------------------
 
 TMA = dict(gemm_core="tma", bn_qkv=32, bn_o=16, bn_gu=32, bn_down=32)

@@ -325,8 +325,11 @@ class LlamaConfig:
     #: When the TMA-fed attention's warps give a ring stage back
     #: (``attention_mma(release=...)``): "math" (after the step's
     #: arithmetic), "read" (once their vectors are in registers; thread 0
-    #: refills it after its arithmetic: one step more in flight) or
-    #: "read_early" (refilled before thread 0's arithmetic).
+    #: refills it after its arithmetic: one step more in flight),
+    #: "read_early" (refilled before thread 0's arithmetic) or "auto"
+    #: ("read_early" for spans of at least 16 loop steps, else "math"). On an
+    #: H200 (twenty-ninth session) "read_early" was 1.5 % faster at L = 4096
+    #: and 0.5-2 % slower at L = 1024, "auto" 3-6 % slower at L = 1024.
     attn_tma_release: str = "math"
     #: Past ``attn_small_batch``, the attention splits the ``L`` cached
     #: positions (``max(1, ceil(L / span))`` splits, position ``L`` in the
@@ -416,6 +419,11 @@ class LlamaConfig:
     #: block) and wrap around (``layer_gemm(core="tma", rotate_k=True)``), so
     #: a stage's tiles do not all read the same activation boxes at once.
     tma_rotate_k: bool = False
+    #: The tma-core tiles issue their epilogue's loads that do not depend on
+    #: the product (a folded norm's row sums, the residual) before the k
+    #: loop, off the split-K meeting's path (``layer_gemm(epilogue_ahead=True)``;
+    #: −0.2..−1.2 % at B = 32 and 64, L = 1024 on an H200, twenty-ninth session).
+    tma_epilogue_ahead: bool = True
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -542,7 +550,7 @@ class LlamaConfig:
             )
         _int_field("attn_small_batch", self.attn_small_batch, 0)
         _int_field("attn_tma_stages", self.attn_tma_stages, 2)
-        for name in ("attn_tma_prefetch", "tma_rotate_k", "attn_direct"):
+        for name in ("attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct"):
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
         if self.attn_cached_splits not in (None, True, False):
@@ -1121,6 +1129,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 counter_row=_COUNTER_ROWS.get(name, 0),
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
+                epilogue_ahead=cfg.tma_epilogue_ahead,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
                 weight_chunk=cfg.weight_chunk if layers is not None else 0,

@@ -1612,27 +1612,51 @@ LAYER_EPILOGUES = ("store", "residual", "swiglu")
 LAYER_CORES = ("sync", "bulk", "tma")
 
 
+def _residual_loads(
+    t: _Text, rows: list[str], cols: list[str], out, r1: str
+) -> dict[tuple[int, int, int], str]:
+    """``C[row, col]`` (a ``vector<2xf32>``) of every pair this thread stores,
+    by (row pair ``m``, fragment ``f``, half ``h``); rows past the block are
+    clamped."""
+    last = t.op("rlast", f"arith.subi {r1}, %c1 : index")
+    return {
+        (m, f, h): _residual_pair(t, out, rows[2 * m + h], col, last)
+        for m in range(len(rows) // 2)
+        for f, col in enumerate(cols)
+        for h in range(2)
+    }
+
+
+def _residual_pair(t: _Text, out, row: str, col: str, last: str) -> str:
+    """``C[min(row, last), col .. col + 1]`` as a ``vector<2xf32>``."""
+    mem, mtype = out
+    row = t.op("rr", f"arith.minui {row}, {last} : index")
+    old = t.op(
+        "old",
+        f"vector.load {mem}[{row}, {col}] {{alignment = 4 : i64}} : {mtype}, vector<2xbf16>",
+    )
+    return t.op("old", f"arith.extf {old} : vector<2xbf16> to vector<2xf32>")
+
+
 def _add_residual(
-    t: _Text, acc: list[list[list[str]]], rows: list[str], cols: list[str], out, r1: str
-) -> list[list[list[str]]]:
+    t: _Text, acc: list[list[list[str]]], rows: list[str], cols: list[str], out, r1: str,
+    olds: dict | None = None,
+) -> list[list[list[str]]]:  # fmt: skip
     """``f32(bf16(acc)) + f32(C[row, col])`` for every pair this thread stores
     (the residual is read before the store that overwrites it; rows past the
-    block are clamped for the read and not stored)."""
-    mem, mtype = out
-    last = t.op("rlast", f"arith.subi {r1}, %c1 : index")
+    block are clamped for the read and not stored). ``olds``: the residual
+    already loaded (:func:`_residual_loads`)."""
+    last = None if olds else t.op("rlast", f"arith.subi {r1}, %c1 : index")
     res = []
     for m, per in enumerate(acc):
         per_out = []
         for f, c in enumerate(per):
             vals = list(c)
             for h in range(2):
-                row = t.op("rr", f"arith.minui {rows[2 * m + h]}, {last} : index")
-                old = t.op(
-                    "old",
-                    f"vector.load {mem}[{row}, {cols[f]}] {{alignment = 4 : i64}} : "
-                    f"{mtype}, vector<2xbf16>",
-                )
-                old = t.op("old", f"arith.extf {old} : vector<2xbf16> to vector<2xf32>")
+                if olds:
+                    old = olds[m, f, h]
+                else:  # each pair's load next to its add
+                    old = _residual_pair(t, out, rows[2 * m + h], cols[f], last)
                 for q in range(2):
                     o = t.op("o", f"vector.extract {old}[{q}] : f32 from vector<2xf32>")
                     a = _mma.bf16_round(t, c[2 * h + q])
@@ -1681,6 +1705,7 @@ def layer_gemm(
     a_box: int = 64,
     weight_chunk: int = 0,
     bulk_ring: bool = False,
+    epilogue_ahead: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1782,9 +1807,12 @@ def layer_gemm(
     instances, whose float32 partial products meet in a workspace; the last
     to finish adds them in part order and runs the epilogue;
     ``prefetch_ring`` asks the L2 for the first stages' weight boxes (an
-    int: that many k-tiles) before the waits; ``a_box`` rows per activation box (boxes past ``M`` skipped). It
-    takes ``stages``, ``columns_first``, ``row_scale``, ``sums_out``,
-    ``k_splits``, ``counter_row``, ``prefetch_ring`` and ``a_box`` only.
+    int: that many k-tiles) before the waits; ``a_box`` rows per activation
+    box (boxes past ``M`` skipped); ``epilogue_ahead`` issues the epilogue's
+    row sums and residual loads before the k loop. It takes ``stages``,
+    ``columns_first``, ``row_scale``, ``sums_out``, ``k_splits``,
+    ``counter_row``, ``prefetch_ring``, ``a_box`` and ``epilogue_ahead``
+    only.
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -1828,9 +1856,13 @@ def layer_gemm(
             block_size=block_size, stages=stages, columns_first=columns_first,
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
             prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
+            epilogue_ahead=epilogue_ahead,
         )  # fmt: skip
-    if k_splits != 1 or a_box != 64:
-        raise GraphError(f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'")
+    if k_splits != 1 or a_box != 64 or epilogue_ahead:
+        raise GraphError(
+            f"tile '{name}': k_splits={k_splits}, a_box={a_box} and epilogue_ahead="
+            f"{epilogue_ahead} need core='tma'"
+        )
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,
                              "row_scale": row_scale is not None, "prefetch_ring": prefetch_ring})  # fmt: skip
@@ -2013,20 +2045,31 @@ def _scaled_rows(
     store: Callable[..., None], sums: tuple[str, str, str], k: int, eps: float, r1: str
 ) -> Callable[..., None]:
     """``store`` after multiplying each row's accumulators by ``rsqrt(sums[slot,
-    row] / k + eps)`` (a folded RMSNorm; rows past ``r1`` read ``r1 - 1``'s)."""
+    row] / k + eps)`` (a folded RMSNorm; rows past ``r1`` read ``r1 - 1``'s).
+    Its ``prologue(t, rows, col_lane)`` loads the scales (and what
+    ``store``'s prologue loads) ahead."""
     mem, mtype, slot = sums
+    ready: dict[tuple[str, ...], list[str]] = {}
 
-    def scaled(t: _Text, acc, rows, col_lane) -> None:
+    def scales(t: _Text, rows: list[str]) -> list[str]:
         last = t.op("last", f"arith.subi {r1}, %c1 : index")
         fk = t.op("fk", f"arith.constant {float(k):.1f} : f32")
         feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
-        scale = []
+        out = []
         for row in rows:
             r = t.op("sr", f"arith.minui {row}, {last} : index")
             total = _load_sum(t, mem, mtype, slot, r)
             ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
             ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
-            scale.append(t.op("rs", f"math.rsqrt {ms} : f32"))
+            out.append(t.op("rs", f"math.rsqrt {ms} : f32"))
+        return out
+
+    def prologue(t: _Text, rows, col_lane) -> None:
+        ready[tuple(rows)] = scales(t, rows)
+        store.prologue(t, rows, col_lane)
+
+    def scaled(t: _Text, acc, rows, col_lane) -> None:
+        scale = ready.pop(tuple(rows), None) or scales(t, rows)
         out = [
             [
                 [t.op("sc", f"arith.mulf {c[q]}, {scale[2 * m + q // 2]} : f32") for q in range(4)]
@@ -2036,6 +2079,7 @@ def _scaled_rows(
         ]
         store(t, out, rows, col_lane)
 
+    scaled.prologue = prologue
     return scaled
 
 
@@ -2095,18 +2139,29 @@ def _layer_store(
 ) -> Callable[..., None]:
     """The epilogue of :func:`layer_gemm` on ``acc[m][f]`` (mma fragments).
     ``sums = (memref, type, slot)``: also add each row's sum of squares of
-    the stored bf16 values to ``memref[slot, row]`` (atomically)."""
+    the stored bf16 values to ``memref[slot, row]`` (atomically). Its
+    ``prologue(t, rows, col_lane)`` loads the residual ahead (a main loop
+    that calls it before its k loop hides that round trip)."""
+    olds: dict[tuple[str, ...], dict] = {}
+
+    def cols_of(t: _Text, col_lane: str) -> list[str]:
+        return [_col(t, wcol, f, col_lane) for f in range(nf)]
+
+    def prologue(t: _Text, rows, col_lane) -> None:
+        if epilogue == "residual":
+            olds[tuple(rows)] = _residual_loads(t, rows, cols_of(t, col_lane), ("%C", ct), r1)
 
     def store(t: _Text, acc, rows, col_lane) -> None:
-        cols = [_col(t, wcol, f, col_lane) for f in range(nf)]
+        cols = cols_of(t, col_lane)
         if epilogue == "swiglu":
             acc = _mma.swiglu(t, acc, nf, hf_rounding=True)
         elif epilogue == "residual":
-            acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1)
+            acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1, olds.pop(tuple(rows), None))
         _store_pairs(t, acc, rows, cols, ("%C", ct), r1, None)
         if sums is not None:
             _add_sums_of_squares(t, acc, rows, r1, sums)
 
+    store.prologue = prologue
     return store
 
 

@@ -80,6 +80,7 @@ def layer_gemm_tma(
     a_box: int = 64,
     rotate_k: bool = False,
     weight_chunk: int = 0,
+    epilogue_ahead: bool = False,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -106,7 +107,11 @@ def layer_gemm_tma(
     its part's k loop at k-tile ``j`` (its column block) and wraps around,
     so a stage's tiles do not read the same activation boxes at once.
     ``weight_chunk=64``: ``W`` in ``etc.tiles.gemm.chunk_weights``' layout,
-    read through a 4-D map (``Graph.tensor_map(chunk=64)``)."""
+    read through a 4-D map (``Graph.tensor_map(chunk=64)``).
+    ``epilogue_ahead``: the epilogue's loads that do not depend on the
+    product (``row_scale``'s row sums, the ``residual``) are issued before
+    the k loop instead of after the split-K meeting, off its critical path
+    (a few registers held across the loop)."""
     stages = 4 if stages is None else stages
     _mma.positive(name, "k_splits", k_splits)
     if block_m != 64:
@@ -160,16 +165,29 @@ def layer_gemm_tma(
         globals_.append(flag_global)
         reduce = _split_reduce(n, block_n, k_splits, counter_row, per_n, r1, m_rows, flag)
 
+    def make_store(t: _Text, wn_i: str) -> Callable[..., None]:
+        store = _gemm._layer_store(epilogue, t.add(n0, t.mul(wn_i, cw)), cw // 8, ct, r1, sums)
+        if scale is not None:
+            store = _gemm._scaled_rows(store, scale[0], k, scale[1], r1)
+        return store
+
+    ahead: list = []  # the store whose prologue ran before the k loop
+
     def finish(t: _Text, acc, rows, wn_i, col_lane) -> None:
         wcol = t.add(n0, t.mul(wn_i, cw))
         if reduce is not None:
             acc = reduce(t, acc, rows, wcol, col_lane)  # opens "the last part" region
-        store = _gemm._layer_store(epilogue, wcol, cw // 8, ct, r1, sums)
-        if scale is not None:
-            store = _gemm._scaled_rows(store, scale[0], k, scale[1], r1)
+        store = ahead.pop() if ahead else make_store(t, wn_i)
         store(t, acc, rows, col_lane)
         if reduce is not None:
             t.end()
+
+    def prologue(t: _Text, rows, wn_i, col_lane) -> None:
+        ahead.append(make_store(t, wn_i))
+        ahead[-1].prologue(t, rows, col_lane)
+
+    if epilogue_ahead:
+        finish.prologue = prologue
 
     loads = _loads(t, per_n, n, n0, r0, m_rows, cw, groups, stacked, a_box, chunk)
     globals_ += _tc._body_tma(

@@ -591,22 +591,29 @@ def _body_wgmma(
 
 
 def _wgmma_epilogue(
-    t: _Text, final, b_rows: int, group, warp, lane, r0: str, epilogue, split_n: bool = False
-) -> None:
+    t: _Text, final, b_rows: int, group, warp, lane, r0: str, epilogue, split_n: bool = False,
+    rows: list[str] | None = None,
+) -> None:  # fmt: skip
     """Hand a warpgroup's ``m64nN`` accumulators to ``epilogue`` in the
     ``mma.sync`` fragment layout: d[4f + q] is row lane/4 (q < 2) or lane/4 + 8
     of the warp's 16, column 8f + 2 * (lane % 4) + q % 2. Warpgroups own
     64-row slices (the epilogue's ``wn_i`` is 0) or, ``split_n``, column
-    slices of the same 64 rows (``wn_i`` is the warpgroup)."""
+    slices of the same 64 rows (``wn_i`` is the warpgroup). ``rows``: those
+    of :func:`_wgmma_rows`, computed earlier."""
     acc_f = [[[final[4 * f + q] for q in range(4)] for f in range(b_rows // 8)]]
-    grp = t.bin("divui", lane, 4)
+    rows = rows or _wgmma_rows(t, group, warp, lane, r0, split_n)
     tig = t.bin("remui", lane, 4)
+    epilogue(t, acc_f, rows, group if split_n else t.c(0), t.mul(tig, 2))
+
+
+def _wgmma_rows(t: _Text, group, warp, lane, r0: str, split_n: bool) -> list[str]:
+    """The two rows (``lane / 4`` and 8 more) of this thread's fragments."""
+    grp = t.bin("divui", lane, 4)
     if split_n:
         rbase = t.add(t.add(r0, t.mul(warp, 16)), grp)
     else:
         rbase = t.add(t.add(t.add(r0, t.mul(group, 64)), t.mul(warp, 16)), grp)
-    rows = [rbase, t.add(rbase, 8)]
-    epilogue(t, acc_f, rows, group if split_n else t.c(0), t.mul(tig, 2))
+    return [rbase, t.add(rbase, 8)]
 
 
 # One TMA load: (the map's address as i64, first row (index), rows).
@@ -1174,6 +1181,13 @@ def _body_tma(
         first = t.op("first", f"arith.cmpi eq, {group}, {t.c(0)} : index")
         runs = warp_uniform(t, t.op("runs", f"arith.ori {first}, {second_busy} : i1"))
         trip = t.op("trip", f"arith.select {runs}, {t.c(kt_n)}, {t.c(0)} : index")
+    rows = None
+    prologue = getattr(epilogue, "prologue", None)
+    if prologue is not None:
+        # The epilogue's loads that do not depend on the product (a folded
+        # norm's row sums, the residual) go out now: the k loop covers them.
+        rows = _wgmma_rows(t, group, warp, lane, r0, split_n)
+        prologue(t, rows, group if split_n else t.c(0), t.mul(t.bin("remui", lane, 4), 2))
     lazy = refill == "test"
     res, types = t.acc_loop("%kt", trip, nacc, (("%nx", t.c(min(stages, kt_n))),) if lazy else ())
     t.indent = outer + "  "
@@ -1256,7 +1270,7 @@ def _body_tma(
             block_m=block_m, block_size=block_size, tid=tid, group=group, warp=warp,
             lane=lane, r0=r0, split_n=split_n, **kw,
         )  # fmt: skip
-    _wgmma_epilogue(t, final, wg_rows, group, warp, lane, r0, epilogue, split_n)
+    _wgmma_epilogue(t, final, wg_rows, group, warp, lane, r0, epilogue, split_n, rows)
     t.staging = None
     if t.after_join is not None:  # no epilogue barrier: one of its own
         t.emit("gpu.barrier")
