@@ -201,10 +201,9 @@ VARIANTS = {
     # their k loops, off the split-K meeting's path; and with item 116.
     "tma_ahead": {"tma_epilogue_ahead": True},
     "ahead_read_early": {"tma_epilogue_ahead": True, **_large(("attn_tma_release", "read_early"))},
-    # ... the defaults before and after the session: "read_early" by span
-    # length ("auto") with the epilogue loads ahead.
+    # ... the session's starting defaults (item 122 timed "auto_ahead", the
+    # attention's release chosen by span, against it: commit 2ffabfd).
     "math_plain": {"attn_tma_release": "math", "tma_epilogue_ahead": False},
-    "auto_ahead": {"attn_tma_release": "auto", "tma_epilogue_ahead": True},
 }
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for

@@ -85,7 +85,8 @@ for step in ${*:-tests sweep}; do
       cp /tmp/s29/tr2/*.npz "$OUT/"
     fi
     ;;
-  final)  # the new defaults (attn_tma_release="auto", tma_epilogue_ahead): the TMA-fed tiny
+  final)  # (ran at commit 2ffabfd, whose attention had release="auto") "auto" with
+    # tma_epilogue_ahead (auto_ahead) against the starting defaults: the TMA-fed tiny
     # decoders and the 1B large-batch kernel's variants (bit-identical), then the session's
     # defaults before / after at L = 1024, 2048, 4096, two passes
     # (python test/gpu/make_artifacts.py .device/s29/art3 --only llama_1b_large; ...

@@ -685,5 +685,4 @@ def llama_1b_large_variants() -> dict:
         "llama_1b_large_read": dataclasses.replace(large, attn_tma_release="read"),
         "llama_1b_large_read_early": dataclasses.replace(large, attn_tma_release="read_early"),
         "llama_1b_large_plain": dataclasses.replace(large, tma_epilogue_ahead=False),
-        "llama_1b_large_auto": dataclasses.replace(large, attn_tma_release="auto"),
     }

@@ -266,7 +266,9 @@ def test_epilogue_ahead_loads_row_sums_and_residual_before_the_k_loop(epilogue, 
     art = _compile(_tile(epilogue, 2, **kw, epilogue_ahead=True), epilogue, 2, names)
     report = sm90a_ptxas(art.ptx, tmp_path)
     assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report))
-    with pytest.raises(etc.GraphError, match="epilogue_ahead=True need core='tma'"):
+    with pytest.raises(
+        etc.GraphError, match="tile 'layer_gemm_store': epilogue_ahead needs core='tma'"
+    ):
         layer_gemm(16, 16, 64, 256, layers=2, epilogue_ahead=True)
 
 

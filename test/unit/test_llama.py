@@ -1007,12 +1007,6 @@ def test_tma_attention_release_after_reads():
         assert body.count("cp.async.bulk.tensor.2d") == math_body.count("cp.async.bulk.tensor.2d")
         # The refill's stage is the step's own (%tma_i), not the one before.
         assert "arith.subi %tma_i, %c1" not in body
-    # "auto": "read_early" from AUTO_RELEASE_STEPS loop steps (a uniform
-    # branch), else "math": both releases and both refills, one each taken.
-    auto = step_body("auto")
-    assert "%tma_early = arith.cmpi uge, %nsteps, %c16_" in auto
-    assert auto.count("bar.warp.sync") == 1 and auto.count("mbarrier.arrive.shared") == 2
-    assert auto.count("cp.async.bulk.tensor.2d") == 2 * math_body.count("cp.async.bulk.tensor.2d")
     with pytest.raises(etc.GraphError, match="release 'soon' is not one of math, read, read_early"):
         attention_mma(512, 8, 2, 64, 2, pipeline="tma", release="soon")
     with pytest.raises(etc.GraphError, match="release='read' gives back TMA ring stages"):

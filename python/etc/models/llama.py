@@ -325,11 +325,10 @@ class LlamaConfig:
     #: When the TMA-fed attention's warps give a ring stage back
     #: (``attention_mma(release=...)``): "math" (after the step's
     #: arithmetic), "read" (once their vectors are in registers; thread 0
-    #: refills it after its arithmetic: one step more in flight),
-    #: "read_early" (refilled before thread 0's arithmetic) or "auto"
-    #: ("read_early" for spans of at least 16 loop steps, else "math"). On an
-    #: H200 (twenty-ninth session) "read_early" was 1.5 % faster at L = 4096
-    #: and 0.5-2 % slower at L = 1024, "auto" 3-6 % slower at L = 1024.
+    #: refills it after its arithmetic: one step more in flight)
+    #: or "read_early" (refilled before thread 0's arithmetic). On an H200
+    #: (twenty-ninth session) "read_early" was 1.5 % faster at L = 4096 and
+    #: 0.5-2 % slower at L = 1024 (choosing by span at run time: 3-6 % slower).
     attn_tma_release: str = "math"
     #: Past ``attn_small_batch``, the attention splits the ``L`` cached
     #: positions (``max(1, ceil(L / span))`` splits, position ``L`` in the

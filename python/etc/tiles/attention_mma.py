@@ -64,11 +64,7 @@ __all__ = ["attention_mma", "PIPELINES", "RELEASES"]
 #: ``attention_mma(pipeline=...)`` modes.
 PIPELINES = ("none", "registers", "smem", "tma")
 #: ``attention_mma(release=...)`` modes of the TMA ring.
-RELEASES = ("math", "read", "read_early", "auto")
-#: ``release="auto"``: "read_early" from this many loop steps (an instance's
-#: span), "math" below (on an H200, twenty-ninth session: "read_early" was
-#: 1.5 % faster at 32 steps, L = 4096, and 0.5-2 % slower at 8, L = 1024).
-AUTO_RELEASE_STEPS = 16
+RELEASES = ("math", "read", "read_early")
 
 
 class _T(_Text):
@@ -176,9 +172,6 @@ def attention_mma(
     0 refills the current step's stage after its arithmetic: one more step
     in flight for the same shared memory. ``"read_early"``: thread 0
     refills it before its arithmetic (waiting for every warp's reads).
-    ``"auto"``: ``"read_early"`` when the instance has at least
-    :data:`AUTO_RELEASE_STEPS` loop steps, else ``"math"`` (a uniform
-    branch at run time).
 
     ``direct`` adds an ``attn: memref<?x(heads*D)xbf16>`` argument (after
     ``mpart``): when the grid has one split per (sequence, kv head), the
@@ -402,16 +395,10 @@ def attention_mma(
             _tma_start(t, stages, step, D, warps)
         setup += "\n" + t.part("    ")
         vecs = _tma_read(t, step, D, NB, DK, DV, _ring_type(stages, step, D))
-        if release == "auto":
-            t.emit(f"%tma_early = arith.cmpi uge, %nsteps, {t.c(AUTO_RELEASE_STEPS)} : index")
-            t.emit("scf.if %tma_early {")
-            t.indent += "  "
         if release != "math":
             _tma_release(t, after_reads=True)
-        if release in ("read_early", "auto"):
+        if release == "read_early":
             _tma_refill(t, step, D, current=True)
-        if release == "auto":
-            t.end()
     else:
         vecs = load_step(t, "%wbase")
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
@@ -468,18 +455,11 @@ def attention_mma(
             b0 = _halves(t, words[0][u // 2], words[1][u // 2], u % 2)
             b1 = _halves(t, words[8][u // 2], words[9][u // 2], u % 2)
             out[u] = mma(t, pa, [b0, b1], [*out[u], "%fzero", "%fzero"])[:2]
-    if pipeline == "tma" and release in ("math", "auto"):
-        if release == "auto":
-            true = t.op("tr", "arith.constant true")
-            late = t.op("late", f"arith.xori %tma_early, {true} : i1")
-            t.emit(f"scf.if {late} {{")
-            t.indent += "  "
+    if pipeline == "tma" and release == "math":
         _tma_release(t)
         # Thread 0 refills after its warp's arithmetic: refilling before it
         # (as soon as the step's data is in) was 1-3 % slower on an H200.
         _tma_refill(t, step, D)
-        if release == "auto":
-            t.end()
     elif release == "read":
         _tma_refill(t, step, D, current=True)
     step_lines = t.part("  ")

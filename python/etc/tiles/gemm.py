@@ -1858,11 +1858,10 @@ def layer_gemm(
             prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
             epilogue_ahead=epilogue_ahead,
         )  # fmt: skip
-    if k_splits != 1 or a_box != 64 or epilogue_ahead:
-        raise GraphError(
-            f"tile '{name}': k_splits={k_splits}, a_box={a_box} and epilogue_ahead="
-            f"{epilogue_ahead} need core='tma'"
-        )
+    if k_splits != 1 or a_box != 64:
+        raise GraphError(f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'")
+    if epilogue_ahead:
+        raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,
                              "row_scale": row_scale is not None, "prefetch_ring": prefetch_ring})  # fmt: skip
