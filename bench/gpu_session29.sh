@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
-# Twenty-ninth session (bench/RESULTS.md, decoder item 84): the TMA-fed
-# attention's ring stages given back once read. Each step's CPU-side build
-# is in its comment. Usage: bash bench/gpu_session29.sh [tests] [sweep] [trace] [b1] [hoist] [ahead]
+# Twenty-ninth session (bench/RESULTS.md, decoder items 116-122): the
+# TMA-fed attention's ring stages given back once read, traces per SM, the
+# TMA tiles' epilogue loads ahead. Each step's CPU-side build is in its
+# comment. Usage: bash bench/gpu_session29.sh [tests] [sweep] [trace] [b1] [hoist] [ahead]
 #   [final] [bench]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 V=default,attn_read,attn_read_early,attn_read3
 V_REV=attn_read3,attn_read_early,attn_read,default
+# Two bench/decode_sweep.py passes (the second over REVERSED variants) at B =
+# 32 and 64, L = 1024 and 4096: sweep_passes NAME VARIANTS REVERSED DIR; rows
+# into $OUT/NAME.txt, raw NAME_<pass>_<L>.json.
+sweep_passes() {
+  local name=$1 variants=$2 reversed=$3 dir=$4 pass v L
+  for pass in 1 2; do
+    v=$variants; [ $pass = 2 ] && v=$reversed
+    for L in 1024 4096; do
+      DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=$L timeout 280 \
+        python bench/decode_sweep.py --artifacts $dir --out /tmp/s29/$name$pass$L --reps 7 \
+        2>&1 | grep "B=" | tee -a "$OUT/$name.txt"
+      cp /tmp/s29/$name$pass$L/decode_sweep.json "$OUT/${name}_${pass}_$L.json"
+    done
+  done
+}
 for step in ${*:-tests sweep}; do
   case $step in
   tests)  # (python test/gpu/make_artifacts.py .device/s29/art --only llama_tiny_mma_tma;
@@ -16,19 +32,11 @@ for step in ${*:-tests sweep}; do
     ;;
   sweep)  # two passes, the second reversed, L = 1024 and 4096, B = 32 and 64
     # (DECODE_SWEEP_VARIANTS=$V python bench/decode_sweep.py --build .device/s29/dec)
-    for pass in 1 2; do
-      v=$V; [ $pass = 2 ] && v=$V_REV
-      for L in 1024 4096; do
-        DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=$L timeout 280 \
-          python bench/decode_sweep.py --artifacts .device/s29/dec --out /tmp/s29/sw$pass$L --reps 7 \
-          2>&1 | grep "B=" | tee -a "$OUT/sweep.txt"
-        cp /tmp/s29/sw$pass$L/decode_sweep.json "$OUT/sweep_${pass}_$L.json"
-      done
-    done
+    sweep_passes sweep $V $V_REV .device/s29/dec
     ;;
   trace)  # B = 64, L = 4096, the attention's window per layer
-    # (DECODE_TRACE_VARIANTS=default,attn_read python bench/decode_trace.py --build .device/s29/tr)
-    DECODE_TRACE_VARIANTS=default,attn_read DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 \
+    # (DECODE_TRACE_VARIANTS=default,attn_read_early python bench/decode_trace.py --build .device/s29/tr)
+    DECODE_TRACE_VARIANTS=default,attn_read_early DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 \
       timeout 200 python bench/decode_trace.py --artifacts .device/s29/tr --out /tmp/s29/tr 2>&1 \
       | tee "$OUT/trace.txt" | grep -A8 "layer"
     cp /tmp/s29/tr/*.npz "$OUT/"
@@ -69,15 +77,7 @@ for step in ${*:-tests sweep}; do
       -k "llama_tiny_tma_ahead or ring_layouts" 2>&1 | tee "$OUT/tests_ahead.txt" | tail -3
     A=default,attn_read_early,tma_ahead,ahead_read_early
     A_REV=ahead_read_early,tma_ahead,attn_read_early,default
-    for pass in 1 2; do
-      v=$A; [ $pass = 2 ] && v=$A_REV
-      for L in 1024 4096; do
-        DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=$L timeout 200 \
-          python bench/decode_sweep.py --artifacts .device/s29/dec2 --out /tmp/s29/a$pass$L --reps 7 \
-          2>&1 | grep "B=" | tee -a "$OUT/ahead.txt"
-        cp /tmp/s29/a$pass$L/decode_sweep.json "$OUT/ahead_${pass}_$L.json"
-      done
-    done
+    sweep_passes ahead $A $A_REV .device/s29/dec2
     if [ -d .device/s29/tr2 ]; then
       DECODE_TRACE_VARIANTS=tma_ahead DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 120 \
         python bench/decode_trace.py --artifacts .device/s29/tr2 --out /tmp/s29/tr2 2>&1 \
