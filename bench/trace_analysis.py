@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from etc.runtime.trace import Trace  # noqa: E402
+from etc.runtime.trace import Trace, ends_by_place, gaps_by_pair  # noqa: E402
 
 STAGES = ("qkv", "attention", "combine", "o_proj", "gate_up", "down")
 
@@ -35,9 +35,10 @@ def _pct(values, qs) -> list[float]:
     return np.percentile(np.asarray(values, dtype=float), qs).round(1).tolist()
 
 
-def placement(events: list[dict], layer: int) -> list[str]:
+def placement(trace: Trace, layer: int) -> list[str]:
     """Which SM each CTA ran on, and how many of a layer's instances each SM
     ran per stage, with the SMs' last ends by that count."""
+    events = trace.events()
     sm_of: dict[int, set] = collections.defaultdict(set)
     for e in events:
         sm_of[e["cta"]].add(e["sm"])
@@ -50,48 +51,42 @@ def placement(events: list[dict], layer: int) -> list[str]:
         f"SMs of CTAs 0..15: {[first[c] for c in range(min(16, len(first)))]}",
     ]
     for stage in STAGES:
-        evs = [e for e in events if e["task"] == stage and e["instance"][0] == layer]
-        if not evs:
+        per_sm = ends_by_place(trace, stage, keep=lambda e: e["instance"][0] == layer)
+        if not per_sm:
             continue
-        t0 = min(e["start_ns"] for e in evs)
-        by_sm: dict[int, list] = collections.defaultdict(list)
-        for e in evs:
-            by_sm[e["sm"]].append(e)
         ends: dict[int, list] = collections.defaultdict(list)
-        for v in by_sm.values():
-            ends[len(v)].append(_us(max(x["end_ns"] for x in v), t0))
-        window = _us(max(e["end_ns"] for e in evs), t0)
+        for count, end in per_sm.values():
+            ends[count].append(end)
+        window = max(end for _, end in per_sm.values())
         detail = ", ".join(
             f"{n}/SM on {len(v)} SMs end median {np.median(v):.2f} max {max(v):.2f}"
             for n, v in sorted(ends.items())
         )
-        out.append(f"{stage:10s} {len(evs):4d} instances, window {window:.2f}: {detail}")
+        total = sum(count for count, _ in per_sm.values())
+        out.append(f"{stage:10s} {total:4d} instances, window {window:.2f}: {detail}")
     return out
 
 
-def spread(events: list[dict], task: str) -> list[str]:
+def spread(trace: Trace, task: str) -> list[str]:
     """``task``'s instances per CTA and per SM, their durations, the ends by
     count, the slowest and fastest SMs, and how many run every 5 µs."""
-    evs = [e for e in events if e["task"] == task]
+    evs = [e for e in trace.events() if e["task"] == task]
     t0 = min(e["start_ns"] for e in evs)
     durs = [(e["end_ns"] - e["start_ns"]) / 1e3 for e in evs]
     out = [f"{task}: {len(evs)} instances, duration pct 5/50/95/100 {_pct(durs, [5, 50, 95, 100])}"]
     for key in ("cta", "sm"):
-        groups: dict[int, list] = collections.defaultdict(list)
-        for e in evs:
-            groups[e[key]].append(e)
+        last = ends_by_place(trace, task, key)
         by_count: dict[int, list] = collections.defaultdict(list)
-        last = {}
-        for g, v in groups.items():
-            last[g] = _us(max(x["end_ns"] for x in v), t0)
-            by_count[len(v)].append(last[g])
+        for count, end in last.values():
+            by_count[count].append(end)
         for n, v in sorted(by_count.items()):
             out.append(
                 f"  {key}s with {n}: {len(v)}, end pct 0/50/90/100 {_pct(v, [0, 50, 90, 100])}"
             )
         if key == "sm":
-            order = sorted(last, key=last.get)
-            show = [(s, len(groups[s]), round(last[s], 1)) for s in order]
+            show = sorted(
+                ((s, n, round(end, 1)) for s, (n, end) in last.items()), key=lambda x: x[2]
+            )
             out.append(f"  fastest SMs (sm, instances, end) {show[:6]}")
             out.append(f"  slowest SMs {show[-6:]}")
     end = max(_us(e["end_ns"], t0) for e in evs)
@@ -103,27 +98,20 @@ def spread(events: list[dict], task: str) -> list[str]:
     return out
 
 
-def gaps(events: list[dict]) -> list[str]:
+def gaps(trace: Trace) -> list[str]:
     """Idle CTA time from an instance's end to the start of the CTA's next
     one (after its waits), by (task, next task)."""
-    by_cta: dict[int, list] = collections.defaultdict(list)
-    for e in events:
-        by_cta[e["cta"]].append(e)
-    pairs: dict[tuple, list] = collections.defaultdict(list)
-    for v in by_cta.values():
-        v.sort(key=lambda x: x["start_ns"])
-        for a, b in zip(v, v[1:], strict=False):
-            pairs[a["task"], b["task"]].append((b["start_ns"] - a["end_ns"]) / 1e3)
-    rows = sorted(pairs.items(), key=lambda kv: -sum(kv[1]))
+    rows = sorted(gaps_by_pair(trace).items(), key=lambda kv: -sum(kv[1]))
     return [
         f"{a:>12s} -> {b:12s} {len(g):6d}  median {np.median(g):6.2f}  sum {sum(g):8.0f} us"
         for (a, b), g in rows
     ]
 
 
-def parts(events: list[dict], tasks: str, layer: int) -> list[str]:
+def parts(trace: Trace, tasks: str, layer: int) -> list[str]:
     """Per split-K task: within each output block (the instance's
     coordinates but the last), the last part to end against the others."""
+    events = trace.events()
     out = []
     for task in tasks.split(","):
         evs = [e for e in events if e["task"] == task and e["instance"][0] == layer]
@@ -151,15 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("task", nargs="?", default="lm_head")
     p.add_argument("--layer", type=int, default=8)
     args = p.parse_args(argv)
-    events = Trace.load(args.trace).events()
+    trace = Trace.load(args.trace)
     if args.view == "placement":
-        lines = placement(events, args.layer)
+        lines = placement(trace, args.layer)
     elif args.view == "spread":
-        lines = spread(events, args.task)
+        lines = spread(trace, args.task)
     elif args.view == "gaps":
-        lines = gaps(events)
+        lines = gaps(trace)
     else:
-        lines = parts(events, args.task, args.layer)
+        lines = parts(trace, args.task, args.layer)
     print("\n".join(lines))
     return 0
 

@@ -56,6 +56,32 @@ def test_idle_before_sums_the_gaps_per_task_and_cta():
     assert idle_before(Trace.decode(words([]), "g", ["a"], [(1,)])) == {}
 
 
+def test_ends_by_place_and_gaps_by_pair():
+    from etc.errors import EtcError
+    from etc.runtime.trace import ends_by_place, gaps_by_pair
+
+    recs = [
+        (1000, 3000, (0 << 48) | 0, (4 << 32) | 0),  # a: SM 4, CTA 0
+        (3500, 5000, (0 << 48) | 1, (4 << 32) | 0),  # a again on CTA 0, after 0.5 us
+        (1000, 2000, (0 << 48) | 2, (4 << 32) | 1),  # a on CTA 1, same SM
+        (1200, 2200, (0 << 48) | 3, (9 << 32) | 2),  # a on SM 9
+        (6000, 7000, (1 << 48) | 0, (4 << 32) | 0),  # b on CTA 0, 1 us after a
+        (2600, 2800, (1 << 48) | 1, (4 << 32) | 1),  # b on CTA 1, 0.6 us after a
+    ]
+    trace = Trace.decode(words(recs), "g", ["a", "b"], [(4,), (2,)])
+    # a started at 1000 ns: SM 4 ran three instances, the last ending at 5 us.
+    assert ends_by_place(trace, "a") == {4: (3, 4.0), 9: (1, 1.2)}
+    assert ends_by_place(trace, "a", "cta") == {0: (2, 4.0), 1: (1, 1.0), 2: (1, 1.2)}
+    assert ends_by_place(trace, "a", keep=lambda e: e["instance"] == (3,)) == {9: (1, 1.0)}
+    assert ends_by_place(trace, "c") == {}
+    gaps = gaps_by_pair(trace)
+    assert gaps.keys() == {("a", "a"), ("a", "b")}
+    assert gaps["a", "a"] == pytest.approx([0.5])
+    assert sorted(gaps["a", "b"]) == pytest.approx([0.6, 1.0])
+    with pytest.raises(EtcError, match="place must be 'sm' or 'cta', got 'gpc'"):
+        ends_by_place(trace, "a", "gpc")
+
+
 def test_overflowing_buffer_counts_dropped_records(tmp_path):
     buf = words([(1, 2, 0, 0)], count=5)  # the kernel counted 5, wrote the 1 that fit
     trace = Trace.decode(buf, "g", ["a"], [(8,)])

@@ -7,7 +7,9 @@ from ``%globaltimer`` (start after the instance's waits, end after its body's
 closing barrier). :meth:`Trace.to_chrome` writes the Chrome / Perfetto JSON
 format (one track per SM); :meth:`Trace.to_png` draws the same timeline with
 matplotlib when it is installed; :func:`idle_before` sums, per task, the CTA
-time spent between an instance and the one before it on its CTA.
+time spent between an instance and the one before it on its CTA;
+:func:`ends_by_place` says when each SM (or CTA) finished its share of a task,
+:func:`gaps_by_pair` how long CTAs sat between two given tasks' instances.
 """
 
 from __future__ import annotations
@@ -194,6 +196,43 @@ def idle_before(
             idle[key(b)] = idle.get(key(b), 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
         idle[None] = idle.get(None, 0.0) + (end - records[-1]["end_ns"]) / 1e3
     return idle
+
+
+def ends_by_place(
+    trace: Trace, task: str, place: str = "sm", keep: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[int, tuple[int, float]]:
+    """For each SM (``place="sm"``) or CTA (``"cta"``) that ran ``task``: how
+    many of its instances it ran and when the last one ended, µs after the
+    task's first start. ``keep(event)`` selects instances (e.g. one layer's).
+    Under a static schedule the SMs with the same count should end together;
+    when they do not, the stage ends with the slowest one."""
+    if place not in ("sm", "cta"):
+        raise EtcError(f"ends_by_place: place must be 'sm' or 'cta', got {place!r}")
+    events = [e for e in trace.events() if e["task"] == task and (keep is None or keep(e))]
+    if not events:
+        return {}
+    t0 = min(e["start_ns"] for e in events)
+    out: dict[int, tuple[int, float]] = {}
+    for e in events:
+        count, end = out.get(e[place], (0, 0.0))
+        out[e[place]] = (count + 1, max(end, (e["end_ns"] - t0) / 1e3))
+    return out
+
+
+def gaps_by_pair(trace: Trace) -> dict[tuple[str, str], list[float]]:
+    """The idle time (µs) on each CTA from an instance's end to the start of
+    the CTA's next instance (after its waits), listed by ``(task, next
+    task)``: a stage's handoff, or a task's restart between its own
+    instances."""
+    by_cta: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in trace.events():
+        by_cta.setdefault((e["sm"], e["cta"]), []).append(e)
+    out: dict[tuple[str, str], list[float]] = {}
+    for records in by_cta.values():
+        records.sort(key=lambda e: e["start_ns"])
+        for a, b in zip(records, records[1:], strict=False):
+            out.setdefault((a["task"], b["task"]), []).append((b["start_ns"] - a["end_ns"]) / 1e3)
+    return out
 
 
 def summary(trace: Trace) -> Mapping[str, float]:
