@@ -172,6 +172,14 @@ class Trace:
         )
 
 
+def _cta_timelines(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each CTA's events (keyed by SM and CTA) in start order."""
+    by_cta: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in events:
+        by_cta.setdefault((e["sm"], e["cta"]), []).append(e)
+    return [sorted(records, key=lambda e: e["start_ns"]) for records in by_cta.values()]
+
+
 def idle_before(
     trace: Trace, key: Callable[[dict[str, Any]], str] | None = None
 ) -> dict[str | None, float]:
@@ -186,12 +194,8 @@ def idle_before(
     if not events:
         return {}
     end = max(e["end_ns"] for e in events)
-    by_cta: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for e in events:
-        by_cta.setdefault((e["sm"], e["cta"]), []).append(e)
     idle: dict[str | None, float] = {}
-    for records in by_cta.values():
-        records.sort(key=lambda e: e["start_ns"])
+    for records in _cta_timelines(events):
         for a, b in zip(records, records[1:], strict=False):
             idle[key(b)] = idle.get(key(b), 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
         idle[None] = idle.get(None, 0.0) + (end - records[-1]["end_ns"]) / 1e3
@@ -224,12 +228,8 @@ def gaps_by_pair(trace: Trace) -> dict[tuple[str, str], list[float]]:
     the CTA's next instance (after its waits), listed by ``(task, next
     task)``: a stage's handoff, or a task's restart between its own
     instances."""
-    by_cta: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for e in trace.events():
-        by_cta.setdefault((e["sm"], e["cta"]), []).append(e)
     out: dict[tuple[str, str], list[float]] = {}
-    for records in by_cta.values():
-        records.sort(key=lambda e: e["start_ns"])
+    for records in _cta_timelines(trace.events()):
         for a, b in zip(records, records[1:], strict=False):
             out.setdefault((a["task"], b["task"]), []).append((b["start_ns"] - a["end_ns"]) / 1e3)
     return out

@@ -806,18 +806,12 @@ def _tma_release(t: _T, after_reads: bool = False) -> None:
     arrive (a release), and the memory clobbers keep the compiler from
     sinking the reads past them."""
     if after_reads:
-        t.emit(
-            'llvm.inline_asm has_side_effects asm_dialect = att "bar.warp.sync -1;", '
-            '"~{memory}"  : () -> ()'
-        )
+        _asm(t, "bar.warp.sync -1;", memory=True)
     lane0 = t.op("l0", "arith.cmpi eq, %lane, %c0 : index")
     t.emit(f"scf.if {lane0} {{")
     t.indent += "  "
-    bar = _bar(t, 1, "%tma_stage")
-    t.emit(
-        "llvm.inline_asm has_side_effects asm_dialect = att "
-        f'"mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{{memory}}" {bar} : (i32) -> ()'
-    )
+    arrive = "mbarrier.arrive.shared::cta.b64 _, [$0];"
+    _asm_ops(t, arrive, [(_bar(t, 1, "%tma_stage"), "i32")], memory=after_reads)
     t.end()
 
 

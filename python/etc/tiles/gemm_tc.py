@@ -413,9 +413,10 @@ def _ring(
     return globals_, sa, sb, a_t, b_t, tid, issue
 
 
-def _asm(t: _Text, text: str) -> None:
-    """Side-effecting inline PTX without operands."""
-    _asm_ops(t, text, [])
+def _asm(t: _Text, text: str, memory: bool = False) -> None:
+    """Side-effecting inline PTX without operands (``memory``: see
+    :func:`_asm_ops`)."""
+    _asm_ops(t, text, [], memory)
 
 
 def _descriptor(t: _Text, address: str) -> str:
@@ -586,34 +587,31 @@ def _body_wgmma(
     final = [f"{res}#{q}" for q in range(nacc)]
     if inflight:  # the last k-tile's wgmma
         final = _wgmma_wait(t, final, commit=False)
-    _wgmma_epilogue(t, final, b_rows, group, warp, lane, r0, epilogue)
+    _wgmma_epilogue(t, final, b_rows, epilogue, _wgmma_place(t, group, warp, lane, r0, False))
     return globals_
 
 
-def _wgmma_epilogue(
-    t: _Text, final, b_rows: int, group, warp, lane, r0: str, epilogue, split_n: bool = False,
-    rows: list[str] | None = None,
-) -> None:  # fmt: skip
+def _wgmma_epilogue(t: _Text, final, b_rows: int, epilogue, place: tuple) -> None:
     """Hand a warpgroup's ``m64nN`` accumulators to ``epilogue`` in the
     ``mma.sync`` fragment layout: d[4f + q] is row lane/4 (q < 2) or lane/4 + 8
-    of the warp's 16, column 8f + 2 * (lane % 4) + q % 2. Warpgroups own
-    64-row slices (the epilogue's ``wn_i`` is 0) or, ``split_n``, column
-    slices of the same 64 rows (``wn_i`` is the warpgroup). ``rows``: those
-    of :func:`_wgmma_rows`, computed earlier."""
+    of the warp's 16, column 8f + 2 * (lane % 4) + q % 2, with ``place``'s
+    rows, ``wn_i`` and column lane (:func:`_wgmma_place`)."""
     acc_f = [[[final[4 * f + q] for q in range(4)] for f in range(b_rows // 8)]]
-    rows = rows or _wgmma_rows(t, group, warp, lane, r0, split_n)
-    tig = t.bin("remui", lane, 4)
-    epilogue(t, acc_f, rows, group if split_n else t.c(0), t.mul(tig, 2))
+    epilogue(t, acc_f, *place)
 
 
-def _wgmma_rows(t: _Text, group, warp, lane, r0: str, split_n: bool) -> list[str]:
-    """The two rows (``lane / 4`` and 8 more) of this thread's fragments."""
+def _wgmma_place(t: _Text, group, warp, lane, r0: str, split_n: bool) -> tuple:
+    """The epilogue's ``(rows, wn_i, col_lane)`` for this thread: its
+    fragments' two rows (``lane / 4`` and 8 more), its warpgroup's column
+    slice (``split_n``: the warpgroup; else 0, the warpgroups owning 64-row
+    slices) and its first column in a fragment."""
     grp = t.bin("divui", lane, 4)
     if split_n:
         rbase = t.add(t.add(r0, t.mul(warp, 16)), grp)
     else:
         rbase = t.add(t.add(t.add(r0, t.mul(group, 64)), t.mul(warp, 16)), grp)
-    return [rbase, t.add(rbase, 8)]
+    tig = t.bin("remui", lane, 4)
+    return [rbase, t.add(rbase, 8)], group if split_n else t.c(0), t.mul(tig, 2)
 
 
 # One TMA load: (the map's address as i64, first row (index), rows).
@@ -647,9 +645,11 @@ def tma_smem_bytes(block_m: int, b_rows: int, stages: int) -> int:
     return stages * (block_m + b_rows) * TMA_BLOCK_K * 2 + 16 * stages
 
 
-def _asm_ops(t: _Text, text: str, operands: list[tuple[str, str]]) -> None:
-    """Side-effecting inline PTX on ``operands`` (value, ``i32``/``i64``)."""
-    cons = ",".join("l" if ty == "i64" else "r" for _, ty in operands)
+def _asm_ops(t: _Text, text: str, operands: list[tuple[str, str]], memory: bool = False) -> None:
+    """Side-effecting inline PTX on ``operands`` (value, ``i32``/``i64``);
+    ``memory``: with a memory clobber, so the compiler moves no load or
+    store across it (an arrive that releases the reads before it)."""
+    cons = ",".join(["l" if ty == "i64" else "r" for _, ty in operands] + ["~{memory}"] * memory)
     vals = ", ".join(v for v, _ in operands)
     types = ", ".join(ty for _, ty in operands)
     t.emit(
@@ -1181,13 +1181,13 @@ def _body_tma(
         first = t.op("first", f"arith.cmpi eq, {group}, {t.c(0)} : index")
         runs = warp_uniform(t, t.op("runs", f"arith.ori {first}, {second_busy} : i1"))
         trip = t.op("trip", f"arith.select {runs}, {t.c(kt_n)}, {t.c(0)} : index")
-    rows = None
+    place = None
     prologue = getattr(epilogue, "prologue", None)
     if prologue is not None:
         # The epilogue's loads that do not depend on the product (a folded
         # norm's row sums, the residual) go out now: the k loop covers them.
-        rows = _wgmma_rows(t, group, warp, lane, r0, split_n)
-        prologue(t, rows, group if split_n else t.c(0), t.mul(t.bin("remui", lane, 4), 2))
+        place = _wgmma_place(t, group, warp, lane, r0, split_n)
+        prologue(t, *place)
     lazy = refill == "test"
     res, types = t.acc_loop("%kt", trip, nacc, (("%nx", t.c(min(stages, kt_n))),) if lazy else ())
     t.indent = outer + "  "
@@ -1270,7 +1270,9 @@ def _body_tma(
             block_m=block_m, block_size=block_size, tid=tid, group=group, warp=warp,
             lane=lane, r0=r0, split_n=split_n, **kw,
         )  # fmt: skip
-    _wgmma_epilogue(t, final, wg_rows, group, warp, lane, r0, epilogue, split_n, rows)
+    rows, wn_i, col_lane = _wgmma_place(t, group, warp, lane, r0, split_n)
+    # The prologue's loads are keyed by its rows' names: the epilogue takes them.
+    _wgmma_epilogue(t, final, wg_rows, epilogue, (place[0] if place else rows, wn_i, col_lane))
     t.staging = None
     if t.after_join is not None:  # no epilogue barrier: one of its own
         t.emit("gpu.barrier")
