@@ -204,6 +204,33 @@ VARIANTS = {
     # ... the session's starting defaults (item 122 timed "auto_ahead", the
     # attention's release chosen by span, against it: commit 2ffabfd).
     "math_plain": {"attn_tma_release": "math", "tma_epilogue_ahead": False},
+    # Session 30: every tile a called function (``etc.compile(outline=True)``),
+    # so ptxas allocates each tile's registers apart; and with the variants
+    # that lost to other tiles' spills in the one inlined kernel (items 75,
+    # 116, 119, and the argmax in parts at large batches).
+    "outline": {"outline": True},
+    "outline_attn3": {"outline": True, **_large(("attn_tma_stages", 3))},
+    "outline_read_early": {"outline": True, **_large(("attn_tma_release", "read_early"))},
+    "outline_argparts": {"outline": True, **_large(("argmax_whole", False))},
+    "outline_lm128": {"outline": True, **_one(("bn_lm", 128))},
+    # ... the large-batch kernel outlined with the attention's read_early
+    # (item 123's best), and on top of it the large-kernel options that lost
+    # before to other tiles' spills.
+    "ol_re": _large(("outline", True), ("attn_tma_release", "read_early")),
+    "ol_attn_re": _large(("outline", ("attention",)), ("attn_tma_release", "read_early")),
+    "ol_read": _large(("outline", True), ("attn_tma_release", "read")),
+    "ol_re_a3": _large(
+        ("outline", True), ("attn_tma_release", "read_early"), ("attn_tma_stages", 3)
+    ),
+    "ol_re_s6": _large(
+        ("outline", True),
+        ("attn_tma_release", "read_early"),
+        ("projection_options", _tma_stages(6)),
+    ),
+    "ol_re_gu64": _large(("outline", True), ("attn_tma_release", "read_early"), ("bn_gu", 64)),
+    "ol_re_rot": _large(
+        ("outline", True), ("attn_tma_release", "read_early"), ("tma_rotate_k", True)
+    ),
 }
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for
@@ -225,7 +252,7 @@ VARIANTS["sync_only_ch32b"] = {
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
-COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead")
+COMPILE_KEYS = ("schedule", "early_push", "min_ctas_per_sm", "pop_ahead", "outline")
 BATCHES = (1, 8, 32, 64)
 #: ``DECODE_SWEEP_BATCHES=16,32,64`` times only those.
 if os.environ.get("DECODE_SWEEP_BATCHES"):

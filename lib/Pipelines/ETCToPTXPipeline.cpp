@@ -26,9 +26,11 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.prefetchNext = options.prefetchNext;
   convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
+  convertOptions.outline = llvm::to_vector(options.outline);
   pm.addPass(createConvertETensorToGPU(convertOptions));
   // Device functions are called once per dispatch: inline them into the
-  // kernel so the task body is optimised together with its waits.
+  // kernel so the task body is optimised together with its waits (except
+  // the calls the conversion marked `no_inline`, option `outline`).
   pm.addPass(createInlinerPass());
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());

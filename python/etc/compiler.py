@@ -22,7 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,7 @@ def _pipeline_options(
     max_pop_chunk: int = 8,
     prefetch_next: bool = False,
     pop_ahead: bool = True,
+    outline: tuple[str, ...] = (),
 ) -> str:
     # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
@@ -119,6 +120,7 @@ def _pipeline_options(
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
         f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)}"
+        + (f" outline={','.join(outline)}" if outline else "")
     )
 
 
@@ -395,6 +397,25 @@ def _check_mbarriers_invalidated(g: Graph) -> None:
             )
 
 
+def _outlined_functions(g: Graph, outline: bool | Iterable[str]) -> tuple[str, ...]:
+    """The device functions ``compile(outline=...)`` keeps as calls."""
+    if isinstance(outline, bool):
+        return ("*",) if outline else ()
+    if isinstance(outline, str) or not isinstance(outline, Iterable):
+        raise CompileError(f"outline must be a bool or a collection of task names, got {outline!r}")
+    tasks = {task.name: task for task in g.tasks}
+    names: list[str] = []
+    for name in outline:
+        if name not in tasks:
+            raise CompileError(
+                f"outline: graph '{g.name}' has no task {name!r} (tasks: {', '.join(tasks)})"
+            )
+        function = tasks[name].function.name
+        if function not in names:
+            names.append(function)
+    return tuple(names)
+
+
 def compile(  # noqa: A001 - the public name
     g: Graph,
     schedule: str = "static",
@@ -409,6 +430,7 @@ def compile(  # noqa: A001 - the public name
     max_pop_chunk: int = 8,
     prefetch_next: bool = False,
     pop_ahead: bool = True,
+    outline: bool | Iterable[str] = False,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -435,7 +457,11 @@ def compile(  # noqa: A001 - the public name
     current one, hiding the request's latency; an instance pushed into such
     a position then waits for the CTA's current task. ``False`` requests
     positions only when the CTA is free (layered graphs whose stages each
-    wait for the previous one, like a decoder, prefer it).
+    wait for the previous one, like a decoder, prefer it). ``outline``: the
+    tiles of these tasks (``True``: of every task) stay functions that the
+    kernel calls instead of being inlined into it, so ptxas allocates each
+    one's registers apart: one tile's pressure no longer spills another's
+    (``docs/design.md``, "One kernel, many tiles").
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -481,6 +507,7 @@ def compile(  # noqa: A001 - the public name
                     "prefetch that fills shared memory for its own instance; running it for "
                     "the next instance would overwrite the current one's"
                 )
+    outlined = _outlined_functions(g, outline)
     _check_mbarriers_invalidated(g)
     if schedule == "static":
         _check_loop_phases(g)
@@ -516,7 +543,7 @@ def compile(  # noqa: A001 - the public name
             sched = _read_schedule(ir, scheduled)
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
-                max_pop_chunk, prefetch_next, pop_ahead,
+                max_pop_chunk, prefetch_next, pop_ahead, outlined,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)

@@ -671,9 +671,10 @@ def llama_1b_large_variants() -> dict:
     projections on different TMA stage counts (qkv 3, down 6, the others 4),
     and with the weights asked into L2 before the waits instead of loaded
     into the rings (``tma_prefetch=True``), and with the attention's ring
-    stages given back once read (``attn_tma_release``), and with the
-    epilogues' loads issued before the k loops (``tma_epilogue_ahead``):
-    the same arithmetic, so bit-identical logits."""
+    stages given back at other points (``attn_tma_release``), and with the
+    epilogues' loads issued before the k loops (``tma_epilogue_ahead``),
+    and with the tiles inlined into the kernel instead of called
+    (``outline``): the same arithmetic, so bit-identical logits."""
     from etc.models import llama
 
     large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
@@ -683,6 +684,8 @@ def llama_1b_large_variants() -> dict:
         "llama_1b_large_mixed": dataclasses.replace(large, projection_options=stages),
         "llama_1b_large_l2pf": dataclasses.replace(large, tma_prefetch=True),
         "llama_1b_large_read": dataclasses.replace(large, attn_tma_release="read"),
-        "llama_1b_large_read_early": dataclasses.replace(large, attn_tma_release="read_early"),
+        "llama_1b_large_math": dataclasses.replace(large, attn_tma_release="math"),
+        "llama_1b_large_inlined": dataclasses.replace(large, outline=False),
+        "llama_1b_large_attn_outlined": dataclasses.replace(large, outline=("attention",)),
         "llama_1b_large_plain": dataclasses.replace(large, tma_epilogue_ahead=False),
     }

@@ -110,6 +110,33 @@ def test_unsupported_options_raise():
         etc.compile(g, schedule="dynamic", pop_ahead="no")
 
 
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_outline_keeps_the_named_tiles_as_calls(schedule, tmp_path):
+    g = build_splitk(K=256, k_split=4, rows_per_task=8)
+    inlined = etc.compile(g, schedule, cubin=False).ptx
+    assert "call.uni" not in inlined
+    every = etc.compile(g, schedule, outline=True, cubin=False).ptx
+    assert "call.uni partial_sum," in every and "call.uni final_sum," in every
+    one = etc.compile(g, schedule, outline=("final_sum",), cubin=False).ptx
+    assert "call.uni final_sum," in one and "call.uni partial_sum," not in one
+    if shutil.which("ptxas") is not None:
+        (tmp_path / "k.ptx").write_text(every)
+        subprocess.run(
+            ["ptxas", "-arch=sm_90", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+            check=True,
+        )
+
+
+def test_outline_names_tasks_of_the_graph():
+    g = build_splitk()
+    with pytest.raises(
+        etc.CompileError, match="has no task 'sum' \\(tasks: partial_sum, final_sum\\)"
+    ):
+        etc.compile(g, outline=("sum",))
+    with pytest.raises(etc.CompileError, match="outline must be a bool or a collection"):
+        etc.compile(g, outline="final_sum")
+
+
 def test_min_ctas_per_sm_caps_registers():
     # ptxas gets `.minnctapersm`: with 256 threads, 2 CTAs leave 128 registers.
     art = etc.compile(build_splitk(), min_ctas_per_sm=2, cubin=False)

@@ -110,6 +110,10 @@ def test_config_errors_name_the_field():
         M.LlamaConfig(heads=30)
     with pytest.raises(etc.GraphError, match="bn_gu=48 does not divide 8192"):
         M.LlamaConfig(bn_gu=48)
+    with pytest.raises(etc.GraphError, match="outline must be a bool or a tuple of task names"):
+        M.LlamaConfig(outline=("attn",))
+    with pytest.raises(etc.GraphError, match="outline must be a bool or a tuple of task names"):
+        M.LlamaConfig(outline="attention")
 
 
 def test_hf_state_dict_names_and_shapes():
@@ -1082,6 +1086,9 @@ def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
     assert art.symbol == "B" and art.bounds == [2, None]
     assert all(a.cubin is not None for a in art.artifacts)
     assert art.artifacts[0].ptx != art.artifacts[1].ptx
+    # LARGE_BATCH calls its tiles (outline=True); the other kernel inlines them.
+    assert "call.uni attention," in art.artifacts[1].ptx
+    assert "call.uni" not in art.artifacts[0].ptx
     art.save(tmp_path)
     assert (tmp_path / "buckets.json").exists()
 

@@ -80,6 +80,12 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "task; the position is then held while the task runs, and an "
            "instance pushed into it waits for that task. false requests "
            "positions only when the CTA is free.">,
+    ListOption<"outline", "outline", "std::string",
+               "Device functions the kernel calls instead of inlining (their "
+               "calls get `no_inline`; `*` names them all). Each called "
+               "function gets its own register allocation from ptxas, so one "
+               "tile's register pressure does not spill another's; a call "
+               "passes the tile's arguments through the parameter space.">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record every task instance's start and end (%globaltimer), SM and "
            "CTA in a trace buffer passed as one more kernel parameter "

@@ -63,6 +63,10 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Static schedule: call the next instance's prefetch "
                      "function before running the current one."),
       llvm::cl::init(false)};
+  PassOptions::ListOption<std::string> outline{
+      *this, "outline",
+      llvm::cl::desc("Device functions called, not inlined (`*`: all; see "
+                     "convert-etensor-to-gpu).")};
   PassOptions::Option<int64_t> minCtasPerSM{
       *this, "min-ctas-per-sm",
       llvm::cl::desc("Resident CTAs per SM to ask ptxas for (0: its choice)."),

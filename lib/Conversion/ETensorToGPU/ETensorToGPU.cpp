@@ -27,6 +27,7 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSet.h"
 #include <limits>
 #include <map>
 #include <optional>
@@ -2439,6 +2440,25 @@ struct ConvertETensorToGPUPass
     : public etensor::impl::ConvertETensorToGPUBase<ConvertETensorToGPUPass> {
   using Base::Base;
 
+  /// `outline`: the kernel's calls of the named device functions (all with
+  /// `*`) stay calls. An unknown name is an error, not a silent no-op.
+  LogicalResult markOutlinedCalls(GraphOp graph, gpu::GPUFuncOp kernel) {
+    if (outline.empty())
+      return success();
+    bool all = llvm::is_contained(outline, "*");
+    llvm::StringSet<> called;
+    kernel.walk([&](func::CallOp call) {
+      called.insert(call.getCallee());
+      if (all || llvm::is_contained(outline, call.getCallee()))
+        call.setNoInline(true);
+    });
+    for (const std::string &name : outline)
+      if (name != "*" && !called.contains(name))
+        return graph.emitOpError("outline names '")
+               << name << "', which the kernel never calls";
+    return success();
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     SmallVector<GraphOp> graphs(module.getOps<GraphOp>());
@@ -2631,6 +2651,8 @@ struct ConvertETensorToGPUPass
     kernelBuilder.prefetchNext = prefetchNext;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
+      return failure();
+    if (failed(markOutlinedCalls(graph, kernel)))
       return failure();
     return overlayWorkgroupGlobals(gpuModule, kernel, regionOf);
   }

@@ -91,8 +91,10 @@ ATTENTION_TILES = ("phased", "online", "mma")
 #: by ``k_splits``: -4.5 % at B=32, -19 % at B=64 on an H200 against the
 #: 32-row mma.sync tiles, session 13), 64-column qkv/o/down and 32-column
 #: gate/up blocks, the tensor-core attention fed by TMA (session 16), the
-#: whole-row argmax and 128-column LM head blocks, and no shared regions
-#: (its TMA tiles and attention would not fit two CTAs per SM apart).
+#: whole-row argmax and 128-column LM head blocks, no shared regions
+#: (its TMA tiles and attention would not fit two CTAs per SM apart), every
+#: tile a called function, and the attention's ring stages given back once
+#: read (together −1.7..−4 % at B = 32 and 64 on an H200, session 30).
 LARGE_BATCH = (
     ("block_m", 32),
     ("row_warps", 1),
@@ -107,6 +109,8 @@ LARGE_BATCH = (
     ("bn_down", 64),
     ("bn_lm", 128),
     ("shared_regions", ()),
+    ("outline", True),
+    ("attn_tma_release", "read_early"),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
@@ -328,7 +332,9 @@ class LlamaConfig:
     #: refills it after its arithmetic: one step more in flight)
     #: or "read_early" (refilled before thread 0's arithmetic). On an H200
     #: (twenty-ninth session) "read_early" was 1.5 % faster at L = 4096 and
-    #: 0.5-2 % slower at L = 1024 (choosing by span at run time: 3-6 % slower).
+    #: 0.5-2 % slower at L = 1024 (choosing by span at run time: 3-6 % slower);
+    #: with every tile outlined (thirtieth session) faster at both, so
+    #: :data:`LARGE_BATCH` takes it.
     attn_tma_release: str = "math"
     #: Past ``attn_small_batch``, the attention splits the ``L`` cached
     #: positions (``max(1, ceil(L / span))`` splits, position ``L`` in the
@@ -442,6 +448,14 @@ class LlamaConfig:
     #: The large-batch kernel's: there the part tiles made ptxas spill more
     #: in the tensor-core attention, +90 µs at B=64 on an H200.
     argmax_whole: bool = False
+    #: The tasks (:data:`DECODER_TASKS`) whose tiles this kernel calls
+    #: instead of inlining (``etc.compile(outline=...)``); True: every task.
+    #: A called tile gets its own register allocation, so the other tiles'
+    #: pressure does not spill it and its own does not spill them; each call
+    #: passes ~60 parameters. The large-batch kernel's: all (−0.5..−1.5 % at B
+    #: = 32 and 64 on an H200, and its attention's ``read_early`` then gains
+    #: at every context); at B = 1 +1.4 % (thirtieth session).
+    outline: bool | tuple[str, ...] = False
     #: The largest batch this configuration's kernel runs (set by
     #: :meth:`bucket_configs` from ``batch_buckets``; None: any). A kernel
     #: that never runs more than ``attn_small_batch`` sequences never sees a
@@ -487,6 +501,14 @@ class LlamaConfig:
                     f"weight_chunk={self.weight_chunk})"
                 )
         _check_pairs("shared_regions", self.shared_regions, DECODER_TASKS, "task")
+        if not isinstance(self.outline, bool):
+            if not isinstance(self.outline, tuple) or any(
+                t not in DECODER_TASKS for t in self.outline
+            ):
+                raise GraphError(
+                    f"LlamaConfig: outline must be a bool or a tuple of task names "
+                    f"({', '.join(DECODER_TASKS)}), got {self.outline!r}"
+                )
         if self.shared_regions and self.prefetch_next:
             raise GraphError(
                 "LlamaConfig: shared_regions and prefetch_next exclude each other (both run "
@@ -961,12 +983,13 @@ TINY = LlamaConfig(
 
 
 def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any]:
-    """The ``etc.compile`` options of the decoder: two CTAs per SM (every tile
-    is inlined into one kernel; 128 registers each); under the static
+    """The ``etc.compile`` options of the decoder: two CTAs per SM (128
+    registers a thread), the tiles ``cfg.outline`` names called instead of
+    inlined (per kernel of an artifact: :func:`compile_decoder`); under the static
     schedule ``prefetch_next`` as ``cfg`` says; under the dynamic one no
     pop-ahead (every stage waits for the previous one: a position claimed
     by a busy CTA would hold up the next stage)."""
-    options = {"schedule": schedule, "min_ctas_per_sm": 2}
+    options = {"schedule": schedule, "min_ctas_per_sm": 2, "outline": cfg.outline}
     if cfg.uses_tma:
         options["target"] = "sm_90a"  # wgmma and TMA
     if schedule == "static":
@@ -999,7 +1022,14 @@ def compile_decoder(
     buckets = cfg.bucket_configs()
     if len(buckets) == 1:  # one kernel: this configuration, or its one bucket's
         return etc.compile(build_decoder_graph(buckets[0][1], name=name), **opts)
-    graphs = [(bound, build_decoder_graph(c, name=name)) for bound, c in buckets]
+    graphs = [
+        (
+            bound,
+            build_decoder_graph(c, name=name),
+            {"outline": c.outline} if "outline" not in options else {},
+        )
+        for bound, c in buckets
+    ]
     return etc.compile_buckets("B", graphs, **opts)
 
 
