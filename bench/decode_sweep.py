@@ -231,6 +231,10 @@ VARIANTS = {
     "ol_re_rot": _large(
         ("outline", True), ("attn_tma_release", "read_early"), ("tma_rotate_k", True)
     ),
+    # ... and in the B = 1 kernel only some tiles called: the attention, or
+    # the LM head and its argmax.
+    "ol1_attn": _one(("outline", ("attention",))),
+    "ol1_lm": _one(("outline", ("lm_head", "argmax", "argmax_merge"))),
 }
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for

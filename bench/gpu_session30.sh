@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirtieth session (bench/RESULTS.md, decoder items 123-): tiles as called
 # functions (etc.compile(outline=...)). Each step's CPU-side build is in its
-# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] ...
+# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s30/raw
@@ -34,6 +34,17 @@ for step in ${*:-outline}; do
     #  python bench/decode_sweep.py --build .device/s30/dec2)
     sweep_passes ol2 default,ol_re,ol_attn_re,ol_read,ol_re_a3,ol_re_s6,ol_re_gu64,ol_re_rot 32,64 \
       1024,4096 .device/s30/dec2
+    ;;
+  moe)  # the MoE presets' tiles called, not inlined (mid also at 2 CTAs per SM)
+    # (BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,prefill_ol,mid,mid_ol python bench/moe.py
+    #  --build .device/s30/moeab/moe)
+    AB_TMP=/tmp/s30/ab AB_GREP=GPU moe_ab moe_prefill_ol prefill,prefill_ol 1024,4096 .device/s30/moeab
+    AB_TMP=/tmp/s30/ab AB_GREP=GPU moe_ab moe_mid_ol mid,mid_ol 128,512,896 .device/s30/moeab
+    mv "$OUT"/moe_*[12].json /tmp/s30/raw/
+    ;;
+  b1ol)  # B = 1: only the attention, or only the LM head and argmax, called
+    # (DECODE_SWEEP_VARIANTS=default,ol1_attn,ol1_lm python bench/decode_sweep.py --build .device/s30/b1)
+    sweep_passes b1ol default,ol1_attn,ol1_lm 1 1024 .device/s30/b1
     ;;
   esac
 done

@@ -410,6 +410,12 @@ for _key in ("single", "few", "dec_pf_gu32"):
 for _key in ("mid", "prefill"):
     CONFIGS[_key] = dict(M.PRESETS[_key])
     CONFIGS[f"{_key}_ch64"] = _chunked(CONFIGS[_key], 64)
+    # Session 30: the preset's tiles called, not inlined (etc.compile(outline=True)):
+    # ptxas -v gives the kernel 202 registers instead of 255 (prefill) and
+    # 127 instead of 221 (mid), each tile allocated apart.
+    CONFIGS[f"{_key}_ol"] = dict(M.PRESETS[_key])
+#: Extra etc.compile options of a configuration's fused kernels.
+COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
 # per range of T); its buffers are the prefill member's (4 logits rows a token).
 # AUTOS: those artifacts by name, with their weight_chunk.
@@ -462,6 +468,8 @@ TARGETS = {
         "prefill",
         "mid_ch64",
         "prefill_ch64",
+        "mid_ol",
+        "prefill_ol",
     )
     if k in CONFIGS
 }
@@ -542,6 +550,7 @@ OCCUPANCY = {
     },
     "pre128x2": 2,
     "pre64x2": 2,
+    "mid_ol": 2,
 }
 
 
@@ -572,11 +581,13 @@ def build(out: Path) -> None:
             continue
         for schedule in ("static",) if LEAN else ("static", "dynamic"):
             g = M.build_moe_graph(cfg, name=f"moe_{key}")
-            etc.compile(g, schedule=schedule, target=target).save(out / f"fused_{key}_{schedule}")
+            extra = COMPILE_OPTIONS.get(key, {})
+            art = etc.compile(g, schedule=schedule, target=target, **extra)
+            art.save(out / f"fused_{key}_{schedule}")
             print("built", f"fused_{key}_{schedule}")
             if key in OCCUPANCY:
                 art = etc.compile(
-                    g, schedule=schedule, target=target, min_ctas_per_sm=OCCUPANCY[key]
+                    g, schedule=schedule, target=target, min_ctas_per_sm=OCCUPANCY[key], **extra
                 )
                 art.save(out / f"fused_{key}_occ_{schedule}")
                 print("built", f"fused_{key}_occ_{schedule}")

@@ -522,11 +522,12 @@ def llama_tiny_variants() -> dict:
         attn_small_span=3,
     )
     # Three kernels in one artifact, as the default's: B=1 (attention loop
-    # steps of two row groups), B=2..16, and B >= 17 with the large-batch
-    # tiles (32-row GEMM blocks, 64-column gate/up, the tensor-core attention).
+    # steps of two row groups, the LM head and argmax called), B=2..16, and B
+    # >= 17 with the large-batch tiles (32-row GEMM blocks, 64-column gate/up,
+    # the tensor-core attention, every tile called).
     buckets = dataclasses.replace(
         llama.TINY,
-        batch_buckets=((1, (("attn_unroll", 2),)), (16, ()), (None, llama.LARGE_BATCH)),
+        batch_buckets=(llama.LLAMA_3_2_1B.batch_buckets[0], (16, ()), (None, llama.LARGE_BATCH)),
     )
     # The B=1 split tier: spans of 3 (rounded up to the tile's 8), at most 5
     # splits, never fewer than spans of 8 give.

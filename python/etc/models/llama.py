@@ -358,11 +358,11 @@ class LlamaConfig:
     #: the kernel whose range holds ``B``. Empty: one kernel. The default, from
     #: the sweeps on an H200 (``bench/RESULTS.md``, tenth session): B=1 with
     #: attention loop steps of 64 positions, so ``attn_single_span``'s spans
-    #: hold (-6 %), B=2..16
+    #: hold (-6 %), and its LM head and argmax called (``outline``), B=2..16
     #: with the tiles above, and :data:`LARGE_BATCH` from B=17 (-8 % at B=32,
     #: -19 % at B=64).
     batch_buckets: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = (
-        (1, (("attn_unroll", 2),)),
+        (1, (("attn_unroll", 2), ("outline", ("lm_head", "argmax", "argmax_merge")))),
         (16, ()),
         (None, LARGE_BATCH),
     )
@@ -454,7 +454,8 @@ class LlamaConfig:
     #: pressure does not spill it and its own does not spill them; each call
     #: passes ~60 parameters. The large-batch kernel's: all (−0.5..−1.5 % at B
     #: = 32 and 64 on an H200, and its attention's ``read_early`` then gains
-    #: at every context); at B = 1 +1.4 % (thirtieth session).
+    #: at every context); the B = 1 kernel's LM head and argmax (−1.3 %; all
+    #: its tiles +1.4 %, the attention alone +1.8 %; thirtieth session).
     outline: bool | tuple[str, ...] = False
     #: The largest batch this configuration's kernel runs (set by
     #: :meth:`bucket_configs` from ``batch_buckets``; None: any). A kernel
@@ -1019,17 +1020,20 @@ def compile_decoder(
         # session): its tiles ask the L2 instead, as before.
         cfg = dataclasses.replace(cfg, tma_prefetch=True)
     opts = {**compile_options(cfg, schedule), **options}
-    buckets = cfg.bucket_configs()
-    if len(buckets) == 1:  # one kernel: this configuration, or its one bucket's
-        return etc.compile(build_decoder_graph(buckets[0][1], name=name), **opts)
-    graphs = [
-        (
-            bound,
-            build_decoder_graph(c, name=name),
-            {"outline": c.outline} if "outline" not in options else {},
-        )
-        for bound, c in buckets
-    ]
+
+    def outline(c: LlamaConfig, g: Graph) -> bool | tuple[str, ...]:
+        # The tasks of c.outline this kernel's graph has (argmax_merge, for
+        # one, only with the argmax in parts).
+        if "outline" in options or isinstance(c.outline, bool):
+            return opts["outline"] if "outline" in options else c.outline
+        names = {task.name for task in g.tasks}
+        return tuple(t for t in c.outline if t in names)
+
+    kernels = [(bound, c, build_decoder_graph(c, name=name)) for bound, c in cfg.bucket_configs()]
+    if len(kernels) == 1:  # one kernel: this configuration, or its one bucket's
+        _, c, g = kernels[0]
+        return etc.compile(g, **{**opts, "outline": outline(c, g)})
+    graphs = [(bound, g, {"outline": outline(c, g)}) for bound, c, g in kernels]
     return etc.compile_buckets("B", graphs, **opts)
 
 
