@@ -235,6 +235,8 @@ VARIANTS = {
     # the LM head and its argmax.
     "ol1_attn": _one(("outline", ("attention",))),
     "ol1_lm": _one(("outline", ("lm_head", "argmax", "argmax_merge"))),
+    # ... and the same in the B = 2..16 kernel.
+    "ol_mid_lm": _mid(("outline", ("lm_head", "argmax", "argmax_merge"))),
 }
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for

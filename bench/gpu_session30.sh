@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirtieth session (bench/RESULTS.md, decoder items 123-): tiles as called
 # functions (etc.compile(outline=...)). Each step's CPU-side build is in its
-# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] ...
+# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] [trace] [tests] [embed] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s30/raw
@@ -45,6 +45,46 @@ for step in ${*:-outline}; do
   b1ol)  # B = 1: only the attention, or only the LM head and argmax, called
     # (DECODE_SWEEP_VARIANTS=default,ol1_attn,ol1_lm python bench/decode_sweep.py --build .device/s30/b1)
     sweep_passes b1ol default,ol1_attn,ol1_lm 1 1024 .device/s30/b1
+    ;;
+  trace)  # the new defaults traced: B = 1, L = 1024 and B = 64, L = 4096 (raw records kept)
+    # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s30/tr)
+    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=1 timeout 200 python bench/decode_trace.py \
+      --artifacts .device/s30/tr --out /tmp/s30/tr1 2>&1 | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
+    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s30/tr --out /tmp/s30/tr64 2>&1 \
+      | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
+    tar czf "$OUT/traces.tgz" -C /tmp/s30 tr1 tr64
+    ;;
+  tests)  # the GPU tests the session's changes reach: the split-K graph outlined, the tiny
+    # decoders (embed's sums dealt over the tiles; the buckets' outlined kernels) against the
+    # simulator, the 1B large-batch kernel inlined / outlined / its variants bit-identical
+    # (python test/gpu/make_artifacts.py .device/s30/art --only llama_1b_large; ... --only
+    #  llama_tiny; ... --only splitk_outlined)
+    ETC_ARTIFACTS=.device/s30/art timeout 400 python -m pytest -q -rs test/gpu/test_llama_gpu.py \
+      test/gpu/test_schedules_gpu.py -k "(llama and not argmax) or outlined" 2>&1 | tee "$OUT/tests.txt" | tail -4
+    ;;
+  embed)  # embed's sums dealt over the tiles: the default before (old) / after (new),
+    # alternating, B = 1, 8, 32, 64 at L = 1024 and 32, 64 at L = 4096; and the B = 2..16 kernel
+    # with its LM head and argmax called (ol_mid_lm)
+    # (DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py --build .device/s30/emb/{old,new},
+    #  old from the tree before the change; DECODE_SWEEP_VARIANTS=ol_mid_lm ... --build .device/s30/emb/new)
+    for tag in old new old new; do
+      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=1,8,32,64 timeout 200 python bench/decode_sweep.py \
+        --artifacts .device/s30/emb/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag L=1024 /" \
+        | tee -a "$OUT/embed.txt"
+      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=4096 timeout 200 \
+        python bench/decode_sweep.py --artifacts .device/s30/emb/$tag --reps 7 2>&1 | grep "B=" \
+        | sed "s/^/$tag L=4096 /" | tee -a "$OUT/embed.txt"
+    done
+    for v in default,ol_mid_lm ol_mid_lm,default; do
+      DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=8 timeout 120 python bench/decode_sweep.py \
+        --artifacts .device/s30/emb/new --reps 7 2>&1 | grep "B=" | tee -a "$OUT/embed.txt"
+    done
+    ;;
+  bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s30/decode)
+    timeout 560 python bench/decode.py --artifacts .device/s30/decode --out "$OUT" --reps 5 \
+      --parts "${DECODE_PARTS:-check,time}" 2>&1 | grep -v -i "warn\|attention mask\|cudagraph" \
+      | tee "$OUT/bench.txt"
     ;;
   esac
 done

@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         (f"splitk_traced_{suffix}", graphs["splitk"], schedule, early, True)
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
+    # The split-K graph with its tiles called instead of inlined (outline=True).
+    jobs += [
+        (f"splitk_outlined_{suffix}", graphs["splitk"], schedule, early)
+        for suffix, (schedule, early) in SCHEDULES.items()
+    ]
     from etc.models import moe
 
     moe_graph = moe.build_moe_graph(MOE_SMALL, name="moe_small")
@@ -222,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         for suffix, (schedule, early) in SCHEDULES.items():
             jobs.append((f"{variant}_small_{suffix}", g, schedule, early))
             options[f"{variant}_small_{suffix}"] = compile_options
+    for suffix in SCHEDULES:
+        options[f"splitk_outlined_{suffix}"] = {"outline": True}
     for name, g, schedule, early, *traced in jobs:
         if not name.startswith(args.only):
             continue

@@ -152,3 +152,17 @@ def test_trace(schedule: str, tmp_path: Path) -> None:
             trace.to_png(Path(out) / f"trace_splitk_{schedule}.png")
         except etc.EtcError:
             pass  # no matplotlib on this machine
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("n", [1, 300, 5000])
+def test_outlined_tiles(schedule: str, n: int) -> None:
+    """Tiles called instead of inlined (``outline=True``) give the same sums."""
+    kernel = load(f"splitk_outlined_{schedule}")
+    a = np.random.default_rng(n).standard_normal((n, 256)).astype(np.float32)
+    t = {"A": a, "B": np.full((n, 4), np.nan, np.float32), "C": np.full(n, np.nan, np.float32)}
+    kernel.launch(t, {"n": n})
+    np.testing.assert_allclose(
+        t["B"], a.astype(np.float64).reshape(n, 4, 64).sum(2), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)

@@ -65,6 +65,29 @@ def test_embed_simulated():
     np.testing.assert_array_equal(out["h"], e[t])
 
 
+@pytest.mark.parametrize(("bm", "bn", "rows"), [(64, 64, 40), (16, 32, 16), (64, 128, 3)])
+def test_embed_sums_dealt_over_the_tiles(bm, bn, rows):
+    # Tile j's warps take rows j * 8 + w (+ col_tiles * 8 per round): every row's
+    # sum of squares is written once, whichever tiles run, and the other slots zeroed.
+    from etc.tiles import _text
+
+    rng = np.random.default_rng(rows)
+    E = rand_bf16(rng, 30, H)
+    tok = rng.integers(0, 30, rows).astype(np.int32)
+    h = np.zeros((rows, H), np.uint16)
+    S = np.full((3, rows), 7, np.int64)
+    tile = T.embed(bm, bn, H, sums=True)
+    assert "arith.cmpi ult, %j, %s_tiles" in tile.source
+    for i in range(-(-rows // bm)):
+        for j in range(-(-H // bn)):
+            tile.reference(i, j, tok, E, h, S)
+    x = bf16_to_f32(E[tok])
+    np.testing.assert_array_equal(
+        S[0], _text.fixed_reference((x * x).sum(axis=1, dtype=np.float32))
+    )
+    np.testing.assert_array_equal(S[1:], 0)
+
+
 # -- rmsnorm ----------------------------------------------------------------------------
 
 
