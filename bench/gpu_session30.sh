@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirtieth session (bench/RESULTS.md, decoder items 123-): tiles as called
 # functions (etc.compile(outline=...)). Each step's CPU-side build is in its
-# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] [trace] [tests] [embed] [bench] ...
+# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] [trace] [tests] [embed] [splits] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s30/raw
@@ -80,6 +80,13 @@ for step in ${*:-outline}; do
       DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=8 timeout 120 python bench/decode_sweep.py \
         --artifacts .device/s30/emb/new --reps 7 2>&1 | grep "B=" | tee -a "$OUT/embed.txt"
     done
+    ;;
+  splits)  # the large kernel's split counts, block widths and ring prefetch again, now that
+    # its tiles are called (items 53-55 and 77 lost inlined)
+    # (DECODE_SWEEP_VARIANTS=default,splits_888,down_s4,splits_224,qkv96,down128_s16,tma_pf8,gu16
+    #  python bench/decode_sweep.py --build .device/s30/dec3)
+    sweep_passes splits default,splits_888,down_s4,splits_224,qkv96,down128_s16,tma_pf8,gu16 32,64 \
+      1024,4096 .device/s30/dec3
     ;;
   bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s30/decode)
     timeout 560 python bench/decode.py --artifacts .device/s30/decode --out "$OUT" --reps 5 \
