@@ -238,6 +238,11 @@ VARIANTS = {
     # ... and the same in the B = 2..16 kernel.
     "ol_mid_lm": _mid(("outline", ("lm_head", "argmax", "argmax_merge"))),
 }
+# Session 30: the B = 1 kernel (whose LM head and argmax are called) with one
+# more task called.
+_LM = ("lm_head", "argmax", "argmax_merge")
+for _task in ("embed", "qkv", "combine", "o_proj", "gate_up", "down"):
+    VARIANTS[f"ol1_{_task}"] = _one(("outline", (*_LM, _task)))
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for
 # every larger batch) with chunks of 32, 64 or 128, timed at B = 1 and 8;

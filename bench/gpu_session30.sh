@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirtieth session (bench/RESULTS.md, decoder items 123-): tiles as called
 # functions (etc.compile(outline=...)). Each step's CPU-side build is in its
-# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] [trace] [tests] [embed] [splits] [bench] ...
+# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] [trace] [tests] [embed] [splits] [b1ol2] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s30/raw
@@ -87,6 +87,12 @@ for step in ${*:-outline}; do
     #  python bench/decode_sweep.py --build .device/s30/dec3)
     sweep_passes splits default,splits_888,down_s4,splits_224,qkv96,down128_s16,tma_pf8,gu16 32,64 \
       1024,4096 .device/s30/dec3
+    ;;
+  b1ol2)  # the B = 1 kernel with one more task called besides its LM head and argmax
+    # (DECODE_SWEEP_VARIANTS=default,ol1_embed,ol1_qkv,ol1_combine,ol1_o_proj,ol1_gate_up,ol1_down
+    #  python bench/decode_sweep.py --build .device/s30/b1b)
+    sweep_passes b1ol2 default,ol1_embed,ol1_qkv,ol1_combine,ol1_o_proj,ol1_gate_up,ol1_down 1 1024 \
+      .device/s30/b1b
     ;;
   bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s30/decode)
     timeout 560 python bench/decode.py --artifacts .device/s30/decode --out "$OUT" --reps 5 \
