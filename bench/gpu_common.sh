@@ -33,3 +33,12 @@ moe_ab() {
     cp "$tmp/moe_trace.txt" "$OUT/${name}_trace.txt" || echo "no trace (did pass 1 time out?)"
   fi
 }
+
+# bench/decode.py over the artifact DIR (python bench/decode.py --build DIR): its
+# tables into $OUT (decode.txt, decode.json) and the log into $OUT/bench.txt;
+# DECODE_PARTS picks the parts (default check,time): decode_bench DIR
+decode_bench() {
+  timeout 560 python bench/decode.py --artifacts "$1" --out "$OUT" --reps 5 \
+    --parts "${DECODE_PARTS:-check,time}" 2>&1 | grep -v -i "warn\|attention mask\|cudagraph" \
+    | tee "$OUT/bench.txt"
+}

@@ -103,9 +103,7 @@ for step in ${*:-tests sweep}; do
     done
     ;;
   bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s29/decode)
-    timeout 540 python bench/decode.py --artifacts .device/s29/decode --out "$OUT" --reps 5 \
-      --parts "${DECODE_PARTS:-check,time}" 2>&1 | grep -v -i "warn\|attention mask\|cudagraph" \
-      | tee "$OUT/bench.txt"
+    decode_bench .device/s29/decode
     ;;
   esac
 done

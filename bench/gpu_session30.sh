@@ -95,9 +95,7 @@ for step in ${*:-outline}; do
       .device/s30/b1b
     ;;
   bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s30/decode)
-    timeout 560 python bench/decode.py --artifacts .device/s30/decode --out "$OUT" --reps 5 \
-      --parts "${DECODE_PARTS:-check,time}" 2>&1 | grep -v -i "warn\|attention mask\|cudagraph" \
-      | tee "$OUT/bench.txt"
+    decode_bench .device/s30/decode
     ;;
   esac
 done
