@@ -458,10 +458,12 @@ def compile(  # noqa: A001 - the public name
     a position then waits for the CTA's current task. ``False`` requests
     positions only when the CTA is free (layered graphs whose stages each
     wait for the previous one, like a decoder, prefer it). ``outline``: the
-    tiles of these tasks (``True``: of every task) stay functions that the
-    kernel calls instead of being inlined into it, so ptxas allocates each
-    one's registers apart: one tile's pressure no longer spills another's
-    (``docs/design.md``, "One kernel, many tiles").
+    tiles of these tasks (``True``: of every task, their prefetch functions
+    included) stay functions that the kernel calls instead of being inlined
+    into it, so ptxas allocates each one's registers apart: one tile's
+    pressure no longer spills another's (``docs/design.md``, "One kernel,
+    many tiles"). A tile function that several tasks share is called by all
+    of them.
     """
     if schedule not in SCHEDULES:
         raise CompileError(
