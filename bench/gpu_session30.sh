@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirtieth session (bench/RESULTS.md, decoder items 123-): tiles as called
 # functions (etc.compile(outline=...)). Each step's CPU-side build is in its
-# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] [trace] [tests] [embed] [splits] [b1ol2] [bench] ...
+# comment. Usage: bash bench/gpu_session30.sh [outline] [ol2] [moe] [b1ol] [trace] [tests] [embed] [splits] [b1ol2] [poll] [polltests] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s30/raw
@@ -93,6 +93,30 @@ for step in ${*:-outline}; do
     #  python bench/decode_sweep.py --build .device/s30/b1b)
     sweep_passes b1ol2 default,ol1_embed,ol1_qkv,ol1_combine,ol1_o_proj,ol1_gate_up,ol1_down 1 1024 \
       .device/s30/b1b
+    ;;
+  poll)  # waits polling with relaxed loads and one acquire fence on success, against acquire
+    # loads at every poll: the default before (old) / after (new), alternating, every B at L = 1024
+    # and B = 32, 64 at L = 4096
+    # (DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py --build .device/s30/poll/{old,new})
+    for tag in old new old new; do
+      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=1,8,32,64 timeout 200 python bench/decode_sweep.py \
+        --artifacts .device/s30/poll/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag L=1024 /" \
+        | tee -a "$OUT/poll.txt"
+      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=4096 timeout 200 \
+        python bench/decode_sweep.py --artifacts .device/s30/poll/$tag --reps 7 2>&1 | grep "B=" \
+        | sed "s/^/$tag L=4096 /" | tee -a "$OUT/poll.txt"
+    done
+    ;;
+  polltests)  # GPU tests over kernels whose waits poll relaxed, then fence: the runtime and
+    # schedules' graphs, the tiny decoders and the 1B large kernel, the small MoE layers, the
+    # GEMM meeting (python test/gpu/make_artifacts.py .device/s30/art2 --only PREFIX for PREFIX in
+    #  splitk broken symbolic greedy diamond fanin skewed empty chain moe_small_static
+    #  moe_small_dynamic moe_small_ticket moe_small_slots_static gemm_meet llama_tiny_static
+    #  llama_tiny_dynamic llama_tiny_buckets llama_tiny_tma_static llama_tiny_mma_tma_static
+    #  llama_1b_large)
+    ETC_ARTIFACTS=.device/s30/art2 timeout 420 python -m pytest -q -rfs --tb=line test/gpu/test_runtime_gpu.py \
+      test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py test/gpu/test_moe_gpu.py \
+      test/gpu/test_gemm_gpu.py 2>&1 | tee "$OUT/polltests.txt" | grep -v "^FAILED.*\(No such file\|not found\|FileNotFound\)" | tail -25
     ;;
   bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s30/decode)
     decode_bench .device/s30/decode
