@@ -20,6 +20,18 @@ sweep_passes() {
     done
   done
 }
+# The default artifact before (DIR/old) and after (DIR/new) a change, alternating, two passes
+# each: every B at L = 1024 and B = 32, 64 at L = 4096, into $OUT/NAME.txt: before_after DIR NAME
+before_after() {
+  local tag
+  for tag in old new old new; do
+    DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=1,8,32,64 timeout 200 python bench/decode_sweep.py \
+      --artifacts "$1/$tag" --reps 7 2>&1 | grep "B=" | sed "s/^/$tag L=1024 /" | tee -a "$OUT/$2.txt"
+    DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=4096 timeout 200 \
+      python bench/decode_sweep.py --artifacts "$1/$tag" --reps 7 2>&1 | grep "B=" \
+      | sed "s/^/$tag L=4096 /" | tee -a "$OUT/$2.txt"
+  done
+}
 for step in ${*:-outline}; do
   case $step in
   outline)  # every tile called, not inlined; with the variants other tiles' spills held back
@@ -68,14 +80,7 @@ for step in ${*:-outline}; do
     # with its LM head and argmax called (ol_mid_lm)
     # (DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py --build .device/s30/emb/{old,new},
     #  old from the tree before the change; DECODE_SWEEP_VARIANTS=ol_mid_lm ... --build .device/s30/emb/new)
-    for tag in old new old new; do
-      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=1,8,32,64 timeout 200 python bench/decode_sweep.py \
-        --artifacts .device/s30/emb/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag L=1024 /" \
-        | tee -a "$OUT/embed.txt"
-      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=4096 timeout 200 \
-        python bench/decode_sweep.py --artifacts .device/s30/emb/$tag --reps 7 2>&1 | grep "B=" \
-        | sed "s/^/$tag L=4096 /" | tee -a "$OUT/embed.txt"
-    done
+    before_after .device/s30/emb embed
     for v in default,ol_mid_lm ol_mid_lm,default; do
       DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=8 timeout 120 python bench/decode_sweep.py \
         --artifacts .device/s30/emb/new --reps 7 2>&1 | grep "B=" | tee -a "$OUT/embed.txt"
@@ -98,14 +103,7 @@ for step in ${*:-outline}; do
     # loads at every poll: the default before (old) / after (new), alternating, every B at L = 1024
     # and B = 32, 64 at L = 4096
     # (DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py --build .device/s30/poll/{old,new})
-    for tag in old new old new; do
-      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=1,8,32,64 timeout 200 python bench/decode_sweep.py \
-        --artifacts .device/s30/poll/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag L=1024 /" \
-        | tee -a "$OUT/poll.txt"
-      DECODE_SWEEP_VARIANTS=default DECODE_SWEEP_BATCHES=32,64 DECODE_SWEEP_CONTEXT=4096 timeout 200 \
-        python bench/decode_sweep.py --artifacts .device/s30/poll/$tag --reps 7 2>&1 | grep "B=" \
-        | sed "s/^/$tag L=4096 /" | tee -a "$OUT/poll.txt"
-    done
+    before_after .device/s30/poll poll
     ;;
   polltests)  # GPU tests over kernels whose waits poll relaxed, then fence: the runtime and
     # schedules' graphs, the tiny decoders and the 1B large kernel, the small MoE layers, the

@@ -4,6 +4,7 @@
     python bench/trace_analysis.py TRACE.npz spread TASK          # TASK's ends per CTA and per SM
     python bench/trace_analysis.py TRACE.npz gaps                 # idle between a CTA's instances
     python bench/trace_analysis.py TRACE.npz parts TASK[,TASK]    # split-K: the last part vs the others
+    python bench/trace_analysis.py TRACE.npz replay TASK[,TASK]   # each task dealt at run time instead
 
 ``TRACE.npz``: a :meth:`etc.runtime.trace.Trace.save` file (``bench/decode_trace.py
 --out`` writes one per schedule and batch). ``--layer`` picks the layer of
@@ -22,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from etc.runtime.trace import Trace, ends_by_place, gaps_by_pair  # noqa: E402
+from etc.runtime.trace import Trace, deal_replay, ends_by_place, gaps_by_pair  # noqa: E402
 
 STAGES = ("qkv", "attention", "combine", "o_proj", "gate_up", "down")
 
@@ -132,10 +133,31 @@ def parts(trace: Trace, tasks: str, layer: int) -> list[str]:
     return out
 
 
+def replay(trace: Trace, tasks: str, layer: int) -> list[str]:
+    """Per task (one layer's instances for the layer stages, STAGES): its
+    recorded window against :func:`etc.runtime.trace.deal_replay`'s, as
+    listed (each CTA's pace, whole instances), in halves and quarters that
+    cost 1.5 µs more each (a ring restart's order)."""
+    out = []
+    for task in tasks.split(","):
+
+        def keep(e, layered=task in STAGES):
+            return not layered or e["instance"][0] == layer
+
+        recorded, whole = deal_replay(trace, task, keep)
+        halves = deal_replay(trace, task, keep, split=2, overhead_us=1.5)[1]
+        quarters = deal_replay(trace, task, keep, split=4, overhead_us=1.5)[1]
+        out.append(
+            f"{task}: recorded {recorded:7.1f} us; dealt at run time {whole:7.1f}, "
+            f"in halves {halves:7.1f}, in quarters {quarters:7.1f}"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trace", type=Path)
-    p.add_argument("view", choices=("placement", "spread", "gaps", "parts"))
+    p.add_argument("view", choices=("placement", "spread", "gaps", "parts", "replay"))
     p.add_argument("task", nargs="?", default="lm_head")
     p.add_argument("--layer", type=int, default=8)
     args = p.parse_args(argv)
@@ -146,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = spread(trace, args.task)
     elif args.view == "gaps":
         lines = gaps(trace)
-    else:
+    elif args.view == "parts":
         lines = parts(trace, args.task, args.layer)
+    else:
+        lines = replay(trace, args.task, args.layer)
     print("\n".join(lines))
     return 0
 

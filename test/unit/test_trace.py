@@ -82,6 +82,42 @@ def test_ends_by_place_and_gaps_by_pair():
         ends_by_place(trace, "a", "gpc")
 
 
+def test_deal_replay_hands_instances_to_the_first_free_cta():
+    from etc.errors import EtcError
+    from etc.runtime.trace import deal_replay
+
+    # Task a: CTA 0 (SM 1) runs 3 instances of 1 us, CTA 1 (SM 2) one of 3 us,
+    # both from 0: the lists already match the paces, so dealing the 4
+    # instances to the first free CTA ends at 3 us too.
+    recs = [
+        (0, 1000, (0 << 48) | 0, (1 << 32) | 0),
+        (1000, 2000, (0 << 48) | 1, (1 << 32) | 0),
+        (2000, 3000, (0 << 48) | 2, (1 << 32) | 0),
+        (0, 3000, (0 << 48) | 3, (2 << 32) | 1),
+        (5000, 6000, (1 << 48) | 0, (2 << 32) | 1),
+    ]
+    trace = Trace.decode(words(recs), "g", ["a", "b"], [(4,), (1,)])
+    assert deal_replay(trace, "a") == pytest.approx((3.0, 3.0))
+    # Halves: 8 pieces, CTA 0 at 0.5 us each, CTA 1 at 1.5: CTA 0 takes 6 (ends 3.0),
+    # CTA 1 two (ends 3.0).
+    assert deal_replay(trace, "a", split=2) == pytest.approx((3.0, 3.0))
+    # A slow CTA that listed two instances: dealt, the fast one takes the third.
+    recs = [
+        (0, 1000, (0 << 48) | 0, (1 << 32) | 0),
+        (1000, 2000, (0 << 48) | 1, (1 << 32) | 0),
+        (0, 3000, (0 << 48) | 2, (2 << 32) | 1),
+        (3000, 6000, (0 << 48) | 3, (2 << 32) | 1),
+    ]
+    trace = Trace.decode(words(recs), "g", ["a"], [(4,)])
+    assert deal_replay(trace, "a") == pytest.approx((6.0, 3.0))
+    # A cost per piece: 4 pieces of 1 + 0.5 us on CTA 0, of 3.5 us on CTA 1.
+    assert deal_replay(trace, "a", overhead_us=0.5) == pytest.approx((6.0, 4.5))
+    assert deal_replay(trace, "a", keep=lambda e: e["instance"][0] < 2) == pytest.approx((2.0, 2.0))
+    assert deal_replay(trace, "b") == (0.0, 0.0)
+    with pytest.raises(EtcError, match="split must be an int >= 1, got 0"):
+        deal_replay(trace, "a", split=0)
+
+
 def test_overflowing_buffer_counts_dropped_records(tmp_path):
     buf = words([(1, 2, 0, 0)], count=5)  # the kernel counted 5, wrote the 1 that fit
     trace = Trace.decode(buf, "g", ["a"], [(8,)])

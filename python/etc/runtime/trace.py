@@ -14,7 +14,9 @@ time spent between an instance and the one before it on its CTA;
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,6 +235,47 @@ def gaps_by_pair(trace: Trace) -> dict[tuple[str, str], list[float]]:
         for a, b in zip(records, records[1:], strict=False):
             out.setdefault((a["task"], b["task"]), []).append((b["start_ns"] - a["end_ns"]) / 1e3)
     return out
+
+
+def deal_replay(
+    trace: Trace,
+    task: str,
+    keep: Callable[[dict[str, Any]], bool] | None = None,
+    split: int = 1,
+    overhead_us: float = 0.0,
+) -> tuple[float, float]:
+    """What dealing ``task``'s instances at run time would have ended at:
+    ``(recorded, replayed)``, µs after the task's first start. The replay
+    takes each CTA that ran the task as free from its first instance's
+    start, at its own recorded pace (the mean duration of its instances),
+    and hands the instances, ``split`` pieces each taking ``1/split`` of
+    that plus ``overhead_us``, one at a time to whichever CTA is free
+    first. ``keep(event)`` selects instances (e.g. one layer's). A model,
+    not a measurement: a CTA's pace does not change with what the others
+    run; it says whether a run-time deal is worth building."""
+    if not isinstance(split, int) or isinstance(split, bool) or split < 1:
+        raise EtcError(f"deal_replay: split must be an int >= 1, got {split!r}")
+    events = [e for e in trace.events() if e["task"] == task and (keep is None or keep(e))]
+    if not events:
+        return 0.0, 0.0
+    t0 = min(e["start_ns"] for e in events)
+    recorded = (max(e["end_ns"] for e in events) - t0) / 1e3
+    pace: dict[tuple[int, int], list[float]] = {}
+    free: dict[tuple[int, int], float] = {}
+    for e in events:
+        place = (e["sm"], e["cta"])
+        pace.setdefault(place, []).append((e["end_ns"] - e["start_ns"]) / 1e3)
+        free[place] = min(free.get(place, math.inf), (e["start_ns"] - t0) / 1e3)
+    step = {place: sum(d) / len(d) / split + overhead_us for place, d in pace.items()}
+    ready = [(at, place) for place, at in free.items()]
+    heapq.heapify(ready)
+    replayed = 0.0
+    for _ in range(len(events) * split):
+        at, place = heapq.heappop(ready)
+        done = at + step[place]
+        replayed = max(replayed, done)
+        heapq.heappush(ready, (done, place))
+    return recorded, replayed
 
 
 def summary(trace: Trace) -> Mapping[str, float]:
