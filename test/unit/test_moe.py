@@ -531,6 +531,21 @@ def test_small_tiles_compile(cfg):
 
 
 @needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_triggered_layer_compiles_with_its_tiles_called(schedule):
+    # outline=True on the whole small layer: data-dependent triggers, the
+    # triggered tiles' prefetches and ticket deals go through calls too.
+    g = M.build_moe_graph(SMALL, gemm_tiles(SMALL))
+    artifact = etc.compile(g, schedule=schedule, outline=True)
+    assert artifact.cubin is not None
+    called = {
+        line.split()[1].rstrip(",") for line in artifact.ptx.splitlines() if "call.uni" in line
+    }
+    assert {t.function.name for t in g.tasks} <= called
+
+
+@needs_bindings
 def test_topk_and_plan_tiles_have_no_extra_barriers():
     # The top-k tile keeps its logits in registers (no workgroup memory, no
     # barrier); the plan's scan needs exactly two barriers.
