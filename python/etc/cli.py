@@ -57,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--schedule", choices=("static", "dynamic"), default="static")
     comp.add_argument("--no-early-push", dest="early_push", action="store_false")
     comp.add_argument("--target", default="sm_90")
+    comp.add_argument(
+        "--min-ctas-per-sm", type=int, default=0, help="resident CTAs per SM to ask ptxas for"
+    )
+    comp.add_argument(
+        "--outline",
+        metavar="TASKS",
+        help="tasks whose tiles the kernel calls instead of inlining: 'all' or task,task,...",
+    )
     info = commands.add_parser("info", help="summarise an artifact")
     info.add_argument("artifact", type=Path)
     dot = commands.add_parser("dot", help="draw a graph's tasks and events as Graphviz DOT")
@@ -73,8 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "compile":
             graph = _load_builder(args.builder)()
+            outline = (
+                False
+                if args.outline is None
+                else True
+                if args.outline == "all"
+                else tuple(t for t in args.outline.split(",") if t)
+            )
             artifact = etc.compile(
-                graph, schedule=args.schedule, target=args.target, early_push=args.early_push
+                graph,
+                schedule=args.schedule,
+                target=args.target,
+                early_push=args.early_push,
+                min_ctas_per_sm=args.min_ctas_per_sm,
+                outline=outline,
             )
             path = artifact.save(args.output)
             print(f"{path}: kernel {artifact.kernel_name!r}, {args.schedule} schedule")

@@ -27,6 +27,19 @@ def test_compile_and_info(tmp_path, capsys):
     assert "dynamic schedule" in text and "task 1 final_sum" in text
 
 
+def test_compile_with_outlined_tiles_and_occupancy(tmp_path, capsys):
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    builder = str(REPO / "examples" / "splitk_rowsum.py") + ":build"
+    out = tmp_path / "art"
+    args = ["compile", builder, "-o", str(out), "--outline", "final_sum", "--min-ctas-per-sm", "2"]
+    assert cli.main(args) == 0
+    ptx = next(out.glob("*.ptx")).read_text()
+    assert "call.uni final_sum," in ptx and "call.uni partial_sum," not in ptx
+    assert ".minnctapersm 2" in ptx
+    assert cli.main(["compile", builder, "-o", str(tmp_path / "b"), "--outline", "sum"]) == 1
+    assert "graph 'splitk' has no task 'sum'" in capsys.readouterr().err
+
+
 def test_bad_builder_is_a_clear_error():
     with pytest.raises(SystemExit, match="expected MODULE:FUNCTION"):
         cli.main(["compile", "nocolon", "-o", "x"])
