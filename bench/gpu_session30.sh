@@ -102,7 +102,8 @@ for step in ${*:-outline}; do
   poll)  # waits polling with relaxed loads and one acquire fence on success, against acquire
     # loads at every poll: the default before (old) / after (new), alternating, every B at L = 1024
     # and B = 32, 64 at L = 4096
-    # (DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py --build .device/s30/poll/{old,new})
+    # (DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py --build .device/s30/poll/{old,new},
+    #  new from pollCounter's relaxed loads + fence.acq_rel, reverted after: RESULTS item 131)
     before_after .device/s30/poll poll
     ;;
   polltests)  # GPU tests over kernels whose waits poll relaxed, then fence: the runtime and

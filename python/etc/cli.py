@@ -81,13 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "compile":
             graph = _load_builder(args.builder)()
-            outline = (
-                False
-                if args.outline is None
-                else True
-                if args.outline == "all"
-                else tuple(t for t in args.outline.split(",") if t)
-            )
+            outline: bool | tuple[str, ...] = False
+            if args.outline == "all":
+                outline = True
+            elif args.outline is not None:
+                outline = tuple(t for t in args.outline.split(",") if t)
             artifact = etc.compile(
                 graph,
                 schedule=args.schedule,

@@ -1022,10 +1022,13 @@ def compile_decoder(
     opts = {**compile_options(cfg, schedule), **options}
 
     def outline(c: LlamaConfig, g: Graph) -> bool | tuple[str, ...]:
-        # The tasks of c.outline this kernel's graph has (argmax_merge, for
-        # one, only with the argmax in parts).
-        if "outline" in options or isinstance(c.outline, bool):
-            return opts["outline"] if "outline" in options else c.outline
+        # The caller's choice for every kernel, else the tasks of c.outline
+        # this kernel's graph has (argmax_merge, for one, only with the
+        # argmax in parts).
+        if "outline" in options:
+            return options["outline"]
+        if isinstance(c.outline, bool):
+            return c.outline
         names = {task.name for task in g.tasks}
         return tuple(t for t in c.outline if t in names)
 

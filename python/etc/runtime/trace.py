@@ -182,6 +182,13 @@ def _cta_timelines(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [sorted(records, key=lambda e: e["start_ns"]) for records in by_cta.values()]
 
 
+def _task_events(
+    trace: Trace, task: str, keep: Callable[[dict[str, Any]], bool] | None
+) -> list[dict[str, Any]]:
+    """``task``'s events that ``keep`` selects (all without it)."""
+    return [e for e in trace.events() if e["task"] == task and (keep is None or keep(e))]
+
+
 def idle_before(
     trace: Trace, key: Callable[[dict[str, Any]], str] | None = None
 ) -> dict[str | None, float]:
@@ -214,7 +221,7 @@ def ends_by_place(
     when they do not, the stage ends with the slowest one."""
     if place not in ("sm", "cta"):
         raise EtcError(f"ends_by_place: place must be 'sm' or 'cta', got {place!r}")
-    events = [e for e in trace.events() if e["task"] == task and (keep is None or keep(e))]
+    events = _task_events(trace, task, keep)
     if not events:
         return {}
     t0 = min(e["start_ns"] for e in events)
@@ -255,7 +262,7 @@ def deal_replay(
     run; it says whether a run-time deal is worth building."""
     if not isinstance(split, int) or isinstance(split, bool) or split < 1:
         raise EtcError(f"deal_replay: split must be an int >= 1, got {split!r}")
-    events = [e for e in trace.events() if e["task"] == task and (keep is None or keep(e))]
+    events = _task_events(trace, task, keep)
     if not events:
         return 0.0, 0.0
     t0 = min(e["start_ns"] for e in events)
