@@ -243,6 +243,18 @@ VARIANTS = {
 _LM = ("lm_head", "argmax", "argmax_merge")
 for _task in ("embed", "qkv", "combine", "o_proj", "gate_up", "down"):
     VARIANTS[f"ol1_{_task}"] = _one(("outline", (*_LM, _task)))
+# Session 31: tasks dealt at run time (deal="pool"): the LM head (B = 1 and
+# the other kernels), the large-batch attention, and some B = 1 layer stages.
+VARIANTS["pool1_lm"] = _one(("pool", ("lm_head",)))
+VARIANTS["pool1_lm_gu"] = _one(("pool", ("lm_head", "gate_up", "down")))
+VARIANTS["pool1_lm_attn"] = _one(("pool", ("lm_head", "attention")))
+VARIANTS["pool_mid_lm"] = _mid(("pool", ("lm_head",)))
+VARIANTS["pool_lm"] = _large(("pool", ("lm_head",)))
+VARIANTS["pool_attn"] = _large(("pool", ("attention",)))
+VARIANTS["pool_attn_lm"] = _large(("pool", ("attention", "lm_head")))
+VARIANTS["pool_all"] = _large(
+    ("pool", ("attention", "lm_head", "qkv", "o_proj", "gate_up", "down"))
+)
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for
 # every larger batch) with chunks of 32, 64 or 128, timed at B = 1 and 8;

@@ -263,7 +263,8 @@ def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
     ``ready.<task>`` (over the task's grid, or one counter when every in-edge
     maps to a constant coordinate), ``fired.<task>`` (a triggered
     task's fired trigger coordinates), ``dispatched.<event>`` or, under the
-    static schedule, ``ticket.<task>`` (a ``deal="ticket"`` task's tickets)."""
+    static schedule, ``ticket.<task>`` (a ``deal="ticket"`` task's tickets) and
+    ``pool.<task>`` (a ``deal="pool"`` task's counter per phase)."""
     kind, _, of = name.partition(".")
     if kind == "ready":
         task = next(t for t in g.tasks if t.name == of)
@@ -277,6 +278,9 @@ def _implicit_event(g: Graph, name: str) -> dict[str, Any]:
         shape, count = (1,), task.trigger.event.shape[0]
     elif kind == "ticket":  # the static schedule's counter of a deal="ticket" task
         shape, count = (1,), 1
+    elif kind == "pool":  # a deal="pool" task's counters: one per phase (StaticSchedule.cpp)
+        task = next(t for t in g.tasks if t.name == of)
+        shape, count = (task.grid[task.phase[1]],) if task.phase[0] == "dim" else (1,), 1
     else:
         event = next(e for e in g.events if e.name == of)
         shape, count = event.shape, event.wait_count
@@ -361,6 +365,7 @@ def _manifest(
                 "out_edges": [_edge(e) for e in tasks[name].out_edges],
                 "trigger": _trigger(tasks[name]),
                 **({"phase": list(tasks[name].phase)} if tasks[name].phase != ("const", 0) else {}),
+                **({"deal": "pool"} if tasks[name].deal == "pool" and schedule == "static" else {}),
             }
             for i, name in enumerate(sched.tasks)
         ],

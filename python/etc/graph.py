@@ -82,7 +82,7 @@ class Tensor:
 
 WaitCount = int | SymExpr | Tensor
 #: ``Graph.task(deal=...)`` values.
-DEALS = ("list", "ticket")
+DEALS = ("list", "ticket", "pool")
 
 
 @dataclass(eq=False)
@@ -148,7 +148,8 @@ class Task:
     #: Shared-memory region (``Graph.task(shared_region=...)``); 0 by default.
     shared_region: int = 0
     #: How the static schedule deals the instances: ``"list"`` (each queue
-    #: entry names one) or ``"ticket"`` (each entry runs the next unclaimed one).
+    #: entry names one), ``"ticket"`` (each entry runs the next unclaimed one)
+    #: or ``"pool"`` (an entry per CTA and phase runs unclaimed ones until none is left).
     deal: str = "list"
     #: In-edge waits before the prefetch call (``Graph.task(prefetch_after=...)``).
     prefetch_after: int = 0
@@ -451,7 +452,14 @@ class Graph:
         instances go to the CTAs that are free first whatever their
         durations: a phase of unequal instances ends evenly across CTAs. The
         task's instances must not depend on each other (no grid-dimension
-        phase). The dynamic schedule deals by readiness and ignores it.
+        phase). ``"pool"`` deals at run time phase by phase: each CTA whose
+        list held instances of a phase gets one entry in their place, which
+        runs unclaimed instances of that phase (one counter per phase, drawn
+        one instance ahead) until none is left, so a CTA runs as many as it
+        is free for: a stage whose CTAs stream at unequal paces (an LM head)
+        ends when the work does, not with the slowest list. Not with
+        ``triggered_by`` or shared regions other than 0. The dynamic
+        schedule deals by readiness and ignores it.
 
         ``prefetch_after=n`` (an int >= 0, default 0) runs the tile's
         prefetch function after the first ``n`` in-edge waits instead of
@@ -510,6 +518,12 @@ class Graph:
             raise GraphError(f"{where}: shared_region must be an int >= 0, got {shared_region!r}")
         if shared_region < 0:
             raise GraphError(f"{where}: shared_region must be >= 0, got {shared_region}")
+        if deal == "pool" and (trigger is not None or shared_region):
+            raise GraphError(
+                f"{where}: deal='pool' runs a CTA's instances in a loop, which a data-dependent "
+                "trigger's table and a prefetch ahead across shared regions cannot follow; "
+                "use deal='ticket' or shared_region=0"
+            )
         for other in self.tasks:
             if other.function.name == function.name and other.shared_region != shared_region:
                 raise GraphError(
@@ -1499,6 +1513,10 @@ class _Emitter:
                 extra += ", guarded_indptr"
             if t.deal == "ticket":
                 extra += ", ticketed"
+            if t.deal == "pool":
+                extra += ", pooled"
+                if t.phase[0] == "dim":
+                    extra += f", pool_dim = {t.phase[1]} : i64"
             line += f" {{name = {_mlir_string(t.name)}{extra}}}"
             self.body.append(line)
 

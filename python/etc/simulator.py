@@ -109,7 +109,10 @@ def static_queues(
     task by task in :meth:`Graph.topological_tasks` order, each task's
     instances in row-major linear order; global index ``g`` goes to CTA
     ``g % num_ctas``. Entries are ``(task number, linear instance index)``,
-    the task number being the position in ``topological_tasks()``.
+    the task number being the position in ``topological_tasks()``; a
+    ``deal="pool"`` task has one entry ``(task number, pool)`` per phase in
+    each CTA that received any of the phase's instances
+    (:func:`etc.runtime.queue.pool_entries`).
     """
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
@@ -121,7 +124,8 @@ def static_queues(
     grids = [_concrete_shape(t.grid, env, f"task '{t.name}': grid") for t in tasks]
     counts = [int(np.prod(grid, dtype=np.int64)) for grid in grids]
     phases = [instance_phases(t.phase, grid) for t, grid in zip(tasks, grids, strict=True)]
-    return decode(build_static_queue(counts, num_ctas, phases))
+    pooled = [t.deal == "pool" for t in tasks]
+    return decode(build_static_queue(counts, num_ctas, phases, pooled))
 
 
 def _bind_inputs(
@@ -241,6 +245,24 @@ class _Machine:
         if linear >= int(indptr[extent]):
             return None
         return int(np.searchsorted(indptr, linear, side="right")) - 1
+
+    def instance_count(self, number: int) -> int:
+        return len(self.points[number])
+
+    def pool_instance(self, number: int, pool: int, drawn: int) -> int | None:
+        """The linear index of draw number ``drawn`` from pool ``pool`` of a
+        ``deal="pool"`` task (its instances whose phase coordinate is
+        ``pool``, in linear order, as the GPU maps them), or None past the
+        last: the pool is empty."""
+        task, count = self.order[number], len(self.points[number])
+        if task.phase[0] != "dim":
+            return drawn if drawn < count else None
+        grid = _concrete_shape(task.grid, self.env, f"task '{task.name}': grid")
+        d = task.phase[1]
+        inner = int(np.prod(grid[d + 1 :], dtype=np.int64))
+        if drawn >= count // grid[d]:
+            return None
+        return (drawn // inner) * grid[d] * inner + pool * inner + drawn % inner
 
     def point(self, number: int, linear: int, c: int | None = None) -> tuple[int, ...]:
         """The coordinates an instance's function and edge maps take: its grid
@@ -388,41 +410,56 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
     """Every rank's CTAs (one machine per rank), stepped round-robin."""
     ctas = [(m, queue) for m in machines for queue in static_queues(m.graph, m.env, num_ctas)]
     heads = [0] * len(ctas)
-    remaining = sum(len(q) for _, q in ctas)
+    remaining = sum(m.instance_count(n) for m in machines for n in range(len(m.order)))
     # deal="ticket" tasks: an entry runs the next unclaimed instance, claimed
     # when the entry reaches its CTA's head (the GPU claims it one entry
-    # earlier; any claim order runs each instance once).
+    # earlier; any claim order runs each instance once). deal="pool" entries
+    # claim the next instance of their pool until it is empty, then move on.
     tickets = [{n: 0 for n, t in enumerate(m.order) if t.deal == "ticket"} for m in machines]
-    claimed = [False] * len(ctas)
+    pools: list[dict[tuple[int, int], int]] = [{} for _ in machines]
+    # Per CTA, the instance its head entry runs (None: not claimed yet).
+    current: list[tuple[int, int] | None] = [None] * len(ctas)
     while remaining:
-        for cta, (_, queue) in enumerate(ctas):
-            if heads[cta] < len(queue) and not claimed[cta]:
-                claimed[cta] = True
-                number, _ = queue[heads[cta]]
-                counter = tickets[cta // num_ctas]  # the CTA's rank's counters
-                if number in counter:
-                    queue[heads[cta]] = (number, counter[number])
-                    counter[number] += 1
+        for cta, (machine, queue) in enumerate(ctas):
+            while heads[cta] < len(queue) and current[cta] is None:
+                number, linear = queue[heads[cta]]
+                rank = cta // num_ctas  # the CTA's rank's counters
+                if number in tickets[rank]:
+                    current[cta] = (number, tickets[rank][number])
+                    tickets[rank][number] += 1
+                elif machine.order[number].deal == "pool":
+                    drawn = pools[rank].get((number, linear), 0)
+                    pools[rank][(number, linear)] = drawn + 1
+                    instance = machine.pool_instance(number, linear, drawn)
+                    if instance is None:
+                        heads[cta] += 1  # the pool is empty
+                    else:
+                        current[cta] = (number, instance)
+                else:
+                    current[cta] = (number, linear)
         # Every CTA looks at its head before any runs, as CTAs that start
         # together on a GPU do (a wait may read a count table before the
         # instance that writes it has run).
         ready = [
             cta
-            for cta, (machine, queue) in enumerate(ctas)
-            if heads[cta] < len(queue) and machine.blocker(*queue[heads[cta]]) is None
+            for cta, (machine, _) in enumerate(ctas)
+            if (now := current[cta]) is not None and machine.blocker(*now) is None
         ]
         for cta in ready:
             machine, queue = ctas[cta]
-            machine.run(*queue[heads[cta]])
-            heads[cta] += 1
-            claimed[cta] = False
+            now = current[cta]
+            assert now is not None
+            machine.run(*now)
+            if machine.order[now[0]].deal != "pool":
+                heads[cta] += 1  # a pool entry draws again
+            current[cta] = None
             remaining -= 1
         progressed = bool(ready)
         if not progressed:
             stuck: list[tuple[_Machine, tuple[Any, ...]]] = []
-            for cta, (machine, queue) in enumerate(ctas):
-                if heads[cta] < len(queue):
-                    block = machine.blocker(*queue[heads[cta]])
+            for cta, (machine, _) in enumerate(ctas):
+                if (now := current[cta]) is not None:
+                    block = machine.blocker(*now)
                     assert block is not None
                     stuck.append((machine, block))
             # Waits on a rank's own (unranked) events first: where a hang

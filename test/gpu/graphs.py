@@ -335,6 +335,59 @@ def skewed(iterations: int = 2000, heavy_every: int = 16, heavy_factor: int = 10
     return g
 
 
+def splitk_pooled(per_row: bool, K: int = 256, k_split: int = 4) -> etc.Graph:
+    """The split-K row sums with the partial sums dealt at run time
+    (``deal="pool"``): one pool of every instance, or (``per_row``) a pool
+    per row, each row a phase of both tasks."""
+    from etc.tiles import rowsum
+
+    g = etc.Graph("splitk")
+    n = g.symbol("n")
+    A = g.tensor("A", (n, K), "f32")
+    B = g.tensor("B", (n, k_split), "f32")
+    C = g.tensor("C", (n,), "f32")
+    E = g.event((n,), wait_count=k_split, name="E")
+    g.task(
+        rowsum.partial_sum(1, k_split, K),
+        grid=(n, k_split),
+        args=(A, B),
+        out_edges={E: "ij->i"},
+        deal="pool",
+        phase="ij->i" if per_row else 0,
+    )
+    g.task(
+        rowsum.final_sum(1, k_split),
+        grid=(n,),
+        args=(B, C),
+        in_edges={E: "i->i"},
+        phase="i->i" if per_row else 0,
+    )
+    return g
+
+
+def skewed_pooled() -> etc.Graph:
+    """:func:`skewed` with its heavy stage dealt at run time."""
+    g = etc.Graph("skewed")
+    t = g.symbol("t")
+    P = g.tensor("P", (t,), "f32")
+    Q = g.tensor("Q", (t,), "f32")
+    done = g.event((t,), wait_count=1, name="done")
+    g.task(
+        synthetic.spin(2000, 16, 10, name="heavy"),
+        grid=(t,),
+        args=(P,),
+        out_edges={done: "i->i"},
+        deal="pool",
+    )
+    g.task(
+        synthetic.lincomb([1.0], 1.0, span=1, name="light"),
+        grid=(t,),
+        args=(P, Q),
+        in_edges={done: "i->i"},
+    )
+    return g
+
+
 def empty_tasks() -> etc.Graph:
     """Independent empty tasks: the cost of handing out a task."""
     g = etc.Graph("empty_tasks")
@@ -413,6 +466,7 @@ GRAPHS = {
     "diamond": diamond,
     "fanin": wide_fan_in,
     "skewed": skewed,
+    "skewed_pooled": skewed_pooled,
     "empty": empty_tasks,
     "chain": chain,
 }
@@ -452,6 +506,9 @@ def tensor_parallel_variant(name: str):
     return layer, replace(tensor_parallel_small(), **changes), options
 
 
+_POOLED = ("attention", "qkv", "o_proj", "gate_up", "down", "lm_head")
+
+
 def llama_tiny_variants() -> dict:
     """Artifact-name prefix -> tiny decoder configuration for the GPU tests:
     the default tiles; the fused norms with activations through the
@@ -475,7 +532,8 @@ def llama_tiny_variants() -> dict:
     the combine shared out by heads and splits (``combine_group``); the
     projections on TMA + wgmma with split-K (``gemm_core="tma"``,
     ``k_splits``), alone and in the large-batch kernel of three, with their
-    k loops rotated by column block (``tma_rotate_k``)."""
+    k loops rotated by column block (``tma_rotate_k``); the attention,
+    projections and LM head dealt at run time (``pool``)."""
     import dataclasses
 
     from etc.models import llama
@@ -643,6 +701,10 @@ def llama_tiny_variants() -> dict:
             tma, tma_rotate_k=True, tma_prefetch=True
         ),
         "llama_tiny_buckets": buckets,
+        # Tasks dealt at run time (deal="pool"): every layer's attention and
+        # projections, the LM head; and the same in the kernels of three.
+        "llama_tiny_pool": dataclasses.replace(llama.TINY, pool=_POOLED),
+        "llama_tiny_tma_buckets_pool": dataclasses.replace(tma_buckets, pool=_POOLED),
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,
         "llama_tiny_prefetch_lines": prefetch_lines,

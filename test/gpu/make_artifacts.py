@@ -85,6 +85,7 @@ from graphs import (  # noqa: E402
     gemm_meet,
     llama_1b_large_variants,
     llama_tiny_variants,
+    splitk_pooled,
     tensor_parallel_variant,
 )
 
@@ -133,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [(f"{name}_{s}", g, schedule, early) for s, (schedule, early) in SCHEDULES.items()]
     jobs += [
         (f"splitk_traced_{suffix}", graphs["splitk"], schedule, early, True)
+        for suffix, (schedule, early) in SCHEDULES.items()
+    ]
+    # The split-K graph with its partial sums dealt at run time: one pool, a pool per row.
+    jobs += [
+        (f"splitk_{kind}_{suffix}", splitk_pooled(per_row), schedule, early)
+        for kind, per_row in (("pool", False), ("poolrow", True))
         for suffix, (schedule, early) in SCHEDULES.items()
     ]
     # The split-K graph with its tiles called instead of inlined (outline=True).

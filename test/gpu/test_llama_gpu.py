@@ -99,6 +99,8 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_tma_l2pf",
         "llama_tiny_tma_rotate",
         "llama_tiny_tma_ahead",
+        "llama_tiny_pool",
+        "llama_tiny_tma_buckets_pool",
     ],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

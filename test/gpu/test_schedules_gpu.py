@@ -83,6 +83,19 @@ def test_skewed(schedule: str) -> None:
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_skewed_pooled(schedule: str) -> None:
+    run_against_simulator(
+        GRAPHS["skewed_pooled"](),
+        load(f"skewed_pooled_{schedule}"),
+        {},
+        {"t": 3000},
+        ["Q"],
+        rtol=0,
+        atol=0,
+    )
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_chain_and_empty(schedule: str) -> None:
     load(f"chain_{schedule}").launch({}, {})
     kernel = load(f"empty_{schedule}")
@@ -152,6 +165,24 @@ def test_trace(schedule: str, tmp_path: Path) -> None:
             trace.to_png(Path(out) / f"trace_splitk_{schedule}.png")
         except etc.EtcError:
             pass  # no matplotlib on this machine
+
+
+@pytest.mark.parametrize("kind", ["pool", "poolrow"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("n", [1, 300, 5000])
+def test_pooled_partial_sums(kind: str, schedule: str, n: int) -> None:
+    """Partial sums dealt at run time (one pool, or a pool per row): every
+    instance runs once, whatever CTA draws it; relaunches reuse the
+    counters the kernel's exit reset zeroed."""
+    kernel = load(f"splitk_{kind}_{schedule}")
+    for seed in range(2):
+        a = np.random.default_rng([n, seed]).standard_normal((n, 256)).astype(np.float32)
+        t = {"A": a, "B": np.full((n, 4), np.nan, np.float32), "C": np.full(n, np.nan, np.float32)}
+        kernel.launch(t, {"n": n})
+        np.testing.assert_allclose(
+            t["B"], a.astype(np.float64).reshape(n, 4, 64).sum(2), rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

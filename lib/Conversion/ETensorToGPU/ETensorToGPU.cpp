@@ -272,7 +272,12 @@ private:
                              Value coordinate);
   void lowerNotify(NotifyOp notify);
   Block &mapGridCoordinates(DispatchOp dispatch, Value linear);
-  LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into);
+  LogicalResult lowerDispatch(DispatchOp dispatch, Value linear, Block *into,
+                              ValueRange extraResults = {});
+  LogicalResult lowerPooledDispatch(DispatchOp dispatch, Value pool,
+                                    Block *into);
+  Value drawFromPool(Value counter, Value ahead, Value perPool,
+                     Value &nextAhead);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
   void prefetchEntry(Value position, Value end,
                      ArrayRef<DispatchOp> dispatches);
@@ -884,11 +889,13 @@ Block &KernelBuilder::mapGridCoordinates(DispatchOp dispatch, Value linear) {
 }
 
 /// Emits one task instance into `into` (a switch case): the waits, then the
-/// rest of the body under `scf.if` of their success. Yields success.
+/// rest of the body under `scf.if` of their success. Yields success, the
+/// loop-carried state, then `extraResults`.
 LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
-                                           Block *into) {
+                                           Block *into,
+                                           ValueRange extraResults) {
   OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPointToStart(into);
+  b.setInsertionPointToEnd(into); // after what computed `linear`, if anything
   waitSeen = loopSeen;
   tableState = loopTableState;
   ticketState = loopTicketState;
@@ -1027,8 +1034,150 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
   results.append(waitSeen);
   results.append(tableState);
   results.append(ticketState);
+  llvm::append_range(results, extraResults);
   scf::YieldOp::create(b, results);
   return success();
+}
+
+/// Static schedule, a `pool(...)` entry: runs the instances of pool `pool`
+/// (the entry's instance field) that the CTA draws from the pool's counter,
+/// until a draw passes the pool's size. Draws go in linear order within the
+/// pool, so an instance only waits on instances drawn before it or on
+/// earlier entries of the global order, as the lists' instances do. Thread 0
+/// draws the next instance as the current one starts (`drawFromPool`), so
+/// the atomic's round trip overlaps it. Each CTA draws at most two past the
+/// end; the exit reset zeroes the counters.
+LogicalResult KernelBuilder::lowerPooledDispatch(DispatchOp dispatch,
+                                                 Value pool, Block *into) {
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(into);
+  // Instance `k` of pool `p` along dimension `d` has coordinate p there and
+  // the others, row-major, from k: linear = (k / inner) * (n_d * inner) +
+  // p * inner + k % inner, `inner` the extent of the dimensions after d.
+  SmallVector<Value> extents = gridExtents(dispatch);
+  IntegerAttr poolDim = dispatch.getPoolDimAttr();
+  Value perPool = index(1), inner = index(1);
+  for (auto [d, extent] : llvm::enumerate(extents)) {
+    if (poolDim && static_cast<int64_t>(d) == poolDim.getInt())
+      continue;
+    perPool = arith::MulIOp::create(b, perPool, extent);
+    if (poolDim && static_cast<int64_t>(d) > poolDim.getInt())
+      inner = arith::MulIOp::create(b, inner, extent);
+  }
+  EventInfo &info = events[dispatch.getPool()];
+  Value counter = addressOf(
+      counters, poolDim ? arith::AddIOp::create(b, info.base, pool).getResult()
+                        : info.base);
+
+  // Carried: success, the static loop's state, thread 0's draw ahead.
+  SmallVector<Value> inits{arith::ConstantIntOp::create(b, 1, 1)};
+  llvm::append_range(inits, loopSeen);
+  llvm::append_range(inits, loopTableState);
+  llvm::append_range(inits, loopTicketState);
+  inits.push_back(index(-1));
+  SmallVector<Type> carried =
+      llvm::map_to_vector(inits, [](Value v) { return v.getType(); });
+  SmallVector<Type> passed(carried);
+  passed.push_back(b.getIndexType()); // the drawn instance
+  auto loop = scf::WhileOp::create(b, passed, inits, nullptr, nullptr);
+  {
+    OpBuilder::InsertionGuard drawGuard(b);
+    Block *before = loop.getBeforeBody();
+    b.setInsertionPointToStart(before);
+    Value nextAhead;
+    Value drawn = drawFromPool(counter, before->getArguments().back(), perPool,
+                               nextAhead);
+    Value more = arith::AndIOp::create(
+        b, before->getArgument(0),
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, drawn, perPool));
+    SmallVector<Value> forward(before->getArguments().drop_back());
+    forward.push_back(nextAhead);
+    forward.push_back(drawn);
+    scf::ConditionOp::create(b, more, forward);
+  }
+  Block *after = loop.getAfterBody();
+  {
+    OpBuilder::InsertionGuard runGuard(b);
+    b.setInsertionPointToStart(after);
+    Value k = after->getArguments().back();
+    Value linear = k;
+    if (poolDim) {
+      Value inPool = arith::MulIOp::create(b, inner, extents[poolDim.getInt()]);
+      linear = arith::AddIOp::create(
+          b,
+          arith::MulIOp::create(b, arith::DivUIOp::create(b, k, inner), inPool),
+          arith::AddIOp::create(b, arith::MulIOp::create(b, pool, inner),
+                                arith::RemUIOp::create(b, k, inner)));
+    }
+    // lowerDispatch starts from the loop-carried state: this iteration's.
+    SmallVector<Value> outerSeen = loopSeen, outerTables = loopTableState,
+                       outerTickets = loopTicketState;
+    auto state = after->getArguments().drop_front();
+    size_t seen = loopSeen.size(), tables = loopTableState.size();
+    loopSeen.assign(state.begin(), state.begin() + seen);
+    loopTableState.assign(state.begin() + seen, state.begin() + seen + tables);
+    loopTicketState.assign(state.begin() + seen + tables, state.end() - 2);
+    LogicalResult lowered =
+        lowerDispatch(dispatch, linear, after,
+                      after->getArgument(after->getNumArguments() - 2));
+    loopSeen = outerSeen;
+    loopTableState = outerTables;
+    loopTicketState = outerTickets;
+    if (failed(lowered))
+      return failure();
+  }
+  // Every thread read the last draw before thread 0 may write the broadcast
+  // word again for the CTA's next entry.
+  gpu::BarrierOp::create(b);
+  SmallVector<Value> results(loop.getResults().drop_back(2));
+  scf::YieldOp::create(b, results);
+  return success();
+}
+
+/// Thread 0 takes the instance it drew ahead (`ahead`, or draws now when
+/// -1) and, while that one is in the pool (< `perPool`), draws the next
+/// (`nextAhead`; -1 on other threads). The drawn instance reaches the CTA
+/// through the workgroup broadcast word.
+Value KernelBuilder::drawFromPool(Value counter, Value ahead, Value perPool,
+                                  Value &nextAhead) {
+  Type indexTy = b.getIndexType();
+  auto draw = [&]() -> Value {
+    Value old =
+        asm32("atom.relaxed.gpu.global.add.u32 $0, [$1], 1;", "=r,l", counter);
+    return arith::IndexCastOp::create(
+        b, indexTy, arith::ExtUIOp::create(b, b.getI64Type(), old));
+  };
+  auto ifZero =
+      scf::IfOp::create(b, TypeRange{indexTy, indexTy}, isThreadZero(), true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Value have =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, ahead, index(-1));
+    auto ifHave = scf::IfOp::create(b, indexTy, have, true);
+    b.setInsertionPointToStart(ifHave.thenBlock());
+    scf::YieldOp::create(b, ahead);
+    b.setInsertionPointToStart(ifHave.elseBlock());
+    scf::YieldOp::create(b, draw());
+    b.setInsertionPointAfter(ifHave);
+    Value current = ifHave.getResult(0);
+    Value inPool =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, current, perPool);
+    auto ifMore = scf::IfOp::create(b, indexTy, inPool, true);
+    b.setInsertionPointToStart(ifMore.thenBlock());
+    scf::YieldOp::create(b, draw());
+    b.setInsertionPointToStart(ifMore.elseBlock());
+    scf::YieldOp::create(b, index(-1));
+    b.setInsertionPointAfter(ifMore);
+    memref::StoreOp::create(b, toI64(current), broadcast, ValueRange{index(0)});
+    scf::YieldOp::create(b, ValueRange{current, ifMore.getResult(0)});
+    b.setInsertionPointToStart(ifZero.elseBlock());
+    scf::YieldOp::create(b, ValueRange{index(0), index(-1)});
+  }
+  nextAhead = ifZero.getResult(1);
+  gpu::BarrierOp::create(b);
+  Value drawn = memref::LoadOp::create(b, broadcast, ValueRange{index(0)});
+  return arith::IndexCastOp::create(b, indexTy, drawn);
 }
 
 /// Static schedule, `ticketed` dispatch number `k`: the instance this entry
@@ -1109,7 +1258,7 @@ LogicalResult KernelBuilder::checkKernelOperands(Operation *root, bool nested) {
         continue;
       if (auto dispatch = dyn_cast<DispatchOp>(op))
         if ((value == dispatch.getTriggerEvent() ||
-             value == dispatch.getTicket()) &&
+             value == dispatch.getTicket() || value == dispatch.getPool()) &&
             events.count(value))
           continue;
       if (isa<PushOp, RetireOp, WorkerOp>(op) &&
@@ -1227,8 +1376,8 @@ static int64_t sharedRegion(DispatchOp dispatch) {
 /// tasks with a trigger find their coordinate only after waiting, and a
 /// prefetch placed after waits (prefetch_after) reads what they guard.
 static bool hasAheadPrefetch(DispatchOp dispatch) {
-  // A ticketed entry's instance is known only once it drew its ticket.
-  if (dispatch.getTriggerEvent() || dispatch.getTicket())
+  // A ticketed or pooled entry's instance is known only once it drew it.
+  if (dispatch.getTriggerEvent() || dispatch.getTicket() || dispatch.getPool())
     return false;
   for (Operation &op : dispatch.getBody().front()) {
     if (isa<WaitOp>(op))
@@ -1249,6 +1398,12 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
         "prefetch-next runs every next entry's prefetch; with shared "
         "regions the schedule runs it ahead only across regions: use one");
   prefetchAhead = regions && llvm::any_of(dispatches, hasAheadPrefetch);
+  if (prefetchAhead)
+    for (DispatchOp dispatch : dispatches)
+      if (dispatch.getPool())
+        return dispatch.emitOpError(
+            "is pooled, which runs its instances in a loop that a prefetch "
+            "ahead across shared regions cannot follow: use one region");
   staticDispatches.assign(dispatches.begin(), dispatches.end());
   Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
   auto loadIndex = [&](Value at) {
@@ -1310,6 +1465,8 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
         entry, dispatches, carried,
         [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
+          if (dispatch.getPool())
+            return lowerPooledDispatch(dispatch, linear, caseBlock);
           return lowerDispatch(dispatch, linear, caseBlock);
         });
     if (failed(sw))

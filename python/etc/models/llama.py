@@ -457,6 +457,10 @@ class LlamaConfig:
     #: at every context); the B = 1 kernel's LM head and argmax (−1.3 %; all
     #: its tiles +1.4 %, the attention alone +1.8 %; thirtieth session).
     outline: bool | tuple[str, ...] = False
+    #: The tasks (:data:`DECODER_TASKS`) the static schedule deals at run time
+    #: (``Graph.task(deal="pool")``): each layer's instances go to whichever
+    #: CTA is free, not to fixed lists.
+    pool: tuple[str, ...] = ()
     #: The largest batch this configuration's kernel runs (set by
     #: :meth:`bucket_configs` from ``batch_buckets``; None: any). A kernel
     #: that never runs more than ``attn_small_batch`` sequences never sees a
@@ -510,6 +514,11 @@ class LlamaConfig:
                     f"LlamaConfig: outline must be a bool or a tuple of task names "
                     f"({', '.join(DECODER_TASKS)}), got {self.outline!r}"
                 )
+        if not isinstance(self.pool, tuple) or any(t not in DECODER_TASKS for t in self.pool):
+            raise GraphError(
+                f"LlamaConfig: pool must be a tuple of task names ({', '.join(DECODER_TASKS)}), "
+                f"got {self.pool!r}"
+            )
         if self.shared_regions and self.prefetch_next:
             raise GraphError(
                 "LlamaConfig: shared_regions and prefetch_next exclude each other (both run "
@@ -1280,7 +1289,8 @@ def build_decoder_graph(
     regions = dict(cfg.shared_regions)
 
     def task(function: Any, **kw: Any) -> Any:
-        return g.task(function, shared_region=regions.get(kw["name"], 0), **kw)
+        deal = "pool" if kw["name"] in cfg.pool else "list"
+        return g.task(function, shared_region=regions.get(kw["name"], 0), deal=deal, **kw)
 
     def tiles_of(bn: int, n: int, projection: str) -> Any:
         return cfg.row_blocks(B, projection) * (n // bn) * cfg.k_split(projection)

@@ -297,7 +297,7 @@ class Kernel:
             if any(t.phase != ("const", 0) for t in m.tasks):
                 phases = [instance_phases(t.phase, m.bind(t.grid, values)) for t in m.tasks]
                 check_phase_order(m, values, phases)
-            queue = build_static_queue(counts, actual, phases)
+            queue = build_static_queue(counts, actual, phases, [t.pooled for t in m.tasks])
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))

@@ -122,6 +122,9 @@ class TaskSpec:
     trigger: tuple[int, str] | None = None
     #: Static-schedule phase: ("const", c) or ("dim", d) (see Graph.task).
     phase: tuple[str, int] = ("const", 0)
+    #: Static schedule: a queue entry per CTA and phase draws the phase's
+    #: instances at run time (``Graph.task(deal="pool")``).
+    pooled: bool = False
 
 
 @dataclass(frozen=True)
@@ -455,9 +458,19 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             and (0 <= phase[1] < len(grid) if phase[0] == "dim" else phase[1] >= 0)
         ):
             raise c.fail(f"{w}phase", f"bad phase {phase!r}")
+        deal = t.get("deal", "list")
+        if deal not in ("list", "pool") or (deal == "pool" and trigger is not None):
+            raise c.fail(f"{w}deal", f"expected 'list' or 'pool' (untriggered), got {deal!r}")
         tasks.append(
             TaskSpec(
-                index, c.name(t, "name", w), grid, ready, *edges, trigger, (phase[0], phase[1])
+                index,
+                c.name(t, "name", w),
+                grid,
+                ready,
+                *edges,
+                trigger,
+                (phase[0], phase[1]),
+                deal == "pool",
             )
         )
     if len(tasks) >= 1 << 15:

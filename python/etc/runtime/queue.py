@@ -7,7 +7,8 @@ Layout of the i64 array the kernel reads (``etensor-static-schedule`` ABI):
 Order (shared with the CPU simulator): instances are enumerated by phase (``Graph.task``'s
 ``phase``: 0 unless given), then task by task in task-index order (a topological order),
 each task's instances in row-major linear order; global position ``p`` goes to CTA
-``p % grid``, keeping order within a CTA. When every event coordinate's notifiers come
+``p % grid``, keeping order within a CTA (a ``deal="pool"`` task's instances of one phase
+then become one entry per CTA that drew any: :func:`pool_entries`). When every event coordinate's notifiers come
 before its waiters in this order (always true without phases; checked at launch with them:
 ``etc.runtime.checks.check_phase_order``), every CTA's list is a linear extension of the
 instance dependencies, and with all CTAs resident this cannot deadlock: the unfinished
@@ -77,13 +78,19 @@ def cta_counts(total: int, grid: int) -> np.ndarray:
 
 
 def build_static_queue(
-    counts: Sequence[int], grid: int, phases: Sequence[np.ndarray | int] | None = None
+    counts: Sequence[int],
+    grid: int,
+    phases: Sequence[np.ndarray | int] | None = None,
+    pooled: Sequence[bool] | None = None,
 ) -> np.ndarray:
     """The queue array (offset header + entries) for instance ``counts`` per
-    task and ``grid`` CTAs (``phases``: see :func:`global_order`)."""
+    task and ``grid`` CTAs (``phases``: see :func:`global_order`; ``pooled``:
+    see :func:`pool_entries`)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
     entries = global_order(counts, phases)
+    if pooled is not None and any(pooled):
+        return _queue_of(*pool_entries(entries, grid, phases, pooled), grid)
     total = len(entries)
     base, extra = divmod(total, grid)
     out = np.empty(grid + 1 + total, dtype=np.int64)
@@ -98,6 +105,48 @@ def build_static_queue(
     longer[:, :base] = full[:, :extra].T
     longer[:, base] = entries[base * grid :]
     body[extra * (base + 1) :].reshape(grid - extra, base)[...] = full[:, extra:].T
+    return out
+
+
+def pool_entries(
+    entries: np.ndarray,
+    grid: int,
+    phases: Sequence[np.ndarray | int] | None,
+    pooled: Sequence[bool],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deals the global order round-robin, then replaces the instances of
+    each phase of a ``pooled`` task by one entry per CTA that received any,
+    where its first one was: ``task << 48 | pool`` (``pool``: the instances'
+    grid coordinate along a grid-dimension phase, else 0), which draws the
+    phase's instances at run time. Returns the kept entries and their CTAs,
+    in global order."""
+    total = len(entries)
+    pos = np.arange(total, dtype=np.int64)
+    task = entries >> INSTANCE_BITS
+    inst = entries & INSTANCE_MASK
+    is_pool = np.asarray(pooled, dtype=bool)[task]
+    pool = np.zeros(total, dtype=np.int64)
+    for t in np.flatnonzero(pooled):
+        if phases is not None and np.ndim(phases[t]):
+            mine = task == t
+            pool[mine] = np.asarray(phases[t])[inst[mine]]
+    # A phase of a task is contiguous in the global order: a run starts where
+    # the (task, pool) pair changes; its first `grid` positions reach every CTA once.
+    starts = is_pool.copy()
+    starts[1:] &= (task[1:] != task[:-1]) | (pool[1:] != pool[:-1]) | ~is_pool[:-1]
+    run_start = np.maximum.accumulate(np.where(starts, pos, 0))
+    keep = ~is_pool | (pos - run_start < grid)
+    out = np.where(is_pool, (task << INSTANCE_BITS) | pool, entries)
+    return out[keep], (pos % grid)[keep]
+
+
+def _queue_of(entries: np.ndarray, ctas: np.ndarray, grid: int) -> np.ndarray:
+    """The queue array of ``entries`` (global order) dealt to ``ctas``."""
+    out = np.empty(grid + 1 + len(entries), dtype=np.int64)
+    out[0] = grid + 1
+    np.cumsum(np.bincount(ctas, minlength=grid), out=out[1 : grid + 1])
+    out[1 : grid + 1] += grid + 1
+    out[grid + 1 :] = entries[np.argsort(ctas, kind="stable")]
     return out
 
 

@@ -278,6 +278,53 @@ etensor.graph @trigger_from_cast(%n: index, %indptr: memref<?xi32>) {
   etensor.task @tile grid [%n] triggered_by(%e, %indptr : !etensor.event<?>, memref<?xi32>)
 }
 
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @pool_dim_without_pool() {
+  // expected-error @+1 {{pool_dim needs a pooled deal}}
+  etensor.task @tile grid [4] {pool_dim = 0 : i64}
+}
+
+// -----
+
+func.func private @tile(%i: index, %j: index)
+etensor.graph @pool_dim_out_of_grid() {
+  // expected-error @+1 {{pool_dim 2 is not a dimension of the rank-2 grid}}
+  etensor.task @tile grid [4, 8] {pooled, pool_dim = 2 : i64}
+}
+
+// -----
+
+func.func private @tile(%i: index)
+etensor.graph @pooled_and_ticketed() {
+  // expected-error @+1 {{is dealt by tickets or by pools, not both}}
+  etensor.task @tile grid [4] {pooled, ticketed}
+}
+
+// -----
+
+func.func private @tile(%i: index, %c: index)
+etensor.graph @pooled_trigger(%n: index, %p: memref<?xi32>) {
+  %e = etensor.event(%n) count 1 : !etensor.event<?>
+  // expected-error @+1 {{with a data-dependent trigger cannot be pooled}}
+  etensor.task @tile grid [%n] triggered_by(%e, %p : !etensor.event<?>, memref<?xi32>) {pooled}
+}
+
+// -----
+
+func.func private @tile(%i: index, %j: index)
+etensor.graph @dispatch_pool_of_rank_two() {
+  %pools = etensor.event() count 1 : !etensor.event<4x2>
+  etensor.worker static {
+    // expected-error @+1 {{a pool needs a 1-D event, got '!etensor.event<4x2>'}}
+    etensor.dispatch 0 grid [4, 8] pool(%pools : !etensor.event<4x2>) attributes {pool_dim = 0 : i64} {
+    ^bb0(%i: index, %j: index):
+      func.call @tile(%i, %j) : (index, index) -> ()
+    }
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Whole-graph rules (etensor-verify-graph)
 //===----------------------------------------------------------------------===//

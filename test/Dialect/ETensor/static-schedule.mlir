@@ -197,3 +197,21 @@ etensor.graph @balanced(%n: index) {
   etensor.task @tile grid [%n] outs(%done[(i) -> (0)] : !etensor.event<1>) {ticketed}
   etensor.task @sink grid [1] ins(%done[(i) -> (0)] : !etensor.event<1>)
 }
+
+// -----
+
+/// A `pooled` task: the schedule declares a counter per pool, over the grid
+/// dimension `pool_dim` names (here the dynamic layer count), and hands the
+/// event and the dimension to the dispatch.
+// CHECK-LABEL: etensor.graph @pooled
+// CHECK: %[[POOLS:.*]] = etensor.event(%arg0) count 1 {name = "pool.head"} : !etensor.event<?>
+// CHECK: %[[ONE:.*]] = etensor.event() count 1 {name = "pool.tail"} : !etensor.event<1>
+// CHECK: etensor.dispatch 0 grid [%arg0, 64] pool(%[[POOLS]] : !etensor.event<?>) attributes {name = "head", pool_dim = 0 : i64}
+// CHECK: etensor.dispatch 1 grid [8] pool(%[[ONE]] : !etensor.event<1>) attributes {name = "tail"}
+func.func private @head(%l: index, %j: index)
+func.func private @tail(%i: index)
+etensor.graph @pooled(%layers: index) {
+  %done = etensor.event() count 1 {name = "done"} : !etensor.event<1>
+  etensor.task @head grid [%layers, 64] outs(%done[(l, j) -> (0)] : !etensor.event<1>) {pooled, pool_dim = 0 : i64}
+  etensor.task @tail grid [8] ins(%done[(i) -> (0)] : !etensor.event<1>) {pooled}
+}

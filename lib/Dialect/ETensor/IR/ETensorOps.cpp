@@ -332,6 +332,28 @@ static LogicalResult verifyEdges(TaskOp task, StringRef kind,
   return success();
 }
 
+/// The rules `pooled` tasks and `pool(...)` dispatches share: `pool_dim`
+/// names a grid dimension of a pooled op, and a pool is dealt by neither
+/// tickets nor a trigger's table.
+template <typename OpTy>
+static LogicalResult verifyPool(OpTy op, bool pooled, IntegerAttr poolDim,
+                                int64_t gridRank, bool ticketed,
+                                Value trigger) {
+  if (poolDim && !pooled)
+    return op.emitOpError("pool_dim needs a pooled deal");
+  if (!pooled)
+    return success();
+  if (poolDim && poolDim.getInt() >= gridRank)
+    return op.emitOpError("pool_dim ")
+           << poolDim.getInt() << " is not a dimension of the rank-" << gridRank
+           << " grid";
+  if (ticketed)
+    return op.emitOpError("is dealt by tickets or by pools, not both");
+  if (trigger)
+    return op.emitOpError("with a data-dependent trigger cannot be pooled");
+  return success();
+}
+
 LogicalResult TaskOp::verify() {
   if (failed(verifyListOfOperandsOrIntegers(*this, "grid", getGridRank(),
                                             getStaticGrid(), getDynamicGrid())))
@@ -365,6 +387,9 @@ LogicalResult TaskOp::verify() {
   if (getGuardedIndptr() && !getTriggerEvent())
     return emitOpError("guarded_indptr needs a data-dependent trigger "
                        "(triggered_by)");
+  if (failed(verifyPool(*this, getPooled(), getPoolDimAttr(), getGridRank(),
+                        getTicketed(), getTriggerEvent())))
+    return failure();
   SmallVector<Value> events(getInEvents());
   llvm::append_range(events, getOutEvents());
   if (Value trigger = getTriggerEvent())
@@ -517,6 +542,13 @@ LogicalResult DispatchOp::verify() {
                                             getStaticGrid(), getDynamicGrid())))
     return failure();
   Block &body = getBody().front();
+  if (failed(verifyPool(*this, static_cast<bool>(getPool()), getPoolDimAttr(),
+                        rank, static_cast<bool>(getTicket()),
+                        getTriggerEvent())))
+    return failure();
+  if (Value pool = getPool();
+      pool && cast<EventType>(pool.getType()).getRank() != 1)
+    return emitOpError("a pool needs a 1-D event, got ") << pool.getType();
   if (getGuardedIndptr() && !getTriggerEvent())
     return emitOpError("guarded_indptr needs a data-dependent trigger "
                        "(triggered_by)");

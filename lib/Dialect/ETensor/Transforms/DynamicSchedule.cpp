@@ -460,7 +460,8 @@ LogicalResult DynamicScheduler::run() {
     auto dispatch = DispatchOp::create(
         b, taskLoc, b.getI64IntegerAttr(number[t]), task.getDynamicGrid(),
         task.getStaticGridAttr(), task.getTriggerEvent(),
-        task.getTriggerIndptr(), /*ticket=*/Value(), task.getSharedRegionAttr(),
+        task.getTriggerIndptr(), /*ticket=*/Value(), /*pool=*/Value(),
+        /*pool_dim=*/IntegerAttr(), task.getSharedRegionAttr(),
         task.getGuardedIndptrAttr());
     dispatch->setAttr("name", b.getStringAttr(task.getDisplayName()));
     if (pushingInEdges(task) == 0 && !task.getTriggerEvent())

@@ -81,6 +81,33 @@ struct ETensorStaticSchedulePass
                             builder.getStringAttr(
                                 ("ticket." + task.getDisplayName()).str()))
                 .getEvent();
+    // A pooled task's pools are drawn from by counters: an implicit event
+    // `pool.<task>` with a counter per pool (per value of grid coordinate
+    // `pool_dim`, or one).
+    DenseMap<Operation *, Value> pools;
+    for (TaskOp task : graph.getTasks()) {
+      if (!task.getPooled())
+        continue;
+      SmallVector<int64_t> shape{1};
+      SmallVector<Value> sizes;
+      if (IntegerAttr dim = task.getPoolDimAttr()) {
+        OpFoldResult extent = task.getMixedGrid()[dim.getInt()];
+        if (auto value = dyn_cast<Value>(extent)) {
+          shape[0] = ShapedType::kDynamic;
+          sizes.push_back(value);
+        } else {
+          shape[0] = cast<IntegerAttr>(cast<Attribute>(extent)).getInt();
+        }
+      }
+      pools[task.getOperation()] =
+          EventOp::create(
+              builder, task.getLoc(),
+              EventType::get(builder.getContext(), shape), sizes,
+              builder.getI64IntegerAttr(1), /*wait_count=*/Value(),
+              /*wait_count_table=*/Value(), /*ranked=*/false,
+              builder.getStringAttr(("pool." + task.getDisplayName()).str()))
+              .getEvent();
+    }
     auto worker = WorkerOp::create(builder, graphOp.getLoc(),
                                    ScheduleKind::Static, /*queue=*/Value());
     Block *workerBody = builder.createBlock(&worker.getBody());
@@ -96,8 +123,9 @@ struct ETensorStaticSchedulePass
           builder, loc, builder.getI64IntegerAttr(number),
           task.getDynamicGrid(), task.getStaticGridAttr(),
           task.getTriggerEvent(), task.getTriggerIndptr(),
-          tickets.lookup(task.getOperation()), task.getSharedRegionAttr(),
-          task.getGuardedIndptrAttr());
+          tickets.lookup(task.getOperation()),
+          pools.lookup(task.getOperation()), task.getPoolDimAttr(),
+          task.getSharedRegionAttr(), task.getGuardedIndptrAttr());
       dispatch->setAttr("name", builder.getStringAttr(task.getDisplayName()));
       Block *body = builder.createBlock(&dispatch.getBody());
       SmallVector<Value> coords;

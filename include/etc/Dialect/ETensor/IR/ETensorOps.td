@@ -199,6 +199,13 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     task's instances must not wait on each other. The dynamic schedule,
     which deals by readiness anyway, ignores it.
 
+    `pooled` deals the task at run time instead, phase by phase: a CTA's
+    queue entry for it names one *pool* (all the instances whose grid
+    coordinate `pool_dim` has one value, or every instance without
+    `pool_dim`) and runs instances drawn from that pool's counter until the
+    pool is empty, so a CTA runs as many of them as it is free for. Not with
+    `ticketed` or a data-dependent trigger; the dynamic schedule ignores it.
+
     `prefetch = @fn` names a function with the callee's signature that an
     instance runs *before* its waits, on every thread of its CTA: it may
     only read what no task of the graph writes (weights), so it can start
@@ -238,6 +245,8 @@ def ETensor_TaskOp : ETensor_Op<"task", [
     etensor.task @reduce grid [%tiles] rank(%rank)
         args(%rank, %partials : index, memref<?x?xbf16>)
         ins(%rs[(i)[r] -> (r, i)] : !etensor.event<?x?>)
+    etensor.task @lm_head grid [%rows, %cols] args(%W : memref<?x2048xbf16>)
+        {pooled, pool_dim = 0 : i64}
     etensor.task @gate_up grid [%cols] args(%W : memref<?x2048xbf16>)
         {prefetch = @gate_up__prefetch, shared_region = 1}
     etensor.task @slot_down grid [%slots, 32] args(%ids : memref<?x8xi32>)
@@ -259,6 +268,8 @@ def ETensor_TaskOp : ETensor_Op<"task", [
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
                        UnitAttr:$guarded_indptr,
                        UnitAttr:$ticketed,
+                       UnitAttr:$pooled,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$pool_dim,
                        OptionalAttr<FlatSymbolRefAttr>:$prefetch,
                        OptionalAttr<ConfinedAttr<I64Attr, [IntPositive]>>:$prefetch_after,
                        OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
@@ -499,7 +510,11 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
     its region differs, and keeps a guarded trigger table in registers.
     `ticket(%t)` (a `ticketed` task under the static schedule) names the
     one-counter event whose counter hands out the instances: a queue entry
-    runs the instance it draws, not the one it names.
+    runs the instance it draws, not the one it names. `pool(%p)` (a `pooled`
+    task under the static schedule) names the event with one counter per
+    pool (per value of grid coordinate `pool_dim`, or one): a queue entry's
+    instance field is the pool's index, and the entry runs the pool's
+    instances it draws until none is left.
 
     Example:
 
@@ -517,6 +532,11 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
       func.call @expert_gemm(%i, %c, %X)
           : (index, index, memref<?x2048xbf16>) -> ()
     }
+    etensor.dispatch 3 grid [%layers, 64] pool(%pools : !etensor.event<?>)
+        attributes {pool_dim = 0 : i64} {
+    ^bb0(%l: index, %j: index):
+      func.call @lm_head(%l, %j, %W) : (index, index, memref<?x2048xbf16>) -> ()
+    }
     ```
   }];
   let arguments = (ins I64Attr:$task, Variadic<Index>:$dynamic_grid,
@@ -524,6 +544,8 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
                        Optional<ETensor_AnyEvent>:$trigger_event,
                        Optional<MemRefRankOf<[AnySignlessInteger], [1]>>:$trigger_indptr,
                        Optional<ETensor_AnyEvent>:$ticket,
+                       Optional<ETensor_AnyEvent>:$pool,
+                       OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$pool_dim,
                        OptionalAttr<ConfinedAttr<I64Attr, [IntNonNegative]>>:$shared_region,
                        UnitAttr:$guarded_indptr);
   let regions = (region SizedRegion<1>:$body);
@@ -532,6 +554,7 @@ def ETensor_DispatchOp : ETensor_Op<"dispatch", [
     (`triggered_by` `(` $trigger_event^ `,` $trigger_indptr `:`
         qualified(type($trigger_event)) `,` type($trigger_indptr) `)`)?
     (`ticket` `(` $ticket^ `:` qualified(type($ticket)) `)`)?
+    (`pool` `(` $pool^ `:` qualified(type($pool)) `)`)?
     attr-dict-with-keyword $body
   }];
   let hasVerifier = 1;

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Thirty-first session (bench/RESULTS.md, decoder items 133-): tasks dealt at
+# run time (Graph.task(deal="pool"), LlamaConfig.pool). Each step's CPU-side
+# build is in its comment. Usage: bash bench/gpu_session31.sh [tests] [b1] [large] [trace] [bench] ...
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s31/raw
+# Two bench/decode_sweep.py passes (the second over the reversed variants):
+# sweep_passes NAME VARIANTS BATCHES CONTEXTS DIR; rows into $OUT/NAME.txt,
+# raw NAME_<pass>_<L>_<B>.json into $OUT/raw.tgz at the end.
+sweep_passes() {
+  local name=$1 variants=$2 batches=$3 contexts=$4 dir=$5 pass v L
+  for pass in 1 2; do
+    v=$variants; [ $pass = 2 ] && v=$(echo "$variants" | tr , '\n' | tac | paste -sd,)
+    for L in ${contexts//,/ }; do
+      DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=$batches DECODE_SWEEP_CONTEXT=$L timeout 280 \
+        python bench/decode_sweep.py --artifacts $dir --out /tmp/s31/$name$pass$L --reps 7 \
+        2>&1 | grep "B=" | sed "s/^/L=$L /" | tee -a "$OUT/$name.txt"
+      cp /tmp/s31/$name$pass$L/decode_sweep.json "/tmp/s31/raw/${name}_${pass}_${L}_${batches//,/-}.json"
+    done
+  done
+}
+for step in ${*:-tests}; do
+  case $step in
+  tests)  # the pooled split-K graphs (one pool, a pool per row), the skewed graph's heavy
+    # stage pooled, and the tiny decoders with their attention, projections and LM head pooled,
+    # against numpy / the simulator, relaunched, bit-reproducible
+    # (python test/gpu/make_artifacts.py .device/s31/art --only PREFIX for PREFIX in
+    #  splitk_pool skewed_pooled llama_tiny_pool llama_tiny_tma_buckets_pool)
+    ETC_ARTIFACTS=.device/s31/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py -k "pool" 2>&1 \
+      | tee "$OUT/tests.txt" | tail -15
+    ;;
+  b1)  # the B = 1 kernel's LM head pooled, with its gate/up and down, with its attention;
+    # the B = 2..16 kernel's LM head pooled
+    # (DECODE_SWEEP_VARIANTS=default,pool1_lm,pool1_lm_gu,pool1_lm_attn,pool_mid_lm,pool_lm,
+    #  pool_attn,pool_attn_lm,pool_all python bench/decode_sweep.py --build .device/s31/dec)
+    sweep_passes b1 default,pool1_lm,pool1_lm_gu,pool1_lm_attn 1 1024 .device/s31/dec
+    sweep_passes mid default,pool_mid_lm 8 1024 .device/s31/dec
+    ;;
+  large)  # the large-batch kernel's LM head, attention, both, and every stage pooled
+    sweep_passes large default,pool_lm,pool_attn,pool_attn_lm,pool_all 32,64 1024,4096 \
+      .device/s31/dec
+    ;;
+  trace)  # B = 1 with the LM head pooled, and B = 64, L = 4096 with attention and LM head
+    # pooled, traced (DECODE_TRACE_VARIANTS=pool1_lm,pool_attn_lm python bench/decode_trace.py
+    #  --build .device/s31/tr)
+    DECODE_TRACE_VARIANTS=pool1_lm DECODE_TRACE_BATCHES=1 timeout 200 python bench/decode_trace.py \
+      --artifacts .device/s31/tr --out /tmp/s31/tr1 2>&1 | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
+    DECODE_TRACE_VARIANTS=pool_attn_lm DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s31/tr --out /tmp/s31/tr64 2>&1 \
+      | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
+    tar czf "$OUT/traces.tgz" -C /tmp/s31 tr1 tr64
+    ;;
+  bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s31/decode)
+    decode_bench .device/s31/decode
+    ;;
+  esac
+done
+tar czf "$OUT/raw.tgz" -C /tmp/s31 raw
