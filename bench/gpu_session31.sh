@@ -31,24 +31,28 @@ for step in ${*:-tests}; do
       test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py -k "pool" 2>&1 \
       | tee "$OUT/tests.txt" | tail -15
     ;;
-  b1)  # the B = 1 kernel's LM head pooled, with its gate/up and down, with its attention;
-    # the B = 2..16 kernel's LM head pooled
-    # (DECODE_SWEEP_VARIANTS=default,pool1_lm,pool1_lm_gu,pool1_lm_attn,pool_mid_lm,pool_lm,
-    #  pool_attn,pool_attn_lm,pool_all python bench/decode_sweep.py --build .device/s31/dec)
-    sweep_passes b1 default,pool1_lm,pool1_lm_gu,pool1_lm_attn 1 1024 .device/s31/dec
+  b1)  # the B = 1 kernel's LM head pooled; every tile called, alone and with the LM head
+    # pooled; the B = 2..16 kernel's LM head pooled
+    # (DECODE_SWEEP_VARIANTS=default,pool1_lm,ol1_all,pool1_lm_ol,pool_mid_lm,pool_lm,
+    #  pool_attn,pool_attn_lm,pool_all python bench/decode_sweep.py --build .device/s31/dec;
+    #  the first call also timed pool1_lm_gu and pool1_lm_attn, before a pool's draw ahead
+    #  stopped near its end: RESULTS item 133)
+    sweep_passes b1 default,pool1_lm,ol1_all,pool1_lm_ol 1 1024 .device/s31/dec
     sweep_passes mid default,pool_mid_lm 8 1024 .device/s31/dec
     ;;
   large)  # the large-batch kernel's LM head, attention, both, and every stage pooled
     sweep_passes large default,pool_lm,pool_attn,pool_attn_lm,pool_all 32,64 1024,4096 \
       .device/s31/dec
     ;;
-  trace)  # B = 1 with the LM head pooled, and B = 64, L = 4096 with attention and LM head
-    # pooled, traced (DECODE_TRACE_VARIANTS=pool1_lm,pool_attn_lm python bench/decode_trace.py
+  trace)  # the default and the LM head pooled at B = 1, L = 1024; the default and the attention
+    # and LM head pooled at B = 64, L = 4096; traced, raw records kept
+    # (DECODE_TRACE_VARIANTS=default,pool1_lm,pool_attn_lm python bench/decode_trace.py
     #  --build .device/s31/tr)
-    DECODE_TRACE_VARIANTS=pool1_lm DECODE_TRACE_BATCHES=1 timeout 200 python bench/decode_trace.py \
-      --artifacts .device/s31/tr --out /tmp/s31/tr1 2>&1 | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
-    DECODE_TRACE_VARIANTS=pool_attn_lm DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 200 \
-      python bench/decode_trace.py --artifacts .device/s31/tr --out /tmp/s31/tr64 2>&1 \
+    DECODE_TRACE_VARIANTS=default,pool1_lm DECODE_TRACE_BATCHES=1 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s31/tr --out /tmp/s31/tr1 2>&1 \
+      | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
+    DECODE_TRACE_VARIANTS=default,pool_attn_lm DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 \
+      timeout 200 python bench/decode_trace.py --artifacts .device/s31/tr --out /tmp/s31/tr64 2>&1 \
       | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
     tar czf "$OUT/traces.tgz" -C /tmp/s31 tr1 tr64
     ;;

@@ -84,6 +84,10 @@ constexpr int64_t kStaticSharedBytes = 48 * 1024 - 1024;
 constexpr int64_t kMaxSharedBytes = 227 * 1024 - 1024;
 // Ranked graphs: the rank barrier's words at the start of the counters.
 constexpr int64_t kLaunchesWord = 0, kArrivalsWord = 1, kRankBarrierWords = 2;
+// The static worker's broadcast word: a workgroup global marked as the
+// kernel's own, which overlayWorkgroupGlobals places after the tiles'.
+constexpr StringLiteral kBroadcastGlobal = "__etc_broadcast";
+constexpr StringLiteral kKernelWordsAttrName = "etensor.kernel_words";
 // llvm::Value::MaximumAlignment.
 constexpr uint64_t kMaxLLVMAlignment = uint64_t(1) << 32;
 
@@ -128,7 +132,17 @@ public:
       peers = entry.getArgument(numGraphArgs + 4);
     if (trace)
       traceBuffer = entry.getArgument(numGraphArgs + (ranked ? 5 : 4));
-    broadcast = kernel.getWorkgroupAttributions().front();
+    if (kernel.getWorkgroupAttributions().empty() &&
+        SymbolTable::lookupNearestSymbolFrom(
+            kernel, StringAttr::get(kernel.getContext(), kBroadcastGlobal))) {
+      auto type =
+          MemRefType::get({1}, b.getI64Type(), AffineMap(),
+                          gpu::AddressSpaceAttr::get(
+                              b.getContext(), gpu::AddressSpace::Workgroup));
+      broadcast = memref::GetGlobalOp::create(b, type, kBroadcastGlobal);
+    } else if (!kernel.getWorkgroupAttributions().empty()) {
+      broadcast = kernel.getWorkgroupAttributions().front();
+    }
     if (kernel.getWorkgroupAttributions().size() > 1)
       pushRecords = kernel.getWorkgroupAttributions()[1];
   }
@@ -1044,9 +1058,9 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
 /// until a draw passes the pool's size. Draws go in linear order within the
 /// pool, so an instance only waits on instances drawn before it or on
 /// earlier entries of the global order, as the lists' instances do. Thread 0
-/// draws the next instance as the current one starts (`drawFromPool`), so
-/// the atomic's round trip overlaps it. Each CTA draws at most two past the
-/// end; the exit reset zeroes the counters.
+/// draws the next instance as the current one starts while many are left
+/// (`drawFromPool`), so the atomic's round trip overlaps it. Each CTA draws
+/// once past the end; the exit reset zeroes the counters.
 LogicalResult KernelBuilder::lowerPooledDispatch(DispatchOp dispatch,
                                                  Value pool, Block *into) {
   OpBuilder::InsertionGuard guard(b);
@@ -1135,9 +1149,10 @@ LogicalResult KernelBuilder::lowerPooledDispatch(DispatchOp dispatch,
 }
 
 /// Thread 0 takes the instance it drew ahead (`ahead`, or draws now when
-/// -1) and, while that one is in the pool (< `perPool`), draws the next
-/// (`nextAhead`; -1 on other threads). The drawn instance reaches the CTA
-/// through the workgroup broadcast word.
+/// -1) and, while two per CTA are left after it, draws the next
+/// (`nextAhead`; -1 on other threads): near the pool's end a CTA draws only
+/// when free, so the last instances go to the CTAs free first. The drawn
+/// instance reaches the CTA through the workgroup broadcast word.
 Value KernelBuilder::drawFromPool(Value counter, Value ahead, Value perPool,
                                   Value &nextAhead) {
   Type indexTy = b.getIndexType();
@@ -1161,9 +1176,17 @@ Value KernelBuilder::drawFromPool(Value counter, Value ahead, Value perPool,
     scf::YieldOp::create(b, draw());
     b.setInsertionPointAfter(ifHave);
     Value current = ifHave.getResult(0);
-    Value inPool =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, current, perPool);
-    auto ifMore = scf::IfOp::create(b, indexTy, inPool, true);
+    // Drawing ahead reserves an instance that a CTA free sooner could run:
+    // only while two per CTA stay undrawn after it, so the last two rounds
+    // go to whichever CTAs are free (a stage of two rounds never draws
+    // ahead).
+    Value ctas = gpu::GridDimOp::create(b, gpu::Dimension::x);
+    Value plenty = arith::CmpIOp::create(
+        b, arith::CmpIPredicate::ult,
+        arith::AddIOp::create(b, current,
+                              arith::MulIOp::create(b, ctas, index(2))),
+        perPool);
+    auto ifMore = scf::IfOp::create(b, indexTy, plenty, true);
     b.setInsertionPointToStart(ifMore.thenBlock());
     scf::YieldOp::create(b, draw());
     b.setInsertionPointToStart(ifMore.elseBlock());
@@ -1805,8 +1828,13 @@ overlayWorkgroupGlobals(gpu::GPUModuleOp module, gpu::GPUFuncOp kernel,
   // Regions are laid out one after the other, each overlaid within itself
   // by first fit in declaration order (globals no task reaches: region 0).
   std::map<int64_t, SmallVector<unsigned>> byRegion;
-  for (unsigned k = 0; k < n; ++k)
-    byRegion[std::max<int64_t>(regionOfGlobal[k], 0)].push_back(k);
+  SmallVector<unsigned> kernelWords;
+  for (unsigned k = 0; k < n; ++k) {
+    if (globals[k]->hasAttr(kKernelWordsAttrName))
+      kernelWords.push_back(k);
+    else
+      byRegion[std::max<int64_t>(regionOfGlobal[k], 0)].push_back(k);
+  }
   SmallVector<int64_t> offset(n), size(n);
   int64_t total = 0, maxAlign = 16;
   for (auto &[region, members] : byRegion) {
@@ -1831,6 +1859,14 @@ overlayWorkgroupGlobals(gpu::GPUModuleOp module, gpu::GPUFuncOp kernel,
       offset[k] = at;
       total = std::max(total, at + size[k]);
     }
+  }
+  // The kernel's own words, which every instance may use: apart, at the end.
+  for (unsigned k : kernelWords) {
+    MemRefType type = globals[k].getType();
+    size[k] = type.getNumElements() *
+              llvm::divideCeil(type.getElementTypeBitWidth(), 8);
+    offset[k] = llvm::alignTo(total, 16);
+    total = offset[k] + size[k];
   }
   OpBuilder builder(globals.front());
   MLIRContext *ctx = module.getContext();
@@ -2747,11 +2783,32 @@ struct ConvertETensorToGPUPass
     if (trace)
       argTypes.push_back(i64Buffer);
     // One workgroup word: the dynamic worker broadcasts each popped task
-    // descriptor through it.
+    // descriptor through it, the static one each drawn ticket or pool
+    // instance. The static worker's is a global that overlayWorkgroupGlobals
+    // places after the tiles' buffers: a static `.shared` word before them
+    // would move where the dynamic shared memory starts.
     auto broadcastType = MemRefType::get(
         {1}, IntegerType::get(ctx, 64), AffineMap(),
         gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
-    SmallVector<Type> workgroup{broadcastType};
+    bool staticWorker = false, drawing = false;
+    graph.walk([&](WorkerOp worker) {
+      staticWorker |= worker.getSchedule() == ScheduleKind::Static;
+    });
+    graph.walk([&](DispatchOp dispatch) {
+      drawing |= dispatch.getTicket() || dispatch.getPool();
+    });
+    SmallVector<Type> workgroup;
+    if (staticWorker && drawing) {
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToStart(gpuModule.getBody());
+      auto word = memref::GlobalOp::create(
+          builder, graph.getLoc(), kBroadcastGlobal,
+          builder.getStringAttr("private"), broadcastType, Attribute(),
+          /*constant=*/false, builder.getI64IntegerAttr(16));
+      word->setAttr(kKernelWordsAttrName, builder.getUnitAttr());
+    } else if (!staticWorker) {
+      workgroup.push_back(broadcastType);
+    }
     // Dynamic schedule: the range-push and fan-out records (see
     // emitThreadZero).
     if (graph->walk([](PushOp) { return WalkResult::interrupt(); })

@@ -9,7 +9,7 @@ func.func @final_sum(%i: index, %c: memref<?xf32>) {
 // CHECK-LABEL: module attributes {gpu.container_module}
 // CHECK: gpu.module @splitk_kernels {
 // CHECK: func.func private @final_sum
-// CHECK: gpu.func @splitk(%[[N:.*]]: index, %[[C:.*]]: memref<?xf32>, %[[COUNTERS:.*]]: memref<?xi32>, %[[QUEUE:.*]]: memref<?xi64>, %[[STATUS:.*]]: memref<?xi32>, %[[POLLS:.*]]: index) workgroup(%{{.*}} : memref<1xi64, #gpu.address_space<workgroup>>) kernel
+// CHECK: gpu.func @splitk(%[[N:.*]]: index, %[[C:.*]]: memref<?xf32>, %[[COUNTERS:.*]]: memref<?xi32>, %[[QUEUE:.*]]: memref<?xi64>, %[[STATUS:.*]]: memref<?xi32>, %[[POLLS:.*]]: index) kernel
 // CHECK-SAME: etensor.watchdog_polls = 1000 : i64
 // CHECK-SAME: known_block_size = array<i32: 256, 1, 1>
 /// This CTA's slice of the static queue.

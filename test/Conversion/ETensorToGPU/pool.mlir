@@ -3,7 +3,8 @@
 /// A `pooled` task: its queue entry names a pool (the layer `l`), whose
 /// counter is word `l` of `pool.head` (after the user's event). The entry
 /// loops: thread 0 takes the instance it drew ahead (or draws now: a relaxed
-/// atomic add), draws the next one while the pool lasts, and hands the
+/// atomic add), draws the next one while two per CTA are left after it,
+/// and hands the
 /// current one to the CTA through the workgroup word; the loop ends once a
 /// draw passes the pool's 64 instances. Draw k of pool l is instance
 /// (l, k): linear l * 64 + k. A barrier after the loop keeps the word from
@@ -18,7 +19,10 @@
 // CHECK: %[[HAVE:.*]] = arith.cmpi ne, %[[AHEAD]], %c-1
 // CHECK: scf.if %[[HAVE]] -> (index)
 // CHECK: atom.relaxed.gpu.global.add.u32
-// CHECK: arith.cmpi ult, %{{.*}}, %[[PER]]
+// CHECK: %[[CTAS:.*]] = gpu.grid_dim x
+// CHECK: %[[TWICE:.*]] = arith.muli %[[CTAS]], %c2
+// CHECK: %[[LEFT:.*]] = arith.addi %{{.*}}, %[[TWICE]] : index
+// CHECK: arith.cmpi ult, %[[LEFT]], %[[PER]]
 // CHECK: atom.relaxed.gpu.global.add.u32
 // CHECK: memref.store %{{.*}}, %[[WG:.*]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
 // CHECK: gpu.barrier

@@ -17,7 +17,7 @@ func.func @finish(%i: index) {
 /// A graph with a ranked event takes one more kernel argument after the
 /// watchdog bound: `peers`, the address of every rank's counters.
 // STATIC-LABEL: gpu.func @gemm_rs
-// STATIC-SAME: (%{{[^:]*}}: index, %[[RANK:[^:]*]]: index, %{{[^:]*}}: index, %{{[^:]*}}: memref<?xi64>, %{{[^:]*}}: memref<?xf32>, %[[COUNTERS:[^:]*]]: memref<?xi32>, %{{[^:]*}}: memref<?xi64>, %[[STATUS:[^:]*]]: memref<?xi32>, %[[POLLS:[^:]*]]: index, %[[PEERS:[^:]*]]: memref<?xi64>) workgroup
+// STATIC-SAME: (%{{[^:]*}}: index, %[[RANK:[^:]*]]: index, %{{[^:]*}}: index, %{{[^:]*}}: memref<?xi64>, %{{[^:]*}}: memref<?xf32>, %[[COUNTERS:[^:]*]]: memref<?xi32>, %{{[^:]*}}: memref<?xi64>, %[[STATUS:[^:]*]]: memref<?xi32>, %[[POLLS:[^:]*]]: index, %[[PEERS:[^:]*]]: memref<?xi64>) kernel
 /// The rank barrier: CTA 0's thread 0 adds one to every rank's arrivals word
 /// (system scope, through the peer's counters address)...
 // STATIC: %[[RANKS:.*]] = memref.dim %[[PEERS]], %{{.*}} : memref<?xi64>
@@ -93,7 +93,7 @@ func.func @finish(%i: index) {
 
 /// With trace=true the trace buffer comes after `peers`.
 // TRACE-LABEL: gpu.func @gemm_rs
-// TRACE-SAME: %[[POLLS:[^:]*]]: index, %[[PEERS:[^:]*]]: memref<?xi64>, %[[TRACE:[^:]*]]: memref<?xi64>) workgroup
+// TRACE-SAME: %[[POLLS:[^:]*]]: index, %[[PEERS:[^:]*]]: memref<?xi64>, %[[TRACE:[^:]*]]: memref<?xi64>) kernel
 // TRACE: memref.load %[[PEERS]]
 // TRACE: "mov.u64 $0, %globaltimer;"
 // TRACE: memref.store %{{.*}}, %[[TRACE]]
@@ -114,7 +114,7 @@ func.func @tile(%i: index) {
 /// Without a ranked event nothing changes, even when a task names its rank:
 /// no `peers` argument, no rank barrier, no launches word, no system scope.
 // STATIC-LABEL: gpu.func @local_rank
-// STATIC-SAME: %{{[^:]*}}: memref<?xi32>, %{{[^:]*}}: index) workgroup
+// STATIC-SAME: %{{[^:]*}}: memref<?xi32>, %{{[^:]*}}: index) kernel
 // STATIC-NOT: memref.dim
 // STATIC: "ld.acquire.gpu.global.u32 $0, [$1];"
 // STATIC-NOT: .sys
@@ -128,7 +128,7 @@ func.func @tile(%i: index) {
 // DYNAMIC: gpu.return
 // DYNAMIC-NOT: .sys
 // TRACE-LABEL: gpu.func @local_rank
-// TRACE-SAME: %{{[^:]*}}: memref<?xi32>, %{{[^:]*}}: index, %{{[^:]*}}: memref<?xi64>) workgroup
+// TRACE-SAME: %{{[^:]*}}: memref<?xi32>, %{{[^:]*}}: index, %{{[^:]*}}: memref<?xi64>) kernel
 // TRACE-NOT: .sys
 etensor.graph @local_rank(%rank: index, %n: index) {
   %e = etensor.event() count 1 : !etensor.event<4>

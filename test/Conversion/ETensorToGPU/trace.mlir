@@ -26,5 +26,5 @@ etensor.graph @traced(%n: index) {
 
 /// Off (the default), the kernel has no tracing code and no extra parameter.
 // OFF-LABEL: gpu.func @traced
-// OFF-SAME: %{{.*}}: index) workgroup
+// OFF-SAME: %{{.*}}: index) kernel
 // OFF-NOT: globaltimer
