@@ -249,6 +249,9 @@ VARIANTS["pool1_lm"] = _one(("pool", ("lm_head",)))
 VARIANTS["pool1_lm_gu"] = _one(("pool", ("lm_head", "gate_up", "down")))
 VARIANTS["pool1_lm_attn"] = _one(("pool", ("lm_head", "attention")))
 VARIANTS["pool_mid_lm"] = _mid(("pool", ("lm_head",)))
+# ... and the default buckets under the dynamic schedule (its kernel's own
+# shared-memory words moved after the tiles' buffers: before and after).
+VARIANTS["dyn"] = {"schedule": "dynamic"}
 # ... and the B = 1 kernel with every tile called, alone and with its LM head pooled
 # (a called tile's code cannot change with the kernel's loop around it).
 VARIANTS["ol1_all"] = _one(("outline", True))

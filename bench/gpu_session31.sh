@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Thirty-first session (bench/RESULTS.md, decoder items 133-): tasks dealt at
 # run time (Graph.task(deal="pool"), LlamaConfig.pool). Each step's CPU-side
-# build is in its comment. Usage: bash bench/gpu_session31.sh [tests] [b1] [large] [trace] [bench] ...
+# build is in its comment. Usage: bash bench/gpu_session31.sh [tests] [b1] [large] [trace] [dyn]
+# [moe] [alltests] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s31/raw
@@ -55,6 +56,41 @@ for step in ${*:-tests}; do
       timeout 200 python bench/decode_trace.py --artifacts .device/s31/tr --out /tmp/s31/tr64 2>&1 \
       | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
     tar czf "$OUT/traces.tgz" -C /tmp/s31 tr1 tr64
+    ;;
+  dyn)  # the kernel's own shared-memory words (broadcast word, push records) after the tiles'
+    # buffers instead of static .shared variables before them: the default buckets under the
+    # dynamic schedule (and the static default), before (old) / after (new), alternating
+    # (DECODE_SWEEP_VARIANTS=default,dyn python bench/decode_sweep.py --build .device/s31/dyn/{old,new};
+    #  old with ETensorToGPU.cpp of 7b143ef)
+    for tag in old new old new; do
+      DECODE_SWEEP_VARIANTS=default,dyn DECODE_SWEEP_BATCHES=1,8,64 timeout 200 python bench/decode_sweep.py \
+        --artifacts .device/s31/dyn/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag /" | tee -a "$OUT/dyn.txt"
+    done
+    ;;
+  moe)  # the same for the MoE presets: prefill and its GEMM tiles by ticket at T = 1024, 4096,
+    # mid (by ticket) and its list twin at T = 16, 128; old / new alternating
+    # (BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk,mid,mid_list python bench/moe.py
+    #  --build .device/s31/moe{old,new}/moe)
+    for run in new1 old1 new2 old2; do
+      tag=${run%?}
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk BENCH_MOE_SIZES=1024,4096 \
+        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/moe_pre_$run.json \
+        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/moe.txt"
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=mid,mid_list BENCH_MOE_SIZES=16,128 \
+        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/moe_mid_$run.json \
+        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/moe.txt"
+    done
+    ;;
+  alltests)  # the GPU tests over kernels whose own words moved (every dynamic-schedule kernel,
+    # static ones that draw): runtime and schedules' graphs, tiny decoders, small MoE layers,
+    # the GEMM meeting (python test/gpu/make_artifacts.py .device/s31/art --only PREFIX for PREFIX
+    #  in splitk broken symbolic greedy diamond fanin skewed empty chain moe_small_static
+    #  moe_small_dynamic moe_small_ticket moe_small_slots llama_tiny_static llama_tiny_dynamic
+    #  llama_tiny_tma_static llama_tiny_tma_dynamic llama_tiny_mma_tma_dynamic gemm_meet)
+    ETC_ARTIFACTS=.device/s31/art timeout 420 python -m pytest -q -rfs --tb=line test/gpu/test_runtime_gpu.py \
+      test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py test/gpu/test_moe_gpu.py \
+      test/gpu/test_gemm_gpu.py 2>&1 | tee "$OUT/alltests.txt" \
+      | grep -v "^FAILED.*\(No such file\|not found\|FileNotFound\)" | tail -25
     ;;
   bench)  # bench/decode.py on the session's defaults (python bench/decode.py --build .device/s31/decode)
     decode_bench .device/s31/decode

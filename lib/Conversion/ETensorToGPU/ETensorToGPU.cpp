@@ -84,9 +84,10 @@ constexpr int64_t kStaticSharedBytes = 48 * 1024 - 1024;
 constexpr int64_t kMaxSharedBytes = 227 * 1024 - 1024;
 // Ranked graphs: the rank barrier's words at the start of the counters.
 constexpr int64_t kLaunchesWord = 0, kArrivalsWord = 1, kRankBarrierWords = 2;
-// The static worker's broadcast word: a workgroup global marked as the
-// kernel's own, which overlayWorkgroupGlobals places after the tiles'.
+// The kernel's own workgroup words: globals marked as the kernel's, which
+// overlayWorkgroupGlobals places after the tiles' buffers.
 constexpr StringLiteral kBroadcastGlobal = "__etc_broadcast";
+constexpr StringLiteral kPushRecordsGlobal = "__etc_push_records";
 constexpr StringLiteral kKernelWordsAttrName = "etensor.kernel_words";
 // llvm::Value::MaximumAlignment.
 constexpr uint64_t kMaxLLVMAlignment = uint64_t(1) << 32;
@@ -132,22 +133,20 @@ public:
       peers = entry.getArgument(numGraphArgs + 4);
     if (trace)
       traceBuffer = entry.getArgument(numGraphArgs + (ranked ? 5 : 4));
-    if (kernel.getWorkgroupAttributions().empty() &&
-        SymbolTable::lookupNearestSymbolFrom(
-            kernel, StringAttr::get(kernel.getContext(), kBroadcastGlobal))) {
-      auto type =
-          MemRefType::get({1}, b.getI64Type(), AffineMap(),
-                          gpu::AddressSpaceAttr::get(
-                              b.getContext(), gpu::AddressSpace::Workgroup));
-      broadcast = memref::GetGlobalOp::create(b, type, kBroadcastGlobal);
-    } else if (!kernel.getWorkgroupAttributions().empty()) {
-      broadcast = kernel.getWorkgroupAttributions().front();
-    }
-    if (kernel.getWorkgroupAttributions().size() > 1)
-      pushRecords = kernel.getWorkgroupAttributions()[1];
+    broadcast = kernelWords(kBroadcastGlobal);
+    pushRecords = kernelWords(kPushRecordsGlobal);
   }
 
   LogicalResult build();
+  /// The kernel's workgroup words `name` (a global the pass declared), read
+  /// at the kernel's entry; null when the kernel has none.
+  Value kernelWords(StringRef name) {
+    auto global = SymbolTable::lookupNearestSymbolFrom<memref::GlobalOp>(
+        kernel, StringAttr::get(kernel.getContext(), name));
+    if (!global)
+      return Value();
+    return memref::GetGlobalOp::create(b, global.getType(), name);
+  }
   /// Dynamic schedule: most queue positions per head request.
   int64_t maxPopChunk = 8;
   /// Static schedule: call the next entry's prefetch function first.
@@ -2782,14 +2781,14 @@ struct ConvertETensorToGPUPass
       argTypes.push_back(i64Buffer);
     if (trace)
       argTypes.push_back(i64Buffer);
-    // One workgroup word: the dynamic worker broadcasts each popped task
-    // descriptor through it, the static one each drawn ticket or pool
-    // instance. The static worker's is a global that overlayWorkgroupGlobals
-    // places after the tiles' buffers: a static `.shared` word before them
-    // would move where the dynamic shared memory starts.
-    auto broadcastType = MemRefType::get(
-        {1}, IntegerType::get(ctx, 64), AffineMap(),
-        gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
+    // The kernel's own workgroup words: the broadcast word (the dynamic
+    // worker's popped task descriptors, the static one's drawn tickets and
+    // pool instances) and the dynamic worker's range-push and fan-out
+    // records (see emitThreadZero). They are globals that
+    // overlayWorkgroupGlobals places after the tiles' buffers: as `.shared`
+    // variables of their own they would come first and move the tiles'
+    // buffers off their 128-byte lines (a warp's 16-byte loads then touch
+    // five lines instead of four: the B = 1 decoder took 20 % longer).
     bool staticWorker = false, drawing = false;
     graph.walk([&](WorkerOp worker) {
       staticWorker |= worker.getSchedule() == ScheduleKind::Static;
@@ -2797,26 +2796,25 @@ struct ConvertETensorToGPUPass
     graph.walk([&](DispatchOp dispatch) {
       drawing |= dispatch.getTicket() || dispatch.getPool();
     });
-    SmallVector<Type> workgroup;
-    if (staticWorker && drawing) {
+    bool pushes = graph->walk([](PushOp) { return WalkResult::interrupt(); })
+                      .wasInterrupted();
+    auto kernelWords = [&](StringRef name, int64_t words) {
       OpBuilder::InsertionGuard guard(builder);
       builder.setInsertionPointToStart(gpuModule.getBody());
-      auto word = memref::GlobalOp::create(
-          builder, graph.getLoc(), kBroadcastGlobal,
-          builder.getStringAttr("private"), broadcastType, Attribute(),
-          /*constant=*/false, builder.getI64IntegerAttr(16));
-      word->setAttr(kKernelWordsAttrName, builder.getUnitAttr());
-    } else if (!staticWorker) {
-      workgroup.push_back(broadcastType);
-    }
-    // Dynamic schedule: the range-push and fan-out records (see
-    // emitThreadZero).
-    if (graph->walk([](PushOp) { return WalkResult::interrupt(); })
-            .wasInterrupted())
-      workgroup.push_back(MemRefType::get(
-          {3 * kMaxRangePushes + kMaxFanOuts * kFanOutWords},
-          IntegerType::get(ctx, 64), AffineMap(),
-          gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)));
+      auto global = memref::GlobalOp::create(
+          builder, graph.getLoc(), name, builder.getStringAttr("private"),
+          MemRefType::get(
+              {words}, IntegerType::get(ctx, 64), AffineMap(),
+              gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)),
+          Attribute(), /*constant=*/false, builder.getI64IntegerAttr(16));
+      global->setAttr(kKernelWordsAttrName, builder.getUnitAttr());
+    };
+    if (!staticWorker || drawing)
+      kernelWords(kBroadcastGlobal, 1);
+    if (pushes)
+      kernelWords(kPushRecordsGlobal,
+                  3 * kMaxRangePushes + kMaxFanOuts * kFanOutWords);
+    SmallVector<Type> workgroup;
     auto kernel = gpu::GPUFuncOp::create(
         builder, graph.getLoc(), graph.getSymName(),
         builder.getFunctionType(argTypes, {}), workgroup);

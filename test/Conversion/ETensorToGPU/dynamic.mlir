@@ -19,7 +19,8 @@ func.func @consume(%i: index) {
 /// the descriptor through workgroup memory, the CTA runs the task, then
 /// thread 0 alone notifies and pushes.
 // CHECK-LABEL: gpu.func @pipeline
-// CHECK-SAME: workgroup(%[[SLOT:.*]] : memref<1xi64, #gpu.address_space<workgroup>>, %{{.*}} : memref<38xi64, #gpu.address_space<workgroup>>)
+// CHECK: %[[SLOT:.*]] = memref.view %{{.*}}[%{{.*}}][] : memref<{{[0-9]+}}xi8, #gpu.address_space<workgroup>> to memref<1xi64, #gpu.address_space<workgroup>>
+// CHECK: memref.view %{{.*}}[%{{.*}}][] : memref<{{[0-9]+}}xi8, #gpu.address_space<workgroup>> to memref<38xi64, #gpu.address_space<workgroup>>
 // CHECK: %[[FIRST:.*]] = scf.if
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK: scf.while (%[[PENDING:.*]] = %[[FIRST]], %[[NEXT:.*]] = %{{.*}}, %[[END:.*]] = %{{.*}}) : (i64, index, index)
@@ -83,7 +84,7 @@ etensor.graph @pipeline(%n: index) {
 /// and those below the count fence once and store their share of the slots
 /// (k = tid, tid + blockDim, ...).
 // CHECK-LABEL: gpu.func @fanout
-// CHECK-SAME: %[[REC:[^ ]*]] : memref<38xi64, #gpu.address_space<workgroup>>)
+// CHECK: %[[REC:.*]] = memref.view %{{.*}}[%{{.*}}][] : memref<{{[0-9]+}}xi8, #gpu.address_space<workgroup>> to memref<38xi64, #gpu.address_space<workgroup>>
 // CHECK: func.call @produce
 // CHECK: scf.if
 // CHECK: memref.store %{{.*}}, %[[REC]][%{{.*}}]
@@ -134,7 +135,7 @@ etensor.graph @fanout(%n: index) {
 /// after the section's barrier every thread loads the record and takes
 /// iterations tid, tid + blockDim, ..., with its own atomics.
 // CHECK-LABEL: gpu.func @mixed_fanout
-// CHECK-SAME: %[[REC:[^ ]*]] : memref<38xi64, #gpu.address_space<workgroup>>)
+// CHECK: %[[REC:.*]] = memref.view %{{.*}}[%{{.*}}][] : memref<{{[0-9]+}}xi8, #gpu.address_space<workgroup>> to memref<38xi64, #gpu.address_space<workgroup>>
 // CHECK: func.call @produce
 // CHECK: %[[C24:.*]] = arith.constant 24 : index
 // CHECK: memref.store %{{.*}}, %[[REC]][%[[C24]]]

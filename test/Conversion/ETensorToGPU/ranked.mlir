@@ -69,7 +69,7 @@ func.func @finish(%i: index) {
 /// `finish` through `dispatched.done` (early push) before it waits on its
 /// rank's copy of `rs`.
 // DYNAMIC-LABEL: gpu.func @gemm_rs
-// DYNAMIC-SAME: %[[POLLS:[^:]*]]: index, %[[PEERS:[^:]*]]: memref<?xi64>) workgroup
+// DYNAMIC-SAME: %[[POLLS:[^:]*]]: index, %[[PEERS:[^:]*]]: memref<?xi64>) kernel
 // DYNAMIC: scf.for %[[R:.*]] = %{{.*}} to %{{.*}} step
 // DYNAMIC-NEXT: memref.load %[[PEERS]][%[[R]]] : memref<?xi64>
 // DYNAMIC: "red.release.sys.global.add.u32 [$0], 1;"
@@ -122,7 +122,7 @@ func.func @tile(%i: index) {
 // STATIC: gpu.return
 // STATIC-NOT: .sys
 // DYNAMIC-LABEL: gpu.func @local_rank
-// DYNAMIC-SAME: %{{[^:]*}}: memref<?xi32>, %{{[^:]*}}: index) workgroup
+// DYNAMIC-SAME: %{{[^:]*}}: memref<?xi32>, %{{[^:]*}}: index) kernel
 // DYNAMIC-NOT: .sys
 // DYNAMIC-NOT: red.relaxed.gpu.global.add.u32
 // DYNAMIC: gpu.return

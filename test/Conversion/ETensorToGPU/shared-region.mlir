@@ -76,9 +76,10 @@ func.func @b__prefetch(%i: index, %w: memref<?xf32>) {
 // CHECK: ld.acquire.gpu.global.u32
 // CHECK: func.call @b(
 
-// The dynamic schedule keeps one region for all (no next entry to prefetch).
+// The dynamic schedule keeps one region for all (no next entry to prefetch);
+// its own words (312 bytes) follow the tiles' 1 KiB.
 // DYN-LABEL: gpu.module @regions_kernels
-// DYN: memref.global "private" @__etc_workgroup : memref<1024xi8
+// DYN: memref.global "private" @__etc_workgroup : memref<1336xi8
 // DYN-COUNT-1: func.call @b__prefetch
 // DYN-NOT: func.call @b__prefetch
 etensor.graph @regions(%n: index, %w: memref<?xf32>) {
