@@ -67,19 +67,67 @@ for step in ${*:-tests}; do
         --artifacts .device/s31/dyn/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag /" | tee -a "$OUT/dyn.txt"
     done
     ;;
-  moe)  # the same for the MoE presets: prefill and its GEMM tiles by ticket at T = 1024, 4096,
+  moe)  # the same for the MoE presets: prefill and its GEMM tiles by ticket at T = 4096,
     # mid (by ticket) and its list twin at T = 16, 128; old / new alternating
     # (BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk,mid,mid_list python bench/moe.py
     #  --build .device/s31/moe{old,new}/moe)
     for run in new1 old1 new2 old2; do
       tag=${run%?}
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk BENCH_MOE_SIZES=1024,4096 \
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk BENCH_MOE_SIZES=4096 \
         timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/moe_pre_$run.json \
         2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/moe.txt"
       BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=mid,mid_list BENCH_MOE_SIZES=16,128 \
         timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/moe_mid_$run.json \
         2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/moe.txt"
     done
+    ;;
+  layout)  # where the kernel's own words go: after the tiles' buffers (new) or before them,
+    # the tiles then starting on a line of their largest alignment, at least 128 bytes (first);
+    # MoE presets by ticket and list, old = static words, and the decoder's dynamic schedule and
+    # pooled LM head (ETC_WORDS_FIRST=1 builds of the same commands into .device/s31/moefirst and
+    #  .device/s31/dyn/first, DECODE_SWEEP_VARIANTS=default,dyn,pool1_lm)
+    for run in new1 first1 old1 new2 first2 old2; do
+      tag=${run%?}
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk BENCH_MOE_SIZES=4096 \
+        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/lay_pre_$run.json \
+        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/layout.txt"
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=mid,mid_list BENCH_MOE_SIZES=16,128 \
+        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/lay_mid_$run.json \
+        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/layout.txt"
+    done
+    for tag in new first new first; do
+      DECODE_SWEEP_VARIANTS=default,dyn,pool1_lm DECODE_SWEEP_BATCHES=1,64 timeout 200 python bench/decode_sweep.py \
+        --artifacts .device/s31/dyn/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag /" | tee -a "$OUT/layout.txt"
+    done
+    ;;
+  sym)  # a static worker's broadcast word as a static .shared variable again, with the
+    # tiles' dynamic buffer aligned to at least 128 bytes (sym), against the word at the
+    # buffer's end (new) and the static word with the tiles' own alignment (old)
+    # (ETC_WORDS_SYM=1 builds into .device/s31/moesym and .device/s31/dyn/sym,
+    #  DECODE_SWEEP_VARIANTS=default,pool1_lm)
+    for run in sym1 new1 old1 sym2 new2 old2; do
+      tag=${run%?}
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_tk BENCH_MOE_SIZES=4096 \
+        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/sym_pre_$run.json \
+        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/sym.txt"
+      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=mid BENCH_MOE_SIZES=16,128 \
+        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/sym_mid_$run.json \
+        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/sym.txt"
+    done
+    for tag in sym new sym new; do
+      DECODE_SWEEP_VARIANTS=default,pool1_lm DECODE_SWEEP_BATCHES=1 timeout 200 python bench/decode_sweep.py \
+        --artifacts .device/s31/dyn/$tag --reps 7 2>&1 | grep "B=" | sed "s/^/$tag /" | tee -a "$OUT/sym.txt"
+    done
+    ;;
+  final)  # the committed layout (a static worker's word its own .shared variable, the dynamic
+    # worker's words after the tiles): the pooled and ticketed graphs, the tiny decoders, the
+    # split-K graph under the dynamic schedule (python test/gpu/make_artifacts.py .device/s31/art
+    #  --only PREFIX for PREFIX in splitk_pool skewed_pooled llama_tiny_pool
+    #  llama_tiny_tma_buckets_pool moe_small_ticket splitk_dynamic llama_tiny_dynamic)
+    ETC_ARTIFACTS=.device/s31/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py test/gpu/test_moe_gpu.py \
+      -k "pool or ticket or (splitk and dynamic) or (llama_tiny-dynamic)" 2>&1 \
+      | tee "$OUT/final.txt" | grep -v "^FAILED.*\(No such file\|not found\|FileNotFound\)" | tail -8
     ;;
   alltests)  # the GPU tests over kernels whose own words moved (every dynamic-schedule kernel,
     # static ones that draw): runtime and schedules' graphs, tiny decoders, small MoE layers,

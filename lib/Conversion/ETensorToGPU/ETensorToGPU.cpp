@@ -84,8 +84,8 @@ constexpr int64_t kStaticSharedBytes = 48 * 1024 - 1024;
 constexpr int64_t kMaxSharedBytes = 227 * 1024 - 1024;
 // Ranked graphs: the rank barrier's words at the start of the counters.
 constexpr int64_t kLaunchesWord = 0, kArrivalsWord = 1, kRankBarrierWords = 2;
-// The kernel's own workgroup words: globals marked as the kernel's, which
-// overlayWorkgroupGlobals places after the tiles' buffers.
+// The dynamic worker's own workgroup words: globals marked as the kernel's,
+// which overlayWorkgroupGlobals places after the tiles' buffers.
 constexpr StringLiteral kBroadcastGlobal = "__etc_broadcast";
 constexpr StringLiteral kPushRecordsGlobal = "__etc_push_records";
 constexpr StringLiteral kKernelWordsAttrName = "etensor.kernel_words";
@@ -133,7 +133,9 @@ public:
       peers = entry.getArgument(numGraphArgs + 4);
     if (trace)
       traceBuffer = entry.getArgument(numGraphArgs + (ranked ? 5 : 4));
-    broadcast = kernelWords(kBroadcastGlobal);
+    broadcast = kernel.getWorkgroupAttributions().empty()
+                    ? kernelWords(kBroadcastGlobal)
+                    : Value(kernel.getWorkgroupAttributions().front());
     pushRecords = kernelWords(kPushRecordsGlobal);
   }
 
@@ -1835,7 +1837,10 @@ overlayWorkgroupGlobals(gpu::GPUModuleOp module, gpu::GPUFuncOp kernel,
       byRegion[std::max<int64_t>(regionOfGlobal[k], 0)].push_back(k);
   }
   SmallVector<int64_t> offset(n), size(n);
-  int64_t total = 0, maxAlign = 16;
+  // Behind the kernel's own `.shared` words the buffer starts on a 128-byte
+  // line at least (at 16 bytes, the decoder's B = 1 kernel took 20 % longer).
+  int64_t total = 0,
+          maxAlign = kernel.getWorkgroupAttributions().empty() ? 16 : 128;
   for (auto &[region, members] : byRegion) {
     int64_t base = total;
     for (auto [rank, k] : llvm::enumerate(members)) {
@@ -2784,11 +2789,14 @@ struct ConvertETensorToGPUPass
     // The kernel's own workgroup words: the broadcast word (the dynamic
     // worker's popped task descriptors, the static one's drawn tickets and
     // pool instances) and the dynamic worker's range-push and fan-out
-    // records (see emitThreadZero). They are globals that
-    // overlayWorkgroupGlobals places after the tiles' buffers: as `.shared`
-    // variables of their own they would come first and move the tiles'
-    // buffers off their 128-byte lines (a warp's 16-byte loads then touch
-    // five lines instead of four: the B = 1 decoder took 20 % longer).
+    // records (see emitThreadZero). Where they go was measured
+    // (bench/RESULTS.md item 134): the static worker's word is a `.shared`
+    // variable of its own (in the tiles' buffer, a ticketed MoE layer took
+    // up to 18 % longer), and the tiles' buffer then starts on a 128-byte
+    // line (overlayWorkgroupGlobals); the dynamic worker's 312 bytes are
+    // globals placed after the tiles' buffer (in front, they pushed the
+    // decoder's large-batch tiles to a 1 KiB line and its two CTAs past
+    // 196 KiB of shared memory: 5.5 % slower).
     bool staticWorker = false, drawing = false;
     graph.walk([&](WorkerOp worker) {
       staticWorker |= worker.getSchedule() == ScheduleKind::Static;
@@ -2798,23 +2806,28 @@ struct ConvertETensorToGPUPass
     });
     bool pushes = graph->walk([](PushOp) { return WalkResult::interrupt(); })
                       .wasInterrupted();
+    auto wordsType = [&](int64_t words) {
+      return MemRefType::get(
+          {words}, IntegerType::get(ctx, 64), AffineMap(),
+          gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
+    };
     auto kernelWords = [&](StringRef name, int64_t words) {
       OpBuilder::InsertionGuard guard(builder);
       builder.setInsertionPointToStart(gpuModule.getBody());
       auto global = memref::GlobalOp::create(
           builder, graph.getLoc(), name, builder.getStringAttr("private"),
-          MemRefType::get(
-              {words}, IntegerType::get(ctx, 64), AffineMap(),
-              gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)),
-          Attribute(), /*constant=*/false, builder.getI64IntegerAttr(16));
+          wordsType(words), Attribute(), /*constant=*/false,
+          builder.getI64IntegerAttr(16));
       global->setAttr(kKernelWordsAttrName, builder.getUnitAttr());
     };
-    if (!staticWorker || drawing)
+    SmallVector<Type> workgroup;
+    if (staticWorker && drawing)
+      workgroup.push_back(wordsType(1));
+    if (!staticWorker)
       kernelWords(kBroadcastGlobal, 1);
     if (pushes)
       kernelWords(kPushRecordsGlobal,
                   3 * kMaxRangePushes + kMaxFanOuts * kFanOutWords);
-    SmallVector<Type> workgroup;
     auto kernel = gpu::GPUFuncOp::create(
         builder, graph.getLoc(), graph.getSymName(),
         builder.getFunctionType(argTypes, {}), workgroup);
