@@ -42,3 +42,21 @@ decode_bench() {
     --parts "${DECODE_PARTS:-check,time}" 2>&1 | grep -v -i "warn\|attention mask\|cudagraph" \
     | tee "$OUT/bench.txt"
 }
+
+# Two bench/decode_sweep.py passes (the second over the reversed variants):
+# sweep_passes NAME VARIANTS BATCHES CONTEXTS DIR; rows into $OUT/NAME.txt,
+# raw NAME_<pass>_<L>_<B>.json into $SWEEP_TMP/raw (scratch in $SWEEP_TMP,
+# default /tmp/sweep; the session scripts tar it into $OUT at the end).
+sweep_passes() {
+  local name=$1 variants=$2 batches=$3 contexts=$4 dir=$5 tmp=${SWEEP_TMP:-/tmp/sweep} pass v L
+  mkdir -p "$tmp/raw"
+  for pass in 1 2; do
+    v=$variants; [ $pass = 2 ] && v=$(echo "$variants" | tr , '\n' | tac | paste -sd,)
+    for L in ${contexts//,/ }; do
+      DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=$batches DECODE_SWEEP_CONTEXT=$L timeout 280 \
+        python bench/decode_sweep.py --artifacts $dir --out $tmp/$name$pass$L --reps 7 \
+        2>&1 | grep "B=" | sed "s/^/L=$L /" | tee -a "$OUT/$name.txt"
+      cp $tmp/$name$pass$L/decode_sweep.json "$tmp/raw/${name}_${pass}_${L}_${batches//,/-}.json"
+    done
+  done
+}

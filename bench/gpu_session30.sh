@@ -5,21 +5,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s30/raw
-# Two bench/decode_sweep.py passes (the second over the reversed variants):
-# sweep_passes NAME VARIANTS BATCHES CONTEXTS DIR; rows into $OUT/NAME.txt,
-# raw NAME_<pass>_<L>_<B>.json into $OUT/raw.tgz at the end (few files come back).
-sweep_passes() {
-  local name=$1 variants=$2 batches=$3 contexts=$4 dir=$5 pass v L
-  for pass in 1 2; do
-    v=$variants; [ $pass = 2 ] && v=$(echo "$variants" | tr , '\n' | tac | paste -sd,)
-    for L in ${contexts//,/ }; do
-      DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=$batches DECODE_SWEEP_CONTEXT=$L timeout 280 \
-        python bench/decode_sweep.py --artifacts $dir --out /tmp/s30/$name$pass$L --reps 7 \
-        2>&1 | grep "B=" | sed "s/^/L=$L /" | tee -a "$OUT/$name.txt"
-      cp /tmp/s30/$name$pass$L/decode_sweep.json "/tmp/s30/raw/${name}_${pass}_${L}_${batches//,/-}.json"
-    done
-  done
-}
+export SWEEP_TMP=/tmp/s30  # sweep_passes (gpu_common.sh) keeps its raw rows in $SWEEP_TMP/raw
 # The default artifact before (DIR/old) and after (DIR/new) a change, alternating, two passes
 # each: every B at L = 1024 and B = 32, 64 at L = 4096, into $OUT/NAME.txt: before_after DIR NAME
 before_after() {

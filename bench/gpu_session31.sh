@@ -6,19 +6,17 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s31/raw
-# Two bench/decode_sweep.py passes (the second over the reversed variants):
-# sweep_passes NAME VARIANTS BATCHES CONTEXTS DIR; rows into $OUT/NAME.txt,
-# raw NAME_<pass>_<L>_<B>.json into $OUT/raw.tgz at the end.
-sweep_passes() {
-  local name=$1 variants=$2 batches=$3 contexts=$4 dir=$5 pass v L
-  for pass in 1 2; do
-    v=$variants; [ $pass = 2 ] && v=$(echo "$variants" | tr , '\n' | tac | paste -sd,)
-    for L in ${contexts//,/ }; do
-      DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=$batches DECODE_SWEEP_CONTEXT=$L timeout 280 \
-        python bench/decode_sweep.py --artifacts $dir --out /tmp/s31/$name$pass$L --reps 7 \
-        2>&1 | grep "B=" | sed "s/^/L=$L /" | tee -a "$OUT/$name.txt"
-      cp /tmp/s31/$name$pass$L/decode_sweep.json "/tmp/s31/raw/${name}_${pass}_${L}_${batches//,/-}.json"
-    done
+export SWEEP_TMP=/tmp/s31  # sweep_passes (gpu_common.sh) keeps its raw rows in $SWEEP_TMP/raw
+# bench/moe.py's fused static kernels, a run per entry of RUNS (TAG then a digit: the
+# artifacts in .device/s31/moeTAG/moe), CONFIGS at SIZES; GPU times into $OUT/NAME.txt:
+# moe_runs NAME RUNS CONFIGS SIZES
+moe_runs() {
+  local name=$1 runs=$2 cfgs=$3 sizes=$4 run
+  for run in ${runs//,/ }; do
+    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=$sizes \
+      timeout 150 python bench/moe.py --artifacts .device/s31/moe${run%?}/moe \
+      --out /tmp/s31/raw/${name}_${cfgs//,/-}_$run.json 2>&1 | grep "GPU" | sed "s/^/${run%?} /" \
+      | tee -a "$OUT/$name.txt"
   done
 }
 for step in ${*:-tests}; do
@@ -72,13 +70,8 @@ for step in ${*:-tests}; do
     # (BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk,mid,mid_list python bench/moe.py
     #  --build .device/s31/moe{old,new}/moe)
     for run in new1 old1 new2 old2; do
-      tag=${run%?}
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk BENCH_MOE_SIZES=4096 \
-        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/moe_pre_$run.json \
-        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/moe.txt"
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=mid,mid_list BENCH_MOE_SIZES=16,128 \
-        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/moe_mid_$run.json \
-        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/moe.txt"
+      moe_runs moe $run prefill,pre_tk 4096
+      moe_runs moe $run mid,mid_list 16,128
     done
     ;;
   layout)  # where the kernel's own words go: after the tiles' buffers (new) or before them,
@@ -87,13 +80,8 @@ for step in ${*:-tests}; do
     # pooled LM head (ETC_WORDS_FIRST=1 builds of the same commands into .device/s31/moefirst and
     #  .device/s31/dyn/first, DECODE_SWEEP_VARIANTS=default,dyn,pool1_lm)
     for run in new1 first1 old1 new2 first2 old2; do
-      tag=${run%?}
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=prefill,pre_tk BENCH_MOE_SIZES=4096 \
-        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/lay_pre_$run.json \
-        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/layout.txt"
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=mid,mid_list BENCH_MOE_SIZES=16,128 \
-        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/lay_mid_$run.json \
-        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/layout.txt"
+      moe_runs layout $run prefill,pre_tk 4096
+      moe_runs layout $run mid,mid_list 16,128
     done
     for tag in new first new first; do
       DECODE_SWEEP_VARIANTS=default,dyn,pool1_lm DECODE_SWEEP_BATCHES=1,64 timeout 200 python bench/decode_sweep.py \
@@ -106,13 +94,8 @@ for step in ${*:-tests}; do
     # (ETC_WORDS_SYM=1 builds into .device/s31/moesym and .device/s31/dyn/sym,
     #  DECODE_SWEEP_VARIANTS=default,pool1_lm)
     for run in sym1 new1 old1 sym2 new2 old2; do
-      tag=${run%?}
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=pre_tk BENCH_MOE_SIZES=4096 \
-        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/sym_pre_$run.json \
-        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/sym.txt"
-      BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=mid BENCH_MOE_SIZES=16,128 \
-        timeout 150 python bench/moe.py --artifacts .device/s31/moe$tag/moe --out /tmp/s31/raw/sym_mid_$run.json \
-        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/sym.txt"
+      moe_runs sym $run pre_tk 4096
+      moe_runs sym $run mid 16,128
     done
     for tag in sym new sym new; do
       DECODE_SWEEP_VARIANTS=default,pool1_lm DECODE_SWEEP_BATCHES=1 timeout 200 python bench/decode_sweep.py \
@@ -126,7 +109,7 @@ for step in ${*:-tests}; do
     #  llama_tiny_tma_buckets_pool moe_small_ticket splitk_dynamic llama_tiny_dynamic)
     ETC_ARTIFACTS=.device/s31/art timeout 300 python -m pytest -q -rfs --tb=short \
       test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py test/gpu/test_moe_gpu.py \
-      -k "pool or ticket or (splitk and dynamic) or (llama_tiny-dynamic)" 2>&1 \
+      -k "pool or ticket or (splitk and dynamic) or (llama_tiny and dynamic)" 2>&1 \
       | tee "$OUT/final.txt" | grep -v "^FAILED.*\(No such file\|not found\|FileNotFound\)" | tail -8
     ;;
   alltests)  # the GPU tests over kernels whose own words moved (every dynamic-schedule kernel,

@@ -312,9 +312,12 @@ def wide_fan_in(k_split: int = 64) -> etc.Graph:
     return g
 
 
-def skewed(iterations: int = 2000, heavy_every: int = 16, heavy_factor: int = 10) -> etc.Graph:
+def skewed(
+    iterations: int = 2000, heavy_every: int = 16, heavy_factor: int = 10, deal: str = "list"
+) -> etc.Graph:
     """Stage one spins, every `heavy_every`-th tile `heavy_factor` times
-    longer; stage two (light) consumes each tile's result."""
+    longer (dealt by `deal` under the static schedule); stage two (light)
+    consumes each tile's result."""
     g = etc.Graph("skewed")
     t = g.symbol("t")
     P = g.tensor("P", (t,), "f32")
@@ -325,6 +328,7 @@ def skewed(iterations: int = 2000, heavy_every: int = 16, heavy_factor: int = 10
         grid=(t,),
         args=(P,),
         out_edges={done: "i->i"},
+        deal=deal,
     )
     g.task(
         synthetic.lincomb([1.0], 1.0, span=1, name="light"),
@@ -367,25 +371,7 @@ def splitk_pooled(per_row: bool, K: int = 256, k_split: int = 4) -> etc.Graph:
 
 def skewed_pooled() -> etc.Graph:
     """:func:`skewed` with its heavy stage dealt at run time."""
-    g = etc.Graph("skewed")
-    t = g.symbol("t")
-    P = g.tensor("P", (t,), "f32")
-    Q = g.tensor("Q", (t,), "f32")
-    done = g.event((t,), wait_count=1, name="done")
-    g.task(
-        synthetic.spin(2000, 16, 10, name="heavy"),
-        grid=(t,),
-        args=(P,),
-        out_edges={done: "i->i"},
-        deal="pool",
-    )
-    g.task(
-        synthetic.lincomb([1.0], 1.0, span=1, name="light"),
-        grid=(t,),
-        args=(P, Q),
-        in_edges={done: "i->i"},
-    )
-    return g
+    return skewed(deal="pool")
 
 
 def empty_tasks() -> etc.Graph:

@@ -293,6 +293,8 @@ private:
                                     Block *into);
   Value drawFromPool(Value counter, Value ahead, Value perPool,
                      Value &nextAhead);
+  Value drawFrom(Value counter);
+  Value reservedOrDraw(Value reserved, Value counter);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
   void prefetchEntry(Value position, Value end,
                      ArrayRef<DispatchOp> dispatches);
@@ -1149,6 +1151,28 @@ LogicalResult KernelBuilder::lowerPooledDispatch(DispatchOp dispatch,
   return success();
 }
 
+/// Thread 0: draws from a ticket or pool counter (a relaxed atomic add:
+/// draws need only be unique), the counter's old value as an index.
+Value KernelBuilder::drawFrom(Value counter) {
+  Value old =
+      asm32("atom.relaxed.gpu.global.add.u32 $0, [$1], 1;", "=r,l", counter);
+  return arith::IndexCastOp::create(
+      b, b.getIndexType(), arith::ExtUIOp::create(b, b.getI64Type(), old));
+}
+
+/// Thread 0: `reserved`, a draw made ahead, or when that is -1 a draw now.
+Value KernelBuilder::reservedOrDraw(Value reserved, Value counter) {
+  Value have =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ne, reserved, index(-1));
+  auto ifHave = scf::IfOp::create(b, b.getIndexType(), have, true);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifHave.thenBlock());
+  scf::YieldOp::create(b, reserved);
+  b.setInsertionPointToStart(ifHave.elseBlock());
+  scf::YieldOp::create(b, drawFrom(counter));
+  return ifHave.getResult(0);
+}
+
 /// Thread 0 takes the instance it drew ahead (`ahead`, or draws now when
 /// -1) and, while two per CTA are left after it, draws the next
 /// (`nextAhead`; -1 on other threads): near the pool's end a CTA draws only
@@ -1157,26 +1181,12 @@ LogicalResult KernelBuilder::lowerPooledDispatch(DispatchOp dispatch,
 Value KernelBuilder::drawFromPool(Value counter, Value ahead, Value perPool,
                                   Value &nextAhead) {
   Type indexTy = b.getIndexType();
-  auto draw = [&]() -> Value {
-    Value old =
-        asm32("atom.relaxed.gpu.global.add.u32 $0, [$1], 1;", "=r,l", counter);
-    return arith::IndexCastOp::create(
-        b, indexTy, arith::ExtUIOp::create(b, b.getI64Type(), old));
-  };
   auto ifZero =
       scf::IfOp::create(b, TypeRange{indexTy, indexTy}, isThreadZero(), true);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.thenBlock());
-    Value have =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, ahead, index(-1));
-    auto ifHave = scf::IfOp::create(b, indexTy, have, true);
-    b.setInsertionPointToStart(ifHave.thenBlock());
-    scf::YieldOp::create(b, ahead);
-    b.setInsertionPointToStart(ifHave.elseBlock());
-    scf::YieldOp::create(b, draw());
-    b.setInsertionPointAfter(ifHave);
-    Value current = ifHave.getResult(0);
+    Value current = reservedOrDraw(ahead, counter);
     // Drawing ahead reserves an instance that a CTA free sooner could run:
     // only while two per CTA stay undrawn after it, so the last two rounds
     // go to whichever CTAs are free (a stage of two rounds never draws
@@ -1189,7 +1199,7 @@ Value KernelBuilder::drawFromPool(Value counter, Value ahead, Value perPool,
         perPool);
     auto ifMore = scf::IfOp::create(b, indexTy, plenty, true);
     b.setInsertionPointToStart(ifMore.thenBlock());
-    scf::YieldOp::create(b, draw());
+    scf::YieldOp::create(b, drawFrom(counter));
     b.setInsertionPointToStart(ifMore.elseBlock());
     scf::YieldOp::create(b, index(-1));
     b.setInsertionPointAfter(ifMore);
@@ -1216,28 +1226,13 @@ Value KernelBuilder::drawFromPool(Value counter, Value ahead, Value perPool,
 Value KernelBuilder::drawTicket(DispatchOp dispatch, unsigned k) {
   Value counter = addressOf(counters, events[dispatch.getTicket()].base);
   Value none = index(-1);
-  auto draw = [&]() -> Value {
-    Value old =
-        asm32("atom.relaxed.gpu.global.add.u32 $0, [$1], 1;", "=r,l", counter);
-    return arith::IndexCastOp::create(
-        b, b.getIndexType(), arith::ExtUIOp::create(b, b.getI64Type(), old));
-  };
   Type indexTy = b.getIndexType();
   auto ifZero =
       scf::IfOp::create(b, TypeRange{indexTy, indexTy}, isThreadZero(), true);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifZero.thenBlock());
-    Value reserved = ticketState[k];
-    Value have =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::ne, reserved, none);
-    auto ifHave = scf::IfOp::create(b, indexTy, have, true);
-    b.setInsertionPointToStart(ifHave.thenBlock());
-    scf::YieldOp::create(b, reserved);
-    b.setInsertionPointToStart(ifHave.elseBlock());
-    scf::YieldOp::create(b, draw());
-    b.setInsertionPointAfter(ifHave);
-    Value ticket = ifHave.getResult(0);
+    Value ticket = reservedOrDraw(ticketState[k], counter);
     Value inSlice = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
                                           nextPosition, sliceEnd);
     auto ifNext = scf::IfOp::create(b, b.getI1Type(), inSlice, true);
@@ -1252,7 +1247,7 @@ Value KernelBuilder::drawTicket(DispatchOp dispatch, unsigned k) {
     b.setInsertionPointAfter(ifNext);
     auto ifSame = scf::IfOp::create(b, indexTy, ifNext.getResult(0), true);
     b.setInsertionPointToStart(ifSame.thenBlock());
-    scf::YieldOp::create(b, draw());
+    scf::YieldOp::create(b, drawFrom(counter));
     b.setInsertionPointToStart(ifSame.elseBlock());
     scf::YieldOp::create(b, none);
     b.setInsertionPointAfter(ifSame);
