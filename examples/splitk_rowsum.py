@@ -11,7 +11,9 @@ finished as soon as its own S partials are, not after all of partial_sum.
 
 ``--tiles`` picks the tiles: ``mlir`` (MLIR text, :mod:`etc.tiles.rowsum`)
 or ``builder`` (the same tiles written with the Python tile builder,
-:mod:`etc.tiles.rowsum_builder`; needs the MLIR bindings).
+:mod:`etc.tiles.rowsum_builder`; needs the MLIR bindings). ``--deal`` picks
+how the static schedule deals the partial sums: precomputed lists, tickets,
+or a pool that each CTA draws from until it is empty (``docs/scheduling.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ except ImportError:  # run as a script
     from _common import parser, run
 
 
-def build(K: int = 256, k_split: int = 4, rows_per_task: int = 8, tiles: str = "mlir") -> etc.Graph:
+def build(
+    K: int = 256, k_split: int = 4, rows_per_task: int = 8, tiles: str = "mlir", deal: str = "list"
+) -> etc.Graph:
     if tiles == "builder":
         from etc.tiles import rowsum_builder as lib
     elif tiles == "mlir":
@@ -48,6 +52,7 @@ def build(K: int = 256, k_split: int = 4, rows_per_task: int = 8, tiles: str = "
         grid=(row_blocks, k_split),
         args=(A, B),
         out_edges={E: "ij->i"},
+        deal=deal,
     )
     g.task(
         lib.final_sum(rows_per_task, k_split),
@@ -70,8 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         default="mlir",
         help="tiles written as MLIR text or with the Python tile builder",
     )
+    p.add_argument(
+        "--deal",
+        choices=etc.graph.DEALS,
+        default="list",
+        help="how the static schedule deals the partial sums",
+    )
     args = p.parse_args(argv)
-    g = build(args.K, args.k_split, args.rows_per_task, args.tiles)
+    g = build(args.K, args.k_split, args.rows_per_task, args.tiles, args.deal)
     rng = np.random.default_rng(args.seed)
     cases = []
     for n in (int(s) for s in args.sizes.split(",")):

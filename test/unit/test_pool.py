@@ -236,3 +236,24 @@ def test_a_manifest_with_a_bad_deal_names_the_field(tmp_path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(etc.LaunchError, match=r"tasks\[1\]\.deal.*'ticket'"):
         load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("deal", ["ticket", "pool"])
+def test_the_split_k_example_deals_its_partial_sums(deal: str, tmp_path) -> None:
+    """``examples/splitk_rowsum.py --deal``: the simulator matches numpy, and
+    the emitted PTX draws from the counter (ptxas assembles it)."""
+    from examples import splitk_rowsum
+
+    assert splitk_rowsum.main(["--simulate", "--deal", deal, "--sizes", "1,9,40"]) == 0
+    ptx = tmp_path / "k.ptx"
+    assert splitk_rowsum.main(["--deal", deal, "--emit-ptx", str(ptx)]) == 0
+    assert "atom.relaxed.gpu.global.add.u32" in ptx.read_text()
+    if shutil.which("ptxas"):
+        import subprocess
+
+        done = subprocess.run(
+            ["ptxas", "-arch=sm_90", str(ptx), "-o", str(tmp_path / "k.cubin")],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
