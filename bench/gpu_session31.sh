@@ -13,7 +13,7 @@ export SWEEP_TMP=/tmp/s31  # sweep_passes (gpu_common.sh) keeps its raw rows in 
 moe_runs() {
   local name=$1 runs=$2 cfgs=$3 sizes=$4 run
   for run in ${runs//,/ }; do
-    BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=$sizes \
+    BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=$cfgs BENCH_MOE_SIZES=$sizes \
       timeout 150 python bench/moe.py --artifacts .device/s31/moe${run%?}/moe \
       --out /tmp/s31/raw/${name}_${cfgs//,/-}_$run.json 2>&1 | grep "GPU" | sed "s/^/${run%?} /" \
       | tee -a "$OUT/$name.txt"
@@ -111,6 +111,19 @@ for step in ${*:-tests}; do
       test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py test/gpu/test_moe_gpu.py \
       -k "pool or ticket or (splitk and dynamic) or (llama_tiny and dynamic)" 2>&1 \
       | tee "$OUT/final.txt" | grep -v "^FAILED.*\(No such file\|not found\|FileNotFound\)" | tail -8
+    ;;
+  moedyn)  # not run this session (device time spent): the MoE presets under the dynamic
+    # schedule with the dynamic worker's words after the tiles' buffer (new, HEAD) against
+    # static .shared words before it (old: lib/Conversion/ETensorToGPU/ETensorToGPU.cpp of
+    # e7a9f00, rebuilt with ninja -C build, then HEAD's again). Inlined TMA tiles lost 15-18 %
+    # with a static worker's word inside the buffer (RESULTS item 134), so these may too.
+    # (BENCH_MOE_CONFIGS=prefill,mid python bench/moe.py --build .device/s31/moedyn{new,old}/moe,
+    #  not LEAN: the dynamic kernels)
+    for tag in new old new old; do
+      BENCH_MOE_CONFIGS=prefill,mid BENCH_MOE_SIZES=128,4096 timeout 300 \
+        python bench/moe.py --artifacts .device/s31/moedyn$tag/moe --out /tmp/s31/raw/moedyn_$tag.json \
+        2>&1 | grep "GPU" | sed "s/^/$tag /" | tee -a "$OUT/moedyn.txt"
+    done
     ;;
   alltests)  # the GPU tests over kernels whose own words moved (every dynamic-schedule kernel,
     # static ones that draw): runtime and schedules' graphs, tiny decoders, small MoE layers,
