@@ -9,6 +9,8 @@ instance); it reads only ``X`` and outputs of tasks on the same grid, so every
 edge is ``i->i``. A consumer's producers are split into groups, one event per
 group with the group's size as its wait count: one event per edge, one shared
 event, or a mix. Even seeds always have a task waiting on two or more events.
+Each task's static deal (lists, tickets or a pool) is drawn from its own
+stream (:func:`draw_deals`), so the specs of a seed did not change with it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ def draw_specs(seed: int) -> tuple[int, list[TaskSpec], list[int]]:
     return n, specs, [int(k) for k in rng.permutation(len(specs))]
 
 
+def draw_deals(seed: int, count: int) -> list[str]:
+    """How the static schedule deals each of ``seed``'s ``count`` tasks."""
+    rng = np.random.default_rng([seed, 31])
+    return [str(d) for d in rng.choice(etc.graph.DEALS, count, p=[0.5, 0.25, 0.25])]
+
+
 def random_graph(seed: int, n: int | None = None) -> tuple[etc.Graph, dict[str, int], dict]:
     """Graph ``fuzz<seed>``, its symbols and inputs; ``n`` overrides the drawn
     size (the graph does not depend on it, the input values do)."""
@@ -98,13 +106,21 @@ def random_graph(seed: int, n: int | None = None) -> tuple[etc.Graph, dict[str, 
             ins[k].append((e, "i->i"))
             for p in producers:
                 outs[p].append((e, "i->i"))
+    deals = draw_deals(seed, len(specs))
     for k in order:
         s = specs[k]
         fn = synthetic.lincomb(
             s.coefs, s.bias, span=1 if s.per_element else None, name=f"t{k}", block_size=BLOCK
         )
         args = [X if r < 0 else Y[r] for r in s.reads] + [Y[k]]
-        g.task(fn, grid=grids[k], args=args, in_edges=ins[k] or None, out_edges=outs[k] or None)
+        g.task(
+            fn,
+            grid=grids[k],
+            args=args,
+            in_edges=ins[k] or None,
+            out_edges=outs[k] or None,
+            deal=deals[k],
+        )
     x = np.random.default_rng([seed, n]).standard_normal(n).astype(np.float32)
     return g, {"n": n}, {"X": x}
 

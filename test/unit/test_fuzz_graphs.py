@@ -13,7 +13,7 @@ import pytest
 import etc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from fuzz_graphs import direct, draw_specs, random_graph  # noqa: E402
+from fuzz_graphs import direct, draw_deals, draw_specs, random_graph  # noqa: E402
 
 # Seeds with their launch sizes: n = 1, partial and full blocks (kept small for speed).
 CASES = [(0, 1), (1, 255), (2, 256), (3, 300), (4, 513)]
@@ -34,14 +34,20 @@ def test_fuzz_graph_matches_numpy(seed: int, n: int) -> None:
     np.testing.assert_array_equal(same["X"], inputs["X"])
 
     expected = direct(seed, inputs)
-    runs = [("static", True, 0)] + [
-        ("dynamic", early, k) for early in (True, False) for k in (0, 1)
+    # The static schedule over several CTA counts: its lists, tickets and
+    # pools (the drawn deals) interleave differently with each.
+    runs = [("static", True, 0, ctas) for ctas in (1, 3, 4)] + [
+        ("dynamic", early, k, 4) for early in (True, False) for k in (0, 1)
     ]
-    for schedule, early_push, k in runs:
-        out = etc.simulate(g, inputs, symbols, schedule, seed=k, early_push=early_push)
+    for schedule, early_push, k, ctas in runs:
+        out = etc.simulate(
+            g, inputs, symbols, schedule, num_ctas=ctas, seed=k, early_push=early_push
+        )
         for name, value in expected.items():
             np.testing.assert_array_equal(
-                out[name], value, err_msg=f"{name}: {schedule}, early_push={early_push}, seed={k}"
+                out[name],
+                value,
+                err_msg=f"{name}: {schedule}, {ctas} CTAs, early_push={early_push}, seed={k}",
             )
 
 
@@ -56,6 +62,8 @@ def test_fuzz_graphs_vary() -> None:
     ]
     assert 1 in groups and max(groups) >= 2
     assert max(len(s.reads) for s in specs) == 3
+    deals = [d for seed in range(20) for d in draw_deals(seed, len(draw_specs(seed)[1]))]
+    assert set(deals) == set(etc.graph.DEALS)
 
 
 def test_fuzz_graph_compiles() -> None:
