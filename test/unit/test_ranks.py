@@ -34,9 +34,10 @@ def _send(d: int, i: int, rank: int, out) -> None:
     out[d] = out[d]  # no data: the events are what is tested
 
 
-def ring_graph(count: int | None = None) -> etc.Graph:
+def ring_graph(count: int | None = None, deal: str = "list") -> etc.Graph:
     """Each rank notifies every rank's coordinate i of a ranked event; each
-    rank's sink waits for all of them on its own copy (wait count: ranks)."""
+    rank's sink waits for all of them on its own copy (wait count: ranks).
+    ``deal``: how each rank's static schedule deals the sinks."""
     g = etc.Graph("ring")
     rank, ranks = g.ranks()
     n = g.symbol("n")
@@ -45,7 +46,7 @@ def ring_graph(count: int | None = None) -> etc.Graph:
     send = make_fn("send", "index", "index", "index", F32)
     sink = make_fn("sink", "index", F32, reference=lambda i, o: o.__setitem__(i, o[i] + 1))
     g.task(send, grid=(ranks, n), args=(rank, out), out_edges={e: "di->d,i"})
-    g.task(sink, grid=(n,), args=(out,), in_edges={e: "i->rank,i"})
+    g.task(sink, grid=(n,), args=(out,), in_edges={e: "i->rank,i"}, deal=deal)
     return g
 
 
@@ -108,6 +109,23 @@ def test_validate_checks_ranked_fan_in_against_all_ranks() -> None:
 def test_ring_in_the_simulator(schedule: str, ranks: int) -> None:
     outs = etc.simulate_ranks(ring_graph(), [{}] * ranks, {"n": 5}, schedule=schedule, seed=ranks)
     assert [o["out"].tolist() for o in outs] == [[1.0] * 5] * ranks
+
+
+@pytest.mark.parametrize("deal", ["ticket", "pool"])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_each_rank_draws_from_its_own_counters(deal: str, ranks: int) -> None:
+    """Tickets and pools are per rank: every rank's sinks each run once (the
+    sink adds 1), and the drawn counters are local, not system-scope."""
+    for ctas in (1, 2, 4):
+        outs = etc.simulate_ranks(
+            ring_graph(deal=deal), [{}] * ranks, {"n": 5}, schedule="static", num_ctas=ctas
+        )
+        assert [o["out"].tolist() for o in outs] == [[1.0] * 5] * ranks
+    art = etc.compile(ring_graph(deal=deal), schedule="static", cubin=False)
+    events = {e["name"]: e for e in art.manifest["events"]}
+    counter = f"{'ticket' if deal == 'ticket' else 'pool'}.sink"
+    assert counter in events and not events[counter].get("ranked")
+    assert "atom.relaxed.gpu.global.add.u32" in art.ptx
 
 
 def test_simulate_refuses_mixups() -> None:
