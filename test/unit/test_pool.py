@@ -257,3 +257,20 @@ def test_the_split_k_example_deals_its_partial_sums(deal: str, tmp_path) -> None
             text=True,
         )
         assert done.returncode == 0, done.stderr
+
+
+def test_empty_pools_leave_no_entries() -> None:
+    # A pooled task with no instances (or a phase dimension of extent 0)
+    # gets no entry; the other tasks are dealt as before.
+    assert decode(build_static_queue([0, 3], 2, None, [True, False])) == [
+        [(1, 0), (1, 2)],
+        [(1, 1)],
+    ]
+    phases = [instance_phases(("dim", 0), (0, 4)), 0]
+    assert decode(build_static_queue([0, 2], 3, phases, [True, False])) == [
+        [(1, 0)],
+        [(1, 1)],
+        [],
+    ]
+    out = etc.simulate(one_pool(), {"a": np.zeros((0, 16), np.float32)}, {"n": 0}, num_ctas=3)
+    assert out["c"].shape == (0,)
