@@ -455,11 +455,11 @@ class Graph:
         phase). ``"pool"`` deals at run time phase by phase: each CTA whose
         list held instances of a phase gets one entry in their place, which
         runs unclaimed instances of that phase (one counter per phase, drawn
-        one instance ahead while two per CTA are left) until none
-        is left, so a CTA runs as many as it is free for: a stage whose CTAs stream at unequal paces (an LM head)
-        ends when the work does, not with the slowest list. Not with
-        ``triggered_by`` or shared regions other than 0. The dynamic
-        schedule deals by readiness and ignores it.
+        one instance ahead while two per CTA are left) until none is left,
+        so a CTA runs as many as it is free for: a stage whose CTAs stream
+        at unequal paces (an LM head) ends when the work does, not with the
+        slowest list. Not with ``triggered_by`` or shared regions other than
+        0. The dynamic schedule deals by readiness and ignores it.
 
         ``prefetch_after=n`` (an int >= 0, default 0) runs the tile's
         prefetch function after the first ``n`` in-edge waits instead of

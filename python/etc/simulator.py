@@ -94,8 +94,7 @@ def _concrete_shape(shape: tuple[Any, ...], env: dict[str, int], what: str) -> t
     return dims
 
 
-def _grid_points(task: Task, env: dict[str, int]) -> list[tuple[int, ...]]:
-    extents = _concrete_shape(task.grid, env, f"task '{task.name}': grid")
+def _grid_points(extents: tuple[int, ...]) -> list[tuple[int, ...]]:
     # Row-major linear order (last grid dimension fastest).
     return list(itertools.product(*(range(e) for e in extents)))
 
@@ -195,7 +194,8 @@ class _Machine:
         # Triggered tasks whose in-edges made their table final: past
         # indptr[C] they wait for nothing (the GPU's register table).
         self.guarded = {t.index for t in self.order if graph.guarded_indptr(t)}
-        self.points = [_grid_points(t, env) for t in self.order]
+        self.grids = [_concrete_shape(t.grid, env, f"task '{t.name}': grid") for t in self.order]
+        self.points = [_grid_points(grid) for grid in self.grids]
         self.counters: dict[int, np.ndarray] = {}
         self.shapes: dict[int, tuple[int, ...]] = {}
         self.counts: dict[int, Callable[[tuple[int, ...]], int]] = {}
@@ -257,8 +257,7 @@ class _Machine:
         task, count = self.order[number], len(self.points[number])
         if task.phase[0] != "dim":
             return drawn if drawn < count else None
-        grid = _concrete_shape(task.grid, self.env, f"task '{task.name}': grid")
-        d = task.phase[1]
+        grid, d = self.grids[number], task.phase[1]
         inner = int(np.prod(grid[d + 1 :], dtype=np.int64))
         if drawn >= count // grid[d]:
             return None

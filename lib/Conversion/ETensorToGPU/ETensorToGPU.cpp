@@ -1746,6 +1746,12 @@ static bool isWorkgroupMemorySpace(Attribute space) {
   return false;
 }
 
+/// The bytes of a statically shaped memref.
+static int64_t byteSize(MemRefType type) {
+  return type.getNumElements() *
+         llvm::divideCeil(type.getElementTypeBitWidth(), 8);
+}
+
 /// The tiles of a persistent kernel run one at a time on a CTA, which joins
 /// (a barrier) after each instance: their workgroup buffers can share
 /// memory. Places every workgroup memref.global of `module` at an offset in
@@ -1839,9 +1845,7 @@ overlayWorkgroupGlobals(gpu::GPUModuleOp module, gpu::GPUFuncOp kernel,
   for (auto &[region, members] : byRegion) {
     int64_t base = total;
     for (auto [rank, k] : llvm::enumerate(members)) {
-      MemRefType type = globals[k].getType();
-      size[k] = type.getNumElements() *
-                llvm::divideCeil(type.getElementTypeBitWidth(), 8);
+      size[k] = byteSize(globals[k].getType());
       int64_t align =
           std::max<int64_t>(16, globals[k].getAlignment().value_or(16));
       maxAlign = std::max(maxAlign, align);
@@ -1861,9 +1865,7 @@ overlayWorkgroupGlobals(gpu::GPUModuleOp module, gpu::GPUFuncOp kernel,
   }
   // The kernel's own words, which every instance may use: apart, at the end.
   for (unsigned k : kernelWords) {
-    MemRefType type = globals[k].getType();
-    size[k] = type.getNumElements() *
-              llvm::divideCeil(type.getElementTypeBitWidth(), 8);
+    size[k] = byteSize(globals[k].getType());
     offset[k] = llvm::alignTo(total, 16);
     total = offset[k] + size[k];
   }
@@ -2793,11 +2795,11 @@ struct ConvertETensorToGPUPass
     // decoder's large-batch tiles to a 1 KiB line and its two CTAs past
     // 196 KiB of shared memory: 5.5 % slower).
     bool staticWorker = false, drawing = false;
-    graph.walk([&](WorkerOp worker) {
-      staticWorker |= worker.getSchedule() == ScheduleKind::Static;
-    });
-    graph.walk([&](DispatchOp dispatch) {
-      drawing |= dispatch.getTicket() || dispatch.getPool();
+    graph.walk([&](Operation *op) {
+      if (auto worker = dyn_cast<WorkerOp>(op))
+        staticWorker |= worker.getSchedule() == ScheduleKind::Static;
+      else if (auto dispatch = dyn_cast<DispatchOp>(op))
+        drawing |= dispatch.getTicket() || dispatch.getPool();
     });
     bool pushes = graph->walk([](PushOp) { return WalkResult::interrupt(); })
                       .wasInterrupted();
@@ -2806,7 +2808,7 @@ struct ConvertETensorToGPUPass
           {words}, IntegerType::get(ctx, 64), AffineMap(),
           gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
     };
-    auto kernelWords = [&](StringRef name, int64_t words) {
+    auto declareKernelWords = [&](StringRef name, int64_t words) {
       OpBuilder::InsertionGuard guard(builder);
       builder.setInsertionPointToStart(gpuModule.getBody());
       auto global = memref::GlobalOp::create(
@@ -2819,10 +2821,10 @@ struct ConvertETensorToGPUPass
     if (staticWorker && drawing)
       workgroup.push_back(wordsType(1));
     if (!staticWorker)
-      kernelWords(kBroadcastGlobal, 1);
+      declareKernelWords(kBroadcastGlobal, 1);
     if (pushes)
-      kernelWords(kPushRecordsGlobal,
-                  3 * kMaxRangePushes + kMaxFanOuts * kFanOutWords);
+      declareKernelWords(kPushRecordsGlobal,
+                         3 * kMaxRangePushes + kMaxFanOuts * kFanOutWords);
     auto kernel = gpu::GPUFuncOp::create(
         builder, graph.getLoc(), graph.getSymName(),
         builder.getFunctionType(argTypes, {}), workgroup);

@@ -66,47 +66,41 @@ struct ETensorStaticSchedulePass
 
     OpBuilder builder(graphOp.getContext());
     builder.setInsertionPointToEnd(&graphOp.getBodyBlock());
-    // A ticketed task's instances are handed out by one counter: an implicit
-    // event `ticket.<task>` that nothing waits on or notifies.
-    DenseMap<Operation *, Value> tickets;
-    for (TaskOp task : graph.getTasks())
+    // The counters a task draws its instances from, which nothing waits on
+    // or notifies: an implicit event `<kind>.<task>` of count 1.
+    auto drawCounters = [&](TaskOp task, StringRef kind, int64_t extent,
+                            ValueRange sizes) {
+      return EventOp::create(builder, task.getLoc(),
+                             EventType::get(builder.getContext(), {extent}),
+                             sizes, builder.getI64IntegerAttr(1),
+                             /*wait_count=*/Value(),
+                             /*wait_count_table=*/Value(), /*ranked=*/false,
+                             builder.getStringAttr(
+                                 (kind + "." + task.getDisplayName()).str()))
+          .getEvent();
+    };
+    // A ticketed task's instances are handed out by one counter; a pooled
+    // task's pools by a counter per pool (per value of grid coordinate
+    // `pool_dim`, or one).
+    DenseMap<Operation *, Value> tickets, pools;
+    for (TaskOp task : graph.getTasks()) {
       if (task.getTicketed())
         tickets[task.getOperation()] =
-            EventOp::create(builder, task.getLoc(),
-                            EventType::get(builder.getContext(), {1}),
-                            ValueRange(), builder.getI64IntegerAttr(1),
-                            /*wait_count=*/Value(),
-                            /*wait_count_table=*/Value(),
-                            /*ranked=*/false,
-                            builder.getStringAttr(
-                                ("ticket." + task.getDisplayName()).str()))
-                .getEvent();
-    // A pooled task's pools are drawn from by counters: an implicit event
-    // `pool.<task>` with a counter per pool (per value of grid coordinate
-    // `pool_dim`, or one).
-    DenseMap<Operation *, Value> pools;
-    for (TaskOp task : graph.getTasks()) {
+            drawCounters(task, "ticket", 1, ValueRange());
       if (!task.getPooled())
         continue;
-      SmallVector<int64_t> shape{1};
+      int64_t extent = 1;
       SmallVector<Value> sizes;
       if (IntegerAttr dim = task.getPoolDimAttr()) {
-        OpFoldResult extent = task.getMixedGrid()[dim.getInt()];
-        if (auto value = dyn_cast<Value>(extent)) {
-          shape[0] = ShapedType::kDynamic;
+        OpFoldResult grid = task.getMixedGrid()[dim.getInt()];
+        if (auto value = dyn_cast<Value>(grid)) {
+          extent = ShapedType::kDynamic;
           sizes.push_back(value);
         } else {
-          shape[0] = cast<IntegerAttr>(cast<Attribute>(extent)).getInt();
+          extent = cast<IntegerAttr>(cast<Attribute>(grid)).getInt();
         }
       }
-      pools[task.getOperation()] =
-          EventOp::create(
-              builder, task.getLoc(),
-              EventType::get(builder.getContext(), shape), sizes,
-              builder.getI64IntegerAttr(1), /*wait_count=*/Value(),
-              /*wait_count_table=*/Value(), /*ranked=*/false,
-              builder.getStringAttr(("pool." + task.getDisplayName()).str()))
-              .getEvent();
+      pools[task.getOperation()] = drawCounters(task, "pool", extent, sizes);
     }
     auto worker = WorkerOp::create(builder, graphOp.getLoc(),
                                    ScheduleKind::Static, /*queue=*/Value());
