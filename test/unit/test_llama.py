@@ -335,6 +335,7 @@ def _planning_kernel(directory, monkeypatch):
     k = object.__new__(K.Kernel)
     k.manifest = load_manifest(directory)
     k.num_ctas, k._peers, k._num_ranks = 8, None, 0
+    k._sm_of_cta, k._sm_deal = None, "spread"
     k._plans, k._shapes, k._scratch, k._staging = {}, {}, {}, {}
     k._param_tensors = [p.name for p in k.manifest.params if p.kind == "tensor"]
     k._maps = TensorMaps(k.manifest)
@@ -365,6 +366,37 @@ def test_decode_steps_share_the_static_queues(tmp_path, monkeypatch):
     assert all(p.shape_key != first.shape_key for p in k._plans.values())
     k.clear_cache()  # frees the fake buffers while the driver is still faked
     assert not k._plans and not k._shapes
+
+
+def test_queues_dealt_by_a_given_placement(tmp_path, monkeypatch):
+    """Kernel.deal_by_sm: full-grid queues deal each task's last partial round
+    by SM (no CTA of a 6-instance stage beside an idle one on 4 SMs of 2);
+    bad placements are refused naming the graph."""
+    from etc.runtime import queue as Q
+
+    etc.compile(M.build_decoder_graph(CFG), cubin=False).save(tmp_path)
+    k, _ = _planning_kernel(tmp_path, monkeypatch)
+    syms = {"B": 2, "L": 1, "S": 40}
+    plain = Q.decode(k._plan(syms, None).queue)
+    sm_of = np.array([0, 1, 2, 3, 0, 1, 2, 3])
+    k.deal_by_sm(sm_of, "pairs")
+    dealt = Q.decode(k._plan(syms, None).queue)
+    assert sorted(map(sorted, plain)) != sorted(map(sorted, dealt))
+    assert sorted(e for es in plain for e in es) == sorted(e for es in dealt for e in es)
+    for task in range(len(k.manifest.tasks)):
+        per_sm = np.bincount(
+            [sm_of[c] for c, es in enumerate(dealt) for t, _ in es if t == task], minlength=4
+        )
+        n = int(per_sm.sum())
+        if n % 8 and n % 8 % 2 == 0:  # an even remainder: whole SMs only
+            assert all(x % 2 == 0 for x in per_sm - 2 * (n // 8)), (task, per_sm)
+    with pytest.raises(etc.LaunchError, match="3 SM ids for 8 co-resident CTAs"):
+        k.deal_by_sm([0, 1, 2])
+    with pytest.raises(etc.LaunchError, match="how='random'"):
+        k.deal_by_sm(sm_of, "random")
+    k.deal_by_sm(None)
+    assert Q.decode(k._plan(syms, None).queue) == plain
+    k.clear_cache()
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

@@ -327,6 +327,75 @@ def test_queue_rejects_bad_input() -> None:
         queue.build_static_queue([-1], 1)
 
 
+def _per_sm(per_cta: list, sm_of: np.ndarray, task: int) -> np.ndarray:
+    """How many of ``task``'s instances each SM received."""
+    counts = np.zeros(sm_of.max() + 1, dtype=int)
+    for c, entries in enumerate(per_cta):
+        counts[sm_of[c]] += sum(t == task for t, _ in entries)
+    return counts
+
+
+@pytest.mark.parametrize("how", queue.SM_DEALS)
+def test_sm_deal_is_a_linear_extension_by_sm(how: str) -> None:
+    # 2 CTAs on each of 12 SMs, placed in a scrambled order as the hardware does.
+    sm_of = np.random.default_rng(1).permutation(np.repeat(np.arange(12), 2))
+    counts = [20, 14, 2, 24, 50, 7]
+    per_cta = queue.decode(
+        queue._queue_of(
+            queue.global_order(counts),
+            queue.sm_deal(queue.global_order(counts), 24, sm_of, how),
+            24,
+        )
+    )
+    everything = sorted((t, i) for entries in per_cta for t, i in entries)
+    assert everything == [(t, i) for t, c in enumerate(counts) for i in range(c)]
+    for entries in per_cta:  # global order within each CTA: the deadlock argument holds
+        assert entries == sorted(entries)
+    # 20 of 24: whole SMs, none beside an idle CTA of its SM.
+    assert sorted(_per_sm(per_cta, sm_of, 0).tolist()) == [0, 0] + [2] * 10
+    spread = how == "spread"
+    # 2 (at most one per SM when spread) and 14 (more than the SMs: whole SMs either way).
+    assert sorted(_per_sm(per_cta, sm_of, 2).tolist()) == [0] * (10 if spread else 11) + (
+        [1, 1] if spread else [2]
+    )
+    assert sorted(_per_sm(per_cta, sm_of, 1).tolist()) == [0] * 5 + [2] * 7
+    # 50: two whole rounds, then 2 more.
+    assert sum(len([e for e in entries if e[0] == 4]) >= 2 for entries in per_cta) == 24
+    # 7, odd: three whole SMs and one CTA, or seven SMs.
+    assert sorted(_per_sm(per_cta, sm_of, 5).tolist())[-4:] == (
+        [1, 1, 1, 1] if spread else [1, 2, 2, 2]
+    )
+
+
+def test_sm_deal_moves_the_idle_sms_along() -> None:
+    sm_of = np.repeat(np.arange(4), 2)  # CTAs 2s, 2s+1 on SM s
+    entries = queue.global_order([6, 6, 6])
+    per_cta = queue.decode(queue._queue_of(entries, queue.sm_deal(entries, 8, sm_of, "pairs"), 8))
+    idle = [{int(s) for s in np.flatnonzero(_per_sm(per_cta, sm_of, t) == 0)} for t in range(3)]
+    assert idle == [{3}, {2}, {1}]
+
+
+def test_sm_deal_rejects_bad_input() -> None:
+    entries = queue.global_order([4])
+    with pytest.raises(ValueError, match="3 SM ids for a grid of 4"):
+        queue.sm_deal(entries, 4, [0, 0, 1])
+    with pytest.raises(ValueError, match="how must be one of"):
+        queue.build_static_queue([4], 4, sm_of_cta=[0, 0, 1, 1], how="random")
+
+
+def test_queue_dealt_by_a_placement() -> None:
+    """With the SM each CTA ran on, a task's remainder lands on whole SMs."""
+    sm_of = np.array([3, 0, 1, 2, 0, 1, 2, 3])  # 2 CTAs on each of 4 SMs
+    counts = [6, 4]
+    q = queue.build_static_queue(counts, 8, sm_of_cta=sm_of, how="pairs")
+    per_cta = queue.decode(q)
+    assert sorted(e for entries in per_cta for e in entries) == [
+        (t, i) for t, c in enumerate(counts) for i in range(c)
+    ]
+    assert sorted(_per_sm(per_cta, sm_of, 0).tolist()) == [0, 2, 2, 2]
+    assert queue.build_static_queue(counts, 8).tolist() == naive_queue(counts, 8)
+
+
 # -- parameter packing -----------------------------------------------------------------------
 
 

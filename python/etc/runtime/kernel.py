@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from etc.runtime.params import ParamPack
 from etc.runtime.queue import (
     INSTANCE_MASK,
     QUEUE_HEADER_WORDS,
+    SM_DEALS,
     build_static_queue,
     instance_phases,
 )
@@ -237,6 +238,10 @@ class Kernel:
         #: peers address them).
         self._peers: driver.DeviceBuffer | None = None
         self._num_ranks = 0
+        #: Static schedule: the SM each CTA of a full grid runs on, when told
+        #: (`deal_by_sm`), and how queues deal by it.
+        self._sm_of_cta: np.ndarray | None = None
+        self._sm_deal = "spread"
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -297,7 +302,12 @@ class Kernel:
             if any(t.phase != ("const", 0) for t in m.tasks):
                 phases = [instance_phases(t.phase, m.bind(t.grid, values)) for t in m.tasks]
                 check_phase_order(m, values, phases)
-            queue = build_static_queue(counts, actual, phases, [t.pooled for t in m.tasks])
+            by_sm = self._sm_of_cta
+            if by_sm is not None and len(by_sm) != actual:  # a partial grid: round-robin
+                by_sm = None
+            queue = build_static_queue(
+                counts, actual, phases, [t.pooled for t in m.tasks], by_sm, self._sm_deal
+            )
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
@@ -348,6 +358,29 @@ class Kernel:
             self._forget_shape(next(iter(self._shapes)))
         self._shapes[shape_key] = plan
         return self._remember(key, grid, plan)
+
+    def deal_by_sm(self, sm_of_cta: Sequence[int] | None, how: str = "spread") -> None:
+        """Static schedule: deal the queues of full-grid launches by the SM
+        each CTA runs on (``sm_of_cta[c]``, e.g. a trace's records), as
+        :func:`etc.runtime.queue.sm_deal` says (``how``), or round-robin again
+        (None). Only where work lands changes, never what is computed; the
+        hardware may place a later launch's CTAs elsewhere, which costs speed,
+        not correctness. Drops the cached plans (their queues)."""
+        if sm_of_cta is not None:
+            sm = np.asarray(sm_of_cta, dtype=np.int64).reshape(-1)
+            if len(sm) != self.num_ctas:
+                raise LaunchError(
+                    f"{self.manifest.graph}: deal_by_sm got {len(sm)} SM ids for "
+                    f"{self.num_ctas} co-resident CTAs"
+                )
+            if how not in SM_DEALS:
+                raise LaunchError(
+                    f"{self.manifest.graph}: deal_by_sm how={how!r}, not one of {SM_DEALS}"
+                )
+            sm_of_cta = sm
+        for key in list(self._shapes):
+            self._forget_shape(key)
+        self._sm_of_cta, self._sm_deal = sm_of_cta, how
 
     def _shape_key(self, values: dict[str, int], shapes: dict, grid: int | None) -> tuple:
         """Everything a plan's queues, buffers and checks depend on, except

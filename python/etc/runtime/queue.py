@@ -8,7 +8,8 @@ Order (shared with the CPU simulator): instances are enumerated by phase (``Grap
 ``phase``: 0 unless given), then task by task in task-index order (a topological order),
 each task's instances in row-major linear order; global position ``p`` goes to CTA
 ``p % grid``, keeping order within a CTA (a ``deal="pool"`` task's instances of one phase
-then become one entry per CTA that drew any: :func:`pool_entries`). When every event coordinate's notifiers come
+then become one entry per CTA that drew any: :func:`pool_entries`; dealt by SM, each
+task's remainder goes to CTAs picked by the SMs they ran on instead: :func:`sm_deal`). When every event coordinate's notifiers come
 before its waiters in this order (always true without phases; checked at launch with them:
 ``etc.runtime.checks.check_phase_order``), every CTA's list is a linear extension of the
 instance dependencies, and with all CTAs resident this cannot deadlock: the unfinished
@@ -82,15 +83,20 @@ def build_static_queue(
     grid: int,
     phases: Sequence[np.ndarray | int] | None = None,
     pooled: Sequence[bool] | None = None,
+    sm_of_cta: Sequence[int] | None = None,
+    how: str = "spread",
 ) -> np.ndarray:
     """The queue array (offset header + entries) for instance ``counts`` per
     task and ``grid`` CTAs (``phases``: see :func:`global_order`; ``pooled``:
-    see :func:`pool_entries`)."""
+    see :func:`pool_entries`; ``sm_of_cta``: the SM each CTA runs on, to deal
+    by, :func:`sm_deal`, graphs without pools only)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
     entries = global_order(counts, phases)
     if pooled is not None and any(pooled):
         return _queue_of(*pool_entries(entries, grid, phases, pooled), grid)
+    if sm_of_cta is not None:
+        return _queue_of(entries, sm_deal(entries, grid, sm_of_cta, how), grid)
     total = len(entries)
     base, extra = divmod(total, grid)
     out = np.empty(grid + 1 + total, dtype=np.int64)
@@ -105,6 +111,69 @@ def build_static_queue(
     longer[:, :base] = full[:, :extra].T
     longer[:, base] = entries[base * grid :]
     body[extra * (base + 1) :].reshape(grid - extra, base)[...] = full[:, extra:].T
+    return out
+
+
+#: How :func:`sm_deal` places a task's instances that do not fill a round of
+#: every CTA: ``"pairs"`` fills whole SMs (no CTA runs the task beside an idle
+#: one, unless the count is odd); ``"spread"`` puts at most one on an SM while
+#: the SMs last, then pairs.
+SM_DEALS = ("pairs", "spread")
+
+
+def sm_deal(
+    entries: np.ndarray, grid: int, sm_of_cta: Sequence[int], how: str = "spread"
+) -> np.ndarray:
+    """The CTA of every entry (global order), chosen by the SM each CTA runs
+    on (``sm_of_cta[c]``) instead of round-robin over CTA indices.
+
+    Each run of one task's consecutive entries deals whole rounds (one entry
+    to every CTA) first; its remainder goes to CTAs picked per ``how``
+    (:data:`SM_DEALS`), starting at an SM cursor that moves on from run to
+    run (so the SMs left idle change), and on an SM to its CTA with the
+    fewest entries so far. Any assignment keeps every CTA's list in global
+    order, so the deadlock argument of the module docstring holds as for
+    round-robin."""
+    if how not in SM_DEALS:
+        raise ValueError(f"sm_deal: how must be one of {SM_DEALS}, got {how!r}")
+    sm = np.asarray(sm_of_cta, dtype=np.int64).reshape(-1)
+    if len(sm) != grid:
+        raise ValueError(f"sm_deal: {len(sm)} SM ids for a grid of {grid} CTAs")
+    sms, inverse = np.unique(sm, return_inverse=True)
+    ctas_on = [np.flatnonzero(inverse == i) for i in range(len(sms))]
+    n_sm = len(sms)
+    load = np.zeros(grid, dtype=np.int64)
+    out = np.empty(len(entries), dtype=np.int64)
+    task = entries >> INSTANCE_BITS
+    bounds = np.flatnonzero(np.diff(task)) + 1
+    cursor = 0
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(entries)], strict=True):
+        n = int(hi - lo)
+        rounds, rest = divmod(n, grid)
+        chosen: list[int] = []
+        if rest:
+            order = [(cursor + i) % n_sm for i in range(n_sm)]
+            if how == "spread" and rest <= n_sm:
+                for s in order[:rest]:
+                    on = ctas_on[s]
+                    chosen.append(int(on[np.argmin(load[on])]))
+                cursor = (cursor + rest) % n_sm
+            else:
+                used = 0
+                for s in order:
+                    if len(chosen) == rest:
+                        break
+                    on = ctas_on[s][np.argsort(load[ctas_on[s]], kind="stable")]
+                    chosen.extend(int(c) for c in on[: rest - len(chosen)])
+                    used += 1
+                cursor = (cursor + used) % n_sm
+        # Whole rounds over every CTA, then the remainder; within the run the
+        # positions keep their order, each CTA's share in global order.
+        ctas = np.concatenate(
+            [np.tile(np.arange(grid, dtype=np.int64), rounds), np.asarray(chosen, dtype=np.int64)]
+        )
+        out[lo:hi] = ctas
+        load += np.bincount(ctas, minlength=grid)
     return out
 
 

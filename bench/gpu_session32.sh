@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Thirty-second session (bench/RESULTS.md, decoder items 135-136): static queues dealt by
+# SM (Kernel.deal_by_sm). Each step's CPU-side build is in its comment. The claim-at-start
+# and exit-record builds of item 135 are in no commit; `smdeal` here is the trace-placement
+# version (bench/sm_deal.py as committed).
+# Usage: bash bench/gpu_session32.sh [final] [smdeal] [moe] [tests] ...
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s32/raw
+for step in ${*:-final}; do
+  case $step in
+  final)  # session 31's committed layout (a static worker's word its own .shared variable,
+    # the dynamic worker's words after the tiles): the pooled and ticketed graphs, the tiny
+    # decoders, the split-K graph under the dynamic schedule (python test/gpu/make_artifacts.py
+    # .device/s32/art --only PREFIX for PREFIX in splitk_pool skewed_pooled llama_tiny_pool
+    # llama_tiny_tma_buckets_pool moe_small_ticket splitk_dynamic llama_tiny_dynamic)
+    ETC_ARTIFACTS=.device/s32/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_schedules_gpu.py test/gpu/test_llama_gpu.py test/gpu/test_moe_gpu.py \
+      -k "pool or ticket or (splitk and dynamic) or (llama_tiny and dynamic)" 2>&1 \
+      | tee "$OUT/final.txt" | grep -v "^FAILED.*\(No such file\|not found\|FileNotFound\)" | tail -8
+    ;;
+  smdeal)  # round-robin against queues dealt by a trace's placement, on the traced
+    # default decoder (python bench/sm_deal.py --build .device/s32/smdeal)
+    SM_DEAL_BATCHES=${SM_DEAL_BATCHES:-1,8,64} timeout 400 python bench/sm_deal.py \
+      --artifacts .device/s32/smdeal --out "$OUT" 2>&1 | grep -v "^    [a-z_]* *[0-9]* instances, window" \
+      | tail -40
+    ;;
+  tests)  # the GPU tests of static kernels (the dynamic worker did not change; their artifacts
+    # would not fit the carry) over artifacts built with the by-SM slices
+    # (python test/gpu/make_artifacts.py .device/s32/art)
+    ETC_ARTIFACTS=.device/s32/art timeout 300 python -m pytest -q -rfs --tb=short -k "not dynamic" test/gpu 2>&1 \
+      | tee "$OUT/tests.txt" | tail -15
+    ;;
+  esac
+done
+tar czf "$OUT/raw.tgz" -C /tmp/s32 raw

@@ -1,0 +1,117 @@
+"""Static queues dealt by SM (``Kernel.deal_by_sm``) against round-robin, on
+the traced default decoder: where each CTA ran comes from a trace's records.
+
+    python bench/sm_deal.py --build DIR                  # CPU: the traced default decoder
+    python bench/sm_deal.py --artifacts DIR --out OUT    # GPU: placement, A/B timings, windows
+
+Per batch size (``SM_DEAL_BATCHES``, context ``SM_DEAL_CONTEXT``): three
+traced launches, each CTA's SM read from each (is the placement the same
+from launch to launch?); then, alternating, round-robin (``cta``) and each
+``etc.runtime.queue.SM_DEALS`` deal by the placement of the last launch:
+CUDA-event medians of back-to-back traced launches, how many CTAs ran on
+another SM than the deal assumed, and the stage windows of layer 8
+(``bench/trace_analysis.py placement``'s view) from the last launch of each.
+The trace's own cost is in every variant alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.timing import timed, two_step_main  # noqa: E402
+from etc.models import llama as M  # noqa: E402
+from etc.runtime.queue import SM_DEALS  # noqa: E402
+
+CFG = M.LLAMA_3_2_1B
+BATCHES = tuple(int(b) for b in os.environ.get("SM_DEAL_BATCHES", "1,8,64").split(","))
+L = int(os.environ.get("SM_DEAL_CONTEXT", "1024"))
+CALLS = 10
+LAYER = 8
+
+
+def build(out: Path) -> None:
+    M.compile_decoder(CFG, "static", trace=True).save(out / "traced")
+
+
+def sm_of_ctas(trace) -> np.ndarray:
+    """The SM of each CTA in a trace (every CTA of a full grid ran something)."""
+    sm: dict[int, int] = {}
+    for e in trace.events():
+        sm.setdefault(e["cta"], e["sm"])
+    return np.array([sm[c] for c in range(max(sm) + 1)], dtype=np.int64)
+
+
+def run(artifacts: Path, out: Path | None, reps: int) -> None:
+    import torch
+
+    import etc.runtime
+    from bench.trace_analysis import placement as placement_view  # puts python/ first: GPU side
+
+    weights = M.random_weights_torch(CFG)
+    bucketed = etc.runtime.load(artifacts / "traced")
+    rows, lines = [], []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    for B in BATCHES:
+        bufs = M.torch_inputs(CFG, weights, B, L, L + 1)
+        syms = {"B": B, "L": L, "S": L + 1}
+        kernel = bucketed.kernel_for(syms)
+        seen = []
+        for _ in range(3):
+            kernel.launch(bufs, syms)
+            seen.append(sm_of_ctas(kernel.trace()))
+        kernel.check()
+        same = all(len(s) == len(seen[0]) and (s == seen[0]).all() for s in seen)
+        say(f"== B={B} L={L}: {len(seen[0])} CTAs, placement the same in 3 launches: {same}")
+        ref = None
+        for deal in ["cta", *SM_DEALS] * 2:
+            kernel.deal_by_sm(
+                None if deal == "cta" else seen[-1], "spread" if deal == "cta" else deal
+            )
+            us = timed(
+                torch, lambda i, k=kernel, b=bufs, s=syms: k.launch(b, s, sync=False), CALLS, reps
+            )
+            kernel.launch(bufs, syms)
+            trace = kernel.trace()
+            kernel.check()
+            moved = int((sm_of_ctas(trace) != seen[-1]).sum())
+            tokens = bufs["next_tokens"].clone()
+            ref = tokens if ref is None else ref
+            say(
+                f"B={B:3d} {deal:7s} {us:8.1f} us (traced)  CTAs on another SM than dealt for: "
+                f"{moved}  tokens as round-robin's: {bool(torch.equal(tokens, ref))}"
+            )
+            for line in placement_view(trace, LAYER)[2:]:
+                say(f"    {line}")
+            head = [e for e in trace.events() if e["task"] == "lm_head"]
+            if head:
+                t0 = min(e["start_ns"] for e in head)
+                ends = [(e["end_ns"] - t0) / 1e3 for e in head]
+                say(f"    lm_head window {max(ends):.2f} (median end {np.median(ends):.2f})")
+            rows.append({"B": B, "L": L, "deal": deal, "us": us, "moved": moved})
+        kernel.deal_by_sm(None)
+        del bufs
+        torch.cuda.empty_cache()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"sm_deal_L{L}.json").write_text(json.dumps(rows, indent=1))
+        (out / f"sm_deal_L{L}.txt").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return two_step_main(__doc__.splitlines()[0], build, run, argv, reps=7)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
