@@ -1,8 +1,9 @@
 """Static queues dealt by SM (``Kernel.deal_by_sm``) against round-robin, on
 the traced default decoder: where each CTA ran comes from a trace's records.
 
-    python bench/sm_deal.py --build DIR                  # CPU: the traced default decoder
+    python bench/sm_deal.py --build DIR                  # CPU: the decoders below
     python bench/sm_deal.py --artifacts DIR --out OUT    # GPU: placement, A/B timings, windows
+    SM_DEAL_UNTRACED=1 python bench/sm_deal.py --artifacts DIR --out OUT   # GPU: sm_slices A/B
 
 Per batch size (``SM_DEAL_BATCHES``, context ``SM_DEAL_CONTEXT``): three
 traced launches, each CTA's SM read from each (is the placement the same
@@ -12,10 +13,16 @@ CUDA-event medians of back-to-back traced launches, how many CTAs ran on
 another SM than the deal assumed, and the stage windows of layer 8
 (``bench/trace_analysis.py placement``'s view) from the last launch of each.
 The trace's own cost is in every variant alike.
+
+``SM_DEAL_UNTRACED=1``: the decoder with its large-batch kernel compiled
+with ``sm_slices`` (each CTA takes its list by SM) dealt by SM and
+round-robin, and the default decoder (without), untraced. (2026-12-02 the
+first was the default; the rows name it ``default``.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -38,7 +45,51 @@ LAYER = 8
 
 
 def build(out: Path) -> None:
+    # Without sm_slices: the trace-placement deal needs kernels that run list
+    # c on CTA c.
     M.compile_decoder(CFG, "static", trace=True).save(out / "traced")
+    # The default decoder with its large-batch kernel compiled with
+    # sm_slices, and the default, for the untraced A/B (``SM_DEAL_UNTRACED=1``).
+    large = (None, (*M.LARGE_BATCH, ("sm_slices", True)))
+    slices = dataclasses.replace(CFG, batch_buckets=(*CFG.batch_buckets[:-1], large))
+    M.compile_decoder(slices, "static").save(out / "slices")
+    M.compile_decoder(CFG, "static").save(out / "no_slices")
+
+
+def untraced(artifacts: Path, torch, weights, reps: int, say) -> list[dict]:
+    """The artifact whose large-batch kernel has sm_slices, dealt by SM and
+    round-robin (``deal_by_sm(None)``), and the default (no sm_slices),
+    alternating, two passes."""
+    import etc.runtime
+
+    kernels = {n: etc.runtime.load(artifacts / n) for n in ("slices", "no_slices")}
+    rows = []
+    for B in BATCHES:
+        bufs = M.torch_inputs(CFG, weights, B, L, L + 1)
+        syms = {"B": B, "L": L, "S": L + 1}
+        ref = None
+        for name, how in [("slices", "spread"), ("slices", None), ("no_slices", None)] * 2:
+            kernel = kernels[name].kernel_for(syms)
+            if kernel.manifest.sm_slices:
+                kernel.deal_by_sm(how)
+            kernel.launch(bufs, syms)
+            tokens = bufs["next_tokens"].clone()
+            ref = tokens if ref is None else ref
+            us = timed(
+                torch, lambda i, k=kernel, b=bufs, s=syms: k.launch(b, s, sync=False), CALLS, reps
+            )
+            kernel.check()
+            label = (
+                f"{name}/{how or 'cta'}" if kernel.manifest.sm_slices else f"{name}/no sm_slices"
+            )
+            say(
+                f"B={B:3d} L={L} {label:20s} {us:8.1f} us  tokens as the first's: "
+                f"{bool(torch.equal(tokens, ref))}"
+            )
+            rows.append({"B": B, "L": L, "variant": label, "us": us})
+        del bufs
+        torch.cuda.empty_cache()
+    return rows
 
 
 def sm_of_ctas(trace) -> np.ndarray:
@@ -56,12 +107,20 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
     from bench.trace_analysis import placement as placement_view  # puts python/ first: GPU side
 
     weights = M.random_weights_torch(CFG)
-    bucketed = etc.runtime.load(artifacts / "traced")
     rows, lines = [], []
 
     def say(text: str) -> None:
         print(text, flush=True)
         lines.append(text)
+
+    if os.environ.get("SM_DEAL_UNTRACED") == "1":
+        rows = untraced(artifacts, torch, weights, reps, say)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"sm_slices_L{L}.json").write_text(json.dumps(rows, indent=1))
+            (out / f"sm_slices_L{L}.txt").write_text("\n".join(lines) + "\n")
+        return
+    bucketed = etc.runtime.load(artifacts / "traced")
 
     for B in BATCHES:
         bufs = M.torch_inputs(CFG, weights, B, L, L + 1)

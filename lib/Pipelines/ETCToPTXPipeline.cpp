@@ -24,6 +24,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.minCtasPerSM = options.minCtasPerSM;
   convertOptions.maxPopChunk = options.maxPopChunk;
   convertOptions.prefetchNext = options.prefetchNext;
+  convertOptions.smSlices = options.smSlices;
   convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
   convertOptions.outline = llvm::to_vector(options.outline);

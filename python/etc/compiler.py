@@ -112,6 +112,7 @@ def _pipeline_options(
     prefetch_next: bool = False,
     pop_ahead: bool = True,
     outline: tuple[str, ...] = (),
+    sm_slices: bool = False,
 ) -> str:
     # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
@@ -119,8 +120,8 @@ def _pipeline_options(
         f"block-size={block_size} watchdog-polls={watchdog_polls} "
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
-        f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)}"
-        + (f" outline={','.join(outline)}" if outline else "")
+        f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)} "
+        f"sm-slices={_flag(sm_slices)}" + (f" outline={','.join(outline)}" if outline else "")
     )
 
 
@@ -436,6 +437,7 @@ def compile(  # noqa: A001 - the public name
     prefetch_next: bool = False,
     pop_ahead: bool = True,
     outline: bool | Iterable[str] = False,
+    sm_slices: bool = False,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -468,7 +470,11 @@ def compile(  # noqa: A001 - the public name
     into it, so ptxas allocates each one's registers apart: one tile's
     pressure no longer spills another's (``docs/design.md``, "One kernel,
     many tiles"). A tile function that several tasks share is called by all
-    of them.
+    of them. ``sm_slices`` (static schedule): each CTA takes its list by the
+    SM it runs on, so the runtime can deal each task's last partial round to
+    whole SMs (``docs/scheduling.md``, "Dealt by SM"); its few instructions
+    before the loop can change ptxas's allocation of an inlined kernel, so
+    it suits kernels whose tiles are called (``outline``).
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -488,6 +494,10 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
     if not isinstance(prefetch_next, bool):
         raise CompileError(f"prefetch_next must be a bool, got {prefetch_next!r}")
+    if not isinstance(sm_slices, bool):
+        raise CompileError(f"sm_slices must be a bool, got {sm_slices!r}")
+    if sm_slices and schedule != "static":
+        raise CompileError("sm_slices needs the static schedule (its queue holds the lists)")
     if not isinstance(pop_ahead, bool):
         raise CompileError(f"pop_ahead must be a bool, got {pop_ahead!r}")
     if not pop_ahead and schedule != "dynamic":
@@ -550,7 +560,7 @@ def compile(  # noqa: A001 - the public name
             sched = _read_schedule(ir, scheduled)
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
-                max_pop_chunk, prefetch_next, pop_ahead, outlined,
+                max_pop_chunk, prefetch_next, pop_ahead, outlined, sm_slices,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)
@@ -561,6 +571,8 @@ def compile(  # noqa: A001 - the public name
     manifest = _manifest(g, sched, schedule, target, block_size, watchdog_polls, early_push, trace)
     if dynamic_smem:
         manifest["dynamic_shared_memory"] = dynamic_smem
+    if sm_slices:
+        manifest["sm_slices"] = True
     return Artifact(manifest=manifest, ptx=ptx, cubin=binary, warnings=warnings)
 
 

@@ -697,6 +697,8 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_combine_group": combine_group,
         "llama_tiny_tma": tma,
         "llama_tiny_tma_buckets": tma_buckets,
+        # Every kernel's CTAs take their lists by SM (LARGE_BATCH's does above).
+        "llama_tiny_sm_slices": dataclasses.replace(llama.TINY, sm_slices=True),
         # The layer projections' weights chunked (weight_chunk), also under
         # the L2 prefetch of weight eighths.
         "llama_tiny_chunk": dataclasses.replace(llama.TINY, weight_chunk=64),

@@ -101,6 +101,8 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_tma_ahead",
         "llama_tiny_pool",
         "llama_tiny_tma_buckets_pool",
+        "llama_tiny_tma_buckets",
+        "llama_tiny_sm_slices",
     ],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

@@ -6,6 +6,7 @@ through the compiler to PTX that ptxas accepts."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -335,7 +336,8 @@ def _planning_kernel(directory, monkeypatch):
     k = object.__new__(K.Kernel)
     k.manifest = load_manifest(directory)
     k.num_ctas, k._peers, k._num_ranks = 8, None, 0
-    k._sm_of_cta, k._sm_deal = None, "spread"
+    k.device = types.SimpleNamespace(sm_count=4)  # 8 CTAs: 2 on each of 4 SMs
+    k._sm_of_cta, k._sm_deal = None, "spread" if k.manifest.sm_slices else None
     k._plans, k._shapes, k._scratch, k._staging = {}, {}, {}, {}
     k._param_tensors = [p.name for p in k.manifest.params if p.kind == "tensor"]
     k._maps = TensorMaps(k.manifest)
@@ -379,7 +381,7 @@ def test_queues_dealt_by_a_given_placement(tmp_path, monkeypatch):
     syms = {"B": 2, "L": 1, "S": 40}
     plain = Q.decode(k._plan(syms, None).queue)
     sm_of = np.array([0, 1, 2, 3, 0, 1, 2, 3])
-    k.deal_by_sm(sm_of, "pairs")
+    k.deal_by_sm("pairs", sm_of)
     dealt = Q.decode(k._plan(syms, None).queue)
     assert sorted(map(sorted, plain)) != sorted(map(sorted, dealt))
     assert sorted(e for es in plain for e in es) == sorted(e for es in dealt for e in es)
@@ -391,12 +393,47 @@ def test_queues_dealt_by_a_given_placement(tmp_path, monkeypatch):
         if n % 8 and n % 8 % 2 == 0:  # an even remainder: whole SMs only
             assert all(x % 2 == 0 for x in per_sm - 2 * (n // 8)), (task, per_sm)
     with pytest.raises(etc.LaunchError, match="3 SM ids for 8 co-resident CTAs"):
-        k.deal_by_sm([0, 1, 2])
+        k.deal_by_sm("spread", [0, 1, 2])
     with pytest.raises(etc.LaunchError, match="how='random'"):
-        k.deal_by_sm(sm_of, "random")
+        k.deal_by_sm("random", sm_of)
+    with pytest.raises(etc.LaunchError, match="compiled without sm_slices"):
+        k.deal_by_sm("spread")
     k.deal_by_sm(None)
     assert Q.decode(k._plan(syms, None).queue) == plain
     k.clear_cache()
+
+
+def test_sm_slices_kernels_deal_by_their_own_sms(tmp_path, monkeypatch):
+    """A kernel compiled with sm_slices: full-grid queues end in the by-SM
+    word (4 SMs of 2 CTAs), list k * 4 + s dealt for SM s, and the counters
+    hold a word per SM after the done counter; round-robin on request."""
+    from etc.runtime import queue as Q
+
+    art = etc.compile(M.build_decoder_graph(CFG), cubin=False, sm_slices=True)
+    assert art.manifest["sm_slices"] is True and "%nsmid" in art.ptx
+    art.save(tmp_path)
+    k, _ = _planning_kernel(tmp_path, monkeypatch)
+    syms = {"B": 2, "L": 1, "S": 40}
+    plan = k._plan(syms, None)
+    assert plan.queue[-1] == 4 << 8 | 2
+    size = plan.pack.values[plan.pack.slot("counters", None) + 3]
+    assert int(size) == plan.counters + 1 + 4
+    dealt = Q.decode(plan.queue[:-1])
+    on_sm = np.arange(8) % 4
+    for task in range(len(k.manifest.tasks)):
+        n = sum(t == task for es in dealt for t, _ in es)
+        per_sm = np.bincount(
+            [on_sm[c] for c, es in enumerate(dealt) for t, _ in es if t == task], minlength=4
+        )
+        if n % 8 > 4 and n % 8 % 2 == 0:  # more than the SMs: whole SMs
+            assert all(x % 2 == 0 for x in per_sm - 2 * (n // 8)), (task, per_sm)
+    with pytest.raises(etc.LaunchError, match="give deal_by_sm no placement"):
+        k.deal_by_sm("spread", on_sm)
+    k.deal_by_sm(None)
+    assert k._plan(syms, None).queue[-1] == 0
+    k.clear_cache()
+    with pytest.raises(etc.CompileError, match="sm_slices needs the static schedule"):
+        etc.compile(M.build_decoder_graph(CFG), schedule="dynamic", sm_slices=True)
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

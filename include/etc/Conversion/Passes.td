@@ -74,6 +74,17 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "function of the CTA's next queue entry (when that task has one "
            "and no trigger), so the next tile's operands load while this "
            "one runs. The entry's own call still happens at its start.">,
+    Option<"smSlices", "sm-slices", "bool", /*default=*/"false",
+           "Static schedule: each CTA takes its queue slice by the SM it runs "
+           "on when the runtime dealt the queue so (the queue's last word is "
+           "then `S << 8 | occ`: the k-th CTA to start on SM s takes slice "
+           "`k * S + s`, when `%nsmid` is S and the grid S * occ; else, and "
+           "when the word is 0, slice `%ctaid.x`). Thread 0 counts its SM's "
+           "CTAs on a word after the done counter and hands the slice to the "
+           "CTA through a `.shared` word. Off, the kernel reads no such word. "
+           "Code before the static loop may change ptxas's register "
+           "allocation of an inlined kernel: meant for kernels whose tiles "
+           "are called (`outline`).">,
     Option<"popAhead", "pop-ahead", "bool", /*default=*/"true",
            "Dynamic schedule: request a CTA's next queue positions when it "
            "takes its current one, so the request's latency overlaps the "

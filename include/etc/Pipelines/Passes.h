@@ -63,6 +63,11 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Static schedule: call the next instance's prefetch "
                      "function before running the current one."),
       llvm::cl::init(false)};
+  PassOptions::Option<bool> smSlices{
+      *this, "sm-slices",
+      llvm::cl::desc("Static schedule: each CTA takes its queue slice by the "
+                     "SM it runs on (see convert-etensor-to-gpu)."),
+      llvm::cl::init(false)};
   PassOptions::ListOption<std::string> outline{
       *this, "outline",
       llvm::cl::desc("Device functions called, not inlined (`*`: all; see "

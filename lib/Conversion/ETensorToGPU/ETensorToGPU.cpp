@@ -153,6 +153,8 @@ public:
   int64_t maxPopChunk = 8;
   /// Static schedule: call the next entry's prefetch function first.
   bool prefetchNext = false;
+  /// Static schedule: take the queue slice by SM (staticSlice).
+  bool smSlices = false;
   /// Static schedule, tasks in several shared regions: the prefetch of the
   /// next entry runs ahead when its region differs from the current one's.
   /// `prefetchedAhead`: whether the current entry's prefetch already ran.
@@ -296,6 +298,18 @@ private:
   Value drawFrom(Value counter);
   Value reservedOrDraw(Value reserved, Value counter);
   LogicalResult buildStaticLoop(ArrayRef<DispatchOp> dispatches);
+  Value staticSlice();
+  /// The static queue's by-SM word, split: (SMs, CTAs per SM), or (0, 0).
+  std::pair<Value, Value> queueBySM() {
+    Value last = arith::SubIOp::create(
+        b, memref::DimOp::create(b, queue, index(0)), index(1));
+    Value word = memref::LoadOp::create(b, queue, ValueRange{last});
+    auto field = [&](Value v) -> Value {
+      return arith::IndexCastUIOp::create(b, b.getIndexType(), v);
+    };
+    return {field(arith::ShRUIOp::create(b, word, i64(8))),
+            field(arith::AndIOp::create(b, word, i64(255)))};
+  }
   void prefetchEntry(Value position, Value end,
                      ArrayRef<DispatchOp> dispatches);
   void clonePrefetch(DispatchOp dispatch, Value linear);
@@ -375,6 +389,7 @@ private:
   Value chunkSize;                   // queue positions per head request
   DenseMap<Value, EventInfo> events; // keyed by the graph's event value
   Value nextEventBase;
+  bool queueIsStatic = false; // the worker is static: %queue holds its lists
 };
 
 } // namespace
@@ -1375,8 +1390,10 @@ LogicalResult KernelBuilder::build() {
                     .wasInterrupted();
     if (failed(buildDynamicLoop(dispatches)))
       return failure();
-  } else if (failed(buildStaticLoop(dispatches))) {
-    return failure();
+  } else {
+    queueIsStatic = true;
+    if (failed(buildStaticLoop(dispatches)))
+      return failure();
   }
   if (allArrived)
     b.setInsertionPointAfter(allArrived);
@@ -1407,8 +1424,67 @@ static bool hasAheadPrefetch(DispatchOp dispatch) {
   return false;
 }
 
+/// `sm-slices`: the CTA's slice of the static queue. The queue's last word is
+/// `S << 8 | occ` when the runtime dealt it by SM (etc.runtime.queue.sm_deal:
+/// slice `k * S + s` for SM `s`), else 0. The k-th CTA to start on SM
+/// `%smid` (thread 0's atomic on counters[total + 1 + %smid]) takes slice
+/// `k * S + %smid`, provided the device numbers its SMs 0..S-1 (`%nsmid ==
+/// S`) and the grid is `S * occ`: every CTA decides alike, and co-residency
+/// puts exactly `occ` CTAs on each SM. Otherwise slice `%ctaid.x`. Status
+/// and trace records still name the CTA by `%ctaid.x`.
+Value KernelBuilder::staticSlice() {
+  Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
+  Value grid = gpu::GridDimOp::create(b, gpu::Dimension::x);
+  Type indexTy = b.getIndexType();
+  auto asIndex = [&](Value v) -> Value {
+    return arith::IndexCastUIOp::create(b, indexTy, v);
+  };
+  auto cmp = [&](arith::CmpIPredicate p, Value x, Value y) -> Value {
+    return arith::CmpIOp::create(b, p, x, y);
+  };
+  auto [sms, occ] = queueBySM();
+  Value total = nextEventBase ? nextEventBase : index(0);
+  auto ifZero = scf::IfOp::create(b, indexTy, isThreadZero(), true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Value nsmid = asIndex(asm32("mov.u32 $0, %nsmid;", "=r", ValueRange()));
+    Value on = arith::AndIOp::create(
+        b,
+        arith::AndIOp::create(b, cmp(arith::CmpIPredicate::ne, sms, index(0)),
+                              cmp(arith::CmpIPredicate::eq, nsmid, sms)),
+        cmp(arith::CmpIPredicate::eq, arith::MulIOp::create(b, sms, occ),
+            grid));
+    auto ifOn = scf::IfOp::create(b, indexTy, on, true);
+    b.setInsertionPointToStart(ifOn.thenBlock());
+    Value sm = asIndex(asm32("mov.u32 $0, %smid;", "=r", ValueRange()));
+    Value counter = addressOf(
+        counters, arith::AddIOp::create(
+                      b, arith::AddIOp::create(b, total, index(1)), sm));
+    Value k = asIndex(
+        asm32("atom.relaxed.gpu.global.add.u32 $0, [$1], 1;", "=r,l", counter));
+    scf::YieldOp::create(
+        b, ValueRange{arith::SelectOp::create(
+               b, cmp(arith::CmpIPredicate::ult, k, occ),
+               arith::AddIOp::create(b, arith::MulIOp::create(b, k, sms), sm),
+               block)});
+    b.setInsertionPointToStart(ifOn.elseBlock());
+    scf::YieldOp::create(b, ValueRange{block});
+    b.setInsertionPointAfter(ifOn);
+    memref::StoreOp::create(b, toI64(ifOn.getResult(0)), broadcast,
+                            ValueRange{index(1)});
+    scf::YieldOp::create(b, ValueRange{ifOn.getResult(0)});
+    b.setInsertionPointToStart(ifZero.elseBlock());
+    scf::YieldOp::create(b, ValueRange{block});
+  }
+  gpu::BarrierOp::create(b);
+  return arith::IndexCastOp::create(
+      b, indexTy, memref::LoadOp::create(b, broadcast, ValueRange{index(1)}));
+}
+
 /// Every CTA runs the instances of its slice of the precomputed queue:
-/// queue[0 .. gridDim] are the slices' offsets; entries follow.
+/// queue[0 .. gridDim] are the slices' offsets; entries follow (and with
+/// `sm-slices` the by-SM word: staticSlice).
 LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   bool regions = llvm::any_of(
       dispatches, [](DispatchOp d) { return sharedRegion(d) != 0; });
@@ -1424,7 +1500,8 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
             "is pooled, which runs its instances in a loop that a prefetch "
             "ahead across shared regions cannot follow: use one region");
   staticDispatches.assign(dispatches.begin(), dispatches.end());
-  Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
+  Value block =
+      smSlices ? staticSlice() : gpu::BlockIdOp::create(b, gpu::Dimension::x);
   auto loadIndex = [&](Value at) {
     Value v = memref::LoadOp::create(b, queue, ValueRange{at});
     return arith::IndexCastOp::create(b, b.getIndexType(), v).getResult();
@@ -1652,6 +1729,8 @@ void KernelBuilder::resetCountersForNextLaunch() {
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
   Value end = arith::AddIOp::create(b, total, index(1));
+  if (smSlices && queueIsStatic) // the SMs' CTA counts (staticSlice)
+    end = arith::AddIOp::create(b, end, queueBySM().first);
   // The rank barrier's words survive (see waitForAllRanks).
   Value first =
       peers ? arith::AddIOp::create(b, tid, index(kRankBarrierWords)) : tid;
@@ -2818,8 +2897,9 @@ struct ConvertETensorToGPUPass
       global->setAttr(kKernelWordsAttrName, builder.getUnitAttr());
     };
     SmallVector<Type> workgroup;
-    if (staticWorker && drawing)
-      workgroup.push_back(wordsType(1));
+    // Word 1: the static worker's queue slice (sm-slices, staticSlice).
+    if (staticWorker && (drawing || smSlices))
+      workgroup.push_back(wordsType(smSlices ? 2 : 1));
     if (!staticWorker)
       declareKernelWords(kBroadcastGlobal, 1);
     if (pushes)
@@ -2871,6 +2951,7 @@ struct ConvertETensorToGPUPass
     kernelBuilder.blockThreads = threads;
     kernelBuilder.maxPopChunk = maxPopChunk;
     kernelBuilder.prefetchNext = prefetchNext;
+    kernelBuilder.smSlices = smSlices;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
       return failure();

@@ -457,6 +457,14 @@ class LlamaConfig:
     #: at every context); the B = 1 kernel's LM head and argmax (−1.3 %; all
     #: its tiles +1.4 %, the attention alone +1.8 %; thirtieth session).
     outline: bool | tuple[str, ...] = False
+    #: Static schedule: the kernel's CTAs take their lists by the SM they run
+    #: on, so each stage's last partial round fills whole SMs
+    #: (``etc.compile(sm_slices=True)``, ``docs/scheduling.md``, "Dealt by
+    #: SM"). Off: on an H200 the large-batch kernel with it ran as fast as
+    #: without (the deal's 4-6 % over round-robin in the same kernel went to
+    #: the code that finds the SM), and the inlined small-batch kernels 17 %
+    #: slower (``bench/RESULTS.md`` item 135).
+    sm_slices: bool = False
     #: The tasks (:data:`DECODER_TASKS`) the static schedule deals at run time
     #: (``Graph.task(deal="pool")``): each layer's instances go to whichever
     #: CTA is free, not to fixed lists.
@@ -1041,11 +1049,15 @@ def compile_decoder(
         names = {task.name for task in g.tasks}
         return tuple(t for t in c.outline if t in names)
 
+    def per_kernel(c: LlamaConfig, g: Graph) -> dict[str, Any]:
+        sm_slices = options.get("sm_slices", c.sm_slices) and schedule == "static"
+        return {"outline": outline(c, g), "sm_slices": sm_slices}
+
     kernels = [(bound, c, build_decoder_graph(c, name=name)) for bound, c in cfg.bucket_configs()]
     if len(kernels) == 1:  # one kernel: this configuration, or its one bucket's
         _, c, g = kernels[0]
-        return etc.compile(g, **{**opts, "outline": outline(c, g)})
-    graphs = [(bound, g, {"outline": outline(c, g)}) for bound, c, g in kernels]
+        return etc.compile(g, **{**opts, **per_kernel(c, g)})
+    graphs = [(bound, g, per_kernel(c, g)) for bound, c, g in kernels]
     return etc.compile_buckets("B", graphs, **opts)
 
 

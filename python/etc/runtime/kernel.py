@@ -238,10 +238,11 @@ class Kernel:
         #: peers address them).
         self._peers: driver.DeviceBuffer | None = None
         self._num_ranks = 0
-        #: Static schedule: the SM each CTA of a full grid runs on, when told
-        #: (`deal_by_sm`), and how queues deal by it.
+        #: Static schedule: how full-grid queues deal by SM (None: round-robin;
+        #: `deal_by_sm`), and the SM each CTA runs on when the caller said so.
+        #: Kernels compiled with ``sm_slices`` take their lists by SM themselves.
+        self._sm_deal: str | None = "spread" if manifest.sm_slices else None
         self._sm_of_cta: np.ndarray | None = None
-        self._sm_deal = "spread"
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -302,22 +303,31 @@ class Kernel:
             if any(t.phase != ("const", 0) for t in m.tasks):
                 phases = [instance_phases(t.phase, m.bind(t.grid, values)) for t in m.tasks]
                 check_phase_order(m, values, phases)
-            by_sm = self._sm_of_cta
-            if by_sm is not None and len(by_sm) != actual:  # a partial grid: round-robin
-                by_sm = None
+            pooled = [t.pooled for t in m.tasks]
+            by_sm, word = None, 0
+            sms = self.device.sm_count if m.sm_slices else 0
+            if self._sm_deal is not None and actual == self.num_ctas and not any(pooled):
+                if m.sm_slices and actual % sms == 0 and actual // sms <= 255:
+                    # List k * sms + s runs on SM s (the kernel's staticSlice).
+                    by_sm, word = np.arange(actual, dtype=np.int64) % sms, sms << 8 | actual // sms
+                elif self._sm_of_cta is not None:
+                    by_sm = self._sm_of_cta
             queue = build_static_queue(
-                counts, actual, phases, [t.pooled for t in m.tasks], by_sm, self._sm_deal
+                counts, actual, phases, pooled, by_sm, self._sm_deal or "spread"
             )
+            if m.sm_slices:  # the by-SM word closes the queue
+                queue = np.append(queue, np.int64(word))
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
             queue_words = 0
+            sm_words = sms  # sm_slices: each SM's CTA count, after the done counter
         else:
             # Head, tail, retired (a trigger's unused bound), then a ring slot
             # per instance that is pushed (the ready-at-start ones are popped
             # without one). It lives in the per-stream scratch buffer, like
             # the counters.
-            queue, qbuf = None, None
+            queue, qbuf, sm_words = None, None, 0
             at_start = sum(n for t, n in zip(m.tasks, counts, strict=True) if t.ready_at_start)
             queue_words = QUEUE_HEADER_WORDS + sum(counts) - at_start
             pack.set_memref("queue", None, 0, (queue_words,))
@@ -328,7 +338,7 @@ class Kernel:
             pack.set_memref("tensor", name, 0, shape)
         pack.set_memref("status", None, 0, (m.status_words,))
         # One more word after the events: the kernel's "CTAs done" counter.
-        pack.set_memref("counters", None, 0, (counter_words(m, counters),))
+        pack.set_memref("counters", None, 0, (counter_words(m, counters) + sm_words,))
         if m.ranked:
             assert self._peers is not None
             pack.set_memref("peers", None, self._peers.ptr, (self._num_ranks,))
@@ -338,7 +348,7 @@ class Kernel:
             words64 = 1 + TRACE_RECORD_WORDS * sum(counts)
             trace_buffer = driver.DeviceBuffer(8 * words64)
             pack.set_memref("trace", None, trace_buffer.ptr, (words64,))
-        scratch_words = _queue_offset(m, counters) + 2 * queue_words
+        scratch_words = _queue_offset(m, counters) + 2 * queue_words + sm_words
         plan = _Plan(
             values,
             shapes,
@@ -359,28 +369,40 @@ class Kernel:
         self._shapes[shape_key] = plan
         return self._remember(key, grid, plan)
 
-    def deal_by_sm(self, sm_of_cta: Sequence[int] | None, how: str = "spread") -> None:
-        """Static schedule: deal the queues of full-grid launches by the SM
-        each CTA runs on (``sm_of_cta[c]``, e.g. a trace's records), as
-        :func:`etc.runtime.queue.sm_deal` says (``how``), or round-robin again
-        (None). Only where work lands changes, never what is computed; the
-        hardware may place a later launch's CTAs elsewhere, which costs speed,
-        not correctness. Drops the cached plans (their queues)."""
-        if sm_of_cta is not None:
-            sm = np.asarray(sm_of_cta, dtype=np.int64).reshape(-1)
-            if len(sm) != self.num_ctas:
+    def deal_by_sm(
+        self, how: str | None = "spread", placement: Sequence[int] | None = None
+    ) -> None:
+        """Static schedule: deal full-grid queues by SM (``how``, one of
+        ``etc.runtime.queue.SM_DEALS``; :func:`etc.runtime.queue.sm_deal`),
+        or round-robin over CTA indices (None). A kernel compiled with
+        ``sm_slices`` does so by default: each CTA takes the list of its SM
+        as it starts. Any other kernel needs the SM each CTA runs on
+        (``placement[c]``, e.g. a trace's records), which the hardware may
+        change from launch to launch: that costs speed, never correctness.
+        Drops the cached plans (their queues)."""
+        m = self.manifest
+        if how is not None and how not in SM_DEALS:
+            raise LaunchError(f"{m.graph}: deal_by_sm how={how!r}, not one of {SM_DEALS} or None")
+        if placement is not None:
+            if m.sm_slices:
                 raise LaunchError(
-                    f"{self.manifest.graph}: deal_by_sm got {len(sm)} SM ids for "
+                    f"{m.graph}: compiled with sm_slices, its CTAs take their lists by the SM "
+                    "they run on; give deal_by_sm no placement"
+                )
+            placement = np.asarray(placement, dtype=np.int64).reshape(-1)
+            if len(placement) != self.num_ctas:
+                raise LaunchError(
+                    f"{m.graph}: deal_by_sm got {len(placement)} SM ids for "
                     f"{self.num_ctas} co-resident CTAs"
                 )
-            if how not in SM_DEALS:
-                raise LaunchError(
-                    f"{self.manifest.graph}: deal_by_sm how={how!r}, not one of {SM_DEALS}"
-                )
-            sm_of_cta = sm
+        elif how is not None and not m.sm_slices:
+            raise LaunchError(
+                f"{m.graph}: compiled without sm_slices; deal_by_sm needs the placement "
+                "(the SM of each CTA)"
+            )
         for key in list(self._shapes):
             self._forget_shape(key)
-        self._sm_of_cta, self._sm_deal = sm_of_cta, how
+        self._sm_deal, self._sm_of_cta = how, placement
 
     def _shape_key(self, values: dict[str, int], shapes: dict, grid: int | None) -> tuple:
         """Everything a plan's queues, buffers and checks depend on, except

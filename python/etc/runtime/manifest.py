@@ -163,6 +163,9 @@ class Manifest:
     dynamic_shared_memory: int = 0
     #: The largest value of a symbol the kernel takes (``Graph.symbol(max=)``).
     symbol_max: Mapping[str, int] = field(default_factory=dict)
+    #: Compiled with ``sm_slices``: its queue ends in the by-SM word, and its
+    #: CTAs take their lists by SM (``etc.compile(sm_slices=True)``).
+    sm_slices: bool = False
 
     @property
     def ranked(self) -> bool:
@@ -548,6 +551,11 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     if not MIN_STATUS_WORDS <= status_words <= 1 << 20:
         raise c.fail("status_words", f"must be >= {MIN_STATUS_WORDS}, got {status_words}")
 
+    sm_slices = data.get("sm_slices", False)
+    if not isinstance(sm_slices, bool) or (sm_slices and data.get("schedule") != "static"):
+        raise c.fail(
+            "sm_slices", f"expected a bool, true only for the static schedule, got {sm_slices!r}"
+        )
     dynamic_smem = data.get("dynamic_shared_memory", 0)
     if not _is_int(dynamic_smem) or not 0 <= dynamic_smem <= 1 << 20:
         raise c.fail("dynamic_shared_memory", f"expected bytes in 0..2**20, got {dynamic_smem!r}")
@@ -588,6 +596,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         ranks=ranks,
         dynamic_shared_memory=dynamic_smem,
         symbol_max=dict(symbol_max),
+        sm_slices=sm_slices,
     )
 
 
