@@ -3,7 +3,7 @@
 # SM (Kernel.deal_by_sm). Each step's CPU-side build is in its comment. The claim-at-start
 # and exit-record builds of item 135 are in no commit; `smdeal` here is the trace-placement
 # version (bench/sm_deal.py as committed).
-# Usage: bash bench/gpu_session32.sh [final] [smdeal] [slices] [tests] ...
+# Usage: bash bench/gpu_session32.sh [final] [smdeal] [slices] [tests] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s32/raw
@@ -34,14 +34,15 @@ for step in ${*:-final}; do
         --out "$OUT" 2>&1 | grep "B="
     done
     ;;
-  tests)  # the GPU tests over the sm_slices build: the tiny decoders (their large-batch
-    # kernels, LARGE_BATCH having sm_slices that day, and llama_tiny_sm_slices take lists by
-    # SM), split-K, schedules' graphs, small MoE layers, the GEMM meeting (python
-    # test/gpu/make_artifacts.py .device/s32/art --only PREFIX for PREFIX in llama_tiny splitk
-    # skewed moe_small_static moe_small_ticket gemm_meet greedy diamond, *dynamic_late* moved
-    # out for the carry); tests without artifacts fail on a missing manifest (filtered)
-    ETC_ARTIFACTS=.device/s32/art timeout 400 python -m pytest -q -rfs --tb=short test/gpu 2>&1 \
-      | tee "$OUT/tests.txt" | grep -v "cannot read the artifact manifest" | tail -12
+  tests)  # the GPU tests of static kernels (every one now records its CTAs' SMs at exit; the
+    # dynamic worker did not change and its artifacts would not fit the carry): python
+    # test/gpu/make_artifacts.py .device/s32/art, then the *dynamic* ones moved out
+    ETC_ARTIFACTS=.device/s32/art timeout 400 python -m pytest -q -rfs --tb=short -k "not dynamic" test/gpu \
+      2>&1 | tee "$OUT/tests.txt" | grep -v "cannot read the artifact manifest" | tail -12
+    ;;
+    bench)  # bench/decode.py on the session's defaults (the large-batch kernel's queues dealt by
+    # SM from the first launch's record; python bench/decode.py --build .device/s32/decode)
+    decode_bench .device/s32/decode
     ;;
   esac
 done

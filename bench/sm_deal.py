@@ -15,9 +15,11 @@ another SM than the deal assumed, and the stage windows of layer 8
 The trace's own cost is in every variant alike.
 
 ``SM_DEAL_UNTRACED=1``: the decoder with its large-batch kernel compiled
-with ``sm_slices`` (each CTA takes its list by SM) dealt by SM and
-round-robin, and the default decoder (without), untraced. (2026-12-02 the
-first was the default; the rows name it ``default``.)
+with ``sm_slices`` (each CTA takes its list by SM) and the default decoder
+(its kernels record their CTAs' SMs at exit, and the runtime deals the
+launches after the first synchronised one by that record), each dealt by SM
+and round-robin, untraced. (In the first run of this mode, 2026-12-02, the
+first was the default, named ``default``.)
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ def untraced(artifacts: Path, torch, weights, reps: int, say) -> list[dict]:
         bufs = M.torch_inputs(CFG, weights, B, L, L + 1)
         syms = {"B": B, "L": L, "S": L + 1}
         ref = None
-        for name, how in [("slices", "spread"), ("slices", None), ("no_slices", None)] * 2:
+        variants = [("slices", "spread"), ("slices", None), ("no_slices", "spread")]
+        for name, how in [*variants, ("no_slices", None)] * 2:
             kernel = kernels[name].kernel_for(syms)
-            if kernel.manifest.sm_slices:
-                kernel.deal_by_sm(how)
+            kernel.deal_by_sm(how)  # no_slices/spread: by the first launch's record
             kernel.launch(bufs, syms)
             tokens = bufs["next_tokens"].clone()
             ref = tokens if ref is None else ref

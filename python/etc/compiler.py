@@ -438,6 +438,7 @@ def compile(  # noqa: A001 - the public name
     pop_ahead: bool = True,
     outline: bool | Iterable[str] = False,
     sm_slices: bool = False,
+    sm_deal: str | None = None,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -474,7 +475,11 @@ def compile(  # noqa: A001 - the public name
     SM it runs on, so the runtime can deal each task's last partial round to
     whole SMs (``docs/scheduling.md``, "Dealt by SM"); its few instructions
     before the loop can change ptxas's allocation of an inlined kernel, so
-    it suits kernels whose tiles are called (``outline``).
+    it suits kernels whose tiles are called (``outline``). ``sm_deal``
+    (static schedule; ``"spread"`` or ``"pairs"``): how the runtime deals
+    full-grid queues once it knows where the CTAs run (every static kernel
+    records its CTAs' SMs at exit; ``Kernel.deal_by_sm``); None: round-robin
+    unless ``sm_slices``, whose default is ``"spread"``.
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -498,6 +503,10 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"sm_slices must be a bool, got {sm_slices!r}")
     if sm_slices and schedule != "static":
         raise CompileError("sm_slices needs the static schedule (its queue holds the lists)")
+    if sm_deal is not None and (sm_deal not in ("spread", "pairs") or schedule != "static"):
+        raise CompileError(
+            f"sm_deal must be 'spread', 'pairs' or None, with the static schedule; got {sm_deal!r}"
+        )
     if not isinstance(pop_ahead, bool):
         raise CompileError(f"pop_ahead must be a bool, got {pop_ahead!r}")
     if not pop_ahead and schedule != "dynamic":
@@ -573,6 +582,8 @@ def compile(  # noqa: A001 - the public name
         manifest["dynamic_shared_memory"] = dynamic_smem
     if sm_slices:
         manifest["sm_slices"] = True
+    if sm_deal is not None:
+        manifest["sm_deal"] = sm_deal
     return Artifact(manifest=manifest, ptx=ptx, cubin=binary, warnings=warnings)
 
 

@@ -337,7 +337,7 @@ def _planning_kernel(directory, monkeypatch):
     k.manifest = load_manifest(directory)
     k.num_ctas, k._peers, k._num_ranks = 8, None, 0
     k.device = types.SimpleNamespace(sm_count=4)  # 8 CTAs: 2 on each of 4 SMs
-    k._sm_of_cta, k._sm_deal = None, "spread" if k.manifest.sm_slices else None
+    k._sm_of_cta, k._sm_deal = None, "spread"
     k._plans, k._shapes, k._scratch, k._staging = {}, {}, {}, {}
     k._param_tensors = [p.name for p in k.manifest.params if p.kind == "tensor"]
     k._maps = TensorMaps(k.manifest)
@@ -396,10 +396,64 @@ def test_queues_dealt_by_a_given_placement(tmp_path, monkeypatch):
         k.deal_by_sm("spread", [0, 1, 2])
     with pytest.raises(etc.LaunchError, match="how='random'"):
         k.deal_by_sm("random", sm_of)
-    with pytest.raises(etc.LaunchError, match="compiled without sm_slices"):
-        k.deal_by_sm("spread")
     k.deal_by_sm(None)
     assert Q.decode(k._plan(syms, None).queue) == plain
+    k.clear_cache()
+
+
+def test_the_artifact_says_how_to_deal_by_sm(tmp_path):
+    """etc.compile(sm_deal=...) lands in the manifest, which sets the runtime's
+    default; compile_decoder passes LlamaConfig.sm_deal to static kernels only
+    (LARGE_BATCH's kernel deals by SM, the small-batch kernels do not)."""
+    from etc.runtime.manifest import load_manifest
+
+    assert ("sm_deal", "spread") in M.LARGE_BATCH
+    cfg = dataclasses.replace(CFG, sm_deal="pairs")
+    static = M.compile_decoder(cfg, "static", cubin=False)
+    assert static.manifest["sm_deal"] == "pairs"
+    static.save(tmp_path / "s")
+    assert load_manifest(tmp_path / "s").sm_deal == "pairs"
+    assert "sm_deal" not in M.compile_decoder(cfg, "dynamic", cubin=False).manifest
+    assert "sm_deal" not in M.compile_decoder(CFG, "static", cubin=False).manifest
+    with pytest.raises(etc.CompileError, match="sm_deal must be 'spread', 'pairs' or None"):
+        etc.compile(M.build_decoder_graph(CFG), sm_deal="random")
+    with pytest.raises(etc.CompileError, match="sm_deal must be"):
+        etc.compile(M.build_decoder_graph(CFG), schedule="dynamic", sm_deal="spread")
+
+
+def test_queues_dealt_again_by_the_recorded_placement(tmp_path, monkeypatch):
+    """A static kernel records each CTA's SM in its queue's last words; after
+    the first synchronised full-grid launch the runtime reads them and deals
+    the cached queues again, in their buffers (the records stay after them).
+    Records that do not place 2 CTAs on each of the 4 SMs change nothing."""
+    import ctypes
+
+    from etc.runtime import driver
+    from etc.runtime import queue as Q
+
+    art = etc.compile(M.build_decoder_graph(CFG), cubin=False)
+    assert "%smid" in art.ptx
+    art.save(tmp_path)
+    k, _ = _planning_kernel(tmp_path, monkeypatch)
+    k._scratch = {}
+    plan = k._plan({"B": 2, "L": 1, "S": 40}, None)
+    plain = plan.queue.copy()
+    assert (plain[-8:] == 0).all() and Q.decode(plain[:-8]) == Q.decode(plain)
+    uploads = []
+    monkeypatch.setattr(driver, "htod", lambda ptr, src, n: uploads.append(n))
+    for record, learned in (([0] * 8, False), ([3, 0, 1, 2, 0, 1, 2, 3], True)):
+        words = np.array(record, dtype=np.int64)
+
+        def dtoh(dst, src, n, words=words):
+            ctypes.memmove(dst, words.ctypes.data, n)
+
+        monkeypatch.setattr(driver, "dtoh", dtoh)
+        k._learn_placement(plan)
+        assert (k._sm_of_cta is not None) == learned
+    counts, phases, pooled = plan.deal_inputs
+    want = Q.build_static_queue(counts, 8, phases, pooled, [3, 0, 1, 2, 0, 1, 2, 3], "spread")
+    assert plan.queue[: len(want)].tolist() == want.tolist() and uploads == [want.nbytes]
+    assert Q.decode(plan.queue) != Q.decode(plain)
     k.clear_cache()
 
 

@@ -167,6 +167,8 @@ def _set(path: str, value: object) -> dict:
         ("ptx", "/etc/passwd", "inside the artifact directory"),
         ("sha256", {"kernel.ptx": "abc"}, "64-digit hex"),
         ("sha256", {}, "64-digit hex"),
+        ("sm_deal", "random", "manifest field sm_deal: expected 'spread' or 'pairs'"),
+        ("sm_slices", "yes", "manifest field sm_slices: expected a bool"),
     ],
 )
 def test_manifest_bad_field(tmp_path: Path, path: str, value: object, message: str) -> None:
@@ -373,6 +375,15 @@ def test_sm_deal_moves_the_idle_sms_along() -> None:
     per_cta = queue.decode(queue._queue_of(entries, queue.sm_deal(entries, 8, sm_of, "pairs"), 8))
     idle = [{int(s) for s in np.flatnonzero(_per_sm(per_cta, sm_of, t) == 0)} for t in range(3)]
     assert idle == [{3}, {2}, {1}]
+
+
+def test_placement_of_the_recorded_sms() -> None:
+    assert queue.placement_of(np.array([1, 0, 0, 1]), 2).tolist() == [1, 0, 0, 1]
+    # Not as many CTAs on every SM, an SM id out of range, no record (zeros), a partial grid.
+    assert queue.placement_of(np.array([1, 0, 0, 0]), 2) is None
+    assert queue.placement_of(np.array([2, 0, 1, 1]), 2) is None
+    assert queue.placement_of(np.zeros(4, np.int64), 2) is None
+    assert queue.placement_of(np.array([0, 1, 0]), 2) is None
 
 
 def test_sm_deal_rejects_bad_input() -> None:

@@ -25,7 +25,9 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
     starts: the last CTA to finish zeroes them for the next launch, so the
     host resets nothing), `%queue: memref<?xi64>` (the static per-CTA
     queues: `gridDim.x + 1` offsets then entries
-    `task << 48 | linear_instance`), `%status: memref<?xi32>` (the failure
+    `task << 48 | linear_instance`, then `gridDim.x` words in which each
+    CTA writes the `%smid` it ran on as it exits, for the runtime to deal
+    later launches by SM; with `sm-slices` one by-SM word instead), `%status: memref<?xi32>` (the failure
     record: written only on failure, cleared by the host after reading it)
     and `%max_polls: index` (the watchdog bound).
 

@@ -1702,6 +1702,25 @@ void KernelBuilder::resetCountersForNextLaunch() {
   gpu::BarrierOp::create(b);
   Value doneAddr = addressOf(counters, total);
   Value gridSize = gpu::GridDimOp::create(b, gpu::Dimension::x);
+  if (queueIsStatic && !smSlices) {
+    // The SM this CTA ran on, in the queue's last `gridDim` words, for the
+    // runtime to deal later launches by (etc.runtime.queue.sm_deal). Here,
+    // not before the loop: any instruction there changed ptxas's register
+    // allocation of a whole inlined kernel (bench/RESULTS.md item 135). In
+    // the queue, a buffer of this shape's own: after the counters it would
+    // land on another shape's counters, which no launch zeroes.
+    Value at = arith::AddIOp::create(
+        b,
+        arith::SubIOp::create(b, memref::DimOp::create(b, queue, index(0)),
+                              gridSize),
+        gpu::BlockIdOp::create(b, gpu::Dimension::x));
+    OpBuilder::InsertionGuard guard(b);
+    auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
+    b.setInsertionPointToStart(ifZero.thenBlock());
+    Value sm = arith::ExtUIOp::create(
+        b, b.getI64Type(), asm32("mov.u32 $0, %smid;", "=r", ValueRange()));
+    memref::StoreOp::create(b, sm, queue, ValueRange{at});
+  }
   auto ifZero =
       scf::IfOp::create(b, b.getI32Type(), isThreadZero(), /*withElse=*/true);
   {

@@ -111,6 +111,7 @@ LARGE_BATCH = (
     ("shared_regions", ()),
     ("outline", True),
     ("attn_tma_release", "read_early"),
+    ("sm_deal", "spread"),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
@@ -465,6 +466,12 @@ class LlamaConfig:
     #: the code that finds the SM), and the inlined small-batch kernels 17 %
     #: slower (``bench/RESULTS.md`` item 135).
     sm_slices: bool = False
+    #: Static schedule: how the runtime deals the kernel's queues by SM once
+    #: it has read where the CTAs ran (``etc.compile(sm_deal=...)``; None:
+    #: round-robin). :data:`LARGE_BATCH` takes ``"spread"`` (−3.9 % at B =
+    #: 64, L = 1024, −2.3 % at L = 4096, −1 % at B = 32 on an H200); the
+    #: B = 1 kernel was 1 % slower with it (``bench/RESULTS.md`` item 135).
+    sm_deal: str | None = None
     #: The tasks (:data:`DECODER_TASKS`) the static schedule deals at run time
     #: (``Graph.task(deal="pool")``): each layer's instances go to whichever
     #: CTA is free, not to fixed lists.
@@ -1050,8 +1057,10 @@ def compile_decoder(
         return tuple(t for t in c.outline if t in names)
 
     def per_kernel(c: LlamaConfig, g: Graph) -> dict[str, Any]:
-        sm_slices = options.get("sm_slices", c.sm_slices) and schedule == "static"
-        return {"outline": outline(c, g), "sm_slices": sm_slices}
+        static = schedule == "static"
+        sm_slices = options.get("sm_slices", c.sm_slices) and static
+        sm_deal = options.get("sm_deal", c.sm_deal) if static else None
+        return {"outline": outline(c, g), "sm_slices": sm_slices, "sm_deal": sm_deal}
 
     kernels = [(bound, c, build_decoder_graph(c, name=name)) for bound, c in cfg.bucket_configs()]
     if len(kernels) == 1:  # one kernel: this configuration, or its one bucket's

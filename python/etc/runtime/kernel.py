@@ -30,6 +30,7 @@ from etc.runtime.queue import (
     SM_DEALS,
     build_static_queue,
     instance_phases,
+    placement_of,
 )
 from etc.runtime.tensormap import TensorMaps
 from etc.runtime.trace import RECORD_WORDS as TRACE_RECORD_WORDS
@@ -175,6 +176,9 @@ class _Plan:
     fast: FastBinder | None = None
     #: The shape key (see MAX_SHAPES) whose buffers this plan uses.
     shape_key: tuple = ()
+    #: Static schedule: what the queue was dealt from (instance counts,
+    #: phases, pooled tasks), to deal it again by SM (`Kernel.deal_by_sm`).
+    deal_inputs: tuple | None = None
 
     def with_symbols(self, values: dict[str, int]) -> _Plan:
         """This plan for other symbol values of the same shape: a new
@@ -239,9 +243,10 @@ class Kernel:
         self._peers: driver.DeviceBuffer | None = None
         self._num_ranks = 0
         #: Static schedule: how full-grid queues deal by SM (None: round-robin;
-        #: `deal_by_sm`), and the SM each CTA runs on when the caller said so.
-        #: Kernels compiled with ``sm_slices`` take their lists by SM themselves.
-        self._sm_deal: str | None = "spread" if manifest.sm_slices else None
+        #: `deal_by_sm`; the artifact's ``sm_deal`` by default), and the SM each
+        #: CTA runs on, given or recorded by the kernel. Kernels compiled with
+        #: ``sm_slices`` take their lists by SM themselves.
+        self._sm_deal = manifest.sm_deal or ("spread" if manifest.sm_slices else None)
         self._sm_of_cta: np.ndarray | None = None
 
     def __repr__(self) -> str:
@@ -317,6 +322,8 @@ class Kernel:
             )
             if m.sm_slices:  # the by-SM word closes the queue
                 queue = np.append(queue, np.int64(word))
+            else:  # each CTA's record of its SM (convert-etensor-to-gpu)
+                queue = np.append(queue, np.zeros(actual, dtype=np.int64))
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
@@ -364,6 +371,8 @@ class Kernel:
             trace_buffer,
         )
         plan.shape_key = shape_key
+        if m.schedule == "static":
+            plan.deal_inputs = (counts, phases, pooled)
         if len(self._shapes) >= MAX_SHAPES:
             self._forget_shape(next(iter(self._shapes)))
         self._shapes[shape_key] = plan
@@ -373,13 +382,15 @@ class Kernel:
         self, how: str | None = "spread", placement: Sequence[int] | None = None
     ) -> None:
         """Static schedule: deal full-grid queues by SM (``how``, one of
-        ``etc.runtime.queue.SM_DEALS``; :func:`etc.runtime.queue.sm_deal`),
-        or round-robin over CTA indices (None). A kernel compiled with
-        ``sm_slices`` does so by default: each CTA takes the list of its SM
-        as it starts. Any other kernel needs the SM each CTA runs on
-        (``placement[c]``, e.g. a trace's records), which the hardware may
-        change from launch to launch: that costs speed, never correctness.
-        Drops the cached plans (their queues)."""
+        ``etc.runtime.queue.SM_DEALS``: :func:`etc.runtime.queue.sm_deal`;
+        ``"spread"`` by default), or round-robin over CTA indices (None).
+        Where each CTA runs: ``placement[c]`` if given, else what the kernel
+        recorded at the exit of the first synchronised full-grid launch (a
+        ``sync=True`` launch or `check`), after which the cached queues are
+        dealt again; a kernel compiled with ``sm_slices`` instead takes the
+        list of its SM as each CTA starts. The hardware may place a later
+        launch's CTAs elsewhere: that costs speed, never correctness. Drops
+        the cached plans (their queues)."""
         m = self.manifest
         if how is not None and how not in SM_DEALS:
             raise LaunchError(f"{m.graph}: deal_by_sm how={how!r}, not one of {SM_DEALS} or None")
@@ -395,14 +406,43 @@ class Kernel:
                     f"{m.graph}: deal_by_sm got {len(placement)} SM ids for "
                     f"{self.num_ctas} co-resident CTAs"
                 )
-        elif how is not None and not m.sm_slices:
-            raise LaunchError(
-                f"{m.graph}: compiled without sm_slices; deal_by_sm needs the placement "
-                "(the SM of each CTA)"
-            )
         for key in list(self._shapes):
             self._forget_shape(key)
         self._sm_deal, self._sm_of_cta = how, placement
+
+    def _learn_placement(self, plan: _Plan) -> None:
+        """After a synchronised full-grid launch: the SM each CTA ran on (the
+        queue's last words, which the kernel wrote at its exit), once; the
+        cached queues are then dealt again by it, in their buffers."""
+        m = self.manifest
+        if (
+            m.sm_slices
+            or plan.deal_inputs is None
+            or self._sm_deal is None
+            or self._sm_of_cta is not None
+            or plan.grid != self.num_ctas
+        ):
+            return
+        words = np.empty(plan.grid, dtype=np.int64)
+        assert plan.queue is not None and plan.queue_buffer is not None
+        driver.dtoh(
+            words.ctypes.data,
+            plan.queue_buffer.ptr + 8 * (len(plan.queue) - plan.grid),
+            words.nbytes,
+        )
+        placement = placement_of(words, self.device.sm_count)
+        if placement is None:
+            return
+        self._sm_of_cta = placement
+        for handle in list(self._scratch):  # launches still queued read the queues
+            driver.synchronize(handle)
+        for shape in self._shapes.values():
+            counts, phases, pooled = shape.deal_inputs or ((), None, [True])
+            if shape.grid != self.num_ctas or any(pooled) or shape.queue is None:
+                continue
+            queue = build_static_queue(counts, shape.grid, phases, pooled, placement, self._sm_deal)
+            shape.queue[: len(queue)] = queue  # the SM records after it stay
+            driver.htod(shape.queue_buffer.ptr, shape.queue.ctypes.data, queue.nbytes)
 
     def _shape_key(self, values: dict[str, int], shapes: dict, grid: int | None) -> tuple:
         """Everything a plan's queues, buffers and checks depend on, except
@@ -609,6 +649,8 @@ class Kernel:
                 self._clear_status(handle, status_ptr)
                 if failure is not None:
                     raise failure
+            else:
+                self._learn_placement(plan)
 
     def check(self) -> None:
         """Waits for the latest launch and raises what its status record reports.
@@ -625,6 +667,7 @@ class Kernel:
         driver.synchronize(handle)
         driver.dtoh(self._status_host.ptr, scratch.ptr, self._status.nbytes)
         if not self._status[ST_STATE]:
+            self._learn_placement(plan)
             return
         err = status_error(self.manifest, plan.symbols, self._status, polls)
         self._clear_status(handle, scratch.ptr)

@@ -166,6 +166,9 @@ class Manifest:
     #: Compiled with ``sm_slices``: its queue ends in the by-SM word, and its
     #: CTAs take their lists by SM (``etc.compile(sm_slices=True)``).
     sm_slices: bool = False
+    #: How the runtime deals full-grid queues by SM unless told
+    #: (``etc.compile(sm_deal=...)``; None: round-robin).
+    sm_deal: str | None = None
 
     @property
     def ranked(self) -> bool:
@@ -556,6 +559,9 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         raise c.fail(
             "sm_slices", f"expected a bool, true only for the static schedule, got {sm_slices!r}"
         )
+    sm_deal = data.get("sm_deal")
+    if sm_deal not in (None, "spread", "pairs") or (sm_deal and data.get("schedule") != "static"):
+        raise c.fail("sm_deal", f"expected 'spread' or 'pairs' (static schedule), got {sm_deal!r}")
     dynamic_smem = data.get("dynamic_shared_memory", 0)
     if not _is_int(dynamic_smem) or not 0 <= dynamic_smem <= 1 << 20:
         raise c.fail("dynamic_shared_memory", f"expected bytes in 0..2**20, got {dynamic_smem!r}")
@@ -597,6 +603,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         dynamic_shared_memory=dynamic_smem,
         symbol_max=dict(symbol_max),
         sm_slices=sm_slices,
+        sm_deal=sm_deal,
     )
 
 

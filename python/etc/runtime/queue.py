@@ -114,6 +114,19 @@ def build_static_queue(
     return out
 
 
+def placement_of(sm_words: np.ndarray, sms: int) -> np.ndarray | None:
+    """The SM of each CTA, from the words a static kernel writes at its exit
+    (``convert-etensor-to-gpu``), when they place the same number of CTAs on
+    each of SMs ``0..sms-1``; None otherwise (an artifact that does not
+    record them, another device)."""
+    sm = np.asarray(sm_words, dtype=np.int64).reshape(-1)
+    if sms < 1 or len(sm) % sms or (sm < 0).any() or (sm >= sms).any():
+        return None
+    if (np.bincount(sm, minlength=sms) != len(sm) // sms).any():
+        return None
+    return sm
+
+
 #: How :func:`sm_deal` places a task's instances that do not fill a round of
 #: every CTA: ``"pairs"`` fills whole SMs (no CTA runs the task beside an idle
 #: one, unless the count is odd); ``"spread"`` puts at most one on an SM while

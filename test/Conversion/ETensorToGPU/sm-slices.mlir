@@ -34,19 +34,28 @@ func.func @tile(%i: index) {
 // CHECK: %[[SLICE:.*]] = arith.index_cast %[[SLICE_WORD]] : i64 to index
 // CHECK: memref.load %[[QUEUE]][%[[SLICE]]] : memref<?xi64>
 // CHECK: scf.for
-/// The last CTA zeroes the counters, the done counter and the SMs' counts
-/// (the word read again).
+/// (No exit record of the SM: the kernel knows it.) The last CTA zeroes the
+/// counters, the done counter and the SMs' counts (the word read again).
+// CHECK-NOT: %smid
 // CHECK: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
 // CHECK: memref.load %[[QUEUE]]
 // CHECK: %[[SMS_AGAIN:.*]] = arith.index_castui
 // CHECK: %[[END:.*]] = arith.addi %{{.*}}, %[[SMS_AGAIN]] : index
 // CHECK: scf.for %{{.*}} = %{{.*}} to %[[END]]
 
-/// Off (the default), the slice is the block index and no word is read.
+/// Off (the default), the slice is the block index and no word is read
+/// before the loop; at its exit each CTA records the SM it ran on in the
+/// queue's last gridDim words, for the runtime to deal later launches by.
 // OFF-LABEL: gpu.func @slices
-// OFF-SAME: %{{.*}}: index) kernel
+// OFF-SAME: %{{.*}}: memref<?xi32>, %[[Q:.*]]: memref<?xi64>, %{{.*}}: memref<?xi32>, %{{.*}}: index) kernel
 // OFF-NOT: %nsmid
-// OFF-NOT: memref.dim
+// OFF: scf.for
+// OFF: %[[LEN:.*]] = memref.dim %[[Q]], %{{.*}} : memref<?xi64>
+// OFF: %[[FIRST:.*]] = arith.subi %[[LEN]], %{{.*}} : index
+// OFF: %[[AT:.*]] = arith.addi %[[FIRST]], %{{.*}} : index
+// OFF: "mov.u32 $0, %smid;"
+// OFF: memref.store %{{.*}}, %[[Q]][%[[AT]]] : memref<?xi64>
+// OFF: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
 // OFF: gpu.return
 etensor.graph @slices(%n: index) {
   %e = etensor.event(%n) count 1 : !etensor.event<?>
