@@ -3,7 +3,7 @@
 # SM (Kernel.deal_by_sm). Each step's CPU-side build is in its comment. The claim-at-start
 # and exit-record builds of item 135 are in no commit; `smdeal` here is the trace-placement
 # version (bench/sm_deal.py as committed).
-# Usage: bash bench/gpu_session32.sh [final] [smdeal] [slices] [tests] [bench] ...
+# Usage: bash bench/gpu_session32.sh [final] [smdeal] [slices] [tests] [confirm] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s32/raw
@@ -40,7 +40,32 @@ for step in ${*:-final}; do
     ETC_ARTIFACTS=.device/s32/art timeout 400 python -m pytest -q -rfs --tb=short -k "not dynamic" test/gpu \
       2>&1 | tee "$OUT/tests.txt" | grep -v "cannot read the artifact manifest" | tail -12
     ;;
-    bench)  # bench/decode.py on the session's defaults (the large-batch kernel's queues dealt by
+    confirm)  # the committed default artifact (python bench/decode.py --build .device/s32/decode):
+    # the large-batch kernel as the artifact says (sm_deal="spread") against round-robin
+    timeout 200 python - <<'PY' 2>&1 | grep "B=" | tee "$OUT/confirm.txt"
+import sys, torch
+sys.path.insert(0, ".")
+import etc.runtime
+from bench.timing import timed
+from etc.models import llama as M
+cfg = M.LLAMA_3_2_1B
+w = M.random_weights_torch(cfg)
+k = etc.runtime.load(".device/s32/decode/static")
+for L, Bs in ((1024, (1, 64)), (4096, (64,))):
+    for B in Bs:
+        bufs = M.torch_inputs(cfg, w, B, L, L + 1)
+        syms = {"B": B, "L": L, "S": L + 1}
+        kern = k.kernel_for(syms)
+        for how in ("default", None, "default", None):
+            kern.deal_by_sm(kern.manifest.sm_deal if how == "default" else None)
+            kern.launch(bufs, syms)
+            us = timed(torch, lambda i: kern.launch(bufs, syms, sync=False), 10, 7)
+            kern.check()
+            print(f"B={B} L={L} {('artifact ' + str(kern.manifest.sm_deal)) if how else 'round-robin'}: {us:.1f} us", flush=True)
+        del bufs; torch.cuda.empty_cache()
+PY
+    ;;
+  bench)  # bench/decode.py on the session's defaults (the large-batch kernel's queues dealt by
     # SM from the first launch's record; python bench/decode.py --build .device/s32/decode)
     decode_bench .device/s32/decode
     ;;
