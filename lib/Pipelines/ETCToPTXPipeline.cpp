@@ -25,6 +25,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.maxPopChunk = options.maxPopChunk;
   convertOptions.prefetchNext = options.prefetchNext;
   convertOptions.smSlices = options.smSlices;
+  convertOptions.recordSM = options.recordSM;
   convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
   convertOptions.outline = llvm::to_vector(options.outline);

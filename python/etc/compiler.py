@@ -113,6 +113,7 @@ def _pipeline_options(
     pop_ahead: bool = True,
     outline: tuple[str, ...] = (),
     sm_slices: bool = False,
+    record_sm: bool = False,
 ) -> str:
     # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
@@ -121,7 +122,8 @@ def _pipeline_options(
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
         f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)} "
-        f"sm-slices={_flag(sm_slices)}" + (f" outline={','.join(outline)}" if outline else "")
+        f"sm-slices={_flag(sm_slices)} record-sm={_flag(record_sm)}"
+        + (f" outline={','.join(outline)}" if outline else "")
     )
 
 
@@ -476,10 +478,10 @@ def compile(  # noqa: A001 - the public name
     whole SMs (``docs/scheduling.md``, "Dealt by SM"); its few instructions
     before the loop can change ptxas's allocation of an inlined kernel, so
     it suits kernels whose tiles are called (``outline``). ``sm_deal``
-    (static schedule; ``"spread"`` or ``"pairs"``): how the runtime deals
-    full-grid queues once it knows where the CTAs run (every static kernel
-    records its CTAs' SMs at exit; ``Kernel.deal_by_sm``); None: round-robin
-    unless ``sm_slices``, whose default is ``"spread"``.
+    (static schedule; ``"spread"`` or ``"pairs"``): the kernel records its
+    CTAs' SMs as they exit, and the runtime deals full-grid queues by them
+    after the first synchronised launch (``Kernel.deal_by_sm``); None: no
+    record, round-robin (unless ``sm_slices``, whose default is ``"spread"``).
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -570,6 +572,7 @@ def compile(  # noqa: A001 - the public name
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
                 max_pop_chunk, prefetch_next, pop_ahead, outlined, sm_slices,
+                sm_deal is not None,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)

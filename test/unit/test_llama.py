@@ -396,6 +396,8 @@ def test_queues_dealt_by_a_given_placement(tmp_path, monkeypatch):
         k.deal_by_sm("spread", [0, 1, 2])
     with pytest.raises(etc.LaunchError, match="how='random'"):
         k.deal_by_sm("random", sm_of)
+    with pytest.raises(etc.LaunchError, match="compiled without sm_deal"):
+        k.deal_by_sm("spread")
     k.deal_by_sm(None)
     assert Q.decode(k._plan(syms, None).queue) == plain
     k.clear_cache()
@@ -422,7 +424,8 @@ def test_the_artifact_says_how_to_deal_by_sm(tmp_path):
 
 
 def test_queues_dealt_again_by_the_recorded_placement(tmp_path, monkeypatch):
-    """A static kernel records each CTA's SM in its queue's last words; after
+    """A static kernel compiled with sm_deal records each CTA's SM in its
+    queue's last words; after
     the first synchronised full-grid launch the runtime reads them and deals
     the cached queues again, in their buffers (the records stay after them).
     Records that do not place 2 CTAs on each of the 4 SMs change nothing."""
@@ -431,8 +434,9 @@ def test_queues_dealt_again_by_the_recorded_placement(tmp_path, monkeypatch):
     from etc.runtime import driver
     from etc.runtime import queue as Q
 
-    art = etc.compile(M.build_decoder_graph(CFG), cubin=False)
+    art = etc.compile(M.build_decoder_graph(CFG), cubin=False, sm_deal="spread")
     assert "%smid" in art.ptx
+    assert "%smid" not in etc.compile(M.build_decoder_graph(CFG), cubin=False).ptx
     art.save(tmp_path)
     k, _ = _planning_kernel(tmp_path, monkeypatch)
     k._scratch = {}

@@ -25,9 +25,10 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
     starts: the last CTA to finish zeroes them for the next launch, so the
     host resets nothing), `%queue: memref<?xi64>` (the static per-CTA
     queues: `gridDim.x + 1` offsets then entries
-    `task << 48 | linear_instance`, then `gridDim.x` words in which each
-    CTA writes the `%smid` it ran on as it exits, for the runtime to deal
-    later launches by SM; with `sm-slices` one by-SM word instead), `%status: memref<?xi32>` (the failure
+    `task << 48 | linear_instance`; with `record-sm`, then `gridDim.x`
+    words in which each CTA writes the `%smid` it ran on as it exits, for
+    the runtime to deal later launches by SM; with `sm-slices`, one by-SM
+    word), `%status: memref<?xi32>` (the failure
     record: written only on failure, cleared by the host after reading it)
     and `%max_polls: index` (the watchdog bound).
 
@@ -87,6 +88,12 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "Code before the static loop may change ptxas's register "
            "allocation of an inlined kernel: meant for kernels whose tiles "
            "are called (`outline`).">,
+    Option<"recordSM", "record-sm", "bool", /*default=*/"false",
+           "Static schedule: each CTA writes the `%smid` it ran on into the "
+           "queue's last `gridDim.x` words as it exits, for the runtime to "
+           "deal later launches by SM (etc.compile(sm_deal=...)). At the "
+           "exit, not the start: code before the loop changes ptxas's "
+           "register allocation of an inlined kernel most.">,
     Option<"popAhead", "pop-ahead", "bool", /*default=*/"true",
            "Dynamic schedule: request a CTA's next queue positions when it "
            "takes its current one, so the request's latency overlaps the "

@@ -68,6 +68,11 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Static schedule: each CTA takes its queue slice by the "
                      "SM it runs on (see convert-etensor-to-gpu)."),
       llvm::cl::init(false)};
+  PassOptions::Option<bool> recordSM{
+      *this, "record-sm",
+      llvm::cl::desc("Static schedule: each CTA records its SM in the queue "
+                     "as it exits (see convert-etensor-to-gpu)."),
+      llvm::cl::init(false)};
   PassOptions::ListOption<std::string> outline{
       *this, "outline",
       llvm::cl::desc("Device functions called, not inlined (`*`: all; see "

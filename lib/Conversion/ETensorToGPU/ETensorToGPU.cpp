@@ -155,6 +155,8 @@ public:
   bool prefetchNext = false;
   /// Static schedule: take the queue slice by SM (staticSlice).
   bool smSlices = false;
+  /// Static schedule: record each CTA's SM at its exit.
+  bool recordSM = false;
   /// Static schedule, tasks in several shared regions: the prefetch of the
   /// next entry runs ahead when its region differs from the current one's.
   /// `prefetchedAhead`: whether the current entry's prefetch already ran.
@@ -1702,7 +1704,7 @@ void KernelBuilder::resetCountersForNextLaunch() {
   gpu::BarrierOp::create(b);
   Value doneAddr = addressOf(counters, total);
   Value gridSize = gpu::GridDimOp::create(b, gpu::Dimension::x);
-  if (queueIsStatic && !smSlices) {
+  if (queueIsStatic && recordSM && !smSlices) {
     // The SM this CTA ran on, in the queue's last `gridDim` words, for the
     // runtime to deal later launches by (etc.runtime.queue.sm_deal). Here,
     // not before the loop: any instruction there changed ptxas's register
@@ -2971,6 +2973,7 @@ struct ConvertETensorToGPUPass
     kernelBuilder.maxPopChunk = maxPopChunk;
     kernelBuilder.prefetchNext = prefetchNext;
     kernelBuilder.smSlices = smSlices;
+    kernelBuilder.recordSM = recordSM;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
       return failure();

@@ -322,7 +322,7 @@ class Kernel:
             )
             if m.sm_slices:  # the by-SM word closes the queue
                 queue = np.append(queue, np.int64(word))
-            else:  # each CTA's record of its SM (convert-etensor-to-gpu)
+            elif m.sm_deal is not None:  # each CTA's record of its SM (record-sm)
                 queue = np.append(queue, np.zeros(actual, dtype=np.int64))
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
@@ -384,11 +384,11 @@ class Kernel:
         """Static schedule: deal full-grid queues by SM (``how``, one of
         ``etc.runtime.queue.SM_DEALS``: :func:`etc.runtime.queue.sm_deal`;
         ``"spread"`` by default), or round-robin over CTA indices (None).
-        Where each CTA runs: ``placement[c]`` if given, else what the kernel
-        recorded at the exit of the first synchronised full-grid launch (a
-        ``sync=True`` launch or `check`), after which the cached queues are
-        dealt again; a kernel compiled with ``sm_slices`` instead takes the
-        list of its SM as each CTA starts. The hardware may place a later
+        Where each CTA runs: ``placement[c]`` if given, else what a kernel
+        compiled with ``sm_deal`` recorded at the exit of the first
+        synchronised full-grid launch (a ``sync=True`` launch or `check`),
+        after which the cached queues are dealt again; a kernel compiled with
+        ``sm_slices`` instead takes the list of its SM as each CTA starts. The hardware may place a later
         launch's CTAs elsewhere: that costs speed, never correctness. Drops
         the cached plans (their queues)."""
         m = self.manifest
@@ -406,6 +406,11 @@ class Kernel:
                     f"{m.graph}: deal_by_sm got {len(placement)} SM ids for "
                     f"{self.num_ctas} co-resident CTAs"
                 )
+        elif how is not None and not m.sm_slices and m.sm_deal is None:
+            raise LaunchError(
+                f"{m.graph}: compiled without sm_deal, its CTAs record no SM; give "
+                "deal_by_sm the placement (the SM of each CTA)"
+            )
         for key in list(self._shapes):
             self._forget_shape(key)
         self._sm_deal, self._sm_of_cta = how, placement
@@ -417,6 +422,7 @@ class Kernel:
         m = self.manifest
         if (
             m.sm_slices
+            or m.sm_deal is None  # compiled without the records
             or plan.deal_inputs is None
             or self._sm_deal is None
             or self._sm_of_cta is not None

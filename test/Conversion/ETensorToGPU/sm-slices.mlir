@@ -1,4 +1,5 @@
 // RUN: etc-opt %s --convert-etensor-to-gpu="sm-slices=true" | FileCheck %s
+// RUN: etc-opt %s --convert-etensor-to-gpu="record-sm=true" | FileCheck %s --check-prefix=RECORD
 // RUN: etc-opt %s --convert-etensor-to-gpu | FileCheck %s --check-prefix=OFF
 
 func.func @tile(%i: index) {
@@ -43,19 +44,26 @@ func.func @tile(%i: index) {
 // CHECK: %[[END:.*]] = arith.addi %{{.*}}, %[[SMS_AGAIN]] : index
 // CHECK: scf.for %{{.*}} = %{{.*}} to %[[END]]
 
-/// Off (the default), the slice is the block index and no word is read
-/// before the loop; at its exit each CTA records the SM it ran on in the
-/// queue's last gridDim words, for the runtime to deal later launches by.
+/// record-sm: the slice is the block index and no word is read before the
+/// loop; at its exit each CTA records the SM it ran on in the queue's last
+/// gridDim words, for the runtime to deal later launches by.
+// RECORD-LABEL: gpu.func @slices
+// RECORD-SAME: %{{.*}}: memref<?xi32>, %[[Q:.*]]: memref<?xi64>, %{{.*}}: memref<?xi32>, %{{.*}}: index) kernel
+// RECORD-NOT: %nsmid
+// RECORD: scf.for
+// RECORD: %[[LEN:.*]] = memref.dim %[[Q]], %{{.*}} : memref<?xi64>
+// RECORD: %[[FIRST:.*]] = arith.subi %[[LEN]], %{{.*}} : index
+// RECORD: %[[AT:.*]] = arith.addi %[[FIRST]], %{{.*}} : index
+// RECORD: "mov.u32 $0, %smid;"
+// RECORD: memref.store %{{.*}}, %[[Q]][%[[AT]]] : memref<?xi64>
+// RECORD: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
+// RECORD: gpu.return
+
+/// Off (the default): no SM is read, before the loop or after it.
 // OFF-LABEL: gpu.func @slices
-// OFF-SAME: %{{.*}}: memref<?xi32>, %[[Q:.*]]: memref<?xi64>, %{{.*}}: memref<?xi32>, %{{.*}}: index) kernel
-// OFF-NOT: %nsmid
-// OFF: scf.for
-// OFF: %[[LEN:.*]] = memref.dim %[[Q]], %{{.*}} : memref<?xi64>
-// OFF: %[[FIRST:.*]] = arith.subi %[[LEN]], %{{.*}} : index
-// OFF: %[[AT:.*]] = arith.addi %[[FIRST]], %{{.*}} : index
-// OFF: "mov.u32 $0, %smid;"
-// OFF: memref.store %{{.*}}, %[[Q]][%[[AT]]] : memref<?xi64>
-// OFF: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
+// OFF-SAME: %{{.*}}: index) kernel
+// OFF-NOT: smid
+// OFF-NOT: memref.dim
 // OFF: gpu.return
 etensor.graph @slices(%n: index) {
   %e = etensor.event(%n) count 1 : !etensor.event<?>
