@@ -3,7 +3,7 @@
 # SM (Kernel.deal_by_sm). Each step's CPU-side build is in its comment. The claim-at-start
 # and exit-record builds of item 135 are in no commit; `smdeal` here is the trace-placement
 # version (bench/sm_deal.py as committed).
-# Usage: bash bench/gpu_session32.sh [final] [smdeal] [slices] [tests] [confirm] [bench] ...
+# Usage: bash bench/gpu_session32.sh [final] [smdeal] [slices] [tests] [confirm] [finaltests] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s32/raw
@@ -64,6 +64,14 @@ for L, Bs in ((1024, (1, 64)), (4096, (64,))):
             print(f"B={B} L={L} {('artifact ' + str(kern.manifest.sm_deal)) if how else 'round-robin'}: {us:.1f} us", flush=True)
         del bufs; torch.cuda.empty_cache()
 PY
+    ;;
+  finaltests)  # the final build's tests: the three-kernel tiny decoders (the large-batch
+    # kernel records and deals by SM), llama_tiny_sm_slices, split-K (python
+    # test/gpu/make_artifacts.py .device/s32/art --only PREFIX for PREFIX in
+    # llama_tiny_tma_buckets llama_tiny_sm splitk)
+    ETC_ARTIFACTS=.device/s32/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py test/gpu/test_schedules_gpu.py test/gpu/test_runtime_gpu.py \
+      -k "tma_buckets or sm_slices or splitk" 2>&1 | tee "$OUT/final_tests.txt" | tail -8
     ;;
   bench)  # bench/decode.py on the session's defaults (the large-batch kernel's queues dealt by
     # SM from the first launch's record; python bench/decode.py --build .device/s32/decode)
