@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import CompileError
 from .graph import Graph, Tensor
+from .runtime.queue import SM_DEALS
 
 __all__ = ["Artifact", "compile", "MANIFEST_FORMAT", "STATUS_WORDS"]
 
@@ -505,7 +506,7 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"sm_slices must be a bool, got {sm_slices!r}")
     if sm_slices and schedule != "static":
         raise CompileError("sm_slices needs the static schedule (its queue holds the lists)")
-    if sm_deal is not None and (sm_deal not in ("spread", "pairs") or schedule != "static"):
+    if not (sm_deal is None or sm_deal in SM_DEALS and schedule == "static"):
         raise CompileError(
             f"sm_deal must be 'spread', 'pairs' or None, with the static schedule; got {sm_deal!r}"
         )

@@ -454,7 +454,7 @@ def test_queues_dealt_again_by_the_recorded_placement(tmp_path, monkeypatch):
         monkeypatch.setattr(driver, "dtoh", dtoh)
         k._learn_placement(plan)
         assert (k._sm_of_cta is not None) == learned
-    counts, phases, pooled = plan.deal_inputs
+    counts, _, phases, pooled = plan.deal_inputs
     want = Q.build_static_queue(counts, 8, phases, pooled, [3, 0, 1, 2, 0, 1, 2, 3], "spread")
     assert plan.queue[: len(want)].tolist() == want.tolist() and uploads == [want.nbytes]
     assert Q.decode(plan.queue) != Q.decode(plain)

@@ -391,6 +391,9 @@ private:
   Value chunkSize;                   // queue positions per head request
   DenseMap<Value, EventInfo> events; // keyed by the graph's event value
   Value nextEventBase;
+  /// The index past the event counters declared so far: the done counter's
+  /// once every event is.
+  Value countersEnd() { return nextEventBase ? nextEventBase : index(0); }
   bool queueIsStatic = false; // the worker is static: %queue holds its lists
 };
 
@@ -400,7 +403,7 @@ LogicalResult KernelBuilder::declareEvent(EventOp event) {
   EventInfo info;
   info.id = events.size();
   info.op = event;
-  info.base = nextEventBase ? nextEventBase : index(0);
+  info.base = countersEnd();
   Value size = index(1);
   for (unsigned d = 0; d < event.getEventType().getRank(); ++d) {
     OpFoldResult extent = event.getMixedSize(d);
@@ -1445,7 +1448,7 @@ Value KernelBuilder::staticSlice() {
     return arith::CmpIOp::create(b, p, x, y);
   };
   auto [sms, occ] = queueBySM();
-  Value total = nextEventBase ? nextEventBase : index(0);
+  Value total = countersEnd();
   auto ifZero = scf::IfOp::create(b, indexTy, isThreadZero(), true);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -1700,7 +1703,7 @@ FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
 /// notification of this launch happened before its CTA's acq_rel increment
 /// of the done counter, so the zeroing cannot race with one.
 void KernelBuilder::resetCountersForNextLaunch() {
-  Value total = nextEventBase ? nextEventBase : index(0);
+  Value total = countersEnd();
   gpu::BarrierOp::create(b);
   Value doneAddr = addressOf(counters, total);
   Value gridSize = gpu::GridDimOp::create(b, gpu::Dimension::x);

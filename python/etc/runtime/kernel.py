@@ -176,7 +176,7 @@ class _Plan:
     fast: FastBinder | None = None
     #: The shape key (see MAX_SHAPES) whose buffers this plan uses.
     shape_key: tuple = ()
-    #: Static schedule: what the queue was dealt from (instance counts,
+    #: Static schedule: what the queue was dealt from (instance counts, grid,
     #: phases, pooled tasks), to deal it again by SM (`Kernel.deal_by_sm`).
     deal_inputs: tuple | None = None
 
@@ -308,33 +308,20 @@ class Kernel:
             if any(t.phase != ("const", 0) for t in m.tasks):
                 phases = [instance_phases(t.phase, m.bind(t.grid, values)) for t in m.tasks]
                 check_phase_order(m, values, phases)
-            pooled = [t.pooled for t in m.tasks]
-            by_sm, word = None, 0
-            sms = self.device.sm_count if m.sm_slices else 0
-            if self._sm_deal is not None and actual == self.num_ctas and not any(pooled):
-                if m.sm_slices and actual % sms == 0 and actual // sms <= 255:
-                    # List k * sms + s runs on SM s (the kernel's staticSlice).
-                    by_sm, word = np.arange(actual, dtype=np.int64) % sms, sms << 8 | actual // sms
-                elif self._sm_of_cta is not None:
-                    by_sm = self._sm_of_cta
-            queue = build_static_queue(
-                counts, actual, phases, pooled, by_sm, self._sm_deal or "spread"
-            )
-            if m.sm_slices:  # the by-SM word closes the queue
-                queue = np.append(queue, np.int64(word))
-            elif m.sm_deal is not None:  # each CTA's record of its SM (record-sm)
-                queue = np.append(queue, np.zeros(actual, dtype=np.int64))
+            deal_inputs = (counts, actual, phases, [t.pooled for t in m.tasks])
+            queue = self._static_queue(*deal_inputs)
             qbuf = driver.DeviceBuffer(queue.nbytes)
             driver.htod(qbuf.ptr, queue.ctypes.data, queue.nbytes)
             pack.set_memref("queue", None, qbuf.ptr, (len(queue),))
             queue_words = 0
-            sm_words = sms  # sm_slices: each SM's CTA count, after the done counter
+            # sm_slices: each SM's CTA count, after the done counter.
+            sm_words = self.device.sm_count if m.sm_slices else 0
         else:
             # Head, tail, retired (a trigger's unused bound), then a ring slot
             # per instance that is pushed (the ready-at-start ones are popped
             # without one). It lives in the per-stream scratch buffer, like
             # the counters.
-            queue, qbuf, sm_words = None, None, 0
+            queue, qbuf, sm_words, deal_inputs = None, None, 0, None
             at_start = sum(n for t, n in zip(m.tasks, counts, strict=True) if t.ready_at_start)
             queue_words = QUEUE_HEADER_WORDS + sum(counts) - at_start
             pack.set_memref("queue", None, 0, (queue_words,))
@@ -371,12 +358,33 @@ class Kernel:
             trace_buffer,
         )
         plan.shape_key = shape_key
-        if m.schedule == "static":
-            plan.deal_inputs = (counts, phases, pooled)
+        plan.deal_inputs = deal_inputs
         if len(self._shapes) >= MAX_SHAPES:
             self._forget_shape(next(iter(self._shapes)))
         self._shapes[shape_key] = plan
         return self._remember(key, grid, plan)
+
+    def _static_queue(
+        self, counts: list[int], grid: int, phases: list | None, pooled: list[bool]
+    ) -> np.ndarray:
+        """The static queue array: the lists, dealt by SM where the kernel
+        allows and the SMs are known (`deal_by_sm`), then the by-SM word
+        (``sm_slices``) or a word per CTA for the SM it records (``sm_deal``)."""
+        m = self.manifest
+        by_sm, word = None, 0
+        if self._sm_deal is not None and grid == self.num_ctas and not any(pooled):
+            sms = self.device.sm_count
+            if m.sm_slices and grid % sms == 0 and grid // sms <= 255:
+                # List k * sms + s runs on SM s (the kernel's staticSlice).
+                by_sm, word = np.arange(grid, dtype=np.int64) % sms, sms << 8 | grid // sms
+            elif self._sm_of_cta is not None:
+                by_sm = self._sm_of_cta
+        queue = build_static_queue(counts, grid, phases, pooled, by_sm, self._sm_deal or "spread")
+        if m.sm_slices:
+            return np.append(queue, np.int64(word))
+        if m.sm_deal is not None:
+            return np.append(queue, np.zeros(grid, dtype=np.int64))
+        return queue
 
     def deal_by_sm(
         self, how: str | None = "spread", placement: Sequence[int] | None = None
@@ -388,9 +396,9 @@ class Kernel:
         compiled with ``sm_deal`` recorded at the exit of the first
         synchronised full-grid launch (a ``sync=True`` launch or `check`),
         after which the cached queues are dealt again; a kernel compiled with
-        ``sm_slices`` instead takes the list of its SM as each CTA starts. The hardware may place a later
-        launch's CTAs elsewhere: that costs speed, never correctness. Drops
-        the cached plans (their queues)."""
+        ``sm_slices`` instead takes the list of its SM as each CTA starts.
+        The hardware may place a later launch's CTAs elsewhere: that costs
+        speed, never correctness. Drops the cached plans (their queues)."""
         m = self.manifest
         if how is not None and how not in SM_DEALS:
             raise LaunchError(f"{m.graph}: deal_by_sm how={how!r}, not one of {SM_DEALS} or None")
@@ -443,12 +451,11 @@ class Kernel:
         for handle in list(self._scratch):  # launches still queued read the queues
             driver.synchronize(handle)
         for shape in self._shapes.values():
-            counts, phases, pooled = shape.deal_inputs or ((), None, [True])
-            if shape.grid != self.num_ctas or any(pooled) or shape.queue is None:
-                continue
-            queue = build_static_queue(counts, shape.grid, phases, pooled, placement, self._sm_deal)
-            shape.queue[: len(queue)] = queue  # the SM records after it stay
-            driver.htod(shape.queue_buffer.ptr, shape.queue.ctypes.data, queue.nbytes)
+            if shape.deal_inputs is None or shape.grid != self.num_ctas:
+                continue  # dynamic, or a partial grid: round-robin
+            lists = len(shape.queue) - shape.grid  # the SM records after them stay
+            shape.queue[:lists] = self._static_queue(*shape.deal_inputs)[:lists]
+            driver.htod(shape.queue_buffer.ptr, shape.queue.ctypes.data, 8 * lists)
 
     def _shape_key(self, values: dict[str, int], shapes: dict, grid: int | None) -> tuple:
         """Everything a plan's queues, buffers and checks depend on, except

@@ -18,6 +18,7 @@ from typing import Any
 
 from etc.errors import LaunchError
 
+from .queue import SM_DEALS
 from .sizes import SizeExpr, parse_size
 
 FORMAT = "etc-artifact/5"
@@ -560,7 +561,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
             "sm_slices", f"expected a bool, true only for the static schedule, got {sm_slices!r}"
         )
     sm_deal = data.get("sm_deal")
-    if sm_deal not in (None, "spread", "pairs") or (sm_deal and data.get("schedule") != "static"):
+    if not (sm_deal is None or sm_deal in SM_DEALS and data.get("schedule") == "static"):
         raise c.fail("sm_deal", f"expected 'spread' or 'pairs' (static schedule), got {sm_deal!r}")
     dynamic_smem = data.get("dynamic_shared_memory", 0)
     if not _is_int(dynamic_smem) or not 0 <= dynamic_smem <= 1 << 20:
