@@ -279,6 +279,22 @@ VARIANTS["sync_only_ch32b"] = {
     **_SYNC_ONLY, "weight_chunk": 32,
     **_proj(*((p, "bulk_ring", True) for p in M._PROJECTIONS[:4])),
 }  # fmt: skip
+# Session 33: the B = 64 trace (item 126) has o_proj on 128 instances for
+# 264 CTAs (32 column blocks x 4 parts) and down's last part 5 us behind the
+# others: more, narrower blocks for o_proj (256 instances, by columns or by
+# parts) and down in 32-column blocks of 4 parts (256 instances, no 8-part
+# meeting).
+_KS = dict(M.LLAMA_3_2_1B.k_splits)
+VARIANTS["sm_o32"] = _large(("bn_o", 32))
+VARIANTS["sm_o8p"] = {"k_splits": tuple({**_KS, "o_proj": 8}.items())}
+VARIANTS["sm_d32s4"] = {
+    "k_splits": tuple({**_KS, "down_proj": 4}.items()),
+    **_large(("bn_down", 32)),
+}
+VARIANTS["sm_o32_d32s4"] = {
+    "k_splits": tuple({**_KS, "down_proj": 4}.items()),
+    **_large(("bn_o", 32), ("bn_down", 32)),
+}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

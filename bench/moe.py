@@ -414,6 +414,32 @@ for _key in ("mid", "prefill"):
     # ptxas -v gives the kernel 202 registers instead of 255 (prefill) and
     # 127 instead of 221 (mid), each tile allocated apart.
     CONFIGS[f"{_key}_ol"] = dict(M.PRESETS[_key])
+# Session 33: thread 0 refilling a ring stage only once it is free
+# (gemm_tc's refill="test", item 111 of the GEMM tiles: +2.5 % at 4096 x
+# 1536 x 2048), in the gate/up tiles, the down tiles, or both.
+_REFILL = (("refill", "test"),)
+CONFIGS["pre_refill"] = {
+    **M.PRESETS["prefill"],
+    "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], *_REFILL),
+    "down_options": (*M.PRESETS["prefill"]["down_options"], *_REFILL),
+}
+CONFIGS["pre_refill_gu"] = {
+    **CONFIGS["pre_refill"],
+    "down_options": M.PRESETS["prefill"]["down_options"],
+}
+CONFIGS["pre_refill_dn"] = {
+    **CONFIGS["pre_refill"],
+    "gate_up_options": M.PRESETS["prefill"]["gate_up_options"],
+}
+# ... and with item 92's half-precision sums in the down tiles (no combine task).
+CONFIGS["pre_a16c_refill"] = {
+    **CONFIGS["pre_atomic16_cast"],
+    "gate_up_options": CONFIGS["pre_refill"]["gate_up_options"],
+    "down_options": CONFIGS["pre_refill"]["down_options"],
+}
+# ... with 16 / 32 of a permute thread's 16-byte loads in flight instead of 8.
+CONFIGS["pre_a16c_refill_pu16"] = {**CONFIGS["pre_a16c_refill"], "permute_unroll": 16}
+CONFIGS["pre_a16c_refill_pu32"] = {**CONFIGS["pre_a16c_refill"], "permute_unroll": 32}
 #: Extra etc.compile options of a configuration's fused kernels.
 COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
@@ -470,6 +496,12 @@ TARGETS = {
         "prefill_ch64",
         "mid_ol",
         "prefill_ol",
+        "pre_refill",
+        "pre_refill_gu",
+        "pre_refill_dn",
+        "pre_a16c_refill",
+        "pre_a16c_refill_pu16",
+        "pre_a16c_refill_pu32",
     )
     if k in CONFIGS
 }

@@ -354,6 +354,24 @@ def test_short_blocks_tiles_loads_and_errors():
             G.moe_gate_up(bm, 64, H, I, experts=E, **args)
 
 
+def test_moe_tiles_refill_option():
+    """refill="test" in the MoE TMA tiles (gemm_tc.MOE_OPTIONS): thread 0
+    tests a stage's empty barrier instead of waiting on it; the loads,
+    buffers and maps are the plain tile's. The mma core, which has no
+    mbarrier ring, refuses it by name, as does an unknown mode."""
+    test_wait = "mbarrier.test_wait.parity.shared::cta.b64"
+    for make in (G.moe_gate_up, G.moe_down):
+        plain = make(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, stages=2)
+        lazy = make(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, stages=2, refill="test")
+        assert lazy.tensor_maps == plain.tensor_maps and lazy.params == plain.params
+        assert test_wait in lazy.source and test_wait not in plain.source
+        assert lazy.source.count("wgmma.mma_async") == plain.source.count("wgmma.mma_async")
+    with pytest.raises(GraphError, match="tile 'moe_gate_up_tc': refill='test' needs core='tma'"):
+        G.moe_gate_up(128, 64, H, I, experts=E, smem_limit=48 << 10, stages=2, refill="test")
+    with pytest.raises(GraphError, match="refill must be 'wait' or 'test', got 'later'"):
+        G.moe_down(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, refill="later")
+
+
 def test_split_k_router_tile_and_topk_add_the_parts():
     """gemm(k_splits=S): tile (i, j, s) writes the partial product of k part
     s into rows s*M of C; router_topk(splits=S) adds the parts in order."""

@@ -2233,7 +2233,7 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
     inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False,
-    weight_chunk=0,
+    weight_chunk=0, refill="wait",
 )  # fmt: skip
 
 
@@ -2258,6 +2258,8 @@ def moe_gate_up(
     runs its pipeline once per ``sub_n`` columns of its ``BN`` (one wgmma
     pass holds at most 128 gate/up columns), so one instance, with one
     round of waits and table lookups, covers several passes.
+    ``refill`` (``core="tma"``): how thread 0 refills a ring stage,
+    :func:`gemm`'s option (``"test"``: without holding its warpgroup).
     ``gather_topk=K`` (``core="tma"``, not ``split_n``): row ``r`` is read
     from the tokens, ``X[perm[r] // K]``, by every thread's ``cp.async``
     (:class:`TmaGather`) instead of from a permuted copy ``Xp``; buffers
@@ -2328,6 +2330,8 @@ def _moe_tile(
             )
     groups = _split_groups(name, core, split_n, block_size)
     sub = _sub_columns(name, core, block_n, o["sub_n"])
+    if o["refill"] != "wait" and core != "tma":
+        raise GraphError(f"tile '{name}': refill={o['refill']!r} needs core='tma'")
     short = o["short_blocks"]
     if short and (
         core != "tma" or split_n or topk is not None or block_m != 128 or block_size != 256
@@ -2424,7 +2428,7 @@ def _moe_tile(
             t, name=name, k=k, block_m=block_m, b_rows=per_n * sub, block_size=block_size,
             stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0, epilogue=epilogue,
             stage_output=o["stage_output"], split_n=split_n, gather=gather,
-            second_busy=second_busy,
+            second_busy=second_busy, refill=o["refill"],
         )  # fmt: skip
         if sub != block_n:
             t.end()
