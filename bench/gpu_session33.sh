@@ -2,7 +2,7 @@
 # Thirty-third session (bench/RESULTS.md): the large-batch decoder's o_proj and down
 # grids, and the MoE prefill tiles refilling their rings without holding a warpgroup.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] ...
+# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s33/raw
@@ -37,6 +37,31 @@ for step in ${*:-sweep}; do
     AB_TMP=/tmp/s33/ab AB_GREP=GPU moe_ab moe_pu pre_a16c_refill,pre_a16c_refill_pu16,pre_a16c_refill_pu32 \
       1024,4096 .device/s33/moe3 1
     mv "$OUT"/moe_*[12].json /tmp/s33/raw/
+    ;;
+  bp)  # the permute by bulk copies through 32 / 48 shared slots, on the preset and on the
+    # f16-sum + refill configuration, the first pass traced (BENCH_MOE_LEAN=1
+    # BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=prefill,pre_bp32,pre_a16c_refill,
+    # pre_a16c_refill_bp32,pre_a16c_refill_bp48 python bench/moe.py --build .device/s33/moe4/moe --trace)
+    AB_TMP=/tmp/s33/ab AB_GREP=GPU moe_ab moe_bp \
+      prefill,pre_bp32,pre_a16c_refill,pre_a16c_refill_bp32,pre_a16c_refill_bp48 1024,4096 .device/s33/moe4 1
+    mv "$OUT"/moe_*[12].json /tmp/s33/raw/
+    ;;
+  gt)  # no permuted copy: the gate/up tiles gather their rows by one-row TMA boxes
+    # (gather_tma) against item 81's cp.async gather and the preset, alone and with the
+    # f16 sums, the first pass traced (BENCH_MOE_LEAN=1 BENCH_MOE_SCHEDULES=static
+    # BENCH_MOE_CONFIGS=prefill,pre_gather,pre_gt,pre_a16c_refill,pre_a16c_refill_gt
+    # python bench/moe.py --build .device/s33/moe5/moe --trace)
+    AB_TMP=/tmp/s33/ab AB_GREP="GPU\|rr\|FAIL" moe_ab moe_gt \
+      prefill,pre_gather,pre_gt,pre_a16c_refill,pre_a16c_refill_gt 128,1024,4096 .device/s33/moe5 1
+    mv "$OUT"/moe_*[12].json /tmp/s33/raw/
+    ;;
+  tests)  # the GPU tests of the session's MoE variants: each against float32 numpy and the
+    # simulator (three schedules, three routings) and bit for bit against the plain TMA layer
+    # (python test/gpu/make_artifacts.py .device/s33/art --only PREFIX for PREFIX in
+    # moe_small_gather_tma moe_small_tma_refill moe_small_bulk_permute moe_small_tma_)
+    ETC_ARTIFACTS=.device/s33/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_moe_gpu.py -k "gather_tma or tma_refill or bulk_permute or session33" 2>&1 \
+      | tee "$OUT/tests.txt" | tail -8
     ;;
   esac
 done

@@ -440,6 +440,24 @@ CONFIGS["pre_a16c_refill"] = {
 # ... with 16 / 32 of a permute thread's 16-byte loads in flight instead of 8.
 CONFIGS["pre_a16c_refill_pu16"] = {**CONFIGS["pre_a16c_refill"], "permute_unroll": 16}
 CONFIGS["pre_a16c_refill_pu32"] = {**CONFIGS["pre_a16c_refill"], "permute_unroll": 32}
+# ... with the permute's rows moved by bulk copies through 32 / 48 shared slots.
+CONFIGS["pre_a16c_refill_bp32"] = {**CONFIGS["pre_a16c_refill"], "permute_slots": 32}
+CONFIGS["pre_a16c_refill_bp48"] = {**CONFIGS["pre_a16c_refill"], "permute_slots": 48}
+CONFIGS["pre_bp32"] = {**M.PRESETS["prefill"], "permute_slots": 32}
+# ... with no permuted copy: the gate/up tiles gather their rows from X by
+# one-row TMA boxes (gather_tma; item 81 gathered them by cp.async).
+_GT = (("gather_tma", True),)
+CONFIGS["pre_gt"] = {
+    **M.PRESETS["prefill"],
+    "gather": True,
+    "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], *_GT),
+}
+# (refill="test" takes no gathered A operand: the gate/up tiles keep "wait".)
+CONFIGS["pre_a16c_refill_gt"] = {
+    **CONFIGS["pre_a16c_refill"],
+    "gather": True,
+    "gate_up_options": CONFIGS["pre_gt"]["gate_up_options"],
+}
 #: Extra etc.compile options of a configuration's fused kernels.
 COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
@@ -502,6 +520,11 @@ TARGETS = {
         "pre_a16c_refill",
         "pre_a16c_refill_pu16",
         "pre_a16c_refill_pu32",
+        "pre_a16c_refill_bp32",
+        "pre_a16c_refill_bp48",
+        "pre_bp32",
+        "pre_gt",
+        "pre_a16c_refill_gt",
     )
     if k in CONFIGS
 }

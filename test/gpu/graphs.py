@@ -179,6 +179,28 @@ def _moe_small_gather():
 MOE_SMALL_GATHER, MOE_SMALL_ROUTE_GATHER = _moe_small_gather()
 
 
+def _moe_small_session33():
+    from dataclasses import replace
+
+    # MOE_SMALL_GATHER with each row by a one-row TMA box (gather_tma);
+    # MOE_SMALL_TMA with both tiles refilling a stage once it is free
+    # (refill="test") and with the permute by bulk copies through 8 slots.
+    gather = replace(
+        MOE_SMALL_GATHER,
+        gate_up_options=(*MOE_SMALL_GATHER.gate_up_options, ("gather_tma", True)),
+    )
+    refill = replace(
+        MOE_SMALL_TMA,
+        gate_up_options=(*MOE_SMALL_TMA.gate_up_options, ("refill", "test")),
+        down_options=(*MOE_SMALL_TMA.down_options, ("refill", "test")),
+    )
+    return gather, refill, replace(MOE_SMALL_TMA, permute_slots=8)
+
+
+#: Gathered rows by TMA boxes, rings refilled when free, the bulk permute (sm_90a).
+MOE_SMALL_GATHER_TMA, MOE_SMALL_TMA_REFILL, MOE_SMALL_BULK_PERMUTE = _moe_small_session33()
+
+
 def _moe_small_atomic():
     from dataclasses import replace
 

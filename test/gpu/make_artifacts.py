@@ -53,8 +53,10 @@ from graphs import (  # noqa: E402
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
     MOE_SMALL_ATOMIC16,
+    MOE_SMALL_BULK_PERMUTE,
     MOE_SMALL_CHUNK,
     MOE_SMALL_GATHER,
+    MOE_SMALL_GATHER_TMA,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_RINGPF_CHUNK,
@@ -78,6 +80,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TICKET,
     MOE_SMALL_TMA,
     MOE_SMALL_TMA_CHUNK,
+    MOE_SMALL_TMA_REFILL,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
@@ -180,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         ("route_atomic", MOE_SMALL_ROUTE_ATOMIC), ("atomic16", MOE_SMALL_ATOMIC16),
         ("route_atomic16", MOE_SMALL_ROUTE_ATOMIC16), ("tma_ticket", MOE_SMALL_TMA_TICKET),
         ("tma_short", MOE_SMALL_TMA_SHORT), ("tma_chunk", MOE_SMALL_TMA_CHUNK),
+        ("gather_tma", MOE_SMALL_GATHER_TMA), ("tma_refill", MOE_SMALL_TMA_REFILL),
+        ("bulk_permute", MOE_SMALL_BULK_PERMUTE),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

@@ -26,8 +26,10 @@ from graphs import (  # noqa: E402
     MOE_SMALL,
     MOE_SMALL_ATOMIC,
     MOE_SMALL_ATOMIC16,
+    MOE_SMALL_BULK_PERMUTE,
     MOE_SMALL_CHUNK,
     MOE_SMALL_GATHER,
+    MOE_SMALL_GATHER_TMA,
     MOE_SMALL_RING,
     MOE_SMALL_RING_PREFETCH,
     MOE_SMALL_RINGPF_CHUNK,
@@ -51,6 +53,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TICKET,
     MOE_SMALL_TMA,
     MOE_SMALL_TMA_CHUNK,
+    MOE_SMALL_TMA_REFILL,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
@@ -70,7 +73,7 @@ pytestmark = [
         "_atomic16", "_route_atomic16", "_ticket", "_tma_ticket", "_tma_short", "_slots",
         "_slots_logits", "_slots_l2", "_slots_ring", "_chunk", "_ringpf_chunk", "_slots_chunk",
         "_tma_chunk", "_slots_bulk_chunk", "_slots_fused", "_slots_gemv",
-        "_slots_gemv_chunk", "_slots_gemv_last",
+        "_slots_gemv_chunk", "_slots_gemv_last", "_gather_tma", "_tma_refill", "_bulk_permute",
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -108,6 +111,9 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_slots_gemv": MOE_SMALL_SLOTS_GEMV,
         "_slots_gemv_chunk": MOE_SMALL_SLOTS_GEMV_CHUNK,
         "_slots_gemv_last": MOE_SMALL_SLOTS_GEMV_LAST,
+        "_gather_tma": MOE_SMALL_GATHER_TMA,
+        "_tma_refill": MOE_SMALL_TMA_REFILL,
+        "_bulk_permute": MOE_SMALL_BULK_PERMUTE,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
@@ -218,6 +224,20 @@ def test_gathered_rows_give_the_permuted_copy_s_bits(route: str, schedule: str) 
     for T, routing, _, _, a, b in _paired("gather", route, schedule, cfg, plain):
         assert "Xp" not in a and "Xp" in b
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_session33_variants_give_the_plain_layer_s_bits(schedule: str) -> None:
+    # Rows gathered by one-row TMA boxes land in the swizzle a whole block's
+    # box gives, rings refilled when free and the bulk permute move the same
+    # bytes: each layer's output is the plain TMA layer's, bit for bit.
+    for variant, cfg in (
+        ("gather_tma", MOE_SMALL_GATHER_TMA),
+        ("tma_refill", MOE_SMALL_TMA_REFILL),
+        ("bulk_permute", MOE_SMALL_BULK_PERMUTE),
+    ):
+        for T, routing, _, _, a, b in _paired(variant, "", schedule, cfg, MOE_SMALL_TMA):
+            np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"{variant} T={T} {routing}")
 
 
 @pytest.mark.parametrize("variant", ["atomic", "atomic16"])

@@ -254,6 +254,44 @@ def test_permute_and_combine_references():
     np.testing.assert_allclose(bf16_to_f32(out), want, rtol=1e-2, atol=1e-2)
 
 
+def test_bulk_permute_tile():
+    """permute(slots=S): the same rows as the 16-byte-load tile, moved whole
+    by bulk copies through S shared slots (one thread and mbarrier each,
+    invalidated at the end, every store awaited and fenced before the
+    notification); bad slot counts name the tile or the field."""
+    E, K, H = 8, 2, 64
+    bulk, plain = T_.permute(E, K, H, slots=4), T_.permute(E, K, H)
+    assert bulk.params == plain.params
+    rng = np.random.default_rng(1)
+    x = f32_to_bf16(rng.standard_normal((5, H), np.float32))
+    ids = np.array([[0, 3], [3, 1], [0, 1], [7, 0], [3, 7]], np.int32)
+    tables = T_.plan_tables(ids, 16, 1, 1, E)
+    got, want = np.zeros((10, H), np.uint16), np.zeros((10, H), np.uint16)
+    for e in range(E):
+        bulk.reference(e, x, tables["row_off"], tables["perm"], got)
+        plain.reference(e, x, tables["row_off"], tables["perm"], want)
+    np.testing.assert_array_equal(got, want)
+    src = bulk.source
+    for needed in (
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+        "cp.async.bulk.global.shared::cta.bulk_group",
+        "cp.async.bulk.wait_group.read 0;",
+        "cp.async.bulk.wait_group 0;",
+        "fence.proxy.async.global;",
+        "mbarrier.inval.shared::cta.b64",
+        "memref<128xi32, #gpu.address_space<workgroup>>",  # 4 slots of 128 bytes
+    ):
+        assert needed in src, needed
+    with pytest.raises(etc.GraphError, match="tile 'moe_permute': slots=300 must be an int from 1"):
+        T_.permute(E, K, H, slots=300)
+    with pytest.raises(etc.GraphError, match="exceed the .* bytes of shared memory"):
+        T_.permute(E, K, 2048, slots=64)
+    with pytest.raises(etc.GraphError, match="permute_slots must be an int from 0 to"):
+        M.MoEConfig(permute_slots=-1)
+    with pytest.raises(etc.GraphError, match="permute_slots must be an int from 0 to"):
+        M.MoEConfig(permute_slots=True)
+
+
 def test_tile_configuration_errors():
     with pytest.raises(etc.GraphError, match="multiple of 8"):
         T_.permute(8, 2, 60)
@@ -515,8 +553,9 @@ def test_graph_needs_trigger_api_or_builds():
         M.MoEConfig(),
         M.MoEConfig(permute_unroll=3, combine_unroll=2),
         M.MoEConfig(route="fused"),
+        M.MoEConfig(permute_slots=32),
     ],
-    ids=["small", "qwen3", "qwen3-unrolled", "qwen3-fused-route"],
+    ids=["small", "qwen3", "qwen3-unrolled", "qwen3-fused-route", "qwen3-bulk-permute"],
 )
 def test_small_tiles_compile(cfg):
     # Every non-GEMM task of the unfused path: its own graph, compiled to a cubin.

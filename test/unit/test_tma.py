@@ -297,6 +297,34 @@ def test_gathered_gate_up_tile():
             G.moe_gate_up(bm, 64, H, I, experts=E, **args)
 
 
+def test_gate_up_tile_gathers_rows_by_tma():
+    """gather_topk=K with gather_tma: each row of A comes by a one-row TMA box
+    of a map of X (declared before the weights'), issued by lanes 0-15 of
+    the warp owning the row; lane 0 expects the warp's existing rows' bytes
+    (one arrival per warp: 8 + thread 0's), no cp.async and no proxy fence
+    in the k loop. The reference is the cp.async gather's."""
+    K = 2
+    tma = G.moe_gate_up(
+        128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=K, gather_tma=True
+    )
+    plain = G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=K)
+    assert tma.tensor_maps == {6: (0, (1, 64)), 7: (1, (64, 64))}
+    assert tma.params[:6] == plain.params[:6]
+    src = tma.source
+    assert "cp.async.cg.shared.global" not in src and "arrive.noinc" not in src
+    assert src.count("vote.sync.ballot.b32") == 1
+    # 3 stages over 4 k-tiles: 3 prologue issues and one refill, each a row box
+    # per lane and the weights' 2 boxes by thread 0.
+    assert src.count("cp.async.bulk.tensor.2d") == 4 + 2 * 4
+    assert "mbarrier.init.shared::cta.b64 [$0], 9;" in src
+    assert (
+        src.count("fence.proxy.async.shared::cta;")
+        == plain.source.count("fence.proxy.async.shared::cta;") - 1
+    )
+    with pytest.raises(GraphError, match="gather_tma copies gathered rows .* gathers none"):
+        G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_tma=True)
+
+
 def test_split_and_sub_tiles_loads_and_errors():
     """split_n: a 64-row block whose warpgroups take column halves (each its
     gate rows next to its up rows, wgmma n = b_rows / 2); sub_n: several
@@ -563,6 +591,7 @@ def test_half_sums_without_staging_add_pairs(tmp_path):
         (lambda: G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128), MOE_DN, ("m", E), 128),
         (lambda: CT.gemm_chunk(128, 128, 256, core="tma", smem_limit=SMEM), None, None, 128),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2), MOE_GU_GATHER, ("m", E), 128),
+        (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2, gather_tma=True), MOE_GU_GATHER, ("m", E), 128),
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2), MOE_DN_COMBINE, ("m", E), 128),
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2, combine_dtype="f16"), MOE_DN_COMBINE16, ("m", E), 128),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, short_blocks=True), MOE_GU, ("m", E), 128),
@@ -597,9 +626,12 @@ def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):
     assert ("red.global.add.noftz.v4.f16x2" in ptx) == half
     assert "red.global.add.noftz.f16x2 " not in ptx  # only where the block cannot be staged
     maps = [t for t in art.manifest["tensors"] if "tensor_map" in t]
-    gathered = tensors is MOE_GU_GATHER  # its rows come by cp.async, not a map
-    assert [t["tensor_map"]["box"][1] for t in maps] == [64] * (1 if gathered else 2)
-    assert ("cp.async.mbarrier.arrive.noinc.shared::cta.b64" in ptx) == gathered
+    gathered = tensors is MOE_GU_GATHER  # its rows come by cp.async, or by one-row boxes
+    by_tma = gathered and "vote.sync.ballot" in ptx
+    assert [t["tensor_map"]["box"][1] for t in maps] == [64] * (1 if gathered != by_tma else 2)
+    if by_tma:  # X's one-row boxes, then the weights'
+        assert maps[0]["tensor_map"]["box"][0] == 1
+    assert ("cp.async.mbarrier.arrive.noinc.shared::cta.b64" in ptx) == (gathered and not by_tma)
     info = sm90a_ptxas(ptx, tmp_path)
     assert "0 bytes spill stores" in info
     assert "serialized" not in info, info

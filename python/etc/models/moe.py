@@ -307,6 +307,10 @@ class MoEConfig:
     #: keeps in flight (``etc.tiles.moe.permute`` / ``combine`` / ``cast_rows``).
     permute_unroll: int = moe_tiles.PERMUTE_UNROLL
     combine_unroll: int = 1
+    #: > 0: the permute moves whole rows by bulk copies through this many
+    #: shared-memory slots (one copying thread each) instead of 16-byte
+    #: loads (``etc.tiles.moe.permute(slots=...)``; sm_90).
+    permute_slots: int = 0
     #: Pipeline stages of the router's TMA tile (``router="tc"``).
     router_stages: int = 4
     #: ``router="tc"``: the logits' k loop split over this many CTAs per
@@ -418,6 +422,16 @@ class MoEConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GraphError(f"MoEConfig: {key} must be a positive int, got {value!r}")
+        slots = self.permute_slots
+        if (
+            not isinstance(slots, int)
+            or isinstance(slots, bool)
+            or not 0 <= slots <= self.block_size
+        ):
+            raise GraphError(
+                f"MoEConfig: permute_slots must be an int from 0 to block_size={self.block_size}, "
+                f"got {slots!r}"
+            )
         if self.gemm not in ("reg", "tc", "gemv"):
             raise GraphError(f"MoEConfig: gemm must be 'reg', 'tc' or 'gemv', got {self.gemm!r}")
         if self.route not in ROUTES:
@@ -741,7 +755,9 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
         if cfg.gather:
             tiles["release"] = moe_tiles.release(E, block_size=bs)
         else:
-            tiles["permute"] = moe_tiles.permute(E, K, H, unroll=cfg.permute_unroll, block_size=bs)
+            tiles["permute"] = moe_tiles.permute(
+                E, K, H, unroll=cfg.permute_unroll, slots=cfg.permute_slots, block_size=bs
+            )
     return tiles
 
 

@@ -932,6 +932,10 @@ class TmaGather:
     base: str
     row_bytes: int
     row: Callable[[_Text, str], tuple[str, str]]
+    #: The source's tensor map (i64 address; boxes of one row of ``TMA_BLOCK_K``
+    #: values): each row comes by its own TMA copy instead of ``cp.async``
+    #: (:func:`_gather_rows_tma`).
+    tma_map: str | None = None
 
 
 #: 16-byte chunks a thread of a gathering TMA tile copies per k-tile: a warp
@@ -991,6 +995,65 @@ def _gather_setup(
         _asm_ops(
             t, "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];", [(ring.bar(0, stage), "i32")]
         )
+
+    return issue
+
+
+def _gather_rows_tma(
+    t: _Text, gather: TmaGather, ring: _TmaRing, tid: str, k_offset: str | None,
+    rotate: tuple[str, int] | None,
+) -> Callable[[str | int, str | int], None]:  # fmt: skip
+    """:func:`_gather_setup` by TMA: lane ``l < 16`` of warp ``w`` owns block
+    row ``16w + l`` and copies its ``TMA_BLOCK_K`` values of each k-tile
+    with one one-row box of ``gather.tma_map``. The 128-byte swizzle follows
+    the shared address (the stage is 1024-byte aligned), so a row box lands
+    where that row of a whole-block box would. Lane 0 arrives on the
+    stage's full barrier expecting the bytes of the warp's rows that exist
+    (one arrival per warp); missing rows are not copied."""
+    warp = t.bin("divui", tid, 32)
+    lane = t.bin("remui", tid, 32)
+    low = t.op("low", f"arith.cmpi ult, {lane}, {t.c(16)} : index")
+    row = t.add(t.mul(warp, 16), t.bin("remui", lane, 16))
+    src_row, ok = gather.row(t, row)
+    mine = t.op("mine", f"arith.andi {low}, {ok} : i1")
+    lane0 = t.op("lane0", f"arith.cmpi eq, {lane}, {t.c(0)} : index")
+    flag = t.op("g", f"arith.extui {mine} : i1 to i32")
+    ballot = t.fresh("ballot")
+    t.emit(
+        f'{ballot} = llvm.inline_asm has_side_effects asm_dialect = att "{{ .reg .pred p; '
+        f'setp.ne.u32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }}", "=r,r" {flag} '
+        ": (i32) -> i32"
+    )
+    count = t.op("g", f"llvm.intr.ctpop({ballot}) : (i32) -> i32")
+    tx = t.op("g", f"arith.muli {count}, {t.op('g', 'arith.constant 128 : i32')} : i32")
+    src = _i32(t, src_row)
+    dst_row = t.mul(row, TMA_BLOCK_K * 2)
+
+    def issue(kt: str | int, stage: str | int) -> None:
+        full = ring.bar(0, stage)
+        t.emit(f"scf.if {lane0} {{")
+        t.indent += "  "
+        _asm_ops(
+            t,
+            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+            [(full, "i32"), (tx, "i32")],
+        )
+        t.end()
+        col = _k_column(t, kt, k_offset, rotate)
+        per_stage = ring.a_bytes
+        at = t.add(
+            ring.base_a, t.mul(stage, per_stage) if isinstance(stage, str) else stage * per_stage
+        )
+        t.emit(f"scf.if {mine} {{")
+        t.indent += "  "
+        _asm_ops(
+            t,
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            " [$0], [$1, {$2, $3}], [$4];",
+            [(_i32(t, t.add(at, dst_row)), "i32"), (gather.tma_map, "i64"), (col, "i32"),
+             (src, "i32"), (full, "i32")],
+        )  # fmt: skip
+        t.end()
 
     return issue
 
@@ -1155,7 +1218,8 @@ def _body_tma(
                 f"arith.select {second_busy}, {_i32(t, t.c(warps))}, "
                 f"{_i32(t, t.c(warps // 2))} : i32",
             )
-        _init_ring_barriers(t, ring, stages, arrivals, 1 if gather is None else 1 + block_size)
+        gathered = 0 if gather is None else warps if gather.tma_map else block_size
+        _init_ring_barriers(t, ring, stages, arrivals, 1 + gathered)
     # Other CTAs wrote the activations through the generic proxy.
     _asm(t, "fence.proxy.async.global;")
     for s in range(min(stages, kt_n)):
@@ -1168,7 +1232,8 @@ def _body_tma(
     t.emit("gpu.barrier")
     gather_issue = None
     if gather is not None:  # the barriers exist now: every thread's first stages
-        gather_issue = _gather_setup(t, gather, ring, tid, k_offset, rotation)
+        setup = _gather_rows_tma if gather.tma_map else _gather_setup
+        gather_issue = setup(t, gather, ring, tid, k_offset, rotation)
         for s in range(min(stages, kt_n)):
             gather_issue(s, s)
     if split_n:
@@ -1194,7 +1259,7 @@ def _body_tma(
     stage = t.bin("remui", "%kt", stages)
     parity = _i32(t, t.bin("remui", t.bin("divui", "%kt", stages), 2))
     _mbar_wait(t, bar(0, stage), parity)
-    if gather is not None:  # other threads' cp.async wrote the stage (generic proxy)
+    if gather is not None and not gather.tma_map:  # other threads' cp.async wrote the stage
         _asm(t, "fence.proxy.async.shared::cta;")
     a_stage = t.add(base_a, t.mul(stage, a_bytes))
     b_stage = t.add(base_b, t.mul(stage, b_bytes))
@@ -2076,17 +2141,19 @@ def _sub_loop(t: _Text, n0: str, block_n: int, sub: int) -> str:
 
 
 def _token_rows(
-    t: _Text, r0: str, r1: str, alast: str, topk: int, hidden: int, xt: str
+    t: _Text, r0: str, r1: str, alast: str, topk: int, hidden: int, xt: str, tma: bool = False
 ) -> TmaGather:
     """The gather of a gate/up tile's rows ``[r0, r1)`` from the tokens: row
-    ``r`` is token ``perm[r] // topk`` of ``%X`` (rows past ``r1`` missing)."""
+    ``r`` is token ``perm[r] // topk`` of ``%X`` (rows past ``r1`` missing);
+    ``tma``: by one-row boxes of ``%X_map``."""
 
     def row(t: _Text, r: str) -> tuple[str, str]:
         at = t.add(r0, r)
         ok = t.op("ok", f"arith.cmpi ult, {at}, {r1} : index")
         return t.bin("divui", _slot(t, at, alast), topk), ok
 
-    return TmaGather(_address(t, "%X", xt), 2 * hidden, row)
+    tma_map = _map_pointer(t, "%X_map") if tma else None
+    return TmaGather(_address(t, "%X", xt), 2 * hidden, row, tma_map)
 
 
 def _slot(t: _Text, row: str, alast: str) -> str:
@@ -2233,7 +2300,7 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
     inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False,
-    weight_chunk=0, refill="wait",
+    weight_chunk=0, refill="wait", gather_tma=False,
 )  # fmt: skip
 
 
@@ -2263,7 +2330,8 @@ def moe_gate_up(
     ``gather_topk=K`` (``core="tma"``, not ``split_n``): row ``r`` is read
     from the tokens, ``X[perm[r] // K]``, by every thread's ``cp.async``
     (:class:`TmaGather`) instead of from a permuted copy ``Xp``; buffers
-    ``(X, Wgu, row_off, gu_indptr, perm, Hb)``."""
+    ``(X, Wgu, row_off, gu_indptr, perm, Hb)``. ``gather_tma``: each row by
+    a one-row TMA box of ``X`` instead (a map of ``X`` before ``Wgu``'s)."""
     o = _mma.tile_options(name, options, MOE_OPTIONS)
     o |= {"gather_topk": gather_topk, "combine_topk": None, "combine_dtype": "f32"}
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
@@ -2332,6 +2400,11 @@ def _moe_tile(
     sub = _sub_columns(name, core, block_n, o["sub_n"])
     if o["refill"] != "wait" and core != "tma":
         raise GraphError(f"tile '{name}': refill={o['refill']!r} needs core='tma'")
+    if o["gather_tma"] and topk is None:
+        raise GraphError(
+            f"tile '{name}': gather_tma copies gathered rows (gather_topk) by TMA; "
+            "this tile gathers none"
+        )
     short = o["short_blocks"]
     if short and (
         core != "tma" or split_n or topk is not None or block_m != 128 or block_size != 256
@@ -2403,7 +2476,8 @@ def _moe_tile(
             if topk is None:
                 a_loads = [(_map_pointer(t, "%Xp_map"), r0, block_m)]
             else:
-                a_loads, gather = [], _token_rows(t, r0, r1, alast, topk, hidden, at)
+                a_loads = []
+                gather = _token_rows(t, r0, r1, alast, topk, hidden, at, tma=o["gather_tma"])
             # Per warpgroup slice (one slice unless split_n): its gate rows, then its up rows.
             b_loads = []
             for g in range(wn):
@@ -2454,7 +2528,7 @@ def _moe_tile(
         )
         reference = _mma.down_reference(block_m, block_n, combine_topk=ctopk, chunk=chunk)
     # TMA maps after the buffers: the activation's (unless gathered) and the weight's.
-    maps = [] if gathered else [(a, 0, block_m)]
+    maps = [("X", 0, 1)] if gathered and o["gather_tma"] else [] if gathered else [(a, 0, block_m)]
     maps.append((w, 1, cw if gate else sub, chunk))
     return _moe_finish(
         t, name, signature, globals_,

@@ -24,7 +24,8 @@ arithmetic is fp32 (``arith.extf`` / ``arith.truncf``, round to nearest even).
   CTA for at most ``max_tokens`` tokens (decode: one hop instead of three;
   the counts live in workgroup memory).
 * ``permute(E, K, H)``, grid ``(E,)``: expert e gathers its rows
-  ``Xp[r] = X[perm[r] // K]`` with 16-byte loads.
+  ``Xp[r] = X[perm[r] // K]`` with 16-byte loads (``slots=S``: whole rows
+  by bulk copies through S shared-memory slots).
 * ``combine(CB, K, H)``, grid ``(ceil(T/CB),)``:
   ``Out[t] = sum_k topk_w[t, k] * Yp[inv[t*K + k]]`` in fp32, stored bf16.
 * ``zero_rows(ZB, H)`` and ``cast_rows(CB, H)``, grids ``(ceil(T/ZB),)``
@@ -846,6 +847,7 @@ def permute(
     H: int,
     *,
     unroll: int = PERMUTE_UNROLL,
+    slots: int = 0,
     name: str = "moe_permute",
     block_size: int = 256,
 ) -> DeviceFunction:
@@ -855,10 +857,17 @@ def permute(
     step: all their 16-byte loads are issued before the stores, so each
     thread has UNROLL loads in flight (past the end, the pair index is
     clamped for the load and the store is skipped).
+
+    ``slots=S`` (sm_90): whole rows by bulk copies instead (:func:`_bulk_permute`):
+    thread ``s < S`` moves rows ``row_off[e] + s, + 2S, ...`` through its
+    own shared-memory slot of ``2H`` bytes, so a CTA keeps ``S`` rows in
+    flight whatever its registers.
     """
     _check_block(name, block_size)
     _positive(name, E=E, K=K, H=H, unroll=unroll)
     _check_hidden(name, H)
+    if slots:
+        return _bulk_permute(E, K, H, slots, name, block_size)
     x_t, e1_t, vec_t = f"memref<?x{H}xbf16>", f"memref<{E + 1}xi32>", "memref<?xi32>"
     loads, stores = [], []
     for u in range(unroll):
@@ -905,6 +914,125 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
   scf.for %qs = %tid to %total step %cSTEP {{
 {loads}
 {stores}
+  }}
+  return
+}}
+"""
+
+    def reference(e: int, X: np.ndarray, row_off: np.ndarray, perm: np.ndarray, Xp: np.ndarray):
+        r0, r1 = int(row_off[e]), int(row_off[e + 1])
+        Xp[r0:r1] = X[perm[r0:r1] // K]
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+#: Polls of a bulk permute's slot barrier before it traps (a copy that never
+#: lands is a launch error, not a hang).
+_BULK_POLLS = 1 << 22
+
+
+def _bulk_permute(E: int, K: int, H: int, S: int, name: str, block_size: int) -> DeviceFunction:
+    """:func:`permute` with ``slots=S``. Each of threads ``0..S-1`` owns a
+    slot of one row (``2H`` bytes, 128-byte aligned) and an mbarrier; per
+    row it waits until its previous row's store has read the slot
+    (``cp.async.bulk.wait_group.read``), loads the row with one bulk copy
+    that completes on the barrier, waits for it, and stores it with another
+    (``bulk_group``). At the end every store has completed and is fenced
+    from the async proxy before the CTA's notification; the barriers are
+    invalidated (tiles share shared memory)."""
+    row_bytes = 2 * H
+    if isinstance(S, bool) or not isinstance(S, int) or not 1 <= S <= block_size:
+        raise GraphError(
+            f"tile '{name}': slots={S!r} must be an int from 1 to block_size={block_size} "
+            "(one copying thread per slot)"
+        )
+    if S * row_bytes > MAX_SHARED_BYTES:
+        raise GraphError(
+            f"tile '{name}': {S} slots of {row_bytes} bytes (hidden {H}) exceed the "
+            f"{MAX_SHARED_BYTES} bytes of shared memory"
+        )
+    x_t, e1_t, vec_t = f"memref<?x{H}xbf16>", f"memref<{E + 1}xi32>", "memref<?xi32>"
+    slots_t = f"memref<{S * row_bytes // 4}xi32, #gpu.address_space<workgroup>>"
+    bars_t = f"memref<{2 * S}xi32, #gpu.address_space<workgroup>>"
+
+    def asm(text: str, operands: list[tuple[str, str]], result: str = "") -> str:
+        cons = ",".join("l" if ty == "i64" else "r" for _, ty in operands)
+        vals = ", ".join(v for v, _ in operands)
+        types = ", ".join(ty for _, ty in operands)
+        return (
+            f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{cons}" {vals} '
+            f": ({types}) -> ()"
+        )
+
+    wait = (
+        "{ .reg .pred p; .reg .b32 n; mov.b32 n, 0; LAB_WAIT: "
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; @p bra DONE; add.u32 n, n, 1; "
+        f"setp.lt.u32 p, n, {_BULK_POLLS}; @p bra LAB_WAIT; trap; DONE: }}"
+    )
+    source = f"""// {name}: gather expert e's rows of X (hidden {H}, top-{K}) into Xp by bulk copies
+// through {S} slots of {row_bytes} bytes, one CTA of {block_size}.
+memref.global "private" @{name}__slots : {slots_t} {{alignment = 128 : i64}}
+memref.global "private" @{name}__bars : {bars_t} {{alignment = 8 : i64}}
+func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {x_t}) {{
+  %c1 = arith.constant 1 : index
+  %cS = arith.constant {S} : index
+  %cK = arith.constant {K} : index
+  %cRB = arith.constant {row_bytes} : index
+  %c8 = arith.constant 8 : index
+  %rb32 = arith.constant {row_bytes} : i32
+  %ph0 = arith.constant 0 : i32
+  %one = arith.constant 1 : i32
+  %tid = gpu.thread_id x
+  %e1 = arith.addi %e, %c1 : index
+  %r0_i32 = memref.load %row_off[%e] : {e1_t}
+  %r1_i32 = memref.load %row_off[%e1] : {e1_t}
+  %r0 = arith.index_cast %r0_i32 : i32 to index
+  %r1 = arith.index_cast %r1_i32 : i32 to index
+  // The slots may hold another tile's generic writes.
+  {asm("fence.proxy.async.shared::cta;", [])}
+  gpu.barrier
+  %mine = arith.cmpi ult, %tid, %cS : index
+  scf.if %mine {{
+    %sg = memref.get_global @{name}__slots : {slots_t}
+    %sp = memref.extract_aligned_pointer_as_index %sg : {slots_t} -> index
+    %so = arith.muli %tid, %cRB : index
+    %sa = arith.addi %sp, %so : index
+    %slot = arith.index_cast %sa : index to i32
+    %bg = memref.get_global @{name}__bars : {bars_t}
+    %bp = memref.extract_aligned_pointer_as_index %bg : {bars_t} -> index
+    %bo = arith.muli %tid, %c8 : index
+    %ba = arith.addi %bp, %bo : index
+    %bar = arith.index_cast %ba : index to i32
+    {asm("mbarrier.init.shared::cta.b64 [$0], 1;", [("%bar", "i32")])}
+    {asm("fence.mbarrier_init.release.cluster;", [])}
+    %xp = memref.extract_aligned_pointer_as_index %X : {x_t} -> index
+    %xpp = memref.extract_aligned_pointer_as_index %Xp : {x_t} -> index
+    %first = arith.addi %r0, %tid : index
+    %last = scf.for %r = %first to %r1 step %cS iter_args(%ph = %ph0) -> (i32) {{
+      %slot_i32 = memref.load %perm[%r] : {vec_t}
+      %sl = arith.index_cast %slot_i32 : i32 to index
+      %tok = arith.divui %sl, %cK : index
+      %srco = arith.muli %tok, %cRB : index
+      %srca = arith.addi %xp, %srco : index
+      %src = arith.index_cast %srca : index to i64
+      %dsto = arith.muli %r, %cRB : index
+      %dsta = arith.addi %xpp, %dsto : index
+      %dst = arith.index_cast %dsta : index to i64
+      // The slot's previous row has left it (its store read it).
+      {asm("cp.async.bulk.wait_group.read 0;", [])}
+      {asm("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", [("%bar", "i32"), ("%rb32", "i32")])}
+      {asm("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];", [("%slot", "i32"), ("%src", "i64"), ("%rb32", "i32"), ("%bar", "i32")])}
+      {asm(wait, [("%bar", "i32"), ("%ph", "i32")])}
+      {asm("cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;", [("%dst", "i64"), ("%slot", "i32"), ("%rb32", "i32")])}
+      {asm("cp.async.bulk.commit_group;", [])}
+      %nph = arith.xori %ph, %one : i32
+      scf.yield %nph : i32
+    }}
+    // Every store has landed; fenced from the async proxy before the
+    // CTA's notification (its readers may use either proxy).
+    {asm("cp.async.bulk.wait_group 0;", [])}
+    {asm("fence.proxy.async.global;", [])}
+    {asm("mbarrier.inval.shared::cta.b64 [$0];", [("%bar", "i32")])}
   }}
   return
 }}
