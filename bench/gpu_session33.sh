@@ -2,7 +2,7 @@
 # Thirty-third session (bench/RESULTS.md): the large-batch decoder's o_proj and down
 # grids, and the MoE prefill tiles refilling their rings without holding a warpgroup.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] ...
+# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] [final] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s33/raw
@@ -62,6 +62,29 @@ for step in ${*:-sweep}; do
     ETC_ARTIFACTS=.device/s33/art timeout 300 python -m pytest -q -rfs --tb=short \
       test/gpu/test_moe_gpu.py -k "gather_tma or tma_refill or bulk_permute or session33" 2>&1 \
       | tee "$OUT/tests.txt" | tail -8
+    ;;
+  final)  # the prefill preset with f16 sums and refilled rings, adopted: the one-artifact
+    # family's GPU tests, the real-size examples of the auto artifact and of the preset on
+    # both sides of every bound and over skewed routings (python test/gpu/make_artifacts.py
+    # .device/s33/art --only moe_small_family; python examples/moe.py --preset auto [--topk 1
+    # --routing top1] --save-artifact .device/s33/ex/auto[_top1]; python examples/moe.py
+    # --preset prefill --save-artifact .device/s33/ex/prefill)
+    ETC_ARTIFACTS=.device/s33/art timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
+      -k one_artifact 2>&1 | tee "$OUT/tests_family.txt" | tail -3
+    run() { timeout 150 python examples/moe.py "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
+    run --preset auto --artifact .device/s33/ex/auto --tokens 1,2,3,5,8,9,16,128,1024,4096 | tail -12
+    run --preset auto --artifact .device/s33/ex/auto --routing one-expert --tokens 1,2,8,9,1000 | tail -6
+    run --preset auto --artifact .device/s33/ex/auto --routing few-experts --tokens 3,7,128 | tail -4
+    run --preset auto --artifact .device/s33/ex/auto_top1 --topk 1 --routing top1 --tokens 1,2,8,33 | tail -5
+    run --preset prefill --artifact .device/s33/ex/prefill --tokens 1,7,16,128,1024,4096 | tail -7
+    run --preset prefill --artifact .device/s33/ex/prefill --routing one-expert --tokens 1,16,1000 | tail -4
+    run --preset prefill --artifact .device/s33/ex/prefill --routing few-experts --tokens 7,128,4095 | tail -4
+    ;;
+  bench)  # the issue's benchmark (every baseline, both schedules, the unfused path) over the
+    # adopted presets, with the former prefill preset next to them
+    # (BENCH_MOE_CONFIGS=auto,mid,prefill,prefill_yp python bench/moe.py --build .device/s33/full/moe)
+    BENCH_MOE_CONFIGS=auto,mid,prefill,prefill_yp timeout 560 python bench/moe.py \
+      --artifacts .device/s33/full/moe --out "$OUT" 2>&1 | tee "$OUT/moe_full.txt" | tail -60
     ;;
   esac
 done

@@ -124,23 +124,23 @@ CONFIGS = {
     "tma128wr": _tc(128, 128, 256, _tile_options(4, "tma"), router_experts=32),
     # tma128w with the router on the TMA tile too (128 tokens x 128 experts
     # per CTA, float32 logits).
-    "tma128wtc": M.PRESETS["prefill"],
+    "tma128wtc": M.PREFILL_YP,
     # The router's TMA tile on 32-expert blocks: 4 CTAs per 128 tokens (one
     # CTA took 17.5 us at T <= 128 and left 100 SMs idle at T = 4096).
-    "tma128wtc32": {**M.PRESETS["prefill"], "router_experts": 32},
+    "tma128wtc32": {**M.PREFILL_YP, "router_experts": 32},
     # The prefill preset with the gate/up tiles gathering their rows from X
     # (no Xp, no permute: 134 MB written and read again at T = 4096).
-    "pre_gather": {**M.PRESETS["prefill"], "gather": True},
+    "pre_gather": {**M.PREFILL_YP, "gather": True},
     # The prefill preset with the down tiles adding their weighted rows into
     # the float32 sums Out32 (L2 reductions after a zero task; a cast task
     # instead of the combine, no Yp).
-    "pre_atomic": {**M.PRESETS["prefill"], "combine": "atomic"},
+    "pre_atomic": {**M.PREFILL_YP, "combine": "atomic"},
     # ... into half-precision sums Out16 (16-byte reductions of the staged
     # block); _cast: the cast on 32 tokens a CTA, 8 chunks in flight a thread
     # (4 tokens a CTA, one chunk at a time, took 24 us at T = 4096).
-    "pre_atomic16": {**M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16"},
+    "pre_atomic16": {**M.PREFILL_YP, "combine": "atomic", "combine_dtype": "f16"},
     "pre_atomic16_cast": {
-        **M.PRESETS["prefill"], "combine": "atomic", "combine_dtype": "f16", "combine_block": 32,
+        **M.PREFILL_YP, "combine": "atomic", "combine_dtype": "f16", "combine_block": 32,
         "combine_unroll": 8,
     },
     # TMA tiles for few tokens: narrow column blocks (gate/up 16, down 64) so
@@ -159,11 +159,11 @@ CONFIGS = {
     "dec_rot42": _DEC_ROT42,
     # The prefill preset with more loads in flight in the memory-bound tiles
     # (combine 2 token chunks per thread, permute 16 row chunks).
-    "pre_mem": {**M.PRESETS["prefill"], "combine_unroll": 2, "permute_unroll": 16},
+    "pre_mem": {**M.PREFILL_YP, "combine_unroll": 2, "permute_unroll": 16},
     # ... and a 6-stage router ring, and 32-token top-k blocks (128 instances
     # at T = 4096 instead of 512).
     "pre_front": {
-        **M.PRESETS["prefill"],
+        **M.PREFILL_YP,
         "combine_unroll": 2,
         "permute_unroll": 16,
         "router_stages": 6,
@@ -227,21 +227,21 @@ CONFIGS = {
     # The prefill and mid presets with the router's k loop in one part (the
     # presets before run 8 of session 12; they now split it in 4: one CTA
     # took 17 µs per 128 tokens, 32 k-tiles in a row).
-    "pre_rs1": {**M.PRESETS["prefill"], "router_splits": 1},
+    "pre_rs1": {**M.PREFILL_YP, "router_splits": 1},
     "mid_rs1": {**M.PRESETS["mid"], "router_splits": 1},
     # Prefill tiles with several pipeline passes per instance (sub_n): one
     # round of waits and table lookups per 256 (x2: 384) gate/up and 512
     # (x2: 1024) down columns instead of per 128 and 256.
     "pre_sub2": {
-        **M.PRESETS["prefill"], "block_n_gu": 256, "block_n_dn": 512,
+        **M.PREFILL_YP, "block_n_gu": 256, "block_n_dn": 512,
         "gate_up_options": (*_TMA4, ("sub_n", 128)), "down_options": (*_TMA4, ("sub_n", 256)),
     },
     "pre_sub3": {
-        **M.PRESETS["prefill"], "block_n_gu": 384, "block_n_dn": 1024,
+        **M.PREFILL_YP, "block_n_gu": 384, "block_n_dn": 1024,
         "gate_up_options": (*_TMA4, ("sub_n", 128)), "down_options": (*_TMA4, ("sub_n", 256)),
     },
     "pre_sub2f": {
-        **M.PRESETS["prefill"], "block_n_gu": 256, "block_n_dn": 512, "topk_block": 32,
+        **M.PREFILL_YP, "block_n_gu": 256, "block_n_dn": 512, "topk_block": 32,
         "gate_up_options": (*_TMA4, ("sub_n", 128)), "down_options": (*_TMA4, ("sub_n", 256)),
     },
     # Two CTAs per SM (with min_ctas_per_sm=2): 128 x 128 blocks (64
@@ -249,39 +249,39 @@ CONFIGS = {
     # one CTA's waits and table lookups between instances overlap the other's
     # wgmma; the router's ring 3 stages too.
     "pre128x2": {
-        **M.PRESETS["prefill"], "block_n_gu": 64, "block_n_dn": 128, "router_stages": 3,
+        **M.PREFILL_YP, "block_n_gu": 64, "block_n_dn": 128, "router_stages": 3,
         "gate_up_options": _TMA3, "down_options": _TMA3,
     },
     # The same with 64-row split_n tiles (2 stages of 40 KiB).
     "pre64x2": {
-        **M.PRESETS["prefill"], "block_m": 64, "router_stages": 3,
+        **M.PREFILL_YP, "block_m": 64, "router_stages": 3,
         "gate_up_options": (*_TMA3[:1], ("stages", 2), ("core", "tma"), ("split_n", True)),
         "down_options": (*_TMA3[:1], ("stages", 2), ("core", "tma"), ("split_n", True)),
     },
     # The presets with their GEMM tiles dealt by ticket (MoEConfig.gemm_deal):
     # each slot of a CTA's static list runs the next unclaimed tile.
     "dec_tk": {**M.PRESETS["decode"], "gemm_deal": "ticket"},
-    "pre_tk": {**M.PRESETS["prefill"], "gemm_deal": "ticket"},
+    "pre_tk": {**M.PREFILL_YP, "gemm_deal": "ticket"},
     "mid_tk": {**M.PRESETS["mid"], "gemm_deal": "ticket"},
     "mid_list": {**M.PRESETS["mid"], "gemm_deal": "list"},
     # The prefill preset whose experts with one row block of at most 64 rows
     # run it on one warpgroup (short_blocks); and with 32-token top-k blocks
     # (128 top-k CTAs at T = 4096 instead of 512).
     "pre_short": {
-        **M.PRESETS["prefill"],
-        "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], ("short_blocks", True)),
-        "down_options": (*M.PRESETS["prefill"]["down_options"], ("short_blocks", True)),
+        **M.PREFILL_YP,
+        "gate_up_options": (*M.PREFILL_YP["gate_up_options"], ("short_blocks", True)),
+        "down_options": (*M.PREFILL_YP["down_options"], ("short_blocks", True)),
     },
-    "pre_tb32": {**M.PRESETS["prefill"], "topk_block": 32},
+    "pre_tb32": {**M.PREFILL_YP, "topk_block": 32},
     # 96-column gate/up blocks (192 weight rows): 8 column blocks per row
     # block instead of 6 (the dense 128 x 192 tile ran 565 TFLOP/s at M =
     # 4096 where 128 x 256 ran 512: whole waves).
-    "pre_gu96": {**M.PRESETS["prefill"], "block_n_gu": 96},
+    "pre_gu96": {**M.PREFILL_YP, "block_n_gu": 96},
     # ... and short blocks dealt by ticket: a CTA freed early by a short
     # block takes the next unclaimed tile instead of running ahead of its
     # neighbours in its list (which read the same weights through L2).
     "pre64_front": {
-        **M.PRESETS["prefill"], "block_m": 64, "gate_up_options": _SPLIT,
+        **M.PREFILL_YP, "block_m": 64, "gate_up_options": _SPLIT,
         "down_options": _SPLIT, "combine_unroll": 2, "permute_unroll": 16,
         "router_stages": 6, "topk_block": 32,
     },
@@ -414,22 +414,24 @@ for _key in ("mid", "prefill"):
     # ptxas -v gives the kernel 202 registers instead of 255 (prefill) and
     # 127 instead of 221 (mid), each tile allocated apart.
     CONFIGS[f"{_key}_ol"] = dict(M.PRESETS[_key])
+# The prefill preset through session 32 (Yp and a combine task; item 140).
+CONFIGS["prefill_yp"] = dict(M.PREFILL_YP)
 # Session 33: thread 0 refilling a ring stage only once it is free
 # (gemm_tc's refill="test", item 111 of the GEMM tiles: +2.5 % at 4096 x
 # 1536 x 2048), in the gate/up tiles, the down tiles, or both.
 _REFILL = (("refill", "test"),)
 CONFIGS["pre_refill"] = {
-    **M.PRESETS["prefill"],
-    "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], *_REFILL),
-    "down_options": (*M.PRESETS["prefill"]["down_options"], *_REFILL),
+    **M.PREFILL_YP,
+    "gate_up_options": (*M.PREFILL_YP["gate_up_options"], *_REFILL),
+    "down_options": (*M.PREFILL_YP["down_options"], *_REFILL),
 }
 CONFIGS["pre_refill_gu"] = {
     **CONFIGS["pre_refill"],
-    "down_options": M.PRESETS["prefill"]["down_options"],
+    "down_options": M.PREFILL_YP["down_options"],
 }
 CONFIGS["pre_refill_dn"] = {
     **CONFIGS["pre_refill"],
-    "gate_up_options": M.PRESETS["prefill"]["gate_up_options"],
+    "gate_up_options": M.PREFILL_YP["gate_up_options"],
 }
 # ... and with item 92's half-precision sums in the down tiles (no combine task).
 CONFIGS["pre_a16c_refill"] = {
@@ -443,14 +445,14 @@ CONFIGS["pre_a16c_refill_pu32"] = {**CONFIGS["pre_a16c_refill"], "permute_unroll
 # ... with the permute's rows moved by bulk copies through 32 / 48 shared slots.
 CONFIGS["pre_a16c_refill_bp32"] = {**CONFIGS["pre_a16c_refill"], "permute_slots": 32}
 CONFIGS["pre_a16c_refill_bp48"] = {**CONFIGS["pre_a16c_refill"], "permute_slots": 48}
-CONFIGS["pre_bp32"] = {**M.PRESETS["prefill"], "permute_slots": 32}
+CONFIGS["pre_bp32"] = {**M.PREFILL_YP, "permute_slots": 32}
 # ... with no permuted copy: the gate/up tiles gather their rows from X by
 # one-row TMA boxes (gather_tma; item 81 gathered them by cp.async).
 _GT = (("gather_tma", True),)
 CONFIGS["pre_gt"] = {
-    **M.PRESETS["prefill"],
+    **M.PREFILL_YP,
     "gather": True,
-    "gate_up_options": (*M.PRESETS["prefill"]["gate_up_options"], *_GT),
+    "gate_up_options": (*M.PREFILL_YP["gate_up_options"], *_GT),
 }
 # (refill="test" takes no gathered A operand: the gate/up tiles keep "wait".)
 CONFIGS["pre_a16c_refill_gt"] = {
@@ -464,7 +466,12 @@ COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
 # per range of T); its buffers are the prefill member's (4 logits rows a token).
 # AUTOS: those artifacts by name, with their weight_chunk.
 AUTO = "auto"
-CONFIGS[AUTO] = {**M.PRESETS["prefill"], "logits_parts": M.PRESETS["prefill"]["router_splits"]}
+_FAMILY_PREFILL = M.preset_family()[-1][2]  # the auto kernels' buffers: the family's
+CONFIGS[AUTO] = {
+    **M.PRESETS["prefill"],
+    "logits_parts": _FAMILY_PREFILL.logits_parts,
+    "extra_buffers": _FAMILY_PREFILL.extra_buffers,
+}
 CONFIGS["auto_ch64"] = _chunked(CONFIGS[AUTO], 64)
 AUTOS = {AUTO: 0, "auto_ch64": 64}
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
@@ -525,6 +532,7 @@ TARGETS = {
         "pre_bp32",
         "pre_gt",
         "pre_a16c_refill_gt",
+        "prefill_yp",
     )
     if k in CONFIGS
 }

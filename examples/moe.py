@@ -116,12 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--gather", action="store_true",
-        help="gate/up tiles read X through perm (no permuted copy; TMA tiles: --preset prefill)",
+        help="gate/up tiles read X through perm (no permuted copy; TMA tiles: --preset prefill, "
+        "whose gate/up rings are then refilled by waiting)",
     )  # fmt: skip
     p.add_argument(
         "--combine", choices=M.COMBINES,
-        help="task (the default) or atomic: down tiles add their rows into float32 sums (TMA "
-        "tiles: --preset prefill)",
+        help="task (a combine task sums Yp's rows) or atomic: down tiles add their rows into "
+        "sums (TMA tiles; --preset prefill's own choice, with f16 sums); default: the preset's",
     )  # fmt: skip
     p.add_argument(
         "--combine-dtype", choices=("f32", "f16"),
@@ -173,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg, route_max_tokens=args.route_max_tokens,
             **{k: v for k, v in given.items() if v is not None},
         )  # fmt: skip
+        if args.gather:  # gathered rows: thread 0 refills by waiting (refill="test" takes none)
+            kept = tuple(o for o in cfg.gate_up_options if o[0] != "refill")
+            cfg = replace(cfg, gate_up_options=kept)
         if args.weight_chunk:
             cfg = cfg.with_weight_chunk(args.weight_chunk)
         g = M.build_moe_graph(cfg)

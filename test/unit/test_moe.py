@@ -610,6 +610,12 @@ def test_presets_are_the_measured_configurations() -> None:
     assert (prefill.gemm, prefill.block_m, prefill.router) == ("tc", 128, "tc")
     assert prefill.router_splits == 4
     assert dict(prefill.gate_up_options)["core"] == "tma"
+    # Item 140: refilled rings and the down tiles' half-precision sums (no Yp).
+    assert dict(prefill.gate_up_options)["refill"] == dict(prefill.down_options)["refill"] == "test"
+    assert (prefill.combine, prefill.combine_dtype, prefill.combine_block) == ("atomic", "f16", 32)
+    assert "Yp" not in M.tensor_shapes(prefill, 8) and "Out16" in M.tensor_shapes(prefill, 8)
+    old = M.MoEConfig(**M.PREFILL_YP)
+    assert (old.combine, dict(old.down_options).get("refill")) == ("task", None)
     mid = M.preset("mid")
     assert (mid.block_m, dict(mid.gate_up_options)["split_n"]) == (64, True)
     single, few = M.preset("single"), M.preset("few")
@@ -835,6 +841,13 @@ def test_preset_family_shares_one_set_of_buffers():
         M.preset("prefill", logits_parts=2)
     with pytest.raises(etc.GraphError, match="no buckets"):
         M.preset_family(())
+    # The prefill kernel adds into Out16 where the others write Yp: each
+    # declares the other's, unused, so that one set of buffers serves all.
+    extra = {name: cfg.extra_buffers for _, name, cfg in family}
+    assert extra == {"single": ("Out16",), "few": ("Out16",), "mid": ("Out16",), "prefill": ("Yp",)}
+    assert {"Yp", "Out16"} <= set(shapes[0])
+    with pytest.raises(etc.GraphError, match="extra_buffers must be a tuple of Xp, Yp, Out32"):
+        M.MoEConfig(extra_buffers=("Zp",))
 
 
 @needs_trigger

@@ -65,7 +65,9 @@ from ..tiles import moe as moe_tiles
 
 __all__ = [
     "MoEConfig",
+    "SCRATCH",
     "PRESETS",
+    "PREFILL_YP",
     "SLOT_MMA_PRESETS",
     "PRESET_BUCKETS",
     "PRESET_MIN_CTAS_PER_SM",
@@ -162,8 +164,14 @@ _SINGLE = dict(
 #:   groups the tiles' prefetch functions fill once an instance knows its
 #:   expert, before it waits for the expert's rows; k loops rotated per tile.
 #: * ``prefill`` (T > 896): 128-row ``etc.tiles.gemm_tc`` tiles fed by
-#:   TMA, gate/up 128 and down 256 columns, 4 stages, and the router's
-#:   logits on the same tile, its k loop in 4 parts.
+#:   TMA, gate/up 128 and down 256 columns, 4 stages refilled once free
+#:   (``refill="test"``), and the router's logits on the same tile, its k
+#:   loop in 4 parts; the down tiles add their weighted rows into
+#:   half-precision sums (``combine="atomic"``, ``combine_dtype="f16"``: no
+#:   ``Yp``, a cast of 32 tokens a CTA instead of the combine; sums past
+#:   65504 overflow to infinity). −4 to −5 % at T = 4096, −1 to −2 % at
+#:   1024 against the ``Yp`` path (``PREFILL_YP``; ``bench/RESULTS.md``, MoE
+#:   item 140).
 #: * ``mid`` (T from 9 to 896: a few row blocks per expert): ``prefill``
 #:   on 64-row tiles whose two warpgroups split the columns (``split_n``),
 #:   5 stages, the GEMM tiles dealt by ticket (``gemm_deal``).
@@ -191,7 +199,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),  # fmt: skip
     "single": dict(_SINGLE, router_experts=1),
     "few": dict(_SINGLE, slot_logits=False, block_n_gu=32),
-    "prefill": _PREFILL,
+    "prefill": dict(
+        _PREFILL,
+        gate_up_options=(*_TMA_OPTIONS, ("refill", "test")),
+        down_options=(*_TMA_OPTIONS, ("refill", "test")),
+        combine="atomic",
+        combine_dtype="f16",
+        combine_block=32,
+        combine_unroll=8,
+    ),
     "mid": dict(
         _PREFILL,
         block_m=64,
@@ -200,6 +216,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         gemm_deal="ticket",
     ),  # fmt: skip
 }
+#: The ``prefill`` preset as it was through the thirty-second session: the
+#: down tiles write ``Yp`` and a combine task sums each token's rows in
+#: float32 (no overflow past 65504; 4-5 % slower at T = 4096).
+PREFILL_YP: dict[str, Any] = dict(_PREFILL)
 #: The target each preset needs (wgmma and TMA are sm_90a).
 PRESET_TARGETS = {
     "single": "sm_90", "few": "sm_90", "decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a",
@@ -276,6 +296,12 @@ def unfused_tasks(cfg: MoEConfig) -> tuple[str, ...]:
 
 #: Routings the examples and benchmarks know (see :func:`random_weights`).
 ROUTINGS = ("uniform", "one-expert", "few-experts", "top1")
+
+
+#: The scratch buffers a configuration may declare without using them
+#: (``MoEConfig.extra_buffers``): the permuted rows, the down tiles' rows,
+#: and the atomic combine's float32 and half-precision sums.
+SCRATCH = ("Xp", "Yp", "Out32", "Out16")
 
 
 @dataclass(frozen=True)
@@ -378,6 +404,11 @@ class MoEConfig:
     #: fewer parts leaves the spare rows unused and its top-k takes T from
     #: ``topk_ids``.
     logits_parts: int = 0
+    #: Scratch buffers the graph declares although its tasks use none of them
+    #: (any of :data:`SCRATCH`): the kernels of one artifact take one set of
+    #: buffers, so :func:`preset_family` gives each the family's others
+    #: (``prefill``'s ``Out16`` to the presets that write ``Yp``, and back).
+    extra_buffers: tuple[str, ...] = ()
     #: ``route="slots"``: the gate/up tiles pick their own experts from the
     #: router logits (every warp repeats the top-k, ~0.5 µs) instead of
     #: reading ``topk_ids`` after the top-k task: one hop fewer.
@@ -399,6 +430,11 @@ class MoEConfig:
         return f"{key}_c{chunk}" if chunk else key
 
     def __post_init__(self) -> None:
+        if not isinstance(self.extra_buffers, tuple) or not set(self.extra_buffers) <= set(SCRATCH):
+            raise GraphError(
+                f"MoEConfig: extra_buffers must be a tuple of {', '.join(SCRATCH)}, "
+                f"got {self.extra_buffers!r}"
+            )
         for key in (
             "hidden",
             "inter",
@@ -668,6 +704,10 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
     if cfg.combine == "atomic":  # the down tiles add into the sums
         del spec["Yp"]
         spec[_sums(cfg)] = ((T, H), cfg.combine_dtype)
+    scratch = {"Xp": ((N, H), "bf16"), "Yp": ((N, H), "bf16")}
+    scratch |= {name: ((T, H), dtype) for dtype, (name, _) in moe_tiles.SUMS.items()}
+    for name in cfg.extra_buffers:
+        spec.setdefault(name, scratch[name])
     return spec
 
 
@@ -1175,7 +1215,16 @@ def preset_family(
             f"read them in different layouts (weight_chunk per preset: {layouts})"
         )
     parts = max(cfg.router_splits for _, _, cfg in configs)
-    return [(bound, name, replace(cfg, logits_parts=parts)) for bound, name, cfg in configs]
+    own = {name: set(_spec(cfg, 1)) & set(SCRATCH) for _, name, cfg in configs}
+    every = set().union(*own.values())
+    return [
+        (
+            bound,
+            name,
+            replace(cfg, logits_parts=parts, extra_buffers=tuple(sorted(every - own[name]))),
+        )
+        for bound, name, cfg in configs
+    ]
 
 
 def compile_moe(
