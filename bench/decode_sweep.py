@@ -284,7 +284,7 @@ VARIANTS["sync_only_ch32b"] = {
 # others: more, narrower blocks for o_proj (256 instances, by columns or by
 # parts) and down in 32-column blocks of 4 parts (256 instances, no 8-part
 # meeting).
-_KS = dict(M.LLAMA_3_2_1B.k_splits)
+_KS = {"qkv_proj": 4, "o_proj": 4, "down_proj": 8}  # the defaults before this session
 VARIANTS["sm_o32"] = _large(("bn_o", 32))
 VARIANTS["sm_o8p"] = {"k_splits": tuple({**_KS, "o_proj": 8}.items())}
 VARIANTS["sm_d32s4"] = {
@@ -294,6 +294,17 @@ VARIANTS["sm_d32s4"] = {
 VARIANTS["sm_o32_d32s4"] = {
     "k_splits": tuple({**_KS, "down_proj": 4}.items()),
     **_large(("bn_o", 32), ("bn_down", 32)),
+}
+# ... and gate/up at B = 64 (256 instances of 32 k-tiles streaming at ~2.8 TB/s):
+# wider blocks in parts, so each activation box read from L2 feeds more weights.
+VARIANTS["sm_gu32s2"] = {"k_splits": tuple({**_KS, "gate_up_proj": 2}.items())}
+VARIANTS["sm_gu64s2"] = {
+    "k_splits": tuple({**_KS, "gate_up_proj": 2}.items()),
+    **_large(("bn_gu", 64)),
+}
+VARIANTS["sm_gu64s4"] = {
+    "k_splits": tuple({**_KS, "gate_up_proj": 4}.items()),
+    **_large(("bn_gu", 64)),
 }
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

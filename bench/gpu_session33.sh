@@ -2,7 +2,7 @@
 # Thirty-third session (bench/RESULTS.md): the large-batch decoder's o_proj and down
 # grids, and the MoE prefill tiles refilling their rings without holding a warpgroup.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] [final] [bench] ...
+# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] [final] [bench] [gusweep] [dectests] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s33/raw
@@ -85,6 +85,20 @@ for step in ${*:-sweep}; do
     # (BENCH_MOE_CONFIGS=auto,mid,prefill,prefill_yp python bench/moe.py --build .device/s33/full/moe)
     BENCH_MOE_CONFIGS=auto,mid,prefill,prefill_yp timeout 560 python bench/moe.py \
       --artifacts .device/s33/full/moe --out "$OUT" 2>&1 | tee "$OUT/moe_full.txt" | tail -60
+    ;;
+  gusweep)  # gate/up at B = 32 and 64 in parts: 32 columns x 2 parts (512 instances), 64 x 2
+    # (256) and 64 x 4 (512) (DECODE_SWEEP_VARIANTS=default,sm_gu32s2,sm_gu64s2,sm_gu64s4
+    # python bench/decode_sweep.py --build .device/s33/sweep2)
+    SWEEP_TMP=/tmp/s33 sweep_passes s33_gusweep default,sm_gu32s2,sm_gu64s2,sm_gu64s4 \
+      32,64 1024,4096 .device/s33/sweep2
+    ;;
+  dectests)  # the decoder's large-batch kernel with gate/up in 64-column blocks of 2 parts
+    # (the new LARGE_BATCH default): the tiny three-kernel decoders against the simulator and
+    # bit-reproducible, and the 1B large kernel's variants bit-identical to each other
+    # (python test/gpu/make_artifacts.py .device/s33/art --only PREFIX for PREFIX in
+    # llama_tiny_tma_buckets llama_1b_large)
+    ETC_ARTIFACTS=.device/s33/art timeout 400 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "tma_buckets or 1b_large" 2>&1 | tee "$OUT/dectests.txt" | tail -8
     ;;
   esac
 done

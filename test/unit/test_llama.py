@@ -1183,17 +1183,19 @@ def test_batch_buckets_change_only_the_tiles():
     assert M.LLAMA_3_2_1B.kernel_max_batch == 16
     single = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())
     assert single.kernel_max_batch is None and single.splits(1024, 17) == 3
-    assert (large.gemm_core, large.bn_gu, large.attn_tile) == ("tma", 32, "mma")
+    assert (large.gemm_core, large.bn_gu, large.attn_tile) == ("tma", 64, "mma")
     # The large kernel's attention is fed by TMA where the heads have 64 dims.
     assert large.attention_pipeline == "tma" and one.attention_pipeline == "none"
     tiny_large = dataclasses.replace(CFG, batch_buckets=(), **dict(M.LARGE_BATCH))
     assert CFG.head_dim != 64 and tiny_large.attention_pipeline == "none"
-    assert {p: large.k_split(p) for p in ("qkv_proj", "o_proj", "down_proj")} == {
+    assert {p: large.k_split(p) for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")} == {
         "qkv_proj": 4,
         "o_proj": 4,
+        "gate_up_proj": 2,
         "down_proj": 8,
     }
-    assert mid.k_split("down_proj") == 1 and large.gemm_block("qkv_proj") == 64
+    assert mid.k_split("down_proj") == mid.k_split("gate_up_proj") == 1
+    assert large.gemm_block("qkv_proj") == 64
     assert M.tensor_shapes(one, 4, 9, 10) == M.tensor_shapes(large, 4, 9, 10)
     assert M.TINY.bucket_configs() == [(None, M.TINY)]
     with pytest.raises(etc.GraphError, match="batch bucket B <= 4 changes \\['block_n'\\]"):

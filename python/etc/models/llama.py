@@ -89,8 +89,10 @@ ATTENTION_TILES = ("phased", "online", "mma")
 #: The tile changes of the decoder's kernel for large batches: every
 #: projection on TMA + wgmma in 64-row blocks (``gemm_core="tma"``, split-K
 #: by ``k_splits``: -4.5 % at B=32, -19 % at B=64 on an H200 against the
-#: 32-row mma.sync tiles, session 13), 64-column qkv/o/down and 32-column
-#: gate/up blocks, the tensor-core attention fed by TMA (session 16), the
+#: 32-row mma.sync tiles, session 13), 64-column qkv/o/down blocks and
+#: 64-column gate/up blocks in 2 parts of k (32 columns whole until the
+#: thirty-third session: −2..−3.4 % at B = 32, even at B = 64), the
+#: tensor-core attention fed by TMA (session 16), the
 #: whole-row argmax and 128-column LM head blocks, no shared regions
 #: (its TMA tiles and attention would not fit two CTAs per SM apart), every
 #: tile a called function, and the attention's ring stages given back once
@@ -105,7 +107,7 @@ LARGE_BATCH = (
     ("gemm_core", "tma"),
     ("bn_qkv", 64),
     ("bn_o", 64),
-    ("bn_gu", 32),
+    ("bn_gu", 64),
     ("bn_down", 64),
     ("bn_lm", 128),
     ("shared_regions", ()),
@@ -410,7 +412,12 @@ class LlamaConfig:
     #: every kernel shares the split-K workspace it sizes (``split_parts``,
     #: ``split_count``); a kernel whose projection is on another core ignores
     #: its entry.
-    k_splits: tuple[tuple[str, int], ...] = (("qkv_proj", 4), ("o_proj", 4), ("down_proj", 8))
+    k_splits: tuple[tuple[str, int], ...] = (
+        ("qkv_proj", 4),
+        ("o_proj", 4),
+        ("gate_up_proj", 2),
+        ("down_proj", 8),
+    )
     #: k-tiles of 64 in flight in a tma-core tile.
     tma_stages: int = 4
     #: Before their waits the tma-core tiles load their first stages' weight
