@@ -903,11 +903,7 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
   %cK = arith.constant {K} : index
   %cHC = arith.constant {H // 8} : index
   %tid = gpu.thread_id x
-  %e1 = arith.addi %e, %c1 : index
-  %r0_i32 = memref.load %row_off[%e] : {e1_t}
-  %r1_i32 = memref.load %row_off[%e1] : {e1_t}
-  %r0 = arith.index_cast %r0_i32 : i32 to index
-  %r1 = arith.index_cast %r1_i32 : i32 to index
+{_expert_rows(e1_t)}
   %n = arith.subi %r1, %r0 : index
   %total = arith.muli %n, %cHC : index
   %last = arith.subi %total, %c1 : index
@@ -919,11 +915,28 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
 }}
 """
 
+    return DeviceFunction.from_mlir(source, name, _permute_reference(K), block_size=block_size)
+
+
+def _expert_rows(e1_t: str) -> str:
+    """MLIR text: ``%r0, %r1`` = expert ``%e``'s rows ``row_off[e], row_off[e + 1]``
+    (``%row_off: e1_t``; needs ``%c1``)."""
+    return f"""\
+  %e1 = arith.addi %e, %c1 : index
+  %r0_i32 = memref.load %row_off[%e] : {e1_t}
+  %r1_i32 = memref.load %row_off[%e1] : {e1_t}
+  %r0 = arith.index_cast %r0_i32 : i32 to index
+  %r1 = arith.index_cast %r1_i32 : i32 to index"""
+
+
+def _permute_reference(K: int) -> Callable[..., None]:
+    """The permute tiles' reference: expert ``e``'s rows ``Xp[r] = X[perm[r] // K]``."""
+
     def reference(e: int, X: np.ndarray, row_off: np.ndarray, perm: np.ndarray, Xp: np.ndarray):
         r0, r1 = int(row_off[e]), int(row_off[e + 1])
         Xp[r0:r1] = X[perm[r0:r1] // K]
 
-    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    return reference
 
 
 #: Polls of a bulk permute's slot barrier before it traps (a copy that never
@@ -983,11 +996,7 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
   %ph0 = arith.constant 0 : i32
   %one = arith.constant 1 : i32
   %tid = gpu.thread_id x
-  %e1 = arith.addi %e, %c1 : index
-  %r0_i32 = memref.load %row_off[%e] : {e1_t}
-  %r1_i32 = memref.load %row_off[%e1] : {e1_t}
-  %r0 = arith.index_cast %r0_i32 : i32 to index
-  %r1 = arith.index_cast %r1_i32 : i32 to index
+{_expert_rows(e1_t)}
   // The slots may hold another tile's generic writes.
   {asm("fence.proxy.async.shared::cta;", [])}
   gpu.barrier
@@ -1038,11 +1047,7 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
 }}
 """
 
-    def reference(e: int, X: np.ndarray, row_off: np.ndarray, perm: np.ndarray, Xp: np.ndarray):
-        r0, r1 = int(row_off[e]), int(row_off[e + 1])
-        Xp[r0:r1] = X[perm[r0:r1] // K]
-
-    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    return DeviceFunction.from_mlir(source, name, _permute_reference(K), block_size=block_size)
 
 
 def release(E: int, *, name: str = "moe_release", block_size: int = 256) -> DeviceFunction:
