@@ -2,7 +2,7 @@
 # Thirty-third session (bench/RESULTS.md): the large-batch decoder's o_proj and down
 # grids, and the MoE prefill tiles refilling their rings without holding a warpgroup.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] [final] [bench] [gusweep] [dectests] ...
+# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] [final] [bench] [gusweep] [dectests] [front] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s33/raw
@@ -99,6 +99,13 @@ for step in ${*:-sweep}; do
     # llama_tiny_tma_buckets llama_1b_large)
     ETC_ARTIFACTS=.device/s33/art timeout 400 python -m pytest -q -rfs --tb=short \
       test/gpu/test_llama_gpu.py -k "tma_buckets or 1b_large" 2>&1 | tee "$OUT/dectests.txt" | tail -8
+    ;;
+  front)  # the adopted prefill preset with 32-token top-k blocks, the bulk permute through 48
+    # slots, or both (BENCH_MOE_LEAN=1 BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=prefill,
+    # pre16_tb32,pre16_bp48,pre16_tb32_bp48 python bench/moe.py --build .device/s33/front/moe)
+    AB_TMP=/tmp/s33/ab AB_GREP=GPU moe_ab moe_front prefill,pre16_tb32,pre16_bp48,pre16_tb32_bp48 \
+      1024,4096 .device/s33/front
+    mv "$OUT"/moe_*[12].json /tmp/s33/raw/
     ;;
   esac
 done

@@ -460,6 +460,10 @@ CONFIGS["pre_a16c_refill_gt"] = {
     "gather": True,
     "gate_up_options": CONFIGS["pre_gt"]["gate_up_options"],
 }
+# The adopted prefill preset with 32-token top-k blocks, the bulk permute, or both.
+CONFIGS["pre16_tb32"] = {**M.PRESETS["prefill"], "topk_block": 32}
+CONFIGS["pre16_bp48"] = {**M.PRESETS["prefill"], "permute_slots": 48}
+CONFIGS["pre16_tb32_bp48"] = {**M.PRESETS["prefill"], "topk_block": 32, "permute_slots": 48}
 #: Extra etc.compile options of a configuration's fused kernels.
 COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
@@ -533,6 +537,9 @@ TARGETS = {
         "pre_gt",
         "pre_a16c_refill_gt",
         "prefill_yp",
+        "pre16_tb32",
+        "pre16_bp48",
+        "pre16_tb32_bp48",
     )
     if k in CONFIGS
 }
