@@ -2,7 +2,7 @@
 # Thirty-third session (bench/RESULTS.md): the large-batch decoder's o_proj and down
 # grids, and the MoE prefill tiles refilling their rings without holding a warpgroup.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] [final] [bench] [gusweep] [dectests] [front] ...
+# Usage: bash bench/gpu_session33.sh [sweep] [moe] [a16] [pu] [bp] [gt] [tests] [final] [bench] [gusweep] [dectests] [front] [front2] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s33/raw
@@ -105,6 +105,11 @@ for step in ${*:-sweep}; do
     # pre16_tb32,pre16_bp48,pre16_tb32_bp48 python bench/moe.py --build .device/s33/front/moe)
     AB_TMP=/tmp/s33/ab AB_GREP=GPU moe_ab moe_front prefill,pre16_tb32,pre16_bp48,pre16_tb32_bp48 \
       1024,4096 .device/s33/front
+    mv "$OUT"/moe_*[12].json /tmp/s33/raw/
+    ;;
+  front2)  # the same artifacts at T = 2048 and 3072: where the front variants stop losing
+    AB_TMP=/tmp/s33/ab AB_GREP=GPU moe_ab moe_front2 prefill,pre16_bp48,pre16_tb32_bp48 \
+      2048,3072 .device/s33/front
     mv "$OUT"/moe_*[12].json /tmp/s33/raw/
     ;;
   esac
