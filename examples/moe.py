@@ -169,14 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         "route": args.route, "combine": args.combine, "combine_dtype": args.combine_dtype,
         "gather": args.gather or None, "slot_logits": args.slot_logits or None,
     }  # fmt: skip
+    if args.gather:  # gathered rows: thread 0 refills by waiting (refill="test" takes none)
+        given["gate_up_options"] = tuple(o for o in cfg.gate_up_options if o[0] != "refill")
     try:
         cfg = replace(
             cfg, route_max_tokens=args.route_max_tokens,
             **{k: v for k, v in given.items() if v is not None},
         )  # fmt: skip
-        if args.gather:  # gathered rows: thread 0 refills by waiting (refill="test" takes none)
-            kept = tuple(o for o in cfg.gate_up_options if o[0] != "refill")
-            cfg = replace(cfg, gate_up_options=kept)
         if args.weight_chunk:
             cfg = cfg.with_weight_chunk(args.weight_chunk)
         g = M.build_moe_graph(cfg)

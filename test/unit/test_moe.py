@@ -290,6 +290,12 @@ def test_bulk_permute_tile():
         M.MoEConfig(permute_slots=-1)
     with pytest.raises(etc.GraphError, match="permute_slots must be an int from 0 to"):
         M.MoEConfig(permute_slots=True)
+    with pytest.raises(etc.GraphError, match="permute_slots=8 shapes the permute task, which"):
+        M.preset(
+            "prefill", gather=True, permute_slots=8, gate_up_options=M.PREFILL_YP["gate_up_options"]
+        )
+    with pytest.raises(etc.GraphError, match="gather=True refills the gate/up rings by waiting"):
+        M.preset("prefill", gather=True)
 
 
 def test_tile_configuration_errors():

@@ -585,6 +585,16 @@ class MoEConfig:
                 "MoEConfig: gather=True needs the TMA gate/up tile (gemm='tc', gate_up_options "
                 f"core='tma', no split_n); got gemm={self.gemm!r}, gate_up_options={gu!r}"
             )
+        if self.gather and gu.get("refill", "wait") != "wait":
+            raise GraphError(
+                "MoEConfig: gather=True refills the gate/up rings by waiting; drop "
+                f"refill={gu['refill']!r} from gate_up_options"
+            )
+        if self.permute_slots and (self.gather or self.route == "slots"):
+            raise GraphError(
+                f"MoEConfig: permute_slots={self.permute_slots} shapes the permute task, which "
+                f"this layer does not have (gather={self.gather!r}, route={self.route!r})"
+            )
         if self.topk > self.experts:
             raise GraphError(f"MoEConfig: topk={self.topk} exceeds experts={self.experts}")
         if self.inter % self.block_n_gu:
