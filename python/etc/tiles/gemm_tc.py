@@ -1025,9 +1025,10 @@ def _gather_rows_tma(
         ": (i32) -> i32"
     )
     count = t.op("g", f"llvm.intr.ctpop({ballot}) : (i32) -> i32")
-    tx = t.op("g", f"arith.muli {count}, {t.op('g', 'arith.constant 128 : i32')} : i32")
+    row_bytes = TMA_BLOCK_K * 2  # one row of a k-tile
+    tx = t.op("g", f"arith.muli {count}, {t.op('g', f'arith.constant {row_bytes} : i32')} : i32")
     src = _i32(t, src_row)
-    dst_row = t.mul(row, TMA_BLOCK_K * 2)
+    dst_row = t.mul(row, row_bytes)
 
     def issue(kt: str | int, stage: str | int) -> None:
         full = ring.bar(0, stage)
