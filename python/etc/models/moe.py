@@ -682,6 +682,9 @@ def has_trigger_api() -> bool:
 def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
     H, II, E, K = cfg.hidden, cfg.inter, cfg.experts, cfg.topk
     N = T * K
+    # The scratch buffers (SCRATCH): a configuration's own, or extra_buffers.
+    scratch = {"Xp": ((N, H), "bf16"), "Yp": ((N, H), "bf16")}
+    scratch |= {name: ((T, H), dtype) for dtype, (name, _) in moe_tiles.SUMS.items()}
     spec = {
         "X": ((T, H), "bf16"),
         "Wr": ((E, H), "bf16"),
@@ -699,9 +702,9 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         "dn_total": ((1,), "i32"),
         "perm": ((N,), "i32"),
         "inv": ((N,), "i32"),
-        "Xp": ((N, H), "bf16"),
+        "Xp": scratch["Xp"],
         "Hb": ((N, II), "bf16"),
-        "Yp": ((N, H), "bf16"),
+        "Yp": scratch["Yp"],
         "Out": ((T, H), "bf16"),
         # combine="last": the slot down tiles' counters (every configuration
         # declares them, so one set of buffers serves a preset family).
@@ -713,9 +716,7 @@ def _spec(cfg: MoEConfig, T: Any) -> dict[str, tuple[tuple[Any, ...], str]]:
         del spec["Xp"]
     if cfg.combine == "atomic":  # the down tiles add into the sums
         del spec["Yp"]
-        spec[_sums(cfg)] = ((T, H), cfg.combine_dtype)
-    scratch = {"Xp": ((N, H), "bf16"), "Yp": ((N, H), "bf16")}
-    scratch |= {name: ((T, H), dtype) for dtype, (name, _) in moe_tiles.SUMS.items()}
+        spec[_sums(cfg)] = scratch[_sums(cfg)]
     for name in cfg.extra_buffers:
         spec.setdefault(name, scratch[name])
     return spec

@@ -9,6 +9,33 @@ from ..errors import GraphError
 #: `gpu.shuffle xor` offsets of a 32-lane butterfly reduction.
 SHUFFLE_OFFSETS = (16, 8, 4, 2, 1)
 
+#: try_wait polls before an mbarrier wait gives up (each suspends up to a
+#: hardware-defined time): a wait that can never complete traps (a launch
+#: error) instead of hanging the GPU.
+MBAR_POLLS = 1 << 22
+
+#: Inline PTX waiting until the mbarrier at shared address ``$0`` completes
+#: the phase of parity ``$1``, or trapping after ``MBAR_POLLS`` polls. Labels
+#: inside braces are local to each copy.
+MBAR_WAIT = (
+    "{ .reg .pred p; .reg .b32 n; mov.b32 n, 0; "
+    "LAB_WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; @p bra DONE; "
+    f"add.u32 n, n, 1; setp.lt.u32 p, n, {MBAR_POLLS}; @p bra LAB_WAIT; trap; DONE: }}"
+)
+
+
+def asm_line(text: str, operands: list[tuple[str, str]], memory: bool = False) -> str:
+    """A side-effecting ``llvm.inline_asm`` of PTX ``text`` on ``operands``
+    (value, ``i32``/``i64``), no result; ``memory``: with a memory clobber,
+    so the compiler moves no load or store across it."""
+    cons = ",".join(["l" if ty == "i64" else "r" for _, ty in operands] + ["~{memory}"] * memory)
+    vals = ", ".join(v for v, _ in operands)
+    types = ", ".join(ty for _, ty in operands)
+    return (
+        f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{cons}" {vals} '
+        f": ({types}) -> ()"
+    )
+
 
 def shuffle_constants(indent: str = "  ") -> str:
     """`%c<o>_i32` for every shuffle offset (the tile defines `%c32_i32`, the width)."""

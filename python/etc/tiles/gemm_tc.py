@@ -58,7 +58,7 @@ import numpy as np
 
 from ..device import DeviceFunction
 from ..errors import GraphError
-from . import _mma
+from . import _mma, _text
 from ._mma import check_divisible as _check_divisible
 from ._mma import experts_dim as _experts
 from ._mma import positive as _positive
@@ -646,15 +646,9 @@ def tma_smem_bytes(block_m: int, b_rows: int, stages: int) -> int:
 
 
 def _asm_ops(t: _Text, text: str, operands: list[tuple[str, str]], memory: bool = False) -> None:
-    """Side-effecting inline PTX on ``operands`` (value, ``i32``/``i64``);
-    ``memory``: with a memory clobber, so the compiler moves no load or
-    store across it (an arrive that releases the reads before it)."""
-    cons = ",".join(["l" if ty == "i64" else "r" for _, ty in operands] + ["~{memory}"] * memory)
-    vals = ", ".join(v for v, _ in operands)
-    types = ", ".join(ty for _, ty in operands)
-    t.emit(
-        f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{cons}" {vals} : ({types}) -> ()'
-    )
+    """Side-effecting inline PTX on ``operands`` (:func:`etc.tiles._text.asm_line`;
+    ``memory``: an arrive that releases the reads before it)."""
+    t.emit(_text.asm_line(text, operands, memory))
 
 
 def mbarrier_inval(t: _Text, bars: Iterable[str]) -> None:
@@ -670,23 +664,13 @@ def _i32(t: _Text, v: str) -> str:
     return t.op("w", f"arith.index_cast {v} : index to i32")
 
 
-# try_wait polls before a TMA tile gives up (each suspends up to a
-# hardware-defined time): a wait that can never complete traps (a launch error)
-# instead of hanging the GPU.
-MBAR_POLLS = 1 << 22
+MBAR_POLLS = _text.MBAR_POLLS
 
 
 def _mbar_wait(t: _Text, bar: str, parity: str) -> None:
     """Wait until the mbarrier at shared address ``bar`` (i32) completes the
-    phase of ``parity`` (i32), or trap after ``MBAR_POLLS`` polls. Labels
-    inside braces are local to each copy."""
-    _asm_ops(
-        t,
-        "{ .reg .pred p; .reg .b32 n; mov.b32 n, 0; "
-        "LAB_WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; @p bra DONE; "
-        f"add.u32 n, n, 1; setp.lt.u32 p, n, {MBAR_POLLS}; @p bra LAB_WAIT; trap; DONE: }}",
-        [(bar, "i32"), (parity, "i32")],
-    )
+    phase of ``parity`` (i32), or trap after ``MBAR_POLLS`` polls."""
+    _asm_ops(t, _text.MBAR_WAIT, [(bar, "i32"), (parity, "i32")])
 
 
 def _try_refill(t: _Text, nx: str, kt_n: int, stages: int, bar, issue) -> str:
@@ -943,6 +927,14 @@ class TmaGather:
 _GATHER_CHUNKS = 4
 
 
+def _a_stage(t: _Text, ring: _TmaRing, stage: str | int) -> str:
+    """The shared address (index) of ``ring``'s ``A`` stage ``stage``."""
+    per_stage = ring.a_bytes
+    return t.add(
+        ring.base_a, t.mul(stage, per_stage) if isinstance(stage, str) else stage * per_stage
+    )
+
+
 def _gather_setup(
     t: _Text, gather: TmaGather, ring: _TmaRing, tid: str, k_offset: str | None,
     rotate: tuple[str, int] | None,
@@ -978,10 +970,7 @@ def _gather_setup(
         col = _k_column(t, kt, k_offset, rotate)  # i32, in elements
         col = t.op("g", f"arith.extui {col} : i32 to i64")
         col = t.op("g", f"arith.addi {col}, {col} : i64")  # bytes
-        per_stage = ring.a_bytes
-        at = t.add(
-            ring.base_a, t.mul(stage, per_stage) if isinstance(stage, str) else stage * per_stage
-        )
+        at = _a_stage(t, ring, stage)
         for src, dst, size in parts:
             _asm_ops(
                 t,
@@ -1041,10 +1030,7 @@ def _gather_rows_tma(
         )
         t.end()
         col = _k_column(t, kt, k_offset, rotate)
-        per_stage = ring.a_bytes
-        at = t.add(
-            ring.base_a, t.mul(stage, per_stage) if isinstance(stage, str) else stage * per_stage
-        )
+        at = _a_stage(t, ring, stage)
         t.emit(f"scf.if {mine} {{")
         t.indent += "  "
         _asm_ops(
@@ -2528,8 +2514,11 @@ def _moe_tile(
             f"{out}[perm / K] += w * (Hb @ Wd[e]^T)" if combined else "Yp = Hb @ Wd[e]^T"
         )
         reference = _mma.down_reference(block_m, block_n, combine_topk=ctopk, chunk=chunk)
-    # TMA maps after the buffers: the activation's (unless gathered) and the weight's.
-    maps = [("X", 0, 1)] if gathered and o["gather_tma"] else [] if gathered else [(a, 0, block_m)]
+    # TMA maps after the buffers: the activation's and the weight's.
+    if not gathered:
+        maps = [(a, 0, block_m)]
+    else:  # X's one-row boxes (gather_tma), or no map: cp.async reads the rows
+        maps = [("X", 0, 1)] if o["gather_tma"] else []
     maps.append((w, 1, cw if gate else sub, chunk))
     return _moe_finish(
         t, name, signature, globals_,

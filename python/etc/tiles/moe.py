@@ -939,11 +939,6 @@ def _permute_reference(K: int) -> Callable[..., None]:
     return reference
 
 
-#: Polls of a bulk permute's slot barrier before it traps (a copy that never
-#: lands is a launch error, not a hang).
-_BULK_POLLS = 1 << 22
-
-
 def _bulk_permute(E: int, K: int, H: int, S: int, name: str, block_size: int) -> DeviceFunction:
     """:func:`permute` with ``slots=S``. Each of threads ``0..S-1`` owns a
     slot of one row (``2H`` bytes, 128-byte aligned) and an mbarrier; per
@@ -968,20 +963,7 @@ def _bulk_permute(E: int, K: int, H: int, S: int, name: str, block_size: int) ->
     slots_t = f"memref<{S * row_bytes // 4}xi32, #gpu.address_space<workgroup>>"
     bars_t = f"memref<{2 * S}xi32, #gpu.address_space<workgroup>>"
 
-    def asm(text: str, operands: list[tuple[str, str]], result: str = "") -> str:
-        cons = ",".join("l" if ty == "i64" else "r" for _, ty in operands)
-        vals = ", ".join(v for v, _ in operands)
-        types = ", ".join(ty for _, ty in operands)
-        return (
-            f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{cons}" {vals} '
-            f": ({types}) -> ()"
-        )
-
-    wait = (
-        "{ .reg .pred p; .reg .b32 n; mov.b32 n, 0; LAB_WAIT: "
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; @p bra DONE; add.u32 n, n, 1; "
-        f"setp.lt.u32 p, n, {_BULK_POLLS}; @p bra LAB_WAIT; trap; DONE: }}"
-    )
+    asm, wait = _text.asm_line, _text.MBAR_WAIT  # a copy that never lands traps
     source = f"""// {name}: gather expert e's rows of X (hidden {H}, top-{K}) into Xp by bulk copies
 // through {S} slots of {row_bytes} bytes, one CTA of {block_size}.
 memref.global "private" @{name}__slots : {slots_t} {{alignment = 128 : i64}}
