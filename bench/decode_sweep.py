@@ -306,6 +306,20 @@ VARIANTS["sm_gu64s4"] = {
     "k_splits": tuple({**_KS, "gate_up_proj": 4}.items()),
     **_large(("bn_gu", 64)),
 }
+# Session 34: the split projections' parts meeting in fragment order (16-byte
+# accesses, the last part's own products from its registers; item 147), and
+# with it o_proj or qkv in 8 parts (256 / 384 instances).
+_KS34 = dict(M.LLAMA_3_2_1B.k_splits)
+VARIANTS["frag"] = {"tma_meeting": "fragments"}  # the default since (item 147)
+VARIANTS["rows"] = {"tma_meeting": "rows"}
+VARIANTS["frag_o8"] = {
+    "tma_meeting": "fragments",
+    "k_splits": tuple({**_KS34, "o_proj": 8}.items()),
+}
+VARIANTS["frag_q8"] = {
+    "tma_meeting": "fragments",
+    "k_splits": tuple({**_KS34, "qkv_proj": 8}.items()),
+}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -719,6 +719,10 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_combine_group": combine_group,
         "llama_tiny_tma": tma,
         "llama_tiny_tma_buckets": tma_buckets,
+        # The split projections' parts meeting by rows and columns instead of
+        # in fragment order (B = 70: two 64-row blocks, the last partial).
+        "llama_tiny_tma_rows": dataclasses.replace(tma, tma_meeting="rows"),
+        "llama_tiny_tma_buckets_rows": dataclasses.replace(tma_buckets, tma_meeting="rows"),
         # Every kernel's CTAs take their lists by SM (LARGE_BATCH's does above).
         "llama_tiny_sm_slices": dataclasses.replace(llama.TINY, sm_slices=True),
         # The layer projections' weights chunked (weight_chunk), also under
@@ -747,7 +751,8 @@ def llama_1b_large_variants() -> dict:
     stages given back at other points (``attn_tma_release``), and with the
     epilogues' loads issued before the k loops (``tma_epilogue_ahead``),
     and with the tiles inlined into the kernel instead of called
-    (``outline``): the same arithmetic, so bit-identical logits."""
+    (``outline``), and with the split-K parts meeting by rows and columns
+    (``tma_meeting="rows"``): the same arithmetic, so bit-identical logits."""
     from etc.models import llama
 
     large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
@@ -761,4 +766,5 @@ def llama_1b_large_variants() -> dict:
         "llama_1b_large_inlined": dataclasses.replace(large, outline=False),
         "llama_1b_large_attn_outlined": dataclasses.replace(large, outline=("attention",)),
         "llama_1b_large_plain": dataclasses.replace(large, tma_epilogue_ahead=False),
+        "llama_1b_large_rows": dataclasses.replace(large, tma_meeting="rows"),
     }

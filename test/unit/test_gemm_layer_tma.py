@@ -152,7 +152,8 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(unroll=2, warps=(1, 2, 4)), "warps, unroll do not apply to core='tma'"),
         (dict(counter_row=-1), "counter_row must be an int >= 0"),
         (dict(stages=40), "need .* bytes of shared memory"),
-        (dict(core="sync", k_splits=2), "k_splits=2 and a_box=64 need core=.tma."),
+        (dict(core="sync", k_splits=2), "k_splits=2, a_box=64 and meeting='rows' need core=.tma."),
+        (dict(meeting="tree"), "meeting must be 'rows' or 'fragments', got 'tree'"),
         (dict(a_box=24), "a_box=24 must be 16, 32 or 64"),
         (dict(prefetch_ring=0), "prefetch must be a bool, an int >= 1 or .shared."),
     ],
@@ -230,6 +231,9 @@ def test_shared_prefetch_loads_the_first_weight_stages_into_the_ring():
         ("swiglu", 1, dict(prefetch_ring="shared")),
         ("swiglu", 2, dict(prefetch_ring="shared", rotate_k=True)),
         ("store", 4, dict(prefetch_ring=True, rotate_k=True)),
+        ("store", 4, dict(meeting="fragments")),
+        ("residual", 4, dict(prefetch_ring="shared", meeting="fragments", epilogue_ahead=True)),
+        ("swiglu", 2, dict(prefetch_ring="shared", rotate_k=True, meeting="fragments")),
     ],
 )
 def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
@@ -239,8 +243,12 @@ def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
     ptx = art.ptx
     assert "cp.async.bulk.tensor.2d" in ptx and "wgmma.mma_async" in ptx
     if parts > 1:
-        assert "atom.acq_rel.gpu.global.add.u32" in ptx
-        assert "ld.global.cg.v2.f32" in ptx and "st.relaxed.gpu.global.u32" in ptx
+        assert "atom.acq_rel.gpu.global.add.u32" in ptx and "st.relaxed.gpu.global.u32" in ptx
+        if extra.get("meeting") == "fragments":  # 16-byte parts, none by row
+            assert "st.global.v4.f32" in ptx and "ld.global.cg.v4.f32" in ptx
+            assert "ld.global.cg.v2.f32" not in ptx
+        else:
+            assert "ld.global.cg.v2.f32" in ptx
     art.save(tmp_path / "art")
     maps = [t.name for t in manifest.load_manifest(tmp_path / "art").tensors if t.tensor_map]
     assert maps == [f"A_tma{extra.get('a_box', 64)}x64", "W_tma16x64"]
@@ -292,7 +300,8 @@ def test_decoder_on_the_tma_core_matches_the_numpy_model():
     B, L_ = 70, 5
     tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
     arrays = M.numpy_inputs(cfg, weights, tokens, L_, L_ + 3)
-    assert arrays["split_parts"].shape == (4 * B, cfg.qkv_width)  # the widest split
+    # The widest split; whole 64-row blocks (tma_meeting="fragments").
+    assert arrays["split_parts"].shape == (4 * 128, cfg.qkv_width)
     ref = M.reference_step(cfg, arrays, L_)
     out = etc.simulate(g, arrays, {"B": B, "L": L_, "S": L_ + 3}, num_ctas=7)
     got = bf16_to_f32(out["logits"])
@@ -325,6 +334,29 @@ def test_decoder_on_the_tma_core_with_chunked_weights_gives_the_row_layout_s_ste
     )  # fmt: skip
     for key in ("logits", "next_tokens", "k_cache", "v_cache"):
         np.testing.assert_array_equal(out[key], want[key])
+
+
+def test_decoder_with_parts_meeting_in_fragment_order_gives_the_same_step():
+    """tma_meeting="fragments" (the default): the workspace holds whole
+    64-row blocks per part (B = 70: 4 parts x 2 blocks), the step is the
+    rows meeting's bit for bit and every counter is back at zero."""
+    cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
+    plain = dataclasses.replace(cfg, tma_meeting="rows")
+    assert cfg.tma_meeting == "fragments"
+    weights = M.random_weights(cfg, seed=5)
+    B, L_ = 70, 5
+    tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
+    syms = {"B": B, "L": L_, "S": L_ + 3}
+    arrays = M.numpy_inputs(cfg, weights, tokens, L_, L_ + 3)
+    assert arrays["split_parts"].shape == (4 * 128, cfg.qkv_width)
+    out = etc.simulate(M.build_decoder_graph(cfg), arrays, syms, num_ctas=7)
+    want = etc.simulate(
+        M.build_decoder_graph(plain), M.numpy_inputs(plain, weights, tokens, L_, L_ + 3), syms,
+        num_ctas=7,
+    )  # fmt: skip
+    for key in ("logits", "next_tokens", "k_cache", "v_cache"):
+        np.testing.assert_array_equal(out[key], want[key])
+    assert not out["split_count"].any()
 
 
 @needs_ptxas
@@ -369,6 +401,7 @@ def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
         (dict(gemm_core="tma", k_splits=(("down_proj", 8),)), "bn_down=16 / 8 parts"),
         (dict(gemm_core="tma", fuse_norms=True, fold_norms=False), "fuse_norms needs the sync"),
         (dict(gemm_core="wgmma"), "gemm_core must be 'sync', 'bulk' or 'tma'"),
+        (dict(tma_meeting="tree"), "tma_meeting must be 'rows' or 'fragments', got 'tree'"),
     ],
 )
 def test_config_errors(change, words):

@@ -437,6 +437,14 @@ class LlamaConfig:
     #: loop, off the split-K meeting's path (``layer_gemm(epilogue_ahead=True)``;
     #: −0.2..−1.2 % at B = 32 and 64, L = 1024 on an H200, twenty-ninth session).
     tma_epilogue_ahead: bool = True
+    #: How a split projection's parts meet in the workspace
+    #: (``layer_gemm(meeting=...)``): ``"rows"`` (each product at its row and
+    #: column, 8-byte accesses) or ``"fragments"`` (in the accumulators'
+    #: fragment order, 16-byte accesses, the last part's own products from
+    #: its registers; the workspace then holds ``parts * 64 * ceil(B / 64)``
+    #: rows). The same bits either way; ``"fragments"`` −1 % at B = 64 and
+    #: even at B = 32 (thirty-fourth session, ``bench/RESULTS.md`` item 147).
+    tma_meeting: str = "fragments"
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -606,6 +614,10 @@ class LlamaConfig:
         for name in ("attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct"):
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
+        if self.tma_meeting not in ("rows", "fragments"):
+            raise GraphError(
+                f"LlamaConfig: tma_meeting must be 'rows' or 'fragments', got {self.tma_meeting!r}"
+            )
         if self.attn_cached_splits not in (None, True, False):
             raise GraphError(
                 "LlamaConfig: attn_cached_splits must be None or a bool, got "
@@ -1135,8 +1147,10 @@ def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
         return {}
     parts, cols, counters = space
     row_blocks = (B + 63) // 64
+    # In fragment order a part holds whole 64-row blocks.
+    rows = parts * row_blocks * 64 if cfg.tma_meeting == "fragments" else parts * B
     return {
-        "split_parts": ((parts * B, cols), "f32"),
+        "split_parts": ((rows, cols), "f32"),
         "split_count": ((len(_COUNTER_ROWS), row_blocks * counters), "i32"),
     }
 
@@ -1202,7 +1216,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 counter_row=_COUNTER_ROWS.get(name, 0),
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
-                epilogue_ahead=cfg.tma_epilogue_ahead,
+                epilogue_ahead=cfg.tma_epilogue_ahead, meeting=cfg.tma_meeting,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
                 weight_chunk=cfg.weight_chunk if layers is not None else 0,

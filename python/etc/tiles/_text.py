@@ -26,9 +26,10 @@ MBAR_WAIT = (
 
 def asm_line(text: str, operands: list[tuple[str, str]], memory: bool = False) -> str:
     """A side-effecting ``llvm.inline_asm`` of PTX ``text`` on ``operands``
-    (value, ``i32``/``i64``), no result; ``memory``: with a memory clobber,
-    so the compiler moves no load or store across it."""
-    cons = ",".join(["l" if ty == "i64" else "r" for _, ty in operands] + ["~{memory}"] * memory)
+    (value, ``i32``/``i64``/``f32``), no result; ``memory``: with a memory
+    clobber, so the compiler moves no load or store across it."""
+    kinds = {"i32": "r", "i64": "l", "f32": "f"}
+    cons = ",".join([kinds[ty] for _, ty in operands] + ["~{memory}"] * memory)
     vals = ", ".join(v for v, _ in operands)
     types = ", ".join(ty for _, ty in operands)
     return (

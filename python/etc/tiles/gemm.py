@@ -1706,6 +1706,7 @@ def layer_gemm(
     weight_chunk: int = 0,
     bulk_ring: bool = False,
     epilogue_ahead: bool = False,
+    meeting: str = "rows",
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1811,8 +1812,8 @@ def layer_gemm(
     box (boxes past ``M`` skipped); ``epilogue_ahead`` issues the epilogue's
     row sums and residual loads before the k loop. It takes ``stages``,
     ``columns_first``, ``row_scale``, ``sums_out``, ``k_splits``,
-    ``counter_row``, ``prefetch_ring``, ``a_box`` and ``epilogue_ahead``
-    only.
+    ``counter_row``, ``prefetch_ring``, ``a_box``, ``epilogue_ahead`` and
+    ``meeting`` (how the split-K parts meet) only.
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -1856,10 +1857,13 @@ def layer_gemm(
             block_size=block_size, stages=stages, columns_first=columns_first,
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
             prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
-            epilogue_ahead=epilogue_ahead,
+            epilogue_ahead=epilogue_ahead, meeting=meeting,
         )  # fmt: skip
-    if k_splits != 1 or a_box != 64:
-        raise GraphError(f"tile '{name}': k_splits={k_splits} and a_box={a_box} need core='tma'")
+    if k_splits != 1 or a_box != 64 or meeting != "rows":
+        raise GraphError(
+            f"tile '{name}': k_splits={k_splits}, a_box={a_box} and meeting={meeting!r} "
+            "need core='tma'"
+        )
     if epilogue_ahead:
         raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")
     if core == "bulk":

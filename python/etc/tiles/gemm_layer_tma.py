@@ -81,6 +81,7 @@ def layer_gemm_tma(
     rotate_k: bool = False,
     weight_chunk: int = 0,
     epilogue_ahead: bool = False,
+    meeting: str = "rows",
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -111,8 +112,21 @@ def layer_gemm_tma(
     ``epilogue_ahead``: the epilogue's loads that do not depend on the
     product (``row_scale``'s row sums, the ``residual``) are issued before
     the k loop instead of after the split-K meeting, off its critical path
-    (a few registers held across the loop)."""
+    (a few registers held across the loop).
+
+    ``meeting`` (with ``k_splits > 1``): how the parts meet in ``P``.
+    ``"rows"``: each part stores its products at their rows and columns
+    (8-byte stores), the last loads the others' likewise. ``"fragments"``:
+    in the accumulators' fragment order (:func:`etc.tiles.gemm_tc.meet_fragments`,
+    the dense tile's meeting: a warp's 512 contiguous bytes per 16-byte
+    access, the last part's own products from its registers); block ``b`` of
+    the projection (``i * (n / block_n) + j``) takes ``k_splits * 64 *
+    block_n`` floats (twice with ``swiglu``) at ``b`` times that, so ``P``
+    needs ``k_splits * 64 * ceil(M / 64) * n`` floats (``2 n``); the
+    threads whose rows are all past ``M`` store and load none."""
     stages = 4 if stages is None else stages
+    if meeting not in ("rows", "fragments"):
+        raise GraphError(f"tile '{name}': meeting must be 'rows' or 'fragments', got {meeting!r}")
     _mma.positive(name, "k_splits", k_splits)
     if block_m != 64:
         raise GraphError(
@@ -163,7 +177,9 @@ def layer_gemm_tma(
     if split:
         flag, flag_global = _mma.last_arrival_flag(name)
         globals_.append(flag_global)
-        reduce = _split_reduce(n, block_n, k_splits, counter_row, per_n, r1, m_rows, flag)
+        reduce = _split_reduce(
+            n, block_n, k_splits, counter_row, per_n, r1, m_rows, flag, meeting, block_size
+        )
 
     def make_store(t: _Text, wn_i: str) -> Callable[..., None]:
         store = _gemm._layer_store(epilogue, t.add(n0, t.mul(wn_i, cw)), cw // 8, ct, r1, sums)
@@ -276,7 +292,7 @@ def _weight_loads(
 
 def _split_reduce(
     n: int, block_n: int, parts: int, counter_row: int, per_n: int, r1: str, m_rows: str,
-    flag: str,
+    flag: str, meeting: str, block_size: int,
 ) -> Callable[..., list]:  # fmt: skip
     """The split-K meeting (module docstring) as an epilogue step: stores this
     part, counts it, and in the last part opens ``scf.if`` (closed by the
@@ -289,11 +305,20 @@ def _split_reduce(
             for f in range(per_n * nf)
         ]
 
-        def slot(t: _Text) -> str:
-            blk = t.add(t.mul("%i", n // block_n), "%j")
-            width = t.op("cw", f"memref.dim %cnt, {t.c(1)} : {COUNT_TYPE}")
-            return t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), blk)
+        def block(t: _Text) -> str:
+            return t.add(t.mul("%i", n // block_n), "%j")
 
+        def slot(t: _Text) -> str:
+            width = t.op("cw", f"memref.dim %cnt, {t.c(1)} : {COUNT_TYPE}")
+            return t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), block(t))
+
+        if meeting == "fragments":
+            # A thread whose first row is past the batch holds no row to keep.
+            live = t.op("live", f"arith.cmpi ult, {rows[0]}, {r1} : index")
+            return _tc.meet_fragments(
+                t, acc, parts, "%ks", slot, flag, block_size, part_block=block, p_type=PART_TYPE,
+                live=live,
+            )  # fmt: skip
         return _tc.meet_parts(t, acc, rows, cols, r1, m_rows, parts, "%ks", slot, flag)
 
     return reduce

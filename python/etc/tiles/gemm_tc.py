@@ -1661,7 +1661,8 @@ MEET_FRAGMENTS = 4
 
 def meet_fragments(
     t: _Text, acc, parts: int, part: str, block: Callable[[_Text], str], flag: str,
-    block_size: int,
+    block_size: int, part_block: Callable[[_Text], str] | None = None,
+    p_type: str = FRAGMENT_PARTS_TYPE, live: str | None = None,
 ) -> list:  # fmt: skip
     """The split-K meeting of a dense tile's part ``part`` (an index value)
     of ``parts``, through a workspace in fragment order: thread ``tid``'s
@@ -1672,12 +1673,20 @@ def meet_fragments(
     the part on ``%cnt``'s word ``block(t)`` (:func:`_arrive`); the last
     part adds the parts in part order, its own from its registers: the
     same bits whichever part is last. Returns the sums in ``acc``'s
-    structure, inside the last part's ``scf.if`` (the caller closes it)."""
+    structure, inside the last part's ``scf.if`` (the caller closes it).
+
+    ``part_block``: the block's index in ``%P`` when it is not its counter's
+    word (the decoder's projections share ``%P`` but not their counter
+    rows); ``p_type``: ``%P``'s type, any float32 memref read as one flat
+    array (16-byte stores by address when it is not 1-D); ``live`` (an
+    ``i1``, with such a ``p_type``): whether this thread's fragments hold
+    rows to keep: a thread without stores and loads nothing (its sums are
+    zeros), so a block of a few rows moves only their warps' bytes."""
+    if live is not None and p_type == FRAGMENT_PARTS_TYPE:
+        raise GraphError("meet_fragments: live needs a p_type other than the 1-D workspace")
     frags = [q for per in acc for q in per]
-    base = t.op(
-        "pb", f"memref.extract_aligned_pointer_as_index %P : {FRAGMENT_PARTS_TYPE} -> index"
-    )
-    blk = block(t)
+    base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {p_type} -> index")
+    blk = (part_block or block)(t)
     tid = t.op("tid", "gpu.thread_id x")
 
     def element(q: int | str, f: int) -> str:
@@ -1686,7 +1695,19 @@ def meet_fragments(
         return t.mul(t.add(t.mul(t.add(t.mul(bq, len(frags)), f), block_size), tid), 4)
 
     v4 = "vector<4xf32>"
+    # A predicate on ``live`` for the inline PTX below (operand $5).
+    on = "" if live is None else t.op("lv", f"arith.extui {live} : i1 to i32")
+    decl = "" if live is None else ".reg .pred p; setp.ne.b32 p, $5, 0; "
+    guard = decl + "@p " if decl else ""
     for f, c in enumerate(frags):
+        if p_type != FRAGMENT_PARTS_TYPE:
+            at = t.op(
+                "a", f"arith.index_cast {t.add(base, t.mul(element(part, f), 4))} : index to i64"
+            )
+            ops = [(at, "i64"), *[(v, "f32") for v in c]] + ([(on, "i32")] if on else [])
+            _asm_ops(t, f"{{{guard}st.global.v4.f32 [$0], {{$1, $2, $3, $4}};}}", ops,
+                     memory=True)  # fmt: skip
+            continue
         vec = t.op("v", f"vector.from_elements {', '.join(c)} : {v4}")
         t.emit(
             f"vector.store {vec}, %P[{element(part, f)}] {{alignment = 16 : i64}} : "
@@ -1709,6 +1730,18 @@ def meet_fragments(
     chunks = [range(f0, min(f0 + size, len(frags))) for f0 in range(0, len(frags), size)]
 
     def load(chunk: range) -> dict:
+        if on:  # zeros first: a predicated-off load leaves its registers as they were
+            zeros = "".join(f"mov.f32 ${e}, 0f00000000; " for e in range(4))
+            return {
+                (k, f): t.op(
+                    "ld",
+                    f'llvm.inline_asm has_side_effects asm_dialect = att "{{{decl}{zeros}@p '
+                    f'ld.global.cg.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * block_size * 16}];}}", '
+                    f'"=f,=f,=f,=f,l,r" {at}, {on} : (i64, i32) -> {quad_t}',
+                )
+                for k, at in enumerate(others)
+                for f in chunk
+            }
         return {
             (k, f): t.op(
                 "ld",

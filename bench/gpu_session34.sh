@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Thirty-fourth session (bench/RESULTS.md, items 146-): a model of the B = 1 step with a
+# loader warp, and the large-batch decoder's split-K parts meeting in fragment order.
+# Each step's CPU-side build is in its comment.
+# Usage: bash bench/gpu_session34.sh [proto] [tests] [sweep] [sweep2] [bench] ...
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s34/raw
+for step in ${*:-sweep}; do
+  case $step in
+  proto)  # the loader-warp model of the B = 1 step (nothing to build here)
+    nvcc -O3 -arch=sm_90a bench/loader_proto.cu -o /tmp/lp && timeout 280 /tmp/lp 2>&1 \
+      | tee "$OUT/loader-proto.txt"
+    ;;
+  tests)  # the parts meeting in fragment order: the tiny TMA decoders against the simulator
+    # and bit-reproducible, the 1B large kernel bit-identical to the rows meeting
+    # (python test/gpu/make_artifacts.py .device/s34/art --only PREFIX for PREFIX in
+    # llama_1b_large llama_tiny_tma_rows llama_tiny_tma_buckets_rows llama_tiny_tma_buckets;
+    # before "fragments" became the default the variants were llama_tiny_tma_frag and
+    # llama_tiny_tma_buckets_frag, and llama_1b_large_frag)
+    ETC_ARTIFACTS=.device/s34/art timeout 400 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "tma_buckets or tma_rows or 1b_large" 2>&1 \
+      | tee "$OUT/dectests.txt" | tail -8
+    ;;
+  sweep)  # the meeting in fragment order, alone and with o_proj or qkv in 8 parts
+    # (DECODE_SWEEP_VARIANTS=default,frag,frag_o8,frag_q8 python bench/decode_sweep.py
+    # --build .device/s34/sweep)
+    SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep default,frag,frag_o8,frag_q8 \
+      32,64 1024,4096 .device/s34/sweep
+    ;;
+  sweep2)  # the adopted default (fragments) against the rows meeting
+    # (DECODE_SWEEP_VARIANTS=default,rows python bench/decode_sweep.py --build .device/s34/sweep2)
+    SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep2 default,rows 32,64 1024,4096 .device/s34/sweep2
+    ;;
+  bench)  # the issue's benchmark over the default artifact
+    # (python bench/decode.py --build .device/s34/decode)
+    decode_bench .device/s34/decode
+    ;;
+  esac
+done
+tar czf "$OUT/session34-raw.tgz" -C /tmp/s34 raw 2>/dev/null || true
