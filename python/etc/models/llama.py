@@ -442,8 +442,9 @@ class LlamaConfig:
     #: column, 8-byte accesses) or ``"fragments"`` (in the accumulators'
     #: fragment order, 16-byte accesses, the last part's own products from
     #: its registers; the workspace then holds ``parts * 64 * ceil(B / 64)``
-    #: rows). The same bits either way; ``"fragments"`` −1 % at B = 64 and
-    #: even at B = 32 (thirty-fourth session, ``bench/RESULTS.md`` item 147).
+    #: rows). The same bits either way; ``"fragments"`` −1.8..−2.2 % at B = 64
+    #: and −0.5..−1.6 % at B = 32 on an H200 (thirty-fourth session,
+    #: ``bench/RESULTS.md`` items 147-148).
     tma_meeting: str = "fragments"
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
