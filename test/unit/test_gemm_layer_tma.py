@@ -315,25 +315,35 @@ def test_decoder_on_the_tma_core_with_chunked_weights_gives_the_row_layout_s_ste
     logits, tokens and caches are the row layout's bit for bit."""
     plain = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
     cfg = dataclasses.replace(plain, weight_chunk=64)
-    weights = M.random_weights(cfg, seed=5)
-    B, L_ = 70, 5
-    tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
-    syms = {"B": B, "L": L_, "S": L_ + 3}
-    g = M.build_decoder_graph(cfg)
-    chunked = [t for t in g.tensors if t.map_chunk]
+    chunked = [t for t in M.build_decoder_graph(cfg).tensors if t.map_chunk]
     assert {t.map_of.name for t in chunked} == {
         "wqkv_folded_c64",
         "wo_c64",
         "wgu_folded_c64",
         "wd_c64",
     }
-    out = etc.simulate(g, M.numpy_inputs(cfg, weights, tokens, L_, L_ + 3), syms, num_ctas=7)
-    want = etc.simulate(
-        M.build_decoder_graph(plain), M.numpy_inputs(plain, weights, tokens, L_, L_ + 3), syms,
-        num_ctas=7,
-    )  # fmt: skip
+    _same_step(cfg, plain)
+
+
+def _same_step(cfg, plain, B=70, L_=5):
+    """Simulates ``cfg``'s and ``plain``'s decoders on the same weights and
+    tokens; asserts their logits, tokens and caches are equal bit for bit
+    and returns ``cfg``'s outputs."""
+    weights = M.random_weights(cfg, seed=5)
+    tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
+    syms = {"B": B, "L": L_, "S": L_ + 3}
+    out, want = (
+        etc.simulate(
+            M.build_decoder_graph(c),
+            M.numpy_inputs(c, weights, tokens, L_, L_ + 3),
+            syms,
+            num_ctas=7,
+        )  # fmt: skip
+        for c in (cfg, plain)
+    )
     for key in ("logits", "next_tokens", "k_cache", "v_cache"):
         np.testing.assert_array_equal(out[key], want[key])
+    return out
 
 
 def test_decoder_with_parts_meeting_in_fragment_order_gives_the_same_step():
@@ -343,19 +353,8 @@ def test_decoder_with_parts_meeting_in_fragment_order_gives_the_same_step():
     cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS)
     plain = dataclasses.replace(cfg, tma_meeting="rows")
     assert cfg.tma_meeting == "fragments"
-    weights = M.random_weights(cfg, seed=5)
-    B, L_ = 70, 5
-    tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
-    syms = {"B": B, "L": L_, "S": L_ + 3}
-    arrays = M.numpy_inputs(cfg, weights, tokens, L_, L_ + 3)
-    assert arrays["split_parts"].shape == (4 * 128, cfg.qkv_width)
-    out = etc.simulate(M.build_decoder_graph(cfg), arrays, syms, num_ctas=7)
-    want = etc.simulate(
-        M.build_decoder_graph(plain), M.numpy_inputs(plain, weights, tokens, L_, L_ + 3), syms,
-        num_ctas=7,
-    )  # fmt: skip
-    for key in ("logits", "next_tokens", "k_cache", "v_cache"):
-        np.testing.assert_array_equal(out[key], want[key])
+    out = _same_step(cfg, plain)
+    assert out["split_parts"].shape == (4 * 128, cfg.qkv_width)
     assert not out["split_count"].any()
 
 
