@@ -312,6 +312,16 @@ VARIANTS["sm_gu64s4"] = {
 _KS34 = dict(M.LLAMA_3_2_1B.k_splits)
 VARIANTS["frag"] = {"tma_meeting": "fragments"}  # the default since (item 147)
 VARIANTS["rows"] = {"tma_meeting": "rows"}
+# ... and qkv or o_proj in 128-column blocks of 8 parts (each activation box
+# read from L2 feeding twice the weights; 192 / 128 instances).
+VARIANTS["q128s8"] = {
+    "k_splits": tuple({**_KS34, "qkv_proj": 8}.items()),
+    **_large(("bn_qkv", 128)),
+}
+VARIANTS["o128s8"] = {
+    "k_splits": tuple({**_KS34, "o_proj": 8}.items()),
+    **_large(("bn_o", 128)),
+}
 VARIANTS["frag_o8"] = {
     "tma_meeting": "fragments",
     "k_splits": tuple({**_KS34, "o_proj": 8}.items()),

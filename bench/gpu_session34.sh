@@ -2,7 +2,7 @@
 # Thirty-fourth session (bench/RESULTS.md, items 146-): a model of the B = 1 step with a
 # loader warp, and the large-batch decoder's split-K parts meeting in fragment order.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session34.sh [proto] [tests] [sweep] [sweep2] [bench] ...
+# Usage: bash bench/gpu_session34.sh [proto] [tests] [sweep] [sweep2] [sweep3] [sweep4] [trace] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s34/raw
@@ -31,6 +31,24 @@ for step in ${*:-sweep}; do
   sweep2)  # the adopted default (fragments) against the rows meeting
     # (DECODE_SWEEP_VARIANTS=default,rows python bench/decode_sweep.py --build .device/s34/sweep2)
     SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep2 default,rows 32,64 1024,4096 .device/s34/sweep2
+    ;;
+  sweep3)  # o_proj in 128-column blocks of 8 parts (qkv so spilled 964 bytes in ptxas: not run)
+    # (DECODE_SWEEP_VARIANTS=default,o128s8 python bench/decode_sweep.py --build .device/s34/sweep3)
+    SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep3 default,o128s8 32,64 4096 .device/s34/sweep3
+    ;;
+  sweep4)  # the large kernel's attention in spans of 2048 (1024 instances at B = 64, L = 4096,
+    # a combine after them) against 4096 (512 instances in two waves, the second's tail ~15 us)
+    # (DECODE_SWEEP_VARIANTS=default,chunk2048 python bench/decode_sweep.py --build .device/s34/sweep4)
+    SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep4 default,chunk2048 32,64 4096 .device/s34/sweep4
+    ;;
+  trace)  # the default traced at B = 1, L = 1024 and B = 64, L = 4096 (raw records kept)
+    # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s34/tr)
+    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=1 timeout 200 python bench/decode_trace.py \
+      --artifacts .device/s34/tr --out /tmp/s34/tr1 2>&1 | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
+    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s34/tr --out /tmp/s34/tr64 2>&1 \
+      | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
+    tar czf "$OUT/traces.tgz" -C /tmp/s34 tr1 tr64
     ;;
   bench)  # the issue's benchmark over the default artifact
     # (python bench/decode.py --build .device/s34/decode)
