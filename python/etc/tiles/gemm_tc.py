@@ -1680,8 +1680,9 @@ def meet_fragments(
     rows); ``p_type``: ``%P``'s type, any float32 memref read as one flat
     array (16-byte stores by address when it is not 1-D); ``live`` (an
     ``i1``, with such a ``p_type``): whether this thread's fragments hold
-    rows to keep: a thread without stores and loads nothing (its sums are
-    zeros), so a block of a few rows moves only their warps' bytes."""
+    rows to keep: a thread without stores and loads nothing (its sums, which
+    the caller must not store, hold its own products alone), so a block of
+    a few rows moves only their warps' bytes."""
     if live is not None and p_type == FRAGMENT_PARTS_TYPE:
         raise GraphError("meet_fragments: live needs a p_type other than the 1-D workspace")
     frags = [q for per in acc for q in per]
