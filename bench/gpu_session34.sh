@@ -22,7 +22,8 @@ for step in ${*:-sweep}; do
       test/gpu/test_llama_gpu.py -k "tma_buckets or tma_rows or 1b_large" 2>&1 \
       | tee "$OUT/dectests.txt" | tail -8
     ;;
-  sweep)  # the meeting in fragment order, alone and with o_proj or qkv in 8 parts
+  sweep)  # the meeting in fragment order, alone and with o_proj or qkv in 8 parts (run while
+    # "rows" was the default: rerun now, "default" and "frag" are the same kernel)
     # (DECODE_SWEEP_VARIANTS=default,frag,frag_o8,frag_q8 python bench/decode_sweep.py
     # --build .device/s34/sweep)
     SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep default,frag,frag_o8,frag_q8 \
