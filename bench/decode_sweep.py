@@ -330,6 +330,16 @@ VARIANTS["frag_q8"] = {
     "tma_meeting": "fragments",
     "k_splits": tuple({**_KS34, "qkv_proj": 8}.items()),
 }
+# ... and the small kernels' attention asking the L2 for its split's cached K
+# and V rows before its waits (attn_prefetch_kv="l2"; item 150).
+_B = M.LLAMA_3_2_1B.batch_buckets
+VARIANTS["attn_l2kv"] = {
+    "batch_buckets": tuple(
+        (bound, (*changes, ("attn_prefetch_kv", "l2")) if bound is not None else changes)
+        for bound, changes in _B
+    )
+}
+VARIANTS["attn_l2kv1"] = _one(("attn_prefetch_kv", "l2"))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

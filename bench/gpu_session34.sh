@@ -2,7 +2,7 @@
 # Thirty-fourth session (bench/RESULTS.md, items 146-): a model of the B = 1 step with a
 # loader warp, and the large-batch decoder's split-K parts meeting in fragment order.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session34.sh [proto] [tests] [sweep] [sweep2] [sweep3] [sweep4] [trace] [bench] ...
+# Usage: bash bench/gpu_session34.sh [proto] [tests] [sweep] [sweep2] [sweep3] [sweep4] [l2kv] [trace] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s34/raw
@@ -41,6 +41,16 @@ for step in ${*:-sweep}; do
     # a combine after them) against 4096 (512 instances in two waves, the second's tail ~15 us)
     # (DECODE_SWEEP_VARIANTS=default,chunk2048 python bench/decode_sweep.py --build .device/s34/sweep4)
     SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep4 default,chunk2048 32,64 4096 .device/s34/sweep4
+    ;;
+  l2kv)  # the small kernels' attention asking the L2 for its cached K and V before its waits:
+    # the tiny decoder with it against the simulator, then the sweep at B = 1 and 8
+    # (python test/gpu/make_artifacts.py .device/s34/art --only llama_tiny_attn_l2pf;
+    # DECODE_SWEEP_VARIANTS=default,attn_l2kv,attn_l2kv1 python bench/decode_sweep.py
+    # --build .device/s34/sweep5)
+    ETC_ARTIFACTS=.device/s34/art timeout 200 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "attn_l2pf" 2>&1 | tee "$OUT/l2kv_tests.txt" | tail -3
+    SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep5 default,attn_l2kv,attn_l2kv1 1,8 1024,4096 \
+      .device/s34/sweep5
     ;;
   trace)  # the default traced at B = 1, L = 1024 and B = 64, L = 4096 (raw records kept)
     # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s34/tr)

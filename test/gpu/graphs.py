@@ -640,6 +640,8 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_staged": staged,
         "llama_tiny_bulk": bulk,
         "llama_tiny_attn_pf": attn_pf,
+        # ... or only asked into L2 there (no shared memory).
+        "llama_tiny_attn_l2pf": dataclasses.replace(llama.TINY, attn_prefetch_kv="l2"),
         "llama_tiny_norm_sums": sums,
         "llama_tiny_fused_combine": fused_combine,
         "llama_tiny_unfolded": unfolded,

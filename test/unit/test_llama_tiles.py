@@ -653,16 +653,43 @@ def test_attention_prefetch_kv_moves_the_cache_copies_before_the_waits():
         attention(8, 8, 2, 32, 2, prefetch_kv=True)
 
 
+def test_attention_l2_prefetch_asks_for_each_cached_row_before_the_waits():
+    """prefetch_kv="l2": the prefetch function asks the L2 for the split's K
+    and V rows (one lane per row, R row loads a thread each), no shared
+    memory; the body is the plain tile's, loading from the caches."""
+    from etc.tiles.llama import attention
+
+    plain = attention(64, 8, 2, 64, 2, unroll=2)
+    early = attention(64, 8, 2, 64, 2, unroll=2, prefetch_kv="l2")
+    assert early.prefetch == "attention__prefetch" and not early.prefetch_fills_shared
+    body, prefetch = early.source.split("func.func @attention__prefetch")
+    # 8 warps x 4 rows a load (64-dim rows, 8 lanes each): 64 rows in 2 loads, for K and V.
+    assert prefetch.count("prefetch.global.L2") == 4 and "prefetch.global.L2" not in body
+    assert "cp.async" not in early.source and "__kv" not in early.source
+    loads = "vector.load %kc["
+    assert body.count(loads) == plain.source.count(loads) > 0
+    for bad, words in (
+        (dict(prefetch_kv="l1"), "prefetch_kv must be a bool or 'l2', got 'l1'"),
+        (dict(prefetch_kv="l2", stage_v=True), "prefetch_kv='l2' .* takes no stage_kv or stage_v"),
+    ):
+        with pytest.raises(etc.GraphError, match=words):
+            attention(64, 8, 2, 64, 2, unroll=2, **bad)
+
+
 @needs_ptxas
 def test_attention_prefetch_kv_compiles(tmp_path):
     import dataclasses
 
     from etc.models import llama as M
 
-    cfg = dataclasses.replace(M.TINY, attn_prefetch_kv=True)
-    for schedule in ("static", "dynamic"):
-        art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg, schedule))
-        assert art.cubin is not None
+    for prefetch in (True, "l2"):
+        cfg = dataclasses.replace(M.TINY, attn_prefetch_kv=prefetch)
+        for schedule in ("static", "dynamic"):
+            art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg, schedule))
+            assert art.cubin is not None
+            assert ("prefetch.global.L2" in art.ptx) == (prefetch == "l2")
+    with pytest.raises(etc.GraphError, match="attn_prefetch_kv must be a bool or 'l2'"):
+        dataclasses.replace(M.TINY, attn_prefetch_kv="L2")
     with pytest.raises(etc.GraphError, match="attn_prefetch_kv fills shared memory"):
         dataclasses.replace(
             M.TINY,

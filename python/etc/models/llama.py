@@ -297,8 +297,10 @@ class LlamaConfig:
     #: The attention tile's K/V copies issued by its prefetch function,
     #: before the instance waits for the QKV projection
     #: (``attention(stage_kv=True, prefetch_kv=True)``): the cache is read
-    #: while the projection runs. Not with ``prefetch_next``.
-    attn_prefetch_kv: bool = False
+    #: while the projection runs. Not with ``prefetch_next``. ``"l2"``: the
+    #: prefetch function only asks the L2 for those rows
+    #: (``attention(prefetch_kv="l2")``, no shared memory).
+    attn_prefetch_kv: bool | str = False
     #: The attention tile copies its span's V into shared memory with
     #: ``cp.async`` at the start (``attention(stage_v=True)``): the values
     #: load while the scores and the softmax run.
@@ -586,7 +588,12 @@ class LlamaConfig:
                 "LlamaConfig: give prefetch_ring (the weight ring's first groups) or "
                 "prefetch_weights (an L2 prefetch), not both"
             )
-        if self.attn_prefetch_kv and self.prefetch_next:
+        if self.attn_prefetch_kv not in (False, True, "l2"):
+            raise GraphError(
+                "LlamaConfig: attn_prefetch_kv must be a bool or 'l2', got "
+                f"{self.attn_prefetch_kv!r}"
+            )
+        if self.attn_prefetch_kv is True and self.prefetch_next:
             raise GraphError(
                 "LlamaConfig: attn_prefetch_kv fills shared memory before the waits; "
                 "prefetch_next would run it for the next instance"
@@ -1269,7 +1276,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             NL,
             unroll=cfg.attn_unroll,
             block_size=bs,
-            stage_kv=cfg.attn_stage_kv or cfg.attn_prefetch_kv,
+            stage_kv=cfg.attn_stage_kv or cfg.attn_prefetch_kv is True,
             stage_v=cfg.attn_stage_v,
             prefetch_kv=cfg.attn_prefetch_kv,
             combine=cfg.fuse_combine,

@@ -410,7 +410,7 @@ def attention(
     block_size: int = 256,
     stage_kv: bool = False,
     stage_v: bool = False,
-    prefetch_kv: bool = False,
+    prefetch_kv: bool | str = False,
     combine: bool = False,
     spread: bool = False,
 ) -> DeviceFunction:
@@ -473,6 +473,10 @@ def attention(
     prefetch function ``@<name>__prefetch``, which the kernel runs before the
     instance waits for ``qkv``: the cached positions (all but ``L``) are
     written by earlier steps, so they load while the QKV projection runs.
+    ``prefetch_kv="l2"`` (without ``stage_kv``): the prefetch function only
+    asks the L2 for the split's cached K and V rows (``prefetch.global.L2``,
+    one lane per row), no shared memory: the body's loads, after the wait,
+    find them there instead of in HBM.
 
     Measured on an H200 (Llama-3.2-1B heads, batch 64, L = 4095, one layer,
     attention alone, dynamic schedule): about 310 us for the 537 MB of K and
@@ -517,6 +521,14 @@ def attention(
     R = -(-chunk // RC)  # row loads per thread and phase
     if stage_kv and stage_v:
         raise GraphError(f"tile '{name}': give stage_kv (K and V) or stage_v, not both")
+    if prefetch_kv not in (False, True, "l2"):
+        raise GraphError(f"tile '{name}': prefetch_kv must be a bool or 'l2', got {prefetch_kv!r}")
+    l2 = prefetch_kv == "l2"
+    if l2 and (stage_kv or stage_v):
+        raise GraphError(
+            f"tile '{name}': prefetch_kv='l2' asks the L2 for the rows the body loads itself; "
+            "it takes no stage_kv or stage_v"
+        )
     staged = (0, 1) if stage_kv else (1,) if stage_v else ()
     slot0 = {phase: q * R for q, phase in enumerate(staged)}  # first slot of each phase
     kv_t = f"memref<{max(len(staged), 1) * R * block_size * 4}xi32, {_WG}>"
@@ -556,6 +568,21 @@ def attention(
         )
 
     stage_lines = []
+    if l2:  # one lane per row asks the L2 for it (no slots, no shared memory)
+        for phase, base in ((0, "%kbase"), (1, "%vbase")):
+            for r in range(R):
+                stage_lines.append(
+                    f"  %sr{phase}_{r} = arith.addi %rowt, %cRow{r} : index\n"
+                    f"  %sin{phase}_{r} = arith.cmpi ult, %sr{phase}_{r}, %n : index\n"
+                    f"  %sok{phase}_{r} = arith.andi %sin{phase}_{r}, %is_sub0 : i1\n"
+                    f"  scf.if %sok{phase}_{r} {{\n"
+                    f"    %sp{phase}_{r} = arith.addi %p0, %sr{phase}_{r} : index\n"
+                    f"    %sa{phase}_{r} = arith.muli %sp{phase}_{r}, %cRowBytes : index\n"
+                    f"    %sg{phase}_{r} = arith.addi {base}, %sa{phase}_{r} : index\n"
+                    f"    %sgi{phase}_{r} = arith.index_cast %sg{phase}_{r} : index to i64\n"
+                    f"    {_text.asm_line('prefetch.global.L2 [$0];', [(f'%sgi{phase}_{r}', 'i64')])}\n"
+                    f"  }}"
+                )
     if staged:
         for phase, base in ((0, "%kbase"), (1, "%vbase")):
             if phase not in staged:
@@ -581,7 +608,16 @@ def attention(
                     f"  }}"
                 )
             stage_lines.append("  nvvm.cp.async.commit.group")
+    if staged or l2:
         # Byte address of this thread's (l, b, g, position 0, d0) in each cache.
+        slots = (
+            f"\n  %kvbuf = memref.get_global @{name}__kv : {kv_t}\n"
+            f"  %kvp = memref.extract_aligned_pointer_as_index %kvbuf : {kv_t} -> index\n"
+            f"  %tid16 = arith.muli %tid, %c16 : index\n"
+            f"  %kvaddr = arith.addi %kvp, %tid16 : index"
+            if staged
+            else ""
+        )
         stage_lines.insert(
             0,
             f"  %nb = memref.dim %kc, %c1 : {c_t}\n"
@@ -597,11 +633,7 @@ def attention(
             f"  %kptr = memref.extract_aligned_pointer_as_index %kc : {c_t} -> index\n"
             f"  %vptr = memref.extract_aligned_pointer_as_index %vc : {c_t} -> index\n"
             f"  %kbase = arith.addi %kptr, %kvoff : index\n"
-            f"  %vbase = arith.addi %vptr, %kvoff : index\n"
-            f"  %kvbuf = memref.get_global @{name}__kv : {kv_t}\n"
-            f"  %kvp = memref.extract_aligned_pointer_as_index %kvbuf : {kv_t} -> index\n"
-            f"  %tid16 = arith.muli %tid, %c16 : index\n"
-            f"  %kvaddr = arith.addi %kvp, %tid16 : index",
+            f"  %vbase = arith.addi %vptr, %kvoff : index" + slots,
         )
     stage_consts = "\n".join(
         [
@@ -767,7 +799,7 @@ def attention(
 {_combine_loop("%qh0", "%fc_items", "%fc_splits", op_t, mp_t, a_t, p="fc_")}
   }}
 """
-    if prefetch_kv and not stage_kv:
+    if prefetch_kv is True and not stage_kv:
         raise GraphError(f"tile '{name}': prefetch_kv issues the stage_kv copies: give stage_kv")
     kv_global = (
         f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}\n' if staged else ""
@@ -797,7 +829,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %cQcol = arith.constant {NH * D} : index
   %cVcol = arith.constant {(NH + KV) * D} : index
 {index_consts}
-{stage_consts if staged else ""}
+{stage_consts if staged or l2 else ""}
 {consts}
   %c32_i32 = arith.constant 32 : i32
   %zero8 = arith.constant dense<0.0> : vector<8xf32>
@@ -963,7 +995,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     if prefetch_kv:
         source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
-    fn.prefetch_fills_shared = prefetch_kv
+    fn.prefetch_fills_shared = prefetch_kv is True
     return fn
 
 
