@@ -340,6 +340,12 @@ VARIANTS["attn_l2kv"] = {
     )
 }
 VARIANTS["attn_l2kv1"] = _one(("attn_prefetch_kv", "l2"))
+# ... with the B = 1 kernel's attention called (its own registers), without
+# and with the L2 prefetch: is item 150's loss the inlined kernel's spills?
+VARIANTS["ol1_lm_attn"] = _one(("outline", ("lm_head", "argmax", "argmax_merge", "attention")))
+VARIANTS["ol1_lm_attn_l2kv"] = _one(
+    ("outline", ("lm_head", "argmax", "argmax_merge", "attention")), ("attn_prefetch_kv", "l2")
+)
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -2,7 +2,7 @@
 # Thirty-fourth session (bench/RESULTS.md, items 146-): a model of the B = 1 step with a
 # loader warp, and the large-batch decoder's split-K parts meeting in fragment order.
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session34.sh [proto] [tests] [sweep] [sweep2] [sweep3] [sweep4] [l2kv] [trace] [bench] ...
+# Usage: bash bench/gpu_session34.sh [proto] [tests] [sweep] [sweep2] [sweep3] [sweep4] [l2kv] [l2kv2] [trace] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s34/raw
@@ -51,6 +51,12 @@ for step in ${*:-sweep}; do
       test/gpu/test_llama_gpu.py -k "attn_l2pf" 2>&1 | tee "$OUT/l2kv_tests.txt" | tail -3
     SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep5 default,attn_l2kv,attn_l2kv1 1,8 1024,4096 \
       .device/s34/sweep5
+    ;;
+  l2kv2)  # the B = 1 kernel with its attention called, without and with the L2 prefetch
+    # (DECODE_SWEEP_VARIANTS=default,attn_l2kv1,ol1_lm_attn,ol1_lm_attn_l2kv python
+    # bench/decode_sweep.py --build .device/s34/sweep6)
+    SWEEP_TMP=/tmp/s34 sweep_passes s34_sweep6 default,attn_l2kv1,ol1_lm_attn,ol1_lm_attn_l2kv \
+      1 1024,4096 .device/s34/sweep6
     ;;
   trace)  # the default traced at B = 1, L = 1024 and B = 64, L = 4096 (raw records kept)
     # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s34/tr)
