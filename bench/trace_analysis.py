@@ -119,8 +119,16 @@ def parts(trace: Trace, tasks: str, layer: int) -> list[str]:
         blocks: dict[tuple, list] = collections.defaultdict(list)
         for e in evs:
             blocks[e["instance"][:-1]].append(e)
+        if not evs:
+            out.append(f"{task}: no instances in layer {layer}")
+            continue
+        if max(len(v) for v in blocks.values()) < 2:
+            out.append(f"{task}: one part per output block (not split), nothing to compare")
+            continue
         lag, last_d, other_d = [], [], []
         for v in blocks.values():
+            if len(v) < 2:
+                continue
             v.sort(key=lambda x: x["end_ns"])
             lag.append((v[-1]["end_ns"] - v[-2]["end_ns"]) / 1e3)
             last_d.append((v[-1]["end_ns"] - v[-1]["start_ns"]) / 1e3)
