@@ -60,3 +60,16 @@ sweep_passes() {
     done
   done
 }
+
+# bench/decode_trace.py's default artifact in DIR traced at B = 1, L = 1024 and
+# B = 64, L = 4096: the tables into $OUT/trace_b1.txt and trace_b64.txt, the
+# raw records (TMP/tr1, TMP/tr64) into $OUT/traces.tgz: decode_traces DIR TMP
+decode_traces() {
+  local dir=$1 tmp=$2
+  DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=1 timeout 200 python bench/decode_trace.py \
+    --artifacts "$dir" --out "$tmp/tr1" 2>&1 | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
+  DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 200 \
+    python bench/decode_trace.py --artifacts "$dir" --out "$tmp/tr64" 2>&1 \
+    | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
+  tar czf "$OUT/traces.tgz" -C "$tmp" tr1 tr64
+}

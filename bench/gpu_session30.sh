@@ -46,12 +46,7 @@ for step in ${*:-outline}; do
     ;;
   trace)  # the new defaults traced: B = 1, L = 1024 and B = 64, L = 4096 (raw records kept)
     # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s30/tr)
-    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=1 timeout 200 python bench/decode_trace.py \
-      --artifacts .device/s30/tr --out /tmp/s30/tr1 2>&1 | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
-    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 200 \
-      python bench/decode_trace.py --artifacts .device/s30/tr --out /tmp/s30/tr64 2>&1 \
-      | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
-    tar czf "$OUT/traces.tgz" -C /tmp/s30 tr1 tr64
+    decode_traces .device/s30/tr /tmp/s30
     ;;
   tests)  # the GPU tests the session's changes reach: the split-K graph outlined, the tiny
     # decoders (embed's sums dealt over the tiles; the buckets' outlined kernels) against the

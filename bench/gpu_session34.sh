@@ -60,12 +60,7 @@ for step in ${*:-sweep}; do
     ;;
   trace)  # the default traced at B = 1, L = 1024 and B = 64, L = 4096 (raw records kept)
     # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s34/tr)
-    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=1 timeout 200 python bench/decode_trace.py \
-      --artifacts .device/s34/tr --out /tmp/s34/tr1 2>&1 | tee "$OUT/trace_b1.txt" | grep -A9 "layer"
-    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 timeout 200 \
-      python bench/decode_trace.py --artifacts .device/s34/tr --out /tmp/s34/tr64 2>&1 \
-      | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
-    tar czf "$OUT/traces.tgz" -C /tmp/s34 tr1 tr64
+    decode_traces .device/s34/tr /tmp/s34
     ;;
   bench)  # the benchmark over the default artifact
     # (python bench/decode.py --build .device/s34/decode)

@@ -299,12 +299,6 @@ def _split_reduce(
     caller) and returns the summed accumulators."""
 
     def reduce(t: _Text, acc, rows, wcol, col_lane) -> list:
-        nf = len(acc[0]) // per_n
-        cols = [
-            t.add(t.add(wcol, 8 * (f % nf) + (n if f >= nf else 0)), col_lane)
-            for f in range(per_n * nf)
-        ]
-
         def block(t: _Text) -> str:
             return t.add(t.mul("%i", n // block_n), "%j")
 
@@ -319,6 +313,11 @@ def _split_reduce(
                 t, acc, parts, "%ks", slot, flag, block_size, part_block=block, p_type=PART_TYPE,
                 live=live,
             )  # fmt: skip
+        nf = len(acc[0]) // per_n
+        cols = [
+            t.add(t.add(wcol, 8 * (f % nf) + (n if f >= nf else 0)), col_lane)
+            for f in range(per_n * nf)
+        ]
         return _tc.meet_parts(t, acc, rows, cols, r1, m_rows, parts, "%ks", slot, flag)
 
     return reduce

@@ -1730,25 +1730,23 @@ def meet_fragments(
     size = max(1, MEET_FRAGMENTS // (parts - 1))
     chunks = [range(f0, min(f0 + size, len(frags))) for f0 in range(0, len(frags), size)]
 
+    # With ``live`` each load is predicated, its registers zeroed first (a
+    # predicated-off load leaves them as they were).
+    zeros = "".join(f"mov.f32 ${e}, 0f00000000; " for e in range(4))
+    cons, live_arg, types = (
+        ("=f,=f,=f,=f,l,r", f", {on}", "i64, i32") if on else ("=f,=f,=f,=f,l", "", "i64")
+    )
+
+    def load_text(f: int) -> str:
+        text = f"ld.global.cg.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * block_size * 16}];"
+        return f"{{{decl}{zeros}@p {text}}}" if on else text
+
     def load(chunk: range) -> dict:
-        if on:  # zeros first: a predicated-off load leaves its registers as they were
-            zeros = "".join(f"mov.f32 ${e}, 0f00000000; " for e in range(4))
-            return {
-                (k, f): t.op(
-                    "ld",
-                    f'llvm.inline_asm has_side_effects asm_dialect = att "{{{decl}{zeros}@p '
-                    f'ld.global.cg.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * block_size * 16}];}}", '
-                    f'"=f,=f,=f,=f,l,r" {at}, {on} : (i64, i32) -> {quad_t}',
-                )
-                for k, at in enumerate(others)
-                for f in chunk
-            }
         return {
             (k, f): t.op(
                 "ld",
-                'llvm.inline_asm has_side_effects asm_dialect = att "ld.global.cg.v4.f32 '
-                f'{{$0, $1, $2, $3}}, [$4+{f * block_size * 16}];", "=f,=f,=f,=f,l" {at} '
-                f": (i64) -> {quad_t}",
+                f'llvm.inline_asm has_side_effects asm_dialect = att "{load_text(f)}", "{cons}" '
+                f"{at}{live_arg} : ({types}) -> {quad_t}",
             )
             for k, at in enumerate(others)
             for f in chunk

@@ -567,46 +567,45 @@ def attention(
             f"      %{out} = vector.bitcast %{out}w : vector<4xi32> to vector<8xbf16>"
         )
 
+    def cache_row(phase: int, r: int, keep: tuple[str, str], then: str) -> str:
+        """This thread's row load ``r`` of ``phase`` (K 0, V 1): where it
+        lies in the cache (``%sgi<phase>_<r>``, i64), and ``then`` done with
+        it if it is in the split and ``keep = (lines, i1)`` holds."""
+        x, base = f"{phase}_{r}", ("%kbase", "%vbase")[phase]
+        return (
+            f"  %sr{x} = arith.addi %rowt, %cRow{r} : index\n"
+            f"  %sin{x} = arith.cmpi ult, %sr{x}, %n : index\n"
+            f"  %sp{x} = arith.addi %p0, %sr{x} : index\n"
+            f"{keep[0]}"
+            f"  %sok{x} = arith.andi %sin{x}, {keep[1]} : i1\n"
+            f"  scf.if %sok{x} {{\n"
+            f"    %sa{x} = arith.muli %sp{x}, %cRowBytes : index\n"
+            f"    %sg{x} = arith.addi {base}, %sa{x} : index\n"
+            f"    %sgi{x} = arith.index_cast %sg{x} : index to i64\n"
+            f"{then}"
+            f"  }}"
+        )
+
     stage_lines = []
-    if l2:  # one lane per row asks the L2 for it (no slots, no shared memory)
-        for phase, base in ((0, "%kbase"), (1, "%vbase")):
-            for r in range(R):
-                stage_lines.append(
-                    f"  %sr{phase}_{r} = arith.addi %rowt, %cRow{r} : index\n"
-                    f"  %sin{phase}_{r} = arith.cmpi ult, %sr{phase}_{r}, %n : index\n"
-                    f"  %sok{phase}_{r} = arith.andi %sin{phase}_{r}, %is_sub0 : i1\n"
-                    f"  scf.if %sok{phase}_{r} {{\n"
-                    f"    %sp{phase}_{r} = arith.addi %p0, %sr{phase}_{r} : index\n"
-                    f"    %sa{phase}_{r} = arith.muli %sp{phase}_{r}, %cRowBytes : index\n"
-                    f"    %sg{phase}_{r} = arith.addi {base}, %sa{phase}_{r} : index\n"
-                    f"    %sgi{phase}_{r} = arith.index_cast %sg{phase}_{r} : index to i64\n"
-                    f"    {_text.asm_line('prefetch.global.L2 [$0];', [(f'%sgi{phase}_{r}', 'i64')])}\n"
-                    f"  }}"
-                )
-    if staged:
-        for phase, base in ((0, "%kbase"), (1, "%vbase")):
-            if phase not in staged:
+    for phase in (0, 1) if l2 else staged:
+        for r in range(R):
+            x = f"{phase}_{r}"
+            if l2:  # one lane per row asks the L2 for it (no slots, no shared memory)
+                prefetch = _text.asm_line("prefetch.global.L2 [$0];", [(f"%sgi{x}", "i64")])
+                stage_lines.append(cache_row(phase, r, ("", "%is_sub0"), f"    {prefetch}\n"))
                 continue
-            for r in range(R):
-                stage_lines.append(
-                    f"  %sr{phase}_{r} = arith.addi %rowt, %cRow{r} : index\n"
-                    f"  %sin{phase}_{r} = arith.cmpi ult, %sr{phase}_{r}, %n : index\n"
-                    f"  %sp{phase}_{r} = arith.addi %p0, %sr{phase}_{r} : index\n"
-                    # Position L comes from step 1 (split 0 is writing it).
-                    f"  %sold{phase}_{r} = arith.cmpi ne, %sp{phase}_{r}, %L : index\n"
-                    f"  %sok{phase}_{r} = arith.andi %sin{phase}_{r}, %sold{phase}_{r} : i1\n"
-                    f"  scf.if %sok{phase}_{r} {{\n"
-                    f"    %sa{phase}_{r} = arith.muli %sp{phase}_{r}, %cRowBytes : index\n"
-                    f"    %sg{phase}_{r} = arith.addi {base}, %sa{phase}_{r} : index\n"
-                    f"    %sgi{phase}_{r} = arith.index_cast %sg{phase}_{r} : index to i64\n"
-                    f"    %sgp{phase}_{r} = llvm.inttoptr %sgi{phase}_{r} : i64 to !llvm.ptr<1>\n"
-                    f"    %sd{phase}_{r} = arith.addi %kvaddr, %cSlotB{slot0[phase] + r} : index\n"
-                    f"    %sdi{phase}_{r} = arith.index_cast %sd{phase}_{r} : index to i64\n"
-                    f"    %sdp{phase}_{r} = llvm.inttoptr %sdi{phase}_{r} : i64 to !llvm.ptr<3>\n"
-                    f"    nvvm.cp.async.shared.global %sdp{phase}_{r}, %sgp{phase}_{r}, 16, "
-                    f"cache = cg : !llvm.ptr<3>, !llvm.ptr<1>\n"
-                    f"  }}"
-                )
+            # Position L comes from step 1 (split 0 is writing it).
+            old = (f"  %sold{x} = arith.cmpi ne, %sp{x}, %L : index\n", f"%sold{x}")
+            copy = (
+                f"    %sgp{x} = llvm.inttoptr %sgi{x} : i64 to !llvm.ptr<1>\n"
+                f"    %sd{x} = arith.addi %kvaddr, %cSlotB{slot0[phase] + r} : index\n"
+                f"    %sdi{x} = arith.index_cast %sd{x} : index to i64\n"
+                f"    %sdp{x} = llvm.inttoptr %sdi{x} : i64 to !llvm.ptr<3>\n"
+                f"    nvvm.cp.async.shared.global %sdp{x}, %sgp{x}, 16, "
+                f"cache = cg : !llvm.ptr<3>, !llvm.ptr<1>\n"
+            )
+            stage_lines.append(cache_row(phase, r, old, copy))
+        if not l2:
             stage_lines.append("  nvvm.cp.async.commit.group")
     if staged or l2:
         # Byte address of this thread's (l, b, g, position 0, d0) in each cache.
