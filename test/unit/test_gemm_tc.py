@@ -257,3 +257,10 @@ def test_moe_down_compiles(block_m, block_n, tmp_path):
     check_ptx(art)
     spills, _ = ptxas_info(art.ptx, tmp_path)
     assert set(spills) == {0}
+
+
+def test_meet_fragments_skips_idle_threads_only_in_an_addressed_workspace():
+    """``live`` predicates 16-byte stores and loads by address; the dense
+    tile's 1-D workspace, stored through ``vector.store``, refuses it."""
+    with pytest.raises(etc.GraphError, match="live needs a p_type other than the 1-D workspace"):
+        G.meet_fragments(G._Text(), [[["%a"] * 4]], 2, "%s", lambda t: "%b", "@f", 256, live="%x")
