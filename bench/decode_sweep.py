@@ -259,8 +259,8 @@ VARIANTS["pool1_lm_ol"] = _one(("outline", True), ("pool", ("lm_head",)))
 VARIANTS["pool_lm"] = _large(("pool", ("lm_head",)))
 VARIANTS["pool_attn"] = _large(("pool", ("attention",)))
 VARIANTS["pool_attn_lm"] = _large(("pool", ("attention", "lm_head")))
-VARIANTS["pool_all"] = _large(
-    ("pool", ("attention", "lm_head", "qkv", "o_proj", "gate_up", "down"))
+VARIANTS["pool_all"] = _large(  # (a pooled down cannot share its sums, item 153)
+    ("pool", ("attention", "lm_head", "qkv", "o_proj", "gate_up", "down")), ("tma_meet_share", ())
 )
 # Session 25, item 100 (all slower than their baselines): the layer projections' weights
 # chunked: two sync-core kernels (B = 1 and the default B = 2-16 one for
@@ -311,7 +311,8 @@ VARIANTS["sm_gu64s4"] = {
 # with it o_proj or qkv in 8 parts (256 / 384 instances).
 _KS34 = dict(M.LLAMA_3_2_1B.k_splits)
 VARIANTS["frag"] = {"tma_meeting": "fragments"}  # the default since (item 147)
-VARIANTS["rows"] = {"tma_meeting": "rows"}
+# (down's sums shared since session 35 need the fragment meeting: none shared here)
+VARIANTS["rows"] = {"tma_meeting": "rows", **_large(("tma_meet_share", ()))}
 # ... and qkv or o_proj in 128-column blocks of 8 parts (each activation box
 # read from L2 feeding twice the weights; 192 / 128 instances).
 VARIANTS["q128s8"] = {
@@ -346,6 +347,18 @@ VARIANTS["ol1_lm_attn"] = _one(("outline", ("lm_head", "argmax", "argmax_merge",
 VARIANTS["ol1_lm_attn_l2kv"] = _one(
     ("outline", ("lm_head", "argmax", "argmax_merge", "attention")), ("attn_prefetch_kv", "l2")
 )
+# Session 35: the large kernel's split-K meetings shared by each block's
+# last parts to arrive (``tma_meet_share``): each adds a share of the block,
+# so the last part's loads (down: 7 parts x 4 fragments a thread) shrink.
+_SHARE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+VARIANTS["share2"] = _large(("tma_meet_share", tuple((p, 2) for p in _SHARE)))
+VARIANTS["share4"] = _large(
+    ("tma_meet_share", tuple((p, 4) for p in _SHARE[:2]) + (("gate_up_proj", 2), ("down_proj", 4)))
+)
+VARIANTS["share4_down"] = _large(("tma_meet_share", (("down_proj", 4),)))
+VARIANTS["share2_down"] = _large(("tma_meet_share", (("down_proj", 2),)))
+VARIANTS["share4_down_o2"] = _large(("tma_meet_share", (("down_proj", 4), ("o_proj", 2))))
+VARIANTS["share4_down_gu2"] = _large(("tma_meet_share", (("down_proj", 4), ("gate_up_proj", 2))))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

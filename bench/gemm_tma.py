@@ -40,7 +40,7 @@ from bench.timing import two_step_main  # noqa: E402
 
 HIDDEN, INTER = 2048, 768
 # name: (block_m, block_n, stages, min CTAs per SM or None, output staged
-# through shared memory[, parts of k meeting in the tile[, refill]]); core
+# through shared memory[, parts of k meeting in the tile[, refill[, meet_share]]]); core
 # "tma" unless the name starts with "wg" (the cp.async-ring wgmma tile, 64-wide
 # k-tiles). "d": direct 4-byte stores; "k2": two parts of k; "t": refill="test",
 # "w": refill="wait" (the default) under another name.
@@ -87,6 +87,13 @@ CONFIGS = {
     "tma64x256s4": (64, 256, 4, None, True),
     "tma64x256s2o2": (64, 256, 2, 2, True),
     "tma64x192s4": (64, 192, 4, None, True),
+    # Session 35: the split-K meeting shared by the block's last parts to
+    # arrive (meet_share: each adds and stores its share of the block; pair
+    # stores from the registers instead of the staged block).
+    "tma128x192s4k2sh2": (128, 192, 4, None, True, 2, "wait", 2),
+    "tma128x256s4k2sh2": (128, 256, 4, None, True, 2, "wait", 2),
+    "tma128x128s4k4sh4": (128, 128, 4, None, True, 4, "wait", 4),
+    "tma128x192s4k2d": (128, 192, 4, None, False, 2),
 }
 # MoE tiles on TMA: name: (shape, block_m, block_n of the output, stages, min
 # CTAs, staged output).
@@ -145,6 +152,8 @@ def build(out: Path) -> None:
         parts = more[0] if more else 1
         if len(more) > 1:
             extra["refill"] = more[1]
+        if len(more) > 2:
+            extra["meet_share"] = more[2]
         for k in sorted({s[2] for s in SHAPES}):
             if k % (parts * 64):
                 continue

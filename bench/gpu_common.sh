@@ -73,3 +73,16 @@ decode_traces() {
     | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
   tar czf "$OUT/traces.tgz" -C "$tmp" tr1 tr64
 }
+
+# Two passes of bench/gemm_tma.py over CONFIGS x SHAPES from DIR (python
+# bench/gemm_tma.py --build DIR): gemm_passes NAME CONFIGS SHAPES DIR; raw
+# NAME{1,2}.json and NAME.txt into $OUT (scratch in $GEMM_TMP).
+gemm_passes() {
+  local name=$1 configs=$2 shapes=$3 dir=$4 tmp=${GEMM_TMP:-/tmp/gemm} pass
+  for pass in 1 2; do
+    BENCH_GEMM_CONFIGS=$configs BENCH_GEMM_SHAPES=$shapes timeout 250 \
+      python bench/gemm_tma.py --artifacts $dir --out $tmp/$name$pass 2>&1 \
+      | tee -a "$OUT/$name.txt" | grep -E "TFLOP|WRONG|FAILED"
+    cp $tmp/$name$pass/gemm_tma.json "$OUT/$name$pass.json"
+  done
+}

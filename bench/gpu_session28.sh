@@ -5,17 +5,6 @@
 # Usage: bash bench/gpu_session28.sh [tests] [gemm] [moe] [stages] [refill] [final] [launch] [examples] [wide]
 set -uo pipefail
 mkdir -p /tmp/s28
-# Two passes of bench/gemm_tma.py over CONFIGS x SHAPES from DIR:
-# gemm_passes NAME CONFIGS SHAPES DIR; raw NAME{1,2}.json and NAME.txt into $OUT.
-gemm_passes() {
-  local name=$1 configs=$2 shapes=$3 dir=$4 pass
-  for pass in 1 2; do
-    BENCH_GEMM_CONFIGS=$configs BENCH_GEMM_SHAPES=$shapes timeout 250 \
-      python bench/gemm_tma.py --artifacts $dir --out /tmp/s28/$name$pass 2>&1 \
-      | tee -a "$OUT/$name.txt" | grep -E "TFLOP|WRONG|FAILED"
-    cp /tmp/s28/$name$pass/gemm_tma.json "$OUT/$name$pass.json"
-  done
-}
 source "$(dirname "$0")/gpu_common.sh"
 # Run 1 of the gemm step (the first meeting: row-major float32 parts, 8-byte
 # accesses) used these:

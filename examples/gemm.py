@@ -31,15 +31,16 @@ except ImportError:  # run as a script
 
 
 def build(
-    K: int = 2048, block_m: int = 128, block_n: int = 128, stages: int = 4, k_splits: int = 1
-) -> etc.Graph:
+    K: int = 2048, block_m: int = 128, block_n: int = 128, stages: int = 4, k_splits: int = 1,
+    meet_share: int = 1,
+) -> etc.Graph:  # fmt: skip
     g = etc.Graph("gemm")
     m, n = g.symbol("m"), g.symbol("n")
     A, B = g.tensor("A", (m, K), "bf16"), g.tensor("B", (n, K), "bf16")
     C = g.tensor("C", (m, n), "bf16")
     tile = gemm_tc.gemm(
         block_m, block_n, K, core="tma", block_size=2 * block_m, stages=stages,
-        smem_limit=220 << 10, k_splits=k_splits,
+        smem_limit=220 << 10, k_splits=k_splits, meet_share=meet_share,
     )  # fmt: skip
     gemm_tc.add_gemm_task(g, tile, A, B, C)
     return g
@@ -53,11 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", default="128x128", help="block rows x columns (BM x BN)")
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--k-splits", type=int, default=1, help="parts of k that meet in the tile")
+    p.add_argument(
+        "--meet-share", type=int, default=1,
+        help="the parts' last N to arrive share the sums (static schedule only)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.target != "sm_90a":
         p.error("the TMA + wgmma tile needs --target sm_90a")
+    if args.meet_share > 1 and args.schedule != "static":
+        p.error("--meet-share needs --schedule static (its parts wait for each other)")
     block_m, block_n = (int(d) for d in args.block.split("x"))
-    g = build(args.K, block_m, block_n, args.stages, args.k_splits)
+    g = build(args.K, block_m, block_n, args.stages, args.k_splits, args.meet_share)
     rng = np.random.default_rng(args.seed)
     cases = []
     for shape in args.shapes.split(","):

@@ -370,6 +370,9 @@ def _manifest(
                 "trigger": _trigger(tasks[name]),
                 **({"phase": list(tasks[name].phase)} if tasks[name].phase != ("const", 0) else {}),
                 **({"deal": "pool"} if tasks[name].deal == "pool" and schedule == "static" else {}),
+                **(
+                    {"meets": meets} if (meets := getattr(tasks[name].function, "meets", 0)) else {}
+                ),
             }
             for i, name in enumerate(sched.tasks)
         ],
@@ -519,6 +522,13 @@ def compile(  # noqa: A001 - the public name
     if prefetch_next and schedule != "static":
         raise CompileError(
             "prefetch_next needs the static schedule (a dynamic CTA does not know its next instance)"
+        )
+    meeting = next((task for task in g.tasks if getattr(task.function, "meets", 0)), None)
+    if meeting is not None and schedule != "static":
+        raise CompileError(
+            f"task '{meeting.name}' (tile '{meeting.function.name}') has split-K parts that "
+            "wait for each other, which only the static schedule's lists run safely; "
+            "compile it with schedule='static' or build the tile without meet_share"
         )
     regioned = next((task for task in g.tasks if task.shared_region), None)
     if prefetch_next and regioned is not None:

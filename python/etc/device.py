@@ -79,6 +79,13 @@ class DeviceFunction:
         #: consumes (``layer_gemm(core="bulk")``): it must run right before
         #: its own instance, so ``etc.compile(prefetch_next=True)`` refuses it.
         self.prefetch_fills_shared = False
+        #: Parts that wait for each other (0: none): instances that differ
+        #: only in their last grid coordinate, of this many values, spin until
+        #: all of them have stored (a split-K meeting shared among its parts,
+        #: ``etc.tiles.gemm_tc.share_fragments``). Only the static schedule's
+        #: lists run such a task: they deal those instances to different
+        #: CTAs, in global order, so the first unfinished block always runs.
+        self.meets = 0
         #: Buffers the tile reads through TMA: buffer index (after the grid
         #: coordinates) -> (index of the buffer the map describes, box
         #: ``(rows, cols)``[, chunk]): ``chunk`` (default 0) when the source

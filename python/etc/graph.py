@@ -524,6 +524,24 @@ class Graph:
                 "trigger's table and a prefetch ahead across shared regions cannot follow; "
                 "use deal='ticket' or shared_region=0"
             )
+        meets = getattr(function, "meets", 0)
+        broken = [
+            why
+            for bad, why in (
+                (grid_t[-1] != meets, f"its last grid dimension is {grid_t[-1]}"),
+                (deal != "list", f"deal={deal!r}"),
+                (trigger is not None, "it has triggered_by"),
+                (phase_t == ("dim", len(grid_t) - 1), "its phase is that dimension"),
+            )
+            if meets and bad
+        ]
+        if broken:
+            raise GraphError(
+                f"{where}: tile '{function.name}' has {meets} parts that wait for each other "
+                f"along its last grid dimension, which needs that dimension of extent {meets}, "
+                "deal='list', no triggered_by and no phase on it (the static lists then deal a "
+                f"block's parts to different CTAs); here {', '.join(broken)}"
+            )
         for other in self.tasks:
             if other.function.name == function.name and other.shared_region != shared_region:
                 raise GraphError(

@@ -457,15 +457,20 @@ GEMM_MEETS = {
     "gemm_meet3": (128, 192, 768, 3),
     "gemm_meet2": (128, 256, 768, 2),
 }
+#: The same tiles with the sums shared by the last parts to arrive
+#: (``meet_share``; static schedule only): artifact -> (plain twin, share).
+GEMM_MEET_SHARES = {"gemm_meet_share": ("gemm_meet", 4), "gemm_meet2_share": ("gemm_meet2", 2)}
 
 
 def gemm_meet(name: str = "gemm_meet") -> etc.Graph:
     """``C = A @ B^T`` (bf16) by the dense TMA tile whose ``GEMM_MEETS[name]``
-    parts of k meet in the tile, 2 stages (sm_90a): ``examples/gemm.py``'s graph."""
+    parts of k meet in the tile, 2 stages (sm_90a): ``examples/gemm.py``'s
+    graph (``GEMM_MEET_SHARES``: its twin's, the sums shared)."""
     from examples.gemm import build
 
+    name, share = GEMM_MEET_SHARES.get(name, (name, 1))
     bm, bn, k, parts = GEMM_MEETS[name]
-    return build(k, bm, bn, stages=2, k_splits=parts)
+    return build(k, bm, bn, stages=2, k_splits=parts, meet_share=share)
 
 
 GRAPHS = {
@@ -714,7 +719,7 @@ def llama_tiny_variants() -> dict:
         # Tasks dealt at run time (deal="pool"): every layer's attention and
         # projections, the LM head; and the same in the kernels of three.
         "llama_tiny_pool": dataclasses.replace(llama.TINY, pool=_POOLED),
-        "llama_tiny_tma_buckets_pool": dataclasses.replace(tma_buckets, pool=_POOLED),
+        "llama_tiny_tma_buckets_pool": _unshared(tma_buckets, pool=_POOLED),
         "llama_tiny_single": single,
         "llama_tiny_prefetch": prefetch,
         "llama_tiny_prefetch_lines": prefetch_lines,
@@ -724,7 +729,13 @@ def llama_tiny_variants() -> dict:
         # The split projections' parts meeting by rows and columns instead of
         # in fragment order (B = 70: two 64-row blocks, the last partial).
         "llama_tiny_tma_rows": dataclasses.replace(tma, tma_meeting="rows"),
-        "llama_tiny_tma_buckets_rows": dataclasses.replace(tma_buckets, tma_meeting="rows"),
+        # ... their sums shared by each block's last 2 parts to arrive
+        # (static kernels; compile_decoder drops it for the dynamic ones).
+        "llama_tiny_tma_share": dataclasses.replace(tma, tma_meet_share=_TINY_SHARES),
+        "llama_tiny_tma_buckets_share": dataclasses.replace(
+            tma_buckets, tma_meet_share=_TINY_SHARES
+        ),
+        "llama_tiny_tma_buckets_rows": _unshared(tma_buckets, tma_meeting="rows"),
         # Every kernel's CTAs take their lists by SM (LARGE_BATCH's does above).
         "llama_tiny_sm_slices": dataclasses.replace(llama.TINY, sm_slices=True),
         # The layer projections' weights chunked (weight_chunk), also under
@@ -745,6 +756,19 @@ def llama_tiny_variants() -> dict:
     }
 
 
+def _unshared(cfg, **changes):
+    """``cfg`` with ``changes`` and its last bucket's (``LARGE_BATCH``'s)
+    shared down sums dropped: the rows meeting and pooled tasks refuse them."""
+    *rest, (bound, last) = cfg.batch_buckets
+    buckets = (*rest, (bound, (*last, ("tma_meet_share", ()))))
+    return dataclasses.replace(cfg, batch_buckets=buckets, **changes)
+
+
+#: ``tma_meet_share`` of the tiny TMA decoders (32-column qkv and down
+#: blocks: two fragments a thread).
+_TINY_SHARES = (("qkv_proj", 2), ("down_proj", 2))
+
+
 def llama_1b_large_variants() -> dict:
     """Llama-3.2-1B's large-batch kernel alone (``LARGE_BATCH``), with the
     projections on different TMA stage counts (qkv 3, down 6, the others 4),
@@ -753,8 +777,9 @@ def llama_1b_large_variants() -> dict:
     stages given back at other points (``attn_tma_release``), and with the
     epilogues' loads issued before the k loops (``tma_epilogue_ahead``),
     and with the tiles inlined into the kernel instead of called
-    (``outline``), and with the split-K parts meeting by rows and columns
-    (``tma_meeting="rows"``): the same arithmetic, so bit-identical logits."""
+    (``outline``), and with qkv's and gate/up's sums shared by their last
+    parts like down's (``tma_meet_share``): the same arithmetic, so
+    bit-identical logits."""
     from etc.models import llama
 
     large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
@@ -768,5 +793,29 @@ def llama_1b_large_variants() -> dict:
         "llama_1b_large_inlined": dataclasses.replace(large, outline=False),
         "llama_1b_large_attn_outlined": dataclasses.replace(large, outline=("attention",)),
         "llama_1b_large_plain": dataclasses.replace(large, tma_epilogue_ahead=False),
-        "llama_1b_large_rows": dataclasses.replace(large, tma_meeting="rows"),
+        # qkv's and gate/up's sums also shared by their blocks' last parts
+        # (no row sums of squares there: the same sums in the same order).
+        "llama_1b_large_share_nosums": dataclasses.replace(
+            large, tma_meet_share=(("qkv_proj", 4), ("gate_up_proj", 2), ("down_proj", 2))
+        ),
+    }
+
+
+def llama_1b_large_close() -> dict:
+    """The large-batch kernel with other split projections' sums shared by
+    each block's last parts (``tma_meet_share``), or none of them: the same
+    sums in the same order, but o_proj's and down's row sums of squares go
+    out per sharer's fragments, so the next norms may round their
+    fixed-point totals differently and the bf16 step drifts as any bf16
+    rounding change makes it: close logits, not bit-equal ones."""
+    from etc.models import llama
+
+    large = llama.LLAMA_3_2_1B.bucket_configs()[-1][1]
+    shares = (("qkv_proj", 4), ("o_proj", 4), ("gate_up_proj", 2), ("down_proj", 4))
+    return {
+        "llama_1b_large_share": dataclasses.replace(large, tma_meet_share=shares),
+        # ... and no projection's shared (the kernel before session 35),
+        # with the parts meeting in fragment order or by rows and columns.
+        "llama_1b_large_unshared": dataclasses.replace(large, tma_meet_share=()),
+        "llama_1b_large_rows": dataclasses.replace(large, tma_meeting="rows", tma_meet_share=()),
     }

@@ -23,7 +23,7 @@ the compiler; the GPU machine needs only the runtime):
   ``moe_small_ring_<schedule>/`` on the decode preset's weight ring,
   ``moe_small_route[_tma|_unguarded]_<schedule>/`` with the fused route tile
   (``_unguarded``: gate/up tiles without the tables' in-edge).
-- ``gemm_meet[3|2]_<schedule>/``: the dense TMA tile with parts of k
+- ``gemm_meet[3|2]_<schedule>/``, ``gemm_meet[2]_share_static/``: the dense TMA tile with parts of k
   meeting in the tile (``GEMM_MEETS`` in ``graphs.py``, sm_90a);
 - ``gemm_rs_small_<schedule>/``, ``ag_gemm_small_<schedule>/``: the multi-GPU
   GEMM + Reduce-Scatter and All-Gather + GEMM graphs (ranked events),
@@ -46,6 +46,7 @@ from examples.splitk_rowsum import build as build_splitk  # noqa: E402
 
 sys.path.insert(0, str(REPO / "test" / "gpu"))
 from graphs import (  # noqa: E402
+    GEMM_MEET_SHARES,
     GEMM_MEETS,
     GRAPHS,
     MOE_FAMILY_SIZES,
@@ -86,6 +87,7 @@ from graphs import (  # noqa: E402
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
     gemm_meet,
+    llama_1b_large_close,
     llama_1b_large_variants,
     llama_tiny_variants,
     splitk_pooled,
@@ -194,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         for suffix, (schedule, early) in SCHEDULES.items():
             jobs.append((f"{meet}_{suffix}", gemm_meet(meet), schedule, early))
             options[f"{meet}_{suffix}"] = {"target": "sm_90a"}
+    for meet in GEMM_MEET_SHARES:  # parts that wait for each other: static lists only
+        jobs.append((f"{meet}_static", gemm_meet(meet), "static", True))
+        options[f"{meet}_static"] = {"target": "sm_90a"}
     from etc.models import llama
 
     bucketed = []  # (name, configuration, schedule, early push): one artifact, two kernels
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     # Llama-3.2-1B's large-batch kernel, and the same with projections on
     # different TMA stage counts (their rings and barriers overlay otherwise):
     # the tiny decoder did not reproduce the missing mbarrier.inval, this did.
-    for name, cfg in llama_1b_large_variants().items():
+    for name, cfg in {**llama_1b_large_variants(), **llama_1b_large_close()}.items():
         if name.startswith(args.only):
             llama.compile_decoder(cfg, "static").save(args.out / name)
             print(f"{name}: {args.out / name} (static)")

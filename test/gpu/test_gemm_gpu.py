@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from graphs import GEMM_MEETS
+from graphs import GEMM_MEET_SHARES, GEMM_MEETS
 
 import etc.runtime
 from etc.dtypes import bf16_to_f32, f32_to_bf16
@@ -24,7 +24,27 @@ pytestmark = [
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("m, n", [(1, 64), (200, 200), (1024, 1536)])
 def test_parts_meet_in_the_tile(name: str, schedule: str, m: int, n: int) -> None:
-    BM, BN, K, PARTS = GEMM_MEETS[name]
+    _check_meeting(name, schedule, m, n)
+
+
+@pytest.mark.parametrize("name", list(GEMM_MEET_SHARES))
+@pytest.mark.parametrize("m, n", [(1, 64), (200, 200), (1024, 1536)])
+def test_shared_sums_are_the_last_part_s_bits(name: str, m: int, n: int) -> None:
+    """The last parts to arrive share the sums (``meet_share``; earlier
+    sharers spin until the last arrives): the plain meeting's bits, launch
+    after launch, the counters back at zero."""
+    plain, _ = GEMM_MEET_SHARES[name]
+    np.testing.assert_array_equal(
+        _check_meeting(name, "static", m, n, GEMM_MEETS[plain]),
+        _check_meeting(plain, "static", m, n),
+    )
+
+
+def _check_meeting(name: str, schedule: str, m: int, n: int, shape=None) -> np.ndarray:
+    """Three launches of artifact ``name``: each within a bf16 rounding of a
+    float64 product, all the same bits, the counters at zero after each;
+    returns ``C``'s bits."""
+    BM, BN, K, PARTS = shape or GEMM_MEETS[name]
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
     rng = np.random.default_rng(m + n)
     a = f32_to_bf16(rng.standard_normal((m, K)).astype(np.float32))
@@ -51,3 +71,4 @@ def test_parts_meet_in_the_tile(name: str, schedule: str, m: int, n: int) -> Non
         if first is None:
             first = t["C"].copy()
         np.testing.assert_array_equal(t["C"], first)
+    return first

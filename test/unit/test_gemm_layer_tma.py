@@ -152,7 +152,14 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(unroll=2, warps=(1, 2, 4)), "warps, unroll do not apply to core='tma'"),
         (dict(counter_row=-1), "counter_row must be an int >= 0"),
         (dict(stages=40), "need .* bytes of shared memory"),
-        (dict(core="sync", k_splits=2), "k_splits=2, a_box=64 and meeting='rows' need core=.tma."),
+        (
+            dict(core="sync", k_splits=2),
+            "k_splits=2, a_box=64, meeting='rows' and meet_share=1 need",
+        ),
+        (dict(k_splits=2, meet_share=2), "meet_share=2 needs meeting='fragments'"),
+        (dict(k_splits=2, meeting="fragments", meet_share=3), "a power of two up to k_splits=2"),
+        (dict(k_splits=1, meeting="fragments", meet_share=2), "meet_share=2 needs .*k_splits > 1"),
+        (dict(k_splits=4, meeting="fragments", meet_share=4), "dividing the 2 fragments"),
         (dict(meeting="tree"), "meeting must be 'rows' or 'fragments', got 'tree'"),
         (dict(a_box=24), "a_box=24 must be 16, 32 or 64"),
         (dict(prefetch_ring=0), "prefetch must be a bool, an int >= 1 or .shared."),
@@ -165,18 +172,21 @@ def test_configuration_errors_name_the_tile(kwargs, words):
         layer_gemm(bm, bn, N, K, layers=L, epilogue="store", name="p", **args)
 
 
-def _compile(tile, epilogue, parts, names):
-    g = etc.Graph("g")
-    m = g.symbol("m")
+def _task(g, m, tile, epilogue, parts, names, bn=32, **task):
     per = 2 if epilogue == "swiglu" else 1
     shapes = {
         "A": ((m, K), "bf16"), "R": ((5, m), "i64"), "W": ((L, per * N, K), "bf16"),
         "C": ((m, N), "bf16"), "P": ((parts * m, per * N), "f32"), "cnt": ((2, 64), "i32"),
     }  # fmt: skip
     args = tuple(g.tensor(n, *shapes[n]) for n in names)
-    grid = (L, N // 32, (m + 63) // 64) + ((parts,) if parts > 1 else ())
-    g.task(tile, grid=grid, args=args)
-    return etc.compile(g, schedule="static", target="sm_90a")
+    grid = (L, N // bn, (m + 63) // 64) + ((parts,) if parts > 1 else ())
+    return g.task(tile, grid=grid, args=args, **task)
+
+
+def _compile(tile, epilogue, parts, names, bn=32, schedule="static"):
+    g = etc.Graph("g")
+    _task(g, g.symbol("m"), tile, epilogue, parts, names, bn)
+    return etc.compile(g, schedule=schedule, target="sm_90a")
 
 
 def test_prefetch_asks_the_l2_for_the_first_weight_boxes():
@@ -254,6 +264,43 @@ def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
     assert maps == [f"A_tma{extra.get('a_box', 64)}x64", "W_tma16x64"]
     report = sm90a_ptxas(ptx, tmp_path)
     assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report))
+
+
+@needs_ptxas
+@pytest.mark.parametrize(
+    "epilogue, parts, share, bn",
+    [("residual", 4, 4, 64), ("swiglu", 2, 2, 32), ("store", 4, 2, 32), ("residual", 2, 2, 32)],
+)
+def test_shared_meeting_splits_the_sums_among_the_last_parts(epilogue, parts, share, bn, tmp_path):
+    """meet_share: the block's last ``share`` parts to arrive each sum a
+    run of every thread's fragments (one branch per sharer, together the
+    plain meeting's loads), the earlier ones after spinning on the count
+    until the last part resets it (a release store); the task declares
+    parts that wait for each other, and ptxas keeps it all in registers."""
+    _, kw, names = _case(epilogue, parts, np.random.default_rng(0))
+    extra = dict(meeting="fragments", prefetch_ring="shared", epilogue_ahead=True, bn=bn, **kw)
+    plain, shared = (
+        _tile(epilogue, parts, **extra),
+        _tile(epilogue, parts, meet_share=share, **extra),
+    )
+    assert (plain.meets, shared.meets) == (0, parts)
+    loads = "ld.global.cg.v4.f32"
+    assert shared.source.count(loads) == plain.source.count(loads) > 0
+    assert shared.source.count("%mine") == 2 * share  # defined, then branched on
+    assert "SPIN" in shared.source and "SPIN" not in plain.source
+    art = _compile(shared, epilogue, parts, names, bn)
+    assert art.manifest["tasks"][0]["meets"] == parts
+    ptx = art.ptx
+    assert "ld.acquire.gpu.global.u32" in ptx and "st.release.gpu.global.u32" in ptx
+    report = sm90a_ptxas(ptx, tmp_path)
+    assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report)), report
+    with pytest.raises(etc.CompileError, match="only the static schedule"):
+        _compile(shared, epilogue, parts, names, bn, schedule="dynamic")
+    # Only a listed task of exactly the parts, no phase on them, runs it.
+    g = etc.Graph("g")
+    m = g.symbol("m")
+    with pytest.raises(etc.GraphError, match="parts that wait for each other"):
+        _task(g, m, shared, epilogue, parts, names, bn, deal="pool")
 
 
 @pytest.mark.parametrize("epilogue", ["store", "residual"])
@@ -376,6 +423,31 @@ def test_decoder_with_a_tma_large_batch_kernel_compiles(tmp_path):
     assert "wgmma.mma_async" not in (tmp_path / "bucket0" / "kernel.ptx").read_text()
 
 
+def test_shared_meetings_run_in_the_static_kernels_only():
+    """tma_meet_share: the static kernels' split projections share their
+    sums (the spin on the count is in the PTX, the manifest names the
+    parts), the dynamic kernels meet in the last part as before; the
+    simulated step is the plain meeting's bit for bit (the same sums)."""
+    cfg = dataclasses.replace(
+        M.TINY, **TMA, k_splits=SPLITS, tma_meet_share=(("qkv_proj", 2), ("down_proj", 2))
+    )
+    arts = {s: M.compile_decoder(cfg, s, cubin=False) for s in ("static", "dynamic")}
+    # At most a projection's parts share (qkv in 2: both); none unsplit.
+    assert (
+        cfg.meet_share("qkv_proj"),
+        dataclasses.replace(cfg, tma_meet_share=(("qkv_proj", 8),)).meet_share("qkv_proj"),
+    ) == (2, 2)
+    assert (
+        dataclasses.replace(cfg, tma_meet_share=(("gate_up_proj", 2),)).meet_share("gate_up_proj")
+        == 1
+    )
+    meets = {t["name"]: t.get("meets", 0) for t in arts["static"].manifest["tasks"]}
+    assert {k: meets[k] for k in ("qkv", "o_proj", "down")} == {"qkv": 2, "o_proj": 0, "down": 4}
+    assert "LAB_SPIN" in arts["static"].ptx and "LAB_SPIN" not in arts["dynamic"].ptx
+    assert not any(t.get("meets") for t in arts["dynamic"].manifest["tasks"])
+    _same_step(cfg, dataclasses.replace(cfg, tma_meet_share=()))
+
+
 def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
     """tma_prefetch="shared" (the default) loads the weight stages into the
     rings before the waits under the static schedule; compile_decoder gives
@@ -401,6 +473,17 @@ def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
         (dict(gemm_core="tma", fuse_norms=True, fold_norms=False), "fuse_norms needs the sync"),
         (dict(gemm_core="wgmma"), "gemm_core must be 'sync', 'bulk' or 'tma'"),
         (dict(tma_meeting="tree"), "tma_meeting must be 'rows' or 'fragments', got 'tree'"),
+        (dict(tma_meet_share=(("lm_head", 2),)), "tma_meet_share names 'lm_head'"),
+        (dict(tma_meet_share=("down_proj",)), r"takes \(projection, share\) pairs"),
+        (dict(tma_meet_share=(("down_proj", 3),)), r"tma_meet_share\['down_proj'\]=3 must be 1, 2"),
+        (
+            dict(**TMA, k_splits=SPLITS, tma_meet_share=(("down_proj", 2),), pool=("down",)),
+            "task 'down''s parts wait for each other, which a pooled task",
+        ),
+        (
+            dict(**TMA, k_splits=SPLITS, tma_meeting="rows", tma_meet_share=(("qkv_proj", 2),)),
+            "needs tma_meeting='fragments'",
+        ),
     ],
 )
 def test_config_errors(change, words):

@@ -745,3 +745,25 @@ def test_import_without_extension_or_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_parts_that_wait_for_each_other_never_share_a_cta() -> None:
+    """A task whose blocks' parts spin for each other (``meets``): a deal by
+    SM that would put two parts of one block on one CTA (here the remainder
+    past a whole round lands on the CTA of the block's first part) gives
+    way to round-robin, which never does; more parts than CTAs is an
+    error."""
+    counts, grid, sm = [6], 5, [1, 1, 2, 2, 0]  # CTA 4 alone on SM 0
+    by_sm = queue.decode(queue.build_static_queue(counts, grid, None, None, sm, "spread"))
+    assert (0, 5) in by_sm[4] and (0, 4) in by_sm[4]  # block {4, 5} on one CTA
+    safe = queue.build_static_queue(counts, grid, None, None, sm, "spread", [2])
+    assert safe.tolist() == queue.build_static_queue(counts, grid).tolist()
+    entries = queue.global_order(counts, None)
+    ctas = queue.sm_deal(entries, grid, sm, "spread")
+    assert not queue.parts_apart(entries, ctas, [2], grid)
+    assert queue.parts_apart(entries, np.arange(6) % grid, [2], grid)
+    # A deal that keeps the parts apart is kept.
+    kept = queue.build_static_queue([4], 5, None, None, sm, "spread", [2])
+    assert kept.tolist() == queue.build_static_queue([4], 5, None, None, sm, "spread").tolist()
+    with pytest.raises(ValueError, match="4 parts that wait for each other need as many CTAs"):
+        queue.build_static_queue([8], 3, meets=[4])

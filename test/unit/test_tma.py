@@ -944,3 +944,53 @@ def test_chunked_layer_tma_tiles_copy_the_same_boxes_through_4d_maps(options):
             _tma_copies(chunked, func, coords, bases),
             1 << 50,
         )
+
+
+@needs_bindings
+@needs_ptxas
+@pytest.mark.parametrize("bn, k, parts, share", [(192, 2048, 2, 2), (128, 2048, 4, 4)])
+def test_split_k_sums_shared_by_the_last_parts(bn, k, parts, share, tmp_path):
+    """meet_share: the block's last parts to arrive each add and store a
+    share of it (the spin on the count, the reset a release store), the
+    task declares parts that wait for each other, which the manifest
+    carries and refuses outside the static schedule; the simulated product
+    is the plain meeting's bit for bit (the same sums in the same order)."""
+    import json
+
+    from etc.runtime.manifest import load_manifest
+
+    g, A, B, C = graph_ab(k)
+    tile = dense_tma(128, bn, k, stages=4, k_splits=parts, meet_share=share)
+    assert tile.meets == parts
+    G.add_gemm_task(g, tile, A, B, C)
+    art = etc.compile(g, target="sm_90a", schedule="static")
+    assert art.manifest["tasks"][0]["meets"] == parts
+    assert "LAB_SPIN" in art.ptx and "st.release.gpu.global.u32" in art.ptx
+    info = sm90a_ptxas(art.ptx, tmp_path)
+    assert "0 bytes spill stores" in info and "serialized" not in info, info
+    with pytest.raises(etc.CompileError, match="only the static schedule"):
+        etc.compile(g, target="sm_90a", schedule="dynamic", cubin=False)
+    art.save(tmp_path / "art")
+    path = tmp_path / "art" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["schedule"] = "dynamic"
+    path.write_text(json.dumps(data))
+    with pytest.raises(etc.LaunchError, match=r"tasks\[0\]\.meets: .*static schedule"):
+        load_manifest(tmp_path / "art")
+    rng = np.random.default_rng(1)
+    a, b = rand_bf16(rng, 200, k), rand_bf16(rng, 300, k)
+    plain, _ = split_meet_graph(128, bn, k, parts)
+    syms = {"m": 200, "n": 300}
+    np.testing.assert_array_equal(
+        etc.simulate(g, {"A": a, "B": b}, syms)["C"],
+        etc.simulate(plain, {"A": a, "B": b}, syms)["C"],
+    )
+
+
+def test_split_k_sharing_errors_name_the_tile():
+    with pytest.raises(GraphError, match="meet_share=2 needs bf16 out, k_splits > 1"):
+        dense_tma(128, 128, 768, k_splits=2, meet_share=2, out_dtype="f32")
+    with pytest.raises(GraphError, match="power of two up to k_splits=2"):
+        dense_tma(128, 128, 768, k_splits=2, meet_share=4)
+    with pytest.raises(GraphError, match="meet_share=2 needs core='tma'"):
+        G.gemm(128, 128, 768, core="wgmma", meet_share=2)

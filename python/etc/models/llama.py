@@ -96,7 +96,10 @@ ATTENTION_TILES = ("phased", "online", "mma")
 #: whole-row argmax and 128-column LM head blocks, no shared regions
 #: (its TMA tiles and attention would not fit two CTAs per SM apart), every
 #: tile a called function, and the attention's ring stages given back once
-#: read (together −1.7..−4 % at B = 32 and 64 on an H200, session 30).
+#: read (together −1.7..−4 % at B = 32 and 64 on an H200, session 30), and
+#: down_proj's split-K sums shared by each block's last 2 parts to arrive
+#: (``tma_meet_share``: −0.8..−1.4 % at L = 1024, −0.1..−0.5 % at 4096,
+#: session 35; qkv's, o_proj's and gate/up's cost 1-4 %).
 LARGE_BATCH = (
     ("block_m", 32),
     ("row_warps", 1),
@@ -114,9 +117,17 @@ LARGE_BATCH = (
     ("outline", True),
     ("attn_tma_release", "read_early"),
     ("sm_deal", "spread"),
+    ("tma_meet_share", (("down_proj", 2),)),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+#: The task that runs each layer projection's tiles.
+_PROJECTION_TASKS = {
+    "qkv_proj": "qkv",
+    "o_proj": "o_proj",
+    "gate_up_proj": "gate_up",
+    "down_proj": "down",
+}
 #: The decoder's task names (``LlamaConfig.shared_regions`` keys).
 DECODER_TASKS = (
     "embed",
@@ -448,6 +459,18 @@ class LlamaConfig:
     #: and −0.5..−1.6 % at B = 32 on an H200 (thirty-fourth session,
     #: ``bench/RESULTS.md`` items 147-148).
     tma_meeting: str = "fragments"
+    #: Per split projection, how many of its last parts to arrive share the
+    #: meeting's sums, at most its parts (:meth:`meet_share`;
+    #: ``layer_gemm(meet_share=...)``: each loads and stores a
+    #: share of the block; the earlier sharers spin until the last arrives,
+    #: so only the static schedule runs it, and :func:`compile_decoder` drops
+    #: it for the dynamic one): ``(("down_proj", 4), ...)``; needs
+    #: ``tma_meeting="fragments"``. Empty: the last part alone. The sums are
+    #: the same (part order) but a sharer adds its fragments' squares to the
+    #: next norm's fixed-point row sums itself, which can round them apart
+    #: from the last part's whole-row add: deterministic, not bit-equal to
+    #: the unshared kernel. ``LARGE_BATCH`` shares down_proj's by 2.
+    tma_meet_share: tuple[tuple[str, int], ...] = ()
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -704,6 +727,11 @@ class LlamaConfig:
         projection = "down_proj" if projection == "embed" else projection
         return dict(self.k_splits).get(projection, 1) if self.core(projection) == "tma" else 1
 
+    def meet_share(self, projection: str) -> int:
+        """How many of ``projection``'s last parts share its split-K sums:
+        its ``tma_meet_share``, at most its parts (1: not split)."""
+        return min(dict(self.tma_meet_share).get(projection, 1), self.k_split(projection))
+
     @property
     def uses_tma(self) -> bool:
         """Whether a kernel of the artifact (any bucket) has tma-core tiles,
@@ -726,6 +754,32 @@ class LlamaConfig:
                     "multiple of 64"
                 )
         _int_field("tma_stages", self.tma_stages, 2)
+        for item in self.tma_meet_share:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise GraphError(
+                    f"LlamaConfig: tma_meet_share takes (projection, share) pairs, got {item!r}"
+                )
+            proj, share = item
+            if proj not in _PROJECTIONS[:4]:
+                raise GraphError(
+                    f"LlamaConfig: tma_meet_share names {proj!r}, not one of "
+                    f"{', '.join(_PROJECTIONS[:4])}"
+                )
+            if share not in (1, 2, 4, 8) or isinstance(share, bool):
+                raise GraphError(
+                    f"LlamaConfig: tma_meet_share[{proj!r}]={share!r} must be 1, 2, 4 or 8"
+                )
+            share = self.meet_share(proj)
+            if share > 1 and self.tma_meeting != "fragments":
+                raise GraphError(
+                    f"LlamaConfig: tma_meet_share[{proj!r}]={share} needs tma_meeting='fragments'"
+                )
+            task = _PROJECTION_TASKS[proj]
+            if share > 1 and task in self.pool:
+                raise GraphError(
+                    f"LlamaConfig: tma_meet_share[{proj!r}]={share} makes task '{task}''s parts "
+                    "wait for each other, which a pooled task (pool) cannot: drop one"
+                )
         if self.tma_a_box not in (16, 32, 64):
             raise GraphError(f"LlamaConfig: tma_a_box must be 16, 32 or 64, got {self.tma_a_box!r}")
         parts = self.k_split("down_proj")
@@ -1089,7 +1143,12 @@ def compile_decoder(
         sm_deal = options.get("sm_deal", c.sm_deal) if static else None
         return {"outline": outline(c, g), "sm_slices": sm_slices, "sm_deal": sm_deal}
 
-    kernels = [(bound, c, build_decoder_graph(c, name=name)) for bound, c in cfg.bucket_configs()]
+    configs = cfg.bucket_configs()
+    if schedule == "dynamic":
+        # Sharers spin for their block's other parts, which only the static
+        # lists guarantee to run at once: the last part meets alone.
+        configs = [(b, dataclasses.replace(c, tma_meet_share=())) for b, c in configs]
+    kernels = [(bound, c, build_decoder_graph(c, name=name)) for bound, c in configs]
     if len(kernels) == 1:  # one kernel: this configuration, or its one bucket's
         _, c, g = kernels[0]
         return etc.compile(g, **{**opts, **per_kernel(c, g)})
@@ -1225,6 +1284,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
                 epilogue_ahead=cfg.tma_epilogue_ahead, meeting=cfg.tma_meeting,
+                meet_share=cfg.meet_share(name),
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
                 weight_chunk=cfg.weight_chunk if layers is not None else 0,

@@ -379,7 +379,16 @@ class Kernel:
                 by_sm, word = np.arange(grid, dtype=np.int64) % sms, sms << 8 | grid // sms
             elif self._sm_of_cta is not None:
                 by_sm = self._sm_of_cta
-        queue = build_static_queue(counts, grid, phases, pooled, by_sm, self._sm_deal or "spread")
+        meets = [t.meets for t in m.tasks]
+        if max(meets, default=0) > grid:
+            task = m.tasks[meets.index(max(meets))]
+            raise LaunchError(
+                f"{m.graph}: task '{task.name}' has {task.meets} split-K parts that wait for "
+                f"each other, which need as many co-resident CTAs; this launch has {grid}"
+            )
+        queue = build_static_queue(
+            counts, grid, phases, pooled, by_sm, self._sm_deal or "spread", meets
+        )
         if m.sm_slices:
             return np.append(queue, np.int64(word))
         if m.sm_deal is not None:

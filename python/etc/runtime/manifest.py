@@ -126,6 +126,9 @@ class TaskSpec:
     #: Static schedule: a queue entry per CTA and phase draws the phase's
     #: instances at run time (``Graph.task(deal="pool")``).
     pooled: bool = False
+    #: Instances that differ only in the last grid coordinate (this many
+    #: values) wait for each other (``etc.DeviceFunction.meets``); 0: none.
+    meets: int = 0
 
 
 @dataclass(frozen=True)
@@ -468,6 +471,9 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         deal = t.get("deal", "list")
         if deal not in ("list", "pool") or (deal == "pool" and trigger is not None):
             raise c.fail(f"{w}deal", f"expected 'list' or 'pool' (untriggered), got {deal!r}")
+        meets = t.get("meets", 0)
+        if not (_is_int(meets) and meets >= 0) or (meets and deal != "list"):
+            raise c.fail(f"{w}meets", f"expected an int >= 0 (listed tasks only), got {meets!r}")
         tasks.append(
             TaskSpec(
                 index,
@@ -478,6 +484,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                 trigger,
                 (phase[0], phase[1]),
                 deal == "pool",
+                meets,
             )
         )
     if len(tasks) >= 1 << 15:
@@ -559,6 +566,12 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     if not isinstance(sm_slices, bool) or (sm_slices and data.get("schedule") != "static"):
         raise c.fail(
             "sm_slices", f"expected a bool, true only for the static schedule, got {sm_slices!r}"
+        )
+    meeting = next((t for t in tasks if t.meets), None)
+    if meeting is not None and data.get("schedule") != "static":
+        raise c.fail(
+            f"tasks[{meeting.index}].meets",
+            "parts that wait for each other need the static schedule",
         )
     sm_deal = data.get("sm_deal")
     if not (sm_deal is None or sm_deal in SM_DEALS and data.get("schedule") == "static"):

@@ -85,18 +85,27 @@ def build_static_queue(
     pooled: Sequence[bool] | None = None,
     sm_of_cta: Sequence[int] | None = None,
     how: str = "spread",
+    meets: Sequence[int] | None = None,
 ) -> np.ndarray:
     """The queue array (offset header + entries) for instance ``counts`` per
     task and ``grid`` CTAs (``phases``: see :func:`global_order`; ``pooled``:
     see :func:`pool_entries`; ``sm_of_cta``: the SM each CTA runs on, to deal
-    by, :func:`sm_deal`, graphs without pools only)."""
+    by, :func:`sm_deal`, graphs without pools only; ``meets``: per task, the
+    parts that wait for each other (:func:`parts_apart`), which a deal by SM
+    that would put two of one block on a CTA gives up for round-robin)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
+    if meets is not None and max(meets, default=0) > grid:
+        raise ValueError(
+            f"{max(meets)} parts that wait for each other need as many CTAs, got {grid}"
+        )
     entries = global_order(counts, phases)
     if pooled is not None and any(pooled):
         return _queue_of(*pool_entries(entries, grid, phases, pooled), grid)
     if sm_of_cta is not None:
-        return _queue_of(entries, sm_deal(entries, grid, sm_of_cta, how), grid)
+        ctas = sm_deal(entries, grid, sm_of_cta, how)
+        if meets is None or parts_apart(entries, ctas, meets, grid):
+            return _queue_of(entries, ctas, grid)
     total = len(entries)
     base, extra = divmod(total, grid)
     out = np.empty(grid + 1 + total, dtype=np.int64)
@@ -112,6 +121,22 @@ def build_static_queue(
     longer[:, base] = entries[base * grid :]
     body[extra * (base + 1) :].reshape(grid - extra, base)[...] = full[:, extra:].T
     return out
+
+
+def parts_apart(entries: np.ndarray, ctas: np.ndarray, meets: Sequence[int], grid: int) -> bool:
+    """Whether every block of a task with ``meets[task]`` parts (instances
+    ``b * meets .. b * meets + meets - 1``, consecutive in the global order)
+    has its parts on different CTAs. With each list in global order that
+    keeps parts that wait for each other from deadlocking: the first
+    unfinished block's parts are all at the heads of their lists.
+    Round-robin over ``grid >= meets`` CTAs always does."""
+    task = entries >> INSTANCE_BITS
+    for t in np.flatnonzero(np.asarray(meets)):
+        mine = task == t
+        key = (entries[mine] & INSTANCE_MASK) // meets[t] * grid + ctas[mine]
+        if len(np.unique(key)) != int(mine.sum()):
+            return False
+    return True
 
 
 def placement_of(sm_words: np.ndarray, sms: int) -> np.ndarray | None:

@@ -444,6 +444,37 @@ def last_arrival_flag(name: str) -> tuple[str, str]:
     return flag, f'memref.global "private" {flag} : {LAST_FLAG_TYPE} {{alignment = 4 : i64}}'
 
 
+def count_arrival(
+    t: Text, flag: str, is0: str, counter_at: str, arrivals: int, c0: str = "%c0",
+    release_reset: bool = False,
+) -> str:  # fmt: skip
+    """:func:`open_last_arrival`'s count without its region: thread 0 adds 1
+    (``atom.acq_rel.gpu``) and, the ``arrivals``-th, resets the word to zero
+    at once (``release_reset``: with a release store, so that a tile that
+    waits for the reset acquires every part); returns the count before this
+    tile's add (an i32, every thread's over ``flag`` and a barrier)."""
+    flag_t = LAST_FLAG_TYPE
+    ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
+    t.emit(f"scf.if {is0} {{")
+    old = t.op(
+        "old",
+        '  llvm.inline_asm has_side_effects asm_dialect = att "atom.acq_rel.gpu.global.add.u32 '
+        f'$0, [$1], 1;", "=r,l" {counter_at} : (i64) -> i32',
+    )
+    t.emit(f"  memref.store {old}, {ref}[{c0}] : {flag_t}")
+    want = t.op("want", f"arith.constant {arrivals - 1} : i32")
+    t.emit(f"  scf.if {t.op('last', f'arith.cmpi eq, {old}, {want} : i32')} {{")
+    order = "release" if release_reset else "relaxed"
+    t.emit(
+        f'    llvm.inline_asm has_side_effects asm_dialect = att "st.{order}.gpu.global.u32 '
+        f'[$0], 0;", "l" {counter_at} : (i64) -> ()'
+    )
+    t.emit("  }")
+    t.emit("}")
+    t.emit("gpu.barrier")
+    return t.op("seen", f"memref.load {ref}[{c0}] : {flag_t}")
+
+
 def open_last_arrival(
     t: Text, flag: str, is0: str, counter_at: str, arrivals: int, c0: str = "%c0"
 ) -> None:

@@ -24,6 +24,17 @@ MBAR_WAIT = (
 )
 
 
+#: Inline PTX polling the u32 at global address ``$0`` (acquire, GPU scope)
+#: until it is at most ``$1`` (a split-K part waiting for its block's count
+#: to be reset: ``etc.tiles.gemm_tc.share_fragments``), or trapping after
+#: ``MBAR_POLLS`` polls.
+SPIN_UNTIL_AT_MOST = (
+    "{ .reg .pred p; .reg .b32 n, c; mov.b32 n, 0; "
+    "LAB_SPIN: ld.acquire.gpu.global.u32 c, [$0]; setp.le.u32 p, c, $1; @p bra DONE; "
+    f"add.u32 n, n, 1; setp.lt.u32 p, n, {MBAR_POLLS}; @p bra LAB_SPIN; trap; DONE: }}"
+)
+
+
 def asm_line(text: str, operands: list[tuple[str, str]], memory: bool = False) -> str:
     """A side-effecting ``llvm.inline_asm`` of PTX ``text`` on ``operands``
     (value, ``i32``/``i64``/``f32``), no result; ``memory``: with a memory

@@ -1707,6 +1707,7 @@ def layer_gemm(
     bulk_ring: bool = False,
     epilogue_ahead: bool = False,
     meeting: str = "rows",
+    meet_share: int = 1,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1812,8 +1813,9 @@ def layer_gemm(
     box (boxes past ``M`` skipped); ``epilogue_ahead`` issues the epilogue's
     row sums and residual loads before the k loop. It takes ``stages``,
     ``columns_first``, ``row_scale``, ``sums_out``, ``k_splits``,
-    ``counter_row``, ``prefetch_ring``, ``a_box``, ``epilogue_ahead`` and
-    ``meeting`` (how the split-K parts meet) only.
+    ``counter_row``, ``prefetch_ring``, ``a_box``, ``epilogue_ahead``,
+    ``meeting`` (how the split-K parts meet) and ``meet_share`` (how many of
+    them add the parts: :func:`etc.tiles.gemm_layer_tma.layer_gemm_tma`) only.
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -1857,12 +1859,12 @@ def layer_gemm(
             block_size=block_size, stages=stages, columns_first=columns_first,
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
             prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
-            epilogue_ahead=epilogue_ahead, meeting=meeting,
+            epilogue_ahead=epilogue_ahead, meeting=meeting, meet_share=meet_share,
         )  # fmt: skip
-    if k_splits != 1 or a_box != 64 or meeting != "rows":
+    if k_splits != 1 or a_box != 64 or meeting != "rows" or meet_share != 1:
         raise GraphError(
-            f"tile '{name}': k_splits={k_splits}, a_box={a_box} and meeting={meeting!r} "
-            "need core='tma'"
+            f"tile '{name}': k_splits={k_splits}, a_box={a_box}, meeting={meeting!r} and "
+            f"meet_share={meet_share} need core='tma'"
         )
     if epilogue_ahead:
         raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")
@@ -2071,8 +2073,9 @@ def _scaled_rows(
         ready[tuple(rows)] = scales(t, rows)
         store.prologue(t, rows, col_lane)
 
-    def scaled(t: _Text, acc, rows, col_lane) -> None:
-        scale = ready.pop(tuple(rows), None) or scales(t, rows)
+    def scaled(t: _Text, acc, rows, col_lane, frags: list[int] | None = None) -> None:
+        # A sharer's fragments (``frags``) leave the scales for the others.
+        scale = (ready.pop if frags is None else ready.get)(tuple(rows), None) or scales(t, rows)
         out = [
             [
                 [t.op("sc", f"arith.mulf {c[q]}, {scale[2 * m + q // 2]} : f32") for q in range(4)]
@@ -2080,7 +2083,7 @@ def _scaled_rows(
             ]
             for m, per in enumerate(acc)
         ]
-        store(t, out, rows, col_lane)
+        store(t, out, rows, col_lane, **({} if frags is None else {"frags": frags}))
 
     scaled.prologue = prologue
     return scaled
@@ -2154,12 +2157,25 @@ def _layer_store(
         if epilogue == "residual":
             olds[tuple(rows)] = _residual_loads(t, rows, cols_of(t, col_lane), ("%C", ct), r1)
 
-    def store(t: _Text, acc, rows, col_lane) -> None:
-        cols = cols_of(t, col_lane)
+    def store(t: _Text, acc, rows, col_lane, frags: list[int] | None = None) -> None:
+        """``frags``: ``acc`` holds only these fragments of the thread (gate,
+        then up), as a split-K meeting's sharer stores them; the residual
+        loaded ahead stays for the other sharers' branches."""
+        if frags is None:
+            cols, old = cols_of(t, col_lane), olds.pop(tuple(rows), None)
+        else:
+            cols = [_col(t, wcol, f, col_lane) for f in frags]
+            ahead = olds.get(tuple(rows))
+            old = ahead and {
+                (m, i, h): ahead[m, f, h]
+                for m in range(len(acc))
+                for i, f in enumerate(frags)
+                for h in range(2)
+            }
         if epilogue == "swiglu":
-            acc = _mma.swiglu(t, acc, nf, hf_rounding=True)
+            acc = _mma.swiglu(t, acc, len(cols), hf_rounding=True)
         elif epilogue == "residual":
-            acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1, olds.pop(tuple(rows), None))
+            acc = _add_residual(t, acc, rows, cols, ("%C", ct), r1, old)
         _store_pairs(t, acc, rows, cols, ("%C", ct), r1, None)
         if sums is not None:
             _add_sums_of_squares(t, acc, rows, r1, sums)

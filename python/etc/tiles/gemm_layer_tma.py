@@ -82,6 +82,7 @@ def layer_gemm_tma(
     weight_chunk: int = 0,
     epilogue_ahead: bool = False,
     meeting: str = "rows",
+    meet_share: int = 1,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -123,11 +124,28 @@ def layer_gemm_tma(
     the projection (``i * (n / block_n) + j``) takes ``k_splits * 64 *
     block_n`` floats (twice with ``swiglu``) at ``b`` times that, so ``P``
     needs ``k_splits * 64 * ceil(M / 64) * n`` floats (``2 n``); the
-    threads whose rows are all past ``M`` store and load none."""
+    threads whose rows are all past ``M`` store and load none.
+    ``meet_share`` (with ``"fragments"``): the block's last ``meet_share``
+    parts to arrive each add and store a ``meet_share``-th of every
+    thread's fragments (:func:`etc.tiles.gemm_tc.share_fragments`; the
+    earlier sharers spin until the last arrives), so the last part loads
+    that much less; the tile then needs all of a block's parts able to run
+    at once (:attr:`etc.DeviceFunction.meets`: the static schedule's lists,
+    which deal them to different CTAs)."""
     stages = 4 if stages is None else stages
     if meeting not in ("rows", "fragments"):
         raise GraphError(f"tile '{name}': meeting must be 'rows' or 'fragments', got {meeting!r}")
     _mma.positive(name, "k_splits", k_splits)
+    units = block_n // (block_size // 128) // 8
+    if meet_share != 1 and (
+        meeting != "fragments" or k_splits < 2 or meet_share not in (2, 4, 8)
+        or units % meet_share or meet_share > k_splits
+    ):  # fmt: skip
+        raise GraphError(
+            f"tile '{name}': meet_share={meet_share!r} needs meeting='fragments', k_splits > 1 "
+            f"and a power of two up to k_splits={k_splits} dividing the {units} fragments of "
+            "a thread"
+        )
     if block_m != 64:
         raise GraphError(
             f"tile '{name}': core='tma' takes blocks of 64 rows (one wgmma M), got block_m={block_m}"
@@ -178,7 +196,17 @@ def layer_gemm_tma(
         flag, flag_global = _mma.last_arrival_flag(name)
         globals_.append(flag_global)
         reduce = _split_reduce(
-            n, block_n, k_splits, counter_row, per_n, r1, m_rows, flag, meeting, block_size
+            n,
+            block_n,
+            k_splits,
+            counter_row,
+            per_n,
+            r1,
+            m_rows,
+            flag,
+            meeting,
+            block_size,
+            meet_share,
         )
 
     def make_store(t: _Text, wn_i: str) -> Callable[..., None]:
@@ -191,6 +219,9 @@ def layer_gemm_tma(
 
     def finish(t: _Text, acc, rows, wn_i, col_lane) -> None:
         wcol = t.add(n0, t.mul(wn_i, cw))
+        if reduce is not None and meet_share > 1:  # each sharer stores its fragments
+            reduce(t, acc, rows, wcol, col_lane, ahead.pop() if ahead else make_store(t, wn_i))
+            return
         if reduce is not None:
             acc = reduce(t, acc, rows, wcol, col_lane)  # opens "the last part" region
         store = ahead.pop() if ahead else make_store(t, wn_i)
@@ -258,6 +289,7 @@ def layer_gemm_tma(
         reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw, chunk)],
     )  # fmt: skip
     fn.prefetch_fills_shared = shared
+    fn.meets = k_splits if meet_share > 1 else 0
     return fn
 
 
@@ -292,13 +324,14 @@ def _weight_loads(
 
 def _split_reduce(
     n: int, block_n: int, parts: int, counter_row: int, per_n: int, r1: str, m_rows: str,
-    flag: str, meeting: str, block_size: int,
+    flag: str, meeting: str, block_size: int, share: int = 1,
 ) -> Callable[..., list]:  # fmt: skip
     """The split-K meeting (module docstring) as an epilogue step: stores this
     part, counts it, and in the last part opens ``scf.if`` (closed by the
-    caller) and returns the summed accumulators."""
+    caller) and returns the summed accumulators; with ``share > 1`` the
+    sharers store their fragments with the caller's ``store`` instead."""
 
-    def reduce(t: _Text, acc, rows, wcol, col_lane) -> list:
+    def reduce(t: _Text, acc, rows, wcol, col_lane, store=None) -> list | None:
         def block(t: _Text) -> str:
             return t.add(t.mul("%i", n // block_n), "%j")
 
@@ -309,6 +342,13 @@ def _split_reduce(
         if meeting == "fragments":
             # A thread whose first row is past the batch holds no row to keep.
             live = t.op("live", f"arith.cmpi ult, {rows[0]}, {r1} : index")
+            if share > 1:
+                _tc.share_fragments(
+                    t, acc, parts, "%ks", slot, flag, block_size, share,
+                    lambda t, sums, units: store(t, sums, rows, col_lane, frags=units),
+                    per_n=per_n, part_block=block, p_type=PART_TYPE, live=live,
+                )  # fmt: skip
+                return None
             return _tc.meet_fragments(
                 t, acc, parts, "%ks", slot, flag, block_size, part_block=block, p_type=PART_TYPE,
                 live=live,

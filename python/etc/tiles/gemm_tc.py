@@ -1683,100 +1683,192 @@ def meet_fragments(
     rows to keep: a thread without stores and loads nothing (its sums, which
     the caller must not store, hold its own products alone), so a block of
     a few rows moves only their warps' bytes."""
-    if live is not None and p_type == FRAGMENT_PARTS_TYPE:
-        raise GraphError("meet_fragments: live needs a p_type other than the 1-D workspace")
-    frags = [q for per in acc for q in per]
-    base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {p_type} -> index")
-    blk = (part_block or block)(t)
-    tid = t.op("tid", "gpu.thread_id x")
-
-    def element(q: int | str, f: int) -> str:
-        """The first float of this thread's fragment ``f`` of part ``q``."""
-        bq = t.add(t.mul(blk, parts), q)
-        return t.mul(t.add(t.mul(t.add(t.mul(bq, len(frags)), f), block_size), tid), 4)
-
-    v4 = "vector<4xf32>"
-    # A predicate on ``live`` for the inline PTX below (operand $5).
-    on = "" if live is None else t.op("lv", f"arith.extui {live} : i1 to i32")
-    decl = "" if live is None else ".reg .pred p; setp.ne.b32 p, $5, 0; "
-    guard = decl + "@p " if decl else ""
-    for f, c in enumerate(frags):
-        if p_type != FRAGMENT_PARTS_TYPE:
-            at = t.op(
-                "a", f"arith.index_cast {t.add(base, t.mul(element(part, f), 4))} : index to i64"
-            )
-            ops = [(at, "i64"), *[(v, "f32") for v in c]] + ([(on, "i32")] if on else [])
-            _asm_ops(t, f"{{{guard}st.global.v4.f32 [$0], {{$1, $2, $3, $4}};}}", ops,
-                     memory=True)  # fmt: skip
-            continue
-        vec = t.op("v", f"vector.from_elements {', '.join(c)} : {v4}")
-        t.emit(
-            f"vector.store {vec}, %P[{element(part, f)}] {{alignment = 16 : i64}} : "
-            f"{FRAGMENT_PARTS_TYPE}, {v4}"
-        )
+    meeting = _FragmentMeeting(t, acc, parts, part, part_block or block, block_size, p_type, live)
     _arrive(t, parts, block, flag)
-    quad_t = "!llvm.struct<(f32, f32, f32, f32)>"
-    # The other parts, k-th: k + (k >= part); one address each, a fragment's
-    # an immediate offset from it.
-    others = []
-    for k in range(parts - 1):
-        after = t.op("af", f"arith.cmpi uge, {t.c(k)}, {part} : index")
-        q = t.add(t.c(k), t.op("q", f"arith.select {after}, {t.c(1)}, {t.c(0)} : index"))
-        others.append(
-            t.op("a", f"arith.index_cast {t.add(base, t.mul(element(q, 0), 4))} : index to i64")
-        )
-    before = [t.op("lt", f"arith.cmpi ult, {t.c(q)}, {part} : index") for q in range(parts)]
-    mine = [t.op("eq", f"arith.cmpi eq, {t.c(q)}, {part} : index") for q in range(parts)]
-    size = max(1, MEET_FRAGMENTS // (parts - 1))
-    chunks = [range(f0, min(f0 + size, len(frags))) for f0 in range(0, len(frags), size)]
-
-    # With ``live`` each load is predicated, its registers zeroed first (a
-    # predicated-off load leaves them as they were).
-    zeros = "".join(f"mov.f32 ${e}, 0f00000000; " for e in range(4))
-    cons, live_arg, types = (
-        ("=f,=f,=f,=f,l,r", f", {on}", "i64, i32") if on else ("=f,=f,=f,=f,l", "", "i64")
-    )
-
-    def load_text(f: int) -> str:
-        text = f"ld.global.cg.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * block_size * 16}];"
-        return f"{{{decl}{zeros}@p {text}}}" if on else text
-
-    def load(chunk: range) -> dict:
-        return {
-            (k, f): t.op(
-                "ld",
-                f'llvm.inline_asm has_side_effects asm_dialect = att "{load_text(f)}", "{cons}" '
-                f"{at}{live_arg} : ({types}) -> {quad_t}",
-            )
-            for k, at in enumerate(others)
-            for f in chunk
-        }
-
-    # Double-buffered: a chunk's loads go out before the previous chunk's
-    # adds wait for theirs (each wait is an L2 round trip).
-    sums, ahead = [], load(chunks[0])
-    for c, chunk in enumerate(chunks):
-        loaded, ahead = ahead, load(chunks[c + 1]) if c + 1 < len(chunks) else {}
-        for f in chunk:
-            got = {
-                k: [
-                    t.op("pv", f"llvm.extractvalue {loaded[k, f]}[{e}] : {quad_t}")
-                    for e in range(4)
-                ]
-                for k in range(parts - 1)
-            }
-            total = ["%fzero"] * 4
-            for q in range(parts):  # part q: its own (q == part), else other q or q - 1
-                for e in range(4):
-                    v = frags[f][e]
-                    if q > 0:
-                        v = t.op("pv", f"arith.select {mine[q]}, {v}, {got[q - 1][e]} : f32")
-                    if q < parts - 1:
-                        v = t.op("pv", f"arith.select {before[q]}, {got[q][e]}, {v} : f32")
-                    total[e] = t.op("ps", f"arith.addf {total[e]}, {v} : f32")
-            sums.append(total)
+    sums = meeting.sums(range(len(meeting.frags)))
     it = iter(sums)
     return [[next(it) for _ in per] for per in acc]
+
+
+def share_fragments(
+    t: _Text, acc, parts: int, part: str, block: Callable[[_Text], str], flag: str,
+    block_size: int, share: int, store: Callable[[_Text, list, list[int]], None], *,
+    per_n: int = 1, part_block: Callable[[_Text], str] | None = None,
+    p_type: str = FRAGMENT_PARTS_TYPE, live: str | None = None,
+) -> None:  # fmt: skip
+    """:func:`meet_fragments` with the sums shared by the block's last
+    ``share`` parts to arrive: arrival ``parts - share + q`` adds the parts
+    (in part order: the same bits) of the ``q``-th of ``share`` equal runs
+    of each thread's fragment units and stores them with ``store(t, sums,
+    units)``: ``sums`` in ``acc``'s structure holding only those units'
+    fragments (gate, then up with ``per_n=2``, whose unit ``u`` is the pair
+    of fragments ``u`` and ``u + F/2``), ``units`` their indices. The last
+    part to arrive loads a ``share``-th of what :func:`meet_fragments` would
+    (one L2 round trip instead of several when ``share`` is the fragment
+    count); the other sharers wait for it, spinning on the count.
+
+    Sharers spin, so the block's parts must all be able to run at once: the
+    tile declares it (:attr:`etc.DeviceFunction.meets`), and the static
+    schedule (lists only) deals a block's parts to different CTAs, each
+    list in global order (``docs/scheduling.md``, "Parts that wait for each
+    other"). The count: the last part resets it to zero with a release
+    store; sharer ``r`` (its count's value before it added 1) spins until
+    the word is at most ``r`` again, which only that reset makes it (the
+    block's next use waits for this instance), then acquires the parts."""
+    units = len(acc[0]) // per_n
+    if share < 1 or units % share or share > parts or any(len(per) != len(acc[0]) for per in acc):
+        raise GraphError(
+            f"share_fragments: share={share} must divide the {units} fragment units of a "
+            f"thread and be at most the {parts} parts"
+        )
+    meeting = _FragmentMeeting(t, acc, parts, part, part_block or block, block_size, p_type, live)
+    t.emit("gpu.barrier")
+    t.joined()
+    tid = t.op("tid", "gpu.thread_id x")
+    is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
+    base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
+    cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(block(t), 4))} : index to i64")
+    seen = _mma.count_arrival(t, flag, is0, cnt_at, parts, t.c(0), release_reset=True)
+    first = t.op("fs", f"arith.constant {parts - share} : i32")
+    sharer = t.op("sharer", f"arith.cmpi uge, {seen}, {first} : i32")
+    t.emit(f"scf.if {sharer} {{")
+    t.indent += "  "
+    waits = t.op(
+        "waits", f"arith.cmpi ne, {seen}, {t.op('pl', f'arith.constant {parts - 1} : i32')} : i32"
+    )
+    t.emit(f"scf.if {t.op('spin', f'arith.andi {is0}, {waits} : i1')} {{")
+    t.indent += "  "
+    _asm_ops(t, _text.SPIN_UNTIL_AT_MOST, [(cnt_at, "i64"), (seen, "i32")])
+    t.end()
+    t.emit("gpu.barrier")
+    q = t.op("q", f"arith.subi {seen}, {first} : i32")
+    q = t.op("q", f"arith.index_cast {q} : i32 to index")
+    run = units // share
+    for k in range(share):
+        mine = t.op("mine", f"arith.cmpi eq, {q}, {t.c(k)} : index")
+        t.emit(f"scf.if {mine} {{")
+        t.indent += "  "
+        owned = list(range(k * run, (k + 1) * run))
+        fs = owned + [u + units for u in owned] if per_n == 2 else owned
+        per = len(acc[0])
+        # Flat indices of the owned fragments in every row group m.
+        sums = iter(meeting.sums([m * per + f for m in range(len(acc)) for f in fs]))
+        store(t, [[next(sums) for _ in fs] for _ in acc], owned)
+        t.end()
+    t.end()
+
+
+class _FragmentMeeting:
+    """A part's fragments stored into its slot of ``%P`` (in the
+    constructor), and the part-order sums of any of them once every part
+    has stored (:meth:`sums`), the other parts' loaded in double-buffered
+    chunks (:data:`MEET_FRAGMENTS`)."""
+
+    def __init__(
+        self, t: _Text, acc, parts: int, part: str, part_block: Callable[[_Text], str],
+        block_size: int, p_type: str, live: str | None,
+    ) -> None:  # fmt: skip
+        if live is not None and p_type == FRAGMENT_PARTS_TYPE:
+            raise GraphError("meet_fragments: live needs a p_type other than the 1-D workspace")
+        self.t, self.parts, self.part = t, parts, part
+        self.frags = frags = [q for per in acc for q in per]
+        base = t.op("pb", f"memref.extract_aligned_pointer_as_index %P : {p_type} -> index")
+        blk = part_block(t)
+        tid = t.op("tid", "gpu.thread_id x")
+
+        def element(q: int | str, f: int) -> str:
+            """The first float of this thread's fragment ``f`` of part ``q``."""
+            bq = t.add(t.mul(blk, parts), q)
+            return t.mul(t.add(t.mul(t.add(t.mul(bq, len(frags)), f), block_size), tid), 4)
+
+        v4 = "vector<4xf32>"
+        # A predicate on ``live`` for the inline PTX below (operand $5).
+        self.on = on = "" if live is None else t.op("lv", f"arith.extui {live} : i1 to i32")
+        self.decl = decl = "" if live is None else ".reg .pred p; setp.ne.b32 p, $5, 0; "
+        guard = decl + "@p " if decl else ""
+        for f, c in enumerate(frags):
+            if p_type != FRAGMENT_PARTS_TYPE:
+                at = t.op(
+                    "a",
+                    f"arith.index_cast {t.add(base, t.mul(element(part, f), 4))} : index to i64",
+                )
+                ops = [(at, "i64"), *[(v, "f32") for v in c]] + ([(on, "i32")] if on else [])
+                _asm_ops(t, f"{{{guard}st.global.v4.f32 [$0], {{$1, $2, $3, $4}};}}", ops,
+                         memory=True)  # fmt: skip
+                continue
+            vec = t.op("v", f"vector.from_elements {', '.join(c)} : {v4}")
+            t.emit(
+                f"vector.store {vec}, %P[{element(part, f)}] {{alignment = 16 : i64}} : "
+                f"{FRAGMENT_PARTS_TYPE}, {v4}"
+            )
+        self.element, self.base, self.block_size = element, base, block_size
+
+    def sums(self, indices: Iterable[int]) -> list[list[str]]:
+        """The part-order sums (4 floats each) of the fragments ``indices``
+        (flat), this part's own from its registers, after the count."""
+        t, parts, part, frags = self.t, self.parts, self.part, self.frags
+        indices = list(indices)
+        # The other parts, k-th: k + (k >= part); one address each, a fragment's
+        # an immediate offset from it.
+        others = []
+        for k in range(parts - 1):
+            after = t.op("af", f"arith.cmpi uge, {t.c(k)}, {part} : index")
+            q = t.add(t.c(k), t.op("q", f"arith.select {after}, {t.c(1)}, {t.c(0)} : index"))
+            at = t.add(self.base, t.mul(self.element(q, 0), 4))
+            others.append(t.op("a", f"arith.index_cast {at} : index to i64"))
+        before = [t.op("lt", f"arith.cmpi ult, {t.c(q)}, {part} : index") for q in range(parts)]
+        mine = [t.op("eq", f"arith.cmpi eq, {t.c(q)}, {part} : index") for q in range(parts)]
+        size = max(1, MEET_FRAGMENTS // (parts - 1))
+        chunks = [indices[f0 : f0 + size] for f0 in range(0, len(indices), size)]
+
+        # With ``live`` each load is predicated, its registers zeroed first (a
+        # predicated-off load leaves them as they were).
+        quad_t = "!llvm.struct<(f32, f32, f32, f32)>"
+        zeros = "".join(f"mov.f32 ${e}, 0f00000000; " for e in range(4))
+        on, decl = self.on, self.decl
+        cons, live_arg, types = (
+            ("=f,=f,=f,=f,l,r", f", {on}", "i64, i32") if on else ("=f,=f,=f,=f,l", "", "i64")
+        )
+
+        def load_text(f: int) -> str:
+            text = f"ld.global.cg.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * self.block_size * 16}];"
+            return f"{{{decl}{zeros}@p {text}}}" if on else text
+
+        def load(chunk: list[int]) -> dict:
+            return {
+                (k, f): t.op(
+                    "ld",
+                    f'llvm.inline_asm has_side_effects asm_dialect = att "{load_text(f)}", '
+                    f'"{cons}" {at}{live_arg} : ({types}) -> {quad_t}',
+                )
+                for k, at in enumerate(others)
+                for f in chunk
+            }
+
+        # Double-buffered: a chunk's loads go out before the previous chunk's
+        # adds wait for theirs (each wait is an L2 round trip).
+        sums, ahead = [], load(chunks[0])
+        for c, chunk in enumerate(chunks):
+            loaded, ahead = ahead, load(chunks[c + 1]) if c + 1 < len(chunks) else {}
+            for f in chunk:
+                got = {
+                    k: [
+                        t.op("pv", f"llvm.extractvalue {loaded[k, f]}[{e}] : {quad_t}")
+                        for e in range(4)
+                    ]
+                    for k in range(parts - 1)
+                }
+                total = ["%fzero"] * 4
+                for q in range(parts):  # part q: its own (q == part), else other q or q - 1
+                    for e in range(4):
+                        v = frags[f][e]
+                        if q > 0:
+                            v = t.op("pv", f"arith.select {mine[q]}, {v}, {got[q - 1][e]} : f32")
+                        if q < parts - 1:
+                            v = t.op("pv", f"arith.select {before[q]}, {got[q][e]}, {v} : f32")
+                        total[e] = t.op("ps", f"arith.addf {total[e]}, {v} : f32")
+                sums.append(total)
+        return sums
 
 
 def _finish(
@@ -1804,6 +1896,7 @@ def gemm(
     out_dtype: str = "bf16",
     k_splits: int = 1,
     refill: str = "wait",
+    meet_share: int = 1,
 ) -> DeviceFunction:
     """Dense tile ``(i, j)``: ``C[i*BM:, j*BN:] = bf16(A @ B^T)`` (fp32 accumulation).
     ``core="wgmma"`` needs ``target="sm_90a"``; ``inflight`` (0 or 1) is the
@@ -1828,7 +1921,10 @@ def gemm(
     cnt)``, the same bits whichever part comes last. :func:`add_gemm_task`
     declares the workspace. ``refill`` (``core="tma"``): how the ring's
     stages are refilled (:func:`_body_tma`; "test" measured within noise of
-    "wait" on an H200, ``bench/RESULTS.md``, GEMM tiles).
+    "wait" on an H200, ``bench/RESULTS.md``, GEMM tiles). ``meet_share``
+    (bf16 out, ``k_splits > 1``): the block's last ``meet_share`` parts each
+    add and store a ``meet_share``-th of the block (:func:`share_fragments`;
+    the tile then :attr:`etc.DeviceFunction.meets`: static lists only).
 
     ``A: memref<?xKxbf16>`` (M rows), ``B: memref<?xKxbf16>`` (N rows),
     ``C: memref<?x?xbf16>`` (M x N, N even). Grid ``(ceil(M/BM),
@@ -1838,8 +1934,10 @@ def gemm(
     if core == "tma":
         return _dense_tma(
             block_m, block_n, k, name, block_size, stages, smem_limit, stage_output, out_dtype,
-            k_splits, refill,
+            k_splits, refill, meet_share,
         )  # fmt: skip
+    if meet_share != 1:
+        raise GraphError(f"tile '{name}': meet_share={meet_share!r} needs core='tma'")
     if out_dtype != "bf16":
         raise GraphError(f"tile '{name}': out_dtype={out_dtype!r} needs core='tma'")
     wm, wn = plan(name, block_m, block_n, k, block_size, warps, stages, 1, smem_limit, block_k)
@@ -1979,9 +2077,19 @@ def _dense_tma(
     out_dtype: str = "bf16",
     k_splits: int = 1,
     refill: str = "wait",
+    meet_share: int = 1,
 ) -> DeviceFunction:
     """:func:`gemm` with ``core="tma"``: buffers ``(A, B, C, A_map, B_map)``."""
     _positive(name, "k_splits", k_splits)
+    units = block_n // 8
+    if meet_share != 1 and (
+        out_dtype != "bf16" or k_splits < 2 or meet_share not in (2, 4, 8)
+        or units % meet_share or meet_share > k_splits
+    ):  # fmt: skip
+        raise GraphError(
+            f"tile '{name}': meet_share={meet_share!r} needs bf16 out, k_splits > 1 and a power "
+            f"of two up to k_splits={k_splits} dividing the {units} fragments of a thread"
+        )
     if k_splits > 1 and k % (k_splits * TMA_BLOCK_K):
         raise GraphError(
             f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
@@ -2013,6 +2121,17 @@ def _dense_tma(
         end = r1
         if shift is not None:
             rows, end = [t.add(r, shift) for r in rows], t.add(r1, shift)
+        if meet and meet_share > 1:
+
+            def store(t: _Text, sums, units: list[int]) -> None:
+                # Pairs from the registers: the staged store moves whole blocks.
+                staging, t.staging = t.staging, None
+                mine = [cols[f] for f in units]
+                _store_pairs(t, sums, rows, mine, ("%C", ct), end, n_rows, f32=out_f32)
+                t.staging = staging
+
+            share_fragments(t, acc, k_splits, "%s", block, flag, block_size, meet_share, store)
+            return
         if meet:
             acc = meet_fragments(t, acc, k_splits, "%s", block, flag, block_size)
         _store_pairs(t, acc, rows, cols, ("%C", ct), end, n_rows, f32=out_f32)
@@ -2039,11 +2158,13 @@ def _dense_tma(
         t, name, signature, globals_,
         f"{name}: C = A @ B^T, bf16, {block_m}x{block_n}x{TMA_BLOCK_K} blocks, {stages} stages, "
         f"TMA + wgmma{f', {k_splits} parts of k' if k_splits > 1 else ''}"
-        + (" meeting in the last" if meet else ""), reference,
+        + ((f" shared by the last {meet_share}" if meet_share > 1 else " meeting in the last")
+           if meet else ""), reference,
         block_size, buffers, [("A", 0, block_m), ("B", 1, block_n)],
     )  # fmt: skip
     if not out_f32:
         fn.gemm_blocks = (block_m, block_n, k_splits)
+    fn.meets = k_splits if meet and meet_share > 1 else 0
     return fn
 
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Thirty-fifth session (bench/RESULTS.md, items 151-): split-K sums shared by
+# each block's last parts to arrive (meet_share), in the decoder's large-batch
+# kernel and in the dense GEMM tile. Each step's CPU-side build is in its comment.
+# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [bench] ...
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s35/raw
+GEMM_TMP=/tmp/s35
+SHARE_GEMMS=tma128x192s4k2,tma128x192s4k2sh2,tma128x192s4k2d,tma128x256s4k2,tma128x256s4k2sh2,tma128x128s4k4,tma128x128s4k4sh4
+for step in ${*:-sweep}; do
+  case $step in
+  tests)  # the shared meetings: the dense tile's bits against the plain meeting's, the tiny
+    # TMA decoders against the simulator and bit-reproducible, the 1B large kernel's tokens
+    # (python test/gpu/make_artifacts.py .device/s35/art --only PREFIX for PREFIX in
+    # llama_1b_large llama_tiny_tma_share llama_tiny_tma_buckets_share gemm_meet)
+    ETC_ARTIFACTS=.device/s35/art timeout 500 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_gemm_gpu.py test/gpu/test_llama_gpu.py \
+      -k "gemm or tma_share or tma_buckets_share or shared or 1b_large or ring_layouts" 2>&1 \
+      | tee "$OUT/tests.txt" | tail -8
+    ;;
+  sweep)  # the large kernel with shared meetings against the default, B = 32 and 64
+    # (DECODE_SWEEP_VARIANTS=default,share2,share4,share4_down python bench/decode_sweep.py
+    # --build .device/s35/sweep)
+    SWEEP_TMP=/tmp/s35 sweep_passes s35_sweep default,share2,share4,share4_down \
+      32,64 1024,4096 .device/s35/sweep
+    ;;
+  gemm)  # the dense tile's meeting shared, M = 1024 (python bench/gemm_tma.py --build
+    # .device/s35/gemm with BENCH_GEMM_CONFIGS=$SHARE_GEMMS BENCH_GEMM_M=1024)
+    gemm_passes s35_gemm $SHARE_GEMMS 1024x1536x2048,1024x2048x768,256x1536x2048 .device/s35/gemm
+    ;;
+  tests2)  # qkv's and gate/up's sums shared: bit-identical to the plain 1B large kernel
+    # (python test/gpu/make_artifacts.py .device/s35/art --only llama_1b_large_share_nosums)
+    ETC_ARTIFACTS=.device/s35/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "shared or ring_layouts" 2>&1 | tee "$OUT/tests2.txt" | tail -4
+    ;;
+  sweep2)  # down's sums shared by 2 or 4, with o_proj's or gate/up's by 2
+    # (DECODE_SWEEP_VARIANTS=share2_down,share4_down_o2,share4_down_gu2 python
+    # bench/decode_sweep.py --build .device/s35/sweep)
+    SWEEP_TMP=/tmp/s35 sweep_passes s35_sweep2 \
+      default,share4_down,share2_down,share4_down_o2,share4_down_gu2 32,64 1024,4096 .device/s35/sweep
+    ;;
+  trace)  # the default and down's sums shared by 4, traced at B = 64, L = 4096
+    # (DECODE_TRACE_VARIANTS=default,share4_down python bench/decode_trace.py --build .device/s35/tr)
+    DECODE_TRACE_VARIANTS=default,share4_down DECODE_TRACE_BATCHES=64 DECODE_TRACE_CONTEXT=4096 \
+      timeout 250 python bench/decode_trace.py --artifacts .device/s35/tr --out /tmp/s35/tr64 2>&1 \
+      | tee "$OUT/trace_b64.txt" | grep -A9 "layer"
+    tar czf "$OUT/traces.tgz" -C /tmp/s35 tr64
+    ;;
+  tests3)  # the adopted default (down's sums shared by 2 in LARGE_BATCH): the tiny decoders
+    # whose large bucket takes it against the simulator and bit-reproducible, the 1B large
+    # kernel's variants bit-identical, the unshared and all-shared ones close
+    # (python test/gpu/make_artifacts.py .device/s35/art2 --only PREFIX for PREFIX in
+    # llama_tiny_tma_buckets llama_1b_large llama_tiny_tma_share)
+    ETC_ARTIFACTS=.device/s35/art2 timeout 500 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "tma_buckets or tma_share or shared or ring_layouts" 2>&1 \
+      | tee "$OUT/tests3.txt" | tail -6
+    ;;
+  bench)  # the issue's benchmark over the default artifact
+    # (python bench/decode.py --build .device/s35/decode)
+    decode_bench .device/s35/decode
+    ;;
+  esac
+done
+tar czf "$OUT/session35-raw.tgz" -C /tmp/s35 raw 2>/dev/null || true
