@@ -453,6 +453,31 @@ def count_arrival(
     at once (``release_reset``: with a release store, so that a tile that
     waits for the reset acquires every part); returns the count before this
     tile's add (an i32, every thread's over ``flag`` and a barrier)."""
+
+    def reset(old: str) -> None:
+        want = t.op("want", f"arith.constant {arrivals - 1} : i32")
+        t.emit(f"  scf.if {t.op('last', f'arith.cmpi eq, {old}, {want} : i32')} {{")
+        order = "release" if release_reset else "relaxed"
+        t.emit(
+            f'    llvm.inline_asm has_side_effects asm_dialect = att "st.{order}.gpu.global.u32 '
+            f'[$0], 0;", "l" {counter_at} : (i64) -> ()'
+        )
+        t.emit("  }")
+
+    return _count(t, flag, is0, counter_at, c0, reset)
+
+
+def _count(
+    t: Text,
+    flag: str,
+    is0: str,
+    counter_at: str,
+    c0: str,
+    then: Callable[[str], None] | None = None,
+) -> str:
+    """Thread 0's ``atom.acq_rel.gpu`` add of 1 to the counter at
+    ``counter_at``, its old value into ``flag`` (and ``then(old)`` in thread
+    0), a CTA barrier; returns every thread's copy of the old value."""
     flag_t = LAST_FLAG_TYPE
     ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
     t.emit(f"scf.if {is0} {{")
@@ -462,14 +487,8 @@ def count_arrival(
         f'$0, [$1], 1;", "=r,l" {counter_at} : (i64) -> i32',
     )
     t.emit(f"  memref.store {old}, {ref}[{c0}] : {flag_t}")
-    want = t.op("want", f"arith.constant {arrivals - 1} : i32")
-    t.emit(f"  scf.if {t.op('last', f'arith.cmpi eq, {old}, {want} : i32')} {{")
-    order = "release" if release_reset else "relaxed"
-    t.emit(
-        f'    llvm.inline_asm has_side_effects asm_dialect = att "st.{order}.gpu.global.u32 '
-        f'[$0], 0;", "l" {counter_at} : (i64) -> ()'
-    )
-    t.emit("  }")
+    if then is not None:
+        then(old)
     t.emit("}")
     t.emit("gpu.barrier")
     return t.op("seen", f"memref.load {ref}[{c0}] : {flag_t}")
@@ -486,18 +505,7 @@ def open_last_arrival(
     thread 0 first resets the counter to zero for the next launch. ``flag``:
     a workgroup ``memref<1xi32>`` global that carries thread 0's count to
     the CTA (over a second barrier; :func:`last_arrival_flag`)."""
-    flag_t = LAST_FLAG_TYPE
-    ref = t.op("flag", f"memref.get_global {flag} : {flag_t}")
-    t.emit(f"scf.if {is0} {{")
-    old = t.op(
-        "old",
-        '  llvm.inline_asm has_side_effects asm_dialect = att "atom.acq_rel.gpu.global.add.u32 '
-        f'$0, [$1], 1;", "=r,l" {counter_at} : (i64) -> i32',
-    )
-    t.emit(f"  memref.store {old}, {ref}[{c0}] : {flag_t}")
-    t.emit("}")
-    t.emit("gpu.barrier")
-    seen = t.op("seen", f"memref.load {ref}[{c0}] : {flag_t}")
+    seen = _count(t, flag, is0, counter_at, c0)
     want = t.op("want", f"arith.constant {arrivals - 1} : i32")
     last = t.op("last", f"arith.cmpi eq, {seen}, {want} : i32")
     t.emit(f"scf.if {last} {{")

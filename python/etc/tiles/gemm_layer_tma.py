@@ -137,15 +137,8 @@ def layer_gemm_tma(
         raise GraphError(f"tile '{name}': meeting must be 'rows' or 'fragments', got {meeting!r}")
     _mma.positive(name, "k_splits", k_splits)
     units = block_n // (block_size // 128) // 8
-    if meet_share != 1 and (
-        meeting != "fragments" or k_splits < 2 or meet_share not in (2, 4, 8)
-        or units % meet_share or meet_share > k_splits
-    ):  # fmt: skip
-        raise GraphError(
-            f"tile '{name}': meet_share={meet_share!r} needs meeting='fragments', k_splits > 1 "
-            f"and a power of two up to k_splits={k_splits} dividing the {units} fragments of "
-            "a thread"
-        )
+    needs = ("meeting='fragments'", meeting == "fragments")
+    _tc.check_meet_share(name, meet_share, k_splits, units, needs)
     if block_m != 64:
         raise GraphError(
             f"tile '{name}': core='tma' takes blocks of 64 rows (one wgmma M), got block_m={block_m}"

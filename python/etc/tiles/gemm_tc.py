@@ -1690,6 +1690,23 @@ def meet_fragments(
     return [[next(it) for _ in per] for per in acc]
 
 
+def check_meet_share(
+    name: str, share: int, parts: int, units: int, needs: tuple[str, bool]
+) -> None:
+    """Raises GraphError naming tile ``name`` unless ``share`` is 1 or a
+    power of two up to ``parts`` (> 1) dividing a thread's ``units``
+    fragment units, and the tile's own condition ``needs = (what, holds)``
+    holds (:func:`share_fragments`)."""
+    what, holds = needs
+    if share != 1 and (
+        not holds or parts < 2 or share not in (2, 4, 8) or units % share or share > parts
+    ):
+        raise GraphError(
+            f"tile '{name}': meet_share={share!r} needs {what}, k_splits > 1 and a power of "
+            f"two up to k_splits={parts} dividing the {units} fragments of a thread"
+        )
+
+
 def share_fragments(
     t: _Text, acc, parts: int, part: str, block: Callable[[_Text], str], flag: str,
     block_size: int, share: int, store: Callable[[_Text, list, list[int]], None], *,
@@ -2081,15 +2098,7 @@ def _dense_tma(
 ) -> DeviceFunction:
     """:func:`gemm` with ``core="tma"``: buffers ``(A, B, C, A_map, B_map)``."""
     _positive(name, "k_splits", k_splits)
-    units = block_n // 8
-    if meet_share != 1 and (
-        out_dtype != "bf16" or k_splits < 2 or meet_share not in (2, 4, 8)
-        or units % meet_share or meet_share > k_splits
-    ):  # fmt: skip
-        raise GraphError(
-            f"tile '{name}': meet_share={meet_share!r} needs bf16 out, k_splits > 1 and a power "
-            f"of two up to k_splits={k_splits} dividing the {units} fragments of a thread"
-        )
+    check_meet_share(name, meet_share, k_splits, block_n // 8, ("bf16 out", out_dtype == "bf16"))
     if k_splits > 1 and k % (k_splits * TMA_BLOCK_K):
         raise GraphError(
             f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
