@@ -57,6 +57,18 @@ VARIANTS.update(
         "down_tma_bn64_s4": ("down", 64, 64, dict(TMA, k_splits=4)),
     }
 )
+# Session 35: the large kernel's four projections as it runs them (64-column
+# blocks, the parts meeting in fragment order, down's sums shared by 2), for
+# Nsight Compute at B = 64: what bounds a stage's instances.
+FRAG = dict(TMA, meeting="fragments")
+VARIANTS.update(
+    {
+        "qkv_tma_frag_s4": ("qkv", 64, 64, dict(FRAG, k_splits=4)),
+        "o_tma_frag_s4": ("o_proj", 64, 64, dict(FRAG, k_splits=4)),
+        "gu_tma_frag_s2": ("gate_up", 64, 64, dict(FRAG, k_splits=2)),
+        "down_tma_frag_s8_sh2": ("down", 64, 64, dict(FRAG, k_splits=8, meet_share=2)),
+    }
+)
 BATCHES = (1, 16)
 #: ``GEMM_VARIANTS=a,b`` and ``GEMM_BATCHES=32,64`` pick a subset.
 if os.environ.get("GEMM_VARIANTS"):

@@ -2,7 +2,7 @@
 # Thirty-fifth session (bench/RESULTS.md, items 151-): split-K sums shared by
 # each block's last parts to arrive (meet_share), in the decoder's large-batch
 # kernel and in the dense GEMM tile. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [bench] ...
+# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s35/raw
@@ -55,6 +55,21 @@ for step in ${*:-sweep}; do
     ETC_ARTIFACTS=.device/s35/art2 timeout 500 python -m pytest -q -rfs --tb=short \
       test/gpu/test_llama_gpu.py -k "tma_buckets or tma_share or shared or ring_layouts" 2>&1 \
       | tee "$OUT/tests3.txt" | tail -6
+    ;;
+  ncu)  # the large kernel's four projections alone at B = 64 under Nsight Compute: L2 and
+    # HBM throughput against their peaks (GEMM_VARIANTS=qkv_tma_frag_s4,o_tma_frag_s4,
+    # gu_tma_frag_s2,down_tma_frag_s8_sh2 python bench/decode_gemm.py --build .device/s35/dg)
+    for v in qkv_tma_frag_s4 o_tma_frag_s4 gu_tma_frag_s2 down_tma_frag_s8_sh2; do
+      echo "== $v" >> "$OUT/ncu.txt"
+      GEMM_VARIANTS=$v GEMM_BATCHES=64 timeout 200 ncu --clock-control none -k regex:$v \
+        --launch-skip 3 --launch-count 1 --metrics gpu__time_duration.sum,\
+dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,\
+lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,\
+sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__m_xbar2l1tex_read_bytes.sum \
+        python bench/decode_gemm.py --artifacts .device/s35/dg --reps 2 2>&1 \
+        | grep -E "^\s+(gpu__|dram__|lts__|sm__|l1tex__)|TB/s|==ERR|rror" >> "$OUT/ncu.txt"
+    done
+    cat "$OUT/ncu.txt"
     ;;
   bench)  # the issue's benchmark over the default artifact
     # (python bench/decode.py --build .device/s35/decode)

@@ -525,10 +525,11 @@ class Graph:
                 "use deal='ticket' or shared_region=0"
             )
         meets = getattr(function, "meets", 0)
+        last = grid_t[-1] if grid_t else None
         broken = [
             why
             for bad, why in (
-                (grid_t[-1] != meets, f"its last grid dimension is {grid_t[-1]}"),
+                (last != meets, f"its last grid dimension is {last}"),
                 (deal != "list", f"deal={deal!r}"),
                 (trigger is not None, "it has triggered_by"),
                 (phase_t == ("dim", len(grid_t) - 1), "its phase is that dimension"),
