@@ -359,6 +359,14 @@ VARIANTS["share4_down"] = _large(("tma_meet_share", (("down_proj", 4),)))
 VARIANTS["share2_down"] = _large(("tma_meet_share", (("down_proj", 2),)))
 VARIANTS["share4_down_o2"] = _large(("tma_meet_share", (("down_proj", 4), ("o_proj", 2))))
 VARIANTS["share4_down_gu2"] = _large(("tma_meet_share", (("down_proj", 4), ("gate_up_proj", 2))))
+# ... and the split projections' later weight boxes asked into L2 with their
+# ring's first stages (prefetch "shared_l2"): the refills after the wait hit L2.
+_L2REST = (("prefetch_ring", "shared_l2"),)
+VARIANTS["l2rest_qo"] = _large(("projection_options", (("qkv_proj", _L2REST), ("o_proj", _L2REST))))
+VARIANTS["l2rest_qod"] = _large(
+    ("projection_options", tuple((p, _L2REST) for p in ("qkv_proj", "o_proj", "down_proj")))
+)
+VARIANTS["l2rest_d"] = _large(("projection_options", (("down_proj", _L2REST),)))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -2,7 +2,7 @@
 # Thirty-fifth session (bench/RESULTS.md, items 151-): split-K sums shared by
 # each block's last parts to arrive (meet_share), in the decoder's large-batch
 # kernel and in the dense GEMM tile. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [bench] ...
+# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s35/raw
@@ -55,6 +55,12 @@ for step in ${*:-sweep}; do
     ETC_ARTIFACTS=.device/s35/art2 timeout 500 python -m pytest -q -rfs --tb=short \
       test/gpu/test_llama_gpu.py -k "tma_buckets or tma_share or shared or ring_layouts" 2>&1 \
       | tee "$OUT/tests3.txt" | tail -6
+    ;;
+  sweep3)  # the split projections' later weight boxes asked into L2 before the waits too
+    # (DECODE_SWEEP_VARIANTS=default,l2rest_qo,l2rest_qod,l2rest_d python bench/decode_sweep.py
+    # --build .device/s35/sweep3)
+    SWEEP_TMP=/tmp/s35 sweep_passes s35_sweep3 default,l2rest_qo,l2rest_qod,l2rest_d \
+      32,64 1024,4096 .device/s35/sweep3
     ;;
   ncu)  # the large kernel's four projections alone at B = 64 under Nsight Compute: L2 and
     # HBM throughput against their peaks (GEMM_VARIANTS=qkv_tma_frag_s4,o_tma_frag_s4,

@@ -162,7 +162,7 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(k_splits=4, meeting="fragments", meet_share=4), "dividing the 2 fragments"),
         (dict(meeting="tree"), "meeting must be 'rows' or 'fragments', got 'tree'"),
         (dict(a_box=24), "a_box=24 must be 16, 32 or 64"),
-        (dict(prefetch_ring=0), "prefetch must be a bool, an int >= 1 or .shared."),
+        (dict(prefetch_ring=0), "prefetch must be a bool, an int >= 1, .shared. or .shared_l2."),
     ],
 )
 def test_configuration_errors_name_the_tile(kwargs, words):
@@ -226,8 +226,26 @@ def test_shared_prefetch_loads_the_first_weight_stages_into_the_ring():
     assert "mbarrier.init" not in head and "expect_tx" not in head
     assert head.count("cp.async.bulk.tensor") == 2 * 4  # the activation boxes, 16 rows each
     assert body.count("mbarrier.inval") == 8
-    with pytest.raises(etc.GraphError, match="prefetch must be a bool, an int >= 1 or 'shared'"):
+    with pytest.raises(etc.GraphError, match="prefetch must be a bool, an int >= 1, 'shared'"):
         _tile("store", 2, prefetch_ring="ring")
+
+
+def test_shared_l2_prefetch_also_asks_the_l2_for_the_rest_of_the_part():
+    """prefetch_ring="shared_l2": the ring's first stages as "shared" does,
+    and the part's later k-tiles' weight boxes asked into L2 (K = 256 in
+    one part on 2 stages: k-tiles 2 and 3, each warpgroup's box)."""
+    shared = _tile("store", 1, stages=2, prefetch_ring="shared").source
+    both = _tile("store", 1, stages=2, prefetch_ring="shared_l2")
+    assert both.prefetch_fills_shared
+    head = both.source.split("func.func @t_store__prefetch")[1]
+    assert head.count("cp.async.bulk.prefetch.tensor") == 2 * 2
+    assert "prefetch.tensor" not in shared.split("func.func @t_store__prefetch")[1]
+    assert head.count("cp.async.bulk.tensor") == shared.split("func.func @t_store__prefetch")[
+        1
+    ].count("cp.async.bulk.tensor")
+    # A part no longer than the ring: nothing more to ask for.
+    short = _tile("store", 2, prefetch_ring="shared_l2").source
+    assert "prefetch.tensor" not in short.split("func.func @t_store__prefetch")[1]
 
 
 @needs_ptxas

@@ -437,9 +437,10 @@ class LlamaConfig:
     #: boxes into the ring ("shared": barriers initialised in the prefetch
     #: function, activations after the wait; −1..−2 % at B = 17..64 on an
     #: H200 under the static schedule, seventeenth session) or ask the L2
-    #: for them (True; an int: that many k-tiles) (``layer_gemm(core="tma",
-    #: prefetch_ring=...)``). :func:`compile_decoder` gives the dynamic
-    #: schedule True (the ring prefetch was 2-4 % slower there).
+    #: for them (True; an int: that many k-tiles), or "shared_l2": the ring's
+    #: stages and the part's later weight boxes asked into L2
+    #: (``layer_gemm(core="tma", prefetch_ring=...)``). :func:`compile_decoder`
+    #: gives the dynamic schedule True (the ring prefetch was 2-4 % slower there).
     tma_prefetch: bool | int | str = "shared"
     #: The tma-core tiles start their k loops at k-tile ``j`` (their column
     #: block) and wrap around (``layer_gemm(core="tma", rotate_k=True)``), so
@@ -1119,7 +1120,7 @@ def compile_decoder(
     picks the kernel by ``B`` at each launch."""
     import etc
 
-    if schedule == "dynamic" and cfg.tma_prefetch == "shared":
+    if schedule == "dynamic" and cfg.tma_prefetch in ("shared", "shared_l2"):
         # Loading the weight stages into the rings before the waits made the
         # dynamic kernel 2-4 % slower at B = 32 and 64 on an H200 (seventeenth
         # session): its tiles ask the L2 instead, as before.

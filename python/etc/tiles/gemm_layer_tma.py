@@ -99,7 +99,9 @@ def layer_gemm_tma(
     wait hit L2. ``prefetch="shared"``: thread 0 initialises the ring's
     barriers and loads the first stages' weight boxes into the ring itself
     (:func:`etc.tiles.gemm_tc.tma_prefetch_ring`); the body loads their
-    activation boxes after the wait. (Session 13 measured this 3-4 % faster
+    activation boxes after the wait. ``"shared_l2"``: that, and the part's
+    later weight boxes asked into L2, so the ring's refills after the wait
+    hit L2. (Session 13 measured this 3-4 % faster
     on an H200 and withdrew it for wrong results after long waits; the cause
     was the tiles' missing ``mbarrier.inval``, ``bench/RESULTS.md`` items 52
     and 73.) ``a_box`` (16, 32 or 64): rows per activation
@@ -156,12 +158,13 @@ def layer_gemm_tma(
             f"tile '{name}': k={k} does not split into {k_splits} parts of a multiple of "
             f"{_tc.TMA_BLOCK_K}"
         )
-    shared = prefetch == "shared"
+    shared = prefetch in ("shared", "shared_l2")
     if not shared and (
         not isinstance(prefetch, (bool, int)) or (not isinstance(prefetch, bool) and prefetch < 1)
     ):
         raise GraphError(
-            f"tile '{name}': prefetch must be a bool, an int >= 1 or 'shared', got {prefetch!r}"
+            f"tile '{name}': prefetch must be a bool, an int >= 1, 'shared' or 'shared_l2', "
+            f"got {prefetch!r}"
         )
     if a_box not in (16, 32, 64):
         raise GraphError(f"tile '{name}': a_box={a_box!r} must be 16, 32 or 64")
@@ -266,6 +269,12 @@ def layer_gemm_tma(
                 k_offset=k_offset, rotate="%j" if rotate_k else None,
             )  # fmt: skip
             loaded = "the ring's barriers and first weight boxes, before the waits"
+            rest = part // _tc.TMA_BLOCK_K
+            if prefetch == "shared_l2" and rest > stages:  # the rest of the part into L2
+                w_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked, chunk)
+                rot = ("%j", rest) if rotate_k else None
+                _tc.tma_prefetch_l2(tp, w_loads, rest, k_offset, rotate=rot, first=stages)
+                loaded += ", the rest of its weights asked into L2"
         else:
             b_loads = _weight_loads(tp, per_n, n, n0p, cw, groups, stacked, chunk)
             tiles = min(stages if prefetch is True else int(prefetch), part // _tc.TMA_BLOCK_K)

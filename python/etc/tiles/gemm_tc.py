@@ -1342,17 +1342,17 @@ StagedOut = tuple[str, str] | Callable[[_Text, str, str, str], None]
 
 def tma_prefetch_l2(
     t: _Text, loads: list[TmaLoad], k_tiles: int, k_offset: str | None,
-    rotate: tuple[str, int] | None = None,
+    rotate: tuple[str, int] | None = None, first: int = 0,
 ) -> None:  # fmt: skip
-    """Thread 0 asks the L2 for ``loads``' boxes of the first ``k_tiles``
-    k-tiles (``cp.async.bulk.prefetch.tensor``): no shared memory, no
-    barrier, so it may run before a tile's waits (a prefetch function).
-    ``rotate = (r, k_tiles_in_all)``: the loop's first k-tiles start at ``r``
-    (:func:`_body_tma`'s ``rotate``)."""
+    """Thread 0 asks the L2 for ``loads``' boxes of the loop's k-tiles
+    ``first .. k_tiles - 1`` (``cp.async.bulk.prefetch.tensor``): no shared
+    memory, no barrier, so it may run before a tile's waits (a prefetch
+    function). ``rotate = (r, k_tiles_in_all)``: the loop's first k-tiles
+    start at ``r`` (:func:`_body_tma`'s ``rotate``)."""
     tid = t.op("tid", "gpu.thread_id x")
     t.emit(f"scf.if {t.op('is0', f'arith.cmpi eq, {tid}, {t.c(0)} : index')} {{")
     t.indent += "  "
-    for kt in range(k_tiles):
+    for kt in range(first, k_tiles):
         col = _k_column(t, kt, k_offset, rotate)
         for tmap, row0, _rows, *cond in loads:
             if cond:
