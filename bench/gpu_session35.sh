@@ -2,7 +2,7 @@
 # Thirty-fifth session (bench/RESULTS.md, items 151-): split-K sums shared by
 # each block's last parts to arrive (meet_share), in the decoder's large-batch
 # kernel and in the dense GEMM tile. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [bench] ...
+# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [moe] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s35/raw
@@ -76,6 +76,22 @@ sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__m_xbar2l1tex_read_bytes.
         | grep -E "^\s+(gpu__|dram__|lts__|sm__|l1tex__)|TB/s|==ERR|rror" >> "$OUT/ncu.txt"
     done
     cat "$OUT/ncu.txt"
+    ;;
+  moe)  # the MoE artifact with a kernel of its own past T = 2048 (prefill_large: top-k
+    # blocks of 32, the bulk permute): the family's GPU tests, the real-size examples on both
+    # sides of the new bound, and the prefill / prefill_large / auto kernels timed
+    # (python test/gpu/make_artifacts.py .device/s35/moeart --only moe_small_family;
+    # python examples/moe.py --preset auto --save-artifact .device/s35/moeex/auto;
+    # BENCH_MOE_LEAN=1 BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=prefill,prefill_large,auto
+    # BENCH_MOE_SIZES=1024,2048,3072,4096 python bench/moe.py --build .device/s35/moeab/moe)
+    ETC_ARTIFACTS=.device/s35/moeart timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
+      -k one_artifact 2>&1 | tee "$OUT/tests_family.txt" | tail -3
+    run() { timeout 150 python examples/moe.py "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
+    run --preset auto --artifact .device/s35/moeex/auto --tokens 1,9,1024,2048,2049,3000,4096 | tail -9
+    run --preset auto --artifact .device/s35/moeex/auto --routing one-expert --tokens 2049,4095 | tail -4
+    run --preset auto --artifact .device/s35/moeex/auto --routing few-experts --tokens 4095 | tail -3
+    AB_TMP=/tmp/s35/ab AB_GREP=GPU moe_ab moe_large prefill,prefill_large,auto 1024,2048,3072,4096 \
+      .device/s35/moeab
     ;;
   bench)  # the issue's benchmark over the default artifact
     # (python bench/decode.py --build .device/s35/decode)

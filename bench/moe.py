@@ -414,6 +414,8 @@ for _key in ("mid", "prefill"):
     # ptxas -v gives the kernel 202 registers instead of 255 (prefill) and
     # 127 instead of 221 (mid), each tile allocated apart.
     CONFIGS[f"{_key}_ol"] = dict(M.PRESETS[_key])
+# Session 35: the preset of T > 2048 (top-k blocks of 32, the bulk permute).
+CONFIGS["prefill_large"] = dict(M.PRESETS["prefill_large"])
 # The prefill preset through session 32 (Yp and a combine task; item 140).
 CONFIGS["prefill_yp"] = dict(M.PREFILL_YP)
 # Session 33: thread 0 refilling a ring stage only once it is free
@@ -540,6 +542,7 @@ TARGETS = {
         "pre16_tb32",
         "pre16_bp48",
         "pre16_tb32_bp48",
+        "prefill_large",
     )
     if k in CONFIGS
 }

@@ -16,13 +16,14 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
     python examples/moe.py --preset decode --save-artifact /tmp/moe  # tuned tiles
     python examples/moe.py --simulate --route fused --hidden 64 --inter 32 --experts 8 --topk 2
 
-``--preset single|few|mid|prefill`` takes the tile configuration
-measured best for T <= 2, 3-8, 9-896 and above (``decode``, once best for
-6-8, is kept; ``etc.models.moe.PRESETS``: mid and prefill are TMA tiles,
-sm_90a) and compiles with its target and ``min_ctas_per_sm``; ``--block-*``
-then do not apply. ``--preset auto`` compiles the four into one artifact
-(``etc.models.moe.compile_moe``; ``--schedule`` applies to mid and
-prefill, the slot presets single and few stay static): each
+``--preset single|few|mid|prefill|prefill_large`` takes the tile
+configuration measured best for T <= 2, 3-8, 9-896, 897-2048 and above
+(``decode``, once best for 6-8, is kept; ``etc.models.moe.PRESETS``: mid
+and the prefills are TMA tiles, sm_90a) and compiles with its target and
+``min_ctas_per_sm``; ``--block-*`` then do not apply. ``--preset auto``
+compiles the five into one artifact (``etc.models.moe.compile_moe``;
+``--schedule`` applies to mid and the prefills, the slot presets single
+and few stay static): each
 launch runs the kernel of T's range (``PRESET_BUCKETS``), no recompiling;
 ``--emit-ptx FILE`` then writes one file per kernel (``FILE.<preset>.ptx``)
 and ``--simulate`` runs each T's graph.

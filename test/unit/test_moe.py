@@ -636,9 +636,12 @@ def test_presets_are_the_measured_configurations() -> None:
     mma = M.SLOT_MMA_PRESETS["single"]
     assert dict(mma["gate_up_options"]) == {"stages": 4, "unroll": 2, "rotate_k": True}
     assert M.PRESET_TARGETS == {
-        "single": "sm_90", "few": "sm_90", "decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a"
+        "single": "sm_90", "few": "sm_90", "decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a",
+        "prefill_large": "sm_90a",
     }  # fmt: skip
-    assert M.PRESET_MIN_CTAS_PER_SM == {"single": 2, "few": 2, "decode": 2, "prefill": 0, "mid": 0}
+    assert M.PRESET_MIN_CTAS_PER_SM == {
+        "single": 2, "few": 2, "decode": 2, "prefill": 0, "mid": 0, "prefill_large": 0,
+    }  # fmt: skip
     assert M.preset("decode", hidden=64, inter=32, experts=8, topk=2).hidden == 64
     with pytest.raises(
         etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode, single, few"
@@ -850,7 +853,10 @@ def test_preset_family_shares_one_set_of_buffers():
     # The prefill kernel adds into Out16 where the others write Yp: each
     # declares the other's, unused, so that one set of buffers serves all.
     extra = {name: cfg.extra_buffers for _, name, cfg in family}
-    assert extra == {"single": ("Out16",), "few": ("Out16",), "mid": ("Out16",), "prefill": ("Yp",)}
+    assert extra == {
+        "single": ("Out16",), "few": ("Out16",), "mid": ("Out16",), "prefill": ("Yp",),
+        "prefill_large": ("Yp",),
+    }  # fmt: skip
     assert {"Yp", "Out16"} <= set(shapes[0])
     with pytest.raises(etc.GraphError, match="extra_buffers must be a tuple of Xp, Yp, Out32"):
         M.MoEConfig(extra_buffers=("Zp",))
@@ -888,9 +894,9 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
     import subprocess
 
     art = M.compile_moe(**FAMILY_SIZES)
-    assert art.symbol == "T" and art.bounds == [2, 8, 896, None]
+    assert art.symbol == "T" and art.bounds == [2, 8, 896, 2048, None]
     assert [a.kernel_name for a in art.artifacts] == [
-        "moe_single", "moe_few", "moe_mid", "moe_prefill"
+        "moe_single", "moe_few", "moe_mid", "moe_prefill", "moe_prefill_large"
     ]  # fmt: skip
     for a, (_, name, _) in zip(art.artifacts, M.preset_family(**FAMILY_SIZES), strict=True):
         target = M.PRESET_TARGETS[name]
@@ -903,7 +909,7 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
         )
     art.save(tmp_path / "moe")
     table = json.loads((tmp_path / "moe" / "buckets.json").read_text())
-    assert [b["max"] for b in table["buckets"]] == [2, 8, 896, None]
+    assert [b["max"] for b in table["buckets"]] == [2, 8, 896, 2048, None]
     assert table["symbol"] == "T"
 
 
@@ -1340,7 +1346,7 @@ def test_chunked_preset_family_gives_the_row_family_s_bits(T):
     bit in the simulator, from the same nn.Linear weights."""
     rows = {name: cfg for _, name, cfg in M.preset_family(**FAMILY_SIZES)}
     for bound, name, cfg in M.preset_family(weight_chunk=64, **FAMILY_SIZES):
-        if bound is not None and T > bound or name == "prefill" and T < 900:
+        if bound is not None and T > bound or name.startswith("prefill") and T < 900:
             continue
         _, x, w, ref = case(cfg, T, "uniform", seed=T)
         out = etc.simulate(M.build_moe_graph(cfg), M.numpy_inputs(cfg, x, w), {"T": T})

@@ -216,6 +216,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         gemm_deal="ticket",
     ),  # fmt: skip
 }
+#: ``prefill`` past T = 2048 (``PRESET_BUCKETS``): top-k blocks of 32 tokens
+#: (128 CTAs at T = 4096 instead of 512) and the permute by bulk copies
+#: through 48 slots a CTA (``permute_slots``): −0.6..−0.8 % at T = 3072 and
+#: 4096 and +1 % at T = 1024 in one run (``bench/RESULTS.md``, MoE item 145).
+PRESETS["prefill_large"] = dict(PRESETS["prefill"], topk_block=32, permute_slots=48)
 #: The ``prefill`` preset as it was through the thirty-second session: the
 #: down tiles write ``Yp`` and a combine task sums each token's rows in
 #: float32 (no overflow past 65504; 4-5 % slower at T = 4096).
@@ -223,11 +228,14 @@ PREFILL_YP: dict[str, Any] = dict(_PREFILL)
 #: The target each preset needs (wgmma and TMA are sm_90a).
 PRESET_TARGETS = {
     "single": "sm_90", "few": "sm_90", "decode": "sm_90", "prefill": "sm_90a", "mid": "sm_90a",
+    "prefill_large": "sm_90a",
 }  # fmt: skip
 #: ``etc.compile(min_ctas_per_sm=...)`` for the presets: the decode kernel
 #: otherwise takes its hungriest tile's 255 registers (one CTA per SM); the
 #: TMA tiles' rings of 192-200 KiB allow one CTA per SM anyway (0: no cap).
-PRESET_MIN_CTAS_PER_SM = {"single": 2, "few": 2, "decode": 2, "prefill": 0, "mid": 0}
+PRESET_MIN_CTAS_PER_SM = {
+    "single": 2, "few": 2, "decode": 2, "prefill": 0, "mid": 0, "prefill_large": 0,
+}  # fmt: skip
 
 
 #: The presets by token count for one artifact (:func:`compile_moe`):
@@ -235,12 +243,14 @@ PRESET_MIN_CTAS_PER_SM = {"single": 2, "few": 2, "decode": 2, "prefill": 0, "mid
 #: H200 measurements (``bench/RESULTS.md``, items 91, 95-99 and 104):
 #: ``single`` up to T = 2, ``few`` to T = 8 (2-8 % ahead of ``decode`` at
 #: 5-8; ``mid`` ahead from 9), ``mid`` from T = 9 to 896 (2-10 % ahead of
-#: ``prefill`` at 256, 512, 640, 768, 896), ``prefill`` from 1024 on.
+#: ``prefill`` at 256, 512, 640, 768, 896), ``prefill`` from 1024 to 2048
+#: and ``prefill_large`` past it (item 145; session 35).
 PRESET_BUCKETS: tuple[tuple[int | None, str], ...] = (
     (2, "single"),
     (8, "few"),
     (896, "mid"),
-    (None, "prefill"),
+    (2048, "prefill"),
+    (None, "prefill_large"),
 )
 
 
