@@ -2,7 +2,7 @@
 # Thirty-fifth session (bench/RESULTS.md, items 151-): split-K sums shared by
 # each block's last parts to arrive (meet_share), in the decoder's large-batch
 # kernel and in the dense GEMM tile. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [moe] [bench] ...
+# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [moe] [moebench] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s35/raw
@@ -92,6 +92,12 @@ sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__m_xbar2l1tex_read_bytes.
     run --preset auto --artifact .device/s35/moeex/auto --routing few-experts --tokens 4095 | tail -3
     AB_TMP=/tmp/s35/ab AB_GREP=GPU moe_ab moe_large prefill,prefill_large,auto 1024,2048,3072,4096 \
       .device/s35/moeab
+    ;;
+  moebench)  # the MoE issue's benchmark (every baseline, both schedules, the unfused path)
+    # over the one artifact (BENCH_MOE_CONFIGS=auto python bench/moe.py --build
+    # .device/s35/moefull/moe)
+    BENCH_MOE_CONFIGS=auto timeout 520 python bench/moe.py --artifacts .device/s35/moefull/moe \
+      --out "$OUT" 2>&1 | tee "$OUT/moe_full.txt" | tail -40
     ;;
   bench)  # the issue's benchmark over the default artifact
     # (python bench/decode.py --build .device/s35/decode)
