@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.meet_share > 1 and args.schedule != "static":
         p.error("--meet-share needs --schedule static (its parts wait for each other)")
     block_m, block_n = (int(d) for d in args.block.split("x"))
-    g = build(args.K, block_m, block_n, args.stages, args.k_splits, args.meet_share)
+    try:
+        g = build(args.K, block_m, block_n, args.stages, args.k_splits, args.meet_share)
+    except etc.EtcError as exc:  # a configuration the tile cannot take, named by the error
+        p.error(str(exc))
     rng = np.random.default_rng(args.seed)
     cases = []
     for shape in args.shapes.split(","):

@@ -527,6 +527,19 @@ def test_gemm_example_emits_ptx_that_ptxas_accepts(tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert wrong.returncode != 0 and "needs --target sm_90a" in wrong.stderr
+    for bad, words in (
+        (["--k-splits", "2", "--meet-share", "4"], "meet_share=4 needs bf16 out"),
+        (
+            ["--k-splits", "2", "--meet-share", "2", "--schedule", "dynamic"],
+            "needs --schedule static",
+        ),
+        (["-K", "250"], "k=250 must be a multiple of 64"),
+    ):  # a configuration the tile cannot take: the error, no traceback
+        done = subprocess.run(
+            [sys.executable, str(script), "--simulate", *bad], capture_output=True, text=True
+        )
+        assert done.returncode != 0 and words in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_split_k_meeting_needs_whole_parts_and_a_dense_tile():
