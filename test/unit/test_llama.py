@@ -1351,3 +1351,35 @@ def test_bulk_ring_decoder_matches_the_row_layout_and_compiles():
     assert art.cubin is not None and "cp.async.bulk.shared::cluster.global" in art.ptx
     with pytest.raises(etc.GraphError, match="bulk_ring needs a layer projection on the sync core"):
         dataclasses.replace(CFG, weight_chunk=64, projection_options=bulk)
+
+
+def test_parts_that_wait_for_each_other_get_different_ctas(tmp_path, monkeypatch):
+    """A decoder whose down projection shares its split-K sums (its 4 parts
+    spin for each other): every block's parts land on different CTAs, also
+    when the deal by SM would have put two on one (then round-robin), and
+    a launch with fewer co-resident CTAs than parts is refused naming the
+    task."""
+    from etc.runtime import queue as Q
+
+    cfg = dataclasses.replace(
+        CFG, gemm_core="tma", bn_qkv=32, bn_o=16, bn_gu=32, bn_down=32,
+        k_splits=(("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4)),
+        tma_meet_share=(("down_proj", 2),),
+    )  # fmt: skip
+    etc.compile(M.build_decoder_graph(cfg), cubin=False, target="sm_90a").save(tmp_path)
+    k, _ = _planning_kernel(tmp_path, monkeypatch)
+    down = next(t for t in k.manifest.tasks if t.name == "down")
+    assert down.meets == 4
+    syms = {"B": 70, "L": 3, "S": 9}
+    for placement in (None, np.array([0, 0, 1, 1, 2, 2, 3, 3])):
+        if placement is not None:
+            k.deal_by_sm("spread", placement)
+        per_cta = Q.decode(k._plan(syms, None).queue)
+        blocks = [(i // 4, c) for c, es in enumerate(per_cta) for t, i in es if t == down.index]
+        assert len(blocks) == len(set(blocks)) > 0  # no CTA holds two parts of one block
+    k.clear_cache()
+    k.num_ctas = 3
+    with pytest.raises(
+        etc.LaunchError, match="task 'down' has 4 split-K parts .* this launch has 3"
+    ):
+        k._plan(syms, None)
