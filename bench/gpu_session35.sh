@@ -2,7 +2,7 @@
 # Thirty-fifth session (bench/RESULTS.md, items 151-): split-K sums shared by
 # each block's last parts to arrive (meet_share), in the decoder's large-batch
 # kernel and in the dense GEMM tile. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [moe] [moebench] [bench] ...
+# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [moe] [moe2] [moebench] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s35/raw
@@ -92,6 +92,12 @@ sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__m_xbar2l1tex_read_bytes.
     run --preset auto --artifact .device/s35/moeex/auto --routing few-experts --tokens 4095 | tail -3
     AB_TMP=/tmp/s35/ab AB_GREP=GPU moe_ab moe_large prefill,prefill_large,auto 1024,2048,3072,4096 \
       .device/s35/moeab
+    ;;
+  moe2)  # prefill_large with 64- or 16-token top-k blocks (BENCH_MOE_LEAN=1
+    # BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=prefill_large,pl_tb64,pl_tb16
+    # BENCH_MOE_SIZES=3072,4096 python bench/moe.py --build .device/s35/moeab2/moe)
+    AB_TMP=/tmp/s35/ab AB_GREP=GPU moe_ab moe_large2 prefill_large,pl_tb64,pl_tb16 3072,4096 \
+      .device/s35/moeab2
     ;;
   moebench)  # the MoE issue's benchmark (every baseline, both schedules, the unfused path)
     # over the one artifact (BENCH_MOE_CONFIGS=auto python bench/moe.py --build

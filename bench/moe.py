@@ -416,6 +416,9 @@ for _key in ("mid", "prefill"):
     CONFIGS[f"{_key}_ol"] = dict(M.PRESETS[_key])
 # Session 35: the preset of T > 2048 (top-k blocks of 32, the bulk permute).
 CONFIGS["prefill_large"] = dict(M.PRESETS["prefill_large"])
+# ... with 64- or 16-token top-k blocks (64 or 256 CTAs at T = 4096).
+CONFIGS["pl_tb64"] = {**M.PRESETS["prefill_large"], "topk_block": 64}
+CONFIGS["pl_tb16"] = {**M.PRESETS["prefill_large"], "topk_block": 16}
 # The prefill preset through session 32 (Yp and a combine task; item 140).
 CONFIGS["prefill_yp"] = dict(M.PREFILL_YP)
 # Session 33: thread 0 refilling a ring stage only once it is free
@@ -543,6 +546,8 @@ TARGETS = {
         "pre16_bp48",
         "pre16_tb32_bp48",
         "prefill_large",
+        "pl_tb64",
+        "pl_tb16",
     )
     if k in CONFIGS
 }
