@@ -5,6 +5,7 @@
     python bench/trace_analysis.py TRACE.npz gaps                 # idle between a CTA's instances
     python bench/trace_analysis.py TRACE.npz parts TASK[,TASK]    # split-K: the last part vs the others
     python bench/trace_analysis.py TRACE.npz replay TASK[,TASK]   # each task dealt at run time instead
+    python bench/trace_analysis.py TRACE.npz sm-speed TASK        # do an SM's instances run at its own pace?
 
 ``TRACE.npz``: a :meth:`etc.runtime.trace.Trace.save` file (``bench/decode_trace.py
 --out`` writes one per schedule and batch). ``--layer`` picks the layer of
@@ -162,10 +163,34 @@ def replay(trace: Trace, tasks: str, layer: int) -> list[str]:
     return out
 
 
+def sm_speed(trace: Trace, task: str) -> list[str]:
+    """Whether ``task``'s instances run at a speed that belongs to their SM:
+    each SM's mean instance duration over the even and over the odd layers,
+    their correlation, and the fastest and slowest SMs."""
+    per: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+    for e in trace.events():
+        if e["task"] == task:
+            per[e["instance"][0] % 2, e["sm"]].append((e["end_ns"] - e["start_ns"]) / 1e3)
+    sms = sorted({sm for _, sm in per if (0, sm) in per and (1, sm) in per})
+    if len(sms) < 3:
+        return [f"{task}: too few SMs ran it in both even and odd layers"]
+    even = np.array([np.mean(per[0, sm]) for sm in sms])
+    odd = np.array([np.mean(per[1, sm]) for sm in sms])
+    both = (even + odd) / 2
+    order = np.argsort(both)
+    return [
+        f"{task}: {len(sms)} SMs; mean duration per SM, even vs odd layers: correlation "
+        f"{np.corrcoef(even, odd)[0, 1]:.2f}",
+        f"  per-SM mean pct 0/10/50/90/100 {_pct(both, [0, 10, 50, 90, 100])} us",
+        f"  fastest {[(sms[i], round(float(both[i]), 1)) for i in order[:6]]}",
+        f"  slowest {[(sms[i], round(float(both[i]), 1)) for i in order[-6:]]}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trace", type=Path)
-    p.add_argument("view", choices=("placement", "spread", "gaps", "parts", "replay"))
+    p.add_argument("view", choices=("placement", "spread", "gaps", "parts", "replay", "sm-speed"))
     p.add_argument("task", nargs="?", default="lm_head")
     p.add_argument("--layer", type=int, default=8)
     args = p.parse_args(argv)
@@ -178,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = gaps(trace)
     elif args.view == "parts":
         lines = parts(trace, args.task, args.layer)
+    elif args.view == "sm-speed":
+        lines = sm_speed(trace, args.task)
     else:
         lines = replay(trace, args.task, args.layer)
     print("\n".join(lines))
