@@ -1593,16 +1593,21 @@ def _arrive(t: _Text, parts: int, slot: Callable[[_Text], str], flag: str) -> No
     :func:`etc.tiles._mma.open_last_arrival`, whose flag is the workgroup
     global ``flag``) and opens ``scf.if`` for the last of ``parts`` (the
     caller closes it)."""
-    # Count this part once all of its stores are issued (the barrier), at
-    # GPU scope with release semantics; the last part acquires the others.
+    is0, cnt_at = _counter_word(t, slot)
+    _mma.open_last_arrival(t, flag, is0, cnt_at, parts, t.c(0))
+
+
+def _counter_word(t: _Text, slot: Callable[[_Text], str]) -> tuple[str, str]:
+    """After the part's stores, a CTA barrier (its stores are issued, so the
+    count's release covers them); returns thread 0's predicate and the byte
+    address (i64) of ``%cnt``'s word ``slot(t)``."""
     t.emit("gpu.barrier")
     t.joined()
     tid = t.op("tid", "gpu.thread_id x")
     is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
     at = slot(t)
     base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
-    cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(at, 4))} : index to i64")
-    _mma.open_last_arrival(t, flag, is0, cnt_at, parts, t.c(0))
+    return is0, t.op("ca", f"arith.index_cast {t.add(base, t.mul(at, 4))} : index to i64")
 
 
 def sum_parts(
@@ -1739,12 +1744,7 @@ def share_fragments(
             f"thread and be at most the {parts} parts"
         )
     meeting = _FragmentMeeting(t, acc, parts, part, part_block or block, block_size, p_type, live)
-    t.emit("gpu.barrier")
-    t.joined()
-    tid = t.op("tid", "gpu.thread_id x")
-    is0 = t.op("is0", f"arith.cmpi eq, {tid}, {t.c(0)} : index")
-    base = t.op("cb", f"memref.extract_aligned_pointer_as_index %cnt : {COUNT_TYPE} -> index")
-    cnt_at = t.op("ca", f"arith.index_cast {t.add(base, t.mul(block(t), 4))} : index to i64")
+    is0, cnt_at = _counter_word(t, block)
     seen = _mma.count_arrival(t, flag, is0, cnt_at, parts, t.c(0), release_reset=True)
     first = t.op("fs", f"arith.constant {parts - share} : i32")
     sharer = t.op("sharer", f"arith.cmpi uge, {seen}, {first} : i32")
@@ -1758,6 +1758,7 @@ def share_fragments(
     _asm_ops(t, _text.SPIN_UNTIL_AT_MOST, [(cnt_at, "i64"), (seen, "i32")])
     t.end()
     t.emit("gpu.barrier")
+    meeting.operands()  # once, for every sharer's branch
     q = t.op("q", f"arith.subi {seen}, {first} : i32")
     q = t.op("q", f"arith.index_cast {q} : i32 to index")
     run = units // share
@@ -1819,22 +1820,32 @@ class _FragmentMeeting:
                 f"{FRAGMENT_PARTS_TYPE}, {v4}"
             )
         self.element, self.base, self.block_size = element, base, block_size
+        self._operands: tuple[list[str], list[str], list[str]] | None = None
+
+    def operands(self) -> tuple[list[str], list[str], list[str]]:
+        """The other parts' addresses and the part-order selects (emitted at
+        the first call, which must dominate every :meth:`sums`)."""
+        if self._operands is None:
+            t, parts, part = self.t, self.parts, self.part
+            # The other parts, k-th: k + (k >= part); one address each, a
+            # fragment's an immediate offset from it.
+            others = []
+            for k in range(parts - 1):
+                after = t.op("af", f"arith.cmpi uge, {t.c(k)}, {part} : index")
+                q = t.add(t.c(k), t.op("q", f"arith.select {after}, {t.c(1)}, {t.c(0)} : index"))
+                at = t.add(self.base, t.mul(self.element(q, 0), 4))
+                others.append(t.op("a", f"arith.index_cast {at} : index to i64"))
+            before = [t.op("lt", f"arith.cmpi ult, {t.c(q)}, {part} : index") for q in range(parts)]
+            mine = [t.op("eq", f"arith.cmpi eq, {t.c(q)}, {part} : index") for q in range(parts)]
+            self._operands = others, before, mine
+        return self._operands
 
     def sums(self, indices: Iterable[int]) -> list[list[str]]:
         """The part-order sums (4 floats each) of the fragments ``indices``
         (flat), this part's own from its registers, after the count."""
-        t, parts, part, frags = self.t, self.parts, self.part, self.frags
+        t, parts, frags = self.t, self.parts, self.frags
         indices = list(indices)
-        # The other parts, k-th: k + (k >= part); one address each, a fragment's
-        # an immediate offset from it.
-        others = []
-        for k in range(parts - 1):
-            after = t.op("af", f"arith.cmpi uge, {t.c(k)}, {part} : index")
-            q = t.add(t.c(k), t.op("q", f"arith.select {after}, {t.c(1)}, {t.c(0)} : index"))
-            at = t.add(self.base, t.mul(self.element(q, 0), 4))
-            others.append(t.op("a", f"arith.index_cast {at} : index to i64"))
-        before = [t.op("lt", f"arith.cmpi ult, {t.c(q)}, {part} : index") for q in range(parts)]
-        mine = [t.op("eq", f"arith.cmpi eq, {t.c(q)}, {part} : index") for q in range(parts)]
+        others, before, mine = self.operands()
         size = max(1, MEET_FRAGMENTS // (parts - 1))
         chunks = [indices[f0 : f0 + size] for f0 in range(0, len(indices), size)]
 
