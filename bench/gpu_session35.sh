@@ -2,7 +2,7 @@
 # Thirty-fifth session (bench/RESULTS.md, items 151-): split-K sums shared by
 # each block's last parts to arrive (meet_share), in the decoder's large-batch
 # kernel and in the dense GEMM tile. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [ncu] [sweep3] [moe] [moe2] [moebench] [bench] ...
+# Usage: bash bench/gpu_session35.sh [tests] [gemm] [sweep] [tests2] [sweep2] [trace] [tests3] [tests4] [ncu] [sweep3] [moe] [moe2] [moebench] [bench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s35/raw
@@ -55,6 +55,14 @@ for step in ${*:-sweep}; do
     ETC_ARTIFACTS=.device/s35/art2 timeout 500 python -m pytest -q -rfs --tb=short \
       test/gpu/test_llama_gpu.py -k "tma_buckets or tma_share or shared or ring_layouts" 2>&1 \
       | tee "$OUT/tests3.txt" | tail -6
+    ;;
+  tests4)  # after the review that hoisted the shared meeting's operands: the dense shared tiles
+    # against the plain meeting, the tiny shared decoder, the 1B large kernel's groups
+    # (python test/gpu/make_artifacts.py .device/s35/art4 --only PREFIX for PREFIX in
+    # gemm_meet llama_tiny_tma_share llama_1b_large)
+    ETC_ARTIFACTS=.device/s35/art4 timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_gemm_gpu.py test/gpu/test_llama_gpu.py \
+      -k "gemm or tma_share or shared or ring_layouts" 2>&1 | tee "$OUT/tests4.txt" | tail -4
     ;;
   sweep3)  # the split projections' later weight boxes asked into L2 before the waits too
     # (DECODE_SWEEP_VARIANTS=default,l2rest_qo,l2rest_qod,l2rest_d python bench/decode_sweep.py
