@@ -469,8 +469,39 @@ CONFIGS["pre_a16c_refill_gt"] = {
 CONFIGS["pre16_tb32"] = {**M.PRESETS["prefill"], "topk_block": 32}
 CONFIGS["pre16_bp48"] = {**M.PRESETS["prefill"], "permute_slots": 48}
 CONFIGS["pre16_tb32_bp48"] = {**M.PRESETS["prefill"], "topk_block": 32, "permute_slots": 48}
+# Session 36: each instance's column passes through one TMA ring (sub_ring):
+# gate/up blocks of 256 columns in 2 passes of 128, down blocks of 512 in 2
+# passes of 256 (4 stages and a staging buffer, down's in halves, under 226 KiB).
+_PL = M.PRESETS["prefill_large"]
+_GU_RING = (("sub_n", 128), ("sub_ring", True), ("smem_limit", 226 << 10))
+_DN_RING = (("sub_n", 256), ("sub_ring", True), ("smem_limit", 226 << 10))
+# prefill_large before it took the down ring (session 36, item 159); the
+# prefill preset, which keeps its 256-column down tiles, with the ring.
+_NORING = {"block_n_dn": 256, "down_options": M.PRESETS["prefill"]["down_options"]}
+CONFIGS["pl_noring"] = {**M.PRESETS["prefill_large"], **_NORING}
+CONFIGS["pre_noring"] = dict(M.PRESETS["prefill"])
+CONFIGS["pre_ring"] = {
+    **M.PRESETS["prefill"], "block_n_dn": 512,
+    "down_options": M.PRESETS["prefill_large"]["down_options"],
+}  # fmt: skip
+CONFIGS["pl_ring"] = {
+    **_PL, "block_n_gu": 256, "block_n_dn": 512,
+    "gate_up_options": (*_PL["gate_up_options"], *_GU_RING),
+    "down_options": (*_PL["down_options"], *_DN_RING),
+}  # fmt: skip
+CONFIGS["pl_ring_gu"] = {
+    **CONFIGS["pl_ring"],
+    "block_n_dn": 256,
+    "down_options": _PL["down_options"],
+}
+CONFIGS["pl_ring_dn"] = {
+    **CONFIGS["pl_ring"], "block_n_gu": 128, "gate_up_options": _PL["gate_up_options"]
+}  # fmt: skip
 #: Extra etc.compile options of a configuration's fused kernels.
 COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
+for _key in ("prefill_large", "pl_ring", "pl_ring_gu", "pl_ring_dn"):  # the same, tiles called
+    CONFIGS[f"{_key}_ol"] = CONFIGS[_key]
+    COMPILE_OPTIONS[f"{_key}_ol"] = {"outline": True}
 # The presets as one bucketed artifact (etc.models.moe.compile_moe: a kernel
 # per range of T); its buffers are the prefill member's (4 logits rows a token).
 # AUTOS: those artifacts by name, with their weight_chunk.
@@ -548,6 +579,16 @@ TARGETS = {
         "prefill_large",
         "pl_tb64",
         "pl_tb16",
+        "pl_ring",
+        "pl_ring_gu",
+        "pl_ring_dn",
+        "pre_noring",
+        "pre_ring",
+        "pl_noring",
+        "prefill_large_ol",
+        "pl_ring_ol",
+        "pl_ring_gu_ol",
+        "pl_ring_dn_ol",
     )
     if k in CONFIGS
 }

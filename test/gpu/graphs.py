@@ -250,6 +250,36 @@ MOE_SMALL_TMA_SHORT = dataclasses.replace(
 )
 
 
+def _moe_small_ring():
+    # Several column passes of one instance through one TMA ring (sub_ring):
+    # gate/up blocks of 192 columns in 3 passes of 64 (2 stages over 4
+    # k-tiles a pass), down blocks of 256 in 2 passes of 128 with 4 stages
+    # over 3 k-tiles (the prologue's loads reach into the second pass);
+    # refilled when free and staged through a buffer of their own (down's
+    # in two 64-column parts, which is all that fits beside its ring under
+    # a 150 KiB limit), or (the second) refilled by a wait, gate/up staged,
+    # down stored directly.
+    gu_ring = (("sub_n", 64), ("sub_ring", True))
+    dn_ring = (("sub_n", 128), ("sub_ring", True), ("stages", 4))
+    test = dataclasses.replace(
+        MOE_SMALL_TMA, block_n_gu=192, block_n_dn=256,
+        gate_up_options=(*MOE_SMALL_TMA.gate_up_options, *gu_ring, ("refill", "test")),
+        down_options=(
+            *MOE_SMALL_TMA.down_options, *dn_ring, ("refill", "test"), ("smem_limit", 150 << 10),
+        ),
+    )  # fmt: skip
+    wait = dataclasses.replace(
+        test,
+        gate_up_options=(*MOE_SMALL_TMA.gate_up_options, *gu_ring),
+        down_options=(*MOE_SMALL_TMA.down_options, *dn_ring, ("stage_output", False)),
+    )
+    return test, wait
+
+
+#: MOE_SMALL_TMA with each instance's column passes through one ring (sm_90a).
+MOE_SMALL_TMA_RING, MOE_SMALL_TMA_RING_WAIT = _moe_small_ring()
+
+
 def _chunked(cfg, gate_up: int = 64, down: int = 32):
     """``cfg`` with its expert weights in the chunked layout
     (``weight_chunk``: 64-wide k chunks for gate/up, 32 for down)."""

@@ -83,6 +83,8 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_CHUNK,
     MOE_SMALL_TMA_REFILL,
     MOE_SMALL_TMA_SHORT,
+    MOE_SMALL_TMA_RING,
+    MOE_SMALL_TMA_RING_WAIT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
@@ -186,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         ("route_atomic16", MOE_SMALL_ROUTE_ATOMIC16), ("tma_ticket", MOE_SMALL_TMA_TICKET),
         ("tma_short", MOE_SMALL_TMA_SHORT), ("tma_chunk", MOE_SMALL_TMA_CHUNK),
         ("gather_tma", MOE_SMALL_GATHER_TMA), ("tma_refill", MOE_SMALL_TMA_REFILL),
-        ("bulk_permute", MOE_SMALL_BULK_PERMUTE),
+        ("bulk_permute", MOE_SMALL_BULK_PERMUTE), ("tma_ring", MOE_SMALL_TMA_RING),
+        ("tma_ring_wait", MOE_SMALL_TMA_RING_WAIT),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

@@ -55,6 +55,8 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_CHUNK,
     MOE_SMALL_TMA_REFILL,
     MOE_SMALL_TMA_SHORT,
+    MOE_SMALL_TMA_RING,
+    MOE_SMALL_TMA_RING_WAIT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
 )
@@ -283,6 +285,20 @@ def test_short_blocks_give_the_plain_tiles_bits(schedule: str) -> None:
     plain = MOE_SMALL_TMA
     for T, routing, _, _, a, b in _paired("tma_short", "", schedule, MOE_SMALL_TMA_SHORT, plain):
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_ring_passes_give_the_plain_tiles_bits(schedule: str) -> None:
+    # Wider blocks whose column passes share one TMA ring (the next pass's
+    # k-tiles load during this one's epilogue) compute each output as the
+    # plain 64-column tiles do: the layer's output is the plain TMA layer's
+    # bit for bit, refilled when free or by a wait, staged or not.
+    for variant, cfg in (
+        ("tma_ring", MOE_SMALL_TMA_RING),
+        ("tma_ring_wait", MOE_SMALL_TMA_RING_WAIT),
+    ):
+        for T, routing, _, _, a, b in _paired(variant, "", schedule, cfg, MOE_SMALL_TMA):
+            np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"{variant} T={T} {routing}")
 
 
 @pytest.mark.parametrize("chunk", [0, 64])

@@ -622,6 +622,17 @@ def test_presets_are_the_measured_configurations() -> None:
     assert "Yp" not in M.tensor_shapes(prefill, 8) and "Out16" in M.tensor_shapes(prefill, 8)
     old = M.MoEConfig(**M.PREFILL_YP)
     assert (old.combine, dict(old.down_options).get("refill")) == ("task", None)
+    # Session 36: past T = 2048 the down tiles' 512 columns in two passes
+    # through one ring; a hidden size 512 does not divide halves the block
+    # (one pass: the plain tile).
+    large = M.preset("prefill_large")
+    down = dict(large.down_options)
+    assert (large.block_n_dn, down["sub_n"], down["sub_ring"]) == (512, 256, True)
+    assert down["smem_limit"] == 226 << 10 and prefill.block_n_dn == 256
+    assert (large.topk_block, large.permute_slots) == (32, 48)
+    narrow = M.preset("prefill_large", hidden=768)
+    assert (narrow.block_n_dn, dict(narrow.down_options)["sub_n"]) == (256, 256)
+    assert M.preset("prefill_large", hidden=768, block_n_dn=128).block_n_dn == 128
     mid = M.preset("mid")
     assert (mid.block_m, dict(mid.gate_up_options)["split_n"]) == (64, True)
     single, few = M.preset("single"), M.preset("few")

@@ -348,6 +348,53 @@ def test_split_and_sub_tiles_loads_and_errors():
         G.moe_down(64, 8, H, I, experts=E, core="tma", smem_limit=SMEM, split_n=True)
 
 
+def test_ring_passes_share_one_ring_and_errors():
+    """sub_ring: a tile's sub_n passes run through one ring. Its barriers are
+    set up and its first stages loaded once, before the passes (with plain
+    sub_n, inside each); the k-tiles are counted over the passes, each pass's
+    weight boxes sub_n rows further on; the block is staged through a buffer
+    of its own, in parts when only a part fits beside the ring. One pass is
+    the plain tile; a gather or short blocks are refused, naming the tile."""
+
+    def lines(tile, *keys):
+        src = tile.source.splitlines()
+        return [next(i for i, line in enumerate(src) if key in line) for key in keys]
+
+    kw = dict(experts=E, core="tma", smem_limit=SMEM, sub_n=128, refill="test")
+    plain, ring = G.moe_down(128, 256, H, I, **kw), G.moe_down(128, 256, H, I, sub_ring=True, **kw)
+    init, passes, k_loop = lines(plain, "mbarrier.init", "scf.for %pass_", "scf.for %kt")
+    assert passes < init < k_loop
+    init, passes, k_loop = lines(ring, "mbarrier.init", "scf.for %pass_", "scf.for %kt")
+    assert init < passes < k_loop
+    assert "@moe_down_tc__stage : memref<128x128xbf16" in ring.source
+    assert "@moe_down_tc__stage" not in plain.source
+    # The loads step on sub_n (128) weight rows a pass; the references agree.
+    assert "arith.muli" in ring.source and "%c128_" in ring.source
+    assert ring.reference is not None
+    halves = G.moe_down(
+        128, 256, H, I, experts=E, core="tma", smem_limit=150 << 10, stages=4, sub_n=128,
+        sub_ring=True,
+    )  # fmt: skip
+    assert "@moe_down_tc__stage : memref<128x64xbf16" in halves.source
+    assert halves.source.count("ld.shared.v4.b32") == 2 * ring.source.count("ld.shared.v4.b32")
+    one = G.moe_down(
+        128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128, sub_ring=True
+    )
+    assert one.source == G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM).source
+    with pytest.raises(GraphError, match="moe_gate_up_tc.*sub_ring .* no gather_topk"):
+        G.moe_gate_up(
+            128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2, sub_n=64,
+            sub_ring=True,
+        )  # fmt: skip
+    with pytest.raises(GraphError, match="moe_down_tc.*sub_ring .* or short_blocks"):
+        G.moe_down(128, 256, H, I, sub_ring=True, short_blocks=True, **kw)
+    with pytest.raises(GraphError, match="a 16384-byte staging buffer need"):
+        G.moe_down(
+            128, 256, H, I, experts=E, core="tma", smem_limit=130 << 10, stages=4, sub_n=128,
+            sub_ring=True,
+        )  # fmt: skip
+
+
 def test_short_blocks_tiles_loads_and_errors():
     """short_blocks: an expert's only row block, when it has at most 64 rows,
     runs its k loop on the first warpgroup alone. The flag is broadcast from
@@ -609,6 +656,9 @@ def test_half_sums_without_staging_add_pairs(tmp_path):
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, combine_topk=2, combine_dtype="f16"), MOE_DN_COMBINE16, ("m", E), 128),
         (lambda: G.moe_gate_up(128, 64, H, I, experts=E, core="tma", smem_limit=SMEM, short_blocks=True), MOE_GU, ("m", E), 128),
         (lambda: G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, short_blocks=True), MOE_DN, ("m", E), 128),
+        (lambda: G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128, sub_ring=True, refill="test"), MOE_DN, ("m", E), 128),
+        (lambda: G.moe_down(128, 256, H, I, experts=E, core="tma", smem_limit=150 << 10, stages=4, sub_n=128, sub_ring=True, refill="test"), MOE_DN, ("m", E), 128),
+        (lambda: G.moe_gate_up(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=64, sub_ring=True, refill="test"), MOE_GU, ("m", E), 128),
     ],
 )  # fmt: skip
 def test_tma_tiles_compile(make, tensors, grid, n, tmp_path):

@@ -75,6 +75,7 @@ __all__ = [
     "preset",
     "preset_family",
     "compile_moe",
+    "expert_gemm_tiles",
     "ROUTINGS",
     "UNFUSED_TASKS",
     "build_moe_graph",
@@ -111,6 +112,10 @@ _PREFILL = dict(
     gate_up_options=_TMA_OPTIONS,
     down_options=_TMA_OPTIONS,
 )
+#: The prefill down tiles' 512 columns in two passes of 256 through one ring
+#: (``sub_ring``: the second pass's first k-tiles load during the first's
+#: epilogue), staged in halves beside the 4-stage ring under 226 KiB.
+_DOWN_RING = (("sub_n", 256), ("sub_ring", True), ("smem_limit", 226 << 10))
 _SPLIT_OPTIONS = (("smem_limit", 220 << 10), ("stages", 5), ("core", "tma"), ("split_n", True))
 _SLOT_DOWN = (("warps", (1, 4, 2)), ("stages", 4), ("unroll", 2), ("rotate_k", True))
 _SINGLE_MMA = dict(
@@ -219,8 +224,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: ``prefill`` past T = 2048 (``PRESET_BUCKETS``): top-k blocks of 32 tokens
 #: (128 CTAs at T = 4096 instead of 512) and the permute by bulk copies
 #: through 48 slots a CTA (``permute_slots``): −0.6..−0.8 % at T = 3072 and
-#: 4096 and +1 % at T = 1024 in one run (``bench/RESULTS.md``, MoE item 145).
-PRESETS["prefill_large"] = dict(PRESETS["prefill"], topk_block=32, permute_slots=48)
+#: 4096 and +1 % at T = 1024 in one run (``bench/RESULTS.md``, MoE item 145);
+#: and down tiles of 512 columns in two passes of 256 through one ring
+#: (``_DOWN_RING``): −0.8..−1.1 % at T = 4096, ±0.5 % at 1024-3072 (MoE item 159).
+PRESETS["prefill_large"] = dict(
+    PRESETS["prefill"], topk_block=32, permute_slots=48, block_n_dn=512,
+    down_options=(*PRESETS["prefill"]["down_options"], *_DOWN_RING),
+)  # fmt: skip
 #: The ``prefill`` preset as it was through the thirty-second session: the
 #: down tiles write ``Yp`` and a combine task sums each token's rows in
 #: float32 (no overflow past 65504; 4-5 % slower at T = 4096).
@@ -274,6 +284,18 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
         # multiple of 4 below it that divides inter (16 for 512).
         fits = [n for n in range(4, fields["block_n_gu"] + 1, 4) if inter % n == 0]
         fields["block_n_gu"] = fits[-1] if fits else fields["block_n_gu"]
+    hidden = fields.get("hidden", MoEConfig.hidden)
+    block_n_dn = fields.get("block_n_dn", MoEConfig.block_n_dn)
+    if "block_n_dn" not in overrides and hidden % block_n_dn:
+        # prefill's 512 down columns: halved until they divide hidden, the
+        # ring's passes (sub_n) no wider than the block.
+        while block_n_dn > 8 and hidden % block_n_dn:
+            block_n_dn //= 2
+        fields["block_n_dn"] = block_n_dn
+        fields["down_options"] = tuple(
+            (key, min(value, block_n_dn) if key == "sub_n" else value)
+            for key, value in fields.get("down_options", ())
+        )
     return MoEConfig(**fields)
 
 
@@ -740,6 +762,12 @@ def tensor_shapes(cfg: MoEConfig, T: int) -> dict[str, tuple[tuple[int, ...], st
 def _tensors(g: Graph, cfg: MoEConfig, T: Any, names: list[str] | None = None) -> dict[str, Any]:
     spec = _spec(cfg, T)
     return {n: g.tensor(n, s, d) for n, (s, d) in spec.items() if names is None or n in names}
+
+
+def expert_gemm_tiles(cfg: MoEConfig) -> tuple[DeviceFunction, DeviceFunction]:
+    """``cfg``'s expert GEMM tiles ``(gate_up, down)``, as its layer graph
+    takes them (``bench/gemm_grouped.py`` runs them alone)."""
+    return _gemm_tiles(cfg, None)
 
 
 def _gemm_tiles(cfg: MoEConfig, gemm_tiles: Any) -> tuple[DeviceFunction, DeviceFunction]:

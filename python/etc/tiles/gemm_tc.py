@@ -673,14 +673,14 @@ def _mbar_wait(t: _Text, bar: str, parity: str) -> None:
     _asm_ops(t, _text.MBAR_WAIT, [(bar, "i32"), (parity, "i32")])
 
 
-def _try_refill(t: _Text, nx: str, kt_n: int, stages: int, bar, issue) -> str:
-    """Thread 0 at the end of k-tile ``%kt`` (``refill="test"``): loads
-    k-tile ``nx`` if its stage is free (every warp has released the k-tile
-    ``nx - stages`` that held it: a test of the empty barrier, or a wait
-    when k-tile ``%kt + 1``'s own load is the one missing); returns the next
-    k-tile to load."""
+def _try_refill(t: _Text, nx: str, kt_n: int, stages: int, bar, issue, cur: str = "%kt") -> str:
+    """Thread 0 at the end of k-tile ``cur`` (``refill="test"``): loads
+    k-tile ``nx`` (of ``kt_n``) if its stage is free (every warp has released
+    the k-tile ``nx - stages`` that held it: a test of the empty barrier, or a
+    wait when k-tile ``cur + 1``'s own load is the one missing); returns the
+    next k-tile to load."""
     # The stage's last k-tile was released in this k-tile's step at the latest.
-    due = t.op("due", f"arith.cmpi ule, {nx}, {t.add('%kt', stages - 1)} : index")
+    due = t.op("due", f"arith.cmpi ule, {nx}, {t.add(cur, stages - 1)} : index")
     left = t.op("left", f"arith.cmpi ult, {nx}, {t.c(kt_n)} : index")
     can = t.op("can", f"arith.andi {due}, {left} : i1")
     out = t.fresh("nx")
@@ -694,7 +694,7 @@ def _try_refill(t: _Text, nx: str, kt_n: int, stages: int, bar, issue) -> str:
             "remui", t.bin("divui", t.op("o", f"arith.subi {nx}, {t.c(stages)} : index"), stages), 2
         ),
     )
-    urgent = t.op("urg", f"arith.cmpi ule, {nx}, {t.add('%kt', 1)} : index")
+    urgent = t.op("urg", f"arith.cmpi ule, {nx}, {t.add(cur, 1)} : index")
     free = t.fresh("free")
     t.emit(f"{free} = scf.if {urgent} -> (i1) {{")
     t.indent += "  "
@@ -810,8 +810,12 @@ def _tma_ring(
         )
         return _i32(t, at)
 
-    def issue(kt: str | int, stage: str | int, which: str = "ab", expect: bool = True) -> None:
-        """Thread 0: TMA k-tile ``kt`` into ``stage``."""
+    def issue(
+        kt: str | int, stage: str | int, which: str = "ab", expect: bool = True,
+        b_shift: str | None = None,
+    ) -> None:  # fmt: skip
+        """Thread 0: TMA k-tile ``kt`` into ``stage`` (the ``B`` boxes
+        ``b_shift`` rows further on, an index value, when given)."""
         full = bar(0, stage)
         if expect:
             _asm_ops(
@@ -828,6 +832,8 @@ def _tma_ring(
             st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
             off = 0
             for tmap, row0, rows, *cond in loads:
+                if part == "b" and b_shift is not None:
+                    row0 = t.add(row0, b_shift)
                 dst = _i32(t, t.add(t.add(base, st), off * bk * 2))
                 if cond:
                     t.emit(f"scf.if {cond[0]} {{")
@@ -1079,6 +1085,11 @@ def _body_tma(
     gather: TmaGather | None = None,
     second_busy: str | None = None,
     refill: str = "wait",
+    passes: int = 1,
+    b_step: int = 0,
+    pass_var: str = "%pass",
+    stage_cols: int | None = None,
+    stage_split: int = 1,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -1141,7 +1152,20 @@ def _body_tma(
     it only tests the stage's empty barrier (``mbarrier.test_wait``), loads
     if it is free and otherwise tries again next k-tile (two tries a k-tile,
     the next k-tile to load carried by the loop); it waits only when the
-    next k-tile's own load would otherwise not have been issued."""
+    next k-tile's own load would otherwise not have been issued.
+
+    ``passes``: the k loop and the epilogue run ``passes`` times (an
+    ``scf.for`` over ``pass_var``), each pass's ``B`` boxes ``b_step`` rows
+    further on (the next columns of a wider block; ``A`` the same), through
+    one ring: its k-tiles are counted over all passes, so the next pass's
+    first loads go out during this pass's last k-tiles and its epilogue, as
+    a persistent GEMM's producer runs ahead into its next tile. The
+    epilogue (which computes its columns from ``pass_var``) then stages
+    its block of ``stage_cols`` columns (``b_rows`` unless given) through a
+    buffer of its own, ``@<name>__stage``, not the ring: ``stage_cols /
+    stage_split`` columns at a time (a smaller buffer; a barrier pair more
+    per part). Not with a gather, an idle second warpgroup, prefetched
+    weights or an epilogue prologue."""
     if refill not in ("wait", "test"):
         raise GraphError(f"tile '{name}': refill must be 'wait' or 'test', got {refill!r}")
     if refill == "test" and (gather is not None or second_busy is not None):
@@ -1175,6 +1199,22 @@ def _body_tma(
         raise GraphError(f"tile '{name}': k={k} must be a multiple of {TMA_BLOCK_K} for TMA")
     if stages < 2:
         raise GraphError(f"tile '{name}': stages={stages} must be at least 2")
+    if passes < 1 or (
+        passes > 1
+        and (
+            gather is not None or second_busy is not None or weights_prefetched
+            or getattr(epilogue, "prologue", None) is not None
+        )
+    ):  # fmt: skip
+        raise GraphError(
+            f"tile '{name}': passes={passes} must be positive; several passes through one "
+            "ring take no gather, idle warpgroup, prefetched weights or epilogue prologue"
+        )
+    if stage_split < 1 or (stage_split > 1 and (passes == 1 or split_n)):
+        raise GraphError(
+            f"tile '{name}': stage_split={stage_split} stages a pass's block in parts: "
+            "several passes, no split_n"
+        )
     bk, kt_n, warps = TMA_BLOCK_K, k // TMA_BLOCK_K, block_size // 32
     rotation = None if rotate is None else (rotate, k // TMA_BLOCK_K)
     ring = _tma_ring(
@@ -1186,6 +1226,21 @@ def _body_tma(
     a_bytes, b_bytes = ring.a_bytes, ring.b_bytes
     assert ring.lanes is not None
     tid, group, warp, lane, lane0 = ring.lanes
+    if stage_cols is None:
+        stage_cols = b_rows
+
+    def issue_at(g: str | int, stage: str | int, which: str = "ab", expect: bool = True) -> None:
+        """Thread 0: step ``g`` of the passes' k-tiles into ``stage``."""
+        if passes == 1:
+            issue(g, stage, which=which, expect=expect)
+            return
+        if isinstance(g, int):
+            p, kt = divmod(g, kt_n)
+            shift = t.c(p * b_step) if p else None
+        else:
+            kt = t.bin("remui", g, kt_n)
+            shift = t.mul(t.bin("divui", g, kt_n), b_step)
+        issue(kt, stage, which=which, expect=expect, b_shift=shift)
 
     # -- prologue: the buffers may hold another tile's generic writes (tiles
     # share shared memory) and the previous call's barriers are still live
@@ -1209,11 +1264,11 @@ def _body_tma(
         _init_ring_barriers(t, ring, stages, arrivals, 1 + gathered)
     # Other CTAs wrote the activations through the generic proxy.
     _asm(t, "fence.proxy.async.global;")
-    for s in range(min(stages, kt_n)):
+    for s in range(min(stages, passes * kt_n)):
         if weights_prefetched:
             issue(s, s, which="a", expect=False)
         else:
-            issue(s, s, which="b" if gather is not None else "ab")
+            issue_at(s, s, which="b" if gather is not None else "ab")
     t.indent = outer
     t.emit("}")
     t.emit("gpu.barrier")
@@ -1241,10 +1296,29 @@ def _body_tma(
         place = _wgmma_place(t, group, warp, lane, r0, split_n)
         prologue(t, *place)
     lazy = refill == "test"
-    res, types = t.acc_loop("%kt", trip, nacc, (("%nx", t.c(min(stages, kt_n))),) if lazy else ())
-    t.indent = outer + "  "
-    stage = t.bin("remui", "%kt", stages)
-    parity = _i32(t, t.bin("remui", t.bin("divui", "%kt", stages), 2))
+    multi = passes > 1
+    total = passes * kt_n
+    pass_end = None
+    if multi:
+        # Hoisted out of the passes: the epilogue's places, the staging block.
+        place = _wgmma_place(t, group, warp, lane, r0, split_n)
+        if lazy:
+            pass_end = t.fresh("pnx")
+            t.emit(
+                f"{pass_end} = scf.for {pass_var} = {t.c(0)} to {t.c(passes)} step {t.c(1)} "
+                f"iter_args(%pnx = {t.c(min(stages, total))}) -> (index) {{"
+            )
+        else:
+            t.emit(f"scf.for {pass_var} = {t.c(0)} to {t.c(passes)} step {t.c(1)} {{")
+        t.indent += "  "
+    lo = t.indent  # the k loop's level
+    first_nx = "%pnx" if multi else t.c(min(stages, kt_n))
+    res, types = t.acc_loop("%kt", trip, nacc, (("%nx", first_nx),) if lazy else ())
+    t.indent = lo + "  "
+    # The step's place in the ring: k-tile %kt of this pass, counted over all passes.
+    g = t.add(t.mul(pass_var, kt_n), "%kt") if multi else "%kt"
+    stage = t.bin("remui", g, stages)
+    parity = _i32(t, t.bin("remui", t.bin("divui", g, stages), 2))
     _mbar_wait(t, bar(0, stage), parity)
     if gather is not None and not gather.tma_map:  # other threads' cp.async wrote the stage
         _asm(t, "fence.proxy.async.shared::cta;")
@@ -1258,70 +1332,102 @@ def _body_tma(
         acc = _wgmma(t, acc, da, db, wg_rows)
     acc = _wgmma_wait(t, acc, pending=1)
     # The previous k-tile's wgmma is done: release its stage, and refill it.
-    has_prev = t.op("prev", f"arith.cmpi uge, %kt, {t.c(1)} : index")
+    # (With passes and refill="wait", a pass's first k-tile refills the
+    # stage of the previous pass's last, which its epilogue gave back.)
+    deferred = multi and not lazy
+    has_prev = t.op("prev", f"arith.cmpi uge, {g if deferred else '%kt'}, {t.c(1)} : index")
     t.emit(f"scf.if {has_prev} {{")
-    t.indent = outer + "    "
-    prev = t.op("p", f"arith.subi %kt, {t.c(1)} : index")
-    pstage = t.bin("remui", prev, stages)
-    t.emit(f"scf.if {lane0} {{")
-    t.indent = outer + "      "
-    _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(bar(1, pstage), "i32")])
-    t.indent = outer + "    "
-    t.emit("}")
+    t.indent = lo + "    "
+    prev = t.op("p", f"arith.subi {g}, {t.c(1)} : index")
+    if deferred:
+        in_pass = t.op("prev", f"arith.cmpi uge, %kt, {t.c(1)} : index")
+        t.emit(f"scf.if {in_pass} {{")
+        t.indent += "  "
+        _release_stage(t, prev, stages, bar, lane0)
+        t.end()
+        pstage = t.bin("remui", prev, stages)
+    else:
+        pstage = _release_stage(t, prev, stages, bar, lane0)
     nxt = t.add(prev, stages)
-    more = t.op("more", f"arith.cmpi ult, {nxt}, {t.c(kt_n)} : index")
+    more = t.op("more", f"arith.cmpi ult, {nxt}, {t.c(total)} : index")
     if gather_issue is not None:  # this warp's rows of the stage: its wgmma read them
         t.emit(f"scf.if {more} {{")
-        t.indent = outer + "      "
+        t.indent = lo + "      "
         gather_issue(nxt, pstage)
-        t.indent = outer + "    "
+        t.indent = lo + "    "
         t.emit("}")
     if not lazy:
-        go = t.op("refill", f"arith.andi {is0}, {more} : i1")
-        t.emit(f"scf.if {go} {{")
-        t.indent = outer + "      "
-        _mbar_wait(t, bar(1, pstage), _i32(t, t.bin("remui", t.bin("divui", prev, stages), 2)))
-        issue(nxt, pstage, which="b" if gather is not None else "ab")
-        t.indent = outer + "    "
-        t.emit("}")
-    t.indent = outer + "  "
+        _refill_stage(t, prev, pstage, nxt, more, stages, is0, bar, issue_at, gather)
+    t.indent = lo + "  "
     t.emit("}")
     carried = []
     if lazy:
-        t.indent = outer + "  "
         nx = t.fresh("nx")
         t.emit(f"{nx} = scf.if {is0} -> (index) {{")
-        t.indent = outer + "    "
+        t.indent = lo + "    "
         step = "%nx"
         for _ in range(2):
-            step = _try_refill(t, step, kt_n, stages, bar, issue)
+            step = _try_refill(t, step, total, stages, bar, issue_at, cur=g)
         t.emit(f"scf.yield {step} : index")
-        t.indent = outer + "  "
+        t.indent = lo + "  "
         t.emit("} else {")
         t.emit("  scf.yield %nx : index")
         t.emit("}")
         carried = [nx]
     t.emit(f"scf.yield {', '.join([*acc, *carried])} : {types}")
-    t.indent = outer
+    t.indent = lo
     t.emit("}")
     final = _wgmma_wait(t, [f"{res}#{q}" for q in range(nacc)], commit=False)
 
     # Once every thread is past its last wait (the first barrier after the
-    # loop), thread 0 invalidates the barriers.
+    # loop, or after the passes), thread 0 invalidates the barriers.
     def invalidate() -> None:
         t.emit(f"scf.if {is0} {{")
         t.indent += "  "
         mbarrier_inval(t, (bar(kind, s) for s in range(stages) for kind in (0, 1)))
         t.end()
 
-    t.after_join = invalidate
+    if multi:
+        # The pass's last k-tile: its stage goes back too, so that the next
+        # pass's loads run on into it while this pass's epilogue stores.
+        _release_stage(t, t.add(t.mul(pass_var, kt_n), kt_n - 1), stages, bar, lane0)
+    else:
+        t.after_join = invalidate
     if stage_output:
-        ring_start = ring.base_a  # without the warpgroup offset added above
-        t.staging = lambda t, values, cols, out, r1, n_limit, **kw: _staged_store(
-            t, values, cols, out, r1, n_limit, ring=ring_start, ring_bytes=stages * a_bytes,
-            block_m=block_m, block_size=block_size, tid=tid, group=group, warp=warp,
-            lane=lane, r0=r0, split_n=split_n, **kw,
-        )  # fmt: skip
+        # The block goes through the idle A ring, or with passes (whose next
+        # loads fill the ring meanwhile) through a buffer of its own.
+        ring_start, ring_bytes, split = ring.base_a, stages * a_bytes, 1
+        if multi:
+            split = stage_split
+            ring_start, ring_bytes = _staging_buffer(
+                t, globals_, name, block_m, stage_cols // split
+            )
+
+        def staging(t, values, cols, out, r1, n_limit, **kw) -> bool:
+            per = len(values[0]) // split  # fragments (8 columns each) a part
+            for part in range(split):
+                done = _staged_store(
+                    t, [values[0][part * per : (part + 1) * per]],
+                    cols[part * per : (part + 1) * per], out, r1, n_limit, ring=ring_start,
+                    ring_bytes=ring_bytes, block_m=block_m, block_size=block_size, tid=tid,
+                    group=group, warp=warp, lane=lane, r0=r0, split_n=split_n, **kw,
+                )  # fmt: skip
+                if not done:  # does not fit: the first part, before anything was emitted
+                    assert part == 0
+                    return False
+            return True
+
+        t.staging = staging
+    if multi:
+        assert place is not None
+        _wgmma_epilogue(t, final, wg_rows, epilogue, place)
+        t.staging = None
+        if lazy:
+            t.emit(f"scf.yield {res}#{nacc} : index")
+        t.end()
+        t.emit("gpu.barrier")
+        invalidate()
+        return globals_
     rows, wn_i, col_lane = _wgmma_place(t, group, warp, lane, r0, split_n)
     # The prologue's loads are keyed by its rows' names: the epilogue takes them.
     _wgmma_epilogue(t, final, wg_rows, epilogue, (place[0] if place else rows, wn_i, col_lane))
@@ -1330,6 +1436,43 @@ def _body_tma(
         t.emit("gpu.barrier")
         t.joined()
     return globals_
+
+
+def _release_stage(t: _Text, kt: str, stages: int, bar, lane0: str) -> str:
+    """Each warp gives k-tile ``kt``'s stage back (its lane 0 arrives on the
+    stage's empty barrier); returns the stage."""
+    stage = t.bin("remui", kt, stages)
+    t.emit(f"scf.if {lane0} {{")
+    t.indent += "  "
+    _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(bar(1, stage), "i32")])
+    t.end()
+    return stage
+
+
+def _refill_stage(
+    t: _Text, kt: str, stage: str, nxt: str, more: str, stages: int, is0: str, bar, issue,
+    gather: TmaGather | None,
+) -> None:  # fmt: skip
+    """``refill="wait"``: thread 0 waits until every warp has given k-tile
+    ``kt``'s ``stage`` back, then loads k-tile ``nxt`` there (when ``more``)."""
+    go = t.op("refill", f"arith.andi {is0}, {more} : i1")
+    t.emit(f"scf.if {go} {{")
+    t.indent += "  "
+    _mbar_wait(t, bar(1, stage), _i32(t, t.bin("remui", t.bin("divui", kt, stages), 2)))
+    issue(nxt, stage, which="b" if gather is not None else "ab")
+    t.end()
+
+
+def _staging_buffer(
+    t: _Text, globals_: list[str], name: str, block_m: int, cols: int
+) -> tuple[str, int]:
+    """A workgroup buffer of its own for a staged ``block_m x cols`` bf16
+    block (declared into ``globals_``): its address and size."""
+    ty = f"memref<{block_m}x{cols}xbf16, #gpu.address_space<workgroup>>"
+    globals_.append(f'memref.global "private" @{name}__stage : {ty} {{alignment = 1024 : i64}}')
+    ref = t.op("st", f"memref.get_global @{name}__stage : {ty}")
+    at = t.op("b", f"memref.extract_aligned_pointer_as_index {ref} : {ty} -> index")
+    return at, block_m * cols * 2
 
 
 #: A staged store's destination: ``(memref, its type)``, or a callable
@@ -2008,17 +2151,20 @@ def gemm(
 
 
 def plan_tma(
-    name: str, block_m: int, b_rows: int, k: int, block_size: int, stages: int, smem_limit: int
-) -> None:
-    """Check a TMA tile's configuration (the body checks the wgmma shape)."""
+    name: str, block_m: int, b_rows: int, k: int, block_size: int, stages: int, smem_limit: int,
+    staged: int = 0,
+) -> None:  # fmt: skip
+    """Check a TMA tile's configuration (the body checks the wgmma shape);
+    ``staged``: bytes of an output staging buffer besides the ring."""
     for key, value in (("block_m", block_m), ("k", k), ("stages", stages)):
         _positive(name, key, value)
     _positive(name, "block_size", block_size)
-    need = tma_smem_bytes(block_m, b_rows, stages)
+    need = tma_smem_bytes(block_m, b_rows, stages) + staged
     if need > smem_limit:
         raise GraphError(
             f"tile '{name}': {stages} stages of {block_m}x{TMA_BLOCK_K} + {b_rows}x{TMA_BLOCK_K} "
-            f"bf16 need {need} bytes of shared memory, over the limit of {smem_limit}"
+            + (f"bf16 and a {staged}-byte staging buffer " if staged else "bf16 ")
+            + f"need {need} bytes of shared memory, over the limit of {smem_limit}"
         )
 
 
@@ -2456,11 +2602,14 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
 #: or gather): an expert's only row block, when it has at most 64 rows, runs
 #: its k loop on the first warpgroup alone (half the wgmma work; the rows
 #: of few-token experts); ``weight_chunk`` (TMA only: 0, or 64, the weights
-#: in ``etc.tiles.gemm.chunk_weights``' layout, read through a 4-D map).
+#: in ``etc.tiles.gemm.chunk_weights``' layout, read through a 4-D map);
+#: ``sub_ring`` (with ``sub_n``): the passes share one ring, so the next
+#: pass's first k-tiles load during this pass's last ones and its epilogue
+#: (``_body_tma(passes=...)``; not with a gather or ``short_blocks``).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
     inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False,
-    weight_chunk=0, refill="wait", gather_tma=False,
+    weight_chunk=0, refill="wait", gather_tma=False, sub_ring=False,
 )  # fmt: skip
 
 
@@ -2565,6 +2714,12 @@ def _moe_tile(
             f"tile '{name}': gather_tma copies gathered rows (gather_topk) by TMA; "
             "this tile gathers none"
         )
+    ring_passes = block_n // sub if o["sub_ring"] else 1  # one pass: the plain tile
+    if ring_passes > 1 and (topk is not None or o["short_blocks"]):
+        raise GraphError(
+            f"tile '{name}': sub_ring runs the sub_n passes through one ring: no "
+            "gather_topk or short_blocks"
+        )
     short = o["short_blocks"]
     if short and (
         core != "tma" or split_n or topk is not None or block_m != 128 or block_size != 256
@@ -2574,8 +2729,20 @@ def _moe_tile(
             f"(block_size=256), no split_n and no gather; got core={core!r}, block_m={block_m}, "
             f"block_size={block_size}, split_n={split_n}"
         )
+    stage_split = 1
     if core == "tma":
-        plan_tma(name, block_m, per_n * sub, k, block_size, stages, o["smem_limit"])
+        staged = 0
+        if ring_passes > 1 and o["stage_output"]:
+            # The staging buffer: the pass's block, or as few parts of it (of
+            # at least 64 columns) as fit beside the ring.
+            ring_bytes = tma_smem_bytes(block_m, per_n * sub, stages)
+            while (
+                ring_bytes + block_m * sub * 2 // stage_split > o["smem_limit"]
+                and sub // (2 * stage_split) >= 64 and not split_n
+            ):  # fmt: skip
+                stage_split *= 2
+            staged = block_m * sub * 2 // stage_split
+        plan_tma(name, block_m, per_n * sub, k, block_size, stages, o["smem_limit"], staged)
         wm, wn = 1, groups
     else:
         wm, wn = plan(
@@ -2595,7 +2762,10 @@ def _moe_tile(
         (a, w, out), indptr = ("Hb", "Wd", sums if ctopk else "Yp"), "%dn_indptr"
     t = _Text()
     r0, r1, n0, row_blocks = _moe_prologue(t, indptr, it, block_m, block_n)
-    n0 = _sub_loop(t, n0, block_n, sub)
+    pass_var = t.fresh("pass")
+    n_first = n0  # the first pass's columns (the ring's B boxes step on from there)
+    if ring_passes == 1:
+        n0 = _sub_loop(t, n0, block_n, sub)
     alast = t.op("alast", f"arith.subi {r1}, {t.c(1)} : index")
     cw = sub // wn
     up_off = t.c(inter - block_n) if gate else None
@@ -2618,7 +2788,8 @@ def _moe_tile(
 
     def epilogue(t: _Text, acc, rows, wn_i, col_lane) -> None:
         nf = len(acc[0]) // per_n
-        wcol = t.add(t.add(n0, t.mul(wn_i, cw)), col_lane)
+        n_pass = t.add(n_first, t.mul(pass_var, sub)) if ring_passes > 1 else n0
+        wcol = t.add(t.add(n_pass, t.mul(wn_i, cw)), col_lane)
         cols = [t.add(wcol, 8 * f) for f in range(nf)]
         values = _mma.swiglu(t, acc, nf) if gate else acc
         if ctopk is None:
@@ -2662,9 +2833,10 @@ def _moe_tile(
             t, name=name, k=k, block_m=block_m, b_rows=per_n * sub, block_size=block_size,
             stages=stages, a_loads=a_loads, b_loads=b_loads, r0=r0, epilogue=epilogue,
             stage_output=o["stage_output"], split_n=split_n, gather=gather,
-            second_busy=second_busy, refill=o["refill"],
+            second_busy=second_busy, refill=o["refill"], passes=ring_passes, b_step=sub,
+            pass_var=pass_var, stage_cols=sub, stage_split=stage_split,
         )  # fmt: skip
-        if sub != block_n:
+        if sub != block_n and ring_passes == 1:
             t.end()
     else:
         globals_ = _body(
