@@ -168,12 +168,131 @@ def build(out: Path) -> None:
             print("built", _name(shape, variant), flush=True)
 
 
+def _measure(torch, kernels, gmm, counts, shape: str, case: tuple, reps: int) -> dict:
+    """One result row: ``shape``'s GEMM over experts with ``counts`` rows
+    each, every variant checked against float32 torch first, then timed."""
+    import numpy as np
+
+    from bench.timing import gpu_timed
+
+    label, per_expert, T = case
+    M_rows = int(counts.sum())
+    k, n_w = (HIDDEN, 2 * INTER) if shape == "gate_up" else (INTER, HIDDEN)
+    Xs = [torch.randn(M_rows, k, device="cuda").to(torch.bfloat16) for _ in range(COPIES)]
+    Ws = [
+        (torch.randn(EXPERTS, n_w, k, device="cuda") * k**-0.5).to(torch.bfloat16)
+        for _ in range(COPIES)
+    ]
+    Wts = [w.transpose(1, 2) for w in Ws]
+    row_off_np = np.concatenate([[0], np.cumsum(counts)])
+
+    def finish(y):  # the float32 product of the GEMM's full width -> the output
+        return swiglu(torch, y, INTER) if shape == "gate_up" else y
+
+    def want(i):
+        y = torch.empty(M_rows, n_w, device="cuda")
+        for e in range(EXPERTS):
+            a, b = int(row_off_np[e]), int(row_off_np[e + 1])
+            if b > a:
+                y[a:b] = Xs[i][a:b].float() @ Ws[i][e].float().T
+        return finish(y)
+
+    wants = [want(i) for i in range(COPIES)]
+    flops = 2 * M_rows * n_w * k
+    row = {
+        "case": label, "T": T, "rows": M_rows, "shape": shape,
+        "rows_per_expert": {"min": int(counts.min()), "max": int(counts.max())},
+        "us": {}, "tflops": {}, "rel_err": {},
+    }  # fmt: skip
+
+    def record(variant, fn, check=None):
+        if check is not None:
+            err = max(rel_err(check(i), wants[i]) for i in range(COPIES))
+            row["rel_err"][variant] = err
+            if not err <= 1e-2:
+                print(f"{variant}: WRONG (rel err {err:.3g}) at {label} T={T} {shape}")
+                return
+        us = gpu_timed(torch, fn, COPIES, reps)
+        row["us"][variant] = us
+        row["tflops"][variant] = flops / us / 1e6
+
+    if per_expert:
+        Xbs = [x.view(EXPERTS, per_expert, k) for x in Xs]
+
+        def bmm(i):
+            return torch.matmul(Xbs[i % COPIES], Wts[i % COPIES])
+
+        record("cublas", bmm, lambda i: finish(bmm(i).reshape(M_rows, -1)))
+        if shape == "gate_up":
+
+            def bmm_act(i):
+                y = bmm(i)
+                return torch.nn.functional.silu(y[..., :INTER]) * y[..., INTER:]
+
+            record("cublas+swiglu", bmm_act)
+    if gmm is not None:
+        offs = torch.tensor(row_off_np[1:], dtype=torch.int32, device="cuda")
+
+        def grouped(i):
+            return gmm(Xs[i % COPIES], Wts[i % COPIES], offs=offs)
+
+        try:
+            record("torch._grouped_mm", grouped, lambda i: finish(grouped(i)))
+        except Exception as exc:  # an older torch: report, go on
+            row["rel_err"]["torch._grouped_mm"] = repr(exc)
+    for variant in VARIANTS:
+        _measure_etc(torch, kernels[(shape, variant)], variant, shape, counts, Xs, Ws, record)
+    base = row["tflops"].get("cublas") or row["tflops"].get("torch._grouped_mm")
+    best = max((v for key, v in row["tflops"].items() if key.startswith("etc")), default=0)
+    row["best_etc_over_base"] = best / base if base else None
+    print(
+        f"{label:7s} T={T:5d} {shape:7s} rows/expert {counts.min()}-{counts.max()}: "
+        + ", ".join(f"{key} {v:.1f} us" for key, v in row["us"].items())
+        + f"; best ETC / {'cuBLAS' if 'cublas' in row['tflops'] else 'grouped_mm'} "
+        + (f"{row['best_etc_over_base']:.2f}" if base else "-"),
+        flush=True,
+    )
+    return row
+
+
+def _measure_etc(torch, kernel, variant: str, shape: str, counts, Xs, Ws, record) -> None:
+    """``record`` the ETC ``kernel`` (a failure is reported, not raised)."""
+    cfg = _config(variant)
+    M_rows = int(counts.sum())
+    n_y = INTER if shape == "gate_up" else HIDDEN
+    bn = cfg.block_n_gu if shape == "gate_up" else cfg.block_n_dn
+    row_off, indptr, n_tiles = tables(counts, cfg.block_m, n_y // bn)
+    Y = torch.empty(M_rows, n_y, device="cuda", dtype=torch.bfloat16)
+    fixed = {
+        "row_off": torch.from_numpy(row_off).cuda(),
+        "indptr": torch.from_numpy(indptr).cuda(),
+        "Y": Y,
+    }
+
+    def launch(i):
+        kernel.launch(
+            {"X": Xs[i % COPIES], "W": Ws[i % COPIES], **fixed},
+            {"m": M_rows, "tiles": n_tiles},
+            sync=False,
+        )
+
+    def launched(i):
+        Y.fill_(float("nan"))
+        launch(i)
+        kernel.check()
+        return Y.clone()
+
+    try:
+        record(f"etc {variant}", launch, launched)
+    except Exception as exc:  # report and go on with the others
+        print(f"etc {variant}: FAILED on {shape}: {exc}")
+
+
 def run(artifacts: Path, out: Path | None, reps: int) -> dict:
     import numpy as np
     import torch
 
     import etc.runtime
-    from bench.timing import gpu_timed
 
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -184,132 +303,14 @@ def run(artifacts: Path, out: Path | None, reps: int) -> dict:
         for s in ("gate_up", "down")
     }
     rows = []
-    for label, per_expert, T in CASES:
-        counts = (np.full(EXPERTS, per_expert) if per_expert else routing_counts(T, seed=T)).astype(
-            np.int64
-        )
-        M_rows = int(counts.sum())
+    for case in CASES:
+        _, per_expert, T = case
+        counts = np.full(EXPERTS, per_expert) if per_expert else routing_counts(T, seed=T)
         for shape in ("gate_up", "down"):
-            k, n_w = (HIDDEN, 2 * INTER) if shape == "gate_up" else (INTER, HIDDEN)
-            n_y = INTER if shape == "gate_up" else HIDDEN
-            Xs = [torch.randn(M_rows, k, device="cuda").to(torch.bfloat16) for _ in range(COPIES)]
-            Ws = [
-                (torch.randn(EXPERTS, n_w, k, device="cuda") * k**-0.5).to(torch.bfloat16)
-                for _ in range(COPIES)
-            ]
-            row_off_np = np.concatenate([[0], np.cumsum(counts)])
-
-            def want(i, Xs=Xs, Ws=Ws, row_off_np=row_off_np, shape=shape):
-                y = torch.empty(M_rows, Ws[i].shape[1], device="cuda")
-                for e in range(EXPERTS):
-                    a, b = int(row_off_np[e]), int(row_off_np[e + 1])
-                    if b > a:
-                        y[a:b] = Xs[i][a:b].float() @ Ws[i][e].float().T
-                return swiglu(torch, y, INTER) if shape == "gate_up" else y
-
-            wants = [want(i) for i in range(COPIES)]
-            flops = 2 * M_rows * n_w * k
-            row = {
-                "case": label, "T": T, "rows": M_rows, "shape": shape,
-                "rows_per_expert": {"min": int(counts.min()), "max": int(counts.max())},
-                "us": {}, "tflops": {}, "rel_err": {},
-            }  # fmt: skip
-
-            def record(variant, fn, check=None, row=row, flops=flops):
-                if check is not None:
-                    err = max(rel_err(check(i), wants[i]) for i in range(COPIES))
-                    row["rel_err"][variant] = err
-                    if not err <= 1e-2:
-                        print(f"{variant}: WRONG (rel err {err:.3g}) at {label} T={T} {shape}")
-                        return
-                us = gpu_timed(torch, fn, COPIES, reps)
-                row["us"][variant] = us
-                row["tflops"][variant] = flops / us / 1e6
-
-            Wts = [w.transpose(1, 2) for w in Ws]
-            if per_expert:
-                Xbs = [x.view(EXPERTS, per_expert, k) for x in Xs]
-
-                def bmm(i, Xbs=Xbs, Wts=Wts):
-                    return torch.matmul(Xbs[i % COPIES], Wts[i % COPIES])
-
-                def bmm_out(i, bmm=bmm, shape=shape):
-                    y = bmm(i).reshape(M_rows, -1)
-                    return swiglu(torch, y, INTER) if shape == "gate_up" else y
-
-                record("cublas", bmm, bmm_out)
-                if shape == "gate_up":
-
-                    def bmm_act(i, bmm=bmm):
-                        y = bmm(i)
-                        return torch.nn.functional.silu(y[..., :INTER]) * y[..., INTER:]
-
-                    record("cublas+swiglu", bmm_act)
-            if gmm is not None:
-                offs = torch.tensor(row_off_np[1:], dtype=torch.int32, device="cuda")
-
-                def grouped(i, Xs=Xs, Wts=Wts, offs=offs):
-                    return gmm(Xs[i % COPIES], Wts[i % COPIES], offs=offs)
-
-                def grouped_out(i, grouped=grouped, shape=shape):
-                    y = grouped(i)
-                    return swiglu(torch, y, INTER) if shape == "gate_up" else y
-
-                try:
-                    record("torch._grouped_mm", grouped, grouped_out)
-                except Exception as exc:  # an older torch: report, go on
-                    row["rel_err"]["torch._grouped_mm"] = repr(exc)
-            for variant in VARIANTS:
-                cfg = _config(variant)
-                bn = cfg.block_n_gu if shape == "gate_up" else cfg.block_n_dn
-                row_off, indptr, n_tiles = tables(counts, cfg.block_m, n_y // bn)
-                kernel = kernels[(shape, variant)]
-                Y = torch.empty(M_rows, n_y, device="cuda", dtype=torch.bfloat16)
-                fixed = {
-                    "row_off": torch.from_numpy(row_off).cuda(),
-                    "indptr": torch.from_numpy(indptr).cuda(),
-                    "Y": Y,
-                }
-
-                def launch(i, kernel=kernel, fixed=fixed, Xs=Xs, Ws=Ws, n_tiles=n_tiles):
-                    kernel.launch(
-                        {"X": Xs[i % COPIES], "W": Ws[i % COPIES], **fixed},
-                        {"m": M_rows, "tiles": n_tiles},
-                        sync=False,
-                    )
-
-                def launched(i, launch=launch, kernel=kernel, Y=Y):
-                    Y.fill_(float("nan"))
-                    launch(i)
-                    kernel.check()
-                    return Y.clone()
-
-                try:
-                    record(f"etc {variant}", launch, launched)
-                except Exception as exc:  # report and go on with the others
-                    row["rel_err"][f"etc {variant}"] = repr(exc)
-                    print(f"etc {variant}: FAILED at {label} T={T} {shape}: {exc}")
-            base = row["tflops"].get("cublas") or row["tflops"].get("torch._grouped_mm")
-            best = max((v for key, v in row["tflops"].items() if key.startswith("etc")), default=0)
-            row["best_etc_over_base"] = best / base if base else None
-            print(
-                f"{label:7s} T={T:5d} {shape:7s} rows/expert {counts.min()}-{counts.max()}: "
-                + ", ".join(f"{key} {v:.1f} us" for key, v in row["us"].items())
-                + f"; best ETC / {'cuBLAS' if 'cublas' in row['tflops'] else 'grouped_mm'} "
-                + (f"{row['best_etc_over_base']:.2f}" if base else "-"),
-                flush=True,
-            )
-            rows.append(row)
-            del Xs, Ws, Wts, wants
+            rows.append(_measure(torch, kernels, gmm, counts.astype(np.int64), shape, case, reps))
             torch.cuda.empty_cache()
-    return save_sweep(
-        torch,
-        __doc__,
-        rows,
-        out,
-        "gemm_grouped.json",
-        variants={k: repr(v) for k, v in VARIANTS.items()},
-    )
+    variants = {k: repr(v) for k, v in VARIANTS.items()}
+    return save_sweep(torch, __doc__, rows, out, "gemm_grouped.json", variants=variants)
 
 
 def main(argv: list[str] | None = None) -> int:
