@@ -367,6 +367,14 @@ VARIANTS["l2rest_qod"] = _large(
     ("projection_options", tuple((p, _L2REST) for p in ("qkv_proj", "o_proj", "down_proj")))
 )
 VARIANTS["l2rest_d"] = _large(("projection_options", (("down_proj", _L2REST),)))
+# Session 36: the large kernel's argmax in parts again (its tiles are called
+# now, so the part tiles no longer make the attention spill, the +90 µs that
+# made it take the whole-row argmax), and LM head blocks dealt in about two
+# whole rounds of 264 CTAs (1002 blocks of 128 are 3.8 rounds; the widths must
+# divide 128256: 501 of 256 are 1.9, 668 of 192 are 2.5).
+VARIANTS["argparts"] = _large(("argmax_whole", False))
+VARIANTS["lm256"] = _large(("bn_lm", 256), ("projection_options", (("lm_head", (("stages", 2),)),)))
+VARIANTS["lm192"] = _large(("bn_lm", 192), ("projection_options", (("lm_head", (("stages", 3),)),)))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

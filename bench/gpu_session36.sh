@@ -2,7 +2,7 @@
 # Thirty-sixth session (bench/RESULTS.md, items 158-): the MoE expert GEMMs as the
 # layer runs them (grouped, against cuBLAS's batched GEMM), and where the decoder's
 # split attention loses. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session36.sh [grouped] [trace] [tests] [moe] [adopt] [checks] [moebench] ...
+# Usage: bash bench/gpu_session36.sh [grouped] [trace] [tests] [moe] [adopt] [checks] [moebench] [sweep] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s36
@@ -69,6 +69,12 @@ for step in ${*:-grouped}; do
     # .device/s36b/moefull/moe)
     BENCH_MOE_CONFIGS=auto timeout 520 python bench/moe.py --artifacts .device/s36b/moefull/moe \
       --out "$OUT" 2>&1 | tee "$OUT/moe_full.txt" | tail -40
+    ;;
+  sweep)  # the large kernel's argmax in parts, LM head blocks of 256 / 192, B = 32 and 64
+    # (DECODE_SWEEP_VARIANTS=default,argparts,lm256,lm192 python bench/decode_sweep.py
+    # --build .device/s36sw)
+    SWEEP_TMP=/tmp/s36 sweep_passes s36_sweep ${SWEEP_VARIANTS:-default,argparts,lm256,lm192} \
+      32,64 1024,4096 .device/s36sw
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
