@@ -86,3 +86,18 @@ gemm_passes() {
     cp $tmp/$name$pass/gemm_tma.json "$OUT/$name$pass.json"
   done
 }
+
+# The MoE one-artifact family's GPU tests (ARTS: make_artifacts.py --only
+# moe_small_family) and examples/moe.py --preset auto over the real-size
+# artifact AUTO on both sides of every preset bound and on skewed routings,
+# appended to $OUT/FILE: moe_checks ARTS AUTO FILE
+moe_checks() {
+  local arts=$1 auto=$2 file=$3
+  ETC_ARTIFACTS=$arts timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
+    -k one_artifact 2>&1 | tee -a "$OUT/$file" | tail -3
+  ex() { timeout 150 python examples/moe.py --preset auto --artifact "$auto" "$@" 2>&1 \
+    | tee -a "$OUT/$file"; }
+  ex --tokens 1,9,1024,2048,2049,3000,4096 | tail -9
+  ex --routing one-expert --tokens 2049,4095 | tail -4
+  ex --routing few-experts --tokens 4095 | tail -3
+}

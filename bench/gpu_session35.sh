@@ -92,12 +92,7 @@ sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__m_xbar2l1tex_read_bytes.
     # python examples/moe.py --preset auto --save-artifact .device/s35/moeex/auto;
     # BENCH_MOE_LEAN=1 BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=prefill,prefill_large,auto
     # BENCH_MOE_SIZES=1024,2048,3072,4096 python bench/moe.py --build .device/s35/moeab/moe)
-    ETC_ARTIFACTS=.device/s35/moeart timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
-      -k one_artifact 2>&1 | tee "$OUT/tests_family.txt" | tail -3
-    run() { timeout 150 python examples/moe.py "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
-    run --preset auto --artifact .device/s35/moeex/auto --tokens 1,9,1024,2048,2049,3000,4096 | tail -9
-    run --preset auto --artifact .device/s35/moeex/auto --routing one-expert --tokens 2049,4095 | tail -4
-    run --preset auto --artifact .device/s35/moeex/auto --routing few-experts --tokens 4095 | tail -3
+    moe_checks .device/s35/moeart .device/s35/moeex/auto examples.txt
     AB_TMP=/tmp/s35/ab AB_GREP=GPU moe_ab moe_large prefill,prefill_large,auto 1024,2048,3072,4096 \
       .device/s35/moeab
     ;;

@@ -46,23 +46,13 @@ for step in ${*:-grouped}; do
     # BENCH_MOE_LEAN=1 BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=prefill,pre_noring,
     # prefill_large,pl_noring,auto BENCH_MOE_SIZES=1024,2048,3072,4096 python bench/moe.py
     # --build .device/s36b/moeab/moe)
-    ETC_ARTIFACTS=.device/s36b/moeart timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
-      -k one_artifact 2>&1 | tee "$OUT/tests_family.txt" | tail -3
-    ex() { timeout 150 python examples/moe.py "$@" 2>&1 | tee -a "$OUT/examples.txt"; }
-    ex --preset auto --artifact .device/s36b/moeex/auto --tokens 1,9,1024,2048,2049,3000,4096 | tail -9
-    ex --preset auto --artifact .device/s36b/moeex/auto --routing one-expert --tokens 2049,4095 | tail -4
-    ex --preset auto --artifact .device/s36b/moeex/auto --routing few-experts --tokens 4095 | tail -3
+    moe_checks .device/s36b/moeart .device/s36b/moeex/auto examples.txt
     AB_TMP=/tmp/s36/ab AB_GREP=GPU moe_ab moe_ring prefill,pre_noring,prefill_large,pl_noring,auto \
       1024,2048,3072,4096 .device/s36b/moeab
     ;;
   checks)  # after prefill_large took the down ring (prefill did not): the family's GPU
     # tests and the real-size examples, into one file (builds as in adopt)
-    ETC_ARTIFACTS=.device/s36b/moeart timeout 200 python -m pytest -q -rs test/gpu/test_moe_gpu.py \
-      -k one_artifact 2>&1 | tee -a "$OUT/checks.txt" | tail -3
-    ex() { timeout 150 python examples/moe.py "$@" 2>&1 | tee -a "$OUT/checks.txt"; }
-    ex --preset auto --artifact .device/s36b/moeex/auto --tokens 1,9,1024,2048,2049,3000,4096 | tail -9
-    ex --preset auto --artifact .device/s36b/moeex/auto --routing one-expert --tokens 2049,4095 | tail -4
-    ex --preset auto --artifact .device/s36b/moeex/auto --routing few-experts --tokens 4095 | tail -3
+    moe_checks .device/s36b/moeart .device/s36b/moeex/auto checks.txt
     ;;
   moebench)  # the MoE issue's benchmark (every baseline, both schedules, the unfused path)
     # over the one artifact (BENCH_MOE_CONFIGS=auto python bench/moe.py --build
