@@ -55,6 +55,7 @@ VARIANTS = {
         gate_up_options=(*_RING, ("sub_n", 128), ("smem_limit", 226 << 10)),
         down_options=(*_RING, ("sub_n", 256), ("smem_limit", 226 << 10)),
     )),
+    "large1024": ("prefill_large", dict(block_n_dn=1024)),
     "ring3": ("prefill", dict(
         block_n_gu=256, block_n_dn=512,
         gate_up_options=(*_RING, ("sub_n", 128), ("stages", 3)),

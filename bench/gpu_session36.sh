@@ -2,7 +2,7 @@
 # Thirty-sixth session (bench/RESULTS.md, items 158-): the MoE expert GEMMs as the
 # layer runs them (grouped, against cuBLAS's batched GEMM), and where the decoder's
 # split attention loses. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session36.sh [grouped] [trace] [tests] [moe] [adopt] [checks] [moebench] [sweep] ...
+# Usage: bash bench/gpu_session36.sh [grouped] [trace] [tests] [moe] [adopt] [checks] [moebench] [sweep] [regress] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s36
@@ -37,7 +37,8 @@ for step in ${*:-grouped}; do
     # (BENCH_MOE_SCHEDULES=static BENCH_MOE_LEAN=1 BENCH_MOE_CONFIGS=<these> python
     # bench/moe.py --build .device/s36moe/moe)
     AB_TMP=/tmp/s36 moe_ab s36_moe \
-      ${MOE_CONFIGS:-prefill_large,pl_ring,pl_ring_gu,pl_ring_dn} 1024,4096 .device/s36moe
+      ${MOE_CONFIGS:-prefill_large,pl_ring,pl_ring_gu,pl_ring_dn} ${MOE_SIZES:-1024,4096} \
+      ${MOE_DIR:-.device/s36moe}
     ;;
   adopt)  # the presets with the down ring: the family's GPU tests, the real-size examples,
     # and the prefill kernels against their former (ringless) selves
@@ -65,6 +66,11 @@ for step in ${*:-grouped}; do
     # --build .device/s36sw)
     SWEEP_TMP=/tmp/s36 sweep_passes s36_sweep ${SWEEP_VARIANTS:-default,argparts,lm256,lm192} \
       32,64 1024,4096 .device/s36sw
+    ;;
+  regress)  # every MoE and GEMM GPU test over this session's tiles (python
+    # test/gpu/make_artifacts.py .device/s36all --only moe_small; ... --only gemm)
+    ETC_ARTIFACTS=.device/s36all timeout 500 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_moe_gpu.py test/gpu/test_gemm_gpu.py 2>&1 | tee "$OUT/regress.txt" | tail -8
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -484,6 +484,8 @@ CONFIGS["pre_ring"] = {
     **M.PRESETS["prefill"], "block_n_dn": 512,
     "down_options": M.PRESETS["prefill_large"]["down_options"],
 }  # fmt: skip
+# ... its down tiles 1024 wide in four passes of 256.
+CONFIGS["pl_dn1024"] = {**M.PRESETS["prefill_large"], "block_n_dn": 1024}
 CONFIGS["pl_ring"] = {
     **_PL, "block_n_gu": 256, "block_n_dn": 512,
     "gate_up_options": (*_PL["gate_up_options"], *_GU_RING),
@@ -585,6 +587,7 @@ TARGETS = {
         "pre_noring",
         "pre_ring",
         "pl_noring",
+        "pl_dn1024",
         "prefill_large_ol",
         "pl_ring_ol",
         "pl_ring_gu_ol",
