@@ -30,7 +30,7 @@ for step in ${*:-grouped}; do
     # (python test/gpu/make_artifacts.py .device/s36art --only P for P in moe_small_tma_
     # moe_small_tma_ring moe_small_tma_static moe_small_tma_dynamic)
     ETC_ARTIFACTS=.device/s36art timeout 300 python -m pytest -q -rfs --tb=short \
-      test/gpu/test_moe_gpu.py -k "ring_passes or session33 or short_blocks" 2>&1 \
+      test/gpu/test_moe_gpu.py -k "${TESTS_K:-ring_passes or session33 or short_blocks}" 2>&1 \
       | tee "$OUT/tests.txt" | tail -5
     ;;
   moe)  # the layer with the ring passes against prefill_large, T = 1024 and 4096

@@ -257,8 +257,7 @@ def _moe_small_ring():
     # over 3 k-tiles (the prologue's loads reach into the second pass);
     # refilled when free and staged through a buffer of their own (down's
     # in two 64-column parts, which is all that fits beside its ring under
-    # a 150 KiB limit), or (the second) refilled by a wait, gate/up staged,
-    # down stored directly.
+    # a 150 KiB limit), or (the second) with the down block stored directly.
     gu_ring = (("sub_n", 64), ("sub_ring", True))
     dn_ring = (("sub_n", 128), ("sub_ring", True), ("stages", 4))
     test = dataclasses.replace(
@@ -268,16 +267,17 @@ def _moe_small_ring():
             *MOE_SMALL_TMA.down_options, *dn_ring, ("refill", "test"), ("smem_limit", 150 << 10),
         ),
     )  # fmt: skip
-    wait = dataclasses.replace(
+    direct = dataclasses.replace(
         test,
-        gate_up_options=(*MOE_SMALL_TMA.gate_up_options, *gu_ring),
-        down_options=(*MOE_SMALL_TMA.down_options, *dn_ring, ("stage_output", False)),
-    )
-    return test, wait
+        down_options=(
+            *MOE_SMALL_TMA.down_options, *dn_ring, ("refill", "test"), ("stage_output", False),
+        ),
+    )  # fmt: skip
+    return test, direct
 
 
 #: MOE_SMALL_TMA with each instance's column passes through one ring (sm_90a).
-MOE_SMALL_TMA_RING, MOE_SMALL_TMA_RING_WAIT = _moe_small_ring()
+MOE_SMALL_TMA_RING, MOE_SMALL_TMA_RING_DIRECT = _moe_small_ring()
 
 
 def _chunked(cfg, gate_up: int = 64, down: int = 32):

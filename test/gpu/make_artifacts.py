@@ -83,7 +83,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_CHUNK,
     MOE_SMALL_TMA_REFILL,
     MOE_SMALL_TMA_RING,
-    MOE_SMALL_TMA_RING_WAIT,
+    MOE_SMALL_TMA_RING_DIRECT,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         ("tma_short", MOE_SMALL_TMA_SHORT), ("tma_chunk", MOE_SMALL_TMA_CHUNK),
         ("gather_tma", MOE_SMALL_GATHER_TMA), ("tma_refill", MOE_SMALL_TMA_REFILL),
         ("bulk_permute", MOE_SMALL_BULK_PERMUTE), ("tma_ring", MOE_SMALL_TMA_RING),
-        ("tma_ring_wait", MOE_SMALL_TMA_RING_WAIT),
+        ("tma_ring_direct", MOE_SMALL_TMA_RING_DIRECT),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

@@ -55,7 +55,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_CHUNK,
     MOE_SMALL_TMA_REFILL,
     MOE_SMALL_TMA_RING,
-    MOE_SMALL_TMA_RING_WAIT,
+    MOE_SMALL_TMA_RING_DIRECT,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
     SCHEDULES,
@@ -292,10 +292,10 @@ def test_ring_passes_give_the_plain_tiles_bits(schedule: str) -> None:
     # Wider blocks whose column passes share one TMA ring (the next pass's
     # k-tiles load during this one's epilogue) compute each output as the
     # plain 64-column tiles do: the layer's output is the plain TMA layer's
-    # bit for bit, refilled when free or by a wait, staged or not.
+    # bit for bit, the blocks staged (down's in two parts) or stored directly.
     for variant, cfg in (
         ("tma_ring", MOE_SMALL_TMA_RING),
-        ("tma_ring_wait", MOE_SMALL_TMA_RING_WAIT),
+        ("tma_ring_direct", MOE_SMALL_TMA_RING_DIRECT),
     ):
         for T, routing, _, _, a, b in _paired(variant, "", schedule, cfg, MOE_SMALL_TMA):
             np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"{variant} T={T} {routing}")

@@ -373,14 +373,12 @@ def test_ring_passes_share_one_ring_and_errors():
     assert ring.reference is not None
     halves = G.moe_down(
         128, 256, H, I, experts=E, core="tma", smem_limit=150 << 10, stages=4, sub_n=128,
-        sub_ring=True,
+        sub_ring=True, refill="test",
     )  # fmt: skip
     assert "@moe_down_tc__stage : memref<128x64xbf16" in halves.source
     assert halves.source.count("ld.shared.v4.b32") == 2 * ring.source.count("ld.shared.v4.b32")
-    one = G.moe_down(
-        128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, sub_n=128, sub_ring=True
-    )
-    assert one.source == G.moe_down(128, 128, H, I, experts=E, core="tma", smem_limit=SMEM).source
+    one = G.moe_down(128, 128, H, I, **kw, sub_ring=True)
+    assert one.source == G.moe_down(128, 128, H, I, **kw).source
     with pytest.raises(GraphError, match="moe_gate_up_tc.*sub_ring .* no gather_topk"):
         G.moe_gate_up(
             128, 128, H, I, experts=E, core="tma", smem_limit=SMEM, gather_topk=2, sub_n=64,
@@ -388,6 +386,9 @@ def test_ring_passes_share_one_ring_and_errors():
         )  # fmt: skip
     with pytest.raises(GraphError, match="moe_down_tc.*sub_ring .* or short_blocks"):
         G.moe_down(128, 256, H, I, sub_ring=True, short_blocks=True, **kw)
+    # A wait in the refill made ptxas serialize some such tiles' wgmma (C7520).
+    with pytest.raises(GraphError, match="moe_down_tc.*refill='test'\\), not refill='wait'"):
+        G.moe_down(128, 256, H, I, **{**kw, "refill": "wait"}, sub_ring=True)
     with pytest.raises(GraphError, match="a 16384-byte staging buffer need"):
         G.moe_down(
             128, 256, H, I, experts=E, core="tma", smem_limit=130 << 10, stages=4, sub_n=128,

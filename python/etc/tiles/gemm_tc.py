@@ -1159,7 +1159,8 @@ def _body_tma(
     further on (the next columns of a wider block; ``A`` the same), through
     one ring: its k-tiles are counted over all passes, so the next pass's
     first loads go out during this pass's last k-tiles and its epilogue, as
-    a persistent GEMM's producer runs ahead into its next tile. The
+    a persistent GEMM's producer runs ahead into its next tile (refilled
+    when free: ``refill="test"``). The
     epilogue (which computes its columns from ``pass_var``) then stages
     its block of ``stage_cols`` columns (``b_rows`` unless given) through a
     buffer of its own, ``@<name>__stage``, not the ring: ``stage_cols /
@@ -1209,6 +1210,13 @@ def _body_tma(
         raise GraphError(
             f"tile '{name}': passes={passes} must be positive; several passes through one "
             "ring take no gather, idle warpgroup, prefetched weights or epilogue prologue"
+        )
+    if passes > 1 and refill != "test":
+        # A wait in the refill makes ptxas serialize the k loop's wgmma for
+        # some of these tiles (warning C7520), so passes refill by test only.
+        raise GraphError(
+            f"tile '{name}': several passes through one ring refill a stage when it is "
+            f"free (refill='test'), not refill={refill!r}"
         )
     if stage_split < 1 or (stage_split > 1 and (passes == 1 or split_n)):
         raise GraphError(
@@ -1331,23 +1339,13 @@ def _body_tma(
         db = _descriptor(t, t.add(b_stage, 32 * ks))
         acc = _wgmma(t, acc, da, db, wg_rows)
     acc = _wgmma_wait(t, acc, pending=1)
-    # The previous k-tile's wgmma is done: release its stage, and refill it.
-    # (With passes and refill="wait", a pass's first k-tile refills the
-    # stage of the previous pass's last, which its epilogue gave back.)
-    deferred = multi and not lazy
-    has_prev = t.op("prev", f"arith.cmpi uge, {g if deferred else '%kt'}, {t.c(1)} : index")
+    # The previous k-tile's wgmma is done: release its stage, and refill it
+    # (a pass's last k-tile's stage goes back after the pass).
+    has_prev = t.op("prev", f"arith.cmpi uge, %kt, {t.c(1)} : index")
     t.emit(f"scf.if {has_prev} {{")
     t.indent = lo + "    "
     prev = t.op("p", f"arith.subi {g}, {t.c(1)} : index")
-    if deferred:
-        in_pass = t.op("prev", f"arith.cmpi uge, %kt, {t.c(1)} : index")
-        t.emit(f"scf.if {in_pass} {{")
-        t.indent += "  "
-        _release_stage(t, prev, stages, bar, lane0)
-        t.end()
-        pstage = t.bin("remui", prev, stages)
-    else:
-        pstage = _release_stage(t, prev, stages, bar, lane0)
+    pstage = _release_stage(t, prev, stages, bar, lane0)
     nxt = t.add(prev, stages)
     more = t.op("more", f"arith.cmpi ult, {nxt}, {t.c(total)} : index")
     if gather_issue is not None:  # this warp's rows of the stage: its wgmma read them
@@ -2605,7 +2603,7 @@ def _moe_prologue(t: _Text, indptr: str, it: str, block_m: int, block_n: int):
 #: in ``etc.tiles.gemm.chunk_weights``' layout, read through a 4-D map);
 #: ``sub_ring`` (with ``sub_n``): the passes share one ring, so the next
 #: pass's first k-tiles load during this pass's last ones and its epilogue
-#: (``_body_tma(passes=...)``; not with a gather or ``short_blocks``).
+#: (``_body_tma(passes=...)``; ``refill="test"``, no gather or ``short_blocks``).
 MOE_OPTIONS: dict[str, Any] = dict(
     block_size=256, warps=None, stages=3, smem_limit=SMEM_LIMIT, core="mma", block_k=BLOCK_K,
     inflight=0, stage_output=True, split_n=False, sub_n=None, short_blocks=False,
