@@ -2,7 +2,7 @@
 # Thirty-sixth session (bench/RESULTS.md, items 158-): the MoE expert GEMMs as the
 # layer runs them (grouped, against cuBLAS's batched GEMM), and where the decoder's
 # split attention loses. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session36.sh [grouped] [trace] [tests] [moe] [adopt] [checks] [moebench] [sweep] [regress] ...
+# Usage: bash bench/gpu_session36.sh [grouped] [trace] [tests] [moe] [adopt] [checks] [moebench] [sweep] [regress] [moetrace] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s36
@@ -71,6 +71,14 @@ for step in ${*:-grouped}; do
     # test/gpu/make_artifacts.py .device/s36all --only moe_small; ... --only gemm)
     ETC_ARTIFACTS=.device/s36all timeout 500 python -m pytest -q -rfs --tb=short \
       test/gpu/test_moe_gpu.py test/gpu/test_gemm_gpu.py 2>&1 | tee "$OUT/regress.txt" | tail -8
+    ;;
+  moetrace)  # where prefill_large's T = 4096 launch goes now (BENCH_MOE_SCHEDULES=static
+    # BENCH_MOE_CONFIGS=prefill_large BENCH_MOE_SIZES=4096 python bench/moe_trace.py --build
+    # .device/s36tr2)
+    BENCH_MOE_SCHEDULES=static BENCH_MOE_CONFIGS=prefill_large BENCH_MOE_SIZES=4096 \
+      BENCH_MOE_CHROME=0 timeout 200 python bench/moe_trace.py --artifacts .device/s36tr2 \
+      --out /tmp/s36/mtr 2>&1 | tail -30
+    cp /tmp/s36/mtr/moe_trace.txt "$OUT/moe_trace.txt"
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
