@@ -475,6 +475,13 @@ CONFIGS["pre16_tb32_bp48"] = {**M.PRESETS["prefill"], "topk_block": 32, "permute
 _PL = M.PRESETS["prefill_large"]
 _GU_RING = (("sub_n", 128), ("sub_ring", True), ("smem_limit", 226 << 10))
 _DN_RING = (("sub_n", 256), ("sub_ring", True), ("smem_limit", 226 << 10))
+# Session 36: the permute dealt over the first 32 / 64 CTAs only (four / two
+# experts each, in expert order), so the other CTAs start the first experts'
+# gate/up tiles early; with the GEMM tiles dealt by ticket, which lets the
+# CTAs that did not permute take more of them.
+CONFIGS["pl_pc32"] = {**M.PRESETS["prefill_large"], "permute_ctas": 32}
+CONFIGS["pl_pc64"] = {**M.PRESETS["prefill_large"], "permute_ctas": 64}
+CONFIGS["pl_pc32_tk"] = {**CONFIGS["pl_pc32"], "gemm_deal": "ticket"}
 # prefill_large before it took the down ring (session 36, item 159); the
 # prefill preset, which keeps its 256-column down tiles, with the ring.
 _NORING = {"block_n_dn": 256, "down_options": M.PRESETS["prefill"]["down_options"]}
@@ -588,6 +595,9 @@ TARGETS = {
         "pre_ring",
         "pl_noring",
         "pl_dn1024",
+        "pl_pc32",
+        "pl_pc64",
+        "pl_pc32_tk",
         "prefill_large_ol",
         "pl_ring_ol",
         "pl_ring_gu_ol",

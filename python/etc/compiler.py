@@ -370,6 +370,7 @@ def _manifest(
                 "trigger": _trigger(tasks[name]),
                 **({"phase": list(tasks[name].phase)} if tasks[name].phase != ("const", 0) else {}),
                 **({"deal": "pool"} if tasks[name].deal == "pool" and schedule == "static" else {}),
+                **({"ctas": tasks[name].ctas} if tasks[name].ctas and schedule == "static" else {}),
                 **(
                     {"meets": meets} if (meets := getattr(tasks[name].function, "meets", 0)) else {}
                 ),

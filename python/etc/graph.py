@@ -153,6 +153,9 @@ class Task:
     deal: str = "list"
     #: In-edge waits before the prefetch call (``Graph.task(prefetch_after=...)``).
     prefetch_after: int = 0
+    #: Static schedule: the instances go to the first this many CTAs only
+    #: (``Graph.task(ctas=...)``); None: to all.
+    ctas: int | None = None
 
     @property
     def rank(self) -> int:
@@ -415,6 +418,7 @@ class Graph:
         shared_region: int = 0,
         deal: str = "list",
         prefetch_after: int = 0,
+        ctas: int | None = None,
     ) -> Task:
         """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
 
@@ -468,6 +472,13 @@ class Graph:
         while the later waits are still pending. Such a prefetch never runs
         ahead of its instance (``prefetch_next``, shared regions). Not with
         ``triggered_by``.
+
+        ``ctas=n`` (static schedule, ``deal="list"``): the task's instances
+        are dealt round-robin over the first ``n`` CTAs only (all of them when
+        the launch has fewer), each CTA's list still in the global order, so
+        the other CTAs go on to later tasks' instances meanwhile (e.g. a few
+        CTAs copy an MoE layer's rows expert by expert while the rest start
+        the experts' GEMMs). The dynamic schedule ignores it.
         """
         if not isinstance(function, DeviceFunction):
             raise GraphError(
@@ -563,6 +574,14 @@ class Graph:
                 f"(has {function.prefetch!r}), no triggered_by, and at most {len(ins)} "
                 "in-edges"
             )
+        if ctas is not None and (isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1):
+            raise GraphError(f"{where}: ctas must be None or an int >= 1, got {ctas!r}")
+        if ctas is not None and (deal != "list" or meets):
+            raise GraphError(
+                f"{where}: ctas={ctas} limits the CTAs the static lists deal this task to, "
+                "which needs deal='list' and no parts that wait for each other (got "
+                f"deal={deal!r}" + (f", {meets} such parts" if meets else "") + ")"
+            )
         t = Task(
             name,
             function,
@@ -577,6 +596,7 @@ class Graph:
             shared_region,
             deal,
             prefetch_after,
+            ctas,
         )
         self.tasks.append(t)
         self._task_names[name] = t

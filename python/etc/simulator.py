@@ -124,7 +124,8 @@ def static_queues(
     counts = [int(np.prod(grid, dtype=np.int64)) for grid in grids]
     phases = [instance_phases(t.phase, grid) for t, grid in zip(tasks, grids, strict=True)]
     pooled = [t.deal == "pool" for t in tasks]
-    return decode(build_static_queue(counts, num_ctas, phases, pooled))
+    limits = [t.ctas or 0 for t in tasks]
+    return decode(build_static_queue(counts, num_ctas, phases, pooled, limits=limits))
 
 
 def _bind_inputs(

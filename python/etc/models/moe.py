@@ -369,6 +369,11 @@ class MoEConfig:
     #: shared-memory slots (one copying thread each) instead of 16-byte
     #: loads (``etc.tiles.moe.permute(slots=...)``; sm_90).
     permute_slots: int = 0
+    #: > 0: the static schedule deals the permute (or release) instances, one
+    #: per expert, over the first this many CTAs only (``Graph.task(ctas=...)``),
+    #: so those copy the experts' rows in expert order while the other CTAs
+    #: start the first experts' gate/up tiles; 0: over every CTA.
+    permute_ctas: int = 0
     #: Pipeline stages of the router's TMA tile (``router="tc"``).
     router_stages: int = 4
     #: ``router="tc"``: the logits' k loop split over this many CTAs per
@@ -578,6 +583,14 @@ class MoEConfig:
             raise GraphError(
                 f"MoEConfig: logits_parts={self.logits_parts!r} must be 0 or an int of at least "
                 f"router_splits={self.router_splits}"
+            )
+        if (
+            isinstance(self.permute_ctas, bool)
+            or not isinstance(self.permute_ctas, int)
+            or (self.permute_ctas < 0)
+        ):
+            raise GraphError(
+                f"MoEConfig: permute_ctas must be an int >= 0, got {self.permute_ctas!r}"
             )
         if self.gemm_deal not in DEALS:
             raise GraphError(
@@ -1099,6 +1112,7 @@ def build_moe_graph(
         in_edges={planned: "e->0"},
         out_edges=[(gu_ready, "e->e"), (h_ready, "e->e")],
         name=release,
+        ctas=cfg.permute_ctas or None,
     )
     g.task(
         gate_up,

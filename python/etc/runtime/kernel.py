@@ -386,8 +386,9 @@ class Kernel:
                 f"{m.graph}: task '{task.name}' has {task.meets} split-K parts that wait for "
                 f"each other, which need as many co-resident CTAs; this launch has {grid}"
             )
+        limits = [t.ctas for t in m.tasks]
         queue = build_static_queue(
-            counts, grid, phases, pooled, by_sm, self._sm_deal or "spread", meets
+            counts, grid, phases, pooled, by_sm, self._sm_deal or "spread", meets, limits
         )
         if m.sm_slices:
             return np.append(queue, np.int64(word))

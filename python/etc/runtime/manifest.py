@@ -129,6 +129,8 @@ class TaskSpec:
     #: Instances that differ only in the last grid coordinate (this many
     #: values) wait for each other (``etc.DeviceFunction.meets``); 0: none.
     meets: int = 0
+    #: Static schedule: dealt over the first this many CTAs (``Graph.task(ctas=...)``); 0: all.
+    ctas: int = 0
 
 
 @dataclass(frozen=True)
@@ -474,6 +476,9 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         meets = t.get("meets", 0)
         if not (_is_int(meets) and meets >= 0) or (meets and deal != "list"):
             raise c.fail(f"{w}meets", f"expected an int >= 0 (listed tasks only), got {meets!r}")
+        ctas = t.get("ctas", 0)
+        if not (_is_int(ctas) and ctas >= 0) or (ctas and (deal != "list" or meets)):
+            raise c.fail(f"{w}ctas", f"expected an int >= 0 (listed tasks, no meets), got {ctas!r}")
         tasks.append(
             TaskSpec(
                 index,
@@ -485,6 +490,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                 (phase[0], phase[1]),
                 deal == "pool",
                 meets,
+                ctas,
             )
         )
     if len(tasks) >= 1 << 15:

@@ -86,13 +86,17 @@ def build_static_queue(
     sm_of_cta: Sequence[int] | None = None,
     how: str = "spread",
     meets: Sequence[int] | None = None,
+    limits: Sequence[int] | None = None,
 ) -> np.ndarray:
     """The queue array (offset header + entries) for instance ``counts`` per
     task and ``grid`` CTAs (``phases``: see :func:`global_order`; ``pooled``:
     see :func:`pool_entries`; ``sm_of_cta``: the SM each CTA runs on, to deal
     by, :func:`sm_deal`, graphs without pools only; ``meets``: per task, the
     parts that wait for each other (:func:`parts_apart`), which a deal by SM
-    that would put two of one block on a CTA gives up for round-robin)."""
+    that would put two of one block on a CTA gives up for round-robin;
+    ``limits``: per task, the CTAs it is dealt over, :func:`limited_ctas`,
+    graphs without pools only, which then deal the other tasks
+    round-robin, not by SM)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
     if meets is not None and max(meets, default=0) > grid:
@@ -100,6 +104,10 @@ def build_static_queue(
             f"{max(meets)} parts that wait for each other need as many CTAs, got {grid}"
         )
     entries = global_order(counts, phases)
+    if limits is not None and any(limits):
+        if pooled is not None and any(pooled):
+            raise ValueError("a CTA limit per task (limits) takes no pooled task")
+        return _queue_of(entries, limited_ctas(entries, grid, limits), grid)
     if pooled is not None and any(pooled):
         return _queue_of(*pool_entries(entries, grid, phases, pooled), grid)
     if sm_of_cta is not None:
@@ -121,6 +129,20 @@ def build_static_queue(
     longer[:, base] = entries[base * grid :]
     body[extra * (base + 1) :].reshape(grid - extra, base)[...] = full[:, extra:].T
     return out
+
+
+def limited_ctas(entries: np.ndarray, grid: int, limits: Sequence[int]) -> np.ndarray:
+    """The CTA of each entry (global order): position ``p`` to ``p % grid``,
+    but task ``t`` with ``limits[t] = n > 0`` round-robin over CTAs ``0 ..
+    min(n, grid) - 1`` by its own entries' order. Each CTA's entries stay in
+    global order, so the lists keep the module's deadlock argument."""
+    ctas = np.arange(len(entries), dtype=np.int64) % grid
+    tasks = entries >> INSTANCE_BITS
+    for task, n in enumerate(limits):
+        if n:
+            mine = np.flatnonzero(tasks == task)
+            ctas[mine] = np.arange(len(mine), dtype=np.int64) % min(int(n), grid)
+    return ctas
 
 
 def parts_apart(entries: np.ndarray, ctas: np.ndarray, meets: Sequence[int], grid: int) -> bool:
