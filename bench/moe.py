@@ -469,20 +469,7 @@ CONFIGS["pre_a16c_refill_gt"] = {
 CONFIGS["pre16_tb32"] = {**M.PRESETS["prefill"], "topk_block": 32}
 CONFIGS["pre16_bp48"] = {**M.PRESETS["prefill"], "permute_slots": 48}
 CONFIGS["pre16_tb32_bp48"] = {**M.PRESETS["prefill"], "topk_block": 32, "permute_slots": 48}
-# Session 36: each instance's column passes through one TMA ring (sub_ring):
-# gate/up blocks of 256 columns in 2 passes of 128, down blocks of 512 in 2
-# passes of 256 (4 stages and a staging buffer, down's in halves, under 226 KiB).
-_PL = M.PRESETS["prefill_large"]
-_GU_RING = (("sub_n", 128), ("sub_ring", True), ("smem_limit", 226 << 10))
-_DN_RING = (("sub_n", 256), ("sub_ring", True), ("smem_limit", 226 << 10))
-# Session 36: the permute dealt over the first 32 / 64 CTAs only (four / two
-# experts each, in expert order), so the other CTAs start the first experts'
-# gate/up tiles early; with the GEMM tiles dealt by ticket, which lets the
-# CTAs that did not permute take more of them.
-CONFIGS["pl_pc32"] = {**M.PRESETS["prefill_large"], "permute_ctas": 32}
-CONFIGS["pl_pc64"] = {**M.PRESETS["prefill_large"], "permute_ctas": 64}
-CONFIGS["pl_pc32_tk"] = {**CONFIGS["pl_pc32"], "gemm_deal": "ticket"}
-# prefill_large before it took the down ring (session 36, item 159); the
+# Session 36: prefill_large before it took the down ring (item 159); the
 # prefill preset, which keeps its 256-column down tiles, with the ring.
 _NORING = {"block_n_dn": 256, "down_options": M.PRESETS["prefill"]["down_options"]}
 CONFIGS["pl_noring"] = {**M.PRESETS["prefill_large"], **_NORING}
@@ -491,21 +478,26 @@ CONFIGS["pre_ring"] = {
     **M.PRESETS["prefill"], "block_n_dn": 512,
     "down_options": M.PRESETS["prefill_large"]["down_options"],
 }  # fmt: skip
+# Each instance's column passes through one TMA ring (sub_ring), on the ringless
+# prefill_large as measured: gate/up blocks of 256 columns in 2 passes of 128,
+# down blocks of 512 in 2 passes of 256 (the model's _DOWN_RING: 4 stages and a
+# staging buffer, down's in halves, under 226 KiB; pl_ring_dn is prefill_large now).
+_PL = CONFIGS["pl_noring"]
+_GU_RING = (("sub_n", 128), ("sub_ring", True), ("smem_limit", 226 << 10))
+_RING_GU = {"block_n_gu": 256, "gate_up_options": (*_PL["gate_up_options"], *_GU_RING)}
+_RING_DN = {"block_n_dn": 512, "down_options": (*_PL["down_options"], *M._DOWN_RING)}
+CONFIGS["pl_ring"] = {**_PL, **_RING_GU, **_RING_DN}
+CONFIGS["pl_ring_gu"] = {**_PL, **_RING_GU}
+CONFIGS["pl_ring_dn"] = {**_PL, **_RING_DN}
 # ... its down tiles 1024 wide in four passes of 256.
 CONFIGS["pl_dn1024"] = {**M.PRESETS["prefill_large"], "block_n_dn": 1024}
-CONFIGS["pl_ring"] = {
-    **_PL, "block_n_gu": 256, "block_n_dn": 512,
-    "gate_up_options": (*_PL["gate_up_options"], *_GU_RING),
-    "down_options": (*_PL["down_options"], *_DN_RING),
-}  # fmt: skip
-CONFIGS["pl_ring_gu"] = {
-    **CONFIGS["pl_ring"],
-    "block_n_dn": 256,
-    "down_options": _PL["down_options"],
-}
-CONFIGS["pl_ring_dn"] = {
-    **CONFIGS["pl_ring"], "block_n_gu": 128, "gate_up_options": _PL["gate_up_options"]
-}  # fmt: skip
+# The permute dealt over the first 32 / 64 CTAs only (four / two experts each,
+# in expert order), so the other CTAs start the first experts' gate/up tiles
+# early; with the GEMM tiles dealt by ticket, which lets the CTAs that did not
+# permute take more of them (item 164).
+CONFIGS["pl_pc32"] = {**M.PRESETS["prefill_large"], "permute_ctas": 32}
+CONFIGS["pl_pc64"] = {**M.PRESETS["prefill_large"], "permute_ctas": 64}
+CONFIGS["pl_pc32_tk"] = {**CONFIGS["pl_pc32"], "gemm_deal": "ticket"}
 #: Extra etc.compile options of a configuration's fused kernels.
 COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
 for _key in ("prefill_large", "pl_ring", "pl_ring_gu", "pl_ring_dn"):  # the same, tiles called
