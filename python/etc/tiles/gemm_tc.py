@@ -1304,20 +1304,15 @@ def _body_tma(
         place = _wgmma_place(t, group, warp, lane, r0, split_n)
         prologue(t, *place)
     lazy = refill == "test"
-    multi = passes > 1
+    multi = passes > 1  # (then refill="test": the passes carry the next k-tile to load)
     total = passes * kt_n
-    pass_end = None
     if multi:
-        # Hoisted out of the passes: the epilogue's places, the staging block.
+        # Hoisted out of the passes: the epilogue's places.
         place = _wgmma_place(t, group, warp, lane, r0, split_n)
-        if lazy:
-            pass_end = t.fresh("pnx")
-            t.emit(
-                f"{pass_end} = scf.for {pass_var} = {t.c(0)} to {t.c(passes)} step {t.c(1)} "
-                f"iter_args(%pnx = {t.c(min(stages, total))}) -> (index) {{"
-            )
-        else:
-            t.emit(f"scf.for {pass_var} = {t.c(0)} to {t.c(passes)} step {t.c(1)} {{")
+        t.emit(
+            f"{t.fresh('pnx')} = scf.for {pass_var} = {t.c(0)} to {t.c(passes)} step {t.c(1)} "
+            f"iter_args(%pnx = {t.c(min(stages, total))}) -> (index) {{"
+        )
         t.indent += "  "
     lo = t.indent  # the k loop's level
     first_nx = "%pnx" if multi else t.c(min(stages, kt_n))
@@ -1354,8 +1349,14 @@ def _body_tma(
         gather_issue(nxt, pstage)
         t.indent = lo + "    "
         t.emit("}")
-    if not lazy:
-        _refill_stage(t, prev, pstage, nxt, more, stages, is0, bar, issue_at, gather)
+    if not lazy:  # (one pass)
+        go = t.op("refill", f"arith.andi {is0}, {more} : i1")
+        t.emit(f"scf.if {go} {{")
+        t.indent = lo + "      "
+        _mbar_wait(t, bar(1, pstage), _i32(t, t.bin("remui", t.bin("divui", prev, stages), 2)))
+        issue(nxt, pstage, which="b" if gather is not None else "ab")
+        t.indent = lo + "    "
+        t.emit("}")
     t.indent = lo + "  "
     t.emit("}")
     carried = []
@@ -1420,8 +1421,7 @@ def _body_tma(
         assert place is not None
         _wgmma_epilogue(t, final, wg_rows, epilogue, place)
         t.staging = None
-        if lazy:
-            t.emit(f"scf.yield {res}#{nacc} : index")
+        t.emit(f"scf.yield {res}#{nacc} : index")
         t.end()
         t.emit("gpu.barrier")
         invalidate()
@@ -1445,20 +1445,6 @@ def _release_stage(t: _Text, kt: str, stages: int, bar, lane0: str) -> str:
     _asm_ops(t, "mbarrier.arrive.shared::cta.b64 _, [$0];", [(bar(1, stage), "i32")])
     t.end()
     return stage
-
-
-def _refill_stage(
-    t: _Text, kt: str, stage: str, nxt: str, more: str, stages: int, is0: str, bar, issue,
-    gather: TmaGather | None,
-) -> None:  # fmt: skip
-    """``refill="wait"``: thread 0 waits until every warp has given k-tile
-    ``kt``'s ``stage`` back, then loads k-tile ``nxt`` there (when ``more``)."""
-    go = t.op("refill", f"arith.andi {is0}, {more} : i1")
-    t.emit(f"scf.if {go} {{")
-    t.indent += "  "
-    _mbar_wait(t, bar(1, stage), _i32(t, t.bin("remui", t.bin("divui", kt, stages), 2)))
-    issue(nxt, stage, which="b" if gather is not None else "ab")
-    t.end()
 
 
 def _staging_buffer(
