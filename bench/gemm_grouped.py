@@ -131,14 +131,15 @@ def grouped_graph(shape: str, variant: str, **sizes):
 
 def tables(counts, block_m: int, n_blocks: int):
     """``(row_off, indptr, tiles)`` of per-expert row ``counts`` for tiles of
-    ``block_m`` rows and ``n_blocks`` column blocks."""
+    ``block_m`` rows and ``n_blocks`` column blocks: the layer's plan tables
+    (``etc.tiles.moe.plan_tables``) of rows sorted by expert."""
     import numpy as np
 
-    counts = np.asarray(counts, dtype=np.int64)
-    row_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    per = -(-counts // block_m) * n_blocks
-    indptr = np.concatenate([[0], np.cumsum(per)]).astype(np.int32)
-    return row_off, indptr, int(indptr[-1])
+    from etc.tiles.moe import plan_tables
+
+    ids = np.repeat(np.arange(len(counts)), counts)
+    plan = plan_tables(ids, block_m, n_blocks, n_blocks, len(counts))
+    return plan["row_off"], plan["gu_indptr"], int(plan["gu_indptr"][-1])
 
 
 def routing_counts(T: int, seed: int):
