@@ -100,6 +100,14 @@ def test_limit_mistakes_name_the_task(kwargs: dict, message: str) -> None:
     assert "task 'tiles'" in str(err.value)
 
 
+def test_a_limit_on_parts_that_wait_for_each_other_is_refused() -> None:
+    fn = make_fn("meet", "index", "index")
+    fn.meets = 3  # the parts of a block must run on different CTAs at once
+    g = etc.Graph("bad_limit")
+    with pytest.raises(etc.GraphError, match=r"task 'parts': ctas=2 .*deal='list', 3 such parts"):
+        g.task(fn, grid=(4, 3), name="parts", ctas=2)
+
+
 def test_a_manifest_with_a_bad_limit_names_the_field(tmp_path) -> None:
     path = tmp_path / "static"
     etc.compile(two_stage(2), schedule="static", cubin=False).save(path)
