@@ -498,8 +498,25 @@ CONFIGS["pl_dn1024"] = {**M.PRESETS["prefill_large"], "block_n_dn": 1024}
 CONFIGS["pl_pc32"] = {**M.PRESETS["prefill_large"], "permute_ctas": 32}
 CONFIGS["pl_pc64"] = {**M.PRESETS["prefill_large"], "permute_ctas": 64}
 CONFIGS["pl_pc32_tk"] = {**CONFIGS["pl_pc32"], "gemm_deal": "ticket"}
+# Session 37: a top-k warp selecting its tokens 2 or 4 at a time (item 163's
+# trace: 10 µs a top-k instance of 32 tokens, four after one another a warp);
+# and prefill's 8-token top-k blocks as 32-token ones so unrolled.
+CONFIGS["pl_tku2"] = {**M.PRESETS["prefill_large"], "topk_unroll": 2}
+CONFIGS["pl_tku4"] = {**M.PRESETS["prefill_large"], "topk_unroll": 4}
+CONFIGS["pre_tb32u4"] = {**M.PRESETS["prefill"], "topk_block": 32, "topk_unroll": 4}
+# ... with the top-k tile called (its registers its own: inlined, the unrolled
+# top-k took the kernel's spills from 28 to 132-144 bytes), and the plain one so.
+for _key in ("prefill_large", "pl_tku2", "pl_tku4", "prefill"):
+    CONFIGS[f"{_key}_olt"] = CONFIGS[_key]
 #: Extra etc.compile options of a configuration's fused kernels.
 COMPILE_OPTIONS = {"mid_ol": {"outline": True}, "prefill_ol": {"outline": True}}
+for _key in ("prefill_large_olt", "pl_tku2_olt", "pl_tku4_olt", "prefill_olt"):
+    COMPILE_OPTIONS[_key] = {"outline": ("topk",)}
+# The presets' own called tiles (M.PRESET_OUTLINE: prefill_large's top-k since
+# item 165); "pl_inlined" is prefill_large before, every tile inlined.
+for _key, _tasks in M.PRESET_OUTLINE.items():
+    COMPILE_OPTIONS.setdefault(_key, {"outline": _tasks})
+CONFIGS["pl_inlined"] = CONFIGS["prefill_large"]
 for _key in ("prefill_large", "pl_ring", "pl_ring_gu", "pl_ring_dn"):  # the same, tiles called
     CONFIGS[f"{_key}_ol"] = CONFIGS[_key]
     COMPILE_OPTIONS[f"{_key}_ol"] = {"outline": True}
@@ -594,6 +611,14 @@ TARGETS = {
         "pl_ring_ol",
         "pl_ring_gu_ol",
         "pl_ring_dn_ol",
+        "pl_tku2",
+        "pl_tku4",
+        "pre_tb32u4",
+        "prefill_large_olt",
+        "pl_tku2_olt",
+        "pl_tku4_olt",
+        "prefill_olt",
+        "pl_inlined",
     )
     if k in CONFIGS
 }

@@ -73,6 +73,7 @@ def compile_graph(g: Any, args: argparse.Namespace) -> Any:
         target=args.target,
         early_push=args.early_push,
         min_ctas_per_sm=getattr(args, "min_ctas_per_sm", 0),
+        outline=getattr(args, "outline", False),
     )
 
 

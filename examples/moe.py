@@ -19,8 +19,8 @@ float32 numpy reference (max|out - ref| / max|ref| <= 1e-2).
 ``--preset single|few|mid|prefill|prefill_large`` takes the tile
 configuration measured best for T <= 2, 3-8, 9-896, 897-2048 and above
 (``decode``, once best for 6-8, is kept; ``etc.models.moe.PRESETS``: mid
-and the prefills are TMA tiles, sm_90a) and compiles with its target and
-``min_ctas_per_sm``; ``--block-*`` then do not apply. ``--preset auto``
+and the prefills are TMA tiles, sm_90a) and compiles with its target,
+``min_ctas_per_sm`` and called tiles; ``--block-*`` then do not apply. ``--preset auto``
 compiles the five into one artifact (``etc.models.moe.compile_moe``;
 ``--schedule`` applies to mid and the prefills, the slot presets single
 and few stay static): each
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         args.min_ctas_per_sm = M.PRESET_MIN_CTAS_PER_SM[args.preset]
         args.target = M.PRESET_TARGETS[args.preset]
+        args.outline = M.PRESET_OUTLINE.get(args.preset, ())
     else:
         cfg = config(
             args.hidden, args.inter, args.experts, args.topk, args.routing,

@@ -280,6 +280,18 @@ def _moe_small_ring():
 MOE_SMALL_TMA_RING, MOE_SMALL_TMA_RING_DIRECT = _moe_small_ring()
 
 
+def _moe_small_topk():
+    import dataclasses
+
+    # 32-token top-k blocks (4 tokens a warp) selected 3 at a time: a warp's
+    # second group has one token, and T = 130 and 300 end inside a block.
+    return dataclasses.replace(MOE_SMALL_TMA, topk_block=32, topk_unroll=3)
+
+
+#: MOE_SMALL_TMA whose top-k warps select several tokens at a time (sm_90a).
+MOE_SMALL_TMA_TOPK = _moe_small_topk()
+
+
 def _chunked(cfg, gate_up: int = 64, down: int = 32):
     """``cfg`` with its expert weights in the chunked layout
     (``weight_chunk``: 64-wide k chunks for gate/up, 32 for down)."""

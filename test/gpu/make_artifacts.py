@@ -86,6 +86,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_RING_DIRECT,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
+    MOE_SMALL_TMA_TOPK,
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
     gemm_meet,
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         ("tma_short", MOE_SMALL_TMA_SHORT), ("tma_chunk", MOE_SMALL_TMA_CHUNK),
         ("gather_tma", MOE_SMALL_GATHER_TMA), ("tma_refill", MOE_SMALL_TMA_REFILL),
         ("bulk_permute", MOE_SMALL_BULK_PERMUTE), ("tma_ring", MOE_SMALL_TMA_RING),
-        ("tma_ring_direct", MOE_SMALL_TMA_RING_DIRECT),
+        ("tma_ring_direct", MOE_SMALL_TMA_RING_DIRECT), ("tma_topk", MOE_SMALL_TMA_TOPK),
     ):  # fmt: skip
         moe_tma = moe.build_moe_graph(cfg, name=f"moe_small_{tiles}")
         for suffix, (schedule, early) in SCHEDULES.items():

@@ -58,6 +58,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_RING_DIRECT,
     MOE_SMALL_TMA_SHORT,
     MOE_SMALL_TMA_TICKET,
+    MOE_SMALL_TMA_TOPK,
     SCHEDULES,
 )
 
@@ -285,6 +286,20 @@ def test_short_blocks_give_the_plain_tiles_bits(schedule: str) -> None:
     plain = MOE_SMALL_TMA
     for T, routing, _, _, a, b in _paired("tma_short", "", schedule, MOE_SMALL_TMA_SHORT, plain):
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_unrolled_topk_gives_the_plain_layer_s_bits(schedule: str) -> None:
+    # Top-k warps that select 3 of their 4 tokens at a time make the same
+    # choices and count them by the same atomics (only the slots' order
+    # inside an expert may differ), so the output is the plain layer's bit
+    # for bit, the choices equal and each expert's positions 0 .. count - 1.
+    for T, routing, _, _, a, b in _paired(
+        "tma_topk", "", schedule, MOE_SMALL_TMA_TOPK, MOE_SMALL_TMA
+    ):
+        np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
+        np.testing.assert_array_equal(a["topk_ids"][:T], b["topk_ids"][:T])
+        np.testing.assert_array_equal(np.sort(a["pos"][:T].ravel()), np.sort(b["pos"][:T].ravel()))
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

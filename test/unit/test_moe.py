@@ -560,8 +560,18 @@ def test_graph_needs_trigger_api_or_builds():
         M.MoEConfig(permute_unroll=3, combine_unroll=2),
         M.MoEConfig(route="fused"),
         M.MoEConfig(permute_slots=32),
+        M.MoEConfig(router_block=128, topk_block=32, topk_unroll=4),
+        M.MoEConfig(topk_block=8, topk_unroll=3),
     ],
-    ids=["small", "qwen3", "qwen3-unrolled", "qwen3-fused-route", "qwen3-bulk-permute"],
+    ids=[
+        "small",
+        "qwen3",
+        "qwen3-unrolled",
+        "qwen3-fused-route",
+        "qwen3-bulk-permute",
+        "qwen3-topk-unrolled",
+        "qwen3-topk-unroll-past-block",
+    ],  # fmt: skip
 )
 def test_small_tiles_compile(cfg):
     # Every non-GEMM task of the unfused path: its own graph, compiled to a cubin.
@@ -598,6 +608,26 @@ def test_topk_and_plan_tiles_have_no_extra_barriers():
     assert "gpu.barrier" not in topk and "memref.global" not in topk
     assert topk.count("memref.atomic_rmw addi") == 1  # lane k < K: choice k
     assert T_.plan(128, 6, 8, 128, 8).source.count("gpu.barrier") == 2
+
+
+@needs_bindings
+def test_unrolled_topk_issues_every_token_s_loads_then_its_atomics():
+    # unroll=4: a warp's four tokens' logit loads come before the first
+    # selection's shuffle, and their four atomics before the first pos store.
+    src = T_.router_topk(32, 32, 128, 8, splits=2, unroll=4).source
+    loop = src[src.index("scf.for %r") :]
+    loads = [loop.index(f"%L[%tc_u{u},") for u in range(4)]
+    assert max(loads) < loop.index("gpu.shuffle")
+    atomics = [loop.index(f"%counts[%emine_u{u}]") for u in range(4)]
+    assert loop.count("memref.atomic_rmw addi") == 4
+    assert max(atomics) < loop.index("memref.store %pmine_u0")
+    # The same selection as the plain tile's, once a token.
+    plain = T_.router_topk(32, 32, 128, 8, splits=2).source
+    assert loop.count("gpu.shuffle xor") == 4 * plain.count("gpu.shuffle xor")
+    with pytest.raises(etc.GraphError, match="unroll"):
+        T_.router_topk(32, 32, 128, 8, unroll=0)
+    with pytest.raises(etc.GraphError, match="topk_unroll"):
+        M.MoEConfig(topk_unroll=0)
 
 
 def test_presets_are_the_measured_configurations() -> None:
@@ -913,6 +943,9 @@ def test_compile_moe_is_one_artifact_with_each_preset_s_target(tmp_path):
         target = M.PRESET_TARGETS[name]
         assert f".target {target}\n" in a.ptx
         assert (".minnctapersm 2" in a.ptx) == (M.PRESET_MIN_CTAS_PER_SM[name] == 2)
+        # The preset's called tiles (prefill_large's top-k), the rest inlined.
+        called = {line.split()[1].rstrip(",") for line in a.ptx.splitlines() if "call.uni" in line}
+        assert called == {"moe_topk"} if name in M.PRESET_OUTLINE else not called, (name, called)
         ptx = tmp_path / f"{name}.ptx"
         ptx.write_text(a.ptx)
         subprocess.run(

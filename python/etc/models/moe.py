@@ -71,6 +71,7 @@ __all__ = [
     "SLOT_MMA_PRESETS",
     "PRESET_BUCKETS",
     "PRESET_MIN_CTAS_PER_SM",
+    "PRESET_OUTLINE",
     "PRESET_TARGETS",
     "preset",
     "preset_family",
@@ -246,6 +247,12 @@ PRESET_TARGETS = {
 PRESET_MIN_CTAS_PER_SM = {
     "single": 2, "few": 2, "decode": 2, "prefill": 0, "mid": 0, "prefill_large": 0,
 }  # fmt: skip
+#: ``etc.compile(outline=...)`` for the presets: the tasks whose tiles stay
+#: called functions (the others are inlined). ``prefill_large``'s top-k: its
+#: registers its own, the kernel's spills 28 -> 12 bytes, −0.5..−1.2 % at T =
+#: 1024-4096 (``bench/RESULTS.md``, MoE item 165); ``prefill`` has no spills
+#: to lose and did not move.
+PRESET_OUTLINE: dict[str, tuple[str, ...]] = {"prefill_large": ("topk",)}
 
 
 #: The presets by token count for one artifact (:func:`compile_moe`):
@@ -365,6 +372,10 @@ class MoEConfig:
     #: keeps in flight (``etc.tiles.moe.permute`` / ``combine`` / ``cast_rows``).
     permute_unroll: int = moe_tiles.PERMUTE_UNROLL
     combine_unroll: int = 1
+    #: Tokens a top-k warp selects at a time, their loads and atomics issued
+    #: together (``etc.tiles.moe.router_topk(unroll=...)``): for top-k blocks
+    #: of several tokens a warp.
+    topk_unroll: int = 1
     #: > 0: the permute moves whole rows by bulk copies through this many
     #: shared-memory slots (one copying thread each) instead of 16-byte
     #: loads (``etc.tiles.moe.permute(slots=...)``; sm_90).
@@ -488,6 +499,7 @@ class MoEConfig:
             "block_size",
             "permute_unroll",
             "combine_unroll",
+            "topk_unroll",
             "router_stages",
             "router_splits",
             "route_max_tokens",
@@ -848,7 +860,7 @@ def _small_tiles(cfg: MoEConfig) -> dict[str, DeviceFunction]:
         slots = cfg.route == "slots"
         tiles["topk"] = moe_tiles.router_topk(
             RB, TB, E, K, splits=cfg.router_splits, tokens_from_ids=spare, counts=not slots,
-            block_size=bs,
+            unroll=cfg.topk_unroll, block_size=bs,
         )  # fmt: skip
         if not slots:
             tiles["clear"] = moe_tiles.clear_counts(E, block_size=bs)
@@ -1301,8 +1313,8 @@ def compile_moe(
 ) -> Any:
     """The layer as one artifact for every T (``etc.compile_buckets``): a
     kernel per range of T, each the preset measured best there
-    (:data:`PRESET_BUCKETS`), compiled for its own target and
-    ``min_ctas_per_sm``. ``etc.runtime.load`` of the saved artifact launches
+    (:data:`PRESET_BUCKETS`), compiled for its own target,
+    ``min_ctas_per_sm`` and ``outline``. ``etc.runtime.load`` of the saved artifact launches
     the kernel whose range holds T, with no recompilation; its buffers are
     those of :func:`preset_family`'s configurations. ``overrides``: sizes
     (``hidden``, ``experts``, ...) for every preset; ``weight_chunk``: see
@@ -1323,6 +1335,7 @@ def compile_moe(
             {
                 "target": PRESET_TARGETS[preset_name],
                 "min_ctas_per_sm": PRESET_MIN_CTAS_PER_SM[preset_name],
+                "outline": PRESET_OUTLINE.get(preset_name, ()),
                 **({"schedule": slot_schedule} if cfg.route == "slots" else {}),
             },
         )

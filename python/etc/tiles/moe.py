@@ -39,6 +39,7 @@ Buffers are row-major and 16-byte aligned (H a multiple of 8).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -321,6 +322,15 @@ def _topk_select(E: int, K: int, splits: int, l_t: str, ind: str) -> tuple[str, 
     ``%cEm1``, ``%ninf``, the shuffle constants and, with splits, ``%tS<p>``
     (:func:`_logit_rows`). Returns (ops, constants, lane k's expert (i32) and
     unnormalised weight ``exp(l_k - l_0)`` for lanes k < K, their sum)."""
+    loads, select, consts, pick_id, pick_p, total = _topk_select_parts(E, K, splits, l_t, ind)
+    return f"{loads}\n{select}", consts, pick_id, pick_p, total
+
+
+def _topk_select_parts(
+    E: int, K: int, splits: int, l_t: str, ind: str
+) -> tuple[str, str, str, str, str, str]:
+    """:func:`_topk_select` with its ops in two: the logits' loads, then the
+    selection (so several tokens' loads can go out together)."""
     per_lane = -(-E // 32)
     lines = []
 
@@ -353,6 +363,7 @@ def _topk_select(E: int, K: int, splits: int, l_t: str, ind: str) -> tuple[str, 
             )
             logit(f"%raw{q}", q, f"%ec{q}")
             lines.append(f"{ind}%v0_{q} = arith.select %in{q}, %raw{q}, %ninf : f32")
+    loads, lines = "\n".join(lines), []
     probs, chosen = [], []
     for k in range(K):
         # This lane's best (strict >: the lower expert on ties), then the warp's.
@@ -396,7 +407,97 @@ def _topk_select(E: int, K: int, splits: int, l_t: str, ind: str) -> tuple[str, 
         pick_id, pick_p = f"%pid{k}", f"%pp{k}"
     consts = "\n".join(f"  %cQ{q} = arith.constant {32 * q} : index" for q in range(per_lane))
     consts += "\n" + "\n".join(f"  %c{k}_k = arith.constant {k} : i32" for k in range(1, K))
-    return "\n".join(lines), consts, pick_id, pick_p, total
+    return loads, "\n".join(lines), consts, pick_id, pick_p, total
+
+
+def _renamed(ops: str, suffix: str, renames: dict[str, str]) -> str:
+    """``ops`` with every SSA value it defines suffixed by ``suffix`` and the
+    outer values in ``renames`` replaced (one unrolled copy of a body)."""
+    defined = {
+        name
+        for line in ops.split("\n")
+        if (m := re.match(r"\s*((?:%[\w.]+, )*%[\w.]+) = ", line))
+        for name in m.group(1).split(", ")
+    }
+    table = {name: name + suffix for name in defined} | renames
+    return re.sub(r"%[\w.]+", lambda m: table.get(m.group(0), m.group(0)), ops)
+
+
+#: A line between two parts of a body renamed as one (:func:`_renamed`).
+_SPLIT = "// (split)"
+
+
+def _topk_unrolled(
+    E: int,
+    K: int,
+    splits: int,
+    l_t: str,
+    warps: int,
+    unroll: int,
+    counts: bool,
+    ids_t: str,
+    tw_t: str,
+    c_t: str,
+) -> str:
+    """:func:`router_topk`'s token loop with ``unroll`` tokens a warp at a
+    time: every token's loads, then every selection, then the stores, the
+    atomics (all issued before any old value is stored) and ``pos``."""
+    ind = "    "
+    loads, select, _, pick_id, pick_p, total = _topk_select_parts(E, K, splits, l_t, ind)
+    head, body_loads, body_select, writes, atomics, positions = [], [], [], [], [], []
+    for u in range(unroll):
+        x = f"_u{u}"
+        head.append(
+            f"    %ru{u} = arith.addi %r, %cWu{u} : index\n"
+            f"    %t{x} = arith.addi %t0, %ru{u} : index\n"
+            f"    %inb{u} = arith.cmpi ult, %ru{u}, %cTB : index\n"
+            f"    %intok{u} = arith.cmpi ult, %t{x}, %T : index\n"
+            f"    %live{x} = arith.andi %inb{u}, %intok{u} : i1\n"
+            f"    %tc{x} = arith.minui %t{x}, %Tm1 : index"
+        )
+        copy = _renamed(f"{loads}\n{_SPLIT}\n{select}", x, {"%t": f"%tc{x}"})
+        copy_loads, copy_select = copy.split(f"\n{_SPLIT}\n")
+        body_loads.append(copy_loads)
+        body_select.append(copy_select)
+        pid, pp, tot = pick_id + x, pick_p + x, total + x
+        writes.append(
+            f"      scf.if %live{x} {{\n"
+            f"        %wmine{x} = arith.divf {pp}, {tot} : f32\n"
+            f"        memref.store {pid}, %ids[%t{x}, %lane] : {ids_t}\n"
+            f"        memref.store %wmine{x}, %tw[%t{x}, %lane] : {tw_t}\n"
+            "      }"
+        )
+        if counts:
+            atomics.append(
+                f"      %pmine{x} = scf.if %live{x} -> (i32) {{\n"
+                f"        %emine{x} = arith.index_cast {pid} : i32 to index\n"
+                f"        %old{x} = memref.atomic_rmw addi %c1_i32, %counts[%emine{x}] : "
+                f"(i32, {c_t}) -> i32\n"
+                f"        scf.yield %old{x} : i32\n"
+                "      } else {\n"
+                "        scf.yield %c0_i32 : i32\n"
+                "      }"
+            )
+            positions.append(
+                f"      scf.if %live{x} {{\n"
+                f"        memref.store %pmine{x}, %pos[%t{x}, %lane] : {ids_t}\n"
+                "      }"
+            )
+    steps = "\n".join(f"  %cWu{u} = arith.constant {u * warps} : index" for u in range(unroll))
+    return f"""\
+{steps}
+  %cWU = arith.constant {unroll * warps} : index
+  %c0_i32 = arith.constant 0 : i32
+  %c1_ = arith.constant 1 : index
+  %Tm1 = arith.subi %T, %c1_ : index
+  scf.for %r = %warp to %cTB step %cWU {{
+{chr(10).join(head)}
+{chr(10).join(body_loads)}
+{chr(10).join(body_select)}
+    scf.if %writer {{
+{chr(10).join(writes + atomics + positions)}
+    }}
+  }}"""
 
 
 def _logit_rows(splits: int, l_t: str, ids_t: str | None = None) -> str:
@@ -428,6 +529,7 @@ def router_topk(
     splits: int = 1,
     tokens_from_ids: bool = False,
     counts: bool = True,
+    unroll: int = 1,
     name: str = "moe_topk",
     block_size: int = 256,
 ) -> DeviceFunction:
@@ -452,9 +554,15 @@ def router_topk(
     with other splits). ``counts=False``: no ``counts`` and ``pos`` (a
     routing without tables: ``etc.models.moe``'s ``route="slots"``); the
     tile takes ``(L, ids, tw)``.
+
+    ``unroll=U``: a warp takes U tokens at a time (``w, w+W, ...`` of each
+    group of ``U*W``), their logits' loads issued together, then their
+    selections, stores and atomics, so a warp with several tokens pays one
+    L2 round trip and one atomic round trip a group instead of a token
+    (tokens past T load row T-1 and store nothing).
     """
     warps = _check_block(name, block_size)
-    _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits)
+    _positive(name, RB=RB, TB=TB, E=E, K=K, splits=splits, unroll=unroll)
     _check_topk(name, E, K)
     if RB % TB:
         raise GraphError(f"tile '{name}': RB={RB} is not a multiple of TB={TB}")
@@ -475,6 +583,21 @@ def router_topk(
         )
     tables = f", %counts: {c_t}, %pos: {ids_t}" if counts else ""
     rows = _logit_rows(splits, l_t, ids_t if tokens_from_ids else None)
+    loop = (
+        f"""\
+  scf.for %r = %warp to %cTB step %cW {{
+    %t = arith.addi %t0, %r : index
+    %live = arith.cmpi ult, %t, %T : index
+    scf.if %live {{
+{body}
+      scf.if %writer {{
+{stores}
+      }}
+    }}
+  }}"""
+        if unroll == 1
+        else _topk_unrolled(E, K, splits, l_t, warps, unroll, counts, ids_t, tw_t, c_t)
+    )
     source = f"""\
 // {name}: top-{K} of {E} router logits for {TB} tokens, one CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}{tables}) {{
@@ -498,16 +621,7 @@ func.func @{name}(%i: index, %j: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}{ta
   %ti = arith.muli %i, %cRB : index
   %tj = arith.muli %j, %cTB : index
   %t0 = arith.addi %ti, %tj : index
-  scf.for %r = %warp to %cTB step %cW {{
-    %t = arith.addi %t0, %r : index
-    %live = arith.cmpi ult, %t, %T : index
-    scf.if %live {{
-{body}
-      scf.if %writer {{
-{stores}
-      }}
-    }}
-  }}
+{loop}
   return
 }}
 """
