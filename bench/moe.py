@@ -517,6 +517,11 @@ for _key in ("prefill_large_olt", "pl_tku2_olt", "pl_tku4_olt", "prefill_olt"):
 for _key, _tasks in M.PRESET_OUTLINE.items():
     COMPILE_OPTIONS.setdefault(_key, {"outline": _tasks})
 CONFIGS["pl_inlined"] = CONFIGS["prefill_large"]
+# ... with its plan and permute called too (the kernel's last 12 bytes of
+# spills gone; plan alone: 4).
+for _key, _tasks in (("pl_olt3", ("topk", "plan", "permute")), ("pl_olt2", ("topk", "plan"))):
+    CONFIGS[_key] = CONFIGS["prefill_large"]
+    COMPILE_OPTIONS[_key] = {"outline": _tasks}
 for _key in ("prefill_large", "pl_ring", "pl_ring_gu", "pl_ring_dn"):  # the same, tiles called
     CONFIGS[f"{_key}_ol"] = CONFIGS[_key]
     COMPILE_OPTIONS[f"{_key}_ol"] = {"outline": True}
@@ -619,6 +624,8 @@ TARGETS = {
         "pl_tku4_olt",
         "prefill_olt",
         "pl_inlined",
+        "pl_olt3",
+        "pl_olt2",
     )
     if k in CONFIGS
 }

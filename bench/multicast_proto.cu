@@ -36,6 +36,9 @@
 //   C: U launched in clusters of 2 (where clusters place the CTAs);
 //   K: U in clusters of 2, a slot refilled once both CTAs gave it back (M's
 //      coupling without the multicast).
+// Then U, M and N again with a producer warp (projections_pw): a ninth warp
+// only loads, the consumers never wait but for full stages (CUTLASS's
+// warp-specialized layout), so a coupled ring holds no consumer back.
 // Reported: the launch's median (cuda_timing.h), µs per layer, and the
 // weights' rate against the copy bandwidth measured in the same run.
 //
@@ -133,13 +136,12 @@ __device__ __forceinline__ void cluster_sync() {
                    : "memory");
 }
 
+// Both rings' barriers (`empty` counting both CTAs' reads when coupled),
+// visible to the cluster before anything lands in them; the CTA's rank.
 template <bool CLUSTER>
-__global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
-  extern __shared__ __align__(128) char ring[];
-  __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+__device__ unsigned init_ring(unsigned long long *full,
+                              unsigned long long *empty, bool coupled) {
   unsigned rank = 0;
-  const bool coupled = a.variant == MULTICAST || a.variant == COUPLED;
-  const bool own_a = a.variant == UNICAST || a.variant == CLUSTERED || a.variant == COUPLED;
   if (CLUSTER)
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   if (threadIdx.x == 0) {
@@ -153,15 +155,68 @@ __global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
     asm volatile("fence.mbarrier_init.release.cluster;");
   }
   if (CLUSTER)
-    cluster_sync(); // the peer's barriers exist before anything lands there
+    cluster_sync();
   else
     __syncthreads();
+  return rank;
+}
+__device__ size_t layer_weight_bytes() {
+  size_t bytes = 0;
+  for (int g = 0; g < PER_LAYER; ++g)
+    bytes += size_t(c_stages[g].blocks) * c_stages[g].parts *
+             c_stages[g].k_tiles * c_stages[g].b_bytes;
+  return bytes;
+}
+// A consumer thread's share of a stage's boxes (the wgmma's reads).
+__device__ float read_stage(const char *stage, int a_part, int b_bytes) {
+  const uint4 *v = reinterpret_cast<const uint4 *>(stage);
+  float acc = 0.f;
+  for (int j = threadIdx.x; j < (a_part + b_bytes) / 16; j += THREADS) {
+    uint4 q = v[j + (a_part ? 0 : A_BYTES / 16)];
+    acc += __uint_as_float(q.x) + __uint_as_float(q.w);
+  }
+  return acc;
+}
+// The slot read: to this CTA's barrier, and the peer's when coupled.
+__device__ void give_back(unsigned bar, bool coupled) {
+  if (coupled)
+    arrive_both(bar);
+  else
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar)
+                 : "memory");
+}
+
+// Thread 0: until every instance of the stage before (l, g) has ended.
+__device__ void wait_for_previous(const Args &a, int l, int g) {
+  unsigned prev = l * PER_LAYER + g;
+  if (prev == 0)
+    return;
+  const Stage &ps = c_stages[(g + PER_LAYER - 1) % PER_LAYER];
+  unsigned need = (a.epoch + 1) * ps.blocks * ps.parts, seen;
+  do {
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];"
+                 : "=r"(seen)
+                 : "l"(a.counters + prev - 1)
+                 : "memory");
+  } while (seen < need);
+}
+// Thread 0: an instance of stage (l, g) has ended.
+__device__ void done(const Args &a, int l, int g) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(
+                   a.counters + l * PER_LAYER + g)
+               : "memory");
+}
+
+template <bool CLUSTER>
+__global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+  const bool coupled = a.variant == MULTICAST || a.variant == COUPLED;
+  const bool own_a = a.variant == UNICAST || a.variant == CLUSTERED || a.variant == COUPLED;
+  const unsigned rank = init_ring<CLUSTER>(full, empty, coupled);
   float acc = 0.f;
   unsigned used = 0; // k-tiles through the ring so far (slot and parity)
-  size_t layer_weights = 0;
-  for (int g = 0; g < PER_LAYER; ++g)
-    layer_weights += size_t(c_stages[g].blocks) * c_stages[g].parts *
-                     c_stages[g].k_tiles * c_stages[g].b_bytes;
+  const size_t layer_weights = layer_weight_bytes();
   for (int l = 0; l < LAYERS; ++l) {
     size_t w_at = size_t(l) * layer_weights;
     for (int g = 0; g < PER_LAYER; ++g) {
@@ -196,19 +251,7 @@ __global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
           for (int c = 0; c < first; ++c)
             fill(c, true, false); // weights before the wait
         if (threadIdx.x == 0) {
-          unsigned prev = l * PER_LAYER + g;
-          if (prev > 0) {
-            unsigned need =
-                (a.epoch + 1) * c_stages[(g + PER_LAYER - 1) % PER_LAYER].blocks *
-                c_stages[(g + PER_LAYER - 1) % PER_LAYER].parts;
-            unsigned seen;
-            do {
-              asm volatile("ld.acquire.gpu.u32 %0, [%1];"
-                           : "=r"(seen)
-                           : "l"(a.counters + prev - 1)
-                           : "memory");
-            } while (seen < need);
-          }
+          wait_for_previous(a, l, g);
           for (int c = 0; c < first; ++c)
             fill(c, false, true); // activations after it
         }
@@ -219,21 +262,10 @@ __global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
           while (a.test_refill && threadIdx.x == 0 && issued <= c)
             fill(issued++, true, true); // the k-tile is needed now: wait
           wait_parity(smem_addr(&full[slot]), (used / STAGES) & 1);
-          // Every thread reads its share of the stage (the wgmma's reads).
-          const uint4 *v = reinterpret_cast<const uint4 *>(ring + slot * SLOT);
-          const int words = (a_part + st.b_bytes) / 16;
-          for (int j = threadIdx.x; j < words; j += THREADS) {
-            uint4 q = v[j + (a_part ? 0 : A_BYTES / 16)];
-            acc += __uint_as_float(q.x) + __uint_as_float(q.w);
-          }
+          acc += read_stage(ring + slot * SLOT, a_part, st.b_bytes);
           __syncthreads(); // the slot is read
           if (threadIdx.x == 0) {
-            if (coupled)
-              arrive_both(smem_addr(&empty[slot]));
-            else
-              asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
-                               smem_addr(&empty[slot]))
-                           : "memory");
+            give_back(smem_addr(&empty[slot]), coupled);
             if (!a.test_refill && c + STAGES < st.k_tiles)
               fill(c + STAGES, true, true);
             // Refilled when free: each slot the ring has given back, no wait.
@@ -246,15 +278,95 @@ __global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
         }
         __syncthreads();
         if (threadIdx.x == 0)
-          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(
-                           a.counters + l * PER_LAYER + g)
-                       : "memory");
+          done(a, l, g);
       }
       w_at += size_t(count) * st.k_tiles * st.b_bytes;
     }
   }
   if (CLUSTER)
     cluster_sync(); // no multicast or arrive still bound for this CTA
+  if (acc == 1.2345e-30f)
+    a.sink[0] = acc;
+}
+
+// The same stages with a producer warp (warp 8) that only loads: it walks the
+// CTA's instances, issues each k-tile's boxes once the slot is free (the
+// first weight boxes before the instance's wait, which it polls, the
+// activation boxes after), while the 8 consumer warps only wait for full
+// stages, read them and give them back (to both CTAs' barriers when coupled)
+// without waiting for anything else: CUTLASS's warp-specialized layout.
+template <bool CLUSTER>
+__global__ void __launch_bounds__(THREADS + 32, 2) projections_pw(Args a) {
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+  const bool coupled = a.variant == MULTICAST;
+  const unsigned rank = init_ring<CLUSTER>(full, empty, coupled);
+  const bool producer = threadIdx.x >= THREADS;
+  const int a_part = a.variant == NO_A ? 0 : A_BYTES;
+  float acc = 0.f;
+  unsigned used = 0;
+  const size_t layer_weights = layer_weight_bytes();
+  for (int l = 0; l < LAYERS; ++l) {
+    size_t w_at = size_t(l) * layer_weights;
+    for (int g = 0; g < PER_LAYER; ++g) {
+      const Stage st = c_stages[g];
+      const int count = st.blocks * st.parts;
+      for (int i = blockIdx.x; i < count; i += gridDim.x) {
+        const int part = i / st.blocks;
+        const char *w = a.weights + w_at + size_t(i) * st.k_tiles * st.b_bytes;
+        const char *x = a.act + size_t(g) * 64 * 8192 * 2 +
+                        size_t(part) * st.k_tiles * A_BYTES;
+        if (producer) {
+          if (threadIdx.x == THREADS) {
+            auto box_a = [&](int c) {
+              unsigned slot = (used + c) % STAGES;
+              unsigned base = smem_addr(ring + slot * SLOT);
+              unsigned bar = smem_addr(&full[slot]);
+              if (a.variant == UNICAST)
+                load(base, x + size_t(c) * A_BYTES, A_BYTES, bar);
+              if (a.variant == MULTICAST)
+                load_both(base + rank * (A_BYTES / 2),
+                          x + size_t(c) * A_BYTES + rank * (A_BYTES / 2),
+                          A_BYTES / 2, bar);
+            };
+            auto box_w = [&](int c) {
+              unsigned slot = (used + c) % STAGES;
+              unsigned bar = smem_addr(&full[slot]);
+              wait_parity(smem_addr(&empty[slot]), (((used + c) / STAGES) & 1) ^ 1);
+              expect(bar, st.b_bytes + a_part);
+              load(smem_addr(ring + slot * SLOT) + A_BYTES,
+                   w + size_t(c) * st.b_bytes, st.b_bytes, bar);
+            };
+            const int first = st.k_tiles < STAGES ? st.k_tiles : STAGES;
+            for (int c = 0; c < first; ++c)
+              box_w(c);
+            wait_for_previous(a, l, g);
+            for (int c = 0; c < first; ++c)
+              box_a(c);
+            for (int c = first; c < st.k_tiles; ++c) {
+              box_w(c);
+              box_a(c);
+            }
+          }
+          used += st.k_tiles;
+          continue;
+        }
+        for (int c = 0; c < st.k_tiles; ++c, ++used) {
+          unsigned slot = used % STAGES;
+          wait_parity(smem_addr(&full[slot]), (used / STAGES) & 1);
+          acc += read_stage(ring + slot * SLOT, a_part, st.b_bytes);
+          asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+          if (threadIdx.x == 0)
+            give_back(smem_addr(&empty[slot]), coupled);
+        }
+        if (threadIdx.x == 0)
+          done(a, l, g);
+      }
+      w_at += size_t(count) * st.k_tiles * st.b_bytes;
+    }
+  }
+  if (CLUSTER)
+    cluster_sync();
   if (acc == 1.2345e-30f)
     a.sink[0] = acc;
 }
@@ -317,6 +429,13 @@ int main() {
   const char *names[] = {"U own activation boxes", "M activations multicast",
                          "N no activation boxes", "C U in clusters",
                          "K U coupled in clusters"};
+  auto print = [&](int pass, const char *name, const char *how, float us) {
+    std::printf("pass %d  %-24s %-14s %8.1f us  %6.2f us a layer  weights at "
+                "%.2f TB/s (%.0f%% of copy)\n",
+                pass + 1, name, how, us, us / LAYERS,
+                total / (us * 1e-6) / 1e12,
+                100 * total / (us * 1e-6) / 1e12 / bw);
+  };
   for (int pass = 0; pass < 2; ++pass)
     for (int t : {0, 1})
     for (int v : {UNICAST, MULTICAST, NO_A, CLUSTERED, COUPLED}) {
@@ -333,12 +452,30 @@ int main() {
       });
       CHECK(cudaGetLastError());
       CHECK(cudaDeviceSynchronize());
-      std::printf("pass %d  %-24s %-14s %8.1f us  %6.2f us a layer  weights "
-                  "at %.2f TB/s (%.0f%% of copy)\n",
-                  pass + 1, names[v], t ? "refill if free" : "refill waits",
-                  us, us / LAYERS,
-                  total / (us * 1e-6) / 1e12,
-                  100 * total / (us * 1e-6) / 1e12 / bw);
+      print(pass, names[v], t ? "refill if free" : "refill waits", us);
+    }
+  // The producer-warp kernel: own boxes, multicast (rings coupled), none.
+  auto cfg_pw = cfg;
+  cfg_pw.blockDim = dim3(THREADS + 32);
+  for (auto f : {projections_pw<false>, projections_pw<true>})
+    CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)));
+  CHECK(cudaOccupancyMaxActiveClusters(&clusters, projections_pw<true>, &cfg_pw));
+  std::printf("producer warp: clusters of 2 resident at once: %d\n", clusters);
+  for (int pass = 0; pass < 2 && clusters >= grid / 2; ++pass)
+    for (int v : {UNICAST, MULTICAST, NO_A}) {
+      Args a{w, act, sink, counters, 0, v, 0};
+      CHECK(cudaMemset(counters, 0, LAYERS * PER_LAYER * 4));
+      float us = median_us([&] {
+        if (v == MULTICAST)
+          CHECK(cudaLaunchKernelEx(&cfg_pw, projections_pw<true>, a));
+        else
+          projections_pw<false><<<grid, THREADS + 32, smem>>>(a);
+        a.epoch++;
+      });
+      CHECK(cudaGetLastError());
+      CHECK(cudaDeviceSynchronize());
+      print(pass, names[v], "producer warp", us);
     }
   return 0;
 }
