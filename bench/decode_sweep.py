@@ -375,6 +375,20 @@ VARIANTS["l2rest_d"] = _large(("projection_options", (("down_proj", _L2REST),)))
 VARIANTS["argparts"] = _large(("argmax_whole", False))
 VARIANTS["lm256"] = _large(("bn_lm", 256), ("projection_options", (("lm_head", (("stages", 2),)),)))
 VARIANTS["lm192"] = _large(("bn_lm", 192), ("projection_options", (("lm_head", (("stages", 3),)),)))
+
+
+def _refill_test(*projections: str) -> dict:
+    """The large kernel with ``projections`` refilling each ring stage once it
+    tests free (``refill="test"``) instead of thread 0 waiting for it."""
+    return _large(("projection_options", tuple((p, (("refill", "test"),)) for p in projections)))
+
+
+# Session 37 (item 168): item 166's model took the projections 10 % shorter
+# with a producer that holds no consumer; the nearest the tiles have is
+# refill="test" (thread 0 goes on while a stage is still being read).
+VARIANTS["rf_all"] = _refill_test("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+VARIANTS["rf_gd"] = _refill_test("gate_up_proj", "down_proj")
+VARIANTS["rf_qo"] = _refill_test("qkv_proj", "o_proj")
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

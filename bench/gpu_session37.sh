@@ -3,7 +3,7 @@
 # selecting several tokens at a time, and a model of the decoder's B = 64
 # projections with their activation boxes multicast in 2-CTA clusters. Each
 # step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session37.sh [tests] [moe] [proto] [checks] [moebench] ...
+# Usage: bash bench/gpu_session37.sh [tests] [moe] [proto] [checks] [moebench] [sweep] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s37
@@ -37,6 +37,13 @@ for step in ${*:-tests}; do
     # .device/s37b/moefull/moe)
     BENCH_MOE_CONFIGS=auto timeout 520 python bench/moe.py --artifacts .device/s37b/moefull/moe \
       --out "$OUT" 2>&1 | tee "$OUT/moe_full.txt" | tail -40
+    ;;
+  sweep)  # the large kernel's projections refilling their rings by test, B = 32 and 64
+    # (DECODE_SWEEP_VARIANTS=default,rf_all,rf_gd,rf_qo python bench/decode_sweep.py
+    # --build .device/s37sw)
+    SWEEP_TMP=/tmp/s37 sweep_passes s37_sweep ${SWEEP_VARIANTS:-default,rf_all,rf_gd,rf_qo} \
+      32,64 1024,4096 .device/s37sw
+    tar czf "$OUT/s37_sweep_raw.tgz" -C /tmp/s37 raw
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -154,8 +154,10 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(stages=40), "need .* bytes of shared memory"),
         (
             dict(core="sync", k_splits=2),
-            "k_splits=2, a_box=64, meeting='rows' and meet_share=1 need",
+            "k_splits=2, a_box=64, meeting='rows', meet_share=1 and refill='wait' need",
         ),
+        (dict(core="sync", refill="test"), "refill='test' need core='tma'"),
+        (dict(refill="when"), "refill must be 'wait' or 'test', got 'when'"),
         (dict(k_splits=2, meet_share=2), "meet_share=2 needs meeting='fragments'"),
         (dict(k_splits=2, meeting="fragments", meet_share=3), "a power of two up to k_splits=2"),
         (dict(k_splits=1, meeting="fragments", meet_share=2), "meet_share=2 needs .*k_splits > 1"),
@@ -262,6 +264,7 @@ def test_shared_l2_prefetch_also_asks_the_l2_for_the_rest_of_the_part():
         ("store", 4, dict(meeting="fragments")),
         ("residual", 4, dict(prefetch_ring="shared", meeting="fragments", epilogue_ahead=True)),
         ("swiglu", 2, dict(prefetch_ring="shared", rotate_k=True, meeting="fragments")),
+        ("residual", 1, dict(prefetch_ring="shared", stages=3, refill="test")),
     ],
 )
 def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
@@ -280,6 +283,8 @@ def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
     art.save(tmp_path / "art")
     maps = [t.name for t in manifest.load_manifest(tmp_path / "art").tensors if t.tensor_map]
     assert maps == [f"A_tma{extra.get('a_box', 64)}x64", "W_tma16x64"]
+    # refill="test": thread 0 tests a stage's empty barrier and goes on.
+    assert ("mbarrier.test_wait" in ptx) == (extra.get("refill") == "test")
     report = sm90a_ptxas(ptx, tmp_path)
     assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report))
 
@@ -501,6 +506,14 @@ def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
         (
             dict(**TMA, k_splits=SPLITS, tma_meeting="rows", tma_meet_share=(("qkv_proj", 2),)),
             "needs tma_meeting='fragments'",
+        ),
+        (
+            dict(projection_options=(("down_proj", (("refill", "test"),)),)),
+            r"projection_options\['down_proj'\] refill='test': .* tma core only \(core 'sync'\)",
+        ),
+        (
+            dict(**TMA, projection_options=(("o_proj", (("refill", "soon"),)),)),
+            r"projection_options\['o_proj'\] refill='soon': 'wait' or 'test'",
         ),
     ],
 )

@@ -145,8 +145,8 @@ DECODER_TASKS = (
     "argmax_merge",
     "l2_prefetch",
 )
-#: The sync-core options ``LlamaConfig.projection_options`` may set per projection.
-PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring", "bulk_ring")
+#: The options ``LlamaConfig.projection_options`` may set per projection.
+PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring", "bulk_ring", "refill")
 #: ``gemm_core`` values (``etc.tiles.gemm.LAYER_CORES``).
 _CORES = ("sync", "bulk", "tma")
 #: The projections ``k_splits`` may split, and the field holding their ``k``.
@@ -298,7 +298,9 @@ class LlamaConfig:
     #: ``(("gate_up_proj", (("prefetch_ring", 1),)),)``: on the sync core
     #: they override ``gemm_options`` and ``prefetch_ring``; on the tma core
     #: ``stages`` and ``prefetch_ring`` override ``tma_stages`` and
-    #: ``tma_prefetch`` (``unroll`` does not apply).
+    #: ``tma_prefetch`` (``unroll`` does not apply), and ``refill="test"``
+    #: refills each ring stage once it tests free instead of thread 0
+    #: waiting for it (``etc.tiles.gemm_tc.gemm``'s option).
     projection_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     bulk_options: tuple[tuple[str, Any], ...] = (("rotate_k", True),)
     #: The attention tile copies its whole chunk of K and V into shared
@@ -561,6 +563,12 @@ class LlamaConfig:
                     f"LlamaConfig: projection_options[{proj!r}] bulk_ring needs a layer "
                     f"projection on the sync core and weight_chunk=32 (core {self.core(proj)!r}, "
                     f"weight_chunk={self.weight_chunk})"
+                )
+            refill = dict(options).get("refill", "wait")
+            if refill not in ("wait", "test") or (refill != "wait" and self.core(proj) != "tma"):
+                raise GraphError(
+                    f"LlamaConfig: projection_options[{proj!r}] refill={refill!r}: 'wait' or "
+                    f"'test', and 'test' on the tma core only (core {self.core(proj)!r})"
                 )
         _check_pairs("shared_regions", self.shared_regions, DECODER_TASKS, "task")
         if not isinstance(self.outline, bool):
@@ -1285,7 +1293,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
                 epilogue_ahead=cfg.tma_epilogue_ahead, meeting=cfg.tma_meeting,
-                meet_share=cfg.meet_share(name),
+                meet_share=cfg.meet_share(name), refill=own.get("refill", "wait"),
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
                 weight_chunk=cfg.weight_chunk if layers is not None else 0,

@@ -1708,6 +1708,7 @@ def layer_gemm(
     epilogue_ahead: bool = False,
     meeting: str = "rows",
     meet_share: int = 1,
+    refill: str = "wait",
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1814,8 +1815,10 @@ def layer_gemm(
     row sums and residual loads before the k loop. It takes ``stages``,
     ``columns_first``, ``row_scale``, ``sums_out``, ``k_splits``,
     ``counter_row``, ``prefetch_ring``, ``a_box``, ``epilogue_ahead``,
-    ``meeting`` (how the split-K parts meet) and ``meet_share`` (how many of
-    them add the parts: :func:`etc.tiles.gemm_layer_tma.layer_gemm_tma`) only.
+    ``meeting`` (how the split-K parts meet), ``meet_share`` (how many of
+    them add the parts: :func:`etc.tiles.gemm_layer_tma.layer_gemm_tma`) and
+    ``refill`` (how thread 0 refills the ring: :func:`etc.tiles.gemm_tc.gemm`'s
+    option) only.
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -1860,11 +1863,12 @@ def layer_gemm(
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
             prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
             epilogue_ahead=epilogue_ahead, meeting=meeting, meet_share=meet_share,
+            refill=refill,
         )  # fmt: skip
-    if k_splits != 1 or a_box != 64 or meeting != "rows" or meet_share != 1:
+    if k_splits != 1 or a_box != 64 or meeting != "rows" or meet_share != 1 or refill != "wait":
         raise GraphError(
-            f"tile '{name}': k_splits={k_splits}, a_box={a_box}, meeting={meeting!r} and "
-            f"meet_share={meet_share} need core='tma'"
+            f"tile '{name}': k_splits={k_splits}, a_box={a_box}, meeting={meeting!r}, "
+            f"meet_share={meet_share} and refill={refill!r} need core='tma'"
         )
     if epilogue_ahead:
         raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")

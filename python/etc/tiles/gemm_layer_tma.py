@@ -83,6 +83,7 @@ def layer_gemm_tma(
     epilogue_ahead: bool = False,
     meeting: str = "rows",
     meet_share: int = 1,
+    refill: str = "wait",
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -237,7 +238,7 @@ def layer_gemm_tma(
         t, name=name, k=part, block_m=block_m, b_rows=per_n * block_n, block_size=block_size,
         stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
         stage_output=False, split_n=True, k_offset=t.mul("%ks", part) if split else None,
-        weights_prefetched=shared, rotate="%j" if rotate_k else None,
+        weights_prefetched=shared, rotate="%j" if rotate_k else None, refill=refill,
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
