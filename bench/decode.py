@@ -28,7 +28,8 @@ Timing: batch B in BATCHES, context L in CONTEXTS (the caches hold L random
 tokens; the step writes position L). ETC static and dynamic (one launch per
 step), PyTorch eager (:func:`etc.models.llama.torch_decode_step`, the same
 math over the same buffers), the same step replayed from one CUDA graph, and
-``torch.compile(mode="reduce-overhead")`` (at context 1024 only: each shape
+``torch.compile(mode="reduce-overhead")`` (at ``--compile-batches`` and
+``--compile-contexts``, B = 1 and 64 at L = 1024 by default: each shape
 compiles anew). Medians of REPS repetitions of CALLS back-to-back steps
 between CUDA events after a warm-up; the device copy bandwidth (2 GiB copy)
 in the same run. Achieved bandwidth = (weights + KV cache read) / time.
@@ -231,7 +232,9 @@ def _StepModule(cfg, bufs, L):
     return Step()
 
 
-def time_all(torch, kernels, cfg, weights, reps, log, compile_batches) -> list:
+def time_all(
+    torch, kernels, cfg, weights, reps, log, compile_batches, compile_contexts=(1024,)
+) -> list:
     from bench.splitk import copy_bandwidth
     from bench.timing import gpu_timed, timed
 
@@ -276,12 +279,13 @@ def time_all(torch, kernels, cfg, weights, reps, log, compile_batches) -> list:
                 M.torch_decode_step(cfg, bufs, L)
             row["torch_graph_us"] = timed(torch, lambda i, g=graph: g.replay(), CALLS, reps)
             del graph
-            if L == CONTEXTS[0] and B in compile_batches:
+            if L in compile_contexts and B in compile_batches:
                 try:
                     t0 = time.perf_counter()
                     # The buffers as a module's buffers: inductor's CUDA
                     # graphs accept mutations of those (the cache writes),
-                    # not of plain inputs.
+                    # not of plain inputs. (At B > 1 the compiled step runs
+                    # slower than eager: bench/RESULTS.md item 169.)
                     compiled = torch.compile(_StepModule(cfg, bufs, L), mode="reduce-overhead")
                     with torch.no_grad():
                         for _ in range(3):
@@ -411,7 +415,14 @@ def warmup(artifacts: Path, log) -> dict:
     return out
 
 
-def run(artifacts: Path, out: Path | None, reps: int, parts: list[str], compile_batches) -> None:
+def run(
+    artifacts: Path,
+    out: Path | None,
+    reps: int,
+    parts: list[str],
+    compile_batches,
+    compile_contexts=(1024,),
+) -> None:
     import torch
 
     import etc.runtime
@@ -436,7 +447,9 @@ def run(artifacts: Path, out: Path | None, reps: int, parts: list[str], compile_
     if "check" in parts:
         results["check"] = check(torch, kernels, cfg, weights, log)
     if "time" in parts:
-        results["timing"] = time_all(torch, kernels, cfg, weights, reps, log, compile_batches)
+        results["timing"] = time_all(
+            torch, kernels, cfg, weights, reps, log, compile_batches, compile_contexts
+        )
     if "warmup" in parts:
         del kernels, weights
         torch.cuda.empty_cache()
@@ -455,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--parts", default="check,time,warmup")
     p.add_argument("--compile-batches", default="1,64", help="torch.compile at these B")
+    p.add_argument("--compile-contexts", default="1024", help="... and these L")
     p.add_argument(
         "--set",
         action="append",
@@ -478,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         build(args.build, dataclasses.replace(M.LLAMA_3_2_1B, **changes))
     if args.artifacts:
         batches = [int(b) for b in args.compile_batches.split(",") if b]
-        run(args.artifacts, args.out, args.reps, args.parts.split(","), batches)
+        contexts = [int(c) for c in args.compile_contexts.split(",") if c]
+        run(args.artifacts, args.out, args.reps, args.parts.split(","), batches, contexts)
     return 0
 
 

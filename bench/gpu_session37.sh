@@ -3,7 +3,7 @@
 # selecting several tokens at a time, and a model of the decoder's B = 64
 # projections with their activation boxes multicast in 2-CTA clusters. Each
 # step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session37.sh [tests] [moe] [proto] [checks] [moebench] [sweep] ...
+# Usage: bash bench/gpu_session37.sh [tests] [moe] [proto] [checks] [moebench] [sweep] [decbench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s37
@@ -44,6 +44,12 @@ for step in ${*:-tests}; do
     SWEEP_TMP=/tmp/s37 sweep_passes s37_sweep ${SWEEP_VARIANTS:-default,rf_all,rf_gd,rf_qo} \
       32,64 1024,4096 .device/s37sw
     tar czf "$OUT/s37_sweep_raw.tgz" -C /tmp/s37 raw
+    ;;
+  decbench)  # bench/decode.py's timings over the default artifact, torch.compile at
+    # every B and both contexts (python bench/decode.py --build .device/s37dec)
+    timeout 560 python bench/decode.py --artifacts .device/s37dec --out "$OUT" --reps 5 \
+      --parts time --compile-batches ${COMPILE_BATCHES:-1,8,32,64} --compile-contexts 1024,4096 \
+      2>&1 | grep -v -i "warn\|attention mask\|cudagraph" | tee "$OUT/bench.txt"
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
