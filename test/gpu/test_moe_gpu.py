@@ -20,47 +20,7 @@ from etc.dtypes import bf16_to_f32
 from etc.models import moe as M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graphs import (  # noqa: E402
-    MOE_FAMILY_SIZES,
-    MOE_GRAPH_OPTIONS,
-    MOE_SMALL,
-    MOE_SMALL_ATOMIC,
-    MOE_SMALL_ATOMIC16,
-    MOE_SMALL_BULK_PERMUTE,
-    MOE_SMALL_CHUNK,
-    MOE_SMALL_GATHER,
-    MOE_SMALL_GATHER_TMA,
-    MOE_SMALL_RING,
-    MOE_SMALL_RING_PREFETCH,
-    MOE_SMALL_RINGPF_CHUNK,
-    MOE_SMALL_ROUTE,
-    MOE_SMALL_ROUTE_ATOMIC,
-    MOE_SMALL_ROUTE_ATOMIC16,
-    MOE_SMALL_ROUTE_GATHER,
-    MOE_SMALL_ROUTE_TMA,
-    MOE_SMALL_SLOTS,
-    MOE_SMALL_SLOTS_BULK,
-    MOE_SMALL_SLOTS_CHUNK,
-    MOE_SMALL_SLOTS_FUSED,
-    MOE_SMALL_SLOTS_GEMV,
-    MOE_SMALL_SLOTS_GEMV_CHUNK,
-    MOE_SMALL_SLOTS_GEMV_LAST,
-    MOE_SMALL_SLOTS_L2,
-    MOE_SMALL_SLOTS_LOGITS,
-    MOE_SMALL_SLOTS_RING,
-    MOE_SMALL_SPLIT,
-    MOE_SMALL_SUB,
-    MOE_SMALL_TICKET,
-    MOE_SMALL_TMA,
-    MOE_SMALL_TMA_CHUNK,
-    MOE_SMALL_TMA_REFILL,
-    MOE_SMALL_TMA_RING,
-    MOE_SMALL_TMA_RING_DIRECT,
-    MOE_SMALL_TMA_SHORT,
-    MOE_SMALL_TMA_TICKET,
-    MOE_SMALL_TMA_TOPK,
-    SCHEDULES,
-)
+import graphs as G  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,48 +39,48 @@ pytestmark = [
         "_slots_gemv_chunk", "_slots_gemv_last", "_gather_tma", "_tma_refill", "_bulk_permute",
     ],
 )  # fmt: skip
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 @pytest.mark.parametrize("routing", ["uniform", "one-expert", "few-experts"])
 def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing: str) -> None:
     cfg = {
-        "": MOE_SMALL,
-        "_tma": MOE_SMALL_TMA,
-        "_ring": MOE_SMALL_RING,
-        "_ringpf": MOE_SMALL_RING_PREFETCH,
-        "_split": MOE_SMALL_SPLIT,
-        "_sub": MOE_SMALL_SUB,
-        "_route": MOE_SMALL_ROUTE,
-        "_route_tma": MOE_SMALL_ROUTE_TMA,
-        "_route_unguarded": MOE_SMALL_ROUTE,
-        "_gather": MOE_SMALL_GATHER,
-        "_route_gather": MOE_SMALL_ROUTE_GATHER,
-        "_atomic": MOE_SMALL_ATOMIC,
-        "_route_atomic": MOE_SMALL_ROUTE_ATOMIC,
-        "_atomic16": MOE_SMALL_ATOMIC16,
-        "_route_atomic16": MOE_SMALL_ROUTE_ATOMIC16,
-        "_ticket": MOE_SMALL_TICKET,
-        "_tma_ticket": MOE_SMALL_TMA_TICKET,
-        "_tma_short": MOE_SMALL_TMA_SHORT,
-        "_slots": MOE_SMALL_SLOTS,
-        "_slots_logits": MOE_SMALL_SLOTS_LOGITS,
-        "_slots_l2": MOE_SMALL_SLOTS_L2,
-        "_slots_ring": MOE_SMALL_SLOTS_RING,
-        "_chunk": MOE_SMALL_CHUNK,
-        "_ringpf_chunk": MOE_SMALL_RINGPF_CHUNK,
-        "_slots_chunk": MOE_SMALL_SLOTS_CHUNK,
-        "_tma_chunk": MOE_SMALL_TMA_CHUNK,
-        "_slots_bulk_chunk": MOE_SMALL_SLOTS_BULK,
-        "_slots_fused": MOE_SMALL_SLOTS_FUSED,
-        "_slots_gemv": MOE_SMALL_SLOTS_GEMV,
-        "_slots_gemv_chunk": MOE_SMALL_SLOTS_GEMV_CHUNK,
-        "_slots_gemv_last": MOE_SMALL_SLOTS_GEMV_LAST,
-        "_gather_tma": MOE_SMALL_GATHER_TMA,
-        "_tma_refill": MOE_SMALL_TMA_REFILL,
-        "_bulk_permute": MOE_SMALL_BULK_PERMUTE,
+        "": G.MOE_SMALL,
+        "_tma": G.MOE_SMALL_TMA,
+        "_ring": G.MOE_SMALL_RING,
+        "_ringpf": G.MOE_SMALL_RING_PREFETCH,
+        "_split": G.MOE_SMALL_SPLIT,
+        "_sub": G.MOE_SMALL_SUB,
+        "_route": G.MOE_SMALL_ROUTE,
+        "_route_tma": G.MOE_SMALL_ROUTE_TMA,
+        "_route_unguarded": G.MOE_SMALL_ROUTE,
+        "_gather": G.MOE_SMALL_GATHER,
+        "_route_gather": G.MOE_SMALL_ROUTE_GATHER,
+        "_atomic": G.MOE_SMALL_ATOMIC,
+        "_route_atomic": G.MOE_SMALL_ROUTE_ATOMIC,
+        "_atomic16": G.MOE_SMALL_ATOMIC16,
+        "_route_atomic16": G.MOE_SMALL_ROUTE_ATOMIC16,
+        "_ticket": G.MOE_SMALL_TICKET,
+        "_tma_ticket": G.MOE_SMALL_TMA_TICKET,
+        "_tma_short": G.MOE_SMALL_TMA_SHORT,
+        "_slots": G.MOE_SMALL_SLOTS,
+        "_slots_logits": G.MOE_SMALL_SLOTS_LOGITS,
+        "_slots_l2": G.MOE_SMALL_SLOTS_L2,
+        "_slots_ring": G.MOE_SMALL_SLOTS_RING,
+        "_chunk": G.MOE_SMALL_CHUNK,
+        "_ringpf_chunk": G.MOE_SMALL_RINGPF_CHUNK,
+        "_slots_chunk": G.MOE_SMALL_SLOTS_CHUNK,
+        "_tma_chunk": G.MOE_SMALL_TMA_CHUNK,
+        "_slots_bulk_chunk": G.MOE_SMALL_SLOTS_BULK,
+        "_slots_fused": G.MOE_SMALL_SLOTS_FUSED,
+        "_slots_gemv": G.MOE_SMALL_SLOTS_GEMV,
+        "_slots_gemv_chunk": G.MOE_SMALL_SLOTS_GEMV_CHUNK,
+        "_slots_gemv_last": G.MOE_SMALL_SLOTS_GEMV_LAST,
+        "_gather_tma": G.MOE_SMALL_GATHER_TMA,
+        "_tma_refill": G.MOE_SMALL_TMA_REFILL,
+        "_bulk_permute": G.MOE_SMALL_BULK_PERMUTE,
     }[tiles]
     name = f"moe_small{tiles}"
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_{schedule}")
-    graph = M.build_moe_graph(cfg, name=name, **MOE_GRAPH_OPTIONS.get(tiles, {}))
+    graph = M.build_moe_graph(cfg, name=name, **G.MOE_GRAPH_OPTIONS.get(tiles, {}))
     weights = M.random_weights(cfg, seed=3, routing=routing)
     # One kernel object for every T, launched back to back: the kernel
     # resets its counters, queue and retired count itself.
@@ -157,22 +117,22 @@ def test_moe_matches_reference_and_simulator(tiles: str, schedule: str, routing:
         "_tma_ticket",
     ],
 )  # fmt: skip
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_launch_over_stale_tables(tiles: str, schedule: str) -> None:
     # Launched over the previous routing's tables (each launch a new routing
     # of the same T), a triggered tile must still find its expert and
     # prefetch its weights; `_route_unguarded`'s gate/up tiles do not wait for
     # the tables, so they guess from the old ones and must prefetch again.
     cfg = {
-        "": MOE_SMALL,
-        "_ringpf": MOE_SMALL_RING_PREFETCH,
-        "_tma": MOE_SMALL_TMA,
-        "_route": MOE_SMALL_ROUTE,
-        "_route_tma": MOE_SMALL_ROUTE_TMA,
-        "_route_unguarded": MOE_SMALL_ROUTE,
-        "_gather": MOE_SMALL_GATHER,
-        "_atomic": MOE_SMALL_ATOMIC,
-        "_tma_ticket": MOE_SMALL_TMA_TICKET,
+        "": G.MOE_SMALL,
+        "_ringpf": G.MOE_SMALL_RING_PREFETCH,
+        "_tma": G.MOE_SMALL_TMA,
+        "_route": G.MOE_SMALL_ROUTE,
+        "_route_tma": G.MOE_SMALL_ROUTE_TMA,
+        "_route_unguarded": G.MOE_SMALL_ROUTE,
+        "_gather": G.MOE_SMALL_GATHER,
+        "_atomic": G.MOE_SMALL_ATOMIC,
+        "_tma_ticket": G.MOE_SMALL_TMA_TICKET,
     }[tiles]
     kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small{tiles}_{schedule}")
     for T in (7, 33):
@@ -216,36 +176,36 @@ def _paired(variant: str, route: str, schedule: str, cfg: M.MoEConfig, plain: M.
 
 
 @pytest.mark.parametrize("route", ["", "_route"])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_gathered_rows_give_the_permuted_copy_s_bits(route: str, schedule: str) -> None:
     # A row's products do not depend on where in its block it sits, so the
     # gate/up tiles that gather X through perm give the layer's output bit
     # for bit as the ones that read the permuted copy Xp (and each its own
     # tables, whose row order inside an expert the atomics choose).
-    cfg = MOE_SMALL_ROUTE_GATHER if route else MOE_SMALL_GATHER
+    cfg = G.MOE_SMALL_ROUTE_GATHER if route else G.MOE_SMALL_GATHER
     plain = replace(cfg, gather=False)
     for T, routing, _, _, a, b in _paired("gather", route, schedule, cfg, plain):
         assert "Xp" not in a and "Xp" in b
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_session33_variants_give_the_plain_layer_s_bits(schedule: str) -> None:
     # Rows gathered by one-row TMA boxes land in the swizzle a whole block's
     # box gives, rings refilled when free and the bulk permute move the same
     # bytes: each layer's output is the plain TMA layer's, bit for bit.
     for variant, cfg in (
-        ("gather_tma", MOE_SMALL_GATHER_TMA),
-        ("tma_refill", MOE_SMALL_TMA_REFILL),
-        ("bulk_permute", MOE_SMALL_BULK_PERMUTE),
+        ("gather_tma", G.MOE_SMALL_GATHER_TMA),
+        ("tma_refill", G.MOE_SMALL_TMA_REFILL),
+        ("bulk_permute", G.MOE_SMALL_BULK_PERMUTE),
     ):
-        for T, routing, _, _, a, b in _paired(variant, "", schedule, cfg, MOE_SMALL_TMA):
+        for T, routing, _, _, a, b in _paired(variant, "", schedule, cfg, G.MOE_SMALL_TMA):
             np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"{variant} T={T} {routing}")
 
 
 @pytest.mark.parametrize("variant", ["atomic", "atomic16"])
 @pytest.mark.parametrize("route", ["", "_route"])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_atomic_combine_matches_the_combine_task(variant: str, route: str, schedule: str) -> None:
     # The down tiles that add their weighted rows into float32 (or f16) sums
     # (L2 reductions) against the same layer with Yp and the combine task,
@@ -253,8 +213,8 @@ def test_atomic_combine_matches_the_combine_task(variant: str, route: str, sched
     # float32 reference (the rows are not rounded to bf16 before the sum),
     # and the simulator's answer alike.
     cfg = {
-        ("atomic", ""): MOE_SMALL_ATOMIC, ("atomic", "_route"): MOE_SMALL_ROUTE_ATOMIC,
-        ("atomic16", ""): MOE_SMALL_ATOMIC16, ("atomic16", "_route"): MOE_SMALL_ROUTE_ATOMIC16,
+        ("atomic", ""): G.MOE_SMALL_ATOMIC, ("atomic", "_route"): G.MOE_SMALL_ROUTE_ATOMIC,
+        ("atomic16", ""): G.MOE_SMALL_ATOMIC16, ("atomic16", "_route"): G.MOE_SMALL_ROUTE_ATOMIC16,
     }[variant, route]  # fmt: skip
     graph = M.build_moe_graph(cfg, name=f"moe_small{route}_{variant}")
     plain = replace(cfg, combine="task", combine_dtype="f32")
@@ -266,53 +226,55 @@ def test_atomic_combine_matches_the_combine_task(variant: str, route: str, sched
         assert M.rel_err(a["Out"], simulated["Out"]) <= 1e-2, (T, routing)
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_ticket_dealt_tiles_give_the_listed_tiles_bits(schedule: str) -> None:
     # Dealing the GEMM tiles by ticket changes which CTA runs a tile, not
     # what the tile computes: the output equals the listed layer's bit for
     # bit (the dynamic schedule ignores the deal).
-    plain = replace(MOE_SMALL_TMA_TICKET, gemm_deal="list")
-    for T, routing, _, _, a, b in _paired("tma_ticket", "", schedule, MOE_SMALL_TMA_TICKET, plain):
+    plain = replace(G.MOE_SMALL_TMA_TICKET, gemm_deal="list")
+    for T, routing, _, _, a, b in _paired(
+        "tma_ticket", "", schedule, G.MOE_SMALL_TMA_TICKET, plain
+    ):
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_short_blocks_give_the_plain_tiles_bits(schedule: str) -> None:
     # An expert's only block, of at most 64 rows, on one warpgroup (the
     # second skips the k loop) computes each row as the plain tile does: the
     # output equals the plain TMA layer's bit for bit, at T = 300 (every
     # expert short), 130 on one expert (its two blocks on both warpgroups,
     # the others short) and 1.
-    plain = MOE_SMALL_TMA
-    for T, routing, _, _, a, b in _paired("tma_short", "", schedule, MOE_SMALL_TMA_SHORT, plain):
+    plain = G.MOE_SMALL_TMA
+    for T, routing, _, _, a, b in _paired("tma_short", "", schedule, G.MOE_SMALL_TMA_SHORT, plain):
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_unrolled_topk_gives_the_plain_layer_s_bits(schedule: str) -> None:
     # Top-k warps that select 3 of their 4 tokens at a time make the same
     # choices and count them by the same atomics (only the slots' order
     # inside an expert may differ), so the output is the plain layer's bit
     # for bit, the choices equal and each expert's positions 0 .. count - 1.
     for T, routing, _, _, a, b in _paired(
-        "tma_topk", "", schedule, MOE_SMALL_TMA_TOPK, MOE_SMALL_TMA
+        "tma_topk", "", schedule, G.MOE_SMALL_TMA_TOPK, G.MOE_SMALL_TMA
     ):
         np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"T={T} {routing}")
         np.testing.assert_array_equal(a["topk_ids"][:T], b["topk_ids"][:T])
         np.testing.assert_array_equal(np.sort(a["pos"][:T].ravel()), np.sort(b["pos"][:T].ravel()))
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(G.SCHEDULES))
 def test_ring_passes_give_the_plain_tiles_bits(schedule: str) -> None:
     # Wider blocks whose column passes share one TMA ring (the next pass's
     # k-tiles load during this one's epilogue) compute each output as the
     # plain 64-column tiles do: the layer's output is the plain TMA layer's
     # bit for bit, the blocks staged (down's in two parts) or stored directly.
     for variant, cfg in (
-        ("tma_ring", MOE_SMALL_TMA_RING),
-        ("tma_ring_direct", MOE_SMALL_TMA_RING_DIRECT),
+        ("tma_ring", G.MOE_SMALL_TMA_RING),
+        ("tma_ring_direct", G.MOE_SMALL_TMA_RING_DIRECT),
     ):
-        for T, routing, _, _, a, b in _paired(variant, "", schedule, cfg, MOE_SMALL_TMA):
+        for T, routing, _, _, a, b in _paired(variant, "", schedule, cfg, G.MOE_SMALL_TMA):
             np.testing.assert_array_equal(a["Out"], b["Out"], err_msg=f"{variant} T={T} {routing}")
 
 
@@ -327,7 +289,7 @@ def test_one_artifact_runs_each_preset_by_token_count(schedule: str, chunk: int)
     kernel = etc.runtime.load(
         Path(os.environ["ETC_ARTIFACTS"]) / f"moe_small_family{tag}_{schedule}"
     )
-    family = M.preset_family(weight_chunk=chunk, **MOE_FAMILY_SIZES)
+    family = M.preset_family(weight_chunk=chunk, **G.MOE_FAMILY_SIZES)
     assert kernel.bounds == [bound for bound, _, _ in family]
     cfg = family[-1][2]
     for T, routing in ((1, "uniform"), (4, "one-expert"), (5, "uniform"), (8, "uniform"),
