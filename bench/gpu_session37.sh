@@ -3,7 +3,7 @@
 # selecting several tokens at a time, and a model of the decoder's B = 64
 # projections with their activation boxes multicast in 2-CTA clusters. Each
 # step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session37.sh [tests] [moe] [proto] [checks] [moebench] [sweep] [decbench] ...
+# Usage: bash bench/gpu_session37.sh [tests] [moe] [proto] [checks] [moebench] [sweep] [decbench] [probe] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s37
@@ -50,6 +50,10 @@ for step in ${*:-tests}; do
     timeout 560 python bench/decode.py --artifacts .device/s37dec --out "$OUT" --reps 5 \
       --parts time --compile-batches ${COMPILE_BATCHES:-1,8,32,64} --compile-contexts 1024,4096 \
       2>&1 | grep -v -i "warn\|attention mask\|cudagraph" | tee "$OUT/bench.txt"
+    ;;
+  probe)  # why torch.compile's step is slower than eager at B > 1 (no CPU-side build)
+    timeout 200 python bench/torch_compile_probe.py ${PROBE_BATCHES:-8 64} 2>&1 \
+      | tee "$OUT/compile_probe.txt" | grep -i -v "^\s*$" | tail -60
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
