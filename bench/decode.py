@@ -217,17 +217,33 @@ def check(torch, kernels, cfg, weights, log) -> dict:
     return result
 
 
+#: The caches the compiled step keeps as one buffer a layer.
+_CACHES = ("k_cache", "v_cache")
+
+
 def _StepModule(cfg, bufs, L):
+    """The step as a module whose buffers are ``bufs``, each cache split into
+    one buffer a layer (copies: session 37 found inductor rewriting the
+    whole 16-layer buffer for each layer's one-position write)."""
     import torch
 
     class Step(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             for name, value in bufs.items():
-                self.register_buffer(name, value, persistent=False)
+                if name in _CACHES:
+                    for layer in range(cfg.layers):
+                        self.register_buffer(
+                            f"{name}{layer}", value[layer].clone(), persistent=False
+                        )
+                else:
+                    self.register_buffer(name, value, persistent=False)
 
         def forward(self):
-            return M.torch_decode_step(cfg, {n: getattr(self, n) for n in bufs}, L)
+            t = {n: getattr(self, n) for n in bufs if n not in _CACHES}
+            for name in _CACHES:
+                t[name] = [getattr(self, f"{name}{layer}") for layer in range(cfg.layers)]
+            return M.torch_decode_step(cfg, t, L)
 
     return Step()
 
@@ -284,8 +300,9 @@ def time_all(
                     t0 = time.perf_counter()
                     # The buffers as a module's buffers: inductor's CUDA
                     # graphs accept mutations of those (the cache writes),
-                    # not of plain inputs. (At B > 1 the compiled step runs
-                    # slower than eager: bench/RESULTS.md item 169.)
+                    # not of plain inputs; the caches a buffer a layer
+                    # (one 16-layer buffer made the step slower than eager
+                    # at B > 1: bench/RESULTS.md item 169).
                     compiled = torch.compile(_StepModule(cfg, bufs, L), mode="reduce-overhead")
                     with torch.no_grad():
                         for _ in range(3):

@@ -2045,7 +2045,10 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     ``next_tokens``, returns the next tokens.
     Same math and rounding points as the graph (bf16 ops, fp32 softmax). With
     ``cfg.fold_norms`` the buffers hold ``wqkv_folded`` and ``wgu_folded``
-    (:func:`torch_inputs`), so the layer norms apply no weight."""
+    (:func:`torch_inputs`), so the layer norms apply no weight. ``k_cache``
+    and ``v_cache`` may also be lists of one cache a layer (what
+    ``torch.compile`` updates in place: a layer's slice of one buffer it
+    rewrites whole)."""
     import torch
     import torch.nn.functional as F
 
@@ -2074,10 +2077,11 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
         q = rope(qkv[:, : NH * D].view(B, NH, 1, D))
         k = rope(qkv[:, NH * D : (NH + KV) * D].view(B, KV, D))
         v = qkv[:, (NH + KV) * D :].view(B, KV, D)
-        t["k_cache"][layer, :, :, L] = k
-        t["v_cache"][layer, :, :, L] = v
-        keys = t["k_cache"][layer, :, :, : L + 1]
-        vals = t["v_cache"][layer, :, :, : L + 1]
+        kc, vc = t["k_cache"][layer], t["v_cache"][layer]
+        kc[:, :, L] = k
+        vc[:, :, L] = v
+        keys = kc[:, :, : L + 1]
+        vals = vc[:, :, : L + 1]
         o = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
         h = h + o.reshape(B, NH * D) @ w["wo"][layer].t()
         x = norm(h, None if layer_norms is None else layer_norms[2 * layer + 1])
