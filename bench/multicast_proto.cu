@@ -38,12 +38,13 @@
 //      coupling without the multicast).
 // Then U, M and N again with a producer warp (projections_pw): a ninth warp
 // only loads, the consumers never wait but for full stages (CUTLASS's
-// warp-specialized layout), so a coupled ring holds no consumer back.
+// warp-specialized layout), so a coupled ring holds no consumer back (the
+// coupled rings still lost 88 %: item 166).
 // Reported: the launch's median (cuda_timing.h), µs per layer, and the
 // weights' rate against the copy bandwidth measured in the same run.
 //
-// Build and run (H200): nvcc -O3 -arch=sm_90a bench/multicast_proto.cu -o
-// /tmp/mp && /tmp/mp
+// Build and run (H200): nvcc -O3 -gencode arch=compute_90a,code=sm_90a
+// bench/multicast_proto.cu -o /tmp/mp && /tmp/mp
 #include <cuda_runtime.h>
 
 #include <cstdint>
