@@ -564,8 +564,10 @@ class LlamaConfig:
                     f"projection on the sync core and weight_chunk=32 (core {self.core(proj)!r}, "
                     f"weight_chunk={self.weight_chunk})"
                 )
+            from ..tiles.gemm_tc import REFILLS
+
             refill = dict(options).get("refill", "wait")
-            if refill not in ("wait", "test") or (refill != "wait" and self.core(proj) != "tma"):
+            if refill not in REFILLS or (refill != "wait" and self.core(proj) != "tma"):
                 raise GraphError(
                     f"LlamaConfig: projection_options[{proj!r}] refill={refill!r}: 'wait' or "
                     f"'test', and 'test' on the tma core only (core {self.core(proj)!r})"

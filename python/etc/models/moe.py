@@ -249,7 +249,7 @@ PRESET_MIN_CTAS_PER_SM = {
 }  # fmt: skip
 #: ``etc.compile(outline=...)`` for the presets: the tasks whose tiles stay
 #: called functions (the others are inlined). ``prefill_large``'s top-k: its
-#: registers its own, the kernel's spills 28 -> 12 bytes, −0.5..−1.2 % at T =
+#: registers its own, the kernel's spills 28 -> 12 bytes, −0.2..−1.2 % at T =
 #: 1024-4096 (``bench/RESULTS.md``, MoE item 165); ``prefill`` has no spills
 #: to lose and did not move.
 PRESET_OUTLINE: dict[str, tuple[str, ...]] = {"prefill_large": ("topk",)}

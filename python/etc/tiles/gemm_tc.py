@@ -617,6 +617,8 @@ def _wgmma_place(t: _Text, group, warp, lane, r0: str, split_n: bool) -> tuple:
 # One TMA load: (the map's address as i64, first row (index), rows).
 TmaLoad = tuple[str, str, int]
 TMA_BLOCK_K = 64  # 128-byte rows: the TMA box's and wgmma's 128-byte swizzle
+#: How thread 0 refills a TMA ring stage (``_body_tma``'s ``refill``).
+REFILLS = ("wait", "test")
 
 
 class ChunkedMap(str):
@@ -1167,7 +1169,7 @@ def _body_tma(
     stage_split`` columns at a time (a smaller buffer; a barrier pair more
     per part). Not with a gather, an idle second warpgroup, prefetched
     weights or an epilogue prologue."""
-    if refill not in ("wait", "test"):
+    if refill not in REFILLS:
         raise GraphError(f"tile '{name}': refill must be 'wait' or 'test', got {refill!r}")
     if refill == "test" and (gather is not None or second_busy is not None):
         raise GraphError(

@@ -410,21 +410,19 @@ def _topk_select_parts(
     return loads, "\n".join(lines), consts, pick_id, pick_p, total
 
 
-def _renamed(ops: str, suffix: str, renames: dict[str, str]) -> str:
-    """``ops`` with every SSA value it defines suffixed by ``suffix`` and the
-    outer values in ``renames`` replaced (one unrolled copy of a body)."""
+def _renamed(parts: tuple[str, ...], suffix: str, renames: dict[str, str]) -> list[str]:
+    """The ``parts`` of one body with every SSA value they define suffixed by
+    ``suffix`` and the outer values in ``renames`` replaced (one unrolled
+    copy of the body; a part may use what an earlier one defines)."""
     defined = {
         name
+        for ops in parts
         for line in ops.split("\n")
         if (m := re.match(r"\s*((?:%[\w.]+, )*%[\w.]+) = ", line))
         for name in m.group(1).split(", ")
     }
     table = {name: name + suffix for name in defined} | renames
-    return re.sub(r"%[\w.]+", lambda m: table.get(m.group(0), m.group(0)), ops)
-
-
-#: A line between two parts of a body renamed as one (:func:`_renamed`).
-_SPLIT = "// (split)"
+    return [re.sub(r"%[\w.]+", lambda m: table.get(m.group(0), m.group(0)), ops) for ops in parts]
 
 
 def _topk_unrolled(
@@ -455,8 +453,7 @@ def _topk_unrolled(
             f"    %live{x} = arith.andi %inb{u}, %intok{u} : i1\n"
             f"    %tc{x} = arith.minui %t{x}, %Tm1 : index"
         )
-        copy = _renamed(f"{loads}\n{_SPLIT}\n{select}", x, {"%t": f"%tc{x}"})
-        copy_loads, copy_select = copy.split(f"\n{_SPLIT}\n")
+        copy_loads, copy_select = _renamed((loads, select), x, {"%t": f"%tc{x}"})
         body_loads.append(copy_loads)
         body_select.append(copy_select)
         pid, pp, tot = pick_id + x, pick_p + x, total + x
