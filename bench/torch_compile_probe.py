@@ -7,7 +7,7 @@ against 1730 µs in issue 7's own measurement.)
 For each B: the decode step compiled as bench/decode.py compiles it (the
 buffers a module's, ``mode="reduce-overhead"``) with inductor's
 "skipping cudagraphs" reasons and graph breaks printed, its time against
-eager's, and the five CUDA kernels that take most of one compiled step
+eager's, and the fifteen CUDA kernels that take most of one compiled step
 (``torch.profiler``), so the next baseline can avoid what is slow.
 """
 
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
             torch.cuda.synchronize()
         for key in ("device_time_total", "cuda_time_total"):  # the name by torch version
             try:
-                print(prof.key_averages().table(sort_by=key, row_limit=5), flush=True)
+                print(prof.key_averages().table(sort_by=key, row_limit=15), flush=True)
                 break
             except (KeyError, AttributeError, ValueError):
                 continue
