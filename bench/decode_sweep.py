@@ -389,6 +389,10 @@ def _refill_test(*projections: str) -> dict:
 VARIANTS["rf_all"] = _refill_test("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 VARIANTS["rf_gd"] = _refill_test("gate_up_proj", "down_proj")
 VARIANTS["rf_qo"] = _refill_test("qkv_proj", "o_proj")
+# Session 38: the attention's split count by batch (attn_small_spans, the
+# default: one round of 264 CTAs at L = 1024 up to 11 sequences) against the
+# spans of 256 before it (320 instances at B = 8, L = 1024: two rounds).
+VARIANTS["spans256"] = {"attn_small_spans": ()}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

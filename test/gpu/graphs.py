@@ -578,7 +578,8 @@ def llama_tiny_variants() -> dict:
     stages and no early weight ring (``fold_norms`` and ``prefetch_ring``
     off: the defaults fold the norms and fill the ring before the waits);
     64-row GEMM blocks branching to 16-, 32- or 64-row loops (``row_paths``);
-    short attention splits for batches of 1 and 2 (``attn_small_batch``);
+    short attention splits for batches of 1 and 2 (``attn_small_batch``),
+    and spans by batch (``attn_small_spans``);
     the attention's values staged in shared memory (``attn_stage_v``); the
     online-softmax attention on the CUDA cores and on the tensor cores
     (``attn_tile``), with long and short spans; a kernel per batch range
@@ -617,12 +618,22 @@ def llama_tiny_variants() -> dict:
         llama.TINY, fold_norms=False, prefetch_ring=False, combine_group=0
     )
     row_paths = dataclasses.replace(llama.TINY, block_m=64, row_paths=(16, 32, 64))
-    small_spans = dataclasses.replace(llama.TINY, attn_small_batch=2, attn_small_span=3)
+    small_spans = dataclasses.replace(
+        llama.TINY, attn_small_batch=2, attn_small_span=3, attn_small_spans=()
+    )
+    # Spans by batch over the cached positions (attn_small_spans) in a chunk
+    # of two loop steps, so position L either rides in the split that
+    # reaches it or (a span of the whole chunk) takes the next one alone.
+    small_tiers = dataclasses.replace(
+        llama.TINY, attn_chunk=16, attn_small_batch=4, attn_small_span=8,
+        attn_small_spans=((2, 3), (3, 12)), attn_single_span=0,
+    )  # fmt: skip
     stage_v = dataclasses.replace(llama.TINY, attn_stage_v=True)
     online = dataclasses.replace(llama.TINY, attn_tile="online")
     online_spans = dataclasses.replace(
-        llama.TINY, attn_tile="online", attn_unroll=1, attn_small_batch=2, attn_small_span=3
-    )
+        llama.TINY, attn_tile="online", attn_unroll=1, attn_small_batch=2, attn_small_span=3,
+        attn_small_spans=((2, 3),),
+    )  # fmt: skip
     mma = dataclasses.replace(llama.TINY, attn_tile="mma", attn_unroll=2)
     # One 16-position block per warp and step: 128-position steps, 512-position
     # spans, so L=200 takes two loop steps.
@@ -633,6 +644,7 @@ def llama_tiny_variants() -> dict:
         attn_chunk=512,
         attn_small_batch=2,
         attn_small_span=3,
+        attn_small_spans=((2, 3),),
     )
     # Three kernels in one artifact, as the default's: B=1 (attention loop
     # steps of two row groups, the LM head and argmax called), B=2..16, and B
@@ -648,6 +660,7 @@ def llama_tiny_variants() -> dict:
         llama.TINY,
         attn_small_batch=2,
         attn_small_span=8,
+        attn_small_spans=(),
         attn_single_span=3,
         attn_single_splits=5,
     )
@@ -694,6 +707,7 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_unfolded": unfolded,
         "llama_tiny_row_paths": row_paths,
         "llama_tiny_small_spans": small_spans,
+        "llama_tiny_small_tiers": small_tiers,
         "llama_tiny_stage_v": stage_v,
         "llama_tiny_online": online,
         "llama_tiny_online_spans": online_spans,

@@ -861,7 +861,7 @@ def test_small_batches_split_the_attention_finer(weights, schedule):
     """attn_small_batch: up to that batch the splits are about
     attn_small_span long, past it attn_chunk; every split count spreads the
     positions evenly; the same answer as the numpy model either way."""
-    cfg = dataclasses.replace(CFG, attn_small_batch=2, attn_small_span=3)
+    cfg = dataclasses.replace(CFG, attn_small_batch=2, attn_small_span=3, attn_small_spans=())
     g = M.build_decoder_graph(cfg)
     att = next(t for t in g.tasks if t.name == "attention")
     for B, L, splits in ((1, 0, 1), (2, 20, 7), (3, 20, 3), (17, 9, 2)):
@@ -879,7 +879,35 @@ def test_small_batches_split_the_attention_finer(weights, schedule):
         etc.GraphError,
         match="attn_small_span=9 must be in 1..8 \\(the attention's buffers hold attn_chunk=8\\)",
     ):
-        dataclasses.replace(CFG, attn_small_batch=2, attn_small_span=9)
+        dataclasses.replace(CFG, attn_small_batch=2, attn_small_span=9, attn_small_spans=())
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_small_batch_span_tiers_match_the_numpy_model(weights, schedule):
+    """attn_small_spans: up to each tier's batch ceil(L / span) splits of
+    the cached positions (position L in the split that reaches it, one
+    split at L = 0), past the last tier attn_small_span's ceil((L+1)/span);
+    the same answer as the numpy model."""
+    cfg = dataclasses.replace(
+        CFG, attn_chunk=16, attn_small_batch=4, attn_small_span=8,
+        attn_small_spans=((2, 3), (3, 12)), attn_single_span=0,
+    )  # fmt: skip
+    g = M.build_decoder_graph(cfg)
+    att = next(t for t in g.tasks if t.name == "attention")
+    cases = ((1, 20, 7), (2, 30, 10), (2, 0, 1), (3, 24, 2), (3, 32, 3), (4, 30, 4), (5, 30, 2))
+    for B, L, splits in cases:
+        env = {"B": B, "L": L, "S": L + 2}
+        assert etc.symbolic.evaluate(att.grid[3], env) == splits == cfg.splits(L, B), (B, L)
+    # Steps of 8 in a chunk of 16: B = 2 position L rides in the split of
+    # [24, 31); B = 3, L = 24 spans of 16 (no room: [16, 25) reaches past L
+    # anyway), L = 32 position L alone in the third split.
+    for B, L in ((2, 30), (3, 24), (3, 32), (2, 0)):
+        _check_step(cfg, g, weights, B, L, schedule, 35)
+    for bad in (((3, 5), (2, 3)), ((2, 16),), ((2,),), [(2, 3)], ((0, 3),)):
+        with pytest.raises(etc.GraphError, match="attn_small_spans=.* must be \\(batch, span\\)"):
+            dataclasses.replace(
+                CFG, attn_chunk=16, attn_small_batch=4, attn_small_span=8, attn_small_spans=bad
+            )
 
 
 def test_spread_attention_refuses_splits_longer_than_its_chunk():
@@ -892,24 +920,29 @@ def test_spread_attention_refuses_splits_longer_than_its_chunk():
     rope = np.zeros((L + 1, 16), np.float32)
     kc = np.zeros((1, 1, 2, L + 1, 16), np.uint16)
     op, mp = np.zeros((1, 4, P, 16), np.float32), np.zeros((1, 4, P, 2), np.float32)
-    with pytest.raises(etc.GraphError, match="tile 'att': 2 splits of L \\+ 1 = 21 .* 16 long"):
+    with pytest.raises(etc.GraphError, match="tile 'att': 2 splits of L \\+ 1 = 21 .* chunk=8"):
         tile.reference(0, 0, 0, 0, L, qkv, rope, kc, kc.copy(), op, mp)
 
 
 def test_spread_splits_are_whole_loop_steps():
-    """Llama-3.2-1B's attention steps over 128 rows: L + 1 = 1025 positions
-    in 3 splits of 384 (not 342), in 5 of 256 (the chunk-aligned layout),
-    and the trailing split of an over-split context is empty."""
+    """Llama-3.2-1B's attention steps over 128 rows: the L = 1024 cached
+    positions in 3 splits of 384 (not 342) or 4 of 256, position L in the
+    split that reaches it (5 splits: the fifth is empty); the trailing
+    splits of an over-split context are empty; a span of the whole chunk
+    has no room for position L, which then takes the next split."""
     from etc.tiles.llama import _split_positions
 
     def spans(splits: int, L: int = 1024) -> list[tuple[int, int]]:
         return [_split_positions("a", 512, True, s, L, splits, 128) for s in range(splits)]
 
     assert spans(3) == [(0, 384), (384, 768), (768, 1025)]
-    assert spans(5) == [(0, 256), (256, 512), (512, 768), (768, 1024), (1024, 1025)]
+    assert spans(4) == [(0, 256), (256, 512), (512, 768), (768, 1025)]
+    assert spans(5) == [(0, 256), (256, 512), (512, 768), (768, 1025), (1025, 1025)]
     assert spans(4, L=200) == [(0, 128), (128, 201), (201, 201), (201, 201)]
+    assert spans(3, L=0) == [(0, 1), (1, 1), (1, 1)]
+    assert spans(5, L=2048)[3:] == [(1536, 2048), (2048, 2049)]
     cfg = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())  # one phased kernel
-    assert cfg.splits(1024, 16) == 5 and cfg.splits(1024, 17) == 3 and cfg.splits(0, 64) == 1
+    assert cfg.splits(1024, 16) == 4 and cfg.splits(1024, 17) == 3 and cfg.splits(0, 64) == 1
 
 
 @pytest.mark.parametrize("spread", [False, True])
@@ -1054,8 +1087,9 @@ def test_mma_attention_splits_the_cached_positions(weights, spans):
     """The tensor-core tile holds no span, so past the small tier the splits
     cover the L cached positions and position L rides in the last one: at
     L = 16 with chunks of 8, two splits (one of 9 positions) instead of
-    three; spread, B = 3 takes 16 and 1 positions."""
-    tiers = dict(attn_small_batch=2, attn_small_span=3) if spans == "spread" else {}
+    three; spread, B = 3 takes the two halves, position L in the second."""
+    tiers = dict(attn_small_batch=2, attn_small_span=3, attn_small_spans=())
+    tiers = tiers if spans == "spread" else {}
     cfg = dataclasses.replace(CFG, attn_tile="mma", attn_unroll=2, **tiers)
     assert cfg.cached_splits and cfg.attn_chunk == 8
     assert [cfg.splits(L, 3) for L in (0, 7, 8, 9, 16, 17)] == [1, 1, 1, 2, 2, 3]
@@ -1155,16 +1189,17 @@ def test_batch_buckets_change_only_the_tiles():
     assert all(c.batch_buckets == () for c in (one, mid, large))
     assert one.attn_unroll == 2
     # Every kernel shares the split counts (one set of buffers): B=1 spans of
-    # attn_single_span, then attn_small_span up to B=16, then attn_chunk.
+    # attn_single_span, then attn_small_spans' tiers up to B=16 (spans of
+    # 128 up to B=4, 256 up to 8, 384 up to 11, 256 up to 16), then attn_chunk.
     # The large kernel's tensor-core tile holds no span: spans of the L
     # cached positions, position L in the last (L = 4096: one split, not two).
-    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 1]
-    assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (16, 17)] == [33, 2]
+    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 8, 11, 16, 17)] == [17, 8, 4, 3, 4, 1]
+    assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (16, 17)] == [32, 2]
     assert [M.LLAMA_3_2_1B.splits(L, 64) for L in (0, 1, 4095, 4096, 4097, 8193)] == [
         1, 1, 1, 1, 2, 3
     ]  # fmt: skip
     for _, c in buckets:
-        assert [c.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 5, 5, 1]
+        assert [c.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 8, 4, 1]
     # The small kernels' own tiles hold a span (their counts are ceil((L+1)/span)
     # past B=16, which their batch bound never lets them run); over the batches
     # each kernel runs, all agree.
@@ -1247,10 +1282,10 @@ def test_the_split_counts_parse_as_manifest_sizes():
     size = parse_size(str(expr), ["B", "L"])
     # Past B=16 the tensor-core kernel's spans of attn_chunk=4096 over the
     # cached positions (position L in the last).
-    cases = [(1, 1024, 17), (2, 1024, 5), (16, 1024, 5), (17, 1024, 1), (64, 4096, 1)]
+    cases = [(1, 1024, 17), (2, 1024, 8), (8, 1024, 4), (16, 1024, 4), (17, 1024, 1), (64, 4096, 1)]
     cases += [(17, 0, 1), (64, 4097, 2), (64, 8192, 2), (64, 8193, 3)]
     # B=1: spans of 64 up to 17 splits, never fewer splits than spans of 256.
-    cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 32)]
+    cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 64), (2, 0, 1)]
     for b, L, want in cases:
         assert size.evaluate({"B": b, "L": L}) == 8 * want, (b, L)
         assert M.LLAMA_3_2_1B.splits(L, b) == want
@@ -1260,8 +1295,9 @@ def test_single_sequence_split_tier_matches_the_numpy_model(weights):
     """B=1's own split count (up to 5 spans of 3, rounded up to the tile's
     loop step) and B=2's (spans of 8), through the simulator."""
     cfg = dataclasses.replace(
-        CFG, attn_small_batch=2, attn_small_span=8, attn_single_span=3, attn_single_splits=5
-    )
+        CFG, attn_small_batch=2, attn_small_span=8, attn_small_spans=(), attn_single_span=3,
+        attn_single_splits=5,
+    )  # fmt: skip
     assert [cfg.splits(30, 1), cfg.splits(7, 1), cfg.splits(30, 2)] == [5, 3, 4]
     g = M.build_decoder_graph(cfg)
     for B, L in ((1, 30), (1, 7), (2, 30)):

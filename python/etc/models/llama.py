@@ -235,6 +235,16 @@ class LlamaConfig:
     #: (``attention(spread=True)``). 0: ``attn_chunk`` spans at every batch.
     attn_small_batch: int = 16
     attn_small_span: int = 256
+    #: Spans by batch size up to ``attn_small_batch`` sequences, instead of
+    #: ``attn_small_span``: ``(b, span)`` pairs, up to ``b`` sequences
+    #: ``max(1, ceil(L / span))`` splits (the cached positions; position L
+    #: rides in the split that reaches it); batches past the last ``b``
+    #: take ``attn_small_span``'s, B = 1 its own tier. Chosen so that at
+    #: L = 1024 the instances fill one round of the 264 CTAs (two past 11
+    #: sequences): spans of 256 gave 5 splits there, the fifth holding
+    #: position L alone, 320 instances at B = 8 and two rounds. Empty:
+    #: ``attn_small_span``'s ``ceil((L + 1) / span)``.
+    attn_small_spans: tuple[tuple[int, int], ...] = ((4, 128), (8, 256), (11, 384), (16, 256))
     #: The shortest span when one sequence is decoded (B=1; 0: as larger
     #: batches): up to ``attn_single_splits`` splits of at least this many
     #: positions, and never fewer splits than ``attn_small_span`` gives. At
@@ -686,6 +696,7 @@ class LlamaConfig:
                 f"LlamaConfig: attn_small_span={self.attn_small_span} must be in "
                 f"1..{hold} (the attention's buffers hold {holder})"
             )
+        self._check_small_spans(hold, holder)
         if self.heads % self.kv_heads:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
@@ -749,6 +760,29 @@ class LlamaConfig:
         which need ``target="sm_90a"``."""
         configs = [c for _, c in self.bucket_configs()] if self.batch_buckets else [self]
         return any(c.core(p) == "tma" for c in configs for p in _PROJECTIONS)
+
+    def _check_small_spans(self, hold: int, holder: str) -> None:
+        tiers, ok = self.attn_small_spans, isinstance(self.attn_small_spans, tuple)
+        if not self.attn_small_batch or (ok and not tiers):
+            return
+        pairs = [t for t in tiers if isinstance(t, tuple) and len(t) == 2] if ok else []
+        ok = (
+            ok
+            and len(pairs) == len(tiers)
+            and all(isinstance(v, int) and not isinstance(v, bool) for t in pairs for v in t)
+        )
+        bounds = [b for b, _ in pairs]
+        if not (
+            ok
+            and bounds == sorted(set(bounds))
+            and bounds[0] >= 1
+            and all(0 < span < hold for _, span in pairs)
+        ):
+            raise GraphError(
+                f"LlamaConfig: attn_small_spans={tiers!r} must be (batch, span) pairs with "
+                f"increasing batches and spans in 1..{hold - 1} (the attention's buffers hold "
+                f"{holder}, and position L one more; () for spans of attn_small_span)"
+            )
 
     def _check_k_splits(self) -> None:
         widths = dict(_SPLIT_INPUTS)
@@ -1042,9 +1076,11 @@ class LlamaConfig:
 
     def splits(self, L: Any, B: Any) -> Any:
         """Attention instances per (sequence, kv head): ceil((L + 1) / span)
-        with span ``attn_small_span`` for ``B <= attn_small_batch``, else
+        with span ``attn_small_span`` for ``B <= attn_small_batch`` (or
+        ``attn_small_spans``' spans by batch over the cached positions), else
         ``attn_chunk``; for B = 1 at most ``attn_single_splits`` of
-        ``attn_single_span`` (and no fewer than for B = 2). A symbolic
+        ``attn_single_span`` (and no fewer than spans of ``attn_small_span``
+        give). A symbolic
         expression of ``B`` and ``L``; a zero field skips its tier. Past
         ``attn_small_batch``, when the artifact's large-batch tile is the
         tensor-core one (which holds no span; ``attn_cached_splits``),
@@ -1057,10 +1093,20 @@ class LlamaConfig:
         else:
             splits = below = (L + span) // span
         if self.attn_small_batch:
-            below = (L + self.attn_small_span) // self.attn_small_span
+            below = small = (L + self.attn_small_span) // self.attn_small_span
+            if self.attn_small_spans:
+                small, tiered = 0, 0  # tiered: [B <= the previous tier's bound]
+                for bound, span in self.attn_small_spans:
+                    bound = min(bound, self.attn_small_batch)
+                    upto = 1 - (B + _BIG - (bound + 1)) // _BIG  # [B <= bound]
+                    small = small + (upto - tiered) * ((L + span - 1) // span)
+                    tiered = upto
+                # ceil(L / span) is 0 only at L = 0, which takes one split;
+                # batches past the last tier take attn_small_span's count.
+                small = small + tiered * (1 - (L + _BIG - 1) // _BIG) + (1 - tiered) * below
             # 1 for 1 <= B <= attn_small_batch, else 0 (B < 2**31).
             is_small = 1 - (B + _BIG - (self.attn_small_batch + 1)) // _BIG
-            splits = splits + is_small * (below - splits)
+            splits = splits + is_small * (small - splits)
         if self.attn_single_span:
             # ``below``: the count B = 1 would have without this tier.
             short = (L + self.attn_single_span) // self.attn_single_span

@@ -21,8 +21,8 @@ _OPS = {
     ast.Pow: lambda a, b: a**b,
 }
 #: Longer texts are refused (a parse bound for untrusted manifests); the
-#: decoder's attention split counts (four tiers) take ~1.6 K characters.
-_MAX_TEXT = 4096
+#: decoder's attention split counts (their batch tiers) take ~3-6 K characters.
+_MAX_TEXT = 16384
 
 
 @dataclass(frozen=True)

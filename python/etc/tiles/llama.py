@@ -459,13 +459,17 @@ def attention(
     merges all splits of the group's ``G`` heads into ``attn`` (what
     ``attention_combine`` does for a whole row), so no combine stage is needed.
 
-    ``spread``: the grid's ``P`` splits (``opart``'s dim 2) share the ``L +
-    1`` positions evenly: split ``s`` covers ``[s*w, min((s+1)*w, L+1))``
-    with ``w = ceil((L+1)/P)`` rounded up to a multiple of the loop step
-    (``32 * warps / (D/8) * unroll`` rows, or ``chunk`` if smaller: a
-    split's cost is its number of steps), at most ``chunk`` (the workgroup
-    buffers' capacity): ``P >= ceil((L+1)/chunk)`` and ``chunk`` a
-    multiple of the step. Trailing splits may then be empty. A graph then
+    ``spread``: the grid's ``P`` splits (``opart``'s dim 2) share the ``L``
+    cached positions evenly and position ``L`` rides in the split that
+    reaches it: split ``s`` covers ``[s*w, min((s+1)*w, L))`` with ``w =
+    ceil(L/P)`` rounded up to a multiple of the loop step (``32 * warps /
+    (D/8) * unroll`` rows, or ``chunk`` if smaller: a split's cost is its
+    number of steps), at most ``chunk`` (the workgroup buffers' capacity:
+    ``P >= ceil((L+1)/chunk)`` and ``chunk`` a multiple of the step), and
+    the one whose end reaches ``L`` runs to ``L + 1`` (unless ``w`` is
+    ``chunk``: then the next split holds position ``L`` alone). So ``P =
+    L / w`` splits of whole steps take the new token without a split of
+    one position. Trailing splits may be empty. A graph then
     picks ``P`` from the batch size, many short splits for a few sequences
     and few long ones for many, from one artifact.
 
@@ -1449,6 +1453,11 @@ def _split_lines(spread: bool, align: int, op_t: str, bounded: bool = True) -> s
   %cSplitDim = arith.constant 2 : index
   %nsplit = memref.dim %op, %cSplitDim : {op_t}"""
     if spread:
+        ext = (
+            "  %sp_ext = arith.cmpi ult, %span, %cChunk : index"
+            if bounded
+            else "  %sp_ext = arith.constant true"
+        )
         cut = (
             "\n  // The buffers hold chunk positions (the graph keeps the span below it).\n"
             "  %n = arith.minui %nall, %cChunk : index"
@@ -1456,21 +1465,36 @@ def _split_lines(spread: bool, align: int, op_t: str, bounded: bool = True) -> s
             else ""
         )
         return f"""\
-  // Positions [p0, p0 + n) of this split: the grid's splits share L + 1 evenly.
+  // Positions [p0, p0 + n) of this split: the grid's splits share the L
+  // cached positions evenly, and position L rides in the last split.
 {dims}
   %cAlign = arith.constant {align} : index
   %cAlignM1 = arith.constant {align - 1} : index
-  %spa = arith.addi %Lp1, %nsplit : index
+  %spa = arith.addi %L, %nsplit : index
   %spb = arith.subi %spa, %c1 : index
   %spc = arith.divui %spb, %nsplit : index
   // Rounded up to whole loop steps: a split's last step is never a sliver.
   %spd = arith.addi %spc, %cAlignM1 : index
   %spe = arith.divui %spd, %cAlign : index
   %span = arith.muli %spe, %cAlign : index
-  %p0 = arith.muli %s, %span : index
-  %p1a = arith.addi %p0, %span : index
-  %p1b = arith.minui %p1a, %Lp1 : index
-  %p1 = arith.maxui %p1b, %p0 : index
+  %sp_p0r = arith.muli %s, %span : index
+  %sp_endr = arith.addi %sp_p0r, %span : index
+  // Position L rides in the split that reaches it, if that one has room
+  // (a span of chunk cannot take one more): the next split is then empty.
+{ext}
+  %sp_pastL = arith.cmpi ugt, %sp_p0r, %L : index
+  %sp_atL = arith.cmpi eq, %sp_p0r, %L : index
+  %sp_atLx = arith.andi %sp_atL, %sp_ext : i1
+  %sp_late = arith.ori %sp_pastL, %sp_atLx : i1
+  %sp_cS0 = arith.constant 0 : index
+  %sp_notFirst = arith.cmpi ne, %s, %sp_cS0 : index
+  %sp_empty = arith.andi %sp_late, %sp_notFirst : i1
+  %p0 = arith.select %sp_empty, %Lp1, %sp_p0r : index
+  %sp_reachL = arith.cmpi uge, %sp_endr, %L : index
+  %sp_take = arith.andi %sp_reachL, %sp_ext : i1
+  %sp_p1e = arith.select %sp_take, %Lp1, %sp_endr : index
+  %sp_p1b = arith.minui %sp_p1e, %Lp1 : index
+  %p1 = arith.maxui %sp_p1b, %p0 : index
   {"%nall" if bounded else "%n"} = arith.subi %p1, %p0 : index{cut}"""
     last = ""
     if not bounded:  # the last split runs to L + 1
@@ -1547,14 +1571,20 @@ def _split_positions(
     if not spread:
         end = L + 1 if not bounded and s == splits - 1 else s * chunk + chunk
         return min(s * chunk, L + 1), max(min(end, L + 1), min(s * chunk, L + 1))
-    even = -(-(L + 1) // splits)  # ceil((L + 1) / splits)
+    even = -(-L // splits)  # ceil(L / splits): the cached positions
     span = -(-even // step) * step  # in whole loop steps
     if span > chunk and bounded:
         raise GraphError(
-            f"tile '{name}': {splits} splits of L + 1 = {L + 1} positions are {span} long, "
-            f"more than chunk={chunk}: the grid needs at least {-(-(L + 1) // chunk)} splits"
+            f"tile '{name}': {splits} splits of L + 1 = {L + 1} positions are longer than "
+            f"chunk={chunk}: the grid needs at least {-(-(L + 1) // chunk)} splits"
         )
-    return min(s * span, L + 1), min(s * span + span, L + 1)
+    # Position L rides in the split that reaches it, if that one has room.
+    ext = span < chunk or not bounded
+    p0, end = s * span, s * span + span
+    if s and (p0 > L or (p0 == L and ext)):
+        p0 = L + 1
+    p1 = L + 1 if ext and end >= L else min(end, L + 1)
+    return p0, max(p1, p0)
 
 
 _JOIN = (
