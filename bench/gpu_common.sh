@@ -44,13 +44,13 @@ decode_bench() {
 }
 
 # Two bench/decode_sweep.py passes (the second over the reversed variants):
-# sweep_passes NAME VARIANTS BATCHES CONTEXTS DIR; rows into $OUT/NAME.txt,
+# sweep_passes NAME VARIANTS BATCHES CONTEXTS DIR (SWEEP_PASSES="1" for one); rows into $OUT/NAME.txt,
 # raw NAME_<pass>_<L>_<B>.json into $SWEEP_TMP/raw (scratch in $SWEEP_TMP,
 # default /tmp/sweep; the session scripts tar it into $OUT at the end).
 sweep_passes() {
   local name=$1 variants=$2 batches=$3 contexts=$4 dir=$5 tmp=${SWEEP_TMP:-/tmp/sweep} pass v L
   mkdir -p "$tmp/raw"
-  for pass in 1 2; do
+  for pass in ${SWEEP_PASSES:-1 2}; do
     v=$variants; [ $pass = 2 ] && v=$(echo "$variants" | tr , '\n' | tac | paste -sd,)
     for L in ${contexts//,/ }; do
       DECODE_SWEEP_VARIANTS=$v DECODE_SWEEP_BATCHES=$batches DECODE_SWEEP_CONTEXT=$L timeout 280 \
