@@ -393,6 +393,13 @@ VARIANTS["rf_qo"] = _refill_test("qkv_proj", "o_proj")
 # default: one round of 264 CTAs at L = 1024 up to 11 sequences) against the
 # spans of 256 before it (320 instances at B = 8, L = 1024: two rounds).
 VARIANTS["spans256"] = {"attn_small_spans": ()}
+# ... and the B = 2..16 kernel on the large kernel's attention (tensor
+# cores, cache rows by TMA, its own registers: called), which streams a
+# span ~2x faster than the phased tile (items 171-172).
+VARIANTS["mid_mma"] = _mid(
+    ("attn_tile", "mma"), ("attn_unroll", 1), ("attn_pipeline", "auto"),
+    ("attn_tma_release", "read_early"), ("outline", ("attention",)),
+)  # fmt: skip
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
