@@ -208,6 +208,15 @@ __device__ void done(const Args &a, int l, int g) {
                : "memory");
 }
 
+// Instance i of stage g: its weight boxes (from w_at, the layer's first), and
+// the activation chunks of its k part: 64 x 64 boxes, k-tile major.
+__device__ const char *instance_weights(const Args &a, const Stage &st, size_t w_at, int i) {
+  return a.weights + w_at + size_t(i) * st.k_tiles * st.b_bytes;
+}
+__device__ const char *instance_acts(const Args &a, const Stage &st, int g, int i) {
+  return a.act + size_t(g) * 64 * 8192 * 2 + size_t(i / st.blocks) * st.k_tiles * A_BYTES;
+}
+
 template <bool CLUSTER>
 __global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
   extern __shared__ __align__(128) char ring[];
@@ -225,11 +234,8 @@ __global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
       const int count = st.blocks * st.parts;
       const int a_part = a.variant == NO_A ? 0 : A_BYTES;
       for (int i = blockIdx.x; i < count; i += gridDim.x) {
-        const int part = i / st.blocks;
-        const char *w = a.weights + w_at + size_t(i) * st.k_tiles * st.b_bytes;
-        // The activation chunks of this part: 64 x 64 boxes, k-tile major.
-        const char *x = a.act + size_t(g) * 64 * 8192 * 2 +
-                        size_t(part) * st.k_tiles * A_BYTES;
+        const char *w = instance_weights(a, st, w_at, i);
+        const char *x = instance_acts(a, st, g, i);
         const unsigned base = used; // the instance's first k-tile in the ring
         auto fill = [&](int c, bool weights, bool acts) {
           unsigned slot = (base + c) % STAGES;
@@ -313,10 +319,8 @@ __global__ void __launch_bounds__(THREADS + 32, 2) projections_pw(Args a) {
       const Stage st = c_stages[g];
       const int count = st.blocks * st.parts;
       for (int i = blockIdx.x; i < count; i += gridDim.x) {
-        const int part = i / st.blocks;
-        const char *w = a.weights + w_at + size_t(i) * st.k_tiles * st.b_bytes;
-        const char *x = a.act + size_t(g) * 64 * 8192 * 2 +
-                        size_t(part) * st.k_tiles * A_BYTES;
+        const char *w = instance_weights(a, st, w_at, i);
+        const char *x = instance_acts(a, st, g, i);
         if (producer) {
           if (threadIdx.x == THREADS) {
             auto box_a = [&](int c) {
