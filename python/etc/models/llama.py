@@ -762,21 +762,21 @@ class LlamaConfig:
         return any(c.core(p) == "tma" for c in configs for p in _PROJECTIONS)
 
     def _check_small_spans(self, hold: int, holder: str) -> None:
-        tiers, ok = self.attn_small_spans, isinstance(self.attn_small_spans, tuple)
-        if not self.attn_small_batch or (ok and not tiers):
+        tiers = self.attn_small_spans
+        if not self.attn_small_batch or tiers == ():
             return
-        pairs = [t for t in tiers if isinstance(t, tuple) and len(t) == 2] if ok else []
-        ok = (
-            ok
-            and len(pairs) == len(tiers)
-            and all(isinstance(v, int) and not isinstance(v, bool) for t in pairs for v in t)
+        pairs = isinstance(tiers, tuple) and all(
+            isinstance(t, tuple)
+            and len(t) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in t)
+            for t in tiers
         )
-        bounds = [b for b, _ in pairs]
+        bounds = [b for b, _ in tiers] if pairs else []
         if not (
-            ok
+            pairs
             and bounds == sorted(set(bounds))
             and bounds[0] >= 1
-            and all(0 < span < hold for _, span in pairs)
+            and all(0 < span < hold for _, span in tiers)
         ):
             raise GraphError(
                 f"LlamaConfig: attn_small_spans={tiers!r} must be (batch, span) pairs with "

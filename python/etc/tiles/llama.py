@@ -1466,7 +1466,7 @@ def _split_lines(spread: bool, align: int, op_t: str, bounded: bool = True) -> s
         )
         return f"""\
   // Positions [p0, p0 + n) of this split: the grid's splits share the L
-  // cached positions evenly, and position L rides in the last split.
+  // cached positions evenly, and position L rides in the split reaching it.
 {dims}
   %cAlign = arith.constant {align} : index
   %cAlignM1 = arith.constant {align - 1} : index
