@@ -36,11 +36,22 @@ moe_ab() {
 
 # bench/decode.py over the artifact DIR (python bench/decode.py --build DIR): its
 # tables into $OUT (decode.txt, decode.json) and the log into $OUT/bench.txt;
-# DECODE_PARTS picks the parts (default check,time): decode_bench DIR
+# DECODE_PARTS picks the parts (default check,time), ARGS go to bench/decode.py
+# (e.g. --compile-batches 1,8 --compile-contexts 1024), within $DECBENCH_TIMEOUT
+# seconds (560): decode_bench DIR [ARGS...]
 decode_bench() {
-  timeout 560 python bench/decode.py --artifacts "$1" --out "$OUT" --reps 5 \
-    --parts "${DECODE_PARTS:-check,time}" 2>&1 | grep -v -i "warn\|attention mask\|cudagraph" \
-    | tee "$OUT/bench.txt"
+  local dir=$1; shift
+  timeout ${DECBENCH_TIMEOUT:-560} python bench/decode.py --artifacts "$dir" --out "$OUT" \
+    --reps 5 --parts "${DECODE_PARTS:-check,time}" "$@" 2>&1 \
+    | grep -v -i "warn\|attention mask\|cudagraph" | tee "$OUT/bench.txt"
+}
+
+# bench/torch_compile_probe.py at $PROBE_BATCHES (default BATCHES) within
+# $PROBE_TIMEOUT seconds (200), into $OUT/compile_probe.txt; shows the last
+# LINES lines without inductor's INFO logs: compile_probe BATCHES LINES
+compile_probe() {
+  timeout ${PROBE_TIMEOUT:-200} python bench/torch_compile_probe.py ${PROBE_BATCHES:-$1} 2>&1 \
+    | tee "$OUT/compile_probe.txt" | grep -v "^\s*$\|template_heuristics\|^I1\|^W1" | tail -$2
 }
 
 # Two bench/decode_sweep.py passes (the second over the reversed variants):

@@ -47,13 +47,11 @@ for step in ${*:-tests}; do
     ;;
   decbench)  # bench/decode.py's timings over the default artifact, torch.compile at
     # every B and both contexts (python bench/decode.py --build .device/s37dec)
-    timeout 560 python bench/decode.py --artifacts .device/s37dec --out "$OUT" --reps 5 \
-      --parts time --compile-batches ${COMPILE_BATCHES:-1,8,32,64} --compile-contexts 1024,4096 \
-      2>&1 | grep -v -i "warn\|attention mask\|cudagraph" | tee "$OUT/bench.txt"
+    DECODE_PARTS=time decode_bench .device/s37dec --compile-batches ${COMPILE_BATCHES:-1,8,32,64} \
+      --compile-contexts ${COMPILE_CONTEXTS:-1024,4096}
     ;;
   probe)  # why torch.compile's step is slower than eager at B > 1 (no CPU-side build)
-    timeout 200 python bench/torch_compile_probe.py ${PROBE_BATCHES:-8 64} 2>&1 \
-      | tee "$OUT/compile_probe.txt" | grep -i -v "^\s*$" | tail -60
+    compile_probe "8 64" 60
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
