@@ -56,6 +56,15 @@ def _tma_stages(stages: int, projections: tuple[str, ...] = M._PROJECTIONS[:4]) 
     return tuple((p, (("stages", stages),)) for p in projections)
 
 
+#: The B = 2..16 kernel's attention before session 39 (item 174): the phased
+#: tile, inlined, over the uncapped tiers of item 172.
+_MID_PHASED = (
+    ("attn_tile", "phased"), ("attn_unroll", 4), ("attn_pipeline", "none"),
+    ("attn_tma_release", "math"), ("outline", False),
+)  # fmt: skip
+_PHASED_TIERS = ((4, 128), (8, 256), (11, 384), (16, 256))
+
+
 def _mid(*changes: tuple[str, object]) -> dict:
     """The default buckets with ``changes`` in the B=2..16 kernel."""
     one, (bound, mid), large = M.LLAMA_3_2_1B.batch_buckets
@@ -333,12 +342,15 @@ VARIANTS["frag_q8"] = {
 }
 # ... and the small kernels' attention asking the L2 for its split's cached K
 # and V rows before its waits (attn_prefetch_kv="l2"; item 150).
+# (The B = 2..16 kernel had the phased tile then: _MID_PHASED.)
 _B = M.LLAMA_3_2_1B.batch_buckets
 VARIANTS["attn_l2kv"] = {
-    "batch_buckets": tuple(
-        (bound, (*changes, ("attn_prefetch_kv", "l2")) if bound is not None else changes)
-        for bound, changes in _B
-    )
+    "batch_buckets": (
+        (1, (*_B[0][1], ("attn_prefetch_kv", "l2"))),
+        (16, (*_MID_PHASED, ("attn_prefetch_kv", "l2"))),
+        _B[2],
+    ),
+    "attn_small_spans": _PHASED_TIERS,
 }
 VARIANTS["attn_l2kv1"] = _one(("attn_prefetch_kv", "l2"))
 # ... with the B = 1 kernel's attention called (its own registers), without
@@ -392,14 +404,33 @@ VARIANTS["rf_qo"] = _refill_test("qkv_proj", "o_proj")
 # Session 38: the attention's split count by batch (attn_small_spans, the
 # default: one round of 264 CTAs at L = 1024 up to 11 sequences) against the
 # spans of 256 before it (320 instances at B = 8, L = 1024: two rounds).
-VARIANTS["spans256"] = {"attn_small_spans": ()}
-# ... and the B = 2..16 kernel on the large kernel's attention (tensor
-# cores, cache rows by TMA, its own registers: called), which streams a
-# span ~2x faster than the phased tile (items 171-172).
-VARIANTS["mid_mma"] = _mid(
-    ("attn_tile", "mma"), ("attn_unroll", 1), ("attn_pipeline", "auto"),
-    ("attn_tma_release", "read_early"), ("outline", ("attention",)),
-)  # fmt: skip
+# (Since session 39, item 174, the default's B = 2..16 kernel is mid_mma_cap1,
+# and these names keep their session-38/39 meanings against that default.)
+VARIANTS["spans256"] = {**_mid(*_MID_PHASED), "attn_small_spans": ()}
+# Session 39, item 174: the B = 2..16 kernel on the large kernel's attention
+# (tensor cores, cache rows by TMA, its own registers: called), which
+# streams a span ~2x faster than the phased tile (items 171-172): with the
+# phased tile's tiers (mid_mma), spans of 256 (mid_mma_s256), the split
+# count capped so that the instances fill about one (cap1, the default
+# since) or two (cap2) rounds of the 264 CTAs at any context (past the cap
+# the spans grow with L). mid_phased: the default before.
+VARIANTS["mid_phased"] = {**_mid(*_MID_PHASED), "attn_small_spans": _PHASED_TIERS}
+VARIANTS["mid_mma"] = {"attn_small_spans": _PHASED_TIERS}
+VARIANTS["mid_mma_s256"] = {"attn_small_spans": ()}
+VARIANTS["mid_mma_cap1"] = {
+    "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 256, 4), (11, 384, 3), (16, 256, 2)),
+}
+VARIANTS["mid_mma_cap2"] = {
+    "attn_small_spans": ((2, 128, 32), (4, 128, 16), (8, 256, 8), (11, 384, 6), (16, 256, 4)),
+}
+# ... a third ring stage (the prefetch before the waits then holds 384
+# positions: all of a 256-position span and more of the longer ones), and
+# spans of 512 up to B = 8 (128 instances at L = 1024, each one's start
+# paid half as often).
+VARIANTS["mid_attn3"] = _mid(("attn_tma_stages", 3))
+VARIANTS["mid_b8_512"] = {
+    "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 512, 4), (11, 384, 3), (16, 256, 2)),
+}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

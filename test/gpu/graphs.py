@@ -733,6 +733,18 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_mma_tma_read_early": dataclasses.replace(
             mma_spans, attn_tma_release="read_early", attn_tma_prefetch=True, **tma_heads
         ),
+        # ... called, as the default B = 2..16 kernel's, with the split
+        # counts capped: past 3 or 2 splits the spans grow with L, past the
+        # chunk of 512 positions at L = 1600.
+        "llama_tiny_mma_tma_capped": dataclasses.replace(
+            mma_spans,
+            attn_tma_release="read_early",
+            attn_tma_prefetch=True,
+            outline=("attention",),
+            attn_small_batch=4,
+            attn_small_spans=((2, 8, 3), (4, 8, 2)),
+            **tma_heads,
+        ),  # fmt: skip
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the
         # TMA-fed attention in a third region (its mbarrier ring prefetched

@@ -70,6 +70,8 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         cases += [(2, 200, 201), (3, 200, 201)]
     if cfg.attn_small_spans and cfg.attn_small_batch:  # position L riding, or alone
         cases += [(3, 24, 25), (3, 32, 33), (4, 30, 31)]
+    if any(len(t) == 3 for t in cfg.attn_small_spans) and cfg.attn_small_batch:
+        cases += [(2, 1600, 1601), (4, 700, 701), (3, 300, 301)]  # capped: spans grow
     if cfg.cached_splits:  # L a whole span: one split of span + 1 positions
         cases.append((17, cfg.attn_large_span, cfg.attn_large_span + 1))
     for B, L, S in cases:

@@ -19,6 +19,12 @@ from etc.tiles._text import unfixed_reference
 
 pytestmark = needs_bindings
 CFG = M.TINY
+#: Llama-3.2-1B as one kernel on the B = 1 kernel's phased attention, which
+#: holds a span, so its tiers are uncapped (the spans before item 174).
+PHASED_1B = dataclasses.replace(
+    M.LLAMA_3_2_1B, batch_buckets=(), **dict(M.SINGLE_SEQUENCE),
+    attn_small_spans=((4, 128), (8, 256), (11, 384), (16, 256)),
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -681,7 +687,7 @@ def test_fused_combine_matches_the_numpy_model(weights, schedule):
 
 @needs_ptxas
 def test_fused_combine_compiles_for_llama_3_2_1b():
-    cfg = dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True, batch_buckets=())
+    cfg = dataclasses.replace(PHASED_1B, fuse_combine=True)
     art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg))
     assert art.cubin is not None
     assert "atom.acq_rel.gpu.global.add.u32" in art.ptx
@@ -941,8 +947,11 @@ def test_spread_splits_are_whole_loop_steps():
     assert spans(4, L=200) == [(0, 128), (128, 201), (201, 201), (201, 201)]
     assert spans(3, L=0) == [(0, 1), (1, 1), (1, 1)]
     assert spans(5, L=2048)[3:] == [(1536, 2048), (2048, 2049)]
-    cfg = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())  # one phased kernel
-    assert cfg.splits(1024, 16) == 4 and cfg.splits(1024, 17) == 3 and cfg.splits(0, 64) == 1
+    assert (
+        PHASED_1B.splits(1024, 16) == 4
+        and PHASED_1B.splits(1024, 17) == 3
+        and PHASED_1B.splits(0, 64) == 1
+    )
 
 
 @pytest.mark.parametrize("spread", [False, True])
@@ -1059,8 +1068,8 @@ def test_stage_v_compiles_for_llama_3_2_1b():
         assert art.cubin is not None
         return art.ptx.count("cp.async.wait_group \t0;")
 
-    staged = waits(dataclasses.replace(M.LLAMA_3_2_1B, attn_stage_v=True, batch_buckets=()))
-    assert staged == waits(M.LLAMA_3_2_1B) + 1
+    staged = waits(dataclasses.replace(PHASED_1B, attn_stage_v=True))
+    assert staged == waits(PHASED_1B) + 1
 
 
 def test_online_attention_config_conflicts_name_the_fields():
@@ -1188,18 +1197,21 @@ def test_batch_buckets_change_only_the_tiles():
     one, mid, large = (c for _, c in buckets)
     assert all(c.batch_buckets == () for c in (one, mid, large))
     assert one.attn_unroll == 2
+    assert (one.attn_tile, mid.attn_tile, mid.outline) == ("phased", "mma", ("attention",))
     # Every kernel shares the split counts (one set of buffers): B=1 spans of
     # attn_single_span, then attn_small_spans' tiers up to B=16 (spans of
-    # 128 up to B=4, 256 up to 8, 384 up to 11, 256 up to 16), then attn_chunk.
-    # The large kernel's tensor-core tile holds no span: spans of the L
-    # cached positions, position L in the last (L = 4096: one split, not two).
-    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 8, 11, 16, 17)] == [17, 8, 4, 3, 4, 1]
-    assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (16, 17)] == [32, 2]
+    # 128 up to B=4, 256 up to 8, 384 up to 11, 256 up to 16, at most 16, 8,
+    # 4, 3 and 2 splits), then attn_chunk. The tensor-core tile holds no
+    # span: spans of the L cached positions, position L in the last (L =
+    # 4096: one split, not two).
+    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 8, 11, 16, 17)] == [17, 8, 4, 3, 2, 1]
+    assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (2, 3, 5, 9, 16, 17)] == [16, 8, 4, 3, 2, 2]
+    assert [M.LLAMA_3_2_1B.splits(256, b) for b in (2, 3, 5, 9, 16)] == [2, 2, 1, 1, 1]
     assert [M.LLAMA_3_2_1B.splits(L, 64) for L in (0, 1, 4095, 4096, 4097, 8193)] == [
         1, 1, 1, 1, 2, 3
     ]  # fmt: skip
     for _, c in buckets:
-        assert [c.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 8, 4, 1]
+        assert [c.splits(1024, b) for b in (1, 2, 16, 17)] == [17, 8, 2, 1]
     # The small kernels' own tiles hold a span (their counts are ceil((L+1)/span)
     # past B=16, which their batch bound never lets them run); over the batches
     # each kernel runs, all agree.
@@ -1211,13 +1223,15 @@ def test_batch_buckets_change_only_the_tiles():
         M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16, attn_cached_splits=True
     )
     with pytest.raises(etc.GraphError, match="attn_cached_splits makes splits longer"):
-        dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=(), attn_cached_splits=True)
+        dataclasses.replace(PHASED_1B, attn_cached_splits=True)
     # The kernels know their batch ranges; the base's own graph is the
-    # small-batch kernel (its phased tile holds 512 positions, not 4096).
+    # B = 2..16 kernel's, whose tensor-core tile takes any batch; a phased
+    # base's own graph holds 512 positions, not 4096: the small batches.
     assert [c.kernel_max_batch for _, c in buckets] == [1, 16, None]
-    assert M.LLAMA_3_2_1B.kernel_max_batch == 16
-    single = dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=())
-    assert single.kernel_max_batch is None and single.splits(1024, 17) == 3
+    assert M.LLAMA_3_2_1B.kernel_max_batch is None
+    phased_base = dataclasses.replace(PHASED_1B, batch_buckets=M.LLAMA_3_2_1B.batch_buckets)
+    assert phased_base.kernel_max_batch == 16
+    assert PHASED_1B.kernel_max_batch is None and PHASED_1B.splits(1024, 17) == 3
     assert (large.gemm_core, large.bn_gu, large.attn_tile) == ("tma", 64, "mma")
     # The large kernel's attention is fed by TMA where the heads have 64 dims.
     assert large.attention_pipeline == "tma" and one.attention_pipeline == "none"
@@ -1259,7 +1273,9 @@ def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
 
 def test_a_change_a_bucket_kernel_cannot_take_says_so():
     with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket: .*"):
-        dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True)
+        dataclasses.replace(
+            PHASED_1B, fuse_combine=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets
+        )
 
 
 def test_single_span_is_checked():
@@ -1282,10 +1298,12 @@ def test_the_split_counts_parse_as_manifest_sizes():
     size = parse_size(str(expr), ["B", "L"])
     # Past B=16 the tensor-core kernel's spans of attn_chunk=4096 over the
     # cached positions (position L in the last).
-    cases = [(1, 1024, 17), (2, 1024, 8), (8, 1024, 4), (16, 1024, 4), (17, 1024, 1), (64, 4096, 1)]
+    cases = [(1, 1024, 17), (2, 1024, 8), (8, 1024, 4), (16, 1024, 2), (17, 1024, 1), (64, 4096, 1)]
     cases += [(17, 0, 1), (64, 4097, 2), (64, 8192, 2), (64, 8193, 3)]
-    # B=1: spans of 64 up to 17 splits, never fewer splits than spans of 256.
-    cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 64), (2, 0, 1)]
+    # B=1: spans of 64 up to 17 splits, never fewer splits than spans of 256;
+    # B=2 at most 16, B=8 at most 4 splits.
+    cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 16), (2, 0, 1)]
+    cases += [(8, 4096, 4), (8, 200, 1), (11, 4096, 3)]
     for b, L, want in cases:
         assert size.evaluate({"B": b, "L": L}) == 8 * want, (b, L)
         assert M.LLAMA_3_2_1B.splits(L, b) == want
@@ -1419,3 +1437,40 @@ def test_parts_that_wait_for_each_other_get_different_ctas(tmp_path, monkeypatch
         etc.LaunchError, match="task 'down' has 4 split-K parts .* this launch has 3"
     ):
         k._plan(syms, None)
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_capped_span_tiers_grow_the_spans_of_the_mma_attention(weights, schedule):
+    """attn_small_spans' (batch, span, most) tiers: at most ``most`` splits,
+    so past ``most * span`` cached positions the spans grow with L (the
+    tensor-core tile holds any span); the same answer as the numpy model."""
+    cfg = dataclasses.replace(
+        CFG, attn_tile="mma", attn_unroll=1, attn_small_batch=4, attn_small_span=8,
+        attn_small_spans=((2, 3, 2), (3, 4)), attn_single_span=0,
+    )  # fmt: skip
+    g = M.build_decoder_graph(cfg)
+    att = next(t for t in g.tasks if t.name == "attention")
+    cases = ((1, 3, 1), (1, 6, 2), (2, 30, 2), (2, 0, 1), (3, 30, 8), (4, 30, 4))
+    for B, L, splits in cases:
+        env = {"B": B, "L": L, "S": L + 2}
+        assert etc.symbolic.evaluate(att.grid[3], env) == splits == cfg.splits(L, B), (B, L)
+    for B, L in ((2, 30), (1, 17), (2, 5)):
+        _check_step(cfg, g, weights, B, L, schedule, 35)
+    # A tile that holds a span refuses a cap, naming the tier, unless it
+    # never runs the tiers (the B = 1 kernel of a single-sequence tier).
+    with pytest.raises(
+        etc.GraphError,
+        match=r"attn_small_spans=.* caps the split count \(\(2, 3, 2\): at most 2 splits\).* "
+        "only attn_tile='mma' holds, not 'phased'",
+    ):
+        dataclasses.replace(cfg, attn_tile="phased", attn_unroll=4)
+    one = dict(attn_tile="phased", attn_unroll=4, attn_single_span=3, max_batch=1)
+    assert dataclasses.replace(cfg, **one).splits(30, 1) == 11  # spans of 3
+    # ... whose tile need not hold the tiers' spans either.
+    dataclasses.replace(cfg, **one, attn_small_spans=((2, 64, 2),))
+    with pytest.raises(etc.GraphError, match="spans in 1..7 \\(the attention's buffers hold"):
+        dataclasses.replace(cfg, **{**one, "max_batch": 2}, attn_small_spans=((2, 64),))
+    with pytest.raises(
+        etc.GraphError, match=r"or \(batch, span, most\) triples .* most at least 1"
+    ):
+        dataclasses.replace(cfg, attn_small_spans=((2, 3, 0),))

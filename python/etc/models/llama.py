@@ -119,6 +119,18 @@ LARGE_BATCH = (
     ("sm_deal", "spread"),
     ("tma_meet_share", (("down_proj", 2),)),
 )
+#: The tile changes of the decoder's B = 1 kernel: the phased attention
+#: (one sequence's short spans: the tensor-core tile's loop steps are 128
+#: positions) in loop steps of 64 positions, so ``attn_single_span``'s
+#: spans hold (-6 % on an H200, tenth session), inlined; its LM head and
+#: argmax called (-1.3 %, thirtieth session).
+SINGLE_SEQUENCE = (
+    ("attn_tile", "phased"),
+    ("attn_unroll", 2),
+    ("attn_pipeline", "none"),
+    ("attn_tma_release", "math"),
+    ("outline", ("lm_head", "argmax", "argmax_merge")),
+)
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 #: The task that runs each layer projection's tiles.
@@ -236,15 +248,20 @@ class LlamaConfig:
     attn_small_batch: int = 16
     attn_small_span: int = 256
     #: Spans by batch size up to ``attn_small_batch`` sequences, instead of
-    #: ``attn_small_span``: ``(b, span)`` pairs, up to ``b`` sequences
-    #: ``max(1, ceil(L / span))`` splits (the cached positions; position L
-    #: rides in the split that reaches it); batches past the last ``b``
-    #: take ``attn_small_span``'s, B = 1 its own tier. Chosen so that at
-    #: L = 1024 the instances fill one round of the 264 CTAs (two past 11
-    #: sequences): spans of 256 gave 5 splits there, the fifth holding
-    #: position L alone, 320 instances at B = 8 and two rounds. Empty:
-    #: ``attn_small_span``'s ``ceil((L + 1) / span)``.
-    attn_small_spans: tuple[tuple[int, int], ...] = ((4, 128), (8, 256), (11, 384), (16, 256))
+    #: ``attn_small_span``: ``(b, span)`` or ``(b, span, most)``, up to
+    #: ``b`` sequences ``max(1, ceil(L / span))`` splits (the cached
+    #: positions; position L rides in the split that reaches it), at most
+    #: ``most``: past ``most * span`` positions the spans grow with L, which
+    #: only the tensor-core tile holds. Batches past the last ``b`` take
+    #: ``attn_small_span``'s, B = 1 its own tier. Chosen so that the
+    #: instances fill about one round of the 264 CTAs at any context
+    #: (``b * kv_heads * most`` <= 264): with the phased tile's uncapped
+    #: tiers of 128 to 384 positions B = 8, L = 4096 ran 1024 instances in
+    #: four rounds, each paying its fixed cost (19 % slower; item 174).
+    #: Empty: ``attn_small_span``'s ``ceil((L + 1) / span)``.
+    attn_small_spans: tuple[tuple[int, ...], ...] = (
+        (2, 128, 16), (4, 128, 8), (8, 256, 4), (11, 384, 3), (16, 256, 2),
+    )  # fmt: skip
     #: The shortest span when one sequence is decoded (B=1; 0: as larger
     #: batches): up to ``attn_single_splits`` splits of at least this many
     #: positions, and never fewer splits than ``attn_small_span`` gives. At
@@ -334,11 +351,15 @@ class LlamaConfig:
     #: attention_online`: one online-softmax pass per warp on the CUDA cores)
     #: or "mma" (:func:`etc.tiles.attention_mma.attention_mma`: the same pass
     #: on the tensor cores). The last two take none of the phased options.
-    attn_tile: str = "phased"
+    #: "mma" by default, every kernel but B = 1's (``batch_buckets``): from
+    #: 2 to 16 sequences it streams a span about twice as fast, and with
+    #: ``attn_small_spans``' capped split counts B = 8, L = 4096 was 19 %
+    #: faster on an H200, B = 16 32 % (``bench/RESULTS.md`` item 174).
+    attn_tile: str = "mma"
     #: Loads in flight per loop step: row groups per lane ("phased" and
     #: "online", ``unroll``) or 16-position blocks per warp ("mma",
     #: ``blocks``). A split's span is a whole number of loop steps.
-    attn_unroll: int = 4
+    attn_unroll: int = 1
     #: The tensor-core attention loads each step's K and V during the
     #: previous step's arithmetic (``attention_mma(pipeline=...)``): "none",
     #: "registers" (carried in the loop), "smem" (``cp.async`` into
@@ -346,7 +367,7 @@ class LlamaConfig:
     #: copies each step's K and V rows by TMA into a ring of
     #: ``attn_tma_stages`` stages; head_dim 64). "auto": "tma" where the
     #: head dimension is 64, else "none". "mma" only.
-    attn_pipeline: str = "none"
+    attn_pipeline: str = "auto"
     #: Ring stages of ``attn_pipeline="tma"`` (2: −4..−7 % at B = 32 and 64
     #: on an H200 against the per-lane loads; 3 was 1-3 % slower than 2).
     attn_tma_stages: int = 2
@@ -361,9 +382,9 @@ class LlamaConfig:
     #: or "read_early" (refilled before thread 0's arithmetic). On an H200
     #: (twenty-ninth session) "read_early" was 1.5 % faster at L = 4096 and
     #: 0.5-2 % slower at L = 1024 (choosing by span at run time: 3-6 % slower);
-    #: with every tile outlined (thirtieth session) faster at both, so
-    #: :data:`LARGE_BATCH` takes it.
-    attn_tma_release: str = "math"
+    #: with the attention called (``outline``, thirtieth session) faster at
+    #: both, so every kernel with this tile takes it.
+    attn_tma_release: str = "read_early"
     #: Past ``attn_small_batch``, the attention splits the ``L`` cached
     #: positions (``max(1, ceil(L / span))`` splits, position ``L`` in the
     #: last) instead of ``L + 1``: for the tensor-core tile, which holds no
@@ -384,13 +405,11 @@ class LlamaConfig:
     #: :func:`compile_decoder` compiles this configuration with each entry's
     #: changes into one artifact (``etc.compile_buckets``); every launch runs
     #: the kernel whose range holds ``B``. Empty: one kernel. The default, from
-    #: the sweeps on an H200 (``bench/RESULTS.md``, tenth session): B=1 with
-    #: attention loop steps of 64 positions, so ``attn_single_span``'s spans
-    #: hold (-6 %), and its LM head and argmax called (``outline``), B=2..16
-    #: with the tiles above, and :data:`LARGE_BATCH` from B=17 (-8 % at B=32,
-    #: -19 % at B=64).
+    #: the sweeps on an H200 (``bench/RESULTS.md``, tenth session):
+    #: :data:`SINGLE_SEQUENCE` at B=1, B=2..16 with the tiles above, and
+    #: :data:`LARGE_BATCH` from B=17 (-8 % at B=32, -19 % at B=64).
     batch_buckets: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = (
-        (1, (("attn_unroll", 2), ("outline", ("lm_head", "argmax", "argmax_merge")))),
+        (1, SINGLE_SEQUENCE),
         (16, ()),
         (None, LARGE_BATCH),
     )
@@ -510,8 +529,9 @@ class LlamaConfig:
     #: passes ~60 parameters. The large-batch kernel's: all (−0.5..−1.5 % at B
     #: = 32 and 64 on an H200, and its attention's ``read_early`` then gains
     #: at every context); the B = 1 kernel's LM head and argmax (−1.3 %; all
-    #: its tiles +1.4 %, the attention alone +1.8 %; thirtieth session).
-    outline: bool | tuple[str, ...] = False
+    #: its tiles +1.4 %, the attention alone +1.8 %; thirtieth session); the
+    #: B = 2..16 kernel's tensor-core attention.
+    outline: bool | tuple[str, ...] = ("attention",)
     #: Static schedule: the kernel's CTAs take their lists by the SM they run
     #: on, so each stage's last partial round fills whole SMs
     #: (``etc.compile(sm_slices=True)``, ``docs/scheduling.md``, "Dealt by
@@ -767,21 +787,35 @@ class LlamaConfig:
             return
         pairs = isinstance(tiers, tuple) and all(
             isinstance(t, tuple)
-            and len(t) == 2
+            and len(t) in (2, 3)
             and all(isinstance(v, int) and not isinstance(v, bool) for v in t)
             for t in tiers
         )
-        bounds = [b for b, _ in tiers] if pairs else []
+        # The B = 1 kernel of a single-sequence tier never runs the tiers:
+        # their spans need not fit its tile, capped or not.
+        first = 2 if self.attn_single_span else 1
+        runs_tiers = self.max_batch is None or self.max_batch >= first
+        bounds = [t[0] for t in tiers] if pairs else []
         if not (
             pairs
             and bounds == sorted(set(bounds))
             and bounds[0] >= 1
-            and all(0 < span < hold for _, span in tiers)
+            and all(0 < t[1] and (t[1] < hold or not runs_tiers) and t[2:] != (0,) for t in tiers)
         ):
             raise GraphError(
-                f"LlamaConfig: attn_small_spans={tiers!r} must be (batch, span) pairs with "
-                f"increasing batches and spans in 1..{hold - 1} (the attention's buffers hold "
-                f"{holder}, and position L one more; () for spans of attn_small_span)"
+                f"LlamaConfig: attn_small_spans={tiers!r} must be (batch, span) pairs or "
+                f"(batch, span, most) triples with increasing batches, spans in 1..{hold - 1} "
+                f"(the attention's buffers hold {holder}, and position L one more) and most "
+                "at least 1; () for spans of attn_small_span"
+            )
+        # A cap makes the spans grow with L: only a tile that holds no span
+        # may run the tiers.
+        capped = [t for t in tiers if len(t) == 3]
+        if capped and runs_tiers and self.attn_tile != "mma":
+            raise GraphError(
+                f"LlamaConfig: attn_small_spans={tiers!r} caps the split count "
+                f"({capped[0]!r}: at most {capped[0][2]} splits), so spans grow with L, which "
+                f"only attn_tile='mma' holds, not {self.attn_tile!r}; give (batch, span) pairs"
             )
 
     def _check_k_splits(self) -> None:
@@ -1025,7 +1059,7 @@ class LlamaConfig:
                     "weights: set it on the configuration"
                 )
             try:
-                dataclasses.replace(self, **dict(changes), batch_buckets=())
+                dataclasses.replace(self, **dict(changes), batch_buckets=(), max_batch=bound)
             except GraphError as e:
                 raise GraphError(
                     f"{e} (in the kernel of {which}: {dict(changes)}; change batch_buckets, "
@@ -1096,10 +1130,13 @@ class LlamaConfig:
             below = small = (L + self.attn_small_span) // self.attn_small_span
             if self.attn_small_spans:
                 small, tiered = 0, 0  # tiered: [B <= the previous tier's bound]
-                for bound, span in self.attn_small_spans:
+                for bound, span, *most in self.attn_small_spans:
                     bound = min(bound, self.attn_small_batch)
                     upto = 1 - (B + _BIG - (bound + 1)) // _BIG  # [B <= bound]
-                    small = small + (upto - tiered) * ((L + span - 1) // span)
+                    count = (L + span - 1) // span
+                    if most:  # at most most[0] splits: spans grow past span
+                        count = _min(count, most[0])
+                    small = small + (upto - tiered) * count
                     tiered = upto
                 # ceil(L / span) is 0 only at L = 0, which takes one split;
                 # batches past the last tier take attn_small_span's count.
@@ -1137,6 +1174,12 @@ TINY = LlamaConfig(
     attn_chunk=8,
     attn_small_batch=0,  # spans of attn_chunk: one loop step of the tiny tile
     attn_single_span=0,
+    # The phased attention, inlined (the tensor-core tile: attn_tile="mma").
+    attn_tile="phased",
+    attn_unroll=4,
+    attn_pipeline="none",
+    attn_tma_release="math",
+    outline=False,
     bn_o=16,
     bn_down=16,
     # k = 256: two iterations per warp slice.

@@ -21,8 +21,9 @@ _OPS = {
     ast.Pow: lambda a, b: a**b,
 }
 #: Longer texts are refused (a parse bound for untrusted manifests); the
-#: decoder's attention split counts (their batch tiers) take ~3-6 K characters.
-_MAX_TEXT = 16384
+#: decoder's attention split counts (their batch tiers, capped: sums of
+#: products the normal form multiplies out) take up to ~18 K characters.
+_MAX_TEXT = 65536
 
 
 @dataclass(frozen=True)
