@@ -428,6 +428,12 @@ VARIANTS["mid_mma_cap2"] = {
 # spans of 512 up to B = 8 (128 instances at L = 1024, each one's start
 # paid half as often).
 VARIANTS["mid_attn3"] = _mid(("attn_tma_stages", 3))
+# ... without the ring started before the waits, and inlined instead of
+# called: in a trace (item 176) the attention instances of the CTAs that
+# had just run a qkv instance start 2-6 µs after it, the others 0.5 µs
+# after the stage.
+VARIANTS["mid_nopf"] = _mid(("attn_tma_prefetch", False))
+VARIANTS["mid_inline"] = _mid(("outline", False))
 VARIANTS["mid_b8_512"] = {
     "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 512, 4), (11, 384, 3), (16, 256, 2)),
 }

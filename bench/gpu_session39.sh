@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-ninth session (bench/RESULTS.md, items 174-): the B = 2..16 kernel
 # on the tensor-core attention. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session39.sh [sweep] [sweep2] [trace] [tests] [decbench] ...
+# Usage: bash bench/gpu_session39.sh [sweep] [sweep2] [sweep3] [trace] [tests] [decbench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s39
@@ -22,12 +22,21 @@ for step in ${*:-sweep}; do
       ${SWEEP_BATCHES:-2,4,8,16} ${SWEEP_CONTEXTS:-1024,4096} .device/s39sw2
     tar czf "$OUT/s39_sweep2_raw.tgz" -C /tmp/s39 raw
     ;;
-  trace)  # the default artifact traced at TRACE_BATCHES, L = 1024
-    # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s39tr)
-    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=${TRACE_BATCHES:-8,16} timeout 300 \
-      python bench/decode_trace.py --artifacts .device/s39tr --out /tmp/s39/tr 2>&1 \
+  trace)  # the default artifact (TRACE_VARIANTS) traced at TRACE_BATCHES, L = 1024
+    # (DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s39tr;
+    # the second call: default,mid_nopf,mid_inline into .device/s39tr2 with TRACE_DIR)
+    DECODE_TRACE_VARIANTS=${TRACE_VARIANTS:-default} DECODE_TRACE_BATCHES=${TRACE_BATCHES:-8,16} \
+      timeout 300 \
+      python bench/decode_trace.py --artifacts ${TRACE_DIR:-.device/s39tr} --out /tmp/s39/tr 2>&1 \
       | tee "$OUT/trace.txt" | grep -A12 "^== \|layer"
     tar czf "$OUT/traces.tgz" -C /tmp/s39 tr
+    ;;
+  sweep3)  # the B = 2..16 kernel's attention without its ring prefetch, and inlined
+    # (DECODE_SWEEP_VARIANTS=default,mid_nopf,mid_inline python bench/decode_sweep.py
+    # --build .device/s39sw3)
+    SWEEP_TMP=/tmp/s39 sweep_passes s39_sweep3 ${SWEEP_VARIANTS:-default,mid_nopf,mid_inline} \
+      ${SWEEP_BATCHES:-2,8,16} ${SWEEP_CONTEXTS:-1024,4096} .device/s39sw3
+    tar czf "$OUT/s39_sweep3_raw.tgz" -C /tmp/s39 raw
     ;;
   tests)  # the tiny decoders against the simulator (python test/gpu/make_artifacts.py
     # .device/s39art --only llama_tiny_mma_tma_capped, and ..._read_early, llama_tiny_buckets)
