@@ -433,6 +433,10 @@ VARIANTS["mid_attn3"] = _mid(("attn_tma_stages", 3))
 # had just run a qkv instance start 2-6 µs after it, the others 0.5 µs
 # after the stage.
 VARIANTS["mid_nopf"] = _mid(("attn_tma_prefetch", False))
+# Session 39, item 178: a code change, not a setting: "default" built
+# before and "kvearly" after the tensor-core tile loads position L's key,
+# score and value before its loop instead of after it (same configuration).
+VARIANTS["kvearly"] = {}
 VARIANTS["mid_inline"] = _mid(("outline", False))
 VARIANTS["mid_b8_512"] = {
     "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 512, 4), (11, 384, 3), (16, 256, 2)),

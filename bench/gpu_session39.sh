@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-ninth session (bench/RESULTS.md, items 174-): the B = 2..16 kernel
 # on the tensor-core attention. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session39.sh [sweep] [sweep2] [sweep3] [trace] [tests] [decbench] ...
+# Usage: bash bench/gpu_session39.sh [sweep] [sweep2] [sweep3] [kvearly] [trace] [tests] [decbench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s39
@@ -38,9 +38,15 @@ for step in ${*:-sweep}; do
       ${SWEEP_BATCHES:-2,8,16} ${SWEEP_CONTEXTS:-1024,4096} .device/s39sw3
     tar czf "$OUT/s39_sweep3_raw.tgz" -C /tmp/s39 raw
     ;;
+  kvearly)  # the tensor-core tile with position L's loads before its loop ("kvearly",
+    # python bench/decode_sweep.py --build after the change, renamed) against "default"
+    # (built before it) in .device/s39kv, B = 2..64
+    SWEEP_TMP=/tmp/s39 sweep_passes s39_kvearly default,kvearly ${SWEEP_BATCHES:-2,8,16,32,64} \
+      ${SWEEP_CONTEXTS:-1024,4096} .device/s39kv
+    ;;
   tests)  # the tiny decoders against the simulator (python test/gpu/make_artifacts.py
     # .device/s39art --only llama_tiny_mma_tma_capped, and ..._read_early, llama_tiny_buckets)
-    ETC_ARTIFACTS=.device/s39art timeout 300 python -m pytest -q -rfs --tb=short \
+    ETC_ARTIFACTS=${TESTS_ARTS:-.device/s39art} timeout 300 python -m pytest -q -rfs --tb=short \
       test/gpu/test_llama_gpu.py -k "${TESTS_K:-capped or read_early or tiny_buckets}" 2>&1 \
       | tee "$OUT/tests.txt" | tail -8
     ;;

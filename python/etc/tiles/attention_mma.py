@@ -276,6 +276,31 @@ def attention_mma(
     q_words = [t.op("q", f"arith.select %gvalid, {w}, %i0 : i32") for w in q_words]
     # k-step s uses the lane's dims 4s..4s+3: words 2s (k = 2t4, 2t4+1) and 2s+1 (k + 8).
     qa = [[q_words[2 * s], "%i0", q_words[2 * s + 1], "%i0"] for s in range(KS)]
+    # Position L's key (roped), its score and its value are loaded before the
+    # loop, so their round trips overlap the ring's instead of following it.
+    k_bf = roped(t, "%kcol0")
+    part = "%fzero"
+    for qv, kv in zip(q_bf, k_bf, strict=True):
+        prod = t.op(
+            "n",
+            f"arith.mulf {t.op('n', f'arith.extf {qv} : vector<{kvec}xbf16> to vector<{kvec}xf32>')}, {t.op('n', f'arith.extf {kv} : vector<{kvec}xbf16> to vector<{kvec}xf32>')} : vector<{kvec}xf32>",
+        )
+        part = t.f(
+            "addf", part, t.op("n", f"vector.reduction <add>, {prod} : vector<{kvec}xf32> into f32")
+        )
+    for off in (1, 2):
+        part = t.f("addf", part, _shfl_xor(t, part, off))
+    s_new = t.f("mulf", part, "%scale")
+    # The lane's V dims (t2 + e) * DV + u, u < NT = DV: DV contiguous per e.
+    v_new = []
+    for e in range(2):
+        col = t.idx("addi", "%vcol0", t.idx("muli", t.idx("addi", "%t2", t.c(e)), t.c(DV)))
+        v_new.append(
+            t.op(
+                "n",
+                f"vector.load %qkv[%b, {col}] {{alignment = {min(2 * DV, 16)} : i64}} : {qkv_t}, vector<{DV}xbf16>",
+            )
+        )
     setup = t.part("    ")
 
     # -- the loop step ------------------------------------------------------------
@@ -482,19 +507,6 @@ def attention_mma(
     # -- after the loop: position L by warp 0, the warp's output to workgroup memory --
     res_m, res_l = "%st#0", "%st#1"
     res_o = [[f"%st#{2 + 2 * u + q}" for q in range(2)] for u in range(NT)]
-    k_bf = roped(t, "%kcol0")
-    part = "%fzero"
-    for qv, kv in zip(q_bf, k_bf, strict=True):
-        prod = t.op(
-            "n",
-            f"arith.mulf {t.op('n', f'arith.extf {qv} : vector<{kvec}xbf16> to vector<{kvec}xf32>')}, {t.op('n', f'arith.extf {kv} : vector<{kvec}xbf16> to vector<{kvec}xf32>')} : vector<{kvec}xf32>",
-        )
-        part = t.f(
-            "addf", part, t.op("n", f"vector.reduction <add>, {prod} : vector<{kvec}xf32> into f32")
-        )
-    for off in (1, 2):
-        part = t.f("addf", part, _shfl_xor(t, part, off))
-    s_new = t.f("mulf", part, "%scale")
     m2 = t.op("n", f"arith.select %foldL, {t.f('maximumf', res_m, s_new)}, {res_m} : f32")
     corr2 = t.op("n", f"math.exp {t.f('subf', res_m, m2)} : f32")
     e_new = t.op("n", f"math.exp {t.f('subf', s_new, m2)} : f32")
@@ -509,8 +521,7 @@ def attention_mma(
             dim = t.idx(
                 "addi", t.idx("muli", t.idx("addi", "%t2", t.c(e) if e else "%c0"), t.c(DV)), t.c(u)
             )
-            col = t.idx("addi", "%vcol0", dim)
-            vb = t.op("n", f"memref.load %qkv[%b, {col}] : {qkv_t}")
+            vb = t.op("n", f"vector.extract {v_new[e]}[{u}] : bf16 from vector<{DV}xbf16>")
             vf = t.op("n", f"arith.extf {vb} : bf16 to f32")
             scaled = t.f("mulf", res_o[u][e], corr2)
             o_final[u, e] = (t.op("n", f"math.fma {e_new}, {vf}, {scaled} : f32"), dim)
