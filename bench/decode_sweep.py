@@ -437,6 +437,9 @@ VARIANTS["mid_nopf"] = _mid(("attn_tma_prefetch", False))
 # before and "kvearly" after the tensor-core tile loads position L's key,
 # score and value before its loop instead of after it (same configuration).
 VARIANTS["kvearly"] = {}
+# ... and "vstore" after it also writes the cache row of position L from
+# those values instead of loading them again (item 179).
+VARIANTS["vstore"] = {}
 VARIANTS["mid_inline"] = _mid(("outline", False))
 VARIANTS["mid_b8_512"] = {
     "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 512, 4), (11, 384, 3), (16, 256, 2)),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-ninth session (bench/RESULTS.md, items 174-): the B = 2..16 kernel
 # on the tensor-core attention. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session39.sh [sweep] [sweep2] [sweep3] [kvearly] [trace] [tests] [decbench] ...
+# Usage: bash bench/gpu_session39.sh [sweep] [sweep2] [sweep3] [kvearly] [vstore] [trace] [tests] [decbench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s39
@@ -43,6 +43,12 @@ for step in ${*:-sweep}; do
     # (built before it) in .device/s39kv, B = 2..64
     SWEEP_TMP=/tmp/s39 sweep_passes s39_kvearly default,kvearly ${SWEEP_BATCHES:-2,8,16,32,64} \
       ${SWEEP_CONTEXTS:-1024,4096} .device/s39kv
+    ;;
+  vstore)  # "vstore" (the cache row of position L written from the values loaded before
+    # the loop; python bench/decode_sweep.py --build after the change, renamed) against
+    # "kvearly" (built before it) in .device/s39kv2
+    SWEEP_TMP=/tmp/s39 sweep_passes s39_vstore kvearly,vstore ${SWEEP_BATCHES:-2,8,64} \
+      ${SWEEP_CONTEXTS:-1024,4096} .device/s39kv2
     ;;
   tests)  # the tiny decoders against the simulator (python test/gpu/make_artifacts.py
     # .device/s39art --only llama_tiny_mma_tma_capped, and ..._read_early, llama_tiny_buckets)

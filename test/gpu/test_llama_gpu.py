@@ -86,11 +86,12 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         assert err < 2e-2, (B, L, err)
         agree = np.mean(_numpy(bufs["next_tokens"]) == simulated["next_tokens"])
         assert agree >= 0.5, (B, L, agree)
-        k_got, k_want = bf16_to_f32(_numpy(bufs["k_cache"])), bf16_to_f32(simulated["k_cache"])
-        np.testing.assert_allclose(k_got[:, :, :, L], k_want[:, :, :, L], rtol=0.05, atol=0.05)
-        np.testing.assert_array_equal(
-            _numpy(bufs["k_cache"])[:, :, :, :L], arrays["k_cache"][:, :, :, :L]
-        )
+        for cache in ("k_cache", "v_cache"):  # row L written, the rows before untouched
+            got, want = bf16_to_f32(_numpy(bufs[cache])), bf16_to_f32(simulated[cache])
+            np.testing.assert_allclose(got[:, :, :, L], want[:, :, :, L], rtol=0.05, atol=0.05)
+            np.testing.assert_array_equal(
+                _numpy(bufs[cache])[:, :, :, :L], arrays[cache][:, :, :, :L]
+            )
 
 
 @pytest.mark.parametrize(
