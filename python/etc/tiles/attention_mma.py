@@ -525,20 +525,18 @@ def attention_mma(
             vf = t.op("n", f"arith.extf {vb} : bf16 to f32")
             scaled = t.f("mulf", res_o[u][e], corr2)
             o_final[u, e] = (t.op("n", f"math.fma {e_new}, {vf}, {scaled} : f32"), dim)
-    # Split 0: the new k (roped) and v into the caches (lanes of head 0).
+    # Split 0: the new k (roped) and v into the caches (lanes of head 0). The
+    # lane's K dims dK0 .. dK0 + DK are its V dims of v_new (DK = 2 * DV).
     t.emit("scf.if %wr {")
     for ch, kv in enumerate(k_bf):
         d = t.idx("addi", "%dK0", t.c(ch * kvec))
         t.emit(
             f"  vector.store {kv}, %kc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
         )
-        vcol = t.idx("addi", "%vcol0", d)
-        vv = t.op(
-            "n",
-            f"vector.load %qkv[%b, {vcol}] {{alignment = 16 : i64}} : {qkv_t}, vector<{kvec}xbf16>",
-        )
+    for e, vv in enumerate(v_new):
+        d = t.idx("addi", "%dK0", t.c(e * DV))
         t.emit(
-            f"  vector.store {vv}, %vc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
+            f"  vector.store {vv}, %vc[%l, %b, %gkv, %L, {d}] {{alignment = {min(2 * DV, 16)} : i64}} : {c_t}, vector<{DV}xbf16>"
         )
     t.emit("}")
     t.emit("// A previous call on this CTA may still be reading the workgroup buffers.")
