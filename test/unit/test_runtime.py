@@ -628,6 +628,39 @@ def test_bind_dtypes(tmp_path: Path) -> None:
         args.bind_tensors(m, shapes(m, 3), t)
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("__import__('os')", "Call is not allowed"),
+        ("n.real", "Attribute is not allowed"),
+        ("n ** m", "constant right-hand side"),
+        ("n ** 9", "exponents must be in 0..8"),
+        ("n // -2", "constant right-hand side"),
+        ("k + 1", "'k' is not a declared symbol"),
+        ("n if m else 1", "IfExp is not allowed"),
+    ],
+)
+def test_size_expressions_refuse_all_but_integer_arithmetic(text: str, message: str) -> None:
+    from etc.runtime.sizes import parse_size
+
+    with pytest.raises(ValueError, match=message):
+        parse_size(text, ["n", "m"])
+
+
+def test_size_expressions_evaluate_as_integer_arithmetic() -> None:
+    """The checked tree, compiled once, gives Python's integer results; a
+    zero divisor and a missing symbol fail as before."""
+    from etc.runtime.sizes import parse_size
+
+    size = parse_size("(n + 7)//8 - 2*m**2 + n % 3 + -m", ["n", "m"])
+    for n, m in ((0, 0), (13, 2), (4096, 17), (2**40, 3)):
+        assert size.evaluate({"n": np.int64(n), "m": m}) == (n + 7) // 8 - 2 * m**2 + n % 3 - m
+    with pytest.raises(ZeroDivisionError, match="non-positive constant"):
+        parse_size("n // 0", ["n"]).evaluate({"n": 3})
+    with pytest.raises(KeyError):
+        size.evaluate({"n": 1})
+
+
 def test_sizes_must_fit(m: manifest.Manifest) -> None:
     with pytest.raises(ShapeError, match="'A'.*more bytes than a 64-bit index"):
         args.bound_shapes(m, {"n": 1 << 60})
