@@ -785,7 +785,7 @@ class LlamaConfig:
         tiers = self.attn_small_spans
         if not self.attn_small_batch or tiers == ():
             return
-        pairs = isinstance(tiers, tuple) and all(
+        well_formed = isinstance(tiers, tuple) and all(
             isinstance(t, tuple)
             and len(t) in (2, 3)
             and all(isinstance(v, int) and not isinstance(v, bool) for v in t)
@@ -795,9 +795,9 @@ class LlamaConfig:
         # their spans need not fit its tile, capped or not.
         first = 2 if self.attn_single_span else 1
         runs_tiers = self.max_batch is None or self.max_batch >= first
-        bounds = [t[0] for t in tiers] if pairs else []
+        bounds = [t[0] for t in tiers] if well_formed else []
         if not (
-            pairs
+            well_formed
             and bounds == sorted(set(bounds))
             and bounds[0] >= 1
             and all(0 < t[1] and (t[1] < hold or not runs_tiers) and t[2:] != (0,) for t in tiers)

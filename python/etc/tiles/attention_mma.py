@@ -292,9 +292,10 @@ def attention_mma(
         part = t.f("addf", part, _shfl_xor(t, part, off))
     s_new = t.f("mulf", part, "%scale")
     # The lane's V dims (t2 + e) * DV + u, u < NT = DV: DV contiguous per e.
+    v_dim0 = [t.idx("muli", t.idx("addi", "%t2", t.c(e)), t.c(DV)) for e in range(2)]
     v_new = []
     for e in range(2):
-        col = t.idx("addi", "%vcol0", t.idx("muli", t.idx("addi", "%t2", t.c(e)), t.c(DV)))
+        col = t.idx("addi", "%vcol0", v_dim0[e])
         v_new.append(
             t.op(
                 "n",
@@ -518,23 +519,19 @@ def attention_mma(
     o_final = {}
     for u in range(NT):
         for e in range(2):
-            dim = t.idx(
-                "addi", t.idx("muli", t.idx("addi", "%t2", t.c(e) if e else "%c0"), t.c(DV)), t.c(u)
-            )
+            dim = t.idx("addi", v_dim0[e], t.c(u))
             vb = t.op("n", f"vector.extract {v_new[e]}[{u}] : bf16 from vector<{DV}xbf16>")
             vf = t.op("n", f"arith.extf {vb} : bf16 to f32")
             scaled = t.f("mulf", res_o[u][e], corr2)
             o_final[u, e] = (t.op("n", f"math.fma {e_new}, {vf}, {scaled} : f32"), dim)
-    # Split 0: the new k (roped) and v into the caches (lanes of head 0). The
-    # lane's K dims dK0 .. dK0 + DK are its V dims of v_new (DK = 2 * DV).
+    # Split 0: the new k (roped) and v into the caches (lanes of head 0).
     t.emit("scf.if %wr {")
     for ch, kv in enumerate(k_bf):
         d = t.idx("addi", "%dK0", t.c(ch * kvec))
         t.emit(
             f"  vector.store {kv}, %kc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
         )
-    for e, vv in enumerate(v_new):
-        d = t.idx("addi", "%dK0", t.c(e * DV))
+    for vv, d in zip(v_new, v_dim0, strict=True):
         t.emit(
             f"  vector.store {vv}, %vc[%l, %b, %gkv, %L, {d}] {{alignment = {min(2 * DV, 16)} : i64}} : {c_t}, vector<{DV}xbf16>"
         )
