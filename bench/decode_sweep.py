@@ -444,6 +444,13 @@ VARIANTS["mid_inline"] = _mid(("outline", False))
 VARIANTS["mid_b8_512"] = {
     "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 512, 4), (11, 384, 3), (16, 256, 2)),
 }
+# Session 40: the tensor-core attention's own time, stamped inside each
+# instance (``LlamaConfig.attn_stamps``; ``bench/decode_trace.py`` prints
+# the phases): the B = 2..16 kernel and the large-batch one, each alone.
+VARIANTS["stamps_mid"] = {"batch_buckets": ((None, (("attn_stamps", True),)),)}
+VARIANTS["stamps_large"] = {
+    "batch_buckets": ((None, (*M.LARGE_BATCH, ("attn_stamps", True))),),
+}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -11,6 +11,9 @@ task started), and the gap from the previous stage's last end (the
 dependency latency the graph's barriers cost). A trace record starts after
 the instance's waits and ends after its closing barrier. Three launches,
 the last traced; the static and dynamic schedules (``llama.compile_options``).
+With ``LlamaConfig.attn_stamps`` (``decode_sweep`` variants ``stamps_*``),
+also the attention instances' phases from their own clock stamps
+(:func:`stamp_table`).
 """
 
 from __future__ import annotations
@@ -48,10 +51,10 @@ if os.environ.get("DECODE_TRACE_VARIANTS"):
 BATCHES = (1, 64)
 if os.environ.get("DECODE_TRACE_BATCHES"):
     BATCHES = tuple(int(b) for b in os.environ["DECODE_TRACE_BATCHES"].split(","))
-L = 1024
-#: ``DECODE_TRACE_CONTEXT=4096`` traces that context instead.
+CONTEXTS = (1024,)
+#: ``DECODE_TRACE_CONTEXT=4096`` (or ``1024,4096``) traces those contexts instead.
 if os.environ.get("DECODE_TRACE_CONTEXT"):
-    L = int(os.environ["DECODE_TRACE_CONTEXT"])
+    CONTEXTS = tuple(int(x) for x in os.environ["DECODE_TRACE_CONTEXT"].split(","))
 STAGES = (
     "norm1",
     "qkv",
@@ -107,6 +110,40 @@ def tables(trace) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
+def stamp_table(stamps) -> tuple[str, dict]:
+    """The phases of the attention instances from ``attn_stamps`` (layers, B,
+    kv heads, splits, 8): median and 90th percentile over the instances, in
+    µs (thread 0's clock, converted by each instance's own ratio of clock
+    cycles to ``%globaltimer`` ns between its entry and end)."""
+    import numpy as np
+
+    from etc.tiles.attention_mma import STAMPS
+
+    w = {name: i for i, name in enumerate(STAMPS)}
+    x = np.asarray(stamps, dtype=np.int64).reshape(-1, len(STAMPS))
+    x = x[x[:, w["end"]] != 0]  # instances that ran
+    cycles = (x[:, w["end"]] - x[:, w["entry"]]).astype(np.float64)
+    ns = (x[:, w["end_ns"]] - x[:, w["entry_ns"]]).astype(np.float64)
+    ghz = float(np.median(cycles[ns > 0] / ns[ns > 0]))
+    phases = (
+        ("setup to step 0's data", "entry", "step0_data"),
+        ("step 0's arithmetic", "step0_data", "step0_end"),
+        ("the later steps", "step0_end", "loop_end"),
+        ("warp 0 to every warp", "loop_end", "warps_done"),
+        ("merge and partials", "warps_done", "end"),
+        ("whole instance", "entry", "end"),
+    )
+    lines = [f"attention stamps: {len(x)} instances, clock {ghz:.2f} GHz"]
+    lines.append(f"  {'phase':26s} {'median us':>10s} {'p90 us':>8s}")
+    data: dict = {"instances": len(x), "clock_ghz": ghz}
+    for label, a, b in phases:
+        us = (x[:, w[b]] - x[:, w[a]]) / (ghz * 1e3)
+        med, p90 = float(np.median(us)), float(np.percentile(us, 90))
+        data[label] = {"median_us": med, "p90_us": p90}
+        lines.append(f"  {label:26s} {med:10.2f} {p90:8.2f}")
+    return "\n".join(lines), data
+
+
 def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
     import torch
 
@@ -116,7 +153,7 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
     text, results = [], {}
     for schedule, (cfg, _) in VARIANTS.items():
         kernel = etc.runtime.load(artifacts / schedule)
-        for B in BATCHES:
+        for L, B in ((ctx, b) for ctx in CONTEXTS for b in BATCHES):
             bufs = M.torch_inputs(cfg, weights, B, L, L + 1)
             syms = {"B": B, "L": L, "S": L + 1}
             for _ in range(3):
@@ -124,13 +161,17 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
             trace = kernel.trace()
             kernel.check()
             block, data = tables(trace)
+            if "attn_stamps" in bufs:
+                text_s, data["attention_stamps"] = stamp_table(bufs["attn_stamps"].cpu().numpy())
+                block += "\n" + text_s
+            key = f"{schedule}_B{B}" + (f"_L{L}" if len(CONTEXTS) > 1 else "")
             if out is not None:  # raw records, for per-SM and per-CTA analysis
                 out.mkdir(parents=True, exist_ok=True)
-                trace.save(out / f"trace_{schedule}_B{B}.npz")
+                trace.save(out / f"trace_{key}.npz")
             title = f"== {schedule} B={B} L={L}"
             print(title + "\n" + block, flush=True)
             text.append(title + "\n" + block)
-            results[f"{schedule}_B{B}"] = data
+            results[key] = data
             if out is not None and png and B == 1:
                 # to_png draws one rectangle per instance: minutes at B=64
                 # (88 000 instances), which ran this script past its limit.

@@ -1108,6 +1108,36 @@ def test_mma_attention_splits_the_cached_positions(weights, spans):
         _check_step(cfg, g, weights, B, L, "static", 31)
 
 
+@needs_ptxas
+def test_attention_stamps_are_a_graph_tensor_the_tile_writes():
+    """attn_stamps: the tensor-core tile takes ``attn_stamps`` (layers, B,
+    kv_heads, splits, 8) i64 after its outputs and thread 0 stores its
+    clock at each of STAMPS' points; the step's answer is the same (the
+    simulator's references leave the stamps zero); ptxas accepts it; a
+    phased tile with stamps is refused by name."""
+    from etc.tiles.attention_mma import STAMPS, attention_mma
+
+    cfg = dataclasses.replace(
+        CFG, attn_tile="mma", attn_unroll=1, attn_pipeline="tma", head_dim=64, heads=4,
+        kv_heads=2, combine_group=4, attn_tma_prefetch=True, attn_stamps=True,
+    )  # fmt: skip
+    g = M.build_decoder_graph(cfg)
+    (attention,) = [t for t in g.tasks if t.name == "attention"]
+    # After the outputs, before the caches' TMA maps.
+    assert [a.name for a in attention.args if hasattr(a, "name")][-3] == "attn_stamps"
+    shapes = M.tensor_shapes(cfg, 3, 200, 202)
+    assert shapes["attn_stamps"] == ((cfg.layers, 3, 2, cfg.splits(200, 3), 8), "i64")
+    out = _check_step(cfg, g, M.random_weights(cfg, seed=3), 3, 200, "static", 29)
+    assert not out["attn_stamps"].any()
+    source = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", stamps=True).source
+    assert len(STAMPS) == 8
+    assert source.count("%stamps[") == 8
+    assert source.count("%clock64") == 6 and source.count("%globaltimer") == 2
+    assert "cp.async.bulk.tensor" in etc.compile(g, schedule="static").ptx
+    with pytest.raises(etc.GraphError, match="attn_stamps applies to attn_tile='mma'"):
+        dataclasses.replace(CFG, attn_stamps=True)
+
+
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
     """attn_pipeline="tma": the attention tile takes the caches' TMA maps

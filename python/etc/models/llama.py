@@ -400,6 +400,11 @@ class LlamaConfig:
     #: the combine's), so no count is ever 0, which the dynamic schedule
     #: would never release.
     attn_direct: bool = True
+    #: A measuring aid (off): the tensor-core attention writes thread 0's
+    #: clock at points of each instance (``attention_mma(stamps=True)``,
+    #: ``attention_mma.STAMPS``) into the graph tensor ``attn_stamps``
+    #: ``(layers, B, kv_heads, splits, 8)`` i64 (``bench/decode_trace.py``).
+    attn_stamps: bool = False
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
     #: :func:`compile_decoder` compiles this configuration with each entry's
@@ -676,6 +681,10 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: attn_pipeline applies to attn_tile='mma', not {self.attn_tile!r}"
             )
+        if self.attn_stamps is True and self.attn_tile != "mma":
+            raise GraphError(
+                f"LlamaConfig: attn_stamps applies to attn_tile='mma', not {self.attn_tile!r}"
+            )
         if self.attn_tile != "phased" and phased_only:
             raise GraphError(
                 f"LlamaConfig: {', '.join(phased_only)} apply to attn_tile='phased', "
@@ -683,7 +692,9 @@ class LlamaConfig:
             )
         _int_field("attn_small_batch", self.attn_small_batch, 0)
         _int_field("attn_tma_stages", self.attn_tma_stages, 2)
-        for name in ("attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct"):
+        for name in (
+            "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps"
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
         if self.tma_meeting not in ("rows", "fragments"):
@@ -1302,6 +1313,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
             else {}
         ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.fuse_combine else {}),
+        **({"attn_stamps": ((NL, B, KV, P, 8), "i64")} if cfg.attn_stamps else {}),
         **_split_tensors(cfg, B),
     }
 
@@ -1349,7 +1361,7 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
             stages=cfg.attn_tma_stages,
             prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma",
             release=cfg.attn_tma_release if cfg.attention_pipeline == "tma" else "math",
-            direct=cfg.direct_attention, **common,
+            direct=cfg.direct_attention, stamps=cfg.attn_stamps, **common,
         )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
 
@@ -1520,6 +1532,7 @@ def build_decoder_graph(
     sums = ("sumsq",) if cfg.sums else ()
     counts = ("attn_count",) if cfg.fuse_combine else ()
     fused_out = ("attn",) if cfg.fuse_combine or cfg.direct_attention else ()
+    stamps = ("attn_stamps",) if cfg.attn_stamps else ()
     # 1 past one split, else 0 with direct attention (a single split wrote the
     # output itself): the factor of the combine's grid and count.
     combines = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
@@ -1597,7 +1610,7 @@ def build_decoder_graph(
     layer_task(
         "attention",
         (B, KV, cfg.splits(L, B)),
-        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out),
+        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out, *stamps),
         ev["qkv_done"],
         [ev["attended"]] + ([ev["combined"]] if cfg.direct_attention else []),
         "lbgs->l",

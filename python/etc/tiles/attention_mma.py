@@ -59,12 +59,24 @@ from .llama import (
     _warp_merge,
 )
 
-__all__ = ["attention_mma", "PIPELINES", "RELEASES"]
+__all__ = ["attention_mma", "PIPELINES", "RELEASES", "STAMPS"]
 
 #: ``attention_mma(pipeline=...)`` modes.
 PIPELINES = ("none", "registers", "smem", "tma")
 #: ``attention_mma(release=...)`` modes of the TMA ring.
 RELEASES = ("math", "read", "read_early")
+#: ``attention_mma(stamps=True)``: what each of an instance's 8 stamp words
+#: holds (thread 0's ``%clock64``, then ``%globaltimer`` in ns).
+STAMPS = (
+    "entry",  # the function's first instruction (after the instance's waits)
+    "step0_data",  # loop step 0: its K and V read from the ring (or loaded)
+    "step0_end",  # loop step 0: its arithmetic issued, its stage refilled
+    "loop_end",  # after warp 0's last loop step
+    "warps_done",  # the barrier after every warp's loop and position L
+    "end",  # the partials (or the output) written
+    "entry_ns",
+    "end_ns",
+)
 
 
 class _T(_Text):
@@ -112,6 +124,19 @@ def _halves(t: _T, lo_word: str, hi_word: str, high: int) -> str:
     return t.op("h", f"arith.ori {a}, {b} : i32")
 
 
+def _stamp(t: _T, word: int, timer: str = "clock64", cond: str = "%stamp_t0") -> None:
+    """Thread 0 (where ``cond``) writes ``%<timer>`` to word ``word`` of the
+    instance's stamps."""
+    v = t.op(
+        "tm",
+        f'llvm.inline_asm has_side_effects asm_dialect = att "mov.u64 $0, %{timer};", "=l" '
+        ": () -> i64",
+    )
+    t.emit(f"scf.if {cond} {{")
+    t.emit(f"  memref.store {v}, %stamps[%l, %b, %gkv, %s, {t.c(word)}] : memref<?x?x?x?x8xi64>")
+    t.emit("}")
+
+
 def _shfl_xor(t: _T, v: str, offset: int, ty: str = "f32") -> str:
     name = t.fresh("s")
     t.emit(f"{name}:2 = gpu.shuffle xor {v}, %c{offset}_i32, %c32_i32 : {ty}")
@@ -134,6 +159,7 @@ def attention_mma(
     prefetch: bool = False,
     direct: bool = False,
     release: str = "math",
+    stamps: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -176,7 +202,13 @@ def attention_mma(
     ``direct`` adds an ``attn: memref<?x(heads*D)xbf16>`` argument (after
     ``mpart``): when the grid has one split per (sequence, kv head), the
     instance writes its heads' attention output there, ``bf16(o / l)``,
-    instead of the partials, and no combine is needed."""
+    instead of the partials, and no combine is needed.
+
+    ``stamps`` (a measuring aid, off in every kernel) adds a
+    ``stamps: memref<?x?x?x?x8xi64>`` argument (after ``attn``/``mpart``),
+    indexed like the grid ``(l, b, g, s)``: thread 0 writes its
+    ``%clock64`` at :data:`STAMPS`' points and the ``%globaltimer`` at entry and
+    end, so a trace can say where an instance's time goes."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -271,6 +303,9 @@ def attention_mma(
 
     # -- setup: the roped query of head g as A fragments -----------------------
     t = _T()
+    if stamps:
+        _stamp(t, STAMPS.index("entry_ns"), "globaltimer")
+        _stamp(t, STAMPS.index("entry"))
     q_bf = roped(t, "%qcol")
     q_words = [w for v in q_bf for w in _words(t, v, kvec)]
     q_words = [t.op("q", f"arith.select %gvalid, {w}, %i0 : i32") for w in q_words]
@@ -427,6 +462,10 @@ def attention_mma(
             _tma_refill(t, step, D, current=True)
     else:
         vecs = load_step(t, "%wbase")
+    if stamps:
+        first = t.op("st0", "arith.cmpi eq, %base, %c0 : index")
+        first = t.op("st0", f"arith.andi %stamp_t0, {first} : i1")
+        _stamp(t, STAMPS.index("step0_data"), cond=first)
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
     kw, vrows, blk = {}, {}, {}
     for bb in range(NB):
@@ -488,6 +527,8 @@ def attention_mma(
         _tma_refill(t, step, D)
     elif release == "read":
         _tma_refill(t, step, D, current=True)
+    if stamps:
+        _stamp(t, STAMPS.index("step0_end"), cond=first)
     step_lines = t.part("  ")
     yields = [m_new, lsum] + [v for u in range(NT) for v in out[u]]
     inits = ["%rm = %empty", "%rl = %fzero"] + [
@@ -506,6 +547,8 @@ def attention_mma(
         carries = 1
 
     # -- after the loop: position L by warp 0, the warp's output to workgroup memory --
+    if stamps:
+        _stamp(t, STAMPS.index("loop_end"))
     res_m, res_l = "%st#0", "%st#1"
     res_o = [[f"%st#{2 + 2 * u + q}" for q in range(2)] for u in range(NT)]
     m2 = t.op("n", f"arith.select %foldL, {t.f('maximumf', res_m, s_new)}, {res_m} : f32")
@@ -538,6 +581,8 @@ def attention_mma(
     t.emit("}")
     t.emit("// A previous call on this CTA may still be reading the workgroup buffers.")
     t.emit("gpu.barrier")
+    if stamps:
+        _stamp(t, STAMPS.index("warps_done"))
     if pipeline == "tma":
         # Every ring wait is over: invalidate the barriers.
         t.emit(f"scf.if {t.op('is0', 'arith.cmpi eq, %tid, %c0 : index')} {{")
@@ -555,6 +600,10 @@ def attention_mma(
     t.emit("}")
     t.emit("gpu.barrier")
     tail = t.part("  ")
+    if stamps:
+        _stamp(t, STAMPS.index("end"))
+        _stamp(t, STAMPS.index("end_ns"), "globaltimer")
+    stamp_end = t.part("  ")
 
     maps = f", %kc_map: {MAP_TYPE}, %vc_map: {MAP_TYPE}" if pipeline == "tma" else ""
     for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D):
@@ -563,7 +612,8 @@ def attention_mma(
     args = (
         f"%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, "
         f"%rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}"
-        f"{f', %attn: {a_t}' if direct else ''}{maps}"
+        f"{f', %attn: {a_t}' if direct else ''}"
+        f"{', %stamps: memref<?x?x?x?x8xi64>' if stamps else ''}{maps}"
     )
     header = f"""\
   %c0 = arith.constant 0 : index
@@ -621,6 +671,7 @@ def attention_mma(
   %g0 = arith.cmpi eq, %qg, %c0 : index
   %w0g0 = arith.andi %is_w0, %g0 : i1
   %wr = arith.andi %first_split, %w0g0 : i1
+{"  %stamp_t0 = arith.cmpi eq, %tid, %c0 : index" if stamps else ""}
 """
     source = f"""\
 // {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
@@ -638,6 +689,7 @@ func.func @{name}({args}) {{
 {"  nvvm.cp.async.wait.group 0  // the last step's copies, before other tiles reuse the buffer" if pipeline == "smem" else ""}
 {tail}
 {_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t, a_t if direct else None)}
+{stamp_end}
   return
 }}
 """
@@ -645,11 +697,15 @@ func.func @{name}({args}) {{
         source += f"func.func @{name}__prefetch({args}) {{\n{header}{prefetch_text}\n  return\n}}\n"
     reference = _split_reference(name, chunk, spread, align, NH, KV, D, bounded=False)
     nargs = 12 if direct else 11  # 4 coordinates, the buffers (the maps are not read)
-    if pipeline != "tma":
+    if pipeline != "tma" and not stamps:
         return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+    # The stamps and the maps are not the reference's.
     fn = DeviceFunction.from_mlir(
-        source, name, lambda *a: reference(*a[:nargs]), block_size=block_size
+        source, name, lambda *a, n=nargs: reference(*a[:n]), block_size=block_size
     )
+    if pipeline != "tma":
+        return fn
+    nargs += stamps
     # Arguments after the coordinates: L, qkv, rope, kc (3), vc (4), op, mp,
     # [attn,] then the maps.
     first_map = nargs - 4
