@@ -447,10 +447,13 @@ VARIANTS["mid_b8_512"] = {
 # Session 40: the tensor-core attention's own time, stamped inside each
 # instance (``LlamaConfig.attn_stamps``; ``bench/decode_trace.py`` prints
 # the phases): the B = 2..16 kernel and the large-batch one, each alone.
-VARIANTS["stamps_mid"] = {"batch_buckets": ((None, (("attn_stamps", True),)),)}
-VARIANTS["stamps_large"] = {
-    "batch_buckets": ((None, (*M.LARGE_BATCH, ("attn_stamps", True))),),
-}
+# (The top-level flag gives the inputs, ``llama.torch_inputs``, the tensor.)
+VARIANTS["stamps_mid"] = {"attn_stamps": True, "batch_buckets": ((None, ()),)}
+VARIANTS["stamps_large"] = {"attn_stamps": True, "batch_buckets": ((None, M.LARGE_BATCH),)}
+# Session 40: a code change, not a setting: "default" built before and
+# "loadsfirst" after the tensor-core tile issues its setup's loads (query,
+# position L's key and value, the RoPE rows) before any arithmetic on them.
+VARIANTS["loadsfirst"] = {}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

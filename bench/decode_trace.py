@@ -112,7 +112,7 @@ def tables(trace) -> tuple[str, dict]:
 
 def stamp_table(stamps) -> tuple[str, dict]:
     """The phases of the attention instances from ``attn_stamps`` (layers, B,
-    kv heads, splits, 8): median and 90th percentile over the instances, in
+    kv heads, splits, len(STAMPS)): median and 90th percentile over the instances, in
     µs (thread 0's clock, converted by each instance's own ratio of clock
     cycles to ``%globaltimer`` ns between its entry and end)."""
     import numpy as np
@@ -126,7 +126,9 @@ def stamp_table(stamps) -> tuple[str, dict]:
     ns = (x[:, w["end_ns"]] - x[:, w["entry_ns"]]).astype(np.float64)
     ghz = float(np.median(cycles[ns > 0] / ns[ns > 0]))
     phases = (
-        ("setup to step 0's data", "entry", "step0_data"),
+        ("query and key roped", "entry", "setup"),
+        ("then step 0's stage in", "setup", "step0_full"),
+        ("then its data read", "step0_full", "step0_data"),
         ("step 0's arithmetic", "step0_data", "step0_end"),
         ("the later steps", "step0_end", "loop_end"),
         ("warp 0 to every warp", "loop_end", "warps_done"),
@@ -141,6 +143,46 @@ def stamp_table(stamps) -> tuple[str, dict]:
         med, p90 = float(np.median(us)), float(np.percentile(us, 90))
         data[label] = {"median_us": med, "p90_us": p90}
         lines.append(f"  {label:26s} {med:10.2f} {p90:8.2f}")
+    return "\n".join(lines), data
+
+
+def stamp_gaps(trace, stamps) -> tuple[str, dict]:
+    """What comes between an attention instance and the instance before it on
+    its CTA (µs, medians; by the previous instance's task): the previous
+    one's notify and the queue's step to the prefetch function, the prefetch
+    (the ring's first steps issued), the waits, and the body's entry, from
+    the trace's ns and the stamps' ``%globaltimer`` words."""
+    import numpy as np
+
+    from etc.tiles.attention_mma import STAMPS
+
+    w = {name: i for i, name in enumerate(STAMPS)}
+    stamps = np.asarray(stamps, dtype=np.int64)
+    events = trace.events()
+    by_cta: dict[int, list] = {}
+    for e in events:
+        by_cta.setdefault(e["cta"], []).append(e)
+    rows: dict[str, list] = {}
+    for evs in by_cta.values():
+        evs.sort(key=lambda e: e["start_ns"])
+        for prev, e in zip(evs, evs[1:], strict=False):
+            if e["task"] != "attention":
+                continue
+            x = stamps[tuple(e["instance"])]
+            if not x[w["prefetch_ns"]]:
+                continue
+            pf, pf_end = int(x[w["prefetch_ns"]]), int(x[w["prefetch_end_ns"]])
+            rows.setdefault(prev["task"], []).append(
+                (pf - prev["end_ns"], pf_end - pf, e["start_ns"] - pf_end,
+                 int(x[w["entry_ns"]]) - e["start_ns"])
+            )  # fmt: skip
+    labels = ("notify, to prefetch", "prefetch", "waits", "to the body")
+    lines = [f"  after {'task':10s} {'n':>5s} " + " ".join(f"{s:>20s}" for s in labels)]
+    data = {}
+    for task, r in sorted(rows.items()):
+        med = np.median(np.asarray(r, dtype=np.float64), axis=0) / 1e3
+        data[task] = dict(zip(labels, med.tolist(), strict=True), n=len(r))
+        lines.append(f"  after {task:10s} {len(r):5d} " + " ".join(f"{v:20.2f}" for v in med))
     return "\n".join(lines), data
 
 
@@ -162,8 +204,10 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
             kernel.check()
             block, data = tables(trace)
             if "attn_stamps" in bufs:
-                text_s, data["attention_stamps"] = stamp_table(bufs["attn_stamps"].cpu().numpy())
-                block += "\n" + text_s
+                stamps = bufs["attn_stamps"].cpu().numpy()
+                text_s, data["attention_stamps"] = stamp_table(stamps)
+                text_g, data["attention_gaps"] = stamp_gaps(trace, stamps)
+                block += "\n" + text_s + "\n" + text_g
             key = f"{schedule}_B{B}" + (f"_L{L}" if len(CONTEXTS) > 1 else "")
             if out is not None:  # raw records, for per-SM and per-CTA analysis
                 out.mkdir(parents=True, exist_ok=True)

@@ -1111,7 +1111,7 @@ def test_mma_attention_splits_the_cached_positions(weights, spans):
 @needs_ptxas
 def test_attention_stamps_are_a_graph_tensor_the_tile_writes():
     """attn_stamps: the tensor-core tile takes ``attn_stamps`` (layers, B,
-    kv_heads, splits, 8) i64 after its outputs and thread 0 stores its
+    kv_heads, splits, 12) i64 after its outputs and thread 0 stores its
     clock at each of STAMPS' points; the step's answer is the same (the
     simulator's references leave the stamps zero); ptxas accepts it; a
     phased tile with stamps is refused by name."""
@@ -1126,13 +1126,15 @@ def test_attention_stamps_are_a_graph_tensor_the_tile_writes():
     # After the outputs, before the caches' TMA maps.
     assert [a.name for a in attention.args if hasattr(a, "name")][-3] == "attn_stamps"
     shapes = M.tensor_shapes(cfg, 3, 200, 202)
-    assert shapes["attn_stamps"] == ((cfg.layers, 3, 2, cfg.splits(200, 3), 8), "i64")
+    assert shapes["attn_stamps"] == ((cfg.layers, 3, 2, cfg.splits(200, 3), 12), "i64")
     out = _check_step(cfg, g, M.random_weights(cfg, seed=3), 3, 200, "static", 29)
     assert not out["attn_stamps"].any()
     source = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", stamps=True).source
-    assert len(STAMPS) == 8
-    assert source.count("%stamps[") == 8
-    assert source.count("%clock64") == 6 and source.count("%globaltimer") == 2
+    assert len(STAMPS) == 12
+    assert source.count("%stamps[") == 10  # no prefetch function here
+    assert source.count("%clock64") == 8 and source.count("%globaltimer") == 2
+    fn = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", prefetch=True, stamps=True)
+    assert fn.source.count("%stamps[") == 12
     assert "cp.async.bulk.tensor" in etc.compile(g, schedule="static").ptx
     with pytest.raises(etc.GraphError, match="attn_stamps applies to attn_tile='mma'"):
         dataclasses.replace(CFG, attn_stamps=True)

@@ -403,7 +403,7 @@ class LlamaConfig:
     #: A measuring aid (off): the tensor-core attention writes thread 0's
     #: clock at points of each instance (``attention_mma(stamps=True)``,
     #: ``attention_mma.STAMPS``) into the graph tensor ``attn_stamps``
-    #: ``(layers, B, kv_heads, splits, 8)`` i64 (``bench/decode_trace.py``).
+    #: ``(layers, B, kv_heads, splits, len(STAMPS))`` i64 (``bench/decode_trace.py``).
     attn_stamps: bool = False
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
@@ -1313,9 +1313,15 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
             else {}
         ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.fuse_combine else {}),
-        **({"attn_stamps": ((NL, B, KV, P, 8), "i64")} if cfg.attn_stamps else {}),
+        **({"attn_stamps": ((NL, B, KV, P, _stamp_words()), "i64")} if cfg.attn_stamps else {}),
         **_split_tensors(cfg, B),
     }
+
+
+def _stamp_words() -> int:
+    from ..tiles.attention_mma import STAMPS
+
+    return len(STAMPS)
 
 
 def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:

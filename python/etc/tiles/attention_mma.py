@@ -65,10 +65,12 @@ __all__ = ["attention_mma", "PIPELINES", "RELEASES", "STAMPS"]
 PIPELINES = ("none", "registers", "smem", "tma")
 #: ``attention_mma(release=...)`` modes of the TMA ring.
 RELEASES = ("math", "read", "read_early")
-#: ``attention_mma(stamps=True)``: what each of an instance's 8 stamp words
+#: ``attention_mma(stamps=True)``: what each of an instance's stamp words
 #: holds (thread 0's ``%clock64``, then ``%globaltimer`` in ns).
 STAMPS = (
     "entry",  # the function's first instruction (after the instance's waits)
+    "setup",  # the score of position L computed: the query and key roped
+    "step0_full",  # loop step 0: its ring stage awaited (with pipeline="tma")
     "step0_data",  # loop step 0: its K and V read from the ring (or loaded)
     "step0_end",  # loop step 0: its arithmetic issued, its stage refilled
     "loop_end",  # after warp 0's last loop step
@@ -76,6 +78,8 @@ STAMPS = (
     "end",  # the partials (or the output) written
     "entry_ns",
     "end_ns",
+    "prefetch_ns",  # the prefetch function's entry (before the waits; with prefetch)
+    "prefetch_end_ns",  # ... and its end, the ring's first steps issued
 )
 
 
@@ -124,16 +128,34 @@ def _halves(t: _T, lo_word: str, hi_word: str, high: int) -> str:
     return t.op("h", f"arith.ori {a}, {b} : i32")
 
 
-def _stamp(t: _T, word: int, timer: str = "clock64", cond: str = "%stamp_t0") -> None:
+def _stamp(
+    t: _T, word: int, timer: str = "clock64", cond: str = "%stamp_t0", after: str = ""
+) -> None:
     """Thread 0 (where ``cond``) writes ``%<timer>`` to word ``word`` of the
-    instance's stamps."""
-    v = t.op(
-        "tm",
-        f'llvm.inline_asm has_side_effects asm_dialect = att "mov.u64 $0, %{timer};", "=l" '
-        ": () -> i64",
-    )
+    instance's stamps; ``after`` (an f32): not before that value is ready (the
+    clock is read under a predicate computed from it, so ptxas cannot read it
+    sooner)."""
+    if after:
+        text = (
+            "{ .reg .pred p; setp.eq.f32 p, $1, 0f12345678; @p mov.u64 $0, 0; "
+            f"@!p mov.u64 $0, %{timer}; }}"
+        )
+        v = t.op(
+            "tm",
+            f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "=l,f" {after} '
+            ": (f32) -> i64",
+        )
+    else:
+        v = t.op(
+            "tm",
+            f'llvm.inline_asm has_side_effects asm_dialect = att "mov.u64 $0, %{timer};", "=l" '
+            ": () -> i64",
+        )
     t.emit(f"scf.if {cond} {{")
-    t.emit(f"  memref.store {v}, %stamps[%l, %b, %gkv, %s, {t.c(word)}] : memref<?x?x?x?x8xi64>")
+    t.emit(
+        f"  memref.store {v}, %stamps[%l, %b, %gkv, %s, {t.c(word)}] : "
+        f"memref<?x?x?x?x{len(STAMPS)}xi64>"
+    )
     t.emit("}")
 
 
@@ -205,7 +227,7 @@ def attention_mma(
     instead of the partials, and no combine is needed.
 
     ``stamps`` (a measuring aid, off in every kernel) adds a
-    ``stamps: memref<?x?x?x?x8xi64>`` argument (after ``attn``/``mpart``),
+    ``stamps: memref<?x?x?x?x12xi64>`` argument (after ``attn``/``mpart``),
     indexed like the grid ``(l, b, g, s)``: thread 0 writes its
     ``%clock64`` at :data:`STAMPS`' points and the ``%globaltimer`` at entry and
     end, so a trace can say where an instance's time goes."""
@@ -265,40 +287,54 @@ def attention_mma(
     kvec = min(DK, 8)  # bf16 per K load
     vvec = min(DV, 8)
 
-    def roped(t: _T, col: str) -> list[str]:
-        """f32 values (bf16-rounded) of dims ``dK0 ..`` of the vector at
-        ``qkv[b, col + dK0 ..]`` after RoPE at position L; the partner dims
-        (``+- D/2``) come from lane ``t4 xor 2``."""
-        vals = []
+    def rope_rows(t: _T) -> list[tuple[str, str]]:
+        """Per chunk of the lane's ``kvec`` dims ``dK0 ..``: the RoPE table's
+        cosines and sines at position L (the query's and the key's alike)."""
+        rows = []
         for ch in range(DK // kvec):
-            at = t.idx("addi", col, t.idx("addi", "%dK0", t.c(ch * kvec)))
-            raw = t.op(
-                "q",
-                f"vector.load %qkv[%b, {at}] {{alignment = 16 : i64}} : {qkv_t}, vector<{kvec}xbf16>",
+            dh = t.idx("addi", "%dh0", t.c(ch * kvec))
+            ds = t.idx("addi", dh, t.c(D // 2))
+            rows.append(
+                tuple(
+                    t.op(
+                        "q",
+                        f"vector.load %rope[%L, {d}] {{alignment = 16 : i64}} : {rope_t}, vector<{kvec}xf32>",
+                    )
+                    for d in (dh, ds)
+                )
             )
-            words = _words(t, raw, kvec)
+        return rows
+
+    def raw(t: _T, col: str) -> list[str]:
+        """The bf16 chunks of dims ``dK0 ..`` of the vector at ``qkv[b, col ..]``."""
+        return [
+            t.op(
+                "q",
+                f"vector.load %qkv[%b, {t.idx('addi', col, t.idx('addi', '%dK0', t.c(ch * kvec)))}] "
+                f"{{alignment = 16 : i64}} : {qkv_t}, vector<{kvec}xbf16>",
+            )
+            for ch in range(DK // kvec)
+        ]
+
+    def roped(t: _T, chunks: list[str], rows: list[tuple[str, str]]) -> list[str]:
+        """``chunks`` (from :func:`raw`) after RoPE at position L, rounded to
+        bf16; the partner dims (``+- D/2``) come from lane ``t4 xor 2``."""
+        vals = []
+        for chunk, (cs, sn) in zip(chunks, rows, strict=True):
+            words = _words(t, chunk, kvec)
             pw = [_shfl_xor(t, w, 2, "i32") for w in words]
             pv = t.op("q", f"vector.from_elements {', '.join(pw)} : vector<{kvec // 2}xi32>")
             pb = t.op("q", f"vector.bitcast {pv} : vector<{kvec // 2}xi32> to vector<{kvec}xbf16>")
-            x = t.op("q", f"arith.extf {raw} : vector<{kvec}xbf16> to vector<{kvec}xf32>")
+            x = t.op("q", f"arith.extf {chunk} : vector<{kvec}xbf16> to vector<{kvec}xf32>")
             xp = t.op("q", f"arith.extf {pb} : vector<{kvec}xbf16> to vector<{kvec}xf32>")
-            dh = t.idx("addi", "%dh0", t.c(ch * kvec))
-            cs = t.op(
-                "q",
-                f"vector.load %rope[%L, {dh}] {{alignment = 16 : i64}} : {rope_t}, vector<{kvec}xf32>",
-            )
-            ds = t.idx("addi", dh, t.c(D // 2))
-            sn = t.op(
-                "q",
-                f"vector.load %rope[%L, {ds}] {{alignment = 16 : i64}} : {rope_t}, vector<{kvec}xf32>",
-            )
             xc = t.op("q", f"arith.mulf {x}, {cs} : vector<{kvec}xf32>")
             xs = t.op("q", f"arith.mulf {xp}, {sn} : vector<{kvec}xf32>")
             lo = t.op("q", f"arith.subf {xc}, {xs} : vector<{kvec}xf32>")
             hi = t.op("q", f"arith.addf {xc}, {xs} : vector<{kvec}xf32>")
             rot = t.op("q", f"arith.select %lo_half, {lo}, {hi} : vector<{kvec}xf32>")
-            rb = t.op("q", f"arith.truncf {rot} : vector<{kvec}xf32> to vector<{kvec}xbf16>")
-            vals.append(rb)
+            vals.append(
+                t.op("q", f"arith.truncf {rot} : vector<{kvec}xf32> to vector<{kvec}xbf16>")
+            )
         return vals
 
     # -- setup: the roped query of head g as A fragments -----------------------
@@ -306,14 +342,29 @@ def attention_mma(
     if stamps:
         _stamp(t, STAMPS.index("entry_ns"), "globaltimer")
         _stamp(t, STAMPS.index("entry"))
-    q_bf = roped(t, "%qcol")
+    # Every load of the setup goes out before any arithmetic on them (the
+    # query, position L's key and value, the RoPE rows shared by the query
+    # and the key): one round trip to the L2 instead of a chain of them.
+    q_raw, k_raw, rows = raw(t, "%qcol"), raw(t, "%kcol0"), rope_rows(t)
+    # The lane's V dims (t2 + e) * DV + u, u < NT = DV: DV contiguous per e.
+    v_dim0 = [t.idx("muli", t.idx("addi", "%t2", t.c(e)), t.c(DV)) for e in range(2)]
+    v_new = []
+    for e in range(2):
+        col = t.idx("addi", "%vcol0", v_dim0[e])
+        v_new.append(
+            t.op(
+                "n",
+                f"vector.load %qkv[%b, {col}] {{alignment = {min(2 * DV, 16)} : i64}} : {qkv_t}, vector<{DV}xbf16>",
+            )
+        )
+    q_bf = roped(t, q_raw, rows)
     q_words = [w for v in q_bf for w in _words(t, v, kvec)]
     q_words = [t.op("q", f"arith.select %gvalid, {w}, %i0 : i32") for w in q_words]
     # k-step s uses the lane's dims 4s..4s+3: words 2s (k = 2t4, 2t4+1) and 2s+1 (k + 8).
     qa = [[q_words[2 * s], "%i0", q_words[2 * s + 1], "%i0"] for s in range(KS)]
-    # Position L's key (roped), its score and its value are loaded before the
-    # loop, so their round trips overlap the ring's instead of following it.
-    k_bf = roped(t, "%kcol0")
+    # Position L's key (roped), its score and its value come before the loop,
+    # so their round trips overlap the ring's instead of following it.
+    k_bf = roped(t, k_raw, rows)
     part = "%fzero"
     for qv, kv in zip(q_bf, k_bf, strict=True):
         prod = t.op(
@@ -326,17 +377,8 @@ def attention_mma(
     for off in (1, 2):
         part = t.f("addf", part, _shfl_xor(t, part, off))
     s_new = t.f("mulf", part, "%scale")
-    # The lane's V dims (t2 + e) * DV + u, u < NT = DV: DV contiguous per e.
-    v_dim0 = [t.idx("muli", t.idx("addi", "%t2", t.c(e)), t.c(DV)) for e in range(2)]
-    v_new = []
-    for e in range(2):
-        col = t.idx("addi", "%vcol0", v_dim0[e])
-        v_new.append(
-            t.op(
-                "n",
-                f"vector.load %qkv[%b, {col}] {{alignment = {min(2 * DV, 16)} : i64}} : {qkv_t}, vector<{DV}xbf16>",
-            )
-        )
+    if stamps:
+        _stamp(t, STAMPS.index("setup"), after=s_new)
     setup = t.part("    ")
 
     # -- the loop step ------------------------------------------------------------
@@ -448,14 +490,22 @@ def attention_mma(
         if prefetch:
             # The prefetch function (before the waits) starts the ring: the
             # cache rows below L are written by no task of the launch.
+            if stamps:
+                _stamp(t, STAMPS.index("prefetch_ns"), "globaltimer")
             _tma_values(t, name, stages, step, D, c_t)
             _tma_start(t, stages, step, D, warps)
+            if stamps:
+                _stamp(t, STAMPS.index("prefetch_end_ns"), "globaltimer")
             prefetch_text = t.part("    ")
         _tma_values(t, name, stages, step, D, c_t)
         if not prefetch:
             _tma_start(t, stages, step, D, warps)
         setup += "\n" + t.part("    ")
-        vecs = _tma_read(t, step, D, NB, DK, DV, _ring_type(stages, step, D))
+        if stamps:
+            first = t.op("st0", "arith.cmpi eq, %base, %c0 : index")
+            first = t.op("st0", f"arith.andi %stamp_t0, {first} : i1")
+        after_wait = (lambda: _stamp(t, STAMPS.index("step0_full"), cond=first)) if stamps else None
+        vecs = _tma_read(t, step, D, NB, DK, DV, _ring_type(stages, step, D), after_wait)
         if release != "math":
             _tma_release(t, after_reads=True)
         if release == "read_early":
@@ -463,8 +513,9 @@ def attention_mma(
     else:
         vecs = load_step(t, "%wbase")
     if stamps:
-        first = t.op("st0", "arith.cmpi eq, %base, %c0 : index")
-        first = t.op("st0", f"arith.andi %stamp_t0, {first} : i1")
+        if pipeline != "tma":
+            first = t.op("st0", "arith.cmpi eq, %base, %c0 : index")
+            first = t.op("st0", f"arith.andi %stamp_t0, {first} : i1")
         _stamp(t, STAMPS.index("step0_data"), cond=first)
     state_o = [[f"%o{u}_{q}" for q in range(2)] for u in range(NT)]  # rows g+8: padding
     kw, vrows, blk = {}, {}, {}
@@ -613,7 +664,7 @@ def attention_mma(
         f"%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, "
         f"%rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}"
         f"{f', %attn: {a_t}' if direct else ''}"
-        f"{', %stamps: memref<?x?x?x?x8xi64>' if stamps else ''}{maps}"
+        f"{f', %stamps: memref<?x?x?x?x{len(STAMPS)}xi64>' if stamps else ''}{maps}"
     )
     header = f"""\
   %c0 = arith.constant 0 : index
@@ -829,9 +880,11 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
         )
 
 
-def _tma_read(t: _T, step: int, D: int, NB: int, DK: int, DV: int, ring_t: str) -> list[str]:
-    """The loop step's index, its stage awaited; this lane's K and V vectors
-    read from the ring in ``load_step``'s order. A row ``r`` of a stage's K
+def _tma_read(
+    t: _T, step: int, D: int, NB: int, DK: int, DV: int, ring_t: str, after_wait=None
+) -> list[str]:
+    """The loop step's index, its stage awaited (then ``after_wait()``, if
+    given); this lane's K and V vectors read from the ring in ``load_step``'s order. A row ``r`` of a stage's K
     (or V) box holds its 16-byte chunk ``c`` at chunk ``c ^ (r % 8)`` (the
     128-byte swizzle)."""
     stages_c = "%tma_stages"
@@ -839,6 +892,8 @@ def _tma_read(t: _T, step: int, D: int, NB: int, DK: int, DV: int, ring_t: str) 
     t.emit(f"%tma_stage = arith.remui %tma_i, {stages_c} : index")
     par = t.idx("remui", t.idx("divui", "%tma_i", stages_c), t.c(2))
     _mbar_wait(t, _bar(t, 0, "%tma_stage"), _i32(t, par))
+    if after_wait is not None:
+        after_wait()
     stage_base = t.idx("muli", "%tma_stage", t.c(_stage_elems(step, D)))  # in bf16 values
 
     def vec(half: int, r: str, chunk: str) -> str:
