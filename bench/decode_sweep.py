@@ -454,6 +454,17 @@ VARIANTS["stamps_large"] = {"attn_stamps": True, "batch_buckets": ((None, M.LARG
 # "loadsfirst" after the tensor-core tile issues its setup's loads (query,
 # position L's key and value, the RoPE rows) before any arithmetic on them.
 VARIANTS["loadsfirst"] = {}
+# ... and "nofence" after the attention's ring start also drops its
+# fence.proxy.async.global (the ring reads no row this launch writes).
+VARIANTS["nofence"] = {}
+# ... each CTA loading its next queue entry ahead, skipping the waits its
+# last completed one covers, or both (item 181: between two attention
+# instances on a CTA, the entry's load and the satisfied wait's poll were
+# ~1.2 and ~0.7-1.4 µs).
+VARIANTS["lists_ahead"] = {"queue_ahead": True}
+VARIANTS["lists_memo"] = {"wait_memo": True}
+VARIANTS["lists_both"] = {"queue_ahead": True, "wait_memo": True}
+VARIANTS["stamps_large_lists"] = {**VARIANTS["stamps_large"], **VARIANTS["lists_both"]}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -10,7 +10,7 @@ for step in ${*:-stamps}; do
   stamps)  # the B = 2..16 kernel at B = 8, 16 and the large-batch one at 32, 64, each alone,
     # traced with the attention's own clock stamps (DECODE_TRACE_VARIANTS=stamps_mid,stamps_large
     # python bench/decode_trace.py --build .device/s40st)
-    for vb in stamps_mid:${MID_BATCHES:-8,16} stamps_large:${LARGE_BATCHES:-32,64}; do
+    for vb in ${STAMPS_RUNS:-stamps_mid:8,16 stamps_large:32,64}; do
       DECODE_TRACE_VARIANTS=${vb%%:*} DECODE_TRACE_BATCHES=${vb#*:} \
         DECODE_TRACE_CONTEXT=${TRACE_CONTEXTS:-1024,4096} timeout ${TRACE_TIMEOUT:-200} \
         python bench/decode_trace.py --artifacts ${TRACE_DIR:-.device/s40st} \
@@ -21,9 +21,21 @@ for step in ${*:-stamps}; do
     rm -rf /tmp/s40/tr_*
     ;;
   sweep)  # the tile's setup loads issued together ("loadsfirst", python bench/decode_sweep.py
-    # --build after the change, renamed) against "default" (built before it) in .device/s40sw
-    SWEEP_TMP=/tmp/s40 sweep_passes s40_loadsfirst ${SWEEP_VARIANTS:-default,loadsfirst} \
+    # --build after the change, renamed), then without the ring start's global proxy fence
+    # ("nofence", the same), against "default" (built before them) in .device/s40sw
+    SWEEP_TMP=/tmp/s40 sweep_passes s40_loadsfirst ${SWEEP_VARIANTS:-default,loadsfirst,nofence} \
       ${SWEEP_BATCHES:-2,8,16,32,64} ${SWEEP_CONTEXTS:-1024,4096} ${SWEEP_DIR:-.device/s40sw}
+    ;;
+  sweep2)  # each CTA's next queue entry loaded ahead, satisfied waits skipped, or both
+    # (DECODE_SWEEP_VARIANTS=default,lists_ahead,lists_memo,lists_both python
+    # bench/decode_sweep.py --build .device/s40sw2)
+    SWEEP_TMP=/tmp/s40 sweep_passes s40_lists ${SWEEP_VARIANTS:-default,lists_ahead,lists_memo,lists_both} \
+      ${SWEEP_BATCHES:-1,8,32,64} ${SWEEP_CONTEXTS:-1024,4096} .device/s40sw2
+    ;;
+  tests)  # the tiny decoders against the simulator (python test/gpu/make_artifacts.py
+    # .device/s40art --only llama_tiny_lists, and llama_tiny_mma_tma_capped_lists)
+    ETC_ARTIFACTS=${TESTS_ARTS:-.device/s40art} timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "${TESTS_K:-lists}" 2>&1 | tee "$OUT/tests.txt" | tail -8
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac

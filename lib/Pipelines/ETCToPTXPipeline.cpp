@@ -26,6 +26,8 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.prefetchNext = options.prefetchNext;
   convertOptions.smSlices = options.smSlices;
   convertOptions.recordSM = options.recordSM;
+  convertOptions.queueAhead = options.queueAhead;
+  convertOptions.waitMemo = options.waitMemo;
   convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
   convertOptions.outline = llvm::to_vector(options.outline);

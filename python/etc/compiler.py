@@ -115,6 +115,8 @@ def _pipeline_options(
     outline: tuple[str, ...] = (),
     sm_slices: bool = False,
     record_sm: bool = False,
+    queue_ahead: bool = False,
+    wait_memo: bool = False,
 ) -> str:
     # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
@@ -123,7 +125,8 @@ def _pipeline_options(
         f"early-push={_flag(early_push)} trace={_flag(trace)} "
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
         f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)} "
-        f"sm-slices={_flag(sm_slices)} record-sm={_flag(record_sm)}"
+        f"sm-slices={_flag(sm_slices)} record-sm={_flag(record_sm)} "
+        f"queue-ahead={_flag(queue_ahead)} wait-memo={_flag(wait_memo)}"
         + (f" outline={','.join(outline)}" if outline else "")
     )
 
@@ -446,6 +449,8 @@ def compile(  # noqa: A001 - the public name
     outline: bool | Iterable[str] = False,
     sm_slices: bool = False,
     sm_deal: str | None = None,
+    queue_ahead: bool = False,
+    wait_memo: bool = False,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -487,6 +492,12 @@ def compile(  # noqa: A001 - the public name
     CTAs' SMs as they exit, and the runtime deals full-grid queues by them
     after the first synchronised launch (``Kernel.deal_by_sm``); None: no
     record, round-robin (unless ``sm_slices``, whose default is ``"spread"``).
+    ``queue_ahead`` (static schedule): each CTA loads its next queue entry as
+    the current instance starts, not after it ends. ``wait_memo`` (static
+    schedule): each CTA skips a wait on the coordinate its last completed
+    wait saw (the same counter and count: counters only grow), so a CTA's
+    consecutive instances of one stage poll once (``docs/scheduling.md``,
+    "Between two instances").
     """
     if schedule not in SCHEDULES:
         raise CompileError(
@@ -510,6 +521,11 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"sm_slices must be a bool, got {sm_slices!r}")
     if sm_slices and schedule != "static":
         raise CompileError("sm_slices needs the static schedule (its queue holds the lists)")
+    for flag, value in (("queue_ahead", queue_ahead), ("wait_memo", wait_memo)):
+        if not isinstance(value, bool):
+            raise CompileError(f"{flag} must be a bool, got {value!r}")
+        if value and schedule != "static":
+            raise CompileError(f"{flag} needs the static schedule (its CTAs walk lists)")
     if not (sm_deal is None or sm_deal in SM_DEALS and schedule == "static"):
         raise CompileError(
             f"sm_deal must be 'spread', 'pairs' or None, with the static schedule; got {sm_deal!r}"
@@ -584,7 +600,7 @@ def compile(  # noqa: A001 - the public name
             options = _pipeline_options(
                 target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
                 max_pop_chunk, prefetch_next, pop_ahead, outlined, sm_slices,
-                sm_deal is not None,
+                sm_deal is not None, queue_ahead, wait_memo,
             )  # fmt: skip
             _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
             ptx = _extract_ptx(ir, module)

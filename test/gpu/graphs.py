@@ -745,6 +745,17 @@ def llama_tiny_variants() -> dict:
             attn_small_spans=((2, 8, 3), (4, 8, 2)),
             **tma_heads,
         ),  # fmt: skip
+        "llama_tiny_mma_tma_capped_lists": dataclasses.replace(
+            mma_spans,
+            attn_tma_release="read_early",
+            attn_tma_prefetch=True,
+            outline=("attention",),
+            attn_small_batch=4,
+            attn_small_spans=((2, 8, 3), (4, 8, 2)),
+            queue_ahead=True,
+            wait_memo=True,
+            **tma_heads,
+        ),  # fmt: skip
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the
         # TMA-fed attention in a third region (its mbarrier ring prefetched
@@ -806,6 +817,10 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_tma_buckets_rows": _unshared(tma_buckets, tma_meeting="rows"),
         # Every kernel's CTAs take their lists by SM (LARGE_BATCH's does above).
         "llama_tiny_sm_slices": dataclasses.replace(llama.TINY, sm_slices=True),
+        # Each CTA loads its next queue entry ahead and skips waits its last
+        # completed one covers (static schedule; the dynamic twin ignores them):
+        # inlined, and in the called, capped tensor-core kernel.
+        "llama_tiny_lists": dataclasses.replace(llama.TINY, queue_ahead=True, wait_memo=True),
         # The layer projections' weights chunked (weight_chunk), also under
         # the L2 prefetch of weight eighths.
         "llama_tiny_chunk": dataclasses.replace(llama.TINY, weight_chunk=64),

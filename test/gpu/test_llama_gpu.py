@@ -117,6 +117,7 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_tma_share",
         "llama_tiny_tma_buckets_share",
         "llama_tiny_sm_slices",
+        "llama_tiny_lists",
     ],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

@@ -108,6 +108,11 @@ def test_unsupported_options_raise():
         etc.compile(g, pop_ahead=False)
     with pytest.raises(etc.CompileError, match="pop_ahead must be a bool"):
         etc.compile(g, schedule="dynamic", pop_ahead="no")
+    for flag in ("queue_ahead", "wait_memo"):
+        with pytest.raises(etc.CompileError, match=f"{flag} needs the static schedule"):
+            etc.compile(g, schedule="dynamic", **{flag: True})
+        with pytest.raises(etc.CompileError, match=f"{flag} must be a bool, got 'yes'"):
+            etc.compile(g, **{flag: "yes"})
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

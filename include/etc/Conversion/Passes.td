@@ -94,6 +94,18 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "deal later launches by SM (etc.compile(sm_deal=...)). At the "
            "exit, not the start: code before the loop changes ptxas's "
            "register allocation of an inlined kernel most.">,
+    Option<"queueAhead", "queue-ahead", "bool", /*default=*/"false",
+           "Static schedule: each CTA loads its next queue entry as its "
+           "current instance starts, so the load's round trip overlaps the "
+           "instance instead of preceding the next one (one i64 more carried "
+           "by the CTA's loop).">,
+    Option<"waitMemo", "wait-memo", "bool", /*default=*/"false",
+           "Static schedule: each CTA remembers the coordinate of the last "
+           "wait it saw complete (event and coordinate, one i64 carried by "
+           "its loop) and skips a wait on that same coordinate, poll and "
+           "join: counters only grow within a launch, and a coordinate's "
+           "wait count is the same for every waiter. Consecutive instances "
+           "of a stage on one CTA then wait once.">,
     Option<"popAhead", "pop-ahead", "bool", /*default=*/"true",
            "Dynamic schedule: request a CTA's next queue positions when it "
            "takes its current one, so the request's latency overlaps the "

@@ -73,6 +73,18 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Static schedule: each CTA records its SM in the queue "
                      "as it exits (see convert-etensor-to-gpu)."),
       llvm::cl::init(false)};
+  PassOptions::Option<bool> queueAhead{
+      *this, "queue-ahead",
+      llvm::cl::desc("Static schedule: each CTA loads its next queue entry "
+                     "as the current instance starts (see "
+                     "convert-etensor-to-gpu)."),
+      llvm::cl::init(false)};
+  PassOptions::Option<bool> waitMemo{
+      *this, "wait-memo",
+      llvm::cl::desc("Static schedule: each CTA skips a wait on the "
+                     "coordinate its last completed wait saw (see "
+                     "convert-etensor-to-gpu)."),
+      llvm::cl::init(false)};
   PassOptions::ListOption<std::string> outline{
       *this, "outline",
       llvm::cl::desc("Device functions called, not inlined (`*`: all; see "

@@ -157,6 +157,12 @@ public:
   bool smSlices = false;
   /// Static schedule: record each CTA's SM at its exit.
   bool recordSM = false;
+  /// Static schedule: load the next queue entry as the current one starts.
+  bool queueAhead = false;
+  /// Static schedule: skip a wait on the coordinate the CTA's last
+  /// completed wait saw (`waitSeen[memoIndex]`, an i64 key; see lowerWait).
+  bool waitMemo = false;
+  int memoIndex = -1;
   /// Static schedule, tasks in several shared regions: the prefetch of the
   /// next entry runs ahead when its region differs from the current one's.
   /// `prefetchedAhead`: whether the current entry's prefetch already ran.
@@ -569,10 +575,36 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
   std::optional<unsigned> cached =
       waitSeen.empty() ? std::nullopt : cachedWaitIndex(wait);
   Value seen = cached ? waitSeen[*cached] : Value();
-  Value ok = waitOnCoordinate(info, linearize(coords, info.sizes),
-                              waitCount(info, coords), taskId, instance, seen);
+  Value coordinate = linearize(coords, info.sizes);
+  if (memoIndex < 0) {
+    Value ok = waitOnCoordinate(info, coordinate, waitCount(info, coords),
+                                taskId, instance, seen);
+    if (cached)
+      waitSeen[*cached] = arith::OrIOp::create(b, seen, ok);
+    return ok;
+  }
+  // The memo: `event id << 40 | coordinate` of the CTA's last completed
+  // wait. The same key means the same counter and the same wait count, and
+  // counters only grow: no poll, and no join (the key is uniform).
+  Value key = arith::OrIOp::create(
+      b, i64(info.id << 40),
+      arith::AndIOp::create(b, toI64(coordinate), i64((1ll << 40) - 1)));
+  Value memo = waitSeen[memoIndex];
+  Value hit = arith::CmpIOp::create(b, arith::CmpIPredicate::eq, key, memo);
+  auto ifHit = scf::IfOp::create(b, b.getI1Type(), hit, true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifHit.thenBlock());
+    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 1, 1).getResult());
+    b.setInsertionPointToStart(ifHit.elseBlock());
+    scf::YieldOp::create(b, waitOnCoordinate(info, coordinate,
+                                             waitCount(info, coords), taskId,
+                                             instance, seen));
+  }
+  Value ok = ifHit.getResult(0);
   if (cached)
     waitSeen[*cached] = arith::OrIOp::create(b, seen, ok);
+  waitSeen[memoIndex] = arith::SelectOp::create(b, ok, key, memo);
   return ok;
 }
 
@@ -1524,6 +1556,10 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
   unsigned firstSeen = inits.size();
   for (size_t i = 0; i < cachedWaits.size(); ++i)
     inits.push_back(arith::ConstantIntOp::create(b, 0, 1));
+  // The wait memo rides with the cached waits' flags (no key is -1).
+  memoIndex = waitMemo ? static_cast<int>(cachedWaits.size()) : -1;
+  if (waitMemo)
+    inits.push_back(i64(-1));
   collectCachedTables(dispatches);
   unsigned firstTable = inits.size();
   ticketed.clear();
@@ -1539,16 +1575,32 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     inits.push_back(index(-1)); // no ticket drawn ahead
   SmallVector<Type> carried =
       llvm::map_to_vector(inits, [](Value v) { return v.getType(); });
-  auto loop = scf::ForOp::create(b, begin, end, index(1), inits);
+  // With queue-ahead the loop also carries the entry at its position, loaded
+  // an iteration early (an index inside the queue either way: an empty slice
+  // loads word 0, unused).
+  auto entryAt = [&](Value position, Value fallback) {
+    Value in =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, position, end);
+    return memref::LoadOp::create(
+               b, queue,
+               ValueRange{arith::SelectOp::create(b, in, position, fallback)})
+        .getResult();
+  };
+  SmallVector<Value> loopInits(inits);
+  if (queueAhead)
+    loopInits.push_back(entryAt(begin, index(0)));
+  auto loop = scf::ForOp::create(b, begin, end, index(1), loopInits);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value alive = loop.getRegionIterArg(0);
-    auto ifAlive = scf::IfOp::create(b, carried, alive, true);
+    auto ifAlive = scf::IfOp::create(b, loop.getResultTypes(), alive, true);
     b.setInsertionPointToStart(ifAlive.elseBlock());
     scf::YieldOp::create(b, loop.getRegionIterArgs());
     b.setInsertionPointToStart(ifAlive.thenBlock());
     Value next = arith::AddIOp::create(b, loop.getInductionVar(), index(1));
+    Value nextEntry =
+        queueAhead ? entryAt(next, loop.getInductionVar()) : Value();
     if (prefetchNext)
       prefetchEntry(next, end, dispatches);
     nextPosition = next;
@@ -1560,9 +1612,13 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     loopTableState.assign(loop.getRegionIterArgs().begin() + firstTable,
                           loop.getRegionIterArgs().begin() + firstTicket);
     loopTicketState.assign(loop.getRegionIterArgs().begin() + firstTicket,
-                           loop.getRegionIterArgs().end());
+                           loop.getRegionIterArgs().begin() + inits.size());
     Value entry =
-        memref::LoadOp::create(b, queue, ValueRange{loop.getInductionVar()});
+        queueAhead
+            ? loop.getRegionIterArgs().back()
+            : memref::LoadOp::create(b, queue,
+                                     ValueRange{loop.getInductionVar()})
+                  .getResult();
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
         entry, dispatches, carried,
         [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
@@ -1573,7 +1629,10 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
     if (failed(sw))
       return failure();
     b.setInsertionPointAfter(*sw);
-    scf::YieldOp::create(b, (*sw).getResults());
+    SmallVector<Value> yielded((*sw).getResults());
+    if (queueAhead)
+      yielded.push_back(nextEntry);
+    scf::YieldOp::create(b, yielded);
     b.setInsertionPointAfter(ifAlive);
     scf::YieldOp::create(b, ifAlive.getResults());
   }
@@ -1691,8 +1750,8 @@ FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
   }
   // A corrupt descriptor stops the CTA (the first result, `alive`, is false).
   SmallVector<Value> no = llvm::map_to_vector(resultTypes, [&](Type type) {
-    return type.isIndex() ? index(0)
-                          : arith::ConstantIntOp::create(b, 0, 1).getResult();
+    return arith::ConstantOp::create(b, cast<TypedAttr>(b.getZeroAttr(type)))
+        .getResult();
   });
   scf::YieldOp::create(b, no);
   return sw;
@@ -2977,6 +3036,8 @@ struct ConvertETensorToGPUPass
     kernelBuilder.prefetchNext = prefetchNext;
     kernelBuilder.smSlices = smSlices;
     kernelBuilder.recordSM = recordSM;
+    kernelBuilder.queueAhead = queueAhead;
+    kernelBuilder.waitMemo = waitMemo;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
       return failure();

@@ -545,6 +545,13 @@ class LlamaConfig:
     #: the code that finds the SM), and the inlined small-batch kernels 17 %
     #: slower (``bench/RESULTS.md`` item 135).
     sm_slices: bool = False
+    #: Static schedule: each CTA loads its next queue entry as the current
+    #: instance starts (``etc.compile(queue_ahead=True)``) and skips a wait
+    #: on the coordinate its last completed wait saw (``wait_memo``): between
+    #: two instances of one stage on a CTA the entry's load and the satisfied
+    #: wait's poll were two L2 round trips (``bench/RESULTS.md`` item 181).
+    queue_ahead: bool = False
+    wait_memo: bool = False
     #: Static schedule: how the runtime deals the kernel's queues by SM once
     #: it has read where the CTAs ran (``etc.compile(sm_deal=...)``; None:
     #: round-robin). :data:`LARGE_BATCH` takes ``"spread"`` (−3.9 % at B =
@@ -693,7 +700,8 @@ class LlamaConfig:
         _int_field("attn_small_batch", self.attn_small_batch, 0)
         _int_field("attn_tma_stages", self.attn_tma_stages, 2)
         for name in (
-            "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps"
+            "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps",
+            "queue_ahead", "wait_memo",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
@@ -1203,7 +1211,7 @@ def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any
     """The ``etc.compile`` options of the decoder: two CTAs per SM (128
     registers a thread), the tiles ``cfg.outline`` names called instead of
     inlined (per kernel of an artifact: :func:`compile_decoder`); under the static
-    schedule ``prefetch_next`` as ``cfg`` says; under the dynamic one no
+    schedule ``prefetch_next``, ``queue_ahead`` and ``wait_memo`` as ``cfg`` says; under the dynamic one no
     pop-ahead (every stage waits for the previous one: a position claimed
     by a busy CTA would hold up the next stage)."""
     options = {"schedule": schedule, "min_ctas_per_sm": 2, "outline": cfg.outline}
@@ -1211,6 +1219,8 @@ def compile_options(cfg: LlamaConfig, schedule: str = "static") -> dict[str, Any
         options["target"] = "sm_90a"  # wgmma and TMA
     if schedule == "static":
         options["prefetch_next"] = cfg.prefetch_next
+        options["queue_ahead"] = cfg.queue_ahead
+        options["wait_memo"] = cfg.wait_memo
     else:
         options["pop_ahead"] = False
     return options
@@ -1252,7 +1262,11 @@ def compile_decoder(
         static = schedule == "static"
         sm_slices = options.get("sm_slices", c.sm_slices) and static
         sm_deal = options.get("sm_deal", c.sm_deal) if static else None
-        return {"outline": outline(c, g), "sm_slices": sm_slices, "sm_deal": sm_deal}
+        lists = {
+            key: options.get(key, getattr(c, key)) and static
+            for key in ("queue_ahead", "wait_memo")
+        }
+        return {"outline": outline(c, g), "sm_slices": sm_slices, "sm_deal": sm_deal, **lists}
 
     configs = cfg.bucket_configs()
     if schedule == "dynamic":

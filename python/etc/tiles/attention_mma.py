@@ -822,8 +822,10 @@ def _tma_start(t: _T, stages: int, step: int, D: int, warps: int) -> None:
         # One arrival per warp.
         _asm_ops(t, f"mbarrier.init.shared::cta.b64 [$0], {warps};", [(_bar(t, 1, q), "i32")])
     _asm(t, "fence.mbarrier_init.release.cluster;")
-    # The cache's newest rows were written through the generic proxy.
-    _asm(t, "fence.proxy.async.global;")
+    # No fence.proxy.async.global: the ring reads cache rows below L only,
+    # which no task of this launch writes (split 0 writes row L through the
+    # generic proxy, read by no TMA); earlier launches' writes are ordered by
+    # the kernel boundary.
     for q in range(stages):
         more = t.op("more", f"arith.cmpi ult, {t.c(q)}, %nsteps : index")
         t.emit(f"scf.if {more} {{")
