@@ -176,6 +176,13 @@ def stamp_gaps(trace, stamps) -> tuple[str, dict]:
                 (pf - prev["end_ns"], pf_end - pf, e["start_ns"] - pf_end,
                  int(x[w["entry_ns"]]) - e["start_ns"])
             )  # fmt: skip
+    # The instance's own end: its body's last stamp to the trace's end (the
+    # closing barrier, the notify's release, the trace's clock read).
+    tail = [
+        e["end_ns"] - int(stamps[tuple(e["instance"])][w["end_ns"]])
+        for e in events
+        if e["task"] == "attention" and stamps[tuple(e["instance"])][w["end_ns"]]
+    ]
     labels = ("notify, to prefetch", "prefetch", "waits", "to the body")
     lines = [f"  after {'task':10s} {'n':>5s} " + " ".join(f"{s:>20s}" for s in labels)]
     data = {}
@@ -183,10 +190,14 @@ def stamp_gaps(trace, stamps) -> tuple[str, dict]:
         med = np.median(np.asarray(r, dtype=np.float64), axis=0) / 1e3
         data[task] = dict(zip(labels, med.tolist(), strict=True), n=len(r))
         lines.append(f"  after {task:10s} {len(r):5d} " + " ".join(f"{v:20.2f}" for v in med))
+    if tail:
+        data["body_end_to_trace_end_us"] = float(np.median(tail)) / 1e3
+        lines.append(f"  body's end to the trace's end (notify): {np.median(tail) / 1e3:.2f} us")
     return "\n".join(lines), data
 
 
 def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
+    import numpy as np
     import torch
 
     import etc.runtime
@@ -205,6 +216,9 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
             block, data = tables(trace)
             if "attn_stamps" in bufs:
                 stamps = bufs["attn_stamps"].cpu().numpy()
+                if out is not None:
+                    out.mkdir(parents=True, exist_ok=True)
+                    np.save(out / f"stamps_{schedule}_B{B}_L{L}.npy", stamps)
                 text_s, data["attention_stamps"] = stamp_table(stamps)
                 text_g, data["attention_gaps"] = stamp_gaps(trace, stamps)
                 block += "\n" + text_s + "\n" + text_g

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fortieth session (bench/RESULTS.md, items 180-): where the tensor-core
 # attention's instances spend their time. Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session40.sh [stamps] [sweep] [tests] [decbench] ...
+# Usage: bash bench/gpu_session40.sh [stamps] [sweep] [sweep2] [tests] [decbench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s40
@@ -36,6 +36,11 @@ for step in ${*:-stamps}; do
     # .device/s40art --only llama_tiny_lists, and llama_tiny_mma_tma_capped_lists)
     ETC_ARTIFACTS=${TESTS_ARTS:-.device/s40art} timeout 300 python -m pytest -q -rfs --tb=short \
       test/gpu/test_llama_gpu.py -k "${TESTS_K:-lists}" 2>&1 | tee "$OUT/tests.txt" | tail -8
+    ;;
+  decbench)  # bench/decode.py over the default artifact (python bench/decode.py --build
+    # .device/s40dec): the check against Hugging Face, and the timings with torch.compile
+    DECODE_PARTS=${DECODE_PARTS:-check,time} decode_bench .device/s40dec \
+      --compile-batches ${COMPILE_BATCHES:-1,8,32,64} --compile-contexts ${COMPILE_CONTEXTS:-1024,4096}
     ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac

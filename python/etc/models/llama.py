@@ -547,9 +547,10 @@ class LlamaConfig:
     sm_slices: bool = False
     #: Static schedule: each CTA loads its next queue entry as the current
     #: instance starts (``etc.compile(queue_ahead=True)``) and skips a wait
-    #: on the coordinate its last completed wait saw (``wait_memo``): between
-    #: two instances of one stage on a CTA the entry's load and the satisfied
-    #: wait's poll were two L2 round trips (``bench/RESULTS.md`` item 181).
+    #: on the coordinate its last completed wait saw (``wait_memo``). Off:
+    #: on an H200 the B = 1 kernel (tiles inlined) was 3.5-8 % slower with
+    #: either, ``queue_ahead`` 1-2 % slower elsewhere, ``wait_memo`` −0.5..−1 %
+    #: at B = 8 and even at B = 32 and 64 (``bench/RESULTS.md`` item 182).
     queue_ahead: bool = False
     wait_memo: bool = False
     #: Static schedule: how the runtime deals the kernel's queues by SM once
