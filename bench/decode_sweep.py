@@ -464,6 +464,8 @@ VARIANTS["nofence"] = {}
 VARIANTS["lists_ahead"] = {"queue_ahead": True}
 VARIANTS["lists_memo"] = {"wait_memo": True}
 VARIANTS["lists_both"] = {"queue_ahead": True, "wait_memo": True}
+# ... the memo in the B = 2..16 kernel alone (item 182: -0.5..-1 % at B = 8).
+VARIANTS["mid_memo"] = _mid(("wait_memo", True))
 VARIANTS["stamps_large_lists"] = {**VARIANTS["stamps_large"], **VARIANTS["lists_both"]}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

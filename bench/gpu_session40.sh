@@ -32,6 +32,11 @@ for step in ${*:-stamps}; do
     SWEEP_TMP=/tmp/s40 sweep_passes s40_lists ${SWEEP_VARIANTS:-default,lists_ahead,lists_memo,lists_both} \
       ${SWEEP_BATCHES:-1,8,32,64} ${SWEEP_CONTEXTS:-1024,4096} .device/s40sw2
     ;;
+  sweep3)  # the wait memo in the B = 2..16 kernel alone (DECODE_SWEEP_VARIANTS=default,mid_memo
+    # python bench/decode_sweep.py --build .device/s40sw3)
+    SWEEP_TMP=/tmp/s40 sweep_passes s40_mid_memo ${SWEEP_VARIANTS:-default,mid_memo} \
+      ${SWEEP_BATCHES:-2,4,8,12,16} ${SWEEP_CONTEXTS:-1024,4096} .device/s40sw3
+    ;;
   tests)  # the tiny decoders against the simulator (python test/gpu/make_artifacts.py
     # .device/s40art --only llama_tiny_lists, and llama_tiny_mma_tma_capped_lists)
     ETC_ARTIFACTS=${TESTS_ARTS:-.device/s40art} timeout 300 python -m pytest -q -rfs --tb=short \

@@ -694,6 +694,15 @@ def llama_tiny_variants() -> dict:
     )
     # The TMA-fed attention needs 64-wide heads.
     tma_heads = dict(attn_pipeline="tma", head_dim=64, heads=4, kv_heads=2, combine_group=4)
+    capped = dataclasses.replace(
+        mma_spans,
+        attn_tma_release="read_early",
+        attn_tma_prefetch=True,
+        outline=("attention",),
+        attn_small_batch=4,
+        attn_small_spans=((2, 8, 3), (4, 8, 2)),
+        **tma_heads,
+    )
     return {
         "llama_tiny": llama.TINY,
         "llama_tiny_fused_aring": fused,
@@ -736,26 +745,10 @@ def llama_tiny_variants() -> dict:
         # ... called, as the default B = 2..16 kernel's, with the split
         # counts capped: past 3 or 2 splits the spans grow with L, past the
         # chunk of 512 positions at L = 1600.
-        "llama_tiny_mma_tma_capped": dataclasses.replace(
-            mma_spans,
-            attn_tma_release="read_early",
-            attn_tma_prefetch=True,
-            outline=("attention",),
-            attn_small_batch=4,
-            attn_small_spans=((2, 8, 3), (4, 8, 2)),
-            **tma_heads,
-        ),  # fmt: skip
+        "llama_tiny_mma_tma_capped": capped,
         "llama_tiny_mma_tma_capped_lists": dataclasses.replace(
-            mma_spans,
-            attn_tma_release="read_early",
-            attn_tma_prefetch=True,
-            outline=("attention",),
-            attn_small_batch=4,
-            attn_small_spans=((2, 8, 3), (4, 8, 2)),
-            queue_ahead=True,
-            wait_memo=True,
-            **tma_heads,
-        ),  # fmt: skip
+            capped, queue_ahead=True, wait_memo=True
+        ),
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the
         # TMA-fed attention in a third region (its mbarrier ring prefetched

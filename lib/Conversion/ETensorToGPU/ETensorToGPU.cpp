@@ -1613,12 +1613,10 @@ LogicalResult KernelBuilder::buildStaticLoop(ArrayRef<DispatchOp> dispatches) {
                           loop.getRegionIterArgs().begin() + firstTicket);
     loopTicketState.assign(loop.getRegionIterArgs().begin() + firstTicket,
                            loop.getRegionIterArgs().begin() + inits.size());
-    Value entry =
-        queueAhead
-            ? loop.getRegionIterArgs().back()
-            : memref::LoadOp::create(b, queue,
-                                     ValueRange{loop.getInductionVar()})
-                  .getResult();
+    Value entry = queueAhead ? loop.getRegionIterArgs().back()
+                             : memref::LoadOp::create(
+                                   b, queue, ValueRange{loop.getInductionVar()})
+                                   .getResult();
     FailureOr<scf::IndexSwitchOp> sw = emitDispatchSwitch(
         entry, dispatches, carried,
         [&](DispatchOp dispatch, Value linear, Block *caseBlock) {
