@@ -1252,8 +1252,10 @@ def test_batch_buckets_change_only_the_tiles():
             for b in range(1, (bound or 64) + 1):
                 assert c.splits(L, b) == M.LLAMA_3_2_1B.splits(L, b), (bound, L, b)
     assert mid == dataclasses.replace(
-        M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16, attn_cached_splits=True
-    )
+        M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16, attn_cached_splits=True,
+        **dict(M.SMALL_BATCH),
+    )  # fmt: skip
+    assert mid.wait_memo and not one.wait_memo and not large.wait_memo
     with pytest.raises(etc.GraphError, match="attn_cached_splits makes splits longer"):
         dataclasses.replace(PHASED_1B, attn_cached_splits=True)
     # The kernels know their batch ranges; the base's own graph is the

@@ -58,6 +58,7 @@ __all__ = [
     "compile_options",
     "compile_decoder",
     "LARGE_BATCH",
+    "SMALL_BATCH",
     "DECODER_TASKS",
     "tensor_shapes",
     "random_weights",
@@ -124,6 +125,11 @@ LARGE_BATCH = (
 #: positions) in loop steps of 64 positions, so ``attn_single_span``'s
 #: spans hold (-6 % on an H200, tenth session), inlined; its LM head and
 #: argmax called (-1.3 %, thirtieth session).
+#: The changes of the decoder's B = 2..16 kernel: its CTAs skip a wait on
+#: the coordinate their last completed wait saw (``wait_memo``; -0.7..-1.8 %
+#: at B = 8-16, even at B = 2 and 4 on an H200, fortieth session, item 183;
+#: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it).
+SMALL_BATCH = (("wait_memo", True),)
 SINGLE_SEQUENCE = (
     ("attn_tile", "phased"),
     ("attn_unroll", 2),
@@ -415,7 +421,7 @@ class LlamaConfig:
     #: :data:`LARGE_BATCH` from B=17 (-8 % at B=32, -19 % at B=64).
     batch_buckets: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = (
         (1, SINGLE_SEQUENCE),
-        (16, ()),
+        (16, SMALL_BATCH),
         (None, LARGE_BATCH),
     )
     #: The layers' RMSNorms folded into the projections that follow them:
@@ -547,10 +553,11 @@ class LlamaConfig:
     sm_slices: bool = False
     #: Static schedule: each CTA loads its next queue entry as the current
     #: instance starts (``etc.compile(queue_ahead=True)``) and skips a wait
-    #: on the coordinate its last completed wait saw (``wait_memo``). Off:
-    #: on an H200 the B = 1 kernel (tiles inlined) was 3.5-8 % slower with
-    #: either, ``queue_ahead`` 1-2 % slower elsewhere, ``wait_memo`` −0.5..−1 %
-    #: at B = 8 and even at B = 32 and 64 (``bench/RESULTS.md`` item 182).
+    #: on the coordinate its last completed wait saw (``wait_memo``). Off
+    #: but in :data:`SMALL_BATCH`'s kernel: on an H200 the B = 1 kernel (tiles
+    #: inlined) was 3.5-8 % slower with either, ``queue_ahead`` 1-2 % slower
+    #: elsewhere, ``wait_memo`` even at B = 32 and 64 and −0.7..−1.8 % at B =
+    #: 8-16 (``bench/RESULTS.md`` items 182-183).
     queue_ahead: bool = False
     wait_memo: bool = False
     #: Static schedule: how the runtime deals the kernel's queues by SM once
