@@ -576,35 +576,37 @@ Value KernelBuilder::lowerWait(WaitOp wait, int64_t taskId, Value instance) {
       waitSeen.empty() ? std::nullopt : cachedWaitIndex(wait);
   Value seen = cached ? waitSeen[*cached] : Value();
   Value coordinate = linearize(coords, info.sizes);
+  auto poll = [&] {
+    return waitOnCoordinate(info, coordinate, waitCount(info, coords), taskId,
+                            instance, seen);
+  };
+  Value ok, key, memo;
   if (memoIndex < 0) {
-    Value ok = waitOnCoordinate(info, coordinate, waitCount(info, coords),
-                                taskId, instance, seen);
-    if (cached)
-      waitSeen[*cached] = arith::OrIOp::create(b, seen, ok);
-    return ok;
+    ok = poll();
+  } else {
+    // The memo: `event id << 40 | coordinate` of the CTA's last completed
+    // wait. The same key means the same counter and the same wait count,
+    // and counters only grow: no poll, and no join (the key is uniform).
+    key = arith::OrIOp::create(
+        b, i64(info.id << 40),
+        arith::AndIOp::create(b, toI64(coordinate), i64((1ll << 40) - 1)));
+    memo = waitSeen[memoIndex];
+    Value hit = arith::CmpIOp::create(b, arith::CmpIPredicate::eq, key, memo);
+    auto ifHit = scf::IfOp::create(b, b.getI1Type(), hit, true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(ifHit.thenBlock());
+      scf::YieldOp::create(b,
+                           arith::ConstantIntOp::create(b, 1, 1).getResult());
+      b.setInsertionPointToStart(ifHit.elseBlock());
+      scf::YieldOp::create(b, poll());
+    }
+    ok = ifHit.getResult(0);
   }
-  // The memo: `event id << 40 | coordinate` of the CTA's last completed
-  // wait. The same key means the same counter and the same wait count, and
-  // counters only grow: no poll, and no join (the key is uniform).
-  Value key = arith::OrIOp::create(
-      b, i64(info.id << 40),
-      arith::AndIOp::create(b, toI64(coordinate), i64((1ll << 40) - 1)));
-  Value memo = waitSeen[memoIndex];
-  Value hit = arith::CmpIOp::create(b, arith::CmpIPredicate::eq, key, memo);
-  auto ifHit = scf::IfOp::create(b, b.getI1Type(), hit, true);
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(ifHit.thenBlock());
-    scf::YieldOp::create(b, arith::ConstantIntOp::create(b, 1, 1).getResult());
-    b.setInsertionPointToStart(ifHit.elseBlock());
-    scf::YieldOp::create(b, waitOnCoordinate(info, coordinate,
-                                             waitCount(info, coords), taskId,
-                                             instance, seen));
-  }
-  Value ok = ifHit.getResult(0);
   if (cached)
     waitSeen[*cached] = arith::OrIOp::create(b, seen, ok);
-  waitSeen[memoIndex] = arith::SelectOp::create(b, ok, key, memo);
+  if (memo)
+    waitSeen[memoIndex] = arith::SelectOp::create(b, ok, key, memo);
   return ok;
 }
 

@@ -120,16 +120,16 @@ LARGE_BATCH = (
     ("sm_deal", "spread"),
     ("tma_meet_share", (("down_proj", 2),)),
 )
-#: The tile changes of the decoder's B = 1 kernel: the phased attention
-#: (one sequence's short spans: the tensor-core tile's loop steps are 128
-#: positions) in loop steps of 64 positions, so ``attn_single_span``'s
-#: spans hold (-6 % on an H200, tenth session), inlined; its LM head and
-#: argmax called (-1.3 %, thirtieth session).
 #: The changes of the decoder's B = 2..16 kernel: its CTAs skip a wait on
 #: the coordinate their last completed wait saw (``wait_memo``; -0.7..-1.8 %
 #: at B = 8-16, even at B = 2 and 4 on an H200, fortieth session, item 183;
 #: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it).
 SMALL_BATCH = (("wait_memo", True),)
+#: The tile changes of the decoder's B = 1 kernel: the phased attention
+#: (one sequence's short spans: the tensor-core tile's loop steps are 128
+#: positions) in loop steps of 64 positions, so ``attn_single_span``'s
+#: spans hold (-6 % on an H200, tenth session), inlined; its LM head and
+#: argmax called (-1.3 %, thirtieth session).
 SINGLE_SEQUENCE = (
     ("attn_tile", "phased"),
     ("attn_unroll", 2),
