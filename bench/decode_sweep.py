@@ -467,6 +467,19 @@ VARIANTS["lists_both"] = {"queue_ahead": True, "wait_memo": True}
 # ... the memo in the B = 2..16 kernel alone (item 182: -0.5..-1 % at B = 8).
 VARIANTS["mid_memo"] = _mid(("wait_memo", True))
 VARIANTS["stamps_large_lists"] = {**VARIANTS["stamps_large"], **VARIANTS["lists_both"]}
+# Session 41: the large-batch kernel alone, its tensor-core attention
+# instances attending 2 or 4 kv heads each on one TMA ring (attn_items):
+# at B = 64 a CTA ran two instances a layer with ~3 µs between them.
+VARIANTS["large"] = {"batch_buckets": ((None, M.LARGE_BATCH),)}
+for _items in (2, 4):
+    VARIANTS[f"large_items{_items}"] = {
+        "batch_buckets": ((None, (*M.LARGE_BATCH, ("attn_items", _items))),)
+    }
+VARIANTS["stamps_large_items2"] = {"attn_stamps": True, **VARIANTS["large_items2"]}
+# ... a code change, not a setting: "large_items2_hoisted" built before each
+# item read the thread index afresh (its lane values then lived across the
+# item loop: 208 registers uncapped against 168 with one item).
+VARIANTS["large_items2_hoisted"] = VARIANTS["large_items2"]
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

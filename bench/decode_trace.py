@@ -146,12 +146,22 @@ def stamp_table(stamps) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
-def stamp_gaps(trace, stamps) -> tuple[str, dict]:
+def _attn_items(cfg, B: int) -> int:
+    """``attn_items`` of the kernel that runs batch ``B``."""
+    for bound, c in cfg.bucket_configs() if cfg.batch_buckets else [(None, cfg)]:
+        if bound is None or B <= bound:
+            return c.attn_items
+    raise ValueError(f"no kernel of the artifact runs B={B}")
+
+
+def stamp_gaps(trace, stamps, items: int = 1) -> tuple[str, dict]:
     """What comes between an attention instance and the instance before it on
     its CTA (µs, medians; by the previous instance's task): the previous
     one's notify and the queue's step to the prefetch function, the prefetch
     (the ring's first steps issued), the waits, and the body's entry, from
-    the trace's ns and the stamps' ``%globaltimer`` words."""
+    the trace's ns and the stamps' ``%globaltimer`` words. With ``items``
+    kv heads per instance, its first item's stamps hold the prefetch and
+    its last item's the body's end."""
     import numpy as np
 
     from etc.tiles.attention_mma import STAMPS
@@ -168,7 +178,7 @@ def stamp_gaps(trace, stamps) -> tuple[str, dict]:
         for prev, e in zip(evs, evs[1:], strict=False):
             if e["task"] != "attention":
                 continue
-            x = stamps[tuple(e["instance"])]
+            x = stamps[_item(e["instance"], items, 0)]
             if not x[w["prefetch_ns"]]:
                 continue
             pf, pf_end = int(x[w["prefetch_ns"]]), int(x[w["prefetch_end_ns"]])
@@ -178,10 +188,11 @@ def stamp_gaps(trace, stamps) -> tuple[str, dict]:
             )  # fmt: skip
     # The instance's own end: its body's last stamp to the trace's end (the
     # closing barrier, the notify's release, the trace's clock read).
+    last = items - 1
     tail = [
-        e["end_ns"] - int(stamps[tuple(e["instance"])][w["end_ns"]])
+        e["end_ns"] - int(stamps[_item(e["instance"], items, last)][w["end_ns"]])
         for e in events
-        if e["task"] == "attention" and stamps[tuple(e["instance"])][w["end_ns"]]
+        if e["task"] == "attention" and stamps[_item(e["instance"], items, last)][w["end_ns"]]
     ]
     labels = ("notify, to prefetch", "prefetch", "waits", "to the body")
     lines = [f"  after {'task':10s} {'n':>5s} " + " ".join(f"{s:>20s}" for s in labels)]
@@ -194,6 +205,12 @@ def stamp_gaps(trace, stamps) -> tuple[str, dict]:
         data["body_end_to_trace_end_us"] = float(np.median(tail)) / 1e3
         lines.append(f"  body's end to the trace's end (notify): {np.median(tail) / 1e3:.2f} us")
     return "\n".join(lines), data
+
+
+def _item(instance, items: int, item: int) -> tuple:
+    """The stamps' index of item ``item`` of attention instance ``(l, b, g, s)``."""
+    l, b, g, s = instance  # noqa: E741
+    return (l, b, g * items + item, s)
 
 
 def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
@@ -220,7 +237,7 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
                     out.mkdir(parents=True, exist_ok=True)
                     np.save(out / f"stamps_{schedule}_B{B}_L{L}.npy", stamps)
                 text_s, data["attention_stamps"] = stamp_table(stamps)
-                text_g, data["attention_gaps"] = stamp_gaps(trace, stamps)
+                text_g, data["attention_gaps"] = stamp_gaps(trace, stamps, _attn_items(cfg, B))
                 block += "\n" + text_s + "\n" + text_g
             key = f"{schedule}_B{B}" + (f"_L{L}" if len(CONTEXTS) > 1 else "")
             if out is not None:  # raw records, for per-SM and per-CTA analysis

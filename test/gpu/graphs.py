@@ -749,6 +749,12 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_mma_tma_capped_lists": dataclasses.replace(
             capped, queue_ahead=True, wait_memo=True
         ),
+        # ... each instance attending both kv heads of its sequence on one
+        # ring (attn_items), inlined with the ring prefetched, and called.
+        "llama_tiny_mma_tma_items": dataclasses.replace(
+            mma_spans, attn_items=2, attn_tma_prefetch=True, **tma_heads
+        ),
+        "llama_tiny_mma_tma_capped_items": dataclasses.replace(capped, attn_items=2),
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the
         # TMA-fed attention in a third region (its mbarrier ring prefetched

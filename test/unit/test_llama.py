@@ -1140,6 +1140,59 @@ def test_attention_stamps_are_a_graph_tensor_the_tile_writes():
         dataclasses.replace(CFG, attn_stamps=True)
 
 
+@needs_ptxas
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_attention_items_run_kv_heads_on_one_ring(schedule):
+    """attn_items=2: one tensor-core instance attends both kv heads of its
+    sequence and split (the grid's kv dimension 1, ``attended`` counting
+    instances), the same answer as the numpy model; the tile loops over its
+    items with one ring start and one barrier invalidation, the ring's steps
+    numbered across the items; ptxas accepts it; bad counts are refused by
+    name."""
+    from etc.tiles.attention_mma import attention_mma
+
+    cfg = dataclasses.replace(
+        CFG, attn_tile="mma", attn_unroll=1, attn_pipeline="tma", head_dim=64, heads=4,
+        kv_heads=2, combine_group=4, attn_tma_prefetch=True, attn_items=2,
+    )  # fmt: skip
+    g = M.build_decoder_graph(cfg)
+    (attention,) = [t for t in g.tasks if t.name == "attention"]
+    assert str(attention.grid[2]) == "1"
+    weights = M.random_weights(cfg, seed=3)
+    for B, L in ((1, 0), (3, 200), (2, 300)):
+        _check_step(cfg, g, weights, B, L, schedule, 29)
+    fn = attention_mma(
+        4096, 32, 8, 64, 16, blocks=1, pipeline="tma", stages=2, prefetch=True,
+        release="read_early", direct=True, items=4,
+    )  # fmt: skip
+    body, pf = fn.source.split("func.func @attention__prefetch(")
+    assert body.count("scf.for %item = %c0 to %c4_") == 1
+    # The thread index read afresh in each item (its lane values not hoisted).
+    assert body.count("gpu.thread_id") == 1 and body.count("mov.u32 $0, %tid.x;") == 1
+    assert pf.count("mbarrier.init") == 4 and "mbarrier.init" not in body
+    assert body.count("mbarrier.inval") == 4 and body.index("mbarrier.inval") > body.index(
+        "scf.for %item"
+    )
+    # The ring's step: the item's loop steps follow its predecessors'.
+    assert "arith.muli %item, %nsteps_item" in body and "%nsteps_item" in pf
+    if schedule == "static":
+        assert "cp.async.bulk.tensor" in etc.compile(g, schedule="static").ptx
+    with pytest.raises(etc.GraphError, match="items=3 does not divide kv_heads=8"):
+        attention_mma(4096, 32, 8, 64, 16, pipeline="tma", prefetch=True, items=3)
+    with pytest.raises(etc.GraphError, match="items=2 runs one TMA ring .*prefetch=True"):
+        attention_mma(4096, 32, 8, 64, 16, pipeline="none", items=2)
+    with pytest.raises(etc.GraphError, match="items=2 runs one TMA ring .*prefetch=True"):
+        attention_mma(4096, 32, 8, 64, 16, pipeline="tma", items=2)
+    with pytest.raises(etc.GraphError, match="items=0 must be an int >= 1"):
+        attention_mma(4096, 32, 8, 64, 16, pipeline="tma", items=0)
+    with pytest.raises(etc.GraphError, match="attn_items=3 does not divide kv_heads=2"):
+        dataclasses.replace(cfg, attn_items=3)
+    with pytest.raises(etc.GraphError, match="attn_items=2 needs attn_tile='mma'"):
+        dataclasses.replace(cfg, attn_tile="online", attn_pipeline="none")
+    with pytest.raises(etc.GraphError, match="attn_items=2 needs .*attn_tma_prefetch"):
+        dataclasses.replace(cfg, attn_tma_prefetch=False)
+
+
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
 def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
     """attn_pipeline="tma": the attention tile takes the caches' TMA maps

@@ -411,6 +411,12 @@ class LlamaConfig:
     #: ``attention_mma.STAMPS``) into the graph tensor ``attn_stamps``
     #: ``(layers, B, kv_heads, splits, len(STAMPS))`` i64 (``bench/decode_trace.py``).
     attn_stamps: bool = False
+    #: (sequence, kv head) items per tensor-core attention instance
+    #: (``attention_mma(items=...)``; TMA pipeline only): the grid's kv-head
+    #: dimension is ``kv_heads / attn_items`` and each instance attends its
+    #: items one after the other on one TMA ring, so a CTA that would run
+    #: two instances of a layer pays one wait, one call and one ring start.
+    attn_items: int = 1
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
     #: :func:`compile_decoder` compiles this configuration with each entry's
@@ -705,6 +711,20 @@ class LlamaConfig:
                 f"LlamaConfig: {', '.join(phased_only)} apply to attn_tile='phased', "
                 f"not {self.attn_tile!r}"
             )
+        _int_field("attn_items", self.attn_items, 1)
+        if self.attn_items > 1:
+            if self.kv_heads % self.attn_items:
+                raise GraphError(
+                    f"LlamaConfig: attn_items={self.attn_items} does not divide "
+                    f"kv_heads={self.kv_heads}"
+                )
+            tma = self.attention_pipeline == "tma" and self.attn_tma_prefetch
+            if self.attn_tile != "mma" or not tma:
+                raise GraphError(
+                    f"LlamaConfig: attn_items={self.attn_items} needs attn_tile='mma' with the "
+                    f"TMA pipeline and attn_tma_prefetch (attn_tile={self.attn_tile!r}, "
+                    f"attn_pipeline={self.attn_pipeline!r})"
+                )
         _int_field("attn_small_batch", self.attn_small_batch, 0)
         _int_field("attn_tma_stages", self.attn_tma_stages, 2)
         for name in (
@@ -1389,7 +1409,7 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
             stages=cfg.attn_tma_stages,
             prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma",
             release=cfg.attn_tma_release if cfg.attention_pipeline == "tma" else "math",
-            direct=cfg.direct_attention, stamps=cfg.attn_stamps, **common,
+            direct=cfg.direct_attention, stamps=cfg.attn_stamps, items=cfg.attn_items, **common,
         )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
 
@@ -1564,6 +1584,8 @@ def build_decoder_graph(
     # 1 past one split, else 0 with direct attention (a single split wrote the
     # output itself): the factor of the combine's grid and count.
     combines = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
+    attn_grid = (B, KV // cfg.attn_items, cfg.splits(L, B))
+    attn_instances = attn_grid[0] * attn_grid[1] * attn_grid[2]
     layer_in = g.event(
         (NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden, "down_proj"), name="layer_in"
     )
@@ -1574,13 +1596,13 @@ def build_decoder_graph(
         "qkv_done": g.event(
             (NL,), wait_count=tiles_of(cfg.bn_qkv, cfg.qkv_width, "qkv_proj"), name="qkv_done"
         ),
-        "attended": g.event((NL,), wait_count=B * KV * cfg.splits(L, B), name="attended"),
+        "attended": g.event((NL,), wait_count=attn_instances, name="attended"),
         "combined": None
         if cfg.fuse_combine
         else g.event(
             (NL,),
             wait_count=B * combines * cfg.combine_instances
-            + (B * KV * cfg.splits(L, B) if cfg.direct_attention else 0),
+            + (attn_instances if cfg.direct_attention else 0),
             name="combined",
         ),
         "o_done": g.event(
@@ -1637,7 +1659,7 @@ def build_decoder_graph(
     # split they are all it waits for (the combine's grid is empty).
     layer_task(
         "attention",
-        (B, KV, cfg.splits(L, B)),
+        attn_grid,
         (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out, *stamps),
         ev["qkv_done"],
         [ev["attended"]] + ([ev["combined"]] if cfg.direct_attention else []),

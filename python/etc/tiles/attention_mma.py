@@ -94,6 +94,9 @@ class _T(_Text):
     def f(self, op: str, a: str, b: str) -> str:
         return self.op("f", f"arith.{op} {a}, {b} : f32")
 
+    #: (sequence, kv head) items per instance (``attention_mma(items=...)``).
+    items = 1
+
     def part(self, indent: str) -> str:
         """The lines emitted since the last part; later ones get ``indent``."""
         text = "\n".join(self.lines)
@@ -129,12 +132,13 @@ def _halves(t: _T, lo_word: str, hi_word: str, high: int) -> str:
 
 
 def _stamp(
-    t: _T, word: int, timer: str = "clock64", cond: str = "%stamp_t0", after: str = ""
-) -> None:
+    t: _T, word: int, timer: str = "clock64", cond: str = "%stamp_t0", after: str = "",
+    kv: str = "%gkv",
+) -> None:  # fmt: skip
     """Thread 0 (where ``cond``) writes ``%<timer>`` to word ``word`` of the
-    instance's stamps; ``after`` (an f32): not before that value is ready (the
-    clock is read under a predicate computed from it, so ptxas cannot read it
-    sooner)."""
+    item's stamps (kv head ``kv``); ``after`` (an f32): not before that value
+    is ready (the clock is read under a predicate computed from it, so ptxas
+    cannot read it sooner)."""
     if after:
         text = (
             "{ .reg .pred p; setp.eq.f32 p, $1, 0f12345678; @p mov.u64 $0, 0; "
@@ -153,7 +157,7 @@ def _stamp(
         )
     t.emit(f"scf.if {cond} {{")
     t.emit(
-        f"  memref.store {v}, %stamps[%l, %b, %gkv, %s, {t.c(word)}] : "
+        f"  memref.store {v}, %stamps[%l, %b, {kv}, %s, {t.c(word)}] : "
         f"memref<?x?x?x?x{len(STAMPS)}xi64>"
     )
     t.emit("}")
@@ -182,6 +186,7 @@ def attention_mma(
     direct: bool = False,
     release: str = "math",
     stamps: bool = False,
+    items: int = 1,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -230,7 +235,14 @@ def attention_mma(
     ``stamps: memref<?x?x?x?x12xi64>`` argument (after ``attn``/``mpart``),
     indexed like the grid ``(l, b, g, s)``: thread 0 writes its
     ``%clock64`` at :data:`STAMPS`' points and the ``%globaltimer`` at entry and
-    end, so a trace can say where an instance's time goes."""
+    end, so a trace can say where an instance's time goes (with ``items``,
+    each item's stamps at its kv head; the prefetch's at the first item's).
+
+    ``items`` (with ``"tma"``): one instance attends ``items`` kv heads of
+    its sequence and split, ``g * items ..``, one after the other (the grid's
+    ``g`` runs to ``kv_heads / items``). The ring runs on across them: while
+    an item merges its warps, its successor's first steps are loading, and
+    the CTA pays no wait, call or ring start between them."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -266,6 +278,18 @@ def attention_mma(
         raise GraphError(f"tile '{name}': prefetch starts the TMA ring: needs pipeline='tma'")
     if release not in RELEASES:
         raise GraphError(f"tile '{name}': release {release!r} is not one of {', '.join(RELEASES)}")
+    if not isinstance(items, int) or isinstance(items, bool) or items < 1:
+        raise GraphError(f"tile '{name}': items={items!r} must be an int >= 1")
+    if items > 1 and not (pipeline == "tma" and prefetch):
+        raise GraphError(
+            f"tile '{name}': items={items} runs one TMA ring across kv heads, started in the "
+            "prefetch function: needs pipeline='tma' and prefetch=True"
+        )
+    if kv_heads % items:
+        raise GraphError(
+            f"tile '{name}': items={items} does not divide kv_heads={kv_heads} "
+            "(an instance takes whole groups of kv heads)"
+        )
     if release != "math" and pipeline != "tma":
         raise GraphError(
             f"tile '{name}': release={release!r} gives back TMA ring stages: needs pipeline='tma'"
@@ -339,6 +363,8 @@ def attention_mma(
 
     # -- setup: the roped query of head g as A fragments -----------------------
     t = _T()
+    t.items = items
+    pre_items = ""  # with items: the ring's values and start, before the item loop
     if stamps:
         _stamp(t, STAMPS.index("entry_ns"), "globaltimer")
         _stamp(t, STAMPS.index("entry"))
@@ -490,17 +516,21 @@ def attention_mma(
         if prefetch:
             # The prefetch function (before the waits) starts the ring: the
             # cache rows below L are written by no task of the launch.
+            kv0 = "%gkv0" if items > 1 else "%gkv"
             if stamps:
-                _stamp(t, STAMPS.index("prefetch_ns"), "globaltimer")
+                _stamp(t, STAMPS.index("prefetch_ns"), "globaltimer", kv=kv0)
             _tma_values(t, name, stages, step, D, c_t)
             _tma_start(t, stages, step, D, warps)
             if stamps:
-                _stamp(t, STAMPS.index("prefetch_end_ns"), "globaltimer")
+                _stamp(t, STAMPS.index("prefetch_end_ns"), "globaltimer", kv=kv0)
             prefetch_text = t.part("    ")
         _tma_values(t, name, stages, step, D, c_t)
         if not prefetch:
             _tma_start(t, stages, step, D, warps)
-        setup += "\n" + t.part("    ")
+        if items > 1:
+            pre_items = t.part("  ")
+        else:
+            setup += "\n" + t.part("    ")
         if stamps:
             first = t.op("st0", "arith.cmpi eq, %base, %c0 : index")
             first = t.op("st0", f"arith.andi %stamp_t0, {first} : i1")
@@ -634,11 +664,19 @@ def attention_mma(
     t.emit("gpu.barrier")
     if stamps:
         _stamp(t, STAMPS.index("warps_done"))
+    inval = ""
     if pipeline == "tma":
-        # Every ring wait is over: invalidate the barriers.
+        # Every ring wait is over (after the last item's): invalidate the barriers.
+        tail_head = t.part("  ")
         t.emit(f"scf.if {t.op('is0', 'arith.cmpi eq, %tid, %c0 : index')} {{")
         mbarrier_inval(t, (_bar(t, kind, q) for q in range(stages) for kind in (0, 1)))
         t.emit("}")
+        inval = t.part("  ")
+        if items == 1:
+            t.lines.append(tail_head + "\n" + inval)
+            inval = ""
+        else:
+            t.lines.append(tail_head)
     t.emit("scf.if %gvalid {")
     wbase = t.idx("addi", "%wo", t.idx("muli", "%qg", t.c(D)))
     for v, dim in o_final.values():
@@ -657,15 +695,23 @@ def attention_mma(
     stamp_end = t.part("  ")
 
     maps = f", %kc_map: {MAP_TYPE}, %vc_map: {MAP_TYPE}" if pipeline == "tma" else ""
-    for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D):
+    for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D, items):
         t.c(v)  # the constants the function's text below names
     constants = "\n".join(f"  %c{v}_ = arith.constant {v} : index" for v in sorted(t.consts))
     args = (
-        f"%l: index, %b: index, %gkv: index, %s: index, %L: index, %qkv: {qkv_t}, "
+        f"%l: index, %b: index, {'%gi' if items > 1 else '%gkv'}: index, %s: index, "
+        f"%L: index, %qkv: {qkv_t}, "
         f"%rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}"
         f"{f', %attn: {a_t}' if direct else ''}"
         f"{f', %stamps: memref<?x?x?x?x{len(STAMPS)}xi64>' if stamps else ''}{maps}"
     )
+    item_lines = f"""\
+  %qh0 = arith.muli %gkv, %c{G}_ : index
+  %qh = arith.addi %qh0, %gq : index
+  %qcol = arith.muli %qh, %c{D}_ : index
+  %kvcol = arith.muli %gkv, %c{D}_ : index
+  %kcol0 = arith.addi %kvcol, %c{NH * D}_ : index
+  %vcol0 = arith.addi %kvcol, %c{(NH + KV) * D}_ : index"""
     header = f"""\
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -705,12 +751,7 @@ def attention_mma(
   %mbuf = memref.get_global @{name}__m : {m_t}
   %first_split = arith.cmpi eq, %s, %c0 : index
 {_split_lines(spread, align, op_t, bounded=False)}
-  %qh0 = arith.muli %gkv, %c{G}_ : index
-  %qh = arith.addi %qh0, %gq : index
-  %qcol = arith.muli %qh, %c{D}_ : index
-  %kvcol = arith.muli %gkv, %c{D}_ : index
-  %kcol0 = arith.addi %kvcol, %c{NH * D}_ : index
-  %vcol0 = arith.addi %kvcol, %c{(NH + KV) * D}_ : index
+{"  %gkv0 = arith.muli %gi, %c" + str(items) + "_ : index" if items > 1 else item_lines}
   %pend = arith.addi %p0, %n : index
   %endsL = arith.cmpi eq, %pend, %Lp1 : index
   %nonempty = arith.cmpi ugt, %n, %c0 : index
@@ -724,6 +765,31 @@ def attention_mma(
   %wr = arith.andi %first_split, %w0g0 : i1
 {"  %stamp_t0 = arith.cmpi eq, %tid, %c0 : index" if stamps else ""}
 """
+    item_start = item_end = ""
+    body_header = header
+    if items > 1:
+        # Each item reads the thread index afresh (an opaque read the compiler
+        # cannot hoist), so the setup's lane values are recomputed per item
+        # instead of living across the loop: hoisted, they took the tile from
+        # 168 to 208 registers and spilled under the 2-CTA cap.
+        lines = header.split("\n")
+        t0 = lines.index("  %tid = gpu.thread_id x")
+        t1 = next(i for i, line in enumerate(lines) if line.startswith("  %wstart ="))
+        w0 = next(i for i, line in enumerate(lines) if line.startswith("  %is_w0 ="))
+        body_header = "\n".join(lines[:t0] + lines[t1 + 1 : w0]) + "\n"
+        tid = (
+            '  %tid_i32 = llvm.inline_asm has_side_effects asm_dialect = att "mov.u32 $0, %tid.x;", '
+            '"=r" : () -> i32\n  %tid = arith.index_cast %tid_i32 : i32 to index'
+        )
+        per_item = "\n".join([tid, *lines[t0 + 1 : t1 + 1], *lines[w0:]])
+        item_start = (
+            f"{pre_items}\n"
+            f"  scf.for %item = %c0 to %c{items}_ step %c1 {{\n"
+            "  %gkv = arith.addi %gkv0, %item : index\n"
+            f"{per_item}\n{item_lines}\n"
+        )
+        inval = inval.replace("%tid,", "%tid_end,")
+        item_end = f"\n  }}\n  %tid_end = gpu.thread_id x\n{inval}"
     source = f"""\
 // {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
@@ -731,7 +797,7 @@ memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
 {f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}' if pipeline == "smem" else ""}
 {_tma_globals(name, stages, step, D) if pipeline == "tma" else ""}
 func.func @{name}({args}) {{
-{header}{setup}
+{body_header}{item_start}{setup}
   %st:{2 + 2 * NT + carries} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
     %wbase = arith.addi %base, %wstart : index
 {step_lines}
@@ -740,13 +806,20 @@ func.func @{name}({args}) {{
 {"  nvvm.cp.async.wait.group 0  // the last step's copies, before other tiles reuse the buffer" if pipeline == "smem" else ""}
 {tail}
 {_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t, a_t if direct else None)}
-{stamp_end}
+{stamp_end}{item_end}
   return
 }}
 """
     if prefetch:
         source += f"func.func @{name}__prefetch({args}) {{\n{header}{prefetch_text}\n  return\n}}\n"
     reference = _split_reference(name, chunk, spread, align, NH, KV, D, bounded=False)
+    if items > 1:
+        one = reference
+
+        def reference(l, b, g, s, *rest):  # noqa: E741
+            for item in range(items):
+                one(l, b, g * items + item, s, *rest)
+
     nargs = 12 if direct else 11  # 4 coordinates, the buffers (the maps are not read)
     if pipeline != "tma" and not stamps:
         return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
@@ -790,7 +863,10 @@ def _stage_elems(step: int, D: int) -> int:
 
 def _tma_values(t: _T, name: str, stages: int, step: int, D: int, c_t: str) -> None:
     """The ring's addresses, the split's first cache row, the steps' count:
-    ``%ring``, ``%ringaddr``, ``%nsteps`` and the ``%tma_*`` values."""
+    ``%ring``, ``%ringaddr``, ``%nsteps`` and the ``%tma_*`` values. With
+    ``t.items``: the first item's row, ``%nsteps`` of all items (the ring's
+    steps), ``%nsteps_item`` of one, ``%nsteps_k<k>`` of ``k`` and
+    ``%tma_skip``, the rows from one item's last step to the next one's first."""
     ring_t = _ring_type(stages, step, D)
     t.emit(f"%tma_stages = arith.constant {stages} : index")
     bar_t = _bar_type(stages)
@@ -798,9 +874,21 @@ def _tma_values(t: _T, name: str, stages: int, step: int, D: int, c_t: str) -> N
     t.emit(f"%ringaddr = memref.extract_aligned_pointer_as_index %ring : {ring_t} -> index")
     bars = t.op("a", f"memref.get_global @{name}__kvbar : {bar_t}")
     t.emit(f"%tma_bars = memref.extract_aligned_pointer_as_index {bars} : {bar_t} -> index")
-    t.emit(f"%tma_row0 = arith.addi {_cache_rows0(t, c_t)}, %p0 : index")
+    gkv = "%gkv0" if t.items > 1 else "%gkv"
+    t.emit(f"%tma_row0 = arith.addi {_cache_rows0(t, c_t, gkv)}, %p0 : index")
     steps = t.idx("divui", t.idx("addi", "%ncache", t.c(step - 1)), t.c(step))
-    t.emit(f"%nsteps = arith.addi {steps}, %c0 : index")
+    if t.items > 1:
+        # Every item of the instance has the same positions (one sequence, one split).
+        t.emit(f"%nsteps_item = arith.addi {steps}, %c0 : index")
+        t.emit(f"%nsteps = arith.muli %nsteps_item, {t.c(t.items)} : index")
+        # Rows from one item's end to the next one's start: S - nsteps_item * step.
+        rows_s = t.op("a", f"memref.dim %kc, {t.c(3)} : {c_t}")
+        used = t.idx("muli", "%nsteps_item", t.c(step))
+        t.emit(f"%tma_skip = arith.subi {rows_s}, {used} : index")
+        for k in range(1, t.items):
+            t.emit(f"%nsteps_k{k} = arith.muli %nsteps_item, {t.c(k)} : index")
+    else:
+        t.emit(f"%nsteps = arith.addi {steps}, %c0 : index")
     for key, arg in (("k", "%kc_map"), ("v", "%vc_map")):
         p = t.op("map", f"memref.extract_aligned_pointer_as_index {arg} : {MAP_TYPE} -> index")
         t.emit(f"%tma_{key}map = arith.index_cast {p} : index to i64")
@@ -836,15 +924,13 @@ def _tma_start(t: _T, stages: int, step: int, D: int, warps: int) -> None:
     t.emit("gpu.barrier")
 
 
-def _cache_rows0(t: _T, c_t: str) -> str:
-    """The cache row (of ``D`` values) of position 0 of ``(%l, %b, %gkv)``:
+def _cache_rows0(t: _T, c_t: str, gkv: str = "%gkv") -> str:
+    """The cache row (of ``D`` values) of position 0 of ``(%l, %b, gkv)``:
     ``((l * B + b) * KV + gkv) * S`` for a cache ``memref<LxBxKVxSxDxbf16>``."""
     kv = int(c_t.split("x")[2])
     nb = t.op("a", f"memref.dim %kc, %c1 : {c_t}")
     ns = t.op("a", f"memref.dim %kc, {t.c(3)} : {c_t}")
-    lbg = t.idx(
-        "addi", t.idx("muli", t.idx("addi", t.idx("muli", "%l", nb), "%b"), t.c(kv)), "%gkv"
-    )
+    lbg = t.idx("addi", t.idx("muli", t.idx("addi", t.idx("muli", "%l", nb), "%b"), t.c(kv)), gkv)
     return t.idx("muli", lbg, ns)
 
 
@@ -857,14 +943,26 @@ def _bar(t: _T, kind: int, stage: str | int) -> str:
 
 
 def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> None:
-    """Thread 0: TMA step ``step_index``'s K and V boxes into ``stage``."""
+    """Thread 0: TMA step ``step_index``'s K and V boxes into ``stage``
+    (with ``t.items``, the ring's step: each item's rows ``%tma_skip``
+    further than its predecessor's end)."""
     full = _bar(t, 0, stage)
     _asm_ops(
         t,
         "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
         [(full, "i32"), ("%tma_tx", "i32")],
     )
-    row = _i32(t, t.idx("addi", "%tma_row0", t.idx("muli", step_index, t.c(step))))
+    if t.items > 1:
+        # Past each item's steps, the next kv head's rows (compares, not a
+        # division: thread 0 issues this inside the loop).
+        rows = t.idx("muli", step_index, t.c(step))
+        for k in range(1, t.items):
+            past = t.op("past", f"arith.cmpi uge, {step_index}, %nsteps_k{k} : index")
+            skip = t.op("skip", f"arith.select {past}, %tma_skip, %c0 : index")
+            rows = t.idx("addi", rows, skip)
+    else:
+        rows = t.idx("muli", step_index, t.c(step))
+    row = _i32(t, t.idx("addi", "%tma_row0", rows))
     stage_bytes = 2 * _stage_elems(step, D)
     base = (
         t.idx("addi", "%ringaddr", t.c(stage * stage_bytes))
@@ -890,7 +988,11 @@ def _tma_read(
     (or V) box holds its 16-byte chunk ``c`` at chunk ``c ^ (r % 8)`` (the
     128-byte swizzle)."""
     stages_c = "%tma_stages"
-    t.emit(f"%tma_i = arith.divui %base, {t.c(step)} : index")
+    if t.items > 1:  # the ring's step: the item's steps follow its predecessors'
+        local = t.idx("divui", "%base", t.c(step))
+        t.emit(f"%tma_i = arith.addi {t.idx('muli', '%item', '%nsteps_item')}, {local} : index")
+    else:
+        t.emit(f"%tma_i = arith.divui %base, {t.c(step)} : index")
     t.emit(f"%tma_stage = arith.remui %tma_i, {stages_c} : index")
     par = t.idx("remui", t.idx("divui", "%tma_i", stages_c), t.c(2))
     _mbar_wait(t, _bar(t, 0, "%tma_stage"), _i32(t, par))
