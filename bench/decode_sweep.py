@@ -480,6 +480,12 @@ VARIANTS["stamps_large_items2"] = {"attn_stamps": True, **VARIANTS["large_items2
 # item read the thread index afresh (its lane values then lived across the
 # item loop: 208 registers uncapped against 168 with one item).
 VARIANTS["large_items2_hoisted"] = VARIANTS["large_items2"]
+# ... a code change: "lfirst" built after the tensor-core attention starts
+# warp 0's state from position L (its cache row written before the loop)
+# instead of folding it in after: nothing of position L lives across the
+# loop (the large kernel's tile: 168 registers uncapped, 40 bytes spilled
+# under the 2-CTA cap, before; 128 and none after).
+VARIANTS["lfirst"] = {}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

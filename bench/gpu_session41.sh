@@ -2,7 +2,7 @@
 # Forty-first session (bench/RESULTS.md, items 185-): tensor-core attention
 # instances that attend several kv heads on one TMA ring (LlamaConfig.attn_items).
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session41.sh [tests] [sweep] [stamps] [decbench] ...
+# Usage: bash bench/gpu_session41.sh [tests] [sweep] [sweep2] [stamps] [decbench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s41
@@ -20,6 +20,12 @@ for step in ${*:-tests sweep}; do
     SWEEP_TMP=/tmp/s41 sweep_passes s41_items ${SWEEP_VARIANTS:-large,large_items2,large_items4} \
       ${SWEEP_BATCHES:-17,32,48,64} ${SWEEP_CONTEXTS:-1024,4096} ${SWEEP_DIR:-.device/s41sw}
     tar czf "$OUT/sweep_raw.tgz" -C /tmp/s41 raw
+    ;;
+  sweep2)  # the default artifact before ("default") and after ("lfirst") warp 0's state
+    # starts from position L (DECODE_SWEEP_VARIANTS=default, then lfirst, python
+    # bench/decode_sweep.py --build .device/s41ab, each built with its code)
+    SWEEP_TMP=/tmp/s41 sweep_passes s41_lfirst default,lfirst ${SWEEP_BATCHES:-1,8,32,64} \
+      ${SWEEP_CONTEXTS:-1024,4096} .device/s41ab
     ;;
   stamps)  # the large kernel with 2 items, its attention stamped (DECODE_TRACE_VARIANTS=
     # stamps_large_items2 python bench/decode_trace.py --build .device/s41st)

@@ -26,9 +26,10 @@ query head ``g = lane / 4`` (``g < G``), a running max, sum and output:
   output is written. ``P`` is rounded to bf16 for the mma (as
   FlashAttention does); the sum uses the fp32 values.
 
-Position ``L`` (the split's last, if it holds it) is folded in after the
-loop by warp 0 with per-lane arithmetic from ``qkv``, never read from the
-cache (split 0 writes it there). The warps merge through workgroup memory
+Position ``L`` (the split's last, if it holds it) is warp 0's first: its
+score, from ``qkv`` with per-lane arithmetic before the loop, and its value
+start warp 0's running state; it is never read from the cache (split 0
+writes it there before its loop, which reads only rows below ``L``). The warps merge through workgroup memory
 (``4 * warps * G * (D + 2)`` bytes) as in :func:`~etc.tiles.llama.attention_online`.
 """
 
@@ -405,6 +406,33 @@ def attention_mma(
     s_new = t.f("mulf", part, "%scale")
     if stamps:
         _stamp(t, STAMPS.index("setup"), after=s_new)
+    # Split 0: the new k (roped) and v into the caches (lanes of head 0), now:
+    # the loop reads rows below L only, and nothing of position L stays live
+    # across it (registers: the large kernel's tile spilled under its cap).
+    t.emit("scf.if %wr {")
+    for ch, kv in enumerate(k_bf):
+        d = t.idx("addi", "%dK0", t.c(ch * kvec))
+        t.emit(
+            f"  vector.store {kv}, %kc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
+        )
+    for vv, d in zip(v_new, v_dim0, strict=True):
+        t.emit(
+            f"  vector.store {vv}, %vc[%l, %b, %gkv, %L, {d}] {{alignment = {min(2 * DV, 16)} : i64}} : {c_t}, vector<{DV}xbf16>"
+        )
+    t.emit("}")
+    # Position L is warp 0's first: its state starts from it (m = its score,
+    # l = 1 on one lane of the head, o = its value) instead of folding it in
+    # after the loop.
+    fone = t.op("n", "arith.constant 1.0 : f32")
+    m_init = t.op("n", f"arith.select %foldL, {s_new}, %empty : f32")
+    own = t.op("n", "arith.andi %foldL, %is_t0 : i1")
+    l_init = t.op("n", f"arith.select {own}, {fone}, %fzero : f32")
+    o_init = {}
+    for u in range(NT):
+        for e in range(2):
+            vb = t.op("n", f"vector.extract {v_new[e]}[{u}] : bf16 from vector<{DV}xbf16>")
+            vf = t.op("n", f"arith.extf {vb} : bf16 to f32")
+            o_init[u, e] = t.op("n", f"arith.select %foldL, {vf}, %fzero : f32")
     setup = t.part("    ")
 
     # -- the loop step ------------------------------------------------------------
@@ -612,8 +640,8 @@ def attention_mma(
         _stamp(t, STAMPS.index("step0_end"), cond=first)
     step_lines = t.part("  ")
     yields = [m_new, lsum] + [v for u in range(NT) for v in out[u]]
-    inits = ["%rm = %empty", "%rl = %fzero"] + [
-        f"{state_o[u][q]} = %fzero" for u in range(NT) for q in range(2)
+    inits = [f"%rm = {m_init}", f"%rl = {l_init}"] + [
+        f"{state_o[u][q]} = {o_init[u, q]}" for u in range(NT) for q in range(2)
     ]
     types = ", ".join(["f32"] * (2 + 2 * NT) + (kv_types * NB if pipeline == "registers" else []))
     carries = 0
@@ -627,39 +655,17 @@ def attention_mma(
         types += ", index"
         carries = 1
 
-    # -- after the loop: position L by warp 0, the warp's output to workgroup memory --
+    # -- after the loop: the warp's output to workgroup memory --
     if stamps:
         _stamp(t, STAMPS.index("loop_end"))
-    res_m, res_l = "%st#0", "%st#1"
-    res_o = [[f"%st#{2 + 2 * u + q}" for q in range(2)] for u in range(NT)]
-    m2 = t.op("n", f"arith.select %foldL, {t.f('maximumf', res_m, s_new)}, {res_m} : f32")
-    corr2 = t.op("n", f"math.exp {t.f('subf', res_m, m2)} : f32")
-    e_new = t.op("n", f"math.exp {t.f('subf', s_new, m2)} : f32")
-    e_new = t.op("n", f"arith.select %foldL, {e_new}, %fzero : f32")
-    e_own = t.op("n", f"arith.select %is_t0, {e_new}, %fzero : f32")
-    l2 = t.f("addf", t.f("mulf", res_l, corr2), e_own)
+    m2, l2 = "%st#0", "%st#1"
     for off in (1, 2):
         l2 = t.f("addf", l2, _shfl_xor(t, l2, off))
-    o_final = {}
-    for u in range(NT):
-        for e in range(2):
-            dim = t.idx("addi", v_dim0[e], t.c(u))
-            vb = t.op("n", f"vector.extract {v_new[e]}[{u}] : bf16 from vector<{DV}xbf16>")
-            vf = t.op("n", f"arith.extf {vb} : bf16 to f32")
-            scaled = t.f("mulf", res_o[u][e], corr2)
-            o_final[u, e] = (t.op("n", f"math.fma {e_new}, {vf}, {scaled} : f32"), dim)
-    # Split 0: the new k (roped) and v into the caches (lanes of head 0).
-    t.emit("scf.if %wr {")
-    for ch, kv in enumerate(k_bf):
-        d = t.idx("addi", "%dK0", t.c(ch * kvec))
-        t.emit(
-            f"  vector.store {kv}, %kc[%l, %b, %gkv, %L, {d}] {{alignment = 16 : i64}} : {c_t}, vector<{kvec}xbf16>"
-        )
-    for vv, d in zip(v_new, v_dim0, strict=True):
-        t.emit(
-            f"  vector.store {vv}, %vc[%l, %b, %gkv, %L, {d}] {{alignment = {min(2 * DV, 16)} : i64}} : {c_t}, vector<{DV}xbf16>"
-        )
-    t.emit("}")
+    o_final = {
+        (u, e): (f"%st#{2 + 2 * u + e}", t.idx("addi", v_dim0[e], t.c(u)))
+        for u in range(NT)
+        for e in range(2)
+    }
     t.emit("// A previous call on this CTA may still be reading the workgroup buffers.")
     t.emit("gpu.barrier")
     if stamps:
