@@ -486,6 +486,17 @@ VARIANTS["large_items2_hoisted"] = VARIANTS["large_items2"]
 # loop (the large kernel's tile: 168 registers uncapped, 40 bytes spilled
 # under the 2-CTA cap, before; 128 and none after).
 VARIANTS["lfirst"] = {}
+# ... with the tensor-core tile leaner, B = 1 on it: no B = 1 kernel (the
+# B = 2..16 kernel runs it), or the B = 1 kernel with the tensor-core
+# attention called as the B = 2..16 kernel's (its other tiles inlined).
+VARIANTS["one_mid"] = {"batch_buckets": M.LLAMA_3_2_1B.batch_buckets[1:]}
+VARIANTS["one_mma"] = _one(
+    ("attn_tile", "mma"), ("attn_unroll", 1), ("attn_pipeline", "auto"),
+    ("attn_tma_release", "read_early"), ("outline", ("attention", "lm_head", "argmax", "argmax_merge")),
+)  # fmt: skip
+# ... with B = 1's splits of at least 128 positions, the tile's loop step
+# (an artifact-wide field; 64-position spans round up to 128 on this tile).
+VARIANTS["one_mma128"] = {**VARIANTS["one_mma"], "attn_single_span": 128}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

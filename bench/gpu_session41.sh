@@ -2,7 +2,7 @@
 # Forty-first session (bench/RESULTS.md, items 185-): tensor-core attention
 # instances that attend several kv heads on one TMA ring (LlamaConfig.attn_items).
 # Each step's CPU-side build is in its comment.
-# Usage: bash bench/gpu_session41.sh [tests] [sweep] [sweep2] [stamps] [decbench] ...
+# Usage: bash bench/gpu_session41.sh [tests] [sweep] [sweep2] [sweep3] [stamps] [decbench] ...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s41
@@ -26,6 +26,12 @@ for step in ${*:-tests sweep}; do
     # bench/decode_sweep.py --build .device/s41ab, each built with its code)
     SWEEP_TMP=/tmp/s41 sweep_passes s41_lfirst default,lfirst ${SWEEP_BATCHES:-1,8,32,64} \
       ${SWEEP_CONTEXTS:-1024,4096} .device/s41ab
+    ;;
+  sweep3)  # B = 1 on the tensor-core attention: no B = 1 kernel, or its attention the
+    # B = 2..16 kernel's (DECODE_SWEEP_VARIANTS=default,one_mid,one_mma python
+    # bench/decode_sweep.py --build .device/s41one)
+    SWEEP_TMP=/tmp/s41 sweep_passes s41_one ${SWEEP_VARIANTS:-default,one_mid,one_mma} ${SWEEP_BATCHES:-1} \
+      ${SWEEP_CONTEXTS:-1024,4096} .device/s41one
     ;;
   stamps)  # the large kernel with 2 items, its attention stamped (DECODE_TRACE_VARIANTS=
     # stamps_large_items2 python bench/decode_trace.py --build .device/s41st)

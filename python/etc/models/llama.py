@@ -416,6 +416,9 @@ class LlamaConfig:
     #: dimension is ``kv_heads / attn_items`` and each instance attends its
     #: items one after the other on one TMA ring, so a CTA that would run
     #: two instances of a layer pays one wait, one call and one ring start.
+    #: 1 in every kernel: in the large-batch kernel on an H200, 2 items were
+    #: 0.5-1 % faster at B = 48-64, L = 1024, slower at L = 4096 and much
+    #: slower at B <= 32 (``bench/RESULTS.md`` items 185, 189).
     attn_items: int = 1
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
