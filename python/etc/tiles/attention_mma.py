@@ -29,8 +29,9 @@ query head ``g = lane / 4`` (``g < G``), a running max, sum and output:
 Position ``L`` (the split's last, if it holds it) is warp 0's first: its
 score, from ``qkv`` with per-lane arithmetic before the loop, and its value
 start warp 0's running state; it is never read from the cache (split 0
-writes it there before its loop, which reads only rows below ``L``). The warps merge through workgroup memory
-(``4 * warps * G * (D + 2)`` bytes) as in :func:`~etc.tiles.llama.attention_online`.
+writes it there before its loop, which reads only rows below ``L``). The
+warps merge through workgroup memory (``4 * warps * G * (D + 2)`` bytes)
+as in :func:`~etc.tiles.llama.attention_online`.
 """
 
 from __future__ import annotations
