@@ -671,19 +671,9 @@ def attention_mma(
     t.emit("gpu.barrier")
     if stamps:
         _stamp(t, STAMPS.index("warps_done"))
-    inval = ""
-    if pipeline == "tma":
-        # Every ring wait is over (after the last item's): invalidate the barriers.
-        tail_head = t.part("  ")
-        t.emit(f"scf.if {t.op('is0', 'arith.cmpi eq, %tid, %c0 : index')} {{")
-        mbarrier_inval(t, (_bar(t, kind, q) for q in range(stages) for kind in (0, 1)))
-        t.emit("}")
-        inval = t.part("  ")
-        if items == 1:
-            t.lines.append(tail_head + "\n" + inval)
-            inval = ""
-        else:
-            t.lines.append(tail_head)
+    if pipeline == "tma" and items == 1:
+        # Every ring wait is over: invalidate the barriers (with items, after the last).
+        _tma_inval(t, stages, "%tid")
     t.emit("scf.if %gvalid {")
     wbase = t.idx("addi", "%wo", t.idx("muli", "%qg", t.c(D)))
     for v, dim in o_final.values():
@@ -700,6 +690,10 @@ def attention_mma(
         _stamp(t, STAMPS.index("end"))
         _stamp(t, STAMPS.index("end_ns"), "globaltimer")
     stamp_end = t.part("  ")
+    if items > 1:
+        t.emit("%tid_end = gpu.thread_id x")
+        _tma_inval(t, stages, "%tid_end")
+        inval = t.part("  ")
 
     maps = f", %kc_map: {MAP_TYPE}, %vc_map: {MAP_TYPE}" if pipeline == "tma" else ""
     for v in (G, G - 1, DK, DV, D // 2, G * D, G * 2, 16 * NB, D, NH * D, (NH + KV) * D, items):
@@ -719,7 +713,7 @@ def attention_mma(
   %kvcol = arith.muli %gkv, %c{D}_ : index
   %kcol0 = arith.addi %kvcol, %c{NH * D}_ : index
   %vcol0 = arith.addi %kvcol, %c{(NH + KV) * D}_ : index"""
-    header = f"""\
+    consts = f"""\
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
@@ -737,8 +731,9 @@ def attention_mma(
 {constants}
   %fzero = arith.constant 0.0 : f32
   %empty = arith.constant {_f32(EMPTY_MAX)} : f32
-  %scale = arith.constant {_f32(1.0 / math.sqrt(D))} : f32
-  %tid = gpu.thread_id x
+  %scale = arith.constant {_f32(1.0 / math.sqrt(D))} : f32"""
+    # The lane's values from %tid (with items, recomputed in each item).
+    lanes = f"""\
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
   %qg = arith.divui %lane, %c4 : index
@@ -753,7 +748,8 @@ def attention_mma(
   %lo_half = arith.cmpi ult, %dK0, %c{D // 2}_ : index
   %wo = arith.muli %warp, %c{G * D}_ : index
   %wm = arith.muli %warp, %c{G * 2}_ : index
-  %wstart = arith.muli %warp, %c{16 * NB}_ : index
+  %wstart = arith.muli %warp, %c{16 * NB}_ : index"""
+    split = f"""\
   %obuf = memref.get_global @{name}__o : {o_t}
   %mbuf = memref.get_global @{name}__m : {m_t}
   %first_split = arith.cmpi eq, %s, %c0 : index
@@ -764,7 +760,9 @@ def attention_mma(
   %nonempty = arith.cmpi ugt, %n, %c0 : index
   %hasL = arith.andi %endsL, %nonempty : i1
   %nm1 = arith.subi %n, %c1 : index
-  %ncache = arith.select %hasL, %nm1, %n : index
+  %ncache = arith.select %hasL, %nm1, %n : index"""
+    # The lane's flags that also need the split's positions.
+    flags = f"""\
   %is_w0 = arith.cmpi eq, %warp, %c0 : index
   %foldL = arith.andi %hasL, %is_w0 : i1
   %g0 = arith.cmpi eq, %qg, %c0 : index
@@ -772,6 +770,7 @@ def attention_mma(
   %wr = arith.andi %first_split, %w0g0 : i1
 {"  %stamp_t0 = arith.cmpi eq, %tid, %c0 : index" if stamps else ""}
 """
+    header = f"{consts}\n  %tid = gpu.thread_id x\n{lanes}\n{split}\n{flags}"
     item_start = item_end = ""
     body_header = header
     if items > 1:
@@ -779,24 +778,18 @@ def attention_mma(
         # cannot hoist), so the setup's lane values are recomputed per item
         # instead of living across the loop: hoisted, they took the tile from
         # 168 to 208 registers and spilled under the 2-CTA cap.
-        lines = header.split("\n")
-        t0 = lines.index("  %tid = gpu.thread_id x")
-        t1 = next(i for i, line in enumerate(lines) if line.startswith("  %wstart ="))
-        w0 = next(i for i, line in enumerate(lines) if line.startswith("  %is_w0 ="))
-        body_header = "\n".join(lines[:t0] + lines[t1 + 1 : w0]) + "\n"
+        body_header = f"{consts}\n{split}\n"
         tid = (
             '  %tid_i32 = llvm.inline_asm has_side_effects asm_dialect = att "mov.u32 $0, %tid.x;", '
             '"=r" : () -> i32\n  %tid = arith.index_cast %tid_i32 : i32 to index'
         )
-        per_item = "\n".join([tid, *lines[t0 + 1 : t1 + 1], *lines[w0:]])
         item_start = (
             f"{pre_items}\n"
             f"  scf.for %item = %c0 to %c{items}_ step %c1 {{\n"
             "  %gkv = arith.addi %gkv0, %item : index\n"
-            f"{per_item}\n{item_lines}\n"
+            f"{tid}\n{lanes}\n{flags}{item_lines}\n"
         )
-        inval = inval.replace("%tid,", "%tid_end,")
-        item_end = f"\n  }}\n  %tid_end = gpu.thread_id x\n{inval}"
+        item_end = f"\n  }}\n{inval}"
     source = f"""\
 // {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
@@ -931,6 +924,14 @@ def _tma_start(t: _T, stages: int, step: int, D: int, warps: int) -> None:
     t.emit("gpu.barrier")
 
 
+def _tma_inval(t: _T, stages: int, tid: str) -> None:
+    """Thread 0 (``tid`` the thread index) invalidates the ring's mbarriers:
+    every ring wait is over."""
+    t.emit(f"scf.if {t.op('is0', f'arith.cmpi eq, {tid}, %c0 : index')} {{")
+    mbarrier_inval(t, (_bar(t, kind, q) for q in range(stages) for kind in (0, 1)))
+    t.emit("}")
+
+
 def _cache_rows0(t: _T, c_t: str, gkv: str = "%gkv") -> str:
     """The cache row (of ``D`` values) of position 0 of ``(%l, %b, gkv)``:
     ``((l * B + b) * KV + gkv) * S`` for a cache ``memref<LxBxKVxSxDxbf16>``."""
@@ -959,16 +960,13 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
         "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
         [(full, "i32"), ("%tma_tx", "i32")],
     )
-    if t.items > 1:
-        # Past each item's steps, the next kv head's rows (compares, not a
-        # division: thread 0 issues this inside the loop).
-        rows = t.idx("muli", step_index, t.c(step))
-        for k in range(1, t.items):
-            past = t.op("past", f"arith.cmpi uge, {step_index}, %nsteps_k{k} : index")
-            skip = t.op("skip", f"arith.select {past}, %tma_skip, %c0 : index")
-            rows = t.idx("addi", rows, skip)
-    else:
-        rows = t.idx("muli", step_index, t.c(step))
+    rows = t.idx("muli", step_index, t.c(step))
+    # Past each item's steps, the next kv head's rows (compares, not a
+    # division: thread 0 issues this inside the loop).
+    for k in range(1, t.items):
+        past = t.op("past", f"arith.cmpi uge, {step_index}, %nsteps_k{k} : index")
+        skip = t.op("skip", f"arith.select {past}, %tma_skip, %c0 : index")
+        rows = t.idx("addi", rows, skip)
     row = _i32(t, t.idx("addi", "%tma_row0", rows))
     stage_bytes = 2 * _stage_elems(step, D)
     base = (
