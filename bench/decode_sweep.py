@@ -38,9 +38,11 @@ def _large(*changes: tuple[str, object]) -> dict:
 
 
 def _one(*changes: tuple[str, object]) -> dict:
-    """The default buckets with ``changes`` in the B=1 kernel."""
-    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
-    return dict(batch_buckets=((bound, (*one, *changes)), *rest))
+    """The default buckets with ``changes`` in the B=1 kernel (the phased
+    one of every context, :data:`~etc.models.llama.SINGLE_SEQUENCE`, as
+    before the forty-second session split it by L)."""
+    (bound, _), *rest = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=((bound, (*M.SINGLE_SEQUENCE, *changes)), *rest))
 
 
 def _proj(*settings: tuple[str, str, object]) -> dict:
@@ -497,6 +499,10 @@ VARIANTS["one_mma"] = _one(
 # ... with B = 1's splits of at least 128 positions, the tile's loop step
 # (an artifact-wide field; 64-position spans round up to 128 on this tile).
 VARIANTS["one_mma128"] = {**VARIANTS["one_mma"], "attn_single_span": 128}
+# Session 42: the B = 1 kernel split by context (the default since: the
+# phased attention up to L = 1280, the tensor-core one past it) against the
+# phased B = 1 kernel at every context, the default before.
+VARIANTS["one_phased"] = _one()
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -146,14 +146,6 @@ def stamp_table(stamps) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
-def _attn_items(cfg, B: int) -> int:
-    """``attn_items`` of the kernel that runs batch ``B``."""
-    for bound, c in cfg.bucket_configs() if cfg.batch_buckets else [(None, cfg)]:
-        if bound is None or B <= bound:
-            return c.attn_items
-    raise ValueError(f"no kernel of the artifact runs B={B}")
-
-
 def stamp_gaps(trace, stamps, items: int = 1) -> tuple[str, dict]:
     """What comes between an attention instance and the instance before it on
     its CTA (µs, medians; by the previous instance's task): the previous
@@ -237,7 +229,9 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
                     out.mkdir(parents=True, exist_ok=True)
                     np.save(out / f"stamps_{schedule}_B{B}_L{L}.npy", stamps)
                 text_s, data["attention_stamps"] = stamp_table(stamps)
-                text_g, data["attention_gaps"] = stamp_gaps(trace, stamps, _attn_items(cfg, B))
+                text_g, data["attention_gaps"] = stamp_gaps(
+                    trace, stamps, cfg.kernel_for(B, L).attn_items
+                )
                 block += "\n" + text_s + "\n" + text_g
             key = f"{schedule}_B{B}" + (f"_L{L}" if len(CONTEXTS) > 1 else "")
             if out is not None:  # raw records, for per-SM and per-CTA analysis

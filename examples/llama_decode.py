@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         except etc.EtcError as exc:  # a chunk the projections cannot take
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    # The kernel for this batch size (LlamaConfig.batch_buckets; a saved
-    # artifact of llama.compile_decoder holds them all and picks by B).
-    cfg = next(c for bound, c in cfg.bucket_configs() if bound is None or args.batch <= bound)
+    # The kernel for this batch size and the longest context it decodes
+    # (LlamaConfig.batch_buckets, context_buckets; a saved artifact of
+    # llama.compile_decoder holds them all and picks by B and L).
+    cfg = cfg.kernel_for(args.batch, args.prompt + args.steps - 2)
     args.min_ctas_per_sm = 2
     if cfg.uses_tma:
         args.target = "sm_90a"  # wgmma and TMA

@@ -1,4 +1,4 @@
-"""One artifact, a kernel per range of one symbol (e.g. batch-size buckets).
+"""One artifact, a kernel per range of a symbol (e.g. batch-size buckets).
 
 A graph's best tiles can depend on a size known only at launch: the
 decoder's GEMM tiles of 16 rows stream the weights fastest for a few
@@ -8,8 +8,11 @@ the symbol and saves them as one artifact directory; ``etc.runtime.load``
 returns a kernel that launches the one whose range holds the symbol's
 value. Every graph of the family takes the same tensors and symbols, so
 one set of buffers serves all of them, and no launch recompiles anything.
-Layout: ``buckets.json`` (format ``etc-buckets/1``) and one artifact
-directory per bucket.
+A bucket may itself be split by another symbol (the decoder's one-sequence
+kernel by context length: its best attention tile depends on ``L``), so an
+artifact can pick its kernel by several symbols.
+Layout: ``buckets.json`` (format ``etc-buckets/1``) and one directory per
+bucket: an artifact, or a bucketed one of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from .graph import Graph
 
 __all__ = ["BUCKETS_FORMAT", "BucketedArtifact", "compile_buckets"]
 
+#: A graph, or ``(symbol, entries)``: a bucket split again by another symbol.
+BucketGraph = Graph | tuple[str, Sequence]
+
 #: The format of ``buckets.json`` (``etc.runtime.buckets`` reads it).
 BUCKETS_FORMAT = "etc-buckets/1"
 
@@ -35,11 +41,33 @@ BUCKETS_FORMAT = "etc-buckets/1"
 class BucketedArtifact:
     """Compiled kernels of one graph family: ``artifacts[i]`` runs launches
     whose ``symbol`` is at most ``bounds[i]`` (and above ``bounds[i-1]``);
-    the last bound is None (no limit)."""
+    the last bound is None (no limit). An entry of ``artifacts`` is an
+    artifact or a :class:`BucketedArtifact` by another symbol."""
 
     symbol: str
     bounds: list[int | None]
     artifacts: list[Any]
+
+    @property
+    def kernel_name(self) -> str:
+        return self.artifacts[0].kernel_name
+
+    def leaves(self) -> list[tuple[str, Any]]:
+        """Every kernel's artifact with its ranges, in launch order:
+        ``("B<=1, L<=2048", artifact)``, ``("B=2..16", artifact)``, ..."""
+        out, low = [], 1
+        for bound, art in zip(self.bounds, self.artifacts, strict=True):
+            here = (
+                f"{self.symbol}<={bound}"
+                if low == 1 and bound is not None
+                else f"{self.symbol}={low}..{'' if bound is None else bound}"
+            )
+            if isinstance(art, BucketedArtifact):
+                out += [(f"{here}, {inner}", leaf) for inner, leaf in art.leaves()]
+            else:
+                out.append((here, art))
+            low = (bound or 0) + 1
+        return out
 
     @property
     def warnings(self) -> list[str]:
@@ -64,7 +92,7 @@ class BucketedArtifact:
         """Save (to a temporary directory unless given) and load for launching."""
         from . import runtime
 
-        name = self.artifacts[0].kernel_name
+        name = self.kernel_name
         return runtime.load(self.save(directory or tempfile.mkdtemp(prefix=f"etc-{name}-")))
 
 
@@ -82,55 +110,100 @@ def _signature(g: Graph) -> tuple:
 
 def compile_buckets(
     symbol: str,
-    graphs: Sequence[tuple[int | None, Graph] | tuple[int | None, Graph, dict[str, Any]]],
+    graphs: Sequence[
+        tuple[int | None, BucketGraph] | tuple[int | None, BucketGraph, dict[str, Any]]
+    ],
     **options: Any,
 ) -> BucketedArtifact:
     """Compile ``graphs`` (``(upper bound of symbol, graph)``, bounds
     increasing, the last None) with the same ``etc.compile`` options; an
     entry ``(bound, graph, more)`` adds or overrides options for that graph
     alone (a target, ``min_ctas_per_sm``: the MoE presets differ in both).
+    In place of a graph, ``(other_symbol, entries)`` splits that bucket
+    again by another symbol (entries as here; ``more`` applies to all of
+    them): ``[(1, ("L", [(2048, g1), (None, g2)])), (None, g3)]`` runs ``g1``
+    at B = 1 up to L = 2048, ``g2`` at B = 1 past it, ``g3`` past B = 1.
 
     Raises GraphError, naming the graph, when the graphs differ in their
-    tensors or symbols, when ``symbol`` is not one of them, or when the
-    bounds are not increasing positive ints ending with None."""
-    from . import compile as compile_graph
-
-    if not graphs:
-        raise GraphError("compile_buckets: no graphs")
-    for entry in graphs:
-        if len(entry) == 3 and not isinstance(entry[2], dict):
-            raise GraphError(
-                f"compile_buckets: graph '{entry[1].name}': its options must be a dict, "
-                f"got {entry[2]!r}"
-            )
-    more = [entry[2] if len(entry) == 3 else {} for entry in graphs]
-    graphs = [(entry[0], entry[1]) for entry in graphs]
-    bounds = [bound for bound, _ in graphs]
-    if bounds[-1] is not None:
-        raise GraphError(
-            f"compile_buckets: the last bucket's bound must be None, got {bounds[-1]!r}"
-        )
-    previous = 0
-    for bound in bounds[:-1]:
-        if not isinstance(bound, int) or isinstance(bound, bool) or bound <= previous:
-            raise GraphError(
-                f"compile_buckets: bounds must be increasing ints >= 1 then None, got {bounds}"
-            )
-        previous = bound
-    first = graphs[0][1]
-    if symbol not in {s.name for s in first.symbols}:
-        raise GraphError(f"compile_buckets: graph '{first.name}' has no symbol '{symbol}'")
-    for _, g in graphs[1:]:
+    tensors or symbols, when a bucket's symbol is not one of them or splits
+    a range of itself, or when the bounds are not increasing positive ints
+    ending with None. Every entry is checked before any graph compiles."""
+    leaves = _check_entries(symbol, graphs, ())
+    first = leaves[0]
+    for g in leaves[1:]:
         if _signature(g) != _signature(first):
             raise GraphError(
                 f"compile_buckets: graph '{g.name}' takes other tensors or symbols than "
                 f"'{first.name}': one set of buffers must serve every bucket"
             )
-    return BucketedArtifact(
-        symbol,
-        bounds,
-        [
-            compile_graph(g, **{**options, **extra})
-            for (_, g), extra in zip(graphs, more, strict=True)
-        ],
-    )
+    return _compile_entries(symbol, graphs, options)
+
+
+def _check_entries(symbol: str, entries: Sequence, outer: tuple[str, ...]) -> list[Graph]:
+    """The leaf graphs of ``entries`` (bucketed by ``symbol`` inside the
+    buckets of ``outer``), after checking their form and bounds."""
+    where = "".join(f" (in a bucket of '{o}')" for o in outer[-1:])
+    if not entries:
+        raise GraphError(f"compile_buckets: no graphs for symbol '{symbol}'{where}")
+    if symbol in outer:
+        raise GraphError(
+            f"compile_buckets: a bucket of '{symbol}' is split by '{symbol}' again; "
+            "give the inner bounds to the outer list"
+        )
+    leaves: list[Graph] = []
+    for entry in entries:
+        if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+            raise GraphError(
+                f"compile_buckets: entry {entry!r} is not (bound, graph) or (bound, graph, options)"
+            )
+        graph = entry[1]
+        if isinstance(graph, Graph):
+            name = f"graph '{graph.name}'"
+            here = [graph]
+        elif (
+            isinstance(graph, tuple)
+            and len(graph) == 2
+            and isinstance(graph[0], str)
+            and isinstance(graph[1], Sequence)
+        ):
+            name = f"the buckets of '{graph[0]}'"
+            here = _check_entries(graph[0], graph[1], (*outer, symbol))
+        else:
+            raise GraphError(
+                f"compile_buckets: bucket {entry[0]!r} of '{symbol}' holds {graph!r}, not a "
+                "Graph or (symbol, entries)"
+            )
+        if len(entry) == 3 and not isinstance(entry[2], dict):
+            raise GraphError(
+                f"compile_buckets: {name}: its options must be a dict, got {entry[2]!r}"
+            )
+        leaves += here
+    bounds = [entry[0] for entry in entries]
+    if bounds[-1] is not None:
+        raise GraphError(
+            f"compile_buckets: the last bucket's bound must be None, got {bounds[-1]!r}{where}"
+        )
+    previous = 0
+    for bound in bounds[:-1]:
+        if not isinstance(bound, int) or isinstance(bound, bool) or bound <= previous:
+            raise GraphError(
+                f"compile_buckets: bounds must be increasing ints >= 1 then None, got "
+                f"{bounds}{where}"
+            )
+        previous = bound
+    if symbol not in {s.name for s in leaves[0].symbols}:
+        raise GraphError(f"compile_buckets: graph '{leaves[0].name}' has no symbol '{symbol}'")
+    return leaves
+
+
+def _compile_entries(symbol: str, entries: Sequence, options: dict[str, Any]) -> BucketedArtifact:
+    from . import compile as compile_graph
+
+    artifacts = []
+    for entry in entries:
+        graph, extra = entry[1], {**options, **(entry[2] if len(entry) == 3 else {})}
+        if isinstance(graph, Graph):
+            artifacts.append(compile_graph(graph, **extra))
+        else:
+            artifacts.append(_compile_entries(graph[0], graph[1], extra))
+    return BucketedArtifact(symbol, [entry[0] for entry in entries], artifacts)

@@ -121,24 +121,34 @@ def main(argv: list[str] | None = None) -> int:
                 timeline.to_png(args.png)
             print(f"{args.output}: {len(timeline)} task instances ({timeline.dropped} dropped)")
             return 0
-        from etc.runtime.buckets import load_buckets
-
-        if (args.artifact / "buckets.json").exists():
-            table = load_buckets(args.artifact, lambda path: path)
-            for k, (bound, path) in enumerate(zip(table.bounds, table.kernels, strict=True)):
-                low = table.bounds[k - 1] + 1 if k else None
-                where = " and ".join(
-                    ([f"{table.symbol} >= {low}"] if low else [])
-                    + ([f"{table.symbol} <= {bound}"] if bound is not None else [])
-                )
-                print(f"bucket {k} ({where or 'any ' + table.symbol}): {path.name}")
-                _info(path)
-            return 0
-        _info(args.artifact)
+        _info_any(args.artifact)
         return 0
     except etc.EtcError as e:
         print(f"etc: {e}", file=sys.stderr)
         return 1
+
+
+def _info_any(artifact: Path, ranges: tuple[str, ...] = (), top: Path | None = None) -> None:
+    """``etc info`` of an artifact, or of every kernel of a bucketed one
+    (buckets within buckets too), each under the ranges that pick it."""
+    from etc.runtime.buckets import load_buckets
+
+    if not (artifact / "buckets.json").exists():
+        _info(artifact)
+        return
+    table = load_buckets(artifact, lambda path: path)
+    for k, (bound, path) in enumerate(zip(table.bounds, table.kernels, strict=True)):
+        low = table.bounds[k - 1] + 1 if k else None
+        where = " and ".join(
+            ([f"{table.symbol} >= {low}"] if low else [])
+            + ([f"{table.symbol} <= {bound}"] if bound is not None else [])
+        )
+        here = (*ranges, where or f"any {table.symbol}")
+        if (path / "buckets.json").exists():
+            _info_any(path, here, top or artifact)
+            continue
+        print(f"{path.relative_to(top or artifact)} ({', '.join(here)}):")
+        _info(path)
 
 
 def _info(artifact: Path) -> None:

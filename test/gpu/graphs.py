@@ -654,6 +654,14 @@ def llama_tiny_variants() -> dict:
         llama.TINY,
         batch_buckets=(llama.LLAMA_3_2_1B.batch_buckets[0], (16, ()), (None, llama.LARGE_BATCH)),
     )
+    # The B = 1 kernel split by context as the default's: the phased
+    # attention up to L = 8, past it the tensor-core one fed by TMA (64-dim
+    # heads), read_early and called; beside it the B >= 2 kernel.
+    by_context = (("context_buckets", ((8, ()), (None, llama.SINGLE_SEQUENCE_LONG))),)
+    context = dataclasses.replace(
+        llama.TINY, head_dim=64, heads=4, kv_heads=2, combine_group=4,
+        batch_buckets=((1, (*llama.SINGLE_SEQUENCE, *by_context)), (None, ())),
+    )  # fmt: skip
     # The B=1 split tier: spans of 3 (rounded up to the tile's 8), at most 5
     # splits, never fewer than spans of 8 give.
     single = dataclasses.replace(
@@ -794,6 +802,7 @@ def llama_tiny_variants() -> dict:
             tma, tma_rotate_k=True, tma_prefetch=True
         ),
         "llama_tiny_buckets": buckets,
+        "llama_tiny_context_buckets": context,
         # Tasks dealt at run time (deal="pool"): every layer's attention and
         # projections, the LM head; and the same in the kernels of three.
         "llama_tiny_pool": dataclasses.replace(llama.TINY, pool=_POOLED),

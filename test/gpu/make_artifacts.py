@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             art = llama.compile_decoder(cfg, schedule, name="llama_tiny", early_push=early)
             art.save(args.out / name)
             print(
-                f"{name}: {args.out / name} ({schedule}, {len(getattr(art, 'artifacts', [art]))} kernels)"
+                f"{name}: {args.out / name} ({schedule}, {len(art.leaves()) if hasattr(art, 'leaves') else 1} kernels)"
             )
     # Llama-3.2-1B's large-batch kernel, and the same with projections on
     # different TMA stage counts (their rings and barriers overlay otherwise):

@@ -72,6 +72,9 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         cases += [(3, 24, 25), (3, 32, 33), (4, 30, 31)]
     if any(len(t) == 3 for t in cfg.attn_small_spans) and cfg.attn_small_batch:
         cases += [(2, 1600, 1601), (4, 700, 701), (3, 300, 301)]  # capped: spans grow
+    for b, lb, _ in cfg.kernel_configs():  # both sides of a context bound
+        if lb is not None:
+            cases += [(b or 1, lb, lb + 1), (b or 1, lb + 1, lb + 2), (b or 1, 200, 201)]
     if cfg.cached_splits:  # L a whole span: one split of span + 1 positions
         cases.append((17, cfg.attn_large_span, cfg.attn_large_span + 1))
     for B, L, S in cases:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from gemm_helpers import needs_bindings
-from unit_helpers import splitk_graph
+from unit_helpers import splitk_graph, two_symbols
 
 import etc
 from etc.errors import LaunchError
@@ -114,3 +114,61 @@ def test_a_bucketed_artifact_saves_each_kernel_and_the_table(tmp_path):
         assert (tmp_path / d / "manifest.json").exists() and (tmp_path / d / "kernel.ptx").exists()
     loaded = load_buckets(tmp_path, lambda path, **kw: path.name)
     assert loaded.kernels == ["bucket0", "bucket1"] and loaded.bounds == [8, None]
+
+
+def test_a_bucket_split_by_another_symbol_dispatches_on_both():
+    short, long, many = FakeKernel("short"), FakeKernel("long"), FakeKernel("many")
+    k = BucketedKernel("B", [1, None], [BucketedKernel("L", [2048, None], [short, long]), many])
+    for B, L in ((1, 0), (1, 2048), (1, 2049), (2, 5), (64, 4096)):
+        k.launch({}, {"B": B, "L": L})
+    assert [s["L"] for s, _ in short.launches] == [0, 2048]
+    assert [s["L"] for s, _ in long.launches] == [2049]
+    assert [s["B"] for s, _ in many.launches] == [2, 64]
+    k.check()
+    assert (short.checks, long.checks, many.checks) == (1, 1, 1)
+    with pytest.raises(LaunchError, match="symbol 'L' picks the kernel"):
+        k.launch({}, {"B": 1})
+
+
+def test_nested_buckets_are_checked_before_anything_compiles():
+    g = two_symbols()
+    with pytest.raises(etc.GraphError, match="the last bucket's bound must be None, got 4 "
+                       r"\(in a bucket of 'n'\)"):  # fmt: skip
+        etc.compile_buckets("n", [(4, ("m", [(4, g)])), (None, g)])
+    with pytest.raises(etc.GraphError, match="is split by 'n' again"):
+        etc.compile_buckets("n", [(4, ("n", [(2, g), (None, g)])), (None, g)])
+    with pytest.raises(etc.GraphError, match="has no symbol 'T'"):
+        etc.compile_buckets("n", [(4, ("T", [(2, g), (None, g)])), (None, g)])
+    with pytest.raises(etc.GraphError, match="takes other tensors or symbols"):
+        etc.compile_buckets("n", [(4, g), (None, ("m", [(2, g), (None, two_symbols(width=8))]))])
+    with pytest.raises(etc.GraphError, match="holds 'g', not a Graph or"):
+        etc.compile_buckets("n", [(4, "g"), (None, g)])
+    with pytest.raises(etc.GraphError, match="the buckets of 'm': its options must be a dict"):
+        etc.compile_buckets("n", [(4, ("m", [(2, g), (None, g)]), "sm_90a"), (None, g)])
+
+
+@needs_bindings
+def test_a_nested_bucketed_artifact_saves_and_loads_as_a_tree(tmp_path):
+    """Options of a split bucket reach every graph in it; each level has its
+    table; ``leaves`` names every kernel's ranges."""
+    inner = ("m", [(2, two_symbols()), (None, two_symbols())])
+    art = etc.compile_buckets(
+        "n", [(8, two_symbols()), (None, inner, {"min_ctas_per_sm": 2})], schedule="static"
+    )
+    assert [where for where, _ in art.leaves()] == ["n<=8", "n=9.., m<=2", "n=9.., m=3.."]
+    assert [".minnctapersm 2" in a.ptx for _, a in art.leaves()] == [False, True, True]
+    assert art.kernel_name == art.artifacts[0].kernel_name
+    art.save(tmp_path)
+    table = json.loads((tmp_path / "bucket1" / "buckets.json").read_text())
+    assert table["symbol"] == "m" and [b["max"] for b in table["buckets"]] == [2, None]
+    assert (tmp_path / "bucket1" / "bucket1" / "kernel.ptx").exists()
+
+    def load_one(path, **kw):
+        if (path / "buckets.json").exists():
+            return load_buckets(path, load_one)
+        return path.relative_to(tmp_path).as_posix()
+
+    loaded = load_buckets(tmp_path, load_one)
+    assert loaded.kernel_for({"n": 9}).kernel_for({"m": 3}) == "bucket1/bucket1"
+    assert loaded.kernel_for({"n": 9}).kernel_for({"m": 2}) == "bucket1/bucket0"
+    assert loaded.kernel_for({"n": 8}) == "bucket0"

@@ -80,5 +80,17 @@ def test_info_on_a_bucketed_artifact_shows_each_kernel_and_its_range(tmp_path, c
     etc.compile_buckets("n", [(4, graph(4)), (None, graph(None))], cubin=False).save(tmp_path)
     assert cli.main(["info", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "bucket 0 (n <= 4)" in text and "bucket 1 (n >= 5)" in text
+    assert "bucket0 (n <= 4):" in text and "bucket1 (n >= 5):" in text
     assert "symbols: n (<= 4)" in text and text.count("symbols: n\n") == 1
+
+    # A bucket split again by another symbol: each kernel under both ranges.
+    from unit_helpers import two_symbols
+
+    nested = tmp_path / "nested"
+    inner = ("n", [(4, two_symbols()), (None, two_symbols())])
+    etc.compile_buckets("m", [(2, two_symbols(m_max=2)), (None, inner)], cubin=False).save(nested)
+    assert cli.main(["info", str(nested)]) == 0
+    text = capsys.readouterr().out
+    assert "bucket0 (m <= 2):" in text
+    assert "bucket1/bucket0 (m >= 3, n <= 4):" in text
+    assert "bucket1/bucket1 (m >= 3, n >= 5):" in text

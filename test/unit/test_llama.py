@@ -1344,6 +1344,71 @@ def test_batch_buckets_change_only_the_tiles():
         M.LlamaConfig(batch_buckets=((4, ()), (None, (("bn_gu", 48),))))
 
 
+def test_context_buckets_split_the_one_sequence_kernel_by_l():
+    """The default's B = 1 kernel is two: the phased attention up to
+    L = 1087, the tensor-core one (TMA, called) past it; both take the same
+    buffers. Changes that would give them other buffers are refused, naming
+    the bucket."""
+    cfg = M.LLAMA_3_2_1B
+    kernels = cfg.kernel_configs()
+    assert [(b, lb) for b, lb, _ in kernels] == [(1, 1087), (1, None), (16, None), (None, None)]
+    short, long, mid, large = (k for *_, k in kernels)
+    assert (short.attn_tile, long.attn_tile) == ("phased", "mma")
+    assert long.attention_pipeline == "tma" and long.attn_tma_release == "read_early"
+    assert "attention" in long.outline and "attention" not in short.outline
+    assert all(k.context_buckets == () and k.max_batch == 1 for k in (short, long))
+    assert [cfg.kernel_for(B, L) for B, L in ((1, 0), (1, 1087), (1, 1088), (2, 0), (17, 5))] == [
+        short, short, long, mid, large
+    ]  # fmt: skip
+    for L in (0, 64, 1087, 1088, 4096, 8192):
+        assert short.splits(L, 1) == long.splits(L, 1) == cfg.splits(L, 1), L
+    # The bound: the last L whose 17 splits are at most 64 positions (one
+    # loop step of the phased tile).
+    assert short.attn_single_span * short.attn_single_splits == M.SINGLE_SEQUENCE_CONTEXT + 1
+    assert cfg.splits(1087, 1) == 17 and -(-1088 // 17) == 64 and -(-1089 // 17) == 65
+    assert M.tensor_shapes(short, 1, 1300, 1301) == M.tensor_shapes(long, 1, 1300, 1301)
+    with pytest.raises(etc.GraphError, match="context bucket L <= 64 changes attn_single_span, "
+                       "but the kernels share their buffers"):  # fmt: skip
+        dataclasses.replace(CFG, context_buckets=((64, (("attn_single_span", 3),)), (None, ())))
+    with pytest.raises(etc.GraphError, match="context_buckets' bounds must be increasing"):
+        dataclasses.replace(CFG, context_buckets=((64, ()), (32, ()), (None, ())))
+    with pytest.raises(etc.GraphError, match="the last context bucket changes \\['block_n'\\]"):
+        dataclasses.replace(CFG, context_buckets=((64, ()), (None, (("block_n", 32),))))
+    with pytest.raises(etc.GraphError, match="changes batch_buckets: split by B first"):
+        dataclasses.replace(CFG, context_buckets=((64, (("batch_buckets", ()),)), (None, ())))
+    with pytest.raises(etc.GraphError, match="context_buckets must be \\(\\(bound, changes\\)"):
+        dataclasses.replace(CFG, context_buckets=(64, None))
+    # Inside a batch bucket: the error names both.
+    inner = (("context_buckets", ((8, ()), (None, (("bn_gu", 48),)))),)
+    with pytest.raises(
+        etc.GraphError, match="bn_gu=48 .* the last context bucket.* batch bucket B <= 1"
+    ):
+        dataclasses.replace(CFG, batch_buckets=((1, inner), (None, ())))
+
+
+@needs_ptxas
+def test_compile_decoder_splits_a_batch_bucket_by_context(tmp_path):
+    """A batch bucket with context buckets compiles to buckets within
+    buckets; the launch picks by B, then by L."""
+    by_context = (("context_buckets", ((8, ()), (None, M.SINGLE_SEQUENCE_LONG))),)
+    cfg = dataclasses.replace(
+        CFG, head_dim=64, heads=4, kv_heads=2, combine_group=4,
+        batch_buckets=((1, (*M.SINGLE_SEQUENCE, *by_context)), (None, ())),
+    )  # fmt: skip
+    art = M.compile_decoder(cfg, "static")
+    assert art.symbol == "B" and art.bounds == [1, None]
+    assert art.artifacts[0].symbol == "L" and art.artifacts[0].bounds == [8, None]
+    (w0, short), (w1, long), (w2, rest) = art.leaves()
+    assert (w0, w1, w2) == ("B<=1, L<=8", "B<=1, L=9..", "B=2..")
+    # The long-context kernel's attention: the tensor-core tile fed by TMA, called.
+    assert "call.uni attention," in long.ptx and "cp.async.bulk.tensor" in long.ptx
+    assert "call.uni attention," not in short.ptx and "cp.async.bulk.tensor" not in short.ptx
+    assert all(a.cubin is not None for _, a in art.leaves())
+    art.save(tmp_path)
+    assert (tmp_path / "bucket0" / "buckets.json").exists()
+    assert (tmp_path / "bucket0" / "bucket1" / "kernel.ptx").exists()
+
+
 @needs_ptxas
 def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
     cfg = dataclasses.replace(CFG, batch_buckets=((2, ()), (None, M.LARGE_BATCH)))
@@ -1359,9 +1424,18 @@ def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
 
 
 def test_a_change_a_bucket_kernel_cannot_take_says_so():
-    with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket: .*"):
+    # The first kernel that cannot: B = 1's past L = 1087 (the tensor-core tile).
+    with pytest.raises(
+        etc.GraphError,
+        match="fuse_combine .*in the kernel of the last context bucket: .*"
+        "in the kernel of batch bucket B <= 1: ",
+    ):
         dataclasses.replace(
             PHASED_1B, fuse_combine=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets
+        )
+    with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket: .*"):
+        dataclasses.replace(
+            PHASED_1B, fuse_combine=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets[1:]
         )
 
 

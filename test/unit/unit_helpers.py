@@ -111,3 +111,13 @@ def table_graph() -> etc.Graph:
         in_edges={ready: "e->e"},
     )
     return g
+
+
+def two_symbols(width: int = 4, m_max: int | None = None) -> etc.Graph:
+    """Row sums over the rows of two symbols, ``n`` and ``m`` (at most
+    ``m_max``): a graph to bucket by either."""
+    g = etc.Graph("two")
+    for s in (g.symbol("n"), g.symbol("m", max=m_max)):
+        x, y = g.tensor(f"x{s.name}", (s, width), "f32"), g.tensor(f"y{s.name}", (s,), "f32")
+        g.task(final_sum(1, width, name=f"sum_{s.name}"), grid=(s,), args=(x, y))
+    return g

@@ -137,7 +137,42 @@ SINGLE_SEQUENCE = (
     ("attn_tma_release", "math"),
     ("outline", ("lm_head", "argmax", "argmax_merge")),
 )
+#: The changes of the B = 1 kernel past :data:`SINGLE_SEQUENCE_CONTEXT`:
+#: the B = 2..16 kernel's tensor-core attention (TMA ring, ``read_early``,
+#: called), the other tiles as :data:`SINGLE_SEQUENCE`'s. Its 128-position
+#: loop steps take B = 1's 64-position spans half empty at L = 1024
+#: (+0.4..+1.7 %), but once the spans outgrow one 64-position step of the
+#: phased tile it pays: -1.3..-1.6 % at L = 1152-1408, -2.4..-3.4 % at
+#: L = 4096 on an H200 (forty-second session, items 191-192).
+SINGLE_SEQUENCE_LONG = (
+    ("attn_tile", "mma"),
+    ("attn_unroll", 1),
+    ("attn_pipeline", "auto"),
+    ("attn_tma_release", "read_early"),
+    ("outline", ("attention", "lm_head", "argmax", "argmax_merge")),
+)
+#: The largest L the B = 1 kernel runs with the phased attention: the last
+#: whose splits (``attn_single_splits`` = 17 of ``attn_single_span`` = 64
+#: positions, L + 1 in all) each fit one 64-position loop step of it.
+SINGLE_SEQUENCE_CONTEXT = 17 * 64 - 1
+#: The default B = 1 kernel: a kernel per context range (``context_buckets``).
+SINGLE_SEQUENCE_BY_CONTEXT = (
+    *SINGLE_SEQUENCE,
+    ("context_buckets", ((SINGLE_SEQUENCE_CONTEXT, ()), (None, SINGLE_SEQUENCE_LONG))),
+)
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
+#: The fields that set the attention's split counts (``LlamaConfig.splits``),
+#: so the shape of its partials: one value for an artifact's kernels.
+_SPLIT_FIELDS = {
+    "attn_chunk",
+    "attn_phased_chunk",
+    "attn_small_batch",
+    "attn_small_span",
+    "attn_small_spans",
+    "attn_single_span",
+    "attn_single_splits",
+    "attn_cached_splits",
+}
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 #: The task that runs each layer projection's tiles.
 _PROJECTION_TASKS = {
@@ -429,10 +464,18 @@ class LlamaConfig:
     #: :data:`SINGLE_SEQUENCE` at B=1, B=2..16 with the tiles above, and
     #: :data:`LARGE_BATCH` from B=17 (-8 % at B=32, -19 % at B=64).
     batch_buckets: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = (
-        (1, SINGLE_SEQUENCE),
+        (1, SINGLE_SEQUENCE_BY_CONTEXT),
         (16, SMALL_BATCH),
         (None, LARGE_BATCH),
     )
+    #: The same for the context length ``L``: ``(largest L, changes)``,
+    #: bounds increasing, the last None. Set in a batch bucket's changes
+    #: (the default's B = 1 kernel: the phased attention up to L =
+    #: :data:`SINGLE_SEQUENCE_CONTEXT` = 1087, the tensor-core one past it), it
+    #: splits that bucket again (``etc.compile_buckets``' nested buckets).
+    #: The kernels share their buffers, so changes to the attention's split
+    #: counts are refused. Empty: one kernel.
+    context_buckets: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = ()
     #: The layers' RMSNorms folded into the projections that follow them:
     #: the graph's ``wqkv`` and ``wgu`` hold the norm weights multiplied
     #: into their columns (:func:`graph_weights`, applied by
@@ -789,7 +832,8 @@ class LlamaConfig:
                 f"LlamaConfig: combine_group={self.combine_group!r} must be 0 or a divisor of "
                 f"heads={self.heads}"
             )
-        self._check_batch_buckets()
+        self._check_buckets("batch_buckets")
+        self._check_buckets("context_buckets")
         self._check_k_splits()
         for key, total in (
             ("bn_qkv", self.qkv_width),
@@ -828,8 +872,7 @@ class LlamaConfig:
     def uses_tma(self) -> bool:
         """Whether a kernel of the artifact (any bucket) has tma-core tiles,
         which need ``target="sm_90a"``."""
-        configs = [c for _, c in self.bucket_configs()] if self.batch_buckets else [self]
-        return any(c.core(p) == "tma" for c in configs for p in _PROJECTIONS)
+        return any(c.core(p) == "tma" for *_, c in self.kernel_configs() for p in _PROJECTIONS)
 
     def _check_small_spans(self, hold: int, holder: str) -> None:
         tiers = self.attn_small_spans
@@ -969,10 +1012,34 @@ class LlamaConfig:
         span = configs[-1][1].attn_large_span
         cached = self.attn_cached_splits
         if cached is None:
-            cached = all(c._takes_cached_splits for _, c in configs)
+            cached = all(k._takes_cached_splits for _, c in configs for _, k in c.context_configs())
         return [
             (bound, dataclasses.replace(c, attn_chunk=span, attn_cached_splits=cached))
             for bound, c in configs
+        ]
+
+    def kernel_configs(self) -> list[tuple[int | None, int | None, LlamaConfig]]:
+        """``(largest B, largest L, configuration)`` of every kernel
+        :func:`compile_decoder` compiles, in launch order (None: no bound)."""
+        batches = self.bucket_configs() if self.batch_buckets else [(None, self)]
+        return [(b, lb, k) for b, c in batches for lb, k in c.context_configs()]
+
+    def kernel_for(self, B: int, L: int) -> LlamaConfig:
+        """The configuration of the kernel that runs batch ``B`` at context ``L``."""
+        for b, lb, k in self.kernel_configs():
+            if (b is None or B <= b) and (lb is None or L <= lb):
+                return k
+        raise AssertionError("the last kernel has no bounds")
+
+    def context_configs(self) -> list[tuple[int | None, LlamaConfig]]:
+        """``(largest L, configuration)`` of each kernel of this (batch
+        bucket's) configuration by context (``context_buckets``; this
+        configuration alone when empty)."""
+        if not self.context_buckets:
+            return [(None, self)]
+        return [
+            (bound, dataclasses.replace(self, **dict(changes), context_buckets=()))
+            for bound, changes in self.context_buckets
         ]
 
     @property
@@ -1082,38 +1149,61 @@ class LlamaConfig:
         _one_of("l2_prefetch_mode", self.l2_prefetch_mode, MODES)
         _int_field("l2_prefetch_ctas", self.l2_prefetch_ctas, 1)
 
-    def _check_batch_buckets(self) -> None:
-        buckets = self.batch_buckets
+    def _check_buckets(self, field: str) -> None:
+        """``batch_buckets`` or ``context_buckets``: increasing bounds, a last
+        None, changes that name fields and make a valid kernel."""
+        buckets = getattr(self, field)
         if not buckets:
             return
+        if not isinstance(buckets, tuple) or not all(
+            isinstance(b, tuple) and len(b) == 2 and isinstance(b[1], tuple) for b in buckets
+        ):
+            raise GraphError(
+                f"LlamaConfig: {field} must be ((bound, changes), ...), got {buckets!r}"
+            )
         bounds = [b for b, _ in buckets]
         ok = bounds[-1] is None and all(
             isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bounds[:-1]
         )
         if not ok or any(x >= y for x, y in zip(bounds[:-2], bounds[1:-1], strict=True)):
             raise GraphError(
-                f"LlamaConfig: batch_buckets' bounds must be increasing ints >= 1 and a last "
+                f"LlamaConfig: {field}' bounds must be increasing ints >= 1 and a last "
                 f"None, got {bounds}"
             )
-        fields = {f.name for f in dataclasses.fields(self)} - {"batch_buckets"}
+        symbol, kind = ("B", "batch") if field == "batch_buckets" else ("L", "context")
+        # Every kernel takes the same buffers: the weights' layout and, within
+        # a batch bucket, the attention's split counts (its partials' shape).
+        shared = {"weight_chunk"} | (_SPLIT_FIELDS if field == "context_buckets" else set())
+        fields = {f.name for f in dataclasses.fields(self)} - {field, "max_batch"}
         for bound, changes in buckets:
-            which = f"batch bucket B <= {bound}" if bound is not None else "the last batch bucket"
+            which = (
+                f"{kind} bucket {symbol} <= {bound}"
+                if bound is not None
+                else f"the last {kind} bucket"
+            )
             unknown = [k for k, _ in changes if k not in fields]
             if unknown:
                 raise GraphError(
                     f"LlamaConfig: {which} changes {unknown}: not fields of the kernel's tiles"
                 )
-            if "weight_chunk" in dict(changes):
+            fixed = sorted(shared & set(dict(changes)))
+            if fixed:
                 raise GraphError(
-                    f"LlamaConfig: {which} changes weight_chunk, but the kernels share their "
-                    "weights: set it on the configuration"
+                    f"LlamaConfig: {which} changes {', '.join(fixed)}, but the kernels share "
+                    f"their buffers: set {'it' if len(fixed) == 1 else 'them'} on the "
+                    "configuration"
                 )
+            if field == "context_buckets" and "batch_buckets" in dict(changes):
+                raise GraphError(f"LlamaConfig: {which} changes batch_buckets: split by B first")
             try:
-                dataclasses.replace(self, **dict(changes), batch_buckets=(), max_batch=bound)
+                if field == "batch_buckets":
+                    dataclasses.replace(self, **dict(changes), batch_buckets=(), max_batch=bound)
+                else:
+                    dataclasses.replace(self, **dict(changes), context_buckets=())
             except GraphError as e:
                 raise GraphError(
-                    f"{e} (in the kernel of {which}: {dict(changes)}; change batch_buckets, "
-                    "or batch_buckets=() for one kernel)"
+                    f"{e} (in the kernel of {which}: {dict(changes)}; change {field}, "
+                    f"or {field}=() for one kernel)"
                 ) from None
 
     def weight_name(self, key: str) -> str:
@@ -1304,12 +1394,21 @@ def compile_decoder(
         # Sharers spin for their block's other parts, which only the static
         # lists guarantee to run at once: the last part meets alone.
         configs = [(b, dataclasses.replace(c, tma_meet_share=())) for b, c in configs]
-    kernels = [(bound, c, build_decoder_graph(c, name=name)) for bound, c in configs]
-    if len(kernels) == 1:  # one kernel: this configuration, or its one bucket's
-        _, c, g = kernels[0]
-        return etc.compile(g, **{**opts, **per_kernel(c, g)})
-    graphs = [(bound, g, per_kernel(c, g)) for bound, c, g in kernels]
-    return etc.compile_buckets("B", graphs, **opts)
+
+    def entry(bound: int | None, c: LlamaConfig) -> tuple:
+        # (bound, graph, its options), or a bucket split again by L.
+        if c.context_buckets:
+            return (bound, ("L", [entry(b, k) for b, k in c.context_configs()]))
+        g = build_decoder_graph(c, name=name)
+        return (bound, g, per_kernel(c, g))
+
+    entries = [entry(bound, c) for bound, c in configs]
+    if len(entries) == 1 and len(entries[0]) == 3:  # one kernel
+        _, g, more = entries[0]
+        return etc.compile(g, **{**opts, **more})
+    if len(entries) == 1:  # one batch bucket, split by L
+        return etc.compile_buckets("L", entries[0][1][1], **opts)
+    return etc.compile_buckets("B", entries, **opts)
 
 
 def weight_bytes(cfg: LlamaConfig) -> int:
