@@ -1378,6 +1378,21 @@ def test_context_buckets_split_the_one_sequence_kernel_by_l():
         dataclasses.replace(CFG, context_buckets=((64, (("batch_buckets", ()),)), (None, ())))
     with pytest.raises(etc.GraphError, match="context_buckets must be \\(\\(bound, changes\\)"):
         dataclasses.replace(CFG, context_buckets=(64, None))
+    # Every context kernel keeps the configuration's split counts, whatever
+    # its tile's own default: a phased kernel cannot take the tensor-core
+    # tile's cached-position spans.
+    phased_l = (("attn_tile", "phased"), ("attn_unroll", 4), ("attn_pipeline", "none"))
+    with pytest.raises(etc.GraphError, match="attn_cached_splits makes splits longer .*"
+                       "in the kernel of context bucket L <= 8"):  # fmt: skip
+        dataclasses.replace(
+            CFG, attn_tile="mma", attn_unroll=1, context_buckets=((8, phased_l), (None, ()))
+        )
+    by_tile = dataclasses.replace(
+        CFG, context_buckets=((8, ()), (None, (("attn_tile", "mma"), ("attn_unroll", 1))))
+    )
+    (_, phased), (_, mma) = by_tile.context_configs()
+    assert not mma.cached_splits and mma.attn_chunk == phased.attn_chunk == CFG.attn_chunk
+    assert M.tensor_shapes(phased, 3, 50, 60) == M.tensor_shapes(mma, 3, 50, 60)
     # Inside a batch bucket: the error names both.
     inner = (("context_buckets", ((8, ()), (None, (("bn_gu", 48),)))),)
     with pytest.raises(

@@ -1037,10 +1037,13 @@ class LlamaConfig:
         configuration alone when empty)."""
         if not self.context_buckets:
             return [(None, self)]
-        return [
-            (bound, dataclasses.replace(self, **dict(changes), context_buckets=()))
-            for bound, changes in self.context_buckets
-        ]
+        return [(bound, self._context_kernel(changes)) for bound, changes in self.context_buckets]
+
+    def _context_kernel(self, changes: tuple[tuple[str, Any], ...]) -> LlamaConfig:
+        # One set of buffers: every kernel keeps this one's split counts
+        # (a tile's own default would differ: the tensor-core one holds no span).
+        fixed = {"attn_chunk": self.attn_large_span, "attn_cached_splits": self.cached_splits}
+        return dataclasses.replace(self, **dict(changes), context_buckets=(), **fixed)
 
     @property
     def direct_attention(self) -> bool:
@@ -1199,7 +1202,7 @@ class LlamaConfig:
                 if field == "batch_buckets":
                     dataclasses.replace(self, **dict(changes), batch_buckets=(), max_batch=bound)
                 else:
-                    dataclasses.replace(self, **dict(changes), context_buckets=())
+                    self._context_kernel(changes)
             except GraphError as e:
                 raise GraphError(
                     f"{e} (in the kernel of {which}: {dict(changes)}; change {field}, "
