@@ -503,6 +503,29 @@ VARIANTS["one_mma128"] = {**VARIANTS["one_mma"], "attn_single_span": 128}
 # phased attention up to L = 1280, the tensor-core one past it) against the
 # phased B = 1 kernel at every context, the default before.
 VARIANTS["one_phased"] = _one()
+# ... and its long-context kernel (the tensor-core attention called, the
+# other tiles inlined, as the B = 2..16 kernel's) with that kernel's wait
+# memo: it took the B = 2..16 kernel 0.7-1.8 % (item 183), the inlined
+# phased B = 1 kernel +3.5-5 %.
+_LONG_MEMO = (*M.SINGLE_SEQUENCE_LONG, *M.SMALL_BATCH)
+# ... the B = 1 kernel's combine in instances of 4 or 2 heads (8: 4
+# instances a layer at B = 1, each merging 17 splits of 8 heads).
+VARIANTS["one_cg4"] = _one(("combine_group", 4))
+VARIANTS["one_cg2"] = _one(("combine_group", 2))
+# ... and the B = 2..16 kernel's (32 instances a layer at B = 8).
+VARIANTS["mid_cg4"] = _mid(("combine_group", 4))
+VARIANTS["one_long_memo"] = {
+    "batch_buckets": (
+        (
+            1,
+            (
+                *M.SINGLE_SEQUENCE,
+                ("context_buckets", ((M.SINGLE_SEQUENCE_CONTEXT, ()), (None, _LONG_MEMO))),
+            ),
+        ),
+        *M.LLAMA_3_2_1B.batch_buckets[1:],
+    )
+}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -3,7 +3,10 @@
 etc compile MODULE:FUNCTION -o DIR [--schedule static|dynamic] [--no-early-push]
     build the graph returned by FUNCTION() in MODULE (a file or an
     importable module), compile it and save the artifact in DIR
-etc info DIR        print an artifact's manifest summary
+etc info DIR [--full]
+    print an artifact's manifest summary (of each kernel of a bucketed
+    one, under the ranges that pick it); long size expressions are
+    shortened unless --full
 etc dot MODULE:FUNCTION [-o FILE]
     write the graph returned by FUNCTION() as Graphviz DOT (stdout by
     default; render with `dot -Tsvg FILE`)
@@ -19,6 +22,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     info = commands.add_parser("info", help="summarise an artifact")
     info.add_argument("artifact", type=Path)
+    info.add_argument(
+        "--full", action="store_true", help="print long size expressions whole, not shortened"
+    )
     dot = commands.add_parser("dot", help="draw a graph's tasks and events as Graphviz DOT")
     dot.add_argument("builder", help="MODULE:FUNCTION returning an etc.Graph")
     dot.add_argument("-o", "--output", type=Path, help="the DOT file (default: stdout)")
@@ -121,20 +128,22 @@ def main(argv: list[str] | None = None) -> int:
                 timeline.to_png(args.png)
             print(f"{args.output}: {len(timeline)} task instances ({timeline.dropped} dropped)")
             return 0
-        _info_any(args.artifact)
+        _info_any(args.artifact, full=args.full)
         return 0
     except etc.EtcError as e:
         print(f"etc: {e}", file=sys.stderr)
         return 1
 
 
-def _info_any(artifact: Path, ranges: tuple[str, ...] = (), top: Path | None = None) -> None:
+def _info_any(
+    artifact: Path, ranges: tuple[str, ...] = (), top: Path | None = None, full: bool = False
+) -> None:
     """``etc info`` of an artifact, or of every kernel of a bucketed one
     (buckets within buckets too), each under the ranges that pick it."""
     from etc.runtime.buckets import load_buckets
 
     if not (artifact / "buckets.json").exists():
-        _info(artifact)
+        _info(artifact, full)
         return
     table = load_buckets(artifact, lambda path: path)
     for k, (bound, path) in enumerate(zip(table.bounds, table.kernels, strict=True)):
@@ -145,13 +154,26 @@ def _info_any(artifact: Path, ranges: tuple[str, ...] = (), top: Path | None = N
         )
         here = (*ranges, where or f"any {table.symbol}")
         if (path / "buckets.json").exists():
-            _info_any(path, here, top or artifact)
+            _info_any(path, here, top or artifact, full)
             continue
         print(f"{path.relative_to(top or artifact)} ({', '.join(here)}):")
-        _info(path)
+        _info(path, full)
 
 
-def _info(artifact: Path) -> None:
+#: Size expressions longer than this are shortened by ``etc info`` (the
+#: decoder's tiered split counts run to thousands of characters).
+_SHORT_SIZE = 80
+
+
+def _size(expr: object, full: bool) -> str:
+    text = str(expr)
+    if full or len(text) <= _SHORT_SIZE:
+        return text
+    names = sorted(set(re.findall(r"[A-Za-z_]\w*", text)))
+    return f"<{len(text)}-character expression of {', '.join(names)}; --full prints it>"
+
+
+def _info(artifact: Path, full: bool = False) -> None:
     """Print what the artifact's manifest says (``etc info``)."""
     from etc.runtime.manifest import load_manifest
 
@@ -169,7 +191,7 @@ def _info(artifact: Path) -> None:
             layout = f", 8-row groups of {chunk}-wide chunks" if chunk else ""
             print(f"  tensor {t.name}: TMA map of {src!r}, box {box}{layout} (encoded at launch)")
             continue
-        print(f"  tensor {t.name}: {t.dtype} {tuple(str(d) for d in t.shape)}")
+        print(f"  tensor {t.name}: {t.dtype} {tuple(_size(d, full) for d in t.shape)}")
     for task in m.tasks:
         kind, v = task.phase
         phase = (
@@ -177,7 +199,8 @@ def _info(artifact: Path) -> None:
             if task.phase == ("const", 0)
             else (f", phase: grid dimension {v}" if kind == "dim" else f", phase {v}")
         )
-        print(f"  task {task.index} {task.name}: grid {tuple(str(d) for d in task.grid)}{phase}")
+        grid = tuple(_size(d, full) for d in task.grid)
+        print(f"  task {task.index} {task.name}: grid {grid}{phase}")
 
 
 def etc_opt() -> None:

@@ -94,3 +94,13 @@ def test_info_on_a_bucketed_artifact_shows_each_kernel_and_its_range(tmp_path, c
     assert "bucket0 (m <= 2):" in text
     assert "bucket1/bucket0 (m >= 3, n <= 4):" in text
     assert "bucket1/bucket1 (m >= 3, n >= 5):" in text
+
+
+def test_info_shortens_long_size_expressions_unless_full():
+    long = " + ".join(f"(L + {k})//{k + 1}" for k in range(12))
+    assert len(long) > 80
+    assert cli._size(long, full=False) == (
+        f"<{len(long)}-character expression of L; --full prints it>"
+    )
+    assert cli._size(long, full=True) == long
+    assert cli._size("(B + 15)//16", full=False) == "(B + 15)//16"
