@@ -661,6 +661,18 @@ def test_size_expressions_evaluate_as_integer_arithmetic() -> None:
         size.evaluate({"n": 1})
 
 
+def test_a_size_text_is_parsed_once_per_set_of_symbols() -> None:
+    """Kernels of one artifact repeat their split counts: the same text over
+    the same symbols is the same parsed expression; over other symbols it is
+    checked again (and refused if it names one they lack)."""
+    from etc.runtime.sizes import parse_size
+
+    text = "(L + 63)//64*B + 1"
+    assert parse_size(text, ["B", "L"]) is parse_size(text, ("L", "B"))
+    with pytest.raises(ValueError, match="'L' is not a declared symbol"):
+        parse_size(text, ["B"])
+
+
 def test_sizes_must_fit(m: manifest.Manifest) -> None:
     with pytest.raises(ShapeError, match="'A'.*more bytes than a 64-bit index"):
         args.bound_shapes(m, {"n": 1 << 60})
