@@ -358,6 +358,7 @@ torch.cuda.synchronize()
 out = {"imports_s": t_import}
 t0 = time.perf_counter()
 kernel = etc.runtime.load(sys.argv[1])
+out["load_s"] = time.perf_counter() - t0
 for B in (1, 64):
     bufs = M.torch_inputs(cfg, weights, B, 1024, 1025)
     torch.cuda.synchronize()
