@@ -526,6 +526,34 @@ VARIANTS["one_long_memo"] = {
         *M.LLAMA_3_2_1B.batch_buckets[1:],
     )
 }
+# ... the sync-core projections' weight copies (the B = 1 and B = 2..16
+# kernels, the LM head too) marked L2 evict-first: read once a step, they
+# otherwise push the kernel's code and activations out of the L2 (each
+# layer streams 121 MB through 50 MB; an argmax part over 16 KB of logits
+# takes 7.4 µs at B = 1, as long as code fetched from the HBM would).
+VARIANTS["evict_first"] = {"gemm_options": (*M._GEMM_OPTIONS, ("l2_evict_first", True))}
+
+
+def _without(changes: tuple, key: str) -> tuple:
+    """``changes`` without ``key``, in nested context buckets too."""
+    out = []
+    for k, v in changes:
+        if k == key:
+            continue
+        if k == "context_buckets":
+            v = tuple((bound, _without(c, key)) for bound, c in v)
+        out.append((k, v))
+    return tuple(out)
+
+
+# ... adopted in the B = 2..16 kernel and B = 1's long-context one (item
+# 197); "no_evict" is the default without it.
+VARIANTS["no_evict"] = {
+    "batch_buckets": tuple(
+        (bound, _without(changes, "weights_evict_first"))
+        for bound, changes in M.LLAMA_3_2_1B.batch_buckets
+    )
+}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

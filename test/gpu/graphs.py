@@ -803,6 +803,9 @@ def llama_tiny_variants() -> dict:
         ),
         "llama_tiny_buckets": buckets,
         "llama_tiny_context_buckets": context,
+        # The sync-core weight copies marked L2 evict-first (a cache hint:
+        # the same results).
+        "llama_tiny_evict_first": dataclasses.replace(llama.TINY, weights_evict_first=True),
         # Tasks dealt at run time (deal="pool"): every layer's attention and
         # projections, the LM head; and the same in the kernels of three.
         "llama_tiny_pool": dataclasses.replace(llama.TINY, pool=_POOLED),

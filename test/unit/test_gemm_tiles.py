@@ -491,3 +491,24 @@ def test_bulk_ring_copies_each_warp_s_pieces_in_lane_order(kind, options):
             weight_chunk=64,
             bulk_ring=True,
         )
+
+
+def test_evict_first_marks_every_weight_copy_of_the_ring_and_its_prefetch():
+    """``l2_evict_first``: each of the ring's ``cp.async`` weight copies (in
+    the body and in the prefetch function that fills the first groups)
+    carries the evict-first policy instead of going out unmarked; a tile
+    without the ring, with the bulk ring or on another core refuses it."""
+    options = dict(layers=3, epilogue="swiglu", stages=3, unroll=2, prefetch_ring=True)
+    plain = G.layer_gemm(16, 16, 64, 1024, **options)
+    marked = G.layer_gemm(16, 16, 64, 1024, l2_evict_first=True, **options)
+    assert list(functions(marked.source)) == ["layer_gemm_swiglu", "layer_gemm_swiglu__prefetch"]
+    for func, text in functions(plain.source).items():
+        copies = text.count("nvvm.cp.async.shared.global")
+        other = functions(marked.source)[func]
+        assert copies > 0 and other.count("L2::cache_hint [$0], [$1], 16, $2") == copies, func
+        assert "nvvm.cp.async.shared.global" not in other
+        assert "createpolicy.fractional.L2::evict_first" in other
+    with pytest.raises(etc.GraphError, match="l2_evict_first marks the weight ring's cp.async"):
+        G.layer_gemm(16, 16, 64, 256, layers=3, unroll=1, l2_evict_first=True)
+    with pytest.raises(etc.GraphError, match="l2_evict_first"):
+        G.layer_gemm(64, 64, 64, 256, layers=3, core="tma", l2_evict_first=True)

@@ -1357,6 +1357,10 @@ def test_context_buckets_split_the_one_sequence_kernel_by_l():
     assert long.attention_pipeline == "tma" and long.attn_tma_release == "read_early"
     assert "attention" in long.outline and "attention" not in short.outline
     assert all(k.context_buckets == () and k.max_batch == 1 for k in (short, long))
+    # L2 evict-first weight copies in the B = 2..16 kernel and B = 1's long one.
+    assert [k.weights_evict_first for k in (short, long, mid, large)] == [False, True, True, False]
+    with pytest.raises(etc.GraphError, match="weights_evict_first marks the sync core's"):
+        dataclasses.replace(large, weights_evict_first=True)
     assert [cfg.kernel_for(B, L) for B, L in ((1, 0), (1, 1087), (1, 1088), (2, 0), (17, 5))] == [
         short, short, long, mid, large
     ]  # fmt: skip
@@ -1418,6 +1422,8 @@ def test_compile_decoder_splits_a_batch_bucket_by_context(tmp_path):
     # The long-context kernel's attention: the tensor-core tile fed by TMA, called.
     assert "call.uni attention," in long.ptx and "cp.async.bulk.tensor" in long.ptx
     assert "call.uni attention," not in short.ptx and "cp.async.bulk.tensor" not in short.ptx
+    # Its weight copies evict-first (SINGLE_SEQUENCE_LONG); the short one's not.
+    assert "L2::cache_hint" in long.ptx and "L2::cache_hint" not in short.ptx
     assert all(a.cubin is not None for _, a in art.leaves())
     art.save(tmp_path)
     assert (tmp_path / "bucket0" / "buckets.json").exists()

@@ -124,7 +124,7 @@ LARGE_BATCH = (
 #: the coordinate their last completed wait saw (``wait_memo``; -0.7..-1.8 %
 #: at B = 8-16, even at B = 2 and 4 on an H200, fortieth session, item 183;
 #: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it).
-SMALL_BATCH = (("wait_memo", True),)
+SMALL_BATCH = (("wait_memo", True), ("weights_evict_first", True))
 #: The tile changes of the decoder's B = 1 kernel: the phased attention
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
 #: positions) in loop steps of 64 positions, so ``attn_single_span``'s
@@ -150,6 +150,7 @@ SINGLE_SEQUENCE_LONG = (
     ("attn_pipeline", "auto"),
     ("attn_tma_release", "read_early"),
     ("outline", ("attention", "lm_head", "argmax", "argmax_merge")),
+    ("weights_evict_first", True),
 )
 #: The largest L the B = 1 kernel runs with the phased attention: the last
 #: whose splits (``attn_single_splits`` = 17 of ``attn_single_span`` = 64
@@ -502,6 +503,12 @@ class LlamaConfig:
     #: bulk core's tiles always do); an int: that many groups, not all
     #: ``stages - 1``. On: −81 µs at B=1, −75 at B=16, −114 at B=64.
     prefetch_ring: bool | int = True
+    #: The sync-core projections' weight copies carry an L2 evict-first
+    #: policy (``layer_gemm(l2_evict_first=True)``): weights read once a step
+    #: no longer push out of the L2 what is read again. On in the B = 2..16
+    #: kernel and B = 1's past L = 1087 (:data:`SMALL_BATCH`,
+    #: :data:`SINGLE_SEQUENCE_LONG`; forty-second session, item 197).
+    weights_evict_first: bool = False
     #: Tasks in shared-memory regions other than 0 (``Graph.task(
     #: shared_region=...)``), e.g. ``(("o_proj", 1), ("down", 1))``: their
     #: tiles' shared memory is apart from the other tasks', and the static
@@ -816,6 +823,11 @@ class LlamaConfig:
             )
         self._check_l2_prefetch()
         self._check_weight_chunk()
+        if self.weights_evict_first and all(self.core(p) != "sync" for p in _PROJECTIONS):
+            raise GraphError(
+                "LlamaConfig: weights_evict_first marks the sync core's weight copies, and no "
+                "projection of this kernel is on it"
+            )
         _int_field("argmax_parts", self.argmax_parts, 0, 32)
         if self.max_batch is not None and (
             not isinstance(self.max_batch, int) or self.max_batch < 1
@@ -1525,6 +1537,7 @@ def _sync_options(cfg: LlamaConfig, projection: str) -> dict[str, Any]:
     return {
         **dict(cfg.gemm_options),
         "prefetch_ring": cfg.prefetch_ring,
+        "l2_evict_first": cfg.weights_evict_first,
         **dict(dict(cfg.projection_options).get(projection, ())),
     }
 

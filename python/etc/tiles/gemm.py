@@ -240,8 +240,14 @@ def _body(
     partials: int = 0,
     weight_chunk: int = 0,
     bulk_ring: bool = False,
+    l2_evict_first: bool = False,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
+
+    ``l2_evict_first`` (with ``stages``, not ``bulk_ring``): the weight
+    ring's ``cp.async`` copies carry an L2 evict-first policy, so weights
+    read once a step do not push out of the L2 what is read again (the
+    kernel's code, activations, counters).
 
     ``bulk_ring`` (with ``stages`` and ``weight_chunk=32``): lane 0 of each
     warp fills the warp's ring slots with one ``cp.async.bulk`` per weight
@@ -566,6 +572,13 @@ def _body(
                 src = t.op("src", f"arith.muli {chunk_base(k)}, %c2 : index")
                 bulk.issue([t.op("src", f"arith.addi {p}, {src} : index") for p in rowp], stage)
                 return
+            policy = None
+            if l2_evict_first:
+                policy = t.op(
+                    "pol",
+                    'llvm.inline_asm asm_dialect = att "createpolicy.fractional.'
+                    'L2::evict_first.b64 $0, 1.0;", "=l" : () -> i64',
+                )
             for u in range(unroll):
                 kb = t.op("kb", f"arith.muli {k}, %c2 : index")
                 if u:
@@ -577,6 +590,16 @@ def _body(
                 for f in range(per):
                     src = t.op("src", f"arith.addi {rowp[f]}, {kw if f < nb else kb} : index")
                     src = t.op("src", f"arith.index_cast {src} : index to i64")
+                    if policy is not None and f < nb:  # a weight fragment, not an A row
+                        dst = t.op(
+                            "dst", f"arith.index_cast {slot(stage, u, f, 'bytes')} : index to i32"
+                        )
+                        t.emit(
+                            "llvm.inline_asm has_side_effects asm_dialect = att "
+                            '"cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", '
+                            f'"r,l,l" {dst}, {src}, {policy} : (i32, i64, i64) -> ()'
+                        )
+                        continue
                     src = t.op("src", f"llvm.inttoptr {src} : i64 to !llvm.ptr<1>")
                     dst = t.op(
                         "dst", f"arith.index_cast {slot(stage, u, f, 'bytes')} : index to i64"
@@ -1709,6 +1732,7 @@ def layer_gemm(
     meeting: str = "rows",
     meet_share: int = 1,
     refill: str = "wait",
+    l2_evict_first: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1851,6 +1875,7 @@ def layer_gemm(
         "row_paths": row_paths is not None,
         "weight_chunk": bool(weight_chunk),
         "bulk_ring": bulk_ring,
+        "l2_evict_first": l2_evict_first,
     }
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
@@ -1916,6 +1941,11 @@ def layer_gemm(
     early = _ring_early(name, stages, prefetch_ring)
     chunk = _mma.check_weight_chunk(name, weight_chunk, k, per_n * n)
     bulk_ring = _check_bulk_ring(name, bulk_ring, stages, chunk, a_ring)
+    if l2_evict_first and (not stages or bulk_ring):
+        raise GraphError(
+            f"tile '{name}': l2_evict_first marks the weight ring's cp.async copies: it needs "
+            f"stages and not bulk_ring (stages={stages}, bulk_ring={bulk_ring})"
+        )
     if row_scale is not None and rmsnorm is not None:
         raise GraphError(f"tile '{name}': give rmsnorm or row_scale (a folded norm), not both")
     _check_a_ahead(name, a_ahead, stages, a_ring)
@@ -1949,7 +1979,7 @@ def layer_gemm(
         epilogue=store, a_norm=a_norm, a_ring=a_ring, rotate="%j" if rotate_k else None,
         a_ahead=a_ahead, norm_sums=norm_in, part="body" if prefetch_ring else "all", early=early,
         partials=(wk - 1) * wn * (block_m // 16) * per_n * nf * 4 * 32, weight_chunk=chunk,
-        bulk_ring=bulk_ring,
+        bulk_ring=bulk_ring, l2_evict_first=l2_evict_first,
     )  # fmt: skip
     globals_ = _row_path_bodies(t, body, paths, r0, r1)
     t.close()
