@@ -152,7 +152,7 @@ def _check_entries(symbol: str, entries: Sequence, outer: tuple[str, ...]) -> li
         )
     leaves: list[Graph] = []
     for entry in entries:
-        if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+        if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
             raise GraphError(
                 f"compile_buckets: entry {entry!r} is not (bound, graph) or (bound, graph, options)"
             )
@@ -161,7 +161,7 @@ def _check_entries(symbol: str, entries: Sequence, outer: tuple[str, ...]) -> li
             name = f"graph '{graph.name}'"
             here = [graph]
         elif (
-            isinstance(graph, tuple)
+            isinstance(graph, (tuple, list))
             and len(graph) == 2
             and isinstance(graph[0], str)
             and isinstance(graph[1], Sequence)

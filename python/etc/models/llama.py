@@ -505,9 +505,11 @@ class LlamaConfig:
     prefetch_ring: bool | int = True
     #: The sync-core projections' weight copies carry an L2 evict-first
     #: policy (``layer_gemm(l2_evict_first=True)``): weights read once a step
-    #: no longer push out of the L2 what is read again. On in the B = 2..16
-    #: kernel and B = 1's past L = 1087 (:data:`SMALL_BATCH`,
-    #: :data:`SINGLE_SEQUENCE_LONG`; forty-second session, item 197).
+    #: no longer push out of the L2 what is read again. Projections on the
+    #: other cores are left as they are (a base configuration's flag reaches
+    #: every bucket). On in the B = 2..16 kernel and B = 1's past L = 1087
+    #: (:data:`SMALL_BATCH`, :data:`SINGLE_SEQUENCE_LONG`; forty-second
+    #: session, items 197-198).
     weights_evict_first: bool = False
     #: Tasks in shared-memory regions other than 0 (``Graph.task(
     #: shared_region=...)``), e.g. ``(("o_proj", 1), ("down", 1))``: their
@@ -823,11 +825,6 @@ class LlamaConfig:
             )
         self._check_l2_prefetch()
         self._check_weight_chunk()
-        if self.weights_evict_first and all(self.core(p) != "sync" for p in _PROJECTIONS):
-            raise GraphError(
-                "LlamaConfig: weights_evict_first marks the sync core's weight copies, and no "
-                "projection of this kernel is on it"
-            )
         _int_field("argmax_parts", self.argmax_parts, 0, 32)
         if self.max_batch is not None and (
             not isinstance(self.max_batch, int) or self.max_batch < 1
