@@ -548,6 +548,10 @@ def _without(changes: tuple, key: str) -> tuple:
 
 # ... adopted in the B = 2..16 kernel and B = 1's long-context one (item
 # 197); "no_evict" is the default without it.
+# ... and in the large-batch kernel, whose TMA weight boxes (read once up
+# to B = 64) take the same hint: built in the forty-second session, not
+# yet measured.
+VARIANTS["large_evict"] = _large(("weights_evict_first", True))
 VARIANTS["no_evict"] = {
     "batch_buckets": tuple(
         (bound, _without(changes, "weights_evict_first"))

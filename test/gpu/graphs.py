@@ -806,6 +806,8 @@ def llama_tiny_variants() -> dict:
         # The sync-core weight copies marked L2 evict-first (a cache hint:
         # the same results).
         "llama_tiny_evict_first": dataclasses.replace(llama.TINY, weights_evict_first=True),
+        # ... and the tma core's weight boxes (not yet run on a GPU when added).
+        "llama_tiny_tma_evict_first": dataclasses.replace(tma, weights_evict_first=True),
         # Tasks dealt at run time (deal="pool"): every layer's attention and
         # projections, the LM head; and the same in the kernels of three.
         "llama_tiny_pool": dataclasses.replace(llama.TINY, pool=_POOLED),

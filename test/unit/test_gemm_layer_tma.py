@@ -520,3 +520,35 @@ def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
 def test_config_errors(change, words):
     with pytest.raises(etc.GraphError, match=words):
         dataclasses.replace(M.TINY, **change)
+
+
+def _tma_copies(source: str) -> dict[str, dict[str, list[bool]]]:
+    """Per function, per tensor-map operand: whether each of its
+    ``cp.async.bulk.tensor`` copies carries an L2 cache hint."""
+    out: dict[str, dict[str, list[bool]]] = {}
+    func = None
+    for line in source.splitlines():
+        if m := re.match(r"\s*func\.func @(\w+)", line):
+            func = m.group(1)
+        if "cp.async.bulk.tensor" in line and func is not None:
+            tmap = re.search(r'"r,l,[rl,]*" %\w+, (%\w+)', line).group(1)
+            out.setdefault(func, {}).setdefault(tmap, []).append("L2::cache_hint" in line)
+    return out
+
+
+def test_evict_first_marks_the_weight_boxes_only():
+    """``l2_evict_first`` on the tma core: every weight box's TMA copy, in
+    the body and in the ring prefetch, carries the evict-first hint (with
+    its policy operand); the activation boxes and the copy count do not
+    change."""
+    opts = dict(layers=2, epilogue="store", core="tma", stages=4, prefetch_ring="shared", name="t")
+    plain = _tma_copies(layer_gemm(64, 64, 2048, 2048, **opts).source)
+    marked_fn = layer_gemm(64, 64, 2048, 2048, l2_evict_first=True, **opts)
+    marked = _tma_copies(marked_fn.source)
+    assert set(plain) == set(marked) == {"t", "t__prefetch"}
+    body = sorted(marked["t"].values(), key=all)  # the A boxes, then the weight boxes
+    assert sorted(map(len, body)) == sorted(map(len, plain["t"].values()))
+    assert len(body) == 2 and not any(body[0]) and all(body[1])
+    assert [all(v) for v in marked["t__prefetch"].values()] == [True]  # weights only
+    assert not any(any(v) for copies in plain.values() for v in copies.values())
+    assert marked_fn.source.count("createpolicy.fractional.L2::evict_first") >= 2

@@ -497,7 +497,8 @@ def test_evict_first_marks_every_weight_copy_of_the_ring_and_its_prefetch():
     """``l2_evict_first``: each of the ring's ``cp.async`` weight copies (in
     the body and in the prefetch function that fills the first groups)
     carries the evict-first policy instead of going out unmarked; a tile
-    without the ring, with the bulk ring or on another core refuses it."""
+    without the ring or on the bulk core refuses it (the tma core's weight
+    boxes take it: ``test_gemm_layer_tma``)."""
     options = dict(layers=3, epilogue="swiglu", stages=3, unroll=2, prefetch_ring=True)
     plain = G.layer_gemm(16, 16, 64, 1024, **options)
     marked = G.layer_gemm(16, 16, 64, 1024, l2_evict_first=True, **options)
@@ -511,4 +512,4 @@ def test_evict_first_marks_every_weight_copy_of_the_ring_and_its_prefetch():
     with pytest.raises(etc.GraphError, match="l2_evict_first marks the weight ring's cp.async"):
         G.layer_gemm(16, 16, 64, 256, layers=3, unroll=1, l2_evict_first=True)
     with pytest.raises(etc.GraphError, match="l2_evict_first"):
-        G.layer_gemm(64, 64, 64, 256, layers=3, core="tma", l2_evict_first=True)
+        G.layer_gemm(16, 16, 64, 256, layers=3, core="bulk", l2_evict_first=True)

@@ -1359,8 +1359,8 @@ def test_context_buckets_split_the_one_sequence_kernel_by_l():
     assert all(k.context_buckets == () and k.max_batch == 1 for k in (short, long))
     # L2 evict-first weight copies in the B = 2..16 kernel and B = 1's long one.
     assert [k.weights_evict_first for k in (short, long, mid, large)] == [False, True, True, False]
-    # Set on the base it reaches every kernel; the large one's tma-core
-    # projections are left as they are.
+    # Set on the base it reaches every kernel (the large one's TMA weight
+    # boxes too).
     on_all = dataclasses.replace(cfg, weights_evict_first=True)
     assert all(k.weights_evict_first for *_, k in on_all.kernel_configs())
     assert [cfg.kernel_for(B, L) for B, L in ((1, 0), (1, 1087), (1, 1088), (2, 0), (17, 5))] == [

@@ -503,13 +503,14 @@ class LlamaConfig:
     #: bulk core's tiles always do); an int: that many groups, not all
     #: ``stages - 1``. On: −81 µs at B=1, −75 at B=16, −114 at B=64.
     prefetch_ring: bool | int = True
-    #: The sync-core projections' weight copies carry an L2 evict-first
-    #: policy (``layer_gemm(l2_evict_first=True)``): weights read once a step
-    #: no longer push out of the L2 what is read again. Projections on the
-    #: other cores are left as they are (a base configuration's flag reaches
-    #: every bucket). On in the B = 2..16 kernel and B = 1's past L = 1087
-    #: (:data:`SMALL_BATCH`, :data:`SINGLE_SEQUENCE_LONG`; forty-second
-    #: session, items 197-198).
+    #: The projections' weight copies carry an L2 evict-first policy
+    #: (``layer_gemm(l2_evict_first=True)``; the sync core's ``cp.async``
+    #: copies, the tma core's weight boxes; not the bulk core): weights read
+    #: once a step no longer push out of the L2 what is read again. On in
+    #: the B = 2..16 kernel and B = 1's past L = 1087 (:data:`SMALL_BATCH`,
+    #: :data:`SINGLE_SEQUENCE_LONG`; forty-second session, items 197-198).
+    #: On the tma core (the large-batch kernel) it is built but not yet
+    #: measured.
     weights_evict_first: bool = False
     #: Tasks in shared-memory regions other than 0 (``Graph.task(
     #: shared_region=...)``), e.g. ``(("o_proj", 1), ("down", 1))``: their
@@ -1555,6 +1556,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             own = dict(dict(cfg.projection_options).get(name, ()))
             core = dict(
                 core="tma", stages=own.get("stages", cfg.tma_stages), k_splits=cfg.k_split(name),
+                l2_evict_first=cfg.weights_evict_first,
                 counter_row=_COUNTER_ROWS.get(name, 0),
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,

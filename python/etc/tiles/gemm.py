@@ -1842,7 +1842,12 @@ def layer_gemm(
     ``meeting`` (how the split-K parts meet), ``meet_share`` (how many of
     them add the parts: :func:`etc.tiles.gemm_layer_tma.layer_gemm_tma`) and
     ``refill`` (how thread 0 refills the ring: :func:`etc.tiles.gemm_tc.gemm`'s
-    option) only.
+    option) and ``l2_evict_first`` (its weight boxes' TMA copies, the ring
+    prefetch's too, carry the L2 evict-first hint) only.
+
+    ``l2_evict_first`` (the sync core with ``stages``, or the tma core): the
+    weight copies carry an L2 evict-first policy, so weights read once do
+    not push out of the L2 what is read again.
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -1880,7 +1885,8 @@ def layer_gemm(
     if core == "tma":
         from .gemm_layer_tma import layer_gemm_tma
 
-        tma_refused = {key: v for key, v in sync_only.items() if key != "weight_chunk"}
+        shared_with_tma = ("weight_chunk", "l2_evict_first")
+        tma_refused = {key: v for key, v in sync_only.items() if key not in shared_with_tma}
         _refuse(name, core, {**tma_refused, "kc": kc is not None})
         return layer_gemm_tma(
             block_m, block_n, n, k, layers=layers, epilogue=epilogue, name=name,
@@ -1888,7 +1894,7 @@ def layer_gemm(
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
             prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
             epilogue_ahead=epilogue_ahead, meeting=meeting, meet_share=meet_share,
-            refill=refill,
+            refill=refill, l2_evict_first=l2_evict_first,
         )  # fmt: skip
     if k_splits != 1 or a_box != 64 or meeting != "rows" or meet_share != 1 or refill != "wait":
         raise GraphError(

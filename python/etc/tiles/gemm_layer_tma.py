@@ -84,6 +84,7 @@ def layer_gemm_tma(
     meeting: str = "rows",
     meet_share: int = 1,
     refill: str = "wait",
+    l2_evict_first: bool = False,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -239,6 +240,7 @@ def layer_gemm_tma(
         stages=stages, a_loads=loads[0], b_loads=loads[1], r0=r0, epilogue=finish,
         stage_output=False, split_n=True, k_offset=t.mul("%ks", part) if split else None,
         weights_prefetched=shared, rotate="%j" if rotate_k else None, refill=refill,
+        b_evict_first=l2_evict_first,
     )  # fmt: skip
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
@@ -268,6 +270,7 @@ def layer_gemm_tma(
                 tp, name=name, k=part, block_m=block_m, b_rows=per_n * block_n,
                 block_size=block_size, stages=stages, a_loads=a_p, b_loads=b_p,
                 k_offset=k_offset, rotate="%j" if rotate_k else None,
+                b_evict_first=l2_evict_first,
             )  # fmt: skip
             loaded = "the ring's barriers and first weight boxes, before the waits"
             rest = part // _tc.TMA_BLOCK_K

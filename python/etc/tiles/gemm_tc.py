@@ -750,7 +750,7 @@ class _TmaRing:
 def _tma_ring(
     t: _Text, name: str, block_m: int, b_rows: int, stages: int, a_loads: list[TmaLoad],
     b_loads: list[TmaLoad], k_offset: str | None, body: bool = False,
-    rotate: tuple[str, int] | None = None, a_tx: bool = True,
+    rotate: tuple[str, int] | None = None, a_tx: bool = True, b_evict_first: bool = False,
 ) -> _TmaRing:  # fmt: skip
     """The ring of :func:`_body_tma` (and of its prefetch, :func:`tma_prefetch_ring`):
     ``stages`` stages of ``a_loads`` and ``b_loads`` boxes, a full and an
@@ -759,7 +759,9 @@ def _tma_ring(
     the whole stage's bytes on its full barrier when ``expect``. ``rotate =
     (r, k_tiles)``: loop step ``kt`` loads k-tile ``(kt + r) mod k_tiles``.
     ``a_tx=False``: the ``A`` stage does not come through TMA (a gather's
-    copies arrive on the full barrier themselves), so it is not expected."""
+    copies arrive on the full barrier themselves), so it is not expected.
+    ``b_evict_first``: the ``B`` boxes (weights, read once) carry an L2
+    evict-first policy (``.L2::cache_hint``)."""
     bk = TMA_BLOCK_K
     a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
     b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
@@ -831,6 +833,13 @@ def _tma_ring(
         ):  # fmt: skip
             if part not in which:
                 continue
+            policy = None
+            if part == "b" and b_evict_first:
+                policy = t.op(
+                    "pol",
+                    'llvm.inline_asm asm_dialect = att "createpolicy.fractional.'
+                    'L2::evict_first.b64 $0, 1.0;", "=l" : () -> i64',
+                )
             st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
             off = 0
             for tmap, row0, rows, *cond in loads:
@@ -842,11 +851,13 @@ def _tma_ring(
                     t.indent += "  "
                 coords = _box_coords(t, tmap, col, row0)
                 n = len(coords)
+                hint, hint_op = ("", "") if policy is None else (".L2::cache_hint", f", ${3 + n}")
                 _asm_ops(
                     t,
                     f"cp.async.bulk.tensor.{n}d.shared::cluster.global.tile.mbarrier::complete_tx"
-                    f"::bytes [$0], [$1, {_coords_text(2, n)}], [${2 + n}];",
-                    [(dst, "i32"), (tmap, "i64"), *((c, "i32") for c in coords), (full, "i32")],
+                    f"::bytes{hint} [$0], [$1, {_coords_text(2, n)}], [${2 + n}]{hint_op};",
+                    [(dst, "i32"), (tmap, "i64"), *((c, "i32") for c in coords), (full, "i32")]
+                    + ([] if policy is None else [(policy, "i64")]),
                 )
                 if cond:
                     t.end()
@@ -888,7 +899,7 @@ def _init_ring_barriers(
 def tma_prefetch_ring(
     t: _Text, *, name: str, k: int, block_m: int, b_rows: int, block_size: int, stages: int,
     a_loads: list[TmaLoad], b_loads: list[TmaLoad], k_offset: str | None = None,
-    rotate: str | None = None,
+    rotate: str | None = None, b_evict_first: bool = False,
 ) -> None:  # fmt: skip
     """The prefetch half of ``_body_tma(weights_prefetched=True)``, for a
     prefetch function (before the instance's waits): thread 0 initialises
@@ -899,7 +910,7 @@ def tma_prefetch_ring(
     kt_n = k // TMA_BLOCK_K
     ring = _tma_ring(
         t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset,
-        rotate=None if rotate is None else (rotate, kt_n),
+        rotate=None if rotate is None else (rotate, kt_n), b_evict_first=b_evict_first,
     )  # fmt: skip
     # The previous tile used this memory through the generic proxy, and its
     # barriers were invalidated before the instance's closing barrier.
@@ -1092,6 +1103,7 @@ def _body_tma(
     pass_var: str = "%pass",
     stage_cols: int | None = None,
     stage_split: int = 1,
+    b_evict_first: bool = False,
 ) -> list[str]:
     """The TMA + mbarrier pipeline feeding ``wgmma`` (sm_90a).
 
@@ -1229,7 +1241,7 @@ def _body_tma(
     rotation = None if rotate is None else (rotate, k // TMA_BLOCK_K)
     ring = _tma_ring(
         t, name, block_m, b_rows, stages, a_loads, b_loads, k_offset, body=True,
-        rotate=rotation, a_tx=gather is None,
+        rotate=rotation, a_tx=gather is None, b_evict_first=b_evict_first,
     )  # fmt: skip
     globals_, base_a, base_b = ring.globals_, ring.base_a, ring.base_b
     is0, bar, issue = ring.is0, ring.bar, ring.issue
