@@ -669,6 +669,11 @@ def test_a_size_text_is_parsed_once_per_set_of_symbols() -> None:
 
     text = "(L + 63)//64*B + 1"
     assert parse_size(text, ["B", "L"]) is parse_size(text, ("L", "B"))
+    # Shared, it remembers its last evaluation: repeated and alternating
+    # values give the right counts (the key is every symbol it names).
+    size = parse_size(text, ["B", "L"])
+    for B, L in ((2, 100), (2, 100), (3, 100), (2, 100), (2, 64), (2, 65)):
+        assert size.evaluate({"B": B, "L": L, "S": 7}) == (L + 63) // 64 * B + 1
     with pytest.raises(ValueError, match="'L' is not a declared symbol"):
         parse_size(text, ["B"])
 

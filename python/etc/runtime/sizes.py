@@ -33,15 +33,24 @@ class SizeExpr:
     tree: ast.expr
     names: frozenset[str] = field(compare=False, repr=False)
     code: CodeType = field(compare=False, repr=False)
+    #: The last ``(symbol values, result)``: a launch evaluates the same
+    #: split count for several shapes and grids (one tuple, swapped whole).
+    _last: list = field(default_factory=lambda: [None], compare=False, repr=False)
 
     def evaluate(self, symbols: Mapping[str, int]) -> int:
         values = {name: int(symbols[name]) for name in self.names}
+        key = tuple(sorted(values.items()))
+        last = self._last[0]
+        if last is not None and last[0] == key:
+            return last[1]
         try:
-            return eval(self.code, {"__builtins__": {}}, values)  # noqa: S307 (checked tree)
+            result = eval(self.code, {"__builtins__": {}}, values)  # noqa: S307 (checked tree)
         except ZeroDivisionError:  # a divisor is a constant, so 0 (- never parses as one)
             raise ZeroDivisionError(
                 "division by a non-positive constant in a size expression"
             ) from None
+        self._last[0] = (key, result)
+        return result
 
     def __str__(self) -> str:
         return self.text
