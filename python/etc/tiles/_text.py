@@ -49,6 +49,16 @@ def asm_line(text: str, operands: list[tuple[str, str]], memory: bool = False) -
     )
 
 
+def l2_policy(priority: str) -> str:
+    """The op (its text after ``%x = ``) making an L2 cache policy of
+    ``priority`` (``"evict_first"``, ``"evict_last"``) for every access: the
+    i64 that ``.L2::cache_hint`` copies and prefetches take."""
+    return (
+        'llvm.inline_asm asm_dialect = att "createpolicy.fractional.'
+        f'L2::{priority}.b64 $0, 1.0;", "=l" : () -> i64'
+    )
+
+
 def shuffle_constants(indent: str = "  ") -> str:
     """`%c<o>_i32` for every shuffle offset (the tile defines `%c32_i32`, the width)."""
     return "\n".join(f"{indent}%c{o}_i32 = arith.constant {o} : i32" for o in SHUFFLE_OFFSETS)

@@ -572,13 +572,7 @@ def _body(
                 src = t.op("src", f"arith.muli {chunk_base(k)}, %c2 : index")
                 bulk.issue([t.op("src", f"arith.addi {p}, {src} : index") for p in rowp], stage)
                 return
-            policy = None
-            if l2_evict_first:
-                policy = t.op(
-                    "pol",
-                    'llvm.inline_asm asm_dialect = att "createpolicy.fractional.'
-                    'L2::evict_first.b64 $0, 1.0;", "=l" : () -> i64',
-                )
+            policy = t.op("pol", _text.l2_policy("evict_first")) if l2_evict_first else None
             for u in range(unroll):
                 kb = t.op("kb", f"arith.muli {k}, %c2 : index")
                 if u:
@@ -595,9 +589,10 @@ def _body(
                             "dst", f"arith.index_cast {slot(stage, u, f, 'bytes')} : index to i32"
                         )
                         t.emit(
-                            "llvm.inline_asm has_side_effects asm_dialect = att "
-                            '"cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", '
-                            f'"r,l,l" {dst}, {src}, {policy} : (i32, i64, i64) -> ()'
+                            _text.asm_line(
+                                "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;",
+                                [(dst, "i32"), (src, "i64"), (policy, "i64")],
+                            )
                         )
                         continue
                     src = t.op("src", f"llvm.inttoptr {src} : i64 to !llvm.ptr<1>")

@@ -835,11 +835,7 @@ def _tma_ring(
                 continue
             policy = None
             if part == "b" and b_evict_first:
-                policy = t.op(
-                    "pol",
-                    'llvm.inline_asm asm_dialect = att "createpolicy.fractional.'
-                    'L2::evict_first.b64 $0, 1.0;", "=l" : () -> i64',
-                )
+                policy = t.op("pol", _text.l2_policy("evict_first"))
             st = t.mul(stage, per_stage) if isinstance(stage, str) else t.c(stage * per_stage)
             off = 0
             for tmap, row0, rows, *cond in loads:

@@ -115,10 +115,7 @@ def l2_prefetch(
         "  %gid = arith.addi %tp, %p : index",
     ]
     if mode == "bulk" and any(r.evict_last for r in regions):
-        lines.append(
-            '  %policy = llvm.inline_asm asm_dialect = att "createpolicy.fractional.'
-            'L2::evict_last.b64 $0, 1.0;", "=l"  : () -> i64'
-        )
+        lines.append(f"  %policy = {_text.l2_policy('evict_last')}")
     for k, (r, t) in enumerate(zip(regions, types, strict=True)):
         row_bytes = 2 * r.cols
         if mode == "bulk":
