@@ -123,7 +123,9 @@ LARGE_BATCH = (
 #: The changes of the decoder's B = 2..16 kernel: its CTAs skip a wait on
 #: the coordinate their last completed wait saw (``wait_memo``; -0.7..-1.8 %
 #: at B = 8-16, even at B = 2 and 4 on an H200, fortieth session, item 183;
-#: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it).
+#: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it), and
+#: its weight copies are L2 evict-first (``weights_evict_first``; -1.6..-3.7 %
+#: at B = 2-16, forty-second session, item 198).
 SMALL_BATCH = (("wait_memo", True), ("weights_evict_first", True))
 #: The tile changes of the decoder's B = 1 kernel: the phased attention
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
