@@ -552,6 +552,56 @@ def _without(changes: tuple, key: str) -> tuple:
 # to B = 64) take the same hint: built in the forty-second session, not
 # yet measured.
 VARIANTS["large_evict"] = _large(("weights_evict_first", True))
+# The attention's TMA ring copies (the KV cache, read once a step) marked
+# evict-first too (``attn_kv_evict_first``, forty-third session): in the
+# large kernel alone, with its weights', and in the B = 2..16 kernel.
+VARIANTS["large_kv_evict"] = _large(("attn_kv_evict_first", True))
+VARIANTS["large_both_evict"] = _large(("weights_evict_first", True), ("attn_kv_evict_first", True))
+VARIANTS["mid_kv_evict"] = _mid(("attn_kv_evict_first", True))
+# Why the short B = 1 kernel was 2 % slower with its weights evict-first
+# (item 197): the LM head's weights alone (525 MB, the largest stream), or
+# the layers' alone (``projection_options``' ``l2_evict_first``).
+_LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+VARIANTS["one_ef_all"] = _one(("weights_evict_first", True))
+VARIANTS["one_ef_lm"] = _one(_proj(("lm_head", "l2_evict_first", True)).popitem())
+VARIANTS["one_ef_layers"] = _one(
+    _proj(*((p, "l2_evict_first", True) for p in _LAYER_PROJECTIONS)).popitem()
+)
+# With the large kernel's both streams evict-first (item 200): the KV ring
+# evict-first in the B = 2..16 kernel and B = 1's long one too.
+_KV_EF = ("attn_kv_evict_first", True)  # (now in SMALL_BATCH: a no-op there)
+VARIANTS["kv_evict_all"] = {
+    "batch_buckets": (
+        (1, (*M.SINGLE_SEQUENCE, ("context_buckets", (
+            (M.SINGLE_SEQUENCE_CONTEXT, ()), (None, (*M.SINGLE_SEQUENCE_LONG, _KV_EF)),
+        )))),
+        (16, (*M.SMALL_BATCH, _KV_EF)),
+        *M.LLAMA_3_2_1B.batch_buckets[2:],
+    )
+}  # fmt: skip
+# Item 201's trace: with the LM head's copies evict-first the LM head,
+# final norm and argmax ran faster but the layers slower; the kernel inlines
+# the LM head's ring fill before its waits, and ptxas then spilled one more
+# word. "body": the tiles' own copies marked, not their ring fills'.
+_ALL_PROJECTIONS = (*_LAYER_PROJECTIONS, "lm_head")
+
+
+def _body_only(projections: tuple[str, ...]) -> tuple:
+    return _proj(*((p, "l2_evict_first", "body") for p in projections)).popitem()
+
+
+VARIANTS["one_ef_lm_body"] = _one(_body_only(("lm_head",)))
+VARIANTS["one_ef_body"] = _one(_body_only(_ALL_PROJECTIONS))
+VARIANTS["long_ef_body"] = {
+    "batch_buckets": (
+        (1, (*M.SINGLE_SEQUENCE, ("context_buckets", (
+            (M.SINGLE_SEQUENCE_CONTEXT, ()),
+            (None, (*M.SINGLE_SEQUENCE_LONG, _body_only(_ALL_PROJECTIONS))),
+        )))),
+        *M.LLAMA_3_2_1B.batch_buckets[1:],
+    )
+}  # fmt: skip
+VARIANTS["mid_ef_body"] = _mid(_body_only(_ALL_PROJECTIONS))
 VARIANTS["no_evict"] = {
     "batch_buckets": tuple(
         (bound, _without(changes, "weights_evict_first"))

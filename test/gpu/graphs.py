@@ -750,6 +750,15 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_mma_tma_read_early": dataclasses.replace(
             mma_spans, attn_tma_release="read_early", attn_tma_prefetch=True, **tma_heads
         ),
+        # ... its ring's K and V copies marked L2 evict-first (a cache hint:
+        # the same results; not yet run on a GPU when added).
+        "llama_tiny_mma_tma_kv_evict_first": dataclasses.replace(
+            mma_spans,
+            attn_tma_release="read_early",
+            attn_tma_prefetch=True,
+            attn_kv_evict_first=True,
+            **tma_heads,
+        ),  # fmt: skip
         # ... called, as the default B = 2..16 kernel's, with the split
         # counts capped: past 3 or 2 splits the spans grow with L, past the
         # chunk of 512 positions at L = 1600.

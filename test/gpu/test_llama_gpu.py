@@ -106,6 +106,8 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_mma_tma_pf",
         "llama_tiny_mma_tma_read",
         "llama_tiny_mma_tma_read_early",
+        "llama_tiny_mma_tma_kv_evict_first",
+        "llama_tiny_tma_evict_first",
         "llama_tiny_mma_tma_items",
         "llama_tiny_mma_tma_capped_items",
         "llama_tiny_regions",

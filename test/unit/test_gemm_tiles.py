@@ -513,3 +513,15 @@ def test_evict_first_marks_every_weight_copy_of_the_ring_and_its_prefetch():
         G.layer_gemm(16, 16, 64, 256, layers=3, unroll=1, l2_evict_first=True)
     with pytest.raises(etc.GraphError, match="l2_evict_first"):
         G.layer_gemm(16, 16, 64, 256, layers=3, core="bulk", l2_evict_first=True)
+    # "body": the tile's own copies marked, its prefetch function's text
+    # exactly the plain tile's (a kernel inlining it keeps its code).
+    body = functions(G.layer_gemm(16, 16, 64, 1024, l2_evict_first="body", **options).source)
+    assert (
+        body["layer_gemm_swiglu__prefetch"]
+        == functions(plain.source)["layer_gemm_swiglu__prefetch"]
+    )
+    assert body["layer_gemm_swiglu"] == functions(marked.source)["layer_gemm_swiglu"]
+    with pytest.raises(etc.GraphError, match="l2_evict_first must be a bool or 'body', got 1"):
+        G.layer_gemm(16, 16, 64, 1024, l2_evict_first=1, **options)
+    with pytest.raises(etc.GraphError, match="l2_evict_first='body' .* the tma core takes a bool"):
+        G.layer_gemm(64, 64, 2048, 2048, layers=2, core="tma", stages=4, l2_evict_first="body")

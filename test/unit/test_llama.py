@@ -1242,6 +1242,38 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
         attention_mma(512, 8, 2, 64, 2, pipeline="tma", stages=1)
 
 
+@needs_ptxas
+def test_kv_evict_first_marks_every_ring_copy():
+    """attention_mma(kv_evict_first=True): every K and V box's TMA copy,
+    in the prefetch function and the loop, carries the evict-first hint with
+    its policy operand; the copies' count does not change; ptxas takes the
+    decoder's kernel; other pipelines refuse it by name."""
+    from etc.tiles.attention_mma import attention_mma
+
+    opts = dict(blocks=1, pipeline="tma", stages=2, prefetch=True, release="read_early")
+    plain = attention_mma(4096, 32, 8, 64, 16, **opts).source
+    marked = attention_mma(4096, 32, 8, 64, 16, kv_evict_first=True, **opts).source
+    copies = [line for line in marked.splitlines() if "cp.async.bulk.tensor.2d" in line]
+    assert len(copies) == plain.count("cp.async.bulk.tensor.2d") == 6
+    assert all(".L2::cache_hint [$0], [$1, {$2, $3}], [$4], $5;" in c for c in copies)
+    assert "cache_hint" not in plain and "createpolicy" not in plain
+    assert marked.count("createpolicy.fractional.L2::evict_first") >= 2
+    cfg = dataclasses.replace(
+        CFG, attn_tile="mma", attn_unroll=1, attn_pipeline="tma", head_dim=64, heads=4,
+        kv_heads=2, combine_group=4, attn_tma_prefetch=True, attn_kv_evict_first=True,
+    )  # fmt: skip
+    ptx = etc.compile(M.build_decoder_graph(cfg), schedule="static").ptx
+    assert ptx.count("createpolicy.fractional.L2::evict_first") >= 2
+    with pytest.raises(etc.GraphError, match="kv_evict_first marks the TMA ring's copies"):
+        attention_mma(512, 8, 2, 64, 2, kv_evict_first=True)
+    # No ring (the phased tile): nothing to mark.
+    phased = dataclasses.replace(CFG, attn_kv_evict_first=True)
+    graph = M.build_decoder_graph(phased)
+    assert not any("cache_hint" in t.function.source for t in graph.tasks)
+    with pytest.raises(etc.GraphError, match="attn_kv_evict_first must be a bool, got 1"):
+        dataclasses.replace(cfg, attn_kv_evict_first=1)
+
+
 def test_tma_attention_release_after_reads():
     """release="read": each warp gives its stage back between its ring reads
     and its first mma (a warp sync first), and thread 0 refills the same
@@ -1324,6 +1356,10 @@ def test_batch_buckets_change_only_the_tiles():
     assert large.attention_pipeline == "tma" and one.attention_pipeline == "none"
     tiny_large = dataclasses.replace(CFG, batch_buckets=(), **dict(M.LARGE_BATCH))
     assert CFG.head_dim != 64 and tiny_large.attention_pipeline == "none"
+    # ... and its KV ring evict-first there only (no ring, nothing to mark).
+    assert large.attn_kv_evict_first and tiny_large.attn_kv_evict_first
+    tasks = M.build_decoder_graph(tiny_large).tasks
+    assert not any("cache_hint" in t.function.source for t in tasks if t.name == "attention")
     assert {p: large.k_split(p) for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")} == {
         "qkv_proj": 4,
         "o_proj": 4,
@@ -1357,8 +1393,10 @@ def test_context_buckets_split_the_one_sequence_kernel_by_l():
     assert long.attention_pipeline == "tma" and long.attn_tma_release == "read_early"
     assert "attention" in long.outline and "attention" not in short.outline
     assert all(k.context_buckets == () and k.max_batch == 1 for k in (short, long))
-    # L2 evict-first weight copies in the B = 2..16 kernel and B = 1's long one.
-    assert [k.weights_evict_first for k in (short, long, mid, large)] == [False, True, True, False]
+    # L2 evict-first weight copies in every kernel but the short B = 1 one;
+    # the B = 2..16 and large kernels' KV rings evict-first too.
+    assert [k.weights_evict_first for k in (short, long, mid, large)] == [False, True, True, True]
+    assert [k.attn_kv_evict_first for k in (short, long, mid, large)] == [False, False, True, True]
     # Set on the base it reaches every kernel (the large one's TMA weight
     # boxes too).
     on_all = dataclasses.replace(cfg, weights_evict_first=True)

@@ -100,7 +100,11 @@ ATTENTION_TILES = ("phased", "online", "mma")
 #: read (together −1.7..−4 % at B = 32 and 64 on an H200, session 30), and
 #: down_proj's split-K sums shared by each block's last 2 parts to arrive
 #: (``tma_meet_share``: −0.8..−1.4 % at L = 1024, −0.1..−0.5 % at 4096,
-#: session 35; qkv's, o_proj's and gate/up's cost 1-4 %).
+#: session 35; qkv's, o_proj's and gate/up's cost 1-4 %), and both streams
+#: read once a step, the weight boxes and the KV ring, L2 evict-first
+#: (``weights_evict_first``, ``attn_kv_evict_first``: −3.3..−5.2 % at
+#: L = 1024 and −1.5..−2.2 % at 4096, B = 32-64; either alone ±1 %, forty-third
+#: session, item 200).
 LARGE_BATCH = (
     ("block_m", 32),
     ("row_warps", 1),
@@ -119,14 +123,18 @@ LARGE_BATCH = (
     ("attn_tma_release", "read_early"),
     ("sm_deal", "spread"),
     ("tma_meet_share", (("down_proj", 2),)),
+    ("weights_evict_first", True),
+    ("attn_kv_evict_first", True),
 )
 #: The changes of the decoder's B = 2..16 kernel: its CTAs skip a wait on
 #: the coordinate their last completed wait saw (``wait_memo``; -0.7..-1.8 %
 #: at B = 8-16, even at B = 2 and 4 on an H200, fortieth session, item 183;
 #: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it), and
 #: its weight copies are L2 evict-first (``weights_evict_first``; -1.6..-3.7 %
-#: at B = 2-16, forty-second session, item 198).
-SMALL_BATCH = (("wait_memo", True), ("weights_evict_first", True))
+#: at B = 2-16, forty-second session, item 198), its KV ring too
+#: (``attn_kv_evict_first``: -0.4 % on average over B = 8-16, L = 1024-4096,
+#: 12 of 16 pairs faster, forty-third session, item 202).
+SMALL_BATCH = (("wait_memo", True), ("weights_evict_first", True), ("attn_kv_evict_first", True))
 #: The tile changes of the decoder's B = 1 kernel: the phased attention
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
 #: positions) in loop steps of 64 positions, so ``attn_single_span``'s
@@ -202,7 +210,7 @@ DECODER_TASKS = (
     "l2_prefetch",
 )
 #: The options ``LlamaConfig.projection_options`` may set per projection.
-PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring", "bulk_ring", "refill")
+PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring", "bulk_ring", "refill", "l2_evict_first")
 #: ``gemm_core`` values (``etc.tiles.gemm.LAYER_CORES``).
 _CORES = ("sync", "bulk", "tma")
 #: The projections ``k_splits`` may split, and the field holding their ``k``.
@@ -458,6 +466,16 @@ class LlamaConfig:
     #: 0.5-1 % faster at B = 48-64, L = 1024, slower at L = 4096 and much
     #: slower at B <= 32 (``bench/RESULTS.md`` items 185, 189).
     attn_items: int = 1
+    #: The tensor-core attention's TMA ring copies (the KV cache, read once
+    #: a step) carry an L2 evict-first policy
+    #: (``attention_mma(kv_evict_first=True)``). It marks nothing where the
+    #: attention has no TMA ring (``attention_pipeline`` not "tma"), as
+    #: ``weights_evict_first`` marks nothing on the bulk core: a bucket's
+    #: changes then compose with any base attention. On in
+    #: the large-batch kernel, with its weights' (:data:`LARGE_BATCH`: either
+    #: alone was ±1 %, both −1.5..−5.2 %; forty-third session, item 200), and
+    #: the B = 2..16 one (:data:`SMALL_BATCH`, −0.4 %, item 202).
+    attn_kv_evict_first: bool = False
     #: The decoder's kernels by batch size: ``((largest B, field changes),
     #: ...)`` in increasing order, the last bound None (no limit).
     #: :func:`compile_decoder` compiles this configuration with each entry's
@@ -511,8 +529,8 @@ class LlamaConfig:
     #: once a step no longer push out of the L2 what is read again. On in
     #: the B = 2..16 kernel and B = 1's past L = 1087 (:data:`SMALL_BATCH`,
     #: :data:`SINGLE_SEQUENCE_LONG`; forty-second session, items 197-198).
-    #: On the tma core (the large-batch kernel) it is built but not yet
-    #: measured.
+    #: On the tma core (the large-batch kernel, :data:`LARGE_BATCH`) it pays
+    #: only with ``attn_kv_evict_first`` (item 200).
     weights_evict_first: bool = False
     #: Tasks in shared-memory regions other than 0 (``Graph.task(
     #: shared_region=...)``), e.g. ``(("o_proj", 1), ("down", 1))``: their
@@ -787,7 +805,7 @@ class LlamaConfig:
         _int_field("attn_tma_stages", self.attn_tma_stages, 2)
         for name in (
             "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps",
-            "queue_ahead", "wait_memo",
+            "queue_ahead", "wait_memo", "weights_evict_first", "attn_kv_evict_first",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
@@ -1526,7 +1544,8 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
             stages=cfg.attn_tma_stages,
             prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma",
             release=cfg.attn_tma_release if cfg.attention_pipeline == "tma" else "math",
-            direct=cfg.direct_attention, stamps=cfg.attn_stamps, items=cfg.attn_items, **common,
+            direct=cfg.direct_attention, stamps=cfg.attn_stamps, items=cfg.attn_items,
+            kv_evict_first=cfg.attn_kv_evict_first and cfg.attention_pipeline == "tma", **common,
         )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
 
@@ -1558,7 +1577,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             own = dict(dict(cfg.projection_options).get(name, ()))
             core = dict(
                 core="tma", stages=own.get("stages", cfg.tma_stages), k_splits=cfg.k_split(name),
-                l2_evict_first=cfg.weights_evict_first,
+                l2_evict_first=own.get("l2_evict_first", cfg.weights_evict_first),
                 counter_row=_COUNTER_ROWS.get(name, 0),
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,

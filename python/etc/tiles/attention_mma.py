@@ -40,6 +40,7 @@ import math
 
 from ..device import DeviceFunction
 from ..errors import GraphError
+from . import _text
 from ._mma import mma
 from .gemm_tc import (
     MAP_TYPE,
@@ -98,6 +99,8 @@ class _T(_Text):
 
     #: (sequence, kv head) items per instance (``attention_mma(items=...)``).
     items = 1
+    #: The ring's copies are L2 evict-first (``attention_mma(kv_evict_first=...)``).
+    kv_evict_first = False
 
     def part(self, indent: str) -> str:
         """The lines emitted since the last part; later ones get ``indent``."""
@@ -189,6 +192,7 @@ def attention_mma(
     release: str = "math",
     stamps: bool = False,
     items: int = 1,
+    kv_evict_first: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -244,7 +248,11 @@ def attention_mma(
     its sequence and split, ``g * items ..``, one after the other (the grid's
     ``g`` runs to ``kv_heads / items``). The ring runs on across them: while
     an item merges its warps, its successor's first steps are loading, and
-    the CTA pays no wait, call or ring start between them."""
+    the CTA pays no wait, call or ring start between them.
+
+    ``kv_evict_first`` (with ``"tma"``): the ring's K and V boxes carry an
+    L2 evict-first policy (``.L2::cache_hint``): a step reads each cached
+    row once, so it need not push out of the L2 what is read again."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -291,6 +299,10 @@ def attention_mma(
         raise GraphError(
             f"tile '{name}': items={items} does not divide kv_heads={kv_heads} "
             "(an instance takes whole groups of kv heads)"
+        )
+    if kv_evict_first and pipeline != "tma":
+        raise GraphError(
+            f"tile '{name}': kv_evict_first marks the TMA ring's copies: needs pipeline='tma'"
         )
     if release != "math" and pipeline != "tma":
         raise GraphError(
@@ -366,6 +378,7 @@ def attention_mma(
     # -- setup: the roped query of head g as A fragments -----------------------
     t = _T()
     t.items = items
+    t.kv_evict_first = kv_evict_first
     pre_items = ""  # with items: the ring's values and start, before the item loop
     if stamps:
         _stamp(t, STAMPS.index("entry_ns"), "globaltimer")
@@ -975,13 +988,16 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
         else t.idx("addi", "%ringaddr", t.idx("muli", stage, t.c(stage_bytes)))
     )
     zero = t.op("w", "arith.constant 0 : i32")
+    policy = t.op("pol", _text.l2_policy("evict_first")) if t.kv_evict_first else None
+    hint, hint_op = ("", "") if policy is None else (".L2::cache_hint", ", $5")
     for half, tmap in ((0, "%tma_kmap"), (1, "%tma_vmap")):
         dst = _i32(t, t.idx("addi", base, t.c(half * step * D * 2)) if half else base)
         _asm_ops(
             t,
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-            "[$0], [$1, {$2, $3}], [$4];",
-            [(dst, "i32"), (tmap, "i64"), (zero, "i32"), (row, "i32"), (full, "i32")],
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            f"{hint} [$0], [$1, {{$2, $3}}], [$4]{hint_op};",
+            [(dst, "i32"), (tmap, "i64"), (zero, "i32"), (row, "i32"), (full, "i32")]
+            + ([] if policy is None else [(policy, "i64")]),
         )
 
 

@@ -240,14 +240,15 @@ def _body(
     partials: int = 0,
     weight_chunk: int = 0,
     bulk_ring: bool = False,
-    l2_evict_first: bool = False,
+    l2_evict_first: bool | str = False,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
 
     ``l2_evict_first`` (with ``stages``, not ``bulk_ring``): the weight
     ring's ``cp.async`` copies carry an L2 evict-first policy, so weights
     read once a step do not push out of the L2 what is read again (the
-    kernel's code, activations, counters).
+    kernel's code, activations, counters); ``"body"``: not the ring fill's
+    (``part="fill"``) copies.
 
     ``bulk_ring`` (with ``stages`` and ``weight_chunk=32``): lane 0 of each
     warp fills the warp's ring slots with one ``cp.async.bulk`` per weight
@@ -572,7 +573,8 @@ def _body(
                 src = t.op("src", f"arith.muli {chunk_base(k)}, %c2 : index")
                 bulk.issue([t.op("src", f"arith.addi {p}, {src} : index") for p in rowp], stage)
                 return
-            policy = t.op("pol", _text.l2_policy("evict_first")) if l2_evict_first else None
+            hinted = l2_evict_first is True or (l2_evict_first == "body" and part != "fill")
+            policy = t.op("pol", _text.l2_policy("evict_first")) if hinted else None
             for u in range(unroll):
                 kb = t.op("kb", f"arith.muli {k}, %c2 : index")
                 if u:
@@ -1727,7 +1729,7 @@ def layer_gemm(
     meeting: str = "rows",
     meet_share: int = 1,
     refill: str = "wait",
-    l2_evict_first: bool = False,
+    l2_evict_first: bool | str = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1842,7 +1844,10 @@ def layer_gemm(
 
     ``l2_evict_first`` (the sync core with ``stages``, or the tma core): the
     weight copies carry an L2 evict-first policy, so weights read once do
-    not push out of the L2 what is read again.
+    not push out of the L2 what is read again. ``"body"`` (the sync core):
+    the tile's own copies only, not its ``@<name>__prefetch``'s (a kernel
+    that inlines the prefetch before its waits keeps its code, and ptxas
+    its register allocation, as without the hint).
 
     The rounding follows Hugging Face's bf16 Llama, so the model matches
     ``LlamaForCausalLM`` closely. Algorithm and the ``warps``, ``unroll``,
@@ -1862,6 +1867,15 @@ def layer_gemm(
         raise GraphError(f"tile '{name}': norm_sums reads the statistics of rmsnorm: give rmsnorm")
     if sums_out is not None and (epilogue != "residual" or layers is None):
         raise GraphError(f"tile '{name}': sums_out needs the residual epilogue over stacked layers")
+    if not (isinstance(l2_evict_first, bool) or l2_evict_first == "body"):
+        raise GraphError(
+            f"tile '{name}': l2_evict_first must be a bool or 'body', got {l2_evict_first!r}"
+        )
+    if l2_evict_first == "body" and core == "tma":
+        raise GraphError(
+            f"tile '{name}': l2_evict_first='body' (the ring fill's copies unmarked) is the "
+            "sync core's; the tma core takes a bool"
+        )
     # The options of the sync core, which the other cores do not take.
     sync_only = {
         "warps": warps is not None,
