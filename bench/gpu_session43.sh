@@ -51,6 +51,13 @@ for step in ${*:-tests}; do
     SWEEP_TMP=/tmp/s43 sweep_passes s43_body_long default,long_ef_body 1 2048,4096 .device/s43c
     SWEEP_TMP=/tmp/s43 sweep_passes s43_body_mid default,mid_ef_body 8,16 1024,4096 .device/s43c
     ;;
+  retune)  # the large kernel's split and meeting settings again, now that its streams
+    # are evict-first (DECODE_SWEEP_VARIANTS=default,large_items2,frag_o8,frag_q8,share2,
+    # share4_down python bench/decode_sweep.py --build .device/s43r)
+    SWEEP_TMP=/tmp/s43 sweep_passes s43_retune \
+      ${RETUNE_VARIANTS:-default,large_items2,frag_o8,frag_q8,share2,share4_down} \
+      ${RETUNE_BATCHES:-32,64} ${RETUNE_CONTEXTS:-1024,4096} .device/s43r
+    ;;
   decbench)  # bench/decode.py over the default artifact (python bench/decode.py --build
     # .device/s43dec): the check against Hugging Face, and the timings with torch.compile
     DECODE_PARTS=${DECODE_PARTS:-check,time} decode_bench ${DECBENCH_DIR:-.device/s43dec2} \

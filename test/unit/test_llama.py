@@ -1266,6 +1266,10 @@ def test_kv_evict_first_marks_every_ring_copy():
     assert ptx.count("createpolicy.fractional.L2::evict_first") >= 2
     with pytest.raises(etc.GraphError, match="kv_evict_first marks the TMA ring's copies"):
         attention_mma(512, 8, 2, 64, 2, kv_evict_first=True)
+    with pytest.raises(
+        etc.GraphError, match="'attention': kv_evict_first must be a bool, got 'on'"
+    ):
+        attention_mma(4096, 32, 8, 64, 16, kv_evict_first="on", **opts)
     # No ring (the phased tile): nothing to mark.
     phased = dataclasses.replace(CFG, attn_kv_evict_first=True)
     graph = M.build_decoder_graph(phased)

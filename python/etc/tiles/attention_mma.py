@@ -300,6 +300,8 @@ def attention_mma(
             f"tile '{name}': items={items} does not divide kv_heads={kv_heads} "
             "(an instance takes whole groups of kv heads)"
         )
+    if not isinstance(kv_evict_first, bool):
+        raise GraphError(f"tile '{name}': kv_evict_first must be a bool, got {kv_evict_first!r}")
     if kv_evict_first and pipeline != "tma":
         raise GraphError(
             f"tile '{name}': kv_evict_first marks the TMA ring's copies: needs pipeline='tma'"
