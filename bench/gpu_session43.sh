@@ -58,6 +58,21 @@ for step in ${*:-tests}; do
       ${RETUNE_VARIANTS:-default,large_items2,frag_o8,frag_q8,share2,share4_down} \
       ${RETUNE_BATCHES:-32,64} ${RETUNE_CONTEXTS:-1024,4096} .device/s43r
     ;;
+  ncu)  # L2 hit rates and DRAM bytes with and without the hints (Nsight Compute,
+    # clocks left alone): the large kernel at B = 64 (.device/s43ev: default = no hints
+    # there, large_both_evict = both), the short B = 1 kernel (.device/s43one: default,
+    # one_ef_all)
+    M=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_op_read.sum,gpu__time_duration.sum
+    for spec in "s43ev default 64 1024" "s43ev large_both_evict 64 1024" "s43ev default 64 4096" \
+        "s43ev large_both_evict 64 4096" "s43one default 1 1024" "s43one one_ef_all 1 1024"; do
+      set -- $spec
+      echo "== $2 B=$3 L=$4" >> "$OUT/ncu.txt"
+      timeout 120 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 --metrics $M \
+        python bench/decode_ncu.py .device/$1/$2 $3 $4 $2 2>&1 \
+        | grep -E "^\s+(gpu__|dram__|lts__)|==ERR|rror" >> "$OUT/ncu.txt"
+    done
+    cat "$OUT/ncu.txt"
+    ;;
   decbench)  # bench/decode.py over the default artifact (python bench/decode.py --build
     # .device/s43dec): the check against Hugging Face, and the timings with torch.compile
     DECODE_PARTS=${DECODE_PARTS:-check,time} decode_bench ${DECBENCH_DIR:-.device/s43dec2} \
