@@ -1242,6 +1242,26 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
         attention_mma(512, 8, 2, 64, 2, pipeline="tma", stages=1)
 
 
+def test_projection_options_mark_one_projection_evict_first():
+    """``projection_options``' ``l2_evict_first`` reaches that projection's
+    tile only: ``"body"`` on the LM head marks its own copies and leaves its
+    ring fill and every other tile as without it; a bad value is refused
+    naming the tile."""
+    opts = (("lm_head", (("l2_evict_first", "body"),)),)
+    plain = {t.name: t.function.source for t in M.build_decoder_graph(CFG).tasks}
+    marked = {
+        t.name: t.function.source
+        for t in M.build_decoder_graph(dataclasses.replace(CFG, projection_options=opts)).tasks
+    }
+    assert [n for n in plain if plain[n] != marked[n]] == ["lm_head"]
+    body, fill = marked["lm_head"].split("func.func @lm_head__prefetch(")
+    assert "L2::cache_hint" in body and "createpolicy" not in fill
+    assert fill == plain["lm_head"].split("func.func @lm_head__prefetch(")[1]
+    bad = dataclasses.replace(CFG, projection_options=(("o_proj", (("l2_evict_first", "yes"),)),))
+    with pytest.raises(etc.GraphError, match="'o_proj': l2_evict_first must be a bool or 'body'"):
+        M.build_decoder_graph(bad)
+
+
 @needs_ptxas
 def test_kv_evict_first_marks_every_ring_copy():
     """attention_mma(kv_evict_first=True): every K and V box's TMA copy,
