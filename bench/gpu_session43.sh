@@ -73,6 +73,14 @@ for step in ${*:-tests}; do
     done
     cat "$OUT/ncu.txt"
     ;;
+  trace2)  # the default artifact traced at B = 8 and 64, L = 1024 and 4096 (after the hints;
+    # DECODE_TRACE_VARIANTS=default python bench/decode_trace.py --build .device/s43tr2)
+    DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=${TRACE_BATCHES:-8,64} \
+      DECODE_TRACE_CONTEXT=${TRACE_CONTEXTS:-1024,4096} timeout 300 \
+      python bench/decode_trace.py --artifacts .device/s43tr2 --out /tmp/s43/tr2 \
+      2>&1 | tee -a "$OUT/trace2.txt" | grep -B14 -A8 "layer"
+    tar czf "$OUT/traces2.tgz" -C /tmp/s43 tr2
+    ;;
   decbench)  # bench/decode.py over the default artifact (python bench/decode.py --build
     # .device/s43dec): the check against Hugging Face, and the timings with torch.compile
     DECODE_PARTS=${DECODE_PARTS:-check,time} decode_bench ${DECBENCH_DIR:-.device/s43dec2} \
