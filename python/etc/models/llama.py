@@ -526,7 +526,8 @@ class LlamaConfig:
     #: The projections' weight copies carry an L2 evict-first policy
     #: (``layer_gemm(l2_evict_first=True)``; the sync core's ``cp.async``
     #: copies, the tma core's weight boxes; not the bulk core): weights read
-    #: once a step no longer push out of the L2 what is read again. On in
+    #: once a step no longer push out of the L2 what is read again, or the
+    #: lines the kernel wrote (written back otherwise: item 205). On in
     #: the B = 2..16 kernel and B = 1's past L = 1087 (:data:`SMALL_BATCH`,
     #: :data:`SINGLE_SEQUENCE_LONG`; forty-second session, items 197-198).
     #: On the tma core (the large-batch kernel, :data:`LARGE_BATCH`) it pays

@@ -252,7 +252,8 @@ def attention_mma(
 
     ``kv_evict_first`` (with ``"tma"``): the ring's K and V boxes carry an
     L2 evict-first policy (``.L2::cache_hint``): a step reads each cached
-    row once, so it need not push out of the L2 what is read again."""
+    row once, so it need not push out of the L2 what the kernel wrote and
+    reads again (which would then be written back to the HBM)."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )

@@ -1844,7 +1844,10 @@ def layer_gemm(
 
     ``l2_evict_first`` (the sync core with ``stages``, or the tma core): the
     weight copies carry an L2 evict-first policy, so weights read once do
-    not push out of the L2 what is read again. ``"body"`` (the sync core):
+    not push out of the L2 what is read again, nor the lines the kernel
+    wrote (which would then be written back to the HBM; in the decoder's
+    large kernel 261 → 48 MB a step with its KV cache marked too,
+    ``bench/RESULTS.md`` item 205). ``"body"`` (the sync core):
     the tile's own copies only, not its ``@<name>__prefetch``'s (a kernel
     that inlines the prefetch before its waits keeps its code, and ptxas
     its register allocation, as without the hint).
