@@ -59,6 +59,16 @@ def l2_policy(priority: str) -> str:
     )
 
 
+def cache_hint(policy: str | None, operand: int) -> tuple[str, str, list[tuple[str, str]]]:
+    """What a copy's inline asm gains from an L2 ``policy`` (an i64 made by
+    :func:`l2_policy`, or None): its ``.L2::cache_hint`` qualifier, the
+    ``, $<operand>`` after its last operand, and that operand; all empty
+    without a policy."""
+    if policy is None:
+        return "", "", []
+    return ".L2::cache_hint", f", ${operand}", [(policy, "i64")]
+
+
 def shuffle_constants(indent: str = "  ") -> str:
     """`%c<o>_i32` for every shuffle offset (the tile defines `%c32_i32`, the width)."""
     return "\n".join(f"{indent}%c{o}_i32 = arith.constant {o} : i32" for o in SHUFFLE_OFFSETS)

@@ -992,15 +992,14 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
     )
     zero = t.op("w", "arith.constant 0 : i32")
     policy = t.op("pol", _text.l2_policy("evict_first")) if t.kv_evict_first else None
-    hint, hint_op = ("", "") if policy is None else (".L2::cache_hint", ", $5")
+    hint, hint_op, hint_arg = _text.cache_hint(policy, 5)
     for half, tmap in ((0, "%tma_kmap"), (1, "%tma_vmap")):
         dst = _i32(t, t.idx("addi", base, t.c(half * step * D * 2)) if half else base)
         _asm_ops(
             t,
             "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
             f"{hint} [$0], [$1, {{$2, $3}}], [$4]{hint_op};",
-            [(dst, "i32"), (tmap, "i64"), (zero, "i32"), (row, "i32"), (full, "i32")]
-            + ([] if policy is None else [(policy, "i64")]),
+            [(dst, "i32"), (tmap, "i64"), (zero, "i32"), (row, "i32"), (full, "i32"), *hint_arg],
         )
 
 

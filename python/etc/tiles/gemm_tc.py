@@ -847,13 +847,13 @@ def _tma_ring(
                     t.indent += "  "
                 coords = _box_coords(t, tmap, col, row0)
                 n = len(coords)
-                hint, hint_op = ("", "") if policy is None else (".L2::cache_hint", f", ${3 + n}")
+                hint, hint_op, hint_arg = _text.cache_hint(policy, 3 + n)
                 _asm_ops(
                     t,
                     f"cp.async.bulk.tensor.{n}d.shared::cluster.global.tile.mbarrier::complete_tx"
                     f"::bytes{hint} [$0], [$1, {_coords_text(2, n)}], [${2 + n}]{hint_op};",
                     [(dst, "i32"), (tmap, "i64"), *((c, "i32") for c in coords), (full, "i32")]
-                    + ([] if policy is None else [(policy, "i64")]),
+                    + hint_arg,
                 )
                 if cond:
                     t.end()
