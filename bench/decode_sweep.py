@@ -67,6 +67,17 @@ _MID_PHASED = (
 _PHASED_TIERS = ((4, 128), (8, 256), (11, 384), (16, 256))
 
 
+def _long(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in B = 1's long-context kernel
+    (past :data:`~etc.models.llama.SINGLE_SEQUENCE_CONTEXT`)."""
+    (bound, _), *rest = M.LLAMA_3_2_1B.batch_buckets
+    long = (*M.SINGLE_SEQUENCE_LONG, *changes)
+    by_context = ((M.SINGLE_SEQUENCE_CONTEXT, ()), (None, long))
+    return dict(
+        batch_buckets=((bound, (*M.SINGLE_SEQUENCE, ("context_buckets", by_context))), *rest)
+    )
+
+
 def _mid(*changes: tuple[str, object]) -> dict:
     """The default buckets with ``changes`` in the B=2..16 kernel."""
     one, (bound, mid), large = M.LLAMA_3_2_1B.batch_buckets
@@ -506,26 +517,14 @@ VARIANTS["one_phased"] = _one()
 # ... and its long-context kernel (the tensor-core attention called, the
 # other tiles inlined, as the B = 2..16 kernel's) with that kernel's wait
 # memo: it took the B = 2..16 kernel 0.7-1.8 % (item 183), the inlined
-# phased B = 1 kernel +3.5-5 %.
-_LONG_MEMO = (*M.SINGLE_SEQUENCE_LONG, *M.SMALL_BATCH)
+# phased B = 1 kernel +3.5-5 % (SMALL_BATCH: its evict-first hints too).
+VARIANTS["one_long_memo"] = _long(*M.SMALL_BATCH)
 # ... the B = 1 kernel's combine in instances of 4 or 2 heads (8: 4
 # instances a layer at B = 1, each merging 17 splits of 8 heads).
 VARIANTS["one_cg4"] = _one(("combine_group", 4))
 VARIANTS["one_cg2"] = _one(("combine_group", 2))
 # ... and the B = 2..16 kernel's (32 instances a layer at B = 8).
 VARIANTS["mid_cg4"] = _mid(("combine_group", 4))
-VARIANTS["one_long_memo"] = {
-    "batch_buckets": (
-        (
-            1,
-            (
-                *M.SINGLE_SEQUENCE,
-                ("context_buckets", ((M.SINGLE_SEQUENCE_CONTEXT, ()), (None, _LONG_MEMO))),
-            ),
-        ),
-        *M.LLAMA_3_2_1B.batch_buckets[1:],
-    )
-}
 # ... the sync-core projections' weight copies (the B = 1 and B = 2..16
 # kernels, the LM head too) marked L2 evict-first: read once a step, they
 # otherwise push the kernel's code and activations out of the L2 (each
@@ -568,17 +567,10 @@ VARIANTS["one_ef_layers"] = _one(
     _proj(*((p, "l2_evict_first", True) for p in _LAYER_PROJECTIONS)).popitem()
 )
 # With the large kernel's both streams evict-first (item 200): the KV ring
-# evict-first in the B = 2..16 kernel and B = 1's long one too.
-_KV_EF = ("attn_kv_evict_first", True)  # (now in SMALL_BATCH: a no-op there)
-VARIANTS["kv_evict_all"] = {
-    "batch_buckets": (
-        (1, (*M.SINGLE_SEQUENCE, ("context_buckets", (
-            (M.SINGLE_SEQUENCE_CONTEXT, ()), (None, (*M.SINGLE_SEQUENCE_LONG, _KV_EF)),
-        )))),
-        (16, (*M.SMALL_BATCH, _KV_EF)),
-        *M.LLAMA_3_2_1B.batch_buckets[2:],
-    )
-}  # fmt: skip
+# evict-first in B = 1's long kernel too (measured with the B = 2..16
+# kernel's, which SMALL_BATCH has had since).
+_KV_EF = ("attn_kv_evict_first", True)
+VARIANTS["kv_evict_all"] = _long(_KV_EF)
 # Item 201's trace: with the LM head's copies evict-first the LM head,
 # final norm and argmax ran faster but the layers slower; the kernel inlines
 # the LM head's ring fill before its waits, and ptxas then spilled one more
@@ -592,15 +584,7 @@ def _body_only(projections: tuple[str, ...]) -> tuple:
 
 VARIANTS["one_ef_lm_body"] = _one(_body_only(("lm_head",)))
 VARIANTS["one_ef_body"] = _one(_body_only(_ALL_PROJECTIONS))
-VARIANTS["long_ef_body"] = {
-    "batch_buckets": (
-        (1, (*M.SINGLE_SEQUENCE, ("context_buckets", (
-            (M.SINGLE_SEQUENCE_CONTEXT, ()),
-            (None, (*M.SINGLE_SEQUENCE_LONG, _body_only(_ALL_PROJECTIONS))),
-        )))),
-        *M.LLAMA_3_2_1B.batch_buckets[1:],
-    )
-}  # fmt: skip
+VARIANTS["long_ef_body"] = _long(_body_only(_ALL_PROJECTIONS))
 VARIANTS["mid_ef_body"] = _mid(_body_only(_ALL_PROJECTIONS))
 VARIANTS["no_evict"] = {
     "batch_buckets": tuple(
