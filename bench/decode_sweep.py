@@ -592,6 +592,25 @@ VARIANTS["no_evict"] = {
         for bound, changes in M.LLAMA_3_2_1B.batch_buckets
     )
 }
+# Session 44: B = 1's projections on CUDA cores (``gemm_core="gemv"``: one
+# row a tile, whole weight lines through a per-thread ring; the MoE's GEMV
+# tiles streamed 7-8 % faster than the mma.sync ones, MoE item 103), all five
+# or the layers' only, with deeper rings, with the weights evict-first.
+_GEMV_LAYERS = ("core_overrides", tuple((p, "gemv") for p in _LAYER_PROJECTIONS))
+VARIANTS["one_gemv"] = _one(("gemm_core", "gemv"))
+VARIANTS["one_gemv_layers"] = _one(_GEMV_LAYERS)
+# Inlined, the gemv kernel spills 112 bytes (the default 12); with the
+# projections called, none.
+_PROJECTION_TASKS = ("qkv", "o_proj", "gate_up", "down")
+_OL_GEMV = ("outline", (*_PROJECTION_TASKS, "lm_head", "argmax", "argmax_merge"))
+VARIANTS["one_gemv_ol"] = _one(("gemm_core", "gemv"), _OL_GEMV)
+VARIANTS["one_gemv_s6"] = _one(("gemm_core", "gemv"), _OL_GEMV, ("gemm_options", (("stages", 6),)))
+VARIANTS["one_gemv_s8"] = _one(("gemm_core", "gemv"), _OL_GEMV, ("gemm_options", (("stages", 8),)))
+VARIANTS["one_gemv_ef"] = _one(("gemm_core", "gemv"), _OL_GEMV, ("weights_evict_first", True))
+VARIANTS["long_gemv"] = _long(
+    ("gemm_core", "gemv"),
+    ("outline", (*_PROJECTION_TASKS, *dict(M.SINGLE_SEQUENCE_LONG)["outline"])),
+)
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -772,6 +772,21 @@ def llama_tiny_variants() -> dict:
             mma_spans, attn_items=2, attn_tma_prefetch=True, **tma_heads
         ),
         "llama_tiny_mma_tma_capped_items": dataclasses.replace(capped, attn_items=2),
+        # The projections on CUDA cores, one row a tile (gemm_core="gemv"):
+        # inlined; called with deeper rings and the weights evict-first; and
+        # as the default artifact runs it, in the B = 1 kernel only.
+        "llama_tiny_gemv": dataclasses.replace(llama.TINY, gemm_core="gemv"),
+        "llama_tiny_gemv_called": dataclasses.replace(
+            llama.TINY,
+            gemm_core="gemv",
+            outline=True,
+            weights_evict_first=True,
+            gemm_options=(("stages", 8),),
+            projection_options=(("down_proj", (("prefetch_ring", 1),)),),
+        ),  # fmt: skip
+        "llama_tiny_gemv_buckets": dataclasses.replace(
+            llama.TINY, batch_buckets=((1, (("gemm_core", "gemv"),)), (None, ()))
+        ),
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the
         # TMA-fed attention in a third region (its mbarrier ring prefetched

@@ -7,7 +7,7 @@ induction variable. This module follows each ``cp.async`` source and each
 them for one thread, so a test can compare two generated tiles address by
 address (e.g. a tile with chunked weights against the same tile without)
 without a GPU. Only what those chains use is understood: integer constants,
-``arith`` add/sub/mul/div/rem/min, casts, ``gpu.thread_id``, base pointers
+``arith`` add/sub/mul/div/rem/min, unsigned compares and selects, casts, ``gpu.thread_id``, base pointers
 (given per memref), ``memref.load`` and ``memref.dim`` (given as callbacks);
 anything else raises ``KeyError`` naming the op.
 """
@@ -18,6 +18,14 @@ import re
 from collections.abc import Callable, Mapping
 
 _DEF = re.compile(r"^\s*(%[\w]+)(?::\d+)? = ([\w.]+)\s*(.*)$")
+_COMPARE = {
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "ult": lambda a, b: a < b,
+    "ule": lambda a, b: a <= b,
+    "ugt": lambda a, b: a > b,
+    "uge": lambda a, b: a >= b,
+}
 _FOR = re.compile(r"scf\.for (%\w+) = (%\w+) to (%\w+) step (%\w+)")
 _BINARY = {
     "arith.addi": lambda a, b: a + b,
@@ -75,6 +83,11 @@ class Evaluator:
             return _BINARY[op](self(operands[0]), self(operands[1]))
         if op in ("arith.index_cast", "llvm.inttoptr"):
             return self(operands[0])
+        if op == "arith.cmpi":
+            predicate = rest.split(",")[0].strip()
+            return int(_COMPARE[predicate](self(operands[0]), self(operands[1])))
+        if op == "arith.select":
+            return self(operands[1]) if self(operands[0]) else self(operands[2])
         if op == "gpu.thread_id":
             return self.env["tid"]
         if op == "memref.extract_aligned_pointer_as_index":

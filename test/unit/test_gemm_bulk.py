@@ -153,7 +153,9 @@ def test_prefetch_next_refuses_tiles_whose_prefetch_fills_shared_memory():
 def test_config_refuses_bulk_with_the_sync_only_options():
     with pytest.raises(etc.GraphError, match="fuse_norms needs the sync core for qkv_proj"):
         _bulk_config(fuse_norms=True)
-    with pytest.raises(etc.GraphError, match="gemm_core must be 'sync', 'bulk' or 'tma', got 'x'"):
+    with pytest.raises(
+        etc.GraphError, match="gemm_core must be one of sync, bulk, tma, gemv, got 'x'"
+    ):
         dataclasses.replace(M.TINY, gemm_core="x")
     with pytest.raises(etc.GraphError, match="core_overrides names 'down', not one of"):
         dataclasses.replace(M.TINY, core_overrides=(("down", "bulk"),))

@@ -494,7 +494,7 @@ def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
         (dict(k_splits=(("o_proj", 0),)), r"k_splits\['o_proj'\] must be an int in 1..64"),
         (dict(gemm_core="tma", k_splits=(("down_proj", 8),)), "bn_down=16 / 8 parts"),
         (dict(gemm_core="tma", fuse_norms=True, fold_norms=False), "fuse_norms needs the sync"),
-        (dict(gemm_core="wgmma"), "gemm_core must be 'sync', 'bulk' or 'tma'"),
+        (dict(gemm_core="wgmma"), "gemm_core must be one of sync, bulk, tma, gemv"),
         (dict(tma_meeting="tree"), "tma_meeting must be 'rows' or 'fragments', got 'tree'"),
         (dict(tma_meet_share=(("lm_head", 2),)), "tma_meet_share names 'lm_head'"),
         (dict(tma_meet_share=("down_proj",)), r"takes \(projection, share\) pairs"),

@@ -212,7 +212,7 @@ DECODER_TASKS = (
 #: The options ``LlamaConfig.projection_options`` may set per projection.
 PROJECTION_OPTIONS = ("stages", "unroll", "prefetch_ring", "bulk_ring", "refill", "l2_evict_first")
 #: ``gemm_core`` values (``etc.tiles.gemm.LAYER_CORES``).
-_CORES = ("sync", "bulk", "tma")
+_CORES = ("sync", "bulk", "tma", "gemv")
 #: The projections ``k_splits`` may split, and the field holding their ``k``.
 _SPLIT_INPUTS = (
     ("qkv_proj", "hidden"),
@@ -368,7 +368,9 @@ class LlamaConfig:
     fuse_combine: bool = False
     #: The GEMM tiles' main loop (``layer_gemm(core=...)``): "sync" (per-thread
     #: ``cp.async`` ring, ``gemm_options``) or "bulk" (``cp.async.bulk`` ring
-    #: whose first chunks load before each instance's waits, ``bulk_options``).
+    #: whose first chunks load before each instance's waits, ``bulk_options``),
+    #: "tma" (TMA + wgmma, split-K) or "gemv" (one row a tile on CUDA cores,
+    #: whole weight lines through a per-thread ring: ``gemm_block`` is 1).
     gemm_core: str = "sync"
     #: Per-projection cores overriding ``gemm_core``: ``(("down_proj", "bulk"),)``.
     #: Projections: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head.
@@ -729,7 +731,7 @@ class LlamaConfig:
         for key, core in cores:
             if core not in _CORES:
                 raise GraphError(
-                    f"LlamaConfig: {key} must be 'sync', 'bulk' or 'tma', got {core!r}"
+                    f"LlamaConfig: {key} must be one of {', '.join(_CORES)}, got {core!r}"
                 )
         if "bulk" in dict(cores).values() and (self.prefetch_weights or self.row_warps):
             raise GraphError("LlamaConfig: the bulk core takes no prefetch_weights or row_warps")
@@ -1272,10 +1274,12 @@ class LlamaConfig:
 
     def gemm_block(self, projection: str) -> int:
         """Rows per tile of ``projection`` (``embed``: those of down_proj; 64
-        on the tma core)."""
+        on the tma core, 1 on the gemv core)."""
         projection = "down_proj" if projection == "embed" else projection
         if self.core(projection) == "tma":
             return 64
+        if self.core(projection) == "gemv":
+            return 1
         return max(self.row_paths) if self.has_row_paths(projection) else self.block_m
 
     def row_blocks(self, B: Any, projection: str = "embed") -> Any:
@@ -1574,6 +1578,14 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         folded = cfg.fold_norms and norm is not None and layers is not None
         if cfg.core(name) == "bulk":
             core = {"core": "bulk", **dict(cfg.bulk_options)}
+        elif cfg.core(name) == "gemv":
+            own = _sync_options(cfg, name)
+            core = dict(
+                core="gemv", stages=own.get("stages"), prefetch_ring=own["prefetch_ring"],
+                l2_evict_first=own["l2_evict_first"],
+                row_scale=(*norm, cfg.eps) if folded else None,
+                sums_out=sums_out if cfg.sums else None,
+            )  # fmt: skip
         elif cfg.core(name) == "tma":
             own = dict(dict(cfg.projection_options).get(name, ()))
             core = dict(

@@ -1629,7 +1629,7 @@ LAYER_EPILOGUES = ("store", "residual", "swiglu")
 #: ``layer_gemm`` main loops: per-thread loads / cp.async ring ("sync"), a
 #: bulk-copy ring filled before the waits ("bulk", :mod:`etc.tiles.gemm_bulk`),
 #: or TMA + wgmma with split-K ("tma", :mod:`etc.tiles.gemm_layer_tma`).
-LAYER_CORES = ("sync", "bulk", "tma")
+LAYER_CORES = ("sync", "bulk", "tma", "gemv")
 
 
 def _residual_loads(
@@ -1825,6 +1825,13 @@ def layer_gemm(
     (:mod:`etc.tiles.gemm_bulk`). It takes ``stages``, ``kc``, ``rotate_k``
     and ``columns_first`` only.
 
+    ``core="gemv"`` (``block_m=1``) streams one row's product on CUDA cores:
+    whole 128-byte weight lines through a per-thread ``cp.async`` ring,
+    narrow blocks splitting ``k`` over the warps
+    (:mod:`etc.tiles.gemv_layer`). It takes ``stages``, ``columns_first``,
+    ``row_scale``, ``sums_out``, ``prefetch_ring`` and ``l2_evict_first``
+    only.
+
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
     a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must
     be 64. ``k_splits=S`` splits each block's ``k`` loop over ``S``
@@ -1915,6 +1922,20 @@ def layer_gemm(
         )
     if epilogue_ahead:
         raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")
+    if core == "gemv":
+        from .gemv_layer import layer_gemv
+
+        gemv_refused = {key: v for key, v in sync_only.items() if key != "l2_evict_first"}
+        _refuse(name, core, {**gemv_refused, "kc": kc is not None, "rotate_k": rotate_k})
+        if block_m != 1:
+            raise GraphError(
+                f"tile '{name}': core='gemv' computes one row a tile: block_m=1, got {block_m}"
+            )
+        return layer_gemv(
+            block_n, n, k, layers=layers, epilogue=epilogue, name=name, block_size=block_size,
+            stages=stages, columns_first=columns_first, row_scale=row_scale, sums_out=sums_out,
+            prefetch_ring=prefetch_ring, l2_evict_first=l2_evict_first,
+        )  # fmt: skip
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,
                              "row_scale": row_scale is not None, "prefetch_ring": prefetch_ring})  # fmt: skip

@@ -1,0 +1,158 @@
+"""The decoder projections on CUDA cores (``layer_gemm(core="gemv")``,
+``etc.tiles.gemv_layer``): every weight byte of a block copied exactly once
+over the CTA's threads (each thread's copies traced through the generated
+MLIR, with and without the ring prefetch), the options it refuses, PTX that
+ptxas accepts for every epilogue, and the decoder on it in the simulator
+and compiled under both schedules."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import pytest
+from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, ptxas_info
+from mlir_addresses import Evaluator, copy_sources, functions
+
+import etc
+from etc.dtypes import bf16_to_f32
+from etc.models import llama as M
+from etc.tiles.gemm import layer_gemm
+
+pytestmark = needs_bindings
+
+W_BASE = 1 << 40
+
+
+def _tile(epilogue: str, block_n: int, n: int, k: int, **options):
+    return layer_gemm(
+        1, block_n, n, k, layers=3, epilogue=epilogue, core="gemv", columns_first=True,
+        name=f"g_{epilogue}", **options,
+    )  # fmt: skip
+
+
+def _copied(tile, l: int, j: int, part: str) -> collections.Counter:  # noqa: E741
+    """Byte offsets (from W's base) of every 16-byte copy of tile (l, j, 0)
+    over its threads: the body alone, or the prefetch then the body."""
+    bodies = functions(tile.source)
+    names = [tile.name] if part == "body" else [tile.prefetch, tile.name]
+    got: collections.Counter = collections.Counter()
+    for tid in range(tile.block_size):
+        for name in names:
+            coords = {"%l": l, "%j": j, "%i": 0, "tid": tid}
+            ev = Evaluator(bodies[name], coords, {"%W": W_BASE})
+            got.update(a - W_BASE for a in copy_sources(bodies[name], ev) if a >= W_BASE)
+    return got
+
+
+def _block_bytes(rows: list[int], k: int, layer: int, rows_per_layer: int) -> collections.Counter:
+    return collections.Counter(
+        ((layer * rows_per_layer + r) * k + c) * 2 for r in rows for c in range(0, k, 8)
+    )
+
+
+@pytest.mark.parametrize(
+    "epilogue, block_n, n, k, stages",
+    [
+        ("store", 16, 3072, 2048, 4),  # qkv: 2 row groups x 4 k slices
+        ("residual", 8, 2048, 8192, 8),  # down: 1 row group x 8 k slices, a deep ring
+        ("residual", 8, 2048, 2048, 4),  # o_proj
+        ("swiglu", 32, 8192, 2048, 4),  # gate/up: gate rows then up rows n further
+    ],
+)
+def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, stages):
+    per_n = 2 if epilogue == "swiglu" else 1
+    rows = list(range(block_n * 2, block_n * 3))
+    if per_n == 2:
+        rows += [n + r for r in rows]
+    want = _block_bytes(rows, k, 1, per_n * n)
+    plain = _tile(epilogue, block_n, n, k, stages=stages)
+    assert plain.prefetch is None
+    assert _copied(plain, 1, 2, "body") == want
+    early = _tile(epilogue, block_n, n, k, stages=stages, prefetch_ring=True)
+    assert early.prefetch == f"{early.name}__prefetch" and early.prefetch_fills_shared
+    assert _copied(early, 1, 2, "fill") == want
+
+
+def test_evict_first_marks_the_copies_and_body_spares_the_fill():
+    tile = _tile("store", 16, 3072, 2048, stages=4, prefetch_ring=True, l2_evict_first="body")
+    bodies = functions(tile.source)
+    assert "evict_first" not in bodies[tile.prefetch]
+    assert "L2::cache_hint" in bodies[tile.name] and "L2::evict_first" in bodies[tile.name]
+    marked = _tile("store", 16, 3072, 2048, stages=4, prefetch_ring=True, l2_evict_first=True)
+    assert "L2::cache_hint" in functions(marked.source)[marked.prefetch]
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(block_m=16), "computes one row a tile: block_m=1, got 16"),
+        (dict(unroll=2), "unroll do not apply to core='gemv'"),
+        (dict(rotate_k=True), "rotate_k do not apply to core='gemv'"),
+        (dict(weight_chunk=32), "weight_chunk do not apply to core='gemv'"),
+        (dict(block_n=12), "multiple of 8 rows"),
+        (dict(block_n=24), "warp groups dividing 8"),
+        (dict(k=1000), "k=1000 must be a multiple of 512"),
+        (dict(stages=1), "stages=1: the ring needs at least 2"),
+        (dict(prefetch_ring=4, stages=4), r"prefetch_ring=4: True or 1\.\.3 chunks"),
+        (dict(k_splits=2), "need core='tma'"),
+    ],
+)
+def test_refusals_name_the_tile_and_the_option(options, words):
+    args = dict(block_m=1, block_n=8, n=2048, k=2048) | options
+    shape = [args.pop(key) for key in ("block_m", "block_n", "n", "k")]
+    with pytest.raises(etc.GraphError, match=f"tile 'g': .*{words}"):
+        layer_gemm(*shape, layers=2, epilogue="residual", core="gemv", name="g", **args)
+
+
+@needs_ptxas
+@pytest.mark.parametrize(
+    "epilogue, block_n, k, extra",
+    [
+        ("store", 16, 2048, dict(row_scale=(2, 0, 1e-5))),
+        ("residual", 8, 8192, dict(sums_out=(2, 2))),
+        ("swiglu", 32, 2048, dict(row_scale=(2, 1, 1e-5))),
+    ],
+)
+def test_ptx_assembles_without_spills(epilogue, block_n, k, extra, tmp_path):
+    n = 2048 if epilogue == "residual" else 4096
+    per_n = 2 if epilogue == "swiglu" else 1
+    tile = _tile(epilogue, block_n, n, k, stages=4, prefetch_ring=True, **extra)
+    tensors = [("A", ("m", k), "bf16")]
+    if "row_scale" in extra:
+        tensors.append(("R", (8, "m"), "i64"))
+    tensors += [("W", (3, per_n * n, k), "bf16"), ("C", ("m", n), "bf16")]
+    if "sums_out" in extra:
+        tensors.append(("S", (8, "m"), "i64"))
+    art = compile_tile(tile, tensors, (3, n // block_n, "m"))
+    spills, smem = ptxas_info(art.ptx, tmp_path)
+    assert not any(spills), spills
+
+
+def test_decoder_on_the_gemv_core_matches_the_numpy_model():
+    """One row a tile, so B = 3 is three row blocks of every projection."""
+    cfg = dataclasses.replace(M.TINY, gemm_core="gemv")
+    assert cfg.gemm_block("qkv_proj") == cfg.gemm_block("embed") == 1
+    g = M.build_decoder_graph(cfg)
+    weights = M.random_weights(cfg, seed=5)
+    for B, L in ((1, 0), (3, 9)):
+        tokens = np.arange(B, dtype=np.int32) * 11
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 3)
+        ref = M.reference_step(cfg, arrays, L)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 3}, num_ctas=5)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+
+
+@needs_ptxas
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_decoder_on_the_gemv_core_compiles(schedule):
+    cfg = dataclasses.replace(M.TINY, gemm_core="gemv")
+    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg, schedule))
+    assert art.cubin is not None
+    # No tensor-core instruction left: the sync core's tiles are mma.sync ones.
+    assert "mma.sync" not in art.ptx
+    sync = etc.compile(M.build_decoder_graph(M.TINY), **M.compile_options(M.TINY, schedule))
+    assert "mma.sync" in sync.ptx
