@@ -50,6 +50,7 @@ import ast
 import dataclasses
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -140,7 +141,9 @@ def check(torch, kernels, cfg, weights, log) -> dict:
     bf16 and in float32 (the same bf16 weights upcast)."""
     from transformers import LlamaForCausalLM
 
-    B, S = 2, PROMPT + GENERATED
+    # DECODE_CHECK_BATCH=1: the B = 1 kernel's check (default B = 2: the
+    # B = 2..16 kernel's).
+    B, S = int(os.environ.get("DECODE_CHECK_BATCH", "2")), PROMPT + GENERATED
     models = {}
     for name, dtype in (("hf_bf16", torch.bfloat16), ("hf_fp32", torch.float32)):
         hf = LlamaForCausalLM(M.hf_config(cfg)).to(dtype=dtype, device="cuda").eval()

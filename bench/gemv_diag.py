@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -24,21 +25,77 @@ from etc.models import llama as M  # noqa: E402
 _T = M.TINY
 _P = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 _OD = (("o_proj", "gemv"), ("down_proj", "gemv"))
+_od = dataclasses.replace(_T, core_overrides=_OD)
 VARIANTS = {
-    "od": dataclasses.replace(_T, core_overrides=_OD),
-    "od_1layer": dataclasses.replace(_T, core_overrides=_OD, layers=1),
-    "od_called": dataclasses.replace(_T, core_overrides=_OD, outline=True),
-    "od_nosums": dataclasses.replace(_T, core_overrides=_OD, fold_norms=False),
-    "od_dynamic_order": dataclasses.replace(_T, core_overrides=_OD, layers=1, prefetch_ring=False),
+    "od": _od,
+    "od_1layer": dataclasses.replace(_od, layers=1),
+    "od_called": dataclasses.replace(_od, outline=("o_proj", "down")),
+    "od_nosums": dataclasses.replace(_od, fold_norms=False),
+    "od_nopf": dataclasses.replace(_od, prefetch_ring=False),
+    "od_drain": _od,  # + cp.async.wait_group 0 first in o_proj and down (PATCHES)
+    "od_bar": _od,  # + a CTA barrier before their activation row's stores
+    "gemv_called": dataclasses.replace(_T, gemm_core="gemv", outline=True),
+    "od_O0": _od,
+    "od_O1": _od,
+    "od_O2": _od,
 }
+# The called tiles under the dynamic schedule without early pushes: what of
+# llama_tiny_gemv_called (evict-first, 8 slots, down's ring fill of 1
+# chunk) stopped with CUDA_ERROR_ILLEGAL_INSTRUCTION there.
+_C = dict(gemm_core="gemv", outline=("lm_head",), weights_evict_first=True,
+          gemm_options=(("stages", 8),),
+          projection_options=(("down_proj", (("prefetch_ring", 1),)),))  # fmt: skip
 SCHEDULES = ("static",)
+LATE = {
+    "c_full": dataclasses.replace(_T, **_C),
+    "c_no_ef": dataclasses.replace(_T, **{**_C, "weights_evict_first": False}),
+    "c_no_pf1": dataclasses.replace(_T, **{**_C, "projection_options": ()}),
+    "c_s4": dataclasses.replace(_T, **{**_C, "gemm_options": (("stages", 4),)}),
+}
+if os.environ.get("GEMV_DIAG_LATE"):
+    VARIANTS, SCHEDULES = LATE, ("dynamic_late",)
+#: GEMV_DIAG_ONLY=name: that variant alone (a faulting kernel leaves the
+#: process's CUDA context unusable).
+if os.environ.get("GEMV_DIAG_ONLY"):
+    VARIANTS = {os.environ["GEMV_DIAG_ONLY"]: VARIANTS[os.environ["GEMV_DIAG_ONLY"]]}
+#: etc.compile's opt_level by variant (default 3).
+OPT = {"od_O0": 0, "od_O1": 1, "od_O2": 2}
+#: Source edits of the o_proj and down tiles, by variant: (old, new, count).
+PATCHES = {
+    "od_drain": ("  %tid_", "  nvvm.cp.async.wait.group 0\n  %tid_", 1),
+    "od_bar": ("  vector.store", "  gpu.barrier\n  vector.store", 1),
+}
+
+
+def _tiles(name: str, cfg) -> dict:
+    if name not in PATCHES:
+        return {}
+    from etc.device import DeviceFunction
+
+    old, new, count = PATCHES[name]
+    out = {}
+    for task in ("o_proj", "down"):
+        fn = M._tiles(cfg)[task]
+        source = fn.source.replace(old, new, count)
+        assert source != fn.source, (name, task)
+        patched = DeviceFunction.from_mlir(source, fn.name, fn.reference, block_size=fn.block_size)
+        patched.prefetch_fills_shared = fn.prefetch_fills_shared
+        out[task] = patched
+    return out
 
 
 def build(out: Path) -> None:
     for name, cfg in VARIANTS.items():
-        g = M.build_decoder_graph(cfg, name="llama_tiny")
+        g = M.build_decoder_graph(cfg, name="llama_tiny", tiles=_tiles(name, cfg))
         for s in SCHEDULES:
-            etc.compile(g, **M.compile_options(cfg, s)).save(out / f"{name}_{s}")
+            late = s == "dynamic_late"
+            options = {
+                **M.compile_options(cfg, "dynamic" if late else s),
+                "opt_level": OPT.get(name, 3),
+            }
+            if late:
+                options["early_push"] = False
+            etc.compile(g, **options).save(out / f"{name}_{s}")
         print("built", name, flush=True)
 
 
@@ -52,7 +109,7 @@ def run(arts: Path) -> None:
         weights = M.random_weights(cfg, seed=4)
         for s in SCHEDULES:
             kernel = etc.runtime.load(arts / f"{name}_{s}")
-            for B, L in ((1, 0), (3, 7)):
+            for B, L in ((1, 0), (3, 7), (17, 8), (2, 30)):
                 tokens = np.arange(B, dtype=np.int32) * 7 + 1
                 arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2, seed=B + L)
                 sim = etc.simulate(graph, arrays, {"B": B, "L": L, "S": L + 2})

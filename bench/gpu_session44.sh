@@ -9,10 +9,19 @@ source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s44
 for step in ${*:-tests}; do
   case $step in
-  tests)  # the tiny decoders on the gemv core against the simulator
+  tests)  # the tiny decoders on the gemv core against the simulator, a process per
+    # variant (a faulting kernel leaves its context unusable for the next)
     # (python test/gpu/make_artifacts.py .device/s44art --only llama_tiny_gemv)
-    ETC_ARTIFACTS=${TESTS_ARTS:-.device/s44art} timeout 300 python -m pytest -q -rfs --tb=short \
-      test/gpu/test_llama_gpu.py -k "${TESTS_K:-gemv}" 2>&1 | tee "$OUT/tests.txt" | tail -8
+    for k in "gemv and not called and not buckets" "gemv_called" "gemv_buckets"; do
+      ETC_ARTIFACTS=${TESTS_ARTS:-.device/s44art} timeout 200 python -m pytest -q -rfs --tb=short \
+        test/gpu/test_llama_gpu.py -k "$k" 2>&1 | tee -a "$OUT/tests.txt" | tail -4
+    done
+    ;;
+  diag)  # every tensor of a tiny step against the simulator: o_proj and down on the
+    # gemv core inlined (before DeviceFunction.called), at LLVM opt levels 0-3
+    # (python bench/gemv_diag.py --build .device/s44diag)
+    PYTHONPATH=$PWD/python:$PWD timeout 200 python bench/gemv_diag.py --artifacts .device/s44diag \
+      2>&1 | grep -v Warn | cut -c1-170 | tee "$OUT/diag.txt" | grep "od_O\|^od "
     ;;
   one)  # the short B = 1 kernel on the gemv core: inlined, called, deeper rings, evict-first
     # (DECODE_SWEEP_VARIANTS=default,one_gemv,one_gemv_ol,one_gemv_s6,one_gemv_s8,one_gemv_ef,
@@ -32,6 +41,18 @@ for step in ${*:-tests}; do
       python bench/decode_trace.py --artifacts ${TRACE_DIR:-.device/s44tr} --out /tmp/s44/tr \
       2>&1 | tee -a "$OUT/trace.txt" | grep -A14 "layer"
     tar czf "$OUT/traces.tgz" -C /tmp/s44 tr
+    ;;
+  late)  # what of llama_tiny_gemv_called stops with an illegal instruction under the
+    # dynamic schedule without early pushes, a process per variant
+    # (GEMV_DIAG_LATE=1 python bench/gemv_diag.py --build .device/s44late)
+    for v in c_full c_no_ef c_no_pf1 c_s4; do
+      GEMV_DIAG_LATE=1 GEMV_DIAG_ONLY=$v PYTHONPATH=$PWD/python:$PWD timeout 60 \
+        python bench/gemv_diag.py --artifacts .device/s44late 2>&1 | grep -v Warn \
+        | grep "c_\|Error" | cut -c1-150 | tee -a "$OUT/late.txt"
+    done
+    ;;
+  check1)  # bench/decode.py's check against Hugging Face at B = 1 (the gemv kernel)
+    DECODE_CHECK_BATCH=1 DECODE_PARTS=check decode_bench ${DECBENCH_DIR:-.device/s44dec}
     ;;
   decbench)  # bench/decode.py over the default artifact (python bench/decode.py --build
     # .device/s44dec): the check against Hugging Face, and the timings with torch.compile

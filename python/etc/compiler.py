@@ -414,13 +414,19 @@ def _check_mbarriers_invalidated(g: Graph) -> None:
 
 
 def _outlined_functions(g: Graph, outline: bool | Iterable[str]) -> tuple[str, ...]:
-    """The device functions ``compile(outline=...)`` keeps as calls."""
-    if isinstance(outline, bool):
-        return ("*",) if outline else ()
-    if isinstance(outline, str) or not isinstance(outline, Iterable):
+    """The device functions ``compile(outline=...)`` keeps as calls, and
+    those whose tile asks to be called (:attr:`etc.DeviceFunction.called`)."""
+    if isinstance(outline, bool) and outline:
+        return ("*",)
+    if not isinstance(outline, bool) and (
+        isinstance(outline, str) or not isinstance(outline, Iterable)
+    ):
         raise CompileError(f"outline must be a bool or a collection of task names, got {outline!r}")
     tasks = {task.name: task for task in g.tasks}
-    names: list[str] = []
+    names: list[str] = [t.function.name for t in g.tasks if getattr(t.function, "called", False)]
+    names = list(dict.fromkeys(names))
+    if isinstance(outline, bool):
+        return tuple(names)
     for name in outline:
         if name not in tasks:
             raise CompileError(

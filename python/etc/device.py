@@ -79,6 +79,11 @@ class DeviceFunction:
         #: consumes (``layer_gemm(core="bulk")``): it must run right before
         #: its own instance, so ``etc.compile(prefetch_next=True)`` refuses it.
         self.prefetch_fills_shared = False
+        #: The kernel calls the tile instead of inlining it, whatever
+        #: ``etc.compile(outline=...)`` says (``layer_gemm(core="gemv")``:
+        #: inlined next to another such tile, its results came out wrong on
+        #: an H200, ``bench/RESULTS.md`` item 208).
+        self.called = False
         #: Parts that wait for each other (0: none): instances that differ
         #: only in their last grid coordinate, of this many values, spin until
         #: all of them have stored (a split-K meeting shared among its parts,

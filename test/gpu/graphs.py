@@ -772,14 +772,16 @@ def llama_tiny_variants() -> dict:
             mma_spans, attn_items=2, attn_tma_prefetch=True, **tma_heads
         ),
         "llama_tiny_mma_tma_capped_items": dataclasses.replace(capped, attn_items=2),
-        # The projections on CUDA cores, one row a tile (gemm_core="gemv"):
-        # inlined; called with deeper rings and the weights evict-first; and
-        # as the default artifact runs it, in the B = 1 kernel only.
+        # The projections on CUDA cores, one row a tile (gemm_core="gemv",
+        # tiles always called: inlined next to each other they went wrong,
+        # bench/RESULTS.md item 208); with deeper rings, the weights
+        # evict-first and the LM head and argmax called too; and as the
+        # default artifact runs it, in the B = 1 kernel only.
         "llama_tiny_gemv": dataclasses.replace(llama.TINY, gemm_core="gemv"),
         "llama_tiny_gemv_called": dataclasses.replace(
             llama.TINY,
             gemm_core="gemv",
-            outline=True,
+            outline=("qkv", "o_proj", "gate_up", "down", "lm_head"),
             weights_evict_first=True,
             gemm_options=(("stages", 8),),
             projection_options=(("down_proj", (("prefetch_ring", 1),)),),

@@ -159,7 +159,9 @@ def test_config_refuses_bulk_with_the_sync_only_options():
         dataclasses.replace(M.TINY, gemm_core="x")
     with pytest.raises(etc.GraphError, match="core_overrides names 'down', not one of"):
         dataclasses.replace(M.TINY, core_overrides=(("down", "bulk"),))
-    with pytest.raises(etc.GraphError, match=r"core_overrides\['o_proj'\] must be 'sync', 'bulk'"):
+    with pytest.raises(
+        etc.GraphError, match=r"core_overrides\['o_proj'\] must be one of sync, bulk, tma, gemv"
+    ):
         dataclasses.replace(M.TINY, core_overrides=(("o_proj", "wgmma"),))
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 
 import numpy as np
 import pytest
-from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, ptxas_info
+from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, sm90a_ptxas
 from mlir_addresses import Evaluator, copy_sources, functions
 
 import etc
@@ -75,13 +76,16 @@ def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, s
     assert _copied(early, 1, 2, "fill") == want
 
 
-def test_evict_first_marks_the_copies_and_body_spares_the_fill():
-    tile = _tile("store", 16, 3072, 2048, stages=4, prefetch_ring=True, l2_evict_first="body")
-    bodies = functions(tile.source)
-    assert "evict_first" not in bodies[tile.prefetch]
-    assert "L2::cache_hint" in bodies[tile.name] and "L2::evict_first" in bodies[tile.name]
-    marked = _tile("store", 16, 3072, 2048, stages=4, prefetch_ring=True, l2_evict_first=True)
-    assert "L2::cache_hint" in functions(marked.source)[marked.prefetch]
+def test_weights_evict_first_marks_nothing_on_the_gemv_core():
+    """The model's flag composes with the core (as on the bulk core): its
+    gemv projections carry no L2 hint, which layer_gemm refuses by name."""
+    cfg = dataclasses.replace(M.TINY, gemm_core="gemv", weights_evict_first=True)
+    for task in M.build_decoder_graph(cfg).tasks:
+        assert "cache_hint" not in task.function.source, task.name
+    with pytest.raises(
+        etc.GraphError, match="tile 'g': l2_evict_first do not apply to core='gemv'"
+    ):
+        layer_gemm(1, 8, 2048, 2048, layers=2, core="gemv", name="g", l2_evict_first=True)
 
 
 @pytest.mark.parametrize(
@@ -91,6 +95,7 @@ def test_evict_first_marks_the_copies_and_body_spares_the_fill():
         (dict(unroll=2), "unroll do not apply to core='gemv'"),
         (dict(rotate_k=True), "rotate_k do not apply to core='gemv'"),
         (dict(weight_chunk=32), "weight_chunk do not apply to core='gemv'"),
+        (dict(l2_evict_first="body"), "l2_evict_first do not apply to core='gemv'"),
         (dict(block_n=12), "multiple of 8 rows"),
         (dict(block_n=24), "warp groups dividing 8"),
         (dict(k=1000), "k=1000 must be a multiple of 512"),
@@ -126,8 +131,11 @@ def test_ptx_assembles_without_spills(epilogue, block_n, k, extra, tmp_path):
     if "sums_out" in extra:
         tensors.append(("S", (8, "m"), "i64"))
     art = compile_tile(tile, tensors, (3, n // block_n, "m"))
-    spills, smem = ptxas_info(art.ptx, tmp_path)
-    assert not any(spills), spills
+    # The kernel calls the tile (DeviceFunction.called): its own properties.
+    assert tile.called and f".func {tile.name}(" in art.ptx
+    report = sm90a_ptxas(art.ptx, tmp_path)
+    own = re.search(rf"Function properties for {tile.name}\n\s*(.*)", report)
+    assert own and "0 bytes spill stores, 0 bytes spill loads" in own.group(1), report
 
 
 def test_decoder_on_the_gemv_core_matches_the_numpy_model():

@@ -1417,9 +1417,11 @@ def test_context_buckets_split_the_one_sequence_kernel_by_l():
     assert long.attention_pipeline == "tma" and long.attn_tma_release == "read_early"
     assert "attention" in long.outline and "attention" not in short.outline
     assert all(k.context_buckets == () and k.max_batch == 1 for k in (short, long))
-    # L2 evict-first weight copies in every kernel but the short B = 1 one;
-    # the B = 2..16 and large kernels' KV rings evict-first too.
-    assert [k.weights_evict_first for k in (short, long, mid, large)] == [False, True, True, True]
+    # L2 evict-first weight copies in the B = 2..16 and large kernels (B = 1's
+    # projections are on the gemv core, which takes no hint); their KV rings
+    # evict-first too.
+    assert (short.gemm_core, long.gemm_core) == ("gemv", "gemv")
+    assert [k.weights_evict_first for k in (short, long, mid, large)] == [False, False, True, True]
     assert [k.attn_kv_evict_first for k in (short, long, mid, large)] == [False, False, True, True]
     # Set on the base it reaches every kernel (the large one's TMA weight
     # boxes too).
@@ -1486,8 +1488,9 @@ def test_compile_decoder_splits_a_batch_bucket_by_context(tmp_path):
     # The long-context kernel's attention: the tensor-core tile fed by TMA, called.
     assert "call.uni attention," in long.ptx and "cp.async.bulk.tensor" in long.ptx
     assert "call.uni attention," not in short.ptx and "cp.async.bulk.tensor" not in short.ptx
-    # Its weight copies evict-first (SINGLE_SEQUENCE_LONG); the short one's not.
-    assert "L2::cache_hint" in long.ptx and "L2::cache_hint" not in short.ptx
+    # Both take B = 1's projections on the gemv core, called, with no L2 hint.
+    for ptx in (short.ptx, long.ptx):
+        assert "call.uni down_proj," in ptx and "L2::cache_hint" not in ptx
     assert all(a.cubin is not None for _, a in art.leaves())
     art.save(tmp_path)
     assert (tmp_path / "bucket0" / "buckets.json").exists()

@@ -139,13 +139,18 @@ SMALL_BATCH = (("wait_memo", True), ("weights_evict_first", True), ("attn_kv_evi
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
 #: positions) in loop steps of 64 positions, so ``attn_single_span``'s
 #: spans hold (-6 % on an H200, tenth session), inlined; its LM head and
-#: argmax called (-1.3 %, thirtieth session).
+#: argmax called (-1.3 %, thirtieth session); every projection on CUDA
+#: cores, one row a tile, whole weight lines through an 8-slot per-thread
+#: ring (``gemm_core="gemv"``, called: -12.6 % at L = 1024, -10.4 % at
+#: L = 4096 on an H200 with 4 slots, forty-fourth session, item 207).
 SINGLE_SEQUENCE = (
     ("attn_tile", "phased"),
     ("attn_unroll", 2),
     ("attn_pipeline", "none"),
     ("attn_tma_release", "math"),
     ("outline", ("lm_head", "argmax", "argmax_merge")),
+    ("gemm_core", "gemv"),
+    ("gemm_options", (("stages", 8),)),
 )
 #: The changes of the B = 1 kernel past :data:`SINGLE_SEQUENCE_CONTEXT`:
 #: the B = 2..16 kernel's tensor-core attention (TMA ring, ``read_early``,
@@ -153,14 +158,15 @@ SINGLE_SEQUENCE = (
 #: loop steps take B = 1's 64-position spans half empty at L = 1024
 #: (+0.4..+1.7 %), but once the spans outgrow one 64-position step of the
 #: phased tile it pays: -1.3..-1.6 % at L = 1152-1408, -2.4..-3.4 % at
-#: L = 4096 on an H200 (forty-second session, items 191-192).
+#: L = 4096 on an H200 (forty-second session, items 191-192). Its weights
+#: were evict-first (-0.4 %, item 198) until the projections moved to the
+#: gemv core, which takes no L2 hint (forty-fourth session, item 208).
 SINGLE_SEQUENCE_LONG = (
     ("attn_tile", "mma"),
     ("attn_unroll", 1),
     ("attn_pipeline", "auto"),
     ("attn_tma_release", "read_early"),
     ("outline", ("attention", "lm_head", "argmax", "argmax_merge")),
-    ("weights_evict_first", True),
 )
 #: The largest L the B = 1 kernel runs with the phased attention: the last
 #: whose splits (``attn_single_splits`` = 17 of ``attn_single_span`` = 64
@@ -1579,10 +1585,11 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         if cfg.core(name) == "bulk":
             core = {"core": "bulk", **dict(cfg.bulk_options)}
         elif cfg.core(name) == "gemv":
+            # weights_evict_first marks nothing here, as on the bulk core:
+            # the gemv tile takes no L2 hint (bench/RESULTS.md item 208).
             own = _sync_options(cfg, name)
             core = dict(
                 core="gemv", stages=own.get("stages"), prefetch_ring=own["prefetch_ring"],
-                l2_evict_first=own["l2_evict_first"],
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
             )  # fmt: skip

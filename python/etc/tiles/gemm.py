@@ -1829,8 +1829,7 @@ def layer_gemm(
     whole 128-byte weight lines through a per-thread ``cp.async`` ring,
     narrow blocks splitting ``k`` over the warps
     (:mod:`etc.tiles.gemv_layer`). It takes ``stages``, ``columns_first``,
-    ``row_scale``, ``sums_out``, ``prefetch_ring`` and ``l2_evict_first``
-    only.
+    ``row_scale``, ``sums_out`` and ``prefetch_ring`` only.
 
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
     a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must
@@ -1925,8 +1924,7 @@ def layer_gemm(
     if core == "gemv":
         from .gemv_layer import layer_gemv
 
-        gemv_refused = {key: v for key, v in sync_only.items() if key != "l2_evict_first"}
-        _refuse(name, core, {**gemv_refused, "kc": kc is not None, "rotate_k": rotate_k})
+        _refuse(name, core, {**sync_only, "kc": kc is not None, "rotate_k": rotate_k})
         if block_m != 1:
             raise GraphError(
                 f"tile '{name}': core='gemv' computes one row a tile: block_m=1, got {block_m}"
@@ -1934,7 +1932,7 @@ def layer_gemm(
         return layer_gemv(
             block_n, n, k, layers=layers, epilogue=epilogue, name=name, block_size=block_size,
             stages=stages, columns_first=columns_first, row_scale=row_scale, sums_out=sums_out,
-            prefetch_ring=prefetch_ring, l2_evict_first=l2_evict_first,
+            prefetch_ring=prefetch_ring,
         )  # fmt: skip
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,

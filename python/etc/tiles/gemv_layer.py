@@ -55,14 +55,16 @@ def layer_gemv(
     row_scale: tuple[int, int, float] | None = None,
     sums_out: tuple[int, int] | None = None,
     prefetch_ring: bool | int = False,
-    l2_evict_first: bool | str = False,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="gemv"`` (module
     docstring): ``stages`` ring slots per thread and row (default 4; at most
-    one more than the chunks of a k slice are used), ``prefetch_ring`` (the
-    ring's first ``stages - 1`` chunks, or that many, issued by
-    ``@<name>__prefetch`` before the instance's waits) and ``l2_evict_first``
-    as the sync core's."""
+    one more than the chunks of a k slice are used) and ``prefetch_ring``
+    (the ring's first ``stages - 1`` chunks, or that many, issued by
+    ``@<name>__prefetch`` before the instance's waits). No L2 evict-first
+    hint: with the sync core's hinted copies the tiny decoder stopped with
+    CUDA_ERROR_ILLEGAL_INSTRUCTION under the dynamic schedule without early
+    pushes (``bench/RESULTS.md`` item 208), and at B = 1 the hint gained
+    nothing (item 207)."""
     from .gemm import _layer_slot, _layer_types, _source, layer_gemm_reference
 
     bs = block_size
@@ -107,7 +109,7 @@ def layer_gemv(
         name=name, bs=bs, n=n, k=k, block_n=block_n, per_n=per_n, nr=nr, rpt=rpt,
         groups=groups, slices=slices, per_slice=per_slice, stages=stages, pre=pre, early=early,
         at=at, wt=wt, ct=ct, stacked=stacked, epilogue=epilogue, row_scale=row_scale,
-        sums_out=sums_out, evict=l2_evict_first,
+        sums_out=sums_out,
     )  # fmt: skip
     st = _text.SUMS_TYPE
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
@@ -135,6 +137,10 @@ def layer_gemv(
     )  # fmt: skip
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=bs)
     fn.prefetch_fills_shared = bool(early)
+    # Inlined, two of these tiles in one kernel (o_proj and down) gave wrong
+    # sums of squares on an H200 under the static schedule; called, right
+    # (bench/RESULTS.md item 208). Called, each also keeps its own registers.
+    fn.called = True
     return fn
 
 
@@ -198,23 +204,11 @@ def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
         s = t.op("q", f"arith.addi {s}, {tid} : index")
         return t.op("q", f"arith.muli {s}, %c4 : index")
 
-    hinted = p["evict"] is True or (p["evict"] == "body" and part != "fill")
-    policy = t.op("pol", _text.l2_policy("evict_first")) if hinted else None
-
     def issue(it: str, stage: str) -> None:
         kb = t.op("kb", f"arith.muli {it}, %c{step}_ : index")
         for q, src in enumerate(srcs):
             g = t.op("g", f"arith.addi {src}, {kb} : index")
             g = t.op("g", f"arith.index_cast {g} : index to i64")
-            if policy is not None:
-                d = t.op("d", f"arith.index_cast {slot(stage, q, 'bytes')} : index to i32")
-                t.emit(
-                    _text.asm_line(
-                        "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;",
-                        [(d, "i32"), (g, "i64"), (policy, "i64")],
-                    )
-                )
-                continue
             g = t.op("g", f"llvm.inttoptr {g} : i64 to !llvm.ptr<1>")
             d = t.op("d", f"arith.index_cast {slot(stage, q, 'bytes')} : index to i64")
             d = t.op("d", f"llvm.inttoptr {d} : i64 to !llvm.ptr<3>")
@@ -348,7 +342,13 @@ def _finish(
     layer_slot,
 ) -> None:  # fmt: skip
     """Thread ``t < block_n``: column ``t``'s sums over the k slices (slice
-    order), the row scale, the epilogue and its store; then ``sums_out``."""
+    order), the row scale, the epilogue and its store; then ``sums_out``.
+
+    Every thread computes a column (``min(t, block_n - 1)``) and only the
+    stores and the atomic are conditional, after the shuffles: with the
+    values computed under a branch, a kernel that inlines two such tiles
+    (o_proj and down) had ptxas shuffle before the warp reconverged, and
+    the sums of squares came out short (``bench/RESULTS.md`` item 208)."""
     bn, nr, slices = p["block_n"], p["nr"], p["slices"]
 
     def total(row: str) -> str:
@@ -360,12 +360,10 @@ def _finish(
         return t.op("pt", f"arith.mulf {v}, {scale} : f32") if scale is not None else v
 
     mine = t.op("mine", f"arith.cmpi ult, {tid}, %c{bn}_ : index")
-    value = t.fresh("val")
-    t.emit(f"{value} = scf.if {mine} -> (f32) {{")
-    t.indent += "  "
-    g = total(tid)
+    column = t.op("cl", f"arith.minui {tid}, %c{bn - 1}_ : index")
+    g = total(column)
     if p["epilogue"] == "swiglu":
-        u = total(t.op("ur", f"arith.addi {tid}, %c{bn}_ : index"))
+        u = total(t.op("ur", f"arith.addi {column}, %c{bn}_ : index"))
         silu = _mma.bf16_round(t, _mma.silu(t, _mma.bf16_round(t, g)))
         v = t.op("hv", f"arith.mulf {silu}, {_mma.bf16_round(t, u)} : f32")
     elif p["epilogue"] == "residual":
@@ -373,18 +371,18 @@ def _finish(
     else:
         v = g
     hv = t.op("h", f"arith.truncf {v} : f32 to bf16")
-    t.emit(f"memref.store {hv}, %C[%i, {col}] : {p['ct']}")
-    t.emit(f"scf.yield {t.op('h', f'arith.extf {hv} : bf16 to f32')} : f32")
-    t.indent = t.indent[:-2]
-    t.emit("} else {")
-    t.emit("  scf.yield %fzero : f32")
+    if p["sums_out"] is not None:
+        # The block's sum of squares of the stored values: a butterfly over
+        # each warp that holds columns, one fixed-point atomic add per warp.
+        value = t.op("val", f"arith.extf {hv} : bf16 to f32")
+        value = t.op("val", f"arith.select {mine}, {value}, %fzero : f32")
+        sq = t.op("sq", f"arith.mulf {value}, {value} : f32")
+        sq = _lane_sum(t, sq, (16, 8, 4, 2, 1), width)
+    t.emit(f"scf.if {mine} {{")
+    t.emit(f"  memref.store {hv}, %C[%i, {col}] : {p['ct']}")
     t.emit("}")
     if p["sums_out"] is None:
         return
-    # The block's sum of squares of the stored values: a butterfly over each
-    # warp that holds columns, one fixed-point atomic add per such warp.
-    sq = t.op("sq", f"arith.mulf {value}, {value} : f32")
-    sq = _lane_sum(t, sq, (16, 8, 4, 2, 1), width)
     lane = t.op("ln", f"arith.remui {tid}, %c32 : index")
     first = t.op("f0", f"arith.cmpi eq, {lane}, %c0 : index")
     first = t.op("f0", f"arith.andi {first}, {mine} : i1")
