@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import numpy as np
 import pytest
 from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, ptxas_info
+from unit_helpers import check_decoder_step
 
 import etc
-from etc.dtypes import bf16_to_f32
 from etc.models import llama as M
 from etc.tiles import gemm_bulk
 from etc.tiles.gemm import layer_gemm
@@ -120,17 +119,7 @@ def _bulk_config(**change):
 def test_decoder_on_the_bulk_core_matches_the_numpy_model(block_m):
     """Same tiles' references as the sync core: B = 17 spans row blocks
     (two of 16 rows or one of 32), the last one partial."""
-    cfg = _bulk_config(block_m=block_m, bn_o=8, bn_down=8)
-    g = M.build_decoder_graph(cfg)
-    weights = M.random_weights(cfg, seed=5)
-    B, L = 17, 5
-    tokens = np.arange(B, dtype=np.int32) * 11
-    arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 3)
-    ref = M.reference_step(cfg, arrays, L)
-    out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 3}, num_ctas=5)
-    got = bf16_to_f32(out["logits"])
-    assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
-    np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    check_decoder_step(_bulk_config(block_m=block_m, bn_o=8, bn_down=8), B=17, L=5)
 
 
 @needs_ptxas

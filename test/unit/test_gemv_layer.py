@@ -11,13 +11,12 @@ import collections
 import dataclasses
 import re
 
-import numpy as np
 import pytest
 from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, sm90a_ptxas
 from mlir_addresses import Evaluator, copy_sources, functions
+from unit_helpers import check_decoder_step
 
 import etc
-from etc.dtypes import bf16_to_f32
 from etc.models import llama as M
 from etc.tiles.gemm import layer_gemm
 
@@ -142,16 +141,8 @@ def test_decoder_on_the_gemv_core_matches_the_numpy_model():
     """One row a tile, so B = 3 is three row blocks of every projection."""
     cfg = dataclasses.replace(M.TINY, gemm_core="gemv")
     assert cfg.gemm_block("qkv_proj") == cfg.gemm_block("embed") == 1
-    g = M.build_decoder_graph(cfg)
-    weights = M.random_weights(cfg, seed=5)
     for B, L in ((1, 0), (3, 9)):
-        tokens = np.arange(B, dtype=np.int32) * 11
-        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 3)
-        ref = M.reference_step(cfg, arrays, L)
-        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 3}, num_ctas=5)
-        got = bf16_to_f32(out["logits"])
-        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
-        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        check_decoder_step(cfg, B, L)
 
 
 @needs_ptxas

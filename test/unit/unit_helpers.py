@@ -121,3 +121,23 @@ def two_symbols(width: int = 4, m_max: int | None = None) -> etc.Graph:
         x, y = g.tensor(f"x{s.name}", (s, width), "f32"), g.tensor(f"y{s.name}", (s,), "f32")
         g.task(final_sum(1, width, name=f"sum_{s.name}"), grid=(s,), args=(x, y))
     return g
+
+
+def check_decoder_step(cfg, B: int, L: int, seed: int = 5) -> None:
+    """One simulated step of ``cfg``'s decoder graph (tokens ``11 * b``)
+    against ``etc.models.llama.reference_step``: logits within 1e-2, the
+    same greedy tokens."""
+    import numpy as np
+
+    from etc.dtypes import bf16_to_f32
+    from etc.models import llama as M
+
+    g = M.build_decoder_graph(cfg)
+    weights = M.random_weights(cfg, seed=seed)
+    tokens = np.arange(B, dtype=np.int32) * 11
+    arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 3)
+    ref = M.reference_step(cfg, arrays, L)
+    out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 3}, num_ctas=5)
+    got = bf16_to_f32(out["logits"])
+    assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+    np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])

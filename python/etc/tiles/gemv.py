@@ -256,24 +256,8 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
             lin = t.op("lin", f"arith.addi {lin}, {pk} : index")
         lin = t.op("lin", f"arith.muli {lin}, %c2 : index")
         srcs.append(t.op("src", f"arith.addi {wbase}, {lin} : index"))
-    globals_ = [
-        f'memref.global "private" @{p["name"]}__ring : {p["ring_t"]} {{alignment = 16 : i64}}'
-    ]
-    ring = t.op("ring", f"memref.get_global @{p['name']}__ring : {p['ring_t']}")
-    sb = t.op("sb", f"memref.extract_aligned_pointer_as_index {ring} : {p['ring_t']} -> index")
-    toff = t.op("sb", f"arith.muli {tid}, %c16_ : index")
-    sb = t.op("sb", f"arith.addi {sb}, {toff} : index")
-
-    def slot(stage: str, f: int, what: str) -> str:
-        """Ring slot (stage, row f) of this thread: byte address or i32 index."""
-        q = t.op("q", f"arith.muli {stage}, %c2 : index")
-        q = t.op("q", f"arith.addi {q}, %c{f}_ : index") if f else q
-        if what == "bytes":
-            q = t.op("q", f"arith.muli {q}, %c{bs * 16}_ : index")
-            return t.op("q", f"arith.addi {sb}, {q} : index")
-        q = t.op("q", f"arith.muli {q}, %c{bs}_ : index")
-        q = t.op("q", f"arith.addi {q}, {tid} : index")
-        return t.op("q", f"arith.muli {q}, %c4 : index")
+    ring = ThreadRing(t, p["name"], p["ring_t"], tid, bs, 2)
+    globals_ = [ring.declaration]
 
     def issue(c: str, stage: str) -> None:
         if chunk:  # k = 64c + 8 * piece: chunk kk // C, element kk % C of it
@@ -286,16 +270,7 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
             kb = t.op("kb", f"arith.muli {kb}, %c2 : index")
         else:
             kb = t.op("kb", f"arith.muli {c}, %c{2 * CHUNK}_ : index")
-        for f, src in enumerate(srcs):
-            g = t.op("g", f"arith.addi {src}, {kb} : index")
-            g = t.op("g", f"arith.index_cast {g} : index to i64")
-            g = t.op("g", f"llvm.inttoptr {g} : i64 to !llvm.ptr<1>")
-            d = t.op("d", f"arith.index_cast {slot(stage, f, 'bytes')} : index to i64")
-            d = t.op("d", f"llvm.inttoptr {d} : i64 to !llvm.ptr<3>")
-            t.emit(
-                f"nvvm.cp.async.shared.global {d}, {g}, 16, cache = cg : !llvm.ptr<3>, !llvm.ptr<1>"
-            )
-        t.emit("nvvm.cp.async.commit.group")
+        ring.copy(srcs, kb, stage)
 
     # Threads past the block's rows (whole warps) copy and add nothing.
     active = LANES_PER_ROW * rows
@@ -346,18 +321,7 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     def compute(c: str, stage: str, accs: list[str]) -> list[str]:
         ak = t.op("ak", f"arith.muli {c}, %c{CHUNK}_ : index")
         ak = t.op("ak", f"arith.addi {ak}, {apiece} : index")
-        x = t.op("x", f"vector.load {av}[{ak}] {{alignment = 16 : i64}} : {a_smem}, vector<8xbf16>")
-        x = t.op("x", f"arith.extf {x} : vector<8xbf16> to vector<8xf32>")
-        out = []
-        for f, acc in enumerate(accs):
-            wv = t.op(
-                "w", f"vector.load {ring}[{slot(stage, f, 'index')}] {{alignment = 16 : i64}} : "
-                f"{p['ring_t']}, vector<4xi32>",
-            )  # fmt: skip
-            wv = t.op("w", f"vector.bitcast {wv} : vector<4xi32> to vector<8xbf16>")
-            wv = t.op("w", f"arith.extf {wv} : vector<8xbf16> to vector<8xf32>")
-            out.append(t.op("acc", f"vector.fma {wv}, {x}, {acc} : vector<8xf32>"))
-        return out
+        return fma_chunk(t, (av, a_smem), ak, ring, stage, accs)
 
     res = t.fresh("accs")
     t.emit(
@@ -386,12 +350,7 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     c32 = t.op("w32", "arith.constant 32 : i32")
     for acc in accs:
         v = t.op("sum", f"vector.reduction <add>, {acc} : vector<8xf32> into f32")
-        for off in (4, 2, 1):
-            o = t.op("off", f"arith.constant {off} : i32")
-            sh = t.fresh("sh")
-            t.emit(f"{sh}, %{sh[1:]}ok = gpu.shuffle xor {v}, {o}, {c32} : f32")
-            v = t.op("sum", f"arith.addf {v}, {sh} : f32")
-        sums.append(v)
+        sums.append(lane_sum(t, v, (4, 2, 1), c32))
     lead = t.op("lead", f"arith.cmpi eq, {piece}, %c0 : index")
     t.emit(f"scf.if {lead} {{")
     t.indent += "  "
@@ -409,6 +368,83 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     if p["combine"]:
         globals_.append(_last_combine(t, p, token, tid, n0))
     return globals_
+
+
+class ThreadRing:
+    """A per-thread ``cp.async`` ring in workgroup memory ``@<name>__ring``:
+    each stage holds ``per_stage`` 16-byte slots for each of the ``bs``
+    threads, slot ``(stage, f)`` of thread ``tid`` at 16 bytes x ((stage *
+    per_stage + f) * bs + tid), so a warp's copies land side by side and
+    each thread reads back only its own (no CTA barrier in the loop)."""
+
+    def __init__(self, t: _Text, name: str, ring_t: str, tid: str, bs: int, per_stage: int):
+        self.t, self.type, self.tid, self.bs, self.per = t, ring_t, tid, bs, per_stage
+        self.declaration = (
+            f'memref.global "private" @{name}__ring : {ring_t} {{alignment = 16 : i64}}'
+        )
+        self.ring = t.op("ring", f"memref.get_global @{name}__ring : {ring_t}")
+        sb = t.op("sb", f"memref.extract_aligned_pointer_as_index {self.ring} : {ring_t} -> index")
+        toff = t.op("sb", f"arith.muli {tid}, %c16_ : index")
+        self.base = t.op("sb", f"arith.addi {sb}, {toff} : index")
+
+    def slot(self, stage: str, f: int, what: str) -> str:
+        """Slot (stage, f) of this thread: byte address or i32 index."""
+        t = self.t
+        q = t.op("q", f"arith.muli {stage}, %c{self.per}_ : index")
+        q = t.op("q", f"arith.addi {q}, %c{f}_ : index") if f else q
+        if what == "bytes":
+            q = t.op("q", f"arith.muli {q}, %c{self.bs * 16}_ : index")
+            return t.op("q", f"arith.addi {self.base}, {q} : index")
+        q = t.op("q", f"arith.muli {q}, %c{self.bs}_ : index")
+        q = t.op("q", f"arith.addi {q}, {self.tid} : index")
+        return t.op("q", f"arith.muli {q}, %c4 : index")
+
+    def copy(self, srcs: list[str], offset: str, stage: str) -> None:
+        """16 bytes from each global address ``srcs[f] + offset`` into slot
+        ``(stage, f)``, as one ``cp.async`` group."""
+        t = self.t
+        for f, src in enumerate(srcs):
+            g = t.op("g", f"arith.addi {src}, {offset} : index")
+            g = t.op("g", f"arith.index_cast {g} : index to i64")
+            g = t.op("g", f"llvm.inttoptr {g} : i64 to !llvm.ptr<1>")
+            d = t.op("d", f"arith.index_cast {self.slot(stage, f, 'bytes')} : index to i64")
+            d = t.op("d", f"llvm.inttoptr {d} : i64 to !llvm.ptr<3>")
+            t.emit(
+                f"nvvm.cp.async.shared.global {d}, {g}, 16, cache = cg : !llvm.ptr<3>, !llvm.ptr<1>"
+            )
+        t.emit("nvvm.cp.async.commit.group")
+
+
+def fma_chunk(
+    t: _Text, a: tuple[str, str], ak: str, ring: ThreadRing, stage: str, accs: list[str]
+) -> list[str]:
+    """One k chunk of a GEMV thread: ``accs[f] += f32(w_f) * f32(x)``, ``x``
+    the 8 activations at ``ak`` of workgroup row ``a = (memref, type)`` and
+    ``w_f`` this thread's slot ``(stage, f)`` of ``ring``."""
+    av, a_t = a
+    x = t.op("x", f"vector.load {av}[{ak}] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>")
+    x = t.op("x", f"arith.extf {x} : vector<8xbf16> to vector<8xf32>")
+    out = []
+    for f, acc in enumerate(accs):
+        wv = t.op(
+            "w", f"vector.load {ring.ring}[{ring.slot(stage, f, 'index')}] "
+            f"{{alignment = 16 : i64}} : {ring.type}, vector<4xi32>",
+        )  # fmt: skip
+        wv = t.op("w", f"vector.bitcast {wv} : vector<4xi32> to vector<8xbf16>")
+        wv = t.op("w", f"arith.extf {wv} : vector<8xbf16> to vector<8xf32>")
+        out.append(t.op("acc", f"vector.fma {wv}, {x}, {acc} : vector<8xf32>"))
+    return out
+
+
+def lane_sum(t: _Text, v: str, offsets, width: str) -> str:
+    """f32 ``v`` summed over the lanes ``xor offsets`` reach (every lane of
+    the group gets it); ``width``: an i32 32."""
+    for off in offsets:
+        o = t.op("off", f"arith.constant {off} : i32")
+        sh = t.fresh("sh")
+        t.emit(f"{sh}, %{sh[1:]}ok = gpu.shuffle xor {v}, {o}, {width} : f32")
+        v = t.op("sum", f"arith.addf {v}, {sh} : f32")
+    return v
 
 
 #: Output columns per ``Ycount`` column: a counter per (token, 8-column

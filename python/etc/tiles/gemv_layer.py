@@ -33,6 +33,7 @@ from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma, _text
 from ._mma import Text as _Text
+from .gemv import ThreadRing, fma_chunk, lane_sum
 
 #: Lanes that share a weight row (16 bytes each of a 128-byte chunk).
 LANES_PER_ROW = 8
@@ -187,35 +188,12 @@ def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
         off = t.op("wo", f"arith.addi {off}, {start} : index")
         srcs.append(t.op("src", f"arith.addi {wbase}, {off} : index"))
     ring_t = f"memref<{stages * rpt * bs * 4}xi32, #gpu.address_space<workgroup>>"
-    globals_ = [f'memref.global "private" @{name}__ring : {ring_t} {{alignment = 16 : i64}}']
-    ring = t.op("ring", f"memref.get_global @{name}__ring : {ring_t}")
-    sb = t.op("sb", f"memref.extract_aligned_pointer_as_index {ring} : {ring_t} -> index")
-    toff = t.op("sb", f"arith.muli {tid}, %c16_ : index")
-    sb = t.op("sb", f"arith.addi {sb}, {toff} : index")
+    ring = ThreadRing(t, name, ring_t, tid, bs, rpt)
+    globals_ = [ring.declaration]
     step = 2 * CHUNK * slices  # bytes of a row between a slice's chunks
 
-    def slot(stage: str, q: int, what: str) -> str:
-        s = t.op("q", f"arith.muli {stage}, %c{rpt}_ : index")
-        s = t.op("q", f"arith.addi {s}, %c{q}_ : index") if q else s
-        if what == "bytes":
-            s = t.op("q", f"arith.muli {s}, %c{bs * 16}_ : index")
-            return t.op("q", f"arith.addi {sb}, {s} : index")
-        s = t.op("q", f"arith.muli {s}, %c{bs}_ : index")
-        s = t.op("q", f"arith.addi {s}, {tid} : index")
-        return t.op("q", f"arith.muli {s}, %c4 : index")
-
     def issue(it: str, stage: str) -> None:
-        kb = t.op("kb", f"arith.muli {it}, %c{step}_ : index")
-        for q, src in enumerate(srcs):
-            g = t.op("g", f"arith.addi {src}, {kb} : index")
-            g = t.op("g", f"arith.index_cast {g} : index to i64")
-            g = t.op("g", f"llvm.inttoptr {g} : i64 to !llvm.ptr<1>")
-            d = t.op("d", f"arith.index_cast {slot(stage, q, 'bytes')} : index to i64")
-            d = t.op("d", f"llvm.inttoptr {d} : i64 to !llvm.ptr<3>")
-            t.emit(
-                f"nvvm.cp.async.shared.global {d}, {g}, 16, cache = cg : !llvm.ptr<3>, !llvm.ptr<1>"
-            )
-        t.emit("nvvm.cp.async.commit.group")
+        ring.copy(srcs, t.op("kb", f"arith.muli {it}, %c{step}_ : index"), stage)
 
     def const(v: int) -> str:
         return f"%c{v}_" if v else "%c0"
@@ -272,18 +250,7 @@ def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
     def compute(it: str, stage: str, accs: list[str]) -> list[str]:
         ak = t.op("ak", f"arith.muli {it}, %c{CHUNK * slices}_ : index")
         ak = t.op("ak", f"arith.addi {ak}, {apiece} : index")
-        x = t.op("x", f"vector.load {av}[{ak}] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>")
-        x = t.op("x", f"arith.extf {x} : vector<8xbf16> to vector<8xf32>")
-        out = []
-        for q, acc in enumerate(accs):
-            w = t.op(
-                "w", f"vector.load {ring}[{slot(stage, q, 'index')}] {{alignment = 16 : i64}} : "
-                f"{ring_t}, vector<4xi32>",
-            )  # fmt: skip
-            w = t.op("w", f"vector.bitcast {w} : vector<4xi32> to vector<8xbf16>")
-            w = t.op("w", f"arith.extf {w} : vector<8xbf16> to vector<8xf32>")
-            out.append(t.op("acc", f"vector.fma {w}, {x}, {acc} : vector<8xf32>"))
-        return out
+        return fma_chunk(t, (av, a_t), ak, ring, stage, accs)
 
     per_slice = p["per_slice"]
     res = t.fresh("accs")
@@ -313,7 +280,7 @@ def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
     parts = t.op("part", f"memref.get_global @{name}__part : {part_t}")
     lead = t.op("lead", f"arith.cmpi eq, {piece}, %c0 : index")
     width = t.op("w32", "arith.constant 32 : i32")
-    sums = [_lane_sum(t, t.op("sum", f"vector.reduction <add>, {a} : vector<8xf32> into f32"),
+    sums = [lane_sum(t, t.op("sum", f"vector.reduction <add>, {a} : vector<8xf32> into f32"),
                       (4, 2, 1), width) for a in accs]  # fmt: skip
     t.emit(f"scf.if {lead} {{")
     t.indent += "  "
@@ -325,16 +292,6 @@ def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
     t.emit("gpu.barrier")
     _finish(t, p, parts, part_t, tid, col, scale, old, width, layer_slot)
     return globals_
-
-
-def _lane_sum(t: _Text, v: str, offsets, width: str) -> str:
-    """``v`` summed over the lanes ``xor offsets`` reach (every lane gets it)."""
-    for off in offsets:
-        o = t.op("off", f"arith.constant {off} : i32")
-        sh = t.fresh("sh")
-        t.emit(f"{sh}, %{sh[1:]}ok = gpu.shuffle xor {v}, {o}, {width} : f32")
-        v = t.op("sum", f"arith.addf {v}, {sh} : f32")
-    return v
 
 
 def _finish(
@@ -377,7 +334,7 @@ def _finish(
         value = t.op("val", f"arith.extf {hv} : bf16 to f32")
         value = t.op("val", f"arith.select {mine}, {value}, %fzero : f32")
         sq = t.op("sq", f"arith.mulf {value}, {value} : f32")
-        sq = _lane_sum(t, sq, (16, 8, 4, 2, 1), width)
+        sq = lane_sum(t, sq, (16, 8, 4, 2, 1), width)
     t.emit(f"scf.if {mine} {{")
     t.emit(f"  memref.store {hv}, %C[%i, {col}] : {p['ct']}")
     t.emit("}")
