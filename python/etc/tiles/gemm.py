@@ -1630,6 +1630,21 @@ LAYER_EPILOGUES = ("store", "residual", "swiglu")
 #: bulk-copy ring filled before the waits ("bulk", :mod:`etc.tiles.gemm_bulk`),
 #: or TMA + wgmma with split-K ("tma", :mod:`etc.tiles.gemm_layer_tma`).
 LAYER_CORES = ("sync", "bulk", "tma", "gemv")
+#: What each ``layer_gemm`` epilogue computes (the comment of its source).
+LAYER_WHAT = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
+
+
+def _layer_signature(
+    at: str, wt: str, ct: str, *, columns_first: bool, stacked: bool, before_w: str = "",
+    after_c: str = "",
+) -> str:  # fmt: skip
+    """The arguments of a :func:`layer_gemm` tile: its coordinates (``%l``
+    first over stacked layers; ``%j`` before ``%i`` with ``columns_first``),
+    ``%A``, the buffers ``before_w`` names, ``%W``, ``%C``, those ``after_c``
+    names."""
+    ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
+    coords = f"%l: index, {ij}" if stacked else ij
+    return f"{coords}, %A: {at}{before_w}, %W: {wt}, %C: {ct}{after_c}"
 
 
 def _residual_loads(
@@ -2020,16 +2035,19 @@ def layer_gemm(
     )  # fmt: skip
     globals_ = _row_path_bodies(t, body, paths, r0, r1)
     t.close()
-    ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
-    coords = f"%l: index, {ij}" if layers is not None else ij
     gamma = f", %R: {st}" if row_scale is not None else ""
     gamma += f", %G: {at}" if rmsnorm is not None else ""
     gamma += f", %S: {st}" if norm_sums else ""
-    out_sums = f", %S: {st}" if sums_out is not None else ""
-    signature = f"{coords}, %A: {at}{gamma}, %W: {wt}, %C: {ct}{out_sums}"
-    what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
+    signature = _layer_signature(
+        at, wt, ct, columns_first=columns_first, stacked=layers is not None, before_w=gamma,
+        after_c=f", %S: {st}" if sums_out is not None else "",
+    )  # fmt: skip
     source = _source(
-        name, signature, t, globals_, f"{name}: {what[epilogue]}, bf16, {block_m}x{block_n} blocks"
+        name,
+        signature,
+        t,
+        globals_,
+        f"{name}: {LAYER_WHAT[epilogue]}, bf16, {block_m}x{block_n} blocks",
     )
     if prefetch_weights:
         source += _weight_prefetch(name, signature, wt, block_n, n, k, per_n, layers is not None)
@@ -2272,7 +2290,6 @@ def _add_sums_of_squares(
     first of them adds atomically (rows ``< r1`` only), in fixed point
     (:data:`etc.tiles._text.SUM_BITS`: the order of the adds does not
     change the sum)."""
-    mem, mtype, slot = sums
     width = t.op("w32", "arith.constant 32 : i32")
     tig = t.op("tig", "gpu.lane_id")
     tig = t.op("tig", f"arith.remui {tig}, %c4 : index")
@@ -2293,12 +2310,24 @@ def _add_sums_of_squares(
             ok = t.op("ok", f"arith.cmpi ult, {row}, {r1} : index")
             ok = t.op("ok", f"arith.andi {ok}, {first} : i1")
             t.emit(f"scf.if {ok} {{")
-            ops, fixed = _text.to_fixed(total, t.fresh("fx")[1:], "")
-            for line in ops.split("\n"):
-                t.emit(f"  {line}")
-            t.emit(f"  %{t.fresh('old')[1:]} = memref.atomic_rmw addi {fixed}, {mem}[{slot}, {row}] : "
-                   f"(i64, {mtype}) -> i64")  # fmt: skip
-            t.emit("}")
+            t.indent += "  "
+            add_fixed_sum(t, total, sums, row)
+            t.end()
+
+
+def add_fixed_sum(t: _Text, total: str, sums: tuple[str, str, str], row: str) -> None:
+    """``sums[slot, row] += fixed(total)`` (f32 ``total``; ``sums = (memref,
+    type, slot)``), atomically in fixed point
+    (:data:`etc.tiles._text.SUM_BITS`: the order of the adds does not
+    change the sum)."""
+    mem, mtype, slot = sums
+    ops, fixed = _text.to_fixed(total, t.fresh("fx")[1:], "")
+    for line in ops.split("\n"):
+        t.emit(line)
+    t.emit(
+        f"%{t.fresh('old')[1:]} = memref.atomic_rmw addi {fixed}, {mem}[{slot}, {row}] : "
+        f"(i64, {mtype}) -> i64"
+    )
 
 
 def _layer_gemm_bulk(
@@ -2340,12 +2369,11 @@ def _layer_gemm_bulk(
         rotate=rotate, epilogue=_layer_store(epilogue, n0, block_n // 8, ct, r1),
     )  # fmt: skip
     t.close()
-    ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
-    coords = f"%l: index, {ij}" if layers is not None else ij
-    signature = f"{coords}, %A: {at}, %W: {wt}, %C: {ct}"
-    what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
+    signature = _layer_signature(
+        at, wt, ct, columns_first=columns_first, stacked=layers is not None
+    )
     comment = (
-        f"{name}: {what[epilogue]}, bf16, {block_m}x{block_n} blocks, bulk ring of "
+        f"{name}: {LAYER_WHAT[epilogue]}, bf16, {block_m}x{block_n} blocks, bulk ring of "
         f"{plan.stages} x {plan.kc}"
     )
     source = _source(name, signature, t, globals_, comment)

@@ -250,7 +250,6 @@ def layer_gemm_tma(
     buffers += [f"%W: {wt}", f"%C: {ct}"]
     buffers += [f"%S: {st}"] if sums_out is not None else []
     buffers += [f"%P: {PART_TYPE}", f"%cnt: {COUNT_TYPE}"] if split else []
-    what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
     reference = _reference(
         block_n, n, part, epilogue, stacked=stacked, columns_first=columns_first,
         row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row, k=k,
@@ -290,7 +289,7 @@ def layer_gemm_tma(
         t.extra = tp.source(f"{name}__prefetch", signature + maps, [], f"{name}: {loaded}")
     fn = _tc.finish_tma(
         t, name, signature, globals_,
-        f"{name}: {what[epilogue]}, bf16, 64x{block_n} blocks, {stages} stages, TMA + wgmma"
+        f"{name}: {_gemm.LAYER_WHAT[epilogue]}, bf16, 64x{block_n} blocks, {stages} stages, TMA + wgmma"
         + (f", {k_splits} parts of k" if split else ""),
         reference, block_size, len(buffers), [("A", 0, a_box), ("W", w_index, cw, chunk)],
     )  # fmt: skip

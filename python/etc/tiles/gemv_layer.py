@@ -33,6 +33,16 @@ from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma, _text
 from ._mma import Text as _Text
+from .gemm import (
+    LAYER_WHAT,
+    _layer_signature,
+    _layer_slot,
+    _layer_types,
+    _load_sum,
+    _source,
+    add_fixed_sum,
+    layer_gemm_reference,
+)
 from .gemv import ThreadRing, fma_chunk, lane_sum
 
 #: Lanes that share a weight row (16 bytes each of a 128-byte chunk).
@@ -66,8 +76,6 @@ def layer_gemv(
     CUDA_ERROR_ILLEGAL_INSTRUCTION under the dynamic schedule without early
     pushes (``bench/RESULTS.md`` item 208), and at B = 1 the hint gained
     nothing (item 207)."""
-    from .gemm import _layer_slot, _layer_types, _source, layer_gemm_reference
-
     bs = block_size
     warps = _text.check_block(name, bs)
     stages = 4 if stages is None else stages
@@ -113,21 +121,20 @@ def layer_gemv(
         sums_out=sums_out,
     )  # fmt: skip
     st = _text.SUMS_TYPE
-    ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
-    coords = f"%l: index, {ij}" if stacked else ij
-    scale = f", %R: {st}" if row_scale is not None else ""
-    out_sums = f", %S: {st}" if sums_out is not None else ""
-    signature = f"{coords}, %A: {at}{scale}, %W: {wt}, %C: {ct}{out_sums}"
+    signature = _layer_signature(
+        at, wt, ct, columns_first=columns_first, stacked=stacked,
+        before_w=f", %R: {st}" if row_scale is not None else "",
+        after_c=f", %S: {st}" if sums_out is not None else "",
+    )  # fmt: skip
     t = _Text()
-    globals_ = _emit(t, plan, "body" if early else "all", _layer_slot)
+    globals_ = _emit(t, plan, "body" if early else "all")
     t.close()
-    what = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
     source = _source(
-        name, signature, t, globals_, f"{name}: {what[epilogue]}, bf16, one row (GEMV)"
+        name, signature, t, globals_, f"{name}: {LAYER_WHAT[epilogue]}, bf16, one row (GEMV)"
     )
     if early:
         tp = _Text()
-        _emit(tp, plan, "fill", _layer_slot)
+        _emit(tp, plan, "fill")
         tp.close()
         source += _source(
             f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first chunks"
@@ -145,7 +152,7 @@ def layer_gemv(
     return fn
 
 
-def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
+def _emit(t: _Text, p: dict, part: str) -> list[str]:
     """The tile's body (``part="all"``), its body after the prefetch function
     filled the ring (``"body"``), or that function (``"fill"``). Returns the
     workgroup globals it declares."""
@@ -204,17 +211,15 @@ def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
     if part == "fill":
         return []
     # What the epilogue reads, loaded before the loop: the row's scale and
-    # the residual of column min(t, block_n - 1).
-    col = t.op("col", f"arith.minui {tid}, %c{bn - 1}_ : index")
-    col = t.op("col", f"arith.addi {n0}, {col} : index")
+    # the residual of the thread's column, min(t, block_n - 1) (every thread
+    # computes one; only those below block_n store it).
+    column = t.op("cl", f"arith.minui {tid}, %c{bn - 1}_ : index")
+    col = t.op("col", f"arith.addi {n0}, {column} : index")
     scale = None
     if p["row_scale"] is not None:
         stride, offset, eps = p["row_scale"]
-        slot_row = layer_slot(t, p["stacked"], stride, offset)
-        fixed = t.op("ss", f"memref.load %R[{slot_row}, %i] : {_text.SUMS_TYPE}")
-        ops, total = _text.from_fixed(fixed, t.fresh("uf")[1:], "")
-        for line in ops.split("\n"):
-            t.emit(line)
+        slot_row = _layer_slot(t, p["stacked"], stride, offset)
+        total = _load_sum(t, "%R", _text.SUMS_TYPE, slot_row, "%i")
         fk = t.op("fk", f"arith.constant {float(k):.1f} : f32")
         feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
         ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
@@ -290,34 +295,30 @@ def _emit(t: _Text, p: dict, part: str, layer_slot) -> list[str]:
         t.emit(f"memref.store {v}, {parts}[{at_}] : {part_t}")
     t.end()
     t.emit("gpu.barrier")
-    _finish(t, p, parts, part_t, tid, col, scale, old, width, layer_slot)
+    _finish(t, p, parts, part_t, tid, column, col, scale, old, width)
     return globals_
 
 
 def _finish(
-    t: _Text, p: dict, parts: str, part_t: str, tid: str, col: str, scale, old, width: str,
-    layer_slot,
+    t: _Text, p: dict, parts: str, part_t: str, tid: str, column: str, col: str, scale, old,
+    width: str,
 ) -> None:  # fmt: skip
     """Thread ``t < block_n``: column ``t``'s sums over the k slices (slice
     order), the row scale, the epilogue and its store; then ``sums_out``.
-
-    Every thread computes a column (``min(t, block_n - 1)``) and only the
-    stores and the atomic are conditional, after the shuffles: with the
-    values computed under a branch, a kernel that inlines two such tiles
-    (o_proj and down) had ptxas shuffle before the warp reconverged, and
-    the sums of squares came out short (``bench/RESULTS.md`` item 208)."""
+    Every thread computes its ``column`` (``min(t, block_n - 1)``, output
+    column ``col``), so the sums of squares' shuffles run on whole warps;
+    only the store and the atomic add are conditional."""
     bn, nr, slices = p["block_n"], p["nr"], p["slices"]
 
     def total(row: str) -> str:
-        v = "%fzero"
+        v = None
         for s in range(slices):
             at_ = t.op("pa", f"arith.addi {row}, %c{s * nr}_ : index") if s else row
             x = t.op("px", f"memref.load {parts}[{at_}] : {part_t}")
-            v = x if s == 0 else t.op("pt", f"arith.addf {v}, {x} : f32")
+            v = x if v is None else t.op("pt", f"arith.addf {v}, {x} : f32")
         return t.op("pt", f"arith.mulf {v}, {scale} : f32") if scale is not None else v
 
     mine = t.op("mine", f"arith.cmpi ult, {tid}, %c{bn}_ : index")
-    column = t.op("cl", f"arith.minui {tid}, %c{bn - 1}_ : index")
     g = total(column)
     if p["epilogue"] == "swiglu":
         u = total(t.op("ur", f"arith.addi {column}, %c{bn}_ : index"))
@@ -345,12 +346,6 @@ def _finish(
     first = t.op("f0", f"arith.andi {first}, {mine} : i1")
     t.emit(f"scf.if {first} {{")
     t.indent += "  "
-    ops, fixed = _text.to_fixed(sq, t.fresh("fx")[1:], "")
-    for line in ops.split("\n"):
-        t.emit(line)
-    slot_row = layer_slot(t, p["stacked"], *p["sums_out"])
-    t.emit(
-        f"%{t.fresh('old')[1:]} = memref.atomic_rmw addi {fixed}, %S[{slot_row}, %i] : "
-        f"(i64, {_text.SUMS_TYPE}) -> i64"
-    )
+    slot_row = _layer_slot(t, p["stacked"], *p["sums_out"])
+    add_fixed_sum(t, sq, ("%S", _text.SUMS_TYPE, slot_row), "%i")
     t.end()
