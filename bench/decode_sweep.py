@@ -596,11 +596,16 @@ VARIANTS["no_evict"] = {
 # row a tile, whole weight lines through a per-thread ring; the MoE's GEMV
 # tiles streamed 7-8 % faster than the mma.sync ones, MoE item 103), all five
 # or the layers' only, with deeper rings, with the weights evict-first.
+# They ran against the sync default (item 207); SINGLE_SEQUENCE has taken
+# the gemv core with 8 slots since, so at this commit they build it or a
+# step from it (its tiles always called, no L2 hint: item 208), and
+# `one_sync` builds the old default.
+VARIANTS["one_sync"] = _one(("gemm_core", "sync"), ("gemm_options", M._GEMM_OPTIONS))
 _GEMV_LAYERS = ("core_overrides", tuple((p, "gemv") for p in _LAYER_PROJECTIONS))
 VARIANTS["one_gemv"] = _one(("gemm_core", "gemv"))
 VARIANTS["one_gemv_layers"] = _one(_GEMV_LAYERS)
-# Inlined, the gemv kernel spills 112 bytes (the default 12); with the
-# projections called, none.
+# Inlined, the gemv kernel spilled 112 bytes (the sync default 12); with the
+# projections called, none (they are always called since).
 _PROJECTION_TASKS = ("qkv", "o_proj", "gate_up", "down")
 _OL_GEMV = ("outline", (*_PROJECTION_TASKS, "lm_head", "argmax", "argmax_merge"))
 VARIANTS["one_gemv_ol"] = _one(("gemm_core", "gemv"), _OL_GEMV)

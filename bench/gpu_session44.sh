@@ -43,8 +43,9 @@ for step in ${*:-tests}; do
     tar czf "$OUT/traces.tgz" -C /tmp/s44 tr
     ;;
   late)  # what of llama_tiny_gemv_called stops with an illegal instruction under the
-    # dynamic schedule without early pushes, a process per variant
-    # (GEMV_DIAG_LATE=1 python bench/gemv_diag.py --build .device/s44late)
+    # dynamic schedule without early pushes, a process per variant (ran at d9a13fb:
+    # GEMV_DIAG_LATE=1 python bench/gemv_diag.py --build .device/s44late; the gemv
+    # tile takes no L2 hint since, and gemv_diag.py no longer has those variants)
     for v in c_full c_no_ef c_no_pf1 c_s4; do
       GEMV_DIAG_LATE=1 GEMV_DIAG_ONLY=$v PYTHONPATH=$PWD/python:$PWD timeout 60 \
         python bench/gemv_diag.py --artifacts .device/s44late 2>&1 | grep -v Warn \
