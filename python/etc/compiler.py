@@ -423,11 +423,9 @@ def _outlined_functions(g: Graph, outline: bool | Iterable[str]) -> tuple[str, .
     ):
         raise CompileError(f"outline must be a bool or a collection of task names, got {outline!r}")
     tasks = {task.name: task for task in g.tasks}
-    names: list[str] = [t.function.name for t in g.tasks if getattr(t.function, "called", False)]
-    names = list(dict.fromkeys(names))
-    if isinstance(outline, bool):
-        return tuple(names)
-    for name in outline:
+    called = (t.function.name for t in g.tasks if getattr(t.function, "called", False))
+    names = list(dict.fromkeys(called))
+    for name in () if isinstance(outline, bool) else outline:
         if name not in tasks:
             raise CompileError(
                 f"outline: graph '{g.name}' has no task {name!r} (tasks: {', '.join(tasks)})"
