@@ -616,6 +616,18 @@ VARIANTS["long_gemv"] = _long(
     ("gemm_core", "gemv"),
     ("outline", (*_PROJECTION_TASKS, *dict(M.SINGLE_SEQUENCE_LONG)["outline"])),
 )
+# Session 45: the B = 2..16 kernel's projections on the gemv core, 16 (or
+# 8) rows a tile on mma.sync with the weights as A (gemv_layer's rows mode;
+# its warps take 16 weight rows, so o_proj's and down's blocks are 16 wide).
+_GEMV_ROWS = (("gemm_core", "gemv"), ("bn_o", 16), ("bn_down", 16))
+VARIANTS["mid_gemv16"] = _mid(*_GEMV_ROWS, ("gemv_block", 16), ("gemm_options", (("stages", 4),)))
+VARIANTS["mid_gemv16_s6"] = _mid(
+    *_GEMV_ROWS, ("gemv_block", 16), ("gemm_options", (("stages", 6),))
+)
+VARIANTS["mid_gemv16_gu16"] = _mid(
+    *_GEMV_ROWS, ("gemv_block", 16), ("bn_gu", 16), ("gemm_options", (("stages", 4),))
+)
+VARIANTS["mid_gemv8"] = _mid(*_GEMV_ROWS, ("gemv_block", 8), ("gemm_options", (("stages", 4),)))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

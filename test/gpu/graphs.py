@@ -635,6 +635,7 @@ def llama_tiny_variants() -> dict:
         attn_small_spans=((2, 3),),
     )  # fmt: skip
     mma = dataclasses.replace(llama.TINY, attn_tile="mma", attn_unroll=2)
+    gemv_rows = dict(gemm_core="gemv", bn_qkv=32, bn_o=32, bn_down=16)
     # One 16-position block per warp and step: 128-position steps, 512-position
     # spans, so L=200 takes two loop steps.
     mma_spans = dataclasses.replace(
@@ -788,6 +789,19 @@ def llama_tiny_variants() -> dict:
         ),  # fmt: skip
         "llama_tiny_gemv_buckets": dataclasses.replace(
             llama.TINY, batch_buckets=((1, (("gemm_core", "gemv"),)), (None, ()))
+        ),
+        # ... 16 or 8 rows a tile on mma.sync (the weights as A; 16 weight
+        # rows a warp, so blocks of 32 columns where k = 256 leaves 4 k
+        # slices), and as the B = 2..16 kernel would run it.
+        "llama_tiny_gemv16": dataclasses.replace(llama.TINY, **gemv_rows, gemv_block=16),
+        "llama_tiny_gemv8": dataclasses.replace(llama.TINY, **gemv_rows, gemv_block=8),
+        "llama_tiny_gemv_rows_buckets": dataclasses.replace(
+            llama.TINY,
+            batch_buckets=(
+                (1, (("gemm_core", "gemv"),)),
+                (16, (*gemv_rows.items(), ("gemv_block", 16))),
+                (None, ()),
+            ),
         ),
         # o_proj and down in a shared region of their own: each CTA runs the
         # next instance's ring prefetch ahead across regions; and with the

@@ -1,9 +1,10 @@
-"""The decoder projections on CUDA cores (``layer_gemm(core="gemv")``,
-``etc.tiles.gemv_layer``): every weight byte of a block copied exactly once
-over the CTA's threads (each thread's copies traced through the generated
-MLIR, with and without the ring prefetch), the options it refuses, PTX that
-ptxas accepts for every epilogue, and the decoder on it in the simulator
-and compiled under both schedules."""
+"""The decoder projections on the gemv core (``layer_gemm(core="gemv")``,
+``etc.tiles.gemv_layer``), one row a tile on CUDA cores and 8 or 16 on
+``mma.sync``: every weight byte of a block copied exactly once over the
+CTA's threads (each thread's copies traced through the generated MLIR, with
+and without the ring prefetch), the options it refuses, PTX that ptxas
+accepts for every epilogue, and the decoder on it in the simulator and
+compiled under both schedules."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ pytestmark = needs_bindings
 W_BASE = 1 << 40
 
 
-def _tile(epilogue: str, block_n: int, n: int, k: int, **options):
+def _tile(epilogue: str, block_n: int, n: int, k: int, block_m: int = 1, **options):
     return layer_gemm(
-        1, block_n, n, k, layers=3, epilogue=epilogue, core="gemv", columns_first=True,
+        block_m, block_n, n, k, layers=3, epilogue=epilogue, core="gemv", columns_first=True,
         name=f"g_{epilogue}", **options,
     )  # fmt: skip
 
@@ -53,24 +54,29 @@ def _block_bytes(rows: list[int], k: int, layer: int, rows_per_layer: int) -> co
 
 
 @pytest.mark.parametrize(
-    "epilogue, block_n, n, k, stages",
+    "epilogue, block_n, n, k, stages, block_m",
     [
-        ("store", 16, 3072, 2048, 4),  # qkv: 2 row groups x 4 k slices
-        ("residual", 8, 2048, 8192, 8),  # down: 1 row group x 8 k slices, a deep ring
-        ("residual", 8, 2048, 2048, 4),  # o_proj
-        ("swiglu", 32, 8192, 2048, 4),  # gate/up: gate rows then up rows n further
+        ("store", 16, 3072, 2048, 4, 1),  # qkv: 2 row groups x 4 k slices
+        ("residual", 8, 2048, 8192, 8, 1),  # down: 1 row group x 8 k slices, a deep ring
+        ("residual", 8, 2048, 2048, 4, 1),  # o_proj
+        ("swiglu", 32, 8192, 2048, 4, 1),  # gate/up: gate rows then up rows n further
+        # mma.sync, 16 weight rows a warp: 1 row group x 8 k slices; 4 x 2
+        ("store", 16, 3072, 2048, 4, 16),
+        ("residual", 16, 2048, 8192, 6, 16),
+        ("swiglu", 8, 8192, 2048, 4, 16),  # a warp's rows: 8 gate, then 8 up
+        ("swiglu", 32, 8192, 2048, 4, 8),
     ],
 )
-def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, stages):
+def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, stages, block_m):
     per_n = 2 if epilogue == "swiglu" else 1
     rows = list(range(block_n * 2, block_n * 3))
     if per_n == 2:
         rows += [n + r for r in rows]
     want = _block_bytes(rows, k, 1, per_n * n)
-    plain = _tile(epilogue, block_n, n, k, stages=stages)
+    plain = _tile(epilogue, block_n, n, k, block_m, stages=stages)
     assert plain.prefetch is None
     assert _copied(plain, 1, 2, "body") == want
-    early = _tile(epilogue, block_n, n, k, stages=stages, prefetch_ring=True)
+    early = _tile(epilogue, block_n, n, k, block_m, stages=stages, prefetch_ring=True)
     assert early.prefetch == f"{early.name}__prefetch" and early.prefetch_fills_shared
     assert _copied(early, 1, 2, "fill") == want
 
@@ -90,7 +96,9 @@ def test_weights_evict_first_marks_nothing_on_the_gemv_core():
 @pytest.mark.parametrize(
     "options, words",
     [
-        (dict(block_m=16), "computes one row a tile: block_m=1, got 16"),
+        (dict(block_m=4), "1 row a tile .* or 8 or 16 .*: block_m=4"),
+        (dict(block_m=16), "multiple of 16 rows .16 per warp on mma.sync."),
+        (dict(block_m=16, block_n=48, block_size=384, sums_out=(2, 1)), "block_n=48 must divide 32 or be a"),
         (dict(unroll=2), "unroll do not apply to core='gemv'"),
         (dict(rotate_k=True), "rotate_k do not apply to core='gemv'"),
         (dict(weight_chunk=32), "weight_chunk do not apply to core='gemv'"),
@@ -117,6 +125,10 @@ def test_refusals_name_the_tile_and_the_option(options, words):
         ("store", 16, 2048, dict(row_scale=(2, 0, 1e-5))),
         ("residual", 8, 8192, dict(sums_out=(2, 2))),
         ("swiglu", 32, 2048, dict(row_scale=(2, 1, 1e-5))),
+        ("store", 16, 2048, dict(row_scale=(2, 0, 1e-5), block_m=16)),
+        ("residual", 16, 8192, dict(sums_out=(2, 2), block_m=16)),
+        ("swiglu", 32, 2048, dict(row_scale=(2, 1, 1e-5), block_m=16)),
+        ("residual", 16, 2048, dict(sums_out=(2, 1), block_m=8)),
     ],
 )
 def test_ptx_assembles_without_spills(epilogue, block_n, k, extra, tmp_path):
@@ -137,12 +149,25 @@ def test_ptx_assembles_without_spills(epilogue, block_n, k, extra, tmp_path):
     assert own and "0 bytes spill stores, 0 bytes spill loads" in own.group(1), report
 
 
+#: The tiny decoder with 16 rows a gemv tile: 16 weight rows a warp, so
+#: 32-column qkv and o_proj blocks (k = 256 leaves 4 k slices of a chunk).
+TINY_ROWS = dataclasses.replace(
+    M.TINY, gemm_core="gemv", gemv_block=16, bn_qkv=32, bn_o=32, bn_down=16
+)
+
+
 def test_decoder_on_the_gemv_core_matches_the_numpy_model():
-    """One row a tile, so B = 3 is three row blocks of every projection."""
+    """One row a tile, so B = 3 is three row blocks of every projection;
+    16 rows, B = 17 is two."""
     cfg = dataclasses.replace(M.TINY, gemm_core="gemv")
     assert cfg.gemm_block("qkv_proj") == cfg.gemm_block("embed") == 1
     for B, L in ((1, 0), (3, 9)):
         check_decoder_step(cfg, B, L)
+    assert TINY_ROWS.gemm_block("qkv_proj") == TINY_ROWS.gemm_block("embed") == 16
+    for B, L in ((1, 0), (3, 9), (17, 4)):
+        check_decoder_step(TINY_ROWS, B, L)
+    with pytest.raises(etc.GraphError, match="LlamaConfig: gemv_block must be one of 1, 8, 16"):
+        dataclasses.replace(M.TINY, gemv_block=4)
 
 
 @needs_ptxas
@@ -155,3 +180,6 @@ def test_decoder_on_the_gemv_core_compiles(schedule):
     assert "mma.sync" not in art.ptx
     sync = etc.compile(M.build_decoder_graph(M.TINY), **M.compile_options(M.TINY, schedule))
     assert "mma.sync" in sync.ptx
+    # 16 rows a tile: mma.sync again, the weights as the A operand.
+    rows = etc.compile(M.build_decoder_graph(TINY_ROWS), **M.compile_options(TINY_ROWS, schedule))
+    assert rows.cubin is not None and "mma.sync" in rows.ptx

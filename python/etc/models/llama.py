@@ -375,9 +375,13 @@ class LlamaConfig:
     #: The GEMM tiles' main loop (``layer_gemm(core=...)``): "sync" (per-thread
     #: ``cp.async`` ring, ``gemm_options``) or "bulk" (``cp.async.bulk`` ring
     #: whose first chunks load before each instance's waits, ``bulk_options``),
-    #: "tma" (TMA + wgmma, split-K) or "gemv" (one row a tile on CUDA cores,
-    #: whole weight lines through a per-thread ring: ``gemm_block`` is 1).
+    #: "tma" (TMA + wgmma, split-K) or "gemv" (whole weight lines through a
+    #: per-thread ring: ``gemv_block`` rows a tile).
     gemm_core: str = "sync"
+    #: Rows of a gemv-core tile: 1 (on CUDA cores) or 8 / 16 (``mma.sync``
+    #: with the weights as the A operand; its weight blocks hold multiples
+    #: of 16 rows: ``bn_*`` 16 or more, gate/up's 8).
+    gemv_block: int = 1
     #: Per-projection cores overriding ``gemm_core``: ``(("down_proj", "bulk"),)``.
     #: Projections: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head.
     core_overrides: tuple[tuple[str, str], ...] = ()
@@ -691,6 +695,13 @@ class LlamaConfig:
                     f"{', '.join(projections)}"
                 )
         cores = [("gemm_core", self.gemm_core)]
+        from ..tiles.gemv_layer import BLOCK_ROWS
+
+        if self.gemv_block not in BLOCK_ROWS:
+            raise GraphError(
+                f"LlamaConfig: gemv_block must be one of {', '.join(map(str, BLOCK_ROWS))}, "
+                f"got {self.gemv_block!r}"
+            )
         for key in ("core_overrides", "projection_options"):
             _check_pairs(key, getattr(self, key), projections, "projection")
         for proj, core in self.core_overrides:
@@ -1280,12 +1291,12 @@ class LlamaConfig:
 
     def gemm_block(self, projection: str) -> int:
         """Rows per tile of ``projection`` (``embed``: those of down_proj; 64
-        on the tma core, 1 on the gemv core)."""
+        on the tma core, ``gemv_block`` on the gemv core)."""
         projection = "down_proj" if projection == "embed" else projection
         if self.core(projection) == "tma":
             return 64
         if self.core(projection) == "gemv":
-            return 1
+            return self.gemv_block
         return max(self.row_paths) if self.has_row_paths(projection) else self.block_m
 
     def row_blocks(self, B: Any, projection: str = "embed") -> Any:

@@ -1843,7 +1843,8 @@ def layer_gemm(
     ``core="gemv"`` (``block_m=1``) streams one row's product on CUDA cores:
     whole 128-byte weight lines through a per-thread ``cp.async`` ring,
     narrow blocks splitting ``k`` over the warps
-    (:mod:`etc.tiles.gemv_layer`). It takes ``stages``, ``columns_first``,
+    (:mod:`etc.tiles.gemv_layer`); with ``block_m`` 8 or 16, the same
+    stream into ``mma.sync`` with the weights as the ``A`` operand. It takes ``stages``, ``columns_first``,
     ``row_scale``, ``sums_out`` and ``prefetch_ring`` only.
 
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
@@ -1940,14 +1941,10 @@ def layer_gemm(
         from .gemv_layer import layer_gemv
 
         _refuse(name, core, {**sync_only, "kc": kc is not None, "rotate_k": rotate_k})
-        if block_m != 1:
-            raise GraphError(
-                f"tile '{name}': core='gemv' computes one row a tile: block_m=1, got {block_m}"
-            )
         return layer_gemv(
             block_n, n, k, layers=layers, epilogue=epilogue, name=name, block_size=block_size,
             stages=stages, columns_first=columns_first, row_scale=row_scale, sums_out=sums_out,
-            prefetch_ring=prefetch_ring,
+            prefetch_ring=prefetch_ring, block_m=block_m,
         )  # fmt: skip
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,

@@ -23,6 +23,18 @@ workgroup memory, in slice order, and thread ``t < block_n`` finishes
 column ``t``: the folded norm's row scale, then ``store``, ``residual`` (the
 old value loaded before the loop) or ``swiglu`` (Hugging Face's rounding),
 and ``sums_out``'s fixed-point sum of squares (one atomic per warp).
+
+With ``block_m`` = 8 or 16 (a few decode sequences) the tile runs the same
+stream on ``mma.sync``, the weights as the ``A`` operand (``m16n8k16``: 16
+weight rows by 8 sequences). A warp takes 16 weight rows; lane ``(g, q)``
+(``g = lane / 4``) copies pieces ``q`` and ``q + 4`` of rows ``g`` and
+``g + 8`` of each chunk into its own ring slots, so a warp's copies still
+cover whole lines and no lane reads another's slots. ``k`` is permuted
+inside each 32-value half chunk so that a lane's 16-byte piece *is* its
+``A`` fragment for two mmas (logical ``k`` 2q, 2q + 1, 2q + 8, 2q + 9 of
+mma ``h`` are the piece's values 4h .. 4h + 3); its ``B`` fragment is then
+the same 16 bytes of sequence ``g``'s activation row, read from global
+memory (the L1 serves the CTA's other warps) one chunk ahead.
 """
 
 from __future__ import annotations
@@ -49,6 +61,10 @@ from .gemv import ThreadRing, fma_chunk, lane_sum
 LANES_PER_ROW = 8
 #: Elements of a k chunk (128 bytes of bf16).
 CHUNK = 64
+#: Rows of a tile: one row on CUDA cores, or 8 / 16 on ``mma.sync``.
+BLOCK_ROWS = (1, 8, 16)
+#: Weight rows of a warp on ``mma.sync`` (the ``m`` of ``m16n8k16``).
+MMA_ROWS = 16
 
 
 def layer_gemv(
@@ -66,12 +82,15 @@ def layer_gemv(
     row_scale: tuple[int, int, float] | None = None,
     sums_out: tuple[int, int] | None = None,
     prefetch_ring: bool | int = False,
+    block_m: int = 1,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="gemv"`` (module
     docstring): ``stages`` ring slots per thread and row (default 4; at most
     one more than the chunks of a k slice are used) and ``prefetch_ring``
     (the ring's first ``stages - 1`` chunks, or that many, issued by
-    ``@<name>__prefetch`` before the instance's waits). No L2 evict-first
+    ``@<name>__prefetch`` before the instance's waits); ``block_m`` rows a
+    tile (:data:`BLOCK_ROWS`; 8 or 16: on ``mma.sync``, ``rows_per_thread``
+    unused). No L2 evict-first
     hint: with the sync core's hinted copies the tiny decoder stopped with
     CUDA_ERROR_ILLEGAL_INSTRUCTION under the dynamic schedule without early
     pushes (``bench/RESULTS.md`` item 208), and at B = 1 the hint gained
@@ -80,17 +99,29 @@ def layer_gemv(
     warps = _text.check_block(name, bs)
     stages = 4 if stages is None else stages
     _text.positive(name, block_n=block_n, k=k, stages=stages, rows_per_thread=rows_per_thread)
+    if block_m not in BLOCK_ROWS:
+        raise GraphError(
+            f"tile '{name}': core='gemv' computes 1 row a tile (CUDA cores) or 8 or 16 "
+            f"(mma.sync): block_m={block_m}"
+        )
     per_n = 2 if epilogue == "swiglu" else 1
     nr = per_n * block_n
     rpt = rows_per_thread
-    groups = nr // (4 * rpt)
-    if nr % (4 * rpt) or warps % groups:
+    warp_rows = MMA_ROWS if block_m > 1 else 4 * rpt
+    groups = nr // warp_rows
+    if nr % warp_rows or warps % groups:
+        how = "16 per warp on mma.sync" if block_m > 1 else f"4 per warp, rows_per_thread={rpt}"
         raise GraphError(
             f"tile '{name}': a gemv block of {nr} weight rows on {warps} warps needs a "
-            f"multiple of {4 * rpt} rows (4 per warp, rows_per_thread={rpt} each) in a number "
-            f"of warp groups dividing {warps}; got block_n={block_n}"
+            f"multiple of {warp_rows} rows ({how}) in a number of warp groups dividing "
+            f"{warps}; got block_n={block_n}"
         )
-    if block_n > bs:
+    if block_m > 1 and sums_out is not None and block_n % 32 and 32 % block_n:
+        raise GraphError(
+            f"tile '{name}': sums_out over {block_m} rows adds each row's squares over a "
+            f"warp's lanes: block_n={block_n} must divide 32 or be a multiple of it"
+        )
+    if block_m == 1 and block_n > bs:
         raise GraphError(f"tile '{name}': block_n={block_n} exceeds the {bs} threads")
     if n % block_n:
         raise GraphError(f"tile '{name}': block_n={block_n} must divide n={n}")
@@ -115,7 +146,7 @@ def layer_gemv(
     at, wt, ct = _layer_types(layers, per_n, n, k)
     stacked = layers is not None
     plan = dict(
-        name=name, bs=bs, n=n, k=k, block_n=block_n, per_n=per_n, nr=nr, rpt=rpt,
+        name=name, bs=bs, n=n, k=k, block_m=block_m, block_n=block_n, per_n=per_n, nr=nr, rpt=rpt,
         groups=groups, slices=slices, per_slice=per_slice, stages=stages, pre=pre, early=early,
         at=at, wt=wt, ct=ct, stacked=stacked, epilogue=epilogue, row_scale=row_scale,
         sums_out=sums_out,
@@ -127,20 +158,20 @@ def layer_gemv(
         after_c=f", %S: {st}" if sums_out is not None else "",
     )  # fmt: skip
     t = _Text()
-    globals_ = _emit(t, plan, "body" if early else "all")
+    emit = _emit_rows if block_m > 1 else _emit
+    globals_ = emit(t, plan, "body" if early else "all")
     t.close()
-    source = _source(
-        name, signature, t, globals_, f"{name}: {LAYER_WHAT[epilogue]}, bf16, one row (GEMV)"
-    )
+    rows = f"{block_m} rows (mma.sync, weights as A)" if block_m > 1 else "one row (GEMV)"
+    source = _source(name, signature, t, globals_, f"{name}: {LAYER_WHAT[epilogue]}, bf16, {rows}")
     if early:
         tp = _Text()
-        _emit(tp, plan, "fill")
+        emit(tp, plan, "fill")
         tp.close()
         source += _source(
             f"{name}__prefetch", signature, tp, [], f"{name}: the weight ring's first chunks"
         )
     reference = layer_gemm_reference(
-        1, block_n, n, epilogue, stacked=stacked, columns_first=columns_first,
+        block_m, block_n, n, epilogue, stacked=stacked, columns_first=columns_first,
         sums_out=sums_out, row_scale=row_scale, k=k,
     )  # fmt: skip
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=bs)
@@ -177,23 +208,11 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     local = [
         t.op("lr", f"arith.addi {first}, %c{4 * q}_ : index") if q else first for q in range(rpt)
     ]
-    wbase = t.op("wb", f"memref.extract_aligned_pointer_as_index %W : {wt} -> index")
-    if p["stacked"]:
-        lo = t.op("wl", f"arith.muli %l, %c{p['per_n'] * n * k * 2}_ : index")
-        wbase = t.op("wb", f"arith.addi {wbase}, {lo} : index")
+    wbase = _weight_base(t, p)
     start = t.op("ko", f"arith.muli {kslice}, %c{2 * CHUNK}_ : index")
     pk = t.op("pk", f"arith.muli {piece}, %c16_ : index")
     start = t.op("ko", f"arith.addi {start}, {pk} : index")
-    srcs = []
-    for lr in local:
-        row = t.op("wr", f"arith.addi {n0}, {lr} : index")
-        if p["per_n"] == 2:  # the up rows: n - block_n further
-            up = t.op("up", f"arith.cmpi uge, {lr}, %c{bn}_ : index")
-            far = t.op("wr", f"arith.addi {row}, %c{n - bn}_ : index")
-            row = t.op("wr", f"arith.select {up}, {far}, {row} : index")
-        off = t.op("wo", f"arith.muli {row}, %c{2 * k}_ : index")
-        off = t.op("wo", f"arith.addi {off}, {start} : index")
-        srcs.append(t.op("src", f"arith.addi {wbase}, {off} : index"))
+    srcs = [_row_source(t, p, n0, wbase, lr, start) for lr in local]
     ring_t = f"memref<{stages * rpt * bs * 4}xi32, #gpu.address_space<workgroup>>"
     ring = ThreadRing(t, name, ring_t, tid, bs, rpt)
     globals_ = [ring.declaration]
@@ -299,6 +318,43 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     return globals_
 
 
+def _weight_base(t: _Text, p: dict) -> str:
+    """The byte address of the tile's layer of ``W``."""
+    wbase = t.op("wb", f"memref.extract_aligned_pointer_as_index %W : {p['wt']} -> index")
+    if p["stacked"]:
+        lo = t.op("wl", f"arith.muli %l, %c{p['per_n'] * p['n'] * p['k'] * 2}_ : index")
+        wbase = t.op("wb", f"arith.addi {wbase}, {lo} : index")
+    return wbase
+
+
+def _row_source(t: _Text, p: dict, n0: str, wbase: str, lr: str, start: str) -> str:
+    """The byte address of block row ``lr``'s weights at byte ``start`` of
+    the row (swiglu's up rows, ``lr >= block_n``, are ``n - block_n``
+    further)."""
+    bn = p["block_n"]
+    row = t.op("wr", f"arith.addi {n0}, {lr} : index")
+    if p["per_n"] == 2:
+        up = t.op("up", f"arith.cmpi uge, {lr}, %c{bn}_ : index")
+        far = t.op("wr", f"arith.addi {row}, %c{p['n'] - bn}_ : index")
+        row = t.op("wr", f"arith.select {up}, {far}, {row} : index")
+    off = t.op("wo", f"arith.muli {row}, %c{2 * p['k']}_ : index")
+    off = t.op("wo", f"arith.addi {off}, {start} : index")
+    return t.op("src", f"arith.addi {wbase}, {off} : index")
+
+
+def _value(t: _Text, p: dict, gate: str, up: str | None, old: str | None) -> str:
+    """The epilogue's bf16 value from the column's f32 sum ``gate`` (and
+    ``up``'s for swiglu, ``old`` for residual), Hugging Face's rounding."""
+    if p["epilogue"] == "swiglu":
+        silu = _mma.bf16_round(t, _mma.silu(t, _mma.bf16_round(t, gate)))
+        v = t.op("hv", f"arith.mulf {silu}, {_mma.bf16_round(t, up)} : f32")
+    elif p["epilogue"] == "residual":
+        v = t.op("res", f"arith.addf {_mma.bf16_round(t, gate)}, {old} : f32")
+    else:
+        v = gate
+    return t.op("h", f"arith.truncf {v} : f32 to bf16")
+
+
 def _finish(
     t: _Text, p: dict, parts: str, part_t: str, tid: str, column: str, col: str, scale, old,
     width: str,
@@ -320,15 +376,10 @@ def _finish(
 
     mine = t.op("mine", f"arith.cmpi ult, {tid}, %c{bn}_ : index")
     g = total(column)
+    u = None
     if p["epilogue"] == "swiglu":
         u = total(t.op("ur", f"arith.addi {column}, %c{bn}_ : index"))
-        silu = _mma.bf16_round(t, _mma.silu(t, _mma.bf16_round(t, g)))
-        v = t.op("hv", f"arith.mulf {silu}, {_mma.bf16_round(t, u)} : f32")
-    elif p["epilogue"] == "residual":
-        v = t.op("res", f"arith.addf {_mma.bf16_round(t, g)}, {old} : f32")
-    else:
-        v = g
-    hv = t.op("h", f"arith.truncf {v} : f32 to bf16")
+    hv = _value(t, p, g, u, old)
     if p["sums_out"] is not None:
         # The block's sum of squares of the stored values: a butterfly over
         # each warp that holds columns, one fixed-point atomic add per warp.
@@ -348,4 +399,216 @@ def _finish(
     t.indent += "  "
     slot_row = _layer_slot(t, p["stacked"], *p["sums_out"])
     add_fixed_sum(t, sq, ("%S", _text.SUMS_TYPE, slot_row), "%i")
+    t.end()
+
+
+def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
+    """:func:`_emit` for ``block_m`` = 8 or 16 rows on ``mma.sync`` (module
+    docstring)."""
+    name, bs, k, n, bn, bm = p["name"], p["bs"], p["k"], p["n"], p["block_n"], p["block_m"]
+    groups, slices, stages, pre = p["groups"], p["slices"], p["stages"], p["pre"]
+    nr, at, ct = p["nr"], p["at"], p["ct"]
+    blocks = bm // 8  # of 8 rows: the n of m16n8k16
+    m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
+    r0 = t.op("r0", f"arith.muli %i, %c{bm}_ : index")
+    n0 = t.op("n0", f"arith.muli %j, %c{bn}_ : index")
+    t.emit(f"scf.if {_mma.dense_valid(t, r0, n0, m_rows, f'%c{n}_')} {{")
+    t.indent += "  "
+    tid = t.op("tid", "gpu.thread_id x")
+    warp = t.op("warp", f"arith.divui {tid}, %c32 : index")
+    lane = t.op("lane", f"arith.remui {tid}, %c32 : index")
+    group = t.op("grp", f"arith.remui {warp}, %c{groups}_ : index") if groups > 1 else "%c0"
+    kslice = t.op("ks", f"arith.divui {warp}, %c{groups}_ : index") if slices > 1 else "%c0"
+    g = t.op("g", f"arith.divui {lane}, %c4 : index")
+    q = t.op("q", f"arith.remui {lane}, %c4 : index")
+    # Slots 0-3 of a stage: pieces q and q + 4 of block rows g, then g + 8.
+    low = t.op("lr", f"arith.muli {group}, %c{MMA_ROWS}_ : index")
+    low = t.op("lr", f"arith.addi {low}, {g} : index")
+    high = t.op("lr", f"arith.addi {low}, %c8 : index")
+    start = t.op("ko", f"arith.muli {kslice}, %c{2 * CHUNK}_ : index")
+    pq = t.op("pk", f"arith.muli {q}, %c16_ : index")
+    start = t.op("ko", f"arith.addi {start}, {pq} : index")
+    wbase = _weight_base(t, p)
+    srcs = []
+    for lr in (low, high):
+        src = _row_source(t, p, n0, wbase, lr, start)
+        srcs += [src, t.op("src", f"arith.addi {src}, %c64_ : index")]
+    ring_t = f"memref<{stages * 4 * bs * 4}xi32, #gpu.address_space<workgroup>>"
+    ring = ThreadRing(t, name, ring_t, tid, bs, 4)
+    globals_ = [ring.declaration]
+    step = 2 * CHUNK * slices
+
+    def const(v: int) -> str:
+        return f"%c{v}_" if v else "%c0"
+
+    def issue(it: str, stage: str) -> None:
+        ring.copy(srcs, t.op("kb", f"arith.muli {it}, %c{step}_ : index"), stage)
+
+    filled = p["early"] if part == "body" else 0
+    for it in range(filled, pre if part != "fill" else p["early"]):
+        issue(const(it), const(it))
+    if part == "fill":
+        return []
+    # The epilogue's outputs: pass e of thread t is output o = t + e * bs,
+    # row o / block_n, column o % block_n; its row scale and residual are
+    # loaded before the loop (rows past M read row M - 1 and store nothing).
+    last = t.op("mlast", f"arith.subi {m_rows}, %c1 : index")
+    outs = []
+    for e in range((bm * bn + bs - 1) // bs):
+        o = t.op("o", f"arith.addi {tid}, %c{e * bs}_ : index") if e else tid
+        b = t.op("ob", f"arith.divui {o}, %c{bn}_ : index")
+        c = t.op("oc", f"arith.remui {o}, %c{bn}_ : index")
+        row = t.op("orow", f"arith.addi {r0}, {b} : index")
+        valid = t.op("ov", f"arith.cmpi ult, {row}, {m_rows} : index")
+        if (e + 1) * bs > bm * bn:
+            inside = t.op("ov", f"arith.cmpi ult, {o}, %c{bm * bn}_ : index")
+            valid = t.op("ov", f"arith.andi {valid}, {inside} : i1")
+            b = t.op("ob", f"arith.minui {b}, %c{bm - 1}_ : index")
+        row = t.op("orow", f"arith.minui {row}, {last} : index")
+        col = t.op("col", f"arith.addi {n0}, {c} : index")
+        scale = None
+        if p["row_scale"] is not None:
+            stride, offset, eps = p["row_scale"]
+            total = _load_sum(t, "%R", _text.SUMS_TYPE, _layer_slot(t, p["stacked"], stride, offset), row)
+            fk = t.op("fk", f"arith.constant {float(k):.1f} : f32")
+            feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
+            ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
+            ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
+            scale = t.op("rs", f"math.rsqrt {ms} : f32")
+        old = None
+        if p["epilogue"] == "residual":
+            old = t.op("old", f"memref.load %C[{row}, {col}] : {ct}")
+            old = t.op("old", f"arith.extf {old} : bf16 to f32")
+        outs.append(dict(b=b, c=c, row=row, col=col, valid=valid, scale=scale, old=old))
+    # Sequence g of each 8-row block: its activation row's pieces q and
+    # q + 4 of the slice's chunk `it`, as i32 words (the B fragments).
+    arows = []
+    for blk in range(blocks):
+        ar = t.op("ar", f"arith.addi {r0}, {g} : index")
+        ar = t.op("ar", f"arith.addi {ar}, %c{8 * blk}_ : index") if blk else ar
+        arows.append(t.op("ar", f"arith.minui {ar}, {last} : index"))
+    acol = t.op("ac", f"arith.muli {kslice}, %c{CHUNK}_ : index")
+    q8 = t.op("ac", f"arith.muli {q}, %c8 : index")
+    acol = t.op("ac", f"arith.addi {acol}, {q8} : index")
+    words = "vector<4xi32>"
+
+    def activations(it: str) -> list[str]:
+        ak = t.op("ak", f"arith.muli {it}, %c{CHUNK * slices}_ : index")
+        ak = t.op("ak", f"arith.addi {ak}, {acol} : index")
+        ak4 = t.op("ak", f"arith.addi {ak}, %c32 : index")
+        out = []
+        for ar in arows:
+            for col in (ak, ak4):
+                v = t.op("x", f"vector.load %A[{ar}, {col}] {{alignment = 16 : i64}} : {at}, vector<8xbf16>")
+                out.append(t.op("x", f"vector.bitcast {v} : vector<8xbf16> to {words}"))
+        return out
+
+    def word(v: str, i: int) -> str:
+        return t.op("wd", f"vector.extract {v}[{i}] : i32 from {words}")
+
+    def compute(stage: str, xs: list[str], accs: list[str]) -> list[str]:
+        w = [
+            t.op("w", f"vector.load {ring.ring}[{ring.slot(stage, f, 'index')}] "
+                 f"{{alignment = 16 : i64}} : {ring.type}, {words}")
+            for f in range(4)
+        ]  # fmt: skip
+        accs = list(accs)
+        for h in range(4):  # mma h: piece h // 2's values 4 (h % 2) .. + 3
+            pc, lo = h // 2, 2 * (h % 2)
+            a = [word(w[pc], lo), word(w[2 + pc], lo), word(w[pc], lo + 1), word(w[2 + pc], lo + 1)]
+            for blk in range(blocks):
+                x = xs[2 * blk + pc]
+                d = _mma.mma(t, a, [word(x, lo), word(x, lo + 1)], accs[4 * blk : 4 * blk + 4])
+                accs[4 * blk : 4 * blk + 4] = d
+        return accs
+
+    per_slice = p["per_slice"]
+    nacc, nx = 4 * blocks, 2 * blocks
+    xs = activations("%c0")
+    res = t.fresh("accs")
+    types = ", ".join(["f32"] * nacc + [words] * nx)
+    inits = [f"%acc{i} = %fzero" for i in range(nacc)]
+    inits += [f"%xa{i} = {x}" for i, x in enumerate(xs)]
+    t.emit(
+        f"{res}:{nacc + nx} = scf.for %c_it = %c0 to %c{per_slice - pre}_ step %c1 "
+        f"iter_args({', '.join(inits)}) -> ({types}) {{"
+    )
+    t.indent += "  "
+    nxt = t.op("nx", f"arith.addi %c_it, %c{pre}_ : index")
+    issue(nxt, t.op("st", f"arith.remui {nxt}, %c{stages}_ : index"))
+    ahead = activations(t.op("na", "arith.addi %c_it, %c1 : index"))
+    t.emit(f"nvvm.cp.async.wait.group {pre}")
+    stage = t.op("st", f"arith.remui %c_it, %c{stages}_ : index")
+    accs = compute(stage, [f"%xa{i}" for i in range(nx)], [f"%acc{i}" for i in range(nacc)])
+    t.emit(f"scf.yield {', '.join(accs + ahead)} : {types}")
+    t.end()
+    accs = [f"{res}#{i}" for i in range(nacc)]
+    xs = [f"{res}#{nacc + i}" for i in range(nx)]
+    for e in range(pre):
+        it = per_slice - pre + e
+        ahead = activations(const(it + 1)) if it + 1 < per_slice else None
+        t.emit(f"nvvm.cp.async.wait.group {pre - 1 - e}")
+        accs = compute(const(it % stages), xs, accs)
+        xs = ahead
+    # The slices' sums meet in workgroup memory: part[kslice, row, block row].
+    part_t = f"memref<{slices * bm * nr}xf32, #gpu.address_space<workgroup>>"
+    globals_.append(f'memref.global "private" @{name}__part : {part_t} {{alignment = 16 : i64}}')
+    parts = t.op("part", f"memref.get_global @{name}__part : {part_t}")
+    base = t.op("pb", f"arith.muli {kslice}, %c{bm * nr}_ : index")
+    q2 = t.op("q2", f"arith.muli {q}, %c{2 * nr}_ : index")
+    base = t.op("pb", f"arith.addi {base}, {q2} : index")
+    for blk in range(blocks):
+        for i, (lr, odd) in enumerate(((low, 0), (low, 1), (high, 0), (high, 1))):
+            at_ = t.op("pa", f"arith.addi {base}, {lr} : index")
+            off = (8 * blk + odd) * nr
+            at_ = t.op("pa", f"arith.addi {at_}, %c{off}_ : index") if off else at_
+            t.emit(f"memref.store {accs[4 * blk + i]}, {parts}[{at_}] : {part_t}")
+    t.emit("gpu.barrier")
+    width = t.op("w32", "arith.constant 32 : i32")
+    for out in outs:
+        _finish_row(t, p, parts, part_t, out, lane, width)
+    return globals_
+
+
+def _finish_row(
+    t: _Text, p: dict, parts: str, part_t: str, out: dict, lane: str, width: str
+) -> None:
+    """One output of a ``block_m``-row tile: its column's sums over the k
+    slices (slice order), the row scale, the epilogue and its store; then
+    ``sums_out`` added over each row's lanes (``block_n`` lanes, or a warp)."""
+    bn, bm, nr, slices = p["block_n"], p["block_m"], p["nr"], p["slices"]
+    at_row = t.op("po", f"arith.muli {out['b']}, %c{nr}_ : index")
+
+    def total(c: str) -> str:
+        v = None
+        for s in range(slices):
+            at_ = t.op("pa", f"arith.addi {at_row}, {c} : index")
+            at_ = t.op("pa", f"arith.addi {at_}, %c{s * bm * nr}_ : index") if s else at_
+            x = t.op("px", f"memref.load {parts}[{at_}] : {part_t}")
+            v = x if v is None else t.op("pt", f"arith.addf {v}, {x} : f32")
+        return t.op("pt", f"arith.mulf {v}, {out['scale']} : f32") if out["scale"] else v
+
+    g = total(out["c"])
+    u = None
+    if p["epilogue"] == "swiglu":
+        u = total(t.op("ur", f"arith.addi {out['c']}, %c{bn}_ : index"))
+    hv = _value(t, p, g, u, out["old"])
+    if p["sums_out"] is not None:
+        seg = min(bn, 32)
+        value = t.op("val", f"arith.extf {hv} : bf16 to f32")
+        value = t.op("val", f"arith.select {out['valid']}, {value}, %fzero : f32")
+        sq = t.op("sq", f"arith.mulf {value}, {value} : f32")
+        sq = lane_sum(t, sq, tuple(1 << s for s in reversed(range(seg.bit_length() - 1))), width)
+    t.emit(f"scf.if {out['valid']} {{")
+    t.emit(f"  memref.store {hv}, %C[{out['row']}, {out['col']}] : {p['ct']}")
+    t.emit("}")
+    if p["sums_out"] is None:
+        return
+    first = t.op("f0", f"arith.remui {lane}, %c{seg}_ : index")
+    first = t.op("f0", f"arith.cmpi eq, {first}, %c0 : index")
+    first = t.op("f0", f"arith.andi {first}, {out['valid']} : i1")
+    t.emit(f"scf.if {first} {{")
+    t.indent += "  "
+    slot_row = _layer_slot(t, p["stacked"], *p["sums_out"])
+    add_fixed_sum(t, sq, ("%S", _text.SUMS_TYPE, slot_row), out["row"])
     t.end()
