@@ -79,9 +79,10 @@ def _long(*changes: tuple[str, object]) -> dict:
 
 
 def _mid(*changes: tuple[str, object]) -> dict:
-    """The default buckets with ``changes`` in the B=2..16 kernel."""
-    one, (bound, mid), large = M.LLAMA_3_2_1B.batch_buckets
-    return dict(batch_buckets=(one, (bound, (*mid, *changes)), large))
+    """The default buckets with ``changes`` in the B=2..16 kernels (B = 2..8
+    and 9..16 since session 45)."""
+    one, *mid, large = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=(one, *((b, (*c, *changes)) for b, c in mid), large))
 
 
 VARIANTS = {
@@ -517,8 +518,9 @@ VARIANTS["one_phased"] = _one()
 # ... and its long-context kernel (the tensor-core attention called, the
 # other tiles inlined, as the B = 2..16 kernel's) with that kernel's wait
 # memo: it took the B = 2..16 kernel 0.7-1.8 % (item 183), the inlined
-# phased B = 1 kernel +3.5-5 % (SMALL_BATCH: its evict-first hints too).
-VARIANTS["one_long_memo"] = _long(*M.SMALL_BATCH)
+# phased B = 1 kernel +3.5-5 % (SMALL_BATCH's first three: its evict-first
+# hints too; its gemv rows mode came in session 45).
+VARIANTS["one_long_memo"] = _long(*M.SMALL_BATCH[:3])
 # ... the B = 1 kernel's combine in instances of 4 or 2 heads (8: 4
 # instances a layer at B = 1, each merging 17 splits of 8 heads).
 VARIANTS["one_cg4"] = _one(("combine_group", 4))
@@ -619,6 +621,8 @@ VARIANTS["long_gemv"] = _long(
 # Session 45: the B = 2..16 kernel's projections on the gemv core, 16 (or
 # 8) rows a tile on mma.sync with the weights as A (gemv_layer's rows mode;
 # its warps take 16 weight rows, so o_proj's and down's blocks are 16 wide).
+# Measured at ba9dbff, when one kernel ran B = 2..16 (item 210); since that
+# kernel is split in two on these tiles, _mid applies them to both.
 _GEMV_ROWS = (("gemm_core", "gemv"), ("bn_o", 16), ("bn_down", 16))
 VARIANTS["mid_gemv16"] = _mid(*_GEMV_ROWS, ("gemv_block", 16), ("gemm_options", (("stages", 4),)))
 VARIANTS["mid_gemv16_s6"] = _mid(
@@ -628,6 +632,34 @@ VARIANTS["mid_gemv16_gu16"] = _mid(
     *_GEMV_ROWS, ("gemv_block", 16), ("bn_gu", 16), ("gemm_options", (("stages", 4),))
 )
 VARIANTS["mid_gemv8"] = _mid(*_GEMV_ROWS, ("gemv_block", 8), ("gemm_options", (("stages", 4),)))
+
+
+def _split_mid(small: tuple, large: tuple) -> dict:
+    """The B = 2..16 kernel split in two: :data:`~etc.models.llama.SMALL_BATCH`
+    with ``small``'s changes at B = 2..8, ``large``'s at B = 9..16 (the
+    default's layout since session 45, whose B = 2..8 kernel was
+    ``split_rows``'s)."""
+    one, *_, big = M.LLAMA_3_2_1B.batch_buckets
+    mid = M.SMALL_BATCH
+    return dict(batch_buckets=(one, (8, (*mid, *small)), (16, (*mid, *large)), big))
+
+
+# 8 rows a tile at B = 2..8 (16 at B = 9..16): item 210's best of each.
+_ROWS8 = (*_GEMV_ROWS, ("gemv_block", 8), ("gemm_options", (("stages", 4),)))
+_ROWS16 = (*_GEMV_ROWS, ("gemv_block", 16), ("gemm_options", (("stages", 4),)))
+VARIANTS["split_rows"] = _split_mid(_ROWS8, _ROWS16)
+VARIANTS["split_rows_gu16"] = _split_mid((*_ROWS8, ("bn_gu", 16)), _ROWS16)
+VARIANTS["split_rows_s3"] = _split_mid((*_ROWS8, ("gemm_options", (("stages", 3),))), _ROWS16)
+VARIANTS["split_rows_d6"] = _split_mid(
+    (*_ROWS8, ("projection_options", (("down_proj", (("stages", 6),)),))), _ROWS16
+)
+VARIANTS["split_rows_qkv32"] = _split_mid((*_ROWS8, ("bn_qkv", 32)), _ROWS16)
+# The B = 2..16 kernels before the rows mode became their default (item 211):
+# the mma.sync core in both.
+VARIANTS["mid_sync"] = _mid(
+    ("gemm_core", "sync"), ("gemv_block", 1), ("bn_o", 8), ("bn_down", 8),
+    ("gemm_options", M._GEMM_OPTIONS),
+)  # fmt: skip
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -792,14 +792,19 @@ def llama_tiny_variants() -> dict:
         ),
         # ... 16 or 8 rows a tile on mma.sync (the weights as A; 16 weight
         # rows a warp, so blocks of 32 columns where k = 256 leaves 4 k
-        # slices), and as the B = 2..16 kernel would run it.
+        # slices), 16 rows without the 8-row path (a B = 3 tile on the
+        # 16-row loop), and as the default's B <= 16 kernels run them.
         "llama_tiny_gemv16": dataclasses.replace(llama.TINY, **gemv_rows, gemv_block=16),
+        "llama_tiny_gemv16_full": dataclasses.replace(
+            llama.TINY, **gemv_rows, gemv_block=16, gemv_short_path=False
+        ),
         "llama_tiny_gemv8": dataclasses.replace(llama.TINY, **gemv_rows, gemv_block=8),
         "llama_tiny_gemv_rows_buckets": dataclasses.replace(
             llama.TINY,
             batch_buckets=(
                 (1, (("gemm_core", "gemv"),)),
-                (16, (*gemv_rows.items(), ("gemv_block", 16))),
+                (8, (*gemv_rows.items(), ("gemv_block", 8))),
+                (16, (*gemv_rows.items(), ("gemv_block", 16), ("gemv_short_path", False))),
                 (None, ()),
             ),
         ),

@@ -9,7 +9,8 @@ address (e.g. a tile with chunked weights against the same tile without)
 without a GPU. Only what those chains use is understood: integer constants,
 ``arith`` add/sub/mul/div/rem/min, unsigned compares and selects, casts, ``gpu.thread_id``, base pointers
 (given per memref), ``memref.load`` and ``memref.dim`` (given as callbacks);
-anything else raises ``KeyError`` naming the op.
+anything else raises ``KeyError`` naming the op. Of an ``scf.if`` with an
+``else``, only the branch its condition takes counts.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ _BINARY = {
     "arith.divui": lambda a, b: a // b,
     "arith.remui": lambda a, b: a % b,
     "arith.minui": min,
+    "arith.andi": lambda a, b: a & b,
 }
+_IF = re.compile(r"scf\.if (%\w+) \{")
 
 
 def functions(source: str) -> dict[str, str]:
@@ -150,6 +153,39 @@ def tma_copies(body: str, ev: Evaluator, tensor: bool = True) -> list[tuple[str,
     return _per_iteration(body, ev, items, lambda item: (item[0], [ev(x) for x in item[1]]))
 
 
+def _closing(body: str, start: int) -> int:
+    """The position of the brace closing the one at ``start``."""
+    depth = 0
+    for pos in range(start, len(body)):
+        depth += {"{": 1, "}": -1}.get(body[pos], 0)
+        if depth == 0:
+            return pos
+    return len(body)
+
+
+def _branches(body: str) -> list[tuple[int, int, int, str]]:
+    """``(then start, else start, else end, condition)`` of every ``scf.if``
+    with an ``else`` region."""
+    out = []
+    for m in _IF.finditer(body):
+        then_end = _closing(body, m.end() - 1)
+        rest = body[then_end:]
+        if re.match(r"\}\s*else\s*\{", rest):
+            else_start = then_end + rest.index("{")
+            out.append((m.end(), else_start, _closing(body, else_start), m.group(1)))
+    return out
+
+
+def _taken(ev: Evaluator, pos: int, branches) -> bool:
+    """Whether the code at ``pos`` runs: in no untaken branch."""
+    for then_start, else_start, else_end, cond in branches:
+        if then_start <= pos < else_start and not ev(cond):
+            return False
+        if else_start <= pos <= else_end and ev(cond):
+            return False
+    return True
+
+
 def _loops(body: str) -> list[tuple[int, int, re.Match]]:
     """``(start, end, match)`` of every ``scf.for`` region of the body."""
     spans = []
@@ -169,6 +205,8 @@ def _per_iteration(body, ev, items, evaluate):
     """``evaluate(item)`` for ``(position, item)`` pairs in program order,
     those inside an ``scf.for`` once per iteration (its variable bound)."""
     loops = _loops(body)
+    branches = _branches(body)
+    items = [(pos, item) for pos, item in items if _taken(ev, pos, branches)]
     out = []
     pending: list = []  # a loop's items, evaluated when the loop ends
 

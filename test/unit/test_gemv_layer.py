@@ -33,16 +33,17 @@ def _tile(epilogue: str, block_n: int, n: int, k: int, block_m: int = 1, **optio
     )  # fmt: skip
 
 
-def _copied(tile, l: int, j: int, part: str) -> collections.Counter:  # noqa: E741
+def _copied(tile, l: int, j: int, part: str, rows: int = 1 << 20) -> collections.Counter:  # noqa: E741
     """Byte offsets (from W's base) of every 16-byte copy of tile (l, j, 0)
-    over its threads: the body alone, or the prefetch then the body."""
+    over its threads, ``rows`` rows in ``A``: the body alone, or the
+    prefetch then the body."""
     bodies = functions(tile.source)
     names = [tile.name] if part == "body" else [tile.prefetch, tile.name]
     got: collections.Counter = collections.Counter()
     for tid in range(tile.block_size):
         for name in names:
             coords = {"%l": l, "%j": j, "%i": 0, "tid": tid}
-            ev = Evaluator(bodies[name], coords, {"%W": W_BASE})
+            ev = Evaluator(bodies[name], coords, {"%W": W_BASE}, dim=lambda m, a: rows)
             got.update(a - W_BASE for a in copy_sources(bodies[name], ev) if a >= W_BASE)
     return got
 
@@ -76,6 +77,8 @@ def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, s
     plain = _tile(epilogue, block_n, n, k, block_m, stages=stages)
     assert plain.prefetch is None
     assert _copied(plain, 1, 2, "body") == want
+    if block_m == 16:  # a tile of at most 8 rows takes the 8-row path
+        assert "scf.if" in plain.source and _copied(plain, 1, 2, "body", rows=5) == want
     early = _tile(epilogue, block_n, n, k, block_m, stages=stages, prefetch_ring=True)
     assert early.prefetch == f"{early.name}__prefetch" and early.prefetch_fills_shared
     assert _copied(early, 1, 2, "fill") == want
@@ -98,7 +101,10 @@ def test_weights_evict_first_marks_nothing_on_the_gemv_core():
     [
         (dict(block_m=4), "1 row a tile .* or 8 or 16 .*: block_m=4"),
         (dict(block_m=16), "multiple of 16 rows .16 per warp on mma.sync."),
-        (dict(block_m=16, block_n=48, block_size=384, sums_out=(2, 1)), "block_n=48 must divide 32 or be a"),
+        (
+            dict(block_m=16, block_n=48, block_size=384, sums_out=(2, 1)),
+            "block_n=48 must divide 32 or be a",
+        ),
         (dict(unroll=2), "unroll do not apply to core='gemv'"),
         (dict(rotate_k=True), "rotate_k do not apply to core='gemv'"),
         (dict(weight_chunk=32), "weight_chunk do not apply to core='gemv'"),

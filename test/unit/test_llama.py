@@ -1334,9 +1334,10 @@ def test_batch_buckets_change_only_the_tiles():
     """Each kernel differs by its bucket's fields alone and takes the same
     tensors; a bad bucket is refused, naming it."""
     buckets = M.LLAMA_3_2_1B.bucket_configs()
-    assert [b for b, _ in buckets] == [1, 16, None]
-    one, mid, large = (c for _, c in buckets)
-    assert all(c.batch_buckets == () for c in (one, mid, large))
+    assert [b for b, _ in buckets] == [1, 8, 16, None]
+    one, few, mid, large = (c for _, c in buckets)
+    assert all(c.batch_buckets == () for c in (one, few, mid, large))
+    assert few == dataclasses.replace(mid, max_batch=8, gemv_block=8)
     assert one.attn_unroll == 2
     assert (one.attn_tile, mid.attn_tile, mid.outline) == ("phased", "mma", ("attention",))
     # Every kernel shares the split counts (one set of buffers): B=1 spans of
@@ -1365,12 +1366,18 @@ def test_batch_buckets_change_only_the_tiles():
         **dict(M.SMALL_BATCH),
     )  # fmt: skip
     assert mid.wait_memo and not one.wait_memo and not large.wait_memo
+    # B = 1 one row a gemv tile, B = 2..8 8 rows, 9..16 16 rows (mma.sync,
+    # never fewer than 9 rows: no 8-row path), then the tma core.
+    cores = [c.core("down_proj") for c in (one, few, mid, large)]
+    assert cores == ["gemv", "gemv", "gemv", "tma"]
+    assert [c.gemm_block("down_proj") for c in (one, few, mid, large)] == [1, 8, 16, 64]
+    assert not mid.gemv_short_path
     with pytest.raises(etc.GraphError, match="attn_cached_splits makes splits longer"):
         dataclasses.replace(PHASED_1B, attn_cached_splits=True)
     # The kernels know their batch ranges; the base's own graph is the
     # B = 2..16 kernel's, whose tensor-core tile takes any batch; a phased
     # base's own graph holds 512 positions, not 4096: the small batches.
-    assert [c.kernel_max_batch for _, c in buckets] == [1, 16, None]
+    assert [c.kernel_max_batch for _, c in buckets] == [1, 8, 16, None]
     assert M.LLAMA_3_2_1B.kernel_max_batch is None
     phased_base = dataclasses.replace(PHASED_1B, batch_buckets=M.LLAMA_3_2_1B.batch_buckets)
     assert phased_base.kernel_max_batch == 16
@@ -1411,24 +1418,28 @@ def test_context_buckets_split_the_one_sequence_kernel_by_l():
     the bucket."""
     cfg = M.LLAMA_3_2_1B
     kernels = cfg.kernel_configs()
-    assert [(b, lb) for b, lb, _ in kernels] == [(1, 1087), (1, None), (16, None), (None, None)]
-    short, long, mid, large = (k for *_, k in kernels)
+    assert [(b, lb) for b, lb, _ in kernels] == [
+        (1, 1087), (1, None), (8, None), (16, None), (None, None)
+    ]  # fmt: skip
+    short, long, few, mid, large = (k for *_, k in kernels)
     assert (short.attn_tile, long.attn_tile) == ("phased", "mma")
     assert long.attention_pipeline == "tma" and long.attn_tma_release == "read_early"
     assert "attention" in long.outline and "attention" not in short.outline
     assert all(k.context_buckets == () and k.max_batch == 1 for k in (short, long))
-    # L2 evict-first weight copies in the B = 2..16 and large kernels (B = 1's
-    # projections are on the gemv core, which takes no hint); their KV rings
-    # evict-first too.
-    assert (short.gemm_core, long.gemm_core) == ("gemv", "gemv")
-    assert [k.weights_evict_first for k in (short, long, mid, large)] == [False, False, True, True]
-    assert [k.attn_kv_evict_first for k in (short, long, mid, large)] == [False, False, True, True]
+    # L2 evict-first weight copies asked for in the B = 2..16 and large
+    # kernels (marking nothing in the B = 2..16 kernels' projections, on the
+    # gemv core like B = 1's); their KV rings evict-first too.
+    assert [k.gemm_core for k in (short, long, few, mid)] == ["gemv"] * 4
+    hinted = [False, False, True, True, True]
+    assert [k.weights_evict_first for k in (short, long, few, mid, large)] == hinted
+    assert [k.attn_kv_evict_first for k in (short, long, few, mid, large)] == hinted
     # Set on the base it reaches every kernel (the large one's TMA weight
     # boxes too).
     on_all = dataclasses.replace(cfg, weights_evict_first=True)
     assert all(k.weights_evict_first for *_, k in on_all.kernel_configs())
-    assert [cfg.kernel_for(B, L) for B, L in ((1, 0), (1, 1087), (1, 1088), (2, 0), (17, 5))] == [
-        short, short, long, mid, large
+    cases = ((1, 0), (1, 1087), (1, 1088), (2, 0), (8, 9), (9, 0), (17, 5))
+    assert [cfg.kernel_for(B, L) for B, L in cases] == [
+        short, short, long, few, few, mid, large
     ]  # fmt: skip
     for L in (0, 64, 1087, 1088, 4096, 8192):
         assert short.splits(L, 1) == long.splits(L, 1) == cfg.splits(L, 1), L

@@ -59,6 +59,7 @@ __all__ = [
     "compile_decoder",
     "LARGE_BATCH",
     "SMALL_BATCH",
+    "FEW_SEQUENCES",
     "DECODER_TASKS",
     "tensor_shapes",
     "random_weights",
@@ -133,8 +134,28 @@ LARGE_BATCH = (
 #: its weight copies are L2 evict-first (``weights_evict_first``; -1.6..-3.7 %
 #: at B = 2-16, forty-second session, item 198), its KV ring too
 #: (``attn_kv_evict_first``: -0.4 % on average over B = 8-16, L = 1024-4096,
-#: 12 of 16 pairs faster, forty-third session, item 202).
-SMALL_BATCH = (("wait_memo", True), ("weights_evict_first", True), ("attn_kv_evict_first", True))
+#: 12 of 16 pairs faster, forty-third session, item 202). Its projections
+#: stream on the gemv core, 16 rows a tile on ``mma.sync`` with the weights
+#: as the A operand (16-column o_proj and down blocks: a warp takes 16
+#: weight rows; -1..-3 % at B = 12-16 on an H200, forty-fifth session,
+#: items 210-212); the weights' hint then marks nothing (the gemv core
+#: takes none). :data:`FEW_SEQUENCES` is its B = 2..8 kernel.
+SMALL_BATCH = (
+    ("wait_memo", True),
+    ("weights_evict_first", True),
+    ("attn_kv_evict_first", True),
+    ("gemm_core", "gemv"),
+    ("gemv_block", 16),
+    ("bn_o", 16),
+    ("bn_down", 16),
+    ("gemm_options", (("stages", 4),)),
+    ("gemv_short_path", False),
+)
+#: The decoder's B = 2..8 kernel: :data:`SMALL_BATCH` on 8-row gemv tiles,
+#: which load half the activations and run half the mmas of a 16-row tile
+#: (-6..-8 % at B = 4-8 against the mma.sync core, -2 % against 16-row
+#: tiles taking their 8-row loop, forty-fifth session, items 210-212).
+FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8))
 #: The tile changes of the decoder's B = 1 kernel: the phased attention
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
 #: positions) in loop steps of 64 positions, so ``attn_single_span``'s
@@ -382,6 +403,10 @@ class LlamaConfig:
     #: with the weights as the A operand; its weight blocks hold multiples
     #: of 16 rows: ``bn_*`` 16 or more, gate/up's 8).
     gemv_block: int = 1
+    #: ``gemv_block`` = 16: a tile of at most 8 rows takes an 8-row loop
+    #: (``layer_gemm(short_path=...)``); off in a kernel whose B never
+    #: leaves a row block so short (:data:`SMALL_BATCH`'s, B = 9..16).
+    gemv_short_path: bool = True
     #: Per-projection cores overriding ``gemm_core``: ``(("down_proj", "bulk"),)``.
     #: Projections: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head.
     core_overrides: tuple[tuple[str, str], ...] = ()
@@ -494,10 +519,13 @@ class LlamaConfig:
     #: changes into one artifact (``etc.compile_buckets``); every launch runs
     #: the kernel whose range holds ``B``. Empty: one kernel. The default, from
     #: the sweeps on an H200 (``bench/RESULTS.md``, tenth session):
-    #: :data:`SINGLE_SEQUENCE` at B=1, B=2..16 with the tiles above, and
-    #: :data:`LARGE_BATCH` from B=17 (-8 % at B=32, -19 % at B=64).
+    #: :data:`SINGLE_SEQUENCE` at B=1, B=2..8 and B=9..16 with the tiles above
+    #: and :data:`FEW_SEQUENCES` or :data:`SMALL_BATCH` (split in the
+    #: forty-fifth session), and :data:`LARGE_BATCH` from B=17 (-8 % at
+    #: B=32, -19 % at B=64).
     batch_buckets: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = (
         (1, SINGLE_SEQUENCE_BY_CONTEXT),
+        (8, FEW_SEQUENCES),
         (16, SMALL_BATCH),
         (None, LARGE_BATCH),
     )
@@ -1601,6 +1629,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             own = _sync_options(cfg, name)
             core = dict(
                 core="gemv", stages=own.get("stages"), prefetch_ring=own["prefetch_ring"],
+                short_path=cfg.gemv_short_path,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
             )  # fmt: skip

@@ -1745,6 +1745,7 @@ def layer_gemm(
     meet_share: int = 1,
     refill: str = "wait",
     l2_evict_first: bool | str = False,
+    short_path: bool = True,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1844,7 +1845,8 @@ def layer_gemm(
     whole 128-byte weight lines through a per-thread ``cp.async`` ring,
     narrow blocks splitting ``k`` over the warps
     (:mod:`etc.tiles.gemv_layer`); with ``block_m`` 8 or 16, the same
-    stream into ``mma.sync`` with the weights as the ``A`` operand. It takes ``stages``, ``columns_first``,
+    stream into ``mma.sync`` with the weights as the ``A`` operand
+    (``short_path``: a 16-row tile of at most 8 rows takes an 8-row loop). It takes ``stages``, ``columns_first``,
     ``row_scale``, ``sums_out`` and ``prefetch_ring`` only.
 
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
@@ -1937,6 +1939,8 @@ def layer_gemm(
         )
     if epilogue_ahead:
         raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")
+    if not short_path and core != "gemv":
+        raise GraphError(f"tile '{name}': short_path applies to core='gemv' only")
     if core == "gemv":
         from .gemv_layer import layer_gemv
 
@@ -1944,7 +1948,7 @@ def layer_gemm(
         return layer_gemv(
             block_n, n, k, layers=layers, epilogue=epilogue, name=name, block_size=block_size,
             stages=stages, columns_first=columns_first, row_scale=row_scale, sums_out=sums_out,
-            prefetch_ring=prefetch_ring, block_m=block_m,
+            prefetch_ring=prefetch_ring, block_m=block_m, short_path=short_path,
         )  # fmt: skip
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,

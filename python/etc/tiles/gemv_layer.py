@@ -83,6 +83,7 @@ def layer_gemv(
     sums_out: tuple[int, int] | None = None,
     prefetch_ring: bool | int = False,
     block_m: int = 1,
+    short_path: bool = True,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="gemv"`` (module
     docstring): ``stages`` ring slots per thread and row (default 4; at most
@@ -90,7 +91,8 @@ def layer_gemv(
     (the ring's first ``stages - 1`` chunks, or that many, issued by
     ``@<name>__prefetch`` before the instance's waits); ``block_m`` rows a
     tile (:data:`BLOCK_ROWS`; 8 or 16: on ``mma.sync``, ``rows_per_thread``
-    unused). No L2 evict-first
+    unused; ``short_path``: a 16-row tile of at most 8 rows takes an 8-row
+    loop, off where no tile has so few). No L2 evict-first
     hint: with the sync core's hinted copies the tiny decoder stopped with
     CUDA_ERROR_ILLEGAL_INSTRUCTION under the dynamic schedule without early
     pushes (``bench/RESULTS.md`` item 208), and at B = 1 the hint gained
@@ -149,7 +151,7 @@ def layer_gemv(
         name=name, bs=bs, n=n, k=k, block_m=block_m, block_n=block_n, per_n=per_n, nr=nr, rpt=rpt,
         groups=groups, slices=slices, per_slice=per_slice, stages=stages, pre=pre, early=early,
         at=at, wt=wt, ct=ct, stacked=stacked, epilogue=epilogue, row_scale=row_scale,
-        sums_out=sums_out,
+        sums_out=sums_out, short_path=short_path,
     )  # fmt: skip
     st = _text.SUMS_TYPE
     signature = _layer_signature(
@@ -189,7 +191,7 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     workgroup globals it declares."""
     name, bs, k, n, bn = p["name"], p["bs"], p["k"], p["n"], p["block_n"]
     rpt, groups, slices, stages, pre = p["rpt"], p["groups"], p["slices"], p["stages"], p["pre"]
-    nr, at, wt, ct = p["nr"], p["at"], p["wt"], p["ct"]
+    nr, at, ct = p["nr"], p["at"], p["ct"]
     m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
     n0 = t.op("n0", f"arith.muli %j, %c{bn}_ : index")
     t.emit(f"scf.if {_mma.dense_valid(t, '%i', n0, m_rows, f'%c{n}_')} {{")
@@ -469,7 +471,9 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
         scale = None
         if p["row_scale"] is not None:
             stride, offset, eps = p["row_scale"]
-            total = _load_sum(t, "%R", _text.SUMS_TYPE, _layer_slot(t, p["stacked"], stride, offset), row)
+            total = _load_sum(
+                t, "%R", _text.SUMS_TYPE, _layer_slot(t, p["stacked"], stride, offset), row
+            )
             fk = t.op("fk", f"arith.constant {float(k):.1f} : f32")
             feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
             ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
@@ -480,6 +484,48 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
             old = t.op("old", f"memref.load %C[{row}, {col}] : {ct}")
             old = t.op("old", f"arith.extf {old} : bf16 to f32")
         outs.append(dict(b=b, c=c, row=row, col=col, valid=valid, scale=scale, old=old))
+    # The slices' sums meet in workgroup memory: part[kslice, row, block row].
+    part_t = f"memref<{slices * bm * nr}xf32, #gpu.address_space<workgroup>>"
+    globals_.append(f'memref.global "private" @{name}__part : {part_t} {{alignment = 16 : i64}}')
+    parts = t.op("part", f"memref.get_global @{name}__part : {part_t}")
+    rows = dict(
+        r0=r0, g=g, q=q, kslice=kslice, last=last, low=low, high=high, ring=ring, issue=issue,
+        parts=(parts, part_t),
+    )  # fmt: skip
+    if blocks == 2 and p["short_path"]:
+        # A tile of at most 8 rows streams on the 8-row path: half the
+        # activation loads and mmas (B = 8 in the decoder's B = 2..16
+        # kernel: -5 % a step on an H200, bench/RESULTS.md item 211).
+        few = t.op("few", f"arith.subi {m_rows}, {r0} : index")
+        few = t.op("few", f"arith.cmpi ule, {few}, %c8 : index")
+        t.emit(f"scf.if {few} {{")
+        t.indent += "  "
+        _stream_rows(t, p, rows, 1)
+        t.indent = t.indent[:-2]
+        t.emit("} else {")
+        t.indent += "  "
+        _stream_rows(t, p, rows, 2)
+        t.end()
+    else:
+        _stream_rows(t, p, rows, blocks)
+    t.emit("gpu.barrier")
+    width = t.op("w32", "arith.constant 32 : i32")
+    for out in outs:
+        _finish_row(t, p, parts, part_t, out, lane, width)
+    return globals_
+
+
+def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
+    """The k loop of :func:`_emit_rows` over ``blocks`` 8-row blocks of the
+    tile, its sums stored to ``part``."""
+    bm, nr, at, slices = p["block_m"], p["nr"], p["at"], p["slices"]
+    stages, pre, per_slice = p["stages"], p["pre"], p["per_slice"]
+    r0, g, q, kslice, last, ring = v["r0"], v["g"], v["q"], v["kslice"], v["last"], v["ring"]
+    issue, (parts, part_t) = v["issue"], v["parts"]
+
+    def const(c: int) -> str:
+        return f"%c{c}_" if c else "%c0"
+
     # Sequence g of each 8-row block: its activation row's pieces q and
     # q + 4 of the slice's chunk `it`, as i32 words (the B fragments).
     arows = []
@@ -499,12 +545,15 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
         out = []
         for ar in arows:
             for col in (ak, ak4):
-                v = t.op("x", f"vector.load %A[{ar}, {col}] {{alignment = 16 : i64}} : {at}, vector<8xbf16>")
-                out.append(t.op("x", f"vector.bitcast {v} : vector<8xbf16> to {words}"))
+                x = t.op(
+                    "x", f"vector.load %A[{ar}, {col}] {{alignment = 16 : i64}} : {at}, "
+                    "vector<8xbf16>",
+                )  # fmt: skip
+                out.append(t.op("x", f"vector.bitcast {x} : vector<8xbf16> to {words}"))
         return out
 
-    def word(v: str, i: int) -> str:
-        return t.op("wd", f"vector.extract {v}[{i}] : i32 from {words}")
+    def word(x: str, i: int) -> str:
+        return t.op("wd", f"vector.extract {x}[{i}] : i32 from {words}")
 
     def compute(stage: str, xs: list[str], accs: list[str]) -> list[str]:
         w = [
@@ -522,13 +571,15 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
                 accs[4 * blk : 4 * blk + 4] = d
         return accs
 
-    per_slice = p["per_slice"]
     nacc, nx = 4 * blocks, 2 * blocks
     xs = activations("%c0")
     res = t.fresh("accs")
     types = ", ".join(["f32"] * nacc + [words] * nx)
-    inits = [f"%acc{i} = %fzero" for i in range(nacc)]
-    inits += [f"%xa{i} = {x}" for i, x in enumerate(xs)]
+    acc_args = [f"%acc{blocks}_{i}" for i in range(nacc)]
+    x_args = [f"%xa{blocks}_{i}" for i in range(nx)]
+    inits = [f"{a} = %fzero" for a in acc_args] + [
+        f"{a} = {x}" for a, x in zip(x_args, xs, strict=True)
+    ]
     t.emit(
         f"{res}:{nacc + nx} = scf.for %c_it = %c0 to %c{per_slice - pre}_ step %c1 "
         f"iter_args({', '.join(inits)}) -> ({types}) {{"
@@ -539,7 +590,7 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     ahead = activations(t.op("na", "arith.addi %c_it, %c1 : index"))
     t.emit(f"nvvm.cp.async.wait.group {pre}")
     stage = t.op("st", f"arith.remui %c_it, %c{stages}_ : index")
-    accs = compute(stage, [f"%xa{i}" for i in range(nx)], [f"%acc{i}" for i in range(nacc)])
+    accs = compute(stage, x_args, acc_args)
     t.emit(f"scf.yield {', '.join(accs + ahead)} : {types}")
     t.end()
     accs = [f"{res}#{i}" for i in range(nacc)]
@@ -550,24 +601,17 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
         t.emit(f"nvvm.cp.async.wait.group {pre - 1 - e}")
         accs = compute(const(it % stages), xs, accs)
         xs = ahead
-    # The slices' sums meet in workgroup memory: part[kslice, row, block row].
-    part_t = f"memref<{slices * bm * nr}xf32, #gpu.address_space<workgroup>>"
-    globals_.append(f'memref.global "private" @{name}__part : {part_t} {{alignment = 16 : i64}}')
-    parts = t.op("part", f"memref.get_global @{name}__part : {part_t}")
     base = t.op("pb", f"arith.muli {kslice}, %c{bm * nr}_ : index")
     q2 = t.op("q2", f"arith.muli {q}, %c{2 * nr}_ : index")
     base = t.op("pb", f"arith.addi {base}, {q2} : index")
     for blk in range(blocks):
-        for i, (lr, odd) in enumerate(((low, 0), (low, 1), (high, 0), (high, 1))):
+        for i, (lr, odd) in enumerate(
+            ((v["low"], 0), (v["low"], 1), (v["high"], 0), (v["high"], 1))
+        ):
             at_ = t.op("pa", f"arith.addi {base}, {lr} : index")
             off = (8 * blk + odd) * nr
             at_ = t.op("pa", f"arith.addi {at_}, %c{off}_ : index") if off else at_
             t.emit(f"memref.store {accs[4 * blk + i]}, {parts}[{at_}] : {part_t}")
-    t.emit("gpu.barrier")
-    width = t.op("w32", "arith.constant 32 : i32")
-    for out in outs:
-        _finish_row(t, p, parts, part_t, out, lane, width)
-    return globals_
 
 
 def _finish_row(
