@@ -654,6 +654,26 @@ VARIANTS["split_rows_d6"] = _split_mid(
     (*_ROWS8, ("projection_options", (("down_proj", (("stages", 6),)),))), _ROWS16
 )
 VARIANTS["split_rows_qkv32"] = _split_mid((*_ROWS8, ("bn_qkv", 32)), _ROWS16)
+
+
+# The B = 2..8 kernel's down stage (item 210: its 128 16-column instances
+# take 8.3 µs, the stage 11.6): deeper rings for down with fewer slots
+# issued before its waits, and the queues dealt by SM (item 135).
+def _few(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in the B = 2..8 kernel."""
+    one, (bound, few), *rest = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=(one, (bound, (*few, *changes)), *rest))
+
+
+_DOWN = "down_proj"
+VARIANTS["few_d6p1"] = _few(
+    ("projection_options", ((_DOWN, (("stages", 6), ("prefetch_ring", 1))),))
+)
+VARIANTS["few_d8p2"] = _few(
+    ("projection_options", ((_DOWN, (("stages", 8), ("prefetch_ring", 2))),))
+)
+VARIANTS["few_spread"] = _few(("sm_deal", "spread"))
+VARIANTS["few_p2"] = _few(("prefetch_ring", 2))
 # The B = 2..16 kernels before the rows mode became their default (item 211):
 # the mma.sync core in both.
 VARIANTS["mid_sync"] = _mid(

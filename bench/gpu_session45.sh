@@ -23,6 +23,13 @@ for step in ${*:-tests}; do
       ${MID_VARIANTS:-default,mid_gemv16,mid_gemv16_s6,mid_gemv16_gu16,mid_gemv8} \
       ${MID_BATCHES:-2,8,16} ${MID_CONTEXTS:-1024} ${MID_DIR:-.device/s45mid}
     ;;
+  few)  # the B = 2..8 kernel's down stage: deeper rings, fewer slots before the waits,
+    # the deal by SM (DECODE_SWEEP_VARIANTS=default,few_d6p1,few_d8p2,few_spread,few_p2
+    # python bench/decode_sweep.py --build .device/s45few)
+    SWEEP_TMP=/tmp/s45 sweep_passes s45_few \
+      ${FEW_VARIANTS:-default,few_d6p1,few_d8p2,few_spread,few_p2} \
+      ${FEW_BATCHES:-4,8} ${FEW_CONTEXTS:-1024} ${FEW_DIR:-.device/s45few}
+    ;;
   trace)  # B = 8, L = 1024 traced, the default and the rows mode (DECODE_TRACE_VARIANTS=
     # default,mid_gemv16 DECODE_TRACE_BATCHES=8 python bench/decode_trace.py --build .device/s45tr)
     DECODE_TRACE_VARIANTS=${TRACE_VARIANTS:-default,mid_gemv16} DECODE_TRACE_BATCHES=8 \

@@ -189,18 +189,10 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     """The tile's body (``part="all"``), its body after the prefetch function
     filled the ring (``"body"``), or that function (``"fill"``). Returns the
     workgroup globals it declares."""
-    name, bs, k, n, bn = p["name"], p["bs"], p["k"], p["n"], p["block_n"]
-    rpt, groups, slices, stages, pre = p["rpt"], p["groups"], p["slices"], p["stages"], p["pre"]
+    name, bs, k, bn = p["name"], p["bs"], p["k"], p["block_n"]
+    rpt, slices, stages, pre = p["rpt"], p["slices"], p["stages"], p["pre"]
     nr, at, ct = p["nr"], p["at"], p["ct"]
-    m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
-    n0 = t.op("n0", f"arith.muli %j, %c{bn}_ : index")
-    t.emit(f"scf.if {_mma.dense_valid(t, '%i', n0, m_rows, f'%c{n}_')} {{")
-    t.indent += "  "
-    tid = t.op("tid", "gpu.thread_id x")
-    warp = t.op("warp", f"arith.divui {tid}, %c32 : index")
-    lane = t.op("lane", f"arith.remui {tid}, %c32 : index")
-    group = t.op("grp", f"arith.remui {warp}, %c{groups}_ : index") if groups > 1 else "%c0"
-    kslice = t.op("ks", f"arith.divui {warp}, %c{groups}_ : index") if slices > 1 else "%c0"
+    _, n0, tid, lane, group, kslice = _open_tile(t, p, "%i")
     sub = t.op("sub", f"arith.divui {lane}, %c{LANES_PER_ROW}_ : index")
     piece = t.op("pc", f"arith.remui {lane}, %c{LANES_PER_ROW}_ : index")
     # The thread's rows of the block (0 .. NR), their weight rows, and the
@@ -215,37 +207,16 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     pk = t.op("pk", f"arith.muli {piece}, %c16_ : index")
     start = t.op("ko", f"arith.addi {start}, {pk} : index")
     srcs = [_row_source(t, p, n0, wbase, lr, start) for lr in local]
-    ring_t = f"memref<{stages * rpt * bs * 4}xi32, #gpu.address_space<workgroup>>"
-    ring = ThreadRing(t, name, ring_t, tid, bs, rpt)
-    globals_ = [ring.declaration]
-    step = 2 * CHUNK * slices  # bytes of a row between a slice's chunks
-
-    def issue(it: str, stage: str) -> None:
-        ring.copy(srcs, t.op("kb", f"arith.muli {it}, %c{step}_ : index"), stage)
-
-    def const(v: int) -> str:
-        return f"%c{v}_" if v else "%c0"
-
-    filled = p["early"] if part == "body" else 0
-    for it in range(filled, pre if part != "fill" else p["early"]):
-        issue(const(it), const(it))
+    ring, issue = _ring(t, p, part, srcs, tid)
     if part == "fill":
         return []
+    globals_ = [ring.declaration]
     # What the epilogue reads, loaded before the loop: the row's scale and
     # the residual of the thread's column, min(t, block_n - 1) (every thread
     # computes one; only those below block_n store it).
     column = t.op("cl", f"arith.minui {tid}, %c{bn - 1}_ : index")
     col = t.op("col", f"arith.addi {n0}, {column} : index")
-    scale = None
-    if p["row_scale"] is not None:
-        stride, offset, eps = p["row_scale"]
-        slot_row = _layer_slot(t, p["stacked"], stride, offset)
-        total = _load_sum(t, "%R", _text.SUMS_TYPE, slot_row, "%i")
-        fk = t.op("fk", f"arith.constant {float(k):.1f} : f32")
-        feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
-        ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
-        ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
-        scale = t.op("rs", f"math.rsqrt {ms} : f32")
+    scale = _row_scale(t, p, "%i")
     old = None
     if p["epilogue"] == "residual":
         old = t.op("old", f"memref.load %C[%i, {col}] : {ct}")
@@ -298,7 +269,7 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     for q in range(pre):
         it = per_slice - pre + q
         t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
-        accs = compute(const(it), const(it % stages), accs)
+        accs = compute(_const(it), _const(it % stages), accs)
     # Each row's 8 lanes add their sums; lane 0 of the row writes the
     # slice's sum to `part[kslice, row]`.
     part_t = f"memref<{slices * nr}xf32, #gpu.address_space<workgroup>>"
@@ -318,6 +289,61 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     t.emit("gpu.barrier")
     _finish(t, p, parts, part_t, tid, column, col, scale, old, width)
     return globals_
+
+
+def _const(v: int) -> str:
+    return f"%c{v}_" if v else "%c0"
+
+
+def _open_tile(t: _Text, p: dict, r0: str) -> tuple[str, str, str, str, str, str]:
+    """The tile's guard (rows from ``r0`` and its columns exist), opened,
+    and its thread's coordinates: ``(M, n0, tid, lane, group, kslice)``
+    (warp ``w`` takes row group ``w % groups`` and k slice ``w // groups``)."""
+    groups, slices = p["groups"], p["slices"]
+    m_rows = t.op("M", f"memref.dim %A, %c0 : {p['at']}")
+    n0 = t.op("n0", f"arith.muli %j, %c{p['block_n']}_ : index")
+    n_rows = f"%c{p['n']}_"
+    t.emit(f"scf.if {_mma.dense_valid(t, r0, n0, m_rows, n_rows)} {{")
+    t.indent += "  "
+    tid = t.op("tid", "gpu.thread_id x")
+    warp = t.op("warp", f"arith.divui {tid}, %c32 : index")
+    lane = t.op("lane", f"arith.remui {tid}, %c32 : index")
+    group = t.op("grp", f"arith.remui {warp}, %c{groups}_ : index") if groups > 1 else "%c0"
+    kslice = t.op("ks", f"arith.divui {warp}, %c{groups}_ : index") if slices > 1 else "%c0"
+    return m_rows, n0, tid, lane, group, kslice
+
+
+def _ring(t: _Text, p: dict, part: str, srcs: list[str], tid: str):
+    """The thread's ring of ``len(srcs)`` slots a stage and its copy of a
+    slice's chunk ``it`` (``issue(it, stage)``), after the copies of the
+    ring's first chunks that ``part`` issues (:func:`_emit`)."""
+    bs, stages, pre = p["bs"], p["stages"], p["pre"]
+    ring_t = f"memref<{stages * len(srcs) * bs * 4}xi32, #gpu.address_space<workgroup>>"
+    ring = ThreadRing(t, p["name"], ring_t, tid, bs, len(srcs))
+    step = 2 * CHUNK * p["slices"]  # bytes of a row between a slice's chunks
+
+    def issue(it: str, stage: str) -> None:
+        ring.copy(srcs, t.op("kb", f"arith.muli {it}, %c{step}_ : index"), stage)
+
+    filled = p["early"] if part == "body" else 0
+    for it in range(filled, pre if part != "fill" else p["early"]):
+        issue(_const(it), _const(it))
+    return ring, issue
+
+
+def _row_scale(t: _Text, p: dict, row: str) -> str | None:
+    """The folded norm's scale of ``A``'s row ``row``, ``rsqrt(sum / k +
+    eps)`` from its sum of squares (None without ``row_scale``)."""
+    if p["row_scale"] is None:
+        return None
+    stride, offset, eps = p["row_scale"]
+    slot_row = _layer_slot(t, p["stacked"], stride, offset)
+    total = _load_sum(t, "%R", _text.SUMS_TYPE, slot_row, row)
+    fk = t.op("fk", f"arith.constant {float(p['k']):.1f} : f32")
+    feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
+    ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
+    ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
+    return t.op("rs", f"math.rsqrt {ms} : f32")
 
 
 def _weight_base(t: _Text, p: dict) -> str:
@@ -407,20 +433,11 @@ def _finish(
 def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     """:func:`_emit` for ``block_m`` = 8 or 16 rows on ``mma.sync`` (module
     docstring)."""
-    name, bs, k, n, bn, bm = p["name"], p["bs"], p["k"], p["n"], p["block_n"], p["block_m"]
-    groups, slices, stages, pre = p["groups"], p["slices"], p["stages"], p["pre"]
-    nr, at, ct = p["nr"], p["at"], p["ct"]
+    name, bs, bn, bm = p["name"], p["bs"], p["block_n"], p["block_m"]
+    slices, nr, ct = p["slices"], p["nr"], p["ct"]
     blocks = bm // 8  # of 8 rows: the n of m16n8k16
-    m_rows = t.op("M", f"memref.dim %A, %c0 : {at}")
     r0 = t.op("r0", f"arith.muli %i, %c{bm}_ : index")
-    n0 = t.op("n0", f"arith.muli %j, %c{bn}_ : index")
-    t.emit(f"scf.if {_mma.dense_valid(t, r0, n0, m_rows, f'%c{n}_')} {{")
-    t.indent += "  "
-    tid = t.op("tid", "gpu.thread_id x")
-    warp = t.op("warp", f"arith.divui {tid}, %c32 : index")
-    lane = t.op("lane", f"arith.remui {tid}, %c32 : index")
-    group = t.op("grp", f"arith.remui {warp}, %c{groups}_ : index") if groups > 1 else "%c0"
-    kslice = t.op("ks", f"arith.divui {warp}, %c{groups}_ : index") if slices > 1 else "%c0"
+    m_rows, n0, tid, lane, group, kslice = _open_tile(t, p, r0)
     g = t.op("g", f"arith.divui {lane}, %c4 : index")
     q = t.op("q", f"arith.remui {lane}, %c4 : index")
     # Slots 0-3 of a stage: pieces q and q + 4 of block rows g, then g + 8.
@@ -435,22 +452,10 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     for lr in (low, high):
         src = _row_source(t, p, n0, wbase, lr, start)
         srcs += [src, t.op("src", f"arith.addi {src}, %c64_ : index")]
-    ring_t = f"memref<{stages * 4 * bs * 4}xi32, #gpu.address_space<workgroup>>"
-    ring = ThreadRing(t, name, ring_t, tid, bs, 4)
-    globals_ = [ring.declaration]
-    step = 2 * CHUNK * slices
-
-    def const(v: int) -> str:
-        return f"%c{v}_" if v else "%c0"
-
-    def issue(it: str, stage: str) -> None:
-        ring.copy(srcs, t.op("kb", f"arith.muli {it}, %c{step}_ : index"), stage)
-
-    filled = p["early"] if part == "body" else 0
-    for it in range(filled, pre if part != "fill" else p["early"]):
-        issue(const(it), const(it))
+    ring, issue = _ring(t, p, part, srcs, tid)
     if part == "fill":
         return []
+    globals_ = [ring.declaration]
     # The epilogue's outputs: pass e of thread t is output o = t + e * bs,
     # row o / block_n, column o % block_n; its row scale and residual are
     # loaded before the loop (rows past M read row M - 1 and store nothing).
@@ -468,17 +473,7 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
             b = t.op("ob", f"arith.minui {b}, %c{bm - 1}_ : index")
         row = t.op("orow", f"arith.minui {row}, {last} : index")
         col = t.op("col", f"arith.addi {n0}, {c} : index")
-        scale = None
-        if p["row_scale"] is not None:
-            stride, offset, eps = p["row_scale"]
-            total = _load_sum(
-                t, "%R", _text.SUMS_TYPE, _layer_slot(t, p["stacked"], stride, offset), row
-            )
-            fk = t.op("fk", f"arith.constant {float(k):.1f} : f32")
-            feps = t.op("feps", f"arith.constant {float(np.float32(eps)):.9e} : f32")
-            ms = t.op("ms", f"arith.divf {total}, {fk} : f32")
-            ms = t.op("ms", f"arith.addf {ms}, {feps} : f32")
-            scale = t.op("rs", f"math.rsqrt {ms} : f32")
+        scale = _row_scale(t, p, row)
         old = None
         if p["epilogue"] == "residual":
             old = t.op("old", f"memref.load %C[{row}, {col}] : {ct}")
@@ -522,9 +517,6 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
     stages, pre, per_slice = p["stages"], p["pre"], p["per_slice"]
     r0, g, q, kslice, last, ring = v["r0"], v["g"], v["q"], v["kslice"], v["last"], v["ring"]
     issue, (parts, part_t) = v["issue"], v["parts"]
-
-    def const(c: int) -> str:
-        return f"%c{c}_" if c else "%c0"
 
     # Sequence g of each 8-row block: its activation row's pieces q and
     # q + 4 of the slice's chunk `it`, as i32 words (the B fragments).
@@ -597,9 +589,9 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
     xs = [f"{res}#{nacc + i}" for i in range(nx)]
     for e in range(pre):
         it = per_slice - pre + e
-        ahead = activations(const(it + 1)) if it + 1 < per_slice else None
+        ahead = activations(_const(it + 1)) if it + 1 < per_slice else None
         t.emit(f"nvvm.cp.async.wait.group {pre - 1 - e}")
-        accs = compute(const(it % stages), xs, accs)
+        accs = compute(_const(it % stages), xs, accs)
         xs = ahead
     base = t.op("pb", f"arith.muli {kslice}, %c{bm * nr}_ : index")
     q2 = t.op("q2", f"arith.muli {q}, %c{2 * nr}_ : index")
