@@ -674,10 +674,7 @@ VARIANTS["few_d8p2"] = _few(
 )
 VARIANTS["few_spread"] = _few(("sm_deal", "spread"))
 VARIANTS["few_p2"] = _few(("prefetch_ring", 2))
-# ... down (and o_proj) in 8-column blocks, twice the instances: 8 weight
-# rows a warp, the A fragment's rows 8-15 zero.
-VARIANTS["few_d8"] = _few(("bn_down", 8))
-VARIANTS["few_od8"] = _few(("bn_down", 8), ("bn_o", 8))
+VARIANTS["mid_spread"] = _mid(("sm_deal", "spread"))
 # The B = 2..16 kernels before the rows mode became their default (item 211):
 # the mma.sync core in both.
 VARIANTS["mid_sync"] = _mid(

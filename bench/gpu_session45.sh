@@ -30,13 +30,20 @@ for step in ${*:-tests}; do
       ${FEW_VARIANTS:-default,few_d6p1,few_d8p2,few_spread,few_p2} \
       ${FEW_BATCHES:-4,8} ${FEW_CONTEXTS:-1024} ${FEW_DIR:-.device/s45few}
     ;;
-  half)  # down (and o_proj) in 8-column blocks on 8 weight rows a warp: the tiny decoder
-    # against the simulator (python test/gpu/make_artifacts.py .device/s45art4 --only
-    # llama_tiny_gemv8_half), then the B = 2..8 kernel so (DECODE_SWEEP_VARIANTS=few_d8,
-    # few_od8 python bench/decode_sweep.py --build .device/s45few2)
-    ETC_ARTIFACTS=.device/s45art4 timeout 200 python -m pytest -q -rfs --tb=short \
-      test/gpu/test_llama_gpu.py -k gemv8_half 2>&1 | tee -a "$OUT/tests.txt" | tail -4
-    SWEEP_TMP=/tmp/s45 sweep_passes s45_half few_d8,few_od8 ${FEW_BATCHES:-4,8} 1024 .device/s45few2
+  spread)  # the deal by SM in the B = 2..8 kernel or both B <= 16 ones, both contexts
+    # (DECODE_SWEEP_VARIANTS=default,few_spread,mid_spread python bench/decode_sweep.py
+    # --build .device/s45sp)
+    SWEEP_TMP=/tmp/s45 sweep_passes s45_spread default,few_spread,mid_spread 8,12 1024,4096 \
+      .device/s45sp
+    ;;
+  trace2)  # the default artifact traced at B = 8, L = 1024 and 4096 (DECODE_TRACE_VARIANTS=
+    # default DECODE_TRACE_BATCHES=8 python bench/decode_trace.py --build .device/s45tr3)
+    for L in 1024 4096; do
+      DECODE_TRACE_VARIANTS=default DECODE_TRACE_BATCHES=8 DECODE_TRACE_CONTEXT=$L timeout 200 \
+        python bench/decode_trace.py --artifacts .device/s45tr3 --out /tmp/s45/tr$L 2>&1 \
+        | tee -a "$OUT/trace2.txt" | grep -A8 "layer"
+    done
+    tar czf "$OUT/traces2.tgz" -C /tmp/s45 tr1024 tr4096
     ;;
   trace)  # B = 8, L = 1024 traced, the default and the rows mode (DECODE_TRACE_VARIANTS=
     # default,mid_gemv16 DECODE_TRACE_BATCHES=8 python bench/decode_trace.py --build .device/s45tr)

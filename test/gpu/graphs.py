@@ -799,10 +799,6 @@ def llama_tiny_variants() -> dict:
             llama.TINY, **gemv_rows, gemv_block=16, gemv_short_path=False
         ),
         "llama_tiny_gemv8": dataclasses.replace(llama.TINY, **gemv_rows, gemv_block=8),
-        # ... down in 8-column blocks: 8 weight rows a warp, A's rows 8-15 zero.
-        "llama_tiny_gemv8_half": dataclasses.replace(
-            llama.TINY, **{**gemv_rows, "bn_down": 8}, gemv_block=8
-        ),
         "llama_tiny_gemv_rows_buckets": dataclasses.replace(
             llama.TINY,
             batch_buckets=(

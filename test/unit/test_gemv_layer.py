@@ -66,7 +66,6 @@ def _block_bytes(rows: list[int], k: int, layer: int, rows_per_layer: int) -> co
         ("residual", 16, 2048, 8192, 6, 16),
         ("swiglu", 8, 8192, 2048, 4, 16),  # a warp's rows: 8 gate, then 8 up
         ("swiglu", 32, 8192, 2048, 4, 8),
-        ("residual", 8, 2048, 8192, 6, 8),  # 8 weight rows a warp: A's rows 8-15 zero
     ],
 )
 def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, stages, block_m):
@@ -101,7 +100,7 @@ def test_weights_evict_first_marks_nothing_on_the_gemv_core():
     "options, words",
     [
         (dict(block_m=4), "1 row a tile .* or 8 or 16 .*: block_m=4"),
-        (dict(block_m=16, block_n=12), "multiple of 8 rows .8 or 16 per warp on mma.sync."),
+        (dict(block_m=16), "multiple of 16 rows .16 per warp on mma.sync."),
         (
             dict(block_m=16, block_n=48, block_size=384, sums_out=(2, 1)),
             "block_n=48 must divide 32 or be a",
@@ -136,7 +135,6 @@ def test_refusals_name_the_tile_and_the_option(options, words):
         ("residual", 16, 8192, dict(sums_out=(2, 2), block_m=16)),
         ("swiglu", 32, 2048, dict(row_scale=(2, 1, 1e-5), block_m=16)),
         ("residual", 16, 2048, dict(sums_out=(2, 1), block_m=8)),
-        ("residual", 8, 8192, dict(sums_out=(2, 2), block_m=8)),
     ],
 )
 def test_ptx_assembles_without_spills(epilogue, block_n, k, extra, tmp_path):

@@ -109,14 +109,10 @@ def layer_gemv(
     per_n = 2 if epilogue == "swiglu" else 1
     nr = per_n * block_n
     rpt = rows_per_thread
-    # On mma.sync a block of 8 weight rows leaves the A fragment's rows
-    # 8-15 zero: twice the blocks of 16 rows, each half the mmas' work.
-    warp_rows = (MMA_ROWS if nr % MMA_ROWS == 0 else 8) if block_m > 1 else 4 * rpt
+    warp_rows = MMA_ROWS if block_m > 1 else 4 * rpt
     groups = nr // warp_rows
     if nr % warp_rows or warps % groups:
-        how = (
-            "8 or 16 per warp on mma.sync" if block_m > 1 else f"4 per warp, rows_per_thread={rpt}"
-        )
+        how = "16 per warp on mma.sync" if block_m > 1 else f"4 per warp, rows_per_thread={rpt}"
         raise GraphError(
             f"tile '{name}': a gemv block of {nr} weight rows on {warps} warps needs a "
             f"multiple of {warp_rows} rows ({how}) in a number of warp groups dividing "
@@ -154,7 +150,6 @@ def layer_gemv(
     plan = dict(
         name=name, bs=bs, n=n, k=k, block_m=block_m, block_n=block_n, per_n=per_n, nr=nr, rpt=rpt,
         groups=groups, slices=slices, per_slice=per_slice, stages=stages, pre=pre, early=early,
-        warp_rows=warp_rows,
         at=at, wt=wt, ct=ct, stacked=stacked, epilogue=epilogue, row_scale=row_scale,
         sums_out=sums_out, short_path=short_path,
     )  # fmt: skip
@@ -446,15 +441,15 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     g = t.op("g", f"arith.divui {lane}, %c4 : index")
     q = t.op("q", f"arith.remui {lane}, %c4 : index")
     # Slots 0-3 of a stage: pieces q and q + 4 of block rows g, then g + 8.
-    low = t.op("lr", f"arith.muli {group}, %c{p['warp_rows']}_ : index")
+    low = t.op("lr", f"arith.muli {group}, %c{MMA_ROWS}_ : index")
     low = t.op("lr", f"arith.addi {low}, {g} : index")
-    high = t.op("lr", f"arith.addi {low}, %c8 : index") if p["warp_rows"] == MMA_ROWS else None
+    high = t.op("lr", f"arith.addi {low}, %c8 : index")
     start = t.op("ko", f"arith.muli {kslice}, %c{2 * CHUNK}_ : index")
     pq = t.op("pk", f"arith.muli {q}, %c16_ : index")
     start = t.op("ko", f"arith.addi {start}, {pq} : index")
     wbase = _weight_base(t, p)
     srcs = []
-    for lr in (low, high) if high else (low,):
+    for lr in (low, high):
         src = _row_source(t, p, n0, wbase, lr, start)
         srcs += [src, t.op("src", f"arith.addi {src}, %c64_ : index")]
     ring, issue = _ring(t, p, part, srcs, tid)
@@ -556,18 +551,12 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
         w = [
             t.op("w", f"vector.load {ring.ring}[{ring.slot(stage, f, 'index')}] "
                  f"{{alignment = 16 : i64}} : {ring.type}, {words}")
-            for f in range(4 if v["high"] else 2)
+            for f in range(4)
         ]  # fmt: skip
         accs = list(accs)
         for h in range(4):  # mma h: piece h // 2's values 4 (h % 2) .. + 3
             pc, lo = h // 2, 2 * (h % 2)
-            a = [word(w[pc], lo), None, word(w[pc], lo + 1), None]
-            for i in (1, 3):  # rows g + 8: the block's, or zero
-                a[i] = (
-                    word(w[2 + pc], lo + i // 2)
-                    if v["high"]
-                    else t.op("z", "arith.constant 0 : i32")
-                )
+            a = [word(w[pc], lo), word(w[2 + pc], lo), word(w[pc], lo + 1), word(w[2 + pc], lo + 1)]
             for blk in range(blocks):
                 x = xs[2 * blk + pc]
                 d = _mma.mma(t, a, [word(x, lo), word(x, lo + 1)], accs[4 * blk : 4 * blk + 4])
@@ -611,8 +600,6 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
         for i, (lr, odd) in enumerate(
             ((v["low"], 0), (v["low"], 1), (v["high"], 0), (v["high"], 1))
         ):
-            if lr is None:  # an 8-row block's zero rows
-                continue
             at_ = t.op("pa", f"arith.addi {base}, {lr} : index")
             off = (8 * blk + odd) * nr
             at_ = t.op("pa", f"arith.addi {at_}, %c{off}_ : index") if off else at_
