@@ -62,6 +62,9 @@ sys.path.insert(0, str(REPO))
 from etc.models import llama as M  # noqa: E402
 
 BATCHES = (1, 8, 32, 64)
+#: ``DECODE_BATCHES=8`` times only those.
+if os.environ.get("DECODE_BATCHES"):
+    BATCHES = tuple(int(b) for b in os.environ["DECODE_BATCHES"].split(","))
 CONTEXTS = (1024, 4096)
 PROMPT, GENERATED = 16, 32
 TOLERANCE = 2e-2

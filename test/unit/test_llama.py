@@ -412,10 +412,11 @@ def test_queues_dealt_by_a_given_placement(tmp_path, monkeypatch):
 def test_the_artifact_says_how_to_deal_by_sm(tmp_path):
     """etc.compile(sm_deal=...) lands in the manifest, which sets the runtime's
     default; compile_decoder passes LlamaConfig.sm_deal to static kernels only
-    (LARGE_BATCH's kernel deals by SM, the small-batch kernels do not)."""
+    (LARGE_BATCH's and SMALL_BATCH's kernels deal by SM, B = 1's does not)."""
     from etc.runtime.manifest import load_manifest
 
-    assert ("sm_deal", "spread") in M.LARGE_BATCH
+    assert ("sm_deal", "spread") in M.LARGE_BATCH and ("sm_deal", "spread") in M.SMALL_BATCH
+    assert M.LLAMA_3_2_1B.kernel_for(1, 0).sm_deal is None
     cfg = dataclasses.replace(CFG, sm_deal="pairs")
     static = M.compile_decoder(cfg, "static", cubin=False)
     assert static.manifest["sm_deal"] == "pairs"

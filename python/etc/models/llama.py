@@ -127,7 +127,7 @@ LARGE_BATCH = (
     ("weights_evict_first", True),
     ("attn_kv_evict_first", True),
 )
-#: The changes of the decoder's B = 2..16 kernel: its CTAs skip a wait on
+#: The changes of the decoder's B = 9..16 kernel (and B = 2..8's, :data:`FEW_SEQUENCES`): its CTAs skip a wait on
 #: the coordinate their last completed wait saw (``wait_memo``; -0.7..-1.8 %
 #: at B = 8-16, even at B = 2 and 4 on an H200, fortieth session, item 183;
 #: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it), and
@@ -137,9 +137,11 @@ LARGE_BATCH = (
 #: 12 of 16 pairs faster, forty-third session, item 202). Its projections
 #: stream on the gemv core, 16 rows a tile on ``mma.sync`` with the weights
 #: as the A operand (16-column o_proj and down blocks: a warp takes 16
-#: weight rows; -1..-3 % at B = 12-16 on an H200, forty-fifth session,
-#: items 210-212); the weights' hint then marks nothing (the gemv core
-#: takes none). :data:`FEW_SEQUENCES` is its B = 2..8 kernel.
+#: weight rows; -2.6..-3.1 % at B = 12-16 on an H200, forty-fifth
+#: session, items 210-213); the weights' hint then marks nothing (the gemv core
+#: takes none). Its queues are dealt by SM (``sm_deal``: -0.1..-0.6 % at
+#: B = 8, -0.9..-2.6 % at B = 12, item 215). :data:`FEW_SEQUENCES` is its
+#: B = 2..8 kernel.
 SMALL_BATCH = (
     ("wait_memo", True),
     ("weights_evict_first", True),
@@ -150,11 +152,12 @@ SMALL_BATCH = (
     ("bn_down", 16),
     ("gemm_options", (("stages", 4),)),
     ("gemv_short_path", False),
+    ("sm_deal", "spread"),
 )
 #: The decoder's B = 2..8 kernel: :data:`SMALL_BATCH` on 8-row gemv tiles,
 #: which load half the activations and run half the mmas of a 16-row tile
-#: (-6..-8 % at B = 4-8 against the mma.sync core, -2 % against 16-row
-#: tiles taking their 8-row loop, forty-fifth session, items 210-212).
+#: (-6.8..-7.7 % at B = 2-8 against the mma.sync core, item 213; -1.3..-2 %
+#: against 16-row tiles taking their 8-row loop, item 212).
 FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8))
 #: The tile changes of the decoder's B = 1 kernel: the phased attention
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
@@ -686,7 +689,8 @@ class LlamaConfig:
     #: Static schedule: how the runtime deals the kernel's queues by SM once
     #: it has read where the CTAs ran (``etc.compile(sm_deal=...)``; None:
     #: round-robin). :data:`LARGE_BATCH` takes ``"spread"`` (−3.9 % at B =
-    #: 64, L = 1024, −2.3 % at L = 4096, −1 % at B = 32 on an H200); the
+    #: 64, L = 1024, −2.3 % at L = 4096, −1 % at B = 32 on an H200), and
+    #: :data:`SMALL_BATCH` since the forty-fifth session (item 215); the
     #: B = 1 kernel was 1 % slower with it (``bench/RESULTS.md`` item 135).
     sm_deal: str | None = None
     #: The tasks (:data:`DECODER_TASKS`) the static schedule deals at run time
