@@ -127,8 +127,9 @@ LARGE_BATCH = (
     ("weights_evict_first", True),
     ("attn_kv_evict_first", True),
 )
-#: The changes of the decoder's B = 9..16 kernel (and B = 2..8's, :data:`FEW_SEQUENCES`): its CTAs skip a wait on
-#: the coordinate their last completed wait saw (``wait_memo``; -0.7..-1.8 %
+#: The changes of the decoder's B = 9..16 kernel (and B = 2..8's,
+#: :data:`FEW_SEQUENCES`): its CTAs skip a wait on the coordinate their
+#: last completed wait saw (``wait_memo``; -0.7..-1.8 %
 #: at B = 8-16, even at B = 2 and 4 on an H200, fortieth session, item 183;
 #: the B = 1 kernel, its tiles inlined, was 3.5-5 % slower with it), and
 #: its weight copies are L2 evict-first (``weights_evict_first``; -1.6..-3.7 %
