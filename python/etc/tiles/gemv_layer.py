@@ -190,7 +190,7 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
     filled the ring (``"body"``), or that function (``"fill"``). Returns the
     workgroup globals it declares."""
     name, bs, k, bn = p["name"], p["bs"], p["k"], p["block_n"]
-    rpt, slices, stages, pre = p["rpt"], p["slices"], p["stages"], p["pre"]
+    rpt, slices = p["rpt"], p["slices"]
     nr, at, ct = p["nr"], p["at"], p["ct"]
     _, n0, tid, lane, group, kslice = _open_tile(t, p, "%i")
     sub = t.op("sub", f"arith.divui {lane}, %c{LANES_PER_ROW}_ : index")
@@ -249,27 +249,8 @@ def _emit(t: _Text, p: dict, part: str) -> list[str]:
         ak = t.op("ak", f"arith.addi {ak}, {apiece} : index")
         return fma_chunk(t, (av, a_t), ak, ring, stage, accs)
 
-    per_slice = p["per_slice"]
-    res = t.fresh("accs")
-    vt = ", ".join(["vector<8xf32>"] * rpt)
-    inits = ", ".join(f"%acc{q} = {zero}" for q in range(rpt))
-    t.emit(
-        f"{res}:{rpt} = scf.for %c_it = %c0 to %c{per_slice - pre}_ step %c1 "
-        f"iter_args({inits}) -> ({vt}) {{"
-    )
-    t.indent += "  "
-    nxt = t.op("nx", f"arith.addi %c_it, %c{pre}_ : index")
-    issue(nxt, t.op("st", f"arith.remui {nxt}, %c{stages}_ : index"))
-    t.emit(f"nvvm.cp.async.wait.group {pre}")
-    stage = t.op("st", f"arith.remui %c_it, %c{stages}_ : index")
-    accs = compute("%c_it", stage, [f"%acc{q}" for q in range(rpt)])
-    t.emit(f"scf.yield {', '.join(accs)} : {vt}")
-    t.end()
-    accs = [f"{res}#{q}" for q in range(rpt)]
-    for q in range(pre):
-        it = per_slice - pre + q
-        t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
-        accs = compute(_const(it), _const(it % stages), accs)
+    carried = [(f"%acc{q}", zero, "vector<8xf32>") for q in range(rpt)]
+    accs = _ring_loop(t, p, issue, carried, lambda it, stage, accs, _: compute(it, stage, accs))
     # Each row's 8 lanes add their sums; lane 0 of the row writes the
     # slice's sum to `part[kslice, row]`.
     part_t = f"memref<{slices * nr}xf32, #gpu.address_space<workgroup>>"
@@ -395,12 +376,7 @@ def _finish(
     bn, nr, slices = p["block_n"], p["nr"], p["slices"]
 
     def total(row: str) -> str:
-        v = None
-        for s in range(slices):
-            at_ = t.op("pa", f"arith.addi {row}, %c{s * nr}_ : index") if s else row
-            x = t.op("px", f"memref.load {parts}[{at_}] : {part_t}")
-            v = x if v is None else t.op("pt", f"arith.addf {v}, {x} : f32")
-        return t.op("pt", f"arith.mulf {v}, {scale} : f32") if scale is not None else v
+        return _slices_total(t, (parts, part_t), row, nr, slices, scale)
 
     mine = t.op("mine", f"arith.cmpi ult, {tid}, %c{bn}_ : index")
     g = total(column)
@@ -408,25 +384,83 @@ def _finish(
     if p["epilogue"] == "swiglu":
         u = total(t.op("ur", f"arith.addi {column}, %c{bn}_ : index"))
     hv = _value(t, p, g, u, old)
+
+    def lead() -> str:  # lane 0 of each warp
+        lane = t.op("ln", f"arith.remui {tid}, %c32 : index")
+        return t.op("f0", f"arith.cmpi eq, {lane}, %c0 : index")
+
+    _store_and_sum(t, p, hv, mine, ("%i", col), 32, width, lead)
+
+
+def _ring_loop(t: _Text, p: dict, issue, carried: list[tuple[str, str, str]], step, ahead=None):
+    """The k slice's chunks through the ring, the carried values ``(name,
+    initial value, type)`` threaded through them: each iteration issues the
+    copy of chunk ``it + pre``, then ``ahead(next chunk)`` (loads for the
+    next chunk, or None past the last), waits for chunk ``it`` and runs
+    ``step(it, stage, values, ahead's result) -> values``; the last ``pre``
+    chunks run unrolled, draining the ring. Returns the final values."""
+    stages, pre, per_slice = p["stages"], p["pre"], p["per_slice"]
+    res = t.fresh("accs")
+    types = ", ".join(ty for _, _, ty in carried)
+    inits = ", ".join(f"{name} = {init}" for name, init, _ in carried)
+    t.emit(
+        f"{res}:{len(carried)} = scf.for %c_it = %c0 to %c{per_slice - pre}_ step %c1 "
+        f"iter_args({inits}) -> ({types}) {{"
+    )
+    t.indent += "  "
+    nxt = t.op("nx", f"arith.addi %c_it, %c{pre}_ : index")
+    issue(nxt, t.op("st", f"arith.remui {nxt}, %c{stages}_ : index"))
+    early = ahead(t.op("na", "arith.addi %c_it, %c1 : index")) if ahead else None
+    t.emit(f"nvvm.cp.async.wait.group {pre}")
+    stage = t.op("st", f"arith.remui %c_it, %c{stages}_ : index")
+    values = step("%c_it", stage, [name for name, _, _ in carried], early)
+    t.emit(f"scf.yield {', '.join(values)} : {types}")
+    t.end()
+    values = [f"{res}#{i}" for i in range(len(carried))]
+    for q in range(pre):
+        it = per_slice - pre + q
+        early = ahead(_const(it + 1)) if ahead and it + 1 < per_slice else None
+        t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
+        values = step(_const(it), _const(it % stages), values, early)
+    return values
+
+
+def _slices_total(
+    t: _Text, parts: tuple[str, str], first: str, stride: int, slices: int, scale: str | None
+) -> str:
+    """``part[first + s * stride]`` summed over the k slices ``s`` in slice
+    order, times the row scale ``scale`` (if any)."""
+    mem, part_t = parts
+    v = None
+    for s in range(slices):
+        at_ = t.op("pa", f"arith.addi {first}, %c{s * stride}_ : index") if s else first
+        x = t.op("px", f"memref.load {mem}[{at_}] : {part_t}")
+        v = x if v is None else t.op("pt", f"arith.addf {v}, {x} : f32")
+    return t.op("pt", f"arith.mulf {v}, {scale} : f32") if scale is not None else v
+
+
+def _store_and_sum(
+    t: _Text, p: dict, hv: str, valid: str, at: tuple[str, str], lanes: int, width: str, lead
+) -> None:
+    """``C[at] = hv`` where ``valid``; with ``sums_out``, the stored values'
+    squares summed by a butterfly over each group of ``lanes`` lanes (one
+    row's outputs), one fixed-point atomic add per group by the lane for
+    which ``lead()`` emits true."""
     if p["sums_out"] is not None:
-        # The block's sum of squares of the stored values: a butterfly over
-        # each warp that holds columns, one fixed-point atomic add per warp.
         value = t.op("val", f"arith.extf {hv} : bf16 to f32")
-        value = t.op("val", f"arith.select {mine}, {value}, %fzero : f32")
+        value = t.op("val", f"arith.select {valid}, {value}, %fzero : f32")
         sq = t.op("sq", f"arith.mulf {value}, {value} : f32")
-        sq = lane_sum(t, sq, (16, 8, 4, 2, 1), width)
-    t.emit(f"scf.if {mine} {{")
-    t.emit(f"  memref.store {hv}, %C[%i, {col}] : {p['ct']}")
+        sq = lane_sum(t, sq, tuple(1 << s for s in reversed(range(lanes.bit_length() - 1))), width)
+    t.emit(f"scf.if {valid} {{")
+    t.emit(f"  memref.store {hv}, %C[{at[0]}, {at[1]}] : {p['ct']}")
     t.emit("}")
     if p["sums_out"] is None:
         return
-    lane = t.op("ln", f"arith.remui {tid}, %c32 : index")
-    first = t.op("f0", f"arith.cmpi eq, {lane}, %c0 : index")
-    first = t.op("f0", f"arith.andi {first}, {mine} : i1")
+    first = t.op("f0", f"arith.andi {lead()}, {valid} : i1")
     t.emit(f"scf.if {first} {{")
     t.indent += "  "
     slot_row = _layer_slot(t, p["stacked"], *p["sums_out"])
-    add_fixed_sum(t, sq, ("%S", _text.SUMS_TYPE, slot_row), "%i")
+    add_fixed_sum(t, sq, ("%S", _text.SUMS_TYPE, slot_row), at[0])
     t.end()
 
 
@@ -489,8 +523,9 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     )  # fmt: skip
     if blocks == 2 and p["short_path"]:
         # A tile of at most 8 rows streams on the 8-row path: half the
-        # activation loads and mmas (B = 8 in the decoder's B = 2..16
-        # kernel: -5 % a step on an H200, bench/RESULTS.md item 211).
+        # activation loads and mmas (B = 8 in one B = 2..16 kernel on an
+        # H200: 980 µs against 1018-1023 on the 16-row loop in an earlier
+        # run, bench/RESULTS.md items 210 and 212).
         few = t.op("few", f"arith.subi {m_rows}, {r0} : index")
         few = t.op("few", f"arith.cmpi ule, {few}, %c8 : index")
         t.emit(f"scf.if {few} {{")
@@ -514,7 +549,6 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
     """The k loop of :func:`_emit_rows` over ``blocks`` 8-row blocks of the
     tile, its sums stored to ``part``."""
     bm, nr, at, slices = p["block_m"], p["nr"], p["at"], p["slices"]
-    stages, pre, per_slice = p["stages"], p["pre"], p["per_slice"]
     r0, g, q, kslice, last, ring = v["r0"], v["g"], v["q"], v["kslice"], v["last"], v["ring"]
     issue, (parts, part_t) = v["issue"], v["parts"]
 
@@ -563,36 +597,18 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
                 accs[4 * blk : 4 * blk + 4] = d
         return accs
 
-    nacc, nx = 4 * blocks, 2 * blocks
+    # Carried: the accumulators, then the chunk's activation words (the
+    # next chunk's loaded before each wait).
+    nacc = 4 * blocks
     xs = activations("%c0")
-    res = t.fresh("accs")
-    types = ", ".join(["f32"] * nacc + [words] * nx)
-    acc_args = [f"%acc{blocks}_{i}" for i in range(nacc)]
-    x_args = [f"%xa{blocks}_{i}" for i in range(nx)]
-    inits = [f"{a} = %fzero" for a in acc_args] + [
-        f"{a} = {x}" for a, x in zip(x_args, xs, strict=True)
-    ]
-    t.emit(
-        f"{res}:{nacc + nx} = scf.for %c_it = %c0 to %c{per_slice - pre}_ step %c1 "
-        f"iter_args({', '.join(inits)}) -> ({types}) {{"
-    )
-    t.indent += "  "
-    nxt = t.op("nx", f"arith.addi %c_it, %c{pre}_ : index")
-    issue(nxt, t.op("st", f"arith.remui {nxt}, %c{stages}_ : index"))
-    ahead = activations(t.op("na", "arith.addi %c_it, %c1 : index"))
-    t.emit(f"nvvm.cp.async.wait.group {pre}")
-    stage = t.op("st", f"arith.remui %c_it, %c{stages}_ : index")
-    accs = compute(stage, x_args, acc_args)
-    t.emit(f"scf.yield {', '.join(accs + ahead)} : {types}")
-    t.end()
-    accs = [f"{res}#{i}" for i in range(nacc)]
-    xs = [f"{res}#{nacc + i}" for i in range(nx)]
-    for e in range(pre):
-        it = per_slice - pre + e
-        ahead = activations(_const(it + 1)) if it + 1 < per_slice else None
-        t.emit(f"nvvm.cp.async.wait.group {pre - 1 - e}")
-        accs = compute(_const(it % stages), xs, accs)
-        xs = ahead
+    carried = [(f"%acc{blocks}_{i}", "%fzero", "f32") for i in range(nacc)]
+    carried += [(f"%xa{blocks}_{i}", x, words) for i, x in enumerate(xs)]
+
+    def step(it: str, stage: str, values: list[str], ahead: list[str] | None) -> list[str]:
+        accs = compute(stage, values[nacc:], values[:nacc])
+        return accs + ahead if ahead is not None else accs + values[nacc:]
+
+    accs = _ring_loop(t, p, issue, carried, step, activations)[:nacc]
     base = t.op("pb", f"arith.muli {kslice}, %c{bm * nr}_ : index")
     q2 = t.op("q2", f"arith.muli {q}, %c{2 * nr}_ : index")
     base = t.op("pb", f"arith.addi {base}, {q2} : index")
@@ -616,35 +632,18 @@ def _finish_row(
     at_row = t.op("po", f"arith.muli {out['b']}, %c{nr}_ : index")
 
     def total(c: str) -> str:
-        v = None
-        for s in range(slices):
-            at_ = t.op("pa", f"arith.addi {at_row}, {c} : index")
-            at_ = t.op("pa", f"arith.addi {at_}, %c{s * bm * nr}_ : index") if s else at_
-            x = t.op("px", f"memref.load {parts}[{at_}] : {part_t}")
-            v = x if v is None else t.op("pt", f"arith.addf {v}, {x} : f32")
-        return t.op("pt", f"arith.mulf {v}, {out['scale']} : f32") if out["scale"] else v
+        first = t.op("pa", f"arith.addi {at_row}, {c} : index")
+        return _slices_total(t, (parts, part_t), first, bm * nr, slices, out["scale"])
 
     g = total(out["c"])
     u = None
     if p["epilogue"] == "swiglu":
         u = total(t.op("ur", f"arith.addi {out['c']}, %c{bn}_ : index"))
     hv = _value(t, p, g, u, out["old"])
-    if p["sums_out"] is not None:
-        seg = min(bn, 32)
-        value = t.op("val", f"arith.extf {hv} : bf16 to f32")
-        value = t.op("val", f"arith.select {out['valid']}, {value}, %fzero : f32")
-        sq = t.op("sq", f"arith.mulf {value}, {value} : f32")
-        sq = lane_sum(t, sq, tuple(1 << s for s in reversed(range(seg.bit_length() - 1))), width)
-    t.emit(f"scf.if {out['valid']} {{")
-    t.emit(f"  memref.store {hv}, %C[{out['row']}, {out['col']}] : {p['ct']}")
-    t.emit("}")
-    if p["sums_out"] is None:
-        return
-    first = t.op("f0", f"arith.remui {lane}, %c{seg}_ : index")
-    first = t.op("f0", f"arith.cmpi eq, {first}, %c0 : index")
-    first = t.op("f0", f"arith.andi {first}, {out['valid']} : i1")
-    t.emit(f"scf.if {first} {{")
-    t.indent += "  "
-    slot_row = _layer_slot(t, p["stacked"], *p["sums_out"])
-    add_fixed_sum(t, sq, ("%S", _text.SUMS_TYPE, slot_row), out["row"])
-    t.end()
+    seg = min(bn, 32)  # a row's outputs: block_n lanes, or whole warps
+
+    def lead() -> str:  # the first lane of the row's group
+        first = t.op("f0", f"arith.remui {lane}, %c{seg}_ : index")
+        return t.op("f0", f"arith.cmpi eq, {first}, %c0 : index")
+
+    _store_and_sum(t, p, hv, out["valid"], (out["row"], out["col"]), seg, width, lead)
