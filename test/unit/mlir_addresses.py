@@ -7,8 +7,9 @@ induction variable. This module follows each ``cp.async`` source and each
 them for one thread, so a test can compare two generated tiles address by
 address (e.g. a tile with chunked weights against the same tile without)
 without a GPU. Only what those chains use is understood: integer constants,
-``arith`` add/sub/mul/div/rem/min, unsigned compares and selects, casts, ``gpu.thread_id``, base pointers
-(given per memref), ``memref.load`` and ``memref.dim`` (given as callbacks);
+``arith`` add/sub/mul/div/rem/min/and, unsigned compares and selects, casts,
+``gpu.thread_id``, base pointers (given per memref), ``memref.load`` and
+``memref.dim`` (given as callbacks);
 anything else raises ``KeyError`` naming the op. Of an ``scf.if`` with an
 ``else``, only the branch its condition takes counts.
 """
@@ -190,14 +191,7 @@ def _loops(body: str) -> list[tuple[int, int, re.Match]]:
     """``(start, end, match)`` of every ``scf.for`` region of the body."""
     spans = []
     for m in _FOR.finditer(body):
-        start = body.index("{", m.end())
-        depth, end = 0, len(body)
-        for pos in range(start, len(body)):  # the region's closing brace
-            depth += {"{": 1, "}": -1}.get(body[pos], 0)
-            if depth == 0:
-                end = pos
-                break
-        spans.append((m.start(), end, m))
+        spans.append((m.start(), _closing(body, body.index("{", m.end())), m))
     return spans
 
 

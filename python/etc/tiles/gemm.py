@@ -1628,7 +1628,9 @@ def _slot_expert(
 LAYER_EPILOGUES = ("store", "residual", "swiglu")
 #: ``layer_gemm`` main loops: per-thread loads / cp.async ring ("sync"), a
 #: bulk-copy ring filled before the waits ("bulk", :mod:`etc.tiles.gemm_bulk`),
-#: or TMA + wgmma with split-K ("tma", :mod:`etc.tiles.gemm_layer_tma`).
+#: TMA + wgmma with split-K ("tma", :mod:`etc.tiles.gemm_layer_tma`), or whole
+#: weight lines through a per-thread ring on CUDA cores or, for 8-16 rows,
+#: mma.sync ("gemv", :mod:`etc.tiles.gemv_layer`).
 LAYER_CORES = ("sync", "bulk", "tma", "gemv")
 #: What each ``layer_gemm`` epilogue computes (the comment of its source).
 LAYER_WHAT = {"store": "C = A @ W[l]^T", "residual": "C += A @ W[l]^T", "swiglu": "C = swiglu"}
@@ -1846,8 +1848,9 @@ def layer_gemm(
     narrow blocks splitting ``k`` over the warps
     (:mod:`etc.tiles.gemv_layer`); with ``block_m`` 8 or 16, the same
     stream into ``mma.sync`` with the weights as the ``A`` operand
-    (``short_path``: a 16-row tile of at most 8 rows takes an 8-row loop). It takes ``stages``, ``columns_first``,
-    ``row_scale``, ``sums_out`` and ``prefetch_ring`` only.
+    (``short_path``: a 16-row tile of at most 8 rows takes an 8-row loop).
+    It takes ``stages``, ``columns_first``, ``row_scale``, ``sums_out``,
+    ``prefetch_ring`` and ``short_path`` only.
 
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
     a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must
