@@ -681,6 +681,44 @@ VARIANTS["mid_sync"] = _mid(
     ("gemm_core", "sync"), ("gemv_block", 1), ("bn_o", 8), ("bn_down", 8),
     ("gemm_options", M._GEMM_OPTIONS),
 )  # fmt: skip
+
+# Session 46: weights asked into L2 while B = 1's attention and combine run
+# (item 42's task, off since then: the projections of that day were not
+# bound by the HBM, and the prefetches slowed the attention's own reads; on
+# the gemv core gate/up streams its 67 MB at 4.1 TB/s, item 207, so what it
+# finds in L2 should now shorten it). ``gu<e>``: e eighths of every 8 rows.
+def _l2pf(*regions: tuple[str, int, int], ctas: int = 64) -> tuple:
+    return (("l2_prefetch", regions), ("l2_prefetch_ctas", ctas))
+
+
+_WO, _WGU = ("wo", 8, 0), ("wgu", 2, 0)
+VARIANTS["one_pf_o"] = _one(*_l2pf(_WO))
+VARIANTS["one_pf_o_gu2"] = _one(*_l2pf(_WO, _WGU))
+VARIANTS["one_pf_o_gu4"] = _one(*_l2pf(_WO, ("wgu", 4, 0)))
+VARIANTS["one_pf_o_gu4_c128"] = _one(*_l2pf(_WO, ("wgu", 4, 0), ctas=128))
+VARIANTS["one_pf_gu4"] = _one(*_l2pf(("wgu", 4, 0)))
+VARIANTS["one_pf_o_gu6"] = _one(*_l2pf(_WO, ("wgu", 6, 0)))
+VARIANTS["long_pf_o_gu4"] = _long(*_l2pf(_WO, ("wgu", 4, 0)))
+# ... the B = 1 kernel's combine in its attention (item 22's fuse_combine,
+# off since the seventh session, when the combine was one instance per
+# sequence): the last split of each (layer, kv head) to count merges them.
+# The B = 1 kernel alone (its counters are a tensor the other kernels lack),
+# against the same kernel without.
+# (One kernel: the phased tile then needs spans that do not grow with L.)
+VARIANTS["one_only"] = {**dict(M.SINGLE_SEQUENCE), "batch_buckets": (), "attn_small_spans": ()}
+VARIANTS["one_only_fuse"] = {**VARIANTS["one_only"], "fuse_combine": True}
+# ... deeper rings on B = 1's gemv core (item 207: 4 / 6 / 8 slots got
+# steadily faster): the ring's first slots load before each tile's waits,
+# so a CTA waiting through the attention holds more of its next weights.
+VARIANTS["one_s10"] = _one(("gemm_options", (("stages", 10),)))
+VARIANTS["one_s12"] = _one(("gemm_options", (("stages", 12),)))
+VARIANTS["one_gu12"] = _one(("projection_options", (("gate_up_proj", (("stages", 12),)),)))
+# The default before session 46's two changes (B = 1's combine fused, spans
+# of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
+VARIANTS["before46"] = {
+    **_one(("fuse_combine", False)),
+    "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 256, 4), (11, 384, 3), (16, 256, 2)),
+}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

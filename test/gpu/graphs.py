@@ -673,6 +673,13 @@ def llama_tiny_variants() -> dict:
         attn_single_span=3,
         attn_single_splits=5,
     )
+    # ... with the combine in the attention (the last split to count merges
+    # the spread splits: their count is the grid's, not ceil((L + 1) / chunk)),
+    # on the sync core and, as B = 1's kernel, the gemv core.
+    single_fused = dataclasses.replace(single, fuse_combine=True)
+    single_fused_gemv = dataclasses.replace(
+        single_fused, gemm_core="gemv", gemm_options=(("stages", 8),)
+    )
     # Weights asked into L2 during the attention: bulk prefetches (one region
     # of the next layer, evict-last) and line prefetches.
     prefetch = dataclasses.replace(
@@ -790,6 +797,15 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_gemv_buckets": dataclasses.replace(
             llama.TINY, batch_buckets=((1, (("gemm_core", "gemv"),)), (None, ()))
         ),
+        # ... with o_proj's and half of gate/up's weights asked into L2 while
+        # the attention runs (the prefetch task beside called gemv tiles).
+        "llama_tiny_gemv_prefetch": dataclasses.replace(
+            llama.TINY,
+            gemm_core="gemv",
+            gemm_options=(("stages", 8),),
+            l2_prefetch=(("wo", 8, 0), ("wgu", 4, 0)),
+            l2_prefetch_ctas=3,
+        ),
         # ... 16 or 8 rows a tile on mma.sync (the weights as A; 16 weight
         # rows a warp, so blocks of 32 columns where k = 256 leaves 4 k
         # slices), 16 rows without the 8-row path (a B = 3 tile on the
@@ -858,6 +874,8 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_pool": dataclasses.replace(llama.TINY, pool=_POOLED),
         "llama_tiny_tma_buckets_pool": _unshared(tma_buckets, pool=_POOLED),
         "llama_tiny_single": single,
+        "llama_tiny_single_fused": single_fused,
+        "llama_tiny_single_fused_gemv": single_fused_gemv,
         "llama_tiny_prefetch": prefetch,
         "llama_tiny_prefetch_lines": prefetch_lines,
         "llama_tiny_combine_group": combine_group,

@@ -15,14 +15,17 @@ from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, rand_bf16
 import etc
 from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.models import llama as M
+from etc.tiles import llama as T
 from etc.tiles._text import unfixed_reference
 
 pytestmark = needs_bindings
 CFG = M.TINY
 #: Llama-3.2-1B as one kernel on the B = 1 kernel's phased attention, which
 #: holds a span, so its tiers are uncapped (the spans before item 174).
+# The B = 1 kernel's tiles as one kernel, its combine a stage (so that it
+# can be the base of buckets whose kernels take the tensor-core tile).
 PHASED_1B = dataclasses.replace(
-    M.LLAMA_3_2_1B, batch_buckets=(), **dict(M.SINGLE_SEQUENCE),
+    M.LLAMA_3_2_1B, batch_buckets=(), **{**dict(M.SINGLE_SEQUENCE), "fuse_combine": False},
     attn_small_spans=((4, 128), (8, 256), (11, 384), (16, 256)),
 )  # fmt: skip
 
@@ -686,6 +689,36 @@ def test_fused_combine_matches_the_numpy_model(weights, schedule):
         np.testing.assert_array_equal(out["attn_count"], cfg.splits(L, B))
 
 
+def test_split_counters_are_the_artifact_s():
+    """Only B = 1's phased kernel fuses its combine, but every kernel of the
+    artifact declares its counters (one set of buffers); a configuration
+    that fuses nowhere declares none, and counters refused under a fusing
+    kernel are named."""
+    cfg = M.LLAMA_3_2_1B
+    kernels = cfg.kernel_configs()
+    assert [k.fuse_combine for _, _, k in kernels] == [True] + [False] * (len(kernels) - 1)
+    for _, _, k in kernels:
+        assert "attn_count" in {t.name for t in M.build_decoder_graph(k).tensors}
+    assert not dataclasses.replace(cfg, batch_buckets=()).split_counters
+    with pytest.raises(etc.GraphError, match="attn_counters=False leaves it out"):
+        dataclasses.replace(PHASED_1B, fuse_combine=True, attn_counters=False)
+
+
+def test_fused_combine_counts_the_grid_s_splits():
+    """The last split to count is the one whose count reaches the grid's
+    split count, the partials' dimension 2: B = 1's spread splits (17 of
+    ~64 positions at L = 1024) are not ceil((L + 1) / chunk) (3 with the
+    phased chunk of 512, so the third split to finish merged three splits:
+    wrong tokens on an H200, forty-sixth session); and the merge shares the
+    splits among the lanes of each 8-dim item."""
+    tile = T.attention(512, 32, 8, 64, 16, combine=True, spread=True)
+    fused = tile.source[tile.source.index("Fused combine") :]
+    assert "%fc_splits = memref.dim %op, %fc_c2" in fused
+    assert "gpu.shuffle xor" in fused and "divui %L" not in fused
+    with pytest.raises(etc.GraphError, match="combine merges 8 heads of 64 as 64 items"):
+        T.attention(8, 8, 1, 64, 1, combine=True, block_size=32)
+
+
 @needs_ptxas
 def test_fused_combine_compiles_for_llama_3_2_1b():
     cfg = dataclasses.replace(PHASED_1B, fuse_combine=True)
@@ -1343,11 +1376,11 @@ def test_batch_buckets_change_only_the_tiles():
     assert (one.attn_tile, mid.attn_tile, mid.outline) == ("phased", "mma", ("attention",))
     # Every kernel shares the split counts (one set of buffers): B=1 spans of
     # attn_single_span, then attn_small_spans' tiers up to B=16 (spans of
-    # 128 up to B=4, 256 up to 8, 384 up to 11, 256 up to 16, at most 16, 8,
+    # 128 up to B=4, 512 up to 8, 384 up to 11, 256 up to 16, at most 16, 8,
     # 4, 3 and 2 splits), then attn_chunk. The tensor-core tile holds no
     # span: spans of the L cached positions, position L in the last (L =
     # 4096: one split, not two).
-    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 8, 11, 16, 17)] == [17, 8, 4, 3, 2, 1]
+    assert [M.LLAMA_3_2_1B.splits(1024, b) for b in (1, 2, 8, 11, 16, 17)] == [17, 8, 2, 3, 2, 1]
     assert [M.LLAMA_3_2_1B.splits(8192, b) for b in (2, 3, 5, 9, 16, 17)] == [16, 8, 4, 3, 2, 2]
     assert [M.LLAMA_3_2_1B.splits(256, b) for b in (2, 3, 5, 9, 16)] == [2, 2, 1, 1, 1]
     assert [M.LLAMA_3_2_1B.splits(L, 64) for L in (0, 1, 4095, 4096, 4097, 8193)] == [
@@ -1364,7 +1397,7 @@ def test_batch_buckets_change_only_the_tiles():
                 assert c.splits(L, b) == M.LLAMA_3_2_1B.splits(L, b), (bound, L, b)
     assert mid == dataclasses.replace(
         M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16, attn_cached_splits=True,
-        **dict(M.SMALL_BATCH),
+        attn_counters=True, **dict(M.SMALL_BATCH),
     )  # fmt: skip
     assert mid.wait_memo and not one.wait_memo and not large.wait_memo
     # B = 1 one row a gemv tile, B = 2..8 8 rows, 9..16 16 rows (mma.sync,
@@ -1527,11 +1560,15 @@ def test_a_change_a_bucket_kernel_cannot_take_says_so():
     # The first kernel that cannot: B = 1's past L = 1087 (the tensor-core tile).
     with pytest.raises(
         etc.GraphError,
-        match="fuse_combine .*in the kernel of the last context bucket: .*"
+        match="attn_stage_v .*in the kernel of the last context bucket: .*"
         "in the kernel of batch bucket B <= 1: ",
     ):
         dataclasses.replace(
-            PHASED_1B, fuse_combine=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets
+            PHASED_1B, attn_stage_v=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets
+        )
+    with pytest.raises(etc.GraphError, match="changes attn_counters, but the kernels share"):
+        dataclasses.replace(
+            PHASED_1B, batch_buckets=((1, (("attn_counters", False),)), (None, ()))
         )
     with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket: .*"):
         dataclasses.replace(
@@ -1559,10 +1596,10 @@ def test_the_split_counts_parse_as_manifest_sizes():
     size = parse_size(str(expr), ["B", "L"])
     # Past B=16 the tensor-core kernel's spans of attn_chunk=4096 over the
     # cached positions (position L in the last).
-    cases = [(1, 1024, 17), (2, 1024, 8), (8, 1024, 4), (16, 1024, 2), (17, 1024, 1), (64, 4096, 1)]
+    cases = [(1, 1024, 17), (2, 1024, 8), (8, 1024, 2), (16, 1024, 2), (17, 1024, 1), (64, 4096, 1)]
     cases += [(17, 0, 1), (64, 4097, 2), (64, 8192, 2), (64, 8193, 3)]
     # B=1: spans of 64 up to 17 splits, never fewer splits than spans of 256;
-    # B=2 at most 16, B=8 at most 4 splits.
+    # B=2 at most 16, B=8 at most 4 splits (of at least 512).
     cases += [(1, 0, 1), (1, 100, 2), (1, 4096, 17), (1, 8191, 32), (2, 8191, 16), (2, 0, 1)]
     cases += [(8, 4096, 4), (8, 200, 1), (11, 4096, 3)]
     for b, L, want in cases:

@@ -167,7 +167,9 @@ FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8))
 #: argmax called (-1.3 %, thirtieth session); every projection on CUDA
 #: cores, one row a tile, whole weight lines through an 8-slot per-thread
 #: ring (``gemm_core="gemv"``, called: -12.6 % at L = 1024, -10.4 % at
-#: L = 4096 on an H200 with 4 slots, forty-fourth session, item 207).
+#: L = 4096 on an H200 with 4 slots, forty-fourth session, item 207); the
+#: last of each kv head's 17 splits to finish merges them, with no combine
+#: stage (``fuse_combine``: -1.9 %, forty-sixth session, item 220).
 SINGLE_SEQUENCE = (
     ("attn_tile", "phased"),
     ("attn_unroll", 2),
@@ -176,6 +178,7 @@ SINGLE_SEQUENCE = (
     ("outline", ("lm_head", "argmax", "argmax_merge")),
     ("gemm_core", "gemv"),
     ("gemm_options", (("stages", 8),)),
+    ("fuse_combine", True),
 )
 #: The changes of the B = 1 kernel past :data:`SINGLE_SEQUENCE_CONTEXT`:
 #: the B = 2..16 kernel's tensor-core attention (TMA ring, ``read_early``,
@@ -188,6 +191,7 @@ SINGLE_SEQUENCE = (
 #: gemv core, which takes no L2 hint (forty-fourth session, item 208).
 SINGLE_SEQUENCE_LONG = (
     ("attn_tile", "mma"),
+    ("fuse_combine", False),
     ("attn_unroll", 1),
     ("attn_pipeline", "auto"),
     ("attn_tma_release", "read_early"),
@@ -340,10 +344,12 @@ class LlamaConfig:
     #: instances fill about one round of the 264 CTAs at any context
     #: (``b * kv_heads * most`` <= 264): with the phased tile's uncapped
     #: tiers of 128 to 384 positions B = 8, L = 4096 ran 1024 instances in
-    #: four rounds, each paying its fixed cost (19 % slower; item 174).
-    #: Empty: ``attn_small_span``'s ``ceil((L + 1) / span)``.
+    #: four rounds, each paying its fixed cost (19 % slower; item 174). At
+    #: B = 5..8 spans of 512 (half a round at L = 1024: an instance's fixed
+    #: cost, ~3 µs, paid half as often) beat 256 by 2 % at B = 8, L = 1024
+    #: (items 176, 219). Empty: ``attn_small_span``'s ``ceil((L + 1) / span)``.
     attn_small_spans: tuple[tuple[int, ...], ...] = (
-        (2, 128, 16), (4, 128, 8), (8, 256, 4), (11, 384, 3), (16, 256, 2),
+        (2, 128, 16), (4, 128, 8), (8, 512, 4), (11, 384, 3), (16, 256, 2),
     )  # fmt: skip
     #: The shortest span when one sequence is decoded (B=1; 0: as larger
     #: batches): up to ``attn_single_splits`` splits of at least this many
@@ -395,8 +401,14 @@ class LlamaConfig:
     norm_sums: bool = False
     #: The attention's last split of each (sequence, kv head) merges the
     #: splits (``attention(combine=True)``, split counters in ``attn_count``
-    #: that embed zeroes): no combine stage.
+    #: that embed zeroes): no combine stage. B = 1's phased kernel takes it
+    #: (:data:`SINGLE_SEQUENCE`; −1.9 % on an H200, forty-sixth session).
     fuse_combine: bool = False
+    #: Whether the graph declares ``attn_count``, the fused combine's split
+    #: counters. None: whether any kernel of the artifact fuses its combine
+    #: (:attr:`split_counters`): every kernel of an artifact takes the same
+    #: buffers, so those that do not fuse declare the counters too.
+    attn_counters: bool | None = None
     #: The GEMM tiles' main loop (``layer_gemm(core=...)``): "sync" (per-thread
     #: ``cp.async`` ring, ``gemm_options``) or "bulk" (``cp.async.bulk`` ring
     #: whose first chunks load before each instance's waits, ``bulk_options``),
@@ -866,6 +878,15 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: tma_meeting must be 'rows' or 'fragments', got {self.tma_meeting!r}"
             )
+        if self.attn_counters not in (None, True, False):
+            raise GraphError(
+                f"LlamaConfig: attn_counters must be None or a bool, got {self.attn_counters!r}"
+            )
+        if self.fuse_combine and self.attn_counters is False:
+            raise GraphError(
+                "LlamaConfig: fuse_combine counts the splits in attn_count: attn_counters=False "
+                "leaves it out of the graph"
+            )
         if self.attn_cached_splits not in (None, True, False):
             raise GraphError(
                 "LlamaConfig: attn_cached_splits must be None or a bool, got "
@@ -1091,15 +1112,14 @@ class LlamaConfig:
             for bound, changes in self.batch_buckets
         ]
         # One set of buffers serves every kernel: all take the split counts
-        # of the last one (the largest batches), which the others never run.
+        # of the last one (the largest batches), which the others never run,
+        # and the split counters if any kernel fuses its combine.
         span = configs[-1][1].attn_large_span
         cached = self.attn_cached_splits
         if cached is None:
             cached = all(k._takes_cached_splits for _, c in configs for _, k in c.context_configs())
-        return [
-            (bound, dataclasses.replace(c, attn_chunk=span, attn_cached_splits=cached))
-            for bound, c in configs
-        ]
+        shared = dict(attn_chunk=span, attn_cached_splits=cached, attn_counters=self.split_counters)
+        return [(bound, dataclasses.replace(c, **shared)) for bound, c in configs]
 
     def kernel_configs(self) -> list[tuple[int | None, int | None, LlamaConfig]]:
         """``(largest B, largest L, configuration)`` of every kernel
@@ -1125,8 +1145,26 @@ class LlamaConfig:
     def _context_kernel(self, changes: tuple[tuple[str, Any], ...]) -> LlamaConfig:
         # One set of buffers: every kernel keeps this one's split counts
         # (a tile's own default would differ: the tensor-core one holds no span).
-        fixed = {"attn_chunk": self.attn_large_span, "attn_cached_splits": self.cached_splits}
+        fixed = {
+            "attn_chunk": self.attn_large_span,
+            "attn_cached_splits": self.cached_splits,
+            "attn_counters": self.split_counters,
+        }
         return dataclasses.replace(self, **dict(changes), context_buckets=(), **fixed)
+
+    @property
+    def split_counters(self) -> bool:
+        """Whether the graph declares ``attn_count``: ``attn_counters``, by
+        default whether any kernel of the artifact fuses its combine."""
+        if self.attn_counters is not None:
+            return self.attn_counters
+        buckets = [dict(changes) for _, changes in self.batch_buckets] or [{}]
+        for changes in buckets:
+            fuse = changes.get("fuse_combine", self.fuse_combine)
+            contexts = changes.get("context_buckets", self.context_buckets) or ((None, ()),)
+            if any(dict(c).get("fuse_combine", fuse) for _, c in contexts):
+                return True
+        return False
 
     @property
     def direct_attention(self) -> bool:
@@ -1257,9 +1295,12 @@ class LlamaConfig:
                 f"None, got {bounds}"
             )
         symbol, kind = ("B", "batch") if field == "batch_buckets" else ("L", "context")
-        # Every kernel takes the same buffers: the weights' layout and, within
-        # a batch bucket, the attention's split counts (its partials' shape).
-        shared = {"weight_chunk"} | (_SPLIT_FIELDS if field == "context_buckets" else set())
+        # Every kernel takes the same buffers: the weights' layout, the split
+        # counters and, within a batch bucket, the attention's split counts
+        # (its partials' shape).
+        shared = {"weight_chunk", "attn_counters"} | (
+            _SPLIT_FIELDS if field == "context_buckets" else set()
+        )
         fields = {f.name for f in dataclasses.fields(self)} - {field, "max_batch"}
         for bound, changes in buckets:
             which = (
@@ -1544,7 +1585,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
             if cfg.argmax_parts
             else {}
         ),
-        **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.fuse_combine else {}),
+        **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.split_counters else {}),
         **({"attn_stamps": ((NL, B, KV, P, _stamp_words()), "i64")} if cfg.attn_stamps else {}),
         **_split_tensors(cfg, B),
     }

@@ -767,6 +767,11 @@ def attention(
         else ""
     )
     combine_lines = ""
+    if combine and G * D // 8 > block_size:
+        raise GraphError(
+            f"tile '{name}': combine merges {G} heads of {D} as {G * D // 8} items of 8 dims, "
+            f"more than block_size={block_size} threads"
+        )
     if combine:
         combine_lines = f"""\
   // Fused combine: the last of the group's splits to finish merges them all.
@@ -792,14 +797,14 @@ def attention(
   %fc_seen = memref.load %fc_flag[%c0] : {flag_t}
   %fc_seen_x = arith.index_cast %fc_seen : i32 to index
   %fc_done = arith.addi %fc_seen_x, %c1 : index
-  %fc_lc = arith.addi %L, %cChunk : index
-  %fc_splits = arith.divui %fc_lc, %cChunk : index
+  // The grid's split count is the partials' (capped or spread splits are
+  // not ceil((L + 1) / chunk)).
+  %fc_c2 = arith.constant 2 : index
+  %fc_splits = memref.dim %op, %fc_c2 : {op_t}
   %fc_last = arith.cmpi eq, %fc_done, %fc_splits : index
   scf.if %fc_last {{
-    %cDC = arith.constant {D // 8} : index
-    %fc_items = arith.constant {G * D // 8} : index
-    %lowest = arith.constant {_f32(-3.0e38)} : f32
-{_combine_loop("%qh0", "%fc_items", "%fc_splits", op_t, mp_t, a_t, p="fc_")}
+{_shared_merge("%qh0", G * D // 8, _merge_lanes(G * D // 8, block_size), "%fc_splits", D,
+               op_t, mp_t, a_t, p="fc_")}
   }}
 """
     if prefetch_kv is True and not stage_kv:
@@ -1683,101 +1688,17 @@ def _combine_grouped(
             f"tile '{name}': group={group} heads of {D} are {items} items of 8 dims, more than "
             f"block_size={block_size} threads"
         )
-    lanes = 1
-    while lanes * 2 <= min(32, block_size // items):
-        lanes *= 2
-
-    def vec_shuffle(v: str, off: int, p: str) -> tuple[list[str], str]:
-        ops, parts = [], []
-        for e in range(8):
-            ops += [
-                f"      %{p}x{e} = vector.extract {v}[{e}] : f32 from vector<8xf32>",
-                f"      %{p}y{e}, %{p}k{e} = gpu.shuffle xor %{p}x{e}, %c{off}_i32, %c32_i32 : f32",
-            ]
-            parts.append(f"%{p}y{e}")
-        ops.append(f"      %{p}v = vector.from_elements {', '.join(parts)} : vector<8xf32>")
-        return ops, f"%{p}v"
-
-    def merge(m: str, z: str, a: str, mo: str, zo: str, ao: str, p: str) -> list[str]:
-        """Two (max, sum, output) states into one: the online softmax's merge."""
-        return [
-            f"      %{p}m = arith.maximumf {m}, {mo} : f32",
-            f"      %{p}d0 = arith.subf {m}, %{p}m : f32",
-            f"      %{p}d1 = arith.subf {mo}, %{p}m : f32",
-            f"      %{p}e0 = math.exp %{p}d0 : f32",
-            f"      %{p}e1 = math.exp %{p}d1 : f32",
-            f"      %{p}z0 = arith.mulf {z}, %{p}e0 : f32",
-            f"      %{p}z = math.fma {zo}, %{p}e1, %{p}z0 : f32",
-            f"      %{p}b0 = vector.broadcast %{p}e0 : f32 to vector<8xf32>",
-            f"      %{p}b1 = vector.broadcast %{p}e1 : f32 to vector<8xf32>",
-            f"      %{p}a0 = arith.mulf {a}, %{p}b0 : vector<8xf32>",
-            f"      %{p}a = math.fma {ao}, %{p}b1, %{p}a0 : vector<8xf32>",
-        ]
-
-    body = []
-    m, z, a = "%m", "%z", "%acc"
-    off = lanes // 2
-    while off:
-        p = f"s{off}_"
-        body += [
-            f"      %{p}mo, %{p}mk = gpu.shuffle xor {m}, %c{off}_i32, %c32_i32 : f32",
-            f"      %{p}zo, %{p}zk = gpu.shuffle xor {z}, %c{off}_i32, %c32_i32 : f32",
-        ]
-        ops, ao = vec_shuffle(a, off, p)
-        body += ops + merge(m, z, a, f"%{p}mo", f"%{p}zo", ao, p)
-        m, z, a = f"%{p}m", f"%{p}z", f"%{p}a"
-        off //= 2
-    shuffle_consts = "\n".join(
-        f"  %c{o}_i32 = arith.constant {o} : i32" for o in (1, 2, 4, 8, 16) if o < lanes
-    )
+    lanes = _merge_lanes(items, block_size)
     source = f"""\
 // {name}: merge the attention splits of {group} of {NH} heads of {D}: {items} items x
 // {lanes} lanes of a CTA of {block_size}.
 func.func @{name}(%l: index, %b: index, %g: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) {{
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
-  %c8 = arith.constant 8 : index
-  %cD = arith.constant {D} : index
-  %cDC = arith.constant {D // 8} : index
   %cG = arith.constant {group} : index
-  %cLanes = arith.constant {lanes} : index
-  %cItems = arith.constant {items} : index
-  %c32_i32 = arith.constant 32 : i32
-{shuffle_consts}
-  %zero8 = arith.constant dense<0.0> : vector<8xf32>
-  %fzero = arith.constant 0.0 : f32
-  %lowest = arith.constant {_f32(-3.0e38)} : f32
   %tid = gpu.thread_id x
   %ns = memref.dim %op, %c2 : {op_t}
-  %item = arith.divui %tid, %cLanes : index
-  %lane = arith.remui %tid, %cLanes : index
-  %active = arith.cmpi ult, %item, %cItems : index
-  scf.if %active {{
-    %hq = arith.divui %item, %cDC : index
-    %h0 = arith.muli %g, %cG : index
-    %h = arith.addi %h0, %hq : index
-    %dc = arith.remui %item, %cDC : index
-    %d = arith.muli %dc, %c8 : index
-    %m, %z, %acc = scf.for %s = %lane to %ns step %cLanes
-        iter_args(%m0 = %lowest, %z0 = %fzero, %a0 = %zero8) -> (f32, f32, vector<8xf32>) {{
-      %ms = memref.load %mp[%b, %h, %s, %c0] : {mp_t}
-      %ss = memref.load %mp[%b, %h, %s, %c1] : {mp_t}
-      %o = vector.load %op[%b, %h, %s, %d] {{alignment = 16 : i64}} : {op_t}, vector<8xf32>
-{chr(10).join(merge("%m0", "%z0", "%a0", "%ms", "%ss", "%o", "f_"))}
-      scf.yield %f_m, %f_z, %f_a : f32, f32, vector<8xf32>
-    }}
-{chr(10).join(body)}
-    %first = arith.cmpi eq, %lane, %c0 : index
-    scf.if %first {{
-      %den = vector.broadcast {z} : f32 to vector<8xf32>
-      %r = arith.divf {a}, %den : vector<8xf32>
-      %rb = arith.truncf %r : vector<8xf32> to vector<8xbf16>
-      %hd = arith.muli %h, %cD : index
-      %col = arith.addi %hd, %d : index
-      vector.store %rb, %attn[%b, %col] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>
-    }}
-  }}
+  %h0 = arith.muli %g, %cG : index
+{_shared_merge("%h0", items, lanes, "%ns", D, op_t, mp_t, a_t)}
   return
 }}
 """
@@ -1790,6 +1711,113 @@ func.func @{name}(%l: index, %b: index, %g: index, %op: {op_t}, %mp: {mp_t}, %at
         )
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _merge_lanes(items: int, block_size: int) -> int:
+    """Lanes per 8-dim item of :func:`_shared_merge`: a power of two up to 32."""
+    lanes = 1
+    while lanes * 2 <= min(32, block_size // items):
+        lanes *= 2
+    return lanes
+
+
+def _shared_merge(
+    first_head: str, items: int, lanes: int, splits: str, D: int, op_t: str, mp_t: str, a_t: str,
+    p: str = "",
+) -> str:  # fmt: skip
+    """The flash-decoding merge of ``items`` 8-dim items of heads
+    ``first_head ..`` of row ``%b`` with the splits shared out: item ``tid /
+    lanes`` gets ``lanes`` consecutive threads, lane ``k`` folds splits ``k,
+    k + lanes, ...`` (below ``splits``) into a running max, sum and output
+    (online softmax), and a shuffle butterfly merges the lanes; lane 0 stores
+    ``%attn[%b, h*D + d .. +8]``. One thread walking all the splits is a chain
+    of dependent L2 round trips. Needs ``%tid``; names start with ``p``."""
+
+    def vec_shuffle(v: str, off: int, q: str) -> tuple[list[str], str]:
+        ops, parts = [], []
+        for e in range(8):
+            ops += [
+                f"    %{q}x{e} = vector.extract {v}[{e}] : f32 from vector<8xf32>",
+                f"    %{q}y{e}, %{q}k{e} = gpu.shuffle xor %{q}x{e}, %{p}c{off}_i32, %{p}c32_i32 : f32",
+            ]
+            parts.append(f"%{q}y{e}")
+        ops.append(f"    %{q}v = vector.from_elements {', '.join(parts)} : vector<8xf32>")
+        return ops, f"%{q}v"
+
+    def merge(m: str, z: str, a: str, mo: str, zo: str, ao: str, q: str) -> list[str]:
+        """Two (max, sum, output) states into one: the online softmax's merge."""
+        return [
+            f"    %{q}m = arith.maximumf {m}, {mo} : f32",
+            f"    %{q}d0 = arith.subf {m}, %{q}m : f32",
+            f"    %{q}d1 = arith.subf {mo}, %{q}m : f32",
+            f"    %{q}e0 = math.exp %{q}d0 : f32",
+            f"    %{q}e1 = math.exp %{q}d1 : f32",
+            f"    %{q}z0 = arith.mulf {z}, %{q}e0 : f32",
+            f"    %{q}z = math.fma {zo}, %{q}e1, %{q}z0 : f32",
+            f"    %{q}b0 = vector.broadcast %{q}e0 : f32 to vector<8xf32>",
+            f"    %{q}b1 = vector.broadcast %{q}e1 : f32 to vector<8xf32>",
+            f"    %{q}a0 = arith.mulf {a}, %{q}b0 : vector<8xf32>",
+            f"    %{q}a = math.fma {ao}, %{q}b1, %{q}a0 : vector<8xf32>",
+        ]
+
+    body = []
+    m, z, a = f"%{p}m", f"%{p}z", f"%{p}acc"
+    off = lanes // 2
+    while off:
+        q = f"{p}s{off}_"
+        body += [
+            f"    %{q}mo, %{q}mk = gpu.shuffle xor {m}, %{p}c{off}_i32, %{p}c32_i32 : f32",
+            f"    %{q}zo, %{q}zk = gpu.shuffle xor {z}, %{p}c{off}_i32, %{p}c32_i32 : f32",
+        ]
+        ops, ao = vec_shuffle(a, off, q)
+        body += ops + merge(m, z, a, f"%{q}mo", f"%{q}zo", ao, q)
+        m, z, a = f"%{q}m", f"%{q}z", f"%{q}a"
+        off //= 2
+    shuffle_consts = "\n".join(
+        f"  %{p}c{o}_i32 = arith.constant {o} : i32" for o in (1, 2, 4, 8, 16) if o < lanes
+    )
+    loop = merge(f"%{p}m0", f"%{p}z0", f"%{p}a0", f"%{p}ms", f"%{p}ss", f"%{p}o", f"{p}f_")
+    nl = "\n"
+    return f"""\
+  %{p}c0 = arith.constant 0 : index
+  %{p}c1 = arith.constant 1 : index
+  %{p}c8 = arith.constant 8 : index
+  %{p}cD = arith.constant {D} : index
+  %{p}cDC = arith.constant {D // 8} : index
+  %{p}cLanes = arith.constant {lanes} : index
+  %{p}cItems = arith.constant {items} : index
+  %{p}c32_i32 = arith.constant 32 : i32
+{shuffle_consts}
+  %{p}zero8 = arith.constant dense<0.0> : vector<8xf32>
+  %{p}fzero = arith.constant 0.0 : f32
+  %{p}lowest = arith.constant {_f32(-3.0e38)} : f32
+  %{p}item = arith.divui %tid, %{p}cLanes : index
+  %{p}lane = arith.remui %tid, %{p}cLanes : index
+  %{p}active = arith.cmpi ult, %{p}item, %{p}cItems : index
+  scf.if %{p}active {{
+    %{p}hq = arith.divui %{p}item, %{p}cDC : index
+    %{p}h = arith.addi {first_head}, %{p}hq : index
+    %{p}dc = arith.remui %{p}item, %{p}cDC : index
+    %{p}d = arith.muli %{p}dc, %{p}c8 : index
+    %{p}m, %{p}z, %{p}acc = scf.for %{p}s = %{p}lane to {splits} step %{p}cLanes
+        iter_args(%{p}m0 = %{p}lowest, %{p}z0 = %{p}fzero, %{p}a0 = %{p}zero8) -> (f32, f32, vector<8xf32>) {{
+    %{p}ms = memref.load %mp[%b, %{p}h, %{p}s, %{p}c0] : {mp_t}
+    %{p}ss = memref.load %mp[%b, %{p}h, %{p}s, %{p}c1] : {mp_t}
+    %{p}o = vector.load %op[%b, %{p}h, %{p}s, %{p}d] {{alignment = 16 : i64}} : {op_t}, vector<8xf32>
+{nl.join(loop)}
+    scf.yield %{p}f_m, %{p}f_z, %{p}f_a : f32, f32, vector<8xf32>
+    }}
+{nl.join(body)}
+    %{p}first = arith.cmpi eq, %{p}lane, %{p}c0 : index
+    scf.if %{p}first {{
+      %{p}den = vector.broadcast {z} : f32 to vector<8xf32>
+      %{p}r = arith.divf {a}, %{p}den : vector<8xf32>
+      %{p}rb = arith.truncf %{p}r : vector<8xf32> to vector<8xbf16>
+      %{p}hd = arith.muli %{p}h, %{p}cD : index
+      %{p}col = arith.addi %{p}hd, %{p}d : index
+      vector.store %{p}rb, %attn[%b, %{p}col] {{alignment = 16 : i64}} : {a_t}, vector<8xbf16>
+    }}
+  }}"""
 
 
 def _combine_loop(first_head: str, items: str, splits: str, op_t: str, mp_t: str, a_t: str,
