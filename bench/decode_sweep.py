@@ -763,18 +763,23 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
             bufs = M.torch_inputs(config(name), weights, B, L, L + 1)
             with torch.no_grad():
                 want = M.torch_decode_step(config(name), bufs, L).clone()
+            logits = bufs["logits"].float()
             kernel = etc.runtime.load(artifacts / name)
             syms = {"B": B, "L": L, "S": L + 1}
             kernel.launch(bufs, syms)
             kernel.check()
             agree = float((bufs["next_tokens"].long() == want).float().mean())
+            # How far the logits are from PyTorch's (a flipped token of a
+            # near-tie leaves this at bf16's noise, ~1e-2).
+            err = float((bufs["logits"].float() - logits).norm() / logits.norm())
             us = timed(
                 torch, lambda i, k=kernel, b=bufs, s=syms: k.launch(b, s, sync=False), CALLS, reps
             )
-            rows.append({"variant": name, "B": B, "us": us, "floor_us": floor, "agree": agree})
+            row = {"variant": name, "B": B, "us": us, "floor_us": floor, "agree": agree}
+            rows.append({**row, "logit_err": err})
             print(
                 f"B={B:3d} {name:20s} {us:8.1f} us  floor {floor:7.1f} "
-                f"({100 * floor / us:4.1f}%)  tokens agree {agree:.2f}",
+                f"({100 * floor / us:4.1f}%)  tokens agree {agree:.2f}  logits err {err:.1e}",
                 flush=True,
             )
             del bufs

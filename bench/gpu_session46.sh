@@ -63,6 +63,13 @@ for step in ${*:-tests}; do
     # (DECODE_SWEEP_VARIANTS=default,before46 python bench/decode_sweep.py --build .device/s46d)
     SWEEP_TMP=/tmp/s46 sweep_passes s46_ab default,before46 1,2,4,6,8 1024 .device/s46d
     ;;
+  ab6)  # ... once more at B = 6 (one pass), with the logits' error against PyTorch's
+    SWEEP_PASSES=1 SWEEP_TMP=/tmp/s46 sweep_passes s46_ab6 default,before46 6 1024 .device/s46d
+    ;;
+  check1)  # bench/decode.py's check against Hugging Face at B = 1 (the fused combine)
+    DECODE_CHECK_BATCH=1 DECODE_PARTS=check decode_bench .device/s46dec
+    cp "$OUT/decode.txt" "$OUT/check1.txt"; cp "$OUT/decode.json" "$OUT/check1.json"
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)
