@@ -713,6 +713,10 @@ VARIANTS["one_only_fuse"] = {**VARIANTS["one_only"], "fuse_combine": True}
 VARIANTS["one_s10"] = _one(("gemm_options", (("stages", 10),)))
 VARIANTS["one_s12"] = _one(("gemm_options", (("stages", 12),)))
 VARIANTS["one_gu12"] = _one(("projection_options", (("gate_up_proj", (("stages", 12),)),)))
+# ... and the B = 2..16 kernels' combine in their tensor-core attention
+# (attention_mma(combine=True), new): the stage's 1.6-2.0 µs a layer at B = 8
+# (item 217) and its gaps.
+VARIANTS["mid_fuse"] = _mid(("fuse_combine", True))
 # The default before session 46's two changes (B = 1's combine fused, spans
 # of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
 VARIANTS["before46"] = {

@@ -70,6 +70,24 @@ for step in ${*:-tests}; do
     DECODE_CHECK_BATCH=1 DECODE_PARTS=check decode_bench .device/s46dec
     cp "$OUT/decode.txt" "$OUT/check1.txt"; cp "$OUT/decode.json" "$OUT/check1.json"
     ;;
+  midfuse)  # the B = 2..16 kernels' combine in their tensor-core attention: the tiny
+    # decoders against the simulator (python test/gpu/make_artifacts.py .device/s46art4
+    # --only llama_tiny_mma_tma_capped, and --only llama_tiny_mma_fused), then timed
+    # (DECODE_SWEEP_VARIANTS=default,mid_fuse python bench/decode_sweep.py --build
+    # .device/s46e) and traced at B = 8 (DECODE_TRACE_VARIANTS=default,mid_fuse
+    # DECODE_TRACE_BATCHES=8 python bench/decode_trace.py --build .device/s46tr3)
+    for k in "capped" "mma_fused"; do
+      ETC_ARTIFACTS=.device/s46art4 timeout 200 python -m pytest -q -rfs --tb=short \
+        test/gpu/test_llama_gpu.py -k "$k" 2>&1 | tee -a "$OUT/tests_midfuse.txt" | tail -4
+    done
+    SWEEP_TMP=/tmp/s46 sweep_passes s46_midfuse default,mid_fuse 2,8,16 1024,4096 .device/s46e
+    for L in 1024 4096; do
+      DECODE_TRACE_VARIANTS=default,mid_fuse DECODE_TRACE_BATCHES=8 DECODE_TRACE_CONTEXT=$L \
+        timeout 200 python bench/decode_trace.py --artifacts .device/s46tr3 --out /tmp/s46/mf$L \
+        2>&1 | tee -a "$OUT/trace_midfuse.txt" | grep -A9 "layer"
+    done
+    tar czf "$OUT/traces_midfuse.tgz" -C /tmp/s46 mf1024 mf4096
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)

@@ -771,6 +771,12 @@ def llama_tiny_variants() -> dict:
         # counts capped: past 3 or 2 splits the spans grow with L, past the
         # chunk of 512 positions at L = 1600.
         "llama_tiny_mma_tma_capped": capped,
+        # ... with the combine in the attention (the last split to count
+        # merges; one split writes the output directly and counts nothing),
+        # called and TMA-fed as the B = 2..16 kernels, and inlined on the
+        # per-lane loads.
+        "llama_tiny_mma_tma_capped_fused": dataclasses.replace(capped, fuse_combine=True),
+        "llama_tiny_mma_fused": dataclasses.replace(mma_spans, fuse_combine=True),
         "llama_tiny_mma_tma_capped_lists": dataclasses.replace(
             capped, queue_ahead=True, wait_memo=True
         ),

@@ -21,9 +21,9 @@ from etc.tiles._text import unfixed_reference
 pytestmark = needs_bindings
 CFG = M.TINY
 #: Llama-3.2-1B as one kernel on the B = 1 kernel's phased attention, which
-#: holds a span, so its tiers are uncapped (the spans before item 174).
-# The B = 1 kernel's tiles as one kernel, its combine a stage (so that it
-# can be the base of buckets whose kernels take the tensor-core tile).
+#: holds a span, so its tiers are uncapped (the spans before item 174); its
+#: combine a stage, so that it can be the base of buckets whose kernels take
+#: the tensor-core tile.
 PHASED_1B = dataclasses.replace(
     M.LLAMA_3_2_1B, batch_buckets=(), **{**dict(M.SINGLE_SEQUENCE), "fuse_combine": False},
     attn_small_spans=((4, 128), (8, 256), (11, 384), (16, 256)),
@@ -669,11 +669,16 @@ def test_norm_sums_decoder_compiles_with_integer_atomics(fold):
     assert "atom.global.add.f32" not in art.ptx and "red.global.add.f32" not in art.ptx
 
 
+@pytest.mark.parametrize("tile", ["phased", "mma"])
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
-def test_fused_combine_matches_the_numpy_model(weights, schedule):
+def test_fused_combine_matches_the_numpy_model(weights, schedule, tile):
     """fuse_combine: the last split of each (sequence, kv head) merges the
-    splits; embed zeroes the split counters, so stale ones do no harm."""
+    splits; embed zeroes the split counters, so stale ones do no harm. On
+    the tensor-core tile with direct attention, a grid of one split writes
+    the output and counts nothing."""
     cfg = dataclasses.replace(CFG, fuse_combine=True)
+    if tile == "mma":
+        cfg = dataclasses.replace(cfg, attn_tile="mma", attn_unroll=1)
     g = M.build_decoder_graph(cfg)
     assert "combine" not in {t.name for t in g.tasks}
     for B, L in ((1, 0), (17, 20)):
@@ -686,7 +691,9 @@ def test_fused_combine_matches_the_numpy_model(weights, schedule):
         assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
         np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
         # Every (layer, sequence, kv head) counted each of its splits once.
-        np.testing.assert_array_equal(out["attn_count"], cfg.splits(L, B))
+        splits = cfg.splits(L, B)
+        counted = 0 if splits == 1 and cfg.direct_attention else splits
+        np.testing.assert_array_equal(out["attn_count"], counted)
 
 
 def test_split_counters_are_the_artifact_s():
@@ -1572,8 +1579,10 @@ def test_a_change_a_bucket_kernel_cannot_take_says_so():
         )
     with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket: .*"):
         dataclasses.replace(
-            PHASED_1B, fuse_combine=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets[1:]
+            PHASED_1B, attn_stage_v=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets[1:]
         )
+    with pytest.raises(etc.GraphError, match="fuse_combine counts one kv head .*attn_items=2"):
+        dataclasses.replace(M.LLAMA_3_2_1B, fuse_combine=True, attn_items=2)
 
 
 def test_single_span_is_checked():

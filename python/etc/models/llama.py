@@ -400,8 +400,8 @@ class LlamaConfig:
     #: instead of each tile computing the statistics in a prologue.
     norm_sums: bool = False
     #: The attention's last split of each (sequence, kv head) merges the
-    #: splits (``attention(combine=True)``, split counters in ``attn_count``
-    #: that embed zeroes): no combine stage. B = 1's phased kernel takes it
+    #: splits (``attention(combine=True)`` or ``attention_mma(combine=True)``,
+    #: split counters in ``attn_count`` that embed zeroes): no combine stage. B = 1's phased kernel takes it
     #: (:data:`SINGLE_SEQUENCE`; −1.9 % on an H200, forty-sixth session).
     fuse_combine: bool = False
     #: Whether the graph declares ``attn_count``, the fused combine's split
@@ -832,7 +832,7 @@ class LlamaConfig:
         _one_of("attn_tile", self.attn_tile, ATTENTION_TILES)
         phased_only = [
             key
-            for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v", "fuse_combine")
+            for key in ("attn_stage_kv", "attn_prefetch_kv", "attn_stage_v")
             if getattr(self, key)
         ]
         from ..tiles.attention_mma import PIPELINES, RELEASES
@@ -846,6 +846,15 @@ class LlamaConfig:
         if self.attn_stamps is True and self.attn_tile != "mma":
             raise GraphError(
                 f"LlamaConfig: attn_stamps applies to attn_tile='mma', not {self.attn_tile!r}"
+            )
+        if self.fuse_combine and self.attn_tile == "online":
+            raise GraphError(
+                "LlamaConfig: fuse_combine applies to attn_tile='phased' or 'mma', not 'online'"
+            )
+        if self.fuse_combine and self.attn_items > 1:
+            raise GraphError(
+                f"LlamaConfig: fuse_combine counts one kv head an attention instance: "
+                f"attn_items={self.attn_items} must be 1"
             )
         if self.attn_tile != "phased" and phased_only:
             raise GraphError(
@@ -1641,6 +1650,7 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
             prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma",
             release=cfg.attn_tma_release if cfg.attention_pipeline == "tma" else "math",
             direct=cfg.direct_attention, stamps=cfg.attn_stamps, items=cfg.attn_items,
+            combine=cfg.fuse_combine,
             kv_evict_first=cfg.attn_kv_evict_first and cfg.attention_pipeline == "tma", **common,
         )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
@@ -1906,7 +1916,7 @@ def build_decoder_graph(
         attn_grid,
         (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out, *stamps),
         ev["qkv_done"],
-        [ev["attended"]] + ([ev["combined"]] if cfg.direct_attention else []),
+        [ev["attended"]] + ([ev["combined"]] if ev["combined"] and cfg.direct_attention else []),
         "lbgs->l",
     )
     if cfg.l2_prefetch:

@@ -37,6 +37,7 @@ as in :func:`~etc.tiles.llama.attention_online`.
 from __future__ import annotations
 
 import math
+import textwrap
 
 from ..device import DeviceFunction
 from ..errors import GraphError
@@ -57,6 +58,9 @@ from .llama import (
     EMPTY_MAX,
     _check_attention,
     _f32,
+    _merge_lanes,
+    _merge_splits,
+    _shared_merge,
     _split_lines,
     _split_reference,
     _warp_merge,
@@ -193,6 +197,7 @@ def attention_mma(
     stamps: bool = False,
     items: int = 1,
     kv_evict_first: bool = False,
+    combine: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -250,6 +255,15 @@ def attention_mma(
     an item merges its warps, its successor's first steps are loading, and
     the CTA pays no wait, call or ring start between them.
 
+    ``combine`` adds ``count: memref<LAYERSx?xKVxi32>`` and ``attn`` (after
+    ``mpart``; zero the counts before the launch): after writing its
+    partials, each instance counts itself for its (layer, sequence, kv
+    head) with an acquire-release atomic, and the one that completes the
+    count (the grid's split count, the partials' dimension 2) merges the
+    splits of its ``G`` heads into ``attn``, the splits shared among the
+    lanes of each 8-dim item, so no combine stage is needed. With
+    ``direct``, a grid of one split writes the output and counts nothing.
+
     ``kv_evict_first`` (with ``"tma"``): the ring's K and V boxes carry an
     L2 evict-first policy (``.L2::cache_hint``): a step reads each cached
     row once, so it need not push out of the L2 what the kernel wrote and
@@ -301,6 +315,15 @@ def attention_mma(
             f"tile '{name}': items={items} does not divide kv_heads={kv_heads} "
             "(an instance takes whole groups of kv heads)"
         )
+    if combine and items > 1:
+        raise GraphError(
+            f"tile '{name}': combine counts one kv head an instance: needs items=1, got {items}"
+        )
+    if combine and G * D // 8 > block_size:
+        raise GraphError(
+            f"tile '{name}': combine merges {G} heads of {D} as {G * D // 8} items of 8 dims, "
+            f"more than block_size={block_size} threads"
+        )
     if not isinstance(kv_evict_first, bool):
         raise GraphError(f"tile '{name}': kv_evict_first must be a bool, got {kv_evict_first!r}")
     if kv_evict_first and pipeline != "tma":
@@ -323,6 +346,7 @@ def attention_mma(
     c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
     op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
     a_t = f"memref<?x{NH * D}xbf16>"
+    cnt_t, flag_t = f"memref<{layers}x?x{KV}xi32>", f"memref<1xi32, {_WG}>"
     o_t = f"memref<{warps * G * D}xf32, {_WG}>"
     m_t = f"memref<{warps * G * 2}xf32, {_WG}>"
     kvec = min(DK, 8)  # bf16 per K load
@@ -719,7 +743,8 @@ def attention_mma(
         f"%l: index, %b: index, {'%gi' if items > 1 else '%gkv'}: index, %s: index, "
         f"%L: index, %qkv: {qkv_t}, "
         f"%rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}"
-        f"{f', %attn: {a_t}' if direct else ''}"
+        f"{f', %cnt: {cnt_t}' if combine else ''}"
+        f"{f', %attn: {a_t}' if direct or combine else ''}"
         f"{f', %stamps: memref<?x?x?x?x{len(STAMPS)}xi64>' if stamps else ''}{maps}"
     )
     item_lines = f"""\
@@ -806,12 +831,57 @@ def attention_mma(
             f"{tid}\n{lanes}\n{flags}{item_lines}\n"
         )
         item_end = f"\n  }}\n{inval}"
+    fused = ""
+    if combine:
+        merge = _shared_merge(
+            "%qh0", G * D // 8, _merge_lanes(G * D // 8, block_size), "%nsplit", D,
+            op_t, mp_t, a_t, p="fc_",
+        )  # fmt: skip
+        count = textwrap.indent(
+            f"""\
+// Fused combine: the last of the group's splits to count merges them all.
+gpu.barrier
+%fc_flag = memref.get_global @{name}__last : {flag_t}
+%fc_t0 = arith.cmpi eq, %tid, %c0 : index
+scf.if %fc_t0 {{
+  %fc_c4 = arith.constant 4 : index
+  %fc_kv = arith.constant {KV} : index
+  %fc_nb = memref.dim %cnt, %c1 : {cnt_t}
+  %fc_i0 = arith.muli %l, %fc_nb : index
+  %fc_i1 = arith.addi %fc_i0, %b : index
+  %fc_i2 = arith.muli %fc_i1, %fc_kv : index
+  %fc_i3 = arith.addi %fc_i2, %gkv : index
+  %fc_off = arith.muli %fc_i3, %fc_c4 : index
+  %fc_base = memref.extract_aligned_pointer_as_index %cnt : {cnt_t} -> index
+  %fc_at = arith.addi %fc_base, %fc_off : index
+  %fc_at64 = arith.index_cast %fc_at : index to i64
+  %fc_old = llvm.inline_asm has_side_effects "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l" %fc_at64 : (i64) -> i32
+  memref.store %fc_old, %fc_flag[%c0] : {flag_t}
+}}
+gpu.barrier
+%fc_seen = memref.load %fc_flag[%c0] : {flag_t}
+%fc_seen_x = arith.index_cast %fc_seen : i32 to index
+%fc_done = arith.addi %fc_seen_x, %c1 : index
+%fc_last = arith.cmpi eq, %fc_done, %nsplit : index
+scf.if %fc_last {{
+{merge}
+}}""",
+            "  ",
+        )
+        # With direct, one split wrote the output itself and counts nothing.
+        fused = (
+            f"  %fc_many = arith.cmpi ne, %nsplit, %c1 : index\n  scf.if %fc_many {{\n"
+            f"{textwrap.indent(count, '  ')}\n  }}\n"
+            if direct
+            else count + "\n"
+        )
     source = f"""\
 // {name}: decode attention split on mma.sync, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
 {f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}' if pipeline == "smem" else ""}
 {_tma_globals(name, stages, step, D) if pipeline == "tma" else ""}
+{f'memref.global "private" @{name}__last : {flag_t} {{alignment = 4 : i64}}' if combine else ""}
 func.func @{name}({args}) {{
 {body_header}{item_start}{setup}
   %st:{2 + 2 * NT + carries} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{
@@ -822,13 +892,26 @@ func.func @{name}({args}) {{
 {"  nvvm.cp.async.wait.group 0  // the last step's copies, before other tiles reuse the buffer" if pipeline == "smem" else ""}
 {tail}
 {_warp_merge(warps, G, D, o_t, m_t, op_t, mp_t, a_t if direct else None)}
-{stamp_end}{item_end}
+{stamp_end}{fused}{item_end}
   return
 }}
 """
     if prefetch:
         source += f"func.func @{name}__prefetch({args}) {{\n{header}{prefetch_text}\n  return\n}}\n"
     reference = _split_reference(name, chunk, spread, align, NH, KV, D, bounded=False)
+    if combine:
+        split = reference
+
+        def reference(l, b, g, s, L, qkv, rope, kc, vc, op, mp, cnt, attn):  # noqa: E741
+            split(l, b, g, s, L, qkv, rope, kc, vc, op, mp, attn if direct else None)
+            splits = op.shape[2]
+            if direct and splits == 1:
+                return
+            cnt[l, b, g] += 1
+            if cnt[l, b, g] == splits:
+                heads = slice(g * G, (g + 1) * G)
+                attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(op, mp, b, heads, splits)
+
     if items > 1:
         one = reference
 
@@ -836,7 +919,8 @@ func.func @{name}({args}) {{
             for item in range(items):
                 one(l, b, g * items + item, s, *rest)
 
-    nargs = 12 if direct else 11  # 4 coordinates, the buffers (the maps are not read)
+    # 4 coordinates, the buffers (the maps are not read)
+    nargs = 11 + combine + (direct or combine)
     if pipeline != "tma" and not stamps:
         return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     # The stamps and the maps are not the reference's.
