@@ -717,6 +717,8 @@ VARIANTS["one_gu12"] = _one(("projection_options", (("gate_up_proj", (("stages",
 # (attention_mma(combine=True), new): the stage's 1.6-2.0 µs a layer at B = 8
 # (item 217) and its gaps.
 VARIANTS["mid_fuse"] = _mid(("fuse_combine", True))
+# ... and in B = 1's long-context kernel (the same tile, 17 splits).
+VARIANTS["long_fuse"] = _long(("fuse_combine", True))
 # The default before session 46's two changes (B = 1's combine fused, spans
 # of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
 VARIANTS["before46"] = {

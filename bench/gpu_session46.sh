@@ -88,6 +88,10 @@ for step in ${*:-tests}; do
     done
     tar czf "$OUT/traces_midfuse.tgz" -C /tmp/s46 mf1024 mf4096
     ;;
+  longfuse)  # B = 1's long-context kernel with its combine fused, L = 2048 and 4096
+    # (DECODE_SWEEP_VARIANTS=default,long_fuse python bench/decode_sweep.py --build .device/s46f)
+    SWEEP_TMP=/tmp/s46 sweep_passes s46_longfuse default,long_fuse 1 2048,4096 .device/s46f
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)

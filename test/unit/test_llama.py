@@ -697,13 +697,14 @@ def test_fused_combine_matches_the_numpy_model(weights, schedule, tile):
 
 
 def test_split_counters_are_the_artifact_s():
-    """Only B = 1's phased kernel fuses its combine, but every kernel of the
-    artifact declares its counters (one set of buffers); a configuration
+    """B = 1's phased kernel and the B = 2..16 ones fuse their combine, B = 1's
+    long-context and the large-batch kernels do not, but every kernel of
+    the artifact declares the counters (one set of buffers); a configuration
     that fuses nowhere declares none, and counters refused under a fusing
     kernel are named."""
     cfg = M.LLAMA_3_2_1B
     kernels = cfg.kernel_configs()
-    assert [k.fuse_combine for _, _, k in kernels] == [True] + [False] * (len(kernels) - 1)
+    assert [k.fuse_combine for _, _, k in kernels] == [True, False, True, True, False]
     for _, _, k in kernels:
         assert "attn_count" in {t.name for t in M.build_decoder_graph(k).tensors}
     assert not dataclasses.replace(cfg, batch_buckets=()).split_counters
@@ -1115,9 +1116,13 @@ def test_stage_v_compiles_for_llama_3_2_1b():
 
 def test_online_attention_config_conflicts_name_the_fields():
     with pytest.raises(
-        etc.GraphError, match="attn_stage_v, fuse_combine apply to attn_tile='phased'"
+        etc.GraphError, match="attn_stage_kv, attn_stage_v apply to attn_tile='phased'"
     ):
-        M.LlamaConfig(attn_tile="mma", attn_stage_v=True, fuse_combine=True)
+        M.LlamaConfig(attn_tile="mma", attn_stage_kv=True, attn_stage_v=True, fuse_combine=True)
+    with pytest.raises(
+        etc.GraphError, match="fuse_combine applies to attn_tile='phased' or 'mma', not 'online'"
+    ):
+        M.LlamaConfig(attn_tile="online", attn_pipeline="none", fuse_combine=True)
     with pytest.raises(etc.GraphError, match="attn_tile 'flash' is not one of phased, online, mma"):
         M.LlamaConfig(attn_tile="flash")
 

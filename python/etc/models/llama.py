@@ -141,8 +141,10 @@ LARGE_BATCH = (
 #: weight rows; -2.6..-3.1 % at B = 12-16 on an H200, forty-fifth
 #: session, items 210-213); the weights' hint then marks nothing (the gemv core
 #: takes none). Its queues are dealt by SM (``sm_deal``: -0.1..-0.6 % at
-#: B = 8, -0.9..-2.6 % at B = 12, item 215). :data:`FEW_SEQUENCES` is its
-#: B = 2..8 kernel.
+#: B = 8, -0.9..-2.6 % at B = 12, item 215). The last split of each
+#: (sequence, kv head) merges the splits in its attention instance, with no
+#: combine stage (``fuse_combine``: -1..-2 % at B = 2-8, forty-sixth
+#: session, item 222). :data:`FEW_SEQUENCES` is its B = 2..8 kernel.
 SMALL_BATCH = (
     ("wait_memo", True),
     ("weights_evict_first", True),
@@ -154,6 +156,7 @@ SMALL_BATCH = (
     ("gemm_options", (("stages", 4),)),
     ("gemv_short_path", False),
     ("sm_deal", "spread"),
+    ("fuse_combine", True),
 )
 #: The decoder's B = 2..8 kernel: :data:`SMALL_BATCH` on 8-row gemv tiles,
 #: which load half the activations and run half the mmas of a 16-row tile
