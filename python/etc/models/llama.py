@@ -172,7 +172,7 @@ FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8))
 #: ring (``gemm_core="gemv"``, called: -12.6 % at L = 1024, -10.4 % at
 #: L = 4096 on an H200 with 4 slots, forty-fourth session, item 207); the
 #: last of each kv head's 17 splits to finish merges them, with no combine
-#: stage (``fuse_combine``: -1.9 %, forty-sixth session, item 220).
+#: stage (``fuse_combine``: -1.9 %, forty-sixth session, item 219).
 SINGLE_SEQUENCE = (
     ("attn_tile", "phased"),
     ("attn_unroll", 2),
@@ -350,7 +350,7 @@ class LlamaConfig:
     #: four rounds, each paying its fixed cost (19 % slower; item 174). At
     #: B = 5..8 spans of 512 (half a round at L = 1024: an instance's fixed
     #: cost, ~3 µs, paid half as often) beat 256 by 2 % at B = 8, L = 1024
-    #: (items 176, 219). Empty: ``attn_small_span``'s ``ceil((L + 1) / span)``.
+    #: (items 176, 220). Empty: ``attn_small_span``'s ``ceil((L + 1) / span)``.
     attn_small_spans: tuple[tuple[int, ...], ...] = (
         (2, 128, 16), (4, 128, 8), (8, 512, 4), (11, 384, 3), (16, 256, 2),
     )  # fmt: skip
