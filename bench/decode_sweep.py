@@ -682,6 +682,7 @@ VARIANTS["mid_sync"] = _mid(
     ("gemm_options", M._GEMM_OPTIONS),
 )  # fmt: skip
 
+
 # Session 46: weights asked into L2 while B = 1's attention and combine run
 # (item 42's task, off since then: the projections of that day were not
 # bound by the HBM, and the prefetches slowed the attention's own reads; on

@@ -1579,9 +1579,7 @@ def test_a_change_a_bucket_kernel_cannot_take_says_so():
             PHASED_1B, attn_stage_v=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets
         )
     with pytest.raises(etc.GraphError, match="changes attn_counters, but the kernels share"):
-        dataclasses.replace(
-            PHASED_1B, batch_buckets=((1, (("attn_counters", False),)), (None, ()))
-        )
+        dataclasses.replace(PHASED_1B, batch_buckets=((1, (("attn_counters", False),)), (None, ())))
     with pytest.raises(etc.GraphError, match="in the kernel of the last batch bucket: .*"):
         dataclasses.replace(
             PHASED_1B, attn_stage_v=True, batch_buckets=M.LLAMA_3_2_1B.batch_buckets[1:]

@@ -773,6 +773,10 @@ def attention(
             f"more than block_size={block_size} threads"
         )
     if combine:
+        lanes = _merge_lanes(G * D // 8, block_size)
+        fused_merge = _shared_merge(
+            "%qh0", G * D // 8, lanes, "%fc_splits", D, op_t, mp_t, a_t, p="fc_"
+        )
         combine_lines = f"""\
   // Fused combine: the last of the group's splits to finish merges them all.
   gpu.barrier
@@ -803,8 +807,7 @@ def attention(
   %fc_splits = memref.dim %op, %fc_c2 : {op_t}
   %fc_last = arith.cmpi eq, %fc_done, %fc_splits : index
   scf.if %fc_last {{
-{_shared_merge("%qh0", G * D // 8, _merge_lanes(G * D // 8, block_size), "%fc_splits", D,
-               op_t, mp_t, a_t, p="fc_")}
+{fused_merge}
   }}
 """
     if prefetch_kv is True and not stage_kv:
