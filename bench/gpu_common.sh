@@ -46,6 +46,14 @@ decode_bench() {
     | grep -v -i "warn\|attention mask\|cudagraph" | tee "$OUT/bench.txt"
 }
 
+# The issue's table over the artifact DIR: decode_bench's check against Hugging
+# Face and timings with torch.compile at COMPILE_BATCHES (1,8,32,64) and
+# COMPILE_CONTEXTS (1024,4096): issue_bench DIR
+issue_bench() {
+  DECODE_PARTS=${DECODE_PARTS:-check,time} decode_bench "$1" \
+    --compile-batches ${COMPILE_BATCHES:-1,8,32,64} --compile-contexts ${COMPILE_CONTEXTS:-1024,4096}
+}
+
 # bench/torch_compile_probe.py at $PROBE_BATCHES (default BATCHES) within
 # $PROBE_TIMEOUT seconds (200), into $OUT/compile_probe.txt; shows the last
 # LINES lines without inductor's INFO logs: compile_probe BATCHES LINES

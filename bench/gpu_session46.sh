@@ -101,10 +101,9 @@ for step in ${*:-tests}; do
       2>&1 | tee -a "$OUT/trace.txt" | grep -A16 "layer"
     tar czf "$OUT/traces.tgz" -C /tmp/s46 tr
     ;;
-  decbench)  # bench/decode.py over the default artifact (python bench/decode.py --build
-    # .device/s46dec): the check against Hugging Face, and the timings with torch.compile
-    DECODE_PARTS=${DECODE_PARTS:-check,time} decode_bench ${DECBENCH_DIR:-.device/s46dec} \
-      --compile-batches ${COMPILE_BATCHES:-1,8,32,64} --compile-contexts ${COMPILE_CONTEXTS:-1024,4096}
+  decbench)  # the issue's table over the default artifact (python bench/decode.py --build
+    # .device/s46dec; item 223's: .device/s46dec2, DECBENCH_DIR)
+    issue_bench ${DECBENCH_DIR:-.device/s46dec}
     ;;
   raw) tar czf "$OUT/sweep_raw.tgz" -C /tmp/s46 raw ;;
   *) echo "unknown step $step"; exit 2 ;;

@@ -720,7 +720,7 @@ def test_fused_combine_counts_the_grid_s_splits():
     wrong tokens on an H200, forty-sixth session); and the merge shares the
     splits among the lanes of each 8-dim item."""
     tile = T.attention(512, 32, 8, 64, 16, combine=True, spread=True)
-    fused = tile.source[tile.source.index("Fused combine") :]
+    fused = tile.source[tile.source.index("%fc_c2 = arith.constant 2") :]
     assert "%fc_splits = memref.dim %op, %fc_c2" in fused
     assert "gpu.shuffle xor" in fused and "divui %L" not in fused
     with pytest.raises(etc.GraphError, match="combine merges 8 heads of 64 as 64 items"):

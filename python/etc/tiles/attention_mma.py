@@ -57,10 +57,11 @@ from .llama import (
     _WG,
     EMPTY_MAX,
     _check_attention,
+    _check_fused_combine,
     _f32,
-    _merge_lanes,
+    _fused_combine,
+    _fused_combine_global,
     _merge_splits,
-    _shared_merge,
     _split_lines,
     _split_reference,
     _warp_merge,
@@ -319,11 +320,8 @@ def attention_mma(
         raise GraphError(
             f"tile '{name}': combine counts one kv head an instance: needs items=1, got {items}"
         )
-    if combine and G * D // 8 > block_size:
-        raise GraphError(
-            f"tile '{name}': combine merges {G} heads of {D} as {G * D // 8} items of 8 dims, "
-            f"more than block_size={block_size} threads"
-        )
+    if combine:
+        _check_fused_combine(name, G, D, block_size)
     if not isinstance(kv_evict_first, bool):
         raise GraphError(f"tile '{name}': kv_evict_first must be a bool, got {kv_evict_first!r}")
     if kv_evict_first and pipeline != "tma":
@@ -346,7 +344,7 @@ def attention_mma(
     c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
     op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
     a_t = f"memref<?x{NH * D}xbf16>"
-    cnt_t, flag_t = f"memref<{layers}x?x{KV}xi32>", f"memref<1xi32, {_WG}>"
+    cnt_t = f"memref<{layers}x?x{KV}xi32>"
     o_t = f"memref<{warps * G * D}xf32, {_WG}>"
     m_t = f"memref<{warps * G * 2}xf32, {_WG}>"
     kvec = min(DK, 8)  # bf16 per K load
@@ -833,41 +831,7 @@ def attention_mma(
         item_end = f"\n  }}\n{inval}"
     fused = ""
     if combine:
-        merge = _shared_merge(
-            "%qh0", G * D // 8, _merge_lanes(G * D // 8, block_size), "%nsplit", D,
-            op_t, mp_t, a_t, p="fc_",
-        )  # fmt: skip
-        count = textwrap.indent(
-            f"""\
-// Fused combine: the last of the group's splits to count merges them all.
-gpu.barrier
-%fc_flag = memref.get_global @{name}__last : {flag_t}
-%fc_t0 = arith.cmpi eq, %tid, %c0 : index
-scf.if %fc_t0 {{
-  %fc_c4 = arith.constant 4 : index
-  %fc_kv = arith.constant {KV} : index
-  %fc_nb = memref.dim %cnt, %c1 : {cnt_t}
-  %fc_i0 = arith.muli %l, %fc_nb : index
-  %fc_i1 = arith.addi %fc_i0, %b : index
-  %fc_i2 = arith.muli %fc_i1, %fc_kv : index
-  %fc_i3 = arith.addi %fc_i2, %gkv : index
-  %fc_off = arith.muli %fc_i3, %fc_c4 : index
-  %fc_base = memref.extract_aligned_pointer_as_index %cnt : {cnt_t} -> index
-  %fc_at = arith.addi %fc_base, %fc_off : index
-  %fc_at64 = arith.index_cast %fc_at : index to i64
-  %fc_old = llvm.inline_asm has_side_effects "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l" %fc_at64 : (i64) -> i32
-  memref.store %fc_old, %fc_flag[%c0] : {flag_t}
-}}
-gpu.barrier
-%fc_seen = memref.load %fc_flag[%c0] : {flag_t}
-%fc_seen_x = arith.index_cast %fc_seen : i32 to index
-%fc_done = arith.addi %fc_seen_x, %c1 : index
-%fc_last = arith.cmpi eq, %fc_done, %nsplit : index
-scf.if %fc_last {{
-{merge}
-}}""",
-            "  ",
-        )
+        count = _fused_combine(name, G, D, KV, block_size, layers, "%gkv", "%nsplit", NH)
         # With direct, one split wrote the output itself and counts nothing.
         fused = (
             f"  %fc_many = arith.cmpi ne, %nsplit, %c1 : index\n  scf.if %fc_many {{\n"
@@ -881,7 +845,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__m : {m_t} {{alignment = 16 : i64}}
 {f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}' if pipeline == "smem" else ""}
 {_tma_globals(name, stages, step, D) if pipeline == "tma" else ""}
-{f'memref.global "private" @{name}__last : {flag_t} {{alignment = 4 : i64}}' if combine else ""}
+{_fused_combine_global(name) if combine else ""}
 func.func @{name}({args}) {{
 {body_header}{item_start}{setup}
   %st:{2 + 2 * NT + carries} = scf.for %base = %c0 to %ncache step %cStep iter_args({", ".join(inits)}) -> ({types}) {{

@@ -760,56 +760,18 @@ def attention(
     split_lines = _split_lines(spread, align, op_t)
     cnt_t, a_t = f"memref<{layers}x?x{KV}xi32>", f"memref<?x{NH * D}xbf16>"
     combine_args = f", %cnt: {cnt_t}, %attn: {a_t}" if combine else ""
-    flag_t = f"memref<1xi32, {_WG}>"
-    combine_global = (
-        f'memref.global "private" @{name}__last : {flag_t} {{alignment = 4 : i64}}\n'
-        if combine
-        else ""
-    )
+    combine_global = _fused_combine_global(name) + "\n" if combine else ""
     combine_lines = ""
-    if combine and G * D // 8 > block_size:
-        raise GraphError(
-            f"tile '{name}': combine merges {G} heads of {D} as {G * D // 8} items of 8 dims, "
-            f"more than block_size={block_size} threads"
-        )
     if combine:
-        lanes = _merge_lanes(G * D // 8, block_size)
-        fused_merge = _shared_merge(
-            "%qh0", G * D // 8, lanes, "%fc_splits", D, op_t, mp_t, a_t, p="fc_"
+        _check_fused_combine(name, G, D, block_size)
+        # The grid's split count is the partials' (capped or spread splits
+        # are not ceil((L + 1) / chunk)).
+        combine_lines = (
+            f"  %fc_c2 = arith.constant 2 : index\n"
+            f"  %fc_splits = memref.dim %op, %fc_c2 : {op_t}\n"
+            + _fused_combine(name, G, D, KV, block_size, layers, "%g", "%fc_splits", NH)
+            + "\n"
         )
-        combine_lines = f"""\
-  // Fused combine: the last of the group's splits to finish merges them all.
-  gpu.barrier
-  %fc_flag = memref.get_global @{name}__last : {flag_t}
-  %fc_t0 = arith.cmpi eq, %tid, %c0 : index
-  scf.if %fc_t0 {{
-    %fc_c4 = arith.constant 4 : index
-    %fc_kv = arith.constant {KV} : index
-    %fc_nb = memref.dim %cnt, %c1 : {cnt_t}
-    %fc_i0 = arith.muli %l, %fc_nb : index
-    %fc_i1 = arith.addi %fc_i0, %b : index
-    %fc_i2 = arith.muli %fc_i1, %fc_kv : index
-    %fc_i3 = arith.addi %fc_i2, %g : index
-    %fc_off = arith.muli %fc_i3, %fc_c4 : index
-    %fc_base = memref.extract_aligned_pointer_as_index %cnt : {cnt_t} -> index
-    %fc_at = arith.addi %fc_base, %fc_off : index
-    %fc_at64 = arith.index_cast %fc_at : index to i64
-    %fc_old = llvm.inline_asm has_side_effects "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l" %fc_at64 : (i64) -> i32
-    memref.store %fc_old, %fc_flag[%c0] : {flag_t}
-  }}
-  gpu.barrier
-  %fc_seen = memref.load %fc_flag[%c0] : {flag_t}
-  %fc_seen_x = arith.index_cast %fc_seen : i32 to index
-  %fc_done = arith.addi %fc_seen_x, %c1 : index
-  // The grid's split count is the partials' (capped or spread splits are
-  // not ceil((L + 1) / chunk)).
-  %fc_c2 = arith.constant 2 : index
-  %fc_splits = memref.dim %op, %fc_c2 : {op_t}
-  %fc_last = arith.cmpi eq, %fc_done, %fc_splits : index
-  scf.if %fc_last {{
-{fused_merge}
-  }}
-"""
     if prefetch_kv is True and not stage_kv:
         raise GraphError(f"tile '{name}': prefetch_kv issues the stage_kv copies: give stage_kv")
     kv_global = (
@@ -1714,6 +1676,70 @@ func.func @{name}(%l: index, %b: index, %g: index, %op: {op_t}, %mp: {mp_t}, %at
         )
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def _check_fused_combine(name: str, G: int, D: int, block_size: int) -> None:
+    if G * D // 8 > block_size:
+        raise GraphError(
+            f"tile '{name}': combine merges {G} heads of {D} as {G * D // 8} items of 8 dims, "
+            f"more than block_size={block_size} threads"
+        )
+
+
+_FLAG_T = f"memref<1xi32, {_WG}>"
+
+
+def _fused_combine_global(name: str) -> str:
+    """The workgroup word through which thread 0 tells the CTA its count."""
+    return f'memref.global "private" @{name}__last : {_FLAG_T} {{alignment = 4 : i64}}'
+
+
+def _fused_combine(
+    name: str, G: int, D: int, KV: int, block_size: int, layers: int, g: str, splits: str,
+    NH: int,
+) -> str:  # fmt: skip
+    """MLIR text of an attention split's fused combine (``combine=True`` of
+    both attention tiles): after the partials are written, thread 0 adds 1
+    to ``%cnt[%l, %b, g]`` (acquire-release, so the other splits' partials
+    are visible to the CTA after the barrier), and the CTA whose count
+    completes ``splits`` merges the splits of heads ``%qh0 ..`` into
+    ``%attn`` (:func:`_shared_merge`). Needs ``%tid``, ``%l``, ``%b``,
+    ``%qh0``, ``%c0``, ``%c1``, ``%op``, ``%mp``, ``%cnt`` and ``%attn``."""
+    cnt_t = f"memref<{layers}x?x{KV}xi32>"
+    op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
+    a_t = f"memref<?x{NH * D}xbf16>"
+    items = G * D // 8
+    merge = _shared_merge(
+        "%qh0", items, _merge_lanes(items, block_size), splits, D, op_t, mp_t, a_t, p="fc_"
+    )
+    return f"""\
+  // Fused combine: the last of the group's splits to count merges them all.
+  gpu.barrier
+  %fc_flag = memref.get_global @{name}__last : {_FLAG_T}
+  %fc_t0 = arith.cmpi eq, %tid, %c0 : index
+  scf.if %fc_t0 {{
+    %fc_c4 = arith.constant 4 : index
+    %fc_kv = arith.constant {KV} : index
+    %fc_nb = memref.dim %cnt, %c1 : {cnt_t}
+    %fc_i0 = arith.muli %l, %fc_nb : index
+    %fc_i1 = arith.addi %fc_i0, %b : index
+    %fc_i2 = arith.muli %fc_i1, %fc_kv : index
+    %fc_i3 = arith.addi %fc_i2, {g} : index
+    %fc_off = arith.muli %fc_i3, %fc_c4 : index
+    %fc_base = memref.extract_aligned_pointer_as_index %cnt : {cnt_t} -> index
+    %fc_at = arith.addi %fc_base, %fc_off : index
+    %fc_at64 = arith.index_cast %fc_at : index to i64
+    %fc_old = llvm.inline_asm has_side_effects "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l" %fc_at64 : (i64) -> i32
+    memref.store %fc_old, %fc_flag[%c0] : {_FLAG_T}
+  }}
+  gpu.barrier
+  %fc_seen = memref.load %fc_flag[%c0] : {_FLAG_T}
+  %fc_seen_x = arith.index_cast %fc_seen : i32 to index
+  %fc_done = arith.addi %fc_seen_x, %c1 : index
+  %fc_last = arith.cmpi eq, %fc_done, {splits} : index
+  scf.if %fc_last {{
+{merge}
+  }}"""
 
 
 def _merge_lanes(items: int, block_size: int) -> int:
