@@ -92,6 +92,17 @@ for step in ${*:-tests}; do
     # (DECODE_SWEEP_VARIANTS=default,long_fuse python bench/decode_sweep.py --build .device/s46f)
     SWEEP_TMP=/tmp/s46 sweep_passes s46_longfuse default,long_fuse 1 2048,4096 .device/s46f
     ;;
+  final)  # after the fused combine's text became one helper: its tiny decoders again
+    # (python test/gpu/make_artifacts.py .device/s46art5 --only V for V in
+    # llama_tiny_single_fused, llama_tiny_mma_tma_capped_fused, llama_tiny_mma_fused) and
+    # the default at B = 1, 8 (DECODE_SWEEP_VARIANTS=default python bench/decode_sweep.py
+    # --build .device/s46g)
+    for k in "single_fused" "capped_fused" "mma_fused"; do
+      ETC_ARTIFACTS=.device/s46art5 timeout 200 python -m pytest -q -rfs --tb=short \
+        test/gpu/test_llama_gpu.py -k "$k" 2>&1 | tee -a "$OUT/tests_final.txt" | tail -4
+    done
+    SWEEP_PASSES=1 SWEEP_TMP=/tmp/s46 sweep_passes s46_final default 1,2,8 1024 .device/s46g
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)
