@@ -720,6 +720,11 @@ VARIANTS["one_gu12"] = _one(("projection_options", (("gate_up_proj", (("stages",
 VARIANTS["mid_fuse"] = _mid(("fuse_combine", True))
 # ... and in B = 1's long-context kernel (the same tile, 17 splits).
 VARIANTS["long_fuse"] = _long(("fuse_combine", True))
+# ... down's ring one or two stages deeper at B = 2..8 (its 128 instances
+# leave half the CTAs idle and stream ~2.8 TB/s, bound by each CTA's copies
+# in flight; session 45's 6 and 8 stages also moved slots before the waits).
+VARIANTS["few_d5"] = _few(("projection_options", ((_DOWN, (("stages", 5),)),)))
+VARIANTS["few_d6"] = _few(("projection_options", ((_DOWN, (("stages", 6),)),)))
 # The default before session 46's two changes (B = 1's combine fused, spans
 # of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
 VARIANTS["before46"] = {

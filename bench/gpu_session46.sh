@@ -103,6 +103,12 @@ for step in ${*:-tests}; do
     done
     SWEEP_PASSES=1 SWEEP_TMP=/tmp/s46 sweep_passes s46_final default 1,2,8 1024 .device/s46g
     ;;
+  downring)  # down's ring 5 or 6 stages deep at B = 2..8, the slots before the waits as
+    # they are, and session 45's 6 with one slot before them (DECODE_SWEEP_VARIANTS=default,
+    # few_d5,few_d6,few_d6p1 python bench/decode_sweep.py --build .device/s46h)
+    SWEEP_TMP=/tmp/s46 sweep_passes s46_downring default,few_d5,few_d6,few_d6p1 4,8 1024,4096 \
+      .device/s46h
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)
