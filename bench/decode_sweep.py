@@ -725,6 +725,18 @@ VARIANTS["long_fuse"] = _long(("fuse_combine", True))
 # in flight; session 45's 6 and 8 stages also moved slots before the waits).
 VARIANTS["few_d5"] = _few(("projection_options", ((_DOWN, (("stages", 5),)),)))
 VARIANTS["few_d6"] = _few(("projection_options", ((_DOWN, (("stages", 6),)),)))
+# ... the B = 9..16 kernel's tiles up to B = 32 (the gemv core's 16-row
+# tiles, two row blocks re-reading each weight block, likely from L2; the
+# tensor-core attention, one split per sequence and kv head as the large
+# kernel's): the large kernel's TMA + wgmma projections take ~57 µs a layer
+# at B = 64 against cuBLAS's 43 (item 206).
+def _upto32(*changes: tuple[str, object]) -> dict:
+    *small, (_, large) = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=(*small, (32, (*M.SMALL_BATCH, *changes)), (None, large)))
+
+
+VARIANTS["rows32"] = _upto32()
+VARIANTS["rows32_memo_off"] = _upto32(("wait_memo", False))
 # The default before session 46's two changes (B = 1's combine fused, spans
 # of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
 VARIANTS["before46"] = {

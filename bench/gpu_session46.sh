@@ -109,6 +109,10 @@ for step in ${*:-tests}; do
     SWEEP_TMP=/tmp/s46 sweep_passes s46_downring default,few_d5,few_d6,few_d6p1 4,8 1024,4096 \
       .device/s46h
     ;;
+  rows32)  # the B = 9..16 kernel's tiles up to B = 32 (DECODE_SWEEP_VARIANTS=default,rows32
+    # python bench/decode_sweep.py --build .device/s46i)
+    SWEEP_TMP=/tmp/s46 sweep_passes s46_rows32 default,rows32 24,32 1024,4096 .device/s46i
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)
