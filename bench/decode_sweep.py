@@ -725,6 +725,8 @@ VARIANTS["long_fuse"] = _long(("fuse_combine", True))
 # in flight; session 45's 6 and 8 stages also moved slots before the waits).
 VARIANTS["few_d5"] = _few(("projection_options", ((_DOWN, (("stages", 5),)),)))
 VARIANTS["few_d6"] = _few(("projection_options", ((_DOWN, (("stages", 6),)),)))
+
+
 # ... the B = 9..16 kernel's tiles up to B = 32 (the gemv core's 16-row
 # tiles, two row blocks re-reading each weight block, likely from L2; the
 # tensor-core attention, one split per sequence and kv head as the large
