@@ -739,6 +739,12 @@ def _upto32(*changes: tuple[str, object]) -> dict:
 
 VARIANTS["rows32"] = _upto32()
 VARIANTS["rows32_memo_off"] = _upto32(("wait_memo", False))
+# ... B = 2..8's LM head (item 222's trace at B = 8: 137-143 µs for 525 MB,
+# 3.7-3.8 TB/s, against B = 1's one-row tiles' 120 µs): 32- or 128-column
+# blocks, or the mma.sync core.
+VARIANTS["few_lm32"] = _few(("bn_lm", 32))
+VARIANTS["few_lm128"] = _few(("bn_lm", 128))
+VARIANTS["few_lm_sync"] = _few(("core_overrides", (("lm_head", "sync"),)))
 # The default before session 46's two changes (B = 1's combine fused, spans
 # of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
 VARIANTS["before46"] = {

@@ -113,6 +113,12 @@ for step in ${*:-tests}; do
     # python bench/decode_sweep.py --build .device/s46i)
     SWEEP_TMP=/tmp/s46 sweep_passes s46_rows32 default,rows32 24,32 1024,4096 .device/s46i
     ;;
+  lmhead)  # B = 2..8's LM head in 32- or 128-column blocks, or on the mma.sync core
+    # (DECODE_SWEEP_VARIANTS=default,few_lm32,few_lm128,few_lm_sync python
+    # bench/decode_sweep.py --build .device/s46j)
+    SWEEP_TMP=/tmp/s46 sweep_passes s46_lmhead default,few_lm32,few_lm128,few_lm_sync 8 \
+      1024,4096 .device/s46j
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)
