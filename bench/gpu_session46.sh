@@ -119,6 +119,10 @@ for step in ${*:-tests}; do
     SWEEP_TMP=/tmp/s46 sweep_passes s46_lmhead default,few_lm32,few_lm128,few_lm_sync 8 \
       1024,4096 .device/s46j
     ;;
+  lm128)  # 128-column LM head blocks at B = 2..8 again, three passes (same build)
+    SWEEP_PASSES="1 2 1" SWEEP_TMP=/tmp/s46 sweep_passes s46_lm128 default,few_lm128 4,8 \
+      1024,4096 .device/s46j
+    ;;
   trace)  # B = 1, L = 1024 traced, the default and o_proj + half of gate/up prefetched
     # (DECODE_TRACE_VARIANTS=default,one_pf_o_gu4 DECODE_TRACE_BATCHES=1
     # python bench/decode_trace.py --build .device/s46tr)
