@@ -821,6 +821,11 @@ def llama_tiny_variants() -> dict:
             llama.TINY, **gemv_rows, gemv_block=16, gemv_short_path=False
         ),
         "llama_tiny_gemv8": dataclasses.replace(llama.TINY, **gemv_rows, gemv_block=8),
+        # ... its LM head in 128-column blocks: 8 warps of 16 weight rows, one
+        # k slice each (as the default's B = 2..8 kernel).
+        "llama_tiny_gemv8_lm128": dataclasses.replace(
+            llama.TINY, **gemv_rows, gemv_block=8, bn_lm=128
+        ),
         "llama_tiny_gemv_rows_buckets": dataclasses.replace(
             llama.TINY,
             batch_buckets=(

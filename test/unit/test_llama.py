@@ -1383,7 +1383,7 @@ def test_batch_buckets_change_only_the_tiles():
     assert [b for b, _ in buckets] == [1, 8, 16, None]
     one, few, mid, large = (c for _, c in buckets)
     assert all(c.batch_buckets == () for c in (one, few, mid, large))
-    assert few == dataclasses.replace(mid, max_batch=8, gemv_block=8)
+    assert few == dataclasses.replace(mid, max_batch=8, gemv_block=8, bn_lm=128)
     assert one.attn_unroll == 2
     assert (one.attn_tile, mid.attn_tile, mid.outline) == ("phased", "mma", ("attention",))
     # Every kernel shares the split counts (one set of buffers): B=1 spans of

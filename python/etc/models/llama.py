@@ -161,8 +161,10 @@ SMALL_BATCH = (
 #: The decoder's B = 2..8 kernel: :data:`SMALL_BATCH` on 8-row gemv tiles,
 #: which load half the activations and run half the mmas of a 16-row tile
 #: (-6.8..-7.7 % at B = 2-8 against the mma.sync core, item 213; -1.3..-2 %
-#: against 16-row tiles taking their 8-row loop, item 212).
-FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8))
+#: against 16-row tiles taking their 8-row loop, item 212); its LM head in
+#: 128-column blocks, one k slice a warp (-0.5..-1.5 % at B = 4, -0.8 % on
+#: average at B = 8, L = 4096 over five passes, forty-sixth session, item 226).
+FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8), ("bn_lm", 128))
 #: The tile changes of the decoder's B = 1 kernel: the phased attention
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
 #: positions) in loop steps of 64 positions, so ``attn_single_span``'s
