@@ -738,7 +738,6 @@ def _upto32(*changes: tuple[str, object]) -> dict:
 
 
 VARIANTS["rows32"] = _upto32()
-VARIANTS["rows32_memo_off"] = _upto32(("wait_memo", False))
 # ... B = 2..8's LM head (item 222's trace at B = 8: 137-143 µs for 525 MB,
 # 3.7-3.8 TB/s, against B = 1's one-row tiles' 120 µs): 32- or 128-column
 # blocks, or the mma.sync core.

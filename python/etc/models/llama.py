@@ -406,8 +406,10 @@ class LlamaConfig:
     norm_sums: bool = False
     #: The attention's last split of each (sequence, kv head) merges the
     #: splits (``attention(combine=True)`` or ``attention_mma(combine=True)``,
-    #: split counters in ``attn_count`` that embed zeroes): no combine stage. B = 1's phased kernel takes it
-    #: (:data:`SINGLE_SEQUENCE`; −1.9 % on an H200, forty-sixth session).
+    #: split counters in ``attn_count`` that embed zeroes): no combine stage.
+    #: B = 1's phased kernel and the B = 2..16 ones take it
+    #: (:data:`SINGLE_SEQUENCE`, :data:`SMALL_BATCH`; −1.9 % and −1..−2 % on an
+    #: H200, forty-sixth session).
     fuse_combine: bool = False
     #: Whether the graph declares ``attn_count``, the fused combine's split
     #: counters. None: whether any kernel of the artifact fuses its combine

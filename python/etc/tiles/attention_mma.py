@@ -61,7 +61,7 @@ from .llama import (
     _f32,
     _fused_combine,
     _fused_combine_global,
-    _merge_splits,
+    _fused_combine_reference,
     _split_lines,
     _split_reference,
     _warp_merge,
@@ -868,13 +868,8 @@ func.func @{name}({args}) {{
 
         def reference(l, b, g, s, L, qkv, rope, kc, vc, op, mp, cnt, attn):  # noqa: E741
             split(l, b, g, s, L, qkv, rope, kc, vc, op, mp, attn if direct else None)
-            splits = op.shape[2]
-            if direct and splits == 1:
-                return
-            cnt[l, b, g] += 1
-            if cnt[l, b, g] == splits:
-                heads = slice(g * G, (g + 1) * G)
-                attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(op, mp, b, heads, splits)
+            if not (direct and op.shape[2] == 1):  # one split wrote the output itself
+                _fused_combine_reference(l, b, g, op, mp, cnt, attn, G, D)
 
     if items > 1:
         one = reference

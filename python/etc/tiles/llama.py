@@ -958,12 +958,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     ) -> None:
         split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart)
         if combine:
-            count, attn = fused
-            count[l, b, g] += 1
-            splits = opart.shape[2]
-            if count[l, b, g] == splits:
-                heads = slice(g * G, (g + 1) * G)
-                attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(opart, mpart, b, heads, splits)
+            _fused_combine_reference(l, b, g, opart, mpart, *fused, G, D)
 
     if prefetch_kv:
         source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
@@ -1740,6 +1735,19 @@ def _fused_combine(
   scf.if %fc_last {{
 {merge}
   }}"""
+
+
+def _fused_combine_reference(
+    layer: int, b: int, g: int, op: np.ndarray, mp: np.ndarray, count: np.ndarray,
+    attn: np.ndarray, G: int, D: int,
+) -> None:  # fmt: skip
+    """Reference of :func:`_fused_combine`: count the split; the one that
+    completes the partials' split count merges kv head ``g``'s ``G`` heads."""
+    count[layer, b, g] += 1
+    splits = op.shape[2]
+    if count[layer, b, g] == splits:
+        heads = slice(g * G, (g + 1) * G)
+        attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(op, mp, b, heads, splits)
 
 
 def _merge_lanes(items: int, block_size: int) -> int:
