@@ -725,6 +725,12 @@ def test_fused_combine_counts_the_grid_s_splits():
     assert "gpu.shuffle xor" in fused and "divui %L" not in fused
     with pytest.raises(etc.GraphError, match="combine merges 8 heads of 64 as 64 items"):
         T.attention(8, 8, 1, 64, 1, combine=True, block_size=32)
+    from etc.tiles.attention_mma import attention_mma
+
+    with pytest.raises(etc.GraphError, match="combine counts one kv head an instance: .*got 2"):
+        attention_mma(512, 32, 8, 64, 16, pipeline="tma", prefetch=True, items=2, combine=True)
+    with pytest.raises(etc.GraphError, match="attn_counters must be None or a bool, got 1"):
+        M.LlamaConfig(attn_counters=1)
 
 
 @needs_ptxas

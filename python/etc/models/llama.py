@@ -894,19 +894,14 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: tma_meeting must be 'rows' or 'fragments', got {self.tma_meeting!r}"
             )
-        if self.attn_counters not in (None, True, False):
-            raise GraphError(
-                f"LlamaConfig: attn_counters must be None or a bool, got {self.attn_counters!r}"
-            )
+        for name in ("attn_counters", "attn_cached_splits"):  # None: the artifact's default
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise GraphError(f"LlamaConfig: {name} must be None or a bool, got {value!r}")
         if self.fuse_combine and self.attn_counters is False:
             raise GraphError(
                 "LlamaConfig: fuse_combine counts the splits in attn_count: attn_counters=False "
                 "leaves it out of the graph"
-            )
-        if self.attn_cached_splits not in (None, True, False):
-            raise GraphError(
-                "LlamaConfig: attn_cached_splits must be None or a bool, got "
-                f"{self.attn_cached_splits!r}"
             )
         if self.attn_cached_splits and not self._takes_cached_splits:
             raise GraphError(
