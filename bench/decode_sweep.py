@@ -744,6 +744,14 @@ VARIANTS["rows32"] = _upto32()
 VARIANTS["few_lm32"] = _few(("bn_lm", 32))
 VARIANTS["few_lm128"] = _few(("bn_lm", 128))
 VARIANTS["few_lm_sync"] = _few(("core_overrides", (("lm_head", "sync"),)))
+# ... B = 2..16's gemv tiles with whole-line weight copies (session 47: the
+# rows mode's copies read half lines, and it streams ~8 % slower than the
+# one-row mode's whole lines, item 226).
+VARIANTS["mid_lines"] = _mid(("gemv_whole_lines", True))  # the default since (item 227)
+VARIANTS["mid_halves"] = _mid(("gemv_whole_lines", False))
+VARIANTS["few_lm64"] = _few(("bn_lm", 64))
+VARIANTS["mid_s5"] = _mid(("gemm_options", (("stages", 5),)))
+VARIANTS["mid_s3"] = _mid(("gemm_options", (("stages", 3),)))
 # The default before session 46's two changes (B = 1's combine fused, spans
 # of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
 VARIANTS["before46"] = {

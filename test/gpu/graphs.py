@@ -826,6 +826,15 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_gemv8_lm128": dataclasses.replace(
             llama.TINY, **gemv_rows, gemv_block=8, bn_lm=128
         ),
+        # ... with each warp's weight copies reading whole lines, the lanes
+        # sharing them through the ring (gemv_whole_lines), on both paths of
+        # the 16-row tile.
+        "llama_tiny_gemv8_lines": dataclasses.replace(
+            llama.TINY, **gemv_rows, gemv_block=8, bn_lm=128, gemv_whole_lines=True
+        ),
+        "llama_tiny_gemv16_lines": dataclasses.replace(
+            llama.TINY, **gemv_rows, gemv_block=16, gemv_whole_lines=True
+        ),
         "llama_tiny_gemv_rows_buckets": dataclasses.replace(
             llama.TINY,
             batch_buckets=(

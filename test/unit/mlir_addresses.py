@@ -7,7 +7,7 @@ induction variable. This module follows each ``cp.async`` source and each
 them for one thread, so a test can compare two generated tiles address by
 address (e.g. a tile with chunked weights against the same tile without)
 without a GPU. Only what those chains use is understood: integer constants,
-``arith`` add/sub/mul/div/rem/min/and, unsigned compares and selects, casts,
+``arith`` add/sub/mul/div/rem/min/and/xor, unsigned compares and selects, casts,
 ``gpu.thread_id``, base pointers (given per memref), ``memref.load`` and
 ``memref.dim`` (given as callbacks);
 anything else raises ``KeyError`` naming the op. Of an ``scf.if`` with an
@@ -37,6 +37,7 @@ _BINARY = {
     "arith.remui": lambda a, b: a % b,
     "arith.minui": min,
     "arith.andi": lambda a, b: a & b,
+    "arith.xori": lambda a, b: a ^ b,
 }
 _IF = re.compile(r"scf\.if (%\w+) \{")
 
@@ -111,11 +112,17 @@ def copy_sources(body: str, ev: Evaluator) -> list[int]:
     """The source address of every ``cp.async`` of the body for the
     evaluator's thread, in program order, each one in the loop once per
     iteration (the loop's bounds read from its ``scf.for``)."""
+    return [source for _, source in copy_pairs(body, ev)]
+
+
+def copy_pairs(body: str, ev: Evaluator) -> list[tuple[int, int]]:
+    """``(shared destination, global source)`` of every ``cp.async`` of
+    the body for the evaluator's thread, as :func:`copy_sources`."""
     items = [
-        (m.start(), m.group(1))
-        for m in re.finditer(r"nvvm\.cp\.async\.shared\.global %\w+, (%\w+)", body)
+        (m.start(), (m.group(1), m.group(2)))
+        for m in re.finditer(r"nvvm\.cp\.async\.shared\.global (%\w+), (%\w+)", body)
     ]
-    return _per_iteration(body, ev, items, ev)
+    return _per_iteration(body, ev, items, lambda item: (ev(item[0]), ev(item[1])))
 
 
 def weight_loads(body: str, ev: Evaluator, memref: str, dims: tuple[int, ...]) -> list[int]:

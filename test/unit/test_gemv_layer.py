@@ -14,7 +14,7 @@ import re
 
 import pytest
 from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, sm90a_ptxas
-from mlir_addresses import Evaluator, copy_sources, functions
+from mlir_addresses import Evaluator, copy_pairs, copy_sources, functions, weight_loads
 from unit_helpers import check_decoder_step
 
 import etc
@@ -84,6 +84,67 @@ def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, s
     assert _copied(early, 1, 2, "fill") == want
 
 
+@pytest.mark.parametrize(
+    "epilogue, block_n, n, k, stages, block_m, rows",
+    [
+        ("residual", 16, 2048, 8192, 4, 8, 8),  # down: 1 row group x 8 k slices
+        ("swiglu", 32, 8192, 2048, 4, 8, 5),  # gate/up: 4 row groups x 2 slices
+        ("store", 128, 4096, 2048, 3, 16, 16),  # LM head: 8 row groups, all of k
+        ("store", 128, 4096, 2048, 3, 16, 7),  # the 16-row tile's 8-row path
+    ],
+)
+def test_whole_line_copies_feed_each_lane_what_its_own_slots_held(
+    epilogue, block_n, n, k, stages, block_m, rows
+):
+    """``whole_lines``: the ring's copies traced through the MLIR for every
+    thread. Each warp copy reads 4 whole 128-byte lines; the 8 lanes of a
+    quarter warp touch each 16-byte bank group once (copies and reads);
+    and, chunk by chunk, the ring word each lane reads for its fragment
+    ``f`` holds the bytes the per-lane ring's slot ``f`` held: the two
+    tiles feed ``mma.sync`` the same weights."""
+    made = {
+        lines: _tile(epilogue, block_n, n, k, block_m, stages=stages, whole_lines=lines)
+        for lines in (False, True)
+    }
+    assert "bar.warp.sync" in made[True].source and "bar.warp.sync" not in made[False].source
+    traced = {}
+    for lines, tile in made.items():
+        body = functions(tile.source)[tile.name]
+        ring = re.search(r"(%ring_\d+) = memref.get_global @\w+__ring", body).group(1)
+        for tid in range(tile.block_size):
+            coords = {"%l": 1, "%j": 2, "%i": 0, "tid": tid}
+            ev = Evaluator(body, coords, {"%W": W_BASE}, dim=lambda m, a: rows)
+            copies = [(d, s - W_BASE) for d, s in copy_pairs(body, ev) if s >= W_BASE]
+            reads = [4 * w for w in weight_loads(body, ev, ring, (1 << 30,))]
+            traced[lines, tid] = copies, reads
+    chunks = len(traced[False, 0][0]) // 4
+    slices = 8 * 16 // ((2 if epilogue == "swiglu" else 1) * block_n)  # warps per row group
+    assert chunks == k // 64 // slices
+    held = {}  # chunk -> ring byte -> weight byte, over the whole-line tile's threads
+    for tid in range(256):
+        copies, reads = traced[True, tid]
+        assert len(copies) == len(reads) == 4 * chunks
+        for c in range(chunks):
+            held.setdefault(c, {}).update(copies[4 * c : 4 * c + 4])
+    for warp in range(8):
+        lanes = range(32 * warp, 32 * warp + 32)
+        for copy in range(4 * chunks):
+            sources = [traced[True, tid][0][copy][1] for tid in lanes]
+            lines = collections.Counter(s // 128 for s in sources)
+            assert len(lines) == 4 and set(lines.values()) == {8}, (warp, copy)
+            for quarter in range(4):
+                for side in (0, 1):  # copies' destinations, then reads
+                    at = [traced[True, tid][side][copy] for tid in lanes[8 * quarter :][:8]]
+                    at = [a[0] if side == 0 else a for a in at]
+                    assert len({a // 16 % 8 for a in at}) == 8, (warp, copy, quarter, side)
+    for tid in range(256):
+        copies, _ = traced[False, tid]
+        _, reads = traced[True, tid]
+        for c in range(chunks):
+            for f in range(4):
+                assert held[c][reads[4 * c + f]] == copies[4 * c + f][1], (tid, c, f)
+
+
 def test_weights_evict_first_marks_nothing_on_the_gemv_core():
     """The model's flag composes with the core (as on the bulk core): its
     gemv projections carry no L2 hint, which layer_gemm refuses by name."""
@@ -115,6 +176,7 @@ def test_weights_evict_first_marks_nothing_on_the_gemv_core():
         (dict(stages=1), "stages=1: the ring needs at least 2"),
         (dict(prefetch_ring=4, stages=4), r"prefetch_ring=4: True or 1\.\.3 chunks"),
         (dict(k_splits=2), "need core='tma'"),
+        (dict(whole_lines=True), "whole_lines applies to block_m 8 or 16"),
     ],
 )
 def test_refusals_name_the_tile_and_the_option(options, words):
@@ -135,6 +197,8 @@ def test_refusals_name_the_tile_and_the_option(options, words):
         ("residual", 16, 8192, dict(sums_out=(2, 2), block_m=16)),
         ("swiglu", 32, 2048, dict(row_scale=(2, 1, 1e-5), block_m=16)),
         ("residual", 16, 2048, dict(sums_out=(2, 1), block_m=8)),
+        ("residual", 16, 8192, dict(sums_out=(2, 2), block_m=8, whole_lines=True)),
+        ("swiglu", 32, 2048, dict(row_scale=(2, 1, 1e-5), block_m=16, whole_lines=True)),
     ],
 )
 def test_ptx_assembles_without_spills(epilogue, block_n, k, extra, tmp_path):
@@ -189,3 +253,7 @@ def test_decoder_on_the_gemv_core_compiles(schedule):
     # 16 rows a tile: mma.sync again, the weights as the A operand.
     rows = etc.compile(M.build_decoder_graph(TINY_ROWS), **M.compile_options(TINY_ROWS, schedule))
     assert rows.cubin is not None and "mma.sync" in rows.ptx
+    # ... their weight copies whole lines, shared among a warp's lanes.
+    lines = dataclasses.replace(TINY_ROWS, gemv_whole_lines=True)
+    art = etc.compile(M.build_decoder_graph(lines), **M.compile_options(lines, schedule))
+    assert art.cubin is not None and "bar.warp.sync" in art.ptx and "bar.warp.sync" not in rows.ptx

@@ -1282,6 +1282,8 @@ def test_tma_fed_mma_attention_decoder_matches_the_numpy_model(schedule):
         attention_mma(512, 8, 2, 64, 2, prefetch=True)
     with pytest.raises(etc.GraphError, match="attn_tma_prefetch must be a bool, got 1"):
         dataclasses.replace(cfg, attn_tma_prefetch=1)
+    with pytest.raises(etc.GraphError, match="gemv_whole_lines must be a bool, got 1"):
+        dataclasses.replace(M.TINY, gemv_whole_lines=1)
     with pytest.raises(etc.GraphError, match="tma_rotate_k must be a bool, got 'yes'"):
         dataclasses.replace(cfg, tma_rotate_k="yes")
     with pytest.raises(etc.GraphError, match="attn_tma_stages must be an int >= 2, got 1"):

@@ -144,7 +144,10 @@ LARGE_BATCH = (
 #: B = 8, -0.9..-2.6 % at B = 12, item 215). The last split of each
 #: (sequence, kv head) merges the splits in its attention instance, with no
 #: combine stage (``fuse_combine``: -1..-2 % at B = 2-8, forty-sixth
-#: session, item 222). :data:`FEW_SEQUENCES` is its B = 2..8 kernel.
+#: session, item 222). Each warp's weight copies read whole 128-byte lines,
+#: shared among its lanes through the ring (``gemv_whole_lines``: -2..-3.6 %
+#: at B = 2-16, L = 1024 and 4096, forty-seventh session, item 227).
+#: :data:`FEW_SEQUENCES` is its B = 2..8 kernel.
 SMALL_BATCH = (
     ("wait_memo", True),
     ("weights_evict_first", True),
@@ -157,6 +160,7 @@ SMALL_BATCH = (
     ("gemv_short_path", False),
     ("sm_deal", "spread"),
     ("fuse_combine", True),
+    ("gemv_whole_lines", True),
 )
 #: The decoder's B = 2..8 kernel: :data:`SMALL_BATCH` on 8-row gemv tiles,
 #: which load half the activations and run half the mmas of a 16-row tile
@@ -430,6 +434,10 @@ class LlamaConfig:
     #: (``layer_gemm(short_path=...)``); off in a kernel whose B never
     #: leaves a row block so short (:data:`SMALL_BATCH`'s, B = 9..16).
     gemv_short_path: bool = True
+    #: ``gemv_block`` 8 / 16: each warp's weight copies read whole 128-byte
+    #: lines (``layer_gemm(whole_lines=True)``), the lanes sharing them
+    #: through shared memory, instead of half lines into per-lane slots.
+    gemv_whole_lines: bool = False
     #: Per-projection cores overriding ``gemm_core``: ``(("down_proj", "bulk"),)``.
     #: Projections: qkv_proj, o_proj, gate_up_proj, down_proj, lm_head.
     core_overrides: tuple[tuple[str, str], ...] = ()
@@ -887,6 +895,7 @@ class LlamaConfig:
         for name in (
             "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps",
             "queue_ahead", "wait_memo", "weights_evict_first", "attn_kv_evict_first",
+            "gemv_whole_lines",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
@@ -1688,6 +1697,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             core = dict(
                 core="gemv", stages=own.get("stages"), prefetch_ring=own["prefetch_ring"],
                 short_path=cfg.gemv_short_path,
+                whole_lines=cfg.gemv_whole_lines and cfg.gemv_block > 1,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
             )  # fmt: skip

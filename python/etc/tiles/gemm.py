@@ -1748,6 +1748,7 @@ def layer_gemm(
     refill: str = "wait",
     l2_evict_first: bool | str = False,
     short_path: bool = True,
+    whole_lines: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1848,9 +1849,10 @@ def layer_gemm(
     narrow blocks splitting ``k`` over the warps
     (:mod:`etc.tiles.gemv_layer`); with ``block_m`` 8 or 16, the same
     stream into ``mma.sync`` with the weights as the ``A`` operand
-    (``short_path``: a 16-row tile of at most 8 rows takes an 8-row loop).
+    (``short_path``: a 16-row tile of at most 8 rows takes an 8-row loop;
+    ``whole_lines``: each warp's weight copies read whole 128-byte lines).
     It takes ``stages``, ``columns_first``, ``row_scale``, ``sums_out``,
-    ``prefetch_ring`` and ``short_path`` only.
+    ``prefetch_ring``, ``short_path`` and ``whole_lines`` only.
 
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
     a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must
@@ -1942,8 +1944,8 @@ def layer_gemm(
         )
     if epilogue_ahead:
         raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")
-    if not short_path and core != "gemv":
-        raise GraphError(f"tile '{name}': short_path applies to core='gemv' only")
+    if (not short_path or whole_lines) and core != "gemv":
+        raise GraphError(f"tile '{name}': short_path and whole_lines apply to core='gemv' only")
     if core == "gemv":
         from .gemv_layer import layer_gemv
 
@@ -1952,6 +1954,7 @@ def layer_gemm(
             block_n, n, k, layers=layers, epilogue=epilogue, name=name, block_size=block_size,
             stages=stages, columns_first=columns_first, row_scale=row_scale, sums_out=sums_out,
             prefetch_ring=prefetch_ring, block_m=block_m, short_path=short_path,
+            whole_lines=whole_lines,
         )  # fmt: skip
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,

@@ -405,14 +405,18 @@ class ThreadRing:
         t = self.t
         for f, src in enumerate(srcs):
             g = t.op("g", f"arith.addi {src}, {offset} : index")
-            g = t.op("g", f"arith.index_cast {g} : index to i64")
-            g = t.op("g", f"llvm.inttoptr {g} : i64 to !llvm.ptr<1>")
-            d = t.op("d", f"arith.index_cast {self.slot(stage, f, 'bytes')} : index to i64")
-            d = t.op("d", f"llvm.inttoptr {d} : i64 to !llvm.ptr<3>")
-            t.emit(
-                f"nvvm.cp.async.shared.global {d}, {g}, 16, cache = cg : !llvm.ptr<3>, !llvm.ptr<1>"
-            )
+            cp_async_16(t, self.slot(stage, f, "bytes"), g)
         t.emit("nvvm.cp.async.commit.group")
+
+
+def cp_async_16(t: _Text, shared: str, source: str) -> None:
+    """``cp.async.cg`` of 16 bytes from global byte address ``source`` to
+    workgroup byte address ``shared`` (both index)."""
+    g = t.op("g", f"arith.index_cast {source} : index to i64")
+    g = t.op("g", f"llvm.inttoptr {g} : i64 to !llvm.ptr<1>")
+    d = t.op("d", f"arith.index_cast {shared} : index to i64")
+    d = t.op("d", f"llvm.inttoptr {d} : i64 to !llvm.ptr<3>")
+    t.emit(f"nvvm.cp.async.shared.global {d}, {g}, 16, cache = cg : !llvm.ptr<3>, !llvm.ptr<1>")
 
 
 def fma_chunk(

@@ -35,6 +35,14 @@ inside each 32-value half chunk so that a lane's 16-byte piece *is* its
 mma ``h`` are the piece's values 4h .. 4h + 3); its ``B`` fragment is then
 the same 16 bytes of sequence ``g``'s activation row, read from global
 memory (the L1 serves the CTA's other warps) one chunk ahead.
+
+Those per-lane slots make each ``cp.async`` instruction of a warp read
+half lines (pieces 0-3 of 8 rows, then pieces 4-7), where the one-row
+mode's read 4 whole lines; with ``whole_lines`` (:class:`LineRing`) copy
+``f`` of lane ``(s, p)`` (``s = lane / 8``) takes piece ``p`` of the warp's
+row ``4 f + s``, so every instruction reads whole lines, and the lanes read
+each other's copies: the loop syncs the warp after each wait and before
+each refill.
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ from .gemm import (
     add_fixed_sum,
     layer_gemm_reference,
 )
-from .gemv import ThreadRing, fma_chunk, lane_sum
+from .gemv import ThreadRing, cp_async_16, fma_chunk, lane_sum
 
 #: Lanes that share a weight row (16 bytes each of a 128-byte chunk).
 LANES_PER_ROW = 8
@@ -84,6 +92,7 @@ def layer_gemv(
     prefetch_ring: bool | int = False,
     block_m: int = 1,
     short_path: bool = True,
+    whole_lines: bool = False,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="gemv"`` (module
     docstring): ``stages`` ring slots per thread and row (default 4; at most
@@ -92,7 +101,8 @@ def layer_gemv(
     ``@<name>__prefetch`` before the instance's waits); ``block_m`` rows a
     tile (:data:`BLOCK_ROWS`; 8 or 16: on ``mma.sync``, ``rows_per_thread``
     unused; ``short_path``: a 16-row tile of at most 8 rows takes an 8-row
-    loop, off where no tile has so few). No L2 evict-first
+    loop, off where no tile has so few; ``whole_lines``: the weights'
+    copies read whole lines, :class:`LineRing`). No L2 evict-first
     hint: with the sync core's hinted copies the tiny decoder stopped with
     CUDA_ERROR_ILLEGAL_INSTRUCTION under the dynamic schedule without early
     pushes (``bench/RESULTS.md`` item 208), and at B = 1 the hint gained
@@ -123,6 +133,11 @@ def layer_gemv(
             f"tile '{name}': sums_out over {block_m} rows adds each row's squares over a "
             f"warp's lanes: block_n={block_n} must divide 32 or be a multiple of it"
         )
+    if whole_lines and block_m == 1:
+        raise GraphError(
+            f"tile '{name}': whole_lines applies to block_m 8 or 16 (one row's copies "
+            "already read whole lines)"
+        )
     if block_m == 1 and block_n > bs:
         raise GraphError(f"tile '{name}': block_n={block_n} exceeds the {bs} threads")
     if n % block_n:
@@ -151,7 +166,7 @@ def layer_gemv(
         name=name, bs=bs, n=n, k=k, block_m=block_m, block_n=block_n, per_n=per_n, nr=nr, rpt=rpt,
         groups=groups, slices=slices, per_slice=per_slice, stages=stages, pre=pre, early=early,
         at=at, wt=wt, ct=ct, stacked=stacked, epilogue=epilogue, row_scale=row_scale,
-        sums_out=sums_out, short_path=short_path,
+        sums_out=sums_out, short_path=short_path, whole_lines=whole_lines,
     )  # fmt: skip
     st = _text.SUMS_TYPE
     signature = _layer_signature(
@@ -276,6 +291,74 @@ def _const(v: int) -> str:
     return f"%c{v}_" if v else "%c0"
 
 
+class LineRing:
+    """The rows mode's ring with whole-line copies (module docstring): per
+    stage a warp's 16 weight rows of one 128-byte chunk (2 KB, the same
+    bytes as :class:`ThreadRing`'s four slots of its 32 lanes). Piece ``p``
+    of row ``r`` lies at ``p ^ 4 (r & 1)``, so the 8 lanes of a quarter warp
+    (rows ``g`` and ``g + 1``, pieces ``q`` or ``q + 4``) read all 32 banks
+    once, and so do a copy's 8 lanes (one row). Reads: ``slot(stage, f)`` is
+    lane ``(g, q)``'s slot ``f`` of :func:`_emit_rows`' layout, pieces ``q``
+    and ``q + 4`` of rows ``g`` (``f`` = 0, 1) and ``g + 8`` (2, 3)."""
+
+    def __init__(self, t: _Text, name: str, ring_t: str, tid: str, bs: int, per_stage: int):
+        assert per_stage == 4, "16 rows of 128 bytes: 4 copies of 16 bytes a lane"
+        self.t, self.type, self.stage_bytes = t, ring_t, bs * 16 * per_stage
+        self.declaration = (
+            f'memref.global "private" @{name}__ring : {ring_t} {{alignment = 16 : i64}}'
+        )
+        self.ring = t.op("ring", f"memref.get_global @{name}__ring : {ring_t}")
+        sb = t.op("sb", f"memref.extract_aligned_pointer_as_index {self.ring} : {ring_t} -> index")
+        warp = t.op("lw", f"arith.divui {tid}, %c32 : index")
+        lane = t.op("ll", f"arith.remui {tid}, %c32 : index")
+        wb = t.op("lw", f"arith.muli {warp}, %c{32 * 16 * per_stage}_ : index")
+        # Copies: lane (s, p) writes piece p of row 4 f + s (parity s & 1).
+        sub = t.op("ls", f"arith.divui {lane}, %c{LANES_PER_ROW}_ : index")
+        piece = t.op("lp", f"arith.remui {lane}, %c{LANES_PER_ROW}_ : index")
+        flip = t.op("lf", f"arith.andi {sub}, %c1 : index")
+        flip = t.op("lf", f"arith.muli {flip}, %c4 : index")
+        at = t.op("lp", f"arith.xori {piece}, {flip} : index")
+        at = t.op("lp", f"arith.muli {at}, %c16_ : index")
+        row = t.op("ls", f"arith.muli {sub}, %c{2 * CHUNK}_ : index")
+        self.write = t.op("lb", f"arith.addi {sb}, {wb} : index")
+        self.write = t.op("lb", f"arith.addi {self.write}, {row} : index")
+        self.write = t.op("lb", f"arith.addi {self.write}, {at} : index")
+        # Reads: lane (g, q), piece q (+ 4) of row g at byte 16 q (+ 64),
+        # or (rows of odd g) the other half.
+        g = t.op("lg", f"arith.divui {lane}, %c4 : index")
+        q = t.op("lq", f"arith.remui {lane}, %c4 : index")
+        rd = t.op("lr", f"arith.muli {g}, %c{2 * CHUNK}_ : index")
+        rd = t.op("lr", f"arith.addi {wb}, {rd} : index")
+        q16 = t.op("lq", f"arith.muli {q}, %c16_ : index")
+        rd = t.op("lr", f"arith.addi {rd}, {q16} : index")
+        odd = t.op("lo", f"arith.andi {g}, %c1 : index")
+        half = t.op("lo", f"arith.muli {odd}, %c64_ : index")
+        other = t.op("lo", f"arith.subi %c64_, {half} : index")
+        self.reads = [t.op("lr", f"arith.addi {rd}, {h} : index") for h in (half, other)]
+
+    def _stage(self, stage: str) -> str:
+        return self.t.op("lst", f"arith.muli {stage}, %c{self.stage_bytes}_ : index")
+
+    def slot(self, stage: str, f: int, what: str) -> str:
+        """Lane ``(g, q)``'s slot ``f`` of ``stage`` as an i32 index (reads)."""
+        assert what == "index", "the ring's copies address it by copy, not slot"
+        t = self.t
+        at = t.op("lx", f"arith.addi {self.reads[f % 2]}, {self._stage(stage)} : index")
+        if f // 2:
+            at = t.op("lx", f"arith.addi {at}, %c{8 * 2 * CHUNK}_ : index")
+        return t.op("lx", f"arith.divui {at}, %c4 : index")
+
+    def copy(self, srcs: list[str], offset: str, stage: str) -> None:
+        """Copy ``f``: 16 bytes from ``srcs[f] + offset`` to this lane's
+        piece of row ``4 f + s`` of ``stage``, as one ``cp.async`` group."""
+        t = self.t
+        base = t.op("ld", f"arith.addi {self.write}, {self._stage(stage)} : index")
+        for f, src in enumerate(srcs):
+            d = t.op("ld", f"arith.addi {base}, %c{f * 4 * 2 * CHUNK}_ : index") if f else base
+            cp_async_16(t, d, t.op("g", f"arith.addi {src}, {offset} : index"))
+        t.emit("nvvm.cp.async.commit.group")
+
+
 def _open_tile(t: _Text, p: dict, r0: str) -> tuple[str, str, str, str, str, str]:
     """The tile's guard (rows from ``r0`` and its columns exist), opened,
     and its thread's coordinates: ``(M, n0, tid, lane, group, kslice)``
@@ -294,13 +377,14 @@ def _open_tile(t: _Text, p: dict, r0: str) -> tuple[str, str, str, str, str, str
     return m_rows, n0, tid, lane, group, kslice
 
 
-def _ring(t: _Text, p: dict, part: str, srcs: list[str], tid: str):
-    """The thread's ring of ``len(srcs)`` slots a stage and its copy of a
-    slice's chunk ``it`` (``issue(it, stage)``), after the copies of the
-    ring's first chunks that ``part`` issues (:func:`_emit`)."""
+def _ring(t: _Text, p: dict, part: str, srcs: list[str], tid: str, kind=ThreadRing):
+    """The thread's ring of ``len(srcs)`` slots a stage (a ``kind``:
+    :class:`ThreadRing` or :class:`LineRing`) and its copy of a slice's
+    chunk ``it`` (``issue(it, stage)``), after the copies of the ring's
+    first chunks that ``part`` issues (:func:`_emit`)."""
     bs, stages, pre = p["bs"], p["stages"], p["pre"]
     ring_t = f"memref<{stages * len(srcs) * bs * 4}xi32, #gpu.address_space<workgroup>>"
-    ring = ThreadRing(t, p["name"], ring_t, tid, bs, len(srcs))
+    ring = kind(t, p["name"], ring_t, tid, bs, len(srcs))
     step = 2 * CHUNK * p["slices"]  # bytes of a row between a slice's chunks
 
     def issue(it: str, stage: str) -> None:
@@ -392,14 +476,25 @@ def _finish(
     _store_and_sum(t, p, hv, mine, ("%i", col), 32, width, lead)
 
 
-def _ring_loop(t: _Text, p: dict, issue, carried: list[tuple[str, str, str]], step, ahead=None):
+def _ring_loop(
+    t: _Text, p: dict, issue, carried: list[tuple[str, str, str]], step, ahead=None,
+    shared: bool = False,
+):  # fmt: skip
     """The k slice's chunks through the ring, the carried values ``(name,
     initial value, type)`` threaded through them: each iteration issues the
     copy of chunk ``it + pre``, then ``ahead(next chunk)`` (loads for the
     next chunk, or None past the last), waits for chunk ``it`` and runs
     ``step(it, stage, values, ahead's result) -> values``; the last ``pre``
-    chunks run unrolled, draining the ring. Returns the final values."""
+    chunks run unrolled, draining the ring. Returns the final values.
+    ``shared``: the warp's lanes read each other's copies (:class:`LineRing`),
+    so the warp syncs before each refill (every lane is done with the stage
+    it overwrites) and after each wait (every lane's copies have landed)."""
     stages, pre, per_slice = p["stages"], p["pre"], p["per_slice"]
+
+    def sync() -> None:
+        if shared:
+            t.emit(_text.asm_line("bar.warp.sync -1;", [], memory=True))
+
     res = t.fresh("accs")
     types = ", ".join(ty for _, _, ty in carried)
     inits = ", ".join(f"{name} = {init}" for name, init, _ in carried)
@@ -408,10 +503,12 @@ def _ring_loop(t: _Text, p: dict, issue, carried: list[tuple[str, str, str]], st
         f"iter_args({inits}) -> ({types}) {{"
     )
     t.indent += "  "
+    sync()
     nxt = t.op("nx", f"arith.addi %c_it, %c{pre}_ : index")
     issue(nxt, t.op("st", f"arith.remui {nxt}, %c{stages}_ : index"))
     early = ahead(t.op("na", "arith.addi %c_it, %c1 : index")) if ahead else None
     t.emit(f"nvvm.cp.async.wait.group {pre}")
+    sync()
     stage = t.op("st", f"arith.remui %c_it, %c{stages}_ : index")
     values = step("%c_it", stage, [name for name, _, _ in carried], early)
     t.emit(f"scf.yield {', '.join(values)} : {types}")
@@ -421,6 +518,7 @@ def _ring_loop(t: _Text, p: dict, issue, carried: list[tuple[str, str, str]], st
         it = per_slice - pre + q
         early = ahead(_const(it + 1)) if ahead and it + 1 < per_slice else None
         t.emit(f"nvvm.cp.async.wait.group {pre - 1 - q}")
+        sync()
         values = step(_const(it), _const(it % stages), values, early)
     return values
 
@@ -483,10 +581,23 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     start = t.op("ko", f"arith.addi {start}, {pq} : index")
     wbase = _weight_base(t, p)
     srcs = []
-    for lr in (low, high):
-        src = _row_source(t, p, n0, wbase, lr, start)
-        srcs += [src, t.op("src", f"arith.addi {src}, %c64_ : index")]
-    ring, issue = _ring(t, p, part, srcs, tid)
+    if p["whole_lines"]:  # copy f: piece lane % 8 of the warp's row 4 f + lane / 8
+        sub = t.op("ls", f"arith.divui {lane}, %c{LANES_PER_ROW}_ : index")
+        piece = t.op("lp", f"arith.remui {lane}, %c{LANES_PER_ROW}_ : index")
+        first = t.op("lr", f"arith.muli {group}, %c{MMA_ROWS}_ : index")
+        first = t.op("lr", f"arith.addi {first}, {sub} : index")
+        at = t.op("ko", f"arith.muli {kslice}, %c{2 * CHUNK}_ : index")
+        pk = t.op("pk", f"arith.muli {piece}, %c16_ : index")
+        at = t.op("ko", f"arith.addi {at}, {pk} : index")
+        for f in range(4):
+            lr = t.op("lr", f"arith.addi {first}, %c{4 * f}_ : index") if f else first
+            srcs.append(_row_source(t, p, n0, wbase, lr, at))
+    else:
+        for lr in (low, high):
+            src = _row_source(t, p, n0, wbase, lr, start)
+            srcs += [src, t.op("src", f"arith.addi {src}, %c64_ : index")]
+    kind = LineRing if p["whole_lines"] else ThreadRing
+    ring, issue = _ring(t, p, part, srcs, tid, kind)
     if part == "fill":
         return []
     globals_ = [ring.declaration]
@@ -608,7 +719,7 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
         accs = compute(stage, values[nacc:], values[:nacc])
         return accs + ahead if ahead is not None else accs + values[nacc:]
 
-    accs = _ring_loop(t, p, issue, carried, step, activations)[:nacc]
+    accs = _ring_loop(t, p, issue, carried, step, activations, p["whole_lines"])[:nacc]
     base = t.op("pb", f"arith.muli {kslice}, %c{bm * nr}_ : index")
     q2 = t.op("q2", f"arith.muli {q}, %c{2 * nr}_ : index")
     base = t.op("pb", f"arith.addi {base}, {q2} : index")
