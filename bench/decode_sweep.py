@@ -752,6 +752,53 @@ VARIANTS["mid_halves"] = _mid(("gemv_whole_lines", False))
 VARIANTS["few_lm64"] = _few(("bn_lm", 64))
 VARIANTS["mid_s5"] = _mid(("gemm_options", (("stages", 5),)))
 VARIANTS["mid_s3"] = _mid(("gemm_options", (("stages", 3),)))
+# B = 1's phased attention with its cached K and V rows copied into shared
+# memory by the prefetch function, before the instance waits for the QKV
+# projection (1 % faster at B = 1 in the seventh session's kernel; not tried
+# since the projections moved to the gemv core and the combine into the
+# attention), or by the body before its first step.
+VARIANTS["one_pfkv"] = _one(("attn_prefetch_kv", True))
+VARIANTS["one_stagekv"] = _one(("attn_stage_kv", True))
+
+
+def _b1(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in both of B = 1's kernels."""
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=((bound, (*one, *changes)), *rest))
+
+
+# B = 1's o_proj in 16- or 32-column blocks (session 46's B = 1 trace: the
+# o_proj instance that ends last runs on the CTA whose attention instance
+# merged the splits, so its weights load only after the merge; 128 blocks
+# are dealt to exactly the 128 CTAs after the attention's 136, which hold
+# no attention instance and fill their rings while it runs).
+VARIANTS["b1_o16"] = _b1(("bn_o", 16))
+VARIANTS["b1_o32"] = _b1(("bn_o", 32))
+
+
+def _short(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in B = 1's phased kernel (up to
+    :data:`~etc.models.llama.SINGLE_SEQUENCE_CONTEXT`)."""
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    (short, first), *longer = one["context_buckets"]
+    one["context_buckets"] = ((short, (*first, *changes)), *longer)
+    return dict(batch_buckets=((bound, tuple(one.items())), *rest))
+
+
+# ... its phased tile sized to its 64-position splits (attn_phased_span: the
+# K and V copies of a split take 16 KB of shared memory instead of 128, and
+# two CTAs an SM still fit), then those copies issued before the waits
+# (attn_prefetch_kv) or at the instance's start (attn_stage_kv): items
+# 230-231's 149 KB cost the second CTA of each SM.
+VARIANTS["b1_span64"] = _short(("attn_phased_span", 64))
+VARIANTS["b1_span64_pfkv"] = _short(("attn_phased_span", 64), ("attn_prefetch_kv", True))
+VARIANTS["b1_span64_stagekv"] = _short(("attn_phased_span", 64), ("attn_stage_kv", True))
+# B = 1's kernels before the session's two changes (items 231-232).
+VARIANTS["before47_b1"] = _b1(
+    ("bn_o", 8),
+    ("context_buckets", ((M.SINGLE_SEQUENCE_CONTEXT, ()), (None, M.SINGLE_SEQUENCE_LONG))),
+)
 # The default before session 46's two changes (B = 1's combine fused, spans
 # of 512 at B = 5..8), at L <= 1087 (its B = 1 kernel serves every context).
 VARIANTS["before46"] = {

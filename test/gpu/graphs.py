@@ -663,6 +663,18 @@ def llama_tiny_variants() -> dict:
         llama.TINY, head_dim=64, heads=4, kv_heads=2, combine_group=4,
         batch_buckets=((1, (*llama.SINGLE_SEQUENCE, *by_context)), (None, ())),
     )  # fmt: skip
+    # ... as the default's B = 1 kernel up to L = 39: 5 splits of at most 8
+    # positions in a phased tile sized to them (the artifact's spans are 64),
+    # the gemv core, the combine fused, K and V copied before the waits.
+    context_span = dataclasses.replace(
+        llama.TINY, attn_chunk=64, attn_small_batch=2, attn_small_span=64, attn_small_spans=(),
+        attn_single_span=8, attn_single_splits=5,
+        batch_buckets=(
+            (1, (*llama.SINGLE_SEQUENCE, ("context_buckets", (
+                (39, (("attn_phased_span", 8), ("attn_prefetch_kv", True))), (None, ()))))),
+            (None, ()),
+        ),
+    )  # fmt: skip
     # The B=1 split tier: spans of 3 (rounded up to the tile's 8), at most 5
     # splits, never fewer than spans of 8 give.
     single = dataclasses.replace(
@@ -884,6 +896,7 @@ def llama_tiny_variants() -> dict:
         ),
         "llama_tiny_buckets": buckets,
         "llama_tiny_context_buckets": context,
+        "llama_tiny_context_span": context_span,
         # The sync-core weight copies marked L2 evict-first (a cache hint:
         # the same results).
         "llama_tiny_evict_first": dataclasses.replace(llama.TINY, weights_evict_first=True),

@@ -11,6 +11,7 @@ import types
 import numpy as np
 import pytest
 from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, rand_bf16
+from unit_helpers import check_decoder_step
 
 import etc
 from etc.dtypes import bf16_to_f32, f32_to_bf16
@@ -27,6 +28,19 @@ CFG = M.TINY
 PHASED_1B = dataclasses.replace(
     M.LLAMA_3_2_1B, batch_buckets=(), **{**dict(M.SINGLE_SEQUENCE), "fuse_combine": False},
     attn_small_spans=((4, 128), (8, 256), (11, 384), (16, 256)),
+)  # fmt: skip
+#: The tiny decoder's B = 1 kernel as the default's, up to L = 39 on 5 splits
+#: of at most 8 positions in a phased tile sized to them (the artifact's
+#: spans are 64), K and V copied before the waits.
+TINY_SHORT = dataclasses.replace(
+    M.TINY, attn_chunk=64, attn_small_batch=2, attn_small_span=64, attn_small_spans=(),
+    attn_single_span=8, attn_single_splits=5,
+    batch_buckets=(
+        (1, (*M.SINGLE_SEQUENCE,
+             ("context_buckets",
+              ((39, (("attn_phased_span", 8), ("attn_prefetch_kv", True))), (None, ()))))),
+        (None, ()),
+    ),
 )  # fmt: skip
 
 
@@ -1534,6 +1548,65 @@ def test_context_buckets_split_the_one_sequence_kernel_by_l():
         etc.GraphError, match="bn_gu=48 .* the last context bucket.* batch bucket B <= 1"
     ):
         dataclasses.replace(CFG, batch_buckets=((1, inner), (None, ())))
+
+
+def test_phased_span_sizes_the_short_one_sequence_kernel():
+    """B = 1 up to L = 1087 runs 17 splits of at most 64 positions, so its
+    phased tile's buffers hold 64 (not the artifact's 512): the cached K and
+    V copies its prefetch function issues take 16 KB of shared memory.
+    The kernel's graph bounds L there, so it cannot run a longer split; a
+    span that some L up to the bound would outgrow is refused, naming it."""
+    short, long = (k for b, lb, k in M.LLAMA_3_2_1B.kernel_configs() if b == 1)
+    assert (short.max_context, long.max_context) == (M.SINGLE_SEQUENCE_CONTEXT, None)
+    assert short.phased_tile_span == 64 and short.attn_prefetch_kv is True
+    assert dataclasses.replace(short, attn_phased_span=0).phased_tile_span == 512
+    graph = M.build_decoder_graph(short)
+    assert {s.name: s.max for s in graph.symbols}["L"] == M.SINGLE_SEQUENCE_CONTEXT
+    assert {s.name: s.max for s in M.build_decoder_graph(long).symbols}["L"] is None
+    attention = next(t for t in graph.tasks if t.name == "attention").function
+    # 2 phases x 2 row loads x 256 threads x 16 bytes (i32 words), in the
+    # prefetch function's copies and the body's reads.
+    assert "memref<4096xi32" in attention.source and attention.prefetch_fills_shared
+    assert (
+        "memref<32768xi32"
+        in M.build_decoder_graph(dataclasses.replace(short, attn_phased_span=0))
+        .tasks[[t.name for t in graph.tasks].index("attention")]
+        .function.source
+    )
+    bucket = dict(dict(M.LLAMA_3_2_1B.batch_buckets)[1])
+    (bound, changes), rest = bucket["context_buckets"]
+
+    def one(changes, bound=bound):
+        return dataclasses.replace(
+            M.LLAMA_3_2_1B,
+            batch_buckets=((1, (*M.SINGLE_SEQUENCE, ("context_buckets", ((bound, changes), rest)))),
+                           *M.LLAMA_3_2_1B.batch_buckets[1:]),
+        )  # fmt: skip
+
+    with pytest.raises(etc.GraphError, match=r"attn_phased_span=32: at L = 32 the 1 splits of at "
+                       r"most 32 positions do not hold the 33 positions \(L <= 1087\)"):  # fmt: skip
+        one((("attn_phased_span", 32),))
+    with pytest.raises(etc.GraphError, match="at L = 1088 the 17 splits"):
+        one(changes, bound=1088)
+    with pytest.raises(etc.GraphError, match="attn_phased_span=96 must be a multiple of the "
+                       r"tile's loop step \(64 positions\)"):  # fmt: skip
+        one((("attn_phased_span", 96),))
+    with pytest.raises(etc.GraphError, match="attn_phased_span=64 sizes the phased attention of a "
+                       "kernel of one sequence and bounded L.*max_context=None"):  # fmt: skip
+        dataclasses.replace(short, max_context=None)
+    with pytest.raises(etc.GraphError, match="attn_phased_span must be an int >= 0, got -1"):
+        dataclasses.replace(short, attn_phased_span=-1)
+    with pytest.raises(etc.GraphError, match="batch bucket B <= 1 changes"):
+        dataclasses.replace(M.LLAMA_3_2_1B, batch_buckets=((1, (("max_context", 9),)), (None, ())))
+    # A tile shorter than the span holds at most its own buffers.
+    tiny = dataclasses.replace(M.TINY, batch_buckets=(M.LLAMA_3_2_1B.batch_buckets[0], (None, ())))
+    assert tiny.kernel_for(1, 5).phased_tile_span == 8 == M.TINY.attn_chunk
+    # In the simulator: the tiny decoder with B = 1's 8-position splits held
+    # by an 8-position tile (its artifact-wide buffers hold 64), K and V
+    # copied before the waits.
+    for L in (39, 40):  # the bound, and past it (the other kernel)
+        check_decoder_step(TINY_SHORT.kernel_for(1, L), 1, L)
+    assert TINY_SHORT.kernel_for(1, 39).phased_tile_span == 8
 
 
 @needs_ptxas

@@ -86,7 +86,23 @@ _FOLDED = ("wqkv", "wgu")
 _CHUNKED = ("wqkv", "wo", "wgu", "wd")
 #: Larger than any batch: ``(B + _BIG - k) // _BIG`` is ``B >= k`` as 0 or 1.
 _BIG = 2**31
+
+
 #: ``LlamaConfig.attn_tile`` values.
+def _lt(a: Any, b: Any) -> Any:
+    """1 if ``a < b`` else 0, for sizes (ints or symbolic, |a - b| < 2**31):
+    the symbolic sizes have no comparisons."""
+    return (b - a + _BIG - 1) // _BIG
+
+
+def _min(a: Any, b: Any) -> Any:
+    return a + (b - a) * _lt(b, a)
+
+
+def _max(a: Any, b: Any) -> Any:
+    return a + (b - a) * _lt(a, b)
+
+
 ATTENTION_TILES = ("phased", "online", "mma")
 #: The tile changes of the decoder's kernel for large batches: every
 #: projection on TMA + wgmma in 64-row blocks (``gemm_core="tma"``, split-K
@@ -178,7 +194,10 @@ FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8), ("bn_lm", 128))
 #: ring (``gemm_core="gemv"``, called: -12.6 % at L = 1024, -10.4 % at
 #: L = 4096 on an H200 with 4 slots, forty-fourth session, item 207); the
 #: last of each kv head's 17 splits to finish merges them, with no combine
-#: stage (``fuse_combine``: -1.9 %, forty-sixth session, item 219).
+#: stage (``fuse_combine``: -1.9 %, forty-sixth session, item 219); o_proj
+#: in 16-column blocks, whose 128 instances the static deal gives to the
+#: 128 CTAs after the attention's 136, which fill their rings while it runs
+#: (-0.6 % on average at L = 1024 and 4096, forty-seventh session, item 231).
 SINGLE_SEQUENCE = (
     ("attn_tile", "phased"),
     ("attn_unroll", 2),
@@ -188,6 +207,7 @@ SINGLE_SEQUENCE = (
     ("gemm_core", "gemv"),
     ("gemm_options", (("stages", 8),)),
     ("fuse_combine", True),
+    ("bn_o", 16),
 )
 #: The changes of the B = 1 kernel past :data:`SINGLE_SEQUENCE_CONTEXT`:
 #: the B = 2..16 kernel's tensor-core attention (TMA ring, ``read_early``,
@@ -210,10 +230,20 @@ SINGLE_SEQUENCE_LONG = (
 #: whose splits (``attn_single_splits`` = 17 of ``attn_single_span`` = 64
 #: positions, L + 1 in all) each fit one 64-position loop step of it.
 SINGLE_SEQUENCE_CONTEXT = 17 * 64 - 1
+#: The changes of the B = 1 kernel up to :data:`SINGLE_SEQUENCE_CONTEXT`: its
+#: phased tile sized to the 64-position splits (``attn_phased_span``; -1.5 %
+#: alone: a split is one loop step), whose cached K and V rows its prefetch
+#: function copies into shared memory (16 KB) before the instance waits for
+#: the QKV projection (``attn_prefetch_kv``; together -2.3..-3.2 % at L = 512
+#: and 1024 on an H200, forty-seventh session, item 232).
+SINGLE_SEQUENCE_SHORT = (("attn_phased_span", 64), ("attn_prefetch_kv", True))
 #: The default B = 1 kernel: a kernel per context range (``context_buckets``).
 SINGLE_SEQUENCE_BY_CONTEXT = (
     *SINGLE_SEQUENCE,
-    ("context_buckets", ((SINGLE_SEQUENCE_CONTEXT, ()), (None, SINGLE_SEQUENCE_LONG))),
+    (
+        "context_buckets",
+        ((SINGLE_SEQUENCE_CONTEXT, SINGLE_SEQUENCE_SHORT), (None, SINGLE_SEQUENCE_LONG)),
+    ),
 )
 _GEMM_OPTIONS = (("stages", 4), ("unroll", 2), ("rotate_k", True))
 #: The fields that set the attention's split counts (``LlamaConfig.splits``),
@@ -731,6 +761,17 @@ class LlamaConfig:
     #: span of ``attn_chunk``, so its phased attention tile need not hold one
     #: (:attr:`attn_large_span`).
     max_batch: int | None = None
+    #: The largest L this configuration's kernel runs (set from
+    #: ``context_buckets``; None: any): its graph's ``L`` symbol's ``max``, so
+    #: a kernel launched past it on its own is refused, naming ``L``.
+    max_context: int | None = None
+    #: At most how long a split the phased attention tile of a one-sequence
+    #: kernel bounded in ``L`` (``max_batch`` 1, ``max_context``) holds
+    #: (:attr:`phased_tile_span`; 0: ``min(attn_chunk, attn_phased_chunk)``).
+    #: Its buffers, and ``attn_stage_kv``'s copies of a whole split, shrink to
+    #: it: B = 1 up to L = 1087 runs 17 splits of 64 positions. Checked
+    #: against every L up to ``max_context``.
+    attn_phased_span: int = 0
     #: The prefetch task's instances per layer (each of ``block_size`` threads).
     l2_prefetch_ctas: int = 64
     #: The prefetched lines get L2's evict-last priority.
@@ -934,6 +975,7 @@ class LlamaConfig:
                 f"1..{hold} (the attention's buffers hold {holder})"
             )
         self._check_small_spans(hold, holder)
+        self._check_phased_span(hold)
         if self.heads % self.kv_heads:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
@@ -1160,9 +1202,13 @@ class LlamaConfig:
         configuration alone when empty)."""
         if not self.context_buckets:
             return [(None, self)]
-        return [(bound, self._context_kernel(changes)) for bound, changes in self.context_buckets]
+        return [
+            (bound, self._context_kernel(changes, bound)) for bound, changes in self.context_buckets
+        ]
 
-    def _context_kernel(self, changes: tuple[tuple[str, Any], ...]) -> LlamaConfig:
+    def _context_kernel(
+        self, changes: tuple[tuple[str, Any], ...], bound: int | None
+    ) -> LlamaConfig:
         # One set of buffers: every kernel keeps this one's split counts
         # (a tile's own default would differ: the tensor-core one holds no span).
         fixed = {
@@ -1170,7 +1216,8 @@ class LlamaConfig:
             "attn_cached_splits": self.cached_splits,
             "attn_counters": self.split_counters,
         }
-        return dataclasses.replace(self, **dict(changes), context_buckets=(), **fixed)
+        bound = dict(max_context=bound) if bound is not None else {}
+        return dataclasses.replace(self, **dict(changes), context_buckets=(), **fixed, **bound)
 
     @property
     def split_counters(self) -> bool:
@@ -1213,6 +1260,13 @@ class LlamaConfig:
             and self.max_batch <= self.attn_small_batch
         )
         return self.attn_tile == "mma" or small_only
+
+    @property
+    def phased_tile_span(self) -> int:
+        """The longest split the phased attention tile holds (its ``chunk``):
+        ``min(attn_chunk, attn_phased_chunk)``, at most ``attn_phased_span``."""
+        hold = min(self.attn_chunk, self.attn_phased_chunk)
+        return min(self.attn_phased_span, hold) if self.attn_phased_span else hold
 
     @property
     def attn_large_span(self) -> int:
@@ -1293,6 +1347,33 @@ class LlamaConfig:
         _one_of("l2_prefetch_mode", self.l2_prefetch_mode, MODES)
         _int_field("l2_prefetch_ctas", self.l2_prefetch_ctas, 1)
 
+    def _check_phased_span(self, hold: int) -> None:
+        """``attn_phased_span``: a one-sequence kernel's phased tile, bounded
+        in L, whose splits all fit it (``splits(L, 1)`` of at most this many
+        positions hold ``L + 1``, for every L up to ``max_context``)."""
+        _int_field("attn_phased_span", self.attn_phased_span, 0)
+        if not self.attn_phased_span:
+            return
+        span = min(self.attn_phased_span, hold)
+        where = f"LlamaConfig: attn_phased_span={self.attn_phased_span}"
+        if self.attn_tile != "phased" or self.max_batch != 1 or self.max_context is None:
+            raise GraphError(
+                f"{where} sizes the phased attention of a kernel of one sequence and bounded "
+                f"L (a batch bucket B <= 1, a context bucket): attn_tile={self.attn_tile!r}, "
+                f"max_batch={self.max_batch}, max_context={self.max_context}"
+            )
+        step = self.block_size // (self.head_dim // 8) * self.attn_unroll
+        if span > step and span % step:
+            raise GraphError(
+                f"{where} must be a multiple of the tile's loop step ({step} positions)"
+            )
+        for L in range(self.max_context + 1):
+            if self.splits(L, 1) * span < L + 1:
+                raise GraphError(
+                    f"{where}: at L = {L} the {self.splits(L, 1)} splits of at most {span} "
+                    f"positions do not hold the {L + 1} positions (L <= {self.max_context})"
+                )
+
     def _check_buckets(self, field: str) -> None:
         """``batch_buckets`` or ``context_buckets``: increasing bounds, a last
         None, changes that name fields and make a valid kernel."""
@@ -1321,7 +1402,7 @@ class LlamaConfig:
         shared = {"weight_chunk", "attn_counters"} | (
             _SPLIT_FIELDS if field == "context_buckets" else set()
         )
-        fields = {f.name for f in dataclasses.fields(self)} - {field, "max_batch"}
+        fields = {f.name for f in dataclasses.fields(self)} - {field, "max_batch", "max_context"}
         for bound, changes in buckets:
             which = (
                 f"{kind} bucket {symbol} <= {bound}"
@@ -1346,7 +1427,7 @@ class LlamaConfig:
                 if field == "batch_buckets":
                     dataclasses.replace(self, **dict(changes), batch_buckets=(), max_batch=bound)
                 else:
-                    self._context_kernel(changes)
+                    self._context_kernel(changes, bound)
             except GraphError as e:
                 raise GraphError(
                     f"{e} (in the kernel of {which}: {dict(changes)}; change {field}, "
@@ -1633,20 +1714,6 @@ def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
     }
 
 
-def _lt(a: Any, b: Any) -> Any:
-    """1 if ``a < b`` else 0, for sizes (ints or symbolic, |a - b| < 2**31):
-    the symbolic sizes have no comparisons."""
-    return (b - a + _BIG - 1) // _BIG
-
-
-def _min(a: Any, b: Any) -> Any:
-    return a + (b - a) * _lt(b, a)
-
-
-def _max(a: Any, b: Any) -> Any:
-    return a + (b - a) * _lt(a, b)
-
-
 def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
     """The "online" or "mma" attention tile of ``cfg``."""
     from ..tiles import llama
@@ -1755,7 +1822,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         "attention": _attention_tile(cfg, NL, bs)
         if cfg.attn_tile != "phased"
         else llama.attention(
-            min(cfg.attn_chunk, cfg.attn_phased_chunk),
+            cfg.phased_tile_span,
             cfg.heads,
             cfg.kv_heads,
             cfg.head_dim,
@@ -1819,7 +1886,8 @@ def build_decoder_graph(
     tiles = {**_tiles(cfg), **(tiles or {})}
     NL, KV = cfg.layers, cfg.kv_heads
     g = Graph(name, block_size=cfg.block_size)
-    B, L, S = g.symbol("B", max=cfg.kernel_max_batch), g.symbol("L"), g.symbol("S")
+    B, L = g.symbol("B", max=cfg.kernel_max_batch), g.symbol("L", max=cfg.max_context)
+    S = g.symbol("S")
     t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()}
     rb = cfg.row_blocks(B)
     regions = dict(cfg.shared_regions)
