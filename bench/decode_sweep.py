@@ -794,6 +794,12 @@ def _short(*changes: tuple[str, object]) -> dict:
 VARIANTS["b1_span64"] = _short(("attn_phased_span", 64))
 VARIANTS["b1_span64_pfkv"] = _short(("attn_phased_span", 64), ("attn_prefetch_kv", True))
 VARIANTS["b1_span64_stagekv"] = _short(("attn_phased_span", 64), ("attn_stage_kv", True))
+# Each merge lane's splits loaded 1 (as before), 2 (the default) or 4 at a time
+# (session 47's B = 1 trace: the merging split ends 2.8 µs after its group's
+# previous one, and B = 1's 8 lanes an item walk 17 splits in 3 round trips).
+VARIANTS["merge1"] = {"attn_merge_unroll": 1}  # the default again (item 234)
+VARIANTS["merge2"] = {"attn_merge_unroll": 2}
+VARIANTS["merge4"] = {"attn_merge_unroll": 4}
 # B = 1's kernels before the session's two changes (items 231-232).
 VARIANTS["before47_b1"] = _b1(
     ("bn_o", 8),

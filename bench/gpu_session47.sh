@@ -64,9 +64,32 @@ for step in ${*:-tests}; do
     SWEEP_TMP=/tmp/s47 sweep_passes s47_b1final default,before47_b1 1 512,1024,2048,4096 \
       .device/s47f
     ;;
+  trace8)  # B = 8, L = 4096 traced: whole lines and half lines (DECODE_TRACE_VARIANTS=
+    # default,mid_halves DECODE_TRACE_BATCHES=8 DECODE_TRACE_CONTEXT=4096
+    # python bench/decode_trace.py --build .device/s47tr8)
+    DECODE_TRACE_VARIANTS=default,mid_halves DECODE_TRACE_BATCHES=8 DECODE_TRACE_CONTEXT=4096 \
+      timeout 200 python bench/decode_trace.py --artifacts .device/s47tr8 --out /tmp/s47/tr8 \
+      2>&1 | tee -a "$OUT/trace8.txt" | grep -A16 "layer"
+    tar czf "$OUT/traces8.tgz" -C /tmp/s47 tr8
+    ;;
+  merge)  # each merge lane's splits loaded 2 at a time (the new default), 1 or 4
+    # (DECODE_SWEEP_VARIANTS=default,merge1,merge4 python bench/decode_sweep.py --build
+    # .device/s47g)
+    SWEEP_TMP=/tmp/s47 sweep_passes s47_merge default,merge1,merge4 1,2,8 1024,4096 .device/s47g
+    ;;
   decbench)  # the issue's table over the default artifact (python bench/decode.py --build
     # .device/s47dec)
     issue_bench ${DECBENCH_DIR:-.device/s47dec}
+    ;;
+  final)  # the tiny decoders over the session's final code: whole lines, the short B = 1
+    # kernel sized to its splits, the fused merge two splits a load (python
+    # test/gpu/make_artifacts.py .device/s47fin --only V, V in llama_tiny_context_span,
+    # llama_tiny_context_buckets, llama_tiny_buckets, llama_tiny_single_fused,
+    # llama_tiny_gemv8_lines, llama_tiny_gemv16_lines)
+    for k in "context_span" "context_buckets" "tiny_buckets" "single_fused" "_lines"; do
+      ETC_ARTIFACTS=.device/s47fin timeout 200 python -m pytest -q -rfs --tb=short \
+        test/gpu/test_llama_gpu.py -k "$k" 2>&1 | tee -a "$OUT/tests_final.txt" | tail -4
+    done
     ;;
   warmup)  # cold process to the first token over the default artifact (same build)
     mkdir -p "$OUT/warmup"

@@ -689,6 +689,9 @@ def llama_tiny_variants() -> dict:
     # the spread splits: their count is the grid's, not ceil((L + 1) / chunk)),
     # on the sync core and, as B = 1's kernel, the gemv core.
     single_fused = dataclasses.replace(single, fuse_combine=True)
+    # ... each merge lane loading its splits two at a time (5 splits on the
+    # tiny tile's lanes: a second load past the splits, empty).
+    single_fused_merge2 = dataclasses.replace(single_fused, attn_merge_unroll=2)
     single_fused_gemv = dataclasses.replace(
         single_fused, gemm_core="gemv", gemm_options=(("stages", 8),)
     )
@@ -908,6 +911,7 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_tma_buckets_pool": _unshared(tma_buckets, pool=_POOLED),
         "llama_tiny_single": single,
         "llama_tiny_single_fused": single_fused,
+        "llama_tiny_single_fused_merge2": single_fused_merge2,
         "llama_tiny_single_fused_gemv": single_fused_gemv,
         "llama_tiny_prefetch": prefetch,
         "llama_tiny_prefetch_lines": prefetch_lines,

@@ -513,9 +513,14 @@ def test_embed_compiles(tmp_path):
 
 @needs_ptxas
 @needs_bindings
-@pytest.mark.parametrize("group", [1, 4])
-def test_grouped_combine_compiles_with_shuffles(group, tmp_path):
-    tile = T.attention_combine(L_NH, L_D, group=group)
+@pytest.mark.parametrize("group, unroll", [(1, 1), (4, 1), (4, 2)])
+def test_grouped_combine_compiles_with_shuffles(group, unroll, tmp_path):
+    tile = T.attention_combine(L_NH, L_D, group=group, merge_unroll=unroll)
+    # A lane's splits loaded unroll at a time: every load before any fold.
+    loop = tile.source.split("scf.for")[1].split("scf.yield")[0]
+    assert loop.count("vector.load %op") == unroll
+    assert loop.index("vector.load %op") < loop.index("math.exp")
+    assert loop.rindex("vector.load %op") < loop.index("math.exp")
     ptx, spills, _ = compile_graph(
         tile,
         [
@@ -531,6 +536,8 @@ def test_grouped_combine_compiles_with_shuffles(group, tmp_path):
     # lanes = 256 / (group * 8 items): a butterfly of log2(lanes) rounds of 10 shuffles.
     lanes = min(32, 256 // (group * L_D // 8))
     assert ptx.count("shfl.sync.bfly") == 10 * (lanes.bit_length() - 1)
+    with pytest.raises(etc.GraphError, match="merge_unroll must be a positive int, got 0"):
+        T.attention_combine(L_NH, L_D, group=group, merge_unroll=0)
 
 
 @needs_ptxas

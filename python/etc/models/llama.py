@@ -698,6 +698,13 @@ class LlamaConfig:
     #: from the last part's whole-row add: deterministic, not bit-equal to
     #: the unshared kernel. ``LARGE_BATCH`` shares down_proj's by 2.
     tma_meet_share: tuple[tuple[str, int], ...] = ()
+    #: Splits each lane of the attention's merge (fused or the grouped
+    #: combine) loads before folding any (``merge_unroll``): one L2 round
+    #: trip for up to ``lanes * attn_merge_unroll`` splits instead of one
+    #: per ``lanes`` (B = 1 merges 17 splits on 8 lanes an item). 2 was
+    #: +0.4..+1.4 % at B = 1, L = 1024 and even elsewhere, 4 slower
+    #: everywhere (forty-seventh session, item 234).
+    attn_merge_unroll: int = 1
     #: Rows per activation box of a tma-core tile (16, 32 or 64): the boxes
     #: past the batch are skipped, not filled with zeros.
     tma_a_box: int = 64
@@ -959,6 +966,7 @@ class LlamaConfig:
                 f"only attn_tile='mma' takes (attn_tile={self.attn_tile!r} holds one span)"
             )
         _int_field("attn_phased_chunk", self.attn_phased_chunk, 1)
+        _int_field("attn_merge_unroll", self.attn_merge_unroll, 1)
         # The longest span the attention tile holds.
         hold, holder = self.attn_chunk, f"attn_chunk={self.attn_chunk}"
         if self.attn_tile == "phased" and self.attn_phased_chunk < hold:
@@ -1728,7 +1736,7 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
             prefetch=cfg.attn_tma_prefetch and cfg.attention_pipeline == "tma",
             release=cfg.attn_tma_release if cfg.attention_pipeline == "tma" else "math",
             direct=cfg.direct_attention, stamps=cfg.attn_stamps, items=cfg.attn_items,
-            combine=cfg.fuse_combine,
+            combine=cfg.fuse_combine, merge_unroll=cfg.attn_merge_unroll,
             kv_evict_first=cfg.attn_kv_evict_first and cfg.attention_pipeline == "tma", **common,
         )  # fmt: skip
     return llama.attention_online(*shape, unroll=cfg.attn_unroll, **common)
@@ -1834,13 +1842,18 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             prefetch_kv=cfg.attn_prefetch_kv,
             combine=cfg.fuse_combine,
             spread=cfg.attn_spread,
+            merge_unroll=cfg.attn_merge_unroll,
         ),  # fmt: skip
         **(
             {}
             if cfg.fuse_combine
             else {
                 "combine": llama.attention_combine(
-                    cfg.heads, cfg.head_dim, block_size=bs, group=cfg.combine_group or None
+                    cfg.heads,
+                    cfg.head_dim,
+                    block_size=bs,
+                    group=cfg.combine_group or None,
+                    merge_unroll=cfg.attn_merge_unroll,
                 )
             }
         ),

@@ -199,6 +199,7 @@ def attention_mma(
     items: int = 1,
     kv_evict_first: bool = False,
     combine: bool = False,
+    merge_unroll: int = 1,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -321,7 +322,7 @@ def attention_mma(
             f"tile '{name}': combine counts one kv head an instance: needs items=1, got {items}"
         )
     if combine:
-        _check_fused_combine(name, G, D, block_size)
+        _check_fused_combine(name, G, D, block_size, merge_unroll)
     if not isinstance(kv_evict_first, bool):
         raise GraphError(f"tile '{name}': kv_evict_first must be a bool, got {kv_evict_first!r}")
     if kv_evict_first and pipeline != "tma":
@@ -831,7 +832,9 @@ def attention_mma(
         item_end = f"\n  }}\n{inval}"
     fused = ""
     if combine:
-        count = _fused_combine(name, G, D, KV, block_size, layers, "%gkv", "%nsplit", NH)
+        count = _fused_combine(
+            name, G, D, KV, block_size, layers, "%gkv", "%nsplit", NH, merge_unroll
+        )
         # With direct, one split wrote the output itself and counts nothing.
         fused = (
             f"  %fc_many = arith.cmpi ne, %nsplit, %c1 : index\n  scf.if %fc_many {{\n"

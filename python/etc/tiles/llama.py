@@ -413,6 +413,7 @@ def attention(
     prefetch_kv: bool | str = False,
     combine: bool = False,
     spread: bool = False,
+    merge_unroll: int = 1,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -458,6 +459,8 @@ def attention(
     (acquire-release); the instance that brings it to the number of splits
     merges all splits of the group's ``G`` heads into ``attn`` (what
     ``attention_combine`` does for a whole row), so no combine stage is needed.
+    Each lane of the merge loads ``merge_unroll`` of its splits at once
+    (:func:`_shared_merge`).
 
     ``spread``: the grid's ``P`` splits (``opart``'s dim 2) share the ``L``
     cached positions evenly and position ``L`` rides in the split that
@@ -763,13 +766,15 @@ def attention(
     combine_global = _fused_combine_global(name) + "\n" if combine else ""
     combine_lines = ""
     if combine:
-        _check_fused_combine(name, G, D, block_size)
+        _check_fused_combine(name, G, D, block_size, merge_unroll)
         # The grid's split count is the partials' (capped or spread splits
         # are not ceil((L + 1) / chunk)).
         combine_lines = (
             f"  %fc_c2 = arith.constant 2 : index\n"
             f"  %fc_splits = memref.dim %op, %fc_c2 : {op_t}\n"
-            + _fused_combine(name, G, D, KV, block_size, layers, "%g", "%fc_splits", NH)
+            + _fused_combine(
+                name, G, D, KV, block_size, layers, "%g", "%fc_splits", NH, merge_unroll
+            )
             + "\n"
         )
     if prefetch_kv is True and not stage_kv:
@@ -1583,6 +1588,7 @@ def attention_combine(
     name: str = "attention_combine",
     block_size: int = 256,
     group: int | None = None,
+    merge_unroll: int = 1,
 ) -> DeviceFunction:
     """Tile ``(l, b)``: ``attn[b, h*D + d] = bf16(sum_s w_s opart[b, h, s, d] /
     sum_s w_s mpart[b, h, s, 1])`` with ``w_s = exp(mpart[b, h, s, 0] - M)``,
@@ -1597,7 +1603,8 @@ def attention_combine(
     8-dim item gets ``lanes`` consecutive threads (``block_size`` over the
     items, a power of two up to 32), lane ``k`` folds splits ``k, k +
     lanes, ...`` into a running max, sum and output (online softmax) and
-    a shuffle butterfly merges the lanes. One CTA walking all the splits of
+    a shuffle butterfly merges the lanes (each lane loading ``merge_unroll``
+    of its splits before folding any). One CTA walking all the splits of
     a whole row is a chain of dependent L2 round trips (4 µs a layer for
     one sequence on an H200); this is a few."""
     _check_block(name, block_size)
@@ -1606,8 +1613,9 @@ def attention_combine(
     NH, D = heads, head_dim
     op_t, mp_t = f"memref<?x{NH}x?x{D}xf32>", f"memref<?x{NH}x?x2xf32>"
     a_t = f"memref<?x{NH * D}xbf16>"
+    _positive(name, merge_unroll=merge_unroll)
     if group is not None:
-        return _combine_grouped(name, NH, D, group, block_size, op_t, mp_t, a_t)
+        return _combine_grouped(name, NH, D, group, block_size, op_t, mp_t, a_t, merge_unroll)
     source = f"""\
 // {name}: merge the attention splits of {NH} heads of {D}, one CTA of {block_size}.
 func.func @{name}(%l: index, %b: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) {{
@@ -1636,8 +1644,9 @@ func.func @{name}(%l: index, %b: index, %op: {op_t}, %mp: {mp_t}, %attn: {a_t}) 
 
 
 def _combine_grouped(
-    name: str, NH: int, D: int, group: int, block_size: int, op_t: str, mp_t: str, a_t: str
-) -> DeviceFunction:
+    name: str, NH: int, D: int, group: int, block_size: int, op_t: str, mp_t: str, a_t: str,
+    merge_unroll: int,
+) -> DeviceFunction:  # fmt: skip
     """:func:`attention_combine` with ``group``: heads and splits shared out."""
     _positive(name, group=group)
     if NH % group:
@@ -1658,7 +1667,7 @@ func.func @{name}(%l: index, %b: index, %g: index, %op: {op_t}, %mp: {mp_t}, %at
   %tid = gpu.thread_id x
   %ns = memref.dim %op, %c2 : {op_t}
   %h0 = arith.muli %g, %cG : index
-{_shared_merge("%h0", items, lanes, "%ns", D, op_t, mp_t, a_t)}
+{_shared_merge("%h0", items, lanes, "%ns", D, op_t, mp_t, a_t, unroll=merge_unroll)}
   return
 }}
 """
@@ -1673,7 +1682,8 @@ func.func @{name}(%l: index, %b: index, %g: index, %op: {op_t}, %mp: {mp_t}, %at
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
-def _check_fused_combine(name: str, G: int, D: int, block_size: int) -> None:
+def _check_fused_combine(name: str, G: int, D: int, block_size: int, unroll: int) -> None:
+    _positive(name, merge_unroll=unroll)
     if G * D // 8 > block_size:
         raise GraphError(
             f"tile '{name}': combine merges {G} heads of {D} as {G * D // 8} items of 8 dims, "
@@ -1691,7 +1701,7 @@ def _fused_combine_global(name: str) -> str:
 
 def _fused_combine(
     name: str, G: int, D: int, KV: int, block_size: int, layers: int, g: str, splits: str,
-    NH: int,
+    NH: int, unroll: int,
 ) -> str:  # fmt: skip
     """MLIR text of an attention split's fused combine (``combine=True`` of
     both attention tiles): after the partials are written, thread 0 adds 1
@@ -1705,7 +1715,16 @@ def _fused_combine(
     a_t = f"memref<?x{NH * D}xbf16>"
     items = G * D // 8
     merge = _shared_merge(
-        "%qh0", items, _merge_lanes(items, block_size), splits, D, op_t, mp_t, a_t, p="fc_"
+        "%qh0",
+        items,
+        _merge_lanes(items, block_size),
+        splits,
+        D,
+        op_t,
+        mp_t,
+        a_t,
+        p="fc_",
+        unroll=unroll,
     )
     return f"""\
   // Fused combine: the last of the group's splits to count merges them all.
@@ -1760,7 +1779,7 @@ def _merge_lanes(items: int, block_size: int) -> int:
 
 def _shared_merge(
     first_head: str, items: int, lanes: int, splits: str, D: int, op_t: str, mp_t: str, a_t: str,
-    p: str = "",
+    p: str = "", unroll: int = 1,
 ) -> str:  # fmt: skip
     """The flash-decoding merge of ``items`` 8-dim items of heads
     ``first_head ..`` of row ``%b`` with the splits shared out: item ``tid /
@@ -1768,7 +1787,10 @@ def _shared_merge(
     k + lanes, ...`` (below ``splits``) into a running max, sum and output
     (online softmax), and a shuffle butterfly merges the lanes; lane 0 stores
     ``%attn[%b, h*D + d .. +8]``. One thread walking all the splits is a chain
-    of dependent L2 round trips. Needs ``%tid``; names start with ``p``."""
+    of dependent L2 round trips, and so is a lane walking several: a lane
+    loads ``unroll`` of its splits (those past ``splits`` read its first one
+    and count as empty) before folding any, one round trip for up to
+    ``lanes * unroll`` splits. Needs ``%tid``; names start with ``p``."""
 
     def vec_shuffle(v: str, off: int, q: str) -> tuple[list[str], str]:
         ops, parts = [], []
@@ -1813,7 +1835,38 @@ def _shared_merge(
     shuffle_consts = "\n".join(
         f"  %{p}c{o}_i32 = arith.constant {o} : i32" for o in (1, 2, 4, 8, 16) if o < lanes
     )
-    loop = merge(f"%{p}m0", f"%{p}z0", f"%{p}a0", f"%{p}ms", f"%{p}ss", f"%{p}o", f"{p}f_")
+    loads, loop = [], []
+    state = (f"%{p}m0", f"%{p}z0", f"%{p}a0")
+    for u in range(unroll):  # every load of the step first, then the folds
+        q = f"{p}u{u}_"
+        at = f"%{p}s"
+        if u:
+            loads += [
+                f"    %{q}s = arith.addi %{p}s, %{p}cStep{u} : index",
+                f"    %{q}ok = arith.cmpi ult, %{q}s, {splits} : index",
+                f"    %{q}at = arith.select %{q}ok, %{q}s, %{p}s : index",
+            ]
+            at = f"%{q}at"
+        loads += [
+            f"    %{q}ms = memref.load %mp[%b, %{p}h, {at}, %{p}c0] : {mp_t}",
+            f"    %{q}ss = memref.load %mp[%b, %{p}h, {at}, %{p}c1] : {mp_t}",
+            f"    %{q}o = vector.load %op[%b, %{p}h, {at}, %{p}d] {{alignment = 16 : i64}} : "
+            f"{op_t}, vector<8xf32>",
+        ]
+        got = (f"%{q}ms", f"%{q}ss", f"%{q}o")
+        if u:  # past the splits: the empty state (max lowest, sum 0, output 0)
+            loads += [
+                f"    %{q}mv = arith.select %{q}ok, %{q}ms, %{p}lowest : f32",
+                f"    %{q}sv = arith.select %{q}ok, %{q}ss, %{p}fzero : f32",
+                f"    %{q}ov = arith.select %{q}ok, %{q}o, %{p}zero8 : vector<8xf32>",
+            ]
+            got = (f"%{q}mv", f"%{q}sv", f"%{q}ov")
+        loop += merge(*state, *got, f"{q}f_")
+        state = (f"%{q}f_m", f"%{q}f_z", f"%{q}f_a")
+    loop = loads + loop
+    step_consts = "\n".join(
+        f"  %{p}cStep{u} = arith.constant {u * lanes} : index" for u in range(1, unroll)
+    )
     nl = "\n"
     return f"""\
   %{p}c0 = arith.constant 0 : index
@@ -1822,7 +1875,9 @@ def _shared_merge(
   %{p}cD = arith.constant {D} : index
   %{p}cDC = arith.constant {D // 8} : index
   %{p}cLanes = arith.constant {lanes} : index
+  %{p}cStride = arith.constant {lanes * unroll} : index
   %{p}cItems = arith.constant {items} : index
+{step_consts}
   %{p}c32_i32 = arith.constant 32 : i32
 {shuffle_consts}
   %{p}zero8 = arith.constant dense<0.0> : vector<8xf32>
@@ -1836,13 +1891,10 @@ def _shared_merge(
     %{p}h = arith.addi {first_head}, %{p}hq : index
     %{p}dc = arith.remui %{p}item, %{p}cDC : index
     %{p}d = arith.muli %{p}dc, %{p}c8 : index
-    %{p}m, %{p}z, %{p}acc = scf.for %{p}s = %{p}lane to {splits} step %{p}cLanes
+    %{p}m, %{p}z, %{p}acc = scf.for %{p}s = %{p}lane to {splits} step %{p}cStride
         iter_args(%{p}m0 = %{p}lowest, %{p}z0 = %{p}fzero, %{p}a0 = %{p}zero8) -> (f32, f32, vector<8xf32>) {{
-    %{p}ms = memref.load %mp[%b, %{p}h, %{p}s, %{p}c0] : {mp_t}
-    %{p}ss = memref.load %mp[%b, %{p}h, %{p}s, %{p}c1] : {mp_t}
-    %{p}o = vector.load %op[%b, %{p}h, %{p}s, %{p}d] {{alignment = 16 : i64}} : {op_t}, vector<8xf32>
 {nl.join(loop)}
-    scf.yield %{p}f_m, %{p}f_z, %{p}f_a : f32, f32, vector<8xf32>
+    scf.yield {", ".join(state)} : f32, f32, vector<8xf32>
     }}
 {nl.join(body)}
     %{p}first = arith.cmpi eq, %{p}lane, %{p}c0 : index
