@@ -1623,6 +1623,10 @@ def test_compile_decoder_splits_a_batch_bucket_by_context(tmp_path):
     assert art.artifacts[0].symbol == "L" and art.artifacts[0].bounds == [8, None]
     (w0, short), (w1, long), (w2, rest) = art.leaves()
     assert (w0, w1, w2) == ("B<=1, L<=8", "B<=1, L=9..", "B=2..")
+    # Each kernel refuses a launch past its bounds on its own (L past 8 for
+    # the short one; the runtime reads these maxima from the manifest).
+    assert short.manifest["symbol_max"] == {"B": 1, "L": 8}
+    assert long.manifest["symbol_max"] == {"B": 1} and "symbol_max" not in rest.manifest
     # The long-context kernel's attention: the tensor-core tile fed by TMA, called.
     assert "call.uni attention," in long.ptx and "cp.async.bulk.tensor" in long.ptx
     assert "call.uni attention," not in short.ptx and "cp.async.bulk.tensor" not in short.ptx
