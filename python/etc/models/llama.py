@@ -88,7 +88,6 @@ _CHUNKED = ("wqkv", "wo", "wgu", "wd")
 _BIG = 2**31
 
 
-#: ``LlamaConfig.attn_tile`` values.
 def _lt(a: Any, b: Any) -> Any:
     """1 if ``a < b`` else 0, for sizes (ints or symbolic, |a - b| < 2**31):
     the symbolic sizes have no comparisons."""
@@ -103,6 +102,7 @@ def _max(a: Any, b: Any) -> Any:
     return a + (b - a) * _lt(a, b)
 
 
+#: ``LlamaConfig.attn_tile`` values.
 ATTENTION_TILES = ("phased", "online", "mma")
 #: The tile changes of the decoder's kernel for large batches: every
 #: projection on TMA + wgmma in 64-row blocks (``gemm_core="tma"``, split-K
@@ -983,7 +983,7 @@ class LlamaConfig:
                 f"1..{hold} (the attention's buffers hold {holder})"
             )
         self._check_small_spans(hold, holder)
-        self._check_phased_span(hold)
+        self._check_phased_span()
         if self.heads % self.kv_heads:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
@@ -1355,14 +1355,13 @@ class LlamaConfig:
         _one_of("l2_prefetch_mode", self.l2_prefetch_mode, MODES)
         _int_field("l2_prefetch_ctas", self.l2_prefetch_ctas, 1)
 
-    def _check_phased_span(self, hold: int) -> None:
+    def _check_phased_span(self) -> None:
         """``attn_phased_span``: a one-sequence kernel's phased tile, bounded
         in L, whose splits all fit it (``splits(L, 1)`` of at most this many
         positions hold ``L + 1``, for every L up to ``max_context``)."""
         _int_field("attn_phased_span", self.attn_phased_span, 0)
         if not self.attn_phased_span:
             return
-        span = min(self.attn_phased_span, hold)
         where = f"LlamaConfig: attn_phased_span={self.attn_phased_span}"
         if self.attn_tile != "phased" or self.max_batch != 1 or self.max_context is None:
             raise GraphError(
@@ -1370,6 +1369,7 @@ class LlamaConfig:
                 f"L (a batch bucket B <= 1, a context bucket): attn_tile={self.attn_tile!r}, "
                 f"max_batch={self.max_batch}, max_context={self.max_context}"
             )
+        span = self.phased_tile_span
         step = self.block_size // (self.head_dim // 8) * self.attn_unroll
         if span > step and span % step:
             raise GraphError(

@@ -572,29 +572,29 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     m_rows, n0, tid, lane, group, kslice = _open_tile(t, p, r0)
     g = t.op("g", f"arith.divui {lane}, %c4 : index")
     q = t.op("q", f"arith.remui {lane}, %c4 : index")
-    # Slots 0-3 of a stage: pieces q and q + 4 of block rows g, then g + 8.
-    low = t.op("lr", f"arith.muli {group}, %c{MMA_ROWS}_ : index")
-    low = t.op("lr", f"arith.addi {low}, {g} : index")
+    # The fragments' rows: g and g + 8 of the warp's 16 block rows.
+    rows = t.op("lr", f"arith.muli {group}, %c{MMA_ROWS}_ : index")
+    low = t.op("lr", f"arith.addi {rows}, {g} : index")
     high = t.op("lr", f"arith.addi {low}, %c8 : index")
-    start = t.op("ko", f"arith.muli {kslice}, %c{2 * CHUNK}_ : index")
-    pq = t.op("pk", f"arith.muli {q}, %c16_ : index")
-    start = t.op("ko", f"arith.addi {start}, {pq} : index")
+    chunk = t.op("ko", f"arith.muli {kslice}, %c{2 * CHUNK}_ : index")
     wbase = _weight_base(t, p)
+
+    def start(piece: str) -> str:  # byte of 16-byte piece `piece` of the slice's first chunk
+        at = t.op("pk", f"arith.muli {piece}, %c16_ : index")
+        return t.op("ko", f"arith.addi {chunk}, {at} : index")
+
     srcs = []
     if p["whole_lines"]:  # copy f: piece lane % 8 of the warp's row 4 f + lane / 8
         sub = t.op("ls", f"arith.divui {lane}, %c{LANES_PER_ROW}_ : index")
-        piece = t.op("lp", f"arith.remui {lane}, %c{LANES_PER_ROW}_ : index")
-        first = t.op("lr", f"arith.muli {group}, %c{MMA_ROWS}_ : index")
-        first = t.op("lr", f"arith.addi {first}, {sub} : index")
-        at = t.op("ko", f"arith.muli {kslice}, %c{2 * CHUNK}_ : index")
-        pk = t.op("pk", f"arith.muli {piece}, %c16_ : index")
-        at = t.op("ko", f"arith.addi {at}, {pk} : index")
+        at = start(t.op("lp", f"arith.remui {lane}, %c{LANES_PER_ROW}_ : index"))
+        first = t.op("lr", f"arith.addi {rows}, {sub} : index")
         for f in range(4):
             lr = t.op("lr", f"arith.addi {first}, %c{4 * f}_ : index") if f else first
             srcs.append(_row_source(t, p, n0, wbase, lr, at))
-    else:
+    else:  # slots 0-3: pieces q and q + 4 of rows g, then g + 8
+        at = start(q)
         for lr in (low, high):
-            src = _row_source(t, p, n0, wbase, lr, start)
+            src = _row_source(t, p, n0, wbase, lr, at)
             srcs += [src, t.op("src", f"arith.addi {src}, %c64_ : index")]
     kind = LineRing if p["whole_lines"] else ThreadRing
     ring, issue = _ring(t, p, part, srcs, tid, kind)
