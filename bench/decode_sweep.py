@@ -811,6 +811,93 @@ VARIANTS["before46"] = {
     **_one(("fuse_combine", False)),
     "attn_small_spans": ((2, 128, 16), (4, 128, 8), (8, 256, 4), (11, 384, 3), (16, 256, 2)),
 }
+# Session 48: B = 1's short kernel (up to L = 1087) alone, as the whole
+# artifact's one kernel (so the top-level attn_stamps gives the inputs the
+# phased tile's tensor), without and with the attention's clock stamps
+# (``bench/decode_trace.py`` prints the splits' phases and the merge's).
+_B1_ALONE = {
+    **{k: v for k, v in M.SINGLE_SEQUENCE if k != "outline"},  # (a compile key here)
+    "batch_buckets": (
+        (
+            1,
+            (
+                ("outline", dict(M.SINGLE_SEQUENCE)["outline"]),
+                (
+                    "context_buckets",
+                    ((M.SINGLE_SEQUENCE_CONTEXT, M.SINGLE_SEQUENCE_SHORT), (None, ())),
+                ),
+            ),
+        ),
+        (None, ()),  # (B > 1: the same tiles, never run here)
+    ),
+    "attn_small_spans": (),  # (B = 2..16's spans: no kernel here runs them)
+}
+VARIANTS["b1_alone"] = _B1_ALONE
+VARIANTS["stamps_b1"] = {**_B1_ALONE, "attn_stamps": True}
+# Session 48: a code change, not a setting: "default", "b1_alone" and
+# "stamps_b1" built before and "rope", "b1_rope" and "stamps_b1_rope" after
+# the phased tile ropes 8 dims a thread (16-byte loads, one round trip)
+# instead of one dim a thread in a loop of two (two round trips).
+VARIANTS["rope"] = {}
+VARIANTS["b1_rope"] = _B1_ALONE
+VARIANTS["stamps_b1_rope"] = VARIANTS["stamps_b1"]
+# ... and B = 1's merge loading 2 or 3 of a lane's splits at once (3: all 17
+# of a lane's in one round trip), stamped and timed.
+_B1_ALONE_BY_L = dict(_B1_ALONE["batch_buckets"][0][1])["context_buckets"]
+
+
+def _b1_alone_short(*changes: tuple[str, object]) -> dict:
+    """:data:`_B1_ALONE` with ``changes`` in its short kernel."""
+    (short, first), longer = _B1_ALONE_BY_L
+    one = (
+        ("outline", dict(M.SINGLE_SEQUENCE)["outline"]),
+        ("context_buckets", ((short, (*first, *changes)), longer)),
+    )
+    return {**_B1_ALONE, "batch_buckets": ((1, one), (None, ()))}
+
+
+VARIANTS["stamps_b1_m2"] = {**_b1_alone_short(("attn_merge_unroll", 2)), "attn_stamps": True}
+VARIANTS["stamps_b1_m3"] = {**_b1_alone_short(("attn_merge_unroll", 3)), "attn_stamps": True}
+
+
+# ... and B = 1 up to L = 1151 in 9 splits of 128 positions instead of 17 of
+# 64 (a split two loop steps, its K and V 32 KB; the merge one round trip
+# with 2 of a lane's splits a load), stamped and timed.
+def _b1_splits9(*changes: tuple[str, object], stamps: bool = False, span: int = 128) -> dict:
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    _, *longer = one["context_buckets"]
+    short = (("attn_phased_span", 128), ("attn_prefetch_kv", True), *changes)
+    one["context_buckets"] = ((9 * 128 - 1, short), *longer)
+    change = dict(attn_single_span=span, attn_single_splits=9)
+    if stamps:  # the short kernel alone, as _B1_ALONE
+        one["context_buckets"] = ((9 * 128 - 1, short), (None, ()))
+        return {**_B1_ALONE, **change, "attn_stamps": True,
+                "batch_buckets": ((1, tuple((k, v) for k, v in one.items()
+                                           if k in ("outline", "context_buckets"))),
+                                  (None, ()))}  # fmt: skip
+    return {**change, "batch_buckets": ((bound, tuple(one.items())), *rest)}
+
+
+VARIANTS["b1_s9"] = _b1_splits9()
+VARIANTS["b1_s9_m2"] = _b1_splits9(("attn_merge_unroll", 2))
+VARIANTS["stamps_b1_s9"] = _b1_splits9(stamps=True)
+VARIANTS["stamps_b1_s9_m2"] = _b1_splits9(("attn_merge_unroll", 2), stamps=True)
+# ... with the attention's 72 instances a layer taking the deal's 136
+# positions (deal_slots), so every other stage lands on the CTAs it has with
+# 17 splits (9 splits moved qkv's and made it ~1 µs longer, item 237).
+_SLOTS = ("deal_slots", (("attention", 136),))
+VARIANTS["b1_s9_slots"] = _b1_splits9(_SLOTS)
+VARIANTS["b1_s9_m2_slots"] = _b1_splits9(("attn_merge_unroll", 2), _SLOTS)
+VARIANTS["stamps_b1_s9_slots"] = _b1_splits9(_SLOTS, stamps=True)
+# ... with spans of at least 64 (9 splits of 64 up to L = 575, as the
+# default's, then of 128), not 128.
+VARIANTS["b1_s9x64_slots"] = _b1_splits9(_SLOTS, span=64)
+# (Session 48's attn_warm, the attention's prefetch asking the L2 for a line
+# of each buffer its body touches after the waits, left the stamps unchanged
+# and was removed: bench/RESULTS.md item 240.)
+VARIANTS["b1_m2"] = _short(("attn_merge_unroll", 2))
+VARIANTS["b1_m3"] = _short(("attn_merge_unroll", 3))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

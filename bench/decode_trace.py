@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from etc.models import llama as M  # noqa: E402
 from etc.runtime.trace import idle_before  # noqa: E402
+from etc.tiles.llama import PHASED_STAMPS  # noqa: E402
 
 CFG = M.LLAMA_3_2_1B
 #: Artifact name -> (configuration, schedule).
@@ -146,6 +147,79 @@ def stamp_table(stamps) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
+def phased_stamp_table(stamps) -> tuple[str, dict]:
+    """The phases of the phased attention's splits from ``attn_stamps``
+    (layers, B, kv heads, splits, len(PHASED_STAMPS)): median and 90th
+    percentile in µs (clock cycles over each split's ratio to the
+    ``%globaltimer``), the merge apart for the split that merged its group
+    (count = splits), and per group (µs, medians): the spread of the splits'
+    entries, the merging split's entry after the group's first, and its
+    end after the group's previous last end."""
+    import numpy as np
+
+    from etc.tiles.llama import PHASED_STAMPS
+
+    w = {name: i for i, name in enumerate(PHASED_STAMPS)}
+    grid = np.asarray(stamps, dtype=np.int64)
+    splits = grid.shape[3]
+    x = grid.reshape(-1, len(PHASED_STAMPS))
+    x = x[x[:, w["end"]] != 0]
+    cycles = (x[:, w["end"]] - x[:, w["entry"]]).astype(np.float64)
+    ns = (x[:, w["end_ns"]] - x[:, w["entry_ns"]]).astype(np.float64)
+    ghz = float(np.median(cycles[ns > 0] / ns[ns > 0]))
+    merged = x[:, w["count"]] == splits
+    phases = (
+        ("queries and k roped", "entry", "roped"),
+        ("K copies awaited", "roped", "k_ready"),
+        ("scores", "k_ready", "scored"),
+        ("softmax", "scored", "softmaxed"),
+        ("values", "softmaxed", "valued"),
+        ("partials stored", "valued", "partials"),
+        ("count's atomic", "partials", "counted"),
+        ("close (others)", "counted", "end"),
+        ("merge: loads and folds", "counted", "merge_loaded"),
+        ("merge: lanes' shuffles", "merge_loaded", "merge_folded"),
+        ("merge: store and close", "merge_folded", "end"),
+        ("merge (merging split)", "counted", "end"),
+        ("whole (others)", "entry", "end"),
+        ("whole (merging split)", "entry", "end"),
+    )
+    lines = [f"phased attention stamps: {len(x)} splits, clock {ghz:.2f} GHz"]
+    lines.append(f"  {'phase':26s} {'median us':>10s} {'p90 us':>8s}")
+    data: dict = {"instances": len(x), "clock_ghz": ghz}
+    for label, a, b in phases:
+        merging = "merging" in label or label.startswith("merge:")
+        rows = x[merged] if merging else x[~merged] if "others" in label else x
+        if not len(rows):
+            continue
+        us = (rows[:, w[b]] - rows[:, w[a]]) / (ghz * 1e3)
+        med, p90 = float(np.median(us)), float(np.percentile(us, 90))
+        data[label] = {"median_us": med, "p90_us": p90}
+        lines.append(f"  {label:26s} {med:10.2f} {p90:8.2f}")
+    groups = grid.reshape(-1, splits, len(PHASED_STAMPS))
+    spread, late_entry, late_end = [], [], []
+    for grp in groups:
+        if not (grp[:, w["end"]] != 0).all():
+            continue
+        m = grp[:, w["count"]] == splits
+        if m.sum() != 1:
+            continue
+        entries, ends = grp[:, w["entry_ns"]], grp[:, w["end_ns"]]
+        spread.append((entries.max() - entries.min()) / 1e3)
+        late_entry.append((entries[m][0] - entries.min()) / 1e3)
+        late_end.append((ends[m][0] - ends[~m].max()) / 1e3 if (~m).any() else 0.0)
+    for label, vals in (
+        ("group: entries' spread", spread),
+        ("group: merger's entry late", late_entry),
+        ("group: merger's end late", late_end),
+    ):
+        if vals:
+            med = float(np.median(vals))
+            data[label] = {"median_us": med}
+            lines.append(f"  {label:26s} {med:10.2f}")
+    return "\n".join(lines), data
+
+
 def stamp_gaps(trace, stamps, items: int = 1) -> tuple[str, dict]:
     """What comes between an attention instance and the instance before it on
     its CTA (µs, medians; by the previous instance's task): the previous
@@ -228,11 +302,15 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
                 if out is not None:
                     out.mkdir(parents=True, exist_ok=True)
                     np.save(out / f"stamps_{schedule}_B{B}_L{L}.npy", stamps)
-                text_s, data["attention_stamps"] = stamp_table(stamps)
-                text_g, data["attention_gaps"] = stamp_gaps(
-                    trace, stamps, cfg.kernel_for(B, L).attn_items
-                )
-                block += "\n" + text_s + "\n" + text_g
+                if stamps.shape[-1] == len(PHASED_STAMPS):
+                    text_s, data["attention_stamps"] = phased_stamp_table(stamps)
+                else:
+                    text_s, data["attention_stamps"] = stamp_table(stamps)
+                    text_g, data["attention_gaps"] = stamp_gaps(
+                        trace, stamps, cfg.kernel_for(B, L).attn_items
+                    )
+                    text_s += "\n" + text_g
+                block += "\n" + text_s
             key = f"{schedule}_B{B}" + (f"_L{L}" if len(CONTEXTS) > 1 else "")
             if out is not None:  # raw records, for per-SM and per-CTA analysis
                 out.mkdir(parents=True, exist_ok=True)

@@ -375,6 +375,11 @@ def _manifest(
                 **({"deal": "pool"} if tasks[name].deal == "pool" and schedule == "static" else {}),
                 **({"ctas": tasks[name].ctas} if tasks[name].ctas and schedule == "static" else {}),
                 **(
+                    {"deal_slots": tasks[name].deal_slots}
+                    if tasks[name].deal_slots and schedule == "static"
+                    else {}
+                ),
+                **(
                     {"meets": meets} if (meets := getattr(tasks[name].function, "meets", 0)) else {}
                 ),
             }
@@ -533,6 +538,12 @@ def compile(  # noqa: A001 - the public name
     if not (sm_deal is None or sm_deal in SM_DEALS and schedule == "static"):
         raise CompileError(
             f"sm_deal must be 'spread', 'pairs' or None, with the static schedule; got {sm_deal!r}"
+        )
+    slotted = [t.name for t in g.tasks if t.deal_slots]
+    if slotted and schedule == "static" and (sm_deal is not None or sm_slices):
+        raise CompileError(
+            f"task '{slotted[0]}' has deal_slots, which pad the round-robin lists; "
+            "sm_deal and sm_slices deal by SM instead: give one or the other"
         )
     if not isinstance(pop_ahead, bool):
         raise CompileError(f"pop_ahead must be a bool, got {pop_ahead!r}")

@@ -156,6 +156,9 @@ class Task:
     #: Static schedule: the instances go to the first this many CTAs only
     #: (``Graph.task(ctas=...)``); None: to all.
     ctas: int | None = None
+    #: Static schedule: the round-robin positions each phase's instances take
+    #: at least (``Graph.task(deal_slots=...)``); None: their count.
+    deal_slots: int | None = None
 
     @property
     def rank(self) -> int:
@@ -419,6 +422,7 @@ class Graph:
         deal: str = "list",
         prefetch_after: int = 0,
         ctas: int | None = None,
+        deal_slots: int | None = None,
     ) -> Task:
         """Run ``function`` over ``grid``, waiting on ``in_edges`` and notifying ``out_edges``.
 
@@ -479,6 +483,14 @@ class Graph:
         the other CTAs go on to later tasks' instances meanwhile (e.g. a few
         CTAs copy an MoE layer's rows expert by expert while the rest start
         the experts' GEMMs). The dynamic schedule ignores it.
+
+        ``deal_slots=n`` (static schedule, ``deal="list"``, round-robin
+        lists): each phase's instances of the task take at least ``n``
+        positions of the round-robin deal, the ones past their count left
+        empty, so the tasks after it land on the same CTAs however many
+        instances it has at launch (e.g. an attention whose split count
+        changes with the context, kept from moving the next projections onto
+        the CTAs that ran it). The dynamic schedule ignores it.
         """
         if not isinstance(function, DeviceFunction):
             raise GraphError(
@@ -582,6 +594,15 @@ class Graph:
                 "which needs deal='list' and no parts that wait for each other (got "
                 f"deal={deal!r}" + (f", {meets} such parts" if meets else "") + ")"
             )
+        if deal_slots is not None and (
+            isinstance(deal_slots, bool) or not isinstance(deal_slots, int) or deal_slots < 1
+        ):
+            raise GraphError(f"{where}: deal_slots must be None or an int >= 1, got {deal_slots!r}")
+        if deal_slots is not None and deal != "list":
+            raise GraphError(
+                f"{where}: deal_slots={deal_slots} pads the static lists' round-robin deal, "
+                f"which needs deal='list' (got deal={deal!r})"
+            )
         t = Task(
             name,
             function,
@@ -597,6 +618,7 @@ class Graph:
             deal,
             prefetch_after,
             ctas,
+            deal_slots,
         )
         self.tasks.append(t)
         self._task_names[name] = t

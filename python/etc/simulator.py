@@ -125,7 +125,8 @@ def static_queues(
     phases = [instance_phases(t.phase, grid) for t, grid in zip(tasks, grids, strict=True)]
     pooled = [t.deal == "pool" for t in tasks]
     limits = [t.ctas or 0 for t in tasks]
-    return decode(build_static_queue(counts, num_ctas, phases, pooled, limits=limits))
+    slots = [t.deal_slots or 0 for t in tasks]
+    return decode(build_static_queue(counts, num_ctas, phases, pooled, limits=limits, slots=slots))
 
 
 def _bind_inputs(

@@ -675,6 +675,18 @@ def llama_tiny_variants() -> dict:
             (None, ()),
         ),
     )  # fmt: skip
+    # ... in at most 3 splits of at least 8 positions (up to L = 47: 3 of 16)
+    # whose instances take 10 positions of the static deal each layer
+    # (deal_slots), so the stages after them land where 5 splits put them.
+    context_slots = dataclasses.replace(
+        context_span, attn_single_splits=3,
+        batch_buckets=(
+            (1, (*llama.SINGLE_SEQUENCE, ("deal_slots", (("attention", 10),)),
+                 ("context_buckets", (
+                     (47, (("attn_phased_span", 16), ("attn_prefetch_kv", True))), (None, ()))))),
+            (None, ()),
+        ),
+    )  # fmt: skip
     # The B=1 split tier: spans of 3 (rounded up to the tile's 8), at most 5
     # splits, never fewer than spans of 8 give.
     single = dataclasses.replace(
@@ -900,6 +912,7 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_buckets": buckets,
         "llama_tiny_context_buckets": context,
         "llama_tiny_context_span": context_span,
+        "llama_tiny_context_slots": context_slots,
         # The sync-core weight copies marked L2 evict-first (a cache hint:
         # the same results).
         "llama_tiny_evict_first": dataclasses.replace(llama.TINY, weights_evict_first=True),

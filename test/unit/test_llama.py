@@ -1202,8 +1202,38 @@ def test_attention_stamps_are_a_graph_tensor_the_tile_writes():
     fn = attention_mma(4096, 32, 8, 64, 16, blocks=1, pipeline="tma", prefetch=True, stamps=True)
     assert fn.source.count("%stamps[") == 12
     assert "cp.async.bulk.tensor" in etc.compile(g, schedule="static").ptx
-    with pytest.raises(etc.GraphError, match="attn_stamps applies to attn_tile='mma'"):
-        dataclasses.replace(CFG, attn_stamps=True)
+    with pytest.raises(etc.GraphError, match="attn_stamps applies to attn_tile='mma' or 'phased'"):
+        dataclasses.replace(CFG, attn_tile="online", attn_stamps=True)
+
+
+@needs_ptxas
+def test_phased_attention_stamps_time_the_phases_and_the_merge():
+    """attn_stamps on the phased tile (fused merge, K and V copied before
+    the waits): ``attn_stamps`` (layers, B, kv_heads, splits, 14) i64 after
+    the merge's outputs; thread 0 stores its clock at each of PHASED_STAMPS'
+    points in the body (none in the prefetch function), the count it saw
+    after the merge's atomic; the step's answer is the same under both
+    schedules; ptxas accepts the kernel."""
+    from etc.tiles.llama import PHASED_STAMPS, attention
+
+    cfg = dataclasses.replace(CFG, fuse_combine=True, attn_prefetch_kv=True, attn_stamps=True)
+    g = M.build_decoder_graph(cfg)
+    (task,) = [t for t in g.tasks if t.name == "attention"]
+    assert [a.name for a in task.args if hasattr(a, "name")][-1] == "attn_stamps"
+    shapes = M.tensor_shapes(cfg, 3, 20, 22)
+    assert shapes["attn_stamps"] == ((cfg.layers, 3, cfg.kv_heads, cfg.splits(20, 3), 14), "i64")
+    weights = M.random_weights(cfg, seed=4)
+    for schedule in ("static", "dynamic"):
+        out = _check_step(cfg, g, weights, 3, 20, schedule, 23)
+        assert not out["attn_stamps"].any()
+    fn = attention(64, 32, 8, 64, 16, combine=True, stage_kv=True, prefetch_kv=True, stamps=True)
+    body, prefetch = fn.source.split("func.func @attention__prefetch(")
+    assert len(PHASED_STAMPS) == 14 and body.count("%stamps[") == 14
+    assert body.count("%clock64") == 11 and body.count("%globaltimer") == 2
+    assert "%stamps[" not in prefetch and "%fc_done64" in body
+    plain = attention(64, 32, 8, 64, 16, combine=True, stage_kv=True, prefetch_kv=True).source
+    assert "stamps" not in plain and "%clock64" not in plain
+    assert "globaltimer" in etc.compile(g, schedule="static").ptx
 
 
 @needs_ptxas
@@ -1869,3 +1899,28 @@ def test_capped_span_tiers_grow_the_spans_of_the_mma_attention(weights, schedule
         etc.GraphError, match=r"or \(batch, span, most\) triples .* most at least 1"
     ):
         dataclasses.replace(cfg, attn_small_spans=((2, 3, 0),))
+
+
+def test_deal_slots_keep_the_stages_after_the_attention_on_their_ctas(weights):
+    """deal_slots=(("attention", n),): each layer's attention instances take
+    n positions of the static deal, so o_proj's instances land on the same
+    CTAs whatever the split count (L); the step's answer is the same;
+    mistakes are refused by name."""
+    cfg = dataclasses.replace(CFG, deal_slots=(("attention", 16),))
+    g = M.build_decoder_graph(cfg)
+    (attention,) = [t for t in g.tasks if t.name == "attention"]
+    assert attention.deal_slots == 16
+    names = [t.name for t in g.topological_tasks()]
+
+    def o_proj_ctas(graph, L):
+        queues = etc.static_queues(graph, {"B": 1, "L": L, "S": L + 2}, num_ctas=7)
+        return {(c, i) for c, q in enumerate(queues) for task, i in q if names[task] == "o_proj"}
+
+    # 2 and 12 instances a layer (1 and 6 splits of 2 kv heads), both under 16.
+    assert o_proj_ctas(g, 3) == o_proj_ctas(g, 40)
+    plain = M.build_decoder_graph(CFG)
+    assert o_proj_ctas(plain, 3) != o_proj_ctas(plain, 40)
+    _check_step(cfg, g, weights, 1, 40, "static", 19)
+    for bad in ((("attention", 0),), (("nope", 4),), ("attention",)):
+        with pytest.raises(etc.GraphError, match="deal_slots must be"):
+            dataclasses.replace(CFG, deal_slots=bad)

@@ -550,10 +550,11 @@ class LlamaConfig:
     #: the combine's), so no count is ever 0, which the dynamic schedule
     #: would never release.
     attn_direct: bool = True
-    #: A measuring aid (off): the tensor-core attention writes thread 0's
-    #: clock at points of each instance (``attention_mma(stamps=True)``,
-    #: ``attention_mma.STAMPS``) into the graph tensor ``attn_stamps``
-    #: ``(layers, B, kv_heads, splits, len(STAMPS))`` i64 (``bench/decode_trace.py``).
+    #: A measuring aid (off): the attention writes thread 0's clock at points
+    #: of each instance into the graph tensor ``attn_stamps`` ``(layers, B,
+    #: kv_heads, splits, words)`` i64 (``bench/decode_trace.py``): the
+    #: tensor-core tile's ``attention_mma.STAMPS`` (``stamps=True``), the
+    #: phased tile's ``llama.PHASED_STAMPS``.
     attn_stamps: bool = False
     #: (sequence, kv head) items per tensor-core attention instance
     #: (``attention_mma(items=...)``; TMA pipeline only): the grid's kv-head
@@ -762,6 +763,12 @@ class LlamaConfig:
     #: (``Graph.task(deal="pool")``): each layer's instances go to whichever
     #: CTA is free, not to fixed lists.
     pool: tuple[str, ...] = ()
+    #: Static schedule, round-robin lists: ``((task, n), ...)``, each layer's
+    #: instances of ``task`` take at least ``n`` positions of the deal
+    #: (``Graph.task(deal_slots=n)``), so the stages after it land on the
+    #: same CTAs whatever its instance count (a B = 1 attention of fewer
+    #: splits than the layout the deal was tuned for).
+    deal_slots: tuple[tuple[str, int], ...] = ()
     #: The largest batch this configuration's kernel runs (set by
     #: :meth:`bucket_configs` from ``batch_buckets``; None: any). A kernel
     #: that never runs more than ``attn_small_batch`` sequences never sees a
@@ -846,6 +853,19 @@ class LlamaConfig:
                 f"LlamaConfig: pool must be a tuple of task names ({', '.join(DECODER_TASKS)}), "
                 f"got {self.pool!r}"
             )
+        if not isinstance(self.deal_slots, tuple) or any(
+            not (isinstance(p, tuple) and len(p) == 2 and p[0] in DECODER_TASKS)
+            or isinstance(p[1], bool)
+            or not isinstance(p[1], int)
+            or p[1] < 1
+            or p[0] in self.pool
+            for p in self.deal_slots
+        ):
+            raise GraphError(
+                "LlamaConfig: deal_slots must be ((task, n), ...) pairs of a task name "
+                f"({', '.join(DECODER_TASKS)}) not in pool and an int n >= 1, got "
+                f"{self.deal_slots!r}"
+            )
         if self.shared_regions and self.prefetch_next:
             raise GraphError(
                 "LlamaConfig: shared_regions and prefetch_next exclude each other (both run "
@@ -906,9 +926,10 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: attn_pipeline applies to attn_tile='mma', not {self.attn_tile!r}"
             )
-        if self.attn_stamps is True and self.attn_tile != "mma":
+        if self.attn_stamps is True and self.attn_tile not in ("mma", "phased"):
             raise GraphError(
-                f"LlamaConfig: attn_stamps applies to attn_tile='mma', not {self.attn_tile!r}"
+                "LlamaConfig: attn_stamps applies to attn_tile='mma' or 'phased', not "
+                f"{self.attn_tile!r}"
             )
         if self.fuse_combine and self.attn_tile == "online":
             raise GraphError(
@@ -1695,15 +1716,16 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
             else {}
         ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.split_counters else {}),
-        **({"attn_stamps": ((NL, B, KV, P, _stamp_words()), "i64")} if cfg.attn_stamps else {}),
+        **({"attn_stamps": ((NL, B, KV, P, _stamp_words(cfg)), "i64")} if cfg.attn_stamps else {}),
         **_split_tensors(cfg, B),
     }
 
 
-def _stamp_words() -> int:
+def _stamp_words(cfg: LlamaConfig) -> int:
+    from ..tiles import llama
     from ..tiles.attention_mma import STAMPS
 
-    return len(STAMPS)
+    return len(llama.PHASED_STAMPS if cfg.attn_tile == "phased" else STAMPS)
 
 
 def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
@@ -1843,6 +1865,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             combine=cfg.fuse_combine,
             spread=cfg.attn_spread,
             merge_unroll=cfg.attn_merge_unroll,
+            stamps=cfg.attn_stamps,
         ),  # fmt: skip
         **(
             {}
@@ -1907,7 +1930,10 @@ def build_decoder_graph(
 
     def task(function: Any, **kw: Any) -> Any:
         deal = "pool" if kw["name"] in cfg.pool else "list"
-        return g.task(function, shared_region=regions.get(kw["name"], 0), deal=deal, **kw)
+        slots = dict(cfg.deal_slots).get(kw["name"])
+        return g.task(
+            function, shared_region=regions.get(kw["name"], 0), deal=deal, deal_slots=slots, **kw
+        )
 
     def tiles_of(bn: int, n: int, projection: str) -> Any:
         return cfg.row_blocks(B, projection) * (n // bn) * cfg.k_split(projection)

@@ -387,8 +387,9 @@ class Kernel:
                 f"each other, which need as many co-resident CTAs; this launch has {grid}"
             )
         limits = [t.ctas for t in m.tasks]
+        slots = [t.deal_slots for t in m.tasks]
         queue = build_static_queue(
-            counts, grid, phases, pooled, by_sm, self._sm_deal or "spread", meets, limits
+            counts, grid, phases, pooled, by_sm, self._sm_deal or "spread", meets, limits, slots
         )
         if m.sm_slices:
             return np.append(queue, np.int64(word))

@@ -131,6 +131,9 @@ class TaskSpec:
     meets: int = 0
     #: Static schedule: dealt over the first this many CTAs (``Graph.task(ctas=...)``); 0: all.
     ctas: int = 0
+    #: Static schedule: round-robin positions each phase's instances take at
+    #: least (``Graph.task(deal_slots=...)``); 0: their count.
+    deal_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -479,6 +482,9 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         ctas = t.get("ctas", 0)
         if not (_is_int(ctas) and ctas >= 0) or (ctas and (deal != "list" or meets)):
             raise c.fail(f"{w}ctas", f"expected an int >= 0 (listed tasks, no meets), got {ctas!r}")
+        slots = t.get("deal_slots", 0)
+        if not (_is_int(slots) and slots >= 0) or (slots and deal != "list"):
+            raise c.fail(f"{w}deal_slots", f"expected an int >= 0 (listed tasks), got {slots!r}")
         tasks.append(
             TaskSpec(
                 index,
@@ -491,6 +497,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                 deal == "pool",
                 meets,
                 ctas,
+                slots,
             )
         )
     if len(tasks) >= 1 << 15:

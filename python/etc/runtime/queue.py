@@ -87,6 +87,7 @@ def build_static_queue(
     how: str = "spread",
     meets: Sequence[int] | None = None,
     limits: Sequence[int] | None = None,
+    slots: Sequence[int] | None = None,
 ) -> np.ndarray:
     """The queue array (offset header + entries) for instance ``counts`` per
     task and ``grid`` CTAs (``phases``: see :func:`global_order`; ``pooled``:
@@ -96,7 +97,9 @@ def build_static_queue(
     that would put two of one block on a CTA gives up for round-robin;
     ``limits``: per task, the CTAs it is dealt over, :func:`limited_ctas`,
     graphs without pools only, which then deal the other tasks
-    round-robin, not by SM)."""
+    round-robin, not by SM; ``slots``: per task, the round-robin positions
+    each run of its entries takes at least, :func:`slotted_ctas`, graphs
+    without pools only, dealt round-robin, not by SM)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
     if meets is not None and max(meets, default=0) > grid:
@@ -104,10 +107,17 @@ def build_static_queue(
             f"{max(meets)} parts that wait for each other need as many CTAs, got {grid}"
         )
     entries = global_order(counts, phases)
-    if limits is not None and any(limits):
+    limited = limits is not None and any(limits)
+    slotted = slots is not None and any(slots)
+    if limited or slotted:
         if pooled is not None and any(pooled):
-            raise ValueError("a CTA limit per task (limits) takes no pooled task")
-        return _queue_of(entries, limited_ctas(entries, grid, limits), grid)
+            raise ValueError(
+                "a CTA limit or deal slots per task (limits, slots) take no pooled task"
+            )
+        ctas = slotted_ctas(entries, grid, slots) if slotted else None
+        if limited:
+            ctas = limited_ctas(entries, grid, limits, ctas)
+        return _queue_of(entries, ctas, grid)
     if pooled is not None and any(pooled):
         return _queue_of(*pool_entries(entries, grid, phases, pooled), grid)
     if sm_of_cta is not None:
@@ -131,12 +141,34 @@ def build_static_queue(
     return out
 
 
-def limited_ctas(entries: np.ndarray, grid: int, limits: Sequence[int]) -> np.ndarray:
-    """The CTA of each entry (global order): position ``p`` to ``p % grid``,
-    but task ``t`` with ``limits[t] = n > 0`` round-robin over CTAs ``0 ..
-    min(n, grid) - 1`` by its own entries' order. Each CTA's entries stay in
-    global order, so the lists keep the module's deadlock argument."""
-    ctas = np.arange(len(entries), dtype=np.int64) % grid
+def slotted_ctas(entries: np.ndarray, grid: int, slots: Sequence[int]) -> np.ndarray:
+    """The CTA of each entry (global order) when each run of task ``t``'s
+    consecutive entries (a phase's) takes at least ``slots[t]`` positions
+    of the round-robin deal: a run of ``n < slots[t]`` entries leaves
+    ``slots[t] - n`` positions empty, so the tasks after it land on the same
+    CTAs whatever ``n`` is (``Graph.task(deal_slots=...)``). Each CTA's
+    entries stay in global order (the module's deadlock argument)."""
+    if not len(entries):
+        return np.zeros(0, dtype=np.int64)
+    task = entries >> INSTANCE_BITS
+    starts = np.r_[0, np.flatnonzero(np.diff(task)) + 1]
+    runs = np.diff(np.r_[starts, len(entries)])
+    want = np.asarray(slots, dtype=np.int64)[task[starts]]
+    gap = np.maximum(want - runs, 0)  # empty positions after each run
+    shift = np.repeat(np.cumsum(gap) - gap, runs)  # the gaps of the runs before
+    return (np.arange(len(entries), dtype=np.int64) + shift) % grid
+
+
+def limited_ctas(
+    entries: np.ndarray, grid: int, limits: Sequence[int], ctas: np.ndarray | None = None
+) -> np.ndarray:
+    """The CTA of each entry (global order): position ``p`` to ``p % grid``
+    (or ``ctas``, another deal's), but task ``t`` with ``limits[t] = n > 0``
+    round-robin over CTAs ``0 .. min(n, grid) - 1`` by its own entries'
+    order. Each CTA's entries stay in global order, so the lists keep the
+    module's deadlock argument."""
+    if ctas is None:
+        ctas = np.arange(len(entries), dtype=np.int64) % grid
     tasks = entries >> INSTANCE_BITS
     for task, n in enumerate(limits):
         if n:

@@ -46,6 +46,7 @@ __all__ = [
     "argmax_merge",
     "rope_table",
     "rope_bf16",
+    "PHASED_STAMPS",
 ]
 
 _WG = "#gpu.address_space<workgroup>"
@@ -53,6 +54,24 @@ _WG = "#gpu.address_space<workgroup>"
 ATTENTION_SMEM_LIMIT = 40 * 1024
 #: The max an empty attention split reports (its sum and output are 0).
 EMPTY_MAX = -1.0e30
+#: ``attention(stamps=True)``: what each of a split's stamp words holds
+#: (thread 0's ``%clock64``, then ``%globaltimer`` in ns, then a count).
+PHASED_STAMPS = (
+    "entry",  # the body's entry (after the waits and the join; K and V copies issued)
+    "roped",  # step 1's barrier: the queries, k and v roped into workgroup memory
+    "scored",  # step 2's barrier: the scores in workgroup memory
+    "softmaxed",  # step 3's barrier: exponentials, max and sum written
+    "valued",  # step 4's barrier: every warp's output sums in workgroup memory
+    "partials",  # thread 0's share of the output partials stored
+    "counted",  # (combine) the count's atomic seen by the whole CTA
+    "merge_loaded",  # (the merging split) thread 0's splits loaded and folded
+    "merge_folded",  # (the merging split) thread 0's lanes merged by shuffles
+    "k_ready",  # thread 0's K copies awaited (stage_kv), before its scores
+    "end",  # after a barrier closing the body (and the merge, if this split merged)
+    "entry_ns",
+    "end_ns",
+    "count",  # (combine) the count this split brought the group to (= splits: it merged)
+)
 
 
 _positive = _text.positive
@@ -414,6 +433,7 @@ def attention(
     combine: bool = False,
     spread: bool = False,
     merge_unroll: int = 1,
+    stamps: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -425,7 +445,8 @@ def attention(
 
     1. RoPE of the G query heads and of k (fp32 from bf16, rounded to bf16)
        into workgroup memory with v; split 0 writes k and v to the caches at
-       position L.
+       position L. A thread takes 8 dims of a row and their rotate-half
+       partners (16-byte loads, all issued at once: one round trip).
     2. Scores: a row of K (D bf16 = D/8 16-byte chunks) is read by D/8
        adjacent lanes, so each warp load instruction reads 32/(D/8) whole
        rows (coalesced); each lane keeps its 8 dims of the G queries in
@@ -476,6 +497,10 @@ def attention(
     picks ``P`` from the batch size, many short splits for a few sequences
     and few long ones for many, from one artifact.
 
+    ``stamps`` (a measuring aid, off in every kernel) adds a last argument
+    ``stamps: memref<?x?x?x?x14xi64>`` (indexed ``[l, b, g, s]``) into which
+    thread 0 writes its clock at :data:`PHASED_STAMPS`' points.
+
     ``prefetch_kv`` (with ``stage_kv``): those copies move into the tile's
     prefetch function ``@<name>__prefetch``, which the kernel runs before the
     instance waits for ``qkv``: the cached positions (all but ``L``) are
@@ -513,6 +538,8 @@ def attention(
     RC = warps * RW  # rows per CTA per load
     Q = (NH + 2 * KV) * D
     half = D // 2
+    RV = min(8, half)  # dims a RoPE item (within a half: its partner is the other half's)
+    rv_bf, rv_f = f"vector<{RV}xbf16>", f"vector<{RV}xf32>"
     scale = 1.0 / math.sqrt(D)
     qkv_t, rope_t = f"memref<?x{Q}xbf16>", f"memref<?x{D}xf32>"
     c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
@@ -763,17 +790,62 @@ def attention(
     split_lines = _split_lines(spread, align, op_t)
     cnt_t, a_t = f"memref<{layers}x?x{KV}xi32>", f"memref<?x{NH * D}xbf16>"
     combine_args = f", %cnt: {cnt_t}, %attn: {a_t}" if combine else ""
+    st_t = f"memref<?x?x?x?x{len(PHASED_STAMPS)}xi64>"
+
+    def stamp(*words: str, value: str = "") -> str:
+        """Thread 0 writes its clock (``*_ns`` words: the ``%globaltimer``;
+        ``value``: that i64) at ``words``; nothing without ``stamps``."""
+        if not stamps:
+            return ""
+        lines = []
+        for word in words:
+            k = PHASED_STAMPS.index(word)
+            timer = "globaltimer" if word.endswith("_ns") else "clock64"
+            v = value or f"%st{k}"
+            if not value:
+                lines.append(
+                    f"  %st{k} = llvm.inline_asm has_side_effects asm_dialect = att "
+                    f'"mov.u64 $0, %{timer};", "=l" : () -> i64'
+                )
+            lines.append(
+                f"  scf.if %stamp_t0 {{\n"
+                f"    %stw{k} = arith.constant {k} : index\n"
+                f"    memref.store {v}, %stamps[%l, %b, %g, %s, %stw{k}] : {st_t}\n"
+                f"  }}"
+            )
+        return "\n".join(lines) + "\n"
+
+    stamp_args = f", %stamps: {st_t}" if stamps else ""
     combine_global = _fused_combine_global(name) + "\n" if combine else ""
     combine_lines = ""
     if combine:
         _check_fused_combine(name, G, D, block_size, merge_unroll)
         # The grid's split count is the partials' (capped or spread splits
         # are not ceil((L + 1) / chunk)).
+        counted, merge_stamps = "", ("", "")
+        if stamps:
+            counted = (
+                stamp("counted")
+                + "  %fc_done64 = arith.index_cast %fc_done : index to i64\n"
+                + stamp("count", value="%fc_done64")
+            )
+            merge_stamps = (stamp("merge_loaded"), stamp("merge_folded"))
         combine_lines = (
             f"  %fc_c2 = arith.constant 2 : index\n"
             f"  %fc_splits = memref.dim %op, %fc_c2 : {op_t}\n"
             + _fused_combine(
-                name, G, D, KV, block_size, layers, "%g", "%fc_splits", NH, merge_unroll
+                name,
+                G,
+                D,
+                KV,
+                block_size,
+                layers,
+                "%g",
+                "%fc_splits",
+                NH,
+                merge_unroll,
+                after_count=counted,
+                merge_stamps=merge_stamps,
             )
             + "\n"
         )
@@ -787,7 +859,7 @@ def attention(
 memref.global "private" @{name}__qkv : {qk_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__p : {p_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
-{kv_global}{combine_global}func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{combine_args}) {{
+{kv_global}{combine_global}func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{combine_args}{stamp_args}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
@@ -802,7 +874,9 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %cHalf = arith.constant {half} : index
   %cG = arith.constant {G} : index
   %cG1 = arith.constant {G + 1} : index
-  %cN0 = arith.constant {(G + 2) * D} : index
+  %cRV = arith.constant {RV} : index
+  %cRowItems = arith.constant {D // RV} : index
+  %cRItems = arith.constant {(G + 2) * D // RV} : index
   %cGD = arith.constant {G * D} : index
   %cQcol = arith.constant {NH * D} : index
   %cVcol = arith.constant {(NH + KV) * D} : index
@@ -818,6 +892,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %warp = arith.divui %tid, %c32 : index
   %lane = arith.remui %tid, %c32 : index
   %is_lane0 = arith.cmpi eq, %lane, %c0 : index
+{"  %stamp_t0 = arith.cmpi eq, %tid, %c0 : index" if stamps else ""}
   %grp = arith.divui %lane, %cRL : index
   %sub = arith.remui %lane, %cRL : index
   %is_sub0 = arith.cmpi eq, %sub, %c0 : index
@@ -840,10 +915,13 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   // A previous call on this CTA may still be reading the workgroup buffers.
   gpu.barrier
 {chr(10).join(stage_lines)}
-  // 1. RoPE: rows 0..G-1 of qk are the queries, G is k, G+1 is v (bf16 values).
-  scf.for %t = %tid to %cN0 step %cBS {{
-    %j = arith.divui %t, %cD : index
-    %d = arith.remui %t, %cD : index
+{stamp("entry", "entry_ns")}  // 1. RoPE: rows 0..G-1 of qk are the queries, G is k, G+1 is v (bf16 values).
+  // Item t is {RV} dims of a row, with its rotate-half partner's: one load
+  // round trip for the whole step.
+  scf.for %t = %tid to %cRItems step %cBS {{
+    %j = arith.divui %t, %cRowItems : index
+    %dc = arith.remui %t, %cRowItems : index
+    %d = arith.muli %dc, %cRV : index
     %is_k = arith.cmpi eq, %j, %cG : index
     %is_v = arith.cmpi eq, %j, %cG1 : index
     %jd = arith.muli %j, %cD : index
@@ -857,34 +935,35 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     %dp = arith.select %lo, %dpa, %dpb : index
     %xi = arith.addi %col, %d : index
     %xpi = arith.addi %col, %dp : index
-    %xb = memref.load %qkv[%b, %xi] : {qkv_t}
-    %xpb = memref.load %qkv[%b, %xpi] : {qkv_t}
-    %x = arith.extf %xb : bf16 to f32
-    %xp = arith.extf %xpb : bf16 to f32
     %si = arith.addi %dh, %cHalf : index
-    %cs = memref.load %rope[%L, %dh] : {rope_t}
-    %sn = memref.load %rope[%L, %si] : {rope_t}
-    %xc = arith.mulf %x, %cs : f32
-    %xs = arith.mulf %xp, %sn : f32
-    %rlo = arith.subf %xc, %xs : f32
-    %rhi = arith.addf %xc, %xs : f32
-    %rot = arith.select %lo, %rlo, %rhi : f32
-    %rb = arith.truncf %rot : f32 to bf16
-    %ob = arith.select %is_v, %xb, %rb : bf16
-    %of = arith.extf %ob : bf16 to f32
-    memref.store %of, %qk[%t] : {qk_t}
+    %xb = vector.load %qkv[%b, %xi] {{alignment = {2 * RV} : i64}} : {qkv_t}, {rv_bf}
+    %xpb = vector.load %qkv[%b, %xpi] {{alignment = {2 * RV} : i64}} : {qkv_t}, {rv_bf}
+    %cs = vector.load %rope[%L, %dh] {{alignment = {2 * RV} : i64}} : {rope_t}, {rv_f}
+    %sn = vector.load %rope[%L, %si] {{alignment = {2 * RV} : i64}} : {rope_t}, {rv_f}
+    %x = arith.extf %xb : {rv_bf} to {rv_f}
+    %xp = arith.extf %xpb : {rv_bf} to {rv_f}
+    %xc = arith.mulf %x, %cs : {rv_f}
+    %xs = arith.mulf %xp, %sn : {rv_f}
+    %rlo = arith.subf %xc, %xs : {rv_f}
+    %rhi = arith.addf %xc, %xs : {rv_f}
+    %rot = arith.select %lo, %rlo, %rhi : {rv_f}
+    %rb = arith.truncf %rot : {rv_f} to {rv_bf}
+    %ob = arith.select %is_v, %xb, %rb : {rv_bf}
+    %of = arith.extf %ob : {rv_bf} to {rv_f}
+    %qi = arith.muli %t, %cRV : index
+    vector.store %of, %qk[%qi] {{alignment = {4 * RV} : i64}} : {qk_t}, {rv_f}
     %kvj = arith.cmpi uge, %j, %cG : index
     %wr = arith.andi %first_split, %kvj : i1
     scf.if %wr {{
       scf.if %is_v {{
-        memref.store %ob, %vc[%l, %b, %g, %L, %d] : {c_t}
+        vector.store %ob, %vc[%l, %b, %g, %L, %d] {{alignment = {2 * RV} : i64}} : {c_t}, {rv_bf}
       }} else {{
-        memref.store %ob, %kc[%l, %b, %g, %L, %d] : {c_t}
+        vector.store %ob, %kc[%l, %b, %g, %L, %d] {{alignment = {2 * RV} : i64}} : {c_t}, {rv_bf}
       }}
     }}
   }}
   gpu.barrier
-  // 2. Scores: D/8 lanes per K row, {U} row groups in flight per lane.
+{stamp("roped")}  // 2. Scores: D/8 lanes per K row, {U} row groups in flight per lane.
 {q_loads}
   %kni = arith.addi %d0, %cGD : index
   %kn = vector.load %qk[%kni] {{alignment = 16 : i64}} : {qk_t}, vector<8xf32>
@@ -892,11 +971,11 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %vni = arith.addi %vni0, %cD : index
   %vn = vector.load %qk[%vni] {{alignment = 16 : i64}} : {qk_t}, vector<8xf32>
   {"nvvm.cp.async.wait.group 1" if stage_kv else ""}
-  scf.for %base = %c0 to %n step %cStep {{
+{stamp("k_ready") if stage_kv else ""}  scf.for %base = %c0 to %n step %cStep {{
 {chr(10).join(score_lines)}
   }}
   gpu.barrier
-  // 3. Softmax of head t by warps t, t + {warps}, ...
+{stamp("scored")}  // 3. Softmax of head t by warps t, t + {warps}, ...
   scf.for %t = %warp to %cG step %cWarps {{
     %tb = arith.muli %t, %cChunk : index
     %mx = scf.for %j = %lane to %n step %c32 iter_args(%m = %empty) -> (f32) {{
@@ -923,7 +1002,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     }}
   }}
   gpu.barrier
-  // 4. Output: e_p * v_p per lane, then over the warp's row groups and the warps.
+{stamp("softmaxed")}  // 4. Output: e_p * v_p per lane, then over the warp's row groups and the warps.
   {"nvvm.cp.async.wait.group 0" if staged else ""}
   %acc:{G} = scf.for %base = %c0 to %n step %cStep iter_args({acc_init}) -> ({acc_types}) {{
 {chr(10).join(value_lines)}
@@ -934,14 +1013,14 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 {o_stores}
   }}
   gpu.barrier
-  scf.for %i = %tid to %cGD step %cBS {{
+{stamp("valued")}  scf.for %i = %tid to %cGD step %cBS {{
 {chr(10).join(warp_sum_lines)}
     %ot = arith.divui %i, %cD : index
     %od = arith.remui %i, %cD : index
     %oh = arith.addi %qh0, %ot : index
     memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
   }}
-{combine_lines}  return
+{stamp("partials")}{combine_lines}{"  gpu.barrier" + chr(10) if stamps else ""}{stamp("end", "end_ns")}  return
 }}
 """
 
@@ -962,8 +1041,8 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
         *fused: np.ndarray,
     ) -> None:
         split(l, b, g, s, L, qkv, rope, kc, vc, opart, mpart)
-        if combine:
-            _fused_combine_reference(l, b, g, opart, mpart, *fused, G, D)
+        if combine:  # (the stamps, if any, are not the reference's)
+            _fused_combine_reference(l, b, g, opart, mpart, *fused[:2], G, D)
 
     if prefetch_kv:
         source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
@@ -1701,7 +1780,7 @@ def _fused_combine_global(name: str) -> str:
 
 def _fused_combine(
     name: str, G: int, D: int, KV: int, block_size: int, layers: int, g: str, splits: str,
-    NH: int, unroll: int,
+    NH: int, unroll: int, after_count: str = "", merge_stamps: tuple[str, str] = ("", ""),
 ) -> str:  # fmt: skip
     """MLIR text of an attention split's fused combine (``combine=True`` of
     both attention tiles): after the partials are written, thread 0 adds 1
@@ -1725,6 +1804,7 @@ def _fused_combine(
         a_t,
         p="fc_",
         unroll=unroll,
+        stamps=merge_stamps,
     )
     return f"""\
   // Fused combine: the last of the group's splits to count merges them all.
@@ -1751,7 +1831,7 @@ def _fused_combine(
   %fc_seen_x = arith.index_cast %fc_seen : i32 to index
   %fc_done = arith.addi %fc_seen_x, %c1 : index
   %fc_last = arith.cmpi eq, %fc_done, {splits} : index
-  scf.if %fc_last {{
+{after_count}  scf.if %fc_last {{
 {merge}
   }}"""
 
@@ -1779,7 +1859,7 @@ def _merge_lanes(items: int, block_size: int) -> int:
 
 def _shared_merge(
     first_head: str, items: int, lanes: int, splits: str, D: int, op_t: str, mp_t: str, a_t: str,
-    p: str = "", unroll: int = 1,
+    p: str = "", unroll: int = 1, stamps: tuple[str, str] = ("", ""),
 ) -> str:  # fmt: skip
     """The flash-decoding merge of ``items`` 8-dim items of heads
     ``first_head ..`` of row ``%b`` with the splits shared out: item ``tid /
@@ -1790,7 +1870,9 @@ def _shared_merge(
     of dependent L2 round trips, and so is a lane walking several: a lane
     loads ``unroll`` of its splits (those past ``splits`` read its first one
     and count as empty) before folding any, one round trip for up to
-    ``lanes * unroll`` splits. Needs ``%tid``; names start with ``p``."""
+    ``lanes * unroll`` splits. ``stamps``: text after the lanes' loop and
+    after their shuffles (a measuring aid). Needs ``%tid``; names start with
+    ``p``."""
 
     def vec_shuffle(v: str, off: int, q: str) -> tuple[list[str], str]:
         ops, parts = [], []
@@ -1896,8 +1978,8 @@ def _shared_merge(
 {nl.join(loop)}
     scf.yield {", ".join(state)} : f32, f32, vector<8xf32>
     }}
-{nl.join(body)}
-    %{p}first = arith.cmpi eq, %{p}lane, %{p}c0 : index
+{stamps[0]}{nl.join(body)}
+{stamps[1]}    %{p}first = arith.cmpi eq, %{p}lane, %{p}c0 : index
     scf.if %{p}first {{
       %{p}den = vector.broadcast {z} : f32 to vector<8xf32>
       %{p}r = arith.divf {a}, %{p}den : vector<8xf32>

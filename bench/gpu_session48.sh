@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Forty-eighth session (bench/RESULTS.md, items 236-): the phased attention's
+# own phases (clock stamps), and its RoPE one round trip. Each step's
+# CPU-side build is in its comment.
+# Usage: bash bench/gpu_session48.sh [tests] [stamps] [rope] ...
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s48
+for step in ${*:-tests}; do
+  case $step in
+  tests)  # the tiny decoders whose attention is the phased tile (python
+    # test/gpu/make_artifacts.py .device/s48/art --only V, V in llama_tiny_context_span,
+    # llama_tiny_context_buckets, llama_tiny_buckets, llama_tiny_single_fused,
+    # llama_tiny_attn_pf, llama_tiny_static)
+    ETC_ARTIFACTS=.device/s48/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "matches_the_simulator and (context_span or context_buckets \
+      or tiny_buckets or single_fused or attn_pf or llama_tiny-static) \
+      or bit_reproducible and static-llama_tiny]" 2>&1 | tee -a "$OUT/tests.txt" | tail -4
+    ;;
+  stamps)  # B = 1, L = 1024 traced with the phased attention's stamps, before and after
+    # its RoPE takes one round trip (DECODE_TRACE_VARIANTS=stamps_b1 python
+    # bench/decode_trace.py --build .device/s48/tr before, stamps_b1_rope after)
+    DECODE_TRACE_VARIANTS=${TRACE_VARIANTS:-stamps_b1,stamps_b1_rope} DECODE_TRACE_BATCHES=1 \
+      DECODE_TRACE_CONTEXT=1024 timeout 200 \
+      python bench/decode_trace.py --artifacts ${TRACE_DIR:-.device/s48/tr} --out /tmp/s48/tr \
+      2>&1 | tee -a "$OUT/stamps.txt" | grep -A40 "layer"
+    tar czf "$OUT/stamps.tgz" -C /tmp/s48 tr
+    ;;
+  rope)  # the step with the RoPE in one round trip: the default artifact and B = 1's
+    # short kernel alone, before and after (DECODE_SWEEP_VARIANTS=default,b1_alone
+    # python bench/decode_sweep.py --build .device/s48/sweep before, rope,b1_rope after)
+    SWEEP_TMP=/tmp/s48 sweep_passes s48_rope default,rope,b1_alone,b1_rope 1 512,1024 \
+      .device/s48/sweep
+    ;;
+  merge)  # B = 1's merge loading 1, 2 or 3 of a lane's splits at once, stamped at
+    # L = 1024 (DECODE_TRACE_VARIANTS=stamps_b1_rope,stamps_b1_m2,stamps_b1_m3 python
+    # bench/decode_trace.py --build .device/s48/tr2) and timed (DECODE_SWEEP_VARIANTS=
+    # default,b1_m2,b1_m3 python bench/decode_sweep.py --build .device/s48/sweep2)
+    DECODE_TRACE_VARIANTS=stamps_b1_rope,stamps_b1_m2,stamps_b1_m3 DECODE_TRACE_BATCHES=1 \
+      DECODE_TRACE_CONTEXT=1024 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s48/tr2 --out /tmp/s48/tr2 \
+      2>&1 | tee -a "$OUT/stamps_merge.txt" | grep -A40 "layer"
+    tar czf "$OUT/stamps_merge.tgz" -C /tmp/s48 tr2
+    SWEEP_TMP=/tmp/s48 sweep_passes s48_merge default,b1_m2,b1_m3 1 512,1024 .device/s48/sweep2
+    ;;
+  splits9)  # B = 1 up to L = 1151 in 9 splits of 128 (merge 1 or 2 splits a load),
+    # stamped (DECODE_TRACE_VARIANTS=stamps_b1_s9,stamps_b1_s9_m2 python
+    # bench/decode_trace.py --build .device/s48/tr3) and timed (DECODE_SWEEP_VARIANTS=
+    # b1_s9,b1_s9_m2 python bench/decode_sweep.py --build .device/s48/sweep2)
+    DECODE_TRACE_VARIANTS=stamps_b1_s9,stamps_b1_s9_m2 DECODE_TRACE_BATCHES=1 \
+      DECODE_TRACE_CONTEXT=1024 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s48/tr3 --out /tmp/s48/tr3 \
+      2>&1 | tee -a "$OUT/stamps_splits9.txt" | grep -A40 "layer"
+    tar czf "$OUT/stamps_splits9.tgz" -C /tmp/s48 tr3
+    SWEEP_TMP=/tmp/s48 sweep_passes s48_splits9 default,b1_s9,b1_s9_m2,b1_m2 1 512,1024 \
+      .device/s48/sweep2
+    ;;
+  slots)  # 9 splits with the attention taking the deal's 136 positions (deal_slots):
+    # stamped, with the default beside it (DECODE_TRACE_VARIANTS=stamps_b1_s9_slots,
+    # stamps_b1_rope python bench/decode_trace.py --build .device/s48/tr4), and timed
+    # (DECODE_SWEEP_VARIANTS=b1_s9_slots,b1_s9_m2_slots python bench/decode_sweep.py
+    # --build .device/s48/sweep2)
+    DECODE_TRACE_VARIANTS=stamps_b1_s9_slots,stamps_b1_rope DECODE_TRACE_BATCHES=1 \
+      DECODE_TRACE_CONTEXT=1024 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s48/tr4 --out /tmp/s48/tr4 \
+      2>&1 | tee -a "$OUT/stamps_slots.txt" | grep -A40 "layer"
+    tar czf "$OUT/stamps_slots.tgz" -C /tmp/s48 tr4
+    SWEEP_TMP=/tmp/s48 sweep_passes s48_slots default,b1_s9,b1_s9_slots,b1_s9_m2_slots 1 \
+      512,1024 .device/s48/sweep2
+    ;;
+  slots64)  # 9 splits of at least 64 positions with deal slots, across L, and the tiny
+    # decoder whose B = 1 kernel runs 3 splits in 10 deal slots (DECODE_SWEEP_VARIANTS=
+    # default,b1_s9_slots,b1_s9x64_slots python bench/decode_sweep.py --build .device/s48/sw5;
+    # python test/gpu/make_artifacts.py .device/s48/art --only llama_tiny_context_slots)
+    ETC_ARTIFACTS=.device/s48/art timeout 200 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "matches_the_simulator and context_slots" 2>&1 \
+      | tee -a "$OUT/tests_slots.txt" | tail -3
+    SWEEP_TMP=/tmp/s48 sweep_passes s48_slots64 default,b1_s9_slots,b1_s9x64_slots 1 \
+      512,768,1024,2048 .device/s48/sw5
+    ;;
+  # (steps "warm" and "check" ran attn_warm, since removed: bench/RESULTS.md item 240)
+  raw)
+    tar czf "$OUT/sweep_raw.tgz" -C /tmp/s48 raw
+    ;;
+  esac
+done
