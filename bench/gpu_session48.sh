@@ -79,6 +79,23 @@ for step in ${*:-tests}; do
       512,768,1024,2048 .device/s48/sw5
     ;;
   # (steps "warm" and "check" ran attn_warm, since removed: bench/RESULTS.md item 240)
+  final)  # the tiny decoders over the session's final code (python test/gpu/make_artifacts.py
+    # .device/s48/art --only V, V in llama_tiny_context_span, llama_tiny_context_slots,
+    # llama_tiny_context_buckets, llama_tiny_buckets, llama_tiny_single_fused,
+    # llama_tiny_attn_pf, llama_tiny_static)
+    ETC_ARTIFACTS=.device/s48/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "matches_the_simulator and (context_span or context_slots \
+      or context_buckets or tiny_buckets or single_fused or attn_pf or llama_tiny-static) \
+      or bit_reproducible and static-llama_tiny]" 2>&1 | tee -a "$OUT/tests_final.txt" | tail -4
+    ;;
+  decbench)  # the issue's table over the default artifact (python bench/decode.py --build
+    # .device/s48/dec)
+    issue_bench .device/s48/dec
+    ;;
+  warmup)  # cold process to the first token over the same artifact
+    mkdir -p "$OUT/warmup"
+    OUT="$OUT/warmup" DECODE_PARTS=warmup decode_bench .device/s48/dec
+    ;;
   raw)
     tar czf "$OUT/sweep_raw.tgz" -C /tmp/s48 raw
     ;;
