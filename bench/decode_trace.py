@@ -116,16 +116,10 @@ def stamp_table(stamps) -> tuple[str, dict]:
     kv heads, splits, len(STAMPS)): median and 90th percentile over the instances, in
     µs (thread 0's clock, converted by each instance's own ratio of clock
     cycles to ``%globaltimer`` ns between its entry and end)."""
-    import numpy as np
 
     from etc.tiles.attention_mma import STAMPS
 
-    w = {name: i for i, name in enumerate(STAMPS)}
-    x = np.asarray(stamps, dtype=np.int64).reshape(-1, len(STAMPS))
-    x = x[x[:, w["end"]] != 0]  # instances that ran
-    cycles = (x[:, w["end"]] - x[:, w["entry"]]).astype(np.float64)
-    ns = (x[:, w["end_ns"]] - x[:, w["entry_ns"]]).astype(np.float64)
-    ghz = float(np.median(cycles[ns > 0] / ns[ns > 0]))
+    w, x, ghz = _stamped(stamps, STAMPS)
     phases = (
         ("query and key roped", "entry", "setup"),
         ("then step 0's stage in", "setup", "step0_full"),
@@ -136,15 +130,43 @@ def stamp_table(stamps) -> tuple[str, dict]:
         ("merge and partials", "warps_done", "end"),
         ("whole instance", "entry", "end"),
     )
-    lines = [f"attention stamps: {len(x)} instances, clock {ghz:.2f} GHz"]
-    lines.append(f"  {'phase':26s} {'median us':>10s} {'p90 us':>8s}")
-    data: dict = {"instances": len(x), "clock_ghz": ghz}
+    lines, data = _phase_table(f"attention stamps: {len(x)} instances", w, ghz, phases, x)
+    data["instances"] = len(x)
+    return "\n".join(lines), data
+
+
+def _stamped(stamps, names):
+    """``(word index by name, the rows of the instances that ran, clock GHz)``
+    of a stamps tensor whose last dimension holds ``names`` (``entry``,
+    ``end``, ``entry_ns``, ``end_ns`` among them): the clock's rate is the
+    median over instances of their cycles over their ``%globaltimer`` ns."""
+    import numpy as np
+
+    w = {name: i for i, name in enumerate(names)}
+    x = np.asarray(stamps, dtype=np.int64).reshape(-1, len(names))
+    x = x[x[:, w["end"]] != 0]  # instances that ran
+    cycles = (x[:, w["end"]] - x[:, w["entry"]]).astype(np.float64)
+    ns = (x[:, w["end_ns"]] - x[:, w["entry_ns"]]).astype(np.float64)
+    return w, x, float(np.median(cycles[ns > 0] / ns[ns > 0]))
+
+
+def _phase_table(title: str, w: dict, ghz: float, phases, rows_of) -> tuple[list[str], dict]:
+    """Lines and data of ``phases`` ``(label, from word, to word)``: median
+    and 90th percentile in µs over ``rows_of`` (the stamp rows, or a
+    function of the label giving them; phases without rows are left out)."""
+    import numpy as np
+
+    lines = [f"{title}, clock {ghz:.2f} GHz", f"  {'phase':26s} {'median us':>10s} {'p90 us':>8s}"]
+    data: dict = {"clock_ghz": ghz}
     for label, a, b in phases:
-        us = (x[:, w[b]] - x[:, w[a]]) / (ghz * 1e3)
+        rows = rows_of(label) if callable(rows_of) else rows_of
+        if not len(rows):
+            continue
+        us = (rows[:, w[b]] - rows[:, w[a]]) / (ghz * 1e3)
         med, p90 = float(np.median(us)), float(np.percentile(us, 90))
         data[label] = {"median_us": med, "p90_us": p90}
         lines.append(f"  {label:26s} {med:10.2f} {p90:8.2f}")
-    return "\n".join(lines), data
+    return lines, data
 
 
 def phased_stamp_table(stamps) -> tuple[str, dict]:
@@ -159,14 +181,9 @@ def phased_stamp_table(stamps) -> tuple[str, dict]:
 
     from etc.tiles.llama import PHASED_STAMPS
 
-    w = {name: i for i, name in enumerate(PHASED_STAMPS)}
     grid = np.asarray(stamps, dtype=np.int64)
     splits = grid.shape[3]
-    x = grid.reshape(-1, len(PHASED_STAMPS))
-    x = x[x[:, w["end"]] != 0]
-    cycles = (x[:, w["end"]] - x[:, w["entry"]]).astype(np.float64)
-    ns = (x[:, w["end_ns"]] - x[:, w["entry_ns"]]).astype(np.float64)
-    ghz = float(np.median(cycles[ns > 0] / ns[ns > 0]))
+    w, x, ghz = _stamped(grid, PHASED_STAMPS)
     merged = x[:, w["count"]] == splits
     phases = (
         ("queries and k roped", "entry", "roped"),
@@ -184,18 +201,14 @@ def phased_stamp_table(stamps) -> tuple[str, dict]:
         ("whole (others)", "entry", "end"),
         ("whole (merging split)", "entry", "end"),
     )
-    lines = [f"phased attention stamps: {len(x)} splits, clock {ghz:.2f} GHz"]
-    lines.append(f"  {'phase':26s} {'median us':>10s} {'p90 us':>8s}")
-    data: dict = {"instances": len(x), "clock_ghz": ghz}
-    for label, a, b in phases:
-        merging = "merging" in label or label.startswith("merge:")
-        rows = x[merged] if merging else x[~merged] if "others" in label else x
-        if not len(rows):
-            continue
-        us = (rows[:, w[b]] - rows[:, w[a]]) / (ghz * 1e3)
-        med, p90 = float(np.median(us)), float(np.percentile(us, 90))
-        data[label] = {"median_us": med, "p90_us": p90}
-        lines.append(f"  {label:26s} {med:10.2f} {p90:8.2f}")
+
+    def rows_of(label: str):
+        if "merging" in label or label.startswith("merge:"):
+            return x[merged]
+        return x[~merged] if "others" in label else x
+
+    lines, data = _phase_table(f"phased attention stamps: {len(x)} splits", w, ghz, phases, rows_of)
+    data["instances"] = len(x)
     groups = grid.reshape(-1, splits, len(PHASED_STAMPS))
     spread, late_entry, late_end = [], [], []
     for grp in groups:

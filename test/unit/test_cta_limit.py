@@ -4,11 +4,9 @@ still in global order."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from unit_helpers import make_fn
+from unit_helpers import assert_manifest_task_field_refused, assert_task_option_refused, make_fn
 
 import etc
 from etc.runtime.manifest import load_manifest
@@ -94,10 +92,7 @@ def test_limited_graph_runs_the_same_and_its_manifest_says_so(num_ctas: int, tmp
     ],
 )
 def test_limit_mistakes_name_the_task(kwargs: dict, message: str) -> None:
-    g = etc.Graph("bad_limit")
-    with pytest.raises(etc.GraphError, match=message) as err:
-        g.task(make_fn("t", "index"), grid=(4,), name="tiles", **kwargs)
-    assert "task 'tiles'" in str(err.value)
+    assert_task_option_refused(kwargs, message)
 
 
 def test_a_limit_on_parts_that_wait_for_each_other_is_refused() -> None:
@@ -109,13 +104,8 @@ def test_a_limit_on_parts_that_wait_for_each_other_is_refused() -> None:
 
 
 def test_a_manifest_with_a_bad_limit_names_the_field(tmp_path) -> None:
-    path = tmp_path / "static"
-    etc.compile(two_stage(2), schedule="static", cubin=False).save(path)
-    doc = json.loads((path / "manifest.json").read_text())
-    doc["tasks"][0]["ctas"] = -1
-    (path / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(etc.LaunchError, match=r"tasks\[0\]\.ctas.*got -1"):
-        load_manifest(path)
+    art = etc.compile(two_stage(2), schedule="static", cubin=False)
+    assert_manifest_task_field_refused(art, tmp_path / "static", "ctas")
 
 
 def test_moe_permute_on_fewer_ctas_gives_the_same_layer() -> None:

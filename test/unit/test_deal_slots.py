@@ -5,11 +5,9 @@ instance count; every CTA's list still in global order."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from unit_helpers import make_fn
+from unit_helpers import assert_manifest_task_field_refused, assert_task_option_refused, make_fn
 
 import etc
 from etc.runtime.manifest import load_manifest
@@ -100,10 +98,7 @@ def test_slotted_graph_runs_the_same_and_its_manifest_says_so(n: int, tmp_path) 
     ],
 )
 def test_slot_mistakes_name_the_task(kwargs: dict, message: str) -> None:
-    g = etc.Graph("bad_slots")
-    with pytest.raises(etc.GraphError, match=message) as err:
-        g.task(make_fn("t", "index"), grid=(4,), name="tiles", **kwargs)
-    assert "task 'tiles'" in str(err.value)
+    assert_task_option_refused(kwargs, message)
 
 
 def test_slots_and_a_deal_by_sm_are_refused_together() -> None:
@@ -112,10 +107,5 @@ def test_slots_and_a_deal_by_sm_are_refused_together() -> None:
 
 
 def test_a_manifest_with_bad_slots_names_the_field(tmp_path) -> None:
-    path = tmp_path / "static"
-    etc.compile(two_stage(5), schedule="static", cubin=False).save(path)
-    doc = json.loads((path / "manifest.json").read_text())
-    doc["tasks"][0]["deal_slots"] = -1
-    (path / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(etc.LaunchError, match=r"tasks\[0\]\.deal_slots.*got -1"):
-        load_manifest(path)
+    art = etc.compile(two_stage(5), schedule="static", cubin=False)
+    assert_manifest_task_field_refused(art, tmp_path / "static", "deal_slots")

@@ -141,3 +141,27 @@ def check_decoder_step(cfg, B: int, L: int, seed: int = 5) -> None:
     got = bf16_to_f32(out["logits"])
     assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
     np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+
+
+def assert_task_option_refused(kwargs: dict, message: str) -> None:
+    """``Graph.task(..., **kwargs)`` on a 4-instance task named 'tiles'
+    raises a GraphError matching ``message`` that names the task."""
+    g = etc.Graph("bad_option")
+    with pytest.raises(etc.GraphError, match=message) as err:
+        g.task(make_fn("t", "index"), grid=(4,), name="tiles", **kwargs)
+    assert "task 'tiles'" in str(err.value)
+
+
+def assert_manifest_task_field_refused(art: etc.Artifact, path: Path, field: str) -> None:
+    """``art`` saved at ``path`` with its first task's ``field`` set to -1
+    fails to load with a LaunchError naming ``tasks[0].<field>``."""
+    import json
+
+    from etc.runtime.manifest import load_manifest
+
+    art.save(path)
+    doc = json.loads((path / "manifest.json").read_text())
+    doc["tasks"][0][field] = -1
+    (path / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(etc.LaunchError, match=rf"tasks\[0\]\.{field}.*got -1"):
+        load_manifest(path)
