@@ -896,6 +896,13 @@ VARIANTS["b1_s9x64_slots"] = _b1_splits9(_SLOTS, span=64)
 # (Session 48's attn_warm, the attention's prefetch asking the L2 for a line
 # of each buffer its body touches after the waits, left the stamps unchanged
 # and was removed: bench/RESULTS.md item 240.)
+# ... and B = 1's attention steps 2-4 as one pass of each warp (attn_one_pass:
+# two barriers fewer, every warp in the softmax), stamped and timed.
+VARIANTS["b1_one_pass"] = _short(("attn_one_pass", True))
+VARIANTS["stamps_b1_one_pass"] = {
+    **_b1_alone_short(("attn_one_pass", True)),
+    "attn_stamps": True,
+}
 VARIANTS["b1_m2"] = _short(("attn_merge_unroll", 2))
 VARIANTS["b1_m3"] = _short(("attn_merge_unroll", 3))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).

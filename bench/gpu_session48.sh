@@ -96,6 +96,20 @@ for step in ${*:-tests}; do
     mkdir -p "$OUT/warmup"
     OUT="$OUT/warmup" DECODE_PARTS=warmup decode_bench .device/s48/dec
     ;;
+  onepass)  # B = 1's attention in one pass of each warp: the tiny decoders (python
+    # test/gpu/make_artifacts.py .device/s48/art --only llama_tiny_context_one_pass, then
+    # llama_tiny_one_pass), stamped (DECODE_TRACE_VARIANTS=stamps_b1_one_pass,stamps_b1_rope
+    # python bench/decode_trace.py --build .device/s48/tr7) and timed (DECODE_SWEEP_VARIANTS=
+    # default,b1_one_pass python bench/decode_sweep.py --build .device/s48/sw7)
+    ETC_ARTIFACTS=.device/s48/art timeout 200 python -m pytest -q -rfs --tb=line \
+      test/gpu/test_llama_gpu.py -k "matches_the_simulator and one_pass" 2>&1 \
+      | tee -a "$OUT/tests_one_pass.txt" | tail -4
+    DECODE_TRACE_VARIANTS=stamps_b1_one_pass,stamps_b1_rope DECODE_TRACE_BATCHES=1 \
+      DECODE_TRACE_CONTEXT=1024 timeout 200 \
+      python bench/decode_trace.py --artifacts .device/s48/tr7 --out /tmp/s48/tr7 \
+      2>&1 | tee -a "$OUT/stamps_one_pass.txt" | grep -A40 "layer"
+    SWEEP_TMP=/tmp/s48 sweep_passes s48_one_pass default,b1_one_pass 1 512,1024 .device/s48/sw7
+    ;;
   raw)
     tar czf "$OUT/sweep_raw.tgz" -C /tmp/s48 raw
     ;;

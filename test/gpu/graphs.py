@@ -687,6 +687,26 @@ def llama_tiny_variants() -> dict:
             (None, ()),
         ),
     )  # fmt: skip
+    # ... its attention's steps 2-4 as one pass of each warp (attn_one_pass).
+    context_one_pass = dataclasses.replace(
+        context_span,
+        batch_buckets=(
+            (1, (*llama.SINGLE_SEQUENCE, ("context_buckets", (
+                (39, (("attn_phased_span", 8), ("attn_prefetch_kv", True),
+                      ("attn_one_pass", True))),
+                (None, ()))))),
+            (None, ()),
+        ),
+    )  # fmt: skip
+    # One pass over splits of several loop steps: 64-dim heads, loop steps
+    # of 32 positions, spans of 64 (B = 1 at L = 200: 4 splits of 2 steps),
+    # the merge fused, with and without K and V in shared memory.
+    one_pass = dataclasses.replace(
+        llama.TINY, head_dim=64, heads=4, kv_heads=2, combine_group=4, attn_chunk=64,
+        attn_unroll=1, attn_one_pass=True, fuse_combine=True,
+        batch_buckets=((1, (("context_buckets", ((39, (("attn_stage_kv", True),)), (None, ()))),)),
+                       (None, ())),
+    )  # fmt: skip
     # The B=1 split tier: spans of 3 (rounded up to the tile's 8), at most 5
     # splits, never fewer than spans of 8 give.
     single = dataclasses.replace(
@@ -913,6 +933,8 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_context_buckets": context,
         "llama_tiny_context_span": context_span,
         "llama_tiny_context_slots": context_slots,
+        "llama_tiny_context_one_pass": context_one_pass,
+        "llama_tiny_one_pass": one_pass,
         # The sync-core weight copies marked L2 evict-first (a cache hint:
         # the same results).
         "llama_tiny_evict_first": dataclasses.replace(llama.TINY, weights_evict_first=True),

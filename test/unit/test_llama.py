@@ -1924,3 +1924,29 @@ def test_deal_slots_keep_the_stages_after_the_attention_on_their_ctas(weights):
     for bad in ((("attention", 0),), (("nope", 4),), ("attention",)):
         with pytest.raises(etc.GraphError, match="deal_slots must be"):
             dataclasses.replace(CFG, deal_slots=bad)
+
+
+@needs_ptxas
+def test_one_pass_attention_has_two_barriers_fewer_and_compiles(weights):
+    """attn_one_pass: steps 2-4 of the phased tile as one pass of each warp,
+    two CTA barriers fewer, no scores in workgroup memory; a split of one
+    loop step is straight-line code, a longer one a loop carrying the warp's
+    max, sum and output; both kernels pass ptxas and the step matches the
+    numpy model; other tiles refuse it."""
+    from etc.tiles.llama import attention
+
+    kw = dict(combine=True, stage_kv=True, prefetch_kv=True)
+    plain = attention(64, 32, 8, 64, 16, **kw).source
+    single = attention(64, 32, 8, 64, 16, one_pass=True, **kw).source
+    looped = attention(256, 32, 8, 64, 16, one_pass=True, **kw).source  # 2 steps of 128
+    assert single.count("gpu.barrier") == plain.count("gpu.barrier") - 2
+    assert "%pbuf[" not in single and "%pbuf[" in plain and "@attention__ml" in single
+    assert "iter_args(%m0 = %empty" not in single and "iter_args(%m0 = %empty" in looped
+    for extra in ({}, {"attn_chunk": 64, "attn_unroll": 1, "head_dim": 64, "heads": 4,
+                       "kv_heads": 2, "combine_group": 4}):  # fmt: skip
+        cfg = dataclasses.replace(CFG, attn_one_pass=True, fuse_combine=True, **extra)
+        g = M.build_decoder_graph(cfg)
+        etc.compile(g, schedule="static")
+        _check_step(cfg, g, M.random_weights(cfg, seed=6), 2, 20, "static", 17)
+    with pytest.raises(etc.GraphError, match="attn_one_pass applies to attn_tile='phased'"):
+        dataclasses.replace(CFG, attn_tile="mma", attn_one_pass=True)

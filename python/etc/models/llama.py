@@ -556,6 +556,10 @@ class LlamaConfig:
     #: tensor-core tile's ``attention_mma.STAMPS`` (``stamps=True``), the
     #: phased tile's ``llama.PHASED_STAMPS``.
     attn_stamps: bool = False
+    #: The phased attention's steps 2-4 as one pass of each warp over its
+    #: own rows, the warps' states merged after one barrier
+    #: (``llama.attention(one_pass=True)``): two barriers fewer.
+    attn_one_pass: bool = False
     #: (sequence, kv head) items per tensor-core attention instance
     #: (``attention_mma(items=...)``; TMA pipeline only): the grid's kv-head
     #: dimension is ``kv_heads / attn_items`` and each instance attends its
@@ -926,6 +930,10 @@ class LlamaConfig:
             raise GraphError(
                 f"LlamaConfig: attn_pipeline applies to attn_tile='mma', not {self.attn_tile!r}"
             )
+        if self.attn_one_pass is True and self.attn_tile != "phased":
+            raise GraphError(
+                f"LlamaConfig: attn_one_pass applies to attn_tile='phased', not {self.attn_tile!r}"
+            )
         if self.attn_stamps is True and self.attn_tile not in ("mma", "phased"):
             raise GraphError(
                 "LlamaConfig: attn_stamps applies to attn_tile='mma' or 'phased', not "
@@ -964,7 +972,7 @@ class LlamaConfig:
         for name in (
             "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps",
             "queue_ahead", "wait_memo", "weights_evict_first", "attn_kv_evict_first",
-            "gemv_whole_lines",
+            "gemv_whole_lines", "attn_one_pass",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
@@ -1866,6 +1874,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             spread=cfg.attn_spread,
             merge_unroll=cfg.attn_merge_unroll,
             stamps=cfg.attn_stamps,
+            one_pass=cfg.attn_one_pass,
         ),  # fmt: skip
         **(
             {}

@@ -434,6 +434,7 @@ def attention(
     spread: bool = False,
     merge_unroll: int = 1,
     stamps: bool = False,
+    one_pass: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -496,6 +497,15 @@ def attention(
     one position. Trailing splits may be empty. A graph then
     picks ``P`` from the batch size, many short splits for a few sequences
     and few long ones for many, from one artifact.
+
+    ``one_pass``: steps 2-4 as one pass of each warp over its own rows
+    (flash-decoding inside the CTA): per loop step a warp's scores, their
+    running max and sum over the warp (shuffles across its row groups) and
+    each lane's ``e_p * v_p``, rescaled as the max grows; after the loop
+    each warp leaves its max, sum and output in workgroup memory, and one
+    barrier later thread ``i`` merges the warps' states for its (head, dim)
+    into the partials. Two barriers fewer than the phases, no scores in
+    workgroup memory, every warp busy in the softmax.
 
     ``stamps`` (a measuring aid, off in every kernel) adds a last argument
     ``stamps: memref<?x?x?x?x14xi64>`` (indexed ``[l, b, g, s]``) into which
@@ -854,12 +864,79 @@ def attention(
     kv_global = (
         f'memref.global "private" @{name}__kv : {kv_t} {{alignment = 16 : i64}}\n' if staged else ""
     )
+    ml_global = (
+        f'memref.global "private" @{name}__ml : memref<{warps * G * 2}xf32, {_WG}> '
+        "{alignment = 16 : i64}\n"
+        if one_pass
+        else ""
+    )
+    phases_text = f"""\
+  {"nvvm.cp.async.wait.group 1" if stage_kv else ""}
+{stamp("k_ready") if stage_kv else ""}  scf.for %base = %c0 to %n step %cStep {{
+{chr(10).join(score_lines)}
+  }}
+  gpu.barrier
+{stamp("scored")}  // 3. Softmax of head t by warps t, t + {warps}, ...
+  scf.for %t = %warp to %cG step %cWarps {{
+    %tb = arith.muli %t, %cChunk : index
+    %mx = scf.for %j = %lane to %n step %c32 iter_args(%m = %empty) -> (f32) {{
+      %ji = arith.addi %tb, %j : index
+      %v = memref.load %pbuf[%ji] : {p_t}
+      %m2 = arith.maximumf %m, %v : f32
+      scf.yield %m2 : f32
+    }}
+{max_red}
+    %sm = scf.for %j = %lane to %n step %c32 iter_args(%a = %fzero) -> (f32) {{
+      %ji = arith.addi %tb, %j : index
+      %v = memref.load %pbuf[%ji] : {p_t}
+      %dv = arith.subf %v, {max_val} : f32
+      %e = math.exp %dv : f32
+      memref.store %e, %pbuf[%ji] : {p_t}
+      %a2 = arith.addf %a, %e : f32
+      scf.yield %a2 : f32
+    }}
+{sum_red}
+    scf.if %is_lane0 {{
+      %h = arith.addi %qh0, %t : index
+      memref.store {max_val}, %mp[%b, %h, %s, %c0] : {mp_t}
+      memref.store {sum_val}, %mp[%b, %h, %s, %c1] : {mp_t}
+    }}
+  }}
+  gpu.barrier
+{stamp("softmaxed")}  // 4. Output: e_p * v_p per lane, then over the warp's row groups and the warps.
+  {"nvvm.cp.async.wait.group 0" if staged else ""}
+  %acc:{G} = scf.for %base = %c0 to %n step %cStep iter_args({acc_init}) -> ({acc_types}) {{
+{chr(10).join(value_lines)}
+    scf.yield {", ".join(acc_names)} : {acc_types}
+  }}
+{chr(10).join(reduce_lines)}
+  scf.if %is_grp0 {{
+{o_stores}
+  }}
+  gpu.barrier
+{stamp("valued")}  scf.for %i = %tid to %cGD step %cBS {{
+{chr(10).join(warp_sum_lines)}
+    %ot = arith.divui %i, %cD : index
+    %od = arith.remui %i, %cD : index
+    %oh = arith.addi %qh0, %ot : index
+    memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
+  }}
+"""
+    if one_pass:
+        phases_text = (
+            (f"  nvvm.cp.async.wait.group 0\n{stamp('k_ready')}" if staged else "")
+            + _one_pass(
+                name, G, D, U, warps, row_load, op_t, mp_t,
+                after_loop=stamp("scored", "softmaxed"), after_join=stamp("valued"),
+                single_step=chunk <= RC * U,
+            )
+        )  # fmt: skip
     source = f"""\
 // {name}: decode attention split, {NH} heads / {KV} kv heads of {D}, chunk {chunk}, {layers} layers, one CTA of {block_size}.
 memref.global "private" @{name}__qkv : {qk_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__p : {p_t} {{alignment = 16 : i64}}
 memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
-{kv_global}{combine_global}func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{combine_args}{stamp_args}) {{
+{kv_global}{combine_global}{ml_global}func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {qkv_t}, %rope: {rope_t}, %kc: {c_t}, %vc: {c_t}, %op: {op_t}, %mp: {mp_t}{combine_args}{stamp_args}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
@@ -970,57 +1047,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   %vni0 = arith.addi %d0, %cGD : index
   %vni = arith.addi %vni0, %cD : index
   %vn = vector.load %qk[%vni] {{alignment = 16 : i64}} : {qk_t}, vector<8xf32>
-  {"nvvm.cp.async.wait.group 1" if stage_kv else ""}
-{stamp("k_ready") if stage_kv else ""}  scf.for %base = %c0 to %n step %cStep {{
-{chr(10).join(score_lines)}
-  }}
-  gpu.barrier
-{stamp("scored")}  // 3. Softmax of head t by warps t, t + {warps}, ...
-  scf.for %t = %warp to %cG step %cWarps {{
-    %tb = arith.muli %t, %cChunk : index
-    %mx = scf.for %j = %lane to %n step %c32 iter_args(%m = %empty) -> (f32) {{
-      %ji = arith.addi %tb, %j : index
-      %v = memref.load %pbuf[%ji] : {p_t}
-      %m2 = arith.maximumf %m, %v : f32
-      scf.yield %m2 : f32
-    }}
-{max_red}
-    %sm = scf.for %j = %lane to %n step %c32 iter_args(%a = %fzero) -> (f32) {{
-      %ji = arith.addi %tb, %j : index
-      %v = memref.load %pbuf[%ji] : {p_t}
-      %dv = arith.subf %v, {max_val} : f32
-      %e = math.exp %dv : f32
-      memref.store %e, %pbuf[%ji] : {p_t}
-      %a2 = arith.addf %a, %e : f32
-      scf.yield %a2 : f32
-    }}
-{sum_red}
-    scf.if %is_lane0 {{
-      %h = arith.addi %qh0, %t : index
-      memref.store {max_val}, %mp[%b, %h, %s, %c0] : {mp_t}
-      memref.store {sum_val}, %mp[%b, %h, %s, %c1] : {mp_t}
-    }}
-  }}
-  gpu.barrier
-{stamp("softmaxed")}  // 4. Output: e_p * v_p per lane, then over the warp's row groups and the warps.
-  {"nvvm.cp.async.wait.group 0" if staged else ""}
-  %acc:{G} = scf.for %base = %c0 to %n step %cStep iter_args({acc_init}) -> ({acc_types}) {{
-{chr(10).join(value_lines)}
-    scf.yield {", ".join(acc_names)} : {acc_types}
-  }}
-{chr(10).join(reduce_lines)}
-  scf.if %is_grp0 {{
-{o_stores}
-  }}
-  gpu.barrier
-{stamp("valued")}  scf.for %i = %tid to %cGD step %cBS {{
-{chr(10).join(warp_sum_lines)}
-    %ot = arith.divui %i, %cD : index
-    %od = arith.remui %i, %cD : index
-    %oh = arith.addi %qh0, %ot : index
-    memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
-  }}
-{stamp("partials")}{combine_lines}{"  gpu.barrier" + chr(10) if stamps else ""}{stamp("end", "end_ns")}  return
+{phases_text}{stamp("partials")}{combine_lines}{"  gpu.barrier" + chr(10) if stamps else ""}{stamp("end", "end_ns")}  return
 }}
 """
 
@@ -1049,6 +1076,188 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = prefetch_kv is True
     return fn
+
+
+def _one_pass(
+    name: str, G: int, D: int, U: int, warps: int, row_load, op_t: str, mp_t: str,
+    after_loop: str = "", after_join: str = "", single_step: bool = False,
+) -> str:  # fmt: skip
+    """Steps 2-4 of :func:`attention` as one pass (``one_pass=True``): the
+    MLIR text from the loop over the split's rows to the partials' stores.
+    ``row_load`` is the tile's own (row group ``u`` of a loop step: its
+    position, whether it is in the split, its 8 values); ``after_loop`` and
+    ``after_join`` are stamps' text. ``single_step`` (the split is at most
+    one loop step): straight-line code from constant initial states, so no
+    running state is live through the scores (fewer registers)."""
+    RL = D // 8
+    in_row = [RL >> (k + 1) for k in range(RL.bit_length() - 1)]  # RL/2 .. 1
+    across = [o for o in (1, 2, 4, 8, 16) if o >= RL]  # the warp's row groups
+    f32s, vecs = ", ".join(["f32"] * G), ", ".join(["vector<8xf32>"] * G)
+    body = [row_load("k", 0, "%kc", u) for u in range(U)]
+    for u in range(U):
+        body.append(
+            f"      %kf{u} = arith.extf %kb{u} : vector<8xbf16> to vector<8xf32>\n"
+            f"      %knew{u} = arith.cmpi eq, %kp{u}, %L : index\n"
+            f"      %k{u} = arith.select %knew{u}, %kn, %kf{u} : vector<8xf32>"
+        )
+        for t in range(G):
+            red, val = _warp_reduce(f"%dp{u}_{t}", "addf", in_row, f"k{u}_{t}", "      ")
+            body.append(
+                f"      %pr{u}_{t} = arith.mulf %q{t}, %k{u} : vector<8xf32>\n"
+                f"      %dp{u}_{t} = vector.reduction <add>, %pr{u}_{t} : vector<8xf32> into f32"
+                + (f"\n{red}" if red else "")
+                + f"\n      %sc{u}_{t} = arith.mulf {val}, %scale : f32"
+                f"\n      %ks{u}_{t} = arith.select %kok{u}, %sc{u}_{t}, %empty : f32"
+            )
+    for t in range(G):  # the step's max over the warp's rows, the running max, the rescale
+        top = f"%ks0_{t}"
+        for u in range(1, U):
+            body.append(f"      %sx{u}_{t} = arith.maximumf {top}, %ks{u}_{t} : f32")
+            top = f"%sx{u}_{t}"
+        red, smx = _warp_reduce(top, "maximumf", across, f"sm{t}", "      ")
+        body += [red] if red else []
+        body.append(
+            f"      %mn{t} = arith.maximumf %m{t}, {smx} : f32\n"
+            f"      %rd{t} = arith.subf %m{t}, %mn{t} : f32\n"
+            f"      %rs{t} = math.exp %rd{t} : f32"
+        )
+        lsum = f"%lr{t}"
+        body.append(f"      %lr{t} = arith.mulf %l{t}, %rs{t} : f32")
+        for u in range(U):
+            body.append(
+                f"      %ed{u}_{t} = arith.subf %ks{u}_{t}, %mn{t} : f32\n"
+                f"      %ee{u}_{t} = math.exp %ed{u}_{t} : f32\n"
+                f"      %e{u}_{t} = arith.select %kok{u}, %ee{u}_{t}, %fzero : f32\n"
+                f"      %ls{u}_{t} = arith.addf {lsum}, %e{u}_{t} : f32"
+            )
+            lsum = f"%ls{u}_{t}"
+    body += [row_load("v", 1, "%vc", u) for u in range(U)]
+    for u in range(U):
+        body.append(
+            f"      %vf{u} = arith.extf %vb{u} : vector<8xbf16> to vector<8xf32>\n"
+            f"      %vnew{u} = arith.cmpi eq, %vp{u}, %L : index\n"
+            f"      %vs{u} = arith.select %vnew{u}, %vn, %vf{u} : vector<8xf32>\n"
+            f"      %v{u} = arith.select %vok{u}, %vs{u}, %zero8 : vector<8xf32>"
+        )
+    accs = []
+    for t in range(G):
+        body.append(
+            f"      %rb{t} = vector.broadcast %rs{t} : f32 to vector<8xf32>\n"
+            f"      %ar{t} = arith.mulf %a{t}, %rb{t} : vector<8xf32>"
+        )
+        acc = f"%ar{t}"
+        for u in range(U):
+            body.append(
+                f"      %eb{u}_{t} = vector.broadcast %e{u}_{t} : f32 to vector<8xf32>\n"
+                f"      %an{u}_{t} = vector.fma %eb{u}_{t}, %v{u}, {acc} : vector<8xf32>"
+            )
+            acc = f"%an{u}_{t}"
+        accs.append(acc)
+    yields = [f"%mn{t}" for t in range(G)] + [f"%ls{U - 1}_{t}" for t in range(G)] + accs
+    inits = (
+        [f"%m{t} = %empty" for t in range(G)]
+        + [f"%l{t} = %fzero" for t in range(G)]
+        + [f"%a{t} = %zero8" for t in range(G)]
+    )
+    if single_step:
+        res = yields
+        loop = "\n".join(
+            [f"  %m{t} = arith.constant {_f32(EMPTY_MAX)} : f32" for t in range(G)]
+            + [f"  %l{t} = arith.constant 0.0 : f32" for t in range(G)]
+            + [f"  %a{t} = arith.constant dense<0.0> : vector<8xf32>" for t in range(G)]
+            + ["  %base = arith.constant 0 : index"]
+            + [line[4:] for line in "\n".join(body).split("\n")]
+        )
+    else:
+        res = [f"%st#{k}" for k in range(3 * G)]
+        loop = (
+            f"  %st:{3 * G} = scf.for %base = %c0 to %n step %cStep iter_args("
+            f"{', '.join(inits)}) -> ({f32s}, {f32s}, {vecs}) {{\n"
+            + "\n".join(body)
+            + f"\n    scf.yield {', '.join(yields)} : {f32s}, {f32s}, {vecs}\n  }}"
+        )
+    after = []  # the warp's sums over its row groups; its state into workgroup memory
+    ml_t, o_t = f"memref<{warps * G * 2}xf32, {_WG}>", f"memref<{warps * G * D}xf32, {_WG}>"
+    stores = []
+    for t in range(G):
+        red, lw = _warp_reduce(res[G + t], "addf", across, f"lw{t}", "  ")
+        after += [red] if red else []
+        elems = []
+        for e in range(8):
+            after.append(
+                f"  %ox{t}_{e} = vector.extract {res[2 * G + t]}[{e}] : f32 from vector<8xf32>"
+            )
+            red, val = _warp_reduce(f"%ox{t}_{e}", "addf", across, f"ox{t}_{e}", "  ")
+            after += [red] if red else []
+            elems.append(val)
+        after.append(
+            f"  %ov{t} = vector.from_elements {', '.join(elems)} : vector<8xf32>\n"
+            f"  %oi{t}a = arith.addi %wo, %cT{t}D : index\n"
+            f"  %oi{t} = arith.addi %oi{t}a, %d0 : index\n"
+            f"  %mi{t}a = arith.muli %warp, %c{G}x2 : index\n"
+            f"  %mi{t} = arith.addi %mi{t}a, %c{t}x2 : index\n"
+            f"  %li{t} = arith.addi %mi{t}, %c1 : index"
+        )
+        stores.append(
+            f"    vector.store %ov{t}, %obuf[%oi{t}] {{alignment = 16 : i64}} : {o_t}, vector<8xf32>"
+        )
+        stores.append(
+            f"    scf.if %is_lane0 {{\n"
+            f"      memref.store {res[t]}, %mlbuf[%mi{t}] : {ml_t}\n"
+            f"      memref.store {lw}, %mlbuf[%li{t}] : {ml_t}\n"
+            f"    }}"
+        )
+    consts = sorted({G, *range(G)})
+    offsets = sorted({w * G * k for w in range(warps) for k in (2, D)})
+    merge = []  # thread i: (head i / D, dim i % D) over the warps' states
+    for w in range(warps):
+        merge.append(
+            f"    %wm{w}i = arith.addi %mh, %c{w * G * 2}w : index\n"
+            f"    %wm{w} = memref.load %mlbuf[%wm{w}i] : {ml_t}"
+        )
+    top = "%wm0"
+    for w in range(1, warps):
+        merge.append(f"    %wM{w} = arith.maximumf {top}, %wm{w} : f32")
+        top = f"%wM{w}"
+    osum, lsum = "%fzero", "%fzero"
+    for w in range(warps):
+        merge.append(
+            f"    %wd{w} = arith.subf %wm{w}, {top} : f32\n"
+            f"    %wf{w} = math.exp %wd{w} : f32\n"
+            f"    %wl{w}i = arith.addi %wm{w}i, %c1 : index\n"
+            f"    %wl{w} = memref.load %mlbuf[%wl{w}i] : {ml_t}\n"
+            f"    %wo{w}i = arith.addi %i, %c{w * G * D}w : index\n"
+            f"    %wo{w} = memref.load %obuf[%wo{w}i] : {o_t}\n"
+            f"    %wO{w} = math.fma %wo{w}, %wf{w}, {osum} : f32\n"
+            f"    %wL{w} = math.fma %wl{w}, %wf{w}, {lsum} : f32"
+        )
+        osum, lsum = f"%wO{w}", f"%wL{w}"
+    nl = "\n"
+    return f"""\
+  // 2-4. One pass: each warp's rows' scores, online softmax and values.
+{loop}
+{after_loop}{nl.join(f"  %c{k}x2 = arith.constant {2 * k} : index" for k in consts)}
+{nl.join(f"  %c{v}w = arith.constant {v} : index" for v in offsets)}
+  %mlbuf = memref.get_global @{name}__ml : {ml_t}
+{nl.join(after)}
+  scf.if %is_grp0 {{
+{nl.join(stores)}
+  }}
+  gpu.barrier
+{after_join}  scf.for %i = %tid to %cGD step %cBS {{
+    %ot = arith.divui %i, %cD : index
+    %od = arith.remui %i, %cD : index
+    %oh = arith.addi %qh0, %ot : index
+    %mh = arith.muli %ot, %c1x2 : index
+{nl.join(merge)}
+    memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
+    %od0 = arith.cmpi eq, %od, %c0 : index
+    scf.if %od0 {{
+      memref.store {top}, %mp[%b, %oh, %s, %c0] : {mp_t}
+      memref.store {lsum}, %mp[%b, %oh, %s, %c1] : {mp_t}
+    }}
+  }}
+"""
 
 
 def attention_online(
