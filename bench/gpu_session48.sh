@@ -110,6 +110,13 @@ for step in ${*:-tests}; do
       2>&1 | tee -a "$OUT/stamps_one_pass.txt" | grep -A40 "layer"
     SWEEP_TMP=/tmp/s48 sweep_passes s48_one_pass default,b1_one_pass 1 512,1024 .device/s48/sw7
     ;;
+  ncu)  # the B = 1 kernel's stall reasons, kernel-wide (Nsight Compute's warp-state
+    # sampling ratios), over the default artifact (python bench/decode.py --build .device/s48/dec)
+    timeout 200 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
+      python bench/decode_ncu.py .device/s48/dec/static 1 1024 2>&1 \
+      | grep -E "^\s+(smsp__|sm__)|==ERR|rror" | tee "$OUT/ncu_b1.txt"
+    ;;
   raw)
     tar czf "$OUT/sweep_raw.tgz" -C /tmp/s48 raw
     ;;
