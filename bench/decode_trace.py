@@ -153,13 +153,15 @@ def _stamped(stamps, names):
 def _phase_table(title: str, w: dict, ghz: float, phases, rows_of) -> tuple[list[str], dict]:
     """Lines and data of ``phases`` ``(label, from word, to word)``: median
     and 90th percentile in µs over ``rows_of`` (the stamp rows, or a
-    function of the label giving them; phases without rows are left out)."""
+    function of the label giving them) that stamped both words; phases
+    without such rows are left out."""
     import numpy as np
 
     lines = [f"{title}, clock {ghz:.2f} GHz", f"  {'phase':26s} {'median us':>10s} {'p90 us':>8s}"]
     data: dict = {"clock_ghz": ghz}
     for label, a, b in phases:
         rows = rows_of(label) if callable(rows_of) else rows_of
+        rows = rows[(rows[:, w[a]] != 0) & (rows[:, w[b]] != 0)]  # both points stamped
         if not len(rows):
             continue
         us = (rows[:, w[b]] - rows[:, w[a]]) / (ghz * 1e3)
