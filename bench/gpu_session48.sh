@@ -117,6 +117,15 @@ for step in ${*:-tests}; do
       python bench/decode_ncu.py .device/s48/dec/static 1 1024 2>&1 \
       | grep -E "^\s+(smsp__|sm__)|==ERR|rror" | tee "$OUT/ncu_b1.txt"
     ;;
+  sass)  # the B = 1 kernel's stalls per SASS instruction (Nsight Compute source
+    # counters) over the default artifact, exported as CSV for bench/ncu_sass.py
+    timeout 300 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --import-source no -f -o /tmp/s48/b1 \
+      python bench/decode_ncu.py .device/s48/dec/static 1 1024 2>&1 | tail -3
+    ncu -i /tmp/s48/b1.ncu-rep --page source --csv --print-source sass > /tmp/s48/b1_sass.csv \
+      2> "$OUT/sass_err.txt"; head -c 600 /tmp/s48/b1_sass.csv; wc -l /tmp/s48/b1_sass.csv
+    gzip -c /tmp/s48/b1_sass.csv > "$OUT/b1_sass.csv.gz"; cat "$OUT/sass_err.txt" | head -5
+    ;;
   raw)
     tar czf "$OUT/sweep_raw.tgz" -C /tmp/s48 raw
     ;;
