@@ -589,7 +589,9 @@ def llama_tiny_variants() -> dict:
     projections on TMA + wgmma with split-K (``gemm_core="tma"``,
     ``k_splits``), alone and in the large-batch kernel of three, with their
     k loops rotated by column block (``tma_rotate_k``); the attention,
-    projections and LM head dealt at run time (``pool``)."""
+    projections and LM head dealt at run time (``pool``); the B = 1 kernel's
+    attention in fewer splits holding the deal's slots (``deal_slots``) and
+    in one pass of each warp (``attn_one_pass``)."""
     import dataclasses
 
     from etc.models import llama
