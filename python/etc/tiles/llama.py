@@ -697,22 +697,39 @@ def attention(
         + [f"  %cSlotB{q} = arith.constant {q * block_size * 16} : index" for q in range(2 * R)]
     )
 
-    # -- step 2: scores ------------------------------------------------------
-    score_lines = [row_load("k", 0, "%kc", u) for u in range(U)]
-    for u in range(U):
-        score_lines.append(
+    def score_row(u: int) -> list[str]:
+        """Row group ``u``'s scores ``%sc<u>_<t>`` of the G heads (after its
+        ``row_load`` of K): its key (position L's from step 1), the dot
+        products, summed over the row's lanes and scaled."""
+        lines = [
             f"      %kf{u} = arith.extf %kb{u} : vector<8xbf16> to vector<8xf32>\n"
             f"      %knew{u} = arith.cmpi eq, %kp{u}, %L : index\n"
             f"      %k{u} = arith.select %knew{u}, %kn, %kf{u} : vector<8xf32>"
-        )
+        ]
         for t in range(G):
             red, val = _warp_reduce(f"%dp{u}_{t}", "addf", in_row, f"k{u}_{t}", "      ")
-            score_lines.append(
+            lines.append(
                 f"      %pr{u}_{t} = arith.mulf %q{t}, %k{u} : vector<8xf32>\n"
                 f"      %dp{u}_{t} = vector.reduction <add>, %pr{u}_{t} : vector<8xf32> into f32"
                 + (f"\n{red}" if red else "")
                 + f"\n      %sc{u}_{t} = arith.mulf {val}, %scale : f32"
             )
+        return lines
+
+    def value_row(u: int) -> str:
+        """Row group ``u``'s values ``%v<u>`` (after its ``row_load`` of V):
+        position L's from step 1, zero past the split."""
+        return (
+            f"      %vf{u} = arith.extf %vb{u} : vector<8xbf16> to vector<8xf32>\n"
+            f"      %vnew{u} = arith.cmpi eq, %vp{u}, %L : index\n"
+            f"      %vs{u} = arith.select %vnew{u}, %vn, %vf{u} : vector<8xf32>\n"
+            f"      %v{u} = arith.select %vok{u}, %vs{u}, %zero8 : vector<8xf32>"
+        )
+
+    # -- step 2: scores ------------------------------------------------------
+    score_lines = [row_load("k", 0, "%kc", u) for u in range(U)]
+    for u in range(U):
+        score_lines += score_row(u)
         stores = "\n".join(
             f"        %si{u}_{t} = arith.addi %kr{u}, %cT{t}chunk : index\n"
             f"        memref.store %sc{u}_{t}, %pbuf[%si{u}_{t}] : {p_t}"
@@ -728,11 +745,7 @@ def attention(
     value_lines = [row_load("v", 1, "%vc", u) for u in range(U)]
     for u in range(U):
         value_lines.append(
-            f"      %vf{u} = arith.extf %vb{u} : vector<8xbf16> to vector<8xf32>\n"
-            f"      %vnew{u} = arith.cmpi eq, %vp{u}, %L : index\n"
-            f"      %vs{u} = arith.select %vnew{u}, %vn, %vf{u} : vector<8xf32>\n"
-            f"      %v{u} = arith.select %vok{u}, %vs{u}, %zero8 : vector<8xf32>\n"
-            f"      %vi{u} = arith.select %vok{u}, %vr{u}, %c0 : index"
+            value_row(u) + f"\n      %vi{u} = arith.select %vok{u}, %vr{u}, %c0 : index"
         )
         for t in range(G):
             prev = acc_names[t]
@@ -926,7 +939,7 @@ def attention(
         phases_text = (
             (f"  nvvm.cp.async.wait.group 0\n{stamp('k_ready')}" if staged else "")
             + _one_pass(
-                name, G, D, U, warps, row_load, op_t, mp_t,
+                name, G, D, U, warps, (row_load, score_row, value_row), across, op_t, mp_t,
                 after_loop=stamp("scored", "softmaxed"), after_join=stamp("valued"),
                 single_step=chunk <= RC * U,
             )
@@ -1079,36 +1092,25 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 
 
 def _one_pass(
-    name: str, G: int, D: int, U: int, warps: int, row_load, op_t: str, mp_t: str,
-    after_loop: str = "", after_join: str = "", single_step: bool = False,
+    name: str, G: int, D: int, U: int, warps: int, rows, across: list[int], op_t: str,
+    mp_t: str, after_loop: str = "", after_join: str = "", single_step: bool = False,
 ) -> str:  # fmt: skip
     """Steps 2-4 of :func:`attention` as one pass (``one_pass=True``): the
     MLIR text from the loop over the split's rows to the partials' stores.
-    ``row_load`` is the tile's own (row group ``u`` of a loop step: its
-    position, whether it is in the split, its 8 values); ``after_loop`` and
+    ``rows`` are the tile's own ``(row_load, score_row, value_row)`` (row
+    group ``u`` of a loop step: its loads, its G scores, its values);
+    ``across`` the shuffle offsets over a warp's row groups; ``after_loop`` and
     ``after_join`` are stamps' text. ``single_step`` (the split is at most
     one loop step): straight-line code from constant initial states, so no
     running state is live through the scores (fewer registers)."""
-    RL = D // 8
-    in_row = [RL >> (k + 1) for k in range(RL.bit_length() - 1)]  # RL/2 .. 1
-    across = [o for o in (1, 2, 4, 8, 16) if o >= RL]  # the warp's row groups
+    row_load, score_row, value_row = rows
     f32s, vecs = ", ".join(["f32"] * G), ", ".join(["vector<8xf32>"] * G)
     body = [row_load("k", 0, "%kc", u) for u in range(U)]
     for u in range(U):
-        body.append(
-            f"      %kf{u} = arith.extf %kb{u} : vector<8xbf16> to vector<8xf32>\n"
-            f"      %knew{u} = arith.cmpi eq, %kp{u}, %L : index\n"
-            f"      %k{u} = arith.select %knew{u}, %kn, %kf{u} : vector<8xf32>"
-        )
-        for t in range(G):
-            red, val = _warp_reduce(f"%dp{u}_{t}", "addf", in_row, f"k{u}_{t}", "      ")
-            body.append(
-                f"      %pr{u}_{t} = arith.mulf %q{t}, %k{u} : vector<8xf32>\n"
-                f"      %dp{u}_{t} = vector.reduction <add>, %pr{u}_{t} : vector<8xf32> into f32"
-                + (f"\n{red}" if red else "")
-                + f"\n      %sc{u}_{t} = arith.mulf {val}, %scale : f32"
-                f"\n      %ks{u}_{t} = arith.select %kok{u}, %sc{u}_{t}, %empty : f32"
-            )
+        body += score_row(u)
+        body += [
+            f"      %ks{u}_{t} = arith.select %kok{u}, %sc{u}_{t}, %empty : f32" for t in range(G)
+        ]
     for t in range(G):  # the step's max over the warp's rows, the running max, the rescale
         top = f"%ks0_{t}"
         for u in range(1, U):
@@ -1132,13 +1134,7 @@ def _one_pass(
             )
             lsum = f"%ls{u}_{t}"
     body += [row_load("v", 1, "%vc", u) for u in range(U)]
-    for u in range(U):
-        body.append(
-            f"      %vf{u} = arith.extf %vb{u} : vector<8xbf16> to vector<8xf32>\n"
-            f"      %vnew{u} = arith.cmpi eq, %vp{u}, %L : index\n"
-            f"      %vs{u} = arith.select %vnew{u}, %vn, %vf{u} : vector<8xf32>\n"
-            f"      %v{u} = arith.select %vok{u}, %vs{u}, %zero8 : vector<8xf32>"
-        )
+    body += [value_row(u) for u in range(U)]
     accs = []
     for t in range(G):
         body.append(
