@@ -126,6 +126,13 @@ for step in ${*:-tests}; do
       2> "$OUT/sass_err.txt"; head -c 600 /tmp/s48/b1_sass.csv; wc -l /tmp/s48/b1_sass.csv
     gzip -c /tmp/s48/b1_sass.csv > "$OUT/b1_sass.csv.gz"; cat "$OUT/sass_err.txt" | head -5
     ;;
+  review)  # after the review: one_pass and the online and tensor-core tiles on the shared
+    # warp merge (python test/gpu/make_artifacts.py .device/s48/art --only V, V in
+    # llama_tiny_context_one_pass, llama_tiny_one_pass, llama_tiny_online, llama_tiny_mma_tma)
+    ETC_ARTIFACTS=.device/s48/art timeout 250 python -m pytest -q -rfs --tb=line \
+      test/gpu/test_llama_gpu.py -k "matches_the_simulator and (one_pass or online \
+      or llama_tiny_mma_tma-)" 2>&1 | tee -a "$OUT/tests_review.txt" | tail -4
+    ;;
   raw)
     tar czf "$OUT/sweep_raw.tgz" -C /tmp/s48 raw
     ;;

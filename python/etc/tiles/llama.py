@@ -1102,7 +1102,8 @@ def _one_pass(
     ``across`` the shuffle offsets over a warp's row groups; ``after_loop`` and
     ``after_join`` are stamps' text. ``single_step`` (the split is at most
     one loop step): straight-line code from constant initial states, so no
-    running state is live through the scores (fewer registers)."""
+    running state is live through the scores (fewer registers). The warps'
+    states meet in :func:`_warp_merge`, as the online tile's do."""
     row_load, score_row, value_row = rows
     f32s, vecs = ", ".join(["f32"] * G), ", ".join(["vector<8xf32>"] * G)
     body = [row_load("k", 0, "%kc", u) for u in range(U)]
@@ -1199,60 +1200,23 @@ def _one_pass(
         )
         stores.append(
             f"    scf.if %is_lane0 {{\n"
-            f"      memref.store {res[t]}, %mlbuf[%mi{t}] : {ml_t}\n"
-            f"      memref.store {lw}, %mlbuf[%li{t}] : {ml_t}\n"
+            f"      memref.store {res[t]}, %mbuf[%mi{t}] : {ml_t}\n"
+            f"      memref.store {lw}, %mbuf[%li{t}] : {ml_t}\n"
             f"    }}"
         )
     consts = sorted({G, *range(G)})
-    offsets = sorted({w * G * k for w in range(warps) for k in (2, D)})
-    merge = []  # thread i: (head i / D, dim i % D) over the warps' states
-    for w in range(warps):
-        merge.append(
-            f"    %wm{w}i = arith.addi %mh, %c{w * G * 2}w : index\n"
-            f"    %wm{w} = memref.load %mlbuf[%wm{w}i] : {ml_t}"
-        )
-    top = "%wm0"
-    for w in range(1, warps):
-        merge.append(f"    %wM{w} = arith.maximumf {top}, %wm{w} : f32")
-        top = f"%wM{w}"
-    osum, lsum = "%fzero", "%fzero"
-    for w in range(warps):
-        merge.append(
-            f"    %wd{w} = arith.subf %wm{w}, {top} : f32\n"
-            f"    %wf{w} = math.exp %wd{w} : f32\n"
-            f"    %wl{w}i = arith.addi %wm{w}i, %c1 : index\n"
-            f"    %wl{w} = memref.load %mlbuf[%wl{w}i] : {ml_t}\n"
-            f"    %wo{w}i = arith.addi %i, %c{w * G * D}w : index\n"
-            f"    %wo{w} = memref.load %obuf[%wo{w}i] : {o_t}\n"
-            f"    %wO{w} = math.fma %wo{w}, %wf{w}, {osum} : f32\n"
-            f"    %wL{w} = math.fma %wl{w}, %wf{w}, {lsum} : f32"
-        )
-        osum, lsum = f"%wO{w}", f"%wL{w}"
     nl = "\n"
     return f"""\
   // 2-4. One pass: each warp's rows' scores, online softmax and values.
 {loop}
 {after_loop}{nl.join(f"  %c{k}x2 = arith.constant {2 * k} : index" for k in consts)}
-{nl.join(f"  %c{v}w = arith.constant {v} : index" for v in offsets)}
-  %mlbuf = memref.get_global @{name}__ml : {ml_t}
+  %mbuf = memref.get_global @{name}__ml : {ml_t}
 {nl.join(after)}
   scf.if %is_grp0 {{
 {nl.join(stores)}
   }}
   gpu.barrier
-{after_join}  scf.for %i = %tid to %cGD step %cBS {{
-    %ot = arith.divui %i, %cD : index
-    %od = arith.remui %i, %cD : index
-    %oh = arith.addi %qh0, %ot : index
-    %mh = arith.muli %ot, %c1x2 : index
-{nl.join(merge)}
-    memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
-    %od0 = arith.cmpi eq, %od, %c0 : index
-    scf.if %od0 {{
-      memref.store {top}, %mp[%b, %oh, %s, %c0] : {mp_t}
-      memref.store {lsum}, %mp[%b, %oh, %s, %c1] : {mp_t}
-    }}
-  }}
+{after_join}{_warp_merge(warps, G, D, o_t, ml_t, op_t, mp_t)}
 """
 
 
@@ -1619,7 +1583,7 @@ def _warp_merge(
     ``%mbuf`` (``[warp][head]`` max and sum) into this split's ``%op`` and
     ``%mp``: thread ``i`` takes head ``i / D``, dim ``i % D``. Needs
     ``%tid``, ``%b``, ``%s``, ``%qh0``, ``%obuf``, ``%mbuf``, ``%empty``,
-    ``%fzero``, ``%c0``, ``%c1`` and ``%c2``. ``direct`` (the type of
+    ``%fzero``, ``%c0`` and ``%c1``. ``direct`` (the type of
     ``%attn``; needs ``%nsplit``): when the grid has one split, the merge
     is the attention's output, ``attn[b, h*D + d] = bf16(o / l)``, stored
     there instead of the partials (no combine needed)."""
@@ -1627,10 +1591,11 @@ def _warp_merge(
         f"  %wm_bs = arith.constant {warps * 32} : index",
         f"  %wm_gd = arith.constant {G * D} : index",
         f"  %wm_d = arith.constant {D} : index",
+        "  %wm_two = arith.constant 2 : index",
         "  scf.for %i = %tid to %wm_gd step %wm_bs {",
         "    %ft = arith.divui %i, %wm_d : index",
         "    %fdim = arith.remui %i, %wm_d : index",
-        "    %ti2 = arith.muli %ft, %c2 : index",
+        "    %ti2 = arith.muli %ft, %wm_two : index",
     ]
     M = "%empty"
     for w in range(warps):
