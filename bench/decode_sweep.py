@@ -905,6 +905,65 @@ VARIANTS["stamps_b1_one_pass"] = {
 }
 VARIANTS["b1_m2"] = _short(("attn_merge_unroll", 2))
 VARIANTS["b1_m3"] = _short(("attn_merge_unroll", 3))
+# Session 49: B = 17..32 on the gemv core's rows mode in 32-row tiles, which
+# read each weight byte once for all 32 rows (item 225's rows32 read it once
+# per 16-row block): the B = 9..16 kernel's settings (g32), or the large
+# kernel's (its tensor-core attention, whole-row argmax, every tile called)
+# with the B = 9..16 kernel's projections (g32l); and every B >= 17 so
+# (B = 33..64: two 32-row blocks; g64l: one 64-row block, which spills).
+_GEMV_ROWS_32 = (
+    ("gemm_core", "gemv"), ("gemv_block", 32), ("gemv_whole_lines", True),
+    ("bn_qkv", 16), ("bn_o", 16), ("bn_gu", 32), ("bn_down", 16), ("bn_lm", 64),
+    ("gemm_options", (("stages", 4),)), ("weights_evict_first", False),
+)  # fmt: skip
+_LARGE_GEMV_32 = (*M.LARGE_BATCH, *_GEMV_ROWS_32)
+VARIANTS["g32"] = _upto32(("gemv_block", 32))
+VARIANTS["g32l"] = {
+    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _LARGE_GEMV_32),
+                      M.LLAMA_3_2_1B.batch_buckets[-1]),
+}  # fmt: skip
+VARIANTS["g32_all"] = {
+    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (None, (*M.SMALL_BATCH, ("gemv_block", 32)))),
+}  # fmt: skip
+VARIANTS["g32l_all"] = {
+    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (None, _LARGE_GEMV_32)),
+}
+# ... with the next chunk's activations loaded half a chunk ahead (a code
+# change: g32l's first build loaded each half chunk's just before its mmas),
+# and with 32-column qkv, o_proj and down blocks and 128-column LM head
+# blocks (each block reads all of the batch's activations from L2: at 32 rows
+# 1-2x the bytes of its weights with 16-column blocks).
+VARIANTS["g32l_ahead"] = VARIANTS["g32l"]
+VARIANTS["g32l_wide"] = {
+    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1],
+                      (32, (*_LARGE_GEMV_32, ("bn_qkv", 32), ("bn_o", 32), ("bn_down", 32),
+                            ("bn_lm", 128))),
+                      M.LLAMA_3_2_1B.batch_buckets[-1]),
+}  # fmt: skip
+
+
+# ... and (session 49's trace at B = 32, L = 1024, layer 8: qkv 6.9 µs on
+# 32-row gemv tiles against 10.7 on the tma core, o_proj 6.9 against 9.0,
+# but down 20.4 against 16.5 and the LM head ~30 µs slower) only qkv and
+# o_proj on the gemv core, 32 rows up to B = 32 (hyb32), and 64 past it
+# (hyb; hyb64: 64 rows from B = 17).
+def _hybrid(rows: int) -> tuple:
+    return (*M.LARGE_BATCH, ("core_overrides", (("qkv_proj", "gemv"), ("o_proj", "gemv"))),
+            ("gemv_block", rows), ("gemv_whole_lines", True), ("bn_qkv", 16), ("bn_o", 16))  # fmt: skip
+
+
+VARIANTS["hyb32"] = {
+    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _hybrid(32)),
+                      M.LLAMA_3_2_1B.batch_buckets[-1]),
+}  # fmt: skip
+VARIANTS["hyb"] = {
+    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _hybrid(32)), (None, _hybrid(64))),
+}
+VARIANTS["hyb64"] = {"batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (None, _hybrid(64)))}
+VARIANTS["g64l"] = {
+    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _LARGE_GEMV_32),
+                      (None, (*_LARGE_GEMV_32, ("gemv_block", 64)))),
+}  # fmt: skip
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -591,7 +591,9 @@ def llama_tiny_variants() -> dict:
     k loops rotated by column block (``tma_rotate_k``); the attention,
     projections and LM head dealt at run time (``pool``); the B = 1 kernel's
     attention in fewer splits holding the deal's slots (``deal_slots``) and
-    in one pass of each warp (``attn_one_pass``)."""
+    in one pass of each warp (``attn_one_pass``); the gemv core's rows mode
+    in 32- and 64-row tiles, alone, as a batch bucket, and for qkv and
+    o_proj beside the tma core (``gemv_block``, ``core_overrides``)."""
     import dataclasses
 
     from etc.models import llama
@@ -752,6 +754,10 @@ def llama_tiny_variants() -> dict:
     tma_splits = (("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4))
     # 16-row activation boxes: B=3 loads one, B=17 two, B=70 all four and one.
     tma = dataclasses.replace(llama.TINY, **dict(tma_changes), k_splits=tma_splits, tma_a_box=16)
+    tma_gemv_rows = dict(
+        core_overrides=(("qkv_proj", "gemv"), ("o_proj", "gemv")), gemv_whole_lines=True,
+        bn_qkv=32, bn_o=32,
+    )  # fmt: skip
     tma_buckets = dataclasses.replace(
         buckets,
         k_splits=tma_splits,
@@ -884,6 +890,23 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_gemv16_lines": dataclasses.replace(
             llama.TINY, **gemv_rows, gemv_block=16, gemv_whole_lines=True
         ),
+        # 32 and 64 rows a tile (each half chunk's activations loaded before
+        # its mmas, the epilogue's inputs after the loop), and B >= 17 on
+        # 32-row tiles beside the 16-row and one-row kernels.
+        "llama_tiny_gemv32_lines": dataclasses.replace(
+            llama.TINY, **gemv_rows, gemv_block=32, gemv_whole_lines=True
+        ),
+        "llama_tiny_gemv64_lines": dataclasses.replace(
+            llama.TINY, **gemv_rows, gemv_block=64, gemv_whole_lines=True
+        ),
+        "llama_tiny_gemv32_buckets": dataclasses.replace(
+            llama.TINY,
+            batch_buckets=(
+                (1, (("gemm_core", "gemv"),)),
+                (16, (*gemv_rows.items(), ("gemv_block", 16), ("gemv_whole_lines", True))),
+                (None, (*gemv_rows.items(), ("gemv_block", 32), ("gemv_whole_lines", True))),
+            ),
+        ),
         "llama_tiny_gemv_rows_buckets": dataclasses.replace(
             llama.TINY,
             batch_buckets=(
@@ -954,6 +977,11 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_prefetch_lines": prefetch_lines,
         "llama_tiny_combine_group": combine_group,
         "llama_tiny_tma": tma,
+        # ... with qkv and o_proj on the gemv core's rows mode, 32 or 64 rows
+        # a tile, beside the tma core's 64-row blocks (B = 70: three 32-row
+        # qkv blocks feed two 64-row gate/up blocks).
+        "llama_tiny_tma_gemv32": dataclasses.replace(tma, **tma_gemv_rows, gemv_block=32),
+        "llama_tiny_tma_gemv64": dataclasses.replace(tma, **tma_gemv_rows, gemv_block=64),
         "llama_tiny_tma_buckets": tma_buckets,
         # The split projections' parts meeting by rows and columns instead of
         # in fragment order (B = 70: two 64-row blocks, the last partial).

@@ -64,6 +64,8 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         cases.append((40, 5, 9))
     if cfg.uses_tma:  # two 64-row blocks, the second partial
         cases.append((70, 3, 9))
+    if any(k.core("qkv_proj") == "gemv" and k.gemv_block >= 32 for *_, k in cfg.kernel_configs()):
+        cases += [(32, 5, 9), (40, 6, 9), (70, 3, 9)]  # a block full, partial, two
     if cfg.tma_prefetch == "shared":  # session 13's failing sizes
         cases += [(130, 5, 9), (200, 9, 12)]
     if cfg.attn_tile != "phased":  # 200 cached rows: a long split, several loop steps
@@ -126,6 +128,7 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_sm_slices",
         "llama_tiny_lists",
         "llama_tiny_gemv16",
+        "llama_tiny_gemv32_lines",
     ],
 )
 @pytest.mark.parametrize("schedule", list(SCHEDULES))

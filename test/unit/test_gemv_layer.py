@@ -66,6 +66,8 @@ def _block_bytes(rows: list[int], k: int, layer: int, rows_per_layer: int) -> co
         ("residual", 16, 2048, 8192, 6, 16),
         ("swiglu", 8, 8192, 2048, 4, 16),  # a warp's rows: 8 gate, then 8 up
         ("swiglu", 32, 8192, 2048, 4, 8),
+        ("residual", 16, 2048, 8192, 4, 32),  # 32 rows: the same ring
+        ("swiglu", 32, 8192, 2048, 4, 32),
     ],
 )
 def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, stages, block_m):
@@ -91,6 +93,8 @@ def test_each_weight_byte_of_the_block_is_copied_once(epilogue, block_n, n, k, s
         ("swiglu", 32, 8192, 2048, 4, 8, 5),  # gate/up: 4 row groups x 2 slices
         ("store", 128, 4096, 2048, 3, 16, 16),  # LM head: 8 row groups, all of k
         ("store", 128, 4096, 2048, 3, 16, 7),  # the 16-row tile's 8-row path
+        ("residual", 16, 2048, 8192, 4, 32, 20),  # 32 rows, 4 8-row blocks
+        ("swiglu", 32, 8192, 2048, 4, 32, 32),
     ],
 )
 def test_whole_line_copies_feed_each_lane_what_its_own_slots_held(
@@ -160,7 +164,7 @@ def test_weights_evict_first_marks_nothing_on_the_gemv_core():
 @pytest.mark.parametrize(
     "options, words",
     [
-        (dict(block_m=4), "1 row a tile .* or 8 or 16 .*: block_m=4"),
+        (dict(block_m=4), "1 row a tile .* or 8, 16, 32 or 64 .*: block_m=4"),
         (dict(block_m=16), "multiple of 16 rows .16 per warp on mma.sync."),
         (
             dict(block_m=16, block_n=48, block_size=384, sums_out=(2, 1)),
@@ -176,7 +180,7 @@ def test_weights_evict_first_marks_nothing_on_the_gemv_core():
         (dict(stages=1), "stages=1: the ring needs at least 2"),
         (dict(prefetch_ring=4, stages=4), r"prefetch_ring=4: True or 1\.\.3 chunks"),
         (dict(k_splits=2), "need core='tma'"),
-        (dict(whole_lines=True), "whole_lines applies to block_m 8 or 16"),
+        (dict(whole_lines=True), "whole_lines applies to block_m 8 to 64"),
     ],
 )
 def test_refusals_name_the_tile_and_the_option(options, words):
@@ -219,6 +223,40 @@ def test_ptx_assembles_without_spills(epilogue, block_n, k, extra, tmp_path):
     assert own and "0 bytes spill stores, 0 bytes spill loads" in own.group(1), report
 
 
+@needs_ptxas
+@pytest.mark.parametrize(
+    "epilogue, block_n, n, k, extra",
+    [
+        ("store", 16, 3072, 2048, dict(row_scale=(2, 0, 1e-5))),  # qkv
+        ("residual", 16, 2048, 2048, dict(sums_out=(2, 1))),  # o_proj
+        ("swiglu", 32, 8192, 2048, dict(row_scale=(2, 1, 1e-5))),  # gate/up
+        ("residual", 16, 2048, 8192, dict(sums_out=(2, 2))),  # down
+        ("store", 64, 4096, 2048, dict(row_scale=(2, 1, 1e-5))),  # the LM head's blocks
+    ],
+)
+def test_32_row_tiles_fit_two_ctas_an_sm_without_spills(epilogue, block_n, n, k, extra, tmp_path):
+    """The Llama-3.2-1B projections in 32-row tiles, compiled as the
+    decoder's kernels are (two CTAs an SM: 128 registers a thread): no
+    spills. (Loading the next chunk's activations ahead, as 8 and 16 rows
+    do, and the epilogue's inputs before the loop spilled 100-212 bytes.)"""
+    per_n = 2 if epilogue == "swiglu" else 1
+    tile = _tile(epilogue, block_n, n, k, 32, stages=4, prefetch_ring=True, whole_lines=True,
+                 **extra)  # fmt: skip
+    g = etc.Graph(f"g_{tile.name}")
+    m = g.symbol("m")
+    tensors = [g.tensor("A", (m, k), "bf16")]
+    if "row_scale" in extra:
+        tensors.append(g.tensor("R", (8, m), "i64"))
+    tensors += [g.tensor("W", (3, per_n * n, k), "bf16"), g.tensor("C", (m, n), "bf16")]
+    if "sums_out" in extra:
+        tensors.append(g.tensor("S", (8, m), "i64"))
+    g.task(tile, grid=(3, n // block_n, (m + 31) // 32), args=tuple(tensors))
+    art = etc.compile(g, schedule="static", min_ctas_per_sm=2)
+    report = sm90a_ptxas(art.ptx, tmp_path)
+    own = re.search(rf"Function properties for {tile.name}\n\s*(.*)", report)
+    assert own and "0 bytes spill stores, 0 bytes spill loads" in own.group(1), report
+
+
 #: The tiny decoder with 16 rows a gemv tile: 16 weight rows a warp, so
 #: 32-column qkv and o_proj blocks (k = 256 leaves 4 k slices of a chunk).
 TINY_ROWS = dataclasses.replace(
@@ -236,7 +274,22 @@ def test_decoder_on_the_gemv_core_matches_the_numpy_model():
     assert TINY_ROWS.gemm_block("qkv_proj") == TINY_ROWS.gemm_block("embed") == 16
     for B, L in ((1, 0), (3, 9), (17, 4)):
         check_decoder_step(TINY_ROWS, B, L)
-    with pytest.raises(etc.GraphError, match="LlamaConfig: gemv_block must be one of 1, 8, 16"):
+    rows32 = dataclasses.replace(TINY_ROWS, gemv_block=32, gemv_whole_lines=True)
+    assert rows32.row_blocks(33) == 2
+    for B, L in ((17, 4), (33, 2)):
+        check_decoder_step(rows32, B, L)
+    # qkv and o_proj in 32-row gemv tiles, the rest in the tma core's 64-row
+    # blocks: at B = 70 three row blocks of qkv feed the attention, two of
+    # down feed the next layer's qkv.
+    mixed = dataclasses.replace(
+        M.TINY, gemm_core="tma", bn_qkv=32, bn_o=32, bn_gu=32, bn_down=32, tma_a_box=16,
+        k_splits=(("down_proj", 4),), core_overrides=(("qkv_proj", "gemv"), ("o_proj", "gemv")),
+        gemv_block=32, gemv_whole_lines=True,
+    )  # fmt: skip
+    assert [mixed.row_blocks(70, p) for p in ("qkv_proj", "gate_up_proj")] == [3, 2]
+    for B, L in ((3, 4), (70, 2)):
+        check_decoder_step(mixed, B, L)
+    with pytest.raises(etc.GraphError, match="LlamaConfig: gemv_block must be one of 1, 8, 16, 32"):
         dataclasses.replace(M.TINY, gemv_block=4)
 
 

@@ -456,15 +456,18 @@ class LlamaConfig:
     #: "tma" (TMA + wgmma, split-K) or "gemv" (whole weight lines through a
     #: per-thread ring: ``gemv_block`` rows a tile).
     gemm_core: str = "sync"
-    #: Rows of a gemv-core tile: 1 (on CUDA cores) or 8 / 16 (``mma.sync``
-    #: with the weights as the A operand; its weight blocks hold multiples
-    #: of 16 rows: ``bn_*`` 16 or more, gate/up's 8).
+    #: Rows of a gemv-core tile: 1 (on CUDA cores) or 8 / 16 / 32 / 64
+    #: (``mma.sync`` with the weights as the A operand; its weight blocks
+    #: hold multiples of 16 rows: ``bn_*`` 16 or more, gate/up's 8). 32 and
+    #: 64 rows were not faster than the tma core at B = 24-64 on an H200
+    #: (forty-ninth session, ``bench/RESULTS.md`` items 244-247; 64 rows
+    #: spill in gate/up, down and the LM head).
     gemv_block: int = 1
     #: ``gemv_block`` = 16: a tile of at most 8 rows takes an 8-row loop
     #: (``layer_gemm(short_path=...)``); off in a kernel whose B never
     #: leaves a row block so short (:data:`SMALL_BATCH`'s, B = 9..16).
     gemv_short_path: bool = True
-    #: ``gemv_block`` 8 / 16: each warp's weight copies read whole 128-byte
+    #: ``gemv_block`` 8 to 64: each warp's weight copies read whole 128-byte
     #: lines (``layer_gemm(whole_lines=True)``), the lanes sharing them
     #: through shared memory, instead of half lines into per-lane slots.
     gemv_whole_lines: bool = False

@@ -24,9 +24,10 @@ column ``t``: the folded norm's row scale, then ``store``, ``residual`` (the
 old value loaded before the loop) or ``swiglu`` (Hugging Face's rounding),
 and ``sums_out``'s fixed-point sum of squares (one atomic per warp).
 
-With ``block_m`` = 8 or 16 (a few decode sequences) the tile runs the same
-stream on ``mma.sync``, the weights as the ``A`` operand (``m16n8k16``: 16
-weight rows by 8 sequences). A warp takes 16 weight rows; lane ``(g, q)``
+With ``block_m`` = 8 to 64 (a few to a few dozen decode sequences) the tile
+runs the same stream on ``mma.sync``, the weights as the ``A`` operand
+(``m16n8k16``: 16 weight rows by 8 sequences, one mma per 8-row block), so
+each weight byte is read once for all of the tile's rows. A warp takes 16 weight rows; lane ``(g, q)``
 (``g = lane / 4``) copies pieces ``q`` and ``q + 4`` of rows ``g`` and
 ``g + 8`` of each chunk into its own ring slots, so a warp's copies still
 cover whole lines and no lane reads another's slots. ``k`` is permuted
@@ -34,7 +35,10 @@ inside each 32-value half chunk so that a lane's 16-byte piece *is* its
 ``A`` fragment for two mmas (logical ``k`` 2q, 2q + 1, 2q + 8, 2q + 9 of
 mma ``h`` are the piece's values 4h .. 4h + 3); its ``B`` fragment is then
 the same 16 bytes of sequence ``g``'s activation row, read from global
-memory (the L1 serves the CTA's other warps) one chunk ahead.
+memory (the L1 serves the CTA's other warps) one chunk ahead. From 32 rows
+on, a chunk's activations would not fit in the 128 registers of two CTAs
+an SM beside the next chunk's: each half chunk's are loaded just before its
+mmas, and the epilogue's row scales and residuals after the loop.
 
 Those per-lane slots make each ``cp.async`` instruction of a warp read
 half lines (pieces 0-3 of 8 rows, then pieces 4-7), where the one-row
@@ -70,7 +74,7 @@ LANES_PER_ROW = 8
 #: Elements of a k chunk (128 bytes of bf16).
 CHUNK = 64
 #: Rows of a tile: one row on CUDA cores, or 8 / 16 on ``mma.sync``.
-BLOCK_ROWS = (1, 8, 16)
+BLOCK_ROWS = (1, 8, 16, 32, 64)
 #: Weight rows of a warp on ``mma.sync`` (the ``m`` of ``m16n8k16``).
 MMA_ROWS = 16
 
@@ -99,7 +103,7 @@ def layer_gemv(
     one more than the chunks of a k slice are used) and ``prefetch_ring``
     (the ring's first ``stages - 1`` chunks, or that many, issued by
     ``@<name>__prefetch`` before the instance's waits); ``block_m`` rows a
-    tile (:data:`BLOCK_ROWS`; 8 or 16: on ``mma.sync``, ``rows_per_thread``
+    tile (:data:`BLOCK_ROWS`; 8 to 64: on ``mma.sync``, ``rows_per_thread``
     unused; ``short_path``: a 16-row tile of at most 8 rows takes an 8-row
     loop, off where no tile has so few; ``whole_lines``: the weights'
     copies read whole lines, :class:`LineRing`). No L2 evict-first
@@ -113,7 +117,7 @@ def layer_gemv(
     _text.positive(name, block_n=block_n, k=k, stages=stages, rows_per_thread=rows_per_thread)
     if block_m not in BLOCK_ROWS:
         raise GraphError(
-            f"tile '{name}': core='gemv' computes 1 row a tile (CUDA cores) or 8 or 16 "
+            f"tile '{name}': core='gemv' computes 1 row a tile (CUDA cores) or 8, 16, 32 or 64 "
             f"(mma.sync): block_m={block_m}"
         )
     per_n = 2 if epilogue == "swiglu" else 1
@@ -135,7 +139,7 @@ def layer_gemv(
         )
     if whole_lines and block_m == 1:
         raise GraphError(
-            f"tile '{name}': whole_lines applies to block_m 8 or 16 (one row's copies "
+            f"tile '{name}': whole_lines applies to block_m 8 to 64 (one row's copies "
             "already read whole lines)"
         )
     if block_m == 1 and block_n > bs:
@@ -563,7 +567,7 @@ def _store_and_sum(
 
 
 def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
-    """:func:`_emit` for ``block_m`` = 8 or 16 rows on ``mma.sync`` (module
+    """:func:`_emit` for ``block_m`` = 8 to 64 rows on ``mma.sync`` (module
     docstring)."""
     name, bs, bn, bm = p["name"], p["bs"], p["block_n"], p["block_m"]
     slices, nr, ct = p["slices"], p["nr"], p["ct"]
@@ -605,25 +609,32 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     # row o / block_n, column o % block_n; its row scale and residual are
     # loaded before the loop (rows past M read row M - 1 and store nothing).
     last = t.op("mlast", f"arith.subi {m_rows}, %c1 : index")
-    outs = []
-    for e in range((bm * bn + bs - 1) // bs):
-        o = t.op("o", f"arith.addi {tid}, %c{e * bs}_ : index") if e else tid
-        b = t.op("ob", f"arith.divui {o}, %c{bn}_ : index")
-        c = t.op("oc", f"arith.remui {o}, %c{bn}_ : index")
-        row = t.op("orow", f"arith.addi {r0}, {b} : index")
-        valid = t.op("ov", f"arith.cmpi ult, {row}, {m_rows} : index")
-        if (e + 1) * bs > bm * bn:
-            inside = t.op("ov", f"arith.cmpi ult, {o}, %c{bm * bn}_ : index")
-            valid = t.op("ov", f"arith.andi {valid}, {inside} : i1")
-            b = t.op("ob", f"arith.minui {b}, %c{bm - 1}_ : index")
-        row = t.op("orow", f"arith.minui {row}, {last} : index")
-        col = t.op("col", f"arith.addi {n0}, {c} : index")
-        scale = _row_scale(t, p, row)
-        old = None
-        if p["epilogue"] == "residual":
-            old = t.op("old", f"memref.load %C[{row}, {col}] : {ct}")
-            old = t.op("old", f"arith.extf {old} : bf16 to f32")
-        outs.append(dict(b=b, c=c, row=row, col=col, valid=valid, scale=scale, old=old))
+
+    def epilogue_inputs() -> list[dict]:
+        outs = []
+        for e in range((bm * bn + bs - 1) // bs):
+            o = t.op("o", f"arith.addi {tid}, %c{e * bs}_ : index") if e else tid
+            b = t.op("ob", f"arith.divui {o}, %c{bn}_ : index")
+            c = t.op("oc", f"arith.remui {o}, %c{bn}_ : index")
+            row = t.op("orow", f"arith.addi {r0}, {b} : index")
+            valid = t.op("ov", f"arith.cmpi ult, {row}, {m_rows} : index")
+            if (e + 1) * bs > bm * bn:
+                inside = t.op("ov", f"arith.cmpi ult, {o}, %c{bm * bn}_ : index")
+                valid = t.op("ov", f"arith.andi {valid}, {inside} : i1")
+                b = t.op("ob", f"arith.minui {b}, %c{bm - 1}_ : index")
+            row = t.op("orow", f"arith.minui {row}, {last} : index")
+            col = t.op("col", f"arith.addi {n0}, {c} : index")
+            scale = _row_scale(t, p, row)
+            old = None
+            if p["epilogue"] == "residual":
+                old = t.op("old", f"memref.load %C[{row}, {col}] : {ct}")
+                old = t.op("old", f"arith.extf {old} : bf16 to f32")
+            outs.append(dict(b=b, c=c, row=row, col=col, valid=valid, scale=scale, old=old))
+        return outs
+
+    # 32 rows: 4+ outputs a thread, whose inputs would hold registers
+    # through the loop; loaded after it.
+    outs = epilogue_inputs() if blocks <= 2 else None
     # The slices' sums meet in workgroup memory: part[kslice, row, block row].
     part_t = f"memref<{slices * bm * nr}xf32, #gpu.address_space<workgroup>>"
     globals_.append(f'memref.global "private" @{name}__part : {part_t} {{alignment = 16 : i64}}')
@@ -650,6 +661,7 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     else:
         _stream_rows(t, p, rows, blocks)
     t.emit("gpu.barrier")
+    outs = outs or epilogue_inputs()
     width = t.op("w32", "arith.constant 32 : i32")
     for out in outs:
         _finish_row(t, p, parts, part_t, out, lane, width)
@@ -675,13 +687,13 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
     acol = t.op("ac", f"arith.addi {acol}, {q8} : index")
     words = "vector<4xi32>"
 
-    def activations(it: str) -> list[str]:
+    def activations(it: str, pieces: tuple[int, ...] = (0, 1)) -> list[str]:
         ak = t.op("ak", f"arith.muli {it}, %c{CHUNK * slices}_ : index")
         ak = t.op("ak", f"arith.addi {ak}, {acol} : index")
         ak4 = t.op("ak", f"arith.addi {ak}, %c32 : index")
         out = []
         for ar in arows:
-            for col in (ak, ak4):
+            for col in [(ak, ak4)[pc] for pc in pieces]:
                 x = t.op(
                     "x", f"vector.load %A[{ar}, {col}] {{alignment = 16 : i64}} : {at}, "
                     "vector<8xbf16>",
@@ -692,7 +704,9 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
     def word(x: str, i: int) -> str:
         return t.op("wd", f"vector.extract {x}[{i}] : i32 from {words}")
 
-    def compute(stage: str, xs: list[str], accs: list[str]) -> list[str]:
+    def compute(stage: str, xs_of, accs: list[str], between=None) -> list[str]:
+        """The chunk's mmas, piece ``pc``'s activation words (one per 8-row
+        block) from ``xs_of(pc)``; ``between()`` runs between the halves."""
         w = [
             t.op("w", f"vector.load {ring.ring}[{ring.slot(stage, f, 'index')}] "
                  f"{{alignment = 16 : i64}} : {ring.type}, {words}")
@@ -701,25 +715,48 @@ def _stream_rows(t: _Text, p: dict, v: dict, blocks: int) -> None:
         accs = list(accs)
         for h in range(4):  # mma h: piece h // 2's values 4 (h % 2) .. + 3
             pc, lo = h // 2, 2 * (h % 2)
+            if h == 2 and between is not None:
+                between()
             a = [word(w[pc], lo), word(w[2 + pc], lo), word(w[pc], lo + 1), word(w[2 + pc], lo + 1)]
-            for blk in range(blocks):
-                x = xs[2 * blk + pc]
+            for blk, x in enumerate(xs_of(pc)):
                 d = _mma.mma(t, a, [word(x, lo), word(x, lo + 1)], accs[4 * blk : 4 * blk + 4])
                 accs[4 * blk : 4 * blk + 4] = d
         return accs
 
-    # Carried: the accumulators, then the chunk's activation words (the
-    # next chunk's loaded before each wait).
     nacc = 4 * blocks
-    xs = activations("%c0")
     carried = [(f"%acc{blocks}_{i}", "%fzero", "f32") for i in range(nacc)]
-    carried += [(f"%xa{blocks}_{i}", x, words) for i, x in enumerate(xs)]
+    if blocks > 2:
+        # 32 rows and more: a whole chunk's activations ahead would not fit
+        # beside the accumulators in 128 registers. Carried: the chunk's
+        # first pieces; its second ones load as its mmas start, the next
+        # chunk's first ones between the halves (half a chunk ahead, in the
+        # 16-row tile's registers).
+        carried += [(f"%xa{blocks}_{i}", x, words) for i, x in enumerate(activations("%c0", (0,)))]
 
-    def step(it: str, stage: str, values: list[str], ahead: list[str] | None) -> list[str]:
-        accs = compute(stage, values[nacc:], values[:nacc])
-        return accs + ahead if ahead is not None else accs + values[nacc:]
+        def step(it: str, stage: str, values: list[str], ahead: list[str] | None) -> list[str]:
+            first, second, nxt = values[nacc:], activations(it, (1,)), []
 
-    accs = _ring_loop(t, p, issue, carried, step, activations, p["whole_lines"])[:nacc]
+            def between() -> None:
+                if ahead is not None:
+                    nxt.extend(activations(ahead[0], (0,)))
+
+            accs = compute(stage, lambda pc: second if pc else first, values[:nacc], between)
+            return accs + (nxt or first)
+
+        # The ring loop's look-ahead hook only names the next chunk here.
+        accs = _ring_loop(t, p, issue, carried, step, lambda it: [it], p["whole_lines"])[:nacc]
+    else:
+        # Carried: the accumulators, then the chunk's activation words (the
+        # next chunk's loaded before each wait).
+        xs = activations("%c0")
+        carried += [(f"%xa{blocks}_{i}", x, words) for i, x in enumerate(xs)]
+
+        def step(it: str, stage: str, values: list[str], ahead: list[str] | None) -> list[str]:
+            xs = values[nacc:]
+            accs = compute(stage, lambda pc: xs[pc::2], values[:nacc])
+            return accs + ahead if ahead is not None else accs + values[nacc:]
+
+        accs = _ring_loop(t, p, issue, carried, step, activations, p["whole_lines"])[:nacc]
     base = t.op("pb", f"arith.muli {kslice}, %c{bm * nr}_ : index")
     q2 = t.op("q2", f"arith.muli {q}, %c{2 * nr}_ : index")
     base = t.op("pb", f"arith.addi {base}, {q2} : index")

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Forty-ninth session (bench/RESULTS.md, items 244-): B >= 17 on the gemv
+# core's rows mode in 32-row tiles. Each step's CPU-side build is in its
+# comment.
+# Usage: bash bench/gpu_session49.sh [tests] [rows] [rows4096] [trace] ...
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s49
+for step in ${*:-tests}; do
+  case $step in
+  tests)  # the tiny decoders on the gemv core, 8 to 64 rows a tile (python
+    # test/gpu/make_artifacts.py .device/s49/art --only llama_tiny_gemv)
+    ETC_ARTIFACTS=.device/s49/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "gemv" 2>&1 | tee -a "$OUT/tests.txt" | tail -6
+    ;;
+  rows)  # B = 24, 32, 64 at L = 1024 (DECODE_SWEEP_VARIANTS=default,g32,g32l,g32_all,
+    # g32l_all,g64l python bench/decode_sweep.py --build .device/s49/sweep); then
+    # ROWS_VARIANTS=default,g32l,g32l_ahead,g32l_wide ROWS_BATCHES=24,32 (g32l built
+    # before, g32l_ahead after the half-chunk look-ahead), and ROWS_VARIANTS=default,
+    # hyb32,hyb,hyb64 ROWS_BATCHES=24,32,48,64 with rows4096 (their tiny GPU tests:
+    # make_artifacts.py --only llama_tiny_tma_gemv, pytest -k tma_gemv)
+    SWEEP_TMP=/tmp/s49 sweep_passes s49_rows ${ROWS_VARIANTS:-default,g32,g32l,g32_all,g32l_all,g64l} \
+      ${ROWS_BATCHES:-24,32,64} 1024 .device/s49/sweep
+    ;;
+  rows4096)  # the same at L = 4096
+    SWEEP_TMP=/tmp/s49 sweep_passes s49_rows4096 ${ROWS_VARIANTS:-default,g32,g32l,g32_all,g32l_all,g64l} \
+      ${ROWS_BATCHES:-24,32,64} 4096 .device/s49/sweep
+    ;;
+  trace)  # B = 32, L = 1024 traced, the large kernel and 32-row gemv tiles
+    # (DECODE_TRACE_VARIANTS=default,g32l_ahead python bench/decode_trace.py --build
+    # .device/s49/tr; TRACE_VARIANTS=default,g32l_ahead), then the hybrid (default,hyb32)
+    DECODE_TRACE_VARIANTS=${TRACE_VARIANTS:-default,g32l} DECODE_TRACE_BATCHES=${TRACE_BATCHES:-32} \
+      DECODE_TRACE_CONTEXT=1024 timeout 200 \
+      python bench/decode_trace.py --artifacts ${TRACE_DIR:-.device/s49/tr} --out /tmp/s49/tr \
+      2>&1 | tee -a "$OUT/trace.txt" | grep -A30 "layer"
+    tar czf "$OUT/trace.tgz" -C /tmp/s49 tr
+    ;;
+  raw)  # every sweep's raw rows
+    tar czf "$OUT/raw.tgz" -C /tmp/s49 raw 2>/dev/null || true
+    ;;
+  esac
+done
