@@ -35,6 +35,18 @@ for step in ${*:-tests}; do
       2>&1 | tee -a "$OUT/trace.txt" | grep -A30 "layer"
     tar czf "$OUT/trace.tgz" -C /tmp/s49 tr
     ;;
+  ncu)  # DRAM bytes read and written, L2 hit rate at B = 32, L = 1024 (Nsight Compute,
+    # clocks left alone): the default, hyb32 and g32l_ahead (whose gemv weight copies
+    # carry no evict-first hint, where the tma core's do); artifacts of step rows
+    M=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_op_read.sum,gpu__time_duration.sum
+    for v in ${NCU_VARIANTS:-default hyb32 g32l_ahead}; do
+      echo "== $v B=32 L=1024" >> "$OUT/ncu.txt"
+      timeout 120 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 --metrics $M \
+        python bench/decode_ncu.py .device/s49/sweep/$v 32 1024 $v 2>&1 \
+        | grep -E "^\s+(gpu__|dram__|lts__)|==ERR|rror" >> "$OUT/ncu.txt"
+    done
+    cat "$OUT/ncu.txt"
+    ;;
   raw)  # every sweep's raw rows
     tar czf "$OUT/raw.tgz" -C /tmp/s49 raw 2>/dev/null || true
     ;;

@@ -460,7 +460,7 @@ class LlamaConfig:
     #: (``mma.sync`` with the weights as the A operand; its weight blocks
     #: hold multiples of 16 rows: ``bn_*`` 16 or more, gate/up's 8). 32 and
     #: 64 rows were not faster than the tma core at B = 24-64 on an H200
-    #: (forty-ninth session, ``bench/RESULTS.md`` items 244-247; 64 rows
+    #: (forty-ninth session, ``bench/RESULTS.md`` items 244-248; 64 rows
     #: spill in gate/up, down and the LM head).
     gemv_block: int = 1
     #: ``gemv_block`` = 16: a tile of at most 8 rows takes an 8-row loop
