@@ -47,6 +47,14 @@ for step in ${*:-tests}; do
     done
     cat "$OUT/ncu.txt"
     ;;
+  decbench)  # the issue's table over the default artifact (python bench/decode.py --build
+    # .device/s49/dec)
+    issue_bench .device/s49/dec
+    ;;
+  warmup)  # cold process to the first token over the same artifact
+    mkdir -p "$OUT/warmup"
+    OUT="$OUT/warmup" DECODE_PARTS=warmup decode_bench .device/s49/dec
+    ;;
   raw)  # every sweep's raw rows
     tar czf "$OUT/raw.tgz" -C /tmp/s49 raw 2>/dev/null || true
     ;;
