@@ -55,6 +55,20 @@ for step in ${*:-tests}; do
     mkdir -p "$OUT/warmup"
     OUT="$OUT/warmup" DECODE_PARTS=warmup decode_bench .device/s49/dec
     ;;
+  sass8)  # B = 8, L = 4096 (the cell at the 1.3x edge): stalls per SASS instruction
+    # (Nsight Compute source counters, clocks left alone) over the default artifact
+    # (python bench/decode.py --build .device/s49/dec), the CSV into $OUT
+    timeout 300 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --import-source no -f -o /tmp/s49/b8 \
+      python bench/decode_ncu.py .device/s49/dec/static 8 4096 2>&1 | tail -3
+    ncu -i /tmp/s49/b8.ncu-rep --page source --csv --print-source sass > /tmp/s49/b8_sass.csv \
+      2> "$OUT/sass_err.txt"; wc -l /tmp/s49/b8_sass.csv
+    gzip -c /tmp/s49/b8_sass.csv > "$OUT/b8_sass.csv.gz"; head -5 "$OUT/sass_err.txt"
+    timeout 120 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__cycles_elapsed.avg" \
+      python bench/decode_ncu.py .device/s49/dec/static 8 4096 2>&1 \
+      | grep -E "^\s+(smsp__|sm__)|==ERR|rror" | tee "$OUT/ncu_b8.txt"
+    ;;
   raw)  # every sweep's raw rows
     tar czf "$OUT/raw.tgz" -C /tmp/s49 raw 2>/dev/null || true
     ;;
