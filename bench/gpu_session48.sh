@@ -118,7 +118,7 @@ for step in ${*:-tests}; do
       | grep -E "^\s+(smsp__|sm__)|==ERR|rror" | tee "$OUT/ncu_b1.txt"
     ;;
   sass)  # the B = 1 kernel's stalls per SASS instruction (Nsight Compute source
-    # counters) over the default artifact, exported as CSV (per-SASS rows; item 243 read it ad hoc)
+    # counters) over the default artifact, exported as CSV (per-SASS rows; bench/ncu_sass.py reads them)
     timeout 300 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 \
       --section SourceCounters --section WarpStateStats --import-source no -f -o /tmp/s48/b1 \
       python bench/decode_ncu.py .device/s48/dec/static 1 1024 2>&1 | tail -3

@@ -57,7 +57,8 @@ for step in ${*:-tests}; do
     ;;
   sass8)  # B = 8, L = 4096 (the cell at the 1.3x edge): stalls per SASS instruction
     # (Nsight Compute source counters, clocks left alone) over the default artifact
-    # (python bench/decode.py --build .device/s49/dec), the CSV into $OUT
+    # (python bench/decode.py --build .device/s49/dec), the CSV into $OUT (read with
+    # python bench/ncu_sass.py b8_sass.csv.gz [--region N])
     timeout 300 ncu --clock-control none -k regex:llama --launch-skip 2 --launch-count 1 \
       --section SourceCounters --section WarpStateStats --import-source no -f -o /tmp/s49/b8 \
       python bench/decode_ncu.py .device/s49/dec/static 8 4096 2>&1 | tail -3
