@@ -732,9 +732,15 @@ VARIANTS["few_d6"] = _few(("projection_options", ((_DOWN, (("stages", 6),)),)))
 # tensor-core attention, one split per sequence and kv head as the large
 # kernel's): the large kernel's TMA + wgmma projections take ~57 µs a layer
 # at B = 64 against cuBLAS's 43 (item 206).
+def _above16(*kernels: tuple[int | None, tuple]) -> dict:
+    """The default buckets up to B = 16, then ``kernels`` ``(largest B,
+    changes)``, then the large kernel unless the last of them is unbounded."""
+    *small, large = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=(*small, *kernels, *((large,) if kernels[-1][0] else ())))
+
+
 def _upto32(*changes: tuple[str, object]) -> dict:
-    *small, (_, large) = M.LLAMA_3_2_1B.batch_buckets
-    return dict(batch_buckets=(*small, (32, (*M.SMALL_BATCH, *changes)), (None, large)))
+    return _above16((32, (*M.SMALL_BATCH, *changes)))
 
 
 VARIANTS["rows32"] = _upto32()
@@ -918,28 +924,18 @@ _GEMV_ROWS_32 = (
 )  # fmt: skip
 _LARGE_GEMV_32 = (*M.LARGE_BATCH, *_GEMV_ROWS_32)
 VARIANTS["g32"] = _upto32(("gemv_block", 32))
-VARIANTS["g32l"] = {
-    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _LARGE_GEMV_32),
-                      M.LLAMA_3_2_1B.batch_buckets[-1]),
-}  # fmt: skip
-VARIANTS["g32_all"] = {
-    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (None, (*M.SMALL_BATCH, ("gemv_block", 32)))),
-}  # fmt: skip
-VARIANTS["g32l_all"] = {
-    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (None, _LARGE_GEMV_32)),
-}
+VARIANTS["g32l"] = _above16((32, _LARGE_GEMV_32))
+VARIANTS["g32_all"] = _above16((None, (*M.SMALL_BATCH, ("gemv_block", 32))))
+VARIANTS["g32l_all"] = _above16((None, _LARGE_GEMV_32))
 # ... with the next chunk's activations loaded half a chunk ahead (a code
 # change: g32l's first build loaded each half chunk's just before its mmas),
 # and with 32-column qkv, o_proj and down blocks and 128-column LM head
 # blocks (each block reads all of the batch's activations from L2: at 32 rows
 # 1-2x the bytes of its weights with 16-column blocks).
 VARIANTS["g32l_ahead"] = VARIANTS["g32l"]
-VARIANTS["g32l_wide"] = {
-    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1],
-                      (32, (*_LARGE_GEMV_32, ("bn_qkv", 32), ("bn_o", 32), ("bn_down", 32),
-                            ("bn_lm", 128))),
-                      M.LLAMA_3_2_1B.batch_buckets[-1]),
-}  # fmt: skip
+VARIANTS["g32l_wide"] = _above16(
+    (32, (*_LARGE_GEMV_32, ("bn_qkv", 32), ("bn_o", 32), ("bn_down", 32), ("bn_lm", 128)))
+)
 
 
 # ... and (session 49's trace at B = 32, L = 1024, layer 8: qkv 6.9 µs on
@@ -952,18 +948,10 @@ def _hybrid(rows: int) -> tuple:
             ("gemv_block", rows), ("gemv_whole_lines", True), ("bn_qkv", 16), ("bn_o", 16))  # fmt: skip
 
 
-VARIANTS["hyb32"] = {
-    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _hybrid(32)),
-                      M.LLAMA_3_2_1B.batch_buckets[-1]),
-}  # fmt: skip
-VARIANTS["hyb"] = {
-    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _hybrid(32)), (None, _hybrid(64))),
-}
-VARIANTS["hyb64"] = {"batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (None, _hybrid(64)))}
-VARIANTS["g64l"] = {
-    "batch_buckets": (*M.LLAMA_3_2_1B.batch_buckets[:-1], (32, _LARGE_GEMV_32),
-                      (None, (*_LARGE_GEMV_32, ("gemv_block", 64)))),
-}  # fmt: skip
+VARIANTS["hyb32"] = _above16((32, _hybrid(32)))
+VARIANTS["hyb"] = _above16((32, _hybrid(32)), (None, _hybrid(64)))
+VARIANTS["hyb64"] = _above16((None, _hybrid(64)))
+VARIANTS["g64l"] = _above16((32, _LARGE_GEMV_32), (None, (*_LARGE_GEMV_32, ("gemv_block", 64))))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
