@@ -27,8 +27,8 @@ and ``sums_out``'s fixed-point sum of squares (one atomic per warp).
 With ``block_m`` = 8 to 64 (a few to a few dozen decode sequences) the tile
 runs the same stream on ``mma.sync``, the weights as the ``A`` operand
 (``m16n8k16``: 16 weight rows by 8 sequences, one mma per 8-row block), so
-each weight byte is read once for all of the tile's rows. A warp takes 16 weight rows; lane ``(g, q)``
-(``g = lane / 4``) copies pieces ``q`` and ``q + 4`` of rows ``g`` and
+each weight byte is read once for all of the tile's rows. A warp takes 16
+weight rows; lane ``(g, q)`` (``g = lane / 4``) copies pieces ``q`` and ``q + 4`` of rows ``g`` and
 ``g + 8`` of each chunk into its own ring slots, so a warp's copies still
 cover whole lines and no lane reads another's slots. ``k`` is permuted
 inside each 32-value half chunk so that a lane's 16-byte piece *is* its
@@ -73,7 +73,7 @@ from .gemv import ThreadRing, cp_async_16, fma_chunk, lane_sum
 LANES_PER_ROW = 8
 #: Elements of a k chunk (128 bytes of bf16).
 CHUNK = 64
-#: Rows of a tile: one row on CUDA cores, or 8 / 16 on ``mma.sync``.
+#: Rows of a tile: one row on CUDA cores, or 8 to 64 on ``mma.sync``.
 BLOCK_ROWS = (1, 8, 16, 32, 64)
 #: Weight rows of a warp on ``mma.sync`` (the ``m`` of ``m16n8k16``).
 MMA_ROWS = 16
@@ -606,8 +606,11 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
         return []
     globals_ = [ring.declaration]
     # The epilogue's outputs: pass e of thread t is output o = t + e * bs,
-    # row o / block_n, column o % block_n; its row scale and residual are
-    # loaded before the loop (rows past M read row M - 1 and store nothing).
+    # row o / block_n, column o % block_n, with its row scale and residual
+    # (rows past M read row M - 1 and store nothing). Up to 16 rows they are
+    # loaded before the loop; from 32 rows on (4+ outputs a thread, whose
+    # inputs would hold registers through it) after it.
+    ahead = blocks <= 2
     last = t.op("mlast", f"arith.subi {m_rows}, %c1 : index")
 
     def epilogue_inputs() -> list[dict]:
@@ -632,9 +635,7 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
             outs.append(dict(b=b, c=c, row=row, col=col, valid=valid, scale=scale, old=old))
         return outs
 
-    # 32 rows: 4+ outputs a thread, whose inputs would hold registers
-    # through the loop; loaded after it.
-    outs = epilogue_inputs() if blocks <= 2 else None
+    outs = epilogue_inputs() if ahead else []
     # The slices' sums meet in workgroup memory: part[kslice, row, block row].
     part_t = f"memref<{slices * bm * nr}xf32, #gpu.address_space<workgroup>>"
     globals_.append(f'memref.global "private" @{name}__part : {part_t} {{alignment = 16 : i64}}')
@@ -661,7 +662,8 @@ def _emit_rows(t: _Text, p: dict, part: str) -> list[str]:
     else:
         _stream_rows(t, p, rows, blocks)
     t.emit("gpu.barrier")
-    outs = outs or epilogue_inputs()
+    if not ahead:
+        outs = epilogue_inputs()
     width = t.op("w32", "arith.constant 32 : i32")
     for out in outs:
         _finish_row(t, p, parts, part_t, out, lane, width)
