@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from unit_helpers import assert_manifest_task_field_refused, assert_task_option_refused, make_fn
+from unit_helpers import (
+    assert_manifest_task_field_refused,
+    assert_static_manifest_field,
+    assert_task_option_refused,
+    make_fn,
+)
 
 import etc
-from etc.runtime.manifest import load_manifest
 from etc.runtime.queue import INSTANCE_BITS, build_static_queue, decode, global_order
 
 WIDTH = 10
@@ -75,12 +79,7 @@ def test_limited_graph_runs_the_same_and_its_manifest_says_so(num_ctas: int, tmp
     assert {c for c, q in enumerate(queues) for task, _ in q if task == 0} == set(
         range(min(2, num_ctas))
     )
-    art = etc.compile(two_stage(2), schedule="static", cubin=False)
-    assert [t.get("ctas") for t in art.manifest["tasks"]] == [2, None]
-    art.save(tmp_path / "static")
-    assert [t.ctas for t in load_manifest(tmp_path / "static").tasks] == [2, 0]
-    dynamic = etc.compile(two_stage(2), schedule="dynamic", cubin=False)
-    assert all("ctas" not in t for t in dynamic.manifest["tasks"])
+    assert_static_manifest_field(lambda: two_stage(2), "ctas", 2, tmp_path / "static")
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from unit_helpers import assert_manifest_task_field_refused, assert_task_option_refused, make_fn
+from unit_helpers import (
+    assert_manifest_task_field_refused,
+    assert_static_manifest_field,
+    assert_task_option_refused,
+    make_fn,
+)
 
 import etc
-from etc.runtime.manifest import load_manifest
 from etc.runtime.queue import INSTANCE_BITS, build_static_queue, decode, global_order
 
 
@@ -81,12 +85,7 @@ def test_slotted_graph_runs_the_same_and_its_manifest_says_so(n: int, tmp_path) 
     queues = etc.static_queues(two_stage(5), {"n": n}, 4)
     for c, q in enumerate(queues):
         assert [i for task, i in q if task == 1] == [i for i in range(n) if (start + i) % 4 == c]
-    art = etc.compile(two_stage(5), schedule="static", cubin=False)
-    assert [t.get("deal_slots") for t in art.manifest["tasks"]] == [5, None]
-    art.save(tmp_path / "static")
-    assert [t.deal_slots for t in load_manifest(tmp_path / "static").tasks] == [5, 0]
-    dynamic = etc.compile(two_stage(5), schedule="dynamic", cubin=False)
-    assert all("deal_slots" not in t for t in dynamic.manifest["tasks"])
+    assert_static_manifest_field(lambda: two_stage(5), "deal_slots", 5, tmp_path / "static")
 
 
 @pytest.mark.parametrize(

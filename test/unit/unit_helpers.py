@@ -152,6 +152,21 @@ def assert_task_option_refused(kwargs: dict, message: str) -> None:
     assert "task 'tiles'" in str(err.value)
 
 
+def assert_static_manifest_field(graph, field: str, value: int, path: Path) -> None:
+    """``graph()`` (a fresh graph whose first task sets ``field`` to
+    ``value``, its second not) compiled static: the manifest holds ``field``
+    for the first task only, and it loads back (0 where unset); compiled
+    dynamic, no task carries it."""
+    from etc.runtime.manifest import load_manifest
+
+    art = etc.compile(graph(), schedule="static", cubin=False)
+    assert [t.get(field) for t in art.manifest["tasks"]] == [value, None]
+    art.save(path)
+    assert [getattr(t, field) for t in load_manifest(path).tasks] == [value, 0]
+    dynamic = etc.compile(graph(), schedule="dynamic", cubin=False)
+    assert all(field not in t for t in dynamic.manifest["tasks"])
+
+
 def assert_manifest_task_field_refused(art: etc.Artifact, path: Path, field: str) -> None:
     """``art`` saved at ``path`` with its first task's ``field`` set to -1
     fails to load with a LaunchError naming ``tasks[0].<field>``."""
