@@ -586,18 +586,17 @@ class Graph:
                 f"(has {function.prefetch!r}), no triggered_by, and at most {len(ins)} "
                 "in-edges"
             )
-        if ctas is not None and (isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1):
-            raise GraphError(f"{where}: ctas must be None or an int >= 1, got {ctas!r}")
+        for key, value in (("ctas", ctas), ("deal_slots", deal_slots)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise GraphError(f"{where}: {key} must be None or an int >= 1, got {value!r}")
         if ctas is not None and (deal != "list" or meets):
             raise GraphError(
                 f"{where}: ctas={ctas} limits the CTAs the static lists deal this task to, "
                 "which needs deal='list' and no parts that wait for each other (got "
                 f"deal={deal!r}" + (f", {meets} such parts" if meets else "") + ")"
             )
-        if deal_slots is not None and (
-            isinstance(deal_slots, bool) or not isinstance(deal_slots, int) or deal_slots < 1
-        ):
-            raise GraphError(f"{where}: deal_slots must be None or an int >= 1, got {deal_slots!r}")
         if deal_slots is not None and deal != "list":
             raise GraphError(
                 f"{where}: deal_slots={deal_slots} pads the static lists' round-robin deal, "
