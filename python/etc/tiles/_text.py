@@ -49,6 +49,15 @@ def asm_line(text: str, operands: list[tuple[str, str]], memory: bool = False) -
     )
 
 
+def read_timer(timer: str) -> str:
+    """A side-effecting ``llvm.inline_asm`` that reads ``%<timer>``
+    (``clock64`` or ``globaltimer``) into an ``i64``: the clock stamps'."""
+    return (
+        f'llvm.inline_asm has_side_effects asm_dialect = att "mov.u64 $0, %{timer};", "=l" '
+        ": () -> i64"
+    )
+
+
 def l2_policy(priority: str) -> str:
     """The op (its text after ``%x = ``) making an L2 cache policy of
     ``priority`` (``"evict_first"``, ``"evict_last"``) for every access: the

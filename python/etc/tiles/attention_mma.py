@@ -160,11 +160,7 @@ def _stamp(
             ": (f32) -> i64",
         )
     else:
-        v = t.op(
-            "tm",
-            f'llvm.inline_asm has_side_effects asm_dialect = att "mov.u64 $0, %{timer};", "=l" '
-            ": () -> i64",
-        )
+        v = t.op("tm", _text.read_timer(timer))
     t.emit(f"scf.if {cond} {{")
     t.emit(
         f"  memref.store {v}, %stamps[%l, %b, {kv}, %s, {t.c(word)}] : "

@@ -826,10 +826,7 @@ def attention(
             timer = "globaltimer" if word.endswith("_ns") else "clock64"
             v = value or f"%st{k}"
             if not value:
-                lines.append(
-                    f"  %st{k} = llvm.inline_asm has_side_effects asm_dialect = att "
-                    f'"mov.u64 $0, %{timer};", "=l" : () -> i64'
-                )
+                lines.append(f"  %st{k} = {_text.read_timer(timer)}")
             lines.append(
                 f"  scf.if %stamp_t0 {{\n"
                 f"    %stw{k} = arith.constant {k} : index\n"
