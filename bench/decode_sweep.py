@@ -952,6 +952,26 @@ VARIANTS["hyb32"] = _above16((32, _hybrid(32)))
 VARIANTS["hyb"] = _above16((32, _hybrid(32)), (None, _hybrid(64)))
 VARIANTS["hyb64"] = _above16((None, _hybrid(64)))
 VARIANTS["g64l"] = _above16((32, _LARGE_GEMV_32), (None, (*_LARGE_GEMV_32, ("gemv_block", 64))))
+
+
+# Session 50: item 239's nine splits of up to 128 positions (the deal kept)
+# only where they won, L = 576..1151, in a B = 1 kernel of their own
+# (attn_single_tiers: the split count by context, so the long kernel keeps
+# its 17 splits past L = 1151 and L <= 575 its 64-position ones). Item
+# 239 predicts L = 768 -0.8 %, L = 1024 -1.2 %, L = 512 and 2048 even.
+def _b1_tiers(*changes: tuple[str, object]) -> dict:
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    (_, short), longer = one["context_buckets"]
+    mid = (("attn_phased_span", 128), ("attn_prefetch_kv", True), _SLOTS, *changes)
+    one["context_buckets"] = ((575, short), (9 * 128 - 1, mid), longer)
+    return {
+        "attn_single_tiers": ((575, 64, 17), (9 * 128 - 1, 128, 9)),
+        "batch_buckets": ((bound, tuple(one.items())), *rest),
+    }
+
+
+VARIANTS["b1_tiers"] = _b1_tiers()
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

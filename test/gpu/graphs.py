@@ -691,6 +691,21 @@ def llama_tiny_variants() -> dict:
             (None, ()),
         ),
     )  # fmt: skip
+    # ... split by context three ways, B = 1's split count tiered by L
+    # (attn_single_tiers): up to L = 15 at most 5 splits of at least 8 in a
+    # tile of 8, L = 16..47 at most 3 of at least 16 in a tile of 16 whose
+    # instances take 10 deal positions, past it the artifact's 5 of 8.
+    context_tiers = dataclasses.replace(
+        context_span, attn_single_tiers=((15, 8, 5), (47, 16, 3)),
+        batch_buckets=(
+            (1, (*llama.SINGLE_SEQUENCE, ("context_buckets", (
+                (15, (("attn_phased_span", 8), ("attn_prefetch_kv", True))),
+                (47, (("attn_phased_span", 16), ("attn_prefetch_kv", True),
+                      ("deal_slots", (("attention", 10),)))),
+                (None, ()))))),
+            (None, ()),
+        ),
+    )  # fmt: skip
     # ... its attention's steps 2-4 as one pass of each warp (attn_one_pass).
     context_one_pass = dataclasses.replace(
         context_span,
@@ -958,6 +973,7 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_context_buckets": context,
         "llama_tiny_context_span": context_span,
         "llama_tiny_context_slots": context_slots,
+        "llama_tiny_context_tiers": context_tiers,
         "llama_tiny_context_one_pass": context_one_pass,
         "llama_tiny_one_pass": one_pass,
         # The sync-core weight copies marked L2 evict-first (a cache hint:

@@ -42,6 +42,23 @@ TINY_SHORT = dataclasses.replace(
         (None, ()),
     ),
 )  # fmt: skip
+#: ... split by context three ways, B = 1's split count tiered by L
+#: (``attn_single_tiers``): up to L = 15 at most 5 splits of at least 8
+#: positions in a tile of 8, L = 16..47 at most 3 of at least 16 in a tile
+#: of 16 whose instances take 10 deal positions, past it the artifact's 5
+#: of at least 8 in the whole tile.
+TINY_TIERS = dataclasses.replace(
+    TINY_SHORT, attn_single_tiers=((15, 8, 5), (47, 16, 3)),
+    batch_buckets=(
+        (1, (*M.SINGLE_SEQUENCE,
+             ("context_buckets", (
+                 (15, (("attn_phased_span", 8), ("attn_prefetch_kv", True))),
+                 (47, (("attn_phased_span", 16), ("attn_prefetch_kv", True),
+                       ("deal_slots", (("attention", 10),)))),
+                 (None, ()))))),
+        (None, ()),
+    ),
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -1670,6 +1687,17 @@ def test_compile_decoder_splits_a_batch_bucket_by_context(tmp_path):
 
 
 @needs_ptxas
+def test_compile_decoder_gives_tiered_context_kernels_one_set_of_buffers():
+    """The tiny decoder whose B = 1 split count is tiered by context
+    compiles to three B = 1 kernels that take the same buffers (the
+    partials sized by the tiered count), each bounded in L."""
+    art = M.compile_decoder(TINY_TIERS, "static")
+    assert art.artifacts[0].bounds == [15, 47, None]
+    maxima = [a.manifest.get("symbol_max") for _, a in art.leaves()]
+    assert maxima == [{"B": 1, "L": 15}, {"B": 1, "L": 47}, {"B": 1}, None]
+
+
+@needs_ptxas
 def test_compile_decoder_makes_one_kernel_per_batch_range(tmp_path):
     cfg = dataclasses.replace(CFG, batch_buckets=((2, ()), (None, M.LARGE_BATCH)))
     art = M.compile_decoder(cfg, "static")
@@ -1745,6 +1773,53 @@ def test_single_sequence_split_tier_matches_the_numpy_model(weights):
     g = M.build_decoder_graph(cfg)
     for B, L in ((1, 30), (1, 7), (2, 30)):
         _check_step(cfg, g, weights, B, L, "static", 31)
+
+
+def test_single_tiers_give_each_context_kernel_its_split_count():
+    """attn_single_tiers: B = 1's split count by context, so each context
+    bucket's kernel has its own (the long kernel keeps its count past a
+    short tier's bound); the manifest's size expression reads the integer
+    count; the kernels at and past each bound match the numpy model;
+    mistakes are refused by name."""
+    from etc.runtime.sizes import parse_size
+
+    cfg = TINY_TIERS
+    assert [cfg.splits(L, 1) for L in (0, 15, 16, 47, 48, 100)] == [1, 2, 2, 3, 5, 5]
+    assert [TINY_SHORT.splits(L, 1) for L in (16, 47)] == [3, 5]
+    g = etc.Graph("tiers")
+    size = parse_size(str(cfg.splits(g.symbol("L"), g.symbol("B"))), ["B", "L"])
+    for B in (1, 2, 3):
+        for L in range(0, 130, 3):
+            assert size.evaluate({"B": B, "L": L}) == cfg.splits(L, B), (B, L)
+            assert cfg.splits(L, B) == TINY_SHORT.splits(L, B) or B == 1
+    spans = [cfg.kernel_for(1, L).phased_tile_span for L in (15, 16, 47)]
+    assert spans == [8, 16, 16] and cfg.kernel_for(1, 48).max_context is None
+    assert dict(cfg.kernel_for(1, 16).deal_slots) == {"attention": 10}
+    for L in (15, 16, 47, 48):  # both sides of each bound
+        check_decoder_step(cfg.kernel_for(1, L), 1, L)
+    # Llama-3.2-1B with the sweep's tiers: nine splits of up to 128 from L =
+    # 576 to 1151 only.
+    tiered = dataclasses.replace(
+        M.LLAMA_3_2_1B, batch_buckets=(), attn_single_tiers=((575, 64, 17), (1151, 128, 9))
+    )
+    counts = [tiered.splits(L, 1) for L in (575, 576, 1024, 1151, 1152, 2048)]
+    assert counts == [9, 5, 9, 9, 17, 17]
+    for bad in (((15, 8),), ((15, 8, 0),), ((47, 8, 5), (15, 8, 5)), ((15, 65, 5),), [(1, 8, 2)]):
+        with pytest.raises(etc.GraphError, match=r"attn_single_tiers=.* must be \(context, span, "
+                           r"most\) triples .* spans in 1\.\.64"):  # fmt: skip
+            dataclasses.replace(TINY_SHORT, attn_single_tiers=bad)
+    with pytest.raises(etc.GraphError, match="attn_single_span=0 turns off"):
+        dataclasses.replace(CFG, attn_single_tiers=((15, 8, 5),))
+    with pytest.raises(etc.GraphError, match="context bucket L <= 15 changes attn_single_tiers, "
+                       "but the kernels share their buffers"):  # fmt: skip
+        dataclasses.replace(
+            TINY_SHORT, batch_buckets=(),
+            context_buckets=((15, (("attn_single_tiers", ((7, 8, 1),)),)), (None, ())),
+        )  # fmt: skip
+    # A tier whose splits outgrow its kernel's tile is refused, naming L.
+    with pytest.raises(etc.GraphError, match=r"attn_phased_span=8: at L = 8 the 1 splits of at "
+                       r"most 8 positions do not hold the 9 positions \(L <= 15\)"):  # fmt: skip
+        dataclasses.replace(TINY_TIERS, attn_single_tiers=((47, 16, 3),))
 
 
 # -- chunked layer weights (LlamaConfig.weight_chunk) ---------------------------------

@@ -256,6 +256,7 @@ _SPLIT_FIELDS = {
     "attn_small_spans",
     "attn_single_span",
     "attn_single_splits",
+    "attn_single_tiers",
     "attn_cached_splits",
 }
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
@@ -401,6 +402,17 @@ class LlamaConfig:
     #: artifact, not of one bucket.
     attn_single_span: int = 64
     attn_single_splits: int = 17
+    #: B = 1's split counts by context, before ``attn_single_span`` and
+    #: ``attn_single_splits``: ``(context, span, most)`` triples, increasing
+    #: contexts; for L up to ``context`` (and past the previous tier's), at
+    #: most ``most`` splits of at least ``span`` positions (never fewer than
+    #: B = 2 would take), past the last tier the two fields'. A context
+    #: bucket's kernel may then take other splits than the next bucket's:
+    #: ``((575, 64, 17), (1151, 128, 9))`` gives L = 576..1151 nine splits of
+    #: up to 128 (the merge half as long) and the long kernel past it its 17
+    #: (a split count for the whole artifact gave the long kernel 9 up to L
+    #: = 2303, +1.1..+1.8 % at L = 2048; forty-eighth session, item 239).
+    attn_single_tiers: tuple[tuple[int, int, int], ...] = ()
     gemm_options: tuple[tuple[str, Any], ...] = field(default=_GEMM_OPTIONS)
     #: Warps along the rows of a GEMM tile (0: ``plan_warps``' default). With
     #: 1 every warp holds all ``block_m`` rows and reuses each weight fragment
@@ -1009,6 +1021,7 @@ class LlamaConfig:
                 f"0..{hold} (the attention's buffers hold {holder})"
             )
         _int_field("attn_single_splits", self.attn_single_splits, 1)
+        self._check_single_tiers(hold, holder)
         if self.attn_small_batch and not 0 < self.attn_small_span <= hold:
             raise GraphError(
                 f"LlamaConfig: attn_small_span={self.attn_small_span} must be in "
@@ -1079,6 +1092,35 @@ class LlamaConfig:
         """Whether a kernel of the artifact (any bucket) has tma-core tiles,
         which need ``target="sm_90a"``."""
         return any(c.core(p) == "tma" for *_, c in self.kernel_configs() for p in _PROJECTIONS)
+
+    def _check_single_tiers(self, hold: int, holder: str) -> None:
+        tiers = self.attn_single_tiers
+        if tiers == ():
+            return
+        well_formed = isinstance(tiers, tuple) and all(
+            isinstance(t, tuple)
+            and len(t) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in t)
+            for t in tiers
+        )
+        bounds = [t[0] for t in tiers] if well_formed else []
+        if not (
+            well_formed
+            and bounds == sorted(set(bounds))
+            and bounds[0] >= 0
+            and all(0 < span <= hold and most >= 1 for _, span, most in tiers)
+        ):
+            raise GraphError(
+                f"LlamaConfig: attn_single_tiers={tiers!r} must be (context, span, most) "
+                f"triples with increasing contexts >= 0, spans in 1..{hold} (the attention's "
+                f"buffers hold {holder}) and most at least 1; () for attn_single_span's and "
+                "attn_single_splits' count at every L"
+            )
+        if not self.attn_single_span:
+            raise GraphError(
+                f"LlamaConfig: attn_single_tiers={tiers!r} tiers B = 1's split count, which "
+                "attn_single_span=0 turns off (B = 1 takes B = 2's splits)"
+            )
 
     def _check_small_spans(self, hold: int, holder: str) -> None:
         tiers = self.attn_small_spans
@@ -1556,8 +1598,16 @@ class LlamaConfig:
             splits = splits + is_small * (small - splits)
         if self.attn_single_span:
             # ``below``: the count B = 1 would have without this tier.
-            short = (L + self.attn_single_span) // self.attn_single_span
-            single = _max(below, _min(short, self.attn_single_splits))
+            def capped(span: int, most: int) -> Any:
+                return _max(below, _min((L + span) // span, most))
+
+            # The context tiers, then the two fields' count past the last.
+            single, covered = 0, 0  # covered: [L <= the previous tier's bound]
+            for bound, span, most in self.attn_single_tiers:
+                upto = _lt(L, bound + 1)
+                single = single + (upto - covered) * capped(span, most)
+                covered = upto
+            single = single + (1 - covered) * capped(self.attn_single_span, self.attn_single_splits)
             is_one = 1 - (B + _BIG - 2) // _BIG
             splits = splits + is_one * (single - splits)
         return splits

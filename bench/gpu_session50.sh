@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Fiftieth session (bench/RESULTS.md): B = 1's split count tiered by context
+# (attn_single_tiers), and session 49's unreturned one-pass trace. No device
+# was lent in the fiftieth session: a later session runs this. Each step's
+# CPU-side build is in its comment.
+# Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [decbench] [warmup] [raw]
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s50
+for step in ${*:-tests}; do
+  case $step in
+  tests)  # the tiny decoder split by context three ways, its B = 1 split count
+    # tiered by L (python test/gpu/make_artifacts.py .device/s50/art --only
+    # llama_tiny_context)
+    ETC_ARTIFACTS=.device/s50/art timeout 300 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "context" 2>&1 | tee -a "$OUT/tests.txt" | tail -6
+    ;;
+  tiers)  # B = 1 at L = 512..2048, the default against nine splits of up to 128
+    # positions at L = 576..1151 only (DECODE_SWEEP_VARIANTS=default,b1_tiers python
+    # bench/decode_sweep.py --build .device/s50/sweep); item 239 predicts L = 768
+    # -0.8 %, 1024 -1.2 %, 512 and 2048 even
+    SWEEP_TMP=/tmp/s50 sweep_passes s50_tiers ${TIER_VARIANTS:-default,b1_tiers} 1 \
+      ${TIER_CONTEXTS:-512,768,1024,1151,1152,2048} .device/s50/sweep
+    ;;
+  trace)  # B = 1, L = 1024 traced, the default and attn_one_pass (item 242's 2 %
+    # loss in the default artifact; DECODE_TRACE_VARIANTS=default,b1_one_pass python
+    # bench/decode_trace.py --build .device/s50/tr)
+    DECODE_TRACE_VARIANTS=${TRACE_VARIANTS:-default,b1_one_pass} \
+      DECODE_TRACE_BATCHES=${TRACE_BATCHES:-1} DECODE_TRACE_CONTEXT=1024 timeout 200 \
+      python bench/decode_trace.py --artifacts ${TRACE_DIR:-.device/s50/tr} --out /tmp/s50/tr \
+      2>&1 | tee -a "$OUT/trace.txt" | grep -A30 "layer"
+    tar czf "$OUT/trace.tgz" -C /tmp/s50 tr
+    ;;
+  decbench)  # the issue's table over the default artifact (python bench/decode.py --build
+    # .device/s50/dec)
+    issue_bench .device/s50/dec
+    ;;
+  warmup)  # cold process to the first token over the same artifact
+    mkdir -p "$OUT/warmup"
+    OUT="$OUT/warmup" DECODE_PARTS=warmup decode_bench .device/s50/dec
+    ;;
+  raw)  # every sweep's raw rows
+    tar czf "$OUT/raw.tgz" -C /tmp/s50 raw 2>/dev/null || true
+    ;;
+  esac
+done
