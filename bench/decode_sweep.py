@@ -972,6 +972,10 @@ def _b1_tiers(*changes: tuple[str, object]) -> dict:
 
 
 VARIANTS["b1_tiers"] = _b1_tiers()
+# ... and the default with the tma core's projection parts stamped
+# (gemm_stamps: where a B = 32 part's ~5.8 µs for 64 KB of weights goes, and
+# the meeting's ~1.2 µs more in a block's last part; bench/decode_trace.py).
+VARIANTS["stamps_large"] = {"gemm_stamps": True}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -13,7 +13,8 @@ the instance's waits and ends after its closing barrier. Three launches,
 the last traced; the static and dynamic schedules (``llama.compile_options``).
 With ``LlamaConfig.attn_stamps`` (``decode_sweep`` variants ``stamps_*``),
 also the attention instances' phases from their own clock stamps
-(:func:`stamp_table`).
+(:func:`stamp_table`); with ``LlamaConfig.gemm_stamps`` (``stamps_large``),
+the tma core's projection parts' (:func:`gemm_stamp_table`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,41 @@ def stamp_table(stamps) -> tuple[str, dict]:
     )
     lines, data = _phase_table(f"attention stamps: {len(x)} instances", w, ghz, phases, x)
     data["instances"] = len(x)
+    return "\n".join(lines), data
+
+
+def gemm_stamp_table(stamps) -> tuple[str, dict]:
+    """The phases of the tma core's projection instances from
+    ``gemm_stamps`` (layers, projection, slots, len(STAMPS)), per projection:
+    the k loop after the waits, then a part's store and count, or in a
+    block's last part (which stamped ``met``) the count and the other parts'
+    loads, then its epilogue (µs, median and 90th percentile)."""
+    import numpy as np
+
+    from etc.tiles.gemm_layer_tma import STAMPS
+
+    lines, data = [], {}
+    for row, projection in enumerate(("qkv", "o_proj", "gate_up", "down")):
+        if not np.asarray(stamps)[:, row, :, STAMPS.index("end")].any():
+            continue  # not on the tma core, or not run
+        w, x, ghz = _stamped(stamps[:, row], STAMPS)
+        last = x[x[:, w["met"]] != 0]
+        phases = (
+            ("k loop (after the waits)", "entry", "loop_end"),
+            ("part stored and counted", "loop_end", "end"),
+            ("last: counted, parts met", "loop_end", "met"),
+            ("last: epilogue", "met", "end"),
+            ("whole instance", "entry", "end"),
+        )
+
+        def rows_of(label: str, x=x, last=last, w=w):
+            if label.startswith("last"):
+                return last
+            return x[x[:, w["met"]] == 0] if label.startswith("part") else x
+
+        title = f"{projection} stamps: {len(x)} instances, {len(last)} last parts"
+        block, data[projection] = _phase_table(title, w, ghz, phases, rows_of)
+        lines += block
     return "\n".join(lines), data
 
 
@@ -325,6 +361,13 @@ def run(artifacts: Path, out: Path | None, png: bool = False) -> None:
                         trace, stamps, cfg.kernel_for(B, L).attn_items
                     )
                     text_s += "\n" + text_g
+                block += "\n" + text_s
+            if "gemm_stamps" in bufs:
+                stamps = bufs["gemm_stamps"].cpu().numpy()
+                if out is not None:
+                    out.mkdir(parents=True, exist_ok=True)
+                    np.save(out / f"gemm_stamps_{schedule}_B{B}_L{L}.npy", stamps)
+                text_s, data["gemm_stamps"] = gemm_stamp_table(stamps)
                 block += "\n" + text_s
             key = f"{schedule}_B{B}" + (f"_L{L}" if len(CONTEXTS) > 1 else "")
             if out is not None:  # raw records, for per-SM and per-CTA analysis

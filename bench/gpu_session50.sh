@@ -3,17 +3,18 @@
 # (attn_single_tiers), and session 49's unreturned one-pass trace. No device
 # was lent in the fiftieth session: a later session runs this. Each step's
 # CPU-side build is in its comment.
-# Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [decbench] [warmup] [raw]
+# Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [stamps] [decbench] [warmup] [raw]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s50
 for step in ${*:-tests}; do
   case $step in
   tests)  # the tiny decoder split by context three ways, its B = 1 split count
-    # tiered by L (python test/gpu/make_artifacts.py .device/s50/art --only
-    # llama_tiny_context)
+    # tiered by L, and the tma decoder with its parts stamped (python
+    # test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_context, then
+    # --only llama_tiny_tma_gemm_stamps)
     ETC_ARTIFACTS=.device/s50/art timeout 300 python -m pytest -q -rfs --tb=short \
-      test/gpu/test_llama_gpu.py -k "context" 2>&1 | tee -a "$OUT/tests.txt" | tail -6
+      test/gpu/test_llama_gpu.py -k "context or gemm_stamps" 2>&1 | tee -a "$OUT/tests.txt" | tail -6
     ;;
   tiers)  # B = 1 at L = 512..2048, the default against nine splits of up to 128
     # positions at L = 576..1151 only (DECODE_SWEEP_VARIANTS=default,b1_tiers python
@@ -30,6 +31,16 @@ for step in ${*:-tests}; do
       python bench/decode_trace.py --artifacts ${TRACE_DIR:-.device/s50/tr} --out /tmp/s50/tr \
       2>&1 | tee -a "$OUT/trace.txt" | grep -A30 "layer"
     tar czf "$OUT/trace.tgz" -C /tmp/s50 tr
+    ;;
+  stamps)  # B = 32 and 64, L = 1024 traced with the tma core's parts stamped: where a
+    # part's ~5.8 µs for 64 KB of weights goes (the k loop, the store and count) and the
+    # last part's ~1.2 µs more (DECODE_TRACE_VARIANTS=default,stamps_large python
+    # bench/decode_trace.py --build .device/s50/st)
+    DECODE_TRACE_VARIANTS=default,stamps_large DECODE_TRACE_BATCHES=32,64 \
+      DECODE_TRACE_CONTEXT=1024 timeout 300 \
+      python bench/decode_trace.py --artifacts .device/s50/st --out /tmp/s50/st \
+      2>&1 | tee -a "$OUT/stamps.txt" | grep -A40 "layer"
+    tar czf "$OUT/stamps.tgz" -C /tmp/s50 st
     ;;
   decbench)  # the issue's table over the default artifact (python bench/decode.py --build
     # .device/s50/dec)

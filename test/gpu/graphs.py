@@ -981,6 +981,9 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_evict_first": dataclasses.replace(llama.TINY, weights_evict_first=True),
         # ... and the tma core's weight boxes (not yet run on a GPU when added).
         "llama_tiny_tma_evict_first": dataclasses.replace(tma, weights_evict_first=True),
+        # ... and its projections' parts stamped (gemm_stamps, a measuring
+        # aid: the same arithmetic).
+        "llama_tiny_tma_gemm_stamps": dataclasses.replace(tma, gemm_stamps=True),
         # Tasks dealt at run time (deal="pool"): every layer's attention and
         # projections, the LM head; and the same in the kernels of three.
         "llama_tiny_pool": dataclasses.replace(llama.TINY, pool=_POOLED),

@@ -187,6 +187,43 @@ def test_argmax_takes_the_first_largest_logit(schedule: str, graph: str) -> None
         assert out.tolist()[5] == 8010
 
 
+def test_gemm_stamps_mark_every_part_in_order() -> None:
+    """The tiny tma decoder with ``gemm_stamps`` at B = 70 (two row
+    blocks): every part of every layer projection stamped its entry, its k
+    loop's end and its end in that order, and in each split block exactly
+    one part (the last) stamped the meeting between them."""
+    from etc.tiles.gemm_layer_tma import STAMPS
+
+    name = "llama_tiny_tma_gemm_stamps"
+    cfg = llama_tiny_variants()[name]
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{name}_static")
+    B, L = 70, 3
+    arrays = M.numpy_inputs(cfg, M.random_weights(cfg, seed=4), np.arange(B, dtype=np.int32), L, 9)
+    bufs = _to_torch(arrays)
+    kernel.launch(bufs, {"B": B, "L": L, "S": 9})
+    kernel.check()
+    stamps = _numpy(bufs["gemm_stamps"]).astype(np.int64)
+    w = {word: i for i, word in enumerate(STAMPS)}
+    widths = {"qkv_proj": cfg.qkv_width, "o_proj": cfg.hidden, "gate_up_proj": cfg.inter,
+              "down_proj": cfg.hidden}  # fmt: skip
+    bns = {"qkv_proj": cfg.bn_qkv, "o_proj": cfg.bn_o, "gate_up_proj": cfg.bn_gu,
+           "down_proj": cfg.bn_down}  # fmt: skip
+    for row, projection in enumerate(widths):
+        parts, blocks = cfg.k_split(projection), widths[projection] // bns[projection] * 2
+        x = stamps[:, row, : blocks * parts].reshape(cfg.layers, blocks, parts, len(STAMPS))
+        assert (x[..., w["end"]] != 0).all(), projection
+        assert (x[..., w["entry"]] <= x[..., w["loop_end"]]).all(), projection
+        assert (x[..., w["loop_end"]] <= x[..., w["end"]]).all(), projection
+        assert (x[..., w["entry_ns"]] <= x[..., w["end_ns"]]).all(), projection
+        met = x[..., w["met"]] != 0
+        assert (met.sum(-1) == (1 if parts > 1 else 0)).all(), projection
+        xm = x[met]
+        assert (
+            (xm[:, w["loop_end"]] <= xm[:, w["met"]]) & (xm[:, w["met"]] <= xm[:, w["end"]])
+        ).all()
+        assert not stamps[:, row, blocks * parts :].any(), projection  # no slot past the grid
+
+
 def test_tma_ring_layouts_and_prefetch_give_the_same_logits() -> None:
     """Llama-3.2-1B's large-batch kernel with qkv on 3 TMA stages and down on
     6 (the others 4) overlays its tiles' rings and mbarriers differently from

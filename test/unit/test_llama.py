@@ -6,7 +6,9 @@ through the compiler to PTX that ptxas accepts."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +20,9 @@ from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.models import llama as M
 from etc.tiles import llama as T
 from etc.tiles._text import unfixed_reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from graphs import llama_tiny_variants  # noqa: E402
 
 pytestmark = needs_bindings
 CFG = M.TINY
@@ -43,22 +48,8 @@ TINY_SHORT = dataclasses.replace(
     ),
 )  # fmt: skip
 #: ... split by context three ways, B = 1's split count tiered by L
-#: (``attn_single_tiers``): up to L = 15 at most 5 splits of at least 8
-#: positions in a tile of 8, L = 16..47 at most 3 of at least 16 in a tile
-#: of 16 whose instances take 10 deal positions, past it the artifact's 5
-#: of at least 8 in the whole tile.
-TINY_TIERS = dataclasses.replace(
-    TINY_SHORT, attn_single_tiers=((15, 8, 5), (47, 16, 3)),
-    batch_buckets=(
-        (1, (*M.SINGLE_SEQUENCE,
-             ("context_buckets", (
-                 (15, (("attn_phased_span", 8), ("attn_prefetch_kv", True))),
-                 (47, (("attn_phased_span", 16), ("attn_prefetch_kv", True),
-                       ("deal_slots", (("attention", 10),)))),
-                 (None, ()))))),
-        (None, ()),
-    ),
-)  # fmt: skip
+#: (``attn_single_tiers``; the GPU tests' variant, ``test/gpu/graphs.py``).
+TINY_TIERS = llama_tiny_variants()["llama_tiny_context_tiers"]
 
 
 @pytest.fixture(scope="module")
@@ -1937,6 +1928,48 @@ def test_parts_that_wait_for_each_other_get_different_ctas(tmp_path, monkeypatch
         etc.LaunchError, match="task 'down' has 4 split-K parts .* this launch has 3"
     ):
         k._plan(syms, None)
+
+
+@needs_ptxas
+def test_gemm_stamps_give_the_tma_projections_a_stamps_buffer(weights):
+    """gemm_stamps: each layer projection on the tma core takes the
+    ``gemm_stamps`` tensor (a row per projection, 1024 slots a 64-row
+    block) and thread 0 stamps its clock there; the step is the one without
+    stamps; the kernel passes ptxas; other cores and the LM head refuse."""
+    from etc.tiles.gemm import layer_gemm
+    from etc.tiles.gemm_layer_tma import STAMPS, STAMPS_TYPE
+
+    tma = dict(
+        gemm_core="tma", bn_qkv=32, bn_o=16, bn_gu=32, bn_down=32,
+        k_splits=(("qkv_proj", 2), ("o_proj", 2), ("down_proj", 4)),
+    )  # fmt: skip
+    plain = dataclasses.replace(CFG, **tma)
+    cfg = dataclasses.replace(plain, gemm_stamps=True)
+    g = M.build_decoder_graph(cfg)
+    shape = M.tensor_shapes(cfg, 70, 3, 9)["gemm_stamps"]
+    assert shape == ((CFG.layers, 4, 2048, len(STAMPS)), "i64")
+    stamped = {t.name for t in g.tasks if STAMPS_TYPE in t.function.source}
+    assert stamped == {"qkv", "o_proj", "gate_up", "down"}
+    for B in (3, 70):
+        want = etc.simulate(
+            M.build_decoder_graph(plain),
+            M.numpy_inputs(plain, weights, np.arange(B, dtype=np.int32), 3, 9),
+            {"B": B, "L": 3, "S": 9},
+        )
+        got = etc.simulate(
+            g,
+            M.numpy_inputs(cfg, weights, np.arange(B, dtype=np.int32), 3, 9),
+            {"B": B, "L": 3, "S": 9},
+        )
+        np.testing.assert_array_equal(got["logits"], want["logits"])
+    art = etc.compile(g, target="sm_90a")
+    assert art.cubin is not None and "%globaltimer" in art.ptx and "%clock64" in art.ptx
+    with pytest.raises(etc.GraphError, match="tile 'p': stamps need core='tma'"):
+        layer_gemm(16, 32, 64, 64, layers=2, name="p", stamps=True)
+    with pytest.raises(etc.GraphError, match="tile 'lm': stamps take a layer's tiles"):
+        layer_gemm(64, 64, 128, 64, layers=None, name="lm", core="tma", stamps=True)
+    with pytest.raises(etc.GraphError, match="gemm_stamps must be a bool"):
+        dataclasses.replace(CFG, gemm_stamps=1)
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])

@@ -571,6 +571,13 @@ class LlamaConfig:
     #: tensor-core tile's ``attention_mma.STAMPS`` (``stamps=True``), the
     #: phased tile's ``llama.PHASED_STAMPS``.
     attn_stamps: bool = False
+    #: A measuring aid (off): the layer projections on the tma core write
+    #: thread 0's clock at points of each instance
+    #: (``gemm_layer_tma.STAMPS``: after the waits, the k loop's end, the
+    #: split-K meeting, the end) into the graph tensor ``gemm_stamps``
+    #: ``(layers, 4, 1024 * ceil(B / 64), words)`` i64, row ``r`` of
+    #: projection ``r`` of qkv, o_proj, gate/up, down (``bench/decode_trace.py``).
+    gemm_stamps: bool = False
     #: The phased attention's steps 2-4 as one pass of each warp over its
     #: own rows, the warps' states merged after one barrier
     #: (``llama.attention(one_pass=True)``): two barriers fewer.
@@ -987,7 +994,7 @@ class LlamaConfig:
         for name in (
             "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps",
             "queue_ahead", "wait_memo", "weights_evict_first", "attn_kv_evict_first",
-            "gemv_whole_lines", "attn_one_pass",
+            "gemv_whole_lines", "attn_one_pass", "gemm_stamps",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
@@ -1778,6 +1785,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.split_counters else {}),
         **({"attn_stamps": ((NL, B, KV, P, _stamp_words(cfg)), "i64")} if cfg.attn_stamps else {}),
+        **({"gemm_stamps": (_gemm_stamps_shape(cfg, B), "i64")} if cfg.gemm_stamps else {}),
         **_split_tensors(cfg, B),
     }
 
@@ -1787,6 +1795,14 @@ def _stamp_words(cfg: LlamaConfig) -> int:
     from ..tiles.attention_mma import STAMPS
 
     return len(llama.PHASED_STAMPS if cfg.attn_tile == "phased" else STAMPS)
+
+
+def _gemm_stamps_shape(cfg: LlamaConfig, B: Any) -> tuple:
+    """``gemm_stamps``: a row of slots per projection (``_COUNTER_ROWS``) and
+    layer, :data:`~etc.tiles.gemm_layer_tma.STAMP_SLOTS` a 64-row block."""
+    from ..tiles.gemm_layer_tma import STAMP_SLOTS, STAMPS
+
+    return (cfg.layers, len(_COUNTER_ROWS), STAMP_SLOTS * ((B + 63) // 64), len(STAMPS))
 
 
 def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
@@ -1869,6 +1885,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
                 epilogue_ahead=cfg.tma_epilogue_ahead, meeting=cfg.tma_meeting,
                 meet_share=cfg.meet_share(name), refill=own.get("refill", "wait"),
+                stamps=cfg.gemm_stamps and layers is not None,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
                 weight_chunk=cfg.weight_chunk if layers is not None else 0,
@@ -2007,7 +2024,10 @@ def build_decoder_graph(
         return (*grid, parts) if parts > 1 else grid
 
     def split_args(projection: str) -> tuple[str, ...]:
-        return ("split_parts", "split_count") if cfg.k_split(projection) > 1 else ()
+        """The split-K workspace (split projections), then the stamps (tma core)."""
+        split = ("split_parts", "split_count") if cfg.k_split(projection) > 1 else ()
+        stamped = cfg.gemm_stamps and cfg.core(projection) == "tma"
+        return split + (("gemm_stamps",) if stamped else ())
 
     def gemm_phase(projection: str) -> str:
         return "lijs->l" if cfg.k_split(projection) > 1 else "lij->l"

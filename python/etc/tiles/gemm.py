@@ -1749,6 +1749,7 @@ def layer_gemm(
     l2_evict_first: bool | str = False,
     short_path: bool = True,
     whole_lines: bool = False,
+    stamps: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1868,8 +1869,10 @@ def layer_gemm(
     ``meeting`` (how the split-K parts meet), ``meet_share`` (how many of
     them add the parts: :func:`etc.tiles.gemm_layer_tma.layer_gemm_tma`) and
     ``refill`` (how thread 0 refills the ring: :func:`etc.tiles.gemm_tc.gemm`'s
-    option) and ``l2_evict_first`` (its weight boxes' TMA copies, the ring
-    prefetch's too, carry the L2 evict-first hint) only.
+    option), ``l2_evict_first`` (its weight boxes' TMA copies, the ring
+    prefetch's too, carry the L2 evict-first hint) and ``stamps`` (a
+    measuring aid: thread 0's clock at points of each instance, in a last
+    buffer) only.
 
     ``l2_evict_first`` (the sync core with ``stages``, or the tma core): the
     weight copies carry an L2 evict-first policy, so weights read once do
@@ -1935,8 +1938,10 @@ def layer_gemm(
             row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row,
             prefetch=prefetch_ring, a_box=a_box, rotate_k=rotate_k, weight_chunk=weight_chunk,
             epilogue_ahead=epilogue_ahead, meeting=meeting, meet_share=meet_share,
-            refill=refill, l2_evict_first=l2_evict_first,
+            refill=refill, l2_evict_first=l2_evict_first, stamps=stamps,
         )  # fmt: skip
+    if stamps:
+        raise GraphError(f"tile '{name}': stamps need core='tma'")
     if k_splits != 1 or a_box != 64 or meeting != "rows" or meet_share != 1 or refill != "wait":
         raise GraphError(
             f"tile '{name}': k_splits={k_splits}, a_box={a_box}, meeting={meeting!r}, "

@@ -38,7 +38,7 @@ from . import _mma, _text
 from . import gemm as _gemm
 from . import gemm_tc as _tc
 
-__all__ = ["layer_gemm_tma", "PART_TYPE", "COUNT_TYPE"]
+__all__ = ["layer_gemm_tma", "PART_TYPE", "COUNT_TYPE", "STAMPS", "STAMPS_TYPE", "STAMP_SLOTS"]
 
 #: The split-K workspace: (parts x rows) x columns of float32 products.
 PART_TYPE = _tc.PART_TYPE
@@ -46,6 +46,21 @@ PART_TYPE = _tc.PART_TYPE
 COUNT_TYPE = _tc.COUNT_TYPE
 #: Shared memory a tile may take: two CTAs per SM (the decoder's kernels).
 SMEM_LIMIT = _gemm.MAX_SHARED_BYTES // 2
+#: ``layer_gemm_tma(stamps=True)``: what each of an instance's stamp words
+#: holds (thread 0's ``%clock64``, then ``%globaltimer`` in ns).
+STAMPS = (
+    "entry",  # the function's first instruction (after the instance's waits)
+    "loop_end",  # the k loop done, the accumulators final: the epilogue's start
+    "met",  # the block's last part: the other parts' products loaded and added
+    "end",  # the part stored and counted, or the block's output stored
+    "entry_ns",
+    "end_ns",
+)
+#: The stamps buffer: ``[layer, stamp row, slot, word]``.
+STAMPS_TYPE = f"memref<?x?x?x{len(STAMPS)}xi64>"
+#: Slots per 64-row block of a stamp row: instance ``(j, i, s)`` of a layer
+#: writes slot ``(j * ceil(M / 64) + i) * k_splits + s``.
+STAMP_SLOTS = 1024
 
 
 class _Text(_tc._Text):
@@ -85,6 +100,7 @@ def layer_gemm_tma(
     meet_share: int = 1,
     refill: str = "wait",
     l2_evict_first: bool = False,
+    stamps: bool = False,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="tma"`` (module
     docstring; ``layer_gemm`` has checked the epilogue, ``n``, ``layers``
@@ -135,7 +151,12 @@ def layer_gemm_tma(
     earlier sharers spin until the last arrives), so the last part loads
     that much less; the tile then needs all of a block's parts able to run
     at once (:attr:`etc.DeviceFunction.meets`: the static schedule's lists,
-    which deal them to different CTAs)."""
+    which deal them to different CTAs).
+
+    ``stamps`` (a measuring aid): a last buffer ``%stamps`` (:data:`STAMPS_TYPE`)
+    into which thread 0 writes its clock at the points of :data:`STAMPS`
+    (``met`` only in a block's last part, and not with ``meet_share > 1``),
+    at ``[l, counter_row, slot]`` (:data:`STAMP_SLOTS`)."""
     stages = 4 if stages is None else stages
     if meeting not in ("rows", "fragments"):
         raise GraphError(f"tile '{name}': meeting must be 'rows' or 'fragments', got {meeting!r}")
@@ -177,12 +198,20 @@ def layer_gemm_tma(
     cw, part, split = block_n // groups, k // k_splits, k_splits > 1
     _tc.plan_tma(name, block_m, per_n * block_n, part, block_size, stages, smem_limit)
     stacked = layers is not None
+    if stamps and (not stacked or (n // block_n) * k_splits > STAMP_SLOTS):
+        raise GraphError(
+            f"tile '{name}': stamps take a layer's tiles (layers=None here: {layers is None}) "
+            f"of at most {STAMP_SLOTS} column blocks x parts a row block, got "
+            f"{n // block_n} x {k_splits}"
+        )
     at, wt, ct = _gemm._layer_types(layers, per_n, n, k)
     st = _text.SUMS_TYPE
     t = _Text()
     r0, r1, n0, valid, m_rows = _gemm._layer_block(t, at, block_m, block_n, n)
     t.emit(f"scf.if {valid} {{")
     t.indent += "  "
+    stamp = _stamper(t, stamps, m_rows, counter_row, k_splits)
+    stamp(t, "entry", "entry_ns")
     sums = ("%S", st, _gemm._layer_slot(t, stacked, *sums_out)) if sums_out is not None else None
     scale = None
     if row_scale is not None:
@@ -216,12 +245,14 @@ def layer_gemm_tma(
     ahead: list = []  # the store whose prologue ran before the k loop
 
     def finish(t: _Text, acc, rows, wn_i, col_lane) -> None:
+        stamp(t, "loop_end")
         wcol = t.add(n0, t.mul(wn_i, cw))
         if reduce is not None and meet_share > 1:  # each sharer stores its fragments
             reduce(t, acc, rows, wcol, col_lane, ahead.pop() if ahead else make_store(t, wn_i))
             return
         if reduce is not None:
             acc = reduce(t, acc, rows, wcol, col_lane)  # opens "the last part" region
+            stamp(t, "met")
         store = ahead.pop() if ahead else make_store(t, wn_i)
         store(t, acc, rows, col_lane)
         if reduce is not None:
@@ -242,6 +273,7 @@ def layer_gemm_tma(
         weights_prefetched=shared, rotate="%j" if rotate_k else None, refill=refill,
         b_evict_first=l2_evict_first,
     )  # fmt: skip
+    stamp(t, "end", "end_ns")
     t.close()
     ij = "%j: index, %i: index" if columns_first else "%i: index, %j: index"
     coords = (f"%l: index, {ij}" if stacked else ij) + (", %ks: index" if split else "")
@@ -250,6 +282,7 @@ def layer_gemm_tma(
     buffers += [f"%W: {wt}", f"%C: {ct}"]
     buffers += [f"%S: {st}"] if sums_out is not None else []
     buffers += [f"%P: {PART_TYPE}", f"%cnt: {COUNT_TYPE}"] if split else []
+    buffers += [f"%stamps: {STAMPS_TYPE}"] if stamps else []
     reference = _reference(
         block_n, n, part, epilogue, stacked=stacked, columns_first=columns_first,
         row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row, k=k,
@@ -296,6 +329,31 @@ def layer_gemm_tma(
     fn.prefetch_fills_shared = shared
     fn.meets = k_splits if meet_share > 1 else 0
     return fn
+
+
+def _stamper(t: _Text, stamps: bool, m_rows: str, row: int, parts: int) -> Callable[..., None]:
+    """``stamp(t, *words)``: thread 0 writes its clock (``*_ns`` words: the
+    ``%globaltimer``) at ``words`` of the instance's slot; nothing without
+    ``stamps``."""
+    if not stamps:
+        return lambda t, *words: None
+    first = t.op("st0", f"arith.cmpi eq, {t.op('tid', 'gpu.thread_id x')}, {t.c(0)} : index")
+    row_blocks = t.op("strb", f"arith.ceildivui {m_rows}, {t.c(64)} : index")
+    block = t.add(t.op("stj", f"arith.muli %j, {row_blocks} : index"), "%i")
+    slot = t.add(t.mul(block, parts), "%ks") if parts > 1 else block
+    at = f"%l, {t.c(row)}, {slot}"
+
+    def stamp(t: _Text, *words: str) -> None:
+        for word in words:
+            timer = "globaltimer" if word.endswith("_ns") else "clock64"
+            value = t.op("st", _text.read_timer(timer))
+            t.emit(f"scf.if {first} {{")
+            t.emit(
+                f"  memref.store {value}, %stamps[{at}, {t.c(STAMPS.index(word))}] : {STAMPS_TYPE}"
+            )
+            t.emit("}")
+
+    return stamp
 
 
 def _loads(
