@@ -21,7 +21,7 @@ for step in ${*:-tests}; do
     # bench/decode_sweep.py --build .device/s50/sweep); item 239 predicts L = 768
     # -0.8 %, 1024 -1.2 %, 512 and 2048 even
     SWEEP_TMP=/tmp/s50 sweep_passes s50_tiers ${TIER_VARIANTS:-default,b1_tiers} 1 \
-      ${TIER_CONTEXTS:-512,768,1024,1151,1152,2048} .device/s50/sweep
+      ${TIER_CONTEXTS:-512,768,1024,2048} .device/s50/sweep
     ;;
   trace)  # B = 1, L = 1024 traced, the default and attn_one_pass (item 242's 2 %
     # loss in the default artifact; DECODE_TRACE_VARIANTS=default,b1_one_pass python
