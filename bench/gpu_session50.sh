@@ -3,7 +3,15 @@
 # (attn_single_tiers), and session 49's unreturned one-pass trace. No device
 # was lent in the fiftieth session: a later session runs this. Each step's
 # CPU-side build is in its comment.
-# Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [stamps] [decbench] [warmup] [raw]
+# Every CPU-side build at once (~2 minutes here; ~30 MB, carry .device/s50):
+#   python test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_context
+#   python test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_tma_gemm_stamps
+#   DECODE_SWEEP_VARIANTS=default,b1_tiers python bench/decode_sweep.py --build .device/s50/sweep
+#   DECODE_TRACE_VARIANTS=default,b1_one_pass python bench/decode_trace.py --build .device/s50/tr
+#   DECODE_TRACE_VARIANTS=default,stamps_large python bench/decode_trace.py --build .device/s50/st
+#   python bench/decode_trace.py --build .device/s50/dyn
+#   python bench/decode.py --build .device/s50/dec
+# Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [stamps] [dyntrace] [meeting] [decbench] [warmup] [raw]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s50
@@ -41,6 +49,20 @@ for step in ${*:-tests}; do
       python bench/decode_trace.py --artifacts .device/s50/st --out /tmp/s50/st \
       2>&1 | tee -a "$OUT/stamps.txt" | grep -A40 "layer"
     tar czf "$OUT/stamps.tgz" -C /tmp/s50 st
+    ;;
+  dyntrace)  # B = 1 and 8, L = 1024 traced under both schedules: where the dynamic
+    # schedule's 1.1-1.2x goes (the last dynamic traces are the eleventh session's;
+    # python bench/decode_trace.py --build .device/s50/dyn)
+    DECODE_TRACE_BATCHES=1,8 DECODE_TRACE_CONTEXT=1024 timeout 240 \
+      python bench/decode_trace.py --artifacts .device/s50/dyn --out /tmp/s50/dyn \
+      2>&1 | tee -a "$OUT/dyntrace.txt" | grep -B12 -A8 "layer"
+    tar czf "$OUT/dyntrace.tgz" -C /tmp/s50 dyn
+    ;;
+  meeting)  # bench/meeting_proto.cu (built here: nvcc needs no GPU): the four
+    # projection stages with today's L2 meeting against the parts meeting in a
+    # cluster's shared memory (clusters of 2, 4, 8) and no meeting at all
+    nvcc -O3 -gencode arch=compute_90a,code=sm_90a bench/meeting_proto.cu -o /tmp/s50/mt \
+      && timeout 120 /tmp/s50/mt 2>&1 | tee "$OUT/meeting_proto.txt"
     ;;
   decbench)  # the issue's table over the default artifact (python bench/decode.py --build
     # .device/s50/dec)
