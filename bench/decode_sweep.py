@@ -976,6 +976,9 @@ VARIANTS["b1_tiers"] = _b1_tiers()
 # (gemm_stamps: where a B = 32 part's ~5.8 µs for 64 KB of weights goes, and
 # the meeting's ~1.2 µs more in a block's last part; bench/decode_trace.py).
 VARIANTS["stamps_large"] = {"gemm_stamps": True}
+# ... and a ragged batch's kernels (each sequence at its own position; the
+# sweep runs every sequence at L): what reading the positions costs.
+VARIANTS["ragged"] = {"ragged": True}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Fiftieth session (bench/RESULTS.md): B = 1's split count tiered by context
-# (attn_single_tiers), and session 49's unreturned one-pass trace. No device
+# (attn_single_tiers), the tma core's parts stamped (gemm_stamps), ragged
+# batches (LlamaConfig.ragged), a model of a cluster split-K meeting
+# (bench/meeting_proto.cu), and session 49's unreturned one-pass trace. No device
 # was lent in the fiftieth session: a later session runs this. Each step's
 # CPU-side build is in its comment.
 # Every CPU-side build at once (~2 minutes here; ~30 MB, carry .device/s50):
 #   python test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_context
 #   python test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_tma_gemm_stamps
-#   DECODE_SWEEP_VARIANTS=default,b1_tiers python bench/decode_sweep.py --build .device/s50/sweep
+#   DECODE_SWEEP_VARIANTS=default,b1_tiers,ragged python bench/decode_sweep.py --build .device/s50/sweep
 #   DECODE_TRACE_VARIANTS=default,b1_one_pass python bench/decode_trace.py --build .device/s50/tr
 #   DECODE_TRACE_VARIANTS=default,stamps_large python bench/decode_trace.py --build .device/s50/st
 #   python bench/decode_trace.py --build .device/s50/dyn
 #   python bench/decode.py --build .device/s50/dec
-# Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [stamps] [dyntrace] [meeting] [decbench] [warmup] [raw]
+# Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [stamps] [ragged] [dyntrace] [meeting] [decbench] [warmup] [raw]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s50
@@ -49,6 +51,11 @@ for step in ${*:-tests}; do
       python bench/decode_trace.py --artifacts .device/s50/st --out /tmp/s50/st \
       2>&1 | tee -a "$OUT/stamps.txt" | grep -A40 "layer"
     tar czf "$OUT/stamps.tgz" -C /tmp/s50 st
+    ;;
+  ragged)  # the default against its ragged twin (LlamaConfig.ragged, every sequence
+    # at L) at B = 1, 8, 32, 64 (DECODE_SWEEP_VARIANTS=default,ragged python
+    # bench/decode_sweep.py --build .device/s50/sweep): expected even
+    SWEEP_TMP=/tmp/s50 sweep_passes s50_ragged default,ragged 1,8,32,64 1024,4096 .device/s50/sweep
     ;;
   dyntrace)  # B = 1 and 8, L = 1024 traced under both schedules: where the dynamic
     # schedule's 1.1-1.2x goes (the last dynamic traces are the eleventh session's;

@@ -13,9 +13,15 @@ range; ``llama.compile_decoder`` saves all of them as one artifact, which
 
     python examples/llama_decode.py --simulate                 # tiny model, CPU
     python examples/llama_decode.py --simulate --schedule dynamic --batch 3 --steps 6
+    python examples/llama_decode.py --simulate --ragged --batch 3  # sequences joining late
     python examples/llama_decode.py --emit-ptx /tmp/llama.ptx  # Llama-3.2-1B PTX
     python examples/llama_decode.py --tiny                     # GPU, tiny model
     python examples/llama_decode.py --batch 4 --prompt 8       # GPU, Llama-3.2-1B
+
+``--ragged`` decodes a ragged batch (``LlamaConfig.ragged``): sequence ``b``
+joins ``b`` steps after the first, so the batch's sequences sit at different
+positions in every launch (until it joins, a sequence re-reads its first
+prompt token at position 0).
 
 ``--simulate`` always uses the tiny configuration (``etc.models.llama.TINY``);
 on the GPU the default is Llama-3.2-1B with random weights (the numpy check
@@ -46,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="the tiny configuration on the GPU too")
     p.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error")
     p.add_argument("--no-check", dest="check", action="store_false")
+    p.add_argument("--ragged", action="store_true", help="sequence b joins b steps late")
     p.add_argument(
         "--weight-chunk", type=int, default=0,
         help="the layer projections read their weights in 8-row groups of this many k "
@@ -60,10 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         except etc.EtcError as exc:  # a chunk the projections cannot take
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    B = args.batch
+    lag = np.arange(B) if args.ragged else np.zeros(B, np.int64)  # steps each joins late
+    last = args.prompt + args.steps - 2 + int(lag.max())  # the last step's L
+    if args.ragged:
+        cfg = dataclasses.replace(cfg, ragged=True)
     # The kernel for this batch size and the longest context it decodes
     # (LlamaConfig.batch_buckets, context_buckets; a saved artifact of
     # llama.compile_decoder holds them all and picks by B and L).
-    cfg = cfg.kernel_for(args.batch, args.prompt + args.steps - 2)
+    cfg = cfg.kernel_for(args.batch, last)
     args.min_ctas_per_sm = 2
     if cfg.uses_tma:
         args.target = "sm_90a"  # wgmma and TMA
@@ -72,15 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     if done is not None:
         return done
     kernel = load_kernel(g, args)
-    B, S = args.batch, args.prompt + args.steps
+    S = last + 2
     t0 = time.perf_counter()
     weights = M.random_weights(cfg, args.seed)
     rng = np.random.default_rng(args.seed + 1)
     prompt = rng.integers(0, cfg.vocab, (B, args.prompt)).astype(np.int32)
     arrays = M.numpy_inputs(cfg, weights, prompt[:, 0], 0, S)
     print(f"{model} weights in {time.perf_counter() - t0:.1f} s")
-    failures, generated = 0, []
-    for L in range(args.prompt + args.steps - 1):
+    failures, generated = 0, [[] for _ in range(B)]
+    for L in range(last + 1):  # L: the first sequence's position, the longest
+        position = np.maximum(L - lag, 0)  # a sequence not yet joined stays at 0
+        if args.ragged:
+            arrays["lengths"] = position.astype(np.int32)
         symbols = {"B": B, "L": L, "S": S}
         # The attention partials have one slot per attention split: they grow with L.
         shapes = M.tensor_shapes(cfg, B, L, S)
@@ -104,14 +119,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'equal' if same else 'differ (a near-tie)'}: {out['next_tokens'].tolist()}"
             )
         arrays["k_cache"], arrays["v_cache"] = out["k_cache"], out["v_cache"]
-        if L + 1 < args.prompt:
-            arrays["tokens"] = prompt[:, L + 1].copy()
-        else:
-            arrays["tokens"] = out["next_tokens"].copy()
-            generated.append(out["next_tokens"].copy())
-    tokens = np.stack(generated, axis=1) if generated else np.zeros((B, 0), np.int32)
+        tokens = arrays["tokens"].copy()
+        for b in range(B):
+            if L < lag[b]:  # not joined: its first prompt token at position 0 again
+                continue
+            nxt = position[b] + 1
+            if nxt < args.prompt:
+                tokens[b] = prompt[b, nxt]
+            else:
+                tokens[b] = out["next_tokens"][b]
+                generated[b].append(int(out["next_tokens"][b]))
+        arrays["tokens"] = tokens
     where = "simulator" if args.simulate else "GPU"
-    print(f"generated on the {where}: {tokens.tolist()}")
+    print(f"generated on the {where}: {[g[: args.steps] for g in generated]}")
     return 1 if failures else 0
 
 

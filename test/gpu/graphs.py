@@ -970,6 +970,17 @@ def llama_tiny_variants() -> dict:
             tma, tma_rotate_k=True, tma_prefetch=True
         ),
         "llama_tiny_buckets": buckets,
+        # Ragged batches (each sequence at its own position, LlamaConfig.ragged):
+        # the phased, online (spread splits) and TMA-fed tensor-core tiles (its
+        # ring started before the waits), three kernels in one artifact, and
+        # the B = 1 kernel with K and V copied before the waits.
+        "llama_tiny_ragged": dataclasses.replace(llama.TINY, ragged=True),
+        "llama_tiny_online_ragged": dataclasses.replace(online_spans, ragged=True),
+        "llama_tiny_mma_tma_ragged": dataclasses.replace(
+            mma_spans, attn_tma_prefetch=True, ragged=True, **tma_heads
+        ),
+        "llama_tiny_buckets_ragged": dataclasses.replace(buckets, ragged=True),
+        "llama_tiny_context_span_ragged": dataclasses.replace(context_span, ragged=True),
         "llama_tiny_context_buckets": context,
         "llama_tiny_context_span": context_span,
         "llama_tiny_context_slots": context_slots,

@@ -187,6 +187,50 @@ def test_argmax_takes_the_first_largest_logit(schedule: str, graph: str) -> None
         assert out.tolist()[5] == 8010
 
 
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize(
+    "variant", [name for name, cfg in llama_tiny_variants().items() if cfg.ragged]
+)
+def test_ragged_batch_matches_the_simulator(variant: str, schedule: str) -> None:
+    """A ragged batch (``LlamaConfig.ragged``): each sequence at its own
+    position, some at 0, one at the graph's L, against the simulator; each
+    sequence's cache row written at its own position, the rows before it
+    untouched."""
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"{variant}_{schedule}")
+    cfg = llama_tiny_variants()[variant]
+    graph = M.build_decoder_graph(cfg, name="llama_tiny")
+    weights = M.random_weights(cfg, seed=4)
+    rng = np.random.default_rng(6)
+    cases = [(3, 30), (17, 200), (2, 8), (1, 30)]
+    for b, lb, _ in cfg.kernel_configs():  # both sides of a context bound
+        if lb is not None:
+            cases += [(b or 1, lb), (b or 1, lb + 1)]
+    for B, L in cases:
+        lengths = rng.integers(0, L + 1, B)
+        lengths[rng.integers(0, B)] = L  # the graph's L is the longest
+        if B > 2:
+            lengths[rng.integers(0, B)] = 0
+        tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
+        arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2, seed=B + L, lengths=lengths)
+        simulated = etc.simulate(graph, arrays, {"B": B, "L": L, "S": L + 2})
+        bufs = _to_torch(arrays)
+        kernel.launch(bufs, {"B": B, "L": L, "S": L + 2})
+        kernel.check()
+        got, want = bf16_to_f32(_numpy(bufs["logits"])), bf16_to_f32(simulated["logits"])
+        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert err < 2e-2, (B, L, lengths, err)
+        for cache in ("k_cache", "v_cache"):
+            out = _numpy(bufs[cache])
+            for b, p in enumerate(lengths):
+                np.testing.assert_allclose(
+                    bf16_to_f32(out[:, b, :, p]),
+                    bf16_to_f32(simulated[cache][:, b, :, p]),
+                    rtol=0.05,
+                    atol=0.05,
+                )
+                np.testing.assert_array_equal(out[:, b, :, :p], arrays[cache][:, b, :, :p])
+
+
 def test_gemm_stamps_mark_every_part_in_order() -> None:
     """The tiny tma decoder with ``gemm_stamps`` at B = 70 (two row
     blocks): every part of every layer projection stamped its entry, its k

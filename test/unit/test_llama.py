@@ -335,7 +335,14 @@ def test_weights_in_bf16_match_the_reference_rounding():
     assert f32_to_bf16(np.float32(1.0)) == 0x3F80
 
 
-@pytest.mark.parametrize("schedule, flags", [("static", []), ("dynamic", ["--weight-chunk", "64"])])
+@pytest.mark.parametrize(
+    "schedule, flags",
+    [
+        ("static", []),
+        ("dynamic", ["--weight-chunk", "64"]),
+        ("static", ["--ragged", "--batch", "2"]),
+    ],
+)
 def test_example_decodes_in_the_simulator(schedule, flags):
     import subprocess
     import sys
@@ -348,8 +355,10 @@ def test_example_decodes_in_the_simulator(schedule, flags):
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    # L = 0..8 crosses TINY's 8-token attention chunk: the partials grow.
-    assert done.stdout.count("ok   L=") == 9 and "FAIL" not in done.stdout
+    # L = 0..8 crosses TINY's 8-token attention chunk: the partials grow (one
+    # step more for the ragged batch's second sequence, joining a step late).
+    steps = 10 if "--ragged" in flags else 9
+    assert done.stdout.count("ok   L=") == steps and "FAIL" not in done.stdout
 
 
 def _planning_kernel(directory, monkeypatch):
@@ -1811,6 +1820,121 @@ def test_single_tiers_give_each_context_kernel_its_split_count():
     with pytest.raises(etc.GraphError, match=r"attn_phased_span=8: at L = 8 the 1 splits of at "
                        r"most 8 positions do not hold the 9 positions \(L <= 15\)"):  # fmt: skip
         dataclasses.replace(TINY_TIERS, attn_single_tiers=((47, 16, 3),))
+
+
+# -- ragged batches (LlamaConfig.ragged) ------------------------------------------------
+
+
+def _alone(cfg, arrays, b: int, L: int) -> dict:
+    """Sequence ``b`` of a ragged batch's ``arrays`` decoded alone at its
+    position ``L`` (the unragged graph of ``cfg``, B = 1)."""
+    plain = dataclasses.replace(cfg, ragged=False)
+    S = arrays["rope"].shape[0]
+    one = M.numpy_inputs(plain, M.random_weights(plain, seed=3), arrays["tokens"][b : b + 1], L, S)
+    for k in ("k_cache", "v_cache"):
+        one[k][...] = arrays[k][:, b : b + 1]
+    return etc.simulate(M.build_decoder_graph(plain), one, {"B": 1, "L": L, "S": S})
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_ragged_batch_decodes_each_sequence_at_its_own_position(schedule):
+    """LlamaConfig.ragged: each sequence at its own position (``lengths``),
+    the graph's L the longest. The step matches the numpy model, each
+    sequence's logits and cache are those of the sequence decoded alone at
+    its position (bit for bit: its splits past its position are empty), and
+    a batch at one position is the unragged graph's step bit for bit."""
+    cfg = dataclasses.replace(CFG, ragged=True)
+    g = M.build_decoder_graph(cfg)
+    assert M.tensor_shapes(cfg, 3, 20, 23)["lengths"] == ((3,), "i32")
+    weights = M.random_weights(cfg, seed=3)
+    tokens = np.array([5, 77, 300], np.int32)
+    lengths = [7, 0, 20]
+    arrays = M.numpy_inputs(cfg, weights, tokens, 20, 23, lengths=lengths)
+    out = etc.simulate(g, arrays, {"B": 3, "L": 20, "S": 23}, schedule=schedule)
+    ref = M.reference_step(cfg, arrays, 20)
+    np.testing.assert_array_equal(bf16_to_f32(out["logits"]), ref["logits"])
+    for b, p in enumerate(lengths):
+        alone = _alone(cfg, arrays, b, p)
+        np.testing.assert_array_equal(out["logits"][b], alone["logits"][0])
+        np.testing.assert_array_equal(out["k_cache"][:, b], alone["k_cache"][:, 0])
+        # Only position p of the sequence's cache rows changed.
+        changed = np.flatnonzero((out["v_cache"][:, b] != arrays["v_cache"][:, b]).any((0, 1, 3)))
+        assert changed.tolist() == [p]
+    plain = M.numpy_inputs(CFG, weights, tokens, 20, 23)
+    uniform = M.numpy_inputs(cfg, weights, tokens, 20, 23)  # every sequence at L
+    want = etc.simulate(M.build_decoder_graph(CFG), plain, {"B": 3, "L": 20, "S": 23})
+    got = etc.simulate(g, uniform, {"B": 3, "L": 20, "S": 23})
+    for key in ("logits", "k_cache", "v_cache"):
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["llama_tiny_online_ragged", "llama_tiny_mma_tma_ragged", "llama_tiny_buckets_ragged",
+     "llama_tiny_context_span_ragged"],
+)  # fmt: skip
+def test_ragged_batch_on_every_attention_tile(variant):
+    """The online tile's spread splits, the TMA-fed tensor-core tile (its
+    ring started before the waits), three kernels in one artifact and the
+    B = 1 kernel with K and V copied before the waits: each kernel's ragged
+    step against the numpy model in the simulator, and its PTX through
+    ptxas (the positions' buffer before the TMA maps)."""
+    cfg = llama_tiny_variants()[variant]
+    weights = M.random_weights(cfg, seed=4)
+    for B, lb, kernel in cfg.kernel_configs():
+        B, L = (1, 30) if B == 1 else (3, 40 if lb is None else lb)
+        lengths = [L] if B == 1 else [L, 0, L // 2 + 1]
+        tokens = np.arange(B, dtype=np.int32) * 7
+        arrays = M.numpy_inputs(kernel, weights, tokens, L, L + 3, lengths=lengths)
+        g = M.build_decoder_graph(kernel)
+        out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 3})
+        ref = M.reference_step(kernel, arrays, L)
+        np.testing.assert_array_equal(bf16_to_f32(out["logits"]), ref["logits"])
+        attention = next(t for t in g.tasks if t.name == "attention").function
+        assert attention.params[-1 - len(attention.tensor_maps)] == "memref<?xi32>"
+        if attention.tensor_maps:  # the maps still read the caches (args 3 and 4)
+            assert sorted(src for src, *_ in attention.tensor_maps.values()) == [3, 4]
+    if variant == "llama_tiny_mma_tma_ragged":
+        assert "@attention__prefetch" in attention.source
+        for header in [ln for ln in attention.source.splitlines() if ln.startswith("func.func")]:
+            assert "%lens: memref<?xi32>, %kc_map" in header, header
+
+
+@needs_ptxas
+def test_ragged_batch_compiles_for_every_attention_tile():
+    for variant in ("llama_tiny_ragged", "llama_tiny_mma_tma_ragged", "llama_tiny_buckets_ragged",
+                    "llama_tiny_context_span_ragged", "llama_tiny_online_ragged"):  # fmt: skip
+        art = M.compile_decoder(llama_tiny_variants()[variant], "static")
+        leaves = art.leaves() if hasattr(art, "leaves") else [("", art)]
+        assert all(a.cubin is not None for _, a in leaves), variant
+
+
+def test_ragged_positions_are_checked_and_clamped():
+    """Positions past the graph's L are refused on the host, naming the
+    sequence; in the kernel (and the simulator) such a position is taken as
+    L, so no split outgrows its buffers."""
+    cfg = dataclasses.replace(CFG, ragged=True)
+    weights = M.random_weights(cfg, seed=3)
+    tokens = np.array([5, 77], np.int32)
+    with pytest.raises(etc.GraphError, match=r"lengths\[1\] = 21 is not in 0..L = 0..20"):
+        M.numpy_inputs(cfg, weights, tokens, 20, 23, lengths=[3, 21])
+    with pytest.raises(etc.GraphError, match="lengths: expected 2 integer positions"):
+        M.check_lengths([3, 4, 5], 2, 20)
+    with pytest.raises(etc.GraphError, match=r"lengths\[0\] = -1"):
+        M.check_lengths(np.array([-1, 4]), 2, 20)
+    with pytest.raises(etc.GraphError, match="lengths are a ragged batch's"):
+        M.numpy_inputs(CFG, weights, tokens, 20, 23, lengths=[3, 4])
+    with pytest.raises(etc.GraphError, match="context bucket L <= 8 changes ragged, but the "
+                       "kernels share their buffers"):  # fmt: skip
+        dataclasses.replace(CFG, context_buckets=((8, (("ragged", True),)), (None, ())))
+    arrays = M.numpy_inputs(cfg, weights, tokens, 20, 23, lengths=[20, 4])
+    past = {**arrays, "lengths": np.array([25, 4], np.int32)}  # written past the check
+    g = M.build_decoder_graph(cfg)
+    got = etc.simulate(g, past, {"B": 2, "L": 20, "S": 23})
+    want = etc.simulate(g, arrays, {"B": 2, "L": 20, "S": 23})
+    np.testing.assert_array_equal(got["logits"], want["logits"])
+    source = next(t for t in g.tasks if t.name == "attention").function.source
+    assert "%L = arith.minui %lens_i, %Lmax : index" in source
 
 
 # -- chunked layer weights (LlamaConfig.weight_chunk) ---------------------------------

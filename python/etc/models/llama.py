@@ -578,6 +578,14 @@ class LlamaConfig:
     #: ``(layers, 4, 1024 * ceil(B / 64), words)`` i64, row ``r`` of
     #: projection ``r`` of qkv, o_proj, gate/up, down (``bench/decode_trace.py``).
     gemm_stamps: bool = False
+    #: Sequences at their own positions (a ragged batch, as a serving engine
+    #: batches requests): the graph takes ``lengths`` ``(B,)`` i32, sequence
+    #: ``b``'s position (its cached tokens), and the symbol ``L`` is the
+    #: longest, which sizes the attention's splits and picks a context
+    #: bucket. Sequence ``b`` reads its RoPE row, writes its cache row and
+    #: attends over its positions ``0..lengths[b]`` (a position past ``L``
+    #: is taken as ``L``: :func:`check_lengths` refuses it on the host).
+    ragged: bool = False
     #: The phased attention's steps 2-4 as one pass of each warp over its
     #: own rows, the warps' states merged after one barrier
     #: (``llama.attention(one_pass=True)``): two barriers fewer.
@@ -994,7 +1002,7 @@ class LlamaConfig:
         for name in (
             "attn_tma_prefetch", "tma_rotate_k", "tma_epilogue_ahead", "attn_direct", "attn_stamps",
             "queue_ahead", "wait_memo", "weights_evict_first", "attn_kv_evict_first",
-            "gemv_whole_lines", "attn_one_pass", "gemm_stamps",
+            "gemv_whole_lines", "attn_one_pass", "gemm_stamps", "ragged",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
@@ -1488,7 +1496,7 @@ class LlamaConfig:
         # Every kernel takes the same buffers: the weights' layout, the split
         # counters and, within a batch bucket, the attention's split counts
         # (its partials' shape).
-        shared = {"weight_chunk", "attn_counters"} | (
+        shared = {"weight_chunk", "attn_counters", "ragged"} | (
             _SPLIT_FIELDS if field == "context_buckets" else set()
         )
         fields = {f.name for f in dataclasses.fields(self)} - {field, "max_batch", "max_context"}
@@ -1786,6 +1794,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.split_counters else {}),
         **({"attn_stamps": ((NL, B, KV, P, _stamp_words(cfg)), "i64")} if cfg.attn_stamps else {}),
         **({"gemm_stamps": (_gemm_stamps_shape(cfg, B), "i64")} if cfg.gemm_stamps else {}),
+        **({"lengths": ((B,), "i32")} if cfg.ragged else {}),
         **_split_tensors(cfg, B),
     }
 
@@ -1827,7 +1836,7 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
     from ..tiles.attention_mma import attention_mma
 
     shape = (cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, layers)
-    common = {"block_size": block_size, "spread": cfg.attn_spread}
+    common = {"block_size": block_size, "spread": cfg.attn_spread, "lengths": cfg.ragged}
     if cfg.attn_tile == "mma":
         return attention_mma(
             *shape, blocks=cfg.attn_unroll, pipeline=cfg.attention_pipeline,
@@ -1945,6 +1954,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             merge_unroll=cfg.attn_merge_unroll,
             stamps=cfg.attn_stamps,
             one_pass=cfg.attn_one_pass,
+            lengths=cfg.ragged,
         ),  # fmt: skip
         **(
             {}
@@ -2115,7 +2125,19 @@ def build_decoder_graph(
     layer_task(
         "attention",
         attn_grid,
-        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *counts, *fused_out, *stamps),
+        (
+            L,
+            "qkv",
+            "rope",
+            "k_cache",
+            "v_cache",
+            "opart",
+            "mpart",
+            *counts,
+            *fused_out,
+            *stamps,
+            *(("lengths",) if cfg.ragged else ()),
+        ),  # fmt: skip
         ev["qkv_done"],
         [ev["attended"]] + ([ev["combined"]] if ev["combined"] and cfg.direct_attention else []),
         "lbgs->l",
@@ -2365,7 +2387,7 @@ def _rmsnorm(h: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     half = x.shape[-1] // 2
     rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    c, s = np.concatenate([cos, cos]), np.concatenate([sin, sin])
+    c, s = np.concatenate([cos, cos], axis=-1), np.concatenate([sin, sin], axis=-1)
     return _r(x * c + rot * s)
 
 
@@ -2378,7 +2400,8 @@ def reference_step(
     holds the graph's weights (:func:`graph_weights`): with
     ``cfg.fold_norms`` the layer norms are folded into ``wqkv_folded`` and
     ``wgu_folded`` and each row is scaled after the product, as the graph
-    does."""
+    does. With ``cfg.ragged`` sequence ``b`` is at position
+    ``min(arrays["lengths"][b], L)``."""
     NL, NH, KV, D, II = cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
     G = NH // KV
     f = {
@@ -2388,7 +2411,8 @@ def reference_step(
     kc, vc = arrays["k_cache"].copy(), arrays["v_cache"].copy()
     tokens = arrays["tokens"].astype(np.int64)
     B = len(tokens)
-    cos, sin = np.split(arrays["rope"][L], 2)
+    at = np.minimum(arrays["lengths"], L) if cfg.ragged else np.full(B, L)
+    cos, sin = (x[:, None] for x in np.split(arrays["rope"][at], 2, axis=1))
     h = f["embed"][tokens]
 
     def normed_matmul(h: np.ndarray, slot: int, w: np.ndarray) -> np.ndarray:
@@ -2402,15 +2426,19 @@ def reference_step(
         q = _rope(qkv[:, : NH * D].reshape(B, NH, D), cos, sin)
         k = _rope(qkv[:, NH * D : (NH + KV) * D].reshape(B, KV, D), cos, sin)
         v = qkv[:, (NH + KV) * D :].reshape(B, KV, D)
-        kc[layer, :, :, L] = f32_to_bf16(k)
-        vc[layer, :, :, L] = f32_to_bf16(v)
-        keys = bf16_to_f32(kc[layer, :, :, : L + 1])  # (B, KV, L+1, D)
-        vals = bf16_to_f32(vc[layer, :, :, : L + 1])
         out = np.empty((B, NH, D), np.float32)
-        for hd in range(NH):
-            s = np.einsum("bd,bpd->bp", q[:, hd], keys[:, hd // G]) / np.float32(math.sqrt(D))
-            p = np.exp(s - s.max(axis=1, keepdims=True))
-            out[:, hd] = np.einsum("bp,bpd->bd", p / p.sum(axis=1, keepdims=True), vals[:, hd // G])
+        for b, p_b in enumerate(at):
+            kc[layer, b, :, p_b] = f32_to_bf16(k[b])
+            vc[layer, b, :, p_b] = f32_to_bf16(v[b])
+            keys = bf16_to_f32(kc[layer, b : b + 1, :, : p_b + 1])  # (1, KV, p_b + 1, D)
+            vals = bf16_to_f32(vc[layer, b : b + 1, :, : p_b + 1])
+            for hd in range(NH):
+                s = np.einsum("bd,bpd->bp", q[b : b + 1, hd], keys[:, hd // G])
+                s = s / np.float32(math.sqrt(D))
+                p = np.exp(s - s.max(axis=1, keepdims=True))
+                out[b, hd] = np.einsum(
+                    "bp,bpd->bd", p / p.sum(axis=1, keepdims=True), vals[:, hd // G]
+                )[0]
         attn = _r(out.reshape(B, NH * D))
         h = _r(_r(attn @ f["wo"][layer].T) + h)
         gu = normed_matmul(h, 2 * layer + 1, f["wgu"][layer])
@@ -2427,6 +2455,25 @@ def reference_step(
     }
 
 
+def check_lengths(lengths: Any, B: int, L: int) -> np.ndarray:
+    """A ragged batch's positions (``LlamaConfig.ragged``) as int32, after
+    checking them: ``B`` of them, each in ``0..L`` (the graph's ``L`` is the
+    longest). Raises GraphError naming ``lengths`` otherwise."""
+    at = np.asarray(lengths)
+    if at.shape != (B,) or not np.issubdtype(at.dtype, np.integer):
+        raise GraphError(
+            f"lengths: expected {B} integer positions (one a sequence), got shape "
+            f"{at.shape} of {at.dtype}"
+        )
+    if B and (at.min() < 0 or at.max() > L):
+        bad = int(np.flatnonzero((at < 0) | (at > L))[0])
+        raise GraphError(
+            f"lengths[{bad}] = {int(at[bad])} is not in 0..L = 0..{L}: L, the graph's "
+            "symbol, must be the longest sequence's position"
+        )
+    return at.astype(np.int32)
+
+
 def numpy_inputs(
     cfg: LlamaConfig,
     weights: Mapping[str, np.ndarray],
@@ -2434,10 +2481,14 @@ def numpy_inputs(
     L: int,
     S: int,
     seed: int = 1,
+    lengths: Any = None,
 ) -> dict[str, np.ndarray]:
     """Every graph tensor for a step at context ``L`` (capacity ``S``): the
     weights, ``tokens``, the rope table, caches holding random keys and
-    values at positions ``< L``, the rest zeroed (bf16 as uint16)."""
+    values at positions ``< L``, the rest zeroed (bf16 as uint16). With
+    ``cfg.ragged``, ``lengths`` (default: ``L`` for every sequence; checked
+    by :func:`check_lengths`) and the caches random below each sequence's
+    position only."""
     B = len(tokens)
     storage = {"bf16": np.uint16, "i32": np.int32, "i64": np.int64, "f32": np.float32}
     arrays = {
@@ -2452,6 +2503,13 @@ def numpy_inputs(
         arrays[k][:, :, :, :L] = f32_to_bf16(
             rng.standard_normal(arrays[k][:, :, :, :L].shape).astype(np.float32)
         )
+    if cfg.ragged:
+        at = check_lengths([L] * B if lengths is None else lengths, B, L)
+        arrays["lengths"][...] = at
+        for b, p in enumerate(at):
+            arrays["k_cache"][:, b, :, p:] = arrays["v_cache"][:, b, :, p:] = 0
+    elif lengths is not None:
+        raise GraphError("numpy_inputs: lengths are a ragged batch's (LlamaConfig.ragged)")
     return arrays
 
 
@@ -2465,13 +2523,20 @@ def torch_inputs(
     *,
     fill_cache: bool = True,
     seed: int = 1,
+    lengths: Any = None,
 ) -> dict[str, Any]:
     """Every graph tensor on ``device`` for a step at context ``L``: the
     (torch) weights shared, not copied, except that under ``cfg.fold_norms``
     raw ``wqkv``/``wgu`` are folded into new tensors on every call (pass
     :func:`graph_weights`' result to fold once); caches random at positions
-    ``< L`` when ``fill_cache``; tokens random; the rest zeroed."""
+    ``< L`` when ``fill_cache``; tokens random; the rest zeroed. With
+    ``cfg.ragged``, ``lengths`` (default ``L`` for every sequence, checked by
+    :func:`check_lengths`)."""
     import torch
+
+    at = check_lengths([L] * B if lengths is None else lengths, B, L) if cfg.ragged else None
+    if lengths is not None and at is None:
+        raise GraphError("torch_inputs: lengths are a ragged batch's (LlamaConfig.ragged)")
 
     weights = graph_weights(cfg, weights)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -2484,6 +2549,8 @@ def torch_inputs(
         else:
             out[name] = torch.zeros(shape, dtype=torch_dtype(dt), device=device)
     out["tokens"].random_(0, cfg.vocab, generator=gen)
+    if at is not None:
+        out["lengths"].copy_(torch.from_numpy(at))
     if fill_cache and L:
         for k in ("k_cache", "v_cache"):
             out[k][:, :, :, :L].normal_(generator=gen)

@@ -211,3 +211,49 @@ def fixed_reference(values: np.ndarray) -> np.ndarray:
 def unfixed_reference(values: np.ndarray) -> np.ndarray:
     """numpy's :func:`from_fixed`: fixed-point i64 to f32."""
     return np.asarray(values).astype(np.float32) * np.float32(2.0**-SUM_BITS)
+
+
+#: Sequence positions (``lengths=True`` attention tiles): ``lens[b]`` is
+#: sequence ``b``'s position, the graph's ``L`` the longest.
+LENGTHS_TYPE = "memref<?xi32>"
+
+
+def with_lengths(source: str, name: str) -> str:
+    """An attention tile's text for sequences at their own positions:
+    ``@<name>`` and ``@<name>__prefetch`` take the graph's ``L`` as ``%Lmax``
+    and the positions as a last buffer ``%lens`` (before any tensor map),
+    and define ``%L``, sequence ``%b``'s position, as ``min(lens[b], Lmax)``
+    (a position past the graph's ``L`` would outgrow the splits it sized)."""
+    headers = (f"func.func @{name}(", f"func.func @{name}__prefetch(")
+    lines = source.splitlines(keepends=True)
+    changed = 0
+    for i, line in enumerate(lines):
+        if not line.startswith(headers):
+            continue
+        head, brace = line.rstrip().rsplit(") {", 1)
+        assert head.count("%L: index, ") == 1 and not brace, line
+        head = head.replace("%L: index, ", "%Lmax: index, ", 1)
+        at = head.find(", %kc_map: ")
+        at = len(head) if at < 0 else at
+        lines[i] = (
+            f"{head[:at]}, %lens: {LENGTHS_TYPE}{head[at:]}) {{\n"
+            f"  %lens_b = memref.load %lens[%b] : {LENGTHS_TYPE}\n"
+            "  %lens_i = arith.index_cast %lens_b : i32 to index\n"
+            "  %L = arith.minui %lens_i, %Lmax : index\n"
+        )
+        changed += 1
+    assert changed, f"no function @{name} in the source"
+    return "".join(lines)
+
+
+def lengths_reference(reference, at: int):
+    """``reference`` (coordinates ``l, b, g, s``, then ``L``, then buffers)
+    for :func:`with_lengths`' tile, whose argument ``at`` is the positions:
+    sequence ``b`` at ``min(lens[b], L)``."""
+
+    def ragged(*args):
+        b, L, lens = args[1], args[4], args[at]
+        position = min(int(lens[b]), int(L))
+        return reference(*args[:4], position, *args[5:at], *args[at + 1 :])
+
+    return ragged

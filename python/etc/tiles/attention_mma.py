@@ -196,6 +196,7 @@ def attention_mma(
     kv_evict_first: bool = False,
     combine: bool = False,
     merge_unroll: int = 1,
+    lengths: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -265,7 +266,11 @@ def attention_mma(
     ``kv_evict_first`` (with ``"tma"``): the ring's K and V boxes carry an
     L2 evict-first policy (``.L2::cache_hint``): a step reads each cached
     row once, so it need not push out of the L2 what the kernel wrote and
-    reads again (which would then be written back to the HBM)."""
+    reads again (which would then be written back to the HBM).
+
+    ``lengths``: sequences at their own positions (a ragged batch), as
+    :func:`etc.tiles.llama.attention`'s option: ``lens: memref<?xi32>``
+    after the stamps (before the maps)."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -879,15 +884,18 @@ func.func @{name}({args}) {{
 
     # 4 coordinates, the buffers (the maps are not read)
     nargs = 11 + combine + (direct or combine)
-    if pipeline != "tma" and not stamps:
-        return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
-    # The stamps and the maps are not the reference's.
-    fn = DeviceFunction.from_mlir(
-        source, name, lambda *a, n=nargs: reference(*a[:n]), block_size=block_size
-    )
+    read = reference
+
+    def reference(*args, n=nargs):  # the stamps, positions and maps are not read
+        return read(*args[:n])
+
+    if lengths:
+        source = _text.with_lengths(source, name)
+        reference = _text.lengths_reference(reference, nargs + stamps)
+    fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     if pipeline != "tma":
         return fn
-    nargs += stamps
+    nargs += stamps + lengths
     # Arguments after the coordinates: L, qkv, rope, kc (3), vc (4), op, mp,
     # [attn,] then the maps.
     first_map = nargs - 4

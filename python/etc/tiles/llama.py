@@ -435,6 +435,7 @@ def attention(
     merge_unroll: int = 1,
     stamps: bool = False,
     one_pass: bool = False,
+    lengths: bool = False,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -510,6 +511,13 @@ def attention(
     ``stamps`` (a measuring aid, off in every kernel) adds a last argument
     ``stamps: memref<?x?x?x?x14xi64>`` (indexed ``[l, b, g, s]``) into which
     thread 0 writes its clock at :data:`PHASED_STAMPS`' points.
+
+    ``lengths``: sequences at their own positions (a ragged batch). A last
+    argument ``lens: memref<?xi32>`` holds them, and sequence ``b`` takes
+    position ``min(lens[b], L)`` wherever the tile reads ``L``: its RoPE row,
+    the cache row it writes and the positions its splits share. The
+    graph's ``L`` is the longest and sizes the splits, so a shorter
+    sequence's trailing splits are empty (:func:`etc.tiles._text.with_lengths`).
 
     ``prefetch_kv`` (with ``stage_kv``): those copies move into the tile's
     prefetch function ``@<name>__prefetch``, which the kernel runs before the
@@ -1083,6 +1091,9 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 
     if prefetch_kv:
         source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
+    if lengths:  # the positions' buffer after the cnt and attn, and stamps
+        source = _text.with_lengths(source, name)
+        reference = _text.lengths_reference(reference, 11 + 2 * combine + stamps)
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = prefetch_kv is True
     return fn
@@ -1228,6 +1239,7 @@ def attention_online(
     name: str = "attention",
     block_size: int = 256,
     spread: bool = False,
+    lengths: bool = False,
 ) -> DeviceFunction:
     """:func:`attention`'s tile ``(l, b, g, s)`` with the same arguments,
     outputs and numpy reference, as one pass per warp (an online softmax)
@@ -1568,6 +1580,9 @@ func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {
 }}
 """
     split = _split_reference(name, chunk, spread, align, NH, KV, D)
+    if lengths:
+        source = _text.with_lengths(source, name)
+        split = _text.lengths_reference(split, 11)
     return DeviceFunction.from_mlir(source, name, split, block_size=block_size)
 
 
