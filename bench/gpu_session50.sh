@@ -5,9 +5,12 @@
 # (bench/meeting_proto.cu), and session 49's unreturned one-pass trace. No device
 # was lent in the fiftieth session: a later session runs this. Each step's
 # CPU-side build is in its comment.
-# Every CPU-side build at once (~2 minutes here; ~30 MB, carry .device/s50):
-#   python test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_context
-#   python test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_tma_gemm_stamps
+# Every CPU-side build (~3 minutes here). The tiny test artifacts take ~28 MB
+# and the rest ~32, so carry .device/s50/art in one call and the others in
+# another (the carry limit is 64 MiB):
+#   for p in llama_tiny_context llama_tiny_tma_gemm_stamps llama_tiny_ragged \
+#     llama_tiny_online_ragged llama_tiny_mma_tma_ragged llama_tiny_buckets_ragged; do
+#     python test/gpu/make_artifacts.py .device/s50/art --only $p; done
 #   DECODE_SWEEP_VARIANTS=default,b1_tiers,ragged python bench/decode_sweep.py --build .device/s50/sweep
 #   DECODE_TRACE_VARIANTS=default,b1_one_pass python bench/decode_trace.py --build .device/s50/tr
 #   DECODE_TRACE_VARIANTS=default,stamps_large python bench/decode_trace.py --build .device/s50/st
@@ -20,11 +23,11 @@ mkdir -p /tmp/s50
 for step in ${*:-tests}; do
   case $step in
   tests)  # the tiny decoder split by context three ways, its B = 1 split count
-    # tiered by L, and the tma decoder with its parts stamped (python
-    # test/gpu/make_artifacts.py .device/s50/art --only llama_tiny_context, then
-    # --only llama_tiny_tma_gemm_stamps)
-    ETC_ARTIFACTS=.device/s50/art timeout 300 python -m pytest -q -rfs --tb=short \
-      test/gpu/test_llama_gpu.py -k "context or gemm_stamps" 2>&1 | tee -a "$OUT/tests.txt" | tail -6
+    # tiered by L; the tma decoder with its parts stamped; the ragged batches
+    # on every attention tile (the artifacts above)
+    ETC_ARTIFACTS=.device/s50/art timeout 400 python -m pytest -q -rfs --tb=short \
+      test/gpu/test_llama_gpu.py -k "context or gemm_stamps or ragged" 2>&1 \
+      | tee -a "$OUT/tests.txt" | tail -8
     ;;
   tiers)  # B = 1 at L = 512..2048, the default against nine splits of up to 128
     # positions at L = 576..1151 only (DECODE_SWEEP_VARIANTS=default,b1_tiers python
