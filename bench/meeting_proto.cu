@@ -38,7 +38,13 @@
 //      cluster (down's 8 in D2 and D4) meets again through the L2 between
 //      its groups' leaders.
 // Reported: the launch's median (cuda_timing.h), µs per layer, and the
-// weights' rate against the copy bandwidth measured in the same run.
+// weights' rate against the copy bandwidth measured in the same run. Then the
+// latency of one meeting alone (`ping`): two CTAs, 1000 rounds in which CTA 1
+// hands 16 KB of accumulators to CTA 0 (through the L2 with a release add
+// and an acquire poll, or in a cluster of 2 through its own shared memory
+// and a remote mbarrier arrive), CTA 0 reads and adds them and hands the
+// buffer back the same way: µs a round, a part's hand-over and its return.
+// The same two round trips bound B = 1's attention merge (item 238).
 //
 // Build and run (H200): nvcc -O3 -gencode arch=compute_90a,code=sm_90a
 // bench/meeting_proto.cu -o /tmp/mt && /tmp/mt
@@ -395,6 +401,78 @@ __global__ void __launch_bounds__(THREADS, 2) projections(Args a) {
     cluster_sync(); // no peer still reads this CTA's memory or arrives here
 }
 
+// One hand-over a round between CTA 1 (the part) and CTA 0 (the leader).
+template <bool CLUSTER>
+__global__ void __launch_bounds__(THREADS, 1) ping(float *slot, unsigned *flags, int rounds,
+                                                   float *sink) {
+  __shared__ __align__(16) float4 mine[1024]; // 16 KB of accumulators
+  __shared__ __align__(8) unsigned long long met, freed;
+  const unsigned rank = CLUSTER ? cluster_rank() : blockIdx.x;
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&met)));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&freed)));
+    asm volatile("fence.mbarrier_init.release.cluster;");
+  }
+  if (CLUSTER)
+    cluster_sync();
+  else
+    __syncthreads();
+  float acc = 0.f;
+  for (int r = 0; r < rounds; ++r) {
+    if (rank == 1) { // store, hand over, wait for the buffer to come back
+      float4 v = make_float4(r, acc, 1.f, 2.f);
+      for (int j = threadIdx.x; j < 1024; j += THREADS) {
+        if (CLUSTER)
+          mine[j] = v;
+        else
+          reinterpret_cast<float4 *>(slot)[j] = v;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (CLUSTER) {
+          arrive_remote(peer_addr(smem_addr(&met), 0));
+          wait_parity(smem_addr(&freed), r & 1);
+        } else {
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flags) : "memory");
+          unsigned seen;
+          do
+            asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(flags + 1) : "memory");
+          while (seen < unsigned(r + 1));
+        }
+      }
+      __syncthreads();
+    } else if (rank == 0) { // wait, read and add, hand back
+      if (threadIdx.x == 0) {
+        if (CLUSTER) {
+          wait_parity(smem_addr(&met), r & 1);
+        } else {
+          unsigned seen;
+          do
+            asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(flags) : "memory");
+          while (seen < unsigned(r + 1));
+        }
+      }
+      __syncthreads();
+      for (int j = threadIdx.x; j < 1024; j += THREADS) {
+        float4 v = CLUSTER ? load_remote(peer_addr(smem_addr(&mine[j]), 1))
+                           : load_l2(slot + 4 * j);
+        acc += v.x + v.y;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (CLUSTER)
+          arrive_remote(peer_addr(smem_addr(&freed), 1));
+        else
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flags + 1) : "memory");
+      }
+    }
+  }
+  if (CLUSTER)
+    cluster_sync();
+  if (acc == 1.2345e-30f)
+    sink[0] = acc;
+}
+
 template <int C, int N> void prepare(size_t smem) {
   CHECK(cudaFuncSetAttribute(projections<C, N>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -498,5 +576,32 @@ int main() {
                   pass + 1, r.name, us, us / LAYERS, total / (us * 1e-6) / 1e12,
                   100 * total / (us * 1e-6) / 1e12 / bw);
     }
+  // One meeting alone: 1000 hand-overs of 16 KB and back, two CTAs.
+  const int rounds = 1000;
+  unsigned *flags;
+  CHECK(cudaMalloc(&flags, 8));
+  for (int cluster : {0, 1}) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(2);
+    cfg.blockDim = dim3(THREADS);
+    cfg.attrs = attr;
+    cfg.numAttrs = cluster;
+    float us = median_us([&] {
+      CHECK(cudaMemset(flags, 0, 8));
+      if (cluster)
+        CHECK(cudaLaunchKernelEx(&cfg, ping<true>, parts, flags, rounds, (float *)out));
+      else
+        CHECK(cudaLaunchKernelEx(&cfg, ping<false>, parts, flags, rounds, (float *)out));
+    });
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::printf("ping  %-26s %6.3f us a round (16 KB handed over and back)\n",
+                cluster ? "shared memory, cluster of 2" : "L2, two CTAs", us / rounds);
+  }
   return 0;
 }
