@@ -5,17 +5,7 @@
 # (bench/meeting_proto.cu), and session 49's unreturned one-pass trace. No device
 # was lent in the fiftieth session: a later session runs this. Each step's
 # CPU-side build is in its comment.
-# Every CPU-side build (~3 minutes here). The tiny test artifacts take ~28 MB
-# and the rest ~32, so carry .device/s50/art in one call and the others in
-# another (the carry limit is 64 MiB):
-#   for p in llama_tiny_context llama_tiny_tma_gemm_stamps llama_tiny_ragged \
-#     llama_tiny_online_ragged llama_tiny_mma_tma_ragged llama_tiny_buckets_ragged; do
-#     python test/gpu/make_artifacts.py .device/s50/art --only $p; done
-#   DECODE_SWEEP_VARIANTS=default,b1_tiers,ragged python bench/decode_sweep.py --build .device/s50/sweep
-#   DECODE_TRACE_VARIANTS=default,b1_one_pass python bench/decode_trace.py --build .device/s50/tr
-#   DECODE_TRACE_VARIANTS=default,stamps_large python bench/decode_trace.py --build .device/s50/st
-#   python bench/decode_trace.py --build .device/s50/dyn
-#   python bench/decode.py --build .device/s50/dec
+# The CPU-side builds: bash bench/gpu_session50_build.sh (carry .device/s50, 58 MB).
 # Usage: bash bench/gpu_session50.sh [tests] [tiers] [trace] [stamps] [ragged] [dyntrace] [meeting] [decbench] [warmup] [raw]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
