@@ -2046,6 +2046,8 @@ def build_decoder_graph(
     counts = ("attn_count",) if cfg.fuse_combine else ()
     fused_out = ("attn",) if cfg.fuse_combine or cfg.direct_attention else ()
     stamps = ("attn_stamps",) if cfg.attn_stamps else ()
+    positions = ("lengths",) if cfg.ragged else ()  # a ragged batch's
+    attn_extras = (*counts, *fused_out, *stamps, *positions)
     # 1 past one split, else 0 with direct attention (a single split wrote the
     # output itself): the factor of the combine's grid and count.
     combines = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
@@ -2125,19 +2127,7 @@ def build_decoder_graph(
     layer_task(
         "attention",
         attn_grid,
-        (
-            L,
-            "qkv",
-            "rope",
-            "k_cache",
-            "v_cache",
-            "opart",
-            "mpart",
-            *counts,
-            *fused_out,
-            *stamps,
-            *(("lengths",) if cfg.ragged else ()),
-        ),  # fmt: skip
+        (L, "qkv", "rope", "k_cache", "v_cache", "opart", "mpart", *attn_extras),
         ev["qkv_done"],
         [ev["attended"]] + ([ev["combined"]] if ev["combined"] and cfg.direct_attention else []),
         "lbgs->l",
