@@ -992,6 +992,9 @@ L = 1024
 if os.environ.get("DECODE_SWEEP_CONTEXT"):
     L = int(os.environ["DECODE_SWEEP_CONTEXT"])
 CALLS = 10
+#: ``DECODE_SWEEP_RAGGED=random``: ragged variants (``LlamaConfig.ragged``)
+#: run at random positions up to L instead of every sequence at L.
+RAGGED = os.environ.get("DECODE_SWEEP_RAGGED", "")
 
 
 def config(name: str) -> M.LlamaConfig:
@@ -1009,6 +1012,7 @@ def build(out: Path) -> None:
 
 
 def run(artifacts: Path, out: Path | None, reps: int) -> None:
+    import numpy as np
     import torch
 
     import etc.runtime
@@ -1018,9 +1022,20 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
     weights = M.random_weights_torch(BASE)
     rows = []
     for B in BATCHES:
-        floor = (M.weight_bytes(BASE) + M.kv_bytes(BASE, B, L)) / copy_bps * 1e6
+        # A ragged variant's positions: every sequence at L, or with
+        # DECODE_SWEEP_RAGGED=random uniform in 0..L (one at L), the same for
+        # every variant of this B; its floor reads only their cache rows.
+        lengths = np.full(B, L)
+        if RAGGED == "random":
+            lengths = np.random.default_rng(B).integers(0, L + 1, B)
+            lengths[0] = L
         for name in VARIANTS:
-            bufs = M.torch_inputs(config(name), weights, B, L, L + 1)
+            ragged = config(name).ragged
+            cached = int(lengths.sum()) if ragged else B * L
+            floor = (M.weight_bytes(BASE) + M.kv_bytes(BASE, 1, cached)) / copy_bps * 1e6
+            bufs = M.torch_inputs(
+                config(name), weights, B, L, L + 1, lengths=lengths if ragged else None
+            )
             with torch.no_grad():
                 want = M.torch_decode_step(config(name), bufs, L).clone()
             logits = bufs["logits"].float()

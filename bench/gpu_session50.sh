@@ -49,6 +49,10 @@ for step in ${*:-tests}; do
     # at L) at B = 1, 8, 32, 64 (DECODE_SWEEP_VARIANTS=default,ragged python
     # bench/decode_sweep.py --build .device/s50/sweep): expected even
     SWEEP_TMP=/tmp/s50 sweep_passes s50_ragged default,ragged 1,8,32,64 1024,4096 .device/s50/sweep
+    # ... and the ragged kernels at random positions up to L (one at L; the floor
+    # reads their rows only), checked against torch_decode_step's ragged path
+    DECODE_SWEEP_RAGGED=random SWEEP_TMP=/tmp/s50 SWEEP_PASSES=1 \
+      sweep_passes s50_ragged_random ragged 8,32,64 1024,4096 .device/s50/sweep
     ;;
   dyntrace)  # B = 1 and 8, L = 1024 traced under both schedules: where the dynamic
     # schedule's 1.1-1.2x goes (the last dynamic traces are the eleventh session's;

@@ -2714,14 +2714,26 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     (:func:`torch_inputs`), so the layer norms apply no weight. ``k_cache``
     and ``v_cache`` may also be lists of one cache a layer (what
     ``torch.compile`` updates in place: a layer's slice of one buffer it
-    rewrites whole)."""
+    rewrites whole). With ``cfg.ragged`` sequence ``b`` is at position
+    ``min(lengths[b], L)``: its RoPE row and cache row, and a mask over the
+    positions past it."""
     import torch
     import torch.nn.functional as F
 
     NH, KV, D, II = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
     B = t["tokens"].shape[0]
-    cos, sin = t["rope"][L].to(torch.bfloat16).chunk(2)
-    cos, sin = torch.cat([cos, cos]), torch.cat([sin, sin])
+    mask = None
+    if cfg.ragged:  # per sequence: (B, D) rows, a (B, 1, 1, L + 1) mask
+        at = t["lengths"].long().clamp(max=L)
+        cos, sin = t["rope"][at].to(torch.bfloat16).chunk(2, dim=-1)
+        positions = torch.arange(L + 1, device=at.device)
+        mask = (positions[None, :] <= at[:, None])[:, None, None, :]
+    else:
+        cos, sin = t["rope"][L].to(torch.bfloat16).chunk(2)
+    cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    # q is (B, NH, 1, D) and k (B, KV, D): a sequence's row broadcast to each.
+    q_cs = (cos[:, None, None], sin[:, None, None]) if cfg.ragged else (cos, sin)
+    k_cs = (cos[:, None], sin[:, None]) if cfg.ragged else (cos, sin)
 
     def norm(h, w):
         hf = h.float()
@@ -2731,24 +2743,29 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     # fold_norms: the buffers' wqkv and wgu hold the layer norms' weights.
     layer_norms = None if cfg.fold_norms else t["norms"]
 
-    def rope(x):
+    def rope(x, cs):
         rot = torch.cat([-x[..., D // 2 :], x[..., : D // 2]], dim=-1)
-        return x * cos + rot * sin
+        return x * cs[0] + rot * cs[1]
 
     w = {k: _row_weight(cfg, t, k) for k in _CHUNKED}  # nn.Linear rows (copies if chunked)
     h = t["embed"][t["tokens"].long()]
     for layer in range(cfg.layers):
         x = norm(h, None if layer_norms is None else layer_norms[2 * layer])
         qkv = x @ w["wqkv"][layer].t()
-        q = rope(qkv[:, : NH * D].view(B, NH, 1, D))
-        k = rope(qkv[:, NH * D : (NH + KV) * D].view(B, KV, D))
+        q = rope(qkv[:, : NH * D].view(B, NH, 1, D), q_cs)
+        k = rope(qkv[:, NH * D : (NH + KV) * D].view(B, KV, D), k_cs)
         v = qkv[:, (NH + KV) * D :].view(B, KV, D)
         kc, vc = t["k_cache"][layer], t["v_cache"][layer]
-        kc[:, :, L] = k
-        vc[:, :, L] = v
+        if mask is None:
+            kc[:, :, L] = k
+            vc[:, :, L] = v
+        else:
+            rows = torch.arange(B, device=at.device)
+            kc[rows, :, at] = k
+            vc[rows, :, at] = v
         keys = kc[:, :, : L + 1]
         vals = vc[:, :, : L + 1]
-        o = F.scaled_dot_product_attention(q, keys, vals, enable_gqa=True)
+        o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=True)
         h = h + o.reshape(B, NH * D) @ w["wo"][layer].t()
         x = norm(h, None if layer_norms is None else layer_norms[2 * layer + 1])
         gu = x @ w["wgu"][layer].t()
