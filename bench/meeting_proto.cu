@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "cluster_ptx.h"
 #include "cuda_timing.h"
 
 constexpr int LAYERS = 16;
@@ -82,45 +83,6 @@ struct Args {
   int variant;
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void *p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void wait_parity(unsigned bar, unsigned parity) {
-  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.acquire."
-               "cluster.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
-__device__ __forceinline__ void expect(unsigned bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   bar),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void load(unsigned dst, const void *src, int bytes,
-                                     unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::"
-               "bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// `addr` (this CTA's shared memory) in the cluster's CTA `rank`.
-__device__ __forceinline__ unsigned peer_addr(unsigned addr, unsigned rank) {
-  unsigned out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(out)
-               : "r"(addr), "r"(rank));
-  return out;
-}
-__device__ __forceinline__ void arrive_remote(unsigned bar) {
-  asm volatile(
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void arrive_local(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar)
-               : "memory");
-}
 __device__ __forceinline__ float4 load_remote(unsigned addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
@@ -136,16 +98,6 @@ __device__ __forceinline__ float4 load_l2(const float *p) {
                : "l"(p)
                : "memory");
   return v;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
 }
 
 __device__ size_t layer_weight_bytes() {
@@ -169,22 +121,13 @@ __device__ float read_stage(const char *stage, int b_bytes) {
 // Thread 0: until every instance of the stage before (l, g) has ended.
 __device__ void wait_for_previous(const Args &a, int l, int g) {
   unsigned prev = l * PER_LAYER + g;
-  if (prev == 0)
-    return;
   const Stage &ps = c_stages[(g + PER_LAYER - 1) % PER_LAYER];
-  unsigned need = (a.epoch + 1) * ps.blocks * ps.parts, seen;
-  do {
-    asm volatile("ld.acquire.gpu.u32 %0, [%1];"
-                 : "=r"(seen)
-                 : "l"(a.counters + prev - 1)
-                 : "memory");
-  } while (seen < need);
+  if (prev)
+    wait_count(a.counters + prev - 1, (a.epoch + 1) * ps.blocks * ps.parts);
 }
 // Thread 0: an instance of stage (l, g) has ended.
 __device__ void done(const Args &a, int l, int g) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(
-                   a.counters + l * PER_LAYER + g)
-               : "memory");
+  count_one(a.counters + l * PER_LAYER + g);
 }
 
 // The CTA's accumulators: thread t holds n floats, float4 j of them at
@@ -433,11 +376,8 @@ __global__ void __launch_bounds__(THREADS, 1) ping(float *slot, unsigned *flags,
           arrive_remote(peer_addr(smem_addr(&met), 0));
           wait_parity(smem_addr(&freed), r & 1);
         } else {
-          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flags) : "memory");
-          unsigned seen;
-          do
-            asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(flags + 1) : "memory");
-          while (seen < unsigned(r + 1));
+          count_one(flags);
+          wait_count(flags + 1, r + 1);
         }
       }
       __syncthreads();
@@ -446,10 +386,7 @@ __global__ void __launch_bounds__(THREADS, 1) ping(float *slot, unsigned *flags,
         if (CLUSTER) {
           wait_parity(smem_addr(&met), r & 1);
         } else {
-          unsigned seen;
-          do
-            asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(flags) : "memory");
-          while (seen < unsigned(r + 1));
+          wait_count(flags, r + 1);
         }
       }
       __syncthreads();
@@ -463,7 +400,7 @@ __global__ void __launch_bounds__(THREADS, 1) ping(float *slot, unsigned *flags,
         if (CLUSTER)
           arrive_remote(peer_addr(smem_addr(&freed), 1));
         else
-          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flags + 1) : "memory");
+          count_one(flags + 1);
       }
     }
   }

@@ -51,6 +51,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cluster_ptx.h"
 #include "cuda_timing.h"
 
 constexpr int LAYERS = 16;
@@ -79,15 +80,6 @@ struct Args {
   int test_refill; // refill a slot once free, never waiting for it
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void *p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void wait_parity(unsigned bar, unsigned parity) {
-  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.acquire."
-               "cluster.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
 __device__ __forceinline__ bool is_free(unsigned bar, unsigned parity) {
   unsigned done;
   asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.acquire.cluster."
@@ -96,19 +88,6 @@ __device__ __forceinline__ bool is_free(unsigned bar, unsigned parity) {
                : "r"(bar), "r"(parity)
                : "memory");
   return done;
-}
-__device__ __forceinline__ void expect(unsigned bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   bar),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void load(unsigned dst, const void *src, int bytes,
-                                     unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::"
-               "bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 // `bytes` at `dst` (and its barrier `bar`) in both CTAs of the cluster.
 __device__ __forceinline__ void load_both(unsigned dst, const void *src,
@@ -119,22 +98,10 @@ __device__ __forceinline__ void load_both(unsigned dst, const void *src,
                : "memory");
 }
 __device__ __forceinline__ void arrive_both(unsigned bar) {
-  unsigned rank, peer;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(peer)
-               : "r"(bar), "r"(rank ^ 1));
   asm volatile("mbarrier.arrive.release.cluster.shared::cta.b64 _, [%0];" ::"r"(
                    bar)
                : "memory");
-  asm volatile(
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer)
-      : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
+  arrive_remote(peer_addr(bar, cluster_rank() ^ 1));
 }
 
 // Both rings' barriers (`empty` counting both CTAs' reads when coupled),
@@ -190,22 +157,13 @@ __device__ void give_back(unsigned bar, bool coupled) {
 // Thread 0: until every instance of the stage before (l, g) has ended.
 __device__ void wait_for_previous(const Args &a, int l, int g) {
   unsigned prev = l * PER_LAYER + g;
-  if (prev == 0)
-    return;
   const Stage &ps = c_stages[(g + PER_LAYER - 1) % PER_LAYER];
-  unsigned need = (a.epoch + 1) * ps.blocks * ps.parts, seen;
-  do {
-    asm volatile("ld.acquire.gpu.u32 %0, [%1];"
-                 : "=r"(seen)
-                 : "l"(a.counters + prev - 1)
-                 : "memory");
-  } while (seen < need);
+  if (prev)
+    wait_count(a.counters + prev - 1, (a.epoch + 1) * ps.blocks * ps.parts);
 }
 // Thread 0: an instance of stage (l, g) has ended.
 __device__ void done(const Args &a, int l, int g) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(
-                   a.counters + l * PER_LAYER + g)
-               : "memory");
+  count_one(a.counters + l * PER_LAYER + g);
 }
 
 // Instance i of stage g: its weight boxes (from w_at, the layer's first), and
