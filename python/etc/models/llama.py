@@ -2448,7 +2448,10 @@ def reference_step(
 def check_lengths(lengths: Any, B: int, L: int) -> np.ndarray:
     """A ragged batch's positions (``LlamaConfig.ragged``) as int32, after
     checking them: ``B`` of them, each in ``0..L`` (the graph's ``L`` is the
-    longest). Raises GraphError naming ``lengths`` otherwise."""
+    longest). Raises GraphError naming ``lengths`` otherwise. ``lengths``: a
+    sequence of ints, a numpy array or a torch tensor (on any device)."""
+    if hasattr(lengths, "detach"):  # a torch tensor: its values, on the host
+        lengths = lengths.detach().cpu().numpy()
     at = np.asarray(lengths)
     if at.shape != (B,) or not np.issubdtype(at.dtype, np.integer):
         raise GraphError(
