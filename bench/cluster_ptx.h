@@ -9,16 +9,17 @@ __device__ __forceinline__ unsigned smem_addr(const void *p) {
 }
 // Until the mbarrier at `bar` completes the phase of parity `parity`.
 __device__ __forceinline__ void wait_parity(unsigned bar, unsigned parity) {
-  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.acquire."
-               "cluster.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
-               "r"(parity)
-               : "memory");
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.acquire."
+      "cluster.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 __device__ __forceinline__ void expect(unsigned bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   bar),
-               "r"(bytes)
-               : "memory");
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+      "r"(bytes)
+      : "memory");
 }
 // `bytes` from `src` to this CTA's `dst`, counted on its barrier `bar`.
 __device__ __forceinline__ void load(unsigned dst, const void *src, int bytes,
