@@ -2467,6 +2467,17 @@ def check_lengths(lengths: Any, B: int, L: int) -> np.ndarray:
     return at.astype(np.int32)
 
 
+def _input_lengths(cfg: LlamaConfig, lengths: Any, B: int, L: int, caller: str) -> Any:
+    """The positions an input builder writes: ``lengths`` checked (default
+    ``L`` for every sequence) with ``cfg.ragged``, else None; ``lengths``
+    without ``cfg.ragged`` is refused, naming ``caller``."""
+    if cfg.ragged:
+        return check_lengths([L] * B if lengths is None else lengths, B, L)
+    if lengths is not None:
+        raise GraphError(f"{caller}: lengths are a ragged batch's (LlamaConfig.ragged)")
+    return None
+
+
 def numpy_inputs(
     cfg: LlamaConfig,
     weights: Mapping[str, np.ndarray],
@@ -2496,13 +2507,11 @@ def numpy_inputs(
         arrays[k][:, :, :, :L] = f32_to_bf16(
             rng.standard_normal(arrays[k][:, :, :, :L].shape).astype(np.float32)
         )
-    if cfg.ragged:
-        at = check_lengths([L] * B if lengths is None else lengths, B, L)
+    at = _input_lengths(cfg, lengths, B, L, "numpy_inputs")
+    if at is not None:
         arrays["lengths"][...] = at
         for b, p in enumerate(at):
             arrays["k_cache"][:, b, :, p:] = arrays["v_cache"][:, b, :, p:] = 0
-    elif lengths is not None:
-        raise GraphError("numpy_inputs: lengths are a ragged batch's (LlamaConfig.ragged)")
     return arrays
 
 
@@ -2527,9 +2536,7 @@ def torch_inputs(
     :func:`check_lengths`)."""
     import torch
 
-    at = check_lengths([L] * B if lengths is None else lengths, B, L) if cfg.ragged else None
-    if lengths is not None and at is None:
-        raise GraphError("torch_inputs: lengths are a ragged batch's (LlamaConfig.ragged)")
+    at = _input_lengths(cfg, lengths, B, L, "torch_inputs")
 
     weights = graph_weights(cfg, weights)
     gen = torch.Generator(device=device).manual_seed(seed)

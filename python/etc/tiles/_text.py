@@ -218,12 +218,15 @@ def unfixed_reference(values: np.ndarray) -> np.ndarray:
 LENGTHS_TYPE = "memref<?xi32>"
 
 
-def with_lengths(source: str, name: str) -> str:
-    """An attention tile's text for sequences at their own positions:
-    ``@<name>`` and ``@<name>__prefetch`` take the graph's ``L`` as ``%Lmax``
-    and the positions as a last buffer ``%lens`` (before any tensor map),
-    and define ``%L``, sequence ``%b``'s position, as ``min(lens[b], Lmax)``
-    (a position past the graph's ``L`` would outgrow the splits it sized)."""
+def with_lengths(source: str, name: str, reference, at: int):
+    """An attention tile for sequences at their own positions: ``(source,
+    reference)`` rewritten. ``@<name>`` and ``@<name>__prefetch`` take the
+    graph's ``L`` as ``%Lmax`` and the positions as a last buffer ``%lens``
+    (argument ``at``, before any tensor map), and define ``%L``, sequence
+    ``%b``'s position, as ``min(lens[b], Lmax)`` (a position past the
+    graph's ``L`` would outgrow the splits it sized); ``reference``
+    (coordinates ``l, b, g, s``, then ``L``, then buffers) reads it
+    likewise."""
     headers = (f"func.func @{name}(", f"func.func @{name}__prefetch(")
     lines = source.splitlines(keepends=True)
     changed = 0
@@ -233,27 +236,20 @@ def with_lengths(source: str, name: str) -> str:
         head, brace = line.rstrip().rsplit(") {", 1)
         assert head.count("%L: index, ") == 1 and not brace, line
         head = head.replace("%L: index, ", "%Lmax: index, ", 1)
-        at = head.find(", %kc_map: ")
-        at = len(head) if at < 0 else at
+        maps = head.find(", %kc_map: ")
+        maps = len(head) if maps < 0 else maps
         lines[i] = (
-            f"{head[:at]}, %lens: {LENGTHS_TYPE}{head[at:]}) {{\n"
+            f"{head[:maps]}, %lens: {LENGTHS_TYPE}{head[maps:]}) {{\n"
             f"  %lens_b = memref.load %lens[%b] : {LENGTHS_TYPE}\n"
             "  %lens_i = arith.index_cast %lens_b : i32 to index\n"
             "  %L = arith.minui %lens_i, %Lmax : index\n"
         )
         changed += 1
     assert changed, f"no function @{name} in the source"
-    return "".join(lines)
-
-
-def lengths_reference(reference, at: int):
-    """``reference`` (coordinates ``l, b, g, s``, then ``L``, then buffers)
-    for :func:`with_lengths`' tile, whose argument ``at`` is the positions:
-    sequence ``b`` at ``min(lens[b], L)``."""
 
     def ragged(*args):
         b, L, lens = args[1], args[4], args[at]
         position = min(int(lens[b]), int(L))
         return reference(*args[:4], position, *args[5:at], *args[at + 1 :])
 
-    return ragged
+    return "".join(lines), ragged

@@ -890,8 +890,7 @@ func.func @{name}({args}) {{
         return read(*args[:n])
 
     if lengths:
-        source = _text.with_lengths(source, name)
-        reference = _text.lengths_reference(reference, nargs + stamps)
+        source, reference = _text.with_lengths(source, name, reference, nargs + stamps)
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     if pipeline != "tma":
         return fn

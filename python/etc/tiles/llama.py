@@ -1092,8 +1092,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     if prefetch_kv:
         source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
     if lengths:  # the positions' buffer after the cnt and attn, and stamps
-        source = _text.with_lengths(source, name)
-        reference = _text.lengths_reference(reference, 11 + 2 * combine + stamps)
+        source, reference = _text.with_lengths(source, name, reference, 11 + 2 * combine + stamps)
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = prefetch_kv is True
     return fn
@@ -1581,8 +1580,7 @@ func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {
 """
     split = _split_reference(name, chunk, spread, align, NH, KV, D)
     if lengths:
-        source = _text.with_lengths(source, name)
-        split = _text.lengths_reference(split, 11)
+        source, split = _text.with_lengths(source, name, split, 11)
     return DeviceFunction.from_mlir(source, name, split, block_size=block_size)
 
 
