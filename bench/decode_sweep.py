@@ -979,6 +979,12 @@ VARIANTS["stamps_large"] = {"gemm_stamps": True}
 # ... and a ragged batch's kernels (each sequence at its own position; the
 # sweep runs every sequence at L): what reading the positions costs.
 VARIANTS["ragged"] = {"ragged": True}
+# ... and over a paged cache (LlamaConfig.page_size; fifty-first session):
+# pages of 128 (one TMA box a ring step) and of 16 (vLLM's default block;
+# eight boxes a step, a table lookup a row in the phased tile). The PyTorch
+# step runs on the contiguous cache, which is then dealt to random pages.
+VARIANTS["paged128"] = {"page_size": 128}
+VARIANTS["paged16"] = {"page_size": 16}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
@@ -1033,14 +1039,22 @@ def run(artifacts: Path, out: Path | None, reps: int) -> None:
             ragged = config(name).ragged
             cached = int(lengths.sum()) if ragged else B * L
             floor = (M.weight_bytes(BASE) + M.kv_bytes(BASE, 1, cached)) / copy_bps * 1e6
+            contiguous = dataclasses.replace(config(name), page_size=0)
             bufs = M.torch_inputs(
-                config(name), weights, B, L, L + 1, lengths=lengths if ragged else None
+                contiguous, weights, B, L, L + 1, lengths=lengths if ragged else None
             )
             with torch.no_grad():
-                want = M.torch_decode_step(config(name), bufs, L).clone()
+                want = M.torch_decode_step(contiguous, bufs, L).clone()
             logits = bufs["logits"].float()
             kernel = etc.runtime.load(artifacts / name)
             syms = {"B": B, "L": L, "S": L + 1}
+            page = config(name).page_size
+            if page:  # the same caches dealt to random pages
+                table = M.page_table(B, -(-(L + 1) // page))
+                for k in ("k_cache", "v_cache"):
+                    bufs[k] = M.to_pages(bufs[k], table, page)
+                bufs["block_table"] = torch.from_numpy(table).cuda()
+                syms.update(pages=table.size, max_pages=table.shape[1])
             kernel.launch(bufs, syms)
             kernel.check()
             agree = float((bufs["next_tokens"].long() == want).float().mean())

@@ -14,6 +14,7 @@ range; ``llama.compile_decoder`` saves all of them as one artifact, which
     python examples/llama_decode.py --simulate                 # tiny model, CPU
     python examples/llama_decode.py --simulate --schedule dynamic --batch 3 --steps 6
     python examples/llama_decode.py --simulate --ragged --batch 3  # sequences joining late
+    python examples/llama_decode.py --simulate --page-size 4   # a paged KV cache
     python examples/llama_decode.py --emit-ptx /tmp/llama.ptx  # Llama-3.2-1B PTX
     python examples/llama_decode.py --tiny                     # GPU, tiny model
     python examples/llama_decode.py --batch 4 --prompt 8       # GPU, Llama-3.2-1B
@@ -22,6 +23,12 @@ range; ``llama.compile_decoder`` saves all of them as one artifact, which
 joins ``b`` steps after the first, so the batch's sequences sit at different
 positions in every launch (until it joins, a sequence re-reads its first
 prompt token at position 0).
+
+``--page-size N`` keeps the KV cache in pages of ``N`` positions
+(``LlamaConfig.page_size``), dealt to the sequences at random through a
+block table that each step checks (``llama.check_block_table``). On the GPU
+Llama-3.2-1B's tensor-core attention copies 128 positions a box: ``N`` a
+multiple of 128.
 
 ``--simulate`` always uses the tiny configuration (``etc.models.llama.TINY``);
 on the GPU the default is Llama-3.2-1B with random weights (the numpy check
@@ -53,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error")
     p.add_argument("--no-check", dest="check", action="store_false")
     p.add_argument("--ragged", action="store_true", help="sequence b joins b steps late")
+    p.add_argument("--page-size", type=int, default=0, help="a paged KV cache (0: contiguous)")
     p.add_argument(
         "--weight-chunk", type=int, default=0,
         help="the layer projections read their weights in 8-row groups of this many k "
@@ -70,16 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     B = args.batch
     lag = np.arange(B) if args.ragged else np.zeros(B, np.int64)  # steps each joins late
     last = args.prompt + args.steps - 2 + int(lag.max())  # the last step's L
-    if args.ragged:
-        cfg = dataclasses.replace(cfg, ragged=True)
-    # The kernel for this batch size and the longest context it decodes
-    # (LlamaConfig.batch_buckets, context_buckets; a saved artifact of
-    # llama.compile_decoder holds them all and picks by B and L).
-    cfg = cfg.kernel_for(args.batch, last)
+    try:
+        cfg = dataclasses.replace(cfg, ragged=args.ragged, page_size=args.page_size)
+        # The kernel for this batch size and the longest context it decodes
+        # (LlamaConfig.batch_buckets, context_buckets; a saved artifact of
+        # llama.compile_decoder holds them all and picks by B and L).
+        cfg = cfg.kernel_for(args.batch, last)
+        g = M.build_decoder_graph(cfg)
+    except etc.EtcError as exc:  # a page size the tiles cannot take
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args.min_ctas_per_sm = 2
     if cfg.uses_tma:
         args.target = "sm_90a"  # wgmma and TMA
-    g = M.build_decoder_graph(cfg)
     done = compile_only(g, args)
     if done is not None:
         return done
@@ -96,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         position = np.maximum(L - lag, 0)  # a sequence not yet joined stays at 0
         if args.ragged:
             arrays["lengths"] = position.astype(np.int32)
-        symbols = {"B": B, "L": L, "S": S}
+        if cfg.page_size:  # what the kernel would clamp, refused on the host
+            pool = arrays["k_cache"].shape[1]
+            M.check_block_table(arrays["block_table"], cfg.page_size, pool, position)
+        symbols = M.step_symbols(cfg, arrays, L)
         # The attention partials have one slot per attention split: they grow with L.
         shapes = M.tensor_shapes(cfg, B, L, S)
         for name in ("opart", "mpart"):

@@ -981,6 +981,38 @@ def llama_tiny_variants() -> dict:
         ),
         "llama_tiny_buckets_ragged": dataclasses.replace(buckets, ragged=True),
         "llama_tiny_context_span_ragged": dataclasses.replace(context_span, ragged=True),
+        # A paged cache (LlamaConfig.page_size, pages dealt at random): pages
+        # of 8 positions (shorter than a split) under the phased tile, its K
+        # and V copied or asked into L2 before the waits, the online tile and
+        # the tensor-core tile's register and shared-memory pipelines; under
+        # its TMA ring pages of 128 (a box a step), with two kv heads an
+        # instance, and of 16 (8 boxes a step) with a ragged batch; three
+        # kernels in one artifact, ragged.
+        "llama_tiny_paged": dataclasses.replace(llama.TINY, page_size=8),
+        "llama_tiny_context_span_paged": dataclasses.replace(context_span, page_size=8),
+        "llama_tiny_attn_l2pf_paged": dataclasses.replace(
+            llama.TINY, attn_prefetch_kv="l2", page_size=8
+        ),
+        "llama_tiny_online_paged": dataclasses.replace(online_spans, page_size=8),
+        "llama_tiny_mma_pipeline_paged": dataclasses.replace(
+            mma_spans, attn_pipeline="registers", page_size=8
+        ),
+        "llama_tiny_mma_staged_paged": dataclasses.replace(
+            mma_spans,
+            attn_pipeline="smem",
+            head_dim=64,
+            heads=4,
+            kv_heads=2,
+            combine_group=4,
+            page_size=8,
+        ),  # fmt: skip
+        "llama_tiny_mma_tma_items_paged": dataclasses.replace(
+            mma_spans, attn_items=2, attn_tma_prefetch=True, page_size=128, **tma_heads
+        ),
+        "llama_tiny_mma_tma_paged_ragged": dataclasses.replace(
+            mma_spans, attn_tma_prefetch=True, ragged=True, page_size=16, **tma_heads
+        ),
+        "llama_tiny_buckets_paged_ragged": dataclasses.replace(buckets, ragged=True, page_size=8),
         "llama_tiny_context_buckets": context,
         "llama_tiny_context_span": context_span,
         "llama_tiny_context_slots": context_slots,

@@ -50,6 +50,12 @@ def _numpy(t) -> np.ndarray:
     return t.cpu().numpy()
 
 
+def _cache(cfg, arrays, cache: np.ndarray) -> np.ndarray:
+    """``cache`` (of a step over ``arrays``) as ``(layers, B, KV, positions, D)``:
+    a paged cache's view through the block table."""
+    return M.from_pages(cache, arrays["block_table"]) if cfg.page_size else cache
+
+
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("variant", list(llama_tiny_variants()))
 def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
@@ -82,9 +88,10 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
     for B, L, S in cases:
         tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
         arrays = M.numpy_inputs(cfg, weights, tokens, L, S, seed=B + L)
-        simulated = etc.simulate(graph, arrays, {"B": B, "L": L, "S": S})
+        symbols = M.step_symbols(cfg, arrays, L)
+        simulated = etc.simulate(graph, arrays, symbols)
         bufs = _to_torch(arrays)
-        kernel.launch(bufs, {"B": B, "L": L, "S": S})
+        kernel.launch(bufs, symbols)
         kernel.check()
         got, want = bf16_to_f32(_numpy(bufs["logits"])), bf16_to_f32(simulated["logits"])
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
@@ -92,11 +99,11 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         agree = np.mean(_numpy(bufs["next_tokens"]) == simulated["next_tokens"])
         assert agree >= 0.5, (B, L, agree)
         for cache in ("k_cache", "v_cache"):  # row L written, the rows before untouched
-            got, want = bf16_to_f32(_numpy(bufs[cache])), bf16_to_f32(simulated[cache])
+            out = _cache(cfg, arrays, _numpy(bufs[cache]))
+            got, want = bf16_to_f32(out), bf16_to_f32(_cache(cfg, arrays, simulated[cache]))
             np.testing.assert_allclose(got[:, :, :, L], want[:, :, :, L], rtol=0.05, atol=0.05)
-            np.testing.assert_array_equal(
-                _numpy(bufs[cache])[:, :, :, :L], arrays[cache][:, :, :, :L]
-            )
+            before = _cache(cfg, arrays, arrays[cache])[:, :, :, :L]
+            np.testing.assert_array_equal(out[:, :, :, :L], before)
 
 
 @pytest.mark.parametrize(
@@ -213,23 +220,25 @@ def test_ragged_batch_matches_the_simulator(variant: str, schedule: str) -> None
         rng.shuffle(lengths)
         tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
         arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2, seed=B + L, lengths=lengths)
-        simulated = etc.simulate(graph, arrays, {"B": B, "L": L, "S": L + 2})
+        symbols = M.step_symbols(cfg, arrays, L)
+        simulated = etc.simulate(graph, arrays, symbols)
         bufs = _to_torch(arrays)
-        kernel.launch(bufs, {"B": B, "L": L, "S": L + 2})
+        kernel.launch(bufs, symbols)
         kernel.check()
         got, want = bf16_to_f32(_numpy(bufs["logits"])), bf16_to_f32(simulated["logits"])
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
         assert err < 2e-2, (B, L, lengths, err)
         for cache in ("k_cache", "v_cache"):
-            out = _numpy(bufs[cache])
+            out = _cache(cfg, arrays, _numpy(bufs[cache]))
+            sim, before = (_cache(cfg, arrays, x[cache]) for x in (simulated, arrays))
             for b, p in enumerate(lengths):
                 np.testing.assert_allclose(
                     bf16_to_f32(out[:, b, :, p]),
-                    bf16_to_f32(simulated[cache][:, b, :, p]),
+                    bf16_to_f32(sim[:, b, :, p]),
                     rtol=0.05,
                     atol=0.05,
                 )
-                np.testing.assert_array_equal(out[:, b, :, :p], arrays[cache][:, b, :, :p])
+                np.testing.assert_array_equal(out[:, b, :, :p], before[:, b, :, :p])
 
 
 def test_gemm_stamps_mark_every_part_in_order() -> None:

@@ -341,6 +341,7 @@ def test_weights_in_bf16_match_the_reference_rounding():
         ("static", []),
         ("dynamic", ["--weight-chunk", "64"]),
         ("static", ["--ragged", "--batch", "2"]),
+        ("dynamic", ["--page-size", "4", "--ragged", "--batch", "2"]),
     ],
 )
 def test_example_decodes_in_the_simulator(schedule, flags):
@@ -359,6 +360,20 @@ def test_example_decodes_in_the_simulator(schedule, flags):
     # step more for the ragged batch's second sequence, joining a step late).
     steps = 10 if "--ragged" in flags else 9
     assert done.stdout.count("ok   L=") == steps and "FAIL" not in done.stdout
+
+
+def test_example_refuses_a_page_size_naming_it():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "llama_decode.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--simulate", "--page-size", "6"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "page_size=6 must be a power of two" in done.stderr
 
 
 def _planning_kernel(directory, monkeypatch):
@@ -1935,6 +1950,158 @@ def test_ragged_positions_are_checked_and_clamped():
     np.testing.assert_array_equal(got["logits"], want["logits"])
     source = next(t for t in g.tasks if t.name == "attention").function.source
     assert "%L = arith.minui %lens_i, %Lmax : index" in source
+
+
+# -- paged caches (LlamaConfig.page_size) -------------------------------------------------
+
+PAGED_VARIANTS = [name for name, cfg in llama_tiny_variants().items() if cfg.page_size]
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_paged_cache_decodes_as_the_contiguous_one(schedule):
+    """LlamaConfig.page_size: the caches a pool of pages dealt at random
+    through a block table. The step matches the numpy model and is the
+    contiguous graph's step bit for bit (the same values moved to pages);
+    it writes exactly one row of the pool a sequence and layer, in the page
+    the table names for position L."""
+    cfg = dataclasses.replace(CFG, page_size=8)
+    shapes = M.tensor_shapes(cfg, 3, 20, 23)
+    assert shapes["k_cache"] == ((CFG.layers, 9, CFG.kv_heads, 8, CFG.head_dim), "bf16")
+    assert shapes["block_table"] == ((3, 3), "i32")
+    weights = M.random_weights(cfg, seed=3)
+    tokens = np.array([5, 77, 300], np.int32)
+    arrays = M.numpy_inputs(cfg, weights, tokens, 20, 23)
+    table = arrays["block_table"]
+    assert sorted(table.reshape(-1).tolist()) == list(range(9))  # every page dealt once
+    symbols = M.step_symbols(cfg, arrays, 20)
+    assert symbols == {"B": 3, "L": 20, "S": 23, "pages": 9, "max_pages": 3}
+    out = etc.simulate(M.build_decoder_graph(cfg), arrays, symbols, schedule=schedule)
+    ref = M.reference_step(cfg, arrays, 20)
+    np.testing.assert_array_equal(bf16_to_f32(out["logits"]), ref["logits"])
+    plain = M.numpy_inputs(CFG, weights, tokens, 20, 23)
+    want = etc.simulate(M.build_decoder_graph(CFG), plain, {"B": 3, "L": 20, "S": 23})
+    np.testing.assert_array_equal(out["logits"], want["logits"])
+    for key in ("k_cache", "v_cache"):
+        np.testing.assert_array_equal(ref[key], out[key])
+        view = M.from_pages(out[key], table)
+        np.testing.assert_array_equal(view[:, :, :, :23], want[key])
+        changed = np.argwhere((out[key] != arrays[key]).any(axis=(0, 2, 4)))
+        assert sorted(map(tuple, changed.tolist())) == sorted(
+            (int(table[b, 20 // 8]), 20 % 8) for b in range(3)
+        )
+
+
+@pytest.mark.parametrize("variant", PAGED_VARIANTS)
+def test_paged_cache_on_every_attention_tile(variant):
+    """Every attention tile over a paged cache (``test/gpu/graphs.py``'s
+    paged variants): each kernel's step in the simulator is the contiguous
+    kernel's bit for bit and near the numpy model's (which the 64-dim
+    heads' contiguous kernels also miss by a bf16 rounding); no access of
+    the tile indexes the cache by sequence any more, and the block table
+    comes after the other buffers, before the positions and the TMA maps
+    (which still read the caches)."""
+    cfg = llama_tiny_variants()[variant]
+    weights = M.random_weights(cfg, seed=4)
+    for B, lb, kernel in cfg.kernel_configs():
+        B, L = (1, 30) if B == 1 else (3, 40 if lb is None else lb)
+        lengths = ([L] if B == 1 else [L, 0, L // 2 + 1]) if cfg.ragged else None
+        tokens = np.arange(B, dtype=np.int32) * 7
+        arrays = M.numpy_inputs(kernel, weights, tokens, L, L + 3, lengths=lengths)
+        g = M.build_decoder_graph(kernel)
+        out = etc.simulate(g, arrays, M.step_symbols(kernel, arrays, L))
+        ref = M.reference_step(kernel, arrays, L)
+        np.testing.assert_allclose(bf16_to_f32(out["logits"]), ref["logits"], atol=8e-3)
+        contiguous = dataclasses.replace(kernel, page_size=0)
+        plain = M.numpy_inputs(contiguous, weights, tokens, L, L + 3, lengths=lengths)
+        want = etc.simulate(
+            M.build_decoder_graph(contiguous), plain, M.step_symbols(contiguous, plain, L)
+        )
+        np.testing.assert_array_equal(out["logits"], want["logits"])
+        for key in ("k_cache", "v_cache"):
+            view = M.from_pages(out[key], arrays["block_table"])[:, :, :, : L + 3]
+            np.testing.assert_array_equal(view, want[key])
+        attention = next(t for t in g.tasks if t.name == "attention").function
+        assert "%kc[%l, %b," not in attention.source and "%vc[%l, %b," not in attention.source
+        extra = ["memref<?x?xi32>"] + ["memref<?xi32>"] * cfg.ragged
+        maps = len(attention.tensor_maps)
+        assert (
+            list(attention.params[len(attention.params) - maps - len(extra) :][: len(extra)])
+            == extra
+        )
+        if maps:
+            assert sorted(src for src, *_ in attention.tensor_maps.values()) == [3, 4]
+
+
+@needs_ptxas
+def test_paged_cache_compiles_for_every_attention_tile():
+    for variant in PAGED_VARIANTS:
+        art = M.compile_decoder(llama_tiny_variants()[variant], "static")
+        leaves = art.leaves() if hasattr(art, "leaves") else [("", art)]
+        assert all(a.cubin is not None for _, a in leaves), variant
+
+
+def test_paged_cache_shares_a_prefix_page():
+    """Two sequences whose first page is one page of the pool (a common
+    prefix, read by both) decode as with a copy each; the kernel's lookups
+    are clamped, so table entries past a sequence's position are never
+    read (here, garbage)."""
+    cfg = dataclasses.replace(CFG, page_size=8)
+    weights = M.random_weights(cfg, seed=3)
+    tokens = np.array([5, 77], np.int32)
+    arrays = M.numpy_inputs(cfg, weights, tokens, 12, 24)
+    table = arrays["block_table"].copy()  # (2, 3) over 6 pages
+    for key in ("k_cache", "v_cache"):  # sequence 1's first page holds sequence 0's
+        arrays[key][:, table[1, 0]] = arrays[key][:, table[0, 0]]
+    g = M.build_decoder_graph(cfg)
+    want = etc.simulate(g, arrays, M.step_symbols(cfg, arrays, 12))
+    shared = {**arrays, "block_table": table.copy()}
+    shared["block_table"][1, 0] = table[0, 0]
+    shared["block_table"][:, 2] = [-5, 1 << 30]  # past position 12's page: never read
+    M.check_block_table(shared["block_table"][:, :2], 8, 6, [12, 12])
+    got = etc.simulate(g, shared, M.step_symbols(cfg, shared, 12))
+    np.testing.assert_array_equal(got["logits"], want["logits"])
+    source = next(t for t in g.tasks if t.name == "attention").function.source
+    # Every lookup's table column clamped to the page of the sequence's position.
+    assert source.count("memref.load %pages") == source.count(", %pg_lastL : index")
+
+
+def test_block_tables_are_checked():
+    """check_block_table names what is wrong with a table: its shape, a
+    missing page, a page outside the pool, a page listed twice, a page
+    written by one sequence and read by another. Bad page sizes are refused
+    by the config and the tiles."""
+    check = M.check_block_table
+    good = np.array([[0, 1], [2, 3]], np.int32)
+    assert check(good, 8, 4, [15, 9]).tolist() == good.tolist()
+    with pytest.raises(etc.GraphError, match="expected an integer table of 3 rows"):
+        check(good, 8, 4, [1, 2, 3])
+    with pytest.raises(etc.GraphError, match="sequence 0 at position 16 needs 3 pages of 8"):
+        check(good, 8, 4, [16, 1])
+    with pytest.raises(etc.GraphError, match=r"block_table\[1, 1\] = 3 is not a page"):
+        check(good, 8, 3, [0, 9])
+    with pytest.raises(etc.GraphError, match="sequence 1 lists page 2 twice"):
+        check(np.array([[0, 1], [2, 2]]), 8, 4, [0, 9])
+    with pytest.raises(etc.GraphError, match="page 0, which sequence 1 writes"):
+        check(np.array([[0, 1], [0, 3]]), 8, 4, [9, 3])
+    assert check(np.array([[0, 1], [0, 3]]), 8, 4, [9, 9]).shape == (2, 2)  # a shared prefix
+    with pytest.raises(etc.GraphError, match="page_size=12 must be a power of two"):
+        dataclasses.replace(CFG, page_size=12)
+    with pytest.raises(etc.GraphError, match="context bucket L <= 8 changes page_size, but the "
+                       "kernels share their buffers"):  # fmt: skip
+        dataclasses.replace(CFG, context_buckets=((8, (("page_size", 8),)), (None, ())))
+    from etc.tiles.attention_mma import attention_mma
+
+    with pytest.raises(etc.GraphError, match="page_size=4 is below 8 positions: a TMA box"):
+        attention_mma(512, 4, 2, 64, 2, blocks=1, pipeline="tma", page_size=4)
+    small = attention_mma(512, 4, 2, 64, 2, blocks=1, pipeline="tma", page_size=32)
+    assert [box for _, box in small.tensor_maps.values()] == [(32, 64)] * 2  # 4 boxes a step
+    whole = attention_mma(512, 4, 2, 64, 2, blocks=1, pipeline="tma", page_size=128)
+    copies = [f.source.count("cp.async.bulk.tensor") for f in (small, whole)]
+    assert copies[0] == 4 * copies[1] > 0
+    with pytest.raises(etc.GraphError, match="chunk=192 must be a multiple of the step of 128"):
+        attention_mma(192, 4, 2, 64, 2, blocks=1, pipeline="tma", page_size=128)
+    with pytest.raises(etc.GraphError, match="page_size=3 must be a power of two"):
+        T.attention(8, 8, 2, 32, 2, page_size=3)
 
 
 # -- chunked layer weights (LlamaConfig.weight_chunk) ---------------------------------

@@ -586,6 +586,15 @@ class LlamaConfig:
     #: attends over its positions ``0..lengths[b]`` (a position past ``L``
     #: is taken as ``L``: :func:`check_lengths` refuses it on the host).
     ragged: bool = False
+    #: A paged KV cache (0: contiguous), as a serving engine allocates it:
+    #: ``k_cache`` and ``v_cache`` are a pool ``(layers, pages, kv_heads,
+    #: page_size, head_dim)`` and the graph takes ``block_table`` ``(B,
+    #: max_pages)`` i32, sequence ``b``'s pages in position order (sequences
+    #: may share pages they only read). ``pages`` and ``max_pages`` are
+    #: symbols; :func:`check_block_table` checks a table on the host. A power
+    #: of two; with the TMA-fed tensor-core attention a multiple of its loop
+    #: step (128 positions in Llama's kernels).
+    page_size: int = 0
     #: The phased attention's steps 2-4 as one pass of each warp over its
     #: own rows, the warps' states merged after one barrier
     #: (``llama.attention(one_pass=True)``): two barriers fewer.
@@ -1006,6 +1015,12 @@ class LlamaConfig:
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"LlamaConfig: {name} must be a bool, got {getattr(self, name)!r}")
+        if self.page_size:
+            _int_field("page_size", self.page_size, 1)
+            if self.page_size & (self.page_size - 1):
+                raise GraphError(
+                    f"LlamaConfig: page_size={self.page_size} must be a power of two (or 0)"
+                )
         if self.tma_meeting not in ("rows", "fragments"):
             raise GraphError(
                 f"LlamaConfig: tma_meeting must be 'rows' or 'fragments', got {self.tma_meeting!r}"
@@ -1496,7 +1511,7 @@ class LlamaConfig:
         # Every kernel takes the same buffers: the weights' layout, the split
         # counters and, within a batch bucket, the attention's split counts
         # (its partials' shape).
-        shared = {"weight_chunk", "attn_counters", "ragged"} | (
+        shared = {"weight_chunk", "attn_counters", "ragged", "page_size"} | (
             _SPLIT_FIELDS if field == "context_buckets" else set()
         )
         fields = {f.name for f in dataclasses.fields(self)} - {field, "max_batch", "max_context"}
@@ -1758,10 +1773,21 @@ def kv_bytes(cfg: LlamaConfig, B: int, L: int) -> int:
     return 2 * 2 * cfg.layers * B * cfg.kv_heads * L * cfg.head_dim
 
 
-def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[tuple, str]]:
-    """Every tensor of the graph: name -> (shape, dtype)."""
+def tensor_shapes(
+    cfg: LlamaConfig, B: Any, L: Any, S: Any, pages: Any = None, max_pages: Any = None
+) -> dict[str, tuple[tuple, str]]:
+    """Every tensor of the graph: name -> (shape, dtype). With
+    ``cfg.page_size`` the caches are a pool of ``pages`` and the block table
+    ``max_pages`` wide (default: enough for ``S`` positions a sequence)."""
     H, NL, NH, KV, D = cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim
     P = cfg.splits(L, B)
+    cache = (NL, B, KV, S, D)
+    if cfg.page_size:
+        if max_pages is None:
+            max_pages = -(-S // cfg.page_size) if isinstance(S, int) else S
+        if pages is None:
+            pages = B * max_pages if isinstance(B, int) and isinstance(max_pages, int) else B
+        cache = (NL, pages, KV, cfg.page_size, D)
     return {
         "tokens": ((B,), "i32"),
         "embed": ((cfg.vocab, H), "bf16"),
@@ -1771,8 +1797,8 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         cfg.weight_name("wgu"): ((NL, 2 * cfg.inter, H), "bf16"),
         cfg.weight_name("wd"): ((NL, H, cfg.inter), "bf16"),
         "rope": ((S, D), "f32"),
-        "k_cache": ((NL, B, KV, S, D), "bf16"),
-        "v_cache": ((NL, B, KV, S, D), "bf16"),
+        "k_cache": (cache, "bf16"),
+        "v_cache": (cache, "bf16"),
         "h": ((B, H), "bf16"),
         "x": ((B, H), "bf16"),
         "qkv": ((B, cfg.qkv_width), "bf16"),
@@ -1794,6 +1820,7 @@ def tensor_shapes(cfg: LlamaConfig, B: Any, L: Any, S: Any) -> dict[str, tuple[t
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.split_counters else {}),
         **({"attn_stamps": ((NL, B, KV, P, _stamp_words(cfg)), "i64")} if cfg.attn_stamps else {}),
         **({"gemm_stamps": (_gemm_stamps_shape(cfg, B), "i64")} if cfg.gemm_stamps else {}),
+        **({"block_table": ((B, max_pages), "i32")} if cfg.page_size else {}),
         **({"lengths": ((B,), "i32")} if cfg.ragged else {}),
         **_split_tensors(cfg, B),
     }
@@ -1836,7 +1863,10 @@ def _attention_tile(cfg: LlamaConfig, layers: int, block_size: int) -> Any:
     from ..tiles.attention_mma import attention_mma
 
     shape = (cfg.attn_chunk, cfg.heads, cfg.kv_heads, cfg.head_dim, layers)
-    common = {"block_size": block_size, "spread": cfg.attn_spread, "lengths": cfg.ragged}
+    common = {
+        "block_size": block_size, "spread": cfg.attn_spread, "lengths": cfg.ragged,
+        "page_size": cfg.page_size,
+    }  # fmt: skip
     if cfg.attn_tile == "mma":
         return attention_mma(
             *shape, blocks=cfg.attn_unroll, pipeline=cfg.attention_pipeline,
@@ -1955,6 +1985,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             stamps=cfg.attn_stamps,
             one_pass=cfg.attn_one_pass,
             lengths=cfg.ragged,
+            page_size=cfg.page_size,
         ),  # fmt: skip
         **(
             {}
@@ -2013,7 +2044,8 @@ def build_decoder_graph(
     g = Graph(name, block_size=cfg.block_size)
     B, L = g.symbol("B", max=cfg.kernel_max_batch), g.symbol("L", max=cfg.max_context)
     S = g.symbol("S")
-    t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()}
+    pool = (g.symbol("pages"), g.symbol("max_pages")) if cfg.page_size else ()
+    t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S, *pool).items()}
     rb = cfg.row_blocks(B)
     regions = dict(cfg.shared_regions)
 
@@ -2047,7 +2079,8 @@ def build_decoder_graph(
     fused_out = ("attn",) if cfg.fuse_combine or cfg.direct_attention else ()
     stamps = ("attn_stamps",) if cfg.attn_stamps else ()
     positions = ("lengths",) if cfg.ragged else ()  # a ragged batch's
-    attn_extras = (*counts, *fused_out, *stamps, *positions)
+    table = ("block_table",) if cfg.page_size else ()  # a paged cache's
+    attn_extras = (*counts, *fused_out, *stamps, *table, *positions)
     # 1 past one split, else 0 with direct attention (a single split wrote the
     # output itself): the factor of the combine's grid and count.
     combines = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
@@ -2391,7 +2424,10 @@ def reference_step(
     ``cfg.fold_norms`` the layer norms are folded into ``wqkv_folded`` and
     ``wgu_folded`` and each row is scaled after the product, as the graph
     does. With ``cfg.ragged`` sequence ``b`` is at position
-    ``min(arrays["lengths"][b], L)``."""
+    ``min(arrays["lengths"][b], L)``; with ``cfg.page_size`` the caches are
+    paged (read through ``block_table``, returned paged)."""
+    if cfg.page_size:
+        return _paged_reference_step(cfg, arrays, L)
     NL, NH, KV, D, II = cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
     G = NH // KV
     f = {
@@ -2445,6 +2481,24 @@ def reference_step(
     }
 
 
+def _paged_reference_step(
+    cfg: LlamaConfig, arrays: Mapping[str, np.ndarray], L: int
+) -> dict[str, np.ndarray]:
+    """:func:`reference_step` over a paged cache: the contiguous step on its
+    gathered view, each sequence's new row written back to its page."""
+    table, P = arrays["block_table"], cfg.page_size
+    views = {k: from_pages(arrays[k], table) for k in ("k_cache", "v_cache")}
+    out = reference_step(dataclasses.replace(cfg, page_size=0), {**arrays, **views}, L)
+    B = len(arrays["tokens"])
+    at = np.minimum(arrays["lengths"], L) if cfg.ragged else np.full(B, L)
+    for k in views:
+        pool = arrays[k].copy()
+        for b, p in enumerate(at.tolist()):
+            pool[:, table[b, p // P], :, p % P] = out[k][:, b, :, p]
+        out[k] = pool
+    return out
+
+
 def check_lengths(lengths: Any, B: int, L: int) -> np.ndarray:
     """A ragged batch's positions (``LlamaConfig.ragged``) as int32, after
     checking them: ``B`` of them, each in ``0..L`` (the graph's ``L`` is the
@@ -2465,6 +2519,104 @@ def check_lengths(lengths: Any, B: int, L: int) -> np.ndarray:
             "symbol, must be the longest sequence's position"
         )
     return at.astype(np.int32)
+
+
+def page_table(B: int, max_pages: int, seed: int = 1) -> np.ndarray:
+    """A block table ``(B, max_pages)`` int32 dealing a pool of ``B *
+    max_pages`` pages to the sequences at random (as pages freed and reused
+    in any order come back)."""
+    rng = np.random.default_rng(seed + 7)
+    return rng.permutation(B * max_pages).astype(np.int32).reshape(B, max_pages)
+
+
+def to_pages(cache: Any, table: Any, page_size: int, pages: int | None = None) -> Any:
+    """A contiguous cache ``(layers, B, KV, S, D)`` (numpy or torch) moved
+    into a pool of ``pages`` (default: the table's largest page + 1)
+    through ``table`` ``(B, max_pages)``: its positions past ``S`` up to the
+    table's width zero."""
+    NL, B, KV, S, D = cache.shape
+    M = table.shape[1]
+    width = M * page_size
+    if hasattr(cache, "permute"):  # torch, on the cache's device
+        import torch
+
+        zeros = cache.new_zeros
+        index = torch.as_tensor(np.asarray(table).reshape(-1), device=cache.device).long()
+    else:
+        zeros = lambda shape: np.zeros(shape, cache.dtype)  # noqa: E731
+        index = np.asarray(table).reshape(-1)
+    padded = zeros((NL, B, KV, width, D))
+    padded[:, :, :, : min(S, width)] = cache[:, :, :, :width]
+    blocks = padded.reshape(NL, B, KV, M, page_size, D).swapaxes(2, 3)
+    pool = zeros((NL, int(index.max()) + 1 if pages is None else pages, KV, page_size, D))
+    pool[:, index] = blocks.reshape(NL, B * M, KV, page_size, D)
+    return pool
+
+
+def from_pages(pool: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """A paged cache's contiguous view ``(layers, B, KV, max_pages *
+    page_size, D)`` (a copy): sequence ``b``'s pages in table order."""
+    NL, _, KV, P, D = pool.shape
+    B, M = table.shape
+    return pool[:, table].transpose(0, 1, 3, 2, 4, 5).reshape(NL, B, KV, M * P, D)
+
+
+def check_block_table(table: Any, page_size: int, pages: int, positions: Any) -> np.ndarray:
+    """A paged cache's block table (``LlamaConfig.page_size``) as int32, after
+    checking it for sequences at ``positions`` (one a sequence: ``L`` or a
+    ragged batch's): each sequence's pages up to its position listed, in
+    ``0..pages - 1`` and distinct, and the page it writes (its position's)
+    nobody else's. Pages below the position may be shared (a common
+    prefix). Raises GraphError naming the entry otherwise. The kernel
+    clamps what it looks up, so a bad table gives wrong values, not a
+    fault; check each new table before its launch."""
+    if hasattr(table, "detach"):  # a torch tensor: its values, on the host
+        table = table.detach().cpu().numpy()
+    tab, at = np.asarray(table), np.asarray(positions).reshape(-1)
+    B = len(at)
+    if tab.ndim != 2 or tab.shape[0] != B or not np.issubdtype(tab.dtype, np.integer):
+        raise GraphError(
+            f"block_table: expected an integer table of {B} rows (one a sequence), got shape "
+            f"{tab.shape} of {tab.dtype}"
+        )
+    used = {}
+    for b, p in enumerate(at.tolist()):
+        need = p // page_size + 1
+        if need > tab.shape[1]:
+            raise GraphError(
+                f"block_table: sequence {b} at position {p} needs {need} pages of {page_size}; "
+                f"the table holds {tab.shape[1]}"
+            )
+        row = tab[b, :need].tolist()
+        for i, page in enumerate(row):
+            if not 0 <= page < pages:
+                raise GraphError(
+                    f"block_table[{b}, {i}] = {page} is not a page of the pool (0..{pages - 1})"
+                )
+        if len(set(row)) < need:
+            dup = next(x for x in row if row.count(x) > 1)
+            raise GraphError(f"block_table: sequence {b} lists page {dup} twice")
+        used[b] = set(row)
+    for b, p in enumerate(at.tolist()):
+        written = int(tab[b, p // page_size])
+        other = next((c for c in range(B) if c != b and written in used[c]), None)
+        if other is not None:
+            raise GraphError(
+                f"block_table: page {written}, which sequence {b} writes (position {p}), is also "
+                f"sequence {other}'s: a page written in a step belongs to one sequence"
+            )
+    return tab.astype(np.int32)
+
+
+def step_symbols(cfg: LlamaConfig, arrays: Mapping[str, Any], L: int) -> dict[str, int]:
+    """The graph's symbols for a step at context ``L`` over ``arrays`` (the
+    batch from ``tokens``, the capacity from ``rope``, a paged cache's pool
+    and table width from ``k_cache`` and ``block_table``)."""
+    symbols = {"B": len(arrays["tokens"]), "L": L, "S": arrays["rope"].shape[0]}
+    if cfg.page_size:
+        symbols["pages"] = arrays["k_cache"].shape[1]
+        symbols["max_pages"] = arrays["block_table"].shape[1]
+    return symbols
 
 
 def _input_lengths(cfg: LlamaConfig, lengths: Any, B: int, L: int, caller: str) -> Any:
@@ -2492,8 +2644,16 @@ def numpy_inputs(
     values at positions ``< L``, the rest zeroed (bf16 as uint16). With
     ``cfg.ragged``, ``lengths`` (default: ``L`` for every sequence; checked
     by :func:`check_lengths`) and the caches random below each sequence's
-    position only."""
+    position only. With ``cfg.page_size``, the same values in a pool of
+    ``B * ceil(S / page_size)`` pages dealt at random (:func:`page_table`)."""
     B = len(tokens)
+    if cfg.page_size:  # the contiguous config's values, moved to pages
+        plain = dataclasses.replace(cfg, page_size=0)
+        arrays = numpy_inputs(plain, weights, tokens, L, S, seed, lengths)
+        arrays["block_table"] = page_table(B, -(-S // cfg.page_size), seed)
+        for k in ("k_cache", "v_cache"):
+            arrays[k] = to_pages(arrays[k], arrays["block_table"], cfg.page_size)
+        return arrays
     storage = {"bf16": np.uint16, "i32": np.int32, "i64": np.int64, "f32": np.float32}
     arrays = {
         n: np.zeros(shape, storage[dt]) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()
@@ -2533,7 +2693,8 @@ def torch_inputs(
     :func:`graph_weights`' result to fold once); caches random at positions
     ``< L`` when ``fill_cache``; tokens random; the rest zeroed. With
     ``cfg.ragged``, ``lengths`` (default ``L`` for every sequence, checked by
-    :func:`check_lengths`)."""
+    :func:`check_lengths`). With ``cfg.page_size`` a pool of ``B *
+    ceil(S / page_size)`` pages dealt at random, every page random."""
     import torch
 
     at = _input_lengths(cfg, lengths, B, L, "torch_inputs")
@@ -2551,9 +2712,14 @@ def torch_inputs(
     out["tokens"].random_(0, cfg.vocab, generator=gen)
     if at is not None:
         out["lengths"].copy_(torch.from_numpy(at))
+    if cfg.page_size:
+        table = page_table(B, out["block_table"].shape[1], seed)
+        out["block_table"].copy_(torch.from_numpy(table))
     if fill_cache and L:
         for k in ("k_cache", "v_cache"):
-            out[k][:, :, :, :L].normal_(generator=gen)
+            # A paged pool: every page random (a sequence reads its own rows below L).
+            rows = out[k] if cfg.page_size else out[k][:, :, :, :L]
+            rows.normal_(generator=gen)
     return out
 
 
@@ -2730,6 +2896,11 @@ def torch_decode_step(cfg: LlamaConfig, t: Mapping[str, Any], L: int) -> Any:
     import torch
     import torch.nn.functional as F
 
+    if cfg.page_size:
+        raise GraphError(
+            f"torch_decode_step: page_size={cfg.page_size}: the PyTorch baseline reads a "
+            "contiguous cache (compare a paged kernel with the simulator or reference_step)"
+        )
     NH, KV, D, II = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter
     B = t["tokens"].shape[0]
     mask = None

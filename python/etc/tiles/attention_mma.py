@@ -41,7 +41,7 @@ import textwrap
 
 from ..device import DeviceFunction
 from ..errors import GraphError
-from . import _text
+from . import _paged, _text
 from ._mma import mma
 from .gemm_tc import (
     MAP_TYPE,
@@ -106,6 +106,17 @@ class _T(_Text):
     items = 1
     #: The ring's copies are L2 evict-first (``attention_mma(kv_evict_first=...)``).
     kv_evict_first = False
+    #: A paged cache's kv heads (``attention_mma(page_size=...)``), else 0.
+    page_kv = 0
+    #: TMA boxes a ring step's K (and V) takes: pages smaller than the step.
+    page_boxes = 1
+
+    def paged_row(self, pos: str, g: str) -> str:
+        """The 2-D row of position ``pos`` of ``(%l, %b, g)`` in a paged cache."""
+        lines, row = _paged.row(self.fresh("pg")[1:], pos, g, self.page_kv)
+        for line in lines:
+            self.emit(line)
+        return row
 
     def part(self, indent: str) -> str:
         """The lines emitted since the last part; later ones get ``indent``."""
@@ -197,6 +208,7 @@ def attention_mma(
     combine: bool = False,
     merge_unroll: int = 1,
     lengths: bool = False,
+    page_size: int = 0,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)`` of :func:`etc.tiles.llama.attention` on the
     tensor cores (see the module docstring). ``blocks``: 16-position blocks
@@ -270,7 +282,13 @@ def attention_mma(
 
     ``lengths``: sequences at their own positions (a ragged batch), as
     :func:`etc.tiles.llama.attention`'s option: ``lens: memref<?xi32>``
-    after the stamps (before the maps)."""
+    after the stamps (before the maps).
+
+    ``page_size``: a paged cache, as :func:`etc.tiles.llama.attention`'s
+    option (the block table after the stamps, before ``lens``). With
+    ``"tma"`` each box of the ring lies in one page: a page smaller than the
+    step takes a box a page (``page_size`` at least 8, a swizzle atom), and
+    ``chunk`` is a multiple of the step."""
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, blocks=blocks
     )
@@ -333,6 +351,13 @@ def attention_mma(
     if release != "math" and pipeline != "tma":
         raise GraphError(
             f"tile '{name}': release={release!r} gives back TMA ring stages: needs pipeline='tma'"
+        )
+    # A TMA box is whole 128-byte swizzle atoms (8 rows), in one page.
+    _paged.check_page_size(name, page_size, 8 if pipeline == "tma" else 1)
+    if page_size and pipeline == "tma" and chunk % step:
+        raise GraphError(
+            f"tile '{name}': a paged cache's TMA boxes start at whole steps of the split: "
+            f"chunk={chunk} must be a multiple of the step of {step} positions"
         )
     align = min(step, chunk)
     if spread and chunk % align:
@@ -406,6 +431,9 @@ def attention_mma(
     t = _T()
     t.items = items
     t.kv_evict_first = kv_evict_first
+    t.page_kv = KV if page_size else 0
+    t.page_boxes = max(1, step // page_size) if page_size else 1
+    box = step // t.page_boxes  # the TMA box's rows
     pre_items = ""  # with items: the ring's values and start, before the item loop
     if stamps:
         _stamp(t, STAMPS.index("entry_ns"), "globaltimer")
@@ -525,7 +553,8 @@ def attention_mma(
             nonlocal v
             ok = t.op("ok", f"arith.cmpi ult, {r}, %ncache : index")
             pos = t.op("pos", f"arith.select {ok}, {t.idx('addi', '%p0', r)}, %p0 : index")
-            row = t.idx("muli", t.idx("addi", "%rows0", pos), t.c(2 * D))
+            cache_row = t.paged_row(pos, "%gkv") if t.page_kv else t.idx("addi", "%rows0", pos)
+            row = t.idx("muli", cache_row, t.c(2 * D))
             for ch in range(count):
                 d = t.idx("muli", t.idx("addi", d0, t.c(ch * 8)), t.c(2))
                 src = t.idx("addi", t.idx("addi", cache_ptr, row), d)
@@ -889,16 +918,18 @@ func.func @{name}({args}) {{
     def reference(*args, n=nargs):  # the stamps, positions and maps are not read
         return read(*args[:n])
 
-    if lengths:
-        source, reference = _text.with_lengths(source, name, reference, nargs + stamps)
+    # The table, then the positions, after the stamps (before the maps).
+    source, reference = _paged.paged_and_ragged(
+        source, name, reference, nargs + stamps, page_size, lengths, c_t
+    )
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     if pipeline != "tma":
         return fn
-    nargs += stamps + lengths
+    nargs += stamps + bool(page_size) + lengths
     # Arguments after the coordinates: L, qkv, rope, kc (3), vc (4), op, mp,
     # [attn,] then the maps.
     first_map = nargs - 4
-    fn.tensor_maps = {first_map: (3, (step, D)), first_map + 1: (4, (step, D))}
+    fn.tensor_maps = {first_map: (3, (box, D)), first_map + 1: (4, (box, D))}
     fn.prefetch_fills_shared = prefetch
     return fn
 
@@ -1025,14 +1056,18 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
         "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
         [(full, "i32"), ("%tma_tx", "i32")],
     )
-    rows = t.idx("muli", step_index, t.c(step))
-    # Past each item's steps, the next kv head's rows (compares, not a
-    # division: thread 0 issues this inside the loop).
-    for k in range(1, t.items):
-        past = t.op("past", f"arith.cmpi uge, {step_index}, %nsteps_k{k} : index")
-        skip = t.op("skip", f"arith.select {past}, %tma_skip, %c0 : index")
-        rows = t.idx("addi", rows, skip)
-    row = _i32(t, t.idx("addi", "%tma_row0", rows))
+    if t.page_kv:  # a box a page (or one of several in a page)
+        rows = [_i32(t, row) for row in _tma_paged_rows(t, step_index, step)]
+    else:
+        rows = t.idx("muli", step_index, t.c(step))
+        # Past each item's steps, the next kv head's rows (compares, not a
+        # division: thread 0 issues this inside the loop).
+        for k in range(1, t.items):
+            past = t.op("past", f"arith.cmpi uge, {step_index}, %nsteps_k{k} : index")
+            skip = t.op("skip", f"arith.select {past}, %tma_skip, %c0 : index")
+            rows = t.idx("addi", rows, skip)
+        rows = [_i32(t, t.idx("addi", "%tma_row0", rows))]
+    box_bytes = step // len(rows) * D * 2
     stage_bytes = 2 * _stage_elems(step, D)
     base = (
         t.idx("addi", "%ringaddr", t.c(stage * stage_bytes))
@@ -1043,13 +1078,37 @@ def _tma_issue(t: _T, step_index: str, stage: str | int, step: int, D: int) -> N
     policy = t.op("pol", _text.l2_policy("evict_first")) if t.kv_evict_first else None
     hint, hint_op, hint_arg = _text.cache_hint(policy, 5)
     for half, tmap in ((0, "%tma_kmap"), (1, "%tma_vmap")):
-        dst = _i32(t, t.idx("addi", base, t.c(half * step * D * 2)) if half else base)
-        _asm_ops(
-            t,
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-            f"{hint} [$0], [$1, {{$2, $3}}], [$4]{hint_op};",
-            [(dst, "i32"), (tmap, "i64"), (zero, "i32"), (row, "i32"), (full, "i32"), *hint_arg],
-        )
+        # Boxes of a page land one after the other: whole 8-row swizzle atoms
+        # (1024 bytes), so the stage's layout is one box's.
+        for j, row in enumerate(rows):
+            offset = half * step * D * 2 + j * box_bytes
+            dst = _i32(t, t.idx("addi", base, t.c(offset)) if offset else base)
+            _asm_ops(
+                t,
+                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                f"{hint} [$0], [$1, {{$2, $3}}], [$4]{hint_op};",
+                [(dst, "i32"), (tmap, "i64"), (zero, "i32"), (row, "i32"), (full, "i32"),
+                 *hint_arg],
+            )  # fmt: skip
+
+
+def _tma_paged_rows(t: _T, step_index: str, step: int) -> list[str]:
+    """The cache rows of ring step ``step_index``'s boxes in a paged cache
+    (``t.page_boxes`` of ``step / t.page_boxes`` positions): its item's kv
+    head (with ``t.items``) and its first position, ``p0`` plus the item's
+    steps before it, each box's looked up in the block table (a box lies
+    in one page: the page size and the split's start are whole boxes)."""
+    within, g = step_index, "%gkv0" if t.items > 1 else "%gkv"
+    for k in range(1, t.items):  # the last item whose steps have begun
+        past = t.op("past", f"arith.cmpi uge, {step_index}, %nsteps_k{k} : index")
+        later = t.idx("subi", step_index, f"%nsteps_k{k}")
+        within = t.op("within", f"arith.select {past}, {later}, {within} : index")
+        g = t.op("gk", f"arith.select {past}, {t.idx('addi', '%gkv0', t.c(k))}, {g} : index")
+    pos = t.idx("addi", "%p0", t.idx("muli", within, t.c(step)))
+    box = step // t.page_boxes
+    return [
+        t.paged_row(t.idx("addi", pos, t.c(j * box)) if j else pos, g) for j in range(t.page_boxes)
+    ]
 
 
 def _tma_read(

@@ -34,7 +34,7 @@ import numpy as np
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
-from . import _text
+from . import _paged, _text
 
 __all__ = [
     "embed",
@@ -436,6 +436,7 @@ def attention(
     stamps: bool = False,
     one_pass: bool = False,
     lengths: bool = False,
+    page_size: int = 0,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -519,6 +520,12 @@ def attention(
     graph's ``L`` is the longest and sizes the splits, so a shorter
     sequence's trailing splits are empty (:func:`etc.tiles._text.with_lengths`).
 
+    ``page_size``: a paged cache (:mod:`etc.tiles._paged`): ``kc`` and ``vc``
+    are ``memref<LAYERSxPAGESxKVxPAGE_SIZExDxbf16>`` and a block table
+    ``pages: memref<?x?xi32>`` follows the other buffers (before ``lens``):
+    position ``p`` of sequence ``b`` is row ``p % page_size`` of page
+    ``pages[b, p / page_size]``. 0: the contiguous cache.
+
     ``prefetch_kv`` (with ``stage_kv``): those copies move into the tile's
     prefetch function ``@<name>__prefetch``, which the kernel runs before the
     instance waits for ``qkv``: the cached positions (all but ``L``) are
@@ -539,6 +546,7 @@ def attention(
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, unroll=unroll
     )
+    _paged.check_page_size(name, page_size)
     NH, KV, D, G, U = heads, kv_heads, head_dim, heads // kv_heads, unroll
     RL = D // 8  # lanes per row
     if 32 % RL:
@@ -624,6 +632,14 @@ def attention(
         lies in the cache (``%sgi<phase>_<r>``, i64), and ``then`` done with
         it if it is in the split and ``keep = (lines, i1)`` holds."""
         x, base = f"{phase}_{r}", ("%kbase", "%vbase")[phase]
+        row, lines = f"%sp{x}", []
+        if page_size:  # the row in the position's page (%kbase holds no rows then)
+            lines, row = _paged.row(f"pgs{x}", row, "%g", KV)
+        address = "".join(f"    {line}\n" for line in lines) + (
+            f"    %sa{x} = arith.muli {row}, %cRowBytes : index\n"
+            f"    %sg{x} = arith.addi {base}, %sa{x} : index\n"
+            f"    %sgi{x} = arith.index_cast %sg{x} : index to i64\n"
+        )
         return (
             f"  %sr{x} = arith.addi %rowt, %cRow{r} : index\n"
             f"  %sin{x} = arith.cmpi ult, %sr{x}, %n : index\n"
@@ -631,10 +647,7 @@ def attention(
             f"{keep[0]}"
             f"  %sok{x} = arith.andi %sin{x}, {keep[1]} : i1\n"
             f"  scf.if %sok{x} {{\n"
-            f"    %sa{x} = arith.muli %sp{x}, %cRowBytes : index\n"
-            f"    %sg{x} = arith.addi {base}, %sa{x} : index\n"
-            f"    %sgi{x} = arith.index_cast %sg{x} : index to i64\n"
-            f"{then}"
+            f"{address}{then}"
             f"  }}"
         )
 
@@ -680,7 +693,8 @@ def attention(
             f"  %rows0 = arith.muli %lbg, %ns : index\n"
             f"  %rowsb = arith.muli %rows0, %cRowBytes : index\n"
             f"  %d0b = arith.muli %d0, %c2 : index\n"
-            f"  %kvoff = arith.addi %rowsb, %d0b : index\n"
+            # A paged cache's rows are found per position (cache_row).
+            f"  %kvoff = arith.addi {'%c0' if page_size else '%rowsb'}, %d0b : index\n"
             f"  %kptr = memref.extract_aligned_pointer_as_index %kc : {c_t} -> index\n"
             f"  %vptr = memref.extract_aligned_pointer_as_index %vc : {c_t} -> index\n"
             f"  %kbase = arith.addi %kptr, %kvoff : index\n"
@@ -1091,8 +1105,10 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
 
     if prefetch_kv:
         source = _move_staging_to_prefetch(source, name, stage_lines[0], "\n".join(stage_lines[1:]))
-    if lengths:  # the positions' buffer after the cnt and attn, and stamps
-        source, reference = _text.with_lengths(source, name, reference, 11 + 2 * combine + stamps)
+    # The table, then the positions, after the cnt and attn, and stamps.
+    source, reference = _paged.paged_and_ragged(
+        source, name, reference, 11 + 2 * combine + stamps, page_size, lengths, c_t
+    )
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = prefetch_kv is True
     return fn
@@ -1239,6 +1255,7 @@ def attention_online(
     block_size: int = 256,
     spread: bool = False,
     lengths: bool = False,
+    page_size: int = 0,
 ) -> DeviceFunction:
     """:func:`attention`'s tile ``(l, b, g, s)`` with the same arguments,
     outputs and numpy reference, as one pass per warp (an online softmax)
@@ -1272,6 +1289,7 @@ def attention_online(
     warps = _check_attention(
         name, block_size, chunk, heads, kv_heads, head_dim, layers, unroll=unroll
     )
+    _paged.check_page_size(name, page_size)
     NH, KV, D, G, U = heads, kv_heads, head_dim, heads // kv_heads, unroll
     RL = D // 8  # lanes per row
     if D < 16 or 32 % RL:
@@ -1579,8 +1597,8 @@ func.func @{name}(%l: index, %b: index, %g: index, %s: index, %L: index, %qkv: {
 }}
 """
     split = _split_reference(name, chunk, spread, align, NH, KV, D)
-    if lengths:
-        source, split = _text.with_lengths(source, name, split, 11)
+    c_t = f"memref<{layers}x?x{KV}x?x{D}xbf16>"
+    source, split = _paged.paged_and_ragged(source, name, split, 11, page_size, lengths, c_t)
     return DeviceFunction.from_mlir(source, name, split, block_size=block_size)
 
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The CPU-side builds of bench/gpu_session51.sh: the tiny GPU-test artifacts
+# of the paged caches into .device/s51/art and the Llama-3.2-1B sweep's
+# default, paged128 and paged16 artifacts into .device/s51/sweep (sizes
+# printed at the end; ~2 minutes on 2 cores, 23 MB: carry .device/s51).
+# Usage: bash bench/gpu_session51_build.sh [art] [sweep]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for part in ${*:-art sweep}; do
+  case $part in
+  art)
+    for p in $(python -c "import sys; sys.path.insert(0, 'test/gpu'); from graphs import \
+llama_tiny_variants as v; print(' '.join(k for k, c in v().items() if c.page_size))"); do
+      python test/gpu/make_artifacts.py .device/s51/art --only $p | tail -1
+    done
+    ;;
+  sweep)
+    DECODE_SWEEP_VARIANTS=default,paged128,paged16 python bench/decode_sweep.py \
+      --build .device/s51/sweep
+    ;;
+  esac
+done
+du -sh .device/s51/* 2>/dev/null
