@@ -25,10 +25,10 @@ positions in every launch (until it joins, a sequence re-reads its first
 prompt token at position 0).
 
 ``--page-size N`` keeps the KV cache in pages of ``N`` positions
-(``LlamaConfig.page_size``), dealt to the sequences at random through a
-block table that each step checks (``llama.check_block_table``). On the GPU
-Llama-3.2-1B's tensor-core attention copies 128 positions a box: ``N`` a
-multiple of 128.
+(``LlamaConfig.page_size``), dealt to each sequence as it grows
+(``llama.PagePool``) through a block table that each step checks
+(``llama.check_block_table``). On the GPU the tensor-core attention's TMA
+boxes take whole swizzle atoms: ``N`` at least 8.
 
 ``--simulate`` always uses the tiny configuration (``etc.models.llama.TINY``);
 on the GPU the default is Llama-3.2-1B with random weights (the numpy check
@@ -102,14 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     prompt = rng.integers(0, cfg.vocab, (B, args.prompt)).astype(np.int32)
     arrays = M.numpy_inputs(cfg, weights, prompt[:, 0], 0, S)
     print(f"{model} weights in {time.perf_counter() - t0:.1f} s")
+    pool = M.PagePool(arrays["k_cache"].shape[1], cfg.page_size) if cfg.page_size else None
     failures, generated = 0, [[] for _ in range(B)]
     for L in range(last + 1):  # L: the first sequence's position, the longest
         position = np.maximum(L - lag, 0)  # a sequence not yet joined stays at 0
         if args.ragged:
             arrays["lengths"] = position.astype(np.int32)
-        if cfg.page_size:  # what the kernel would clamp, refused on the host
-            pool = arrays["k_cache"].shape[1]
-            M.check_block_table(arrays["block_table"], cfg.page_size, pool, position)
+        if pool is not None:  # a page more as a sequence reaches it, checked on the host
+            for b, p in enumerate(position.tolist()):
+                pool.reserve(b, p)
+            arrays["block_table"] = pool.table(range(B), arrays["block_table"].shape[1])
+            M.check_block_table(arrays["block_table"], cfg.page_size, pool.pages, position)
         symbols = M.step_symbols(cfg, arrays, L)
         # The attention partials have one slot per attention split: they grow with L.
         shapes = M.tensor_shapes(cfg, B, L, S)

@@ -2065,6 +2065,33 @@ def test_paged_cache_shares_a_prefix_page():
     assert source.count("memref.load %pages") == source.count(", %pg_lastL : index")
 
 
+def test_page_pool_deals_pages_as_sequences_grow():
+    """PagePool: a sequence gets a page when a position reaches it, keeps
+    its pages in position order, gives them back when it ends (another
+    sequence takes them next), and a request the pool cannot meet raises,
+    naming the sequence, and takes nothing. Its tables pass
+    check_block_table."""
+    pool = M.PagePool(pages=5, page_size=4)
+    pool.reserve("a", 0)
+    pool.reserve("b", 5)
+    pool.reserve("a", 4)
+    assert (pool.held("a"), pool.held("b"), pool.free) == ([0, 3], [1, 2], 1)
+    pool.reserve("a", 7)  # still page 3's
+    table = pool.table(["b", "a"], 3)
+    assert table.tolist() == [[1, 2, -1], [0, 3, -1]]
+    assert M.check_block_table(table, 4, 5, [5, 7]).tolist() == table.tolist()
+    with pytest.raises(etc.GraphError, match="sequence 'b' at position 13 needs 2 more pages"):
+        pool.reserve("b", 13)
+    assert pool.held("b") == [1, 2] and pool.free == 1
+    pool.release("a")
+    pool.reserve("c", 11)
+    assert pool.held("c") == [0, 3, 4] and pool.free == 0  # the freed pages first
+    with pytest.raises(etc.GraphError, match="a sequence holds 3 pages; width=2"):
+        pool.table(["c"], 2)
+    with pytest.raises(etc.GraphError, match="PagePool: pages must be an int >= 1"):
+        M.PagePool(0, 4)
+
+
 def test_block_tables_are_checked():
     """check_block_table names what is wrong with a table: its shape, a
     missing page, a page outside the pool, a page listed twice, a page

@@ -76,6 +76,13 @@ __all__ = [
     "torch_decode_step",
     "weight_bytes",
     "kv_bytes",
+    "check_lengths",
+    "check_block_table",
+    "step_symbols",
+    "page_table",
+    "to_pages",
+    "from_pages",
+    "PagePool",
 ]
 
 #: The decode GEMM tiles' options (``etc.tiles.gemm.layer_gemm``), the best
@@ -2606,6 +2613,65 @@ def check_block_table(table: Any, page_size: int, pages: int, positions: Any) ->
                 f"sequence {other}'s: a page written in a step belongs to one sequence"
             )
     return tab.astype(np.int32)
+
+
+class PagePool:
+    """A paged cache's pages dealt to sequences as they grow and taken back
+    when they end (a free list; ``LlamaConfig.page_size``). A sequence is
+    any hashable key. :meth:`table` writes the launch's ``block_table``.
+
+    >>> pool = PagePool(pages=4, page_size=16)
+    >>> pool.reserve("a", 20)       # positions 0..20: two pages
+    >>> pool.table(["a"], 3).tolist()
+    [[0, 1, -1]]
+    """
+
+    def __init__(self, pages: int, page_size: int) -> None:
+        for name, value in (("pages", pages), ("page_size", page_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise GraphError(f"PagePool: {name} must be an int >= 1, got {value!r}")
+        self.pages, self.page_size = pages, page_size
+        self._free = list(range(pages - 1, -1, -1))  # pop() deals page 0 first
+        self._held: dict[Any, list[int]] = {}
+
+    @property
+    def free(self) -> int:
+        """Pages no sequence holds."""
+        return len(self._free)
+
+    def held(self, sequence: Any) -> list[int]:
+        """``sequence``'s pages, in position order."""
+        return list(self._held.get(sequence, ()))
+
+    def reserve(self, sequence: Any, position: int) -> None:
+        """Give ``sequence`` the pages that positions ``0..position`` need
+        (the step writes ``position``). Raises GraphError, taking nothing,
+        when the pool cannot."""
+        held = self._held.setdefault(sequence, [])
+        need = position // self.page_size + 1 - len(held)
+        if need > len(self._free):
+            raise GraphError(
+                f"PagePool: sequence {sequence!r} at position {position} needs {need} more "
+                f"pages of {self.page_size}; {len(self._free)} of {self.pages} are free"
+            )
+        held.extend(self._free.pop() for _ in range(max(need, 0)))
+
+    def release(self, sequence: Any) -> None:
+        """Take back every page of ``sequence`` (one that has ended)."""
+        self._free.extend(reversed(self._held.pop(sequence, [])))
+
+    def table(self, sequences: Any, width: int) -> np.ndarray:
+        """The block table ``(len(sequences), width)`` int32 of a batch, row
+        ``b`` the pages of ``sequences[b]`` and -1 past them (never read:
+        the kernel looks up no page past a sequence's position)."""
+        rows = [self._held.get(s, []) for s in sequences]
+        longest = max((len(r) for r in rows), default=0)
+        if longest > width:
+            raise GraphError(f"PagePool.table: a sequence holds {longest} pages; width={width}")
+        out = np.full((len(rows), width), -1, np.int32)
+        for b, row in enumerate(rows):
+            out[b, : len(row)] = row
+        return out
 
 
 def step_symbols(cfg: LlamaConfig, arrays: Mapping[str, Any], L: int) -> dict[str, int]:
