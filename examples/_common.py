@@ -87,7 +87,8 @@ def compile_only(
     exit code (0); None when the example should go on and run. ``g``: a
     graph, or a list of them (each printed); ``compile`` makes the artifact
     (``compile_graph(g, args)`` unless given); with ``ptx_names`` it is
-    bucketed and each kernel's PTX goes to ``FILE.<name>.ptx``."""
+    bucketed and each kernel's PTX (``artifact.leaves()``'s order) goes to
+    ``FILE.<name>.ptx``."""
     for one in g if isinstance(g, list) else [g]:
         if args.print_ir:
             print(one.to_mlir())
@@ -98,9 +99,11 @@ def compile_only(
             files = [(args.emit_ptx, artifact)]
         else:
             stem = args.emit_ptx.removesuffix(".ptx")
+            # Every kernel, in launch order (a bucket's own buckets included).
+            kernels = [leaf for _, leaf in artifact.leaves()]
             files = [
                 (f"{stem}.{name}.ptx", kernel)
-                for name, kernel in zip(ptx_names, artifact.artifacts, strict=True)
+                for name, kernel in zip(ptx_names, kernels, strict=True)
             ]
         for path, kernel in files:
             with open(path, "w") as f:

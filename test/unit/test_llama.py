@@ -362,6 +362,53 @@ def test_example_decodes_in_the_simulator(schedule, flags):
     assert done.stdout.count("ok   L=") == steps and "FAIL" not in done.stdout
 
 
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_serving_example_batches_a_request_stream(schedule):
+    """examples/llama_serve.py: requests join and leave a batch over a
+    paged cache (B = 1's kernel and the others', from one configuration);
+    every step matches the numpy model and every page comes back."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "llama_serve.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--simulate", "--schedule", schedule, "--max-batch", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "served 10 requests" in done.stdout and "FAIL" not in done.stdout
+    sizes = {
+        int(line.split("B=")[1].split()[0]) for line in done.stdout.splitlines() if "B=" in line
+    }
+    assert 1 in sizes and max(sizes) == 3  # both kernels, the batch at its cap
+
+
+@needs_ptxas
+def test_serving_example_emits_every_kernel_s_ptx(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "llama_serve.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--tiny", "--emit-ptx", str(tmp_path / "k.ptx")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    files = sorted(p.name for p in tmp_path.glob("k.*.ptx"))
+    assert files == ["k.B1_L0-1087.ptx", "k.B1_L1088+.ptx", "k.B2+.ptx"]
+    for name in files:
+        asm = subprocess.run(
+            ["ptxas", "-arch=sm_90", str(tmp_path / name), "-o", str(tmp_path / "k.cubin")],
+            capture_output=True,
+            text=True,
+        )
+        assert asm.returncode == 0, asm.stderr
+
+
 def test_example_refuses_a_page_size_naming_it():
     import subprocess
     import sys
