@@ -4,7 +4,7 @@
 # after bench/gpu_session50.sh's steps. Each step's CPU-side build is in its
 # comment.
 # The CPU-side builds: bash bench/gpu_session51_build.sh (carry .device/s51).
-# Usage: bash bench/gpu_session51.sh [tests] [paged] [raw]
+# Usage: bash bench/gpu_session51.sh [tests] [serve] [paged] [raw]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s51
@@ -14,6 +14,14 @@ for step in ${*:-tests}; do
     # schedules, ragged and not (the *_paged* variants of test/gpu/graphs.py)
     ETC_ARTIFACTS=.device/s51/art timeout 500 python -m pytest -q -rfs --tb=short \
       test/gpu/test_llama_gpu.py -k "paged" 2>&1 | tee -a "$OUT/tests.txt" | tail -8
+    ;;
+  serve)  # examples/llama_serve.py on the GPU: requests joining and leaving a
+    # batch over a paged cache, every step against the numpy model (the tiny
+    # model's three kernels, then Llama-3.2-1B's five)
+    timeout 200 python examples/llama_serve.py --tiny --artifact .device/s51/serve_tiny \
+      2>&1 | tee "$OUT/serve_tiny.txt" | tail -4
+    timeout 400 python examples/llama_serve.py --artifact .device/s51/serve_1b --requests 5 \
+      --max-batch 3 2>&1 | tee "$OUT/serve_1b.txt" | tail -8
     ;;
   paged)  # Llama-3.2-1B over pages of 128 and 16 against the contiguous default
     # (DECODE_SWEEP_VARIANTS=default,paged128,paged16 python bench/decode_sweep.py
