@@ -1785,15 +1785,16 @@ def tensor_shapes(
 ) -> dict[str, tuple[tuple, str]]:
     """Every tensor of the graph: name -> (shape, dtype). With
     ``cfg.page_size`` the caches are a pool of ``pages`` and the block table
-    ``max_pages`` wide (default: enough for ``S`` positions a sequence)."""
+    ``max_pages`` wide (defaults: enough for ``S`` positions a sequence, and
+    a pool of ``B`` such rows)."""
     H, NL, NH, KV, D = cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim
     P = cfg.splits(L, B)
     cache = (NL, B, KV, S, D)
     if cfg.page_size:
         if max_pages is None:
-            max_pages = -(-S // cfg.page_size) if isinstance(S, int) else S
+            max_pages = (S + cfg.page_size - 1) // cfg.page_size
         if pages is None:
-            pages = B * max_pages if isinstance(B, int) and isinstance(max_pages, int) else B
+            pages = B * max_pages
         cache = (NL, pages, KV, cfg.page_size, D)
     return {
         "tokens": ((B,), "i32"),

@@ -138,7 +138,11 @@ def rewrite(source: str, name: str, page_size: int, c_t: str) -> str:
         out.append(line)
         lookups.clear()
     assert found, f"no function @{name} in the source"
-    return "".join(out)
+    text = "".join(out)
+    # An access in another form would read the pool as the contiguous cache.
+    left = re.findall(r"%[kv]c\[(?!%l, %pgx)[^\]]*\]", text)
+    assert not left, f"tile '{name}': cache accesses the paged rewrite does not know: {left}"
+    return text
 
 
 class PagedCache:
