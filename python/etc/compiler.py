@@ -331,6 +331,11 @@ def _manifest(
         "watchdog_polls": polls,
         "symbols": [s.name for s in g.symbols],
         **_manifest_symbol_max(g),
+        **(
+            {"requirements": [{"size": _size(s), "message": m} for s, m in g.requirements]}
+            if g.requirements
+            else {}
+        ),
         "tensors": [
             {
                 "name": t.name,

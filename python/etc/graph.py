@@ -206,6 +206,8 @@ class Graph:
         # Graphs that span several GPUs (see ranks()).
         self.rank: Symbol | None = None
         self.num_ranks: Symbol | None = None
+        #: (size expression, message): each must be >= 0 at launch (require()).
+        self.requirements: list[tuple[Size, str]] = []
 
     def __repr__(self) -> str:
         return (
@@ -234,6 +236,21 @@ class Graph:
         self.symbols.append(sym)
         self._params[name] = sym
         return sym
+
+    def require(self, size: Any, message: str) -> None:
+        """Require ``size``, an expression of the symbols, to be ``>= 0`` at
+        every launch: the runtime and the simulator refuse symbols that make
+        it negative with ``ShapeError`` naming ``message`` and the values
+        (e.g. ``g.require(S - L - 1, "position L must be below the cache's
+        S")``), before the kernel could index past a buffer."""
+        if not isinstance(message, str) or not message:
+            raise GraphError(f"require: message must be a non-empty string, got {message!r}")
+        size = self._size(size, f"require({message!r})")
+        if isinstance(size, int):
+            if size < 0:
+                raise GraphError(f"graph '{self.name}': {message} (never: {size} < 0)")
+            return
+        self.requirements.append((size, message))
 
     def ranks(self, count: str = "ranks", rank: str = "rank") -> tuple[Symbol, Symbol]:
         """Make the graph span several GPUs (ranks), one kernel each, and

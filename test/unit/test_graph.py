@@ -171,6 +171,28 @@ def test_symbol_max_is_checked_and_goes_to_the_manifest():
     assert _manifest_symbol_max(etc.Graph("h")) == {}
 
 
+def test_requirements_are_checked_and_go_to_the_manifest():
+    """Graph.require: an expression of the symbols that must be >= 0 at
+    launch; the simulator refuses symbols that break it, naming the message
+    and the values, and the manifest carries it for the runtime."""
+    g = etc.Graph("g")
+    n, m = g.symbol("n"), g.symbol("m")
+    g.require(m - n - 1, "n must be below m")
+    g.require(3, "always")
+    with pytest.raises(etc.GraphError, match=r"graph 'g': never \(never: -1 < 0\)"):
+        g.require(-1, "never")
+    with pytest.raises(etc.GraphError, match="message must be a non-empty string"):
+        g.require(n, "")
+    with pytest.raises(etc.GraphError, match="symbol 'k' belongs to graph 'h'"):
+        g.require(etc.Graph("h").symbol("k"), "k")
+    assert [(str(s), msg) for s, msg in g.requirements] == [("-n + m - 1", "n must be below m")]
+    from etc.simulator import bind_symbols
+
+    assert bind_symbols(g, {"n": 2, "m": 3}) == {"n": 2, "m": 3}
+    with pytest.raises(etc.ShapeError, match=r"below m \(-n \+ m - 1 = -1 < 0 for n=3, m=3\)"):
+        bind_symbols(g, {"n": 3, "m": 3})
+
+
 def test_events_and_symbols_of_another_graph():
     g, v = base_graph()
     other = etc.Graph("other")

@@ -2139,6 +2139,52 @@ def test_page_pool_deals_pages_as_sequences_grow():
         M.PagePool(0, 4)
 
 
+def test_a_position_past_the_cache_is_refused_before_the_launch(tmp_path):
+    """The step writes cache row L and reads RoPE row L: the simulator and
+    the runtime (through the manifest) refuse L >= S, and with a paged cache
+    a block table row too short for position L, naming what is wrong."""
+    from etc.runtime.args import bind_symbols
+    from etc.runtime.manifest import load_manifest
+
+    arrays = M.numpy_inputs(CFG, M.random_weights(CFG), np.array([1, 2], np.int32), 5, 6)
+    with pytest.raises(etc.ShapeError, match="position L must be below S, the rows of the RoPE"):
+        etc.simulate(M.build_decoder_graph(CFG), arrays, {"B": 2, "L": 6, "S": 6})
+    paged = dataclasses.replace(CFG, page_size=4)
+    kernel = load_manifest(M.compile_decoder(paged).save(tmp_path / "paged"))
+    symbols = {"B": 2, "L": 8, "S": 12, "pages": 4, "max_pages": 2}
+    with pytest.raises(etc.ShapeError, match=r"below max_pages \* 4, the positions a block table"):
+        bind_symbols(kernel, symbols)
+    with pytest.raises(etc.ShapeError, match="position L must be below S"):
+        bind_symbols(kernel, {**symbols, "max_pages": 3, "S": 8})
+    assert bind_symbols(kernel, {**symbols, "max_pages": 3}) == tuple(
+        {**symbols, "max_pages": 3}[s] for s in kernel.symbols
+    )
+
+
+def test_a_token_outside_the_vocabulary_never_reads_past_the_embedding():
+    """A bad token (negative, or >= vocab) reads the embedding's last row in
+    the kernel, the simulator and the numpy model alike; numpy_inputs and
+    check_tokens refuse it on the host, naming it."""
+    tokens = np.array([5, 77], np.int32)
+    arrays = M.numpy_inputs(CFG, M.random_weights(CFG), tokens, 3, 6)
+    g = M.build_decoder_graph(CFG)
+    last = {**arrays, "tokens": np.array([5, CFG.vocab - 1], np.int32)}
+    want = etc.simulate(g, last, {"B": 2, "L": 3, "S": 6})
+    model = M.reference_step(CFG, last, 3)["logits"]
+    for bad in (CFG.vocab, -1, 2**31 - 1):
+        odd = {**arrays, "tokens": np.array([5, bad], np.int32)}
+        got = etc.simulate(g, odd, {"B": 2, "L": 3, "S": 6})
+        np.testing.assert_array_equal(got["logits"], want["logits"])
+        np.testing.assert_array_equal(M.reference_step(CFG, odd, 3)["logits"], model)
+    source = next(t for t in g.tasks if t.name == "embed").function.source
+    assert "arith.minui %t_u, %vlast" in source
+    with pytest.raises(
+        etc.GraphError, match=rf"tokens\[1\] = -1 is not in the vocabulary 0..{CFG.vocab - 1}"
+    ):
+        M.numpy_inputs(CFG, M.random_weights(CFG), np.array([5, -1], np.int32), 3, 6)
+    M.check_tokens([0, CFG.vocab - 1], CFG.vocab)
+
+
 def test_block_tables_are_checked():
     """check_block_table names what is wrong with a table: its shape, a
     missing page, a page outside the pool, a page listed twice, a page

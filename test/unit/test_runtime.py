@@ -547,6 +547,29 @@ def test_a_symbol_above_its_max_is_refused(tmp_path: Path) -> None:
             manifest.load_manifest(write_artifact(tmp_path / "bad", data))
 
 
+def test_a_requirement_the_symbols_break_is_refused(tmp_path: Path) -> None:
+    """``Graph.require``'s entries: each size must be >= 0 at launch, or
+    bind_symbols raises naming the message and the values; a malformed
+    entry is refused when the manifest is read, naming the field."""
+    data = splitk_manifest()
+    data["requirements"] = [{"size": "n - 3", "message": "n must be at least 3"}]
+    m = manifest.load_manifest(write_artifact(tmp_path / "ok", data))
+    assert [(str(s), msg) for s, msg in m.requirements] == [("n - 3", "n must be at least 3")]
+    assert args.bind_symbols(m, {"n": 3}) == (3,)
+    with pytest.raises(
+        ShapeError, match=r"splitk: n must be at least 3 \(n - 3 = -1 < 0 for n=2\)"
+    ):
+        args.bind_symbols(m, {"n": 2})
+    for bad, field in (
+        ([{"size": "k - 1", "message": "x"}], "requirements.0..size"),
+        ([{"size": "n"}], "requirements.0..message"),
+        (["n"], "requirements.0."),
+    ):
+        data["requirements"] = bad
+        with pytest.raises(LaunchError, match=field):
+            manifest.load_manifest(write_artifact(tmp_path / "bad", data))
+
+
 def test_bind_numpy_and_pointers(m: manifest.Manifest) -> None:
     t = good(7)
     t["C"] = 0xABC000

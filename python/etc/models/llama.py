@@ -76,6 +76,7 @@ __all__ = [
     "torch_decode_step",
     "weight_bytes",
     "kv_bytes",
+    "check_tokens",
     "check_lengths",
     "check_block_table",
     "step_symbols",
@@ -2054,6 +2055,14 @@ def build_decoder_graph(
     S = g.symbol("S")
     pool = (g.symbol("pages"), g.symbol("max_pages")) if cfg.page_size else ()
     t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S, *pool).items()}
+    # The step reads RoPE row L and writes cache row L: refused at launch past them.
+    g.require(S - L - 1, "position L must be below S, the rows of the RoPE table and the cache")
+    if cfg.page_size:
+        g.require(
+            pool[1] * cfg.page_size - L - 1,
+            f"position L must be below max_pages * {cfg.page_size}, the positions a block "
+            "table row holds",
+        )
     rb = cfg.row_blocks(B)
     regions = dict(cfg.shared_regions)
 
@@ -2442,8 +2451,10 @@ def reference_step(
         k: bf16_to_f32(_row_weight(cfg, arrays, k))
         for k in ("embed", "norms", "wqkv", "wo", "wgu", "wd")
     }
+    from ..tiles.llama import clamped_tokens
+
     kc, vc = arrays["k_cache"].copy(), arrays["v_cache"].copy()
-    tokens = arrays["tokens"].astype(np.int64)
+    tokens = clamped_tokens(arrays["tokens"], cfg.vocab)  # as the embedding tile reads them
     B = len(tokens)
     at = np.minimum(arrays["lengths"], L) if cfg.ragged else np.full(B, L)
     cos, sin = (x[:, None] for x in np.split(arrays["rope"][at], 2, axis=1))
@@ -2505,6 +2516,20 @@ def _paged_reference_step(
             pool[:, table[b, p // P], :, p % P] = out[k][:, b, :, p]
         out[k] = pool
     return out
+
+
+def check_tokens(tokens: Any, vocab: int) -> None:
+    """Raises GraphError naming the first token outside ``0..vocab - 1``
+    (the kernel would read the embedding's last row for it instead).
+    ``tokens``: ints, a numpy array or a torch tensor."""
+    if hasattr(tokens, "detach"):  # a torch tensor: its values, on the host
+        tokens = tokens.detach().cpu().numpy()
+    tok = np.asarray(tokens).reshape(-1)
+    bad = np.flatnonzero((tok < 0) | (tok >= vocab))
+    if len(bad):
+        raise GraphError(
+            f"tokens[{int(bad[0])}] = {int(tok[bad[0]])} is not in the vocabulary 0..{vocab - 1}"
+        )
 
 
 def check_lengths(lengths: Any, B: int, L: int) -> np.ndarray:
@@ -2714,6 +2739,7 @@ def numpy_inputs(
     position only. With ``cfg.page_size``, the same values in a pool of
     ``B * ceil(S / page_size)`` pages dealt at random (:func:`page_table`)."""
     B = len(tokens)
+    check_tokens(tokens, cfg.vocab)
     if cfg.page_size:  # the contiguous config's values, moved to pages
         plain = dataclasses.replace(cfg, page_size=0)
         arrays = numpy_inputs(plain, weights, tokens, L, S, seed, lengths)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from etc.errors import LaunchError, ShapeError
-from etc.runtime.manifest import DTYPE_SIZES, Manifest, canonical_dtype, numel
+from etc.runtime.manifest import DTYPE_SIZES, Manifest, bind_size, canonical_dtype, numel
 
 # Kernel index arithmetic is 64-bit signed; keep every byte count below that.
 MAX_BYTES = (1 << 63) - 1
@@ -76,6 +76,14 @@ def bind_symbols(manifest: Manifest, symbols: Mapping[str, Any] | None) -> tuple
                 "etc.runtime.load of its directory)"
             )
         out.append(int(v))
+    bound = dict(zip(manifest.symbols, out, strict=True))
+    for size, message in manifest.requirements:
+        value = bind_size(size, bound)
+        if value < 0:
+            raise ShapeError(
+                f"{manifest.graph}: {message} ({size} = {value} < 0 for "
+                f"{', '.join(f'{n}={v}' for n, v in bound.items())})"
+            )
     return tuple(out)
 
 

@@ -172,6 +172,8 @@ class Manifest:
     dynamic_shared_memory: int = 0
     #: The largest value of a symbol the kernel takes (``Graph.symbol(max=)``).
     symbol_max: Mapping[str, int] = field(default_factory=dict)
+    #: (size, message): each must be >= 0 at launch (``Graph.require``).
+    requirements: tuple[tuple[Dim, str], ...] = ()
     #: Compiled with ``sm_slices``: its queue ends in the by-SM word, and its
     #: CTAs take their lists by SM (``etc.compile(sm_slices=True)``).
     sm_slices: bool = False
@@ -374,6 +376,14 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
     for name, bound in symbol_max.items():
         if name not in symbols or not _is_int(bound) or bound < 0:
             raise c.fail(f"symbol_max.{name}", f"expected a symbol's int bound >= 0, got {bound!r}")
+
+    requirements = []
+    for i, r in enumerate(c.get(data, "requirements", list, "") if "requirements" in data else []):
+        w = f"requirements[{i}]."
+        if not isinstance(r, dict):
+            raise c.fail(f"requirements[{i}]", f"expected an object, got {r!r}")
+        (size,) = c.dims([c.get(r, "size", (int, str), w)], f"{w}size", symbols)
+        requirements.append((size, c.get(r, "message", str, w)))
 
     tensors = []
     for i, t in enumerate(c.get(data, "tensors", list, "")):
@@ -629,6 +639,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         ranks=ranks,
         dynamic_shared_memory=dynamic_smem,
         symbol_max=dict(symbol_max),
+        requirements=tuple(requirements),
         sm_slices=sm_slices,
         sm_deal=sm_deal,
     )

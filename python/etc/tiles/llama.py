@@ -128,7 +128,8 @@ def embed(
 
     The CTA walks (row, 8-column chunk) pairs, one 16-byte load and store per
     thread per step. Args: ``tokens: memref<?xi32>``, ``E: memref<?xHxbf16>``,
-    ``h: memref<?xHxbf16>``.
+    ``h: memref<?xHxbf16>``. A token outside ``0..V-1`` (``V`` the rows of
+    ``E``) is taken as ``V - 1``, so a bad one never reads past the table.
 
     ``sums``: one more arg ``S: memref<?x?xi64>`` (slots x rows, fixed
     point: :data:`etc.tiles._text.SUM_BITS`); the tiles of each row block
@@ -164,6 +165,11 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_
   %cH = arith.constant {H} : index
   %tid = gpu.thread_id x
   %B = memref.dim %h, %c0 : {x_t}
+  // A token outside the vocabulary (a negative one included) reads the last
+  // row: wrong, but never a read past the table (llama.check_tokens).
+  %vocab = memref.dim %E, %c0 : {x_t}
+  %c1v = arith.constant 1 : index
+  %vlast = arith.subi %vocab, %c1v : index
   %r0 = arith.muli %i, %cBM : index
   %r1a = arith.addi %r0, %cBM : index
   %r1b = arith.minui %r1a, %B : index
@@ -183,7 +189,8 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_
     %col = arith.addi %col0, %cc : index
     %r = arith.addi %r0, %dr : index
     %t_i32 = memref.load %tok[%r] : {t_t}
-    %t = arith.index_cast %t_i32 : i32 to index
+    %t_u = arith.index_castui %t_i32 : i32 to index
+    %t = arith.minui %t_u, %vlast : index
     %v = vector.load %E[%t, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
     vector.store %v, %h[%r, %col] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
   }}
@@ -192,6 +199,7 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_
 """
 
     def reference(i: int, j: int, tok: np.ndarray, E: np.ndarray, h: np.ndarray, *extra) -> None:
+        tok = clamped_tokens(tok, E.shape[0])
         r0, r1 = i * BM, min((i + 1) * BM, h.shape[0])
         c0, c1 = j * BN, min((j + 1) * BN, H)
         if r0 >= r1 or c0 >= c1:
@@ -207,6 +215,13 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_
             extra[-1][:, r0:r1, :] = 0
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def clamped_tokens(tokens: np.ndarray, vocab: int) -> np.ndarray:
+    """The rows :func:`embed` reads for ``tokens``: a token outside
+    ``0..vocab-1`` (as unsigned, so a negative one too) is ``vocab - 1``."""
+    unsigned = np.asarray(tokens).astype(np.int64) & 0xFFFFFFFF
+    return np.minimum(unsigned, vocab - 1)
 
 
 def _embed_zero_counters(block_size: int, c_t: str) -> str:
@@ -265,7 +280,8 @@ def _embed_sums(block_size: int, H: int, x_t: str, t_t: str, s_t: str, col_tiles
     scf.for %sr = %s_first to %nr step %s_step {{
       %r = arith.addi %r0, %sr : index
       %t_i32 = memref.load %tok[%r] : {t_t}
-      %t = arith.index_cast %t_i32 : i32 to index
+      %t_u = arith.index_castui %t_i32 : i32 to index
+      %t = arith.minui %t_u, %vlast : index
       %part = scf.for %k = %s_k0 to %cH step %s_c256 iter_args(%acc = %s_zero) -> (f32) {{
         %v = vector.load %E[%t, %k] {{alignment = 16 : i64}} : {x_t}, vector<8xbf16>
         %f = arith.extf %v : vector<8xbf16> to vector<8xf32>
