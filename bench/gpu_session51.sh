@@ -11,9 +11,11 @@ mkdir -p /tmp/s51
 for step in ${*:-tests}; do
   case $step in
   tests)  # every attention tile over a paged cache against the simulator, both
-    # schedules, ragged and not (the *_paged* variants of test/gpu/graphs.py)
+    # schedules, ragged and not (the *_paged* variants of test/gpu/graphs.py), and
+    # tokens outside the vocabulary launched without a fault
     ETC_ARTIFACTS=.device/s51/art timeout 500 python -m pytest -q -rfs --tb=short \
-      test/gpu/test_llama_gpu.py -k "paged" 2>&1 | tee -a "$OUT/tests.txt" | tail -8
+      test/gpu/test_llama_gpu.py -k "paged or vocabulary" 2>&1 | tee -a "$OUT/tests.txt" \
+      | tail -8
     ;;
   serve)  # examples/llama_serve.py on the GPU: requests joining and leaving a
     # batch over a paged cache, every step against the numpy model (the tiny

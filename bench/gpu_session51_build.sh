@@ -11,7 +11,8 @@ for part in ${*:-art sweep serve}; do
   case $part in
   art)
     for p in $(python -c "import sys; sys.path.insert(0, 'test/gpu'); from graphs import \
-llama_tiny_variants as v; print(' '.join(k for k, c in v().items() if c.page_size))"); do
+llama_tiny_variants as v; print(' '.join(k for k, c in v().items() if c.page_size))") \
+      llama_tiny_static llama_tiny_dynamic; do  # (the last two: the token clamp's test)
       python test/gpu/make_artifacts.py .device/s51/art --only $p | tail -1
     done
     ;;

@@ -27,7 +27,7 @@ prompt token at position 0).
 ``--page-size N`` keeps the KV cache in pages of ``N`` positions
 (``LlamaConfig.page_size``), dealt to each sequence as it grows
 (``llama.PagePool``) through a block table that each step checks
-(``llama.check_block_table``). On the GPU the tensor-core attention's TMA
+(``llama.step_symbols(..., check=True)``). On the GPU the tensor-core attention's TMA
 boxes take whole swizzle atoms: ``N`` at least 8.
 
 ``--simulate`` always uses the tiny configuration (``etc.models.llama.TINY``);
@@ -108,12 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         position = np.maximum(L - lag, 0)  # a sequence not yet joined stays at 0
         if args.ragged:
             arrays["lengths"] = position.astype(np.int32)
-        if pool is not None:  # a page more as a sequence reaches it, checked on the host
+        if pool is not None:  # a page more as a sequence reaches it
             for b, p in enumerate(position.tolist()):
                 pool.reserve(b, p)
             arrays["block_table"] = pool.table(range(B), arrays["block_table"].shape[1])
-            M.check_block_table(arrays["block_table"], cfg.page_size, pool.pages, position)
-        symbols = M.step_symbols(cfg, arrays, L)
+        symbols = M.step_symbols(cfg, arrays, L, check=True)  # tokens, positions, table
         # The attention partials have one slot per attention split: they grow with L.
         shapes = M.tensor_shapes(cfg, B, L, S)
         for name in ("opart", "mpart"):

@@ -156,9 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             "lengths": positions,
             "block_table": pool.table([r.name for r in active], width),
         }
-        M.check_block_table(inputs["block_table"], cfg.page_size, pool.pages, positions)
         kernel_cfg = cfg.kernel_for(B, L)
-        symbols = M.step_symbols(kernel_cfg, inputs, L)
+        symbols = M.step_symbols(kernel_cfg, inputs, L, check=True)  # tokens, positions, table
         out = run_case(kernels[kernel_cfg], kernel, args, inputs, symbols)
         line = f"step {step:2d}: B={B} L={L:2d} requests {[r.name for r in active]}"
         if args.check:

@@ -241,6 +241,26 @@ def test_ragged_batch_matches_the_simulator(variant: str, schedule: str) -> None
                 np.testing.assert_array_equal(out[:, b, :, :p], before[:, b, :, :p])
 
 
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_a_token_outside_the_vocabulary_does_not_fault(schedule: str) -> None:
+    """Tokens -1, vocab and 2**31 - 1 read the embedding's last row (as the
+    simulator does): the launch completes, the context stays usable, and
+    the logits are those of token vocab - 1."""
+    import torch
+
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / f"llama_tiny_{schedule}")
+    cfg = llama_tiny_variants()["llama_tiny"]
+    weights = M.random_weights(cfg, seed=4)
+    arrays = M.numpy_inputs(cfg, weights, np.array([5, cfg.vocab - 1], np.int32), 7, 9)
+    runs = []
+    for last in (cfg.vocab - 1, -1, cfg.vocab, 2**31 - 1):
+        bufs = _to_torch({**arrays, "tokens": np.array([5, last], np.int32)})
+        kernel.launch(bufs, {"B": 2, "L": 7, "S": 9})
+        kernel.check()
+        runs.append(bufs["logits"].clone())
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
 def test_gemm_stamps_mark_every_part_in_order() -> None:
     """The tiny tma decoder with ``gemm_stamps`` at B = 70 (two row
     blocks): every part of every layer projection stamped its entry, its k

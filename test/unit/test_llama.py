@@ -2183,6 +2183,10 @@ def test_a_token_outside_the_vocabulary_never_reads_past_the_embedding():
     ):
         M.numpy_inputs(CFG, M.random_weights(CFG), np.array([5, -1], np.int32), 3, 6)
     M.check_tokens([0, CFG.vocab - 1], CFG.vocab)
+    odd = {**arrays, "tokens": np.array([5, CFG.vocab], np.int32)}
+    assert M.step_symbols(CFG, odd, 3) == {"B": 2, "L": 3, "S": 6}  # no check unless asked
+    with pytest.raises(etc.GraphError, match=rf"tokens\[1\] = {CFG.vocab} is not in"):
+        M.step_symbols(CFG, odd, 3, check=True)
 
 
 def test_block_tables_are_checked():

@@ -2700,14 +2700,26 @@ class PagePool:
         return out
 
 
-def step_symbols(cfg: LlamaConfig, arrays: Mapping[str, Any], L: int) -> dict[str, int]:
+def step_symbols(
+    cfg: LlamaConfig, arrays: Mapping[str, Any], L: int, *, check: bool = False
+) -> dict[str, int]:
     """The graph's symbols for a step at context ``L`` over ``arrays`` (the
     batch from ``tokens``, the capacity from ``rope``, a paged cache's pool
-    and table width from ``k_cache`` and ``block_table``)."""
+    and table width from ``k_cache`` and ``block_table``). ``check``: first
+    check the step's data as the kernel cannot (:func:`check_tokens`,
+    :func:`check_lengths`, :func:`check_block_table`), raising GraphError
+    naming the bad entry; it reads them on the host, so a GPU tensor costs
+    a copy and a synchronisation."""
     symbols = {"B": len(arrays["tokens"]), "L": L, "S": arrays["rope"].shape[0]}
     if cfg.page_size:
         symbols["pages"] = arrays["k_cache"].shape[1]
         symbols["max_pages"] = arrays["block_table"].shape[1]
+    if check:
+        B = symbols["B"]
+        check_tokens(arrays["tokens"], cfg.vocab)
+        at = check_lengths(arrays["lengths"], B, L) if cfg.ragged else np.full(B, L)
+        if cfg.page_size:
+            check_block_table(arrays["block_table"], cfg.page_size, symbols["pages"], at)
     return symbols
 
 
