@@ -984,6 +984,10 @@ VARIANTS["ragged"] = {"ragged": True}
 # eight boxes a step, a table lookup a row in the phased tile). The PyTorch
 # step runs on the contiguous cache, which is then dealt to random pages.
 VARIANTS["paged128"] = {"page_size": 128}
+# ... and a ragged batch with its attention dealt at run time (pool): at
+# random positions the splits of short sequences end early, and a static
+# list would leave their CTAs idle while the long ones' run.
+VARIANTS["ragged_pool"] = {"ragged": True, "pool": ("attention",)}
 VARIANTS["paged16"] = {"page_size": 16}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):

@@ -4,7 +4,7 @@
 # after bench/gpu_session50.sh's steps. Each step's CPU-side build is in its
 # comment.
 # The CPU-side builds: bash bench/gpu_session51_build.sh (carry .device/s51).
-# Usage: bash bench/gpu_session51.sh [tests] [serve] [paged] [raw]
+# Usage: bash bench/gpu_session51.sh [tests] [serve] [paged] [ragged] [raw]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p /tmp/s51
@@ -31,6 +31,12 @@ for step in ${*:-tests}; do
     # (phased tile) is one more dependent load; expected within 1-2 % at 128
     SWEEP_TMP=/tmp/s51 sweep_passes s51_paged ${PAGED_VARIANTS:-default,paged128,paged16} \
       1,8,32,64 1024,4096 .device/s51/sweep
+    ;;
+  ragged)  # ragged batches at random positions up to L (one at L), checked against
+    # torch_decode_step's ragged path: the attention on static lists against dealt
+    # at run time (pool), where short sequences' splits end early
+    DECODE_SWEEP_RAGGED=random SWEEP_TMP=/tmp/s51 sweep_passes s51_ragged ragged,ragged_pool \
+      8,32,64 1024,4096 .device/s51/sweep
     ;;
   raw)  # every sweep's raw rows
     tar czf "$OUT/raw.tgz" -C /tmp/s51 raw 2>/dev/null || true

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU-side builds of bench/gpu_session51.sh: the tiny GPU-test artifacts
 # of the paged caches into .device/s51/art and the Llama-3.2-1B sweep's
-# default, paged128 and paged16 artifacts into .device/s51/sweep (sizes
+# default, paged128, paged16, ragged and ragged_pool artifacts into
+# .device/s51/sweep (sizes
 # printed at the end; ~2.5 minutes on 2 cores, 27 MB: carry .device/s51).
 # The serving example's artifacts go to .device/s51/serve_{tiny,1b}.
 # Usage: bash bench/gpu_session51_build.sh [art] [sweep] [serve]
@@ -17,7 +18,7 @@ llama_tiny_variants as v; print(' '.join(k for k, c in v().items() if c.page_siz
     done
     ;;
   sweep)
-    DECODE_SWEEP_VARIANTS=default,paged128,paged16 python bench/decode_sweep.py \
+    DECODE_SWEEP_VARIANTS=default,paged128,paged16,ragged,ragged_pool python bench/decode_sweep.py \
       --build .device/s51/sweep
     ;;
   serve)
