@@ -159,3 +159,33 @@ def run(
     where = "simulator" if args.simulate else "GPU"
     print(f"{len(cases) - failures}/{len(cases)} cases match numpy on the {where}")
     return 1 if failures else 0
+
+
+def decoder_options(p: argparse.ArgumentParser) -> None:
+    """The decoder examples' own flags: the tiny model on the GPU too, and
+    the check of every step against the numpy model (its tolerance, or off)."""
+    p.add_argument("--tiny", action="store_true", help="the tiny configuration on the GPU too")
+    p.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error")
+    p.add_argument("--no-check", dest="check", action="store_false")
+
+
+def check_decode_step(
+    cfg: Any,
+    before: Mapping[str, np.ndarray],
+    out: Mapping[str, np.ndarray],
+    L: int,
+    tolerance: float,
+) -> tuple[bool, str]:
+    """A decoder step's outputs ``out`` against the numpy model over the
+    arrays ``before`` it (``etc.models.llama.reference_step``, same
+    rounding): whether the logits' relative error is within ``tolerance``,
+    and a line giving it and whether the greedy tokens agree."""
+    from etc.dtypes import bf16_to_f32
+    from etc.models import llama
+
+    ref = llama.reference_step(cfg, before, L)
+    got = bf16_to_f32(out["logits"])
+    err = float(np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]))
+    same = np.array_equal(out["next_tokens"], ref["next_tokens"])
+    tokens = "equal" if same else "differ (a near-tie)"
+    return err <= tolerance, f"logits rel err {err:.2e}, greedy tokens {tokens}"

@@ -44,11 +44,16 @@ import time
 import numpy as np
 
 import etc
-from etc.dtypes import bf16_to_f32
 from etc.models import llama as M
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _common import compile_only, load_kernel, parser  # noqa: E402
+from _common import (  # noqa: E402
+    check_decode_step,
+    compile_only,
+    decoder_options,
+    load_kernel,
+    parser,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=2, help="sequences decoded together (B)")
     p.add_argument("--prompt", type=int, default=4, help="prompt tokens fed one step at a time")
     p.add_argument("--steps", type=int, default=4, help="greedy tokens generated")
-    p.add_argument("--tiny", action="store_true", help="the tiny configuration on the GPU too")
-    p.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error")
-    p.add_argument("--no-check", dest="check", action="store_false")
+    decoder_options(p)
     p.add_argument("--ragged", action="store_true", help="sequence b joins b steps late")
     p.add_argument("--page-size", type=int, default=0, help="a paged KV cache (0: contiguous)")
     p.add_argument(
@@ -124,16 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             out = {k: v.copy() for k, v in arrays.items()}
             kernel.launch(out, symbols)
         if args.check:
-            ref = M.reference_step(cfg, arrays, L)
-            got = bf16_to_f32(out["logits"])
-            err = float(np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]))
-            same = np.array_equal(out["next_tokens"], ref["next_tokens"])
-            ok = err <= args.tolerance
+            ok, detail = check_decode_step(cfg, arrays, out, L, args.tolerance)
             failures += not ok
-            print(
-                f"{'ok  ' if ok else 'FAIL'} L={L:3d} logits rel err {err:.2e}, greedy tokens "
-                f"{'equal' if same else 'differ (a near-tie)'}: {out['next_tokens'].tolist()}"
-            )
+            print(f"{'ok  ' if ok else 'FAIL'} L={L:3d} {detail}: {out['next_tokens'].tolist()}")
         arrays["k_cache"], arrays["v_cache"] = out["k_cache"], out["v_cache"]
         tokens = arrays["tokens"].copy()
         for b in range(B):

@@ -81,9 +81,10 @@ def bind_symbols(graph: Graph, symbols: Mapping[Any, Any] | None) -> dict[str, i
             )
         env[sym.name] = value
     for size, message in graph.requirements:
-        if evaluate(size, env) < 0:
+        value = evaluate(size, env)
+        if value < 0:
             raise ShapeError(
-                f"graph '{graph.name}': {message} ({size} = {evaluate(size, env)} < 0 for "
+                f"graph '{graph.name}': {message} ({size} = {value} < 0 for "
                 f"{', '.join(f'{n}={v}' for n, v in env.items())})"
             )
     return env

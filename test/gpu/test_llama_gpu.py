@@ -56,6 +56,18 @@ def _cache(cfg, arrays, cache: np.ndarray) -> np.ndarray:
     return M.from_pages(cache, arrays["block_table"]) if cfg.page_size else cache
 
 
+def _against_simulator(kernel, graph, cfg, arrays, L: int):
+    """The step over ``arrays`` in the simulator and on the GPU: the GPU's
+    buffers, the simulator's arrays and the logits' relative error."""
+    symbols = M.step_symbols(cfg, arrays, L)
+    simulated = etc.simulate(graph, arrays, symbols)
+    bufs = _to_torch(arrays)
+    kernel.launch(bufs, symbols)
+    kernel.check()
+    got, want = bf16_to_f32(_numpy(bufs["logits"])), bf16_to_f32(simulated["logits"])
+    return bufs, simulated, np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("variant", list(llama_tiny_variants()))
 def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
@@ -88,13 +100,7 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
     for B, L, S in cases:
         tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
         arrays = M.numpy_inputs(cfg, weights, tokens, L, S, seed=B + L)
-        symbols = M.step_symbols(cfg, arrays, L)
-        simulated = etc.simulate(graph, arrays, symbols)
-        bufs = _to_torch(arrays)
-        kernel.launch(bufs, symbols)
-        kernel.check()
-        got, want = bf16_to_f32(_numpy(bufs["logits"])), bf16_to_f32(simulated["logits"])
-        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        bufs, simulated, err = _against_simulator(kernel, graph, cfg, arrays, L)
         assert err < 2e-2, (B, L, err)
         agree = np.mean(_numpy(bufs["next_tokens"]) == simulated["next_tokens"])
         assert agree >= 0.5, (B, L, agree)
@@ -220,13 +226,7 @@ def test_ragged_batch_matches_the_simulator(variant: str, schedule: str) -> None
         rng.shuffle(lengths)
         tokens = rng.integers(0, cfg.vocab, B).astype(np.int32)
         arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2, seed=B + L, lengths=lengths)
-        symbols = M.step_symbols(cfg, arrays, L)
-        simulated = etc.simulate(graph, arrays, symbols)
-        bufs = _to_torch(arrays)
-        kernel.launch(bufs, symbols)
-        kernel.check()
-        got, want = bf16_to_f32(_numpy(bufs["logits"])), bf16_to_f32(simulated["logits"])
-        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        bufs, simulated, err = _against_simulator(kernel, graph, cfg, arrays, L)
         assert err < 2e-2, (B, L, lengths, err)
         for cache in ("k_cache", "v_cache"):
             out = _cache(cfg, arrays, _numpy(bufs[cache]))

@@ -2456,7 +2456,7 @@ def reference_step(
     kc, vc = arrays["k_cache"].copy(), arrays["v_cache"].copy()
     tokens = clamped_tokens(arrays["tokens"], cfg.vocab)  # as the embedding tile reads them
     B = len(tokens)
-    at = np.minimum(arrays["lengths"], L) if cfg.ragged else np.full(B, L)
+    at = _positions(cfg, arrays, L)
     cos, sin = (x[:, None] for x in np.split(arrays["rope"][at], 2, axis=1))
     h = f["embed"][tokens]
 
@@ -2500,6 +2500,14 @@ def reference_step(
     }
 
 
+def _positions(cfg: LlamaConfig, arrays: Mapping[str, Any], L: int) -> np.ndarray:
+    """Each sequence's position in a step at context ``L``: a ragged batch's
+    ``min(lengths[b], L)`` (as the kernel clamps it), else ``L``."""
+    if cfg.ragged:
+        return np.minimum(arrays["lengths"], L)
+    return np.full(len(arrays["tokens"]), L)
+
+
 def _paged_reference_step(
     cfg: LlamaConfig, arrays: Mapping[str, np.ndarray], L: int
 ) -> dict[str, np.ndarray]:
@@ -2508,11 +2516,9 @@ def _paged_reference_step(
     table, P = arrays["block_table"], cfg.page_size
     views = {k: from_pages(arrays[k], table) for k in ("k_cache", "v_cache")}
     out = reference_step(dataclasses.replace(cfg, page_size=0), {**arrays, **views}, L)
-    B = len(arrays["tokens"])
-    at = np.minimum(arrays["lengths"], L) if cfg.ragged else np.full(B, L)
     for k in views:
         pool = arrays[k].copy()
-        for b, p in enumerate(at.tolist()):
+        for b, p in enumerate(_positions(cfg, arrays, L).tolist()):
             pool[:, table[b, p // P], :, p % P] = out[k][:, b, :, p]
         out[k] = pool
     return out
