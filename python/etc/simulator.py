@@ -80,13 +80,10 @@ def bind_symbols(graph: Graph, symbols: Mapping[Any, Any] | None) -> dict[str, i
                 "largest its tiles take"
             )
         env[sym.name] = value
-    for size, message in graph.requirements:
-        value = evaluate(size, env)
-        if value < 0:
-            raise ShapeError(
-                f"graph '{graph.name}': {message} ({size} = {value} < 0 for "
-                f"{', '.join(f'{n}={v}' for n, v in env.items())})"
-            )
+    from .runtime.args import check_requirements
+
+    checks = ((size, evaluate(size, env), message) for size, message in graph.requirements)
+    check_requirements(f"graph '{graph.name}'", checks, env)
     return env
 
 

@@ -8,7 +8,7 @@ a value that does not match its declaration (symbol value, shape, dtype, layout,
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,14 +77,23 @@ def bind_symbols(manifest: Manifest, symbols: Mapping[str, Any] | None) -> tuple
             )
         out.append(int(v))
     bound = dict(zip(manifest.symbols, out, strict=True))
-    for size, message in manifest.requirements:
-        value = bind_size(size, bound)
-        if value < 0:
-            raise ShapeError(
-                f"{manifest.graph}: {message} ({size} = {value} < 0 for "
-                f"{', '.join(f'{n}={v}' for n, v in bound.items())})"
-            )
+    check_requirements(
+        manifest.graph, ((s, bind_size(s, bound), m) for s, m in manifest.requirements), bound
+    )
     return tuple(out)
+
+
+def check_requirements(
+    where: str, checks: Iterable[tuple[Any, int, str]], symbols: Mapping[str, int]
+) -> None:
+    """Raises ShapeError for the first ``(size, value, message)`` of a
+    graph's requirements (``Graph.require``) whose value is negative, with
+    the message and the symbols' values: the runtime's and the simulator's
+    check."""
+    for size, value, message in checks:
+        if value < 0:
+            values = ", ".join(f"{n}={v}" for n, v in symbols.items())
+            raise ShapeError(f"{where}: {message} ({size} = {value} < 0 for {values})")
 
 
 def bound_shapes(manifest: Manifest, symbols: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
