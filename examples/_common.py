@@ -165,7 +165,11 @@ def decoder_options(p: argparse.ArgumentParser) -> None:
     """The decoder examples' own flags: the tiny model on the GPU too, and
     the check of every step against the numpy model (its tolerance, or off)."""
     p.add_argument("--tiny", action="store_true", help="the tiny configuration on the GPU too")
-    p.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        help="largest relative error (default: 2e-2 for the tiny model, 3e-2 for one of 16 layers)",
+    )
     p.add_argument("--no-check", dest="check", action="store_false")
 
 
@@ -174,12 +178,19 @@ def check_decode_step(
     before: Mapping[str, np.ndarray],
     out: Mapping[str, np.ndarray],
     L: int,
-    tolerance: float,
+    tolerance: float | None,
 ) -> tuple[bool, str]:
     """A decoder step's outputs ``out`` against the numpy model over the
     arrays ``before`` it (``etc.models.llama.reference_step``, same
     rounding): whether the logits' relative error is within ``tolerance``,
-    and a line giving it and whether the greedy tokens agree."""
+    and a line giving it and whether the greedy tokens agree.
+
+    By default 2e-2, or 3e-2 for a model of 16 layers or more: sixteen
+    random bf16 layers put two correct implementations 2-3e-2 apart (HF's
+    own bf16 model is 2.6e-2 / 3.3e-2 from its float32 one, docs/decoder.md),
+    and Llama-3.2-1B over a paged cache came to 2.02e-2 on the H200."""
+    if tolerance is None:
+        tolerance = 3e-2 if cfg.layers >= 16 else 2e-2
     from etc.dtypes import bf16_to_f32
     from etc.models import llama
 
