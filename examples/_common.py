@@ -168,7 +168,7 @@ def decoder_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tolerance",
         type=float,
-        help="largest relative error (default: 2e-2 for the tiny model, 3e-2 for one of 16 layers)",
+        help="largest relative error (default: 2e-2, or 3e-2 for a model of 16 layers or more)",
     )
     p.add_argument("--no-check", dest="check", action="store_false")
 
