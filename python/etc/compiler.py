@@ -37,6 +37,9 @@ MANIFEST_FORMAT = "etc-artifact/5"
 #: The format of a manifest with a chunked tensor map (``Graph.tensor_map(chunk=)``),
 #: which a format-5 runtime would encode as a row-major one.
 MANIFEST_FORMAT_CHUNKED = "etc-artifact/6"
+#: The format of a manifest with a clustered task (``etc.DeviceFunction.cluster``),
+#: which an older runtime would launch without clusters.
+MANIFEST_FORMAT_CLUSTERED = "etc-artifact/7"
 # Words of the status record the kernel writes (see ConvertETensorToGPU).
 STATUS_WORDS = 8
 DEFAULT_WATCHDOG_POLLS = 20_000_000
@@ -319,7 +322,9 @@ def _manifest(
     if trace:
         params.append({"kind": "trace"})
     return {
-        "format": MANIFEST_FORMAT_CHUNKED
+        "format": MANIFEST_FORMAT_CLUSTERED
+        if any(getattr(t.function, "cluster", 0) for t in g.tasks)
+        else MANIFEST_FORMAT_CHUNKED
         if any(t.map_chunk for t in g.tensors)
         else MANIFEST_FORMAT,
         "graph": g.name,
@@ -386,6 +391,11 @@ def _manifest(
                 ),
                 **(
                     {"meets": meets} if (meets := getattr(tasks[name].function, "meets", 0)) else {}
+                ),
+                **(
+                    {"cluster": cluster}
+                    if (cluster := getattr(tasks[name].function, "cluster", 0))
+                    else {}
                 ),
             }
             for i, name in enumerate(sched.tasks)
@@ -566,6 +576,20 @@ def compile(  # noqa: A001 - the public name
             f"task '{meeting.name}' (tile '{meeting.function.name}') has split-K parts that "
             "wait for each other, which only the static schedule's lists run safely; "
             "compile it with schedule='static' or build the tile without meet_share"
+        )
+    clustered = [task for task in g.tasks if getattr(task.function, "cluster", 0)]
+    if clustered and (schedule != "static" or sm_slices):
+        raise CompileError(
+            f"task '{clustered[0].name}' (tile '{clustered[0].function.name}') runs each group "
+            f"of {clustered[0].function.cluster} parts on one thread-block cluster, which only "
+            "the static schedule's lists dealt by CTA place: compile it with "
+            "schedule='static' and without sm_slices"
+        )
+    sizes = sorted({task.function.cluster for task in clustered})
+    if len(sizes) > 1:
+        raise CompileError(
+            f"tasks {', '.join(repr(t.name) for t in clustered)} need clusters of "
+            f"{' and '.join(map(str, sizes))} CTAs; one kernel launches with one cluster size"
         )
     regioned = next((task for task in g.tasks if task.shared_region), None)
     if prefetch_next and regioned is not None:

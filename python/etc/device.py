@@ -91,6 +91,15 @@ class DeviceFunction:
         #: lists run such a task: they deal those instances to different
         #: CTAs, in global order, so the first unfinished block always runs.
         self.meets = 0
+        #: CTAs of a thread-block cluster that run each group of this many
+        #: instances that differ only in their last grid coordinate (0: no
+        #: cluster): instance ``g * cluster + r`` on the cluster's CTA of rank
+        #: ``r``, all at once, so they may exchange data through distributed
+        #: shared memory and wait for each other at cluster barriers (a
+        #: split-K meeting in pairs, ``layer_gemm(meeting="cluster")``). Only
+        #: the static schedule's lists place them (``etc.runtime.queue.cluster_ctas``);
+        #: the kernel then launches in clusters of this size.
+        self.cluster = 0
         #: Buffers the tile reads through TMA: buffer index (after the grid
         #: coordinates) -> (index of the buffer the map describes, box
         #: ``(rows, cols)``[, chunk]): ``chunk`` (default 0) when the source

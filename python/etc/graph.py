@@ -583,6 +583,27 @@ class Graph:
                 "deal='list', no triggered_by and no phase on it (the static lists then deal a "
                 f"block's parts to different CTAs); here {', '.join(broken)}"
             )
+        cluster = getattr(function, "cluster", 0)
+        broken = [
+            why
+            for bad, why in (
+                (
+                    not isinstance(last, int) or last % max(cluster, 1),
+                    f"its last grid dimension is {last}",
+                ),
+                (deal != "list", f"deal={deal!r}"),
+                (trigger is not None, "it has triggered_by"),
+                (phase_t == ("dim", len(grid_t) - 1), "its phase is that dimension"),
+            )
+            if cluster and bad
+        ]
+        if broken:
+            raise GraphError(
+                f"{where}: tile '{function.name}' runs each {cluster} instances along its last "
+                f"grid dimension on one thread-block cluster, which needs that dimension a "
+                "multiple of the cluster, deal='list', no triggered_by and no phase on it; "
+                f"here {', '.join(broken)}"
+            )
         for other in self.tasks:
             if other.function.name == function.name and other.shared_region != shared_region:
                 raise GraphError(

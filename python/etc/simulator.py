@@ -115,7 +115,9 @@ def static_queues(
     the task number being the position in ``topological_tasks()``; a
     ``deal="pool"`` task has one entry ``(task number, pool)`` per phase in
     each CTA that received any of the phase's instances
-    (:func:`etc.runtime.queue.pool_entries`).
+    (:func:`etc.runtime.queue.pool_entries`). A clustered tile's groups
+    (``etc.DeviceFunction.cluster``) go to one cluster's CTAs
+    (:func:`etc.runtime.queue.cluster_ctas`).
     """
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
@@ -130,7 +132,18 @@ def static_queues(
     pooled = [t.deal == "pool" for t in tasks]
     limits = [t.ctas or 0 for t in tasks]
     slots = [t.deal_slots or 0 for t in tasks]
-    return decode(build_static_queue(counts, num_ctas, phases, pooled, limits=limits, slots=slots))
+    clusters = [getattr(t.function, "cluster", 0) for t in tasks]
+    size = max(clusters, default=0)
+    if size and num_ctas % size:
+        raise EtcError(
+            f"num_ctas={num_ctas} is not whole thread-block clusters of {size} CTAs (task "
+            f"'{tasks[clusters.index(size)].name}' runs on clusters)"
+        )
+    return decode(
+        build_static_queue(
+            counts, num_ctas, phases, pooled, limits=limits, slots=slots, clusters=clusters
+        )
+    )
 
 
 def _bind_inputs(
@@ -450,6 +463,7 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
             for cta, (machine, _) in enumerate(ctas)
             if (now := current[cta]) is not None and machine.blocker(*now) is None
         ]
+        ready = _whole_clusters(ready, ctas, current)
         for cta in ready:
             machine, queue = ctas[cta]
             now = current[cta]
@@ -462,11 +476,26 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
         progressed = bool(ready)
         if not progressed:
             stuck: list[tuple[_Machine, tuple[Any, ...]]] = []
+            waiting_cluster = None
             for cta, (machine, _) in enumerate(ctas):
                 if (now := current[cta]) is not None:
                     block = machine.blocker(*now)
-                    assert block is not None
+                    if block is None:  # unblocked, but its cluster's other CTAs are not there
+                        waiting_cluster = waiting_cluster or (cta, machine, now)
+                        continue
                     stuck.append((machine, block))
+            if not stuck:
+                assert waiting_cluster is not None
+                cta, machine, (number, linear) = waiting_cluster
+                task = machine.order[number]
+                raise DeadlockError(
+                    f"deadlock in graph '{machine.graph.name}' (static schedule, {num_ctas} "
+                    f"CTAs): CTA {cta} runs task '{task.name}' instance "
+                    f"{machine.point(number, linear)}, whose thread-block cluster's other CTAs "
+                    f"never reach its group; {remaining} task instance(s) remain",
+                    task=task.name,
+                    instance=machine.point(number, linear),
+                )
             # Waits on a rank's own (unranked) events first: where a hang
             # that spans ranks starts.
             ranked = {e.name for e in machines[0].graph.events if e.ranked}
@@ -482,6 +511,31 @@ def _run_static(machines: list[_Machine], num_ctas: int) -> None:
             raise first.deadlock([b for _, b in stuck], remaining, how)
     for machine in machines:
         machine.check_table_reads(f"static schedule, {num_ctas} CTAs")
+
+
+def _whole_clusters(
+    ready: list[int], ctas: list[tuple[_Machine, Any]], current: list[tuple[int, int] | None]
+) -> list[int]:
+    """The ready CTAs less those at a clustered instance whose cluster's
+    other CTAs are not at its group's other instances, ready too: the group
+    waits for itself at cluster barriers, so it runs together or not at all."""
+    ready_set = set(ready)
+    out = []
+    for cta in ready:
+        machine, _ = ctas[cta]
+        now = current[cta]
+        assert now is not None
+        size = getattr(machine.order[now[0]].function, "cluster", 0)
+        if size:
+            leader = cta - cta % size
+            group = now[1] - now[1] % size
+            if any(
+                current[leader + r] != (now[0], group + r) or leader + r not in ready_set
+                for r in range(size)
+            ):
+                continue
+        out.append(cta)
+    return out
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,12 @@ def test_split_partial_block_counts_only_its_rows():
         (dict(k_splits=2, meeting="fragments", meet_share=3), "a power of two up to k_splits=2"),
         (dict(k_splits=1, meeting="fragments", meet_share=2), "meet_share=2 needs .*k_splits > 1"),
         (dict(k_splits=4, meeting="fragments", meet_share=4), "dividing the 2 fragments"),
-        (dict(meeting="tree"), "meeting must be 'rows' or 'fragments', got 'tree'"),
+        (
+            dict(meeting="tree"),
+            r"meeting must be one of \('rows', 'fragments', 'cluster'\), got 'tree'",
+        ),
+        (dict(k_splits=1, meeting="cluster"), "meets parts in pairs.*k_splits=1, stages=4"),
+        (dict(k_splits=2, meeting="cluster", stages=1), "an even k_splits and stages >= 2"),
         (dict(a_box=24), "a_box=24 must be 16, 32 or 64"),
         (dict(prefetch_ring=0), "prefetch must be a bool, an int >= 1, .shared. or .shared_l2."),
     ],
@@ -287,6 +292,75 @@ def test_tiles_assemble_for_sm_90a(epilogue, parts, extra, tmp_path):
     assert ("mbarrier.test_wait" in ptx) == (extra.get("refill") == "test")
     report = sm90a_ptxas(ptx, tmp_path)
     assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report))
+
+
+@pytest.mark.parametrize("epilogue, parts", [("residual", 4), ("swiglu", 2), ("store", 2)])
+def test_cluster_meeting_adds_the_pair_sums(epilogue, parts):
+    """meeting="cluster": the reference adds each pair's sum p[2g] + p[2g+1]
+    in pair order (the GPU's pairs meet in shared memory, then the pairs'
+    even parts in the workspace): with 2 parts the fragments meeting's bits,
+    with more the same values within rounding; counters back at zero; the
+    tile runs each pair on one cluster of 2."""
+    outs = {}
+    for meeting in ("fragments", "cluster"):
+        bufs, kw, names = _case(epilogue, parts, np.random.default_rng(5))
+        tile = _tile(epilogue, parts, meeting=meeting, **kw)
+        assert (tile.cluster, tile.meets) == ((2 if meeting == "cluster" else 0), 0)
+        _run(tile, bufs, names, range(parts)[::-1])
+        assert not bufs["cnt"].any()
+        outs[meeting] = bf16_to_f32(bufs["C"])
+    if parts == 2:
+        np.testing.assert_array_equal(outs["cluster"], outs["fragments"])
+    else:
+        np.testing.assert_allclose(outs["cluster"], outs["fragments"], rtol=8e-3, atol=1e-3)
+
+
+def test_cluster_meeting_sums_in_pair_order():
+    """Parts whose products are 2**27, 1, -2**27, 1 (in float32 2**27 + 1
+    and -2**27 + 1 round away the 1): part order gives 1 a layer, pair
+    order (2**27 + 1) + (-2**27 + 1) gives 0."""
+    got = {}
+    for meeting in ("fragments", "cluster"):
+        bufs, kw, names = _case("residual", 4, np.random.default_rng(7))
+        bufs["A"][:] = 0
+        bufs["W"][:] = 0
+        bufs["C"][:] = 0
+        part = K // 4
+        for s, v in enumerate((2.0**27, 1.0, -(2.0**27), 1.0)):
+            bufs["A"][:, s * part] = f32_to_bf16(np.float32(1.0))
+            bufs["W"][:, :, s * part] = f32_to_bf16(np.float32(v))
+        _run(_tile("residual", 4, meeting=meeting, **kw), bufs, names, range(4))
+        got[meeting] = bf16_to_f32(bufs["C"])
+    # Each of the L layers adds its sum to C (the residual).
+    assert (got["fragments"] == L).all() and (got["cluster"] == 0).all()
+
+
+@needs_ptxas
+@pytest.mark.parametrize(
+    "epilogue, parts, bn", [("residual", 2, 32), ("swiglu", 2, 64), ("store", 4, 64)]
+)
+def test_cluster_meeting_assembles_and_hands_over_in_shared_memory(epilogue, parts, bn, tmp_path):
+    """The pair's odd part stores its fragments into its ring, both pass
+    two cluster barriers, the even part reads them over distributed shared
+    memory (mapa + ld.shared::cluster), and only with more than 2 parts
+    does a workspace meeting (its counter) follow; the artifact is the
+    clustered format, its task clustered in 2, and ptxas keeps it all in
+    registers."""
+    _, kw, names = _case(epilogue, parts, np.random.default_rng(0))
+    tile = _tile(epilogue, parts, bn=bn, meeting="cluster", prefetch_ring="shared", **kw)
+    art = _compile(tile, epilogue, parts, names, bn)
+    assert art.manifest["format"] == "etc-artifact/7"
+    assert art.manifest["tasks"][0]["cluster"] == 2
+    ptx = art.ptx
+    frags = 64 * (2 if epilogue == "swiglu" else 1) * bn // 256 // 4
+    assert ptx.count("barrier.cluster.arrive.release.aligned") == 2
+    assert ptx.count("st.shared.v4.f32") == ptx.count("ld.shared::cluster.v4.f32") == frags
+    assert "mapa.shared::cluster.u32" in ptx and "%cluster_ctarank" in ptx
+    assert ("atom.acq_rel.gpu.global.add.u32" in ptx.split("ld.shared::cluster")[-1]) == (parts > 2)
+    report = sm90a_ptxas(ptx, tmp_path)
+    assert not any(int(x) for x in re.findall(r"(\d+) bytes spill", report)), report
+    with pytest.raises(etc.CompileError, match="only the static schedule"):
+        _compile(tile, epilogue, parts, names, bn, schedule="dynamic")
 
 
 @needs_ptxas

@@ -2854,6 +2854,14 @@ struct ConvertETensorToGPUPass
     for (Operation *global : globals)
       if (SymbolTable::symbolKnownUseEmpty(global, module))
         global->erase();
+    // A workgroup global that no device function reads (a tile's declared
+    // but unused buffer) would stay on the host, where the memref lowering
+    // cannot place its address space: it declares nothing, so it goes.
+    for (auto global :
+         llvm::make_early_inc_range(module.getOps<memref::GlobalOp>()))
+      if (isWorkgroupMemorySpace(global.getType().getMemorySpace()) &&
+          SymbolTable::symbolKnownUseEmpty(global, module))
+        global.erase();
   }
 
   LogicalResult convertGraph(GraphOp graph, SymbolTable &symbols,

@@ -170,6 +170,42 @@ def max_active_ctas(dev: Device, fn: Any, block_size: int, dynamic_smem: int = 0
     return int(per_sm) * dev.sm_count
 
 
+def cluster_launch_config(
+    grid: int, block_size: int, dynamic_smem: int, cluster: int, cooperative: bool = True
+) -> Any:
+    """A ``CUlaunchConfig`` for ``cuLaunchKernelEx``: ``grid`` CTAs of
+    ``block_size`` threads in 1-D thread-block clusters of ``cluster`` CTAs
+    (CTAs ``c*cluster .. c*cluster + cluster - 1`` form cluster ``c``), a
+    cooperative launch (all CTAs co-resident, or the launch fails) when
+    ``cooperative``. The caller sets ``hStream``."""
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = int(grid), 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = int(block_size), 1, 1
+    config.sharedMemBytes = int(dynamic_smem)
+    ids = cu.CUlaunchAttributeID
+    shape = cu.CUlaunchAttribute()
+    shape.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    dim = shape.value.clusterDim
+    dim.x, dim.y, dim.z = int(cluster), 1, 1
+    attrs = [shape]
+    if cooperative:
+        together = cu.CUlaunchAttribute()
+        together.id = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        together.value.cooperative = 1
+        attrs.append(together)
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
+    return config
+
+
+def max_active_clusters(fn: Any, cluster: int, block_size: int, dynamic_smem: int = 0) -> int:
+    """Clusters of ``cluster`` CTAs that can be co-resident on the whole
+    device (``cuOccupancyMaxActiveClusters``: a GPC holds whole clusters, so
+    this can be fewer CTAs than :func:`max_active_ctas`)."""
+    config = cluster_launch_config(cluster, block_size, dynamic_smem, cluster, cooperative=False)
+    return int(check(cu.cuOccupancyMaxActiveClusters(fn, config), "cuOccupancyMaxActiveClusters"))
+
+
 def alloc(nbytes: int) -> int:
     return int(check(cu.cuMemAlloc(max(int(nbytes), 1)), f"cuMemAlloc({nbytes})"))
 

@@ -45,6 +45,12 @@ STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK, STATE_QUEUE_OVERFLOW = 0, 1, 2, 3
 _cu = driver.cu
 _INT = {int}
 _SUCCESS = _cu.CUresult.CUDA_SUCCESS if _cu is not None else None
+# What a driver that cannot launch clusters cooperatively answers.
+_COOPERATIVE_REFUSED = (
+    (_cu.CUresult.CUDA_ERROR_INVALID_VALUE, _cu.CUresult.CUDA_ERROR_NOT_SUPPORTED)
+    if _cu is not None
+    else ()
+)
 # A launch from a thread whose current context is missing, or another device's
 # (multi-GPU processes): make the kernel's context current and launch again.
 _WRONG_CONTEXT = (
@@ -179,6 +185,9 @@ class _Plan:
     #: Static schedule: what the queue was dealt from (instance counts, grid,
     #: phases, pooled tasks), to deal it again by SM (`Kernel.deal_by_sm`).
     deal_inputs: tuple | None = None
+    #: Clustered kernels: the ``CUlaunchConfig`` of this plan's grid and
+    #: whether it is cooperative (built at the first launch).
+    cluster_config: tuple[Any, bool] | None = None
 
     def with_symbols(self, values: dict[str, int]) -> _Plan:
         """This plan for other symbol values of the same shape: a new
@@ -217,12 +226,24 @@ class Kernel:
         smem = manifest.dynamic_shared_memory
         if smem:
             driver.allow_dynamic_shared_memory(function, smem)
-        self.num_ctas = driver.max_active_ctas(device, function, manifest.block_size, smem)
+        #: CTAs a thread-block cluster of every launch (1: no clusters,
+        #: ``Manifest.cluster``); grids are then whole clusters.
+        self.cluster = cluster = manifest.cluster
+        if cluster > 1:
+            clusters = driver.max_active_clusters(function, cluster, manifest.block_size, smem)
+            self.num_ctas = clusters * cluster
+        else:
+            self.num_ctas = driver.max_active_ctas(device, function, manifest.block_size, smem)
         if self.num_ctas < 1:
             raise LaunchError(
-                f"{manifest.graph}: the kernel cannot run a single CTA of "
-                f"{manifest.block_size} threads on {device.name} (registers/shared memory)"
+                f"{manifest.graph}: the kernel cannot run a single "
+                + (f"cluster of {cluster} CTAs" if cluster > 1 else "CTA")
+                + f" of {manifest.block_size} threads on {device.name} (registers/shared memory)"
             )
+        #: Clustered launches go through cuLaunchKernelEx, cooperative unless
+        #: the driver refused a cooperative cluster launch once (then plain:
+        #: the grid stays within the co-resident clusters).
+        self._cluster_cooperative = True
         self._param_tensors = [p.name for p in manifest.params if p.kind == "tensor"]
         self._symbol_names = manifest.symbols
         self._plans: dict[tuple, _Plan] = {}
@@ -261,7 +282,12 @@ class Kernel:
     def grid_size(self, symbols: Mapping[str, int]) -> int:
         """CTAs a launch with these symbols uses: min(instances, `num_ctas`), at least 1."""
         values = dict(zip(self.manifest.symbols, bind_symbols(self.manifest, symbols), strict=True))
-        return max(1, min(sum(total_instances(self.manifest, values)), self.num_ctas))
+        return self._whole_clusters(sum(total_instances(self.manifest, values)))
+
+    def _whole_clusters(self, instances: int) -> int:
+        """min(instances, `num_ctas`), at least 1, rounded up to whole clusters."""
+        c = self.cluster
+        return min(-(-max(1, min(instances, self.num_ctas)) // c) * c, self.num_ctas)
 
     def _plan(self, symbols: Mapping[str, Any], grid: int | None) -> _Plan:
         m = self.manifest
@@ -289,11 +315,16 @@ class Kernel:
             plan = same_shape.with_symbols(values)
             return self._remember(key, grid, plan)
         check_bound_graph(m, values)
-        actual = max(1, min(sum(counts), self.num_ctas))
+        actual = self._whole_clusters(sum(counts))
         if grid is not None:
             if not 1 <= grid <= self.num_ctas:
                 raise LaunchError(
                     f"{m.graph}: grid {grid} is outside 1..{self.num_ctas} (co-resident CTAs)"
+                )
+            if grid % self.cluster:
+                raise LaunchError(
+                    f"{m.graph}: grid {grid} is not whole thread-block clusters of "
+                    f"{self.cluster} CTAs (its clustered tasks)"
                 )
             actual = grid
         if m.ranked and self._peers is None:
@@ -388,9 +419,11 @@ class Kernel:
             )
         limits = [t.ctas for t in m.tasks]
         slots = [t.deal_slots for t in m.tasks]
+        clusters = [t.cluster for t in m.tasks]
         queue = build_static_queue(
-            counts, grid, phases, pooled, by_sm, self._sm_deal or "spread", meets, limits, slots
-        )
+            counts, grid, phases, pooled, by_sm, self._sm_deal or "spread", meets, limits, slots,
+            clusters,
+        )  # fmt: skip
         if m.sm_slices:
             return np.append(queue, np.int64(word))
         if m.sm_deal is not None:
@@ -640,18 +673,22 @@ class Kernel:
             )
         # The hot path: the arguments as one tuple, launched once (twice when
         # another context was current).
-        launch = (
-            self.function, plan.grid, 1, 1, m.block_size, 1, 1, m.dynamic_shared_memory,
-            handle, plan.pack.address,
-        )  # fmt: skip
-        err = cu.cuLaunchCooperativeKernel(*launch)[0]
-        if err in _WRONG_CONTEXT:  # no current context, or another device's
-            self._ensure_context()
+        if self.cluster > 1:
+            err = self._launch_clusters(plan, handle)
+        else:
+            launch = (
+                self.function, plan.grid, 1, 1, m.block_size, 1, 1, m.dynamic_shared_memory,
+                handle, plan.pack.address,
+            )  # fmt: skip
             err = cu.cuLaunchCooperativeKernel(*launch)[0]
+            if err in _WRONG_CONTEXT:  # no current context, or another device's
+                self._ensure_context()
+                err = cu.cuLaunchCooperativeKernel(*launch)[0]
         if err != _SUCCESS:
+            how = f", clusters of {self.cluster}" if self.cluster > 1 else ""
             raise LaunchError(
-                f"{m.graph}: cuLaunchCooperativeKernel (grid {plan.grid} x "
-                f"{m.block_size}) failed: {driver.error_name(err)}"
+                f"{m.graph}: cuLaunch{'KernelEx' if how else 'CooperativeKernel'} (grid "
+                f"{plan.grid} x {m.block_size}{how}) failed: {driver.error_name(err)}"
             )
         self._last = (handle, scratch, plan, polls)
         if has_numpy:
@@ -675,6 +712,33 @@ class Kernel:
                     raise failure
             else:
                 self._learn_placement(plan)
+
+    def _launch_clusters(self, plan: _Plan, stream: int) -> Any:
+        """The launch in thread-block clusters (``cuLaunchKernelEx``): its
+        error code. Cooperative, unless the driver refuses that with
+        clusters; then plain from here on, the grid being whole co-resident
+        clusters (``cuOccupancyMaxActiveClusters``)."""
+        m, cu = self.manifest, _cu
+
+        def launch() -> Any:
+            cooperative = self._cluster_cooperative
+            if plan.cluster_config is None or plan.cluster_config[1] != cooperative:
+                config = driver.cluster_launch_config(
+                    plan.grid, m.block_size, m.dynamic_shared_memory, self.cluster, cooperative
+                )
+                plan.cluster_config = (config, cooperative)
+            config = plan.cluster_config[0]
+            config.hStream = stream
+            return cu.cuLaunchKernelEx(config, self.function, plan.pack.address, 0)[0]
+
+        err = launch()
+        if err in _WRONG_CONTEXT:
+            self._ensure_context()
+            err = launch()
+        if err in _COOPERATIVE_REFUSED and self._cluster_cooperative:
+            self._cluster_cooperative = False
+            err = launch()
+        return err
 
     def check(self) -> None:
         """Waits for the latest launch and raises what its status record reports.

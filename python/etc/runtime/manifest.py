@@ -26,8 +26,12 @@ FORMAT = "etc-artifact/5"
 #: tensor), which a format-4 runtime would have asked the caller to pass; a
 #: format-4 manifest is a format-5 one without maps. 6 added chunked maps
 #: (`tensor_map.chunk`), which a format-5 runtime would encode as row-major
-#: ones; the compiler writes it only for a graph that has one.
-READABLE_FORMATS = ("etc-artifact/4", FORMAT, "etc-artifact/6")
+#: ones; the compiler writes it only for a graph that has one. 7 added
+#: thread-block clusters (`cluster` on a task), which an older runtime would
+#: launch without; the compiler writes it only for a graph that has one.
+READABLE_FORMATS = ("etc-artifact/4", FORMAT, "etc-artifact/6", "etc-artifact/7")
+#: CTAs a thread-block cluster may have (the portable sizes on sm_90).
+CLUSTER_SIZES = (2, 4, 8)
 MANIFEST = "manifest.json"
 
 #: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
@@ -134,6 +138,10 @@ class TaskSpec:
     #: Static schedule: round-robin positions each phase's instances take at
     #: least (``Graph.task(deal_slots=...)``); 0: their count.
     deal_slots: int = 0
+    #: Each group of this many consecutive instances (a block's split-K
+    #: parts) runs on the CTAs of one thread-block cluster, which wait for
+    #: each other (``etc.DeviceFunction.cluster``); 0: none.
+    cluster: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,12 @@ class Manifest:
     @property
     def ranked(self) -> bool:
         return self.ranks is not None
+
+    @property
+    def cluster(self) -> int:
+        """CTAs a thread-block cluster of the launch (1: no clusters): the
+        size its clustered tasks share (``TaskSpec.cluster``)."""
+        return max((t.cluster for t in self.tasks), default=0) or 1
 
     @property
     def traced(self) -> bool:
@@ -495,6 +509,15 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         slots = t.get("deal_slots", 0)
         if not (_is_int(slots) and slots >= 0) or (slots and deal != "list"):
             raise c.fail(f"{w}deal_slots", f"expected an int >= 0 (listed tasks), got {slots!r}")
+        cluster = t.get("cluster", 0)
+        if not (_is_int(cluster) and cluster in CLUSTER_SIZES + (0,)) or (
+            cluster and (deal != "list" or meets or trigger is not None)
+        ):
+            raise c.fail(
+                f"{w}cluster",
+                f"expected 0 or one of {CLUSTER_SIZES} (listed, untriggered tasks without "
+                f"meets), got {cluster!r}",
+            )
         tasks.append(
             TaskSpec(
                 index,
@@ -508,6 +531,7 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
                 meets,
                 ctas,
                 slots,
+                cluster,
             )
         )
     if len(tasks) >= 1 << 15:
@@ -595,6 +619,17 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         raise c.fail(
             f"tasks[{meeting.index}].meets",
             "parts that wait for each other need the static schedule",
+        )
+    clustered = [t for t in tasks if t.cluster]
+    if clustered and (data.get("schedule") != "static" or sm_slices):
+        raise c.fail(
+            f"tasks[{clustered[0].index}].cluster",
+            "clusters need the static schedule's lists, dealt by CTA (no sm_slices)",
+        )
+    if len({t.cluster for t in clustered}) > 1:
+        raise c.fail(
+            f"tasks[{clustered[-1].index}].cluster",
+            f"one launch has one cluster size, got {sorted({t.cluster for t in clustered})}",
         )
     sm_deal = data.get("sm_deal")
     if not (sm_deal is None or sm_deal in SM_DEALS and data.get("schedule") == "static"):

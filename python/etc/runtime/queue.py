@@ -88,6 +88,7 @@ def build_static_queue(
     meets: Sequence[int] | None = None,
     limits: Sequence[int] | None = None,
     slots: Sequence[int] | None = None,
+    clusters: Sequence[int] | None = None,
 ) -> np.ndarray:
     """The queue array (offset header + entries) for instance ``counts`` per
     task and ``grid`` CTAs (``phases``: see :func:`global_order`; ``pooled``:
@@ -99,7 +100,10 @@ def build_static_queue(
     graphs without pools only, which then deal the other tasks
     round-robin, not by SM; ``slots``: per task, the round-robin positions
     each run of its entries takes at least, :func:`slotted_ctas`, graphs
-    without pools only, dealt round-robin, not by SM)."""
+    without pools only, dealt round-robin, not by SM; ``clusters``: per
+    task, the size of the thread-block cluster whose CTAs run each group of
+    that many consecutive instances, :func:`cluster_ctas`, which moves
+    them there after any of the other deals)."""
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
     if meets is not None and max(meets, default=0) > grid:
@@ -107,6 +111,26 @@ def build_static_queue(
             f"{max(meets)} parts that wait for each other need as many CTAs, got {grid}"
         )
     entries = global_order(counts, phases)
+    dealt = _deal(entries, grid, phases, pooled, sm_of_cta, how, meets, limits, slots)
+    if clusters is not None and any(clusters):
+        entries, ctas = dealt or (entries, np.arange(len(entries), dtype=np.int64) % grid)
+        return _queue_of(entries, cluster_ctas(entries, ctas, clusters, grid), grid)
+    return _round_robin_queue(entries, grid) if dealt is None else _queue_of(*dealt, grid)
+
+
+def _deal(
+    entries: np.ndarray,
+    grid: int,
+    phases: Sequence[np.ndarray | int] | None,
+    pooled: Sequence[bool] | None,
+    sm_of_cta: Sequence[int] | None,
+    how: str,
+    meets: Sequence[int] | None,
+    limits: Sequence[int] | None,
+    slots: Sequence[int] | None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The entries (global order) :func:`build_static_queue` keeps and the
+    CTA of each, by its deals; None for plain round-robin."""
     limited = limits is not None and any(limits)
     slotted = slots is not None and any(slots)
     if limited or slotted:
@@ -117,13 +141,20 @@ def build_static_queue(
         ctas = slotted_ctas(entries, grid, slots) if slotted else None
         if limited:
             ctas = limited_ctas(entries, grid, limits, ctas)
-        return _queue_of(entries, ctas, grid)
+        assert ctas is not None
+        return entries, ctas
     if pooled is not None and any(pooled):
-        return _queue_of(*pool_entries(entries, grid, phases, pooled), grid)
+        return pool_entries(entries, grid, phases, pooled)
     if sm_of_cta is not None:
         ctas = sm_deal(entries, grid, sm_of_cta, how)
         if meets is None or parts_apart(entries, ctas, meets, grid):
-            return _queue_of(entries, ctas, grid)
+            return entries, ctas
+    return None
+
+
+def _round_robin_queue(entries: np.ndarray, grid: int) -> np.ndarray:
+    """The queue array of the global order dealt round-robin: position ``p``
+    to CTA ``p % grid`` (what ``_queue_of`` makes of that deal, without a sort)."""
     total = len(entries)
     base, extra = divmod(total, grid)
     out = np.empty(grid + 1 + total, dtype=np.int64)
@@ -174,6 +205,45 @@ def limited_ctas(
         if n:
             mine = np.flatnonzero(tasks == task)
             ctas[mine] = np.arange(len(mine), dtype=np.int64) % min(int(n), grid)
+    return ctas
+
+
+def cluster_ctas(
+    entries: np.ndarray, ctas: np.ndarray, clusters: Sequence[int], grid: int
+) -> np.ndarray:
+    """The CTA of each entry (global order) once every group of
+    ``clusters[t] = C > 1`` consecutive instances of task ``t`` (instances
+    ``g*C .. g*C + C - 1``, a block's split-K parts) runs on the CTAs of one
+    thread-block cluster, instance ``g*C + r`` on its CTA of rank ``r``: the
+    cluster of the CTA the group's first instance was dealt to (CTAs
+    ``c - c % C .. c - c % C + C - 1``; a launch's clusters tile its grid).
+    Every list stays in global order, and a group's instances are adjacent
+    in it, so its CTAs reach the group in the same order of their other
+    cluster groups: the first unfinished group has every instance at the
+    head of its list, and the module's deadlock argument holds for
+    instances that wait for their cluster's other CTAs (cluster barriers)."""
+    sizes = np.asarray(clusters, dtype=np.int64)
+    if len(sizes) and sizes.max() > 1 and grid % int(sizes.max()):
+        raise ValueError(f"a grid of {grid} CTAs is not whole clusters of {int(sizes.max())}")
+    ctas = np.array(ctas, dtype=np.int64)
+    task = entries >> INSTANCE_BITS
+    for t in np.flatnonzero(sizes > 1):
+        size = int(sizes[t])
+        mine = np.flatnonzero(task == t)
+        if len(mine) % size:
+            raise ValueError(f"task {t}: {len(mine)} instances are not whole groups of {size}")
+        rank = (entries[mine] & INSTANCE_MASK) % size
+        first = mine[rank == 0]
+        # A group's instances must be adjacent in the global order, first to last.
+        if (np.diff(mine.reshape(-1, size), axis=1) != 1).any() or (
+            rank.reshape(-1, size) != np.arange(size)
+        ).any():
+            raise ValueError(
+                f"task {t}: the groups of {size} instances of one cluster are not "
+                "consecutive in the global order (a phase splits them)"
+            )
+        leader = ctas[first] - ctas[first] % size
+        ctas[mine] = np.repeat(leader, size) + np.tile(np.arange(size, dtype=np.int64), len(first))
     return ctas
 
 

@@ -38,8 +38,18 @@ from . import _mma, _text
 from . import gemm as _gemm
 from . import gemm_tc as _tc
 
-__all__ = ["layer_gemm_tma", "PART_TYPE", "COUNT_TYPE", "STAMPS", "STAMPS_TYPE", "STAMP_SLOTS"]
+__all__ = [
+    "layer_gemm_tma",
+    "MEETINGS",
+    "PART_TYPE",
+    "COUNT_TYPE",
+    "STAMPS",
+    "STAMPS_TYPE",
+    "STAMP_SLOTS",
+]
 
+#: How a split projection's parts meet (``layer_gemm_tma(meeting=...)``).
+MEETINGS = ("rows", "fragments", "cluster")
 #: The split-K workspace: (parts x rows) x columns of float32 products.
 PART_TYPE = _tc.PART_TYPE
 #: The split-K counters: one row per projection, one counter per block.
@@ -145,6 +155,17 @@ def layer_gemm_tma(
     block_n`` floats (twice with ``swiglu``) at ``b`` times that, so ``P``
     needs ``k_splits * 64 * ceil(M / 64) * n`` floats (``2 n``); the
     threads whose rows are all past ``M`` store and load none.
+    ``"cluster"`` (an even ``k_splits``): parts ``2g`` and ``2g + 1`` run at
+    once on the two CTAs of a thread-block cluster (the tile's
+    :attr:`etc.DeviceFunction.cluster` is 2: the kernel launches in
+    clusters of 2 and the static lists put each pair there); the odd part
+    hands its products to the even one through its own shared memory (its
+    idle ring, read over distributed shared memory between two cluster
+    barriers, :func:`etc.tiles.gemm_tc.pair_fragments`) instead of the L2,
+    and with more than 2 parts the pairs' even parts meet as
+    ``"fragments"`` do, adding the pair sums ``(p[2g] + p[2g+1])`` in pair
+    order (other bits than ``"fragments"``' part order then; the same with
+    2 parts). Static schedule only.
     ``meet_share`` (with ``"fragments"``): the block's last ``meet_share``
     parts to arrive each add and store a ``meet_share``-th of every
     thread's fragments (:func:`etc.tiles.gemm_tc.share_fragments`; the
@@ -158,12 +179,18 @@ def layer_gemm_tma(
     (``met`` only in a block's last part, and not with ``meet_share > 1``),
     at ``[l, counter_row, slot]`` (:data:`STAMP_SLOTS`)."""
     stages = 4 if stages is None else stages
-    if meeting not in ("rows", "fragments"):
-        raise GraphError(f"tile '{name}': meeting must be 'rows' or 'fragments', got {meeting!r}")
+    if meeting not in MEETINGS:
+        raise GraphError(f"tile '{name}': meeting must be one of {MEETINGS}, got {meeting!r}")
     _mma.positive(name, "k_splits", k_splits)
     units = block_n // (block_size // 128) // 8
     needs = ("meeting='fragments'", meeting == "fragments")
     _tc.check_meet_share(name, meet_share, k_splits, units, needs)
+    if meeting == "cluster" and (k_splits % 2 or stages < 2):
+        raise GraphError(
+            f"tile '{name}': meeting='cluster' meets parts in pairs, each pair's odd part "
+            f"handing its products over in its ring: it needs an even k_splits and stages "
+            f">= 2, got k_splits={k_splits}, stages={stages}"
+        )
     if block_m != 64:
         raise GraphError(
             f"tile '{name}': core='tma' takes blocks of 64 rows (one wgmma M), got block_m={block_m}"
@@ -221,20 +248,13 @@ def layer_gemm_tma(
     reduce = None
     if split:
         flag, flag_global = _mma.last_arrival_flag(name)
-        globals_.append(flag_global)
+        if meeting != "cluster" or k_splits > 2:  # a pair alone meets without a count
+            globals_.append(flag_global)
+        ring_b = (name, stages, per_n * block_n)
         reduce = _split_reduce(
-            n,
-            block_n,
-            k_splits,
-            counter_row,
-            per_n,
-            r1,
-            m_rows,
-            flag,
-            meeting,
-            block_size,
-            meet_share,
-        )
+            n, block_n, k_splits, counter_row, per_n, r1, m_rows, flag, meeting, block_size,
+            meet_share, ring_b,
+        )  # fmt: skip
 
     def make_store(t: _Text, wn_i: str) -> Callable[..., None]:
         store = _gemm._layer_store(epilogue, t.add(n0, t.mul(wn_i, cw)), cw // 8, ct, r1, sums)
@@ -251,11 +271,11 @@ def layer_gemm_tma(
             reduce(t, acc, rows, wcol, col_lane, ahead.pop() if ahead else make_store(t, wn_i))
             return
         if reduce is not None:
-            acc = reduce(t, acc, rows, wcol, col_lane)  # opens "the last part" region
+            acc = reduce(t, acc, rows, wcol, col_lane)  # opens "the last part" regions
             stamp(t, "met")
         store = ahead.pop() if ahead else make_store(t, wn_i)
         store(t, acc, rows, col_lane)
-        if reduce is not None:
+        for _ in range(reduce.regions if reduce is not None else 0):
             t.end()
 
     def prologue(t: _Text, rows, wn_i, col_lane) -> None:
@@ -286,7 +306,7 @@ def layer_gemm_tma(
     reference = _reference(
         block_n, n, part, epilogue, stacked=stacked, columns_first=columns_first,
         row_scale=row_scale, sums_out=sums_out, k_splits=k_splits, counter_row=counter_row, k=k,
-        chunk=chunk,
+        chunk=chunk, pairs=meeting == "cluster",
     )  # fmt: skip
     w_index = 2 if row_scale is not None else 1
     signature = f"{coords}, {', '.join(buffers)}"
@@ -328,6 +348,7 @@ def layer_gemm_tma(
     )  # fmt: skip
     fn.prefetch_fills_shared = shared
     fn.meets = k_splits if meet_share > 1 else 0
+    fn.cluster = 2 if meeting == "cluster" and split else 0
     return fn
 
 
@@ -388,11 +409,17 @@ def _weight_loads(
 def _split_reduce(
     n: int, block_n: int, parts: int, counter_row: int, per_n: int, r1: str, m_rows: str,
     flag: str, meeting: str, block_size: int, share: int = 1,
+    ring_b: tuple[str, int, int] | None = None,
 ) -> Callable[..., list]:  # fmt: skip
     """The split-K meeting (module docstring) as an epilogue step: stores this
-    part, counts it, and in the last part opens ``scf.if`` (closed by the
-    caller) and returns the summed accumulators; with ``share > 1`` the
-    sharers store their fragments with the caller's ``store`` instead."""
+    part, counts it, and in the last part opens ``scf.if`` regions (``reduce.regions``
+    of them, closed by the caller) and returns the summed accumulators; with
+    ``share > 1`` the sharers store their fragments with the caller's
+    ``store`` instead. ``meeting="cluster"``: the parts meet in pairs on a
+    cluster's two CTAs first (:func:`etc.tiles.gemm_tc.pair_fragments`,
+    through the odd part's ring ``ring_b = (tile, stages, rows)``, its
+    ``B`` stages), then the pairs' even parts through ``P`` as
+    ``"fragments"`` does, when more than one pair."""
 
     def reduce(t: _Text, acc, rows, wcol, col_lane, store=None) -> list | None:
         def block(t: _Text) -> str:
@@ -402,6 +429,23 @@ def _split_reduce(
             width = t.op("cw", f"memref.dim %cnt, {t.c(1)} : {COUNT_TYPE}")
             return t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), block(t))
 
+        if meeting == "cluster":
+            assert ring_b is not None
+            live = t.op("live", f"arith.cmpi ult, {rows[0]}, {r1} : index")
+            tile, stages, b_rows = ring_b
+            ring_t = (
+                f"memref<{stages}x{b_rows}x{_tc.TMA_BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
+            )
+            ring = t.op("sb", f"memref.get_global @{tile}__smem_b : {ring_t}")
+            ring = t.op("b", f"memref.extract_aligned_pointer_as_index {ring} : {ring_t} -> index")
+            acc = _tc.pair_fragments(t, acc, "%ks", ring, block_size, live)
+            if parts == 2:
+                return acc
+            pair = t.bin("divui", "%ks", 2)
+            return _tc.meet_fragments(
+                t, acc, parts // 2, pair, slot, flag, block_size, part_block=block,
+                p_type=PART_TYPE, live=live,
+            )  # fmt: skip
         if meeting == "fragments":
             # A thread whose first row is past the batch holds no row to keep.
             live = t.op("live", f"arith.cmpi ult, {rows[0]}, {r1} : index")
@@ -423,15 +467,26 @@ def _split_reduce(
         ]
         return _tc.meet_parts(t, acc, rows, cols, r1, m_rows, parts, "%ks", slot, flag)
 
+    reduce.regions = 2 if meeting == "cluster" and parts > 2 else 1  # type: ignore[attr-defined]
     return reduce
+
+
+def sum_in_order(values: list[np.ndarray]) -> np.ndarray:
+    """``values[0] + values[1] + ...`` left to right, in their dtype."""
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total
 
 
 def _reference(
     block_n: int, n: int, part: int, epilogue: str, *, stacked: bool, columns_first: bool,
     row_scale, sums_out, k_splits: int, counter_row: int, k: int, chunk: int = 0,
+    pairs: bool = False,
 ) -> Callable[..., None]:  # fmt: skip
     """The numpy reference: the same parts, counters and part-order sum
-    (``W`` in the ``chunk`` layout when given)."""
+    (``W`` in the ``chunk`` layout when given; ``pairs``: the sum of the
+    pair sums ``p[2g] + p[2g+1]``, ``meeting="cluster"``'s order)."""
     block_m = 64
     n_coords = (3 if stacked else 2) + (1 if k_splits > 1 else 0)
 
@@ -469,11 +524,12 @@ def _reference(
                 return
             cnt[counter_row, blk] = 0
             acc, up = np.zeros_like(acc), None if up is None else np.zeros_like(up)
-            for q in range(k_splits):
-                qrs = slice(q * m + rs.start, q * m + rs.stop)
-                acc = acc + P[qrs, cs]
+            group = 2 if pairs else 1
+            for q0 in range(0, k_splits, group):
+                rows_of = [slice(q * m + rs.start, q * m + rs.stop) for q in range(q0, q0 + group)]
+                acc = acc + sum_in_order([P[r, cs] for r in rows_of])
                 if up is not None:
-                    up = up + P[qrs, up_cs]
+                    up = up + sum_in_order([P[r, up_cs] for r in rows_of])
         r = _gemm._row_scale_reference(row_scale, R, layer, rs, k)
         _gemm.finish_layer_reference(epilogue, acc, up, r, C, rs, cs, S_out, sums_out, layer)
 

@@ -1913,6 +1913,103 @@ def share_fragments(
     t.end()
 
 
+#: Every thread of both CTAs of a cluster passes it: what either wrote
+#: before (its shared memory included) is seen by the other after.
+CLUSTER_SYNC = "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;"
+
+
+def pair_fragments(
+    t: _Text, acc, part: str, buffer: str, block_size: int, live: str | None = None
+) -> list:
+    """The first round of a split-K meeting on thread-block clusters of 2
+    (:attr:`etc.DeviceFunction.cluster`): parts ``2g`` and ``2g + 1`` of a
+    block run at once on the two CTAs of one cluster (the static lists put
+    them there), and ``part`` (an index value) is this CTA's. After a CTA
+    barrier (every warpgroup done with its ring), the odd part stores its
+    fragments into its own shared memory at ``buffer`` (an index: the
+    shared address of an idle buffer of ``16 * block_size`` bytes a
+    fragment, the tile's ring), thread ``tid``'s fragment ``f`` at byte
+    ``(f * block_size + tid) * 16``; both pass a cluster barrier; each loads
+    its partner's buffer over distributed shared memory
+    (``ld.shared::cluster``, what the even part reads is the odd part's
+    fragments; what the odd part reads it drops) and adds it after its own;
+    both pass a second cluster barrier (the odd part's buffer is read, so
+    its ring may refill), and the even part opens ``scf.if`` (the caller
+    closes it) in which the pair's part-order sums stand in ``acc``'s
+    structure: ``0 + p[2g] + p[2g + 1]``, bit for bit what the L2 meeting
+    of :func:`meet_fragments` adds for these two parts.
+
+    ``live`` (an ``i1``): whether this thread's fragments hold rows to keep;
+    a thread without stores and loads nothing (its sums hold its own
+    products alone, which the caller must not store). The pair passes two
+    cluster barriers in every thread, so the caller runs this in uniform
+    control flow, the same in both CTAs."""
+    frags = [q for per in acc for q in per]
+    t.emit("gpu.barrier")  # every warpgroup's wgmma is done with the ring
+    t.joined()
+    tid = t.op("tid", "gpu.thread_id x")
+    odd = t.op("odd", f"arith.cmpi ne, {t.bin('remui', part, 2)}, {t.c(0)} : index")
+    on = "" if live is None else t.op("lv", f"arith.extui {live} : i1 to i32")
+    decl = "" if live is None else ".reg .pred p; setp.ne.b32 p, $5, 0; "
+    guard = decl + "@p " if decl else ""
+    live_op = [(on, "i32")] if on else []
+    mine = _i32(t, t.add(buffer, t.mul(tid, 16)))
+    stride = 16 * block_size
+    t.emit(f"scf.if {odd} {{")
+    t.indent += "  "
+    for f, c in enumerate(frags):
+        _asm_ops(
+            t, f"{{{guard}st.shared.v4.f32 [$0+{f * stride}], {{$1, $2, $3, $4}};}}",
+            [(mine, "i32"), *[(v, "f32") for v in c], *live_op], memory=True,
+        )  # fmt: skip
+    t.end()
+    _asm(t, CLUSTER_SYNC, memory=True)
+    rank = t.op(
+        "rank",
+        'llvm.inline_asm has_side_effects asm_dialect = att "mov.u32 $0, %cluster_ctarank;", '
+        '"=r" : () -> i32',
+    )
+    peer = t.op("peer", f"arith.xori {rank}, {t.op('one', 'arith.constant 1 : i32')} : i32")
+    theirs = t.op(
+        "rb",
+        'llvm.inline_asm asm_dialect = att "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r" '
+        f"{mine}, {peer} : (i32, i32) -> i32",
+    )
+    quad_t = "!llvm.struct<(f32, f32, f32, f32)>"
+    zeros = "".join(f"mov.f32 ${e}, 0f00000000; " for e in range(4))
+    cons, types = ("=f,=f,=f,=f,r,r", "i32, i32") if on else ("=f,=f,=f,=f,r", "i32")
+    sums = []
+    for f, c in enumerate(frags):
+        text = f"ld.shared::cluster.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * stride}];"
+        if on:
+            text = f"{{{decl}{zeros}@p {text}}}"
+        got = t.op(
+            "ld",
+            f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{cons}" '
+            f"{theirs}{', ' + on if on else ''} : ({types}) -> {quad_t}",
+        )
+        # Part order: the even part's (this CTA's, where it is used) first.
+        sums.append(
+            [
+                t.op(
+                    "ps",
+                    f"arith.addf {t.op('ps', f'arith.addf %fzero, {own} : f32')}, "
+                    f"{t.op('pv', f'llvm.extractvalue {got}[{e}] : {quad_t}')} : f32",
+                )
+                for e, own in enumerate(c)
+            ]
+        )
+    _asm(t, CLUSTER_SYNC, memory=True)
+    # The odd part's ring took generic stores; its next TMA loads (the async
+    # proxy) must come after them.
+    _asm(t, "fence.proxy.async.shared::cta;")
+    even = t.op("even", f"arith.xori {odd}, {t.op('true', 'arith.constant true')} : i1")
+    t.emit(f"scf.if {even} {{")
+    t.indent += "  "
+    total = iter(sums)
+    return [[next(total) for _ in per] for per in acc]
+
+
 class _FragmentMeeting:
     """A part's fragments stored into its slot of ``%P`` (in the
     constructor), and the part-order sums of any of them once every part

@@ -204,3 +204,33 @@ etensor.graph @drawn(%n: index) {
     }
   }
 }
+
+// -----
+
+/// A workgroup global that no function of the graph reads (a tile's declared
+/// but unused buffer) is dropped: on the host its address space cannot
+/// lower.
+
+memref.global "private" @tile__smem : memref<8xf32, #gpu.address_space<workgroup>> {alignment = 16 : i64}
+memref.global "private" @tile__unused : memref<1xi32, #gpu.address_space<workgroup>> {alignment = 4 : i64}
+func.func @tile(%i: index) {
+  %s = memref.get_global @tile__smem : memref<8xf32, #gpu.address_space<workgroup>>
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %s[%i] : memref<8xf32, #gpu.address_space<workgroup>>
+  return
+}
+
+// CHECK-LABEL: module attributes {gpu.container_module}
+// CHECK-NOT: @tile__unused
+// CHECK: gpu.module @unused_kernels {
+// CHECK-NOT: @tile__unused
+// CHECK: gpu.func @unused
+// CHECK-NOT: @tile__unused
+etensor.graph @unused(%n: index) {
+  etensor.worker static {
+    etensor.dispatch 0 grid [%n] {
+    ^bb0(%i: index):
+      func.call @tile(%i) : (index) -> ()
+    }
+  }
+}
