@@ -992,6 +992,15 @@ VARIANTS["paged128"] = {"page_size": 128}
 # list would leave their CTAs idle while the long ones' run.
 VARIANTS["ragged_pool"] = {"ragged": True, "pool": ("attention",)}
 VARIANTS["paged16"] = {"page_size": 16}
+# ... and the large kernel's split-K parts meeting in pairs on thread-block
+# clusters of 2 (tma_meeting="cluster", fifty-third session, written without
+# a device): bench/meeting_proto.cu's model put the four projection stages at
+# 57.2 µs a layer against 67.6 through the L2 (item 258), so B = 32-64 should
+# gain up to ~10 µs a layer (~5-8 % of a step) if the model holds. Down's
+# shared sums (tma_meet_share) do not combine with it; "unshared" is its
+# baseline without them.
+VARIANTS["cluster"] = _large(("tma_meeting", "cluster"), ("tma_meet_share", ()))
+VARIANTS["unshared"] = _large(("tma_meet_share", ()))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -1055,6 +1055,9 @@ def llama_tiny_variants() -> dict:
             tma_buckets, tma_meet_share=_TINY_SHARES
         ),
         "llama_tiny_tma_buckets_rows": _unshared(tma_buckets, tma_meeting="rows"),
+        # ... meeting in pairs on thread-block clusters of 2 (static kernels:
+        # a clustered launch; compile_decoder gives the dynamic ones fragments).
+        "llama_tiny_tma_cluster": dataclasses.replace(tma, tma_meeting="cluster"),
         # Every kernel's CTAs take their lists by SM (LARGE_BATCH's does above).
         "llama_tiny_sm_slices": dataclasses.replace(llama.TINY, sm_slices=True),
         # Each CTA loads its next queue entry ahead and skips waits its last
@@ -1141,4 +1144,9 @@ def llama_1b_large_close() -> dict:
         # with the parts meeting in fragment order or by rows and columns.
         "llama_1b_large_unshared": dataclasses.replace(large, tma_meet_share=()),
         "llama_1b_large_rows": dataclasses.replace(large, tma_meeting="rows", tma_meet_share=()),
+        # ... and meeting in pairs on thread-block clusters of 2 first (pair
+        # sums: another order of the same parts).
+        "llama_1b_large_cluster": dataclasses.replace(
+            large, tma_meeting="cluster", tma_meet_share=()
+        ),
     }

@@ -138,6 +138,7 @@ def test_decoder_matches_the_simulator(variant: str, schedule: str) -> None:
         "llama_tiny_tma_buckets_rows",
         "llama_tiny_tma_share",
         "llama_tiny_tma_buckets_share",
+        "llama_tiny_tma_cluster",
         "llama_tiny_sm_slices",
         "llama_tiny_lists",
         "llama_tiny_gemv16",
@@ -166,6 +167,30 @@ def test_decode_step_is_bit_reproducible(schedule: str, variant: str) -> None:
         runs.append(bufs["logits"].clone())
     kernel.check()
     assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
+def test_a_clustered_decoder_launches_in_whole_clusters() -> None:
+    """The tiny TMA decoder whose split-K parts meet in pairs on clusters
+    of 2: the kernel launches in clusters (its co-resident CTAs are whole
+    clusters), a grid of one cluster gives the full grid's logits bit for
+    bit (every pair still on one cluster), and an odd grid is refused
+    naming the cluster."""
+    import torch
+
+    kernel = etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / "llama_tiny_tma_cluster_static")
+    assert kernel.cluster == 2 and kernel.num_ctas % 2 == 0
+    cfg = llama_tiny_variants()["llama_tiny_tma_cluster"]
+    weights = M.random_weights(cfg, seed=4)
+    B, L, S = 70, 3, 9
+    tokens = np.random.default_rng(6).integers(0, cfg.vocab, B).astype(np.int32)
+    bufs = _to_torch(M.numpy_inputs(cfg, weights, tokens, L, S, seed=3))
+    logits = {}
+    for grid in (None, 2):
+        kernel.launch(bufs, {"B": B, "L": L, "S": S}, grid=grid, sync=True)
+        logits[grid] = bufs["logits"].clone()
+    assert torch.equal(logits[None], logits[2])
+    with pytest.raises(etc.LaunchError, match="grid 3 is not whole thread-block clusters of 2"):
+        kernel.launch(bufs, {"B": B, "L": L, "S": S}, grid=3)
 
 
 @pytest.mark.parametrize("graph", ["greedy", "greedy_parts"])

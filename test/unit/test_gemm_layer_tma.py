@@ -455,6 +455,43 @@ def test_decoder_on_the_tma_core_matches_the_numpy_model():
     assert not out["split_count"].any()
 
 
+def test_decoder_with_parts_meeting_on_clusters_matches_the_numpy_model():
+    """tma_meeting="cluster": the even splits (qkv and o_proj in 2, down in
+    4) meet in pairs on clusters of 2, gate_up (unsplit) not at all; the
+    static artifact launches in clusters, the dynamic one meets in
+    fragments. Simulated on 8 CTAs (whole clusters), the step is the numpy
+    model's and the fragments meeting's within rounding, its tokens
+    the same, its counters back at zero."""
+    cfg = dataclasses.replace(M.TINY, **TMA, k_splits=SPLITS, tma_meeting="cluster")
+    assert [cfg.meeting(p) for p in ("qkv_proj", "o_proj", "down_proj")] == ["cluster"] * 3
+    odd = dataclasses.replace(cfg, k_splits=(("qkv_proj", 1), ("down_proj", 2)))
+    assert odd.meeting("qkv_proj") == "fragments"
+    g = M.build_decoder_graph(cfg)
+    clustered = {t.name: t.function.cluster for t in g.tasks if t.function.cluster}
+    assert clustered == {"qkv": 2, "o_proj": 2, "down": 2}
+    weights = M.random_weights(cfg, seed=5)
+    B, L_ = 70, 5
+    tokens = (np.arange(B, dtype=np.int32) * 11) % cfg.vocab
+    arrays = M.numpy_inputs(cfg, weights, tokens, L_, L_ + 3)
+    ref = M.reference_step(cfg, arrays, L_)
+    syms = {"B": B, "L": L_, "S": L_ + 3}
+    out = etc.simulate(g, arrays, syms, num_ctas=8)
+    plain = dataclasses.replace(cfg, tma_meeting="fragments")
+    frag = etc.simulate(
+        M.build_decoder_graph(plain), M.numpy_inputs(plain, weights, tokens, L_, L_ + 3), syms,
+        num_ctas=8,
+    )  # fmt: skip
+    for other in (ref["logits"], bf16_to_f32(frag["logits"])):
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - other) / np.linalg.norm(other) < 1e-2
+    np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    assert not out["split_count"].any()
+    static = M.compile_decoder(cfg, "static", cubin=False)
+    assert static.manifest["format"] == "etc-artifact/7"
+    dynamic = M.compile_decoder(cfg, "dynamic", cubin=False)
+    assert not any(t.get("cluster") for t in dynamic.manifest["tasks"])
+
+
 def test_decoder_on_the_tma_core_with_chunked_weights_gives_the_row_layout_s_step():
     """The same decoder with its layer weights chunked (4-D maps): the
     logits, tokens and caches are the row layout's bit for bit."""
@@ -570,7 +607,11 @@ def test_the_dynamic_decoder_asks_the_l2_for_its_weights():
         (dict(gemm_core="tma", k_splits=(("down_proj", 8),)), "bn_down=16 / 8 parts"),
         (dict(gemm_core="tma", fuse_norms=True, fold_norms=False), "fuse_norms needs the sync"),
         (dict(gemm_core="wgmma"), "gemm_core must be one of sync, bulk, tma, gemv"),
-        (dict(tma_meeting="tree"), "tma_meeting must be 'rows' or 'fragments', got 'tree'"),
+        (dict(tma_meeting="tree"), r"tma_meeting must be one of \(.*'cluster'\), got 'tree'"),
+        (
+            dict(tma_meeting="cluster", sm_slices=True),
+            r"tma_meeting=.cluster. puts .* \(sm_slices\)",
+        ),
         (dict(tma_meet_share=(("lm_head", 2),)), "tma_meet_share names 'lm_head'"),
         (dict(tma_meet_share=("down_proj",)), r"takes \(projection, share\) pairs"),
         (dict(tma_meet_share=(("down_proj", 3),)), r"tma_meet_share\['down_proj'\]=3 must be 1, 2"),

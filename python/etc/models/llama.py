@@ -736,7 +736,13 @@ class LlamaConfig:
     #: its registers; the workspace then holds ``parts * 64 * ceil(B / 64)``
     #: rows). The same bits either way; ``"fragments"`` −1.8..−2.2 % at B = 64
     #: and −0.5..−1.6 % at B = 32 on an H200 (thirty-fourth session,
-    #: ``bench/RESULTS.md`` items 147-148).
+    #: ``bench/RESULTS.md`` items 147-148). ``"cluster"``: a projection split
+    #: in an even number of parts meets in pairs on thread-block clusters of
+    #: 2 first (the odd part's products read over distributed shared memory,
+    #: no L2 round trip), then the pairs as ``"fragments"`` do; an odd split
+    #: meets as ``"fragments"``. Static kernels only (:func:`compile_decoder`
+    #: gives the dynamic ones ``"fragments"``); the pair sums add in another
+    #: order, so the step is close to, not bit-equal with, ``"fragments"``'.
     tma_meeting: str = "fragments"
     #: Per split projection, how many of its last parts to arrive share the
     #: meeting's sums, at most its parts (:meth:`meet_share`;
@@ -1029,9 +1035,16 @@ class LlamaConfig:
                 raise GraphError(
                     f"LlamaConfig: page_size={self.page_size} must be a power of two (or 0)"
                 )
-        if self.tma_meeting not in ("rows", "fragments"):
+        from ..tiles.gemm_layer_tma import MEETINGS
+
+        if self.tma_meeting not in MEETINGS:
             raise GraphError(
-                f"LlamaConfig: tma_meeting must be 'rows' or 'fragments', got {self.tma_meeting!r}"
+                f"LlamaConfig: tma_meeting must be one of {MEETINGS}, got {self.tma_meeting!r}"
+            )
+        if self.tma_meeting == "cluster" and self.sm_slices:
+            raise GraphError(
+                "LlamaConfig: tma_meeting='cluster' puts a block's parts on one cluster's "
+                "CTAs, which lists taken by SM (sm_slices) cannot: drop one"
             )
         for name in ("attn_counters", "attn_cached_splits"):  # None: the artifact's default
             value = getattr(self, name)
@@ -1119,6 +1132,13 @@ class LlamaConfig:
         tma core, else 1 (``embed``: down_proj's, which shares its event)."""
         projection = "down_proj" if projection == "embed" else projection
         return dict(self.k_splits).get(projection, 1) if self.core(projection) == "tma" else 1
+
+    def meeting(self, projection: str) -> str:
+        """How ``projection``'s split-K parts meet: :attr:`tma_meeting`, but
+        ``"fragments"`` for ``"cluster"`` where the parts are odd."""
+        if self.tma_meeting == "cluster" and self.k_split(projection) % 2:
+            return "fragments"
+        return self.tma_meeting
 
     def meet_share(self, projection: str) -> int:
         """How many of ``projection``'s last parts share its split-K sums:
@@ -1751,7 +1771,18 @@ def compile_decoder(
     if schedule == "dynamic":
         # Sharers spin for their block's other parts, which only the static
         # lists guarantee to run at once: the last part meets alone.
-        configs = [(b, dataclasses.replace(c, tma_meet_share=())) for b, c in configs]
+        # Clusters likewise: only the static lists put a pair on one.
+        configs = [
+            (
+                b,
+                dataclasses.replace(
+                    c,
+                    tma_meet_share=(),
+                    tma_meeting="fragments" if c.tma_meeting == "cluster" else c.tma_meeting,
+                ),
+            )
+            for b, c in configs
+        ]
 
     def entry(bound: int | None, c: LlamaConfig) -> tuple:
         # (bound, graph, its options), or a bucket split again by L.
@@ -1859,7 +1890,7 @@ def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
     parts, cols, counters = space
     row_blocks = (B + 63) // 64
     # In fragment order a part holds whole 64-row blocks.
-    rows = parts * row_blocks * 64 if cfg.tma_meeting == "fragments" else parts * B
+    rows = parts * row_blocks * 64 if cfg.tma_meeting != "rows" else parts * B
     return {
         "split_parts": ((rows, cols), "f32"),
         "split_count": ((len(_COUNTER_ROWS), row_blocks * counters), "i32"),
@@ -1931,7 +1962,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 counter_row=_COUNTER_ROWS.get(name, 0),
                 prefetch_ring=own.get("prefetch_ring", cfg.tma_prefetch),
                 a_box=cfg.tma_a_box, rotate_k=cfg.tma_rotate_k,
-                epilogue_ahead=cfg.tma_epilogue_ahead, meeting=cfg.tma_meeting,
+                epilogue_ahead=cfg.tma_epilogue_ahead, meeting=cfg.meeting(name),
                 meet_share=cfg.meet_share(name), refill=own.get("refill", "wait"),
                 stamps=cfg.gemm_stamps and layers is not None,
                 row_scale=(*norm, cfg.eps) if folded else None,

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The CPU-side builds of bench/gpu_session53.sh: the GPU tests' artifacts of
+# the cluster meeting (the tiny decoder and Llama-3.2-1B's large kernel with
+# its variants) into .device/s53/tests, and the sweep's default, unshared and
+# cluster kernels into .device/s53/sweep (carry .device/s53).
+# Usage: bash bench/gpu_session53_build.sh [tests] [sweep]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for part in ${*:-tests sweep}; do
+  case $part in
+  tests)
+    for p in llama_tiny_tma_cluster llama_1b_large; do
+      python test/gpu/make_artifacts.py .device/s53/tests --only $p | tail -1
+    done
+    ;;
+  sweep)
+    DECODE_SWEEP_VARIANTS=default,unshared,cluster DECODE_SWEEP_BATCHES=32,64 \
+      python bench/decode_sweep.py --build .device/s53/sweep
+    ;;
+  esac
+done
+du -sh .device/s53/* 2>/dev/null
