@@ -9,9 +9,7 @@ cd "$(dirname "$0")/.."
 for part in ${*:-tests sweep}; do
   case $part in
   tests)
-    for p in llama_tiny_tma_cluster llama_1b_large; do
-      python test/gpu/make_artifacts.py .device/s53/tests --only $p | tail -1
-    done
+    python test/gpu/make_artifacts.py .device/s53/tests --only 'llama_tiny_tma_cluster,llama_1b_large$,llama_1b_large_share$,llama_1b_large_unshared,llama_1b_large_rows,llama_1b_large_cluster'
     ;;
   sweep)
     DECODE_SWEEP_VARIANTS=default,unshared,cluster DECODE_SWEEP_BATCHES=32,64 \

@@ -565,17 +565,24 @@ class Graph:
                 "use deal='ticket' or shared_region=0"
             )
         meets = getattr(function, "meets", 0)
+        cluster = getattr(function, "cluster", 0)
         last = grid_t[-1] if grid_t else None
-        broken = [
-            why
-            for bad, why in (
-                (last != meets, f"its last grid dimension is {last}"),
-                (deal != "list", f"deal={deal!r}"),
-                (trigger is not None, "it has triggered_by"),
-                (phase_t == ("dim", len(grid_t) - 1), "its phase is that dimension"),
-            )
-            if meets and bad
-        ]
+
+        def grouped_along_last(last_bad: bool) -> list[str]:
+            """Why the tile's groups along the last grid dimension (parts that
+            wait for each other, a cluster's) cannot be dealt by the lists."""
+            return [
+                why
+                for bad, why in (
+                    (last_bad, f"its last grid dimension is {last}"),
+                    (deal != "list", f"deal={deal!r}"),
+                    (trigger is not None, "it has triggered_by"),
+                    (phase_t == ("dim", len(grid_t) - 1), "its phase is that dimension"),
+                )
+                if bad
+            ]
+
+        broken = grouped_along_last(last != meets) if meets else []
         if broken:
             raise GraphError(
                 f"{where}: tile '{function.name}' has {meets} parts that wait for each other "
@@ -583,20 +590,9 @@ class Graph:
                 "deal='list', no triggered_by and no phase on it (the static lists then deal a "
                 f"block's parts to different CTAs); here {', '.join(broken)}"
             )
-        cluster = getattr(function, "cluster", 0)
-        broken = [
-            why
-            for bad, why in (
-                (
-                    not isinstance(last, int) or last % max(cluster, 1),
-                    f"its last grid dimension is {last}",
-                ),
-                (deal != "list", f"deal={deal!r}"),
-                (trigger is not None, "it has triggered_by"),
-                (phase_t == ("dim", len(grid_t) - 1), "its phase is that dimension"),
-            )
-            if cluster and bad
-        ]
+        broken = (
+            grouped_along_last(not isinstance(last, int) or bool(last % cluster)) if cluster else []
+        )
         if broken:
             raise GraphError(
                 f"{where}: tile '{function.name}' runs each {cluster} instances along its last "

@@ -117,9 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument(
-        "--only", default="", help="build only the artifacts whose name starts with this"
+        "--only",
+        default="",
+        help="build only the artifacts whose name starts with one of these (comma-separated; "
+        "a trailing $: that name exactly)",
     )
     args = p.parse_args(argv)
+    wants = args.only.split(",")
+
+    def wanted(name: str) -> bool:
+        return any(name == w[:-1] if w.endswith("$") else name.startswith(w) for w in wants)
+
     graphs = {
         "splitk": build_splitk(K=256, k_split=4, rows_per_task=1),
         "broken": build_broken(),
@@ -215,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs.append((f"{prefix}_{suffix}", decoder, schedule, early))
             options[f"{prefix}_{suffix}"] = llama.compile_options(cfg, schedule)
     for name, cfg, schedule, early in bucketed:
-        if name.startswith(args.only):
+        if wanted(name):
             art = llama.compile_decoder(cfg, schedule, name="llama_tiny", early_push=early)
             art.save(args.out / name)
             print(
@@ -225,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     # different TMA stage counts (their rings and barriers overlay otherwise):
     # the tiny decoder did not reproduce the missing mbarrier.inval, this did.
     for name, cfg in {**llama_1b_large_variants(), **llama_1b_large_close()}.items():
-        if name.startswith(args.only):
+        if wanted(name):
             llama.compile_decoder(cfg, "static").save(args.out / name)
             print(f"{name}: {args.out / name} (static)")
     # The MoE presets in one artifact, a kernel per range of T (compile_moe),
@@ -233,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     for schedule in ("static", "dynamic"):
         for chunk, tag in ((0, ""), (64, "_ch64")):
             name = f"moe_small_family{tag}_{schedule}"
-            if name.startswith(args.only):
+            if wanted(name):
                 artifact = moe.compile_moe(
                     schedule=schedule, weight_chunk=chunk, **MOE_FAMILY_SIZES
                 )
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     for suffix in SCHEDULES:
         options[f"splitk_outlined_{suffix}"] = {"outline": True}
     for name, g, schedule, early, *traced in jobs:
-        if not name.startswith(args.only):
+        if not wanted(name):
             continue
         kw = {"schedule": schedule, **options.get(name, {})}
         artifact = etc.compile(g, early_push=early, trace=bool(traced), **kw)
