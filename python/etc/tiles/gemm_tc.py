@@ -1931,8 +1931,8 @@ def pair_fragments(
     fragment, the tile's ring), thread ``tid``'s fragment ``f`` at byte
     ``(f * block_size + tid) * 16``; both pass a cluster barrier; each loads
     its partner's buffer over distributed shared memory
-    (``ld.shared::cluster``, what the even part reads is the odd part's
-    fragments; what the odd part reads it drops) and adds it after its own;
+    (``ld.shared::cluster``; the even part's threads alone load) and adds
+    them after its own;
     both pass a second cluster barrier (the odd part's buffer is read, so
     its ring may refill), and the even part opens ``scf.if`` (the caller
     closes it) in which the pair's part-order sums stand in ``acc``'s
@@ -1977,16 +1977,20 @@ def pair_fragments(
     )
     quad_t = "!llvm.struct<(f32, f32, f32, f32)>"
     zeros = "".join(f"mov.f32 ${e}, 0f00000000; " for e in range(4))
-    cons, types = ("=f,=f,=f,=f,r,r", "i32, i32") if on else ("=f,=f,=f,=f,r", "i32")
+    # Only the even part's live threads load (the odd part's sums are dropped).
+    even = t.op("even", f"arith.xori {odd}, {t.op('true', 'arith.constant true')} : i1")
+    reads = even if live is None else t.op("rd", f"arith.andi {even}, {live} : i1")
+    reads = t.op("rd", f"arith.extui {reads} : i1 to i32")
     sums = []
     for f, c in enumerate(frags):
-        text = f"ld.shared::cluster.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * stride}];"
-        if on:
-            text = f"{{{decl}{zeros}@p {text}}}"
+        text = (
+            ".reg .pred p; setp.ne.b32 p, $5, 0; "
+            f"{zeros}@p ld.shared::cluster.v4.f32 {{$0, $1, $2, $3}}, [$4+{f * stride}];"
+        )
         got = t.op(
             "ld",
-            f'llvm.inline_asm has_side_effects asm_dialect = att "{text}", "{cons}" '
-            f"{theirs}{', ' + on if on else ''} : ({types}) -> {quad_t}",
+            f'llvm.inline_asm has_side_effects asm_dialect = att "{{{text}}}", '
+            f'"=f,=f,=f,=f,r,r" {theirs}, {reads} : (i32, i32) -> {quad_t}',
         )
         # Part order: the even part's (this CTA's, where it is used) first.
         sums.append(
@@ -2003,7 +2007,6 @@ def pair_fragments(
     # The odd part's ring took generic stores; its next TMA loads (the async
     # proxy) must come after them.
     _asm(t, "fence.proxy.async.shared::cta;")
-    even = t.op("even", f"arith.xori {odd}, {t.op('true', 'arith.constant true')} : i1")
     t.emit(f"scf.if {even} {{")
     t.indent += "  "
     total = iter(sums)
