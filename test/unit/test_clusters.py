@@ -214,3 +214,56 @@ def test_the_cluster_launch_config_holds_the_cluster_and_cooperation() -> None:
     assert (shape.value.clusterDim.x, shape.value.clusterDim.y) == (2, 1)
     assert together.id == ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE and together.value.cooperative
     assert driver.cluster_launch_config(264, 256, 0, 2, cooperative=False).numAttrs == 1
+
+
+def _bare_kernel(tmp_path, **attrs) -> Kernel:
+    """A Kernel of the clustered graph's static manifest, built without a
+    GPU: only what planning and launching read."""
+    art = etc.compile(clustered_graph(blocks=5), schedule="static", cubin=False)
+    art.save(tmp_path)
+    kernel = Kernel.__new__(Kernel)
+    kernel.manifest = load_manifest(tmp_path)
+    kernel.cluster, kernel.num_ctas = 2, 8
+    kernel._sm_deal, kernel._sm_of_cta = None, None
+    kernel._cluster_cooperative = True
+    kernel.device = SimpleNamespace(sm_count=4)
+    kernel.function = "fn"
+    for key, value in attrs.items():
+        setattr(kernel, key, value)
+    return kernel
+
+
+def test_the_runtime_deals_groups_to_clusters(tmp_path) -> None:
+    kernel = _bare_kernel(tmp_path)
+    counts = [5 * PARTS, 5]
+    lists = decode(kernel._static_queue(counts, 8, None, [False, False]))
+    _assert_clustered(lists, 0, 2, 5 * PARTS, _positions(counts))
+    # Dealt by SM too (the default of kernels that record where CTAs ran).
+    kernel._sm_deal, kernel._sm_of_cta = "spread", np.arange(8) % 4
+    lists = decode(kernel._static_queue(counts, 8, None, [False, False]))
+    _assert_clustered(lists, 0, 2, 5 * PARTS, _positions(counts))
+
+
+@pytest.mark.skipif(driver.cu is None, reason="cuda-bindings not installed")
+def test_a_refused_cooperative_cluster_launch_goes_again_plain(tmp_path, monkeypatch) -> None:
+    """The driver answers a cooperative cluster launch with
+    CUDA_ERROR_NOT_SUPPORTED: the kernel launches again without
+    cooperation, and from then on launches so; other errors come back."""
+    from etc.runtime import kernel as K
+
+    cu = driver.cu
+    seen = []
+
+    def launch(config, fn, params, extra):
+        cooperative = config.numAttrs == 2
+        seen.append(cooperative)
+        refused = cu.CUresult.CUDA_ERROR_NOT_SUPPORTED
+        return (refused if cooperative else cu.CUresult.CUDA_SUCCESS,)
+
+    monkeypatch.setattr(K._cu, "cuLaunchKernelEx", launch)
+    kernel = _bare_kernel(tmp_path)
+    plan = SimpleNamespace(grid=8, cluster_config=None, pack=SimpleNamespace(address=0))
+    assert kernel._launch_clusters(plan, 0) == cu.CUresult.CUDA_SUCCESS
+    assert kernel._launch_clusters(plan, 0) == cu.CUresult.CUDA_SUCCESS
+    assert seen == [True, False, False] and not kernel._cluster_cooperative
+    assert plan.cluster_config[0].attrs[0].value.clusterDim.x == 2
