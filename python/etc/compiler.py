@@ -16,13 +16,14 @@ that :mod:`etc.runtime` reads without the compiler.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,13 +147,61 @@ def _reproducer(text: str, pipeline: str, diagnostics: str) -> CompileError:
     )
 
 
-def _run(ir: Any, text: str, module: Any, pipeline: str) -> None:
+def _run(ir: Any, text: str, module: Any, pipeline: str, errors: list[str] | None = None) -> None:
+    """Runs ``pipeline`` on ``module``. ``errors``: the error diagnostics
+    the context's handler collects (:func:`_diagnostics`): a pass that
+    reports an error but does not fail is a CompileError too (the bindings
+    would otherwise abort the process)."""
     from .passmanager import PassManager
 
+    if errors is not None:
+        errors.clear()
     try:
         PassManager.parse(pipeline, context=module.context).run(module.operation)
     except ir.MLIRError as e:
-        raise _reproducer(text, pipeline, _format(e)) from None
+        raise _reproducer(text, pipeline, "\n".join([_format(e), *(errors or [])])) from None
+    if errors:
+        raise _reproducer(
+            text, pipeline, "a pass reported errors without failing:\n" + "\n".join(errors)
+        )
+
+
+@contextlib.contextmanager
+def _diagnostics(ir: Any) -> Iterator[tuple[list[str], list[str]]]:
+    """A current MLIR context whose diagnostics go to the lists it yields
+    (warnings, errors), never to stderr. Errors reach the handler
+    (``emit_error_diagnostics``) instead of the bindings' capture, which
+    aborts the process when a pass reports an error but succeeds (an
+    upstream conversion does, for one): :func:`_run` raises them."""
+    warnings: list[str] = []
+    errors: list[str] = []
+    with ir.Context() as ctx:
+        ctx.emit_error_diagnostics = True
+
+        def on_diagnostic(d: Any) -> bool:
+            if d.severity == ir.DiagnosticSeverity.ERROR:
+                errors.append(_diagnostic_text(d))
+                return True
+            if d.severity == ir.DiagnosticSeverity.WARNING:
+                # The scheduling pass runs twice (schedule, then pipeline).
+                text = f"{d.location}: {d.message}"
+                if text not in warnings:
+                    warnings.append(text)
+                return True
+            return False
+
+        handler = ctx.attach_diagnostic_handler(on_diagnostic)
+        try:
+            yield warnings, errors
+        finally:
+            handler.detach()
+
+
+def _diagnostic_text(d: Any) -> str:
+    """An error diagnostic and its notes, one line each."""
+    lines = [f"{d.location}: {d.message}"]
+    lines.extend(f"  note: {note.location}: {note.message}" for note in d.notes)
+    return "\n".join(lines)
 
 
 def _format(error: Any) -> str:
@@ -615,42 +664,28 @@ def compile(  # noqa: A001 - the public name
 
     text = g.to_mlir()
     block_size = g.block_size
-    warnings: list[str] = []
-    with ir.Context() as ctx:
-        # Diagnostics go to the artifact, never to stderr.
-        def on_diagnostic(d: Any) -> bool:
-            if d.severity == ir.DiagnosticSeverity.WARNING:
-                # The scheduling pass runs twice (schedule, then pipeline).
-                text = f"{d.location}: {d.message}"
-                if text not in warnings:
-                    warnings.append(text)
-                return True
-            return False
-
-        handler = ctx.attach_diagnostic_handler(on_diagnostic)
+    with _diagnostics(ir) as (warnings, errors):
         try:
-            try:
-                module = ir.Module.parse(text)
-            except ir.MLIRError as e:
-                raise _reproducer(text, "builtin.module()", _format(e)) from None
-            scheduled = ir.Module.parse(text)
-            scheduler = (
-                "etensor-static-schedule"
-                if schedule == "static"
-                else f"etensor-dynamic-schedule{{early-push={'true' if early_push else 'false'}}}"
-            )
-            _run(ir, text, scheduled, f"builtin.module(etensor-verify-graph,{scheduler})")
-            sched = _read_schedule(ir, scheduled)
-            options = _pipeline_options(
-                target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
-                max_pop_chunk, prefetch_next, pop_ahead, outlined, sm_slices,
-                sm_deal is not None, queue_ahead, wait_memo,
-            )  # fmt: skip
-            _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})")
-            ptx = _extract_ptx(ir, module)
-            dynamic_smem = _dynamic_shared_memory(ir, module, g.name)
-        finally:
-            handler.detach()
+            module = ir.Module.parse(text)
+        except ir.MLIRError as e:
+            detail = "\n".join([_format(e), *errors])
+            raise _reproducer(text, "builtin.module()", detail) from None
+        scheduled = ir.Module.parse(text)
+        scheduler = (
+            "etensor-static-schedule"
+            if schedule == "static"
+            else f"etensor-dynamic-schedule{{early-push={'true' if early_push else 'false'}}}"
+        )
+        _run(ir, text, scheduled, f"builtin.module(etensor-verify-graph,{scheduler})", errors)
+        sched = _read_schedule(ir, scheduled)
+        options = _pipeline_options(
+            target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
+            max_pop_chunk, prefetch_next, pop_ahead, outlined, sm_slices,
+            sm_deal is not None, queue_ahead, wait_memo,
+        )  # fmt: skip
+        _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})", errors)
+        ptx = _extract_ptx(ir, module)
+        dynamic_smem = _dynamic_shared_memory(ir, module, g.name)
     binary = _assemble(ptx, target, g.name) if cubin else None
     manifest = _manifest(g, sched, schedule, target, block_size, watchdog_polls, early_push, trace)
     if dynamic_smem:

@@ -4,6 +4,7 @@ reproducible failures. Needs the compiled bindings; skipped without them."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -178,6 +179,37 @@ def test_failing_pipeline_writes_a_reproducer(tmp_path, monkeypatch, capfd):
     assert "etensor.graph @bad" in repro.read_text()
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+def test_a_pass_that_reports_an_error_without_failing_is_a_compile_error(tmp_path):
+    """finalize-memref-to-llvm reports a workgroup global it cannot place on
+    the host but succeeds; the bindings would abort the process (their error
+    capture asserts). The compiler's context hands errors to its handler
+    instead (``_diagnostics``, the context ``etc.compile`` runs in), so the
+    run is a CompileError naming the diagnostic. In a child process: an
+    abort must fail this test, not end the test run."""
+    script = '''
+import etc
+from etc import compiler, ir
+text = """
+memref.global "private" @g : memref<1xi32, #gpu.address_space<workgroup>>
+func.func @f() { return }
+"""
+with compiler._diagnostics(ir) as (warnings, errors):
+    module = ir.Module.parse(text)
+    try:
+        compiler._run(ir, text, module, "builtin.module(finalize-memref-to-llvm)", errors)
+    except etc.CompileError as e:
+        print("CompileError:", e)
+'''
+    env = {**os.environ, "ETC_REPRODUCER_PATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "CompileError: a pass reported errors without failing" in done.stdout
+    assert "#gpu.address_space<workgroup> to integer address space failed" in done.stdout
+    assert "reproduce with:" in done.stdout
 
 
 def test_simulated_splitk_matches_numpy():
