@@ -1001,6 +1001,9 @@ VARIANTS["paged16"] = {"page_size": 16}
 # baseline without them.
 VARIANTS["cluster"] = _large(("tma_meeting", "cluster"), ("tma_meet_share", ()))
 VARIANTS["unshared"] = _large(("tma_meet_share", ()))
+# ... the cluster meeting's parts stamped (bench/decode_trace.py), against
+# stamps_large: where a pair's time goes if the sweep says it does not gain.
+VARIANTS["stamps_cluster"] = {"gemm_stamps": True, **VARIANTS["cluster"]}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
