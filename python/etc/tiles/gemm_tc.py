@@ -1929,12 +1929,11 @@ def pair_fragments(
     fragments into its own shared memory at ``buffer`` (an index: the
     shared address of an idle buffer of ``16 * block_size`` bytes a
     fragment, the tile's ring), thread ``tid``'s fragment ``f`` at byte
-    ``(f * block_size + tid) * 16``; both pass a cluster barrier; each loads
-    its partner's buffer over distributed shared memory
-    (``ld.shared::cluster``; the even part's threads alone load) and adds
-    them after its own;
-    both pass a second cluster barrier (the odd part's buffer is read, so
-    its ring may refill), and the even part opens ``scf.if`` (the caller
+    ``(f * block_size + tid) * 16``; both pass a cluster barrier; the even
+    part loads them from its partner's buffer over distributed shared memory
+    (``mapa`` + ``ld.shared::cluster``) and adds them after its own; both
+    pass a second cluster barrier (the odd part's buffer is read, so its
+    ring may refill), and the even part opens ``scf.if`` (the caller
     closes it) in which the pair's part-order sums stand in ``acc``'s
     structure: ``0 + p[2g] + p[2g + 1]``, bit for bit what the L2 meeting
     of :func:`meet_fragments` adds for these two parts.
