@@ -207,6 +207,14 @@ class _Plan:
 class Kernel:
     """A loaded artifact. Build with `load`; launch with `launch`."""
 
+    #: CTAs a thread-block cluster of every launch (1: no clusters,
+    #: ``Manifest.cluster``); grids are then whole clusters.
+    cluster = 1
+    #: Clustered launches go through cuLaunchKernelEx, cooperative unless
+    #: the driver refused a cooperative cluster launch once (then plain:
+    #: the grid stays within the co-resident clusters).
+    _cluster_cooperative = True
+
     def __init__(
         self,
         manifest: Manifest,
@@ -226,8 +234,6 @@ class Kernel:
         smem = manifest.dynamic_shared_memory
         if smem:
             driver.allow_dynamic_shared_memory(function, smem)
-        #: CTAs a thread-block cluster of every launch (1: no clusters,
-        #: ``Manifest.cluster``); grids are then whole clusters.
         self.cluster = cluster = manifest.cluster
         if cluster > 1:
             clusters = driver.max_active_clusters(function, cluster, manifest.block_size, smem)
@@ -240,10 +246,6 @@ class Kernel:
                 + (f"cluster of {cluster} CTAs" if cluster > 1 else "CTA")
                 + f" of {manifest.block_size} threads on {device.name} (registers/shared memory)"
             )
-        #: Clustered launches go through cuLaunchKernelEx, cooperative unless
-        #: the driver refused a cooperative cluster launch once (then plain:
-        #: the grid stays within the co-resident clusters).
-        self._cluster_cooperative = True
         self._param_tensors = [p.name for p in manifest.params if p.kind == "tensor"]
         self._symbol_names = manifest.symbols
         self._plans: dict[tuple, _Plan] = {}
