@@ -429,15 +429,12 @@ def _split_reduce(
             width = t.op("cw", f"memref.dim %cnt, {t.c(1)} : {COUNT_TYPE}")
             return t.add(t.op("cr", f"arith.muli {t.c(counter_row)}, {width} : index"), block(t))
 
+        if meeting != "rows":
+            # A thread whose first row is past the batch holds no row to keep.
+            live = t.op("live", f"arith.cmpi ult, {rows[0]}, {r1} : index")
         if meeting == "cluster":
             assert ring_b is not None
-            live = t.op("live", f"arith.cmpi ult, {rows[0]}, {r1} : index")
-            tile, stages, b_rows = ring_b
-            ring_t = (
-                f"memref<{stages}x{b_rows}x{_tc.TMA_BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
-            )
-            ring = t.op("sb", f"memref.get_global @{tile}__smem_b : {ring_t}")
-            ring = t.op("b", f"memref.extract_aligned_pointer_as_index {ring} : {ring_t} -> index")
+            ring = _tc.ring_b_base(t, *ring_b)
             acc = _tc.pair_fragments(t, acc, "%ks", ring, block_size, live)
             if parts == 2:
                 return acc
@@ -447,8 +444,6 @@ def _split_reduce(
                 p_type=PART_TYPE, live=live,
             )  # fmt: skip
         if meeting == "fragments":
-            # A thread whose first row is past the batch holds no row to keep.
-            live = t.op("live", f"arith.cmpi ult, {rows[0]}, {r1} : index")
             if share > 1:
                 _tc.share_fragments(
                     t, acc, parts, "%ks", slot, flag, block_size, share,
@@ -469,14 +464,6 @@ def _split_reduce(
 
     reduce.regions = 2 if meeting == "cluster" and parts > 2 else 1  # type: ignore[attr-defined]
     return reduce
-
-
-def sum_in_order(values: list[np.ndarray]) -> np.ndarray:
-    """``values[0] + values[1] + ...`` left to right, in their dtype."""
-    total = values[0]
-    for v in values[1:]:
-        total = total + v
-    return total
 
 
 def _reference(
@@ -527,9 +514,10 @@ def _reference(
             group = 2 if pairs else 1
             for q0 in range(0, k_splits, group):
                 rows_of = [slice(q * m + rs.start, q * m + rs.stop) for q in range(q0, q0 + group)]
-                acc = acc + sum_in_order([P[r, cs] for r in rows_of])
+                # sum(...) adds left to right in float32: a pair's p[2g] first.
+                acc = acc + sum((P[r, cs] for r in rows_of[1:]), P[rows_of[0], cs])
                 if up is not None:
-                    up = up + sum_in_order([P[r, up_cs] for r in rows_of])
+                    up = up + sum((P[r, up_cs] for r in rows_of[1:]), P[rows_of[0], up_cs])
         r = _gemm._row_scale_reference(row_scale, R, layer, rs, k)
         _gemm.finish_layer_reference(epilogue, acc, up, r, C, rs, cs, S_out, sums_out, layer)
 

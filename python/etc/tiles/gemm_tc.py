@@ -747,6 +747,20 @@ class _TmaRing:
     lanes: tuple[str, str, str, str, str] | None = None
 
 
+def ring_stage_type(stages: int, rows: int) -> str:
+    """The type of a TMA ring's ``A`` or ``B`` stages (:func:`_tma_ring`'s
+    ``@<tile>__smem_a`` and ``@<tile>__smem_b``): ``stages`` boxes of
+    ``rows`` x 64 bf16 in shared memory."""
+    return f"memref<{stages}x{rows}x{TMA_BLOCK_K}xbf16, #gpu.address_space<workgroup>>"
+
+
+def ring_b_base(t: _Text, name: str, stages: int, b_rows: int) -> str:
+    """The shared address (an index) of tile ``name``'s ring ``B`` stages."""
+    b_t = ring_stage_type(stages, b_rows)
+    ring = t.op("sb", f"memref.get_global @{name}__smem_b : {b_t}")
+    return t.op("b", f"memref.extract_aligned_pointer_as_index {ring} : {b_t} -> index")
+
+
 def _tma_ring(
     t: _Text, name: str, block_m: int, b_rows: int, stages: int, a_loads: list[TmaLoad],
     b_loads: list[TmaLoad], k_offset: str | None, body: bool = False,
@@ -763,8 +777,7 @@ def _tma_ring(
     ``b_evict_first``: the ``B`` boxes (weights, read once) carry an L2
     evict-first policy (``.L2::cache_hint``)."""
     bk = TMA_BLOCK_K
-    a_t = f"memref<{stages}x{block_m}x{bk}xbf16, #gpu.address_space<workgroup>>"
-    b_t = f"memref<{stages}x{b_rows}x{bk}xbf16, #gpu.address_space<workgroup>>"
+    a_t, b_t = ring_stage_type(stages, block_m), ring_stage_type(stages, b_rows)
     bar_t = f"memref<{2 * stages}xi64, #gpu.address_space<workgroup>>"
     globals_ = [
         f'memref.global "private" @{name}__smem_a : {a_t} {{alignment = 1024 : i64}}',
