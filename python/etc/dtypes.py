@@ -58,7 +58,9 @@ _TABLE: dict[str, tuple[str, str]] = {
     "i1": ("i1", "bool"),
 }
 
-_ALIASES = {
+#: Other names of the element types: numpy's and torch's (``torch.long`` is
+#: ``long``); the runtime matches tensors' dtypes with the same table.
+ALIASES = {
     "float64": "f64",
     "double": "f64",
     "float32": "f32",
@@ -67,8 +69,11 @@ _ALIASES = {
     "half": "f16",
     "bfloat16": "bf16",
     "int64": "i64",
+    "long": "i64",
     "int32": "i32",
+    "int": "i32",
     "int16": "i16",
+    "short": "i16",
     "int8": "i8",
     "uint64": "u64",
     "uint32": "u32",
@@ -78,6 +83,9 @@ _ALIASES = {
 }
 
 _DTYPES = {name: DType(name, mlir, np.dtype(storage)) for name, (mlir, storage) in _TABLE.items()}
+#: Bytes an element of each type takes in memory (``i1`` one, as LLVM stores
+#: ``memref<?xi1>``).
+SIZES = {name: d.itemsize for name, d in _DTYPES.items()}
 
 
 def dtype(spec: Any) -> DType:
@@ -85,7 +93,7 @@ def dtype(spec: Any) -> DType:
     if isinstance(spec, DType):
         return spec
     if isinstance(spec, str):
-        key = _ALIASES.get(spec, spec)
+        key = ALIASES.get(spec, spec)
         if key in _DTYPES:
             return _DTYPES[key]
         raise GraphError(f"unknown element type '{spec}'; expected one of {', '.join(_DTYPES)}")
@@ -94,7 +102,7 @@ def dtype(spec: Any) -> DType:
     except TypeError:
         raise GraphError(f"unknown element type {spec!r}") from None
     # uint16 means u16 here, never bf16: bf16 must be asked for by name.
-    key = _ALIASES.get(np_dtype.name)
+    key = ALIASES.get(np_dtype.name)
     if key is None:
         raise GraphError(f"element type {np_dtype} is not supported")
     return _DTYPES[key]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from etc.dtypes import ALIASES, SIZES
 from etc.errors import LaunchError
 
 from .queue import SM_DEALS
@@ -34,44 +35,8 @@ READABLE_FORMATS = ("etc-artifact/4", FORMAT, "etc-artifact/6", "etc-artifact/7"
 CLUSTER_SIZES = (2, 4, 8)
 MANIFEST = "manifest.json"
 
-#: Element sizes in bytes of the dtypes a graph tensor may have (the names of `etc.dtypes`;
-#: ``i1`` is stored as one byte, as LLVM stores memref<?xi1>).
-DTYPE_SIZES: dict[str, int] = {
-    "f64": 8,
-    "f32": 4,
-    "f16": 2,
-    "bf16": 2,
-    "i64": 8,
-    "i32": 4,
-    "i16": 2,
-    "i8": 1,
-    "u64": 8,
-    "u32": 4,
-    "u16": 2,
-    "u8": 1,
-    "i1": 1,
-}
-_DTYPE_ALIASES = {
-    "float64": "f64",
-    "double": "f64",
-    "float32": "f32",
-    "float": "f32",
-    "float16": "f16",
-    "half": "f16",
-    "bfloat16": "bf16",
-    "int64": "i64",
-    "long": "i64",
-    "int32": "i32",
-    "int": "i32",
-    "int16": "i16",
-    "short": "i16",
-    "int8": "i8",
-    "uint64": "u64",
-    "uint32": "u32",
-    "uint16": "u16",
-    "uint8": "u8",
-    "bool": "i1",
-}
+#: Element sizes in bytes of the dtypes a graph tensor may have (`etc.dtypes`).
+DTYPE_SIZES: dict[str, int] = dict(SIZES)
 PARAM_KINDS = ("symbol", "tensor", "counters", "queue", "status", "max_polls", "peers", "trace")
 # The kernel reads these eight status words; a manifest may reserve more.
 MIN_STATUS_WORDS = 8
@@ -85,7 +50,7 @@ def canonical_dtype(name: str) -> str | None:
     name = str(name).removeprefix("torch.")
     if name in DTYPE_SIZES:
         return name
-    return _DTYPE_ALIASES.get(name)
+    return ALIASES.get(name)
 
 
 @dataclass(frozen=True)
