@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from unit_helpers import make_fn, no_output, splitk_graph, table_graph  # noqa: F401
+from unit_helpers import (  # noqa: F401
+    make_fn,
+    no_output,
+    several_events_graph,
+    splitk_graph,
+    table_graph,
+)
 
 import etc
 from etc import DeadlockError, EtcError, GraphError, ShapeError
@@ -150,34 +156,7 @@ def test_wide_fan_in(schedule):
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_task_waiting_on_several_events(schedule):
-    g = etc.Graph("multi")
-    n = g.symbol("n")
-    P = [g.tensor(f"P{k}", (n, 3), "f64") for k in range(3)]
-    Y = g.tensor("Y", (n,), "f64")
-    events = []
-    for k in range(3):
-        e = g.event((n,), wait_count=3, name=f"E{k}")
-        events.append(e)
-
-        def fill(i, j, out, k=k):
-            out[i, j] = (k + 1) * 100 + i * 10 + j
-
-        g.task(
-            make_fn(f"fill{k}", "index", "index", "memref<?x3xf64>", reference=fill),
-            grid=(n, 3),
-            args=(P[k],),
-            out_edges={e: "ij->i"},
-        )
-
-    def combine(i, P0, P1, P2, Y):
-        Y[i] = P0[i].sum() + P1[i].sum() + P2[i].sum()
-
-    g.task(
-        make_fn("combine", "index", *["memref<?x3xf64>"] * 3, "memref<?xf64>", reference=combine),
-        grid=(n,),
-        args=(*P, Y),
-        in_edges={e: "i->i" for e in events},
-    )
+    g = several_events_graph()
     out = etc.simulate(g, {}, {"n": 4}, schedule=schedule, num_ctas=3, seed=7)
     i = np.arange(4)
     expected = sum(3 * ((k + 1) * 100 + i * 10) + 3 for k in range(3))

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from unit_helpers import make_fn, no_output, table_graph  # noqa: F401
+from unit_helpers import make_fn, no_output, several_events_graph, table_graph  # noqa: F401
 
 import etc
 from etc import DeadlockError, EtcError, GraphError, LaunchError
@@ -123,40 +123,6 @@ def fan_in_graph(width: int = 64) -> etc.Graph:
         grid=(),
         args=(X, total),
         in_edges={done: "->"},
-    )
-    return g
-
-
-def several_events_graph() -> etc.Graph:
-    """Three fill tasks (grid (n, 3), 3 notifications per coordinate) feed a
-    combine task through three in-edges."""
-    g = etc.Graph("multi")
-    n = g.symbol("n")
-    P = [g.tensor(f"P{k}", (n, 3), "f64") for k in range(3)]
-    Y = g.tensor("Y", (n,), "f64")
-    events = []
-    for k in range(3):
-        e = g.event((n,), wait_count=3, name=f"E{k}")
-        events.append(e)
-
-        def fill(i, j, out, k=k):
-            out[i, j] = (k + 1) * 100 + i * 10 + j
-
-        g.task(
-            make_fn(f"fill{k}", "index", "index", "memref<?x3xf64>", reference=fill),
-            grid=(n, 3),
-            args=(P[k],),
-            out_edges={e: "ij->i"},
-        )
-
-    def combine(i, P0, P1, P2, Y):
-        Y[i] = P0[i].sum() + P1[i].sum() + P2[i].sum()
-
-    g.task(
-        make_fn("combine", "index", *["memref<?x3xf64>"] * 3, F64, reference=combine),
-        grid=(n,),
-        args=(*P, Y),
-        in_edges={e: "i->i" for e in events},
     )
     return g
 
