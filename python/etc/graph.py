@@ -32,6 +32,7 @@ from .dtypes import DType
 from .dtypes import dtype as to_dtype
 from .edgemap import EdgeMap, parse_edge_map
 from .errors import GraphError
+from .runtime.manifest import CLUSTER_SIZES
 from .symbolic import Size, Symbol, SymExpr, as_size
 
 __all__ = ["Graph", "Tensor", "Event", "Task", "Trigger", "Edge", "Symbol", "SymExpr", "EdgeMap"]
@@ -566,6 +567,20 @@ class Graph:
             )
         meets = getattr(function, "meets", 0)
         cluster = getattr(function, "cluster", 0)
+        if isinstance(meets, bool) or not isinstance(meets, int) or meets < 0:
+            raise GraphError(
+                f"{where}: tile '{function.name}' has meets={meets!r}; expected an int >= 0 "
+                "(0: its parts do not wait for each other)"
+            )
+        if (
+            isinstance(cluster, bool)
+            or not isinstance(cluster, int)
+            or cluster not in (0, *CLUSTER_SIZES)
+        ):
+            raise GraphError(
+                f"{where}: tile '{function.name}' has cluster={cluster!r}; expected 0 (none) or "
+                f"a thread-block cluster of {', '.join(map(str, CLUSTER_SIZES))} CTAs"
+            )
         last = grid_t[-1] if grid_t else None
 
         def grouped_along_last(last_bad: bool) -> list[str]:

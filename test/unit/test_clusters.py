@@ -136,6 +136,21 @@ def test_the_last_dimension_must_be_whole_clusters() -> None:
         clustered_graph(size=8)
 
 
+@pytest.mark.parametrize("size", [3, 16, -2, True, "2", 2.0])
+def test_a_cluster_size_other_than_2_4_or_8_is_named(size) -> None:
+    with pytest.raises(etc.GraphError, match=rf"tile 'parts' has cluster={size!r}; expected 0"):
+        clustered_graph(size=size)
+
+
+@pytest.mark.parametrize("meets", [-1, True, "4"])
+def test_a_meeting_count_that_is_not_a_count_is_named(meets) -> None:
+    fn = make_fn("parts", "index", "index", "memref<?xf32>")
+    fn.meets = meets
+    g = etc.Graph("meets")
+    with pytest.raises(etc.GraphError, match=rf"tile 'parts' has meets={meets!r}; expected"):
+        g.task(fn, grid=(2, 4), args=[g.tensor("x", (8,), "f32")])
+
+
 def test_the_manifest_says_the_cluster_and_a_newer_format(tmp_path) -> None:
     art = etc.compile(clustered_graph(), schedule="static", cubin=False)
     assert art.manifest["format"] == "etc-artifact/7"
