@@ -9,11 +9,49 @@
 #include "etc/Pipelines/Passes.h"
 #include "mlir/Dialect/GPU/Pipelines/Passes.h"
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
 
 using namespace mlir;
 using namespace mlir::etensor;
+
+namespace {
+/// Fails on the module with a message: the pipeline's options that upstream
+/// passes would abort on instead of reporting (`#nvvm.target` is built with
+/// an `O` outside 0..3 unchecked; an unknown `format` is reported and then
+/// read anyway).
+struct RejectPipelineOptionsPass
+    : public PassWrapper<RejectPipelineOptionsPass, OperationPass<ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(RejectPipelineOptionsPass)
+
+  explicit RejectPipelineOptionsPass(std::string message)
+      : message(std::move(message)) {}
+  StringRef getArgument() const final { return "etc-reject-pipeline-options"; }
+  void runOnOperation() final {
+    getOperation().emitError(message);
+    signalPassFailure();
+  }
+
+  std::string message;
+};
+
+/// Why `options` cannot build the NVVM half of the pipeline, or "".
+std::string invalidNVVMOptions(const ETCToPTXPipelineOptions &options) {
+  if (options.optLevel < 0 || options.optLevel > 3)
+    return "etc-to-ptx: opt-level=" + std::to_string(options.optLevel) +
+           " is outside 0..3";
+  StringRef format = options.format;
+  if (!llvm::is_contained({"isa", "assembly", "bin", "binary", "fatbin",
+                           "fatbinary", "llvm", "offloading"},
+                          format))
+    return "etc-to-ptx: format='" + format.str() +
+           "' is not one of isa, bin, fatbin, llvm (or assembly, binary, "
+           "fatbinary, offloading)";
+  return "";
+}
+} // namespace
 
 /// Everything after scheduling: one persistent kernel, then PTX.
 static void buildKernelToPTX(OpPassManager &pm,
@@ -39,6 +77,11 @@ static void buildKernelToPTX(OpPassManager &pm,
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
 
+  std::string invalid = invalidNVVMOptions(options);
+  if (!invalid.empty()) {
+    pm.addPass(std::make_unique<RejectPipelineOptionsPass>(invalid));
+    return;
+  }
   gpu::GPUToNVVMPipelineOptions nvvm;
   nvvm.cubinChip = options.chip;
   nvvm.cubinFeatures = options.features;

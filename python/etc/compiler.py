@@ -46,6 +46,8 @@ STATUS_WORDS = 8
 DEFAULT_WATCHDOG_POLLS = 20_000_000
 SCHEDULES = ("static", "dynamic")
 TARGETS = ("sm_90", "sm_90a")
+#: Threads one SM holds at once on the targets (sm_90).
+SM_THREADS = 2048
 
 
 @dataclass
@@ -580,12 +582,26 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(
             f"target {target!r} is not supported; choose one of {', '.join(TARGETS)}"
         )
-    if not isinstance(watchdog_polls, int) or watchdog_polls <= 0:
-        raise CompileError(f"watchdog_polls must be a positive int, got {watchdog_polls!r}")
+    if (
+        isinstance(watchdog_polls, bool)
+        or not isinstance(watchdog_polls, int)
+        or not 0 < watchdog_polls < 1 << 63
+    ):
+        raise CompileError(f"watchdog_polls must be an int in 1..2**63-1, got {watchdog_polls!r}")
+    if isinstance(opt_level, bool) or not isinstance(opt_level, int) or opt_level not in range(4):
+        raise CompileError(f"opt_level must be 0, 1, 2 or 3 (NVVM's), got {opt_level!r}")
+    for flag, value in (("cubin", cubin), ("early_push", early_push), ("trace", trace)):
+        if not isinstance(value, bool):
+            raise CompileError(f"{flag} must be a bool, got {value!r}")
     if isinstance(min_ctas_per_sm, bool) or not isinstance(min_ctas_per_sm, int):
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
     if min_ctas_per_sm < 0:
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
+    if min_ctas_per_sm * g.block_size > SM_THREADS:
+        raise CompileError(
+            f"min_ctas_per_sm={min_ctas_per_sm}: CTAs of {g.block_size} threads, and an SM "
+            f"holds at most {SM_THREADS} threads"
+        )
     if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
         raise CompileError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
     if not isinstance(prefetch_next, bool):

@@ -887,6 +887,10 @@ class Graph:
     def _args(self, args: Any, where: str) -> tuple[Tensor | Symbol, ...]:
         if isinstance(args, (Tensor, Symbol)):
             args = (args,)
+        if not isinstance(args, Iterable) or isinstance(args, (str, Mapping)):
+            raise GraphError(
+                f"{where}: args must be a sequence of tensors and symbols, got {args!r}"
+            )
         out: list[Tensor | Symbol] = []
         for k, a in enumerate(args):
             if not isinstance(a, (Tensor, Symbol)):
@@ -946,6 +950,11 @@ class Graph:
     def _edges(self, edges: Any, kind: str, grid: tuple[Size, ...], where: str) -> tuple[Edge, ...]:
         if edges is None:
             return ()
+        if isinstance(edges, str) or not isinstance(edges, Iterable):
+            raise GraphError(
+                f"{where}: {kind}_edges must map events to edge maps ({{event: 'ij->i'}}), "
+                f"got {edges!r}"
+            )
         pairs = edges.items() if isinstance(edges, Mapping) else edges
         out: list[Edge] = []
         for pair in pairs:

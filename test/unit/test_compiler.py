@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,6 +90,35 @@ def test_task_numbering_matches_graph_and_simulator(splitk):
     for cta in range(3):
         entries = queue[queue[cta] : queue[cta + 1]]
         assert [(int(e) >> 48, int(e) & ((1 << 48) - 1)) for e in entries] == list(sim[cta])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        # Each of these once reached the pass pipeline: opt_level 7 aborted the
+        # Python process inside MLIR, True and 2.0 failed to parse as a ValueError.
+        ("opt_level", 7, "opt_level must be 0, 1, 2 or 3 (NVVM's), got 7"),
+        ("opt_level", 2.0, "opt_level must be 0, 1, 2 or 3 (NVVM's), got 2.0"),
+        ("opt_level", True, "opt_level must be 0, 1, 2 or 3 (NVVM's), got True"),
+        ("watchdog_polls", True, "watchdog_polls must be an int in 1..2**63-1, got True"),
+        (
+            "watchdog_polls",
+            1 << 63,
+            "watchdog_polls must be an int in 1..2**63-1, got 9223372036854775808",
+        ),
+        ("cubin", "no", "cubin must be a bool, got 'no'"),
+        ("early_push", 1, "early_push must be a bool, got 1"),
+        ("trace", "yes", "trace must be a bool, got 'yes'"),
+        (
+            "min_ctas_per_sm",
+            9,
+            "min_ctas_per_sm=9: CTAs of 256 threads, and an SM holds at most 2048",
+        ),
+    ],
+)
+def test_an_option_of_the_wrong_type_or_range_is_named(option, value, message):
+    with pytest.raises(etc.CompileError, match=re.escape(message)):
+        etc.compile(build_splitk(), **{option: value})
 
 
 def test_unsupported_options_raise():

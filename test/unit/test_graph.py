@@ -156,6 +156,15 @@ def test_args_must_be_tensors_of_this_graph():
         g.task(v["consumer"], grid=(4,), args=(T,))
     with raises(r"task 'consumer': argument #0 .* is not a Tensor"):
         g.task(v["consumer"], grid=(4,), args=("B",))
+    # Not sequences at all: these raised a bare TypeError.
+    for bad in (None, 3, "B"):
+        with raises(
+            rf"task 'consumer': args must be a sequence of tensors and symbols, got {bad!r}"
+        ):
+            g.task(v["consumer"], grid=(4,), args=bad)
+    for bad in (3, "ij->i"):
+        with raises(rf"task 'consumer': in_edges must map events to edge maps .*, got {bad!r}"):
+            g.task(v["consumer"], grid=(4,), args=(v["B"],), in_edges=bad)
 
 
 def test_symbol_max_is_checked_and_goes_to_the_manifest():

@@ -822,7 +822,7 @@ def test_fused_combine_counts_the_grid_s_splits():
 
     with pytest.raises(etc.GraphError, match="combine counts one kv head an instance: .*got 2"):
         attention_mma(512, 32, 8, 64, 16, pipeline="tma", prefetch=True, items=2, combine=True)
-    with pytest.raises(etc.GraphError, match="attn_counters must be None or a bool, got 1"):
+    with pytest.raises(etc.GraphError, match="attn_counters must be a bool or None, got 1"):
         M.LlamaConfig(attn_counters=1)
 
 

@@ -293,7 +293,7 @@ def test_manifest_and_launch_checks_of_a_ranked_artifact(tmp_path) -> None:
     "field, value, message",
     [
         ("k", 0, "k must be a positive int, got 0"),
-        ("block_m", True, "block_m must be a positive int, got True"),
+        ("block_m", True, "block_m must be an int, got True"),
         ("core", "cuda", "core must be one of mma, wgmma, tma, got 'cuda'"),
         ("inflight", 2, "inflight must be 0 or 1, got 2"),
         ("fused_reduce", 1, "fused_reduce must be a bool, got 1"),
@@ -379,11 +379,13 @@ def test_loads_in_flight_are_checked_and_stay_ahead_of_the_stores(tile: str) -> 
 
 
 def test_collective_config_checks_the_new_options() -> None:
-    for bad in ("jid", "rijr", 3):
+    for bad in ("jid", "rijr"):
         with pytest.raises(
             GraphError, match=f"gemm_order must order the letters r, i and j.*{bad!r}"
         ):
             C.CollectiveConfig(gemm_order=bad)
+    with pytest.raises(GraphError, match="gemm_order must be a str or None, got 3"):
+        C.CollectiveConfig(gemm_order=3)
     from etc.tiles.collective import gemm_chunk, gemm_to_peer
 
     with pytest.raises(ValueError, match="coords='dji2' must order the letters d, i, j"):

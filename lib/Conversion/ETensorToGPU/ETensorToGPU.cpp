@@ -3004,19 +3004,26 @@ struct ConvertETensorToGPUPass
     int64_t threads = blockSize;
     if (auto attr = graph->getAttrOfType<IntegerAttr>("etensor.block_size"))
       threads = attr.getInt();
+    if (threads < 1 || threads > 1024)
+      return graph.emitOpError("block size must be in 1..1024 threads (a "
+                               "CUDA block's most), got ")
+             << threads;
+    if (watchdogPolls < 1)
+      return graph.emitOpError("watchdog-polls must be >= 1, got ")
+             << static_cast<int64_t>(watchdogPolls);
     kernel.setKnownBlockSizeAttr(
         builder.getDenseI32ArrayAttr({(int32_t)threads, 1, 1}));
     kernel->setAttr("etensor.watchdog_polls",
                     builder.getI64IntegerAttr(watchdogPolls));
     if (minCtasPerSM < 0)
       return graph.emitOpError("min-ctas-per-sm must be >= 0, got ")
-             << minCtasPerSM;
+             << static_cast<int64_t>(minCtasPerSM);
     if (minCtasPerSM > 0)
       kernel->setAttr("nvvm.minctasm", builder.getI32IntegerAttr(minCtasPerSM));
 
     if (maxPopChunk < 1)
       return graph.emitOpError("max-pop-chunk must be >= 1, got ")
-             << maxPopChunk;
+             << static_cast<int64_t>(maxPopChunk);
     // Static schedule: the functions each shared region's tasks call.
     llvm::StringMap<int64_t> regionOf;
     SmallVector<DispatchOp> staticDispatches;

@@ -30,6 +30,7 @@ from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from ..graph import Graph
 from ..tiles import collective as tiles
+from ._fields import check_config
 
 __all__ = [
     "CollectiveConfig",
@@ -86,6 +87,10 @@ class CollectiveConfig:
     own_first: bool = True
 
     def __post_init__(self) -> None:
+        check_config(self, self._check)
+
+    def _check(self) -> None:
+        """The checks of the fields' values (:func:`check_config` adds their types)."""
         for key in (
             "k", "block_m", "block_n", "stages", "block_size", "smem_limit", "block_k",
             "copy_parts", "loads_in_flight",

@@ -49,6 +49,7 @@ import numpy as np
 from ..dtypes import bf16_to_f32, f32_to_bf16, torch_dtype
 from ..errors import GraphError
 from ..graph import Graph
+from ._fields import check_config
 
 __all__ = [
     "LlamaConfig",
@@ -853,6 +854,10 @@ class LlamaConfig:
     l2_prefetch_mode: str = "bulk"
 
     def __post_init__(self) -> None:
+        check_config(self, self._check)
+
+    def _check(self) -> None:
+        """The checks of the fields' values (:func:`check_config` adds their types)."""
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "vocab"):
             _int_field(key, getattr(self, key), 1)
         if self.prefetch_next and not self.prefetch_weights:
@@ -1112,6 +1117,7 @@ class LlamaConfig:
             ("bn_down", self.hidden),
             ("bn_lm", self.vocab),
         ):
+            _int_field(key, getattr(self, key), 1)
             if total % getattr(self, key):
                 raise GraphError(f"LlamaConfig: {key}={getattr(self, key)} does not divide {total}")
 

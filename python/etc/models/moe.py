@@ -62,6 +62,7 @@ from ..graph import DEALS, Graph
 from ..tiles import _mma
 from ..tiles import gemv as gemv_tiles
 from ..tiles import moe as moe_tiles
+from ._fields import check_config
 
 __all__ = [
     "MoEConfig",
@@ -478,6 +479,10 @@ class MoEConfig:
         return f"{key}_c{chunk}" if chunk else key
 
     def __post_init__(self) -> None:
+        check_config(self, self._check)
+
+    def _check(self) -> None:
+        """The checks of the fields' values (:func:`check_config` adds their types)."""
         if not isinstance(self.extra_buffers, tuple) or not set(self.extra_buffers) <= set(SCRATCH):
             raise GraphError(
                 f"MoEConfig: extra_buffers must be a tuple of {', '.join(SCRATCH)}, "
