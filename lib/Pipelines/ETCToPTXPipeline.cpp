@@ -13,6 +13,7 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
 using namespace mlir::etensor;
@@ -37,8 +38,29 @@ struct RejectPipelineOptionsPass
   std::string message;
 };
 
+/// Whether `chip` names an SM architecture: `sm_` then digits, then maybe
+/// `a` or `f` (`sm_90`, `sm_90a`, `sm_100f`). LLVM takes any other name
+/// with a warning and emits PTX for no particular target.
+bool isSMChip(StringRef chip) {
+  if (!chip.consume_front("sm_"))
+    return false;
+  StringRef digits = chip.take_while(llvm::isDigit);
+  StringRef rest = chip.drop_front(digits.size());
+  return !digits.empty() && (rest.empty() || rest == "a" || rest == "f");
+}
+
 /// Why `options` cannot build the NVVM half of the pipeline, or "".
 std::string invalidNVVMOptions(const ETCToPTXPipelineOptions &options) {
+  if (!isSMChip(options.chip))
+    return "etc-to-ptx: chip='" + options.chip +
+           "' is not an SM architecture such as sm_90 or sm_90a";
+  // LLVM asserts that each feature starts with '+' or '-'.
+  SmallVector<StringRef> features;
+  StringRef(options.features).split(features, ',', -1, /*KeepEmpty=*/false);
+  for (StringRef feature : features)
+    if (!feature.starts_with("+") && !feature.starts_with("-"))
+      return "etc-to-ptx: features='" + options.features +
+             "': each comma-separated feature starts with '+' or '-' (+ptx80)";
   if (options.optLevel < 0 || options.optLevel > 3)
     return "etc-to-ptx: opt-level=" + std::to_string(options.optLevel) +
            " is outside 0..3";
