@@ -30,6 +30,7 @@ indices or arguments, IR that does not verify) raises
 from __future__ import annotations
 
 import inspect
+import math as _math
 import os
 import re
 import sys
@@ -131,8 +132,19 @@ def _active() -> TileBuilder:
     return _ACTIVE.stack[-1]
 
 
+#: Shared memory one CTA may have on sm_90 (227 KB).
+SHARED_BYTES = 227 * 1024
+
+
 def _element(t: ir.Type) -> ir.Type:
     return t.element_type if isinstance(t, ir.VectorType) else t
+
+
+def _element_bytes(t: ir.Type) -> int:
+    """Bytes an element of scalar type ``t`` takes in memory (``index`` 8)."""
+    if isinstance(t, ir.IndexType):
+        return 8
+    return max(1, t.width // 8)
 
 
 def _is_float(t: ir.Type) -> bool:
@@ -624,6 +636,9 @@ class TileBuilder:
 
     def _arith(self, op: str, lhs: Any, rhs: Any) -> Val:
         what = f"'{_SYMBOLS[op]}'"
+        if op in ("floordiv", "mod") and type(rhs) in (int, float) and rhs == 0:
+            # divui/remui by zero is undefined: LLVM may fold it to anything.
+            raise self.error(f"{what} by the constant 0")
         a, b = self._pair(lhs, rhs, what)
         t = a.type
         with self._loc():
@@ -959,6 +974,12 @@ class TileBuilder:
         dims = list(shape)
         if not dims or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in dims):
             raise self.error(f"shared: shape {shape!r} must hold positive ints")
+        nbytes = _math.prod(dims) * _element_bytes(self._type(element))
+        if nbytes > SHARED_BYTES:
+            raise self.error(
+                f"shared: shape {shape!r} of {element} takes {nbytes} bytes; a CTA has at most "
+                f"{SHARED_BYTES} bytes of shared memory"
+            )
         if name is None:
             name = f"smem{len(self._globals)}"
         symbol = f"{self.name}__{name}"

@@ -372,6 +372,12 @@ def _bad_body(kind: str):
             _ = i / 2
         elif kind == "untyped":
             t.select(i < 2, 1.0, 2.0)
+        elif kind == "div_zero":
+            _ = i // 0
+        elif kind == "mod_zero":
+            _ = i % 0
+        elif kind == "shared_size":
+            t.shared([64, 1024])
         elif kind == "returns":
             return 3
         return None
@@ -405,6 +411,12 @@ def _bad_body(kind: str):
         ("float_mod", r"'%' is not supported on f32 values"),
         ("int_truediv", r"'/' is not supported on index values \(use // "),
         ("untyped", r"select: cannot tell the MLIR type of the Python number 1.0"),
+        ("div_zero", r"'//' by the constant 0"),
+        ("mod_zero", r"'%' by the constant 0"),
+        (
+            "shared_size",
+            r"shared: shape \[64, 1024\] of f32 takes 262144 bytes; a CTA has at most 232448",
+        ),
         ("returns", r"the body must not return a value"),
     ],
 )
