@@ -10,6 +10,55 @@ from typing import Any
 import numpy as np
 
 
+def count(low: int = 1) -> Callable[[str], int]:
+    """An argparse ``type``: an int of at least ``low``; anything else is a
+    usage error naming the option (exit status 2), not a traceback."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    parse.__name__ = f"int >= {low}"  # argparse names the type in its message
+    return parse
+
+
+def counts(low: int = 1, sep: str = ",", length: int | None = None) -> Callable[[str], list[int]]:
+    """An argparse ``type``: ints of at least ``low`` joined by ``sep``
+    (``1,7,16``, or ``128x64`` with ``sep="x"``), ``length`` of them if given."""
+    one = count(low)
+
+    def parse(text: str) -> list[int]:
+        values = [one(part) for part in text.split(sep)]
+        if length is not None and len(values) != length:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {length} ints joined by {sep!r}")
+        return values
+
+    parse.__name__ = f"{sep}-separated ints >= {low}"
+    return parse
+
+
+def pairs(text: str) -> list[list[int]]:
+    """An argparse ``type``: ``AxB`` pairs of ints >= 1 joined by commas."""
+    pair = counts(sep="x", length=2)
+    return [pair(part) for part in text.split(",")]
+
+
+def positive(text: str) -> float:
+    """An argparse ``type``: a float above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not above 0")
+    return value
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--simulate", action="store_true", help="run on the CPU simulator")
@@ -31,7 +80,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="run a saved artifact (compiled elsewhere) instead of compiling here",
     )
     p.add_argument("--target", default="sm_90")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=count(0), default=0)
     return p
 
 
@@ -167,7 +216,7 @@ def decoder_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tiny", action="store_true", help="the tiny configuration on the GPU too")
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=positive,
         help="largest relative error (default: 2e-2, or 3e-2 for a model of 16 layers or more)",
     )
     p.add_argument("--no-check", dest="check", action="store_false")

@@ -23,9 +23,9 @@ from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.models import collective as C
 
 try:
-    from examples._common import compile_graph, compile_only, parser
+    from examples._common import compile_graph, compile_only, count, parser, positive
 except ImportError:  # run as a script
-    from _common import compile_graph, compile_only, parser
+    from _common import compile_graph, compile_only, count, parser, positive
 
 
 @dataclass
@@ -46,13 +46,15 @@ def bf16_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=2, help="ranks (GPUs 0..N-1), default 2")
-    p.add_argument("--rows", type=int, help="rows per rank S/R (default 64 simulated, 1024 GPU)")
-    p.add_argument("--n", type=int, help="output columns N (default 64 simulated, 1024 GPU)")
-    p.add_argument("--k", type=int, help="inner dimension K (default 64 simulated, 1024 GPU)")
-    p.add_argument("--block", type=int, help="GEMM block rows/columns (32 simulated, 128 GPU)")
-    p.add_argument("--stages", type=int, help="cp.async stages (default 2 simulated, 3 GPU)")
-    p.add_argument("--tolerance", type=float, default=2e-2)
+    p.add_argument("--ranks", type=count(1), default=2, help="ranks (GPUs 0..N-1), default 2")
+    p.add_argument(
+        "--rows", type=count(1), help="rows per rank S/R (default 64 simulated, 1024 GPU)"
+    )
+    p.add_argument("--n", type=count(1), help="output columns N (default 64 simulated, 1024 GPU)")
+    p.add_argument("--k", type=count(1), help="inner dimension K (default 64 simulated, 1024 GPU)")
+    p.add_argument("--block", type=count(1), help="GEMM block rows/columns (32 simulated, 128 GPU)")
+    p.add_argument("--stages", type=count(1), help="cp.async stages (default 2 simulated, 3 GPU)")
+    p.add_argument("--tolerance", type=positive, default=2e-2)
     p.add_argument(
         "--fused-reduce",
         action="store_true",

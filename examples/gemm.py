@@ -25,9 +25,9 @@ from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.tiles import gemm_tc
 
 try:
-    from examples._common import parser, run
+    from examples._common import count, counts, pairs, parser, run
 except ImportError:  # run as a script
-    from _common import parser, run
+    from _common import count, counts, pairs, parser, run
 
 
 def build(
@@ -49,13 +49,18 @@ def build(
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(target="sm_90a")
-    p.add_argument("--shapes", default="1x64,200x300,1024x1536", help="M x N pairs to run")
-    p.add_argument("-K", type=int, default=2048)
-    p.add_argument("--block", default="128x128", help="block rows x columns (BM x BN)")
-    p.add_argument("--stages", type=int, default=4)
-    p.add_argument("--k-splits", type=int, default=1, help="parts of k that meet in the tile")
     p.add_argument(
-        "--meet-share", type=int, default=1,
+        "--shapes", type=pairs, default="1x64,200x300,1024x1536", help="M x N pairs to run"
+    )
+    p.add_argument("-K", type=count(1), default=2048)
+    p.add_argument(
+        "--block", type=counts(sep="x", length=2), default="128x128",
+        help="block rows x columns (BM x BN)",
+    )  # fmt: skip
+    p.add_argument("--stages", type=count(1), default=4)
+    p.add_argument("--k-splits", type=count(1), default=1, help="parts of k that meet in the tile")
+    p.add_argument(
+        "--meet-share", type=count(1), default=1,
         help="the parts' last N to arrive share the sums (static schedule only)",
     )  # fmt: skip
     args = p.parse_args(argv)
@@ -63,20 +68,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("the TMA + wgmma tile needs --target sm_90a")
     if args.meet_share > 1 and args.schedule != "static":
         p.error("--meet-share needs --schedule static (its parts wait for each other)")
-    block_m, block_n = (int(d) for d in args.block.split("x"))
+    block_m, block_n = args.block
     try:
         g = build(args.K, block_m, block_n, args.stages, args.k_splits, args.meet_share)
     except etc.EtcError as exc:  # a configuration the tile cannot take, named by the error
         p.error(str(exc))
     rng = np.random.default_rng(args.seed)
     cases = []
-    for shape in args.shapes.split(","):
-        M, N = (int(d) for d in shape.split("x"))
+    for M, N in args.shapes:
         A = f32_to_bf16(rng.standard_normal((M, args.K)).astype(np.float32))
         B = f32_to_bf16((rng.standard_normal((N, args.K)) * args.K**-0.5).astype(np.float32))
         blocks = -(-M // block_m) * -(-N // block_n)
-        count = {"C_count": np.zeros((1, blocks), np.int32)} if args.k_splits > 1 else {}
-        cases.append(({"m": M, "n": N}, {"A": A, "B": B, **count}))
+        counters = {"C_count": np.zeros((1, blocks), np.int32)} if args.k_splits > 1 else {}
+        cases.append(({"m": M, "n": N}, {"A": A, "B": B, **counters}))
 
     def expect(symbols, inputs):
         out = {"C": bf16_to_f32(inputs["A"]).astype(np.float64) @ bf16_to_f32(inputs["B"]).T}

@@ -50,6 +50,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _common import (  # noqa: E402
     check_decode_step,
     compile_only,
+    count,
     decoder_options,
     load_kernel,
     parser,
@@ -58,14 +59,16 @@ from _common import (  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=2, help="sequences decoded together (B)")
-    p.add_argument("--prompt", type=int, default=4, help="prompt tokens fed one step at a time")
-    p.add_argument("--steps", type=int, default=4, help="greedy tokens generated")
+    p.add_argument("--batch", type=count(1), default=2, help="sequences decoded together (B)")
+    p.add_argument(
+        "--prompt", type=count(1), default=4, help="prompt tokens fed one step at a time"
+    )
+    p.add_argument("--steps", type=count(0), default=4, help="greedy tokens generated")
     decoder_options(p)
     p.add_argument("--ragged", action="store_true", help="sequence b joins b steps late")
-    p.add_argument("--page-size", type=int, default=0, help="a paged KV cache (0: contiguous)")
+    p.add_argument("--page-size", type=count(0), default=0, help="a paged KV cache (0: contiguous)")
     p.add_argument(
-        "--weight-chunk", type=int, default=0,
+        "--weight-chunk", type=count(0), default=0,
         help="the layer projections read their weights in 8-row groups of this many k "
         "(LlamaConfig.weight_chunk; 0: nn.Linear rows; 64 with the TMA kernel)",
     )  # fmt: skip

@@ -41,6 +41,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _common import (  # noqa: E402
     check_decode_step,
     compile_only,
+    count,
     decoder_options,
     load_kernel,
     parser,
@@ -100,9 +101,11 @@ def kernel_names(cfg: M.LlamaConfig) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=10, help="requests in the stream")
-    p.add_argument("--max-batch", type=int, default=4, help="requests in flight at most")
-    p.add_argument("--page-size", type=int, default=0, help="positions a page (default 4 tiny, 16)")
+    p.add_argument("--requests", type=count(1), default=10, help="requests in the stream")
+    p.add_argument("--max-batch", type=count(1), default=4, help="requests in flight at most")
+    p.add_argument(
+        "--page-size", type=count(0), default=0, help="positions a page (default 4 tiny, 16)"
+    )
     decoder_options(p)
     args = p.parse_args(argv)
     tiny = args.simulate or args.tiny

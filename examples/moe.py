@@ -50,9 +50,17 @@ from etc.models import moe as M
 from etc.tiles import moe as moe_tiles
 
 try:
-    from examples._common import compile_only, load_kernel, parser, run_case
+    from examples._common import (
+        compile_only,
+        count,
+        counts,
+        load_kernel,
+        parser,
+        positive,
+        run_case,
+    )
 except ImportError:  # run as a script
-    from _common import compile_only, load_kernel, parser, run_case
+    from _common import compile_only, count, counts, load_kernel, parser, positive, run_case
 
 
 def config(
@@ -88,19 +96,23 @@ def build(**kwargs) -> etc.Graph:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--tokens", default="1,7,16,33", help="values of T to run")
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--inter", type=int, default=768)
-    p.add_argument("--experts", type=int, default=128)
-    p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n-gu", type=int, default=64)
-    p.add_argument("--block-n-dn", type=int, default=128)
+    p.add_argument("--tokens", type=counts(), default="1,7,16,33", help="values of T to run")
+    p.add_argument("--hidden", type=count(1), default=2048)
+    p.add_argument("--inter", type=count(1), default=768)
+    p.add_argument("--experts", type=count(1), default=128)
+    p.add_argument("--topk", type=count(1), default=8)
+    p.add_argument("--block-m", type=count(1), default=64)
+    p.add_argument("--block-n-gu", type=count(1), default=64)
+    p.add_argument("--block-n-dn", type=count(1), default=128)
     p.add_argument(
-        "--router-block", type=int, help="tokens per router block (default 32, or the preset's)"
+        "--router-block",
+        type=count(1),
+        help="tokens per router block (default 32, or the preset's)",
     )
     p.add_argument(
-        "--router-experts", type=int, help="experts per logits CTA, EC (default 2, or the preset's)"
+        "--router-experts",
+        type=count(1),
+        help="experts per logits CTA, EC (default 2, or the preset's)",
     )
     p.add_argument("--routing", choices=M.ROUTINGS, default="uniform")
     p.add_argument(
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         help="--route slots: the gate/up tiles pick their experts from the logits themselves",
     )  # fmt: skip
     p.add_argument(
-        "--route-max-tokens", type=int, default=64, help="the largest T of --route fused"
+        "--route-max-tokens", type=count(1), default=64, help="the largest T of --route fused"
     )
     p.add_argument(
         "--gather", action="store_true",
@@ -131,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         "past 65504)",
     )  # fmt: skip
     p.add_argument(
-        "--weight-chunk", type=int, default=0,
+        "--weight-chunk", type=count(0), default=0,
         help="the expert tiles read Wgu/Wd in 8-row groups of this many k (etc.tiles.gemm."
         "chunk_weights; 0: nn.Linear rows; the TMA tiles take 64)",
     )  # fmt: skip
-    p.add_argument("--tolerance", type=float, default=1e-2, help="largest relative error")
+    p.add_argument("--tolerance", type=positive, default=1e-2, help="largest relative error")
     p.add_argument(
         "--preset", choices=(*M.PRESETS, "auto"),
         help="the tuned tile configuration (real sizes); auto: one artifact, a preset per T",
@@ -196,7 +208,7 @@ def check_sizes(cfg: M.MoEConfig, args, graph_and_kernel) -> int:
     simulate and the GPU kernel) against the float32 reference; an exit code."""
     weights = M.random_weights(cfg, args.seed, args.routing)
     failures = 0
-    sizes = [int(s) for s in args.tokens.split(",")]
+    sizes = args.tokens
     for T in sizes:
         x = M.random_tokens(cfg, T, args.seed, args.routing)
         g, kernel = graph_and_kernel(T)

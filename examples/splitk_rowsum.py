@@ -26,9 +26,9 @@ import etc
 from etc.tiles import rowsum
 
 try:
-    from examples._common import parser, run
+    from examples._common import count, counts, parser, run
 except ImportError:  # run as a script
-    from _common import parser, run
+    from _common import count, counts, parser, run
 
 
 def build(
@@ -65,10 +65,10 @@ def build(
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="1,3,8,33,1000", help="values of n to run")
-    p.add_argument("-K", type=int, default=256)
-    p.add_argument("--k-split", type=int, default=4)
-    p.add_argument("--rows-per-task", type=int, default=8)
+    p.add_argument("--sizes", type=counts(), default="1,3,8,33,1000", help="values of n to run")
+    p.add_argument("-K", type=count(1), default=256)
+    p.add_argument("--k-split", type=count(1), default=4)
+    p.add_argument("--rows-per-task", type=count(1), default=8)
     p.add_argument(
         "--tiles",
         choices=("mlir", "builder"),
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     g = build(args.K, args.k_split, args.rows_per_task, args.tiles, args.deal)
     rng = np.random.default_rng(args.seed)
     cases = []
-    for n in (int(s) for s in args.sizes.split(",")):
+    for n in args.sizes:
         A = rng.standard_normal((n, args.K)).astype(np.float32)
         cases.append(({"n": n}, {"A": A}))
     return run(g, args, cases, lambda sym, inp: {"C": inp["A"].astype(np.float64).sum(1)})

@@ -26,9 +26,17 @@ import etc
 from etc.tiles import rmsnorm
 
 try:
-    from examples._common import compile_only, load_kernel, parser, run_case
+    from examples._common import (
+        compile_only,
+        count,
+        counts,
+        load_kernel,
+        parser,
+        positive,
+        run_case,
+    )
 except ImportError:  # run as a script
-    from _common import compile_only, load_kernel, parser, run_case
+    from _common import compile_only, count, counts, load_kernel, parser, positive, run_case
 
 
 def build(hidden: int = 2048, splits: int = 2, eps: float = 1e-6) -> etc.Graph:
@@ -86,18 +94,22 @@ def counting_compilations() -> Iterator[list[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--batches", default="1,2,3,7,64,511,512", help="batch sizes b to run")
-    p.add_argument("--hidden", type=int, default=2048, help="hidden size H")
+    p.add_argument(
+        "--batches", type=counts(), default="1,2,3,7,64,511,512", help="batch sizes b to run"
+    )
+    p.add_argument("--hidden", type=count(1), default=2048, help="hidden size H")
     # H / S = 1024 gives each of the 256 threads exactly one 16-byte load.
-    p.add_argument("--splits", type=int, default=2, help="chunks S per row (H / S columns each)")
-    p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument(
+        "--splits", type=count(1), default=2, help="chunks S per row (H / S columns each)"
+    )
+    p.add_argument("--eps", type=positive, default=1e-6)
     args = p.parse_args(argv)
     g = build(args.hidden, args.splits, args.eps)
     # --save-artifact / --artifact: compile on one machine, run on another.
     done = compile_only(g, args)
     if done is not None:
         return done
-    batches = [int(s) for s in args.batches.split(",")]
+    batches = args.batches
     rng = np.random.default_rng(args.seed)
     W = rng.standard_normal(args.hidden).astype(np.float32)
     failures, served = 0, set()
