@@ -128,6 +128,7 @@ def compile_buckets(
     tensors or symbols, when a bucket's symbol is not one of them or splits
     a range of itself, or when the bounds are not increasing positive ints
     ending with None. Every entry is checked before any graph compiles."""
+    _check_options(options, "")
     leaves = _check_entries(symbol, graphs, ())
     first = leaves[0]
     for g in leaves[1:]:
@@ -139,10 +140,31 @@ def compile_buckets(
     return _compile_entries(symbol, graphs, options)
 
 
+def _check_options(options: dict[str, Any], where: str) -> None:
+    """Every key of ``options`` must be a keyword of ``etc.compile``: checked
+    before the first graph compiles, not when the bucket naming it does."""
+    import inspect
+
+    from .compiler import compile as compile_graph
+
+    known = [p for p in inspect.signature(compile_graph).parameters if p != "g"]
+    for key in options:
+        if key not in known:
+            raise GraphError(
+                f"compile_buckets: {where}option {key!r} is not one of etc.compile's "
+                f"({', '.join(known)})"
+            )
+
+
 def _check_entries(symbol: str, entries: Sequence, outer: tuple[str, ...]) -> list[Graph]:
     """The leaf graphs of ``entries`` (bucketed by ``symbol`` inside the
     buckets of ``outer``), after checking their form and bounds."""
     where = "".join(f" (in a bucket of '{o}')" for o in outer[-1:])
+    if not isinstance(entries, Sequence) or isinstance(entries, str):
+        raise GraphError(
+            f"compile_buckets: the buckets of '{symbol}'{where} must be a list of (bound, graph), "
+            f"got {entries!r}"
+        )
     if not entries:
         raise GraphError(f"compile_buckets: no graphs for symbol '{symbol}'{where}")
     if symbol in outer:
@@ -177,6 +199,8 @@ def _check_entries(symbol: str, entries: Sequence, outer: tuple[str, ...]) -> li
             raise GraphError(
                 f"compile_buckets: {name}: its options must be a dict, got {entry[2]!r}"
             )
+        if len(entry) == 3:
+            _check_options(entry[2], f"{name}: ")
         leaves += here
     bounds = [entry[0] for entry in entries]
     if bounds[-1] is not None:

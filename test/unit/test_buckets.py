@@ -83,6 +83,13 @@ def test_compile_buckets_checks_bounds_and_graphs():
         etc.compile_buckets("n", [(4, g), (None, other)])
     with pytest.raises(etc.GraphError, match="its options must be a dict, got 'sm_90a'"):
         etc.compile_buckets("n", [(4, g, "sm_90a"), (None, g)])
+    # Raised a TypeError: iterating an int, calling compile with the key.
+    with pytest.raises(etc.GraphError, match="the buckets of 'n' must be a list of .*, got 3"):
+        etc.compile_buckets("n", 3)
+    with pytest.raises(etc.GraphError, match="graph 'splitk': option 'chip' is not one of"):
+        etc.compile_buckets("n", [(4, g, {"chip": "sm_90"}), (None, g)])
+    with pytest.raises(etc.GraphError, match="compile_buckets: option 'chip' is not one of"):
+        etc.compile_buckets("n", [(4, g), (None, g)], chip="sm_90")
 
 
 @needs_bindings
