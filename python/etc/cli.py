@@ -46,7 +46,10 @@ def _load_builder(spec: str) -> Any:
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise SystemExit(f"etc: cannot import {module_name!r} ({e})") from None
     if not hasattr(module, function):
         raise SystemExit(f"etc: {module_name} has no {function!r}")
     return getattr(module, function)

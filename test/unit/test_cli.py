@@ -45,6 +45,16 @@ def test_bad_builder_is_a_clear_error():
         cli.main(["compile", "nocolon", "-o", "x"])
     with pytest.raises(SystemExit, match="has no 'nope'"):
         cli.main(["compile", "etc.tiles:nope", "-o", "x"])
+    # Was a ModuleNotFoundError traceback.
+    with pytest.raises(SystemExit, match=r"cannot import 'README.md' \(No module named 'README'\)"):
+        cli.main(["compile", "README.md:build", "-o", "x"])
+
+
+def test_a_file_that_is_no_trace_is_named(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    for path in (tmp_path / "notes.txt", tmp_path / "missing.npz"):
+        assert cli.main(["trace", str(path), "-o", str(tmp_path / "t.json")]) == 1
+        assert f"etc: {path}: not a trace saved by Trace.save" in capsys.readouterr().err
 
 
 def test_info_on_a_broken_artifact(tmp_path, capsys):

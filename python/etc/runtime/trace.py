@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from etc.errors import EtcError
+from etc.errors import EtcError, LaunchError
 
 RECORD_WORDS = 4
 _INSTANCE_MASK = (1 << 48) - 1
@@ -164,14 +164,19 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        data = np.load(path, allow_pickle=False)
-        return cls(
-            str(data["graph"]),
-            [str(n) for n in data["task_names"]],
-            [tuple(g) for g in json.loads(str(data["task_grids"]))],
-            data["records"].astype(np.uint64),
-            int(data["dropped"]),
-        )
+        """A trace :meth:`save` wrote; anything else is a LaunchError naming
+        the file."""
+        try:
+            data = np.load(path, allow_pickle=False)
+            return cls(
+                str(data["graph"]),
+                [str(n) for n in data["task_names"]],
+                [tuple(g) for g in json.loads(str(data["task_grids"]))],
+                data["records"].astype(np.uint64),
+                int(data["dropped"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise LaunchError(f"{path}: not a trace saved by Trace.save ({e})") from None
 
 
 def _cta_timelines(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
