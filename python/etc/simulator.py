@@ -150,6 +150,11 @@ def _bind_inputs(
     graph: Graph, inputs: Mapping[Any, Any] | None, env: dict[str, int]
 ) -> dict[str, np.ndarray]:
     given: dict[str, Any] = {}
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise ShapeError(
+            f"graph '{graph.name}': inputs must map tensor names to arrays, got "
+            f"{type(inputs).__name__}"
+        )
     for key, value in (inputs or {}).items():
         name = key.name if isinstance(key, Tensor) else key
         given[name] = value
@@ -942,7 +947,7 @@ def simulate(
     DeadlockError when the run hangs and LaunchError where the GPU would
     report a queue overflow.
     """
-    _check_options(schedule, num_ctas, early_push, max_pop_chunk)
+    _check_options(schedule, num_ctas, early_push, max_pop_chunk, seed)
     if graph.rank is not None:
         raise EtcError(
             f"graph '{graph.name}' spans ranks; run it with etc.simulate_ranks (one input "
@@ -968,7 +973,9 @@ def simulate(
     return arrays
 
 
-def _check_options(schedule: str, num_ctas: int, early_push: bool, max_pop_chunk: int) -> None:
+def _check_options(
+    schedule: str, num_ctas: int, early_push: bool, max_pop_chunk: int, seed: Any
+) -> None:
     if schedule not in ("static", "dynamic"):
         raise EtcError(f"unknown schedule {schedule!r}; expected 'static' or 'dynamic'")
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
@@ -977,6 +984,8 @@ def _check_options(schedule: str, num_ctas: int, early_push: bool, max_pop_chunk
         raise EtcError(f"early_push must be a bool, got {early_push!r}")
     if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
         raise EtcError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise EtcError(f"seed must be an int >= 0, got {seed!r}")
 
 
 def simulate_ranks(
@@ -1001,7 +1010,12 @@ def simulate_ranks(
     Wait counts are checked first against the notifications of all ranks.
     Raises as :func:`simulate`; a deadlock names the rank that is stuck.
     """
-    _check_options(schedule, num_ctas, early_push, max_pop_chunk)
+    _check_options(schedule, num_ctas, early_push, max_pop_chunk, seed)
+    if not isinstance(inputs, Sequence) or isinstance(inputs, str):
+        raise EtcError(
+            f"simulate_ranks: inputs must be a list of each rank's tensors, got "
+            f"{type(inputs).__name__}"
+        )
     if graph.rank is None or graph.num_ranks is None:
         raise EtcError(
             f"graph '{graph.name}' does not span ranks (build it with graph.ranks()); "

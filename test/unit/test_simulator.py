@@ -372,6 +372,13 @@ def test_options_are_checked():
         etc.simulate(g, {}, {"n": 1}, schedule="fifo")
     with pytest.raises(EtcError, match="num_ctas must be a positive int"):
         etc.simulate(g, {}, {"n": 1}, num_ctas=0)
+    # These passed (a seed the static run never reads) or raised AttributeError.
+    with pytest.raises(EtcError, match="seed must be an int >= 0, got 'x'"):
+        etc.simulate(g, {}, {"n": 1}, seed="x")
+    with pytest.raises(ShapeError, match="inputs must map tensor names to arrays, got list"):
+        etc.simulate(g, [np.zeros((1, 256), np.float32)], {"n": 1})
+    with pytest.raises(EtcError, match="inputs must be a list of each rank's tensors, got int"):
+        etc.simulate_ranks(g, 2, {"n": 1})
 
 
 def test_missing_reference_names_the_task():
