@@ -282,3 +282,17 @@ def test_a_refused_cooperative_cluster_launch_goes_again_plain(tmp_path, monkeyp
     assert kernel._launch_clusters(plan, 0) == cu.CUresult.CUDA_SUCCESS
     assert seen == [True, False, False] and not kernel._cluster_cooperative
     assert plan.cluster_config[0].attrs[0].value.clusterDim.x == 2
+
+
+@pytest.mark.parametrize(
+    ("tensors", "symbols", "message"),
+    [
+        ([1, 2], {}, "tensors must map names to values, got list"),
+        ({}, [5], "symbols must map names to values, got list"),
+    ],
+)
+def test_a_launch_names_arguments_that_are_not_mappings(tmp_path, tensors, symbols, message):
+    # A list of symbol values of the right length reached list.__getitem__("n").
+    kernel = _bare_kernel(tmp_path)
+    with pytest.raises(etc.LaunchError, match=message):
+        kernel.launch(tensors, symbols)

@@ -619,6 +619,11 @@ class Kernel:
         """
         m = self.manifest
         symbols = {} if symbols is None else symbols
+        for what, given in (("tensors", tensors), ("symbols", symbols)):
+            if type(given) is not dict and not isinstance(given, Mapping):  # dict: the fast test
+                raise LaunchError(
+                    f"{m.graph}: {what} must map names to values, got {type(given).__name__}"
+                )
         plan = None
         if len(symbols) == len(self._symbol_names):
             try:
