@@ -289,7 +289,7 @@ def test_gathered_gate_up_tile():
         (dict(split_n=True, block_m=64), "needs core='tma' without split_n"),
         (dict(core="mma", smem_limit=48 << 10, stages=2), "needs core='tma'"),
         (dict(gather_topk=0), "positive top-k"),
-        (dict(gather_topk=True), "gather_topk=True needs"),
+        (dict(gather_topk=True), "gather_topk must be an int or None, got True"),
     ):
         args = dict(core="tma", smem_limit=SMEM, gather_topk=K) | kw
         bm = args.pop("block_m", 128)

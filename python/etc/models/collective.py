@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fields import check_config
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from ..graph import Graph
 from ..tiles import collective as tiles
-from ._fields import check_config
 
 __all__ = [
     "CollectiveConfig",

@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
+from .._fields import check_config
 from ..dtypes import bf16_to_f32, f32_to_bf16, torch_dtype
 from ..errors import GraphError
 from ..graph import Graph
-from ._fields import check_config
 
 __all__ = [
     "LlamaConfig",

@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fields import check_config
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, dtype, f32_to_bf16, torch_dtype
 from ..errors import GraphError
@@ -62,7 +63,6 @@ from ..graph import DEALS, Graph
 from ..tiles import _mma
 from ..tiles import gemv as gemv_tiles
 from ..tiles import moe as moe_tiles
-from ._fields import check_config
 
 __all__ = [
     "MoEConfig",

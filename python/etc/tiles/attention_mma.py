@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import textwrap
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _paged, _text
@@ -186,6 +187,7 @@ def _shfl_xor(t: _T, v: str, offset: int, ty: str = "f32") -> str:
     return f"{name}#0"
 
 
+@checked_arguments
 def attention_mma(
     chunk: int,
     heads: int,

@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from . import _mma
@@ -135,6 +136,7 @@ def _cols(t: _Text, n0: str, block_n: int, wn: int, wn_i: str, col_lane: str, nf
     return [t.add(wcol, 8 * f) for f in range(nf)]
 
 
+@checked_arguments
 def gemm_to_peer(
     block_m: int = 128,
     block_n: int = 128,
@@ -238,6 +240,7 @@ def gemm_to_peer(
     )  # fmt: skip
 
 
+@checked_arguments
 def gemm_reduce_own(
     block_m: int = 128,
     block_n: int = 128,
@@ -342,6 +345,7 @@ def gemm_reduce_own(
     )  # fmt: skip
 
 
+@checked_arguments
 def gemm_chunk(
     block_m: int = 128,
     block_n: int = 128,
@@ -492,6 +496,7 @@ def _in_flight(name: str, unroll: int, vectors: int) -> int:
     return max(u for u in range(1, min(unroll, vectors) + 1) if vectors % u == 0)
 
 
+@checked_arguments
 def reduce_slots(
     block_m: int = 128,
     block_n: int = 128,
@@ -569,6 +574,7 @@ func.func @{name}(%i: index, %j: index, %staging: {st}, %out: {ot}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def copy_to_peers(
     chunk_rows: int = 128,
     hidden: int = 4096,

@@ -48,10 +48,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
@@ -240,7 +241,7 @@ def _body(
     partials: int = 0,
     weight_chunk: int = 0,
     bulk_ring: bool = False,
-    l2_evict_first: bool | str = False,
+    l2_evict_first: bool | Literal["body"] = False,
 ) -> list[str]:
     """The warp-MMA main loop and epilogue call, emitted into ``t``.
 
@@ -1057,6 +1058,7 @@ def _source(name: str, signature: str, t: _Text, globals_: list[str], comment: s
     )
 
 
+@checked_arguments
 def gemm(
     block_m: int,
     block_n: int,
@@ -1227,6 +1229,7 @@ MOE_OPTIONS: dict[str, Any] = dict(
 )  # fmt: skip
 
 
+@checked_arguments
 def moe_gate_up(
     block_m: int,
     block_n: int,
@@ -1285,6 +1288,7 @@ def moe_gate_up(
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
 
+@checked_arguments
 def moe_down(
     block_m: int,
     block_n: int,
@@ -1710,6 +1714,7 @@ def _refuse(name: str, core: str, given: dict[str, bool]) -> None:
         raise GraphError(f"tile '{name}': {', '.join(on)} do not apply to core={core!r}")
 
 
+@checked_arguments
 def layer_gemm(
     block_m: int,
     block_n: int,
@@ -1735,7 +1740,7 @@ def layer_gemm(
     norm_sums: bool = False,
     sums_out: tuple[int, int] | None = None,
     row_scale: tuple[int, int, float] | None = None,
-    prefetch_ring: bool | int = False,
+    prefetch_ring: bool | int | str = False,
     row_paths: tuple[int, ...] | None = None,
     k_splits: int = 1,
     counter_row: int = 0,
@@ -1746,7 +1751,7 @@ def layer_gemm(
     meeting: str = "rows",
     meet_share: int = 1,
     refill: str = "wait",
-    l2_evict_first: bool | str = False,
+    l2_evict_first: bool | Literal["body"] = False,
     short_path: bool = True,
     whole_lines: bool = False,
     stamps: bool = False,

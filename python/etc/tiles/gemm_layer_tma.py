@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma, _text
@@ -84,6 +85,7 @@ class _Text(_tc._Text):
         return _gemm._source(name, signature, self, globals_, comment) + self.extra
 
 
+@checked_arguments
 def layer_gemm_tma(
     block_m: int,
     block_n: int,

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma, _text
@@ -2155,6 +2156,7 @@ def _finish(
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def gemm(
     block_m: int = 128,
     block_n: int = 128,
@@ -2307,6 +2309,7 @@ def _address(t: _Text, arg: str, ty: str) -> str:
 MAP_TYPE = "memref<16xi64>"
 
 
+@checked_arguments
 def finish_tma(
     t: _Text, name: str, signature: str, globals_: list[str], comment: str, reference,
     block_size: int, buffers: int, maps: list[tuple],
@@ -2719,6 +2722,7 @@ MOE_OPTIONS: dict[str, Any] = dict(
 )  # fmt: skip
 
 
+@checked_arguments
 def moe_gate_up(
     block_m: int,
     block_n: int,
@@ -2752,6 +2756,7 @@ def moe_gate_up(
     return _moe_tile("gate_up", block_m, block_n, hidden, inter, experts, name, o)
 
 
+@checked_arguments
 def moe_down(
     block_m: int,
     block_n: int,

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma, _text
@@ -72,6 +73,7 @@ LANES_PER_ROW = 8
 CHUNK = 64
 
 
+@checked_arguments
 def moe_gate_up(
     block_m: int,
     block_n: int,
@@ -91,6 +93,7 @@ def moe_gate_up(
     return _gemv_tile("gate_up", block_m, block_n, hidden, inter, experts, name, options)
 
 
+@checked_arguments
 def moe_down(
     block_m: int,
     block_n: int,

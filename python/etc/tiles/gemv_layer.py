@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma, _text
@@ -79,6 +80,7 @@ BLOCK_ROWS = (1, 8, 16, 32, 64)
 MMA_ROWS = 16
 
 
+@checked_arguments
 def layer_gemv(
     block_n: int,
     n: int,

@@ -31,6 +31,7 @@ import textwrap
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
@@ -113,6 +114,7 @@ def _offset_constants(offsets) -> str:
 # ----------------------------------------------------------------------------
 # embed
 # ----------------------------------------------------------------------------
+@checked_arguments
 def embed(
     block_m: int,
     block_n: int,
@@ -308,6 +310,7 @@ def _embed_sums(block_size: int, H: int, x_t: str, t_t: str, s_t: str, col_tiles
 # ----------------------------------------------------------------------------
 # rmsnorm
 # ----------------------------------------------------------------------------
+@checked_arguments
 def rmsnorm(
     hidden: int,
     gamma_stride: int = 1,
@@ -433,6 +436,7 @@ def rope_bf16(x: np.ndarray, cos_sin: np.ndarray) -> np.ndarray:
     return f32_to_bf16(out)
 
 
+@checked_arguments
 def attention(
     chunk: int,
     heads: int,
@@ -1259,6 +1263,7 @@ def _one_pass(
 """
 
 
+@checked_arguments
 def attention_online(
     chunk: int,
     heads: int,
@@ -1874,6 +1879,7 @@ def _move_staging_to_prefetch(source: str, name: str, addresses: str, copies: st
 # ----------------------------------------------------------------------------
 # attention_combine
 # ----------------------------------------------------------------------------
+@checked_arguments
 def attention_combine(
     heads: int,
     head_dim: int,
@@ -2260,6 +2266,7 @@ def _merge_splits(op: np.ndarray, mp: np.ndarray, b: int, heads: slice, splits: 
 # ----------------------------------------------------------------------------
 # argmax
 # ----------------------------------------------------------------------------
+@checked_arguments
 def argmax(
     vocab: int,
     *,
@@ -2448,6 +2455,7 @@ func.func @{name}({signature}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def argmax_merge(
     vocab: int, parts: int, *, name: str = "argmax_merge", block_size: int = 256
 ) -> DeviceFunction:

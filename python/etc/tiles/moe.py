@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
@@ -107,6 +108,7 @@ def router_reference_rows(x: np.ndarray, wr: np.ndarray, topk: int) -> tuple[np.
 _LOGITS_UNROLL = 4
 
 
+@checked_arguments
 def router_logits(
     RB: int, EC: int, E: int, H: int, *, name: str = "moe_logits", block_size: int = 256
 ) -> DeviceFunction:
@@ -517,6 +519,7 @@ def _logit_rows(splits: int, l_t: str, ids_t: str | None = None) -> str:
     )
 
 
+@checked_arguments
 def router_topk(
     RB: int,
     TB: int,
@@ -789,6 +792,7 @@ def _warp0_tables(
   }}"""
 
 
+@checked_arguments
 def clear_counts(E: int, *, name: str = "moe_clear", block_size: int = 256) -> DeviceFunction:
     """Tile ``(i,)`` (grid ``(1,)``): ``counts[:] = 0``, before any top-k
     instance counts its tokens (every launch starts from zero, whatever the
@@ -821,6 +825,7 @@ def plan_grid(T: Any, K: int) -> Any:
     return (T * K + PLAN_SLOTS - 1) // PLAN_SLOTS
 
 
+@checked_arguments
 def plan(
     BM: int, NT: int, ND: int, E: int, K: int, *, name: str = "moe_plan", block_size: int = 256
 ) -> DeviceFunction:
@@ -952,6 +957,7 @@ func.func @{name}(%i: index, %ids: {ids_t}, %pos: {ids_t}, %counts: {e_t}, %row_
 PERMUTE_UNROLL = 8
 
 
+@checked_arguments
 def permute(
     E: int,
     K: int,
@@ -1143,6 +1149,7 @@ func.func @{name}(%e: index, %X: {x_t}, %row_off: {e1_t}, %perm: {vec_t}, %Xp: {
     return DeviceFunction.from_mlir(source, name, _permute_reference(K), block_size=block_size)
 
 
+@checked_arguments
 def release(E: int, *, name: str = "moe_release", block_size: int = 256) -> DeviceFunction:
     """Tile ``(e,)``: no work. It stands where :func:`permute` does when the
     gate/up tiles gather their rows from ``X`` themselves (``MoEConfig.gather``),
@@ -1243,6 +1250,7 @@ def _sums(name: str, dtype: str) -> str:
     return SUMS[dtype][0]
 
 
+@checked_arguments
 def zero_rows(
     ZB: int, H: int, *, dtype: str = "f32", name: str = "moe_zero", block_size: int = 256
 ) -> DeviceFunction:
@@ -1272,6 +1280,7 @@ def zero_rows(
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def cast_rows(
     CB: int, H: int, *, dtype: str = "f32", unroll: int = 1, name: str = "moe_cast",
     block_size: int = 256,
@@ -1317,6 +1326,7 @@ def cast_rows(
 ROUTE_MAX_TOKENS = 64
 
 
+@checked_arguments
 def route(
     E: int,
     K: int,
@@ -1463,6 +1473,7 @@ func.func @{name}(%i: index, %L: {l_t}, %ids: {ids_t}, %tw: {tw_t}, %counts: {e_
 # ----------------------------------------------------------------------------
 # combine
 # ----------------------------------------------------------------------------
+@checked_arguments
 def combine(
     CB: int, K: int, H: int, *, unroll: int = 1, direct: bool = False, name: str = "moe_combine",
     block_size: int = 256,

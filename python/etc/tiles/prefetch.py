@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _text
@@ -54,6 +55,7 @@ MODES = ("bulk", "lines")
 LINE = 128
 
 
+@checked_arguments
 def l2_prefetch(
     regions: Sequence[Region],
     instances: int,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _text
@@ -45,6 +46,7 @@ def _check(name: str, hidden: int, splits: int, block_size: int) -> int:
     return chunk
 
 
+@checked_arguments
 def sum_squares(
     hidden: int,
     splits: int,
@@ -117,6 +119,7 @@ func.func @{name}(%i: index, %j: index, %X: {x_type}, %P: {p_type}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def scale(
     hidden: int,
     splits: int,

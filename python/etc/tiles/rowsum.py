@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _text
@@ -33,6 +34,7 @@ def _check(name: str, **values: int) -> None:
             raise GraphError(f"tile '{name}': {key} must be a positive int, got {value!r}")
 
 
+@checked_arguments
 def partial_sum(
     rows_per_task: int,
     k_split: int,
@@ -112,6 +114,7 @@ func.func @{name}(%i: index, %j: index, %A: {a_type}, %B: {b_type}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def final_sum(
     rows_per_task: int,
     k_split: int,

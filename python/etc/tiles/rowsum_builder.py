@@ -9,6 +9,7 @@ why :mod:`etc.tiles` does not import it.
 
 from __future__ import annotations
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..tilebuilder import TileBuilder, Val, f32, memref_type, tile
 from . import rowsum
@@ -16,6 +17,7 @@ from . import rowsum
 __all__ = ["partial_sum", "final_sum"]
 
 
+@checked_arguments
 def partial_sum(
     rows_per_task: int,
     k_split: int,
@@ -56,6 +58,7 @@ def partial_sum(
     return body
 
 
+@checked_arguments
 def final_sum(
     rows_per_task: int,
     k_split: int,

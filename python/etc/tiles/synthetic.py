@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._fields import checked_arguments
 from ..device import DeviceFunction
 from ..errors import GraphError
 
@@ -27,6 +28,7 @@ def _fmt(x: float) -> str:
     return f"{float(x):.9e}"
 
 
+@checked_arguments
 def lincomb(
     coefs: Sequence[float],
     bias: float = 0.0,
@@ -92,6 +94,7 @@ def spin_value(i: int, iterations: int) -> float:
     return float(i) + float(iterations)
 
 
+@checked_arguments
 def spin(
     iterations: int,
     heavy_every: int = 0,
@@ -157,6 +160,7 @@ func.func @{name}(%i: index, %out: memref<?xf32>) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def empty(rank: int = 1, *, name: str = "empty", block_size: int = 256) -> DeviceFunction:
     """A tile that does nothing: the cost of scheduling alone."""
     coords = ", ".join(f"%i{d}: index" for d in range(rank))

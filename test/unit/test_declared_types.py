@@ -1,5 +1,5 @@
 """The model configurations refuse a field of the wrong type by name
-(etc.models._fields), where their own checks would have passed it or
+(etc._fields), where their own checks would have passed it or
 tripped over it with a bare TypeError."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import typing
 import pytest
 
 import etc
+from etc._fields import _matches
 from etc.models import collective, llama, moe
-from etc.models._fields import _matches
 
 CONFIGS = [llama.LlamaConfig, moe.MoEConfig, collective.CollectiveConfig]
 
@@ -90,3 +90,62 @@ def test_a_wrong_type_the_own_checks_pass_is_refused_after_them() -> None:
 def test_the_own_checks_word_a_value_they_understand() -> None:
     with pytest.raises(etc.GraphError, match=r"attn_small_spans=.* must be \(batch, span\)"):
         llama.LlamaConfig(attn_small_spans=[(2, 3)])
+
+
+# -- tile builders (etc._fields.checked_arguments) ----------------------------
+
+
+def _builders():
+    """Every public tile builder: a function of an etc.tiles module that
+    returns a DeviceFunction."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import etc.tiles as T
+    from etc.device import DeviceFunction
+
+    for info in pkgutil.iter_modules(T.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"etc.tiles.{info.name}")
+        for name, fn in vars(module).items():
+            if name.startswith("_") or not inspect.isfunction(fn):
+                continue
+            if getattr(fn, "__module__", None) != module.__name__:
+                continue
+            if typing.get_type_hints(inspect.unwrap(fn)).get("return") is DeviceFunction:
+                yield f"{info.name}.{name}", fn
+
+
+def test_every_tile_builder_checks_its_arguments() -> None:
+    builders = dict(_builders())
+    assert len(builders) > 40
+    unchecked = [name for name, fn in builders.items() if not hasattr(fn, "__wrapped__")]
+    assert not unchecked, f"decorate with etc._fields.checked_arguments: {unchecked}"
+
+
+def test_a_tile_argument_of_the_wrong_type_is_named() -> None:
+    from etc.tiles import gemm, gemm_tc
+
+    # Each failed deep inside the builder: a TypeError or a ZeroDivisionError.
+    with pytest.raises(
+        etc.GraphError, match=r"^tile 'layer_gemm': block_size must be an int, got None$"
+    ):
+        gemm.layer_gemm(64, 64, 128, 256, layers=2, core="tma", block_size=None)
+    with pytest.raises(
+        etc.GraphError, match=r"^tile 'gemm_tc': warps must be tuple\[int, int\] or None, got 3$"
+    ):
+        gemm_tc.gemm(64, 64, 96, warps=3)
+    with pytest.raises(
+        etc.GraphError, match=r"^tile 'mine': l2_evict_first must be a bool or 'body', got 'all'$"
+    ):
+        gemm.layer_gemm(16, 64, 128, 256, layers=2, name="mine", l2_evict_first="all")
+
+
+def test_numpy_integers_pass_as_ints() -> None:
+    import numpy as np
+
+    from etc.tiles import rowsum
+
+    assert rowsum.partial_sum(np.int64(1), 4, np.int32(256)).name == "partial_sum"

@@ -1,4 +1,5 @@
-"""Field types of the model configurations, checked around their own checks.
+"""Declared types, checked: the model configurations' fields and the tile
+builders' arguments.
 
 A configuration dataclass (``LlamaConfig``, ``MoEConfig``,
 ``CollectiveConfig``) states each field's type. :func:`check_config`
@@ -9,17 +10,22 @@ checks, whose messages say what a value means (``(batch, span) pairs``).
 When the own checks trip over a tuple field of the wrong type (an int where
 they iterate pairs) with a bare ``TypeError``, that field is named
 instead.
+
+:func:`checked_arguments` does the same for a tile builder's arguments
+(``layer_gemm(block_size=None)`` used to fail deep in its arithmetic).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import types
 import typing
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import EtcError, GraphError
+from .errors import EtcError, GraphError
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -39,6 +45,8 @@ def _matches(value: Any, hint: Any) -> bool:
     if hint is str:
         return isinstance(value, str)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in args)
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, a) for a in args)
     if origin is tuple:
@@ -50,6 +58,19 @@ def _matches(value: Any, hint: Any) -> bool:
     raise TypeError(f"no check for the field type {hint!r}")  # a new annotation: extend this
 
 
+def _checkable(hint: Any) -> bool:
+    """Whether :func:`_matches` knows ``hint`` (a tile builder's arguments
+    also take classes, lists and callables, which are left to the builder)."""
+    if hint is Any or hint in _NAMED or hint is None:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return True
+    if origin in (typing.Union, types.UnionType, tuple):
+        return all(a is Ellipsis or _checkable(a) for a in args)
+    return False
+
+
 _NAMED = {bool: "a bool", int: "an int", float: "a number", str: "a str", type(None): "None"}
 
 
@@ -58,6 +79,8 @@ def _spelled(hint: Any) -> str:
     spells it (``tuple[tuple[str, int], ...]``)."""
     if hint in _NAMED:
         return _NAMED[hint]
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(map(repr, typing.get_args(hint)))
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_spelled(a) for a in typing.get_args(hint))
     return str(hint).replace("typing.", "").replace("NoneType", "None")
@@ -104,3 +127,48 @@ def check_config(config: Any, checks: Callable[[], None]) -> None:
             raise named from None
         raise
     check_field_types(config)
+
+
+def checked_arguments(builder: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorates a tile builder: each argument whose annotation
+    :func:`_matches` knows must have that type, or GraphError names the tile
+    (its ``name`` argument, else the builder), the parameter and the value.
+    A numpy integer counts as an int, and reaches the builder as one."""
+    signature = inspect.signature(builder)
+    hints = {
+        name: hint
+        for name, hint in typing.get_type_hints(builder).items()
+        if name != "return" and hint is not Any and _checkable(hint)
+    }
+
+    named = signature.parameters.get("name")
+    default_name = named.default if named is not None else builder.__name__
+
+    @functools.wraps(builder)
+    def check(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return builder(*args, **kwargs)  # Python names the wrong call itself
+        for name, value in bound.arguments.items():
+            hint = hints.get(name)
+            if hint is None:
+                continue
+            if _matches(_plain(value), hint):
+                bound.arguments[name] = _plain(value)  # the builder's own checks see an int
+                continue
+            tile = bound.arguments.get("name", default_name)
+            tile = tile if isinstance(tile, str) else builder.__name__
+            raise GraphError(f"tile '{tile}': {name} must be {_spelled(hint)}, got {value!r}")
+        return builder(*bound.args, **bound.kwargs)
+
+    return check
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with a numpy integer as the int it holds."""
+    import numpy as np
+
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
