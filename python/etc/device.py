@@ -10,7 +10,7 @@ without the compiled MLIR extension.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .errors import GraphError
@@ -62,6 +62,15 @@ class DeviceFunction:
                 f"device function '{name}': block_size must be a multiple of 32 in "
                 f"[32, 1024], got {block_size!r}"
             )
+        for what, items, value in (
+            ("params", "MLIR types", params),
+            ("defines", "symbols", defines),
+        ):
+            if isinstance(value, str) or (value is not None and not isinstance(value, Iterable)):
+                # A str would become a tuple of its characters.
+                raise GraphError(
+                    f"device function '{name}': {what} must be a sequence of {items}, got {value!r}"
+                )
         self.name = name
         self.source = source
         self.params = tuple(params)

@@ -63,3 +63,10 @@ def test_errors_name_the_function():
         etc.DeviceFunction.from_mlir(SOURCE, "tile", block_size=100)
     with pytest.raises(GraphError, match="device function 'tile': reference must be callable"):
         etc.DeviceFunction.from_mlir(SOURCE, "tile", reference=3)
+    # A str became the tuple of its characters: params ('i', 'n', 'd', 'e', 'x').
+    with pytest.raises(
+        GraphError, match="'f': params must be a sequence of MLIR types, got 'index'"
+    ):
+        etc.DeviceFunction("f", SOURCE, "index")
+    with pytest.raises(GraphError, match="'f': defines must be a sequence of symbols, got 'f'"):
+        etc.DeviceFunction("f", SOURCE, ("index",), defines="f")
