@@ -37,7 +37,6 @@ VARIANTS = {
     "lm_sync_bn32_s6": ("lm_head", 16, 32, dict(stages=6, unroll=2, rotate_k=True)),
     "lm_sync_bn16_s6": ("lm_head", 16, 16, dict(stages=6, unroll=2, rotate_k=True)),
     "lm_bulk": ("lm_head", 16, 64, dict(core="bulk", rotate_k=True)),
-    "lm_bulk_bm8": ("lm_head", 8, 64, dict(core="bulk", rotate_k=True)),
 }
 # The large-batch kernel's cores (TMA + wgmma, 64-row blocks, split-K; the
 # decoder's settings, and wider/narrower splits and k rotated by column block).

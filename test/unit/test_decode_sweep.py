@@ -1,6 +1,7 @@
-"""Every variant of bench/decode_sweep.py builds the graphs of its kernels,
-so that a device session's `--build` never stops at one the configuration
-has moved away from (thirteen had, found in the fifty-fourth session)."""
+"""Every variant of the decoder's sweeps (bench/decode_sweep.py,
+decode_gemm.py, decode_attention.py) builds its graphs, so that a device
+session's `--build` never stops at one the tiles or the configuration have
+moved away from (seventeen had, found in the fifty-fourth session)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench import decode_sweep  # noqa: E402
+from bench import decode_attention, decode_gemm, decode_sweep  # noqa: E402
 from etc.models import llama  # noqa: E402
 
 
@@ -26,3 +27,14 @@ def test_every_sweep_variant_builds_its_kernels_graphs() -> None:
             failed.append(f"{name}: {type(e).__name__}: {str(e)[:200]}")
     assert not failed, "\n".join(failed)
     assert len(built) > 100
+
+
+def test_every_projection_and_attention_variant_builds_its_graph() -> None:
+    failed = []
+    for sweep in (decode_gemm, decode_attention):
+        for name in sweep.VARIANTS:
+            try:
+                sweep.graph(name)
+            except Exception as e:  # noqa: BLE001 - name every variant that fails
+                failed.append(f"{sweep.__name__} {name}: {type(e).__name__}: {str(e)[:200]}")
+    assert not failed, "\n".join(failed)
