@@ -129,7 +129,8 @@ VARIANTS = {
     # groups before its waits (item 65). (Its deeper rings for single
     # projections, st_*, no longer fit the shared memory of the kernels'
     # two CTAs an SM: removed in session 54, as were the other variants
-    # that stopped building; test_decode_sweep.py keeps the rest building.)
+    # that stopped building; test/unit/test_bench_variants.py keeps the rest
+    # building.)
     "lm32_s6": _one(("bn_lm", 32), *_proj(("lm_head", "stages", 6)).items()),
     "lm16_s6": _one(("bn_lm", 16), *_proj(("lm_head", "stages", 6)).items()),
     "gu_pf1": _proj(("gate_up_proj", "prefetch_ring", 1)),
