@@ -2137,6 +2137,17 @@ def test_page_pool_deals_pages_as_sequences_grow():
         pool.table(["c"], 2)
     with pytest.raises(etc.GraphError, match="PagePool: pages must be an int >= 1"):
         M.PagePool(0, 4)
+    # A negative position passed; "3" and a list key raised TypeErrors; a str
+    # of sequences was read as its characters.
+    for position in (-1, "3"):
+        with pytest.raises(etc.GraphError, match=f"position must be an int >= 0, got {position!r}"):
+            pool.reserve("d", position)
+    with pytest.raises(etc.GraphError, match=r"sequence \['d'\] is not hashable"):
+        pool.reserve(["d"], 1)
+    with pytest.raises(etc.GraphError, match="sequences must be a list, got 'ab'"):
+        pool.table("ab", 4)
+    with pytest.raises(etc.GraphError, match="width must be an int >= 0, got -1"):
+        pool.table(["c"], -1)
 
 
 def test_a_position_past_the_cache_is_refused_before_the_launch(tmp_path):

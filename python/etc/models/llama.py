@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -2716,6 +2716,14 @@ class PagePool:
         """Give ``sequence`` the pages that positions ``0..position`` need
         (the step writes ``position``). Raises GraphError, taking nothing,
         when the pool cannot."""
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise GraphError(
+                f"PagePool: sequence {sequence!r}'s position must be an int >= 0, got {position!r}"
+            )
+        try:
+            hash(sequence)
+        except TypeError:
+            raise GraphError(f"PagePool: sequence {sequence!r} is not hashable") from None
         held = self._held.setdefault(sequence, [])
         need = position // self.page_size + 1 - len(held)
         if need > len(self._free):
@@ -2733,6 +2741,11 @@ class PagePool:
         """The block table ``(len(sequences), width)`` int32 of a batch, row
         ``b`` the pages of ``sequences[b]`` and -1 past them (never read:
         the kernel looks up no page past a sequence's position)."""
+        if isinstance(sequences, str) or not isinstance(sequences, Iterable):
+            # A str would be its characters' sequences.
+            raise GraphError(f"PagePool.table: sequences must be a list, got {sequences!r}")
+        if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+            raise GraphError(f"PagePool.table: width must be an int >= 0, got {width!r}")
         rows = [self._held.get(s, []) for s in sequences]
         longest = max((len(r) for r in rows), default=0)
         if longest > width:
