@@ -688,6 +688,20 @@ def test_presets_are_the_measured_configurations() -> None:
         etc.GraphError, match="MoE preset 'fast' is unknown; choose one of decode, single, few"
     ):
         M.preset("fast")
+    # These raised a TypeError, a ValueError and passed (T = -1, an unknown routing).
+    with pytest.raises(
+        etc.GraphError, match="MoE preset 'decode': 'hiden' is not a MoEConfig field"
+    ):
+        M.preset("decode", hiden=64)
+    with pytest.raises(etc.GraphError, match=r"bucket \(5,\) is not \(largest T or None, preset"):
+        M.preset_family(((5,), (None, "decode")))
+    with pytest.raises(etc.GraphError, match="weight_chunk must be an int >= 0, got 'x'"):
+        M.preset_family(weight_chunk="x")
+    cfg = M.preset("decode")
+    with pytest.raises(etc.GraphError, match="random_tokens: T must be an int >= 0, got -1"):
+        M.random_tokens(cfg, -1)
+    with pytest.raises(etc.GraphError, match="routing 'zipf' is not one of uniform"):
+        M.random_tokens(cfg, 4, routing="zipf")
 
 
 @needs_trigger

@@ -47,6 +47,7 @@ tile's reference in graph order without the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -277,6 +278,13 @@ def preset(name: str, **overrides: Any) -> MoEConfig:
     (and block widths that no longer divide an overridden size narrowed)."""
     if name not in PRESETS:
         raise GraphError(f"MoE preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
+    known = {f.name for f in dataclasses.fields(MoEConfig)}
+    unknown = [key for key in overrides if key not in known]
+    if unknown:
+        raise GraphError(
+            f"MoE preset {name!r}: {unknown[0]!r} is not a MoEConfig field "
+            f"({', '.join(sorted(known))})"
+        )
     fields = {**PRESETS[name], **overrides}
     if fields.get("router") == "tc" and "router_experts" not in overrides:
         # Expert blocks that still divide an overridden expert count.
@@ -1285,6 +1293,13 @@ def preset_family(
     :func:`etc.tiles.gemm.chunk_weights`' layout."""
     if not buckets:
         raise GraphError("preset_family: no buckets")
+    for entry in buckets:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str)):
+            raise GraphError(
+                f"preset_family: bucket {entry!r} is not (largest T or None, preset name)"
+            )
+    if isinstance(weight_chunk, bool) or not isinstance(weight_chunk, int) or weight_chunk < 0:
+        raise GraphError(f"preset_family: weight_chunk must be an int >= 0, got {weight_chunk!r}")
     configs = [(bound, name, preset(name, **overrides)) for bound, name in buckets]
     if weight_chunk:
         configs = [(b, name, cfg.with_weight_chunk(weight_chunk)) for b, name, cfg in configs]
@@ -1646,6 +1661,10 @@ def random_weights(
 
 def random_tokens(cfg: MoEConfig, T: int, seed: int = 0, routing: str = "uniform") -> np.ndarray:
     """bf16 bits of X (T, H) ~ N(0, 1); column 0 is 1 under the skewed routings."""
+    if isinstance(T, bool) or not isinstance(T, int) or T < 0:
+        raise GraphError(f"random_tokens: T must be an int >= 0, got {T!r}")
+    if routing not in ROUTINGS:
+        raise GraphError(f"random_tokens: routing {routing!r} is not one of {', '.join(ROUTINGS)}")
     x = np.random.default_rng(seed + 1_000_003).standard_normal((T, cfg.hidden), np.float32)
     if routing in ("one-expert", "few-experts"):
         x[:, 0] = 1.0
