@@ -2194,6 +2194,10 @@ def test_a_token_outside_the_vocabulary_never_reads_past_the_embedding():
     ):
         M.numpy_inputs(CFG, M.random_weights(CFG), np.array([5, -1], np.int32), 3, 6)
     M.check_tokens([0, CFG.vocab - 1], CFG.vocab)
+    # Fractions and a second dimension passed; a str raised numpy's UFuncTypeError.
+    for bad in ([1.5], [[1]], "ab"):
+        with pytest.raises(etc.GraphError, match="tokens must be one int per sequence"):
+            M.check_tokens(bad, CFG.vocab)
     odd = {**arrays, "tokens": np.array([5, CFG.vocab], np.int32)}
     assert M.step_symbols(CFG, odd, 3) == {"B": 2, "L": 3, "S": 6}  # no check unless asked
     with pytest.raises(etc.GraphError, match=rf"tokens\[1\] = {CFG.vocab} is not in"):
@@ -2484,3 +2488,21 @@ def test_one_pass_attention_has_two_barriers_fewer_and_compiles(weights):
         _check_step(cfg, g, M.random_weights(cfg, seed=6), 2, 20, "static", 17)
     with pytest.raises(etc.GraphError, match="attn_one_pass applies to attn_tile='phased'"):
         dataclasses.replace(CFG, attn_tile="mma", attn_one_pass=True)
+
+
+def test_input_builders_refuse_missing_weights_and_positions_past_the_cache():
+    """numpy_inputs and torch_inputs left a weight missing from ``weights``
+    zeroed (a model of silent zeros), and numpy_inputs took L >= S."""
+    w = M.random_weights(CFG)
+    tokens = np.array([1, 2], np.int32)
+    partial = {k: v for k, v in w.items() if k != "wo"}
+    with pytest.raises(etc.GraphError, match="numpy_inputs: weights has no 'wo'; it holds 'embed'"):
+        M.numpy_inputs(CFG, partial, tokens, 1, 8)
+    with pytest.raises(etc.GraphError, match="weights has no 'wqkv' \\(nor 'wqkv_folded'\\)"):
+        M.numpy_inputs(CFG, {k: v for k, v in w.items() if k != "wqkv"}, tokens, 1, 8)
+    # Converted once (graph names), as torch_inputs' callers pass them: fine.
+    M.numpy_inputs(CFG, M.graph_weights(CFG, w), tokens, 1, 8)
+    with pytest.raises(etc.GraphError, match="position L=8 is past the cache's capacity S=8"):
+        M.numpy_inputs(CFG, w, tokens, 8, 8)
+    with pytest.raises(etc.GraphError, match="numpy_inputs: L must be an int >= 0, got -1"):
+        M.numpy_inputs(CFG, w, tokens, -1, 8)

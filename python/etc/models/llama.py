@@ -2374,6 +2374,29 @@ def _weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
+def _graph_weights_checked(cfg: LlamaConfig, weights: Mapping[str, Any], caller: str) -> dict:
+    """:func:`graph_weights`, after checking that ``weights`` holds every
+    weight the graph reads (under its raw or its graph name): an input
+    builder would leave a missing one zeroed, a model of silent zeros."""
+    if not isinstance(weights, Mapping):
+        raise GraphError(
+            f"{caller}: weights must map names to arrays, got {type(weights).__name__}"
+        )
+    missing = [
+        k
+        for k in (*_weight_shapes(cfg), "norms")
+        if k not in weights and cfg.weight_name(k) not in weights
+    ]
+    if missing:
+        name = cfg.weight_name(missing[0])
+        also = f" (nor {name!r})" if name != missing[0] else ""
+        raise GraphError(
+            f"{caller}: weights has no {missing[0]!r}{also}; it holds "
+            f"{', '.join(map(repr, weights)) or 'nothing'}"
+        )
+    return graph_weights(cfg, weights)
+
+
 def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """bf16 (uint16 bits) weights in the graph's layout: normal matrices
     (:func:`_std`) and norm weights 1 + N(0, 0.1)."""
@@ -2567,7 +2590,12 @@ def check_tokens(tokens: Any, vocab: int) -> None:
     ``tokens``: ints, a numpy array or a torch tensor."""
     if hasattr(tokens, "detach"):  # a torch tensor: its values, on the host
         tokens = tokens.detach().cpu().numpy()
-    tok = np.asarray(tokens).reshape(-1)
+    tok = np.asarray(tokens)
+    if tok.ndim != 1 or not np.issubdtype(tok.dtype, np.integer):
+        raise GraphError(
+            f"tokens must be one int per sequence (a 1-D integer array), got {tok.dtype} of "
+            f"shape {tok.shape}"
+        )
     bad = np.flatnonzero((tok < 0) | (tok >= vocab))
     if len(bad):
         raise GraphError(
@@ -2808,6 +2836,11 @@ def numpy_inputs(
     ``B * ceil(S / page_size)`` pages dealt at random (:func:`page_table`)."""
     B = len(tokens)
     check_tokens(tokens, cfg.vocab)
+    for key, value, low in (("S", S, 1), ("L", L, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise GraphError(f"numpy_inputs: {key} must be an int >= {low}, got {value!r}")
+    if L >= S:
+        raise GraphError(f"numpy_inputs: position L={L} is past the cache's capacity S={S}")
     if cfg.page_size:  # the contiguous config's values, moved to pages
         plain = dataclasses.replace(cfg, page_size=0)
         arrays = numpy_inputs(plain, weights, tokens, L, S, seed, lengths)
@@ -2819,7 +2852,7 @@ def numpy_inputs(
     arrays = {
         n: np.zeros(shape, storage[dt]) for n, (shape, dt) in tensor_shapes(cfg, B, L, S).items()
     }
-    for k, v in graph_weights(cfg, weights).items():
+    for k, v in _graph_weights_checked(cfg, weights, "numpy_inputs").items():
         arrays[k][...] = v
     arrays["tokens"][...] = tokens
     arrays["rope"][...] = rope_table(cfg, S)
@@ -2860,7 +2893,7 @@ def torch_inputs(
 
     at = _input_lengths(cfg, lengths, B, L, "torch_inputs")
 
-    weights = graph_weights(cfg, weights)
+    weights = _graph_weights_checked(cfg, weights, "torch_inputs")
     gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, Any] = {}
     for name, (shape, dt) in tensor_shapes(cfg, B, L, S).items():
