@@ -574,6 +574,8 @@ def compile(  # noqa: A001 - the public name
     consecutive instances of one stage poll once (``docs/scheduling.md``,
     "Between two instances").
     """
+    if not isinstance(g, Graph):
+        raise CompileError(f"compile: expected an etc.Graph, got {type(g).__name__}")
     if schedule not in SCHEDULES:
         raise CompileError(
             f"schedule {schedule!r} is not supported; choose one of {', '.join(SCHEDULES)}"

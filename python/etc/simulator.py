@@ -103,6 +103,11 @@ def _grid_points(extents: tuple[int, ...]) -> list[tuple[int, ...]]:
     return list(itertools.product(*(range(e) for e in extents)))
 
 
+def _check_graph(graph: Any, caller: str) -> None:
+    if not isinstance(graph, Graph):
+        raise EtcError(f"{caller}: expected an etc.Graph, got {type(graph).__name__}")
+
+
 def static_queues(
     graph: Graph, symbols: Mapping[Any, Any], num_ctas: int
 ) -> list[list[tuple[int, int]]]:
@@ -119,6 +124,7 @@ def static_queues(
     (``etc.DeviceFunction.cluster``) go to one cluster's CTAs
     (:func:`etc.runtime.queue.cluster_ctas`).
     """
+    _check_graph(graph, "static_queues")
     if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
     # The runtime's own queue builder: one definition of the static order.
@@ -947,6 +953,7 @@ def simulate(
     DeadlockError when the run hangs and LaunchError where the GPU would
     report a queue overflow.
     """
+    _check_graph(graph, "simulate")
     _check_options(schedule, num_ctas, early_push, max_pop_chunk, seed)
     if graph.rank is not None:
         raise EtcError(
@@ -1010,6 +1017,7 @@ def simulate_ranks(
     Wait counts are checked first against the notifications of all ranks.
     Raises as :func:`simulate`; a deadlock names the rank that is stuck.
     """
+    _check_graph(graph, "simulate_ranks")
     _check_options(schedule, num_ctas, early_push, max_pop_chunk, seed)
     if not isinstance(inputs, Sequence) or isinstance(inputs, str):
         raise EtcError(

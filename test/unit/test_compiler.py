@@ -123,6 +123,8 @@ def test_an_option_of_the_wrong_type_or_range_is_named(option, value, message):
 
 def test_unsupported_options_raise():
     g = build_splitk()
+    with pytest.raises(etc.CompileError, match="compile: expected an etc.Graph, got str"):
+        etc.compile("splitk")  # raised AttributeError
     with pytest.raises(etc.CompileError, match="schedule 'greedy' is not supported"):
         etc.compile(g, schedule="greedy")
     with pytest.raises(etc.CompileError, match="target 'sm_80' is not supported"):

@@ -373,6 +373,13 @@ def test_options_are_checked():
     with pytest.raises(EtcError, match="num_ctas must be a positive int"):
         etc.simulate(g, {}, {"n": 1}, num_ctas=0)
     # These passed (a seed the static run never reads) or raised AttributeError.
+    for run in (
+        lambda: etc.simulate(3, {}, {}),
+        lambda: etc.simulate_ranks(3, [{}], {}),
+        lambda: etc.static_queues(3, {}, 2),
+    ):
+        with pytest.raises(EtcError, match=": expected an etc.Graph, got int"):
+            run()
     with pytest.raises(EtcError, match="seed must be an int >= 0, got 'x'"):
         etc.simulate(g, {}, {"n": 1}, seed="x")
     with pytest.raises(ShapeError, match="inputs must map tensor names to arrays, got list"):
