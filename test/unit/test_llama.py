@@ -496,6 +496,10 @@ def test_queues_dealt_by_a_given_placement(tmp_path, monkeypatch):
             assert all(x % 2 == 0 for x in per_sm - 2 * (n // 8)), (task, per_sm)
     with pytest.raises(etc.LaunchError, match="3 SM ids for 8 co-resident CTAs"):
         k.deal_by_sm("spread", [0, 1, 2])
+    # An SM past the device's and a name dealt lists for no SM, or raised ValueError.
+    for bad in ([0, 1, 2, 3, 0, 1, 2, 99], ["a"] * 8):
+        with pytest.raises(etc.LaunchError, match="placement must hold SM ids in 0.."):
+            k.deal_by_sm("spread", bad)
     with pytest.raises(etc.LaunchError, match="how='random'"):
         k.deal_by_sm("random", sm_of)
     with pytest.raises(etc.LaunchError, match="compiled without sm_deal"):

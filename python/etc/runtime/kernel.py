@@ -454,7 +454,18 @@ class Kernel:
                     f"{m.graph}: compiled with sm_slices, its CTAs take their lists by the SM "
                     "they run on; give deal_by_sm no placement"
                 )
-            placement = np.asarray(placement, dtype=np.int64).reshape(-1)
+            given = np.asarray(placement)
+            sms = self.device.sm_count
+            if (
+                not np.issubdtype(given.dtype, np.integer)
+                or given.size
+                and not (0 <= given.min() and given.max() < sms)
+            ):
+                raise LaunchError(
+                    f"{m.graph}: deal_by_sm placement must hold SM ids in 0..{sms - 1}, "
+                    f"got {placement!r:.80}"
+                )
+            placement = given.astype(np.int64).reshape(-1)
             if len(placement) != self.num_ctas:
                 raise LaunchError(
                     f"{m.graph}: deal_by_sm got {len(placement)} SM ids for "
