@@ -15,6 +15,10 @@ from typing import Any
 
 from .errors import GraphError
 
+#: CTAs a thread-block cluster may have (``DeviceFunction.cluster``; the
+#: portable sizes on sm_90).
+CLUSTER_SIZES = (2, 4, 8)
+
 __all__ = ["DeviceFunction"]
 
 _FUNC = re.compile(

@@ -27,12 +27,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from .device import DeviceFunction, normalize_type
+from .device import CLUSTER_SIZES, DeviceFunction, normalize_type
 from .dtypes import DType
 from .dtypes import dtype as to_dtype
 from .edgemap import EdgeMap, parse_edge_map
 from .errors import GraphError
-from .runtime.manifest import CLUSTER_SIZES
 from .symbolic import Size, Symbol, SymExpr, as_size
 
 __all__ = ["Graph", "Tensor", "Event", "Task", "Trigger", "Edge", "Symbol", "SymExpr", "EdgeMap"]

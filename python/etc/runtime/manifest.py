@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from etc.device import CLUSTER_SIZES
 from etc.dtypes import ALIASES, SIZES
 from etc.errors import LaunchError
 
@@ -31,8 +32,6 @@ FORMAT = "etc-artifact/5"
 #: thread-block clusters (`cluster` on a task), which an older runtime would
 #: launch without; the compiler writes it only for a graph that has one.
 READABLE_FORMATS = ("etc-artifact/4", FORMAT, "etc-artifact/6", "etc-artifact/7")
-#: CTAs a thread-block cluster may have (the portable sizes on sm_90).
-CLUSTER_SIZES = (2, 4, 8)
 MANIFEST = "manifest.json"
 
 #: Element sizes in bytes of the dtypes a graph tensor may have (`etc.dtypes`).
