@@ -684,6 +684,11 @@ def test_config_from_hf_reads_llama_3_2_1b():
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
     )  # fmt: skip
     assert M.config_from_hf(hf) == M.LLAMA_3_2_1B
+    # config.json read as a dict is the same configuration.
+    assert M.config_from_hf(dict(vars(hf))) == M.LLAMA_3_2_1B
+    # A missing size was an AttributeError.
+    with pytest.raises(etc.GraphError, match="config has no 'intermediate_size'"):
+        M.config_from_hf({k: v for k, v in vars(hf).items() if k != "intermediate_size"})
     hf.rope_scaling = {"rope_type": "yarn", "factor": 4.0}
     with pytest.raises(etc.GraphError, match="RoPE scaling 'yarn' is not supported"):
         M.config_from_hf(hf)

@@ -3043,8 +3043,19 @@ def from_hf_state_dict(cfg: LlamaConfig, sd: Mapping[str, Any]) -> dict[str, Any
 
 
 def config_from_hf(hf: Any, **tiles: Any) -> LlamaConfig:
-    """A :class:`LlamaConfig` from a ``transformers.LlamaConfig`` (sizes,
-    eps, RoPE theta and Llama 3 scaling); ``tiles`` override tile sizes."""
+    """A :class:`LlamaConfig` from a ``transformers.LlamaConfig`` or its
+    ``config.json`` as a dict (sizes, eps, RoPE theta and Llama 3 scaling);
+    ``tiles`` override tile sizes. A missing size is a GraphError naming it."""
+    if isinstance(hf, Mapping):
+        from types import SimpleNamespace
+
+        hf = SimpleNamespace(**hf)
+    for key in (
+        "num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size",
+        "vocab_size", "rms_norm_eps",
+    ):  # fmt: skip
+        if getattr(hf, key, None) is None:
+            raise GraphError(f"config_from_hf: the Hugging Face config has no {key!r}")
     scaling = getattr(hf, "rope_scaling", None)
     rope = None
     if scaling:
