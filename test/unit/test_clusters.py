@@ -243,6 +243,7 @@ def _bare_kernel(tmp_path, **attrs) -> Kernel:
     kernel._cluster_cooperative = True
     kernel.device = SimpleNamespace(sm_count=4)
     kernel.function = "fn"
+    kernel._symbol_names, kernel._plans = kernel.manifest.symbols, {}
     for key, value in attrs.items():
         setattr(kernel, key, value)
     return kernel

@@ -712,6 +712,13 @@ def test_fast_binder_defers_to_slow_path(m: manifest.Manifest) -> None:
     assert fast(good(7)) is None  # numpy arrays take the slow path
     assert fast({"A": 0x1000, "B": 0x2000}) is None
     assert fast({"A": 0x1000, "B": 0x2000, "C": 0}) is None  # the slow path reports it
+    # Not a mapping (a cached plan's launch): the slow path names it.
+    for given in ([0x1000, 0x2000, 0x3000], 7):
+        assert fast(given) is None
+        with pytest.raises(LaunchError, match="tensors must map names to values, got"):
+            args.bind_tensors(m, shapes(m, 7), given)
+    with pytest.raises(LaunchError, match="symbols must map names to values, got list"):
+        args.bind_symbols(m, [7])
 
 
 # -- status records -----------------------------------------------------------------------------

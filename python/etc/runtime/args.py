@@ -52,8 +52,15 @@ def _names_diff(kind: str, given: Sequence[str], expected: Sequence[str]) -> str
     return "; ".join(parts)
 
 
+def check_mapping(graph: str, what: str, given: Any) -> None:
+    """A launch's ``tensors`` or ``symbols`` must be a mapping of names."""
+    if not isinstance(given, Mapping):
+        raise LaunchError(f"{graph}: {what} must map names to values, got {type(given).__name__}")
+
+
 def bind_symbols(manifest: Manifest, symbols: Mapping[str, Any] | None) -> tuple[int, ...]:
     """Symbol values in manifest order; every symbol given, each an int >= 0."""
+    check_mapping(manifest.graph, "symbols", {} if symbols is None else symbols)
     symbols = dict(symbols or {})
     if len(symbols) != len(manifest.symbols) or any(s not in symbols for s in manifest.symbols):
         raise LaunchError(
@@ -140,6 +147,7 @@ def bind_tensors(
 
     `device` is the CUDA ordinal torch tensors must live on (None skips that check).
     """
+    check_mapping(manifest.graph, "tensors", tensors)
     inputs = manifest.inputs
     if len(tensors) != len(inputs) or any(t.name not in tensors for t in inputs):
         maps = [t.name for t in manifest.tensors if t.tensor_map is not None and t.name in tensors]
@@ -218,13 +226,17 @@ class FastBinder:
             self.checks.append((spec.name, shapes[spec.name], tdtype, nonempty))
 
     def __call__(self, tensors: Mapping[str, Any]) -> tuple[list[int], bool] | None:
-        if len(tensors) != self.count:
+        try:
+            if len(tensors) != self.count:
+                return None
+            get = tensors.get
+        except (TypeError, AttributeError):  # not a mapping: bind_tensors names it
             return None
         ptrs = []
         has_torch = False
         tensor_type, device = self.tensor_type, self.device
         for name, shape, tdtype, nonempty in self.checks:
-            x = tensors.get(name)
+            x = get(name)
             if type(x) is tensor_type:
                 if (
                     x.dtype is not tdtype

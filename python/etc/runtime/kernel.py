@@ -20,6 +20,7 @@ from etc.runtime.args import (
     bind_symbols,
     bind_tensors,
     bound_shapes,
+    check_mapping,
 )
 from etc.runtime.checks import check_bound_graph, check_phase_order
 from etc.runtime.manifest import Manifest, bind_size, load_manifest, numel
@@ -630,20 +631,19 @@ class Kernel:
         """
         m = self.manifest
         symbols = {} if symbols is None else symbols
-        for what, given in (("tensors", tensors), ("symbols", symbols)):
-            if type(given) is not dict and not isinstance(given, Mapping):  # dict: the fast test
-                raise LaunchError(
-                    f"{m.graph}: {what} must map names to values, got {type(given).__name__}"
-                )
         plan = None
-        if len(symbols) == len(self._symbol_names):
-            try:
-                key = tuple(map(symbols.__getitem__, self._symbol_names))
-            except KeyError:
-                key = None
-            if key is not None and set(map(type, key)) <= _INT:  # bools/floats: slow path
-                plan = self._plans.get((key, grid))
+        try:
+            key = (
+                tuple(map(symbols.__getitem__, self._symbol_names))
+                if len(symbols) == len(self._symbol_names)
+                else None
+            )
+        except (KeyError, TypeError):  # a name missing, or not a mapping: the slow path says
+            key = None
+        if key is not None and set(map(type, key)) <= _INT:  # bools/floats: slow path
+            plan = self._plans.get((key, grid))
         if plan is None:
+            check_mapping(m.graph, "tensors", tensors)  # before planning costs anything
             plan = self._plan(symbols, grid)
         polls = self.max_polls if max_polls is None else _check_polls(max_polls)
         fast = plan.fast
