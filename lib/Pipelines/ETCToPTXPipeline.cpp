@@ -21,8 +21,8 @@ using namespace mlir::etensor;
 namespace {
 /// Fails on the module with a message: the pipeline's options that upstream
 /// passes would abort on instead of reporting (`#nvvm.target` is built with
-/// an `O` outside 0..3 unchecked; an unknown `format` is reported and then
-/// read anyway).
+/// an `O` outside 0..3 or an empty chip unchecked; an unknown `format` is
+/// reported and then read anyway; LLVM asserts on a feature without sign).
 struct RejectPipelineOptionsPass
     : public PassWrapper<RejectPipelineOptionsPass, OperationPass<ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(RejectPipelineOptionsPass)
@@ -73,6 +73,16 @@ std::string invalidNVVMOptions(const ETCToPTXPipelineOptions &options) {
            "fatbinary, offloading)";
   return "";
 }
+/// Adds the pass that rejects `options` when they cannot build the pipeline,
+/// first, before any pass works on the module; whether it did.
+bool rejectInvalidOptions(OpPassManager &pm,
+                          const ETCToPTXPipelineOptions &options) {
+  std::string invalid = invalidNVVMOptions(options);
+  if (invalid.empty())
+    return false;
+  pm.addPass(std::make_unique<RejectPipelineOptionsPass>(invalid));
+  return true;
+}
 } // namespace
 
 /// Everything after scheduling: one persistent kernel, then PTX.
@@ -99,11 +109,6 @@ static void buildKernelToPTX(OpPassManager &pm,
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
 
-  std::string invalid = invalidNVVMOptions(options);
-  if (!invalid.empty()) {
-    pm.addPass(std::make_unique<RejectPipelineOptionsPass>(invalid));
-    return;
-  }
   gpu::GPUToNVVMPipelineOptions nvvm;
   nvvm.cubinChip = options.chip;
   nvvm.cubinFeatures = options.features;
@@ -114,6 +119,8 @@ static void buildKernelToPTX(OpPassManager &pm,
 
 void mlir::etensor::buildETCStaticToPTXPipeline(
     OpPassManager &pm, const ETCToPTXPipelineOptions &options) {
+  if (rejectInvalidOptions(pm, options))
+    return;
   pm.addPass(createETensorVerifyGraph());
   pm.addPass(createETensorStaticSchedule());
   buildKernelToPTX(pm, options);
@@ -121,6 +128,8 @@ void mlir::etensor::buildETCStaticToPTXPipeline(
 
 void mlir::etensor::buildETCDynamicToPTXPipeline(
     OpPassManager &pm, const ETCToPTXPipelineOptions &options) {
+  if (rejectInvalidOptions(pm, options))
+    return;
   pm.addPass(createETensorVerifyGraph());
   ETensorDynamicScheduleOptions scheduleOptions;
   scheduleOptions.earlyPush = options.earlyPush;
