@@ -28,6 +28,12 @@ from typing import Any
 from .errors import EtcError, GraphError
 
 
+def is_int(value: Any, low: int | None = None) -> bool:
+    """``value`` is an int and not a bool (which Python counts as one), and
+    at least ``low`` when given: what an argument that counts things takes."""
+    return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
+
+
 def _matches(value: Any, hint: Any) -> bool:
     """Whether ``value`` has type ``hint`` (int, float, bool, str, None, Any,
     unions, ``tuple[X, ...]`` and ``tuple[X, Y]``). A bool is not an int

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._fields import is_int
 from .errors import CompileError
 from .graph import Graph, Tensor
 from .runtime.queue import SM_DEALS
@@ -590,12 +591,12 @@ def compile(  # noqa: A001 - the public name
         or not 0 < watchdog_polls < 1 << 63
     ):
         raise CompileError(f"watchdog_polls must be an int in 1..2**63-1, got {watchdog_polls!r}")
-    if isinstance(opt_level, bool) or not isinstance(opt_level, int) or opt_level not in range(4):
+    if not is_int(opt_level) or opt_level not in range(4):
         raise CompileError(f"opt_level must be 0, 1, 2 or 3 (NVVM's), got {opt_level!r}")
     for flag, value in (("cubin", cubin), ("early_push", early_push), ("trace", trace)):
         if not isinstance(value, bool):
             raise CompileError(f"{flag} must be a bool, got {value!r}")
-    if isinstance(min_ctas_per_sm, bool) or not isinstance(min_ctas_per_sm, int):
+    if not is_int(min_ctas_per_sm):
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
     if min_ctas_per_sm < 0:
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
@@ -604,7 +605,7 @@ def compile(  # noqa: A001 - the public name
             f"min_ctas_per_sm={min_ctas_per_sm}: CTAs of {g.block_size} threads, and an SM "
             f"holds at most {SM_THREADS} threads"
         )
-    if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
+    if not is_int(max_pop_chunk, 1):
         raise CompileError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
     if not isinstance(prefetch_next, bool):
         raise CompileError(f"prefetch_next must be a bool, got {prefetch_next!r}")

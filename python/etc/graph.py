@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from ._fields import is_int
 from .device import CLUSTER_SIZES, DeviceFunction, normalize_type
 from .dtypes import DType
 from .dtypes import dtype as to_dtype
@@ -554,7 +555,7 @@ class Graph:
                 f"grid-dimension phase ({phase!r}) would interleave with other tasks; "
                 "use an int phase"
             )
-        if isinstance(shared_region, bool) or not isinstance(shared_region, int):
+        if not is_int(shared_region):
             raise GraphError(f"{where}: shared_region must be an int >= 0, got {shared_region!r}")
         if shared_region < 0:
             raise GraphError(f"{where}: shared_region must be >= 0, got {shared_region}")
@@ -566,7 +567,7 @@ class Graph:
             )
         meets = getattr(function, "meets", 0)
         cluster = getattr(function, "cluster", 0)
-        if isinstance(meets, bool) or not isinstance(meets, int) or meets < 0:
+        if not is_int(meets, 0):
             raise GraphError(
                 f"{where}: tile '{function.name}' has meets={meets!r}; expected an int >= 0 "
                 "(0: its parts do not wait for each other)"
@@ -621,7 +622,7 @@ class Graph:
                     f"in shared region {other.shared_region}, not {shared_region}: a tile's "
                     "shared memory belongs to one region"
                 )
-        if isinstance(prefetch_after, bool) or not isinstance(prefetch_after, int):
+        if not is_int(prefetch_after):
             raise GraphError(f"{where}: prefetch_after must be an int >= 0, got {prefetch_after!r}")
         if prefetch_after < 0:
             raise GraphError(f"{where}: prefetch_after must be >= 0, got {prefetch_after}")
@@ -635,9 +636,7 @@ class Graph:
                 "in-edges"
             )
         for key, value in (("ctas", ctas), ("deal_slots", deal_slots)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
+            if value is not None and (not is_int(value, 1)):
                 raise GraphError(f"{where}: {key} must be None or an int >= 1, got {value!r}")
         if ctas is not None and (deal != "list" or meets):
             raise GraphError(

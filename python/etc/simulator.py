@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fields import is_int
 from .dtypes import f32_to_bf16
 from .errors import DeadlockError, EtcError, GraphError, LaunchError, ShapeError
 from .graph import Edge, Event, Graph, Task, Tensor
@@ -125,7 +126,7 @@ def static_queues(
     (:func:`etc.runtime.queue.cluster_ctas`).
     """
     _check_graph(graph, "static_queues")
-    if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
+    if not is_int(num_ctas, 1):
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
     # The runtime's own queue builder: one definition of the static order.
     from .runtime.queue import build_static_queue, decode, instance_phases
@@ -985,13 +986,13 @@ def _check_options(
 ) -> None:
     if schedule not in ("static", "dynamic"):
         raise EtcError(f"unknown schedule {schedule!r}; expected 'static' or 'dynamic'")
-    if isinstance(num_ctas, bool) or not isinstance(num_ctas, int) or num_ctas < 1:
+    if not is_int(num_ctas, 1):
         raise EtcError(f"num_ctas must be a positive int, got {num_ctas!r}")
     if not isinstance(early_push, bool):
         raise EtcError(f"early_push must be a bool, got {early_push!r}")
-    if isinstance(max_pop_chunk, bool) or not isinstance(max_pop_chunk, int) or max_pop_chunk < 1:
+    if not is_int(max_pop_chunk, 1):
         raise EtcError(f"max_pop_chunk must be an int >= 1, got {max_pop_chunk!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed, 0):
         raise EtcError(f"seed must be an int >= 0, got {seed!r}")
 
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fields import check_config
+from .._fields import check_config, is_int
 from ..dtypes import bf16_to_f32, f32_to_bf16, torch_dtype
 from ..errors import GraphError
 from ..graph import Graph
@@ -2744,7 +2744,7 @@ class PagePool:
         """Give ``sequence`` the pages that positions ``0..position`` need
         (the step writes ``position``). Raises GraphError, taking nothing,
         when the pool cannot."""
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        if not is_int(position, 0):
             raise GraphError(
                 f"PagePool: sequence {sequence!r}'s position must be an int >= 0, got {position!r}"
             )
@@ -2772,7 +2772,7 @@ class PagePool:
         if isinstance(sequences, str) or not isinstance(sequences, Iterable):
             # A str would be its characters' sequences.
             raise GraphError(f"PagePool.table: sequences must be a list, got {sequences!r}")
-        if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+        if not is_int(width, 0):
             raise GraphError(f"PagePool.table: width must be an int >= 0, got {width!r}")
         rows = [self._held.get(s, []) for s in sequences]
         longest = max((len(r) for r in rows), default=0)

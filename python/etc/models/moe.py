@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fields import check_config
+from .._fields import check_config, is_int
 from ..device import DeviceFunction
 from ..dtypes import bf16_to_f32, dtype, f32_to_bf16, torch_dtype
 from ..errors import GraphError
@@ -1298,7 +1298,7 @@ def preset_family(
             raise GraphError(
                 f"preset_family: bucket {entry!r} is not (largest T or None, preset name)"
             )
-    if isinstance(weight_chunk, bool) or not isinstance(weight_chunk, int) or weight_chunk < 0:
+    if not is_int(weight_chunk, 0):
         raise GraphError(f"preset_family: weight_chunk must be an int >= 0, got {weight_chunk!r}")
     configs = [(bound, name, preset(name, **overrides)) for bound, name in buckets]
     if weight_chunk:
@@ -1661,7 +1661,7 @@ def random_weights(
 
 def random_tokens(cfg: MoEConfig, T: int, seed: int = 0, routing: str = "uniform") -> np.ndarray:
     """bf16 bits of X (T, H) ~ N(0, 1); column 0 is 1 under the skewed routings."""
-    if isinstance(T, bool) or not isinstance(T, int) or T < 0:
+    if not is_int(T, 0):
         raise GraphError(f"random_tokens: T must be an int >= 0, got {T!r}")
     if routing not in ROUTINGS:
         raise GraphError(f"random_tokens: routing {routing!r} is not one of {', '.join(ROUTINGS)}")

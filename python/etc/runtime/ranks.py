@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from etc._fields import is_int
 from etc.errors import LaunchError
 from etc.runtime import driver
 from etc.runtime.kernel import Kernel, _stream_handle, load
@@ -293,9 +294,9 @@ class ProcessRank:
         max_polls: int | None = None,
         scratch_words: int = DEFAULT_SCRATCH_WORDS,
     ) -> None:
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        if not is_int(ranks, 1):
             raise LaunchError(f"ProcessRank: ranks must be an int >= 1, got {ranks!r}")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
+        if not is_int(rank) or not 0 <= rank < ranks:
             raise LaunchError(f"ProcessRank: rank must be an int in 0..{ranks - 1}, got {rank!r}")
         if not callable(all_gather):
             raise LaunchError("ProcessRank: all_gather must be callable(bytes) -> list[bytes]")
@@ -353,7 +354,7 @@ class ProcessRank:
 
     def symmetric_empty(self, nbytes: int) -> SymmetricBuffer:
         """A zeroed buffer of `nbytes` on every rank, and its peer table (collective)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        if not is_int(nbytes, 1):
             raise LaunchError(f"symmetric_empty: nbytes must be an int >= 1, got {nbytes!r}")
         buf = _zeroed(self.kernel, nbytes)
         peers = self._table(buf)
