@@ -140,8 +140,9 @@ def gemm_stamp_table(stamps) -> tuple[str, dict]:
     """The phases of the tma core's projection instances from
     ``gemm_stamps`` (layers, projection, slots, len(STAMPS)), per projection:
     the k loop after the waits, then a part's store and count, or in a
-    block's last part (which stamped ``met``) the count and the other parts'
-    loads, then its epilogue (µs, median and 90th percentile)."""
+    block's last part (which stamped ``met`` between its k loop's end and
+    its end in this launch) the count and the other parts' loads, then its
+    epilogue (µs, median and 90th percentile)."""
     import numpy as np
 
     from etc.tiles.gemm_layer_tma import STAMPS
@@ -151,7 +152,12 @@ def gemm_stamp_table(stamps) -> tuple[str, dict]:
         if not np.asarray(stamps)[:, row, :, STAMPS.index("end")].any():
             continue  # not on the tma core, or not run
         w, x, ghz = _stamped(stamps[:, row], STAMPS)
-        last = x[x[:, w["met"]] != 0]
+        # Only a block's last part stamps ``met``, and which part is last
+        # changes between launches: a ``met`` outside the part's own k loop
+        # end and end is an earlier launch's, left in the buffer.
+        met = x[:, w["met"]]
+        is_last = (met >= x[:, w["loop_end"]]) & (met <= x[:, w["end"]])
+        last = x[is_last]
         phases = (
             ("k loop (after the waits)", "entry", "loop_end"),
             ("part stored and counted", "loop_end", "end"),
@@ -160,10 +166,10 @@ def gemm_stamp_table(stamps) -> tuple[str, dict]:
             ("whole instance", "entry", "end"),
         )
 
-        def rows_of(label: str, x=x, last=last, w=w):
+        def rows_of(label: str, x=x, last=last, is_last=is_last):
             if label.startswith("last"):
                 return last
-            return x[x[:, w["met"]] == 0] if label.startswith("part") else x
+            return x[~is_last] if label.startswith("part") else x
 
         title = f"{projection} stamps: {len(x)} instances, {len(last)} last parts"
         block, data[projection] = _phase_table(title, w, ghz, phases, rows_of)

@@ -41,3 +41,25 @@ def test_gemm_stamp_table_splits_last_parts_from_the_others():
     assert o["last: counted, parts met"]["median_us"] == pytest.approx(0.7)
     assert o["last: epilogue"]["median_us"] == pytest.approx(0.5)
     assert o["whole instance"]["p90_us"] == pytest.approx(4.2)
+
+
+def test_gemm_stamp_table_ignores_an_earlier_launchs_met():
+    """Which part of a block is last changes between launches, and only the
+    last stamps ``met``: a part that was last in an earlier launch keeps that
+    launch's ``met`` (before its entry, or ms after its end if the clock
+    wrapped between SMs), and must count with the others, not as last."""
+    stamps = np.zeros((1, 4, 1024, len(STAMPS)), np.int64)
+    met = STAMPS.index("met")
+    for block in range(4):  # down (row 3): 2 parts a block
+        for part in range(2):
+            last = part == block % 2
+            words = _part(2000, 400 if last else 900, 600 if last else 0)
+            if not last:  # an earlier launch's word: before, or far after
+                words[met] = 10 if block < 2 else words[STAMPS.index("end")] + 10**7
+            stamps[0, 3, block * 2 + part] = words
+    text, data = decode_trace.gemm_stamp_table(stamps)
+    assert "down stamps: 8 instances, 4 last parts" in text
+    d = data["down"]
+    assert d["last: counted, parts met"]["median_us"] == pytest.approx(0.6)
+    assert d["last: epilogue"]["median_us"] == pytest.approx(0.4)
+    assert d["part stored and counted"]["median_us"] == pytest.approx(0.9)

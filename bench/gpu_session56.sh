@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Fifty-sixth session: why the cluster meeting lost (item 259): the
+# co-resident CTAs of each sweep kernel (`ctas`), the stamped large and
+# cluster kernels with whole tables and raw stamps (`stamps`), and the whole
+# GPU suite over every test artifact (`suite`: python test/gpu/make_artifacts.py
+# .device/s56/arts; python test/gpu/make_fuzz_artifacts.py .device/s56/fuzz
+# --count 10; tar cf - -C .device/s56 arts fuzz | xz > .device/s56/arts.tar.xz).
+# Carry .device/s53 and .device/s56/arts.tar.xz (20 MB).
+# Usage: bash bench/gpu_session56.sh [ctas] [stamps] [suite]
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p /tmp/s56
+for step in ${*:-ctas stamps}; do
+  case $step in
+  ctas)  # the grid each kernel launches at most (SMs x occupancy, or whole clusters)
+    timeout 120 python - <<'PY' 2>&1 | tee "$OUT/s56_ctas.txt"
+import etc.runtime as rt
+for v in ("default", "unshared", "cluster"):
+    bk = rt.load(f".device/s53/sweep/{v}")
+    for bound, k in zip(bk.bounds, bk.kernels):
+        print(f"{v:9s} B<={bound}: cluster {k.cluster}, up to {k.num_ctas} CTAs")
+PY
+    ;;
+  stamps)  # both kernels' tables in full, their raw stamps into $OUT
+    DECODE_TRACE_VARIANTS=stamps_large,stamps_cluster DECODE_TRACE_BATCHES=32,64 \
+      DECODE_TRACE_CONTEXT=1024 timeout 300 \
+      python bench/decode_trace.py --artifacts .device/s53/st --out /tmp/s56/st 2>&1 \
+      | tee "$OUT/s56_stamps.txt" | grep -A6 "^==\|layer 8"
+    tar czf "$OUT/s56_st.tgz" -C /tmp/s56 st
+    ;;
+  suite)  # every GPU test; the failures' names and first lines into $OUT
+    python -c "import tarfile; tarfile.open('.device/s56/arts.tar.xz').extractall('/tmp/s56')"
+    ETC_ARTIFACTS=/tmp/s56/arts ETC_FUZZ_ARTIFACTS=/tmp/s56/fuzz timeout ${SUITE_TIMEOUT:-400} python -m pytest -q -rfEs \
+      --junitxml="$OUT/s56_suite.xml" test/gpu 2>&1 | tail -40 | tee "$OUT/s56_suite.txt"
+    ;;
+  esac
+done
