@@ -15,10 +15,18 @@ for step in ${*:-ctas stamps}; do
   ctas)  # the grid each kernel launches at most (SMs x occupancy, or whole clusters)
     timeout 120 python - <<'PY' 2>&1 | tee "$OUT/s56_ctas.txt"
 import etc.runtime as rt
+
+
+def walk(variant, kernel, path):  # buckets nest (B, then L for B = 1)
+    if hasattr(kernel, "kernels"):
+        for bound, inner in zip(kernel.bounds, kernel.kernels):
+            walk(variant, inner, f"{path} {kernel.symbol}<={bound}")
+    else:
+        print(f"{variant:9s}{path}: cluster {kernel.cluster}, up to {kernel.num_ctas} CTAs")
+
+
 for v in ("default", "unshared", "cluster"):
-    bk = rt.load(f".device/s53/sweep/{v}")
-    for bound, k in zip(bk.bounds, bk.kernels):
-        print(f"{v:9s} B<={bound}: cluster {k.cluster}, up to {k.num_ctas} CTAs")
+    walk(v, rt.load(f".device/s53/sweep/{v}"), "")
 PY
     ;;
   stamps)  # both kernels' tables in full, their raw stamps into $OUT
