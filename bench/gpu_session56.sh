@@ -44,7 +44,7 @@ PY
     for f in ${SUITE_FILES:-$(ls test/gpu/test_*.py)}; do
       echo "== $f" | tee -a "$OUT/s56_suite.txt"
       ETC_ARTIFACTS=/tmp/s56/arts ETC_FUZZ_ARTIFACTS=/tmp/s56/fuzz timeout ${SUITE_TIMEOUT:-400} \
-        python -m pytest -q -rfE "$f" 2>&1 | tail -12 | tee -a "$OUT/s56_suite.txt"
+        python -m pytest -q -rfE --durations=5 "$f" 2>&1 | tail -20 | tee -a "$OUT/s56_suite.txt"
     done
     ;;
   esac
