@@ -585,20 +585,14 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(
             f"target {target!r} is not supported; choose one of {', '.join(TARGETS)}"
         )
-    if (
-        isinstance(watchdog_polls, bool)
-        or not isinstance(watchdog_polls, int)
-        or not 0 < watchdog_polls < 1 << 63
-    ):
+    if not is_int(watchdog_polls, 1) or watchdog_polls >= 1 << 63:
         raise CompileError(f"watchdog_polls must be an int in 1..2**63-1, got {watchdog_polls!r}")
     if not is_int(opt_level) or opt_level not in range(4):
         raise CompileError(f"opt_level must be 0, 1, 2 or 3 (NVVM's), got {opt_level!r}")
     for flag, value in (("cubin", cubin), ("early_push", early_push), ("trace", trace)):
         if not isinstance(value, bool):
             raise CompileError(f"{flag} must be a bool, got {value!r}")
-    if not is_int(min_ctas_per_sm):
-        raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
-    if min_ctas_per_sm < 0:
+    if not is_int(min_ctas_per_sm, 0):
         raise CompileError(f"min_ctas_per_sm must be an int >= 0, got {min_ctas_per_sm!r}")
     if min_ctas_per_sm * g.block_size > SM_THREADS:
         raise CompileError(

@@ -572,11 +572,7 @@ class Graph:
                 f"{where}: tile '{function.name}' has meets={meets!r}; expected an int >= 0 "
                 "(0: its parts do not wait for each other)"
             )
-        if (
-            isinstance(cluster, bool)
-            or not isinstance(cluster, int)
-            or cluster not in (0, *CLUSTER_SIZES)
-        ):
+        if not is_int(cluster) or cluster not in (0, *CLUSTER_SIZES):
             raise GraphError(
                 f"{where}: tile '{function.name}' has cluster={cluster!r}; expected 0 (none) or "
                 f"a thread-block cluster of {', '.join(map(str, CLUSTER_SIZES))} CTAs"
@@ -636,7 +632,7 @@ class Graph:
                 "in-edges"
             )
         for key, value in (("ctas", ctas), ("deal_slots", deal_slots)):
-            if value is not None and (not is_int(value, 1)):
+            if value is not None and not is_int(value, 1):
                 raise GraphError(f"{where}: {key} must be None or an int >= 1, got {value!r}")
         if ctas is not None and (deal != "list" or meets):
             raise GraphError(

@@ -46,8 +46,9 @@ def test_gemm_stamp_table_splits_last_parts_from_the_others():
 def test_gemm_stamp_table_ignores_an_earlier_launchs_met():
     """Which part of a block is last changes between launches, and only the
     last stamps ``met``: a part that was last in an earlier launch keeps that
-    launch's ``met`` (before its entry, or ms after its end if the clock
-    wrapped between SMs), and must count with the others, not as last."""
+    launch's ``met`` (before its entry, or far after its end when that launch
+    ran the slot on an SM whose clock reads ahead), and must count with the
+    others, not as last."""
     stamps = np.zeros((1, 4, 1024, len(STAMPS)), np.int64)
     met = STAMPS.index("met")
     for block in range(4):  # down (row 3): 2 parts a block

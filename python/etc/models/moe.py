@@ -609,11 +609,7 @@ class MoEConfig:
                 f"MoEConfig: logits_parts={self.logits_parts!r} must be 0 or an int of at least "
                 f"router_splits={self.router_splits}"
             )
-        if (
-            isinstance(self.permute_ctas, bool)
-            or not isinstance(self.permute_ctas, int)
-            or (self.permute_ctas < 0)
-        ):
+        if not is_int(self.permute_ctas, 0):
             raise GraphError(
                 f"MoEConfig: permute_ctas must be an int >= 0, got {self.permute_ctas!r}"
             )

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fields import checked_arguments
+from .._fields import checked_arguments, is_int
 from ..device import DeviceFunction
 from ..errors import GraphError
 from . import _mma, _text
@@ -2808,10 +2808,7 @@ def _moe_tile(
     _positive(name, n_key, n)
     topk, ctopk = o["gather_topk"], o["combine_topk"]
     for key, value in (("gather_topk", topk), ("combine_topk", ctopk)):
-        if value is not None and (
-            core != "tma" or split_n or not isinstance(value, int) or isinstance(value, bool)
-            or value < 1
-        ):  # fmt: skip
+        if value is not None and (core != "tma" or split_n or not is_int(value, 1)):
             raise GraphError(
                 f"tile '{name}': {key}={value!r} needs core='tma' without split_n and a "
                 "positive top-k"
