@@ -84,9 +84,12 @@ def draw_deals(seed: int, count: int) -> list[str]:
     return [str(d) for d in rng.choice(etc.graph.DEALS, count, p=[0.5, 0.25, 0.25])]
 
 
-def random_graph(seed: int, n: int | None = None) -> tuple[etc.Graph, dict[str, int], dict]:
+def random_graph(
+    seed: int, n: int | None = None, deals: dict[int, str] | None = None
+) -> tuple[etc.Graph, dict[str, int], dict]:
     """Graph ``fuzz<seed>``, its symbols and inputs; ``n`` overrides the drawn
-    size (the graph does not depend on it, the input values do)."""
+    size (the graph does not depend on it, the input values do) and ``deals``
+    the drawn deals of the tasks it names (``{k: deal}`` for task ``t<k>``)."""
     drawn, specs, order = draw_specs(seed)
     n = drawn if n is None else n
     g = etc.Graph(f"fuzz{seed}")
@@ -106,7 +109,7 @@ def random_graph(seed: int, n: int | None = None) -> tuple[etc.Graph, dict[str, 
             ins[k].append((e, "i->i"))
             for p in producers:
                 outs[p].append((e, "i->i"))
-    deals = draw_deals(seed, len(specs))
+    drawn_deals = draw_deals(seed, len(specs))
     for k in order:
         s = specs[k]
         fn = synthetic.lincomb(
@@ -119,7 +122,7 @@ def random_graph(seed: int, n: int | None = None) -> tuple[etc.Graph, dict[str, 
             args=args,
             in_edges=ins[k] or None,
             out_edges=outs[k] or None,
-            deal=deals[k],
+            deal=(deals or {}).get(k, drawn_deals[k]),
         )
     x = np.random.default_rng([seed, n]).standard_normal(n).astype(np.float32)
     return g, {"n": n}, {"X": x}

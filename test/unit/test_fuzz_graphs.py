@@ -75,3 +75,25 @@ def test_fuzz_graph_compiles() -> None:
         assert sorted(t["name"] for t in artifact.manifest["tasks"]) == sorted(
             t.name for t in g.tasks
         )
+
+
+def test_deals_override_and_hang_variants() -> None:
+    """random_graph(deals=...) replaces the named tasks' drawn deals only, and
+    bench/fuzz_hang.py's variants drop and keep each non-list deal in turn."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from fuzz_case import parse_deals
+    from fuzz_hang import variants
+
+    drawn = draw_deals(5, len(draw_specs(5)[1]))
+    dealt = [k for k, d in enumerate(drawn) if d != "list"]
+    assert dealt, "seed 5 draws tickets or pools"
+    g, _, _ = random_graph(5, n=40, deals={dealt[0]: "list"})
+    deals = {t.function.name: t.deal for t in g.tasks}
+    assert deals[f"t{dealt[0]}"] == "list"
+    assert all(deals[f"t{k}"] == drawn[k] for k in range(len(drawn)) if k != dealt[0])
+    assert parse_deals("1=list,5=pool") == {1: "list", 5: "pool"} and parse_deals("") == {}
+    v = variants(5)
+    assert v["drawn"] == {} and v["lists"] == dict.fromkeys(dealt, "list")
+    for k in dealt:
+        assert v[f"no_t{k}"] == {k: "list"}
+        assert set(v[f"only_t{k}"]) == set(dealt) - {k}
