@@ -97,3 +97,20 @@ def test_deals_override_and_hang_variants() -> None:
     for k in dealt:
         assert v[f"no_t{k}"] == {k: "list"}
         assert set(v[f"only_t{k}"]) == set(dealt) - {k}
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_scheduler_barriers_are_not_aligned(seed: int) -> None:
+    """Seeds 5 and 6 pool tasks that wait on nothing. LLVM peels those pool
+    loops, so lane 0 (which draws and notifies) and the other lanes of warp
+    0 reach different copies of one CTA barrier. PTX leaves that undefined
+    for the aligned form (`bar.sync`), and seed 5's kernel hung on an H100.
+    The scheduler's barriers are the non-aligned `barrier.sync` and
+    `barrier.red` (lincomb tiles have none of their own)."""
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    g, _, _ = random_graph(seed)
+    ptx = etc.compile(g, schedule="static", cubin=False).ptx
+    lines = [line.strip() for line in ptx.splitlines()]
+    assert sum(line.startswith("barrier.sync") for line in lines) > 0
+    assert not [line for line in lines if line.startswith(("bar.sync", "bar.red"))]
+    assert "barrier.red.or.pred" in ptx

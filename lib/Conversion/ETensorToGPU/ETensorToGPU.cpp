@@ -4,7 +4,7 @@
 //
 // One persistent kernel per graph. Synchronisation is written as inline PTX
 // so the exact memory-model instructions (ld.acquire.gpu, red.release.gpu,
-// bar.red.or) are what the hardware runs, independent of how LLVM would
+// barrier.red.or) are what the hardware runs, independent of how LLVM would
 // lower atomics with orderings.
 //
 //===----------------------------------------------------------------------===//
@@ -264,6 +264,17 @@ private:
   Value isThreadZero() {
     Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
     return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, tid, index(0));
+  }
+  /// Joins the CTA at barrier 0 in PTX's non-aligned form (`barrier.sync`):
+  /// LLVM may peel or thread a loop whose thread-0 sections it can see, so
+  /// that lane 0 and the other lanes of a warp reach different copies of one
+  /// barrier, which the aligned form (`bar.sync`, what `gpu.barrier` lowers
+  /// to) leaves undefined; a static kernel with an unwaited pool hung so.
+  /// The intrinsic is convergent, as `gpu.barrier`'s.
+  void ctaBarrier() {
+    LLVM::CallIntrinsicOp::create(
+        b, b.getStringAttr("llvm.nvvm.barrier.cta.sync.all"),
+        ValueRange{i32(0)});
   }
 
   LogicalResult declareEvent(EventOp event);
@@ -536,14 +547,14 @@ Value KernelBuilder::pollCounter(EventInfo &info, Value coordinate,
 /// Joins the CTA: true (uniform) when no thread's `failed` is set.
 Value KernelBuilder::noneFailed(Value failed) {
   Value anyFailed = asm32(
-      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; bar.red.or.pred %p, 0, %p; "
+      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; barrier.red.or.pred %p, 0, %p; "
       "selp.u32 $0, 1, 0, %p; }",
       "=r,r", failed);
   return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyFailed, i32(0));
 }
 
 /// Thread 0 polls linear `coordinate` of the event until it reaches
-/// `target` (see pollCounter); `bar.red.or` then joins the CTA and
+/// `target` (see pollCounter); `barrier.red.or` then joins the CTA and
 /// broadcasts failure. Returns an i1 that is true when the wait succeeded
 /// (uniform across the CTA).
 Value KernelBuilder::waitOnCoordinate(EventInfo &info, Value coordinate,
@@ -679,7 +690,7 @@ Value KernelBuilder::waitForWholeEvent(Value event, int64_t taskId,
 
 /// The trigger coordinate of instance `linear`: the number of entries of the
 /// nondecreasing `indptr` (C + 1 of them) that are <= `linear`, minus one.
-/// The CTA loads the table in parallel and counts with `bar.red.popc`.
+/// The CTA loads the table in parallel and counts with `barrier.red.popc`.
 /// `valid` is set when `linear < indptr[C]` (the instance has work).
 Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
                                            Value &valid) {
@@ -687,7 +698,7 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
   Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
-  // Uniform trip count: every thread joins every bar.red.popc.
+  // Uniform trip count: every thread joins every barrier.red.popc.
   auto loop =
       scf::ForOp::create(b, index(0), entries, threads, ValueRange{i32(0)});
   {
@@ -717,7 +728,7 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
 /// The CTA's count of threads whose `pred` (i32) is nonzero; joins the CTA.
 Value KernelBuilder::countAcrossCta(Value pred) {
   return asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
-               "bar.red.popc.u32 $0, 0, %p; }",
+               "barrier.red.popc.u32 $0, 0, %p; }",
                "=r,r", pred);
 }
 
@@ -773,7 +784,7 @@ void KernelBuilder::collectCachedTables(ArrayRef<DispatchOp> dispatches) {
 /// Static schedule, `guarded_indptr` trigger kept in registers: (wait
 /// succeeded, coordinate). The in-edges made the table final, so thread t's
 /// entry `indptr[t]` (loaded once per CTA) answers every instance: one
-/// `bar.red.popc` finds the coordinate, and neither a second read of the
+/// `barrier.red.popc` finds the coordinate, and neither a second read of the
 /// range nor the slow path of waitForTrigger is needed. `valid`: the
 /// instance is below `indptr[C]`.
 std::pair<Value, Value>
@@ -828,7 +839,7 @@ KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
 Value KernelBuilder::allThreads(Value pred) {
   Value asI32 = arith::ExtUIOp::create(b, b.getI32Type(), pred);
   Value all = asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
-                    "bar.red.and.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }",
+                    "barrier.red.and.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }",
                     "=r,r", asI32);
   return arith::CmpIOp::create(b, arith::CmpIPredicate::ne, all, i32(0));
 }
@@ -941,7 +952,7 @@ void KernelBuilder::lowerNotify(NotifyOp notify) {
   SmallVector<Value> coords = llvm::map_to_vector(
       notify.getIndices(), [&](Value v) { return mapping.lookup(v); });
   auto [addr, scope] = notifyAddress(info, coords);
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   auto ifZero = scf::IfOp::create(b, TypeRange(), isThreadZero(), false);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(ifZero.thenBlock());
@@ -1095,7 +1106,7 @@ LogicalResult KernelBuilder::lowerDispatch(DispatchOp dispatch, Value linear,
     }
     // The next task may reuse shared memory: join the CTA first.
     if (!endsWithNotify)
-      gpu::BarrierOp::create(b);
+      ctaBarrier();
     if (traceBuffer)
       recordTrace(start, dispatch.getTaskAttr().getInt(), linear);
   }
@@ -1199,7 +1210,7 @@ LogicalResult KernelBuilder::lowerPooledDispatch(DispatchOp dispatch,
   }
   // Every thread read the last draw before thread 0 may write the broadcast
   // word again for the CTA's next entry.
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   SmallVector<Value> results(loop.getResults().drop_back(2));
   scf::YieldOp::create(b, results);
   return success();
@@ -1263,7 +1274,7 @@ Value KernelBuilder::drawFromPool(Value counter, Value ahead, Value perPool,
     scf::YieldOp::create(b, ValueRange{index(0), index(-1)});
   }
   nextAhead = ifZero.getResult(1);
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   Value drawn = memref::LoadOp::create(b, broadcast, ValueRange{index(0)});
   return arith::IndexCastOp::create(b, indexTy, drawn);
 }
@@ -1311,7 +1322,7 @@ Value KernelBuilder::drawTicket(DispatchOp dispatch, unsigned k) {
     scf::YieldOp::create(b, ValueRange{index(0), ticketState[k]});
   }
   ticketState[k] = ifZero.getResult(1);
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   Value ticket = memref::LoadOp::create(b, broadcast, ValueRange{index(0)});
   return arith::IndexCastOp::create(b, indexTy, ticket);
 }
@@ -1516,7 +1527,7 @@ Value KernelBuilder::staticSlice() {
     b.setInsertionPointToStart(ifZero.elseBlock());
     scf::YieldOp::create(b, ValueRange{block});
   }
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   return arith::IndexCastOp::create(
       b, indexTy, memref::LoadOp::create(b, broadcast, ValueRange{index(1)}));
 }
@@ -1763,7 +1774,7 @@ FailureOr<scf::IndexSwitchOp> KernelBuilder::emitDispatchSwitch(
 /// of the done counter, so the zeroing cannot race with one.
 void KernelBuilder::resetCountersForNextLaunch() {
   Value total = countersEnd();
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   Value doneAddr = addressOf(counters, total);
   Value gridSize = gpu::GridDimOp::create(b, gpu::Dimension::x);
   if (queueIsStatic && recordSM && !smSlices) {
@@ -1801,7 +1812,7 @@ void KernelBuilder::resetCountersForNextLaunch() {
     scf::YieldOp::create(b, ValueRange{i32(0)});
   }
   Value anyLast = asm32(
-      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; bar.red.or.pred %p, 0, %p; "
+      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; barrier.red.or.pred %p, 0, %p; "
       "selp.u32 $0, 1, 0, %p; }",
       "=r,r", ifZero.getResult(0));
   Value isLast =
@@ -2310,7 +2321,7 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
     memref::StoreOp::create(b, ifZero.getResult(0), broadcast,
                             ValueRange{index(0)});
   }
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   claim = {ifZero.getResult(1), ifZero.getResult(2), ifZero.getResult(3)};
   return memref::LoadOp::create(b, broadcast, ValueRange{index(0)});
 }
@@ -2441,7 +2452,7 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
   Value start = traceBuffer ? globalTimer() : Value();
   for (Operation *op : bodyOps)
     b.clone(*op, mapping);
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   if (traceBuffer)
     recordTrace(start, dispatch.getTaskAttr().getInt(), linear);
   if (failed(emitThreadZero(after)))
@@ -2521,7 +2532,7 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
   if (ranged.empty() && fanOuts.empty())
     return success();
   b.setInsertionPointAfter(ifZero);
-  gpu::BarrierOp::create(b);
+  ctaBarrier();
   for (auto [record, fanOut] : llvm::enumerate(fanOuts)) {
     OpBuilder::InsertionGuard fanOutGuard(b);
     runFanOut(fanOut.first, fanOut.second, record);

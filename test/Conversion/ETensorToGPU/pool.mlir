@@ -25,7 +25,7 @@
 // CHECK: arith.cmpi ult, %[[LEFT]], %[[PER]]
 // CHECK: atom.relaxed.gpu.global.add.u32
 // CHECK: memref.store %{{.*}}, %[[WG:.*]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
-// CHECK: gpu.barrier
+// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
 // CHECK: %[[D:.*]] = memref.load %[[WG]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
 // CHECK: %[[DRAWN:.*]] = arith.index_cast %[[D]] : i64 to index
 // CHECK: %[[MORE:.*]] = arith.cmpi ult, %[[DRAWN]], %[[PER]]
@@ -39,7 +39,8 @@
 // CHECK: red.release.gpu.global.add.u32
 // CHECK: scf.yield
 // CHECK: }
-// CHECK-NEXT: gpu.barrier
+// CHECK-NEXT: %[[ZERO:.*]] = arith.constant 0 : i32
+// CHECK-NEXT: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"(%[[ZERO]])
 // CHECK: case 1 {
 // CHECK-NOT: atom.relaxed.gpu.global.add.u32
 // CHECK: func.call @sink
