@@ -25,7 +25,7 @@ func.func @reduce(%i: index, %rank: index, %out: memref<?xf32>) {
 // CHECK-DAG: red.release.sys.global.add.u32
 // CHECK-DAG: ld.acquire.sys.global.u32
 // CHECK-DAG: nanosleep.u32
-// CHECK-DAG: barrier.red.or.pred
+// CHECK-DAG: bar.red.or.pred
 // CHECK-DAG: red.relaxed.gpu.global.add.u32
 // DYN-LABEL: gpu.binary @gemm_rs_kernels
 // DYN-SAME: .param .u64 gemm_rs_param_33\0A)

@@ -34,7 +34,7 @@ func.func @final(%i: index, %a: memref<?x4xf32>, %c: memref<?xf32>) {
 // CHECK-SAME: red.release.gpu.global.add.u32
 // CHECK-SAME: ld.acquire.gpu.global.u32
 // CHECK-SAME: nanosleep.u32
-// CHECK-SAME: barrier.red.or.pred
+// CHECK-SAME: bar.red.or.pred
 // SM90A: chip = "sm_90a"
 // SM90A-SAME: .maxntid 128, 1, 1
 /// min-ctas-per-sm asks ptxas for resident CTAs (it caps the registers).

@@ -34,7 +34,7 @@ def splitk() -> etc.compiler.Artifact:
 def test_artifact_has_ptx_and_manifest(splitk, tmp_path):
     assert ".visible .entry splitk(" in splitk.ptx
     assert ".target sm_90" in splitk.ptx
-    for instr in ("ld.acquire.gpu", "red.release.gpu", "barrier.red.or.pred", "nanosleep"):
+    for instr in ("ld.acquire.gpu", "red.release.gpu", "bar.red.or.pred", "nanosleep"):
         assert instr in splitk.ptx, instr
     m = splitk.manifest
     assert m["kernel"] == "splitk" and m["symbols"] == ["n"]

@@ -99,18 +99,22 @@ def test_deals_override_and_hang_variants() -> None:
         assert set(v[f"only_t{k}"]) == set(dealt) - {k}
 
 
-@pytest.mark.parametrize("seed", [5, 6])
-def test_scheduler_barriers_are_not_aligned(seed: int) -> None:
+@pytest.mark.parametrize("seed", [5, 6, 0])
+def test_pooled_kernels_take_non_aligned_barriers(seed: int) -> None:
     """Seeds 5 and 6 pool tasks that wait on nothing. LLVM peels those pool
     loops, so lane 0 (which draws and notifies) and the other lanes of warp
     0 reach different copies of one CTA barrier. PTX leaves that undefined
     for the aligned form (`bar.sync`), and seed 5's kernel hung on an H100.
-    The scheduler's barriers are the non-aligned `barrier.sync` and
-    `barrier.red` (lincomb tiles have none of their own)."""
+    A kernel with a pool takes the non-aligned `barrier.sync` and
+    `barrier.red` for the scheduler's barriers (lincomb tiles have none of
+    their own); seed 0 (tickets, no pool) keeps the aligned forms."""
     pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
     g, _, _ = random_graph(seed)
+    pooled = any(t.deal == "pool" for t in g.tasks)
+    assert pooled == (seed != 0)
     ptx = etc.compile(g, schedule="static", cubin=False).ptx
     lines = [line.strip() for line in ptx.splitlines()]
-    assert sum(line.startswith("barrier.sync") for line in lines) > 0
-    assert not [line for line in lines if line.startswith(("bar.sync", "bar.red"))]
-    assert "barrier.red.or.pred" in ptx
+    aligned = [line for line in lines if line.startswith("bar.sync")]
+    non_aligned = [line for line in lines if line.startswith("barrier.sync")]
+    assert (len(non_aligned) > 0 and not aligned) if pooled else (aligned and not non_aligned)
+    assert ("barrier.red.or.pred" in ptx) == pooled and ("bar.red.or.pred" in ptx) != pooled

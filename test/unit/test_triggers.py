@@ -247,7 +247,7 @@ _bindings = pytest.importorskip  # alias: the compile tests need the bindings
 def test_compiles_and_records_the_trigger(schedule: str, tmp_path: Any) -> None:
     _bindings("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
     art = etc.compile(trigger_graph(), schedule=schedule)
-    assert "barrier.red.popc.u32" in art.ptx
+    assert "bar.red.popc.u32" in art.ptx
     assert ("red.relaxed.gpu.global.add.u64" in art.ptx) == (schedule == "dynamic")
     art.save(tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())

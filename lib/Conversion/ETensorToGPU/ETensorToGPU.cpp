@@ -4,7 +4,7 @@
 //
 // One persistent kernel per graph. Synchronisation is written as inline PTX
 // so the exact memory-model instructions (ld.acquire.gpu, red.release.gpu,
-// barrier.red.or) are what the hardware runs, independent of how LLVM would
+// bar.red.or) are what the hardware runs, independent of how LLVM would
 // lower atomics with orderings.
 //
 //===----------------------------------------------------------------------===//
@@ -157,6 +157,9 @@ public:
   bool smSlices = false;
   /// Static schedule: record each CTA's SM at its exit.
   bool recordSM = false;
+  /// The scheduler's barriers in PTX's non-aligned forms (see ctaBarrier):
+  /// set by build() when a dispatch is pooled.
+  bool nonAlignedBarriers = false;
   /// Static schedule: load the next queue entry as the current one starts.
   bool queueAhead = false;
   /// Static schedule: skip a wait on the coordinate the CTA's last
@@ -265,16 +268,26 @@ private:
     Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
     return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, tid, index(0));
   }
-  /// Joins the CTA at barrier 0 in PTX's non-aligned form (`barrier.sync`):
-  /// LLVM may peel or thread a loop whose thread-0 sections it can see, so
-  /// that lane 0 and the other lanes of a warp reach different copies of one
-  /// barrier, which the aligned form (`bar.sync`, what `gpu.barrier` lowers
-  /// to) leaves undefined; a static kernel with an unwaited pool hung so.
-  /// The intrinsic is convergent, as `gpu.barrier`'s.
+  /// Joins the CTA at barrier 0: `gpu.barrier` (PTX's aligned `bar.sync`),
+  /// or in a kernel with a pool the non-aligned `barrier.sync` through the
+  /// convergent intrinsic. LLVM peels a pool's loop when the pooled task
+  /// waits on nothing, after which lane 0 (which draws and notifies) and
+  /// the other lanes of warp 0 reach different copies of one barrier: the
+  /// aligned form leaves that undefined, and such a kernel hung. Other
+  /// kernels keep the aligned form, which ptxas allocates better for (a
+  /// MoE tile spilled with the other).
   void ctaBarrier() {
+    if (!nonAlignedBarriers) {
+      gpu::BarrierOp::create(b);
+      return;
+    }
     LLVM::CallIntrinsicOp::create(
         b, b.getStringAttr("llvm.nvvm.barrier.cta.sync.all"),
         ValueRange{i32(0)});
+  }
+  /// The `bar.red` reductions' mnemonic in the form ctaBarrier picks.
+  StringRef barRed() const {
+    return nonAlignedBarriers ? "barrier.red" : "bar.red";
   }
 
   LogicalResult declareEvent(EventOp event);
@@ -546,15 +559,16 @@ Value KernelBuilder::pollCounter(EventInfo &info, Value coordinate,
 
 /// Joins the CTA: true (uniform) when no thread's `failed` is set.
 Value KernelBuilder::noneFailed(Value failed) {
-  Value anyFailed = asm32(
-      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; barrier.red.or.pred %p, 0, %p; "
-      "selp.u32 $0, 1, 0, %p; }",
-      "=r,r", failed);
+  Value anyFailed =
+      asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
+             ".or.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }")
+                .str(),
+            "=r,r", failed);
   return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyFailed, i32(0));
 }
 
 /// Thread 0 polls linear `coordinate` of the event until it reaches
-/// `target` (see pollCounter); `barrier.red.or` then joins the CTA and
+/// `target` (see pollCounter); `bar.red.or` then joins the CTA and
 /// broadcasts failure. Returns an i1 that is true when the wait succeeded
 /// (uniform across the CTA).
 Value KernelBuilder::waitOnCoordinate(EventInfo &info, Value coordinate,
@@ -690,7 +704,7 @@ Value KernelBuilder::waitForWholeEvent(Value event, int64_t taskId,
 
 /// The trigger coordinate of instance `linear`: the number of entries of the
 /// nondecreasing `indptr` (C + 1 of them) that are <= `linear`, minus one.
-/// The CTA loads the table in parallel and counts with `barrier.red.popc`.
+/// The CTA loads the table in parallel and counts with `bar.red.popc`.
 /// `valid` is set when `linear < indptr[C]` (the instance has work).
 Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
                                            Value &valid) {
@@ -698,7 +712,7 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
   Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
-  // Uniform trip count: every thread joins every barrier.red.popc.
+  // Uniform trip count: every thread joins every bar.red.popc.
   auto loop =
       scf::ForOp::create(b, index(0), entries, threads, ValueRange{i32(0)});
   {
@@ -727,8 +741,9 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
 
 /// The CTA's count of threads whose `pred` (i32) is nonzero; joins the CTA.
 Value KernelBuilder::countAcrossCta(Value pred) {
-  return asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
-               "barrier.red.popc.u32 $0, 0, %p; }",
+  return asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
+                ".popc.u32 $0, 0, %p; }")
+                   .str(),
                "=r,r", pred);
 }
 
@@ -784,7 +799,7 @@ void KernelBuilder::collectCachedTables(ArrayRef<DispatchOp> dispatches) {
 /// Static schedule, `guarded_indptr` trigger kept in registers: (wait
 /// succeeded, coordinate). The in-edges made the table final, so thread t's
 /// entry `indptr[t]` (loaded once per CTA) answers every instance: one
-/// `barrier.red.popc` finds the coordinate, and neither a second read of the
+/// `bar.red.popc` finds the coordinate, and neither a second read of the
 /// range nor the slow path of waitForTrigger is needed. `valid`: the
 /// instance is below `indptr[C]`.
 std::pair<Value, Value>
@@ -838,8 +853,9 @@ KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
 /// Joins the CTA: true (uniform) when `pred` holds on every thread.
 Value KernelBuilder::allThreads(Value pred) {
   Value asI32 = arith::ExtUIOp::create(b, b.getI32Type(), pred);
-  Value all = asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; "
-                    "barrier.red.and.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }",
+  Value all = asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
+                     ".and.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }")
+                        .str(),
                     "=r,r", asI32);
   return arith::CmpIOp::create(b, arith::CmpIPredicate::ne, all, i32(0));
 }
@@ -1361,6 +1377,10 @@ LogicalResult KernelBuilder::checkKernelOperands(Operation *root, bool nested) {
 }
 
 LogicalResult KernelBuilder::build() {
+  graph.walk([&](DispatchOp dispatch) {
+    if (dispatch.getPool())
+      nonAlignedBarriers = true;
+  });
   // Ranked graphs: the rank barrier's two words come first, at offsets no
   // shape moves (the events' counters follow them).
   if (peers)
@@ -1811,10 +1831,10 @@ void KernelBuilder::resetCountersForNextLaunch() {
     b.setInsertionPointToStart(ifZero.elseBlock());
     scf::YieldOp::create(b, ValueRange{i32(0)});
   }
-  Value anyLast = asm32(
-      "{ .reg .pred %p; setp.ne.u32 %p, $1, 0; barrier.red.or.pred %p, 0, %p; "
-      "selp.u32 $0, 1, 0, %p; }",
-      "=r,r", ifZero.getResult(0));
+  Value anyLast = asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
+                         ".or.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }")
+                            .str(),
+                        "=r,r", ifZero.getResult(0));
   Value isLast =
       arith::CmpIOp::create(b, arith::CmpIPredicate::ne, anyLast, i32(0));
   auto ifLast = scf::IfOp::create(b, TypeRange(), isLast, false);

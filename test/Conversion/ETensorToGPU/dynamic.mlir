@@ -28,12 +28,12 @@ func.func @consume(%i: index) {
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK: "ld.acquire.gpu.global.u64 $0, [$1];"
 // CHECK: memref.store %{{.*}}, %[[SLOT]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 // CHECK: memref.load %[[SLOT]]
 // CHECK: scf.index_switch
 // CHECK: case 0 {
 // CHECK: func.call @produce
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 /// Completing notification: acq_rel, compared with the wait count...
 // CHECK: "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;"
 /// ...then the push claims its ring slots and publishes them with one fence
@@ -92,7 +92,7 @@ etensor.graph @pipeline(%n: index) {
 // CHECK: scf.if
 // CHECK: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // CHECK-COUNT-3: memref.store %{{.*}}, %[[REC]][%{{.*}}]
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 // CHECK-COUNT-3: memref.load %[[REC]]
 // CHECK: %[[COUNT:.*]] = arith.index_cast %{{.*}} : i64 to index
 // CHECK: %[[MOST:.*]] = arith.maxui %{{.*}}, %[[COUNT]] : index
@@ -144,7 +144,7 @@ etensor.graph @fanout(%n: index) {
 // CHECK: memref.store %{{.*}}, %[[REC]][%{{.*}}]
 // CHECK: memref.store %{{.*}}, %[[REC]][%{{.*}}]
 // CHECK-NOT: "atom.relaxed.gpu.global.add.u64
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 // CHECK: memref.load %[[REC]]
 // CHECK: scf.if
 // CHECK: %[[TID:.*]] = gpu.thread_id x

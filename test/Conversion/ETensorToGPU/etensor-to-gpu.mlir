@@ -29,11 +29,11 @@ func.func @final_sum(%i: index, %c: memref<?xf32>) {
 // CHECK: llvm.inline_asm has_side_effects "atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 1;"
 // CHECK: memref.store %{{.*}}, %[[STATUS]]
 /// ...and the CTA joins on a barrier that also broadcasts failure.
-// CHECK: barrier.red.or.pred
+// CHECK: bar.red.or.pred
 // CHECK: scf.if
 // CHECK: func.call @final_sum
 /// No notify in this task: the CTA still joins before the next task.
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 // CHECK: default {
 // CHECK: gpu.return
 // CHECK-NOT: etensor.graph
@@ -60,7 +60,7 @@ func.func @tile(%i: index) {
 // CHECK-LABEL: gpu.func @two_events
 // CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
 // CHECK: case 0 {
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 // CHECK: %[[TID:.*]] = gpu.thread_id x
 // CHECK: arith.cmpi eq, %[[TID]]
 // CHECK: llvm.inline_asm has_side_effects "red.release.gpu.global.add.u32 [$0], 1;", "l"

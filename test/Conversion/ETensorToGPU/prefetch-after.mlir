@@ -21,7 +21,7 @@ func.func @tile__prefetch(%i: index, %w: memref<?xf32>) {
 // CHECK: case 2 {
 // CHECK-NOT: func.call @tile__prefetch
 // CHECK: ld.acquire.gpu.global.u32
-// CHECK: barrier.red.or.pred
+// CHECK: bar.red.or.pred
 // CHECK: %[[DONE:.*]] = arith.cmpi eq
 // CHECK-NEXT: %[[OK:.*]] = arith.andi %{{.*}}, %[[DONE]] : i1
 // CHECK-NEXT: scf.if %[[OK]] {
@@ -34,7 +34,7 @@ func.func @tile__prefetch(%i: index, %w: memref<?xf32>) {
 // DYN: case 2 {
 // DYN-NOT: func.call @tile__prefetch
 // DYN: ld.acquire.gpu.global.u32
-// DYN: barrier.red.or.pred
+// DYN: bar.red.or.pred
 // DYN: %[[DYNOK:.*]] = arith.andi
 // DYN-NEXT: scf.if %[[DYNOK]] {
 // DYN-NEXT: func.call @tile__prefetch

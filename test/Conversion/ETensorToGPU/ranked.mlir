@@ -35,7 +35,7 @@ func.func @finish(%i: index) {
 // STATIC: arith.constant -2 : i32
 // STATIC: memref.store %{{.*}}, %[[STATUS]]
 /// ...and the CTA runs its tasks only if every rank arrived.
-// STATIC: barrier.red.or.pred
+// STATIC: bar.red.or.pred
 // STATIC: %[[ARRIVED:.*]] = arith.cmpi eq, %{{.*}}, %{{.*}} : i32
 // STATIC-NEXT: scf.if %[[ARRIVED]] {
 // STATIC: scf.index_switch
@@ -44,7 +44,7 @@ func.func @finish(%i: index) {
 // STATIC: case 0 {
 // STATIC: func.call @gemm(%[[D:.*]], %{{.*}}, %[[RANK]], %{{.*}})
 // STATIC: memref.load %[[PEERS]][%[[D]]] : memref<?xi64>
-// STATIC: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// STATIC: gpu.barrier
 // STATIC: "red.release.sys.global.add.u32 [$0], 1;"
 /// wait on a ranked event: this rank's own copy, polled at system scope; the
 /// local event is notified at GPU scope in this rank's counters.
@@ -74,7 +74,7 @@ func.func @finish(%i: index) {
 // DYNAMIC-NEXT: memref.load %[[PEERS]][%[[R]]] : memref<?xi64>
 // DYNAMIC: "red.release.sys.global.add.u32 [$0], 1;"
 // DYNAMIC: "ld.acquire.sys.global.u32 $0, [$1];"
-// DYNAMIC: barrier.red.or.pred
+// DYNAMIC: bar.red.or.pred
 // DYNAMIC: "atom.relaxed.gpu.global.add.u64 $0, [$1], $2;"
 // DYNAMIC: case 0 {
 // DYNAMIC: func.call @gemm

@@ -30,7 +30,7 @@ func.func @tile(%i: index) {
 // CHECK: } else {
 // CHECK: scf.yield %[[CTA]] : index
 // CHECK: memref.store %{{.*}}, %[[WORDS]][%{{.*}}] : memref<2xi64, #gpu.address_space<workgroup>>
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 // CHECK: %[[SLICE_WORD:.*]] = memref.load %[[WORDS]]
 // CHECK: %[[SLICE:.*]] = arith.index_cast %[[SLICE_WORD]] : i64 to index
 // CHECK: memref.load %[[QUEUE]][%[[SLICE]]] : memref<?xi64>

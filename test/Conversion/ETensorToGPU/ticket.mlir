@@ -17,7 +17,7 @@
 // CHECK: arith.shrui
 // CHECK: atom.relaxed.gpu.global.add.u32
 // CHECK: memref.store %{{.*}}, %[[WG:.*]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
-// CHECK: llvm.call_intrinsic "llvm.nvvm.barrier.cta.sync.all"
+// CHECK: gpu.barrier
 // CHECK: %[[T:.*]] = memref.load %[[WG]][%{{.*}}] : memref<1xi64, #gpu.address_space<workgroup>>
 // CHECK-NEXT: %[[TICKET:.*]] = arith.index_cast %[[T]] : i64 to index
 // CHECK: func.call @tile(%{{.*}})

@@ -2,12 +2,12 @@
 // RUN: etc-opt %s --etensor-dynamic-schedule --convert-etensor-to-gpu | FileCheck %s --check-prefix=DYNAMIC
 
 /// A data-dependent trigger. Static: the in-edge wait; then the coordinate c
-/// from a parallel count of indptr entries <= i (barrier.red.popc) and a wait
+/// from a parallel count of indptr entries <= i (bar.red.popc) and a wait
 /// for the trigger's coordinate c alone; indptr[c], indptr[c+1] are read
-/// again once it completed and the CTA agrees (barrier.red.and) that i lies
+/// again once it completed and the CTA agrees (bar.red.and) that i lies
 /// between them. Otherwise (a table still being written, or i past
 /// indptr[C]) every thread polls its share of the coordinates (a strided
-/// scf.for), the CTA joins with barrier.red.or and counts again. The body runs
+/// scf.for), the CTA joins with bar.red.or and counts again. The body runs
 /// only below indptr[C]. The in-edge wait on a constant coordinate of an
 /// event whose count is known at launch (`planned`) is polled by thread 0
 /// only until the CTA saw it complete (a flag the static loop carries; other
@@ -20,21 +20,21 @@
 // STATIC: %[[POLLS:.*]] = arith.andi %{{.*}}, %[[NOT_SEEN]] : i1
 // STATIC: scf.if %[[POLLS]] -> (i32)
 // STATIC: ld.acquire.gpu.global.u32
-// STATIC: barrier.red.or.pred
+// STATIC: bar.red.or.pred
 // STATIC: arith.ori %[[SEEN]], %{{.*}} : i1
 // STATIC: scf.if %{{.*}} -> (i1, index, i1)
-// STATIC: barrier.red.popc.u32
+// STATIC: bar.red.popc.u32
 // STATIC: scf.if %{{.*}} -> (i1, i1)
 // STATIC: ld.acquire.gpu.global.u32
-// STATIC: barrier.red.or.pred
+// STATIC: bar.red.or.pred
 // STATIC: memref.load %arg2
 // STATIC: memref.load %arg2
-// STATIC: barrier.red.and.pred
+// STATIC: bar.red.and.pred
 // STATIC: scf.if %{{.*}} -> (i1, index, i1)
 // STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
 // STATIC: ld.acquire.gpu.global.u32
-// STATIC: barrier.red.or.pred
-// STATIC: barrier.red.popc.u32
+// STATIC: bar.red.or.pred
+// STATIC: bar.red.popc.u32
 // STATIC: arith.andi
 // STATIC: scf.if
 // STATIC: func.call @expert
@@ -45,7 +45,7 @@
 // DYNAMIC-LABEL: gpu.func @moe
 // DYNAMIC: ld.relaxed.gpu.global.u64
 // DYNAMIC: red.relaxed.gpu.global.add.u64
-// DYNAMIC: barrier.red.popc.u32
+// DYNAMIC: bar.red.popc.u32
 // DYNAMIC: func.call @expert
 
 func.func @plan(%i: index) { return }
@@ -72,9 +72,9 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
 // STATIC-LABEL: gpu.func @moe_prefetched
 // STATIC: case 2 {
 // STATIC: ld.acquire.gpu.global.u32
-// STATIC: barrier.red.or.pred
+// STATIC: bar.red.or.pred
 // STATIC-NOT: func.call @expert__prefetch
-// STATIC: barrier.red.popc.u32
+// STATIC: bar.red.popc.u32
 // STATIC: scf.if %{{.*}} -> (i1, i1)
 // STATIC: %[[SEEN_LO:.*]] = arith.index_cast %{{.*}} : i32 to index
 // STATIC: %[[SEEN_HI:.*]] = arith.index_cast %{{.*}} : i32 to index
@@ -84,15 +84,15 @@ etensor.graph @moe(%experts: index, %tiles: index, %indptr: memref<?xi32>, %coun
 // STATIC: %[[HI:.*]] = arith.index_cast %{{.*}} : i32 to index
 // STATIC-DAG: arith.cmpi eq, %[[LO]], %[[SEEN_LO]] : index
 // STATIC-DAG: arith.cmpi eq, %[[HI]], %[[SEEN_HI]] : index
-// STATIC: barrier.red.and.pred
+// STATIC: bar.red.and.pred
 // STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
-// STATIC: barrier.red.popc.u32
+// STATIC: bar.red.popc.u32
 // STATIC: cp.async.wait_all
 // STATIC: scf.if
 // STATIC-NEXT: func.call @expert__prefetch
 // STATIC: func.call @expert(
 // DYNAMIC-LABEL: gpu.func @moe_prefetched
-// DYNAMIC: barrier.red.popc.u32
+// DYNAMIC: bar.red.popc.u32
 // DYNAMIC: func.call @expert__prefetch
 // DYNAMIC: ld.acquire.gpu.global.u32
 // DYNAMIC: func.call @expert(
@@ -108,27 +108,27 @@ etensor.graph @moe_prefetched(%experts: index, %tiles: index, %indptr: memref<?x
 /// `guarded_indptr`: the in-edges made the table final, so the static loop
 /// carries it in registers (thread t holds indptr[t], loaded by the CTA's
 /// first instance that needs it: the inner scf.if) and each instance finds
-/// its coordinate with one barrier.red.popc over them, runs its prefetch and
+/// its coordinate with one bar.red.popc over them, runs its prefetch and
 /// waits for that coordinate alone: no second read of the range, no CTA
 /// vote on it, no whole-event slow path. The dynamic lowering ignores it.
 // STATIC-LABEL: gpu.func @moe_guarded
 // STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %true, %{{.*}} = %false, %[[ENTRY:[^ ,]*]] = %c0{{[_0-9]*}}, %[[LOADED:[^ ,)]*]] = %false{{[_0-9]*}}) -> (i1, i1, index, i1)
 // STATIC: case 2 {
-// STATIC: barrier.red.or.pred
+// STATIC: bar.red.or.pred
 // STATIC: scf.if %{{.*}} -> (i1, index, i1, index)
 // STATIC: scf.if %[[LOADED]] -> (index)
 // STATIC-NEXT: scf.yield %[[ENTRY]] : index
 // STATIC: memref.load %arg1
-// STATIC: barrier.red.popc.u32
+// STATIC: bar.red.popc.u32
 // STATIC: func.call @expert__prefetch
 // STATIC: ld.acquire.gpu.global.u32
-// STATIC: barrier.red.or.pred
-// STATIC-NOT: barrier.red.and.pred
+// STATIC: bar.red.or.pred
+// STATIC-NOT: bar.red.and.pred
 // STATIC-NOT: memref.load %arg1
 // STATIC: arith.ori %[[LOADED]], %{{.*}} : i1
 // STATIC: func.call @expert(
 // DYNAMIC-LABEL: gpu.func @moe_guarded
-// DYNAMIC: barrier.red.popc.u32
+// DYNAMIC: bar.red.popc.u32
 // DYNAMIC: func.call @expert(
 etensor.graph @moe_guarded(%tiles: index, %indptr: memref<129xi32>) {
   %planned = etensor.event() count 1 {name = "planned"} : !etensor.event<1>
