@@ -3,7 +3,7 @@
 # issue's table and B = 1's tier from L = 900 (as gpu_session55.sh's decbench
 # warmup tiers, over today's compiler: python bench/decode.py --build
 # .device/s57/dec; DECODE_SWEEP_VARIANTS=default,b1_tiers900 python
-# bench/decode_sweep.py --build .device/s57/tiers); on any card the whole GPU
+# bench/decode_sweep.py --build .device/s57/tiers; carry both); on any card the whole GPU
 # suite over every test artifact (python test/gpu/make_artifacts.py
 # .device/s57/arts; python test/gpu/make_fuzz_artifacts.py .device/s57/fuzz
 # --count 10; tar cf - -C .device/s57 arts fuzz | xz > .device/s57/arts.tar.xz;
@@ -12,7 +12,7 @@
 # fuzz seeds 5 and 6 with the scheduler's barriers non-aligned (the fix;
 # python bench/fuzz_hang.py --build .device/s57/hang_fixed --seeds 5,6), then
 # seed 5's variants as they hung, aligned (built before the fix into
-# .device/s57/hang_aligned; rebuild: check out 9343971^); carry .device/s57.
+# .device/s57/hang_aligned; rebuild: check out 9343971^); carry both.
 # Usage: [SUITE_FILES=...] [SUITE_BUDGET=s] bash bench/gpu_session57.sh [auto|h200|suite|hang]...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
