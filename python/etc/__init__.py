@@ -25,6 +25,7 @@ from .errors import (
     EtcError,
     GraphError,
     LaunchError,
+    LaunchTimeoutError,
     ShapeError,
 )
 from .graph import Edge, Event, Graph, Task, Tensor
@@ -48,6 +49,7 @@ __all__ = [
     "ShapeError",
     "CompileError",
     "LaunchError",
+    "LaunchTimeoutError",
     "DeadlockError",
     "simulate",
     "simulate_ranks",

@@ -13,6 +13,7 @@ __all__ = [
     "ShapeError",
     "CompileError",
     "LaunchError",
+    "LaunchTimeoutError",
     "DeadlockError",
 ]
 
@@ -35,6 +36,12 @@ class CompileError(EtcError):
 
 class LaunchError(EtcError):
     """A megakernel could not be launched or reported a failure."""
+
+
+class LaunchTimeoutError(LaunchError):
+    """A launch did not finish within the caller's ``timeout``: a hang the
+    kernel's watchdog does not see (its waits are bounded, a barrier is not).
+    The kernel still runs, so its CUDA context stays busy."""
 
 
 class DeadlockError(EtcError):

@@ -18,13 +18,14 @@ from etc.runtime.buckets import BucketedKernel, load_buckets
 
 class FakeKernel:
     def __init__(self, name: str) -> None:
-        self.name, self.launches, self.checks = name, [], 0
+        self.name, self.launches, self.checks, self.timeouts = name, [], 0, []
 
     def launch(self, tensors, symbols=None, **kwargs) -> None:
         self.launches.append((dict(symbols), kwargs))
 
-    def check(self) -> None:
+    def check(self, timeout=None) -> None:
         self.checks += 1
+        self.timeouts.append(timeout)
 
     def trace(self) -> str:
         return f"trace of {self.name}"
@@ -43,6 +44,9 @@ def test_the_kernel_whose_range_holds_the_symbol_runs():
     assert (small.checks, large.checks) == (1, 1)
     k.check()  # nothing launched since
     assert (small.checks, large.checks) == (1, 1)
+    k.launch({}, {"B": 2}, timeout=5.0)
+    k.check(2.5)  # the bucket's kernel gets the launch's and the check's bounds
+    assert small.launches[-1][1] == {"timeout": 5.0} and small.timeouts[-1] == 2.5
     assert "B=1..16, B=17.." in repr(k)
 
 

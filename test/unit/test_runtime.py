@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import subprocess
@@ -847,3 +848,67 @@ def test_parts_that_wait_for_each_other_never_share_a_cta() -> None:
     assert kept.tolist() == queue.build_static_queue([4], 5, None, None, sm, "spread").tolist()
     with pytest.raises(ValueError, match="4 parts that wait for each other need as many CTAs"):
         queue.build_static_queue([8], 3, meets=[4])
+
+
+class _FakeDriver:
+    """The few ``cuda.bindings.driver`` names ``driver.synchronize`` uses: the
+    stream reports ``NOT_READY`` for ``busy`` queries, then ``final``."""
+
+    class CUresult(enum.IntEnum):
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_NOT_READY = 600
+        CUDA_ERROR_LAUNCH_FAILED = 719
+
+    def __init__(self, busy: float, final: int = 0) -> None:
+        self.busy, self.final, self.queries, self.synchronized = busy, final, 0, 0
+
+    def cuStreamQuery(self, stream):
+        self.queries += 1
+        if self.queries <= self.busy:
+            return (self.CUresult.CUDA_ERROR_NOT_READY,)
+        return (self.CUresult(self.final),)
+
+    def cuStreamSynchronize(self, stream):
+        self.synchronized += 1
+        return (self.CUresult.CUDA_SUCCESS,)
+
+    def cuGetErrorName(self, err):
+        return (self.CUresult.CUDA_SUCCESS, self.CUresult(err).name.encode())
+
+    def cuGetErrorString(self, err):
+        return (self.CUresult.CUDA_SUCCESS, b"described")
+
+
+def test_synchronize_with_a_timeout_polls_and_gives_up(monkeypatch):
+    """A launch the watchdog cannot stop (a barrier hang) leaves the caller
+    waiting in cuStreamSynchronize; with a timeout the stream is polled and
+    LaunchTimeoutError names the graph. Without one nothing is polled."""
+    from etc.errors import LaunchTimeoutError
+    from etc.runtime import driver
+
+    hung = _FakeDriver(busy=float("inf"))
+    monkeypatch.setattr(driver, "cu", hung)
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeoutError, match=r"fuzz5: the launch did not finish within 0.05 s"):
+        driver.synchronize(7, 0.05, "fuzz5")
+    assert 0.05 <= time.monotonic() - start < 1.0 and hung.queries > 3
+    assert issubclass(LaunchTimeoutError, LaunchError)
+
+    done = _FakeDriver(busy=3)
+    monkeypatch.setattr(driver, "cu", done)
+    driver.synchronize(7, 10.0, "g")
+    assert done.queries == 4 and done.synchronized == 0
+    driver.synchronize(7)
+    assert done.synchronized == 1
+
+    failed = _FakeDriver(busy=1, final=719)
+    monkeypatch.setattr(driver, "cu", failed)
+    with pytest.raises(LaunchError, match="CUDA_ERROR_LAUNCH_FAILED") as e:
+        driver.synchronize(7, 10.0, "g")
+    assert not isinstance(e.value, LaunchTimeoutError)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "5", True])
+def test_a_bad_timeout_is_refused_before_anything_loads(bad, tmp_path):
+    with pytest.raises(LaunchError, match="timeout must be a number of seconds > 0 or None"):
+        etc.runtime.load(tmp_path / "missing", timeout=bad)

@@ -55,11 +55,11 @@ class BucketedKernel:
             self._launched.remove(kernel)
         self._launched.append(kernel)
 
-    def check(self) -> None:
+    def check(self, timeout: float | None = None) -> None:
         """``Kernel.check`` on every kernel launched since the last check."""
         launched, self._launched = self._launched, []
         for kernel in launched:
-            kernel.check()
+            kernel.check(timeout)
 
     def trace(self) -> Any:
         """The timeline of the latest launch (``Kernel.trace``)."""

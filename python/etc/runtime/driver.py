@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from etc.errors import LaunchError
+from etc.errors import LaunchError, LaunchTimeoutError
 
 try:
     from cuda.bindings import driver as cu
@@ -231,11 +232,30 @@ def dtoh(host_addr: int, ptr: int, nbytes: int) -> None:
         check(cu.cuMemcpyDtoH(host_addr, ptr, nbytes), "cuMemcpyDtoH")
 
 
-def synchronize(stream: int) -> None:
-    check(
-        cu.cuStreamSynchronize(stream),
-        "cuStreamSynchronize (a kernel on this stream failed; the CUDA context may be unusable)",
-    )
+def synchronize(stream: int, timeout: float | None = None, what: str = "the stream") -> None:
+    """Waits for ``stream``'s work. With ``timeout`` (seconds) it polls the
+    stream instead (sleeps from 20 µs doubling to 1 ms, so a finished launch
+    is seen that much later) and raises `LaunchTimeoutError` naming ``what``
+    once the time is up; the work goes on running."""
+    failed = "a kernel on this stream failed; the CUDA context may be unusable"
+    if timeout is None:
+        check(cu.cuStreamSynchronize(stream), f"cuStreamSynchronize ({failed})")
+        return
+    deadline = time.monotonic() + timeout
+    pause = 20e-6
+    while True:
+        err = cu.cuStreamQuery(stream)[0]
+        if err != cu.CUresult.CUDA_ERROR_NOT_READY:
+            check((err,), f"cuStreamQuery ({failed})")
+            return
+        if time.monotonic() >= deadline:
+            raise LaunchTimeoutError(
+                f"{what}: the launch did not finish within {timeout:g} s, and the kernel's "
+                "watchdog did not stop it (a hang outside its waits, such as a barrier); the "
+                "kernel still runs, so this CUDA context stays busy: restart the process"
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
 
 
 class HostBuffer:

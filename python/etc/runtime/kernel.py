@@ -223,6 +223,7 @@ class Kernel:
         function: Any,
         image: str,
         max_polls: int | None = None,
+        timeout: float | None = None,
     ):
         self.manifest = manifest
         self.device = device
@@ -231,6 +232,9 @@ class Kernel:
         self.image = image
         #: Watchdog bound (polls per wait) used when `launch` is not given one.
         self.max_polls = manifest.watchdog_polls if max_polls is None else _check_polls(max_polls)
+        #: Seconds a synchronising `launch` or `check` waits before it raises
+        #: `LaunchTimeoutError` (None: as long as the kernel runs).
+        self.timeout = _check_timeout(timeout)
         #: CTAs that can be co-resident: SMs x occupancy at the manifest's block size.
         smem = manifest.dynamic_shared_memory
         if smem:
@@ -613,6 +617,7 @@ class Kernel:
         sync: bool = True,
         max_polls: int | None = None,
         grid: int | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Runs the graph once.
 
@@ -627,6 +632,8 @@ class Kernel:
         default stream. With ``sync=False`` the call returns after enqueueing; call `check`
         later to wait and raise any deadlock. `max_polls` overrides the watchdog bound;
         `grid` forces a CTA count in 1..`num_ctas` (for testing schedules).
+        `timeout` overrides the kernel's (`load(..., timeout=)`): seconds a synchronising
+        launch waits before it raises `LaunchTimeoutError`, for hangs the watchdog cannot see.
         Raises `ShapeError`/`LaunchError` before launching, `DeadlockError` after a hang.
         """
         m = self.manifest
@@ -646,6 +653,7 @@ class Kernel:
             check_mapping(m.graph, "tensors", tensors)  # before planning costs anything
             plan = self._plan(symbols, grid)
         polls = self.max_polls if max_polls is None else _check_polls(max_polls)
+        wait = self.timeout if timeout is None else _check_timeout(timeout)
         fast = plan.fast
         if fast is None or fast.tensor_type is None and "torch" in sys.modules:
             fast = plan.fast = FastBinder(m, plan.shapes, self.device.ordinal)
@@ -710,11 +718,11 @@ class Kernel:
             )
         self._last = (handle, scratch, plan, polls)
         if has_numpy:
-            driver.synchronize(handle)
+            driver.synchronize(handle, wait, m.graph)
             for b in bound:
                 if b.kind == NUMPY and b.nbytes and b.value.flags.writeable:
                     _copy_back(b)
-            self.check()
+            self.check(wait)
         elif sync:
             # Queue the status copy behind the kernel so one synchronisation covers both.
             err = cu.cuMemcpyDtoHAsync(
@@ -722,7 +730,7 @@ class Kernel:
             )[0]
             if err != _SUCCESS:
                 raise LaunchError(f"{m.graph}: cuMemcpyDtoHAsync failed: {driver.error_name(err)}")
-            driver.synchronize(handle)
+            driver.synchronize(handle, wait, m.graph)
             if self._status[ST_STATE]:
                 failure = status_error(m, plan.symbols, self._status, polls)
                 self._clear_status(handle, status_ptr)
@@ -758,8 +766,9 @@ class Kernel:
             err = launch()
         return err
 
-    def check(self) -> None:
-        """Waits for the latest launch and raises what its status record reports.
+    def check(self, timeout: float | None = None) -> None:
+        """Waits for the latest launch and raises what its status record reports
+        (`LaunchTimeoutError` after ``timeout`` seconds, default the kernel's).
 
         Failures are sticky: the kernel records the first one and nothing clears it until it
         is read here (or by a ``sync=True`` launch), so a failure of any earlier ``sync=False``
@@ -770,7 +779,8 @@ class Kernel:
         if self._last is None:
             return
         handle, scratch, plan, polls = self._last
-        driver.synchronize(handle)
+        wait = self.timeout if timeout is None else _check_timeout(timeout)
+        driver.synchronize(handle, wait, self.manifest.graph)
         driver.dtoh(self._status_host.ptr, scratch.ptr, self._status.nbytes)
         if not self._status[ST_STATE]:
             self._learn_placement(plan)
@@ -834,6 +844,17 @@ def _queue_offset(m: Manifest, counters: int) -> int:
     return words + (words & 1)
 
 
+def _check_timeout(v: Any) -> float | None:
+    """None, or a positive finite number of seconds."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise LaunchError(f"timeout must be a number of seconds > 0 or None, got {v!r}")
+    if not 0 < float(v) < float("inf"):
+        raise LaunchError(f"timeout must be a number of seconds > 0 or None, got {v!r}")
+    return float(v)
+
+
 def _check_polls(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 1 << 63:
         raise LaunchError(f"max_polls must be an int in 0..2**63-1, got {v!r}")
@@ -871,7 +892,10 @@ def _stream_handle(stream: Any, has_torch: bool, device: int) -> int:
 
 
 def load(
-    directory: str | Path, device: int | None = None, max_polls: int | None = None
+    directory: str | Path,
+    device: int | None = None,
+    max_polls: int | None = None,
+    timeout: float | None = None,
 ) -> Kernel | BucketedKernel:
     """Loads an artifact directory (``manifest.json`` + ``kernel.ptx``/``kernel.cubin``),
     or a bucketed one (``buckets.json``: see :mod:`etc.runtime.buckets`), whose
@@ -880,12 +904,14 @@ def load(
     Verifies the manifest and image hashes, retains the device's primary context (shared
     with torch), and loads the module once per process and context, preferring the cubin
     and falling back to the PTX (driver JIT). `device` defaults to torch's current device
-    when torch is imported, else 0.
+    when torch is imported, else 0. `timeout`: seconds a synchronising launch or `check`
+    waits before raising `LaunchTimeoutError` (None: no bound).
     """
+    _check_timeout(timeout)  # bad input fails before anything loads
     if (Path(directory) / "buckets.json").exists():
         from .buckets import load_buckets
 
-        return load_buckets(directory, load, device=device, max_polls=max_polls)
+        return load_buckets(directory, load, device=device, max_polls=max_polls, timeout=timeout)
     manifest = load_manifest(directory)
     if device is None:
         torch = sys.modules.get("torch")
@@ -902,4 +928,4 @@ def load(
     digest = manifest.sha256[manifest.cubin or manifest.ptx]
     key = f"{Path(directory).resolve()}:{digest}"
     function, image = driver.load_function(dev, key, manifest.kernel, images)
-    return Kernel(manifest, dev, function, image, max_polls)
+    return Kernel(manifest, dev, function, image, max_polls, timeout)
