@@ -98,6 +98,31 @@ def test_deadlock_then_recovery(splitk: etc.runtime.Kernel) -> None:
     np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
 
 
+def test_timeout_bounds_the_wait_for_a_launch(splitk: etc.runtime.Kernel) -> None:
+    """With a timeout the launch polls its stream: a normal launch gives the
+    same results, and one that runs past it raises LaunchTimeoutError while
+    the kernel goes on; here the kernel's watchdog ends it later, which the
+    next check reports, and the context stays usable."""
+    t = inputs(1000)
+    splitk.launch(t, {"n": 1000}, timeout=30)
+    np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
+
+    broken = etc.runtime.load(artifact("broken"))
+    n = 7
+    t = inputs(n)
+    if any(spec.name == "T" for spec in broken.manifest.tensors):
+        t["T"] = np.full((n,), 5, np.int32)
+    start = time.perf_counter()
+    with pytest.raises(etc.LaunchTimeoutError, match="did not finish within 0.2 s"):
+        broken.launch(t, {"n": n}, max_polls=3_000_000, timeout=0.2)
+    assert time.perf_counter() - start < 5
+    with pytest.raises(DeadlockError):
+        broken.check(timeout=120)  # the watchdog's 3M polls run out meanwhile
+    t = inputs(n)
+    splitk.launch(t, {"n": n})
+    np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
+
+
 def test_counters_reset_by_the_kernel(splitk: etc.runtime.Kernel) -> None:
     """No host memset between launches: the last CTA of each launch zeroes the
     counters, so back-to-back launches of changing sizes stay correct."""
