@@ -38,7 +38,6 @@ def variants(seed: int) -> dict[str, dict[int, str]]:
     out: dict[str, dict[int, str]] = {"drawn": {}, "lists": dict.fromkeys(dealt, "list")}
     for k in dealt:
         out[f"no_t{k}"] = {k: "list"}
-    for k in dealt:
         out[f"only_t{k}"] = {j: "list" for j in dealt if j != k}
     return out
 

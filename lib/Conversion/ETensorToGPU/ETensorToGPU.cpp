@@ -285,9 +285,17 @@ private:
         b, b.getStringAttr("llvm.nvvm.barrier.cta.sync.all"),
         ValueRange{i32(0)});
   }
-  /// The `bar.red` reductions' mnemonic in the form ctaBarrier picks.
-  StringRef barRed() const {
-    return nonAlignedBarriers ? "barrier.red" : "bar.red";
+  /// Joins the CTA reducing `pred` (i32, nonzero: true) with `bar.red`, or
+  /// `barrier.red` where ctaBarrier is non-aligned: `op` "or" or "and"
+  /// gives 1 or 0, "popc" the count of threads whose `pred` holds.
+  Value ctaReduce(StringRef op, Value pred) {
+    std::string red =
+        (Twine(nonAlignedBarriers ? "barrier.red." : "bar.red.") + op).str();
+    std::string result = op == "popc"
+                             ? red + ".u32 $0, 0, %p;"
+                             : red + ".pred %p, 0, %p; selp.u32 $0, 1, 0, %p;";
+    return asm32("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + result + " }",
+                 "=r,r", pred);
   }
 
   LogicalResult declareEvent(EventOp event);
@@ -559,11 +567,7 @@ Value KernelBuilder::pollCounter(EventInfo &info, Value coordinate,
 
 /// Joins the CTA: true (uniform) when no thread's `failed` is set.
 Value KernelBuilder::noneFailed(Value failed) {
-  Value anyFailed =
-      asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
-             ".or.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }")
-                .str(),
-            "=r,r", failed);
+  Value anyFailed = ctaReduce("or", failed);
   return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyFailed, i32(0));
 }
 
@@ -741,10 +745,7 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
 
 /// The CTA's count of threads whose `pred` (i32) is nonzero; joins the CTA.
 Value KernelBuilder::countAcrossCta(Value pred) {
-  return asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
-                ".popc.u32 $0, 0, %p; }")
-                   .str(),
-               "=r,r", pred);
+  return ctaReduce("popc", pred);
 }
 
 /// The trigger coordinate from `count` (i32), the number of `indptr`
@@ -853,10 +854,7 @@ KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
 /// Joins the CTA: true (uniform) when `pred` holds on every thread.
 Value KernelBuilder::allThreads(Value pred) {
   Value asI32 = arith::ExtUIOp::create(b, b.getI32Type(), pred);
-  Value all = asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
-                     ".and.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }")
-                        .str(),
-                    "=r,r", asI32);
+  Value all = ctaReduce("and", asI32);
   return arith::CmpIOp::create(b, arith::CmpIPredicate::ne, all, i32(0));
 }
 
@@ -1831,10 +1829,7 @@ void KernelBuilder::resetCountersForNextLaunch() {
     b.setInsertionPointToStart(ifZero.elseBlock());
     scf::YieldOp::create(b, ValueRange{i32(0)});
   }
-  Value anyLast = asm32(("{ .reg .pred %p; setp.ne.u32 %p, $1, 0; " + barRed() +
-                         ".or.pred %p, 0, %p; selp.u32 $0, 1, 0, %p; }")
-                            .str(),
-                        "=r,r", ifZero.getResult(0));
+  Value anyLast = ctaReduce("or", ifZero.getResult(0));
   Value isLast =
       arith::CmpIOp::create(b, arith::CmpIPredicate::ne, anyLast, i32(0));
   auto ifLast = scf::IfOp::create(b, TypeRange(), isLast, false);

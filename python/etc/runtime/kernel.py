@@ -848,9 +848,8 @@ def _check_timeout(v: Any) -> float | None:
     """None, or a positive finite number of seconds."""
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise LaunchError(f"timeout must be a number of seconds > 0 or None, got {v!r}")
-    if not 0 < float(v) < float("inf"):
+    number = not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+    if not (number and 0 < float(v) < float("inf")):
         raise LaunchError(f"timeout must be a number of seconds > 0 or None, got {v!r}")
     return float(v)
 
