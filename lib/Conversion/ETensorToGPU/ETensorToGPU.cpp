@@ -269,13 +269,16 @@ private:
     return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, tid, index(0));
   }
   /// Joins the CTA at barrier 0: `gpu.barrier` (PTX's aligned `bar.sync`),
-  /// or in a kernel with a pool the non-aligned `barrier.sync` through the
-  /// convergent intrinsic. LLVM peels a pool's loop when the pooled task
-  /// waits on nothing, after which lane 0 (which draws and notifies) and
-  /// the other lanes of warp 0 reach different copies of one barrier: the
-  /// aligned form leaves that undefined, and such a kernel hung. Other
-  /// kernels keep the aligned form, which ptxas allocates better for (a
-  /// MoE tile spilled with the other).
+  /// or in a kernel that draws (a pool or a ticket) the non-aligned
+  /// `barrier.sync` through the convergent intrinsic. Such a kernel's loop
+  /// carries thread 0's draws ahead (-1 on the other threads), and LLVM
+  /// restructures that loop (it peels an unwaited pool's) so that lane 0
+  /// and the other lanes of a warp reach different copies of one barrier:
+  /// the aligned form leaves that undefined; a pooled kernel hung and a
+  /// ticketed one stopped at an illegal instruction (compute-sanitizer:
+  /// divergent threads at a `BAR.RED`). Other kernels keep the aligned
+  /// form, which ptxas allocates better for (a MoE tile spilled with the
+  /// other).
   void ctaBarrier() {
     if (!nonAlignedBarriers) {
       gpu::BarrierOp::create(b);
@@ -1376,7 +1379,7 @@ LogicalResult KernelBuilder::checkKernelOperands(Operation *root, bool nested) {
 
 LogicalResult KernelBuilder::build() {
   graph.walk([&](DispatchOp dispatch) {
-    if (dispatch.getPool())
+    if (dispatch.getPool() || dispatch.getTicket())
       nonAlignedBarriers = true;
   });
   // Ranked graphs: the rank barrier's two words come first, at offsets no
