@@ -15,7 +15,7 @@
 # synccheck over the variants that failed; the MoE tests run over the
 # fifty-seventh session's artifacts with the changed ones replaced. Carry
 # .device/s58 and .device/s57/arts.tar.xz.
-# Usage: bash bench/gpu_session58.sh [diagnose|verify]
+# Usage: bash bench/gpu_session58.sh [diagnose|verify|synccheck]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -50,3 +50,21 @@ verify)
   synccheck fuzz5_drawn .device/s58/hang/fuzz5_drawn 5 3354
   ;;
 esac
+# `synccheck`: compute-sanitizer's synccheck over the GPU tests of every
+# kernel that draws (static MoE ticket artifacts, the pooled split-K and
+# skewed graphs, the pooled tiny decoders), tiles' own barriers included:
+# carry .device/s57/arts.tar.xz and .device/s58/arts.
+if [ "${1:-}" = synccheck ]; then
+  mkdir -p /tmp/s58 && python -c \
+    "import tarfile; tarfile.open('.device/s57/arts.tar.xz').extractall('/tmp/s58')"
+  cp -r .device/s58/arts/. /tmp/s58/arts/
+  for group in "moe:static and ticket" "schedules:pooled and static" \
+      "llama:decoder_matches_the_simulator and pool and static"; do
+    file=${group%%:*}
+    ETC_ARTIFACTS=/tmp/s58/arts timeout ${SYNC_TIMEOUT:-60} "$san" --tool synccheck --print-limit 10 \
+      python -m pytest -q -p no:cacheprovider "test/gpu/test_${file}_gpu.py" -k "${group#*:}" \
+      > "$OUT/s58_synccheck_$file.txt" 2>&1
+    echo "$file rc=$?: $(grep -E 'passed|failed' "$OUT/s58_synccheck_$file.txt" | tail -1)" \
+      "$(grep -E 'ERROR SUMMARY' "$OUT/s58_synccheck_$file.txt")"
+  done
+fi
