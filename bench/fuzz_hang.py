@@ -26,27 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test" / "gpu"))
 
 from fuzz_case import run_isolated  # noqa: E402
-from fuzz_graphs import draw_deals, draw_specs, other_n, random_graph  # noqa: E402
-
-
-def variants(seed: int) -> dict[str, dict[int, str]]:
-    """Deal overrides by variant name: drawn, lists, each non-list deal alone
-    (``only_t<k>``) and all but it (``no_t<k>``)."""
-    _, specs, _ = draw_specs(seed)
-    drawn = draw_deals(seed, len(specs))
-    dealt = [k for k, d in enumerate(drawn) if d != "list"]
-    out: dict[str, dict[int, str]] = {"drawn": {}, "lists": dict.fromkeys(dealt, "list")}
-    for k in dealt:
-        out[f"no_t{k}"] = {k: "list"}
-        out[f"only_t{k}"] = {j: "list" for j in dealt if j != k}
-    return out
+from fuzz_graphs import deal_variants, draw_specs, other_n, random_graph  # noqa: E402
 
 
 def build(out: Path, seeds: list[int]) -> None:
     import etc
 
     for seed in seeds:
-        for name, deals in variants(seed).items():
+        for name, deals in deal_variants(seed).items():
             g, _, _ = random_graph(seed, deals=deals)
             path = out / f"fuzz{seed}_{name}"
             etc.compile(g, schedule="static").save(path)

@@ -84,6 +84,22 @@ def draw_deals(seed: int, count: int) -> list[str]:
     return [str(d) for d in rng.choice(etc.graph.DEALS, count, p=[0.5, 0.25, 0.25])]
 
 
+def deal_variants(seed: int) -> dict[str, dict[int, str]]:
+    """Deal overrides (``random_graph(deals=...)``) by variant name: ``drawn``
+    (none), ``lists`` (every ticket and pool a list), and for each task ``k``
+    drawn a ticket or pool, ``only_t<k>`` (it alone kept) and ``no_t<k>`` (it
+    alone a list). A deal alone once split a barrier that the drawn mix did
+    not (fuzz 5 and 6 with one ticket alone, docs/design.md)."""
+    _, specs, _ = draw_specs(seed)
+    drawn = draw_deals(seed, len(specs))
+    dealt = [k for k, d in enumerate(drawn) if d != "list"]
+    out: dict[str, dict[int, str]] = {"drawn": {}, "lists": dict.fromkeys(dealt, "list")}
+    for k in dealt:
+        out[f"no_t{k}"] = {k: "list"}
+        out[f"only_t{k}"] = {j: "list" for j in dealt if j != k}
+    return out
+
+
 def random_graph(
     seed: int, n: int | None = None, deals: dict[int, str] | None = None
 ) -> tuple[etc.Graph, dict[str, int], dict]:

@@ -7,6 +7,9 @@ For each seed: ``fuzz<seed>_<static|dynamic|dynamic_late>/`` (the graph of
 fuzz_graphs.random_graph(seed) under each schedule) and ``fuzz<seed>/case.npz``
 with the symbols (``symbol.n``), inputs (``input.X``), the simulator's static
 outputs (``expected.Y<k>``) and the graph's MLIR digest (``mlir_sha256``).
+Where a seed draws two or more tickets or pools, also
+``fuzz<seed>_only_t<k>_static/`` for each, that deal alone kept (the others
+lists; ``fuzz_graphs.deal_variants``), with its ``variant.json``.
 Before saving, the dynamic simulator (both push modes, 3 seeds each) must
 agree bit for bit with the static one, at ``n`` capped to DYNAMIC_CHECK_N to
 bound its cost (the graph is the same for every ``n``).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import multiprocessing
 import os
 import sys
@@ -27,7 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from fuzz_graphs import random_graph  # noqa: E402
+from fuzz_graphs import deal_variants, random_graph  # noqa: E402
 from graphs import SCHEDULES  # noqa: E402
 
 import etc  # noqa: E402
@@ -54,6 +58,11 @@ def build_case(seed: int, out: Path) -> str:
     g, symbols, inputs = random_graph(seed)
     for suffix, (schedule, early_push) in SCHEDULES.items():
         etc.compile(g, schedule=schedule, early_push=early_push).save(out / f"fuzz{seed}_{suffix}")
+    alone = {k: v for k, v in deal_variants(seed).items() if k.startswith("only_")}
+    for name, deals in alone.items() if len(alone) > 1 else ():
+        path = out / f"fuzz{seed}_{name}_static"
+        etc.compile(random_graph(seed, deals=deals)[0], schedule="static").save(path)
+        (path / "variant.json").write_text(json.dumps({"seed": seed, "deals": deals}))
     expected = etc.simulate(g, inputs, symbols)
     check_dynamic(seed, symbols["n"])
     case = out / f"fuzz{seed}"
@@ -64,7 +73,8 @@ def build_case(seed: int, out: Path) -> str:
     arrays["mlir_sha256"] = np.array(hashlib.sha256(g.to_mlir().encode()).hexdigest())
     np.savez(case / "case.npz", **arrays)
     return (
-        f"fuzz{seed}: n={symbols['n']}, {len(g.tasks)} tasks, {len(g.events)} events "
+        f"fuzz{seed}: n={symbols['n']}, {len(g.tasks)} tasks, {len(g.events)} events, "
+        f"{len(alone) if len(alone) > 1 else 0} deals alone "
         f"({time.perf_counter() - start:.1f} s)"
     )
 

@@ -13,7 +13,7 @@ import pytest
 import etc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from fuzz_graphs import direct, draw_deals, draw_specs, random_graph  # noqa: E402
+from fuzz_graphs import deal_variants, direct, draw_deals, draw_specs, random_graph  # noqa: E402
 
 # Seeds with their launch sizes: n = 1, partial and full blocks (kept small for speed).
 CASES = [(0, 1), (1, 255), (2, 256), (3, 300), (4, 513)]
@@ -77,12 +77,10 @@ def test_fuzz_graph_compiles() -> None:
         )
 
 
-def test_deals_override_and_hang_variants() -> None:
+def test_deals_override_and_deal_variants() -> None:
     """random_graph(deals=...) replaces the named tasks' drawn deals only, and
-    bench/fuzz_hang.py's variants drop and keep each non-list deal in turn."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    deal_variants drop and keep each non-list deal in turn."""
     from fuzz_case import parse_deals
-    from fuzz_hang import variants
 
     drawn = draw_deals(5, len(draw_specs(5)[1]))
     dealt = [k for k, d in enumerate(drawn) if d != "list"]
@@ -92,7 +90,7 @@ def test_deals_override_and_hang_variants() -> None:
     assert deals[f"t{dealt[0]}"] == "list"
     assert all(deals[f"t{k}"] == drawn[k] for k in range(len(drawn)) if k != dealt[0])
     assert parse_deals("1=list,5=pool") == {1: "list", 5: "pool"} and parse_deals("") == {}
-    v = variants(5)
+    v = deal_variants(5)
     assert v["drawn"] == {} and v["lists"] == dict.fromkeys(dealt, "list")
     for k in dealt:
         assert v[f"no_t{k}"] == {k: "list"}
