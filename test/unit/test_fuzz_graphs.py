@@ -122,3 +122,34 @@ def test_drawing_kernels_take_non_aligned_barriers(seed: int, deals: dict[int, s
     non_aligned = [line for line in lines if line.startswith("barrier.sync")]
     assert (len(non_aligned) > 0 and not aligned) if draws else (aligned and not non_aligned)
     assert ("barrier.red.or.pred" in ptx) == draws and ("bar.red.or.pred" in ptx) != draws
+
+
+#: Every ticket or pool alone (the other deals lists) of the first ten seeds:
+#: the GPU suite's test_fuzz_deal_alone kernels.
+ALONE = [
+    (seed, name)
+    for seed in range(10)
+    for name in deal_variants(seed)
+    if name.startswith("only_") and sum(k.startswith("only_") for k in deal_variants(seed)) > 1
+]
+
+
+@pytest.mark.parametrize(("seed", "name"), ALONE)
+def test_each_deal_alone_simulates_and_draws_with_non_aligned_barriers(seed: int, name: str):
+    """A deal alone once split an aligned barrier that no drawn mix did: the
+    simulator gives numpy's values under it at 1 and 3 CTAs, and its static
+    kernel joins the CTA only through `barrier.sync`/`barrier.red` (the
+    fuzz tiles have no barriers of their own)."""
+    deals = deal_variants(seed)[name]
+    g, symbols, inputs = random_graph(seed, n=300, deals=deals)
+    assert sum(t.deal != "list" for t in g.tasks) == 1
+    expected = direct(seed, inputs)
+    for ctas in (1, 3):
+        out = etc.simulate(g, inputs, symbols, "static", num_ctas=ctas)
+        for out_name, value in expected.items():
+            np.testing.assert_array_equal(out[out_name], value, err_msg=f"{out_name}, {ctas} CTAs")
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    ptx = etc.compile(g, schedule="static", cubin=False).ptx
+    lines = [line.strip() for line in ptx.splitlines()]
+    assert any(line.startswith("barrier.sync") for line in lines) and "barrier.red." in ptx
+    assert not any(line.startswith("bar.sync") for line in lines) and "bar.red." not in ptx
