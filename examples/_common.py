@@ -48,6 +48,17 @@ def pairs(text: str) -> list[list[int]]:
     return [pair(part) for part in text.split(",")]
 
 
+def seconds(text: str) -> float | None:
+    """An argparse ``type``: a number of seconds >= 0, where 0 is None (no bound)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value or None
+
+
 def positive(text: str) -> float:
     """An argparse ``type``: a float above 0."""
     try:
@@ -81,6 +92,15 @@ def parser(description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--target", default="sm_90")
     p.add_argument("--seed", type=count(0), default=0)
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="GPU: a launch that has not finished after this long stops the example with "
+        "LaunchTimeoutError (a hang the kernel's watchdog cannot see); 0: wait without bound "
+        "(default 120)",
+    )
     return p
 
 
@@ -173,8 +193,8 @@ def load_kernel(g: Any, args: argparse.Namespace, compile: Callable[[], Any] | N
     if args.artifact:
         from etc import runtime
 
-        return runtime.load(args.artifact)
-    return (compile or (lambda: compile_graph(g, args)))().load()
+        return runtime.load(args.artifact, timeout=args.timeout)
+    return (compile or (lambda: compile_graph(g, args)))().load(timeout=args.timeout)
 
 
 def run(

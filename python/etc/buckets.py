@@ -88,12 +88,15 @@ class BucketedArtifact:
         (out / "buckets.json").write_text(json.dumps(table, indent=2) + "\n")
         return out
 
-    def load(self, directory: str | os.PathLike[str] | None = None):
-        """Save (to a temporary directory unless given) and load for launching."""
+    def load(self, directory: str | os.PathLike[str] | None = None, **options: Any):
+        """Save (to a temporary directory unless given) and load for launching;
+        ``options`` are :func:`etc.runtime.load`'s (``device``, ``max_polls``,
+        ``timeout``)."""
         from . import runtime
 
         name = self.kernel_name
-        return runtime.load(self.save(directory or tempfile.mkdtemp(prefix=f"etc-{name}-")))
+        target = directory or tempfile.mkdtemp(prefix=f"etc-{name}-")
+        return runtime.load(self.save(target), **options)
 
 
 def _signature(g: Graph) -> tuple:

@@ -85,12 +85,14 @@ class Artifact:
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         return out
 
-    def load(self, directory: str | os.PathLike[str] | None = None):
-        """Save (to a temporary directory unless given) and load for launching."""
+    def load(self, directory: str | os.PathLike[str] | None = None, **options: Any):
+        """Save (to a temporary directory unless given) and load for launching;
+        ``options`` are :func:`etc.runtime.load`'s (``device``, ``max_polls``,
+        ``timeout``)."""
         from . import runtime
 
         target = directory or tempfile.mkdtemp(prefix=f"etc-{self.kernel_name}-")
-        return runtime.load(self.save(target))
+        return runtime.load(self.save(target), **options)
 
 
 def _size(value: Any) -> int | str:

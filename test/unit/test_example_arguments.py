@@ -31,6 +31,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
         ("splitk_rowsum.py", ["--sizes", "3,x"], "argument --sizes: 'x' is not an int"),
         ("symbolic_batch.py", ["--eps", "0"], "argument --eps: 0.0 is not above 0"),
         ("gemm_reduce_scatter.py", ["--ranks", "0"], "argument --ranks: 0 is below 1"),
+        ("splitk_rowsum.py", ["--timeout", "-1"], "argument --timeout: -1.0 is below 0"),
+        ("moe.py", ["--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
     ],
 )
 def test_a_bad_number_is_a_usage_error_naming_the_option(script, flags, message) -> None:
@@ -42,3 +44,38 @@ def test_a_bad_number_is_a_usage_error_naming_the_option(script, flags, message)
     )
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_gpu_run_bounds_its_launches(monkeypatch, tmp_path) -> None:
+    """Without --simulate an example loads its kernel with --timeout (default
+    120 s; 0: no bound), so a hang the watchdog cannot see ends in
+    LaunchTimeoutError instead of a process that never returns; a compiled
+    artifact's load passes the runtime's options on."""
+    import argparse
+
+    from etc import runtime
+    from etc.compiler import Artifact
+
+    sys.path.insert(0, str(EXAMPLES.parent))
+    from examples._common import load_kernel, parser
+
+    seen = []
+    monkeypatch.setattr(runtime, "load", lambda directory, **options: seen.append(options))
+    p = parser("test")
+    for flags, timeout in (([], 120.0), (["--timeout", "5"], 5.0), (["--timeout", "0"], None)):
+        args = p.parse_args(["--artifact", str(tmp_path), *flags])
+        load_kernel(None, args)
+        assert seen.pop() == {"timeout": timeout}
+    assert load_kernel(None, argparse.Namespace(simulate=True)) is None
+
+    class Saved(Artifact):
+        def __init__(self) -> None:
+            pass
+
+        def save(self, out):
+            return out
+
+        kernel_name = "k"
+
+    Saved().load(tmp_path, timeout=3.0, max_polls=7)
+    assert seen.pop() == {"timeout": 3.0, "max_polls": 7}
