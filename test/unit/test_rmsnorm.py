@@ -142,7 +142,8 @@ def test_example_compiles_once_for_every_batch(monkeypatch, capsys):
     kernels: list[_SimulatedKernel] = []
     graph = symbolic_batch.build(hidden=256, splits=2)
 
-    def fake_load(self: Artifact, directory: Any = None) -> _SimulatedKernel:
+    def fake_load(self: Artifact, directory: Any = None, **options: Any) -> _SimulatedKernel:
+        assert options == {"timeout": 120.0}  # the example's --timeout default
         kernels.append(_SimulatedKernel(graph, self.manifest))
         return kernels[-1]
 
