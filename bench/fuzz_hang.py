@@ -25,20 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test" / "gpu"))
 
-from fuzz_case import run_isolated  # noqa: E402
+from fuzz_case import run_isolated, save_variant, variant_args  # noqa: E402
 from fuzz_graphs import deal_variants, draw_specs, other_n, random_graph  # noqa: E402
 
 
 def build(out: Path, seeds: list[int]) -> None:
-    import etc
-
     for seed in seeds:
         for name, deals in deal_variants(seed).items():
-            g, _, _ = random_graph(seed, deals=deals)
-            path = out / f"fuzz{seed}_{name}"
-            etc.compile(g, schedule="static").save(path)
-            (path / "variant.json").write_text(json.dumps({"seed": seed, "deals": deals}))
-            print(f"{path.name}: deals {[t.deal for t in g.tasks]}", flush=True)
+            save_variant(out / f"fuzz{seed}_{name}", seed, deals)
+            deals_now = [t.deal for t in random_graph(seed, deals=deals)[0].tasks]
+            print(f"fuzz{seed}_{name}: deals {deals_now}", flush=True)
 
 
 def run(artifacts: Path, out: Path, timeout: float, budget: float, max_polls: int) -> None:
@@ -51,16 +47,13 @@ def run(artifacts: Path, out: Path, timeout: float, budget: float, max_polls: in
         key=lambda p: (order[p.name.split("_")[1]], p.name),
     )
     for path in dirs:
-        spec = json.loads((path / "variant.json").read_text())
-        seed, deals = spec["seed"], spec["deals"]
+        seed = json.loads((path / "variant.json").read_text())["seed"]
         n = draw_specs(seed)[0]
-        deal_text = ",".join(f"{k}={d}" for k, d in deals.items())
         for size, grid in ((n, None), (other_n(seed, n), None), (n, 8), (n, 1)):
             if time.perf_counter() - start > budget:
                 print("budget spent", flush=True)
                 break
-            args = ["variant", str(path), str(seed), str(size), "--max-polls", str(max_polls)]
-            args += ["--deals", deal_text] if deal_text else []
+            args = [*variant_args(path, size), "--max-polls", str(max_polls)]
             args += ["--grid", str(grid)] if grid else []
             t0 = time.perf_counter()
             status, output = run_isolated(args, timeout)

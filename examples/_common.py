@@ -48,12 +48,16 @@ def pairs(text: str) -> list[list[int]]:
     return [pair(part) for part in text.split(",")]
 
 
-def seconds(text: str) -> float | None:
-    """An argparse ``type``: a number of seconds >= 0, where 0 is None (no bound)."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def seconds(text: str) -> float | None:
+    """An argparse ``type``: a number of seconds >= 0, where 0 is None (no bound)."""
+    value = _number(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{value} is below 0")
     return value or None
@@ -61,10 +65,7 @@ def seconds(text: str) -> float | None:
 
 def positive(text: str) -> float:
     """An argparse ``type``: a float above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} is not above 0")
     return value

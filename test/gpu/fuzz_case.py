@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,20 @@ def variant(artifact: Path, seed: int, n: int, grid, max_polls, deals) -> None:
     g, symbols, inputs, expected = simulated_case(seed, n, deals)
     kernel = etc.runtime.load(artifact, max_polls=max_polls)
     launch_and_compare(kernel, g, symbols, inputs, expected, f"{artifact.name}", grid=grid)
+
+
+def save_variant(path: Path, seed: int, deals: dict[int, str]) -> None:
+    """Compiles ``seed``'s graph with ``deals`` (static schedule) into ``path``
+    with the ``variant.json`` that ``variant`` runs read."""
+    etc.compile(random_graph(seed, deals=deals)[0], schedule="static").save(path)
+    (path / "variant.json").write_text(json.dumps({"seed": seed, "deals": deals}))
+
+
+def variant_args(path: Path, n: int) -> list[str]:
+    """The ``variant`` command line of the saved variant at ``path`` at ``n``."""
+    spec = json.loads((path / "variant.json").read_text())
+    deals = ",".join(f"{k}={d}" for k, d in spec["deals"].items())
+    return ["variant", str(path), str(spec["seed"]), str(n), *(["--deals", deals] if deals else [])]
 
 
 def parse_deals(text: str) -> dict[int, str]:

@@ -100,6 +100,14 @@ def deal_variants(seed: int) -> dict[str, dict[int, str]]:
     return out
 
 
+def deals_alone(seed: int) -> dict[str, dict[int, str]]:
+    """``deal_variants``' ``only_t<k>`` where ``seed`` draws two or more
+    tickets or pools (with one, it is the drawn graph): the GPU suite's
+    ``test_fuzz_deal_alone`` kernels."""
+    alone = {k: v for k, v in deal_variants(seed).items() if k.startswith("only_")}
+    return alone if len(alone) > 1 else {}
+
+
 def random_graph(
     seed: int, n: int | None = None, deals: dict[int, str] | None = None
 ) -> tuple[etc.Graph, dict[str, int], dict]:

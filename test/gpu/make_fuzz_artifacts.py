@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import multiprocessing
 import os
 import sys
@@ -31,7 +30,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from fuzz_graphs import deal_variants, random_graph  # noqa: E402
+from fuzz_case import save_variant  # noqa: E402
+from fuzz_graphs import deals_alone, random_graph  # noqa: E402
 from graphs import SCHEDULES  # noqa: E402
 
 import etc  # noqa: E402
@@ -58,11 +58,9 @@ def build_case(seed: int, out: Path) -> str:
     g, symbols, inputs = random_graph(seed)
     for suffix, (schedule, early_push) in SCHEDULES.items():
         etc.compile(g, schedule=schedule, early_push=early_push).save(out / f"fuzz{seed}_{suffix}")
-    alone = {k: v for k, v in deal_variants(seed).items() if k.startswith("only_")}
-    for name, deals in alone.items() if len(alone) > 1 else ():
-        path = out / f"fuzz{seed}_{name}_static"
-        etc.compile(random_graph(seed, deals=deals)[0], schedule="static").save(path)
-        (path / "variant.json").write_text(json.dumps({"seed": seed, "deals": deals}))
+    alone = deals_alone(seed)
+    for name, deals in alone.items():
+        save_variant(out / f"fuzz{seed}_{name}_static", seed, deals)
     expected = etc.simulate(g, inputs, symbols)
     check_dynamic(seed, symbols["n"])
     case = out / f"fuzz{seed}"
@@ -74,7 +72,7 @@ def build_case(seed: int, out: Path) -> str:
     np.savez(case / "case.npz", **arrays)
     return (
         f"fuzz{seed}: n={symbols['n']}, {len(g.tasks)} tasks, {len(g.events)} events, "
-        f"{len(alone) if len(alone) > 1 else 0} deals alone "
+        f"{len(alone)} deals alone "
         f"({time.perf_counter() - start:.1f} s)"
     )
 

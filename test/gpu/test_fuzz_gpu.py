@@ -8,7 +8,6 @@ Artifacts: ``python test/gpu/make_fuzz_artifacts.py DIR``; ``ETC_FUZZ_ARTIFACTS=
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_case import run_isolated  # noqa: E402
+from fuzz_case import run_isolated, variant_args  # noqa: E402
 from fuzz_graphs import draw_specs  # noqa: E402
 from graphs import SCHEDULES  # noqa: E402
 
@@ -63,11 +62,7 @@ def alone() -> list[str]:
 def test_fuzz_deal_alone(name: str) -> None:
     """One ticket or pool alone once split a scheduler barrier that no drawn
     mix did (an illegal instruction on an H100, docs/design.md)."""
-    path = Path(ROOT) / name
-    spec = json.loads((path / "variant.json").read_text())
-    deals = ",".join(f"{k}={d}" for k, d in spec["deals"].items())
-    n = draw_specs(spec["seed"])[0]
-    status, output = run_isolated(
-        ["variant", str(path), str(spec["seed"]), str(n), "--deals", deals], CASE_TIMEOUT
-    )
+    seed = int(name.removeprefix("fuzz").split("_")[0])
+    args = variant_args(Path(ROOT) / name, draw_specs(seed)[0])
+    status, output = run_isolated(args, CASE_TIMEOUT)
     assert status == "ok", f"{name} ({status}):\n{output}"

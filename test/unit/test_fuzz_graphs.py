@@ -13,7 +13,14 @@ import pytest
 import etc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from fuzz_graphs import deal_variants, direct, draw_deals, draw_specs, random_graph  # noqa: E402
+from fuzz_graphs import (  # noqa: E402
+    deal_variants,
+    deals_alone,
+    direct,
+    draw_deals,
+    draw_specs,
+    random_graph,
+)
 
 # Seeds with their launch sizes: n = 1, partial and full blocks (kept small for speed).
 CASES = [(0, 1), (1, 255), (2, 256), (3, 300), (4, 513)]
@@ -126,12 +133,7 @@ def test_drawing_kernels_take_non_aligned_barriers(seed: int, deals: dict[int, s
 
 #: Every ticket or pool alone (the other deals lists) of the first ten seeds:
 #: the GPU suite's test_fuzz_deal_alone kernels.
-ALONE = [
-    (seed, name)
-    for seed in range(10)
-    for name in deal_variants(seed)
-    if name.startswith("only_") and sum(k.startswith("only_") for k in deal_variants(seed)) > 1
-]
+ALONE = [(seed, name) for seed in range(10) for name in deals_alone(seed)]
 
 
 @pytest.mark.parametrize(("seed", "name"), ALONE)
@@ -140,8 +142,7 @@ def test_each_deal_alone_simulates_and_draws_with_non_aligned_barriers(seed: int
     simulator gives numpy's values under it at 1 and 3 CTAs, and its static
     kernel joins the CTA only through `barrier.sync`/`barrier.red` (the
     fuzz tiles have no barriers of their own)."""
-    deals = deal_variants(seed)[name]
-    g, symbols, inputs = random_graph(seed, n=300, deals=deals)
+    g, symbols, inputs = random_graph(seed, n=300, deals=deals_alone(seed)[name])
     assert sum(t.deal != "list" for t in g.tasks) == 1
     expected = direct(seed, inputs)
     for ctas in (1, 3):

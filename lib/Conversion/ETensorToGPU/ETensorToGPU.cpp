@@ -158,7 +158,7 @@ public:
   /// Static schedule: record each CTA's SM at its exit.
   bool recordSM = false;
   /// The scheduler's barriers in PTX's non-aligned forms (see ctaBarrier):
-  /// set by build() when a dispatch is pooled.
+  /// set by build() when a dispatch is pooled or ticketed.
   bool nonAlignedBarriers = false;
   /// Static schedule: load the next queue entry as the current one starts.
   bool queueAhead = false;
