@@ -27,6 +27,7 @@ from .errors import (
     LaunchError,
     LaunchTimeoutError,
     ShapeError,
+    TriggerRangeError,
 )
 from .graph import Edge, Event, Graph, Task, Tensor
 from .simulator import simulate, simulate_ranks, static_queues
@@ -51,6 +52,7 @@ __all__ = [
     "LaunchError",
     "LaunchTimeoutError",
     "DeadlockError",
+    "TriggerRangeError",
     "simulate",
     "simulate_ranks",
     "static_queues",

@@ -15,6 +15,7 @@ __all__ = [
     "LaunchError",
     "LaunchTimeoutError",
     "DeadlockError",
+    "TriggerRangeError",
 ]
 
 
@@ -90,6 +91,62 @@ class DeadlockError(EtcError):
         if self.counter is not None and self.wait_count is not None:
             text += f": counter {self.counter} < wait count {self.wait_count}"
         return text
+
+
+class TriggerRangeError(LaunchError):
+    """A data-dependent trigger's ``indptr`` table is not a partition of the
+    task's grid: it does not start at 0, decreases, or ends past the grid's
+    bound. Raised by the simulator and, from the kernel's status record, by
+    the runtime; the kernel stops instead of running instances outside their
+    ranges or dropping the ones past the bound.
+
+    Attributes: ``task`` and ``table`` (names), ``coordinate`` (``c``),
+    ``begin`` and ``end`` (``indptr[c]``, ``indptr[c+1]``), ``bound`` (the
+    task's grid) and ``instance`` (the instance that found no range, or
+    None).
+    """
+
+    def __init__(
+        self,
+        task: str,
+        table: str,
+        coordinate: int,
+        begin: int,
+        end: int,
+        bound: int,
+        instance: int | None = None,
+        *,
+        graph: str | None = None,
+    ) -> None:
+        self.task, self.table, self.coordinate = task, table, coordinate
+        self.begin, self.end, self.bound, self.instance = begin, end, bound, instance
+        prefix = f"{graph}: " if graph else ""
+        super().__init__(prefix + self.describe())
+
+    def describe(self) -> str:
+        """One line naming the task, the table, the entries and the fix."""
+        t, c = self.table, self.coordinate
+        head = f"task '{self.task}': trigger table '{t}'"
+        if c == 0 and self.begin != 0:
+            return (
+                f"{head} starts at {t}[0] = {self.begin}, not 0 (instances below it would "
+                "belong to no coordinate)"
+            )
+        if self.end < self.begin:
+            return (
+                f"{head} decreases at coordinate {c}: {t}[{c}] = {self.begin} > "
+                f"{t}[{c + 1}] = {self.end} (a trigger table must be nondecreasing)"
+            )
+        if self.end > self.bound:
+            return (
+                f"{head} ends coordinate {c}'s range at {t}[{c + 1}] = {self.end}, past the "
+                f"task's grid of {self.bound} instances: instances {self.bound}..{self.end - 1} "
+                "would never run (raise the grid's bound)"
+            )
+        return (
+            f"{head} is not nondecreasing: instance {self.instance} counted coordinate {c}, "
+            f"whose range is [{self.begin}, {self.end})"
+        )
 
 
 def _fmt(coords: tuple[int, ...]) -> str:

@@ -43,7 +43,14 @@ import numpy as np
 
 from ._fields import is_int
 from .dtypes import f32_to_bf16
-from .errors import DeadlockError, EtcError, GraphError, LaunchError, ShapeError
+from .errors import (
+    DeadlockError,
+    EtcError,
+    GraphError,
+    LaunchError,
+    ShapeError,
+    TriggerRangeError,
+)
 from .graph import Edge, Event, Graph, Task, Tensor
 from .symbolic import Symbol, SymExpr, evaluate
 
@@ -260,10 +267,8 @@ class _Machine:
         value = evaluate(count, env) if isinstance(count, SymExpr) else int(count)
         return lambda coord: value
 
-    def trigger_coordinate(self, number: int, linear: int) -> int | None:
-        """Coordinate ``c`` with ``indptr[c] <= linear < indptr[c+1]`` of a
-        triggered instance, read from the current ``indptr``; None when the
-        instance is at or past ``indptr[C]`` (no work)."""
+    def trigger_table(self, number: int) -> np.ndarray:
+        """The ``C + 1`` entries of a triggered task's current ``indptr``."""
         task = self.order[number]
         assert task.trigger is not None
         extent = self.shapes[task.trigger.event.index][0]
@@ -273,9 +278,52 @@ class _Machine:
                 f"task '{task.name}': indptr '{task.trigger.indptr.name}' has "
                 f"{len(indptr)} entries, the trigger event needs {extent + 1}"
             )
-        if linear >= int(indptr[extent]):
+        return indptr.astype(np.int64)
+
+    def trigger_coordinate(self, number: int, linear: int) -> int | None:
+        """Coordinate ``c`` with ``indptr[c] <= linear < indptr[c+1]`` of a
+        triggered instance, read from the current ``indptr`` as the GPU
+        does (the count of entries ``<= linear``, less one); None when the
+        instance is at or past ``indptr[C]`` (no work)."""
+        indptr = self.trigger_table(number)
+        below = int(np.count_nonzero(indptr <= linear))
+        if below >= len(indptr):
             return None
-        return int(np.searchsorted(indptr, linear, side="right")) - 1
+        return min(max(below, 1), len(indptr) - 1) - 1
+
+    def trigger_range_error(
+        self, number: int, c: int, instance: int | None = None
+    ) -> TriggerRangeError:
+        task, indptr = self.order[number], self.trigger_table(number)
+        assert task.trigger is not None
+        return TriggerRangeError(
+            task.name,
+            task.trigger.indptr.name,
+            c,
+            int(indptr[c]),
+            int(indptr[c + 1]),
+            self.instance_count(number),
+            instance,
+            graph=self.graph.name,
+        )
+
+    def range_fits(self, number: int, c: int) -> bool:
+        """Whether range ``c`` of the table lies in the task's grid (the GPU's
+        check: ``begin <= end <= bound``, and ``begin == 0`` at 0)."""
+        indptr = self.trigger_table(number)
+        begin, end = int(indptr[c]), int(indptr[c + 1])
+        return (c != 0 or begin == 0) and begin <= end <= self.instance_count(number)
+
+    def check_trigger_table(self, number: int) -> None:
+        """Raise for the first range of a final trigger table outside the
+        grid (the static GPU lowering checks the whole table once it is
+        final)."""
+        indptr = self.trigger_table(number)
+        begin, end = indptr[:-1], indptr[1:]
+        bad = (begin > end) | (end > self.instance_count(number))
+        bad[:1] |= begin[:1] != 0
+        if bad.any():
+            raise self.trigger_range_error(number, int(np.argmax(bad)))
 
     def instance_count(self, number: int) -> int:
         return len(self.points[number])
@@ -408,6 +456,9 @@ class _Machine:
         triggered instance past ``indptr[C]`` does neither)."""
         task, c = self.order[number], None
         if task.trigger is not None:
+            # The instance waited for a coordinate (or the table was guarded):
+            # by the trigger's contract the table is final.
+            self.check_trigger_table(number)
             c = self.trigger_coordinate(number, linear)
             if c is None:
                 return
@@ -614,6 +665,9 @@ class _DynamicRun:
             if t.trigger is not None:
                 self.triggers.setdefault(t.trigger.event.index, []).append(n)
         self.fired: dict[int, int] = {}
+        # Each triggered task's table when its first coordinate fired (final
+        # by the trigger's contract), to tell a changed table from a bad one.
+        self.fired_tables: dict[int, np.ndarray] = {}
         self.retired = 0
         self.ring: list[_Instance | None] = [None] * (self.total - len(self.initial))
         self.head = 0  # next queue position to claim
@@ -715,13 +769,17 @@ class _DynamicRun:
         m = self.m
         task, c = m.order[number], None
         if task.trigger is not None:
+            self._check_table_unchanged(number)
             c = m.trigger_coordinate(number, linear)
             if c is None:
+                m.check_trigger_table(number)
                 raise GraphError(
                     f"{self._where()}: task '{task.name}' instance {linear} was pushed but "
-                    f"lies past {task.trigger.indptr.name}[C]: the indptr table changed "
-                    "after its trigger fired"
+                    f"lies past {task.trigger.indptr.name}[C]"
                 )
+            indptr = m.trigger_table(number)
+            if not indptr[c] <= linear < indptr[c + 1]:
+                raise m.trigger_range_error(number, c, linear)
         point = m.point(number, linear, c)
         outs = [(edge, m.coord(task, edge, point, "out")) for edge in task.out_edges]
         for edge, coord in outs:
@@ -747,6 +805,18 @@ class _DynamicRun:
                 if e in self.triggers:
                     yield from self._fire(e, coord)
 
+    def _check_table_unchanged(self, number: int) -> None:
+        """A triggered instance's table must be the one its trigger fired
+        with (the GPU counts over the table as it is when the instance runs)."""
+        task, fired = self.m.order[number], self.fired_tables.get(number)
+        if fired is not None and not np.array_equal(fired, self.m.trigger_table(number)):
+            assert task.trigger is not None
+            raise GraphError(
+                f"{self._where()}: task '{task.name}': the indptr table "
+                f"'{task.trigger.indptr.name}' changed after its trigger fired (it must be "
+                "final before any coordinate of the trigger event completes)"
+            )
+
     def _fire(self, event: int, coord: tuple[int, ...]) -> Iterator[_Gate]:
         """Coordinate ``c`` of a trigger event completed: push each triggered
         task's range ``[indptr[c], indptr[c+1])``; the last coordinate to fire
@@ -756,7 +826,11 @@ class _DynamicRun:
             task = self.m.order[number]
             assert task.trigger is not None
             extent = self.m.shapes[event][0]
-            indptr = self.m.arrays[task.trigger.indptr.name].reshape(-1)
+            self.fired_tables.setdefault(number, self.m.trigger_table(number))
+            self._check_table_unchanged(number)
+            if not self.m.range_fits(number, c):
+                raise self.m.trigger_range_error(number, c)
+            indptr = self.m.trigger_table(number)
             for linear in range(int(indptr[c]), int(indptr[c + 1])):
                 yield None
                 self._push((number, linear))
@@ -803,6 +877,11 @@ class _DynamicRun:
     def _push(self, instance: _Instance) -> None:
         if instance in self.pushed:
             number, linear = instance
+            if self.m.order[number].trigger is not None:
+                # Overlapping ranges: the table changed, or it decreases
+                # somewhere, which names the mistake.
+                self._check_table_unchanged(number)
+                self.m.check_trigger_table(number)
             raise LaunchError(
                 f"{self._where()}: ready-queue overflow: task "
                 f"'{self.m.order[number].name}' instance {self.m.points[number][linear]} "

@@ -1150,3 +1150,137 @@ def llama_1b_large_close() -> dict:
             large, tma_meeting="cluster", tma_meet_share=()
         ),
     }
+
+
+# -- a data-dependent trigger over a table the test hands in ----------------------------------
+#
+# ``plan`` copies ``given`` (E + 1 entries) into ``indptr`` and writes each
+# coordinate's wait count (its range's size, plus the gather); ``gather`` e
+# fires coordinate e; tile ``(i, c)`` writes ``out[i] = 1000 (c + 1) + i -
+# indptr[c]``; ``sink`` e sums its range. A good table gives every instance of
+# the grid below indptr[C] its range; a bad one must stop the launch with
+# TriggerRangeError (tests/gpu/test_runtime_gpu.py).
+
+_TRIGGER_PLAN = """
+func.func @plan(%i: index, %given: memref<?xi32>, %indptr: memref<?xi32>, %wait: memref<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1 : i32
+  %zero = arith.constant 0 : i32
+  %tid = gpu.thread_id x
+  %threads = gpu.block_dim x
+  %n = memref.dim %given, %c0 : memref<?xi32>
+  %coords = arith.subi %n, %c1 : index
+  scf.for %j = %tid to %n step %threads {
+    %v = memref.load %given[%j] : memref<?xi32>
+    memref.store %v, %indptr[%j] : memref<?xi32>
+    %inside = arith.cmpi ult, %j, %coords : index
+    scf.if %inside {
+      %j1 = arith.addi %j, %c1 : index
+      %next = memref.load %given[%j1] : memref<?xi32>
+      %size = arith.subi %next, %v : i32
+      %positive = arith.maxsi %size, %zero : i32
+      %count = arith.addi %positive, %one : i32
+      memref.store %count, %wait[%j] : memref<?xi32>
+    }
+  }
+  return
+}
+"""
+_TRIGGER_TILE = """
+func.func @tile(%i: index, %c: index, %indptr: memref<?xi32>, %out: memref<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %tid = gpu.thread_id x
+  %first = arith.cmpi eq, %tid, %c0 : index
+  scf.if %first {
+    %begin = memref.load %indptr[%c] : memref<?xi32>
+    %i32 = arith.index_cast %i : index to i32
+    %c32 = arith.index_cast %c : index to i32
+    %k = arith.constant 1000 : i32
+    %one = arith.constant 1 : i32
+    %cp1 = arith.addi %c32, %one : i32
+    %tag = arith.muli %cp1, %k : i32
+    %offset = arith.subi %i32, %begin : i32
+    %value = arith.addi %tag, %offset : i32
+    memref.store %value, %out[%i] : memref<?xi32>
+  }
+  return
+}
+"""
+_TRIGGER_SINK = """
+func.func @sink(%e: index, %indptr: memref<?xi32>, %out: memref<?xi32>, %total: memref<?xi32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant 0 : i32
+  %tid = gpu.thread_id x
+  %first = arith.cmpi eq, %tid, %c0 : index
+  scf.if %first {
+    %e1 = arith.addi %e, %c1 : index
+    %lo32 = memref.load %indptr[%e] : memref<?xi32>
+    %hi32 = memref.load %indptr[%e1] : memref<?xi32>
+    %lo = arith.index_cast %lo32 : i32 to index
+    %hi = arith.index_cast %hi32 : i32 to index
+    %sum = scf.for %j = %lo to %hi step %c1 iter_args(%acc = %zero) -> (i32) {
+      %v = memref.load %out[%j] : memref<?xi32>
+      %next = arith.addi %acc, %v : i32
+      scf.yield %next : i32
+    }
+    memref.store %sum, %total[%e] : memref<?xi32>
+  }
+  return
+}
+"""
+
+
+def _trigger_plan_ref(i, given, indptr, wait) -> None:  # noqa: ANN001
+    import numpy as np
+
+    indptr[:] = given
+    wait[:] = np.maximum(np.diff(given), 0) + 1
+
+
+def _trigger_tile_ref(i, c, indptr, out) -> None:  # noqa: ANN001
+    out[i] = 1000 * (c + 1) + (i - indptr[c])
+
+
+def _trigger_sink_ref(e, indptr, out, total) -> None:  # noqa: ANN001
+    total[e] = out[indptr[e] : indptr[e + 1]].sum()
+
+
+def trigger_table_graph(*, guard: bool = True) -> etc.Graph:
+    """The trigger test graph over a table the launch hands in (``given``,
+    ``E + 1`` entries); the tile's grid is ``tiles``. ``guard``: the tiles
+    wait for the plan (the table is final at their in-edges)."""
+    from etc.device import DeviceFunction
+
+    def fn(source: str, name: str, reference) -> DeviceFunction:  # noqa: ANN001
+        return DeviceFunction.from_mlir(source, name, reference, block_size=BLOCK)
+
+    g = etc.Graph("trigger_table")
+    E, tiles = g.symbol("E"), g.symbol("tiles")
+    given = g.tensor("given", (E + 1,), "i32")
+    indptr = g.tensor("indptr", (E + 1,), "i32")
+    wait = g.tensor("wait", (E,), "i32")
+    out = g.tensor("out", (tiles,), "i32")
+    total = g.tensor("total", (E,), "i32")
+    planned = g.event((1,), wait_count=1, name="planned")
+    ready = g.event((E,), wait_count=1, name="ready")
+    done = g.event((E,), wait_count=wait, name="done")
+    g.task(fn(_TRIGGER_PLAN, "plan", _trigger_plan_ref), grid=(1,), args=(given, indptr, wait),
+           out_edges={planned: "i->0"})  # fmt: skip
+    g.task(synthetic.empty(name="gather", block_size=BLOCK), grid=(E,),
+           in_edges={planned: "e->0"}, out_edges=[(ready, "e->e"), (done, "e->e")])  # fmt: skip
+    g.task(fn(_TRIGGER_TILE, "tile", _trigger_tile_ref), grid=(tiles,), args=(indptr, out),
+           in_edges={planned: "ic->0"} if guard else None, out_edges={done: "ic->c"},
+           triggered_by=(ready, indptr))  # fmt: skip
+    g.task(fn(_TRIGGER_SINK, "sink", _trigger_sink_ref), grid=(E,), args=(indptr, out, total),
+           in_edges=[(planned, "e->0"), (done, "e->e")])  # fmt: skip
+    return g
+
+
+#: The trigger table graphs by artifact name prefix (``<name>_<schedule>``).
+TRIGGER_TABLE_GRAPHS = {
+    "trigger_table": lambda: trigger_table_graph(guard=True),
+    "trigger_table_unguarded": lambda: trigger_table_graph(guard=False),
+}

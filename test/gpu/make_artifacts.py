@@ -9,6 +9,9 @@ the compiler; the GPU machine needs only the runtime):
   (data-dependent, so no compile-time check can reject it); the tests set
   ``T`` one too high and expect a DeadlockError naming the event.
 - ``symbolic_batch/``: the Figure 4 example's graph.
+- ``trigger_table[_unguarded]_<schedule>/``: a data-dependent trigger over a
+  table the launch hands in (``trigger_table_graph`` in ``graphs.py``): good
+  tables run, bad ones stop with TriggerRangeError.
 - ``<graph>_<schedule>/`` for every graph of ``graphs.py`` (diamond, wide
   fan-in, skewed, empty tasks, chain) and schedule (static, dynamic with and
   without early push), and the same for split-K and broken.
@@ -89,6 +92,7 @@ from graphs import (  # noqa: E402
     MOE_SMALL_TMA_TOPK,
     SCHEDULES,
     TENSOR_PARALLEL_VARIANTS,
+    TRIGGER_TABLE_GRAPHS,
     gemm_meet,
     llama_1b_large_close,
     llama_1b_large_variants,
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [
             (f"{name}_{suffix}", graphs[name], schedule, early) for name in ("splitk", "broken")
         ]
-    for name, build in GRAPHS.items():
+    for name, build in {**GRAPHS, **TRIGGER_TABLE_GRAPHS}.items():
         g = build()
         jobs += [(f"{name}_{s}", g, schedule, early) for s, (schedule, early) in SCHEDULES.items()]
     jobs += [

@@ -1,6 +1,8 @@
 """Both schedules on the GPU give the simulator's (and numpy's) answer: split-K,
 a diamond whose sink waits on two events, a 64-way fan-in and a skewed graph;
-a broken dynamic graph stops with a DeadlockError and the process goes on.
+a broken dynamic graph stops with a DeadlockError and the process goes on; a
+data-dependent trigger runs good tables and stops at bad ones with a
+TriggerRangeError, and the kernel runs again afterwards.
 Artifacts: ``python test/gpu/make_artifacts.py DIR``; ``ETC_ARTIFACTS=DIR``."""
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import pytest
 
 import etc
 import etc.runtime
-from etc.errors import DeadlockError
+from etc.errors import DeadlockError, TriggerRangeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graphs import GRAPHS, SCHEDULES  # noqa: E402
+from graphs import GRAPHS, SCHEDULES, TRIGGER_TABLE_GRAPHS  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,8 +31,8 @@ def load(name: str) -> etc.runtime.Kernel:
     return etc.runtime.load(Path(os.environ["ETC_ARTIFACTS"]) / name)
 
 
-def run_against_simulator(graph: etc.Graph, kernel, inputs, symbols, outputs, **tol):
-    expected = etc.simulate(graph, inputs, symbols)
+def poisoned_arrays(graph: etc.Graph, inputs, symbols) -> dict[str, np.ndarray]:
+    """Every tensor of ``graph``: ``inputs``, the rest NaN (f32) or zero."""
     arrays = {}
     for t in graph.tensors:
         shape = tuple(d if isinstance(d, int) else d.evaluate(symbols) for d in t.shape)
@@ -40,6 +42,12 @@ def run_against_simulator(graph: etc.Graph, kernel, inputs, symbols, outputs, **
             else (np.zeros(shape, t.dtype.numpy))
         )
     arrays.update({k: v.copy() for k, v in inputs.items()})
+    return arrays
+
+
+def run_against_simulator(graph: etc.Graph, kernel, inputs, symbols, outputs, **tol):
+    expected = etc.simulate(graph, inputs, symbols)
+    arrays = poisoned_arrays(graph, inputs, symbols)
     kernel.launch(arrays, symbols)
     for name in outputs:
         np.testing.assert_allclose(arrays[name], expected[name], **tol)
@@ -197,3 +205,35 @@ def test_outlined_tiles(schedule: str, n: int) -> None:
         t["B"], a.astype(np.float64).reshape(n, 4, 64).sum(2), rtol=1e-5, atol=1e-5
     )
     np.testing.assert_allclose(t["C"], a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+
+
+GOOD_TABLES = [[0, 2, 2, 5, 6], [0, 0, 0, 0, 0], [0, 9, 9, 9, 9], [0, 1, 3, 6, 9]]
+#: (table, the range reported): the grid holds 9 instances; one bad range each,
+#: so either schedule reports that one.
+BAD_TABLES = [
+    ([0, 2, 1, 5, 6], 1),  # decreases
+    ([0, 2, 2, 5, 12], 3),  # its last range straddles the grid's end
+    ([0, 2, 9, 9, 11], 3),  # a range wholly past it
+    ([1, 2, 2, 5, 6], 0),  # does not start at 0
+]
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("name", list(TRIGGER_TABLE_GRAPHS))
+def test_trigger_tables_outside_the_grid_stop_the_launch(name: str, schedule: str) -> None:
+    graph, kernel = TRIGGER_TABLE_GRAPHS[name](), load(f"{name}_{schedule}")
+    symbols = {"E": 4, "tiles": 9}
+    good = {"given": np.array(GOOD_TABLES[0], np.int32)}
+    for table, c in BAD_TABLES:
+        arrays = poisoned_arrays(graph, {"given": np.array(table, np.int32)}, symbols)
+        with pytest.raises(TriggerRangeError) as info:
+            kernel.launch(arrays, symbols, max_polls=1_000_000)
+        err = info.value
+        assert (err.task, err.table, err.bound) == ("tile", "indptr", 9), str(err)
+        assert (err.coordinate, err.begin, err.end) == (c, table[c], table[c + 1]), str(err)
+        # The counters were reset: the next launch runs.
+        run_against_simulator(graph, kernel, good, symbols, ["out", "total"])
+    for table in GOOD_TABLES:
+        run_against_simulator(
+            graph, kernel, {"given": np.array(table, np.int32)}, symbols, ["out", "total"]
+        )

@@ -39,12 +39,21 @@ def _sink_ref(e: int, indptr: np.ndarray, out: np.ndarray, total: np.ndarray) ->
     total[e] = out[indptr[e] : indptr[e + 1]].sum()
 
 
-def trigger_graph(bound_slack: int = 3, *, guard: bool = True, ticket: bool = False) -> etc.Graph:
+def _given_plan_ref(i: int, given: np.ndarray, indptr: np.ndarray, wait: np.ndarray) -> None:
+    indptr[:] = given
+    wait[:] = np.maximum(np.diff(given), 0) + 1
+
+
+def trigger_graph(
+    bound_slack: int = 3, *, guard: bool = True, ticket: bool = False, given: bool = False
+) -> etc.Graph:
     """``guard``: the tiles wait for ``planned`` (the plan wrote ``indptr``);
-    ``ticket``: the tiles are dealt by ticket."""
+    ``ticket``: the tiles are dealt by ticket; ``given``: the plan copies
+    the table from the input ``counts`` (E + 1 entries) instead of summing
+    counts, so a test can hand the kernel any table."""
     g = etc.Graph("trig")
     E, tiles = g.symbol("E"), g.symbol("tiles")
-    counts = g.tensor("counts", (E,), "i32")
+    counts = g.tensor("counts", (E + 1,) if given else (E,), "i32")
     indptr = g.tensor("indptr", (E + 1,), "i32")
     wait = g.tensor("wait", (E,), "i32")
     out = g.tensor("out", (tiles + bound_slack,), "i32")
@@ -53,7 +62,7 @@ def trigger_graph(bound_slack: int = 3, *, guard: bool = True, ticket: bool = Fa
     ready = g.event((E,), wait_count=1, name="ready")
     done = g.event((E,), wait_count=wait, name="done")
     g.task(
-        make_fn("plan", "index", I32, I32, I32, reference=_plan_ref),
+        make_fn("plan", "index", I32, I32, I32, reference=_given_plan_ref if given else _plan_ref),
         grid=(1,),
         args=(counts, indptr, wait),
         out_edges={planned: "i->0"},
@@ -132,6 +141,110 @@ def test_simulated_schedules_run_exactly_the_triggered_ranges(
             assert stats["pushes"] == int(counts.sum()) + 2 * len(counts), stats
 
 
+BAD_TABLES = [
+    # (table, the task's grid, the range reported, the message)
+    ([0, 3, 1, 5], 5, 1, r"decreases at coordinate 1: indptr\[1\] = 3 > indptr\[2\] = 1"),
+    ([0, 2, 2, 9], 7, 2, r"ends coordinate 2's range at indptr\[3\] = 9, past the task's grid of "
+     r"7 instances: instances 7..8 would never run"),
+    # Ranges wholly past the grid: no instance of the grid lies in them.
+    ([0, 5, 5, 7], 5, 2, r"ends coordinate 2's range at indptr\[3\] = 7, past the task's grid of 5"),
+    ([2, 3, 4, 5], 5, 0, r"starts at indptr\[0\] = 2, not 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("table, bound, c, message", BAD_TABLES, ids=lambda v: str(v)[:12])
+@pytest.mark.parametrize(
+    "schedule, early_push, guard",
+    [("static", True, True), ("static", True, False), ("dynamic", True, True),
+     ("dynamic", False, True)],
+)  # fmt: skip
+def test_a_table_outside_the_grid_is_reported_not_run(
+    table: list[int], bound: int, c: int, message: str, schedule: str, early_push: bool,
+    guard: bool,
+) -> None:  # fmt: skip
+    # The static schedule checks the whole table once it is final, the
+    # dynamic one each range before pushing it: a bad table stops the run
+    # naming the task, the table and the entries, instead of running an
+    # instance outside its range or never running those past the bound.
+    g = trigger_graph(0, guard=guard, given=True)
+    for seed in range(4):
+        with pytest.raises(etc.TriggerRangeError, match=message) as info:
+            etc.simulate(
+                g, {"counts": np.array(table, np.int32)}, {"E": len(table) - 1, "tiles": bound},
+                schedule=schedule, early_push=early_push, seed=seed, num_ctas=1 + seed % 3,
+            )  # fmt: skip
+        err = info.value
+        assert (err.task, err.table, err.bound) == ("tile", "indptr", bound)
+        assert (err.coordinate, err.begin, err.end) == (c, table[c], table[c + 1])
+        assert str(err).startswith("trig: task 'tile': trigger table 'indptr'")
+        assert isinstance(err, etc.LaunchError)
+
+
+def test_an_instance_outside_its_counted_range_is_named() -> None:
+    # Dynamic: of [0, 3, 6, 2, 8] only range 2 fails its push check; range 3
+    # pushes 2..7, and a popped instance counts its coordinate over the whole
+    # table (instance 2 counts 1, whose range [3, 6) does not hold it).
+    # Whichever comes first is reported.
+    g = trigger_graph(0, given=True)
+    given = np.array([0, 3, 6, 2, 8], np.int32)
+    seen = set()
+    for seed in range(40):
+        with pytest.raises(etc.TriggerRangeError) as info:
+            etc.simulate(
+                g, {"counts": given}, {"E": 4, "tiles": 8}, schedule="dynamic", seed=seed,
+                num_ctas=1 + seed % 3,
+            )  # fmt: skip
+        err = info.value
+        if err.instance is None:
+            assert (err.coordinate, err.begin, err.end) == (2, 6, 2)
+        else:
+            assert not err.begin <= err.instance < err.end
+            assert (err.begin, err.end) == (
+                int(given[err.coordinate]),
+                int(given[err.coordinate + 1]),
+            )
+        if err.instance == 2:
+            assert str(err).endswith(
+                "is not nondecreasing: instance 2 counted coordinate 1, whose range is [3, 6)"
+            )
+        seen.add(err.instance is None)
+    assert seen == {True, False}
+
+
+@pytest.mark.parametrize(
+    "schedule, early_push, guard",
+    [("static", True, True), ("static", True, False), ("dynamic", True, True),
+     ("dynamic", False, True)],
+)  # fmt: skip
+def test_random_tables_run_exactly_when_they_partition_the_grid(
+    schedule: str, early_push: bool, guard: bool
+) -> None:
+    # Random tables, half of them bent: a table runs (every instance below
+    # indptr[C] once, in its range) exactly when it starts at 0, never
+    # decreases and ends inside the grid; any other stops with
+    # TriggerRangeError, never a deadlock, an overflow or a wrong result.
+    g = trigger_graph(0, guard=guard, given=True)
+    rng = np.random.default_rng(7)
+    verdicts = set()
+    for case in range(60):
+        E, bound = int(rng.integers(1, 6)), int(rng.integers(1, 12))
+        table = np.concatenate([[0], np.cumsum(rng.integers(0, 4, E))]).astype(np.int32)
+        if case % 2:
+            table[rng.integers(0, E + 1)] += int(rng.integers(-3, 4))
+        good = table[0] == 0 and bool(np.all(np.diff(table) >= 0)) and table[-1] <= bound
+        symbols = {"E": E, "tiles": bound}
+        run = dict(schedule=schedule, early_push=early_push, seed=case, num_ctas=1 + case % 3)
+        if good:
+            got = etc.simulate(g, {"counts": table}, symbols, **run)
+            want, _ = expected(np.diff(table), bound - int(table[-1]))
+            np.testing.assert_array_equal(got["out"], want)
+        else:
+            with pytest.raises(etc.TriggerRangeError):
+                etc.simulate(g, {"counts": table}, symbols, **run)
+        verdicts.add(good)
+    assert verdicts == {True, False}
+
+
 @pytest.mark.parametrize("guard", [True, False], ids=["guarded", "unguarded"])
 def test_static_trigger_waits_for_its_own_coordinate(guard: bool) -> None:
     # Under the static schedule a tile of coordinate 0 starts once ready[0]
@@ -166,7 +279,7 @@ def test_indptr_changed_after_firing_is_reported() -> None:
         indptr[-1] = 0
 
     tile.function.reference = clobber  # type: ignore[misc]
-    with pytest.raises(GraphError, match="indptr table changed after its trigger fired"):
+    with pytest.raises(GraphError, match="indptr table 'indptr' changed after its trigger fired"):
         etc.simulate(
             g,
             {"counts": np.array([1, 2], np.int32)},
@@ -260,6 +373,27 @@ def test_compiles_and_records_the_trigger(schedule: str, tmp_path: Any) -> None:
     loaded = load_manifest(tmp_path)
     spec = next(t for t in loaded.tasks if t.name == "tile")
     assert spec.trigger == (names.index("ready"), "indptr")
+    # The kernel's bad-trigger record (state 4: the range's coordinate, begin
+    # and end, the instance or -1) becomes the simulator's error.
+    from etc.runtime.kernel import status_error
+
+    # state, event, task, counter, wait count, instance, CTA, coordinate
+    words = np.array([4, 0, spec.index, 3, 1, -1, 5, 1], np.int32)
+    err = status_error(loaded, {"E": 3, "tiles": 5}, words, 100)
+    assert isinstance(err, etc.TriggerRangeError)
+    assert (err.task, err.coordinate, err.begin, err.end, err.bound) == ("tile", 1, 3, 1, 8)
+    assert err.instance is None and str(err).startswith(
+        "trig: task 'tile': trigger table 'indptr' decreases at coordinate 1"
+    )
+    words[3:6] = (0, 9, -1)
+    assert "past the task's grid of 8 instances" in str(
+        status_error(loaded, {"E": 3, "tiles": 5}, words, 100)
+    )
+    words[3:6] = (3, 6, 2)
+    err = status_error(loaded, {"E": 3, "tiles": 5}, words, 100)
+    assert err.instance == 2 and str(err).endswith(
+        "instance 2 counted coordinate 1, whose range is [3, 6)"
+    )
     # A corrupted trigger is rejected before anything is launched.
     tile["trigger"] = {"event": "ready", "indptr": "missing"}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))

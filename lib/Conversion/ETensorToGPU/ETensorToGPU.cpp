@@ -59,6 +59,10 @@ enum StatusWord : int64_t {
 // A push past the queue's capacity (kCounter: the slot, kWaitCount: the
 // capacity), beyond "ok" (0), "watchdog" (1) and "bad task" (2).
 constexpr int64_t kQueueOverflow = 3;
+// A trigger range outside the task's grid (kCoordinate: the range,
+// kCounter/kWaitCount: its begin and end, kInstance: the instance that found
+// no range, or -1).
+constexpr int64_t kBadTrigger = 4;
 // Queue layout (i64 words) of the dynamic schedule: pop index, push index,
 // instances retired (a data-dependent trigger's unused bound), then the ring
 // of pushed descriptors `(task + 1) << 48 | instance` (zero while a slot is
@@ -325,6 +329,18 @@ private:
                                                 Operation *prefetch,
                                                 unsigned table);
   Value indptrEntry(DispatchOp dispatch, Value at);
+  Value triggerBound(DispatchOp dispatch) {
+    return gridExtents(dispatch).front();
+  }
+  void recordFailure(int64_t state,
+                     ArrayRef<std::pair<StatusWord, Value>> words);
+  Value checkTriggerRange(int64_t taskId, Value coordinate, Value begin,
+                          Value end, Value bound);
+  void recordInstanceOutsideRange(int64_t taskId, Value coordinate, Value begin,
+                                  Value end, Value instance);
+  Value checkTriggerTable(DispatchOp dispatch);
+  Value insideRange(DispatchOp dispatch, Value coordinate, Value linear,
+                    Value &begin, Value &end);
   Value allThreads(Value pred);
   std::pair<Value, Value> waitForTrigger(DispatchOp dispatch, Value linear,
                                          Value &valid, Operation *prefetch);
@@ -379,6 +395,7 @@ private:
   void reserveRangePush(PushOp push, int64_t record);
   void storePushSlot(Value slot, Value instance, int64_t task, Value capacity);
   void lowerThreadRetire(RetireOp retire);
+  void lowerThreadCheckRange(CheckRangeOp check);
   /// The dynamic schedule's termination count: every instance, less those
   /// retired so far (read fresh: retirements only ever lower it). Without an
   /// etensor.retire nothing is retired, and the pops skip the load.
@@ -775,6 +792,122 @@ Value KernelBuilder::indptrEntry(DispatchOp dispatch, Value at) {
   return arith::IndexCastOp::create(b, b.getIndexType(), raw);
 }
 
+/// Records failure `state` and `words` in the status record unless a failure
+/// is already recorded (the first stays). Any thread may call it; every CTA
+/// sees the state at its next poll or pop and stops.
+void KernelBuilder::recordFailure(
+    int64_t state, ArrayRef<std::pair<StatusWord, Value>> words) {
+  OpBuilder::InsertionGuard guard(b);
+  Value old = asm32(
+      ("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, " + Twine(state) + ";")
+          .str(),
+      "=r,l", addressOf(status, index(kState)));
+  auto ifFirst = scf::IfOp::create(
+      b, TypeRange(),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0)), false);
+  b.setInsertionPointToStart(ifFirst.thenBlock());
+  for (auto [word, value] : words)
+    memref::StoreOp::create(b, toI32(value), status, ValueRange{index(word)});
+}
+
+/// Whether range `coordinate` of task `taskId`'s trigger table, [begin,
+/// end), lies in its grid of `bound` instances (begin <= end <= bound, and
+/// begin == 0 at coordinate 0); records a bad trigger when it does not.
+Value KernelBuilder::checkTriggerRange(int64_t taskId, Value coordinate,
+                                       Value begin, Value end, Value bound) {
+  auto cmp = [&](arith::CmpIPredicate predicate, Value lhs, Value rhs) {
+    return arith::CmpIOp::create(b, predicate, lhs, rhs).getResult();
+  };
+  // One statement each: the IR's order must not follow the C++ compiler's
+  // order of evaluating arguments.
+  Value notFirst = cmp(arith::CmpIPredicate::ne, coordinate, index(0));
+  Value fromZero = cmp(arith::CmpIPredicate::eq, begin, index(0));
+  Value nondecreasing = cmp(arith::CmpIPredicate::sle, begin, end);
+  Value inGrid = cmp(arith::CmpIPredicate::sle, end, bound);
+  Value ok =
+      arith::AndIOp::create(b, arith::OrIOp::create(b, notFirst, fromZero),
+                            arith::AndIOp::create(b, nondecreasing, inGrid));
+  auto ifBad = scf::IfOp::create(
+      b, TypeRange(),
+      arith::XOrIOp::create(b, ok, arith::ConstantIntOp::create(b, 1, 1)),
+      false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(ifBad.thenBlock());
+  recordFailure(kBadTrigger, {{kTaskId, i32(taskId)},
+                              {kCoordinate, coordinate},
+                              {kCounter, begin},
+                              {kWaitCount, end},
+                              {kInstance, i32(-1)}});
+  return ok;
+}
+
+/// Records that instance `instance` of task `taskId` counted coordinate
+/// `coordinate` of a final trigger table but lies outside its range [begin,
+/// end): the table decreases somewhere.
+void KernelBuilder::recordInstanceOutsideRange(int64_t taskId, Value coordinate,
+                                               Value begin, Value end,
+                                               Value instance) {
+  recordFailure(kBadTrigger, {{kTaskId, i32(taskId)},
+                              {kCoordinate, coordinate},
+                              {kCounter, begin},
+                              {kWaitCount, end},
+                              {kInstance, instance}});
+}
+
+/// Static schedule, once `dispatch`'s trigger table is final (any coordinate
+/// of its event completed: the trigger's contract): the CTA checks the C
+/// ranges in parallel (checkTriggerRange; the first bad one is recorded).
+/// True (uniform) when every range lies in the grid, so counting entries
+/// finds each instance's range and none past the bound is left unrun.
+Value KernelBuilder::checkTriggerTable(DispatchOp dispatch) {
+  EventInfo &info = events[dispatch.getTriggerEvent()];
+  Value bound = triggerBound(dispatch);
+  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+  Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
+  // Uniform trip count: every thread joins every bar.red.or.
+  auto loop = scf::ForOp::create(b, index(0), info.sizes[0], threads,
+                                 ValueRange{i32(0)});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value at = arith::AddIOp::create(b, loop.getInductionVar(), tid);
+    Value inside =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, at, info.sizes[0]);
+    auto ifInside = scf::IfOp::create(b, b.getI32Type(), inside, true);
+    {
+      OpBuilder::InsertionGuard innerGuard(b);
+      b.setInsertionPointToStart(ifInside.thenBlock());
+      Value begin = indptrEntry(dispatch, at);
+      Value end = indptrEntry(dispatch, arith::AddIOp::create(b, at, index(1)));
+      Value ok = checkTriggerRange(dispatch.getTask(), at, begin, end, bound);
+      Value bad =
+          arith::XOrIOp::create(b, ok, arith::ConstantIntOp::create(b, 1, 1));
+      scf::YieldOp::create(
+          b, ValueRange{arith::ExtUIOp::create(b, b.getI32Type(), bad)});
+      b.setInsertionPointToStart(ifInside.elseBlock());
+      scf::YieldOp::create(b, ValueRange{i32(0)});
+    }
+    scf::YieldOp::create(b, ValueRange{arith::OrIOp::create(
+                                b, loop.getRegionIterArg(0),
+                                ctaReduce("or", ifInside.getResult(0)))});
+  }
+  return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, loop.getResult(0),
+                               i32(0));
+}
+
+/// Whether `linear` lies in range `coordinate` of `dispatch`'s trigger table;
+/// `begin` and `end` are set to the range's entries.
+Value KernelBuilder::insideRange(DispatchOp dispatch, Value coordinate,
+                                 Value linear, Value &begin, Value &end) {
+  begin = indptrEntry(dispatch, coordinate);
+  end = indptrEntry(dispatch, arith::AddIOp::create(b, coordinate, index(1)));
+  Value fromBegin =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::sle, begin, linear);
+  Value beforeEnd =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::slt, linear, end);
+  return arith::AndIOp::create(b, fromBegin, beforeEnd);
+}
+
 /// The index of `dispatch`'s trigger table in `cachedTables`, if it is one.
 std::optional<unsigned> KernelBuilder::cachedTableIndex(DispatchOp dispatch) {
   if (!dispatch.getGuardedIndptr())
@@ -813,11 +946,16 @@ KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
   EventInfo &info = events[dispatch.getTriggerEvent()];
   Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
   Value loaded = tableState[2 * table + 1];
-  auto ifLoaded = scf::IfOp::create(b, b.getIndexType(), loaded, true);
+  // (the thread's entry, the table checked): a CTA checks the table when it
+  // loads it, and keeps it only when it is good (a bad one is loaded and
+  // refused again by each instance, which then does not run).
+  auto ifLoaded = scf::IfOp::create(
+      b, TypeRange{b.getIndexType(), b.getI1Type()}, loaded, true);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifLoaded.thenBlock());
-    scf::YieldOp::create(b, tableState[2 * table]);
+    scf::YieldOp::create(b, ValueRange{tableState[2 * table],
+                                       arith::ConstantIntOp::create(b, 1, 1)});
     b.setInsertionPointToStart(ifLoaded.elseBlock());
     Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
     Value inside =
@@ -830,9 +968,10 @@ KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
     scf::YieldOp::create(
         b, ValueRange{index(std::numeric_limits<int64_t>::max())});
     b.setInsertionPointAfter(ifInside);
-    scf::YieldOp::create(b, ifInside.getResult(0));
+    scf::YieldOp::create(
+        b, ValueRange{ifInside.getResult(0), checkTriggerTable(dispatch)});
   }
-  Value entry = ifLoaded.getResult(0);
+  Value entry = ifLoaded.getResult(0), tableOk = ifLoaded.getResult(1);
   tableState[2 * table] = entry;
   Value below = arith::ExtUIOp::create(
       b, b.getI32Type(),
@@ -851,7 +990,7 @@ KernelBuilder::waitForGuardedTrigger(DispatchOp dispatch, Value linear,
     // Past indptr[C], final: no work and nothing to wait for.
     scf::YieldOp::create(b, ValueRange{arith::ConstantIntOp::create(b, 1, 1)});
   }
-  return {ifValid.getResult(0), coordinate};
+  return {arith::AndIOp::create(b, ifValid.getResult(0), tableOk), coordinate};
 }
 
 /// Joins the CTA: true (uniform) when `pred` holds on every thread.
@@ -923,8 +1062,17 @@ std::pair<Value, Value> KernelBuilder::waitForTrigger(DispatchOp dispatch,
     scf::YieldOp::create(b, ValueRange{yes, no});
   }
   Value ok = ifGuess.getResult(0), inside = ifGuess.getResult(1);
+  // The bound's last instance always checks the whole table: a range past
+  // the bound has no instance of its own to notice it.
+  Value last = arith::CmpIOp::create(
+      b, arith::CmpIPredicate::eq, linear,
+      arith::SubIOp::create(b, triggerBound(dispatch), index(1)));
   Value fast = arith::OrIOp::create(
-      b, inside,
+      b,
+      arith::AndIOp::create(
+          b, inside,
+          arith::XOrIOp::create(b, last,
+                                arith::ConstantIntOp::create(b, 1, 1))),
       arith::XOrIOp::create(b, ok, arith::ConstantIntOp::create(b, 1, 1)));
   // (wait succeeded, coordinate, has work).
   auto ifFast =
@@ -936,6 +1084,17 @@ std::pair<Value, Value> KernelBuilder::waitForTrigger(DispatchOp dispatch,
     scf::YieldOp::create(b, ValueRange{ok, guess, inside});
     b.setInsertionPointToStart(ifFast.elseBlock());
     Value wholeOk = waitForWholeEvent(event, taskId, linear);
+    // The table is final now: a bad one stops the launch here, before a
+    // count over it could pick a range the instance is not in.
+    auto ifWhole = scf::IfOp::create(b, i1, wholeOk, true);
+    {
+      OpBuilder::InsertionGuard wholeGuard(b);
+      b.setInsertionPointToStart(ifWhole.thenBlock());
+      scf::YieldOp::create(b, checkTriggerTable(dispatch));
+      b.setInsertionPointToStart(ifWhole.elseBlock());
+      scf::YieldOp::create(b, wholeOk);
+    }
+    wholeOk = ifWhole.getResult(0);
     Value found;
     Value coordinate = findTriggerCoordinate(dispatch, linear, found);
     if (prefetch) {
@@ -2413,11 +2572,27 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(into);
   Block &body = mapGridCoordinates(dispatch, linear);
-  // Only instances below indptr[C] are ever pushed.
+  // Only instances below indptr[C] are ever pushed, and only once the table
+  // is final, so the count finds the range the instance was pushed from;
+  // where it does not, the table decreases somewhere (a range the pushes
+  // checked may still overlap another): the instance is reported, not run.
+  Value inRange = arith::ConstantIntOp::create(b, 1, 1);
   if (dispatch.getTriggerEvent()) {
-    Value valid;
-    mapping.map(body.getArgument(1),
-                findTriggerCoordinate(dispatch, linear, valid));
+    Value valid, begin, end;
+    Value coordinate = findTriggerCoordinate(dispatch, linear, valid);
+    mapping.map(body.getArgument(1), coordinate);
+    inRange = insideRange(dispatch, coordinate, linear, begin, end);
+    auto ifOutside = scf::IfOp::create(
+        b, TypeRange(),
+        arith::AndIOp::create(
+            b, isThreadZero(),
+            arith::XOrIOp::create(b, inRange,
+                                  arith::ConstantIntOp::create(b, 1, 1))),
+        false);
+    OpBuilder::InsertionGuard outsideGuard(b);
+    b.setInsertionPointToStart(ifOutside.thenBlock());
+    recordInstanceOutsideRange(dispatch.getTask(), coordinate, begin, end,
+                               linear);
   }
 
   SmallVector<Operation *> before, waits, bodyOps, after;
@@ -2452,7 +2627,7 @@ LogicalResult KernelBuilder::lowerDynamicDispatch(DispatchOp dispatch,
   }
   if (failed(emitThreadZero(before)))
     return failure();
-  Value ok = arith::ConstantIntOp::create(b, 1, 1);
+  Value ok = inRange;
   for (Operation *op : waits) {
     if (auto wait = dyn_cast<WaitOp>(op)) {
       ok = arith::AndIOp::create(b, ok,
@@ -2492,7 +2667,7 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
     b.clone(*op, mapping);
   SmallVector<Operation *> etensorOps;
   WalkResult walk = ifZero.walk([&](Operation *op) {
-    if (isa<NotifyOp, PushOp, RetireOp>(op)) {
+    if (isa<NotifyOp, PushOp, RetireOp, CheckRangeOp>(op)) {
       etensorOps.push_back(op);
       return WalkResult::advance();
     }
@@ -2541,6 +2716,8 @@ LogicalResult KernelBuilder::emitThreadZero(ArrayRef<Operation *> ops) {
       lowerThreadNotify(notify);
     else if (auto retire = dyn_cast<RetireOp>(op))
       lowerThreadRetire(retire);
+    else if (auto check = dyn_cast<CheckRangeOp>(op))
+      lowerThreadCheckRange(check);
     else if (recordOf.count(op))
       reserveRangePush(cast<PushOp>(op), recordOf[op]);
     else
@@ -2709,13 +2886,15 @@ void KernelBuilder::runFanOut(scf::ForOp loop, ArrayRef<Value> liveIns,
     b.clone(op, map);
   SmallVector<Operation *> etensorOps;
   mine.walk([&](Operation *op) {
-    if (isa<NotifyOp, PushOp>(op))
+    if (isa<NotifyOp, PushOp, CheckRangeOp>(op))
       etensorOps.push_back(op);
   });
   for (Operation *op : etensorOps) {
     b.setInsertionPoint(op);
     if (auto notify = dyn_cast<NotifyOp>(op))
       lowerThreadNotify(notify);
+    else if (auto check = dyn_cast<CheckRangeOp>(op))
+      lowerThreadCheckRange(check);
     else
       lowerThreadPush(cast<PushOp>(op));
     op->erase();
@@ -2789,28 +2968,23 @@ void KernelBuilder::storePushSlot(Value slot, Value instance, int64_t task,
       arith::CmpIOp::create(b, arith::CmpIPredicate::uge, slot, capacity);
   auto ifOverflow = scf::IfOp::create(b, TypeRange(), overflow, true);
   b.setInsertionPointToStart(ifOverflow.thenBlock());
-  Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 3;", "=r,l",
-                    addressOf(status, index(kState)));
-  auto ifFirst = scf::IfOp::create(
-      b, TypeRange(),
-      arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0)), false);
-  {
-    OpBuilder::InsertionGuard firstGuard(b);
-    b.setInsertionPointToStart(ifFirst.thenBlock());
-    auto store = [&](StatusWord word, Value v) {
-      memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
-    };
-    store(kTaskId, i32(task));
-    store(kInstance, instance);
-    store(kCounter, slot);
-    store(kWaitCount, capacity);
-  }
+  recordFailure(kQueueOverflow, {{kTaskId, i32(task)},
+                                 {kInstance, instance},
+                                 {kCounter, slot},
+                                 {kWaitCount, capacity}});
   b.setInsertionPointToStart(ifOverflow.elseBlock());
   Value descriptor = arith::OrIOp::create(b, i64((task + 1) << kInstanceBits),
                                           toI64(instance));
   asmVoid("st.relaxed.gpu.global.u64 [$0], $1;", "l,l",
           ValueRange{queueAddress(arith::AddIOp::create(b, slot, index(kRing))),
                      descriptor});
+}
+
+/// By thread 0 alone: check a trigger range before its push.
+void KernelBuilder::lowerThreadCheckRange(CheckRangeOp check) {
+  check.getOk().replaceAllUsesWith(
+      checkTriggerRange(check.getTask(), check.getCoordinate(),
+                        check.getBegin(), check.getEnd(), check.getBound()));
 }
 
 /// By thread 0 alone: lower the termination count; workers polling a

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from etc.errors import DeadlockError, LaunchError
+from etc.errors import DeadlockError, LaunchError, TriggerRangeError
 from etc.runtime import driver
 from etc.runtime.args import (
     NUMPY,
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 # Status record words (see ETensorToGPU.cpp).
 ST_STATE, ST_EVENT, ST_TASK, ST_COUNTER, ST_WAIT, ST_INSTANCE, ST_CTA, ST_COORD = range(8)
 STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK, STATE_QUEUE_OVERFLOW = 0, 1, 2, 3
+# A trigger range outside the task's grid (the coordinate, indptr[c] and
+# indptr[c+1] in the event, counter and wait-count words).
+STATE_BAD_TRIGGER = 4
 _cu = driver.cu
 _INT = {int}
 _SUCCESS = _cu.CUresult.CUDA_SUCCESS if _cu is not None else None
@@ -105,6 +108,19 @@ def status_error(
             f"{int(words[ST_INSTANCE])} found the ready queue full (slot {int(words[ST_COUNTER])} "
             f"of {int(words[ST_WAIT])}): an instance was pushed twice, which happens when a "
             "wait-count table changes while the kernel runs"
+        )
+    if state == STATE_BAD_TRIGGER and task is not None and task.trigger is not None:
+        (bound,) = manifest.bind(task.grid, symbols)
+        instance = int(words[ST_INSTANCE])
+        return TriggerRangeError(
+            task.name,
+            task.trigger[1],
+            int(words[ST_COORD]),
+            int(words[ST_COUNTER]),
+            int(words[ST_WAIT]),
+            bound,
+            instance if instance >= 0 else None,
+            graph=manifest.graph,
         )
     if state == STATE_WATCHDOG and int(words[ST_EVENT]) == -1:
         # Dynamic schedule: a CTA claimed a queue position nobody ever filled.

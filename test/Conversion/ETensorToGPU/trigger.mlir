@@ -5,9 +5,12 @@
 /// from a parallel count of indptr entries <= i (bar.red.popc) and a wait
 /// for the trigger's coordinate c alone; indptr[c], indptr[c+1] are read
 /// again once it completed and the CTA agrees (bar.red.and) that i lies
-/// between them. Otherwise (a table still being written, or i past
-/// indptr[C]) every thread polls its share of the coordinates (a strided
-/// scf.for), the CTA joins with bar.red.or and counts again. The body runs
+/// between them. Otherwise (a table still being written, i past indptr[C],
+/// or i the bound's last instance, which must see whether a range lies past
+/// the bound) every thread polls its share of the coordinates (a strided
+/// scf.for), the CTA joins with bar.red.or, checks every range of the now
+/// final table against the grid (a bad one is recorded as state 4 and
+/// refused: bar.red.or over the ranges) and counts again. The body runs
 /// only below indptr[C]. The in-edge wait on a constant coordinate of an
 /// event whose count is known at launch (`planned`) is polled by thread 0
 /// only until the CTA saw it complete (a flag the static loop carries; other
@@ -30,9 +33,20 @@
 // STATIC: memref.load %arg2
 // STATIC: memref.load %arg2
 // STATIC: bar.red.and.pred
+// STATIC: %[[LAST:.*]] = arith.subi %arg1, %c1{{.*}} : index
+// STATIC: arith.cmpi eq, %{{.*}}, %[[LAST]] : index
 // STATIC: scf.if %{{.*}} -> (i1, index, i1)
 // STATIC: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
 // STATIC: ld.acquire.gpu.global.u32
+// STATIC: bar.red.or.pred
+// STATIC: scf.if %{{.*}} -> (i1)
+// STATIC: scf.for %{{.*}} = %c0{{.*}} to %arg0 step %{{.*}} iter_args
+// STATIC: %[[BEGIN:.*]] = arith.index_cast %{{.*}} : i32 to index
+// STATIC: %[[END:.*]] = arith.index_cast %{{.*}} : i32 to index
+// STATIC: arith.cmpi eq, %[[BEGIN]], %c0{{.*}} : index
+// STATIC: arith.cmpi sle, %[[BEGIN]], %[[END]] : index
+// STATIC: arith.cmpi sle, %[[END]], %arg1 : index
+// STATIC: atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 4;
 // STATIC: bar.red.or.pred
 // STATIC: bar.red.popc.u32
 // STATIC: arith.andi
@@ -40,12 +54,19 @@
 // STATIC: func.call @expert
 
 /// Dynamic: every pop compares its position with the capacity less the
-/// retired word (queue word 2); the last trigger coordinate retires the
-/// unused bound with one atomic.
+/// retired word (queue word 2). The notification that completes a trigger
+/// coordinate checks its range against the grid before pushing it (state 4
+/// when it does not fit), and the last one retires the unused bound with
+/// one atomic. A popped instance counts its coordinate and is refused
+/// (state 4, thread 0 records it) unless it lies in that range.
 // DYNAMIC-LABEL: gpu.func @moe
 // DYNAMIC: ld.relaxed.gpu.global.u64
+// DYNAMIC: atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 4;
 // DYNAMIC: red.relaxed.gpu.global.add.u64
 // DYNAMIC: bar.red.popc.u32
+// DYNAMIC: memref.load %arg2
+// DYNAMIC: memref.load %arg2
+// DYNAMIC: atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 4;
 // DYNAMIC: func.call @expert
 
 func.func @plan(%i: index) { return }
@@ -107,7 +128,9 @@ etensor.graph @moe_prefetched(%experts: index, %tiles: index, %indptr: memref<?x
 
 /// `guarded_indptr`: the in-edges made the table final, so the static loop
 /// carries it in registers (thread t holds indptr[t], loaded by the CTA's
-/// first instance that needs it: the inner scf.if) and each instance finds
+/// first instance that needs it: the inner scf.if, which also checks every
+/// range against the grid and keeps the table only when all fit) and each
+/// instance finds
 /// its coordinate with one bar.red.popc over them, runs its prefetch and
 /// waits for that coordinate alone: no second read of the range, no CTA
 /// vote on it, no whole-event slow path. The dynamic lowering ignores it.
@@ -116,9 +139,12 @@ etensor.graph @moe_prefetched(%experts: index, %tiles: index, %indptr: memref<?x
 // STATIC: case 2 {
 // STATIC: bar.red.or.pred
 // STATIC: scf.if %{{.*}} -> (i1, index, i1, index)
-// STATIC: scf.if %[[LOADED]] -> (index)
-// STATIC-NEXT: scf.yield %[[ENTRY]] : index
+// STATIC: scf.if %[[LOADED]] -> (index, i1)
+// STATIC-NEXT: %[[TRUE:.*]] = arith.constant true
+// STATIC-NEXT: scf.yield %[[ENTRY]], %[[TRUE]] : index, i1
 // STATIC: memref.load %arg1
+// STATIC: atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 4;
+// STATIC: bar.red.or.pred
 // STATIC: bar.red.popc.u32
 // STATIC: func.call @expert__prefetch
 // STATIC: ld.acquire.gpu.global.u32

@@ -162,7 +162,9 @@ func.func private @expert(%i: index, %c: index)
 
 /// The notification that completes `ready[c]` pushes the instances
 /// `[indptr[c], indptr[c+1])`; the last coordinate to fire (counted on
-/// `fired.expert`) retires the bound's unused instances. With early push the
+/// `fired.expert`) retires the bound's unused instances. Each range is
+/// checked against the grid before its push (a bad one pushes nothing), and
+/// the retired count is never negative. With early push the
 /// trigger still fires on completion. The triggered task waits for its
 /// other in-edge after the pop.
 // CHECK-LABEL: etensor.graph @moe
@@ -173,11 +175,16 @@ func.func private @expert(%i: index, %c: index)
 // CHECK-NEXT: scf.if %[[DONE]] {
 // CHECK: %[[LO:.*]] = arith.index_cast
 // CHECK: %[[HI:.*]] = arith.index_cast
+// CHECK: %[[OK:.*]] = etensor.check_range %[[LO]], %[[HI]] of task 2 at %[[E:.*]] bound %[[BOUND:[^ ]*]]
 // CHECK: %[[N:.*]] = arith.subi %[[HI]], %[[LO]]
-// CHECK: etensor.push %[[Q]][2, %[[LO]]] count %[[N]] : !etensor.queue
+// CHECK: %[[COUNT:.*]] = arith.select %[[OK]], %[[N]], %{{.*}} : index
+// CHECK: etensor.push %[[Q]][2, %[[LO]]] count %[[COUNT]] : !etensor.queue
 // CHECK: %[[LAST:.*]] = etensor.notify %[[FIRED]][%{{.*}}] : !etensor.event<1> -> i1
 // CHECK-NEXT: scf.if %[[LAST]] {
-// CHECK: etensor.retire %[[Q]] count %{{.*}} : !etensor.queue
+// CHECK: %[[USED:.*]] = arith.index_cast
+// CHECK: %[[LEFT:.*]] = arith.subi %[[BOUND]], %[[USED]]
+// CHECK: %[[UNUSED:.*]] = arith.maxsi %[[LEFT]], %{{.*}} : index
+// CHECK: etensor.retire %[[Q]] count %[[UNUSED]] : !etensor.queue
 // CHECK: etensor.dispatch 2 grid [%{{.*}}] triggered_by(%{{.*}}, %{{.*}} : !etensor.event<?>, memref<?xi32>) attributes {name = "expert"}
 // CHECK-NEXT: ^bb0(%{{.*}}: index, %[[C:.*]]: index):
 // CHECK: etensor.wait %{{.*}}[%{{.*}}] : !etensor.event<1>

@@ -118,8 +118,13 @@ etensor.graph @dynamic_schedule_level(%n: index, %cap: index) {
     etensor.dispatch 1 grid [%n] {
     ^bb0(%i: index):
       %c2 = arith.constant 2 : index
+      %end = arith.addi %i, %c2 : index
+      // CHECK: %[[OK:.*]] = etensor.check_range %{{.*}}, %{{.*}} of task 0 at %{{.*}} bound %{{.*}}
+      %ok = etensor.check_range %i, %end of task 0 at %i bound %n
+      // CHECK: arith.select %[[OK]]
+      %count = arith.select %ok, %c2, %i : index
       // CHECK: etensor.push %[[Q]][0, %{{.*}}] count %{{.*}} : !etensor.queue
-      etensor.push %q[0, %i] count %c2 : !etensor.queue
+      etensor.push %q[0, %i] count %count : !etensor.queue
       // CHECK: etensor.retire %[[Q]] count %{{.*}} : !etensor.queue
       etensor.retire %q count %c2 : !etensor.queue
       etensor.yield

@@ -269,8 +269,14 @@ void DynamicScheduler::pushTriggered(Location loc, unsigned taskIndex,
   };
   Value begin = entry(coordinate);
   Value end = entry(arith::AddIOp::create(b, loc, coordinate, index(loc, 1)));
+  Value bound = extent(loc, task.getMixedExtent(0));
+  // A range outside the grid is reported, never pushed.
+  Value inGrid = CheckRangeOp::create(b, loc, b.getI1Type(), begin, end,
+                                      number[taskIndex], coordinate, bound);
+  Value count = arith::SelectOp::create(
+      b, loc, inGrid, arith::SubIOp::create(b, loc, end, begin), index(loc, 0));
   PushOp::create(b, loc, queue, b.getI64IntegerAttr(number[taskIndex]), begin,
-                 arith::SubIOp::create(b, loc, end, begin));
+                 count);
   OpBuilder::InsertionGuard guard(b);
   Value last = NotifyOp::create(b, loc, b.getI1Type(), firedEvent[taskIndex],
                                 ValueRange{index(loc, 0)})
@@ -279,8 +285,10 @@ void DynamicScheduler::pushTriggered(Location loc, unsigned taskIndex,
   b.setInsertionPointToStart(ifLast.thenBlock());
   auto trigger = cast<EventOp>(task.getTriggerEvent().getDefiningOp());
   Value used = entry(extent(loc, trigger.getMixedSize(0)));
-  Value bound = extent(loc, task.getMixedExtent(0));
-  RetireOp::create(b, loc, queue, arith::SubIOp::create(b, loc, bound, used));
+  // Past the bound the range check has already stopped the launch.
+  Value unused = arith::MaxSIOp::create(
+      b, loc, arith::SubIOp::create(b, loc, bound, used), index(loc, 0));
+  RetireOp::create(b, loc, queue, unused);
 }
 
 /// Notifies `counter` at `coordinate`; the notification that completes it

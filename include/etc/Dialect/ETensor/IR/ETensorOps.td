@@ -428,6 +428,37 @@ def ETensor_RetireOp : ETensor_Op<"retire"> {
   }];
 }
 
+def ETensor_CheckRangeOp : ETensor_Op<"check_range"> {
+  let summary = "Check one range of a data-dependent trigger's table";
+  let description = [{
+    Range `coordinate` of task `task`'s trigger table, `[begin, end) =
+    [indptr[c], indptr[c+1])`, must lie inside the task's 1-D grid of
+    `bound` instances: `begin <= end <= bound`, and `begin == 0` for
+    coordinate 0. Returns true when it does. Otherwise it records a bad
+    trigger range (the task, the coordinate, `begin` and `end`) in the
+    kernel's status words, unless a failure is already recorded, and
+    returns false; every CTA then stops as after a watchdog expiry, and the
+    runtime raises `etc.TriggerRangeError`. The dynamic schedule checks each
+    range before pushing it, so a bad table never pushes an instance outside
+    the grid nor leaves one past it unrun.
+
+    Example:
+
+    ```mlir
+    %ok = etensor.check_range %begin, %end of task 2 at %c bound %n
+    %count = arith.select %ok, %size, %zero : index
+    etensor.push %q[2, %begin] count %count : !etensor.queue
+    ```
+  }];
+  let arguments = (ins Index:$begin, Index:$end, I64Attr:$task,
+                       Index:$coordinate, Index:$bound);
+  let results = (outs I1:$ok);
+  let assemblyFormat = [{
+    $begin `,` $end `of` `task` $task `at` $coordinate `bound` $bound
+    attr-dict
+  }];
+}
+
 def ETensor_PopOp : ETensor_Op<"pop"> {
   let summary = "Take the next ready task instance from a queue";
   let description = [{

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Fifty-ninth session (no device lent; built here, to run on the next one).
+# `triggers`: the run-time checks of a data-dependent trigger's table (a
+# table that does not start at 0, decreases or ends past the grid stops the
+# launch with TriggerRangeError): the new GPU test over the trigger_table
+# artifacts, then every MoE test over the MoE artifacts of today's compiler
+# (python test/gpu/make_artifacts.py .device/s59/arts --only
+# trigger_table,moe_small; tar cf - -C .device/s59 arts | xz >
+# .device/s59/arts.tar.xz; carry .device/s59/arts.tar.xz).
+# `moebench`: what the checks cost the MoE layer: bench/moe.py over the
+# shipped presets (compile_moe, static and dynamic) built by today's
+# compiler (.device/s59/moe_after) and by the one before the checks
+# (.device/s59/moe_before, ea473fa), in alternating passes of one call;
+# BENCH_MOE_CONFIGS=auto python bench/moe.py --build DIR; carry both.
+# Predicted: static within +-0.5 % (guarded tables: one check per CTA),
+# dynamic +0..+1 % (two loads per popped instance).
+# Usage: bash bench/gpu_session59.sh [triggers|moebench]...
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+for step in ${*:-triggers moebench}; do
+case $step in
+triggers)
+  mkdir -p /tmp/s59 && python -c \
+    "import tarfile; tarfile.open('.device/s59/arts.tar.xz').extractall('/tmp/s59')"
+  ETC_ARTIFACTS=/tmp/s59/arts timeout 400 python -m pytest -q -rfE -p no:cacheprovider \
+    test/gpu/test_schedules_gpu.py -k trigger_tables test/gpu/test_moe_gpu.py \
+    > "$OUT/s59_triggers.txt" 2>&1
+  tail -5 "$OUT/s59_triggers.txt"
+  ;;
+moebench)
+  for pass in 1 2; do
+    order="before after"; [ $pass = 2 ] && order="after before"
+    for build in $order; do
+      BENCH_MOE_CONFIGS=auto timeout 140 python bench/moe.py --reps 20 \
+        --artifacts .device/s59/moe_$build --out "$OUT/s59_moe_${build}_$pass.json" 2>&1 \
+        | tee -a "$OUT/s59_moebench.txt" | grep "ETC fused"
+    done
+  done
+  ;;
+esac
+done
