@@ -141,6 +141,11 @@ def test_simulated_schedules_run_exactly_the_triggered_ranges(
             assert stats["pushes"] == int(counts.sum()) + 2 * len(counts), stats
 
 
+#: (schedule, early push, guarded table): every path that checks a table.
+CHECKED_MODES = [
+    ("static", True, True), ("static", True, False), ("dynamic", True, True),
+    ("dynamic", False, True),
+]  # fmt: skip
 BAD_TABLES = [
     # (table, the task's grid, the range reported, the message)
     ([0, 3, 1, 5], 5, 1, r"decreases at coordinate 1: indptr\[1\] = 3 > indptr\[2\] = 1"),
@@ -153,11 +158,7 @@ BAD_TABLES = [
 
 
 @pytest.mark.parametrize("table, bound, c, message", BAD_TABLES, ids=lambda v: str(v)[:12])
-@pytest.mark.parametrize(
-    "schedule, early_push, guard",
-    [("static", True, True), ("static", True, False), ("dynamic", True, True),
-     ("dynamic", False, True)],
-)  # fmt: skip
+@pytest.mark.parametrize("schedule, early_push, guard", CHECKED_MODES)
 def test_a_table_outside_the_grid_is_reported_not_run(
     table: list[int], bound: int, c: int, message: str, schedule: str, early_push: bool,
     guard: bool,
@@ -211,11 +212,7 @@ def test_an_instance_outside_its_counted_range_is_named() -> None:
     assert seen == {True, False}
 
 
-@pytest.mark.parametrize(
-    "schedule, early_push, guard",
-    [("static", True, True), ("static", True, False), ("dynamic", True, True),
-     ("dynamic", False, True)],
-)  # fmt: skip
+@pytest.mark.parametrize("schedule, early_push, guard", CHECKED_MODES)
 def test_random_tables_run_exactly_when_they_partition_the_grid(
     schedule: str, early_push: bool, guard: bool
 ) -> None:

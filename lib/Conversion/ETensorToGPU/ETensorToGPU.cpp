@@ -319,6 +319,7 @@ private:
   Value lowerWait(WaitOp wait, int64_t taskId, Value instance);
   Value waitForWholeEvent(Value event, int64_t taskId, Value instance);
   Value findTriggerCoordinate(DispatchOp dispatch, Value linear, Value &valid);
+  Value reduceOverCta(Value n, StringRef op, function_ref<Value(Value)> pred);
   Value countAcrossCta(Value pred);
   Value coordinateOfCount(EventInfo &info, Value count, Value &valid);
   std::optional<unsigned> cachedTableIndex(DispatchOp dispatch);
@@ -734,33 +735,44 @@ Value KernelBuilder::findTriggerCoordinate(DispatchOp dispatch, Value linear,
                                            Value &valid) {
   EventInfo &info = events[dispatch.getTriggerEvent()];
   Value entries = arith::AddIOp::create(b, info.sizes[0], index(1));
+  Value count = reduceOverCta(entries, "popc", [&](Value at) -> Value {
+    Value below = arith::CmpIOp::create(b, arith::CmpIPredicate::ule,
+                                        indptrEntry(dispatch, at), linear);
+    return arith::ExtUIOp::create(b, b.getI32Type(), below);
+  });
+  return coordinateOfCount(info, count, valid);
+}
+
+/// The CTA's threads take items [0, n) in turns (thread t items t, t +
+/// blockDim, ...; a uniform trip count, so every thread joins every
+/// reduction); `pred(item)` (i32, nonzero: true) is reduced over the CTA with
+/// ctaReduce(`op`) each turn: the sum of the counts ("popc") or whether any
+/// held ("or").
+Value KernelBuilder::reduceOverCta(Value n, StringRef op,
+                                   function_ref<Value(Value)> pred) {
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
-  // Uniform trip count: every thread joins every bar.red.popc.
-  auto loop =
-      scf::ForOp::create(b, index(0), entries, threads, ValueRange{i32(0)});
+  auto loop = scf::ForOp::create(b, index(0), n, threads, ValueRange{i32(0)});
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  Value at = arith::AddIOp::create(b, loop.getInductionVar(), tid);
+  Value inside = arith::CmpIOp::create(b, arith::CmpIPredicate::ult, at, n);
+  auto ifInside = scf::IfOp::create(b, b.getI32Type(), inside, true);
   {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    Value at = arith::AddIOp::create(b, loop.getInductionVar(), tid);
-    Value inside =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, at, entries);
-    auto ifInside = scf::IfOp::create(b, b.getI32Type(), inside, true);
-    {
-      OpBuilder::InsertionGuard innerGuard(b);
-      b.setInsertionPointToStart(ifInside.thenBlock());
-      Value below = arith::CmpIOp::create(b, arith::CmpIPredicate::ule,
-                                          indptrEntry(dispatch, at), linear);
-      scf::YieldOp::create(
-          b, ValueRange{arith::ExtUIOp::create(b, b.getI32Type(), below)});
-      b.setInsertionPointToStart(ifInside.elseBlock());
-      scf::YieldOp::create(b, ValueRange{i32(0)});
-    }
-    scf::YieldOp::create(b, ValueRange{arith::AddIOp::create(
-                                b, loop.getRegionIterArg(0),
-                                countAcrossCta(ifInside.getResult(0)))});
+    OpBuilder::InsertionGuard innerGuard(b);
+    b.setInsertionPointToStart(ifInside.thenBlock());
+    scf::YieldOp::create(b, ValueRange{pred(at)});
+    b.setInsertionPointToStart(ifInside.elseBlock());
+    scf::YieldOp::create(b, ValueRange{i32(0)});
   }
-  return coordinateOfCount(info, loop.getResult(0), valid);
+  Value reduced = ctaReduce(op, ifInside.getResult(0));
+  Value total =
+      op == "popc" ? arith::AddIOp::create(b, loop.getRegionIterArg(0), reduced)
+                         .getResult()
+                   : arith::OrIOp::create(b, loop.getRegionIterArg(0), reduced)
+                         .getResult();
+  scf::YieldOp::create(b, ValueRange{total});
+  return loop.getResult(0);
 }
 
 /// The CTA's count of threads whose `pred` (i32) is nonzero; joins the CTA.
@@ -862,37 +874,15 @@ void KernelBuilder::recordInstanceOutsideRange(int64_t taskId, Value coordinate,
 Value KernelBuilder::checkTriggerTable(DispatchOp dispatch) {
   EventInfo &info = events[dispatch.getTriggerEvent()];
   Value bound = triggerBound(dispatch);
-  Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
-  Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
-  // Uniform trip count: every thread joins every bar.red.or.
-  auto loop = scf::ForOp::create(b, index(0), info.sizes[0], threads,
-                                 ValueRange{i32(0)});
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    Value at = arith::AddIOp::create(b, loop.getInductionVar(), tid);
-    Value inside =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::ult, at, info.sizes[0]);
-    auto ifInside = scf::IfOp::create(b, b.getI32Type(), inside, true);
-    {
-      OpBuilder::InsertionGuard innerGuard(b);
-      b.setInsertionPointToStart(ifInside.thenBlock());
-      Value begin = indptrEntry(dispatch, at);
-      Value end = indptrEntry(dispatch, arith::AddIOp::create(b, at, index(1)));
-      Value ok = checkTriggerRange(dispatch.getTask(), at, begin, end, bound);
-      Value bad =
-          arith::XOrIOp::create(b, ok, arith::ConstantIntOp::create(b, 1, 1));
-      scf::YieldOp::create(
-          b, ValueRange{arith::ExtUIOp::create(b, b.getI32Type(), bad)});
-      b.setInsertionPointToStart(ifInside.elseBlock());
-      scf::YieldOp::create(b, ValueRange{i32(0)});
-    }
-    scf::YieldOp::create(b, ValueRange{arith::OrIOp::create(
-                                b, loop.getRegionIterArg(0),
-                                ctaReduce("or", ifInside.getResult(0)))});
-  }
-  return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, loop.getResult(0),
-                               i32(0));
+  Value anyBad = reduceOverCta(info.sizes[0], "or", [&](Value at) -> Value {
+    Value begin = indptrEntry(dispatch, at);
+    Value end = indptrEntry(dispatch, arith::AddIOp::create(b, at, index(1)));
+    Value ok = checkTriggerRange(dispatch.getTask(), at, begin, end, bound);
+    Value bad =
+        arith::XOrIOp::create(b, ok, arith::ConstantIntOp::create(b, 1, 1));
+    return arith::ExtUIOp::create(b, b.getI32Type(), bad);
+  });
+  return arith::CmpIOp::create(b, arith::CmpIPredicate::eq, anyBad, i32(0));
 }
 
 /// Whether `linear` lies in range `coordinate` of `dispatch`'s trigger table;
