@@ -6,15 +6,20 @@
 # artifacts, then every MoE test over the MoE artifacts of today's compiler
 # (python test/gpu/make_artifacts.py .device/s59/arts --only
 # trigger_table,moe_small; tar cf - -C .device/s59 arts | xz >
-# .device/s59/arts.tar.xz; carry .device/s59/arts.tar.xz).
+# .device/s59/arts.tar.xz; carry .device/s59/arts.tar.xz); a count read
+# from a table too low is a WaitCountError in the same test.
 # `moebench`: what the checks cost the MoE layer: bench/moe.py over the
-# shipped presets (compile_moe, static and dynamic) built by today's
-# compiler (.device/s59/moe_after) and by the one before the checks
-# (.device/s59/moe_before, ea473fa), in alternating passes of one call;
-# BENCH_MOE_CONFIGS=auto python bench/moe.py --build DIR; carry both.
-# Predicted: static within +-0.5 % (guarded tables: one check per CTA),
-# dynamic +0..+1 % (two loads per popped instance).
-# Usage: bash bench/gpu_session59.sh [triggers|moebench]...
+# shipped presets (compile_moe, static and dynamic) built by the compiler
+# before the checks (.device/s59/moe_before, ea473fa), with the trigger
+# checks alone (.device/s59/moe_nocounts: BENCH_MOE_AUTO_OPTIONS=
+# '{"check_counts": false}') and with both (.device/s59/moe_after), in
+# alternating passes of one call; each built by BENCH_MOE_CONFIGS=auto
+# python bench/moe.py --build DIR; carry all three. Predicted: the trigger
+# checks static within +-0.5 % (a guarded table is checked once per CTA),
+# dynamic +0..+1 % (two loads a popped instance); the count check +0..+1 µs
+# a launch (one round trip at the exit), more at T = 4096 if the prefill
+# kernel's 176 bytes of spills (16 without) sit in its GEMM loop.
+# Usage: [MOE_PASSES="1"|"2"] bash bench/gpu_session59.sh [triggers|moebench]...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-triggers moebench}; do
@@ -28,8 +33,8 @@ triggers)
   tail -5 "$OUT/s59_triggers.txt"
   ;;
 moebench)
-  for pass in 1 2; do
-    order="before after"; [ $pass = 2 ] && order="after before"
+  for pass in ${MOE_PASSES:-1 2}; do  # six runs: give each pass its own call if they do not fit
+    order="before nocounts after"; [ $pass = 2 ] && order="after nocounts before"
     for build in $order; do
       BENCH_MOE_CONFIGS=auto timeout 140 python bench/moe.py --reps 20 \
         --artifacts .device/s59/moe_$build --out "$OUT/s59_moe_${build}_$pass.json" 2>&1 \

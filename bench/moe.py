@@ -537,6 +537,9 @@ CONFIGS[AUTO] = {
 }
 CONFIGS["auto_ch64"] = _chunked(CONFIGS[AUTO], 64)
 AUTOS = {AUTO: 0, "auto_ch64": 64}
+#: More etc.compile options of the auto artifacts: BENCH_MOE_AUTO_OPTIONS, a
+#: JSON object (build only; '{"check_counts": false}' for an A/B of that check).
+AUTO_OPTIONS = json.loads(os.environ.get("BENCH_MOE_AUTO_OPTIONS", "{}"))
 # BENCH_MOE_CONFIGS=a,b (build and run) limits the run to those configurations,
 # BENCH_MOE_SIZES=1,16 to those token counts.
 if os.environ.get("BENCH_MOE_CONFIGS"):
@@ -731,7 +734,9 @@ def build(out: Path) -> None:
         target = TARGETS.get(key, "sm_90")
         if key in AUTOS:  # its kernels are compile_moe's; no unfused or one-claim variants
             for schedule in ("static",) if LEAN else ("static", "dynamic"):
-                artifact = M.compile_moe(schedule=schedule, weight_chunk=AUTOS[key])
+                artifact = M.compile_moe(
+                    schedule=schedule, weight_chunk=AUTOS[key], compile_options=AUTO_OPTIONS
+                )
                 artifact.save(out / f"fused_{key}_{schedule}")
                 print("built", f"fused_{key}_{schedule}")
             continue

@@ -100,6 +100,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.waitMemo = options.waitMemo;
   convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
+  convertOptions.checkTableCounts = options.checkTableCounts;
   convertOptions.outline = llvm::to_vector(options.outline);
   pm.addPass(createConvertETensorToGPU(convertOptions));
   // Device functions are called once per dispatch: inline them into the

@@ -28,6 +28,7 @@ from .errors import (
     LaunchTimeoutError,
     ShapeError,
     TriggerRangeError,
+    WaitCountError,
 )
 from .graph import Edge, Event, Graph, Task, Tensor
 from .simulator import simulate, simulate_ranks, static_queues
@@ -53,6 +54,7 @@ __all__ = [
     "LaunchTimeoutError",
     "DeadlockError",
     "TriggerRangeError",
+    "WaitCountError",
     "simulate",
     "simulate_ranks",
     "static_queues",

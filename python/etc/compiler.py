@@ -126,6 +126,7 @@ def _pipeline_options(
     record_sm: bool = False,
     queue_ahead: bool = False,
     wait_memo: bool = False,
+    check_counts: bool = True,
 ) -> str:
     # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
@@ -135,7 +136,8 @@ def _pipeline_options(
         f"min-ctas-per-sm={min_ctas_per_sm} max-pop-chunk={max_pop_chunk} "
         f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)} "
         f"sm-slices={_flag(sm_slices)} record-sm={_flag(record_sm)} "
-        f"queue-ahead={_flag(queue_ahead)} wait-memo={_flag(wait_memo)}"
+        f"queue-ahead={_flag(queue_ahead)} wait-memo={_flag(wait_memo)} "
+        f"check-table-counts={_flag(check_counts)}"
         + (f" outline={','.join(outline)}" if outline else "")
     )
 
@@ -529,6 +531,7 @@ def compile(  # noqa: A001 - the public name
     sm_deal: str | None = None,
     queue_ahead: bool = False,
     wait_memo: bool = False,
+    check_counts: bool = True,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -575,7 +578,11 @@ def compile(  # noqa: A001 - the public name
     schedule): each CTA skips a wait on the coordinate its last completed
     wait saw (the same counter and count: counters only grow), so a CTA's
     consecutive instances of one stage poll once (``docs/scheduling.md``,
-    "Between two instances").
+    "Between two instances"). ``check_counts``: as the launch ends, the
+    kernel checks that no coordinate of an event whose wait counts come from
+    a table got more notifications than its count (a count too low released
+    its waiters early: :class:`~etc.errors.WaitCountError`); graphs without
+    such events get no code either way.
     """
     if not isinstance(g, Graph):
         raise CompileError(f"compile: expected an etc.Graph, got {type(g).__name__}")
@@ -591,7 +598,12 @@ def compile(  # noqa: A001 - the public name
         raise CompileError(f"watchdog_polls must be an int in 1..2**63-1, got {watchdog_polls!r}")
     if not is_int(opt_level) or opt_level not in range(4):
         raise CompileError(f"opt_level must be 0, 1, 2 or 3 (NVVM's), got {opt_level!r}")
-    for flag, value in (("cubin", cubin), ("early_push", early_push), ("trace", trace)):
+    for flag, value in (
+        ("cubin", cubin),
+        ("early_push", early_push),
+        ("trace", trace),
+        ("check_counts", check_counts),
+    ):
         if not isinstance(value, bool):
             raise CompileError(f"{flag} must be a bool, got {value!r}")
     if not is_int(min_ctas_per_sm, 0):
@@ -696,7 +708,7 @@ def compile(  # noqa: A001 - the public name
         options = _pipeline_options(
             target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
             max_pop_chunk, prefetch_next, pop_ahead, outlined, sm_slices,
-            sm_deal is not None, queue_ahead, wait_memo,
+            sm_deal is not None, queue_ahead, wait_memo, check_counts,
         )  # fmt: skip
         _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})", errors)
         ptx = _extract_ptx(ir, module)

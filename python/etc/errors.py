@@ -16,6 +16,7 @@ __all__ = [
     "LaunchTimeoutError",
     "DeadlockError",
     "TriggerRangeError",
+    "WaitCountError",
 ]
 
 
@@ -146,6 +147,39 @@ class TriggerRangeError(LaunchError):
         return (
             f"{head} is not nondecreasing: instance {self.instance} counted coordinate {c}, "
             f"whose range is [{self.begin}, {self.end})"
+        )
+
+
+class WaitCountError(LaunchError):
+    """A coordinate of an event whose wait counts are read from a table
+    received more notifications than its count: the count released its
+    waiters before its last producers finished, so they may have read
+    results still being written (a race no schedule orders). The kernel
+    checks as the launch ends and the simulator as the run ends; the launch
+    checks compare only constant and symbolic counts.
+
+    Attributes: ``event``, ``coordinate`` (a tuple), ``table`` (the count
+    tensor's name), ``counter`` (the notifications) and ``wait_count``.
+    """
+
+    def __init__(
+        self,
+        event: str,
+        coordinate: tuple[int, ...],
+        table: str,
+        counter: int,
+        wait_count: int,
+        *,
+        graph: str | None = None,
+    ) -> None:
+        self.event, self.coordinate, self.table = event, tuple(coordinate), table
+        self.counter, self.wait_count = counter, wait_count
+        prefix = f"{graph}: " if graph else ""
+        super().__init__(
+            f"{prefix}event '{event}' at {self.coordinate} was notified {counter} "
+            f"times, but its wait count ({table}{list(self.coordinate)}) is {wait_count}: its "
+            f"waiters were released after {wait_count} notifications, before the rest of its "
+            "producers finished (the table's count is too low)"
         )
 
 

@@ -50,6 +50,7 @@ from .errors import (
     LaunchError,
     ShapeError,
     TriggerRangeError,
+    WaitCountError,
 )
 from .graph import Edge, Event, Graph, Task, Tensor
 from .symbolic import Symbol, SymExpr, evaluate
@@ -266,6 +267,22 @@ class _Machine:
             return lambda coord: int(table[coord])
         value = evaluate(count, env) if isinstance(count, SymExpr) else int(count)
         return lambda coord: value
+
+    def check_table_counts(self) -> None:
+        """After a static run: no coordinate of an event whose wait counts are
+        read from a table got more notifications than its count (the kernel
+        checks the same as the launch ends; the dynamic run reports it at the
+        notification)."""
+        for e in self.graph.events:
+            if not isinstance(e.wait_count, Tensor) or e.ranked:
+                continue
+            counters = self.counters[e.index]
+            for coord in np.ndindex(counters.shape):
+                counter, count = int(counters[coord]), self.counts[e.index](coord)
+                if counter > count:
+                    raise WaitCountError(
+                        e.name, coord, e.wait_count.name, counter, count, graph=self.graph.name
+                    )
 
     def trigger_table(self, number: int) -> np.ndarray:
         """The ``C + 1`` entries of a triggered task's current ``indptr``."""
@@ -1048,6 +1065,7 @@ def simulate(
         stats["instances"] = sum(len(p) for p in machine.points)
     if schedule == "static":
         _run_static([machine], num_ctas)
+        machine.check_table_counts()
         return arrays
     run = _DynamicRun(machine, num_ctas, seed, early_push, max_pop_chunk)
     try:

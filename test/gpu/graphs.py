@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 import etc
 from etc.tiles import rowsum, synthetic
 
@@ -1154,35 +1156,29 @@ def llama_1b_large_close() -> dict:
 
 # -- a data-dependent trigger over a table the test hands in ----------------------------------
 #
-# ``plan`` copies ``given`` (E + 1 entries) into ``indptr`` and writes each
-# coordinate's wait count (its range's size, plus the gather); ``gather`` e
+# ``plan`` copies ``given`` (E + 1 entries) into ``indptr`` and ``counts``
+# into each coordinate's wait count (its range's size, plus the gather, when
+# right: trigger_table_counts); ``gather`` e
 # fires coordinate e; tile ``(i, c)`` writes ``out[i] = 1000 (c + 1) + i -
 # indptr[c]``; ``sink`` e sums its range. A good table gives every instance of
 # the grid below indptr[C] its range; a bad one must stop the launch with
-# TriggerRangeError (tests/gpu/test_runtime_gpu.py).
+# TriggerRangeError, and a count too low with WaitCountError
+# (test/gpu/test_schedules_gpu.py).
 
 _TRIGGER_PLAN = """
-func.func @plan(%i: index, %given: memref<?xi32>, %indptr: memref<?xi32>, %wait: memref<?xi32>) {
+func.func @plan(%i: index, %given: memref<?xi32>, %counts: memref<?xi32>, %indptr: memref<?xi32>, %wait: memref<?xi32>) {
   %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %one = arith.constant 1 : i32
-  %zero = arith.constant 0 : i32
   %tid = gpu.thread_id x
   %threads = gpu.block_dim x
   %n = memref.dim %given, %c0 : memref<?xi32>
-  %coords = arith.subi %n, %c1 : index
+  %coords = memref.dim %counts, %c0 : memref<?xi32>
   scf.for %j = %tid to %n step %threads {
     %v = memref.load %given[%j] : memref<?xi32>
     memref.store %v, %indptr[%j] : memref<?xi32>
-    %inside = arith.cmpi ult, %j, %coords : index
-    scf.if %inside {
-      %j1 = arith.addi %j, %c1 : index
-      %next = memref.load %given[%j1] : memref<?xi32>
-      %size = arith.subi %next, %v : i32
-      %positive = arith.maxsi %size, %zero : i32
-      %count = arith.addi %positive, %one : i32
-      memref.store %count, %wait[%j] : memref<?xi32>
-    }
+  }
+  scf.for %j = %tid to %coords step %threads {
+    %w = memref.load %counts[%j] : memref<?xi32>
+    memref.store %w, %wait[%j] : memref<?xi32>
   }
   return
 }
@@ -1233,11 +1229,15 @@ func.func @sink(%e: index, %indptr: memref<?xi32>, %out: memref<?xi32>, %total: 
 """
 
 
-def _trigger_plan_ref(i, given, indptr, wait) -> None:  # noqa: ANN001
-    import numpy as np
-
+def _trigger_plan_ref(i, given, counts, indptr, wait) -> None:  # noqa: ANN001
     indptr[:] = given
-    wait[:] = np.maximum(np.diff(given), 0) + 1
+    wait[:] = counts
+
+
+def trigger_table_counts(table) -> np.ndarray:  # noqa: ANN001
+    """The wait counts of ``done`` that ``table`` needs: each range's size,
+    plus the gather's notification (0 where the range is bad)."""
+    return (np.maximum(np.diff(np.asarray(table)), 0) + 1).astype(np.int32)
 
 
 def _trigger_tile_ref(i, c, indptr, out) -> None:  # noqa: ANN001
@@ -1250,8 +1250,10 @@ def _trigger_sink_ref(e, indptr, out, total) -> None:  # noqa: ANN001
 
 def trigger_table_graph(*, guard: bool = True) -> etc.Graph:
     """The trigger test graph over a table the launch hands in (``given``,
-    ``E + 1`` entries); the tile's grid is ``tiles``. ``guard``: the tiles
-    wait for the plan (the table is final at their in-edges)."""
+    ``E + 1`` entries) and the wait counts of ``done`` (``counts``, ``E``:
+    ``trigger_table_counts(given)`` or a wrong one); the tile's grid is
+    ``tiles``. ``guard``: the tiles wait for the plan (the table is final at
+    their in-edges)."""
     from etc.device import DeviceFunction
 
     def fn(source: str, name: str, reference) -> DeviceFunction:  # noqa: ANN001
@@ -1260,6 +1262,7 @@ def trigger_table_graph(*, guard: bool = True) -> etc.Graph:
     g = etc.Graph("trigger_table")
     E, tiles = g.symbol("E"), g.symbol("tiles")
     given = g.tensor("given", (E + 1,), "i32")
+    counts = g.tensor("counts", (E,), "i32")
     indptr = g.tensor("indptr", (E + 1,), "i32")
     wait = g.tensor("wait", (E,), "i32")
     out = g.tensor("out", (tiles,), "i32")
@@ -1267,7 +1270,7 @@ def trigger_table_graph(*, guard: bool = True) -> etc.Graph:
     planned = g.event((1,), wait_count=1, name="planned")
     ready = g.event((E,), wait_count=1, name="ready")
     done = g.event((E,), wait_count=wait, name="done")
-    g.task(fn(_TRIGGER_PLAN, "plan", _trigger_plan_ref), grid=(1,), args=(given, indptr, wait),
+    g.task(fn(_TRIGGER_PLAN, "plan", _trigger_plan_ref), grid=(1,), args=(given, counts, indptr, wait),
            out_edges={planned: "i->0"})  # fmt: skip
     g.task(synthetic.empty(name="gather", block_size=BLOCK), grid=(E,),
            in_edges={planned: "e->0"}, out_edges=[(ready, "e->e"), (done, "e->e")])  # fmt: skip

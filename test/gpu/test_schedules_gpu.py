@@ -2,7 +2,8 @@
 a diamond whose sink waits on two events, a 64-way fan-in and a skewed graph;
 a broken dynamic graph stops with a DeadlockError and the process goes on; a
 data-dependent trigger runs good tables and stops at bad ones with a
-TriggerRangeError, and the kernel runs again afterwards.
+TriggerRangeError, a wait count read from a table too low is a
+WaitCountError, and the kernel runs again afterwards.
 Artifacts: ``python test/gpu/make_artifacts.py DIR``; ``ETC_ARTIFACTS=DIR``."""
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import pytest
 
 import etc
 import etc.runtime
-from etc.errors import DeadlockError, TriggerRangeError
+from etc.errors import DeadlockError, TriggerRangeError, WaitCountError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graphs import GRAPHS, SCHEDULES, TRIGGER_TABLE_GRAPHS  # noqa: E402
+from graphs import GRAPHS, SCHEDULES, TRIGGER_TABLE_GRAPHS, trigger_table_counts  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -223,9 +224,13 @@ BAD_TABLES = [
 def test_trigger_tables_outside_the_grid_stop_the_launch(name: str, schedule: str) -> None:
     graph, kernel = TRIGGER_TABLE_GRAPHS[name](), load(f"{name}_{schedule}")
     symbols = {"E": 4, "tiles": 9}
-    good = {"given": np.array(GOOD_TABLES[0], np.int32)}
+
+    def tables(table: list[int]) -> dict[str, np.ndarray]:
+        return {"given": np.array(table, np.int32), "counts": trigger_table_counts(table)}
+
+    good = tables(GOOD_TABLES[0])
     for table, c in BAD_TABLES:
-        arrays = poisoned_arrays(graph, {"given": np.array(table, np.int32)}, symbols)
+        arrays = poisoned_arrays(graph, tables(table), symbols)
         with pytest.raises(TriggerRangeError) as info:
             kernel.launch(arrays, symbols, max_polls=1_000_000)
         err = info.value
@@ -234,6 +239,19 @@ def test_trigger_tables_outside_the_grid_stop_the_launch(name: str, schedule: st
         # The counters were reset: the next launch runs.
         run_against_simulator(graph, kernel, good, symbols, ["out", "total"])
     for table in GOOD_TABLES:
-        run_against_simulator(
-            graph, kernel, {"given": np.array(table, np.int32)}, symbols, ["out", "total"]
-        )
+        run_against_simulator(graph, kernel, tables(table), symbols, ["out", "total"])
+    # A count one too low: sink 2 is released after 3 of range 2's 4
+    # notifications; the launch's end names the coordinate.
+    low = tables(GOOD_TABLES[0])
+    low["counts"][2] -= 1
+    with pytest.raises(WaitCountError) as info:
+        kernel.launch(poisoned_arrays(graph, low, symbols), symbols, max_polls=1_000_000)
+    err = info.value
+    assert (err.event, err.coordinate, err.table, err.counter, err.wait_count) == (
+        "done",
+        (2,),
+        "wait",
+        4,
+        3,
+    ), str(err)
+    run_against_simulator(graph, kernel, good, symbols, ["out", "total"])

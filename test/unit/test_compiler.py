@@ -149,6 +149,24 @@ def test_unsupported_options_raise():
 
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_table_counts_are_checked_as_the_launch_ends_unless_asked_not_to(schedule):
+    # A kernel whose event reads its counts from a table checks them at the
+    # exit (state 5 of the status record: etc.WaitCountError); one without
+    # such an event gets no check, so its PTX does not change.
+    from unit_helpers import table_graph
+
+    checked = etc.compile(table_graph(), schedule, cubin=False).ptx
+    unchecked = etc.compile(table_graph(), schedule, cubin=False, check_counts=False).ptx
+    assert ", 0, 5;" in checked and ", 0, 5;" not in unchecked
+    g = build_splitk(K=256, k_split=4, rows_per_task=8)
+    assert etc.compile(g, schedule, cubin=False).ptx == (
+        etc.compile(g, schedule, cubin=False, check_counts=False).ptx
+    )
+    with pytest.raises(etc.CompileError, match="check_counts must be a bool, got 'no'"):
+        etc.compile(g, check_counts="no")
+
+
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
 def test_outline_keeps_the_named_tiles_as_calls(schedule, tmp_path):
     g = build_splitk(K=256, k_split=4, rows_per_task=8)
     inlined = etc.compile(g, schedule, cubin=False).ptx

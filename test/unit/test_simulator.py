@@ -270,6 +270,21 @@ def test_wait_count_one_too_high_deadlocks(schedule):
     )
 
 
+def test_table_wait_count_one_too_low_is_reported_after_a_static_run():
+    # emit(1) passes its wait after 3 of its 4 producers (and may read a
+    # partial sum); as the GPU's last CTA does, the run's end finds the 4th.
+    g = table_graph()
+    counts = np.array([4, 3, 4], dtype=np.int32)
+    with pytest.raises(etc.WaitCountError) as info:
+        etc.simulate(g, {"counts": counts}, {"experts": 3, "per": 4}, schedule="static")
+    err = info.value
+    assert (err.event, err.coordinate, err.table, err.counter, err.wait_count) == (
+        "expert_ready", (1,), "counts", 4, 3
+    )  # fmt: skip
+    assert str(err).startswith("moe_like: event 'expert_ready' at (1,) was notified 4 times")
+    assert isinstance(err, etc.LaunchError)
+
+
 def test_constant_wait_count_one_too_high_is_a_graph_error():
     g = etc.Graph("g")
     E = g.event((2,), wait_count=3, name="E")

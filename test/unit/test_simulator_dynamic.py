@@ -333,8 +333,9 @@ def test_table_wait_count_one_too_high_deadlocks_on_a_queue_position(early_push:
 
 @pytest.mark.parametrize("early_push", EARLY_PUSH)
 def test_table_wait_count_one_too_low_is_a_graph_error(early_push: bool) -> None:
-    # On the GPU emit(1) would be pushed after 3 of its 4 producers and could
-    # read a partial sum; the simulator stops at the 4th notification.
+    # On the GPU emit(1) is pushed after 3 of its 4 producers and may read a
+    # partial sum, which the launch's end reports (WaitCountError); the
+    # simulator stops at the 4th notification.
     g = table_graph()
     counts = np.array([4, 3, 4], dtype=np.int32)
     what = "notification"  # a table count pushes on completion, early push or not

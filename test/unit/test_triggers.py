@@ -391,6 +391,14 @@ def test_compiles_and_records_the_trigger(schedule: str, tmp_path: Any) -> None:
     assert err.instance == 2 and str(err).endswith(
         "instance 2 counted coordinate 1, whose range is [3, 6)"
     )
+    # State 5: a table-counted coordinate notified more than its count.
+    done = names.index("done")
+    words = np.array([5, done, -1, 4, 3, -1, 0, 2], np.int32)
+    err = status_error(loaded, {"E": 3, "tiles": 5}, words, 100)
+    assert isinstance(err, etc.WaitCountError)
+    assert (err.event, err.coordinate, err.table, err.counter, err.wait_count) == (
+        "done", (2,), "wait", 4, 3
+    )  # fmt: skip
     # A corrupted trigger is rejected before anything is launched.
     tile["trigger"] = {"event": "ready", "indptr": "missing"}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))

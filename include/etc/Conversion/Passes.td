@@ -118,6 +118,15 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
                "function gets its own register allocation from ptxas, so one "
                "tile's register pressure does not spill another's; a call "
                "passes the tile's arguments through the parameter space.">,
+    Option<"checkTableCounts", "check-table-counts", "bool",
+           /*default=*/"true",
+           "As the launch ends, the last CTA checks every coordinate of each "
+           "event whose wait counts come from a table: more notifications "
+           "than the count means its waiters were released before its last "
+           "producers finished (a count too low), recorded as state 5 "
+           "(etc.WaitCountError). Graphs without such events get no code; in "
+           "kernels that do, ptxas may allocate registers differently (the "
+           "MoE prefill kernel spills more).">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record every task instance's start and end (%globaltimer), SM and "
            "CTA in a trace buffer passed as one more kernel parameter "

@@ -40,6 +40,11 @@ struct ETCToPTXPipelineOptions
       llvm::cl::desc("Dynamic schedule: push consumers when their last "
                      "producer is dispatched, not when it completes."),
       llvm::cl::init(true)};
+  PassOptions::Option<bool> checkTableCounts{
+      *this, "check-table-counts",
+      llvm::cl::desc("Check table-counted events' notifications as the launch "
+                     "ends (see convert-etensor-to-gpu)."),
+      llvm::cl::init(true)};
   PassOptions::Option<bool> trace{
       *this, "trace",
       llvm::cl::desc("Record per-instance start/end times and SMs."),

@@ -63,6 +63,10 @@ constexpr int64_t kQueueOverflow = 3;
 // kCounter/kWaitCount: its begin and end, kInstance: the instance that found
 // no range, or -1).
 constexpr int64_t kBadTrigger = 4;
+// A coordinate of an event whose wait counts come from a table received more
+// notifications than its count (kEventId, kCoordinate, kCounter: the
+// notifications, kWaitCount: the count), seen as the launch ends.
+constexpr int64_t kCountExceeded = 5;
 // Queue layout (i64 words) of the dynamic schedule: pop index, push index,
 // instances retired (a data-dependent trigger's unused bound), then the ring
 // of pushed descriptors `(task + 1) << 48 | instance` (zero while a slot is
@@ -164,6 +168,8 @@ public:
   /// The scheduler's barriers in PTX's non-aligned forms (see ctaBarrier):
   /// set by build() when a dispatch is pooled or ticketed.
   bool nonAlignedBarriers = false;
+  /// checkTableCounts at the exit (option check-table-counts).
+  bool checkCounts = true;
   /// Static schedule: load the next queue entry as the current one starts.
   bool queueAhead = false;
   /// Static schedule: skip a wait on the coordinate the CTA's last
@@ -426,6 +432,7 @@ private:
         b, base, arith::MulIOp::create(b, toI64(offset), i64(8)));
   }
   void resetCountersForNextLaunch();
+  void checkTableCounts(Value tid, Value threads);
   /// Thread 0's `%globaltimer` (ns), for trace records.
   Value globalTimer() {
     return asm64("mov.u64 $0, %globaltimer;", "=l", ValueRange());
@@ -1989,6 +1996,8 @@ void KernelBuilder::resetCountersForNextLaunch() {
   b.setInsertionPointToStart(ifLast.thenBlock());
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
+  if (checkCounts)
+    checkTableCounts(tid, threads);
   Value end = arith::AddIOp::create(b, total, index(1));
   if (smSlices && queueIsStatic) // the SMs' CTA counts (staticSlice)
     end = arith::AddIOp::create(b, end, queueBySM().first);
@@ -2019,6 +2028,43 @@ void KernelBuilder::resetCountersForNextLaunch() {
   b.setInsertionPointToStart(zeroQueue.getBody());
   memref::StoreOp::create(b, i64(0), queue,
                           ValueRange{zeroQueue.getInductionVar()});
+}
+
+/// The last CTA, before it zeroes the counters: no coordinate of an event
+/// whose wait counts come from a table may have received more notifications
+/// than its count. The launch checks compare constant and symbolic counts
+/// with the notifications; a table is data, and one entry too low released
+/// the coordinate's waiters before its last producers finished, a race no
+/// schedule orders (state 5, the first such coordinate). Every notification
+/// happened before the done counter's acq_rel add that chose this CTA. Graphs
+/// without such events get no code.
+void KernelBuilder::checkTableCounts(Value tid, Value threads) {
+  for (auto event : graph.getBodyBlock().getOps<EventOp>()) {
+    EventInfo &info = events[event.getEvent()];
+    if (!info.table || info.ranked)
+      continue;
+    Value coordinates = index(1);
+    for (Value size : info.sizes)
+      coordinates = arith::MulIOp::create(b, coordinates, size);
+    auto loop = scf::ForOp::create(b, tid, coordinates, threads);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value c = loop.getInductionVar();
+    Value counter =
+        asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
+              addressOf(counters, arith::AddIOp::create(b, info.base, c)));
+    Value count = waitCount(info, delinearize(c, info.sizes));
+    Value exceeded =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::sgt, counter, count);
+    auto ifExceeded = scf::IfOp::create(b, TypeRange(), exceeded, false);
+    b.setInsertionPointToStart(ifExceeded.thenBlock());
+    recordFailure(kCountExceeded, {{kEventId, i32(info.id)},
+                                   {kTaskId, i32(-1)},
+                                   {kCoordinate, c},
+                                   {kCounter, counter},
+                                   {kWaitCount, count},
+                                   {kInstance, i32(-1)}});
+  }
 }
 
 /// The rank barrier of a ranked graph. Two words precede the events' counters
@@ -3246,6 +3292,7 @@ struct ConvertETensorToGPUPass
     kernelBuilder.recordSM = recordSM;
     kernelBuilder.queueAhead = queueAhead;
     kernelBuilder.waitMemo = waitMemo;
+    kernelBuilder.checkCounts = checkTableCounts;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
       return failure();

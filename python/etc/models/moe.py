@@ -1325,6 +1325,7 @@ def compile_moe(
     name: str = "moe",
     weight_chunk: int = 0,
     slot_schedule: str = "static",
+    compile_options: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Any:
     """The layer as one artifact for every T (``etc.compile_buckets``): a
@@ -1334,7 +1335,8 @@ def compile_moe(
     the kernel whose range holds T, with no recompilation; its buffers are
     those of :func:`preset_family`'s configurations. ``overrides``: sizes
     (``hidden``, ``experts``, ...) for every preset; ``weight_chunk``: see
-    :func:`preset_family`.
+    :func:`preset_family`; ``compile_options``: more ``etc.compile`` options
+    for every kernel (``check_counts=False``, say).
 
     ``schedule`` applies to the table-driven presets; the slot presets
     (``route="slots"``: static grids, no data-dependent work) are compiled
@@ -1359,7 +1361,7 @@ def compile_moe(
             buckets, weight_chunk=weight_chunk, **overrides
         )
     ]
-    return compile_buckets("T", graphs, schedule=schedule)
+    return compile_buckets("T", graphs, schedule=schedule, **(compile_options or {}))
 
 
 def build_unfused_graphs(

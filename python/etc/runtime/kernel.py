@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from etc.errors import DeadlockError, LaunchError, TriggerRangeError
+from etc.errors import DeadlockError, LaunchError, TriggerRangeError, WaitCountError
 from etc.runtime import driver
 from etc.runtime.args import (
     NUMPY,
@@ -46,6 +46,9 @@ STATE_OK, STATE_WATCHDOG, STATE_BAD_TASK, STATE_QUEUE_OVERFLOW = 0, 1, 2, 3
 # A trigger range outside the task's grid (the coordinate, indptr[c] and
 # indptr[c+1] in the event, counter and wait-count words).
 STATE_BAD_TRIGGER = 4
+# A table-counted event's coordinate notified more times than its count (the
+# event, the coordinate, the notifications and the count).
+STATE_COUNT_EXCEEDED = 5
 _cu = driver.cu
 _INT = {int}
 _SUCCESS = _cu.CUresult.CUDA_SUCCESS if _cu is not None else None
@@ -122,6 +125,21 @@ def status_error(
             instance if instance >= 0 else None,
             graph=manifest.graph,
         )
+    if state == STATE_COUNT_EXCEEDED:
+        event_id = int(words[ST_EVENT])
+        if 0 <= event_id < len(manifest.events):
+            event = manifest.events[event_id]
+            linear = int(words[ST_COORD]) & 0xFFFFFFFF
+            coordinate = delinearize(linear, manifest.bind(event.shape, symbols))
+            table = event.wait_count.get("table") if isinstance(event.wait_count, dict) else None
+            return WaitCountError(
+                event.name,
+                coordinate if coordinate is not None else (linear,),
+                str(table),
+                int(words[ST_COUNTER]),
+                int(words[ST_WAIT]),
+                graph=manifest.graph,
+            )
     if state == STATE_WATCHDOG and int(words[ST_EVENT]) == -1:
         # Dynamic schedule: a CTA claimed a queue position nobody ever filled.
         message = (

@@ -52,6 +52,17 @@
 // STATIC: arith.andi
 // STATIC: scf.if
 // STATIC: func.call @expert
+/// As the launch ends, the last CTA checks every coordinate of `done`, whose
+/// counts come from a table: more notifications than the count is state 5
+/// (its waiters were released early); then it zeroes the counters.
+// STATIC: atom.acq_rel.gpu.global.add.u32
+// STATIC: scf.for %{{.*}} = %thread_id_x{{.*}} to %{{.*}} step %block_dim_x
+// STATIC: ld.relaxed.gpu.global.u32
+// STATIC: memref.load %arg3
+// STATIC: arith.cmpi sgt
+// STATIC: atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 5;
+// STATIC: scf.for %{{.*}} = %thread_id_x{{.*}} to %{{.*}} step %block_dim_x
+// STATIC: memref.store %c0_i32{{.*}}, %arg4
 
 /// Dynamic: every pop compares its position with the capacity less the
 /// retired word (queue word 2). The notification that completes a trigger
@@ -68,6 +79,8 @@
 // DYNAMIC: memref.load %arg2
 // DYNAMIC: atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 4;
 // DYNAMIC: func.call @expert
+// DYNAMIC: atom.acq_rel.gpu.global.add.u32
+// DYNAMIC: atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 5;
 
 func.func @plan(%i: index) { return }
 func.func @gather(%e: index) { return }
