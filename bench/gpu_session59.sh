@@ -17,8 +17,7 @@
 # python bench/moe.py --build DIR; carry all three. Predicted: the trigger
 # checks static within +-0.5 % (a guarded table is checked once per CTA),
 # dynamic +0..+1 % (two loads a popped instance); the count check +0..+1 µs
-# a launch (one round trip at the exit), more at T = 4096 if the prefill
-# kernel's 176 bytes of spills (16 without) sit in its GEMM loop.
+# a launch (a call and one round trip at the exit).
 # Usage: [MOE_PASSES="1"|"2"] bash bench/gpu_session59.sh [triggers|moebench]...
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"

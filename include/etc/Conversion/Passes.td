@@ -124,9 +124,10 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "event whose wait counts come from a table: more notifications "
            "than the count means its waiters were released before its last "
            "producers finished (a count too low), recorded as state 5 "
-           "(etc.WaitCountError). Graphs without such events get no code; in "
-           "kernels that do, ptxas may allocate registers differently (the "
-           "MoE prefill kernel spills more).">,
+           "(etc.WaitCountError). The check is a function per such event "
+           "that the kernel calls (no_inline: inlined at the exit, it moved "
+           "ptxas's allocation of the whole kernel); graphs without such "
+           "events get no code.">,
     Option<"trace", "trace", "bool", /*default=*/"false",
            "Record every task instance's start and end (%globaltimer), SM and "
            "CTA in a trace buffer passed as one more kernel parameter "

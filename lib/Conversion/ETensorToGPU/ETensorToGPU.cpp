@@ -2043,27 +2043,60 @@ void KernelBuilder::checkTableCounts(Value tid, Value threads) {
     EventInfo &info = events[event.getEvent()];
     if (!info.table || info.ranked)
       continue;
-    Value coordinates = index(1);
-    for (Value size : info.sizes)
-      coordinates = arith::MulIOp::create(b, coordinates, size);
-    auto loop = scf::ForOp::create(b, tid, coordinates, threads);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    Value c = loop.getInductionVar();
-    Value counter =
-        asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
-              addressOf(counters, arith::AddIOp::create(b, info.base, c)));
-    Value count = waitCount(info, delinearize(c, info.sizes));
-    Value exceeded =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::sgt, counter, count);
-    auto ifExceeded = scf::IfOp::create(b, TypeRange(), exceeded, false);
-    b.setInsertionPointToStart(ifExceeded.thenBlock());
-    recordFailure(kCountExceeded, {{kEventId, i32(info.id)},
-                                   {kTaskId, i32(-1)},
-                                   {kCoordinate, c},
-                                   {kCounter, counter},
-                                   {kWaitCount, count},
-                                   {kInstance, i32(-1)}});
+    // A function of its own that the kernel calls (no_inline): code inlined
+    // at the exit moved ptxas's allocation of a whole inlined kernel (the
+    // MoE prefill kernel spilled 176 bytes instead of 16).
+    SmallVector<Value> args{counters,  status, info.table,
+                            info.base, tid,    threads};
+    llvm::append_range(args, info.sizes);
+    auto type = FunctionType::get(b.getContext(), ValueRange(args).getTypes(),
+                                  TypeRange());
+    OpBuilder moduleBuilder(kernel);
+    auto fn = func::FuncOp::create(
+        moduleBuilder, kernel.getLoc(),
+        ("__etc_check_counts_" + Twine(info.id)).str(), type);
+    fn.setPrivate();
+    Block *entry = fn.addEntryBlock();
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(entry);
+      // The helpers below read the kernel's buffers from these members.
+      EventInfo local = info;
+      Value kernelCounters = counters, kernelStatus = status;
+      counters = entry->getArgument(0);
+      status = entry->getArgument(1);
+      local.table = entry->getArgument(2);
+      local.base = entry->getArgument(3);
+      local.sizes.assign(entry->args_begin() + 6, entry->args_end());
+      Value coordinates = index(1);
+      for (Value size : local.sizes)
+        coordinates = arith::MulIOp::create(b, coordinates, size);
+      auto loop = scf::ForOp::create(b, entry->getArgument(4), coordinates,
+                                     entry->getArgument(5));
+      {
+        OpBuilder::InsertionGuard loopGuard(b);
+        b.setInsertionPointToStart(loop.getBody());
+        Value c = loop.getInductionVar();
+        Value counter =
+            asm32("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l",
+                  addressOf(counters, arith::AddIOp::create(b, local.base, c)));
+        Value count = waitCount(local, delinearize(c, local.sizes));
+        Value exceeded =
+            arith::CmpIOp::create(b, arith::CmpIPredicate::sgt, counter, count);
+        auto ifExceeded = scf::IfOp::create(b, TypeRange(), exceeded, false);
+        b.setInsertionPointToStart(ifExceeded.thenBlock());
+        recordFailure(kCountExceeded, {{kEventId, i32(info.id)},
+                                       {kTaskId, i32(-1)},
+                                       {kCoordinate, c},
+                                       {kCounter, counter},
+                                       {kWaitCount, count},
+                                       {kInstance, i32(-1)}});
+      }
+      func::ReturnOp::create(b);
+      counters = kernelCounters;
+      status = kernelStatus;
+    }
+    func::CallOp::create(b, fn, args).setNoInline(true);
   }
 }
 
