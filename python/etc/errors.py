@@ -150,13 +150,15 @@ class TriggerRangeError(LaunchError):
         )
 
 
-class WaitCountError(LaunchError):
+class WaitCountError(LaunchError, GraphError):
     """A coordinate of an event whose wait counts are read from a table
     received more notifications than its count: the count released its
     waiters before its last producers finished, so they may have read
     results still being written (a race no schedule orders). The kernel
-    checks as the launch ends and the simulator as the run ends; the launch
-    checks compare only constant and symbolic counts.
+    checks as the launch ends, the static simulator as its run ends and the
+    dynamic one at the notification past the count (its message then names
+    the producer); the launch checks compare only constant and symbolic
+    counts. A :class:`LaunchError` and a :class:`GraphError`.
 
     Attributes: ``event``, ``coordinate`` (a tuple), ``table`` (the count
     tensor's name), ``counter`` (the notifications) and ``wait_count``.
@@ -171,12 +173,14 @@ class WaitCountError(LaunchError):
         wait_count: int,
         *,
         graph: str | None = None,
+        message: str | None = None,
     ) -> None:
         self.event, self.coordinate, self.table = event, tuple(coordinate), table
         self.counter, self.wait_count = counter, wait_count
         prefix = f"{graph}: " if graph else ""
         super().__init__(
-            f"{prefix}event '{event}' at {self.coordinate} was notified {counter} "
+            message
+            or f"{prefix}event '{event}' at {self.coordinate} was notified {counter} "
             f"times, but its wait count ({table}{list(self.coordinate)}) is {wait_count}: its "
             f"waiters were released after {wait_count} notifications, before the rest of its "
             "producers finished (the table's count is too low)"

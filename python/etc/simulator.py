@@ -863,10 +863,10 @@ class _DynamicRun:
         now, needed = int(counter[coord]), self.m.counts[event.index](coord)
         key = (event.index, coord)
         if key in self.completed and now != needed:
-            # On the GPU nothing fails here, but the consumers already pushed
-            # may run before this producer finishes: a silent race.
+            # The consumers already pushed may run before this producer
+            # finishes; the GPU reports a table's count as the launch ends.
             what = "dispatch" if event.index in self.early else "notification"
-            raise GraphError(
+            message = (
                 f"{self._where()}: task '{self.m.order[number].name}' instance "
                 f"{self.m.points[number][linear]}: {what} {now} of event '{event.name}' at "
                 f"{coord} comes after the coordinate reached its wait count {needed} and "
@@ -874,6 +874,11 @@ class _DynamicRun:
                 "finishes; the wait count is too low (the dynamic schedule needs it to "
                 "equal the number of notifications)"
             )
+            if isinstance(event.wait_count, Tensor):
+                raise WaitCountError(
+                    event.name, coord, event.wait_count.name, now, needed, message=message
+                )
+            raise GraphError(message)
         if now == needed:
             self.completed.add(key)
             return True

@@ -344,8 +344,14 @@ def test_table_wait_count_one_too_low_is_a_graph_error(early_push: bool) -> None
             GraphError,
             match=rf"{what} 4 of event 'expert_ready' at \(1,\) comes after the coordinate "
             r"reached its wait count 3 .* the wait count is too low",
-        ):
+        ) as info:
             run_dynamic(g, {"counts": counts}, {"experts": 3, "per": 4}, early_push, seed)
+        # The GPU's error for a table count, with the attributes it names.
+        err = info.value
+        assert isinstance(err, etc.WaitCountError)
+        assert (err.event, err.coordinate, err.table, err.counter, err.wait_count) == (
+            "expert_ready", (1,), "counts", 4, 3
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("early_push", EARLY_PUSH)
