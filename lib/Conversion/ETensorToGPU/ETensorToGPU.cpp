@@ -432,7 +432,7 @@ private:
         b, base, arith::MulIOp::create(b, toI64(offset), i64(8)));
   }
   void resetCountersForNextLaunch();
-  void checkTableCounts(Value tid, Value threads);
+  bool checkTableCounts(Value tid, Value threads);
   /// Thread 0's `%globaltimer` (ns), for trace records.
   Value globalTimer() {
     return asm64("mov.u64 $0, %globaltimer;", "=l", ValueRange());
@@ -1996,8 +1996,9 @@ void KernelBuilder::resetCountersForNextLaunch() {
   b.setInsertionPointToStart(ifLast.thenBlock());
   Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
   Value threads = gpu::BlockDimOp::create(b, gpu::Dimension::x);
-  if (checkCounts)
-    checkTableCounts(tid, threads);
+  // The checks read counters that other threads of this CTA zero below.
+  if (checkCounts && checkTableCounts(tid, threads))
+    ctaBarrier();
   Value end = arith::AddIOp::create(b, total, index(1));
   if (smSlices && queueIsStatic) // the SMs' CTA counts (staticSlice)
     end = arith::AddIOp::create(b, end, queueBySM().first);
@@ -2037,8 +2038,12 @@ void KernelBuilder::resetCountersForNextLaunch() {
 /// the coordinate's waiters before its last producers finished, a race no
 /// schedule orders (state 5, the first such coordinate). Every notification
 /// happened before the done counter's acq_rel add that chose this CTA. Graphs
-/// without such events get no code.
-void KernelBuilder::checkTableCounts(Value tid, Value threads) {
+/// without such events get no code. Returns whether it checked any (the
+/// caller then joins the CTA before the zeroing: without that barrier, a
+/// thread zeroed a counter before another read it, and no check fired on
+/// the H200).
+bool KernelBuilder::checkTableCounts(Value tid, Value threads) {
+  bool checked = false;
   for (auto event : graph.getBodyBlock().getOps<EventOp>()) {
     EventInfo &info = events[event.getEvent()];
     if (!info.table || info.ranked)
@@ -2097,7 +2102,9 @@ void KernelBuilder::checkTableCounts(Value tid, Value threads) {
       status = kernelStatus;
     }
     func::CallOp::create(b, fn, args).setNoInline(true);
+    checked = true;
   }
+  return checked;
 }
 
 /// The rank barrier of a ranked graph. Two words precede the events' counters

@@ -60,11 +60,13 @@
 // STATIC: func.call @expert
 /// As the launch ends, the last CTA checks every coordinate of `done`, whose
 /// counts come from a table: more notifications than the count is state 5
-/// (its waiters were released early); then it zeroes the counters. The check
+/// (its waiters were released early); then, after a barrier (the zeroing
+/// threads would race the reads), it zeroes the counters. The check
 /// is a function of its own that the kernel calls (no_inline), so its code
 /// does not move ptxas's allocation of the inlined kernel.
 // STATIC: atom.acq_rel.gpu.global.add.u32
 // STATIC: func.call @[[CHECK:__etc_check_counts_[0-9]+]](%arg4, %arg6, %arg3, {{.*}}) {no_inline}
+// STATIC-NEXT: gpu.barrier
 // STATIC: scf.for %{{.*}} = %thread_id_x{{.*}} to %{{.*}} step %block_dim_x
 // STATIC: memref.store %c0_i32{{.*}}, %arg4
 
