@@ -297,12 +297,16 @@ class _Machine:
             )
         return indptr.astype(np.int64)
 
-    def trigger_coordinate(self, number: int, linear: int) -> int | None:
+    def trigger_coordinate(
+        self, number: int, linear: int, indptr: np.ndarray | None = None
+    ) -> int | None:
         """Coordinate ``c`` with ``indptr[c] <= linear < indptr[c+1]`` of a
-        triggered instance, read from the current ``indptr`` as the GPU
-        does (the count of entries ``<= linear``, less one); None when the
-        instance is at or past ``indptr[C]`` (no work)."""
-        indptr = self.trigger_table(number)
+        triggered instance, read from the current ``indptr`` (or the table
+        the caller read) as the GPU does (the count of entries ``<= linear``,
+        less one); None when the instance is at or past ``indptr[C]`` (no
+        work)."""
+        if indptr is None:
+            indptr = self.trigger_table(number)
         below = int(np.count_nonzero(indptr <= linear))
         if below >= len(indptr):
             return None
@@ -324,21 +328,20 @@ class _Machine:
             graph=self.graph.name,
         )
 
-    def range_fits(self, number: int, c: int) -> bool:
-        """Whether range ``c`` of the table lies in the task's grid (the GPU's
-        check: ``begin <= end <= bound``, and ``begin == 0`` at 0)."""
-        indptr = self.trigger_table(number)
-        begin, end = int(indptr[c]), int(indptr[c + 1])
-        return (c != 0 or begin == 0) and begin <= end <= self.instance_count(number)
-
-    def check_trigger_table(self, number: int) -> None:
-        """Raise for the first range of a final trigger table outside the
-        grid (the static GPU lowering checks the whole table once it is
-        final)."""
-        indptr = self.trigger_table(number)
+    def bad_ranges(self, number: int, indptr: np.ndarray) -> np.ndarray:
+        """Per coordinate ``c``, whether range ``c`` of ``indptr`` lies outside
+        the task's grid (the GPU's check: ``begin <= end <= bound``, and
+        ``begin == 0`` at 0)."""
         begin, end = indptr[:-1], indptr[1:]
         bad = (begin > end) | (end > self.instance_count(number))
         bad[:1] |= begin[:1] != 0
+        return bad
+
+    def check_trigger_table(self, number: int, indptr: np.ndarray | None = None) -> None:
+        """Raise for the first range of a final trigger table outside the
+        grid (the static GPU lowering checks the whole table once it is
+        final)."""
+        bad = self.bad_ranges(number, self.trigger_table(number) if indptr is None else indptr)
         if bad.any():
             raise self.trigger_range_error(number, int(np.argmax(bad)))
 
@@ -475,8 +478,9 @@ class _Machine:
         if task.trigger is not None:
             # The instance waited for a coordinate (or the table was guarded):
             # by the trigger's contract the table is final.
-            self.check_trigger_table(number)
-            c = self.trigger_coordinate(number, linear)
+            indptr = self.trigger_table(number)
+            self.check_trigger_table(number, indptr)
+            c = self.trigger_coordinate(number, linear, indptr)
             if c is None:
                 return
         self.body(number, linear, c)
@@ -786,15 +790,15 @@ class _DynamicRun:
         m = self.m
         task, c = m.order[number], None
         if task.trigger is not None:
-            self._check_table_unchanged(number)
-            c = m.trigger_coordinate(number, linear)
+            indptr = m.trigger_table(number)
+            self._check_table_unchanged(number, indptr)
+            c = m.trigger_coordinate(number, linear, indptr)
             if c is None:
-                m.check_trigger_table(number)
+                m.check_trigger_table(number, indptr)
                 raise GraphError(
                     f"{self._where()}: task '{task.name}' instance {linear} was pushed but "
                     f"lies past {task.trigger.indptr.name}[C]"
                 )
-            indptr = m.trigger_table(number)
             if not indptr[c] <= linear < indptr[c + 1]:
                 raise m.trigger_range_error(number, c, linear)
         point = m.point(number, linear, c)
@@ -822,11 +826,12 @@ class _DynamicRun:
                 if e in self.triggers:
                     yield from self._fire(e, coord)
 
-    def _check_table_unchanged(self, number: int) -> None:
-        """A triggered instance's table must be the one its trigger fired
-        with (the GPU counts over the table as it is when the instance runs)."""
+    def _check_table_unchanged(self, number: int, indptr: np.ndarray) -> None:
+        """A triggered instance's table (``indptr``, as read now) must be the
+        one its trigger fired with (the GPU counts over the table as it is
+        when the instance runs)."""
         task, fired = self.m.order[number], self.fired_tables.get(number)
-        if fired is not None and not np.array_equal(fired, self.m.trigger_table(number)):
+        if fired is not None and not np.array_equal(fired, indptr):
             assert task.trigger is not None
             raise GraphError(
                 f"{self._where()}: task '{task.name}': the indptr table "
@@ -843,11 +848,11 @@ class _DynamicRun:
             task = self.m.order[number]
             assert task.trigger is not None
             extent = self.m.shapes[event][0]
-            self.fired_tables.setdefault(number, self.m.trigger_table(number))
-            self._check_table_unchanged(number)
-            if not self.m.range_fits(number, c):
-                raise self.m.trigger_range_error(number, c)
             indptr = self.m.trigger_table(number)
+            self._check_table_unchanged(number, indptr)
+            self.fired_tables.setdefault(number, indptr)
+            if self.m.bad_ranges(number, indptr)[c]:
+                raise self.m.trigger_range_error(number, c)
             for linear in range(int(indptr[c]), int(indptr[c + 1])):
                 yield None
                 self._push((number, linear))
@@ -902,8 +907,9 @@ class _DynamicRun:
             if self.m.order[number].trigger is not None:
                 # Overlapping ranges: the table changed, or it decreases
                 # somewhere, which names the mistake.
-                self._check_table_unchanged(number)
-                self.m.check_trigger_table(number)
+                indptr = self.m.trigger_table(number)
+                self._check_table_unchanged(number, indptr)
+                self.m.check_trigger_table(number, indptr)
             raise LaunchError(
                 f"{self._where()}: ready-queue overflow: task "
                 f"'{self.m.order[number].name}' instance {self.m.points[number][linear]} "

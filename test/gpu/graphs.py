@@ -1240,11 +1240,14 @@ def trigger_table_counts(table) -> np.ndarray:  # noqa: ANN001
     return (np.maximum(np.diff(np.asarray(table)), 0) + 1).astype(np.int32)
 
 
-def _trigger_tile_ref(i, c, indptr, out) -> None:  # noqa: ANN001
+def trigger_tile_ref(i: int, c: int, indptr: np.ndarray, out: np.ndarray) -> None:
+    """Tile ``(i, c)`` of the trigger graphs (here and ``test_triggers.py``)."""
+    assert indptr[c] <= i < indptr[c + 1], (i, c)
     out[i] = 1000 * (c + 1) + (i - indptr[c])
 
 
-def _trigger_sink_ref(e, indptr, out, total) -> None:  # noqa: ANN001
+def trigger_sink_ref(e: int, indptr: np.ndarray, out: np.ndarray, total: np.ndarray) -> None:
+    """Sink ``e`` of the trigger graphs: the sum of its range's tiles."""
     total[e] = out[indptr[e] : indptr[e + 1]].sum()
 
 
@@ -1274,10 +1277,10 @@ def trigger_table_graph(*, guard: bool = True) -> etc.Graph:
            out_edges={planned: "i->0"})  # fmt: skip
     g.task(synthetic.empty(name="gather", block_size=BLOCK), grid=(E,),
            in_edges={planned: "e->0"}, out_edges=[(ready, "e->e"), (done, "e->e")])  # fmt: skip
-    g.task(fn(_TRIGGER_TILE, "tile", _trigger_tile_ref), grid=(tiles,), args=(indptr, out),
+    g.task(fn(_TRIGGER_TILE, "tile", trigger_tile_ref), grid=(tiles,), args=(indptr, out),
            in_edges={planned: "ic->0"} if guard else None, out_edges={done: "ic->c"},
            triggered_by=(ready, indptr))  # fmt: skip
-    g.task(fn(_TRIGGER_SINK, "sink", _trigger_sink_ref), grid=(E,), args=(indptr, out, total),
+    g.task(fn(_TRIGGER_SINK, "sink", trigger_sink_ref), grid=(E,), args=(indptr, out, total),
            in_edges=[(planned, "e->0"), (done, "e->e")])  # fmt: skip
     return g
 

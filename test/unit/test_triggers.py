@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,9 @@ from unit_helpers import make_fn
 import etc
 from etc import GraphError, LaunchError
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from graphs import trigger_sink_ref, trigger_tile_ref  # noqa: E402
+
 I32 = "memref<?xi32>"
 
 
@@ -28,15 +33,6 @@ def _plan_ref(i: int, counts: np.ndarray, indptr: np.ndarray, wait: np.ndarray) 
     indptr[0] = 0
     indptr[1:] = np.cumsum(counts)
     wait[:] = counts + 1
-
-
-def _tile_ref(i: int, c: int, indptr: np.ndarray, out: np.ndarray) -> None:
-    assert indptr[c] <= i < indptr[c + 1], (i, c)
-    out[i] = 1000 * (c + 1) + (i - indptr[c])
-
-
-def _sink_ref(e: int, indptr: np.ndarray, out: np.ndarray, total: np.ndarray) -> None:
-    total[e] = out[indptr[e] : indptr[e + 1]].sum()
 
 
 def _given_plan_ref(i: int, given: np.ndarray, indptr: np.ndarray, wait: np.ndarray) -> None:
@@ -74,7 +70,7 @@ def trigger_graph(
         out_edges=[(ready, "e->e"), (done, "e->e")],
     )
     g.task(
-        make_fn("tile", "index", "index", I32, I32, reference=_tile_ref),
+        make_fn("tile", "index", "index", I32, I32, reference=trigger_tile_ref),
         grid=(tiles + bound_slack,),
         args=(indptr, out),
         in_edges={planned: "ic->0"} if guard else None,
@@ -83,7 +79,7 @@ def trigger_graph(
         deal="ticket" if ticket else "list",
     )
     g.task(
-        make_fn("sink", "index", I32, I32, I32, reference=_sink_ref),
+        make_fn("sink", "index", I32, I32, I32, reference=trigger_sink_ref),
         grid=(E,),
         args=(indptr, out, total),
         in_edges={done: "e->e"},

@@ -56,6 +56,9 @@ enum StatusWord : int64_t {
   kCoordinate = 7, // linear coordinate in the stuck event
   kNumStatusWords = 8
 };
+// A wait or a pop that gave up (kEventId -1: a queue position never filled;
+// -2: the rank barrier).
+constexpr int64_t kWatchdog = 1;
 // A push past the queue's capacity (kCounter: the slot, kWaitCount: the
 // capacity), beyond "ok" (0), "watchdog" (1) and "bad task" (2).
 constexpr int64_t kQueueOverflow = 3;
@@ -340,7 +343,8 @@ private:
     return gridExtents(dispatch).front();
   }
   void recordFailure(int64_t state,
-                     ArrayRef<std::pair<StatusWord, Value>> words);
+                     ArrayRef<std::pair<StatusWord, Value>> words,
+                     Value stateAddr = Value());
   Value checkTriggerRange(int64_t taskId, Value coordinate, Value begin,
                           Value end, Value bound);
   void recordInstanceOutsideRange(int64_t taskId, Value coordinate, Value begin,
@@ -571,22 +575,15 @@ Value KernelBuilder::pollCounter(EventInfo &info, Value coordinate,
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifReport.thenBlock());
-    Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 1;", "=r,l",
-                      stateAddr);
-    Value first =
-        arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0));
-    auto ifFirst = scf::IfOp::create(b, TypeRange(), first, false);
-    b.setInsertionPointToStart(ifFirst.thenBlock());
-    auto store = [&](StatusWord word, Value v) {
-      memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
-    };
-    store(kEventId, i32(info.id));
-    store(kTaskId, i32(taskId));
-    store(kCounter, value);
-    store(kWaitCount, target);
-    store(kInstance, instance);
-    store(kBlock, gpu::BlockIdOp::create(b, gpu::Dimension::x));
-    store(kCoordinate, coordinate);
+    recordFailure(kWatchdog,
+                  {{kEventId, i32(info.id)},
+                   {kTaskId, i32(taskId)},
+                   {kCounter, value},
+                   {kWaitCount, target},
+                   {kInstance, instance},
+                   {kBlock, Value()},
+                   {kCoordinate, coordinate}},
+                  stateAddr);
   }
   return arith::ExtUIOp::create(
       b, i32Ty,
@@ -812,21 +809,30 @@ Value KernelBuilder::indptrEntry(DispatchOp dispatch, Value at) {
 }
 
 /// Records failure `state` and `words` in the status record unless a failure
-/// is already recorded (the first stays). Any thread may call it; every CTA
-/// sees the state at its next poll or pop and stops.
-void KernelBuilder::recordFailure(
-    int64_t state, ArrayRef<std::pair<StatusWord, Value>> words) {
+/// is already recorded (the first stays); a word without a value gets the
+/// CTA's index. `stateAddr`: the state word's address, where the caller has
+/// it. Any thread may call it; every CTA sees the state at its next poll or
+/// pop and stops.
+void KernelBuilder::recordFailure(int64_t state,
+                                  ArrayRef<std::pair<StatusWord, Value>> words,
+                                  Value stateAddr) {
   OpBuilder::InsertionGuard guard(b);
+  if (!stateAddr)
+    stateAddr = addressOf(status, index(kState));
   Value old = asm32(
       ("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, " + Twine(state) + ";")
           .str(),
-      "=r,l", addressOf(status, index(kState)));
+      "=r,l", stateAddr);
   auto ifFirst = scf::IfOp::create(
       b, TypeRange(),
       arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0)), false);
   b.setInsertionPointToStart(ifFirst.thenBlock());
-  for (auto [word, value] : words)
+  for (auto [word, value] : words) {
+    // No value: this CTA's index, read where it is stored.
+    if (!value)
+      value = gpu::BlockIdOp::create(b, gpu::Dimension::x);
     memref::StoreOp::create(b, toI32(value), status, ValueRange{index(word)});
+  }
 }
 
 /// Whether range `coordinate` of task `taskId`'s trigger table, [begin,
@@ -2540,24 +2546,16 @@ Value KernelBuilder::pop(ArrayRef<DispatchOp> dispatches, Claim &claim) {
     {
       OpBuilder::InsertionGuard reportGuard(b);
       b.setInsertionPointToStart(ifReport.thenBlock());
-      Value old = asm32("atom.relaxed.gpu.global.cas.b32 $0, [$1], 0, 1;",
-                        "=r,l", stateAddr);
-      auto ifFirst = scf::IfOp::create(
-          b, TypeRange(),
-          arith::CmpIOp::create(b, arith::CmpIPredicate::eq, old, i32(0)),
-          false);
-      b.setInsertionPointToStart(ifFirst.thenBlock());
-      auto store = [&](StatusWord word, Value v) {
-        memref::StoreOp::create(b, toI32(v), status, ValueRange{index(word)});
-      };
       // No event: the CTA waited for a task that was never pushed.
-      store(kEventId, i32(-1));
-      store(kTaskId, i32(-1));
-      store(kCounter, position);
-      store(kWaitCount, total);
-      store(kInstance, i32(-1));
-      store(kBlock, gpu::BlockIdOp::create(b, gpu::Dimension::x));
-      store(kCoordinate, i32(-1));
+      recordFailure(kWatchdog,
+                    {{kEventId, i32(-1)},
+                     {kTaskId, i32(-1)},
+                     {kCounter, position},
+                     {kWaitCount, total},
+                     {kInstance, i32(-1)},
+                     {kBlock, Value()},
+                     {kCoordinate, i32(-1)}},
+                    stateAddr);
     }
     // Pushed descriptors carry task + 1 so that zero means "empty".
     Value descriptor =
