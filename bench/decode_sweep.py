@@ -970,6 +970,16 @@ VARIANTS["unshared"] = _large(("tma_meet_share", ()))
 # ... the cluster meeting's parts stamped (bench/decode_trace.py), against
 # stamps_large: where a pair's time goes if the sweep says it does not gain.
 VARIANTS["stamps_cluster"] = {"gemm_stamps": True, **VARIANTS["cluster"]}
+# Session 60: B = 1's gate/up ring with fewer of its 7 first chunks issued
+# before the wait. In the B = 1 traces (items 64 and 207) gate/up starts
+# 1.6 µs after o_proj ends where the other stages start 0.5 µs after their
+# producer: the poll that ends its wait queues behind the 12.6 MB its
+# prefetch function has just asked for. Fewer chunks early should shorten
+# that gap (up to -1.1 µs a layer, -2 % of the step) and slow the ring's ramp.
+for _n in (2, 4):
+    VARIANTS[f"b1_gu_pf{_n}"] = _b1(
+        ("projection_options", (("gate_up_proj", (("prefetch_ring", _n),)),))
+    )
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Sixtieth session: B = 1's leads on whatever card comes (an H200 is the
+# issue's card; H100 rows are recorded as such).
+# `tiers`: B = 1's nine splits from L = 900 (item 262 on an H100: -0.9 % at
+# L = 1024, -3.1 % at 1100) over .device/s57/tiers (built by
+# DECODE_SWEEP_VARIANTS=default,b1_tiers900 python bench/decode_sweep.py
+# --build .device/s57/tiers; the decoder's PTX has not changed since).
+# `gu`: B = 1's gate/up ring with 2 or 4 of its 7 first chunks issued before
+# the wait (bench/decode_sweep.py's b1_gu_pf*; DECODE_SWEEP_VARIANTS=
+# default,b1_gu_pf2,b1_gu_pf4 python bench/decode_sweep.py --build
+# .device/s60/gu). Carry .device/s57/tiers and .device/s60/gu.
+# Usage: bash bench/gpu_session60.sh [tiers] [gu]
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+for step in ${*:-tiers gu}; do
+  case $step in
+  tiers) SWEEP_TMP=/tmp/s60 sweep_passes s60_tiers default,b1_tiers900 1 768,960,1024,1100 \
+    .device/s57/tiers ;;
+  gu) SWEEP_TMP=/tmp/s60 sweep_passes s60_gu default,b1_gu_pf2,b1_gu_pf4 1 512,1024 \
+    .device/s60/gu ;;
+  esac
+done
+tar czf "$OUT/s60_raw.tgz" -C /tmp/s60 raw 2>/dev/null
