@@ -9,11 +9,15 @@
 # the wait (bench/decode_sweep.py's b1_gu_pf*; DECODE_SWEEP_VARIANTS=
 # default,b1_gu_pf2,b1_gu_pf4 python bench/decode_sweep.py --build
 # .device/s60/gu). Carry .device/s57/tiers and .device/s60/gu.
-# Usage: bash bench/gpu_session60.sh [tiers] [gu]
+# `merge`: bench/merge_proto.cu (built there: nvcc needs no GPU here either),
+# the model of B = 1's attention hand-off with o_proj merging the splits.
+# Usage: bash bench/gpu_session60.sh [merge] [tiers] [gu]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
-for step in ${*:-tiers gu}; do
+for step in ${*:-merge tiers gu}; do
   case $step in
+  merge) mkdir -p /tmp/s60 && nvcc -O3 -gencode arch=compute_90a,code=sm_90a \
+      bench/merge_proto.cu -o /tmp/s60/mp && timeout 60 /tmp/s60/mp 2>&1 | tee "$OUT/merge_proto.txt" ;;
   tiers) SWEEP_TMP=/tmp/s60 sweep_passes s60_tiers default,b1_tiers900 1 768,960,1024,1100 \
     .device/s57/tiers ;;
   gu) SWEEP_TMP=/tmp/s60 sweep_passes s60_gu default,b1_gu_pf2,b1_gu_pf4 1 512,1024 \
