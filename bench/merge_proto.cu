@@ -85,14 +85,10 @@ __device__ void notify(unsigned *addr) {
   atomicAdd(addr, 1u);
 }
 
-__device__ void spin_ns(unsigned ns) {
-  unsigned long long t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (;;) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 >= ns)
-      break;
+// Busy for `cycles` SM clocks (%globaltimer ticks too coarsely on some parts).
+__device__ void spin(unsigned cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
   }
 }
 
@@ -135,8 +131,8 @@ __device__ float merge_one(const Buffers &b, int splits, int head, int dim) {
 
 template <bool OPROJ_MERGES>
 __global__ void __launch_bounds__(THREADS, 2)
-    chain(Buffers b, int splits, int layers, unsigned work_ns,
-          unsigned gemv_ns) {
+    chain(Buffers b, int splits, int layers, unsigned work_cycles,
+          unsigned gemv_cycles) {
   __shared__ float x[ROW];
   __shared__ int last;
   const int cta = blockIdx.x, t = threadIdx.x;
@@ -149,7 +145,7 @@ __global__ void __launch_bounds__(THREADS, 2)
       if (t == 0 && layer > 0)
         poll_acquire(done - WORDS_PER_LAYER, CONSUMERS, b.failed);
       __syncthreads();
-      spin_ns(work_ns);
+      spin(work_cycles);
       const int head = g * GROUP + t / DIM, dim = t % DIM;
       b.opart[(s * HEADS + head) * DIM + dim] =
           partial_out(s, head, dim, layer);
@@ -235,7 +231,7 @@ __global__ void __launch_bounds__(THREADS, 2)
       float acc = 0.f;
       for (int e = 0; e < ROW / THREADS; ++e)
         acc += x[(t + e * THREADS + j) % ROW];
-      spin_ns(gemv_ns);
+      spin(gemv_cycles);
       if (acc == 12345.f)
         b.sink[j] = acc;
       __syncthreads();
@@ -252,6 +248,10 @@ int main(int argc, char **argv) {
     layers = std::atoi(argv[1]);
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
+  int khz = 0;
+  CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const unsigned work_cycles = unsigned(work_ns * (khz / 1e6)),
+                 gemv_cycles = unsigned(gemv_ns * (khz / 1e6));
   int per_sm = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain<true>,
                                                       THREADS, 0));
@@ -283,7 +283,7 @@ int main(int argc, char **argv) {
       for (int rep = 0; rep < 35; ++rep) {
         CHECK(cudaMemsetAsync(b.counters, 0, words * sizeof(unsigned)));
         CHECK(cudaEventRecord(e0));
-        kernel<<<ctas, THREADS>>>(b, splits, layers, work_ns, gemv_ns);
+        kernel<<<ctas, THREADS>>>(b, splits, layers, work_cycles, gemv_cycles);
         CHECK(cudaEventRecord(e1));
         CHECK(cudaEventSynchronize(e1));
         CHECK(cudaGetLastError());
@@ -315,7 +315,8 @@ int main(int argc, char **argv) {
     if (worst > 1)
       return 1;
   }
-  std::printf("work %u ns a split, gemv %u ns a consumer, %d layers\n", work_ns,
-              gemv_ns, layers);
+  std::printf("work %u ns a split, gemv %u ns a consumer (at %d MHz), %d "
+              "layers\n",
+              work_ns, gemv_ns, khz / 1000, layers);
   return 0;
 }
