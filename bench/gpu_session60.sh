@@ -11,16 +11,16 @@
 # .device/s60/gu). Carry .device/s57/tiers and .device/s60/gu.
 # `merge`: bench/merge_proto.cu (built there: nvcc needs no GPU here either),
 # the model of B = 1's attention hand-off with o_proj merging the splits.
-# Usage: bash bench/gpu_session60.sh [merge] [tiers] [gu]
+# Usage: [TIERS_CONTEXTS=L,...] [GU_CONTEXTS=L,...] bash bench/gpu_session60.sh [merge] [tiers] [gu]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-merge tiers gu}; do
   case $step in
   merge) mkdir -p /tmp/s60 && nvcc -O3 -gencode arch=compute_90a,code=sm_90a \
       bench/merge_proto.cu -o /tmp/s60/mp && timeout 60 /tmp/s60/mp 2>&1 | tee "$OUT/merge_proto.txt" ;;
-  tiers) SWEEP_TMP=/tmp/s60 sweep_passes s60_tiers default,b1_tiers900 1 768,960,1024,1100 \
+  tiers) SWEEP_TMP=/tmp/s60 sweep_passes s60_tiers default,b1_tiers900 1 ${TIERS_CONTEXTS:-768,960,1024,1100} \
     .device/s57/tiers ;;
-  gu) SWEEP_TMP=/tmp/s60 sweep_passes s60_gu default,b1_gu_pf2,b1_gu_pf4 1 512,1024 \
+  gu) SWEEP_TMP=/tmp/s60 sweep_passes s60_gu default,b1_gu_pf2,b1_gu_pf4 1 ${GU_CONTEXTS:-512,1024} \
     .device/s60/gu ;;
   esac
 done
