@@ -337,11 +337,11 @@ class _Machine:
         bad[:1] |= begin[:1] != 0
         return bad
 
-    def check_trigger_table(self, number: int, indptr: np.ndarray | None = None) -> None:
-        """Raise for the first range of a final trigger table outside the
-        grid (the static GPU lowering checks the whole table once it is
-        final)."""
-        bad = self.bad_ranges(number, self.trigger_table(number) if indptr is None else indptr)
+    def check_trigger_table(self, number: int, indptr: np.ndarray) -> None:
+        """Raise for the first range of a final trigger table (``indptr``, as
+        the caller read it) outside the grid (the static GPU lowering checks
+        the whole table once it is final)."""
+        bad = self.bad_ranges(number, indptr)
         if bad.any():
             raise self.trigger_range_error(number, int(np.argmax(bad)))
 
