@@ -941,6 +941,21 @@ def _b1_tiers(*changes: tuple[str, object], start: int = 576) -> dict:
 
 VARIANTS["b1_tiers"] = _b1_tiers()
 VARIANTS["b1_tiers900"] = _b1_tiers(start=900)
+# ... and B = 1's greedy argmax folded into its LM head (argmax_fused,
+# sixty-first session): each warp's largest logit as an i64 key into one
+# atomic maximum, one thread reading the token after the last LM head
+# instance. Predicted: the 7.8 us between the LM head's end and the token
+# falls to ~2, the LM head's instances each ~0.1-0.2 us longer (~7.6 per
+# CTA, ~1 us on the path): -4..-5 us a step (-0.5..-0.6 %).
+VARIANTS["b1_argmax_key"] = _b1(("argmax_fused", True))
+VARIANTS["b1_tiers900_key"] = {
+    **VARIANTS["b1_tiers900"],
+    "batch_buckets": (
+        (lambda b1, *rest: ((b1[0], (*b1[1], ("argmax_fused", True))), *rest))(
+            *VARIANTS["b1_tiers900"]["batch_buckets"]
+        )
+    ),
+}
 # ... and the default with the tma core's projection parts stamped
 # (gemm_stamps: where a B = 32 part's ~5.8 µs for 64 KB of weights goes, and
 # the meeting's ~1.2 µs more in a block's last part; bench/decode_trace.py).

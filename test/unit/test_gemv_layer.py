@@ -3,8 +3,9 @@
 ``mma.sync``: every weight byte of a block copied exactly once over the
 CTA's threads (each thread's copies traced through the generated MLIR, with
 and without the ring prefetch), the options it refuses, PTX that ptxas
-accepts for every epilogue, and the decoder on it in the simulator and
-compiled under both schedules."""
+accepts for every epilogue, the decoder on it in the simulator and
+compiled under both schedules, and the greedy argmax folded into the LM
+head's epilogue (``argmax_key``)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ import collections
 import dataclasses
 import re
 
+import numpy as np
 import pytest
-from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, sm90a_ptxas
+from gemm_helpers import compile_tile, needs_bindings, needs_ptxas, rand_bf16, sm90a_ptxas
 from mlir_addresses import Evaluator, copy_pairs, copy_sources, functions, weight_loads
 from unit_helpers import check_decoder_step
 
 import etc
+from etc.dtypes import bf16_to_f32
 from etc.models import llama as M
+from etc.tiles import llama as T
 from etc.tiles.gemm import layer_gemm
+from etc.tiles.gemv_layer import argmax_key_reference, argmax_keys
 
 pytestmark = needs_bindings
 
@@ -310,3 +315,179 @@ def test_decoder_on_the_gemv_core_compiles(schedule):
     lines = dataclasses.replace(TINY_ROWS, gemv_whole_lines=True)
     art = etc.compile(M.build_decoder_graph(lines), **M.compile_options(lines, schedule))
     assert art.cubin is not None and "bar.warp.sync" in art.ptx and "bar.warp.sync" not in rows.ptx
+
+
+# -- the argmax folded into the LM head's epilogue ------------------------------------
+
+
+def first_largest(row: np.ndarray) -> int:
+    """torch.argmax's answer ignoring NaNs: the first index of the largest
+    value (-0 equal to +0)."""
+    values = [float(v) for v in row]
+    best = max(v for v in values if v == v)
+    return next(i for i, v in enumerate(values) if v == best)
+
+
+def _special_rows(rng: np.random.Generator, rows: int, width: int) -> np.ndarray:
+    """f32 rows with what orders badly as raw bits: ties, signed zeros,
+    -inf, NaNs, all-negative rows."""
+    v = rng.standard_normal((rows, width)).astype(np.float32) * np.float32(4.0)
+    v[0, [3, 40, width - 1]] = 50.0  # ties: the first wins
+    v[1] = -np.abs(v[1]) - 1.0  # every logit negative
+    v[1, 17] = -0.5
+    v[2] = 0.0
+    v[2, 5] = -0.0  # -0 before +0: equal, the lower index wins
+    v[2, :5] = -1.0
+    v[3] = -np.inf
+    v[4, ::3] = np.nan  # NaNs ignored
+    v[4, 7] = 90.0
+    v[5, 0] = np.nan
+    return v
+
+
+def test_argmax_keys_order_as_the_first_largest_logit():
+    rng = np.random.default_rng(3)
+    v = _special_rows(rng, 7, 96)
+    for first in (0, 1 << 16):
+        keys = argmax_keys(v, first).view(np.uint64)
+        tokens = argmax_key_reference(keys.max(axis=1).view(np.int64))
+        assert tokens.tolist() == [first + first_largest(r) for r in v]
+    assert argmax_keys(v, 0)[2, 5] == argmax_keys(v, 0)[2, 6] + 1  # -0 keyed as +0
+    assert (argmax_keys(v[4:5, ::3], 0) == 0).all()  # NaN: no key
+    assert argmax_key_reference(np.zeros(1, np.int64)).tolist() == [0]
+
+
+@pytest.mark.parametrize("columns_first, block_m, block_n", [(False, 1, 64), (True, 1, 64),
+                                                            (True, 8, 128), (False, 16, 16)])  # fmt: skip
+def test_lm_head_tiles_leave_the_rows_first_largest_key_in_any_order(
+    columns_first, block_m, block_n
+):
+    """The tile's numpy model: its logits as the plain store tile's, and the
+    atomic maxima of its blocks' keys (run here in a shuffled order) name
+    the first largest logit of each row; argmax_take reads the token and
+    zeroes the key for the next step."""
+    rng = np.random.default_rng(9)
+    M_, n, k, bn = 3 if block_m == 1 else 19, 512, 512, block_n
+    tile = layer_gemm(
+        block_m, bn, n, k, layers=None, epilogue="store", core="gemv", name="lm",
+        columns_first=columns_first, argmax_key=True,
+    )  # fmt: skip
+    assert tile.params[-1] == "memref<?xi64>"
+    A, W = rand_bf16(rng, M_, k), rand_bf16(rng, n, k)
+    W[[11, 300]] = W[200]  # equal rows: tied logits across blocks
+    C, keys = np.zeros((M_, n), np.uint16), np.zeros(M_, np.int64)
+    blocks = [(i, j) for i in range(-(-M_ // block_m)) for j in range(n // bn)]
+    for i, j in rng.permutation(blocks).tolist():
+        tile.reference(*((j, i) if columns_first else (i, j)), A, W, C, keys)
+    plain = np.zeros_like(C)
+    store = layer_gemm(block_m, bn, n, k, layers=None, epilogue="store", core="gemv", name="lm")
+    for i, j in blocks:
+        store.reference(i, j, A, W, plain)
+    np.testing.assert_array_equal(C, plain)
+    out = np.full(M_, -1, np.int32)
+    take = T.argmax_take()
+    for b in range(M_):
+        take.reference(b, keys, out)
+    assert out.tolist() == [first_largest(bf16_to_f32(r)) for r in C]
+    assert (keys == 0).all()
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(epilogue="residual"), "needs epilogue='store' .got 'residual'."),
+        (
+            dict(block_m=16, block_n=48, block_size=384),
+            "over 16 rows, block_n dividing 32 .*got 48",
+        ),
+        (dict(core="sync"), "argmax_key needs core='gemv'"),
+    ],
+)
+def test_argmax_key_refusals_name_the_tile(options, words):
+    args = dict(block_m=1, block_n=64, epilogue="store", core="gemv") | options
+    with pytest.raises(etc.GraphError, match=f"tile 'lm': .*{words}"):
+        layer_gemm(args.pop("block_m"), args.pop("block_n"), 768, 512, layers=None, name="lm",
+                   argmax_key=True, **args)  # fmt: skip
+
+
+@needs_ptxas
+@pytest.mark.parametrize("block_m, block_n, outputs", [(1, 64, 1), (8, 128, 4)])
+def test_argmax_key_epilogue_assembles_with_one_atomic_maximum_a_warp(
+    block_m, block_n, outputs, tmp_path
+):
+    """The LM head's blocks (B = 1's 64 columns, B = 2..8's 8 rows by 128 of
+    k = 2048, the norm folded): for each of a thread's ``outputs`` the keys'
+    butterfly over the row's lanes and a relaxed atomic maximum, no fence,
+    no spills."""
+
+    def tile_ptx(fold: bool):
+        tile = layer_gemm(
+            block_m, block_n, 4096, 2048, layers=None, epilogue="store", core="gemv", name="lm",
+            stages=8 if block_m == 1 else 4, prefetch_ring=True, row_scale=(0, 2, 1e-5),
+            argmax_key=fold,
+        )  # fmt: skip
+        tensors = [("A", ("m", 2048), "bf16"), ("R", (3, "m"), "i64"),
+                   ("W", (4096, 2048), "bf16"), ("C", ("m", 4096), "bf16")]  # fmt: skip
+        grid = ("m", 4096 // block_n)
+        art = compile_tile(tile, tensors + [("K", ("m",), "i64")] * fold, grid)
+        body = art.ptx[art.ptx.index(f".func {tile.name}(") :]
+        return tile, art, body[: body.index("\n}")]
+
+    tile, art, body = tile_ptx(True)
+    plain = tile_ptx(False)[2]
+    assert body.count("atom.max.u64") == outputs and "fence" not in body
+    assert "atom" not in plain
+    # The keys' butterflies: 5 steps of two words each, beside the sums'.
+    shuffles = body.count("shfl.sync.bfly.b32") - plain.count("shfl.sync.bfly.b32")
+    assert shuffles == 10 * outputs
+    report = sm90a_ptxas(art.ptx, tmp_path)
+    own = re.search(rf"Function properties for {tile.name}\n\s*(.*)", report)
+    assert own and "0 bytes spill stores, 0 bytes spill loads" in own.group(1), report
+
+
+def test_decoder_with_the_argmax_folded_matches_the_numpy_model():
+    cfg = dataclasses.replace(M.TINY, gemm_core="gemv", argmax_fused=True)
+    graph = M.build_decoder_graph(cfg)
+    assert [t.name for t in graph.tasks][-2:] == ["lm_head", "argmax"]
+    for B, L in ((1, 0), (3, 9)):
+        check_decoder_step(cfg, B, L)
+    rows = dataclasses.replace(TINY_ROWS, argmax_fused=True)  # 16 rows a tile
+    for B, L in ((3, 9), (17, 4)):
+        check_decoder_step(rows, B, L)
+    # A second step over the same buffers: the first left every key at 0.
+    weights = M.random_weights(cfg, seed=4)
+    arrays = M.numpy_inputs(cfg, weights, np.array([5, 9], np.int32), 6, 9)
+    for L in (6, 7):
+        ref = M.reference_step(cfg, arrays, L)
+        arrays = etc.simulate(graph, arrays, {"B": 2, "L": L, "S": 9}, num_ctas=3)
+        np.testing.assert_array_equal(arrays["next_tokens"], ref["next_tokens"])
+        assert (arrays["argmax_key"] == 0).all()
+        arrays["tokens"] = arrays["next_tokens"].copy()
+
+
+def test_folded_argmax_buffers_and_refusals():
+    """Every kernel of an artifact declares argmax_key once one kernel folds
+    its argmax; the fold needs the LM head in one-row gemv tiles."""
+    one = (("gemm_core", "gemv"), ("argmax_fused", True))
+    cfg = dataclasses.replace(M.TINY, batch_buckets=((1, one), (None, ())))
+    kernels = [k for _, _, k in cfg.kernel_configs()]
+    assert [k.argmax_fused for k in kernels] == [True, False]
+    assert all(k.key_buffer for k in kernels)
+    assert "argmax_key" not in M.tensor_shapes(M.TINY, 1, 4, 8)
+    shapes = [M.tensor_shapes(k, 1, 4, 8) for k in kernels]
+    assert shapes[0] == shapes[1] and shapes[0]["argmax_key"] == ((1,), "i64")
+    with pytest.raises(etc.GraphError, match="LlamaConfig: argmax_fused folds .* core 'sync'"):
+        dataclasses.replace(M.TINY, argmax_fused=True)
+    with pytest.raises(etc.GraphError, match="argmax_keys=False leaves it out"):
+        dataclasses.replace(M.TINY, gemm_core="gemv", argmax_fused=True, argmax_keys=False)
+    with pytest.raises(etc.GraphError, match="batch bucket B <= 1 changes argmax_keys"):
+        dataclasses.replace(M.TINY, batch_buckets=((1, (("argmax_keys", True),)), (None, ())))
+
+
+@needs_ptxas
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_decoder_with_the_argmax_folded_compiles(schedule):
+    cfg = dataclasses.replace(M.TINY, gemm_core="gemv", argmax_fused=True)
+    art = etc.compile(M.build_decoder_graph(cfg), **M.compile_options(cfg, schedule))
+    assert art.cubin is not None
+    assert "atom.max.u64" in art.ptx and "exch.b64" in art.ptx

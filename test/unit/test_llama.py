@@ -1549,7 +1549,7 @@ def test_batch_buckets_change_only_the_tiles():
                 assert c.splits(L, b) == M.LLAMA_3_2_1B.splits(L, b), (bound, L, b)
     assert mid == dataclasses.replace(
         M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16, attn_cached_splits=True,
-        attn_counters=True, **dict(M.SMALL_BATCH),
+        attn_counters=True, argmax_keys=False, **dict(M.SMALL_BATCH),
     )  # fmt: skip
     assert mid.wait_memo and not one.wait_memo and not large.wait_memo
     # B = 1 one row a gemv tile, B = 2..8 8 rows, 9..16 16 rows (mma.sync,

@@ -783,6 +783,18 @@ class LlamaConfig:
     #: The large-batch kernel's: there the part tiles made ptxas spill more
     #: in the tensor-core attention, +90 µs at B=64 on an H200.
     argmax_whole: bool = False
+    #: The greedy argmax folded into the LM head's epilogue: each warp's
+    #: largest logit, as an i64 key (its bits made to order, then the
+    #: column's complement), goes into ``argmax_key[b]`` by one atomic
+    #: maximum, and one thread a sequence reads the token and resets the key
+    #: after the last LM head instance (``layer_gemm(argmax_key=True)``,
+    #: ``argmax_take``): no pass over the logits after the LM head. Needs the
+    #: LM head on the gemv core (the B = 1..16 kernels').
+    argmax_fused: bool = False
+    #: Whether the graph declares ``argmax_key``. None: whether any kernel
+    #: of the artifact folds its argmax (:attr:`key_buffer`): every kernel of
+    #: an artifact takes the same buffers.
+    argmax_keys: bool | None = None
     #: The tasks (:data:`DECODER_TASKS`) whose tiles this kernel calls
     #: instead of inlining (``etc.compile(outline=...)``); True: every task.
     #: A called tile gets its own register allocation, so the other tiles'
@@ -1051,10 +1063,20 @@ class LlamaConfig:
                 "LlamaConfig: tma_meeting='cluster' puts a block's parts on one cluster's "
                 "CTAs, which lists taken by SM (sm_slices) cannot: drop one"
             )
-        for name in ("attn_counters", "attn_cached_splits"):  # None: the artifact's default
+        for name in ("attn_counters", "attn_cached_splits", "argmax_keys"):  # None: the default
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise GraphError(f"LlamaConfig: {name} must be None or a bool, got {value!r}")
+        if self.argmax_fused and self.argmax_keys is False:
+            raise GraphError(
+                "LlamaConfig: argmax_fused leaves its keys in argmax_key: argmax_keys=False "
+                "leaves it out of the graph"
+            )
+        if self.argmax_fused and self.core("lm_head") != "gemv":
+            raise GraphError(
+                "LlamaConfig: argmax_fused folds the argmax into the LM head's gemv tiles: "
+                f"the LM head runs on core {self.core('lm_head')!r} (give gemm_core='gemv')"
+            )
         if self.fuse_combine and self.attn_counters is False:
             raise GraphError(
                 "LlamaConfig: fuse_combine counts the splits in attn_count: attn_counters=False "
@@ -1326,7 +1348,10 @@ class LlamaConfig:
         cached = self.attn_cached_splits
         if cached is None:
             cached = all(k._takes_cached_splits for _, c in configs for _, k in c.context_configs())
-        shared = dict(attn_chunk=span, attn_cached_splits=cached, attn_counters=self.split_counters)
+        shared = dict(
+            attn_chunk=span, attn_cached_splits=cached, attn_counters=self.split_counters,
+            argmax_keys=self.key_buffer,
+        )  # fmt: skip
         return [(bound, dataclasses.replace(c, **shared)) for bound, c in configs]
 
     def kernel_configs(self) -> list[tuple[int | None, int | None, LlamaConfig]]:
@@ -1361,6 +1386,7 @@ class LlamaConfig:
             "attn_chunk": self.attn_large_span,
             "attn_cached_splits": self.cached_splits,
             "attn_counters": self.split_counters,
+            "argmax_keys": self.key_buffer,
         }
         bound = dict(max_context=bound) if bound is not None else {}
         return dataclasses.replace(self, **dict(changes), context_buckets=(), **fixed, **bound)
@@ -1371,11 +1397,24 @@ class LlamaConfig:
         default whether any kernel of the artifact fuses its combine."""
         if self.attn_counters is not None:
             return self.attn_counters
+        return self._any_kernel("fuse_combine")
+
+    @property
+    def key_buffer(self) -> bool:
+        """Whether the graph declares ``argmax_key``: ``argmax_keys``, by
+        default whether any kernel of the artifact folds its argmax."""
+        if self.argmax_keys is not None:
+            return self.argmax_keys
+        return self._any_kernel("argmax_fused")
+
+    def _any_kernel(self, field: str) -> bool:
+        """Whether any kernel of the artifact (every batch and context
+        bucket) sets the bool ``field``."""
         buckets = [dict(changes) for _, changes in self.batch_buckets] or [{}]
         for changes in buckets:
-            fuse = changes.get("fuse_combine", self.fuse_combine)
+            value = changes.get(field, getattr(self, field))
             contexts = changes.get("context_buckets", self.context_buckets) or ((None, ()),)
-            if any(dict(c).get("fuse_combine", fuse) for _, c in contexts):
+            if any(dict(c).get(field, value) for _, c in contexts):
                 return True
         return False
 
@@ -1545,7 +1584,7 @@ class LlamaConfig:
         # Every kernel takes the same buffers: the weights' layout, the split
         # counters and, within a batch bucket, the attention's split counts
         # (its partials' shape).
-        shared = {"weight_chunk", "attn_counters", "ragged", "page_size"} | (
+        shared = {"weight_chunk", "attn_counters", "argmax_keys", "ragged", "page_size"} | (
             _SPLIT_FIELDS if field == "context_buckets" else set()
         )
         fields = {f.name for f in dataclasses.fields(self)} - {field, "max_batch", "max_context"}
@@ -1591,8 +1630,9 @@ class LlamaConfig:
 
     @property
     def split_argmax(self) -> int:
-        """Argmax instances per sequence in this kernel (0: one, whole row)."""
-        return 0 if self.argmax_whole else self.argmax_parts
+        """Argmax instances per sequence in this kernel (0: one, whole row
+        or folded into the LM head)."""
+        return 0 if self.argmax_whole or self.argmax_fused else self.argmax_parts
 
     @property
     def combine_instances(self) -> int:
@@ -1864,6 +1904,7 @@ def tensor_shapes(
             else {}
         ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.split_counters else {}),
+        **({"argmax_key": ((B,), "i64")} if cfg.key_buffer else {}),
         **({"attn_stamps": ((NL, B, KV, P, _stamp_words(cfg)), "i64")} if cfg.attn_stamps else {}),
         **({"gemm_stamps": (_gemm_stamps_shape(cfg, B), "i64")} if cfg.gemm_stamps else {}),
         **({"block_table": ((B, max_pages), "i32")} if cfg.page_size else {}),
@@ -1944,7 +1985,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
 
     def proj(
         bn: int, n: int, k: int, epilogue: str, name: str, layers: int | None = NL, norm=None,
-        sums_out=None,
+        sums_out=None, argmax_key: bool = False,
     ):  # fmt: skip
         folded = cfg.fold_norms and norm is not None and layers is not None
         if cfg.core(name) == "bulk":
@@ -1959,6 +2000,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
                 whole_lines=cfg.gemv_whole_lines and cfg.gemv_block > 1,
                 row_scale=(*norm, cfg.eps) if folded else None,
                 sums_out=sums_out if cfg.sums else None,
+                **({"argmax_key": True} if argmax_key else {}),
             )  # fmt: skip
         elif cfg.core(name) == "tma":
             own = dict(dict(cfg.projection_options).get(name, ()))
@@ -2052,9 +2094,18 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
         "gate_up": proj(cfg.bn_gu, cfg.inter, H, "swiglu", "gate_up_proj", norm=rows["norm2"]),
         "down": proj(cfg.bn_down, H, cfg.inter, "residual", "down_proj", sums_out=(2, 2)),
         "lm_head": proj(
-            cfg.bn_lm, cfg.vocab, H, "store", "lm_head", layers=None, norm=rows["final_norm"]
+            cfg.bn_lm,
+            cfg.vocab,
+            H,
+            "store",
+            "lm_head",
+            layers=None,
+            norm=rows["final_norm"],
+            argmax_key=cfg.argmax_fused,
         ),
-        "argmax": llama.argmax(cfg.vocab, block_size=bs, parts=cfg.split_argmax or None),
+        "argmax": llama.argmax_take(block_size=bs)
+        if cfg.argmax_fused
+        else llama.argmax(cfg.vocab, block_size=bs, parts=cfg.split_argmax or None),
         **(
             {"argmax_merge": llama.argmax_merge(cfg.vocab, cfg.argmax_parts, block_size=bs)}
             if cfg.split_argmax
@@ -2279,9 +2330,12 @@ def build_decoder_graph(
     task(
         tiles["lm_head"],
         grid=gemm_grid(cfg.bn_lm, cfg.vocab, "lm_head"),
-        args=(t["h"], t["norms"], *[t[n] for n in sums], t["embed"], t["logits"])
-        if fused
-        else (t["x"], t["embed"], t["logits"]),
+        args=(
+            *((t["h"], t["norms"], *[t[n] for n in sums]) if fused else (t["x"],)),
+            t["embed"],
+            t["logits"],
+            *((t["argmax_key"],) if cfg.argmax_fused else ()),
+        ),
         in_edges={layer_in: f"(j, i) -> ({NL})"} if fused else {final_normed: "ij->0"},
         out_edges={logits_done: "ij->0"},
         name="lm_head",
@@ -2310,7 +2364,7 @@ def build_decoder_graph(
     task(
         tiles["argmax"],
         grid=(B,),
-        args=(t["logits"], t["next_tokens"]),
+        args=(t["argmax_key"] if cfg.argmax_fused else t["logits"], t["next_tokens"]),
         in_edges={logits_done: "b->0"},
         name="argmax",
         phase=NL,

@@ -1755,6 +1755,7 @@ def layer_gemm(
     short_path: bool = True,
     whole_lines: bool = False,
     stamps: bool = False,
+    argmax_key: bool = False,
 ) -> DeviceFunction:
     """A projection of a decoder layer: tile ``(l, i, j)`` computes rows
     ``[i*BM, (i+1)*BM)`` and columns ``[j*BN, (j+1)*BN)`` of ``A @ W[l]^T``.
@@ -1858,7 +1859,10 @@ def layer_gemm(
     (``short_path``: a 16-row tile of at most 8 rows takes an 8-row loop;
     ``whole_lines``: each warp's weight copies read whole 128-byte lines).
     It takes ``stages``, ``columns_first``, ``row_scale``, ``sums_out``,
-    ``prefetch_ring``, ``short_path`` and ``whole_lines`` only.
+    ``prefetch_ring``, ``short_path`` and ``whole_lines`` only, and
+    ``argmax_key`` (one row, ``store``: the LM head's greedy argmax folded
+    into its epilogue, one i64 key a row in ``K: memref<?xi64>`` after
+    ``C``; :func:`etc.tiles.llama.argmax_take` reads it).
 
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
     a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must
@@ -1954,6 +1958,8 @@ def layer_gemm(
         )
     if epilogue_ahead:
         raise GraphError(f"tile '{name}': epilogue_ahead needs core='tma'")
+    if argmax_key and core != "gemv":
+        raise GraphError(f"tile '{name}': argmax_key needs core='gemv'")
     if (not short_path or whole_lines) and core != "gemv":
         raise GraphError(f"tile '{name}': short_path and whole_lines apply to core='gemv' only")
     if core == "gemv":
@@ -1964,7 +1970,7 @@ def layer_gemm(
             block_n, n, k, layers=layers, epilogue=epilogue, name=name, block_size=block_size,
             stages=stages, columns_first=columns_first, row_scale=row_scale, sums_out=sums_out,
             prefetch_ring=prefetch_ring, block_m=block_m, short_path=short_path,
-            whole_lines=whole_lines,
+            whole_lines=whole_lines, argmax_key=argmax_key,
         )  # fmt: skip
     if core == "bulk":
         _refuse(name, core, {**sync_only, "sums_out": sums_out is not None,

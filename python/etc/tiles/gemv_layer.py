@@ -55,6 +55,7 @@ import numpy as np
 
 from .._fields import checked_arguments
 from ..device import DeviceFunction
+from ..dtypes import bf16_to_f32
 from ..errors import GraphError
 from . import _mma, _text
 from ._mma import Text as _Text
@@ -99,6 +100,7 @@ def layer_gemv(
     block_m: int = 1,
     short_path: bool = True,
     whole_lines: bool = False,
+    argmax_key: bool = False,
 ) -> DeviceFunction:
     """:func:`etc.tiles.gemm.layer_gemm` with ``core="gemv"`` (module
     docstring): ``stages`` ring slots per thread and row (default 4; at most
@@ -108,7 +110,9 @@ def layer_gemv(
     tile (:data:`BLOCK_ROWS`; 8 to 64: on ``mma.sync``, ``rows_per_thread``
     unused; ``short_path``: a 16-row tile of at most 8 rows takes an 8-row
     loop, off where no tile has so few; ``whole_lines``: the weights'
-    copies read whole lines, :class:`LineRing`). No L2 evict-first
+    copies read whole lines, :class:`LineRing`; ``argmax_key``: the
+    greedy argmax folded into the epilogue, :func:`argmax_key_reference`).
+    No L2 evict-first
     hint: with the sync core's hinted copies the tiny decoder stopped with
     CUDA_ERROR_ILLEGAL_INSTRUCTION under the dynamic schedule without early
     pushes (``bench/RESULTS.md`` item 208), and at B = 1 the hint gained
@@ -144,6 +148,12 @@ def layer_gemv(
             f"tile '{name}': whole_lines applies to block_m 8 to 64 (one row's copies "
             "already read whole lines)"
         )
+    if argmax_key and (epilogue != "store" or (block_m > 1 and block_n % 32 and 32 % block_n)):
+        raise GraphError(
+            f"tile '{name}': argmax_key folds the argmax of stored logits into the epilogue: it "
+            f"needs epilogue='store' (got {epilogue!r}) and, over {block_m} rows, block_n "
+            f"dividing 32 or a multiple of it (a row's keys meet over its lanes; got {block_n})"
+        )
     if block_m == 1 and block_n > bs:
         raise GraphError(f"tile '{name}': block_n={block_n} exceeds the {bs} threads")
     if n % block_n:
@@ -172,13 +182,14 @@ def layer_gemv(
         name=name, bs=bs, n=n, k=k, block_m=block_m, block_n=block_n, per_n=per_n, nr=nr, rpt=rpt,
         groups=groups, slices=slices, per_slice=per_slice, stages=stages, pre=pre, early=early,
         at=at, wt=wt, ct=ct, stacked=stacked, epilogue=epilogue, row_scale=row_scale,
-        sums_out=sums_out, short_path=short_path, whole_lines=whole_lines,
+        sums_out=sums_out, short_path=short_path, whole_lines=whole_lines, argmax_key=argmax_key,
     )  # fmt: skip
     st = _text.SUMS_TYPE
     signature = _layer_signature(
         at, wt, ct, columns_first=columns_first, stacked=stacked,
         before_w=f", %R: {st}" if row_scale is not None else "",
-        after_c=f", %S: {st}" if sums_out is not None else "",
+        after_c=(f", %S: {st}" if sums_out is not None else "")
+        + (f", %K: {KEYS_TYPE}" if argmax_key else ""),
     )  # fmt: skip
     t = _Text()
     emit = _emit_rows if block_m > 1 else _emit
@@ -197,6 +208,8 @@ def layer_gemv(
         block_m, block_n, n, epilogue, stacked=stacked, columns_first=columns_first,
         sums_out=sums_out, row_scale=row_scale, k=k,
     )  # fmt: skip
+    if argmax_key:
+        reference = _with_argmax_key(reference, block_m, block_n, n, columns_first)
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=bs)
     fn.prefetch_fills_shared = bool(early)
     # Inlined, two of these tiles in one kernel (o_proj and down) gave wrong
@@ -480,6 +493,106 @@ def _finish(
         return t.op("f0", f"arith.cmpi eq, {lane}, %c0 : index")
 
     _store_and_sum(t, p, hv, mine, ("%i", col), 32, width, lead)
+    if p["argmax_key"]:
+        _fold_argmax_key(t, hv, mine, ("%i", col), 32, width, lead)
+
+
+def _fold_argmax_key(
+    t: _Text, hv: str, valid: str, at: tuple[str, str], lanes: int, width: str, lead
+) -> None:
+    """``K[row] = max(K[row], key)`` over each group of ``lanes`` lanes (one
+    row's stored logits; ``at = (row, column)``): each lane's
+    :func:`argmax_keys` key (0 where ``valid`` is false or the logit is
+    NaN), a butterfly maximum of the i64 keys (two i32 shuffles a step),
+    then one relaxed atomic maximum by the group's ``lead()`` lane where the
+    group held a key."""
+    row, col = at
+    v = t.op("kv", f"arith.extf {hv} : bf16 to f32")
+    # -0 + +0 = +0: equal logits get equal keys, so ties go to the index.
+    v = t.op("kv", f"arith.addf {v}, {t.op('kz', 'arith.constant 0.0 : f32')} : f32")
+    bits = t.op("kb", f"arith.bitcast {v} : f32 to i32")
+    ones = t.op("k1", "arith.constant -1 : i32")
+    sign = t.op("ks", "arith.constant -2147483648 : i32")
+    neg = t.op("kn", f"arith.cmpi slt, {bits}, {t.op('k0', 'arith.constant 0 : i32')} : i32")
+    hi = t.op(
+        "kh",
+        f"arith.select {neg}, {t.op('kh', f'arith.xori {bits}, {ones} : i32')}, "
+        f"{t.op('kh', f'arith.ori {bits}, {sign} : i32')} : i32",
+    )
+    lo = t.op("kl", f"arith.index_cast {col} : index to i32")
+    lo = t.op("kl", f"arith.xori {lo}, {ones} : i32")
+    c32 = t.op("k32", "arith.constant 32 : i64")
+
+    def join(h: str, low: str) -> str:
+        h = t.op("kj", f"arith.extui {h} : i32 to i64")
+        h = t.op("kj", f"arith.shli {h}, {c32} : i64")
+        return t.op("kj", f"arith.ori {h}, {t.op('kj', f'arith.extui {low} : i32 to i64')} : i64")
+
+    key = join(hi, lo)
+    ordered = t.op("ko", f"arith.cmpf ord, {v}, {v} : f32")
+    keep = t.op("ko", f"arith.andi {valid}, {ordered} : i1")
+    none = t.op("k0", "arith.constant 0 : i64")
+    key = t.op("key", f"arith.select {keep}, {key}, {none} : i64")
+    for off in (1 << s for s in reversed(range(lanes.bit_length() - 1))):
+        o = t.op("off", f"arith.constant {off} : i32")
+        halves = []
+        for part in (t.op("kh", f"arith.shrui {key}, {c32} : i64"), key):
+            word = t.op("kw", f"arith.trunci {part} : i64 to i32")
+            sh = t.fresh("ksh")
+            t.emit(f"{sh}, %{sh[1:]}ok = gpu.shuffle xor {word}, {o}, {width} : i32")
+            halves.append(sh)
+        key = t.op("key", f"arith.maxui {key}, {join(*halves)} : i64")
+    held = t.op("kd", f"arith.cmpi ne, {key}, {none} : i64")
+    t.emit(f"scf.if {t.op('kd', f'arith.andi {lead()}, {held} : i1')} {{")
+    old = t.fresh("kold")
+    t.emit(f"  {old} = memref.atomic_rmw maxu {key}, %K[{row}] : (i64, {KEYS_TYPE}) -> i64")
+    t.emit("}")
+
+
+#: The folded argmax's buffer: one i64 key a row of logits.
+KEYS_TYPE = "memref<?xi64>"
+
+
+def argmax_keys(values: np.ndarray, first_column: int) -> np.ndarray:
+    """The i64 keys :func:`layer_gemv`'s ``argmax_key`` epilogue takes the
+    maximum of, for f32 logits ``values[..., c]`` of columns ``first_column
+    + c``: the logit's bits made to order as unsigned integers (sign bit
+    flipped; negatives all flipped; -0 as +0) in the high word and the
+    column's complement in the low word, so the largest key is the first
+    largest logit. NaNs get 0, which no logit's key is (NaNs are ignored, as
+    :func:`etc.tiles.llama.argmax` does)."""
+    v = np.asarray(values, np.float32) + np.float32(0.0)
+    bits = v.view(np.uint32).astype(np.uint64)
+    hi = np.where(bits >> 31 == 1, ~bits & 0xFFFFFFFF, bits | 0x80000000)
+    cols = np.uint64(int(first_column)) + np.arange(v.shape[-1], dtype=np.uint64)
+    keys = (hi << np.uint64(32)) | (~cols & np.uint64(0xFFFFFFFF))
+    return np.where(np.isnan(v), np.uint64(0), keys).astype(np.uint64).view(np.int64)
+
+
+def argmax_key_reference(keys: np.ndarray) -> np.ndarray:
+    """The token each row's key in ``keys`` (i64) names: the low word's
+    complement, 0 for a row that held no key (all its logits NaN)."""
+    k = np.asarray(keys).view(np.uint64)
+    return np.where(k == 0, 0, ~k & np.uint64(0xFFFFFFFF)).astype(np.int32)
+
+
+def _with_argmax_key(reference, block_m: int, block_n: int, n: int, columns_first: bool):
+    """``reference`` (of a one-weight ``store`` tile ``(i, j)``, ``(j, i)``
+    with ``columns_first``), then for each row ``r`` of the block
+    ``K[r] = max(K[r], the row's keys)``: the numpy model of the folded
+    argmax, whose atomic maxima make the order of the tiles irrelevant."""
+
+    def run(a: int, b: int, *args) -> None:
+        *rest, K = args
+        reference(a, b, *rest)
+        i, j = (b, a) if columns_first else (a, b)
+        cs = slice(j * block_n, min((j + 1) * block_n, n))
+        keys, C = K.view(np.uint64), rest[-1]
+        for r in range(i * block_m, min((i + 1) * block_m, C.shape[0])):
+            best = argmax_keys(bf16_to_f32(C[r, cs]), cs.start).view(np.uint64).max()
+            keys[r] = max(keys[r], best)
+
+    return run
 
 
 def _ring_loop(
@@ -799,3 +912,5 @@ def _finish_row(
         return t.op("f0", f"arith.cmpi eq, {first}, %c0 : index")
 
     _store_and_sum(t, p, hv, out["valid"], (out["row"], out["col"]), seg, width, lead)
+    if p["argmax_key"]:
+        _fold_argmax_key(t, hv, out["valid"], (out["row"], out["col"]), seg, width, lead)

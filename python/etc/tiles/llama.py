@@ -2511,3 +2511,41 @@ func.func @{name}(%b: index, %val: {pv_t}, %idx: {pi_t}, %out: {out_t}) {{
         out[b] = idx[b, int(np.argmax(val[b]))]
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
+
+
+def argmax_take(*, name: str = "argmax", block_size: int = 256) -> DeviceFunction:
+    """Tile ``(b,)``: ``out[b]`` = the token row ``b``'s key names, the key
+    the LM head's ``argmax_key`` epilogue left in ``keys[b]`` (the first
+    largest logit; :func:`etc.tiles.gemv_layer.argmax_keys`), and
+    ``keys[b] = 0`` for the next step, in one atomic exchange by thread 0.
+    Runs after every LM head instance of the step (their atomic maxima are
+    the only writers). Args ``keys: memref<?xi64>``, ``out: memref<?xi32>``."""
+    from .gemv_layer import KEYS_TYPE, argmax_key_reference
+
+    _check_block(name, block_size)
+    source = f"""\
+// {name}: the token of row b's folded-argmax key; the key reset to 0.
+func.func @{name}(%b: index, %keys: {KEYS_TYPE}, %out: memref<?xi32>) {{
+  %c0 = arith.constant 0 : index
+  %none = arith.constant 0 : i64
+  %tid = gpu.thread_id x
+  %is_thread0 = arith.cmpi eq, %tid, %c0 : index
+  scf.if %is_thread0 {{
+    %key = memref.atomic_rmw assign %none, %keys[%b] : (i64, {KEYS_TYPE}) -> i64
+    %low = arith.trunci %key : i64 to i32
+    %ones = arith.constant -1 : i32
+    %token = arith.xori %low, %ones : i32
+    %held = arith.cmpi ne, %key, %none : i64
+    %zero = arith.constant 0 : i32
+    %out_token = arith.select %held, %token, %zero : i32
+    memref.store %out_token, %out[%b] : memref<?xi32>
+  }}
+  return
+}}
+"""
+
+    def reference(b: int, keys: np.ndarray, out: np.ndarray) -> None:
+        out[b] = argmax_key_reference(keys[b : b + 1])[0]
+        keys[b] = 0
+
+    return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)

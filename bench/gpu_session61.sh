@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sixty-first session: B = 1's leads on whatever card comes (an H200 is the
+# issue's card; H100 rows are recorded as such).
+# `key`: B = 1's greedy argmax folded into its LM head (argmax_fused), alone
+# and with the nine-split tier from L = 900, against the default and
+# b1_tiers900, over .device/s61/key (built by DECODE_SWEEP_VARIANTS=
+# default,b1_argmax_key,b1_tiers900,b1_tiers900_key python
+# bench/decode_sweep.py --build .device/s61/key). Carry .device/s61/key.
+# `merge`, `gu`: bench/gpu_session60.sh's (carry .device/s60/gu for `gu`).
+# Usage: [KEY_CONTEXTS=L,...] [GU_CONTEXTS=L,...] bash bench/gpu_session61.sh [key] [merge] [gu]
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+for step in ${*:-key merge gu}; do
+  case $step in
+  key) SWEEP_TMP=/tmp/s61 sweep_passes s61_key default,b1_argmax_key,b1_tiers900,b1_tiers900_key 1 \
+    ${KEY_CONTEXTS:-1024,1100} .device/s61/key ;;
+  merge | gu) bash "$(dirname "$0")/gpu_session60.sh" "$step" ;;
+  esac
+done
+tar czf "$OUT/s61_raw.tgz" -C /tmp/s61 raw 2>/dev/null
