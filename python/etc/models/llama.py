@@ -1395,21 +1395,19 @@ class LlamaConfig:
     def split_counters(self) -> bool:
         """Whether the graph declares ``attn_count``: ``attn_counters``, by
         default whether any kernel of the artifact fuses its combine."""
-        if self.attn_counters is not None:
-            return self.attn_counters
-        return self._any_kernel("fuse_combine")
+        return self._declares("attn_counters", "fuse_combine")
 
     @property
     def key_buffer(self) -> bool:
         """Whether the graph declares ``argmax_key``: ``argmax_keys``, by
         default whether any kernel of the artifact folds its argmax."""
-        if self.argmax_keys is not None:
-            return self.argmax_keys
-        return self._any_kernel("argmax_fused")
+        return self._declares("argmax_keys", "argmax_fused")
 
-    def _any_kernel(self, field: str) -> bool:
-        """Whether any kernel of the artifact (every batch and context
-        bucket) sets the bool ``field``."""
+    def _declares(self, given: str, field: str) -> bool:
+        """The bool field ``given`` where set, else whether any kernel of
+        the artifact (every batch and context bucket) sets ``field``."""
+        if getattr(self, given) is not None:
+            return getattr(self, given)
         buckets = [dict(changes) for _, changes in self.batch_buckets] or [{}]
         for changes in buckets:
             value = changes.get(field, getattr(self, field))
