@@ -948,6 +948,12 @@ VARIANTS["b1_tiers900"] = _b1_tiers(start=900)
 # falls to ~2, the LM head's instances each ~0.1-0.2 us longer (~7.6 per
 # CTA, ~1 us on the path): -4..-5 us a step (-0.5..-0.6 %).
 VARIANTS["b1_argmax_key"] = _b1(("argmax_fused", True))
+# ... and the same in the B = 2..16 kernels (16 argmax parts and their merge
+# today), whose LM head tiles fold 8 or 16 rows' keys: each warp's lanes
+# hold one row's logits, so one atomic a warp and row. Predicted: the same
+# ~5 us off the tail as at B = 1, less the 4 atomics a warp adds at B = 8
+# (-0.3..-0.5 % of a ~1 ms step).
+VARIANTS["mid_argmax_key"] = _mid(("argmax_fused", True))
 VARIANTS["b1_tiers900_key"] = {
     **VARIANTS["b1_tiers900"],
     "batch_buckets": (
