@@ -2513,6 +2513,7 @@ func.func @{name}(%b: index, %val: {pv_t}, %idx: {pi_t}, %out: {out_t}) {{
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
 
+@checked_arguments
 def argmax_take(*, name: str = "argmax", block_size: int = 256) -> DeviceFunction:
     """Tile ``(b,)``: ``out[b]`` = the token row ``b``'s key names, the key
     the LM head's ``argmax_key`` epilogue left in ``keys[b]`` (the first
