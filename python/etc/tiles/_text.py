@@ -179,6 +179,9 @@ def warp_argmax(val: str, idx: str, indent: str, tag: str = "") -> tuple[str, st
 SUM_BITS = 28
 #: The sums' buffer type (slots x rows).
 SUMS_TYPE = "memref<?x?xi64>"
+#: The folded argmax's buffer type: one i64 key a row of logits
+#: (:func:`etc.tiles.gemv_layer.argmax_keys`).
+KEYS_TYPE = "memref<?xi64>"
 
 
 def to_fixed(value: str, prefix: str, indent: str = "  ") -> tuple[str, str]:

@@ -549,8 +549,7 @@ def _fold_argmax_key(
     t.emit("}")
 
 
-#: The folded argmax's buffer: one i64 key a row of logits.
-KEYS_TYPE = "memref<?xi64>"
+KEYS_TYPE = _text.KEYS_TYPE
 
 
 def argmax_keys(values: np.ndarray, first_column: int) -> np.ndarray:

@@ -124,6 +124,7 @@ def embed(
     block_size: int = 256,
     sums: bool = False,
     counters: bool = False,
+    keys: bool = False,
 ) -> DeviceFunction:
     """Tile ``(i, j)``: ``h[r, c] = E[tokens[r], c]`` for rows ``[i*BM,
     min((i+1)*BM, B))`` and columns ``[j*BN, min((j+1)*BN, H))``.
@@ -143,6 +144,10 @@ def embed(
     (layers x rows x kv heads); the column-0 tile zeroes ``C[:, r, :]`` of
     its rows: the split counters of ``attention(combine=True)``, reset at
     the start of every step.
+
+    ``keys``: one more arg (last) ``K: memref<?xi64>``; the column-0 tile
+    zeroes ``K[r]`` of its rows: the folded argmax's keys
+    (``layer_gemm(argmax_key=True)``), so a step cut short leaves none.
     """
     _check_block(name, block_size)
     _positive(name, block_m=block_m, block_n=block_n, hidden=hidden)
@@ -151,11 +156,26 @@ def embed(
     t_t, x_t = "memref<?xi32>", f"memref<?x{H}xbf16>"
     s_t = _text.SUMS_TYPE
     c_t = "memref<?x?x?xi32>"
-    extra_args = (f", %S: {s_t}" if sums else "") + (f", %C: {c_t}" if counters else "")
+    extra_args = (
+        (f", %S: {s_t}" if sums else "")
+        + (f", %C: {c_t}" if counters else "")
+        + (f", %K: {_text.KEYS_TYPE}" if keys else "")
+    )
     col_tiles = -(-H // BN)  # the tiles of a row block with columns
     extra_lines = _embed_sums(block_size, H, x_t, t_t, s_t, col_tiles) if sums else ""
     if counters:
         extra_lines += _embed_zero_counters(block_size, c_t)
+    if keys:
+        extra_lines += f"""\
+  %kj0 = arith.cmpi eq, %j, %c0 : index
+  scf.if %kj0 {{
+    %k_none = arith.constant 0 : i64
+    scf.for %kq = %tid to %nr step %cBS {{
+      %k_r = arith.addi %r0, %kq : index
+      memref.store %k_none, %K[%k_r] : {_text.KEYS_TYPE}
+    }}
+  }}
+"""
     source = f"""\
 // {name}: h[r, c] = E[tokens[r], c], {BM} rows x {BN} columns (hidden {H}) per CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_args}) {{
@@ -214,7 +234,9 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_
             extra[0][0, mine] = _text.fixed_reference((rows * rows).sum(axis=1, dtype=np.float32))
             extra[0][1:, mine] = 0
         if counters and j == 0:
-            extra[-1][:, r0:r1, :] = 0
+            extra[int(sums)][:, r0:r1, :] = 0
+        if keys and j == 0:
+            extra[-1][r0:r1] = 0
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
@@ -2521,18 +2543,18 @@ def argmax_take(*, name: str = "argmax", block_size: int = 256) -> DeviceFunctio
     ``keys[b] = 0`` for the next step, in one atomic exchange by thread 0.
     Runs after every LM head instance of the step (their atomic maxima are
     the only writers). Args ``keys: memref<?xi64>``, ``out: memref<?xi32>``."""
-    from .gemv_layer import KEYS_TYPE, argmax_key_reference
+    from .gemv_layer import argmax_key_reference
 
     _check_block(name, block_size)
     source = f"""\
 // {name}: the token of row b's folded-argmax key; the key reset to 0.
-func.func @{name}(%b: index, %keys: {KEYS_TYPE}, %out: memref<?xi32>) {{
+func.func @{name}(%b: index, %keys: {_text.KEYS_TYPE}, %out: memref<?xi32>) {{
   %c0 = arith.constant 0 : index
   %none = arith.constant 0 : i64
   %tid = gpu.thread_id x
   %is_thread0 = arith.cmpi eq, %tid, %c0 : index
   scf.if %is_thread0 {{
-    %key = memref.atomic_rmw assign %none, %keys[%b] : (i64, {KEYS_TYPE}) -> i64
+    %key = memref.atomic_rmw assign %none, %keys[%b] : (i64, {_text.KEYS_TYPE}) -> i64
     %low = arith.trunci %key : i64 to i32
     %ones = arith.constant -1 : i32
     %token = arith.xori %low, %ones : i32
