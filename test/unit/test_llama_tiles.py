@@ -58,9 +58,9 @@ def test_embed_zeroes_the_folded_argmax_keys_of_its_rows():
     B, vocab, bm = 37, 50, 16
     E, tok = rand_bf16(rng, vocab, H), rng.integers(0, vocab, B).astype(np.int32)
     h, counts = np.zeros((B, H), np.uint16), np.ones((2, B, 3), np.int32)
-    keys = np.full(B, 7, np.int64)
+    keys = np.full((B, 32), 7, np.int64)
     tile = T.embed(bm, 32, H, counters=True, keys=True)
-    assert tile.params[-2:] == ("memref<?x?x?xi32>", "memref<?xi64>")
+    assert tile.params[-2:] == ("memref<?x?x?xi32>", "memref<?x32xi64>")
     for j in (1, 2):
         tile.reference(1, j, tok, E, h, counts, keys)
     assert (keys == 7).all()
@@ -523,7 +523,7 @@ def test_embed_compiles(tmp_path):
     plain, spills, _ = compile_graph(T.embed(16, 256, L_H), tensors, grid, ("b", "v"), tmp_path)
     assert set(spills) == {0}
     # With the folded argmax's keys: one more store (in two halves of 0).
-    tensors.append(("K", ("b",), "i64"))
+    tensors.append(("K", ("b", 32), "i64"))
     keyed, spills, _ = compile_graph(
         T.embed(16, 256, L_H, keys=True), tensors, grid, ("b", "v"), tmp_path
     )

@@ -179,9 +179,15 @@ def warp_argmax(val: str, idx: str, indent: str, tag: str = "") -> tuple[str, st
 SUM_BITS = 28
 #: The sums' buffer type (slots x rows).
 SUMS_TYPE = "memref<?x?xi64>"
-#: The folded argmax's buffer type: one i64 key a row of logits
-#: (:func:`etc.tiles.gemv_layer.argmax_keys`).
-KEYS_TYPE = "memref<?xi64>"
+#: The folded argmax's keys a row of logits: LM head block ``j`` takes the
+#: maximum into slot ``j % KEY_SLOTS``, so the atomics of a row spread over
+#: as many addresses (on one, an H100 serialized them: +20 µs a B = 1 step
+#: in the long-context kernel, ``bench/RESULTS.md`` item 272), and one
+#: warp's lanes read them back.
+KEY_SLOTS = 32
+#: The folded argmax's buffer type (rows x :data:`KEY_SLOTS`,
+#: :func:`etc.tiles.gemv_layer.argmax_keys`).
+KEYS_TYPE = f"memref<?x{KEY_SLOTS}xi64>"
 
 
 def to_fixed(value: str, prefix: str, indent: str = "  ") -> tuple[str, str]:
