@@ -51,24 +51,6 @@ def test_embed_reference(bm, bn):
     np.testing.assert_array_equal(h, np.stack([E[t] for t in tok]))
 
 
-def test_embed_zeroes_the_folded_argmax_keys_of_its_rows():
-    """With ``keys`` (after the sums and the counters), each row block's
-    column-0 tile zeroes its rows' keys and no others."""
-    rng = np.random.default_rng(2)
-    B, vocab, bm = 37, 50, 16
-    E, tok = rand_bf16(rng, vocab, H), rng.integers(0, vocab, B).astype(np.int32)
-    h, counts = np.zeros((B, H), np.uint16), np.ones((2, B, 3), np.int32)
-    keys = np.full((B, 32), 7, np.int64)
-    tile = T.embed(bm, 32, H, counters=True, keys=True)
-    assert tile.params[-2:] == ("memref<?x?x?xi32>", "memref<?x32xi64>")
-    for j in (1, 2):
-        tile.reference(1, j, tok, E, h, counts, keys)
-    assert (keys == 7).all()
-    tile.reference(1, 0, tok, E, h, counts, keys)
-    assert (keys[16:32] == 0).all() and (keys[:16] == 7).all() and (keys[32:] == 7).all()
-    assert (counts[:, 16:32] == 0).all() and (counts[:, :16] == 1).all()
-
-
 def test_embed_simulated():
     rng = np.random.default_rng(0)
     g = etc.Graph("embed_graph")
@@ -518,17 +500,15 @@ def compile_attention(tile, chunk, tmp_path):
 @needs_ptxas
 @needs_bindings
 def test_embed_compiles(tmp_path):
-    tensors = [("tokens", ("b",), "i32"), ("E", ("v", L_H), "bf16"), ("h", ("b", L_H), "bf16")]
-    grid = ("(b + 15) // 16", L_H // 256)
-    plain, spills, _ = compile_graph(T.embed(16, 256, L_H), tensors, grid, ("b", "v"), tmp_path)
-    assert set(spills) == {0}
-    # With the folded argmax's keys: one more store (in two halves of 0).
-    tensors.append(("K", ("b", 32), "i64"))
-    keyed, spills, _ = compile_graph(
-        T.embed(16, 256, L_H, keys=True), tensors, grid, ("b", "v"), tmp_path
+    tile = T.embed(16, 256, L_H)
+    _, spills, _ = compile_graph(
+        tile,
+        [("tokens", ("b",), "i32"), ("E", ("v", L_H), "bf16"), ("h", ("b", L_H), "bf16")],
+        ("(b + 15) // 16", L_H // 256),
+        ("b", "v"),
+        tmp_path,
     )
     assert set(spills) == {0}
-    assert keyed.count("st.global") > plain.count("st.global")
 
 
 @needs_ptxas

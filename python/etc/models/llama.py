@@ -789,8 +789,11 @@ class LlamaConfig:
     #: block ``j``) by one atomic
     #: maximum, and one thread a sequence reads the token and resets the key
     #: after the last LM head instance (``layer_gemm(argmax_key=True)``,
-    #: ``argmax_take``; embed zeroes the keys too, so a step cut short leaves
-    #: none): no pass over the logits after the LM head. Needs the
+    #: ``argmax_take``): no pass over the logits after the LM head. The keys
+    #: must be 0 before the first launch (``numpy_inputs`` and
+    #: ``torch_inputs`` zero them) and a completed launch leaves them 0;
+    #: after a launch that failed, zero them again. (Zeroed by embed, every
+    #: launch, they cost the B = 1 long-context kernel 32 bytes more spills.) Needs the
     #: LM head on the gemv core (the B = 1..16 kernels').
     argmax_fused: bool = False
     #: Whether the graph declares ``argmax_key``. None: whether any kernel
@@ -2053,7 +2056,6 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             block_size=bs,
             sums=cfg.sums,
             counters=cfg.fuse_combine,
-            keys=cfg.argmax_fused,
         ),  # fmt: skip
         **norm_tiles,
         "qkv": proj(cfg.bn_qkv, cfg.qkv_width, H, "store", "qkv_proj", norm=rows["norm1"]),
@@ -2184,7 +2186,6 @@ def build_decoder_graph(
 
     sums = ("sumsq",) if cfg.sums else ()
     counts = ("attn_count",) if cfg.fuse_combine else ()
-    keys = ("argmax_key",) if cfg.argmax_fused else ()
     fused_out = ("attn",) if cfg.fuse_combine or cfg.direct_attention else ()
     stamps = ("attn_stamps",) if cfg.attn_stamps else ()
     positions = ("lengths",) if cfg.ragged else ()  # a ragged batch's
@@ -2230,7 +2231,7 @@ def build_decoder_graph(
     task(
         tiles["embed"],
         grid=(rb, cfg.hidden // cfg.bn_down * cfg.k_split("embed")),
-        args=(t["tokens"], t["embed"], t["h"], *[t[n] for n in sums + counts + keys]),
+        args=(t["tokens"], t["embed"], t["h"], *[t[n] for n in sums + counts]),
         out_edges={layer_in: "ij->0"},
         name="embed",
     )

@@ -180,10 +180,11 @@ SUM_BITS = 28
 #: The sums' buffer type (slots x rows).
 SUMS_TYPE = "memref<?x?xi64>"
 #: The folded argmax's keys a row of logits: LM head block ``j`` takes the
-#: maximum into slot ``j % KEY_SLOTS``, so the atomics of a row spread over
-#: as many addresses (on one, an H100 serialized them: +20 µs a B = 1 step
-#: in the long-context kernel, ``bench/RESULTS.md`` item 272), and one
-#: warp's lanes read them back.
+#: maximum into slot ``j % KEY_SLOTS``, so a row's ~4000 atomics (B = 1)
+#: spread over as many addresses instead of queueing at one L2 slice, and
+#: one warp's lanes read them back. (Not timed against one address: the
+#: +20 µs the first version cost B = 1's long-context kernel came with
+#: 32-36 bytes more spills there, ``bench/RESULTS.md`` item 272.)
 KEY_SLOTS = 32
 #: The folded argmax's buffer type (rows x :data:`KEY_SLOTS`,
 #: :func:`etc.tiles.gemv_layer.argmax_keys`).

@@ -124,7 +124,6 @@ def embed(
     block_size: int = 256,
     sums: bool = False,
     counters: bool = False,
-    keys: bool = False,
 ) -> DeviceFunction:
     """Tile ``(i, j)``: ``h[r, c] = E[tokens[r], c]`` for rows ``[i*BM,
     min((i+1)*BM, B))`` and columns ``[j*BN, min((j+1)*BN, H))``.
@@ -145,9 +144,6 @@ def embed(
     its rows: the split counters of ``attention(combine=True)``, reset at
     the start of every step.
 
-    ``keys``: one more arg (last) ``K: memref<?xKEY_SLOTSxi64>``; the
-    column-0 tile zeroes ``K[r, :]`` of its rows: the folded argmax's keys
-    (``layer_gemm(argmax_key=True)``), so a step cut short leaves none.
     """
     _check_block(name, block_size)
     _positive(name, block_m=block_m, block_n=block_n, hidden=hidden)
@@ -156,30 +152,11 @@ def embed(
     t_t, x_t = "memref<?xi32>", f"memref<?x{H}xbf16>"
     s_t = _text.SUMS_TYPE
     c_t = "memref<?x?x?xi32>"
-    extra_args = (
-        (f", %S: {s_t}" if sums else "")
-        + (f", %C: {c_t}" if counters else "")
-        + (f", %K: {_text.KEYS_TYPE}" if keys else "")
-    )
+    extra_args = (f", %S: {s_t}" if sums else "") + (f", %C: {c_t}" if counters else "")
     col_tiles = -(-H // BN)  # the tiles of a row block with columns
     extra_lines = _embed_sums(block_size, H, x_t, t_t, s_t, col_tiles) if sums else ""
     if counters:
         extra_lines += _embed_zero_counters(block_size, c_t)
-    if keys:
-        extra_lines += f"""\
-  %kj0 = arith.cmpi eq, %j, %c0 : index
-  scf.if %kj0 {{
-    %k_none = arith.constant 0 : i64
-    %k_slots = arith.constant {_text.KEY_SLOTS} : index
-    %k_all = arith.muli %nr, %k_slots : index
-    scf.for %kq = %tid to %k_all step %cBS {{
-      %k_row = arith.divui %kq, %k_slots : index
-      %k_slot = arith.remui %kq, %k_slots : index
-      %k_r = arith.addi %r0, %k_row : index
-      memref.store %k_none, %K[%k_r, %k_slot] : {_text.KEYS_TYPE}
-    }}
-  }}
-"""
     source = f"""\
 // {name}: h[r, c] = E[tokens[r], c], {BM} rows x {BN} columns (hidden {H}) per CTA of {block_size}.
 func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_args}) {{
@@ -238,9 +215,7 @@ func.func @{name}(%i: index, %j: index, %tok: {t_t}, %E: {x_t}, %h: {x_t}{extra_
             extra[0][0, mine] = _text.fixed_reference((rows * rows).sum(axis=1, dtype=np.float32))
             extra[0][1:, mine] = 0
         if counters and j == 0:
-            extra[int(sums)][:, r0:r1, :] = 0
-        if keys and j == 0:
-            extra[-1][r0:r1] = 0
+            extra[-1][:, r0:r1, :] = 0
 
     return DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
 
