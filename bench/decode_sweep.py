@@ -954,6 +954,8 @@ VARIANTS["b1_argmax_key"] = _b1(("argmax_fused", True))
 # ~5 us off the tail as at B = 1, less the 4 atomics a warp adds at B = 8
 # (-0.3..-0.5 % of a ~1 ms step).
 VARIANTS["mid_argmax_key"] = _mid(("argmax_fused", True))
+
+
 # ... folded in B = 1's phased kernels only (the tensor-core kernel past L =
 # 1087 spills 36 bytes more with it and lost 20 us on an H100, item 272).
 def _b1_short_key(variant: dict) -> dict:

@@ -8,7 +8,7 @@
 # bench/decode_sweep.py --build .device/s61/key). Carry .device/s61/key.
 # `key2`: the fold in B = 1's phased kernels only (b1s_argmax_key,
 # b1_tiers900s_key; the first build's tensor-core kernel spilled with it),
-# its keys in 32 slots, over .device/s61/key2 (DECODE_SWEEP_VARIANTS=
+# over .device/s61/key2 (DECODE_SWEEP_VARIANTS=
 # default,b1s_argmax_key,b1_tiers900,b1_tiers900s_key python
 # bench/decode_sweep.py --build .device/s61/key2), at L = 1024, 1100, 4096.
 # `midkey`: the same fold in the B = 2..16 kernels (mid_argmax_key) against

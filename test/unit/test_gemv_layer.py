@@ -23,7 +23,6 @@ import etc
 from etc.dtypes import bf16_to_f32
 from etc.models import llama as M
 from etc.tiles import llama as T
-from etc.tiles._text import KEY_SLOTS
 from etc.tiles.gemm import layer_gemm
 from etc.tiles.gemv_layer import argmax_key_reference, argmax_keys
 
@@ -350,12 +349,12 @@ def test_argmax_keys_order_as_the_first_largest_logit():
     rng = np.random.default_rng(3)
     v = _special_rows(rng, 7, 96)
     for first in (0, 1 << 16):
-        # A row's keys as its slots: the reader takes the largest.
-        tokens = argmax_key_reference(argmax_keys(v, first))
+        keys = argmax_keys(v, first).view(np.uint64)
+        tokens = argmax_key_reference(keys.max(axis=1).view(np.int64))
         assert tokens.tolist() == [first + first_largest(r) for r in v]
     assert argmax_keys(v, 0)[2, 5] == argmax_keys(v, 0)[2, 6] + 1  # -0 keyed as +0
     assert (argmax_keys(v[4:5, ::3], 0) == 0).all()  # NaN: no key
-    assert argmax_key_reference(np.zeros((1, KEY_SLOTS), np.int64)).tolist() == [0]
+    assert argmax_key_reference(np.zeros(1, np.int64)).tolist() == [0]
 
 
 @pytest.mark.parametrize("columns_first, block_m, block_n", [(False, 1, 64), (True, 1, 64),
@@ -373,10 +372,10 @@ def test_lm_head_tiles_leave_the_rows_first_largest_key_in_any_order(
         block_m, bn, n, k, layers=None, epilogue="store", core="gemv", name="lm",
         columns_first=columns_first, argmax_key=True,
     )  # fmt: skip
-    assert tile.params[-1] == "memref<?x32xi64>"
+    assert tile.params[-1] == "memref<?xi64>"
     A, W = rand_bf16(rng, M_, k), rand_bf16(rng, n, k)
     W[[11, 300]] = W[200]  # equal rows: tied logits across blocks
-    C, keys = np.zeros((M_, n), np.uint16), np.zeros((M_, KEY_SLOTS), np.int64)
+    C, keys = np.zeros((M_, n), np.uint16), np.zeros(M_, np.int64)
     blocks = [(i, j) for i in range(-(-M_ // block_m)) for j in range(n // bn)]
     for i, j in rng.permutation(blocks).tolist():
         tile.reference(*((j, i) if columns_first else (i, j)), A, W, C, keys)
@@ -430,7 +429,7 @@ def test_argmax_key_epilogue_assembles_with_one_atomic_maximum_a_warp(
         tensors = [("A", ("m", 2048), "bf16"), ("R", (3, "m"), "i64"),
                    ("W", (4096, 2048), "bf16"), ("C", ("m", 4096), "bf16")]  # fmt: skip
         grid = ("m", 4096 // block_n)
-        art = compile_tile(tile, tensors + [("K", ("m", KEY_SLOTS), "i64")] * fold, grid)
+        art = compile_tile(tile, tensors + [("K", ("m",), "i64")] * fold, grid)
         body = art.ptx[art.ptx.index(f".func {tile.name}(") :]
         return tile, art, body[: body.index("\n}")]
 
@@ -476,7 +475,7 @@ def test_folded_argmax_buffers_and_refusals():
     assert all(k.key_buffer for k in kernels)
     assert "argmax_key" not in M.tensor_shapes(M.TINY, 1, 4, 8)
     shapes = [M.tensor_shapes(k, 1, 4, 8) for k in kernels]
-    assert shapes[0] == shapes[1] and shapes[0]["argmax_key"] == ((1, KEY_SLOTS), "i64")
+    assert shapes[0] == shapes[1] and shapes[0]["argmax_key"] == ((1,), "i64")
     with pytest.raises(etc.GraphError, match="LlamaConfig: argmax_fused folds .* core 'sync'"):
         dataclasses.replace(M.TINY, argmax_fused=True)
     with pytest.raises(etc.GraphError, match="argmax_keys=False leaves it out"):

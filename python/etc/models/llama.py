@@ -785,8 +785,7 @@ class LlamaConfig:
     argmax_whole: bool = False
     #: The greedy argmax folded into the LM head's epilogue: each warp's
     #: largest logit, as an i64 key (its bits made to order, then the
-    #: column's complement), goes into ``argmax_key[b, j % 32]`` (LM head
-    #: block ``j``) by one atomic
+    #: column's complement), goes into ``argmax_key[b]`` by one atomic
     #: maximum, and one thread a sequence reads the token and resets the key
     #: after the last LM head instance (``layer_gemm(argmax_key=True)``,
     #: ``argmax_take``): no pass over the logits after the LM head. The keys
@@ -1868,8 +1867,6 @@ def tensor_shapes(
     ``cfg.page_size`` the caches are a pool of ``pages`` and the block table
     ``max_pages`` wide (defaults: enough for ``S`` positions a sequence, and
     a pool of ``B`` such rows)."""
-    from ..tiles._text import KEY_SLOTS
-
     H, NL, NH, KV, D = cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim
     P = cfg.splits(L, B)
     cache = (NL, B, KV, S, D)
@@ -1909,7 +1906,7 @@ def tensor_shapes(
             else {}
         ),
         **({"attn_count": ((NL, B, cfg.kv_heads), "i32")} if cfg.split_counters else {}),
-        **({"argmax_key": ((B, KEY_SLOTS), "i64")} if cfg.key_buffer else {}),
+        **({"argmax_key": ((B,), "i64")} if cfg.key_buffer else {}),
         **({"attn_stamps": ((NL, B, KV, P, _stamp_words(cfg)), "i64")} if cfg.attn_stamps else {}),
         **({"gemm_stamps": (_gemm_stamps_shape(cfg, B), "i64")} if cfg.gemm_stamps else {}),
         **({"block_table": ((B, max_pages), "i32")} if cfg.page_size else {}),

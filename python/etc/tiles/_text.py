@@ -179,16 +179,11 @@ def warp_argmax(val: str, idx: str, indent: str, tag: str = "") -> tuple[str, st
 SUM_BITS = 28
 #: The sums' buffer type (slots x rows).
 SUMS_TYPE = "memref<?x?xi64>"
-#: The folded argmax's keys a row of logits: LM head block ``j`` takes the
-#: maximum into slot ``j % KEY_SLOTS``, so a row's ~4000 atomics (B = 1)
-#: spread over as many addresses instead of queueing at one L2 slice, and
-#: one warp's lanes read them back. (Not timed against one address: the
-#: +20 µs the first version cost B = 1's long-context kernel came with
-#: 32-36 bytes more spills there, ``bench/RESULTS.md`` item 272.)
-KEY_SLOTS = 32
-#: The folded argmax's buffer type (rows x :data:`KEY_SLOTS`,
-#: :func:`etc.tiles.gemv_layer.argmax_keys`).
-KEYS_TYPE = f"memref<?x{KEY_SLOTS}xi64>"
+#: The folded argmax's buffer type: one i64 key a row of logits
+#: (:func:`etc.tiles.gemv_layer.argmax_keys`). A row's keys in 32 slots
+#: instead (LM head block ``j`` into slot ``j % 32``, one warp reducing
+#: them) ran 4-5 µs slower at B = 1 on an H100 (``bench/RESULTS.md`` item 272).
+KEYS_TYPE = "memref<?xi64>"
 
 
 def to_fixed(value: str, prefix: str, indent: str = "  ") -> tuple[str, str]:

@@ -500,9 +500,8 @@ def _finish(
 def _fold_argmax_key(
     t: _Text, hv: str, valid: str, at: tuple[str, str], lanes: int, width: str, lead
 ) -> None:
-    """``K[row, j % KEY_SLOTS] = max(that, key)`` over each group of
-    ``lanes`` lanes (one row's stored logits; ``at = (row, column)``; ``j``
-    the tile's column block): each lane's
+    """``K[row] = max(K[row], key)`` over each group of ``lanes`` lanes (one
+    row's stored logits; ``at = (row, column)``): each lane's
     :func:`argmax_keys` key (0 where ``valid`` is false or the logit is
     NaN), a butterfly maximum of the i64 keys (two i32 shuffles a step),
     then one relaxed atomic maximum by the group's ``lead()`` lane where the
@@ -545,9 +544,8 @@ def _fold_argmax_key(
         key = t.op("key", f"arith.maxui {key}, {join(*halves)} : i64")
     held = t.op("kd", f"arith.cmpi ne, {key}, {none} : i64")
     t.emit(f"scf.if {t.op('kd', f'arith.andi {lead()}, {held} : i1')} {{")
-    slot = t.op("ksl", f"arith.remui %j, %c{_text.KEY_SLOTS}_ : index")
     old = t.fresh("kold")
-    t.emit(f"  {old} = memref.atomic_rmw maxu {key}, %K[{row}, {slot}] : (i64, {KEYS_TYPE}) -> i64")
+    t.emit(f"  {old} = memref.atomic_rmw maxu {key}, %K[{row}] : (i64, {KEYS_TYPE}) -> i64")
     t.emit("}")
 
 
@@ -571,17 +569,16 @@ def argmax_keys(values: np.ndarray, first_column: int) -> np.ndarray:
 
 
 def argmax_key_reference(keys: np.ndarray) -> np.ndarray:
-    """The token each row's keys in ``keys`` (i64, rows x slots) name: the
-    largest key's low word's complement, 0 for a row that held no key (all
-    its logits NaN)."""
-    k = np.asarray(keys).view(np.uint64).max(axis=-1)
+    """The token each row's key in ``keys`` (i64) names: the low word's
+    complement, 0 for a row that held no key (all its logits NaN)."""
+    k = np.asarray(keys).view(np.uint64)
     return np.where(k == 0, 0, ~k & np.uint64(0xFFFFFFFF)).astype(np.int32)
 
 
 def _with_argmax_key(reference, block_m: int, block_n: int, n: int, columns_first: bool):
     """``reference`` (of a one-weight ``store`` tile ``(i, j)``, ``(j, i)``
     with ``columns_first``), then for each row ``r`` of the block
-    ``K[r, j % KEY_SLOTS] = max(that, the row's keys)``: the numpy model of the folded
+    ``K[r] = max(K[r], the row's keys)``: the numpy model of the folded
     argmax, whose atomic maxima make the order of the tiles irrelevant."""
 
     def run(a: int, b: int, *args) -> None:
@@ -592,8 +589,7 @@ def _with_argmax_key(reference, block_m: int, block_n: int, n: int, columns_firs
         keys, C = K.view(np.uint64), rest[-1]
         for r in range(i * block_m, min((i + 1) * block_m, C.shape[0])):
             best = argmax_keys(bf16_to_f32(C[r, cs]), cs.start).view(np.uint64).max()
-            slot = j % _text.KEY_SLOTS
-            keys[r, slot] = max(keys[r, slot], best)
+            keys[r] = max(keys[r], best)
 
     return run
 

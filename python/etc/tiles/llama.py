@@ -2516,56 +2516,31 @@ func.func @{name}(%b: index, %val: {pv_t}, %idx: {pi_t}, %out: {out_t}) {{
 
 @checked_arguments
 def argmax_take(*, name: str = "argmax", block_size: int = 256) -> DeviceFunction:
-    """Tile ``(b,)``: ``out[b]`` = the token row ``b``'s keys name, the keys
-    the LM head's ``argmax_key`` epilogue left in ``keys[b, :]`` (the first
-    largest logit; :func:`etc.tiles.gemv_layer.argmax_keys`), and the keys
-    reset to 0 for the next step: lane ``s`` of warp 0 exchanges slot ``s``
-    for 0, a butterfly takes the largest (two i32 shuffles a step). Runs
-    after every LM head instance of the step (their atomic maxima are the
-    only writers). Args ``keys: memref<?xKEY_SLOTSxi64>``, ``out:
-    memref<?xi32>``."""
+    """Tile ``(b,)``: ``out[b]`` = the token row ``b``'s key names, the key
+    the LM head's ``argmax_key`` epilogue left in ``keys[b]`` (the first
+    largest logit; :func:`etc.tiles.gemv_layer.argmax_keys`), and
+    ``keys[b] = 0`` for the next step, in one atomic exchange by thread 0.
+    Runs after every LM head instance of the step (their atomic maxima are
+    the only writers). Args ``keys: memref<?xi64>``, ``out: memref<?xi32>``."""
     from .gemv_layer import argmax_key_reference
 
     _check_block(name, block_size)
-    k_t = _text.KEYS_TYPE
-    steps = []
-    for n, off in enumerate(_text.SHUFFLE_OFFSETS):
-        key = f"%key{n}"
-        steps.append(f"""    %hi{n}_64 = arith.shrui {key}, %c32_i64 : i64
-    %hi{n} = arith.trunci %hi{n}_64 : i64 to i32
-    %lo{n} = arith.trunci {key} : i64 to i32
-    %ohi{n}, %ohi{n}_ok = gpu.shuffle xor %hi{n}, %c{off}_i32, %c32_i32 : i32
-    %olo{n}, %olo{n}_ok = gpu.shuffle xor %lo{n}, %c{off}_i32, %c32_i32 : i32
-    %ohi{n}_64 = arith.extui %ohi{n} : i32 to i64
-    %ohi{n}_up = arith.shli %ohi{n}_64, %c32_i64 : i64
-    %olo{n}_64 = arith.extui %olo{n} : i32 to i64
-    %other{n} = arith.ori %ohi{n}_up, %olo{n}_64 : i64
-    %key{n + 1} = arith.maxui {key}, %other{n} : i64""")
-    best = f"%key{len(_text.SHUFFLE_OFFSETS)}"
     source = f"""\
-// {name}: the token of row b's folded-argmax keys ({_text.KEY_SLOTS} slots); the keys reset to 0.
-func.func @{name}(%b: index, %keys: {k_t}, %out: memref<?xi32>) {{
+// {name}: the token of row b's folded-argmax key; the key reset to 0.
+func.func @{name}(%b: index, %keys: {_text.KEYS_TYPE}, %out: memref<?xi32>) {{
   %c0 = arith.constant 0 : index
-  %c32 = arith.constant 32 : index
-{_text.shuffle_constants()}
-  %c32_i32 = arith.constant 32 : i32
-  %c32_i64 = arith.constant 32 : i64
   %none = arith.constant 0 : i64
   %tid = gpu.thread_id x
-  %warp0 = arith.cmpi ult, %tid, %c32 : index
-  scf.if %warp0 {{
-    %key0 = memref.atomic_rmw assign %none, %keys[%b, %tid] : (i64, {k_t}) -> i64
-{chr(10).join(steps)}
-    %is_thread0 = arith.cmpi eq, %tid, %c0 : index
-    scf.if %is_thread0 {{
-      %low = arith.trunci {best} : i64 to i32
-      %ones = arith.constant -1 : i32
-      %token = arith.xori %low, %ones : i32
-      %held = arith.cmpi ne, {best}, %none : i64
-      %zero = arith.constant 0 : i32
-      %out_token = arith.select %held, %token, %zero : i32
-      memref.store %out_token, %out[%b] : memref<?xi32>
-    }}
+  %is_thread0 = arith.cmpi eq, %tid, %c0 : index
+  scf.if %is_thread0 {{
+    %key = memref.atomic_rmw assign %none, %keys[%b] : (i64, {_text.KEYS_TYPE}) -> i64
+    %low = arith.trunci %key : i64 to i32
+    %ones = arith.constant -1 : i32
+    %token = arith.xori %low, %ones : i32
+    %held = arith.cmpi ne, %key, %none : i64
+    %zero = arith.constant 0 : i32
+    %out_token = arith.select %held, %token, %zero : i32
+    memref.store %out_token, %out[%b] : memref<?xi32>
   }}
   return
 }}
