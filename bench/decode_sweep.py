@@ -956,6 +956,12 @@ VARIANTS["b1_argmax_key"] = _b1(("argmax_fused", True))
 VARIANTS["mid_argmax_key"] = _mid(("argmax_fused", True))
 
 
+def _b1_also(variant: dict, *changes: tuple[str, object]) -> dict:
+    """``variant`` with ``changes`` added to its B = 1 bucket (all its kernels)."""
+    (bound, one), *rest = variant.get("batch_buckets", M.LLAMA_3_2_1B.batch_buckets)
+    return {**variant, "batch_buckets": ((bound, (*one, *changes)), *rest)}
+
+
 # ... folded in B = 1's phased kernels only (the tensor-core kernel past L =
 # 1087 spills 36 bytes more with it and lost 20 us on an H100, item 272).
 def _b1_short_key(variant: dict) -> dict:
@@ -969,14 +975,7 @@ def _b1_short_key(variant: dict) -> dict:
 
 VARIANTS["b1s_argmax_key"] = _b1_short_key({})
 VARIANTS["b1_tiers900s_key"] = _b1_short_key(VARIANTS["b1_tiers900"])
-VARIANTS["b1_tiers900_key"] = {
-    **VARIANTS["b1_tiers900"],
-    "batch_buckets": (
-        (lambda b1, *rest: ((b1[0], (*b1[1], ("argmax_fused", True))), *rest))(
-            *VARIANTS["b1_tiers900"]["batch_buckets"]
-        )
-    ),
-}
+VARIANTS["b1_tiers900_key"] = _b1_also(VARIANTS["b1_tiers900"], ("argmax_fused", True))
 # ... and the default with the tma core's projection parts stamped
 # (gemm_stamps: where a B = 32 part's ~5.8 µs for 64 KB of weights goes, and
 # the meeting's ~1.2 µs more in a block's last part; bench/decode_trace.py).

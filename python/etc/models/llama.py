@@ -791,9 +791,9 @@ class LlamaConfig:
     #: ``argmax_take``): no pass over the logits after the LM head. The keys
     #: must be 0 before the first launch (``numpy_inputs`` and
     #: ``torch_inputs`` zero them) and a completed launch leaves them 0;
-    #: after a launch that failed, zero them again. (Zeroed by embed, every
-    #: launch, they cost the B = 1 long-context kernel 32 bytes more spills.) Needs the
-    #: LM head on the gemv core (the B = 1..16 kernels').
+    #: after a launch that failed, zero them again. (Zeroed by embed every
+    #: launch, they cost the B = 1 long-context kernel 32 bytes more
+    #: spills.) Needs the LM head on the gemv core (the B = 1..16 kernels').
     argmax_fused: bool = False
     #: Whether the graph declares ``argmax_key``. None: whether any kernel
     #: of the artifact folds its argmax (:attr:`key_buffer`): every kernel of

@@ -1860,9 +1860,10 @@ def layer_gemm(
     ``whole_lines``: each warp's weight copies read whole 128-byte lines).
     It takes ``stages``, ``columns_first``, ``row_scale``, ``sums_out``,
     ``prefetch_ring``, ``short_path`` and ``whole_lines`` only, and
-    ``argmax_key`` (one row, ``store``: the LM head's greedy argmax folded
-    into its epilogue, one i64 key a row in ``K: memref<?xi64>`` after
-    ``C``; :func:`etc.tiles.llama.argmax_take` reads it).
+    ``argmax_key`` (``store``; over 8 to 64 rows, ``block_n`` dividing 32
+    or a multiple of it: the LM head's greedy argmax folded into its
+    epilogue, one i64 key a row in ``K: memref<?xi64>`` after ``C``;
+    :func:`etc.tiles.llama.argmax_take` reads it).
 
     ``core="tma"`` loads 64-row blocks of ``A`` and the weights with TMA into
     a ``wgmma`` pipeline (:mod:`etc.tiles.gemm_layer_tma`); ``block_m`` must

@@ -189,7 +189,7 @@ def layer_gemv(
         at, wt, ct, columns_first=columns_first, stacked=stacked,
         before_w=f", %R: {st}" if row_scale is not None else "",
         after_c=(f", %S: {st}" if sums_out is not None else "")
-        + (f", %K: {KEYS_TYPE}" if argmax_key else ""),
+        + (f", %K: {_text.KEYS_TYPE}" if argmax_key else ""),
     )  # fmt: skip
     t = _Text()
     emit = _emit_rows if block_m > 1 else _emit
@@ -545,11 +545,8 @@ def _fold_argmax_key(
     held = t.op("kd", f"arith.cmpi ne, {key}, {none} : i64")
     t.emit(f"scf.if {t.op('kd', f'arith.andi {lead()}, {held} : i1')} {{")
     old = t.fresh("kold")
-    t.emit(f"  {old} = memref.atomic_rmw maxu {key}, %K[{row}] : (i64, {KEYS_TYPE}) -> i64")
+    t.emit(f"  {old} = memref.atomic_rmw maxu {key}, %K[{row}] : (i64, {_text.KEYS_TYPE}) -> i64")
     t.emit("}")
-
-
-KEYS_TYPE = _text.KEYS_TYPE
 
 
 def argmax_keys(values: np.ndarray, first_column: int) -> np.ndarray:

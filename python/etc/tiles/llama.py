@@ -143,7 +143,6 @@ def embed(
     (layers x rows x kv heads); the column-0 tile zeroes ``C[:, r, :]`` of
     its rows: the split counters of ``attention(combine=True)``, reset at
     the start of every step.
-
     """
     _check_block(name, block_size)
     _positive(name, block_m=block_m, block_n=block_n, hidden=hidden)
