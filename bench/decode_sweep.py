@@ -973,9 +973,24 @@ def _b1_short_key(variant: dict) -> dict:
     return {**variant, "batch_buckets": ((bound, tuple(one.items())), *rest)}
 
 
-VARIANTS["b1s_argmax_key"] = _b1_short_key({})
+VARIANTS["b1s_argmax_key"] = _b1_short_key({})  # the default since (item 275)
 VARIANTS["b1_tiers900s_key"] = _b1_short_key(VARIANTS["b1_tiers900"])
 VARIANTS["b1_tiers900_key"] = _b1_also(VARIANTS["b1_tiers900"], ("argmax_fused", True))
+
+
+# Session 62: the default before the fold went into B = 1's phased kernel
+# (M.SINGLE_SEQUENCE_SHORT), to time the two in one call.
+def _b1_unkeyed() -> dict:
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    one["context_buckets"] = tuple(
+        (b, tuple(c for c in changes if c[0] != "argmax_fused"))
+        for b, changes in one["context_buckets"]
+    )
+    return {"batch_buckets": ((bound, tuple(one.items())), *rest)}
+
+
+VARIANTS["before62"] = _b1_unkeyed()
 # ... and the default with the tma core's projection parts stamped
 # (gemm_stamps: where a B = 32 part's ~5.8 µs for 64 KB of weights goes, and
 # the meeting's ~1.2 µs more in a block's last part; bench/decode_trace.py).

@@ -1547,10 +1547,12 @@ def test_batch_buckets_change_only_the_tiles():
         for bound, c in buckets:
             for b in range(1, (bound or 64) + 1):
                 assert c.splits(L, b) == M.LLAMA_3_2_1B.splits(L, b), (bound, L, b)
+    # B = 1's phased kernel folds its argmax, so every kernel declares the keys.
     assert mid == dataclasses.replace(
         M.LLAMA_3_2_1B, batch_buckets=(), max_batch=16, attn_cached_splits=True,
-        attn_counters=True, argmax_keys=False, **dict(M.SMALL_BATCH),
+        attn_counters=True, argmax_keys=True, **dict(M.SMALL_BATCH),
     )  # fmt: skip
+    assert not mid.argmax_fused and mid.key_buffer
     assert mid.wait_memo and not one.wait_memo and not large.wait_memo
     # B = 1 one row a gemv tile, B = 2..8 8 rows, 9..16 16 rows (mma.sync,
     # never fewer than 9 rows: no 8-row path), then the tma core.
@@ -1677,6 +1679,14 @@ def test_phased_span_sizes_the_short_one_sequence_kernel():
     short, long = (k for b, lb, k in M.LLAMA_3_2_1B.kernel_configs() if b == 1)
     assert (short.max_context, long.max_context) == (M.SINGLE_SEQUENCE_CONTEXT, None)
     assert short.phased_tile_span == 64 and short.attn_prefetch_kv is True
+    # Only the phased kernel folds its argmax into the LM head (the
+    # tensor-core one spilled with it); both declare the keys.
+    assert (short.argmax_fused, long.argmax_fused) == (True, False)
+    assert short.key_buffer and long.key_buffer
+    tasks = {t.name for t in M.build_decoder_graph(short).tasks}
+    assert "argmax_merge" not in tasks and "argmax_merge" in {
+        t.name for t in M.build_decoder_graph(long).tasks
+    }
     assert dataclasses.replace(short, attn_phased_span=0).phased_tile_span == 512
     graph = M.build_decoder_graph(short)
     assert {s.name: s.max for s in graph.symbols}["L"] == M.SINGLE_SEQUENCE_CONTEXT

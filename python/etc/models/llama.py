@@ -244,8 +244,15 @@ SINGLE_SEQUENCE_CONTEXT = 17 * 64 - 1
 #: alone: a split is one loop step), whose cached K and V rows its prefetch
 #: function copies into shared memory (16 KB) before the instance waits for
 #: the QKV projection (``attn_prefetch_kv``; together -2.3..-3.2 % at L = 512
-#: and 1024 on an H200, forty-seventh session, item 232).
-SINGLE_SEQUENCE_SHORT = (("attn_phased_span", 64), ("attn_prefetch_kv", True))
+#: and 1024 on an H200, forty-seventh session, item 232); its greedy argmax
+#: folded into the LM head (``argmax_fused``: -0.8 % and -1.2 % at L = 1024
+#: on two H100s, sixty-first and sixty-second sessions, items 272 and 275;
+#: not past L = 1087, where the tensor-core kernel spilled with it).
+SINGLE_SEQUENCE_SHORT = (
+    ("attn_phased_span", 64),
+    ("attn_prefetch_kv", True),
+    ("argmax_fused", True),
+)
 #: The default B = 1 kernel: a kernel per context range (``context_buckets``).
 SINGLE_SEQUENCE_BY_CONTEXT = (
     *SINGLE_SEQUENCE,
@@ -794,6 +801,8 @@ class LlamaConfig:
     #: after a launch that failed, zero them again. (Zeroed by embed every
     #: launch, they cost the B = 1 long-context kernel 32 bytes more
     #: spills.) Needs the LM head on the gemv core (the B = 1..16 kernels').
+    #: On in the default's B = 1 kernel up to L = 1087
+    #: (:data:`SINGLE_SEQUENCE_SHORT`); it lost in the others (item 272).
     argmax_fused: bool = False
     #: Whether the graph declares ``argmax_key``. None: whether any kernel
     #: of the artifact folds its argmax (:attr:`key_buffer`): every kernel of
