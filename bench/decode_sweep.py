@@ -991,6 +991,83 @@ def _b1_unkeyed() -> dict:
 
 
 VARIANTS["before62"] = _b1_unkeyed()
+
+
+# ... and the embedding tile called instead of inlined in the B = 1..16
+# kernels (the large one calls every tile): ptxas, no device, finds the
+# main function's spills (stores/loads, bytes) fall from 44/52 to 28/28 in
+# B = 1's tensor-core kernel, 32/40 to 24/32 at B = 2..8 and 56/68 to 20/28
+# at B = 9..16 (the phased B = 1 kernel spills none either way). With it,
+# the fold no longer spills more in B = 1's tensor-core kernel (44/52, 80/88
+# inlined) or at B = 2..8 (16/20, 72/96 inlined), so `emb_key` folds there
+# too (at B = 9..16 still 68/80: not there). Predicted: `emb` −0..−3 µs a
+# kernel whose spills fall; `emb_key` another −7..−10 µs at B = 1 past L =
+# 1087 (the phased kernel's gain, item 275) and −5..−12 at B = 2..8 (item
+# 272's B = 8).
+def _embed_called(*, fold_long: bool = False, fold_few: bool = False) -> dict:
+    (b1, one), (b8, few), (b16, mid), large = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    one["outline"] = (*one["outline"], "embed")
+    *phased, (last, longer) = one["context_buckets"]
+    longer = dict(longer)
+    longer["outline"] = (*longer["outline"], "embed")
+    if fold_long:
+        longer["argmax_fused"] = True
+    one["context_buckets"] = (*phased, (last, tuple(longer.items())))
+    called = ("outline", (*M.LLAMA_3_2_1B.outline, "embed"))
+    few = (*few, called, *((("argmax_fused", True),) if fold_few else ()))
+    return {"batch_buckets": ((b1, tuple(one.items())), (b8, few), (b16, (*mid, called)), large)}
+
+
+VARIANTS["emb"] = _embed_called()
+VARIANTS["emb_key"] = _embed_called(fold_long=True, fold_few=True)
+# (Measured, item 278: emb -2.0..-2.6 % at B = 2..8, even at B = 1 and 9..16;
+# the fold then -1.0 % in B = 1's tensor-core kernel, even at B = 2..8. So
+# the B = 2..8 kernel's called embedding and B = 1's tensor-core kernel's
+# fold with it are the default since; `emb` and `emb_key` built from the
+# default now add only what was not adopted.)
+
+
+def _before_emb() -> dict:
+    """The default before item 278 (the fold in B = 1's phased kernel only,
+    the embedding inlined), to time it in the same call."""
+    (b1, one), (b8, few), mid, large = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    *phased, (last, longer) = one["context_buckets"]
+    longer = tuple(
+        ("outline", ("attention", "lm_head", "argmax", "argmax_merge"))
+        if k == "outline"
+        else (k, v)
+        for k, v in longer
+        if k != "argmax_fused"
+    )
+    one["context_buckets"] = (*phased, (last, longer))
+    few = tuple(c for c in few if c[0] != "outline")
+    return {"batch_buckets": ((b1, tuple(one.items())), (b8, few), mid, large)}
+
+
+VARIANTS["before_emb"] = _before_emb()
+# ... and, since the called embedding paid in the B = 2..8 kernel with no
+# spills to speak of (ncu: 1.1 % fewer instructions, 3 % fewer long-scoreboard
+# stalls an issue, the same DRAM bytes; item 278), the LM head and argmax
+# called there too (B = 1's: -1.3 %, thirtieth session), and the embedding
+# alone or with them in the B = 9..16 kernel. Predicted: within +-1 % each
+# (the outline choice moves ptxas's allocation of the inlined stages).
+_CALLED_LM = ("attention", "embed", "lm_head", "argmax", "argmax_merge")
+
+
+def _mid_only(*changes: tuple[str, object]) -> dict:
+    """The default buckets with ``changes`` in the B = 9..16 kernel."""
+    one, few, (bound, mid), *rest = M.LLAMA_3_2_1B.batch_buckets
+    return dict(batch_buckets=(one, few, (bound, (*mid, *changes)), *rest))
+
+
+VARIANTS["few_lm"] = _few(("outline", _CALLED_LM))
+VARIANTS["mid_emb"] = _mid_only(("outline", ("attention", "embed")))
+VARIANTS["mid_lm"] = _mid_only(("outline", _CALLED_LM))
+# ... and `twin`, the default built again under another name: a control for
+# how far two artifacts of one kernel drift in one call (item 280: ~1 %).
+VARIANTS["twin"] = {}
 # ... and the default with the tma core's projection parts stamped
 # (gemm_stamps: where a B = 32 part's ~5.8 µs for 64 KB of weights goes, and
 # the meeting's ~1.2 µs more in a block's last part; bench/decode_trace.py).

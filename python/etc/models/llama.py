@@ -192,8 +192,15 @@ SMALL_BATCH = (
 #: (-6.8..-7.7 % at B = 2-8 against the mma.sync core, item 213; -1.3..-2 %
 #: against 16-row tiles taking their 8-row loop, item 212); its LM head in
 #: 128-column blocks, one k slice a warp (-0.5..-1.5 % at B = 4, -0.8 % on
-#: average at B = 8, L = 4096 over five passes, forty-sixth session, item 226).
-FEW_SEQUENCES = (*SMALL_BATCH, ("gemv_block", 8), ("bn_lm", 128))
+#: average at B = 8, L = 4096 over five passes, forty-sixth session, item 226);
+#: its embedding tile called, not inlined (-2.0..-2.6 % at B = 2 and 8 on an
+#: H100, sixty-second session, item 278).
+FEW_SEQUENCES = (
+    *SMALL_BATCH,
+    ("gemv_block", 8),
+    ("bn_lm", 128),
+    ("outline", ("attention", "embed")),
+)
 #: The tile changes of the decoder's B = 1 kernel: the phased attention
 #: (one sequence's short spans: the tensor-core tile's loop steps are 128
 #: positions) in loop steps of 64 positions, so ``attn_single_span``'s
@@ -226,14 +233,19 @@ SINGLE_SEQUENCE = (
 #: phased tile it pays: -1.3..-1.6 % at L = 1152-1408, -2.4..-3.4 % at
 #: L = 4096 on an H200 (forty-second session, items 191-192). Its weights
 #: were evict-first (-0.4 %, item 198) until the projections moved to the
-#: gemv core, which takes no L2 hint (forty-fourth session, item 208).
+#: gemv core, which takes no L2 hint (forty-fourth session, item 208). Its
+#: greedy argmax folded into the LM head, with the embedding tile called so
+#: that the main function spills no more than without the fold (44 bytes;
+#: 80 with the fold and embed inlined): -1.0 % at L = 4096 on an H100
+#: (sixty-second session, item 278; +1.8 % with the spills, item 272).
 SINGLE_SEQUENCE_LONG = (
     ("attn_tile", "mma"),
     ("fuse_combine", False),
     ("attn_unroll", 1),
     ("attn_pipeline", "auto"),
     ("attn_tma_release", "read_early"),
-    ("outline", ("attention", "lm_head", "argmax", "argmax_merge")),
+    ("outline", ("attention", "lm_head", "argmax", "embed")),
+    ("argmax_fused", True),
 )
 #: The largest L the B = 1 kernel runs with the phased attention: the last
 #: whose splits (``attn_single_splits`` = 17 of ``attn_single_span`` = 64
@@ -801,8 +813,9 @@ class LlamaConfig:
     #: after a launch that failed, zero them again. (Zeroed by embed every
     #: launch, they cost the B = 1 long-context kernel 32 bytes more
     #: spills.) Needs the LM head on the gemv core (the B = 1..16 kernels').
-    #: On in the default's B = 1 kernel up to L = 1087
-    #: (:data:`SINGLE_SEQUENCE_SHORT`); it lost in the others (item 272).
+    #: On in the default's B = 1 kernels (:data:`SINGLE_SEQUENCE_SHORT`,
+    #: :data:`SINGLE_SEQUENCE_LONG`); even or lost at B = 2..16 (items 272,
+    #: 278).
     argmax_fused: bool = False
     #: Whether the graph declares ``argmax_key``. None: whether any kernel
     #: of the artifact folds its argmax (:attr:`key_buffer`): every kernel of
