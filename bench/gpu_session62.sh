@@ -36,7 +36,10 @@
 # mid_lm), two passes at B = 4, 8, 12, 16 and L = 1024
 # (DECODE_SWEEP_VARIANTS=default,few_lm,mid_emb,mid_lm python
 # bench/decode_sweep.py --build .device/s62/out).
-# Carry .device/s62. Usage: bash bench/gpu_session62.sh [tests] [fold] [warmup] [decbench] [emb] [emb2] [trace] [ncu] [outline]
+# `kept`: the runtime's failure paths with a kept-zero tensor
+# (Graph.tensor(kept_zero=True), zeroed after a failed launch) and without
+# (python test/gpu/make_artifacts.py .device/s62/kz --only 'splitk$,broken').
+# Carry .device/s62. Usage: bash bench/gpu_session62.sh [tests] [fold] [warmup] [decbench] [emb] [emb2] [trace] [ncu] [outline] [kept]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-tests fold warmup}; do
@@ -75,6 +78,9 @@ for step in ${*:-tests fold warmup}; do
     cat "$OUT/s62_ncu.txt" ;;
   outline) SWEEP_TMP=/tmp/s62 sweep_passes s62_outline default,few_lm,mid_emb,mid_lm 4,8,12,16 1024 \
     .device/s62/out ;;
+  kept) ETC_ARTIFACTS=.device/s62/kz timeout 200 python -m pytest -q -rfE -p no:cacheprovider \
+    test/gpu/test_runtime_gpu.py -k "kept_zero or deadlock or sticky or timeout or counters_reset" \
+    2>&1 | tail -15 | tee "$OUT/s62_kept.txt" ;;
   esac
 done
-tar czf "$OUT/s62_raw.tgz" -C /tmp/s62 raw 2>/dev/null
+tar czf "$OUT/s62_raw.tgz" -C /tmp/s62 raw 2>/dev/null || true

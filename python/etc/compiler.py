@@ -402,6 +402,7 @@ def _manifest(
                 "name": t.name,
                 "shape": [_size(d) for d in t.shape],
                 "dtype": t.dtype.name,
+                **({"kept_zero": True} if t.kept_zero else {}),
                 **(
                     {
                         "tensor_map": {

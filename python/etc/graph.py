@@ -70,6 +70,9 @@ class Tensor:
     map_of: Tensor | None = field(default=None, repr=False)
     map_box: tuple[int, int] | None = field(default=None, repr=False)
     map_chunk: int = field(default=0, repr=False)
+    #: Zero before every launch, and left zero by every launch that
+    #: completes (counters a tile resets itself: see Graph.tensor).
+    kept_zero: bool = field(default=False, repr=False)
 
     @property
     def rank(self) -> int:
@@ -270,11 +273,23 @@ class Graph:
         self.num_ranks, self.rank = count_sym, rank_sym
         return rank_sym, count_sym
 
-    def tensor(self, name: str, shape: Iterable[Any], dtype: Any) -> Tensor:
-        """Declare a buffer of ``shape`` (ints or symbol expressions) and ``dtype``."""
+    def tensor(
+        self, name: str, shape: Iterable[Any], dtype: Any, *, kept_zero: bool = False
+    ) -> Tensor:
+        """Declare a buffer of ``shape`` (ints or symbol expressions) and ``dtype``.
+
+        ``kept_zero=True``: counters the tiles return to zero themselves (e.g.
+        the last of a group to count resets the count), so the buffer must
+        be all zeros before a launch and a launch that completes leaves it
+        so. After a launch that fails (a deadlock, a wrong wait count) the
+        runtime zeroes it again, so the next launch starts right; the
+        simulator refuses one that is not zero at the start and reports a
+        tile that leaves it nonzero at the end."""
         self._check_param_name(name, "tensor")
+        if not isinstance(kept_zero, bool):
+            raise GraphError(f"tensor '{name}': kept_zero must be a bool, got {kept_zero!r}")
         dims = self._shape(shape, f"tensor '{name}'")
-        t = Tensor(name, dims, to_dtype(dtype), self, len(self.tensors))
+        t = Tensor(name, dims, to_dtype(dtype), self, len(self.tensors), kept_zero=kept_zero)
         self.tensors.append(t)
         self._params[name] = t
         return t

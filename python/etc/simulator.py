@@ -1071,12 +1071,14 @@ def simulate(
     graph.validate()
     env = bind_symbols(graph, symbols)
     arrays = _bind_inputs(graph, inputs, env)
+    _check_kept_zero(graph, arrays, start=True)
     machine = _Machine(graph, arrays, env)
     if stats is not None:
         stats["instances"] = sum(len(p) for p in machine.points)
     if schedule == "static":
         _run_static([machine], num_ctas)
         machine.check_table_counts()
+        _check_kept_zero(graph, arrays, start=False)
         return arrays
     run = _DynamicRun(machine, num_ctas, seed, early_push, max_pop_chunk)
     try:
@@ -1086,7 +1088,29 @@ def simulate(
             stats.update(
                 ready_at_start=len(run.initial), pushes=run.tail, steps=run.steps, chunk=run.chunk
             )
+    _check_kept_zero(graph, arrays, start=False)
     return arrays
+
+
+def _check_kept_zero(graph: Graph, arrays: dict[str, np.ndarray], start: bool) -> None:
+    """The kept-zero tensors (``Graph.tensor(kept_zero=True)``) are all zeros
+    before the run (the caller's promise) and after it (the tiles' own)."""
+    for t in graph.tensors:
+        a = arrays[t.name]
+        if not t.kept_zero or not a.any():
+            continue
+        first = tuple(int(i) for i in np.argwhere(a)[0])
+        n = np.count_nonzero(a)
+        where = f"{n} nonzero value{'s' if n > 1 else ''}, the first {a[first].item()!r} at {first}"
+        if start:
+            raise ShapeError(
+                f"tensor '{t.name}' is kept zero (Graph.tensor(kept_zero=True)) but its "
+                f"input holds {where}: zero it before the launch"
+            )
+        raise GraphError(
+            f"graph '{graph.name}': the run completed but left kept-zero tensor '{t.name}' "
+            f"with {where}: a tile that counts on it does not reset it"
+        )
 
 
 def _check_options(
@@ -1153,12 +1177,16 @@ def simulate_ranks(
     world: list[_Machine] = []
     for r in range(n):
         env = bind_symbols(graph, {**given, graph.rank.name: r, graph.num_ranks.name: n})
-        world.append(_Machine(graph, _bind_inputs(graph, inputs[r], env), env, r, world))
+        arrays = _bind_inputs(graph, inputs[r], env)
+        _check_kept_zero(graph, arrays, start=True)
+        world.append(_Machine(graph, arrays, env, r, world))
     _check_rank_fan_in(world)
     if schedule == "static":
         _run_static(world, num_ctas)
     else:
         _run_dynamic([_DynamicRun(m, num_ctas, seed, early_push, max_pop_chunk) for m in world])
+    for m in world:
+        _check_kept_zero(graph, m.arrays, start=False)
     return [m.arrays for m in world]
 
 

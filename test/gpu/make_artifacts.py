@@ -8,6 +8,9 @@ the compiler; the GPU machine needs only the runtime):
 - ``broken/``: the same graph whose wait counts are read from a tensor ``T``
   (data-dependent, so no compile-time check can reject it); the tests set
   ``T`` one too high and expect a DeadlockError naming the event.
+- ``broken_kept/``: ``broken`` with its partials ``B`` declared kept zero
+  (``Graph.tensor(kept_zero=True)``), which the runtime zeroes after the
+  DeadlockError.
 - ``symbolic_batch/``: the Figure 4 example's graph.
 - ``trigger_table[_unguarded]_<schedule>/``: a data-dependent trigger over a
   table the launch hands in (``trigger_table_graph`` in ``graphs.py``): good
@@ -102,11 +105,11 @@ from graphs import (  # noqa: E402
 )
 
 
-def build_broken(K: int = 256, k_split: int = 4) -> etc.Graph:
+def build_broken(K: int = 256, k_split: int = 4, kept_zero: bool = False) -> etc.Graph:
     g = etc.Graph("splitk")
     n = g.symbol("n")
     A = g.tensor("A", (n, K), "f32")
-    B = g.tensor("B", (n, k_split), "f32")
+    B = g.tensor("B", (n, k_split), "f32", kept_zero=kept_zero)
     C = g.tensor("C", (n,), "f32")
     T = g.tensor("T", (n,), "i32")
     E = g.event((n,), wait_count=T, name="E")
@@ -135,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     graphs = {
         "splitk": build_splitk(K=256, k_split=4, rows_per_task=1),
         "broken": build_broken(),
+        # The partials declared kept zero: a failed launch must zero them.
+        "broken_kept": build_broken(kept_zero=True),
     }
     try:
         from examples.symbolic_batch import build as build_batch

@@ -98,6 +98,39 @@ def test_deadlock_then_recovery(splitk: etc.runtime.Kernel) -> None:
     np.testing.assert_allclose(t["C"], expect(t["A"])[1], rtol=1e-5, atol=1e-4)
 
 
+def test_a_failed_launch_zeroes_its_kept_zero_tensors() -> None:
+    """``broken_kept`` declares its partials B kept zero: the partial sums
+    write B, then final_sum's wait gives up. After the DeadlockError B is
+    zero again, on the device (torch, sync and async launches) and in the
+    numpy array given, while C keeps what it held; then the kernel runs."""
+    torch = pytest.importorskip("torch")
+    broken = etc.runtime.load(artifact("broken_kept"))
+    assert [t.name for t in broken.manifest.tensors if t.kept_zero] == ["B"]
+    n = 33
+    a = torch.randn(n, 256, device="cuda")
+    t = {
+        "A": a,
+        "B": torch.zeros(n, 4, device="cuda"),
+        "C": torch.full((n,), 7.0, device="cuda"),
+        "T": torch.full((n,), 5, dtype=torch.int32, device="cuda"),
+    }
+    with pytest.raises(DeadlockError):
+        broken.launch(t, {"n": n}, max_polls=100_000)
+    assert not t["B"].any() and bool((t["C"] == 7).all())
+    broken.launch(t, {"n": n}, sync=False, max_polls=100_000)
+    with pytest.raises(DeadlockError):
+        broken.check()
+    assert not t["B"].any()
+    host = {k: v.cpu().numpy() for k, v in t.items()}
+    with pytest.raises(DeadlockError):
+        broken.launch(host, {"n": n}, max_polls=100_000)
+    assert not host["B"].any() and (host["C"] == 7).all()
+    t["T"].fill_(4)  # and the counts right: the sums, B's partials left as the graph writes them
+    broken.launch(t, {"n": n})
+    torch.testing.assert_close(t["C"], a.sum(1), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(t["B"], a.reshape(n, 4, 64).sum(2), rtol=1e-5, atol=1e-4)
+
+
 def test_timeout_bounds_the_wait_for_a_launch(splitk: etc.runtime.Kernel) -> None:
     """With a timeout the launch polls its stream: a normal launch gives the
     same results, and one that runs past it raises LaunchTimeoutError while

@@ -57,6 +57,20 @@ def test_artifact_has_ptx_and_manifest(splitk, tmp_path):
     assert json.loads((tmp_path / "manifest.json").read_text())["format"] == "etc-artifact/5"
 
 
+def test_kept_zero_tensors_reach_the_manifest(tmp_path):
+    """``Graph.tensor(kept_zero=True)`` is a field of the tensor's manifest
+    entry (absent otherwise: older runtimes read the artifact as before),
+    which the runtime parses; the kernel's code does not change."""
+    from unit_helpers import splitk_graph
+
+    kept = etc.compile(splitk_graph(kept_zero_b=True), cubin=False)
+    plain = etc.compile(splitk_graph(), cubin=False)
+    assert [t.get("kept_zero", False) for t in kept.manifest["tensors"]] == [False, True, False]
+    assert not any("kept_zero" in t for t in plain.manifest["tensors"])
+    assert kept.ptx == plain.ptx
+    assert [t.kept_zero for t in load_manifest(kept.save(tmp_path)).tensors] == [False, True, False]
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
 def test_cubin_assembled(splitk):
     assert splitk.cubin is not None and splitk.cubin[:4] == b"\x7fELF"

@@ -463,6 +463,13 @@ def test_decoder_with_the_argmax_folded_matches_the_numpy_model():
         np.testing.assert_array_equal(arrays["next_tokens"], ref["next_tokens"])
         assert (arrays["argmax_key"] == 0).all()
         arrays["tokens"] = arrays["next_tokens"].copy()
+    # The keys are declared kept zero (the runtime zeroes them after a failed
+    # launch), so the simulator refuses a step that starts with one set.
+    kept = {t.name for t in graph.tensors if t.kept_zero}
+    assert "argmax_key" in kept and kept <= M.KEPT_ZERO
+    arrays["argmax_key"][1] = 7
+    with pytest.raises(etc.ShapeError, match="tensor 'argmax_key' is kept zero .* at \\(1,\\)"):
+        etc.simulate(graph, arrays, {"B": 2, "L": 7, "S": 9})
 
 
 def test_folded_argmax_buffers_and_refusals():

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -170,11 +171,46 @@ def _set(path: str, value: object) -> dict:
         ("sha256", {}, "64-digit hex"),
         ("sm_deal", "random", "manifest field sm_deal: expected 'spread' or 'pairs'"),
         ("sm_slices", "yes", "manifest field sm_slices: expected a bool"),
+        ("tensors.1.kept_zero", 1, r"tensors\[1\].kept_zero: expected bool"),
     ],
 )
 def test_manifest_bad_field(tmp_path: Path, path: str, value: object, message: str) -> None:
     with pytest.raises(LaunchError, match=message):
         manifest.load_manifest(write_artifact(tmp_path, _set(path, value)))
+
+
+def test_failed_launch_zeroes_the_kept_zero_tensors(tmp_path: Path, monkeypatch) -> None:
+    """A kept-zero tensor (``kept_zero`` in the manifest) is zeroed after a
+    failed launch: its bytes at the launch's shape on the device (one memset
+    each, ordered on the launch's stream, then a synchronisation) and the
+    numpy array it came from; the other tensors are left alone."""
+    data = splitk_manifest()
+    data["tensors"][1]["kept_zero"] = True
+    m = manifest.load_manifest(write_artifact(tmp_path, data))
+    assert [t.kept_zero for t in m.tensors] == [False, True, False]
+    calls = []
+
+    class FakeCu:
+        @staticmethod
+        def cuMemsetD8Async(ptr, value, nbytes, stream):
+            calls.append(("memset", ptr, value, nbytes, stream))
+            return (None,)
+
+    monkeypatch.setattr(kernel, "_cu", FakeCu)
+    monkeypatch.setattr(kernel.driver, "check", lambda result, what: None)
+    monkeypatch.setattr(kernel.driver, "synchronize", lambda s, *a: calls.append(("sync", s)))
+    k = kernel.Kernel.__new__(kernel.Kernel)
+    k._kept_zero = [(i, t) for i, t in enumerate(m.inputs) if t.kept_zero]
+    plan = types.SimpleNamespace(shapes={"A": (7, 256), "B": (7, 4), "C": (7,)})
+    host = {n: np.ones(shape, np.float32) for n, shape in plan.shapes.items()}
+    bound = [args.BoundTensor(n, args.NUMPY, 0, a, a.nbytes) for n, a in host.items()]
+    k._zero_kept(5, plan, [0x1000, 0x2000, 0x3000], bound)
+    assert calls == [("memset", 0x2000, 0, 7 * 4 * 4, 5), ("sync", 5)]
+    assert not host["B"].any() and host["A"].all() and host["C"].all()
+    calls.clear()
+    k._kept_zero = []  # nothing kept zero: no device work at all
+    k._zero_kept(5, plan, [0x1000, 0x2000, 0x3000], bound)
+    assert calls == []
 
 
 def test_manifest_format_4_still_loads(tmp_path: Path) -> None:

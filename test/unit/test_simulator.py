@@ -53,6 +53,29 @@ def test_inputs_are_copied_and_missing_tensors_zeroed():
     np.testing.assert_array_equal(out["C"], np.full(5, 256, dtype=np.float32))
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_kept_zero_tensors_are_checked_at_both_ends(schedule):
+    """A kept-zero tensor must be zero before the run (else ShapeError
+    naming it and the first nonzero place) and after it (else GraphError:
+    a tile does not reset it). Here the partials B are declared kept zero
+    but hold the partial sums at the end."""
+    g = splitk_graph(kept_zero_b=True)
+    A = np.ones((5, 256), dtype=np.float32)
+    with pytest.raises(GraphError, match="left kept-zero tensor 'B' with 20 nonzero values"):
+        etc.simulate(g, {"A": A}, {"n": 5}, schedule=schedule)
+    B = np.zeros((5, 4), np.float32)
+    B[2, 1] = 3
+    with pytest.raises(ShapeError, match=r"tensor 'B' is kept zero .* the first 3.0 at \(2, 1\)"):
+        etc.simulate(g, {"A": A, "B": B}, {"n": 5}, schedule=schedule)
+    # Undeclared, the same run is fine.
+    etc.simulate(splitk_graph(), {"A": A, "B": B}, {"n": 5}, schedule=schedule)
+
+
+def test_kept_zero_must_be_a_bool():
+    with pytest.raises(GraphError, match="tensor 'X': kept_zero must be a bool, got 1"):
+        etc.Graph("g").tensor("X", (4,), "i32", kept_zero=1)
+
+
 def test_static_queues_round_robin_over_topological_order():
     g = splitk_graph(R=1, S=4, K=256)
     queues = etc.static_queues(g, {"n": 3}, num_ctas=4)

@@ -58,13 +58,14 @@ def make_fn(
     )
 
 
-def splitk_graph(R: int = 8, S: int = 4, K: int = 256) -> etc.Graph:
-    """The paper's Figure 3 with the rowsum tiles: C[r] = sum(A[r, :])."""
+def splitk_graph(R: int = 8, S: int = 4, K: int = 256, kept_zero_b: bool = False) -> etc.Graph:
+    """The paper's Figure 3 with the rowsum tiles: C[r] = sum(A[r, :]);
+    ``kept_zero_b``: the partials declared kept zero, which they are not."""
     g = etc.Graph("splitk")
     n = g.symbol("n")
     m = (n + R - 1) // R  # row blocks
     A = g.tensor("A", (n, K), "f32")
-    B = g.tensor("B", (n, S), "f32")
+    B = g.tensor("B", (n, S), "f32", kept_zero=kept_zero_b)
     C = g.tensor("C", (n,), "f32")
     E = g.event((m,), wait_count=S, name="E")
     g.task(partial_sum(R, S, K), grid=(m, S), args=(A, B), out_edges={E: "ij->i"})

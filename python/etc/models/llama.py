@@ -810,9 +810,9 @@ class LlamaConfig:
     #: ``argmax_take``): no pass over the logits after the LM head. The keys
     #: must be 0 before the first launch (``numpy_inputs`` and
     #: ``torch_inputs`` zero them) and a completed launch leaves them 0;
-    #: after a launch that failed, zero them again. (Zeroed by embed every
-    #: launch, they cost the B = 1 long-context kernel 32 bytes more
-    #: spills.) Needs the LM head on the gemv core (the B = 1..16 kernels').
+    #: after a launch that failed the runtime zeroes them
+    #: (:data:`KEPT_ZERO`). (Zeroed by embed every launch, they cost the
+    #: B = 1 long-context kernel 32 bytes more spills.) Needs the LM head on the gemv core (the B = 1..16 kernels').
     #: On in the default's B = 1 kernels (:data:`SINGLE_SEQUENCE_SHORT`,
     #: :data:`SINGLE_SEQUENCE_LONG`); even or lost at B = 2..16 (items 272,
     #: 278).
@@ -1952,6 +1952,13 @@ def _gemm_stamps_shape(cfg: LlamaConfig, B: Any) -> tuple:
     return (cfg.layers, len(_COUNTER_ROWS), STAMP_SLOTS * ((B + 63) // 64), len(STAMPS))
 
 
+#: The counters the decoder's tiles return to zero themselves (the split
+#: counts of the fused combine, the folded argmax's keys, the split-K
+#: meetings' counts): zero before the first launch, zeroed by the runtime
+#: after a failed one (``Graph.tensor(kept_zero=True)``).
+KEPT_ZERO = frozenset({"attn_count", "argmax_key", "split_count"})
+
+
 def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
     """The split-K workspace (:attr:`LlamaConfig.split_workspace`): float32
     parts, and one counter row per projection (zero between launches)."""
@@ -2166,7 +2173,10 @@ def build_decoder_graph(
     B, L = g.symbol("B", max=cfg.kernel_max_batch), g.symbol("L", max=cfg.max_context)
     S = g.symbol("S")
     pool = (g.symbol("pages"), g.symbol("max_pages")) if cfg.page_size else ()
-    t = {n: g.tensor(n, shape, dt) for n, (shape, dt) in tensor_shapes(cfg, B, L, S, *pool).items()}
+    t = {
+        n: g.tensor(n, shape, dt, kept_zero=n in KEPT_ZERO)
+        for n, (shape, dt) in tensor_shapes(cfg, B, L, S, *pool).items()
+    }
     # The step reads RoPE row L and writes cache row L: refused at launch past them.
     g.require(S - L - 1, "position L must be below S, the rows of the RoPE table and the cache")
     if cfg.page_size:

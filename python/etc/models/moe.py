@@ -442,7 +442,8 @@ class MoEConfig:
     #: "slots"``, ``gemm="gemv"``): the last of a token's slot down tiles of
     #: a column block sums the block's rows into ``Out`` (the combine task's
     #: sum) and no task follows them; counters in ``Ycount``, which return
-    #: to zero after every launch (start them at zero).
+    #: to zero after every launch (start them at zero; the runtime zeroes
+    #: them after a failed launch: ``Graph.tensor(kept_zero=True)``).
     combine: str = "task"
     zero_block: int = 32
     #: The sums of an atomic combine: "f32" (``Out32``) or "f16" (``Out16``:
@@ -795,7 +796,11 @@ def tensor_shapes(cfg: MoEConfig, T: int) -> dict[str, tuple[tuple[int, ...], st
 
 def _tensors(g: Graph, cfg: MoEConfig, T: Any, names: list[str] | None = None) -> dict[str, Any]:
     spec = _spec(cfg, T)
-    return {n: g.tensor(n, s, d) for n, (s, d) in spec.items() if names is None or n in names}
+    return {
+        n: g.tensor(n, s, d, kept_zero=n == "Ycount")  # counters the down tiles reset
+        for n, (s, d) in spec.items()
+        if names is None or n in names
+    }
 
 
 def expert_gemm_tiles(cfg: MoEConfig) -> tuple[DeviceFunction, DeviceFunction]:

@@ -23,7 +23,7 @@ from etc.runtime.args import (
     check_mapping,
 )
 from etc.runtime.checks import check_bound_graph, check_phase_order
-from etc.runtime.manifest import Manifest, bind_size, load_manifest, numel
+from etc.runtime.manifest import DTYPE_SIZES, Manifest, bind_size, load_manifest, numel
 from etc.runtime.params import ParamPack
 from etc.runtime.queue import (
     INSTANCE_MASK,
@@ -298,7 +298,11 @@ class Kernel:
         # Pinned, so a sync launch can queue the status read-back before synchronising.
         self._status_host = driver.HostBuffer(4 * manifest.status_words)
         self._status = self._status_host.view(np.int32)
-        self._last: tuple[int, driver.DeviceBuffer, _Plan, int] | None = None
+        #: The latest launch: stream, scratch, plan, polls, tensor pointers and
+        #: bound tensors (numpy arrays), for `check` and a failure's clean-up.
+        self._last: tuple[int, driver.DeviceBuffer, _Plan, int, list[int], list] | None = None
+        #: The inputs a failed launch must zero again (Graph.tensor(kept_zero=True)).
+        self._kept_zero = [(i, t) for i, t in enumerate(manifest.inputs) if t.kept_zero]
         #: Ranked kernels: every rank's counters address, set by `RankGroup`
         #: with the per-stream scratch buffers it allocated (never regrown:
         #: peers address them).
@@ -750,7 +754,7 @@ class Kernel:
                 f"{m.graph}: cuLaunch{'KernelEx' if how else 'CooperativeKernel'} (grid "
                 f"{plan.grid} x {m.block_size}{how}) failed: {driver.error_name(err)}"
             )
-        self._last = (handle, scratch, plan, polls)
+        self._last = (handle, scratch, plan, polls, ptrs, bound)
         if has_numpy:
             driver.synchronize(handle, wait, m.graph)
             for b in bound:
@@ -768,6 +772,7 @@ class Kernel:
             if self._status[ST_STATE]:
                 failure = status_error(m, plan.symbols, self._status, polls)
                 self._clear_status(handle, status_ptr)
+                self._zero_kept(handle, plan, ptrs, bound)
                 if failure is not None:
                     raise failure
             else:
@@ -812,7 +817,7 @@ class Kernel:
         """
         if self._last is None:
             return
-        handle, scratch, plan, polls = self._last
+        handle, scratch, plan, polls, ptrs, bound = self._last
         wait = self.timeout if timeout is None else _check_timeout(timeout)
         driver.synchronize(handle, wait, self.manifest.graph)
         driver.dtoh(self._status_host.ptr, scratch.ptr, self._status.nbytes)
@@ -821,8 +826,28 @@ class Kernel:
             return
         err = status_error(self.manifest, plan.symbols, self._status, polls)
         self._clear_status(handle, scratch.ptr)
+        self._zero_kept(handle, plan, ptrs, bound)
         if err is not None:
             raise err
+
+    def _zero_kept(
+        self, stream: int, plan: _Plan, ptrs: list[int], bound: list[BoundTensor]
+    ) -> None:
+        """After a failed launch: its kept-zero tensors (counters the tiles
+        reset themselves, which a launch cut short leaves counting) back to
+        zero on the device, and in the numpy arrays it was given, so the next
+        launch starts right."""
+        if not self._kept_zero:
+            return
+        for i, spec in self._kept_zero:
+            nbytes = numel(plan.shapes[spec.name]) * DTYPE_SIZES[spec.dtype]
+            if nbytes and ptrs[i]:
+                driver.check(_cu.cuMemsetD8Async(ptrs[i], 0, nbytes, stream), "cuMemsetD8Async")
+        driver.synchronize(stream)
+        names = {spec.name for _, spec in self._kept_zero}
+        for b in bound:
+            if b.kind == NUMPY and b.name in names and b.value.flags.writeable:
+                b.value[...] = 0
 
     def trace(self) -> Trace:
         """The per-instance timeline of the latest launch (artifacts compiled
@@ -832,7 +857,7 @@ class Kernel:
             raise LaunchError(f"{m.graph}: compiled without trace=True; no timeline to read")
         if self._last is None:
             raise LaunchError(f"{m.graph}: no launch to trace yet")
-        handle, _, plan, _ = self._last
+        handle, _, plan, *_ = self._last
         driver.synchronize(handle)
         words = np.empty(plan.trace_buffer.nbytes // 8, dtype=np.uint64)
         driver.dtoh(words.ctypes.data, plan.trace_buffer.ptr, words.nbytes)

@@ -61,6 +61,9 @@ class TensorSpec:
     #: (rows, cols), chunk: 0, or the k chunk of a source in
     #: ``etc.tiles.gemm.chunk_weights``' layout); None for a buffer the caller passes.
     tensor_map: tuple[str, tuple[int, int], int] | None = None
+    #: Counters the tiles keep at zero between launches (``Graph.tensor(
+    #: kept_zero=True)``): the runtime zeroes them after a failed launch.
+    kept_zero: bool = False
 
 
 @dataclass(frozen=True)
@@ -377,12 +380,16 @@ def parse_manifest(data: Any, directory: Path | str = ".", source: str | None = 
         tensor_map = None
         if "tensor_map" in t:
             tensor_map = _tensor_map(c, c.get(t, "tensor_map", dict, w), f"{w}tensor_map.")
+        kept_zero = c.get(t, "kept_zero", bool, w) if "kept_zero" in t else False
+        if kept_zero and tensor_map is not None:
+            raise c.fail(f"{w}kept_zero", "a tensor map is encoded by the runtime, not kept zero")
         tensors.append(
             TensorSpec(
                 c.name(t, "name", w),
                 c.dims(c.get(t, "shape", list, w), f"{w}shape", symbols),
                 canon,
                 tensor_map,
+                kept_zero,
             )
         )
     c.unique([t.name for t in tensors], "tensors")
