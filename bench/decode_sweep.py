@@ -1066,8 +1066,17 @@ VARIANTS["few_lm"] = _few(("outline", _CALLED_LM))
 VARIANTS["mid_emb"] = _mid_only(("outline", ("attention", "embed")))
 VARIANTS["mid_lm"] = _mid_only(("outline", _CALLED_LM))
 # ... and `twin`, the default built again under another name: a control for
-# how far two artifacts of one kernel drift in one call (item 280: ~1 %).
+# how far two artifacts of one kernel drift in one call (item 281: within
+# 0.1 % over four passes; item 280's 1 % in two passes was the passes' spread).
 VARIANTS["twin"] = {}
+# ... and B = 1's phased kernel calling its attention or its final norm
+# (its projections and LM head are called already; the attention called was
+# +1.8 % in the thirtieth session's kernel, before the phased tile's spans
+# and prefetch). Predicted: within +-1 % each, as item 280's. Measured
+# (item 282): the attention +2.5 % at L = 512, +5.0 % at 1024; the norm even.
+_B1_CALLED = dict(M.SINGLE_SEQUENCE)["outline"]
+VARIANTS["b1_call_attention"] = _short(("outline", (*_B1_CALLED, "attention")))
+VARIANTS["b1_call_final_norm"] = _short(("outline", (*_B1_CALLED, "final_norm")))
 # ... and the default with the tma core's projection parts stamped
 # (gemm_stamps: where a B = 32 part's ~5.8 µs for 64 KB of weights goes, and
 # the meeting's ~1.2 µs more in a block's last part; bench/decode_trace.py).

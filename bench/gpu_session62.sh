@@ -39,7 +39,15 @@
 # `kept`: the runtime's failure paths with a kept-zero tensor
 # (Graph.tensor(kept_zero=True), zeroed after a failed launch) and without
 # (python test/gpu/make_artifacts.py .device/s62/kz --only 'splitk$,broken').
-# Carry .device/s62. Usage: bash bench/gpu_session62.sh [tests] [fold] [warmup] [decbench] [emb] [emb2] [trace] [ncu] [outline] [kept]
+# `twin`: the default against itself built again (twin), four passes at B =
+# 1 and 8, L = 1024: how far two artifacts of one kernel drift (item 280's
+# 1 % at B = 4; DECODE_SWEEP_VARIANTS=default,twin python
+# bench/decode_sweep.py --build .device/s62/twin).
+# `b1call`: B = 1's phased kernel calling its attention or final norm
+# (b1_call_attention, b1_call_final_norm) against the default, four passes at
+# L = 512 and 1024 (DECODE_SWEEP_VARIANTS=default,b1_call_attention,
+# b1_call_final_norm python bench/decode_sweep.py --build .device/s62/b1c).
+# Carry .device/s62. Usage: bash bench/gpu_session62.sh [tests] [fold] [warmup] [decbench] [emb] [emb2] [trace] [ncu] [outline] [kept] [twin] [b1call]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-tests fold warmup}; do
@@ -81,6 +89,10 @@ for step in ${*:-tests fold warmup}; do
   kept) ETC_ARTIFACTS=.device/s62/kz timeout 200 python -m pytest -q -rfE -p no:cacheprovider \
     test/gpu/test_runtime_gpu.py -k "kept_zero or deadlock or sticky or timeout or counters_reset" \
     2>&1 | tail -15 | tee "$OUT/s62_kept.txt" ;;
+  twin) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s62 sweep_passes s62_twin default,twin 1,4,8 1024 \
+    .device/s62/twin ;;
+  b1call) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s62 sweep_passes s62_b1call \
+    default,b1_call_attention,b1_call_final_norm 1 512,1024 .device/s62/b1c ;;
   esac
 done
 tar czf "$OUT/s62_raw.tgz" -C /tmp/s62 raw 2>/dev/null || true

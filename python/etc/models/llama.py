@@ -1952,11 +1952,12 @@ def _gemm_stamps_shape(cfg: LlamaConfig, B: Any) -> tuple:
     return (cfg.layers, len(_COUNTER_ROWS), STAMP_SLOTS * ((B + 63) // 64), len(STAMPS))
 
 
-#: The counters the decoder's tiles return to zero themselves (the split
-#: counts of the fused combine, the folded argmax's keys, the split-K
-#: meetings' counts): zero before the first launch, zeroed by the runtime
-#: after a failed one (``Graph.tensor(kept_zero=True)``).
-KEPT_ZERO = frozenset({"attn_count", "argmax_key", "split_count"})
+#: The counters the decoder's tiles return to zero themselves (the folded
+#: argmax's keys, the split-K meetings' counts): zero before the first
+#: launch, zeroed by the runtime after a failed one (``Graph.tensor(
+#: kept_zero=True)``). Not ``attn_count``: embed zeroes it at the start of
+#: every launch, and the fused combine leaves it counted.
+KEPT_ZERO = frozenset({"argmax_key", "split_count"})
 
 
 def _split_tensors(cfg: LlamaConfig, B: Any) -> dict[str, tuple[tuple, str]]:
