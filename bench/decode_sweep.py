@@ -979,7 +979,8 @@ VARIANTS["b1_tiers900_key"] = _b1_also(VARIANTS["b1_tiers900"], ("argmax_fused",
 
 
 # Session 62: the default before the fold went into B = 1's phased kernel
-# (M.SINGLE_SEQUENCE_SHORT), to time the two in one call.
+# (M.SINGLE_SEQUENCE_SHORT), to time the two in one call (built from
+# today's default, so only that kernel's fold is taken out).
 def _b1_unkeyed() -> dict:
     (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
     one = dict(one)

@@ -1078,16 +1078,16 @@ def simulate(
     if schedule == "static":
         _run_static([machine], num_ctas)
         machine.check_table_counts()
-        _check_kept_zero(graph, arrays, start=False)
-        return arrays
-    run = _DynamicRun(machine, num_ctas, seed, early_push, max_pop_chunk)
-    try:
-        run.run()
-    finally:
-        if stats is not None:
-            stats.update(
-                ready_at_start=len(run.initial), pushes=run.tail, steps=run.steps, chunk=run.chunk
-            )
+    else:
+        run = _DynamicRun(machine, num_ctas, seed, early_push, max_pop_chunk)
+        try:
+            run.run()
+        finally:
+            if stats is not None:
+                stats.update(
+                    ready_at_start=len(run.initial), pushes=run.tail, steps=run.steps,
+                    chunk=run.chunk,
+                )  # fmt: skip
     _check_kept_zero(graph, arrays, start=False)
     return arrays
 

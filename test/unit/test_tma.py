@@ -165,6 +165,7 @@ def test_manifest_tensor_map_round_trip(tmp_path: Path):
         (lambda t: t.update(tensor_map={"source": "C", "box": [64, 64]}), "source 'C' is not a buffer of rank >= 2"),
         (lambda t: t.update(tensor_map={"source": "A", "box": [64]}), "expected [rows, cols]"),
         (lambda t: t.update(shape=[8]), "i64 of shape (16,)"),
+        (lambda t: t.update(kept_zero=True), "a tensor map is encoded by the runtime, not kept zero"),
     ],
 )  # fmt: skip
 def test_manifest_bad_tensor_map(tmp_path: Path, edit, message):

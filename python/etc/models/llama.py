@@ -259,7 +259,7 @@ SINGLE_SEQUENCE_CONTEXT = 17 * 64 - 1
 #: and 1024 on an H200, forty-seventh session, item 232); its greedy argmax
 #: folded into the LM head (``argmax_fused``: -0.8 % and -1.2 % at L = 1024
 #: on two H100s, sixty-first and sixty-second sessions, items 272 and 275;
-#: not past L = 1087, where the tensor-core kernel spilled with it).
+#: the tensor-core kernel past L = 1087 folds too, with its embedding called).
 SINGLE_SEQUENCE_SHORT = (
     ("attn_phased_span", 64),
     ("attn_prefetch_kv", True),
@@ -812,8 +812,8 @@ class LlamaConfig:
     #: ``torch_inputs`` zero them) and a completed launch leaves them 0;
     #: after a launch that failed the runtime zeroes them
     #: (:data:`KEPT_ZERO`). (Zeroed by embed every launch, they cost the
-    #: B = 1 long-context kernel 32 bytes more spills.) Needs the LM head on the gemv core (the B = 1..16 kernels').
-    #: On in the default's B = 1 kernels (:data:`SINGLE_SEQUENCE_SHORT`,
+    #: B = 1 long-context kernel 32 bytes more spills.) Needs the LM head on
+    #: the gemv core (the B = 1..16 kernels'). On in the default's B = 1 kernels (:data:`SINGLE_SEQUENCE_SHORT`,
     #: :data:`SINGLE_SEQUENCE_LONG`); even or lost at B = 2..16 (items 272,
     #: 278).
     argmax_fused: bool = False
