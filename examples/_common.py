@@ -4,6 +4,8 @@ result and takes --simulate, --schedule static|dynamic and --emit-ptx FILE."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -71,8 +73,47 @@ def positive(text: str) -> float:
     return value
 
 
+def output_file(text: str) -> str:
+    """An argparse ``type``: a file to write, whose directory exists (checked
+    before anything is compiled, not after)."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"directory {folder!r} does not exist")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """Refuses the shared options' combinations that would silently ignore
+    one of them: --simulate compiles and loads nothing, so --artifact would
+    go unused; --emit-ptx and --save-artifact compile here, so they cannot
+    take a kernel compiled elsewhere."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        if getattr(parsed, "artifact", None):
+            if parsed.simulate:
+                self.error("--artifact runs a saved kernel on the GPU; --simulate runs none")
+            if parsed.emit_ptx or parsed.save_artifact:
+                self.error("--emit-ptx and --save-artifact compile here; --artifact loads a kernel")
+        return parsed
+
+
+def cli(main: Callable[..., int], *args: Any) -> int:
+    """``main(*args)``'s exit code, with an ETC error (a launch that failed, a
+    saved artifact that cannot be read) or a file that cannot be written
+    printed as one ``error:`` line naming it (exit status 1) instead of a
+    traceback. Anything else is a bug and keeps its traceback."""
+    import etc
+
+    try:
+        return main(*args)
+    except (etc.EtcError, OSError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
 def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+    p = _Parser(description=description)
     p.add_argument("--simulate", action="store_true", help="run on the CPU simulator")
     p.add_argument("--schedule", choices=("static", "dynamic"), default="static")
     p.add_argument(
@@ -81,7 +122,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         action="store_false",
         help="dynamic schedule: push consumers on completion, not on dispatch",
     )
-    p.add_argument("--emit-ptx", metavar="FILE", help="write the compiled PTX to FILE and exit")
+    p.add_argument(
+        "--emit-ptx", metavar="FILE", type=output_file,
+        help="write the compiled PTX to FILE and exit",
+    )  # fmt: skip
     p.add_argument("--print-ir", action="store_true", help="print the graph's MLIR first")
     p.add_argument(
         "--save-artifact", metavar="DIR", help="compile, save the artifact to DIR and exit"

@@ -17,9 +17,11 @@ from __future__ import annotations
 import sys
 
 try:
+    from examples._common import cli
     from examples._tensor_parallel import ALLGATHER_GEMM, main
 except ImportError:  # run as a script
+    from _common import cli
     from _tensor_parallel import ALLGATHER_GEMM, main
 
 if __name__ == "__main__":
-    sys.exit(main(ALLGATHER_GEMM, __doc__.splitlines()[0]))
+    sys.exit(cli(main, ALLGATHER_GEMM, __doc__.splitlines()[0]))

@@ -25,9 +25,9 @@ from etc.dtypes import bf16_to_f32, f32_to_bf16
 from etc.tiles import gemm_tc
 
 try:
-    from examples._common import count, counts, pairs, parser, run
+    from examples._common import cli, count, counts, pairs, parser, run
 except ImportError:  # run as a script
-    from _common import count, counts, pairs, parser, run
+    from _common import cli, count, counts, pairs, parser, run
 
 
 def build(
@@ -93,4 +93,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

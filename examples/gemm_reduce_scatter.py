@@ -17,9 +17,11 @@ from __future__ import annotations
 import sys
 
 try:
+    from examples._common import cli
     from examples._tensor_parallel import GEMM_REDUCE_SCATTER, main
 except ImportError:  # run as a script
+    from _common import cli
     from _tensor_parallel import GEMM_REDUCE_SCATTER, main
 
 if __name__ == "__main__":
-    sys.exit(main(GEMM_REDUCE_SCATTER, __doc__.splitlines()[0]))
+    sys.exit(cli(main, GEMM_REDUCE_SCATTER, __doc__.splitlines()[0]))

@@ -49,6 +49,7 @@ from etc.models import llama as M
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _common import (  # noqa: E402
     check_decode_step,
+    cli,
     compile_only,
     count,
     decoder_options,
@@ -151,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

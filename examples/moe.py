@@ -51,6 +51,7 @@ from etc.tiles import moe as moe_tiles
 
 try:
     from examples._common import (
+        cli,
         compile_only,
         count,
         counts,
@@ -60,7 +61,7 @@ try:
         run_case,
     )
 except ImportError:  # run as a script
-    from _common import compile_only, count, counts, load_kernel, parser, positive, run_case
+    from _common import cli, compile_only, count, counts, load_kernel, parser, positive, run_case
 
 
 def config(
@@ -282,4 +283,4 @@ def run_family(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

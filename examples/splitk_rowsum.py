@@ -26,9 +26,9 @@ import etc
 from etc.tiles import rowsum
 
 try:
-    from examples._common import count, counts, parser, run
+    from examples._common import cli, count, counts, parser, run
 except ImportError:  # run as a script
-    from _common import count, counts, parser, run
+    from _common import cli, count, counts, parser, run
 
 
 def build(
@@ -92,4 +92,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

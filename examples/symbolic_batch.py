@@ -27,6 +27,7 @@ from etc.tiles import rmsnorm
 
 try:
     from examples._common import (
+        cli,
         compile_only,
         count,
         counts,
@@ -36,7 +37,7 @@ try:
         run_case,
     )
 except ImportError:  # run as a script
-    from _common import compile_only, count, counts, load_kernel, parser, positive, run_case
+    from _common import cli, compile_only, count, counts, load_kernel, parser, positive, run_case
 
 
 def build(hidden: int = 2048, splits: int = 2, eps: float = 1e-6) -> etc.Graph:
@@ -145,4 +146,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -79,3 +79,51 @@ def test_a_gpu_run_bounds_its_launches(monkeypatch, tmp_path) -> None:
 
     Saved().load(tmp_path, timeout=3.0, max_polls=7)
     assert seen.pop() == {"timeout": 3.0, "max_polls": 7}
+
+
+def _example(script: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("script", "flags", "message"),
+    [
+        ("moe.py", ["--emit-ptx", "{missing}/x.ptx"], "argument --emit-ptx: directory '{missing}'"),
+        ("llama_decode.py", ["--simulate", "--artifact", "{tmp}"], "--simulate runs none"),
+        ("gemm.py", ["--artifact", "{tmp}", "--emit-ptx", "{tmp}/g.ptx"], "compile here"),
+        ("splitk_rowsum.py", ["--artifact", "{tmp}", "--save-artifact", "{tmp}/a"], "compile here"),
+    ],
+)
+def test_an_option_that_would_be_ignored_or_fail_late_is_a_usage_error(
+    script, flags, message, tmp_path
+) -> None:
+    """--emit-ptx into a missing directory fails before compiling (it once
+    compiled for seconds, then ended in a traceback); --artifact beside
+    --simulate, --emit-ptx or --save-artifact was silently ignored."""
+    paths = {"tmp": str(tmp_path), "missing": str(tmp_path / "missing")}
+    done = _example(script, *(f.format(**paths) for f in flags))
+    assert done.returncode == 2, done.stderr
+    assert message.format(**paths) in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "g.ptx").exists()
+
+
+def test_an_unreadable_artifact_is_one_error_line(tmp_path) -> None:
+    """A saved artifact that cannot be read ends the example with one line
+    naming the file (exit status 1), not a traceback; so does a file the
+    example cannot write."""
+    done = _example("gemm.py", "--artifact", str(tmp_path / "none"))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: LaunchError: ") and "Traceback" not in done.stderr
+    assert (
+        f"{tmp_path / 'none' / 'manifest.json'}: cannot read the artifact manifest" in done.stderr
+    )
+    (tmp_path / "file").write_text("")  # a directory path through a file
+    done = _example("symbolic_batch.py", "--save-artifact", str(tmp_path / "file" / "art"))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+    assert str(tmp_path / "file") in done.stderr
