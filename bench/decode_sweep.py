@@ -153,6 +153,10 @@ VARIANTS = {
     # Session 17: deeper TMA rings in the large-batch kernel (its GEMM tiles
     # at 64 KiB for 4 stages; the LM head's 96 KiB sets the kernel's size).
     "tma6_qo": _large(("projection_options", _tma_stages(6, ("qkv_proj", "o_proj")))),
+    # Session 63: qkv's and o_proj's parts (8 k-tiles of 16 KB) with 6 or 7
+    # of them loaded before the waits, now that every tile is a called
+    # function (session 17's deeper rings lost through other tiles' spills).
+    "tma7_qo": _large(("projection_options", _tma_stages(7, ("qkv_proj", "o_proj")))),
     "tma6_q": _large(("projection_options", _tma_stages(6, ("qkv_proj",)))),
     "tma6_o": _large(("projection_options", _tma_stages(6, ("o_proj",)))),
     "tma6_d": _large(("projection_options", _tma_stages(6, ("down_proj",)))),
