@@ -9,7 +9,14 @@
 # waits) against the default, four passes at B = 32, 64 and L = 1024, 4096
 # (DECODE_SWEEP_VARIANTS=default,tma6_qo,tma7_qo python bench/decode_sweep.py
 # --build .device/s63/qo). Predicted in bench/RESULTS.md (sixty-third session).
-# Carry .device/s63. Usage: bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo]
+# `suite`: the whole GPU suite over every test artifact of today's compiler
+# (python test/gpu/make_artifacts.py .device/s63/arts; python
+# test/gpu/make_fuzz_artifacts.py .device/s63/fuzz --count 10; tar cf - -C
+# .device/s63 arts fuzz | xz > .device/s63/arts.tar.xz; carry that file),
+# each file's verbose log kept if the call's limit cuts it; two calls:
+# SUITE_FILES="gemm schedules runtime moe fuzz collective", then "llama".
+# Carry .device/s63 (or its parts). Usage: [SUITE_FILES=...] [SUITE_BUDGET=s]
+# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -21,5 +28,19 @@ for step in ${*:-card}; do
     OUT="$OUT/warmup" DECODE_PARTS=warmup decode_bench .device/s63/dec ;;
   qo) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s63 sweep_passes s63_qo default,tma6_qo,tma7_qo 32,64 \
     1024,4096 .device/s63/qo; tar czf "$OUT/s63_qo_raw.tgz" -C /tmp/s63 raw ;;
+  suite) mkdir -p /tmp/s63
+    [ -d /tmp/s63/arts ] || python -c \
+      "import tarfile; tarfile.open('.device/s63/arts.tar.xz').extractall('/tmp/s63')"
+    start=$SECONDS
+    for f in ${SUITE_FILES:-gemm schedules runtime moe fuzz collective llama}; do
+      left=$(( ${SUITE_BUDGET:-560} - (SECONDS - start) ))
+      [ $left -lt 20 ] && { echo "== $f: no time left" | tee -a "$OUT/s63_suite.txt"; continue; }
+      echo "== $f (${left} s left)" | tee -a "$OUT/s63_suite.txt"
+      ETC_ARTIFACTS=/tmp/s63/arts ETC_FUZZ_ARTIFACTS=/tmp/s63/fuzz timeout $left \
+        python -m pytest -v -rfE --durations=5 -p no:cacheprovider "test/gpu/test_${f}_gpu.py" \
+        > "$OUT/s63_suite_$f.txt" 2>&1
+      echo "rc=$? after $((SECONDS - start)) s" >> "$OUT/s63_suite_$f.txt"
+      tail -3 "$OUT/s63_suite_$f.txt" | tee -a "$OUT/s63_suite.txt"
+    done ;;
   esac
 done
