@@ -6,6 +6,7 @@
     python bench/trace_analysis.py TRACE.npz parts TASK[,TASK]    # split-K: the last part vs the others
     python bench/trace_analysis.py TRACE.npz replay TASK[,TASK]   # each task dealt at run time instead
     python bench/trace_analysis.py TRACE.npz sm-speed TASK        # do an SM's instances run at its own pace?
+    python bench/trace_analysis.py TRACE.npz ranges               # waits on the producer blocks read, not the stage
 
 ``TRACE.npz``: a :meth:`etc.runtime.trace.Trace.save` file (``bench/decode_trace.py
 --out`` writes one per schedule and batch). ``--layer`` picks the layer of
@@ -18,12 +19,14 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from etc.models.llama import LLAMA_3_2_1B  # noqa: E402
 from etc.runtime.trace import Trace, deal_replay, ends_by_place, gaps_by_pair  # noqa: E402
 
 STAGES = ("qkv", "attention", "combine", "o_proj", "gate_up", "down")
@@ -187,10 +190,105 @@ def sm_speed(trace: Trace, task: str) -> list[str]:
     ]
 
 
+def _needs(trace: Trace, dims: tuple[int, int, int, int]) -> dict[str, tuple[str, Callable]]:
+    """For the large kernel's instances (``(l, j, i, s)`` projections with
+    their column block first, attention ``(l, b, kv head, split)``), which
+    producer blocks each consumer reads: attention the qkv column blocks of
+    its query heads, key and value; o_proj part ``s`` the attention of the
+    kv heads whose outputs are its slice of k; down part ``s`` the gate/up
+    blocks of its slice of k. ``dims``: heads, kv heads, head dim, inter."""
+    heads, kv_heads, hd, inter = dims
+    grid = dict(zip(trace.task_names, trace.task_grids, strict=True))
+    bn_qkv = (heads + 2 * kv_heads) * hd // grid["qkv"][1]
+    o_slice = heads * hd // grid["o_proj"][-1]  # k columns of one o_proj part
+    h_block = inter // grid["gate_up"][1]  # h columns of one gate/up block
+    d_slice = inter // grid["down"][-1]
+    q_per_kv = heads // kv_heads
+
+    def qkv_blocks(c: int, width: int) -> set[int]:
+        return set(range(c // bn_qkv, (c + width - 1) // bn_qkv + 1))
+
+    def attention(inst):
+        h = inst[2]
+        return (
+            qkv_blocks(h * q_per_kv * hd, q_per_kv * hd)
+            | qkv_blocks((heads + h) * hd, hd)
+            | qkv_blocks((heads + kv_heads + h) * hd, hd)
+        )
+
+    def o_proj(inst):
+        s = inst[-1]
+        first, last = s * o_slice // hd // q_per_kv, ((s + 1) * o_slice - 1) // hd // q_per_kv
+        return set(range(first, last + 1))
+
+    def down(inst):
+        s = inst[-1]
+        return set(range(s * d_slice // h_block, ((s + 1) * d_slice - 1) // h_block + 1))
+
+    return {
+        "attention": ("qkv", lambda e: e["instance"][1], attention),
+        "o_proj": ("attention", lambda e: e["instance"][2], o_proj),
+        "down": ("gate_up", lambda e: e["instance"][1], down),
+    }
+
+
+def ranges(trace: Trace, dims: tuple[int, int, int, int]) -> list[str]:
+    """An upper bound on waits for the producer blocks a consumer reads
+    instead of the whole producer stage (the large kernel's attention,
+    o_proj and down). Per layer (2-13): each consumer instance starts when
+    its blocks have ended (or its CTA's previous instance has), plus the
+    stage's median measured delay from "could start" to start, never later
+    than it did; the stage's end moves by as much as its latest instance.
+    Durations are kept, so an instance that starts inside its producer's
+    tail runs as fast as it did after it (hence a bound)."""
+    events = trace.events()
+    by_task: dict[str, list] = collections.defaultdict(list)
+    per_cta: dict[int, list] = collections.defaultdict(list)
+    for e in events:
+        by_task[e["task"]].append(e)
+        per_cta[e["cta"]].append(e)
+    prev_end: dict[int, int] = {}
+    for queue in per_cta.values():
+        queue.sort(key=lambda e: e["start_ns"])
+        for a, b in zip(queue, queue[1:], strict=False):
+            prev_end[id(b)] = a["end_ns"]
+    layers = sorted({e["instance"][0] for e in by_task["down"]})[2:-2]
+    out = []
+    for task, (producer, block, needs) in _needs(trace, dims).items():
+        saved, delays = [], []
+        for layer in layers:
+            made = [e for e in by_task[producer] if e["instance"][0] == layer]
+            used = [e for e in by_task[task] if e["instance"][0] == layer]
+            whole = max(e["end_ns"] for e in made)
+            ready: dict[int, int] = collections.defaultdict(int)
+            for e in made:
+                ready[block(e)] = max(ready[block(e)], e["end_ns"])
+            free = [max(whole, prev_end.get(id(e), 0)) for e in used]
+            # ints throughout: the stamps are ~1e18 ns, past a double's ns precision
+            delay = round(
+                float(np.median([e["start_ns"] - f for e, f in zip(used, free, strict=True)]))
+            )
+            end = 0
+            for e in used:
+                could = max(max(ready[b] for b in needs(e["instance"])), prev_end.get(id(e), 0))
+                start = min(could + delay, e["start_ns"])
+                end = max(end, start + e["end_ns"] - e["start_ns"])
+            saved.append((max(e["end_ns"] for e in used) - end) / 1e3)
+            delays.append(delay / 1e3)
+        out.append(
+            f"{task} <- {producer}: stage ends earlier by {np.median(saved):.2f} us (median of "
+            f"layers {layers[0]}-{layers[-1]}; {min(saved):.2f}..{max(saved):.2f}), start delay "
+            f"{np.median(delays):.2f} us"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trace", type=Path)
-    p.add_argument("view", choices=("placement", "spread", "gaps", "parts", "replay", "sm-speed"))
+    p.add_argument(
+        "view", choices=("placement", "spread", "gaps", "parts", "replay", "sm-speed", "ranges")
+    )
     p.add_argument("task", nargs="?", default="lm_head")
     p.add_argument("--layer", type=int, default=8)
     args = p.parse_args(argv)
@@ -205,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         lines = parts(trace, args.task, args.layer)
     elif args.view == "sm-speed":
         lines = sm_speed(trace, args.task)
+    elif args.view == "ranges":
+        c = LLAMA_3_2_1B
+        lines = ranges(trace, (c.heads, c.kv_heads, c.head_dim, c.inter))
     else:
         lines = replay(trace, args.task, args.layer)
     print("\n".join(lines))
