@@ -1121,6 +1121,30 @@ for _n in (2, 4):
     VARIANTS[f"b1_gu_pf{_n}"] = _b1(
         ("projection_options", (("gate_up_proj", (("prefetch_ring", _n),)),))
     )
+
+
+# Session 63: B = 1 from L = 1088 to 1151 (lead 1 of docs/decoder.md). The
+# nine-split phased tier (b1_tiers900) beat the tensor-core kernel by 2-3 %
+# at L = 1100 on three H100 calls, but it is a sixth kernel. Alternatives:
+# the tensor-core kernel itself in 9 splits of up to 128 positions there
+# (one whole 128-position loop step each instead of 17 half-empty ones),
+# with or without the deal slots that keep the later stages' CTAs where 136
+# attention instances put them; and the phased tier from 1088 only.
+# Predicted: long9 -1..-2 % at L = 1100 and 1150 (the half-empty steps
+# gone, the merge of 9 splits instead of 17), even at 1024 (same kernels).
+def _long_now(*changes: tuple[str, object]) -> dict:
+    """Today's default buckets with ``changes`` in B = 1's last context bucket."""
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    *shorter, (last, longer) = one["context_buckets"]
+    one["context_buckets"] = (*shorter, (last, (*longer, *changes)))
+    return {"batch_buckets": ((bound, tuple(one.items())), *rest)}
+
+
+_TIER9 = {"attn_single_tiers": ((M.SINGLE_SEQUENCE_CONTEXT, 64, 17), (9 * 128 - 1, 128, 9))}
+VARIANTS["long9"] = _TIER9
+VARIANTS["long9s"] = {**_TIER9, **_long_now(_SLOTS)}
+VARIANTS["tier1088"] = _b1_short_key(_b1_tiers(start=M.SINGLE_SEQUENCE_CONTEXT + 1))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

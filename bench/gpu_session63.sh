@@ -15,8 +15,14 @@
 # .device/s63 arts fuzz | xz > .device/s63/arts.tar.xz; carry that file),
 # each file's verbose log kept if the call's limit cuts it; two calls:
 # SUITE_FILES="gemm schedules runtime moe fuzz collective", then "llama".
+# `t9`: B = 1 from L = 1088 to 1151 without a sixth kernel: the tensor-core
+# kernel in 9 splits there (long9; long9s with deal slots) and the phased
+# tier from 1088 (tier1088) against the default, four passes at B = 1 and 8,
+# L = 1024, 1100, 1150 (the tiers change every kernel's split expression,
+# so B = 8 and L = 1024 are the controls; DECODE_SWEEP_VARIANTS=default,
+# long9,long9s,tier1088 python bench/decode_sweep.py --build .device/s63/t9).
 # Carry .device/s63 (or its parts). Usage: [SUITE_FILES=...] [SUITE_BUDGET=s]
-# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite]
+# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite] [t9]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -28,6 +34,8 @@ for step in ${*:-card}; do
     OUT="$OUT/warmup" DECODE_PARTS=warmup decode_bench .device/s63/dec ;;
   qo) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s63 sweep_passes s63_qo default,tma6_qo,tma7_qo 32,64 \
     1024,4096 .device/s63/qo; tar czf "$OUT/s63_qo_raw.tgz" -C /tmp/s63 raw ;;
+  t9) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s63 sweep_passes s63_t9 default,long9,long9s,tier1088 \
+    1,8 1024,1100,1150 .device/s63/t9; tar czf "$OUT/s63_t9_raw.tgz" -C /tmp/s63 raw ;;
   suite) mkdir -p /tmp/s63
     [ -d /tmp/s63/arts ] || python -c \
       "import tarfile; tarfile.open('.device/s63/arts.tar.xz').extractall('/tmp/s63')"
