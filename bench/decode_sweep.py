@@ -1145,6 +1145,16 @@ _TIER9 = {"attn_single_tiers": ((M.SINGLE_SEQUENCE_CONTEXT, 64, 17), (9 * 128 - 
 VARIANTS["long9"] = _TIER9
 VARIANTS["long9s"] = {**_TIER9, **_long_now(_SLOTS)}
 VARIANTS["tier1088"] = _b1_short_key(_b1_tiers(start=M.SINGLE_SEQUENCE_CONTEXT + 1))
+# ... and item 286's long9 lost 3.8 % with half the attention instances,
+# which says a B = 1 split streams its K and V at a per-CTA rate: more
+# splits, not fewer. Past L = 1087 the counts grow with L (spans of 64) up
+# to 25 or 33 instead of 17: at L = 4096 splits of 164 or 125 positions (two
+# or one 128-position loop step) instead of 241 (two). Predicted: -1..-2 %
+# at L = 2048 and 4096 with 33 (the attention ~2-3 us a layer shorter),
+# even at L = 1024 (same counts; the constant in every kernel's split
+# expression changes, hence the B = 8 controls).
+VARIANTS["splits25"] = {"attn_single_splits": 25}
+VARIANTS["splits33"] = {"attn_single_splits": 33}
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -21,8 +21,12 @@
 # L = 1024, 1100, 1150 (the tiers change every kernel's split expression,
 # so B = 8 and L = 1024 are the controls; DECODE_SWEEP_VARIANTS=default,
 # long9,long9s,tier1088 python bench/decode_sweep.py --build .device/s63/t9).
+# `splits`: B = 1's tensor-core kernel in up to 25 or 33 splits past L = 1087
+# (splits25, splits33) against the default, four passes at B = 1 and 8, L =
+# 1024, 2048 and 4096 (DECODE_SWEEP_VARIANTS=default,splits25,splits33 python
+# bench/decode_sweep.py --build .device/s63/sp).
 # Carry .device/s63 (or its parts). Usage: [SUITE_FILES=...] [SUITE_BUDGET=s]
-# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite] [t9]
+# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite] [t9] [splits]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -36,6 +40,8 @@ for step in ${*:-card}; do
     1024,4096 .device/s63/qo; tar czf "$OUT/s63_qo_raw.tgz" -C /tmp/s63 raw ;;
   t9) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s63 sweep_passes s63_t9 default,long9,long9s,tier1088 \
     1,8 1024,1100,1150 .device/s63/t9; tar czf "$OUT/s63_t9_raw.tgz" -C /tmp/s63 raw ;;
+  splits) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s63 sweep_passes s63_splits default,splits25,splits33 \
+    1,8 1024,2048,4096 .device/s63/sp; tar czf "$OUT/s63_splits_raw.tgz" -C /tmp/s63 raw ;;
   suite) mkdir -p /tmp/s63
     [ -d /tmp/s63/arts ] || python -c \
       "import tarfile; tarfile.open('.device/s63/arts.tar.xz').extractall('/tmp/s63')"
