@@ -77,9 +77,15 @@ class BucketedArtifact:
         return seen
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write every bucket's artifact (``bucket<i>/``) and ``buckets.json``."""
+        """Write every bucket's artifact (``bucket<i>/``) and ``buckets.json``.
+        Saving over a single artifact removes its ``manifest.json``,
+        ``kernel.ptx`` and ``kernel.cubin``, so that the directory holds one
+        artifact, this one (a fresh ``bucket<i>/`` replaces an old one's the
+        same way; ``bucket<i>/`` past this artifact's last stay unread)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
+        for stale in ("manifest.json", "kernel.ptx", "kernel.cubin"):
+            (out / stale).unlink(missing_ok=True)
         entries = []
         for i, (bound, art) in enumerate(zip(self.bounds, self.artifacts, strict=True)):
             art.save(out / f"bucket{i}")

@@ -68,9 +68,15 @@ class Artifact:
         return self.manifest["kernel"]
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write ``manifest.json``, ``kernel.ptx`` and ``kernel.cubin``."""
+        """Write ``manifest.json``, ``kernel.ptx`` and ``kernel.cubin``. Saving
+        over an earlier artifact replaces it: a bucket table left there
+        (``buckets.json``, which :func:`etc.runtime.load` reads first) or a
+        cubin this artifact lacks is removed, so the directory never loads
+        the old kernels."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
+        for stale in ("buckets.json", "kernel.cubin"):  # the cubin is written again below
+            (out / stale).unlink(missing_ok=True)
         manifest = dict(self.manifest)
         ptx_bytes = self.ptx.encode()
         (out / "kernel.ptx").write_bytes(ptx_bytes)

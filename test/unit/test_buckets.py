@@ -183,3 +183,22 @@ def test_a_nested_bucketed_artifact_saves_and_loads_as_a_tree(tmp_path):
     assert loaded.kernel_for({"n": 9}).kernel_for({"m": 3}) == "bucket1/bucket1"
     assert loaded.kernel_for({"n": 9}).kernel_for({"m": 2}) == "bucket1/bucket0"
     assert loaded.kernel_for({"n": 8}) == "bucket0"
+
+
+@needs_bindings
+def test_saving_over_an_artifact_of_the_other_kind_replaces_it(tmp_path):
+    """A single artifact saved where a bucketed one was must load as itself:
+    the runtime reads ``buckets.json`` first, which once survived the save
+    and loaded the old kernels. The other way round the single artifact's
+    files go; files that are not an artifact's stay."""
+    bucketed = etc.compile_buckets("n", [(8, splitk_graph()), (None, splitk_graph())])
+    single = etc.compile(splitk_graph(), cubin=False)
+    (tmp_path / "notes.txt").write_text("mine")
+    bucketed.save(tmp_path)
+    (tmp_path / "kernel.cubin").write_bytes(b"an older artifact's image")
+    single.save(tmp_path)
+    assert not (tmp_path / "buckets.json").exists() and not (tmp_path / "kernel.cubin").exists()
+    assert json.loads((tmp_path / "manifest.json").read_text())["cubin"] is None
+    bucketed.save(tmp_path)
+    assert not any((tmp_path / f).exists() for f in ("manifest.json", "kernel.ptx"))
+    assert (tmp_path / "buckets.json").exists() and (tmp_path / "notes.txt").read_text() == "mine"
