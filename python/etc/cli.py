@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _info_any(args.artifact, full=args.full)
         return 0
-    except etc.EtcError as e:
+    except (etc.EtcError, OSError) as e:  # an OSError names the file it could not write
         print(f"etc: {e}", file=sys.stderr)
         return 1
 

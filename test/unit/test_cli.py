@@ -50,6 +50,18 @@ def test_bad_builder_is_a_clear_error():
         cli.main(["compile", "README.md:build", "-o", "x"])
 
 
+def test_an_output_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
+    """Was a FileNotFoundError traceback."""
+    missing = tmp_path / "missing" / "g.dot"
+    assert (
+        cli.main(
+            ["dot", str(REPO / "examples" / "splitk_rowsum.py") + ":build", "-o", str(missing)]
+        )
+        == 1
+    )
+    assert capsys.readouterr().err == f"etc: [Errno 2] No such file or directory: '{missing}'\n"
+
+
 def test_a_file_that_is_no_trace_is_named(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     for path in (tmp_path / "notes.txt", tmp_path / "missing.npz"):
