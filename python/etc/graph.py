@@ -704,6 +704,15 @@ class Graph:
     # ------------------------------------------------------------------
     # Local checks
     # ------------------------------------------------------------------
+    def _foreign(self, where: str, what: str, owner: Graph) -> GraphError:
+        """The error for a graph object of ``owner`` used in this graph (two
+        graphs may share a name, which the message then says)."""
+        if owner.name == self.name:
+            whose = f"another graph also named '{self.name}'"
+        else:
+            whose = f"graph '{owner.name}', not to '{self.name}'"
+        return GraphError(f"{where}: {what} belongs to {whose}")
+
     def _check_param_name(self, name: Any, kind: str) -> None:
         if not isinstance(name, str) or not name:
             raise GraphError(f"{kind} name {name!r} must be a non-empty string")
@@ -724,10 +733,7 @@ class Graph:
         if isinstance(size, SymExpr):
             for sym in size.symbols():
                 if sym.graph is not self:
-                    raise GraphError(
-                        f"{where}: symbol '{sym.name}' belongs to graph "
-                        f"'{sym.graph.name}', not to '{self.name}'"
-                    )
+                    raise self._foreign(where, f"symbol '{sym.name}'", sym.graph)
         return size
 
     def _shape(self, shape: Any, where: str) -> tuple[Size, ...]:
@@ -747,10 +753,7 @@ class Graph:
         where = f"event '{name}'"
         if isinstance(count, Tensor):
             if count.graph is not self:
-                raise GraphError(
-                    f"{where}: wait count tensor '{count.name}' belongs to graph "
-                    f"'{count.graph.name}', not to '{self.name}'"
-                )
+                raise self._foreign(where, f"wait count tensor '{count.name}'", count.graph)
             if not count.dtype.is_integer:
                 raise GraphError(
                     f"{where}: wait count tensor '{count.name}' must hold integers, "
@@ -908,10 +911,7 @@ class Graph:
                 )
             if a.graph is not self:
                 kind = "tensor" if isinstance(a, Tensor) else "symbol"
-                raise GraphError(
-                    f"{where}: {kind} '{a.name}' belongs to graph '{a.graph.name}', "
-                    f"not to '{self.name}'"
-                )
+                raise self._foreign(where, f"{kind} '{a.name}'", a.graph)
             out.append(a)
         return tuple(out)
 
@@ -976,10 +976,7 @@ class Graph:
             if not isinstance(event, Event):
                 raise GraphError(f"{where}: {kind}-edge key {event!r} is not an Event")
             if event.graph is not self:
-                raise GraphError(
-                    f"{where}: event '{event.name}' belongs to graph "
-                    f"'{event.graph.name}', not to '{self.name}'"
-                )
+                raise self._foreign(where, f"event '{event.name}'", event.graph)
             try:
                 emap = parse_edge_map(spec)
             except GraphError as exc:

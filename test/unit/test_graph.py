@@ -215,6 +215,9 @@ def test_events_and_symbols_of_another_graph():
         g.tensor("X", (k * 2,), "f32")
     with raises(r"event 'G': wait count: symbol 'k' belongs to graph 'other'"):
         g.event((4,), wait_count=k, name="G")
+    _, twin_env = base_graph()  # the same name: the message must not read "graph 'g', not to 'g'"
+    with raises(r"task 'consumer': tensor 'B' belongs to another graph also named 'g'$"):
+        g.task(v["consumer"], grid=(4,), args=(twin_env["B"],))
 
 
 def test_duplicate_names():
