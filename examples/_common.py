@@ -135,7 +135,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         metavar="DIR",
         help="run a saved artifact (compiled elsewhere) instead of compiling here",
     )
-    p.add_argument("--target", default="sm_90")
+    p.add_argument(
+        "--target", choices=("sm_90", "sm_90a"), default="sm_90",
+        help="the chip to compile for (examples whose tiles need wgmma or TMA take sm_90a)",
+    )  # fmt: skip
     p.add_argument("--seed", type=count(0), default=0)
     p.add_argument(
         "--timeout",

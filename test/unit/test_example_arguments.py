@@ -33,6 +33,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
         ("gemm_reduce_scatter.py", ["--ranks", "0"], "argument --ranks: 0 is below 1"),
         ("splitk_rowsum.py", ["--timeout", "-1"], "argument --timeout: -1.0 is below 0"),
         ("moe.py", ["--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
+        ("llama_serve.py", ["--target", "sm_80"], "argument --target: invalid choice: 'sm_80'"),
     ],
 )
 def test_a_bad_number_is_a_usage_error_naming_the_option(script, flags, message) -> None:
