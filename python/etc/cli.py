@@ -194,7 +194,8 @@ def _info(artifact: Path, full: bool = False) -> None:
             layout = f", 8-row groups of {chunk}-wide chunks" if chunk else ""
             print(f"  tensor {t.name}: TMA map of {src!r}, box {box}{layout} (encoded at launch)")
             continue
-        print(f"  tensor {t.name}: {t.dtype} {tuple(_size(d, full) for d in t.shape)}")
+        kept = ", kept zero (zeroed after a failed launch)" if t.kept_zero else ""
+        print(f"  tensor {t.name}: {t.dtype} {tuple(_size(d, full) for d in t.shape)}{kept}")
     for task in m.tasks:
         kind, v = task.phase
         phase = (

@@ -57,7 +57,7 @@ def test_artifact_has_ptx_and_manifest(splitk, tmp_path):
     assert json.loads((tmp_path / "manifest.json").read_text())["format"] == "etc-artifact/5"
 
 
-def test_kept_zero_tensors_reach_the_manifest(tmp_path):
+def test_kept_zero_tensors_reach_the_manifest(tmp_path, capsys):
     """``Graph.tensor(kept_zero=True)`` is a field of the tensor's manifest
     entry (absent otherwise: older runtimes read the artifact as before),
     which the runtime parses; the kernel's code does not change."""
@@ -69,6 +69,11 @@ def test_kept_zero_tensors_reach_the_manifest(tmp_path):
     assert not any("kept_zero" in t for t in plain.manifest["tensors"])
     assert kept.ptx == plain.ptx
     assert [t.kept_zero for t in load_manifest(kept.save(tmp_path)).tensors] == [False, True, False]
+    from etc import cli
+
+    assert cli.main(["info", str(tmp_path)]) == 0  # etc info says which
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  tensor ")]
+    assert ["kept zero" in ln for ln in lines] == [False, True, False]
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
