@@ -25,8 +25,13 @@
 # (splits25, splits33) against the default, four passes at B = 1 and 8, L =
 # 1024, 2048 and 4096 (DECODE_SWEEP_VARIANTS=default,splits25,splits33 python
 # bench/decode_sweep.py --build .device/s63/sp).
+# `examples`: the examples' GPU path after their command line moved into
+# _common's parser and cli wrapper (artifacts: python examples/<ex>.py
+# [--tiny] --save-artifact .device/s63/ex/<name> for splitk_rowsum,
+# symbolic_batch, llama_decode and llama_serve), and an unreadable artifact
+# as one error line.
 # Carry .device/s63 (or its parts). Usage: [SUITE_FILES=...] [SUITE_BUDGET=s]
-# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite] [t9] [splits]
+# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite] [t9] [splits] [examples]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -42,6 +47,12 @@ for step in ${*:-card}; do
     1,8 1024,1100,1150 .device/s63/t9; tar czf "$OUT/s63_t9_raw.tgz" -C /tmp/s63 raw ;;
   splits) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s63 sweep_passes s63_splits default,splits25,splits33 \
     1,8 1024,2048,4096 .device/s63/sp; tar czf "$OUT/s63_splits_raw.tgz" -C /tmp/s63 raw ;;
+  examples) { python examples/splitk_rowsum.py --artifact .device/s63/ex/splitk --sizes 1,7,1000
+    python examples/symbolic_batch.py --artifact .device/s63/ex/symb
+    python examples/llama_decode.py --tiny --artifact .device/s63/ex/llama_tiny
+    python examples/llama_serve.py --tiny --artifact .device/s63/ex/serve_tiny
+    python examples/splitk_rowsum.py --artifact .device/s63/ex/none; echo "rc=$?"
+    } > "$OUT/s63_examples.txt" 2>&1; tail -30 "$OUT/s63_examples.txt" ;;
   suite) mkdir -p /tmp/s63
     [ -d /tmp/s63/arts ] || python -c \
       "import tarfile; tarfile.open('.device/s63/arts.tar.xz').extractall('/tmp/s63')"
