@@ -62,6 +62,31 @@ compile_probe() {
     | tee "$OUT/compile_probe.txt" | grep -v "^\s*$\|template_heuristics\|^I1\|^W1" | tail -$2
 }
 
+# The GPU test files test/gpu/test_<f>_gpu.py for f in SUITE_FILES over the
+# artifacts packed in ARCHIVE (a tar.xz of arts/ and fuzz/, unpacked into TMP
+# once), within SUITE_BUDGET seconds (560) in all; each file's verbose log
+# goes to $OUT/<name>_suite_<f>.txt as it runs (so a cut keeps what ran), and
+# its count of passes and its failures to $OUT/<name>_suite.txt:
+# gpu_suite NAME ARCHIVE TMP
+gpu_suite() {
+  local name=$1 archive=$2 tmp=$3 start=$SECONDS f left log
+  mkdir -p "$tmp"
+  [ -d "$tmp/arts" ] || python -c "import tarfile; tarfile.open('$archive').extractall('$tmp')"
+  for f in ${SUITE_FILES:-gemm schedules runtime moe fuzz collective llama}; do
+    left=$(( ${SUITE_BUDGET:-560} - (SECONDS - start) ))
+    [ $left -lt 20 ] && { echo "== $f: no time left" | tee -a "$OUT/${name}_suite.txt"; continue; }
+    echo "== $f (${left} s left)" | tee -a "$OUT/${name}_suite.txt"
+    log="$OUT/${name}_suite_$f.txt"
+    ETC_ARTIFACTS="$tmp/arts" ETC_FUZZ_ARTIFACTS="$tmp/fuzz" timeout $left \
+      python -m pytest -v -rfE --durations=5 -p no:cacheprovider "test/gpu/test_${f}_gpu.py" \
+      > "$log" 2>&1
+    echo "rc=$? after $((SECONDS - start)) s" >> "$log"
+    grep -cE " PASSED" "$log" | sed "s/^/passed: /" | tee -a "$OUT/${name}_suite.txt"
+    grep -E " (FAILED|ERROR)|^(FAILED|ERROR) |rc=|passed|failed" "$log" | tail -12 \
+      | tee -a "$OUT/${name}_suite.txt"
+  done
+}
+
 # Two bench/decode_sweep.py passes (the second over the reversed variants):
 # sweep_passes NAME VARIANTS BATCHES CONTEXTS DIR (SWEEP_PASSES="1" for one); rows into $OUT/NAME.txt,
 # raw NAME_<pass>_<L>_<B>.json into $SWEEP_TMP/raw (scratch in $SWEEP_TMP,

@@ -44,23 +44,9 @@ hang)  # each variant in its own process under a timeout, a short watchdog:
       --budget ${HANG_BUDGET:-200} 2>&1 | tee "$OUT/fuzz_hang_$kind.txt"
   done
   ;;
-suite)  # quick files first; each file's verbose log survives a cut
-  mkdir -p /tmp/s57
-  [ -d /tmp/s57/arts ] || python -c \
-    "import tarfile; tarfile.open('.device/s57/arts.tar.xz').extractall('/tmp/s57')"
-  start=$SECONDS
-  for f in ${SUITE_FILES:-gemm schedules runtime moe llama fuzz collective}; do
-    left=$(( ${SUITE_BUDGET:-560} - (SECONDS - start) ))
-    [ $left -lt 20 ] && { echo "== $f: no time left" | tee -a "$OUT/s57_suite.txt"; continue; }
-    echo "== $f (${left} s left)" | tee -a "$OUT/s57_suite.txt"
-    ETC_ARTIFACTS=/tmp/s57/arts ETC_FUZZ_ARTIFACTS=/tmp/s57/fuzz timeout $left \
-      python -m pytest -v -rfE --durations=5 -p no:cacheprovider "test/gpu/test_${f}_gpu.py" \
-      > "$OUT/s57_suite_$f.txt" 2>&1
-    echo "rc=$? after $((SECONDS - start)) s" >> "$OUT/s57_suite_$f.txt"
-    grep -cE " PASSED" "$OUT/s57_suite_$f.txt" | sed "s/^/passed: /" | tee -a "$OUT/s57_suite.txt"
-    grep -E " (FAILED|ERROR)|^(FAILED|ERROR) |rc=|passed|failed" "$OUT/s57_suite_$f.txt" \
-      | tail -12 | tee -a "$OUT/s57_suite.txt"
-  done
+suite)  # each file's verbose log survives a cut
+  SUITE_FILES=${SUITE_FILES:-gemm schedules runtime moe llama fuzz collective} \
+    gpu_suite s57 .device/s57/arts.tar.xz /tmp/s57
   ;;
 esac
 done

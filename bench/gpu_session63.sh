@@ -53,19 +53,6 @@ for step in ${*:-card}; do
     python examples/llama_serve.py --tiny --artifact .device/s63/ex/serve_tiny
     python examples/splitk_rowsum.py --artifact .device/s63/ex/none; echo "rc=$?"
     } > "$OUT/s63_examples.txt" 2>&1; tail -30 "$OUT/s63_examples.txt" ;;
-  suite) mkdir -p /tmp/s63
-    [ -d /tmp/s63/arts ] || python -c \
-      "import tarfile; tarfile.open('.device/s63/arts.tar.xz').extractall('/tmp/s63')"
-    start=$SECONDS
-    for f in ${SUITE_FILES:-gemm schedules runtime moe fuzz collective llama}; do
-      left=$(( ${SUITE_BUDGET:-560} - (SECONDS - start) ))
-      [ $left -lt 20 ] && { echo "== $f: no time left" | tee -a "$OUT/s63_suite.txt"; continue; }
-      echo "== $f (${left} s left)" | tee -a "$OUT/s63_suite.txt"
-      ETC_ARTIFACTS=/tmp/s63/arts ETC_FUZZ_ARTIFACTS=/tmp/s63/fuzz timeout $left \
-        python -m pytest -v -rfE --durations=5 -p no:cacheprovider "test/gpu/test_${f}_gpu.py" \
-        > "$OUT/s63_suite_$f.txt" 2>&1
-      echo "rc=$? after $((SECONDS - start)) s" >> "$OUT/s63_suite_$f.txt"
-      tail -3 "$OUT/s63_suite_$f.txt" | tee -a "$OUT/s63_suite.txt"
-    done ;;
+  suite) gpu_suite s63 .device/s63/arts.tar.xz /tmp/s63 ;;
   esac
 done
