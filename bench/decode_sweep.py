@@ -1155,6 +1155,16 @@ VARIANTS["tier1088"] = _b1_short_key(_b1_tiers(start=M.SINGLE_SEQUENCE_CONTEXT +
 # expression changes, hence the B = 8 controls).
 VARIANTS["splits25"] = {"attn_single_splits": 25}
 VARIANTS["splits33"] = {"attn_single_splits": 33}
+# Session 63: only o_proj on the gemv core at B = 17..32 (hyb32_o). Item 247's
+# trace had hyb32's o_proj 3 us a layer shorter, qkv 1.4 shorter, but the
+# attention +1.0 and gate/up +1.4 longer; its ncu (item 248) found qkv's
+# gemv blocks reading 24 MB of activations from L2 where the tma boxes read
+# 6 MB. o_proj's 16-column gemv blocks read 16 MB, and the attention runs
+# before them. Predicted: -2..-2.5 us a layer, -2 % at B = 24-32, L = 1024.
+VARIANTS["hyb32_o"] = _above16(
+    (32, (*M.LARGE_BATCH, ("core_overrides", (("o_proj", "gemv"),)), ("gemv_block", 32),
+          ("gemv_whole_lines", True), ("bn_o", 16)))
+)  # fmt: skip
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

@@ -30,8 +30,12 @@
 # [--tiny] --save-artifact .device/s63/ex/<name> for splitk_rowsum,
 # symbolic_batch, llama_decode and llama_serve), and an unreadable artifact
 # as one error line.
+# `hyb`: o_proj alone on the gemv core at B = 17..32 (hyb32_o) against the
+# default and qkv with it (hyb32), four passes at B = 24, 32 and L = 1024,
+# 4096 (DECODE_SWEEP_VARIANTS=default,hyb32,hyb32_o python
+# bench/decode_sweep.py --build .device/s63/hyb).
 # Carry .device/s63 (or its parts). Usage: [SUITE_FILES=...] [SUITE_BUDGET=s]
-# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite] [t9] [splits] [examples]
+# bash bench/gpu_session63.sh [card] [decbench] [warmup] [qo] [suite] [t9] [splits] [examples] [hyb]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -53,6 +57,8 @@ for step in ${*:-card}; do
     python examples/llama_serve.py --tiny --artifact .device/s63/ex/serve_tiny
     python examples/splitk_rowsum.py --artifact .device/s63/ex/none; echo "rc=$?"
     } > "$OUT/s63_examples.txt" 2>&1; tail -30 "$OUT/s63_examples.txt" ;;
+  hyb) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s63 sweep_passes s63_hyb default,hyb32,hyb32_o 24,32 \
+    1024,4096 .device/s63/hyb; tar czf "$OUT/s63_hyb_raw.tgz" -C /tmp/s63 raw ;;
   suite) gpu_suite s63 .device/s63/arts.tar.xz /tmp/s63 ;;
   esac
 done
