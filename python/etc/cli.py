@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -77,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument(
         "--full", action="store_true", help="print long size expressions whole, not shortened"
     )
+    info.add_argument(
+        "--symbols",
+        metavar="NAME=N,...",
+        type=_symbol_values,
+        default={},
+        help="bind symbols: only the kernel of a bucketed artifact that runs them, with every "
+        "tensor's shape and task's grid as numbers (e.g. B=8,L=4096,S=4097)",
+    )
     dot = commands.add_parser("dot", help="draw a graph's tasks and events as Graphviz DOT")
     dot.add_argument("builder", help="MODULE:FUNCTION returning an etc.Graph")
     dot.add_argument("-o", "--output", type=Path, help="the DOT file (default: stdout)")
@@ -131,25 +140,47 @@ def main(argv: list[str] | None = None) -> int:
                 timeline.to_png(args.png)
             print(f"{args.output}: {len(timeline)} task instances ({timeline.dropped} dropped)")
             return 0
-        _info_any(args.artifact, full=args.full)
+        _info_any(args.artifact, full=args.full, symbols=args.symbols)
         return 0
     except (etc.EtcError, OSError) as e:  # an OSError names the file it could not write
         print(f"etc: {e}", file=sys.stderr)
         return 1
 
 
+def _symbol_values(text: str) -> dict[str, int]:
+    """An argparse ``type``: ``NAME=N`` pairs joined by commas."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, eq, value = part.partition("=")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            eq = ""
+        if not eq or not name.strip():
+            raise argparse.ArgumentTypeError(f"{part!r} is not NAME=INT")
+    return out
+
+
 def _info_any(
-    artifact: Path, ranges: tuple[str, ...] = (), top: Path | None = None, full: bool = False
+    artifact: Path,
+    ranges: tuple[str, ...] = (),
+    top: Path | None = None,
+    full: bool = False,
+    symbols: dict[str, int] | None = None,
 ) -> None:
     """``etc info`` of an artifact, or of every kernel of a bucketed one
-    (buckets within buckets too), each under the ranges that pick it."""
+    (buckets within buckets too), each under the ranges that pick it; with
+    ``symbols``, only the kernels whose ranges hold them."""
     from etc.runtime.buckets import load_buckets
 
     if not (artifact / "buckets.json").exists():
-        _info(artifact, full)
+        _info(artifact, full, symbols)
         return
     table = load_buckets(artifact, lambda path: path)
+    picked = table.kernel_for(symbols) if symbols and table.symbol in symbols else None
     for k, (bound, path) in enumerate(zip(table.bounds, table.kernels, strict=True)):
+        if picked is not None and path != picked:
+            continue
         low = table.bounds[k - 1] + 1 if k else None
         where = " and ".join(
             ([f"{table.symbol} >= {low}"] if low else [])
@@ -157,10 +188,10 @@ def _info_any(
         )
         here = (*ranges, where or f"any {table.symbol}")
         if (path / "buckets.json").exists():
-            _info_any(path, here, top or artifact, full)
+            _info_any(path, here, top or artifact, full, symbols)
             continue
         print(f"{path.relative_to(top or artifact)} ({', '.join(here)}):")
-        _info(path, full)
+        _info(path, full, symbols)
 
 
 #: Size expressions longer than this are shortened by ``etc info`` (the
@@ -176,11 +207,29 @@ def _size(expr: object, full: bool) -> str:
     return f"<{len(text)}-character expression of {', '.join(names)}; --full prints it>"
 
 
-def _info(artifact: Path, full: bool = False) -> None:
-    """Print what the artifact's manifest says (``etc info``)."""
-    from etc.runtime.manifest import load_manifest
+def _info(artifact: Path, full: bool = False, symbols: dict[str, int] | None = None) -> None:
+    """Print what the artifact's manifest says (``etc info``); with
+    ``symbols`` every size as its number (a size of a symbol not given, or a
+    value past a symbol's bound, is said instead)."""
+    from etc.errors import EtcError
+    from etc.runtime.manifest import bind_size, load_manifest
 
     m = load_manifest(artifact)
+    size = _size
+    if symbols:
+        unknown = sorted(set(symbols) - set(m.symbols))
+        past = [f"{n}={symbols[n]} is past its bound {b}" for n, b in m.symbol_max.items()
+                if b is not None and symbols.get(n, 0) > b]  # fmt: skip
+        if unknown or past:
+            names = [f"'{n}' is none of its symbols" for n in unknown]
+            raise EtcError(f"{artifact}: --symbols: {'; '.join(names + past)}")
+
+        def size(expr: object, full: bool) -> int | str:  # the number instead
+            try:
+                return bind_size(expr, symbols)
+            except KeyError as e:
+                return f"<needs {e.args[0]}>"
+
     print(f"{m.graph}: kernel {m.kernel!r} for {m.target}, {m.schedule} schedule")
     bounds = {n: f"{n} (<= {b})" for n, b in m.symbol_max.items()}
     print(f"  symbols: {', '.join(bounds.get(n, n) for n in m.symbols) or '-'}")
@@ -195,7 +244,7 @@ def _info(artifact: Path, full: bool = False) -> None:
             print(f"  tensor {t.name}: TMA map of {src!r}, box {box}{layout} (encoded at launch)")
             continue
         kept = ", kept zero (zeroed after a failed launch)" if t.kept_zero else ""
-        print(f"  tensor {t.name}: {t.dtype} {tuple(_size(d, full) for d in t.shape)}{kept}")
+        print(f"  tensor {t.name}: {t.dtype} {tuple(size(d, full) for d in t.shape)}{kept}")
     for task in m.tasks:
         kind, v = task.phase
         phase = (
@@ -203,8 +252,11 @@ def _info(artifact: Path, full: bool = False) -> None:
             if task.phase == ("const", 0)
             else (f", phase: grid dimension {v}" if kind == "dim" else f", phase {v}")
         )
-        grid = tuple(_size(d, full) for d in task.grid)
-        print(f"  task {task.index} {task.name}: grid {grid}{phase}")
+        grid = tuple(size(d, full) for d in task.grid)
+        count = ""
+        if symbols and all(isinstance(d, int) for d in grid):
+            count = f" = {math.prod(grid)} instances"
+        print(f"  task {task.index} {task.name}: grid {grid}{count}{phase}")
 
 
 def etc_opt() -> None:

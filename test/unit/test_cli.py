@@ -117,6 +117,23 @@ def test_info_on_a_bucketed_artifact_shows_each_kernel_and_its_range(tmp_path, c
     assert "bucket1/bucket0 (m >= 3, n <= 4):" in text
     assert "bucket1/bucket1 (m >= 3, n >= 5):" in text
 
+    # Symbols bound: only the kernel that runs them, every size a number.
+    assert cli.main(["info", str(tmp_path), "--symbols", "n=7"]) == 0
+    text = capsys.readouterr().out
+    assert "bucket0" not in text and "bucket1 (n >= 5):" in text
+    assert "tensor x: f32 (7, 4)" in text and "grid (7,) = 7 instances" in text
+    assert cli.main(["info", str(nested), "--symbols", "m=3,n=2"]) == 0
+    assert "bucket1/bucket0 (m >= 3, n <= 4):" in capsys.readouterr().out.splitlines()[0]
+    assert cli.main(["info", str(nested), "--symbols", "m=3"]) == 0  # n not given: both
+    assert capsys.readouterr().out.count("bucket1/") == 2
+    assert cli.main(["info", str(tmp_path / "bucket0"), "--symbols", "n=5,k=1"]) == 1
+    assert (
+        "--symbols: 'k' is none of its symbols; n=5 is past its bound 4" in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        cli.main(["info", str(tmp_path), "--symbols", "n"])
+    assert "'n' is not NAME=INT" in capsys.readouterr().err
+
 
 def test_info_shortens_long_size_expressions_unless_full():
     long = " + ".join(f"(L + {k})//{k + 1}" for k in range(12))
