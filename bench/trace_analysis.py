@@ -27,7 +27,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from etc.models.llama import LLAMA_3_2_1B  # noqa: E402
-from etc.runtime.trace import Trace, deal_replay, ends_by_place, gaps_by_pair  # noqa: E402
+from etc.runtime.trace import (  # noqa: E402
+    Trace,
+    cta_timelines,
+    deal_replay,
+    ends_by_place,
+    gaps_by_pair,
+)
 
 STAGES = ("qkv", "attention", "combine", "o_proj", "gate_up", "down")
 
@@ -243,14 +249,11 @@ def ranges(trace: Trace, dims: tuple[int, int, int, int]) -> list[str]:
     tail runs as fast as it did after it (hence a bound)."""
     events = trace.events()
     by_task: dict[str, list] = collections.defaultdict(list)
-    per_cta: dict[int, list] = collections.defaultdict(list)
     for e in events:
         by_task[e["task"]].append(e)
-        per_cta[e["cta"]].append(e)
-    prev_end: dict[int, int] = {}
-    for queue in per_cta.values():
-        queue.sort(key=lambda e: e["start_ns"])
-        for a, b in zip(queue, queue[1:], strict=False):
+    prev_end: dict[int, int] = {}  # id(event): the end of its CTA's previous instance
+    for records in cta_timelines(events):
+        for a, b in zip(records, records[1:], strict=False):
             prev_end[id(b)] = a["end_ns"]
     layers = sorted({e["instance"][0] for e in by_task["down"]})[2:-2]
     out = []

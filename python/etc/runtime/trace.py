@@ -179,7 +179,7 @@ class Trace:
             raise LaunchError(f"{path}: not a trace saved by Trace.save ({e})") from None
 
 
-def _cta_timelines(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def cta_timelines(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Each CTA's events (keyed by SM and CTA) in start order."""
     by_cta: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for e in events:
@@ -209,7 +209,7 @@ def idle_before(
         return {}
     end = max(e["end_ns"] for e in events)
     idle: dict[str | None, float] = {}
-    for records in _cta_timelines(events):
+    for records in cta_timelines(events):
         for a, b in zip(records, records[1:], strict=False):
             idle[key(b)] = idle.get(key(b), 0.0) + (b["start_ns"] - a["end_ns"]) / 1e3
         idle[None] = idle.get(None, 0.0) + (end - records[-1]["end_ns"]) / 1e3
@@ -243,7 +243,7 @@ def gaps_by_pair(trace: Trace) -> dict[tuple[str, str], list[float]]:
     task)``: a stage's handoff, or a task's restart between its own
     instances."""
     out: dict[tuple[str, str], list[float]] = {}
-    for records in _cta_timelines(trace.events()):
+    for records in cta_timelines(trace.events()):
         for a, b in zip(records, records[1:], strict=False):
             out.setdefault((a["task"], b["task"]), []).append((b["start_ns"] - a["end_ns"]) / 1e3)
     return out
