@@ -151,13 +151,14 @@ def _symbol_values(text: str) -> dict[str, int]:
     """An argparse ``type``: ``NAME=N`` pairs joined by commas."""
     out: dict[str, int] = {}
     for part in text.split(","):
-        name, eq, value = part.partition("=")
+        name, _, value = part.partition("=")
         try:
-            out[name.strip()] = int(value)
+            number: int | None = int(value)  # no "=": value "" is no int either
         except ValueError:
-            eq = ""
-        if not eq or not name.strip():
+            number = None
+        if number is None or not name.strip():
             raise argparse.ArgumentTypeError(f"{part!r} is not NAME=INT")
+        out[name.strip()] = number
     return out
 
 
@@ -212,17 +213,18 @@ def _info(artifact: Path, full: bool = False, symbols: dict[str, int] | None = N
     ``symbols`` every size as its number (a size of a symbol not given, or a
     value past a symbol's bound, is said instead)."""
     from etc.errors import EtcError
+    from etc.runtime.args import symbol_value
     from etc.runtime.manifest import bind_size, load_manifest
 
     m = load_manifest(artifact)
     size = _size
     if symbols:
         unknown = sorted(set(symbols) - set(m.symbols))
-        past = [f"{n}={symbols[n]} is past its bound {b}" for n, b in m.symbol_max.items()
-                if b is not None and symbols.get(n, 0) > b]  # fmt: skip
-        if unknown or past:
-            names = [f"'{n}' is none of its symbols" for n in unknown]
-            raise EtcError(f"{artifact}: --symbols: {'; '.join(names + past)}")
+        if unknown:
+            names = ", ".join(repr(n) for n in unknown)
+            raise EtcError(f"{artifact}: --symbols: {names} is none of its symbols")
+        for name, value in symbols.items():  # the runtime's check of a launch's values
+            symbol_value(m, name, value)
 
         def size(expr: object, full: bool) -> int | str:  # the number instead
             try:

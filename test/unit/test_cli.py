@@ -126,10 +126,13 @@ def test_info_on_a_bucketed_artifact_shows_each_kernel_and_its_range(tmp_path, c
     assert "bucket1/bucket0 (m >= 3, n <= 4):" in capsys.readouterr().out.splitlines()[0]
     assert cli.main(["info", str(nested), "--symbols", "m=3"]) == 0  # n not given: both
     assert capsys.readouterr().out.count("bucket1/") == 2
-    assert cli.main(["info", str(tmp_path / "bucket0"), "--symbols", "n=5,k=1"]) == 1
-    assert (
-        "--symbols: 'k' is none of its symbols; n=5 is past its bound 4" in capsys.readouterr().err
-    )
+    # The values are checked as a launch's are (the runtime's own check).
+    assert cli.main(["info", str(tmp_path / "bucket0"), "--symbols", "n=3,k=1"]) == 1
+    assert "--symbols: 'k' is none of its symbols" in capsys.readouterr().err
+    assert cli.main(["info", str(tmp_path / "bucket0"), "--symbols", "n=5"]) == 1
+    assert "symbol 'n' = 5 is above 4, the largest this kernel" in capsys.readouterr().err
+    assert cli.main(["info", str(tmp_path / "bucket0"), "--symbols", "n=-1"]) == 1
+    assert "symbol 'n' must be an int >= 0, got -1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["info", str(tmp_path), "--symbols", "n"])
     assert "'n' is not NAME=INT" in capsys.readouterr().err

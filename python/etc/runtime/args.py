@@ -66,28 +66,31 @@ def bind_symbols(manifest: Manifest, symbols: Mapping[str, Any] | None) -> tuple
         raise LaunchError(
             f"{manifest.graph}: {_names_diff('symbol', list(symbols), manifest.symbols)}"
         )
-    out = []
-    for name in manifest.symbols:
-        v = symbols[name]
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise ShapeError(
-                f"{manifest.graph}: symbol {name!r} must be an int, got {type(v).__name__} {v!r}"
-            )
-        if not 0 <= int(v) <= MAX_BYTES:
-            raise ShapeError(f"{manifest.graph}: symbol {name!r} must be an int >= 0, got {int(v)}")
-        bound = manifest.symbol_max.get(name)
-        if bound is not None and int(v) > bound:
-            raise ShapeError(
-                f"{manifest.graph}: symbol {name!r} = {int(v)} is above {bound}, the largest this "
-                "kernel was built for (a bucketed artifact picks the kernel by the symbol: "
-                "etc.runtime.load of its directory)"
-            )
-        out.append(int(v))
+    out = [symbol_value(manifest, name, symbols[name]) for name in manifest.symbols]
     bound = dict(zip(manifest.symbols, out, strict=True))
     check_requirements(
         manifest.graph, ((s, bind_size(s, bound), m) for s, m in manifest.requirements), bound
     )
     return tuple(out)
+
+
+def symbol_value(manifest: Manifest, name: str, v: Any) -> int:
+    """The value ``v`` of the manifest's symbol ``name``: an int from 0 to
+    the symbol's bound (``Graph.symbol(max=)``), else a ShapeError."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise ShapeError(
+            f"{manifest.graph}: symbol {name!r} must be an int, got {type(v).__name__} {v!r}"
+        )
+    if not 0 <= int(v) <= MAX_BYTES:
+        raise ShapeError(f"{manifest.graph}: symbol {name!r} must be an int >= 0, got {int(v)}")
+    bound = manifest.symbol_max.get(name)
+    if bound is not None and int(v) > bound:
+        raise ShapeError(
+            f"{manifest.graph}: symbol {name!r} = {int(v)} is above {bound}, the largest this "
+            "kernel was built for (a bucketed artifact picks the kernel by the symbol: "
+            "etc.runtime.load of its directory)"
+        )
+    return int(v)
 
 
 def check_requirements(
