@@ -913,9 +913,13 @@ VARIANTS["g32l_wide"] = _above16(
 # but down 20.4 against 16.5 and the LM head ~30 µs slower) only qkv and
 # o_proj on the gemv core, 32 rows up to B = 32 (hyb32), and 64 past it
 # (hyb; hyb64: 64 rows from B = 17).
-def _hybrid(rows: int) -> tuple:
-    return (*M.LARGE_BATCH, ("core_overrides", (("qkv_proj", "gemv"), ("o_proj", "gemv"))),
-            ("gemv_block", rows), ("gemv_whole_lines", True), ("bn_qkv", 16), ("bn_o", 16))  # fmt: skip
+def _hybrid(rows: int, projections: tuple[str, ...] = ("qkv_proj", "o_proj")) -> tuple:
+    """The large kernel with ``projections`` on ``rows``-row gemv tiles in
+    16-column blocks."""
+    blocks = {"qkv_proj": "bn_qkv", "o_proj": "bn_o"}
+    return (*M.LARGE_BATCH, ("core_overrides", tuple((p, "gemv") for p in projections)),
+            ("gemv_block", rows), ("gemv_whole_lines", True),
+            *((blocks[p], 16) for p in projections))  # fmt: skip
 
 
 VARIANTS["hyb32"] = _above16((32, _hybrid(32)))
@@ -1161,10 +1165,7 @@ VARIANTS["splits33"] = {"attn_single_splits": 33}
 # gemv blocks reading 24 MB of activations from L2 where the tma boxes read
 # 6 MB. o_proj's 16-column gemv blocks read 16 MB, and the attention runs
 # before them. Predicted: -2..-2.5 us a layer, -2 % at B = 24-32, L = 1024.
-VARIANTS["hyb32_o"] = _above16(
-    (32, (*M.LARGE_BATCH, ("core_overrides", (("o_proj", "gemv"),)), ("gemv_block", 32),
-          ("gemv_whole_lines", True), ("bn_o", 16)))
-)  # fmt: skip
+VARIANTS["hyb32_o"] = _above16((32, _hybrid(32, ("o_proj",))))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
