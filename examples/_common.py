@@ -113,6 +113,8 @@ def cli(main: Callable[..., int], *args: Any) -> int:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
+    from etc.compiler import TARGETS
+
     p = _Parser(description=description)
     p.add_argument("--simulate", action="store_true", help="run on the CPU simulator")
     p.add_argument("--schedule", choices=("static", "dynamic"), default="static")
@@ -136,7 +138,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="run a saved artifact (compiled elsewhere) instead of compiling here",
     )
     p.add_argument(
-        "--target", choices=("sm_90", "sm_90a"), default="sm_90",
+        "--target", choices=TARGETS, default="sm_90",
         help="the chip to compile for (examples whose tiles need wgmma or TMA take sm_90a)",
     )  # fmt: skip
     p.add_argument("--seed", type=count(0), default=0)
