@@ -13,6 +13,15 @@ etc dot MODULE:FUNCTION [-o FILE]
 etc trace RAW.npz -o OUT.json [--png OUT.png]
     convert a saved trace (`kernel.trace().save(...)`) to a Chrome /
     Perfetto timeline (one track per SM) and optionally a PNG
+etc run SOURCE --symbols NAME=N,... [--simulate] [--check] [--expect REF.npz]
+    run a graph (MODULE:FUNCTION: in the simulator, or compiled and on the
+    GPU) or an artifact directory (GPU) once on made-up or given inputs;
+    print each tensor's range, compare with the simulator or a reference
+    (exit status 1 when a tensor differs), save the tensors (-o OUT.npz)
+etc bench SOURCE --symbols NAME=N,... [--reps N] [--calls N] [--json FILE]
+    time launches on the GPU with CUDA events: launch to launch as a Python
+    loop sees it, the GPU's time alone, the host's enqueue cost, and the
+    device's copy bandwidth measured in the same run
 etc-opt ARGS...     the bundled optimizer driver (same as build/bin/etc-opt)
 """
 
@@ -93,13 +102,52 @@ def main(argv: list[str] | None = None) -> int:
     trace.add_argument("raw", type=Path)
     trace.add_argument("-o", "--output", required=True, type=Path)
     trace.add_argument("--png", type=Path)
+    run = commands.add_parser(
+        "run",
+        help="run a graph or an artifact once on made-up or given inputs",
+        parents=[_source_options()],
+    )
+    run.add_argument("--simulate", action="store_true", help="run a graph in the CPU simulator")
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the GPU's result with the simulator's (a graph only)",
+    )
+    run.add_argument("--expect", type=Path, metavar="REF.npz", help="compare with these arrays")
+    run.add_argument(
+        "--compare",
+        metavar="T,...",
+        type=_names,
+        help="the tensors to compare (default: all of the reference's)",
+    )
+    run.add_argument("--rtol", type=float, help="relative tolerance (default: by element type)")
+    run.add_argument("--atol", type=float, help="absolute tolerance (default: by element type)")
+    run.add_argument("--save-inputs", type=Path, metavar="IN.npz", help="write the inputs used")
+    run.add_argument("-o", "--output", type=Path, metavar="OUT.npz", help="write every tensor")
+    bench = commands.add_parser(
+        "bench", help="time a graph's or an artifact's launches on the GPU",
+        parents=[_source_options()],
+    )  # fmt: skip
+    bench.add_argument("--warmup", type=int, default=2, help="untimed rounds first (2)")
+    bench.add_argument("--reps", type=int, default=20, help="timed rounds, one sample each (20)")
+    bench.add_argument("--calls", type=int, default=10, help="launches a round (10)")
+    bench.add_argument(
+        "--sets",
+        type=int,
+        help="copies of the inputs launched in turn (default: enough to span twice the L2)",
+    )
+    bench.add_argument(
+        "--spin-ms", type=float, default=20.0,
+        help="how long a spin kernel holds the stream while a round is enqueued (20)",
+    )  # fmt: skip
+    bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
 
     import etc
 
     try:
         if args.command == "compile":
-            graph = _load_builder(args.builder)()
+            graph = _graph(args.builder)
             outline: bool | tuple[str, ...] = False
             if args.outline == "all":
                 outline = True
@@ -118,12 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             for warning in artifact.warnings:
                 print(f"etc: warning: {warning}", file=sys.stderr)
             return 0
+        if args.command in ("run", "bench"):
+            return _run_or_bench(args)
         if args.command == "dot":
-            graph = _load_builder(args.builder)()
-            if not isinstance(graph, etc.Graph):
-                raise SystemExit(
-                    f"etc: {args.builder} returned {type(graph).__name__}, not a Graph"
-                )
+            graph = _graph(args.builder)
             text = graph.to_dot()
             if args.output is None:
                 sys.stdout.write(text)
@@ -145,6 +191,92 @@ def main(argv: list[str] | None = None) -> int:
     except (etc.EtcError, OSError) as e:  # an OSError names the file it could not write
         print(f"etc: {e}", file=sys.stderr)
         return 1
+
+
+def _graph(spec: str) -> Any:
+    """The graph that ``MODULE:FUNCTION`` returns."""
+    import etc
+
+    graph = _load_builder(spec)()
+    if not isinstance(graph, etc.Graph):
+        raise SystemExit(f"etc: {spec} returned {type(graph).__name__}, not a Graph")
+    return graph
+
+
+def _source_options() -> argparse.ArgumentParser:
+    """The options ``etc run`` and ``etc bench`` share."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("source", help="an artifact directory, or MODULE:FUNCTION returning a graph")
+    p.add_argument(
+        "--symbols", metavar="NAME=N,...", type=_symbol_values, default={},
+        help="every symbol's value (e.g. n=1000)",
+    )  # fmt: skip
+    p.add_argument("--inputs", type=Path, metavar="IN.npz", help="arrays for some tensors")
+    p.add_argument("--seed", type=int, default=0, help="seed of the made-up inputs (0)")
+    p.add_argument(
+        "--scale", type=float, default=1.0,
+        help="made-up floats are uniform in [-scale, scale) (1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--schedule", choices=("static", "dynamic"),
+        help="a graph's schedule (static); an artifact keeps its own",
+    )  # fmt: skip
+    p.add_argument("--target", default="sm_90", help="a graph's target (sm_90)")
+    p.add_argument("--device", type=int, help="the CUDA device (0)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a launch may take (120)")
+    p.add_argument(
+        "--max-polls", type=int,
+        help="the watchdog's bound on every wait (default: the artifact's)",
+    )  # fmt: skip
+    return p
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected tensor names, e.g. C,logits")
+    return names
+
+
+def _run_or_bench(args: argparse.Namespace) -> int:
+    from etc import runner
+
+    path = Path(args.source)
+    if path.is_dir():
+        if args.schedule is not None:
+            raise SystemExit(
+                f"etc: --schedule is for a graph; the artifact {path} has its schedule"
+            )
+        source = runner.Source(directory=path, target=args.target)
+    elif ":" in args.source:
+        source = runner.Source(_graph(args.source), schedule=args.schedule, target=args.target)
+    else:
+        raise SystemExit(
+            f"etc: {args.source!r} is neither an artifact directory nor MODULE:FUNCTION"
+        )
+    inputs = runner.read_npz(args.inputs) if args.inputs else None
+    common = dict(
+        inputs=inputs, seed=args.seed, scale=args.scale, device=args.device,
+        timeout=args.timeout, max_polls=args.max_polls,
+    )  # fmt: skip
+    if args.command == "bench":
+        figures = runner.bench(
+            source, args.symbols, warmup=args.warmup, reps=args.reps, calls=args.calls,
+            sets=args.sets, spin_ms=args.spin_ms, **common,
+        )  # fmt: skip
+        if args.json:
+            import json
+
+            args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        return 0
+    if args.simulate and args.device is not None:
+        raise SystemExit("etc: --simulate runs on the CPU: no --device with it")
+    expect = runner.read_npz(args.expect) if args.expect else None
+    return runner.run(
+        source, args.symbols, simulate=args.simulate, check=args.check, expect=expect,
+        names=args.compare, rtol=args.rtol, atol=args.atol, save_inputs=args.save_inputs,
+        output=args.output, **common,
+    )  # fmt: skip
 
 
 def _symbol_values(text: str) -> dict[str, int]:
@@ -257,7 +389,8 @@ def _info(artifact: Path, full: bool = False, symbols: dict[str, int] | None = N
         grid = tuple(size(d, full) for d in task.grid)
         count = ""
         if symbols and all(isinstance(d, int) for d in grid):
-            count = f" = {math.prod(grid)} instances"
+            n = math.prod(grid)
+            count = f" = {n} instance{'' if n == 1 else 's'}"
         print(f"  task {task.index} {task.name}: grid {grid}{count}{phase}")
 
 

@@ -1,0 +1,473 @@
+"""What ``etc run`` and ``etc bench`` do: run or time a graph or a saved
+artifact on inputs made up from a seed (or read from an ``.npz``), and
+compare what it computed with the simulator's or a saved reference.
+
+A graph (``MODULE:FUNCTION``) runs in the CPU simulator (``simulate=True``)
+or is compiled and run on the GPU; an artifact directory runs on the GPU
+with the runtime alone, so this module imports neither the compiler nor the
+GPU runtime until a source needs it.
+
+Made-up inputs: floating-point tensors uniform in ``[-scale, scale)``,
+integer tensors and kept-zero tensors zeros (an index of zero is in every
+buffer). ``bf16`` tensors are uint16 bits in memory and in ``.npz`` files; an
+``.npz`` may give them as floats, which are rounded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .dtypes import bf16_to_f32, dtype, f32_to_bf16
+from .errors import EtcError, LaunchError, ShapeError
+
+#: Default tolerances of a comparison, by element type: ``(rtol, atol)``;
+#: integers must be equal.
+TOLERANCES = {
+    "f64": (1e-9, 1e-12),
+    "f32": (1e-4, 1e-5),
+    "f16": (1e-2, 1e-3),
+    "bf16": (2e-2, 1e-2),
+}
+
+#: Elements drawn at a time when making up a large input.
+_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor a launch is given, its shape bound."""
+
+    name: str
+    dtype: str  # ETC's name (``bf16``, ``f32``, ``i32``, ...)
+    shape: tuple[int, ...]
+    kept_zero: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * dtype(self.dtype).itemsize
+
+
+def graph_buffers(graph: Any, symbols: Mapping[str, int]) -> list[Buffer]:
+    """The buffers of ``graph`` (not its TMA maps) under ``symbols``, which
+    are checked as the simulator checks them."""
+    from .simulator import bind_symbols
+    from .symbolic import evaluate
+
+    if graph.rank is not None:
+        raise EtcError(
+            f"graph '{graph.name}' spans ranks; run it with etc.simulate_ranks or "
+            "etc.runtime.RankGroup"
+        )
+    env = bind_symbols(graph, symbols)
+    return [
+        Buffer(t.name, t.dtype.name, tuple(evaluate(d, env) for d in t.shape), t.kept_zero)
+        for t in graph.tensors
+        if t.map_of is None
+    ]
+
+
+def artifact_manifest(directory: Path, symbols: Mapping[str, int]) -> Any:
+    """The manifest of the artifact in ``directory``, or of the kernel of a
+    bucketed one that ``symbols`` pick."""
+    from .runtime.buckets import load_buckets
+    from .runtime.manifest import load_manifest
+
+    path = Path(directory)
+    while (path / "buckets.json").exists():
+        path = load_buckets(path, lambda p: p).kernel_for(symbols)
+    return load_manifest(path)
+
+
+def manifest_buffers(manifest: Any, symbols: Mapping[str, int]) -> list[Buffer]:
+    """The buffers a launch of ``manifest``'s kernel takes under ``symbols``,
+    which are checked as a launch checks them."""
+    from .runtime.args import bind_symbols, bound_shapes
+
+    if manifest.ranked:
+        raise EtcError(
+            f"{manifest.graph}: the kernel spans ranks; launch it with etc.runtime.RankGroup"
+        )
+    bind_symbols(manifest, symbols)
+    shapes = bound_shapes(manifest, symbols)
+    return [Buffer(t.name, t.dtype, shapes[t.name], t.kept_zero) for t in manifest.inputs]
+
+
+def make_inputs(
+    buffers: Sequence[Buffer],
+    given: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    scale: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """An array per buffer: ``given[name]`` where given (checked and, for a
+    ``bf16`` buffer given floats, rounded), else made up (see the module)."""
+    given = dict(given or {})
+    known = {b.name for b in buffers}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ShapeError(
+            f"inputs name {', '.join(map(repr, unknown))}, which the kernel does not take "
+            f"(it takes {', '.join(sorted(known))})"
+        )
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for b in buffers:  # every buffer draws, given or not, so a name's values follow the seed
+        made = _made_up(b, rng, scale)
+        arrays[b.name] = made if b.name not in given else _given(b, given[b.name])
+    return arrays
+
+
+def _made_up(b: Buffer, rng: np.random.Generator, scale: float) -> np.ndarray:
+    d = dtype(b.dtype)
+    out = np.zeros(b.shape, dtype=d.numpy)
+    if d.is_integer or b.kept_zero:
+        return out
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, _CHUNK):
+        chunk = rng.random(min(_CHUNK, flat.size - start), dtype=np.float32) * 2 - 1
+        chunk *= np.float32(scale)
+        flat[start : start + chunk.size] = f32_to_bf16(chunk) if b.dtype == "bf16" else chunk
+    return out
+
+
+def _given(b: Buffer, value: Any) -> np.ndarray:
+    a = np.asarray(value)
+    if tuple(a.shape) != b.shape:
+        raise ShapeError(f"input '{b.name}': shape {tuple(a.shape)}, the kernel takes {b.shape}")
+    d = dtype(b.dtype)
+    if b.dtype == "bf16" and a.dtype.kind == "f":
+        return f32_to_bf16(a)
+    if a.dtype != d.numpy:
+        raise ShapeError(
+            f"input '{b.name}': dtype {a.dtype}, the kernel takes {b.dtype} "
+            f"({d.numpy} in an .npz{', or floats' if b.dtype == 'bf16' else ''})"
+        )
+    return np.ascontiguousarray(a)
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as e:
+        raise EtcError(f"{path}: cannot read it as an .npz of arrays: {e}") from None
+
+
+def values(b: Buffer, a: np.ndarray) -> np.ndarray:
+    """The array's values as numbers (``bf16`` bits widened to float32)."""
+    return bf16_to_f32(a) if b.dtype == "bf16" else a
+
+
+def summary(b: Buffer, a: np.ndarray) -> str:
+    """One line: the tensor's type and shape and its values' range."""
+    v = values(b, a)
+    head = f"{b.name}: {b.dtype} {b.shape}"
+    if v.size == 0:
+        return f"{head} (empty)"
+    if v.dtype.kind == "f":
+        finite = np.isfinite(v)
+        bad = int(v.size - np.count_nonzero(finite))
+        if bad == v.size:
+            return f"{head} all {v.size} values are NaN or infinite"
+        v = v[finite]
+        tail = f", {bad} NaN or infinite" if bad else ""
+        return f"{head} min {v.min():.6g} max {v.max():.6g} mean {v.mean():.6g}{tail}"
+    return f"{head} min {v.min()} max {v.max()} nonzero {np.count_nonzero(v)}"
+
+
+def compare(
+    got: Mapping[str, np.ndarray],
+    want: Mapping[str, np.ndarray],
+    buffers: Sequence[Buffer],
+    names: Sequence[str] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> tuple[list[str], list[str]]:
+    """Compares ``got`` with ``want`` tensor by tensor (``names``, default
+    every tensor ``want`` has): ``(lines, problems)``, a line per compared
+    tensor and a problem per one that differs (elements past the tolerances
+    of its type, :data:`TOLERANCES`, or ``rtol``/``atol``; NaN matches NaN)."""
+    by_name = {b.name: b for b in buffers}
+    names = check_names(buffers, want, names)
+    lines, problems = [], []
+    for name in names:
+        b = by_name[name]
+        ref = np.asarray(want[name])
+        if b.dtype == "bf16" and ref.dtype.kind == "f":
+            ref = f32_to_bf16(ref)
+        if tuple(ref.shape) != b.shape:
+            problems.append(f"{name}: the reference's shape {tuple(ref.shape)} is not {b.shape}")
+            continue
+        g, w = values(b, got[name]), values(b, ref)
+        if b.dtype not in TOLERANCES:  # integers
+            bad = g != w
+            detail = ""
+        else:
+            r, a = TOLERANCES[b.dtype]
+            r, a = (r if rtol is None else rtol), (a if atol is None else atol)
+            g64, w64 = g.astype(np.float64), w.astype(np.float64)
+            bad = ~np.isclose(g64, w64, rtol=r, atol=a, equal_nan=True)
+            both = np.isfinite(g64) & np.isfinite(w64)
+            err = np.abs(g64 - w64)[both]
+            detail = f", max |error| {err.max() if err.size else 0:.3g} (rtol {r:g}, atol {a:g})"
+        count = int(np.count_nonzero(bad))
+        if not count:
+            lines.append(f"{name}: matches{detail}")
+            continue
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        message = (
+            f"{name}: {count} of {bad.size} elements differ{detail}; first at {first}: "
+            f"{_number(g[first])} against {_number(w[first])}"
+        )
+        lines.append(message)
+        problems.append(message)
+    return lines, problems
+
+
+def _number(v: Any) -> str:
+    return f"{v.item():.8g}" if np.asarray(v).dtype.kind == "f" else str(v.item())
+
+
+def check_names(
+    buffers: Sequence[Buffer], want: Mapping[str, Any], names: Sequence[str] | None
+) -> list[str]:
+    """The tensors to compare (``names``, default all of ``want``'s), each
+    a tensor of the kernel that ``want`` has."""
+    known = {b.name for b in buffers}
+    names = list(want) if names is None else list(names)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise EtcError(
+            f"compare: {', '.join(map(repr, unknown))} is no tensor of the kernel "
+            f"(it has {', '.join(sorted(known))})"
+        )
+    absent = [n for n in names if n not in want]
+    if absent:
+        raise EtcError(f"compare: the reference has no {', '.join(map(repr, absent))}")
+    return names
+
+
+def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    np.savez(path, **arrays)
+
+
+@dataclass
+class Source:
+    """What to run: a graph (``graph``) or an artifact directory
+    (``directory``)."""
+
+    graph: Any = None
+    directory: Path | None = None
+    schedule: str | None = None
+    target: str = "sm_90"
+
+    def buffers(self, symbols: Mapping[str, int]) -> list[Buffer]:
+        if self.graph is not None:
+            return graph_buffers(self.graph, symbols)
+        return manifest_buffers(artifact_manifest(self.directory, symbols), symbols)
+
+    def load(self, device: int | None, timeout: float | None, max_polls: int | None) -> Any:
+        """The GPU kernel: the artifact's, or the graph's compiled now."""
+        from .runtime import driver, load
+
+        if self.graph is None:
+            return load(self.directory, device=device, timeout=timeout, max_polls=max_polls)
+        driver.get_device(device or 0)  # no GPU: say so before compiling
+        from .compiler import compile as compile_graph
+
+        artifact = compile_graph(self.graph, schedule=self.schedule or "static", target=self.target)
+        return artifact.load(device=device, timeout=timeout, max_polls=max_polls)
+
+
+def leaf_kernel(kernel: Any, symbols: Mapping[str, int]) -> Any:
+    """The kernel that runs ``symbols``: ``kernel`` itself, or the one a
+    bucketed kernel (buckets within buckets too) picks."""
+    while hasattr(kernel, "kernel_for"):
+        kernel = kernel.kernel_for(symbols)
+    return kernel
+
+
+def run(
+    source: Source,
+    symbols: Mapping[str, int],
+    *,
+    inputs: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    scale: float = 1.0,
+    simulate: bool = False,
+    check: bool = False,
+    expect: Mapping[str, Any] | None = None,
+    names: Sequence[str] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    device: int | None = None,
+    timeout: float | None = None,
+    max_polls: int | None = None,
+    save_inputs: Path | None = None,
+    output: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> int:
+    """``etc run``: runs once, prints each tensor's summary and, with
+    ``check`` (the simulator's result, graphs only) or ``expect`` (a saved
+    reference), the comparison; returns 1 when a compared tensor differs."""
+    if simulate and source.graph is None:
+        raise EtcError("--simulate needs a graph (MODULE:FUNCTION), not an artifact directory")
+    if check and simulate:
+        raise EtcError("--check compares a GPU run with the simulator's: not with --simulate")
+    if check and source.graph is None:
+        raise EtcError(
+            "--check simulates the graph, so it needs MODULE:FUNCTION; for an artifact, "
+            "compare with a saved reference (--expect REF.npz)"
+        )
+    buffers = source.buffers(symbols)
+    if names is not None and not (check or expect is not None):
+        raise EtcError("compare: names tensors of --check or --expect; give one")
+    if names is not None:  # before anything runs
+        check_names(buffers, {b.name: None for b in buffers}, names)
+    if expect is not None:
+        check_names(buffers, expect, names)
+    arrays = make_inputs(buffers, inputs, seed, scale)
+    if save_inputs is not None:
+        write_npz(save_inputs, arrays)
+    reference = None
+    if check:  # the simulator's copy, before the run writes into the arrays
+        from .simulator import simulate as run_simulator
+
+        reference = run_simulator(source.graph, arrays, symbols, schedule="static")
+    if simulate:
+        from .simulator import simulate as run_simulator
+
+        result = run_simulator(source.graph, arrays, symbols, schedule=source.schedule or "static")
+        where = f"simulated ({source.schedule or 'static'} schedule)"
+    else:
+        kernel = source.load(device, timeout, max_polls)
+        kernel.launch(arrays, symbols)  # numpy arrays: synchronous, outputs copied back
+        result = arrays
+        where = "ran on the GPU"
+    say(f"{where} with {', '.join(f'{k}={v}' for k, v in symbols.items()) or 'no symbols'}:")
+    by_name = {b.name: b for b in buffers}
+    for b in buffers:
+        say("  " + summary(b, result[b.name]))
+    problems: list[str] = []
+    for label, want in (("the simulator", reference), ("the reference", expect)):
+        if want is None:
+            continue
+        lines, found = compare(result, want, buffers, names, rtol, atol)
+        say(f"against {label}:")
+        for line in lines:
+            say("  " + line)
+        problems += found
+    if output is not None:
+        write_npz(output, {n: result[n] for n in by_name})
+    return 1 if problems else 0
+
+
+def bench(
+    source: Source,
+    symbols: Mapping[str, int],
+    *,
+    inputs: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    scale: float = 1.0,
+    device: int | None = None,
+    timeout: float | None = None,
+    max_polls: int | None = None,
+    warmup: int = 2,
+    reps: int = 20,
+    calls: int = 10,
+    sets: int | None = None,
+    spin_ms: float = 20.0,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``etc bench``: times launches on the GPU (see :mod:`etc.runtime.timing`)
+    over ``sets`` copies of the inputs taken in turn (by default enough to
+    span twice the L2, at most 8, within half the free memory), after one
+    checked launch on each; returns and prints the figures."""
+    from .runtime import driver, timing
+
+    for what, v, low in (("warmup", warmup, 0), ("reps", reps, 1), ("calls", calls, 1)):
+        if v < low:
+            raise EtcError(f"bench: {what} must be >= {low}, got {v}")
+    if sets is not None and not 1 <= sets <= 64:
+        raise EtcError(f"bench: sets must be in 1..64, got {sets}")
+    if not spin_ms > 0:
+        raise EtcError(f"bench: the spin must be > 0 ms, got {spin_ms}")
+    buffers = source.buffers(symbols)
+    kernel = source.load(device, timeout, max_polls)
+    dev = leaf_kernel(kernel, symbols).device
+    per_set = sum(b.nbytes for b in buffers)
+    free = timing.free_bytes()
+    if per_set > free:
+        raise LaunchError(
+            f"bench: the inputs take {per_set / 1e9:.3g} GB and the device has "
+            f"{free / 1e9:.3g} GB free"
+        )
+    if sets is None:
+        sets = max(1, min(8, math.ceil(2 * timing.l2_bytes(dev) / max(per_set, 1))))
+        sets = max(1, min(sets, free // 2 // max(per_set, 1)))
+    device_sets: list[dict[str, int]] = []
+    owned: list[Any] = []
+    stream = timing.Stream(dev)
+    try:
+        for k in range(sets):
+            arrays = make_inputs(buffers, inputs, seed + k, scale)
+            ptrs = {}
+            for b in buffers:
+                buf = driver.DeviceBuffer(b.nbytes)
+                owned.append(buf)
+                host = np.ascontiguousarray(arrays[b.name])
+                driver.htod(buf.ptr, host.ctypes.data, b.nbytes)
+                ptrs[b.name] = buf.ptr
+            device_sets.append(ptrs)
+            kernel.launch(ptrs, symbols, stream=stream.handle, timeout=timeout)  # checked
+
+        def launch(i: int) -> None:
+            kernel.launch(device_sets[i % sets], symbols, stream=stream.handle, sync=False)
+
+        def check() -> None:
+            kernel.check(timeout)
+
+        eager, host = timing.time_launches(launch, check, stream, calls, reps, warmup)
+        gpu, _ = timing.time_launches(
+            launch, check, stream, calls, reps, warmup=1, spin_ns=int(spin_ms * 1e6)
+        )
+        copy_bps = timing.copy_bandwidth(stream)
+    finally:
+        driver.synchronize(stream.handle)
+        for buf in owned:
+            buf.release()
+        stream.close()
+    tensor_bps = per_set / (gpu.median * 1e-6) if gpu.median > 0 else float("inf")
+    result = {
+        "symbols": dict(symbols),
+        "device": dev.name,
+        "calls": calls,
+        "reps": reps,
+        "sets": sets,
+        "launch_to_launch": eager.as_dict(),
+        "gpu": gpu.as_dict(),
+        "host_enqueue": host.as_dict(),
+        "tensor_bytes": per_set,
+        "copy_bandwidth_Bps": copy_bps,
+    }
+    say(f"{dev.name}, {', '.join(f'{k}={v}' for k, v in symbols.items()) or 'no symbols'}:")
+    for label, s in (
+        ("launch to launch", eager),
+        ("GPU alone", gpu),
+        ("host enqueue", host),
+    ):
+        say(
+            f"  {label:16} median {s.median:10.2f} µs  (p10 {s.quantile(0.1):.2f}, p90 "
+            f"{s.quantile(0.9):.2f}; {reps} reps of {calls} calls)"
+        )
+    say(
+        f"  tensors: {per_set / 1e6:.3f} MB a launch, {sets} input set(s) in turn; once over "
+        f"them per GPU median: {tensor_bps / 1e9:.1f} GB/s, against a device copy of "
+        f"{copy_bps / 1e9:.1f} GB/s measured now"
+    )
+    return result

@@ -1,0 +1,106 @@
+"""`etc run` and `etc bench` on a real GPU, as commands, over artifacts from
+``$ETC_ARTIFACTS`` (``python test/gpu/make_artifacts.py DIR --only
+splitk$,broken$,symbolic_batch,moe_small_static$``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not os.environ.get("ETC_ARTIFACTS"), reason="ETC_ARTIFACTS is not set"),
+]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def artifact(name: str) -> str:
+    return str(Path(os.environ["ETC_ARTIFACTS"]) / name)
+
+
+def etc_command(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO / "python"), env.get("PYTHONPATH")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "etc", *args], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def test_run_an_artifact_on_made_up_inputs(tmp_path):
+    done = etc_command(
+        "run", artifact("splitk"), "--symbols", "n=1000", "--save-inputs",
+        str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ran on the GPU with n=1000:")
+    a = np.load(tmp_path / "in.npz")["A"]
+    out = np.load(tmp_path / "out.npz")
+    np.testing.assert_allclose(out["C"], a.sum(1), rtol=1e-4, atol=1e-4)
+
+    # Against a reference computed here: the same inputs pass, a changed one fails.
+    np.savez(tmp_path / "ref.npz", C=a.astype(np.float64).sum(1).astype(np.float32))
+    again = [
+        "run", artifact("splitk"), "--symbols", "n=1000", "--inputs", str(tmp_path / "in.npz"),
+        "--expect", str(tmp_path / "ref.npz"),
+    ]  # fmt: skip
+    done = etc_command(*again)
+    assert done.returncode == 0 and "  C: matches" in done.stdout, done.stdout + done.stderr
+    bad = a.copy()
+    bad[17] += 1
+    np.savez(tmp_path / "in.npz", A=bad)
+    done = etc_command(*again)
+    assert done.returncode == 1
+    assert "C: 1 of 1000 elements differ" in done.stdout and "first at (17,)" in done.stdout
+
+
+def test_a_deadlock_is_one_error_line_and_the_command_ends(tmp_path):
+    n = 64
+    np.savez(tmp_path / "in.npz", T=np.full(n, 5, np.int32))  # 4 notifications arrive
+    done = etc_command(
+        "run", artifact("broken"), "--symbols", f"n={n}", "--inputs", str(tmp_path / "in.npz"),
+        "--max-polls", "100000",
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("etc: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "'E'" in done.stderr
+
+
+def test_run_a_bf16_moe_layer_with_made_up_weights(tmp_path):
+    done = etc_command(
+        "run", artifact("moe_small_static"), "--symbols", "T=7", "--scale", "0.1",
+        "-o", str(tmp_path / "out.npz"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = np.load(tmp_path / "out.npz")
+    assert out["topk_ids"].shape[0] == 7 and out["Out"].dtype == np.uint16
+    assert out["counts"].sum() == out["topk_ids"].size  # every routed pair counted
+    assert "NaN" not in done.stdout
+
+
+def test_bench_an_artifact(tmp_path):
+    figures = tmp_path / "f.json"
+    done = etc_command(
+        "bench", artifact("splitk"), "--symbols", "n=4096", "--reps", "5", "--calls", "5",
+        "--json", str(figures),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    f = json.loads(figures.read_text())
+    gpu, eager = f["gpu"]["median_us"], f["launch_to_launch"]["median_us"]
+    assert 0 < gpu < 10_000 and eager > 0.5 * gpu and len(f["gpu"]["samples_us"]) == 5
+    assert f["copy_bandwidth_Bps"] > 2e11 and f["tensor_bytes"] == 4096 * (256 + 4 + 1) * 4
+    assert f["sets"] >= 1 and "GPU alone" in done.stdout
+
+
+def test_bench_a_symbolic_batch_and_refuse_a_bad_symbol():
+    done = etc_command("bench", artifact("symbolic_batch"), "--symbols", "b=8", "--reps", "3")
+    assert done.returncode == 0, done.stderr
+    done = etc_command("bench", artifact("symbolic_batch"), "--symbols", "c=8")
+    assert done.returncode == 1 and done.stderr.startswith("etc: ") and "'c'" in done.stderr

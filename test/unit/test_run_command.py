@@ -1,0 +1,292 @@
+"""`etc run` and `etc bench` without a GPU: the simulator's runs, made-up
+and given inputs, comparisons, and every refusal (`etc.runner`,
+`etc.runtime.timing`); their GPU runs are in test/gpu/test_cli_gpu.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from unit_helpers import REPO
+
+import etc
+from etc import cli, runner
+from etc.runtime import timing
+
+SPLITK = str(REPO / "examples" / "splitk_rowsum.py") + ":build"
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["run", SPLITK, *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_simulated_run_computes_the_graph_on_made_up_inputs(tmp_path, capsys):
+    code, out, _ = run(
+        capsys, "--symbols", "n=37", "--simulate", "-o", str(tmp_path / "o.npz"),
+        "--save-inputs", str(tmp_path / "i.npz"),
+    )  # fmt: skip
+    assert code == 0
+    assert out.startswith("simulated (static schedule) with n=37:")
+    assert "  C: f32 (37,) min " in out
+    got, given = np.load(tmp_path / "o.npz"), np.load(tmp_path / "i.npz")
+    assert set(got.files) == {"A", "B", "C"}
+    a = given["A"]
+    assert a.shape == (37, 256) and -1 <= a.min() and a.max() < 1 and a.std() > 0.5
+    np.testing.assert_allclose(got["C"], a.sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["B"], a.reshape(37, 4, 64).sum(2), rtol=1e-5, atol=1e-5)
+
+    # The seed picks the inputs; the saved inputs give the same run back.
+    run(capsys, "--symbols", "n=37", "--simulate", "--seed", "3", "-o", str(tmp_path / "s.npz"))
+    assert not np.array_equal(np.load(tmp_path / "s.npz")["A"], a)
+    code, out, _ = run(
+        capsys, "--symbols", "n=37", "--simulate", "--schedule", "dynamic", "--inputs",
+        str(tmp_path / "i.npz"), "--expect", str(tmp_path / "o.npz"),
+    )  # fmt: skip
+    assert code == 0 and "simulated (dynamic schedule)" in out
+    assert "  C: matches, max |error|" in out and "  A: matches, max |error| 0 " in out
+
+
+def test_a_tensor_that_differs_from_the_reference_fails_the_run(tmp_path, capsys):
+    run(capsys, "--symbols", "n=9", "--simulate", "-o", str(tmp_path / "o.npz"))
+    ref = dict(np.load(tmp_path / "o.npz"))
+    ref["C"] = ref["C"].copy()
+    ref["C"][4] += 0.5
+    np.savez(tmp_path / "bad.npz", **ref)
+    code, out, _ = run(
+        capsys, "--symbols", "n=9", "--simulate", "--expect", str(tmp_path / "bad.npz")
+    )
+    assert code == 1
+    compared = out.split("against the reference:\n")[1]
+    line = next(x for x in compared.splitlines() if x.startswith("  C:"))
+    assert "1 of 9 elements differ" in line and "first at (4,)" in line
+    # Only the tensors asked for are compared.
+    code, out, _ = run(
+        capsys, "--symbols", "n=9", "--simulate", "--expect", str(tmp_path / "bad.npz"),
+        "--compare", "A,B",
+    )  # fmt: skip
+    assert code == 0 and "  C:" not in out.split("against the reference:")[1]
+    # A looser tolerance lets the difference pass.
+    code, _, _ = run(
+        capsys, "--symbols", "n=9", "--simulate", "--expect", str(tmp_path / "bad.npz"),
+        "--atol", "0.6",
+    )  # fmt: skip
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--symbols", "m=3", "--simulate"], "graph 'splitk' has no symbol 'm'"),
+        (["--simulate"], "no value given for symbol 'n'"),
+        (["--symbols", "n=3", "--simulate", "--compare", "C"], "names tensors of --check or"),
+        (["--symbols", "n=3", "--simulate", "--check"], "not with --simulate"),
+        (["--symbols", "n=3", "--check", "--compare", "Z"], "'Z' is no tensor of the kernel"),
+        (["--symbols", "n=3", "--simulate", "--inputs", "missing.npz"], "cannot read it as an"),
+    ],
+)
+def test_bad_run_options_are_one_error_line(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 1 and out == "" and err.startswith("etc: ") and message in err
+
+
+def test_inputs_of_the_wrong_shape_type_or_name_are_named(tmp_path, capsys):
+    for name, array, message in [
+        (
+            "A",
+            np.zeros((3, 255), np.float32),
+            "input 'A': shape (3, 255), the kernel takes (3, 256)",
+        ),
+        ("A", np.zeros((3, 256), np.float64), "input 'A': dtype float64, the kernel takes f32"),
+        ("Q", np.zeros(3, np.float32), "inputs name 'Q', which the kernel does not take"),
+    ]:
+        np.savez(tmp_path / "i.npz", **{name: array})
+        code, _, err = run(
+            capsys, "--symbols", "n=3", "--simulate", "--inputs", str(tmp_path / "i.npz")
+        )
+        assert code == 1 and message in err
+    np.savez(tmp_path / "ref.npz", C=np.zeros(3, np.float32))
+    code, out, err = run(
+        capsys,
+        "--symbols",
+        "n=3",
+        "--simulate",
+        "--expect",
+        str(tmp_path / "ref.npz"),
+        "--compare",
+        "B",
+    )
+    assert code == 1 and out == "" and "the reference has no 'B'" in err
+
+
+def test_sources_and_options_that_do_not_go_together(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="neither an artifact directory nor MODULE:FUNCTION"):
+        cli.main(["run", str(tmp_path / "none"), "--symbols", "n=1"])
+    with pytest.raises(SystemExit, match="--schedule is for a graph"):
+        cli.main(["run", str(tmp_path), "--schedule", "dynamic"])
+    with pytest.raises(SystemExit, match="no --device with it"):
+        cli.main(["run", SPLITK, "--simulate", "--device", "1"])
+    with pytest.raises(SystemExit, match="returned str, not a Graph"):
+        cli.main(["run", "os:getcwd"])  # a callable that is no builder
+    capsys.readouterr()
+    assert cli.main(["run", str(tmp_path), "--symbols", "n=1", "--simulate"]) == 1
+    assert "--simulate needs a graph" in capsys.readouterr().err
+
+
+def test_made_up_inputs_by_element_type():
+    buffers = [
+        runner.Buffer("w", "bf16", (3, 5)),
+        runner.Buffer("x", "f32", (1000,)),
+        runner.Buffer("ids", "i32", (4,)),
+        runner.Buffer("count", "f32", (2,), kept_zero=True),
+    ]
+    a = runner.make_inputs(buffers, seed=1, scale=0.25)
+    assert a["w"].dtype == np.uint16 and a["x"].dtype == np.float32
+    w = etc.bf16_to_f32(a["w"])
+    assert -0.25 <= w.min() and w.max() <= 0.25 and np.unique(w).size > 5
+    assert -0.25 <= a["x"].min() and a["x"].max() < 0.25
+    assert not a["ids"].any() and not a["count"].any()
+    again = runner.make_inputs(buffers, seed=1, scale=0.25)
+    assert all(np.array_equal(a[k], again[k]) for k in a)
+    # A tensor given keeps the others' values; bf16 given as floats is rounded.
+    given = runner.make_inputs(
+        buffers, {"w": np.full((3, 5), 1.00390625, np.float32)}, seed=1, scale=0.25
+    )
+    assert np.array_equal(given["x"], a["x"])
+    assert (given["w"] == etc.f32_to_bf16(np.float32(1.0))).all()
+
+
+def test_made_up_inputs_in_chunks_match_one_draw(monkeypatch):
+    b = [runner.Buffer("x", "f32", (10, 7))]
+    whole = runner.make_inputs(b, seed=5)["x"]
+    monkeypatch.setattr(runner, "_CHUNK", 16)
+    chunked = runner.make_inputs(b, seed=5)["x"]
+    assert np.array_equal(chunked, whole) and np.unique(whole).size == 70
+
+
+def test_comparison_by_element_type():
+    buffers = [runner.Buffer("f", "f32", (4,)), runner.Buffer("i", "i32", (2,))]
+    got = {"f": np.array([1, np.nan, 3, 4], np.float32), "i": np.array([1, 2], np.int32)}
+    lines, problems = runner.compare(got, {"f": got["f"] * 1.00001, "i": got["i"]}, buffers)
+    assert problems == [] and lines[0].startswith("f: matches")  # NaN matches NaN
+    _, problems = runner.compare(got, {"i": np.array([1, 3], np.int32)}, buffers)
+    assert problems == ["i: 1 of 2 elements differ; first at (1,): 2 against 3"]
+    _, problems = runner.compare(got, {"f": np.array([1, 2, 3, 4], np.float32)}, buffers)
+    assert problems and problems[0].startswith("f: 1 of 4 elements differ")
+    _, problems = runner.compare(got, {"i": np.zeros(3, np.int32)}, buffers)
+    assert problems == ["i: the reference's shape (3,) is not (2,)"]
+
+
+def test_an_artifact_runs_only_where_a_gpu_is(tmp_path, capsys):
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    from etc.runtime import driver
+
+    if driver.device_count():
+        pytest.skip("a GPU is here: test/gpu/test_cli_gpu.py runs the artifact")
+    assert cli.main(["compile", SPLITK, "-o", str(tmp_path / "art")]) == 0
+    capsys.readouterr()
+    for command in ("run", "bench"):
+        assert cli.main([command, str(tmp_path / "art"), "--symbols", "n=4"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("etc: cuInit: no CUDA driver") and err.count("\n") == 1
+    # The artifact's symbols are checked before any device is asked for.
+    assert cli.main(["run", str(tmp_path / "art"), "--symbols", "k=4"]) == 1
+    assert "symbol" in capsys.readouterr().err
+
+
+def test_a_bucketed_artifact_gives_the_buffers_of_the_kernel_its_symbols_pick(tmp_path):
+    pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    from etc.tiles import rowsum
+
+    def graph(bound):
+        g = etc.Graph("bucketed")
+        n = g.symbol("n", max=bound)
+        x, y = g.tensor("x", (n, 4), "f32"), g.tensor("y", (n,), "f32")
+        g.task(rowsum.final_sum(1, 4), grid=(n,), args=(x, y))
+        return g
+
+    etc.compile_buckets("n", [(4, graph(4)), (None, graph(None))], cubin=False).save(tmp_path)
+    source = runner.Source(directory=tmp_path)
+    assert [(b.name, b.shape) for b in source.buffers({"n": 3})] == [("x", (3, 4)), ("y", (3,))]
+    # Past the first kernel's bound of 4: the second kernel's manifest checks it.
+    assert [b.shape for b in source.buffers({"n": 9})] == [(9, 4), (9,)]
+    with pytest.raises(etc.ShapeError, match="'n' = 9 is above 4"):
+        runner.Source(directory=tmp_path / "bucket0").buffers({"n": 9})
+    with pytest.raises(etc.LaunchError, match="symbol 'n' picks the kernel"):
+        source.buffers({})
+
+
+def test_bench_refuses_bad_counts_before_loading_anything():
+    source = runner.Source(directory=REPO / "nowhere")
+    for kwargs, message in [
+        ({"reps": 0}, "reps must be >= 1"),
+        ({"calls": 0}, "calls must be >= 1"),
+        ({"warmup": -1}, "warmup must be >= 0"),
+        ({"sets": 0}, "sets must be in 1..64"),
+        ({"spin_ms": 0}, "the spin must be > 0 ms"),
+    ]:
+        with pytest.raises(etc.EtcError, match=message):
+            runner.bench(source, {"n": 1}, **kwargs)
+
+
+class _FakeStream:
+    """Events that say each round took `ms`; spins recorded."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms, self.spins = ms, []
+
+    def time(self, enqueue, after):
+        enqueue()
+        after()
+        return self.ms
+
+    def spin(self, ns):
+        self.spins.append(ns)
+
+
+def test_time_launches_takes_a_sample_a_round():
+    launched, checks = [], []
+    stream = _FakeStream(2.0)
+    gpu, host = timing.time_launches(launched.append, lambda: checks.append(1), stream, 4, 3, 2)
+    assert launched == list(range(20)) and len(checks) == 5  # 2 warm-up rounds, 3 timed
+    assert gpu.us == (500.0, 500.0, 500.0) and gpu.median == 500.0 and len(host.us) == 3
+    assert stream.spins == []
+    gpu, _ = timing.time_launches(launched.append, lambda: None, stream, 4, 3, 0, spin_ns=10**9)
+    assert stream.spins == [10**9] * 3
+    s = timing.Samples((5.0, 1.0, 3.0, 2.0, 4.0))
+    assert s.median == 3.0 and s.quantile(0.0) == 1.0 and s.quantile(1.0) == 5.0
+    assert s.as_dict()["p90_us"] == 5.0 and s.as_dict()["min_us"] == 1.0
+
+
+def test_a_round_that_outlasts_the_spin_is_refused():
+    import time
+
+    def slow(i):
+        time.sleep(0.002)
+
+    with pytest.raises(etc.LaunchError, match="longer than the 1 ms spin"):
+        timing.time_launches(slow, lambda: None, _FakeStream(1.0), 2, 1, 0, spin_ns=10**6)
+
+
+def test_the_runner_imports_neither_the_compiler_nor_the_bindings():
+    code = (
+        "import sys, etc.runner, etc.runtime.timing; "
+        "bad = [m for m in sys.modules if m.startswith(('etc.compiler', 'etc._mlir_libs'))]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_times_the_kernel_that_nested_buckets_pick():
+    from etc.runtime.buckets import BucketedKernel
+
+    small, middle, large = object(), object(), object()
+    inner = BucketedKernel("L", [1024, None], [small, middle])
+    outer = BucketedKernel("B", [1, None], [inner, large])
+    assert runner.leaf_kernel(outer, {"B": 1, "L": 2000}) is middle
+    assert runner.leaf_kernel(outer, {"B": 1, "L": 5}) is small
+    assert runner.leaf_kernel(outer, {"B": 9, "L": 5}) is large
+    assert runner.leaf_kernel(small, {}) is small
