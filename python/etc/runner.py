@@ -438,10 +438,15 @@ def bench(
         )
         copy_bps = timing.copy_bandwidth(stream)
     finally:
-        driver.synchronize(stream.handle)
-        for buf in owned:
-            buf.release()
-        stream.close()
+        # A launch still running (a timeout past the watchdog) keeps its
+        # buffers and stream: freeing them would wait for it, forever.
+        if stream.idle():
+            for buf in owned:
+                buf.release()
+            stream.close()
+        else:
+            for buf in owned:
+                buf.ptr = 0
     tensor_bps = per_set / (gpu.median * 1e-6) if gpu.median > 0 else float("inf")
     result = {
         "symbols": dict(symbols),

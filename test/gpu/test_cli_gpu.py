@@ -104,3 +104,14 @@ def test_bench_a_symbolic_batch_and_refuse_a_bad_symbol():
     assert done.returncode == 0, done.stderr
     done = etc_command("bench", artifact("symbolic_batch"), "--symbols", "c=8")
     assert done.returncode == 1 and done.stderr.startswith("etc: ") and "'c'" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_a_launch_past_its_timeout_is_one_error_line_and_the_command_ends(command):
+    """A 1 µs bound: the first look at the stream finds the kernel running.
+    The command reports it and exits without waiting for the stream."""
+    done = etc_command(
+        command, artifact("moe_small_static"), "--symbols", "T=64", "--timeout", "1e-6"
+    )
+    assert done.returncode == 1 and done.stderr.startswith("etc: "), done.stderr
+    assert "did not finish within 1e-06 s" in done.stderr and done.stderr.count("\n") == 1

@@ -290,3 +290,40 @@ def test_bench_times_the_kernel_that_nested_buckets_pick():
     assert runner.leaf_kernel(outer, {"B": 1, "L": 5}) is small
     assert runner.leaf_kernel(outer, {"B": 9, "L": 5}) is large
     assert runner.leaf_kernel(small, {}) is small
+
+
+class _FakeKernel:
+    """Stands in for the GPU: computes the split-K sums itself, one of C's
+    rows wrong when `wrong` is set."""
+
+    def __init__(self, wrong: bool) -> None:
+        self.wrong, self.launched = wrong, []
+
+    def launch(self, arrays, symbols):
+        self.launched.append(dict(symbols))
+        a = arrays["A"]
+        arrays["B"][...] = a.reshape(a.shape[0], 4, -1).sum(2)
+        arrays["C"][...] = arrays["B"].sum(1) + (1.0 if self.wrong else 0.0) * (
+            np.arange(a.shape[0]) == 2
+        )
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_check_compares_the_gpu_run_with_the_simulator(monkeypatch, capsys, wrong):
+    kernel = _FakeKernel(wrong)
+    loads = []
+
+    def load(self, device, timeout, max_polls):
+        loads.append((self.schedule, device, timeout, max_polls))
+        return kernel
+
+    monkeypatch.setattr(runner.Source, "load", load)
+    code, out, _ = run(
+        capsys, "--symbols", "n=5", "--check", "--schedule", "dynamic", "--device", "0",
+        "--max-polls", "99",
+    )  # fmt: skip
+    assert loads == [("dynamic", 0, 120.0, 99)] and kernel.launched == [{"n": 5}]
+    assert out.startswith("ran on the GPU with n=5:") and "against the simulator:" in out
+    assert code == int(wrong)
+    c_line = next(x for x in out.split("against the simulator:\n")[1].splitlines() if "C:" in x)
+    assert ("1 of 5 elements differ" in c_line and "first at (2,)" in c_line) == wrong

@@ -107,6 +107,10 @@ class Stream:
         )
         driver.check(err, "cuLaunchKernel(etc_spin)")
 
+    def idle(self) -> bool:
+        """Whether the stream's work has ended (failed work counts as ended)."""
+        return driver.cu.cuStreamQuery(self.handle)[0] != driver.cu.CUresult.CUDA_ERROR_NOT_READY
+
     def close(self) -> None:
         cu = driver.cu
         for event in (self._start, self._end):
