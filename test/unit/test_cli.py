@@ -89,17 +89,11 @@ def test_trace_conversion(tmp_path, capsys):
 
 def test_info_on_a_bucketed_artifact_shows_each_kernel_and_its_range(tmp_path, capsys):
     pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
+    from unit_helpers import bucketed_rowsum
+
     import etc
-    from etc.tiles import rowsum
 
-    def graph(bound):
-        g = etc.Graph("bucketed")
-        n = g.symbol("n", max=bound)
-        x, y = g.tensor("x", (n, 4), "f32"), g.tensor("y", (n,), "f32")
-        g.task(rowsum.final_sum(1, 4), grid=(n,), args=(x, y))
-        return g
-
-    etc.compile_buckets("n", [(4, graph(4)), (None, graph(None))], cubin=False).save(tmp_path)
+    bucketed_rowsum(tmp_path)
     assert cli.main(["info", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "bucket0 (n <= 4):" in text and "bucket1 (n >= 5):" in text

@@ -199,16 +199,9 @@ def test_an_artifact_runs_only_where_a_gpu_is(tmp_path, capsys):
 
 def test_a_bucketed_artifact_gives_the_buffers_of_the_kernel_its_symbols_pick(tmp_path):
     pytest.importorskip("etc._mlir_libs._etcDialects", reason="the MLIR bindings are not built")
-    from etc.tiles import rowsum
+    from unit_helpers import bucketed_rowsum
 
-    def graph(bound):
-        g = etc.Graph("bucketed")
-        n = g.symbol("n", max=bound)
-        x, y = g.tensor("x", (n, 4), "f32"), g.tensor("y", (n,), "f32")
-        g.task(rowsum.final_sum(1, 4), grid=(n,), args=(x, y))
-        return g
-
-    etc.compile_buckets("n", [(4, graph(4)), (None, graph(None))], cubin=False).save(tmp_path)
+    bucketed_rowsum(tmp_path)
     source = runner.Source(directory=tmp_path)
     assert [(b.name, b.shape) for b in source.buffers({"n": 3})] == [("x", (3, 4)), ("y", (3,))]
     # Past the first kernel's bound of 4: the second kernel's manifest checks it.

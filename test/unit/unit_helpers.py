@@ -158,6 +158,21 @@ def two_symbols(width: int = 4, m_max: int | None = None) -> etc.Graph:
     return g
 
 
+def bucketed_rowsum(tmp_path: Path) -> Path:
+    """Saves, in ``tmp_path``, the row sum ``y = x.sum(1)`` compiled once for
+    ``n <= 4`` and once for more (``etc.compile_buckets``)."""
+
+    def graph(bound: int | None) -> etc.Graph:
+        g = etc.Graph("bucketed")
+        n = g.symbol("n", max=bound)
+        x, y = g.tensor("x", (n, 4), "f32"), g.tensor("y", (n,), "f32")
+        g.task(final_sum(1, 4), grid=(n,), args=(x, y))
+        return g
+
+    etc.compile_buckets("n", [(4, graph(4)), (None, graph(None))], cubin=False).save(tmp_path)
+    return tmp_path
+
+
 def check_decoder_step(cfg, B: int, L: int, seed: int = 5) -> None:
     """One simulated step of ``cfg``'s decoder graph (tokens ``11 * b``)
     against ``etc.models.llama.reference_step``: logits within 1e-2, the
