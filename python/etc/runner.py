@@ -15,6 +15,7 @@ buffer). ``bf16`` tensors are uint16 bits in memory and in ``.npz`` files; an
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -266,6 +267,12 @@ class Source:
     schedule: str | None = None
     target: str = "sm_90"
 
+    @property
+    def label(self) -> str:
+        if self.graph is not None:
+            return f"graph '{self.graph.name}' ({self.schedule or 'static'} schedule)"
+        return str(self.directory)
+
     def buffers(self, symbols: Mapping[str, int]) -> list[Buffer]:
         if self.graph is not None:
             return graph_buffers(self.graph, symbols)
@@ -449,6 +456,13 @@ def bench(
                 buf.ptr = 0
     tensor_bps = per_set / (gpu.median * 1e-6) if gpu.median > 0 else float("inf")
     result = {
+        "source": source.label,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "method": (
+            f"CUDA events around {calls} launches back to back, median of {reps} rounds "
+            f"after {warmup}; 'gpu': behind a {spin_ms:g} ms spin kernel; inputs made up "
+            f"(seed {seed}, scale {scale:g}) or given, {sets} set(s) in turn"
+        ),
         "symbols": dict(symbols),
         "device": dev.name,
         "calls": calls,

@@ -97,6 +97,7 @@ def test_bench_an_artifact(tmp_path):
     assert 0 < gpu < 10_000 and eager > 0.5 * gpu and len(f["gpu"]["samples_us"]) == 5
     assert f["copy_bandwidth_Bps"] > 2e11 and f["tensor_bytes"] == 4096 * (256 + 4 + 1) * 4
     assert f["sets"] >= 1 and "GPU alone" in done.stdout
+    assert f["source"].endswith("splitk") and "CUDA events" in f["method"] and f["date"]
 
 
 def test_bench_a_symbolic_batch_and_refuse_a_bad_symbol():
