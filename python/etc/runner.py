@@ -341,14 +341,12 @@ def run(
     arrays = make_inputs(buffers, inputs, seed, scale)
     if save_inputs is not None:
         write_npz(save_inputs, arrays)
+    from .simulator import simulate as run_simulator
+
     reference = None
     if check:  # the simulator's copy, before the run writes into the arrays
-        from .simulator import simulate as run_simulator
-
         reference = run_simulator(source.graph, arrays, symbols, schedule="static")
     if simulate:
-        from .simulator import simulate as run_simulator
-
         result = run_simulator(source.graph, arrays, symbols, schedule=source.schedule or "static")
         where = f"simulated ({source.schedule or 'static'} schedule)"
     else:
