@@ -223,7 +223,10 @@ def _source_options() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--target", default="sm_90", help="a graph's target (sm_90)")
     p.add_argument("--device", type=int, help="the CUDA device (0)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds a launch may take (120)")
+    p.add_argument(
+        "--timeout", type=float, default=120.0,
+        help="seconds a launch may take (120; 0: no bound)",
+    )  # fmt: skip
     p.add_argument(
         "--max-polls", type=int,
         help="the watchdog's bound on every wait (default: the artifact's)",
@@ -241,6 +244,10 @@ def _names(text: str) -> list[str]:
 def _run_or_bench(args: argparse.Namespace) -> int:
     from etc import runner
 
+    if not 0 <= args.timeout < math.inf:
+        raise SystemExit(f"etc: --timeout must be seconds >= 0 (0: no bound), got {args.timeout}")
+    if args.max_polls is not None and args.max_polls < 1:
+        raise SystemExit(f"etc: --max-polls must be >= 1, got {args.max_polls}")
     path = Path(args.source)
     if path.is_dir():
         if args.schedule is not None:
@@ -257,7 +264,7 @@ def _run_or_bench(args: argparse.Namespace) -> int:
     inputs = runner.read_npz(args.inputs) if args.inputs else None
     common = dict(
         inputs=inputs, seed=args.seed, scale=args.scale, device=args.device,
-        timeout=args.timeout, max_polls=args.max_polls,
+        timeout=args.timeout or None, max_polls=args.max_polls,
     )  # fmt: skip
     if args.command == "bench":
         figures = runner.bench(

@@ -127,6 +127,12 @@ def test_sources_and_options_that_do_not_go_together(tmp_path, capsys):
         cli.main(["run", str(tmp_path / "none"), "--symbols", "n=1"])
     with pytest.raises(SystemExit, match="--schedule is for a graph"):
         cli.main(["run", str(tmp_path), "--schedule", "dynamic"])
+    with pytest.raises(SystemExit, match="--timeout must be seconds >= 0"):
+        cli.main(["run", SPLITK, "--timeout", "-1"])
+    with pytest.raises(SystemExit, match="--timeout must be seconds >= 0"):
+        cli.main(["bench", SPLITK, "--timeout", "nan"])
+    with pytest.raises(SystemExit, match="--max-polls must be >= 1, got 0"):
+        cli.main(["bench", SPLITK, "--max-polls", "0"])
     with pytest.raises(SystemExit, match="no --device with it"):
         cli.main(["run", SPLITK, "--simulate", "--device", "1"])
     with pytest.raises(SystemExit, match="returned str, not a Graph"):
