@@ -107,6 +107,10 @@ def make_inputs(
 ) -> dict[str, np.ndarray]:
     """An array per buffer: ``given[name]`` where given (checked and, for a
     ``bf16`` buffer given floats, rounded), else made up (see the module)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise EtcError(f"the seed must be an int >= 0, got {seed!r}")
+    if not math.isfinite(scale):
+        raise EtcError(f"the scale must be a finite number, got {scale!r}")
     given = dict(given or {})
     known = {b.name for b in buffers}
     unknown = sorted(set(given) - known)

@@ -86,6 +86,8 @@ def test_a_tensor_that_differs_from_the_reference_fails_the_run(tmp_path, capsys
         (["--symbols", "n=3", "--simulate", "--check"], "not with --simulate"),
         (["--symbols", "n=3", "--check", "--compare", "Z"], "'Z' is no tensor of the kernel"),
         (["--symbols", "n=3", "--simulate", "--inputs", "missing.npz"], "cannot read it as an"),
+        (["--symbols", "n=3", "--simulate", "--seed", "-1"], "the seed must be an int >= 0"),
+        (["--symbols", "n=3", "--simulate", "--scale", "inf"], "the scale must be a finite"),
     ],
 )
 def test_bad_run_options_are_one_error_line(capsys, args, message):
