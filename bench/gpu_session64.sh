@@ -6,7 +6,7 @@
 # card and stops, since the table's H100 rows are already measured (item 279).
 # `cli`: `etc run` and `etc bench` as commands: test/gpu/test_cli_gpu.py over
 # .device/s64/cli (python test/gpu/make_artifacts.py .device/s64/cli --only
-# 'splitk$,broken$,symbolic_batch,moe_small_static$'), then the decoder's
+# 'splitk$,broken$,symbolic_batch,moe_small_static$,splitk_traced_static$'), then the decoder's
 # static artifact run once and timed by `etc bench` at B = 1 and 64, L = 1024,
 # against bench/decode.py's timing of the same artifact in the same call
 # (B = 1 and 64, no torch.compile).

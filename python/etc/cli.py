@@ -124,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--atol", type=float, help="absolute tolerance (default: by element type)")
     run.add_argument("--save-inputs", type=Path, metavar="IN.npz", help="write the inputs used")
     run.add_argument("-o", "--output", type=Path, metavar="OUT.npz", help="write every tensor")
+    run.add_argument(
+        "--trace", type=Path, metavar="OUT.json",
+        help="write the launch's timeline (Chrome/Perfetto JSON; a graph is compiled with "
+        "trace=True, an artifact must have been)",
+    )  # fmt: skip
     bench = commands.add_parser(
         "bench", help="time a graph's or an artifact's launches on the GPU",
         parents=[_source_options()],
@@ -256,7 +261,10 @@ def _run_or_bench(args: argparse.Namespace) -> int:
             )
         source = runner.Source(directory=path, target=args.target)
     elif ":" in args.source:
-        source = runner.Source(_graph(args.source), schedule=args.schedule, target=args.target)
+        source = runner.Source(
+            _graph(args.source), schedule=args.schedule, target=args.target,
+            trace=getattr(args, "trace", None) is not None,
+        )  # fmt: skip
     else:
         raise SystemExit(
             f"etc: {args.source!r} is neither an artifact directory nor MODULE:FUNCTION"
@@ -282,7 +290,7 @@ def _run_or_bench(args: argparse.Namespace) -> int:
     return runner.run(
         source, args.symbols, simulate=args.simulate, check=args.check, expect=expect,
         names=args.compare, rtol=args.rtol, atol=args.atol, save_inputs=args.save_inputs,
-        output=args.output, **common,
+        output=args.output, trace=args.trace, **common,
     )  # fmt: skip
 
 

@@ -270,6 +270,8 @@ class Source:
     directory: Path | None = None
     schedule: str | None = None
     target: str = "sm_90"
+    #: Compile a graph with ``trace=True`` (an artifact keeps its own).
+    trace: bool = False
 
     @property
     def label(self) -> str:
@@ -291,7 +293,9 @@ class Source:
         driver.get_device(device or 0)  # no GPU: say so before compiling
         from .compiler import compile as compile_graph
 
-        artifact = compile_graph(self.graph, schedule=self.schedule or "static", target=self.target)
+        artifact = compile_graph(
+            self.graph, schedule=self.schedule or "static", target=self.target, trace=self.trace
+        )
         return artifact.load(device=device, timeout=timeout, max_polls=max_polls)
 
 
@@ -321,11 +325,14 @@ def run(
     max_polls: int | None = None,
     save_inputs: Path | None = None,
     output: Path | None = None,
+    trace: Path | None = None,
     say: Callable[[str], None] = print,
 ) -> int:
     """``etc run``: runs once, prints each tensor's summary and, with
     ``check`` (the simulator's result, graphs only) or ``expect`` (a saved
-    reference), the comparison; returns 1 when a compared tensor differs."""
+    reference), the comparison; with ``trace``, writes the launch's
+    timeline there (Chrome/Perfetto JSON); returns 1 when a compared tensor
+    differs."""
     if simulate and source.graph is None:
         raise EtcError("--simulate needs a graph (MODULE:FUNCTION), not an artifact directory")
     if check and simulate:
@@ -335,6 +342,15 @@ def run(
             "--check simulates the graph, so it needs MODULE:FUNCTION; for an artifact, "
             "compare with a saved reference (--expect REF.npz)"
         )
+    if trace is not None and simulate:
+        raise EtcError("--trace records a GPU launch: not with --simulate")
+    if trace is not None and source.graph is None:
+        m = artifact_manifest(source.directory, symbols)
+        if not m.traced:
+            raise EtcError(
+                f"{source.directory}: compiled without trace=True, so it records no timeline "
+                "(etc.compile(g, trace=True))"
+            )
     buffers = source.buffers(symbols)
     if names is not None and not (check or expect is not None):
         raise EtcError("compare: names tensors of --check or --expect; give one")
@@ -350,6 +366,7 @@ def run(
     reference = None
     if check:  # the simulator's copy, before the run writes into the arrays
         reference = run_simulator(source.graph, arrays, symbols, schedule="static")
+    timeline = None
     if simulate:
         result = run_simulator(source.graph, arrays, symbols, schedule=source.schedule or "static")
         where = f"simulated ({source.schedule or 'static'} schedule)"
@@ -358,6 +375,7 @@ def run(
         kernel.launch(arrays, symbols)  # numpy arrays: synchronous, outputs copied back
         result = arrays
         where = "ran on the GPU"
+        timeline = kernel.trace() if trace is not None else None
     say(f"{where} with {', '.join(f'{k}={v}' for k, v in symbols.items()) or 'no symbols'}:")
     by_name = {b.name: b for b in buffers}
     for b in buffers:
@@ -373,6 +391,9 @@ def run(
         problems += found
     if output is not None:
         write_npz(output, {n: result[n] for n in by_name})
+    if timeline is not None:
+        timeline.to_chrome(trace)
+        say(f"{trace}: {len(timeline)} task instances ({timeline.dropped} dropped)")
     return 1 if problems else 0
 
 

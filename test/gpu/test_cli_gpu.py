@@ -1,6 +1,6 @@
 """`etc run` and `etc bench` on a real GPU, as commands, over artifacts from
 ``$ETC_ARTIFACTS`` (``python test/gpu/make_artifacts.py DIR --only
-splitk$,broken$,symbolic_batch,moe_small_static$``)."""
+splitk$,broken$,symbolic_batch,moe_small_static$,splitk_traced_static$``)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,18 @@ def test_run_an_artifact_on_made_up_inputs(tmp_path):
     done = etc_command(*again)
     assert done.returncode == 1
     assert "C: 1 of 1000 elements differ" in done.stdout and "first at (17,)" in done.stdout
+
+
+def test_run_writes_a_traced_artifacts_timeline(tmp_path):
+    done = etc_command(
+        "run", artifact("splitk_traced_static"), "--symbols", "n=100", "--trace",
+        str(tmp_path / "t.json"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"{tmp_path / 't.json'}: 500 task instances (0 dropped)" in done.stdout
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    names = [e["name"] for e in events if e.get("ph") == "X"]
+    assert names.count("final_sum") == 100 and len(names) == 500
 
 
 def test_a_deadlock_is_one_error_line_and_the_command_ends(tmp_path):

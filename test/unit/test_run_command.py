@@ -87,6 +87,7 @@ def test_a_tensor_that_differs_from_the_reference_fails_the_run(tmp_path, capsys
         (["--symbols", "n=3", "--check", "--compare", "Z"], "'Z' is no tensor of the kernel"),
         (["--symbols", "n=3", "--simulate", "--inputs", "missing.npz"], "cannot read it as an"),
         (["--symbols", "n=3", "--simulate", "--seed", "-1"], "the seed must be an int >= 0"),
+        (["--symbols", "n=3", "--simulate", "--trace", "t.json"], "records a GPU launch"),
         (["--symbols", "n=3", "--simulate", "--scale", "inf"], "the scale must be a finite"),
     ],
 )
@@ -200,6 +201,9 @@ def test_an_artifact_runs_only_where_a_gpu_is(tmp_path, capsys):
         assert cli.main([command, str(tmp_path / "art"), "--symbols", "n=4"]) == 1
         err = capsys.readouterr().err
         assert err.startswith("etc: cuInit: no CUDA driver") and err.count("\n") == 1
+    # A timeline needs an artifact that records one.
+    assert cli.main(["run", str(tmp_path / "art"), "--symbols", "n=4", "--trace", "t.json"]) == 1
+    assert "compiled without trace=True, so it records no timeline" in capsys.readouterr().err
     # The artifact's symbols are checked before any device is asked for.
     assert cli.main(["run", str(tmp_path / "art"), "--symbols", "k=4"]) == 1
     assert "symbol" in capsys.readouterr().err
@@ -315,7 +319,7 @@ def test_check_compares_the_gpu_run_with_the_simulator(monkeypatch, capsys, wron
     loads = []
 
     def load(self, device, timeout, max_polls):
-        loads.append((self.schedule, device, timeout, max_polls))
+        loads.append((self.schedule, self.trace, device, timeout, max_polls))
         return kernel
 
     monkeypatch.setattr(runner.Source, "load", load)
@@ -323,7 +327,7 @@ def test_check_compares_the_gpu_run_with_the_simulator(monkeypatch, capsys, wron
         capsys, "--symbols", "n=5", "--check", "--schedule", "dynamic", "--device", "0",
         "--max-polls", "99",
     )  # fmt: skip
-    assert loads == [("dynamic", 0, 120.0, 99)] and kernel.launched == [{"n": 5}]
+    assert loads == [("dynamic", False, 0, 120.0, 99)] and kernel.launched == [{"n": 5}]
     assert out.startswith("ran on the GPU with n=5:") and "against the simulator:" in out
     assert code == int(wrong)
     c_line = next(x for x in out.split("against the simulator:\n")[1].splitlines() if "C:" in x)
