@@ -120,12 +120,16 @@ def torch_dtype(spec: Any) -> Any:
 def f32_to_bf16(values: Any) -> np.ndarray:
     """Round float values to bfloat16 (nearest even) and return the uint16 bits."""
     f = np.asarray(values, dtype=np.float32)
-    flat = np.ascontiguousarray(f.reshape(-1))
-    bits = flat.view(np.uint32).astype(np.uint64)
-    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    bits = np.ascontiguousarray(f.reshape(-1)).view(np.uint32)
+    # In 32 bits: only NaNs' payloads can carry past the top, and they are redone below.
+    one = np.uint32(1)
+    out = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & one)) >> np.uint32(16)).astype(
+        np.uint16
+    )
     # NaN must stay NaN (rounding could carry it into infinity): keep a quiet NaN.
-    nan = np.isnan(flat)
-    out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    nan = np.isnan(f.reshape(-1))
+    if nan.any():
+        out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
     return out.reshape(f.shape)
 
 
