@@ -156,10 +156,14 @@ def _given(b: Buffer, value: Any) -> np.ndarray:
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The named arrays of an ``.npz`` file (``np.savez``)."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise EtcError(f"{path}: one array, not an .npz of named arrays (np.savez)")
+        with data:
             return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:
         raise EtcError(f"{path}: cannot read it as an .npz of arrays: {e}") from None
 
 
@@ -258,7 +262,10 @@ def check_names(
 
 
 def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    np.savez(path, **arrays)
+    """Writes ``arrays`` to exactly ``path`` (``np.savez`` alone would add
+    ``.npz`` to a name without it)."""
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 @dataclass

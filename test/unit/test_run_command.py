@@ -96,6 +96,24 @@ def test_bad_run_options_are_one_error_line(capsys, args, message):
     assert code == 1 and out == "" and err.startswith("etc: ") and message in err
 
 
+def test_files_that_are_no_npz_are_named(tmp_path, capsys):
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    (tmp_path / "text.npz").write_text("not a zip")
+    np.savez(tmp_path / "objects.npz", A=np.array([{}], dtype=object))
+    for name, message in [
+        ("one.npy", "one array, not an .npz of named arrays"),
+        ("text.npz", "cannot read it as an .npz of arrays"),
+        ("objects.npz", "cannot read it as an .npz of arrays"),
+    ]:
+        code, out, err = run(
+            capsys, "--symbols", "n=3", "--simulate", "--inputs", str(tmp_path / name)
+        )
+        assert code == 1 and out == "" and message in err and err.count("\n") == 1
+    # -o writes the very path given, suffix or not.
+    code, _, _ = run(capsys, "--symbols", "n=3", "--simulate", "-o", str(tmp_path / "plain"))
+    assert code == 0 and set(np.load(tmp_path / "plain").files) == {"A", "B", "C"}
+
+
 def test_inputs_of_the_wrong_shape_type_or_name_are_named(tmp_path, capsys):
     for name, array, message in [
         (
