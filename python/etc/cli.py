@@ -18,10 +18,11 @@ etc run SOURCE --symbols NAME=N,... [--simulate] [--check] [--expect REF.npz]
     GPU) or an artifact directory (GPU) once on made-up or given inputs;
     print each tensor's range, compare with the simulator or a reference
     (exit status 1 when a tensor differs), save the tensors (-o OUT.npz)
-etc bench SOURCE --symbols NAME=N,... [--reps N] [--calls N] [--json FILE]
+etc bench SOURCE [SOURCE...] --symbols NAME=N,... [--passes N] [--json FILE]
     time launches on the GPU with CUDA events: launch to launch as a Python
     loop sees it, the GPU's time alone, the host's enqueue cost, and the
-    device's copy bandwidth measured in the same run
+    device's copy bandwidth measured in the same run; several sources are
+    compared with the first in passes whose order rotates
 etc-opt ARGS...     the bundled optimizer driver (same as build/bin/etc-opt)
 """
 
@@ -130,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         "trace=True, an artifact must have been)",
     )  # fmt: skip
     bench = commands.add_parser(
-        "bench", help="time a graph's or an artifact's launches on the GPU",
-        parents=[_source_options()],
+        "bench", help="time a graph's or an artifact's launches on the GPU (or compare several)",
+        parents=[_source_options(several=True)],
     )  # fmt: skip
     bench.add_argument("--warmup", type=int, default=2, help="untimed rounds first (2)")
     bench.add_argument("--reps", type=int, default=20, help="timed rounds, one sample each (20)")
@@ -144,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--spin-ms", type=float, default=20.0,
         help="how long a spin kernel holds the stream while a round is enqueued (20)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--passes", type=int,
+        help="rounds over all the sources, the order rotated (default: 1, or 4 for several)",
     )  # fmt: skip
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
@@ -208,10 +213,14 @@ def _graph(spec: str) -> Any:
     return graph
 
 
-def _source_options() -> argparse.ArgumentParser:
+def _source_options(several: bool = False) -> argparse.ArgumentParser:
     """The options ``etc run`` and ``etc bench`` share."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("source", help="an artifact directory, or MODULE:FUNCTION returning a graph")
+    what = "an artifact directory, or MODULE:FUNCTION returning a graph"
+    if several:
+        p.add_argument("sources", nargs="+", metavar="source", help=f"{what}; several: compared")
+    else:
+        p.add_argument("source", help=what)
     p.add_argument(
         "--symbols", metavar="NAME=N,...", type=_symbol_values, default={},
         help="every symbol's value (e.g. n=1000)",
@@ -253,31 +262,19 @@ def _run_or_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"etc: --timeout must be seconds >= 0 (0: no bound), got {args.timeout}")
     if args.max_polls is not None and args.max_polls < 1:
         raise SystemExit(f"etc: --max-polls must be >= 1, got {args.max_polls}")
-    path = Path(args.source)
-    if path.is_dir():
-        if args.schedule is not None:
-            raise SystemExit(
-                f"etc: --schedule is for a graph; the artifact {path} has its schedule"
-            )
-        source = runner.Source(directory=path, target=args.target)
-    elif ":" in args.source:
-        source = runner.Source(
-            _graph(args.source), schedule=args.schedule, target=args.target,
-            trace=getattr(args, "trace", None) is not None,
-        )  # fmt: skip
-    else:
-        raise SystemExit(
-            f"etc: {args.source!r} is neither an artifact directory nor MODULE:FUNCTION"
-        )
+    trace = getattr(args, "trace", None) is not None
+    specs = args.sources if args.command == "bench" else [args.source]
+    sources = [_source(spec, args.schedule, args.target, trace) for spec in specs]
     inputs = runner.read_npz(args.inputs) if args.inputs else None
     common = dict(
         inputs=inputs, seed=args.seed, scale=args.scale, device=args.device,
         timeout=args.timeout or None, max_polls=args.max_polls,
     )  # fmt: skip
     if args.command == "bench":
+        passes = args.passes if args.passes is not None else (1 if len(sources) == 1 else 4)
         figures = runner.bench(
-            source, args.symbols, warmup=args.warmup, reps=args.reps, calls=args.calls,
-            sets=args.sets, spin_ms=args.spin_ms, **common,
+            sources, args.symbols, warmup=args.warmup, reps=args.reps, calls=args.calls,
+            sets=args.sets, spin_ms=args.spin_ms, passes=passes, **common,
         )  # fmt: skip
         if args.json:
             import json
@@ -288,10 +285,27 @@ def _run_or_bench(args: argparse.Namespace) -> int:
         raise SystemExit("etc: --simulate runs on the CPU: no --device with it")
     expect = runner.read_npz(args.expect) if args.expect else None
     return runner.run(
-        source, args.symbols, simulate=args.simulate, check=args.check, expect=expect,
+        sources[0], args.symbols, simulate=args.simulate, check=args.check, expect=expect,
         names=args.compare, rtol=args.rtol, atol=args.atol, save_inputs=args.save_inputs,
         output=args.output, trace=args.trace, **common,
     )  # fmt: skip
+
+
+def _source(spec: str, schedule: str | None, target: str, trace: bool) -> Any:
+    """What ``etc run`` or ``etc bench`` runs: an artifact directory or a
+    graph builder."""
+    from etc import runner
+
+    path = Path(spec)
+    if path.is_dir():
+        if schedule is not None:
+            raise SystemExit(
+                f"etc: --schedule is for a graph; the artifact {path} has its schedule"
+            )
+        return runner.Source(directory=path, target=target)
+    if ":" in spec:
+        return runner.Source(_graph(spec), schedule=schedule, target=target, trace=trace)
+    raise SystemExit(f"etc: {spec!r} is neither an artifact directory nor MODULE:FUNCTION")
 
 
 def _symbol_values(text: str) -> dict[str, int]:

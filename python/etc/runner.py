@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import datetime
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -404,8 +405,26 @@ def run(
     return 1 if problems else 0
 
 
+@dataclass
+class _Timed:
+    """A source ready to time: its kernel, its input sets on the device and
+    each pass's samples."""
+
+    source: Source
+    kernel: Any
+    per_set: int
+    sets: list[dict[str, int]] = field(default_factory=list)
+    passes: list[dict[str, Any]] = field(default_factory=list)
+
+    def pass_medians(self, what: str) -> list[float]:
+        return [p[what].median for p in self.passes]
+
+    def mean(self, what: str) -> float:
+        return statistics.fmean(self.pass_medians(what))
+
+
 def bench(
-    source: Source,
+    sources: Source | Sequence[Source],
     symbols: Mapping[str, int],
     *,
     inputs: Mapping[str, Any] | None = None,
@@ -419,60 +438,80 @@ def bench(
     calls: int = 10,
     sets: int | None = None,
     spin_ms: float = 20.0,
+    passes: int = 1,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """``etc bench``: times launches on the GPU (see :mod:`etc.runtime.timing`)
     over ``sets`` copies of the inputs taken in turn (by default enough to
     span twice the L2, at most 8, within half the free memory), after one
-    checked launch on each; returns and prints the figures."""
+    checked launch on each; returns and prints the figures. Several sources
+    (kernels to compare on the same inputs) are timed in ``passes`` rounds,
+    each pass timing every source, the order rotated from pass to pass, so a
+    drift of the GPU's pace over the run falls on all of them alike; each
+    is compared with the first by the mean of its passes' medians."""
     from .runtime import driver, timing
 
-    for what, v, low in (("warmup", warmup, 0), ("reps", reps, 1), ("calls", calls, 1)):
+    sources = [sources] if isinstance(sources, Source) else list(sources)
+    for what, v, low in (
+        ("warmup", warmup, 0), ("reps", reps, 1), ("calls", calls, 1), ("passes", passes, 1),
+        ("sources", len(sources), 1),
+    ):  # fmt: skip
         if v < low:
             raise EtcError(f"bench: {what} must be >= {low}, got {v}")
     if sets is not None and not 1 <= sets <= 64:
         raise EtcError(f"bench: sets must be in 1..64, got {sets}")
     if not spin_ms > 0:
         raise EtcError(f"bench: the spin must be > 0 ms, got {spin_ms}")
-    buffers = source.buffers(symbols)
-    kernel = source.load(device, timeout, max_polls)
-    dev = leaf_kernel(kernel, symbols).device
-    per_set = sum(b.nbytes for b in buffers)
+    buffers = [s.buffers(symbols) for s in sources]  # every source checked before any loads
+    timed = [
+        _Timed(s, s.load(device, timeout, max_polls), sum(b.nbytes for b in bufs))
+        for s, bufs in zip(sources, buffers, strict=True)
+    ]
+    devices = {leaf_kernel(t.kernel, symbols).device.ordinal for t in timed}
+    if len(devices) > 1:
+        raise LaunchError(f"bench: the sources loaded on different devices {sorted(devices)}")
+    dev = leaf_kernel(timed[0].kernel, symbols).device
+    all_sets = sum(t.per_set for t in timed)
     free = timing.free_bytes()
-    if per_set > free:
+    if all_sets > free:
         raise LaunchError(
-            f"bench: the inputs take {per_set / 1e9:.3g} GB and the device has "
+            f"bench: the inputs take {all_sets / 1e9:.3g} GB and the device has "
             f"{free / 1e9:.3g} GB free"
         )
     if sets is None:
-        sets = max(1, min(8, math.ceil(2 * timing.l2_bytes(dev) / max(per_set, 1))))
-        sets = max(1, min(sets, free // 2 // max(per_set, 1)))
-    device_sets: list[dict[str, int]] = []
+        largest = max(max(t.per_set for t in timed), 1)
+        sets = max(1, min(8, math.ceil(2 * timing.l2_bytes(dev) / largest)))
+        sets = max(1, min(sets, free // 2 // max(all_sets, 1)))
     owned: list[Any] = []
     stream = timing.Stream(dev)
     try:
-        for k in range(sets):
-            arrays = make_inputs(buffers, inputs, seed + k, scale)
-            ptrs = {}
-            for b in buffers:
-                buf = driver.DeviceBuffer(b.nbytes)
-                owned.append(buf)
-                host = np.ascontiguousarray(arrays[b.name])
-                driver.htod(buf.ptr, host.ctypes.data, b.nbytes)
-                ptrs[b.name] = buf.ptr
-            device_sets.append(ptrs)
-            kernel.launch(ptrs, symbols, stream=stream.handle, timeout=timeout)  # checked
+        for t, bufs in zip(timed, buffers, strict=True):
+            for k in range(sets):
+                arrays = make_inputs(bufs, inputs, seed + k, scale)
+                ptrs = {}
+                for b in bufs:
+                    buf = driver.DeviceBuffer(b.nbytes)
+                    owned.append(buf)
+                    host = np.ascontiguousarray(arrays[b.name])
+                    driver.htod(buf.ptr, host.ctypes.data, b.nbytes)
+                    ptrs[b.name] = buf.ptr
+                t.sets.append(ptrs)
+                t.kernel.launch(ptrs, symbols, stream=stream.handle, timeout=timeout)  # checked
+        for p in range(passes):
+            for i in range(len(timed)):
+                t = timed[(i + p) % len(timed)]
 
-        def launch(i: int) -> None:
-            kernel.launch(device_sets[i % sets], symbols, stream=stream.handle, sync=False)
+                def launch(j: int, t: _Timed = t) -> None:
+                    t.kernel.launch(t.sets[j % sets], symbols, stream=stream.handle, sync=False)
 
-        def check() -> None:
-            kernel.check(timeout)
+                def check(t: _Timed = t) -> None:
+                    t.kernel.check(timeout)
 
-        eager, host = timing.time_launches(launch, check, stream, calls, reps, warmup)
-        gpu, _ = timing.time_launches(
-            launch, check, stream, calls, reps, warmup=1, spin_ns=int(spin_ms * 1e6)
-        )
+                eager, host = timing.time_launches(launch, check, stream, calls, reps, warmup)
+                gpu, _ = timing.time_launches(
+                    launch, check, stream, calls, reps, warmup=1, spin_ns=int(spin_ms * 1e6)
+                )
+                t.passes.append({"launch_to_launch": eager, "gpu": gpu, "host_enqueue": host})
         copy_bps = timing.copy_bandwidth(stream)
     finally:
         # A launch still running (a timeout past the watchdog) keeps its
@@ -484,39 +523,60 @@ def bench(
         else:
             for buf in owned:
                 buf.ptr = 0
-    tensor_bps = per_set / (gpu.median * 1e-6) if gpu.median > 0 else float("inf")
+    kinds = ("launch_to_launch", "gpu", "host_enqueue")
     result = {
-        "source": source.label,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": (
             f"CUDA events around {calls} launches back to back, median of {reps} rounds "
-            f"after {warmup}; 'gpu': behind a {spin_ms:g} ms spin kernel; inputs made up "
-            f"(seed {seed}, scale {scale:g}) or given, {sets} set(s) in turn"
+            f"after {warmup}, in {passes} pass(es) over the sources, the order rotated; "
+            f"'gpu': behind a {spin_ms:g} ms spin kernel; inputs made up (seed {seed}, scale "
+            f"{scale:g}) or given, {sets} set(s) in turn; a figure is the mean of the passes' "
+            "medians"
         ),
         "symbols": dict(symbols),
         "device": dev.name,
         "calls": calls,
         "reps": reps,
         "sets": sets,
-        "launch_to_launch": eager.as_dict(),
-        "gpu": gpu.as_dict(),
-        "host_enqueue": host.as_dict(),
-        "tensor_bytes": per_set,
+        "passes": passes,
         "copy_bandwidth_Bps": copy_bps,
+        "sources": [
+            {
+                "source": t.source.label,
+                "tensor_bytes": t.per_set,
+                **{k: {"mean_us": t.mean(k), "pass_medians_us": t.pass_medians(k)} for k in kinds},
+                "samples": [{k: p[k].as_dict() for k in kinds} for p in t.passes],
+            }
+            for t in timed
+        ],
     }
-    say(f"{dev.name}, {', '.join(f'{k}={v}' for k, v in symbols.items()) or 'no symbols'}:")
-    for label, s in (
-        ("launch to launch", eager),
-        ("GPU alone", gpu),
-        ("host enqueue", host),
-    ):
-        say(
-            f"  {label:16} median {s.median:10.2f} µs  (p10 {s.quantile(0.1):.2f}, p90 "
-            f"{s.quantile(0.9):.2f}; {reps} reps of {calls} calls)"
-        )
+    where = ", ".join(f"{k}={v}" for k, v in symbols.items()) or "no symbols"
     say(
-        f"  tensors: {per_set / 1e6:.3f} MB a launch, {sets} input set(s) in turn; once over "
-        f"them per GPU median: {tensor_bps / 1e9:.1f} GB/s, against a device copy of "
-        f"{copy_bps / 1e9:.1f} GB/s measured now"
+        f"{dev.name}, {where}: {reps} rounds of {calls} launches, median a round; "
+        f"{passes} pass(es) over {len(timed)} source(s)"
+        + (", mean of the passes' medians" if passes > 1 else "")
     )
+    first, indent = timed[0], "    " if len(timed) > 1 else "  "
+    labels = ("launch to launch", "GPU alone", "host enqueue")
+    for n, t in enumerate(timed):
+        if len(timed) > 1:
+            say(f"  {t.source.label}:")
+        for label, kind in zip(labels, kinds, strict=True):
+            extra = ""
+            if passes > 1:
+                extra = "  (passes: " + ", ".join(f"{m:.2f}" for m in t.pass_medians(kind)) + ")"
+            if n and kind == "gpu":
+                mine, theirs = t.pass_medians(kind), first.pass_medians(kind)
+                ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+                mean = statistics.fmean(ratios)
+                extra += (
+                    f"; {mean:.4f}x the first ({(mean - 1) * 100:+.1f} %), faster in "
+                    f"{sum(r < 1 for r in ratios)} of {passes} pass(es)"
+                )
+            say(f"{indent}{label:16} {t.mean(kind):10.2f} µs{extra}")
+        say(
+            f"{indent}tensors: {t.per_set / 1e6:.3f} MB a launch, {sets} input set(s) in turn; "
+            f"once over them per GPU time: {t.per_set / t.mean('gpu') / 1e3:.1f} GB/s"
+        )
+    say(f"  device copy: {copy_bps / 1e9:.1f} GB/s measured now")
     return result

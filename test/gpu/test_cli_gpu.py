@@ -105,11 +105,26 @@ def test_bench_an_artifact(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     f = json.loads(figures.read_text())
-    gpu, eager = f["gpu"]["median_us"], f["launch_to_launch"]["median_us"]
-    assert 0 < gpu < 10_000 and eager > 0.5 * gpu and len(f["gpu"]["samples_us"]) == 5
-    assert f["copy_bandwidth_Bps"] > 2e11 and f["tensor_bytes"] == 4096 * (256 + 4 + 1) * 4
+    (one,) = f["sources"]
+    gpu, eager = one["gpu"]["mean_us"], one["launch_to_launch"]["mean_us"]
+    assert 0 < gpu < 10_000 and eager > 0.5 * gpu and f["passes"] == 1
+    assert len(one["samples"][0]["gpu"]["samples_us"]) == 5
+    assert f["copy_bandwidth_Bps"] > 2e11 and one["tensor_bytes"] == 4096 * (256 + 4 + 1) * 4
     assert f["sets"] >= 1 and "GPU alone" in done.stdout
-    assert f["source"].endswith("splitk") and "CUDA events" in f["method"] and f["date"]
+    assert one["source"].endswith("splitk") and "CUDA events" in f["method"] and f["date"]
+
+
+def test_bench_compares_two_artifacts_in_rotated_passes(tmp_path):
+    """The same kernel twice (one traced): two passes, each timing both."""
+    figures = tmp_path / "f.json"
+    done = etc_command(
+        "bench", artifact("splitk"), artifact("splitk_traced_static"), "--symbols", "n=4096",
+        "--reps", "5", "--passes", "2", "--json", str(figures),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    f = json.loads(figures.read_text())
+    assert [len(s["gpu"]["pass_medians_us"]) for s in f["sources"]] == [2, 2]
+    assert "x the first (" in done.stdout and "of 2 pass(es)" in done.stdout
 
 
 def test_bench_a_symbolic_batch_and_refuse_a_bad_symbol():

@@ -250,9 +250,12 @@ def test_bench_refuses_bad_counts_before_loading_anything():
         ({"warmup": -1}, "warmup must be >= 0"),
         ({"sets": 0}, "sets must be in 1..64"),
         ({"spin_ms": 0}, "the spin must be > 0 ms"),
+        ({"passes": 0}, "passes must be >= 1"),
     ]:
         with pytest.raises(etc.EtcError, match=message):
             runner.bench(source, {"n": 1}, **kwargs)
+    with pytest.raises(etc.EtcError, match="sources must be >= 1"):
+        runner.bench([], {"n": 1})
 
 
 class _FakeStream:
@@ -350,3 +353,63 @@ def test_check_compares_the_gpu_run_with_the_simulator(monkeypatch, capsys, wron
     assert code == int(wrong)
     c_line = next(x for x in out.split("against the simulator:\n")[1].splitlines() if "C:" in x)
     assert ("1 of 5 elements differ" in c_line and "first at (2,)" in c_line) == wrong
+
+
+def test_bench_rotates_the_sources_from_pass_to_pass_and_compares_with_the_first(monkeypatch):
+    """The GPU stood in for: each source's kernel takes a fixed time a launch,
+    the order of the timed rounds is recorded."""
+    from types import SimpleNamespace
+
+    from etc.runtime import driver
+
+    device = SimpleNamespace(ordinal=0, name="Fake GPU")
+    pace = {"a": 100.0, "b": 90.0, "c": 120.0}
+    order, allocated, launched = [], [], []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name, self.device = name, device
+
+        def launch(self, ptrs, symbols, **kwargs):
+            assert set(ptrs) == {"A", "B", "C"} and symbols == {"n": 3}
+            launched.append(self.name)
+
+        def check(self, timeout=None):
+            pass
+
+    def time_launches(launch, check, stream, calls, reps, warmup=1, spin_ns=0):
+        launch(0)  # which source's round this is
+        order.append((launched[-1], bool(spin_ns)))
+        us = timing.Samples((pace[launched[-1]],) * reps)
+        return us, timing.Samples((5.0,) * reps)
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.ptr, self.nbytes = len(allocated) + 1, nbytes
+            allocated.append(self)
+
+        def release(self):
+            self.ptr = 0
+
+    stream = SimpleNamespace(handle=7, idle=lambda: True, close=lambda: None)
+    monkeypatch.setattr(timing, "free_bytes", lambda: 1 << 40)
+    monkeypatch.setattr(timing, "l2_bytes", lambda dev: 1 << 20)
+    monkeypatch.setattr(timing, "Stream", lambda dev: stream)
+    monkeypatch.setattr(timing, "time_launches", time_launches)
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda s: 3e12)
+    monkeypatch.setattr(driver, "DeviceBuffer", Buffer)
+    monkeypatch.setattr(driver, "htod", lambda *a: None)
+    sources = [runner.Source(cli._graph(SPLITK), schedule=name) for name in ("a", "b", "c")]
+    monkeypatch.setattr(runner.Source, "load", lambda self, *a: Kernel(self.schedule))
+    lines = []
+    f = runner.bench(sources, {"n": 3}, reps=3, passes=3, sets=2, say=lines.append)
+    names = [name for name, spin in order if not spin]
+    assert names == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # rotated each pass
+    assert [spin for _, spin in order] == [False, True] * 9
+    assert len(allocated) == 3 * 2 * 3  # three sources, two sets, three tensors
+    assert [s["gpu"]["mean_us"] for s in f["sources"]] == [100.0, 90.0, 120.0]
+    assert f["sources"][1]["gpu"]["pass_medians_us"] == [90.0] * 3 and f["passes"] == 3
+    text = "\n".join(lines)
+    assert "0.9000x the first (-10.0 %), faster in 3 of 3 pass(es)" in text
+    assert "1.2000x the first (+20.0 %), faster in 0 of 3 pass(es)" in text
+    assert all(b.ptr == 0 for b in allocated)  # released once the stream was idle
