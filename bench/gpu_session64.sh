@@ -10,7 +10,9 @@
 # static artifact run once and timed by `etc bench` at B = 1 and 64, L = 1024,
 # against bench/decode.py's timing of the same artifact in the same call
 # (B = 1 and 64, no torch.compile).
-# Usage: bash bench/gpu_session64.sh [card] [h200] [cli]
+# `compare`: test/gpu/test_cli_gpu.py again, then `etc bench` comparing the
+# decoder's static and dynamic artifacts (B = 1 and 64, L = 1024, 4 passes).
+# Usage: bash bench/gpu_session64.sh [card] [h200] [cli] [compare]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -30,5 +32,11 @@ for step in ${*:-card}; do
           --json "$OUT/s64_dec_bench_B$B.json"
       done; } > "$OUT/s64_dec_cli.txt" 2>&1; cat "$OUT/s64_dec_cli.txt"
     DECODE_BATCHES=1,64 DECODE_PARTS=time decode_bench .device/s64/dec --compile-batches "" ;;
+  compare) ETC_ARTIFACTS=.device/s64/cli python -m pytest -q -p no:cacheprovider -rs \
+      test/gpu/test_cli_gpu.py > "$OUT/s64_cli_tests.txt" 2>&1; tail -15 "$OUT/s64_cli_tests.txt"
+    for B in 1 64; do
+      python -m etc bench .device/s64/dec/static .device/s64/dec/dynamic \
+        --symbols B=$B,L=1024,S=1025 --scale 0.02 --passes 4 --json "$OUT/s64_compare_B$B.json"
+    done 2>&1 | tee "$OUT/s64_compare.txt" ;;
   esac
 done
