@@ -2225,6 +2225,27 @@ def test_a_token_outside_the_vocabulary_never_reads_past_the_embedding():
         M.step_symbols(CFG, odd, 3, check=True)
 
 
+def test_step_symbols_checks_a_ragged_paged_step_through_to_its_table():
+    """step_symbols(check=True) reads the pool and table widths from the
+    buffers and checks tokens, then lengths, then the block table."""
+    cfg = dataclasses.replace(CFG, ragged=True, page_size=8)
+    arrays = {
+        "tokens": np.array([3, 4], np.int32),
+        "lengths": np.array([9, 2], np.int32),
+        "rope": np.zeros((17, 8), np.float32),
+        "k_cache": np.zeros((CFG.layers, 4, 8, 2, 8), np.uint16),
+        "block_table": np.array([[0, 1], [2, -1]], np.int32),
+    }
+    want = {"B": 2, "L": 9, "S": 17, "pages": 4, "max_pages": 2}
+    assert M.step_symbols(cfg, arrays, 9, check=True) == want
+    with pytest.raises(etc.GraphError, match="lengths"):
+        M.step_symbols(cfg, {**arrays, "lengths": np.array([10, 2], np.int32)}, 9, check=True)
+    bad_table = np.array([[0, 1], [1, -1]], np.int32)
+    with pytest.raises(etc.GraphError, match="page 1, which sequence 0 writes"):
+        M.step_symbols(cfg, {**arrays, "block_table": bad_table}, 9, check=True)
+    assert M.step_symbols(cfg, {**arrays, "block_table": bad_table}, 9) == want  # unchecked
+
+
 def test_block_tables_are_checked():
     """check_block_table names what is wrong with a table: its shape, a
     missing page, a page outside the pool, a page listed twice, a page
