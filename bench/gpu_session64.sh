@@ -12,7 +12,14 @@
 # (B = 1 and 64, no torch.compile).
 # `compare`: test/gpu/test_cli_gpu.py again, then `etc bench` comparing the
 # decoder's static and dynamic artifacts (B = 1 and 64, L = 1024, 4 passes).
-# Usage: bash bench/gpu_session64.sh [card] [h200] [cli] [compare]
+# `conv`: lead 3 of docs/decoder.md, the scheduler's CTA reductions as NVVM's
+# barrier reductions (convergent to LLVM) instead of inline bar.red
+# (python -c "from etc.models import llama as M; M.compile_decoder(
+# M.LLAMA_3_2_1B, 'static', convergent_reductions=True).save(
+# '.device/s64/conv/static')"): the same step's logits and tokens bit for
+# bit, then `etc bench` of both, four passes, at B = 1 (L = 1024, 4096),
+# 8, 16 and 64 (L = 1024). Carry .device/s64/dec and .device/s64/conv.
+# Usage: bash bench/gpu_session64.sh [card] [h200] [cli] [compare] [conv]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -38,5 +45,16 @@ for step in ${*:-card}; do
       python -m etc bench .device/s64/dec/static .device/s64/dec/dynamic \
         --symbols B=$B,L=1024,S=1025 --scale 0.02 --passes 4 --json "$OUT/s64_compare_B$B.json"
     done 2>&1 | tee "$OUT/s64_compare.txt" ;;
+  conv) a=.device/s64/dec/static; c=.device/s64/conv/static; t=/tmp/s64conv; mkdir -p $t
+    { for s in B=1,L=1024,S=1025 B=1,L=4096,S=4097 B=64,L=1024,S=1025; do
+        python -m etc run $a --symbols $s --scale 0.02 --save-inputs $t/in.npz -o $t/ref.npz > /dev/null
+        python -m etc run $c --symbols $s --inputs $t/in.npz --expect $t/ref.npz \
+          --compare logits,next_tokens,k_cache,v_cache,h --rtol 0 --atol 0 | grep -A9 "against"
+      done; } 2>&1 | tee "$OUT/s64_conv_check.txt"
+    for s in B=1,L=1024,S=1025 B=1,L=4096,S=4097 B=8,L=1024,S=1025 B=16,L=1024,S=1025 \
+        B=64,L=1024,S=1025; do
+      python -m etc bench $a $c --symbols $s --scale 0.02 --passes 4 --reps 10 \
+        --json "$OUT/s64_conv_$(echo ${s%%,S=*} | tr =, __).json"
+    done 2>&1 | tee "$OUT/s64_conv.txt" ;;
   esac
 done

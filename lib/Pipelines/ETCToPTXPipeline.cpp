@@ -98,6 +98,7 @@ static void buildKernelToPTX(OpPassManager &pm,
   convertOptions.recordSM = options.recordSM;
   convertOptions.queueAhead = options.queueAhead;
   convertOptions.waitMemo = options.waitMemo;
+  convertOptions.convergentReductions = options.convergentReductions;
   convertOptions.popAhead = options.popAhead;
   convertOptions.trace = options.trace;
   convertOptions.checkTableCounts = options.checkTableCounts;

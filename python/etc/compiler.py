@@ -133,6 +133,7 @@ def _pipeline_options(
     queue_ahead: bool = False,
     wait_memo: bool = False,
     check_counts: bool = True,
+    convergent_reductions: bool = False,
 ) -> str:
     # PTX 8.1: vector `red` (the MoE down tile's atomic combine); 7.8 is sm_90's least.
     return (
@@ -143,7 +144,8 @@ def _pipeline_options(
         f"prefetch-next={_flag(prefetch_next)} pop-ahead={_flag(pop_ahead)} "
         f"sm-slices={_flag(sm_slices)} record-sm={_flag(record_sm)} "
         f"queue-ahead={_flag(queue_ahead)} wait-memo={_flag(wait_memo)} "
-        f"check-table-counts={_flag(check_counts)}"
+        f"check-table-counts={_flag(check_counts)} "
+        f"convergent-reductions={_flag(convergent_reductions)}"
         + (f" outline={','.join(outline)}" if outline else "")
     )
 
@@ -539,6 +541,7 @@ def compile(  # noqa: A001 - the public name
     queue_ahead: bool = False,
     wait_memo: bool = False,
     check_counts: bool = True,
+    convergent_reductions: bool = False,
 ) -> Artifact:
     """Compile ``g`` into one persistent kernel for ``target``.
 
@@ -589,7 +592,11 @@ def compile(  # noqa: A001 - the public name
     kernel checks that no coordinate of an event whose wait counts come from
     a table got more notifications than its count (a count too low released
     its waiters early: :class:`~etc.errors.WaitCountError`); graphs without
-    such events get no code either way.
+    such events get no code either way. ``convergent_reductions``: the
+    scheduler's CTA reductions in a kernel with aligned barriers (one that
+    draws no ticket or pool) are NVVM's barrier reductions, which LLVM treats
+    as convergent, instead of inline ``bar.red`` asm, which it does not (off:
+    the PTX differs and its speed is measured in ``bench/RESULTS.md``).
     """
     if not isinstance(g, Graph):
         raise CompileError(f"compile: expected an etc.Graph, got {type(g).__name__}")
@@ -610,6 +617,7 @@ def compile(  # noqa: A001 - the public name
         ("early_push", early_push),
         ("trace", trace),
         ("check_counts", check_counts),
+        ("convergent_reductions", convergent_reductions),
     ):
         if not isinstance(value, bool):
             raise CompileError(f"{flag} must be a bool, got {value!r}")
@@ -715,7 +723,7 @@ def compile(  # noqa: A001 - the public name
         options = _pipeline_options(
             target, block_size, watchdog_polls, opt_level, early_push, trace, min_ctas_per_sm,
             max_pop_chunk, prefetch_next, pop_ahead, outlined, sm_slices,
-            sm_deal is not None, queue_ahead, wait_memo, check_counts,
+            sm_deal is not None, queue_ahead, wait_memo, check_counts, convergent_reductions,
         )  # fmt: skip
         _run(ir, text, module, f"builtin.module(etc-{schedule}-to-ptx{{{options}}})", errors)
         ptx = _extract_ptx(ir, module)

@@ -1,10 +1,16 @@
 // RUN: etc-opt %s --etc-static-to-ptx | FileCheck %s
 // RUN: etc-opt %s --etc-static-to-ptx="chip=sm_90a features=+ptx80 block-size=128" | FileCheck %s --check-prefix=SM90A
 // RUN: etc-opt %s --etc-static-to-ptx="min-ctas-per-sm=2" | FileCheck %s --check-prefix=OCC
+// RUN: etc-opt %s --etc-static-to-ptx="convergent-reductions=true" | FileCheck %s --check-prefix=CONV
 
 /// The registered pipeline takes a graph all the way to a gpu.binary holding
 /// PTX for the chosen chip, with the synchronisation instructions intact and
 /// the device functions inlined into the kernel.
+
+/// convergent-reductions: the wait's `bar.red.or` comes from the NVVM
+/// intrinsic (LLVM's own predicate registers), not from the inline asm.
+// CONV: bar.red.or.pred \09%p{{[0-9]+}}, 0, %p{{[0-9]+}}
+// CONV-NOT: bar.red.or.pred %p, 0, %p
 
 func.func @partial(%i: index, %j: index, %a: memref<?x4xf32>) {
   %tid = gpu.thread_id x

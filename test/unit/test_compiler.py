@@ -128,6 +128,7 @@ def test_task_numbering_matches_graph_and_simulator(splitk):
         ("cubin", "no", "cubin must be a bool, got 'no'"),
         ("early_push", 1, "early_push must be a bool, got 1"),
         ("trace", "yes", "trace must be a bool, got 'yes'"),
+        ("convergent_reductions", 1, "convergent_reductions must be a bool, got 1"),
         (
             "min_ctas_per_sm",
             9,
@@ -217,6 +218,15 @@ def test_min_ctas_per_sm_caps_registers():
     art = etc.compile(build_splitk(), min_ctas_per_sm=2, cubin=False)
     assert ".minnctapersm 2" in art.ptx
     assert ".minnctapersm" not in etc.compile(build_splitk(), cubin=False).ptx
+
+
+def test_convergent_reductions_take_the_intrinsic_in_kernels_that_draw_nothing(splitk):
+    """The wait's CTA `or` is the intrinsic's bar.red (LLVM's registers),
+    not the inline asm's literal `%p`; the default keeps the asm."""
+    asm = "bar.red.or.pred %p, 0, %p"
+    assert asm in splitk.ptx
+    ptx = etc.compile(build_splitk(), convergent_reductions=True, cubin=False).ptx
+    assert asm not in ptx and re.search(r"bar\.red\.or\.pred\s+%p\d+, 0, %p\d+", ptx)
 
 
 def test_failing_pipeline_writes_a_reproducer(tmp_path, monkeypatch, capfd):

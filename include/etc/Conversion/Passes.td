@@ -106,6 +106,13 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
            "join: counters only grow within a launch, and a coordinate's "
            "wait count is the same for every waiter. Consecutive instances "
            "of a stage on one CTA then wait once.">,
+    Option<"convergentReductions", "convergent-reductions", "bool",
+           /*default=*/"false",
+           "The scheduler's CTA reductions (or, and, popc) in kernels with "
+           "aligned barriers as nvvm.barrier with a reduction, which LLVM "
+           "sees as a convergent call, instead of inline `bar.red` asm, "
+           "which it does not. Kernels that draw (non-aligned barriers) "
+           "keep their inline `barrier.red`: NVVM has no non-aligned op.">,
     Option<"popAhead", "pop-ahead", "bool", /*default=*/"true",
            "Dynamic schedule: request a CTA's next queue positions when it "
            "takes its current one, so the request's latency overlaps the "
@@ -137,7 +144,8 @@ def ConvertETensorToGPU : Pass<"convert-etensor-to-gpu", "::mlir::ModuleOp"> {
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::func::FuncDialect",
     "::mlir::gpu::GPUDialect", "::mlir::LLVM::LLVMDialect",
-    "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
+    "::mlir::memref::MemRefDialect", "::mlir::NVVM::NVVMDialect",
+    "::mlir::scf::SCFDialect",
   ];
 }
 

@@ -90,6 +90,12 @@ struct ETCToPTXPipelineOptions
                      "coordinate its last completed wait saw (see "
                      "convert-etensor-to-gpu)."),
       llvm::cl::init(false)};
+  PassOptions::Option<bool> convergentReductions{
+      *this, "convergent-reductions",
+      llvm::cl::desc("The scheduler's CTA reductions as nvvm.barrier with a "
+                     "reduction instead of inline bar.red (see "
+                     "convert-etensor-to-gpu)."),
+      llvm::cl::init(false)};
   PassOptions::ListOption<std::string> outline{
       *this, "outline",
       llvm::cl::desc("Device functions called, not inlined (`*`: all; see "

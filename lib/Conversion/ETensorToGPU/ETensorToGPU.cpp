@@ -15,6 +15,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Utils/StaticValueUtils.h"
@@ -171,6 +172,8 @@ public:
   /// The scheduler's barriers in PTX's non-aligned forms (see ctaBarrier):
   /// set by build() when a dispatch is pooled or ticketed.
   bool nonAlignedBarriers = false;
+  /// ctaReduce through nvvm.barrier (option convergent-reductions).
+  bool convergentReductions = false;
   /// checkTableCounts at the exit (option check-table-counts).
   bool checkCounts = true;
   /// Static schedule: load the next queue entry as the current one starts.
@@ -303,8 +306,21 @@ private:
   }
   /// Joins the CTA reducing `pred` (i32, nonzero: true) with `bar.red`, or
   /// `barrier.red` where ctaBarrier is non-aligned: `op` "or" or "and"
-  /// gives 1 or 0, "popc" the count of threads whose `pred` holds.
+  /// gives 1 or 0, "popc" the count of threads whose `pred` holds. With
+  /// convergentReductions the aligned form is nvvm.barrier's reduction:
+  /// inline asm is not convergent to LLVM, which may then sink or duplicate
+  /// it into divergent code; the intrinsic call is.
   Value ctaReduce(StringRef op, Value pred) {
+    if (convergentReductions && !nonAlignedBarriers) {
+      auto kind = op == "or"    ? NVVM::BarrierReduction::OR
+                  : op == "and" ? NVVM::BarrierReduction::AND
+                                : NVVM::BarrierReduction::POPC;
+      return NVVM::BarrierOp::create(
+                 b, b.getI32Type(), /*barrierId=*/Value(),
+                 /*numberOfThreads=*/Value(),
+                 NVVM::BarrierReductionAttr::get(b.getContext(), kind), pred)
+          .getRes();
+    }
     std::string red =
         (Twine(nonAlignedBarriers ? "barrier.red." : "bar.red.") + op).str();
     std::string result = op == "popc"
@@ -3330,6 +3346,7 @@ struct ConvertETensorToGPUPass
     kernelBuilder.recordSM = recordSM;
     kernelBuilder.queueAhead = queueAhead;
     kernelBuilder.waitMemo = waitMemo;
+    kernelBuilder.convergentReductions = convergentReductions;
     kernelBuilder.checkCounts = checkTableCounts;
     kernelBuilder.popAhead = popAhead;
     if (failed(kernelBuilder.build()))
