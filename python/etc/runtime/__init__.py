@@ -6,6 +6,9 @@ on a GPU machine that has only cuda-python, numpy and torch::
 
     kernel = etc.runtime.load("artifacts/splitk")
     kernel.launch({"A": a, "B": b, "C": c}, {"n": 64})
+
+``etc.runtime.timing`` times launches with CUDA events, also without torch
+(what ``etc bench`` uses).
 """
 
 from etc.runtime.buckets import BucketedKernel
