@@ -18,11 +18,12 @@ etc run SOURCE --symbols NAME=N,... [--simulate] [--check] [--expect REF.npz]
     GPU) or an artifact directory (GPU) once on made-up or given inputs;
     print each tensor's range, compare with the simulator or a reference
     (exit status 1 when a tensor differs), save the tensors (-o OUT.npz)
-etc bench SOURCE [SOURCE...] --symbols NAME=N,... [--passes N] [--json FILE]
+etc bench SOURCE [SOURCE...] --symbols NAME=N,... [--symbols ...] [--passes N] [--json FILE]
     time launches on the GPU with CUDA events: launch to launch as a Python
     loop sees it, the GPU's time alone, the host's enqueue cost, and the
     device's copy bandwidth measured in the same run; several sources are
-    compared with the first in passes whose order rotates
+    compared with the first in passes whose order rotates; several
+    --symbols are timed in turn (the JSON then a list, one entry each)
 etc-opt ARGS...     the bundled optimizer driver (same as build/bin/etc-opt)
 """
 
@@ -219,12 +220,16 @@ def _source_options(several: bool = False) -> argparse.ArgumentParser:
     what = "an artifact directory, or MODULE:FUNCTION returning a graph"
     if several:
         p.add_argument("sources", nargs="+", metavar="source", help=f"{what}; several: compared")
+        p.add_argument(
+            "--symbols", metavar="NAME=N,...", type=_symbol_values, action="append",
+            help="every symbol's value (e.g. n=1000); given again, each set in turn",
+        )  # fmt: skip
     else:
         p.add_argument("source", help=what)
-    p.add_argument(
-        "--symbols", metavar="NAME=N,...", type=_symbol_values, default={},
-        help="every symbol's value (e.g. n=1000)",
-    )  # fmt: skip
+        p.add_argument(
+            "--symbols", metavar="NAME=N,...", type=_symbol_values, default={},
+            help="every symbol's value (e.g. n=1000)",
+        )  # fmt: skip
     p.add_argument("--inputs", type=Path, metavar="IN.npz", help="arrays for some tensors")
     p.add_argument("--seed", type=int, default=0, help="seed of the made-up inputs (0)")
     p.add_argument(
@@ -272,14 +277,21 @@ def _run_or_bench(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.command == "bench":
         passes = args.passes if args.passes is not None else (1 if len(sources) == 1 else 4)
-        figures = runner.bench(
-            sources, args.symbols, warmup=args.warmup, reps=args.reps, calls=args.calls,
-            sets=args.sets, spin_ms=args.spin_ms, passes=passes, **common,
-        )  # fmt: skip
+        for symbols in args.symbols or [{}]:  # every set checked before any is timed
+            for source in sources:
+                source.buffers(symbols)
+        figures = [
+            runner.bench(
+                sources, symbols, warmup=args.warmup, reps=args.reps, calls=args.calls,
+                sets=args.sets, spin_ms=args.spin_ms, passes=passes, **common,
+            )
+            for symbols in args.symbols or [{}]
+        ]  # fmt: skip
         if args.json:
             import json
 
-            args.json.write_text(json.dumps(figures, indent=1) + "\n")
+            doc = figures[0] if len(figures) == 1 else figures
+            args.json.write_text(json.dumps(doc, indent=1) + "\n")
         return 0
     if args.simulate and args.device is not None:
         raise SystemExit("etc: --simulate runs on the CPU: no --device with it")

@@ -127,9 +127,15 @@ def test_bench_compares_two_artifacts_in_rotated_passes(tmp_path):
     assert "x the first (" in done.stdout and "of 2 pass(es)" in done.stdout
 
 
-def test_bench_a_symbolic_batch_and_refuse_a_bad_symbol():
-    done = etc_command("bench", artifact("symbolic_batch"), "--symbols", "b=8", "--reps", "3")
+def test_bench_a_symbolic_batch_and_refuse_a_bad_symbol(tmp_path):
+    done = etc_command(
+        "bench", artifact("symbolic_batch"), "--symbols", "b=8", "--symbols", "b=512",
+        "--reps", "3", "--json", str(tmp_path / "f.json"),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    runs = json.loads((tmp_path / "f.json").read_text())
+    assert [r["symbols"] for r in runs] == [{"b": 8}, {"b": 512}]
+    assert runs[1]["sources"][0]["tensor_bytes"] > runs[0]["sources"][0]["tensor_bytes"]
     done = etc_command("bench", artifact("symbolic_batch"), "--symbols", "c=8")
     assert done.returncode == 1 and done.stderr.startswith("etc: ") and "'c'" in done.stderr
 

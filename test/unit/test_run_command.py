@@ -242,6 +242,11 @@ def test_a_bucketed_artifact_gives_the_buffers_of_the_kernel_its_symbols_pick(tm
         source.buffers({})
 
 
+def test_bench_checks_every_symbol_set_before_timing_any(capsys):
+    code = cli.main(["bench", SPLITK, "--symbols", "n=3", "--symbols", "m=2"])
+    assert code == 1 and "graph 'splitk' has no symbol 'm'" in capsys.readouterr().err
+
+
 def test_bench_refuses_bad_counts_before_loading_anything():
     source = runner.Source(directory=REPO / "nowhere")
     for kwargs, message in [
