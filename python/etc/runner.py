@@ -58,8 +58,7 @@ class Buffer:
 def graph_buffers(graph: Any, symbols: Mapping[str, int]) -> list[Buffer]:
     """The buffers of ``graph`` (not its TMA maps) under ``symbols``, which
     are checked as the simulator checks them."""
-    from .simulator import bind_symbols
-    from .symbolic import evaluate
+    from .simulator import _concrete_shape, bind_symbols
 
     if graph.rank is not None:
         raise EtcError(
@@ -68,7 +67,9 @@ def graph_buffers(graph: Any, symbols: Mapping[str, int]) -> list[Buffer]:
         )
     env = bind_symbols(graph, symbols)
     return [
-        Buffer(t.name, t.dtype.name, tuple(evaluate(d, env) for d in t.shape), t.kept_zero)
+        Buffer(
+            t.name, t.dtype.name, _concrete_shape(t.shape, env, f"tensor '{t.name}'"), t.kept_zero
+        )
         for t in graph.tensors
         if t.map_of is None
     ]

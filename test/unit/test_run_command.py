@@ -143,6 +143,24 @@ def test_inputs_of_the_wrong_shape_type_or_name_are_named(tmp_path, capsys):
     assert code == 1 and out == "" and "the reference has no 'B'" in err
 
 
+def test_a_negative_dimension_is_one_error_line(tmp_path, capsys):
+    """Was numpy's ValueError traceback from the made-up inputs."""
+    (tmp_path / "neg.py").write_text(
+        "import etc\n"
+        "from etc.tiles import rowsum\n"
+        "def build():\n"
+        "    g = etc.Graph('neg')\n"
+        "    n = g.symbol('n')\n"
+        "    x, y = g.tensor('x', (n - 5, 4), 'f32'), g.tensor('y', (n - 5,), 'f32')\n"
+        "    g.task(rowsum.final_sum(1, 4), grid=(n - 5,), args=(x, y))\n"
+        "    return g\n"
+    )
+    code = cli.main(["run", f"{tmp_path / 'neg.py'}:build", "--symbols", "n=2", "--simulate"])
+    err = capsys.readouterr().err
+    assert code == 1 and "tensor 'x': dimension 0" in err and "evaluates to -3" in err
+    assert err.count("\n") == 1
+
+
 def test_sources_and_options_that_do_not_go_together(tmp_path, capsys):
     with pytest.raises(SystemExit, match="neither an artifact directory nor MODULE:FUNCTION"):
         cli.main(["run", str(tmp_path / "none"), "--symbols", "n=1"])

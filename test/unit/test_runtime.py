@@ -743,6 +743,19 @@ def test_sizes_must_fit(m: manifest.Manifest) -> None:
         args.bound_shapes(m, {"n": 1 << 60})
 
 
+def test_a_negative_dimension_is_named(tmp_path: Path) -> None:
+    """A dimension such as ``n - 5`` below zero is refused as the simulator
+    refuses it (it reached numpy and the driver as a negative size)."""
+    data = splitk_manifest()
+    data["tensors"][0]["shape"] = ["n - 5", 256]
+    m = manifest.load_manifest(write_artifact(tmp_path, data))
+    assert args.bound_shapes(m, {"n": 7})["A"] == (2, 256)
+    with pytest.raises(
+        ShapeError, match=r"tensor 'A': dimension 0 \(n - 5\) evaluates to -3 for n=2"
+    ):
+        args.bound_shapes(m, {"n": 2})
+
+
 def test_fast_binder_defers_to_slow_path(m: manifest.Manifest) -> None:
     fast = args.FastBinder(m, shapes(m, 7), device=0)
     assert fast({"A": 0x1000, "B": 0x2000, "C": 0x3000}) == ([0x1000, 0x2000, 0x3000], False)

@@ -107,10 +107,18 @@ def check_requirements(
 
 
 def bound_shapes(manifest: Manifest, symbols: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
-    """Concrete tensor shapes with symbols bound; checks that byte sizes fit in 63 bits."""
+    """Concrete tensor shapes with symbols bound; checks that no dimension is
+    negative (as the simulator does) and that byte sizes fit in 63 bits."""
     shapes = {}
     for t in manifest.tensors:
         shape = manifest.bind(t.shape, symbols)
+        for k, d in enumerate(shape):
+            if d < 0:
+                values = ", ".join(f"{n}={v}" for n, v in symbols.items())
+                raise ShapeError(
+                    f"{manifest.graph}: tensor {t.name!r}: dimension {k} ({t.shape[k]}) "
+                    f"evaluates to {d} for {values}"
+                )
         if numel(shape) * DTYPE_SIZES[t.dtype] > MAX_BYTES:
             raise ShapeError(
                 f"{manifest.graph}: tensor {t.name!r} of shape {_fmt_shape(shape)} {t.dtype} "
