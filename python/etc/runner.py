@@ -288,10 +288,12 @@ class Source:
             return f"graph '{self.graph.name}' ({self.schedule or 'static'} schedule)"
         return str(self.directory)
 
-    def buffers(self, symbols: Mapping[str, int]) -> list[Buffer]:
+    def buffers(self, symbols: Mapping[str, int], manifest: Any = None) -> list[Buffer]:
+        """The buffers under ``symbols``: the graph's, or those of the
+        artifact's ``manifest`` for them (read here unless given)."""
         if self.graph is not None:
             return graph_buffers(self.graph, symbols)
-        return manifest_buffers(artifact_manifest(self.directory, symbols), symbols)
+        return manifest_buffers(manifest or artifact_manifest(self.directory, symbols), symbols)
 
     def load(self, device: int | None, timeout: float | None, max_polls: int | None) -> Any:
         """The GPU kernel: the artifact's, or the graph's compiled now."""
@@ -353,14 +355,15 @@ def run(
         )
     if trace is not None and simulate:
         raise EtcError("--trace records a GPU launch: not with --simulate")
+    manifest = None
     if trace is not None and source.graph is None:
-        m = artifact_manifest(source.directory, symbols)
-        if not m.traced:
+        manifest = artifact_manifest(source.directory, symbols)
+        if not manifest.traced:
             raise EtcError(
                 f"{source.directory}: compiled without trace=True, so it records no timeline "
                 "(etc.compile(g, trace=True))"
             )
-    buffers = source.buffers(symbols)
+    buffers = source.buffers(symbols, manifest)
     if names is not None and not (check or expect is not None):
         raise EtcError("compare: names tensors of --check or --expect; give one")
     if names is not None:  # before anything runs
@@ -386,7 +389,6 @@ def run(
         where = "ran on the GPU"
         timeline = kernel.trace() if trace is not None else None
     say(f"{where} with {', '.join(f'{k}={v}' for k, v in symbols.items()) or 'no symbols'}:")
-    by_name = {b.name: b for b in buffers}
     for b in buffers:
         say("  " + summary(b, result[b.name]))
     problems: list[str] = []
@@ -399,7 +401,7 @@ def run(
             say("  " + line)
         problems += found
     if output is not None:
-        write_npz(output, {n: result[n] for n in by_name})
+        write_npz(output, {b.name: result[b.name] for b in buffers})
     if timeline is not None:
         timeline.to_chrome(trace)
         say(f"{trace}: {len(timeline)} task instances ({timeline.dropped} dropped)")
@@ -468,10 +470,10 @@ def bench(
         _Timed(s, s.load(device, timeout, max_polls), sum(b.nbytes for b in bufs))
         for s, bufs in zip(sources, buffers, strict=True)
     ]
-    devices = {leaf_kernel(t.kernel, symbols).device.ordinal for t in timed}
+    dev, *others = (leaf_kernel(t.kernel, symbols).device for t in timed)
+    devices = sorted({d.ordinal for d in (dev, *others)})
     if len(devices) > 1:
-        raise LaunchError(f"bench: the sources loaded on different devices {sorted(devices)}")
-    dev = leaf_kernel(timed[0].kernel, symbols).device
+        raise LaunchError(f"bench: the sources loaded on different devices {devices}")
     all_sets = sum(t.per_set for t in timed)
     free = timing.free_bytes()
     if all_sets > free:
