@@ -1166,6 +1166,31 @@ VARIANTS["splits33"] = {"attn_single_splits": 33}
 # 6 MB. o_proj's 16-column gemv blocks read 16 MB, and the attention runs
 # before them. Predicted: -2..-2.5 us a layer, -2 % at B = 24-32, L = 1024.
 VARIANTS["hyb32_o"] = _above16((32, _hybrid(32, ("o_proj",))))
+
+
+# Session 65: B = 1's splits meeting on thread-block clusters (attn_cluster,
+# bench/cluster_merge_proto.cu). Up to L = 1087 exactly 8 splits of up to
+# 192 positions (128 at L = 1024: two loop steps), the deal kept as with 17
+# (item 239's slots); b1_s8 hands the partials over through the L2 as today
+# (count, last merges), b1_c8 pushes them into rank 0's shared memory on a
+# cluster of 8. Item 239 had 9 splits of 128 with slots at -1.3..-1.6 % (L =
+# 1024). Predicted: b1_s8 -1..-1.5 %, b1_c8 a further -1.5..-2.5 % (the
+# atomic's ~0.74 us and the merge's first L2 round trip, ~1.1, gone a layer).
+def _b1_eight(*changes: tuple[str, object]) -> dict:
+    (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
+    one = dict(one)
+    _, *longer = one["context_buckets"]
+    short = (("attn_phased_span", 192), ("attn_prefetch_kv", True), ("argmax_fused", True),
+             _SLOTS, *changes)  # fmt: skip
+    one["context_buckets"] = ((M.SINGLE_SEQUENCE_CONTEXT, short), *longer)
+    return {
+        "attn_single_tiers": ((M.SINGLE_SEQUENCE_CONTEXT, 0, 8),),
+        "batch_buckets": ((bound, tuple(one.items())), *rest),
+    }
+
+
+VARIANTS["b1_s8"] = _b1_eight()
+VARIANTS["b1_c8"] = _b1_eight(("attn_cluster", 8))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}

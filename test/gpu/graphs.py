@@ -708,6 +708,20 @@ def llama_tiny_variants() -> dict:
             (None, ()),
         ),
     )  # fmt: skip
+    # ... exactly 4 splits of up to 16 positions up to L = 39 (a tier of span
+    # 0), each kv head's meeting on a thread-block cluster of 4: the others
+    # push their partials into rank 0's shared memory (attn_cluster; the
+    # dynamic schedule's kernel meets through the L2).
+    context_cluster = dataclasses.replace(
+        context_span, attn_single_tiers=((39, 0, 4),),
+        batch_buckets=(
+            (1, (*llama.SINGLE_SEQUENCE, ("context_buckets", (
+                (39, (("attn_phased_span", 16), ("attn_prefetch_kv", True),
+                      ("attn_cluster", 4))),
+                (None, ()))))),
+            (None, ()),
+        ),
+    )  # fmt: skip
     # ... its attention's steps 2-4 as one pass of each warp (attn_one_pass).
     context_one_pass = dataclasses.replace(
         context_span,
@@ -1019,6 +1033,7 @@ def llama_tiny_variants() -> dict:
         "llama_tiny_context_span": context_span,
         "llama_tiny_context_slots": context_slots,
         "llama_tiny_context_tiers": context_tiers,
+        "llama_tiny_context_cluster": context_cluster,
         "llama_tiny_context_one_pass": context_one_pass,
         "llama_tiny_one_pass": one_pass,
         # The sync-core weight copies marked L2 evict-first (a cache hint:

@@ -6,6 +6,7 @@ through the compiler to PTX that ptxas accepts."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import types
 from pathlib import Path
@@ -1889,7 +1890,7 @@ def test_single_tiers_give_each_context_kernel_its_split_count():
     assert counts == [9, 5, 9, 9, 17, 17]
     for bad in (((15, 8),), ((15, 8, 0),), ((47, 8, 5), (15, 8, 5)), ((15, 65, 5),), [(1, 8, 2)]):
         with pytest.raises(etc.GraphError, match=r"attn_single_tiers=.* must be \(context, span, "
-                           r"most\) triples .* spans in 1\.\.64"):  # fmt: skip
+                           r"most\) triples .* spans in 0\.\.64"):  # fmt: skip
             dataclasses.replace(TINY_SHORT, attn_single_tiers=bad)
     with pytest.raises(etc.GraphError, match="attn_single_span=0 turns off"):
         dataclasses.replace(CFG, attn_single_tiers=((15, 8, 5),))
@@ -1903,6 +1904,47 @@ def test_single_tiers_give_each_context_kernel_its_split_count():
     with pytest.raises(etc.GraphError, match=r"attn_phased_span=8: at L = 8 the 1 splits of at "
                        r"most 8 positions do not hold the 9 positions \(L <= 15\)"):  # fmt: skip
         dataclasses.replace(TINY_TIERS, attn_single_tiers=((47, 16, 3),))
+
+
+def test_attn_cluster_meets_a_kv_heads_splits_on_one_cluster(tmp_path):
+    """attn_cluster: B = 1's short kernel takes exactly 4 splits a kv head
+    at every L (a tier of span 0) and runs each head's as one group of a
+    thread-block cluster of 4, the others pushing their partials into rank
+    0's shared memory; its static lists simulate to the numpy model's step;
+    the dynamic schedule's kernel meets the same splits through the L2; a
+    split count that is not the cluster's, or a kernel that is not one
+    sequence's of bounded L, is refused by name."""
+    cfg = llama_tiny_variants()["llama_tiny_context_cluster"]
+    assert [cfg.splits(L, 1) for L in (0, 5, 39, 40, 100)] == [4, 4, 4, 5, 5]
+    short = cfg.kernel_for(1, 39)
+    assert short.attn_cluster == 4 and cfg.kernel_for(1, 40).attn_cluster == 0
+    g = M.build_decoder_graph(short)
+    attention = next(t for t in g.tasks if t.name == "attention")
+    assert (
+        attention.function.cluster == 4 and "st.async.shared::cluster" in attention.function.source
+    )
+    weights = M.random_weights(short, seed=3)
+    for L in (0, 7, 39):
+        tokens = np.array([11], np.int32)
+        arrays = M.numpy_inputs(short, weights, tokens, L, L + 2)
+        ref = M.reference_step(short, arrays, L)
+        out = etc.simulate(g, arrays, {"B": 1, "L": L, "S": L + 2}, schedule="static", num_ctas=8)
+        got = bf16_to_f32(out["logits"])
+        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
+        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+    static = M.compile_decoder(cfg, "static", name="llama_tiny", cubin=False)
+    dynamic = M.compile_decoder(cfg, "dynamic", name="llama_tiny", cubin=False)
+    kernels = {s: a.leaves()[0][1] for s, a in (("static", static), ("dynamic", dynamic))}
+    assert "barrier.cluster.wait" in kernels["static"].ptx
+    assert "st.async" not in kernels["dynamic"].ptx and "atom.acq_rel.gpu" in kernels["dynamic"].ptx
+    for bad, message in (
+        (dict(attn_cluster=3), "attn_cluster=3: a thread-block cluster of 2, 4, 8 CTAs"),
+        (dict(attn_cluster=8), "at L = 0 B = 1 takes 4 splits, not 8"),
+        (dict(attn_cluster=4, max_batch=None), "of a kernel of one sequence and bounded L"),
+        (dict(attn_cluster=4, attn_one_pass=True), "not attn_one_pass"),
+    ):
+        with pytest.raises(etc.GraphError, match=re.escape(message)):
+            dataclasses.replace(short, **bad)
 
 
 # -- ragged batches (LlamaConfig.ragged) ------------------------------------------------

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from .._fields import check_config, is_int
+from ..device import CLUSTER_SIZES
 from ..dtypes import bf16_to_f32, f32_to_bf16, torch_dtype
 from ..errors import GraphError
 from ..graph import Graph
@@ -440,6 +441,8 @@ class LlamaConfig:
     #: up to 128 (the merge half as long) and the long kernel past it its 17
     #: (a split count for the whole artifact gave the long kernel 9 up to L
     #: = 2303, +1.1..+1.8 % at L = 2048; forty-eighth session, item 239).
+    #: A span of 0 gives exactly ``most`` splits at every L of the tier
+    #: (:attr:`attn_cluster`'s groups; trailing ones empty at short L).
     attn_single_tiers: tuple[tuple[int, int, int], ...] = ()
     gemm_options: tuple[tuple[str, Any], ...] = field(default=_GEMM_OPTIONS)
     #: Warps along the rows of a GEMM tile (0: ``plan_warps``' default). With
@@ -882,6 +885,15 @@ class LlamaConfig:
     #: it: B = 1 up to L = 1087 runs 17 splits of 64 positions. Checked
     #: against every L up to ``max_context``.
     attn_phased_span: int = 0
+    #: A one-sequence kernel bounded in L (as :attr:`attn_phased_span`):
+    #: each kv head's splits meet on a thread-block cluster of this many CTAs,
+    #: handing their partials to rank 0 through distributed shared memory
+    #: instead of a count and the L2 (``attention(cluster=...)``; 0: off).
+    #: Needs the phased tile with ``fuse_combine`` and exactly this many
+    #: splits at every L up to ``max_context`` (an ``attn_single_tiers`` tier
+    #: of span 0), and the static schedule, whose lists put a group on one
+    #: cluster; the whole kernel then launches in clusters.
+    attn_cluster: int = 0
     #: The prefetch task's instances per layer (each of ``block_size`` threads).
     l2_prefetch_ctas: int = 64
     #: The prefetched lines get L2's evict-last priority.
@@ -1133,6 +1145,7 @@ class LlamaConfig:
             )
         self._check_small_spans(hold, holder)
         self._check_phased_span()
+        self._check_attn_cluster()
         if self.heads % self.kv_heads:
             raise GraphError(
                 f"LlamaConfig: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"
@@ -1220,13 +1233,13 @@ class LlamaConfig:
             well_formed
             and bounds == sorted(set(bounds))
             and bounds[0] >= 0
-            and all(0 < span <= hold and most >= 1 for _, span, most in tiers)
+            and all(0 <= span <= hold and most >= 1 for _, span, most in tiers)
         ):
             raise GraphError(
                 f"LlamaConfig: attn_single_tiers={tiers!r} must be (context, span, most) "
-                f"triples with increasing contexts >= 0, spans in 1..{hold} (the attention's "
-                f"buffers hold {holder}) and most at least 1; () for attn_single_span's and "
-                "attn_single_splits' count at every L"
+                f"triples with increasing contexts >= 0, spans in 0..{hold} (the attention's "
+                f"buffers hold {holder}; 0: exactly most splits) and most at least 1; () for "
+                "attn_single_span's and attn_single_splits' count at every L"
             )
         if not self.attn_single_span:
             raise GraphError(
@@ -1583,6 +1596,39 @@ class LlamaConfig:
                     f"positions do not hold the {L + 1} positions (L <= {self.max_context})"
                 )
 
+    def _check_attn_cluster(self) -> None:
+        """``attn_cluster``: a phased, fused-combine kernel of one sequence and
+        bounded L whose split count is the cluster at every L."""
+        _int_field("attn_cluster", self.attn_cluster, 0)
+        if not self.attn_cluster:
+            return
+        where = f"LlamaConfig: attn_cluster={self.attn_cluster}"
+        if self.attn_cluster not in CLUSTER_SIZES:
+            raise GraphError(
+                f"{where}: a thread-block cluster of {', '.join(map(str, CLUSTER_SIZES))} CTAs"
+            )
+        if (
+            self.attn_tile != "phased"
+            or not self.fuse_combine
+            or self.attn_one_pass
+            or self.max_batch != 1
+            or self.max_context is None
+        ):
+            raise GraphError(
+                f"{where} meets a kv head's splits on a cluster in the phased attention with "
+                "fuse_combine, not attn_one_pass, of a kernel of one sequence and bounded L (a "
+                f"batch bucket B <= 1, a context bucket): attn_tile={self.attn_tile!r}, "
+                f"fuse_combine={self.fuse_combine}, attn_one_pass={self.attn_one_pass}, "
+                f"max_batch={self.max_batch}, max_context={self.max_context}"
+            )
+        for L in range(self.max_context + 1):
+            if self.splits(L, 1) != self.attn_cluster:
+                raise GraphError(
+                    f"{where}: at L = {L} B = 1 takes {self.splits(L, 1)} splits, not "
+                    f"{self.attn_cluster} (give attn_single_tiers a tier of span 0 and "
+                    f"most {self.attn_cluster} up to L = {self.max_context})"
+                )
+
     def _check_buckets(self, field: str) -> None:
         """``batch_buckets`` or ``context_buckets``: increasing bounds, a last
         None, changes that name fields and make a valid kernel."""
@@ -1727,6 +1773,8 @@ class LlamaConfig:
         if self.attn_single_span:
             # ``below``: the count B = 1 would have without this tier.
             def capped(span: int, most: int) -> Any:
+                if not span:  # exactly `most` (attn_cluster's groups)
+                    return most
                 return _max(below, _min((L + span) // span, most))
 
             # The context tiers, then the two fields' count past the last.
@@ -1858,6 +1906,10 @@ def compile_decoder(
         # (bound, graph, its options), or a bucket split again by L.
         if c.context_buckets:
             return (bound, ("L", [entry(b, k) for b, k in c.context_configs()]))
+        if schedule == "dynamic" and c.attn_cluster:
+            # The same splits meet through the L2: only the static lists put
+            # a group on one cluster.
+            c = dataclasses.replace(c, attn_cluster=0)
         g = build_decoder_graph(c, name=name)
         return (bound, g, per_kernel(c, g))
 
@@ -2106,6 +2158,7 @@ def _tiles(cfg: LlamaConfig) -> dict[str, Any]:
             one_pass=cfg.attn_one_pass,
             lengths=cfg.ragged,
             page_size=cfg.page_size,
+            cluster=cfg.attn_cluster,
         ),  # fmt: skip
         **(
             {}
@@ -2224,7 +2277,9 @@ def build_decoder_graph(
     # 1 past one split, else 0 with direct attention (a single split wrote the
     # output itself): the factor of the combine's grid and count.
     combines = (cfg.splits(L, B) + _BIG - 2) // _BIG if cfg.direct_attention else 1
-    attn_grid = (B, KV // cfg.attn_items, cfg.splits(L, B))
+    # A clustered attention's groups need a constant extent (the splits'
+    # count there, checked by LlamaConfig).
+    attn_grid = (B, KV // cfg.attn_items, cfg.attn_cluster or cfg.splits(L, B))
     attn_instances = attn_grid[0] * attn_grid[1] * attn_grid[2]
     layer_in = g.event(
         (NL + 1,), wait_count=tiles_of(cfg.bn_down, cfg.hidden, "down_proj"), name="layer_in"

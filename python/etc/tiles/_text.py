@@ -23,6 +23,11 @@ MBAR_WAIT = (
     f"add.u32 n, n, 1; setp.lt.u32 p, n, {MBAR_POLLS}; @p bra LAB_WAIT; trap; DONE: }}"
 )
 
+#: :data:`MBAR_WAIT` with acquire at cluster scope: for bytes other CTAs of
+#: the cluster completed on the mbarrier (``st.async``).
+MBAR_WAIT_CLUSTER = MBAR_WAIT.replace(
+    "mbarrier.try_wait.parity.shared", "mbarrier.try_wait.parity.acquire.cluster.shared"
+)
 
 #: Inline PTX polling the u32 at global address ``$0`` (acquire, GPU scope)
 #: until it is at most ``$1`` (a split-K part waiting for its block's count

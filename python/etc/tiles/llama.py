@@ -32,7 +32,7 @@ import textwrap
 import numpy as np
 
 from .._fields import checked_arguments
-from ..device import DeviceFunction
+from ..device import CLUSTER_SIZES, DeviceFunction
 from ..dtypes import bf16_to_f32, f32_to_bf16
 from ..errors import GraphError
 from . import _paged, _text
@@ -457,6 +457,7 @@ def attention(
     one_pass: bool = False,
     lengths: bool = False,
     page_size: int = 0,
+    cluster: int = 0,
 ) -> DeviceFunction:
     """Tile ``(l, b, g, s)``: split ``s`` of the decode attention of kv head
     ``g``'s ``G = heads/kv_heads`` query heads (flash-decoding).
@@ -529,6 +530,23 @@ def attention(
     into the partials. Two barriers fewer than the phases, no scores in
     workgroup memory, every warp busy in the softmax.
 
+    ``cluster`` (with ``combine``; 2, 4 or 8): a group's splits meet on a
+    thread-block cluster of that many CTAs instead of through the L2
+    (:attr:`etc.DeviceFunction.cluster`: the grid's last dimension, the
+    partials' split count, must be ``cluster``, and the static lists put a
+    group's splits on one cluster, split ``s`` on the CTA of rank ``s``).
+    The CTA of rank 0 initialises an mbarrier expecting the other splits'
+    partial bytes, and every CTA arrives on the cluster barrier; after the
+    scores (by then the barrier has usually completed) each CTA waits on it,
+    and the others push their softmax states and partial outputs into rank
+    0's shared memory with ``st.async`` (each completing bytes on that
+    mbarrier) while rank 0 keeps its own there. Rank 0 waits for the bytes,
+    merges the splits from its shared memory (:func:`_shared_merge`) and
+    invalidates the mbarrier; ``%op``, ``%mp`` and ``%cnt`` are not
+    touched (the reference still counts and merges through them). No
+    atomic and no L2 round trip between the splits and the merge. The
+    other CTAs leave once they have pushed.
+
     ``stamps`` (a measuring aid, off in every kernel) adds a last argument
     ``stamps: memref<?x?x?x?x14xi64>`` (indexed ``[l, b, g, s]``) into which
     thread 0 writes its clock at :data:`PHASED_STAMPS`' points.
@@ -568,6 +586,17 @@ def attention(
     )
     _paged.check_page_size(name, page_size)
     NH, KV, D, G, U = heads, kv_heads, head_dim, heads // kv_heads, unroll
+    if cluster and (cluster not in CLUSTER_SIZES or not combine or one_pass):
+        raise GraphError(
+            f"tile '{name}': cluster={cluster!r} merges a group's splits on a thread-block "
+            f"cluster of {', '.join(map(str, CLUSTER_SIZES))} CTAs, which needs combine=True "
+            f"and one_pass=False (combine={combine!r}, one_pass={one_pass!r})"
+        )
+    if cluster and G * D > block_size:
+        raise GraphError(
+            f"tile '{name}': cluster={cluster} pushes one partial output a thread: the group's "
+            f"{G} heads of {D} must be at most block_size={block_size}"
+        )
     RL = D // 8  # lanes per row
     if 32 % RL:
         raise GraphError(
@@ -882,6 +911,7 @@ def attention(
     combine_lines = ""
     if combine:
         _check_fused_combine(name, G, D, block_size, merge_unroll)
+    if combine and not cluster:
         # The grid's split count is the partials' (capped or spread splits
         # are not ceil((L + 1) / chunk)).
         counted, merge_stamps = "", ("", "")
@@ -911,6 +941,28 @@ def attention(
             )
             + "\n"
         )
+    if cluster:
+        meeting = _ClusterMeeting(name, cluster, G, D)
+        ml_stores = meeting.push([max_val, sum_val], "%clm_", head="%t")
+        out_store = meeting.push([osum], "%clo_", at="%i")
+        counted = stamp("counted") if stamps else ""
+        merge_stamps = (stamp("merge_loaded"), stamp("merge_folded")) if stamps else ("", "")
+        combine_global = meeting.globals()
+        combine_lines = meeting.merge(
+            _shared_merge(
+                "%qh0", G * D // 8, _merge_lanes(G * D // 8, block_size), "%cl_splits", D,
+                op_t, mp_t, f"memref<?x{NH * D}xbf16>", p="fc_", unroll=merge_unroll,
+                stamps=merge_stamps, slots=meeting.slots(),
+            ),
+            counted,
+        )  # fmt: skip
+    else:
+        ml_stores = (
+            "      %h = arith.addi %qh0, %t : index\n"
+            f"      memref.store {max_val}, %mp[%b, %h, %s, %c0] : {mp_t}\n"
+            f"      memref.store {sum_val}, %mp[%b, %h, %s, %c1] : {mp_t}"
+        )
+        out_store = f"    memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}"
     if prefetch_kv is True and not stage_kv:
         raise GraphError(f"tile '{name}': prefetch_kv issues the stage_kv copies: give stage_kv")
     kv_global = (
@@ -928,7 +980,7 @@ def attention(
 {chr(10).join(score_lines)}
   }}
   gpu.barrier
-{stamp("scored")}  // 3. Softmax of head t by warps t, t + {warps}, ...
+{meeting.arrived() if cluster else ""}{stamp("scored")}  // 3. Softmax of head t by warps t, t + {warps}, ...
   scf.for %t = %warp to %cG step %cWarps {{
     %tb = arith.muli %t, %cChunk : index
     %mx = scf.for %j = %lane to %n step %c32 iter_args(%m = %empty) -> (f32) {{
@@ -949,9 +1001,7 @@ def attention(
     }}
 {sum_red}
     scf.if %is_lane0 {{
-      %h = arith.addi %qh0, %t : index
-      memref.store {max_val}, %mp[%b, %h, %s, %c0] : {mp_t}
-      memref.store {sum_val}, %mp[%b, %h, %s, %c1] : {mp_t}
+{ml_stores}
     }}
   }}
   gpu.barrier
@@ -971,7 +1021,7 @@ def attention(
     %ot = arith.divui %i, %cD : index
     %od = arith.remui %i, %cD : index
     %oh = arith.addi %qh0, %ot : index
-    memref.store {osum}, %op[%b, %oh, %s, %od] : {op_t}
+{out_store}
   }}
 """
     if one_pass:
@@ -1044,7 +1094,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
   // A previous call on this CTA may still be reading the workgroup buffers.
   gpu.barrier
 {chr(10).join(stage_lines)}
-{stamp("entry", "entry_ns")}  // 1. RoPE: rows 0..G-1 of qk are the queries, G is k, G+1 is v (bf16 values).
+{meeting.prologue() if cluster else ""}{stamp("entry", "entry_ns")}  // 1. RoPE: rows 0..G-1 of qk are the queries, G is k, G+1 is v (bf16 values).
   // Item t is {RV} dims of a row, with its rotate-half partner's: one load
   // round trip for the whole step.
   scf.for %t = %tid to %cRItems step %cBS {{
@@ -1131,6 +1181,7 @@ memref.global "private" @{name}__o : {o_t} {{alignment = 16 : i64}}
     )
     fn = DeviceFunction.from_mlir(source, name, reference, block_size=block_size)
     fn.prefetch_fills_shared = prefetch_kv is True
+    fn.cluster = cluster
     return fn
 
 
@@ -2069,6 +2120,131 @@ def _fused_combine_reference(
         attn[b, g * G * D : (g + 1) * G * D] = _merge_splits(op, mp, b, heads, splits)
 
 
+class _ClusterMeeting:
+    """MLIR text of the phased attention's cluster meeting
+    (``attention(cluster=...)``): a group's ``cluster`` splits on one
+    thread-block cluster hand their partials to the CTA of rank 0 through
+    distributed shared memory. A split's slot holds ``G * D`` outputs
+    (head-major) and then ``G`` (max, sum) pairs: ``floats`` words. Names
+    start with ``cl``; the text needs ``%tid``, ``%s``, ``%c0`` and
+    ``%qh0``."""
+
+    def __init__(self, name: str, cluster: int, G: int, D: int) -> None:
+        self.name, self.cluster, self.G, self.D = name, cluster, G, D
+        self.floats = G * D + 2 * G
+        self.slots_t = f"memref<{cluster * self.floats}xf32, {_WG}>"
+        self.bar_t = f"memref<1xi64, {_WG}>"
+
+    def globals(self) -> str:
+        return (
+            f'memref.global "private" @{self.name}__cm : {self.slots_t} {{alignment = 16 : i64}}\n'
+            f'memref.global "private" @{self.name}__cbar : {self.bar_t} {{alignment = 8 : i64}}\n'
+        )
+
+    def slots(self) -> tuple[str, str, int, int]:
+        """:func:`_shared_merge`'s ``slots``."""
+        return "%cl_cm", self.slots_t, self.floats, self.G * self.D
+
+    def prologue(self) -> str:
+        """Rank 0's thread 0 makes the mbarrier that counts the other
+        splits' bytes (a fresh one each instance: the words are other tiles'
+        in between), then every thread arrives on the cluster barrier, which
+        publishes it; the other CTAs push only after waiting there."""
+        tx = (self.cluster - 1) * self.floats * 4
+        asm = _text.asm_line
+        return f"""\
+  // The cluster meeting: rank 0 takes the group's partials in @{self.name}__cm.
+  %cl_cm = memref.get_global @{self.name}__cm : {self.slots_t}
+  %cl_cmp = memref.extract_aligned_pointer_as_index %cl_cm : {self.slots_t} -> index
+  %cl_cm32 = arith.index_cast %cl_cmp : index to i32
+  %cl_barm = memref.get_global @{self.name}__cbar : {self.bar_t}
+  %cl_barp = memref.extract_aligned_pointer_as_index %cl_barm : {self.bar_t} -> index
+  %cl_bar = arith.index_cast %cl_barp : index to i32
+  %cl_rank = llvm.inline_asm has_side_effects asm_dialect = att "mov.u32 $0, %cluster_ctarank;", "=r" : () -> i32
+  %cl_zero = arith.constant 0 : i32
+  %cl_lead = arith.cmpi eq, %cl_rank, %cl_zero : i32
+  %cl_remote = llvm.inline_asm asm_dialect = att "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r" %cl_cm32, %cl_zero : (i32, i32) -> i32
+  %cl_rbar = llvm.inline_asm asm_dialect = att "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r" %cl_bar, %cl_zero : (i32, i32) -> i32
+  %cl_cFloats = arith.constant {self.floats} : index
+  %cl_c4 = arith.constant 4 : index
+  %cl_splits = arith.constant {self.cluster} : index
+  %cl_slot0 = arith.muli %s, %cl_cFloats : index
+  %cl_t0 = arith.cmpi eq, %tid, %c0 : index
+  %cl_init = arith.andi %cl_lead, %cl_t0 : i1
+  scf.if %cl_init {{
+    %cl_tx = arith.constant {tx} : i32
+    {asm("mbarrier.init.shared::cta.b64 [$0], 1;", [("%cl_bar", "i32")], memory=True)}
+    {asm("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", [("%cl_bar", "i32"), ("%cl_tx", "i32")], memory=True)}
+    {asm("fence.mbarrier_init.release.cluster;", [], memory=True)}
+  }}
+  {asm("barrier.cluster.arrive.release.aligned;", [], memory=True)}
+"""
+
+    def arrived(self) -> str:
+        """Every CTA of the cluster has arrived (rank 0's mbarrier is ready)."""
+        return f"  {_text.asm_line('barrier.cluster.wait.acquire.aligned;', [], memory=True)}\n"
+
+    def push(
+        self, values: list[str], p: str, head: str | None = None, at: str | None = None
+    ) -> str:
+        """Store ``values`` (f32, consecutive words) at this split's slot:
+        rank 0 into its own workgroup memory, the others into rank 0's by
+        ``st.async`` completing their bytes on its mbarrier. ``head``: head
+        ``head``'s (max, sum) pair; ``at``: output word ``at``."""
+        if head is not None:
+            offset = (
+                f"      {p}h2 = arith.muli {head}, {p}c2 : index\n"
+                f"      {p}off = arith.addi {p}h2, {p}cOuts : index\n"
+            )
+        else:
+            offset = f"      {p}off = arith.addi {at}, %c0 : index\n"
+        n = len(values)
+        vec = ".v2" if n == 2 else ""
+        regs = "{" + ", ".join(f"${q + 1}" for q in range(n)) + "}" if n > 1 else "$1"
+        local = "\n".join(
+            (f"        {p}i{q} = arith.addi {p}at, {p}c{q} : index\n" if q else "")
+            + f"        memref.store {v}, %cl_cm[{f'{p}i{q}' if q else f'{p}at'}] : {self.slots_t}"
+            for q, v in enumerate(values)
+        )
+        remote = _text.asm_line(
+            f"st.async.shared::cluster.mbarrier::complete_tx::bytes{vec}.f32 [$0], {regs}, "
+            f"[${n + 1}];",
+            [(f"{p}addr", "i32"), *[(v, "f32") for v in values], ("%cl_rbar", "i32")],
+            memory=True,
+        )
+        return f"""\
+      {p}c1 = arith.constant 1 : index
+      {p}c2 = arith.constant 2 : index
+      {p}cOuts = arith.constant {self.G * self.D} : index
+{offset}      {p}at = arith.addi %cl_slot0, {p}off : index
+      scf.if %cl_lead {{
+{local}
+      }} else {{
+        {p}b = arith.muli {p}at, %cl_c4 : index
+        {p}b32 = arith.index_cast {p}b : index to i32
+        {p}addr = arith.addi %cl_remote, {p}b32 : i32
+        {remote}
+      }}"""
+
+    def merge(self, merge: str, counted: str) -> str:
+        """Rank 0: wait for the other splits' bytes (trapping as
+        ``MBAR_WAIT`` does if they never come), then ``merge`` from the
+        slots; the mbarrier is given up once every thread is past it."""
+        wait = _text.asm_line(_text.MBAR_WAIT_CLUSTER, [("%cl_bar", "i32"), ("%cl_zero", "i32")])
+        inval = _text.asm_line("mbarrier.inval.shared::cta.b64 [$0];", [("%cl_bar", "i32")])
+        return f"""\
+  // Rank 0 merges the group once the other splits' partials are in.
+  scf.if %cl_lead {{
+    {wait}
+    gpu.barrier
+    scf.if %cl_t0 {{
+      {inval}
+    }}
+{counted}{merge}
+  }}
+"""
+
+
 def _merge_lanes(items: int, block_size: int) -> int:
     """Lanes per 8-dim item of :func:`_shared_merge`: a power of two up to 32."""
     lanes = 1
@@ -2080,6 +2256,7 @@ def _merge_lanes(items: int, block_size: int) -> int:
 def _shared_merge(
     first_head: str, items: int, lanes: int, splits: str, D: int, op_t: str, mp_t: str, a_t: str,
     p: str = "", unroll: int = 1, stamps: tuple[str, str] = ("", ""),
+    slots: tuple[str, str, int, int] | None = None,
 ) -> str:  # fmt: skip
     """The flash-decoding merge of ``items`` 8-dim items of heads
     ``first_head ..`` of row ``%b`` with the splits shared out: item ``tid /
@@ -2092,7 +2269,10 @@ def _shared_merge(
     and count as empty) before folding any, one round trip for up to
     ``lanes * unroll`` splits. ``stamps``: text after the lanes' loop and
     after their shuffles (a measuring aid). Needs ``%tid``; names start with
-    ``p``."""
+    ``p``. ``slots = (memref, type, floats, outputs)``: the partials are in
+    workgroup memory instead, split ``s``'s at float ``s * floats`` (its
+    outputs, head-major, then ``outputs`` on its (max, sum) pairs), as
+    :class:`_ClusterMeeting` leaves them."""
 
     def vec_shuffle(v: str, off: int, q: str) -> tuple[list[str], str]:
         ops, parts = [], []
@@ -2149,12 +2329,25 @@ def _shared_merge(
                 f"    %{q}at = arith.select %{q}ok, %{q}s, %{p}s : index",
             ]
             at = f"%{q}at"
-        loads += [
-            f"    %{q}ms = memref.load %mp[%b, %{p}h, {at}, %{p}c0] : {mp_t}",
-            f"    %{q}ss = memref.load %mp[%b, %{p}h, {at}, %{p}c1] : {mp_t}",
-            f"    %{q}o = vector.load %op[%b, %{p}h, {at}, %{p}d] {{alignment = 16 : i64}} : "
-            f"{op_t}, vector<8xf32>",
-        ]
+        if slots:
+            buf, buf_t, _, _ = slots
+            loads += [
+                f"    %{q}sb = arith.muli {at}, %{p}cFloats : index",
+                f"    %{q}mi = arith.addi %{q}sb, %{p}mofs : index",
+                f"    %{q}si = arith.addi %{q}mi, %{p}c1 : index",
+                f"    %{q}oi = arith.addi %{q}sb, %{p}oofs : index",
+                f"    %{q}ms = memref.load {buf}[%{q}mi] : {buf_t}",
+                f"    %{q}ss = memref.load {buf}[%{q}si] : {buf_t}",
+                f"    %{q}o = vector.load {buf}[%{q}oi] {{alignment = 16 : i64}} : "
+                f"{buf_t}, vector<8xf32>",
+            ]
+        else:
+            loads += [
+                f"    %{q}ms = memref.load %mp[%b, %{p}h, {at}, %{p}c0] : {mp_t}",
+                f"    %{q}ss = memref.load %mp[%b, %{p}h, {at}, %{p}c1] : {mp_t}",
+                f"    %{q}o = vector.load %op[%b, %{p}h, {at}, %{p}d] {{alignment = 16 : i64}} : "
+                f"{op_t}, vector<8xf32>",
+            ]
         got = (f"%{q}ms", f"%{q}ss", f"%{q}o")
         if u:  # past the splits: the empty state (max lowest, sum 0, output 0)
             loads += [
@@ -2170,6 +2363,16 @@ def _shared_merge(
         f"  %{p}cStep{u} = arith.constant {u * lanes} : index" for u in range(1, unroll)
     )
     nl = "\n"
+    slot_lines = ""
+    if slots:  # this thread's (max, sum) and output offsets within a split's slot
+        slot_lines = f"""
+    %{p}cTwo = arith.constant 2 : index
+    %{p}cFloats = arith.constant {slots[2]} : index
+    %{p}cOuts = arith.constant {slots[3]} : index
+    %{p}hq2 = arith.muli %{p}hq, %{p}cTwo : index
+    %{p}mofs = arith.addi %{p}cOuts, %{p}hq2 : index
+    %{p}hqD = arith.muli %{p}hq, %{p}cD : index
+    %{p}oofs = arith.addi %{p}hqD, %{p}d : index"""
     return f"""\
   %{p}c0 = arith.constant 0 : index
   %{p}c1 = arith.constant 1 : index
@@ -2192,7 +2395,7 @@ def _shared_merge(
     %{p}hq = arith.divui %{p}item, %{p}cDC : index
     %{p}h = arith.addi {first_head}, %{p}hq : index
     %{p}dc = arith.remui %{p}item, %{p}cDC : index
-    %{p}d = arith.muli %{p}dc, %{p}c8 : index
+    %{p}d = arith.muli %{p}dc, %{p}c8 : index{slot_lines}
     %{p}m, %{p}z, %{p}acc = scf.for %{p}s = %{p}lane to {splits} step %{p}cStride
         iter_args(%{p}m0 = %{p}lowest, %{p}z0 = %{p}fzero, %{p}a0 = %{p}zero8) -> (f32, f32, vector<8xf32>) {{
 {nl.join(loop)}
