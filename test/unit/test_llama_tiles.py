@@ -569,6 +569,69 @@ def test_attention_compiles(chunk, unroll, tmp_path):
 
 @needs_ptxas
 @needs_bindings
+def test_clustered_attention_pushes_its_partials_to_rank_0(tmp_path):
+    """attention(cluster=8): rank 0 makes an mbarrier for the other seven
+    splits' bytes and every split arrives on the cluster barrier, waits on it
+    after the scores, then pushes its (max, sum) pairs and partial outputs
+    with st.async (rank 0 stores its own); rank 0 waits for the bytes at
+    cluster scope, merges from shared memory and gives the mbarrier up. No
+    count and no partials in global memory; ptxas assembles it without
+    spills. A cluster without the fused combine, or of 3, is refused."""
+    C, chunk = 8, 192
+    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
+
+    def compiled(cluster):
+        (tmp_path / str(cluster)).mkdir()
+        tile = T.attention(chunk, L_NH, L_KV, L_D, L_LAYERS, unroll=2, combine=True, spread=True,
+                           stage_kv=True, prefetch_kv=True, cluster=cluster)  # fmt: skip
+        assert tile.cluster == cluster
+        return compile_graph(
+            tile,
+            [
+                ("L", (), None),
+                ("qkv", ("b", L_Q), "bf16"),
+                ("rope", ("cap", L_D), "f32"),
+                ("kc", cache, "bf16"),
+                ("vc", cache, "bf16"),
+                ("opart", ("b", L_NH, C, L_D), "f32"),
+                ("mpart", ("b", L_NH, C, 2), "f32"),
+                ("cnt", (L_LAYERS, "b", L_KV), "i32"),
+                ("attn", ("b", L_NH * L_D), "bf16"),
+            ],
+            (L_LAYERS, "b", L_KV, C),
+            ("b", "L", "cap"),
+            tmp_path / str(cluster),
+        )
+
+    ptx, spills, _ = compiled(C)
+    counted, _, _ = compiled(0)
+    assert set(spills) == {0}
+    G = L_NH // L_KV
+    tx = (C - 1) * (G * L_D + 2 * G) * 4  # the others' outputs and (max, sum) pairs
+    bytes_reg = re.search(rf"mov\.b32 \s*(%r\d+), {tx};", ptx)
+    assert bytes_reg and "expect_tx.shared::cta.b64 _, [%r" in ptx
+    assert re.search(rf"expect_tx\.shared::cta\.b64 _, \[%r\d+\], {bytes_reg[1]};", ptx)
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32") == 1
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == 1
+    for op in (
+        "barrier.cluster.arrive.release.aligned",
+        "barrier.cluster.wait.acquire.aligned",
+        "mbarrier.try_wait.parity.acquire.cluster",
+        "mbarrier.inval",
+        "mapa.shared::cluster",
+    ):
+        assert op in ptx, op  # fmt: skip
+    # The count's atomic is gone (the scheduler's own remain).
+    assert ptx.count("atom.acq_rel.gpu") == counted.count("atom.acq_rel.gpu") - 1
+    assert "st.async" not in counted and "barrier.cluster" not in counted
+    with pytest.raises(etc.GraphError, match="cluster=8 merges a group's splits on a thread-block"):
+        T.attention(chunk, L_NH, L_KV, L_D, L_LAYERS, cluster=C)
+    with pytest.raises(etc.GraphError, match="cluster=3 merges"):
+        T.attention(chunk, L_NH, L_KV, L_D, L_LAYERS, combine=True, cluster=3)
+
+
+@needs_ptxas
+@needs_bindings
 def test_attention_combine_compiles(tmp_path):
     tile = T.attention_combine(L_NH, L_D)
     _, spills, _ = compile_graph(
