@@ -44,14 +44,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "chain_model.h"
 #include "cuda_timing.h"
 
-constexpr int THREADS = 256;
-constexpr int KV_HEADS = 8, GROUP = 4, HEADS = KV_HEADS * GROUP, DIM = 64;
-constexpr int ROW = HEADS * DIM; // 2048
-constexpr int CONSUMERS = 128;
-constexpr int MAX_SPLITS = 17;
-constexpr long long MAX_POLLS = 1ll << 22;
 constexpr int KERNEL_SMEM =
     82176; // the B = 1 short kernel's dynamic shared memory
 // A split's partial for its group: 4 heads x 64 dims of output, 4 (max, sum).
@@ -67,44 +62,6 @@ struct Buffers {
   float *sink;
 };
 constexpr int WORDS_PER_LAYER = KV_HEADS + 2;
-
-__device__ unsigned poll_acquire(const unsigned *addr, unsigned target,
-                                 unsigned *failed) {
-  unsigned sleep_ns = 16, v;
-  for (long long polls = 0;; ++polls) {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                 : "=r"(v)
-                 : "l"(addr)
-                 : "memory");
-    if (v >= target)
-      return 0;
-    if (polls > MAX_POLLS || *(volatile unsigned *)failed) {
-      atomicExch(failed, 1u);
-      return 1;
-    }
-    __nanosleep(sleep_ns);
-    sleep_ns = min(sleep_ns * 2, 256u);
-  }
-}
-
-__device__ void notify(unsigned *addr) {
-  __threadfence();
-  atomicAdd(addr, 1u);
-}
-
-__device__ void spin(unsigned cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
-__device__ float partial_out(int split, int head, int dim, int layer) {
-  return __sinf(0.01f * (split * 131 + head * 17 + dim + layer));
-}
-__device__ float2 partial_ml(int split, int head, int layer) {
-  return make_float2(0.1f * __cosf(0.3f * (split + head + layer)),
-                     1.f + 0.05f * split);
-}
 
 // The merge of (head, dim) from `splits` partials laid out as [s][PART_FLOATS]
 // (outputs [GROUP][DIM], then (max, sum) pairs), in split order.
@@ -317,20 +274,28 @@ __global__ void __launch_bounds__(THREADS, 2)
                    : "memory");
 }
 
-template <class K>
-float run(K kernel, const Buffers &b, int ctas, int cluster, int splits,
-          int layers, unsigned work_cycles, unsigned gemv_cycles,
-          size_t words) {
+// A launch of `ctas` CTAs as the B = 1 kernel's block, in clusters of
+// `cluster` (1: none); `attr` must outlive the config.
+cudaLaunchConfig_t launch_config(int ctas, int cluster,
+                                 cudaLaunchAttribute *attr) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(ctas);
   config.blockDim = dim3(THREADS);
   config.dynamicSmemBytes = KERNEL_SMEM;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = cluster;
+  attr->val.clusterDim.y = attr->val.clusterDim.z = 1;
   config.attrs = attr;
   config.numAttrs = cluster > 1 ? 1 : 0;
+  return config;
+}
+
+template <class K>
+float run(K kernel, const Buffers &b, int ctas, int cluster, int splits,
+          int layers, unsigned work_cycles, unsigned gemv_cycles,
+          size_t words) {
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t config = launch_config(ctas, cluster, &attr);
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
@@ -372,16 +337,8 @@ int main(int argc, char **argv) {
   std::printf("%s: %d SMs, %d CTAs an SM (256 threads, %d B dynamic shared)\n",
               prop.name, prop.multiProcessorCount, per_sm, KERNEL_SMEM);
   for (int c : {2, 4, 8, 16}) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(c * 64);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = KERNEL_SMEM;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c;
-    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t config = launch_config(c * 64, c, &attr);
     int clusters = 0;
     cudaError_t e =
         cudaOccupancyMaxActiveClusters(&clusters, chain_cluster, &config);

@@ -12,7 +12,7 @@
 # llama_tiny_context_cluster).
 # `c8`: B = 1 in exactly 8 splits up to L = 1087 meeting through the L2
 # (b1_s8) or on clusters of 8 (b1_c8) against the default, four passes at
-# L = 512 and 1024 (DECODE_SWEEP_VARIANTS=default,b1_s8,b1_c8 python
+# L = 1024 (C8_CONTEXTS=512,1024 for more; DECODE_SWEEP_VARIANTS=default,b1_s8,b1_c8 python
 # bench/decode_sweep.py --build .device/s65/c8). Predicted in bench/RESULTS.md.
 # Usage: bash bench/gpu_session65.sh [card] [h200] [proto] [tests] [c8]
 set -uo pipefail
@@ -31,6 +31,6 @@ for step in ${*:-card}; do
   tests) ETC_ARTIFACTS=.device/s65/tiny timeout 300 python -m pytest -q -p no:cacheprovider -rs \
       test/gpu/test_llama_gpu.py -k context_cluster 2>&1 | tail -15 | tee "$OUT/s65_tests.txt" ;;
   c8) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s65 sweep_passes s65_c8 default,b1_s8,b1_c8 1 \
-    512,1024 .device/s65/c8; tar czf "$OUT/s65_c8_raw.tgz" -C /tmp/s65 raw ;;
+    ${C8_CONTEXTS:-1024} .device/s65/c8; tar czf "$OUT/s65_c8_raw.tgz" -C /tmp/s65 raw ;;
   esac
 done

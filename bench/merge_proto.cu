@@ -44,14 +44,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "chain_model.h"
 #include "cuda_timing.h"
-
-constexpr int THREADS = 256;
-constexpr int KV_HEADS = 8, GROUP = 4, HEADS = KV_HEADS * GROUP, DIM = 64;
-constexpr int ROW = HEADS * DIM; // 2048
-constexpr int CONSUMERS = 128;
-constexpr int MAX_SPLITS = 17;
-constexpr long long MAX_POLLS = 1ll << 22; // then the launch gives up
 
 struct Buffers {
   float *opart;         // [S][HEADS][DIM]
@@ -64,47 +58,6 @@ struct Buffers {
 };
 
 constexpr int WORDS_PER_LAYER = KV_HEADS + 2;
-
-__device__ unsigned poll_acquire(const unsigned *addr, unsigned target,
-                                 unsigned *failed) {
-  unsigned sleep_ns = 16, v;
-  for (long long polls = 0;; ++polls) {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                 : "=r"(v)
-                 : "l"(addr)
-                 : "memory");
-    if (v >= target)
-      return 0;
-    if (polls > MAX_POLLS || *(volatile unsigned *)failed) {
-      atomicExch(failed, 1u);
-      return 1;
-    }
-    __nanosleep(sleep_ns);
-    sleep_ns = min(sleep_ns * 2, 256u);
-  }
-}
-
-__device__ void notify(unsigned *addr) {
-  __threadfence();
-  atomicAdd(addr, 1u);
-}
-
-// Busy for `cycles` SM clocks (%globaltimer ticks too coarsely on some parts).
-__device__ void spin(unsigned cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
-// The partial a split leaves for (head, dim) at layer `layer`: any values
-// whose merge is not trivial.
-__device__ float partial_out(int split, int head, int dim, int layer) {
-  return __sinf(0.01f * (split * 131 + head * 17 + dim + layer));
-}
-__device__ float2 partial_ml(int split, int head, int layer) {
-  return make_float2(0.1f * __cosf(0.3f * (split + head + layer)),
-                     1.f + 0.05f * split);
-}
 
 // The merge of one (head, dim) over `splits` partials, in split order.
 __device__ float merge_one(const Buffers &b, int splits, int head, int dim) {

@@ -475,11 +475,13 @@ def compile_graph(tile, tensors, grid, symbols, tmp_path):
     return art.ptx, spills, smem
 
 
-def compile_attention(tile, chunk, tmp_path):
+def compile_attention(tile, chunk, tmp_path, splits=None):
     """``compile_graph`` of an attention tile over the Llama-3.2-1B shapes
-    (splits of ``chunk``)."""
-    splits = f"(L + {chunk}) // {chunk}"
+    (``splits``, or splits of ``chunk``); a tile with the fused combine also
+    takes the counts and the output."""
+    splits = splits or f"(L + {chunk}) // {chunk}"
     cache = (L_LAYERS, "b", L_KV, "cap", L_D)
+    combine = [("cnt", (L_LAYERS, "b", L_KV), "i32"), ("attn", ("b", L_NH * L_D), "bf16")]
     return compile_graph(
         tile,
         [
@@ -490,6 +492,7 @@ def compile_attention(tile, chunk, tmp_path):
             ("vc", cache, "bf16"),
             ("opart", ("b", L_NH, splits, L_D), "f32"),
             ("mpart", ("b", L_NH, splits, 2), "f32"),
+            *(combine if "%cnt" in tile.source else []),
         ],
         (L_LAYERS, "b", L_KV, splits),
         ("b", "L", "cap"),
@@ -578,30 +581,13 @@ def test_clustered_attention_pushes_its_partials_to_rank_0(tmp_path):
     count and no partials in global memory; ptxas assembles it without
     spills. A cluster without the fused combine, or of 3, is refused."""
     C, chunk = 8, 192
-    cache = (L_LAYERS, "b", L_KV, "cap", L_D)
 
     def compiled(cluster):
         (tmp_path / str(cluster)).mkdir()
         tile = T.attention(chunk, L_NH, L_KV, L_D, L_LAYERS, unroll=2, combine=True, spread=True,
                            stage_kv=True, prefetch_kv=True, cluster=cluster)  # fmt: skip
         assert tile.cluster == cluster
-        return compile_graph(
-            tile,
-            [
-                ("L", (), None),
-                ("qkv", ("b", L_Q), "bf16"),
-                ("rope", ("cap", L_D), "f32"),
-                ("kc", cache, "bf16"),
-                ("vc", cache, "bf16"),
-                ("opart", ("b", L_NH, C, L_D), "f32"),
-                ("mpart", ("b", L_NH, C, 2), "f32"),
-                ("cnt", (L_LAYERS, "b", L_KV), "i32"),
-                ("attn", ("b", L_NH * L_D), "bf16"),
-            ],
-            (L_LAYERS, "b", L_KV, C),
-            ("b", "L", "cap"),
-            tmp_path / str(cluster),
-        )
+        return compile_attention(tile, chunk, tmp_path / str(cluster), splits=C)
 
     ptx, spills, _ = compiled(C)
     counted, _, _ = compiled(0)
