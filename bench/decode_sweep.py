@@ -1191,6 +1191,26 @@ def _b1_eight(*changes: tuple[str, object]) -> dict:
 
 VARIANTS["b1_s8"] = _b1_eight()
 VARIANTS["b1_c8"] = _b1_eight(("attn_cluster", 8))
+
+
+# ... and both stamped, B = 1's short kernel alone (as stamps_b1).
+def _b1_eight_stamped(*changes: tuple[str, object]) -> dict:
+    short = (("attn_phased_span", 192), ("attn_prefetch_kv", True), ("argmax_fused", True),
+             _SLOTS, *changes)  # fmt: skip
+    one = (
+        ("outline", dict(M.SINGLE_SEQUENCE)["outline"]),
+        ("context_buckets", ((M.SINGLE_SEQUENCE_CONTEXT, short), (None, ()))),
+    )
+    return {
+        **_B1_ALONE,
+        "attn_single_tiers": ((M.SINGLE_SEQUENCE_CONTEXT, 0, 8),),
+        "attn_stamps": True,
+        "batch_buckets": ((1, one), (None, ())),
+    }
+
+
+VARIANTS["stamps_b1_s8"] = _b1_eight_stamped()
+VARIANTS["stamps_b1_c8"] = _b1_eight_stamped(("attn_cluster", 8))
 #: ``DECODE_SWEEP_VARIANTS=default,tma_all`` times only those (built ones).
 if os.environ.get("DECODE_SWEEP_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["DECODE_SWEEP_VARIANTS"].split(",")}
