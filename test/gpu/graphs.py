@@ -711,13 +711,14 @@ def llama_tiny_variants() -> dict:
     # ... exactly 4 splits of up to 16 positions up to L = 39 (a tier of span
     # 0), each kv head's meeting on a thread-block cluster of 4: the others
     # push their partials into rank 0's shared memory (attn_cluster; the
-    # dynamic schedule's kernel meets through the L2).
+    # dynamic schedule's kernel meets through the L2), the 8 instances of a
+    # layer taking 10 deal positions (as the 1B variant's 64 take 136).
     context_cluster = dataclasses.replace(
         context_span, attn_single_tiers=((39, 0, 4),),
         batch_buckets=(
             (1, (*llama.SINGLE_SEQUENCE, ("context_buckets", (
                 (39, (("attn_phased_span", 16), ("attn_prefetch_kv", True),
-                      ("attn_cluster", 4))),
+                      ("attn_cluster", 4), ("deal_slots", (("attention", 10),)))),
                 (None, ()))))),
             (None, ()),
         ),
