@@ -12,7 +12,7 @@
 # llama_tiny_context_cluster).
 # `c8`: B = 1 in exactly 8 splits up to L = 1087 meeting through the L2
 # (b1_s8) or on clusters of 8 (b1_c8) against the default, four passes at
-# L = 1024 (C8_CONTEXTS=512,1024 for more; DECODE_SWEEP_VARIANTS=default,b1_s8,b1_c8 python
+# L = 1024 (C8_PASSES="1 2" for two; C8_CONTEXTS=512,1024 for more; DECODE_SWEEP_VARIANTS=default,b1_s8,b1_c8 python
 # bench/decode_sweep.py --build .device/s65/c8). Predicted in bench/RESULTS.md.
 # `stamps`: B = 1's short kernel alone, traced with the phased attention's
 # stamps at L = 1024: today's, 8 splits through the L2, 8 on a cluster
@@ -34,7 +34,7 @@ for step in ${*:-card}; do
       { /tmp/cmp 64; /tmp/cmp 64; } 2>&1 | tee "$OUT/s65_proto.txt" ;;
   tests) ETC_ARTIFACTS=.device/s65/tiny timeout 300 python -m pytest -q -p no:cacheprovider -rs \
       test/gpu/test_llama_gpu.py -k context_cluster 2>&1 | tail -15 | tee "$OUT/s65_tests.txt" ;;
-  c8) SWEEP_PASSES="1 2 1 2" SWEEP_TMP=/tmp/s65 sweep_passes s65_c8 default,b1_s8,b1_c8 1 \
+  c8) SWEEP_PASSES=${C8_PASSES:-1 2 1 2} SWEEP_TMP=/tmp/s65 sweep_passes s65_c8 default,b1_s8,b1_c8 1 \
     ${C8_CONTEXTS:-1024} .device/s65/c8; tar czf "$OUT/s65_c8_raw.tgz" -C /tmp/s65 raw ;;
   stamps) DECODE_TRACE_VARIANTS=stamps_b1,stamps_b1_s8,stamps_b1_c8 DECODE_TRACE_BATCHES=1 \
       DECODE_TRACE_CONTEXT=1024 timeout 240 python bench/decode_trace.py --artifacts \
