@@ -18,7 +18,10 @@
 # stamps at L = 1024: today's, 8 splits through the L2, 8 on a cluster
 # (DECODE_TRACE_VARIANTS=stamps_b1,stamps_b1_s8,stamps_b1_c8 python
 # bench/decode_trace.py --build .device/s65/tr).
-# Usage: bash bench/gpu_session65.sh [card] [h200] [proto] [tests] [c8] [stamps]
+# `grid`: etc bench of default, b1_s8 and b1_c8 (B = 1, L = 1024, 4 passes) on
+# every co-resident CTA, then all three on 240 (what 30 clusters of 8 hold):
+# how much of b1_c8's loss is its grid.
+# Usage: bash bench/gpu_session65.sh [card] [h200] [proto] [tests] [c8] [stamps] [grid]
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 for step in ${*:-card}; do
@@ -40,5 +43,10 @@ for step in ${*:-card}; do
       DECODE_TRACE_CONTEXT=1024 timeout 240 python bench/decode_trace.py --artifacts \
       .device/s65/tr --out /tmp/s65/tr 2>&1 | tee "$OUT/s65_stamps.txt" | grep -A30 "layer 8"
     tar czf "$OUT/s65_stamps.tgz" -C /tmp/s65 tr ;;
+  grid) d=.device/s65/c8
+    for g in "" 240; do
+      python -m etc bench $d/default $d/b1_s8 $d/b1_c8 --symbols B=1,L=1024,S=1025 --scale 0.02 \
+        --passes 4 ${g:+--grid $g} --json "$OUT/s65_grid${g:-_all}.json"
+    done 2>&1 | tee "$OUT/s65_grid.txt" ;;
   esac
 done

@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         "--passes", type=int,
         help="rounds over all the sources, the order rotated (default: 1, or 4 for several)",
     )  # fmt: skip
+    bench.add_argument(
+        "--grid", type=int, metavar="CTAS",
+        help="launch on this many CTAs instead of every co-resident one (whole clusters)",
+    )  # fmt: skip
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
 
@@ -283,7 +287,7 @@ def _run_or_bench(args: argparse.Namespace) -> int:
         figures = [
             runner.bench(
                 sources, symbols, warmup=args.warmup, reps=args.reps, calls=args.calls,
-                sets=args.sets, spin_ms=args.spin_ms, passes=passes, **common,
+                sets=args.sets, spin_ms=args.spin_ms, passes=passes, grid=args.grid, **common,
             )
             for symbols in args.symbols or [{}]
         ]  # fmt: skip

@@ -442,6 +442,7 @@ def bench(
     sets: int | None = None,
     spin_ms: float = 20.0,
     passes: int = 1,
+    grid: int | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """``etc bench``: times launches on the GPU (see :mod:`etc.runtime.timing`)
@@ -451,7 +452,10 @@ def bench(
     (kernels to compare on the same inputs) are timed in ``passes`` rounds,
     each pass timing every source, the order rotated from pass to pass, so a
     drift of the GPU's pace over the run falls on all of them alike; each
-    is compared with the first by the mean of its passes' medians."""
+    is compared with the first by the mean of its passes' medians. ``grid``:
+    every launch on that many CTAs (``Kernel.launch(grid=...)``: within the
+    co-resident ones, whole clusters), to see what a kernel loses or gains
+    with fewer."""
     from .runtime import driver, timing
 
     sources = [sources] if isinstance(sources, Source) else list(sources)
@@ -465,6 +469,8 @@ def bench(
         raise EtcError(f"bench: sets must be in 1..64, got {sets}")
     if not spin_ms > 0:
         raise EtcError(f"bench: the spin must be > 0 ms, got {spin_ms}")
+    if grid is not None and grid < 1:
+        raise EtcError(f"bench: grid must be >= 1 CTA, got {grid}")
     buffers = [s.buffers(symbols) for s in sources]  # every source checked before any loads
     timed = [
         _Timed(s, s.load(device, timeout, max_polls), sum(b.nbytes for b in bufs))
@@ -499,13 +505,17 @@ def bench(
                     driver.htod(buf.ptr, host.ctypes.data, b.nbytes)
                     ptrs[b.name] = buf.ptr
                 t.sets.append(ptrs)
-                t.kernel.launch(ptrs, symbols, stream=stream.handle, timeout=timeout)  # checked
+                t.kernel.launch(
+                    ptrs, symbols, stream=stream.handle, timeout=timeout, grid=grid
+                )  # checked
         for p in range(passes):
             for i in range(len(timed)):
                 t = timed[(i + p) % len(timed)]
 
                 def launch(j: int, t: _Timed = t) -> None:
-                    t.kernel.launch(t.sets[j % sets], symbols, stream=stream.handle, sync=False)
+                    t.kernel.launch(
+                        t.sets[j % sets], symbols, stream=stream.handle, sync=False, grid=grid
+                    )
 
                 def check(t: _Timed = t) -> None:
                     t.kernel.check(timeout)
@@ -537,6 +547,7 @@ def bench(
             "medians"
         ),
         "symbols": dict(symbols),
+        "grid": grid,
         "device": dev.name,
         "calls": calls,
         "reps": reps,
@@ -558,6 +569,7 @@ def bench(
         f"{dev.name}, {where}: {reps} rounds of {calls} launches, median a round; "
         f"{passes} pass(es) over {len(timed)} source(s)"
         + (", mean of the passes' medians" if passes > 1 else "")
+        + (f"; grid {grid} CTAs" if grid is not None else "")
     )
     first, indent = timed[0], "    " if len(timed) > 1 else "  "
     labels = ("launch to launch", "GPU alone", "host enqueue")

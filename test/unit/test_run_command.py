@@ -274,6 +274,7 @@ def test_bench_refuses_bad_counts_before_loading_anything():
         ({"sets": 0}, "sets must be in 1..64"),
         ({"spin_ms": 0}, "the spin must be > 0 ms"),
         ({"passes": 0}, "passes must be >= 1"),
+        ({"grid": 0}, "grid must be >= 1 CTA"),
     ]:
         with pytest.raises(etc.EtcError, match=message):
             runner.bench(source, {"n": 1}, **kwargs)
@@ -387,7 +388,7 @@ def test_bench_rotates_the_sources_from_pass_to_pass_and_compares_with_the_first
 
     device = SimpleNamespace(ordinal=0, name="Fake GPU")
     pace = {"a": 100.0, "b": 90.0, "c": 120.0}
-    order, allocated, launched = [], [], []
+    order, allocated, launched, grids = [], [], [], set()
 
     class Kernel:
         def __init__(self, name):
@@ -396,6 +397,7 @@ def test_bench_rotates_the_sources_from_pass_to_pass_and_compares_with_the_first
         def launch(self, ptrs, symbols, **kwargs):
             assert set(ptrs) == {"A", "B", "C"} and symbols == {"n": 3}
             launched.append(self.name)
+            grids.add(kwargs.get("grid"))
 
         def check(self, timeout=None):
             pass
@@ -436,3 +438,8 @@ def test_bench_rotates_the_sources_from_pass_to_pass_and_compares_with_the_first
     assert "0.9000x the first (-10.0 %), faster in 3 of 3 pass(es)" in text
     assert "1.2000x the first (+20.0 %), faster in 0 of 3 pass(es)" in text
     assert all(b.ptr == 0 for b in allocated)  # released once the stream was idle
+    assert grids == {None} and f["grid"] is None
+    # A forced grid reaches every launch, the checked one included, and the figures.
+    f = runner.bench(sources[:1], {"n": 3}, reps=3, sets=1, grid=4, say=lines.append)
+    assert grids == {None, 4} and f["grid"] == 4
+    assert any(line.endswith("; grid 4 CTAs") for line in lines)
