@@ -892,7 +892,11 @@ class LlamaConfig:
     #: Needs the phased tile with ``fuse_combine`` and exactly this many
     #: splits at every L up to ``max_context`` (an ``attn_single_tiers`` tier
     #: of span 0), and the static schedule, whose lists put a group on one
-    #: cluster; the whole kernel then launches in clusters.
+    #: cluster; the whole kernel then launches in clusters, which holds fewer
+    #: CTAs: with B = 1's block 240 in clusters of 8 and 248 in clusters of 4
+    #: against 264 on an H100. There B = 1 at L = 1024 was 8.6 % slower on
+    #: clusters of 8 (sixty-fifth session, ``bench/RESULTS.md`` item 294):
+    #: off in every kernel.
     attn_cluster: int = 0
     #: The prefetch task's instances per layer (each of ``block_size`` threads).
     l2_prefetch_ctas: int = 64
