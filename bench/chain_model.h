@@ -4,6 +4,7 @@
 // a split leaves (any values whose merge is not trivial).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 constexpr int THREADS = 256;
@@ -54,4 +55,37 @@ __device__ inline float partial_out(int split, int head, int dim, int layer) {
 __device__ inline float2 partial_ml(int split, int head, int layer) {
   return make_float2(0.1f * __cosf(0.3f * (split + head + layer)),
                      1.f + 0.05f * split);
+}
+
+// Consumer `j` (o_proj's stand-in) loads the merged bf16 row into `x`
+// (thread t its 8 dims).
+__device__ inline void load_row(const __nv_bfloat16 *row, float *x) {
+  const int t = threadIdx.x;
+  uint4 v = __ldcg(reinterpret_cast<const uint4 *>(row) + t);
+  const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    x[8 * t + e] = __bfloat162float(h[e]);
+}
+
+// ... then, the row built in `x`: consumer 0 keeps it in `check` at the last
+// layer, every consumer reads it (kept live through `sink`), spends
+// `gemv_cycles` and counts itself on `done`.
+__device__ inline void consume_row(const float *x, __nv_bfloat16 *check,
+                                   float *sink, int j, int layer, int layers,
+                                   unsigned *done, unsigned gemv_cycles) {
+  const int t = threadIdx.x;
+  __syncthreads();
+  if (j == 0 && layer == layers - 1)
+    for (int e = 0; e < 8; ++e)
+      check[8 * t + e] = __float2bfloat16(x[8 * t + e]);
+  float acc = 0.f;
+  for (int e = 0; e < ROW / THREADS; ++e)
+    acc += x[(t + e * THREADS + j) % ROW];
+  spin(gemv_cycles);
+  if (acc == 12345.f)
+    sink[j] = acc;
+  __syncthreads();
+  if (t == 0)
+    notify(done);
 }

@@ -103,24 +103,8 @@ __device__ void consume(const Buffers &b, float *x, int j, int layer,
   if (t == 0)
     poll_acquire(attended, KV_HEADS, b.failed);
   __syncthreads();
-  uint4 v = __ldcg(reinterpret_cast<const uint4 *>(b.row) + t);
-  const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v);
-#pragma unroll
-  for (int e = 0; e < 8; ++e)
-    x[8 * t + e] = __bfloat162float(h[e]);
-  __syncthreads();
-  if (j == 0 && layer == layers - 1)
-    for (int e = 0; e < 8; ++e)
-      b.check[8 * t + e] = __float2bfloat16(x[8 * t + e]);
-  float acc = 0.f;
-  for (int e = 0; e < ROW / THREADS; ++e)
-    acc += x[(t + e * THREADS + j) % ROW];
-  spin(gemv_cycles);
-  if (acc == 12345.f)
-    b.sink[j] = acc;
-  __syncthreads();
-  if (t == 0)
-    notify(done);
+  load_row(b.row, x);
+  consume_row(x, b.check, b.sink, j, layer, layers, done, gemv_cycles);
 }
 
 // T: today's global hand-over (bench/merge_proto.cu's T, partials laid out

@@ -175,25 +175,9 @@ __global__ void __launch_bounds__(THREADS, 2)
         for (int e = 0; e < 8; ++e)
           x[8 * t + e] = __bfloat162float(__float2bfloat16(num[e] / den));
       } else {
-        uint4 v = __ldcg(reinterpret_cast<const uint4 *>(b.row) + t);
-        const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          x[8 * t + e] = __bfloat162float(h[e]);
+        load_row(b.row, x);
       }
-      __syncthreads();
-      if (j == 0 && layer == layers - 1)
-        for (int e = 0; e < 8; ++e)
-          b.check[8 * t + e] = __float2bfloat16(x[8 * t + e]);
-      float acc = 0.f;
-      for (int e = 0; e < ROW / THREADS; ++e)
-        acc += x[(t + e * THREADS + j) % ROW];
-      spin(gemv_cycles);
-      if (acc == 12345.f)
-        b.sink[j] = acc;
-      __syncthreads();
-      if (t == 0)
-        notify(done);
+      consume_row(x, b.check, b.sink, j, layer, layers, done, gemv_cycles);
     } // CTAs past both roles (9 splits) idle
   }
 }
