@@ -265,6 +265,12 @@ def test_bench_checks_every_symbol_set_before_timing_any(capsys):
     assert code == 1 and "graph 'splitk' has no symbol 'm'" in capsys.readouterr().err
 
 
+def test_bench_grid_reaches_the_runner_and_a_bad_one_is_one_line(capsys):
+    code = cli.main(["bench", SPLITK, "--symbols", "n=3", "--grid", "0"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.strip() == "etc: bench: grid must be >= 1 CTA, got 0"
+
+
 def test_bench_refuses_bad_counts_before_loading_anything():
     source = runner.Source(directory=REPO / "nowhere")
     for kwargs, message in [
