@@ -2270,8 +2270,8 @@ def _shared_merge(
     ``lanes * unroll`` splits. ``stamps``: text after the lanes' loop and
     after their shuffles (a measuring aid). Needs ``%tid``; names start with
     ``p``. ``slots = (memref, type, floats, outputs)``: the partials are in
-    workgroup memory instead, split ``s``'s at float ``s * floats`` (its
-    outputs, head-major, then ``outputs`` on its (max, sum) pairs), as
+    workgroup memory instead, split ``s``'s from float ``s * floats``: its
+    ``outputs`` partial outputs (head-major), then its (max, sum) pairs, as
     :class:`_ClusterMeeting` leaves them."""
 
     def vec_shuffle(v: str, off: int, q: str) -> tuple[list[str], str]:
