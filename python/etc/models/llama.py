@@ -1889,35 +1889,25 @@ def compile_decoder(
         }
         return {"outline": outline(c, g), "sm_slices": sm_slices, "sm_deal": sm_deal, **lists}
 
-    configs = cfg.bucket_configs()
-    if schedule == "dynamic":
-        # Sharers spin for their block's other parts, which only the static
-        # lists guarantee to run at once: the last part meets alone.
-        # Clusters likewise: only the static lists put a pair on one.
-        configs = [
-            (
-                b,
-                dataclasses.replace(
-                    c,
-                    tma_meet_share=(),
-                    tma_meeting="fragments" if c.tma_meeting == "cluster" else c.tma_meeting,
-                ),
-            )
-            for b, c in configs
-        ]
-
     def entry(bound: int | None, c: LlamaConfig) -> tuple:
         # (bound, graph, its options), or a bucket split again by L.
         if c.context_buckets:
             return (bound, ("L", [entry(b, k) for b, k in c.context_configs()]))
-        if schedule == "dynamic" and c.attn_cluster:
-            # The same splits meet through the L2: only the static lists put
-            # a group on one cluster.
-            c = dataclasses.replace(c, attn_cluster=0)
+        if schedule == "dynamic":
+            # Sharers spin for their block's other parts, which only the
+            # static lists guarantee to run at once: the last part meets
+            # alone. Clusters likewise: only the static lists put a group on
+            # one, so split-K pairs and attention splits meet through the L2.
+            c = dataclasses.replace(
+                c,
+                tma_meet_share=(),
+                tma_meeting="fragments" if c.tma_meeting == "cluster" else c.tma_meeting,
+                attn_cluster=0,
+            )
         g = build_decoder_graph(c, name=name)
         return (bound, g, per_kernel(c, g))
 
-    entries = [entry(bound, c) for bound, c in configs]
+    entries = [entry(bound, c) for bound, c in cfg.bucket_configs()]
     if len(entries) == 1 and len(entries[0]) == 3:  # one kernel
         _, g, more = entries[0]
         return etc.compile(g, **{**opts, **more})
