@@ -2191,18 +2191,25 @@ class _ClusterMeeting:
         rank 0 into its own workgroup memory, the others into rank 0's by
         ``st.async`` completing their bytes on its mbarrier. ``head``: head
         ``head``'s (max, sum) pair; ``at``: output word ``at``."""
+        offset, off = "", at  # the values' first word within the slot
         if head is not None:
             offset = (
+                f"      {p}c2 = arith.constant 2 : index\n"
+                f"      {p}cOuts = arith.constant {self.G * self.D} : index\n"
                 f"      {p}h2 = arith.muli {head}, {p}c2 : index\n"
                 f"      {p}off = arith.addi {p}h2, {p}cOuts : index\n"
             )
-        else:
-            offset = f"      {p}off = arith.addi {at}, %c0 : index\n"
+            off = f"{p}off"
         n = len(values)
         vec = ".v2" if n == 2 else ""
         regs = "{" + ", ".join(f"${q + 1}" for q in range(n)) + "}" if n > 1 else "$1"
         local = "\n".join(
-            (f"        {p}i{q} = arith.addi {p}at, {p}c{q} : index\n" if q else "")
+            (
+                f"        {p}c{q} = arith.constant {q} : index\n"
+                f"        {p}i{q} = arith.addi {p}at, {p}c{q} : index\n"
+                if q
+                else ""
+            )
             + f"        memref.store {v}, %cl_cm[{f'{p}i{q}' if q else f'{p}at'}] : {self.slots_t}"
             for q, v in enumerate(values)
         )
@@ -2213,10 +2220,7 @@ class _ClusterMeeting:
             memory=True,
         )
         return f"""\
-      {p}c1 = arith.constant 1 : index
-      {p}c2 = arith.constant 2 : index
-      {p}cOuts = arith.constant {self.G * self.D} : index
-{offset}      {p}at = arith.addi %cl_slot0, {p}off : index
+{offset}      {p}at = arith.addi %cl_slot0, {off} : index
       scf.if %cl_lead {{
 {local}
       }} else {{
