@@ -951,7 +951,7 @@ def attention(
         combine_lines = meeting.merge(
             _shared_merge(
                 "%qh0", G * D // 8, _merge_lanes(G * D // 8, block_size), "%cl_splits", D,
-                op_t, mp_t, f"memref<?x{NH * D}xbf16>", p="fc_", unroll=merge_unroll,
+                op_t, mp_t, a_t, p="fc_", unroll=merge_unroll,
                 stamps=merge_stamps, slots=meeting.slots(),
             ),
             counted,
