@@ -1176,17 +1176,17 @@ VARIANTS["hyb32_o"] = _above16((32, _hybrid(32, ("o_proj",))))
 # cluster of 8. Item 239 had 9 splits of 128 with slots at -1.3..-1.6 % (L =
 # 1024). Predicted: b1_s8 -1..-1.5 %, b1_c8 a further -1.5..-2.5 % (the
 # atomic's ~0.74 us and the merge's first L2 round trip, ~1.1, gone a layer).
+_EIGHT_SHORT = (("attn_phased_span", 192), ("attn_prefetch_kv", True), ("argmax_fused", True),
+                _SLOTS)  # fmt: skip
+_EIGHT_TIERS = {"attn_single_tiers": ((M.SINGLE_SEQUENCE_CONTEXT, 0, 8),)}
+
+
 def _b1_eight(*changes: tuple[str, object]) -> dict:
     (bound, one), *rest = M.LLAMA_3_2_1B.batch_buckets
     one = dict(one)
     _, *longer = one["context_buckets"]
-    short = (("attn_phased_span", 192), ("attn_prefetch_kv", True), ("argmax_fused", True),
-             _SLOTS, *changes)  # fmt: skip
-    one["context_buckets"] = ((M.SINGLE_SEQUENCE_CONTEXT, short), *longer)
-    return {
-        "attn_single_tiers": ((M.SINGLE_SEQUENCE_CONTEXT, 0, 8),),
-        "batch_buckets": ((bound, tuple(one.items())), *rest),
-    }
+    one["context_buckets"] = ((M.SINGLE_SEQUENCE_CONTEXT, (*_EIGHT_SHORT, *changes)), *longer)
+    return {**_EIGHT_TIERS, "batch_buckets": ((bound, tuple(one.items())), *rest)}
 
 
 VARIANTS["b1_s8"] = _b1_eight()
@@ -1195,15 +1195,14 @@ VARIANTS["b1_c8"] = _b1_eight(("attn_cluster", 8))
 
 # ... and both stamped, B = 1's short kernel alone (as stamps_b1).
 def _b1_eight_stamped(*changes: tuple[str, object]) -> dict:
-    short = (("attn_phased_span", 192), ("attn_prefetch_kv", True), ("argmax_fused", True),
-             _SLOTS, *changes)  # fmt: skip
+    short = (*_EIGHT_SHORT, *changes)
     one = (
         ("outline", dict(M.SINGLE_SEQUENCE)["outline"]),
         ("context_buckets", ((M.SINGLE_SEQUENCE_CONTEXT, short), (None, ()))),
     )
     return {
         **_B1_ALONE,
-        "attn_single_tiers": ((M.SINGLE_SEQUENCE_CONTEXT, 0, 8),),
+        **_EIGHT_TIERS,
         "attn_stamps": True,
         "batch_buckets": ((1, one), (None, ())),
     }
