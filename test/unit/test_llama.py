@@ -844,14 +844,18 @@ def test_fused_combine_compiles_for_llama_3_2_1b():
     assert "atom.acq_rel.gpu.global.add.u32" in art.ptx
 
 
-def _check_step(cfg, g, weights, B: int, L: int, schedule: str, stride: int) -> dict:
-    """One simulated step of ``g`` against ``reference_step`` (tokens
-    ``stride * b``): logits within 1e-2, the same greedy tokens. Returns the
-    simulator's outputs."""
+def _check_step(
+    cfg, g, weights, B: int, L: int, schedule: str, stride: int, num_ctas: int = 5
+) -> dict:
+    """One simulated step of ``g`` on ``num_ctas`` CTAs against
+    ``reference_step`` (tokens ``stride * b``): logits within 1e-2, the same
+    greedy tokens. Returns the simulator's outputs."""
     tokens = np.arange(B, dtype=np.int32) * stride
     arrays = M.numpy_inputs(cfg, weights, tokens, L, L + 2)
     ref = M.reference_step(cfg, arrays, L)
-    out = etc.simulate(g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=5)
+    out = etc.simulate(
+        g, arrays, {"B": B, "L": L, "S": L + 2}, schedule=schedule, num_ctas=num_ctas
+    )
     got = bf16_to_f32(out["logits"])
     assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
     np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
@@ -1925,15 +1929,7 @@ def test_attn_cluster_meets_a_kv_heads_splits_on_one_cluster(tmp_path):
     )
     weights = M.random_weights(short, seed=3)
     for L, ctas in ((0, 8), (7, 4), (39, 12)):  # groups across the deal's CTAs
-        tokens = np.array([11], np.int32)
-        arrays = M.numpy_inputs(short, weights, tokens, L, L + 2)
-        ref = M.reference_step(short, arrays, L)
-        out = etc.simulate(
-            g, arrays, {"B": 1, "L": L, "S": L + 2}, schedule="static", num_ctas=ctas
-        )
-        got = bf16_to_f32(out["logits"])
-        assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-2
-        np.testing.assert_array_equal(out["next_tokens"], ref["next_tokens"])
+        _check_step(short, g, weights, 1, L, "static", 11, num_ctas=ctas)
     static = M.compile_decoder(cfg, "static", name="llama_tiny", cubin=False)
     dynamic = M.compile_decoder(cfg, "dynamic", name="llama_tiny", cubin=False)
     kernels = {s: a.leaves()[0][1] for s, a in (("static", static), ("dynamic", dynamic))}
