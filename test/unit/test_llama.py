@@ -1326,6 +1326,15 @@ def test_phased_attention_stamps_time_the_phases_and_the_merge():
     assert "%stamps[" not in prefetch and "%fc_done64" in body
     plain = attention(64, 32, 8, 64, 16, combine=True, stage_kv=True, prefetch_kv=True).source
     assert "stamps" not in plain and "%clock64" not in plain
+    # On a cluster rank 0 merges: its count word is the cluster's size, as
+    # the last split's is the splits' count, so bench/decode_trace.py's
+    # table takes it for the merger.
+    clustered = attention(64, 32, 8, 64, 16, combine=True, stage_kv=True, prefetch_kv=True,
+                          stamps=True, cluster=4).source  # fmt: skip
+    body = clustered.split("func.func @attention__prefetch(")[0]
+    assert body.count("%stamps[") == 14 and body.count("%clock64") == 11
+    lead = body.split("scf.if %cl_lead {")[-1]  # the merge's, after the prologue's
+    assert "%cl_count64 = arith.constant 4 : i64" in lead and "%cl_count64, %stamps[" in lead
     assert "globaltimer" in etc.compile(g, schedule="static").ptx
 
 

@@ -945,8 +945,14 @@ def attention(
         meeting = _ClusterMeeting(name, cluster, G, D)
         ml_stores = meeting.push([max_val, sum_val], "%clm_", head="%t")
         out_store = meeting.push([osum], "%clo_", at="%i")
-        counted = stamp("counted") if stamps else ""
-        merge_stamps = (stamp("merge_loaded"), stamp("merge_folded")) if stamps else ("", "")
+        counted, merge_stamps = "", ("", "")
+        if stamps:  # rank 0 merges: its count word says so, as the last to count does
+            counted = (
+                stamp("counted")
+                + f"  %cl_count64 = arith.constant {cluster} : i64\n"
+                + stamp("count", value="%cl_count64")
+            )
+            merge_stamps = (stamp("merge_loaded"), stamp("merge_folded"))
         combine_global = meeting.globals()
         combine_lines = meeting.merge(
             _shared_merge(
