@@ -907,6 +907,13 @@ def attention(
         return "\n".join(lines) + "\n"
 
     stamp_args = f", %stamps: {st_t}" if stamps else ""
+
+    def counted_stamps(count: str, define: str) -> str:
+        """The merging split's stamps once it has counted: the clock, then
+        ``count`` (an i64 that ``define`` makes) in the count word."""
+        return stamp("counted") + define + stamp("count", value=count) if stamps else ""
+
+    merge_stamps = (stamp("merge_loaded"), stamp("merge_folded"))  # "" without stamps
     combine_global = _fused_combine_global(name) + "\n" if combine else ""
     combine_lines = ""
     if combine:
@@ -914,14 +921,9 @@ def attention(
     if combine and not cluster:
         # The grid's split count is the partials' (capped or spread splits
         # are not ceil((L + 1) / chunk)).
-        counted, merge_stamps = "", ("", "")
-        if stamps:
-            counted = (
-                stamp("counted")
-                + "  %fc_done64 = arith.index_cast %fc_done : index to i64\n"
-                + stamp("count", value="%fc_done64")
-            )
-            merge_stamps = (stamp("merge_loaded"), stamp("merge_folded"))
+        counted = counted_stamps(
+            "%fc_done64", "  %fc_done64 = arith.index_cast %fc_done : index to i64\n"
+        )
         combine_lines = (
             f"  %fc_c2 = arith.constant 2 : index\n"
             f"  %fc_splits = memref.dim %op, %fc_c2 : {op_t}\n"
@@ -945,14 +947,8 @@ def attention(
         meeting = _ClusterMeeting(name, cluster, G, D)
         ml_stores = meeting.push([max_val, sum_val], "%clm_", head="%t")
         out_store = meeting.push([osum], "%clo_", at="%i")
-        counted, merge_stamps = "", ("", "")
-        if stamps:  # rank 0 merges: its count word says so, as the last to count does
-            counted = (
-                stamp("counted")
-                + f"  %cl_count64 = arith.constant {cluster} : i64\n"
-                + stamp("count", value="%cl_count64")
-            )
-            merge_stamps = (stamp("merge_loaded"), stamp("merge_folded"))
+        # Rank 0 merges: its count word says so, as the last to count does.
+        counted = counted_stamps("%cl_count64", f"  %cl_count64 = arith.constant {cluster} : i64\n")
         combine_global = meeting.globals()
         combine_lines = meeting.merge(
             _shared_merge(
